@@ -1,0 +1,101 @@
+"""Injected time and randomness.
+
+Lease expiry (§4 Chubby sessions, here etcd leases), backoff and server-assigned timestamps all
+read time through a :class:`Clock`, so tests drive them with :class:`ManualClock` instead of
+sleeping (STYLE.md convention 6).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import random
+import time
+from typing import Protocol
+
+__all__ = ["Clock", "ManualClock", "SystemClock", "micros"]
+
+
+def micros(seconds: float) -> int:
+    """Seconds to integer microseconds, the unit of Bigtable cell timestamps (§2)."""
+    return int(seconds * 1_000_000)
+
+
+class Clock(Protocol):
+    """Where time comes from."""
+
+    def time(self) -> float:
+        """Wall-clock seconds since the epoch (cell timestamps, object ages)."""
+        ...
+
+    def monotonic(self) -> float:
+        """Seconds from an arbitrary origin that never goes back (deadlines, leases)."""
+        ...
+
+    async def sleep(self, seconds: float) -> None:
+        """Wait ``seconds`` of this clock's time."""
+        ...
+
+    def random(self) -> random.Random:
+        """The source of randomness (jitter), seeded in tests."""
+        ...
+
+
+class SystemClock:
+    """The real clock."""
+
+    def __init__(self, seed: int | None = None) -> None:
+        self._random = random.Random(seed)
+
+    def time(self) -> float:
+        return time.time()
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(max(0.0, seconds))
+
+    def random(self) -> random.Random:
+        return self._random
+
+
+class ManualClock:
+    """A clock that moves only when a test calls :meth:`advance`.
+
+    ``sleep`` returns once the clock has been advanced past the sleeper's deadline; sleepers
+    wake in deadline order.
+    """
+
+    def __init__(self, start: float = 1_700_000_000.0, seed: int = 0) -> None:
+        self._now = start
+        self._origin = start
+        self._random = random.Random(seed)
+        self._sleepers: list[tuple[float, int, asyncio.Future[None]]] = []
+        self._counter = itertools.count()
+
+    def time(self) -> float:
+        return self._now
+
+    def monotonic(self) -> float:
+        return self._now - self._origin
+
+    def random(self) -> random.Random:
+        return self._random
+
+    async def sleep(self, seconds: float) -> None:
+        if seconds <= 0:
+            await asyncio.sleep(0)
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._sleepers, (self._now + seconds, next(self._counter), fut))
+        await fut
+
+    def advance(self, seconds: float) -> None:
+        """Move time forward and wake every sleeper whose deadline has passed."""
+        self._now += seconds
+        while self._sleepers and self._sleepers[0][0] <= self._now:
+            _, _, fut = heapq.heappop(self._sleepers)
+            if not fut.done():
+                fut.set_result(None)

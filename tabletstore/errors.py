@@ -1,0 +1,105 @@
+"""The one exception hierarchy of tabletstore.
+
+Every public error says what the caller should do next (SlateDB RFC 0007's coarse errors;
+STYLE.md convention 7). Third-party exceptions (botocore, aetcd, pyarrow, grpc) are translated
+into these in exactly one place per dependency, with ``raise ... from exc``.
+
+::
+
+    TabletStoreError                  base; .retryable, .may_have_applied
+    ├── InvalidArgument               bad input: fix the request, do not retry
+    │   └── Unimplemented             the request is valid but not supported
+    ├── NotFound                      a table, family, bucket or object does not exist
+    ├── AlreadyExists                 create of something that already exists
+    ├── PermissionDenied              the caller's identity may not do this (ACLs, §2/§5.3)
+    ├── PreconditionFailed            a compare-and-swap lost, or a create-only PUT collided
+    │   └── Fenced                    this process lost ownership (lease, log fence): stop
+    ├── Corruption                    a checksum or format check failed: data is never returned
+    ├── Unavailable                   transient: back off and retry (retryable)
+    │   └── NotServing                the tablet moved: refresh its location, retry (retryable)
+    ├── Indeterminate                 the operation may or may not have been applied
+    └── Closed                        the object was used after close()
+
+``may_have_applied`` is True for Indeterminate only; every other error raised by a mutation
+means the mutation was not applied. A missing row is an empty result, never an exception.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AlreadyExists",
+    "Closed",
+    "Corruption",
+    "Fenced",
+    "Indeterminate",
+    "InvalidArgument",
+    "NotFound",
+    "NotServing",
+    "PermissionDenied",
+    "PreconditionFailed",
+    "TabletStoreError",
+    "Unavailable",
+    "Unimplemented",
+]
+
+
+class TabletStoreError(Exception):
+    """Base of every error tabletstore raises on purpose."""
+
+    #: Retrying the same request later may succeed.
+    retryable: bool = False
+    #: A failed mutation may nevertheless have been applied.
+    may_have_applied: bool = False
+
+
+class InvalidArgument(TabletStoreError):
+    """The request is malformed (oversized key, unknown family, bad regex, bad URL...)."""
+
+
+class Unimplemented(InvalidArgument):
+    """The request is well formed but this feature is not supported."""
+
+
+class NotFound(TabletStoreError):
+    """A table, column family, bucket or object does not exist."""
+
+
+class AlreadyExists(TabletStoreError):
+    """Something with that name already exists."""
+
+
+class PermissionDenied(TabletStoreError):
+    """The caller's identity is not allowed to read or write this column family."""
+
+
+class PreconditionFailed(TabletStoreError):
+    """A conditional operation's condition did not hold (create-only PUT, compare-and-swap)."""
+
+
+class Fenced(PreconditionFailed):
+    """This process no longer owns what it was writing (lease lost, log fenced): stop."""
+
+
+class Corruption(TabletStoreError):
+    """A checksum or format check failed. The bad data is never returned."""
+
+
+class Unavailable(TabletStoreError):
+    """A dependency (S3, etcd, a worker) is unreachable or overloaded: back off and retry."""
+
+    retryable = True
+
+
+class NotServing(Unavailable):
+    """The addressed worker does not serve that tablet (any more): refresh location, retry."""
+
+
+class Indeterminate(TabletStoreError):
+    """The outcome is unknown: the operation may have been applied."""
+
+    retryable = True
+    may_have_applied = True
+
+
+class Closed(TabletStoreError):
+    """The object was used after it was closed."""

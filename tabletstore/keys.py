@@ -1,0 +1,88 @@
+"""Cells as the engine stores them, and the one order they sort in (§2, §4, §5.3).
+
+A Bigtable cell is addressed by (row, family:qualifier, timestamp) (§2). The engine adds two
+things to every stored cell:
+
+* ``seq`` — the sequence number the tablet server assigned when the mutation was applied. It
+  decides which of two entries is newer when their timestamps do not (a rewrite of the same
+  version; a delete followed by a write with an older client timestamp).
+* ``kind`` — a put, or one of the deletion entries the paper's compactions drop (§5.4).
+
+Sort order (the order of memtables, SSTables and log replays)::
+
+    row asc, family asc, qualifier asc, ts desc, seq desc
+
+Deletion entries are stored so that they sort *before* every cell they can mask:
+
+=================  ========  ==========  ============  ==============================
+kind               family    qualifier   ts            value
+=================  ========  ==========  ============  ==============================
+PUT                family    qualifier   timestamp     the value
+DELETE_COLUMN      family    qualifier   ``TS_MAX``    ``encode_ts_range(start, end)``
+DELETE_FAMILY      family    ``b""``     ``TS_MAX``    ``b""``
+DELETE_ROW         ``""``    ``b""``     ``TS_MAX``    ``b""``
+=================  ========  ==========  ============  ==============================
+
+A deletion entry masks the cells in its scope whose ``seq`` is *smaller* than its own and, for
+DELETE_COLUMN, whose timestamp lies in ``[start, end)``. Deleting one version is a
+DELETE_COLUMN over ``[ts, ts + 1)``. Put timestamps are limited to ``[0, TS_MAX)`` so no put can
+sort before a deletion entry of its scope. Family names are never empty, so DELETE_ROW's ``""``
+sorts before every family of the row.
+"""
+
+from __future__ import annotations
+
+import struct
+from enum import IntEnum
+from typing import NamedTuple
+
+__all__ = [
+    "TS_MAX",
+    "Cell",
+    "CellKind",
+    "cell_sort_key",
+    "decode_ts_range",
+    "encode_ts_range",
+]
+
+#: Largest timestamp; reserved for deletion entries (puts use [0, TS_MAX)).
+TS_MAX = (1 << 63) - 1
+
+_RANGE = struct.Struct(">qq")
+
+
+class CellKind(IntEnum):
+    """What a stored entry is. The values are part of the SSTable and commit-log formats."""
+
+    PUT = 0
+    DELETE_COLUMN = 1
+    DELETE_FAMILY = 2
+    DELETE_ROW = 3
+
+
+class Cell(NamedTuple):
+    """One stored entry: a value or a deletion entry (see the module docstring)."""
+
+    row: bytes
+    family: str
+    qualifier: bytes
+    ts: int
+    seq: int
+    kind: int
+    value: bytes
+
+
+def cell_sort_key(cell: Cell) -> tuple[bytes, str, bytes, int, int]:
+    """The engine's total order: row, family, qualifier ascending; ts, seq descending."""
+    return (cell.row, cell.family, cell.qualifier, -cell.ts, -cell.seq)
+
+
+def encode_ts_range(start: int, end: int) -> bytes:
+    """The value of a DELETE_COLUMN entry: the half-open timestamp range it deletes."""
+    return _RANGE.pack(start, end)
+
+
+def decode_ts_range(value: bytes) -> tuple[int, int]:
+    """Inverse of :func:`encode_ts_range`."""
+    start, end = _RANGE.unpack(value)
+    return int(start), int(end)
