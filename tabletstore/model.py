@@ -1,0 +1,115 @@
+"""User-facing values of the data model (§2) and API (§3): mutations, cells, rows, queries.
+
+These are plain frozen dataclasses: cheap to build in hot paths, easy to put on the wire.
+Filters live in :mod:`tabletstore.filters`.
+
+A :class:`RowMutation` is applied atomically (§2: "every read or write of data under a single
+row key is atomic"). Its mutations apply in order, so ``[SetCell(...), DeleteRow()]`` leaves
+nothing and ``[DeleteRow(), SetCell(...)]`` leaves the new cell.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = [
+    "MAX_ROW_KEY",
+    "MAX_VALUE",
+    "Cell",
+    "DeleteCells",
+    "DeleteFamily",
+    "DeleteRow",
+    "Mutation",
+    "Row",
+    "RowMutation",
+    "SetCell",
+]
+
+#: Row keys are arbitrary strings up to 64 KiB (§2).
+MAX_ROW_KEY = 64 * 1024
+#: Largest value of one cell (Cloud Bigtable's limit is 100 MiB; we keep 64 MiB).
+MAX_VALUE = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class SetCell:
+    """Write ``value`` at family:qualifier. ``timestamp`` in microseconds; None = server time."""
+
+    family: str
+    qualifier: bytes
+    value: bytes
+    timestamp: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteCells:
+    """Delete the versions of family:qualifier with ``start <= ts < end`` (None = unbounded)."""
+
+    family: str
+    qualifier: bytes
+    start: int | None = None
+    end: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteFamily:
+    """Delete every cell of a family in the row."""
+
+    family: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteRow:
+    """Delete every cell of the row."""
+
+
+Mutation = SetCell | DeleteCells | DeleteFamily | DeleteRow
+
+
+@dataclass(frozen=True, slots=True)
+class RowMutation:
+    """Mutations of one row, applied atomically and in order."""
+
+    row: bytes
+    mutations: tuple[Mutation, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    """One version of one column as a read returns it."""
+
+    family: str
+    qualifier: bytes
+    timestamp: int
+    value: bytes
+    labels: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """A row as a read returns it: cells sorted by family, qualifier, timestamp descending."""
+
+    key: bytes
+    cells: list[Cell] = field(default_factory=list)
+
+    def cells_of(self, family: str, qualifier: bytes | None = None) -> list[Cell]:
+        """The cells of a family (and qualifier), newest first."""
+        return [
+            c
+            for c in self.cells
+            if c.family == family and (qualifier is None or c.qualifier == qualifier)
+        ]
+
+    def latest(self, family: str, qualifier: bytes) -> bytes | None:
+        """The newest value of family:qualifier, or None."""
+        for c in self.cells:
+            if c.family == family and c.qualifier == qualifier:
+                return c.value
+        return None
+
+    def to_dict(self) -> dict[str, dict[bytes, list[tuple[int, bytes]]]]:
+        """``{family: {qualifier: [(timestamp, value), ...]}}``, newest first."""
+        out: dict[str, dict[bytes, list[tuple[int, bytes]]]] = {}
+        for c in self.cells:
+            out.setdefault(c.family, {}).setdefault(c.qualifier, []).append((c.timestamp, c.value))
+        return out
