@@ -13,6 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 __all__ = [
+    "AppendValue",
+    "IncrementValue",
+    "ReadModifyWriteRule",
     "MAX_ROW_KEY",
     "MAX_VALUE",
     "Cell",
@@ -113,3 +116,27 @@ class Row:
         for c in self.cells:
             out.setdefault(c.family, {}).setdefault(c.qualifier, []).append((c.timestamp, c.value))
         return out
+
+
+@dataclass(frozen=True, slots=True)
+class AppendValue:
+    """Read-modify-write: append ``value`` to the newest value of family:qualifier (§3)."""
+
+    family: str
+    qualifier: bytes
+    value: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class IncrementValue:
+    """Read-modify-write: add ``amount`` to a 64-bit big-endian signed counter (§3).
+
+    A missing cell counts as 0; an existing value that is not 8 bytes is an InvalidArgument.
+    """
+
+    family: str
+    qualifier: bytes
+    amount: int
+
+
+ReadModifyWriteRule = AppendValue | IncrementValue
