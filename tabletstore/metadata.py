@@ -1,0 +1,178 @@
+"""Tablet records: what METADATA says about each tablet (§5.1, §5.2, §5.3).
+
+A :class:`TabletRecord` is one METADATA row: the tablet's row range, its SSTables per locality
+group (newest first), its redo point, the commit logs that may still hold its writes past the
+redo point, its location (the worker serving it), its epoch and a short event log.
+
+Row keys encode ``(table id, end row)`` as in the paper, so that a lookup for a row is a scan
+for the first METADATA row whose key is at or after ``(table, row)``: see :func:`metadata_row_key`.
+The last tablet of a table has no end row; it encodes as the table id followed by ``\\xff``
+after every possible row key.
+
+Records are serialized as compact JSON (bytes as base64) — they are small and read far less
+often than data. Where records live (etcd in the embedded default, the METADATA table in the
+cluster) is the catalog's business, not this module's.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from tabletstore.errors import Corruption
+
+__all__ = [
+    "LogRef",
+    "SSTableRef",
+    "TabletEvent",
+    "TabletRecord",
+    "metadata_row_key",
+]
+
+_MAX_EVENTS = 32
+
+
+def _b64(b: bytes | None) -> str | None:
+    return None if b is None else base64.b64encode(b).decode("ascii")
+
+
+def _unb64(s: str | None) -> bytes | None:
+    return None if s is None else base64.b64decode(s)
+
+
+def metadata_row_key(table_id: str, end_row: bytes | None) -> bytes:
+    """METADATA row key of the tablet of ``table_id`` that ends at ``end_row`` (§5.1).
+
+    ``table_id \\x00 0x01 end_row`` for a bounded tablet, ``table_id \\x00 0x02`` for the last
+    one, so that the last tablet sorts after every bounded tablet of its table.
+    """
+    head = table_id.encode() + b"\x00"
+    return head + b"\x02" if end_row is None else head + b"\x01" + end_row
+
+
+@dataclass(frozen=True, slots=True)
+class SSTableRef:
+    """An SSTable object as METADATA records it."""
+
+    key: str
+    size: int
+    cells: int
+    min_seq: int
+    max_seq: int
+    first_row: bytes
+    last_row: bytes
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "size": self.size,
+            "cells": self.cells,
+            "min_seq": self.min_seq,
+            "max_seq": self.max_seq,
+            "first_row": _b64(self.first_row),
+            "last_row": _b64(self.last_row),
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> SSTableRef:
+        return cls(
+            key=d["key"],
+            size=int(d["size"]),
+            cells=int(d["cells"]),
+            min_seq=int(d["min_seq"]),
+            max_seq=int(d["max_seq"]),
+            first_row=_unb64(d["first_row"]) or b"",
+            last_row=_unb64(d["last_row"]) or b"",
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class LogRef:
+    """A worker incarnation's commit log that may hold writes of the tablet past its redo point."""
+
+    worker_id: str
+    incarnation: str
+
+    def to_json(self) -> list[str]:
+        return [self.worker_id, self.incarnation]
+
+
+@dataclass(frozen=True, slots=True)
+class TabletEvent:
+    """One line of a tablet's event log (assigned, loaded, split, compacted, moved...)."""
+
+    at: float
+    kind: str
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class TabletRecord:
+    """One tablet's METADATA row. Immutable: updates build a new record."""
+
+    table_id: str
+    tablet_id: str
+    start_row: bytes
+    end_row: bytes | None
+    sstables: dict[str, tuple[SSTableRef, ...]] = field(default_factory=dict)
+    redo_seq: int = 0
+    logs: tuple[LogRef, ...] = ()
+    location: str | None = None
+    epoch: int = 0
+    events: tuple[TabletEvent, ...] = ()
+
+    def contains(self, row: bytes) -> bool:
+        """Whether ``row`` falls in ``[start_row, end_row)``."""
+        return row >= self.start_row and (self.end_row is None or row < self.end_row)
+
+    @property
+    def row_key(self) -> bytes:
+        return metadata_row_key(self.table_id, self.end_row)
+
+    @property
+    def size(self) -> int:
+        """Bytes of SSTables (what splits and balancing look at)."""
+        return sum(ref.size for refs in self.sstables.values() for ref in refs)
+
+    def with_event(self, at: float, kind: str, detail: str = "") -> TabletRecord:
+        events = (*self.events, TabletEvent(at, kind, detail))[-_MAX_EVENTS:]
+        return replace(self, events=events)
+
+    def to_bytes(self) -> bytes:
+        d = {
+            "table_id": self.table_id,
+            "tablet_id": self.tablet_id,
+            "start_row": _b64(self.start_row),
+            "end_row": _b64(self.end_row),
+            "sstables": {g: [r.to_json() for r in refs] for g, refs in self.sstables.items()},
+            "redo_seq": self.redo_seq,
+            "logs": [log.to_json() for log in self.logs],
+            "location": self.location,
+            "epoch": self.epoch,
+            "events": [[e.at, e.kind, e.detail] for e in self.events],
+        }
+        return json.dumps(d, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> TabletRecord:
+        try:
+            d = json.loads(data)
+            return cls(
+                table_id=d["table_id"],
+                tablet_id=d["tablet_id"],
+                start_row=_unb64(d["start_row"]) or b"",
+                end_row=_unb64(d["end_row"]),
+                sstables={
+                    g: tuple(SSTableRef.from_json(r) for r in refs)
+                    for g, refs in d["sstables"].items()
+                },
+                redo_seq=int(d["redo_seq"]),
+                logs=tuple(LogRef(w, i) for w, i in d["logs"]),
+                location=d["location"],
+                epoch=int(d["epoch"]),
+                events=tuple(TabletEvent(float(a), k, x) for a, k, x in d["events"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise Corruption(f"malformed tablet record: {exc}") from exc
