@@ -1,0 +1,127 @@
+"""MemTable: ordering, sizes, sequence bounds, freezing, scans interleaved with writes."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tabletstore.errors import InvalidArgument
+from tabletstore.keys import TS_MAX, Cell, CellKind, cell_sort_key
+from tabletstore.memtable import CELL_OVERHEAD, FrozenMemTable, MemTable
+
+
+def put(row: bytes, fam: str, q: bytes, ts: int, seq: int, value: bytes = b"v") -> Cell:
+    return Cell(row, fam, q, ts, seq, CellKind.PUT, value)
+
+
+def random_cells(n: int, seed: int = 1) -> list[Cell]:
+    rnd = random.Random(seed)
+    return [
+        put(
+            b"r%03d" % rnd.randrange(50),
+            rnd.choice("ab"),
+            b"q%d" % rnd.randrange(3),
+            rnd.randrange(100),
+            seq,
+            b"x" * rnd.randrange(10),
+        )
+        for seq in range(1, n + 1)
+    ]
+
+
+def test_scan_is_in_sort_order_and_get_row_returns_the_row() -> None:
+    cells = random_cells(2000)
+    mt = MemTable()
+    for i in range(0, len(cells), 7):
+        mt.add(cells[i : i + 7])
+    assert list(mt.scan()) == sorted(cells, key=cell_sort_key)
+    assert mt.get_row(b"r007") == sorted((c for c in cells if c.row == b"r007"), key=cell_sort_key)
+    assert mt.get_row(b"missing") == []
+    assert len(mt) == mt.cell_count == 2000
+    assert mt.row_count == len({c.row for c in cells})
+
+
+def test_scan_bounds_are_start_inclusive_end_exclusive() -> None:
+    cells = random_cells(500)
+    mt = MemTable()
+    mt.add(cells)
+    got = list(mt.scan(b"r010", b"r020"))
+    assert got == sorted((c for c in cells if b"r010" <= c.row < b"r020"), key=cell_sort_key)
+    assert list(mt.scan(b"r020", b"r010")) == []
+    assert [c.row for c in mt.scan(b"r045")] == sorted(c.row for c in cells if c.row >= b"r045")
+    rows = list(mt.rows(b"r000", b"r005"))
+    assert [r for r, _ in rows] == sorted({c.row for c in cells if c.row < b"r005"})
+    assert all(all(c.row == r for c in cs) for r, cs in rows)
+
+
+def test_deletion_entries_sort_first_in_their_scope() -> None:
+    mt = MemTable()
+    mt.add([put(b"r", "f", b"q", 5, 1), put(b"r", "f", b"", 5, 2)])
+    mt.add([Cell(b"r", "", b"", TS_MAX, 3, CellKind.DELETE_ROW, b"")])
+    mt.add([Cell(b"r", "f", b"", TS_MAX, 4, CellKind.DELETE_FAMILY, b"")])
+    kinds = [c.kind for c in mt.get_row(b"r")]
+    assert kinds == [CellKind.DELETE_ROW, CellKind.DELETE_FAMILY, CellKind.PUT, CellKind.PUT]
+
+
+def test_size_and_seq_bounds_and_idempotent_replay() -> None:
+    mt = MemTable()
+    assert mt.is_empty() and mt.min_seq is None and mt.max_seq is None
+    a = put(b"row", "fam", b"qual", 1, 10, b"value")
+    b = put(b"row", "fam", b"qual", 1, 4, b"older")
+    mt.add([a, b])
+    expected = 2 * (3 + 3 + 4 + 5 + CELL_OVERHEAD)
+    assert mt.approximate_size == expected
+    assert (mt.min_seq, mt.max_seq) == (4, 10)
+    mt.add([a])  # a replayed duplicate changes nothing
+    assert mt.approximate_size == expected and len(mt) == 2
+    assert mt.get_row(b"row") == [a, b]
+
+
+def test_freeze_stops_writes_and_keeps_contents() -> None:
+    cells = random_cells(300)
+    mt = MemTable()
+    mt.add(cells)
+    frozen = mt.freeze()
+    assert isinstance(frozen, FrozenMemTable) and mt.frozen
+    with pytest.raises(InvalidArgument, match="frozen"):
+        mt.add([put(b"x", "a", b"", 1, 999)])
+    assert list(frozen.scan()) == sorted(cells, key=cell_sort_key)
+    assert (frozen.min_seq, frozen.max_seq, len(frozen)) == (1, 300, 300)
+    assert frozen.approximate_size == mt.approximate_size
+    with pytest.raises(InvalidArgument):
+        FrozenMemTable(MemTable())
+
+
+def test_scan_interleaved_with_writes_sees_every_cell_present_at_start() -> None:
+    cells = random_cells(1000)
+    mt = MemTable()
+    mt.add(cells[:500])
+    before = sorted(cells[:500], key=cell_sort_key)
+    seen: list[Cell] = []
+    later = iter(cells[500:])
+    for cell in mt.scan():
+        seen.append(cell)
+        nxt = next(later, None)
+        if nxt is not None:
+            mt.add(
+                [
+                    nxt,
+                    put(b"r%03d" % random.randrange(50) + b"new", "a", b"", 1, 10_000 + len(seen)),
+                ]
+            )
+    keys = [cell_sort_key(c) for c in seen]
+    assert keys == sorted(keys), "a scan interleaved with writes stays in order"
+    assert set(before) <= set(seen), "every cell present when the scan started is seen"
+    assert len(keys) == len(set(keys))
+
+
+def test_rows_are_copied_so_a_reader_never_sees_a_later_add() -> None:
+    mt = MemTable()
+    mt.add([put(b"r", "a", b"q", 1, 1)])
+    row = mt.get_row(b"r")
+    it = mt.scan()
+    first = next(it)
+    mt.add([put(b"r", "a", b"q", 2, 2)])
+    assert row == [first]
+    assert list(it) == []  # the row was copied whole when the scan reached it
