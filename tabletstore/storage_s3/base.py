@@ -16,15 +16,74 @@ Contracts every implementation keeps:
   the hood; ``start_after`` resumes a listing.
 * ``delete`` and ``delete_many`` are idempotent (deleting a missing key is not an error).
 * Keys are ``/``-separated strings relative to the store's own root (bucket + prefix).
+* ``offset`` and ``length`` are non-negative; a negative one is ``InvalidArgument``, as is an
+  empty key.
+
+The helpers below (:class:`Op`, :func:`object_url`, :func:`check_key`, :func:`check_range`) are
+shared by every implementation and wrapper so their errors read the same.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
-__all__ = ["ObjectInfo", "ObjectStore"]
+from tabletstore.errors import InvalidArgument
+
+__all__ = [
+    "S3_BATCH",
+    "ObjectInfo",
+    "ObjectStore",
+    "Op",
+    "check_key",
+    "check_range",
+    "object_url",
+]
+
+
+class Op(StrEnum):
+    """The kinds of request a store makes, named after the S3 request each one costs.
+
+    Instrumentation counts them and fault injection targets them. ``LIST`` is one page of a
+    listing (S3 returns at most 1,000 keys a page); ``DELETE`` is one request, which for
+    ``delete_many`` covers up to 1,000 keys (S3's DeleteObjects batch).
+    """
+
+    GET = "GET"
+    GET_RANGE = "GET_RANGE"
+    HEAD = "HEAD"
+    PUT = "PUT"
+    LIST = "LIST"
+    DELETE = "DELETE"
+
+
+#: Keys per LIST page and per DeleteObjects request on S3; the instrumented wrapper uses it to
+#: count requests the way S3 would bill them, whatever the backend.
+S3_BATCH = 1000
+
+
+def object_url(url: str, key: str) -> str:
+    """The full name of ``key`` in the store opened from ``url``, for error messages."""
+    base, sep, query = url.partition("?")
+    joined = f"{base.rstrip('/')}/{key}"
+    return f"{joined}{sep}{query}" if sep else joined
+
+
+def check_key(url: str, key: str) -> None:
+    """Raise InvalidArgument unless ``key`` is a non-empty string."""
+    if not isinstance(key, str) or not key:
+        raise InvalidArgument(f"object key must be a non-empty string, got {key!r} ({url})")
+
+
+def check_range(url: str, key: str, offset: int, length: int) -> None:
+    """Raise InvalidArgument for a negative offset or length."""
+    if offset < 0 or length < 0:
+        raise InvalidArgument(
+            f"byte range must be non-negative, got offset={offset} length={length} "
+            f"for {object_url(url, key)}"
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,6 +3,9 @@
 It keeps the same contracts as the S3 and local-directory stores (the conformance suite runs
 against all three). Stores opened with the same ``memory://name`` URL in one process share
 their objects, so a "restarted" embedded database sees what it wrote.
+
+Every method runs without awaiting between its check and its change, so on one event loop a
+create is atomic: of two concurrent creates of one key exactly one wins.
 """
 
 from __future__ import annotations
@@ -13,10 +16,11 @@ from collections.abc import AsyncIterator, Iterable
 from sortedcontainers import SortedDict
 
 from tabletstore.errors import Closed, PreconditionFailed
-from tabletstore.storage_s3.base import ObjectInfo
+from tabletstore.storage_s3.base import ObjectInfo, check_key, check_range, object_url
 
 __all__ = ["MemoryObjectStore"]
 
+#: key -> (bytes, created_at); one per shared ``memory://name`` URL.
 _SHARED: dict[str, SortedDict] = {}
 
 
@@ -35,13 +39,20 @@ class MemoryObjectStore:
         if self._closed:
             raise Closed(f"object store {self.url} is closed")
 
+    async def check(self) -> None:
+        """Nothing can be missing in memory; only a closed store fails."""
+        self._check()
+
     async def get(self, key: str) -> bytes | None:
         self._check()
+        check_key(self.url, key)
         entry = self._objects.get(key)
         return None if entry is None else bytes(entry[0])
 
     async def get_range(self, key: str, offset: int, length: int) -> bytes | None:
         self._check()
+        check_key(self.url, key)
+        check_range(self.url, key, offset, length)
         entry = self._objects.get(key)
         if entry is None:
             return None
@@ -49,6 +60,7 @@ class MemoryObjectStore:
 
     async def head(self, key: str) -> ObjectInfo | None:
         self._check()
+        check_key(self.url, key)
         entry = self._objects.get(key)
         if entry is None:
             return None
@@ -56,8 +68,9 @@ class MemoryObjectStore:
 
     async def create(self, key: str, data: bytes) -> None:
         self._check()
+        check_key(self.url, key)
         if key in self._objects:
-            raise PreconditionFailed(f"object {self.url.rstrip('/')}/{key} already exists")
+            raise PreconditionFailed(f"object {object_url(self.url, key)} already exists")
         self._objects[key] = (bytes(data), time.time())
 
     async def list(
@@ -66,7 +79,7 @@ class MemoryObjectStore:
         self._check()
         start = prefix if start_after is None or start_after < prefix else start_after
         # Snapshot the matching keys first: the caller may create or delete while iterating.
-        keys = []
+        keys: list[str] = []
         for key in self._objects.irange(minimum=start):
             if not key.startswith(prefix):
                 break
@@ -80,10 +93,14 @@ class MemoryObjectStore:
 
     async def delete(self, key: str) -> None:
         self._check()
+        check_key(self.url, key)
         self._objects.pop(key, None)
 
     async def delete_many(self, keys: Iterable[str]) -> None:
         self._check()
+        keys = list(keys)
+        for key in keys:
+            check_key(self.url, key)
         for key in keys:
             self._objects.pop(key, None)
 

@@ -1,0 +1,200 @@
+"""Request and byte counters over any ObjectStore: what the database costs in S3 requests.
+
+S3 bills per request, so the figure that matters for an LSM on object storage is "S3 requests
+per 1,000 writes" (and per read). This wrapper counts every call it forwards by
+:class:`~tabletstore.storage_s3.base.Op` kind, the way S3 would bill it whatever the backend:
+
+* ``get`` -> GET, ``get_range`` -> GET_RANGE, ``head`` -> HEAD, ``create`` -> PUT,
+  ``delete`` -> DELETE: one request each;
+* ``delete_many`` -> one DELETE per started batch of 1,000 keys (S3's DeleteObjects limit);
+* ``list`` -> one LIST for the first page and one more each time a 1,001st, 2,001st... object
+  is yielded (S3 pages hold 1,000 keys), so a listing abandoned early counts only the pages it
+  needed.
+
+Bytes are object bytes moved (read by GET / GET_RANGE, written by PUT) by successful calls.
+Errors count calls that raised a tabletstore error. Put it *under* the retrying wrapper
+(``Retrying(Instrumented(store))``, what ``open_store`` builds) so retries are counted as the
+requests they are.
+
+Counters are plain integers (one event loop, no await between read and update). If a
+prometheus-client ``CollectorRegistry`` is passed, the same counts are also exported as
+``tabletstore_object_store_{requests,bytes,errors}_total{op=...}`` (use one registry per
+store, or a distinct ``metric_prefix``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from tabletstore.errors import TabletStoreError
+from tabletstore.storage_s3.base import S3_BATCH, ObjectInfo, ObjectStore, Op
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+__all__ = ["InstrumentedObjectStore", "OpStats", "StoreStats"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class OpStats:
+    """Counts for one kind of request."""
+
+    requests: int = 0
+    bytes: int = 0
+    errors: int = 0
+
+    def __add__(self, other: OpStats) -> OpStats:
+        return OpStats(
+            self.requests + other.requests, self.bytes + other.bytes, self.errors + other.errors
+        )
+
+    def __sub__(self, other: OpStats) -> OpStats:
+        return OpStats(
+            self.requests - other.requests, self.bytes - other.bytes, self.errors - other.errors
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStats:
+    """A snapshot of every counter. ``after - before`` gives the cost of what ran between."""
+
+    ops: Mapping[Op, OpStats] = field(default_factory=dict)
+
+    def __getitem__(self, op: Op) -> OpStats:
+        return self.ops.get(op, OpStats())
+
+    @property
+    def requests(self) -> int:
+        """Requests of every kind."""
+        return sum(stats.requests for stats in self.ops.values())
+
+    @property
+    def bytes_read(self) -> int:
+        return self[Op.GET].bytes + self[Op.GET_RANGE].bytes
+
+    @property
+    def bytes_written(self) -> int:
+        return self[Op.PUT].bytes
+
+    def __sub__(self, other: StoreStats) -> StoreStats:
+        return StoreStats({op: self[op] - other[op] for op in Op})
+
+    def as_dict(self) -> dict[str, dict[str, int]]:
+        """``{"GET": {"requests": 3, "bytes": 120, "errors": 0}, ...}`` for every kind."""
+        return {
+            op.value: {"requests": s.requests, "bytes": s.bytes, "errors": s.errors}
+            for op in Op
+            for s in (self[op],)
+        }
+
+
+class InstrumentedObjectStore:
+    """An ObjectStore that counts what it forwards to ``inner`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        inner: ObjectStore,
+        *,
+        registry: CollectorRegistry | None = None,
+        metric_prefix: str = "tabletstore_object_store",
+    ) -> None:
+        self.inner = inner
+        self.url = inner.url
+        self._counts: dict[Op, OpStats] = {}
+        self._metrics: tuple[Any, Any, Any] | None = None
+        if registry is not None:
+            from prometheus_client import Counter
+
+            self._metrics = tuple(  # type: ignore[assignment]
+                Counter(f"{metric_prefix}_{what}", doc, ["op"], registry=registry)
+                for what, doc in (
+                    ("requests", "Object store requests, by S3 request kind"),
+                    ("bytes", "Object bytes read or written, by S3 request kind"),
+                    ("errors", "Object store requests that failed, by S3 request kind"),
+                )
+            )
+
+    def stats(self) -> StoreStats:
+        """A snapshot of the counters."""
+        return StoreStats(dict(self._counts))
+
+    def reset(self) -> None:
+        """Zero the counters (prometheus counters only ever increase and are left alone)."""
+        self._counts.clear()
+
+    def _count(self, op: Op, *, requests: int = 0, nbytes: int = 0, errors: int = 0) -> None:
+        self._counts[op] = self._counts.get(op, OpStats()) + OpStats(requests, nbytes, errors)
+        if self._metrics is not None:
+            for counter, amount in zip(self._metrics, (requests, nbytes, errors), strict=True):
+                if amount:
+                    counter.labels(op=op.value).inc(amount)
+
+    async def _call(self, op: Op, call: Awaitable[T], requests: int = 1) -> T:
+        self._count(op, requests=requests)
+        try:
+            return await call
+        except TabletStoreError:
+            self._count(op, errors=1)
+            raise
+
+    # Reads ----------------------------------------------------------------------------------
+
+    async def get(self, key: str) -> bytes | None:
+        data = await self._call(Op.GET, self.inner.get(key))
+        if data:
+            self._count(Op.GET, nbytes=len(data))
+        return data
+
+    async def get_range(self, key: str, offset: int, length: int) -> bytes | None:
+        data = await self._call(Op.GET_RANGE, self.inner.get_range(key, offset, length))
+        if data:
+            self._count(Op.GET_RANGE, nbytes=len(data))
+        return data
+
+    async def head(self, key: str) -> ObjectInfo | None:
+        return await self._call(Op.HEAD, self.inner.head(key))
+
+    async def list(
+        self, prefix: str, *, start_after: str | None = None
+    ) -> AsyncIterator[ObjectInfo]:
+        self._count(Op.LIST, requests=1)
+        yielded = 0
+        try:
+            async for info in self.inner.list(prefix, start_after=start_after):
+                if yielded and yielded % S3_BATCH == 0:
+                    self._count(Op.LIST, requests=1)  # S3 fetched the next page for this one.
+                yielded += 1
+                yield info
+        except TabletStoreError:
+            self._count(Op.LIST, errors=1)
+            raise
+
+    # Writes ---------------------------------------------------------------------------------
+
+    async def create(self, key: str, data: bytes) -> None:
+        await self._call(Op.PUT, self.inner.create(key, data))
+        self._count(Op.PUT, nbytes=len(data))
+
+    async def delete(self, key: str) -> None:
+        await self._call(Op.DELETE, self.inner.delete(key))
+
+    async def delete_many(self, keys: Iterable[str]) -> None:
+        batch = list(keys)
+        if not batch:
+            return
+        requests = -(-len(batch) // S3_BATCH)
+        await self._call(Op.DELETE, self.inner.delete_many(batch), requests=requests)
+
+    # Lifecycle ------------------------------------------------------------------------------
+
+    async def check(self) -> None:
+        check: Callable[[], Awaitable[None]] | None = getattr(self.inner, "check", None)
+        if check is not None:
+            await check()
+
+    async def close(self) -> None:
+        await self.inner.close()

@@ -1,0 +1,252 @@
+"""Every object key in the bucket, in one module (DESIGN.md section 3).
+
+Bigtable keeps SSTables and commit logs as GFS files (§4, §5.3); tabletstore keeps them as
+immutable objects. Keys here are relative to the store's root (the bucket plus the prefix in
+the store URL), so they never include that prefix::
+
+    tables/<table-id>/<tablet-id>/<locality-group>/<sstable-id>.parquet
+    logs/<worker-id>/<incarnation:020d>/<sequence:020d>.log
+    recovery/<worker-id>/<incarnation:020d>/<segment:020d>/<tablet-id>.run
+    snapshots/<table-id>/<snapshot-id>.json
+
+Numbers are zero-padded to 20 digits (enough for any unsigned 64-bit value), so listing a prefix
+returns log segments, incarnations and recovery runs in numeric order: recovery lists a dead
+worker's segments and fences it by creating the next number (§6 of DESIGN.md).
+
+Identifier components (table, tablet, locality group, SSTable, worker, snapshot ids) are
+validated by :func:`check_component`: non-empty, at most 200 characters, no ``/``, no control
+characters, not ``.`` or ``..``. Every builder has a parser that inverts it exactly; a key that
+does not match raises :class:`~tabletstore.errors.InvalidArgument` naming the key.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from tabletstore.errors import InvalidArgument
+
+__all__ = [
+    "LOGS",
+    "RECOVERY",
+    "SNAPSHOTS",
+    "TABLES",
+    "LogSegmentKey",
+    "RecoveryRunKey",
+    "SSTableKey",
+    "SnapshotKey",
+    "check_component",
+    "log_prefix",
+    "log_segment_key",
+    "parse_log_segment_key",
+    "parse_recovery_run_key",
+    "parse_snapshot_key",
+    "parse_sstable_key",
+    "recovery_prefix",
+    "recovery_run_key",
+    "snapshot_key",
+    "snapshot_prefix",
+    "sstable_key",
+    "tables_prefix",
+]
+
+TABLES = "tables/"
+LOGS = "logs/"
+RECOVERY = "recovery/"
+SNAPSHOTS = "snapshots/"
+
+_SSTABLE_SUFFIX = ".parquet"
+_LOG_SUFFIX = ".log"
+_RUN_SUFFIX = ".run"
+_SNAPSHOT_SUFFIX = ".json"
+_MAX_COMPONENT = 200
+_NUMBER_WIDTH = 20
+_MAX_NUMBER = 10**_NUMBER_WIDTH - 1
+
+
+class SSTableKey(NamedTuple):
+    table_id: str
+    tablet_id: str
+    locality_group: str
+    sstable_id: str
+
+
+class LogSegmentKey(NamedTuple):
+    worker_id: str
+    incarnation: int
+    seq: int
+
+
+class RecoveryRunKey(NamedTuple):
+    worker_id: str
+    incarnation: int
+    segment: int
+    tablet_id: str
+
+
+class SnapshotKey(NamedTuple):
+    table_id: str
+    snapshot_id: str
+
+
+def check_component(what: str, value: str) -> str:
+    """Return ``value`` if it can be one ``/``-separated part of a key; else InvalidArgument."""
+    if not isinstance(value, str) or not value:
+        raise InvalidArgument(f"{what} must be a non-empty string, got {value!r}")
+    if len(value) > _MAX_COMPONENT:
+        raise InvalidArgument(f"{what} is longer than {_MAX_COMPONENT} characters: {value!r}")
+    if "/" in value or value in (".", ".."):
+        raise InvalidArgument(f"{what} may not contain '/' or be '.' or '..': {value!r}")
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in value):
+        raise InvalidArgument(f"{what} may not contain control characters: {value!r}")
+    return value
+
+
+def _number(what: str, value: int) -> str:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_NUMBER:
+        raise InvalidArgument(f"{what} must be an integer in [0, {_MAX_NUMBER}], got {value!r}")
+    return f"{value:0{_NUMBER_WIDTH}d}"
+
+
+def _parse_number(what: str, text: str, key: str) -> int:
+    if len(text) != _NUMBER_WIDTH or not text.isascii() or not text.isdigit():
+        raise InvalidArgument(f"{what} in object key {key!r} is not a {_NUMBER_WIDTH}-digit number")
+    return int(text)
+
+
+def _split(key: str, root: str, parts: int, suffix: str, kind: str) -> list[str]:
+    """The ``parts`` components of ``key`` after ``root``, the last stripped of ``suffix``."""
+    if not key.startswith(root) or not key.endswith(suffix):
+        raise InvalidArgument(f"object key {key!r} is not a {kind} key")
+    components = key[len(root) : len(key) - len(suffix)].split("/")
+    if len(components) != parts:
+        raise InvalidArgument(f"object key {key!r} is not a {kind} key")
+    return components
+
+
+# SSTables ------------------------------------------------------------------------------------
+
+
+def tables_prefix(table_id: str | None = None, tablet_id: str | None = None) -> str:
+    """``tables/``, ``tables/<table>/`` or ``tables/<table>/<tablet>/`` (for listing and GC)."""
+    if table_id is None:
+        if tablet_id is not None:
+            raise InvalidArgument("tables_prefix: a tablet_id needs its table_id")
+        return TABLES
+    prefix = f"{TABLES}{check_component('table id', table_id)}/"
+    if tablet_id is None:
+        return prefix
+    return f"{prefix}{check_component('tablet id', tablet_id)}/"
+
+
+def sstable_key(table_id: str, tablet_id: str, locality_group: str, sstable_id: str) -> str:
+    """Where one SSTable of one locality group of one tablet lives."""
+    return (
+        f"{tables_prefix(table_id, tablet_id)}"
+        f"{check_component('locality group', locality_group)}/"
+        f"{check_component('sstable id', sstable_id)}{_SSTABLE_SUFFIX}"
+    )
+
+
+def parse_sstable_key(key: str) -> SSTableKey:
+    """The inverse of :func:`sstable_key`."""
+    table_id, tablet_id, group, sstable_id = _split(key, TABLES, 4, _SSTABLE_SUFFIX, "SSTable")
+    parsed = SSTableKey(table_id, tablet_id, group, sstable_id)
+    if sstable_key(*parsed) != key:
+        raise InvalidArgument(f"object key {key!r} is not a valid SSTable key")
+    return parsed
+
+
+# Commit log ----------------------------------------------------------------------------------
+
+
+def log_prefix(worker_id: str | None = None, incarnation: int | None = None) -> str:
+    """``logs/``, ``logs/<worker>/`` or ``logs/<worker>/<incarnation>/``.
+
+    Listing ``log_prefix(worker, incarnation)`` returns that incarnation's segments in
+    sequence order.
+    """
+    if worker_id is None:
+        if incarnation is not None:
+            raise InvalidArgument("log_prefix: an incarnation needs its worker_id")
+        return LOGS
+    prefix = f"{LOGS}{check_component('worker id', worker_id)}/"
+    if incarnation is None:
+        return prefix
+    return f"{prefix}{_number('incarnation', incarnation)}/"
+
+
+def log_segment_key(worker_id: str, incarnation: int, seq: int) -> str:
+    """Where segment ``seq`` of one worker incarnation's commit log lives."""
+    return f"{log_prefix(worker_id, incarnation)}{_number('log sequence', seq)}{_LOG_SUFFIX}"
+
+
+def parse_log_segment_key(key: str) -> LogSegmentKey:
+    """The inverse of :func:`log_segment_key`."""
+    worker_id, incarnation, seq = _split(key, LOGS, 3, _LOG_SUFFIX, "log segment")
+    check_component("worker id", worker_id)
+    return LogSegmentKey(
+        worker_id,
+        _parse_number("incarnation", incarnation, key),
+        _parse_number("log sequence", seq, key),
+    )
+
+
+# Recovery runs (the sorted per-tablet pieces of a dead worker's log, §6) --------------------
+
+
+def recovery_prefix(worker_id: str, incarnation: int, segment: int | None = None) -> str:
+    """``recovery/<worker>/<incarnation>/`` or, with ``segment``, that segment's folder."""
+    prefix = (
+        f"{RECOVERY}{check_component('worker id', worker_id)}/"
+        f"{_number('incarnation', incarnation)}/"
+    )
+    if segment is None:
+        return prefix
+    return f"{prefix}{_number('log segment', segment)}/"
+
+
+def recovery_run_key(worker_id: str, incarnation: int, segment: int, tablet_id: str) -> str:
+    """Where the records of log segment ``segment`` that belong to one tablet are sorted to."""
+    return (
+        f"{recovery_prefix(worker_id, incarnation, segment)}"
+        f"{check_component('tablet id', tablet_id)}{_RUN_SUFFIX}"
+    )
+
+
+def parse_recovery_run_key(key: str) -> RecoveryRunKey:
+    """The inverse of :func:`recovery_run_key`."""
+    worker_id, incarnation, segment, tablet_id = _split(
+        key, RECOVERY, 4, _RUN_SUFFIX, "recovery run"
+    )
+    check_component("worker id", worker_id)
+    check_component("tablet id", tablet_id)
+    return RecoveryRunKey(
+        worker_id,
+        _parse_number("incarnation", incarnation, key),
+        _parse_number("log segment", segment, key),
+        tablet_id,
+    )
+
+
+# Snapshot manifests (for batch jobs) ---------------------------------------------------------
+
+
+def snapshot_prefix(table_id: str | None = None) -> str:
+    """``snapshots/`` or ``snapshots/<table>/``."""
+    if table_id is None:
+        return SNAPSHOTS
+    return f"{SNAPSHOTS}{check_component('table id', table_id)}/"
+
+
+def snapshot_key(table_id: str, snapshot_id: str) -> str:
+    """Where a snapshot manifest of one table lives."""
+    return f"{snapshot_prefix(table_id)}{check_component('snapshot id', snapshot_id)}{_SNAPSHOT_SUFFIX}"
+
+
+def parse_snapshot_key(key: str) -> SnapshotKey:
+    """The inverse of :func:`snapshot_key`."""
+    table_id, snapshot_id = _split(key, SNAPSHOTS, 2, _SNAPSHOT_SUFFIX, "snapshot")
+    parsed = SnapshotKey(table_id, snapshot_id)
+    if snapshot_key(*parsed) != key:
+        raise InvalidArgument(f"object key {key!r} is not a valid snapshot key")
+    return parsed

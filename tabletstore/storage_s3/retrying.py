@@ -1,0 +1,199 @@
+"""Retries with backoff over any ObjectStore, and the resolution of ambiguous creates.
+
+GFS hid transient failures from Bigtable (§4); S3 does not: requests are throttled (503
+SlowDown), time out, or lose their connection. This wrapper retries what is safe to retry:
+
+* Reads, listings and deletes are idempotent: they are retried on Unavailable and
+  Indeterminate, up to ``max_attempts`` tries in all, sleeping a full-jitter exponential
+  backoff between tries (``uniform(0, min(max_delay, base_delay * 2**n))``, AWS's
+  recommendation). A listing that fails mid-way resumes after the last key it yielded.
+* ``create`` is not idempotent: once a create-only PUT may have been sent, a retry can collide
+  with our own first attempt. After an ambiguous failure (Unavailable or Indeterminate) the
+  wrapper *resolves* it: a ``head`` (and, when the size matches, a ``get``) tells whether our
+  bytes landed (success), other bytes are there (PreconditionFailed), or nothing is (create
+  again). A retried create that meets PreconditionFailed after an ambiguous attempt is
+  resolved the same way, because the object it collided with may be our own.
+
+Contract for callers of ``create``: resolution compares content, so two writers that create
+the same key with byte-identical data cannot be told apart, and the loser would be told it
+won. Objects that fence (an empty log segment marking a recovered worker) must therefore carry
+something unique to their writer (its id and incarnation).
+
+Time and jitter come from the injected :class:`~tabletstore.clock.Clock`, so tests run with a
+ManualClock (or zero delays) and never sleep.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from typing import TypeVar
+
+from tabletstore.clock import Clock, SystemClock
+from tabletstore.errors import (
+    Indeterminate,
+    InvalidArgument,
+    PreconditionFailed,
+    TabletStoreError,
+    Unavailable,
+)
+from tabletstore.storage_s3.base import ObjectInfo, ObjectStore, object_url
+
+__all__ = ["RetryingObjectStore"]
+
+T = TypeVar("T")
+
+#: Errors after which an idempotent request is simply sent again.
+_TRANSIENT = (Unavailable, Indeterminate)
+
+
+class RetryingObjectStore:
+    """An ObjectStore that retries ``inner``'s transient failures (see the module docstring)."""
+
+    def __init__(
+        self,
+        inner: ObjectStore,
+        *,
+        clock: Clock | None = None,
+        max_attempts: int = 6,
+        base_delay: float = 0.05,
+        max_delay: float = 2.0,
+    ) -> None:
+        if max_attempts < 1 or base_delay < 0 or max_delay < 0:
+            raise InvalidArgument(
+                "RetryingObjectStore needs max_attempts >= 1 and non-negative delays, got "
+                f"max_attempts={max_attempts} base_delay={base_delay} max_delay={max_delay}"
+            )
+        self.inner = inner
+        self.url = inner.url
+        self._clock: Clock = clock if clock is not None else SystemClock()
+        self._max_attempts = max_attempts
+        self._base_delay = base_delay
+        self._max_delay = max_delay
+        #: Retries made so far (a try after the first), for tests and status pages.
+        self.retries = 0
+
+    def backoff(self, failures: int) -> float:
+        """The full-jitter delay before the next try, after ``failures`` consecutive ones."""
+        cap = min(self._max_delay, self._base_delay * (2 ** (failures - 1)))
+        return self._clock.random().uniform(0.0, cap)
+
+    async def _pause(self, failures: int) -> None:
+        self.retries += 1
+        await self._clock.sleep(self.backoff(failures))
+
+    async def _retry(self, call: Callable[[], Awaitable[T]]) -> T:
+        """Run ``call`` until it succeeds, fails permanently, or runs out of attempts."""
+        for attempt in range(1, self._max_attempts + 1):
+            try:
+                return await call()
+            except _TRANSIENT:
+                if attempt == self._max_attempts:
+                    raise
+            await self._pause(attempt)
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    # Idempotent operations --------------------------------------------------------------------
+
+    async def get(self, key: str) -> bytes | None:
+        return await self._retry(lambda: self.inner.get(key))
+
+    async def get_range(self, key: str, offset: int, length: int) -> bytes | None:
+        return await self._retry(lambda: self.inner.get_range(key, offset, length))
+
+    async def head(self, key: str) -> ObjectInfo | None:
+        return await self._retry(lambda: self.inner.head(key))
+
+    async def delete(self, key: str) -> None:
+        await self._retry(lambda: self.inner.delete(key))
+
+    async def delete_many(self, keys: Iterable[str]) -> None:
+        batch = list(keys)  # Materialized once: each retry must see the same keys.
+        await self._retry(lambda: self.inner.delete_many(batch))
+
+    async def list(
+        self, prefix: str, *, start_after: str | None = None
+    ) -> AsyncIterator[ObjectInfo]:
+        failures = 0
+        resume = start_after
+        while True:
+            try:
+                async for info in self.inner.list(prefix, start_after=resume):
+                    resume = info.key
+                    failures = 0  # Progress: the budget is for consecutive failures.
+                    yield info
+                return
+            except _TRANSIENT:
+                failures += 1
+                if failures >= self._max_attempts:
+                    raise
+            await self._pause(failures)
+
+    # Create ---------------------------------------------------------------------------------
+
+    async def create(self, key: str, data: bytes) -> None:
+        data = bytes(data)
+        ambiguous: TabletStoreError | None = None
+        maybe_applied = False
+        for attempt in range(1, self._max_attempts + 1):
+            if attempt > 1:
+                await self._pause(attempt - 1)
+            try:
+                await self.inner.create(key, data)
+                return
+            except PreconditionFailed as collision:
+                if ambiguous is None:
+                    raise  # Nothing of ours was in flight: someone else's object.
+                try:
+                    if await self._resolve(key, data):
+                        return
+                except _TRANSIENT as exc:
+                    raise Indeterminate(
+                        f"create of {object_url(self.url, key)}: it collided with an object "
+                        f"that may be our own earlier attempt, and reading it failed ({exc})"
+                    ) from collision
+                raise
+            except _TRANSIENT as exc:
+                ambiguous = exc
+                maybe_applied = maybe_applied or isinstance(exc, Indeterminate)
+                try:
+                    if await self._resolve(key, data):
+                        return
+                except _TRANSIENT:
+                    pass  # Cannot tell yet; the next try (or its collision) will.
+        assert ambiguous is not None
+        if maybe_applied and not isinstance(ambiguous, Indeterminate):
+            raise Indeterminate(
+                f"create of {object_url(self.url, key)} may have been applied: an attempt's "
+                f"outcome is unknown and the last one failed ({ambiguous})"
+            ) from ambiguous
+        raise ambiguous
+
+    async def _resolve(self, key: str, data: bytes) -> bool:
+        """True if ``key`` holds exactly ``data``; False if it is absent.
+
+        Raises PreconditionFailed if it holds other bytes, and Unavailable / Indeterminate if
+        the store cannot be read (after this wrapper's own retries).
+        """
+        info = await self._retry(lambda: self.inner.head(key))
+        if info is None:
+            return False
+        if info.size == len(data):
+            stored = await self._retry(lambda: self.inner.get(key))
+            if stored is None:
+                return False  # Deleted since the head: nothing of ours is there now.
+            if stored == data:
+                return True
+        raise PreconditionFailed(
+            f"object {object_url(self.url, key)} already exists with other content"
+        )
+
+    # Lifecycle ------------------------------------------------------------------------------
+
+    async def check(self) -> None:
+        """The inner store's check, retried like a read."""
+        check: Callable[[], Awaitable[None]] | None = getattr(self.inner, "check", None)
+        if check is not None:
+            await self._retry(check)
+
+    async def close(self) -> None:
+        await self.inner.close()

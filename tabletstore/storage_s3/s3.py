@@ -1,0 +1,503 @@
+"""S3 (and S3-compatible servers: MinIO, moto) as the ObjectStore: GFS's replacement (§4).
+
+This is the only module that imports aioboto3 / botocore (an import-linter contract checks it),
+and :func:`translate_error` is the only place their exceptions become tabletstore errors.
+
+URL: ``s3://bucket[/prefix][?param=value&...]``. Parameters (all optional):
+
+* ``endpoint_url`` - e.g. ``http://127.0.0.1:9000`` for MinIO or moto's server;
+* ``region`` - the signing region;
+* ``profile`` - a profile from the shared AWS config files;
+* ``addressing_style`` - ``path``, ``virtual`` or ``auto`` (default ``path`` when
+  ``endpoint_url`` is given, since local servers have no per-bucket host names, else ``auto``);
+* ``connect_timeout`` / ``read_timeout`` - seconds (defaults 5 and 30).
+
+Everything else comes from the standard AWS settings that botocore reads itself: credentials
+(``AWS_ACCESS_KEY_ID``... , profiles, instance roles), ``AWS_REGION`` / ``AWS_DEFAULT_REGION``,
+and ``AWS_ENDPOINT_URL`` / ``AWS_ENDPOINT_URL_S3``. An unknown parameter is InvalidArgument.
+
+Cost: one aioboto3 ``Session`` per process (per profile) and one client per store, created on
+first use and reused for every request (its connection pool keeps connections open); creating
+a client per request costs milliseconds of setup and a new TCP connection each time. botocore's
+own retries are switched off: :class:`~tabletstore.storage_s3.retrying.RetryingObjectStore`
+retries, and resolves ambiguous creates, above this store.
+
+Create-only PUTs use ``If-None-Match: *`` (S3 since 2024-08, MinIO, and moto's server all
+answer a collision with 412 PreconditionFailed; verified against moto 5.2 in the conformance
+suite).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterable
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+import aioboto3
+import aiohttp
+import botocore.exceptions
+from aiobotocore.config import AioConfig
+
+from tabletstore.errors import (
+    Closed,
+    Indeterminate,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    PreconditionFailed,
+    TabletStoreError,
+    Unavailable,
+)
+from tabletstore.storage_s3.base import (
+    S3_BATCH,
+    ObjectInfo,
+    check_key,
+    check_range,
+    object_url,
+)
+
+__all__ = ["S3Location", "S3ObjectStore", "parse_s3_url", "translate_error"]
+
+_PARAMS = frozenset(
+    {"endpoint_url", "region", "profile", "addressing_style", "connect_timeout", "read_timeout"}
+)
+_SESSIONS: dict[str | None, aioboto3.Session] = {}
+
+
+@dataclass(frozen=True, slots=True)
+class S3Location:
+    """A parsed ``s3://`` URL."""
+
+    url: str
+    bucket: str
+    #: Empty, or ends with '/': prepended to every key.
+    prefix: str
+    endpoint_url: str | None = None
+    region: str | None = None
+    profile: str | None = None
+    addressing_style: str = "auto"
+    connect_timeout: float = 5.0
+    read_timeout: float = 30.0
+
+
+def _seconds(url: str, name: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise InvalidArgument(f"{name} in {url!r} must be a positive number of seconds")
+    return value
+
+
+def parse_s3_url(url: str) -> S3Location:
+    """Parse ``s3://bucket/prefix?...``; InvalidArgument naming the URL if it is malformed."""
+    parts = urlsplit(url)
+    if parts.scheme != "s3" or not parts.netloc:
+        raise InvalidArgument(f"not an s3://bucket[/prefix] URL: {url!r}")
+    if parts.fragment:
+        raise InvalidArgument(f"s3 URL {url!r} may not have a #fragment")
+    params = dict(parse_qsl(parts.query, keep_blank_values=True, strict_parsing=False))
+    unknown = set(params) - _PARAMS
+    if unknown:
+        raise InvalidArgument(
+            f"unknown parameter(s) {sorted(unknown)} in {url!r}; known: {sorted(_PARAMS)}"
+        )
+    path = parts.path.strip("/")
+    style = params.get("addressing_style", "path" if "endpoint_url" in params else "auto")
+    if style not in ("auto", "path", "virtual"):
+        raise InvalidArgument(f"addressing_style in {url!r} must be auto, path or virtual")
+    return S3Location(
+        url=url,
+        bucket=parts.netloc,
+        prefix=f"{path}/" if path else "",
+        endpoint_url=params.get("endpoint_url") or None,
+        region=params.get("region") or None,
+        profile=params.get("profile") or None,
+        addressing_style=style,
+        connect_timeout=_seconds(url, "connect_timeout", params.get("connect_timeout", "5")),
+        read_timeout=_seconds(url, "read_timeout", params.get("read_timeout", "30")),
+    )
+
+
+# Error translation: the one place -------------------------------------------------------------
+
+
+class _ObjectMissing(NotFound):
+    """The key does not exist (NoSuchKey, or a HEAD's bare 404). Methods turn it into None."""
+
+
+class _RangeNotSatisfiable(TabletStoreError):
+    """The range starts at or past the end of an existing object. get_range returns b""."""
+
+
+_DENIED = frozenset(
+    {
+        "AccessDenied",
+        "AllAccessDisabled",
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "ExpiredToken",
+        "InvalidToken",
+        "TokenRefreshRequired",
+        "InvalidSecurity",
+    }
+)
+_THROTTLED = frozenset(
+    {
+        "SlowDown",
+        "ServiceUnavailable",
+        "Throttling",
+        "ThrottlingException",
+        "RequestTimeout",
+        "RequestTimeTooSkewed",
+        "ConditionalRequestConflict",
+        "OperationAborted",
+    }
+)
+#: Failures after which the request may have reached S3 and been applied.
+_AMBIGUOUS_TRANSPORT = (
+    botocore.exceptions.ReadTimeoutError,
+    botocore.exceptions.ConnectionClosedError,
+    botocore.exceptions.ResponseStreamingError,
+    botocore.exceptions.IncompleteReadError,
+    botocore.exceptions.HTTPClientError,
+    aiohttp.ClientError,
+    asyncio.TimeoutError,
+    OSError,
+)
+#: Failures before the request could be sent.
+_UNSENT_TRANSPORT = (
+    botocore.exceptions.EndpointConnectionError,
+    botocore.exceptions.ConnectTimeoutError,
+)
+_CREDENTIALS = (
+    botocore.exceptions.NoCredentialsError,
+    botocore.exceptions.PartialCredentialsError,
+    botocore.exceptions.CredentialRetrievalError,
+    botocore.exceptions.NoAuthTokenError,
+    botocore.exceptions.TokenRetrievalError,
+)
+#: Everything translate_error understands; anything else (a bug) propagates unchanged.
+TRANSLATED: tuple[type[BaseException], ...] = (
+    botocore.exceptions.BotoCoreError,
+    botocore.exceptions.ClientError,
+    aiohttp.ClientError,
+    asyncio.TimeoutError,
+    OSError,
+)
+
+
+def translate_error(
+    exc: BaseException, *, url: str, key: str | None, op: str, mutation: bool = False
+) -> TabletStoreError:
+    """The tabletstore error for a botocore / transport failure of ``op`` on ``key``.
+
+    ``mutation`` marks requests that change the bucket (PUT, DELETE): a failure that may have
+    happened after S3 applied them (a read timeout, a dropped connection, a 500) becomes
+    Indeterminate instead of Unavailable, because Unavailable promises "not applied".
+    """
+    where = object_url(url, key) if key is not None else url
+    if isinstance(exc, botocore.exceptions.ClientError):
+        return _translate_client_error(exc, where=where, url=url, op=op, mutation=mutation)
+    if isinstance(exc, _CREDENTIALS):
+        return PermissionDenied(f"{op} {where}: no usable AWS credentials ({exc})")
+    if isinstance(exc, _UNSENT_TRANSPORT):
+        return Unavailable(f"{op} {where}: cannot reach the S3 endpoint ({exc})")
+    if isinstance(exc, _AMBIGUOUS_TRANSPORT):
+        if mutation:
+            return Indeterminate(f"{op} {where}: the connection failed mid-request ({exc})")
+        return Unavailable(f"{op} {where}: the connection failed mid-request ({exc})")
+    if isinstance(
+        exc,
+        botocore.exceptions.ParamValidationError
+        | botocore.exceptions.ValidationError
+        | botocore.exceptions.BaseEndpointResolverError
+        | botocore.exceptions.ProfileNotFound
+        | botocore.exceptions.InvalidS3AddressingStyleError,
+    ):
+        return InvalidArgument(f"{op} {where}: {exc}")
+    return Unavailable(f"{op} {where}: {exc}")
+
+
+def _translate_client_error(
+    exc: botocore.exceptions.ClientError, *, where: str, url: str, op: str, mutation: bool
+) -> TabletStoreError:
+    error = exc.response.get("Error", {})
+    code = str(error.get("Code", ""))
+    status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+    message = str(error.get("Message", "")) or code
+    if code in ("NoSuchKey", "404", "NotFound"):
+        return _ObjectMissing(f"{where} does not exist")
+    if code == "NoSuchBucket":
+        return NotFound(f"the bucket of {url} does not exist")
+    if code == "InvalidRange":
+        return _RangeNotSatisfiable(f"{op} {where}: {message}")
+    if code == "PreconditionFailed" or status == 412:
+        return PreconditionFailed(f"object {where} already exists")
+    if code in _DENIED or status == 403:
+        return PermissionDenied(f"{op} {where}: access denied ({code}: {message})")
+    if code in _THROTTLED or status == 503:
+        # S3 rejected the request without applying it; 409 ConditionalRequestConflict means
+        # another conditional write of the key is in flight and AWS documents "retry" for it
+        # (the retry then succeeds or gets 412).
+        return Unavailable(f"{op} {where}: S3 asked to back off ({code}: {message})")
+    if status >= 500 or status == 0:
+        if mutation:
+            return Indeterminate(f"{op} {where}: S3 failed, the change may be applied ({code})")
+        return Unavailable(f"{op} {where}: S3 failed ({code}: {message})")
+    return InvalidArgument(f"{op} {where}: S3 rejected the request ({code}: {message})")
+
+
+def _session(profile: str | None) -> aioboto3.Session:
+    """One aioboto3 Session per profile per process: it caches botocore's service models."""
+    session = _SESSIONS.get(profile)
+    if session is None:
+        session = _SESSIONS[profile] = aioboto3.Session(profile_name=profile)
+    return session
+
+
+# The store ------------------------------------------------------------------------------------
+
+
+class S3ObjectStore:
+    """An ObjectStore on one bucket and prefix; see the module docstring."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        max_pool_connections: int = 64,
+        access_key_id: str | None = None,
+        secret_access_key: str | None = None,
+        session_token: str | None = None,
+    ) -> None:
+        """``access_key_id`` / ``secret_access_key`` / ``session_token`` override the standard
+        credential chain for this store only (otherwise botocore resolves credentials once per
+        process and profile, and refreshes temporary ones itself)."""
+        self._loc = parse_s3_url(url)
+        self.url = url
+        self._max_pool = max_pool_connections
+        self._credentials = {
+            name: value
+            for name, value in (
+                ("aws_access_key_id", access_key_id),
+                ("aws_secret_access_key", secret_access_key),
+                ("aws_session_token", session_token),
+            )
+            if value is not None
+        }
+        self._client: Any = None
+        self._exit_stack: AsyncExitStack | None = None
+        self._client_lock = asyncio.Lock()
+        self._closed = False
+
+    @property
+    def bucket(self) -> str:
+        return self._loc.bucket
+
+    @property
+    def prefix(self) -> str:
+        return self._loc.prefix
+
+    async def _get_client(self) -> Any:
+        """The store's one client, created on first use.
+
+        REQUIRES: called on the event loop every later call uses (aiohttp binds to it).
+        """
+        if self._closed:
+            raise Closed(f"object store {self.url} is closed")
+        if self._client is not None:
+            return self._client
+        async with self._client_lock:
+            if self._client is None:
+                loc = self._loc
+                config = AioConfig(
+                    region_name=loc.region,
+                    connect_timeout=loc.connect_timeout,
+                    read_timeout=loc.read_timeout,
+                    retries={"total_max_attempts": 1, "mode": "standard"},
+                    max_pool_connections=self._max_pool,
+                    s3={"addressing_style": loc.addressing_style},
+                )
+                stack = AsyncExitStack()
+                try:
+                    client = await stack.enter_async_context(
+                        _session(loc.profile).client(
+                            "s3", endpoint_url=loc.endpoint_url, config=config, **self._credentials
+                        )
+                    )
+                except TRANSLATED as exc:
+                    await stack.aclose()
+                    raise translate_error(exc, url=self.url, key=None, op="connect") from exc
+                self._exit_stack, self._client = stack, client
+        return self._client
+
+    @asynccontextmanager
+    async def _translating(
+        self, op: str, key: str | None, *, mutation: bool = False
+    ) -> AsyncIterator[None]:
+        try:
+            yield
+        except TRANSLATED as exc:
+            raise translate_error(exc, url=self.url, key=key, op=op, mutation=mutation) from exc
+
+    def _key(self, key: str) -> str:
+        check_key(self.url, key)
+        return self._loc.prefix + key
+
+    # Reads ----------------------------------------------------------------------------------
+
+    async def get(self, key: str) -> bytes | None:
+        full = self._key(key)
+        client = await self._get_client()
+        try:
+            async with self._translating("GetObject", key):
+                response = await client.get_object(Bucket=self._loc.bucket, Key=full)
+                async with response["Body"] as body:
+                    data: bytes = await body.read()
+        except _ObjectMissing:
+            return None
+        return data
+
+    async def get_range(self, key: str, offset: int, length: int) -> bytes | None:
+        full = self._key(key)
+        check_range(self.url, key, offset, length)
+        if length == 0:
+            # HTTP ranges cannot be empty; existence is all there is to report.
+            return None if await self.head(key) is None else b""
+        client = await self._get_client()
+        try:
+            async with self._translating("GetObject", key):
+                response = await client.get_object(
+                    Bucket=self._loc.bucket,
+                    Key=full,
+                    Range=f"bytes={offset}-{offset + length - 1}",
+                )
+                async with response["Body"] as body:
+                    data: bytes = await body.read()
+        except _ObjectMissing:
+            return None
+        except _RangeNotSatisfiable:
+            return b""  # The object exists and ends at or before ``offset``.
+        return data
+
+    async def head(self, key: str) -> ObjectInfo | None:
+        full = self._key(key)
+        client = await self._get_client()
+        try:
+            async with self._translating("HeadObject", key):
+                response = await client.head_object(Bucket=self._loc.bucket, Key=full)
+        except _ObjectMissing:
+            # HEAD has no body, so a missing bucket is also a bare 404; check() tells them
+            # apart when the store is opened.
+            return None
+        return ObjectInfo(
+            key=key,
+            size=int(response["ContentLength"]),
+            last_modified=response["LastModified"].timestamp(),
+        )
+
+    # Writes ---------------------------------------------------------------------------------
+
+    async def create(self, key: str, data: bytes) -> None:
+        full = self._key(key)
+        client = await self._get_client()
+        async with self._translating("PutObject", key, mutation=True):
+            await client.put_object(
+                Bucket=self._loc.bucket, Key=full, Body=bytes(data), IfNoneMatch="*"
+            )
+
+    async def delete(self, key: str) -> None:
+        full = self._key(key)
+        client = await self._get_client()
+        try:
+            async with self._translating("DeleteObject", key, mutation=True):
+                await client.delete_object(Bucket=self._loc.bucket, Key=full)
+        except _ObjectMissing:
+            return  # Some servers answer 404 for a missing key; deletes are idempotent.
+
+    async def delete_many(self, keys: Iterable[str]) -> None:
+        full_keys = [self._key(key) for key in keys]
+        if not full_keys:
+            return
+        client = await self._get_client()
+        for start in range(0, len(full_keys), S3_BATCH):
+            batch = full_keys[start : start + S3_BATCH]
+            async with self._translating("DeleteObjects", None, mutation=True):
+                response = await client.delete_objects(
+                    Bucket=self._loc.bucket,
+                    Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True},
+                )
+            self._raise_delete_errors(response.get("Errors") or [])
+
+    def _raise_delete_errors(self, errors: list[dict[str, Any]]) -> None:
+        """DeleteObjects reports per-key failures in a 200 response; raise the first one."""
+        failures = [e for e in errors if e.get("Code") != "NoSuchKey"]
+        if not failures:
+            return
+        first = failures[0]
+        key = str(first.get("Key", ""))[len(self._loc.prefix) :]
+        fake = botocore.exceptions.ClientError(
+            {"Error": {"Code": first.get("Code", ""), "Message": first.get("Message", "")}},
+            "DeleteObjects",
+        )
+        error = translate_error(fake, url=self.url, key=key, op="DeleteObjects", mutation=True)
+        error.args = (f"{error.args[0]} (and {len(failures) - 1} more keys failed)",)
+        raise error
+
+    # Listing --------------------------------------------------------------------------------
+
+    async def list(
+        self, prefix: str, *, start_after: str | None = None
+    ) -> AsyncIterator[ObjectInfo]:
+        client = await self._get_client()
+        root = self._loc.prefix
+        kwargs: dict[str, Any] = {"Bucket": self._loc.bucket, "Prefix": root + prefix}
+        if start_after is not None:
+            kwargs["StartAfter"] = root + start_after
+        while True:
+            async with self._translating("ListObjectsV2", prefix or None):
+                page = await client.list_objects_v2(**kwargs)
+            for item in page.get("Contents", ()):
+                yield ObjectInfo(
+                    key=item["Key"][len(root) :],
+                    size=int(item["Size"]),
+                    last_modified=item["LastModified"].timestamp(),
+                )
+            token = page.get("NextContinuationToken")
+            if not page.get("IsTruncated") or not token:
+                return
+            kwargs.pop("StartAfter", None)
+            kwargs["ContinuationToken"] = token
+
+    # Lifecycle ------------------------------------------------------------------------------
+
+    async def check(self) -> None:
+        """Verify that the endpoint answers, the credentials work and the bucket exists.
+
+        Raises one error naming the URL: NotFound (no such bucket), PermissionDenied (bad or
+        missing credentials), Unavailable (endpoint unreachable).
+        """
+        client = await self._get_client()
+        try:
+            async with self._translating("HeadBucket", None):
+                await client.head_bucket(Bucket=self._loc.bucket)
+        except _ObjectMissing as exc:
+            raise NotFound(f"the bucket of {self.url} does not exist") from exc
+        except PermissionDenied as exc:
+            raise PermissionDenied(
+                f"access to the bucket of {self.url} was denied: check the AWS credentials"
+            ) from exc
+        except Unavailable as exc:
+            raise Unavailable(f"cannot reach the S3 endpoint of {self.url}: {exc}") from exc
+
+    async def close(self) -> None:
+        """Close the client and its connection pool. Idempotent."""
+        self._closed = True
+        stack, self._exit_stack, self._client = self._exit_stack, None, None
+        if stack is not None:
+            await stack.aclose()
