@@ -1,0 +1,209 @@
+"""The two read caches of a tablet server (§6 "Caching for read performance").
+
+"To improve read performance, tablet servers use two levels of caching. The Scan Cache is a
+higher-level cache that caches the key-value pairs returned by the SSTable interface to the
+tablet server code. The Block Cache is a lower-level cache that caches SSTables blocks that
+were read from GFS" (§6).
+
+* :class:`BlockCache` holds decoded SSTable blocks (``block.Block``), keyed by (object key,
+  block index), bounded by bytes, least recently used first out. One per process, shared by
+  every SSTable. Objects are immutable, so an entry never goes stale; :meth:`BlockCache.evict`
+  drops an SSTable's blocks once it is no longer read (after a compaction replaced it).
+* :class:`ScanCache` holds the cells recently returned for a row, keyed by (namespace, row),
+  bounded by rows and bytes. What a namespace is and when an entry goes stale is the owner's
+  business (the tablet layer): it must call :meth:`ScanCache.invalidate` for a row it writes
+  and for a whole namespace when the data behind it changes.
+
+Both count hits, misses and evictions (:class:`CacheStats`). Neither locks: they are used from
+one event loop, with no await between a lookup and its update.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from tabletstore.errors import InvalidArgument
+from tabletstore.keys import Cell
+from tabletstore.sstable.block import Block
+
+__all__ = ["BlockCache", "CacheStats", "ScanCache"]
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+#: Bytes charged per cached cell on top of its key and value bytes (tuple and int objects).
+_CELL_OVERHEAD = 200
+
+
+@dataclass(frozen=True, slots=True)
+class CacheStats:
+    """A snapshot of a cache's counters."""
+
+    hits: int
+    misses: int
+    evictions: int
+    entries: int
+    bytes: int
+    capacity_bytes: int
+
+    @property
+    def hit_rate(self) -> float:
+        total = self.hits + self.misses
+        return self.hits / total if total else 0.0
+
+
+class _Lru(Generic[K, V]):
+    """An LRU map bounded by the sum of its entries' charges and by its entry count."""
+
+    def __init__(self, capacity_bytes: int, max_entries: int | None = None) -> None:
+        if capacity_bytes < 0 or (max_entries is not None and max_entries < 0):
+            raise InvalidArgument(
+                f"cache bounds must be non-negative, got {capacity_bytes} bytes, "
+                f"{max_entries} entries"
+            )
+        self.capacity = capacity_bytes
+        self.max_entries = max_entries
+        self._map: OrderedDict[K, tuple[V, int]] = OrderedDict()
+        self.used = 0
+        self.hits = 0
+        self.misses = 0
+        self.evictions = 0
+
+    def get(self, key: K) -> V | None:
+        entry = self._map.get(key)
+        if entry is None:
+            self.misses += 1
+            return None
+        self._map.move_to_end(key)
+        self.hits += 1
+        return entry[0]
+
+    def put(self, key: K, value: V, charge: int) -> list[K]:
+        """Insert (or refresh) ``key``; return the keys evicted to make room. An entry larger
+        than the whole capacity is not cached (and evicts nothing)."""
+        if charge > self.capacity or self.max_entries == 0:
+            return []
+        self.pop(key)
+        self._map[key] = (value, charge)
+        self.used += charge
+        evicted = []
+        while self.used > self.capacity or (
+            self.max_entries is not None and len(self._map) > self.max_entries
+        ):
+            old, (_, old_charge) = self._map.popitem(last=False)
+            self.used -= old_charge
+            self.evictions += 1
+            evicted.append(old)
+        return evicted
+
+    def pop(self, key: K) -> bool:
+        entry = self._map.pop(key, None)
+        if entry is None:
+            return False
+        self.used -= entry[1]
+        return True
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._map
+
+    def __len__(self) -> int:
+        return len(self._map)
+
+    def stats(self) -> CacheStats:
+        return CacheStats(
+            self.hits, self.misses, self.evictions, len(self._map), self.used, self.capacity
+        )
+
+
+class BlockCache:
+    """Decoded SSTable blocks, bounded by ``capacity_bytes`` (see the module docstring)."""
+
+    def __init__(self, capacity_bytes: int) -> None:
+        self._lru: _Lru[tuple[str, int], Block] = _Lru(capacity_bytes)
+        self._by_object: dict[str, set[int]] = {}
+
+    def get(self, key: str, index: int) -> Block | None:
+        """Block ``index`` of SSTable object ``key``, or None (a miss)."""
+        return self._lru.get((key, index))
+
+    def put(self, key: str, index: int, block: Block) -> None:
+        """Cache a block, charged ``block.nbytes``; evicts least recently used blocks."""
+        for k, i in self._lru.put((key, index), block, block.nbytes):
+            self._forget(k, i)
+        if (key, index) in self._lru:
+            self._by_object.setdefault(key, set()).add(index)
+
+    def evict(self, key: str) -> int:
+        """Drop every cached block of SSTable object ``key``; returns how many."""
+        indexes = self._by_object.pop(key, set())
+        for i in indexes:
+            self._lru.pop((key, i))
+        return len(indexes)
+
+    def _forget(self, key: str, index: int) -> None:
+        indexes = self._by_object.get(key)
+        if indexes is not None:
+            indexes.discard(index)
+            if not indexes:
+                del self._by_object[key]
+
+    def stats(self) -> CacheStats:
+        return self._lru.stats()
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+
+def _cells_charge(row: bytes, cells: Sequence[Cell]) -> int:
+    return len(row) + sum(
+        len(c.row) + len(c.family) + len(c.qualifier) + len(c.value) + _CELL_OVERHEAD for c in cells
+    )
+
+
+class ScanCache:
+    """Recently returned cells per row, bounded by rows and bytes (see the module docstring)."""
+
+    def __init__(self, max_rows: int, capacity_bytes: int = 64 * 1024 * 1024) -> None:
+        self._lru: _Lru[tuple[str, bytes], tuple[Cell, ...]] = _Lru(capacity_bytes, max_rows)
+        self._by_namespace: dict[str, set[bytes]] = {}
+
+    def get(self, namespace: str, row: bytes) -> tuple[Cell, ...] | None:
+        """The cells cached for ``row`` (possibly empty: a cached absent row), or None."""
+        return self._lru.get((namespace, row))
+
+    def put(self, namespace: str, row: bytes, cells: Sequence[Cell]) -> None:
+        """Cache what a read of ``row`` returned (an empty sequence caches its absence)."""
+        value = tuple(cells)
+        for ns, r in self._lru.put((namespace, row), value, _cells_charge(row, value)):
+            self._forget(ns, r)
+        if (namespace, row) in self._lru:
+            self._by_namespace.setdefault(namespace, set()).add(row)
+
+    def invalidate(self, namespace: str, row: bytes | None = None) -> int:
+        """Drop ``row`` of ``namespace``, or every row of it when ``row`` is None. Returns the
+        number of entries dropped."""
+        if row is None:
+            rows = self._by_namespace.pop(namespace, set())
+            for r in rows:
+                self._lru.pop((namespace, r))
+            return len(rows)
+        dropped = self._lru.pop((namespace, row))
+        if dropped:
+            self._forget(namespace, row)
+        return int(dropped)
+
+    def _forget(self, namespace: str, row: bytes) -> None:
+        rows = self._by_namespace.get(namespace)
+        if rows is not None:
+            rows.discard(row)
+            if not rows:
+                del self._by_namespace[namespace]
+
+    def stats(self) -> CacheStats:
+        return self._lru.stats()
+
+    def __len__(self) -> int:
+        return len(self._lru)

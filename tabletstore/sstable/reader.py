@@ -1,0 +1,356 @@
+"""Reading SSTables from the object store: open, point reads, scans, in-memory groups (§4, §6).
+
+"Opening an SSTable loads the block index into memory; a lookup can be performed with a single
+disk seek: we first find the appropriate block by performing a binary search in the in-memory
+index, and then reading the appropriate block from disk" (§4). Here:
+
+* :meth:`SSTable.open` issues one ranged GET for the object's tail (two when the footer is
+  larger than the guess; a HEAD first when the caller does not know the object's size), verifies
+  the footer checksum and keeps the block index, the bloom filters and Parquet's parsed footer
+  in memory for the SSTable's lifetime.
+* :meth:`SSTable.get_row`: bloom filter, then binary search of the index for the blocks whose
+  row range holds the row (usually one), then the block cache, else one ranged GET per block,
+  whose crc32c is verified before it is decoded (a mismatch is Corruption, never data).
+  Concurrent reads of one missing block share one GET.
+* :meth:`SSTable.scan` streams blocks in order from the first that can hold ``start_row``,
+  fetching block i+1 while the caller consumes block i.
+* :meth:`SSTable.load_all` (in-memory locality groups, §6) fetches the whole object once and
+  decodes every block; afterwards reads never touch the store.
+* :func:`read_sstable_bytes` decodes a whole object already in memory, verified the same way
+  (merging compactions, in a process pool).
+
+Errors: Corruption for any checksum or format failure; NotFound when the object is gone;
+Unavailable (retryable) for a block fetch that a concurrent reader abandoned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from bisect import bisect_left, bisect_right
+from collections.abc import AsyncIterator
+
+import crc32c
+
+from tabletstore.errors import Corruption, NotFound, Unavailable
+from tabletstore.keys import Cell
+from tabletstore.sstable.block import Block, BytesLike, RowGroupDecoder
+from tabletstore.sstable.block_cache import BlockCache
+from tabletstore.sstable.format import (
+    DEFAULT_TAIL_GUESS,
+    BlockHandle,
+    Footer,
+    ParsedFooter,
+    column_bloom_key,
+    footer_length,
+    parse_tail,
+    tail_length,
+)
+from tabletstore.storage_s3.base import ObjectStore, object_url
+
+__all__ = ["SSTable", "SSTableCore", "read_sstable_bytes"]
+
+
+class SSTableCore:
+    """The I/O-free part of a reader: the parsed footer, the index, verification, decoding."""
+
+    def __init__(self, name: str, size: int, parsed: ParsedFooter) -> None:
+        self.name = name
+        self.size = size
+        self.footer: Footer = parsed.footer
+        self.tail_size = parsed.tail_size
+        self.blocks: tuple[BlockHandle, ...] = parsed.footer.blocks
+        self._first_rows = [b.first_row for b in self.blocks]
+        self._last_rows = [b.last_row for b in self.blocks]
+        self._decoder = RowGroupDecoder(parsed.parquet, size)
+
+    @classmethod
+    def from_tail(cls, name: str, size: int, tail: bytes) -> SSTableCore:
+        """Parse the footer from the object's last ``len(tail)`` bytes."""
+        try:
+            return cls(name, size, parse_tail(tail, size))
+        except Corruption as exc:
+            raise Corruption(f"SSTable {name}: {exc}") from exc
+
+    def may_contain_row(self, row: bytes) -> bool:
+        """False when the bloom filter proves the SSTable has no cell of ``row``."""
+        return self.footer.row_bloom.may_contain(row)
+
+    def may_contain_column(self, row: bytes, family: str, qualifier: bytes) -> bool:
+        """False when a bloom filter proves there is no cell of that row and column."""
+        bloom = self.footer.column_bloom
+        if bloom is None:
+            return self.may_contain_row(row)
+        return bloom.may_contain(column_bloom_key(row, family, qualifier))
+
+    def blocks_for_row(self, row: bytes) -> range:
+        """Indexes of the blocks whose row range contains ``row`` (often none, usually one)."""
+        first = bisect_left(self._last_rows, row)
+        return range(first, max(first, bisect_right(self._first_rows, row)))
+
+    def first_block_from(self, start_row: bytes) -> int:
+        """The first block that can hold a row >= ``start_row`` (len(blocks) if none)."""
+        return bisect_left(self._last_rows, start_row)
+
+    def decode(self, index: int, data: BytesLike) -> Block:
+        """Verify block ``index``'s bytes against the index, then decode them."""
+        handle = self.blocks[index]
+        if len(data) != handle.length:
+            raise Corruption(
+                f"SSTable {self.name}: block {index} read {len(data)} bytes, "
+                f"expected {handle.length}"
+            )
+        if crc32c.crc32c(data) != handle.crc32c:
+            raise Corruption(f"SSTable {self.name}: block {index} fails its crc32c checksum")
+        try:
+            block = self._decoder.decode(index, handle.offset, data)
+        except Corruption as exc:
+            raise Corruption(f"SSTable {self.name}: {exc}") from exc
+        if block.cells != handle.cells or (block.first_row, block.last_row) != (
+            handle.first_row,
+            handle.last_row,
+        ):
+            raise Corruption(f"SSTable {self.name}: block {index} disagrees with the index")
+        return block
+
+
+def read_sstable_bytes(data: bytes, *, name: str = "<bytes>") -> list[Cell]:
+    """Every cell of a whole SSTable object held in memory, verified (Corruption otherwise)."""
+    core = SSTableCore.from_tail(name, len(data), data)
+    view = memoryview(data)
+    cells: list[Cell] = []
+    for i, b in enumerate(core.blocks):
+        cells.extend(core.decode(i, view[b.offset : b.offset + b.length]).cells_in())
+    return cells
+
+
+class SSTable:
+    """An opened SSTable object (see the module docstring). Create with :meth:`open`."""
+
+    def __init__(self, store: ObjectStore, key: str, core: SSTableCore, cache: BlockCache | None):
+        self.store = store
+        self.key = key
+        self._core = core
+        self._cache = cache
+        self._resident: list[Block] | None = None
+        self._inflight: dict[int, asyncio.Future[Block]] = {}
+        #: Reads the bloom filter answered without a fetch, and blocks fetched from the store.
+        self.bloom_skips = 0
+        self.block_fetches = 0
+
+    @classmethod
+    async def open(
+        cls,
+        store: ObjectStore,
+        key: str,
+        *,
+        size: int | None = None,
+        tail_size: int | None = None,
+        block_cache: BlockCache | None = None,
+    ) -> SSTable:
+        """Open SSTable object ``key``: one ranged GET of its tail when ``size`` is given (a
+        HEAD first otherwise). ``tail_size`` (``SSTableInfo.tail_size``) makes that GET exact;
+        without it the last 64 KiB are read, plus one more GET if the footer is larger."""
+        if size is None:
+            head = await store.head(key)
+            if head is None:
+                raise NotFound(f"SSTable {object_url(store.url, key)} does not exist")
+            size = head.size
+        guess = tail_size if tail_size is not None else DEFAULT_TAIL_GUESS
+        start = max(0, size - guess)
+        tail = await cls._get(store, key, start, size - start)
+        need = tail_length(footer_length(tail))
+        if need > len(tail) and need <= size:
+            more = await cls._get(store, key, size - need, need - len(tail))
+            tail = more + tail
+        core = SSTableCore.from_tail(object_url(store.url, key), size, tail)
+        return cls(store, key, core, block_cache)
+
+    @staticmethod
+    async def _get(store: ObjectStore, key: str, offset: int, length: int) -> bytes:
+        data = await store.get_range(key, offset, length)
+        if data is None:
+            raise NotFound(f"SSTable {object_url(store.url, key)} does not exist")
+        if len(data) != length:
+            raise Corruption(
+                f"SSTable {object_url(store.url, key)}: read {len(data)} of {length} bytes at "
+                f"{offset}; the object is shorter than its recorded size"
+            )
+        return data
+
+    # -- what the footer says ---------------------------------------------------------------
+
+    @property
+    def footer(self) -> Footer:
+        return self._core.footer
+
+    @property
+    def size(self) -> int:
+        return self._core.size
+
+    @property
+    def first_row(self) -> bytes:
+        return self._core.footer.first_row
+
+    @property
+    def last_row(self) -> bytes:
+        return self._core.footer.last_row
+
+    @property
+    def min_seq(self) -> int:
+        return self._core.footer.min_seq
+
+    @property
+    def max_seq(self) -> int:
+        return self._core.footer.max_seq
+
+    @property
+    def cells(self) -> int:
+        return self._core.footer.cells
+
+    @property
+    def block_count(self) -> int:
+        return len(self._core.blocks)
+
+    @property
+    def resident(self) -> bool:
+        """Whether :meth:`load_all` has made every read a memory read."""
+        return self._resident is not None
+
+    def may_contain_row(self, row: bytes) -> bool:
+        return self._core.may_contain_row(row)
+
+    def may_contain_column(self, row: bytes, family: str, qualifier: bytes) -> bool:
+        return self._core.may_contain_column(row, family, qualifier)
+
+    # -- reads ------------------------------------------------------------------------------
+
+    async def get_row(self, row: bytes) -> list[Cell]:
+        """Every cell of ``row`` in this SSTable, in order (empty if none)."""
+        if not self._core.may_contain_row(row):
+            self.bloom_skips += 1
+            return []
+        indexes = self._core.blocks_for_row(row)
+        if len(indexes) == 1:
+            return (await self._block(indexes[0])).row_cells(row)
+        blocks = await asyncio.gather(*(self._block(i) for i in indexes))
+        return [c for b in blocks for c in b.row_cells(row)]
+
+    async def scan(
+        self, start_row: bytes = b"", end_row: bytes | None = None, *, fill_cache: bool = True
+    ) -> AsyncIterator[Cell]:
+        """Cells whose row is in ``[start_row, end_row)`` (``end_row=None``: to the end), in
+        order. ``fill_cache=False`` keeps a long scan from evicting the block cache."""
+        async for cells in self.scan_blocks(start_row, end_row, fill_cache=fill_cache):
+            for cell in cells:
+                yield cell
+
+    async def scan_blocks(
+        self, start_row: bytes = b"", end_row: bytes | None = None, *, fill_cache: bool = True
+    ) -> AsyncIterator[list[Cell]]:
+        """Like :meth:`scan`, one non-empty list of cells per block."""
+        if end_row is not None and end_row <= start_row:
+            return
+        core = self._core
+        i = core.first_block_from(start_row)
+        if i >= len(core.blocks):
+            return
+        upcoming: asyncio.Task[Block] | None = None
+        try:
+            current = await self._block(i, fill_cache=fill_cache)
+            while True:
+                nxt = i + 1
+                more = nxt < len(core.blocks) and (
+                    end_row is None or core.blocks[nxt].first_row < end_row
+                )
+                if more:
+                    upcoming = asyncio.ensure_future(self._block(nxt, fill_cache=fill_cache))
+                cells = current.cells_in(start_row, end_row)
+                if cells:
+                    yield cells
+                if not more or upcoming is None:
+                    return
+                current = await upcoming
+                upcoming, i = None, nxt
+        finally:
+            if upcoming is not None and not upcoming.done():
+                # The consumer stopped early: abandon the read-ahead and wait for it to end.
+                upcoming.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await upcoming
+
+    async def load_all(self) -> None:
+        """Fetch the whole object with one GET and decode every block; afterwards reads are
+        served from memory only (in-memory locality groups, §6)."""
+        if self._resident is not None:
+            return
+        data = await self.store.get(self.key)
+        if data is None:
+            raise NotFound(f"SSTable {self._core.name} does not exist")
+        if len(data) != self.size:
+            raise Corruption(
+                f"SSTable {self._core.name} is {len(data)} bytes, expected {self.size}"
+            )
+        view = memoryview(data)
+        self._resident = [
+            self._core.decode(i, view[b.offset : b.offset + b.length])
+            for i, b in enumerate(self._core.blocks)
+        ]
+
+    def close(self) -> None:
+        """Drop this SSTable's blocks from the shared cache and from memory. Reads after this
+        still work (they refetch); call it when the SSTable is no longer part of a tablet."""
+        self._resident = None
+        if self._cache is not None:
+            self._cache.evict(self.key)
+
+    # -- blocks -----------------------------------------------------------------------------
+
+    async def _block(self, index: int, *, fill_cache: bool = True) -> Block:
+        """Block ``index`` from memory, the block cache or the store (one shared GET)."""
+        if self._resident is not None:
+            return self._resident[index]
+        cache = self._cache
+        if cache is not None:
+            block = cache.get(self.key, index)
+            if block is not None:
+                return block
+        pending = self._inflight.get(index)
+        if pending is not None:
+            # shield: a waiter's cancellation must not cancel the fetch other readers share.
+            return await asyncio.shield(pending)
+        future: asyncio.Future[Block] = asyncio.get_running_loop().create_future()
+        self._inflight[index] = future
+        try:
+            block = await self._fetch(index)
+        except BaseException as exc:
+            error = exc if isinstance(exc, Exception) else None
+            future.set_exception(
+                error
+                or Unavailable(f"SSTable {self._core.name}: block {index} fetch was cancelled")
+            )
+            # Mark the exception retrieved: it is re-raised here, waiters may not exist.
+            future.exception()
+            raise
+        else:
+            future.set_result(block)
+            if cache is not None and fill_cache:
+                cache.put(self.key, index, block)
+            return block
+        finally:
+            del self._inflight[index]
+
+    async def _fetch(self, index: int) -> Block:
+        handle = self._core.blocks[index]
+        self.block_fetches += 1
+        data = await self.store.get_range(self.key, handle.offset, handle.length)
+        if data is None:
+            raise NotFound(f"SSTable {self._core.name} does not exist")
+        return self._core.decode(index, data)
+
+    def __repr__(self) -> str:
+        f = self._core.footer
+        return (
+            f"SSTable({self.key!r}, size={self.size}, cells={f.cells}, blocks={self.block_count}, "
+            f"rows={f.first_row!r}..{f.last_row!r})"
+        )

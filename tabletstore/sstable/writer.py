@@ -1,0 +1,349 @@
+"""Building SSTables: sorted cells in, one immutable Parquet object out (§4, §5.3, §5.4).
+
+:func:`write_sstable` is pure CPU work over plain values (cells in, bytes and an
+:class:`SSTableInfo` out), so minor compactions call it inline and merging/major compactions
+run it in a process pool. :func:`upload_sstable` is the I/O shell: it creates the object with a
+create-only PUT, so an SSTable, once named, is never replaced (DESIGN.md §3).
+
+How the bytes are made (the format itself is specified in ``format.py``):
+
+1. Cells are consumed in chunks, transposed into Arrow columns and checked to be in
+   ``cell_sort_key`` order (equal keys are allowed: replays may repeat a cell).
+2. A block (Parquet row group) is cut when its cells' raw size reaches ``block_size``; each
+   block is one ``write_table`` call, so row groups are exactly the blocks.
+3. The block index needs each row group's byte range and checksum, which exist only once the
+   row groups are written, while Parquet writes key-value metadata into the footer at
+   ``close()``. So the row groups are written first (with a throwaway footer), their ranges read
+   from that footer, and a second footer, carrying the same row groups plus our metadata, is
+   serialized from an empty writer's metadata with ``append_row_groups``. The data pages are
+   encoded once; only the footer is built twice.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, replace
+from itertools import islice
+
+import crc32c
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from tabletstore.errors import InvalidArgument
+from tabletstore.keys import Cell, CellKind, cell_sort_key
+from tabletstore.sstable.bloom import DEFAULT_BITS_PER_KEY, BloomFilter
+from tabletstore.sstable.format import (
+    CELL_OVERHEAD,
+    COMPRESSIONS,
+    DEFAULT_BLOCK_SIZE,
+    FORMAT_VERSION,
+    SCHEMA,
+    BlockHandle,
+    Footer,
+    column_bloom_key,
+    encode_footer,
+    encode_trailer,
+    footer_length,
+    parquet_block_ranges,
+)
+from tabletstore.storage_s3.base import ObjectStore
+
+__all__ = ["SSTableInfo", "upload_sstable", "write_sstable"]
+
+#: Cells transposed into Arrow columns at a time. Bounds the writer's extra memory.
+_CHUNK = 8192
+_MIN_BLOCK_SIZE = 1024
+_MAX_BLOCK_SIZE = 64 * 1024 * 1024
+_KINDS = frozenset(int(k) for k in CellKind)
+
+
+@dataclass(frozen=True, slots=True)
+class SSTableInfo:
+    """What METADATA records about an SSTable (and what a reader can open it with)."""
+
+    #: Object key; ``""`` until :func:`upload_sstable` (or the caller) names the object.
+    key: str
+    #: Object bytes.
+    size: int
+    cells: int
+    #: Distinct row keys.
+    rows: int
+    #: Cells that are deletion entries (any kind but PUT).
+    deletions: int
+    blocks: int
+    min_seq: int
+    max_seq: int
+    #: First and last row key (both ``b""`` when there are no cells).
+    first_row: bytes
+    last_row: bytes
+    #: Bytes from the trailer to the end: pass to ``SSTable.open(tail_size=)`` for a
+    #: one-request open.
+    tail_size: int
+    locality_group: str
+    compression: str
+
+
+def write_sstable(
+    cells: Iterable[Cell],
+    *,
+    compression: str = "zstd",
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    locality_group: str = "default",
+    bloom_bits_per_key: int = DEFAULT_BITS_PER_KEY,
+    column_bloom: bool = False,
+    compression_level: int | None = None,
+) -> tuple[bytes, SSTableInfo]:
+    """Encode ``cells`` (sorted by ``keys.cell_sort_key``) as one SSTable object.
+
+    No cells give a valid SSTable with no blocks and ``info.cells == 0``; callers normally
+    skip uploading it. InvalidArgument for unsorted cells, an unknown kind or compression, a
+    block size outside 1 KiB..64 MiB, or values that do not fit the columns.
+    """
+    if compression not in COMPRESSIONS:
+        raise InvalidArgument(
+            f"compression must be one of {sorted(COMPRESSIONS)}, got {compression!r}"
+        )
+    if not _MIN_BLOCK_SIZE <= block_size <= _MAX_BLOCK_SIZE:
+        raise InvalidArgument(
+            f"block_size must be {_MIN_BLOCK_SIZE}..{_MAX_BLOCK_SIZE} bytes, got {block_size}"
+        )
+    if not 1 <= bloom_bits_per_key <= 64:
+        raise InvalidArgument(f"bloom_bits_per_key must be 1..64, got {bloom_bits_per_key}")
+    builder = _Builder(compression, block_size, locality_group, compression_level, column_bloom)
+    for chunk in _chunks(cells):
+        builder.add(chunk)
+    return builder.finish(bloom_bits_per_key)
+
+
+async def upload_sstable(
+    store: ObjectStore, key: str, data: bytes, info: SSTableInfo
+) -> SSTableInfo:
+    """Create the SSTable object ``key`` (create-only: PreconditionFailed if it exists) and
+    return ``info`` naming it. The object is durable when this returns."""
+    if len(data) != info.size:
+        raise InvalidArgument(f"SSTable bytes ({len(data)}) differ from info.size ({info.size})")
+    await store.create(key, data)
+    return replace(info, key=key)
+
+
+def _first_unsorted(table: pa.Table) -> int | None:
+    """The first index whose cell sorts before its predecessor, or None. Vectorized: a pair
+    is in order when (row, family, qualifier) ascend, or tie and (ts, seq) do not ascend.
+    Arrow compares binary and UTF-8 bytewise, as Python compares bytes and str."""
+    n = table.num_rows
+    if n < 2:
+        return None
+    a = [table.column(i).slice(0, n - 1) for i in range(5)]
+    b = [table.column(i).slice(1) for i in range(5)]
+    ok = pc.greater_equal(a[4], b[4])
+    ok = pc.or_(pc.greater(a[3], b[3]), pc.and_(pc.equal(a[3], b[3]), ok))
+    for i in (2, 1, 0):
+        ok = pc.or_(pc.less(a[i], b[i]), pc.and_(pc.equal(a[i], b[i]), ok))
+    if pc.all(ok).as_py():
+        return None
+    return int(np.flatnonzero(~ok.to_numpy(zero_copy_only=False))[0]) + 1
+
+
+def _chunks(cells: Iterable[Cell]) -> Iterator[list[Cell]]:
+    it = iter(cells)
+    while chunk := list(islice(it, _CHUNK)):
+        yield chunk
+
+
+class _Builder:
+    """Accumulates blocks in a ParquetWriter; keeps the facts the footer records."""
+
+    def __init__(
+        self, compression: str, block_size: int, group: str, level: int | None, columns: bool
+    ) -> None:
+        self._props: dict[str, object] = {
+            "compression": COMPRESSIONS[compression],
+            "compression_level": level,
+            "use_dictionary": ["family"],
+            "write_statistics": ["row"],
+            "store_schema": False,
+        }
+        self._compression = compression
+        self._block_size = block_size
+        self._group = group
+        self._sink = pa.BufferOutputStream()
+        self._writer = pq.ParquetWriter(self._sink, SCHEMA, **self._props)  # type: ignore[arg-type]
+        self._pending: pa.Table | None = None
+        self._pending_sizes = np.zeros(0, dtype=np.int64)
+        self._block_rows: list[tuple[int, bytes, bytes]] = []  # (cells, first_row, last_row)
+        self._last_key: tuple[bytes, str, bytes, int, int] | None = None
+        self._rows: set[bytes] = set()
+        #: Column bloom keys, or None when the SSTable gets no column bloom filter.
+        self._columns: set[bytes] | None = set() if columns else None
+        self._kinds: Counter[int] = Counter()
+        self._cells = 0
+        self._min_seq: int | None = None
+        self._max_seq: int | None = None
+        self._first_row = b""
+        self._last_row = b""
+
+    def add(self, chunk: list[Cell]) -> None:
+        try:
+            rows, families, qualifiers, tss, seqs, kinds, values = zip(*chunk, strict=True)
+        except (TypeError, ValueError) as exc:
+            raise InvalidArgument(f"SSTable input must be keys.Cell values: {exc}") from exc
+        bad = set(kinds) - _KINDS
+        if bad:
+            raise InvalidArgument(f"cell kind must be one of {sorted(_KINDS)}, got {sorted(bad)}")
+        try:
+            table = pa.Table.from_arrays(
+                [
+                    pa.array(rows, pa.binary()),
+                    pa.array(families, pa.string()),
+                    pa.array(qualifiers, pa.binary()),
+                    pa.array(tss, pa.int64()),
+                    pa.array(seqs, pa.int64()),
+                    pa.array(kinds, pa.int8()),
+                    pa.array(values, pa.binary()),
+                ],
+                schema=SCHEMA,
+            )
+        except (pa.ArrowException, TypeError, OverflowError) as exc:
+            raise InvalidArgument(f"cells do not fit the SSTable columns: {exc}") from exc
+        self._check_order(chunk, table)
+        sizes = sum(
+            (pc.binary_length(table.column(i)).to_numpy() for i in (0, 1, 2, 6)),
+            start=np.full(len(chunk), CELL_OVERHEAD, dtype=np.int64),
+        )
+        self._note(chunk, rows, seqs, kinds)
+        if self._columns is not None:
+            self._columns.update(map(column_bloom_key, rows, families, qualifiers))
+        if self._pending is None:
+            self._pending = table
+        else:
+            self._pending = pa.concat_tables([self._pending, table])
+        self._pending_sizes = np.concatenate([self._pending_sizes, sizes])
+        self._cut_blocks(final=False)
+
+    def _check_order(self, chunk: list[Cell], table: pa.Table) -> None:
+        """InvalidArgument unless the chunk continues the ``cell_sort_key`` order."""
+        first, last = cell_sort_key(chunk[0]), cell_sort_key(chunk[-1])
+        if self._last_key is not None and not self._last_key <= first:
+            raise InvalidArgument(
+                f"cells are not sorted: {chunk[0]!r} follows key {self._last_key!r}"
+            )
+        bad = _first_unsorted(table)
+        if bad is not None:
+            raise InvalidArgument(
+                f"cells are not sorted: {chunk[bad]!r} follows {chunk[bad - 1]!r}"
+            )
+        self._last_key = last
+
+    def _note(
+        self,
+        chunk: list[Cell],
+        rows: tuple[bytes, ...],
+        seqs: tuple[int, ...],
+        kinds: tuple[int, ...],
+    ) -> None:
+        """Record counts, ranges and bloom keys for the footer."""
+        if not self._cells:
+            self._first_row = rows[0]
+        self._last_row = rows[-1]
+        self._cells += len(chunk)
+        self._rows.update(rows)
+        self._kinds.update(kinds)
+        lo, hi = min(seqs), max(seqs)
+        self._min_seq = lo if self._min_seq is None else min(self._min_seq, lo)
+        self._max_seq = hi if self._max_seq is None else max(self._max_seq, hi)
+
+    def _cut_blocks(self, *, final: bool) -> None:
+        """Write every full block of the pending cells; with ``final``, the rest too."""
+        while self._pending is not None and self._pending.num_rows:
+            cumulative = np.cumsum(self._pending_sizes)
+            n = int(np.searchsorted(cumulative, self._block_size)) + 1
+            if n > len(cumulative):
+                if not final:
+                    return
+                n = len(cumulative)
+            self._write_block(self._pending.slice(0, n))
+            self._pending = self._pending.slice(n)
+            self._pending_sizes = self._pending_sizes[n:]
+
+    def _write_block(self, block: pa.Table) -> None:
+        n = block.num_rows
+        rows = block.column(0)
+        self._block_rows.append((n, rows[0].as_py(), rows[n - 1].as_py()))
+        self._writer.write_table(block, row_group_size=n)
+
+    def finish(self, bits_per_key: int) -> tuple[bytes, SSTableInfo]:
+        self._cut_blocks(final=True)
+        self._writer.close()
+        data = self._sink.getvalue()
+        parquet = pq.read_metadata(pa.BufferReader(data))
+        data_end = data.size - 8 - footer_length(data[data.size - 8 :].to_pybytes())
+        blocks = self._block_handles(data, parquet, data_end)
+        footer = Footer(
+            format_version=FORMAT_VERSION,
+            locality_group=self._group,
+            compression=self._compression,
+            block_size=self._block_size,
+            cells=self._cells,
+            rows=len(self._rows),
+            kind_counts=(self._kinds[0], self._kinds[1], self._kinds[2], self._kinds[3]),
+            min_seq=self._min_seq or 0,
+            max_seq=self._max_seq or 0,
+            first_row=self._first_row,
+            last_row=self._last_row,
+            blocks=blocks,
+            row_bloom=BloomFilter.build(self._rows, bits_per_key),
+            column_bloom=None
+            if self._columns is None
+            else BloomFilter.build(self._columns, bits_per_key),
+        )
+        tail = self._footer_bytes(parquet, footer)
+        out = b"".join((memoryview(data)[:data_end], encode_trailer(tail[:-4]), tail))
+        info = SSTableInfo(
+            key="",
+            size=len(out),
+            cells=footer.cells,
+            rows=footer.rows,
+            deletions=footer.cells - footer.kind_counts[0],
+            blocks=len(blocks),
+            min_seq=footer.min_seq,
+            max_seq=footer.max_seq,
+            first_row=footer.first_row,
+            last_row=footer.last_row,
+            tail_size=len(out) - data_end,
+            locality_group=self._group,
+            compression=self._compression,
+        )
+        return out, info
+
+    def _block_handles(
+        self, data: pa.Buffer, parquet: pq.FileMetaData, data_end: int
+    ) -> tuple[BlockHandle, ...]:
+        ranges = parquet_block_ranges(parquet)
+        view = memoryview(data)
+        handles = []
+        expected = 4
+        for (offset, length), (cells, first, last) in zip(ranges, self._block_rows, strict=True):
+            # Row groups are written back to back after "PAR1"; the index relies on it.
+            assert offset == expected, f"row group at {offset}, expected {expected}"
+            expected = offset + length
+            crc = crc32c.crc32c(view[offset : offset + length])
+            handles.append(BlockHandle(offset, length, cells, crc, first, last))
+        assert not handles or expected == data_end, "row groups do not end at the footer"
+        return tuple(handles)
+
+    def _footer_bytes(self, parquet: pq.FileMetaData, footer: Footer) -> bytes:
+        """Thrift footer + u32 length + "PAR1": the written row groups and our metadata."""
+        sink = pa.BufferOutputStream()
+        empty = pq.ParquetWriter(sink, SCHEMA, **self._props)  # type: ignore[arg-type]
+        empty.add_key_value_metadata(encode_footer(footer))
+        empty.close()
+        merged = pq.read_metadata(pa.BufferReader(sink.getvalue()))
+        merged.append_row_groups(parquet)
+        out = pa.BufferOutputStream()
+        merged.write_metadata_file(out)
+        # write_metadata_file writes "PAR1" + footer + length + "PAR1"; drop the leading magic.
+        tail: bytes = out.getvalue().to_pybytes()
+        return tail[4:]
