@@ -1,0 +1,183 @@
+"""The holder's side of a lease (a Chubby session, §4), shared by every Coordinator.
+
+A backend supplies two calls, ``_send_keep_alive`` (is the lease still alive at the server
+after this refresh?) and ``_send_revoke``; this module owns what the holder believes:
+
+* ``last_renewed`` is read from the injected clock *before* the grant or keep-alive is sent.
+  The server starts the lease's new ``ttl`` only when it receives the request, so the lease
+  cannot end at the server before ``last_renewed + ttl``.
+* ``safe_until() = last_renewed + ttl - safety_margin``. The margin absorbs clock-rate
+  differences between holder and server. A worker acknowledges writes only while its clock is
+  below ``safe_until()`` (DESIGN.md §6, fencing rule 1).
+* Once ``last_renewed + ttl`` passes without a successful keep-alive, or the server reports
+  the lease gone, or it is revoked, the lease is **expired** for good: ``refresh`` raises
+  :class:`~tabletstore.errors.Fenced`, ``wait_expired`` returns and the keep-alive loop stops.
+  The holder never revives a lease it has given up on, even if the server had not yet
+  noticed; it must take a new lease (and, as a worker, new claims).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from types import TracebackType
+
+from tabletstore.clock import Clock
+from tabletstore.errors import Fenced, InvalidArgument, Unavailable
+
+__all__ = ["KeepAlive", "LeaseBase", "wait_event_or_sleep"]
+
+
+async def wait_event_or_sleep(event: asyncio.Event, clock: Clock, seconds: float) -> None:
+    """Return when ``event`` is set or ``seconds`` of ``clock`` time have passed."""
+    if event.is_set():
+        return
+    waiter = asyncio.ensure_future(event.wait())
+    sleeper = asyncio.ensure_future(clock.sleep(max(0.0, seconds)))
+    try:
+        await asyncio.wait({waiter, sleeper}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (waiter, sleeper):
+            task.cancel()
+        await asyncio.gather(waiter, sleeper, return_exceptions=True)
+
+
+def default_safety_margin(ttl: float) -> float:
+    return ttl / 10
+
+
+class LeaseBase:
+    """Lease bookkeeping; subclasses implement the two server calls."""
+
+    def __init__(
+        self,
+        lease_id: int,
+        ttl: float,
+        *,
+        granted_at: float,
+        clock: Clock,
+        safety_margin: float | None = None,
+    ) -> None:
+        margin = default_safety_margin(ttl) if safety_margin is None else safety_margin
+        if not 0 <= margin < ttl:
+            raise InvalidArgument(f"safety margin {margin} must be in [0, ttl={ttl})")
+        self._id = lease_id
+        self._ttl = ttl
+        self._margin = margin
+        self._clock = clock
+        self._last_renewed = granted_at
+        self._gone = False
+        self._gone_event = asyncio.Event()
+
+    # -- what a backend provides
+
+    async def _send_keep_alive(self) -> bool:
+        """Refresh at the server; False if the server no longer has the lease."""
+        raise NotImplementedError
+
+    async def _send_revoke(self) -> None:
+        raise NotImplementedError
+
+    def _poll(self) -> None:
+        """Let the backend notice server-side expiry (the in-process coordinator reaps here)."""
+
+    # -- the Lease protocol
+
+    @property
+    def id(self) -> int:
+        return self._id
+
+    @property
+    def ttl(self) -> float:
+        return self._ttl
+
+    @property
+    def last_renewed(self) -> float:
+        return self._last_renewed
+
+    @property
+    def expired(self) -> bool:
+        self._poll()
+        if not self._gone and self._clock.monotonic() >= self._last_renewed + self._ttl:
+            self._mark_gone()
+        return self._gone
+
+    def safe_until(self) -> float:
+        return self._last_renewed + self._ttl - self._margin
+
+    def _mark_gone(self) -> None:
+        self._gone = True
+        self._gone_event.set()
+
+    async def refresh(self) -> None:
+        if self.expired:
+            raise Fenced(f"lease {self._id:x} has expired")
+        sent_at = self._clock.monotonic()
+        alive = await self._send_keep_alive()
+        if not alive:
+            self._mark_gone()
+            raise Fenced(f"lease {self._id:x} has expired at the server")
+        if self.expired:
+            # The reply came back after our own deadline: we already gave the lease up.
+            raise Fenced(f"lease {self._id:x} expired while its keep-alive was in flight")
+        self._last_renewed = max(self._last_renewed, sent_at)
+
+    def keep_alive(self, *, interval: float | None = None) -> KeepAlive:
+        every = self._ttl / 3 if interval is None else interval
+        if not 0 < every < self._ttl:
+            raise InvalidArgument(f"keep-alive interval {every} must be in (0, ttl={self._ttl})")
+        return KeepAlive(self, every)
+
+    async def wait_expired(self) -> None:
+        while not self.expired:
+            remaining = self._last_renewed + self._ttl - self._clock.monotonic()
+            await wait_event_or_sleep(self._gone_event, self._clock, remaining)
+
+    async def revoke(self) -> None:
+        if self._gone:
+            return
+        await self._send_revoke()
+        self._mark_gone()
+
+
+class KeepAlive:
+    """Refreshes a lease every ``interval`` while entered; owns exactly one task."""
+
+    def __init__(self, lease: LeaseBase, interval: float) -> None:
+        self._lease = lease
+        self._interval = interval
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> LeaseBase:
+        if self._task is not None:
+            raise InvalidArgument("a KeepAlive can be entered only once")
+        self._task = asyncio.create_task(self._run(), name=f"keep-alive {self._lease.id:x}")
+        return self._lease
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+    async def _run(self) -> None:
+        lease = self._lease
+        wait = self._interval
+        while not lease.expired:
+            await wait_event_or_sleep(lease._gone_event, lease._clock, wait)
+            if lease.expired:
+                return
+            try:
+                await lease.refresh()
+                wait = self._interval
+            except Fenced:
+                return
+            except Unavailable:
+                # Swallowed: retried sooner until the deadline passes; the holder learns of a
+                # lost lease through ``expired`` / ``safe_until``, never through this task.
+                wait = self._interval / 3

@@ -1,0 +1,160 @@
+"""Every coordinator key tabletstore uses: the Chubby namespace of §4 and §5.1 as etcd keys.
+
+Keys are relative to the coordinator's namespace (an etcd URL's path, e.g.
+``etcd://127.0.0.1:2379/prod`` stores ``servers/w1`` as ``prod/servers/w1``). Layout::
+
+    elections/<name>/<lease-id:016x>  election candidates; "master" is the master lock (§5.2)
+    servers/<worker-id>               the servers directory (§5.2), attached to the worker's lease
+    root                              the root tablet's location (§5.1)
+    schemas/<table>                   a table's schema (§4)
+    acls/<table>                      a table's access-control lists (§4, §5.3)
+    claims/<table-id>/<tablet-id>     the worker serving a tablet, attached to its lease; the
+                                      claim's create_revision is the tablet's epoch (DESIGN §6)
+    assignments/<table-id>/<tablet-id> the master's decision of who should serve a tablet
+    settings/<name>                   cluster-wide settings
+    tablets/<table-id>/<tablet-id>    a tablet's record (metadata.TabletRecord) while the
+                                      catalog keeps records in the coordinator
+
+Each name component is a non-empty string without ``/`` (and without NUL); anything else is
+an InvalidArgument. Every builder has a parser so that a watch on a prefix can be decoded.
+"""
+
+from __future__ import annotations
+
+from tabletstore.errors import InvalidArgument
+
+__all__ = [
+    "ACLS",
+    "ASSIGNMENTS",
+    "CLAIMS",
+    "ELECTIONS",
+    "MASTER_ELECTION",
+    "ROOT_TABLET",
+    "SCHEMAS",
+    "SERVERS",
+    "SETTINGS",
+    "TABLETS",
+    "acl",
+    "assignment",
+    "assignments_prefix",
+    "claim",
+    "claims_prefix",
+    "election_prefix",
+    "parse_acl",
+    "parse_assignment",
+    "parse_claim",
+    "parse_schema",
+    "parse_server",
+    "parse_setting",
+    "schema",
+    "server",
+    "setting",
+    "tablet",
+    "tablets_prefix",
+]
+
+ELECTIONS = "elections/"
+SERVERS = "servers/"
+ROOT_TABLET = "root"
+SCHEMAS = "schemas/"
+ACLS = "acls/"
+CLAIMS = "claims/"
+ASSIGNMENTS = "assignments/"
+SETTINGS = "settings/"
+TABLETS = "tablets/"
+
+#: The election whose leader is the master (the master lock of §5.2).
+MASTER_ELECTION = "master"
+
+
+def _component(value: str, what: str) -> str:
+    if not isinstance(value, str) or not value or "/" in value or "\x00" in value:
+        raise InvalidArgument(f"{what} must be a non-empty string without '/': {value!r}")
+    return value
+
+
+def _parse(key: str, prefix: str, parts: int, what: str) -> list[str]:
+    if not key.startswith(prefix):
+        raise InvalidArgument(f"not a {what} key: {key!r}")
+    rest = key[len(prefix) :].split("/")
+    if len(rest) != parts or not all(rest):
+        raise InvalidArgument(f"malformed {what} key: {key!r}")
+    return rest
+
+
+def election_prefix(name: str) -> str:
+    return f"{ELECTIONS}{_component(name, 'election name')}/"
+
+
+def server(worker_id: str) -> str:
+    return f"{SERVERS}{_component(worker_id, 'worker id')}"
+
+
+def parse_server(key: str) -> str:
+    return _parse(key, SERVERS, 1, "server")[0]
+
+
+def schema(table: str) -> str:
+    return f"{SCHEMAS}{_component(table, 'table name')}"
+
+
+def parse_schema(key: str) -> str:
+    return _parse(key, SCHEMAS, 1, "schema")[0]
+
+
+def acl(table: str) -> str:
+    return f"{ACLS}{_component(table, 'table name')}"
+
+
+def parse_acl(key: str) -> str:
+    return _parse(key, ACLS, 1, "acl")[0]
+
+
+def claims_prefix(table_id: str | None = None) -> str:
+    """All claims, or those of one table."""
+    if table_id is None:
+        return CLAIMS
+    return f"{CLAIMS}{_component(table_id, 'table id')}/"
+
+
+def claim(table_id: str, tablet_id: str) -> str:
+    return f"{claims_prefix(table_id)}{_component(tablet_id, 'tablet id')}"
+
+
+def parse_claim(key: str) -> tuple[str, str]:
+    table_id, tablet_id = _parse(key, CLAIMS, 2, "claim")
+    return table_id, tablet_id
+
+
+def assignments_prefix(table_id: str | None = None) -> str:
+    if table_id is None:
+        return ASSIGNMENTS
+    return f"{ASSIGNMENTS}{_component(table_id, 'table id')}/"
+
+
+def assignment(table_id: str, tablet_id: str) -> str:
+    return f"{assignments_prefix(table_id)}{_component(tablet_id, 'tablet id')}"
+
+
+def parse_assignment(key: str) -> tuple[str, str]:
+    table_id, tablet_id = _parse(key, ASSIGNMENTS, 2, "assignment")
+    return table_id, tablet_id
+
+
+def setting(name: str) -> str:
+    return f"{SETTINGS}{_component(name, 'setting name')}"
+
+
+def parse_setting(key: str) -> str:
+    return _parse(key, SETTINGS, 1, "setting")[0]
+
+
+def tablets_prefix(table_id: str | None = None) -> str:
+    """``tablets/`` or ``tablets/<table-id>/``: the tablet records of every / one table."""
+    if table_id is None:
+        return TABLETS
+    return f"{TABLETS}{_component(table_id, 'table id')}/"
+
+
+def tablet(table_id: str, tablet_id: str) -> str:
+    return f"{tablets_prefix(table_id)}{_component(tablet_id, 'tablet id')}"
