@@ -1,0 +1,267 @@
+"""The commit-log segment format: the bytes of one log segment object (§5.3, §6).
+
+A worker's commit log is a numbered sequence of immutable segment objects (DESIGN.md §5), at
+``storage_s3.layout.log_segment_key(worker_id, incarnation, segment)``. This module specifies
+and encodes/decodes one segment; it does no I/O. All integers are big-endian.
+
+Segment::
+
+    header   = magic "TSCL" | u16 format version (1) | u16 len(worker_id)
+               | u64 incarnation | u64 segment number | u32 record count
+               | u64 len(records) | worker_id (UTF-8) | u32 crc32c(all preceding header bytes)
+    records  = record*          (exactly "record count" records, "len(records)" bytes)
+
+    record   = u32 len(payload) | u32 crc32c(payload) | payload
+    payload  = u16 len(table_id) | u32 len(row) | u64 first_seq | u32 cell count
+               | table_id (UTF-8) | row | cell*
+    cell     = u8 kind | u8 len(family) | u32 len(qualifier) | u32 len(value) | i64 ts
+               | u32 seq - first_seq | family (ASCII) | qualifier | value
+
+``first_seq`` is the smallest seq of the record's cells; each cell stores its offset from it.
+Kinds are ``keys.CellKind`` values. A record is one row mutation of one tablet's row; the row
+key is tablet-independent (the table id and row locate the tablet after splits and moves).
+The header says how many bytes follow it, so a short object is told apart from a damaged one.
+
+A **fence** is a zero-byte segment object (no header): recovery creates it to stop a worker's
+log (DESIGN.md §6 rule 4). It has no records.
+
+Damage (leveldb's log_format.md distinguishes the same two cases):
+
+* **torn**: the object is shorter than its header says (or ends inside the header). The
+  complete records before the cut are returned with ``torn=True``. A segment PUT is atomic on
+  S3, so this happens only with a store that can expose a partial write; such records were
+  never acknowledged (a write is acknowledged only after its segment PUT succeeded), so
+  replaying the prefix is safe and dropping the rest loses nothing acknowledged.
+* **corrupt**: anything else that does not check out — a bad magic, version or checksum, a
+  record that runs past the length the header declares, a wrong record count, bytes beyond the
+  declared length, a malformed payload: :class:`~tabletstore.errors.Corruption`, never wrong
+  data.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from crc32c import crc32c
+
+from tabletstore.errors import Corruption, InvalidArgument
+from tabletstore.keys import Cell, CellKind
+
+__all__ = [
+    "FORMAT_VERSION",
+    "MAGIC",
+    "LogRecord",
+    "SegmentContents",
+    "SegmentHeader",
+    "decode_segment",
+    "encode_record",
+    "encode_segment",
+]
+
+MAGIC = b"TSCL"
+FORMAT_VERSION = 1
+
+# magic, version, len(worker_id), incarnation, segment, record count, len(records)
+_HEADER = struct.Struct(">4sHHQQIQ")
+_U32 = struct.Struct(">I")
+_FRAME = struct.Struct(">II")  # len(payload), crc32c(payload)
+_PAYLOAD = struct.Struct(">HIQI")  # len(table_id), len(row), first_seq, cell count
+_CELL = struct.Struct(">BBIIqI")  # kind, len(family), len(qualifier), len(value), ts, seq delta
+
+_MAX_U32 = 0xFFFFFFFF
+_MAX_U64 = (1 << 64) - 1
+_KINDS = frozenset(int(k) for k in CellKind)
+
+
+class LogRecord(NamedTuple):
+    """One row mutation as the log holds it."""
+
+    #: The segment it was read from (``-1`` for a record not read from a segment).
+    segment: int
+    table_id: str
+    row: bytes
+    first_seq: int
+    #: Largest seq among the cells (``first_seq`` for a single-cell record).
+    last_seq: int
+    cells: list[Cell]
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentHeader:
+    """Who wrote a segment: what recovery checks to know it reads the right log."""
+
+    worker_id: str
+    incarnation: int
+    segment: int
+    record_count: int
+    records_length: int
+    version: int = FORMAT_VERSION
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentContents:
+    """A decoded segment. ``header`` is None for a fence and for a segment torn inside its
+    header."""
+
+    header: SegmentHeader | None
+    records: list[LogRecord]
+    fence: bool
+    torn: bool
+
+
+# --- encoding --------------------------------------------------------------------------------
+
+
+def encode_record(table_id: str, row: bytes, cells: Sequence[Cell]) -> bytes:
+    """One framed record (length, checksum, payload) for one row mutation.
+
+    Every cell must belong to ``row``; the cells' seqs must lie within 2^32 of each other.
+    """
+    if not cells:
+        raise InvalidArgument(f"log record of row {row!r} has no cells")
+    first = min(c.seq for c in cells)
+    tid = table_id.encode()
+    parts: list[bytes] = [_PAYLOAD.pack(len(tid), len(row), first, len(cells)), tid, row]
+    pack = _CELL.pack
+    append = parts.append
+    try:
+        for c in cells:
+            if c.row != row:
+                raise InvalidArgument(f"cell of row {c.row!r} in a log record of row {row!r}")
+            fam = c.family.encode("ascii")
+            delta = c.seq - first
+            if delta > _MAX_U32:
+                raise InvalidArgument(f"seqs of one log record of row {row!r} span over 2^32")
+            append(pack(c.kind, len(fam), len(c.qualifier), len(c.value), c.ts, delta))
+            append(fam)
+            append(c.qualifier)
+            append(c.value)
+    except (struct.error, UnicodeEncodeError) as exc:
+        raise InvalidArgument(f"log record of row {row!r} cannot be encoded: {exc}") from exc
+    payload = b"".join(parts)
+    if len(payload) > _MAX_U32:
+        raise InvalidArgument(f"log record of row {row!r} is larger than 4 GiB")
+    return _FRAME.pack(len(payload), crc32c(payload)) + payload
+
+
+def encode_segment(
+    worker_id: str, incarnation: int, segment: int, records: Sequence[bytes]
+) -> bytes:
+    """A whole segment from framed records (:func:`encode_record`)."""
+    wid = worker_id.encode()
+    if not wid or len(wid) > 0xFFFF:
+        raise InvalidArgument(f"worker id {worker_id!r} must be 1-65535 UTF-8 bytes")
+    for what, value in (("incarnation", incarnation), ("segment number", segment)):
+        if not 0 <= value <= _MAX_U64:
+            raise InvalidArgument(f"{what} {value} is outside [0, 2^64)")
+    length = sum(len(r) for r in records)
+    head = (
+        _HEADER.pack(MAGIC, FORMAT_VERSION, len(wid), incarnation, segment, len(records), length)
+        + wid
+    )
+    return b"".join((head, _U32.pack(crc32c(head)), *records))
+
+
+# --- decoding --------------------------------------------------------------------------------
+
+
+def _decode_header(data: bytes, where: str) -> tuple[SegmentHeader, int] | None:
+    """The header and the offset after it, or None if the data ends inside the header."""
+    if len(data) < _HEADER.size:
+        if not MAGIC.startswith(data[:4]):
+            raise Corruption(f"{where}: not a commit-log segment (starts {data[:4]!r})")
+        return None
+    magic, version, wid_len, incarnation, segment, count, length = _HEADER.unpack_from(data)
+    if magic != MAGIC:
+        raise Corruption(f"{where}: not a commit-log segment (magic {magic!r})")
+    if version != FORMAT_VERSION:
+        raise Corruption(f"{where}: unsupported commit-log format version {version}")
+    end = _HEADER.size + wid_len
+    if len(data) < end + 4:
+        return None
+    (crc,) = _U32.unpack_from(data, end)
+    if crc != crc32c(data[:end]):
+        raise Corruption(f"{where}: header checksum mismatch")
+    try:
+        worker_id = data[_HEADER.size : end].decode()
+    except UnicodeDecodeError as exc:
+        raise Corruption(f"{where}: worker id is not UTF-8") from exc
+    return SegmentHeader(worker_id, incarnation, segment, count, length, version), end + 4
+
+
+def _decode_payload(payload: bytes, segment: int, where: str) -> LogRecord:
+    try:
+        tid_len, row_len, first, count = _PAYLOAD.unpack_from(payload)
+        pos = _PAYLOAD.size
+        table_id = payload[pos : pos + tid_len].decode()
+        pos += tid_len
+        row = payload[pos : pos + row_len]
+        pos += row_len
+        cells: list[Cell] = []
+        last = first
+        unpack = _CELL.unpack_from
+        size = _CELL.size
+        for _ in range(count):
+            kind, fam_len, q_len, v_len, ts, delta = unpack(payload, pos)
+            pos += size
+            family = payload[pos : pos + fam_len].decode("ascii")
+            pos += fam_len
+            qualifier = payload[pos : pos + q_len]
+            pos += q_len
+            value = payload[pos : pos + v_len]
+            pos += v_len
+            if kind not in _KINDS:
+                raise ValueError(f"unknown cell kind {kind}")
+            seq = first + delta
+            if seq > last:
+                last = seq
+            cells.append(Cell(row, family, qualifier, ts, seq, kind, value))
+    except (struct.error, UnicodeDecodeError, ValueError) as exc:
+        raise Corruption(f"{where}: malformed record payload ({exc})") from exc
+    if pos != len(payload) or len(row) != row_len or len(table_id.encode()) != tid_len:
+        raise Corruption(f"{where}: record payload length does not match its contents")
+    return LogRecord(segment, table_id, row, first, last, cells)
+
+
+def decode_segment(data: bytes, *, where: str = "commit-log segment") -> SegmentContents:
+    """Decode one segment object (see the module docstring for torn vs corrupt).
+
+    ``where`` names the object in error messages. The caller checks that the header names the
+    worker, incarnation and segment number it expected.
+    """
+    if not data:
+        return SegmentContents(None, [], fence=True, torn=False)
+    decoded = _decode_header(data, where)
+    if decoded is None:
+        return SegmentContents(None, [], fence=False, torn=True)
+    header, pos = decoded
+    end_of_records = pos + header.records_length
+    if len(data) > end_of_records:
+        raise Corruption(f"{where}: {len(data) - end_of_records} bytes beyond the declared end")
+    torn = len(data) < end_of_records
+    records: list[LogRecord] = []
+    frame = _FRAME.unpack_from
+    while pos < end_of_records and len(records) < header.record_count:
+        start = pos + _FRAME.size
+        if start > len(data):
+            break  # torn inside a frame header
+        length, crc = frame(data, pos)
+        end = start + length
+        if end > end_of_records:
+            raise Corruption(f"{where}: record {len(records)} runs past the segment's end")
+        if end > len(data):
+            break  # torn inside this record
+        payload = data[start:end]
+        if crc32c(payload) != crc:
+            raise Corruption(f"{where}: checksum mismatch in record {len(records)} at {pos}")
+        records.append(_decode_payload(payload, header.segment, f"{where} record {len(records)}"))
+        pos = end
+    if not torn and (pos != end_of_records or len(records) != header.record_count):
+        raise Corruption(
+            f"{where}: header declares {header.record_count} records in "
+            f"{header.records_length} bytes, found {len(records)} in {pos - end_of_records + header.records_length}"
+        )
+    return SegmentContents(header, records, fence=False, torn=torn)

@@ -1,0 +1,237 @@
+"""Commit-log writer and reader: group commit, durability before ack, fencing, replay."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterable
+
+import pytest
+
+from tabletstore.clock import ManualClock
+from tabletstore.commitlog import (
+    CommitLogReader,
+    CommitLogWriter,
+    encode_record,
+    encode_segment,
+    fence,
+    list_segments,
+    replay,
+    replay_cells,
+)
+from tabletstore.errors import Closed, Corruption, Fenced, InvalidArgument
+from tabletstore.keys import Cell, CellKind
+from tabletstore.storage_s3.base import ObjectInfo, ObjectStore
+from tabletstore.storage_s3.layout import log_segment_key
+
+
+def cells_for(row: bytes, first_seq: int, n: int = 1) -> list[Cell]:
+    return [
+        Cell(row, "cf", b"q%d" % i, 1000 + i, first_seq + i, CellKind.PUT, b"value-%d" % i)
+        for i in range(n)
+    ]
+
+
+class GatedStore:
+    """Wraps a store; counts creates and can hold them until a test opens the gate."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        self.inner = inner
+        self.url = inner.url
+        self.creates: list[str] = []
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.entered = asyncio.Event()
+
+    async def create(self, key: str, data: bytes) -> None:
+        self.creates.append(key)
+        self.entered.set()
+        await self.gate.wait()
+        await self.inner.create(key, data)
+
+    async def get(self, key: str) -> bytes | None:
+        return await self.inner.get(key)
+
+    async def get_range(self, key: str, offset: int, length: int) -> bytes | None:
+        return await self.inner.get_range(key, offset, length)
+
+    async def head(self, key: str) -> ObjectInfo | None:
+        return await self.inner.head(key)
+
+    async def list(
+        self, prefix: str, *, start_after: str | None = None
+    ) -> AsyncIterator[ObjectInfo]:
+        async for info in self.inner.list(prefix, start_after=start_after):
+            yield info
+
+    async def delete(self, key: str) -> None:
+        await self.inner.delete(key)
+
+    async def delete_many(self, keys: Iterable[str]) -> None:
+        await self.inner.delete_many(keys)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+async def read_all(
+    store: ObjectStore, worker: str = "w1", incarnation: int = 1
+) -> list[tuple[str, bytes, list[Cell]]]:
+    reader = CommitLogReader(store, worker, incarnation)
+    return [(r.table_id, r.row, r.cells) async for r in reader.records()]
+
+
+async def test_round_trip_through_the_store(object_store: ObjectStore) -> None:
+    async with CommitLogWriter(object_store, "w1", 1, clock=ManualClock()) as log:
+        written = []
+        for i in range(20):
+            row = b"row-%02d" % i
+            cells = cells_for(row, log.allocate(3), 3)
+            await log.append("t1" if i % 2 else "t2", row, cells)
+            written.append(("t1" if i % 2 else "t2", row, cells))
+    assert await read_all(object_store) == written
+    numbers = await list_segments(object_store, "w1", 1)
+    assert numbers == list(range(len(numbers))) and len(numbers) == 20
+
+
+async def test_group_commit_batches_concurrent_appends(object_store: ObjectStore) -> None:
+    store = GatedStore(object_store)
+    async with CommitLogWriter(store, "w1", 1) as log:
+        rows = [b"r%04d" % i for i in range(500)]
+        await asyncio.gather(*(log.append("t", r, cells_for(r, log.allocate(1))) for r in rows))
+        assert log.stats.appends == 500
+    # The first append goes out alone; all others arrive while it is in flight.
+    assert len(store.creates) <= 3
+    got = await read_all(object_store)
+    assert sorted(r for _, r, _ in got) == rows
+
+
+async def test_ack_only_after_the_segment_and_all_earlier_ones_are_durable(
+    object_store: ObjectStore,
+) -> None:
+    store = GatedStore(object_store)
+    store.gate.clear()
+    async with CommitLogWriter(store, "w1", 1) as log:
+        first = asyncio.create_task(log.append("t", b"a", cells_for(b"a", log.allocate(1))))
+        await store.entered.wait()  # segment 0 is in flight
+        second = asyncio.create_task(log.append("t", b"b", cells_for(b"b", log.allocate(1))))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert not first.done() and not second.done()
+        assert store.creates == [log_segment_key("w1", 1, 0)]  # segment 1 waits for 0
+        assert await object_store.get(log_segment_key("w1", 1, 0)) is None
+        store.gate.set()
+        await first
+        assert await object_store.get(log_segment_key("w1", 1, 0)) is not None
+        await second
+        assert await object_store.get(log_segment_key("w1", 1, 1)) is not None
+
+
+async def test_fence_stops_the_writer(object_store: ObjectStore) -> None:
+    async with CommitLogWriter(object_store, "w1", 1) as log:
+        await log.append("t", b"a", cells_for(b"a", log.allocate(1)))
+        assert await fence(object_store, "w1", 1) == 1
+        with pytest.raises(Fenced, match="fenced"):
+            await log.append("t", b"b", cells_for(b"b", log.allocate(1)))
+        with pytest.raises(Fenced):
+            await log.append("t", b"c", cells_for(b"c", log.allocate(1)))
+        assert isinstance(log.failed, Fenced)
+    reader = CommitLogReader(object_store, "w1", 1)
+    assert [r.row async for r in reader.records()] == [b"a"]
+    assert reader.fenced_at == 1
+    # A second fence goes after the first; reading still stops at the first.
+    assert await fence(object_store, "w1", 1) == 2
+    assert [r.row async for r in CommitLogReader(object_store, "w1", 1).records()] == [b"a"]
+
+
+async def test_fence_of_an_empty_log_is_segment_zero(object_store: ObjectStore) -> None:
+    assert await fence(object_store, "w9", 4) == 0
+    async with CommitLogWriter(object_store, "w9", 4) as log:
+        with pytest.raises(Fenced):
+            await log.append("t", b"a", cells_for(b"a", log.allocate(1)))
+
+
+async def test_a_retried_create_that_had_landed_is_success(object_store: ObjectStore) -> None:
+    async with CommitLogWriter(object_store, "w1", 1) as log:
+        seq = log.allocate(1)
+        cells = cells_for(b"a", seq)
+        # What the writer is about to PUT, already there (a first attempt that landed).
+        await object_store.create(
+            log_segment_key("w1", 1, 0),
+            encode_segment("w1", 1, 0, [encode_record("t", b"a", cells)]),
+        )
+        await log.append("t", b"a", cells)
+        assert log.next_segment == 1
+
+
+async def test_replay_filters_by_table_rows_and_redo_point(object_store: ObjectStore) -> None:
+    async with CommitLogWriter(object_store, "w1", 1) as log:
+        for i in range(10):
+            row = b"r%d" % i
+            await log.append("t1", row, cells_for(row, log.allocate(2), 2))
+            await log.append("t2", row, cells_for(row, log.allocate(1)))
+    # t1 record i has seqs 3i+1, 3i+2; t2 record i has seq 3i+3.
+    got = [r async for r in replay(object_store, "w1", 1, "t1", b"r2", b"r7", after_seq=10)]
+    assert [r.row for r in got] == [b"r3", b"r4", b"r5", b"r6"]
+    assert all(r.table_id == "t1" and r.last_seq > 10 for r in got)
+    all_t1 = [r async for r in replay(object_store, "w1", 1, "t1", after_seq=10)]
+    straddling = all_t1[0]
+    assert (straddling.row, straddling.first_seq, straddling.last_seq) == (b"r3", 10, 11)
+    cells = [c async for c in replay_cells(object_store, "w1", 1, "t1", b"r3", b"r4", after_seq=10)]
+    assert [c.seq for c in cells] == [11]
+    assert [r.row async for r in replay(object_store, "w1", 1, "t2", b"r8")] == [b"r8", b"r9"]
+
+
+async def test_seq_allocation_is_monotonic_and_advances(object_store: ObjectStore) -> None:
+    log = CommitLogWriter(object_store, "w1", 1, first_seq=5)
+    assert log.allocate(3) == 5
+    assert log.allocate(1) == 8
+    log.advance(100)
+    assert log.allocate(1) == 101
+    log.advance(50)  # never goes back
+    assert log.allocate(2) == 102 and log.next_seq == 104
+    with pytest.raises(InvalidArgument):
+        log.allocate(0)
+
+
+async def test_misuse_is_reported(object_store: ObjectStore) -> None:
+    log = CommitLogWriter(object_store, "w1", 1)
+    with pytest.raises(InvalidArgument, match="not started"):
+        await log.append("t", b"a", cells_for(b"a", 1))
+    with pytest.raises(InvalidArgument, match="worker id"):
+        CommitLogWriter(object_store, "a/b", 1)
+    async with log:
+        with pytest.raises(InvalidArgument, match="no cells"):
+            await log.append("t", b"a", [])
+    with pytest.raises(Closed):
+        await log.append("t", b"a", cells_for(b"a", 1))
+
+
+async def test_reader_rejects_gaps_misplaced_and_torn_middle_segments(
+    object_store: ObjectStore,
+) -> None:
+    rec = [encode_record("t", b"a", cells_for(b"a", 1))]
+    seg = [encode_segment("w1", 1, n, rec) for n in range(4)]
+    await object_store.create(log_segment_key("w1", 1, 0), seg[0])
+    await object_store.create(log_segment_key("w1", 1, 2), seg[2])
+    with pytest.raises(Corruption, match="missing"):
+        await read_all(object_store)
+
+    await object_store.create(log_segment_key("w2", 1, 0), seg[1])  # header says segment 1
+    with pytest.raises(Corruption, match="header names"):
+        await read_all(object_store, "w2")
+
+    await object_store.create(log_segment_key("w3", 1, 0), encode_segment("w3", 1, 0, rec)[:-3])
+    reader = CommitLogReader(object_store, "w3", 1)
+    assert [r async for r in reader.records()] == [] and reader.torn  # torn last segment: ok
+    await object_store.create(log_segment_key("w3", 1, 1), encode_segment("w3", 1, 1, rec))
+    with pytest.raises(Corruption, match="torn"):
+        await read_all(object_store, "w3")
+
+
+async def test_corrupt_middle_record_is_corruption(object_store: ObjectStore) -> None:
+    records = [encode_record("t", b"r%d" % i, cells_for(b"r%d" % i, i + 1)) for i in range(3)]
+    data = bytearray(encode_segment("w1", 1, 0, records))
+    data[len(data) - len(records[2]) - 5] ^= 0x40  # inside record 1's payload
+    await object_store.create(log_segment_key("w1", 1, 0), bytes(data))
+    with pytest.raises(Corruption, match="checksum"):
+        await read_all(object_store)
