@@ -155,11 +155,15 @@ def _range_text(lo: int, hi: int) -> bytes:
 
 @dataclass
 class _Frame:
-    """One open group. ``pending`` holds the openers of ``(?flags)`` scopes still open in it."""
+    """One open group. ``pending`` holds the openers of ``(?flags)`` scopes still open in it;
+    ``deferred`` those not written yet: a ``(?flags)`` is transparent to a quantifier right
+    after it (RE2 reads ``a(?i)*`` as ``a*``), so its opener is written only before the next
+    atom, group or ``|``."""
 
     multiline: bool
     out_index: int
     pending: list[bytes] = field(default_factory=list)
+    deferred: list[bytes] = field(default_factory=list)
 
 
 class _Translator:
@@ -174,6 +178,8 @@ class _Translator:
         self.atom: int | None = None
         self.atom_is_assertion = False
         self.after_quantifier = False
+        # A ``(?flags)`` came after the last quantifier: RE2 then allows another one.
+        self.flags_since_quantifier = False
 
     def translate(self) -> bytes:
         while self.i < len(self.p):
@@ -188,7 +194,14 @@ class _Translator:
         j = self.i + offset
         return self.p[j] if j < len(self.p) else None
 
+    def _flush_flags(self) -> None:
+        frame = self.frames[-1]
+        self.out.extend(frame.deferred)
+        frame.pending.extend(frame.deferred)
+        frame.deferred.clear()
+
     def _emit_atom(self, text: bytes, *, assertion: bool = False) -> None:
+        self._flush_flags()
         self.atom = len(self.out)
         self.atom_is_assertion = assertion
         self.after_quantifier = False
@@ -222,11 +235,11 @@ class _Translator:
             self._emit_atom(_literal(c))
 
     def _quantifier(self, text: bytes) -> None:
-        if self.after_quantifier:
-            raise _Error(f"bad repetition operator: {text.decode('latin-1')}")
         if self.atom is None:
             raise _Error(f"missing argument to repetition operator: {text.decode('latin-1')}")
-        if self.atom_is_assertion:
+        if self.after_quantifier and not self.flags_since_quantifier:
+            raise _Error(f"bad repetition operator: {text.decode('latin-1')}")
+        if self.atom_is_assertion or self.after_quantifier:
             self.out.insert(self.atom, b"(?:")
             self.out.append(b")")
         self.out.append(text)
@@ -234,6 +247,7 @@ class _Translator:
             self.i += 1
             self.out.append(b"?")
         self.after_quantifier = True
+        self.flags_since_quantifier = False
 
     def _repeat_counts(self) -> bytes | None:
         """Parse ``{n}``, ``{n,}``, ``{n,m}`` after ``{``; None means ``{`` is a literal."""
@@ -277,10 +291,9 @@ class _Translator:
             return
         # ``(?flags)``: scope the flags over the rest of the enclosing group.
         if opener != b"(?:":
-            self.out.append(opener)
-            frame.pending.append(opener)
+            frame.deferred.append(opener)
         frame.multiline = multiline
-        self.atom = None
+        self.flags_since_quantifier = True
 
     @staticmethod
     def _flag_opener(on: set[str], off: set[str]) -> bytes:
@@ -289,6 +302,7 @@ class _Translator:
         return f"(?{on_s}{'-' + off_s if off_s else ''}:".encode()
 
     def _push(self, opener: bytes, multiline: bool) -> None:
+        self._flush_flags()
         self.frames.append(_Frame(multiline=multiline, out_index=len(self.out)))
         self.out.append(opener)
         self.atom = None
@@ -304,6 +318,7 @@ class _Translator:
         self.after_quantifier = False
 
     def _alternate(self) -> None:
+        self._flush_flags()
         frame = self.frames[-1]
         self.out.append(b")" * len(frame.pending) + b"|" + b"".join(frame.pending))
         self.atom = None
