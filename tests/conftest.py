@@ -15,10 +15,20 @@ pytest_plugins = [
 ]
 
 
-@pytest.fixture
-async def object_store():
-    """An empty ObjectStore. Engine tests use this; it is parametrized over every backend
-    (memory, file, S3 on moto's server) once those exist."""
-    store = MemoryObjectStore()
+@pytest.fixture(params=["memory", "file", "s3"])
+async def object_store(request, tmp_path):
+    """An empty ObjectStore, once per backend: memory, a local directory (tmp_path) and S3 on
+    moto's server (a fresh bucket per test, one cached aioboto3 session, the client closed
+    after the test). Engine tests use this."""
+    if request.param == "memory":
+        store = MemoryObjectStore()
+    elif request.param == "file":
+        from tabletstore.storage_s3.local import LocalObjectStore
+
+        store = LocalObjectStore(tmp_path / "objects")
+    else:
+        from tabletstore.storage_s3.s3 import S3ObjectStore
+
+        store = S3ObjectStore(request.getfixturevalue("s3_url"))
     yield store
     await store.close()

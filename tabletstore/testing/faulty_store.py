@@ -11,7 +11,8 @@ kind and an ``fnmatch`` pattern over the key, and firing on the ``nth`` matching
     faulty.lose_ack(key="logs/*")                      # PUT applied, caller gets Indeterminate
     faulty.corrupt(key="*.parquet")                    # reads return one flipped byte
 
-Actions, applied in rule order for every rule that fires on a call:
+Every rule that matches a call counts it (``seen``), whether or not an earlier rule fails it;
+then the actions of the rules that fire are applied in rule order:
 
 * ``delay`` sleeps (through the injected clock, else ``asyncio.sleep``) and goes on;
 * ``fail`` raises without touching the inner store - for a PUT that is a dropped write whose
@@ -175,10 +176,10 @@ class FaultyObjectStore:
         """Apply delays and failures; return the rules to apply after the inner call."""
         self.calls[op] += 1
         keys = list(keys)
+        # Every matching rule counts the call, even when an earlier one fails it.
+        firing = [rule for rule in self.rules if rule.matches(op, keys) and rule.fire()]
         after: list[Rule] = []
-        for rule in list(self.rules):
-            if not rule.matches(op, keys) or not rule.fire():
-                continue
+        for rule in firing:
             if rule.action is Action.DELAY:
                 await self._sleep(rule.seconds)
             elif rule.action is Action.FAIL:

@@ -1,0 +1,124 @@
+"""LocalObjectStore specifics: crash safety of create, key limits, URL parsing, pruning."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tabletstore.errors import InvalidArgument, PreconditionFailed
+from tabletstore.storage_s3 import open_store
+from tabletstore.storage_s3.local import (
+    INLINE_READ_LIMIT,
+    TEMP_PREFIX,
+    LocalObjectStore,
+    path_from_url,
+)
+from tabletstore.storage_s3.retrying import RetryingObjectStore
+from tabletstore.testing.store_conformance import collect
+
+
+async def test_objects_are_plain_files_under_the_root(tmp_path: Path) -> None:
+    store = LocalObjectStore(tmp_path)
+    await store.create("tables/t/x.parquet", b"data")
+    assert (tmp_path / "tables" / "t" / "x.parquet").read_bytes() == b"data"
+    assert not [p for p in (tmp_path / "tables" / "t").iterdir() if p.name.startswith(TEMP_PREFIX)]
+
+
+async def test_a_crashed_create_leaves_nothing_visible(tmp_path: Path) -> None:
+    """A crash before the link leaves only a temp file: never listed, never readable."""
+    store = LocalObjectStore(tmp_path)
+    await store.create("logs/1.log", b"whole")
+    (tmp_path / "logs" / f"{TEMP_PREFIX}abc").write_bytes(b"half-writ")
+    (tmp_path / f"{TEMP_PREFIX}dir").mkdir()
+    (tmp_path / f"{TEMP_PREFIX}dir" / "x").write_bytes(b"")
+    assert [info.key for info in await collect(store, "")] == ["logs/1.log"]
+    with pytest.raises(InvalidArgument):
+        await store.get(f"logs/{TEMP_PREFIX}abc")
+
+
+async def test_failed_create_cleans_up_its_temp_file(tmp_path: Path) -> None:
+    store = LocalObjectStore(tmp_path)
+    await store.create("k", b"first")
+    with pytest.raises(PreconditionFailed):
+        await store.create("k", b"second")
+    assert sorted(os.listdir(tmp_path)) == ["k"]
+    assert await store.get("k") == b"first"
+
+
+@pytest.mark.parametrize("key", ["a//b", "/a", "a/", "a/./b", "a/../b", "..", "a\x00b", "x" * 256])
+async def test_keys_a_filesystem_cannot_hold_are_invalid(tmp_path: Path, key: str) -> None:
+    store = LocalObjectStore(tmp_path / "root")
+    with pytest.raises(InvalidArgument):
+        await store.create(key, b"x")
+    with pytest.raises(InvalidArgument):
+        await store.get(key)
+    assert not (tmp_path / "b").exists()
+
+
+async def test_listing_never_leaves_the_root(tmp_path: Path) -> None:
+    (tmp_path / "outside").write_bytes(b"secret")
+    store = LocalObjectStore(tmp_path / "root")
+    await store.create("in", b"x")
+    assert await collect(store, "../") == []
+    assert await collect(store, "a//") == []
+    assert [i.key for i in await collect(store, "")] == ["in"]
+
+
+async def test_deletes_prune_empty_directories(tmp_path: Path) -> None:
+    store = LocalObjectStore(tmp_path)
+    await store.create("a/b/c/one", b"1")
+    await store.create("a/two", b"2")
+    await store.delete("a/b/c/one")
+    assert not (tmp_path / "a" / "b").exists()
+    assert (tmp_path / "a" / "two").exists()
+    await store.delete_many(["a/two"])
+    assert os.listdir(tmp_path) == []
+    await store.create("a/b/c/one", b"again")  # Directories come back on demand.
+    assert await store.get("a/b/c/one") == b"again"
+
+
+async def test_large_objects_round_trip(tmp_path: Path) -> None:
+    store = LocalObjectStore(tmp_path)
+    data = os.urandom(INLINE_READ_LIMIT + 12345)
+    await store.create("big", data)
+    assert await store.get("big") == data
+    assert (
+        await store.get_range("big", 1000, INLINE_READ_LIMIT + 1)
+        == data[1000 : INLINE_READ_LIMIT + 1001]
+    )
+
+
+async def test_a_prefix_directory_is_not_an_object(tmp_path: Path) -> None:
+    store = LocalObjectStore(tmp_path)
+    await store.create("dir/obj", b"x")
+    assert await store.get("dir") is None
+    assert await store.get_range("dir", 0, 1) is None
+    assert await store.head("dir") is None
+    await store.delete("dir")
+    assert await store.get("dir/obj") == b"x"
+
+
+def test_file_urls(tmp_path: Path) -> None:
+    assert path_from_url("file:///var/lib/db") == Path("/var/lib/db")
+    assert path_from_url("file://localhost/var/my%20db") == Path("/var/my db")
+    for bad in ["file://host/x", "file:relative", "file:///x?y=1", "s3://b/x"]:
+        with pytest.raises(InvalidArgument, match="file"):
+            path_from_url(bad)
+
+
+async def test_open_store_file_url_and_check(tmp_path: Path) -> None:
+    url = (tmp_path / "new" / "db").as_uri()
+    store = open_store(url)
+    assert isinstance(store, RetryingObjectStore)
+    assert store.url == url
+    await store.check()
+    assert (tmp_path / "new" / "db").is_dir()
+    await store.close()
+
+
+def test_root_that_is_a_file_is_rejected(tmp_path: Path) -> None:
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(InvalidArgument, match="not a directory"):
+        LocalObjectStore(tmp_path / "file")
