@@ -1,0 +1,127 @@
+"""``tabletstore local-stack up | status | down`` with real processes on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import boto3
+import pytest
+
+from tabletstore import localstack
+from tabletstore.coordination import open_coordinator
+
+pytestmark = pytest.mark.slow
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tabletstore.cli", "local-stack", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def gone(pid: int) -> bool:
+    """The pid no longer runs (absent, or a zombie waiting for init to reap it)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat[stat.rindex(")") + 2] == "Z"
+
+
+@pytest.fixture
+def stack_dir(tmp_path: Path):
+    directory = tmp_path / "stack"
+    yield directory
+    if (directory / localstack.STACK_FILE).exists():
+        localstack.down(directory)  # a failed test must not leave servers running
+
+
+async def test_up_status_use_down(stack_dir: Path) -> None:
+    up = cli("up", "--dir", str(stack_dir))
+    assert up.returncode == 0, up.stderr
+    stack = localstack.Stack.from_json((stack_dir / "stack.json").read_text())
+    assert [p.role for p in stack.processes] == ["etcd", "s3"]
+    assert stack.etcd_url in up.stdout and stack.s3_endpoint in up.stdout
+    assert all(p.url.split("//")[1].startswith("127.0.0.1:") for p in stack.processes)
+
+    status = cli("status", "--dir", str(stack_dir))
+    assert status.returncode == 0, status.stderr
+    for record in stack.processes:
+        assert f"{record.role:<8} {record.pid:<8} yes" in status.stdout
+
+    coordinator = open_coordinator(stack.etcd_url)
+    try:
+        await coordinator.check()
+        await coordinator.put("hello", b"etcd")
+        kv = await coordinator.get("hello")
+        assert kv is not None and kv.value == b"etcd"
+    finally:
+        await coordinator.close()
+
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=stack.s3_endpoint,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    )
+    s3.put_object(Bucket=stack.bucket, Key="k", Body=b"s3")
+    assert s3.get_object(Bucket=stack.bucket, Key="k")["Body"].read() == b"s3"
+
+    again = cli("up", "--dir", str(stack_dir))
+    assert again.returncode != 0 and "already running" in again.stderr
+
+    down = cli("down", "--dir", str(stack_dir))
+    assert down.returncode == 0, down.stderr
+    for record in stack.processes:
+        assert gone(record.pid), record
+    assert not (stack_dir / "stack.json").exists()
+    after = cli("status", "--dir", str(stack_dir))
+    assert after.returncode != 0 and "no local stack" in after.stderr
+
+
+def test_user_s3_url_starts_only_etcd(stack_dir: Path) -> None:
+    stack = localstack.up(stack_dir, s3_url="http://127.0.0.1:9")
+    try:
+        assert [p.role for p in stack.processes] == ["etcd"]
+        assert stack.s3_endpoint == "http://127.0.0.1:9" and not stack.s3_managed
+        port = stack.etcd_url.split(":")[2].split("/")[0]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+            assert json.loads(r.read())["health"] == "true"
+    finally:
+        stopped = localstack.down(stack_dir)
+    assert [p.role for p in stopped] == ["etcd"]
+    assert gone(stack.processes[0].pid)
+
+
+def test_down_never_signals_a_pid_running_another_command(tmp_path: Path) -> None:
+    """A recorded pid now running something else (pid reuse) is left alone."""
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        real = localstack.ProcessRecord(
+            role="etcd",
+            pid=other.pid,
+            argv=("/usr/bin/etcd", "--data-dir=/nowhere"),
+            start_time=localstack._proc_start_time(other.pid) or 0,
+            url="etcd://127.0.0.1:1/x",
+            log=str(tmp_path / "log"),
+        )
+        assert not localstack.is_running(real)
+        assert localstack.stop(real) is False
+        assert other.poll() is None  # still running: not ours to stop
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_bad_s3_url_is_rejected(stack_dir: Path) -> None:
+    result = cli("up", "--dir", str(stack_dir), "--s3-url", "ftp://x")
+    assert result.returncode != 0 and "--s3-url" in result.stderr
+    assert not (stack_dir / "stack.json").exists()

@@ -1,0 +1,135 @@
+"""The in-process coordinator's own rules: URLs, shared state, leases on a ManualClock."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+
+from tabletstore.clock import ManualClock
+from tabletstore.coordination import memory, open_coordinator
+from tabletstore.coordination.etcd import parse_etcd_url, translate
+from tabletstore.errors import Closed, Fenced, InvalidArgument, NotFound, Unavailable
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "",
+        "s3://bucket",
+        "etcd://",
+        "etcd://host",
+        "etcd://h:notaport/x",
+        "etcd://h:70000",
+        "memory://a/b",
+    ],
+)
+def test_bad_urls_are_invalid_argument(url: str) -> None:
+    with pytest.raises(InvalidArgument):
+        open_coordinator(url)
+
+
+def test_etcd_url_parsing() -> None:
+    assert parse_etcd_url("etcd://127.0.0.1:2379/prod") == ([("127.0.0.1", 2379)], "prod")
+    assert parse_etcd_url("etcd://a:1,b:2") == ([("a", 1), ("b", 2)], "tabletstore")
+    assert parse_etcd_url("etcd://[::1]:2379/x/y/") == ([("::1", 2379)], "x/y")
+
+
+def test_error_translation() -> None:
+    import aetcd
+
+    assert isinstance(translate(aetcd.ConnectionFailedError("refused"), "h:1"), Unavailable)
+    assert "etcd unreachable at h:1" in str(translate(aetcd.ConnectionTimeoutError("t"), "h:1"))
+    assert isinstance(
+        translate(aetcd.ClientError("etcdserver: requested lease not found"), "h:1"), Fenced
+    )
+    assert isinstance(translate(aetcd.InvalidArgumentError("dup"), "h:1"), InvalidArgument)
+    assert isinstance(translate(aetcd.RevisionCompactedError(5), "h:1"), NotFound)
+
+
+async def test_same_name_shares_state_and_clock_must_match() -> None:
+    clock = ManualClock()
+    name = f"memory://shared-{uuid.uuid4().hex}"
+    a, b = open_coordinator(name, clock=clock), open_coordinator(name)
+    try:
+        await a.put("k", b"v")
+        kv = await b.get("k")
+        assert kv is not None and kv.value == b"v"
+        with pytest.raises(InvalidArgument, match="different clock"):
+            open_coordinator(name, clock=ManualClock())
+        private = open_coordinator("memory://")
+        assert await private.get("k") is None
+        await private.close()
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_lease_fencing_deadline_follows_the_clock() -> None:
+    clock = ManualClock()
+    coordinator = open_coordinator("memory://", clock=clock)
+    lease = await coordinator.grant_lease(10, safety_margin=2)
+    assert lease.last_renewed == clock.monotonic()
+    assert lease.safe_until() == lease.last_renewed + 8
+    clock.advance(5)
+    await lease.refresh()
+    assert lease.last_renewed == clock.monotonic() and lease.safe_until() == clock.monotonic() + 8
+    clock.advance(9.9)
+    assert not lease.expired
+    clock.advance(0.1)
+    assert lease.expired
+    with pytest.raises(Fenced):
+        await lease.refresh()
+    await coordinator.close()
+
+
+async def test_keep_alive_stops_when_the_lease_is_gone() -> None:
+    clock = ManualClock()
+    coordinator = open_coordinator("memory://", clock=clock)
+    lease = await coordinator.grant_lease(3)
+    async with lease.keep_alive(interval=1):
+        await lease.revoke()
+        for _ in range(5):
+            clock.advance(1)
+            await asyncio.sleep(0)
+        assert lease.expired
+    await coordinator.close()
+
+
+async def test_bad_lease_arguments() -> None:
+    coordinator = open_coordinator("memory://")
+    with pytest.raises(InvalidArgument):
+        await coordinator.grant_lease(0)
+    with pytest.raises(InvalidArgument):
+        await coordinator.grant_lease(5, safety_margin=5)
+    lease = await coordinator.grant_lease(5)
+    with pytest.raises(InvalidArgument):
+        lease.keep_alive(interval=5)
+    await coordinator.close()
+
+
+async def test_watch_from_a_compacted_revision_is_not_found(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(memory, "HISTORY_LIMIT", 3)
+    coordinator = open_coordinator("memory://")
+    first = await coordinator.put("k", b"0")
+    for i in range(5):
+        await coordinator.put("k", str(i).encode())
+    with pytest.raises(NotFound, match="compacted"):
+        async with coordinator.watch_prefix("", start_revision=first):
+            pass
+    await coordinator.close()
+
+
+async def test_closed_coordinator_and_its_watches() -> None:
+    coordinator = open_coordinator("memory://")
+    async with coordinator.watch_prefix("") as watch:
+        waiter = asyncio.create_task(anext(aiter(watch)))
+        await asyncio.sleep(0)
+        await coordinator.close()
+        with pytest.raises(Closed):
+            await waiter
+    with pytest.raises(Closed):
+        await coordinator.get("k")
