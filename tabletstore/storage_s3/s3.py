@@ -421,7 +421,8 @@ class S3ObjectStore:
             return  # Some servers answer 404 for a missing key; deletes are idempotent.
 
     async def delete_many(self, keys: Iterable[str]) -> None:
-        full_keys = [self._key(key) for key in keys]
+        # Deduplicated (order kept): one DeleteObjects request should name each key once.
+        full_keys = list(dict.fromkeys(self._key(key) for key in keys))
         if not full_keys:
             return
         client = await self._get_client()

@@ -12,6 +12,7 @@ values, so that is harmless.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 from collections.abc import Iterator
@@ -43,8 +44,10 @@ def s3_server() -> Iterator[str]:
         server.stop()
 
 
+@functools.cache
 def boto3_client(endpoint: str) -> Any:
-    """A synchronous boto3 S3 client for fixtures (bucket setup), with dummy credentials."""
+    """A synchronous boto3 S3 client for fixtures (bucket setup), with dummy credentials;
+    one per endpoint for the session (creating a client costs milliseconds)."""
     import boto3
 
     return boto3.client(
