@@ -128,7 +128,7 @@ def merge_sources(sources: Sequence[Iterable[Cell]]) -> Iterator[Cell]:
 class _BatchReader:
     """Pulls one source of the async merge a batch at a time."""
 
-    __slots__ = ("_aiter", "_cells_async", "_sync", "buf", "pos")
+    __slots__ = ("_aiter", "_cells_async", "_sync", "buf", "is_async", "pos")
 
     def __init__(self, source: AsyncCellSource) -> None:
         self.buf: Sequence[Cell] = ()
@@ -140,6 +140,8 @@ class _BatchReader:
             self._aiter = aiter(cast(AsyncIterable[Any], source))
         else:
             self._sync = iter(source)
+        #: Refilling may await I/O.
+        self.is_async = self._aiter is not None
 
     async def fill(self) -> bool:
         """Load the next non-empty batch into ``buf``; False at the end of the source."""
@@ -157,14 +159,9 @@ class _BatchReader:
             if self._cells_async is None:
                 self._cells_async = isinstance(item, Cell)
             if self._cells_async:
-                batch = [item]
-                # Single-cell async sources cost an await per cell; pull a few at once.
-                while len(batch) < BATCH_SIZE:
-                    try:
-                        batch.append(await anext(self._aiter))
-                    except StopAsyncIteration:
-                        break
-                self.buf = batch
+                # One cell at a time: reading ahead could cost a source an extra block fetch
+                # that a limited scan never needed. Sources that can should yield batches.
+                self.buf = (item,)
                 return True
             if item:
                 self.buf = item
@@ -211,6 +208,11 @@ async def amerge_batches(
             if len(out) >= batch_size:
                 yield out
                 out = []
+        if reader.pos >= len(reader.buf) and reader.is_async and out:
+            # Hand out what is ready before awaiting a source's next block: a consumer that
+            # stops here (a limited scan) never pays for that fetch.
+            yield out
+            out = []
         if reader.pos < len(reader.buf) or await reader.fill():
             heapq.heapreplace(heap, (cell_sort_key(reader.buf[reader.pos]), idx))
         else:

@@ -58,7 +58,10 @@ async def fence(store: ObjectStore, worker_id: str, incarnation: int) -> int:
 
     Returns the fence's number. After this returns, the writer cannot make any further segment
     durable, so the segments below the fence are all that was ever acknowledged. Safe to call
-    concurrently and repeatedly (each call creates its own fence).
+    concurrently and repeatedly. Fences are zero bytes, so two fencers racing through a
+    retrying store may both be told they created the same number; either way the log is
+    stopped there, which is all a fence is for. A writer's segments are never empty, so a
+    writer can never mistake a fence for its own segment.
     """
     for _ in range(FENCE_ATTEMPTS):
         numbers = await list_segments(store, worker_id, incarnation)

@@ -361,3 +361,22 @@ def test_group_rows() -> None:
     cells = [put(b"a", "a", b"", 1, 1), put(b"a", "b", b"", 1, 2), put(b"b", "a", b"", 1, 3)]
     assert list(group_rows(cells)) == [(b"a", cells[:2]), (b"b", cells[2:])]
     assert list(group_rows([])) == []
+
+
+async def test_async_merge_does_not_fetch_blocks_a_limited_reader_never_needs() -> None:
+    pulled: list[int] = []
+
+    async def blocks() -> AsyncIterator[list[Cell]]:
+        for i in range(3):
+            pulled.append(i)
+            yield [put(b"r%d" % i, "a", b"", 1, 10 + i)]
+
+    memtable = [put(b"r0", "b", b"", 1, 1), put(b"r9", "a", b"", 1, 2)]
+    merged = amerge_sources([memtable, blocks()])
+    first = await anext(merged)
+    assert (first.row, first.family) == (b"r0", "a")
+    assert pulled == [0]  # a reader that stops here never fetched block 1
+    second = await anext(merged)
+    assert (second.row, second.family) == (b"r0", "b")
+    assert pulled == [0, 1]  # ordering r0:b needed block 1's first key
+    await merged.aclose()
