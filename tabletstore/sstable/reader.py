@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from bisect import bisect_left, bisect_right
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
 import crc32c
 
@@ -241,13 +241,18 @@ class SSTable:
     ) -> AsyncIterator[Cell]:
         """Cells whose row is in ``[start_row, end_row)`` (``end_row=None``: to the end), in
         order. ``fill_cache=False`` keeps a long scan from evicting the block cache."""
-        async for cells in self.scan_blocks(start_row, end_row, fill_cache=fill_cache):
-            for cell in cells:
-                yield cell
+        # aclosing: a consumer that stops early closes the inner generator (and its read-ahead)
+        # now, not whenever the garbage collector finalizes it.
+        async with contextlib.aclosing(
+            self.scan_blocks(start_row, end_row, fill_cache=fill_cache)
+        ) as blocks:
+            async for cells in blocks:
+                for cell in cells:
+                    yield cell
 
     async def scan_blocks(
         self, start_row: bytes = b"", end_row: bytes | None = None, *, fill_cache: bool = True
-    ) -> AsyncIterator[list[Cell]]:
+    ) -> AsyncGenerator[list[Cell], None]:
         """Like :meth:`scan`, one non-empty list of cells per block."""
         if end_row is not None and end_row <= start_row:
             return

@@ -193,6 +193,18 @@ class _Builder:
         bad = set(kinds) - _KINDS
         if bad:
             raise InvalidArgument(f"cell kind must be one of {sorted(_KINDS)}, got {sorted(bad)}")
+        for name, column, want in (
+            ("row", rows, bytes),
+            ("family", families, str),
+            ("qualifier", qualifiers, bytes),
+            ("value", values, bytes),
+        ):
+            types = set(map(type, column))
+            if types != {want}:
+                raise InvalidArgument(
+                    f"cells do not fit the SSTable columns: {name} must be {want.__name__}, "
+                    f"got {sorted(t.__name__ for t in types - {want})}"
+                )
         try:
             table = pa.Table.from_arrays(
                 [

@@ -1,0 +1,102 @@
+"""The block cache (bytes-bounded LRU of decoded blocks) and the scan cache (§6)."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from tabletstore.errors import InvalidArgument
+from tabletstore.keys import Cell
+from tabletstore.sstable.block import Block
+from tabletstore.sstable.block_cache import BlockCache, ScanCache
+from tabletstore.sstable.format import SCHEMA
+
+
+def make_block(cells: list[Cell]) -> Block:
+    columns = [
+        pa.array(col, SCHEMA.field(i).type) for i, col in enumerate(zip(*cells, strict=True))
+    ]
+    return Block(pa.Table.from_arrays(columns, schema=SCHEMA))
+
+
+def block(n: int, value_size: int = 100) -> Block:
+    return make_block(
+        [Cell(b"r%04d" % i, "cf", b"q", 1, i, 0, b"x" * value_size) for i in range(n)]
+    )
+
+
+def test_block_row_lookup_and_ranges() -> None:
+    cells = [Cell(b"a", "cf", b"q%d" % i, 1, i, 0, b"") for i in range(3)]
+    cells += [Cell(b"c", "cf", b"q", 1, 9, 0, b"v")]
+    b = make_block(cells)
+    assert (b.first_row, b.last_row, b.cells) == (b"a", b"c", 4)
+    assert b.row_cells(b"a") == cells[:3]
+    assert b.row_cells(b"b") == [] and b.row_cells(b"d") == []
+    assert b.cells_in() == cells
+    assert b.cells_in(b"b") == cells[3:]
+    assert b.cells_in(b"", b"c") == cells[:3]
+    assert b.cells_in(b"b", b"c") == []
+
+
+def test_block_cache_is_bounded_by_bytes_and_evicts_least_recently_used() -> None:
+    size = block(10).nbytes
+    cache = BlockCache(capacity_bytes=3 * size)
+    for i in range(3):
+        cache.put("t1", i, block(10))
+    assert cache.get("t1", 0) is not None  # 0 is now the most recently used
+    cache.put("t1", 3, block(10))
+    assert cache.get("t1", 1) is None  # evicted: least recently used
+    assert all(cache.get("t1", i) is not None for i in (0, 2, 3))
+    stats = cache.stats()
+    assert stats.bytes <= 3 * size and stats.entries == 3
+    assert (stats.hits, stats.misses, stats.evictions) == (4, 1, 1)
+    assert stats.hit_rate == pytest.approx(0.8)
+
+
+def test_block_cache_skips_oversized_blocks_and_evicts_by_object() -> None:
+    small = block(5)
+    cache = BlockCache(capacity_bytes=small.nbytes * 4)
+    cache.put("huge", 0, block(1000))
+    assert len(cache) == 0
+    cache.put("a", 0, small)
+    cache.put("a", 1, small)
+    cache.put("b", 0, small)
+    assert cache.evict("a") == 2
+    assert cache.get("a", 0) is None and cache.get("b", 0) is small
+    assert cache.stats().bytes == small.nbytes
+    assert cache.evict("missing") == 0
+    cache.put("b", 0, small)  # refresh, not double-charge
+    assert cache.stats().bytes == small.nbytes
+
+
+def test_block_cache_rejects_negative_capacity() -> None:
+    with pytest.raises(InvalidArgument):
+        BlockCache(-1)
+
+
+def test_scan_cache_bounds_rows_and_invalidates() -> None:
+    cache = ScanCache(max_rows=2)
+    c1 = Cell(b"r1", "cf", b"q", 1, 1, 0, b"v")
+    cache.put("tablet-a", b"r1", [c1])
+    cache.put("tablet-a", b"r2", [])
+    assert cache.get("tablet-a", b"r2") == ()  # a cached absent row
+    assert cache.get("tablet-a", b"r1") == (c1,)
+    cache.put("tablet-b", b"r1", [c1])  # third row: r1 of a was used after r2, so r2 goes
+    assert cache.get("tablet-a", b"r2") is None
+    assert len(cache) == 2
+    assert cache.invalidate("tablet-a", b"r1") == 1
+    assert cache.get("tablet-a", b"r1") is None
+    cache.put("tablet-b", b"r2", [c1])
+    assert cache.invalidate("tablet-b") == 2
+    assert len(cache) == 0 and cache.stats().bytes == 0
+    stats = cache.stats()
+    assert (stats.hits, stats.misses, stats.evictions) == (2, 2, 1)
+
+
+def test_scan_cache_is_bounded_by_bytes() -> None:
+    cache = ScanCache(max_rows=100, capacity_bytes=2000)
+    big = [Cell(b"r", "cf", b"q", 1, 1, 0, b"x" * 600)]
+    for i in range(5):
+        cache.put("ns", b"r%d" % i, big)
+    assert cache.stats().bytes <= 2000
+    assert len(cache) == 2
