@@ -413,6 +413,14 @@ def _check_bounds(name: str, start: object, end: object, *flags: object) -> None
         raise InvalidArgument(f"{name}: start_inclusive and end_inclusive must be bools")
 
 
+def _normalize_bounds(obj: ColumnRange | ValueRange) -> None:
+    """An absent bound's inclusiveness means nothing: fix it so equal ranges compare equal."""
+    if obj.start is None:
+        _set(obj, "start_inclusive", True)
+    if obj.end is None:
+        _set(obj, "end_inclusive", False)
+
+
 def _in_bounds(
     x: bytes, start: bytes | None, end: bytes | None, start_incl: bool, end_incl: bool
 ) -> bool:
@@ -455,6 +463,7 @@ class ColumnRange(RowFilter):
         _check_bounds(
             "column_range", self.start, self.end, self.start_inclusive, self.end_inclusive
         )
+        _normalize_bounds(self)
 
     def _argument(self) -> Any:
         return {"family": self.family} | _bounds_dict(
@@ -500,6 +509,7 @@ class ValueRange(RowFilter):
 
     def __post_init__(self) -> None:
         _check_bounds("value_range", self.start, self.end, self.start_inclusive, self.end_inclusive)
+        _normalize_bounds(self)
 
     def _argument(self) -> Any:
         return _bounds_dict(self.start, self.end, self.start_inclusive, self.end_inclusive)

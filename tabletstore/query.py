@@ -88,6 +88,11 @@ class RowRange:
             raise InvalidArgument("row range start_inclusive and end_inclusive must be bools")
         if self.start is not None and self.end is not None and self.start > self.end:
             raise InvalidArgument(f"row range start {self.start!r} > end {self.end!r}")
+        # An absent bound's inclusiveness means nothing: fix it so equal ranges compare equal.
+        if self.start is None:
+            object.__setattr__(self, "start_inclusive", True)
+        if self.end is None:
+            object.__setattr__(self, "end_inclusive", False)
 
     @classmethod
     def all(cls) -> RowRange:
