@@ -63,6 +63,8 @@ class SSTableRef:
     max_seq: int
     first_row: bytes
     last_row: bytes
+    #: Bytes of the SSTable's footer and trailer: lets a reader open it with one ranged GET.
+    tail_size: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -73,6 +75,7 @@ class SSTableRef:
             "max_seq": self.max_seq,
             "first_row": _b64(self.first_row),
             "last_row": _b64(self.last_row),
+            "tail_size": self.tail_size,
         }
 
     @classmethod
@@ -85,6 +88,7 @@ class SSTableRef:
             max_seq=int(d["max_seq"]),
             first_row=_unb64(d["first_row"]) or b"",
             last_row=_unb64(d["last_row"]) or b"",
+            tail_size=int(d.get("tail_size", 0)),
         )
 
 
@@ -93,9 +97,9 @@ class LogRef:
     """A worker incarnation's commit log that may hold writes of the tablet past its redo point."""
 
     worker_id: str
-    incarnation: str
+    incarnation: int
 
-    def to_json(self) -> list[str]:
+    def to_json(self) -> list[str | int]:
         return [self.worker_id, self.incarnation]
 
 
@@ -169,7 +173,7 @@ class TabletRecord:
                     for g, refs in d["sstables"].items()
                 },
                 redo_seq=int(d["redo_seq"]),
-                logs=tuple(LogRef(w, i) for w, i in d["logs"]),
+                logs=tuple(LogRef(str(w), int(i)) for w, i in d["logs"]),
                 location=d["location"],
                 epoch=int(d["epoch"]),
                 events=tuple(TabletEvent(float(a), k, x) for a, k, x in d["events"]),

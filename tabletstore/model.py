@@ -13,16 +13,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 __all__ = [
-    "AppendValue",
-    "IncrementValue",
-    "ReadModifyWriteRule",
     "MAX_ROW_KEY",
     "MAX_VALUE",
+    "AppendValue",
     "Cell",
     "DeleteCells",
     "DeleteFamily",
     "DeleteRow",
+    "IncrementValue",
     "Mutation",
+    "ReadModifyWriteRule",
     "Row",
     "RowMutation",
     "SetCell",

@@ -1,0 +1,559 @@
+"""The asyncio client: tables, mutations, reads, single-row transactions (§3).
+
+Users construct a client through :func:`tabletstore.connect` (or ``tabletstore.aio.connect``)
+and get tables from it (happybase's shape: factories, not constructors). Every data request is
+routed to the worker serving the row's tablet, found through the location cache (§5.1); a
+``NotServing`` or unreachable worker makes the client refresh the location and retry,
+transparently, within a deadline. Administrative requests go to the master.
+
+Retries: a read is always safe to retry. A row mutation is retried only when it is idempotent
+(every SetCell has an explicit timestamp; deletes are idempotent) or when the error says it was
+not applied (``NotServing``: the worker refused before logging anything). Read-modify-write is
+never retried after an ambiguous failure; the caller gets ``Indeterminate``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from tabletstore.catalog import Catalog, TableInfo
+from tabletstore.client.location import LocationCache
+from tabletstore.errors import (
+    Indeterminate,
+    InvalidArgument,
+    NotServing,
+    TabletStoreError,
+    Unavailable,
+)
+from tabletstore.filters import RowFilter
+from tabletstore.metadata import TabletRecord
+from tabletstore.model import (
+    DeleteCells,
+    DeleteFamily,
+    DeleteRow,
+    Mutation,
+    ReadModifyWriteRule,
+    Row,
+    RowMutation,
+    SetCell,
+)
+from tabletstore.mutations import check_row_key, validate_row_mutation
+from tabletstore.query import RowRange, RowSet
+from tabletstore.rpc.inprocess import Transport
+from tabletstore.rpc.messages import (
+    CheckAndMutateRequest,
+    CheckAndMutateResponse,
+    MutateRowsRequest,
+    MutateRowsResponse,
+    ReadModifyWriteRequest,
+    ReadRowsRequest,
+    RowBatch,
+    SampleRowKeysRequest,
+    SampleRowKeysResponse,
+)
+from tabletstore.schema import ColumnFamily, GcRule, LocalityGroup, TableSchema
+
+__all__ = ["Admin", "AsyncClient", "AsyncTable", "MutationError", "MutationsFailed"]
+
+_ERRORS: dict[str, type[TabletStoreError]] = {}
+
+
+def _error_class(name: str) -> type[TabletStoreError]:
+    if not _ERRORS:
+        from tabletstore import errors
+
+        for attr in errors.__all__:
+            cls = getattr(errors, attr)
+            _ERRORS[cls.__name__] = cls
+    return _ERRORS.get(name, TabletStoreError)
+
+
+class Admin(Protocol):
+    """What the client asks of the master (the in-process Master, or an RPC stub to it)."""
+
+    async def create_table(
+        self, schema: TableSchema, *, split_keys: Sequence[bytes] = ()
+    ) -> TableInfo: ...
+
+    async def delete_table(self, name: str) -> None: ...
+
+    async def list_tables(self) -> list[TableInfo]: ...
+
+    async def get_table(self, name: str) -> TableInfo: ...
+
+    async def modify_families(
+        self,
+        name: str,
+        *,
+        create: Sequence[ColumnFamily] = (),
+        update: Sequence[ColumnFamily] = (),
+        drop: Sequence[str] = (),
+        locality_groups: Sequence[LocalityGroup] = (),
+    ) -> TableInfo: ...
+
+    async def compact_table(self, name: str, *, major: bool) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class MutationError:
+    """One failed entry of a batch: its index in the batch, its row and the error."""
+
+    index: int
+    row: bytes
+    error: TabletStoreError
+
+
+class MutationsFailed(TabletStoreError):
+    """Some entries of a batch failed; the others were applied. ``.failures`` lists them."""
+
+    def __init__(self, failures: list[MutationError], total: int) -> None:
+        self.failures = failures
+        first = failures[0]
+        super().__init__(
+            f"{len(failures)} of {total} row mutations failed; first: row "
+            f"{first.row[:64]!r}: {type(first.error).__name__}: {first.error}"
+        )
+        self.may_have_applied = any(f.error.may_have_applied for f in failures)
+
+
+def _idempotent(mutations: Iterable[Mutation]) -> bool:
+    return all(
+        isinstance(m, DeleteCells | DeleteFamily | DeleteRow) or m.timestamp is not None
+        for m in mutations
+        if isinstance(m, SetCell | DeleteCells | DeleteFamily | DeleteRow)
+    )
+
+
+class AsyncClient:
+    """A connection to a tabletstore database (embedded or cluster)."""
+
+    def __init__(
+        self,
+        *,
+        catalog: Catalog,
+        transport: Transport,
+        admin: Admin,
+        identity: str | None = None,
+        retry_deadline: float = 30.0,
+    ) -> None:
+        self._catalog = catalog
+        self._transport = transport
+        self._admin = admin
+        self.identity = identity
+        self.retry_deadline = retry_deadline
+        self.locations = LocationCache(catalog.list_tablets)
+        self._tables: dict[str, TableInfo] = {}
+
+    # ------------------------------------------------------------------ admin
+
+    async def create_table(
+        self,
+        name: str,
+        families: Iterable[str | ColumnFamily] = (),
+        *,
+        split_keys: Sequence[bytes] = (),
+        locality_groups: Iterable[LocalityGroup] = (),
+    ) -> AsyncTable:
+        """Create a table with column families (names or ColumnFamily values)."""
+        fams = {}
+        for f in families:
+            fam = ColumnFamily(name=f) if isinstance(f, str) else f
+            fams[fam.name] = fam
+        groups = {"default": LocalityGroup(name="default")}
+        groups.update({g.name: g for g in locality_groups})
+        try:
+            schema = TableSchema(name=name, families=fams, locality_groups=groups)
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from exc
+        info = await self._admin.create_table(schema, split_keys=split_keys)
+        self._tables[name] = info
+        return AsyncTable(self, name)
+
+    async def delete_table(self, name: str) -> None:
+        await self._admin.delete_table(name)
+        info = self._tables.pop(name, None)
+        if info is not None:
+            self.locations.invalidate(info.table_id)
+
+    async def list_tables(self) -> list[str]:
+        return sorted(t.schema.name for t in await self._admin.list_tables())
+
+    async def describe_table(self, name: str) -> TableSchema:
+        info = await self._admin.get_table(name)
+        self._tables[name] = info
+        return info.schema
+
+    async def create_family(
+        self, table: str, family: str | ColumnFamily, *, gc_rule: GcRule | None = None
+    ) -> None:
+        fam = ColumnFamily(name=family, gc_rule=gc_rule) if isinstance(family, str) else family
+        self._tables[table] = await self._admin.modify_families(table, create=[fam])
+
+    async def update_family(self, table: str, family: ColumnFamily) -> None:
+        self._tables[table] = await self._admin.modify_families(table, update=[family])
+
+    async def set_gc_rule(self, table: str, family: str, gc_rule: GcRule | None) -> None:
+        schema = await self.describe_table(table)
+        if family not in schema.families:
+            raise InvalidArgument(f"table {table!r} has no column family {family!r}")
+        fam = schema.families[family].model_copy(update={"gc_rule": gc_rule})
+        await self.update_family(table, fam)
+
+    async def delete_family(self, table: str, family: str) -> None:
+        self._tables[table] = await self._admin.modify_families(table, drop=[family])
+
+    async def add_locality_group(self, table: str, group: LocalityGroup) -> None:
+        self._tables[table] = await self._admin.modify_families(table, locality_groups=[group])
+
+    async def flush(self, table: str) -> None:
+        """Minor-compact every tablet of the table (HBase shell's ``flush``)."""
+        await self._admin.compact_table(table, major=False)
+
+    async def compact(self, table: str) -> None:
+        """Major-compact every tablet of the table (HBase shell's ``major_compact``)."""
+        await self._admin.compact_table(table, major=True)
+
+    def table(self, name: str) -> AsyncTable:
+        """A handle on a table (no request is made until it is used)."""
+        return AsyncTable(self, name)
+
+    async def close(self) -> None:
+        """Nothing to release on the client side; the database owns the transport."""
+
+    # ------------------------------------------------------------------ routing
+
+    async def _info(self, name: str, *, refresh: bool = False) -> TableInfo:
+        info = self._tables.get(name)
+        if info is None or refresh:
+            info = self._tables[name] = await self._admin.get_table(name)
+        return info
+
+    async def _with_retry(
+        self, table: str, row: bytes, method: str, make: Any, *, safe: bool
+    ) -> Any:
+        """Send ``make(info, record)`` to the tablet holding ``row``, retrying moves."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.retry_deadline
+        refresh = False
+        for attempt in itertools.count():
+            info = await self._info(table, refresh=refresh)
+            record = await self.locations.locate(info.table_id, row, refresh=refresh)
+            try:
+                assert record.location is not None
+                return await self._transport.call(record.location, method, make(info, record))
+            except NotServing:
+                pass
+            except Unavailable as exc:
+                if not safe:
+                    raise Indeterminate(
+                        f"{method} of row {row[:64]!r} may have been applied: {exc}"
+                    ) from exc
+            if loop.time() >= deadline:
+                raise Unavailable(
+                    f"{method} of row {row[:64]!r}: tablet not served within the deadline"
+                )
+            refresh = True
+            await asyncio.sleep(min(0.5, 0.01 * 2**attempt))
+        raise AssertionError("unreachable")
+
+
+class AsyncTable:
+    """One table's data API (§3)."""
+
+    def __init__(self, client: AsyncClient, name: str) -> None:
+        self._client = client
+        self.name = name
+
+    # ------------------------------------------------------------------ writes
+
+    async def mutate_row(self, row: bytes, mutations: Sequence[Mutation]) -> None:
+        """Apply mutations to one row atomically (§2)."""
+        muts = tuple(mutations)
+        info = await self._client._info(self.name)
+        validate_row_mutation(info.schema, row, muts, self._client.identity)
+        resp: MutateRowsResponse = await self._client._with_retry(
+            self.name,
+            row,
+            "mutate_rows",
+            lambda i, r: MutateRowsRequest(
+                i.table_id, r.tablet_id, (RowMutation(row, muts),), self._client.identity
+            ),
+            safe=_idempotent(muts),
+        )
+        if resp.errors:
+            e = resp.errors[0]
+            raise _error_class(e.error)(e.message)
+
+    async def mutate_rows(self, entries: Sequence[RowMutation]) -> None:
+        """Apply many row mutations, each atomic on its own (§3). Entries go to their tablets
+        in one request per tablet, concurrently; failures are reported per entry by raising
+        :class:`MutationsFailed` after every entry was tried."""
+        if not entries:
+            return
+        info = await self._client._info(self.name)
+        failures: list[MutationError] = []
+        pending: list[int] = []
+        for i, e in enumerate(entries):
+            try:
+                validate_row_mutation(info.schema, e.row, e.mutations, self._client.identity)
+                pending.append(i)
+            except TabletStoreError as exc:
+                failures.append(MutationError(i, e.row, exc))
+        failures.extend(await self._send_batches(entries, pending))
+        if failures:
+            failures.sort(key=lambda f: f.index)
+            raise MutationsFailed(failures, len(entries))
+
+    async def _send_batches(
+        self, entries: Sequence[RowMutation], indexes: list[int]
+    ) -> list[MutationError]:
+        client = self._client
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + client.retry_deadline
+        failures: list[MutationError] = []
+        refresh = False
+        attempt = 0
+        while indexes:
+            info = await client._info(self.name, refresh=refresh)
+            groups: dict[str, tuple[TabletRecord, list[int]]] = {}
+            for i in indexes:
+                rec = await client.locations.locate(info.table_id, entries[i].row, refresh=refresh)
+                refresh = False
+                groups.setdefault(rec.tablet_id, (rec, []))[1].append(i)
+
+            async def send(
+                rec: TabletRecord, idx: list[int], table_id: str = info.table_id
+            ) -> tuple[list[int], list[MutationError]]:
+                req = MutateRowsRequest(
+                    table_id, rec.tablet_id, tuple(entries[i] for i in idx), client.identity
+                )
+                assert rec.location is not None
+                try:
+                    resp: MutateRowsResponse = await client._transport.call(
+                        rec.location, "mutate_rows", req
+                    )
+                except NotServing:
+                    return idx, []
+                except Unavailable as exc:
+                    retry = [i for i in idx if _idempotent(entries[i].mutations)]
+                    errs = [
+                        MutationError(i, entries[i].row, Indeterminate(str(exc)))
+                        for i in idx
+                        if not _idempotent(entries[i].mutations)
+                    ]
+                    return retry, errs
+                retry, errs = [], []
+                for e in resp.errors:
+                    i = idx[e.index]
+                    if e.error == "NotServing":
+                        retry.append(i)
+                    else:
+                        errs.append(
+                            MutationError(i, entries[i].row, _error_class(e.error)(e.message))
+                        )
+                return retry, errs
+
+            results = await asyncio.gather(*(send(rec, idx) for rec, idx in groups.values()))
+            indexes = sorted(i for retry, _ in results for i in retry)
+            for _, errs in results:
+                failures.extend(errs)
+            if indexes:
+                if loop.time() >= deadline:
+                    failures.extend(
+                        MutationError(i, entries[i].row, Unavailable("tablet not served in time"))
+                        for i in indexes
+                    )
+                    break
+                refresh = True
+                await asyncio.sleep(min(0.5, 0.01 * 2**attempt))
+                attempt += 1
+        return failures
+
+    async def check_and_mutate_row(
+        self,
+        row: bytes,
+        predicate: RowFilter | None,
+        *,
+        true_mutations: Sequence[Mutation] = (),
+        false_mutations: Sequence[Mutation] = (),
+    ) -> bool:
+        """Single-row transaction: apply ``true_mutations`` if the predicate matches any cell
+        of the row, else ``false_mutations``. Returns whether it matched."""
+        check_row_key(row)
+        if not true_mutations and not false_mutations:
+            raise InvalidArgument("check-and-mutate needs true or false mutations")
+        resp: CheckAndMutateResponse = await self._client._with_retry(
+            self.name,
+            row,
+            "check_and_mutate",
+            lambda i, r: CheckAndMutateRequest(
+                i.table_id,
+                r.tablet_id,
+                row,
+                predicate,
+                tuple(true_mutations),
+                tuple(false_mutations),
+                self._client.identity,
+            ),
+            safe=False,
+        )
+        return resp.matched
+
+    async def read_modify_write_row(self, row: bytes, rules: Sequence[ReadModifyWriteRule]) -> Row:
+        """Atomically append to / increment columns of one row; returns the new values."""
+        check_row_key(row)
+        result: Row = await self._client._with_retry(
+            self.name,
+            row,
+            "read_modify_write",
+            lambda i, r: ReadModifyWriteRequest(
+                i.table_id, r.tablet_id, row, tuple(rules), self._client.identity
+            ),
+            safe=False,
+        )
+        return result
+
+    # ------------------------------------------------------------------ reads
+
+    async def read_row(
+        self, row: bytes, *, filter: RowFilter | None = None, families: Iterable[str] | None = None
+    ) -> Row | None:
+        """One row, or None if it has no (matching) cells."""
+        check_row_key(row)
+        async for r in self.read_rows(keys=[row], filter=filter, families=families):
+            return r
+        return None
+
+    async def read_rows(
+        self,
+        *,
+        start: bytes | None = None,
+        end: bytes | None = None,
+        prefix: bytes | None = None,
+        keys: Iterable[bytes] | None = None,
+        row_set: RowSet | None = None,
+        filter: RowFilter | None = None,
+        limit: int | None = None,
+        families: Iterable[str] | None = None,
+    ) -> AsyncIterator[Row]:
+        """Rows in key order, streamed tablet by tablet.
+
+        Choose rows by ``start``/``end`` (end exclusive), ``prefix``, explicit ``keys``, or a
+        ``row_set``; no selection means the whole table. ``limit`` bounds the number of rows.
+        """
+        if limit is not None and limit < 0:
+            raise InvalidArgument(f"row limit must be >= 0, not {limit}")
+        rs = _row_set(start, end, prefix, keys, row_set)
+        fams = tuple(families) if families is not None else None
+        info = await self._client._info(self.name)
+        if fams is not None:
+            for f in fams:
+                if f not in info.schema.families:
+                    raise InvalidArgument(f"table {self.name!r} has no column family {f!r}")
+        remaining = limit
+        resume_after: bytes | None = None
+        attempts = 0
+        while remaining is None or remaining > 0:
+            try:
+                async for row in self._read_from(info, rs, resume_after, filter, remaining, fams):
+                    yield row
+                    resume_after = row.key
+                    if remaining is not None:
+                        remaining -= 1
+                        if remaining <= 0:
+                            return
+                return
+            except (NotServing, Unavailable):
+                attempts += 1
+                if attempts > 20:
+                    raise
+                await asyncio.sleep(min(0.5, 0.01 * 2**attempts))
+                info = await self._client._info(self.name, refresh=True)
+                self._client.locations.invalidate(info.table_id)
+
+    async def _read_from(
+        self,
+        info: TableInfo,
+        rs: RowSet,
+        resume_after: bytes | None,
+        filter: RowFilter | None,
+        limit: int | None,
+        families: tuple[str, ...] | None,
+    ) -> AsyncIterator[Row]:
+        if resume_after is not None:
+            rs = _after(rs, resume_after)
+        client = self._client
+        for rec in await client.locations.tablets(info.table_id):
+            part = rs.clip(rec.start_row, rec.end_row)
+            if part.is_empty():
+                continue
+            if rec.location is None:
+                raise NotServing(f"tablet {rec.tablet_id} has no location yet")
+            req = ReadRowsRequest(
+                info.table_id,
+                rec.tablet_id,
+                keys=tuple(part.keys),
+                ranges=tuple(part.ranges),
+                filter=filter,
+                limit=limit,
+                families=families,
+                identity=client.identity,
+            )
+            batch: RowBatch
+            async for batch in client._transport.stream(rec.location, "read_rows", req):
+                for row in batch.rows:
+                    yield row
+
+    async def sample_row_keys(self) -> list[tuple[bytes, int]]:
+        """(row key, approximate bytes up to it) pairs that split the table evenly-ish."""
+        client = self._client
+        info = await client._info(self.name)
+        out: list[tuple[bytes, int]] = []
+        base = 0
+        for rec in await client.locations.tablets(info.table_id, refresh=True):
+            if rec.location is None:
+                continue
+            resp: SampleRowKeysResponse = await client._transport.call(
+                rec.location, "sample_row_keys", SampleRowKeysRequest(info.table_id, rec.tablet_id)
+            )
+            for key, off in zip(resp.keys, resp.offsets, strict=True):
+                out.append((key, base + off))
+            base += resp.offsets[-1] if resp.offsets else 0
+        return out
+
+
+def _row_set(
+    start: bytes | None,
+    end: bytes | None,
+    prefix: bytes | None,
+    keys: Iterable[bytes] | None,
+    row_set: RowSet | None,
+) -> RowSet:
+    chosen = sum(x is not None for x in (prefix, keys, row_set)) + (
+        1 if start is not None or end is not None else 0
+    )
+    if chosen > 1:
+        raise InvalidArgument("choose rows by one of start/end, prefix, keys or row_set")
+    if row_set is not None:
+        return row_set
+    if keys is not None:
+        ks = list(keys)
+        for k in ks:
+            check_row_key(k)
+        return RowSet(keys=ks)
+    if prefix is not None:
+        return RowSet(ranges=[RowRange.prefix(prefix)])
+    return RowSet(ranges=[RowRange(start, end)])
+
+
+def _after(rs: RowSet, key: bytes) -> RowSet:
+    """The part of ``rs`` strictly after ``key`` (to resume a scan after a retry)."""
+    tail = RowRange(key, None, start_inclusive=False)
+    return RowSet(
+        [k for k in rs.keys if k > key],
+        [c for r in rs.ranges if (c := r.intersect(tail)) is not None],
+    )

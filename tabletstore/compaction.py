@@ -1,0 +1,90 @@
+"""Compactions (§5.4): the pure planner and the merge function.
+
+* :func:`plan` looks at a tablet's record and decides which *merging* compactions bound the
+  number of SSTables per locality group. It is a pure function of its inputs.
+* :func:`plan_major` lists the *major* compactions: every group with more than one SSTable, or
+  with any SSTable that may still hold deletion entries, is rewritten into one.
+* :func:`merge_sstables` is the merge itself, a plain CPU-bound function of object bytes to
+  object bytes, so the worker can run it in a process pool and serving never stalls (§5.4).
+
+Which SSTables a merging compaction takes. A group's SSTables are ordered newest first. Merging
+the *newest* ``k`` keeps the order of sources intact (the merged table takes their place in
+front of the older ones) and keeps deletion entries, which may still mask cells in the older
+SSTables. A major compaction takes all of them and drops deletion entries: nothing older
+remains for them to mask.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from tabletstore.iterators import compact_cells, merge_sources
+from tabletstore.keys import Cell
+from tabletstore.metadata import TabletRecord
+from tabletstore.options import TabletOptions
+from tabletstore.schema import GcRule
+from tabletstore.sstable import SSTableInfo, read_sstable_bytes, write_sstable
+
+__all__ = ["CompactionTask", "merge_sstables", "plan", "plan_major"]
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionTask:
+    """Rewrite the SSTables ``inputs`` (keys, newest first) of ``group`` into one."""
+
+    group: str
+    inputs: tuple[str, ...]
+    major: bool
+
+
+def plan(record: TabletRecord, options: TabletOptions) -> list[CompactionTask]:
+    """Merging compactions that bring every group back to ``max_sstables_per_group``.
+
+    When a group has ``n > max`` SSTables, the newest ``n - max + 1`` are merged into one, so
+    the group ends with exactly ``max``. Merging everything at once when even the oldest is
+    taken is a major compaction (deletion entries can go).
+    """
+    tasks: list[CompactionTask] = []
+    limit = max(1, options.max_sstables_per_group)
+    for group, refs in sorted(record.sstables.items()):
+        if len(refs) <= limit:
+            continue
+        take = len(refs) - limit + 1
+        inputs = tuple(r.key for r in refs[:take])
+        tasks.append(CompactionTask(group, inputs, major=take == len(refs)))
+    return tasks
+
+
+def plan_major(record: TabletRecord) -> list[CompactionTask]:
+    """One major compaction per group that has any SSTable (a single SSTable is rewritten too:
+    it may hold deletion entries or cells that GC has since collected)."""
+    return [
+        CompactionTask(group, tuple(r.key for r in refs), major=True)
+        for group, refs in sorted(record.sstables.items())
+        if refs
+    ]
+
+
+def merge_sstables(
+    inputs: Sequence[bytes],
+    *,
+    gc_rules: Mapping[str, GcRule | None],
+    now_micros: int,
+    major: bool,
+    compression: str,
+    block_size: int,
+    locality_group: str,
+) -> tuple[bytes, SSTableInfo]:
+    """Merge SSTable objects (their bytes, newest first) into one SSTable object.
+
+    A major merge applies deletions and GC and leaves only live values; a merging one keeps
+    deletion entries and drops only what they mask within the inputs (see
+    :func:`tabletstore.iterators.compact_cells`). Pure CPU: safe to run in another process.
+    """
+    sources: list[list[Cell]] = [read_sstable_bytes(blob) for blob in inputs]
+    merged = merge_sources(sources)
+    out = compact_cells(merged, gc_rules=gc_rules, now_micros=now_micros, major=major)
+    return write_sstable(
+        out, compression=compression, block_size=block_size, locality_group=locality_group
+    )

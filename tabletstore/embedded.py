@@ -1,0 +1,184 @@
+"""The embedded default: master, one worker and the client in one process (DESIGN.md §8).
+
+``tabletstore.connect("file:///path")`` opens a database in a local directory with no
+servers: the directory holds the object store (``objects/``: SSTables and commit-log
+segments, exactly as they would sit in a bucket) and the durable in-process coordinator's
+journal (schemas, tablet records). The client reaches the worker through the in-process
+transport, so requests take the same client → tablet-server path as in the cluster.
+
+Opening a directory is a recovery (§5.3): the new worker incarnation claims every tablet,
+fences the previous incarnation's commit log and replays what was not yet in SSTables, so
+every acknowledged write is there even after ``kill -9``. ``memory://name`` opens the same
+stack on in-memory storage (shared by name within a process; gone with it).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from urllib.parse import urlparse
+
+from tabletstore.client.client import AsyncClient
+from tabletstore.client.sync import Portal, SyncProxy
+from tabletstore.clock import Clock, SystemClock
+from tabletstore.coordination.base import Coordinator
+from tabletstore.coordination.local import LocalCoordinator
+from tabletstore.coordination.memory import MemoryCoordinator
+from tabletstore.errors import InvalidArgument
+from tabletstore.master import Master
+from tabletstore.options import TabletOptions, WorkerOptions
+from tabletstore.rpc.inprocess import InProcessTransport
+from tabletstore.storage_s3 import open_store
+from tabletstore.storage_s3.base import ObjectStore
+from tabletstore.worker import TabletServer
+
+__all__ = ["DEFAULT_DIRECTORY", "Database", "SyncDatabase", "connect", "connect_async"]
+
+#: Where ``tabletstore`` keeps data when no URL is given.
+DEFAULT_DIRECTORY = "./tabletstore-data"
+_WORKER_ID = "embedded"
+_ADDRESS = "inproc://embedded"
+
+
+def _parse(url: str | None) -> tuple[str, str]:
+    """(kind, location): ("file", absolute directory) or ("memory", name)."""
+    if url is None:
+        return "file", str(Path(DEFAULT_DIRECTORY).resolve())
+    if url.startswith("memory://"):
+        return "memory", url[len("memory://") :] or "default"
+    if url.startswith("file://"):
+        path = urlparse(url).path
+        if not path:
+            raise InvalidArgument(f"file URL {url!r} has no path (expected file:///dir)")
+        return "file", str(Path(path).resolve())
+    if "://" not in url:
+        return "file", str(Path(url).resolve())
+    raise InvalidArgument(
+        f"unsupported database URL {url!r}: expected file:///dir, memory://name or a "
+        "directory path (a cluster's etcd:// URL needs the cluster)"
+    )
+
+
+class Database(AsyncClient):
+    """An embedded database: an :class:`AsyncClient` that also owns its master and worker."""
+
+    def __init__(
+        self,
+        *,
+        store: ObjectStore,
+        coordinator: Coordinator,
+        transport: InProcessTransport,
+        master: Master,
+        worker: TabletServer,
+        url: str,
+        identity: str | None,
+    ) -> None:
+        super().__init__(
+            catalog=master.catalog, transport=transport, admin=master, identity=identity
+        )
+        self.url = url
+        self.store = store
+        self.coordinator = coordinator
+        self.master = master
+        self.worker = worker
+        self._closed = False
+
+    @classmethod
+    async def open(
+        cls,
+        url: str | None = None,
+        *,
+        identity: str | None = None,
+        clock: Clock | None = None,
+        tablet_options: TabletOptions | None = None,
+        worker_options: WorkerOptions | None = None,
+    ) -> Database:
+        """Open (and recover) the database at ``url``; see the module docstring."""
+        kind, where = _parse(url)
+        clock = clock or SystemClock()
+        coordinator: Coordinator
+        if kind == "file":
+            os.makedirs(os.path.join(where, "objects"), exist_ok=True)
+            coordinator = LocalCoordinator(where, clock=clock)
+            store = open_store(f"file://{where}/objects")
+            canonical = f"file://{where}"
+        else:
+            coordinator = MemoryCoordinator.open(where, clock=clock)
+            store = open_store(f"memory://{where}")
+            canonical = f"memory://{where}"
+        transport = InProcessTransport()
+        # The embedded worker's lease cannot outlive the process; a long TTL only avoids
+        # needless keep-alives.
+        wopts = worker_options or WorkerOptions(lease_ttl=60.0, lease_safety_margin=5.0)
+        worker = TabletServer(
+            _WORKER_ID,
+            _ADDRESS,
+            store=store,
+            coordinator=coordinator,
+            clock=clock,
+            options=wopts,
+            tablet_options=tablet_options,
+        )
+        try:
+            await worker.start()
+            transport.register(_ADDRESS, worker)
+            master = Master(coordinator=coordinator, transport=transport, clock=clock)
+            await master.assign()
+        except BaseException:
+            await coordinator.close()
+            await store.close()
+            raise
+        return cls(
+            store=store,
+            coordinator=coordinator,
+            transport=transport,
+            master=master,
+            worker=worker,
+            url=canonical,
+            identity=identity,
+        )
+
+    async def close(self) -> None:
+        """Minor-compact every tablet (fast next open), stop the worker, release files."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self.worker.stop(flush=True)
+        finally:
+            await self._transport.close()
+            await self.coordinator.close()
+            await self.store.close()
+
+    async def __aenter__(self) -> Database:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class SyncDatabase(SyncProxy):
+    """The blocking face of a :class:`Database`; same method names."""
+
+    def close(self) -> None:
+        portal: Portal = self._portal
+        try:
+            portal.call(self._target.close())
+        finally:
+            portal.close()
+
+
+def connect(url: str | None = None, *, identity: str | None = None) -> SyncDatabase:
+    """Open a database with the synchronous API (see :class:`Database`)."""
+    portal = Portal()
+    try:
+        db = portal.call(Database.open(url, identity=identity))
+    except BaseException:
+        portal.close()
+        raise
+    return SyncDatabase(db, portal)
+
+
+async def connect_async(url: str | None = None, *, identity: str | None = None) -> Database:
+    """Open a database with the asyncio API."""
+    return await Database.open(url, identity=identity)

@@ -1,0 +1,181 @@
+"""The master: table administration and tablet assignment (§5, §5.2).
+
+The master creates and deletes tables, changes schemas, and keeps every tablet served: it
+lists live workers (the servers directory), finds tablets without a claim and asks a worker
+to load them (:mod:`tabletstore.assignment` decides which). Clients never send data through
+the master; they locate tablets in the catalog and talk to workers directly (§5.1).
+
+The embedded default runs one master in-process; the cluster elects one through the
+coordinator and runs it as its own process.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from tabletstore import assignment
+from tabletstore.catalog import Catalog, TableInfo
+from tabletstore.clock import Clock, SystemClock
+from tabletstore.coordination import paths
+from tabletstore.coordination.base import Coordinator
+from tabletstore.errors import InvalidArgument, NotFound, TabletStoreError
+from tabletstore.metadata import TabletRecord
+from tabletstore.rpc.inprocess import Transport
+from tabletstore.rpc.messages import (
+    CompactTabletRequest,
+    LoadTabletRequest,
+    UnloadTabletRequest,
+    UpdateSchemaRequest,
+)
+from tabletstore.schema import ColumnFamily, LocalityGroup, TableSchema
+
+__all__ = ["Master"]
+
+log = logging.getLogger(__name__)
+
+
+class Master:
+    """Table administration and assignment over a catalog and a transport to workers."""
+
+    def __init__(
+        self, *, coordinator: Coordinator, transport: Transport, clock: Clock | None = None
+    ) -> None:
+        self._coord = coordinator
+        self._catalog = Catalog(coordinator)
+        self._transport = transport
+        self._clock = clock or SystemClock()
+
+    @property
+    def catalog(self) -> Catalog:
+        return self._catalog
+
+    # ------------------------------------------------------------------ workers
+
+    async def live_workers(self) -> dict[str, str]:
+        """worker id -> address, from the servers directory."""
+        kvs = await self._coord.get_prefix(paths.SERVERS)
+        return {paths.parse_server(kv.key): kv.value.decode() for kv in kvs}
+
+    async def _claims(self) -> dict[tuple[str, str], str]:
+        kvs = await self._coord.get_prefix(paths.claims_prefix())
+        return {paths.parse_claim(kv.key): kv.value.decode() for kv in kvs}
+
+    async def assign(self) -> int:
+        """Load every unclaimed tablet on a live worker. Returns how many were assigned."""
+        workers = await self.live_workers()
+        if not workers:
+            return 0
+        claims = await self._claims()
+        loads = []
+        for info in await self._catalog.list_tables():
+            for rec in await self._catalog.list_tablets(info.table_id):
+                holder = claims.get((rec.table_id, rec.tablet_id))
+                loads.append(
+                    assignment.TabletLoad(rec.table_id, rec.tablet_id, holder, size=rec.size)
+                )
+        done = 0
+        for a in assignment.plan(list(workers), loads):
+            try:
+                await self._transport.call(
+                    workers[a.worker], "load_tablet", LoadTabletRequest(a.table_id, a.tablet_id)
+                )
+                done += 1
+            except TabletStoreError as exc:
+                log.warning("assigning %s to %s failed: %s", a.tablet_id, a.worker, exc)
+        return done
+
+    # ------------------------------------------------------------------ tables
+
+    async def create_table(
+        self, schema: TableSchema, *, split_keys: Sequence[bytes] = ()
+    ) -> TableInfo:
+        """Create a table, pre-split at ``split_keys``, and assign its tablets."""
+        splits = sorted(set(split_keys))
+        if any(not k for k in splits):
+            raise InvalidArgument("split keys must be non-empty")
+        table_id = Catalog.new_table_id(schema.name)
+        bounds: list[bytes | None] = [*splits, None]
+        records = []
+        start = b""
+        for i, end in enumerate(bounds):
+            records.append(
+                TabletRecord(
+                    table_id=table_id, tablet_id=f"t{i:05d}", start_row=start, end_row=end
+                ).with_event(self._clock.time(), "created")
+            )
+            start = end or b""
+        info = await self._catalog.create_table(schema, records)
+        await self.assign()
+        return info
+
+    async def delete_table(self, name: str) -> None:
+        """Unload a table's tablets and delete its records; its objects become garbage."""
+        info = await self._catalog.get_table(name)
+        await self._for_each_tablet(info, "unload_tablet", flush=False)
+        await self._catalog.delete_table(name)
+
+    async def list_tables(self) -> list[TableInfo]:
+        return await self._catalog.list_tables()
+
+    async def get_table(self, name: str) -> TableInfo:
+        return await self._catalog.get_table(name)
+
+    async def modify_families(
+        self,
+        name: str,
+        *,
+        create: Sequence[ColumnFamily] = (),
+        update: Sequence[ColumnFamily] = (),
+        drop: Sequence[str] = (),
+        locality_groups: Sequence[LocalityGroup] = (),
+    ) -> TableInfo:
+        """Add, change or drop column families (and add locality groups) in one schema change.
+
+        Dropped families' cells stop being visible at once and are left out of the next
+        compaction of every tablet."""
+        info = await self._catalog.get_table(name)
+        families = dict(info.schema.families)
+        groups = dict(info.schema.locality_groups)
+        for g in locality_groups:
+            groups[g.name] = g
+        for fam in create:
+            if fam.name in families:
+                raise InvalidArgument(f"table {name!r} already has column family {fam.name!r}")
+            families[fam.name] = fam
+        for fam in update:
+            if fam.name not in families:
+                raise NotFound(f"table {name!r} has no column family {fam.name!r}")
+            families[fam.name] = fam
+        for fam_name in drop:
+            if fam_name not in families:
+                raise NotFound(f"table {name!r} has no column family {fam_name!r}")
+            del families[fam_name]
+        try:
+            schema = TableSchema(name=name, families=families, locality_groups=groups)
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from exc
+        new = await self._catalog.update_schema(info, schema)
+        workers = await self.live_workers()
+        for address in set(workers.values()):
+            await self._transport.call(address, "update_schema", UpdateSchemaRequest(name))
+        return new
+
+    async def compact_table(self, name: str, *, major: bool) -> None:
+        """Minor (``flush``) or major (``compact``) compaction of every tablet of a table."""
+        info = await self._catalog.get_table(name)
+        await self._for_each_tablet(info, "compact_tablet", major=major)
+
+    async def _for_each_tablet(self, info: TableInfo, method: str, **kw: bool) -> None:
+        claims = await self._claims()
+        workers = await self.live_workers()
+        for rec in await self._catalog.list_tablets(info.table_id):
+            holder = claims.get((rec.table_id, rec.tablet_id))
+            address = workers.get(holder) if holder is not None else None
+            if address is None:
+                continue
+            if method == "unload_tablet":
+                req: object = UnloadTabletRequest(rec.table_id, rec.tablet_id, **kw)
+            else:
+                req = CompactTabletRequest(rec.table_id, rec.tablet_id, **kw)
+            await self._transport.call(address, method, req)

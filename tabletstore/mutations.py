@@ -1,0 +1,177 @@
+"""From API mutations to stored cells, with every limit checked (§2, §3).
+
+This is the one place that validates a row mutation against a schema and turns it into engine
+cells (``keys.Cell``). The client calls :func:`validate_row_mutation` to fail fast; the tablet
+server calls :func:`to_cells` again, because a server never trusts its clients.
+
+Limits: row keys 1 byte to 64 KiB; values up to ``model.MAX_VALUE``; families must exist in the
+schema and the caller must be allowed to write them (ACLs, §2); timestamps are microseconds in
+``[0, TS_MAX)``; time ranges must not be inverted.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+
+from tabletstore.errors import InvalidArgument, NotFound, PermissionDenied
+from tabletstore.keys import TS_MAX, Cell, CellKind, encode_ts_range
+from tabletstore.model import (
+    MAX_ROW_KEY,
+    MAX_VALUE,
+    AppendValue,
+    DeleteCells,
+    DeleteFamily,
+    DeleteRow,
+    IncrementValue,
+    Mutation,
+    ReadModifyWriteRule,
+    SetCell,
+)
+from tabletstore.schema import TableSchema
+
+__all__ = [
+    "MAX_MUTATIONS_PER_ROW",
+    "apply_rmw_rule",
+    "check_row_key",
+    "families_of",
+    "to_cells",
+    "validate_rmw_rules",
+    "validate_row_mutation",
+]
+
+#: Mutations in one row mutation (Cloud Bigtable allows 100,000).
+MAX_MUTATIONS_PER_ROW = 100_000
+_COUNTER = struct.Struct(">q")
+
+
+def check_row_key(row: bytes) -> None:
+    """Row keys are non-empty byte strings of at most 64 KiB (§2)."""
+    if not isinstance(row, bytes | bytearray):
+        raise InvalidArgument(f"row key must be bytes, not {type(row).__name__}")
+    if not row:
+        raise InvalidArgument("row key must not be empty")
+    if len(row) > MAX_ROW_KEY:
+        raise InvalidArgument(f"row key is {len(row)} bytes; the limit is {MAX_ROW_KEY} (64 KiB)")
+
+
+def _check_family(schema: TableSchema, family: str, identity: str | None, write: bool) -> None:
+    fam = schema.families.get(family)
+    if fam is None:
+        raise NotFound(f"table {schema.name!r} has no column family {family!r}")
+    allowed = fam.acl.may_write(identity) if write else fam.acl.may_read(identity)
+    if not allowed:
+        verb = "write" if write else "read"
+        who = identity if identity is not None else "anonymous"
+        raise PermissionDenied(f"{who} may not {verb} column family {schema.name}:{family}")
+
+
+def families_of(mutations: Sequence[Mutation], schema: TableSchema) -> set[str]:
+    """The families a mutation list writes (DeleteRow writes every family)."""
+    out: set[str] = set()
+    for m in mutations:
+        if isinstance(m, DeleteRow):
+            out.update(schema.families)
+        else:
+            out.add(m.family)
+    return out
+
+
+def validate_row_mutation(
+    schema: TableSchema, row: bytes, mutations: Sequence[Mutation], identity: str | None = None
+) -> None:
+    """Raise a precise error if the row mutation is not acceptable; return None otherwise."""
+    check_row_key(row)
+    if not mutations:
+        raise InvalidArgument(f"row mutation of {row[:64]!r} has no mutations")
+    if len(mutations) > MAX_MUTATIONS_PER_ROW:
+        raise InvalidArgument(
+            f"row mutation has {len(mutations)} mutations; the limit is {MAX_MUTATIONS_PER_ROW}"
+        )
+    for m in mutations:
+        if isinstance(m, SetCell):
+            _check_family(schema, m.family, identity, write=True)
+            if not isinstance(m.qualifier, bytes) or not isinstance(m.value, bytes):
+                raise InvalidArgument("qualifier and value must be bytes")
+            if len(m.value) > MAX_VALUE:
+                raise InvalidArgument(
+                    f"value of {m.family}:{m.qualifier[:64]!r} is {len(m.value)} bytes; "
+                    f"the limit is {MAX_VALUE}"
+                )
+            if m.timestamp is not None and not 0 <= m.timestamp < TS_MAX:
+                raise InvalidArgument(f"timestamp {m.timestamp} is outside [0, 2^63-1)")
+        elif isinstance(m, DeleteCells):
+            _check_family(schema, m.family, identity, write=True)
+            if not isinstance(m.qualifier, bytes):
+                raise InvalidArgument("qualifier must be bytes")
+            start = 0 if m.start is None else m.start
+            end = TS_MAX if m.end is None else m.end
+            if start < 0 or end < start:
+                raise InvalidArgument(f"invalid time range [{m.start}, {m.end}) in delete")
+        elif isinstance(m, DeleteFamily):
+            _check_family(schema, m.family, identity, write=True)
+        elif isinstance(m, DeleteRow):
+            for family in schema.families:
+                _check_family(schema, family, identity, write=True)
+        else:
+            raise InvalidArgument(f"unknown mutation type {type(m).__name__}")
+
+
+def to_cells(
+    row: bytes, mutations: Sequence[Mutation], first_seq: int, now_micros: int
+) -> list[Cell]:
+    """Engine cells for an already validated row mutation; mutation i gets ``first_seq + i``."""
+    cells: list[Cell] = []
+    seq = first_seq
+    for m in mutations:
+        if isinstance(m, SetCell):
+            ts = now_micros if m.timestamp is None else m.timestamp
+            cells.append(Cell(row, m.family, m.qualifier, ts, seq, CellKind.PUT, m.value))
+        elif isinstance(m, DeleteCells):
+            start = 0 if m.start is None else m.start
+            end = TS_MAX if m.end is None else m.end
+            value = encode_ts_range(start, end)
+            cells.append(
+                Cell(row, m.family, m.qualifier, TS_MAX, seq, CellKind.DELETE_COLUMN, value)
+            )
+        elif isinstance(m, DeleteFamily):
+            cells.append(Cell(row, m.family, b"", TS_MAX, seq, CellKind.DELETE_FAMILY, b""))
+        else:
+            cells.append(Cell(row, "", b"", TS_MAX, seq, CellKind.DELETE_ROW, b""))
+        seq += 1
+    return cells
+
+
+def validate_rmw_rules(
+    schema: TableSchema, row: bytes, rules: Sequence[ReadModifyWriteRule], identity: str | None
+) -> None:
+    """Read-modify-write rules need read and write access to their families."""
+    check_row_key(row)
+    if not rules:
+        raise InvalidArgument("read-modify-write has no rules")
+    for r in rules:
+        if not isinstance(r, AppendValue | IncrementValue):
+            raise InvalidArgument(f"unknown read-modify-write rule {type(r).__name__}")
+        _check_family(schema, r.family, identity, write=True)
+        _check_family(schema, r.family, identity, write=False)
+        if isinstance(r, IncrementValue) and not -(2**63) <= r.amount < 2**63:
+            raise InvalidArgument(f"increment {r.amount} does not fit in 64 bits")
+
+
+def apply_rmw_rule(rule: ReadModifyWriteRule, current: bytes | None) -> bytes:
+    """The new value a rule writes given the column's newest value (None if absent)."""
+    if isinstance(rule, AppendValue):
+        return (current or b"") + rule.value
+    if current is None or current == b"":
+        base = 0
+    elif len(current) != 8:
+        raise InvalidArgument(
+            f"cannot increment {rule.family}:{rule.qualifier!r}: its value is {len(current)} "
+            "bytes, not a 64-bit big-endian integer"
+        )
+    else:
+        (base,) = _COUNTER.unpack(current)
+    total = base + rule.amount
+    # Wrap like a two's-complement 64-bit counter (Cloud Bigtable's behaviour).
+    total = (total + 2**63) % 2**64 - 2**63
+    return _COUNTER.pack(total)

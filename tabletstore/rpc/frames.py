@@ -1,0 +1,245 @@
+"""The RPC wire format: handshake and length-prefixed frames (DESIGN.md §8).
+
+Clients talk to tablet servers and the master talks to workers (paper §5: "clients communicate
+directly with tablet servers for reads and writes") over one TCP connection each, carrying many
+requests at once. This module owns the bytes on that connection and nothing else: it knows
+frame kinds and request ids, never message types (payloads are opaque bytes, see codec.py).
+
+Handshake
+---------
+Each side writes a 10-byte hello as soon as the connection is up, then reads the peer's::
+
+    hello := magic "TSRP" (4 bytes) | u16 protocol version | u32 max frame length
+
+All integers are big-endian. A side that reads a wrong magic or a different version sends one
+ERROR frame (request id 0) naming the problem and closes. Neither side sends a frame whose length
+exceeds the *peer's* advertised max frame length; oversized payloads fail locally instead.
+
+Frames
+------
+::
+
+    frame  := u32 length | u8 kind | u32 request id | body      (length = 5 + len(body))
+
+    REQUEST      c→s  body = u32 window | u8 n | method name (n bytes, UTF-8) | payload
+                      window 0 = a unary call; window > 0 = a streaming call whose first
+                      `window` items the server may send before waiting for CREDIT
+    RESPONSE     s→c  body = payload (the unary result)
+    STREAM_ITEM  s→c  body = payload (one item of a stream; consumes one credit)
+    STREAM_END   s→c  body = empty (the stream finished normally)
+    ERROR        s→c  body = payload [class name, message] (codec.encode_error); request id 0
+                      is about the whole connection, which the sender then closes
+    CANCEL       c→s  body = empty (the client gave up on this request id; no reply follows)
+    CREDIT       c→s  body = u32 n (the client consumed n more stream items)
+    PING / PONG  both body = opaque bytes, echoed in the PONG with the same request id
+
+Request id 0 is reserved for connection-level ERROR frames; clients number requests from 1.
+
+A frame whose length exceeds the receiver's limit or is shorter than the 5-byte header leaves the
+byte stream untrustworthy: the receiver answers ERROR (request id 0) and closes the connection.
+A well-delimited frame with an unknown kind or a malformed body gets an ERROR for its own request
+id and the connection carries on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from enum import IntEnum
+from typing import NamedTuple
+
+from tabletstore.errors import InvalidArgument, Unimplemented
+
+__all__ = [
+    "DEFAULT_MAX_FRAME",
+    "HEADER",
+    "HELLO_SIZE",
+    "MAGIC",
+    "PROTOCOL_VERSION",
+    "Frame",
+    "FrameError",
+    "Hello",
+    "Kind",
+    "Request",
+    "check_hello",
+    "check_outgoing",
+    "decode_credit",
+    "decode_hello",
+    "encode_credit",
+    "encode_frame",
+    "encode_hello",
+    "encode_request",
+    "format_size",
+    "is_known_kind",
+    "parse_request",
+    "read_frame",
+]
+
+MAGIC = b"TSRP"
+PROTOCOL_VERSION = 1
+DEFAULT_MAX_FRAME = 16 * 1024 * 1024
+
+_HELLO = struct.Struct(">4sHI")
+HELLO_SIZE = _HELLO.size
+_LENGTH = struct.Struct(">I")
+#: u32 length, u8 kind, u32 request id: the fixed part in front of every body.
+HEADER = struct.Struct(">IBI")
+_KIND_AND_ID = 5  # bytes of the header counted by the length field
+_REQUEST_HEAD = struct.Struct(">IB")
+_U32 = struct.Struct(">I")
+_MAX_U32 = 0xFFFF_FFFF
+
+
+class Kind(IntEnum):
+    """The u8 frame kind."""
+
+    REQUEST = 1
+    RESPONSE = 2
+    STREAM_ITEM = 3
+    STREAM_END = 4
+    ERROR = 5
+    CANCEL = 6
+    CREDIT = 7
+    PING = 8
+    PONG = 9
+
+
+_KINDS = frozenset(int(k) for k in Kind)
+
+
+class FrameError(InvalidArgument):
+    """The byte stream broke the frame format; the connection can no longer be trusted."""
+
+
+class Frame(NamedTuple):
+    """One received frame. ``kind`` is an int so unknown kinds survive to be reported."""
+
+    kind: int
+    request_id: int
+    body: bytes
+
+
+class Request(NamedTuple):
+    """The parsed body of a REQUEST frame."""
+
+    window: int
+    method: str
+    payload: memoryview
+
+
+class Hello(NamedTuple):
+    magic: bytes
+    version: int
+    max_frame: int
+
+
+def format_size(n: int) -> str:
+    """``16777216`` → ``'16 MiB'``: sizes in error messages, exact when they are whole MiB."""
+    if n >= 1 << 20 and n % (1 << 20) == 0:
+        return f"{n >> 20} MiB"
+    if n >= 1 << 10 and n % (1 << 10) == 0:
+        return f"{n >> 10} KiB"
+    return f"{n} bytes"
+
+
+def encode_hello(max_frame: int, version: int = PROTOCOL_VERSION) -> bytes:
+    return _HELLO.pack(MAGIC, version, max_frame)
+
+
+def decode_hello(data: bytes) -> Hello:
+    magic, version, max_frame = _HELLO.unpack(data)
+    return Hello(magic, version, max_frame)
+
+
+def check_hello(hello: Hello, *, peer: str, peer_role: str) -> None:
+    """Raise a clear error unless ``hello`` is a tabletstore hello of our version.
+
+    ``peer_role`` is "client" or "server", used to word the message from our side.
+    """
+    if hello.magic != MAGIC:
+        raise FrameError(
+            f"bad handshake from {peer_role} {peer}: expected magic {MAGIC!r}, got "
+            f"{hello.magic!r}; is it a tabletstore RPC {peer_role}?"
+        )
+    if hello.version != PROTOCOL_VERSION:
+        raise Unimplemented(
+            f"{peer_role} {peer} speaks tabletstore RPC protocol version {hello.version}; "
+            f"this side speaks version {PROTOCOL_VERSION}"
+        )
+    if hello.max_frame < 1024:
+        raise FrameError(f"{peer_role} {peer} advertised a max frame of {hello.max_frame} bytes")
+
+
+def encode_frame(kind: int, request_id: int, body: bytes = b"") -> bytes:
+    """One whole frame as a single bytes object (written with one ``write()`` call, so frames
+    from concurrent tasks never interleave)."""
+    return HEADER.pack(_KIND_AND_ID + len(body), kind, request_id) + body
+
+
+def encode_request(request_id: int, method: str, payload: bytes, window: int = 0) -> bytes:
+    name = method.encode()
+    if not name or len(name) > 255:
+        raise InvalidArgument(f"RPC method name must be 1..255 bytes of UTF-8, got {method!r}")
+    if not 0 <= window <= _MAX_U32:
+        raise InvalidArgument(f"stream window must fit in a u32, got {window}")
+    body = _REQUEST_HEAD.pack(window, len(name)) + name + payload
+    return encode_frame(Kind.REQUEST, request_id, body)
+
+
+def parse_request(body: bytes) -> Request:
+    """Split a REQUEST body. Raises InvalidArgument (this request only) if it is malformed."""
+    if len(body) < _REQUEST_HEAD.size:
+        raise InvalidArgument(f"malformed REQUEST: body of {len(body)} bytes has no method")
+    window, n = _REQUEST_HEAD.unpack_from(body)
+    end = _REQUEST_HEAD.size + n
+    if n == 0 or end > len(body):
+        raise InvalidArgument(
+            f"malformed REQUEST: method name of {n} bytes in a body of {len(body)} bytes"
+        )
+    view = memoryview(body)
+    try:
+        method = str(view[_REQUEST_HEAD.size : end], "utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidArgument("malformed REQUEST: method name is not UTF-8") from exc
+    return Request(window, method, view[end:])
+
+
+def encode_credit(request_id: int, n: int) -> bytes:
+    return encode_frame(Kind.CREDIT, request_id, _U32.pack(n))
+
+
+def decode_credit(body: bytes) -> int:
+    if len(body) != _U32.size:
+        raise InvalidArgument(f"malformed CREDIT: body of {len(body)} bytes, expected 4")
+    n: int = _U32.unpack(body)[0]
+    return n
+
+
+async def read_frame(reader: asyncio.StreamReader, max_frame: int) -> Frame:
+    """Read one frame.
+
+    Raises FrameError if the length is out of bounds (the stream is then untrustworthy), and
+    ``asyncio.IncompleteReadError`` / ``ConnectionError`` when the peer goes away.
+    """
+    head = await reader.readexactly(HEADER.size)
+    length, kind, request_id = HEADER.unpack(head)
+    if length > max_frame:
+        raise FrameError(f"frame of {length} bytes exceeds the {format_size(max_frame)} limit")
+    if length < _KIND_AND_ID:
+        raise FrameError(
+            f"malformed frame: length {length} is shorter than the {_KIND_AND_ID}-byte header"
+        )
+    body = await reader.readexactly(length - _KIND_AND_ID) if length > _KIND_AND_ID else b""
+    return Frame(kind, request_id, body)
+
+
+def is_known_kind(kind: int) -> bool:
+    return kind in _KINDS
+
+
+def check_outgoing(size: int, peer_max_frame: int, what: str) -> None:
+    """Refuse to send a body the peer would reject as oversized (a local, clear error)."""
+    if size + _KIND_AND_ID > peer_max_frame:
+        raise InvalidArgument(
+            f"{what} of {size} bytes exceeds the peer's {format_size(peer_max_frame)} frame limit"
+        )

@@ -1,0 +1,196 @@
+"""Requests and responses between clients, the master and tablet-server workers (§5, §8).
+
+Frozen dataclasses, the same in-process and on the wire (the codec registers each with a
+fixed type id, :data:`WIRE_TYPES`; those ids are part of the protocol). Data requests name the
+tablet they are for, so a worker that no longer serves it answers ``NotServing`` and the client
+refreshes its location (§5.1) — data never flows through the master.
+
+Method names (what a worker serves): see :data:`WORKER_METHODS`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tabletstore.filters import RowFilter
+from tabletstore.model import Mutation, ReadModifyWriteRule, Row, RowMutation
+from tabletstore.query import RowRange
+
+__all__ = [
+    "WORKER_METHODS",
+    "CheckAndMutateRequest",
+    "CheckAndMutateResponse",
+    "CompactTabletRequest",
+    "EntryError",
+    "LoadTabletRequest",
+    "MutateRowsRequest",
+    "MutateRowsResponse",
+    "ReadModifyWriteRequest",
+    "ReadRowsRequest",
+    "RowBatch",
+    "SampleRowKeysRequest",
+    "SampleRowKeysResponse",
+    "ServerStatusRequest",
+    "ServerStatusResponse",
+    "TabletStatus",
+    "UnloadTabletRequest",
+    "UpdateSchemaRequest",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class MutateRowsRequest:
+    """Row mutations for rows of one tablet; each row atomic on its own (§3 batch writes)."""
+
+    table_id: str
+    tablet_id: str
+    entries: tuple[RowMutation, ...]
+    identity: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EntryError:
+    """Why one entry of a batch failed: the error class name and message."""
+
+    index: int
+    error: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class MutateRowsResponse:
+    """Per-entry failures (empty: every entry applied)."""
+
+    errors: tuple[EntryError, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ReadRowsRequest:
+    """Rows of one tablet: the given keys and ranges, filtered server-side, at most ``limit``."""
+
+    table_id: str
+    tablet_id: str
+    keys: tuple[bytes, ...] = ()
+    ranges: tuple[RowRange, ...] = ()
+    filter: RowFilter | None = None
+    limit: int | None = None
+    families: tuple[str, ...] | None = None
+    identity: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RowBatch:
+    """One streamed frame of rows."""
+
+    rows: tuple[Row, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CheckAndMutateRequest:
+    table_id: str
+    tablet_id: str
+    row: bytes
+    predicate: RowFilter | None
+    true_mutations: tuple[Mutation, ...]
+    false_mutations: tuple[Mutation, ...]
+    identity: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CheckAndMutateResponse:
+    matched: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ReadModifyWriteRequest:
+    table_id: str
+    tablet_id: str
+    row: bytes
+    rules: tuple[ReadModifyWriteRule, ...]
+    identity: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SampleRowKeysRequest:
+    table_id: str
+    tablet_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class SampleRowKeysResponse:
+    """Row keys splitting the tablet into roughly equal parts, with the byte offset of each."""
+
+    keys: tuple[bytes, ...]
+    offsets: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class LoadTabletRequest:
+    """Master to worker: claim and serve this tablet (§5.2)."""
+
+    table_id: str
+    tablet_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class UnloadTabletRequest:
+    """Master to worker: stop serving, minor-compacting first when ``flush`` (§5.2)."""
+
+    table_id: str
+    tablet_id: str
+    flush: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class CompactTabletRequest:
+    """Run a minor (``major=False``) or major compaction of a tablet now (§5.4)."""
+
+    table_id: str
+    tablet_id: str
+    major: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateSchemaRequest:
+    """Master to worker: re-read the schema of a table (families, GC rules, ACLs changed)."""
+
+    table_name: str
+
+
+@dataclass(frozen=True, slots=True)
+class ServerStatusRequest:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class TabletStatus:
+    table_id: str
+    tablet_id: str
+    start_row: bytes
+    end_row: bytes | None
+    sstables: int
+    sstable_bytes: int
+    memtable_bytes: int
+    requests: int
+
+
+@dataclass(frozen=True, slots=True)
+class ServerStatusResponse:
+    worker_id: str
+    address: str
+    tablets: tuple[TabletStatus, ...]
+
+
+#: Every method a worker serves, and whether it streams its response.
+WORKER_METHODS: dict[str, bool] = {
+    "mutate_rows": False,
+    "read_rows": True,
+    "check_and_mutate": False,
+    "read_modify_write": False,
+    "sample_row_keys": False,
+    "load_tablet": False,
+    "unload_tablet": False,
+    "compact_tablet": False,
+    "update_schema": False,
+    "server_status": False,
+}

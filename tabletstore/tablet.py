@@ -1,0 +1,701 @@
+"""Tablet: one contiguous row range served by one worker (§5.3, §5.4, §6).
+
+A tablet's data is the merge of, newest first: the memtable taking writes, frozen memtables
+being written out, and per locality group a stack of SSTables (newest first). Its durable state
+is its :class:`~tabletstore.metadata.TabletRecord` (SSTables, redo point, logs to replay),
+committed through a :class:`TabletCatalog` with compare-on-epoch (DESIGN.md §6 rule 2).
+
+Write path (§5.3): validate, take the row lock, allocate sequence numbers, append to the
+worker's commit log (group commit; acknowledged only once durable), insert into the memtable.
+
+Read path: merge every source for the row range, apply deletion entries and per-family GC
+(:mod:`tabletstore.iterators`), evaluate the filter server-side (:mod:`tabletstore.filters`).
+
+Compactions (§5.4): *minor* freezes the memtable and writes one SSTable per locality group,
+then moves the redo point; *merging* rewrites the newest few SSTables of a group into one;
+*major* rewrites everything of a group into one SSTable with no deletion entries left. What to
+compact is decided by the pure planner :mod:`tabletstore.compaction`.
+
+State is an immutable :class:`TabletState` replaced whole under ``_state_lock``; readers take
+one reference and never lock (STYLE.md convention 5).
+
+The redo point. Sequence numbers are allocated before the commit-log append and cells reach the
+memtable only after it, so when a memtable freezes, writes with *smaller* sequence numbers may
+still be in flight and land in the next memtable. The redo point recorded after a minor
+compaction is therefore ``min(in-flight seq) - 1`` when anything is in flight at freeze time,
+else the frozen memtable's largest seq; replay skips records at or below it, and re-applying a
+record already in an SSTable is harmless (identical ``(key, ts, seq)`` entries collapse).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import functools
+import logging
+import uuid
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+from tabletstore import compaction
+from tabletstore.clock import Clock, SystemClock, micros
+from tabletstore.errors import InvalidArgument, NotServing, TabletStoreError, Unavailable
+from tabletstore.filters import RowFilter, apply_filter
+from tabletstore.iterators import AsyncCellSource, amerge_batches, avisible_batches, visible_cells
+from tabletstore.keys import Cell, CellKind, cell_sort_key
+from tabletstore.memtable import MemTable
+from tabletstore.metadata import LogRef, SSTableRef, TabletRecord
+from tabletstore.model import Cell as ApiCell
+from tabletstore.model import Mutation, ReadModifyWriteRule, Row, SetCell
+from tabletstore.mutations import (
+    apply_rmw_rule,
+    to_cells,
+    validate_rmw_rules,
+    validate_row_mutation,
+)
+from tabletstore.options import TabletOptions
+from tabletstore.query import RowRange
+from tabletstore.schema import GcRule, TableSchema
+from tabletstore.sstable import SSTable, SSTableInfo, write_sstable
+from tabletstore.sstable.block_cache import BlockCache
+from tabletstore.storage_s3 import layout
+from tabletstore.storage_s3.base import ObjectStore
+
+__all__ = ["LogSink", "Tablet", "TabletCatalog", "TabletState"]
+
+log = logging.getLogger(__name__)
+
+
+class LogSink(Protocol):
+    """What a tablet needs from its worker's commit log (§5.3)."""
+
+    #: The log this worker appends to, recorded in the tablet's record while it serves it.
+    log_ref: LogRef
+
+    def allocate(self, n: int) -> int:
+        """Reserve ``n`` consecutive sequence numbers; return the first."""
+        ...
+
+    def advance(self, seq: int) -> None:
+        """Make every future allocation larger than ``seq`` (after loading a tablet)."""
+        ...
+
+    async def append(self, table_id: str, row: bytes, cells: Sequence[Cell]) -> None:
+        """Durably log one row mutation; returns only once it is durable."""
+        ...
+
+
+class TabletCatalog(Protocol):
+    """Where tablet records are committed (etcd in the embedded default, METADATA later)."""
+
+    async def update(self, old: TabletRecord, new: TabletRecord) -> TabletRecord:
+        """Replace ``old`` by ``new`` if the stored record still has ``old``'s epoch; raise
+        :class:`~tabletstore.errors.Fenced` if it does not. Returns what was stored."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class TabletState:
+    """Everything a read needs, swapped whole."""
+
+    record: TabletRecord
+    memtable: MemTable
+    #: Frozen memtables being written out, newest first.
+    frozen: tuple[MemTable, ...]
+    #: Opened SSTables per locality group, newest first (parallel to ``record.sstables``).
+    sstables: Mapping[str, tuple[SSTable, ...]]
+
+
+class Tablet:
+    """One served tablet. Create with :meth:`load`."""
+
+    def __init__(
+        self,
+        state: TabletState,
+        schema: TableSchema,
+        *,
+        store: ObjectStore,
+        log_sink: LogSink,
+        catalog: TabletCatalog,
+        clock: Clock,
+        options: TabletOptions,
+        block_cache: BlockCache | None,
+        executor: concurrent.futures.Executor | None = None,
+    ) -> None:
+        self._executor = executor
+        self._state = state
+        self._schema = schema
+        self._store = store
+        self._log = log_sink
+        self._catalog = catalog
+        self._clock = clock
+        self._options = options
+        self._block_cache = block_cache
+        self._state_lock = asyncio.Lock()
+        # Only one compaction of a tablet runs at a time; it also serializes record commits.
+        self._compaction_lock = asyncio.Lock()
+        self._row_locks: dict[bytes, asyncio.Lock] = {}
+        self._row_lock_users: dict[bytes, int] = {}
+        self._in_flight: dict[int, int] = {}  # first seq -> count of mutations in flight
+        self._background: set[asyncio.Task[None]] = set()
+        self._failed: BaseException | None = None
+        self._closed = False
+
+    # ------------------------------------------------------------------ loading
+
+    @classmethod
+    async def load(
+        cls,
+        record: TabletRecord,
+        schema: TableSchema,
+        *,
+        store: ObjectStore,
+        log_sink: LogSink,
+        catalog: TabletCatalog,
+        replay: Callable[[TabletRecord], AsyncIterator[Cell]] | None = None,
+        clock: Clock | None = None,
+        options: TabletOptions | None = None,
+        block_cache: BlockCache | None = None,
+        executor: concurrent.futures.Executor | None = None,
+    ) -> Tablet:
+        """Open a tablet's SSTables, replay its commit-log records past the redo point into a
+        fresh memtable (§5.3 recovery), and record this worker's log in its record."""
+        tables: dict[str, tuple[SSTable, ...]] = {}
+        for group, refs in record.sstables.items():
+            opened = await asyncio.gather(
+                *(
+                    SSTable.open(
+                        store,
+                        ref.key,
+                        size=ref.size,
+                        tail_size=ref.tail_size or None,
+                        block_cache=block_cache,
+                    )
+                    for ref in refs
+                )
+            )
+            lg = schema.locality_groups.get(group)
+            if lg is not None and lg.in_memory:
+                await asyncio.gather(*(t.load_all() for t in opened))
+            tables[group] = tuple(opened)
+        memtable = MemTable()
+        max_seq = max(
+            [record.redo_seq, *(r.max_seq for refs in record.sstables.values() for r in refs)]
+        )
+        if replay is not None:
+            batch: list[Cell] = []
+            async for cell in replay(record):
+                if cell.seq > record.redo_seq:
+                    batch.append(cell)
+                    max_seq = max(max_seq, cell.seq)
+                    if len(batch) >= 4096:
+                        memtable.add(batch)
+                        batch = []
+            memtable.add(batch)
+        log_sink.advance(max_seq)
+        logs = tuple(dict.fromkeys((*record.logs, log_sink.log_ref)))
+        clk = clock or SystemClock()
+        new_record = replace(record, logs=logs).with_event(
+            clk.time(), "loaded", f"replayed {len(memtable)} cells"
+        )
+        if new_record != record:
+            new_record = await catalog.update(record, new_record)
+        state = TabletState(new_record, memtable, (), tables)
+        return cls(
+            state,
+            schema,
+            store=store,
+            log_sink=log_sink,
+            catalog=catalog,
+            clock=clk,
+            options=options or TabletOptions(),
+            block_cache=block_cache,
+            executor=executor,
+        )
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def record(self) -> TabletRecord:
+        return self._state.record
+
+    @property
+    def schema(self) -> TableSchema:
+        return self._schema
+
+    @property
+    def state(self) -> TabletState:
+        return self._state
+
+    def set_schema(self, schema: TableSchema) -> None:
+        """Apply a schema change (new families, GC rules, ACLs) to future requests."""
+        self._schema = schema
+
+    def contains(self, row: bytes) -> bool:
+        return self._state.record.contains(row)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise NotServing(f"tablet {self.record.tablet_id} is not served here any more")
+        if self._failed is not None:
+            raise Unavailable(
+                f"tablet {self.record.tablet_id} failed a background compaction and must be "
+                f"reloaded: {self._failed}"
+            )
+
+    def _check_row(self, row: bytes) -> None:
+        if not self.contains(row):
+            raise NotServing(
+                f"row {row[:64]!r} is outside tablet {self.record.tablet_id} "
+                f"[{self.record.start_row[:64]!r}, {self.record.end_row!r})"
+            )
+
+    def _gc_rules(self) -> dict[str, GcRule | None]:
+        return {name: fam.gc_rule for name, fam in self._schema.families.items()}
+
+    def _now_micros(self) -> int:
+        return micros(self._clock.time())
+
+    # ------------------------------------------------------------------ writes
+
+    @contextlib.asynccontextmanager
+    async def _row_lock(self, row: bytes) -> AsyncIterator[None]:
+        lock = self._row_locks.get(row)
+        if lock is None:
+            lock = self._row_locks[row] = asyncio.Lock()
+        self._row_lock_users[row] = self._row_lock_users.get(row, 0) + 1
+        try:
+            async with lock:
+                yield
+        finally:
+            users = self._row_lock_users[row] - 1
+            if users:
+                self._row_lock_users[row] = users
+            else:
+                del self._row_lock_users[row]
+                del self._row_locks[row]
+
+    async def apply(
+        self, row: bytes, mutations: Sequence[Mutation], *, identity: str | None = None
+    ) -> None:
+        """Apply one row mutation atomically (§2). Acknowledged only once logged durably."""
+        self._check_open()
+        self._check_row(row)
+        validate_row_mutation(self._schema, row, mutations, identity)
+        async with self._row_lock(row):
+            await self._apply_locked(row, mutations)
+
+    # REQUIRES: the row lock of ``row`` held.
+    async def _apply_locked(self, row: bytes, mutations: Sequence[Mutation]) -> None:
+        first = self._log.allocate(len(mutations))
+        cells = to_cells(row, mutations, first, self._now_micros())
+        self._in_flight[first] = len(cells)
+        try:
+            await self._log.append(self.record.table_id, row, cells)
+            self._state.memtable.add(cells)
+        finally:
+            del self._in_flight[first]
+        if self._state.memtable.approximate_size >= self._options.memtable_flush_bytes:
+            self._spawn(self._background_minor_compaction())
+
+    async def check_and_mutate(
+        self,
+        row: bytes,
+        predicate: RowFilter | None,
+        true_mutations: Sequence[Mutation],
+        false_mutations: Sequence[Mutation],
+        *,
+        identity: str | None = None,
+    ) -> bool:
+        """Single-row transaction (§3): apply ``true_mutations`` if the predicate filter yields
+        any cell of the row (or, with no predicate, if the row has any cell), else
+        ``false_mutations``. Returns whether the predicate matched."""
+        self._check_open()
+        self._check_row(row)
+        for muts in (true_mutations, false_mutations):
+            if muts:
+                validate_row_mutation(self._schema, row, muts, identity)
+        async with self._row_lock(row):
+            current = await self._read_row_cells(row, self._readable(identity))
+            cells = apply_filter(predicate, row, current) if predicate is not None else current
+            matched = bool(cells)
+            chosen = true_mutations if matched else false_mutations
+            if chosen:
+                await self._apply_locked(row, chosen)
+        return matched
+
+    async def read_modify_write(
+        self, row: bytes, rules: Sequence[ReadModifyWriteRule], *, identity: str | None = None
+    ) -> Row:
+        """Single-row read-modify-write (§3): append or increment; returns the new cells."""
+        self._check_open()
+        self._check_row(row)
+        validate_rmw_rules(self._schema, row, rules, identity)
+        async with self._row_lock(row):
+            current = await self._read_row_cells(row, None)
+            latest: dict[tuple[str, bytes], bytes] = {}
+            for c in current:
+                latest.setdefault((c.family, c.qualifier), c.value)
+            written: dict[tuple[str, bytes], bytes] = {}
+            for rule in rules:
+                col = (rule.family, rule.qualifier)
+                base = written.get(col, latest.get(col))
+                written[col] = apply_rmw_rule(rule, base)
+            now = self._now_micros()
+            newest: dict[tuple[str, bytes], int] = {}
+            for c in current:
+                newest.setdefault((c.family, c.qualifier), c.timestamp)
+            # The result must be the column's newest version even when an existing version
+            # carries a client timestamp in the future: write at max(now, newest).
+            muts: list[Mutation] = [
+                SetCell(f, q, v, max(now, newest.get((f, q), now))) for (f, q), v in written.items()
+            ]
+            await self._apply_locked(row, muts)
+            out = [
+                ApiCell(m.family, m.qualifier, m.timestamp or now, m.value)
+                for m in muts
+                if isinstance(m, SetCell)
+            ]
+        out.sort(key=lambda c: (c.family, c.qualifier))
+        return Row(row, out)
+
+    # ------------------------------------------------------------------ reads
+
+    def _readable(self, identity: str | None) -> set[str] | None:
+        """Families the identity may read, or None when it may read them all."""
+        fams = self._schema.families
+        if all(f.acl.may_read(identity) for f in fams.values()):
+            return None
+        return {name for name, f in fams.items() if f.acl.may_read(identity)}
+
+    def _groups_for(self, families: set[str] | None) -> list[str]:
+        state = self._state
+        if families is None:
+            return list(state.sstables)
+        wanted = {
+            self._schema.families[f].locality_group for f in families if f in self._schema.families
+        }
+        return [g for g in state.sstables if g in wanted]
+
+    async def _read_row_cells(self, row: bytes, families: set[str] | None) -> list[ApiCell]:
+        """Visible cells of one row (deletions and GC applied), as API cells."""
+        state = self._state
+        raw: list[Cell] = list(state.memtable.get_row(row))
+        for mt in state.frozen:
+            raw.extend(mt.get_row(row))
+        tables = [t for g in self._groups_for(families) for t in state.sstables[g]]
+        if tables:
+            for cells in await asyncio.gather(*(t.get_row(row) for t in tables)):
+                raw.extend(cells)
+        # A stable sort keeps the newest source first among identical keys.
+        raw.sort(key=cell_sort_key)
+        visible = visible_cells(raw, gc_rules=self._gc_rules(), now_micros=self._now_micros())
+        return [
+            ApiCell(c.family, c.qualifier, c.ts, c.value)
+            for c in visible
+            if families is None or c.family in families
+        ]
+
+    async def read_row(
+        self,
+        row: bytes,
+        *,
+        filter: RowFilter | None = None,
+        families: set[str] | None = None,
+        identity: str | None = None,
+    ) -> Row | None:
+        """One row after deletions, GC and the filter; None when nothing is left."""
+        self._check_open()
+        self._check_row(row)
+        fams = _intersect(families, self._readable(identity))
+        cells = await self._read_row_cells(row, fams)
+        if filter is not None:
+            cells = apply_filter(filter, row, cells)
+        return Row(row, cells) if cells else None
+
+    async def scan(
+        self,
+        row_range: RowRange,
+        *,
+        filter: RowFilter | None = None,
+        families: set[str] | None = None,
+        limit: int | None = None,
+        identity: str | None = None,
+    ) -> AsyncIterator[Row]:
+        """Rows of ``row_range`` (clipped to this tablet) in order, streamed."""
+        self._check_open()
+        rec = self.record
+        clipped = row_range.clip(rec.start_row, rec.end_row)
+        if clipped is None or (limit is not None and limit <= 0):
+            return
+        start, end = clipped.bounds()
+        fams = _intersect(families, self._readable(identity))
+        state = self._state
+        sources: list[AsyncCellSource] = [
+            list(state.memtable.scan(start, end)),
+            *(list(mt.scan(start, end)) for mt in state.frozen),
+        ]
+        for g in self._groups_for(fams):
+            sources.extend(t.scan_blocks(start, end) for t in state.sstables[g])
+        batches = avisible_batches(
+            amerge_batches(sources), gc_rules=self._gc_rules(), now_micros=self._now_micros()
+        )
+        emitted = 0
+        current_row: bytes | None = None
+        cells: list[ApiCell] = []
+        async for batch in batches:
+            for c in batch:
+                if c.row != current_row:
+                    if cells and current_row is not None:
+                        out = self._finish_row(current_row, cells, filter, clipped)
+                        if out is not None:
+                            yield out
+                            emitted += 1
+                            if limit is not None and emitted >= limit:
+                                return
+                    current_row, cells = c.row, []
+                if fams is None or c.family in fams:
+                    cells.append(ApiCell(c.family, c.qualifier, c.ts, c.value))
+        if cells and current_row is not None:
+            out = self._finish_row(current_row, cells, filter, clipped)
+            if out is not None:
+                yield out
+
+    @staticmethod
+    def _finish_row(
+        row: bytes, cells: list[ApiCell], filter: RowFilter | None, rng: RowRange
+    ) -> Row | None:
+        if not rng.contains(row):
+            return None
+        if filter is not None:
+            cells = apply_filter(filter, row, cells)
+        return Row(row, cells) if cells else None
+
+    # ------------------------------------------------------------------ compactions
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        if self._closed or any(not t.done() for t in self._background):
+            # One background compaction at a time; the next write re-triggers if needed.
+            coro.close()
+            return
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _background_minor_compaction(self) -> None:
+        try:
+            await self.minor_compact()
+            await self.merge_if_needed()
+        except TabletStoreError as exc:
+            # Sticky until the tablet is reloaded (STYLE.md convention 7): serving on with a
+            # memtable that can never be written out would grow without bound.
+            log.error("background compaction of %s failed: %s", self.record.tablet_id, exc)
+            self._failed = exc
+
+    async def minor_compact(self) -> None:
+        """Freeze the memtable, write it as one SSTable per locality group, move the redo
+        point (§5.4). A no-op when the memtable is empty."""
+        self._check_open()
+        async with self._compaction_lock:
+            async with self._state_lock:
+                state = self._state
+                frozen_mt = state.memtable
+                if len(frozen_mt) == 0:
+                    return
+                redo = frozen_mt.max_seq or 0
+                if self._in_flight:
+                    redo = min(redo, min(self._in_flight) - 1)
+                self._state = replace(state, memtable=MemTable(), frozen=(frozen_mt, *state.frozen))
+            groups = self._split_by_group(frozen_mt)
+            written = await self._write_groups(groups, major=False)
+            async with self._state_lock:
+                state = self._state
+                record = state.record
+                new_sstables = dict(record.sstables)
+                opened = dict(state.sstables)
+                for group, (ref, table) in written.items():
+                    new_sstables[group] = (ref, *new_sstables.get(group, ()))
+                    opened[group] = (table, *opened.get(group, ()))
+                new_record = replace(
+                    record,
+                    sstables=new_sstables,
+                    redo_seq=max(record.redo_seq, redo),
+                    logs=(self._log.log_ref,),
+                ).with_event(self._clock.time(), "minor_compaction", f"{len(frozen_mt)} cells")
+                stored = await self._catalog.update(record, new_record)
+                self._state = replace(
+                    state,
+                    record=stored,
+                    frozen=tuple(m for m in state.frozen if m is not frozen_mt),
+                    sstables=opened,
+                )
+
+    def _split_by_group(self, mt: MemTable) -> dict[str, list[Cell]]:
+        """Cells of a memtable per locality group; row deletions go to every group."""
+        groups: dict[str, list[Cell]] = {}
+        fams = self._schema.families
+        all_groups = list(self._schema.locality_groups)
+        for c in mt.scan():
+            if c.kind == CellKind.DELETE_ROW:
+                for g in all_groups:
+                    groups.setdefault(g, []).append(c)
+                continue
+            fam = fams.get(c.family)
+            # Cells of a dropped family are garbage: they are not written out.
+            if fam is not None:
+                groups.setdefault(fam.locality_group, []).append(c)
+        return groups
+
+    async def _write_groups(
+        self, groups: Mapping[str, Iterable[Cell]], *, major: bool
+    ) -> dict[str, tuple[SSTableRef, SSTable]]:
+        out: dict[str, tuple[SSTableRef, SSTable]] = {}
+        for group, cells in groups.items():
+            ref = await self._write_sstable(group, cells, major=major)
+            if ref is None:
+                continue
+            table = await self._open(ref)
+            lg = self._schema.locality_groups.get(group)
+            if lg is not None and lg.in_memory:
+                await table.load_all()
+            out[group] = (ref, table)
+        return out
+
+    async def _write_sstable(
+        self, group: str, cells: Iterable[Cell], *, major: bool
+    ) -> SSTableRef | None:
+        lg = self._schema.locality_groups.get(group)
+        data, info = write_sstable(
+            cells,
+            compression=lg.compression if lg is not None else "zstd",
+            block_size=lg.block_size if lg is not None else 64 * 1024,
+            locality_group=group,
+        )
+        if info.cells == 0:
+            return None
+        return await self._upload(group, data, info)
+
+    async def _upload(self, group: str, data: bytes, info: SSTableInfo) -> SSTableRef:
+        """Create the SSTable object (create-only: objects are never overwritten)."""
+        rec = self.record
+        key = layout.sstable_key(rec.table_id, rec.tablet_id, group, uuid.uuid4().hex)
+        await self._store.create(key, data)
+        return SSTableRef(
+            key=key,
+            size=len(data),
+            cells=info.cells,
+            min_seq=info.min_seq,
+            max_seq=info.max_seq,
+            first_row=info.first_row,
+            last_row=info.last_row,
+            tail_size=info.tail_size,
+        )
+
+    async def _open(self, ref: SSTableRef) -> SSTable:
+        return await SSTable.open(
+            self._store,
+            ref.key,
+            size=ref.size,
+            tail_size=ref.tail_size or None,
+            block_cache=self._block_cache,
+        )
+
+    async def merge_if_needed(self) -> None:
+        """Run the merging compactions the planner asks for."""
+        for task in compaction.plan(self.record, self._options):
+            await self._run_merge(task)
+
+    async def major_compact(self) -> None:
+        """Flush the memtable, then rewrite each locality group into one SSTable with no
+        deletion entries and GC applied (§5.4)."""
+        await self.minor_compact()
+        for task in compaction.plan_major(self.record):
+            await self._run_merge(task)
+
+    async def _run_merge(self, task: compaction.CompactionTask) -> None:
+        self._check_open()
+        async with self._compaction_lock:
+            state = self._state
+            refs = state.record.sstables.get(task.group, ())
+            if not set(task.inputs) <= {r.key for r in refs}:
+                return  # the tablet changed since planning; the next plan will see it
+            blobs = await asyncio.gather(*(self._store.get(key) for key in task.inputs))
+            missing = [k for k, b in zip(task.inputs, blobs, strict=True) if b is None]
+            if missing:
+                raise Unavailable(f"SSTable objects vanished before compaction: {missing}")
+            lg = self._schema.locality_groups.get(task.group)
+            merge = functools.partial(
+                compaction.merge_sstables,
+                [b for b in blobs if b is not None],
+                gc_rules=self._gc_rules(),
+                now_micros=self._now_micros(),
+                major=task.major,
+                compression=lg.compression if lg is not None else "zstd",
+                block_size=lg.block_size if lg is not None else 64 * 1024,
+                locality_group=task.group,
+            )
+            if self._executor is not None:
+                data, info = await asyncio.get_running_loop().run_in_executor(self._executor, merge)
+            else:
+                data, info = merge()
+            new_pair: list[tuple[SSTableRef, SSTable]] = []
+            if info.cells:
+                ref = await self._upload(task.group, data, info)
+                table = await self._open(ref)
+                if lg is not None and lg.in_memory:
+                    await table.load_all()
+                new_pair.append((ref, table))
+            async with self._state_lock:
+                state = self._state
+                record = state.record
+                pairs = list(
+                    zip(
+                        record.sstables.get(task.group, ()),
+                        state.sstables.get(task.group, ()),
+                        strict=True,
+                    )
+                )
+                # The merged SSTable takes the place of its newest input: everything newer than
+                # the inputs stays in front of it, everything older behind it.
+                at = next(i for i, (r, _) in enumerate(pairs) if r.key in task.inputs)
+                kept = [(r, t) for r, t in pairs if r.key not in task.inputs]
+                pairs = kept[:at] + new_pair + kept[at:]
+                new_sstables = dict(record.sstables)
+                opened = dict(state.sstables)
+                new_sstables[task.group] = tuple(r for r, _ in pairs)
+                opened[task.group] = tuple(t for _, t in pairs)
+                kind = "major_compaction" if task.major else "merging_compaction"
+                new_record = replace(record, sstables=new_sstables).with_event(
+                    self._clock.time(), kind, f"{task.group}: {len(task.inputs)} -> {len(new_pair)}"
+                )
+                stored = await self._catalog.update(record, new_record)
+                self._state = replace(state, record=stored, sstables=opened)
+
+    # ------------------------------------------------------------------ shutdown
+
+    async def close(self, *, flush: bool) -> None:
+        """Stop serving. With ``flush``, minor-compact first so a new owner replays nothing
+        (§5.2: a moved tablet is compacted by its old owner)."""
+        for task in list(self._background):
+            with contextlib.suppress(Exception):
+                await task
+        if flush and self._failed is None:
+            await self.minor_compact()
+        self._closed = True
+
+
+def _intersect(a: set[str] | None, b: set[str] | None) -> set[str] | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a & b
+
+
+def validate_families_hint(schema: TableSchema, families: Iterable[str]) -> None:
+    """A read naming a family the table does not have is an error, not an empty result."""
+    for f in families:
+        if f not in schema.families:
+            raise InvalidArgument(f"table {schema.name!r} has no column family {f!r}")

@@ -1,0 +1,393 @@
+"""The tablet server: a stateless worker serving the tablets it holds claims for (§5.2, §5.3).
+
+All durable state is in the bucket (SSTables, commit-log segments) and the coordinator
+(schemas, tablet records, claims). A worker:
+
+1. takes a lease and registers ``servers/<worker-id>`` under it (the Chubby servers
+   directory, §5.2), and opens a fresh commit-log *incarnation* shared by all its tablets;
+2. on ``load_tablet``, claims the tablet (a key attached to its lease; the claim's creation
+   revision becomes the tablet's epoch), fences and replays the logs the tablet's record lists
+   (DESIGN.md §6 rule 4, §7) and starts serving;
+3. answers data requests for tablets it serves and ``NotServing`` for any other, so clients
+   refresh their cached locations (§5.1);
+4. stops acknowledging writes before its lease can have expired (fencing rule 1).
+
+The request handlers are plain async methods named after the wire methods
+(``rpc.messages.WORKER_METHODS``); the transport (in-process or TCP) calls them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
+
+from tabletstore.catalog import Catalog
+from tabletstore.clock import Clock, SystemClock
+from tabletstore.commitlog import CommitLogWriter, fence, replay_cells
+from tabletstore.coordination import paths
+from tabletstore.coordination.base import Coordinator, Lease, Put, absent, mod_revision_is
+from tabletstore.errors import (
+    Fenced,
+    NotServing,
+    TabletStoreError,
+    Unavailable,
+)
+from tabletstore.keys import Cell
+from tabletstore.metadata import LogRef, TabletRecord
+from tabletstore.model import Row
+from tabletstore.options import TabletOptions, WorkerOptions
+from tabletstore.query import RowSet
+from tabletstore.rpc.messages import (
+    CheckAndMutateRequest,
+    CheckAndMutateResponse,
+    CompactTabletRequest,
+    EntryError,
+    LoadTabletRequest,
+    MutateRowsRequest,
+    MutateRowsResponse,
+    ReadModifyWriteRequest,
+    ReadRowsRequest,
+    RowBatch,
+    SampleRowKeysRequest,
+    SampleRowKeysResponse,
+    ServerStatusRequest,
+    ServerStatusResponse,
+    TabletStatus,
+    UnloadTabletRequest,
+    UpdateSchemaRequest,
+)
+from tabletstore.sstable.block_cache import BlockCache
+from tabletstore.storage_s3.base import ObjectStore
+from tabletstore.tablet import Tablet
+
+__all__ = ["TabletServer"]
+
+log = logging.getLogger(__name__)
+
+#: Rows per streamed frame of a scan, and a byte bound on one frame.
+_ROWS_PER_BATCH = 256
+_BYTES_PER_BATCH = 1 << 20
+
+
+class WorkerLog:
+    """The tablets' view of the worker's commit log: sequence numbers plus durable appends."""
+
+    def __init__(self, writer: CommitLogWriter, log_ref: LogRef, lease: Lease, clock: Clock):
+        self._writer = writer
+        self.log_ref = log_ref
+        self._lease = lease
+        self._clock = clock
+
+    def allocate(self, n: int) -> int:
+        return self._writer.allocate(n)
+
+    def advance(self, seq: int) -> None:
+        self._writer.advance(seq)
+
+    async def append(self, table_id: str, row: bytes, cells: Sequence[Cell]) -> None:
+        # Fencing rule 1: never acknowledge a write the lease may no longer cover.
+        if self._lease.expired or self._clock.monotonic() >= self._lease.safe_until():
+            raise Unavailable("this worker's lease is about to expire; not accepting writes")
+        await self._writer.append(table_id, row, cells)
+        if self._lease.expired:
+            raise Fenced("this worker's lease expired while the write was being logged")
+
+
+class TabletServer:
+    """One worker process's tablet server."""
+
+    def __init__(
+        self,
+        worker_id: str,
+        address: str,
+        *,
+        store: ObjectStore,
+        coordinator: Coordinator,
+        clock: Clock | None = None,
+        options: WorkerOptions | None = None,
+        tablet_options: TabletOptions | None = None,
+    ) -> None:
+        self.worker_id = worker_id
+        self.address = address
+        self._store = store
+        self._coord = coordinator
+        self._catalog = Catalog(coordinator)
+        self._clock = clock or SystemClock()
+        self._options = options or WorkerOptions()
+        self._tablet_options = tablet_options or TabletOptions()
+        self._block_cache = BlockCache(self._options.block_cache_bytes)
+        self._tablets: dict[tuple[str, str], Tablet] = {}
+        self._loading: dict[tuple[str, str], asyncio.Lock] = {}
+        self._requests: dict[tuple[str, str], int] = {}
+        self._lease: Lease | None = None
+        self._keep_alive: object | None = None
+        self._writer: CommitLogWriter | None = None
+        self._log: WorkerLog | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Take a lease, register in the servers directory, open a new log incarnation."""
+        self._lease = await self._coord.grant_lease(
+            self._options.lease_ttl, safety_margin=self._options.lease_safety_margin
+        )
+        self._keep_alive = self._lease.keep_alive()
+        await self._keep_alive.__aenter__()  # type: ignore[attr-defined]
+        await self._coord.put(
+            paths.server(self.worker_id), self.address.encode(), lease=self._lease
+        )
+        incarnation = await _next_incarnation(self._coord, self.worker_id)
+        self._writer = CommitLogWriter(self._store, self.worker_id, incarnation, clock=self._clock)
+        self._writer.start()
+        self._log = WorkerLog(
+            self._writer, LogRef(self.worker_id, incarnation), self._lease, self._clock
+        )
+
+    async def stop(self, *, flush: bool = True) -> None:
+        """Stop serving: minor-compact every tablet (so nothing needs replay), release claims."""
+        for key in list(self._tablets):
+            tablet = self._tablets.pop(key)
+            try:
+                await tablet.close(flush=flush)
+            except TabletStoreError as exc:
+                log.warning("closing tablet %s/%s: %s", key[0], key[1], exc)
+            await self._coord.delete(paths.claim(*key))
+        if self._writer is not None:
+            await self._writer.close()
+        if self._keep_alive is not None:
+            await self._keep_alive.__aexit__(None, None, None)  # type: ignore[attr-defined]
+        if self._lease is not None:
+            await self._lease.revoke()
+
+    @property
+    def tablets(self) -> dict[tuple[str, str], Tablet]:
+        return self._tablets
+
+    def _tablet(self, table_id: str, tablet_id: str) -> Tablet:
+        tablet = self._tablets.get((table_id, tablet_id))
+        if tablet is None:
+            raise NotServing(f"worker {self.worker_id} does not serve tablet {tablet_id}")
+        self._requests[(table_id, tablet_id)] = self._requests.get((table_id, tablet_id), 0) + 1
+        return tablet
+
+    # ------------------------------------------------------------------ tablet assignment
+
+    async def load_tablet(self, req: LoadTabletRequest) -> None:
+        """Claim a tablet and serve it: fence and replay its logs first (§5.2, §5.3)."""
+        key = (req.table_id, req.tablet_id)
+        lock = self._loading.setdefault(key, asyncio.Lock())
+        async with lock:
+            if key in self._tablets:
+                return
+            assert self._lease is not None and self._log is not None
+            claim_key = paths.claim(req.table_id, req.tablet_id)
+            result = await self._coord.txn(
+                [absent(claim_key)],
+                [Put(claim_key, self.worker_id.encode(), lease_id=self._lease.id)],
+                [],
+            )
+            if not result.succeeded:
+                holder = await self._coord.get(claim_key)
+                if holder is None or holder.value != self.worker_id.encode():
+                    raise Unavailable(f"tablet {req.tablet_id} is still claimed by another worker")
+            claim = await self._coord.get(claim_key)
+            assert claim is not None
+            try:
+                await self._load_claimed(req, claim.create_revision)
+            except BaseException:
+                await self._coord.delete(claim_key)
+                raise
+
+    async def _load_claimed(self, req: LoadTabletRequest, epoch: int) -> None:
+        assert self._log is not None
+        info_list = [t for t in await self._catalog.list_tables() if t.table_id == req.table_id]
+        if not info_list:
+            raise NotServing(f"table {req.table_id} no longer exists")
+        schema = info_list[0].schema
+        record = await self._catalog.get_tablet(req.table_id, req.tablet_id)
+        # Take the epoch first: from here on a previous owner's record updates are rejected.
+        owned = replace(record, epoch=epoch, location=self.address).with_event(
+            self._clock.time(), "assigned", self.worker_id
+        )
+        owned = await self._catalog.update(record, owned)
+        for ref in owned.logs:
+            if ref != self._log.log_ref:
+                await fence(self._store, ref.worker_id, ref.incarnation)
+        tablet = await Tablet.load(
+            owned,
+            schema,
+            store=self._store,
+            log_sink=self._log,
+            catalog=self._catalog,
+            replay=self._replay,
+            clock=self._clock,
+            options=self._tablet_options,
+            block_cache=self._block_cache,
+        )
+        self._tablets[(req.table_id, req.tablet_id)] = tablet
+
+    async def _replay(self, record: TabletRecord) -> AsyncIterator[Cell]:
+        """The tablet's cells past its redo point from every log its record lists (§5.3)."""
+        assert self._log is not None
+        for ref in record.logs:
+            if ref == self._log.log_ref:
+                continue  # our own new incarnation holds nothing of this tablet yet
+            async for cell in replay_cells(
+                self._store,
+                ref.worker_id,
+                ref.incarnation,
+                record.table_id,
+                record.start_row,
+                record.end_row,
+                record.redo_seq,
+            ):
+                yield cell
+
+    async def unload_tablet(self, req: UnloadTabletRequest) -> None:
+        """Stop serving a tablet; minor-compact it first so the next owner replays nothing."""
+        tablet = self._tablets.pop((req.table_id, req.tablet_id), None)
+        if tablet is None:
+            return
+        await tablet.close(flush=req.flush)
+        await self._coord.delete(paths.claim(req.table_id, req.tablet_id))
+
+    async def compact_tablet(self, req: CompactTabletRequest) -> None:
+        tablet = self._tablet(req.table_id, req.tablet_id)
+        if req.major:
+            await tablet.major_compact()
+        else:
+            await tablet.minor_compact()
+            await tablet.merge_if_needed()
+
+    async def update_schema(self, req: UpdateSchemaRequest) -> None:
+        info = await self._catalog.get_table(req.table_name)
+        for (table_id, _), tablet in self._tablets.items():
+            if table_id == info.table_id:
+                tablet.set_schema(info.schema)
+
+    # ------------------------------------------------------------------ data
+
+    async def mutate_rows(self, req: MutateRowsRequest) -> MutateRowsResponse:
+        """Apply each row mutation atomically; report failures per entry (§3 batches)."""
+        tablet = self._tablet(req.table_id, req.tablet_id)
+
+        async def one(i: int) -> EntryError | None:
+            entry = req.entries[i]
+            try:
+                await tablet.apply(entry.row, entry.mutations, identity=req.identity)
+            except TabletStoreError as exc:
+                return EntryError(i, type(exc).__name__, str(exc))
+            return None
+
+        if len(req.entries) == 1:
+            results = [await one(0)]
+        else:
+            # Concurrent applies share commit-log PUTs (group commit).
+            results = await asyncio.gather(*(one(i) for i in range(len(req.entries))))
+        return MutateRowsResponse(tuple(e for e in results if e is not None))
+
+    async def read_rows(self, req: ReadRowsRequest) -> AsyncIterator[RowBatch]:
+        """Stream the requested rows of one tablet in key order, in bounded frames."""
+        tablet = self._tablet(req.table_id, req.tablet_id)
+        families = set(req.families) if req.families is not None else None
+        remaining = req.limit
+        batch: list[Row] = []
+        size = 0
+        async for row in self._rows(tablet, req, families):
+            batch.append(row)
+            size += sum(len(c.value) + len(c.qualifier) + 16 for c in row.cells) + len(row.key)
+            if remaining is not None:
+                remaining -= 1
+            if len(batch) >= _ROWS_PER_BATCH or size >= _BYTES_PER_BATCH:
+                yield RowBatch(tuple(batch))
+                batch, size = [], 0
+            if remaining is not None and remaining <= 0:
+                break
+        if batch:
+            yield RowBatch(tuple(batch))
+
+    async def _rows(
+        self, tablet: Tablet, req: ReadRowsRequest, families: set[str] | None
+    ) -> AsyncIterator[Row]:
+        """The request's keys and ranges, visited in key order (RowSet's normal form)."""
+        for piece in RowSet(req.keys, req.ranges).pieces():
+            if isinstance(piece, bytes):
+                if not tablet.contains(piece):
+                    continue
+                row = await tablet.read_row(
+                    piece, filter=req.filter, families=families, identity=req.identity
+                )
+                if row is not None:
+                    yield row
+            else:
+                async for row in tablet.scan(
+                    piece, filter=req.filter, families=families, identity=req.identity
+                ):
+                    yield row
+
+    async def check_and_mutate(self, req: CheckAndMutateRequest) -> CheckAndMutateResponse:
+        tablet = self._tablet(req.table_id, req.tablet_id)
+        matched = await tablet.check_and_mutate(
+            req.row,
+            req.predicate,
+            req.true_mutations,
+            req.false_mutations,
+            identity=req.identity,
+        )
+        return CheckAndMutateResponse(matched)
+
+    async def read_modify_write(self, req: ReadModifyWriteRequest) -> Row:
+        tablet = self._tablet(req.table_id, req.tablet_id)
+        return await tablet.read_modify_write(req.row, req.rules, identity=req.identity)
+
+    async def sample_row_keys(self, req: SampleRowKeysRequest) -> SampleRowKeysResponse:
+        """Keys that split the tablet into parts of roughly equal size (SSTable boundaries)."""
+        tablet = self._tablet(req.table_id, req.tablet_id)
+        record = tablet.record
+        keys: list[bytes] = []
+        offsets: list[int] = []
+        offset = 0
+        refs = sorted(
+            (ref for refs in record.sstables.values() for ref in refs), key=lambda r: r.last_row
+        )
+        for ref in refs:
+            offset += ref.size
+            keys.append(ref.last_row)
+            offsets.append(offset)
+        if record.end_row is not None:
+            keys.append(record.end_row)
+        else:
+            keys.append(b"")
+        offsets.append(offset + tablet.state.memtable.approximate_size)
+        return SampleRowKeysResponse(tuple(keys), tuple(offsets))
+
+    async def server_status(self, req: ServerStatusRequest) -> ServerStatusResponse:
+        tablets = tuple(
+            TabletStatus(
+                table_id=t.record.table_id,
+                tablet_id=t.record.tablet_id,
+                start_row=t.record.start_row,
+                end_row=t.record.end_row,
+                sstables=sum(len(v) for v in t.record.sstables.values()),
+                sstable_bytes=t.record.size,
+                memtable_bytes=t.state.memtable.approximate_size,
+                requests=self._requests.get(key, 0),
+            )
+            for key, t in self._tablets.items()
+        )
+        return ServerStatusResponse(self.worker_id, self.address, tablets)
+
+
+async def _next_incarnation(coordinator: Coordinator, worker_id: str) -> int:
+    """A fresh incarnation number for ``worker_id``: a counter in the coordinator, bumped by
+    compare-and-swap, so no two incarnations of a worker ever share a commit log."""
+    key = paths.setting(f"incarnation.{worker_id}")
+    while True:
+        kv = await coordinator.get(key)
+        current = int(kv.value) if kv is not None else -1
+        compare = mod_revision_is(key, kv.mod_revision) if kv is not None else absent(key)
+        result = await coordinator.txn([compare], [Put(key, str(current + 1).encode())], [])
+        if result.succeeded:
+            return current + 1
