@@ -39,13 +39,18 @@ Semantics (as documented for Cloud Bigtable; where the emulator differs, the doc
   ``0 < p < 1``. Filters nest at most 20 levels. Every violation is :class:`InvalidArgument`,
   raised when the filter is built.
 
-Verified against Google's ``cbtemulator`` (google-cloud-bigtable 2.50 client): the data.proto
-``Sink`` example (sinked copies kept, labelled, and not filtered further), Interleave duplicates,
-label copies in Interleave, Condition per row with an absent true filter outputting nothing,
-``.``/``\\C`` and newline, raw ``\\xff`` bytes in patterns, the validity checks on limits,
-``RowSample`` and label syntax. The emulator is laxer than the documentation in three places we
-follow the documentation on: it accepts two labels in a Chain (the last wins), a ``Sink`` inside
-a ``Condition``, and ``:`` in a family regex.
+Checked against Google's ``cbtemulator`` (through the google-cloud-bigtable 2.50 client), which
+agreed on: Interleave keeping duplicates and labelling separate copies; ``CellsPerColumnLimit``
+and ``CellsPerRowLimit`` counting each duplicate copy; Condition chosen per row on its input,
+with an absent branch outputting nothing and predicate labels discarded; ColumnRange, ValueRange
+and TimestampRange bounds; StripValue; ``.`` versus ``\\C`` on newlines and raw ``\\xff`` pattern
+bytes; and the validity checks on limits (> 0), offset (>= 0), ``RowSample`` (0 < p < 1) and
+label syntax. Where the emulator departs from data.proto we follow data.proto: the emulator
+passes a Sink's input on to the parent (so in the documented example the sinked ``A:A`` copy is
+lost, and ``Chain([Sink(), BlockAll()])`` returns nothing), accepts two labels in a Chain (the
+last wins), a Sink inside a Condition, and ``:`` in a family regex. It also orders a row's
+families arbitrarily, so row-level limits there pick different cells; here families are in
+name order.
 """
 
 from __future__ import annotations
