@@ -42,7 +42,9 @@ class Block:
 
     def __init__(self, table: pa.Table) -> None:
         """REQUIRES: ``table`` has the SSTable schema and at least one row."""
-        self._columns = [table.column(i).combine_chunks() for i in range(table.num_columns)]
+        self._columns = [
+            col.chunk(0) if col.num_chunks == 1 else col.combine_chunks() for col in table.columns
+        ]
         rows = self._columns[0]
         n = len(rows)
         if n > 1:
@@ -56,7 +58,7 @@ class Block:
         self._row_starts: list[int] = [*starts, n]
         self.cells = n
         self.nbytes = (
-            sum(c.nbytes for c in self._columns)
+            table.get_total_buffer_size()
             + sum(map(len, self._row_keys))
             + _ROW_INDEX_OVERHEAD * len(self._row_keys)
         )

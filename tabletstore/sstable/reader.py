@@ -13,7 +13,8 @@ index, and then reading the appropriate block from disk" (§4). Here:
   whose crc32c is verified before it is decoded (a mismatch is Corruption, never data).
   Concurrent reads of one missing block share one GET.
 * :meth:`SSTable.scan` streams blocks in order from the first that can hold ``start_row``,
-  fetching block i+1 while the caller consumes block i.
+  fetching block i+1 while the caller consumes block i, and more blocks ahead (up to
+  :data:`DEFAULT_READAHEAD`) as the scan goes on.
 * :meth:`SSTable.load_all` (in-memory locality groups, §6) fetches the whole object once and
   decodes every block; afterwards reads never touch the store.
 * :func:`read_sstable_bytes` decodes a whole object already in memory, verified the same way
@@ -28,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from bisect import bisect_left, bisect_right
+from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator
 
 import crc32c
@@ -48,7 +50,10 @@ from tabletstore.sstable.format import (
 )
 from tabletstore.storage_s3.base import ObjectStore, object_url
 
-__all__ = ["SSTable", "SSTableCore", "read_sstable_bytes"]
+__all__ = ["DEFAULT_READAHEAD", "SSTable", "SSTableCore", "read_sstable_bytes"]
+
+#: Blocks a long scan keeps in flight ahead of its consumer.
+DEFAULT_READAHEAD = 4
 
 
 class SSTableCore:
@@ -237,52 +242,80 @@ class SSTable:
         return [c for b in blocks for c in b.row_cells(row)]
 
     async def scan(
-        self, start_row: bytes = b"", end_row: bytes | None = None, *, fill_cache: bool = True
+        self,
+        start_row: bytes = b"",
+        end_row: bytes | None = None,
+        *,
+        fill_cache: bool = True,
+        readahead: int = DEFAULT_READAHEAD,
     ) -> AsyncIterator[Cell]:
         """Cells whose row is in ``[start_row, end_row)`` (``end_row=None``: to the end), in
-        order. ``fill_cache=False`` keeps a long scan from evicting the block cache."""
+        order. ``fill_cache=False`` keeps a long scan from evicting the block cache;
+        ``readahead`` is explained at :meth:`scan_blocks`."""
         # aclosing: a consumer that stops early closes the inner generator (and its read-ahead)
         # now, not whenever the garbage collector finalizes it.
         async with contextlib.aclosing(
-            self.scan_blocks(start_row, end_row, fill_cache=fill_cache)
+            self.scan_blocks(start_row, end_row, fill_cache=fill_cache, readahead=readahead)
         ) as blocks:
             async for cells in blocks:
                 for cell in cells:
                     yield cell
 
     async def scan_blocks(
-        self, start_row: bytes = b"", end_row: bytes | None = None, *, fill_cache: bool = True
+        self,
+        start_row: bytes = b"",
+        end_row: bytes | None = None,
+        *,
+        fill_cache: bool = True,
+        readahead: int = DEFAULT_READAHEAD,
     ) -> AsyncGenerator[list[Cell], None]:
-        """Like :meth:`scan`, one non-empty list of cells per block."""
+        """Like :meth:`scan`, one non-empty list of cells per block.
+
+        Read-ahead grows with the scan: while the caller holds the k-th block, the next
+        ``min(k, readahead)`` blocks are being fetched. So a scan that stops after one block
+        fetched at most one block it did not need, and a long scan keeps ``readahead`` GETs
+        in flight (what hides S3's latency). ``readahead=0`` fetches only on demand.
+        """
         if end_row is not None and end_row <= start_row:
             return
-        core = self._core
-        i = core.first_block_from(start_row)
-        if i >= len(core.blocks):
+        blocks = self._core.blocks
+        scheduled = self._core.first_block_from(start_row)  # next block index to fetch
+
+        def wanted(index: int) -> bool:
+            return index < len(blocks) and (end_row is None or blocks[index].first_row < end_row)
+
+        if not wanted(scheduled):
             return
-        upcoming: asyncio.Task[Block] | None = None
+        inflight: deque[asyncio.Task[Block]] = deque()
+        consumed = 0
         try:
-            current = await self._block(i, fill_cache=fill_cache)
+            current = await self._block(scheduled, fill_cache=fill_cache)
+            scheduled += 1
             while True:
-                nxt = i + 1
-                more = nxt < len(core.blocks) and (
-                    end_row is None or core.blocks[nxt].first_row < end_row
-                )
-                if more:
-                    upcoming = asyncio.ensure_future(self._block(nxt, fill_cache=fill_cache))
+                consumed += 1
+                while len(inflight) < min(consumed, readahead) and wanted(scheduled):
+                    inflight.append(
+                        asyncio.ensure_future(self._block(scheduled, fill_cache=fill_cache))
+                    )
+                    scheduled += 1
                 cells = current.cells_in(start_row, end_row)
                 if cells:
                     yield cells
-                if not more or upcoming is None:
+                if inflight:
+                    current = await inflight.popleft()
+                elif wanted(scheduled):  # readahead == 0: fetch on demand
+                    current = await self._block(scheduled, fill_cache=fill_cache)
+                    scheduled += 1
+                else:
                     return
-                current = await upcoming
-                upcoming, i = None, nxt
         finally:
-            if upcoming is not None and not upcoming.done():
-                # The consumer stopped early: abandon the read-ahead and wait for it to end.
-                upcoming.cancel()
+            # The consumer stopped early (or a fetch failed): abandon the read-ahead and wait
+            # for it to end, so no task outlives the scan.
+            for task in inflight:
+                task.cancel()
+            for task in inflight:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await upcoming
+                    await task
 
     async def load_all(self) -> None:
         """Fetch the whole object with one GET and decode every block; afterwards reads are

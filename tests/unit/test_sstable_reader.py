@@ -7,6 +7,7 @@ each backend) wrapped in InstrumentedObjectStore to count the requests S3 would 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
@@ -260,3 +261,42 @@ async def test_empty_sstable_reads_nothing(object_store: ObjectStore) -> None:
     assert await table.get_row(b"a") == []
     assert [c async for c in table.scan()] == []
     assert store.stats().requests == 1
+
+
+class _OverlapCounter(InstrumentedObjectStore):
+    """Counts how many ranged GETs are in flight at once (each yields to the loop a few times)."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        super().__init__(inner)
+        self.active = 0
+        self.max_active = 0
+
+    async def get_range(self, key: str, offset: int, length: int) -> bytes | None:
+        self.active += 1
+        self.max_active = max(self.max_active, self.active)
+        try:
+            for _ in range(3):
+                await asyncio.sleep(0)
+            return await super().get_range(key, offset, length)
+        finally:
+            self.active -= 1
+
+
+@pytest.mark.parametrize("readahead", [0, 1, 4])
+async def test_scan_readahead_is_bounded_and_grows(
+    object_store: ObjectStore, readahead: int
+) -> None:
+    cells = make_cells(1500)
+    info = await put(object_store, cells, block_size=2048)
+    assert info.blocks > 20
+    store = _OverlapCounter(object_store)
+    table = await SSTable.open(store, KEY, size=info.size)
+    assert [c async for c in table.scan(readahead=readahead)] == cells
+    assert store.max_active == max(1, readahead)
+    assert store.stats()[Op.GET_RANGE].requests == 1 + info.blocks
+
+    # A scan abandoned after its first block fetched at most one block more.
+    store.reset()
+    async with contextlib.aclosing(table.scan_blocks(readahead=readahead)) as blocks:
+        await anext(blocks)
+    assert store.stats()[Op.GET_RANGE].requests <= (1 if readahead == 0 else 2)
