@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from urllib.parse import urlparse
+from urllib.parse import unquote
 
 from tabletstore.client.client import AsyncClient
 from tabletstore.client.sync import Portal, SyncProxy
@@ -47,7 +47,8 @@ def _parse(url: str | None) -> tuple[str, str]:
     if url.startswith("memory://"):
         return "memory", url[len("memory://") :] or "default"
     if url.startswith("file://"):
-        path = urlparse(url).path
+        # file:///abs/dir, or file://./rel/dir and file://rel/dir relative to the cwd.
+        path = unquote(url[len("file://") :])
         if not path:
             raise InvalidArgument(f"file URL {url!r} has no path (expected file:///dir)")
         return "file", str(Path(path).resolve())
