@@ -1,0 +1,36 @@
+"""The wire between clients, the master and tablet-server workers (paper §5; DESIGN.md §8).
+
+- frames.py: the bytes on a connection (handshake, length-prefixed frames, stream credit).
+- codec.py: payloads as msgpack, with a registry of message dataclasses and errors by class.
+- tcp.py: RpcServer, RpcClient (many calls in flight on one connection), RpcClientPool,
+  TcpTransport.
+- messages.py: the request and response types; inprocess.py: the embedded transport.
+"""
+
+from __future__ import annotations
+
+from tabletstore.rpc.codec import DEFAULT_CODEC, Codec, register, register_error
+from tabletstore.rpc.frames import DEFAULT_MAX_FRAME, PROTOCOL_VERSION
+from tabletstore.rpc.tcp import (
+    RpcClient,
+    RpcClientPool,
+    RpcServer,
+    RpcStream,
+    TcpTransport,
+    parse_address,
+)
+
+__all__ = [
+    "DEFAULT_CODEC",
+    "DEFAULT_MAX_FRAME",
+    "PROTOCOL_VERSION",
+    "Codec",
+    "RpcClient",
+    "RpcClientPool",
+    "RpcServer",
+    "RpcStream",
+    "TcpTransport",
+    "parse_address",
+    "register",
+    "register_error",
+]

@@ -1,0 +1,193 @@
+"""The RPC payload codec (tabletstore.rpc.codec): registry, round trips, clear errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from enum import IntEnum
+
+import pytest
+
+from tabletstore import errors, keys, model
+from tabletstore.errors import InvalidArgument, TabletStoreError
+from tabletstore.rpc.codec import Codec, decode_error, encode_error
+
+
+class Color(IntEnum):
+    RED = 1
+    BLUE = 2
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Leaf:
+    key: bytes
+    n: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Everything:
+    raw: bytes
+    text: str
+    big: int
+    small: int
+    ratio: float
+    flag: bool
+    nothing: None
+    color: Color
+    maybe_color: Color | None
+    leaves: tuple[Leaf, ...]
+    leaf_list: list[Leaf]
+    child: Leaf | None
+    by_key: dict[bytes, Leaf]
+    colors: list[Color]
+    tags: frozenset[str]
+    pair: tuple[int, str]
+    cells: tuple[keys.Cell, ...]
+    nested_lists: list[list[int]]
+    computed: int = dataclasses.field(init=False, default=0, compare=False)
+
+
+@pytest.fixture
+def codec() -> Codec:
+    c = Codec()
+    c.register(1, Leaf)
+    c.register(2, Everything)
+    return c
+
+
+def _everything(child: Leaf | None) -> Everything:
+    return Everything(
+        raw=b"\x00\xff",
+        text="héllo",
+        big=2**64 - 1,
+        small=-(2**63),
+        ratio=0.25,
+        flag=True,
+        nothing=None,
+        color=Color.BLUE,
+        maybe_color=Color.RED,
+        leaves=(Leaf(b"a", 1), Leaf(b"b", 2)),
+        leaf_list=[Leaf(b"c", 3)],
+        child=child,
+        by_key={b"k": Leaf(b"k", 4)},
+        colors=[Color.RED, Color.BLUE],
+        tags=frozenset({"x", "y"}),
+        pair=(7, "seven"),
+        cells=(keys.Cell(b"r", "f", b"q", 10, 1, int(keys.CellKind.PUT), b"v"),),
+        nested_lists=[[1, 2], []],
+    )
+
+
+@pytest.mark.parametrize("child", [None, Leaf(b"x", 9)])
+def test_round_trip_restores_types(codec: Codec, child: Leaf | None) -> None:
+    value = _everything(child)
+    got = codec.decode(codec.encode(value))
+    assert got == value
+    assert type(got.color) is Color and type(got.maybe_color) is Color
+    assert type(got.leaf_list) is list and type(got.leaves) is tuple
+    assert type(got.colors[0]) is Color
+    assert type(got.cells[0]) is keys.Cell
+    assert type(got.nested_lists) is list and type(got.nested_lists[0]) is list
+
+
+def test_plain_values(codec: Codec) -> None:
+    for value in (None, True, 0, -1, 2**63 - 1, 1.5, "s", b"b", {"a": 1}, {1: b"x"}):
+        assert codec.decode(codec.encode(value)) == value
+    # Outside typed fields, arrays decode as tuples.
+    assert codec.decode(codec.encode([1, [2, Leaf(b"z", 0)]])) == (1, (2, Leaf(b"z", 0)))
+
+
+def test_model_types_round_trip() -> None:
+    c = Codec()
+    c.register(10, model.Row)
+    c.register(11, model.Cell)
+    c.register(12, model.RowMutation)
+    c.register(13, model.SetCell)
+    c.register(14, model.DeleteRow)
+    row = model.Row(b"r", [model.Cell("f", b"q", 5, b"v", ("lbl",))])
+    got = c.decode(c.encode(row))
+    assert got == row and type(got.cells) is list
+    mutation = model.RowMutation(b"r", (model.SetCell("f", b"q", b"v", None), model.DeleteRow()))
+    assert c.decode(c.encode(mutation)) == mutation
+
+
+def test_unknown_type_id(codec: Codec) -> None:
+    other = Codec()
+    other.register(1, Leaf)
+    data = codec.encode(_everything(None))
+    with pytest.raises(InvalidArgument, match="unknown type id 2"):
+        other.decode(data)
+
+
+def test_field_count_mismatch() -> None:
+    @dataclasses.dataclass(frozen=True)
+    class LeafV2:
+        key: bytes
+        n: int
+        extra: str
+
+    old, new = Codec(), Codec()
+    old.register(1, Leaf)
+    new.register(1, LeafV2)
+    with pytest.raises(InvalidArgument, match="expected 2 fields, got 3"):
+        old.decode(new.encode(LeafV2(b"k", 1, "e")))
+
+
+def test_encode_errors(codec: Codec) -> None:
+    @dataclasses.dataclass
+    class Unregistered:
+        x: int
+
+    with pytest.raises(InvalidArgument, match="not registered with the RPC codec"):
+        codec.encode([Unregistered(1)])
+    with pytest.raises(InvalidArgument, match="cannot encode"):
+        codec.encode(2**64)
+    with pytest.raises(InvalidArgument, match="cannot encode a object"):
+        codec.encode(object())
+
+
+def test_decode_garbage(codec: Codec) -> None:
+    for data in (b"\xc1", b"\x92\x01", b"\x01\x02"):
+        with pytest.raises(InvalidArgument, match="cannot decode RPC payload"):
+            codec.decode(data)
+
+
+def test_register_validation(codec: Codec) -> None:
+    codec.register(1, Leaf)  # the same registration again is a no-op
+    with pytest.raises(InvalidArgument, match="already registered to Leaf"):
+        codec.register(1, Everything)
+    with pytest.raises(InvalidArgument, match="already registered as type id 1"):
+        codec.register(3, Leaf)
+    with pytest.raises(InvalidArgument, match=r"0\.\.127"):
+        Codec().register(128, Leaf)
+    with pytest.raises(InvalidArgument, match="only dataclasses"):
+        codec.register(5, Color)
+
+
+@pytest.mark.parametrize("name", errors.__all__)
+def test_errors_cross_by_class(name: str) -> None:
+    cls = getattr(errors, name)
+    got = decode_error(encode_error(cls("it broke")))
+    assert type(got) is cls and str(got) == "it broke"
+
+
+def test_unknown_error_class_becomes_base() -> None:
+    class QuotaExceeded(TabletStoreError):
+        pass
+
+    got = decode_error(encode_error(QuotaExceeded("over quota")))
+    assert type(got) is TabletStoreError
+    assert "over quota" in str(got) and "QuotaExceeded" in str(got)
+    assert "undecodable" in str(decode_error(b"\xc1"))
+
+
+def test_typical_message_speed(codec: Codec) -> None:
+    """Not a timed assertion: prints the cost of a 100-row batch for the record."""
+    batch = tuple(Leaf(b"row%05d" % i, i) for i in range(100))
+    data = codec.encode(batch)
+    start = time.perf_counter()
+    for _ in range(200):
+        codec.decode(codec.encode(batch))
+    per_round_trip = (time.perf_counter() - start) / 200
+    print(f"100-row batch: {len(data)} bytes, {per_round_trip * 1e6:.0f} µs encode+decode")
+    assert codec.decode(data) == batch

@@ -1,0 +1,100 @@
+"""The RPC frame format (tabletstore.rpc.frames): golden bytes and malformed input."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tabletstore.errors import InvalidArgument, Unimplemented
+from tabletstore.rpc import frames
+from tabletstore.rpc.frames import FrameError, Kind
+
+
+def test_golden_hello() -> None:
+    assert frames.encode_hello(16 << 20) == bytes.fromhex("54535250 0001 01000000")
+
+
+def test_golden_response_frame() -> None:
+    # u32 length (5 + body) | u8 kind | u32 request id | body
+    assert frames.encode_frame(Kind.RESPONSE, 7, b"hi") == bytes.fromhex(
+        "00000007 02 00000007 6869"
+    )
+
+
+def test_golden_request_frame() -> None:
+    # body = u32 window | u8 method length | method | payload
+    got = frames.encode_request(258, "get", b"\x90", window=3)
+    assert got == bytes.fromhex("0000000e 01 00000102 00000003 03 676574 90")
+
+
+def test_request_round_trip() -> None:
+    frame = frames.encode_request(9, "read_rows", b"payload", window=64)
+    length, kind, rid = frames.HEADER.unpack_from(frame)
+    assert (length, kind, rid) == (len(frame) - 4, Kind.REQUEST, 9)
+    request = frames.parse_request(frame[frames.HEADER.size :])
+    assert (request.window, request.method, bytes(request.payload)) == (64, "read_rows", b"payload")
+
+
+@pytest.mark.parametrize("body", [b"", b"\x00\x00\x00\x00", b"\x00\x00\x00\x00\x05abc"])
+def test_malformed_request_body(body: bytes) -> None:
+    with pytest.raises(InvalidArgument, match="malformed REQUEST"):
+        frames.parse_request(body)
+
+
+def test_method_name_limits() -> None:
+    with pytest.raises(InvalidArgument, match="method name"):
+        frames.encode_request(1, "", b"")
+    with pytest.raises(InvalidArgument, match="method name"):
+        frames.encode_request(1, "x" * 256, b"")
+
+
+def _reader(data: bytes) -> asyncio.StreamReader:
+    reader = asyncio.StreamReader()
+    reader.feed_data(data)
+    reader.feed_eof()
+    return reader
+
+
+async def test_read_frame() -> None:
+    data = frames.encode_frame(Kind.STREAM_ITEM, 5, b"abc") + frames.encode_frame(
+        Kind.STREAM_END, 5
+    )
+    reader = _reader(data)
+    assert await frames.read_frame(reader, 1024) == (Kind.STREAM_ITEM, 5, b"abc")
+    assert await frames.read_frame(reader, 1024) == (Kind.STREAM_END, 5, b"")
+    with pytest.raises(asyncio.IncompleteReadError):
+        await frames.read_frame(reader, 1024)
+
+
+async def test_read_oversized_frame() -> None:
+    reader = _reader(frames.HEADER.pack(2147483647, Kind.REQUEST, 1))
+    with pytest.raises(FrameError, match="frame of 2147483647 bytes exceeds the 16 MiB limit"):
+        await frames.read_frame(reader, frames.DEFAULT_MAX_FRAME)
+
+
+async def test_read_short_frame() -> None:
+    reader = _reader(frames.HEADER.pack(2, Kind.REQUEST, 1))
+    with pytest.raises(FrameError, match="shorter than the 5-byte header"):
+        await frames.read_frame(reader, 1024)
+
+
+def test_check_hello() -> None:
+    good = frames.decode_hello(frames.encode_hello(1 << 20))
+    frames.check_hello(good, peer="127.0.0.1:1", peer_role="server")
+    with pytest.raises(FrameError, match="expected magic"):
+        frames.check_hello(good._replace(magic=b"GET "), peer="p", peer_role="client")
+    with pytest.raises(Unimplemented, match="version 99; this side speaks version 1"):
+        frames.check_hello(good._replace(version=99), peer="p", peer_role="client")
+
+
+def test_credit_and_sizes() -> None:
+    frame = frames.encode_credit(3, 32)
+    assert frames.decode_credit(frame[frames.HEADER.size :]) == 32
+    with pytest.raises(InvalidArgument, match="malformed CREDIT"):
+        frames.decode_credit(b"\x01")
+    assert frames.format_size(16 << 20) == "16 MiB"
+    assert frames.format_size(64 << 10) == "64 KiB"
+    assert frames.format_size(1000) == "1000 bytes"
+    with pytest.raises(InvalidArgument, match="exceeds the peer's 1 KiB frame limit"):
+        frames.check_outgoing(2000, 1024, "request")
