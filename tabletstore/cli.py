@@ -112,5 +112,10 @@ def local_stack_down(directory: Path) -> None:
     click.echo("local stack is down")
 
 
+from tabletstore.bigtable_api.cli import bigtable_api  # noqa: E402  (imports no grpc)
+
+main.add_command(bigtable_api)
+
+
 if __name__ == "__main__":
     main()

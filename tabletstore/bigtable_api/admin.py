@@ -1,0 +1,158 @@
+"""``google.bigtable.admin.v2.BigtableTableAdmin`` over tabletstore's admin API (§3, §5).
+
+Implemented: CreateTable, GetTable, ListTables, DeleteTable, ModifyColumnFamilies,
+DropRowRange, GenerateConsistencyToken and CheckConsistency. Every other method of the
+service answers UNIMPLEMENTED (see :mod:`tabletstore.bigtable_api.server`).
+
+Contracts:
+
+* ModifyColumnFamilies validates every modification against the current schema first (create
+  of an existing family, update or drop of a missing one, bad GC rules), then applies them in
+  order through the client's admin calls. tabletstore has no multi-family schema transaction,
+  so a failure of the coordinator in the middle can leave a prefix applied; validation makes
+  every other failure happen before anything changes.
+* DropRowRange deletes through the public data API: it scans the rows (prefix, or the whole
+  table) returning one empty cell per row and deletes each row, in batches. Rows written
+  concurrently may survive, as in the service.
+* GenerateConsistencyToken / CheckConsistency: a tabletstore write is durable and visible when it
+  is acknowledged, and there is no replication, so every token is consistent at once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from google.cloud.bigtable_admin_v2.types import bigtable_table_admin as bta
+from google.protobuf import empty_pb2
+
+from tabletstore.bigtable_api.translate import (
+    TableName,
+    check_table_id,
+    family_from_pb,
+    parse_instance_name,
+    parse_table_name,
+    table_to_pb,
+)
+from tabletstore.client.client import AsyncClient
+from tabletstore.errors import AlreadyExists, InvalidArgument, NotFound
+from tabletstore.filters import CellsPerRowLimit, Chain, StripValue
+from tabletstore.model import DeleteRow, RowMutation
+from tabletstore.schema import ColumnFamily, GcRule
+
+__all__ = ["CONSISTENCY_TOKEN", "DROP_BATCH_ROWS", "TableAdmin"]
+
+#: The one consistency token: every acknowledged write is already consistent.
+CONSISTENCY_TOKEN = "tabletstore-writes-are-durable-when-acknowledged"
+#: Rows deleted per MutateRows batch by DropRowRange.
+DROP_BATCH_ROWS = 500
+
+ListTablesResponsePB: Any = bta.ListTablesResponse.pb()
+GenerateConsistencyTokenResponsePB: Any = bta.GenerateConsistencyTokenResponse.pb()
+CheckConsistencyResponsePB: Any = bta.CheckConsistencyResponse.pb()
+_VIEW_NAME_ONLY = 1
+
+
+class TableAdmin:
+    """The table admin RPCs; each takes a raw request message and returns the response."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+
+    async def create_table(self, req: Any) -> Any:
+        project, instance = parse_instance_name(req.parent)
+        name = TableName(project, instance, check_table_id(req.table_id))
+        families = [
+            ColumnFamily(name=fid, gc_rule=family_from_pb(fid, fam))
+            for fid, fam in sorted(req.table.column_families.items())
+        ]
+        if req.table.granularity == 2:  # MICROS
+            raise InvalidArgument("tabletstore tables have MILLIS timestamp granularity")
+        splits = sorted({bytes(s.key) for s in req.initial_splits if s.key})
+        await self._client.create_table(name.table, families, split_keys=splits)
+        return table_to_pb(name, await self._client.describe_table(name.table), 0)
+
+    async def get_table(self, req: Any) -> Any:
+        name = parse_table_name(req.name)
+        return table_to_pb(name, await self._client.describe_table(name.table), req.view)
+
+    async def list_tables(self, req: Any) -> Any:
+        project, instance = parse_instance_name(req.parent)
+        out = ListTablesResponsePB()
+        view = req.view or _VIEW_NAME_ONLY
+        for table in await self._client.list_tables():
+            name = TableName(project, instance, table)
+            schema = None if view == _VIEW_NAME_ONLY else await self._client.describe_table(table)
+            out.tables.append(table_to_pb(name, schema, view))
+        return out
+
+    async def delete_table(self, req: Any) -> Any:
+        name = parse_table_name(req.name)
+        await self._client.delete_table(name.table)
+        return empty_pb2.Empty()
+
+    async def modify_column_families(self, req: Any) -> Any:
+        name = parse_table_name(req.name)
+        if not req.modifications:
+            raise InvalidArgument("ModifyColumnFamilies needs at least one modification")
+        schema = await self._client.describe_table(name.table)
+        present = set(schema.families)
+        plan: list[tuple[str, str, GcRule | None]] = []
+        for mod in req.modifications:
+            kind = mod.WhichOneof("mod")
+            fid = mod.id
+            if kind is None:
+                raise InvalidArgument(f"modification of family {fid!r} has no create/update/drop")
+            rule = family_from_pb(fid, getattr(mod, kind)) if kind != "drop" else None
+            if kind == "create":
+                if fid in present:
+                    raise AlreadyExists(f"column family {fid!r} already exists")
+                present.add(fid)
+            elif fid not in present:
+                raise NotFound(f"table {name.table!r} has no column family {fid!r}")
+            elif kind == "drop":
+                present.discard(fid)
+            plan.append((kind, fid, rule))
+        for kind, fid, rule in plan:
+            if kind == "create":
+                await self._client.create_family(name.table, fid, gc_rule=rule)
+            elif kind == "update":
+                await self._client.set_gc_rule(name.table, fid, rule)
+            else:
+                await self._client.delete_family(name.table, fid)
+        return table_to_pb(name, await self._client.describe_table(name.table), 0)
+
+    async def drop_row_range(self, req: Any) -> Any:
+        name = parse_table_name(req.name)
+        target = req.WhichOneof("target")
+        if target == "row_key_prefix" and req.row_key_prefix:
+            prefix: bytes | None = bytes(req.row_key_prefix)
+        elif target == "delete_all_data_from_table" and req.delete_all_data_from_table:
+            prefix = None
+        else:
+            raise InvalidArgument(
+                "DropRowRange needs a non-empty row_key_prefix or delete_all_data_from_table"
+            )
+        table = self._client.table(name.table)
+        # One empty cell per row is enough to learn the row's key.
+        keys_only = Chain([CellsPerRowLimit(1), StripValue()])
+        batch: list[RowMutation] = []
+        async for row in table.read_rows(prefix=prefix, filter=keys_only):
+            batch.append(RowMutation(row.key, (DeleteRow(),)))
+            if len(batch) >= DROP_BATCH_ROWS:
+                await table.mutate_rows(batch)
+                batch = []
+        if batch:
+            await table.mutate_rows(batch)
+        return empty_pb2.Empty()
+
+    async def generate_consistency_token(self, req: Any) -> Any:
+        name = parse_table_name(req.name)
+        await self._client.describe_table(name.table)  # NOT_FOUND for a missing table
+        return GenerateConsistencyTokenResponsePB(consistency_token=CONSISTENCY_TOKEN)
+
+    async def check_consistency(self, req: Any) -> Any:
+        name = parse_table_name(req.name)
+        await self._client.describe_table(name.table)
+        if req.consistency_token != CONSISTENCY_TOKEN:
+            raise InvalidArgument(f"unknown consistency token {req.consistency_token!r}")
+        return CheckConsistencyResponsePB(consistent=True)

@@ -1,0 +1,110 @@
+"""ReadRows response encoding: rows as the chunk stream the Bigtable API specifies (§3).
+
+``google.bigtable.v2.ReadRowsResponse`` carries a row as a sequence of ``CellChunk`` messages
+that clients reassemble with a strict state machine (the official clients reject any stream
+that breaks it). The rules this encoder keeps, from ``bigtable.proto``:
+
+* Rows are sent whole and in strictly increasing key order; the last chunk of a row has
+  ``commit_row`` set. A response may hold several rows, and a row may span responses.
+* The first chunk of a row carries ``row_key``, ``family_name`` and ``qualifier``; later
+  chunks carry ``family_name`` only when the family changes (and then ``qualifier`` too), and
+  ``qualifier`` only when the column changes. Every cell's first chunk carries its
+  ``timestamp_micros`` and ``labels``.
+* A value longer than ``max_value_chunk`` is split: every chunk of the cell but the last sets
+  ``value_size`` to the whole value's length; the continuation chunks carry only ``value``
+  (and ``value_size``), never the key, family, qualifier, timestamp or labels.
+
+The encoder never sends ``reset_row``: rows are committed only after they are complete.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from tabletstore.bigtable_api.translate import ReadRowsResponsePB
+from tabletstore.model import Row
+
+__all__ = ["DEFAULT_MAX_RESPONSE_BYTES", "DEFAULT_MAX_VALUE_CHUNK", "ChunkEncoder", "row_chunks"]
+
+#: Values longer than this are split across chunks (the service uses about 1 MiB too).
+DEFAULT_MAX_VALUE_CHUNK = 1024 * 1024
+#: A response is sent once its chunks add up to this many value and key bytes.
+DEFAULT_MAX_RESPONSE_BYTES = 1024 * 1024
+
+CellChunkPB: Any = ReadRowsResponsePB.CellChunk
+
+
+def row_chunks(row: Row, *, max_value_chunk: int = DEFAULT_MAX_VALUE_CHUNK) -> list[Any]:
+    """The chunks of one row. REQUIRES: ``row.cells`` non-empty and in row order
+    (family asc, qualifier asc, timestamp desc), as tabletstore reads return them."""
+    if not row.cells:
+        raise ValueError(f"row {row.key[:64]!r} has no cells to encode")
+    if max_value_chunk < 1:
+        raise ValueError(f"max_value_chunk must be >= 1, got {max_value_chunk}")
+    chunks: list[Any] = []
+    family: str | None = None
+    qualifier: bytes | None = None
+    for cell in row.cells:
+        chunk = CellChunkPB(timestamp_micros=cell.timestamp, labels=list(cell.labels))
+        if not chunks:
+            chunk.row_key = row.key
+        if cell.family != family:
+            family, qualifier = cell.family, None
+            chunk.family_name.value = cell.family
+        if cell.qualifier != qualifier:
+            qualifier = cell.qualifier
+            chunk.qualifier.value = cell.qualifier
+        value = cell.value
+        if len(value) <= max_value_chunk:
+            chunk.value = value
+            chunks.append(chunk)
+            continue
+        size = len(value)
+        chunk.value = value[:max_value_chunk]
+        chunk.value_size = size
+        chunks.append(chunk)
+        for offset in range(max_value_chunk, size, max_value_chunk):
+            part = value[offset : offset + max_value_chunk]
+            last = offset + max_value_chunk >= size
+            chunks.append(CellChunkPB(value=part, value_size=0 if last else size))
+    chunks[-1].commit_row = True
+    return chunks
+
+
+def _chunk_bytes(chunk: Any) -> int:
+    return len(chunk.row_key) + len(chunk.qualifier.value) + len(chunk.value) + 16
+
+
+class ChunkEncoder:
+    """Packs rows into ReadRowsResponse messages of about ``max_response_bytes`` each.
+
+    ``add(row)`` returns the responses that became full; ``flush()`` the last partial one.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_value_chunk: int = DEFAULT_MAX_VALUE_CHUNK,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+    ) -> None:
+        self._max_value_chunk = max_value_chunk
+        self._max_response_bytes = max_response_bytes
+        self._pending: Any = ReadRowsResponsePB()
+        self._pending_bytes = 0
+
+    def add(self, row: Row) -> Iterator[Any]:
+        """Encode ``row``; yield every response filled up meanwhile."""
+        for chunk in row_chunks(row, max_value_chunk=self._max_value_chunk):
+            self._pending.chunks.append(chunk)
+            self._pending_bytes += _chunk_bytes(chunk)
+            if self._pending_bytes >= self._max_response_bytes:
+                yield self._take()
+
+    def flush(self) -> Any | None:
+        """The partially filled response, or None if nothing is pending."""
+        return self._take() if self._pending.chunks else None
+
+    def _take(self) -> Any:
+        out, self._pending, self._pending_bytes = self._pending, ReadRowsResponsePB(), 0
+        return out

@@ -1,0 +1,66 @@
+"""``tabletstore bigtable-api``: serve the Cloud Bigtable API over a tabletstore database.
+
+Registered on the main command group by :mod:`tabletstore.cli`. The serving stack and grpc
+are imported only when the command runs, so other verbs never load them.
+
+::
+
+    tabletstore [--url URL] bigtable-api [--url URL] [--host 127.0.0.1] [--port 8086]
+
+Once listening it prints ``bigtable-api listening on HOST:PORT`` (``--port 0`` picks a free
+port) and ``export BIGTABLE_EMULATOR_HOST=HOST:PORT``, then serves until SIGINT or SIGTERM,
+when it stops accepting calls, lets calls in flight finish and closes the database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import click
+
+__all__ = ["DEFAULT_PORT", "bigtable_api", "serve"]
+
+#: Google's emulator listens on 8086 by default (``gcloud beta emulators bigtable start``).
+DEFAULT_PORT = 8086
+
+
+async def serve(url: str | None, host: str, port: int) -> None:
+    """Open the database at ``url``, serve until SIGINT/SIGTERM, then shut down cleanly."""
+    from tabletstore.bigtable_api.server import BigtableApiServer, _open
+
+    client = await _open(url)
+    try:
+        server = BigtableApiServer(client, host=host, port=port)
+        bound = await server.start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        click.echo(f"bigtable-api listening on {host}:{bound}")
+        click.echo(f"export BIGTABLE_EMULATOR_HOST={host}:{bound}")
+        try:
+            await stop.wait()
+        finally:
+            await server.stop(grace=5.0)
+    finally:
+        await client.close()
+
+
+@click.command("bigtable-api")
+@click.option("--url", default=None, help="Database URL (default: the global --url).")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option(
+    "--port", type=int, default=DEFAULT_PORT, show_default=True, help="Port (0: pick one)."
+)
+@click.pass_context
+def bigtable_api(ctx: click.Context, url: str | None, host: str, port: int) -> None:
+    """Serve the Cloud Bigtable API (point clients at it with BIGTABLE_EMULATOR_HOST)."""
+    from tabletstore.errors import TabletStoreError
+
+    if url is None and ctx.obj is not None:
+        url = getattr(ctx.obj, "url", None)
+    try:
+        asyncio.run(serve(url, host, port))
+    except TabletStoreError as exc:
+        raise click.ClickException(str(exc)) from exc
