@@ -28,3 +28,102 @@ Glossary (the paper's words, STYLE.md convention 1):
 from __future__ import annotations
 
 __version__ = "0.1.0"
+
+# The public API, re-exported lazily (PEP 562): ``import tabletstore`` stays cheap and importing
+# any submodule (which first imports this package) never drags in the whole stack or creates an
+# import cycle. ``from tabletstore import connect, SetCell, Chain`` works as usual.
+_EXPORTS: dict[str, str] = {
+    **dict.fromkeys(["connect", "connect_async", "Database", "SyncDatabase"], "embedded"),
+    **dict.fromkeys(["AsyncClient", "AsyncTable", "MutationError", "MutationsFailed"], "client"),
+    **dict.fromkeys(
+        [
+            "AppendValue",
+            "Cell",
+            "DeleteCells",
+            "DeleteFamily",
+            "DeleteRow",
+            "IncrementValue",
+            "Mutation",
+            "Row",
+            "RowMutation",
+            "SetCell",
+        ],
+        "model",
+    ),
+    **dict.fromkeys(
+        [
+            "ApplyLabel",
+            "BlockAll",
+            "CellsPerColumnLimit",
+            "CellsPerRowLimit",
+            "CellsPerRowOffset",
+            "Chain",
+            "ColumnQualifierRegex",
+            "ColumnRange",
+            "Condition",
+            "FamilyNameRegex",
+            "Interleave",
+            "PassAll",
+            "RowFilter",
+            "RowKeyRegex",
+            "RowSample",
+            "Sink",
+            "StripValue",
+            "TimestampRange",
+            "ValueRange",
+            "ValueRegex",
+        ],
+        "filters",
+    ),
+    **dict.fromkeys(["RowRange", "RowSet"], "query"),
+    **dict.fromkeys(
+        [
+            "Acl",
+            "ColumnFamily",
+            "IntersectionRule",
+            "LocalityGroup",
+            "MaxAgeRule",
+            "MaxVersionsRule",
+            "TableSchema",
+            "UnionRule",
+        ],
+        "schema",
+    ),
+    **dict.fromkeys(
+        [
+            "AlreadyExists",
+            "Closed",
+            "Corruption",
+            "Fenced",
+            "Indeterminate",
+            "InvalidArgument",
+            "NotFound",
+            "NotServing",
+            "PermissionDenied",
+            "PreconditionFailed",
+            "TabletStoreError",
+            "Unavailable",
+            "Unimplemented",
+        ],
+        "errors",
+    ),
+}
+
+__all__ = ["__version__", *sorted(_EXPORTS)]
+
+
+def __getattr__(name: str) -> object:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tabletstore' has no attribute {name!r}")
+    import importlib
+
+    if module == "client":
+        module = "client.client"
+    value = getattr(importlib.import_module(f"tabletstore.{module}"), name)
+    globals()[name] = value  # later look-ups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
