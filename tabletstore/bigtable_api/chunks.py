@@ -6,6 +6,10 @@ that breaks it). The rules this encoder keeps, from ``bigtable.proto``:
 
 * Rows are sent whole and in strictly increasing key order; the last chunk of a row has
   ``commit_row`` set. A response may hold several rows, and a row may span responses.
+* The first chunk of every response carries its row's key, even mid-row. The API lets a
+  response continue the previous one's row with an empty key, but google-cloud-bigtable's
+  Python client (2.50) compares each response's first key with the last committed row and
+  rejects an empty one; a repeated key equal to the row's own is accepted by every client.
 * The first chunk of a row carries ``row_key``, ``family_name`` and ``qualifier``; later
   chunks carry ``family_name`` only when the family changes (and then ``qualifier`` too), and
   ``qualifier`` only when the column changes. Every cell's first chunk carries its
@@ -96,6 +100,10 @@ class ChunkEncoder:
     def add(self, row: Row) -> Iterator[Any]:
         """Encode ``row``; yield every response filled up meanwhile."""
         for chunk in row_chunks(row, max_value_chunk=self._max_value_chunk):
+            if not self._pending.chunks:
+                # The official clients read each response's first chunk as the key of the row
+                # it continues, so a response that starts mid-row repeats the row key.
+                chunk.row_key = row.key
             self._pending.chunks.append(chunk)
             self._pending_bytes += _chunk_bytes(chunk)
             if self._pending_bytes >= self._max_response_bytes:

@@ -440,3 +440,15 @@ def test_encoder_packs_rows_into_responses_of_bounded_size() -> None:
 def test_encoding_an_empty_row_is_a_programming_error() -> None:
     with pytest.raises(ValueError):
         row_chunks(Row(b"k", []))
+
+
+def test_a_response_that_starts_mid_row_repeats_the_row_key() -> None:
+    enc = ChunkEncoder(max_value_chunk=10, max_response_bytes=40)
+    row = Row(b"key", [Cell("a", b"q", 1000, b"v" * 95)])
+    responses = [*enc.add(row)]
+    last = enc.flush()
+    responses += [last] if last is not None else []
+    assert len(responses) > 1
+    assert all(r.chunks[0].row_key == b"key" for r in responses)
+    value = b"".join(c.value for r in responses for c in r.chunks)
+    assert value == b"v" * 95
