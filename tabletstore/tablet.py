@@ -16,6 +16,12 @@ then moves the redo point; *merging* rewrites the newest few SSTables of a group
 *major* rewrites everything of a group into one SSTable with no deletion entries left. What to
 compact is decided by the pure planner :mod:`tabletstore.compaction`.
 
+Failed compactions. A compaction called directly returns its error to the caller and leaves
+the tablet as it was (a memtable that failed to be written out stays frozen, serving reads, and
+the next minor compaction writes it out with the current memtable). A failed *background*
+compaction is sticky: writes and compactions raise Unavailable until the tablet is reloaded
+(its commit log still holds everything past the redo point); reads go on.
+
 State is an immutable :class:`TabletState` replaced whole under ``_state_lock``; readers take
 one reference and never lock (STYLE.md convention 5).
 
@@ -43,7 +49,13 @@ from tabletstore import compaction
 from tabletstore.clock import Clock, SystemClock, micros
 from tabletstore.errors import InvalidArgument, NotServing, TabletStoreError, Unavailable
 from tabletstore.filters import RowFilter, apply_filter
-from tabletstore.iterators import AsyncCellSource, amerge_batches, avisible_batches, visible_cells
+from tabletstore.iterators import (
+    AsyncCellSource,
+    amerge_batches,
+    avisible_batches,
+    merge_sources,
+    visible_cells,
+)
 from tabletstore.keys import Cell, CellKind, cell_sort_key
 from tabletstore.memtable import MemTable
 from tabletstore.metadata import LogRef, SSTableRef, TabletRecord
@@ -236,9 +248,14 @@ class Tablet:
     def contains(self, row: bytes) -> bool:
         return self._state.record.contains(row)
 
-    def _check_open(self) -> None:
+    def _check_serving(self) -> None:
+        """Reads need only this: a failed background compaction loses nothing in memory."""
         if self._closed:
             raise NotServing(f"tablet {self.record.tablet_id} is not served here any more")
+
+    def _check_open(self) -> None:
+        """Writes and compactions also need no sticky background failure."""
+        self._check_serving()
         if self._failed is not None:
             raise Unavailable(
                 f"tablet {self.record.tablet_id} failed a background compaction and must be "
@@ -407,7 +424,7 @@ class Tablet:
         identity: str | None = None,
     ) -> Row | None:
         """One row after deletions, GC and the filter; None when nothing is left."""
-        self._check_open()
+        self._check_serving()
         self._check_row(row)
         fams = _intersect(families, self._readable(identity))
         cells = await self._read_row_cells(row, fams)
@@ -425,7 +442,7 @@ class Tablet:
         identity: str | None = None,
     ) -> AsyncIterator[Row]:
         """Rows of ``row_range`` (clipped to this tablet) in order, streamed."""
-        self._check_open()
+        self._check_serving()
         rec = self.record
         clipped = row_range.clip(rec.start_row, rec.end_row)
         if clipped is None or (limit is not None and limit <= 0):
@@ -501,14 +518,18 @@ class Tablet:
         async with self._compaction_lock:
             async with self._state_lock:
                 state = self._state
-                frozen_mt = state.memtable
-                if len(frozen_mt) == 0:
+                # Frozen memtables left by a failed earlier attempt are written out too: the
+                # redo point moves past all of them, so none may stay behind in memory only.
+                flushed = state.frozen
+                if len(state.memtable):
+                    flushed = (state.memtable, *flushed)
+                    self._state = replace(state, memtable=MemTable(), frozen=flushed)
+                if not flushed:
                     return
-                redo = frozen_mt.max_seq or 0
+                redo = max(m.max_seq or 0 for m in flushed)
                 if self._in_flight:
                     redo = min(redo, min(self._in_flight) - 1)
-                self._state = replace(state, memtable=MemTable(), frozen=(frozen_mt, *state.frozen))
-            groups = self._split_by_group(frozen_mt)
+            groups = self._split_by_group(flushed)
             written = await self._write_groups(groups, major=False)
             async with self._state_lock:
                 state = self._state
@@ -523,21 +544,26 @@ class Tablet:
                     sstables=new_sstables,
                     redo_seq=max(record.redo_seq, redo),
                     logs=(self._log.log_ref,),
-                ).with_event(self._clock.time(), "minor_compaction", f"{len(frozen_mt)} cells")
+                ).with_event(
+                    self._clock.time(),
+                    "minor_compaction",
+                    f"{sum(len(m) for m in flushed)} cells",
+                )
                 stored = await self._catalog.update(record, new_record)
                 self._state = replace(
                     state,
                     record=stored,
-                    frozen=tuple(m for m in state.frozen if m is not frozen_mt),
+                    frozen=tuple(m for m in state.frozen if all(m is not f for f in flushed)),
                     sstables=opened,
                 )
 
-    def _split_by_group(self, mt: MemTable) -> dict[str, list[Cell]]:
-        """Cells of a memtable per locality group; row deletions go to every group."""
+    def _split_by_group(self, memtables: Sequence[MemTable]) -> dict[str, list[Cell]]:
+        """Cells of memtables (newest first) per locality group, in sort order; row deletions
+        go to every group."""
         groups: dict[str, list[Cell]] = {}
         fams = self._schema.families
         all_groups = list(self._schema.locality_groups)
-        for c in mt.scan():
+        for c in merge_sources([mt.scan() for mt in memtables]):
             if c.kind == CellKind.DELETE_ROW:
                 for g in all_groups:
                     groups.setdefault(g, []).append(c)
