@@ -43,7 +43,6 @@ id and the connection carries on.
 
 from __future__ import annotations
 
-import asyncio
 import struct
 from enum import IntEnum
 from typing import NamedTuple
@@ -58,6 +57,7 @@ __all__ = [
     "PROTOCOL_VERSION",
     "Frame",
     "FrameError",
+    "FrameParser",
     "Hello",
     "Kind",
     "Request",
@@ -72,7 +72,6 @@ __all__ = [
     "format_size",
     "is_known_kind",
     "parse_request",
-    "read_frame",
 ]
 
 MAGIC = b"TSRP"
@@ -215,22 +214,63 @@ def decode_credit(body: bytes) -> int:
     return n
 
 
-async def read_frame(reader: asyncio.StreamReader, max_frame: int) -> Frame:
-    """Read one frame.
+class FrameParser:
+    """Sans-I/O reader: feed it the bytes received, get back the peer's hello, then frames.
 
-    Raises FrameError if the length is out of bounds (the stream is then untrustworthy), and
-    ``asyncio.IncompleteReadError`` / ``ConnectionError`` when the peer goes away.
+    After it raises FrameError the stream cannot be trusted and the parser must not be fed
+    again. A frame's bytes are kept until the whole frame has arrived, so a frame costs at
+    most ``max_frame`` bytes of buffer however it is split across reads.
     """
-    head = await reader.readexactly(HEADER.size)
-    length, kind, request_id = HEADER.unpack(head)
-    if length > max_frame:
-        raise FrameError(f"frame of {length} bytes exceeds the {format_size(max_frame)} limit")
-    if length < _KIND_AND_ID:
-        raise FrameError(
-            f"malformed frame: length {length} is shorter than the {_KIND_AND_ID}-byte header"
-        )
-    body = await reader.readexactly(length - _KIND_AND_ID) if length > _KIND_AND_ID else b""
-    return Frame(kind, request_id, body)
+
+    __slots__ = ("_buffer", "_max_frame", "hello")
+
+    def __init__(self, max_frame: int) -> None:
+        self._max_frame = max_frame
+        self._buffer = bytearray()
+        #: The peer's hello once received (None before). A wrong magic is reported as soon as
+        #: four bytes are in, with version and max frame 0, so check_hello names the problem.
+        self.hello: Hello | None = None
+
+    def feed_hello(self, data: bytes) -> Hello | None:
+        """Consume the hello from ``data``; None while it is incomplete. Bytes after it stay
+        buffered for ``feed``."""
+        buffer = self._buffer
+        buffer += data
+        if len(buffer) >= len(MAGIC) and buffer[: len(MAGIC)] != MAGIC:
+            self.hello = Hello(bytes(buffer[: len(MAGIC)]), 0, 0)
+        elif len(buffer) >= HELLO_SIZE:
+            self.hello = decode_hello(bytes(buffer[:HELLO_SIZE]))
+            del buffer[:HELLO_SIZE]
+        return self.hello
+
+    def feed(self, data: bytes) -> list[Frame]:
+        """Every frame completed by ``data``, in order. Raises FrameError for a length out of
+        bounds (too large for ``max_frame``, or shorter than the header)."""
+        buffer = self._buffer
+        if data:
+            buffer += data
+        frames: list[Frame] = []
+        size = len(buffer)
+        pos = 0
+        while size - pos >= HEADER.size:
+            length, kind, request_id = HEADER.unpack_from(buffer, pos)
+            if length > self._max_frame:
+                raise FrameError(
+                    f"frame of {length} bytes exceeds the {format_size(self._max_frame)} limit"
+                )
+            if length < _KIND_AND_ID:
+                raise FrameError(
+                    f"malformed frame: length {length} is shorter than the "
+                    f"{_KIND_AND_ID}-byte header"
+                )
+            end = pos + _LENGTH.size + length
+            if end > size:
+                break
+            frames.append(Frame(kind, request_id, bytes(buffer[pos + HEADER.size : end])))
+            pos = end
+        if pos:
+            del buffer[:pos]
+        return frames
 
 
 def is_known_kind(kind: int) -> bool:

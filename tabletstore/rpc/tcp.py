@@ -1,9 +1,10 @@
-"""The RPC transport over asyncio TCP streams: RpcServer, RpcClient, RpcClientPool.
+"""The RPC transport over asyncio TCP: RpcServer, RpcClient, RpcClientPool, TcpTransport.
 
 Clients talk to tablet servers and the master talks to workers (paper §5, §5.2) through this
 module; DESIGN.md §8 asks for length-prefixed frames with many requests in flight on one
-connection. The bytes are specified in frames.py and the payloads in codec.py; this module owns
-connections, request multiplexing, streams, cancellation, timeouts and shutdown. It knows no
+connection. The bytes are specified in frames.py, the payloads in codec.py and the framed
+connection (parsing, coalesced writes, flow control) in connection.py; this module owns
+request multiplexing, streams, cancellation, timeouts, reconnection and shutdown. It knows no
 message types: a server is a mapping from method name to handler.
 
 Handlers are ``async def f(request) -> response`` (unary) or ``async def f(request)`` that
@@ -14,8 +15,8 @@ it as Unavailable naming the method (and is logged on the server with its traceb
 
 Contracts:
 
-- Every frame is handed to the transport in one ``write()`` call, so frames written by
-  concurrent tasks never interleave; ``drain()`` after a write is the socket-level backpressure.
+- Every frame is queued whole (connection.py), so frames written by concurrent tasks never
+  interleave; ``drain()`` after a write is the socket-level backpressure.
 - Streams are flow-controlled by credit (frames.py): the server sends at most ``window`` items
   the client has not consumed yet, so a producer never runs ahead of a slow consumer by more
   than that, and one slow stream never blocks other requests on the connection.
@@ -39,7 +40,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, cast
 
 from tabletstore.errors import (
     Closed,
@@ -50,7 +51,8 @@ from tabletstore.errors import (
 )
 from tabletstore.rpc import frames
 from tabletstore.rpc.codec import DEFAULT_CODEC, Codec, decode_error, encode_error
-from tabletstore.rpc.frames import DEFAULT_MAX_FRAME, Frame, FrameError, Kind
+from tabletstore.rpc.connection import LINGER, FrameConnection
+from tabletstore.rpc.frames import DEFAULT_MAX_FRAME, Frame, Kind
 
 __all__ = [
     "Handler",
@@ -69,9 +71,6 @@ Handler = Callable[[Any], Awaitable[Any]] | Callable[[Any], AsyncIterator[Any]]
 
 _MAX_REQUEST_ID = 0xFFFF_FFFF
 _HANDSHAKE_TIMEOUT = 10.0
-# After a protocol error the server half-closes and discards what the peer still sends for at
-# most this long, so the peer reads the ERROR frame instead of a connection reset.
-_LINGER = 0.5
 # How long close() waits for cancelled handlers after the grace period before giving up.
 _ABORT_WAIT = 2.0
 
@@ -98,19 +97,6 @@ def _wire_error(exc: BaseException, method: str, where: str) -> TabletStoreError
         return exc
     logger.error("RPC handler %r on %s raised", method, where, exc_info=exc)
     return Unavailable(f"internal error in {method!r} on {where}: {type(exc).__name__}: {exc}")
-
-
-async def _close_writer(writer: asyncio.StreamWriter) -> None:
-    """Close, letting buffered replies flush for a moment; a peer that does not read them by
-    then gets a reset (so a stalled client cannot hold a closing server)."""
-    writer.close()
-    try:
-        async with asyncio.timeout(_LINGER):
-            await writer.wait_closed()
-    except TimeoutError:
-        writer.transport.abort()
-    except ConnectionError:
-        pass  # already reset by the peer: closed is what we wanted
 
 
 class _Credit:
@@ -141,6 +127,8 @@ class RpcServer:
 
     Use ``async with RpcServer(...) as server`` or ``await server.start()`` / ``await
     server.close()``; ``server.address`` is "HOST:PORT" once started (port 0 picks a free one).
+    Each accepted connection runs as one task owned by the server (``close`` awaits them all),
+    and each request as a task in its connection's TaskGroup.
     """
 
     def __init__(
@@ -174,7 +162,7 @@ class RpcServer:
         self.max_in_flight = max_in_flight
         self.handshake_timeout = handshake_timeout
         self._server: asyncio.Server | None = None
-        self._connections: set[_ServerConnection] = set()
+        self._connections: dict[_ServerConnection, asyncio.Task[None]] = {}
         self._closing = False
         self.address = ""
 
@@ -186,10 +174,17 @@ class RpcServer:
     def port(self) -> int:
         return self._port
 
+    @property
+    def connection_count(self) -> int:
+        return len(self._connections)
+
     async def start(self) -> None:
         if self._server is not None:
             raise InvalidArgument("RpcServer.start() called twice")
-        self._server = await asyncio.start_server(self._on_connect, self._host, self._port)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: _ServerConnection(self), self._host, self._port
+        )
         self._port = self._server.sockets[0].getsockname()[1]
         self.address = _format_address(self._host, self._port)
 
@@ -208,32 +203,28 @@ class RpcServer:
         self._closing = True
         if self._server is not None:
             self._server.close()
-        connections = list(self._connections)
+        connections = dict(self._connections)
         for conn in connections:
             conn.begin_drain()
-        with contextlib.suppress(TimeoutError):  # deadline passed: stragglers are cancelled
-            async with asyncio.timeout(grace):
-                for conn in connections:
-                    await conn.done.wait()
-        for conn in connections:
-            conn.abort()
-        with contextlib.suppress(TimeoutError):  # a handler ignoring cancellation: give up
-            async with asyncio.timeout(_ABORT_WAIT):
-                for conn in connections:
-                    await conn.done.wait()
+        if connections:
+            _, late = await asyncio.wait(connections.values(), timeout=grace)
+            for conn, task in connections.items():
+                if task in late:
+                    conn.abort()
+            if late:
+                # A handler that ignores cancellation is a bug; do not hang close() on it.
+                await asyncio.wait(late, timeout=_ABORT_WAIT)
         if self._server is not None:
             await self._server.wait_closed()
 
-    async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = _ServerConnection(self, reader, writer)
+    def accepted(self, conn: _ServerConnection) -> asyncio.Task[None] | None:
+        """Called by a new connection: its task, or None if the server is closing."""
         if self._closing:
-            writer.close()
-            return
-        self._connections.add(conn)
-        try:
-            await conn.run()
-        finally:
-            self._connections.discard(conn)
+            return None
+        task = asyncio.get_running_loop().create_task(conn.run())
+        self._connections[conn] = task
+        task.add_done_callback(lambda _: self._connections.pop(conn, None))
+        return task
 
     def lookup(self, method: str, streaming: bool) -> Callable[[Any], Any]:
         """The handler for ``method`` called as ``streaming`` or not; a clear error otherwise."""
@@ -250,101 +241,126 @@ class RpcServer:
         )
 
 
-class _ServerConnection:
-    """One accepted connection: reads frames, runs each request as a task, writes replies."""
+class _ServerConnection(FrameConnection):
+    """One accepted connection: dispatches frames, runs each request as a task, replies."""
 
-    def __init__(
-        self, server: RpcServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
+    def __init__(self, server: RpcServer) -> None:
+        super().__init__(server.max_frame, frames.encode_hello(server.max_frame))
         self._server = server
         self._codec = server.codec
-        self._reader = reader
-        self._writer = writer
-        peer = writer.get_extra_info("peername")
-        self._peer = _format_address(peer[0], peer[1]) if peer else "unknown peer"
+        self._peer = "unknown peer"
         self._peer_max_frame = DEFAULT_MAX_FRAME
+        self._handshaken: asyncio.Future[bool] = self._loop.create_future()
+        self._tg: asyncio.TaskGroup | None = None
+        # Frames that arrived before run() opened its TaskGroup (pause_reading() is not
+        # honoured inside connection_made on every loop, e.g. uvloop).
+        self._backlog: list[Frame] = []
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._credits: dict[int, _Credit] = {}
         self._draining = False  # new requests are refused with Unavailable
         self._aborting = False  # cancelled handlers tell their callers the server is closing
-        self.done = asyncio.Event()
+        self._linger: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        peer = transport.get_extra_info("peername")
+        if peer:
+            self._peer = _format_address(peer[0], peer[1])
+        if self._server.accepted(self) is None:
+            cast(asyncio.Transport, transport).abort()
 
     async def run(self) -> None:
         try:
-            if await self._handshake():
-                async with asyncio.TaskGroup() as tg:
-                    try:
-                        await self._read_loop(tg)
-                    finally:
-                        # The peer is gone or broke the protocol: nobody awaits these replies.
-                        for task in self._tasks.values():
-                            task.cancel()
+            async with asyncio.TaskGroup() as tg:
+                self._tg = tg
+                backlog, self._backlog = self._backlog, []
+                for frame in backlog:
+                    self.frame_received(frame)
+                try:
+                    await self._serve()
+                finally:
+                    # The peer is gone or broke the protocol: nobody awaits these replies.
+                    for task in self._tasks.values():
+                        task.cancel()
         finally:
-            await _close_writer(self._writer)
-            self.done.set()
+            self._dead = True  # the TaskGroup is gone: ignore whatever still arrives
+            await self.close_and_wait()
+
+    async def _serve(self) -> None:
+        try:
+            async with asyncio.timeout(self._server.handshake_timeout):
+                await self._handshaken
+        except TimeoutError:
+            return  # a peer that never says hello gets nothing more
+        # Until the peer closes, or fail() aborts after its linger.
+        await self.lost
 
     # -- lifecycle (called by RpcServer.close) --
 
     def begin_drain(self) -> None:
         self._draining = True
         if not self._tasks:
-            self._writer.close()  # the read loop sees EOF and the connection ends
+            self.close()
 
     def abort(self) -> None:
         self._draining = self._aborting = True
         for task in self._tasks.values():
             task.cancel()
         if not self._tasks:
-            self._writer.close()
+            self.close()
 
-    # -- reading --
+    # -- reading (FrameConnection hooks) --
 
-    async def _handshake(self) -> bool:
-        self._writer.write(frames.encode_hello(self._server.max_frame))
+    def hello_received(self, hello: frames.Hello) -> None:
         try:
-            async with asyncio.timeout(self._server.handshake_timeout):
-                magic = await self._reader.readexactly(len(frames.MAGIC))
-                rest = b""
-                if magic == frames.MAGIC:
-                    rest = await self._reader.readexactly(frames.HELLO_SIZE - len(frames.MAGIC))
-        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
-            return False  # a peer that never says hello gets nothing more
-        try:
-            hello = frames.decode_hello(magic + rest.ljust(frames.HELLO_SIZE - len(magic), b"\0"))
             frames.check_hello(hello, peer=self._peer, peer_role="client")
         except TabletStoreError as exc:
-            await self._fail_connection(exc)
-            return False
+            logger.info("refusing RPC connection from %s: %s", self._peer, exc)
+            self.fail(exc)
+            self._handshaken.set_result(False)
+            return
         self._peer_max_frame = hello.max_frame
-        return True
+        self._handshaken.set_result(True)
 
-    async def _read_loop(self, tg: asyncio.TaskGroup) -> None:
-        max_frame = self._server.max_frame
-        while True:
-            try:
-                frame = await frames.read_frame(self._reader, max_frame)
-            except FrameError as exc:
-                await self._fail_connection(exc)
-                return
-            except (asyncio.IncompleteReadError, ConnectionError):
-                return  # the peer closed or reset the connection
-            kind = frame.kind
-            if kind == Kind.REQUEST:
-                self._on_request(tg, frame)
-            elif kind == Kind.CANCEL:
-                task = self._tasks.get(frame.request_id)
-                if task is not None:  # else it already finished: the reply crossed the CANCEL
-                    task.cancel()
-            elif kind == Kind.CREDIT:
-                self._on_credit(frame)
-            elif kind == Kind.PING:
-                self._write_nowait(frames.encode_frame(Kind.PONG, frame.request_id, frame.body))
-            else:
-                self._reply_error(
-                    frame.request_id, InvalidArgument(f"unexpected frame kind {kind} from a client")
-                )
+    def fail(self, exc: TabletStoreError) -> None:
+        super().fail(exc)
+        # Linger so the peer reads the ERROR, then abort (run() ends with the connection).
+        if self._linger is None:
+            self._linger = self._loop.call_later(LINGER, self._abort_transport)
 
-    def _on_request(self, tg: asyncio.TaskGroup, frame: Frame) -> None:
+    def _abort_transport(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+    def closed(self, exc: Exception | None) -> None:
+        if self._linger is not None:
+            self._linger.cancel()
+        if not self._handshaken.done():
+            self._handshaken.set_result(False)
+
+    def frame_received(self, frame: Frame) -> None:
+        if self._tg is None:
+            self._backlog.append(frame)
+            return
+        kind = frame.kind
+        if kind == Kind.REQUEST:
+            self._on_request(frame)
+        elif kind == Kind.CANCEL:
+            task = self._tasks.get(frame.request_id)
+            if task is not None:  # else it already finished: the reply crossed the CANCEL
+                task.cancel()
+        elif kind == Kind.CREDIT:
+            self._on_credit(frame)
+        elif kind == Kind.PING:
+            self.write(
+                frames.encode_frame(Kind.PONG, frame.request_id, frame.body), more_coming=True
+            )
+        else:
+            self._reply_error(
+                frame.request_id, InvalidArgument(f"unexpected frame kind {kind} from a client")
+            )
+
+    def _on_request(self, frame: Frame) -> None:
         rid = frame.request_id
         try:
             request = frames.parse_request(frame.body)
@@ -366,7 +382,8 @@ class _ServerConnection:
             coro = self._serve_stream(rid, request.method, fn, request.payload, credit)
         else:
             coro = self._serve_unary(rid, request.method, fn, request.payload)
-        self._tasks[rid] = tg.create_task(coro)
+        assert self._tg is not None  # frame_received keeps a backlog until it exists
+        self._tasks[rid] = self._tg.create_task(coro)
 
     def _on_credit(self, frame: Frame) -> None:
         credit = self._credits.get(frame.request_id)
@@ -393,7 +410,9 @@ class _ServerConnection:
                 raise
             except Exception as exc:  # every handler failure becomes an ERROR reply, never a hang
                 frame = self._error_frame(rid, exc, method)
-            await self._send(frame)
+            # Other replies finishing in this loop iteration share the system call.
+            self.write(frame, more_coming=len(self._tasks) > 1)
+            await self.drain()
         finally:
             self._finished(rid)
 
@@ -414,14 +433,17 @@ class _ServerConnection:
                             len(body), self._peer_max_frame, f"stream item of {method!r}"
                         )
                         await credit.acquire()
-                        await self._send(frames.encode_frame(Kind.STREAM_ITEM, rid, body))
+                        item = frames.encode_frame(Kind.STREAM_ITEM, rid, body)
+                        self.write(item, more_coming=True)
+                        await self.drain()
                 frame = frames.encode_frame(Kind.STREAM_END, rid)
             except asyncio.CancelledError:
                 self._on_cancelled(rid)
                 raise
             except Exception as exc:  # every handler failure becomes an ERROR reply, never a hang
                 frame = self._error_frame(rid, exc, method)
-            await self._send(frame)
+            # The last frame of the stream: no need to wait for drain.
+            self.write(frame, more_coming=len(self._tasks) > 1)
         finally:
             self._finished(rid)
 
@@ -434,98 +456,62 @@ class _ServerConnection:
         self._tasks.pop(rid, None)
         self._credits.pop(rid, None)
         if self._draining and not self._tasks:
-            self._writer.close()
-
-    # -- writing --
+            self.close()
 
     def _error_frame(self, rid: int, exc: BaseException, method: str) -> bytes:
         error = _wire_error(exc, method, self._server.address)
         return frames.encode_frame(Kind.ERROR, rid, encode_error(error))
 
     def _reply_error(self, rid: int, exc: TabletStoreError) -> None:
-        self._write_nowait(frames.encode_frame(Kind.ERROR, rid, encode_error(exc)))
-
-    def _write_nowait(self, frame: bytes) -> None:
-        """Write a small control frame without waiting for drain (from the read loop)."""
-        if not self._writer.is_closing():
-            self._writer.write(frame)
-
-    async def _send(self, frame: bytes) -> None:
-        if self._writer.is_closing():
-            return  # the peer is gone; the read loop cancels what is still running
-        self._writer.write(frame)
-        with contextlib.suppress(ConnectionError):  # lost mid-write: the read loop sees it too
-            await self._writer.drain()
-
-    async def _fail_connection(self, exc: TabletStoreError) -> None:
-        """Send a connection-level ERROR (request id 0), then close: the stream is not trusted.
-
-        Half-close and discard what the peer still sends for a moment, so that it reads the
-        ERROR instead of a reset caused by unread data.
-        """
-        logger.info("closing RPC connection from %s: %s", self._peer, exc)
-        self._writer.write(frames.encode_frame(Kind.ERROR, 0, encode_error(exc)))
-        with contextlib.suppress(TimeoutError, ConnectionError, OSError):
-            self._writer.write_eof()
-            async with asyncio.timeout(_LINGER):
-                while await self._reader.read(1 << 16):
-                    pass
+        self.write(frames.encode_frame(Kind.ERROR, rid, encode_error(exc)), more_coming=True)
 
 
 # -- client -----------------------------------------------------------------------------------
 
 
-class _ClientConnection:
+class _ClientConnection(FrameConnection):
     """One connected, handshaken socket and the requests in flight on it."""
 
-    def __init__(
-        self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        address: str,
-        max_frame: int,
-        peer_max_frame: int,
-    ) -> None:
-        self._reader = reader
-        self._writer = writer
+    def __init__(self, address: str, max_frame: int) -> None:
+        super().__init__(max_frame, frames.encode_hello(max_frame))
         self.address = address
-        self._max_frame = max_frame
-        self.peer_max_frame = peer_max_frame
+        self.peer_max_frame = DEFAULT_MAX_FRAME
+        self._handshake: asyncio.Future[None] = self._loop.create_future()
         self._next_id = 0
         # Unary calls and pings wait on a future; streams read a queue. Frames for ids in
         # neither (a reply that crossed our CANCEL) are dropped.
         self.pending: dict[int, asyncio.Future[Frame]] = {}
         self.streams: dict[int, asyncio.Queue[Frame | TabletStoreError]] = {}
         self.failure: TabletStoreError | None = None
-        self._reader_task = asyncio.get_running_loop().create_task(self._read_loop())
 
     @classmethod
     async def open(
         cls, host: str, port: int, *, max_frame: int, connect_timeout: float
     ) -> _ClientConnection:
         address = _format_address(host, port)
+        loop = asyncio.get_running_loop()
+        conn: _ClientConnection | None = None
         try:
             async with asyncio.timeout(connect_timeout):
-                reader, writer = await asyncio.open_connection(host, port)
-                writer.write(frames.encode_hello(max_frame))
-                data = await reader.readexactly(frames.HELLO_SIZE)
+                _, conn = await loop.create_connection(lambda: cls(address, max_frame), host, port)
+                await conn._handshake
         except TimeoutError:
+            if conn is not None:
+                conn._abort(Unavailable(f"no handshake from {address}"))
             raise Unavailable(
                 f"cannot connect to {address}: no handshake within {connect_timeout} s"
             ) from None
-        except (OSError, asyncio.IncompleteReadError) as exc:
+        except OSError as exc:
             raise Unavailable(f"cannot connect to {address}: {exc}") from exc
-        try:
-            hello = frames.decode_hello(data)
-            frames.check_hello(hello, peer=address, peer_role="server")
-        except TabletStoreError:
-            writer.close()
+        except TabletStoreError as exc:
+            if conn is not None:
+                conn._abort(exc)
             raise
-        return cls(reader, writer, address, max_frame, hello.max_frame)
+        return conn
 
     @property
     def alive(self) -> bool:
-        return self.failure is None and not self._writer.is_closing()
+        return self.failure is None and self.is_open
 
     def new_id(self) -> int:
         """The next free request id (1..2**32-1, wrapping, skipping ids still in flight)."""
@@ -538,57 +524,72 @@ class _ClientConnection:
     async def send(self, frame: bytes) -> None:
         if self.failure is not None:
             raise type(self.failure)(str(self.failure))
-        self._writer.write(frame)
-        try:
-            await self._writer.drain()
-        except ConnectionError as exc:
-            raise Unavailable(f"connection to {self.address} lost") from exc
+        # With other requests in flight, calls made in this loop iteration share a system call.
+        self.write(frame, more_coming=len(self.pending) + len(self.streams) > 1)
+        await self.drain()
 
     def cancel(self, rid: int) -> None:
         """Forget ``rid`` and tell the server to stop working on it (CANCEL needs no reply)."""
         self.pending.pop(rid, None)
         self.streams.pop(rid, None)
         if self.alive:
-            self._writer.write(frames.encode_frame(Kind.CANCEL, rid))
+            self.write(frames.encode_frame(Kind.CANCEL, rid), more_coming=True)
 
-    def send_nowait(self, frame: bytes) -> None:
-        if self.alive:
-            self._writer.write(frame)
+    # -- FrameConnection hooks --
 
-    async def _read_loop(self) -> None:
-        failure: TabletStoreError = Unavailable(f"connection to {self.address} lost")
+    def hello_received(self, hello: frames.Hello) -> None:
         try:
-            while True:
-                frame = await frames.read_frame(self._reader, self._max_frame)
-                rid = frame.request_id
-                future = self.pending.pop(rid, None)
-                if future is not None:
-                    if not future.done():
-                        future.set_result(frame)
-                    continue
-                queue = self.streams.get(rid)
-                if queue is not None:
-                    queue.put_nowait(frame)
-                elif rid == 0 and frame.kind == Kind.ERROR:
-                    reason = decode_error(frame.body)
-                    failure = Unavailable(
-                        f"connection to {self.address} closed by the server: "
-                        f"{type(reason).__name__}: {reason}"
-                    )
-                    return
-        except FrameError as exc:
-            failure = Unavailable(f"connection to {self.address} broken: {exc}")
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass  # the default failure: lost
-        except asyncio.CancelledError:
-            failure = Closed(f"connection to {self.address} was closed by this client")
-            raise
-        finally:
-            self._fail_all(failure)
+            frames.check_hello(hello, peer=self.address, peer_role="server")
+        except TabletStoreError as exc:
+            self._dead = True
+            if not self._handshake.done():
+                self._handshake.set_exception(exc)
+            return
+        self.peer_max_frame = hello.max_frame
+        if not self._handshake.done():
+            self._handshake.set_result(None)
+
+    def frame_received(self, frame: Frame) -> None:
+        rid = frame.request_id
+        future = self.pending.pop(rid, None)
+        if future is not None:
+            if not future.done():
+                future.set_result(frame)
+            return
+        queue = self.streams.get(rid)
+        if queue is not None:
+            queue.put_nowait(frame)
+        elif rid == 0 and frame.kind == Kind.ERROR:
+            reason = decode_error(frame.body)
+            self._abort(
+                Unavailable(
+                    f"connection to {self.address} closed by the server: "
+                    f"{type(reason).__name__}: {reason}"
+                )
+            )
+
+    def fail(self, exc: TabletStoreError) -> None:
+        # A server that breaks the frame format: nothing more it sends can be trusted.
+        self._abort(Unavailable(f"connection to {self.address} broken: {exc}"))
+
+    def closed(self, exc: Exception | None) -> None:
+        failure = Unavailable(f"connection to {self.address} lost")
+        if not self._handshake.done():
+            self._handshake.set_exception(
+                Unavailable(f"cannot connect to {self.address}: closed during the handshake")
+            )
+        self._fail_all(failure)
+
+    def _abort(self, failure: TabletStoreError) -> None:
+        self._dead = True
+        self._fail_all(failure)
+        if self.transport is not None:
+            self.transport.abort()
 
     def _fail_all(self, failure: TabletStoreError) -> None:
-        self.failure = failure
-        self._writer.close()
+        if self.failure is None:
+            self.failure = failure
+        failure = self.failure
         pending, self.pending = self.pending, {}
         for future in pending.values():
             if not future.done():
@@ -597,12 +598,10 @@ class _ClientConnection:
         for queue in streams.values():
             queue.put_nowait(type(failure)(str(failure)))
 
-    async def close(self) -> None:
-        self._reader_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._reader_task
-        with contextlib.suppress(ConnectionError):  # already reset: closed is what we want
-            await self._writer.wait_closed()
+    async def aclose(self) -> None:
+        self._fail_all(Closed(f"connection to {self.address} was closed by this client"))
+        if self.transport is not None:
+            await self.close_and_wait()
 
 
 class RpcClient:
@@ -645,7 +644,7 @@ class RpcClient:
         self._closed = True
         conn, self._conn = self._conn, None
         if conn is not None:
-            await conn.close()
+            await conn.aclose()
 
     async def connection(self) -> _ClientConnection:
         """The live connection, (re)connecting if needed. Raises Unavailable if it cannot."""
@@ -659,7 +658,7 @@ class RpcClient:
             if conn is not None and conn.alive:
                 return conn
             if conn is not None:
-                await conn.close()
+                await conn.aclose()
             self._conn = None
             self._conn = await _ClientConnection.open(
                 self.host, self.port, max_frame=self.max_frame, connect_timeout=self.connect_timeout
@@ -833,7 +832,7 @@ class RpcStream:
         if got.kind == Kind.STREAM_ITEM:
             self._consumed += 1
             if self._consumed >= self._grant_every:
-                self._conn.send_nowait(frames.encode_credit(self._rid, self._consumed))
+                self._conn.write(frames.encode_credit(self._rid, self._consumed), more_coming=True)
                 self._consumed = 0
             return self._client.codec.decode(got.body)
         self._finish()

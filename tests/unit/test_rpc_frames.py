@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from tabletstore.errors import InvalidArgument, Unimplemented
@@ -49,34 +47,44 @@ def test_method_name_limits() -> None:
         frames.encode_request(1, "x" * 256, b"")
 
 
-def _reader(data: bytes) -> asyncio.StreamReader:
-    reader = asyncio.StreamReader()
-    reader.feed_data(data)
-    reader.feed_eof()
-    return reader
-
-
-async def test_read_frame() -> None:
-    data = frames.encode_frame(Kind.STREAM_ITEM, 5, b"abc") + frames.encode_frame(
-        Kind.STREAM_END, 5
+def test_parser_splits_and_joins_frames() -> None:
+    data = (
+        frames.encode_hello(1 << 20)
+        + frames.encode_frame(Kind.STREAM_ITEM, 5, b"abc")
+        + frames.encode_frame(Kind.STREAM_END, 5)
     )
-    reader = _reader(data)
-    assert await frames.read_frame(reader, 1024) == (Kind.STREAM_ITEM, 5, b"abc")
-    assert await frames.read_frame(reader, 1024) == (Kind.STREAM_END, 5, b"")
-    with pytest.raises(asyncio.IncompleteReadError):
-        await frames.read_frame(reader, 1024)
+    parser = frames.FrameParser(1024)
+    got = []
+    # One byte at a time: a frame is only returned once all of it has arrived.
+    for i, byte in enumerate(data):
+        if parser.hello is None:
+            assert parser.feed_hello(bytes([byte])) is None or i == frames.HELLO_SIZE - 1
+            continue
+        got += parser.feed(bytes([byte]))
+    assert parser.hello == (frames.MAGIC, frames.PROTOCOL_VERSION, 1 << 20)
+    assert got == [(Kind.STREAM_ITEM, 5, b"abc"), (Kind.STREAM_END, 5, b"")]
+    # All at once: the bytes after the hello stay buffered for feed().
+    parser = frames.FrameParser(1024)
+    assert parser.feed_hello(data) is not None
+    assert parser.feed(b"") == got
 
 
-async def test_read_oversized_frame() -> None:
-    reader = _reader(frames.HEADER.pack(2147483647, Kind.REQUEST, 1))
+def test_parser_reports_wrong_magic_early() -> None:
+    parser = frames.FrameParser(1024)
+    assert parser.feed_hello(b"GET") is None
+    hello = parser.feed_hello(b" ")
+    assert hello is not None and hello.magic == b"GET "
+
+
+def test_parser_rejects_oversized_frame() -> None:
+    parser = frames.FrameParser(frames.DEFAULT_MAX_FRAME)
     with pytest.raises(FrameError, match="frame of 2147483647 bytes exceeds the 16 MiB limit"):
-        await frames.read_frame(reader, frames.DEFAULT_MAX_FRAME)
+        parser.feed(frames.HEADER.pack(2147483647, Kind.REQUEST, 1))
 
 
-async def test_read_short_frame() -> None:
-    reader = _reader(frames.HEADER.pack(2, Kind.REQUEST, 1))
+def test_parser_rejects_short_frame() -> None:
     with pytest.raises(FrameError, match="shorter than the 5-byte header"):
-        await frames.read_frame(reader, 1024)
+        frames.FrameParser(1024).feed(frames.HEADER.pack(2, Kind.REQUEST, 1))
 
 
 def test_check_hello() -> None:
