@@ -16,11 +16,11 @@ remains for them to mask.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from tabletstore.iterators import compact_cells, merge_sources
-from tabletstore.keys import Cell
+from tabletstore.keys import Cell, CellKind
 from tabletstore.metadata import TabletRecord
 from tabletstore.options import TabletOptions
 from tabletstore.schema import GcRule
@@ -75,15 +75,21 @@ def merge_sstables(
     compression: str,
     block_size: int,
     locality_group: str,
+    families: Collection[str] | None = None,
 ) -> tuple[bytes, SSTableInfo]:
     """Merge SSTable objects (their bytes, newest first) into one SSTable object.
 
     A major merge applies deletions and GC and leaves only live values; a merging one keeps
     deletion entries and drops only what they mask within the inputs (see
-    :func:`tabletstore.iterators.compact_cells`). Pure CPU: safe to run in another process.
+    :func:`tabletstore.iterators.compact_cells`). With ``families`` (the schema's), the cells
+    and deletion entries of any other family -- a dropped one -- are left out; row deletions
+    are kept. Pure CPU: safe to run in another process.
     """
     sources: list[list[Cell]] = [read_sstable_bytes(blob) for blob in inputs]
-    merged = merge_sources(sources)
+    merged: Iterable[Cell] = merge_sources(sources)
+    if families is not None:
+        known = frozenset(families)
+        merged = (c for c in merged if c.family in known or c.kind == CellKind.DELETE_ROW)
     out = compact_cells(merged, gc_rules=gc_rules, now_micros=now_micros, major=major)
     return write_sstable(
         out, compression=compression, block_size=block_size, locality_group=locality_group

@@ -409,10 +409,10 @@ class Tablet:
         # A stable sort keeps the newest source first among identical keys.
         raw.sort(key=cell_sort_key)
         visible = visible_cells(raw, gc_rules=self._gc_rules(), now_micros=self._now_micros())
+        # Cells of a dropped family stay in SSTables until their next compaction: never shown.
+        wanted = set(self._schema.families) if families is None else families
         return [
-            ApiCell(c.family, c.qualifier, c.ts, c.value)
-            for c in visible
-            if families is None or c.family in families
+            ApiCell(c.family, c.qualifier, c.ts, c.value) for c in visible if c.family in wanted
         ]
 
     async def read_row(
@@ -459,6 +459,8 @@ class Tablet:
         batches = avisible_batches(
             amerge_batches(sources), gc_rules=self._gc_rules(), now_micros=self._now_micros()
         )
+        # Cells of a dropped family stay in SSTables until their next compaction: never shown.
+        wanted = set(self._schema.families) if fams is None else fams
         emitted = 0
         current_row: bytes | None = None
         cells: list[ApiCell] = []
@@ -473,7 +475,7 @@ class Tablet:
                             if limit is not None and emitted >= limit:
                                 return
                     current_row, cells = c.row, []
-                if fams is None or c.family in fams:
+                if c.family in wanted:
                     cells.append(ApiCell(c.family, c.qualifier, c.ts, c.value))
         if cells and current_row is not None:
             out = self._finish_row(current_row, cells, filter, clipped)
@@ -658,6 +660,7 @@ class Tablet:
                 gc_rules=self._gc_rules(),
                 now_micros=self._now_micros(),
                 major=task.major,
+                families=set(self._schema.families),
                 compression=lg.compression if lg is not None else "zstd",
                 block_size=lg.block_size if lg is not None else 64 * 1024,
                 locality_group=task.group,

@@ -1,0 +1,236 @@
+"""Tablet behaviour case by case (§2, §3, §5.3, §5.4), on the in-memory store.
+
+The state machine (tests/property/test_tablet_state_machine.py) checks random histories
+against the model; these pin individual contracts: dropped families, ACLs, row ranges, scans
+with limits and filters, in-memory locality groups, read-modify-write timestamps, where a
+merged SSTable goes, and closing with a flush.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from tabletstore.errors import InvalidArgument, NotFound, NotServing, PermissionDenied
+from tabletstore.filters import ColumnQualifierRegex
+from tabletstore.model import (
+    AppendValue,
+    Cell,
+    DeleteRow,
+    IncrementValue,
+    Row,
+    SetCell,
+)
+from tabletstore.options import TabletOptions
+from tabletstore.query import RowRange
+from tabletstore.schema import Acl, TableSchema
+from tabletstore.storage_s3.base import Op
+from tabletstore.storage_s3.memory import MemoryObjectStore
+from tabletstore.testing.faulty_store import FaultyObjectStore
+from tests.tablet_harness import SECOND, TabletHarness, TabletModel, make_schema
+
+BIG = TabletOptions(memtable_flush_bytes=1 << 30, max_sstables_per_group=2)
+
+
+@pytest.fixture
+async def store() -> FaultyObjectStore:
+    return FaultyObjectStore(MemoryObjectStore())
+
+
+@pytest.fixture
+async def h(store: FaultyObjectStore) -> AsyncIterator[TabletHarness]:
+    harness = TabletHarness(store, options=BIG)
+    await harness.start()
+    yield harness
+    await harness.close()
+
+
+def without(schema: TableSchema, family: str) -> TableSchema:
+    fams = {k: v for k, v in schema.families.items() if k != family}
+    return schema.model_copy(update={"families": fams})
+
+
+def sstable_cells(h: TabletHarness, group: str) -> int:
+    assert h.tablet is not None
+    return sum(r.cells for r in h.tablet.record.sstables.get(group, ()))
+
+
+async def test_a_dropped_family_is_invisible_at_once_and_compacted_away(
+    h: TabletHarness,
+) -> None:
+    tablet = h.tablet
+    assert tablet is not None
+    await tablet.apply(b"r1", [SetCell("b", b"x", b"keep"), SetCell("c", b"y", b"gone")])
+    await tablet.apply(b"r2", [SetCell("c", b"y", b"only-c")])
+    await tablet.minor_compact()  # c's cells now sit in an SSTable of group "cold"
+    await tablet.apply(b"r3", [SetCell("c", b"y", b"memtable")])
+    h.set_schema(without(h.schema, "c"))
+
+    r1 = Row(b"r1", [Cell("b", b"x", h.now_micros(), b"keep")])
+    assert await tablet.read_row(b"r1") == r1
+    assert await tablet.read_row(b"r2") is None
+    assert await tablet.read_row(b"r3") is None
+    assert [r async for r in tablet.scan(RowRange.all())] == [r1]
+    # A row holding only dropped cells has no cells for a predicate to match.
+    assert not await tablet.check_and_mutate(b"r2", None, [], [SetCell("a", b"q", b"v")])
+    with pytest.raises(NotFound):
+        await tablet.apply(b"r1", [SetCell("c", b"y", b"v")])
+
+    # The next compactions leave them out: minor (memtable) and merging/major (SSTables).
+    await tablet.minor_compact()
+    await tablet.major_compact()
+    assert sstable_cells(h, "cold") == 1
+    # Recreating the family after the compaction starts it empty.
+    h.set_schema(make_schema())
+    r2 = await tablet.read_row(b"r2")  # holds the false branch's write only
+    assert r2 is not None and [c.family for c in r2.cells] == ["a"]
+    assert await tablet.read_row(b"r1") == r1
+
+
+async def test_rows_outside_the_tablet_and_closed_tablets_are_not_served(
+    store: FaultyObjectStore,
+) -> None:
+    h = TabletHarness(store, options=BIG, tablet_id="t00001")
+    tablet = await h.start()
+    try:
+        assert tablet.contains(b"anything")
+        await tablet.apply(b"k", [SetCell("a", b"q", b"v")])
+        await tablet.close(flush=True)
+        with pytest.raises(NotServing):
+            await tablet.read_row(b"k")
+        with pytest.raises(NotServing):
+            await tablet.apply(b"k", [SetCell("a", b"q", b"v")])
+        record = await h.record()
+        assert record.redo_seq >= 1 and len(tablet.state.memtable) == 0
+        # Closed with a flush: a new owner has nothing to replay.
+        await h.recover()
+        assert h.tablet is not None and len(h.tablet.state.memtable) == 0
+        assert await h.tablet.read_row(b"k") is not None
+    finally:
+        await h.close()
+
+
+async def test_row_outside_the_range_is_not_serving(store: FaultyObjectStore) -> None:
+    h = TabletHarness(store, options=BIG)
+    await h.start()
+    try:
+        assert h.catalog is not None
+        rec = await h.record()
+        from dataclasses import replace
+
+        await h.catalog.update(rec, replace(rec, start_row=b"m", end_row=b"t"))
+        tablet = await h.recover()
+        with pytest.raises(NotServing, match="outside tablet"):
+            await tablet.apply(b"a", [SetCell("a", b"q", b"v")])
+        with pytest.raises(NotServing):
+            await tablet.read_row(b"t")
+        await tablet.apply(b"m", [SetCell("a", b"q", b"v")])
+        # Scans are clipped to the tablet.
+        rows = [r.key async for r in tablet.scan(RowRange(b"a", b"z"))]
+        assert rows == [b"m"]
+    finally:
+        await h.close()
+
+
+async def test_acls_limit_what_an_identity_reads_and_writes(store: FaultyObjectStore) -> None:
+    base = make_schema()
+    fams = dict(base.families)
+    fams["c"] = fams["c"].model_copy(update={"acl": Acl(readers=["alice"], writers=["alice"])})
+    h = TabletHarness(store, options=BIG, schema=base.model_copy(update={"families": fams}))
+    tablet = await h.start()
+    try:
+        await tablet.apply(
+            b"r", [SetCell("a", b"q", b"1"), SetCell("c", b"q", b"2")], identity="alice"
+        )
+        with pytest.raises(PermissionDenied):
+            await tablet.apply(b"r", [SetCell("c", b"q", b"3")], identity="bob")
+        with pytest.raises(PermissionDenied):
+            await tablet.apply(b"r", [DeleteRow()], identity="bob")
+        with pytest.raises(PermissionDenied):
+            await tablet.read_modify_write(b"r", [AppendValue("c", b"q", b"x")], identity="bob")
+        bob = await tablet.read_row(b"r", identity="bob")
+        alice = await tablet.read_row(b"r", identity="alice")
+        assert bob is not None and {c.family for c in bob.cells} == {"a"}
+        assert alice is not None and {c.family for c in alice.cells} == {"a", "c"}
+        assert [r.cells async for r in tablet.scan(RowRange.all(), identity="bob")] == [bob.cells]
+    finally:
+        await h.close()
+
+
+async def test_scan_limit_families_and_filter(h: TabletHarness) -> None:
+    tablet = h.tablet
+    assert tablet is not None
+    model = TabletModel(h.schema)
+    for i in range(30):
+        muts = [SetCell("a", b"q%d" % (i % 2), b"%d" % i), SetCell("b", b"x", b"b")]
+        await tablet.apply(b"row%02d" % i, muts)
+        model.apply(b"row%02d" % i, muts, h.now_micros())
+        if i % 10 == 9:
+            await tablet.minor_compact()
+    now = h.now_micros()
+    got = [r async for r in tablet.scan(RowRange(b"row05", b"row20"), limit=4)]
+    assert got == model.scan(now, b"row05", b"row20")[:4]
+    only_b = [r async for r in tablet.scan(RowRange.all(), families={"b"})]
+    assert [r.key for r in only_b] == sorted(model.rows)
+    assert all(c.family == "b" for r in only_b for c in r.cells)
+    q1 = [r async for r in tablet.scan(RowRange.all(), filter=ColumnQualifierRegex(b"q1"))]
+    assert [r.key for r in q1] == [b"row%02d" % i for i in range(1, 30, 2)]
+    assert [r async for r in tablet.scan(RowRange.all(), limit=0)] == []
+
+
+async def test_in_memory_locality_group_reads_cost_no_requests(
+    h: TabletHarness, store: FaultyObjectStore
+) -> None:
+    tablet = h.tablet
+    assert tablet is not None
+    for i in range(50):
+        await tablet.apply(b"r%02d" % i, [SetCell("a", b"q", b"v" * 50), SetCell("b", b"x", b"w")])
+    await tablet.minor_compact()
+    before = store.calls[Op.GET] + store.calls[Op.GET_RANGE]
+    for i in range(50):
+        assert await tablet.read_row(b"r%02d" % i, families={"a"}) is not None
+    assert store.calls[Op.GET] + store.calls[Op.GET_RANGE] == before
+    assert await tablet.read_row(b"r07", families={"b"}) is not None
+    assert store.calls[Op.GET] + store.calls[Op.GET_RANGE] > before
+
+
+async def test_read_modify_write_result_is_the_newest_version(h: TabletHarness) -> None:
+    tablet = h.tablet
+    assert tablet is not None
+    future = h.now_micros() + 100 * SECOND
+    await tablet.apply(b"r", [SetCell("a", b"n", (5).to_bytes(8, "big"), future)])
+    out = await tablet.read_modify_write(b"r", [IncrementValue("a", b"n", 2)])
+    assert out == Row(b"r", [Cell("a", b"n", future, (7).to_bytes(8, "big"))])
+    row = await tablet.read_row(b"r")
+    assert row is not None and row.latest("a", b"n") == (7).to_bytes(8, "big")
+    # Two rules on one column compose; a missing column counts as 0 / empty.
+    out = await tablet.read_modify_write(
+        b"r",
+        [
+            IncrementValue("b", b"c", 3),
+            IncrementValue("b", b"c", -10),
+            AppendValue("c", b"s", b"x"),
+        ],
+    )
+    assert [c.value for c in out.cells] == [(-7).to_bytes(8, "big", signed=True), b"x"]
+    await tablet.apply(b"r", [SetCell("b", b"t", b"abc")])
+    with pytest.raises(InvalidArgument, match="not a 64-bit"):
+        await tablet.read_modify_write(b"r", [IncrementValue("b", b"t", 1)])
+
+
+async def test_merged_sstable_takes_the_place_of_its_newest_input(h: TabletHarness) -> None:
+    tablet = h.tablet
+    assert tablet is not None
+    for k in range(4):
+        await tablet.apply(b"r", [SetCell("b", b"x", b"v%d" % k, h.now_micros())])
+        await tablet.minor_compact()
+    keys_before = [r.key for r in tablet.record.sstables["cold"]]
+    assert len(keys_before) == 4
+    await tablet.merge_if_needed()
+    keys_after = [r.key for r in tablet.record.sstables["cold"]]
+    # The newest three were merged into one, which stands in front of the oldest.
+    assert len(keys_after) == 2 and keys_after[1] == keys_before[3]
+    assert [t.key for t in tablet.state.sstables["cold"]] == keys_after
+    row = await tablet.read_row(b"r")
+    assert row is not None and row.latest("b", b"x") == b"v3"
