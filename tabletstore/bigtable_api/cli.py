@@ -27,9 +27,9 @@ DEFAULT_PORT = 8086
 
 async def serve(url: str | None, host: str, port: int) -> None:
     """Open the database at ``url``, serve until SIGINT/SIGTERM, then shut down cleanly."""
-    from tabletstore.bigtable_api.server import BigtableApiServer, _open
+    from tabletstore.bigtable_api.server import BigtableApiServer, open_client
 
-    client = await _open(url)
+    client = await open_client(url)
     try:
         server = BigtableApiServer(client, host=host, port=port)
         bound = await server.start()

@@ -59,6 +59,8 @@ __all__ = [
     "BackgroundServer",
     "BigtableApiServer",
     "BigtableData",
+    "generic_handlers",
+    "open_client",
 ]
 
 DATA_SERVICE = "google.bigtable.v2.Bigtable"
@@ -438,7 +440,8 @@ class BigtableApiServer:
             await self._server.wait_for_termination()
 
 
-async def _open(url: str | None) -> AsyncClient:
+async def open_client(url: str | None) -> AsyncClient:
+    """The database at ``url`` (see :func:`tabletstore.embedded.connect_async`)."""
     # Imported here: embedded pulls in the whole serving stack, which only the runner needs.
     from tabletstore.embedded import Database
 
@@ -494,7 +497,7 @@ class BackgroundServer:
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
-        client = await _open(self.url)
+        client = await open_client(self.url)
         try:
             server = BigtableApiServer(client, host=self.host, port=self.port, **self._kw)
             self.port = await server.start()
