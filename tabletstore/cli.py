@@ -524,7 +524,9 @@ def _export(
     for row in table.read_rows(filter=Chain([newest, StripValue()]), **selection):
         found.update((c.family, c.qualifier) for c in row.cells)
     columns = sorted(found)
-    writer = csv.writer(out, lineterminator="\n")
+    # The default CRLF terminator (RFC 4180) also makes the writer quote fields holding a
+    # lone "\r", which a "\n" terminator would leave bare and a reader would split on.
+    writer = csv.writer(out)
     writer.writerow(tablecsv.header_record(columns))
     count = 0
     for row in table.read_rows(filter=newest, **selection):

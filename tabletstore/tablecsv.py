@@ -1,8 +1,8 @@
 """The CSV form of a table: the file format of ``tabletstore import`` and ``export``.
 
 Pure conversions between CSV records (lists of strings, as the ``csv`` module reads and writes
-them, RFC 4180 quoting of commas, quotes and newlines) and the data model (§2); the command
-does the file and database I/O.
+them: RFC 4180 quoting of commas, quotes and line breaks, CRLF record ends on export) and the
+data model (§2); the command does the file and database I/O.
 
 Header. The first record names the columns: its first field names the row-key column (any text;
 export writes ``row``) and every other field is ``family:qualifier`` (split at the first ``:``,
