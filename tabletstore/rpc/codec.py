@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import threading
 import types
 import typing
 from collections.abc import Callable
@@ -101,6 +102,9 @@ class Codec:
         self._by_id: dict[int, _Spec] = {}
         # cls -> _Spec.encode, looked up on every dataclass instance encoded.
         self._encoders: dict[type, Callable[[Any], Any]] = {}
+        # One reusable Packer per thread (msgpack.packb would build one, with its buffer,
+        # per call); a Packer is not safe to share between threads.
+        self._packers = threading.local()
 
     def register(self, type_id: int, cls: type) -> None:
         """Make ``cls`` (a dataclass, frozen by convention) encodable under ``type_id``.
@@ -134,8 +138,13 @@ class Codec:
 
     def encode(self, value: object) -> bytes:
         """``value`` as msgpack bytes. Raises InvalidArgument for what cannot be encoded."""
+        packer = getattr(self._packers, "packer", None)
+        if packer is None:
+            packer = self._packers.packer = msgpack.Packer(
+                default=self._default, use_bin_type=True, autoreset=True
+            )
         try:
-            data: bytes = msgpack.packb(value, default=self._default, use_bin_type=True)
+            data: bytes = packer.pack(value)
         except InvalidArgument:
             raise
         except (TypeError, ValueError, OverflowError) as exc:
@@ -156,7 +165,11 @@ class Codec:
                 f"cannot encode {type(obj).__qualname__}: it is not registered with the RPC "
                 f"codec (codec.register(type_id, {type(obj).__name__}))"
             )
-        raise InvalidArgument(f"cannot encode a {type(obj).__qualname__} for RPC")
+        if isinstance(obj, int):
+            raise InvalidArgument(
+                f"cannot encode the integer {obj} for RPC: msgpack holds -2**63 .. 2**64-1"
+            )
+        raise InvalidArgument(f"cannot encode {type(obj).__qualname__} values for RPC")
 
     # -- decode -------------------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ what both sides share below the request level (DESIGN.md §8 "keep the hot path 
   per frame; a subclass gets ``hello_received`` once, then ``frame_received`` per frame.
 - Writing: ``write(frame, more_coming=True)`` appends to an output list flushed by one
   ``transport.write`` per event-loop iteration (or sooner, past 64 KiB), so replies to many
-  requests in flight leave in one system call; a lone frame is sent at once. Every frame is
+  requests in flight leave in few system calls; a lone frame is sent at once. Every frame is
   appended whole and the list is sent in order, so frames never interleave.
 - Flow control: ``await drain()`` waits while the transport is above its high-water mark
   (``pause_writing`` / ``resume_writing``), the socket-level backpressure for writers.
@@ -32,7 +32,10 @@ __all__ = ["LINGER", "FrameConnection"]
 #: How long a connection closing after an error, or on shutdown, waits for its peer to read
 #: what was written before it is aborted.
 LINGER = 0.5
+# Flush early past either bound, so the peer starts on the first replies while we produce
+# the rest (two processes pipeline instead of passing one large batch back and forth).
 _FLUSH_BYTES = 64 * 1024
+_FLUSH_FRAMES = 8
 
 
 class FrameConnection(asyncio.Protocol):
@@ -115,7 +118,7 @@ class FrameConnection(asyncio.Protocol):
 
         ``more_coming=True`` says other frames will probably be written in this event-loop
         iteration (more replies in flight, stream items): the frame waits for the flush at the
-        end of the iteration (or 64 KiB), so they share one system call. Otherwise it goes now,
+        end of the iteration (or 8 frames, or 64 KiB), so they share a system call. Otherwise it goes now,
         which is what a lone request wants (no extra loop iteration of latency). Dropped
         silently if the connection is closing: its users learn of that through ``lost``.
         """
@@ -125,7 +128,7 @@ class FrameConnection(asyncio.Protocol):
             self._loop.call_soon(self.flush)
         self._out.append(frame)
         self._out_bytes += len(frame)
-        if not more_coming or self._out_bytes >= _FLUSH_BYTES:
+        if not more_coming or self._out_bytes >= _FLUSH_BYTES or len(self._out) >= _FLUSH_FRAMES:
             self.flush()
 
     def flush(self) -> None:

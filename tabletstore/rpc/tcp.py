@@ -491,22 +491,21 @@ class _ClientConnection(FrameConnection):
         address = _format_address(host, port)
         loop = asyncio.get_running_loop()
         conn: _ClientConnection | None = None
+        connected = False
         try:
             async with asyncio.timeout(connect_timeout):
                 _, conn = await loop.create_connection(lambda: cls(address, max_frame), host, port)
                 await conn._handshake
+            connected = True
         except TimeoutError:
-            if conn is not None:
-                conn._abort(Unavailable(f"no handshake from {address}"))
             raise Unavailable(
                 f"cannot connect to {address}: no handshake within {connect_timeout} s"
             ) from None
         except OSError as exc:
             raise Unavailable(f"cannot connect to {address}: {exc}") from exc
-        except TabletStoreError as exc:
-            if conn is not None:
-                conn._abort(exc)
-            raise
+        finally:
+            if conn is not None and not connected:  # failed, timed out or cancelled
+                conn._abort(Unavailable(f"cannot connect to {address}"))
         return conn
 
     @property
@@ -629,6 +628,8 @@ class RpcClient:
         self.stream_window = stream_window
         self._conn: _ClientConnection | None = None
         self._connect_lock = asyncio.Lock()
+        self._connect_attempts = 0
+        self._connect_error: TabletStoreError | None = None
         self._closed = False
 
     async def __aenter__(self) -> Self:
@@ -647,22 +648,39 @@ class RpcClient:
             await conn.aclose()
 
     async def connection(self) -> _ClientConnection:
-        """The live connection, (re)connecting if needed. Raises Unavailable if it cannot."""
+        """The live connection, (re)connecting if needed. Raises Unavailable if it cannot.
+
+        Callers that queued behind a failed attempt get its error at once instead of each
+        trying again in turn (a thousand calls to a dead server fail in one connect timeout).
+        """
         conn = self._conn
         if conn is not None and conn.alive:
             return conn
+        attempt = self._connect_attempts
         async with self._connect_lock:
             if self._closed:
                 raise Closed(f"RpcClient for {self.address} is closed")
             conn = self._conn
             if conn is not None and conn.alive:
                 return conn
+            failed = self._connect_error
+            if attempt != self._connect_attempts and failed is not None:
+                raise type(failed)(str(failed))
+            self._conn = None
             if conn is not None:
                 await conn.aclose()
-            self._conn = None
-            self._conn = await _ClientConnection.open(
-                self.host, self.port, max_frame=self.max_frame, connect_timeout=self.connect_timeout
-            )
+            self._connect_attempts += 1
+            try:
+                self._conn = await _ClientConnection.open(
+                    self.host,
+                    self.port,
+                    max_frame=self.max_frame,
+                    connect_timeout=self.connect_timeout,
+                )
+            except TabletStoreError as exc:
+                self._connect_error = exc
+                raise
+            self._connect_error = None
             return self._conn
 
     async def call(
@@ -675,10 +693,24 @@ class RpcClient:
         """Send ``request`` to unary ``method`` and return its decoded response.
 
         Raises the handler's TabletStoreError class, or Unavailable if the server cannot be
-        reached, the connection drops, or no response arrives within ``timeout`` seconds.
+        reached, the connection drops, or the call (connecting included) takes longer than
+        ``timeout`` seconds; the server is then told to cancel it.
         """
+        if timeout is None:
+            return await self._call(method, request)
+        try:
+            async with asyncio.timeout(timeout):
+                return await self._call(method, request)
+        except TimeoutError:
+            raise Unavailable(
+                f"call {method!r} to {self.address} timed out after {timeout} s"
+            ) from None
+
+    async def _call(self, method: str, request: object) -> Any:
         payload = self.codec.encode(request)
-        conn = await self.connection()
+        conn = self._conn
+        if conn is None or not conn.alive:
+            conn = await self.connection()
         request_frame = frames.encode_request(rid := conn.new_id(), method, payload)
         frames.check_outgoing(
             len(request_frame) - frames.HEADER.size, conn.peer_max_frame, "request"
@@ -687,17 +719,8 @@ class RpcClient:
         conn.pending[rid] = future
         try:
             await conn.send(request_frame)
-            if timeout is None:
-                frame = await future
-            else:
-                async with asyncio.timeout(timeout):
-                    frame = await future
-        except TimeoutError:
-            conn.cancel(rid)
-            raise Unavailable(
-                f"call {method!r} to {self.address} timed out after {timeout} s"
-            ) from None
-        except BaseException:
+            frame = await future
+        except BaseException:  # cancelled (or timed out) by the caller, or the send failed
             conn.cancel(rid)
             raise
         if frame.kind == Kind.RESPONSE:

@@ -435,3 +435,87 @@ async def test_connect_refused_is_unavailable() -> None:
         async with RpcClient("127.0.0.1", port, codec=CODEC) as c:
             with pytest.raises(Unavailable, match=f"cannot connect to 127.0.0.1:{port}"):
                 await c.call("echo", Echo(""))
+
+
+async def test_calls_queued_behind_a_failed_connect_fail_together() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        async with RpcClient("127.0.0.1", port, codec=CODEC) as c:
+            results = await asyncio.gather(
+                *(c.call("echo", Echo("")) for _ in range(100)), return_exceptions=True
+            )
+            assert all(isinstance(r, Unavailable) for r in results)
+            assert c._connect_attempts < 100
+
+
+async def _silent_server(connections: int) -> tuple[asyncio.Server, asyncio.Event]:
+    """Accepts connections and never says anything (not even a hello)."""
+    finished = asyncio.Event()
+    ended = []
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError):
+            await reader.read()
+        writer.close()
+        ended.append(writer)
+        if len(ended) == connections:
+            finished.set()
+
+    return await asyncio.start_server(silent, "127.0.0.1", 0), finished
+
+
+async def test_connect_and_call_timeouts_against_a_silent_server() -> None:
+    srv, finished = await _silent_server(connections=2)
+    port = srv.sockets[0].getsockname()[1]
+    try:
+        async with RpcClient("127.0.0.1", port, codec=CODEC, connect_timeout=0.2) as c:
+            with pytest.raises(Unavailable, match=r"no handshake within 0\.2 s"):
+                await c.call("echo", Echo(""))
+        async with RpcClient("127.0.0.1", port, codec=CODEC, connect_timeout=30) as c:
+            with pytest.raises(Unavailable, match=r"timed out after 0\.2 s"):
+                await c.call("echo", Echo(""), timeout=0.2)  # the timeout covers connecting
+        await asyncio.wait_for(finished.wait(), 5)
+    finally:
+        srv.close()
+        await srv.wait_closed()
+
+
+async def test_server_drops_a_client_that_never_says_hello(service: Service) -> None:
+    handlers = service.handlers()
+    async with RpcServer(handlers, codec=CODEC, handshake_timeout=0.2) as srv:  # type: ignore[arg-type]
+        reader, writer = await asyncio.open_connection("127.0.0.1", srv.port)
+        assert len(await reader.readexactly(frames.HELLO_SIZE)) == frames.HELLO_SIZE
+        await _expect_closed(reader, writer)
+        await _still_serves(srv)
+
+
+async def test_server_close_ends_open_streams(server: RpcServer, client: RpcClient) -> None:
+    async with client.stream("count", CountRequest(1_000_000), window=4) as items:
+        assert await anext(items) == 0
+        async with asyncio.timeout(5):
+            await server.close(grace=0.1)
+            with pytest.raises(Unavailable, match=r"shutting down|lost"):
+                async for _ in items:
+                    pass
+
+
+async def test_too_many_requests_in_flight(service: Service) -> None:
+    handlers = service.handlers()
+    async with RpcServer(handlers, codec=CODEC, max_in_flight=2) as srv:  # type: ignore[arg-type]
+        async with RpcClient("127.0.0.1", srv.port, codec=CODEC) as c:
+            waiting = [asyncio.ensure_future(c.call("wait", Echo(str(i)))) for i in range(2)]
+            await asyncio.wait_for(service.entered.wait(), 5)
+            with pytest.raises(Unavailable, match=r"too many requests in flight.*limit 2"):
+                await c.call("wait", Echo("third"))
+            service.release.set()
+            assert [r.text for r in await asyncio.gather(*waiting)] == ["released:0", "released:1"]
+
+
+async def test_client_close_fails_calls_in_flight(client: RpcClient, service: Service) -> None:
+    call = asyncio.ensure_future(client.call("wait", Echo("")))
+    await asyncio.wait_for(service.entered.wait(), 5)
+    await client.close()
+    with pytest.raises(Closed):
+        await asyncio.wait_for(call, 5)
+    await asyncio.wait_for(service.cancelled.wait(), 5)  # the server saw the disconnect
