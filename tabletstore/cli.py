@@ -135,6 +135,10 @@ def _failing(fn: Callable[[], T]) -> T:
         raise Failure(str(exc)) from exc
 
 
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def _echo_lines(lines: Sequence[str]) -> None:
     for line in lines:
         click.echo(line)
@@ -374,14 +378,14 @@ def import_cmd(table: str, file: Path, options: tuple[str, ...]) -> None:
     if not file.is_file():
         raise Failure(f"cannot read {str(file)!r}: no such file")
     stats = _run(lambda db: _import(db, table, file, plan))
-    click.echo(f"imported {stats.rows} rows ({stats.cells} cells) into {table!r}")
+    click.echo(f"imported {_n(stats.rows, 'row')} ({_n(stats.cells, 'cell')}) into {table!r}")
     if stats.failures:
         for line in stats.failures[:_MAX_REPORTED_FAILURES]:
             click.echo(f"tabletstore: {line}", err=True)
         hidden = len(stats.failures) - _MAX_REPORTED_FAILURES
         if hidden > 0:
             click.echo(f"tabletstore: ... and {hidden} more failed rows", err=True)
-        raise Failure(f"{len(stats.failures)} rows of {str(file)!r} were not imported")
+        raise Failure(f"{_n(len(stats.failures), 'row')} of {str(file)!r} not imported")
 
 
 @dataclass
@@ -511,7 +515,7 @@ def export_cmd(table: str, file: str, options: tuple[str, ...]) -> None:
             raise Failure(f"cannot write {file!r}: {exc.strerror}") from exc
         finally:
             partial.unlink(missing_ok=True)
-        click.echo(f"exported {count} rows of {table!r} to {file}", err=True)
+        click.echo(f"exported {_n(count, 'row')} of {table!r} to {file}", err=True)
 
 
 def _export(

@@ -250,7 +250,7 @@ def test_import_reports_failed_rows_and_writes_the_rest(url: str, tmp_path: Path
     err = proc.stderr.splitlines()
     assert any(":3:" in line and "fields" in line for line in err), err
     assert any(":4:" in line and "empty row key" in line for line in err), err
-    assert err[-1] == f"tabletstore: 2 rows of {str(src)!r} were not imported"
+    assert err[-1] == f"tabletstore: 2 rows of {str(src)!r} not imported"
     assert "Traceback" not in proc.stderr
     assert ok("count", "partial", url=url).strip() == "2"
 
