@@ -93,19 +93,24 @@ class Database(AsyncClient):
         clock: Clock | None = None,
         tablet_options: TabletOptions | None = None,
         worker_options: WorkerOptions | None = None,
+        instrument: bool = False,
     ) -> Database:
-        """Open (and recover) the database at ``url``; see the module docstring."""
+        """Open (and recover) the database at ``url``; see the module docstring.
+
+        ``instrument`` counts object-store requests and bytes (S3 cost): reach the counters with
+        ``find_layer(db.store, InstrumentedObjectStore).stats()``.
+        """
         kind, where = _parse(url)
         clock = clock or SystemClock()
         coordinator: Coordinator
         if kind == "file":
             os.makedirs(os.path.join(where, "objects"), exist_ok=True)
             coordinator = LocalCoordinator(where, clock=clock)
-            store = open_store(f"file://{where}/objects")
+            store = open_store(f"file://{where}/objects", instrument=instrument)
             canonical = f"file://{where}"
         else:
             coordinator = MemoryCoordinator.open(where, clock=clock)
-            store = open_store(f"memory://{where}")
+            store = open_store(f"memory://{where}", instrument=instrument)
             canonical = f"memory://{where}"
         transport = InProcessTransport()
         # The embedded worker's lease cannot outlive the process; a long TTL only avoids
