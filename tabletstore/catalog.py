@@ -32,7 +32,7 @@ from tabletstore.errors import (
 from tabletstore.metadata import TabletRecord
 from tabletstore.schema import TableSchema
 
-__all__ = ["Catalog", "TableInfo"]
+__all__ = ["Catalog", "ClusterSettings", "TableInfo"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,3 +178,28 @@ class Catalog:
         result = await self._coord.txn(compares, ops, [])
         if not result.succeeded:
             raise Fenced("tablet records changed during a split or merge; try again")
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSettings:
+    """What every process of a cluster reads at start: where the objects live."""
+
+    store_url: str
+
+    async def save(self, coordinator: Coordinator) -> None:
+        await coordinator.put(
+            paths.setting("cluster"), json.dumps({"store_url": self.store_url}).encode()
+        )
+
+    @classmethod
+    async def load(cls, coordinator: Coordinator) -> ClusterSettings:
+        kv = await coordinator.get(paths.setting("cluster"))
+        if kv is None:
+            raise NotFound(
+                f"no cluster is set up at {getattr(coordinator, 'url', 'the coordinator')}: "
+                "start a master with --store first (tabletstore master --store URL)"
+            )
+        try:
+            return cls(store_url=json.loads(kv.value)["store_url"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise Corruption(f"malformed cluster settings: {exc}") from exc

@@ -19,6 +19,7 @@ from pathlib import Path
 from urllib.parse import unquote
 
 from tabletstore.client.client import AsyncClient
+from tabletstore.client.cluster import ClusterClient
 from tabletstore.client.sync import Portal, SyncProxy
 from tabletstore.clock import Clock, SystemClock
 from tabletstore.coordination.base import Coordinator
@@ -56,7 +57,7 @@ def _parse(url: str | None) -> tuple[str, str]:
         return "file", str(Path(url).resolve())
     raise InvalidArgument(
         f"unsupported database URL {url!r}: expected file:///dir, memory://name or a "
-        "directory path (a cluster's etcd:// URL needs the cluster)"
+        "directory path, or a cluster's etcd://host:port/namespace"
     )
 
 
@@ -175,16 +176,19 @@ class SyncDatabase(SyncProxy):
 
 
 def connect(url: str | None = None, *, identity: str | None = None) -> SyncDatabase:
-    """Open a database with the synchronous API (see :class:`Database`)."""
+    """Open a database with the synchronous API: embedded (see :class:`Database`) for
+    ``file://`` / ``memory://`` / a directory, a cluster client for ``etcd://``."""
     portal = Portal()
     try:
-        db = portal.call(Database.open(url, identity=identity))
+        db = portal.call(connect_async(url, identity=identity))
     except BaseException:
         portal.close()
         raise
     return SyncDatabase(db, portal)
 
 
-async def connect_async(url: str | None = None, *, identity: str | None = None) -> Database:
-    """Open a database with the asyncio API."""
+async def connect_async(url: str | None = None, *, identity: str | None = None) -> AsyncClient:
+    """Open a database with the asyncio API (embedded, or a cluster for ``etcd://`` URLs)."""
+    if url is not None and url.startswith("etcd://"):
+        return await ClusterClient.open(url, identity=identity)
     return await Database.open(url, identity=identity)

@@ -11,26 +11,43 @@ coordinator and runs it as its own process.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
 
 from tabletstore import assignment
-from tabletstore.catalog import Catalog, TableInfo
+from tabletstore.catalog import Catalog, ClusterSettings, TableInfo
 from tabletstore.clock import Clock, SystemClock
 from tabletstore.coordination import paths
 from tabletstore.coordination.base import Coordinator
-from tabletstore.errors import InvalidArgument, NotFound, TabletStoreError
+from tabletstore.errors import Fenced, InvalidArgument, NotFound, NotServing, TabletStoreError
 from tabletstore.metadata import TabletRecord
 from tabletstore.rpc.inprocess import Transport
 from tabletstore.rpc.messages import (
+    MASTER_METHODS,
+    CompactTableRequest,
     CompactTabletRequest,
+    CreateTableRequest,
+    ListTablesRequest,
+    ListTablesResponse,
     LoadTabletRequest,
+    ModifyFamiliesRequest,
+    TableInfoMessage,
+    TableNameRequest,
     UnloadTabletRequest,
     UpdateSchemaRequest,
 )
+from tabletstore.rpc.tcp import RpcServer, TcpTransport
+from tabletstore.rpc.wire import register_all
 from tabletstore.schema import ColumnFamily, LocalityGroup, TableSchema
 
-__all__ = ["Master"]
+__all__ = ["Master", "MasterService", "run_master"]
+
+M = TypeVar("M", bound=BaseModel)
 
 log = logging.getLogger(__name__)
 
@@ -179,3 +196,123 @@ class Master:
             else:
                 req = CompactTabletRequest(rec.table_id, rec.tablet_id, **kw)
             await self._transport.call(address, method, req)
+
+
+def _info_message(info: TableInfo) -> TableInfoMessage:
+    return TableInfoMessage(info.table_id, info.schema.model_dump_json().encode(), info.revision)
+
+
+def _parse_models(kind: type[M], blobs: Sequence[bytes]) -> list[M]:
+    try:
+        return [kind.model_validate_json(b) for b in blobs]
+    except ValueError as exc:
+        raise InvalidArgument(f"malformed {kind.__name__}: {exc}") from exc
+
+
+class MasterService:
+    """The master's RPC handlers (``rpc.messages.MASTER_METHODS``), in wire form.
+
+    Only the elected master answers; a standby (or a deposed master) answers ``NotServing`` so
+    clients look the master up again."""
+
+    def __init__(self, master: Master) -> None:
+        self.master = master
+        self.leading = False
+
+    def _check(self) -> Master:
+        if not self.leading:
+            raise NotServing("this process is not the elected master")
+        return self.master
+
+    async def create_table(self, req: CreateTableRequest) -> TableInfoMessage:
+        (schema,) = _parse_models(TableSchema, [req.schema_json])
+        info = await self._check().create_table(schema, split_keys=req.split_keys)
+        return _info_message(info)
+
+    async def delete_table(self, req: TableNameRequest) -> None:
+        await self._check().delete_table(req.name)
+
+    async def list_tables(self, req: ListTablesRequest) -> ListTablesResponse:
+        infos = await self._check().list_tables()
+        return ListTablesResponse(tuple(_info_message(i) for i in infos))
+
+    async def get_table(self, req: TableNameRequest) -> TableInfoMessage:
+        return _info_message(await self._check().get_table(req.name))
+
+    async def modify_families(self, req: ModifyFamiliesRequest) -> TableInfoMessage:
+        info = await self._check().modify_families(
+            req.name,
+            create=_parse_models(ColumnFamily, req.create),
+            update=_parse_models(ColumnFamily, req.update),
+            drop=req.drop,
+            locality_groups=_parse_models(LocalityGroup, req.locality_groups),
+        )
+        return _info_message(info)
+
+    async def compact_table(self, req: CompactTableRequest) -> None:
+        await self._check().compact_table(req.name, major=req.major)
+
+    def handlers(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in MASTER_METHODS}
+
+
+async def run_master(
+    coordinator: Coordinator,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    store_url: str | None = None,
+    lease_ttl: float = 5.0,
+    interval: float = 1.0,
+    stop: asyncio.Event | None = None,
+    ready: Callable[[str], None] | None = None,
+) -> None:
+    """The master process (§5.2): serve admin RPCs, campaign for the master lock, and while
+    leading keep every tablet assigned. Returns when ``stop`` is set; raises ``Fenced`` when
+    the lease is lost (the process should exit: a standby takes over)."""
+    register_all()
+    stop = stop or asyncio.Event()
+    if store_url is not None:
+        await ClusterSettings(store_url).save(coordinator)
+    transport = TcpTransport(timeout=60.0)
+    master = Master(coordinator=coordinator, transport=transport)
+    service = MasterService(master)
+    server = RpcServer(service.handlers(), host=host, port=port)
+    await server.start()
+    lease = await coordinator.grant_lease(lease_ttl)
+    election = coordinator.election(paths.MASTER_ELECTION)
+    try:
+        async with lease.keep_alive():
+            if ready is not None:
+                ready(server.address)
+            campaign = asyncio.ensure_future(election.campaign(server.address.encode(), lease))
+            stopped = asyncio.ensure_future(stop.wait())
+            try:
+                await asyncio.wait({campaign, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stopped.cancel()
+            if not campaign.done():
+                campaign.cancel()
+                with contextlib.suppress(asyncio.CancelledError, TabletStoreError):
+                    await campaign
+                return
+            campaign.result()
+            service.leading = True
+            log.info("master %s is leading", server.address)
+            while not stop.is_set():
+                if lease.expired:
+                    raise Fenced("the master's lease expired; another master may lead now")
+                try:
+                    await master.assign()
+                except TabletStoreError as exc:
+                    log.warning("assignment round failed: %s", exc)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), interval)
+    finally:
+        service.leading = False
+        with contextlib.suppress(TabletStoreError):
+            await election.resign()
+        await server.close(grace=2.0)
+        await transport.close()
+        with contextlib.suppress(TabletStoreError):
+            await lease.revoke()

@@ -19,15 +19,25 @@ The request handlers are plain async methods named after the wire methods
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import AsyncIterator, Sequence
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 
-from tabletstore.catalog import Catalog
+from tabletstore.catalog import Catalog, ClusterSettings
 from tabletstore.clock import Clock, SystemClock
 from tabletstore.commitlog import CommitLogWriter, fence, replay_cells
 from tabletstore.coordination import paths
-from tabletstore.coordination.base import Coordinator, Lease, Put, absent, mod_revision_is
+from tabletstore.coordination.base import (
+    Coordinator,
+    Delete,
+    Lease,
+    Put,
+    absent,
+    create_revision_is,
+    mod_revision_is,
+)
 from tabletstore.errors import (
     Fenced,
     NotServing,
@@ -40,6 +50,7 @@ from tabletstore.model import Row
 from tabletstore.options import TabletOptions, WorkerOptions
 from tabletstore.query import RowSet
 from tabletstore.rpc.messages import (
+    WORKER_METHODS,
     CheckAndMutateRequest,
     CheckAndMutateResponse,
     CompactTabletRequest,
@@ -58,11 +69,14 @@ from tabletstore.rpc.messages import (
     UnloadTabletRequest,
     UpdateSchemaRequest,
 )
+from tabletstore.rpc.tcp import RpcServer
+from tabletstore.rpc.wire import register_all
 from tabletstore.sstable.block_cache import BlockCache
+from tabletstore.storage_s3 import open_store
 from tabletstore.storage_s3.base import ObjectStore
 from tabletstore.tablet import Tablet
 
-__all__ = ["TabletServer"]
+__all__ = ["TabletServer", "run_worker"]
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +135,8 @@ class TabletServer:
         self._tablets: dict[tuple[str, str], Tablet] = {}
         self._loading: dict[tuple[str, str], asyncio.Lock] = {}
         self._requests: dict[tuple[str, str], int] = {}
+        #: The claim's create revision (the tablet's epoch) of every tablet claimed here.
+        self._epochs: dict[tuple[str, str], int] = {}
         self._lease: Lease | None = None
         self._keep_alive: object | None = None
         self._writer: CommitLogWriter | None = None
@@ -153,13 +169,20 @@ class TabletServer:
                 await tablet.close(flush=flush)
             except TabletStoreError as exc:
                 log.warning("closing tablet %s/%s: %s", key[0], key[1], exc)
-            await self._coord.delete(paths.claim(*key))
+            await self._release_claim(key)
         if self._writer is not None:
-            await self._writer.close()
+            with contextlib.suppress(TabletStoreError):
+                await self._writer.close()
         if self._keep_alive is not None:
             await self._keep_alive.__aexit__(None, None, None)  # type: ignore[attr-defined]
         if self._lease is not None:
-            await self._lease.revoke()
+            # A lease that already ended cannot be revoked; that is the state we want anyway.
+            with contextlib.suppress(TabletStoreError):
+                await self._lease.revoke()
+
+    @property
+    def lease(self) -> Lease | None:
+        return self._lease
 
     @property
     def tablets(self) -> dict[tuple[str, str], Tablet]:
@@ -194,11 +217,21 @@ class TabletServer:
                     raise Unavailable(f"tablet {req.tablet_id} is still claimed by another worker")
             claim = await self._coord.get(claim_key)
             assert claim is not None
+            self._epochs[key] = claim.create_revision
             try:
                 await self._load_claimed(req, claim.create_revision)
             except BaseException:
-                await self._coord.delete(claim_key)
+                await self._release_claim(key)
                 raise
+
+    async def _release_claim(self, key: tuple[str, str]) -> None:
+        """Delete our claim on a tablet — only if it is still ours (same epoch): after a lost
+        lease the key may already be a new owner's claim."""
+        epoch = self._epochs.pop(key, None)
+        if epoch is None:
+            return
+        claim_key = paths.claim(*key)
+        await self._coord.txn([create_revision_is(claim_key, epoch)], [Delete(claim_key)], [])
 
     async def _load_claimed(self, req: LoadTabletRequest, epoch: int) -> None:
         assert self._log is not None
@@ -251,7 +284,7 @@ class TabletServer:
         if tablet is None:
             return
         await tablet.close(flush=req.flush)
-        await self._coord.delete(paths.claim(req.table_id, req.tablet_id))
+        await self._release_claim((req.table_id, req.tablet_id))
 
     async def compact_tablet(self, req: CompactTabletRequest) -> None:
         tablet = self._tablet(req.table_id, req.tablet_id)
@@ -391,3 +424,60 @@ async def _next_incarnation(coordinator: Coordinator, worker_id: str) -> int:
         result = await coordinator.txn([compare], [Put(key, str(current + 1).encode())], [])
         if result.succeeded:
             return current + 1
+
+
+async def run_worker(
+    coordinator: Coordinator,
+    *,
+    worker_id: str | None = None,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    store_url: str | None = None,
+    options: WorkerOptions | None = None,
+    tablet_options: TabletOptions | None = None,
+    stop: asyncio.Event | None = None,
+    ready: Callable[[TabletServer], None] | None = None,
+) -> None:
+    """A worker process (§5.2): serve the worker RPCs on ``host:port`` until ``stop`` is set
+    (then minor-compact and release every tablet) or the lease is lost (then stop at once and
+    raise ``Fenced``: another worker may already own the tablets; the process should exit and
+    a fresh one may start with a new lease and incarnation)."""
+    register_all()
+    stop = stop or asyncio.Event()
+    url = store_url or (await ClusterSettings.load(coordinator)).store_url
+    store = open_store(url)
+    wid = worker_id or f"w-{uuid.uuid4().hex[:10]}"
+    tablet_server = TabletServer(
+        wid,
+        "",
+        store=store,
+        coordinator=coordinator,
+        options=options or WorkerOptions(lease_ttl=5.0, lease_safety_margin=1.0),
+        tablet_options=tablet_options,
+    )
+    handlers = {name: getattr(tablet_server, name) for name in WORKER_METHODS}
+    server = RpcServer(handlers, host=host, port=port)
+    await server.start()
+    tablet_server.address = server.address
+    fenced = False
+    try:
+        await tablet_server.start()
+        if ready is not None:
+            ready(tablet_server)
+        assert tablet_server.lease is not None
+        lease = tablet_server.lease
+        stopped = asyncio.ensure_future(stop.wait())
+        expired = asyncio.ensure_future(lease.wait_expired())
+        try:
+            await asyncio.wait({stopped, expired}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+            expired.cancel()
+        fenced = lease.expired and not stop.is_set()
+    finally:
+        await server.close(grace=2.0)
+        # A worker whose lease is gone must not touch its tablets' records any more.
+        await tablet_server.stop(flush=not fenced)
+        await store.close()
+    if fenced:
+        raise Fenced(f"worker {wid} lost its lease; its tablets are being reassigned")

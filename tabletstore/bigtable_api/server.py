@@ -443,9 +443,9 @@ class BigtableApiServer:
 async def open_client(url: str | None) -> AsyncClient:
     """The database at ``url`` (see :func:`tabletstore.embedded.connect_async`)."""
     # Imported here: embedded pulls in the whole serving stack, which only the runner needs.
-    from tabletstore.embedded import Database
+    from tabletstore.embedded import connect_async
 
-    return await Database.open(url)
+    return await connect_async(url)
 
 
 class BackgroundServer:

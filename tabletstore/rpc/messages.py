@@ -17,12 +17,18 @@ from tabletstore.model import Mutation, ReadModifyWriteRule, Row, RowMutation
 from tabletstore.query import RowRange
 
 __all__ = [
+    "MASTER_METHODS",
     "WORKER_METHODS",
     "CheckAndMutateRequest",
     "CheckAndMutateResponse",
+    "CompactTableRequest",
     "CompactTabletRequest",
+    "CreateTableRequest",
     "EntryError",
+    "ListTablesRequest",
+    "ListTablesResponse",
     "LoadTabletRequest",
+    "ModifyFamiliesRequest",
     "MutateRowsRequest",
     "MutateRowsResponse",
     "ReadModifyWriteRequest",
@@ -32,6 +38,8 @@ __all__ = [
     "SampleRowKeysResponse",
     "ServerStatusRequest",
     "ServerStatusResponse",
+    "TableInfoMessage",
+    "TableNameRequest",
     "TabletStatus",
     "UnloadTabletRequest",
     "UpdateSchemaRequest",
@@ -194,3 +202,67 @@ WORKER_METHODS: dict[str, bool] = {
     "update_schema": False,
     "server_status": False,
 }
+
+
+# ---------------------------------------------------------------------- client -> master (admin)
+# Schemas cross the wire as their JSON (pydantic validates them again on arrival).
+
+
+@dataclass(frozen=True, slots=True)
+class TableInfoMessage:
+    """A table as the catalog knows it: id, schema JSON, schema revision."""
+
+    table_id: str
+    schema_json: bytes
+    revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class CreateTableRequest:
+    schema_json: bytes
+    split_keys: tuple[bytes, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TableNameRequest:
+    """get_table / delete_table."""
+
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class ListTablesRequest:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class ListTablesResponse:
+    tables: tuple[TableInfoMessage, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ModifyFamiliesRequest:
+    """Families and locality groups as JSON of schema.ColumnFamily / LocalityGroup."""
+
+    name: str
+    create: tuple[bytes, ...] = ()
+    update: tuple[bytes, ...] = ()
+    drop: tuple[str, ...] = ()
+    locality_groups: tuple[bytes, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class CompactTableRequest:
+    name: str
+    major: bool = False
+
+
+#: Every method the master serves (none streams).
+MASTER_METHODS: tuple[str, ...] = (
+    "create_table",
+    "delete_table",
+    "list_tables",
+    "get_table",
+    "modify_families",
+    "compact_table",
+)

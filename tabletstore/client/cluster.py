@@ -1,0 +1,153 @@
+"""Connecting to a cluster: ``etcd://host:port/<namespace>`` (§5.1, §5.2).
+
+A cluster client reads everything it needs from the coordinator: tablet records (the catalog)
+to locate tablets, and the elected master's address (the master lock's value) for
+administration. Data goes straight to workers over TCP (``rpc.tcp.TcpTransport``); nothing
+but admin requests reaches the master.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+from tabletstore.catalog import Catalog, TableInfo
+from tabletstore.client.client import AsyncClient
+from tabletstore.coordination import open_coordinator, paths
+from tabletstore.coordination.base import Coordinator
+from tabletstore.errors import NotServing, Unavailable
+from tabletstore.rpc.messages import (
+    CompactTableRequest,
+    CreateTableRequest,
+    ListTablesRequest,
+    ListTablesResponse,
+    ModifyFamiliesRequest,
+    TableInfoMessage,
+    TableNameRequest,
+)
+from tabletstore.rpc.tcp import TcpTransport
+from tabletstore.rpc.wire import register_all
+from tabletstore.schema import ColumnFamily, LocalityGroup, TableSchema
+
+__all__ = ["ClusterClient", "MasterStub"]
+
+
+def _table_info(msg: TableInfoMessage) -> TableInfo:
+    return TableInfo(msg.table_id, TableSchema.model_validate_json(msg.schema_json), msg.revision)
+
+
+class MasterStub:
+    """The client's view of the master: admin calls, re-finding the master when it moves."""
+
+    def __init__(
+        self, coordinator: Coordinator, transport: TcpTransport, *, deadline: float = 30.0
+    ) -> None:
+        self._coord = coordinator
+        self._transport = transport
+        self._address: str | None = None
+        self._deadline = deadline
+
+    async def address(self, *, refresh: bool = False) -> str:
+        if self._address is None or refresh:
+            leader = await self._coord.election(paths.MASTER_ELECTION).leader()
+            if leader is None:
+                raise Unavailable("no master is elected in this cluster")
+            self._address = leader.value.decode()
+        return self._address
+
+    async def _call(self, method: str, request: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._deadline
+        refresh = False
+        for attempt in itertools.count():
+            try:
+                address = await self.address(refresh=refresh)
+                return await self._transport.call(address, method, request)
+            except (NotServing, Unavailable):
+                if loop.time() >= deadline:
+                    raise
+            refresh = True
+            await asyncio.sleep(min(1.0, 0.05 * 2**attempt))
+        raise AssertionError("unreachable")
+
+    async def create_table(
+        self, schema: TableSchema, *, split_keys: Sequence[bytes] = ()
+    ) -> TableInfo:
+        req = CreateTableRequest(schema.model_dump_json().encode(), tuple(split_keys))
+        msg: TableInfoMessage = await self._call("create_table", req)
+        return _table_info(msg)
+
+    async def delete_table(self, name: str) -> None:
+        await self._call("delete_table", TableNameRequest(name))
+
+    async def list_tables(self) -> list[TableInfo]:
+        resp: ListTablesResponse = await self._call("list_tables", ListTablesRequest())
+        return [_table_info(m) for m in resp.tables]
+
+    async def get_table(self, name: str) -> TableInfo:
+        return _table_info(await self._call("get_table", TableNameRequest(name)))
+
+    async def modify_families(
+        self,
+        name: str,
+        *,
+        create: Sequence[ColumnFamily] = (),
+        update: Sequence[ColumnFamily] = (),
+        drop: Sequence[str] = (),
+        locality_groups: Sequence[LocalityGroup] = (),
+    ) -> TableInfo:
+        req = ModifyFamiliesRequest(
+            name,
+            tuple(f.model_dump_json().encode() for f in create),
+            tuple(f.model_dump_json().encode() for f in update),
+            tuple(drop),
+            tuple(g.model_dump_json().encode() for g in locality_groups),
+        )
+        return _table_info(await self._call("modify_families", req))
+
+    async def compact_table(self, name: str, *, major: bool) -> None:
+        await self._call("compact_table", CompactTableRequest(name, major))
+
+
+class ClusterClient(AsyncClient):
+    """An :class:`AsyncClient` connected to a cluster through its coordinator URL."""
+
+    def __init__(
+        self,
+        url: str,
+        coordinator: Coordinator,
+        transport: TcpTransport,
+        *,
+        identity: str | None = None,
+    ) -> None:
+        super().__init__(
+            catalog=Catalog(coordinator),
+            transport=transport,
+            admin=MasterStub(coordinator, transport),
+            identity=identity,
+        )
+        self.url = url
+        self.coordinator = coordinator
+
+    @classmethod
+    async def open(cls, url: str, *, identity: str | None = None) -> ClusterClient:
+        register_all()
+        coordinator = open_coordinator(url)
+        try:
+            await coordinator.check()
+        except BaseException:
+            await coordinator.close()
+            raise
+        return cls(url, coordinator, TcpTransport(timeout=60.0), identity=identity)
+
+    async def close(self) -> None:
+        await self._transport.close()
+        await self.coordinator.close()
+
+    async def __aenter__(self) -> ClusterClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,84 @@
+"""The wire protocol's type table: every value that crosses a connection, with its fixed id.
+
+The ids are part of the protocol (``frames.PROTOCOL_VERSION``): a process must register the
+same class under the same id as its peers, so the table is written out here once, by hand,
+never derived from import order. Adding a type takes a new id; changing or reusing one needs
+a protocol version bump. :func:`register_all` is idempotent and is called by every process
+that opens a TCP connection (worker, master, cluster client).
+"""
+
+from __future__ import annotations
+
+from tabletstore import filters, model, query
+from tabletstore.rpc import messages as m
+from tabletstore.rpc.codec import DEFAULT_CODEC, Codec
+
+__all__ = ["WIRE_TYPES", "register_all"]
+
+WIRE_TYPES: dict[int, type] = {
+    # model (1-19)
+    1: model.SetCell,
+    2: model.DeleteCells,
+    3: model.DeleteFamily,
+    4: model.DeleteRow,
+    5: model.RowMutation,
+    6: model.Cell,
+    7: model.Row,
+    8: model.AppendValue,
+    9: model.IncrementValue,
+    # query (20-24)
+    20: query.RowRange,
+    # filters (25-59)
+    25: filters.PassAll,
+    26: filters.BlockAll,
+    27: filters.Sink,
+    28: filters.StripValue,
+    29: filters.ApplyLabel,
+    30: filters.Chain,
+    31: filters.Interleave,
+    32: filters.Condition,
+    33: filters.RowKeyRegex,
+    34: filters.RowSample,
+    35: filters.FamilyNameRegex,
+    36: filters.ColumnQualifierRegex,
+    37: filters.ValueRegex,
+    38: filters.ColumnRange,
+    39: filters.TimestampRange,
+    40: filters.ValueRange,
+    41: filters.CellsPerRowOffset,
+    42: filters.CellsPerRowLimit,
+    43: filters.CellsPerColumnLimit,
+    # worker messages (60-89)
+    60: m.MutateRowsRequest,
+    61: m.EntryError,
+    62: m.MutateRowsResponse,
+    63: m.ReadRowsRequest,
+    64: m.RowBatch,
+    65: m.CheckAndMutateRequest,
+    66: m.CheckAndMutateResponse,
+    67: m.ReadModifyWriteRequest,
+    68: m.SampleRowKeysRequest,
+    69: m.SampleRowKeysResponse,
+    70: m.LoadTabletRequest,
+    71: m.UnloadTabletRequest,
+    72: m.CompactTabletRequest,
+    73: m.UpdateSchemaRequest,
+    74: m.ServerStatusRequest,
+    75: m.TabletStatus,
+    76: m.ServerStatusResponse,
+    # master messages (90-109)
+    90: m.TableInfoMessage,
+    91: m.CreateTableRequest,
+    92: m.TableNameRequest,
+    93: m.ListTablesRequest,
+    94: m.ListTablesResponse,
+    95: m.ModifyFamiliesRequest,
+    96: m.CompactTableRequest,
+}
+
+
+def register_all(codec: Codec = DEFAULT_CODEC) -> Codec:
+    """Register every wire type with ``codec`` (idempotent). Returns the codec."""
+    for type_id, cls in WIRE_TYPES.items():
+        codec.register(type_id, cls)
+    return codec
