@@ -159,16 +159,16 @@ class AsyncClient:
         locality_groups: Iterable[LocalityGroup] = (),
     ) -> AsyncTable:
         """Create a table with column families (names or ColumnFamily values)."""
-        fams = {}
-        for f in families:
-            fam = ColumnFamily(name=f) if isinstance(f, str) else f
-            fams[fam.name] = fam
-        groups = {"default": LocalityGroup(name="default")}
-        groups.update({g.name: g for g in locality_groups})
         try:
+            fams = {}
+            for f in families:
+                fam = ColumnFamily(name=f) if isinstance(f, str) else f
+                fams[fam.name] = fam
+            groups = {"default": LocalityGroup(name="default")}
+            groups.update({g.name: g for g in locality_groups})
             schema = TableSchema(name=name, families=fams, locality_groups=groups)
-        except ValueError as exc:
-            raise InvalidArgument(str(exc)) from exc
+        except ValueError as exc:  # pydantic's ValidationError is a ValueError
+            raise InvalidArgument(_schema_error(exc)) from exc
         info = await self._admin.create_table(schema, split_keys=split_keys)
         self._tables[name] = info
         return AsyncTable(self, name)
@@ -190,7 +190,10 @@ class AsyncClient:
     async def create_family(
         self, table: str, family: str | ColumnFamily, *, gc_rule: GcRule | None = None
     ) -> None:
-        fam = ColumnFamily(name=family, gc_rule=gc_rule) if isinstance(family, str) else family
+        try:
+            fam = ColumnFamily(name=family, gc_rule=gc_rule) if isinstance(family, str) else family
+        except ValueError as exc:
+            raise InvalidArgument(_schema_error(exc)) from exc
         self._tables[table] = await self._admin.modify_families(table, create=[fam])
 
     async def update_family(self, table: str, family: ColumnFamily) -> None:
@@ -557,3 +560,12 @@ def _after(rs: RowSet, key: bytes) -> RowSet:
         [k for k in rs.keys if k > key],
         [c for r in rs.ranges if (c := r.intersect(tail)) is not None],
     )
+
+
+def _schema_error(exc: ValueError) -> str:
+    """pydantic's multi-line report as one line naming what is wrong."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        parts = [str(e.get("msg", "")).removeprefix("Value error, ") for e in errors()]
+        return "; ".join(p for p in parts if p) or str(exc)
+    return str(exc)
