@@ -11,9 +11,10 @@ Each side writes a 10-byte hello as soon as the connection is up, then reads the
 
     hello := magic "TSRP" (4 bytes) | u16 protocol version | u32 max frame length
 
-All integers are big-endian. A side that reads a wrong magic or a different version sends one
-ERROR frame (request id 0) naming the problem and closes. Neither side sends a frame whose length
-exceeds the *peer's* advertised max frame length; oversized payloads fail locally instead.
+All integers are big-endian. A server that reads a wrong magic or another version answers one
+ERROR frame (request id 0) naming the problem and closes; a client raises that error itself
+(Unimplemented for a version mismatch). Neither side sends a frame longer than the *peer's*
+advertised max frame length: an oversized payload fails locally with InvalidArgument instead.
 
 Frames
 ------
@@ -29,9 +30,11 @@ Frames
     STREAM_END   s→c  body = empty (the stream finished normally)
     ERROR        s→c  body = payload [class name, message] (codec.encode_error); request id 0
                       is about the whole connection, which the sender then closes
-    CANCEL       c→s  body = empty (the client gave up on this request id; no reply follows)
+    CANCEL       c→s  body = empty (the client gave up on this request id; a reply already
+                      on its way is dropped by the client, no other follows)
     CREDIT       c→s  body = u32 n (the client consumed n more stream items)
-    PING / PONG  both body = opaque bytes, echoed in the PONG with the same request id
+    PING         c→s  body = opaque bytes
+    PONG         s→c  body = the PING's bytes, with the PING's request id
 
 Request id 0 is reserved for connection-level ERROR frames; clients number requests from 1.
 
@@ -70,7 +73,6 @@ __all__ = [
     "encode_hello",
     "encode_request",
     "format_size",
-    "is_known_kind",
     "parse_request",
 ]
 
@@ -101,9 +103,6 @@ class Kind(IntEnum):
     CREDIT = 7
     PING = 8
     PONG = 9
-
-
-_KINDS = frozenset(int(k) for k in Kind)
 
 
 class FrameError(InvalidArgument):
@@ -247,13 +246,24 @@ class FrameParser:
         """Every frame completed by ``data``, in order. Raises FrameError for a length out of
         bounds (too large for ``max_frame``, or shorter than the header)."""
         buffer = self._buffer
-        if data:
-            buffer += data
+        if not buffer:
+            # The common case: parse straight from the bytes received, buffer only the tail.
+            frames, used = self._parse(data)
+            if used < len(data):
+                buffer += memoryview(data)[used:]
+            return frames
+        buffer += data
+        with memoryview(buffer) as view:  # released before the buffer is resized below
+            frames, used = self._parse(view)
+        del buffer[:used]
+        return frames
+
+    def _parse(self, data: bytes | memoryview) -> tuple[list[Frame], int]:
         frames: list[Frame] = []
-        size = len(buffer)
+        size = len(data)
         pos = 0
         while size - pos >= HEADER.size:
-            length, kind, request_id = HEADER.unpack_from(buffer, pos)
+            length, kind, request_id = HEADER.unpack_from(data, pos)
             if length > self._max_frame:
                 raise FrameError(
                     f"frame of {length} bytes exceeds the {format_size(self._max_frame)} limit"
@@ -266,15 +276,9 @@ class FrameParser:
             end = pos + _LENGTH.size + length
             if end > size:
                 break
-            frames.append(Frame(kind, request_id, bytes(buffer[pos + HEADER.size : end])))
+            frames.append(Frame(kind, request_id, bytes(data[pos + HEADER.size : end])))
             pos = end
-        if pos:
-            del buffer[:pos]
-        return frames
-
-
-def is_known_kind(kind: int) -> bool:
-    return kind in _KINDS
+        return frames, pos
 
 
 def check_outgoing(size: int, peer_max_frame: int, what: str) -> None:

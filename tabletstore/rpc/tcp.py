@@ -433,8 +433,9 @@ class _ServerConnection(FrameConnection):
                             len(body), self._peer_max_frame, f"stream item of {method!r}"
                         )
                         await credit.acquire()
-                        item = frames.encode_frame(Kind.STREAM_ITEM, rid, body)
-                        self.write(item, more_coming=True)
+                        self.write(
+                            frames.encode_frame(Kind.STREAM_ITEM, rid, body), more_coming=True
+                        )
                         await self.drain()
                 frame = frames.encode_frame(Kind.STREAM_END, rid)
             except asyncio.CancelledError:

@@ -519,3 +519,18 @@ async def test_client_close_fails_calls_in_flight(client: RpcClient, service: Se
     with pytest.raises(Closed):
         await asyncio.wait_for(call, 5)
     await asyncio.wait_for(service.cancelled.wait(), 5)  # the server saw the disconnect
+
+
+async def test_large_payloads_and_concurrent_streams(service: Service) -> None:
+    async with RpcServer(service.handlers(), codec=CODEC) as srv:  # type: ignore[arg-type]
+        async with RpcClient("127.0.0.1", srv.port, codec=CODEC) as c:
+            blob = bytes(range(256)) * (4 * 4096)  # 4 MiB
+            calls = [c.call("echo", Echo(str(i), blob)) for i in range(3)]
+            assert [r.blob == blob for r in await asyncio.gather(*calls)] == [True] * 3
+
+            async def drain(n: int) -> list[int]:
+                async with c.stream("count", CountRequest(n), window=2) as items:
+                    return [item async for item in items]
+
+            got = await asyncio.gather(*(drain(200 + i) for i in range(10)))
+            assert got == [list(range(200 + i)) for i in range(10)]
