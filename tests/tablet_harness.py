@@ -108,9 +108,13 @@ class HarnessLog:
         self.writer = writer
         self.log_ref = log_ref
         self.before_append: Callable[[bytes, Sequence[Cell]], Awaitable[None]] | None = None
+        self.on_allocate: Callable[[int, int], None] | None = None
 
     def allocate(self, n: int) -> int:
-        return self.writer.allocate(n)
+        first = self.writer.allocate(n)
+        if self.on_allocate is not None:
+            self.on_allocate(first, n)
+        return first
 
     def advance(self, seq: int) -> None:
         self.writer.advance(seq)
