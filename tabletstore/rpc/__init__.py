@@ -2,8 +2,9 @@
 
 - frames.py: the bytes on a connection (handshake, length-prefixed frames, stream credit).
 - codec.py: payloads as msgpack, with a registry of message dataclasses and errors by class.
-- tcp.py: RpcServer, RpcClient (many calls in flight on one connection), RpcClientPool,
-  TcpTransport.
+- connection.py: one framed connection (parsing, coalesced writes, flow control).
+- server.py: RpcServer; client.py: RpcClient (many calls in flight on one connection),
+  RpcStream, RpcClientPool, TcpTransport; tcp.py re-exports both and states their contracts.
 - messages.py: the request and response types; inprocess.py: the embedded transport.
 """
 

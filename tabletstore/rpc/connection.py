@@ -22,12 +22,12 @@ import asyncio
 import contextlib
 from typing import cast
 
-from tabletstore.errors import TabletStoreError
+from tabletstore.errors import InvalidArgument, TabletStoreError
 from tabletstore.rpc import frames
 from tabletstore.rpc.codec import encode_error
 from tabletstore.rpc.frames import Frame, FrameError, FrameParser, Hello, Kind
 
-__all__ = ["LINGER", "FrameConnection"]
+__all__ = ["LINGER", "FrameConnection", "format_address", "parse_address"]
 
 #: How long a connection closing after an error, or on shutdown, waits for its peer to read
 #: what was written before it is aborted.
@@ -36,6 +36,20 @@ LINGER = 0.5
 # the rest (two processes pipeline instead of passing one large batch back and forth).
 _FLUSH_BYTES = 64 * 1024
 _FLUSH_FRAMES = 8
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """``"127.0.0.1:7000"`` or ``"[::1]:7000"`` → (host, port)."""
+    host, sep, port_text = address.rpartition(":")
+    if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise InvalidArgument(f"RPC address must be HOST:PORT, got {address!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port_text)
+
+
+def format_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 class FrameConnection(asyncio.Protocol):

@@ -1,0 +1,496 @@
+"""The RPC client: RpcClient, RpcStream, RpcClientPool and TcpTransport (DESIGN.md §8).
+
+The client library reaches workers, and the master reaches workers, through this module (paper
+§5: clients talk to tablet servers directly); the behaviour both sides of a connection promise
+is written in tcp.py's docstring. An RpcClient holds one connection to one address, opened on
+first use and reopened after it drops, and multiplexes any number of calls and streams on it by
+request id. A stream grants the server credit as its items are consumed (frames.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from types import TracebackType
+from typing import Any, Self
+
+from tabletstore.errors import Closed, InvalidArgument, TabletStoreError, Unavailable
+from tabletstore.rpc import frames
+from tabletstore.rpc.codec import DEFAULT_CODEC, Codec, decode_error
+from tabletstore.rpc.connection import FrameConnection, format_address, parse_address
+from tabletstore.rpc.frames import DEFAULT_MAX_FRAME, Frame, Kind
+
+__all__ = ["RpcClient", "RpcClientPool", "RpcStream", "TcpTransport"]
+
+_MAX_REQUEST_ID = 0xFFFF_FFFF
+
+
+class _ClientConnection(FrameConnection):
+    """One connected, handshaken socket and the requests in flight on it."""
+
+    def __init__(self, address: str, max_frame: int) -> None:
+        super().__init__(max_frame, frames.encode_hello(max_frame))
+        self.address = address
+        self.peer_max_frame = DEFAULT_MAX_FRAME
+        self._handshake: asyncio.Future[None] = self._loop.create_future()
+        self._next_id = 0
+        # Unary calls and pings wait on a future; streams read a queue. Frames for ids in
+        # neither (a reply that crossed our CANCEL) are dropped.
+        self.pending: dict[int, asyncio.Future[Frame]] = {}
+        self.streams: dict[int, asyncio.Queue[Frame | TabletStoreError]] = {}
+        self.failure: TabletStoreError | None = None
+
+    @classmethod
+    async def open(
+        cls, host: str, port: int, *, max_frame: int, connect_timeout: float
+    ) -> _ClientConnection:
+        address = format_address(host, port)
+        loop = asyncio.get_running_loop()
+        conn: _ClientConnection | None = None
+        connected = False
+        try:
+            async with asyncio.timeout(connect_timeout):
+                _, conn = await loop.create_connection(lambda: cls(address, max_frame), host, port)
+                await conn._handshake
+            connected = True
+        except TimeoutError:
+            raise Unavailable(
+                f"cannot connect to {address}: no handshake within {connect_timeout} s"
+            ) from None
+        except OSError as exc:
+            raise Unavailable(f"cannot connect to {address}: {exc}") from exc
+        finally:
+            if conn is not None and not connected:  # failed, timed out or cancelled
+                conn._abort(Unavailable(f"cannot connect to {address}"))
+        return conn
+
+    @property
+    def alive(self) -> bool:
+        return self.failure is None and self.is_open
+
+    def new_id(self) -> int:
+        """The next free request id (1..2**32-1, wrapping, skipping ids still in flight)."""
+        while True:
+            self._next_id = self._next_id % _MAX_REQUEST_ID + 1
+            rid = self._next_id
+            if rid not in self.pending and rid not in self.streams:
+                return rid
+
+    async def send(self, frame: bytes) -> None:
+        if self.failure is not None:
+            raise type(self.failure)(str(self.failure))
+        # With other requests in flight, calls made in this loop iteration share a system call.
+        self.write(frame, more_coming=len(self.pending) + len(self.streams) > 1)
+        await self.drain()
+
+    def cancel(self, rid: int) -> None:
+        """Forget ``rid`` and tell the server to stop working on it (CANCEL needs no reply)."""
+        self.pending.pop(rid, None)
+        self.streams.pop(rid, None)
+        if self.alive:
+            self.write(frames.encode_frame(Kind.CANCEL, rid), more_coming=True)
+
+    # -- FrameConnection hooks --
+
+    def hello_received(self, hello: frames.Hello) -> None:
+        try:
+            frames.check_hello(hello, peer=self.address, peer_role="server")
+        except TabletStoreError as exc:
+            self._dead = True
+            if not self._handshake.done():
+                self._handshake.set_exception(exc)
+            return
+        self.peer_max_frame = hello.max_frame
+        if not self._handshake.done():
+            self._handshake.set_result(None)
+
+    def frame_received(self, frame: Frame) -> None:
+        rid = frame.request_id
+        future = self.pending.pop(rid, None)
+        if future is not None:
+            if not future.done():
+                future.set_result(frame)
+            return
+        queue = self.streams.get(rid)
+        if queue is not None:
+            queue.put_nowait(frame)
+        elif rid == 0 and frame.kind == Kind.ERROR:
+            reason = decode_error(frame.body)
+            self._abort(
+                Unavailable(
+                    f"connection to {self.address} closed by the server: "
+                    f"{type(reason).__name__}: {reason}"
+                )
+            )
+
+    def fail(self, exc: TabletStoreError) -> None:
+        # A server that breaks the frame format: nothing more it sends can be trusted.
+        self._abort(Unavailable(f"connection to {self.address} broken: {exc}"))
+
+    def closed(self, exc: Exception | None) -> None:
+        failure = Unavailable(f"connection to {self.address} lost")
+        if not self._handshake.done():
+            self._handshake.set_exception(
+                Unavailable(f"cannot connect to {self.address}: closed during the handshake")
+            )
+        self._fail_all(failure)
+
+    def _abort(self, failure: TabletStoreError) -> None:
+        self._dead = True
+        self._fail_all(failure)
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _fail_all(self, failure: TabletStoreError) -> None:
+        if self.failure is None:
+            self.failure = failure
+        failure = self.failure
+        pending, self.pending = self.pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(type(failure)(str(failure)))
+        streams, self.streams = self.streams, {}
+        for queue in streams.values():
+            queue.put_nowait(type(failure)(str(failure)))
+
+    async def aclose(self) -> None:
+        self._fail_all(Closed(f"connection to {self.address} was closed by this client"))
+        if self.transport is not None:
+            await self.close_and_wait()
+
+
+class RpcClient:
+    """One multiplexed connection to ``host:port``, opened on first use and reopened after it
+    drops. Safe for any number of concurrent calls and streams from one event loop."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        codec: Codec = DEFAULT_CODEC,
+        max_frame: int = DEFAULT_MAX_FRAME,
+        connect_timeout: float = 5.0,
+        stream_window: int = 64,
+    ) -> None:
+        if stream_window < 1:
+            raise InvalidArgument(f"stream_window must be at least 1, got {stream_window}")
+        self.host = host
+        self.port = port
+        self.address = format_address(host, port)
+        self.codec = codec
+        self.max_frame = max_frame
+        self.connect_timeout = connect_timeout
+        self.stream_window = stream_window
+        self._conn: _ClientConnection | None = None
+        self._connect_lock = asyncio.Lock()
+        self._connect_attempts = 0
+        self._connect_error: TabletStoreError | None = None
+        self._closed = False
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the connection; calls in flight fail with Closed. Idempotent."""
+        self._closed = True
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await conn.aclose()
+
+    async def connection(self) -> _ClientConnection:
+        """The live connection, (re)connecting if needed. Raises Unavailable if it cannot.
+
+        Callers that queued behind a failed attempt get its error at once instead of each
+        trying again in turn (a thousand calls to a dead server fail in one connect timeout).
+        """
+        conn = self._conn
+        if conn is not None and conn.alive:
+            return conn
+        attempt = self._connect_attempts
+        async with self._connect_lock:
+            if self._closed:
+                raise Closed(f"RpcClient for {self.address} is closed")
+            conn = self._conn
+            if conn is not None and conn.alive:
+                return conn
+            failed = self._connect_error
+            if attempt != self._connect_attempts and failed is not None:
+                raise type(failed)(str(failed))
+            self._conn = None
+            if conn is not None:
+                await conn.aclose()
+            self._connect_attempts += 1
+            try:
+                self._conn = await _ClientConnection.open(
+                    self.host,
+                    self.port,
+                    max_frame=self.max_frame,
+                    connect_timeout=self.connect_timeout,
+                )
+            except TabletStoreError as exc:
+                self._connect_error = exc
+                raise
+            self._connect_error = None
+            return self._conn
+
+    async def call(
+        self,
+        method: str,
+        request: object,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 (also CANCELs the request on the server)
+    ) -> Any:
+        """Send ``request`` to unary ``method`` and return its decoded response.
+
+        Raises the handler's TabletStoreError class, or Unavailable if the server cannot be
+        reached, the connection drops, or the call (connecting included) takes longer than
+        ``timeout`` seconds; the server is then told to cancel it.
+        """
+        if timeout is None:
+            return await self._call(method, request)
+        try:
+            async with asyncio.timeout(timeout):
+                return await self._call(method, request)
+        except TimeoutError:
+            raise Unavailable(
+                f"call {method!r} to {self.address} timed out after {timeout} s"
+            ) from None
+
+    async def _call(self, method: str, request: object) -> Any:
+        payload = self.codec.encode(request)
+        conn = self._conn
+        if conn is None or not conn.alive:
+            conn = await self.connection()
+        request_frame = frames.encode_request(rid := conn.new_id(), method, payload)
+        frames.check_outgoing(
+            len(request_frame) - frames.HEADER.size, conn.peer_max_frame, "request"
+        )
+        future: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
+        conn.pending[rid] = future
+        try:
+            await conn.send(request_frame)
+            frame = await future
+        except BaseException:  # cancelled (or timed out) by the caller, or the send failed
+            conn.cancel(rid)
+            raise
+        if frame.kind == Kind.RESPONSE:
+            return self.codec.decode(frame.body)
+        raise _reply_error(frame, method, self.address)
+
+    def stream(
+        self,
+        method: str,
+        request: object,
+        *,
+        timeout: float | None = None,
+        window: int | None = None,
+    ) -> RpcStream:
+        """Call streaming ``method``; iterate the result for its items.
+
+        Prefer ``async with client.stream(...) as items: async for item in items: ...``: leaving
+        the block early cancels the stream on the server. ``timeout`` bounds the wait for each
+        item; ``window`` is how many unconsumed items the server may send ahead.
+        """
+        return RpcStream(self, method, request, timeout, window or self.stream_window)
+
+    async def ping(self, *, timeout: float = 5.0) -> float:  # noqa: ASYNC109 (wire deadline)
+        """Round-trip time to the server in seconds; Unavailable if it does not answer."""
+        conn = await self.connection()
+        rid = conn.new_id()
+        future: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
+        conn.pending[rid] = future
+        start = time.perf_counter()
+        try:
+            await conn.send(frames.encode_frame(Kind.PING, rid))
+            async with asyncio.timeout(timeout):
+                await future
+        except TimeoutError:
+            conn.pending.pop(rid, None)
+            raise Unavailable(f"ping to {self.address} timed out after {timeout} s") from None
+        except BaseException:
+            conn.pending.pop(rid, None)
+            raise
+        return time.perf_counter() - start
+
+
+def _reply_error(frame: Frame, method: str, address: str) -> TabletStoreError:
+    """The error a non-success reply frame stands for."""
+    if frame.kind == Kind.ERROR:
+        return decode_error(frame.body)
+    return Unavailable(
+        f"protocol error from {address}: frame kind {frame.kind} in reply to {method!r}"
+    )
+
+
+class RpcStream:
+    """The items of one streaming call: an async iterator and an async context manager.
+
+    The request is sent on first use. Leaving early (``aclose()``, the ``async with`` block
+    exiting, or the stream being garbage collected unfinished) sends CANCEL to the server.
+    """
+
+    def __init__(
+        self,
+        client: RpcClient,
+        method: str,
+        request: object,
+        timeout: float | None,
+        window: int,
+    ) -> None:
+        self._client = client
+        self._method = method
+        self._request = request
+        self._timeout = timeout
+        self._window = window
+        self._grant_every = max(1, window // 2)
+        self._consumed = 0  # items taken since the last CREDIT
+        self._conn: _ClientConnection | None = None
+        self._rid = 0
+        self._queue: asyncio.Queue[Frame | TabletStoreError] | None = None
+        self._finished = False
+
+    async def __aenter__(self) -> Self:
+        await self._start()
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def _start(self) -> None:
+        if self._conn is not None or self._finished:
+            return
+        client = self._client
+        payload = client.codec.encode(self._request)
+        conn = await client.connection()
+        request_frame = frames.encode_request(
+            rid := conn.new_id(), self._method, payload, window=self._window
+        )
+        frames.check_outgoing(
+            len(request_frame) - frames.HEADER.size, conn.peer_max_frame, "request"
+        )
+        queue: asyncio.Queue[Frame | TabletStoreError] = asyncio.Queue()
+        conn.streams[rid] = queue
+        self._conn, self._rid, self._queue = conn, rid, queue
+        await conn.send(request_frame)
+
+    async def __anext__(self) -> Any:
+        if self._conn is None:
+            await self._start()
+        if self._finished:
+            raise StopAsyncIteration
+        assert self._queue is not None and self._conn is not None
+        try:
+            if self._timeout is None:
+                got = await self._queue.get()
+            else:
+                async with asyncio.timeout(self._timeout):
+                    got = await self._queue.get()
+        except TimeoutError:
+            await self.aclose()
+            raise Unavailable(
+                f"stream {self._method!r} from {self._client.address}: no item within "
+                f"{self._timeout} s"
+            ) from None
+        except BaseException:
+            await self.aclose()
+            raise
+        if isinstance(got, TabletStoreError):
+            self._finished = True
+            raise got
+        if got.kind == Kind.STREAM_ITEM:
+            self._consumed += 1
+            if self._consumed >= self._grant_every:
+                self._conn.write(frames.encode_credit(self._rid, self._consumed), more_coming=True)
+                self._consumed = 0
+            return self._client.codec.decode(got.body)
+        self._finish()
+        if got.kind == Kind.STREAM_END:
+            raise StopAsyncIteration
+        raise _reply_error(got, self._method, self._client.address)
+
+    def _finish(self) -> None:
+        self._finished = True
+        if self._conn is not None:
+            self._conn.streams.pop(self._rid, None)
+
+    async def aclose(self) -> None:
+        """Stop the stream; the server cancels its handler. Idempotent."""
+        if self._finished:
+            return
+        self._finished = True
+        if self._conn is not None:
+            self._conn.cancel(self._rid)
+
+    def __del__(self) -> None:
+        # Abandoned mid-stream without aclose(): best-effort CANCEL so the server stops
+        # producing. Writing to a transport is synchronous; a closed loop means nothing to do.
+        if not self._finished and self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.cancel(self._rid)
+
+
+class RpcClientPool:
+    """One RpcClient per address ("HOST:PORT"), created on first ``get``."""
+
+    def __init__(self, **client_options: Any) -> None:
+        self._options = client_options
+        self._clients: dict[str, RpcClient] = {}
+        self._closed = False
+
+    def get(self, address: str) -> RpcClient:
+        if self._closed:
+            raise Closed("RpcClientPool is closed")
+        client = self._clients.get(address)
+        if client is None:
+            host, port = parse_address(address)
+            client = self._clients[address] = RpcClient(host, port, **self._options)
+        return client
+
+    async def close(self) -> None:
+        self._closed = True
+        clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            await client.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+
+class TcpTransport:
+    """rpc.inprocess.Transport over TCP: ``address`` is the worker's "HOST:PORT"."""
+
+    def __init__(self, *, timeout: float | None = None, **client_options: Any) -> None:
+        self._pool = RpcClientPool(**client_options)
+        self._timeout = timeout
+
+    async def call(self, address: str, method: str, request: Any) -> Any:
+        return await self._pool.get(address).call(method, request, timeout=self._timeout)
+
+    async def stream(self, address: str, method: str, request: Any) -> AsyncIterator[Any]:
+        # Closing this generator early (aclose, or a break in an ``async with aclosing``)
+        # leaves the block below, which CANCELs the stream on the server.
+        items = self._pool.get(address).stream(method, request, timeout=self._timeout)
+        async with items:
+            async for item in items:
+                yield item
+
+    async def close(self) -> None:
+        await self._pool.close()

@@ -1,0 +1,411 @@
+"""The RPC server: RpcServer and its per-connection request dispatch (DESIGN.md §8).
+
+Tablet-server workers and the master serve their methods through this module (paper §5, §5.2);
+the behaviour both sides of a connection promise is written in tcp.py's docstring. A server is
+a mapping from method name to handler: ``async def f(request) -> response`` (unary) or an
+async generator yielding items (streaming). Each accepted connection is one task owned by the
+server; each request is one task in that connection's TaskGroup, so replies leave in the order
+they complete. Stream producers wait for the client's credit (frames.py) before each item.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from types import TracebackType
+from typing import Any, Self, cast
+
+from tabletstore.errors import InvalidArgument, TabletStoreError, Unavailable, Unimplemented
+from tabletstore.rpc import frames
+from tabletstore.rpc.codec import DEFAULT_CODEC, Codec, encode_error
+from tabletstore.rpc.connection import LINGER, FrameConnection, format_address
+from tabletstore.rpc.frames import DEFAULT_MAX_FRAME, Frame, Kind
+
+__all__ = ["Handler", "RpcServer"]
+
+logger = logging.getLogger(__name__)
+
+#: A unary handler (coroutine function) or a streaming handler (async generator function).
+Handler = Callable[[Any], Awaitable[Any]] | Callable[[Any], AsyncIterator[Any]]
+
+_HANDSHAKE_TIMEOUT = 10.0
+# How long close() waits for cancelled handlers after the grace period before giving up.
+_ABORT_WAIT = 2.0
+
+
+def _wire_error(exc: BaseException, method: str, where: str) -> TabletStoreError:
+    """What a handler's exception becomes on the wire (module docstring)."""
+    if isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        return _wire_error(exc.exceptions[0], method, where)
+    if isinstance(exc, TabletStoreError):
+        return exc
+    logger.error("RPC handler %r on %s raised", method, where, exc_info=exc)
+    return Unavailable(f"internal error in {method!r} on {where}: {type(exc).__name__}: {exc}")
+
+
+class _Credit:
+    """Stream items the client is ready to receive (frames.py CREDIT)."""
+
+    __slots__ = ("_available", "_event")
+
+    def __init__(self, window: int) -> None:
+        self._available = window
+        self._event = asyncio.Event()
+
+    async def acquire(self) -> None:
+        while self._available <= 0:
+            self._event.clear()
+            await self._event.wait()
+        self._available -= 1
+
+    def grant(self, n: int) -> None:
+        self._available += n
+        self._event.set()
+
+
+class RpcServer:
+    """Serves ``handlers`` (method name → handler) on a TCP port.
+
+    Use ``async with RpcServer(...) as server`` or ``await server.start()`` / ``await
+    server.close()``; ``server.address`` is "HOST:PORT" once started (port 0 picks a free one).
+    Each accepted connection runs as one task owned by the server (``close`` awaits them all),
+    and each request as a task in its connection's TaskGroup.
+    """
+
+    def __init__(
+        self,
+        handlers: Mapping[str, Handler],
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_frame: int = DEFAULT_MAX_FRAME,
+        codec: Codec = DEFAULT_CODEC,
+        max_in_flight: int = 4096,
+        handshake_timeout: float = _HANDSHAKE_TIMEOUT,
+    ) -> None:
+        self._unary: dict[str, Callable[[Any], Awaitable[Any]]] = {}
+        self._streaming: dict[str, Callable[[Any], AsyncIterator[Any]]] = {}
+        for name, fn in handlers.items():
+            if inspect.isasyncgenfunction(fn):
+                self._streaming[name] = fn
+            elif inspect.iscoroutinefunction(fn):
+                self._unary[name] = fn
+            else:
+                raise InvalidArgument(
+                    f"handler for {name!r} must be an async function or async generator, got {fn!r}"
+                )
+        if max_frame < 1024:
+            raise InvalidArgument(f"max_frame must be at least 1024 bytes, got {max_frame}")
+        self._host = host
+        self._port = port
+        self.max_frame = max_frame
+        self.codec = codec
+        self.max_in_flight = max_in_flight
+        self.handshake_timeout = handshake_timeout
+        self._server: asyncio.Server | None = None
+        self._connections: dict[_ServerConnection, asyncio.Task[None]] = {}
+        self._closing = False
+        self.address = ""
+
+    @property
+    def methods(self) -> list[str]:
+        return sorted([*self._unary, *self._streaming])
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    @property
+    def connection_count(self) -> int:
+        return len(self._connections)
+
+    async def start(self) -> None:
+        if self._server is not None:
+            raise InvalidArgument("RpcServer.start() called twice")
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: _ServerConnection(self), self._host, self._port
+        )
+        self._port = self._server.sockets[0].getsockname()[1]
+        self.address = format_address(self._host, self._port)
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def close(self, *, grace: float = 5.0) -> None:
+        """Stop accepting, finish requests in flight for up to ``grace`` seconds, then cancel
+        the rest and close every connection. Idempotent."""
+        self._closing = True
+        if self._server is not None:
+            self._server.close()
+        connections = dict(self._connections)
+        for conn in connections:
+            conn.begin_drain()
+        if connections:
+            _, late = await asyncio.wait(connections.values(), timeout=grace)
+            for conn, task in connections.items():
+                if task in late:
+                    conn.abort()
+            if late:
+                # A handler that ignores cancellation is a bug; do not hang close() on it.
+                await asyncio.wait(late, timeout=_ABORT_WAIT)
+        if self._server is not None:
+            await self._server.wait_closed()
+
+    def accepted(self, conn: _ServerConnection) -> asyncio.Task[None] | None:
+        """Called by a new connection: its task, or None if the server is closing."""
+        if self._closing:
+            return None
+        task = asyncio.get_running_loop().create_task(conn.run())
+        self._connections[conn] = task
+        task.add_done_callback(lambda _: self._connections.pop(conn, None))
+        return task
+
+    def lookup(self, method: str, streaming: bool) -> Callable[[Any], Any]:
+        """The handler for ``method`` called as ``streaming`` or not; a clear error otherwise."""
+        table: Mapping[str, Callable[[Any], Any]] = self._streaming if streaming else self._unary
+        fn = table.get(method)
+        if fn is not None:
+            return fn
+        if method in self._streaming:
+            raise InvalidArgument(f"method {method!r} streams its results: call it with stream()")
+        if method in self._unary:
+            raise InvalidArgument(f"method {method!r} is unary: call it with call()")
+        raise Unimplemented(
+            f"no RPC method {method!r} on {self.address} (it has: {', '.join(self.methods)})"
+        )
+
+
+class _ServerConnection(FrameConnection):
+    """One accepted connection: dispatches frames, runs each request as a task, replies."""
+
+    def __init__(self, server: RpcServer) -> None:
+        super().__init__(server.max_frame, frames.encode_hello(server.max_frame))
+        self._server = server
+        self._codec = server.codec
+        self._peer = "unknown peer"
+        self._peer_max_frame = DEFAULT_MAX_FRAME
+        self._handshaken: asyncio.Future[bool] = self._loop.create_future()
+        self._tg: asyncio.TaskGroup | None = None
+        # Frames that arrived before run() opened its TaskGroup (pause_reading() is not
+        # honoured inside connection_made on every loop, e.g. uvloop).
+        self._backlog: list[Frame] = []
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._credits: dict[int, _Credit] = {}
+        self._draining = False  # new requests are refused with Unavailable
+        self._aborting = False  # cancelled handlers tell their callers the server is closing
+        self._linger: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        peer = transport.get_extra_info("peername")
+        if peer:
+            self._peer = format_address(peer[0], peer[1])
+        if self._server.accepted(self) is None:
+            cast(asyncio.Transport, transport).abort()
+
+    async def run(self) -> None:
+        try:
+            async with asyncio.TaskGroup() as tg:
+                self._tg = tg
+                backlog, self._backlog = self._backlog, []
+                for frame in backlog:
+                    self.frame_received(frame)
+                try:
+                    await self._serve()
+                finally:
+                    # The peer is gone or broke the protocol: nobody awaits these replies.
+                    for task in self._tasks.values():
+                        task.cancel()
+        finally:
+            self._dead = True  # the TaskGroup is gone: ignore whatever still arrives
+            await self.close_and_wait()
+
+    async def _serve(self) -> None:
+        try:
+            async with asyncio.timeout(self._server.handshake_timeout):
+                await self._handshaken
+        except TimeoutError:
+            return  # a peer that never says hello gets nothing more
+        # Until the peer closes, or fail() aborts after its linger.
+        await self.lost
+
+    # -- lifecycle (called by RpcServer.close) --
+
+    def begin_drain(self) -> None:
+        self._draining = True
+        if not self._tasks:
+            self.close()
+
+    def abort(self) -> None:
+        self._draining = self._aborting = True
+        for task in self._tasks.values():
+            task.cancel()
+        if not self._tasks:
+            self.close()
+
+    # -- reading (FrameConnection hooks) --
+
+    def hello_received(self, hello: frames.Hello) -> None:
+        try:
+            frames.check_hello(hello, peer=self._peer, peer_role="client")
+        except TabletStoreError as exc:
+            logger.info("refusing RPC connection from %s: %s", self._peer, exc)
+            self.fail(exc)
+            self._handshaken.set_result(False)
+            return
+        self._peer_max_frame = hello.max_frame
+        self._handshaken.set_result(True)
+
+    def fail(self, exc: TabletStoreError) -> None:
+        super().fail(exc)
+        # Linger so the peer reads the ERROR, then abort (run() ends with the connection).
+        if self._linger is None:
+            self._linger = self._loop.call_later(LINGER, self._abort_transport)
+
+    def _abort_transport(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+    def closed(self, exc: Exception | None) -> None:
+        if self._linger is not None:
+            self._linger.cancel()
+        if not self._handshaken.done():
+            self._handshaken.set_result(False)
+
+    def frame_received(self, frame: Frame) -> None:
+        if self._tg is None:
+            self._backlog.append(frame)
+            return
+        kind = frame.kind
+        if kind == Kind.REQUEST:
+            self._on_request(frame)
+        elif kind == Kind.CANCEL:
+            task = self._tasks.get(frame.request_id)
+            if task is not None:  # else it already finished: the reply crossed the CANCEL
+                task.cancel()
+        elif kind == Kind.CREDIT:
+            self._on_credit(frame)
+        elif kind == Kind.PING:
+            self.write(
+                frames.encode_frame(Kind.PONG, frame.request_id, frame.body), more_coming=True
+            )
+        else:
+            self._reply_error(
+                frame.request_id, InvalidArgument(f"unexpected frame kind {kind} from a client")
+            )
+
+    def _on_request(self, frame: Frame) -> None:
+        rid = frame.request_id
+        try:
+            request = frames.parse_request(frame.body)
+            if rid == 0 or rid in self._tasks:
+                raise InvalidArgument(f"request id {rid} is reserved or already in flight")
+            if self._draining:
+                raise Unavailable(f"server {self._server.address} is shutting down")
+            if len(self._tasks) >= self._server.max_in_flight:
+                raise Unavailable(
+                    f"too many requests in flight on one connection to {self._server.address} "
+                    f"(limit {self._server.max_in_flight})"
+                )
+            fn = self._server.lookup(request.method, streaming=request.window > 0)
+        except TabletStoreError as exc:
+            self._reply_error(rid, exc)
+            return
+        if request.window > 0:
+            credit = self._credits[rid] = _Credit(request.window)
+            coro = self._serve_stream(rid, request.method, fn, request.payload, credit)
+        else:
+            coro = self._serve_unary(rid, request.method, fn, request.payload)
+        assert self._tg is not None  # frame_received keeps a backlog until it exists
+        self._tasks[rid] = self._tg.create_task(coro)
+
+    def _on_credit(self, frame: Frame) -> None:
+        credit = self._credits.get(frame.request_id)
+        if credit is None:
+            return  # the stream already ended; credit for it is moot
+        try:
+            credit.grant(frames.decode_credit(frame.body))
+        except InvalidArgument as exc:
+            self._reply_error(frame.request_id, exc)
+
+    # -- serving one request --
+
+    async def _serve_unary(
+        self, rid: int, method: str, fn: Callable[[Any], Any], payload: memoryview
+    ) -> None:
+        try:
+            try:
+                response = await fn(self._codec.decode(payload))
+                body = self._codec.encode(response)
+                frames.check_outgoing(len(body), self._peer_max_frame, f"response to {method!r}")
+                frame = frames.encode_frame(Kind.RESPONSE, rid, body)
+            except asyncio.CancelledError:
+                self._on_cancelled(rid)
+                raise
+            except Exception as exc:  # every handler failure becomes an ERROR reply, never a hang
+                frame = self._error_frame(rid, exc, method)
+            # Other replies finishing in this loop iteration share the system call.
+            self.write(frame, more_coming=len(self._tasks) > 1)
+            await self.drain()
+        finally:
+            self._finished(rid)
+
+    async def _serve_stream(
+        self,
+        rid: int,
+        method: str,
+        fn: Callable[[Any], Any],
+        payload: memoryview,
+        credit: _Credit,
+    ) -> None:
+        try:
+            try:
+                async with contextlib.aclosing(fn(self._codec.decode(payload))) as items:
+                    async for item in items:
+                        body = self._codec.encode(item)
+                        frames.check_outgoing(
+                            len(body), self._peer_max_frame, f"stream item of {method!r}"
+                        )
+                        await credit.acquire()
+                        self.write(
+                            frames.encode_frame(Kind.STREAM_ITEM, rid, body), more_coming=True
+                        )
+                        await self.drain()
+                frame = frames.encode_frame(Kind.STREAM_END, rid)
+            except asyncio.CancelledError:
+                self._on_cancelled(rid)
+                raise
+            except Exception as exc:  # every handler failure becomes an ERROR reply, never a hang
+                frame = self._error_frame(rid, exc, method)
+            # The last frame of the stream: no need to wait for drain.
+            self.write(frame, more_coming=len(self._tasks) > 1)
+        finally:
+            self._finished(rid)
+
+    def _on_cancelled(self, rid: int) -> None:
+        # Cancelled by the client (CANCEL) or its disconnect: no reply. By close(): tell it why.
+        if self._aborting:
+            self._reply_error(rid, Unavailable(f"server {self._server.address} is shutting down"))
+
+    def _finished(self, rid: int) -> None:
+        self._tasks.pop(rid, None)
+        self._credits.pop(rid, None)
+        if self._draining and not self._tasks:
+            self.close()
+
+    def _error_frame(self, rid: int, exc: BaseException, method: str) -> bytes:
+        error = _wire_error(exc, method, self._server.address)
+        return frames.encode_frame(Kind.ERROR, rid, encode_error(error))
+
+    def _reply_error(self, rid: int, exc: TabletStoreError) -> None:
+        self.write(frames.encode_frame(Kind.ERROR, rid, encode_error(exc)), more_coming=True)
