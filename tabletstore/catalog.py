@@ -123,6 +123,18 @@ class Catalog:
             raise PreconditionFailed(f"table {name!r} changed while being deleted; try again")
         return info
 
+    # ------------------------------------------------------------------ servers
+
+    async def live_workers(self) -> dict[str, str]:
+        """worker id -> address: the servers directory (§5.2)."""
+        kvs = await self._coord.get_prefix(paths.SERVERS)
+        return {paths.parse_server(kv.key): kv.value.decode() for kv in kvs}
+
+    async def master_address(self) -> str | None:
+        """The elected master's address, or None when no master holds the lock."""
+        leader = await self._coord.election(paths.MASTER_ELECTION).leader()
+        return None if leader is None else leader.value.decode()
+
     # ------------------------------------------------------------------ tablets
 
     async def list_tablets(self, table_id: str) -> list[TabletRecord]:

@@ -25,9 +25,12 @@ it (closing minor-compacts, so the next open is quick)::
                        [timestamp=now|value-encoded] [encoding=text|base64]
     tabletstore export T FILE.csv|- [prefix=P] [start=R] [end=R] [encoding=text|base64]
     tabletstore flush T | compact T                    minor / major compaction (§5.4)
-    tabletstore [--url URL] local-stack up [--dir DIR] [--s3-url URL]
+    tabletstore [--url URL] local-stack up [--dir DIR] [--s3-url URL] [--workers N]
     tabletstore [--url URL] local-stack status [--dir DIR]
     tabletstore [--url URL] local-stack down [--dir DIR]
+    tabletstore --url etcd://H:P/NS master [--store URL] [--port P]   a master process
+    tabletstore --url etcd://H:P/NS worker [--port P]                 a worker process
+    tabletstore status                                 master, workers, tablets, events
 
 Failures print one line, ``tabletstore: <what went wrong>``, on stderr and exit 1 (a usage
 mistake click detects itself exits 2 with click's usage message); a TabletStoreError never
@@ -36,11 +39,14 @@ prints a traceback.
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import io
 import os
+import signal
 import sys
-from collections.abc import Callable, Iterator, Sequence
+import time
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,11 +55,13 @@ from typing import IO, Any, TypeVar
 import click
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table as RichTable
 
 from tabletstore import cbtsyntax as cbt
 from tabletstore import demo as webtable_demo
 from tabletstore import localstack, tablecsv
 from tabletstore.client.client import MutationsFailed
+from tabletstore.coordination import open_coordinator
 from tabletstore.embedded import SyncDatabase, connect
 from tabletstore.errors import InvalidArgument, TabletStoreError
 from tabletstore.filters import CellsPerColumnLimit, CellsPerRowLimit, Chain, StripValue
@@ -561,18 +569,28 @@ def local_stack() -> None:
     default=None,
     help="Use this S3/MinIO endpoint instead of starting moto's server.",
 )
-def local_stack_up(directory: Path, s3_url: str | None) -> None:
+@click.option(
+    "--workers",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Also start a master and this many tablet-server workers.",
+)
+def local_stack_up(directory: Path, s3_url: str | None, workers: int) -> None:
     """Start the stack and print the URLs to use."""
     try:
-        stack = localstack.up(directory, s3_url=s3_url)
+        stack = localstack.up(directory, s3_url=s3_url, workers=workers)
     except TabletStoreError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(f"local stack is up in {stack.dir}")
     click.echo(f"  etcd URL:     {stack.etcd_url}")
     click.echo(f"  S3 endpoint:  {stack.s3_endpoint}")
     click.echo(f"  bucket:       {stack.bucket}" + ("" if stack.s3_managed else " (must exist)"))
+    if stack.cluster_url is not None:
+        click.echo(f"  cluster URL:  {stack.cluster_url}")
+        click.echo(f"  use it:       tabletstore --url {stack.cluster_url} ls")
     for record in stack.processes:
-        click.echo(f"  {record.role:<6} pid {record.pid:<8} log {record.log}")
+        click.echo(f"  {record.role:<9} pid {record.pid:<8} log {record.log}")
     click.echo("environment:")
     for name, value in localstack.environment(stack).items():
         click.echo(f"  export {name}={value}")
@@ -586,9 +604,9 @@ def local_stack_status(directory: Path) -> None:
         rows = localstack.status(directory)
     except TabletStoreError as exc:
         raise click.ClickException(str(exc)) from exc
-    click.echo(f"{'ROLE':<8} {'PID':<8} {'ALIVE':<6} URL")
+    click.echo(f"{'ROLE':<10} {'PID':<8} {'ALIVE':<6} URL")
     for record, alive in rows:
-        click.echo(f"{record.role:<8} {record.pid:<8} {'yes' if alive else 'no':<6} {record.url}")
+        click.echo(f"{record.role:<10} {record.pid:<8} {'yes' if alive else 'no':<6} {record.url}")
 
 
 @local_stack.command("down")
@@ -602,6 +620,122 @@ def local_stack_down(directory: Path) -> None:
     for record in stopped:
         click.echo(f"stopped {record.role} (pid {record.pid})")
     click.echo("local stack is down")
+
+
+# ---------------------------------------------------------------------------- cluster processes
+
+
+def _cluster_url() -> str:
+    obj = click.get_current_context().find_object(CliContext)
+    assert obj is not None, "verbs run under main"
+    if not obj.url.startswith("etcd://"):
+        raise Failure(
+            f"--url must be the cluster's etcd://host:port/namespace URL, not {obj.url!r}"
+        )
+    return obj.url
+
+
+def _serve(run: Callable[[Any, asyncio.Event], Awaitable[None]]) -> None:
+    """Run a long-lived process body until SIGINT/SIGTERM; one-line failure otherwise."""
+    url = _cluster_url()
+
+    async def main_async() -> None:
+        coordinator = open_coordinator(url)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            await coordinator.check()
+            await run(coordinator, stop)
+        finally:
+            await coordinator.close()
+
+    try:
+        asyncio.run(main_async())
+    except TabletStoreError as exc:
+        raise Failure(str(exc)) from exc
+
+
+@main.command("master")
+@click.option("--store", default=None, help="The cluster's object store URL (recorded in etcd).")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to serve on.")
+@click.option("--port", type=int, default=0, show_default=True, help="Port (0: any free one).")
+def master_cmd(store: str | None, host: str, port: int) -> None:
+    """Run a master (§5.2): campaign for the master lock, then keep every tablet assigned."""
+    from tabletstore.master import run_master
+
+    def ready(address: str) -> None:
+        click.echo(f"master listening on {address}", err=True)
+
+    _serve(
+        lambda coord, stop: run_master(
+            coord, host=host, port=port, store_url=store, stop=stop, ready=ready
+        )
+    )
+
+
+@main.command("worker")
+@click.option("--store", default=None, help="Object store URL (default: the cluster's).")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to serve on.")
+@click.option("--port", type=int, default=0, show_default=True, help="Port (0: any free one).")
+@click.option("--worker-id", default=None, help="A stable id (default: a random one).")
+def worker_cmd(store: str | None, host: str, port: int, worker_id: str | None) -> None:
+    """Run a stateless tablet-server worker (§5.2, §5.3)."""
+    from tabletstore.worker import TabletServer, run_worker
+
+    def ready(server: TabletServer) -> None:
+        click.echo(f"worker {server.worker_id} listening on {server.address}", err=True)
+
+    _serve(
+        lambda coord, stop: run_worker(
+            coord,
+            worker_id=worker_id,
+            host=host,
+            port=port,
+            store_url=store,
+            stop=stop,
+            ready=ready,
+        )
+    )
+
+
+@main.command("status")
+@click.option("--events", type=int, default=15, show_default=True, help="Recent events shown.")
+def status_cmd(events: int) -> None:
+    """The cluster: master, workers and their tablets (size, load), recent tablet events."""
+
+    def body(db: SyncDatabase) -> None:
+        st = db.status(events=events)
+        console = Console()
+        console.print(f"master: {st.master or '(embedded)'}")
+        table = RichTable(
+            "worker", "address", "tablet", "rows", "SSTables", "bytes", "memtable", "requests"
+        )
+        for worker_id, ws in st.workers.items():
+            if isinstance(ws, str):
+                table.add_row(worker_id, ws, "", "", "", "", "", "")
+                continue
+            if not ws.tablets:
+                table.add_row(worker_id, ws.address, "(none)", "", "", "", "", "")
+            for t in ws.tablets:
+                rows = f"[{cbt.printable_key(t.start_row)}, {cbt.printable_key(t.end_row) if t.end_row is not None else '∞'})"
+                table.add_row(
+                    worker_id,
+                    ws.address,
+                    f"{t.table_id}/{t.tablet_id}",
+                    rows,
+                    str(t.sstables),
+                    str(t.sstable_bytes),
+                    str(t.memtable_bytes),
+                    str(t.requests),
+                )
+        console.print(table)
+        for at, where, kind, detail in st.events:
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
+            console.print(f"{stamp}  {where:<30} {kind:<20} {detail}")
+
+    _run(body)
 
 
 from tabletstore.bigtable_api.cli import bigtable_api  # noqa: E402  (imports no grpc)

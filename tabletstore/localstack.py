@@ -27,7 +27,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -84,6 +84,8 @@ class Stack:
     #: False when the user gave --s3-url (their S3 is not started or stopped by us).
     s3_managed: bool
     processes: tuple[ProcessRecord, ...] = field(default=())
+    #: The cluster's URL (``etcd://host:port/cluster``) when a master and workers were started.
+    cluster_url: str | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -120,8 +122,16 @@ def _proc_start_time(pid: int) -> int | None:
     return int(fields[19])
 
 
-def spawn(role: str, argv: Sequence[str], *, log: Path, url: str) -> ProcessRecord:
-    """Start ``argv`` in its own session (it outlives the CLI), output appended to ``log``."""
+def spawn(
+    role: str,
+    argv: Sequence[str],
+    *,
+    log: Path,
+    url: str,
+    env: Mapping[str, str] | None = None,
+) -> ProcessRecord:
+    """Start ``argv`` in its own session (it outlives the CLI), output appended to ``log``;
+    ``env`` is added to this process's environment."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
         process = subprocess.Popen(
@@ -130,6 +140,7 @@ def spawn(role: str, argv: Sequence[str], *, log: Path, url: str) -> ProcessReco
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            env={**os.environ, **env} if env else None,
         )
     start_time = _proc_start_time(process.pid)
     if start_time is None:
@@ -304,8 +315,11 @@ def load(directory: Path) -> Stack:
         raise InvalidArgument(f"{path} is not a stack file: {exc}") from exc
 
 
-def up(directory: Path, *, s3_url: str | None = None) -> Stack:
-    """Start etcd (and moto unless ``s3_url``), record them, return the stack."""
+def up(directory: Path, *, s3_url: str | None = None, workers: int = 0) -> Stack:
+    """Start etcd (and moto unless ``s3_url``), and with ``workers`` > 0 a master and that
+    many tablet-server workers; record them all, return the stack."""
+    if workers < 0:
+        raise InvalidArgument(f"--workers must be >= 0, got {workers}")
     directory = directory.resolve()
     if _stack_file(directory).exists():
         running = [r.role for r, alive in status(directory) if alive]
@@ -320,17 +334,28 @@ def up(directory: Path, *, s3_url: str | None = None) -> Stack:
         records.append(etcd)
         if s3_url is None:
             records.append(start_moto(directory / "s3.log"))
+        endpoint = s3_url or records[-1].url
+        cluster_url = None
+        if workers:
+            host_port = etcd.url.split("://", 1)[1].split("/", 1)[0]
+            cluster_url = f"etcd://{host_port}/cluster"
+            store_url = f"s3://{BUCKET}/data?endpoint_url={endpoint}"
+            env = _s3_env(s3_managed=s3_url is None)
+            records.append(start_master(directory, cluster_url, store_url, env=env))
+            for i in range(workers):
+                records.append(start_worker(directory, cluster_url, i, env=env))
     except BaseException:
-        for record in records:
+        for record in reversed(records):
             stop(record)
         raise
     stack = Stack(
         dir=str(directory),
         etcd_url=etcd.url,
-        s3_endpoint=s3_url or records[-1].url,
+        s3_endpoint=endpoint,
         bucket=BUCKET,
         s3_managed=s3_url is None,
         processes=tuple(records),
+        cluster_url=cluster_url,
     )
     _stack_file(directory).write_text(stack.to_json())
     return stack
@@ -360,7 +385,63 @@ def environment(stack: Stack) -> dict[str, str]:
         "TABLETSTORE_S3_ENDPOINT": stack.s3_endpoint,
         "TABLETSTORE_BUCKET": stack.bucket,
     }
-    if stack.s3_managed:
-        env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"] = MOTO_CREDENTIALS
-        env["AWS_DEFAULT_REGION"] = "us-east-1"
+    if stack.cluster_url is not None:
+        env["TABLETSTORE_URL"] = stack.cluster_url
+    env.update(_s3_env(s3_managed=stack.s3_managed))
     return env
+
+
+def _s3_env(*, s3_managed: bool) -> dict[str, str]:
+    """Credentials for moto's server (any work); a user's own S3 uses their settings."""
+    if not s3_managed:
+        return {}
+    key, secret = MOTO_CREDENTIALS
+    return {
+        "AWS_ACCESS_KEY_ID": key,
+        "AWS_SECRET_ACCESS_KEY": secret,
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _tabletstore(*args: str) -> list[str]:
+    return [sys.executable, "-m", "tabletstore.cli", *args]
+
+
+def start_master(
+    directory: Path,
+    cluster_url: str,
+    store_url: str,
+    *,
+    env: Mapping[str, str],
+    deadline: float = HEALTH_DEADLINE,
+) -> ProcessRecord:
+    """A master process: it records the store URL in the cluster settings and takes the
+    master lock."""
+    port = free_port()
+    argv = _tabletstore("--url", cluster_url, "master", "--store", store_url, "--port", str(port))
+    record = spawn("master", argv, log=directory / "master.log", url=f"127.0.0.1:{port}", env=env)
+    wait_healthy(record, lambda: _port_open(port), deadline)
+    return record
+
+
+def start_worker(
+    directory: Path,
+    cluster_url: str,
+    index: int,
+    *,
+    env: Mapping[str, str],
+    deadline: float = HEALTH_DEADLINE,
+) -> ProcessRecord:
+    """A tablet-server worker process serving on a free loopback port."""
+    port = free_port()
+    argv = _tabletstore("--url", cluster_url, "worker", "--port", str(port))
+    role = f"worker-{index}"
+    record = spawn(role, argv, log=directory / f"{role}.log", url=f"127.0.0.1:{port}", env=env)
+    wait_healthy(record, lambda: _port_open(port), deadline)
+    return record

@@ -54,10 +54,19 @@ from tabletstore.rpc.messages import (
     RowBatch,
     SampleRowKeysRequest,
     SampleRowKeysResponse,
+    ServerStatusRequest,
+    ServerStatusResponse,
 )
 from tabletstore.schema import ColumnFamily, GcRule, LocalityGroup, TableSchema
 
-__all__ = ["Admin", "AsyncClient", "AsyncTable", "MutationError", "MutationsFailed"]
+__all__ = [
+    "Admin",
+    "AsyncClient",
+    "AsyncTable",
+    "ClusterStatus",
+    "MutationError",
+    "MutationsFailed",
+]
 
 _ERRORS: dict[str, type[TabletStoreError]] = {}
 
@@ -227,6 +236,24 @@ class AsyncClient:
     async def close(self) -> None:
         """Nothing to release on the client side; the database owns the transport."""
 
+    async def status(self, *, events: int = 20) -> ClusterStatus:
+        """The master, each live worker's tablets (or why it did not answer), recent events."""
+        workers: dict[str, ServerStatusResponse | str] = {}
+        for worker_id, address in sorted((await self._catalog.live_workers()).items()):
+            try:
+                workers[worker_id] = await self._transport.call(
+                    address, "server_status", ServerStatusRequest()
+                )
+            except TabletStoreError as exc:
+                workers[worker_id] = f"{address}: {type(exc).__name__}: {exc}"
+        recent: list[tuple[float, str, str, str]] = []
+        for info in await self._catalog.list_tables():
+            for rec in await self._catalog.list_tablets(info.table_id):
+                for e in rec.events:
+                    recent.append((e.at, f"{info.schema.name}/{rec.tablet_id}", e.kind, e.detail))
+        recent.sort()
+        return ClusterStatus(await self._catalog.master_address(), workers, recent[-events:])
+
     # ------------------------------------------------------------------ routing
 
     async def _info(self, name: str, *, refresh: bool = False) -> TableInfo:
@@ -262,6 +289,16 @@ class AsyncClient:
             refresh = True
             await asyncio.sleep(min(0.5, 0.01 * 2**attempt))
         raise AssertionError("unreachable")
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterStatus:
+    """What ``tabletstore status`` prints: the master, every worker and its tablets, and the
+    most recent tablet events."""
+
+    master: str | None
+    workers: dict[str, ServerStatusResponse | str]
+    events: list[tuple[float, str, str, str]]
 
 
 class AsyncTable:
