@@ -1,0 +1,176 @@
+"""The compaction planner and merge (§5.4): pure functions of records and bytes."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tabletstore.compaction import CompactionTask, merge_sstables, plan, plan_major
+from tabletstore.iterators import merge_sources, visible_cells
+from tabletstore.keys import TS_MAX, Cell, CellKind, cell_sort_key, encode_ts_range
+from tabletstore.metadata import SSTableRef, TabletRecord
+from tabletstore.options import TabletOptions
+from tabletstore.schema import MaxAgeRule, MaxVersionsRule
+from tabletstore.sstable import read_sstable_bytes, write_sstable
+
+NOW = 1_000_000_000
+
+
+def ref(key: str) -> SSTableRef:
+    return SSTableRef(key, 100, 1, 1, 1, b"a", b"z")
+
+
+def record(groups: dict[str, int]) -> TabletRecord:
+    return TabletRecord(
+        "t",
+        "t0",
+        b"",
+        None,
+        sstables={g: tuple(ref(f"{g}{i}") for i in range(n)) for g, n in groups.items()},
+    )
+
+
+def test_plan_leaves_groups_within_the_limit_alone() -> None:
+    assert plan(record({"a": 2, "b": 0}), TabletOptions(max_sstables_per_group=2)) == []
+
+
+def test_plan_merges_the_newest_sstables_back_to_the_limit() -> None:
+    tasks = plan(record({"b": 5, "a": 3}), TabletOptions(max_sstables_per_group=2))
+    assert tasks == [
+        CompactionTask("a", ("a0", "a1"), major=False),
+        CompactionTask("b", ("b0", "b1", "b2", "b3"), major=False),
+    ]
+
+
+def test_plan_taking_every_sstable_is_major() -> None:
+    for limit in (0, 1):  # a limit below one means one
+        tasks = plan(record({"a": 3}), TabletOptions(max_sstables_per_group=limit))
+        assert tasks == [CompactionTask("a", ("a0", "a1", "a2"), major=True)]
+
+
+def test_plan_major_takes_every_group_with_sstables() -> None:
+    assert plan_major(record({"b": 1, "a": 2, "c": 0})) == [
+        CompactionTask("a", ("a0", "a1"), major=True),
+        CompactionTask("b", ("b0",), major=True),
+    ]
+
+
+@given(st.dictionaries(st.sampled_from("abcd"), st.integers(0, 9)), st.integers(1, 5))
+def test_plan_brings_every_group_to_at_most_the_limit(groups: dict[str, int], limit: int) -> None:
+    rec = record(groups)
+    after = dict(groups)
+    for task in plan(rec, TabletOptions(max_sstables_per_group=limit)):
+        refs = [r.key for r in rec.sstables[task.group]]
+        assert list(task.inputs) == refs[: len(task.inputs)]  # the newest, in order
+        after[task.group] -= len(task.inputs) - 1
+    assert all(n <= limit for n in after.values())
+    assert all(after[g] == n for g, n in groups.items() if n <= limit)
+
+
+# ------------------------------------------------------------------------------------ merging
+
+
+def put(row: bytes, q: bytes, ts: int, seq: int, family: str = "f") -> Cell:
+    return Cell(row, family, q, ts, seq, CellKind.PUT, b"v%d" % seq)
+
+
+def del_col(row: bytes, q: bytes, start: int, end: int, seq: int) -> Cell:
+    return Cell(row, "f", q, TS_MAX, seq, CellKind.DELETE_COLUMN, encode_ts_range(start, end))
+
+
+def blob(cells: list[Cell]) -> bytes:
+    return write_sstable(sorted(cells, key=cell_sort_key), block_size=1024)[0]
+
+
+def merge(inputs: list[list[Cell]], *, major: bool, **kw: object) -> list[Cell]:
+    data, info = merge_sstables(
+        [blob(c) for c in inputs],
+        gc_rules=kw.pop("gc_rules", {}),  # type: ignore[arg-type]
+        now_micros=NOW,
+        major=major,
+        compression="zstd",
+        block_size=1024,
+        locality_group="g",
+        **kw,  # type: ignore[arg-type]
+    )
+    cells = read_sstable_bytes(data) if info.cells else []
+    assert info.cells == len(cells)
+    return cells
+
+
+def test_major_merge_applies_deletions_and_gc_and_keeps_no_deletion_entries() -> None:
+    newer = [del_col(b"r", b"q", 0, 15, 10), put(b"r", b"q", 30, 11)]
+    older = [put(b"r", b"q", 10, 1), put(b"r", b"q", 20, 2), put(b"r", b"q", 25, 3)]
+    out = merge([newer, older], major=True, gc_rules={"f": MaxVersionsRule(max_versions=2)})
+    assert [(c.ts, c.seq) for c in out] == [(30, 11), (25, 3)]
+    assert all(c.kind == CellKind.PUT for c in out)
+
+
+def test_non_major_merge_keeps_deletion_entries_and_version_gc_for_later() -> None:
+    newer = [del_col(b"r", b"q", 0, 15, 10)]
+    older = [put(b"r", b"q", 10, 1), put(b"r", b"q", 20, 2), put(b"r", b"q", 25, 3)]
+    out = merge([newer, older], major=False, gc_rules={"f": MaxVersionsRule(max_versions=1)})
+    # The masked put goes, the deletion entry stays (it may mask older SSTables' cells), and
+    # no version is dropped by count (newer sources outside the merge change the count).
+    assert [(c.kind, c.ts) for c in out] == [(CellKind.DELETE_COLUMN, TS_MAX), (0, 25), (0, 20)]
+
+
+def test_non_major_merge_drops_what_age_collects_even_as_newest() -> None:
+    old = NOW - 10_000_000
+    out = merge(
+        [[put(b"r", b"q", old, 1), put(b"r", b"p", NOW, 2)]],
+        major=False,
+        gc_rules={"f": MaxAgeRule(max_age_seconds=5)},
+    )
+    assert [c.qualifier for c in out] == [b"p"]
+
+
+def test_merge_with_families_leaves_dropped_families_out() -> None:
+    row_del = Cell(b"r", "", b"", TS_MAX, 9, CellKind.DELETE_ROW, b"")
+    cells = [row_del, put(b"r", b"q", 5, 10, "gone"), put(b"r", b"q", 5, 11, "f")]
+    out = merge([cells], major=False, families={"f"})
+    assert [(c.family, c.kind) for c in out] == [("", CellKind.DELETE_ROW), ("f", CellKind.PUT)]
+    assert merge([cells], major=True, families={"f"}) == [cells[2]]
+
+
+def test_merge_of_nothing_visible_is_empty() -> None:
+    assert (
+        merge([[put(b"r", b"q", 1, 1)], [Cell(b"r", "", b"", TS_MAX, 5, 3, b"")]], major=True) == []
+    )
+
+
+cells_st = st.builds(
+    lambda row, q, ts, kind, start, width: (row, q, ts, kind, start, width),
+    st.sampled_from([b"a", b"b"]),
+    st.sampled_from([b"x", b"y"]),
+    st.integers(0, 5),
+    st.sampled_from(["put", "put", "col", "row"]),
+    st.integers(0, 5),
+    st.integers(0, 4),
+)
+
+
+@settings(max_examples=150)
+@given(st.lists(st.lists(cells_st, max_size=8), min_size=1, max_size=4), st.booleans())
+def test_merge_reads_like_its_inputs(specs: list[list[tuple]], gc: bool) -> None:  # type: ignore[type-arg]
+    seq = 0
+    sources: list[list[Cell]] = []
+    for spec in reversed(specs):  # oldest first, so newer sources get larger seqs
+        src = []
+        for row, q, ts, kind, start, width in spec:
+            seq += 1
+            if kind == "put":
+                src.append(put(row, q, ts, seq))
+            elif kind == "col":
+                src.append(del_col(row, q, start, start + width, seq))
+            else:
+                src.append(Cell(row, "", b"", TS_MAX, seq, CellKind.DELETE_ROW, b""))
+        sources.insert(0, sorted(src, key=cell_sort_key))
+    rules = {"f": MaxVersionsRule(max_versions=2)} if gc else {}
+    expected = list(visible_cells(merge_sources(sources), gc_rules=rules, now_micros=NOW))
+    assert merge(sources, major=True, gc_rules=rules) == expected
+    # A non-major merge of the newest two, read together with the rest, reads the same.
+    k = min(2, len(sources))
+    partial = merge(sources[:k], major=False, gc_rules=rules)
+    again = merge_sources([partial, *sources[k:]])
+    assert list(visible_cells(again, gc_rules=rules, now_micros=NOW)) == expected

@@ -1,0 +1,138 @@
+"""Validation of row mutations and read-modify-write rules, and their engine cells (§2, §3)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tabletstore import mutations
+from tabletstore.errors import InvalidArgument, NotFound, PermissionDenied
+from tabletstore.keys import TS_MAX, Cell, CellKind, encode_ts_range
+from tabletstore.model import (
+    MAX_ROW_KEY,
+    AppendValue,
+    DeleteCells,
+    DeleteFamily,
+    DeleteRow,
+    IncrementValue,
+    SetCell,
+)
+from tabletstore.mutations import (
+    apply_rmw_rule,
+    check_row_key,
+    families_of,
+    to_cells,
+    validate_rmw_rules,
+    validate_row_mutation,
+)
+from tabletstore.schema import Acl, ColumnFamily, TableSchema
+
+SCHEMA = TableSchema(
+    name="t",
+    families={
+        "open": ColumnFamily(name="open"),
+        "private": ColumnFamily(name="private", acl=Acl(readers=["alice"], writers=["alice"])),
+        "wo": ColumnFamily(name="wo", acl=Acl(readers=["nobody"], writers=None)),
+    },
+)
+
+
+def test_row_keys_are_1_byte_to_64_kib() -> None:
+    check_row_key(b"x")
+    check_row_key(b"x" * MAX_ROW_KEY)
+    with pytest.raises(InvalidArgument, match="64 KiB"):
+        check_row_key(b"x" * (MAX_ROW_KEY + 1))
+    with pytest.raises(InvalidArgument, match="empty"):
+        check_row_key(b"")
+    with pytest.raises(InvalidArgument, match="bytes"):
+        check_row_key("text")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="64 KiB"):
+        validate_row_mutation(SCHEMA, b"x" * (MAX_ROW_KEY + 1), [SetCell("open", b"q", b"v")])
+
+
+def test_unknown_family_is_not_found() -> None:
+    for m in (SetCell("nope", b"q", b"v"), DeleteCells("nope", b"q"), DeleteFamily("nope")):
+        with pytest.raises(NotFound, match="no column family 'nope'"):
+            validate_row_mutation(SCHEMA, b"r", [m])
+    with pytest.raises(NotFound):
+        validate_rmw_rules(SCHEMA, b"r", [AppendValue("nope", b"q", b"x")], None)
+
+
+def test_acls_deny_writes_and_read_modify_write() -> None:
+    validate_row_mutation(SCHEMA, b"r", [SetCell("private", b"q", b"v")], "alice")
+    with pytest.raises(PermissionDenied, match="bob may not write column family t:private"):
+        validate_row_mutation(SCHEMA, b"r", [SetCell("private", b"q", b"v")], "bob")
+    with pytest.raises(PermissionDenied, match="anonymous"):
+        validate_row_mutation(SCHEMA, b"r", [DeleteFamily("private")])
+    # DeleteRow writes every family.
+    with pytest.raises(PermissionDenied):
+        validate_row_mutation(SCHEMA, b"r", [DeleteRow()], "bob")
+    # Read-modify-write reads too: a write-only family is denied.
+    validate_row_mutation(SCHEMA, b"r", [SetCell("wo", b"q", b"v")], "bob")
+    with pytest.raises(PermissionDenied, match="may not read"):
+        validate_rmw_rules(SCHEMA, b"r", [IncrementValue("wo", b"q", 1)], "bob")
+
+
+def test_time_ranges_and_timestamps() -> None:
+    validate_row_mutation(SCHEMA, b"r", [DeleteCells("open", b"q", 5, 5)])  # empty is fine
+    validate_row_mutation(SCHEMA, b"r", [DeleteCells("open", b"q", None, 7)])
+    with pytest.raises(InvalidArgument, match=r"invalid time range \[9, 3\)"):
+        validate_row_mutation(SCHEMA, b"r", [DeleteCells("open", b"q", 9, 3)])
+    with pytest.raises(InvalidArgument, match="invalid time range"):
+        validate_row_mutation(SCHEMA, b"r", [DeleteCells("open", b"q", -1, None)])
+    for ts in (-1, TS_MAX):
+        with pytest.raises(InvalidArgument, match="outside"):
+            validate_row_mutation(SCHEMA, b"r", [SetCell("open", b"q", b"v", ts)])
+    validate_row_mutation(SCHEMA, b"r", [SetCell("open", b"q", b"v", TS_MAX - 1)])
+
+
+def test_shapes_and_sizes(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(InvalidArgument, match="no mutations"):
+        validate_row_mutation(SCHEMA, b"r", [])
+    with pytest.raises(InvalidArgument, match="must be bytes"):
+        validate_row_mutation(SCHEMA, b"r", [SetCell("open", "q", b"v")])  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="unknown mutation type"):
+        validate_row_mutation(SCHEMA, b"r", [AppendValue("open", b"q", b"v")])  # type: ignore[list-item]
+    monkeypatch.setattr(mutations, "MAX_VALUE", 4)
+    with pytest.raises(InvalidArgument, match="5 bytes; the limit is 4"):
+        validate_row_mutation(SCHEMA, b"r", [SetCell("open", b"q", b"12345")])
+    monkeypatch.setattr(mutations, "MAX_MUTATIONS_PER_ROW", 2)
+    with pytest.raises(InvalidArgument, match="3 mutations"):
+        validate_row_mutation(SCHEMA, b"r", [DeleteRow()] * 3)
+    with pytest.raises(InvalidArgument, match="no rules"):
+        validate_rmw_rules(SCHEMA, b"r", [], None)
+    with pytest.raises(InvalidArgument, match="64 bits"):
+        validate_rmw_rules(SCHEMA, b"r", [IncrementValue("open", b"q", 2**63)], None)
+
+
+def test_to_cells_gives_consecutive_seqs_and_encodes_deletions() -> None:
+    muts = [
+        SetCell("open", b"q", b"v"),
+        SetCell("open", b"q", b"w", 7),
+        DeleteCells("open", b"q", 3, None),
+        DeleteFamily("open"),
+        DeleteRow(),
+    ]
+    assert to_cells(b"r", muts, 100, 555) == [
+        Cell(b"r", "open", b"q", 555, 100, CellKind.PUT, b"v"),
+        Cell(b"r", "open", b"q", 7, 101, CellKind.PUT, b"w"),
+        Cell(b"r", "open", b"q", TS_MAX, 102, CellKind.DELETE_COLUMN, encode_ts_range(3, TS_MAX)),
+        Cell(b"r", "open", b"", TS_MAX, 103, CellKind.DELETE_FAMILY, b""),
+        Cell(b"r", "", b"", TS_MAX, 104, CellKind.DELETE_ROW, b""),
+    ]
+    assert families_of(muts, SCHEMA) == {"open", "private", "wo"}
+
+
+def counter(n: int) -> bytes:
+    return n.to_bytes(8, "big", signed=True)
+
+
+def test_increment_and_append() -> None:
+    assert apply_rmw_rule(IncrementValue("f", b"q", 5), None) == counter(5)
+    assert apply_rmw_rule(IncrementValue("f", b"q", 5), b"") == counter(5)
+    assert apply_rmw_rule(IncrementValue("f", b"q", -7), counter(5)) == counter(-2)
+    assert apply_rmw_rule(IncrementValue("f", b"q", 1), counter(2**63 - 1)) == counter(-(2**63))
+    for bad in (b"x", b"123456789"):
+        with pytest.raises(InvalidArgument, match=f"its value is {len(bad)} bytes"):
+            apply_rmw_rule(IncrementValue("f", b"q", 1), bad)
+    assert apply_rmw_rule(AppendValue("f", b"q", b"yz"), None) == b"yz"
+    assert apply_rmw_rule(AppendValue("f", b"q", b"yz"), b"x") == b"xyz"
