@@ -46,7 +46,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -652,9 +652,20 @@ def _serve(run: Callable[[Any, asyncio.Event], Awaitable[None]]) -> None:
             await coordinator.close()
 
     try:
-        asyncio.run(main_async())
+        _run_loop(main_async())
     except TabletStoreError as exc:
         raise Failure(str(exc)) from exc
+
+
+def _run_loop(coro: Coroutine[Any, Any, None]) -> None:
+    """Run a process body on uvloop when it is installed (about 3x the RPC rate of the
+    default loop with one call in flight, bench/rpc_bench.py), else on asyncio's loop."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(coro)
+    else:
+        uvloop.run(coro)
 
 
 @main.command("master")
