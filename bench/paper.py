@@ -1,0 +1,593 @@
+"""The paper's Figure 6 (§7) on this machine, side by side with SlateDB, with the S3 cost.
+
+Run ``python -m bench.paper [--quick] [--json FILE] [--png FILE]``.
+
+The benchmarks are the paper's six, as §7 defines them, plus batched writes:
+
+* **sequential writes**: row keys ``0 .. R-1`` cut into ``10 * N`` equal ranges handed out to
+  the ``N`` concurrent clients as each finishes its previous range (the paper's "central
+  scheduler"); one 1000-byte random (uncompressible, distinct) value per row, one write request
+  per row;
+* **random writes**: the same, but operation ``i`` writes row ``hash(i) mod R``; the hash is
+  ``i * 1,000,003 mod R`` (1,000,003 is prime, so every row is written exactly once and the
+  random reads below find every row);
+* **batched writes**: sequential keys, ``--batch`` rows per request (``mutate_rows`` /
+  SlateDB ``WriteBatch``); not in the paper, measured because SlateDB's strength is batching;
+* **sequential reads** / **random reads**: shadow the sequential / random writes, one read
+  request per row, after a minor and a major compaction and a restart, so every read starts in
+  SSTables with a cold block cache (the paper's reads go to GFS);
+* **random reads (mem)**: random reads of a table whose locality group is in memory
+  (``LocalityGroup(in_memory=True)``), with R/10 rows as in the paper (100 MB instead of 1 GB);
+* **scans**: the sequential-read ranges, each read by one scan request; counted in values/s.
+
+``N`` (``--concurrency``, default 32) asyncio tasks issue requests in parallel (the paper's
+clients keep many requests in flight; group commit needs concurrent writers). Figures are
+operations (values) per second per worker, and latency per request (p50, p99).
+
+**Scaling to this machine.** The paper's R gives about 1 GB per tablet server (R = 1,000,000
+rows of 1000 bytes) and 100 MB for the in-memory benchmark, on servers with 1 GB of memory.
+Here every size is multiplied by ``--scale`` (full run: 1/20, so R = 50,000 rows = 50 MB and
+5,000 in-memory rows; ``--quick``: 1/400, R = 2,500). The block cache is the worker default
+(256 MiB) multiplied by the same factor (12.8 MiB in the full run), so data and cache keep the
+proportions of a default worker holding the paper's 1 GB: with the unscaled 256 MiB cache the
+whole scaled data set would sit in the cache after the first pass and "random reads" would
+measure memory, not the object store. ``--block-cache-bytes`` overrides it.
+
+**Cost.** tabletstore's object store is wrapped in
+:class:`~tabletstore.storage_s3.instrumented.InstrumentedObjectStore`, which counts requests the
+way S3 bills them. Reported: PUT / GET (GET + ranged GET) / LIST / DELETE per 1,000 operations
+and object bytes read per operation. A write's cost includes the minor compaction that turns it
+into an SSTable (run untimed right after the write phase). SlateDB's requests are not counted.
+
+SlateDB runs the same operations with the same values in the same local directory (one database
+per table; see :mod:`bench.slatedb_target`); the table prints tabletstore / SlateDB for each.
+Targets run one after another, never at the same time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from bench.targets import Target, open_target
+from tabletstore.options import WorkerOptions
+from tabletstore.storage_s3.base import Op
+from tabletstore.storage_s3.instrumented import StoreStats
+
+__all__ = ["PAPER", "BenchConfig", "BenchResult", "main", "run_suite"]
+
+#: Figure 6: 1000-byte values read/written per second per tablet server, by number of servers.
+PAPER_SERVERS = (1, 50, 250, 500)
+PAPER: dict[str, tuple[int, int, int, int]] = {
+    "random reads": (1212, 593, 479, 241),
+    "random reads (mem)": (10811, 8511, 8000, 6250),
+    "random writes": (8850, 3745, 3425, 2000),
+    "sequential reads": (4425, 2463, 2625, 2469),
+    "sequential writes": (8547, 3623, 2451, 1905),
+    "scans": (15385, 10526, 9524, 7843),
+}
+#: The paper's R per tablet server (about 1 GB of 1000-byte values).
+PAPER_ROWS = 1_000_000
+#: Order of the printed table (Figure 6's order, batched writes last).
+BENCHMARKS = (
+    "random reads",
+    "random reads (mem)",
+    "random writes",
+    "sequential reads",
+    "sequential writes",
+    "scans",
+    "batched writes",
+)
+_HASH_PRIME = 1_000_003
+FULL_SCALE = 1 / 20
+QUICK_SCALE = 1 / 400
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """One run's sizes (see the module docstring for how they scale)."""
+
+    rows: int
+    mem_rows: int
+    block_cache_bytes: int
+    scale: float
+    value_size: int = 1000
+    concurrency: int = 32
+    batch: int = 100
+    #: SlateDB's WAL flush interval (e.g. "10ms"); None keeps SlateDB's default (100 ms).
+    slatedb_flush_interval: str | None = None
+
+    @classmethod
+    def scaled(cls, scale: float, **overrides: Any) -> BenchConfig:
+        if not 0 < scale <= 1:
+            raise ValueError(f"--scale must be in (0, 1], not {scale}")
+        rows = max(100, round(PAPER_ROWS * scale))
+        cfg = cls(
+            rows=rows,
+            mem_rows=max(10, rows // 10),
+            block_cache_bytes=max(256 * 1024, round(WorkerOptions().block_cache_bytes * scale)),
+            scale=scale,
+        )
+        return replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
+
+    def __post_init__(self) -> None:
+        for name in ("rows", "mem_rows", "value_size", "concurrency", "batch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, not {getattr(self, name)}")
+
+
+@dataclass
+class BenchResult:
+    """One benchmark on one target."""
+
+    benchmark: str
+    target: str
+    values: int
+    requests: int
+    seconds: float
+    p50_ms: float
+    p99_ms: float
+    #: Object-store requests by kind and bytes moved during the phase (None: not counted).
+    cost: dict[str, dict[str, int]] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def rate(self) -> float:
+        """Values per second."""
+        return self.values / self.seconds if self.seconds > 0 else 0.0
+
+    def per_1000(self, *ops: Op) -> float | None:
+        """Requests of the given kinds per 1,000 values."""
+        if self.cost is None or not self.values:
+            return None
+        return 1000 * sum(self.cost[op.value]["requests"] for op in ops) / self.values
+
+    def bytes_read_per_value(self) -> float | None:
+        if self.cost is None or not self.values:
+            return None
+        got = self.cost[Op.GET.value]["bytes"] + self.cost[Op.GET_RANGE.value]["bytes"]
+        return got / self.values
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["values_per_second"] = round(self.rate, 1)
+        out["paper_1_server"] = PAPER.get(self.benchmark, (None,))[0]
+        if self.cost is not None:
+            out["s3_per_1000"] = {
+                "PUT": self.per_1000(Op.PUT),
+                "GET": self.per_1000(Op.GET, Op.GET_RANGE),
+                "HEAD": self.per_1000(Op.HEAD),
+                "LIST": self.per_1000(Op.LIST),
+                "DELETE": self.per_1000(Op.DELETE),
+            }
+            out["bytes_read_per_value"] = self.bytes_read_per_value()
+        return out
+
+
+# ------------------------------------------------------------------------------ workloads
+
+#: A request: does its I/O, returns how many values it read or wrote.
+Request = Callable[[], Awaitable[int]]
+
+
+def row_key(i: int) -> bytes:
+    """The paper's row names 0 .. R-1, zero-padded so byte order is numeric order."""
+    return b"%010d" % i
+
+
+def hashed(i: int, rows: int) -> int:
+    """Row of the i-th random operation: a permutation of 0 .. rows-1 (module docstring)."""
+    return (i * _HASH_PRIME) % rows
+
+
+def ranges(n: int, parts: int) -> list[range]:
+    """``0 .. n-1`` cut into ``parts`` near-equal consecutive ranges (none empty)."""
+    parts = max(1, min(parts, n))
+    bounds = [n * p // parts for p in range(parts + 1)]
+    return [range(a, b) for a, b in itertools.pairwise(bounds)]
+
+
+async def drive(
+    units: Sequence[Sequence[Request]], concurrency: int
+) -> tuple[int, float, list[float]]:
+    """Run the units on ``concurrency`` tasks, each taking the next unit when it finishes one
+    (the paper's central scheduler). Returns (values, seconds, per-request latencies in s)."""
+    queue: Iterator[Sequence[Request]] = iter(units)
+    latencies: list[float] = []
+    total = 0
+    clock = time.perf_counter
+
+    async def client() -> None:
+        nonlocal total
+        for unit in queue:
+            for request in unit:
+                t0 = clock()
+                n = await request()  # Not `total += await ...`: that reads total before.
+                latencies.append(clock() - t0)
+                total += n
+
+    start = clock()
+    async with asyncio.TaskGroup() as tg:
+        for _ in range(concurrency):
+            tg.create_task(client())
+    return total, clock() - start, latencies
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return 0.0
+    k = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
+    return sorted_values[k]
+
+
+class Workloads:
+    """Builds the request lists of every benchmark for one target (module docstring)."""
+
+    def __init__(self, target: Target, cfg: BenchConfig) -> None:
+        self.t = target
+        self.cfg = cfg
+        self.parts = 10 * cfg.concurrency
+
+    def _value(self) -> bytes:
+        # Distinct and uncompressible, as in the paper.
+        return os.urandom(self.cfg.value_size)
+
+    def _put(self, table: str, row: int) -> Request:
+        async def req() -> int:
+            await self.t.put(table, row_key(row), self._value())
+            return 1
+
+        return req
+
+    def _get(self, table: str, row: int) -> Request:
+        async def req() -> int:
+            value = await self.t.get(table, row_key(row))
+            if value is None or len(value) != self.cfg.value_size:
+                raise RuntimeError(
+                    f"{self.t.name}: row {row} of {table} read back "
+                    f"{'nothing' if value is None else f'{len(value)} bytes'}"
+                )
+            return 1
+
+        return req
+
+    def _put_batch(self, table: str, rows: range) -> Request:
+        async def req() -> int:
+            await self.t.put_batch(table, [(row_key(r), self._value()) for r in rows])
+            return len(rows)
+
+        return req
+
+    def _scan(self, table: str, rows: range) -> Request:
+        async def req() -> int:
+            n = await self.t.scan(table, row_key(rows.start), row_key(rows.stop))
+            if n != len(rows):
+                raise RuntimeError(f"{self.t.name}: scan of {rows} returned {n} values")
+            return n
+
+        return req
+
+    def sequential_writes(self, table: str) -> list[list[Request]]:
+        return [[self._put(table, i) for i in r] for r in ranges(self.cfg.rows, self.parts)]
+
+    def random_writes(self, table: str) -> list[list[Request]]:
+        n = self.cfg.rows
+        return [[self._put(table, hashed(i, n)) for i in r] for r in ranges(n, self.parts)]
+
+    def batched_writes(self, table: str, rows: int | None = None) -> list[list[Request]]:
+        n = rows or self.cfg.rows
+        b = self.cfg.batch
+        return [[self._put_batch(table, range(s, min(n, s + b)))] for s in range(0, n, b)]
+
+    def sequential_reads(self, table: str) -> list[list[Request]]:
+        return [[self._get(table, i) for i in r] for r in ranges(self.cfg.rows, self.parts)]
+
+    def random_reads(self, table: str, rows: int) -> list[list[Request]]:
+        return [[self._get(table, hashed(i, rows)) for i in r] for r in ranges(rows, self.parts)]
+
+    def scans(self, table: str) -> list[list[Request]]:
+        return [[self._scan(table, r)] for r in ranges(self.cfg.rows, self.parts)]
+
+
+def _cost(before: StoreStats | None, after: StoreStats | None) -> dict[str, dict[str, int]] | None:
+    if before is None or after is None:
+        return None
+    return (after - before).as_dict()
+
+
+async def measure(
+    name: str,
+    target: Target,
+    units: Sequence[Sequence[Request]],
+    cfg: BenchConfig,
+    *,
+    after: Callable[[], Awaitable[None]] | None = None,
+) -> BenchResult:
+    """Time one benchmark; ``after`` (untimed, counted in the cost) is e.g. the minor
+    compaction that makes the written values SSTables."""
+    before = target.stats()
+    values, seconds, lat = await drive(units, cfg.concurrency)
+    if after is not None:
+        await after()
+    lat.sort()
+    return BenchResult(
+        benchmark=name,
+        target=target.name,
+        values=values,
+        requests=len(lat),
+        seconds=seconds,
+        p50_ms=1000 * percentile(lat, 0.50),
+        p99_ms=1000 * percentile(lat, 0.99),
+        cost=_cost(before, target.stats()),
+    )
+
+
+async def run_target(
+    target: Target, cfg: BenchConfig, *, log: Callable[[str], None] = print
+) -> list[BenchResult]:
+    """Every benchmark on one target, in an order where each read shadows its write."""
+    w = Workloads(target, cfg)
+    results: list[BenchResult] = []
+
+    def done(r: BenchResult) -> None:
+        results.append(r)
+        log(
+            f"  {target.name:<12} {r.benchmark:<20} {r.rate:>10,.0f} values/s  "
+            f"p50 {r.p50_ms:7.2f} ms  p99 {r.p99_ms:7.2f} ms  ({r.values:,} in {r.seconds:.1f} s)"
+        )
+
+    for table, in_memory in (("seqw", False), ("randw", False), ("batchw", False), ("memt", True)):
+        await target.create(table, in_memory=in_memory)
+    done(
+        await measure(
+            "sequential writes",
+            target,
+            w.sequential_writes("seqw"),
+            cfg,
+            after=lambda: target.flush("seqw"),
+        )
+    )
+    done(
+        await measure(
+            "random writes",
+            target,
+            w.random_writes("randw"),
+            cfg,
+            after=lambda: target.flush("randw"),
+        )
+    )
+    done(
+        await measure(
+            "batched writes",
+            target,
+            w.batched_writes("batchw"),
+            cfg,
+            after=lambda: target.flush("batchw"),
+        )
+    )
+    await drive(w.batched_writes("memt", cfg.mem_rows), cfg.concurrency)  # untimed load
+    t0 = time.perf_counter()
+    await target.to_sstables(["seqw", "randw", "memt"])
+    log(f"  {target.name:<12} compactions + restart {time.perf_counter() - t0:.1f} s")
+    done(await measure("sequential reads", target, w.sequential_reads("seqw"), cfg))
+    done(await measure("random reads", target, w.random_reads("randw", cfg.rows), cfg))
+    done(await measure("random reads (mem)", target, w.random_reads("memt", cfg.mem_rows), cfg))
+    done(await measure("scans", target, w.scans("seqw"), cfg))
+    return results
+
+
+async def run_suite(
+    cfg: BenchConfig,
+    specs: Sequence[str],
+    *,
+    log: Callable[[str], None] = print,
+) -> list[BenchResult]:
+    """Open each target in turn, run every benchmark on it, close it."""
+    results: list[BenchResult] = []
+    for spec in specs:
+        log(f"target {spec}")
+        target = await open_target(
+            spec,
+            block_cache_bytes=cfg.block_cache_bytes,
+            slatedb_flush_interval=cfg.slatedb_flush_interval,
+        )
+        try:
+            results.extend(await run_target(target, cfg, log=log))
+        finally:
+            await target.close()
+    return results
+
+
+# ------------------------------------------------------------------------------ reports
+
+
+def _fmt(x: float | None, spec: str = ",.0f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def table(results: Sequence[BenchResult], main: str = "tabletstore") -> str:
+    """The printed comparison: tabletstore vs its target (paper, 1 server) vs SlateDB."""
+    by = {(r.target, r.benchmark): r for r in results}
+    lines = [
+        f"{'benchmark':<20} {'paper':>7} {main:>11} {'%paper':>7} {'p50 ms':>7} {'p99 ms':>7}"
+        f" {'slatedb':>9} {'ratio':>6}  {'S3/1000 ops: PUT':>16} {'GET':>6} {'LIST':>5}"
+        f" {'DEL':>5} {'B read/op':>10}"
+    ]
+    for name in BENCHMARKS:
+        r = by.get((main, name))
+        if r is None:
+            continue
+        s = by.get(("slatedb", name))
+        paper = PAPER.get(name, (None,))[0]
+        lines.append(
+            f"{name:<20} {_fmt(paper):>7} {r.rate:>11,.0f}"
+            f" {_fmt(100 * r.rate / paper if paper else None, '.0f') + '%' if paper else '-':>7}"
+            f" {r.p50_ms:>7.2f} {r.p99_ms:>7.2f}"
+            f" {_fmt(s.rate if s else None):>9} {_fmt(r.rate / s.rate if s and s.rate else None, '.2f'):>6}"
+            f"  {_fmt(r.per_1000(Op.PUT), '.1f'):>16} {_fmt(r.per_1000(Op.GET, Op.GET_RANGE), '.1f'):>6}"
+            f" {_fmt(r.per_1000(Op.LIST), '.1f'):>5} {_fmt(r.per_1000(Op.DELETE), '.1f'):>5}"
+            f" {_fmt(r.bytes_read_per_value(), ',.0f'):>10}"
+        )
+    return "\n".join(lines)
+
+
+def machine() -> dict[str, Any]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(
+                (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu
+            )
+    except OSError:
+        pass  # Not Linux: platform's answer stands.
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "system": f"{platform.system()} {platform.release()}",
+        "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
+    }
+
+
+def draw(results: Sequence[BenchResult], path: str, cfg: BenchConfig) -> None:
+    """Grouped bars (log scale): the paper's 1-server figure, tabletstore, SlateDB."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by = {(r.target, r.benchmark): r.rate for r in results}
+    names = [b for b in BENCHMARKS if any(k[1] == b for k in by)]
+    series = [
+        ("paper (1 server, 2006)", [float(PAPER[b][0]) if b in PAPER else 0.0 for b in names]),
+        *(
+            (t, [by.get((t, b), 0.0) for b in names])
+            for t in dict.fromkeys(r.target for r in results)
+        ),
+    ]
+    fig, ax = plt.subplots(figsize=(11, 5))
+    width = 0.8 / len(series)
+    for k, (label, vals) in enumerate(series):
+        xs = [i + (k - (len(series) - 1) / 2) * width for i in range(len(names))]
+        bars = ax.bar(xs, [v or float("nan") for v in vals], width, label=label)
+        ax.bar_label(
+            bars,
+            labels=[f"{v:,.0f}" if v else "" for v in vals],
+            fontsize=7,
+            rotation=90,
+            padding=2,
+        )
+    ax.set_xticks(range(len(names)), names, rotation=15)
+    ax.set_yscale("log")
+    ax.set_ylabel("1000-byte values per second per worker")
+    ax.set_title(
+        f"Figure 6 on this machine: R = {cfg.rows:,} rows ({cfg.scale:g} of the paper's), "
+        f"{cfg.concurrency} concurrent requests, {os.cpu_count()} cores"
+    )
+    ax.legend()
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.paper", description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help=f"scale {QUICK_SCALE:g}: under two minutes")
+    p.add_argument("--scale", type=float, help=f"data size vs the paper's (full: {FULL_SCALE:g})")
+    p.add_argument("--concurrency", type=int, help="requests in flight (default 32)")
+    p.add_argument("--batch", type=int, help="rows per batched write (default 100)")
+    p.add_argument("--block-cache-bytes", type=int, help="override the scaled block cache")
+    p.add_argument(
+        "--target",
+        action="append",
+        help="tabletstore URL (file:///dir, memory://name, etcd://host:port/ns); repeatable; "
+        "default: file:// in the work directory",
+    )
+    p.add_argument("--no-slatedb", action="store_true", help="skip SlateDB")
+    p.add_argument(
+        "--slatedb-flush-interval", help="SlateDB WAL flush_interval, e.g. 10ms (default 100ms)"
+    )
+    p.add_argument("--dir", help="work directory (default: a new temporary directory, removed)")
+    p.add_argument("--json", help="write the results as JSON here")
+    p.add_argument("--png", help="draw the chart here")
+    p.add_argument("--uvloop", action="store_true", help="run on uvloop")
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parse_args(argv)
+    scale = args.scale or (QUICK_SCALE if args.quick else FULL_SCALE)
+    cfg = BenchConfig.scaled(
+        scale,
+        concurrency=args.concurrency,
+        batch=args.batch,
+        block_cache_bytes=args.block_cache_bytes,
+        slatedb_flush_interval=args.slatedb_flush_interval,
+    )
+    workdir = args.dir or tempfile.mkdtemp(prefix="tabletstore-bench-")
+    specs = list(args.target or [f"file://{os.path.join(os.path.abspath(workdir), 'tabletstore')}"])
+    if not args.no_slatedb:
+        from bench.slatedb_target import slatedb_available
+
+        if slatedb_available():
+            specs.append(f"slatedb://{os.path.join(os.path.abspath(workdir), 'slatedb')}")
+        else:
+            print("slatedb is not installed (pip install -e '.[bench]'): SlateDB skipped")
+    print(
+        f"R = {cfg.rows:,} rows x {cfg.value_size} B ({cfg.scale:g} of the paper's 1 GB per "
+        f"server), in-memory table {cfg.mem_rows:,} rows, block cache "
+        f"{cfg.block_cache_bytes / 2**20:.1f} MiB (worker default x scale), "
+        f"{cfg.concurrency} requests in flight, batches of {cfg.batch}; work dir {workdir}"
+    )
+    started = time.perf_counter()
+    try:
+        if args.uvloop:
+            import uvloop
+
+            results = uvloop.run(run_suite(cfg, specs))
+        else:
+            results = asyncio.run(run_suite(cfg, specs))
+    finally:
+        if not args.dir:
+            shutil.rmtree(workdir, ignore_errors=True)
+    elapsed = time.perf_counter() - started
+    print()
+    print(table(results))
+    print(
+        "\npaper = Figure 6, 1 tablet server; ratio = tabletstore / SlateDB; S3 columns: object "
+        "requests per 1,000 values (writes include their minor compaction); "
+        f"total {elapsed:.0f} s"
+    )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(
+                {
+                    "config": asdict(cfg),
+                    "machine": machine(),
+                    "targets": specs,
+                    "seconds": elapsed,
+                    "paper_figure_6": {"servers": PAPER_SERVERS, **PAPER},
+                    "results": [r.as_dict() for r in results],
+                },
+                f,
+                indent=2,
+            )
+    if args.png:
+        draw(results, args.png, cfg)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
