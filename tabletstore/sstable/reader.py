@@ -37,7 +37,7 @@ import crc32c
 from tabletstore.errors import Corruption, NotFound, Unavailable
 from tabletstore.keys import Cell
 from tabletstore.sstable.block import Block, BytesLike, RowGroupDecoder
-from tabletstore.sstable.block_cache import BlockCache
+from tabletstore.sstable.block_cache import BlockCache, ScanCache
 from tabletstore.sstable.format import (
     DEFAULT_TAIL_GUESS,
     BlockHandle,
@@ -132,11 +132,19 @@ def read_sstable_bytes(data: bytes, *, name: str = "<bytes>") -> list[Cell]:
 class SSTable:
     """An opened SSTable object (see the module docstring). Create with :meth:`open`."""
 
-    def __init__(self, store: ObjectStore, key: str, core: SSTableCore, cache: BlockCache | None):
+    def __init__(
+        self,
+        store: ObjectStore,
+        key: str,
+        core: SSTableCore,
+        cache: BlockCache | None,
+        scan_cache: ScanCache | None = None,
+    ):
         self.store = store
         self.key = key
         self._core = core
         self._cache = cache
+        self._scan_cache = scan_cache
         self._resident: list[Block] | None = None
         self._inflight: dict[int, asyncio.Future[Block]] = {}
         #: Reads the bloom filter answered without a fetch, and blocks fetched from the store.
@@ -152,6 +160,7 @@ class SSTable:
         size: int | None = None,
         tail_size: int | None = None,
         block_cache: BlockCache | None = None,
+        scan_cache: ScanCache | None = None,
     ) -> SSTable:
         """Open SSTable object ``key``: one ranged GET of its tail when ``size`` is given (a
         HEAD first otherwise). ``tail_size`` (``SSTableInfo.tail_size``) makes that GET exact;
@@ -169,7 +178,7 @@ class SSTable:
             more = await cls._get(store, key, size - need, need - len(tail))
             tail = more + tail
         core = SSTableCore.from_tail(object_url(store.url, key), size, tail)
-        return cls(store, key, core, block_cache)
+        return cls(store, key, core, block_cache, scan_cache)
 
     @staticmethod
     async def _get(store: ObjectStore, key: str, offset: int, length: int) -> bytes:
@@ -231,15 +240,28 @@ class SSTable:
     # -- reads ------------------------------------------------------------------------------
 
     async def get_row(self, row: bytes) -> list[Cell]:
-        """Every cell of ``row`` in this SSTable, in order (empty if none)."""
+        """Every cell of ``row`` in this SSTable, in order (empty if none).
+
+        With a scan cache (§6: "caches the key-value pairs returned by the SSTable interface"),
+        a repeated read of a row skips the block lookup and decode. An SSTable never changes,
+        so its entries never go stale; :meth:`close` drops them."""
         if not self._core.may_contain_row(row):
             self.bloom_skips += 1
             return []
+        scan_cache = self._scan_cache
+        if scan_cache is not None:
+            hit = scan_cache.get(self.key, row)
+            if hit is not None:
+                return list(hit)
         indexes = self._core.blocks_for_row(row)
         if len(indexes) == 1:
-            return (await self._block(indexes[0])).row_cells(row)
-        blocks = await asyncio.gather(*(self._block(i) for i in indexes))
-        return [c for b in blocks for c in b.row_cells(row)]
+            cells = (await self._block(indexes[0])).row_cells(row)
+        else:
+            blocks = await asyncio.gather(*(self._block(i) for i in indexes))
+            cells = [c for b in blocks for c in b.row_cells(row)]
+        if scan_cache is not None:
+            scan_cache.put(self.key, row, cells)
+        return cells
 
     async def scan(
         self,
@@ -341,6 +363,8 @@ class SSTable:
         self._resident = None
         if self._cache is not None:
             self._cache.evict(self.key)
+        if self._scan_cache is not None:
+            self._scan_cache.invalidate(self.key)
 
     # -- blocks -----------------------------------------------------------------------------
 
