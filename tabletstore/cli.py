@@ -28,8 +28,8 @@ it (closing minor-compacts, so the next open is quick)::
     tabletstore [--url URL] local-stack up [--dir DIR] [--s3-url URL] [--workers N]
     tabletstore [--url URL] local-stack status [--dir DIR]
     tabletstore [--url URL] local-stack down [--dir DIR]
-    tabletstore --url etcd://H:P/NS master [--store URL] [--port P]   a master process
-    tabletstore --url etcd://H:P/NS worker [--port P]                 a worker process
+    tabletstore --url etcd://H:P/NS master [--store URL] [--port P] [--lease-ttl S]
+    tabletstore --url etcd://H:P/NS worker [--port P] [--lease-ttl S] [--split-bytes N]
     tabletstore status                                 master, workers, tablets, events
 
 Failures print one line, ``tabletstore: <what went wrong>``, on stderr and exit 1 (a usage
@@ -668,11 +668,21 @@ def _run_loop(coro: Coroutine[Any, Any, None]) -> None:
         uvloop.run(coro)
 
 
+_lease_ttl_option = click.option(
+    "--lease-ttl",
+    type=click.FloatRange(min=1.0),
+    default=5.0,
+    show_default=True,
+    help="Seconds of this process's etcd lease: how soon others take over after it dies.",
+)
+
+
 @main.command("master")
 @click.option("--store", default=None, help="The cluster's object store URL (recorded in etcd).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to serve on.")
 @click.option("--port", type=int, default=0, show_default=True, help="Port (0: any free one).")
-def master_cmd(store: str | None, host: str, port: int) -> None:
+@_lease_ttl_option
+def master_cmd(store: str | None, host: str, port: int, lease_ttl: float) -> None:
     """Run a master (§5.2): campaign for the master lock, then keep every tablet assigned."""
     from tabletstore.master import run_master
 
@@ -681,7 +691,13 @@ def master_cmd(store: str | None, host: str, port: int) -> None:
 
     _serve(
         lambda coord, stop: run_master(
-            coord, host=host, port=port, store_url=store, stop=stop, ready=ready
+            coord,
+            host=host,
+            port=port,
+            store_url=store,
+            lease_ttl=lease_ttl,
+            stop=stop,
+            ready=ready,
         )
     )
 
@@ -691,9 +707,28 @@ def master_cmd(store: str | None, host: str, port: int) -> None:
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to serve on.")
 @click.option("--port", type=int, default=0, show_default=True, help="Port (0: any free one).")
 @click.option("--worker-id", default=None, help="A stable id (default: a random one).")
-def worker_cmd(store: str | None, host: str, port: int, worker_id: str | None) -> None:
+@_lease_ttl_option
+@click.option(
+    "--split-bytes",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Split a tablet past this many bytes of SSTables (default: TabletOptions').",
+)
+def worker_cmd(
+    store: str | None,
+    host: str,
+    port: int,
+    worker_id: str | None,
+    lease_ttl: float,
+    split_bytes: int | None,
+) -> None:
     """Run a stateless tablet-server worker (§5.2, §5.3)."""
+    from tabletstore.options import TabletOptions, WorkerOptions
     from tabletstore.worker import TabletServer, run_worker
+
+    # The safety margin scales with a short TTL (tests use 2-3 s) and is 1 s from 4 s up.
+    options = WorkerOptions(lease_ttl=lease_ttl, lease_safety_margin=min(1.0, lease_ttl / 4))
+    tablet_options = TabletOptions(split_bytes=split_bytes) if split_bytes else None
 
     def ready(server: TabletServer) -> None:
         click.echo(f"worker {server.worker_id} listening on {server.address}", err=True)
@@ -705,6 +740,8 @@ def worker_cmd(store: str | None, host: str, port: int, worker_id: str | None) -
             host=host,
             port=port,
             store_url=store,
+            options=options,
+            tablet_options=tablet_options,
             stop=stop,
             ready=ready,
         )

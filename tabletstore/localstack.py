@@ -419,13 +419,18 @@ def start_master(
     store_url: str,
     *,
     env: Mapping[str, str],
+    role: str = "master",
+    extra_args: Sequence[str] = (),
     deadline: float = HEALTH_DEADLINE,
 ) -> ProcessRecord:
-    """A master process: it records the store URL in the cluster settings and takes the
-    master lock."""
+    """A master process: it records the store URL in the cluster settings and campaigns for
+    the master lock (a second one is a standby). ``extra_args`` go to the ``master`` verb
+    (e.g. ``--lease-ttl``); ``role`` names the record and the log (``<role>.log``)."""
     port = free_port()
-    argv = _tabletstore("--url", cluster_url, "master", "--store", store_url, "--port", str(port))
-    record = spawn("master", argv, log=directory / "master.log", url=f"127.0.0.1:{port}", env=env)
+    argv = _tabletstore(
+        "--url", cluster_url, "master", "--store", store_url, "--port", str(port), *extra_args
+    )
+    record = spawn(role, argv, log=directory / f"{role}.log", url=f"127.0.0.1:{port}", env=env)
     wait_healthy(record, lambda: _port_open(port), deadline)
     return record
 
@@ -436,11 +441,13 @@ def start_worker(
     index: int,
     *,
     env: Mapping[str, str],
+    extra_args: Sequence[str] = (),
     deadline: float = HEALTH_DEADLINE,
 ) -> ProcessRecord:
-    """A tablet-server worker process serving on a free loopback port."""
+    """A tablet-server worker process serving on a free loopback port; ``extra_args`` go to
+    the ``worker`` verb (e.g. ``--lease-ttl``, ``--split-bytes``)."""
     port = free_port()
-    argv = _tabletstore("--url", cluster_url, "worker", "--port", str(port))
+    argv = _tabletstore("--url", cluster_url, "worker", "--port", str(port), *extra_args)
     role = f"worker-{index}"
     record = spawn(role, argv, log=directory / f"{role}.log", url=f"127.0.0.1:{port}", env=env)
     wait_healthy(record, lambda: _port_open(port), deadline)
