@@ -175,7 +175,7 @@ def test_binary_row_keys_and_values_pass_as_raw_argument_bytes(url: str) -> None
 def test_the_installed_script_fails_with_one_line_and_status_1(url: str) -> None:
     for args, expect in [
         (("lookup", "nosuch", "r"), "tabletstore: table 'nosuch' does not exist"),
-        (("--url", "etcd://127.0.0.1:2379", "ls"), "tabletstore: unsupported database URL"),
+        (("--url", "etcd://127.0.0.1:1/ns", "ls"), "tabletstore: etcd unreachable at 127.0.0.1:1"),
     ]:
         proc = run_process(*args, url=url if args[0] != "--url" else None)
         assert proc.returncode == 1
@@ -266,7 +266,7 @@ def test_errors_are_one_line_without_traceback(url: str, tmp_path: Path) -> None
     fails("setgcpolicy", "errs", "f", "maxage=3x", url=url, expect="bad duration '3x'")
     fails("createfamily", "errs", "bad name", url=url, expect="column family name")
     fails("import", "errs", str(tmp_path / "missing.csv"), url=url, expect="no such file")
-    fails("ls", url="etcd://127.0.0.1:2379", expect="unsupported database URL")
+    fails("ls", url="etcd://127.0.0.1:1/ns", expect="etcd unreachable at 127.0.0.1:1")
 
 
 def test_identity_is_checked_against_acls(url: str) -> None:

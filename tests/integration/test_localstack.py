@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import urllib.request
@@ -54,7 +55,7 @@ async def test_up_status_use_down(stack_dir: Path) -> None:
     status = cli("status", "--dir", str(stack_dir))
     assert status.returncode == 0, status.stderr
     for record in stack.processes:
-        assert f"{record.role:<8} {record.pid:<8} yes" in status.stdout
+        assert re.search(rf"^{record.role}\s+{record.pid}\s+yes\b", status.stdout, re.M), status.stdout
 
     coordinator = open_coordinator(stack.etcd_url)
     try:
