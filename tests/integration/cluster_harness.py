@@ -1,0 +1,238 @@
+"""A real cluster for integration tests: master(s) and workers as ``tabletstore`` processes.
+
+:class:`Cluster` starts processes with the local stack's helpers
+(:func:`tabletstore.localstack.start_master` / ``start_worker``: ``python -m tabletstore.cli``
+in their own session, output to ``<dir>/<role>.log``) against an etcd namespace and a bucket
+the test fixtures provide, and keeps every :class:`~tabletstore.localstack.ProcessRecord` it
+started. It stops them only by pid (and only while the pid still runs the recorded command),
+so :meth:`Cluster.close` leaves nothing behind even after a failed test.
+
+Also here: a history of writes (:class:`WriteHistory`) for checking acknowledged writes after
+a crash, treating an ambiguous outcome as "may have happened" (STYLE.md §13), and polling with
+a deadline (:func:`eventually`) instead of bare sleeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+from tabletstore import localstack
+from tabletstore.client.client import AsyncClient, ClusterStatus
+from tabletstore.localstack import ProcessRecord
+
+T = TypeVar("T")
+
+#: moto accepts any credentials; the spawned processes must not look for real ones.
+PROCESS_ENV = {
+    "AWS_ACCESS_KEY_ID": localstack.MOTO_CREDENTIALS[0],
+    "AWS_SECRET_ACCESS_KEY": localstack.MOTO_CREDENTIALS[1],
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "PYTHONUNBUFFERED": "1",
+}
+
+
+def gone(pid: int) -> bool:
+    """The pid no longer runs (absent, or a zombie nobody has reaped yet)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat[stat.rindex(")") + 2] == "Z"
+
+
+def _reap(pid: int) -> None:
+    # The processes are our children (Popen); reaping keeps the pid table clean. A pid that is
+    # not our child (or already reaped) raises ChildProcessError, which means nothing to do.
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+@dataclass
+class Cluster:
+    """A master, standbys and workers as real processes sharing one etcd namespace and bucket."""
+
+    url: str
+    store_url: str
+    directory: Path
+    lease_ttl: float = 3.0
+    records: list[ProcessRecord] = field(default_factory=list)
+    _numbers: itertools.count[int] = field(default_factory=itertools.count)
+
+    # ------------------------------------------------------------------ starting
+
+    def start_master(self, *, lease_ttl: float | None = None) -> ProcessRecord:
+        """A master process; the first one leads, later ones are standbys."""
+        role = f"master-{next(self._numbers)}"
+        ttl = lease_ttl or self.lease_ttl
+        record = localstack.start_master(
+            self.directory,
+            self.url,
+            self.store_url,
+            env=PROCESS_ENV,
+            role=role,
+            extra_args=("--lease-ttl", str(ttl)),
+        )
+        self.records.append(record)
+        return record
+
+    def start_worker(
+        self, *, lease_ttl: float | None = None, split_bytes: int | None = None
+    ) -> ProcessRecord:
+        """A worker process serving on a free loopback port."""
+        args = ["--lease-ttl", str(lease_ttl or self.lease_ttl)]
+        if split_bytes is not None:
+            args += ["--split-bytes", str(split_bytes)]
+        record = localstack.start_worker(
+            self.directory, self.url, next(self._numbers), env=PROCESS_ENV, extra_args=args
+        )
+        self.records.append(record)
+        return record
+
+    # ------------------------------------------------------------------ stopping
+
+    def kill(self, record: ProcessRecord, *, deadline: float = 10.0) -> None:
+        """SIGKILL a process we started (a crash: no clean-up runs) and wait until it is gone."""
+        assert record in self.records, "only processes this cluster started"
+        if localstack.is_running(record):
+            os.kill(record.pid, signal.SIGKILL)
+        end = time.monotonic() + deadline
+        while not gone(record.pid):
+            _reap(record.pid)
+            if time.monotonic() > end:
+                raise AssertionError(f"{record.role} (pid {record.pid}) survived SIGKILL")
+            time.sleep(0.02)
+        _reap(record.pid)
+
+    def terminate(self, record: ProcessRecord, *, deadline: float = 30.0) -> bool:
+        """SIGTERM (a clean stop), SIGKILL after ``deadline``; True if it exited by itself."""
+        assert record in self.records, "only processes this cluster started"
+        started = time.monotonic()
+        localstack.stop(record, deadline=deadline)
+        return time.monotonic() - started < deadline
+
+    def close(self) -> None:
+        """Stop every process still running (newest first); never raises for one that is gone."""
+        for record in reversed(self.records):
+            with contextlib.suppress(Exception):
+                localstack.stop(record, deadline=10.0)
+            _reap(record.pid)
+
+    def alive(self) -> list[ProcessRecord]:
+        return [r for r in self.records if localstack.is_running(r)]
+
+    def logs(self, lines: int = 15) -> str:
+        """The tail of every process's log, for assertion messages."""
+        out = []
+        for record in self.records:
+            try:
+                text = Path(record.log).read_text(errors="replace").splitlines()[-lines:]
+            except OSError:
+                text = ["(no log)"]
+            out.append(f"--- {record.role} (pid {record.pid}) {record.log}\n" + "\n".join(text))
+        return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------- observing
+
+
+async def eventually(
+    check: Callable[[], Awaitable[T | None]],
+    *,
+    deadline: float,
+    what: str,
+    interval: float = 0.2,
+) -> T:
+    """Poll ``check`` until it returns something other than None/False; fail after
+    ``deadline`` seconds saying ``what`` was awaited (and the last value or error seen)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + deadline
+    last: object = None
+    while True:
+        try:
+            value = await check()
+            if value is not None and value is not False:
+                return value
+            last = value
+        except Exception as exc:  # reported below if the deadline passes; polling goes on
+            last = exc
+        if loop.time() > end:
+            raise AssertionError(f"not within {deadline}s: {what} (last: {last!r})")
+        await asyncio.sleep(interval)
+
+
+def placement(status: ClusterStatus, table_id: str | None = None) -> dict[str, set[str]]:
+    """worker id -> ids of the tablets it serves (of ``table_id`` only, when given); a worker
+    that did not answer its status call maps to an empty set."""
+    out: dict[str, set[str]] = {}
+    for worker_id, ws in status.workers.items():
+        if isinstance(ws, str):
+            out[worker_id] = set()
+            continue
+        out[worker_id] = {
+            t.tablet_id for t in ws.tablets if table_id is None or t.table_id == table_id
+        }
+    return out
+
+
+async def table_id_of(client: AsyncClient, name: str) -> str:
+    """The table's id, as workers report it (``status``)."""
+    return (await client._info(name)).table_id
+
+
+# ---------------------------------------------------------------------------- write histories
+
+
+@dataclass
+class WriteHistory:
+    """Outcomes of writes of distinct rows, for checking what reads back after faults.
+
+    Each write is :meth:`begin` (row and value) then :meth:`ack` or :meth:`fail`. An acked
+    write must be readable with its value. A write that failed with an error whose
+    ``may_have_applied`` is true (``Indeterminate``) may or may not be there. Any other error
+    promises the write was not applied (errors.py), so its row must be absent; a row never
+    written must be absent too."""
+
+    values: dict[bytes, bytes] = field(default_factory=dict)
+    acked: set[bytes] = field(default_factory=set)
+    maybe: set[bytes] = field(default_factory=set)
+    rejected: set[bytes] = field(default_factory=set)
+    errors: dict[str, int] = field(default_factory=dict)
+
+    def begin(self, row: bytes, value: bytes) -> None:
+        assert row not in self.values, f"rows are written once: {row!r}"
+        self.values[row] = value
+
+    def ack(self, row: bytes) -> None:
+        self.acked.add(row)
+
+    def fail(self, row: bytes, exc: BaseException) -> None:
+        ambiguous = getattr(exc, "may_have_applied", True)
+        (self.maybe if ambiguous else self.rejected).add(row)
+        name = type(exc).__name__
+        self.errors[name] = self.errors.get(name, 0) + 1
+
+    def check(self, seen: dict[bytes, bytes]) -> list[str]:
+        """Violations of the history by ``seen`` (row -> value read back); empty if none."""
+        problems = []
+        for row in sorted(self.acked):
+            if seen.get(row) != self.values[row]:
+                problems.append(
+                    f"acknowledged write {row!r}={self.values[row]!r} reads as {seen.get(row)!r}"
+                )
+        for row, value in sorted(seen.items()):
+            if row not in self.values:
+                problems.append(f"row {row!r} was never written but reads as {value!r}")
+            elif value != self.values[row]:
+                problems.append(f"row {row!r} reads {value!r}, written as {self.values[row]!r}")
+            elif row in self.rejected:
+                problems.append(f"row {row!r} failed with a not-applied error but was applied")
+        return problems
