@@ -213,6 +213,12 @@ class RowSet:
         for r in self.ranges:
             if not isinstance(r, RowRange):
                 raise InvalidArgument(f"row set ranges must be RowRange, got {r!r}")
+        if not self.ranges and len(self.keys) <= 1:
+            # Fast path: a point read builds several of these per request (client, clip,
+            # worker); one key and no range is already in normal form.
+            object.__setattr__(self, "ranges", ())
+            object.__setattr__(self, "keys", tuple(self.keys))
+            return
         ranges = _merge(self.ranges)
         los = [r.bounds()[0] for r in ranges]
         keys = tuple(k for k in sorted(set(self.keys)) if not _covered(k, ranges, los))
