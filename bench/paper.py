@@ -8,9 +8,9 @@ The benchmarks are the paper's six, as §7 defines them, plus batched writes:
   the ``N`` concurrent clients as each finishes its previous range (the paper's "central
   scheduler"); one 1000-byte random (uncompressible, distinct) value per row, one write request
   per row;
-* **random writes**: the same, but operation ``i`` writes row ``hash(i) mod R``; the hash is
-  ``i * 1,000,003 mod R`` (1,000,003 is prime, so every row is written exactly once and the
-  random reads below find every row);
+* **random writes**: the same, but operation ``i`` writes row ``hash(i) mod R``; the "hash" is
+  a seeded random permutation of ``0 .. R-1`` (every row is written exactly once, so the random
+  reads below find every row, and the order has no stride a block cache could exploit);
 * **batched writes**: sequential keys, ``--batch`` rows per request (``mutate_rows`` /
   SlateDB ``WriteBatch``); not in the paper, measured because SlateDB's strength is batching;
 * **sequential reads** / **random reads**: shadow the sequential / random writes, one read
@@ -48,10 +48,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import itertools
 import json
 import os
 import platform
+import random
 import shutil
 import sys
 import tempfile
@@ -89,7 +91,7 @@ BENCHMARKS = (
     "scans",
     "batched writes",
 )
-_HASH_PRIME = 1_000_003
+_SEED = 20060601
 FULL_SCALE = 1 / 20
 QUICK_SCALE = 1 / 400
 
@@ -107,6 +109,8 @@ class BenchConfig:
     batch: int = 100
     #: SlateDB's WAL flush interval (e.g. "10ms"); None keeps SlateDB's default (100 ms).
     slatedb_flush_interval: str | None = None
+    #: Write a cProfile of each timed phase here (``<target>-<benchmark>.prof``); slows runs.
+    profile_dir: str | None = None
 
     @classmethod
     def scaled(cls, scale: float, **overrides: Any) -> BenchConfig:
@@ -140,6 +144,8 @@ class BenchResult:
     p99_ms: float
     #: Object-store requests by kind and bytes moved during the phase (None: not counted).
     cost: dict[str, dict[str, int]] | None = None
+    #: CPU time of this process (all threads) during the phase: robust on a shared machine.
+    cpu_seconds: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -162,6 +168,9 @@ class BenchResult:
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["values_per_second"] = round(self.rate, 1)
+        out["cpu_us_per_value"] = (
+            round(1e6 * self.cpu_seconds / self.values, 1) if self.values else None
+        )
         out["paper_1_server"] = PAPER.get(self.benchmark, (None,))[0]
         if self.cost is not None:
             out["s3_per_1000"] = {
@@ -186,9 +195,16 @@ def row_key(i: int) -> bytes:
     return b"%010d" % i
 
 
+@functools.cache
+def _permutation(rows: int) -> tuple[int, ...]:
+    order = list(range(rows))
+    random.Random(_SEED + rows).shuffle(order)
+    return tuple(order)
+
+
 def hashed(i: int, rows: int) -> int:
-    """Row of the i-th random operation: a permutation of 0 .. rows-1 (module docstring)."""
-    return (i * _HASH_PRIME) % rows
+    """Row of the i-th random operation: a seeded permutation of 0 .. rows-1."""
+    return _permutation(rows)[i]
 
 
 def ranges(n: int, parts: int) -> list[range]:
@@ -317,7 +333,19 @@ async def measure(
     """Time one benchmark; ``after`` (untimed, counted in the cost) is e.g. the minor
     compaction that makes the written values SSTables."""
     before = target.stats()
+    profiler = None
+    if cfg.profile_dir:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
+    cpu0 = time.process_time()
     values, seconds, lat = await drive(units, cfg.concurrency)
+    cpu = time.process_time() - cpu0
+    if profiler is not None:
+        profiler.disable()
+        slug = name.replace(" ", "_").replace("(", "").replace(")", "")
+        profiler.dump_stats(os.path.join(cfg.profile_dir, f"{target.name}-{slug}.prof"))
     if after is not None:
         await after()
     lat.sort()
@@ -330,6 +358,7 @@ async def measure(
         p50_ms=1000 * percentile(lat, 0.50),
         p99_ms=1000 * percentile(lat, 0.99),
         cost=_cost(before, target.stats()),
+        cpu_seconds=cpu,
     )
 
 
@@ -421,7 +450,7 @@ def table(results: Sequence[BenchResult], main: str = "tabletstore") -> str:
     by = {(r.target, r.benchmark): r for r in results}
     lines = [
         f"{'benchmark':<20} {'paper':>7} {main:>11} {'%paper':>7} {'p50 ms':>7} {'p99 ms':>7}"
-        f" {'slatedb':>9} {'ratio':>6}  {'S3/1000 ops: PUT':>16} {'GET':>6} {'LIST':>5}"
+        f" {'CPU us':>7} {'slatedb':>9} {'ratio':>6}  {'S3/1000 ops: PUT':>16} {'GET':>6} {'LIST':>5}"
         f" {'DEL':>5} {'B read/op':>10}"
     ]
     for name in BENCHMARKS:
@@ -433,13 +462,52 @@ def table(results: Sequence[BenchResult], main: str = "tabletstore") -> str:
         lines.append(
             f"{name:<20} {_fmt(paper):>7} {r.rate:>11,.0f}"
             f" {_fmt(100 * r.rate / paper if paper else None, '.0f') + '%' if paper else '-':>7}"
-            f" {r.p50_ms:>7.2f} {r.p99_ms:>7.2f}"
+            f" {r.p50_ms:>7.2f} {r.p99_ms:>7.2f} {1e6 * r.cpu_seconds / max(1, r.values):>7.0f}"
             f" {_fmt(s.rate if s else None):>9} {_fmt(r.rate / s.rate if s and s.rate else None, '.2f'):>6}"
             f"  {_fmt(r.per_1000(Op.PUT), '.1f'):>16} {_fmt(r.per_1000(Op.GET, Op.GET_RANGE), '.1f'):>6}"
             f" {_fmt(r.per_1000(Op.LIST), '.1f'):>5} {_fmt(r.per_1000(Op.DELETE), '.1f'):>5}"
             f" {_fmt(r.bytes_read_per_value(), ',.0f'):>10}"
         )
     return "\n".join(lines)
+
+
+def markdown(results: Sequence[BenchResult], cfg: BenchConfig, host: dict[str, Any]) -> str:
+    """The results as a Markdown table (what docs/_bench.md shows)."""
+    by = {(r.target, r.benchmark): r for r in results}
+    out = [
+        "| benchmark | paper, 1 server | tabletstore | % of paper | p50 ms | p99 ms "
+        "| CPU µs/value | SlateDB | tabletstore / SlateDB | S3 PUT / GET / LIST / DELETE per 1,000 "
+        "| bytes read per value |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+    ]
+    for name in BENCHMARKS:
+        r = by.get(("tabletstore", name))
+        if r is None:
+            continue
+        s = by.get(("slatedb", name))
+        paper = PAPER.get(name, (None,))[0]
+        cost = " / ".join(
+            _fmt(r.per_1000(*ops), ".1f")
+            for ops in ((Op.PUT,), (Op.GET, Op.GET_RANGE), (Op.LIST,), (Op.DELETE,))
+        )
+        out.append(
+            f"| {name} | {_fmt(paper)} | {r.rate:,.0f} "
+            f"| {_fmt(100 * r.rate / paper if paper else None, '.0f')}% "
+            f"| {r.p50_ms:.1f} | {r.p99_ms:.1f} | {1e6 * r.cpu_seconds / max(1, r.values):,.0f} "
+            f"| {_fmt(s.rate if s else None)} "
+            f"| {_fmt(r.rate / s.rate if s and s.rate else None, '.2f')} | {cost} "
+            f"| {_fmt(r.bytes_read_per_value(), ',.0f')} |"
+        )
+    out.append("")
+    out.append(
+        f"R = {cfg.rows:,} rows of {cfg.value_size} bytes ({cfg.scale:g} of the paper's), "
+        f"{cfg.mem_rows:,} rows in the in-memory table, block cache "
+        f"{cfg.block_cache_bytes / 2**20:.1f} MiB, {cfg.concurrency} requests in flight, "
+        f"batches of {cfg.batch}. Machine: {host['cpu']}, {host['cores']} cores, "
+        f"Python {host['python']}, {host['system']}, load average at the end "
+        f"{', '.join(f'{x:.1f}' for x in host['load_average'] or ())}."
+    )
+    return "\n".join(out) + "\n"
 
 
 def machine() -> dict[str, Any]:
@@ -522,7 +590,9 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--dir", help="work directory (default: a new temporary directory, removed)")
     p.add_argument("--json", help="write the results as JSON here")
     p.add_argument("--png", help="draw the chart here")
+    p.add_argument("--markdown", help="write the results as a Markdown table here")
     p.add_argument("--uvloop", action="store_true", help="run on uvloop")
+    p.add_argument("--profile", metavar="DIR", help="cProfile each timed phase into DIR")
     return p.parse_args(argv)
 
 
@@ -535,7 +605,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         batch=args.batch,
         block_cache_bytes=args.block_cache_bytes,
         slatedb_flush_interval=args.slatedb_flush_interval,
+        profile_dir=args.profile,
     )
+    if args.profile:
+        os.makedirs(args.profile, exist_ok=True)
     workdir = args.dir or tempfile.mkdtemp(prefix="tabletstore-bench-")
     specs = list(args.target or [f"file://{os.path.join(os.path.abspath(workdir), 'tabletstore')}"])
     if not args.no_slatedb:
@@ -586,6 +659,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
     if args.png:
         draw(results, args.png, cfg)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(markdown(results, cfg, machine()))
     return 0
 
 

@@ -43,6 +43,7 @@ def test_harness_runs_every_benchmark_and_reports(tmp_path: Path) -> None:
         "--target", f"memory://bench-smoke-{uuid.uuid4().hex}",
         "--dir", str(tmp_path / "work"),
         "--json", str(out),
+        "--markdown", str(tmp_path / "bench.md"),
     ]  # fmt: skip
     png = tmp_path / "bench.png"
     try:
@@ -69,6 +70,7 @@ def test_harness_runs_every_benchmark_and_reports(tmp_path: Path) -> None:
     assert by_name["random reads"]["s3_per_1000"]["GET"] > 0
     assert by_name["random reads (mem)"]["s3_per_1000"]["GET"] == 0
     assert report["config"]["rows"] == 100
+    assert "| random reads (mem) |" in (tmp_path / "bench.md").read_text()
     if png is not None:
         assert png.stat().st_size > 0
 
