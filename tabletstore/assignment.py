@@ -27,6 +27,8 @@ class TabletLoad:
     worker: str | None
     size: int = 0
     requests: int = 0
+    #: Whether balancing may move it (False: METADATA tablets, tablets moved recently).
+    movable: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +90,7 @@ def _moves(
         candidates = [
             t
             for t in owned[hot]
-            if (t.table_id, t.tablet_id) not in moved and _weight(t) * 2 <= gap
+            if t.movable and (t.table_id, t.tablet_id) not in moved and _weight(t) * 2 <= gap
         ]
         if hot == cold or not candidates:
             break

@@ -16,6 +16,7 @@ remains for them to mask.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -76,6 +77,8 @@ def merge_sstables(
     block_size: int,
     locality_group: str,
     families: Collection[str] | None = None,
+    start_row: bytes = b"",
+    end_row: bytes | None = None,
 ) -> tuple[bytes, SSTableInfo]:
     """Merge SSTable objects (their bytes, newest first) into one SSTable object.
 
@@ -83,9 +86,14 @@ def merge_sstables(
     deletion entries and drops only what they mask within the inputs (see
     :func:`tabletstore.iterators.compact_cells`). With ``families`` (the schema's), the cells
     and deletion entries of any other family -- a dropped one -- are left out; row deletions
-    are kept. Pure CPU: safe to run in another process.
+    are kept. Only cells of rows in ``[start_row, end_row)`` -- the tablet's range -- are
+    written: after a split (§5.2) both children reference their parent's SSTables, and a
+    child's compaction must write out only its own rows. Pure CPU: safe to run in another
+    process.
     """
-    sources: list[list[Cell]] = [read_sstable_bytes(blob) for blob in inputs]
+    sources: list[list[Cell]] = [
+        _clip(read_sstable_bytes(blob), start_row, end_row) for blob in inputs
+    ]
     merged: Iterable[Cell] = merge_sources(sources)
     if families is not None:
         known = frozenset(families)
@@ -94,3 +102,15 @@ def merge_sstables(
     return write_sstable(
         out, compression=compression, block_size=block_size, locality_group=locality_group
     )
+
+
+def _clip(cells: list[Cell], start_row: bytes, end_row: bytes | None) -> list[Cell]:
+    """The cells of ``cells`` (sorted) whose row is in ``[start_row, end_row)``."""
+    if not cells:
+        return cells
+    if start_row <= cells[0].row and (end_row is None or cells[-1].row < end_row):
+        return cells  # the common case: an SSTable of this tablet alone
+    rows = [c.row for c in cells]
+    lo = bisect.bisect_left(rows, start_row)
+    hi = len(rows) if end_row is None else bisect.bisect_left(rows, end_row)
+    return cells[lo:hi]

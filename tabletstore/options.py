@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["TabletOptions", "WorkerOptions"]
+__all__ = ["MasterOptions", "TabletOptions", "WorkerOptions"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,4 +40,29 @@ class WorkerOptions:
     #: Rows in the scan cache of recently read rows (§6); 0 disables it.
     scan_cache_rows: int = 10_000
     #: Worker processes for merging and major compactions; 0 runs them in-process (embedded).
+    #: More processes compact more tablets at once but each holds a copy of its inputs.
     compaction_processes: int = 0
+    #: Seconds a tablet waits after a split before it may split again (besides waiting for
+    #: its first major compaction): bounds split storms when writes outpace compactions.
+    split_cooldown: float = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class MasterOptions:
+    """How the master balances and merges tablets (§5, §5.2)."""
+
+    #: Tablet moves per balancing round at most. More levels load faster; each move makes
+    #: the tablet briefly unavailable (unload with a flush, then load).
+    max_moves: int = 2
+    #: Seconds between balancing rounds that moved something. Longer means calmer placement.
+    balance_cooldown: float = 3.0
+    #: Seconds a moved tablet stays put before it may move again (no ping-pong on noisy load).
+    move_cooldown: float = 30.0
+    #: The tablets' split size, from which merge thresholds derive: a pair merges when each is
+    #: under split_bytes / 8 and both under split_bytes / 2 (tabletstore.merging).
+    split_bytes: int = 128 * 1024 * 1024
+    #: Seconds a pair must stay small before it merges; None disables merges. Long by default
+    #: so a table a user pre-split keeps its tablets while it fills.
+    merge_after: float | None = 600.0
+    #: Merges per master round at most.
+    max_merges: int = 1

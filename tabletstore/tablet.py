@@ -70,6 +70,7 @@ from tabletstore.mutations import (
 from tabletstore.options import TabletOptions
 from tabletstore.query import RowRange
 from tabletstore.schema import GcRule, TableSchema
+from tabletstore.splitting import BlockSpan
 from tabletstore.sstable import SSTable, SSTableInfo, write_sstable
 from tabletstore.sstable.block_cache import BlockCache
 from tabletstore.storage_s3 import layout
@@ -151,6 +152,13 @@ class Tablet:
         self._row_locks: dict[bytes, asyncio.Lock] = {}
         self._row_lock_users: dict[bytes, int] = {}
         self._in_flight: dict[int, int] = {}  # first seq -> count of mutations in flight
+        # Set while nothing is in flight (``_in_flight`` empty): what a split or close awaits.
+        self._idle = asyncio.Event()
+        self._idle.set()
+        # Why writes are refused (a split or an unload under way), or None while they are not.
+        self._writes_blocked: str | None = None
+        #: Called after each compaction that changed the record (the worker checks for a split).
+        self.on_compacted: Callable[[Tablet], None] | None = None
         self._background: set[asyncio.Task[None]] = set()
         self._failed: BaseException | None = None
         self._closed = False
@@ -262,6 +270,15 @@ class Tablet:
                 f"reloaded: {self._failed}"
             )
 
+    def _check_writable(self) -> None:
+        """Writes also need no split or unload under way; refused ones were not applied, and
+        NotServing sends the client to look the tablet up again (its children, its new owner)."""
+        self._check_open()
+        if self._writes_blocked is not None:
+            raise NotServing(
+                f"tablet {self.record.tablet_id} is {self._writes_blocked}; look it up again"
+            )
+
     def _check_row(self, row: bytes) -> None:
         if not self.contains(row):
             raise NotServing(
@@ -298,7 +315,7 @@ class Tablet:
         self, row: bytes, mutations: Sequence[Mutation], *, identity: str | None = None
     ) -> None:
         """Apply one row mutation atomically (§2). Acknowledged only once logged durably."""
-        self._check_open()
+        self._check_writable()
         self._check_row(row)
         validate_row_mutation(self._schema, row, mutations, identity)
         async with self._row_lock(row):
@@ -306,14 +323,21 @@ class Tablet:
 
     # REQUIRES: the row lock of ``row`` held.
     async def _apply_locked(self, row: bytes, mutations: Sequence[Mutation]) -> None:
+        # Checked again with the row lock held: a split or unload may have started while this
+        # write waited for it. No await from here to the in-flight entry, so a quiescing
+        # tablet sees every write it lets through.
+        self._check_writable()
         first = self._log.allocate(len(mutations))
         cells = to_cells(row, mutations, first, self._now_micros())
         self._in_flight[first] = len(cells)
+        self._idle.clear()
         try:
             await self._log.append(self.record.table_id, row, cells)
             self._state.memtable.add(cells)
         finally:
             del self._in_flight[first]
+            if not self._in_flight:
+                self._idle.set()
         if self._state.memtable.approximate_size >= self._options.memtable_flush_bytes:
             self._spawn(self._background_minor_compaction())
 
@@ -329,7 +353,7 @@ class Tablet:
         """Single-row transaction (§3): apply ``true_mutations`` if the predicate filter yields
         any cell of the row (or, with no predicate, if the row has any cell), else
         ``false_mutations``. Returns whether the predicate matched."""
-        self._check_open()
+        self._check_writable()
         self._check_row(row)
         for muts in (true_mutations, false_mutations):
             if muts:
@@ -347,7 +371,7 @@ class Tablet:
         self, row: bytes, rules: Sequence[ReadModifyWriteRule], *, identity: str | None = None
     ) -> Row:
         """Single-row read-modify-write (§3): append or increment; returns the new cells."""
-        self._check_open()
+        self._check_writable()
         self._check_row(row)
         validate_rmw_rules(self._schema, row, rules, identity)
         async with self._row_lock(row):
@@ -518,6 +542,7 @@ class Tablet:
         point (§5.4). A no-op when the memtable is empty."""
         self._check_open()
         async with self._compaction_lock:
+            self._check_open()  # a split may have closed the tablet while this waited
             async with self._state_lock:
                 state = self._state
                 # Frozen memtables left by a failed earlier attempt are written out too: the
@@ -558,6 +583,7 @@ class Tablet:
                     frozen=tuple(m for m in state.frozen if all(m is not f for f in flushed)),
                     sstables=opened,
                 )
+        self._notify_compacted()
 
     def _split_by_group(self, memtables: Sequence[MemTable]) -> dict[str, list[Cell]]:
         """Cells of memtables (newest first) per locality group, in sort order; row deletions
@@ -645,6 +671,7 @@ class Tablet:
     async def _run_merge(self, task: compaction.CompactionTask) -> None:
         self._check_open()
         async with self._compaction_lock:
+            self._check_open()  # a split may have closed the tablet while this waited
             state = self._state
             refs = state.record.sstables.get(task.group, ())
             if not set(task.inputs) <= {r.key for r in refs}:
@@ -664,6 +691,9 @@ class Tablet:
                 compression=lg.compression if lg is not None else "zstd",
                 block_size=lg.block_size if lg is not None else 64 * 1024,
                 locality_group=task.group,
+                # After a split the inputs may be shared with the sibling: write our rows only.
+                start_row=state.record.start_row,
+                end_row=state.record.end_row,
             )
             if self._executor is not None:
                 data, info = await asyncio.get_running_loop().run_in_executor(self._executor, merge)
@@ -701,18 +731,79 @@ class Tablet:
                 )
                 stored = await self._catalog.update(record, new_record)
                 self._state = replace(state, record=stored, sstables=opened)
+        self._notify_compacted()
 
-    # ------------------------------------------------------------------ shutdown
+    # ------------------------------------------------------------------ splits and shutdown
+
+    def _notify_compacted(self) -> None:
+        if self.on_compacted is not None and not self._closed:
+            self.on_compacted(self)
+
+    def block_spans(self) -> list[BlockSpan]:
+        """Every block of every SSTable of the tablet (the split planner's input, §5)."""
+        return [
+            BlockSpan(b.first_row, b.last_row, b.length)
+            for tables in self._state.sstables.values()
+            for t in tables
+            for b in t.footer.blocks
+        ]
+
+    async def _quiesce(self, reason: str) -> None:
+        """Refuse new writes (NotServing), then wait for background compactions and for every
+        write already past the check to be logged and in the memtable."""
+        self._writes_blocked = reason
+        # Idle first: a write finishing may still spawn a background compaction, and does so
+        # before this waiter resumes; after that no new one can start.
+        await self._idle.wait()
+        while self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+
+    @contextlib.asynccontextmanager
+    async def splitting(self) -> AsyncIterator[TabletRecord]:
+        """Prepare a split (§5.2): stop accepting writes, wait for those in flight, write the
+        memtable out, and yield the record -- which then holds every acknowledged write in its
+        SSTables -- with the compaction lock held, so nothing changes it while the caller
+        commits the split. If the body returns, the tablet is closed (its children serve its
+        rows now); if it raises, writes resume and the tablet serves on."""
+        self._check_open()
+        if self._writes_blocked is not None:
+            raise Unavailable(f"tablet {self.record.tablet_id} is already {self._writes_blocked}")
+        try:
+            await self._quiesce("splitting")
+            await self.minor_compact()
+            async with self._compaction_lock:
+                yield self._state.record
+                self._closed = True
+        finally:
+            if not self._closed:
+                self._writes_blocked = None
 
     async def close(self, *, flush: bool) -> None:
-        """Stop serving. With ``flush``, minor-compact first so a new owner replays nothing
-        (§5.2: a moved tablet is compacted by its old owner)."""
+        """Stop serving. With ``flush`` (a moved tablet, §5.2), stop writes, wait for those in
+        flight and minor-compact, then clear the record's ``logs``: every acknowledged write is
+        in SSTables, so the new owner replays (and fences) nothing -- this worker's log stays
+        its own. Without it (or after a failed background compaction) the logs stay listed and
+        the next owner recovers from them as after a crash."""
+        if flush and not self._closed:
+            await self._quiesce("being unloaded")
+            if self._failed is None:
+                await self.minor_compact()
+                await self._forget_logs()
         for task in list(self._background):
             with contextlib.suppress(Exception):
                 await task
-        if flush and self._failed is None:
-            await self.minor_compact()
         self._closed = True
+
+    async def _forget_logs(self) -> None:
+        async with self._compaction_lock, self._state_lock:
+            record = self._state.record
+            if not record.logs:
+                return
+            new_record = replace(record, logs=()).with_event(
+                self._clock.time(), "unloaded", "flushed; nothing to replay"
+            )
+            stored = await self._catalog.update(record, new_record)
+            self._state = replace(self._state, record=stored)
 
 
 def _intersect(a: set[str] | None, b: set[str] | None) -> set[str] | None:

@@ -1,0 +1,223 @@
+"""Splitting and merging tablets at the tablet level (§5, §5.2), on the in-memory store.
+
+What the worker and master do, done by hand on a :class:`TabletHarness`: split a tablet with
+:meth:`Tablet.splitting` and commit the children through the catalog, load them, and check
+every row against the model (deletions and versions included); major-compact a child and
+check it wrote only its rows; merge two tablets back into one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator
+
+import pytest
+
+from tabletstore import merging, splitting
+from tabletstore.errors import Fenced, NotServing
+from tabletstore.metadata import TabletRecord
+from tabletstore.model import DeleteCells, DeleteRow, Mutation, SetCell
+from tabletstore.options import TabletOptions
+from tabletstore.query import RowRange
+from tabletstore.sstable import read_sstable_bytes
+from tabletstore.storage_s3.memory import MemoryObjectStore
+from tabletstore.tablet import Tablet
+from tests.tablet_harness import TabletHarness, TabletModel
+
+OPTS = TabletOptions(memtable_flush_bytes=1 << 30, max_sstables_per_group=8)
+
+
+@pytest.fixture
+async def h() -> AsyncIterator[TabletHarness]:
+    harness = TabletHarness(MemoryObjectStore(), options=OPTS)
+    await harness.start()
+    yield harness
+    await harness.close()
+
+
+async def fill(h: TabletHarness, model: TabletModel, rows: int = 60) -> None:
+    """Versions, cell and row deletions, spread over three SSTables and the memtable."""
+    assert h.tablet is not None
+    rnd = random.Random(7)
+    for round_ in range(4):
+        for i in range(rows):
+            row = b"r%03d" % i
+            muts: list[Mutation] = [
+                SetCell("a", b"x", b"v%d-%d" % (round_, i), (round_ + 1) * 1000),
+                SetCell("b", b"y", b"w" * rnd.randrange(1, 200)),
+            ]
+            if i % 7 == round_:
+                muts = [DeleteRow()]
+            elif i % 5 == round_:
+                muts.append(DeleteCells("a", b"x", 0, 2000))
+            await h.tablet.apply(row, muts)
+            model.apply(row, muts, h.now_micros())
+        if round_ < 3:
+            await h.tablet.minor_compact()
+        h.clock.advance(0.1)
+
+
+async def load(h: TabletHarness, record: TabletRecord) -> Tablet:
+    assert h.catalog is not None and h.log is not None
+    return await Tablet.load(
+        record,
+        h.schema,
+        store=h.store,
+        log_sink=h.log,
+        catalog=h.catalog,
+        replay=h._replay,
+        clock=h.clock,
+        options=h.options,
+    )
+
+
+async def split(h: TabletHarness) -> tuple[Tablet, Tablet, bytes]:
+    """What ``TabletServer._split_locked`` does, with the harness's catalog."""
+    assert h.tablet is not None and h.catalog is not None
+    tablet = h.tablet
+    key = splitting.choose_split_key(b"", None, tablet.block_spans())
+    assert key is not None
+    async with tablet.splitting() as parent:
+        left, right = splitting.split_records(
+            parent,
+            key,
+            left_id="left",
+            right_id="right",
+            left_epoch=parent.epoch + 1,
+            right_epoch=parent.epoch + 1,
+            location=None,
+            at=h.clock.time(),
+        )
+        await h.catalog.replace_tablets([parent], [left, right])
+    assert len(tablet.state.memtable) == 0  # every acknowledged write is in SSTables
+    return await load(h, left), await load(h, right), key
+
+
+async def rows_of(*tablets: Tablet) -> list[object]:
+    out = []
+    for t in tablets:
+        out.extend([r async for r in t.scan(RowRange.all())])
+    return out
+
+
+async def test_every_row_is_readable_from_the_right_child(h: TabletHarness) -> None:
+    model = TabletModel(h.schema)
+    await fill(h, model)
+    parent = h.tablet
+    assert parent is not None
+    left, right, key = await split(h)
+    assert b"r010" < key < b"r050", "near the middle by bytes"
+    now = h.now_micros()
+    assert await rows_of(left, right) == model.scan(now)
+    assert await rows_of(left) == model.scan(now, end=key)
+    assert await rows_of(right) == model.scan(now, start=key)
+    for i in range(60):
+        row = b"r%03d" % i
+        child = left if row < key else right
+        assert await child.read_row(row) == model.read_row(row, now)
+        with pytest.raises(NotServing):
+            await (right if child is left else left).read_row(row)
+    # The parent serves nothing any more.
+    with pytest.raises(NotServing):
+        await parent.read_row(b"r000")
+    with pytest.raises(NotServing):
+        await parent.apply(b"r000", [SetCell("a", b"x", b"late")])
+    assert h.catalog is not None
+    listed = await h.catalog.list_tablets(h.table_id)
+    assert [r.tablet_id for r in listed] == ["left", "right"]
+
+
+async def test_a_childs_compaction_writes_only_its_rows(h: TabletHarness) -> None:
+    model = TabletModel(h.schema)
+    await fill(h, model)
+    left, right, key = await split(h)
+    assert not splitting.owns_its_sstables(left.record)
+    for child in (left, right):
+        await child.major_compact()
+        assert splitting.owns_its_sstables(child.record)
+        for refs in child.record.sstables.values():
+            for ref in refs:
+                data = await h.store.get(ref.key)
+                assert data is not None
+                assert all(child.contains(c.row) for c in read_sstable_bytes(data))
+    model.major_compact(h.now_micros())
+    now = h.now_micros()
+    assert await rows_of(left) == model.scan(now, end=key)
+    assert await rows_of(right) == model.scan(now, start=key)
+    # Sizes are now the children's own: together about the parent's live data.
+    assert left.record.size > 0 and right.record.size > 0
+
+
+async def test_writes_during_a_split_are_refused_and_a_failed_commit_resumes_them(
+    h: TabletHarness,
+) -> None:
+    assert h.tablet is not None and h.catalog is not None
+    tablet = h.tablet
+    await tablet.apply(b"a", [SetCell("a", b"x", b"1")])
+    await tablet.apply(b"b", [SetCell("a", b"x", b"2")])
+    with pytest.raises(Fenced):
+        async with tablet.splitting() as parent:
+            with pytest.raises(NotServing, match="splitting"):
+                await tablet.apply(b"c", [SetCell("a", b"x", b"3")])
+            assert parent.size > 0 and len(tablet.state.memtable) == 0
+            stale = TabletRecord(parent.table_id, parent.tablet_id, b"", None, epoch=99)
+            await h.catalog.replace_tablets([stale], [stale])
+    # The split failed: the tablet serves writes again.
+    await tablet.apply(b"c", [SetCell("a", b"x", b"3")])
+    assert (await tablet.read_row(b"c")) is not None
+
+
+async def test_a_split_waits_for_writes_in_flight(h: TabletHarness) -> None:
+    assert h.tablet is not None and h.log is not None
+    tablet = h.tablet
+    gate = asyncio.Event()
+
+    async def stall(row: bytes, cells: object) -> None:
+        await gate.wait()
+
+    h.log.before_append = stall
+    write = asyncio.ensure_future(tablet.apply(b"k", [SetCell("a", b"x", b"v")]))
+    await asyncio.sleep(0)
+    entered = asyncio.Event()
+
+    async def split_body() -> TabletRecord:
+        async with tablet.splitting() as parent:
+            entered.set()
+            raise_after = parent
+        return raise_after
+
+    splitter = asyncio.ensure_future(split_body())
+    await asyncio.sleep(0.01)
+    assert not entered.is_set(), "the split must wait for the write in flight"
+    h.log.before_append = None
+    gate.set()
+    await write
+    parent = await splitter
+    # The write that was in flight is in the flushed SSTables the children will share.
+    assert parent.redo_seq >= 1 and parent.size > 0
+
+
+async def test_merge_two_tablets_back_into_one(h: TabletHarness) -> None:
+    model = TabletModel(h.schema)
+    await fill(h, model)
+    left, right, _ = await split(h)
+    for child in (left, right):
+        await child.major_compact()
+    model.major_compact(h.now_micros())
+    await left.apply(b"r001", [SetCell("a", b"x", b"after-split", 9000)])
+    model.apply(b"r001", [SetCell("a", b"x", b"after-split", 9000)], h.now_micros())
+    for child in (left, right):
+        await child.close(flush=True)
+        assert child.record.logs == (), "a flushed unload leaves nothing to replay"
+    assert h.catalog is not None
+    stored = await h.catalog.list_tablets(h.table_id)
+    pair = merging.small_pairs(stored, 1 << 30)
+    assert len(pair) == 1
+    merged = merging.merged_record(pair[0], tablet_id="merged", at=h.clock.time())
+    await h.catalog.replace_tablets(list(stored), [merged])
+    assert [r.tablet_id for r in await h.catalog.list_tablets(h.table_id)] == ["merged"]
+    tablet = await load(h, merged)
+    assert await rows_of(tablet) == model.scan(h.now_micros())
+    await tablet.major_compact()
+    assert await rows_of(tablet) == model.scan(h.now_micros())
