@@ -112,6 +112,17 @@ class Cluster:
             time.sleep(0.02)
         _reap(record.pid)
 
+    def pause(self, record: ProcessRecord) -> None:
+        """SIGSTOP: the process keeps its sockets but runs nothing (a long GC pause, a VM
+        migration) — its lease expires while it still believes it serves."""
+        assert record in self.records and localstack.is_running(record)
+        os.kill(record.pid, signal.SIGSTOP)
+
+    def resume(self, record: ProcessRecord) -> None:
+        assert record in self.records
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(record.pid, signal.SIGCONT)
+
     def terminate(self, record: ProcessRecord, *, deadline: float = 30.0) -> bool:
         """SIGTERM (a clean stop), SIGKILL after ``deadline``; True if it exited by itself."""
         assert record in self.records, "only processes this cluster started"
@@ -122,6 +133,8 @@ class Cluster:
     def close(self) -> None:
         """Stop every process still running (newest first); never raises for one that is gone."""
         for record in reversed(self.records):
+            if localstack.is_running(record):
+                self.resume(record)  # a stopped process would not act on SIGTERM
             with contextlib.suppress(Exception):
                 localstack.stop(record, deadline=10.0)
             _reap(record.pid)
