@@ -16,7 +16,8 @@ into these in exactly one place per dependency, with ``raise ... from exc``.
     │   └── Fenced                    this process lost ownership (lease, log fence): stop
     ├── Corruption                    a checksum or format check failed: data is never returned
     ├── Unavailable                   transient: back off and retry (retryable)
-    │   └── NotServing                the tablet moved: refresh its location, retry (retryable)
+    │   ├── NotServing                the tablet moved: refresh its location, retry (retryable)
+    │   └── Unreachable               the request was never sent (connect failed): retry
     ├── Indeterminate                 the operation may or may not have been applied
     └── Closed                        the object was used after close()
 
@@ -40,6 +41,7 @@ __all__ = [
     "TabletStoreError",
     "Unavailable",
     "Unimplemented",
+    "Unreachable",
 ]
 
 
@@ -92,6 +94,11 @@ class Unavailable(TabletStoreError):
 
 class NotServing(Unavailable):
     """The addressed worker does not serve that tablet (any more): refresh location, retry."""
+
+
+class Unreachable(Unavailable):
+    """The peer could not be reached, so the request was never sent: safe to retry even when
+    the request is not idempotent."""
 
 
 class Indeterminate(TabletStoreError):

@@ -40,6 +40,7 @@ from tabletstore.coordination.base import (
 )
 from tabletstore.errors import (
     Fenced,
+    Indeterminate,
     NotServing,
     TabletStoreError,
     Unavailable,
@@ -106,7 +107,12 @@ class WorkerLog:
             raise Unavailable("this worker's lease is about to expire; not accepting writes")
         await self._writer.append(table_id, row, cells)
         if self._lease.expired:
-            raise Fenced("this worker's lease expired while the write was being logged")
+            # The record is durable in the log, and the tablet's next owner replays that log:
+            # the write may well take effect, so it must not be reported as refused.
+            raise Indeterminate(
+                "this worker's lease expired while the write was being logged; "
+                "it may have been applied"
+            )
 
 
 class TabletServer:

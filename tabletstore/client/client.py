@@ -28,6 +28,7 @@ from tabletstore.errors import (
     NotServing,
     TabletStoreError,
     Unavailable,
+    Unreachable,
 )
 from tabletstore.filters import RowFilter
 from tabletstore.metadata import TabletRecord
@@ -238,14 +239,22 @@ class AsyncClient:
 
     async def status(self, *, events: int = 20) -> ClusterStatus:
         """The master, each live worker's tablets (or why it did not answer), recent events."""
-        workers: dict[str, ServerStatusResponse | str] = {}
-        for worker_id, address in sorted((await self._catalog.live_workers()).items()):
+        async def ask(address: str) -> ServerStatusResponse | str:
+            # A paused or dying worker must not stall the whole report.
             try:
-                workers[worker_id] = await self._transport.call(
-                    address, "server_status", ServerStatusRequest()
-                )
+                async with asyncio.timeout(2.0):
+                    resp: ServerStatusResponse = await self._transport.call(
+                        address, "server_status", ServerStatusRequest()
+                    )
+                    return resp
+            except TimeoutError:
+                return f"{address}: no answer within 2 s"
             except TabletStoreError as exc:
-                workers[worker_id] = f"{address}: {type(exc).__name__}: {exc}"
+                return f"{address}: {type(exc).__name__}: {exc}"
+
+        live = sorted((await self._catalog.live_workers()).items())
+        answers = await asyncio.gather(*(ask(address) for _, address in live))
+        workers = {worker_id: a for (worker_id, _), a in zip(live, answers, strict=True)}
         recent: list[tuple[float, str, str, str]] = []
         for info in await self._catalog.list_tables():
             for rec in await self._catalog.list_tablets(info.table_id):
@@ -269,20 +278,30 @@ class AsyncClient:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.retry_deadline
         refresh = False
+        # Set once an attempt may have reached the worker without an answer coming back: from
+        # then on a failure must be reported as Indeterminate, never as "not applied".
+        ambiguous: Unavailable | None = None
         for attempt in itertools.count():
             info = await self._info(table, refresh=refresh)
             record = await self.locations.locate(info.table_id, row, refresh=refresh)
             try:
                 assert record.location is not None
                 return await self._transport.call(record.location, method, make(info, record))
-            except NotServing:
-                pass
+            except (NotServing, Unreachable):
+                pass  # refused or never sent: nothing was applied, retry anywhere
             except Unavailable as exc:
+                # The owner may be dead or moved: forget where the tablet was.
+                self.locations.invalidate(info.table_id)
                 if not safe:
                     raise Indeterminate(
                         f"{method} of row {row[:64]!r} may have been applied: {exc}"
                     ) from exc
+                ambiguous = exc
             if loop.time() >= deadline:
+                if ambiguous is not None:
+                    raise Indeterminate(
+                        f"{method} of row {row[:64]!r} may have been applied: {ambiguous}"
+                    )
                 raise Unavailable(
                     f"{method} of row {row[:64]!r}: tablet not served within the deadline"
                 )
@@ -355,6 +374,7 @@ class AsyncTable:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + client.retry_deadline
         failures: list[MutationError] = []
+        ambiguous: set[int] = set()
         refresh = False
         attempt = 0
         while indexes:
@@ -376,9 +396,14 @@ class AsyncTable:
                     resp: MutateRowsResponse = await client._transport.call(
                         rec.location, "mutate_rows", req
                     )
-                except NotServing:
-                    return idx, []
+                except (NotServing, Unreachable):
+                    return idx, []  # never applied: retry all of them
                 except Unavailable as exc:
+                    # Sent, no answer: the idempotent entries are retried (and become
+                    # Indeterminate if the deadline passes), the others may have applied.
+                    client.locations.invalidate(table_id)
+                    for i in idx:
+                        ambiguous.add(i)
                     retry = [i for i in idx if _idempotent(entries[i].mutations)]
                     errs = [
                         MutationError(i, entries[i].row, Indeterminate(str(exc)))
@@ -404,7 +429,13 @@ class AsyncTable:
             if indexes:
                 if loop.time() >= deadline:
                     failures.extend(
-                        MutationError(i, entries[i].row, Unavailable("tablet not served in time"))
+                        MutationError(
+                            i,
+                            entries[i].row,
+                            Indeterminate("no answer in time; the mutation may have been applied")
+                            if i in ambiguous
+                            else Unavailable("tablet not served in time"),
+                        )
                         for i in indexes
                     )
                     break

@@ -31,7 +31,10 @@ from tabletstore.rpc.tcp import TcpTransport
 from tabletstore.rpc.wire import register_all
 from tabletstore.schema import ColumnFamily, LocalityGroup, TableSchema
 
-__all__ = ["ClusterClient", "MasterStub"]
+__all__ = ["CALL_TIMEOUT", "ClusterClient", "MasterStub"]
+
+#: Seconds a client waits for one worker call (or one streamed item) before retrying.
+CALL_TIMEOUT = 15.0
 
 
 def _table_info(msg: TableInfoMessage) -> TableInfo:
@@ -140,7 +143,10 @@ class ClusterClient(AsyncClient):
         except BaseException:
             await coordinator.close()
             raise
-        return cls(url, coordinator, TcpTransport(timeout=60.0), identity=identity)
+        # A call to a worker that stopped answering (paused, partitioned) gives up after this
+        # long and is retried at the tablet's new location; its lease (seconds) moves the
+        # tablet long before that.
+        return cls(url, coordinator, TcpTransport(timeout=CALL_TIMEOUT), identity=identity)
 
     async def close(self) -> None:
         await self._transport.close()

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 from types import TracebackType
 from typing import Any, Self
 
-from tabletstore.errors import Closed, InvalidArgument, TabletStoreError, Unavailable
+from tabletstore.errors import Closed, InvalidArgument, TabletStoreError, Unavailable, Unreachable
 from tabletstore.rpc import frames
 from tabletstore.rpc.codec import DEFAULT_CODEC, Codec, decode_error
 from tabletstore.rpc.connection import FrameConnection, format_address, parse_address
@@ -56,11 +56,11 @@ class _ClientConnection(FrameConnection):
                 await conn._handshake
             connected = True
         except TimeoutError:
-            raise Unavailable(
+            raise Unreachable(
                 f"cannot connect to {address}: no handshake within {connect_timeout} s"
             ) from None
         except OSError as exc:
-            raise Unavailable(f"cannot connect to {address}: {exc}") from exc
+            raise Unreachable(f"cannot connect to {address}: {exc}") from exc
         finally:
             if conn is not None and not connected:  # failed, timed out or cancelled
                 conn._abort(Unavailable(f"cannot connect to {address}"))
