@@ -6,7 +6,7 @@ and encodes/decodes one segment; it does no I/O. All integers are big-endian.
 
 Segment::
 
-    header   = magic "TSCL" | u16 format version (1) | u16 len(worker_id)
+    header   = magic "TSCL" | u16 format version (1) | u16 len(worker_id) (1..200)
                | u64 incarnation | u64 segment number | u32 record count
                | u64 len(records) | worker_id (UTF-8) | u32 crc32c(all preceding header bytes)
     records  = record*          (exactly "record count" records, "len(records)" bytes)
@@ -72,6 +72,8 @@ _PAYLOAD = struct.Struct(">HIQI")  # len(table_id), len(row), first_seq, cell co
 _CELL = struct.Struct(">BBIIqI")  # kind, len(family), len(qualifier), len(value), ts, seq delta
 
 _MAX_U32 = 0xFFFFFFFF
+#: Longest worker id a header may carry (object-key components are at most 200 characters).
+MAX_WORKER_ID_BYTES = 200
 _MAX_U64 = (1 << 64) - 1
 _KINDS = frozenset(int(k) for k in CellKind)
 
@@ -152,8 +154,10 @@ def encode_segment(
 ) -> bytes:
     """A whole segment from framed records (:func:`encode_record`)."""
     wid = worker_id.encode()
-    if not wid or len(wid) > 0xFFFF:
-        raise InvalidArgument(f"worker id {worker_id!r} must be 1-65535 UTF-8 bytes")
+    if not wid or len(wid) > MAX_WORKER_ID_BYTES:
+        raise InvalidArgument(
+            f"worker id {worker_id!r} must be 1-{MAX_WORKER_ID_BYTES} UTF-8 bytes"
+        )
     for what, value in (("incarnation", incarnation), ("segment number", segment)):
         if not 0 <= value <= _MAX_U64:
             raise InvalidArgument(f"{what} {value} is outside [0, 2^64)")
@@ -179,6 +183,10 @@ def _decode_header(data: bytes, where: str) -> tuple[SegmentHeader, int] | None:
         raise Corruption(f"{where}: not a commit-log segment (magic {magic!r})")
     if version != FORMAT_VERSION:
         raise Corruption(f"{where}: unsupported commit-log format version {version}")
+    if not 0 < wid_len <= MAX_WORKER_ID_BYTES:
+        # Checked before the length is trusted to call a short object torn: a damaged length
+        # byte must read as Corruption, not as a segment cut short.
+        raise Corruption(f"{where}: worker id length {wid_len} is out of range")
     end = _HEADER.size + wid_len
     if len(data) < end + 4:
         return None
