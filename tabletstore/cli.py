@@ -30,6 +30,7 @@ it (closing minor-compacts, so the next open is quick)::
     tabletstore [--url URL] local-stack down [--dir DIR]
     tabletstore --url etcd://H:P/NS master [--store URL] [--port P] [--lease-ttl S]
     tabletstore --url etcd://H:P/NS worker [--port P] [--lease-ttl S] [--split-bytes N]
+        (master and worker: --metrics-port P serves /metrics and /status over HTTP)
     tabletstore status                                 master, workers, tablets, events
 
 Failures print one line, ``tabletstore: <what went wrong>``, on stderr and exit 1 (a usage
@@ -675,6 +676,17 @@ _lease_ttl_option = click.option(
     show_default=True,
     help="Seconds of this process's etcd lease: how soon others take over after it dies.",
 )
+_metrics_port_option = click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Serve GET /metrics (Prometheus) and /status (JSON) on this port (0: any free one; "
+    "default: not served).",
+)
+
+
+def _metrics_ready(url: str) -> None:
+    click.echo(f"metrics on {url}/metrics, status on {url}/status", err=True)
 
 
 @main.command("master")
@@ -682,7 +694,10 @@ _lease_ttl_option = click.option(
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to serve on.")
 @click.option("--port", type=int, default=0, show_default=True, help="Port (0: any free one).")
 @_lease_ttl_option
-def master_cmd(store: str | None, host: str, port: int, lease_ttl: float) -> None:
+@_metrics_port_option
+def master_cmd(
+    store: str | None, host: str, port: int, lease_ttl: float, metrics_port: int | None
+) -> None:
     """Run a master (§5.2): campaign for the master lock, then keep every tablet assigned."""
     from tabletstore.master import run_master
 
@@ -698,6 +713,8 @@ def master_cmd(store: str | None, host: str, port: int, lease_ttl: float) -> Non
             lease_ttl=lease_ttl,
             stop=stop,
             ready=ready,
+            metrics_port=metrics_port,
+            metrics_ready=_metrics_ready,
         )
     )
 
@@ -714,6 +731,7 @@ def master_cmd(store: str | None, host: str, port: int, lease_ttl: float) -> Non
     default=None,
     help="Split a tablet past this many bytes of SSTables (default: TabletOptions').",
 )
+@_metrics_port_option
 def worker_cmd(
     store: str | None,
     host: str,
@@ -721,6 +739,7 @@ def worker_cmd(
     worker_id: str | None,
     lease_ttl: float,
     split_bytes: int | None,
+    metrics_port: int | None,
 ) -> None:
     """Run a stateless tablet-server worker (§5.2, §5.3)."""
     from tabletstore.options import TabletOptions, WorkerOptions
@@ -744,6 +763,8 @@ def worker_cmd(
             tablet_options=tablet_options,
             stop=stop,
             ready=ready,
+            metrics_port=metrics_port,
+            metrics_ready=_metrics_ready,
         )
     )
 

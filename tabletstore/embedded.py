@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from types import SimpleNamespace
 from urllib.parse import unquote
 
 from tabletstore.client.client import AsyncClient
@@ -27,8 +28,10 @@ from tabletstore.coordination.local import LocalCoordinator
 from tabletstore.coordination.memory import MemoryCoordinator
 from tabletstore.errors import InvalidArgument
 from tabletstore.master import Master
+from tabletstore.metrics import WorkerMetrics
 from tabletstore.options import TabletOptions, WorkerOptions
 from tabletstore.rpc.inprocess import InProcessTransport
+from tabletstore.rpc.messages import WORKER_METHODS
 from tabletstore.storage_s3 import open_store
 from tabletstore.storage_s3.base import ObjectStore
 from tabletstore.worker import TabletServer
@@ -74,6 +77,7 @@ class Database(AsyncClient):
         worker: TabletServer,
         url: str,
         identity: str | None,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
         super().__init__(
             catalog=master.catalog, transport=transport, admin=master, identity=identity
@@ -83,6 +87,12 @@ class Database(AsyncClient):
         self.coordinator = coordinator
         self.master = master
         self.worker = worker
+        #: The embedded worker's Prometheus metrics (tabletstore.metrics); see metrics_text().
+        #: (Without ``metrics`` only the collectors are there: requests are not counted.)
+        if metrics is None:
+            metrics = WorkerMetrics(worker.worker_id)
+            metrics.observe_server(worker)
+        self.metrics = metrics
         self._closed = False
 
     @classmethod
@@ -99,19 +109,22 @@ class Database(AsyncClient):
         """Open (and recover) the database at ``url``; see the module docstring.
 
         ``instrument`` counts object-store requests and bytes (S3 cost): reach the counters with
-        ``find_layer(db.store, InstrumentedObjectStore).stats()``.
+        ``find_layer(db.store, InstrumentedObjectStore).stats()``; they are then in
+        :meth:`metrics_text` too.
         """
         kind, where = _parse(url)
+        metrics = WorkerMetrics(_WORKER_ID)
+        registry = metrics.registry if instrument else None
         clock = clock or SystemClock()
         coordinator: Coordinator
         if kind == "file":
             os.makedirs(os.path.join(where, "objects"), exist_ok=True)
             coordinator = LocalCoordinator(where, clock=clock)
-            store = open_store(f"file://{where}/objects", instrument=instrument)
+            store = open_store(f"file://{where}/objects", instrument=instrument, registry=registry)
             canonical = f"file://{where}"
         else:
             coordinator = MemoryCoordinator.open(where, clock=clock)
-            store = open_store(f"memory://{where}", instrument=instrument)
+            store = open_store(f"memory://{where}", instrument=instrument, registry=registry)
             canonical = f"memory://{where}"
         transport = InProcessTransport()
         # The embedded worker's lease cannot outlive the process; a long TTL only avoids
@@ -126,9 +139,11 @@ class Database(AsyncClient):
             options=wopts,
             tablet_options=tablet_options,
         )
+        metrics.observe_server(worker)
+        handlers = metrics.instrument({name: getattr(worker, name) for name in WORKER_METHODS})
         try:
             await worker.start()
-            transport.register(_ADDRESS, worker)
+            transport.register(_ADDRESS, SimpleNamespace(**handlers))
             master = Master(coordinator=coordinator, transport=transport, clock=clock)
             await master.assign()
         except BaseException:
@@ -143,7 +158,15 @@ class Database(AsyncClient):
             worker=worker,
             url=canonical,
             identity=identity,
+            metrics=metrics,
         )
+
+    async def metrics_text(self) -> str:
+        """This process's metrics in Prometheus' text format (requests by method, tablets,
+        memtable bytes, block cache, compactions, commit log; object-store requests when
+        opened with ``instrument``). Async so that the collectors read the engine's state on
+        its event loop (the sync API runs it there too)."""
+        return self.metrics.exposition().decode()
 
     async def close(self) -> None:
         """Minor-compact every tablet (fast next open), stop the worker, release files."""

@@ -26,6 +26,7 @@ from tabletstore.coordination import paths
 from tabletstore.coordination.base import Coordinator
 from tabletstore.errors import Fenced, InvalidArgument, NotFound, NotServing, TabletStoreError
 from tabletstore.metadata import TabletRecord
+from tabletstore.metrics import MasterMetrics
 from tabletstore.rpc.inprocess import Transport
 from tabletstore.rpc.messages import (
     MASTER_METHODS,
@@ -44,6 +45,7 @@ from tabletstore.rpc.messages import (
 from tabletstore.rpc.tcp import RpcServer, TcpTransport
 from tabletstore.rpc.wire import register_all
 from tabletstore.schema import ColumnFamily, LocalityGroup, TableSchema
+from tabletstore.status_http import StatusServer, serve_master
 
 __all__ = ["Master", "MasterService", "run_master"]
 
@@ -266,22 +268,37 @@ async def run_master(
     interval: float = 1.0,
     stop: asyncio.Event | None = None,
     ready: Callable[[str], None] | None = None,
+    metrics_port: int | None = None,
+    metrics_ready: Callable[[str], None] | None = None,
 ) -> None:
     """The master process (§5.2): serve admin RPCs, campaign for the master lock, and while
     leading keep every tablet assigned. Returns when ``stop`` is set; raises ``Fenced`` when
-    the lease is lost (the process should exit: a standby takes over)."""
+    the lease is lost (the process should exit: a standby takes over). With ``metrics_port``
+    (0: a free one) it also serves ``/metrics`` and ``/status`` over HTTP
+    (tabletstore.status_http) and passes their base URL to ``metrics_ready``."""
     register_all()
     stop = stop or asyncio.Event()
     if store_url is not None:
         await ClusterSettings(store_url).save(coordinator)
     transport = TcpTransport(timeout=60.0)
-    master = Master(coordinator=coordinator, transport=transport)
+    metrics = MasterMetrics()  # observability: counted always, served with metrics_port
+    master = Master(coordinator=coordinator, transport=metrics.count_loads(transport))
     service = MasterService(master)
-    server = RpcServer(service.handlers(), host=host, port=port)
+    metrics.watch_leading(lambda: service.leading)
+    server = RpcServer(metrics.instrument(service.handlers()), host=host, port=port)
     await server.start()
+    metrics.process_id = server.address
     lease = await coordinator.grant_lease(lease_ttl)
+    metrics.watch_lease(lambda: lease)
     election = coordinator.election(paths.MASTER_ELECTION)
+    http: StatusServer | None = None
     try:
+        if metrics_port is not None:
+            http = await serve_master(
+                master, metrics, address=server.address, host=host, port=metrics_port
+            )
+            if metrics_ready is not None:
+                metrics_ready(http.url)
         async with lease.keep_alive():
             if ready is not None:
                 ready(server.address)
@@ -303,8 +320,9 @@ async def run_master(
                 if lease.expired:
                     raise Fenced("the master's lease expired; another master may lead now")
                 try:
-                    await master.assign()
+                    metrics.assignment_round(await master.assign())
                 except TabletStoreError as exc:
+                    metrics.assignment_failed(exc)
                     log.warning("assignment round failed: %s", exc)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), interval)
@@ -312,6 +330,8 @@ async def run_master(
         service.leading = False
         with contextlib.suppress(TabletStoreError):
             await election.resign()
+        if http is not None:
+            await http.close()
         await server.close(grace=2.0)
         await transport.close()
         with contextlib.suppress(TabletStoreError):

@@ -27,7 +27,7 @@ from dataclasses import replace
 
 from tabletstore.catalog import Catalog, ClusterSettings
 from tabletstore.clock import Clock, SystemClock
-from tabletstore.commitlog import CommitLogWriter, fence, replay_cells
+from tabletstore.commitlog import CommitLogStats, CommitLogWriter, fence, replay_cells
 from tabletstore.coordination import paths
 from tabletstore.coordination.base import (
     Coordinator,
@@ -47,6 +47,7 @@ from tabletstore.errors import (
 )
 from tabletstore.keys import Cell
 from tabletstore.metadata import LogRef, TabletRecord
+from tabletstore.metrics import WorkerMetrics
 from tabletstore.model import Row
 from tabletstore.options import TabletOptions, WorkerOptions
 from tabletstore.query import RowSet
@@ -73,6 +74,7 @@ from tabletstore.rpc.messages import (
 from tabletstore.rpc.tcp import RpcServer
 from tabletstore.rpc.wire import register_all
 from tabletstore.sstable.block_cache import BlockCache
+from tabletstore.status_http import StatusServer, serve_worker
 from tabletstore.storage_s3 import open_store
 from tabletstore.storage_s3.base import ObjectStore
 from tabletstore.tablet import Tablet
@@ -193,6 +195,15 @@ class TabletServer:
     @property
     def tablets(self) -> dict[tuple[str, str], Tablet]:
         return self._tablets
+
+    # Read by the metrics collectors (tabletstore.metrics) at scrape time.
+    @property
+    def block_cache(self) -> BlockCache:
+        return self._block_cache
+
+    @property
+    def commit_log_stats(self) -> CommitLogStats | None:
+        return self._writer.stats if self._writer is not None else None
 
     def _tablet(self, table_id: str, tablet_id: str) -> Tablet:
         tablet = self._tablets.get((table_id, tablet_id))
@@ -443,16 +454,21 @@ async def run_worker(
     tablet_options: TabletOptions | None = None,
     stop: asyncio.Event | None = None,
     ready: Callable[[TabletServer], None] | None = None,
+    metrics_port: int | None = None,
+    metrics_ready: Callable[[str], None] | None = None,
 ) -> None:
     """A worker process (§5.2): serve the worker RPCs on ``host:port`` until ``stop`` is set
     (then minor-compact and release every tablet) or the lease is lost (then stop at once and
     raise ``Fenced``: another worker may already own the tablets; the process should exit and
-    a fresh one may start with a new lease and incarnation)."""
+    a fresh one may start with a new lease and incarnation). With ``metrics_port`` (0: a free
+    one) it also serves ``/metrics`` and ``/status`` over HTTP (tabletstore.status_http) and
+    passes their base URL to ``metrics_ready``."""
     register_all()
     stop = stop or asyncio.Event()
     url = store_url or (await ClusterSettings.load(coordinator)).store_url
-    store = open_store(url)
     wid = worker_id or f"w-{uuid.uuid4().hex[:10]}"
+    metrics = WorkerMetrics(wid)  # observability: counted always, served with metrics_port
+    store = open_store(url, registry=metrics.registry)
     tablet_server = TabletServer(
         wid,
         "",
@@ -461,12 +477,18 @@ async def run_worker(
         options=options or WorkerOptions(lease_ttl=5.0, lease_safety_margin=1.0),
         tablet_options=tablet_options,
     )
-    handlers = {name: getattr(tablet_server, name) for name in WORKER_METHODS}
+    metrics.observe_server(tablet_server)
+    handlers = metrics.instrument({name: getattr(tablet_server, name) for name in WORKER_METHODS})
     server = RpcServer(handlers, host=host, port=port)
     await server.start()
     tablet_server.address = server.address
     fenced = False
+    http: StatusServer | None = None
     try:
+        if metrics_port is not None:
+            http = await serve_worker(tablet_server, metrics, host=host, port=metrics_port)
+            if metrics_ready is not None:
+                metrics_ready(http.url)
         await tablet_server.start()
         if ready is not None:
             ready(tablet_server)
@@ -481,6 +503,8 @@ async def run_worker(
             expired.cancel()
         fenced = lease.expired and not stop.is_set()
     finally:
+        if http is not None:
+            await http.close()
         await server.close(grace=2.0)
         # A worker whose lease is gone must not touch its tablets' records any more.
         await tablet_server.stop(flush=not fenced)
