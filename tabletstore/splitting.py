@@ -21,18 +21,29 @@ which the worker schedules right after every split.
 Where to split. The split key is the first row of a block (an SSTable block index entry), so a
 row is never divided: rows below the key go left, the key's row and those above it go right.
 Among those candidates the one closest to halving the bytes of the tablet's blocks is chosen,
-and never one that leaves a side with no row at all.
+and never one that leaves a side with no row at all. When the block index has no such key --
+a tablet of one or two blocks, as with a split size near the block size -- the worker reads
+the rows of the widest block (:func:`widest_block`) and splits at the middle one
+(:func:`middle_row`).
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from tabletstore.metadata import TabletRecord
 
-__all__ = ["BlockSpan", "choose_split_key", "owns_its_sstables", "should_split", "split_records"]
+__all__ = [
+    "BlockSpan",
+    "choose_split_key",
+    "middle_row",
+    "owns_its_sstables",
+    "should_split",
+    "split_records",
+    "widest_block",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +116,24 @@ def choose_split_key(
         return abs(2 * left - total)
 
     return min(candidates, key=lambda k: (imbalance(k), k))
+
+
+def widest_block(
+    start_row: bytes, end_row: bytes | None, blocks: Iterable[BlockSpan]
+) -> BlockSpan | None:
+    """The biggest block overlapping the range that holds more than one row: where to look for
+    a split key inside a block when :func:`choose_split_key` finds none between blocks."""
+    spans = [b for b in blocks if _overlaps(b, start_row, end_row) and b.first_row < b.last_row]
+    return max(spans, key=lambda b: (b.length, b.first_row), default=None)
+
+
+def middle_row(rows: Sequence[bytes], start_row: bytes) -> bytes | None:
+    """The middle of ``rows`` (sorted row keys of the tablet), or None when no key leaves a row
+    on each side."""
+    if len(rows) < 2:
+        return None
+    key = rows[len(rows) // 2]
+    return key if key > rows[0] and key > start_row else None
 
 
 def split_records(

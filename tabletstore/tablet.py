@@ -70,7 +70,7 @@ from tabletstore.mutations import (
 from tabletstore.options import TabletOptions
 from tabletstore.query import RowRange
 from tabletstore.schema import GcRule, TableSchema
-from tabletstore.splitting import BlockSpan
+from tabletstore.splitting import BlockSpan, choose_split_key, middle_row, widest_block
 from tabletstore.sstable import SSTable, SSTableInfo, write_sstable
 from tabletstore.sstable.block_cache import BlockCache
 from tabletstore.storage_s3 import layout
@@ -747,6 +747,22 @@ class Tablet:
             for t in tables
             for b in t.footer.blocks
         ]
+
+    async def split_key(self) -> bytes | None:
+        """Where to split this tablet (:mod:`tabletstore.splitting`): between blocks by their
+        bytes, else at the middle row of its widest block (one block read)."""
+        rec = self.record
+        spans = self.block_spans()
+        key = choose_split_key(rec.start_row, rec.end_row, spans)
+        if key is not None:
+            return key
+        block = widest_block(rec.start_row, rec.end_row, spans)
+        if block is None:
+            return None
+        lo = max(block.first_row, rec.start_row)
+        rng = RowRange(lo, block.last_row, end_inclusive=True)
+        rows = [row.key async for row in self.scan(rng)]
+        return middle_row(rows, rec.start_row)
 
     async def _quiesce(self, reason: str) -> None:
         """Refuse new writes (NotServing), then wait for background compactions and for every

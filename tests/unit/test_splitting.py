@@ -203,3 +203,15 @@ def test_balancing_moves_to_a_new_worker_but_not_unmovable_tablets() -> None:
     assert len(moves) == 2 and all(m.source == "w1" and m.worker == "w2" for m in moves)
     pinned = [TabletLoad("T", f"t{i}", "w1", size=100, movable=False) for i in range(6)]
     assert plan(["w1", "w2"], pinned, balance=True) == []
+
+
+def test_a_split_inside_one_block_takes_its_middle_row() -> None:
+    # One block holds the whole tablet: no key between blocks, so the worker reads the widest
+    # block's rows and splits at the middle one.
+    one = [BlockSpan(b"a", b"z", 500)]
+    assert choose_split_key(b"", None, one) is None
+    assert splitting.widest_block(b"", None, one) == one[0]
+    assert splitting.widest_block(b"", None, [BlockSpan(b"k", b"k", 9)]) is None
+    assert splitting.middle_row([b"a", b"b", b"c", b"d"], b"") == b"c"
+    assert splitting.middle_row([b"a"], b"") is None
+    assert splitting.middle_row([b"m", b"n"], b"n") is None

@@ -221,3 +221,15 @@ async def test_merge_two_tablets_back_into_one(h: TabletHarness) -> None:
     assert await rows_of(tablet) == model.scan(h.now_micros())
     await tablet.major_compact()
     assert await rows_of(tablet) == model.scan(h.now_micros())
+
+
+async def test_split_key_inside_a_single_block(h: TabletHarness) -> None:
+    assert h.tablet is not None
+    for i in range(20):
+        await h.tablet.apply(b"k%02d" % i, [SetCell("b", b"y", b"v")])
+    await h.tablet.minor_compact()
+    blocks = [
+        b for tables in h.tablet.state.sstables.values() for t in tables for b in t.footer.blocks
+    ]
+    assert len(blocks) == 1  # the whole tablet in one block
+    assert await h.tablet.split_key() == b"k10"
