@@ -75,6 +75,8 @@ class TabletstoreTarget:
 
     url: str
     block_cache_bytes: int = WorkerOptions().block_cache_bytes
+    #: SSTable block size of the benchmark tables (None: the locality group default, 64 KiB).
+    block_size: int | None = None
     name: str = "tabletstore"
 
     def __post_init__(self) -> None:
@@ -112,6 +114,12 @@ class TabletstoreTarget:
                 table,
                 [ColumnFamily(name=FAMILY, locality_group="mem")],
                 locality_groups=[LocalityGroup(name="mem", in_memory=True)],
+            )
+        elif self.block_size is not None:
+            self._tables[table] = await self._db.create_table(
+                table,
+                [FAMILY],
+                locality_groups=[LocalityGroup(name="default", block_size=self.block_size)],
             )
         else:
             self._tables[table] = await self._db.create_table(table, [FAMILY])
@@ -166,7 +174,11 @@ class TabletstoreTarget:
 
 
 async def open_target(
-    spec: str, *, block_cache_bytes: int | None = None, slatedb_flush_interval: str | None = None
+    spec: str,
+    *,
+    block_cache_bytes: int | None = None,
+    block_size: int | None = None,
+    slatedb_flush_interval: str | None = None,
 ) -> Target:
     """A target from a spec: a tabletstore URL, or ``slatedb:///dir`` (see the module docstring)."""
     if spec.startswith("slatedb://"):
@@ -181,7 +193,9 @@ async def open_target(
             "etcd://host:port/namespace or slatedb:///dir"
         )
     target = TabletstoreTarget(
-        spec, block_cache_bytes=block_cache_bytes or WorkerOptions().block_cache_bytes
+        spec,
+        block_cache_bytes=block_cache_bytes or WorkerOptions().block_cache_bytes,
+        block_size=block_size,
     )
     await target.open()
     return target
