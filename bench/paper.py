@@ -561,6 +561,8 @@ def draw(results: Sequence[BenchResult], path: str, cfg: BenchConfig) -> None:
         )
     ax.set_xticks(range(len(names)), names, rotation=15)
     ax.set_yscale("log")
+    top = max((v for _, vals in series for v in vals), default=1.0)
+    ax.set_ylim(top=top * 4)  # room for the rotated labels above the tallest bar
     ax.set_ylabel("1000-byte values per second per worker")
     ax.set_title(
         f"Figure 6 on this machine: R = {cfg.rows:,} rows ({cfg.scale:g} of the paper's), "
