@@ -41,6 +41,7 @@ from tabletstore.coordination.base import (
 from tabletstore.errors import (
     Fenced,
     Indeterminate,
+    InvalidArgument,
     NotServing,
     TabletStoreError,
     Unavailable,
@@ -376,6 +377,17 @@ class TabletServer:
                     piece, filter=req.filter, families=families, identity=req.identity
                 ):
                     yield row
+
+    async def read_row(self, req: ReadRowsRequest) -> RowBatch:
+        """A point read (``req.keys[0]``) answered in one reply: no stream to set up."""
+        tablet = self._tablet(req.table_id, req.tablet_id)
+        if len(req.keys) != 1 or req.ranges:
+            raise InvalidArgument("read_row takes exactly one row key and no ranges")
+        families = set(req.families) if req.families is not None else None
+        row = await tablet.read_row(
+            req.keys[0], filter=req.filter, families=families, identity=req.identity
+        )
+        return RowBatch(() if row is None else (row,))
 
     async def check_and_mutate(self, req: CheckAndMutateRequest) -> CheckAndMutateResponse:
         tablet = self._tablet(req.table_id, req.tablet_id)

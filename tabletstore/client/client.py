@@ -493,11 +493,31 @@ class AsyncTable:
     async def read_row(
         self, row: bytes, *, filter: RowFilter | None = None, families: Iterable[str] | None = None
     ) -> Row | None:
-        """One row, or None if it has no (matching) cells."""
+        """One row, or None if it has no (matching) cells. One unary request to the worker
+        serving the row (no stream), retried transparently when the tablet moved."""
         check_row_key(row)
-        async for r in self.read_rows(keys=[row], filter=filter, families=families):
-            return r
-        return None
+        fams = tuple(families) if families is not None else None
+        client = self._client
+        if fams is not None:
+            info = await client._info(self.name)
+            for f in fams:
+                if f not in info.schema.families:
+                    raise InvalidArgument(f"table {self.name!r} has no column family {f!r}")
+        batch: RowBatch = await client._with_retry(
+            self.name,
+            row,
+            "read_row",
+            lambda i, r: ReadRowsRequest(
+                i.table_id,
+                r.tablet_id,
+                keys=(row,),
+                filter=filter,
+                families=fams,
+                identity=client.identity,
+            ),
+            safe=True,
+        )
+        return batch.rows[0] if batch.rows else None
 
     async def read_rows(
         self,

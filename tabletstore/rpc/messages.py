@@ -193,6 +193,7 @@ class ServerStatusResponse:
 WORKER_METHODS: dict[str, bool] = {
     "mutate_rows": False,
     "read_rows": True,
+    "read_row": False,
     "check_and_mutate": False,
     "read_modify_write": False,
     "sample_row_keys": False,
