@@ -117,6 +117,12 @@ class SyncProxy:
     def __repr__(self) -> str:
         return f"<sync {self._target!r}>"
 
+    def __dir__(self) -> list[str]:
+        # The names a user can call are the async object's public ones (same names in both
+        # APIs), plus this proxy's own.
+        public = {n for n in dir(self._target) if not n.startswith("_")}
+        return sorted(public | set(super().__dir__()))
+
     def __enter__(self) -> SyncProxy:
         return self
 
