@@ -115,6 +115,7 @@ class Database(AsyncClient):
         kind, where = _parse(url)
         metrics = WorkerMetrics(_WORKER_ID)
         registry = metrics.registry if instrument else None
+        explicit_clock = clock
         clock = clock or SystemClock()
         coordinator: Coordinator
         if kind == "file":
@@ -123,7 +124,9 @@ class Database(AsyncClient):
             store = open_store(f"file://{where}/objects", instrument=instrument, registry=registry)
             canonical = f"file://{where}"
         else:
-            coordinator = MemoryCoordinator.open(where, clock=clock)
+            # A named in-memory database outlives its handles: reopening it must not
+            # insist on a new clock (its state keeps the one it was created with).
+            coordinator = MemoryCoordinator.open(where, clock=explicit_clock)
             store = open_store(f"memory://{where}", instrument=instrument, registry=registry)
             canonical = f"memory://{where}"
         transport = InProcessTransport()
