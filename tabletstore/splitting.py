@@ -150,9 +150,9 @@ def split_records(
     """The two children of ``parent`` split at ``key``: ``[start, key)`` and ``[key, end)``.
 
     Both reference all of the parent's SSTables (reads and compactions clip to their range)
-    and inherit its redo point and logs, so a crash before they are loaded recovers them from
-    the same log records the parent would have replayed. The right child keeps the parent's
-    end row, i.e. its METADATA row (``Catalog.replace_tablets``).
+    and inherit its redo point and logs -- empty after :meth:`Tablet.splitting` flushed the
+    parent, so whoever loads a child replays and fences nothing. The right child keeps the
+    parent's end row, i.e. its METADATA row (``Catalog.replace_tablets``).
     """
     if not parent.contains(key) or key == parent.start_row:
         raise ValueError(

@@ -777,8 +777,8 @@ class Tablet:
     @contextlib.asynccontextmanager
     async def splitting(self) -> AsyncIterator[TabletRecord]:
         """Prepare a split (§5.2): stop accepting writes, wait for those in flight, write the
-        memtable out, and yield the record -- which then holds every acknowledged write in its
-        SSTables -- with the compaction lock held, so nothing changes it while the caller
+        memtable out, clear the record's logs, and yield the record -- which then holds every
+        acknowledged write in its SSTables -- with the compaction lock held, so nothing changes it while the caller
         commits the split. If the body returns, the tablet is closed (its children serve its
         rows now); if it raises, writes resume and the tablet serves on."""
         self._check_open()
@@ -787,6 +787,10 @@ class Tablet:
         try:
             await self._quiesce("splitting")
             await self.minor_compact()
+            # Every acknowledged write is in SSTables now: the children need no log, and
+            # whoever loads them (or the parent, should the commit fail ambiguously) must not
+            # fence this worker's log, which its other tablets still use.
+            await self._forget_logs()
             async with self._compaction_lock:
                 yield self._state.record
                 self._closed = True
