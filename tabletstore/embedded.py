@@ -6,10 +6,13 @@ segments, exactly as they would sit in a bucket) and the durable in-process coor
 journal (schemas, tablet records). The client reaches the worker through the in-process
 transport, so requests take the same client → tablet-server path as in the cluster.
 
-Opening a directory is a recovery (§5.3): the new worker incarnation claims every tablet,
-fences the previous incarnation's commit log and replays what was not yet in SSTables, so
-every acknowledged write is there even after ``kill -9``. ``memory://name`` opens the same
-stack on in-memory storage (shared by name within a process; gone with it).
+Opening a directory is a recovery (§5.3): the new worker incarnation claims every tablet —
+the root tablet, then the METADATA tablets, then the user tablets, as a cluster's master
+assigns them — fences the previous incarnation's commit log and replays what was not yet in
+SSTables, so every acknowledged write is there even after ``kill -9``. The tablet records are
+METADATA rows served by the in-process worker, exactly as in a cluster; the root tablet's
+record is in the coordinator's journal. ``memory://name`` opens the same stack on in-memory
+storage (shared by name within a process; gone with it).
 """
 
 from __future__ import annotations
@@ -138,6 +141,7 @@ class Database(AsyncClient):
             _ADDRESS,
             store=store,
             coordinator=coordinator,
+            transport=transport,
             clock=clock,
             options=wopts,
             tablet_options=tablet_options,

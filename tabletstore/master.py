@@ -2,8 +2,11 @@
 
 The master creates and deletes tables, changes schemas, and keeps every tablet served: it
 lists live workers (the servers directory), finds tablets without a claim and asks a worker
-to load them (:mod:`tabletstore.assignment` decides which). Clients never send data through
-the master; they locate tablets in the catalog and talk to workers directly (§5.1).
+to load them (:mod:`tabletstore.assignment` decides which) — the root tablet first, then the
+METADATA tablets it lists, then the user tablets they list (§5.2). On first start it creates
+the METADATA table (``Catalog.bootstrap_root``, then the METADATA tablets' rows in the root).
+Clients never send data through the master; they locate tablets through METADATA and talk to
+workers directly (§5.1).
 
 The embedded default runs one master in-process; the cluster elects one through the
 coordinator and runs it as its own process.
@@ -20,11 +23,20 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from tabletstore import assignment
+from tabletstore import metadata_table as mt
 from tabletstore.catalog import Catalog, ClusterSettings, TableInfo
+from tabletstore.client.location import LocationCache
 from tabletstore.clock import Clock, SystemClock
 from tabletstore.coordination import paths
 from tabletstore.coordination.base import Coordinator
-from tabletstore.errors import Fenced, InvalidArgument, NotFound, NotServing, TabletStoreError
+from tabletstore.errors import (
+    Fenced,
+    InvalidArgument,
+    NotFound,
+    NotServing,
+    TabletStoreError,
+    Unavailable,
+)
 from tabletstore.metadata import TabletRecord
 from tabletstore.metrics import MasterMetrics
 from tabletstore.rpc.inprocess import Transport
@@ -58,12 +70,24 @@ class Master:
     """Table administration and assignment over a catalog and a transport to workers."""
 
     def __init__(
-        self, *, coordinator: Coordinator, transport: Transport, clock: Clock | None = None
+        self,
+        *,
+        coordinator: Coordinator,
+        transport: Transport,
+        clock: Clock | None = None,
+        metadata_splits: Sequence[bytes] = (),
     ) -> None:
+        """``metadata_splits``: METADATA row keys at which METADATA is pre-split when this
+        master creates it (none: one METADATA tablet after the root)."""
         self._coord = coordinator
-        self._catalog = Catalog(coordinator)
+        # A short deadline: a METADATA tablet that is not served ends an assignment round
+        # (the next one goes on) instead of stalling it.
+        self.locations = LocationCache(coordinator, transport)
+        self._catalog = Catalog(coordinator, metadata=self.locations, retry_deadline=5.0)
         self._transport = transport
         self._clock = clock or SystemClock()
+        self._metadata_splits = tuple(metadata_splits)
+        mt.initial_metadata_records(self._metadata_splits, 0.0)  # InvalidArgument early
 
     @property
     def catalog(self) -> Catalog:
@@ -81,27 +105,68 @@ class Master:
         return {paths.parse_claim(kv.key): kv.value.decode() for kv in kvs}
 
     async def assign(self) -> int:
-        """Load every unclaimed tablet on a live worker. Returns how many were assigned."""
+        """Load every unclaimed tablet on a live worker, level by level (§5.2): the root tablet
+        (its record is in the coordinator), then the METADATA tablets (rows of the root), then
+        user tablets (rows of METADATA). A level that is not served yet ends the round early;
+        the next round goes on from there. Returns how many tablets were assigned."""
         workers = await self.live_workers()
         if not workers:
             return 0
+        # Locations at workers no longer in the servers directory are stale: forget them rather
+        # than wait for a paused worker to time out.
+        self.locations.retain(set(workers.values()))
+        if await self._catalog.bootstrap_root(self._clock.time()):
+            log.info("created the METADATA table")
         claims = await self._claims()
-        loads = []
-        for info in await self._catalog.list_tables():
-            for rec in await self._catalog.list_tablets(info.table_id):
-                holder = claims.get((rec.table_id, rec.tablet_id))
-                loads.append(
-                    assignment.TabletLoad(rec.table_id, rec.tablet_id, holder, size=rec.size)
-                )
+        known: dict[tuple[str, str], assignment.TabletLoad] = {}
+        root = await self._catalog.get_tablet(mt.METADATA_TABLE_ID, mt.ROOT_TABLET_ID)
+        done = await self._assign_level(workers, claims, known, [root])
+        try:
+            initial = mt.initial_metadata_records(self._metadata_splits, self._clock.time())
+            await self._catalog.ensure_metadata_tablets(initial)
+            metadata = await self._catalog.list_tablets(mt.METADATA_TABLE_ID)
+            done += await self._assign_level(workers, claims, known, metadata)
+            moved = await self._catalog.migrate_coordinator_records()
+            if moved:
+                log.info("moved %d tablet records from the coordinator into METADATA", moved)
+            for info in await self._catalog.list_tables():
+                tablets = await self._catalog.list_tablets(info.table_id)
+                done += await self._assign_level(workers, claims, known, tablets)
+        except Unavailable as exc:  # NotServing included: a METADATA tablet is not served yet
+            log.info("assignment round stopped early: %s", exc)
+        return done
+
+    async def _assign_level(
+        self,
+        workers: dict[str, str],
+        claims: dict[tuple[str, str], str],
+        known: dict[tuple[str, str], assignment.TabletLoad],
+        records: Sequence[TabletRecord],
+    ) -> int:
+        """Assign the unclaimed ones of ``records``, balancing against every tablet ``known``
+        so far this round (to which they are added)."""
+        wanted = set()
+        for rec in records:
+            key = (rec.table_id, rec.tablet_id)
+            holder = claims.get(key)
+            known[key] = assignment.TabletLoad(*key, holder, size=rec.size)
+            if holder not in workers:
+                wanted.add(key)
         done = 0
-        for a in assignment.plan(list(workers), loads):
+        for a in assignment.plan(list(workers), list(known.values())):
+            key = (a.table_id, a.tablet_id)
+            if key not in wanted:
+                continue
             try:
                 await self._transport.call(
-                    workers[a.worker], "load_tablet", LoadTabletRequest(a.table_id, a.tablet_id)
+                    workers[a.worker], "load_tablet", LoadTabletRequest(*key)
                 )
-                done += 1
             except TabletStoreError as exc:
                 log.warning("assigning %s to %s failed: %s", a.tablet_id, a.worker, exc)
+                continue
+            claims[key] = a.worker
+            known[key] = assignment.TabletLoad(*key, a.worker, size=known[key].size)
+            done += 1
         return done
 
     # ------------------------------------------------------------------ tables
@@ -130,6 +195,8 @@ class Master:
 
     async def delete_table(self, name: str) -> None:
         """Unload a table's tablets and delete its records; its objects become garbage."""
+        if name == mt.METADATA_TABLE:
+            raise InvalidArgument(f"table {name!r} is the system table; it cannot be deleted")
         info = await self._catalog.get_table(name)
         await self._for_each_tablet(info, "unload_tablet", flush=False)
         await self._catalog.delete_table(name)

@@ -10,6 +10,9 @@ All durable state is in the bucket (SSTables, commit-log segments) and the coord
    (DESIGN.md §6 rule 4, §7) and starts serving;
 3. answers data requests for tablets it serves and ``NotServing`` for any other, so clients
    refresh their cached locations (§5.1);
+   METADATA tablets are served like any other; the worker reaches the rows recording its own
+   tablets through a ``LocationCache`` over the same transport (possibly calling itself: no
+   lock a METADATA write needs is held across such a call);
 4. stops acknowledging writes before its lease can have expired (fencing rule 1).
 
 The request handlers are plain async methods named after the wire methods
@@ -24,8 +27,11 @@ import logging
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
+from typing import Any
 
+from tabletstore import metadata_table as mt
 from tabletstore.catalog import Catalog, ClusterSettings
+from tabletstore.client.location import LocationCache
 from tabletstore.clock import Clock, SystemClock
 from tabletstore.commitlog import CommitLogStats, CommitLogWriter, fence, replay_cells
 from tabletstore.coordination import paths
@@ -42,6 +48,7 @@ from tabletstore.errors import (
     Fenced,
     Indeterminate,
     InvalidArgument,
+    NotFound,
     NotServing,
     TabletStoreError,
     Unavailable,
@@ -52,6 +59,7 @@ from tabletstore.metrics import WorkerMetrics
 from tabletstore.model import Row
 from tabletstore.options import TabletOptions, WorkerOptions
 from tabletstore.query import RowSet
+from tabletstore.rpc.inprocess import Transport
 from tabletstore.rpc.messages import (
     WORKER_METHODS,
     CheckAndMutateRequest,
@@ -72,7 +80,7 @@ from tabletstore.rpc.messages import (
     UnloadTabletRequest,
     UpdateSchemaRequest,
 )
-from tabletstore.rpc.tcp import RpcServer
+from tabletstore.rpc.tcp import RpcServer, TcpTransport
 from tabletstore.rpc.wire import register_all
 from tabletstore.sstable.block_cache import BlockCache
 from tabletstore.status_http import StatusServer, serve_worker
@@ -118,6 +126,32 @@ class WorkerLog:
             )
 
 
+class _SelfFirst:
+    """The worker's transport to METADATA tablets: a call to its own address is a method call
+    (no socket; and still possible while stopping, after the RPC server closed, when its last
+    record updates may go to a METADATA tablet it serves itself)."""
+
+    def __init__(self, server: TabletServer, remote: Transport) -> None:
+        self._server = server
+        self._remote = remote
+
+    async def call(self, address: str, method: str, request: Any) -> Any:
+        if address == self._server.address and method in WORKER_METHODS:
+            return await getattr(self._server, method)(request)
+        return await self._remote.call(address, method, request)
+
+    async def stream(self, address: str, method: str, request: Any) -> AsyncIterator[Any]:
+        if address == self._server.address and method in WORKER_METHODS:
+            async for item in getattr(self._server, method)(request):
+                yield item
+            return
+        async for item in self._remote.stream(address, method, request):
+            yield item
+
+    async def close(self) -> None:
+        await self._remote.close()
+
+
 class TabletServer:
     """One worker process's tablet server."""
 
@@ -128,6 +162,7 @@ class TabletServer:
         *,
         store: ObjectStore,
         coordinator: Coordinator,
+        transport: Transport,
         clock: Clock | None = None,
         options: WorkerOptions | None = None,
         tablet_options: TabletOptions | None = None,
@@ -136,7 +171,9 @@ class TabletServer:
         self.address = address
         self._store = store
         self._coord = coordinator
-        self._catalog = Catalog(coordinator)
+        # Records of this worker's tablets are METADATA rows, reached over ``transport``.
+        self.locations = LocationCache(coordinator, _SelfFirst(self, transport))
+        self._catalog = Catalog(coordinator, metadata=self.locations)
         self._clock = clock or SystemClock()
         self._options = options or WorkerOptions()
         self._tablet_options = tablet_options or TabletOptions()
@@ -171,8 +208,11 @@ class TabletServer:
         )
 
     async def stop(self, *, flush: bool = True) -> None:
-        """Stop serving: minor-compact every tablet (so nothing needs replay), release claims."""
-        for key in list(self._tablets):
+        """Stop serving: minor-compact every tablet (so nothing needs replay), release claims.
+
+        User tablets go first, then METADATA tablets, the root last: each one's final record
+        update is a write to the level above, which must still be served."""
+        for key in sorted(self._tablets, key=lambda k: -mt.level(*k)):
             tablet = self._tablets.pop(key)
             try:
                 await tablet.close(flush=flush)
@@ -253,10 +293,10 @@ class TabletServer:
 
     async def _load_claimed(self, req: LoadTabletRequest, epoch: int) -> None:
         assert self._log is not None
-        info_list = [t for t in await self._catalog.list_tables() if t.table_id == req.table_id]
-        if not info_list:
-            raise NotServing(f"table {req.table_id} no longer exists")
-        schema = info_list[0].schema
+        try:
+            schema = (await self._catalog.table_by_id(req.table_id)).schema
+        except NotFound as exc:
+            raise NotServing(str(exc)) from exc
         record = await self._catalog.get_tablet(req.table_id, req.tablet_id)
         # Take the epoch first: from here on a previous owner's record updates are rejected.
         owned = replace(record, epoch=epoch, location=self.address).with_event(
@@ -481,11 +521,13 @@ async def run_worker(
     wid = worker_id or f"w-{uuid.uuid4().hex[:10]}"
     metrics = WorkerMetrics(wid)  # observability: counted always, served with metrics_port
     store = open_store(url, registry=metrics.registry)
+    transport = TcpTransport(timeout=60.0)  # to METADATA tablets on other workers
     tablet_server = TabletServer(
         wid,
         "",
         store=store,
         coordinator=coordinator,
+        transport=transport,
         options=options or WorkerOptions(lease_ttl=5.0, lease_safety_margin=1.0),
         tablet_options=tablet_options,
     )
@@ -520,6 +562,7 @@ async def run_worker(
         await server.close(grace=2.0)
         # A worker whose lease is gone must not touch its tablets' records any more.
         await tablet_server.stop(flush=not fenced)
+        await transport.close()
         await store.close()
     if fenced:
         raise Fenced(f"worker {wid} lost its lease; its tablets are being reassigned")

@@ -149,13 +149,15 @@ class AsyncClient:
         admin: Admin,
         identity: str | None = None,
         retry_deadline: float = 30.0,
+        locations: LocationCache | None = None,
     ) -> None:
         self._catalog = catalog
         self._transport = transport
         self._admin = admin
         self.identity = identity
         self.retry_deadline = retry_deadline
-        self.locations = LocationCache(catalog.list_tablets)
+        #: Where tablets are served: the three-level lookup with its cache (§5.1).
+        self.locations = locations or LocationCache(catalog.coordinator, transport)
         self._tables: dict[str, TableInfo] = {}
 
     # ------------------------------------------------------------------ admin
@@ -239,6 +241,7 @@ class AsyncClient:
 
     async def status(self, *, events: int = 20) -> ClusterStatus:
         """The master, each live worker's tablets (or why it did not answer), recent events."""
+
         async def ask(address: str) -> ServerStatusResponse | str:
             # A paused or dying worker must not stall the whole report.
             try:
@@ -271,6 +274,21 @@ class AsyncClient:
             info = self._tables[name] = await self._admin.get_table(name)
         return info
 
+    async def _locate(
+        self, table_id: str, row: bytes, *, refresh: bool, deadline: float
+    ) -> TabletRecord:
+        """The tablet holding ``row``, retried with back-off while its location cannot be read
+        (a METADATA tablet moving, §5.1) until ``deadline``; nothing is sent meanwhile."""
+        loop = asyncio.get_running_loop()
+        for attempt in itertools.count():
+            try:
+                return await self.locations.locate(table_id, row, refresh=refresh or attempt > 0)
+            except Unavailable:  # NotServing included
+                if loop.time() >= deadline:
+                    raise
+            await asyncio.sleep(min(0.5, 0.01 * 2**attempt))
+        raise AssertionError("unreachable")
+
     async def _with_retry(
         self, table: str, row: bytes, method: str, make: Any, *, safe: bool
     ) -> Any:
@@ -283,7 +301,14 @@ class AsyncClient:
         ambiguous: Unavailable | None = None
         for attempt in itertools.count():
             info = await self._info(table, refresh=refresh)
-            record = await self.locations.locate(info.table_id, row, refresh=refresh)
+            try:
+                record = await self._locate(info.table_id, row, refresh=refresh, deadline=deadline)
+            except Unavailable as exc:
+                if ambiguous is not None:
+                    raise Indeterminate(
+                        f"{method} of row {row[:64]!r} may have been applied: {ambiguous}"
+                    ) from exc
+                raise
             try:
                 assert record.location is not None
                 return await self._transport.call(record.location, method, make(info, record))
@@ -381,7 +406,9 @@ class AsyncTable:
             info = await client._info(self.name, refresh=refresh)
             groups: dict[str, tuple[TabletRecord, list[int]]] = {}
             for i in indexes:
-                rec = await client.locations.locate(info.table_id, entries[i].row, refresh=refresh)
+                rec = await client._locate(
+                    info.table_id, entries[i].row, refresh=refresh, deadline=deadline
+                )
                 refresh = False
                 groups.setdefault(rec.tablet_id, (rec, []))[1].append(i)
 

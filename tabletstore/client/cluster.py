@@ -1,9 +1,10 @@
 """Connecting to a cluster: ``etcd://host:port/<namespace>`` (§5.1, §5.2).
 
-A cluster client reads everything it needs from the coordinator: tablet records (the catalog)
-to locate tablets, and the elected master's address (the master lock's value) for
-administration. Data goes straight to workers over TCP (``rpc.tcp.TcpTransport``); nothing
-but admin requests reaches the master.
+A cluster client reads from the coordinator the root tablet's location (the first level of
+the tablet location hierarchy, ``client.location``; the other two are METADATA rows served by
+workers) and the elected master's address (the master lock's value) for administration. Data
+goes straight to workers over TCP (``rpc.tcp.TcpTransport``); nothing but admin requests
+reaches the master.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 from tabletstore.catalog import Catalog, TableInfo
 from tabletstore.client.client import AsyncClient
+from tabletstore.client.location import LocationCache
 from tabletstore.coordination import open_coordinator, paths
 from tabletstore.coordination.base import Coordinator
 from tabletstore.errors import NotServing, Unavailable
@@ -125,11 +127,13 @@ class ClusterClient(AsyncClient):
         *,
         identity: str | None = None,
     ) -> None:
+        locations = LocationCache(coordinator, transport)
         super().__init__(
-            catalog=Catalog(coordinator),
+            catalog=Catalog(coordinator, metadata=locations),
             transport=transport,
             admin=MasterStub(coordinator, transport),
             identity=identity,
+            locations=locations,
         )
         self.url = url
         self.coordinator = coordinator

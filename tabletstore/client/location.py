@@ -1,68 +1,397 @@
-"""Tablet location cache (§5.1).
+"""Tablet location: the three-level lookup and its cache (§5.1).
 
 "The client library caches tablet locations. If the client does not know the location of a
 tablet, or if it discovers that cached location information is incorrect, then it recursively
 moves up the tablet location hierarchy." (§5.1)
 
-The cache holds, per table, the sorted list of tablet records read from the catalog; a lookup
-is a binary search on start rows. A stale entry (a worker answered ``NotServing``) is dropped
-and the table's records are read again; reading all of a table's records at once is the
-prefetch of neighbouring METADATA rows the paper describes.
+The levels (``metadata_table`` describes the rows):
+
+1. the root tablet's record, read from the coordinator key ``root``;
+2. rows of the root tablet, locating the other METADATA tablets;
+3. rows of those METADATA tablets, locating user tablets.
+
+A lookup for ``row`` of a table reads the first METADATA row whose key is after
+``metadata_row_key(table, row)`` — the tablet with the smallest end row above ``row`` — from the
+METADATA tablet holding that key, itself found the same way one level up. Each read is a scan
+of up to ``prefetch`` rows, and every row read goes into the cache: "the client library
+prefetches tablet locations: it reads the metadata for more than one tablet whenever it reads
+the METADATA table" (§5.1).
+
+The cache of levels 2 and 3 is one sorted map from METADATA row key to record, so a cached
+lookup is one bisection. Overlapping entries (a stale parent cached before a split) resolve to
+the smaller end row, exactly as the METADATA scan does. Records without a location are never
+cached.
+
+Staleness: callers that get ``NotServing`` (or cannot reach a worker) drop the entry with
+:meth:`LocationCache.invalidate` and look up again. A METADATA read that itself fails drops the
+METADATA tablet's entry and walks up one level (then to the coordinator) and tries again, up to
+``attempts`` times per call; what is left is the caller's to retry with back-off.
+
+:class:`LocationCache` is also what the catalog uses to read and write METADATA rows
+(``catalog.MetadataRows``): the same walk finds the tablet holding a METADATA row.
 """
 
 from __future__ import annotations
 
-import bisect
-from collections.abc import Awaitable, Callable
+import asyncio
+import contextlib
+import itertools
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
 
-from tabletstore.errors import NotServing
-from tabletstore.metadata import TabletRecord
+from sortedcontainers import SortedDict
 
-__all__ = ["LocationCache"]
+from tabletstore.coordination import paths
+from tabletstore.coordination.base import Coordinator
+from tabletstore.errors import NotServing, Unavailable
+from tabletstore.filters import RowFilter
+from tabletstore.metadata import TabletRecord, metadata_row_key
+from tabletstore.metadata_table import (
+    METADATA_TABLE_ID,
+    ROOT_END,
+    MetadataRow,
+    decode_row,
+    is_root,
+    table_range,
+)
+from tabletstore.model import Mutation, Row, RowMutation
+from tabletstore.query import RowRange
+from tabletstore.rpc.inprocess import Transport
+from tabletstore.rpc.messages import (
+    CheckAndMutateRequest,
+    CheckAndMutateResponse,
+    MutateRowsRequest,
+    MutateRowsResponse,
+    ReadRowsRequest,
+    RowBatch,
+)
+
+__all__ = ["LocationCache", "LocationStats"]
 
 
-class _TableLocations:
-    __slots__ = ("records", "starts")
+@dataclass(slots=True)
+class LocationStats:
+    """Counters for tests and metrics."""
 
-    def __init__(self, records: list[TabletRecord]) -> None:
-        self.records = sorted(records, key=lambda r: r.start_row)
-        self.starts = [r.start_row for r in self.records]
+    #: Lookups answered from the cache (root included).
+    hits: int = 0
+    #: Lookups that had to read: level -> count (1: coordinator, 2: root tablet, 3: METADATA).
+    reads: dict[int, int] = field(default_factory=lambda: {1: 0, 2: 0, 3: 0})
+    #: Entries dropped because a worker said it no longer serves them (or did not answer).
+    invalidations: int = 0
 
-    def find(self, row: bytes) -> TabletRecord | None:
-        i = bisect.bisect_right(self.starts, row) - 1
-        if i < 0:
-            return None
-        rec = self.records[i]
-        return rec if rec.contains(row) else None
+
+def _unlocated(what: str) -> NotServing:
+    return NotServing(f"{what} is not served yet (unassigned or moving)")
 
 
 class LocationCache:
-    """Table id -> its tablets, refreshed on demand."""
+    """Where each tablet is served, found through the three levels and cached."""
 
-    def __init__(self, fetch: Callable[[str], Awaitable[list[TabletRecord]]]) -> None:
-        self._fetch = fetch
-        self._tables: dict[str, _TableLocations] = {}
-        self.lookups = 0
-        self.refreshes = 0
+    def __init__(
+        self,
+        coordinator: Coordinator,
+        transport: Transport,
+        *,
+        prefetch: int = 16,
+        attempts: int = 4,
+        rpc_timeout: float = 3.0,
+    ) -> None:
+        """``prefetch``: METADATA rows read per lookup. ``attempts``: METADATA tablets tried
+        per call (walking up after each failure). ``rpc_timeout``: seconds a METADATA request
+        may take — a worker that is paused (not dead: its socket still accepts) must not hold
+        a lookup for the transport's much longer data timeout."""
+        self._coord = coordinator
+        self._transport = transport
+        self._prefetch = max(1, prefetch)
+        self._attempts = max(1, attempts)
+        self._rpc_timeout = rpc_timeout
+        self._root: TabletRecord | None = None
+        #: METADATA row key -> record (levels 2 and 3), every entry with a location.
+        self._rows: SortedDict = SortedDict()
+        self.stats = LocationStats()
 
-    async def tablets(self, table_id: str, *, refresh: bool = False) -> list[TabletRecord]:
-        """Every tablet of the table in row order."""
-        locs = self._tables.get(table_id)
-        if locs is None or refresh:
-            self.refreshes += 1
-            locs = self._tables[table_id] = _TableLocations(await self._fetch(table_id))
-        return locs.records
+    # ------------------------------------------------------------------ lookups
+
+    async def root(self, *, refresh: bool = False) -> TabletRecord:
+        """Level 1: the root tablet's record, from the coordinator."""
+        if self._root is not None and not refresh:
+            self.stats.hits += 1
+            return self._root
+        self._root = None
+        self.stats.reads[1] += 1
+        kv = await self._coord.get(paths.ROOT_TABLET)
+        if kv is None:
+            raise NotServing("the METADATA table has no root tablet yet (no master has run)")
+        record = TabletRecord.from_bytes(kv.value)
+        if record.location is None:
+            raise _unlocated("the root tablet")
+        self._root = record
+        return record
+
+    def _cached(self, table_id: str, row: bytes) -> TabletRecord | None:
+        i = self._rows.bisect_right(metadata_row_key(table_id, row))
+        if i >= len(self._rows):
+            return None
+        rec: TabletRecord = self._rows.peekitem(i)[1]
+        return rec if rec.table_id == table_id and rec.contains(row) else None
 
     async def locate(self, table_id: str, row: bytes, *, refresh: bool = False) -> TabletRecord:
-        """The tablet holding ``row``; NotServing if no tablet has a location yet."""
-        self.lookups += 1
-        await self.tablets(table_id, refresh=refresh)
-        rec = self._tables[table_id].find(row)
-        if rec is None or rec.location is None:
-            if not refresh:
-                return await self.locate(table_id, row, refresh=True)
-            raise NotServing(f"no served tablet holds row {row[:64]!r} of table {table_id}")
-        return rec
+        """The served tablet holding ``row``; NotServing if it has no location yet.
 
-    def invalidate(self, table_id: str) -> None:
-        self._tables.pop(table_id, None)
+        With ``refresh``, the cached entry is dropped and read again (one level up)."""
+        if table_id == METADATA_TABLE_ID and row < ROOT_END:
+            return await self.root(refresh=refresh)
+        if refresh:
+            self.invalidate(table_id, row)
+        else:
+            hit = self._cached(table_id, row)
+            if hit is not None:
+                self.stats.hits += 1
+                return hit
+        self.stats.reads[2 if table_id == METADATA_TABLE_ID else 3] += 1
+        key = metadata_row_key(table_id, row)
+        _, hi = table_range(table_id)
+        for r in await self._scan(key, False, hi, True, limit=self._prefetch):
+            for rec in (*r.pending, r.record):
+                if rec.table_id == table_id and rec.contains(row):
+                    if rec.location is None:
+                        raise _unlocated(f"tablet {rec.tablet_id} of table {table_id}")
+                    return rec
+        raise NotServing(f"no tablet of table {table_id} holds row {row[:64]!r}")
+
+    async def tablets(self, table_id: str, *, refresh: bool = False) -> list[TabletRecord]:
+        """Every tablet of the table in row order (a whole-table METADATA scan unless the cache
+        already covers the table without gaps). Tablets not served yet have no location."""
+        lo, hi = table_range(table_id)
+        if not refresh:
+            cached = [r for _, r in self._rows.items()[self._rows.bisect_right(lo) :]]
+            cover = _contiguous([r for r in cached if r.table_id == table_id])
+            if cover is not None:
+                self.stats.hits += 1
+                return cover
+        self.stats.reads[2 if table_id == METADATA_TABLE_ID else 3] += 1
+        out: dict[bytes, TabletRecord] = {}
+        for r in await self._scan(lo, False, hi, True, limit=None):
+            for rec in r.pending:
+                out.setdefault(rec.row_key, rec)
+            out[r.key] = r.record
+        return sorted(out.values(), key=lambda rec: rec.start_row)
+
+    def invalidate(self, table_id: str, row: bytes | None = None) -> None:
+        """Forget the entry for ``row`` of the table (every entry of the table if None)."""
+        self.stats.invalidations += 1
+        if table_id == METADATA_TABLE_ID and row is not None and row < ROOT_END:
+            self._root = None
+            return
+        if row is None:
+            lo, hi = table_range(table_id)
+            for key in list(self._rows.irange(lo, hi, inclusive=(False, True))):
+                del self._rows[key]
+            if table_id == METADATA_TABLE_ID:
+                self._root = None
+            return
+        i = self._rows.bisect_right(metadata_row_key(table_id, row))
+        if i < len(self._rows):
+            rec: TabletRecord = self._rows.peekitem(i)[1]
+            if rec.table_id == table_id:
+                del self._rows[rec.row_key]
+
+    def _drop(self, holder: TabletRecord) -> None:
+        """A METADATA tablet did not answer as its entry said: walk up next time."""
+        self.stats.invalidations += 1
+        if is_root(holder):
+            self._root = None
+        elif self._rows.get(holder.row_key) == holder:
+            del self._rows[holder.row_key]
+
+    def retain(self, addresses: set[str]) -> None:
+        """Forget every entry located at a worker not in ``addresses`` (e.g. the live workers
+        of the servers directory: a worker whose lease ended serves nothing)."""
+        if self._root is not None and self._root.location not in addresses:
+            self._root = None
+        for key, rec in list(self._rows.items()):
+            if rec.location not in addresses:
+                del self._rows[key]
+
+    @contextlib.asynccontextmanager
+    async def _timeout(self, holder: TabletRecord) -> AsyncIterator[None]:
+        """Bound one METADATA request; a timeout is ``Unavailable`` (it may have applied)."""
+        try:
+            async with asyncio.timeout(self._rpc_timeout):
+                yield
+        except TimeoutError as exc:
+            raise Unavailable(
+                f"METADATA tablet {holder.tablet_id} at {holder.location} did not answer "
+                f"within {self._rpc_timeout} s"
+            ) from exc
+
+    # ------------------------------------------------------------------ METADATA rows
+
+    async def _holder(self, key: bytes) -> TabletRecord:
+        """The METADATA tablet holding METADATA row key ``key``."""
+        return await self.locate(METADATA_TABLE_ID, key)
+
+    async def _next_holder(
+        self, key: bytes, failed: TabletRecord | None, error: Exception | None
+    ) -> TabletRecord:
+        """The METADATA tablet holding ``key``, looked up again after ``failed`` (None on the
+        first try) did not answer. If the level above still names the same place, asking it
+        again now is pointless: ``error`` goes to the caller, who backs off."""
+        holder = await self._holder(key)
+        if failed is not None and (holder.tablet_id, holder.location, holder.epoch) == (
+            failed.tablet_id,
+            failed.location,
+            failed.epoch,
+        ):
+            assert error is not None
+            raise error
+        return holder
+
+    async def _scan(
+        self, lo: bytes, lo_incl: bool, hi: bytes, hi_incl: bool, *, limit: int | None
+    ) -> list[MetadataRow]:
+        """Decoded METADATA rows between ``lo`` and ``hi``; each record with a location is
+        cached (the prefetch)."""
+        rows = await self.read_rows(
+            lo, hi, start_inclusive=lo_incl, end_inclusive=hi_incl, limit=limit
+        )
+        out = []
+        for row in rows:
+            decoded = decode_row(row)
+            if decoded is None:
+                continue  # a row being deleted
+            out.append(decoded)
+            if decoded.record.location is not None:
+                self._rows[decoded.key] = decoded.record
+        return out
+
+    async def _read_at(
+        self,
+        pos: bytes,
+        pos_incl: bool,
+        hi: bytes,
+        hi_incl: bool,
+        limit: int | None,
+        have: int,
+    ) -> tuple[list[Row], TabletRecord]:
+        """Rows from the METADATA tablet holding ``pos``, clipped to it; walks up on failure."""
+        error: Exception | None = None
+        failed: TabletRecord | None = None
+        for _ in range(self._attempts):
+            holder = await self._next_holder(pos, failed, error)
+            end, end_incl = hi, hi_incl
+            if holder.end_row is not None and holder.end_row <= hi:
+                end, end_incl = holder.end_row, False
+            req = ReadRowsRequest(
+                METADATA_TABLE_ID,
+                holder.tablet_id,
+                ranges=(RowRange(pos, end, start_inclusive=pos_incl, end_inclusive=end_incl),),
+                limit=None if limit is None else limit - have,
+            )
+            assert holder.location is not None
+            try:
+                rows: list[Row] = []
+                batch: RowBatch
+                async with self._timeout(holder):
+                    async for batch in self._transport.stream(holder.location, "read_rows", req):
+                        rows.extend(batch.rows)
+                return rows, holder
+            except Unavailable as exc:  # NotServing included: the tablet moved
+                self._drop(holder)
+                error, failed = exc, holder
+        assert error is not None
+        raise error
+
+    async def read_rows(
+        self,
+        start: bytes,
+        end: bytes,
+        *,
+        start_inclusive: bool = True,
+        end_inclusive: bool = True,
+        limit: int | None = None,
+    ) -> list[Row]:
+        """Raw METADATA rows in a key range (the catalog's reads)."""
+        out: list[Row] = []
+        pos, pos_incl = start, start_inclusive
+        while limit is None or len(out) < limit:
+            rows, holder = await self._read_at(pos, pos_incl, end, end_inclusive, limit, len(out))
+            out.extend(rows)
+            stop = holder.end_row
+            if stop is None or stop > end or (stop == end and not end_inclusive):
+                break
+            pos, pos_incl = stop, True
+        return out
+
+    async def check_and_mutate(
+        self,
+        key: bytes,
+        predicate: RowFilter | None,
+        true_mutations: Sequence[Mutation],
+        false_mutations: Sequence[Mutation],
+    ) -> bool:
+        """A single-row transaction on METADATA row ``key`` (§3). ``NotServing`` is retried
+        here (the tablet refused before logging anything); any other ``Unavailable`` may have
+        been applied and is the caller's to resolve (after this entry is dropped)."""
+        req_args = (key, predicate, tuple(true_mutations), tuple(false_mutations))
+        error: Exception | None = None
+        failed: TabletRecord | None = None
+        for _ in range(self._attempts):
+            holder = await self._next_holder(key, failed, error)
+            assert holder.location is not None
+            req = CheckAndMutateRequest(METADATA_TABLE_ID, holder.tablet_id, *req_args)
+            try:
+                async with self._timeout(holder):
+                    resp: CheckAndMutateResponse = await self._transport.call(
+                        holder.location, "check_and_mutate", req
+                    )
+                return resp.matched
+            except NotServing as exc:
+                self._drop(holder)
+                error, failed = exc, holder
+            except Unavailable:
+                self._drop(holder)
+                raise
+        assert error is not None
+        raise error
+
+    async def mutate_row(self, key: bytes, mutations: Sequence[Mutation]) -> None:
+        """Apply mutations to METADATA row ``key`` (idempotent ones: retried on any failure)."""
+        error: Exception | None = None
+        failed: TabletRecord | None = None
+        for _ in range(self._attempts):
+            holder = await self._next_holder(key, failed, error)
+            assert holder.location is not None
+            req = MutateRowsRequest(
+                METADATA_TABLE_ID, holder.tablet_id, (RowMutation(key, tuple(mutations)),)
+            )
+            try:
+                async with self._timeout(holder):
+                    resp: MutateRowsResponse = await self._transport.call(
+                        holder.location, "mutate_rows", req
+                    )
+            except Unavailable as exc:
+                self._drop(holder)
+                error, failed = exc, holder
+                continue
+            if resp.errors and resp.errors[0].error == "NotServing":
+                self._drop(holder)
+                error, failed = NotServing(resp.errors[0].message), holder
+                continue
+            if resp.errors:
+                raise Unavailable(f"METADATA row {key!r}: {resp.errors[0].message}")
+            return
+        assert error is not None
+        raise error
+
+
+def _contiguous(records: list[TabletRecord]) -> list[TabletRecord] | None:
+    """``records`` (in key order) if they tile a whole table: first starts at b"", each starts
+    where the previous ends, the last is unbounded. Else None (the cache has gaps)."""
+    if not records or records[0].start_row != b"" or records[-1].end_row is not None:
+        return None
+    for a, b in itertools.pairwise(records):
+        if a.end_row != b.start_row:
+            return None
+    return records
