@@ -25,6 +25,7 @@ it (closing minor-compacts, so the next open is quick)::
                        [timestamp=now|value-encoded] [encoding=text|base64]
     tabletstore export T FILE.csv|- [prefix=P] [start=R] [end=R] [encoding=text|base64]
     tabletstore flush T | compact T                    minor / major compaction (§5.4)
+    tabletstore gc [--grace S] [--dry-run]             delete unreferenced objects (§5.2)
     tabletstore [--url URL] local-stack up [--dir DIR] [--s3-url URL] [--workers N]
     tabletstore [--url URL] local-stack status [--dir DIR]
     tabletstore [--url URL] local-stack down [--dir DIR]
@@ -61,13 +62,18 @@ from rich.table import Table as RichTable
 from tabletstore import cbtsyntax as cbt
 from tabletstore import demo as webtable_demo
 from tabletstore import localstack, tablecsv
+from tabletstore.catalog import ClusterSettings
 from tabletstore.client.client import MutationsFailed
+from tabletstore.clock import SystemClock
 from tabletstore.coordination import open_coordinator
 from tabletstore.embedded import SyncDatabase, connect
 from tabletstore.errors import InvalidArgument, TabletStoreError
 from tabletstore.filters import CellsPerColumnLimit, CellsPerRowLimit, Chain, StripValue
+from tabletstore.garbage import GcReport, collect
+from tabletstore.gc import DEFAULT_GRACE
 from tabletstore.model import DeleteCells, DeleteRow, RowMutation
 from tabletstore.schema import TableSchema
+from tabletstore.storage_s3 import open_store
 
 __all__ = ["DEFAULT_URL", "CliContext", "main"]
 
@@ -238,6 +244,54 @@ def flush_cmd(table: str) -> None:
 def compact_cmd(table: str) -> None:
     """Major-compact every tablet of a table (one SSTable, deletions dropped, §5.4)."""
     _run(lambda db: db.compact(table))
+
+
+@main.command("gc")
+@click.option(
+    "--grace",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_GRACE,
+    show_default=True,
+    help="Never delete an object younger than this many seconds.",
+)
+@click.option("--dry-run", is_flag=True, help="Only report what would be deleted.")
+def gc_cmd(grace: float, dry_run: bool) -> None:
+    """Delete objects nothing references: compacted-away SSTables, deleted tables' objects,
+    commit logs no tablet needs (the master's garbage collection, §5.2, run once)."""
+    obj = click.get_current_context().find_object(CliContext)
+    assert obj is not None, "verbs run under main"
+    if obj.url.startswith("etcd://"):
+        try:
+            report = asyncio.run(_gc_cluster(obj.url, grace=grace, dry_run=dry_run))
+        except TabletStoreError as exc:
+            raise Failure(str(exc)) from exc
+    else:
+        report = _run(lambda db: db.gc(grace=grace, dry_run=dry_run))
+    click.echo(report.summary())
+    for reason, count in sorted(report.counts.items(), key=lambda rc: rc[0].name):
+        click.echo(f"  {_n(count, 'object')}: {reason.value}")
+    for key in report.unknown:
+        click.echo(f"  unrecognized: {key}")
+
+
+async def _gc_cluster(url: str, *, grace: float, dry_run: bool) -> GcReport:
+    """One collection on a cluster's bucket (its master also collects while it leads)."""
+    from tabletstore.client.cluster import ClusterClient
+
+    async with await ClusterClient.open(url) as client:
+        settings = await ClusterSettings.load(client.coordinator)
+        store = open_store(settings.store_url)
+        try:
+            return await collect(
+                store,
+                client.catalog,
+                client.coordinator,
+                clock=SystemClock(),
+                grace=grace,
+                dry_run=dry_run,
+            )
+        finally:
+            await store.close()
 
 
 # -- writes ------------------------------------------------------------------------------------
