@@ -30,6 +30,8 @@ from tabletstore.coordination.base import Coordinator
 from tabletstore.coordination.local import LocalCoordinator
 from tabletstore.coordination.memory import MemoryCoordinator
 from tabletstore.errors import InvalidArgument
+from tabletstore.garbage import GcReport, collect
+from tabletstore.gc import DEFAULT_FENCE_GRACE, DEFAULT_GRACE
 from tabletstore.master import Master
 from tabletstore.metrics import WorkerMetrics
 from tabletstore.options import TabletOptions, WorkerOptions
@@ -186,6 +188,28 @@ class Database(AsyncClient):
             await self._transport.close()
             await self.coordinator.close()
             await self.store.close()
+
+    async def gc(
+        self,
+        *,
+        grace: float = DEFAULT_GRACE,
+        fence_grace: float = DEFAULT_FENCE_GRACE,
+        dry_run: bool = False,
+    ) -> GcReport:
+        """Delete the objects nothing references any more (compacted-away SSTables, deleted
+        tables' objects, commit logs no tablet needs), each only once older than ``grace``
+        seconds (fences: ``fence_grace``); see :mod:`tabletstore.gc` for the rules. With
+        ``dry_run``, only report. A scan running meanwhile may still read an SSTable that a
+        compaction replaced: give it ``grace`` seconds after that SSTable was written."""
+        return await collect(
+            self.store,
+            self.master.catalog,
+            self.coordinator,
+            clock=self.master.clock,
+            grace=grace,
+            fence_grace=fence_grace,
+            dry_run=dry_run,
+        )
 
     async def __aenter__(self) -> Database:
         return self

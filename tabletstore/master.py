@@ -37,6 +37,8 @@ from tabletstore.errors import (
     TabletStoreError,
     Unavailable,
 )
+from tabletstore.garbage import DEFAULT_INTERVAL, GarbageCollector
+from tabletstore.gc import DEFAULT_GRACE
 from tabletstore.metadata import TabletRecord
 from tabletstore.metrics import MasterMetrics
 from tabletstore.rpc.inprocess import Transport
@@ -92,6 +94,10 @@ class Master:
     @property
     def catalog(self) -> Catalog:
         return self._catalog
+
+    @property
+    def clock(self) -> Clock:
+        return self._clock
 
     # ------------------------------------------------------------------ workers
 
@@ -333,6 +339,8 @@ async def run_master(
     store_url: str | None = None,
     lease_ttl: float = 5.0,
     interval: float = 1.0,
+    gc_interval: float = DEFAULT_INTERVAL,  # seconds between garbage collections (garbage.py)
+    gc_grace: float = DEFAULT_GRACE,  # never delete a younger object (gc.py: rule 1)
     stop: asyncio.Event | None = None,
     ready: Callable[[str], None] | None = None,
     metrics_port: int | None = None,
@@ -358,6 +366,16 @@ async def run_master(
     lease = await coordinator.grant_lease(lease_ttl)
     metrics.watch_lease(lambda: lease)
     election = coordinator.election(paths.MASTER_ELECTION)
+    # Collects while leading; opens the store at its first run (errors are logged, not fatal).
+    collector = GarbageCollector(
+        None,
+        master.catalog,
+        coordinator,
+        clock=master.clock,
+        interval=gc_interval,
+        grace=gc_grace,
+        store_url=store_url,
+    )
     http: StatusServer | None = None
     try:
         if metrics_port is not None:
@@ -391,6 +409,7 @@ async def run_master(
                 except TabletStoreError as exc:
                     metrics.assignment_failed(exc)
                     log.warning("assignment round failed: %s", exc)
+                await collector.maybe_run()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), interval)
     finally:
@@ -401,5 +420,6 @@ async def run_master(
             await http.close()
         await server.close(grace=2.0)
         await transport.close()
+        await collector.close()
         with contextlib.suppress(TabletStoreError):
             await lease.revoke()

@@ -160,6 +160,11 @@ class AsyncClient:
         self.locations = locations or LocationCache(catalog.coordinator, transport)
         self._tables: dict[str, TableInfo] = {}
 
+    @property
+    def catalog(self) -> Catalog:
+        """Schemas and tablet records (what garbage collection marks from)."""
+        return self._catalog
+
     # ------------------------------------------------------------------ admin
 
     async def create_table(
