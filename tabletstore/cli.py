@@ -785,6 +785,13 @@ def master_cmd(
     default=None,
     help="Split a tablet past this many bytes of SSTables (default: TabletOptions').",
 )
+@click.option(
+    "--compaction-processes",
+    type=click.IntRange(min=0),
+    default=1,
+    show_default=True,
+    help="Processes for merging and major compactions (0: in the serving process).",
+)
 @_metrics_port_option
 def worker_cmd(
     store: str | None,
@@ -793,6 +800,7 @@ def worker_cmd(
     worker_id: str | None,
     lease_ttl: float,
     split_bytes: int | None,
+    compaction_processes: int,
     metrics_port: int | None,
 ) -> None:
     """Run a stateless tablet-server worker (§5.2, §5.3)."""
@@ -800,7 +808,11 @@ def worker_cmd(
     from tabletstore.worker import TabletServer, run_worker
 
     # The safety margin scales with a short TTL (tests use 2-3 s) and is 1 s from 4 s up.
-    options = WorkerOptions(lease_ttl=lease_ttl, lease_safety_margin=min(1.0, lease_ttl / 4))
+    options = WorkerOptions(
+        lease_ttl=lease_ttl,
+        lease_safety_margin=min(1.0, lease_ttl / 4),
+        compaction_processes=compaction_processes,
+    )
     tablet_options = TabletOptions(split_bytes=split_bytes) if split_bytes else None
 
     def ready(server: TabletServer) -> None:

@@ -24,6 +24,7 @@ from pydantic import BaseModel
 
 from tabletstore import assignment
 from tabletstore import metadata_table as mt
+from tabletstore.balancer import Balancer
 from tabletstore.catalog import Catalog, ClusterSettings, TableInfo
 from tabletstore.client.location import LocationCache
 from tabletstore.clock import Clock, SystemClock
@@ -41,6 +42,7 @@ from tabletstore.garbage import DEFAULT_INTERVAL, GarbageCollector
 from tabletstore.gc import DEFAULT_GRACE
 from tabletstore.metadata import TabletRecord
 from tabletstore.metrics import MasterMetrics
+from tabletstore.options import MasterOptions
 from tabletstore.rpc.inprocess import Transport
 from tabletstore.rpc.messages import (
     MASTER_METHODS,
@@ -78,9 +80,11 @@ class Master:
         transport: Transport,
         clock: Clock | None = None,
         metadata_splits: Sequence[bytes] = (),
+        options: MasterOptions | None = None,
     ) -> None:
         """``metadata_splits``: METADATA row keys at which METADATA is pre-split when this
-        master creates it (none: one METADATA tablet after the root)."""
+        master creates it (none: one METADATA tablet after the root). ``options``: how
+        :attr:`balancer` moves and merges tablets."""
         self._coord = coordinator
         # A short deadline: a METADATA tablet that is not served ends an assignment round
         # (the next one goes on) instead of stalling it.
@@ -90,6 +94,16 @@ class Master:
         self._clock = clock or SystemClock()
         self._metadata_splits = tuple(metadata_splits)
         mt.initial_metadata_records(self._metadata_splits, 0.0)  # InvalidArgument early
+        #: Balancing moves and merges of small tablets; the leader runs a round after each
+        #: assignment round (run_master).
+        self.balancer = Balancer(
+            coordinator=coordinator,
+            catalog=self._catalog,
+            transport=transport,
+            clock=self._clock,
+            assign=self.assign,
+            options=options,
+        )
 
     @property
     def catalog(self) -> Catalog:
@@ -345,9 +359,11 @@ async def run_master(
     ready: Callable[[str], None] | None = None,
     metrics_port: int | None = None,
     metrics_ready: Callable[[str], None] | None = None,
+    options: MasterOptions | None = None,
 ) -> None:
     """The master process (§5.2): serve admin RPCs, campaign for the master lock, and while
-    leading keep every tablet assigned. Returns when ``stop`` is set; raises ``Fenced`` when
+    leading keep every tablet assigned, balance load and merge small neighbours (``options``:
+    see :mod:`tabletstore.balancer`). Returns when ``stop`` is set; raises ``Fenced`` when
     the lease is lost (the process should exit: a standby takes over). With ``metrics_port``
     (0: a free one) it also serves ``/metrics`` and ``/status`` over HTTP
     (tabletstore.status_http) and passes their base URL to ``metrics_ready``."""
@@ -357,7 +373,9 @@ async def run_master(
         await ClusterSettings(store_url).save(coordinator)
     transport = TcpTransport(timeout=60.0)
     metrics = MasterMetrics()  # observability: counted always, served with metrics_port
-    master = Master(coordinator=coordinator, transport=metrics.count_loads(transport))
+    master = Master(
+        coordinator=coordinator, transport=metrics.count_loads(transport), options=options
+    )
     service = MasterService(master)
     metrics.watch_leading(lambda: service.leading)
     server = RpcServer(metrics.instrument(service.handlers()), host=host, port=port)
@@ -410,6 +428,7 @@ async def run_master(
                     metrics.assignment_failed(exc)
                     log.warning("assignment round failed: %s", exc)
                 await collector.maybe_run()
+                await master.balancer.run_round()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), interval)
     finally:

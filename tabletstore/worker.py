@@ -22,14 +22,17 @@ The request handlers are plain async methods named after the wire methods
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
+import multiprocessing
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from dataclasses import replace
 from typing import Any
 
 from tabletstore import metadata_table as mt
+from tabletstore import splitting
 from tabletstore.catalog import Catalog, ClusterSettings
 from tabletstore.client.location import LocationCache
 from tabletstore.clock import Clock, SystemClock
@@ -183,6 +186,20 @@ class TabletServer:
         self._requests: dict[tuple[str, str], int] = {}
         #: The claim's create revision (the tablet's epoch) of every tablet claimed here.
         self._epochs: dict[tuple[str, str], int] = {}
+        # Merging and major compactions run in worker processes when configured (§5.4), so
+        # serving never stalls on them. forkserver, never fork: this process runs threads.
+        self._executor: concurrent.futures.Executor | None = None
+        if self._options.compaction_processes > 0:
+            self._executor = concurrent.futures.ProcessPoolExecutor(
+                max_workers=self._options.compaction_processes,
+                mp_context=multiprocessing.get_context("forkserver"),
+            )
+        # Splits (awaited by stop()) and post-split major compactions (cancelled by it).
+        self._splits: set[asyncio.Task[None]] = set()
+        self._compactions: set[asyncio.Task[None]] = set()
+        self._splitting: set[tuple[str, str]] = set()
+        #: Monotonic time before which a tablet born of a split does not split again.
+        self._split_after: dict[tuple[str, str], float] = {}
         self._lease: Lease | None = None
         self._keep_alive: object | None = None
         self._writer: CommitLogWriter | None = None
@@ -212,6 +229,9 @@ class TabletServer:
 
         User tablets go first, then METADATA tablets, the root last: each one's final record
         update is a write to the level above, which must still be served."""
+        for task in list(self._compactions):  # optional work: redone after the next load
+            task.cancel()
+        await asyncio.gather(*self._splits, *self._compactions, return_exceptions=True)
         for key in sorted(self._tablets, key=lambda k: -mt.level(*k)):
             tablet = self._tablets.pop(key)
             try:
@@ -222,6 +242,8 @@ class TabletServer:
         if self._writer is not None:
             with contextlib.suppress(TabletStoreError):
                 await self._writer.close()
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
         if self._keep_alive is not None:
             await self._keep_alive.__aexit__(None, None, None)  # type: ignore[attr-defined]
         if self._lease is not None:
@@ -316,8 +338,14 @@ class TabletServer:
             clock=self._clock,
             options=self._tablet_options,
             block_cache=self._block_cache,
+            executor=self._executor,
         )
-        self._tablets[(req.table_id, req.tablet_id)] = tablet
+        self._serve(tablet)
+
+    def _serve(self, tablet: Tablet) -> None:
+        tablet.on_compacted = self._compacted
+        self._tablets[(tablet.record.table_id, tablet.record.tablet_id)] = tablet
+        self._compacted(tablet)  # a tablet loaded past the split size splits now
 
     async def _replay(self, record: TabletRecord) -> AsyncIterator[Cell]:
         """The tablet's cells past its redo point from every log its record lists (§5.3)."""
@@ -337,12 +365,172 @@ class TabletServer:
                 yield cell
 
     async def unload_tablet(self, req: UnloadTabletRequest) -> None:
-        """Stop serving a tablet; minor-compact it first so the next owner replays nothing."""
-        tablet = self._tablets.pop((req.table_id, req.tablet_id), None)
+        """Stop serving a tablet; minor-compact it first so the next owner replays nothing.
+        Waits for a split of it under way (then there is nothing left to unload)."""
+        key = (req.table_id, req.tablet_id)
+        async with self._loading.setdefault(key, asyncio.Lock()):
+            tablet = self._tablets.pop(key, None)
+            if tablet is None:
+                return
+            try:
+                await tablet.close(flush=req.flush)
+            finally:
+                await self._release_claim(key)
+
+    # ------------------------------------------------------------------ splits (§5.2)
+
+    @staticmethod
+    def _spawn(tasks: set[asyncio.Task[None]], coro: Coroutine[object, object, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    def _compacted(self, tablet: Tablet) -> None:
+        """After each compaction of a tablet: split it in the background if it has grown
+        past the split size. METADATA tablets are split only when created (Master's
+        ``metadata_splits``), never here."""
+        rec = tablet.record
+        key = (rec.table_id, rec.tablet_id)
+        if (
+            mt.level(*key) != 3
+            or key in self._splitting
+            or self._tablets.get(key) is not tablet
+            or self._clock.monotonic() < self._split_after.get(key, 0.0)
+            or not splitting.should_split(rec, self._tablet_options.split_bytes)
+        ):
+            return
+        self._splitting.add(key)
+        self._spawn(self._splits, self._split(key))
+
+    async def _split(self, key: tuple[str, str]) -> None:
+        try:
+            async with self._loading.setdefault(key, asyncio.Lock()):
+                await self._split_locked(key)
+        except TabletStoreError as exc:
+            log.warning("split of tablet %s/%s failed: %s", key[0], key[1], exc)
+        finally:
+            self._splitting.discard(key)
+
+    # REQUIRES: self._loading[key] held.
+    async def _split_locked(self, key: tuple[str, str]) -> None:
+        """Split a served tablet in two (§5.2): stop its writes and flush it, claim the two
+        children, commit them in place of the parent through the catalog (one atomic step),
+        then serve them here. The master needs no notice: the children are claimed and
+        located; its next round sees them in METADATA like any other tablet."""
+        tablet = self._tablets.get(key)
         if tablet is None:
             return
-        await tablet.close(flush=req.flush)
-        await self._release_claim((req.table_id, req.tablet_id))
+        split_key = await tablet.split_key()
+        if split_key is None:
+            return
+        ids = (f"t{uuid.uuid4().hex[:12]}", f"t{uuid.uuid4().hex[:12]}")
+        outcome = "failed"
+        try:
+            # Leaving this block normally closes the parent; raising resumes its writes.
+            async with tablet.splitting() as parent:
+                epochs = [await self._claim((key[0], i)) for i in ids]
+                children = splitting.split_records(
+                    parent,
+                    split_key,
+                    left_id=ids[0],
+                    right_id=ids[1],
+                    left_epoch=epochs[0],
+                    right_epoch=epochs[1],
+                    location=self.address,
+                    at=self._clock.time(),
+                )
+                try:
+                    await self._catalog.replace_tablets([parent], list(children))
+                    outcome = "committed"
+                except TabletStoreError:
+                    outcome = await self._split_outcome(children[1])
+                    if outcome == "failed":
+                        raise
+        except BaseException:
+            for i in ids:
+                await self._release_claim((key[0], i))
+            raise
+        self._tablets.pop(key, None)
+        await self._release_claim(key)
+        if outcome == "unknown":
+            # Parent or children: whichever METADATA holds, the master assigns it. Neither
+            # needs a log (the parent was flushed), so nothing is lost either way.
+            log.error("split of tablet %s/%s may or may not have committed", *key)
+            for i in ids:
+                await self._release_claim((key[0], i))
+            return
+        log.info("split tablet %s/%s at %r into %s, %s", *key, split_key, *ids)
+        for child in children:
+            await self._serve_child(child)
+
+    async def _split_outcome(self, child: TabletRecord) -> str:
+        """After a split commit raised: "committed" if it was applied anyway (an ambiguous
+        failure), "failed" if not, "unknown" if METADATA cannot tell now."""
+        try:
+            stored = await self._catalog.get_tablet(child.table_id, child.tablet_id)
+        except NotFound:
+            return "failed"
+        except TabletStoreError:
+            return "unknown"
+        return "committed" if stored.epoch == child.epoch else "failed"
+
+    async def _claim(self, key: tuple[str, str]) -> int:
+        """Claim a tablet nobody has claimed (a split's new child); returns the epoch."""
+        assert self._lease is not None
+        claim_key = paths.claim(*key)
+        result = await self._coord.txn(
+            [absent(claim_key)],
+            [Put(claim_key, self.worker_id.encode(), lease_id=self._lease.id)],
+            [],
+        )
+        if not result.succeeded:
+            raise Unavailable(f"tablet {key[1]} is already claimed")
+        claim = await self._coord.get(claim_key)
+        assert claim is not None
+        self._epochs[key] = claim.create_revision
+        return claim.create_revision
+
+    async def _serve_child(self, record: TabletRecord) -> None:
+        """Serve a child of a split this worker committed, then major-compact it in the
+        background so it stops sharing its parent's SSTables (its size becomes its own)."""
+        key = (record.table_id, record.tablet_id)
+        assert self._log is not None
+        try:
+            schema = (await self._catalog.table_by_id(record.table_id)).schema
+            tablet = await Tablet.load(
+                record,
+                schema,
+                store=self._store,
+                log_sink=self._log,
+                catalog=self._catalog,
+                replay=self._replay,
+                clock=self._clock,
+                options=self._tablet_options,
+                block_cache=self._block_cache,
+                executor=self._executor,
+            )
+        except TabletStoreError as exc:
+            # Committed but not served: let the master assign it (it recovers from the logs).
+            log.warning("serving split child %s failed: %s", record.tablet_id, exc)
+            await self._release_claim(key)
+            return
+        self._split_after[key] = self._clock.monotonic() + self._options.split_cooldown
+        self._serve(tablet)
+        self._spawn(self._compactions, self._compact_child(tablet))
+
+    async def _compact_child(self, tablet: Tablet) -> None:
+        try:
+            await tablet.major_compact()
+        except TabletStoreError as exc:
+            log.info("major compaction after split of %s: %s", tablet.record.tablet_id, exc)
+            return
+        # Still too big? Split again once the cool-down is over (no compaction may come).
+        key = (tablet.record.table_id, tablet.record.tablet_id)
+        wait = self._split_after.get(key, 0.0) - self._clock.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        self._split_after.pop(key, None)
+        self._compacted(tablet)
 
     async def compact_tablet(self, req: CompactTabletRequest) -> None:
         tablet = self._tablet(req.table_id, req.tablet_id)
