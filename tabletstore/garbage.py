@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -243,9 +243,11 @@ class GarbageCollector:
         grace: float = gc.DEFAULT_GRACE,
         fence_grace: float = gc.DEFAULT_FENCE_GRACE,
         store_url: str | None = None,
+        on_report: Callable[[GcReport], None] | None = None,
     ) -> None:
         """``store`` None opens (and, at :meth:`close`, closes) the store ``store_url`` names,
-        or the cluster's (``ClusterSettings``), at the first run."""
+        or the cluster's (``ClusterSettings``), at the first run. ``on_report`` is called with
+        every successful run's report (the master counts rounds and deletions in metrics)."""
         if interval <= 0:
             raise InvalidArgument(f"gc interval must be > 0 seconds, got {interval}")
         if grace < 0 or fence_grace < 0:
@@ -253,6 +255,7 @@ class GarbageCollector:
         self._store = store
         self._owned: ObjectStore | None = None
         self._store_url = store_url
+        self._on_report = on_report
         self._catalog = catalog
         self._coord = coordinator
         self._clock = clock
@@ -299,6 +302,8 @@ class GarbageCollector:
             return None
         self._since = report.since
         self.last_report = report
+        if self._on_report is not None:
+            self._on_report(report)
         if report.deleted or report.unknown:
             log.info("garbage collection: %s", report.summary())
         return report

@@ -393,6 +393,9 @@ async def run_master(
         interval=gc_interval,
         grace=gc_grace,
         store_url=store_url,
+        on_report=lambda r: metrics.gc_round(
+            deleted_objects=r.deleted, deleted_bytes=r.deleted_bytes
+        ),
     )
     http: StatusServer | None = None
     try:

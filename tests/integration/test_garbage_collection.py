@@ -17,7 +17,7 @@ from tabletstore.commitlog import fence
 from tabletstore.coordination import paths
 from tabletstore.coordination.memory import MemoryCoordinator
 from tabletstore.embedded import Database
-from tabletstore.garbage import GarbageCollector, collect, list_objects, mark
+from tabletstore.garbage import GarbageCollector, GcReport, collect, list_objects, mark
 from tabletstore.metadata import LogRef, TabletRecord
 from tabletstore.model import SetCell
 from tabletstore.schema import ColumnFamily, TableSchema
@@ -225,7 +225,10 @@ async def test_master_collector_holds_garbage_for_a_grace_after_finding_it() -> 
             return self.now
 
     clock = Clock()
-    collector = GarbageCollector(store, catalog, coord, clock=clock, interval=1.0, grace=5.0)
+    reports: list[GcReport] = []
+    collector = GarbageCollector(
+        store, catalog, coord, clock=clock, interval=1.0, grace=5.0, on_report=reports.append
+    )
     try:
         first = await collector.maybe_run()
         assert first is not None and first.deleted == 0
@@ -235,6 +238,7 @@ async def test_master_collector_holds_garbage_for_a_grace_after_finding_it() -> 
         second = await collector.maybe_run()
         assert second is not None and second.deleted_keys == (key,)
         assert await store.head(key) is None
+        assert [r.deleted for r in reports] == [0, 1]
     finally:
         await collector.close()
         await store.close()
