@@ -94,8 +94,6 @@ async def test_deleted_table_is_gone_and_its_name_reusable_without_old_data(
 
 
 async def test_tables_survive_a_clean_restart(db: AsyncClient, db_url: str) -> None:
-    if db_url.startswith("memory://"):
-        pytest.skip("memory:// is gone with the process; restart means file://")
     await db.create_table(
         "t",
         [ColumnFamily(name="cf", gc_rule=MaxVersionsRule(max_versions=2))],
@@ -358,8 +356,6 @@ async def test_acl_owner_reads_and_writes_everything(db: AsyncClient) -> None:
 
 async def test_identity_given_to_connect_is_checked(db: AsyncClient, db_url: str) -> None:
     """``connect(url, identity=...)``: the identity of a new connection is the one checked."""
-    if db_url.startswith("memory://"):
-        pytest.skip("reopening memory:// is covered by test_api_data")
     await _acl_table(db)
     bob = await reopen(db, db_url, identity="bob")
     try:
