@@ -13,8 +13,10 @@ garbage collection), possibly ending with one or more zero-byte fences. Reading 
 * reading stops at the first fence; nothing after a fence was acknowledged (the writer stops
   when its create of the fence's number collides, and it writes segments in order);
 * a missing number between two listed segments is :class:`~tabletstore.errors.Corruption`:
-  the writer acknowledges segment N only after every earlier one is durable, so a gap can only
-  mean a lost object (or a garbage collector that broke its rules);
+  the writer acknowledges segment N only after every earlier one is durable, and plugs a
+  number whose PUT failed with a fence, so an unplugged gap means a lost object (or a garbage
+  collector that broke its rules). :func:`fence` plugs gaps too (a writer may have died
+  before plugging), so recovery, which always fences first, reads up to the first plug;
 * a torn segment (see the format module) yields its good prefix if it is the last data
   segment; a torn segment followed by another data segment is Corruption (the later one was
   acknowledged only after the torn one had been written whole);
@@ -26,6 +28,7 @@ write acknowledged after the listing could be missed.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 
 from tabletstore.commitlog.format import LogRecord, SegmentContents, decode_segment
@@ -65,6 +68,14 @@ async def fence(store: ObjectStore, worker_id: str, incarnation: int) -> int:
     """
     for _ in range(FENCE_ATTEMPTS):
         numbers = await list_segments(store, worker_id, incarnation)
+        # A gap below the last number is a segment whose PUT failed while later ones were in
+        # flight: nothing at or after it was acknowledged. Plug it with a fence first, so the
+        # log reads as ending there (a PUT that lands meanwhile makes the plug collide).
+        present = set(numbers)
+        for gap in range(numbers[-1] if numbers else 0):
+            if gap not in present:
+                with contextlib.suppress(PreconditionFailed):
+                    await store.create(log_segment_key(worker_id, incarnation, gap), b"")
         number = numbers[-1] + 1 if numbers else 0
         try:
             await store.create(log_segment_key(worker_id, incarnation, number), b"")

@@ -5,11 +5,13 @@ with mutations co-mingled; §5.3: a write is acknowledged after it is in the com
 the log is a sequence of immutable segment objects (format in
 :mod:`tabletstore.commitlog.format`, keys from :mod:`tabletstore.storage_s3.layout`).
 
-Group commit. ``append`` encodes its record and queues it. One flusher task PUTs, create-only,
-one segment holding every record queued while the previous PUT was in flight (up to
-``max_segment_bytes``), then the next. Segments are numbered consecutively from
-``first_segment``; a segment is PUT only after the previous one succeeded, so when the waiters
-of a segment are released, it *and every earlier segment* are durable (DESIGN.md §6 rule 4).
+Group commit. ``append`` encodes its record and queues it. A flusher task cuts the queue into
+segments (up to ``max_segment_bytes`` each) and PUTs them, create-only, with up to
+``max_in_flight`` PUTs running at once (object stores have high latency and high concurrency:
+one PUT at a time caps a worker at one segment per round trip). Segments are numbered
+consecutively from ``first_segment``. Acknowledgement is in order: the waiters of segment N are
+released only when N *and every earlier segment* are durable (DESIGN.md §6 rule 4), so a gap
+can only hide writes nobody was told were durable.
 
 Sequence numbers are allocated by the caller through :meth:`CommitLogWriter.allocate` (the
 tablet needs them to build its cells before logging them) from one counter per writer, i.e.
@@ -25,13 +27,13 @@ Failure (a failed log is sticky; the worker must start a new incarnation to writ
   :class:`~tabletstore.errors.Fenced`. The writes in segment N were not made durable.
   (If the object there *is* byte-for-byte ours, a retrying store re-sent a create whose first
   attempt landed: that is success.)
-* Any other PUT error: the writes in that segment raise
-  :class:`~tabletstore.errors.Indeterminate` (the PUT may have landed — it can still become
-  visible, and recovery would replay it), queued writes not yet sent raise
-  :class:`~tabletstore.errors.Unavailable` (certainly not logged), and so does every later
-  append. The writer stops rather than write segment N+1: acknowledging N+1 while N may be
-  missing would let recovery (which stops at the first gap or fence) lose an acknowledged
-  write.
+* Any other PUT error: the writes in that segment, and in every later segment already in
+  flight, raise :class:`~tabletstore.errors.Indeterminate` (the PUTs may have landed and could
+  be replayed), queued writes not yet sent raise :class:`~tabletstore.errors.Unavailable`
+  (certainly not logged), and so does every later append. The writer then tries to plug the
+  failed number with an empty fence object (create-only: if the PUT had landed after all, the
+  plug collides and changes nothing), so the log reads as ending there; recovery's
+  :func:`~tabletstore.commitlog.reader.fence` plugs any gap the writer could not.
 
 Usage::
 
@@ -44,6 +46,7 @@ Usage::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 from types import TracebackType
 
@@ -67,6 +70,8 @@ __all__ = ["CommitLogStats", "CommitLogWriter"]
 #: Default upper bound on one segment's records, in bytes. A record larger than this still gets
 #: a segment of its own.
 MAX_SEGMENT_BYTES = 16 * 1024 * 1024
+#: Default number of segment PUTs in flight at once.
+MAX_IN_FLIGHT = 4
 
 
 class CommitLogStats:
@@ -95,8 +100,11 @@ class CommitLogWriter:
         first_segment: int = 0,
         first_seq: int = 1,
         max_segment_bytes: int = MAX_SEGMENT_BYTES,
+        max_in_flight: int = MAX_IN_FLIGHT,
     ) -> None:
         check_component("worker id", worker_id)
+        if max_in_flight < 1:
+            raise InvalidArgument(f"max_in_flight must be >= 1, got {max_in_flight}")
         if incarnation < 0 or first_segment < 0 or first_seq < 0 or max_segment_bytes < 1:
             raise InvalidArgument(
                 "incarnation, first_segment and first_seq must be >= 0, max_segment_bytes >= 1"
@@ -118,6 +126,13 @@ class CommitLogWriter:
         # Set once: the error every later append raises (Fenced, Unavailable or Closed).
         self._failure: TabletStoreError | None = None
         self._closing = False
+        self._max_in_flight = max_in_flight
+        # Segment number -> its PUT task and its waiters, for segments not yet acknowledged.
+        self._in_flight: dict[int, tuple[asyncio.Task[None], list[asyncio.Future[None]]]] = {}
+        # The lowest segment number whose waiters have not been released yet.
+        self._next_ack = first_segment
+        self._slot = asyncio.Event()
+        self._done: set[int] = set()
 
     # --- sequence numbers ------------------------------------------------------------------
 
@@ -215,14 +230,39 @@ class CommitLogWriter:
     # --- the flusher -------------------------------------------------------------------------
 
     async def _flush_loop(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            while self._queued and self._failure is None:
-                records, waiters = self._take_batch()
-                await self._write_segment(records, waiters)
-            if self._failure is not None or self._closing:
-                return
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake.clear()
+                while self._queued and self._failure is None:
+                    while len(self._in_flight) >= self._max_in_flight and self._failure is None:
+                        self._slot.clear()
+                        await self._slot.wait()
+                    if self._failure is not None:
+                        break
+                    records, waiters = self._take_batch()
+                    self._start_segment(records, waiters)
+                if self._failure is not None or (self._closing and not self._queued):
+                    break
+            # Closing (or failed): let the PUTs already sent finish, so their waiters learn.
+            while self._in_flight:
+                await asyncio.gather(
+                    *(task for task, _ in self._in_flight.values()), return_exceptions=True
+                )
+        except asyncio.CancelledError:
+            for number in sorted(self._in_flight):
+                task, waiters = self._in_flight.pop(number)
+                task.cancel()
+                self._fail_indeterminate(waiters, number, None)
+            raise
+
+    def _start_segment(self, records: list[bytes], waiters: list[asyncio.Future[None]]) -> None:
+        number = self._next_segment
+        self._next_segment = number + 1
+        task = asyncio.get_running_loop().create_task(
+            self._write_segment(number, records), name=f"commitlog segment {number}"
+        )
+        self._in_flight[number] = (task, waiters)
 
     def _take_batch(self) -> tuple[list[bytes], list[asyncio.Future[None]]]:
         """The longest prefix of the queue within max_segment_bytes (at least one record)."""
@@ -243,34 +283,80 @@ class CommitLogWriter:
         self._queued_bytes -= size
         return records, waiters
 
-    async def _write_segment(
-        self, records: list[bytes], waiters: list[asyncio.Future[None]]
-    ) -> None:
-        number = self._next_segment
+    async def _write_segment(self, number: int, records: list[bytes]) -> None:
+        """PUT segment ``number``, then acknowledge every segment that is now durable together
+        with all the segments before it."""
         key = log_segment_key(self.worker_id, self.incarnation, number)
         data = encode_segment(self.worker_id, self.incarnation, number, records)
         started = self._clock.monotonic()
+        failure: BaseException | None = None
         try:
             await self._create(key, data)
-        except Fenced as exc:
-            self._fail(waiters, exc, exc)
-            return
-        except TabletStoreError as exc:
-            self._fail_indeterminate(waiters, number, exc)
-            return
         except asyncio.CancelledError:
-            self._fail_indeterminate(waiters, number, None)
             raise
-        except Exception as exc:  # a store bug or an untranslated error: same as a failed PUT
-            self._fail_indeterminate(waiters, number, exc)
-            return
-        self._next_segment = number + 1
-        self.stats.segments += 1
-        self.stats.bytes += len(data)
-        self.stats.last_put_seconds = self._clock.monotonic() - started
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
+        except Exception as exc:  # includes an untranslated store error: same as a failed PUT
+            failure = exc
+        if failure is None:
+            self.stats.segments += 1
+            self.stats.bytes += len(data)
+            self.stats.last_put_seconds = self._clock.monotonic() - started
+            self._done.add(number)
+            self._release_in_order()
+        else:
+            await self._segment_failed(number, failure)
+        self._slot.set()
+
+    def _release_in_order(self) -> None:
+        while self._next_ack in self._done and self._failure is None:
+            number = self._next_ack
+            self._done.discard(number)
+            _, waiters = self._in_flight.pop(number)
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+            self._next_ack = number + 1
+
+    async def _segment_failed(self, number: int, failure: BaseException) -> None:
+        """Segment ``number`` failed: it and every later segment sent are not acknowledged."""
+        fenced = isinstance(failure, Fenced)
+        if self._failure is None:
+            later: TabletStoreError
+            if isinstance(failure, Fenced):
+                later = failure
+            else:
+                later = Unavailable(
+                    f"commit log {self._name()} stopped after segment {number} failed; "
+                    "the worker must continue under a new incarnation"
+                )
+                later.__cause__ = failure
+            self._failure = later
+            self._fail_queued(later)
+        doomed = [(n, *self._in_flight.pop(n)) for n in sorted(self._in_flight) if n >= number]
+        for n, task, _ in doomed:
+            self._done.discard(n)
+            if n != number and not task.done():
+                task.cancel()
+        if not fenced:
+            # Plug the hole so the log reads as ending here (a PUT that landed after all makes
+            # this collide, and then the log simply goes on to the later segments). Done before
+            # the writers hear back, so a caller that sees the error sees the log settled.
+            with contextlib.suppress(Exception):  # best effort: recovery's fence() plugs too
+                await self.store.create(
+                    log_segment_key(self.worker_id, self.incarnation, number), b""
+                )
+        for n, _, waiters in doomed:
+            err: TabletStoreError
+            if isinstance(failure, Fenced) and n == number:
+                err = failure
+            else:
+                err = Indeterminate(
+                    f"commit log {self._name()}: segment {n} was sent but segment {number} "
+                    f"failed ({failure!r}); the writes may or may not be durable"
+                )
+                err.__cause__ = failure
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_exception(err)
 
     async def _create(self, key: str, data: bytes) -> None:
         """Create the segment; Fenced if another object holds its key."""

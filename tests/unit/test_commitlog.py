@@ -18,7 +18,14 @@ from tabletstore.commitlog import (
     replay,
     replay_cells,
 )
-from tabletstore.errors import Closed, Corruption, Fenced, InvalidArgument
+from tabletstore.errors import (
+    Closed,
+    Corruption,
+    Fenced,
+    Indeterminate,
+    InvalidArgument,
+    Unavailable,
+)
 from tabletstore.keys import Cell, CellKind
 from tabletstore.storage_s3.base import ObjectInfo, ObjectStore
 from tabletstore.storage_s3.layout import log_segment_key
@@ -110,7 +117,7 @@ async def test_ack_only_after_the_segment_and_all_earlier_ones_are_durable(
 ) -> None:
     store = GatedStore(object_store)
     store.gate.clear()
-    async with CommitLogWriter(store, "w1", 1) as log:
+    async with CommitLogWriter(store, "w1", 1, max_in_flight=1) as log:
         first = asyncio.create_task(log.append("t", b"a", cells_for(b"a", log.allocate(1))))
         await store.entered.wait()  # segment 0 is in flight
         second = asyncio.create_task(log.append("t", b"b", cells_for(b"b", log.allocate(1))))
@@ -124,6 +131,85 @@ async def test_ack_only_after_the_segment_and_all_earlier_ones_are_durable(
         assert await object_store.get(log_segment_key("w1", 1, 0)) is not None
         await second
         assert await object_store.get(log_segment_key("w1", 1, 1)) is not None
+
+
+class SlowFirstSegment(GatedStore):
+    """Holds only segment 0's create at the gate; later segments go straight through."""
+
+    async def create(self, key: str, data: bytes) -> None:
+        self.creates.append(key)
+        if key.endswith(log_segment_key("w1", 1, 0).rsplit("/", 1)[1]):
+            self.entered.set()
+            await self.gate.wait()
+        await self.inner.create(key, data)
+
+
+async def test_pipelined_segments_are_acknowledged_in_order(object_store: ObjectStore) -> None:
+    store = SlowFirstSegment(object_store)
+    store.gate.clear()
+    async with CommitLogWriter(store, "w1", 1, max_in_flight=4) as log:
+        first = asyncio.create_task(log.append("t", b"a", cells_for(b"a", log.allocate(1))))
+        await store.entered.wait()  # segment 0 is in flight, held
+        second = asyncio.create_task(log.append("t", b"b", cells_for(b"b", log.allocate(1))))
+        for _ in range(50):
+            if await object_store.get(log_segment_key("w1", 1, 1)) is not None:
+                break
+            await asyncio.sleep(0.01)
+        # Segment 1 was sent and is durable while 0 is not...
+        assert await object_store.get(log_segment_key("w1", 1, 1)) is not None
+        # ...but its write is not acknowledged before segment 0 is.
+        assert not first.done() and not second.done()
+        store.gate.set()
+        await first
+        await second
+
+
+async def test_a_failed_segment_is_plugged_and_later_ones_are_not_acknowledged(
+    object_store: ObjectStore,
+) -> None:
+    """Segment 0's PUT fails while segment 1 lands: nobody is told either is durable, and the
+    log reads as ending at a fence in segment 0's place."""
+
+    class FailFirst(GatedStore):
+        async def create(self, key: str, data: bytes) -> None:
+            if key == log_segment_key("w1", 1, 0) and data:
+                self.entered.set()
+                await self.gate.wait()
+                raise Unavailable("injected: PUT of segment 0 failed")
+            await self.inner.create(key, data)
+
+    store = FailFirst(object_store)
+    store.gate.clear()
+    async with CommitLogWriter(store, "w1", 1, max_in_flight=4) as log:
+        first = asyncio.create_task(log.append("t", b"a", cells_for(b"a", log.allocate(1))))
+        await store.entered.wait()
+        second = asyncio.create_task(log.append("t", b"b", cells_for(b"b", log.allocate(1))))
+        for _ in range(50):
+            if await object_store.get(log_segment_key("w1", 1, 1)) is not None:
+                break
+            await asyncio.sleep(0.01)
+        store.gate.set()
+        with pytest.raises(Indeterminate):
+            await first
+        with pytest.raises(Indeterminate):
+            await second
+    assert await object_store.get(log_segment_key("w1", 1, 0)) == b""  # the plug
+    reader = CommitLogReader(object_store, "w1", 1)
+    assert [r.row async for r in reader.records()] == []
+    assert reader.fenced_at == 0
+
+
+async def test_fence_plugs_a_gap_left_by_a_dead_writer(object_store: ObjectStore) -> None:
+    """A writer died after segment 1 landed but before its failed segment 0 was plugged:
+    recovery's fence plugs 0, so the log reads as empty instead of corrupt."""
+    from tabletstore.commitlog.format import encode_record, encode_segment
+
+    record = encode_record("t", b"b", cells_for(b"b", 7))
+    await object_store.create(log_segment_key("w1", 1, 1), encode_segment("w1", 1, 1, [record]))
+    assert await fence(object_store, "w1", 1) == 2
+    reader = CommitLogReader(object_store, "w1", 1)
+    assert [r.row async for r in reader.records()] == []
+    assert reader.fenced_at == 0
 
 
 async def test_fence_stops_the_writer(object_store: ObjectStore) -> None:
