@@ -164,12 +164,16 @@ class LocationCache:
         """Every tablet of the table in row order (a whole-table METADATA scan unless the cache
         already covers the table without gaps). Tablets not served yet have no location."""
         lo, hi = table_range(table_id)
+        keys = list(self._rows.irange(lo, hi, inclusive=(False, True)))
         if not refresh:
-            cached = [r for _, r in self._rows.items()[self._rows.bisect_right(lo) :]]
-            cover = _contiguous([r for r in cached if r.table_id == table_id])
+            cover = _contiguous([self._rows[k] for k in keys])
             if cover is not None:
                 self.stats.hits += 1
                 return cover
+        # A whole-table read replaces whatever the cache held for the table (stale entries
+        # overlapping fresh ones would otherwise keep the cover from ever being whole).
+        for k in keys:
+            del self._rows[k]
         self.stats.reads[2 if table_id == METADATA_TABLE_ID else 3] += 1
         out: dict[bytes, TabletRecord] = {}
         for r in await self._scan(lo, False, hi, True, limit=None):
