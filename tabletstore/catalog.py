@@ -144,7 +144,8 @@ class Catalog:
     ) -> None:
         self._coord = coordinator
         self._md = metadata
-        self._deadline = retry_deadline
+        #: Seconds METADATA operations keep retrying while METADATA is not served.
+        self.retry_deadline = retry_deadline
 
     @property
     def coordinator(self) -> Coordinator:
@@ -482,7 +483,7 @@ class Catalog:
         with back-off until the deadline — a METADATA tablet being reassigned is a pause, not
         a failure. After the deadline: Unavailable."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._deadline
+        deadline = loop.time() + self.retry_deadline
         attempt = 0
         while True:
             try:

@@ -95,6 +95,9 @@ __all__ = ["TabletServer", "run_worker"]
 
 log = logging.getLogger(__name__)
 
+#: Seconds a stopping worker's last record updates wait for METADATA (see stop()).
+_STOP_METADATA_WAIT = 5.0
+
 #: Rows per streamed frame of a scan, and a byte bound on one frame.
 _ROWS_PER_BATCH = 256
 _BYTES_PER_BATCH = 1 << 20
@@ -228,7 +231,10 @@ class TabletServer:
         """Stop serving: minor-compact every tablet (so nothing needs replay), release claims.
 
         User tablets go first, then METADATA tablets, the root last: each one's final record
-        update is a write to the level above, which must still be served."""
+        update is a write to the level above, which must still be served. That update waits
+        only briefly for a METADATA tablet that is not served (its worker stopping too, say):
+        a tablet whose flush fails keeps its logs listed and is recovered from them."""
+        self._catalog.retry_deadline = min(self._catalog.retry_deadline, _STOP_METADATA_WAIT)
         for task in list(self._compactions):  # optional work: redone after the next load
             task.cancel()
         await asyncio.gather(*self._splits, *self._compactions, return_exceptions=True)
