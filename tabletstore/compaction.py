@@ -27,7 +27,14 @@ from tabletstore.options import TabletOptions
 from tabletstore.schema import GcRule
 from tabletstore.sstable import SSTableInfo, read_sstable_bytes, write_sstable
 
-__all__ = ["CompactionTask", "merge_sstables", "plan", "plan_major"]
+__all__ = [
+    "CompactionTask",
+    "GroupSettings",
+    "merge_sstables",
+    "plan",
+    "plan_major",
+    "rewrite_tablet",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +109,54 @@ def merge_sstables(
     return write_sstable(
         out, compression=compression, block_size=block_size, locality_group=locality_group
     )
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSettings:
+    """How one locality group's SSTables are written."""
+
+    compression: str
+    block_size: int
+
+
+def rewrite_tablet(
+    inputs: Sequence[bytes],
+    *,
+    family_groups: Mapping[str, str],
+    groups: Mapping[str, GroupSettings],
+    gc_rules: Mapping[str, GcRule | None],
+    now_micros: int,
+    start_row: bytes = b"",
+    end_row: bytes | None = None,
+) -> dict[str, tuple[bytes, SSTableInfo]]:
+    """A full major compaction (§5.4): every SSTable of the tablet, of every locality group
+    (``inputs``, newest first within each group; groups hold disjoint families, so their
+    relative order does not matter), merged with deletions and GC applied, then written out
+    as one SSTable per group of the *current* schema (``family_groups``).
+
+    Rewriting all groups at once is what lets the schema change under the data: a family
+    dropped (absent from ``family_groups``) loses its cells for good, so re-creating the name
+    brings nothing back; a family moved to another locality group has its cells moved with it.
+    Returns only groups that have cells. Pure CPU: safe to run in another process.
+    """
+    sources = [_clip(read_sstable_bytes(blob), start_row, end_row) for blob in inputs]
+    out: dict[str, list[Cell]] = {}
+    for cell in compact_cells(
+        merge_sources(sources), gc_rules=gc_rules, now_micros=now_micros, major=True
+    ):
+        group = family_groups.get(cell.family)
+        if group is not None:
+            out.setdefault(group, []).append(cell)
+    result: dict[str, tuple[bytes, SSTableInfo]] = {}
+    for group, cells in out.items():
+        settings = groups.get(group, GroupSettings("zstd", 64 * 1024))
+        result[group] = write_sstable(
+            cells,
+            compression=settings.compression,
+            block_size=settings.block_size,
+            locality_group=group,
+        )
+    return result
 
 
 def _clip(cells: list[Cell], start_row: bytes, end_row: bytes | None) -> list[Cell]:

@@ -265,6 +265,17 @@ class Master:
         workers = await self.live_workers()
         for address in set(workers.values()):
             await self._transport.call(address, "update_schema", UpdateSchemaRequest(name))
+        moved = [
+            f.name
+            for f in update
+            if f.name in info.schema.families
+            and info.schema.families[f.name].locality_group != f.locality_group
+        ]
+        if drop or moved:
+            # Rewrite every tablet by the new schema before answering: a dropped family's
+            # cells are gone (re-creating the name brings nothing back) and a moved family's
+            # cells live in its new locality group (reads of it look only there).
+            await self.compact_table(name, major=True)
         return new
 
     async def compact_table(self, name: str, *, major: bool) -> None:

@@ -662,11 +662,62 @@ class Tablet:
             await self._run_merge(task)
 
     async def major_compact(self) -> None:
-        """Flush the memtable, then rewrite each locality group into one SSTable with no
-        deletion entries and GC applied (§5.4)."""
+        """Flush the memtable, then rewrite the whole tablet into one SSTable per locality
+        group with no deletion entries and GC applied (§5.4) — by the current schema, so a
+        dropped family's cells are gone for good and a family moved to another locality group
+        moves with its cells (:func:`compaction.rewrite_tablet`)."""
         await self.minor_compact()
-        for task in compaction.plan_major(self.record):
-            await self._run_merge(task)
+        async with self._compaction_lock:
+            self._check_open()  # a split may have closed the tablet while this waited
+            state = self._state
+            record = state.record
+            keys = [ref.key for refs in record.sstables.values() for ref in refs]
+            if not keys:
+                return
+            blobs = await asyncio.gather(*(self._store.get(key) for key in keys))
+            missing = [k for k, b in zip(keys, blobs, strict=True) if b is None]
+            if missing:
+                raise Unavailable(f"SSTable objects vanished before compaction: {missing}")
+            schema = self._schema
+            rewrite = functools.partial(
+                compaction.rewrite_tablet,
+                [b for b in blobs if b is not None],
+                family_groups={name: f.locality_group for name, f in schema.families.items()},
+                groups={
+                    name: compaction.GroupSettings(g.compression, g.block_size)
+                    for name, g in schema.locality_groups.items()
+                },
+                gc_rules=self._gc_rules(),
+                now_micros=self._now_micros(),
+                start_row=record.start_row,
+                end_row=record.end_row,
+            )
+            if self._executor is not None:
+                written = await asyncio.get_running_loop().run_in_executor(self._executor, rewrite)
+            else:
+                written = rewrite()
+            new_sstables: dict[str, tuple[SSTableRef, ...]] = {}
+            opened: dict[str, tuple[SSTable, ...]] = {}
+            for group, (data, info) in sorted(written.items()):
+                ref = await self._upload(group, data, info)
+                table = await self._open(ref)
+                lg = schema.locality_groups.get(group)
+                if lg is not None and lg.in_memory:
+                    await table.load_all()
+                new_sstables[group] = (ref,)
+                opened[group] = (table,)
+            async with self._state_lock:
+                state = self._state
+                record = state.record
+                old_tables = [t for tables in state.sstables.values() for t in tables]
+                new_record = replace(record, sstables=new_sstables).with_event(
+                    self._clock.time(), "major_compaction", f"{len(keys)} -> {len(new_sstables)}"
+                )
+                stored = await self._catalog.update(record, new_record)
+                self._state = replace(state, record=stored, sstables=opened)
+            for t in old_tables:
+                t.close()
+        self._notify_compacted()
 
     async def _run_merge(self, task: compaction.CompactionTask) -> None:
         self._check_open()
