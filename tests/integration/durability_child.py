@@ -7,6 +7,7 @@ operation and, once it returned, prints one acknowledgement line, flushed:
 
 * ``row KEY``       -- ``mutate_row`` of KEY: cf:a = value_for(KEY) and n:b = its first 8 bytes
 * ``row KEY`` x N   -- the same for every row of one ``mutate_rows`` batch
+* ``deleting KEY``  -- printed *before* deleting KEY (the delete may apply before its ack)
 * ``del KEY``       -- ``mutate_row(KEY, [DeleteRow()])`` of a row acknowledged earlier
 * ``inc``           -- ``read_modify_write_row(b"counter", +1)`` on n:count
 * ``cas V``         -- ``check_and_mutate_row`` moved n:v of b"cas" from V-1 to V
@@ -78,6 +79,7 @@ def main(directory: str, round_no: int, seed: int, flush_bytes: int) -> None:
                 say("row", k.decode())
         elif op == "del" and acked:
             key = acked.pop(rng.randrange(len(acked)))
+            say("deleting", key.decode())  # from here the delete may happen
             t.mutate_row(key, [DeleteRow()])
             say("del", key.decode())
         elif op == "inc":
