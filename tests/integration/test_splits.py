@@ -6,11 +6,12 @@
 * a second worker is added: the master's balancing rounds move tablets to it, with nothing
   lost (moved tablets are flushed first, so the new owner replays nothing);
 * two small adjacent tablets are merged by the master into one;
-* merging and major compactions run in a process pool when the worker has one.
+* merging and major compactions run in a process pool when the worker has one;
+* (slow) the same split with real processes: a master and two workers over etcd and S3.
 
-The cluster here is the embedded stack's pieces wired by hand (memory store and coordinator,
-in-process transport) with one or two workers, so master rounds are driven by the test; the
-process cluster has the same checks in tests/integration/test_cluster.py.
+The cluster in the fast tests is the embedded stack's pieces wired by hand (memory store and
+coordinator, in-process transport) with one or two workers, so master rounds are driven by
+the test; tests/integration/test_cluster.py has balancing with real processes.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from tabletstore import connect_async
 from tabletstore.catalog import Catalog
 from tabletstore.client.client import AsyncClient, AsyncTable
 from tabletstore.coordination.memory import MemoryCoordinator
@@ -38,6 +40,9 @@ from tabletstore.options import MasterOptions, TabletOptions, WorkerOptions
 from tabletstore.rpc.inprocess import InProcessTransport
 from tabletstore.storage_s3.memory import MemoryObjectStore
 from tabletstore.worker import TabletServer
+from tests.integration.cluster_harness import Cluster, placement, table_id_of
+from tests.integration.cluster_harness import eventually as harness_eventually
+from tests.plugins.s3_server import boto3_client
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -260,3 +265,47 @@ async def test_a_merge_cut_short_is_finished_by_the_next_listing(
         assert any(e.kind == "merged" for e in listed[0].events)
         await c.master.assign()
         assert await read_all(table) == rows
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+async def test_a_process_cluster_splits_and_reads_everything_back(
+    etcd_server: str, s3_server: str, tmp_path: Path
+) -> None:
+    """Real processes (master and two workers with compaction process pools, etcd, moto's S3):
+    a table written past a 32 KiB split size splits, the children are served (possibly moved
+    by balancing), and every row reads back through a cluster client."""
+    name = f"splits-{uuid.uuid4().hex[:12]}"
+    boto3_client(s3_server).create_bucket(Bucket=name)
+    cluster = Cluster(
+        url=f"etcd://{etcd_server}/{name}",
+        store_url=f"s3://{name}/data?endpoint_url={s3_server}&region=us-east-1",
+        directory=tmp_path,
+        lease_ttl=5.0,
+    )
+    try:
+        cluster.start_master()
+        for _ in range(2):
+            await asyncio.to_thread(cluster.start_worker, split_bytes=32 * 1024)
+        client = await connect_async(cluster.url)
+        try:
+            table = await client.create_table("s", ["f"])
+            rnd = random.Random(2)
+            rows = {b"r%05d" % i: rnd.randbytes(200) for i in range(1500)}
+            items = list(rows.items())
+            for i in range(0, len(items), 250):
+                await write(table, dict(items[i : i + 250]))
+                await client.flush("s")
+            table_id = await table_id_of(client, "s")
+
+            async def split() -> int | None:
+                n = sum(len(t) for t in placement(await client.status(), table_id).values())
+                return n if n >= 3 else None
+
+            await harness_eventually(split, deadline=60, what="the table splits into >= 3")
+            assert await read_all(table) == rows
+        finally:
+            await client.close()
+    finally:
+        cluster.close()
+    assert not cluster.alive()
