@@ -62,7 +62,7 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from bench.targets import Target, open_target
+from bench.targets import Target, open_target, row_key
 from tabletstore.options import WorkerOptions
 from tabletstore.storage_s3.base import Op
 from tabletstore.storage_s3.instrumented import StoreStats
@@ -190,11 +190,6 @@ class BenchResult:
 
 #: A request: does its I/O, returns how many values it read or wrote.
 Request = Callable[[], Awaitable[int]]
-
-
-def row_key(i: int) -> bytes:
-    """The paper's row names 0 .. R-1, zero-padded so byte order is numeric order."""
-    return b"%010d" % i
 
 
 @functools.cache
@@ -336,7 +331,8 @@ async def measure(
     compaction that makes the written values SSTables."""
     before = target.stats()
     profiler = None
-    if cfg.profile_dir:
+    profile_dir = cfg.profile_dir
+    if profile_dir:
         import cProfile
 
         profiler = cProfile.Profile()
@@ -344,10 +340,10 @@ async def measure(
     cpu0 = time.process_time()
     values, seconds, lat = await drive(units, cfg.concurrency)
     cpu = time.process_time() - cpu0
-    if profiler is not None:
+    if profiler is not None and profile_dir:
         profiler.disable()
         slug = name.replace(" ", "_").replace("(", "").replace(")", "")
-        profiler.dump_stats(os.path.join(cfg.profile_dir, f"{target.name}-{slug}.prof"))
+        profiler.dump_stats(os.path.join(profile_dir, f"{target.name}-{slug}.prof"))
     if after is not None:
         await after()
     lat.sort()
@@ -433,6 +429,8 @@ async def run_suite(
             block_cache_bytes=cfg.block_cache_bytes,
             block_size=cfg.block_size,
             slatedb_flush_interval=cfg.slatedb_flush_interval,
+            rows=cfg.rows,
+            mem_rows=cfg.mem_rows,
         )
         try:
             results.extend(await run_target(target, cfg, log=log))
@@ -471,6 +469,41 @@ def table(results: Sequence[BenchResult], main: str = "tabletstore") -> str:
             f" {_fmt(r.per_1000(Op.LIST), '.1f'):>5} {_fmt(r.per_1000(Op.DELETE), '.1f'):>5}"
             f" {_fmt(r.bytes_read_per_value(), ',.0f'):>10}"
         )
+    return "\n".join(lines)
+
+
+#: The targets ``--cluster`` adds (issue 7): 1, 2 and 4 workers on a local directory, 1 on moto.
+CLUSTER_TARGETS = ("cluster:1:file", "cluster:2:file", "cluster:4:file", "cluster:1:moto")
+
+
+def workers_of(target: str) -> int:
+    """Workers behind a target's results: N for ``cluster:N:...``, else 1 (embedded)."""
+    if target.startswith("cluster:"):
+        return int(target.split(":")[1])
+    return 1
+
+
+def cluster_table(results: Sequence[BenchResult]) -> str:
+    """Values/s in total and per worker (total / N) for every tabletstore target, by benchmark,
+    with the S3 requests (all kinds) per 1,000 values; a Markdown table (issue 7)."""
+    targets = [t for t in dict.fromkeys(r.target for r in results) if t != "slatedb"]
+    by = {(r.target, r.benchmark): r for r in results}
+    head = " | ".join(f"{t} total | per worker | S3/1000" for t in targets)
+    lines = [
+        f"| benchmark | paper, 1 server | {head} |",
+        "|---|---:|" + "---:|---:|---:|" * len(targets),
+    ]
+    for name in BENCHMARKS:
+        cells = []
+        for t in targets:
+            r = by.get((t, name))
+            if r is None:
+                cells.append("- | - | -")
+                continue
+            s3 = r.per_1000(*Op)
+            cells.append(f"{r.rate:,.0f} | {r.rate / workers_of(t):,.0f} | {_fmt(s3, '.1f')}")
+        paper = PAPER.get(name, (None,))[0]
+        lines.append(f"| {name} | {_fmt(paper)} | {' | '.join(cells)} |")
     return "\n".join(lines)
 
 
@@ -589,6 +622,11 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="tabletstore URL (file:///dir, memory://name, etcd://host:port/ns); repeatable; "
         "default: file:// in the work directory",
     )
+    p.add_argument(
+        "--cluster",
+        action="store_true",
+        help="also run local clusters (worker processes): " + ", ".join(CLUSTER_TARGETS),
+    )
     p.add_argument("--no-slatedb", action="store_true", help="skip SlateDB")
     p.add_argument(
         "--slatedb-flush-interval", help="SlateDB WAL flush_interval, e.g. 10ms (default 100ms)"
@@ -618,6 +656,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.makedirs(args.profile, exist_ok=True)
     workdir = args.dir or tempfile.mkdtemp(prefix="tabletstore-bench-")
     specs = list(args.target or [f"file://{os.path.join(os.path.abspath(workdir), 'tabletstore')}"])
+    if args.cluster:
+        specs += [t for t in CLUSTER_TARGETS if t not in specs]
     if not args.no_slatedb:
         from bench.slatedb_target import slatedb_available
 
@@ -650,6 +690,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "requests per 1,000 values (writes include their minor compaction); "
         f"total {elapsed:.0f} s"
     )
+    if any(spec.startswith("cluster:") for spec in specs):
+        print()
+        print(cluster_table(results))
+        print(
+            "\nper worker = total / N workers (embedded: 1); S3/1000 = object-store requests of "
+            "every kind per 1,000 values (cluster: summed from the workers' /metrics); "
+            f"load average {', '.join(f'{x:.2f}' for x in os.getloadavg())}"
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(

@@ -8,6 +8,9 @@ same workload runs against
 * ``etcd://host:port/namespace``: a tabletstore cluster, through the same
   ``tabletstore.embedded.connect_async(url)`` client (object-store counters then live in the
   worker processes and are not reported here);
+* ``cluster:N:file`` / ``cluster:N:moto``: a cluster of N worker processes this target starts
+  and stops itself (:mod:`bench.cluster_target`; tables pre-split over the workers, object-store
+  counters scraped from the workers' Prometheus endpoints);
 * SlateDB (:mod:`bench.slatedb_target`), for the operations it has.
 
 A target holds several *tables*, each a separate key space. Row keys and values are bytes; one
@@ -35,10 +38,15 @@ from tabletstore.storage_s3 import find_layer
 from tabletstore.storage_s3.base import Op
 from tabletstore.storage_s3.instrumented import InstrumentedObjectStore, StoreStats
 
-__all__ = ["FAMILY", "QUALIFIER", "TabletstoreTarget", "Target", "open_target"]
+__all__ = ["FAMILY", "QUALIFIER", "TabletstoreTarget", "Target", "open_target", "row_key"]
 
 FAMILY = "f"
 QUALIFIER = b"q"
+
+
+def row_key(i: int) -> bytes:
+    """The paper's row names 0 .. R-1, zero-padded so byte order is numeric order."""
+    return b"%010d" % i
 
 
 class Target(Protocol):
@@ -179,18 +187,30 @@ async def open_target(
     block_cache_bytes: int | None = None,
     block_size: int | None = None,
     slatedb_flush_interval: str | None = None,
+    rows: int | None = None,
+    mem_rows: int | None = None,
 ) -> Target:
-    """A target from a spec: a tabletstore URL, or ``slatedb:///dir`` (see the module docstring)."""
+    """A target from a spec: a tabletstore URL, ``cluster:N:file|moto`` (``rows`` and
+    ``mem_rows``: the key spaces its tables are pre-split over), or ``slatedb:///dir`` (see
+    the module docstring)."""
     if spec.startswith("slatedb://"):
         from bench.slatedb_target import SlateDBTarget
 
         sdb = SlateDBTarget(spec[len("slatedb://") :], flush_interval=slatedb_flush_interval)
         await sdb.open()
         return sdb
+    if spec.startswith("cluster:"):
+        from bench.cluster_target import ClusterTarget
+
+        if rows is None or mem_rows is None:
+            raise ValueError(f"{spec}: a cluster target needs rows= and mem_rows= to pre-split")
+        cluster = ClusterTarget(spec, rows=rows, mem_rows=mem_rows, block_size=block_size)
+        await cluster.open()
+        return cluster
     if not spec.startswith(("file://", "memory://", "etcd://")):
         raise ValueError(
             f"unsupported target {spec!r}: expected file:///dir, memory://name, "
-            "etcd://host:port/namespace or slatedb:///dir"
+            "etcd://host:port/namespace, cluster:N:file, cluster:N:moto or slatedb:///dir"
         )
     target = TabletstoreTarget(
         spec,

@@ -315,9 +315,20 @@ def load(directory: Path) -> Stack:
         raise InvalidArgument(f"{path} is not a stack file: {exc}") from exc
 
 
-def up(directory: Path, *, s3_url: str | None = None, workers: int = 0) -> Stack:
-    """Start etcd (and moto unless ``s3_url``), and with ``workers`` > 0 a master and that
-    many tablet-server workers; record them all, return the stack."""
+def up(
+    directory: Path,
+    *,
+    s3_url: str | None = None,
+    workers: int = 0,
+    store_url: str | None = None,
+    worker_args: Sequence[str] = (),
+) -> Stack:
+    """Start etcd (and moto unless ``s3_url`` or ``store_url``), and with ``workers`` > 0 a
+    master and that many tablet-server workers; record them all, return the stack.
+
+    ``store_url`` (e.g. ``file:///dir``) is the cluster's object store instead of the S3
+    endpoint's bucket; no S3 server is started then. ``worker_args`` go to every worker
+    (:func:`start_worker`'s ``extra_args``, e.g. ``--metrics-port 0``)."""
     if workers < 0:
         raise InvalidArgument(f"--workers must be >= 0, got {workers}")
     directory = directory.resolve()
@@ -332,18 +343,21 @@ def up(directory: Path, *, s3_url: str | None = None, workers: int = 0) -> Stack
     try:
         etcd, _ = start_etcd(directory / "etcd", log=directory / "etcd.log")
         records.append(etcd)
-        if s3_url is None:
+        s3_managed = s3_url is None and store_url is None
+        if s3_managed:
             records.append(start_moto(directory / "s3.log"))
-        endpoint = s3_url or records[-1].url
+        endpoint = s3_url or (records[-1].url if s3_managed else "")
         cluster_url = None
         if workers:
             host_port = etcd.url.split("://", 1)[1].split("/", 1)[0]
             cluster_url = f"etcd://{host_port}/cluster"
-            store_url = f"s3://{BUCKET}/data?endpoint_url={endpoint}"
-            env = _s3_env(s3_managed=s3_url is None)
-            records.append(start_master(directory, cluster_url, store_url, env=env))
+            store = store_url or f"s3://{BUCKET}/data?endpoint_url={endpoint}"
+            env = _s3_env(s3_managed=s3_managed)
+            records.append(start_master(directory, cluster_url, store, env=env))
             for i in range(workers):
-                records.append(start_worker(directory, cluster_url, i, env=env))
+                records.append(
+                    start_worker(directory, cluster_url, i, env=env, extra_args=worker_args)
+                )
     except BaseException:
         for record in reversed(records):
             stop(record)
@@ -353,7 +367,7 @@ def up(directory: Path, *, s3_url: str | None = None, workers: int = 0) -> Stack
         etcd_url=etcd.url,
         s3_endpoint=endpoint,
         bucket=BUCKET,
-        s3_managed=s3_url is None,
+        s3_managed=s3_managed,
         processes=tuple(records),
         cluster_url=cluster_url,
     )

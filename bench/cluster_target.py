@@ -1,0 +1,192 @@
+"""The benchmark target for a tabletstore cluster on this machine (issue 7; §7's "N servers").
+
+``cluster:N:file`` and ``cluster:N:moto`` start, in a fresh temporary directory, the local
+stack of :mod:`tabletstore.localstack` with ``N`` tablet-server workers as real processes
+(etcd, a master, the workers; with ``moto`` also moto's S3 server, which then is the object
+store; with ``file`` the store is a directory, ``file:///<tmp>/store``). The benchmark client
+is this process, through :func:`tabletstore.embedded.connect_async` on the stack's
+``etcd://`` URL: every request crosses a process boundary, as in the paper's cluster.
+
+Contracts (on top of :mod:`bench.targets`'):
+
+* every table is created pre-split into ``2 * N`` tablets at equal steps of the key space the
+  benchmark writes (:func:`bench.targets.row_key` ``0 .. rows-1``; ``mem_rows`` for the
+  in-memory table), so the master spreads the load over all workers (§5.2 assigns tablets,
+  not rows);
+* :meth:`ClusterTarget.stats` sums the ``tabletstore_object_store_{requests,bytes}_total``
+  counters of every worker's Prometheus endpoint (the workers run with ``--metrics-port 0``
+  and print its URL in their log); the master's own store traffic (GC, its METADATA reads go
+  through workers) is not included;
+* :meth:`ClusterTarget.close` always stops the stack (:func:`tabletstore.localstack.down`
+  stops exactly the processes it started, by pid) and removes the directory.
+
+Unlike the embedded target, ``to_sstables`` does not restart the workers: their block caches
+keep the worker default size (the CLI has no option for it), and blocks of the SSTables a
+major compaction writes are not in any cache until first read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import shutil
+import tempfile
+import time
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+
+from bench.targets import FAMILY, TabletstoreTarget, row_key
+from tabletstore import localstack
+from tabletstore.errors import InvalidArgument, Unavailable
+from tabletstore.schema import ColumnFamily, LocalityGroup
+from tabletstore.storage_s3.base import Op
+from tabletstore.storage_s3.instrumented import OpStats, StoreStats
+
+__all__ = ["ClusterTarget", "parse_cluster_spec", "scrape_store_stats", "split_keys"]
+
+STORES = ("file", "moto")
+#: Seconds to wait for a worker to print its metrics URL after it started serving.
+METRICS_DEADLINE = 30.0
+_METRICS_LINE = re.compile(r"metrics on (\S+)/metrics")
+_SAMPLE = re.compile(
+    r'^tabletstore_object_store_(requests|bytes)_total\{op="([A-Z_]+)"\}\s+(\S+)$', re.M
+)
+
+
+def parse_cluster_spec(spec: str) -> tuple[int, str]:
+    """``cluster:N:file`` / ``cluster:N:moto`` -> (N, store kind); InvalidArgument otherwise."""
+    parts = spec.split(":")
+    if len(parts) != 3 or parts[0] != "cluster" or not parts[1].isdigit() or parts[2] not in STORES:
+        raise InvalidArgument(
+            f"bad cluster target {spec!r}: expected cluster:N:file or cluster:N:moto (N >= 1)"
+        )
+    workers = int(parts[1])
+    if workers < 1:
+        raise InvalidArgument(f"bad cluster target {spec!r}: N must be >= 1, not {workers}")
+    return workers, parts[2]
+
+
+def split_keys(rows: int, tablets: int) -> list[bytes]:
+    """Keys cutting ``row_key(0 .. rows-1)`` into ``tablets`` near-equal ranges (none empty)."""
+    tablets = max(1, min(tablets, rows))
+    return [row_key(rows * t // tablets) for t in range(1, tablets)]
+
+
+def scrape_store_stats(metrics_text: str) -> StoreStats:
+    """Object-store counters from one worker's Prometheus exposition text."""
+    requests: dict[Op, int] = {}
+    nbytes: dict[Op, int] = {}
+    for what, op_name, value in _SAMPLE.findall(metrics_text):
+        try:
+            op = Op(op_name)
+        except ValueError:
+            continue  # a kind this bench does not report
+        (requests if what == "requests" else nbytes)[op] = int(float(value))
+    return StoreStats(
+        {op: OpStats(requests.get(op, 0), nbytes.get(op, 0)) for op in set(requests) | set(nbytes)}
+    )
+
+
+def _metrics_url(log: str, deadline: float) -> str:
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        try:
+            match = _METRICS_LINE.search(Path(log).read_text(errors="replace"))
+        except OSError:
+            match = None
+        if match:
+            return f"{match.group(1)}/metrics"
+        time.sleep(0.1)
+    raise Unavailable(f"no 'metrics on URL' line in {log} within {deadline}s")
+
+
+def _fetch(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        body: bytes = response.read()
+    return body.decode()
+
+
+class ClusterTarget(TabletstoreTarget):
+    """A local cluster of ``workers`` worker processes (see the module docstring)."""
+
+    def __init__(
+        self, spec: str, *, rows: int, mem_rows: int, block_size: int | None = None
+    ) -> None:
+        self.workers, self.store_kind = parse_cluster_spec(spec)
+        super().__init__(url="", block_size=block_size, name=spec)
+        self._embedded = False  # the URL is the stack's etcd:// one, known once it is up
+        self.rows = rows
+        self.mem_rows = mem_rows
+        self._dir: Path | None = None
+        self._metrics_urls: list[str] = []
+
+    async def open(self) -> None:
+        if self._dir is None:
+            self._dir = Path(tempfile.mkdtemp(prefix="tabletstore-bench-cluster-"))
+            try:
+                await self._start(self._dir)
+            except BaseException:
+                await self.close()  # whatever did start is stopped
+                raise
+        await super().open()
+
+    async def _start(self, directory: Path) -> None:
+        store_url = f"file://{directory / 'store'}" if self.store_kind == "file" else None
+        stack = await asyncio.to_thread(
+            localstack.up,
+            directory,
+            workers=self.workers,
+            store_url=store_url,
+            worker_args=("--metrics-port", "0"),
+        )
+        assert stack.cluster_url is not None  # workers >= 1
+        self.url = stack.cluster_url
+        self._metrics_urls = [
+            await asyncio.to_thread(_metrics_url, record.log, METRICS_DEADLINE)
+            for record in stack.processes
+            if record.role.startswith("worker-")
+        ]
+
+    async def create(self, table: str, *, in_memory: bool = False) -> None:
+        splits = split_keys(self.mem_rows if in_memory else self.rows, 2 * self.workers)
+        if in_memory:
+            self._tables[table] = await self._db.create_table(
+                table,
+                [ColumnFamily(name=FAMILY, locality_group="mem")],
+                split_keys=splits,
+                locality_groups=[LocalityGroup(name="mem", in_memory=True)],
+            )
+        elif self.block_size is not None:
+            self._tables[table] = await self._db.create_table(
+                table,
+                [FAMILY],
+                split_keys=splits,
+                locality_groups=[LocalityGroup(name="default", block_size=self.block_size)],
+            )
+        else:
+            self._tables[table] = await self._db.create_table(table, [FAMILY], split_keys=splits)
+
+    async def to_sstables(self, tables: Sequence[str]) -> None:
+        for table in tables:
+            await self._db.flush(table)
+            await self._db.compact(table)
+
+    def stats(self) -> StoreStats | None:
+        total = StoreStats()
+        for url in self._metrics_urls:
+            one = scrape_store_stats(_fetch(url))
+            total = StoreStats({op: total[op] + one[op] for op in Op})
+        return total if self._metrics_urls else None
+
+    async def close(self) -> None:
+        try:
+            await super().close()
+        finally:
+            if self._dir is not None:
+                directory, self._dir = self._dir, None
+                try:
+                    if (directory / localstack.STACK_FILE).exists():  # up() got that far
+                        await asyncio.to_thread(localstack.down, directory)
+                finally:
+                    shutil.rmtree(directory, ignore_errors=True)
