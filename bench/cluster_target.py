@@ -20,9 +20,10 @@ Contracts (on top of :mod:`bench.targets`'):
 * :meth:`ClusterTarget.close` always stops the stack (:func:`tabletstore.localstack.down`
   stops exactly the processes it started, by pid) and removes the directory.
 
-Unlike the embedded target, ``to_sstables`` does not restart the workers: their block caches
-keep the worker default size (the CLI has no option for it), and blocks of the SSTables a
-major compaction writes are not in any cache until first read.
+Each worker's block cache is ``block_cache_bytes`` (``--block-cache-bytes``; the benchmark's
+scaled cache, as the embedded target's). Unlike the embedded target, ``to_sstables`` does not
+restart the workers; the blocks of the SSTables a major compaction writes are in no cache
+until first read, so the reads that follow still start cold.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from pathlib import Path
 from bench.targets import FAMILY, TabletstoreTarget, row_key
 from tabletstore import localstack
 from tabletstore.errors import InvalidArgument, Unavailable
+from tabletstore.options import WorkerOptions
 from tabletstore.schema import ColumnFamily, LocalityGroup
 from tabletstore.storage_s3.base import Op
 from tabletstore.storage_s3.instrumented import OpStats, StoreStats
@@ -111,10 +113,18 @@ class ClusterTarget(TabletstoreTarget):
     """A local cluster of ``workers`` worker processes (see the module docstring)."""
 
     def __init__(
-        self, spec: str, *, rows: int, mem_rows: int, block_size: int | None = None
+        self,
+        spec: str,
+        *,
+        rows: int,
+        mem_rows: int,
+        block_cache_bytes: int = WorkerOptions().block_cache_bytes,
+        block_size: int | None = None,
     ) -> None:
         self.workers, self.store_kind = parse_cluster_spec(spec)
-        super().__init__(url="", block_size=block_size, name=spec)
+        super().__init__(
+            url="", block_cache_bytes=block_cache_bytes, block_size=block_size, name=spec
+        )
         self._embedded = False  # the URL is the stack's etcd:// one, known once it is up
         self.rows = rows
         self.mem_rows = mem_rows
@@ -138,7 +148,12 @@ class ClusterTarget(TabletstoreTarget):
             directory,
             workers=self.workers,
             store_url=store_url,
-            worker_args=("--metrics-port", "0"),
+            worker_args=(
+                "--metrics-port",
+                "0",
+                "--block-cache-bytes",
+                str(self.block_cache_bytes),
+            ),
         )
         assert stack.cluster_url is not None  # workers >= 1
         self.url = stack.cluster_url

@@ -1,6 +1,6 @@
 """The paper's Figure 6 (§7) on this machine, side by side with SlateDB, with the S3 cost.
 
-Run ``python -m bench.paper [--quick] [--json FILE] [--png FILE]``.
+Run ``python -m bench.paper [--quick] [--cluster] [--json FILE] [--png FILE]``.
 
 The benchmarks are the paper's six, as §7 defines them, plus batched writes:
 
@@ -38,6 +38,13 @@ measure memory, not the object store. ``--block-cache-bytes`` overrides it.
 way S3 bills them. Reported: PUT / GET (GET + ranged GET) / LIST / DELETE per 1,000 operations
 and object bytes read per operation. A write's cost includes the minor compaction that turns it
 into an SSTable (run untimed right after the write phase). SlateDB's requests are not counted.
+
+**The cluster** (issue 7). ``--cluster`` adds local clusters of worker processes
+(:mod:`bench.cluster_target`): 1, 2 and 4 workers on a local directory and 1 worker on moto's S3
+server (``--target cluster:N:file|moto`` picks one). Each table is pre-split into ``2N``
+tablets; the printed extra table gives values/s in total and per worker (total / N, the
+paper's unit) and the object-store requests summed from the workers' ``/metrics``. All the
+processes run on this machine, so N workers share its cores with the benchmark client.
 
 SlateDB runs the same operations with the same values in the same local directory (one database
 per table; see :mod:`bench.slatedb_target`); the table prints tabletstore / SlateDB for each.

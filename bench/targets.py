@@ -204,7 +204,13 @@ async def open_target(
 
         if rows is None or mem_rows is None:
             raise ValueError(f"{spec}: a cluster target needs rows= and mem_rows= to pre-split")
-        cluster = ClusterTarget(spec, rows=rows, mem_rows=mem_rows, block_size=block_size)
+        cluster = ClusterTarget(
+            spec,
+            rows=rows,
+            mem_rows=mem_rows,
+            block_cache_bytes=block_cache_bytes or WorkerOptions().block_cache_bytes,
+            block_size=block_size,
+        )
         await cluster.open()
         return cluster
     if not spec.startswith(("file://", "memory://", "etcd://")):

@@ -792,6 +792,12 @@ def master_cmd(
     show_default=True,
     help="Processes for merging and major compactions (0: in the serving process).",
 )
+@click.option(
+    "--block-cache-bytes",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Block cache capacity in bytes (default: WorkerOptions', 256 MiB).",
+)
 @_metrics_port_option
 def worker_cmd(
     store: str | None,
@@ -801,6 +807,7 @@ def worker_cmd(
     lease_ttl: float,
     split_bytes: int | None,
     compaction_processes: int,
+    block_cache_bytes: int | None,
     metrics_port: int | None,
 ) -> None:
     """Run a stateless tablet-server worker (§5.2, §5.3)."""
@@ -812,6 +819,7 @@ def worker_cmd(
         lease_ttl=lease_ttl,
         lease_safety_margin=min(1.0, lease_ttl / 4),
         compaction_processes=compaction_processes,
+        **({} if block_cache_bytes is None else {"block_cache_bytes": block_cache_bytes}),
     )
     tablet_options = TabletOptions(split_bytes=split_bytes) if split_bytes else None
 
