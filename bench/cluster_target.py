@@ -65,7 +65,7 @@ def parse_cluster_spec(spec: str) -> tuple[int, str]:
         )
     workers = int(parts[1])
     if workers < 1:
-        raise InvalidArgument(f"bad cluster target {spec!r}: N must be >= 1, not {workers}")
+        raise InvalidArgument(f"bad cluster target {spec!r}: cluster:N:file needs N >= 1")
     return workers, parts[2]
 
 
