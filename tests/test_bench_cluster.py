@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import Any
 
@@ -77,4 +78,4 @@ async def test_cluster_target_runs_every_benchmark_and_stops_its_processes(
     [stack] = stacks
     assert sorted(r.role for r in stack.processes) == ["etcd", "master", "worker-0", "worker-1"]
     assert not any(localstack.is_running(r) for r in stack.processes)
-    assert not os.path.exists(stack.dir)
+    assert not await asyncio.to_thread(os.path.exists, stack.dir)
