@@ -52,10 +52,13 @@ def plan(
     *,
     balance: bool = False,
     max_moves: int = 2,
+    ratio: float = 1.0,
 ) -> list[Assignment]:
     """Assign every unassigned tablet to the least-loaded live worker; with ``balance``, also
-    move up to ``max_moves`` tablets from the most- to the least-loaded worker when that
-    narrows the gap (throttled, so serving is never disrupted wholesale)."""
+    move up to ``max_moves`` tablets from the most- to the least-loaded worker while the most
+    loaded one carries more than ``ratio`` times the least loaded one's load and a move
+    narrows the gap (throttled, so serving is never disrupted wholesale; a ``ratio`` above 1
+    leaves small imbalances alone instead of chasing noise)."""
     if not workers:
         return []
     live = sorted(set(workers))
@@ -74,12 +77,12 @@ def plan(
         load[target] += _weight(t)
         out.append(Assignment(t.table_id, t.tablet_id, target))
     if balance:
-        out.extend(_moves(load, owned, max_moves))
+        out.extend(_moves(load, owned, max_moves, ratio))
     return out
 
 
 def _moves(
-    load: dict[str, int], owned: Mapping[str, list[TabletLoad]], max_moves: int
+    load: dict[str, int], owned: Mapping[str, list[TabletLoad]], max_moves: int, ratio: float
 ) -> list[Assignment]:
     moves: list[Assignment] = []
     moved: set[tuple[str, str]] = set()
@@ -92,7 +95,7 @@ def _moves(
             for t in owned[hot]
             if t.movable and (t.table_id, t.tablet_id) not in moved and _weight(t) * 2 <= gap
         ]
-        if hot == cold or not candidates:
+        if hot == cold or not candidates or load[hot] <= ratio * load[cold]:
             break
         t = max(candidates, key=lambda t: (_weight(t), t.tablet_id))
         moved.add((t.table_id, t.tablet_id))

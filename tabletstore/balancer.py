@@ -5,12 +5,14 @@ Each round of the elected master, after assignment:
 
 * **balance** -- ask every live worker for its tablets' sizes and request counts
   (``server_status``), feed them to :func:`tabletstore.assignment.plan` with ``balance=True``
-  and execute its moves: unload on the source with a flush (the tablet is minor-compacted and
+  (moving only while the busiest worker carries over ``balance_ratio`` times the idlest one's
+  load) and execute its moves: unload on the source with a flush (the tablet is minor-compacted and
   its record's logs cleared, so the new owner replays and fences nothing), then load on the
   target. Throttled: at most ``max_moves`` per round, no balancing for ``balance_cooldown``
   seconds after a round that moved something, and a moved tablet stays put for
-  ``move_cooldown`` seconds. Request load is the count since the previous round (workers
-  report totals). METADATA tablets are never moved by balancing.
+  ``move_cooldown`` seconds. Request load is the rate since the previous round (workers
+  report totals) above ``request_noise`` per second; below it placement follows size.
+  METADATA tablets are never moved by balancing.
 * **merge** -- :func:`tabletstore.merging.small_pairs` over every user table's records, of
   which :func:`tabletstore.merging.plan_merges` takes at most ``max_merges`` pairs that have
   been small for ``merge_after`` seconds. A merge unloads both tablets (flush), re-reads their
@@ -71,6 +73,7 @@ class Balancer:
         self._assign = assign
         self.options = options or MasterOptions()
         self._last_moves = -math.inf
+        self._last_status = -math.inf
         self._moved_at: dict[TabletKey, float] = {}
         self._requests_seen: dict[TabletKey, int] = {}
         self._small_since: dict[tuple[str, str, str], float] = {}
@@ -100,6 +103,7 @@ class Balancer:
         """Every served tablet's load, or None when a worker did not answer (no moves on a
         partial picture)."""
         now = self._clock.monotonic()
+        elapsed = max(now - self._last_status, 1e-3)
         loads: list[assignment.TabletLoad] = []
         seen: dict[TabletKey, int] = {}
         for wid, address in sorted(workers.items()):
@@ -113,17 +117,19 @@ class Balancer:
                 key = (t.table_id, t.tablet_id)
                 seen[key] = t.requests
                 recent = now - self._moved_at.get(key, -math.inf) < self.options.move_cooldown
+                rate = max(0, t.requests - self._requests_seen.get(key, 0)) / elapsed
                 loads.append(
                     assignment.TabletLoad(
                         t.table_id,
                         t.tablet_id,
                         wid,
                         size=t.sstable_bytes + t.memtable_bytes,
-                        requests=max(0, t.requests - self._requests_seen.get(key, 0)),
+                        requests=int(max(0.0, rate - self.options.request_noise)),
                         movable=t.table_id != mt.METADATA_TABLE_ID and not recent,
                     )
                 )
         self._requests_seen = seen
+        self._last_status = now
         return loads
 
     # ------------------------------------------------------------------ balancing
@@ -139,7 +145,13 @@ class Balancer:
         loads = await self._loads(workers)
         if loads is None:
             return 0
-        plan = assignment.plan(list(workers), loads, balance=True, max_moves=self.options.max_moves)
+        plan = assignment.plan(
+            list(workers),
+            loads,
+            balance=True,
+            max_moves=self.options.max_moves,
+            ratio=self.options.balance_ratio,
+        )
         moved = 0
         for move in plan:
             if move.source is None:

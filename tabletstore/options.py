@@ -58,6 +58,12 @@ class MasterOptions:
     balance_cooldown: float = 3.0
     #: Seconds a moved tablet stays put before it may move again (no ping-pong on noisy load).
     move_cooldown: float = 30.0
+    #: Move only while the most loaded worker carries more than this times the least loaded
+    #: one's load. Closer to 1 balances tighter and moves more.
+    balance_ratio: float = 1.5
+    #: Requests per second per tablet that count as no load: below it, request counts are
+    #: noise and placement follows size alone.
+    request_noise: float = 50.0
     #: The tablets' split size, from which merge thresholds derive: a pair merges when each is
     #: under split_bytes / 8 and both under split_bytes / 2 (tabletstore.merging).
     split_bytes: int = 128 * 1024 * 1024

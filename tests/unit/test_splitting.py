@@ -215,3 +215,15 @@ def test_a_split_inside_one_block_takes_its_middle_row() -> None:
     assert splitting.middle_row([b"a", b"b", b"c", b"d"], b"") == b"c"
     assert splitting.middle_row([b"a"], b"") is None
     assert splitting.middle_row([b"m", b"n"], b"n") is None
+
+
+def test_balancing_leaves_small_imbalances_alone() -> None:
+    # 2 tablets against 1: within a ratio of 2, nothing moves; a ratio of 1 moves the lighter.
+    tablets = [
+        TabletLoad("T", "a", "w1", size=400),
+        TabletLoad("T", "b", "w1", size=50),
+        TabletLoad("T", "c", "w2", size=300),
+    ]
+    assert plan(["w1", "w2"], tablets, balance=True, ratio=2.0) == []
+    moves = plan(["w1", "w2"], tablets, balance=True, ratio=1.0)
+    assert [(m.tablet_id, m.worker) for m in moves] == [("b", "w2")]
