@@ -11,7 +11,7 @@ standby) and workers started as ``python -m tabletstore.cli`` processes, used th
 * SIGKILL the elected master with a standby running: writes keep flowing (data never goes
   through the master) and admin calls succeed again once the standby leads;
 * adding a worker moves tablets to it (balancing), a tablet grows past the split size and
-  splits, and garbage collection deletes only garbage — each xfail while its feature is absent.
+  splits, and garbage collection deletes only garbage.
 
 Leases are 3 s in the fault tests (``--lease-ttl``) so a crash is noticed quickly; the shared
 cluster keeps the default 5 s so a loaded machine does not expire a healthy worker's lease.
@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import itertools
 import os
+import random
 import struct
 import subprocess
 import sys
@@ -716,18 +717,15 @@ SPLIT_BYTES = 32 * 1024
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=False,
-    reason="the values are repeated bytes: 1500 x 200 B compress to about 15 KB of SSTables, "
-    "under the 32 KiB split size (splits count SSTable object bytes, as §5 counts GFS file "
-    "sizes); with incompressible values the table splits (tests/integration/test_splits.py)",
-)
 async def test_tablet_splits_past_split_size(make_cluster: Callable[..., Cluster]) -> None:
     cluster = make_cluster(workers=2, split_bytes=SPLIT_BYTES)
     async with client_of(cluster) as client:
         table = await client.create_table("split", ["f"])
         await wait_served(client, "split", 1)
-        rows = {f"r{i:05d}".encode(): bytes([65 + i % 26]) * 200 for i in range(1500)}
+        # Incompressible values: splits count SSTable object bytes (as §5 counts GFS file
+        # sizes), and repeated bytes would compress under the split size.
+        rng = random.Random(1500)
+        rows = {f"r{i:05d}".encode(): rng.randbytes(200) for i in range(1500)}
         items = list(rows.items())
         for i in range(0, len(items), 250):
             chunk = items[i : i + 250]
@@ -750,10 +748,6 @@ async def test_tablet_splits_past_split_size(make_cluster: Callable[..., Cluster
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=False,
-    reason="garbage collection lands with gc.py/garbage.py and the 'tabletstore gc' verb",
-)
 async def test_gc_deletes_only_garbage(
     make_cluster: Callable[..., Cluster], s3_server: str
 ) -> None:
