@@ -72,7 +72,7 @@ from tabletstore.query import RowRange
 from tabletstore.schema import GcRule, TableSchema
 from tabletstore.splitting import BlockSpan, choose_split_key, middle_row, widest_block
 from tabletstore.sstable import SSTable, SSTableInfo, write_sstable
-from tabletstore.sstable.block_cache import BlockCache
+from tabletstore.sstable.block_cache import BlockCache, ScanCache
 from tabletstore.storage_s3 import layout
 from tabletstore.storage_s3.base import ObjectStore
 
@@ -136,8 +136,10 @@ class Tablet:
         options: TabletOptions,
         block_cache: BlockCache | None,
         executor: concurrent.futures.Executor | None = None,
+        scan_cache: ScanCache | None = None,
     ) -> None:
         self._executor = executor
+        self._scan_cache = scan_cache
         self._state = state
         self._schema = schema
         self._store = store
@@ -179,6 +181,7 @@ class Tablet:
         options: TabletOptions | None = None,
         block_cache: BlockCache | None = None,
         executor: concurrent.futures.Executor | None = None,
+        scan_cache: ScanCache | None = None,
     ) -> Tablet:
         """Open a tablet's SSTables, replay its commit-log records past the redo point into a
         fresh memtable (§5.3 recovery), and record this worker's log in its record."""
@@ -192,6 +195,7 @@ class Tablet:
                         size=ref.size,
                         tail_size=ref.tail_size or None,
                         block_cache=block_cache,
+                        scan_cache=scan_cache,
                     )
                     for ref in refs
                 )
@@ -233,6 +237,7 @@ class Tablet:
             options=options or TabletOptions(),
             block_cache=block_cache,
             executor=executor,
+            scan_cache=scan_cache,
         )
 
     # ------------------------------------------------------------------ properties
@@ -654,6 +659,7 @@ class Tablet:
             size=ref.size,
             tail_size=ref.tail_size or None,
             block_cache=self._block_cache,
+            scan_cache=self._scan_cache,
         )
 
     async def merge_if_needed(self) -> None:

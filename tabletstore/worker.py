@@ -85,7 +85,8 @@ from tabletstore.rpc.messages import (
 )
 from tabletstore.rpc.tcp import RpcServer, TcpTransport
 from tabletstore.rpc.wire import register_all
-from tabletstore.sstable.block_cache import BlockCache
+from tabletstore.schema import TableSchema
+from tabletstore.sstable.block_cache import BlockCache, ScanCache
 from tabletstore.status_http import StatusServer, serve_worker
 from tabletstore.storage_s3 import open_store
 from tabletstore.storage_s3.base import ObjectStore
@@ -184,6 +185,10 @@ class TabletServer:
         self._options = options or WorkerOptions()
         self._tablet_options = tablet_options or TabletOptions()
         self._block_cache = BlockCache(self._options.block_cache_bytes)
+        #: The §6 scan cache shared by every SSTable this worker opens (None: disabled).
+        self._scan_cache = (
+            ScanCache(self._options.scan_cache_rows) if self._options.scan_cache_rows > 0 else None
+        )
         self._tablets: dict[tuple[str, str], Tablet] = {}
         self._loading: dict[tuple[str, str], asyncio.Lock] = {}
         self._requests: dict[tuple[str, str], int] = {}
@@ -334,8 +339,19 @@ class TabletServer:
         for ref in owned.logs:
             if ref != self._log.log_ref:
                 await fence(self._store, ref.worker_id, ref.incarnation)
-        tablet = await Tablet.load(
-            owned,
+        tablet = await self._open_tablet(owned, schema)
+        self._serve(tablet)
+
+    def _serve(self, tablet: Tablet) -> None:
+        tablet.on_compacted = self._compacted
+        self._tablets[(tablet.record.table_id, tablet.record.tablet_id)] = tablet
+        self._compacted(tablet)  # a tablet loaded past the split size splits now
+
+    async def _open_tablet(self, record: TabletRecord, schema: TableSchema) -> Tablet:
+        """Load a claimed tablet with this worker's log, caches and compaction pool."""
+        assert self._log is not None
+        return await Tablet.load(
+            record,
             schema,
             store=self._store,
             log_sink=self._log,
@@ -345,13 +361,8 @@ class TabletServer:
             options=self._tablet_options,
             block_cache=self._block_cache,
             executor=self._executor,
+            scan_cache=self._scan_cache,
         )
-        self._serve(tablet)
-
-    def _serve(self, tablet: Tablet) -> None:
-        tablet.on_compacted = self._compacted
-        self._tablets[(tablet.record.table_id, tablet.record.tablet_id)] = tablet
-        self._compacted(tablet)  # a tablet loaded past the split size splits now
 
     async def _replay(self, record: TabletRecord) -> AsyncIterator[Cell]:
         """The tablet's cells past its redo point from every log its record lists (§5.3)."""
@@ -503,18 +514,7 @@ class TabletServer:
         assert self._log is not None
         try:
             schema = (await self._catalog.table_by_id(record.table_id)).schema
-            tablet = await Tablet.load(
-                record,
-                schema,
-                store=self._store,
-                log_sink=self._log,
-                catalog=self._catalog,
-                replay=self._replay,
-                clock=self._clock,
-                options=self._tablet_options,
-                block_cache=self._block_cache,
-                executor=self._executor,
-            )
+            tablet = await self._open_tablet(record, schema)
         except TabletStoreError as exc:
             # Committed but not served: let the master assign it (it recovers from the logs).
             log.warning("serving split child %s failed: %s", record.tablet_id, exc)
