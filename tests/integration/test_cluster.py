@@ -384,8 +384,14 @@ async def test_sigkill_worker_during_writes_keeps_every_acknowledged_write(
         table = await client.create_table("crash", ["f", "g"], split_keys=[b"e", b"i", b"o", b"t"])
         before = await wait_served(client, "crash", 5)
         status = await client.status()
-        victim = next(r for r in cluster.records if r.role.startswith("worker"))
-        victim_id = worker_id_of(cluster, victim.url, status.workers)  # type: ignore[arg-type]
+        # The victim is a worker serving user tablets (one may hold only METADATA tablets).
+        workers = [r for r in cluster.records if r.role.startswith("worker")]
+        ids = {
+            r.url: worker_id_of(cluster, r.url, status.workers)  # type: ignore[arg-type]
+            for r in workers
+        }
+        victim = max(workers, key=lambda r: len(before.get(ids[r.url], ())))
+        victim_id = ids[victim.url]
         moved = before[victim_id]
         assert moved, f"the victim serves a tablet: {before}"
 
@@ -621,8 +627,14 @@ async def test_sigterm_worker_compacts_releases_and_moves_before_lease_expiry(
         await table.mutate_rows([RowMutation(k, (SetCell("f", b"c", v),)) for k, v in rows.items()])
 
         status = await client.status()
-        victim = next(r for r in cluster.records if r.role.startswith("worker"))
-        victim_id = worker_id_of(cluster, victim.url, status.workers)  # type: ignore[arg-type]
+        # The victim is a worker serving user tablets (one may hold only METADATA tablets).
+        workers = [r for r in cluster.records if r.role.startswith("worker")]
+        ids = {
+            r.url: worker_id_of(cluster, r.url, status.workers)  # type: ignore[arg-type]
+            for r in workers
+        }
+        victim = max(workers, key=lambda r: len(before.get(ids[r.url], ())))
+        victim_id = ids[victim.url]
         moved = before[victim_id]
         assert moved, f"the victim serves a tablet: {before}"
         exited = await asyncio.to_thread(cluster.terminate, victim, deadline=30.0)
