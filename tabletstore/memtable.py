@@ -105,9 +105,10 @@ class _MemTableBase:
         cells = self._rows.get(row)
         return [] if cells is None else list(cells)
 
-    def scan(self, start_row: bytes = b"", end_row: bytes | None = None) -> Iterator[Cell]:
-        """Cells of rows in ``[start_row, end_row)`` in sort order (``end_row`` None = to the
-        end). Safe to interleave with ``add`` (see the module docstring)."""
+    def _row_batches(self, start_row: bytes, end_row: bytes | None) -> Iterator[list[bytes]]:
+        """Row keys in ``[start_row, end_row)``, a batch at a time. Each batch is materialized
+        before it is handed out: a SortedList iterator is not valid across inserts, and the
+        caller may add() between batches (resuming after the last key handed out)."""
         if end_row is not None and end_row <= start_row:
             return
         last: bytes | None = None
@@ -120,37 +121,26 @@ class _MemTableBase:
                 keys = self._row_keys.irange(
                     minimum=last, maximum=end_row, inclusive=(False, False)
                 )
-            # Materialize a batch before yielding: a SortedList iterator is not valid across
-            # inserts, and the caller may add() between our yields.
             batch: list[bytes] = list(islice(keys, _SCAN_BATCH))
             if not batch:
                 return
+            yield batch
+            last = batch[-1]
+
+    def scan(self, start_row: bytes = b"", end_row: bytes | None = None) -> Iterator[Cell]:
+        """Cells of rows in ``[start_row, end_row)`` in sort order (``end_row`` None = to the
+        end). Safe to interleave with ``add`` (see the module docstring)."""
+        for batch in self._row_batches(start_row, end_row):
             for row in batch:
                 yield from list(self._rows[row])
-            last = batch[-1]
 
     def rows(
         self, start_row: bytes = b"", end_row: bytes | None = None
     ) -> Iterator[tuple[bytes, list[Cell]]]:
         """``(row, cells)`` for each row in ``[start_row, end_row)``, cells copied."""
-        if end_row is not None and end_row <= start_row:
-            return
-        last: bytes | None = None
-        while True:
-            if last is None:
-                keys = self._row_keys.irange(
-                    minimum=start_row, maximum=end_row, inclusive=(True, False)
-                )
-            else:
-                keys = self._row_keys.irange(
-                    minimum=last, maximum=end_row, inclusive=(False, False)
-                )
-            batch: list[bytes] = list(islice(keys, _SCAN_BATCH))
-            if not batch:
-                return
+        for batch in self._row_batches(start_row, end_row):
             for row in batch:
                 yield row, list(self._rows[row])
-            last = batch[-1]
 
     def __iter__(self) -> Iterator[Cell]:
         return self.scan()
