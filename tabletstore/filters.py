@@ -91,8 +91,11 @@ __all__ = [
     "ValueRange",
     "ValueRegex",
     "apply_filter",
+    "b64_text",
+    "check_mapping",
     "filter_from_dict",
     "iter_filters",
+    "text_b64",
 ]
 
 #: Deepest nesting of Chain/Interleave/Condition the service accepts.
@@ -338,7 +341,7 @@ class RowKeyRegex(RowFilter):
         _set(self, "_regex", _compile("row_key_regex", self.pattern))
 
     def _argument(self) -> Any:
-        return _b64(self.pattern)
+        return b64_text(self.pattern)
 
 
 @dataclass(frozen=True, slots=True)
@@ -391,7 +394,7 @@ class ColumnQualifierRegex(RowFilter):
         _set(self, "_regex", _compile("column_qualifier_regex", self.pattern))
 
     def _argument(self) -> Any:
-        return _b64(self.pattern)
+        return b64_text(self.pattern)
 
 
 @dataclass(frozen=True, slots=True)
@@ -406,7 +409,7 @@ class ValueRegex(RowFilter):
         _set(self, "_regex", _compile("value_regex", self.pattern))
 
     def _argument(self) -> Any:
-        return _b64(self.pattern)
+        return b64_text(self.pattern)
 
 
 def _check_bounds(name: str, start: object, end: object, *flags: object) -> None:
@@ -439,10 +442,10 @@ def _bounds_dict(
 ) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if start is not None:
-        out["start"] = _b64(start)
+        out["start"] = b64_text(start)
         out["start_inclusive"] = start_incl
     if end is not None:
-        out["end"] = _b64(end)
+        out["end"] = b64_text(end)
         out["end_inclusive"] = end_incl
     return out
 
@@ -726,11 +729,16 @@ _HANDLERS: dict[type[RowFilter], Callable[[Any, list[Cell], _Context], list[Cell
 
 
 # -- wire form ---------------------------------------------------------------------------------
-def _b64(data: bytes) -> str:
+# These three helpers are shared with query.py's wire form (one copy, here).
+
+
+def b64_text(data: bytes) -> str:
+    """Bytes as a base64 string (the JSON-safe wire form of keys, patterns and values)."""
     return base64.b64encode(data).decode("ascii")
 
 
-def _unb64(what: str, text: object) -> bytes:
+def text_b64(what: str, text: object) -> bytes:
+    """The inverse of :func:`b64_text`; InvalidArgument naming ``what`` on bad input."""
     if not isinstance(text, str):
         raise InvalidArgument(f"{what} must be a base64 string, got {text!r}")
     try:
@@ -739,7 +747,8 @@ def _unb64(what: str, text: object) -> bytes:
         raise InvalidArgument(f"{what} is not valid base64: {text!r}") from exc
 
 
-def _mapping(what: str, value: object, allowed: set[str]) -> Mapping[str, Any]:
+def check_mapping(what: str, value: object, allowed: set[str]) -> Mapping[str, Any]:
+    """``value`` if it is a mapping with no keys outside ``allowed``; else InvalidArgument."""
     if not isinstance(value, Mapping):
         raise InvalidArgument(f"{what} must be an object, got {value!r}")
     unknown = set(value) - allowed
@@ -749,8 +758,8 @@ def _mapping(what: str, value: object, allowed: set[str]) -> Mapping[str, Any]:
 
 
 def _bounds_from(what: str, d: Mapping[str, Any]) -> dict[str, Any]:
-    start = _unb64(f"{what} start", d["start"]) if "start" in d else None
-    end = _unb64(f"{what} end", d["end"]) if "end" in d else None
+    start = text_b64(f"{what} start", d["start"]) if "start" in d else None
+    end = text_b64(f"{what} end", d["end"]) if "end" in d else None
     return {
         "start": start,
         "end": end,
@@ -769,7 +778,7 @@ def _list_of_filters(what: str, value: object) -> list[RowFilter]:
 
 
 def _condition_from(value: object) -> Condition:
-    d = _mapping("condition", value, {"predicate", "true", "false"})
+    d = check_mapping("condition", value, {"predicate", "true", "false"})
     if "predicate" not in d:
         raise InvalidArgument("condition needs a predicate")
     return Condition(
@@ -780,12 +789,12 @@ def _condition_from(value: object) -> Condition:
 
 
 def _column_range_from(value: object) -> ColumnRange:
-    d = _mapping("column_range", value, {"family"} | _BOUND_FIELDS)
+    d = check_mapping("column_range", value, {"family"} | _BOUND_FIELDS)
     return ColumnRange(d.get("family", ""), **_bounds_from("column_range", d))
 
 
 def _timestamp_range_from(value: object) -> TimestampRange:
-    d = _mapping("timestamp_range", value, {"start", "end"})
+    d = check_mapping("timestamp_range", value, {"start", "end"})
     return TimestampRange(d.get("start"), d.get("end"))
 
 
@@ -810,15 +819,15 @@ _PARSERS: dict[str, Callable[[Any], RowFilter]] = {
     "chain": lambda v: Chain(_list_of_filters("chain", v)),
     "interleave": lambda v: Interleave(_list_of_filters("interleave", v)),
     "condition": _condition_from,
-    "row_key_regex": lambda v: RowKeyRegex(_unb64("row_key_regex", v)),
+    "row_key_regex": lambda v: RowKeyRegex(text_b64("row_key_regex", v)),
     "row_sample": RowSample,
     "family_name_regex": FamilyNameRegex,
-    "column_qualifier_regex": lambda v: ColumnQualifierRegex(_unb64("column_qualifier_regex", v)),
-    "value_regex": lambda v: ValueRegex(_unb64("value_regex", v)),
+    "column_qualifier_regex": lambda v: ColumnQualifierRegex(text_b64("column_qualifier_regex", v)),
+    "value_regex": lambda v: ValueRegex(text_b64("value_regex", v)),
     "column_range": _column_range_from,
     "timestamp_range": _timestamp_range_from,
     "value_range": lambda v: ValueRange(
-        **_bounds_from("value_range", _mapping("value_range", v, _BOUND_FIELDS))
+        **_bounds_from("value_range", check_mapping("value_range", v, _BOUND_FIELDS))
     ),
     "cells_per_row_offset": CellsPerRowOffset,
     "cells_per_row_limit": CellsPerRowLimit,

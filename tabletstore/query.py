@@ -21,14 +21,16 @@ names no rows; its translation is ``RowSet.all()``, which is also :class:`ReadQu
 
 from __future__ import annotations
 
-import base64
 import bisect
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from tabletstore.errors import InvalidArgument
 from tabletstore.filters import RowFilter, filter_from_dict
+from tabletstore.filters import b64_text as _b64
+from tabletstore.filters import check_mapping as _mapping
+from tabletstore.filters import text_b64 as _unb64
 
 __all__ = ["ReadQuery", "RowRange", "RowSet", "prefix_successor"]
 
@@ -43,28 +45,6 @@ def prefix_successor(prefix: bytes) -> bytes | None:
     if not stripped:
         return None
     return stripped[:-1] + bytes([stripped[-1] + 1])
-
-
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
-
-
-def _unb64(what: str, text: object) -> bytes:
-    if not isinstance(text, str):
-        raise InvalidArgument(f"{what} must be a base64 string, got {text!r}")
-    try:
-        return base64.b64decode(text.encode("ascii"), validate=True)
-    except (ValueError, UnicodeEncodeError) as exc:
-        raise InvalidArgument(f"{what} is not valid base64: {text!r}") from exc
-
-
-def _mapping(what: str, value: object, allowed: set[str]) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
-        raise InvalidArgument(f"{what} must be an object, got {value!r}")
-    unknown = set(value) - allowed
-    if unknown:
-        raise InvalidArgument(f"{what} has unknown fields {sorted(unknown)}")
-    return value
 
 
 @dataclass(frozen=True, slots=True)
