@@ -239,13 +239,15 @@ async def acells(batches: AsyncIterable[Sequence[Cell]]) -> AsyncIterator[Cell]:
 # Visibility: deletions, rewrites, snapshots, garbage collection
 
 
-class _Visibility:
-    """Per-cell decision of what a read sees; feed cells in sort order to :meth:`accept`.
+class _Scopes:
+    """The deletion-entry scopes of a sorted cell stream, shared by the visibility and the
+    compaction decisions: the current row's DELETE_ROW floor, the current family's floor (max
+    of row and family deletes), the current column's DELETE_COLUMN ranges, the newest
+    timestamp seen in the column (rewrite detection) and the count of versions accepted so far
+    (the GC version index).
 
-    State is scoped the way deletion entries are: the current row's DELETE_ROW floor, the
-    current family's floor (max of row and family deletes), the current column's
-    DELETE_COLUMN ranges, the newest timestamp seen in the column (rewrite detection) and the
-    count of visible versions so far (the GC version index).
+    Subclasses compare the row, family and qualifier of each cell inline (the common case is
+    "same as before") and call ``_new_*`` only when one changes.
     """
 
     __slots__ = (
@@ -253,103 +255,13 @@ class _Visibility:
         "_fam_floor",
         "_family",
         "_gc_rules",
-        "_keep_deletions",
         "_last_ts",
         "_now",
         "_qualifier",
         "_row",
         "_row_floor",
         "_rule",
-        "_snapshot",
         "_versions",
-    )
-
-    def __init__(
-        self,
-        gc_rules: Mapping[str, GcRule | None],
-        now_micros: int,
-        snapshot_seq: int | None,
-        keep_deletions: bool,
-    ) -> None:
-        self._gc_rules = gc_rules
-        self._now = now_micros
-        self._snapshot = snapshot_seq
-        self._keep_deletions = keep_deletions
-        self._row: bytes | None = None
-        self._row_floor = -1
-        self._family: str | None = None
-        self._fam_floor = -1
-        self._rule: GcRule | None = None
-        self._qualifier: bytes | None = None
-        self._col_dels: list[tuple[int, int, int]] = []
-        self._last_ts = -1
-        self._versions = 0
-
-    def accept(self, cell: Cell) -> bool:
-        seq = cell.seq
-        if self._snapshot is not None and seq > self._snapshot:
-            return False  # written after the reader's snapshot
-        if cell.row != self._row:
-            self._row = cell.row
-            self._row_floor = -1
-            self._family = None
-        kind = cell.kind
-        if kind == _DELETE_ROW:
-            if seq > self._row_floor:
-                self._row_floor = seq
-            return self._keep_deletions
-        if cell.family != self._family:
-            # DELETE_ROW entries sort before every family, so the row floor is final here.
-            self._family = cell.family
-            self._fam_floor = self._row_floor
-            self._rule = self._gc_rules.get(cell.family)
-            self._qualifier = None
-        if cell.qualifier != self._qualifier:
-            self._qualifier = cell.qualifier
-            self._col_dels = []
-            self._last_ts = -1
-            self._versions = 0
-        if kind == _PUT:
-            ts = cell.ts
-            if ts == self._last_ts:
-                return False  # an older rewrite of a version already decided
-            self._last_ts = ts
-            # Puts sort after every deletion entry of their family and column (ts < TS_MAX),
-            # so the floors and ranges are final here.
-            if seq < self._fam_floor:
-                return False
-            for start, end, dseq in self._col_dels:
-                if seq < dseq and start <= ts < end:
-                    return False
-            index = self._versions
-            self._versions = index + 1
-            rule = self._rule
-            return rule is None or not is_garbage(rule, index, ts, self._now)
-        if kind == _DELETE_FAMILY:
-            if seq > self._fam_floor:
-                self._fam_floor = seq
-            return self._keep_deletions
-        if kind == _DELETE_COLUMN:
-            start, end = _ts_range(cell)
-            self._col_dels.append((start, end, seq))
-            return self._keep_deletions
-        raise Corruption(f"cell of row {cell.row!r} has unknown kind {kind}")
-
-
-class _MinorCompaction:
-    """Per-cell decision of a non-major compaction (rules in the module docstring)."""
-
-    __slots__ = (
-        "_col_dels",
-        "_fam_floor",
-        "_family",
-        "_gc_rules",
-        "_last_ts",
-        "_now",
-        "_qualifier",
-        "_row",
-        "_row_floor",
-        "_rule",
     )
 
     def __init__(self, gc_rules: Mapping[str, GcRule | None], now_micros: int) -> None:
@@ -363,13 +275,99 @@ class _MinorCompaction:
         self._qualifier: bytes | None = None
         self._col_dels: list[tuple[int, int, int]] = []
         self._last_ts = -1
+        self._versions = 0
+
+    def _new_row(self, row: bytes) -> None:
+        self._row = row
+        self._row_floor = -1
+        self._family = None
+
+    def _new_family(self, family: str) -> None:
+        # DELETE_ROW entries sort before every family, so the row floor is final here.
+        self._family = family
+        self._fam_floor = self._row_floor
+        self._rule = self._gc_rules.get(family)
+        self._qualifier = None
+
+    def _new_column(self, qualifier: bytes) -> None:
+        self._qualifier = qualifier
+        self._col_dels = []
+        self._last_ts = -1
+        self._versions = 0
+
+    def _put_hidden(self, seq: int, ts: int) -> bool:
+        """Whether a put is an older rewrite of a version already decided, or masked by a
+        deletion entry of its row, family or column. Puts sort after every deletion entry of
+        their family and column (ts < TS_MAX), so the floors and ranges are final here."""
+        if ts == self._last_ts:
+            return True
+        self._last_ts = ts
+        if seq < self._fam_floor:
+            return True
+        for start, end, dseq in self._col_dels:
+            if seq < dseq and start <= ts < end:
+                return True
+        return False
+
+
+class _Visibility(_Scopes):
+    """Per-cell decision of what a read sees; feed cells in sort order to :meth:`accept`."""
+
+    __slots__ = ("_keep_deletions", "_snapshot")
+
+    def __init__(
+        self,
+        gc_rules: Mapping[str, GcRule | None],
+        now_micros: int,
+        snapshot_seq: int | None,
+        keep_deletions: bool,
+    ) -> None:
+        super().__init__(gc_rules, now_micros)
+        self._snapshot = snapshot_seq
+        self._keep_deletions = keep_deletions
+
+    def accept(self, cell: Cell) -> bool:
+        seq = cell.seq
+        if self._snapshot is not None and seq > self._snapshot:
+            return False  # written after the reader's snapshot
+        if cell.row != self._row:
+            self._new_row(cell.row)
+        kind = cell.kind
+        if kind == _DELETE_ROW:
+            if seq > self._row_floor:
+                self._row_floor = seq
+            return self._keep_deletions
+        if cell.family != self._family:
+            self._new_family(cell.family)
+        if cell.qualifier != self._qualifier:
+            self._new_column(cell.qualifier)
+        if kind == _PUT:
+            if self._put_hidden(seq, cell.ts):
+                return False
+            index = self._versions
+            self._versions = index + 1
+            rule = self._rule
+            return rule is None or not is_garbage(rule, index, cell.ts, self._now)
+        if kind == _DELETE_FAMILY:
+            if seq > self._fam_floor:
+                self._fam_floor = seq
+            return self._keep_deletions
+        if kind == _DELETE_COLUMN:
+            start, end = _ts_range(cell)
+            self._col_dels.append((start, end, seq))
+            return self._keep_deletions
+        raise Corruption(f"cell of row {cell.row!r} has unknown kind {kind}")
+
+
+class _MinorCompaction(_Scopes):
+    """Per-cell decision of a non-major compaction (rules in the module docstring)."""
+
+    __slots__ = ()
 
     def accept(self, cell: Cell) -> bool:
         seq = cell.seq
         if cell.row != self._row:
-            self._row = cell.row
-            self._row_floor = -1
-            self._family = None
+            self._new_row(cell.row)
         kind = cell.kind
         if kind == _DELETE_ROW:
             # Entries of one scope sort by seq descending: only the first can be unsubsumed.
@@ -378,26 +376,14 @@ class _MinorCompaction:
                 return True
             return False
         if cell.family != self._family:
-            self._family = cell.family
-            self._fam_floor = self._row_floor
-            self._rule = self._gc_rules.get(cell.family)
-            self._qualifier = None
+            self._new_family(cell.family)
         if cell.qualifier != self._qualifier:
-            self._qualifier = cell.qualifier
-            self._col_dels = []
-            self._last_ts = -1
+            self._new_column(cell.qualifier)
         if kind == _PUT:
-            ts = cell.ts
-            if ts == self._last_ts:
+            if self._put_hidden(seq, cell.ts):
                 return False
-            self._last_ts = ts
-            if seq < self._fam_floor:
-                return False
-            for start, end, dseq in self._col_dels:
-                if seq < dseq and start <= ts < end:
-                    return False
             rule = self._rule
-            return rule is None or not is_garbage(rule, 0, ts, self._now)
+            return rule is None or not is_garbage(rule, 0, cell.ts, self._now)
         if kind == _DELETE_FAMILY:
             if seq > self._fam_floor:
                 self._fam_floor = seq
