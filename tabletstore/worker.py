@@ -105,13 +105,29 @@ _BYTES_PER_BATCH = 1 << 20
 
 
 class WorkerLog:
-    """The tablets' view of the worker's commit log: sequence numbers plus durable appends."""
+    """The tablets' view of the worker's commit log: sequence numbers plus durable appends.
+
+    The writer behind it changes when the log fails (a PUT failed for good, or recovery fenced
+    it while this worker's lease lives): the worker continues under a new incarnation
+    (:meth:`TabletServer._switch_log`), and ``on_failure`` tells it to."""
 
     def __init__(self, writer: CommitLogWriter, log_ref: LogRef, lease: Lease, clock: Clock):
         self._writer = writer
         self.log_ref = log_ref
         self._lease = lease
         self._clock = clock
+        #: Called (synchronously) after an append found the writer failed.
+        self.on_failure: Callable[[], None] | None = None
+
+    @property
+    def writer(self) -> CommitLogWriter:
+        return self._writer
+
+    def switch(self, writer: CommitLogWriter, log_ref: LogRef) -> None:
+        """Append to ``writer`` from now on; sequence numbers go on increasing."""
+        writer.advance(self._writer.next_seq - 1)
+        self._writer = writer
+        self.log_ref = log_ref
 
     def allocate(self, n: int) -> int:
         return self._writer.allocate(n)
@@ -123,7 +139,13 @@ class WorkerLog:
         # Fencing rule 1: never acknowledge a write the lease may no longer cover.
         if self._lease.expired or self._clock.monotonic() >= self._lease.safe_until():
             raise Unavailable("this worker's lease is about to expire; not accepting writes")
-        await self._writer.append(table_id, row, cells)
+        writer = self._writer
+        try:
+            await writer.append(table_id, row, cells)
+        except TabletStoreError:
+            if writer.failed is not None and writer is self._writer and self.on_failure:
+                self.on_failure()
+            raise
         if self._lease.expired:
             # The record is durable in the log, and the tablet's next owner replays that log:
             # the write may well take effect, so it must not be reported as refused.
@@ -131,6 +153,25 @@ class WorkerLog:
                 "this worker's lease expired while the write was being logged; "
                 "it may have been applied"
             )
+
+    async def replay_own(self, record: TabletRecord) -> AsyncIterator[Cell]:
+        """The tablet's cells past its redo point in this worker's *current* log: a tablet it
+        served before in this incarnation and now loads again (an unload whose flush failed
+        or was cancelled). The log is live, so it is not fenced: every append made so far
+        settles first, then exactly its durable prefix is read."""
+        writer, ref = self._writer, self.log_ref
+        await writer.barrier()
+        async for cell in replay_cells(
+            writer.store,
+            ref.worker_id,
+            ref.incarnation,
+            record.table_id,
+            record.start_row,
+            record.end_row,
+            record.redo_seq,
+            stop_segment=writer.durable_segments,
+        ):
+            yield cell
 
 
 class _SelfFirst:
@@ -336,9 +377,6 @@ class TabletServer:
             self._clock.time(), "assigned", self.worker_id
         )
         owned = await self._catalog.update(record, owned)
-        for ref in owned.logs:
-            if ref != self._log.log_ref:
-                await fence(self._store, ref.worker_id, ref.incarnation)
         tablet = await self._open_tablet(owned, schema)
         self._serve(tablet)
 
@@ -365,20 +403,26 @@ class TabletServer:
         )
 
     async def _replay(self, record: TabletRecord) -> AsyncIterator[Cell]:
-        """The tablet's cells past its redo point from every log its record lists (§5.3)."""
+        """The tablet's cells past its redo point from every log its record lists (§5.3).
+        Any other log is fenced first (DESIGN.md §6 rule 4: its writer may be alive); this
+        worker's current log is read up to its durable prefix (it served the tablet before in
+        this incarnation, and fencing it would stop its own writes)."""
         assert self._log is not None
         for ref in record.logs:
             if ref == self._log.log_ref:
-                continue  # our own new incarnation holds nothing of this tablet yet
-            async for cell in replay_cells(
-                self._store,
-                ref.worker_id,
-                ref.incarnation,
-                record.table_id,
-                record.start_row,
-                record.end_row,
-                record.redo_seq,
-            ):
+                cells = self._log.replay_own(record)
+            else:
+                await fence(self._store, ref.worker_id, ref.incarnation)
+                cells = replay_cells(
+                    self._store,
+                    ref.worker_id,
+                    ref.incarnation,
+                    record.table_id,
+                    record.start_row,
+                    record.end_row,
+                    record.redo_seq,
+                )
+            async for cell in cells:
                 yield cell
 
     async def unload_tablet(self, req: UnloadTabletRequest) -> None:

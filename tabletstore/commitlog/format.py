@@ -25,17 +25,14 @@ The header says how many bytes follow it, so a short object is told apart from a
 A **fence** is a zero-byte segment object (no header): recovery creates it to stop a worker's
 log (DESIGN.md §6 rule 4). It has no records.
 
-Damage (leveldb's log_format.md distinguishes the same two cases):
-
-* **torn**: the object is shorter than its header says (or ends inside the header). The
-  complete records before the cut are returned with ``torn=True``. A segment PUT is atomic on
-  S3, so this happens only with a store that can expose a partial write; such records were
-  never acknowledged (a write is acknowledged only after its segment PUT succeeded), so
-  replaying the prefix is safe and dropping the rest loses nothing acknowledged.
-* **corrupt**: anything else that does not check out — a bad magic, version or checksum, a
-  record that runs past the length the header declares, a wrong record count, bytes beyond the
-  declared length, a malformed payload: :class:`~tabletstore.errors.Corruption`, never wrong
-  data.
+Damage. A segment PUT is atomic on an object store (and on the local directory store, which
+writes a temporary file and links it into place), so every segment object that exists was
+written whole. There is therefore no "torn" segment to tolerate, unlike leveldb's log on a
+file system (log_format.md): an object shorter than its header declares, cut inside its header,
+with bad magic, version or checksum, a record running past the declared length, a wrong record
+count, bytes beyond the declared length or a malformed payload is
+:class:`~tabletstore.errors.Corruption` — reported, never read as a shorter log (reading a
+short segment's prefix once lost acknowledged writes silently).
 """
 
 from __future__ import annotations
@@ -52,6 +49,7 @@ from tabletstore.keys import Cell, CellKind
 
 __all__ = [
     "FORMAT_VERSION",
+    "IN_FLIGHT_WINDOW",
     "MAGIC",
     "LogRecord",
     "SegmentContents",
@@ -63,6 +61,14 @@ __all__ = [
 
 MAGIC = b"TSCL"
 FORMAT_VERSION = 1
+
+#: The most segment PUTs a writer ever has outstanding at once: part of the log's protocol,
+#: because it bounds where a missing segment can be legitimate. The writer acknowledges in
+#: order, so when it dies every segment below its oldest PUT in flight exists; a number missing
+#: within ``IN_FLIGHT_WINDOW`` of the log's last listed segment may be a PUT that failed while
+#: later ones were in flight (nothing from it on was acknowledged), and a number missing
+#: further down is a lost object: Corruption.
+IN_FLIGHT_WINDOW = 8
 
 # magic, version, len(worker_id), incarnation, segment, record count, len(records)
 _HEADER = struct.Struct(">4sHHQQIQ")
@@ -105,13 +111,11 @@ class SegmentHeader:
 
 @dataclass(frozen=True, slots=True)
 class SegmentContents:
-    """A decoded segment. ``header`` is None for a fence and for a segment torn inside its
-    header."""
+    """A decoded segment. ``header`` is None for a fence."""
 
     header: SegmentHeader | None
     records: list[LogRecord]
     fence: bool
-    torn: bool
 
 
 # --- encoding --------------------------------------------------------------------------------
@@ -172,24 +176,22 @@ def encode_segment(
 # --- decoding --------------------------------------------------------------------------------
 
 
-def _decode_header(data: bytes, where: str) -> tuple[SegmentHeader, int] | None:
-    """The header and the offset after it, or None if the data ends inside the header."""
+def _decode_header(data: bytes, where: str) -> tuple[SegmentHeader, int]:
+    """The header and the offset after it."""
     if len(data) < _HEADER.size:
         if not MAGIC.startswith(data[:4]):
             raise Corruption(f"{where}: not a commit-log segment (starts {data[:4]!r})")
-        return None
+        raise Corruption(f"{where}: {len(data)} bytes, shorter than a segment header")
     magic, version, wid_len, incarnation, segment, count, length = _HEADER.unpack_from(data)
     if magic != MAGIC:
         raise Corruption(f"{where}: not a commit-log segment (magic {magic!r})")
     if version != FORMAT_VERSION:
         raise Corruption(f"{where}: unsupported commit-log format version {version}")
     if not 0 < wid_len <= MAX_WORKER_ID_BYTES:
-        # Checked before the length is trusted to call a short object torn: a damaged length
-        # byte must read as Corruption, not as a segment cut short.
         raise Corruption(f"{where}: worker id length {wid_len} is out of range")
     end = _HEADER.size + wid_len
     if len(data) < end + 4:
-        return None
+        raise Corruption(f"{where}: {len(data)} bytes, cut inside the segment header")
     (crc,) = _U32.unpack_from(data, end)
     if crc != crc32c(data[:end]):
         raise Corruption(f"{where}: header checksum mismatch")
@@ -235,41 +237,41 @@ def _decode_payload(payload: bytes, segment: int, where: str) -> LogRecord:
 
 
 def decode_segment(data: bytes, *, where: str = "commit-log segment") -> SegmentContents:
-    """Decode one segment object (see the module docstring for torn vs corrupt).
+    """Decode one segment object; any damage is Corruption (see the module docstring).
 
     ``where`` names the object in error messages. The caller checks that the header names the
     worker, incarnation and segment number it expected.
     """
     if not data:
-        return SegmentContents(None, [], fence=True, torn=False)
-    decoded = _decode_header(data, where)
-    if decoded is None:
-        return SegmentContents(None, [], fence=False, torn=True)
-    header, pos = decoded
+        return SegmentContents(None, [], fence=True)
+    header, pos = _decode_header(data, where)
     end_of_records = pos + header.records_length
     if len(data) > end_of_records:
         raise Corruption(f"{where}: {len(data) - end_of_records} bytes beyond the declared end")
-    torn = len(data) < end_of_records
+    if len(data) < end_of_records:
+        raise Corruption(
+            f"{where}: {len(data)} bytes where the header declares {end_of_records}; a "
+            "segment is written whole, so it was damaged after it was written"
+        )
     records: list[LogRecord] = []
     frame = _FRAME.unpack_from
     while pos < end_of_records and len(records) < header.record_count:
         start = pos + _FRAME.size
-        if start > len(data):
-            break  # torn inside a frame header
+        if start > end_of_records:
+            raise Corruption(f"{where}: record {len(records)} frame runs past the segment's end")
         length, crc = frame(data, pos)
         end = start + length
         if end > end_of_records:
             raise Corruption(f"{where}: record {len(records)} runs past the segment's end")
-        if end > len(data):
-            break  # torn inside this record
         payload = data[start:end]
         if crc32c(payload) != crc:
             raise Corruption(f"{where}: checksum mismatch in record {len(records)} at {pos}")
         records.append(_decode_payload(payload, header.segment, f"{where} record {len(records)}"))
         pos = end
-    if not torn and (pos != end_of_records or len(records) != header.record_count):
+    if pos != end_of_records or len(records) != header.record_count:
         raise Corruption(
             f"{where}: header declares {header.record_count} records in "
-            f"{header.records_length} bytes, found {len(records)} in {pos - end_of_records + header.records_length}"
+            f"{header.records_length} bytes, found {len(records)} in "
+            f"{pos - end_of_records + header.records_length}"
         )
-    return SegmentContents(header, records, fence=False, torn=torn)
+    return SegmentContents(header, records, fence=False)

@@ -7,19 +7,20 @@ since the redo points. This module owns reading segments in order (:class:`Commi
 the per-tablet filter of that stream (:func:`replay`, :func:`replay_cells`) and the fence that
 stops a possibly-alive writer first (:func:`fence`, DESIGN.md §6 rule 4).
 
-The log a reader sees: segments numbered consecutively (the oldest may have been deleted by
-garbage collection), possibly ending with one or more zero-byte fences. Reading rules:
+The log a reader sees: segments numbered consecutively from 0, possibly ending with one or more
+zero-byte fences (garbage collection deletes a log only whole, once no tablet record lists it).
+Every segment object that exists was written whole (a PUT is atomic), and a writer acknowledges
+segment N only once N and every earlier segment are durable. Reading rules (DESIGN.md §7):
 
-* reading stops at the first fence; nothing after a fence was acknowledged (the writer stops
-  when its create of the fence's number collides, and it writes segments in order);
-* a missing number between two listed segments is :class:`~tabletstore.errors.Corruption`:
-  the writer acknowledges segment N only after every earlier one is durable, and plugs a
-  number whose PUT failed with a fence, so an unplugged gap means a lost object (or a garbage
-  collector that broke its rules). :func:`fence` plugs gaps too (a writer may have died
-  before plugging), so recovery, which always fences first, reads up to the first plug;
-* a torn segment (see the format module) yields its good prefix if it is the last data
-  segment; a torn segment followed by another data segment is Corruption (the later one was
-  acknowledged only after the torn one had been written whole);
+* reading stops at the first fence; nothing at or after a fence was acknowledged (the writer
+  plugs a segment whose PUT failed with a fence, and stops when its create of a number
+  collides with recovery's fence);
+* a number missing *within the in-flight window* of the last listed segment
+  (``format.IN_FLIGHT_WINDOW``) may be a PUT that failed while later ones were in flight, the
+  writer dying before it could plug it: :func:`fence` plugs it, and the log reads as ending
+  there. A number missing anywhere further down, or a segment that does not decode whole, was
+  written and then lost or damaged: :class:`~tabletstore.errors.Corruption`, raised by the
+  reader and never plugged or skipped — acknowledged writes may be in it;
 * a segment whose header names another worker, incarnation or number is Corruption.
 
 Recovery must call :func:`fence` before reading a log whose writer may be alive; otherwise a
@@ -31,13 +32,25 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 
-from tabletstore.commitlog.format import LogRecord, SegmentContents, decode_segment
+from tabletstore.commitlog.format import (
+    IN_FLIGHT_WINDOW,
+    LogRecord,
+    SegmentContents,
+    decode_segment,
+)
 from tabletstore.errors import Corruption, InvalidArgument, PreconditionFailed, Unavailable
 from tabletstore.keys import Cell
 from tabletstore.storage_s3.base import ObjectStore
 from tabletstore.storage_s3.layout import log_prefix, log_segment_key, parse_log_segment_key
 
-__all__ = ["CommitLogReader", "fence", "list_segments", "replay", "replay_cells"]
+__all__ = [
+    "CommitLogReader",
+    "fence",
+    "list_segments",
+    "plugged_gaps",
+    "replay",
+    "replay_cells",
+]
 
 #: How many times :func:`fence` re-lists after its create collided before giving up.
 FENCE_ATTEMPTS = 50
@@ -56,6 +69,16 @@ async def list_segments(store: ObjectStore, worker_id: str, incarnation: int) ->
     return numbers
 
 
+def plugged_gaps(numbers: list[int]) -> list[int]:
+    """The missing numbers below the last of ``numbers`` (ascending) that a dead writer may
+    legitimately have left: those within the in-flight window of the last listed segment."""
+    if not numbers:
+        return []
+    present = set(numbers)
+    low = max(0, numbers[-1] - IN_FLIGHT_WINDOW + 1)
+    return [n for n in range(low, numbers[-1]) if n not in present]
+
+
 async def fence(store: ObjectStore, worker_id: str, incarnation: int) -> int:
     """Stop a worker incarnation's log: create the next segment number as an empty object.
 
@@ -65,17 +88,17 @@ async def fence(store: ObjectStore, worker_id: str, incarnation: int) -> int:
     retrying store may both be told they created the same number; either way the log is
     stopped there, which is all a fence is for. A writer's segments are never empty, so a
     writer can never mistake a fence for its own segment.
+
+    Gaps within the in-flight window of the last segment are plugged with fences first (a
+    writer that died before plugging a failed PUT); a gap further down is left alone, so the
+    reader reports it as Corruption.
     """
     for _ in range(FENCE_ATTEMPTS):
         numbers = await list_segments(store, worker_id, incarnation)
-        # A gap below the last number is a segment whose PUT failed while later ones were in
-        # flight: nothing at or after it was acknowledged. Plug it with a fence first, so the
-        # log reads as ending there (a PUT that lands meanwhile makes the plug collide).
-        present = set(numbers)
-        for gap in range(numbers[-1] if numbers else 0):
-            if gap not in present:
-                with contextlib.suppress(PreconditionFailed):
-                    await store.create(log_segment_key(worker_id, incarnation, gap), b"")
+        for gap in plugged_gaps(numbers):
+            # A PUT that lands meanwhile makes the plug collide: then the segment is there.
+            with contextlib.suppress(PreconditionFailed):
+                await store.create(log_segment_key(worker_id, incarnation, gap), b"")
         number = numbers[-1] + 1 if numbers else 0
         try:
             await store.create(log_segment_key(worker_id, incarnation, number), b"")
@@ -94,8 +117,6 @@ class CommitLogReader:
         self.store = store
         self.worker_id = worker_id
         self.incarnation = incarnation
-        #: Set once reading met a torn last segment (its good prefix was returned).
-        self.torn = False
         #: The number of the fence that ended the log, once reading reached one.
         self.fenced_at: int | None = None
 
@@ -119,34 +140,51 @@ class CommitLogReader:
             )
         return contents
 
-    async def records(self, *, start_segment: int = 0) -> AsyncIterator[LogRecord]:
-        """Every record in log order, from the first listed segment >= ``start_segment``."""
-        numbers = [
-            n
-            for n in await list_segments(self.store, self.worker_id, self.incarnation)
-            if n >= start_segment
-        ]
-        torn_at: int | None = None
-        for i, number in enumerate(numbers):
-            if i and number != numbers[i - 1] + 1:
+    async def records(
+        self, *, start_segment: int = 0, stop_segment: int | None = None
+    ) -> AsyncIterator[LogRecord]:
+        """Every record in log order, from segment ``start_segment`` on.
+
+        Without ``stop_segment`` the log is listed and must be whole up to its first fence.
+        With it, exactly the segments ``start_segment .. stop_segment - 1`` are read, each of
+        which must exist: the durable prefix of a log still being written (its writer knows
+        that prefix; listing would race its PUTs in flight).
+        """
+        if stop_segment is None:
+            numbers = await list_segments(self.store, self.worker_id, self.incarnation)
+            last = numbers[-1] if numbers else start_segment - 1
+            present = set(numbers)
+            missing = [n for n in range(start_segment, last) if n not in present]
+            if missing:
                 raise Corruption(
-                    f"commit log {self.worker_id}/{self.incarnation}: segments "
-                    f"{numbers[i - 1] + 1}..{number - 1} are missing"
+                    f"commit log {self.worker_id}/{self.incarnation}: segment(s) "
+                    f"{_ranges(missing)} missing below segment {last}; acknowledged writes "
+                    "may have been in them"
                 )
+            wanted = range(start_segment, last + 1)
+        else:
+            wanted = range(start_segment, stop_segment)
+        for number in wanted:
             contents = await self.read_segment(number)
             if contents.fence:
                 self.fenced_at = number
                 return
-            if torn_at is not None:
-                raise Corruption(
-                    f"commit log {self.worker_id}/{self.incarnation}: segment {torn_at} is "
-                    f"torn but segment {number} follows it"
-                )
-            if contents.torn:
-                torn_at = number
-                self.torn = True
             for record in contents.records:
                 yield record
+
+
+def _ranges(numbers: list[int]) -> str:
+    """``[1, 2, 3, 7]`` -> ``"1..3, 7"`` (for error messages)."""
+    parts: list[str] = []
+    start = prev = numbers[0]
+    for n in [*numbers[1:], None]:
+        if n is not None and n == prev + 1:
+            prev = n
+            continue
+        parts.append(str(start) if start == prev else f"{start}..{prev}")
+        if n is not None:
+            start = prev = n
+    return ", ".join(parts)
 
 
 async def replay(
@@ -157,13 +195,16 @@ async def replay(
     start_row: bytes = b"",
     end_row: bytes | None = None,
     after_seq: int = 0,
+    *,
+    stop_segment: int | None = None,
 ) -> AsyncIterator[LogRecord]:
     """The records of one tablet (``table_id``, rows in ``[start_row, end_row)``, None =
     unbounded) holding any cell with seq > ``after_seq`` (the tablet's redo point), in log
     order. Re-applying a cell already in an SSTable is harmless (memtables and merges drop
-    identical entries), so whole records are yielded."""
+    identical entries), so whole records are yielded. ``stop_segment``: read only the durable
+    prefix below it (see :meth:`CommitLogReader.records`)."""
     reader = CommitLogReader(store, worker_id, incarnation)
-    async for record in reader.records():
+    async for record in reader.records(stop_segment=stop_segment):
         if (
             record.table_id == table_id
             and record.last_seq > after_seq
@@ -181,10 +222,19 @@ async def replay_cells(
     start_row: bytes = b"",
     end_row: bytes | None = None,
     after_seq: int = 0,
+    *,
+    stop_segment: int | None = None,
 ) -> AsyncIterator[Cell]:
     """The cells with seq > ``after_seq`` of :func:`replay`'s records."""
     async for record in replay(
-        store, worker_id, incarnation, table_id, start_row, end_row, after_seq
+        store,
+        worker_id,
+        incarnation,
+        table_id,
+        start_row,
+        end_row,
+        after_seq,
+        stop_segment=stop_segment,
     ):
         for cell in record.cells:
             if cell.seq > after_seq:

@@ -51,7 +51,7 @@ from collections.abc import Sequence
 from types import TracebackType
 
 from tabletstore.clock import Clock, SystemClock
-from tabletstore.commitlog.format import encode_record, encode_segment
+from tabletstore.commitlog.format import IN_FLIGHT_WINDOW, encode_record, encode_segment
 from tabletstore.errors import (
     Closed,
     Fenced,
@@ -70,7 +70,7 @@ __all__ = ["CommitLogStats", "CommitLogWriter"]
 #: Default upper bound on one segment's records, in bytes. A record larger than this still gets
 #: a segment of its own.
 MAX_SEGMENT_BYTES = 16 * 1024 * 1024
-#: Default number of segment PUTs in flight at once.
+#: Default number of segment PUTs in flight at once (at most format.IN_FLIGHT_WINDOW).
 MAX_IN_FLIGHT = 4
 
 
@@ -103,8 +103,11 @@ class CommitLogWriter:
         max_in_flight: int = MAX_IN_FLIGHT,
     ) -> None:
         check_component("worker id", worker_id)
-        if max_in_flight < 1:
-            raise InvalidArgument(f"max_in_flight must be >= 1, got {max_in_flight}")
+        if not 1 <= max_in_flight <= IN_FLIGHT_WINDOW:
+            # Readers tell a failed PUT from a lost segment by this bound (format module).
+            raise InvalidArgument(
+                f"max_in_flight must be within 1..{IN_FLIGHT_WINDOW}, got {max_in_flight}"
+            )
         if incarnation < 0 or first_segment < 0 or first_seq < 0 or max_segment_bytes < 1:
             raise InvalidArgument(
                 "incarnation, first_segment and first_seq must be >= 0, max_segment_bytes >= 1"
@@ -158,6 +161,23 @@ class CommitLogWriter:
     def next_segment(self) -> int:
         """The number the next segment PUT will use (after a failure: the one that failed)."""
         return self._next_segment
+
+    @property
+    def durable_segments(self) -> int:
+        """Segments ``first_segment .. durable_segments - 1`` are durable and acknowledged
+        (each exists whole in the store); later numbers may be in flight, failed or plugged."""
+        return self._next_ack
+
+    async def barrier(self) -> None:
+        """Wait until every append made before this call is durable or has failed. A worker
+        reading its own live log back (a tablet it served before, reloaded) calls this first,
+        then reads the segments below :attr:`durable_segments`: every write it acknowledged
+        is there, and no listing races the PUTs still in flight."""
+        pending = [w for w in self._waiters if not w.done()]
+        pending += [w for _, ws in self._in_flight.values() for w in ws if not w.done()]
+        if pending:
+            # asyncio.wait, not gather: cancelling this caller must not cancel the appends.
+            await asyncio.wait(pending)
 
     @property
     def failed(self) -> TabletStoreError | None:

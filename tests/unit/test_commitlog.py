@@ -18,6 +18,8 @@ from tabletstore.commitlog import (
     replay,
     replay_cells,
 )
+from tabletstore.commitlog.format import IN_FLIGHT_WINDOW
+from tabletstore.commitlog.reader import plugged_gaps
 from tabletstore.errors import (
     Closed,
     Corruption,
@@ -292,7 +294,7 @@ async def test_misuse_is_reported(object_store: ObjectStore) -> None:
         await log.append("t", b"a", cells_for(b"a", 1))
 
 
-async def test_reader_rejects_gaps_misplaced_and_torn_middle_segments(
+async def test_reader_rejects_gaps_misplaced_and_short_segments(
     object_store: ObjectStore,
 ) -> None:
     rec = [encode_record("t", b"a", cells_for(b"a", 1))]
@@ -306,12 +308,79 @@ async def test_reader_rejects_gaps_misplaced_and_torn_middle_segments(
     with pytest.raises(Corruption, match="header names"):
         await read_all(object_store, "w2")
 
+    # A truncated last segment is not "torn": it was written whole, then damaged.
     await object_store.create(log_segment_key("w3", 1, 0), encode_segment("w3", 1, 0, rec)[:-3])
-    reader = CommitLogReader(object_store, "w3", 1)
-    assert [r async for r in reader.records()] == [] and reader.torn  # torn last segment: ok
-    await object_store.create(log_segment_key("w3", 1, 1), encode_segment("w3", 1, 1, rec))
-    with pytest.raises(Corruption, match="torn"):
+    with pytest.raises(Corruption, match="declares"):
         await read_all(object_store, "w3")
+
+
+async def write_log(store: ObjectStore, worker: str, segments: int) -> None:
+    """``segments`` acknowledged segments of one record each (row r<n>)."""
+    async with CommitLogWriter(store, worker, 1, max_segment_bytes=1) as log:
+        for n in range(segments):
+            row = b"r%d" % n
+            await log.append("t", row, cells_for(row, log.allocate(1)))
+    assert len(await list_segments(store, worker, 1)) == segments
+
+
+async def test_a_segment_deleted_below_the_window_is_corruption_not_a_fence(
+    object_store: ObjectStore,
+) -> None:
+    """Deleting one segment in the middle of a log once lost every write after it with no
+    error: recovery's fence plugged the hole as if the writer had died there."""
+    await write_log(object_store, "w1", 30)
+    await object_store.delete(log_segment_key("w1", 1, 10))
+    number = await fence(object_store, "w1", 1)
+    assert number == 30
+    assert await object_store.get(log_segment_key("w1", 1, 10)) is None  # not plugged
+    with pytest.raises(Corruption, match=r"segment\(s\) 10 missing"):
+        await read_all(object_store)
+    # The first segment gone: the same (a log is deleted only whole).
+    await write_log(object_store, "w2", 12)
+    await object_store.delete(log_segment_key("w2", 1, 0))
+    await fence(object_store, "w2", 1)
+    with pytest.raises(Corruption, match=r"segment\(s\) 0 missing"):
+        await read_all(object_store, "w2")
+
+
+async def test_fence_plugs_only_gaps_within_the_in_flight_window(
+    object_store: ObjectStore,
+) -> None:
+    """A writer that died with PUTs in flight: segments 0..19 acknowledged, 20 failed, 21..23
+    landed. Gaps inside the window of the last segment are plugged; the log ends at 20."""
+    await write_log(object_store, "w1", 20)
+    for n in (21, 22, 23):
+        rec = encode_record("t", b"x%d" % n, cells_for(b"x%d" % n, 100 + n))
+        await object_store.create(log_segment_key("w1", 1, n), encode_segment("w1", 1, n, [rec]))
+    assert plugged_gaps(await list_segments(object_store, "w1", 1)) == [20]
+    assert await fence(object_store, "w1", 1) == 24
+    reader = CommitLogReader(object_store, "w1", 1)
+    assert [r.row async for r in reader.records()] == [b"r%d" % n for n in range(20)]
+    assert reader.fenced_at == 20
+    # The window is the format's: a gap exactly IN_FLIGHT_WINDOW below the last is too far.
+    numbers = [*range(10), *range(11, 10 + IN_FLIGHT_WINDOW + 1)]
+    assert plugged_gaps(numbers) == []
+    assert plugged_gaps([*range(10), *range(11, 10 + IN_FLIGHT_WINDOW)]) == [10]
+
+
+async def test_the_durable_prefix_of_a_live_log(object_store: ObjectStore) -> None:
+    """What a worker reading its own live log back sees: after a barrier, exactly the
+    segments below durable_segments, every acknowledged write among them."""
+    async with CommitLogWriter(object_store, "w1", 1, max_segment_bytes=1) as log:
+        await asyncio.gather(
+            *(log.append("t", b"r%d" % n, cells_for(b"r%d" % n, log.allocate(1))) for n in range(9))
+        )
+        pending = asyncio.ensure_future(
+            log.append("t", b"late", cells_for(b"late", log.allocate(1)))
+        )
+        await asyncio.sleep(0)  # the append is made (queued), not yet durable
+        await log.barrier()
+        assert pending.done()
+        stop = log.durable_segments
+        rows = [r.row async for r in replay(object_store, "w1", 1, "t", stop_segment=stop)]
+        assert sorted(rows) == sorted([b"r%d" % n for n in range(9)] + [b"late"])
+    with pytest.raises(InvalidArgument, match="max_in_flight"):
+        CommitLogWriter(object_store, "w2", 1, max_in_flight=IN_FLIGHT_WINDOW + 1)
 
 
 async def test_corrupt_middle_record_is_corruption(object_store: ObjectStore) -> None:

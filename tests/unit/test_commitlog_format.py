@@ -1,4 +1,4 @@
-"""The commit-log segment format: round trip, pinned bytes, torn tails, corruption."""
+"""The commit-log segment format: round trip, pinned bytes, truncation and corruption."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def sample_segment() -> bytes:
 
 def test_round_trip() -> None:
     contents = decode_segment(sample_segment())
-    assert not contents.fence and not contents.torn
+    assert not contents.fence
     assert contents.header is not None
     assert (contents.header.worker_id, contents.header.incarnation, contents.header.segment) == (
         "worker-1",
@@ -91,18 +91,18 @@ def test_empty_object_is_a_fence() -> None:
     assert contents.fence and contents.records == [] and contents.header is None
 
 
-def test_every_truncation_is_torn_with_the_complete_records_before_it() -> None:
+def test_every_truncation_is_corruption() -> None:
+    """A segment PUT is atomic, so a short segment was damaged after it was written: reading
+    its good prefix as a shorter log once dropped acknowledged writes silently."""
     data = sample_segment()
-    full = decode_segment(data).records
     for cut in range(1, len(data)):
-        contents = decode_segment(data[:cut])
-        assert contents.torn, cut
-        assert contents.records == full[: len(contents.records)]
-    # Cut exactly after the second record: exactly two records, still torn (one is missing).
+        with pytest.raises(Corruption):
+            decode_segment(data[:cut])
+    # Cut exactly after the second record: still Corruption (one record is missing).
     header_size = len(encode_segment("worker-1", 3, 42, []))
     cut = header_size + sum(len(encode_record(t, r, c)) for t, r, c in sample_records()[:2])
-    contents = decode_segment(data[:cut])
-    assert contents.torn and contents.records == full[:2]
+    with pytest.raises(Corruption, match="header declares"):
+        decode_segment(data[:cut])
 
 
 @settings(max_examples=200, deadline=None)
