@@ -159,6 +159,9 @@ class Tablet:
         self._idle.set()
         # Why writes are refused (a split or an unload under way), or None while they are not.
         self._writes_blocked: str | None = None
+        # Set while the worker's log moves to a new incarnation that this tablet's record does
+        # not list yet: a write logged there now could not be recovered (see hold_writes).
+        self._log_pending = False
         #: Called after each compaction that changed the record (the worker checks for a split).
         self.on_compacted: Callable[[Tablet], None] | None = None
         self._background: set[asyncio.Task[None]] = set()
@@ -282,6 +285,11 @@ class Tablet:
         if self._writes_blocked is not None:
             raise NotServing(
                 f"tablet {self.record.tablet_id} is {self._writes_blocked}; look it up again"
+            )
+        if self._log_pending:
+            raise Unavailable(
+                f"tablet {self.record.tablet_id}: its worker is moving to a new commit log; "
+                "the write was not applied, retry"
             )
 
     def _check_row(self, row: bytes) -> None:
@@ -561,6 +569,10 @@ class Tablet:
                 redo = max(m.max_seq or 0 for m in flushed)
                 if self._in_flight:
                     redo = min(redo, min(self._in_flight) - 1)
+                # Writes after the freeze go to the log of now, or to one the worker moves to
+                # later (hold_writes/add_log record it): those may hold writes past the redo
+                # point, every log listed before the freeze holds none.
+                log_at_freeze, listed_at_freeze = self._log.log_ref, state.record.logs
             groups = self._split_by_group(flushed)
             written = await self._write_groups(groups, major=False)
             async with self._state_lock:
@@ -575,7 +587,11 @@ class Tablet:
                     record,
                     sstables=new_sstables,
                     redo_seq=max(record.redo_seq, redo),
-                    logs=(self._log.log_ref,),
+                    logs=tuple(
+                        dict.fromkeys(
+                            (log_at_freeze, *(r for r in record.logs if r not in listed_at_freeze))
+                        )
+                    ),
                 ).with_event(
                     self._clock.time(),
                     "minor_compaction",
@@ -870,6 +886,26 @@ class Tablet:
             with contextlib.suppress(Exception):
                 await task
         self._closed = True
+
+    def hold_writes(self) -> None:
+        """Refuse writes (Unavailable) until :meth:`add_log` records the worker's next log:
+        its current one failed, and a write logged in the next one before this tablet's record
+        lists it would be lost in a crash."""
+        self._log_pending = True
+
+    async def add_log(self, ref: LogRef) -> None:
+        """Record ``ref`` (the worker's new log incarnation) among the logs to replay, then
+        take writes again. Raises (Fenced: the tablet is no longer this worker's) if the
+        record cannot be updated; writes stay refused then."""
+        async with self._compaction_lock, self._state_lock:
+            record = self._state.record
+            if ref not in record.logs:
+                new_record = replace(record, logs=(*record.logs, ref)).with_event(
+                    self._clock.time(), "new_log", f"{ref.worker_id}/{ref.incarnation}"
+                )
+                stored = await self._catalog.update(record, new_record)
+                self._state = replace(self._state, record=stored)
+        self._log_pending = False
 
     async def _forget_logs(self) -> None:
         async with self._compaction_lock, self._state_lock:

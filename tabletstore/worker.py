@@ -142,9 +142,16 @@ class WorkerLog:
         writer = self._writer
         try:
             await writer.append(table_id, row, cells)
-        except TabletStoreError:
+        except TabletStoreError as exc:
             if writer.failed is not None and writer is self._writer and self.on_failure:
                 self.on_failure()
+            if isinstance(exc, Fenced):
+                # The write's segment collided with recovery's fence: certainly not logged.
+                # This worker goes on under a new log, so the caller may simply retry.
+                raise Unavailable(
+                    f"the commit log was fenced before this write was logged ({exc}); "
+                    "it was not applied, retry"
+                ) from exc
             raise
         if self._lease.expired:
             # The record is durable in the log, and the tablet's next owner replays that log:
@@ -253,6 +260,11 @@ class TabletServer:
         self._keep_alive: object | None = None
         self._writer: CommitLogWriter | None = None
         self._log: WorkerLog | None = None
+        # Held while the log moves to a new incarnation, and while a tablet is opened and
+        # starts serving (so every served tablet's record lists the log it writes to).
+        self._log_switch = asyncio.Lock()
+        self._switching: asyncio.Task[None] | None = None
+        self._stopping = False
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -272,6 +284,7 @@ class TabletServer:
         self._log = WorkerLog(
             self._writer, LogRef(self.worker_id, incarnation), self._lease, self._clock
         )
+        self._log.on_failure = self._log_failed
 
     async def stop(self, *, flush: bool = True) -> None:
         """Stop serving: minor-compact every tablet (so nothing needs replay), release claims.
@@ -281,6 +294,10 @@ class TabletServer:
         only briefly for a METADATA tablet that is not served (its worker stopping too, say):
         a tablet whose flush fails keeps its logs listed and is recovered from them."""
         self._catalog.retry_deadline = min(self._catalog.retry_deadline, _STOP_METADATA_WAIT)
+        self._stopping = True
+        if self._switching is not None:
+            with contextlib.suppress(Exception):
+                await self._switching
         for task in list(self._compactions):  # optional work: redone after the next load
             task.cancel()
         await asyncio.gather(*self._splits, *self._compactions, return_exceptions=True)
@@ -377,8 +394,9 @@ class TabletServer:
             self._clock.time(), "assigned", self.worker_id
         )
         owned = await self._catalog.update(record, owned)
-        tablet = await self._open_tablet(owned, schema)
-        self._serve(tablet)
+        async with self._log_switch:
+            tablet = await self._open_tablet(owned, schema)
+            self._serve(tablet)
 
     def _serve(self, tablet: Tablet) -> None:
         tablet.on_compacted = self._compacted
@@ -401,6 +419,73 @@ class TabletServer:
             executor=self._executor,
             scan_cache=self._scan_cache,
         )
+
+    # ------------------------------------------------------------------ a failed commit log
+
+    def _log_failed(self) -> None:
+        """The commit log failed (a segment PUT failed for good, or recovery fenced it) while
+        this worker may still hold its lease: go on under a new incarnation (DESIGN.md §6)
+        rather than refuse every write for ever. Every tablet refuses writes at once."""
+        if self._stopping or (self._switching is not None and not self._switching.done()):
+            return
+        for tablet in self._tablets.values():
+            tablet.hold_writes()
+        self._switching = asyncio.ensure_future(self._switch_log())
+
+    async def _switch_log(self) -> None:
+        """Open the next incarnation and record it in every served tablet's record before the
+        tablet takes writes again: the root first (its record is in the coordinator), then
+        METADATA tablets, then user tablets (each one's record is a row served by the level
+        above). A tablet whose record cannot take the new log (Fenced: another worker owns it
+        now; or METADATA unreachable) is dropped without a flush; its logs stay listed and its
+        next owner recovers it from them."""
+        assert self._log is not None and self._lease is not None
+        async with self._log_switch:
+            old = self._log.writer
+            with contextlib.suppress(TabletStoreError):
+                await old.close()  # let the PUTs already sent settle
+            if self._lease.expired:
+                return  # run_worker stops this worker: its tablets are being recovered
+            try:
+                incarnation = await _next_incarnation(self._coord, self.worker_id)
+            except TabletStoreError as exc:
+                log.error("cannot open a new commit-log incarnation: %s", exc)
+                await self._drop_all("no new commit log")
+                return
+            writer = CommitLogWriter(self._store, self.worker_id, incarnation, clock=self._clock)
+            writer.start()
+            self._writer = writer
+            self._log.switch(writer, LogRef(self.worker_id, incarnation))
+            log.warning(
+                "commit log %s/%s failed (%s); continuing under incarnation %s",
+                self.worker_id,
+                old.incarnation,
+                old.failed,
+                incarnation,
+            )
+            for key in sorted(self._tablets, key=lambda k: mt.level(*k)):
+                tablet = self._tablets.get(key)
+                if tablet is None:
+                    continue
+                try:
+                    await tablet.add_log(self._log.log_ref)
+                except TabletStoreError as exc:
+                    log.warning("tablet %s/%s dropped after the log failed: %s", *key, exc)
+                    await self._drop(key)
+
+    async def _drop(self, key: tuple[str, str]) -> None:
+        """Stop serving a tablet without a flush and release its claim (if still ours)."""
+        tablet = self._tablets.pop(key, None)
+        if tablet is not None:
+            with contextlib.suppress(TabletStoreError):
+                await tablet.close(flush=False)
+        with contextlib.suppress(TabletStoreError):
+            await self._release_claim(key)
+
+    async def _drop_all(self, why: str) -> None:
+        for key in sorted(self._tablets, key=lambda k: -mt.level(*k)):
+            log.warning("tablet %s/%s dropped: %s", *key, why)
+            await self._drop(key)
 
     async def _replay(self, record: TabletRecord) -> AsyncIterator[Cell]:
         """The tablet's cells past its redo point from every log its record lists (§5.3).
@@ -558,14 +643,15 @@ class TabletServer:
         assert self._log is not None
         try:
             schema = (await self._catalog.table_by_id(record.table_id)).schema
-            tablet = await self._open_tablet(record, schema)
+            async with self._log_switch:
+                tablet = await self._open_tablet(record, schema)
+                self._split_after[key] = self._clock.monotonic() + self._options.split_cooldown
+                self._serve(tablet)
         except TabletStoreError as exc:
             # Committed but not served: let the master assign it (it recovers from the logs).
             log.warning("serving split child %s failed: %s", record.tablet_id, exc)
             await self._release_claim(key)
             return
-        self._split_after[key] = self._clock.monotonic() + self._options.split_cooldown
-        self._serve(tablet)
         self._spawn(self._compactions, self._compact_child(tablet))
 
     async def _compact_child(self, tablet: Tablet) -> None:

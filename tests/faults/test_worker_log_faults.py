@@ -16,11 +16,14 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from tabletstore.commitlog import fence
 from tabletstore.embedded import Database
 from tabletstore.errors import TabletStoreError, Unavailable
 from tabletstore.model import SetCell
 from tabletstore.rpc.messages import UnloadTabletRequest
+from tabletstore.storage_s3.base import Op
 from tabletstore.tablet import Tablet
+from tabletstore.testing.faulty_store import FaultyObjectStore
 
 ROWS = 500
 
@@ -89,3 +92,52 @@ async def test_tablet_unloaded_without_flush_and_reloaded_by_same_worker_keeps_w
     await check(db, 50, b"w")
     rows = {row.key async for row in db.table("t").read_rows()}
     assert len(rows) == ROWS
+
+
+async def write_retrying(db: Database, rows: range, tag: bytes) -> set[int]:
+    """Each row written until acknowledged (an error that says "not applied" is retried);
+    returns the acknowledged ones."""
+    table = db.table("t")
+    acked: set[int] = set()
+    for i in rows:
+        async with asyncio.timeout(30):
+            while True:
+                try:
+                    await table.mutate_row(b"r%04d" % i, [SetCell("f", b"q", tag + b"%d" % i)])
+                except TabletStoreError as exc:
+                    if exc.may_have_applied:
+                        break  # neither acknowledged nor refused: leave it out
+                    await asyncio.sleep(0.01)
+                    continue
+                acked.add(i)
+                break
+    return acked
+
+
+@pytest.mark.parametrize("failure", ["fenced", "put_failed"])
+async def test_a_log_that_fails_under_a_live_lease_moves_to_a_new_incarnation(
+    db: Database, failure: str
+) -> None:
+    """The worker used to keep its claims and answer every write with Fenced for good."""
+    await write(db)
+    old = db.worker._log.log_ref  # type: ignore[union-attr]
+    if failure == "fenced":
+        await fence(db.store, old.worker_id, old.incarnation)
+    else:
+        faulty = FaultyObjectStore(db.worker._store)
+        faulty.fail(Op.PUT, key="logs/*", times=1)
+        db.worker._log.writer.store = faulty  # type: ignore[union-attr]
+    acked = await write_retrying(db, range(ROWS, ROWS + 100), b"v")
+    assert len(acked) >= 99  # at most the write whose segment failed is left out
+    new = db.worker._log.log_ref  # type: ignore[union-attr]
+    assert new.worker_id == old.worker_id and new.incarnation > old.incarnation
+    for key, tablet in db.worker.tablets.items():
+        assert new in tablet.record.logs, key
+    # A crash of the tablet (dropped without a flush) and its recovery by the same worker:
+    # the old log (fenced or plugged) and the new one hold every acknowledged write.
+    (table_id, tablet_id), _ = served(db)
+    await db.worker.unload_tablet(UnloadTabletRequest(table_id, tablet_id, flush=False))
+    await db.master.assign()
+    rows = {row.key: row.cells[0].value async for row in db.table("t").read_rows()}
+    for i in [*range(ROWS), *acked]:
+        assert rows.get(b"r%04d" % i) == b"v%d" % i, i
