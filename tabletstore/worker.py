@@ -338,6 +338,13 @@ class TabletServer:
         return self._writer.stats if self._writer is not None else None
 
     def _tablet(self, table_id: str, tablet_id: str) -> Tablet:
+        lease = self._lease
+        if lease is not None and (lease.expired or self._clock.monotonic() >= lease.safe_until()):
+            # Fencing rule 1 for reads too: a worker paused past its lease (SIGSTOP, a long
+            # GC pause) must not answer from a memtable whose tablet may have a new owner.
+            raise NotServing(
+                f"worker {self.worker_id}'s lease may have expired; its tablets may have moved"
+            )
         tablet = self._tablets.get((table_id, tablet_id))
         if tablet is None:
             raise NotServing(f"worker {self.worker_id} does not serve tablet {tablet_id}")

@@ -18,9 +18,9 @@ import pytest
 
 from tabletstore.commitlog import fence
 from tabletstore.embedded import Database
-from tabletstore.errors import TabletStoreError, Unavailable
+from tabletstore.errors import NotServing, TabletStoreError, Unavailable
 from tabletstore.model import SetCell
-from tabletstore.rpc.messages import UnloadTabletRequest
+from tabletstore.rpc.messages import MutateRowsRequest, ReadRowsRequest, UnloadTabletRequest
 from tabletstore.storage_s3.base import Op
 from tabletstore.tablet import Tablet
 from tabletstore.testing.faulty_store import FaultyObjectStore
@@ -141,3 +141,19 @@ async def test_a_log_that_fails_under_a_live_lease_moves_to_a_new_incarnation(
     rows = {row.key: row.cells[0].value async for row in db.table("t").read_rows()}
     for i in [*range(ROWS), *acked]:
         assert rows.get(b"r%04d" % i) == b"v%d" % i, i
+
+
+async def test_a_worker_past_its_safe_lease_time_answers_nothing(db: Database) -> None:
+    """A worker paused past its lease (SIGSTOP) must not answer reads from a memtable whose
+    tablet may have a new owner when it resumes, before its keep-alive notices."""
+    await write(db, 10)
+    (table_id, tablet_id), _ = served(db)
+    lease = db.worker.lease
+    assert lease is not None
+    request = ReadRowsRequest(table_id, tablet_id, keys=(b"r0001",))
+    assert (await db.worker.read_row(request)).rows
+    lease.safe_until = lambda: 0.0  # type: ignore[method-assign]
+    with pytest.raises(NotServing, match="lease"):
+        await db.worker.read_row(request)
+    with pytest.raises(NotServing, match="lease"):
+        await db.worker.mutate_rows(MutateRowsRequest(table_id, tablet_id, ()))
