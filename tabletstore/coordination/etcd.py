@@ -321,9 +321,7 @@ class EtcdCoordinator:
                 self._drop_client()
             raise error from None
 
-    async def _retrying(
-        self, call: Callable[[aetcd.Client], Awaitable[T]], *, write: bool
-    ) -> T:
+    async def _retrying(self, call: Callable[[aetcd.Client], Awaitable[T]], *, write: bool) -> T:
         """Run ``call`` once connected, retrying Unavailable until the retry deadline: always
         when the request was never sent, and also after a failure in flight unless ``write``
         (see the module docstring)."""
@@ -428,9 +426,7 @@ class EtcdCoordinator:
 
     async def delete_prefix(self, prefix: str) -> int:
         start, end = (self._prefix + prefix).encode(), self._range_end(prefix)
-        response = await self._retrying(
-            lambda client: client.delete_range(start, end), write=True
-        )
+        response = await self._retrying(lambda client: client.delete_range(start, end), write=True)
         return int(response.deleted)
 
     async def txn(
