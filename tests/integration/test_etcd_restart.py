@@ -5,7 +5,8 @@ etcd 3.4 keeps keys, revisions and leases across a restart, and when the restart
 becomes leader it gives every lease its full TTL again (checked below). So a restart shorter
 than a lease must cost nothing: leases kept alive, watches resumed from the next revision
 (nothing missed, nothing twice), elections keeping their leader and standby, and no error
-escaping to the processes that use the coordinator.
+escaping to the processes that use the coordinator. The last test does it to a cluster of
+processes (master, standby master, two workers) while writes run.
 """
 
 from __future__ import annotations
@@ -13,11 +14,23 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from pathlib import Path
 
-from tabletstore.coordination import Coordinator, EventType, WatchEvent, open_coordinator
+import pytest
+
+from tabletstore.coordination import Coordinator, EventType, WatchEvent, open_coordinator, paths
 from tabletstore.coordination.base import Watch
-from tests.integration.cluster_harness import eventually
+from tests.integration.cluster_harness import Cluster, WriteHistory, eventually
+from tests.integration.test_cluster import (
+    Writers,
+    _at_least,
+    _start,
+    check_history,
+    client_of,
+    wait_served,
+)
 from tests.plugins.etcd_server import RestartableEtcd
+from tests.plugins.s3_server import boto3_client
 
 #: Seconds etcd stays down: well under the leases' TTL below.
 OUTAGE = 3.0
@@ -163,3 +176,71 @@ async def test_a_restart_longer_than_the_lease_ends_it(
             assert time.monotonic() >= lease.last_renewed + lease.ttl
     finally:
         await coordinator.close()
+
+
+# ------------------------------------------------------------------------------ a cluster
+
+#: The cluster's leases: longer than the restart (OUTAGE plus etcd's start-up) with room for
+#: a loaded machine, as a production lease would be.
+CLUSTER_LEASE = 8.0
+
+
+async def _server_leases(url: str) -> dict[str, int]:
+    """servers/<worker-id> -> the lease it is attached to."""
+    coordinator = open_coordinator(url)
+    try:
+        return {kv.key: kv.lease_id for kv in await coordinator.get_prefix(paths.SERVERS)}
+    finally:
+        await coordinator.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_cluster_rides_out_an_etcd_restart_during_writes(
+    restartable_etcd: RestartableEtcd, s3_server: str, tmp_path: Path
+) -> None:
+    """Master, standby master and two workers as processes, writers running: an etcd restart
+    shorter than the lease kills no process, moves no tablet, and loses no acknowledged write."""
+    name = f"cluster-{uuid.uuid4().hex[:12]}"
+    boto3_client(s3_server).create_bucket(Bucket=name)
+    cluster = Cluster(
+        url=restartable_etcd.url(name),
+        store_url=f"s3://{name}/data?endpoint_url={s3_server}&region=us-east-1",
+        directory=tmp_path / "cluster",
+        lease_ttl=CLUSTER_LEASE,
+    )
+    try:
+        _start(cluster, masters=2, workers=2)
+        leader = cluster.records[0]
+        async with client_of(cluster) as client:
+            table = await client.create_table("restart", ["f", "g"], split_keys=[b"k"])
+            await wait_served(client, "restart", 2)
+            assert (await client.status()).master == leader.url
+            leases_before = await _server_leases(cluster.url)
+            assert len(leases_before) == 2
+            writers = Writers(table, WriteHistory())
+            tasks = writers.run(singles=4, batches=1)
+            try:
+                await eventually(
+                    lambda: _at_least(len(writers.history.acked), 50), deadline=60, what="50 acks"
+                )
+                await _restart(restartable_etcd)
+                restarted = len(writers.history.acked)
+                await eventually(
+                    lambda: _at_least(len(writers.history.acked), restarted + 50),
+                    deadline=60,
+                    what="50 acks after the restart",
+                )
+            finally:
+                writers.stop.set()
+                await asyncio.gather(*tasks)
+            assert cluster.alive() == cluster.records, cluster.logs()
+            # No worker lost its lease: each is still registered under the lease it had (a
+            # worker that loses its lease exits; the balancer may still move a tablet).
+            assert await _server_leases(cluster.url) == leases_before, cluster.logs()
+            await wait_served(client, "restart", 2)
+            assert (await client.status()).master == leader.url
+            await check_history(table, writers, cluster)
+        assert cluster.alive() == cluster.records, cluster.logs()
+    finally:
+        cluster.close()
