@@ -254,17 +254,24 @@ def etcd_healthy(client_port: int) -> bool:
 
 
 def start_etcd(
-    data_dir: Path, *, log: Path, fast_leases: bool = False, deadline: float = HEALTH_DEADLINE
+    data_dir: Path,
+    *,
+    log: Path,
+    fast_leases: bool = False,
+    deadline: float = HEALTH_DEADLINE,
+    ports: tuple[int, int] | None = None,
 ) -> tuple[ProcessRecord, int]:
     """Start a one-member etcd on free loopback ports; return its record and client port.
 
     ``fast_leases`` lowers the raft heartbeat and election timeout so etcd accepts 1-second
-    lease TTLs (its minimum TTL is 1.5 election timeouts), for tests.
+    lease TTLs (its minimum TTL is 1.5 election timeouts), for tests. ``ports`` (client, peer)
+    reuses the ports of an etcd stopped earlier: with the same ``data_dir`` that restarts it,
+    keys, revisions and leases included (etcd ignores the initial-cluster flags then).
     """
     binary = shutil.which("etcd")
     if binary is None:
         raise NotFound("etcd is not on PATH: install Debian's etcd-server package")
-    client_port, peer_port = free_port(), free_port()
+    client_port, peer_port = ports if ports is not None else (free_port(), free_port())
     client, peer = f"http://127.0.0.1:{client_port}", f"http://127.0.0.1:{peer_port}"
     argv = [
         binary,

@@ -19,10 +19,17 @@ Contracts:
   it is cancelled.
 * ``observe`` yields the current leader first, then every change of leader (``None`` while
   there is none); changes that happen while the observer is behind are coalesced.
+* Neither gives up on a backend that is briefly unreachable (an etcd restart): a watch that
+  fails (Unavailable after the coordinator's own retries, or NotFound when the history it
+  would resume from was compacted) is opened again and the election's keys re-read, which is
+  all either loop needs, since both decide from a fresh read and use the watch only to learn
+  that something changed. A campaign goes on so until its lease expires (then Fenced).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import AsyncIterator
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -39,12 +46,17 @@ from tabletstore.coordination.base import (
     absent,
     create_revision_is,
 )
-from tabletstore.errors import Fenced, InvalidArgument, TabletStoreError
+from tabletstore.errors import Fenced, InvalidArgument, NotFound, TabletStoreError, Unavailable
 
 if TYPE_CHECKING:
     from tabletstore.coordination.base import Coordinator
 
 __all__ = ["Election", "Observation"]
+
+log = logging.getLogger(__name__)
+
+#: Seconds between attempts to reopen an election's failed watch (doubling up to the second).
+_REOPEN_PAUSE = (0.1, 1.0)
 
 
 def _identity(kv: KeyValue | None) -> tuple[str, int, bytes] | None:
@@ -68,12 +80,23 @@ class Election:
         key = f"{self.prefix}{lease.id:016x}"
         try:
             self._mine = await self._enter(key, value, lease)
-            async with self._coordinator.watch_prefix(self.prefix) as watch:
-                while True:
-                    leading = await self._wait_turn(key, lease, watch)
-                    if leading is not None:
-                        self._mine = leading
-                        return leading
+            pause = _REOPEN_PAUSE[0]
+            while True:
+                try:
+                    leading = await self._wait_to_lead(key, lease)
+                except (Unavailable, NotFound) as exc:
+                    # The watch broke for longer than the coordinator retries, or its history
+                    # was compacted: open a new one and re-read, while the lease lives.
+                    if lease.expired:
+                        raise Fenced(
+                            f"lease {lease.id:x} ended while campaigning in {self.name!r}"
+                        ) from exc
+                    log.info("election %r: watch failed (%s); reopening", self.name, exc)
+                    await asyncio.sleep(pause)
+                    pause = min(pause * 2, _REOPEN_PAUSE[1])
+                    continue
+                self._mine = leading
+                return leading
         except BaseException:
             # Cancelled or failed: leave the queue so later candidates are not blocked by a
             # candidate that no longer waits.
@@ -94,6 +117,13 @@ class Election:
         if kv is None:
             raise Fenced(f"lease {lease.id:x} ended while entering election {self.name!r}")
         return kv
+
+    async def _wait_to_lead(self, key: str, lease: Lease) -> KeyValue:
+        async with self._coordinator.watch_prefix(self.prefix) as watch:
+            while True:
+                leading = await self._wait_turn(key, lease, watch)
+                if leading is not None:
+                    return leading
 
     async def _wait_turn(self, key: str, lease: Lease, watch: Watch) -> KeyValue | None:
         """Return our key if we lead now, else wait for the next deletion and return None."""
@@ -148,15 +178,16 @@ class Election:
 
     def observe(self) -> Observation:
         """Follow the leader: ``async with election.observe() as leaders: async for kv in ...``."""
-        return Observation(self, self._coordinator.watch_prefix(self.prefix))
+        return Observation(self, self._coordinator)
 
 
 class Observation:
     """An async iterator of leader changes; an async context manager owning a watch."""
 
-    def __init__(self, election: Election, watch: Watch) -> None:
+    def __init__(self, election: Election, coordinator: Coordinator) -> None:
         self._election = election
-        self._watch = watch
+        self._coordinator = coordinator
+        self._watch = coordinator.watch_prefix(election.prefix)
         self._started = False
         self._last: tuple[str, int, bytes] | None = None
 
@@ -183,7 +214,16 @@ class Observation:
             self._last = _identity(current)
             return current
         while True:
-            await self._watch.__anext__()
+            try:
+                await self._watch.__anext__()
+            except (Unavailable, NotFound) as exc:
+                # Changes may have been missed: watch afresh, then compare a fresh read.
+                log.info(
+                    "election %r: observer's watch failed (%s); reopening", self._election.name, exc
+                )
+                await self._watch.close()
+                self._watch = self._coordinator.watch_prefix(self._election.prefix)
+                await self._watch.__aenter__()
             current = await self._election.leader()
             if _identity(current) != self._last:
                 self._last = _identity(current)

@@ -20,6 +20,28 @@ any other ClientError / RpcError             Unavailable (etcd-side trouble: ret
 
 A transaction whose compares fail is a normal result (``succeeded=False``), never an error.
 
+Riding out a restart (etcd keeps keys, revisions and leases across one, and renews every lease
+to its full TTL when the restarted member becomes leader):
+
+* the gRPC channel reconnects quickly (reconnect back-off capped at 1 s instead of gRPC's
+  2 minutes) and pings an idle connection so a silently dead one is noticed;
+* every call first waits for the channel to be connected, within ``retry_deadline`` (default
+  10 s) from the call's start. A call that could not be sent is retried until that deadline,
+  then raises Unavailable. A *read* (get, get_prefix, a transaction of gets only), a lease
+  grant (an orphan lease holds no key and expires by itself), a revoke and a watch
+  re-establishment are also retried after a failure in flight. A *write* (put, delete, a
+  transaction with a put or delete) that failed after it may have reached etcd is not
+  retried — it may have been applied, and replaying it could overwrite a newer value or fail
+  its own compare — so it raises Unavailable, as before;
+* keep-alives are single round trips sent once the channel is connected; ``lease.py`` retries
+  them until the lease's own deadline, measured from the last successful one;
+* a watch that breaks is re-established from the revision after the last event it delivered,
+  so no event is missed or delivered twice. A watch opened without ``start_revision`` reads
+  the current revision first and watches from the next one, so it has a revision to resume
+  from even before its first event. If etcd has compacted that revision away the watch
+  raises NotFound ("history compacted"): the events in between are gone, so the consumer must
+  re-read the keys and watch again (the election does exactly that).
+
 URL: ``etcd://host:port[,host:port...]/<namespace>``; every key is stored as
 ``<namespace>/<key>`` and returned without it (default namespace ``tabletstore``). With
 several endpoints the first that answers is used; after an UNAVAILABLE error the next call
@@ -34,10 +56,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import aetcd
 import aetcd.exceptions
@@ -53,6 +76,7 @@ from tabletstore.coordination.base import (
     Delete,
     DeleteResult,
     EventType,
+    Get,
     GetResult,
     KeyValue,
     Lease,
@@ -79,9 +103,28 @@ from tabletstore.errors import (
 
 __all__ = ["DEFAULT_NAMESPACE", "EtcdCoordinator", "EtcdLease", "parse_etcd_url"]
 
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
 DEFAULT_NAMESPACE = "tabletstore"
 #: Seconds any single etcd call may take before it is reported Unavailable.
 DEFAULT_TIMEOUT = 5.0
+#: Seconds a call keeps retrying through unavailability (an etcd restart) before it gives up.
+DEFAULT_RETRY_DEADLINE = 10.0
+#: Pause between retries: doubles from the first to the last.
+_BACKOFF = (0.05, 1.0)
+
+#: gRPC channel options. gRPC's default reconnect back-off grows to 120 s, so a client that saw
+#: a few seconds of refused connections could stay away for minutes after etcd is back. Pings
+#: every 10 s (etcd refuses pings more frequent than 5 s) detect a connection that died
+#: without a reset.
+_CHANNEL_OPTIONS = {
+    "grpc.initial_reconnect_backoff_ms": 100,
+    "grpc.min_reconnect_backoff_ms": 100,
+    "grpc.max_reconnect_backoff_ms": 1000,
+    "grpc.keepalive_time_ms": 10_000,
+    "grpc.keepalive_timeout_ms": 5_000,
+}
 
 _UNAVAILABLE_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 
@@ -155,6 +198,28 @@ def translate(exc: BaseException, endpoint: str) -> TabletStoreError:
 _TRANSLATED = (aetcd.ClientError, grpc.RpcError, TimeoutError, OSError)
 
 
+class _NotSent(Unavailable):
+    """The call never left this process (no connection to etcd): safe to retry, write or not."""
+
+
+def _never_sent(error: Unavailable) -> bool:
+    """True when ``error`` proves the request did not reach etcd: we gave up waiting for a
+    connection, or gRPC failed it for want of one ("failed to connect to all addresses" is
+    its fail-fast answer while the channel has no connection)."""
+    if isinstance(error, _NotSent):
+        return True
+    cause: BaseException | None = error.__cause__
+    while cause is not None:
+        if isinstance(cause, grpc.aio.AioRpcError):
+            details = cause.details() or ""
+            return (
+                cause.code() == grpc.StatusCode.UNAVAILABLE
+                and "failed to connect to all addresses" in details
+            )
+        cause = cause.__cause__
+    return False
+
+
 class EtcdCoordinator:
     """:class:`~tabletstore.coordination.base.Coordinator` over an etcd 3.4 cluster."""
 
@@ -164,11 +229,15 @@ class EtcdCoordinator:
         *,
         clock: Clock | None = None,
         timeout: float = DEFAULT_TIMEOUT,
+        retry_deadline: float = DEFAULT_RETRY_DEADLINE,
     ) -> None:
+        if not retry_deadline >= 0:
+            raise InvalidArgument(f"retry_deadline must be >= 0 seconds, got {retry_deadline}")
         self._endpoints, self.namespace = parse_etcd_url(url)
         self.url = url
         self._clock = clock or SystemClock()
         self._timeout = timeout
+        self._retry_deadline = retry_deadline
         self._prefix = f"{self.namespace}/"
         self._client: aetcd.Client | None = None
         #: Clients dropped after an endpoint failed; closed by close().
@@ -204,7 +273,13 @@ class EtcdCoordinator:
 
     def _new_client(self, endpoint: tuple[str, int]) -> aetcd.Client:
         host, port = endpoint
-        return aetcd.Client(host=host, port=port, timeout=self._timeout, connect_wait_timeout=3)
+        return aetcd.Client(
+            host=host,
+            port=port,
+            timeout=self._timeout,
+            connect_wait_timeout=3,
+            options=_CHANNEL_OPTIONS,
+        )
 
     async def _connected(self) -> aetcd.Client:
         if self._closed:
@@ -232,6 +307,53 @@ class EtcdCoordinator:
             self._endpoint = endpoint
             return client
         raise Unavailable(f"etcd unreachable at every endpoint: {', '.join(failures)}")
+
+    async def _wait_connected(self, client: aetcd.Client, seconds: float) -> None:
+        """Wait up to ``seconds`` for ``client``'s channel to be connected; _NotSent if not."""
+        with self._translated():
+            await client.connect()
+        try:
+            async with asyncio.timeout(max(0.0, seconds)):
+                await client.channel.channel_ready()
+        except TimeoutError:
+            error = _NotSent(f"etcd unreachable at {self.endpoint}: no connection")
+            if len(self._endpoints) > 1:
+                self._drop_client()
+            raise error from None
+
+    async def _retrying(self, call: Callable[[aetcd.Client], Awaitable[T]], *, write: bool) -> T:
+        """Run ``call`` once connected, retrying Unavailable until the retry deadline: always
+        when the request was never sent, and also after a failure in flight unless ``write``
+        (see the module docstring)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._retry_deadline
+        pause = _BACKOFF[0]
+        while True:
+            try:
+                client = await self._connected()
+                # Each wait is bounded by the call timeout so that with several endpoints a
+                # dead one is dropped and the next call picks again.
+                await self._wait_connected(client, min(self._timeout, deadline - loop.time()))
+                with self._translated():
+                    return await call(client)
+            except Unavailable as exc:
+                if write and not _never_sent(exc):
+                    raise
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    raise
+                log.debug("etcd call failed, retrying: %s", exc)
+                await asyncio.sleep(min(pause, remaining))
+                pause = min(pause * 2, _BACKOFF[1])
+
+    async def _current_revision(self) -> int:
+        """etcd's current revision (a read of a range that holds no key: NUL is not allowed
+        in a key)."""
+
+        async def call(client: aetcd.Client) -> Any:
+            return await client.get_prefix((self._prefix + "\x00").encode(), keys_only=True)
+
+        return int((await self._retrying(call, write=False)).header.revision)
 
     # -- key encoding
 
@@ -263,45 +385,48 @@ class EtcdCoordinator:
     async def grant_lease(self, ttl: float, *, safety_margin: float | None = None) -> Lease:
         if not ttl > 0:
             raise InvalidArgument(f"lease ttl must be positive, got {ttl}")
-        client = await self._connected()
-        sent_at = self._clock.monotonic()
-        with self._translated():
-            granted = await client.lease(math.ceil(ttl))
+        granted_ttl = math.ceil(ttl)
+        sent_at = 0.0
+
+        async def call(client: aetcd.Client) -> Any:
+            nonlocal sent_at
+            # Read before each attempt is sent: the lease cannot end before sent_at + ttl.
+            sent_at = self._clock.monotonic()
+            return await client.lease(granted_ttl)
+
+        # Retried even after a failure in flight: a lease granted but never learnt of holds
+        # no key and expires by itself.
+        granted = await self._retrying(call, write=False)
         return EtcdLease(self, int(granted.id), float(granted.ttl), sent_at, safety_margin)
 
     async def get(self, key: str) -> KeyValue | None:
-        client = await self._connected()
-        with self._translated():
-            got = await client.get(self._key(key))
+        raw_key = self._key(key)
+        got = await self._retrying(lambda client: client.get(raw_key), write=False)
         return None if got is None else self._kv(got)
 
     async def get_prefix(self, prefix: str) -> list[KeyValue]:
-        client = await self._connected()
-        with self._translated():
-            got = await client.get_range(
-                (self._prefix + prefix).encode(), self._range_end(prefix), sort_order="ascend"
-            )
+        start, end = (self._prefix + prefix).encode(), self._range_end(prefix)
+        got = await self._retrying(
+            lambda client: client.get_range(start, end, sort_order="ascend"), write=False
+        )
         return [self._kv(raw) for raw in got]
 
     async def put(self, key: str, value: bytes, *, lease: Lease | None = None) -> int:
         op = Put(key, value, lease.id if lease is not None else 0)
-        client = await self._connected()
-        with self._translated():
-            response = await client.put(self._key(op.key), op.value, lease=op.lease_id or None)
+        raw_key = self._key(op.key)
+        response = await self._retrying(
+            lambda client: client.put(raw_key, op.value, lease=op.lease_id or None), write=True
+        )
         return int(response.header.revision)
 
     async def delete(self, key: str) -> bool:
-        client = await self._connected()
-        with self._translated():
-            response = await client.delete(self._key(key))
+        raw_key = self._key(key)
+        response = await self._retrying(lambda client: client.delete(raw_key), write=True)
         return response is not None
 
     async def delete_prefix(self, prefix: str) -> int:
-        client = await self._connected()
-        with self._translated():
-            response = await client.delete_range(
-                (self._prefix + prefix).encode(), self._range_end(prefix)
-            )
+        start, end = (self._prefix + prefix).encode(), self._range_end(prefix)
+        response = await self._retrying(lambda client: client.delete_range(start, end), write=True)
         return int(response.deleted)
 
     async def txn(
@@ -309,14 +434,17 @@ class EtcdCoordinator:
     ) -> TxnResult:
         check_txn_ops(on_success)
         check_txn_ops(on_failure)
-        client = await self._connected()
-        tx = client.transactions
-        with self._translated():
-            succeeded, responses = await client.transaction(
+        writes = any(not isinstance(op, Get) for op in (*on_success, *on_failure))
+
+        async def call(client: aetcd.Client) -> Any:
+            tx = client.transactions
+            return await client.transaction(
                 compare=[self._compare(tx, c) for c in compares],
                 success=[self._op(tx, op) for op in on_success],
                 failure=[self._op(tx, op) for op in on_failure],
             )
+
+        succeeded, responses = await self._retrying(call, write=writes)
         ops = on_success if succeeded else on_failure
         return TxnResult(
             bool(succeeded), tuple(self._result(o, r) for o, r in zip(ops, responses, strict=True))
@@ -380,17 +508,21 @@ class EtcdCoordinator:
 
     # -- used by EtcdLease and EtcdWatch
 
+    async def _lease_connected(self, seconds: float) -> None:
+        """Wait up to ``seconds`` for a connection, before a keep-alive's send time is read."""
+        client = await self._connected()
+        await self._wait_connected(client, min(self._timeout, seconds))
+
     async def _lease_keep_alive(self, lease_id: int) -> bool:
+        """One keep-alive round trip (``lease.py`` retries; the send time is read there)."""
         client = await self._connected()
         with self._translated():
             reply = await client.refresh_lease(lease_id)
         return reply is not None and int(reply.TTL) > 0
 
     async def _lease_revoke(self, lease_id: int) -> None:
-        client = await self._connected()
         try:
-            with self._translated():
-                await client.revoke_lease(lease_id)
+            await self._retrying(lambda client: client.revoke_lease(lease_id), write=False)
         except Fenced:
             pass  # Already gone at etcd: revoking is idempotent.
 
@@ -409,6 +541,9 @@ class EtcdLease(LeaseBase):
         )
         self._coordinator = coordinator
 
+    async def _before_keep_alive(self, seconds: float) -> None:
+        await self._coordinator._lease_connected(seconds)
+
     async def _send_keep_alive(self) -> bool:
         return await self._coordinator._lease_keep_alive(self.id)
 
@@ -417,14 +552,16 @@ class EtcdLease(LeaseBase):
 
 
 class EtcdWatch:
-    """A watch on a key prefix (see ``base.Watch``); one aetcd watch underneath."""
+    """A watch on a key prefix (see ``base.Watch``); one aetcd watch underneath, re-established
+    from the revision after the last delivered event when its stream breaks."""
 
     def __init__(
         self, coordinator: EtcdCoordinator, prefix: str, start_revision: int | None
     ) -> None:
         self._coordinator = coordinator
         self._prefix = prefix
-        self._start_revision = start_revision
+        #: The revision to (re)start from: every event before it has been delivered.
+        self._next_revision = start_revision
         self._watch: aetcd.rtypes.Watch | None = None
         self._events: AsyncIterator[Any] | None = None
         self._closed = False
@@ -432,17 +569,25 @@ class EtcdWatch:
     async def __aenter__(self) -> EtcdWatch:
         if self._watch is None and not self._closed:
             c = self._coordinator
-            client = await c._connected()
-            with c._translated():
-                self._watch = await client.watch(
-                    (c._prefix + self._prefix).encode(),
-                    range_end=c._range_end(self._prefix),
-                    start_revision=self._start_revision,
-                    prev_kv=True,
-                )
-            self._events = aiter(self._watch)
+            if self._next_revision is None:
+                # Watching from the revision after a read (rather than from "now") gives a
+                # revision to resume from even before the first event arrives.
+                self._next_revision = await c._current_revision() + 1
+            await self._establish()
             c._watches.add(self)
         return self
+
+    async def _establish(self) -> None:
+        c = self._coordinator
+        start, end = (c._prefix + self._prefix).encode(), c._range_end(self._prefix)
+        revision = self._next_revision
+
+        async def call(client: aetcd.Client) -> aetcd.rtypes.Watch:
+            return await client.watch(start, range_end=end, start_revision=revision, prev_kv=True)
+
+        # Creating a watch changes nothing at etcd: retried like a read.
+        watch = await c._retrying(call, write=False)
+        self._watch, self._events = watch, aiter(watch)
 
     async def __aexit__(
         self,
@@ -458,27 +603,54 @@ class EtcdWatch:
     async def __anext__(self) -> WatchEvent:
         await self.__aenter__()
         c = self._coordinator
-        if self._closed or self._events is None:
-            raise StopAsyncIteration
-        try:
-            with c._translated():
-                raw = await anext(self._events)
-        except StopAsyncIteration:
-            if c._closed:
-                raise Closed(f"coordinator {c.url} was closed") from None
-            if self._closed:
-                raise
-            raise Unavailable(f"etcd watch stream at {c.endpoint} ended") from None
-        kind = EventType.PUT if raw.kind == "PUT" else EventType.DELETE
-        prev = c._kv(raw.prev_kv) if raw.prev_kv is not None else None
-        return WatchEvent(kind, c._kv(raw.kv), prev)
+        while True:
+            if self._closed or self._events is None:
+                raise StopAsyncIteration
+            try:
+                with c._translated():
+                    raw = await anext(self._events)
+            except StopAsyncIteration:
+                if c._closed:
+                    raise Closed(f"coordinator {c.url} was closed") from None
+                if self._closed:
+                    raise
+                failure: Unavailable = Unavailable(f"etcd watch stream at {c.endpoint} ended")
+            except Unavailable as exc:
+                if c._closed:
+                    raise Closed(f"coordinator {c.url} was closed") from exc
+                failure = exc
+            else:
+                kind = EventType.PUT if raw.kind == "PUT" else EventType.DELETE
+                prev = c._kv(raw.prev_kv) if raw.prev_kv is not None else None
+                event = WatchEvent(kind, c._kv(raw.kv), prev)
+                # Every event of one revision comes in one response, queued ahead of any
+                # stream error, so once one is delivered the rest of its revision follows.
+                self._next_revision = event.revision + 1
+                return event
+            await self._resume(failure)
+
+    async def _resume(self, failure: Unavailable) -> None:
+        """Re-establish the watch from the next undelivered revision (retried within the
+        coordinator's retry deadline); NotFound if etcd compacted that revision away."""
+        log.info(
+            "etcd watch on %r broke (%s); resuming from revision %s",
+            self._prefix,
+            failure,
+            self._next_revision,
+        )
+        await self._cancel_stream()
+        await self._establish()
+
+    async def _cancel_stream(self) -> None:
+        watch, self._watch, self._events = self._watch, None, None
+        if watch is not None:
+            # Swallowed: cancelling a watch on a dead connection fails; the stream is gone.
+            with contextlib.suppress(*_TRANSLATED):
+                await watch.cancel()
 
     async def close(self) -> None:
         if self._closed:
             return
         self._closed = True
         self._coordinator._watches.discard(self)
-        if self._watch is not None:
-            # Swallowed: cancelling a watch on a dead connection fails; the stream is gone.
-            with contextlib.suppress(*_TRANSLATED):
-                await self._watch.cancel()
+        await self._cancel_stream()

@@ -3,7 +3,8 @@
 A backend supplies two calls, ``_send_keep_alive`` (is the lease still alive at the server
 after this refresh?) and ``_send_revoke``; this module owns what the holder believes:
 
-* ``last_renewed`` is read from the injected clock *before* the grant or keep-alive is sent.
+* ``last_renewed`` is read from the injected clock *before* the grant or keep-alive is sent
+  (after waiting for a connection, if the backend has to).
   The server starts the lease's new ``ttl`` only when it receives the request, so the lease
   cannot end at the server before ``last_renewed + ttl``.
 * ``safe_until() = last_renewed + ttl - safety_margin``. The margin absorbs clock-rate
@@ -14,16 +15,23 @@ after this refresh?) and ``_send_revoke``; this module owns what the holder beli
   :class:`~tabletstore.errors.Fenced`, ``wait_expired`` returns and the keep-alive loop stops.
   The holder never revives a lease it has given up on, even if the server had not yet
   noticed; it must take a new lease (and, as a worker, new claims).
+* The keep-alive loop never gives up on a transient error (a server restarting): it retries
+  every third of its interval until the lease's own deadline. A restart shorter than the
+  lease is ridden out (etcd keeps leases across a restart); a longer one ends the lease here
+  first, from the last *successful* keep-alive, whatever etcd does afterwards.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from types import TracebackType
 
 from tabletstore.clock import Clock
-from tabletstore.errors import Fenced, InvalidArgument, Unavailable
+from tabletstore.errors import Closed, Fenced, InvalidArgument, TabletStoreError
+
+log = logging.getLogger(__name__)
 
 __all__ = ["KeepAlive", "LeaseBase", "wait_event_or_sleep"]
 
@@ -71,6 +79,11 @@ class LeaseBase:
 
     # -- what a backend provides
 
+    async def _before_keep_alive(self, seconds: float) -> None:
+        """Wait (at most ``seconds``) until a keep-alive can be sent, e.g. for a connection;
+        Unavailable if it cannot. Runs before the send time is read, so time spent waiting
+        for a server that is restarting does not shorten what the next renewal buys."""
+
     async def _send_keep_alive(self) -> bool:
         """Refresh at the server; False if the server no longer has the lease."""
         raise NotImplementedError
@@ -112,6 +125,9 @@ class LeaseBase:
     async def refresh(self) -> None:
         if self.expired:
             raise Fenced(f"lease {self._id:x} has expired")
+        await self._before_keep_alive(self._last_renewed + self._ttl - self._clock.monotonic())
+        if self.expired:
+            raise Fenced(f"lease {self._id:x} expired while waiting to send a keep-alive")
         sent_at = self._clock.monotonic()
         alive = await self._send_keep_alive()
         if not alive:
@@ -175,9 +191,11 @@ class KeepAlive:
             try:
                 await lease.refresh()
                 wait = self._interval
-            except Fenced:
+            except (Fenced, Closed):
                 return
-            except Unavailable:
-                # Swallowed: retried sooner until the deadline passes; the holder learns of a
-                # lost lease through ``expired`` / ``safe_until``, never through this task.
+            except TabletStoreError as exc:
+                # Swallowed (Unavailable above all: a server restarting): retried sooner until
+                # the lease's own deadline passes; the holder learns of a lost lease through
+                # ``expired`` / ``safe_until``, never through this task.
+                log.info("keep-alive of lease %x failed, retrying: %s", lease.id, exc)
                 wait = self._interval / 3

@@ -9,6 +9,7 @@ import pytest
 
 from tabletstore.clock import ManualClock, SystemClock
 from tabletstore.coordination import Coordinator, Lease, check, open_coordinator
+from tabletstore.coordination.etcd import EtcdCoordinator
 from tabletstore.errors import Unavailable
 from tabletstore.localstack import free_port
 from tabletstore.testing.coordinator_conformance import DEADLINE, CoordinatorConformance
@@ -86,9 +87,11 @@ async def test_namespaces_are_isolated(etcd_server: str) -> None:
 
 
 async def test_unreachable_etcd_is_unavailable_naming_the_address() -> None:
+    """``check`` fails at once; other calls retry for the coordinator's retry deadline (an
+    etcd restart is ridden out: tests/integration/test_etcd_restart.py), then fail."""
     port = free_port()  # nothing listens there
     url = f"etcd://127.0.0.1:{port}/x"
-    coordinator = open_coordinator(url)
+    coordinator = EtcdCoordinator(url, retry_deadline=1.0)
     try:
         async with asyncio.timeout(15):
             with pytest.raises(Unavailable, match=f"etcd unreachable at 127.0.0.1:{port}"):
