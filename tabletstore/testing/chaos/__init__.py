@@ -1,0 +1,12 @@
+"""The chaos harness, Jepsen-style: workload, nemesis, checker (issue 11).
+
+Real processes (etcd, moto's S3 server behind a fault-injecting proxy, masters, workers) run a
+workload of writers and readers that record every operation with its outcome
+(:mod:`.history`, :mod:`.workload`); a nemesis applies a seeded schedule of faults - worker and
+master SIGKILLs, etcd restarts, a worker paused past its lease, S3 paused, S3 errors
+(:mod:`.nemesis`, :mod:`.cluster`, :mod:`.s3proxy`); the checker, a pure function of the
+history, finds lost acknowledged writes, values never written, cells read after their
+acknowledged delete, and tablets served by two workers at once (:mod:`.checker`).
+:func:`.runner.run_chaos` runs it all; ``python -m bench.chaos`` is the command line and
+``tests/chaos`` the short run in the suite.
+"""

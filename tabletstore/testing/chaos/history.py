@@ -1,0 +1,172 @@
+"""The chaos history: every client operation and every fault, with timestamps (Jepsen's history).
+
+An operation is recorded twice, as in Jepsen: :meth:`History.invoke` when the client starts it
+and :meth:`History.complete` when the outcome is known, with one of three outcomes:
+
+* ``ok`` - acknowledged (a write was applied; a read returned what it carries);
+* ``fail`` - refused: the error promises nothing was applied (``may_have_applied`` false,
+  errors.py);
+* ``info`` - indeterminate: ``Indeterminate`` (or a cancellation at the end of the run), the
+  write may or may not have taken effect, now or at any later time.
+
+Operations still open when the history is closed count as ``info``. Times are
+``time.monotonic()`` seconds relative to the history's start, so "W completed before R started"
+is a comparison of two floats measured by one clock in one process. Faults are recorded as
+intervals (kind, target, start, end, detail) by the nemesis.
+
+The history lives in the harness's one asyncio loop; the nemesis's blocking process work runs
+in threads, so every mutation of the lists takes a lock (cheap: no contention worth measuring).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from pathlib import Path
+
+__all__ = ["Fault", "History", "Kind", "Op", "Outcome"]
+
+
+class Kind(Enum):
+    PUT = "put"  # set f:c of the row to a value unique to this operation
+    DELETE = "delete"  # delete f:c of the row
+    READ = "read"  # point read of one row's f:c
+    SCAN = "scan"  # range read; every row of the range is an observation
+
+
+class Outcome(Enum):
+    OK = "ok"
+    FAIL = "fail"
+    INFO = "info"
+
+
+@dataclass(slots=True)
+class Op:
+    """One client operation. ``row`` is None for scans (``rows`` holds the range)."""
+
+    id: int
+    process: str
+    kind: Kind
+    start: float
+    row: bytes | None = None
+    #: PUT: the value written (unique per PUT in the whole run).
+    value: bytes | None = None
+    #: SCAN: the [start, end) range scanned.
+    rows: tuple[bytes, bytes] | None = None
+    end: float | None = None
+    outcome: Outcome | None = None
+    #: READ: the value of f:c seen (None: absent). SCAN: row -> value for rows present.
+    seen: bytes | None = None
+    seen_rows: dict[bytes, bytes] | None = None
+    error: str | None = None
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "id": self.id,
+            "process": self.process,
+            "kind": self.kind.value,
+            "start": round(self.start, 4),
+            "end": None if self.end is None else round(self.end, 4),
+            "outcome": None if self.outcome is None else self.outcome.value,
+            "row": None if self.row is None else self.row.decode(errors="replace"),
+            "value": None if self.value is None else self.value.decode(errors="replace"),
+            "rows": None if self.rows is None else [r.decode(errors="replace") for r in self.rows],
+            "seen": None if self.seen is None else self.seen.decode(errors="replace"),
+            "seen_rows": None
+            if self.seen_rows is None
+            else {
+                k.decode(errors="replace"): v.decode(errors="replace")
+                for k, v in self.seen_rows.items()
+            },
+            "error": self.error,
+        }
+
+
+@dataclass(slots=True)
+class Fault:
+    """One fault the nemesis applied: ``start`` when applied, ``end`` when healed."""
+
+    kind: str
+    target: str
+    start: float
+    end: float | None = None
+    detail: dict[str, object] = field(default_factory=dict)
+
+
+class History:
+    """Append-only operations and faults of one run (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._t0 = time.monotonic()
+        self._lock = threading.Lock()
+        self.ops: list[Op] = []
+        self.faults: list[Fault] = []
+        #: Free-form observations (e.g. the location poller's), each (time, kind, data).
+        self.notes: list[tuple[float, str, dict[str, object]]] = []
+
+    def now(self) -> float:
+        return time.monotonic() - self._t0
+
+    def invoke(
+        self,
+        process: str,
+        kind: Kind,
+        *,
+        row: bytes | None = None,
+        value: bytes | None = None,
+        rows: tuple[bytes, bytes] | None = None,
+    ) -> Op:
+        with self._lock:
+            op = Op(len(self.ops), process, kind, self.now(), row, value, rows)
+            self.ops.append(op)
+            return op
+
+    def complete(
+        self,
+        op: Op,
+        outcome: Outcome,
+        *,
+        seen: bytes | None = None,
+        seen_rows: dict[bytes, bytes] | None = None,
+        error: str | None = None,
+    ) -> None:
+        with self._lock:
+            if op.outcome is not None:
+                raise ValueError(f"operation {op.id} completed twice")
+            op.end, op.outcome = self.now(), outcome
+            op.seen, op.seen_rows, op.error = seen, seen_rows, error
+
+    def fault(self, kind: str, target: str, **detail: object) -> Fault:
+        with self._lock:
+            f = Fault(kind, target, self.now(), detail=dict(detail))
+            self.faults.append(f)
+            return f
+
+    def heal(self, fault: Fault, **detail: object) -> None:
+        with self._lock:
+            fault.end = self.now()
+            fault.detail.update(detail)
+
+    def note(self, kind: str, **data: object) -> None:
+        with self._lock:
+            self.notes.append((self.now(), kind, dict(data)))
+
+    def close(self) -> None:
+        """Mark operations still open as indeterminate (their effect is unknown)."""
+        with self._lock:
+            end = self.now()
+            for op in self.ops:
+                if op.outcome is None:
+                    op.end, op.outcome, op.error = end, Outcome.INFO, "open at the end of the run"
+
+    def save(self, path: Path) -> None:
+        with self._lock:
+            data = {
+                "ops": [op.to_json() for op in self.ops],
+                "faults": [asdict(f) for f in self.faults],
+                "notes": [[round(t, 4), k, d] for t, k, d in self.notes],
+            }
+        path.write_text(json.dumps(data, default=str))

@@ -1,0 +1,191 @@
+"""The chaos nemesis: a seeded schedule of faults, each applied, held, healed and recorded.
+
+The schedule (when, and which kind) is drawn up front from ``random.Random(seed)``, so two runs
+with one seed inject the same faults at the same offsets; the victim of a worker fault is drawn
+from the same RNG among the live workers that serve tablets of the chaos table at that moment
+(which depends on the run). Kinds (:data:`FAULTS`):
+
+* ``kill_worker``: SIGKILL a worker serving chaos tablets; a replacement is started. Recorded
+  as a :class:`~tabletstore.testing.chaos.checker.Kill` with the tablets it held, for the
+  recovery measurement.
+* ``kill_master``: SIGKILL the elected master; a new standby is started.
+* ``restart_etcd``: SIGKILL etcd and start it again (same ports, same data directory).
+* ``pause_worker``: SIGSTOP a worker serving chaos tablets for 2.5 lease periods, then
+  SIGCONT it: a zombie that must acknowledge nothing for the tablets that moved meanwhile.
+* ``pause_s3``: SIGSTOP moto's server for a few seconds, then SIGCONT (moto keeps its data in
+  memory, so S3 is "stopped" this way, never restarted).
+* ``s3_faults``: for a few seconds the fault proxy answers some requests with 503 SlowDown,
+  holds some past the client's read timeout, and answers some applied PUTs with 500.
+
+After each fault is healed the cluster is topped up: workers and masters that died (killed, or
+a zombie that gave up) are replaced, so the run keeps its size.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+from tabletstore.localstack import ProcessRecord
+from tabletstore.testing.chaos.checker import Kill
+from tabletstore.testing.chaos.cluster import ChaosCluster
+from tabletstore.testing.chaos.history import History
+
+__all__ = ["FAULTS", "Nemesis", "Scheduled", "schedule"]
+
+FAULTS = ("kill_worker", "kill_master", "restart_etcd", "pause_worker", "pause_s3", "s3_faults")
+
+
+@dataclass(frozen=True)
+class Scheduled:
+    at: float  # seconds after the workload started
+    kind: str
+
+
+def schedule(
+    seed: int,
+    duration: float,
+    kinds: Sequence[str],
+    *,
+    first: float = 5.0,
+    gap: tuple[float, float] = (8.0, 14.0),
+) -> list[Scheduled]:
+    """Faults from ``first`` seconds on, ``gap`` seconds apart (uniform), kinds drawn so every
+    kind comes once before any comes twice (a shuffled round-robin)."""
+    unknown = sorted(set(kinds) - set(FAULTS))
+    if unknown or not kinds:
+        raise ValueError(f"unknown fault kinds {unknown}; choose from {', '.join(FAULTS)}")
+    rng = random.Random(seed)
+    out: list[Scheduled] = []
+    at = first
+    bag: list[str] = []
+    while at < duration:
+        if not bag:
+            bag = list(kinds)
+            rng.shuffle(bag)
+        out.append(Scheduled(round(at, 2), bag.pop()))
+        at += rng.uniform(*gap)
+    return out
+
+
+class Nemesis:
+    """Runs a schedule against a cluster. ``holders`` returns, when asked, worker address ->
+    tablet indexes it serves (the location poller's latest view)."""
+
+    def __init__(
+        self,
+        cluster: ChaosCluster,
+        history: History,
+        plan: Sequence[Scheduled],
+        *,
+        seed: int,
+        holders: Callable[[], dict[str, set[int]]],
+        worker_ids: Callable[[], dict[str, str]],
+        master_address: Callable[[], Awaitable[str | None]],
+    ) -> None:
+        self.cluster = cluster
+        self.history = history
+        self.plan = list(plan)
+        self.rng = random.Random(seed + 1)
+        self.holders = holders
+        self.worker_ids = worker_ids
+        self.master_address = master_address
+        self.kills: list[Kill] = []
+        self.counts: dict[str, int] = {}
+        self.errors: list[str] = []
+
+    async def run(self, started: float) -> None:
+        """Apply the plan; ``started`` is the history time the workload started at."""
+        for item in self.plan:
+            delay = started + item.at - self.history.now()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            try:
+                await getattr(self, item.kind)()
+                self.counts[item.kind] = self.counts.get(item.kind, 0) + 1
+            except Exception as exc:  # a fault that could not be applied is reported, not fatal
+                self.errors.append(f"{item.kind} at {item.at}s: {type(exc).__name__}: {exc}")
+            await self.top_up()
+
+    async def top_up(self) -> None:
+        c = self.cluster
+        for _ in range(c.masters_wanted - len(c.live_masters())):
+            await asyncio.to_thread(c.start_master)
+        missing = c.workers_wanted - len(c.live_workers())
+        if missing > 0:
+            await asyncio.gather(*(asyncio.to_thread(c.start_worker) for _ in range(missing)))
+
+    def _victim(self) -> tuple[ProcessRecord, set[int]] | None:
+        held = self.holders()
+        candidates = [(r, held[r.url]) for r in self.cluster.live_workers() if held.get(r.url)]
+        if not candidates:
+            return None
+        return self.rng.choice(sorted(candidates, key=lambda c: c[0].role))
+
+    # ------------------------------------------------------------------ the faults
+
+    async def kill_worker(self) -> None:
+        victim = self._victim()
+        if victim is None:
+            raise RuntimeError("no live worker serves chaos tablets")
+        record, tablets = victim
+        worker_id = self.worker_ids().get(record.url, record.url)
+        fault = self.history.fault("kill_worker", record.role, tablets=sorted(tablets))
+        await asyncio.to_thread(self.cluster.kill, record)
+        self.kills.append(Kill(fault.start, worker_id, frozenset(tablets)))
+        self.history.heal(fault)
+
+    async def kill_master(self) -> None:
+        address = await self.master_address()
+        leader = next((r for r in self.cluster.live_masters() if r.url == address), None)
+        if leader is None:
+            raise RuntimeError(f"no live master process at the leader's address {address}")
+        fault = self.history.fault("kill_master", leader.role)
+        await asyncio.to_thread(self.cluster.kill, leader)
+        self.history.heal(fault)
+
+    async def restart_etcd(self) -> None:
+        fault = self.history.fault("restart_etcd", "etcd")
+        down = await asyncio.to_thread(self.cluster.restart_etcd)
+        self.history.heal(fault, unreachable_seconds=round(down, 2))
+
+    async def pause_worker(self) -> None:
+        victim = self._victim()
+        if victim is None:
+            raise RuntimeError("no live worker serves chaos tablets")
+        record, tablets = victim
+        fault = self.history.fault("pause_worker", record.role, tablets=sorted(tablets))
+        self.cluster.pause(record)
+        try:
+            await asyncio.sleep(self.cluster.lease_ttl * 2.5)
+        finally:
+            self.cluster.resume(record)
+        self.history.heal(fault)
+
+    async def pause_s3(self) -> None:
+        moto = self.cluster.moto
+        assert moto is not None
+        fault = self.history.fault("pause_s3", "moto")
+        self.cluster.pause(moto)
+        try:
+            await asyncio.sleep(6.0)
+        finally:
+            self.cluster.resume(moto)
+        self.history.heal(fault)
+
+    async def s3_faults(self) -> None:
+        rates = {"slowdown": 0.05, "timeout": 0.01, "put_error": 0.05, "hold": 6.0}
+        fault = self.history.fault("s3_faults", "proxy", **rates)
+        before = await asyncio.to_thread(self.cluster.s3_stats)
+        await asyncio.to_thread(lambda: self.cluster.s3_faults(**rates))
+        try:
+            await asyncio.sleep(8.0)
+        finally:
+            await asyncio.to_thread(self.cluster.s3_faults)
+        after = await asyncio.to_thread(self.cluster.s3_stats)
+        injected = {
+            k: after.get(k, 0) - before.get(k, 0) for k in ("slowdown", "timeout", "put_error")
+        }
+        self.history.heal(fault, injected=injected)

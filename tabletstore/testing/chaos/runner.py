@@ -1,0 +1,385 @@
+"""One chaos run, start to verdict: cluster up, workload and nemesis, heal, final read, check.
+
+:func:`run_chaos` starts a :class:`~tabletstore.testing.chaos.cluster.ChaosCluster`, creates
+the chaos table (six tablets, never split), runs the workload for ``seconds`` while the nemesis
+applies its schedule and a poller records every second where each tablet is served, then stops
+the workload, heals everything (S3 faults off, paused processes resumed, dead ones replaced),
+waits until every tablet is served again, reads every row once more (the final read), and
+hands the history to the checker together with the evidence for double-serving
+(:func:`attribute_values`: which worker's commit log holds each value). The report carries the
+verdict and prints the summary ``bench/chaos.py`` shows; the full history is saved as JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tabletstore.client.client import AsyncClient
+from tabletstore.commitlog.format import decode_segment
+from tabletstore.embedded import connect_async
+from tabletstore.errors import Corruption, TabletStoreError
+from tabletstore.storage_s3 import layout, open_store
+from tabletstore.testing.chaos.checker import Verdict, check
+from tabletstore.testing.chaos.cluster import ENV, ChaosCluster
+from tabletstore.testing.chaos.history import History, Outcome
+from tabletstore.testing.chaos.nemesis import FAULTS, Nemesis, schedule
+from tabletstore.testing.chaos.workload import (
+    FAMILY,
+    QUALIFIER,
+    SPLIT_KEYS,
+    Workload,
+    tablet_of,
+)
+
+__all__ = ["ChaosConfig", "ChaosReport", "attribute_values", "run_chaos"]
+
+TABLE = "chaos"
+#: Seconds the healed cluster gets to serve every tablet again before the final read.
+HEAL_DEADLINE = 120.0
+
+
+@dataclass(frozen=True)
+class ChaosConfig:
+    seconds: float
+    seed: int
+    directory: Path
+    faults: tuple[str, ...] = FAULTS
+    workers: int = 3
+    masters: int = 2
+    lease_ttl: float = 3.0
+    writers: int = 8
+    readers: int = 3
+    first_fault: float = 5.0
+    gap: tuple[float, float] = (8.0, 14.0)
+
+
+@dataclass
+class ChaosReport:
+    config: ChaosConfig
+    verdict: Verdict
+    faults: dict[str, int]
+    s3_injected: dict[str, int]
+    nemesis_errors: list[str]
+    history_path: Path
+    setup_errors: list[str] = field(default_factory=list)
+    unreadable_segments: int = 0
+
+    def summary(self) -> str:
+        v = self.verdict
+        ops = v.operations
+        lines = [
+            f"chaos: {self.config.seconds:.0f} s, seed {self.config.seed}, "
+            f"faults {','.join(self.config.faults)}",
+            "operations: "
+            + ", ".join(f"{k} {n}" for k, n in sorted(ops.items()))
+            + f" (total {sum(ops.values())})",
+            "faults: "
+            + (", ".join(f"{k} {n}" for k, n in sorted(self.faults.items())) or "none")
+            + "; S3 faults injected: "
+            + (", ".join(f"{k} {n}" for k, n in sorted(self.s3_injected.items())) or "none"),
+            f"lost: {len(v.lost)}",
+            f"wrong reads: {len(v.wrong_reads)}",
+            f"double-serving: {len(v.double_serving)} "
+            f"(acknowledged writes attributed to one worker's log: {v.attributed})",
+        ]
+        median, worst, never = v.recovery_summary()
+        if v.recovery:
+            lines.append(
+                f"recovery per worker kill: median {_s(median)}, max {_s(worst)} "
+                f"({len(v.recovery)} kills, {never} never recovered): "
+                + ", ".join(_s(r) for r in v.recovery)
+            )
+        else:
+            lines.append("recovery per worker kill: no worker was killed")
+        if v.unaffected_gaps:
+            lines.append(
+                "longest write gap of the tablets not on the killed worker, per kill: "
+                + ", ".join(_s(g) for g in v.unaffected_gaps)
+            )
+        lines.append(
+            "longest write gap per tablet: "
+            + ", ".join(f"t{t} {_s(g)} at {a:.0f}s" for t, (g, a) in sorted(v.write_gaps.items()))
+        )
+        for title, anomalies in (
+            ("LOST", v.lost),
+            ("WRONG READ", v.wrong_reads),
+            ("DOUBLE-SERVING", v.double_serving),
+        ):
+            for a in anomalies[:15]:
+                lines.append(
+                    f"  {title} {a.row} at {a.at:.1f}s: {a.detail} (after {a.after_fault})"
+                )
+            if len(anomalies) > 15:
+                lines.append(f"  ... and {len(anomalies) - 15} more {title.lower()}")
+        for err in self.nemesis_errors + self.setup_errors:
+            lines.append(f"  nemesis/harness: {err}")
+        if self.unreadable_segments:
+            lines.append(
+                f"  commit-log segments the attribution could not decode: "
+                f"{self.unreadable_segments}"
+            )
+        lines.append(f"history: {self.history_path}")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, object]:
+        v = self.verdict
+        median, worst, never = v.recovery_summary()
+        return {
+            "seconds": self.config.seconds,
+            "seed": self.config.seed,
+            "faults_enabled": list(self.config.faults),
+            "operations": v.operations,
+            "faults": self.faults,
+            "s3_injected": self.s3_injected,
+            "lost": len(v.lost),
+            "wrong_reads": len(v.wrong_reads),
+            "double_serving": len(v.double_serving),
+            "recovery": v.recovery,
+            "recovery_median": median,
+            "recovery_max": worst,
+            "never_recovered": never,
+            "unaffected_gaps": v.unaffected_gaps,
+            "write_gaps": {str(t): g for t, g in v.write_gaps.items()},
+            "anomalies": [vars(a) for a in (*v.lost, *v.wrong_reads, *v.double_serving)],
+            "nemesis_errors": self.nemesis_errors + self.setup_errors,
+            "history": str(self.history_path),
+        }
+
+
+def _s(seconds: float | None) -> str:
+    return "never" if seconds is None else f"{seconds:.1f}s"
+
+
+async def attribute_values(store_url: str) -> tuple[dict[bytes, frozenset[str]], int]:
+    """value of ``f:c`` -> the worker ids whose commit logs hold it, from every segment in the
+    bucket; and how many segments could not be decoded."""
+    store = open_store(store_url)
+    found: dict[bytes, set[str]] = {}
+    bad = 0
+    try:
+        keys = [info.key async for info in store.list(layout.LOGS)]
+        sem = asyncio.Semaphore(16)
+
+        async def one(key: str) -> None:
+            nonlocal bad
+            try:
+                where = layout.parse_log_segment_key(key)
+            except TabletStoreError:
+                return
+            async with sem:
+                data = await store.get(key)
+            if not data:
+                return  # a fence, or deleted since the listing
+            try:
+                contents = decode_segment(data, where=key)
+            except Corruption:
+                bad += 1
+                return
+            for record in contents.records:
+                for cell in record.cells:
+                    if cell.family == FAMILY and cell.qualifier == QUALIFIER and cell.value:
+                        found.setdefault(cell.value, set()).add(where.worker_id)
+
+        await asyncio.gather(*(one(k) for k in keys))
+    finally:
+        await store.close()
+    return {v: frozenset(w) for v, w in found.items()}, bad
+
+
+class _Poller:
+    """Every ``interval`` seconds: where each tablet is served, and the live workers."""
+
+    def __init__(self, client: AsyncClient, table_id: str, history: History) -> None:
+        self.client = client
+        self.table_id = table_id
+        self.history = history
+        self.locations: dict[int, list[tuple[float, str]]] = {}
+        self.current: dict[int, str | None] = {}
+        self.ids_by_address: dict[str, str] = {}
+        self.address_by_id: dict[str, str] = {}
+        self.live: dict[str, str] = {}
+
+    async def poll(self) -> None:
+        records = await self.client.locations.tablets(self.table_id, refresh=True)
+        live = await self.client.catalog.live_workers()
+        now = self.history.now()
+        self.live = live
+        for worker_id, address in live.items():
+            self.ids_by_address[address] = worker_id
+            self.address_by_id[worker_id] = address
+        for rec in records:
+            tablet = tablet_of(rec.start_row)
+            self.current[tablet] = rec.location
+            if rec.location is not None:
+                self.locations.setdefault(tablet, []).append((now, rec.location))
+
+    async def run(self, interval: float = 1.0) -> None:
+        while True:
+            # The poller is an observer: a failed poll (etcd restarting, METADATA moving)
+            # is simply a missing observation.
+            with contextlib.suppress(TabletStoreError, OSError, TimeoutError):
+                async with asyncio.timeout(5.0):
+                    await self.poll()
+            await asyncio.sleep(interval)
+
+    def holders(self) -> dict[str, set[int]]:
+        out: dict[str, set[int]] = {}
+        for tablet, address in self.current.items():
+            if address is not None:
+                out.setdefault(address, set()).add(tablet)
+        return out
+
+    def all_served(self) -> bool:
+        live = set(self.live.values())
+        return len(self.current) == len(SPLIT_KEYS) + 1 and all(
+            a is not None and a in live for a in self.current.values()
+        )
+
+
+async def _wait(check: object, deadline: float, what: str) -> None:
+    end = time.monotonic() + deadline
+    while True:
+        assert callable(check)
+        with contextlib.suppress(TabletStoreError, OSError, TimeoutError):
+            if await check():
+                return
+        if time.monotonic() > end:
+            raise TimeoutError(f"not within {deadline}s: {what}")
+        await asyncio.sleep(0.5)
+
+
+async def run_chaos(config: ChaosConfig) -> ChaosReport:
+    """One run (module docstring). Processes are stopped whatever happens."""
+    plan = schedule(
+        config.seed, config.seconds, config.faults, first=config.first_fault, gap=config.gap
+    )
+    cluster = ChaosCluster(
+        config.directory,
+        workers=config.workers,
+        masters=config.masters,
+        lease_ttl=config.lease_ttl,
+        seed=config.seed,
+    )
+    # The harness's own S3 client (the attribution's reads from moto) uses moto's dummy
+    # credentials, as the processes do; the caller's environment is restored afterwards.
+    saved = {k: os.environ.get(k) for k in ENV}
+    os.environ.update(ENV)
+    try:
+        return await _run_cluster(config, plan, cluster)
+    finally:
+        for k, old in saved.items():
+            if old is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = old
+
+
+async def _run_cluster(
+    config: ChaosConfig, plan: Sequence[object], cluster: ChaosCluster
+) -> ChaosReport:
+    await asyncio.to_thread(cluster.start)
+    history = History()
+    setup_errors: list[str] = []
+    try:
+        client = await connect_async(cluster.url)
+        try:
+            return await _run(config, plan, cluster, client, history, setup_errors)
+        finally:
+            await client.close()
+    finally:
+        await asyncio.to_thread(cluster.close)
+
+
+async def _run(
+    config: ChaosConfig,
+    plan: Sequence[object],
+    cluster: ChaosCluster,
+    client: AsyncClient,
+    history: History,
+    setup_errors: list[str],
+) -> ChaosReport:
+    table = await client.create_table(TABLE, [FAMILY], split_keys=SPLIT_KEYS)
+    table_id = (await client._info(TABLE)).table_id
+    poller = _Poller(client, table_id, history)
+
+    async def served() -> bool:
+        await poller.poll()
+        return poller.all_served()
+
+    await _wait(served, HEAL_DEADLINE, "every chaos tablet served")
+    poll_task = asyncio.create_task(poller.run())
+    workload = Workload(
+        table, history, seed=config.seed, writers=config.writers, readers=config.readers
+    )
+    nemesis = Nemesis(
+        cluster,
+        history,
+        plan,  # type: ignore[arg-type]
+        seed=config.seed,
+        holders=poller.holders,
+        worker_ids=lambda: dict(poller.ids_by_address),
+        master_address=client.catalog.master_address,
+    )
+    try:
+        workload.start()
+        started = history.now()
+        await nemesis.run(started)
+        remaining = started + config.seconds - history.now()
+        if remaining > 0:
+            await asyncio.sleep(remaining)
+        await workload.stop()
+        # Heal: no S3 faults, nothing paused, every process replaced, every tablet served.
+        await asyncio.to_thread(cluster.s3_faults)
+        for record in cluster.records:
+            cluster.resume(record)
+        await nemesis.top_up()
+        try:
+            await _wait(served, HEAL_DEADLINE, "every chaos tablet served after healing")
+        except TimeoutError as exc:
+            setup_errors.append(str(exc))
+        final_after = history.now()
+        for row in workload.all_rows:
+            for _ in range(5):
+                op = await workload.read("final", row)
+                if op.outcome is Outcome.OK:
+                    break
+                await asyncio.sleep(1.0)
+        await workload.scan("final", b"", b"{")
+    finally:
+        poll_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await poll_task
+    history.close()
+    value_workers, bad = await attribute_values(cluster.direct_store_url)
+    verdict = check(
+        history.ops,
+        final_after=final_after,
+        faults=history.faults,
+        tablet_of=tablet_of,
+        value_workers=value_workers,
+        locations=poller.locations,
+        worker_addresses=poller.address_by_id,
+        kills=nemesis.kills,
+    )
+    stats = await asyncio.to_thread(cluster.s3_stats)
+    path = config.directory / "history.json"
+    history.save(path)
+    report = ChaosReport(
+        config=config,
+        verdict=verdict,
+        faults=nemesis.counts,
+        s3_injected={k: n for k, n in stats.items() if k != "requests"},
+        nemesis_errors=nemesis.errors,
+        history_path=path,
+        setup_errors=setup_errors,
+        unreadable_segments=bad,
+    )
+    (config.directory / "report.json").write_text(json.dumps(report.to_json(), default=str))
+    return report

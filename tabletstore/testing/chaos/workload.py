@@ -1,0 +1,182 @@
+"""The chaos workload: writers and readers that record every operation in the history.
+
+Rows and ownership. Writer ``w`` owns ``rows_per_writer`` rows and is their only writer, one
+operation at a time, so a row's writes are ordered by its writer (the checker's model). Row
+keys start with a letter, so the table's split keys (:data:`SPLIT_KEYS`) spread every writer's
+rows over every tablet.
+
+Writes. A PUT sets ``f:c`` to a value unique in the run (``w<writer>-<counter>``) with a
+client timestamp that grows with every write of the writer; a DELETE removes the versions of
+``f:c`` older than its own timestamp. Client timestamps make the order of a row's versions the
+writer's order even for an indeterminate write that takes effect late (a server timestamp
+would be taken when it lands). The outcome is recorded as ``ok``, ``fail`` (an error with
+``may_have_applied`` false) or ``info`` (``Indeterminate``, or any unexpected exception).
+
+Reads. Readers make point reads of any row and scans of one letter range, with
+``CellsPerColumnLimit(1)`` (the newest version); a scan observes every row of its range,
+absent ones included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import string
+import time
+from collections.abc import Sequence
+
+from tabletstore.client.client import AsyncTable
+from tabletstore.errors import TabletStoreError
+from tabletstore.filters import CellsPerColumnLimit
+from tabletstore.model import Cell, DeleteCells, SetCell
+from tabletstore.testing.chaos.history import History, Kind, Op, Outcome
+
+__all__ = ["SPLIT_KEYS", "Workload", "tablet_of"]
+
+FAMILY = "f"
+QUALIFIER = b"c"
+#: Six tablets: [, d) [d, h) [h, l) [l, p) [p, t) [t, ).
+SPLIT_KEYS: tuple[bytes, ...] = (b"d", b"h", b"l", b"p", b"t")
+
+
+def tablet_of(row: bytes, split_keys: Sequence[bytes] = SPLIT_KEYS) -> int:
+    """The index of the tablet holding ``row`` (tablets never split during a run)."""
+    return sum(1 for key in split_keys if row >= key)
+
+
+def _outcome(exc: BaseException) -> Outcome:
+    if isinstance(exc, TabletStoreError) and not exc.may_have_applied:
+        return Outcome.FAIL
+    return Outcome.INFO
+
+
+class Workload:
+    """Writer and reader tasks over one table; :meth:`stop` ends them after their current op."""
+
+    def __init__(
+        self,
+        table: AsyncTable,
+        history: History,
+        *,
+        seed: int,
+        writers: int = 8,
+        rows_per_writer: int = 6,
+        readers: int = 3,
+        delete_ratio: float = 0.15,
+        scan_ratio: float = 0.25,
+        pause: float = 0.02,
+    ) -> None:
+        self.table = table
+        self.history = history
+        self.seed = seed
+        self.delete_ratio = delete_ratio
+        self.scan_ratio = scan_ratio
+        self.pause = pause
+        self.writers = writers
+        self.readers = readers
+        letters = string.ascii_lowercase
+        self.rows: dict[int, list[bytes]] = {
+            w: [
+                f"{letters[(w * rows_per_writer + j) % 26]}-w{w:02d}-r{j:02d}".encode()
+                for j in range(rows_per_writer)
+            ]
+            for w in range(writers)
+        }
+        self.all_rows = sorted(r for rows in self.rows.values() for r in rows)
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        for w in range(self.writers):
+            self._tasks.append(asyncio.create_task(self._writer(w), name=f"writer-{w}"))
+        for r in range(self.readers):
+            self._tasks.append(asyncio.create_task(self._reader(r), name=f"reader-{r}"))
+
+    async def stop(self, *, grace: float = 60.0) -> None:
+        """Let every task finish its current operation (each is bounded by the client's retry
+        deadline); cancel what is still running after ``grace`` (recorded as open -> info)."""
+        self._stop.set()
+        _, pending = await asyncio.wait(self._tasks, timeout=grace)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _writer(self, w: int) -> None:
+        rng = random.Random(self.seed * 1000 + w)
+        name = f"writer-{w}"
+        counter = 0
+        last_ts = 0
+        while not self._stop.is_set():
+            row = rng.choice(self.rows[w])
+            last_ts = max(last_ts + 1, int(time.time() * 1_000_000))
+            if rng.random() < self.delete_ratio:
+                op = self.history.invoke(name, Kind.DELETE, row=row)
+                mutation: SetCell | DeleteCells = DeleteCells(FAMILY, QUALIFIER, end=last_ts)
+            else:
+                counter += 1
+                value = f"w{w}-{counter}".encode()
+                op = self.history.invoke(name, Kind.PUT, row=row, value=value)
+                mutation = SetCell(FAMILY, QUALIFIER, value, timestamp=last_ts)
+            await self._write(op, row, mutation)
+            await asyncio.sleep(self.pause * (0.5 + rng.random()))
+
+    async def _write(self, op: Op, row: bytes, mutation: SetCell | DeleteCells) -> None:
+        try:
+            await self.table.mutate_row(row, [mutation])
+        except asyncio.CancelledError:
+            raise  # left open: closing the history marks it indeterminate
+        except Exception as exc:  # every failure is an outcome to record
+            self.history.complete(op, _outcome(exc), error=f"{type(exc).__name__}: {exc}")
+            await asyncio.sleep(0.1)
+        else:
+            self.history.complete(op, Outcome.OK)
+
+    async def _reader(self, r: int) -> None:
+        rng = random.Random(self.seed * 1000 + 500 + r)
+        letters = string.ascii_lowercase
+        while not self._stop.is_set():
+            if rng.random() < self.scan_ratio:
+                i = rng.randrange(len(letters))
+                # Two letters' rows; b"{" sorts just past b"z".
+                lo, hi = letters[i].encode(), (letters[i + 2 :] or "{")[0].encode()
+                await self.scan(f"reader-{r}", lo, hi)
+            else:
+                await self.read(f"reader-{r}", rng.choice(self.all_rows))
+            await asyncio.sleep(self.pause * (0.5 + rng.random()))
+
+    async def read(self, process: str, row: bytes) -> Op:
+        op = self.history.invoke(process, Kind.READ, row=row)
+        try:
+            got = await self.table.read_row(row, filter=CellsPerColumnLimit(1))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a failed read observes nothing
+            self.history.complete(op, Outcome.FAIL, error=f"{type(exc).__name__}: {exc}")
+            await asyncio.sleep(0.1)
+            return op
+        self.history.complete(op, Outcome.OK, seen=_value(got.cells if got else ()))
+        return op
+
+    async def scan(self, process: str, lo: bytes, hi: bytes) -> Op:
+        op = self.history.invoke(process, Kind.SCAN, rows=(lo, hi))
+        seen: dict[bytes, bytes] = {}
+        try:
+            async for row in self.table.read_rows(start=lo, end=hi, filter=CellsPerColumnLimit(1)):
+                value = _value(row.cells)
+                if value is not None:
+                    seen[row.key] = value
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a failed scan observes nothing
+            self.history.complete(op, Outcome.FAIL, error=f"{type(exc).__name__}: {exc}")
+            await asyncio.sleep(0.1)
+            return op
+        self.history.complete(op, Outcome.OK, seen_rows=seen)
+        return op
+
+
+def _value(cells: Sequence[Cell]) -> bytes | None:
+    for cell in cells:
+        if cell.family == FAMILY and cell.qualifier == QUALIFIER:
+            return cell.value
+    return None

@@ -1,0 +1,40 @@
+"""The short chaos run (issue 11): about a minute of writers and readers on real processes
+while every kind of fault is injected on a fixed seed; the checker must find nothing.
+
+What the harness does and checks is in ``tabletstore/testing/chaos``; the long run is
+``python -m bench.chaos --minutes N --seed S``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from tabletstore.testing.chaos.nemesis import FAULTS
+from tabletstore.testing.chaos.runner import ChaosConfig, run_chaos
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+
+SEED = 11
+#: Six faults, one of each kind, 6 to 9 s apart: the schedule fits in the workload's time.
+SECONDS = 55.0
+
+
+def test_short_chaos_run_loses_nothing(tmp_path: Path) -> None:
+    config = ChaosConfig(
+        seconds=SECONDS,
+        seed=SEED,
+        directory=tmp_path,
+        faults=FAULTS,
+        first_fault=3.0,
+        gap=(6.0, 9.0),
+    )
+    report = asyncio.run(run_chaos(config))
+    print(report.summary())
+    assert report.faults, f"no fault was applied: {report.nemesis_errors}"
+    v = report.verdict
+    assert not v.lost, report.summary()
+    assert not v.wrong_reads, report.summary()
+    assert not v.double_serving, report.summary()

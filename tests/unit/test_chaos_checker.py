@@ -1,0 +1,146 @@
+"""The chaos checker on hand-made histories: each anomaly it must find, and the legitimate
+histories (indeterminate writes, deletes, moves) it must accept."""
+
+from __future__ import annotations
+
+from tabletstore.testing.chaos.checker import Kill, check
+from tabletstore.testing.chaos.history import Kind, Op, Outcome
+
+R = b"a-w00-r00"
+
+
+class H:
+    """A tiny history builder: ops with explicit times."""
+
+    def __init__(self) -> None:
+        self.ops: list[Op] = []
+
+    def op(
+        self,
+        kind: Kind,
+        start: float,
+        end: float,
+        outcome: Outcome = Outcome.OK,
+        *,
+        row: bytes = R,
+        value: bytes | None = None,
+        seen: bytes | None = None,
+    ) -> Op:
+        op = Op(len(self.ops), "p", kind, start, row, value, None, end, outcome, seen)
+        self.ops.append(op)
+        return op
+
+    def put(self, value: bytes, start: float, end: float, outcome: Outcome = Outcome.OK) -> Op:
+        return self.op(Kind.PUT, start, end, outcome, value=value)
+
+    def delete(self, start: float, end: float, outcome: Outcome = Outcome.OK) -> Op:
+        return self.op(Kind.DELETE, start, end, outcome)
+
+    def read(self, seen: bytes | None, start: float, end: float) -> Op:
+        return self.op(Kind.READ, start, end, seen=seen)
+
+
+def test_clean_history_passes() -> None:
+    h = H()
+    h.put(b"v1", 0, 1)
+    h.read(b"v1", 2, 3)
+    h.put(b"v2", 4, 5)
+    h.read(b"v1", 4.5, 6)  # concurrent with v2: either value
+    h.read(b"v2", 6, 7)
+    h.delete(8, 9)
+    h.read(None, 10, 11)
+    h.read(None, 100, 101)  # final
+    v = check(h.ops, final_after=100)
+    assert v.ok, (v.lost, v.wrong_reads)
+
+
+def test_lost_acknowledged_write_in_the_final_read() -> None:
+    h = H()
+    h.put(b"v1", 0, 1)
+    h.put(b"v2", 2, 3)
+    h.read(b"v1", 100, 101)
+    v = check(h.ops, final_after=100)
+    assert [a.kind for a in v.lost] == ["lost"] and not v.wrong_reads
+    h2 = H()
+    h2.put(b"v1", 0, 1)
+    h2.read(None, 100, 101)
+    assert len(check(h2.ops, final_after=100).lost) == 1
+
+
+def test_value_never_written_and_refused_write_seen() -> None:
+    h = H()
+    h.put(b"v1", 0, 1, Outcome.FAIL)
+    h.read(b"v1", 2, 3)
+    h.read(b"zz", 4, 5)
+    v = check(h.ops, final_after=100)
+    assert len(v.wrong_reads) == 2 and "refused" in v.wrong_reads[0].detail
+
+
+def test_cell_read_after_acknowledged_delete() -> None:
+    h = H()
+    h.put(b"v1", 0, 1)
+    h.delete(2, 3)
+    h.read(b"v1", 4, 5)
+    v = check(h.ops, final_after=100)
+    assert len(v.wrong_reads) == 1 and "delete" in v.wrong_reads[0].detail
+
+
+def test_indeterminate_write_may_appear_but_then_stays() -> None:
+    h = H()
+    h.put(b"v1", 0, 1)
+    h.put(b"v2", 2, 3, Outcome.INFO)
+    h.read(b"v1", 4, 5)  # v2 not (yet) visible: allowed
+    h.read(b"v2", 6, 7)  # now it is: allowed
+    h.read(b"v2", 100, 101)
+    assert check(h.ops, final_after=100).ok
+    h.read(b"v1", 8, 9)  # once observed, v2 must stay
+    v = check(h.ops, final_after=100)
+    assert len(v.wrong_reads) == 1 and not v.lost
+
+
+def test_indeterminate_delete_explains_an_absent_cell() -> None:
+    h = H()
+    h.put(b"v1", 0, 1)
+    h.delete(2, 3, Outcome.INFO)
+    h.read(None, 100, 101)
+    assert check(h.ops, final_after=100).ok
+
+
+def _acked(h: H, value: bytes, start: float, end: float) -> None:
+    h.put(value, start, end)
+
+
+def test_double_serving_from_log_attribution() -> None:
+    h = H()
+    _acked(h, b"x1", 0, 1)
+    _acked(h, b"y1", 2, 3)
+    _acked(h, b"x2", 4, 5)
+    owners = {b"x1": frozenset({"X"}), b"y1": frozenset({"Y"}), b"x2": frozenset({"X"})}
+    addresses = {"X": "127.0.0.1:1", "Y": "127.0.0.1:2"}
+    seen_at_y = {0: [(0.5, "127.0.0.1:1"), (2.5, "127.0.0.1:2"), (4.5, "127.0.0.1:2")]}
+    v = check(
+        h.ops, final_after=100, tablet_of=lambda r: 0, value_workers=owners,
+        locations=seen_at_y, worker_addresses=addresses,
+    )
+    assert len(v.double_serving) == 1 and v.attributed == 3
+    # The tablet was seen given back to X: a legitimate move, not double-serving.
+    moved_back = {0: [*seen_at_y[0], (3.5, "127.0.0.1:1")]}
+    v = check(
+        h.ops, final_after=100, tablet_of=lambda r: 0, value_workers=owners,
+        locations=moved_back, worker_addresses=addresses,
+    )
+    assert not v.double_serving
+
+
+def test_recovery_and_gaps() -> None:
+    h = H()
+    _acked(h, b"v1", 0, 1)
+    h.op(Kind.PUT, 1, 2, value=b"b1", row=b"b")
+    h.op(Kind.PUT, 10.5, 14, value=b"v2")  # first ack on tablet 0 after the kill at 10
+    h.op(Kind.PUT, 11, 12, value=b"b2", row=b"b")
+    v = check(
+        h.ops, final_after=100, tablet_of=lambda r: 0 if r.startswith(b"a") else 1,
+        kills=[Kill(10.0, "X", frozenset({0}))],
+    )
+    assert v.recovery == [4.0]
+    assert v.write_gaps[0] == (13.0, 1)
