@@ -26,7 +26,7 @@ import pytest
 from tabletstore import connect_async
 from tabletstore.client.client import AsyncClient, AsyncTable
 from tabletstore.embedded import Database
-from tabletstore.errors import InvalidArgument
+from tabletstore.errors import InvalidArgument, Unavailable
 from tabletstore.filters import FamilyNameRegex
 from tabletstore.model import (
     MAX_MUTATION_BYTES,
@@ -38,7 +38,7 @@ from tabletstore.model import (
     SetCell,
 )
 from tabletstore.rpc.codec import Codec
-from tabletstore.rpc.messages import LargeRow, ReadRowsRequest, RowBatch
+from tabletstore.rpc.messages import LargeRow, ReadRowsRequest, RowBatch, RowPiece
 from tabletstore.rpc.row_pieces import STREAM_ITEM_BYTES, RowAssembler
 from tabletstore.rpc.wire import register_all
 from tests.integration.cluster_harness import Cluster
@@ -280,3 +280,32 @@ async def _create_table(url: str, name: str) -> None:
         await wait_served(client, name, 1)
     finally:
         await client.close()
+
+
+async def test_a_stream_broken_inside_a_large_row_resumes_after_the_last_whole_row(
+    db: Database, big_rows: BigRows, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker's stream dies after a few pieces of row ``b``: the client never hands out
+    half a row, and its retry resumes after ``a``, reading ``b`` whole and nothing twice."""
+    table = await db.create_table("big", ["f", "g"], split_keys=[b"m"])
+    await big_rows.write(table)
+    transport = db._transport
+    real = transport.stream
+    broken: list[int] = []
+
+    async def breaks_once(address: str, method: str, request: object) -> AsyncIterator[object]:
+        n = 0
+        async for item in real(address, method, request):
+            if method == "read_rows" and not broken and isinstance(item, RowPiece):
+                n += 1
+                if n == 3:
+                    broken.append(n)
+                    raise Unavailable("connection lost (injected)")
+            yield item
+
+    monkeypatch.setattr(transport, "stream", breaks_once)
+    rows = [r async for r in table.read_rows()]
+    assert broken == [3]
+    assert [r.key for r in rows] == [b"a", b"b", b"c", b"d", b"e", b"n", b"z"]
+    big_rows.check_b(rows[1])
+    big_rows.check_d(rows[3])
