@@ -4,9 +4,11 @@ This is the one place that validates a row mutation against a schema and turns i
 cells (``keys.Cell``). The client calls :func:`validate_row_mutation` to fail fast; the tablet
 server calls :func:`to_cells` again, because a server never trusts its clients.
 
-Limits: row keys 1 byte to 64 KiB; values up to ``model.MAX_VALUE``; families must exist in the
-schema and the caller must be allowed to write them (ACLs, §2); timestamps are microseconds in
-``[0, TS_MAX)``; time ranges must not be inverted.
+Limits (stated in ``model``): row keys 1 byte to 64 KiB; qualifiers up to ``MAX_QUALIFIER``;
+values up to ``MAX_VALUE``, also after an append; a whole row mutation up to
+``MAX_MUTATION_BYTES`` as :func:`mutation_bytes` counts it (so it fits one RPC request frame);
+families must exist in the schema and the caller must be allowed to write them (ACLs, §2);
+timestamps are microseconds in ``[0, TS_MAX)``; time ranges must not be inverted.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from collections.abc import Sequence
 from tabletstore.errors import InvalidArgument, NotFound, PermissionDenied
 from tabletstore.keys import TS_MAX, Cell, CellKind, encode_ts_range
 from tabletstore.model import (
+    MAX_MUTATION_BYTES,
+    MAX_QUALIFIER,
     MAX_ROW_KEY,
     MAX_VALUE,
     AppendValue,
@@ -33,8 +37,10 @@ from tabletstore.schema import TableSchema
 __all__ = [
     "MAX_MUTATIONS_PER_ROW",
     "apply_rmw_rule",
+    "check_mutation_size",
     "check_row_key",
     "families_of",
+    "mutation_bytes",
     "to_cells",
     "validate_rmw_rules",
     "validate_row_mutation",
@@ -43,6 +49,34 @@ __all__ = [
 #: Mutations in one row mutation (Cloud Bigtable allows 100,000).
 MAX_MUTATIONS_PER_ROW = 100_000
 _COUNTER = struct.Struct(">q")
+#: Bytes counted per mutation on top of its names and value: at least what the RPC codec
+#: spends on one (msgpack's array, type marker and length headers, a timestamp: at most 26).
+MUTATION_OVERHEAD = 32
+
+
+def mutation_bytes(row: bytes, mutations: Sequence[Mutation]) -> int:
+    """The size a row mutation counts against ``MAX_MUTATION_BYTES``: an upper bound on its
+    encoded size, less the request's fixed envelope."""
+    total = len(row)
+    for m in mutations:
+        total += MUTATION_OVERHEAD
+        if isinstance(m, SetCell):
+            total += len(m.family) + len(m.qualifier) + len(m.value)
+        elif isinstance(m, DeleteCells):
+            total += len(m.family) + len(m.qualifier)
+        elif isinstance(m, DeleteFamily):
+            total += len(m.family)
+    return total
+
+
+def _check_qualifier(family: str, qualifier: object) -> None:
+    if not isinstance(qualifier, bytes):
+        raise InvalidArgument("qualifier must be bytes")
+    if len(qualifier) > MAX_QUALIFIER:
+        raise InvalidArgument(
+            f"qualifier {family}:{qualifier[:64]!r}... is {len(qualifier)} bytes; the limit is "
+            f"{MAX_QUALIFIER} (64 KiB)"
+        )
 
 
 def check_row_key(row: bytes) -> None:
@@ -91,8 +125,9 @@ def validate_row_mutation(
     for m in mutations:
         if isinstance(m, SetCell):
             _check_family(schema, m.family, identity, write=True)
-            if not isinstance(m.qualifier, bytes) or not isinstance(m.value, bytes):
-                raise InvalidArgument("qualifier and value must be bytes")
+            _check_qualifier(m.family, m.qualifier)
+            if not isinstance(m.value, bytes):
+                raise InvalidArgument("value must be bytes")
             if len(m.value) > MAX_VALUE:
                 raise InvalidArgument(
                     f"value of {m.family}:{m.qualifier[:64]!r} is {len(m.value)} bytes; "
@@ -102,8 +137,7 @@ def validate_row_mutation(
                 raise InvalidArgument(f"timestamp {m.timestamp} is outside [0, 2^63-1)")
         elif isinstance(m, DeleteCells):
             _check_family(schema, m.family, identity, write=True)
-            if not isinstance(m.qualifier, bytes):
-                raise InvalidArgument("qualifier must be bytes")
+            _check_qualifier(m.family, m.qualifier)
             start = 0 if m.start is None else m.start
             end = TS_MAX if m.end is None else m.end
             if start < 0 or end < start:
@@ -115,6 +149,18 @@ def validate_row_mutation(
                 _check_family(schema, family, identity, write=True)
         else:
             raise InvalidArgument(f"unknown mutation type {type(m).__name__}")
+    check_mutation_size(row, mutations)
+
+
+def check_mutation_size(row: bytes, mutations: Sequence[Mutation]) -> None:
+    """InvalidArgument if the row mutation is larger than ``MAX_MUTATION_BYTES``."""
+    size = mutation_bytes(row, mutations)
+    if size > MAX_MUTATION_BYTES:
+        raise InvalidArgument(
+            f"row mutation of {row[:64]!r} is {size} bytes (keys, columns and values); the "
+            f"limit is {MAX_MUTATION_BYTES} ({MAX_MUTATION_BYTES >> 20} MiB): split it into "
+            f"several row mutations"
+        )
 
 
 def to_cells(
@@ -154,6 +200,7 @@ def validate_rmw_rules(
             raise InvalidArgument(f"unknown read-modify-write rule {type(r).__name__}")
         _check_family(schema, r.family, identity, write=True)
         _check_family(schema, r.family, identity, write=False)
+        _check_qualifier(r.family, r.qualifier)
         if isinstance(r, IncrementValue) and not -(2**63) <= r.amount < 2**63:
             raise InvalidArgument(f"increment {r.amount} does not fit in 64 bits")
 
@@ -161,6 +208,12 @@ def validate_rmw_rules(
 def apply_rmw_rule(rule: ReadModifyWriteRule, current: bytes | None) -> bytes:
     """The new value a rule writes given the column's newest value (None if absent)."""
     if isinstance(rule, AppendValue):
+        size = len(current or b"") + len(rule.value)
+        if size > MAX_VALUE:
+            raise InvalidArgument(
+                f"appending to {rule.family}:{rule.qualifier[:64]!r} would make its value "
+                f"{size} bytes; the limit is {MAX_VALUE}"
+            )
         return (current or b"") + rule.value
     if current is None or current == b"":
         base = 0

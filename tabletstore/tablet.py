@@ -63,6 +63,7 @@ from tabletstore.model import Cell as ApiCell
 from tabletstore.model import Mutation, ReadModifyWriteRule, Row, SetCell
 from tabletstore.mutations import (
     apply_rmw_rule,
+    check_mutation_size,
     to_cells,
     validate_rmw_rules,
     validate_row_mutation,
@@ -406,6 +407,9 @@ class Tablet:
             muts: list[Mutation] = [
                 SetCell(f, q, v, max(now, newest.get((f, q), now))) for (f, q), v in written.items()
             ]
+            # Appends can grow a row mutation past what one request could carry: refuse it
+            # like a write of the same cells (the result row crosses the wire in one reply).
+            check_mutation_size(row, muts)
             await self._apply_locked(row, muts)
             out = [
                 ApiCell(m.family, m.qualifier, m.timestamp or now, m.value)

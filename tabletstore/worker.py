@@ -69,12 +69,14 @@ from tabletstore.rpc.messages import (
     CheckAndMutateResponse,
     CompactTabletRequest,
     EntryError,
+    LargeRow,
     LoadTabletRequest,
     MutateRowsRequest,
     MutateRowsResponse,
     ReadModifyWriteRequest,
     ReadRowsRequest,
     RowBatch,
+    RowPiece,
     SampleRowKeysRequest,
     SampleRowKeysResponse,
     ServerStatusRequest,
@@ -83,6 +85,7 @@ from tabletstore.rpc.messages import (
     UnloadTabletRequest,
     UpdateSchemaRequest,
 )
+from tabletstore.rpc.row_pieces import STREAM_ITEM_BYTES, UNARY_ROW_BYTES, row_bytes, split_row
 from tabletstore.rpc.tcp import RpcServer, TcpTransport
 from tabletstore.rpc.wire import register_all
 from tabletstore.schema import TableSchema
@@ -99,9 +102,10 @@ log = logging.getLogger(__name__)
 #: Seconds a stopping worker's last record updates wait for METADATA (see stop()).
 _STOP_METADATA_WAIT = 5.0
 
-#: Rows per streamed frame of a scan, and a byte bound on one frame.
+#: Rows per streamed item of a scan, and a byte bound on one item: a larger row goes alone,
+#: in pieces of about that size (rpc.row_pieces).
 _ROWS_PER_BATCH = 256
-_BYTES_PER_BATCH = 1 << 20
+_BYTES_PER_BATCH = STREAM_ITEM_BYTES
 
 
 class WorkerLog:
@@ -710,21 +714,30 @@ class TabletServer:
             results = await asyncio.gather(*(one(i) for i in range(len(req.entries))))
         return MutateRowsResponse(tuple(e for e in results if e is not None))
 
-    async def read_rows(self, req: ReadRowsRequest) -> AsyncIterator[RowBatch]:
-        """Stream the requested rows of one tablet in key order, in bounded frames."""
+    async def read_rows(self, req: ReadRowsRequest) -> AsyncIterator[RowBatch | RowPiece]:
+        """Stream the requested rows of one tablet in key order, in items of bounded size:
+        whole rows in batches, a row larger than one item alone in pieces (rpc.row_pieces)."""
         tablet = self._tablet(req.table_id, req.tablet_id)
         families = set(req.families) if req.families is not None else None
         remaining = req.limit
         batch: list[Row] = []
         size = 0
         async for row in self._rows(tablet, req, families):
-            batch.append(row)
-            size += sum(len(c.value) + len(c.qualifier) + 16 for c in row.cells) + len(row.key)
             if remaining is not None:
                 remaining -= 1
-            if len(batch) >= _ROWS_PER_BATCH or size >= _BYTES_PER_BATCH:
-                yield RowBatch(tuple(batch))
-                batch, size = [], 0
+            row_size = row_bytes(row)
+            if row_size > _BYTES_PER_BATCH:
+                if batch:
+                    yield RowBatch(tuple(batch))
+                    batch, size = [], 0
+                for piece in split_row(row, _BYTES_PER_BATCH):
+                    yield piece
+            else:
+                batch.append(row)
+                size += row_size
+                if len(batch) >= _ROWS_PER_BATCH or size >= _BYTES_PER_BATCH:
+                    yield RowBatch(tuple(batch))
+                    batch, size = [], 0
             if remaining is not None and remaining <= 0:
                 break
         if batch:
@@ -749,8 +762,9 @@ class TabletServer:
                 ):
                     yield row
 
-    async def read_row(self, req: ReadRowsRequest) -> RowBatch:
-        """A point read (``req.keys[0]``) answered in one reply: no stream to set up."""
+    async def read_row(self, req: ReadRowsRequest) -> RowBatch | LargeRow:
+        """A point read (``req.keys[0]``) answered in one reply: no stream to set up. A row
+        too large for one reply is answered ``LargeRow``: the client streams it instead."""
         tablet = self._tablet(req.table_id, req.tablet_id)
         if len(req.keys) != 1 or req.ranges:
             raise InvalidArgument("read_row takes exactly one row key and no ranges")
@@ -758,7 +772,10 @@ class TabletServer:
         row = await tablet.read_row(
             req.keys[0], filter=req.filter, families=families, identity=req.identity
         )
-        return RowBatch(() if row is None else (row,))
+        if row is None:
+            return RowBatch(())
+        size = row_bytes(row)
+        return RowBatch((row,)) if size <= UNARY_ROW_BYTES else LargeRow(row.key, size)
 
     async def check_and_mutate(self, req: CheckAndMutateRequest) -> CheckAndMutateResponse:
         tablet = self._tablet(req.table_id, req.tablet_id)

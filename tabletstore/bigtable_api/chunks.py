@@ -33,7 +33,7 @@ __all__ = ["DEFAULT_MAX_RESPONSE_BYTES", "DEFAULT_MAX_VALUE_CHUNK", "ChunkEncode
 
 #: Values longer than this are split across chunks (the service uses about 1 MiB too).
 DEFAULT_MAX_VALUE_CHUNK = 1024 * 1024
-#: A response is sent once its chunks add up to this many value and key bytes.
+#: A response holds at most this many value and key bytes (or one chunk, if that is more).
 DEFAULT_MAX_RESPONSE_BYTES = 1024 * 1024
 
 CellChunkPB: Any = ReadRowsResponsePB.CellChunk
@@ -98,14 +98,20 @@ class ChunkEncoder:
         self._pending_bytes = 0
 
     def add(self, row: Row) -> Iterator[Any]:
-        """Encode ``row``; yield every response filled up meanwhile."""
+        """Encode ``row``; yield every response filled up meanwhile. A response is sent before
+        a chunk would take it past ``max_response_bytes``, so none is larger than that or than
+        one chunk (``max_value_chunk`` of value and the cell's names): gRPC clients receive
+        4 MiB messages by default, and a row of any size arrives in messages of this size."""
         for chunk in row_chunks(row, max_value_chunk=self._max_value_chunk):
+            size = _chunk_bytes(chunk) + (0 if chunk.row_key else len(row.key))
+            if self._pending.chunks and self._pending_bytes + size > self._max_response_bytes:
+                yield self._take()
             if not self._pending.chunks:
                 # The official clients read each response's first chunk as the key of the row
                 # it continues, so a response that starts mid-row repeats the row key.
                 chunk.row_key = row.key
             self._pending.chunks.append(chunk)
-            self._pending_bytes += _chunk_bytes(chunk)
+            self._pending_bytes += size
             if self._pending_bytes >= self._max_response_bytes:
                 yield self._take()
 

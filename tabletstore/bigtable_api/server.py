@@ -103,7 +103,9 @@ UNIMPLEMENTED_ADMIN = (
 )
 #: Bigtable's limit on mutations in one MutateRows request, over all entries.
 MAX_MUTATIONS_PER_REQUEST = MAX_MUTATIONS_PER_ROW
-#: Largest message either way: a 64 MiB value plus its key and framing.
+#: Largest message either way: requests of several row mutations (each at most
+#: ``model.MAX_MUTATION_BYTES``, checked per entry); ReadRows responses stay near
+#: ``DEFAULT_MAX_RESPONSE_BYTES`` whatever the row's size (chunks.py).
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 
 _log = logging.getLogger(__name__)

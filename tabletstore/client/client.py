@@ -42,12 +42,13 @@ from tabletstore.model import (
     RowMutation,
     SetCell,
 )
-from tabletstore.mutations import check_row_key, validate_row_mutation
+from tabletstore.mutations import check_row_key, mutation_bytes, validate_row_mutation
 from tabletstore.query import RowRange, RowSet
 from tabletstore.rpc.inprocess import Transport
 from tabletstore.rpc.messages import (
     CheckAndMutateRequest,
     CheckAndMutateResponse,
+    LargeRow,
     MutateRowsRequest,
     MutateRowsResponse,
     ReadModifyWriteRequest,
@@ -58,6 +59,7 @@ from tabletstore.rpc.messages import (
     ServerStatusRequest,
     ServerStatusResponse,
 )
+from tabletstore.rpc.row_pieces import RowAssembler
 from tabletstore.schema import ColumnFamily, GcRule, LocalityGroup, TableSchema
 
 __all__ = [
@@ -70,6 +72,11 @@ __all__ = [
 ]
 
 _ERRORS: dict[str, type[TabletStoreError]] = {}
+
+#: Row-mutation bytes (``mutations.mutation_bytes``) per MutateRows request: a batch is sent
+#: in requests of about this size; one row mutation (at most ``MAX_MUTATION_BYTES``) always
+#: fits a frame on its own.
+_REQUEST_BYTES = 16 * 1024 * 1024
 
 
 def _error_class(name: str) -> type[TabletStoreError]:
@@ -454,7 +461,13 @@ class AsyncTable:
                         )
                 return retry, errs
 
-            results = await asyncio.gather(*(send(rec, idx) for rec, idx in groups.values()))
+            results = await asyncio.gather(
+                *(
+                    send(rec, part)
+                    for rec, idx in groups.values()
+                    for part in _by_size(entries, idx)
+                )
+            )
             indexes = sorted(i for retry, _ in results for i in retry)
             for _, errs in results:
                 failures.extend(errs)
@@ -535,7 +548,7 @@ class AsyncTable:
             for f in fams:
                 if f not in info.schema.families:
                     raise InvalidArgument(f"table {self.name!r} has no column family {f!r}")
-        batch: RowBatch = await client._with_retry(
+        reply: RowBatch | LargeRow = await client._with_retry(
             self.name,
             row,
             "read_row",
@@ -549,7 +562,14 @@ class AsyncTable:
             ),
             safe=True,
         )
-        return batch.rows[0] if batch.rows else None
+        if type(reply) is LargeRow:
+            # Too large for one reply: read it again as a stream, which carries it in pieces
+            # (one read of the row, so still atomic; the unary answer held none of it).
+            async for whole in self.read_rows(keys=(row,), filter=filter, families=fams):
+                return whole
+            return None
+        assert isinstance(reply, RowBatch)
+        return reply.rows[0] if reply.rows else None
 
     async def read_rows(
         self,
@@ -626,10 +646,12 @@ class AsyncTable:
                 families=families,
                 identity=client.identity,
             )
-            batch: RowBatch
-            async for batch in client._transport.stream(rec.location, "read_rows", req):
-                for row in batch.rows:
+            # Whole rows come in batches; a large row in pieces, handed out once complete.
+            assembler = RowAssembler(rec.location)
+            async for item in client._transport.stream(rec.location, "read_rows", req):
+                for row in assembler.rows(item):
                     yield row
+            assembler.finish()
 
     async def sample_row_keys(self) -> list[tuple[bytes, int]]:
         """(row key, approximate bytes up to it) pairs that split the table evenly-ish."""
@@ -647,6 +669,22 @@ class AsyncTable:
                 out.append((key, base + off))
             base += resp.offsets[-1] if resp.offsets else 0
         return out
+
+
+def _by_size(entries: Sequence[RowMutation], indexes: list[int]) -> list[list[int]]:
+    """``indexes`` cut into requests of at most ``_REQUEST_BYTES`` of row mutations each (a
+    larger entry alone), so a batch of any size fits the frames that carry it."""
+    parts: list[list[int]] = [[]]
+    size = 0
+    for i in indexes:
+        entry = entries[i]
+        n = mutation_bytes(entry.row, entry.mutations)
+        if parts[-1] and size + n > _REQUEST_BYTES:
+            parts.append([])
+            size = 0
+        parts[-1].append(i)
+        size += n
+    return parts
 
 
 def _row_set(

@@ -63,8 +63,8 @@ from tabletstore.rpc.messages import (
     MutateRowsRequest,
     MutateRowsResponse,
     ReadRowsRequest,
-    RowBatch,
 )
+from tabletstore.rpc.row_pieces import RowAssembler
 
 __all__ = ["LocationCache", "LocationStats"]
 
@@ -296,10 +296,11 @@ class LocationCache:
             assert holder.location is not None
             try:
                 rows: list[Row] = []
-                batch: RowBatch
+                assembler = RowAssembler(holder.location)
                 async with self._timeout(holder):
-                    async for batch in self._transport.stream(holder.location, "read_rows", req):
-                        rows.extend(batch.rows)
+                    async for item in self._transport.stream(holder.location, "read_rows", req):
+                        rows.extend(assembler.rows(item))
+                assembler.finish()
                 return rows, holder
             except Unavailable as exc:  # NotServing included: the tablet moved
                 self._drop(holder)

@@ -38,6 +38,15 @@ Frames
 
 Request id 0 is reserved for connection-level ERROR frames; clients number requests from 1.
 
+Sizes
+-----
+``DEFAULT_MAX_FRAME`` (both sides' default) is derived from the write limits in
+``tabletstore.model``: one frame holds the largest acceptable row mutation
+(``MAX_MUTATION_BYTES``) plus a request's envelope, so whatever a write may carry can be sent.
+Nothing a read returns is bounded by a frame: a scan streams rows in items of about
+``row_pieces.STREAM_ITEM_BYTES`` and a row larger than that in several pieces, which the client
+reassembles (``rpc/row_pieces.py``). Big frames therefore only ever carry big writes.
+
 A frame whose length exceeds the receiver's limit or is shorter than the 5-byte header leaves the
 byte stream untrustworthy: the receiver answers ERROR (request id 0) and closes the connection.
 A well-delimited frame with an unknown kind or a malformed body gets an ERROR for its own request
@@ -51,6 +60,7 @@ from enum import IntEnum
 from typing import NamedTuple
 
 from tabletstore.errors import InvalidArgument, Unimplemented
+from tabletstore.model import MAX_MUTATION_BYTES
 
 __all__ = [
     "DEFAULT_MAX_FRAME",
@@ -78,7 +88,11 @@ __all__ = [
 
 MAGIC = b"TSRP"
 PROTOCOL_VERSION = 1
-DEFAULT_MAX_FRAME = 16 * 1024 * 1024
+#: Room for a request's envelope around its row mutation: method name, table and tablet ids,
+#: identity, the msgpack headers of the request and of each entry.
+_ENVELOPE = 1024 * 1024
+#: The largest frame either side accepts unless configured otherwise (module docstring).
+DEFAULT_MAX_FRAME = MAX_MUTATION_BYTES + _ENVELOPE
 
 _HELLO = struct.Struct(">4sHI")
 HELLO_SIZE = _HELLO.size

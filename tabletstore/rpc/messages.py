@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tabletstore.filters import RowFilter
-from tabletstore.model import Mutation, ReadModifyWriteRule, Row, RowMutation
+from tabletstore.model import Cell, Mutation, ReadModifyWriteRule, Row, RowMutation
 from tabletstore.query import RowRange
 
 __all__ = [
@@ -25,6 +25,7 @@ __all__ = [
     "CompactTabletRequest",
     "CreateTableRequest",
     "EntryError",
+    "LargeRow",
     "ListTablesRequest",
     "ListTablesResponse",
     "LoadTabletRequest",
@@ -34,6 +35,7 @@ __all__ = [
     "ReadModifyWriteRequest",
     "ReadRowsRequest",
     "RowBatch",
+    "RowPiece",
     "SampleRowKeysRequest",
     "SampleRowKeysResponse",
     "ServerStatusRequest",
@@ -88,9 +90,35 @@ class ReadRowsRequest:
 
 @dataclass(frozen=True, slots=True)
 class RowBatch:
-    """One streamed frame of rows."""
+    """One stream item of whole rows (``read_rows``), or ``read_row``'s reply (0 or 1 row)."""
 
     rows: tuple[Row, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RowPiece:
+    """One stream item carrying part of a row too large for one item (``rpc.row_pieces``).
+
+    A large row is sent as consecutive pieces with the same ``key``, each holding the next
+    cells in row order; ``last`` marks the row's final piece. When ``split_value`` is set, the
+    piece's last cell holds only the beginning of its value: the next piece opens with the same
+    cell (family, qualifier, timestamp, labels) holding the value's next bytes. No other item
+    of the stream comes between the pieces of a row.
+    """
+
+    key: bytes
+    cells: tuple[Cell, ...]
+    split_value: bool
+    last: bool
+
+
+@dataclass(frozen=True, slots=True)
+class LargeRow:
+    """``read_row``'s reply when the row is larger than one reply may be: read it with
+    ``read_rows``, which streams it in pieces (the client does so by itself)."""
+
+    key: bytes
+    size: int
 
 
 @dataclass(frozen=True, slots=True)

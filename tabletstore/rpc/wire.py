@@ -66,6 +66,8 @@ WIRE_TYPES: dict[int, type] = {
     74: m.ServerStatusRequest,
     75: m.TabletStatus,
     76: m.ServerStatusResponse,
+    77: m.RowPiece,
+    78: m.LargeRow,
     # master messages (90-109)
     90: m.TableInfoMessage,
     91: m.CreateTableRequest,

@@ -452,3 +452,20 @@ def test_a_response_that_starts_mid_row_repeats_the_row_key() -> None:
     assert all(r.chunks[0].row_key == b"key" for r in responses)
     value = b"".join(c.value for r in responses for c in r.chunks)
     assert value == b"v" * 95
+
+
+def test_a_large_row_goes_out_in_responses_of_at_most_the_bound() -> None:
+    """A 20 MB row crosses the front door in messages well under gRPC's default 4 MiB receive
+    limit: no response is larger than ``max_response_bytes`` (or one chunk)."""
+    value = bytes(range(256)) * 80_000  # 20,480,000 bytes
+    small = [Cell("a", b"p%04d" % i, 1000, b"s" * 1000) for i in range(1000)]  # ~1 MB first
+    row = Row(b"big", [*small, Cell("a", b"q", 1000, value), Cell("a", b"r", 1000, b"tail")])
+    enc = ChunkEncoder()
+    responses = [*enc.add(row)]
+    last = enc.flush()
+    responses += [last] if last is not None else []
+    limit = 1024 * 1024 + 64  # one 1 MiB value chunk with its key and cell names
+    assert all(r.ByteSize() <= limit for r in responses)
+    assert len(responses) >= 20
+    got = b"".join(c.value for r in responses for c in r.chunks)
+    assert got == b"s" * 1_000_000 + value + b"tail"

@@ -5,8 +5,20 @@ from __future__ import annotations
 import pytest
 
 from tabletstore.errors import InvalidArgument, Unimplemented
+from tabletstore.model import (
+    MAX_MUTATION_BYTES,
+    MAX_QUALIFIER,
+    MAX_ROW_KEY,
+    MAX_VALUE,
+    RowMutation,
+    SetCell,
+)
+from tabletstore.mutations import MAX_MUTATIONS_PER_ROW, mutation_bytes
 from tabletstore.rpc import frames
+from tabletstore.rpc.codec import Codec
 from tabletstore.rpc.frames import FrameError, Kind
+from tabletstore.rpc.messages import MutateRowsRequest
+from tabletstore.rpc.wire import register_all
 
 
 def test_golden_hello() -> None:
@@ -78,7 +90,8 @@ def test_parser_reports_wrong_magic_early() -> None:
 
 def test_parser_rejects_oversized_frame() -> None:
     parser = frames.FrameParser(frames.DEFAULT_MAX_FRAME)
-    with pytest.raises(FrameError, match="frame of 2147483647 bytes exceeds the 16 MiB limit"):
+    limit = frames.format_size(frames.DEFAULT_MAX_FRAME)
+    with pytest.raises(FrameError, match=f"frame of 2147483647 bytes exceeds the {limit} limit"):
         parser.feed(frames.HEADER.pack(2147483647, Kind.REQUEST, 1))
 
 
@@ -106,3 +119,29 @@ def test_credit_and_sizes() -> None:
     assert frames.format_size(1000) == "1000 bytes"
     with pytest.raises(InvalidArgument, match="exceeds the peer's 1 KiB frame limit"):
         frames.check_outgoing(2000, 1024, "request")
+
+
+@pytest.mark.parametrize("shape", ["one-value", "many-mutations"])
+def test_the_default_frame_holds_any_acceptable_row_mutation(shape: str) -> None:
+    """The write limits and the frame agree (model.MAX_MUTATION_BYTES): a row mutation just
+    within the limit, in its worst shapes, fits one request frame with its envelope."""
+    row = b"r" * MAX_ROW_KEY
+    family = "f" * 64
+    if shape == "one-value":
+        big = SetCell(family, b"q" * MAX_QUALIFIER, b"v" * MAX_VALUE, 2**63 - 2)
+        used = mutation_bytes(row, [big])
+        filler = SetCell(family, b"", b"w" * (MAX_MUTATION_BYTES - used - 32 - 64), 2**63 - 2)
+        mutations = [big, filler]
+    else:
+        n = MAX_MUTATIONS_PER_ROW
+        each = (MAX_MUTATION_BYTES - len(row)) // n - 32 - 64
+        mutations = [SetCell(family, b"", b"v" * each, 2**63 - 2) for _ in range(n)]
+        rest = MAX_MUTATION_BYTES - mutation_bytes(row, mutations)
+        mutations[0] = SetCell(family, b"", b"v" * (each + rest), 2**63 - 2)
+    assert MAX_MUTATION_BYTES - 100 <= mutation_bytes(row, mutations) <= MAX_MUTATION_BYTES
+    request = MutateRowsRequest(
+        "t" * 32, "t" * 32, (RowMutation(row, tuple(mutations)),), identity="x" * 1000
+    )
+    payload = register_all(Codec()).encode(request)
+    frame = frames.encode_request(2**32 - 1, "mutate_rows", payload, window=0)
+    frames.check_outgoing(len(frame) - frames.HEADER.size, frames.DEFAULT_MAX_FRAME, "request")

@@ -1,0 +1,170 @@
+"""Rows of any size across the wire: bounded stream items, large rows in pieces (DESIGN.md §9).
+
+A row is unbounded: every write may add cells (each up to ``model.MAX_VALUE``), and a read
+must return the row whole (§2: a read of one row is atomic). A frame is bounded
+(``frames.DEFAULT_MAX_FRAME``), and a stream's credit window (frames.py) is counted in items,
+so the worker keeps every item of a ``read_rows`` stream near :data:`STREAM_ITEM_BYTES`:
+
+* whole rows travel in a ``RowBatch``, closed once it holds about ``STREAM_ITEM_BYTES``
+  (the common case: one item, many rows);
+* a row larger than ``STREAM_ITEM_BYTES`` travels alone as consecutive ``RowPiece`` items
+  (:func:`split_row`), each about ``STREAM_ITEM_BYTES``: the next cells in row order, and a
+  value too large for one piece split across several (``split_value``);
+* the client puts the pieces back together (:class:`RowAssembler`) and hands out the row only
+  once its last piece arrived, so a stream that breaks mid-row resumes after the last whole
+  row and reads the large row again, from one snapshot.
+
+``read_row`` (unary, for fast point reads) answers a row larger than
+:data:`UNARY_ROW_BYTES` with ``LargeRow`` instead; the client then reads that row through
+``read_rows``. Whether a row is large is decided by a quick estimate (:func:`row_bytes`);
+pieces are cut by one that errs on the large side per cell (:data:`CELL_OVERHEAD`).
+``model``'s key and qualifier limits keep a cell's non-value part far below a piece, so only
+values ever need splitting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+
+from tabletstore.errors import Unavailable
+from tabletstore.model import Cell, Row
+from tabletstore.rpc.messages import RowBatch, RowPiece
+
+__all__ = [
+    "CELL_OVERHEAD",
+    "STREAM_ITEM_BYTES",
+    "UNARY_ROW_BYTES",
+    "RowAssembler",
+    "row_bytes",
+    "split_row",
+]
+
+#: Target size of one ``read_rows`` stream item (a batch of rows, or a piece of one row).
+STREAM_ITEM_BYTES = 1 << 20
+#: Largest row ``read_row`` returns in its one reply; a larger one is streamed.
+UNARY_ROW_BYTES = 4 * STREAM_ITEM_BYTES
+#: Bytes counted per cell on top of its family, qualifier and value: at least what the codec
+#: spends on one (array and type-marker headers, length headers, timestamp, labels' array).
+CELL_OVERHEAD = 32
+
+
+def _cell_head(cell: Cell) -> int:
+    """A cell's estimated encoded size, its value excepted."""
+    head = CELL_OVERHEAD + len(cell.family) + len(cell.qualifier)
+    for label in cell.labels:
+        head += len(label) + 2
+    return head
+
+
+def row_bytes(row: Row) -> int:
+    """A quick estimate of ``row``'s encoded size (key, qualifiers, values, 16 bytes a cell):
+    what decides whether a row travels whole or in pieces. It runs for every row read, so it
+    is kept cheap; the limits it is compared with are far below a frame."""
+    return len(row.key) + sum(len(c.value) + len(c.qualifier) + 16 for c in row.cells)
+
+
+def split_row(row: Row, budget: int = STREAM_ITEM_BYTES) -> Iterator[RowPiece]:
+    """``row`` as pieces of about ``budget`` estimated bytes each, in order; the last has
+    ``last`` set. A value that does not fit the rest of a piece starts a new one, and a value
+    larger than a whole piece is split across pieces (``split_value``). REQUIRES: the row has
+    at least one cell."""
+    key = row.key
+    full = budget - len(key)
+    cells: list[Cell] = []
+    room = full
+    for cell in row.cells:
+        head = _cell_head(cell)
+        value = cell.value
+        if cells and head + len(value) > room:
+            yield RowPiece(key, tuple(cells), split_value=False, last=False)
+            cells, room = [], full
+        start = 0
+        # Here ``cells`` is empty unless the whole cell fits: a split value starts a piece.
+        while head + len(value) - start > room:
+            # At least a quarter budget of value per piece, however large the cell's names
+            # (within model's limits they are far smaller than that).
+            take = max(room - head, budget // 4, 1)
+            part = replace(cell, value=value[start : start + take])
+            yield RowPiece(key, (part,), split_value=True, last=False)
+            start += take
+            room = full
+        cells.append(cell if start == 0 else replace(cell, value=value[start:]))
+        room -= head + len(value) - start
+    yield RowPiece(key, tuple(cells), split_value=False, last=True)
+
+
+class RowAssembler:
+    """Turns the items of one ``read_rows`` stream back into whole rows.
+
+    ``rows(item)`` returns the rows an item completes: a batch's rows, nothing for a piece
+    that is not a row's last, the whole row for its last piece. Call ``finish()`` when the
+    stream ends. A stream that breaks the piece rules (module docstring) raises Unavailable.
+    """
+
+    __slots__ = ("_cells", "_key", "_open", "_parts", "_source")
+
+    def __init__(self, source: str = "worker") -> None:
+        self._source = source
+        self._key: bytes | None = None
+        self._cells: list[Cell] = []
+        #: The cell whose value continues in the next piece, and its value's parts so far.
+        self._open: Cell | None = None
+        self._parts: list[bytes] = []
+
+    def rows(self, item: object) -> Sequence[Row]:
+        if type(item) is RowBatch:
+            if self._key is not None:
+                raise self._broken("a batch of rows arrived inside a row sent in pieces")
+            return item.rows
+        if type(item) is RowPiece:
+            return self._add(item)
+        raise self._broken(f"unexpected stream item {type(item).__name__}")
+
+    def finish(self) -> None:
+        """The stream ended: it must not have ended inside a row."""
+        if self._key is not None:
+            raise self._broken(f"the stream ended inside row {self._key[:64]!r}")
+
+    def _add(self, piece: RowPiece) -> Sequence[Row]:
+        if self._key is None:
+            self._key = piece.key
+        elif piece.key != self._key:
+            raise self._broken(
+                f"a piece of row {piece.key[:64]!r} arrived inside row {self._key[:64]!r}"
+            )
+        cells = piece.cells
+        if not cells:
+            raise self._broken(f"an empty piece of row {piece.key[:64]!r}")
+        if self._open is not None:
+            first, opened = cells[0], self._open
+            if (first.family, first.qualifier, first.timestamp) != (
+                opened.family,
+                opened.qualifier,
+                opened.timestamp,
+            ):
+                raise self._broken(f"a split value of row {piece.key[:64]!r} does not continue")
+            self._parts.append(first.value)
+            cells = cells[1:]
+            if cells or not piece.split_value:
+                self._close_value()
+        if piece.split_value and cells:
+            self._cells.extend(cells[:-1])
+            self._open, self._parts = cells[-1], [cells[-1].value]
+        else:
+            self._cells.extend(cells)
+        if not piece.last:
+            return ()
+        if self._open is not None:
+            raise self._broken(f"the last piece of row {piece.key[:64]!r} splits a value")
+        row = Row(self._key, self._cells)
+        self._key, self._cells = None, []
+        return (row,)
+
+    def _close_value(self) -> None:
+        assert self._open is not None
+        self._cells.append(replace(self._open, value=b"".join(self._parts)))
+        self._open, self._parts = None, []
+
+    def _broken(self, what: str) -> Unavailable:
+        return Unavailable(f"protocol error in a row stream from {self._source}: {what}")
