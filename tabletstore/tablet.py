@@ -398,7 +398,10 @@ class Tablet:
                 col = (rule.family, rule.qualifier)
                 base = written.get(col, latest.get(col))
                 written[col] = apply_rmw_rule(rule, base)
-            now = self._now_micros()
+            # Whole milliseconds: a Cloud Bigtable client stamps its writes with the front
+            # door's clock truncated to the millisecond, and a write acknowledged after this
+            # one must not get an older timestamp and be hidden behind it (seq breaks ties).
+            now = self._now_micros() // 1000 * 1000
             newest: dict[tuple[str, bytes], int] = {}
             for c in current:
                 newest.setdefault((c.family, c.qualifier), c.timestamp)

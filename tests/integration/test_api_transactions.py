@@ -226,3 +226,21 @@ async def test_concurrent_increments_are_atomic(db: AsyncClient, table: AsyncTab
     for row in rows:
         read = await table.read_row(row)
         assert read is not None and read.latest("stats", b"n") == be64(30)
+
+
+async def test_a_millisecond_write_after_an_increment_is_not_hidden_by_it() -> None:
+    """The Cloud Bigtable front door stamps writes with its clock truncated to the millisecond;
+    an increment within the same millisecond used to be stamped at the microsecond, so a write
+    acknowledged after it read back older (happybase's counter_set read 3 instead of 10)."""
+    from tabletstore.clock import ManualClock
+    from tabletstore.embedded import Database
+    from tabletstore.model import IncrementValue, SetCell
+
+    clock = ManualClock(start=1_700_000_000.000_5)  # half-way through a millisecond
+    async with await Database.open("memory://rmw-granularity", clock=clock) as database:
+        t = await database.create_table("c", ["f"])
+        await t.read_modify_write_row(b"r", [IncrementValue("f", b"n", 3)])
+        now_ms = int(clock.time() * 1_000_000) // 1000 * 1000
+        await t.mutate_row(b"r", [SetCell("f", b"n", be64(10), now_ms)])
+        row = await t.read_row(b"r")
+        assert row is not None and row.cells[0].value == be64(10)
