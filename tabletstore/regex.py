@@ -12,8 +12,9 @@ and nothing is translated:
 * RE2 never backtracks: a match costs O(len(text) x program size) in the worst case (its DFA,
   or its NFA when the DFA exceeds its memory budget), never exponential time. The worst case is
   still large for big programs on big values, which is why the read path weighs each row's
-  regex work (:func:`program_size` times the bytes matched) before evaluating it on the event
-  loop (:mod:`tabletstore.filters`, ``filter_row``).
+  regex work (:func:`program_size` times the bytes matched, summed by
+  :func:`tabletstore.filters.regex_cost`) before evaluating it on the event loop
+  (:mod:`tabletstore.tablet`).
 * Memory: each compiled pattern may use at most :data:`MAX_MEM` bytes (RE2's default budget;
   its program takes part, the lazily built DFA states the rest). A pattern whose program does
   not fit (``(x\\C{1000}|...)`` with thousands of branches) is refused; so is a repeat count
