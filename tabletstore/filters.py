@@ -13,8 +13,11 @@ added. Every filter maps its sorted input to a sorted output, so composition pre
 
 Semantics (as documented for Cloud Bigtable; where the emulator differs, the documentation wins):
 
-* Regex filters are RE2 full matches over raw bytes (:mod:`tabletstore.regex`): ``.`` does not
-  match ``\\n``; use ``\\C`` for any byte. ``FamilyNameRegex`` may not contain ``:``.
+* Regex filters are RE2 full matches over raw bytes, evaluated by RE2 itself
+  (:mod:`tabletstore.regex`): ``.`` does not match ``\\n``; use ``\\C`` for any byte.
+  ``FamilyNameRegex`` may not contain ``:``. RE2 never backtracks, but its worst case is still
+  bytes matched times program size: :func:`regex_cost` gives a filter's factor so the caller can
+  keep big rows off its event loop.
 * ``Chain`` feeds each filter's output to the next. ``Interleave`` gives every branch the same
   input and merges the outputs in row order *keeping duplicates*: a cell output by two branches
   appears twice (ties keep branch order). ``Chain([])`` passes everything, ``Interleave([])``
@@ -66,7 +69,7 @@ from typing import Any, ClassVar
 
 from tabletstore.errors import InvalidArgument
 from tabletstore.model import Cell
-from tabletstore.regex import compile_re2
+from tabletstore.regex import Pattern, compile_re2, program_size
 
 __all__ = [
     "MAX_FILTER_DEPTH",
@@ -95,6 +98,7 @@ __all__ = [
     "check_mapping",
     "filter_from_dict",
     "iter_filters",
+    "regex_cost",
     "text_b64",
 ]
 
@@ -117,7 +121,7 @@ def _require_count(name: str, value: object, minimum: int) -> None:
         raise InvalidArgument(f"{name} must be in [{minimum}, {_INT32_MAX}], got {value}")
 
 
-def _compile(name: str, pattern: bytes) -> re.Pattern[bytes]:
+def _compile(name: str, pattern: bytes) -> Pattern:
     _require_bytes(name, pattern)
     try:
         return compile_re2(pattern)
@@ -334,7 +338,7 @@ class RowKeyRegex(RowFilter):
     """Outputs the whole row if its key fully matches the RE2 ``pattern``, else nothing."""
 
     pattern: bytes
-    _regex: re.Pattern[bytes] = field(init=False, repr=False, compare=False)
+    _regex: Pattern = field(init=False, repr=False, compare=False)
     kind: ClassVar[str] = "row_key_regex"
 
     def __post_init__(self) -> None:
@@ -366,7 +370,7 @@ class FamilyNameRegex(RowFilter):
     """Outputs the cells whose family name fully matches the RE2 ``pattern`` (no ``:``)."""
 
     pattern: str
-    _regex: re.Pattern[bytes] = field(init=False, repr=False, compare=False)
+    _regex: Pattern = field(init=False, repr=False, compare=False)
     kind: ClassVar[str] = "family_name_regex"
 
     def __post_init__(self) -> None:
@@ -387,7 +391,7 @@ class ColumnQualifierRegex(RowFilter):
     """Outputs the cells whose qualifier fully matches the RE2 ``pattern``."""
 
     pattern: bytes
-    _regex: re.Pattern[bytes] = field(init=False, repr=False, compare=False)
+    _regex: Pattern = field(init=False, repr=False, compare=False)
     kind: ClassVar[str] = "column_qualifier_regex"
 
     def __post_init__(self) -> None:
@@ -402,7 +406,7 @@ class ValueRegex(RowFilter):
     """Outputs the cells whose value fully matches the RE2 ``pattern``."""
 
     pattern: bytes
-    _regex: re.Pattern[bytes] = field(init=False, repr=False, compare=False)
+    _regex: Pattern = field(init=False, repr=False, compare=False)
     kind: ClassVar[str] = "value_regex"
 
     def __post_init__(self) -> None:
@@ -859,3 +863,19 @@ def iter_filters(f: RowFilter) -> Iterator[RowFilter]:
     for child in children:
         if child is not None:
             yield from iter_filters(child)
+
+
+_REGEX_FILTERS = (RowKeyRegex, FamilyNameRegex, ColumnQualifierRegex, ValueRegex)
+
+
+def regex_cost(f: RowFilter | None) -> int:
+    """Worst-case RE2 work per byte of a row (its key, names and values) when ``f`` evaluates it.
+
+    The sum of the RE2 program sizes of every regex filter in ``f`` (0 when there is none):
+    each filter node runs at most once per row and an RE2 match costs at most about program
+    size steps per byte of text, so ``regex_cost(f) * row_bytes`` bounds the regex work of one
+    :func:`apply_filter` call -- whatever the pattern, since RE2 cannot backtrack.
+    """
+    if f is None:
+        return 0
+    return sum(program_size(x._regex) for x in iter_filters(f) if isinstance(x, _REGEX_FILTERS))

@@ -10,6 +10,11 @@ worker's commit log (group commit; acknowledged only once durable), insert into 
 
 Read path: merge every source for the row range, apply deletion entries and per-family GC
 (:mod:`tabletstore.iterators`), evaluate the filter server-side (:mod:`tabletstore.filters`).
+Reads share the event loop with the worker's lease keep-alive, so no read may hold it for long:
+a scan gives other tasks a turn at least every :data:`READ_SLICE_SECONDS` of computing (data
+already in memory or in the block cache never suspends it otherwise), and a row whose
+worst-case regex work (:func:`~tabletstore.filters.regex_cost` times its bytes) exceeds
+:data:`INLINE_REGEX_WORK` is filtered on a thread (RE2 releases the GIL while it matches).
 
 Compactions (§5.4): *minor* freezes the memtable and writes one SSTable per locality group,
 then moves the redo point; *merging* rewrites the newest few SSTables of a group into one;
@@ -40,6 +45,8 @@ import concurrent.futures
 import contextlib
 import functools
 import logging
+import os
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -48,7 +55,7 @@ from typing import Any, Protocol
 from tabletstore import compaction
 from tabletstore.clock import Clock, SystemClock, micros
 from tabletstore.errors import InvalidArgument, NotServing, TabletStoreError, Unavailable
-from tabletstore.filters import RowFilter, apply_filter
+from tabletstore.filters import RowFilter, apply_filter, regex_cost
 from tabletstore.iterators import (
     AsyncCellSource,
     amerge_batches,
@@ -77,9 +84,63 @@ from tabletstore.sstable.block_cache import BlockCache, ScanCache
 from tabletstore.storage_s3 import layout
 from tabletstore.storage_s3.base import ObjectStore
 
-__all__ = ["LogSink", "Tablet", "TabletCatalog", "TabletState"]
+__all__ = [
+    "INLINE_REGEX_WORK",
+    "READ_SLICE_SECONDS",
+    "LogSink",
+    "Tablet",
+    "TabletCatalog",
+    "TabletState",
+]
 
 log = logging.getLogger(__name__)
+
+#: The longest a scan computes on the event loop before it lets other tasks run. The lease
+#: keep-alive shares the loop and tolerates a stall of about ``ttl - ttl/3`` (6.7 s with the
+#: default 10 s lease); 10 ms keeps the cost of yielding (about 30 us a time) under 1%.
+READ_SLICE_SECONDS = 0.01
+#: The most regex work (RE2 program size x bytes of the row) one row's filter may do on the
+#: event loop. RE2's worst case (its NFA, when a pattern's DFA outgrows its memory) was
+#: measured at 5 to 15 ns per byte per instruction, so this bounds an inline filter to a few
+#: milliseconds; heavier rows go to :func:`_filter_executor`.
+INLINE_REGEX_WORK = 1 << 18
+
+_filter_threads: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _filter_executor() -> concurrent.futures.ThreadPoolExecutor:
+    """Threads for heavy row filters, apart from the default executor (which does local-store
+    I/O): a flood of hostile patterns queues behind itself, not behind reads of data."""
+    global _filter_threads
+    if _filter_threads is None:
+        _filter_threads = concurrent.futures.ThreadPoolExecutor(
+            max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="tabletstore-filter"
+        )
+    return _filter_threads
+
+
+def _row_bytes(row: bytes, cells: Sequence[ApiCell]) -> int:
+    """Every byte a regex filter might match in one row: key, family names, qualifiers, values."""
+    n = len(row)
+    for c in cells:  # a loop, not sum() over a generator: half the cost for a one-cell row
+        n += len(c.family) + len(c.qualifier) + len(c.value)
+    return n
+
+
+def _unfiltered_row(row: bytes, cells: list[ApiCell], rng: RowRange) -> Row | None:
+    """A scanned row without a filter: no coroutine per row on the hot path of plain scans."""
+    return Row(row, cells) if rng.contains(row) else None
+
+
+async def _filter_row(
+    filter: RowFilter, cost: int, row: bytes, cells: list[ApiCell]
+) -> list[ApiCell]:
+    """``apply_filter(filter, row, cells)``, on a thread when its regex work could stall the
+    event loop. ``cost`` is ``regex_cost(filter)``."""
+    if cost and cost * _row_bytes(row, cells) > INLINE_REGEX_WORK:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(_filter_executor(), apply_filter, filter, row, cells)
+    return apply_filter(filter, row, cells)
 
 
 class LogSink(Protocol):
@@ -374,7 +435,9 @@ class Tablet:
                 validate_row_mutation(self._schema, row, muts, identity)
         async with self._row_lock(row):
             current = await self._read_row_cells(row, self._readable(identity))
-            cells = apply_filter(predicate, row, current) if predicate is not None else current
+            cells = current
+            if predicate is not None:
+                cells = await _filter_row(predicate, regex_cost(predicate), row, current)
             matched = bool(cells)
             chosen = true_mutations if matched else false_mutations
             if chosen:
@@ -473,7 +536,7 @@ class Tablet:
         fams = _intersect(families, self._readable(identity))
         cells = await self._read_row_cells(row, fams)
         if filter is not None:
-            cells = apply_filter(filter, row, cells)
+            cells = await _filter_row(filter, regex_cost(filter), row, cells)
         return Row(row, cells) if cells else None
 
     async def scan(
@@ -505,35 +568,53 @@ class Tablet:
         )
         # Cells of a dropped family stay in SSTables until their next compaction: never shown.
         wanted = set(self._schema.families) if fams is None else fams
+        cost = regex_cost(filter)
         emitted = 0
         current_row: bytes | None = None
         cells: list[ApiCell] = []
+        # Data in memory or in the block cache never suspends this loop: yield to other tasks
+        # (the lease keep-alive above all) whenever a slice of computing has gone by, checked
+        # after each row and each merged batch.
+        slice_end = time.monotonic() + READ_SLICE_SECONDS
         async for batch in batches:
             for c in batch:
                 if c.row != current_row:
                     if cells and current_row is not None:
-                        out = self._finish_row(current_row, cells, filter, clipped)
+                        out = (
+                            _unfiltered_row(current_row, cells, clipped)
+                            if filter is None
+                            else await self._finish_row(current_row, cells, filter, cost, clipped)
+                        )
                         if out is not None:
                             yield out
                             emitted += 1
                             if limit is not None and emitted >= limit:
                                 return
+                        if time.monotonic() >= slice_end:
+                            await asyncio.sleep(0)
+                            slice_end = time.monotonic() + READ_SLICE_SECONDS
                     current_row, cells = c.row, []
                 if c.family in wanted:
                     cells.append(ApiCell(c.family, c.qualifier, c.ts, c.value))
+            if time.monotonic() >= slice_end:
+                await asyncio.sleep(0)
+                slice_end = time.monotonic() + READ_SLICE_SECONDS
         if cells and current_row is not None:
-            out = self._finish_row(current_row, cells, filter, clipped)
+            out = (
+                _unfiltered_row(current_row, cells, clipped)
+                if filter is None
+                else await self._finish_row(current_row, cells, filter, cost, clipped)
+            )
             if out is not None:
                 yield out
 
     @staticmethod
-    def _finish_row(
-        row: bytes, cells: list[ApiCell], filter: RowFilter | None, rng: RowRange
+    async def _finish_row(
+        row: bytes, cells: list[ApiCell], filter: RowFilter, cost: int, rng: RowRange
     ) -> Row | None:
         if not rng.contains(row):
             return None
-        if filter is not None:
-            cells = apply_filter(filter, row, cells)
+        cells = await _filter_row(filter, cost, row, cells)
         return Row(row, cells) if cells else None
 
     # ------------------------------------------------------------------ compactions

@@ -267,6 +267,43 @@ async def test_many_tablets_write_read_scan_filter(shared_cluster: Cluster) -> N
         await client.delete_table("many")
 
 
+@pytest.mark.slow
+async def test_backtracking_regex_leaves_every_worker_alive_and_serving(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    # Issue 11, item 3: on Python's re this pattern backtracked for hours in a worker's read
+    # path; the worker lost its 3 s lease, the client retried on each new owner, and every
+    # worker died. On RE2 the read just answers.
+    cluster = make_cluster(workers=3)
+    hostile, evil, good = rb"(a+)+$", b"a" * 31 + b"b", b"a" * 31
+    async with client_of(cluster) as client:
+        table = await client.create_table("regex", ["f"], split_keys=[b"h", b"p"])
+        await wait_served(client, "regex", 3)
+        rows = {b"a-evil": evil, b"h-evil": evil, b"p-evil": evil, b"z-good": good}
+        await table.mutate_rows([RowMutation(k, (SetCell("f", b"c", v),)) for k, v in rows.items()])
+        workers = [r for r in cluster.records if r.role.startswith("worker")]
+        before = await client.status()
+
+        f = ValueRegex(hostile)
+        async with asyncio.timeout(60):
+            assert await table.read_row(b"a-evil", filter=f) is None
+            hits = [(r.key, [c.value for c in r.cells]) async for r in table.read_rows(filter=f)]
+            assert not await table.check_and_mutate_row(
+                b"h-evil", f, true_mutations=[SetCell("f", b"t", b"matched")]
+            )
+        assert hits == [(b"z-good", [good])]
+
+        # Every worker is the same process, answering under the same identity: none lost its
+        # lease. And every tablet still serves writes and reads.
+        assert [r for r in workers if r not in cluster.alive()] == [], cluster.logs()
+        after = await client.status()
+        assert set(after.workers) == set(before.workers), cluster.logs()
+        assert all(not isinstance(s, str) for s in after.workers.values()), after.workers
+        for key in rows:
+            await table.mutate_row(key, [SetCell("f", b"c", b"after-" + key)])
+        assert await read_all(table) == {k: b"after-" + k for k in rows}
+
+
 async def test_batch_across_tablets_reports_failures_per_entry(shared_cluster: Cluster) -> None:
     async with client_of(shared_cluster) as client:
         table = await client.create_table("batch", ["f"], split_keys=[b"m"])
