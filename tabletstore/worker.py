@@ -204,6 +204,8 @@ class TabletServer:
             )
         # Splits (awaited by stop()) and post-split major compactions (cancelled by it).
         self._splits: set[asyncio.Task[None]] = set()
+        #: Set by stop(): no new split starts (it would change the tablets being closed).
+        self._stopping = False
         self._compactions: set[asyncio.Task[None]] = set()
         self._splitting: set[tuple[str, str]] = set()
         #: Monotonic time before which a tablet born of a split does not split again.
@@ -240,10 +242,14 @@ class TabletServer:
         only briefly for a METADATA tablet that is not served (its worker stopping too, say):
         a tablet whose flush fails keeps its logs listed and is recovered from them."""
         self._catalog.retry_deadline = min(self._catalog.retry_deadline, _STOP_METADATA_WAIT)
+        self._stopping = True
         for task in list(self._compactions):  # optional work: redone after the next load
             task.cancel()
         await asyncio.gather(*self._splits, *self._compactions, return_exceptions=True)
-        for key in sorted(self._tablets, key=lambda k: -mt.level(*k)):
+        # One at a time, deepest level first, re-reading the set each time: nothing may be
+        # left unclosed, whatever changed it while a tablet was being closed.
+        while self._tablets:
+            key = max(self._tablets, key=lambda k: mt.level(*k))
             tablet = self._tablets.pop(key)
             try:
                 await tablet.close(flush=flush)
@@ -409,7 +415,8 @@ class TabletServer:
         rec = tablet.record
         key = (rec.table_id, rec.tablet_id)
         if (
-            mt.level(*key) != 3
+            self._stopping
+            or mt.level(*key) != 3
             or key in self._splitting
             or self._tablets.get(key) is not tablet
             or self._clock.monotonic() < self._split_after.get(key, 0.0)
