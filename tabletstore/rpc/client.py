@@ -493,14 +493,25 @@ class RpcClientPool:
 
 
 class TcpTransport:
-    """rpc.inprocess.Transport over TCP: ``address`` is the worker's "HOST:PORT"."""
+    """rpc.inprocess.Transport over TCP: ``address`` is the worker's "HOST:PORT".
 
-    def __init__(self, *, timeout: float | None = None, **client_options: Any) -> None:
+    ``timeout`` bounds each call (and each streamed item); ``method_timeouts`` overrides it
+    for the methods it names (None: unbounded, the caller bounds them itself)."""
+
+    def __init__(
+        self,
+        *,
+        timeout: float | None = None,
+        method_timeouts: dict[str, float | None] | None = None,
+        **client_options: Any,
+    ) -> None:
         self._pool = RpcClientPool(**client_options)
         self._timeout = timeout
+        self._method_timeouts = dict(method_timeouts or {})
 
     async def call(self, address: str, method: str, request: Any) -> Any:
-        return await self._pool.get(address).call(method, request, timeout=self._timeout)
+        timeout = self._method_timeouts.get(method, self._timeout)
+        return await self._pool.get(address).call(method, request, timeout=timeout)
 
     async def stream(self, address: str, method: str, request: Any) -> AsyncIterator[Any]:
         # Closing this generator early (aclose, or a break in an ``async with aclosing``)
