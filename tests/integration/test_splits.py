@@ -17,6 +17,7 @@ the test; tests/integration/test_cluster.py has balancing with real processes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import random
 import uuid
@@ -32,7 +33,7 @@ from tabletstore.catalog import Catalog
 from tabletstore.client.client import AsyncClient, AsyncTable
 from tabletstore.coordination.memory import MemoryCoordinator
 from tabletstore.embedded import Database
-from tabletstore.errors import Unavailable
+from tabletstore.errors import TabletStoreError, Unavailable
 from tabletstore.master import Master
 from tabletstore.metadata import TabletRecord
 from tabletstore.model import DeleteRow, RowMutation, SetCell
@@ -434,6 +435,59 @@ async def test_a_process_cluster_splits_and_reads_everything_back(
 
             await harness_eventually(split, deadline=60, what="the table splits into >= 3")
             assert await read_all(table) == rows
+        finally:
+            await client.close()
+    finally:
+        cluster.close()
+    assert not cluster.alive()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_a_process_cluster_splits_under_writers_and_a_scanner(
+    etcd_server: str, s3_server: str, tmp_path: Path
+) -> None:
+    """Issue 11 item 8 on real processes (a master and two workers over etcd and S3): single
+    and batched writers and a scanner run while the table splits past a 32 KiB split size
+    (the workers may also move the children by balancing). No error reaches them and every
+    acknowledged write reads back."""
+    name = f"splitw-{uuid.uuid4().hex[:12]}"
+    boto3_client(s3_server).create_bucket(Bucket=name)
+    cluster = Cluster(
+        url=f"etcd://{etcd_server}/{name}",
+        store_url=f"s3://{name}/data?endpoint_url={s3_server}&region=us-east-1",
+        directory=tmp_path,
+        lease_ttl=5.0,
+    )
+    try:
+        cluster.start_master()
+        for _ in range(2):
+            await asyncio.to_thread(cluster.start_worker, split_bytes=32 * 1024)
+        client = await connect_async(cluster.url)
+        try:
+            table = await client.create_table("w", ["f"])
+            table_id = await table_id_of(client, "w")
+            workload = SplitWorkload(table)
+
+            async def flusher() -> None:
+                # The workers' memtables are far below their flush size: flush (an admin
+                # call, not part of the workload) so SSTables grow and tablets split.
+                while not workload.stop.is_set():
+                    with contextlib.suppress(TabletStoreError):
+                        await client.flush("w")
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(workload.stop.wait(), 0.5)
+
+            async def tablets() -> int:
+                return len(await client.catalog.list_tablets(table_id))
+
+            flushing = asyncio.ensure_future(flusher())
+            try:
+                await run_while_splitting(workload, tablets, splits=4, deadline=150)
+            finally:
+                workload.stop.set()
+                await flushing
+            assert await read_all(table) == workload.acked
         finally:
             await client.close()
     finally:
