@@ -88,9 +88,12 @@ class _Load:
 
     @property
     def failed(self) -> bool:
-        """Finished without the tablet being served (failed, timed out or cancelled)."""
-        t = self.task
-        return t.done() and (t.cancelled() or t.exception() is not None or not t.result())
+        return _failed(self.task)
+
+
+def _failed(task: asyncio.Task[bool]) -> bool:
+    """A load finished without the tablet being served (failed, timed out or cancelled)."""
+    return task.done() and (task.cancelled() or task.exception() is not None or not task.result())
 
 
 class Master:
@@ -132,6 +135,7 @@ class Master:
             transport=transport,
             clock=self._clock,
             assign=self.assign,
+            load=self.load_tablet,
             options=options,
         )
 
@@ -226,10 +230,18 @@ class Master:
             await asyncio.wait(level, timeout=self._options.load_wait)
         done = 0
         for a, task in sent:
-            if task.done() and not _Load(a.worker, task).failed:
+            if task.done() and not _failed(task):
                 claims[(a.table_id, a.tablet_id)] = a.worker
                 done += 1
         return done
+
+    async def load_tablet(self, worker: str, address: str, key: tuple[str, str]) -> bool:
+        """Load ``key`` on ``worker`` (balancing moves): True once it is served there; False
+        if the load failed, or is still running after ``load_wait`` seconds (it then goes on
+        in the background like a round's load)."""
+        task = self._start_load(worker, address, key)
+        await asyncio.wait([task], timeout=self._options.load_wait)
+        return task.done() and not _failed(task)
 
     def _start_load(self, worker: str, address: str, key: tuple[str, str]) -> asyncio.Task[bool]:
         """Send ``load_tablet`` for ``key`` to ``worker`` in the background."""

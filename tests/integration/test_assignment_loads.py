@@ -15,6 +15,7 @@ import asyncio
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -69,14 +70,12 @@ async def eventually(check: Callable[[], Awaitable[bool]], *, deadline: float, w
         await asyncio.sleep(0.02)
 
 
-@asynccontextmanager
-async def stack(
-    options: MasterOptions,
-) -> AsyncIterator[tuple[Master, TabletServer, ScriptedLoads]]:
-    store, coord, transport = MemoryObjectStore(), MemoryCoordinator(), ScriptedLoads()
+async def new_worker(
+    name: str, store: MemoryObjectStore, coord: MemoryCoordinator, transport: ScriptedLoads
+) -> TabletServer:
     worker = TabletServer(
-        "w0",
-        "inproc://w0",
+        name,
+        f"inproc://{name}",
         store=store,
         coordinator=coord,
         transport=transport,
@@ -84,15 +83,40 @@ async def stack(
     )
     await worker.start()
     transport.register(worker.address, worker)
+    return worker
+
+
+@dataclass
+class Stack:
+    master: Master
+    transport: ScriptedLoads
+    store: MemoryObjectStore
+    coord: MemoryCoordinator
+    workers: list[TabletServer]
+
+    async def join(self) -> TabletServer:
+        """Start one more worker."""
+        worker = await new_worker(f"w{len(self.workers)}", self.store, self.coord, self.transport)
+        self.workers.append(worker)
+        return worker
+
+
+@asynccontextmanager
+async def stack(options: MasterOptions) -> AsyncIterator[tuple[Master, TabletServer, Stack]]:
+    """A master and one worker, which the first round gives the root and METADATA."""
+    store, coord, transport = MemoryObjectStore(), MemoryCoordinator(), ScriptedLoads()
+    first = await new_worker("w0", store, coord, transport)
     master = Master(coordinator=coord, transport=transport, options=options)
+    s = Stack(master, transport, store, coord, [first])
     try:
-        await master.assign()  # root and METADATA
-        yield master, worker, transport
+        await master.assign()
+        yield master, first, s
     finally:
         for gate in transport.hold.values():
             gate.set()
         await master.close()
-        await worker.stop(flush=True)
+        for server in reversed(s.workers):
+            await server.stop(flush=True)
         await coord.close()
 
 
@@ -104,7 +128,8 @@ SCHEMA = TableSchema(name="t", families={"f": ColumnFamily(name="f")})
 
 
 async def test_a_hanging_load_does_not_hold_back_the_others() -> None:
-    async with stack(MasterOptions(load_wait=0.5)) as (master, worker, transport):
+    async with stack(MasterOptions(load_wait=0.5)) as (master, worker, s):
+        transport = s.transport
         transport.hold["t00002"] = asyncio.Event()
         # create_table assigns the new tablets (one assignment round) before it answers.
         create = asyncio.ensure_future(master.create_table(SCHEMA, split_keys=SPLITS))
@@ -129,7 +154,8 @@ async def test_a_hanging_load_does_not_hold_back_the_others() -> None:
 
 
 async def test_a_failed_load_is_sent_again_in_the_next_round() -> None:
-    async with stack(MasterOptions()) as (master, worker, transport):
+    async with stack(MasterOptions()) as (master, worker, s):
+        transport = s.transport
         transport.fail["t00001"] = 1
         await master.create_table(SCHEMA, split_keys=SPLITS)
         assert served(worker) == TABLETS - {"t00001"}
@@ -141,11 +167,9 @@ async def test_a_failed_load_is_sent_again_in_the_next_round() -> None:
 async def test_loads_to_one_worker_are_bounded() -> None:
     """With at most 2 loads in flight per worker, 2 held loads keep the rest waiting; the
     others go out as soon as they are released."""
-    async with stack(MasterOptions(load_wait=0.2, max_loads_per_worker=2)) as (
-        master,
-        worker,
-        transport,
-    ):
+    options = MasterOptions(load_wait=0.2, max_loads_per_worker=2)
+    async with stack(options) as (master, worker, s):
+        transport = s.transport
         transport.hold = {t: asyncio.Event() for t in ("t00000", "t00001")}
         await master.create_table(SCHEMA, split_keys=SPLITS)
         assert sum(transport.sent.values()) == 2  # the other three wait for a slot
@@ -157,6 +181,34 @@ async def test_loads_to_one_worker_are_bounded() -> None:
 
         await eventually(all_served, deadline=60, what="every tablet served once released")
         assert transport.sent == Counter(dict.fromkeys(TABLETS, 1))
+
+
+async def test_a_balancing_move_whose_load_hangs_does_not_stall_the_master() -> None:
+    """A move unloads the tablet on its source, then loads it on the target: a load that hangs
+    there is waited for at most load_wait (the master's loop goes on) and stays in flight,
+    so the assignment rounds neither wait for it nor send it again."""
+    options = MasterOptions(load_wait=0.2, balance_cooldown=0.0, merge_after=None)
+    async with stack(options) as (master, first, s):
+        transport = s.transport
+        await master.create_table(SCHEMA, split_keys=SPLITS)
+        second = await s.join()
+        transport.hold = {t: asyncio.Event() for t in TABLETS}
+        before = sum(transport.sent.values())
+        moved, _ = await asyncio.wait_for(master.balancer.run_round(), 60)
+        assert moved == 0  # the loads are held: not moved yet
+        held = sum(transport.sent.values()) - before
+        assert held >= 1
+        in_flight = TABLETS - served(first)
+        assert len(in_flight) == held and not served(second)
+        await master.assign()
+        assert sum(transport.sent.values()) - before == held  # not sent again
+        for gate in transport.hold.values():
+            gate.set()
+
+        async def moved_in() -> bool:
+            return served(second) == in_flight
+
+        await eventually(moved_in, deadline=60, what="the moved tablets served on w1")
 
 
 def test_bad_load_options_are_named() -> None:
