@@ -8,7 +8,8 @@ Each round of the elected master, after assignment:
   (moving only while the busiest worker carries over ``balance_ratio`` times the idlest one's
   load) and execute its moves: unload on the source with a flush (the tablet is minor-compacted and
   its record's logs cleared, so the new owner replays and fences nothing), then load on the
-  target. Throttled: at most ``max_moves`` per round, no balancing for ``balance_cooldown``
+  target through the master's loads (``load``: bounded like every load, waited for at most
+  ``load_wait`` seconds, then left in flight for the assignment rounds). Throttled: at most ``max_moves`` per round, no balancing for ``balance_cooldown``
   seconds after a round that moved something, and a moved tablet stays put for
   ``move_cooldown`` seconds. Request load is the rate since the previous round (workers
   report totals) above ``request_noise`` per second; below it placement follows size.
@@ -40,7 +41,6 @@ from tabletstore.errors import NotFound, TabletStoreError
 from tabletstore.options import MasterOptions
 from tabletstore.rpc.inprocess import Transport
 from tabletstore.rpc.messages import (
-    LoadTabletRequest,
     ServerStatusRequest,
     ServerStatusResponse,
     UnloadTabletRequest,
@@ -64,13 +64,17 @@ class Balancer:
         transport: Transport,
         clock: Clock,
         assign: Callable[[], Awaitable[int]],
+        load: Callable[[str, str, TabletKey], Awaitable[bool]],
         options: MasterOptions | None = None,
     ) -> None:
+        """``assign`` runs an assignment round; ``load(worker id, address, tablet)`` loads a
+        tablet and says whether it is served (Master.load_tablet)."""
         self._coord = coordinator
         self._catalog = catalog
         self._transport = transport
         self._clock = clock
         self._assign = assign
+        self._load = load
         self.options = options or MasterOptions()
         self._last_moves = -math.inf
         self._last_status = -math.inf
@@ -175,10 +179,10 @@ class Balancer:
         except TabletStoreError as exc:
             log.warning("moving %s: unload on %s failed: %s", move.tablet_id, move.source, exc)
             return False
-        try:
-            await self._transport.call(workers[move.worker], "load_tablet", LoadTabletRequest(*key))
-        except TabletStoreError as exc:
-            log.warning("moving %s: load on %s failed: %s", move.tablet_id, move.worker, exc)
+        if not await self._load(move.worker, workers[move.worker], key):
+            log.warning(
+                "moving %s: load on %s failed or is still running", move.tablet_id, move.worker
+            )
             return False
         log.info("moved tablet %s from %s to %s", move.tablet_id, move.source, move.worker)
         return True

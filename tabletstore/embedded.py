@@ -183,6 +183,7 @@ class Database(AsyncClient):
             return
         self._closed = True
         try:
+            await self.master.close()
             await self.worker.stop(flush=True)
         finally:
             await self._transport.close()

@@ -3,7 +3,14 @@
 The master creates and deletes tables, changes schemas, and keeps every tablet served: it
 lists live workers (the servers directory), finds tablets without a claim and asks a worker
 to load them (:mod:`tabletstore.assignment` decides which) — the root tablet first, then the
-METADATA tablets it lists, then the user tablets they list (§5.2). On first start it creates
+METADATA tablets it lists, then the user tablets they list (§5.2). The loads of one level go
+out concurrently (at most ``MasterOptions.max_loads_per_worker`` in flight to one worker): after
+a worker dies, its tablets are loaded side by side on the survivors, each replaying its logs,
+instead of one after another. A round waits for a level's loads at most
+``MasterOptions.load_wait`` seconds before going on; a load still running then (a long replay,
+or a hung worker) stays in flight in the background and is counted as placed, so one slow load
+holds back neither the others nor the next rounds. A load that fails or times out leaves the
+tablet unclaimed, and the next round assigns it again, to whichever worker the planner picks. On first start it creates
 the METADATA table (``Catalog.bootstrap_root``, then the METADATA tablets' rows in the root).
 Clients never send data through the master; they locate tablets through METADATA and talk to
 workers directly (§5.1).
@@ -18,6 +25,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
@@ -70,6 +78,24 @@ M = TypeVar("M", bound=BaseModel)
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True, slots=True)
+class _Load:
+    """A load_tablet request in flight: to which worker, and the task awaiting its answer
+    (True once the worker serves the tablet)."""
+
+    worker: str
+    task: asyncio.Task[bool]
+
+    @property
+    def failed(self) -> bool:
+        return _failed(self.task)
+
+
+def _failed(task: asyncio.Task[bool]) -> bool:
+    """A load finished without the tablet being served (failed, timed out or cancelled)."""
+    return task.done() and (task.cancelled() or task.exception() is not None or not task.result())
+
+
 class Master:
     """Table administration and assignment over a catalog and a transport to workers."""
 
@@ -94,6 +120,13 @@ class Master:
         self._clock = clock or SystemClock()
         self._metadata_splits = tuple(metadata_splits)
         mt.initial_metadata_records(self._metadata_splits, 0.0)  # InvalidArgument early
+        self._options = options or MasterOptions()
+        _check_load_options(self._options)
+        #: Loads sent, by tablet (table id, tablet id); finished ones are dropped at the start
+        #: of the next round, after which the claims read then show their outcome.
+        self._loads: dict[tuple[str, str], _Load] = {}
+        #: Bounds the loads in flight to each worker (by worker id).
+        self._load_slots: dict[str, asyncio.Semaphore] = {}
         #: Balancing moves and merges of small tablets; the leader runs a round after each
         #: assignment round (run_master).
         self.balancer = Balancer(
@@ -102,6 +135,7 @@ class Master:
             transport=transport,
             clock=self._clock,
             assign=self.assign,
+            load=self.load_tablet,
             options=options,
         )
 
@@ -130,6 +164,9 @@ class Master:
         user tablets (rows of METADATA). A level that is not served yet ends the round early;
         the next round goes on from there. Returns how many tablets were assigned."""
         workers = await self.live_workers()
+        # A load to a worker that left the servers directory will never serve: give it up now
+        # (the worker, if it is only paused, is told to cancel it) so the tablet is reassigned.
+        self._reap_loads(set(workers))
         if not workers:
             return 0
         # Locations at workers no longer in the servers directory are stale: forget them rather
@@ -164,30 +201,96 @@ class Master:
         records: Sequence[TabletRecord],
     ) -> int:
         """Assign the unclaimed ones of ``records``, balancing against every tablet ``known``
-        so far this round (to which they are added)."""
+        so far this round (to which they are added): send their loads concurrently, then wait
+        for this level's loads in flight (at most ``load_wait`` seconds). Returns how many of
+        the loads sent here finished with the tablet served."""
         wanted = set()
+        level: list[asyncio.Task[bool]] = []
         for rec in records:
             key = (rec.table_id, rec.tablet_id)
             holder = claims.get(key)
+            sent_before = self._loads.get(key)
+            if holder not in workers and sent_before is not None and not sent_before.failed:
+                # In flight, or served since the claims were read: not assigned twice.
+                holder = sent_before.worker
+                level.append(sent_before.task)
             known[key] = assignment.TabletLoad(*key, holder, size=rec.size)
             if holder not in workers:
                 wanted.add(key)
-        done = 0
+        sent: list[tuple[assignment.Assignment, asyncio.Task[bool]]] = []
         for a in assignment.plan(list(workers), list(known.values())):
             key = (a.table_id, a.tablet_id)
             if key not in wanted:
                 continue
-            try:
-                await self._transport.call(
-                    workers[a.worker], "load_tablet", LoadTabletRequest(*key)
-                )
-            except TabletStoreError as exc:
-                log.warning("assigning %s to %s failed: %s", a.tablet_id, a.worker, exc)
-                continue
-            claims[key] = a.worker
+            task = self._start_load(a.worker, workers[a.worker], key)
+            sent.append((a, task))
+            level.append(task)
             known[key] = assignment.TabletLoad(*key, a.worker, size=known[key].size)
-            done += 1
+        if level:
+            await asyncio.wait(level, timeout=self._options.load_wait)
+        done = 0
+        for a, task in sent:
+            if task.done() and not _failed(task):
+                claims[(a.table_id, a.tablet_id)] = a.worker
+                done += 1
         return done
+
+    async def load_tablet(self, worker: str, address: str, key: tuple[str, str]) -> bool:
+        """Load ``key`` on ``worker`` (balancing moves): True once it is served there; False
+        if the load failed, or is still running after ``load_wait`` seconds (it then goes on
+        in the background like a round's load)."""
+        task = self._start_load(worker, address, key)
+        await asyncio.wait([task], timeout=self._options.load_wait)
+        return task.done() and not _failed(task)
+
+    def _start_load(self, worker: str, address: str, key: tuple[str, str]) -> asyncio.Task[bool]:
+        """Send ``load_tablet`` for ``key`` to ``worker`` in the background."""
+        task = asyncio.get_running_loop().create_task(
+            self._load(worker, address, key), name=f"load {key[1]} on {worker}"
+        )
+        self._loads[key] = _Load(worker, task)
+        return task
+
+    async def _load(self, worker: str, address: str, key: tuple[str, str]) -> bool:
+        """One load, within the worker's bound of loads in flight and ``load_timeout``. False
+        (logged) if it failed: the tablet stays unclaimed and the next round assigns it."""
+        slots = self._load_slots.get(worker)
+        if slots is None:
+            slots = self._load_slots[worker] = asyncio.Semaphore(self._options.max_loads_per_worker)
+        async with slots:
+            try:
+                async with asyncio.timeout(self._options.load_timeout):
+                    await self._transport.call(address, "load_tablet", LoadTabletRequest(*key))
+            except TimeoutError:
+                log.warning(
+                    "loading %s on %s took over %s s; given up",
+                    key[1],
+                    worker,
+                    self._options.load_timeout,
+                )
+                return False
+            except TabletStoreError as exc:
+                log.warning("assigning %s to %s failed: %s", key[1], worker, exc)
+                return False
+        return True
+
+    def _reap_loads(self, live: set[str]) -> None:
+        """Drop the finished loads (the claims, read next, show what they did) and cancel the
+        ones in flight to workers not in ``live``."""
+        for key, load in list(self._loads.items()):
+            if load.task.done():
+                if not load.task.cancelled() and (exc := load.task.exception()) is not None:
+                    log.error("loading %s on %s raised %r", key[1], load.worker, exc)
+                del self._loads[key]
+            elif load.worker not in live:
+                load.task.cancel()
+
+    async def close(self) -> None:
+        """Give up the loads in flight (a master that stops leading leaves them to the next)."""
+        tasks = [load.task for load in self._loads.values()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     # ------------------------------------------------------------------ tables
 
@@ -298,6 +401,17 @@ class Master:
             await self._transport.call(address, method, req)
 
 
+def _check_load_options(options: MasterOptions) -> None:
+    if options.max_loads_per_worker < 1:
+        raise InvalidArgument(
+            f"max_loads_per_worker must be at least 1, got {options.max_loads_per_worker}"
+        )
+    if options.load_wait < 0:
+        raise InvalidArgument(f"load_wait must be >= 0 seconds, got {options.load_wait}")
+    if options.load_timeout <= 0:
+        raise InvalidArgument(f"load_timeout must be > 0 seconds, got {options.load_timeout}")
+
+
 def _info_message(info: TableInfo) -> TableInfoMessage:
     return TableInfoMessage(info.table_id, info.schema.model_dump_json().encode(), info.revision)
 
@@ -382,7 +496,8 @@ async def run_master(
     stop = stop or asyncio.Event()
     if store_url is not None:
         await ClusterSettings(store_url).save(coordinator)
-    transport = TcpTransport(timeout=60.0)
+    # Loads are bounded by MasterOptions.load_timeout instead (a replay may take minutes).
+    transport = TcpTransport(timeout=60.0, method_timeouts={"load_tablet": None})
     metrics = MasterMetrics()  # observability: counted always, served with metrics_port
     master = Master(
         coordinator=coordinator, transport=metrics.count_loads(transport), options=options
@@ -452,6 +567,7 @@ async def run_master(
         if http is not None:
             await http.close()
         await server.close(grace=2.0)
+        await master.close()
         await transport.close()
         await collector.close()
         with contextlib.suppress(TabletStoreError):

@@ -72,3 +72,16 @@ class MasterOptions:
     merge_after: float | None = 600.0
     #: Merges per master round at most.
     max_merges: int = 1
+    #: Tablet loads the master keeps in flight to one worker at most; the loads of one level
+    #: (root, METADATA, user tablets) are sent concurrently up to this bound.
+    max_loads_per_worker: int = 16
+    #: Seconds an assignment round waits for one level's loads before going on to the next
+    #: level (a load still running goes on in the background and is counted as placed). The
+    #: next level usually needs this one served, so this is how long one slow load may hold
+    #: the others back: never longer.
+    load_wait: float = 10.0
+    #: Seconds the master lets one load run before giving up on it (the worker is told to
+    #: cancel it, and the next round assigns the tablet again). A load replays the tablet's
+    #: logs, which may legitimately take minutes after a crash; a load to a worker that leaves
+    #: the servers directory (dead, or paused past its lease) is given up at once instead.
+    load_timeout: float = 600.0

@@ -256,6 +256,8 @@ class TabletServer:
             )
         # Splits (awaited by stop()) and post-split major compactions (cancelled by it).
         self._splits: set[asyncio.Task[None]] = set()
+        #: Set by stop(): no new split starts (it would change the tablets being closed).
+        self._stopping = False
         self._compactions: set[asyncio.Task[None]] = set()
         self._splitting: set[tuple[str, str]] = set()
         #: Monotonic time before which a tablet born of a split does not split again.
@@ -268,7 +270,6 @@ class TabletServer:
         # starts serving (so every served tablet's record lists the log it writes to).
         self._log_switch = asyncio.Lock()
         self._switching: asyncio.Task[None] | None = None
-        self._stopping = False
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -305,7 +306,10 @@ class TabletServer:
         for task in list(self._compactions):  # optional work: redone after the next load
             task.cancel()
         await asyncio.gather(*self._splits, *self._compactions, return_exceptions=True)
-        for key in sorted(self._tablets, key=lambda k: -mt.level(*k)):
+        # One at a time, deepest level first, re-reading the set each time: nothing may be
+        # left unclosed, whatever changed it while a tablet was being closed.
+        while self._tablets:
+            key = max(self._tablets, key=lambda k: mt.level(*k))
             tablet = self._tablets.pop(key)
             try:
                 await tablet.close(flush=flush)
@@ -549,7 +553,8 @@ class TabletServer:
         rec = tablet.record
         key = (rec.table_id, rec.tablet_id)
         if (
-            mt.level(*key) != 3
+            self._stopping
+            or mt.level(*key) != 3
             or key in self._splitting
             or self._tablets.get(key) is not tablet
             or self._clock.monotonic() < self._split_after.get(key, 0.0)

@@ -6,10 +6,16 @@ routed to the worker serving the row's tablet, found through the location cache 
 ``NotServing`` or unreachable worker makes the client refresh the location and retry,
 transparently, within a deadline. Administrative requests go to the master.
 
-Retries: a read is always safe to retry. A row mutation is retried only when it is idempotent
-(every SetCell has an explicit timestamp; deletes are idempotent) or when the error says it was
-not applied (``NotServing``: the worker refused before logging anything). Read-modify-write is
-never retried after an ambiguous failure; the caller gets ``Indeterminate``.
+Retries: a split, a move or a recovery is never the caller's problem within the retry deadline
+(§5.2: a tablet being split, moved or recovered is unavailable only briefly). A read is always
+safe to retry, and a scan resumes after the last row it delivered. A row mutation is retried
+only when it is idempotent (every SetCell has an explicit timestamp; deletes are idempotent) or
+when the error says it was not applied: the call was refused or never sent (``NotServing``,
+``Unreachable``, ``Fenced``), or one entry of a MutateRows response was refused (any
+``Unavailable``, ``Fenced`` or ``Closed`` answered for that entry: see :func:`_refused`), in
+which case only the refused entries are sent again. A mutation that may have been applied (no
+answer, or ``Indeterminate`` for its entry) is reported as ``Indeterminate``, never blindly
+sent again unless idempotent; read-modify-write and check-and-mutate never are.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ from typing import Any, Protocol
 from tabletstore.catalog import Catalog, TableInfo
 from tabletstore.client.location import LocationCache
 from tabletstore.errors import (
+    Closed,
+    Fenced,
     Indeterminate,
     InvalidArgument,
     NotServing,
@@ -135,6 +143,16 @@ class MutationsFailed(TabletStoreError):
             f"{first.row[:64]!r}: {type(first.error).__name__}: {first.error}"
         )
         self.may_have_applied = any(f.error.may_have_applied for f in failures)
+
+
+def _refused(error: type[TabletStoreError]) -> bool:
+    """Whether an error a worker answered for one entry (or one call) says the mutation was
+    certainly not applied *and* that the tablet will be served again, here or elsewhere: a
+    split or an unload refusing writes (NotServing), a log that stopped or a lease about to
+    end (Unavailable), a log fenced by the tablet's recovery (Fenced: the writes in the fenced
+    segment were not made durable, commitlog/writer.py), a log closing as its worker stops
+    (Closed). Retried after looking the tablet up again, whatever the mutation."""
+    return issubclass(error, Unavailable | Fenced | Closed)
 
 
 def _idempotent(mutations: Iterable[Mutation]) -> bool:
@@ -310,7 +328,7 @@ class AsyncClient:
         refresh = False
         # Set once an attempt may have reached the worker without an answer coming back: from
         # then on a failure must be reported as Indeterminate, never as "not applied".
-        ambiguous: Unavailable | None = None
+        ambiguous: TabletStoreError | None = None
         for attempt in itertools.count():
             info = await self._info(table, refresh=refresh)
             try:
@@ -324,9 +342,11 @@ class AsyncClient:
             try:
                 assert record.location is not None
                 return await self._transport.call(record.location, method, make(info, record))
-            except (NotServing, Unreachable):
-                pass  # refused or never sent: nothing was applied, retry anywhere
-            except Unavailable as exc:
+            except (NotServing, Unreachable, Fenced):
+                # Refused or never sent (Fenced: the worker's log was fenced by the tablet's
+                # recovery, the write is not durable): nothing was applied, retry anywhere.
+                pass
+            except (Unavailable, Indeterminate) as exc:
                 # The owner may be dead or moved: forget where the tablet was.
                 self.locations.invalidate(info.table_id)
                 if not safe:
@@ -345,6 +365,70 @@ class AsyncClient:
             refresh = True
             await asyncio.sleep(min(0.5, 0.01 * 2**attempt))
         raise AssertionError("unreachable")
+
+
+class _Batch:
+    """The outcome of each entry of a MutateRows batch across attempts (``_send_batches``)."""
+
+    def __init__(self, entries: Sequence[RowMutation]) -> None:
+        self.entries = entries
+        self.failures: list[MutationError] = []
+        #: Entries an attempt may have applied (sent, no answer; or Indeterminate): if they
+        #: end up failing, they fail as Indeterminate.
+        self._ambiguous: dict[int, TabletStoreError] = {}
+        #: Entries to send again.
+        self._retry: set[int] = set()
+        #: Why each entry sent again failed its latest attempt.
+        self._last: dict[int, TabletStoreError] = {}
+
+    def refused(self, indexes: list[int], error: TabletStoreError) -> None:
+        """Certainly not applied by this attempt: send again."""
+        for i in indexes:
+            self._retry.add(i)
+            self._last[i] = error
+
+    def maybe_applied(self, indexes: list[int], error: TabletStoreError) -> None:
+        """May have been applied: send again only if idempotent, else fail as Indeterminate."""
+        for i in indexes:
+            self._ambiguous[i] = error
+            if _idempotent(self.entries[i].mutations):
+                self._retry.add(i)
+                self._last[i] = error
+            else:
+                self.failures.append(self._failure(i, error))
+
+    def fail(self, indexes: list[int], error: TabletStoreError) -> None:
+        """Not applied by this attempt, and sending it again would not help."""
+        for i in indexes:
+            self.failures.append(self._failure(i, error))
+
+    def take_retries(self) -> list[int]:
+        indexes = sorted(self._retry)
+        self._retry = set()
+        return indexes
+
+    def give_up(self, indexes: list[int], error: TabletStoreError | None) -> None:
+        """The deadline passed, or the tablets could not be found (``error``): each of
+        ``indexes`` fails, a retryable reason reported as the deadline passing."""
+        for i in indexes:
+            why = error if error is not None else self._last.get(i)
+            if why is None or _refused(type(why)) or why.may_have_applied:
+                why = Unavailable(
+                    f"row {self.entries[i].row[:64]!r}: tablet not served within the retry "
+                    f"deadline (last: {type(why).__name__}: {why})"
+                )
+            self.failures.append(self._failure(i, why))
+
+    def _failure(self, i: int, error: TabletStoreError) -> MutationError:
+        row = self.entries[i].row
+        earlier = self._ambiguous.get(i)
+        if earlier is not None and not isinstance(error, Indeterminate):
+            # This attempt was not applied (or got no answer), but an earlier one may have been.
+            error = Indeterminate(
+                f"the mutation of row {row[:64]!r} may have been applied: "
+                f"{type(earlier).__name__}: {earlier}; then {type(error).__name__}: {error}"
+            )
+        return MutationError(i, row, error)
 
 
 @dataclass(frozen=True, slots=True)
@@ -367,22 +451,14 @@ class AsyncTable:
     # ------------------------------------------------------------------ writes
 
     async def mutate_row(self, row: bytes, mutations: Sequence[Mutation]) -> None:
-        """Apply mutations to one row atomically (§2)."""
+        """Apply mutations to one row atomically (§2). A split, move or recovery of the tablet
+        is retried within the client's deadline (see the module docstring)."""
         muts = tuple(mutations)
         info = await self._client._info(self.name)
         validate_row_mutation(info.schema, row, muts, self._client.identity)
-        resp: MutateRowsResponse = await self._client._with_retry(
-            self.name,
-            row,
-            "mutate_rows",
-            lambda i, r: MutateRowsRequest(
-                i.table_id, r.tablet_id, (RowMutation(row, muts),), self._client.identity
-            ),
-            safe=_idempotent(muts),
-        )
-        if resp.errors:
-            e = resp.errors[0]
-            raise _error_class(e.error)(e.message)
+        failures = await self._send_batches((RowMutation(row, muts),), [0])
+        if failures:
+            raise failures[0].error
 
     async def mutate_rows(self, entries: Sequence[RowMutation]) -> None:
         """Apply many row mutations, each atomic on its own (§3). Entries go to their tablets
@@ -407,87 +483,92 @@ class AsyncTable:
     async def _send_batches(
         self, entries: Sequence[RowMutation], indexes: list[int]
     ) -> list[MutationError]:
+        """Send ``entries[i]`` for each of ``indexes``, one MutateRows request per tablet, and
+        send again, after looking the tablets up again, the entries that were certainly not
+        applied (refused, never sent) or are idempotent, until none is left or the deadline
+        passes. Returns the entries that failed, an entry that may have been applied (at any
+        attempt) as Indeterminate."""
         client = self._client
         loop = asyncio.get_running_loop()
         deadline = loop.time() + client.retry_deadline
-        failures: list[MutationError] = []
-        ambiguous: set[int] = set()
+        batch = _Batch(entries)
         refresh = False
         attempt = 0
         while indexes:
-            info = await client._info(self.name, refresh=refresh)
-            groups: dict[str, tuple[TabletRecord, list[int]]] = {}
-            for i in indexes:
-                rec = await client._locate(
-                    info.table_id, entries[i].row, refresh=refresh, deadline=deadline
-                )
-                refresh = False
-                groups.setdefault(rec.tablet_id, (rec, []))[1].append(i)
-
-            async def send(
-                rec: TabletRecord, idx: list[int], table_id: str = info.table_id
-            ) -> tuple[list[int], list[MutationError]]:
-                req = MutateRowsRequest(
-                    table_id, rec.tablet_id, tuple(entries[i] for i in idx), client.identity
-                )
-                assert rec.location is not None
-                try:
-                    resp: MutateRowsResponse = await client._transport.call(
-                        rec.location, "mutate_rows", req
-                    )
-                except (NotServing, Unreachable):
-                    return idx, []  # never applied: retry all of them
-                except Unavailable as exc:
-                    # Sent, no answer: the idempotent entries are retried (and become
-                    # Indeterminate if the deadline passes), the others may have applied.
-                    client.locations.invalidate(table_id)
-                    for i in idx:
-                        ambiguous.add(i)
-                    retry = [i for i in idx if _idempotent(entries[i].mutations)]
-                    errs = [
-                        MutationError(i, entries[i].row, Indeterminate(str(exc)))
-                        for i in idx
-                        if not _idempotent(entries[i].mutations)
-                    ]
-                    return retry, errs
-                retry, errs = [], []
-                for e in resp.errors:
-                    i = idx[e.index]
-                    if e.error == "NotServing":
-                        retry.append(i)
-                    else:
-                        errs.append(
-                            MutationError(i, entries[i].row, _error_class(e.error)(e.message))
-                        )
-                return retry, errs
-
-            results = await asyncio.gather(
+            try:
+                groups = await self._group(entries, indexes, refresh=refresh, deadline=deadline)
+            except TabletStoreError as exc:
+                # No location within the deadline (or the table is gone): what is left fails.
+                batch.give_up(indexes, exc)
+                break
+            await asyncio.gather(
                 *(
-                    send(rec, part)
-                    for rec, idx in groups.values()
+                    self._send(batch, rec, part)
+                    for rec, idx in groups
                     for part in _by_size(entries, idx)
                 )
             )
-            indexes = sorted(i for retry, _ in results for i in retry)
-            for _, errs in results:
-                failures.extend(errs)
+            indexes = batch.take_retries()
             if indexes:
                 if loop.time() >= deadline:
-                    failures.extend(
-                        MutationError(
-                            i,
-                            entries[i].row,
-                            Indeterminate("no answer in time; the mutation may have been applied")
-                            if i in ambiguous
-                            else Unavailable("tablet not served in time"),
-                        )
-                        for i in indexes
-                    )
+                    batch.give_up(indexes, None)
                     break
                 refresh = True
                 await asyncio.sleep(min(0.5, 0.01 * 2**attempt))
                 attempt += 1
-        return failures
+        return batch.failures
+
+    async def _group(
+        self, entries: Sequence[RowMutation], indexes: list[int], *, refresh: bool, deadline: float
+    ) -> list[tuple[TabletRecord, list[int]]]:
+        """The entries by the tablet holding their row (looked up again with ``refresh``)."""
+        client = self._client
+        info = await client._info(self.name, refresh=refresh)
+        if refresh:
+            for i in indexes:  # drops the (shared) cached entry of each row's tablet
+                client.locations.invalidate(info.table_id, entries[i].row)
+        groups: dict[str, tuple[TabletRecord, list[int]]] = {}
+        for i in indexes:
+            rec = await client._locate(
+                info.table_id, entries[i].row, refresh=False, deadline=deadline
+            )
+            groups.setdefault(rec.tablet_id, (rec, []))[1].append(i)
+        return list(groups.values())
+
+    async def _send(self, batch: _Batch, rec: TabletRecord, idx: list[int]) -> None:
+        """One MutateRows request to ``rec``'s worker; outcomes recorded in ``batch``."""
+        client = self._client
+        entries = batch.entries
+        req = MutateRowsRequest(
+            rec.table_id, rec.tablet_id, tuple(entries[i] for i in idx), client.identity
+        )
+        assert rec.location is not None
+        try:
+            resp: MutateRowsResponse = await client._transport.call(
+                rec.location, "mutate_rows", req
+            )
+        except (NotServing, Unreachable, Fenced) as exc:
+            batch.refused(idx, exc)  # refused or never sent: none was applied
+            return
+        except (Unavailable, Indeterminate) as exc:
+            # Sent, no answer: the owner may be dead or moved (forget where the tablet was);
+            # any entry may have been applied.
+            client.locations.invalidate(rec.table_id)
+            batch.maybe_applied(idx, exc)
+            return
+        except TabletStoreError as exc:
+            # Refused as a whole for another reason (a malformed request): none was applied.
+            batch.fail(idx, exc)
+            return
+        for e in resp.errors:
+            i = idx[e.index]
+            error = _error_class(e.error)(e.message)
+            if _refused(type(error)):
+                batch.refused([i], error)
+            elif isinstance(error, Indeterminate):
+                batch.maybe_applied([i], error)
+            else:
+                batch.fail([i], error)
 
     async def check_and_mutate_row(
         self,
@@ -599,22 +680,30 @@ class AsyncTable:
                     raise InvalidArgument(f"table {self.name!r} has no column family {f!r}")
         remaining = limit
         resume_after: bytes | None = None
-        attempts = 0
+        loop = asyncio.get_running_loop()
+        # A scan that keeps delivering rows may meet many splits and moves: the deadline
+        # bounds the time without progress, not the scan.
+        deadline = loop.time() + self._client.retry_deadline
+        attempt = 0
         while remaining is None or remaining > 0:
             try:
                 async for row in self._read_from(info, rs, resume_after, filter, remaining, fams):
                     yield row
                     resume_after = row.key
+                    attempt = 0
+                    deadline = loop.time() + self._client.retry_deadline
                     if remaining is not None:
                         remaining -= 1
                         if remaining <= 0:
                             return
                 return
-            except (NotServing, Unavailable):
-                attempts += 1
-                if attempts > 20:
+            except (Unavailable, Indeterminate):
+                # The tablet split or moved, or its worker stopped answering: a read is safe
+                # to send again, so resume after the last row delivered.
+                if loop.time() >= deadline:
                     raise
-                await asyncio.sleep(min(0.5, 0.01 * 2**attempts))
+                await asyncio.sleep(min(0.5, 0.01 * 2**attempt))
+                attempt += 1
                 info = await self._client._info(self.name, refresh=True)
                 self._client.locations.invalidate(info.table_id)
 
@@ -654,14 +743,29 @@ class AsyncTable:
             assembler.finish()
 
     async def sample_row_keys(self) -> list[tuple[bytes, int]]:
-        """(row key, approximate bytes up to it) pairs that split the table evenly-ish."""
+        """(row key, approximate bytes up to it) pairs that split the table evenly-ish.
+        Asked again from the start, within the retry deadline, when a tablet split or moved
+        meanwhile."""
+        client = self._client
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + client.retry_deadline
+        for attempt in itertools.count():
+            try:
+                return await self._sample_row_keys()
+            except (Unavailable, Indeterminate):
+                if loop.time() >= deadline:
+                    raise
+            await asyncio.sleep(min(0.5, 0.01 * 2**attempt))
+        raise AssertionError("unreachable")
+
+    async def _sample_row_keys(self) -> list[tuple[bytes, int]]:
         client = self._client
         info = await client._info(self.name)
         out: list[tuple[bytes, int]] = []
         base = 0
         for rec in await client.locations.tablets(info.table_id, refresh=True):
             if rec.location is None:
-                continue
+                raise NotServing(f"tablet {rec.tablet_id} has no location yet")
             resp: SampleRowKeysResponse = await client._transport.call(
                 rec.location, "sample_row_keys", SampleRowKeysRequest(info.table_id, rec.tablet_id)
             )

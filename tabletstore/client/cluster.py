@@ -18,7 +18,8 @@ from tabletstore.catalog import Catalog, TableInfo
 from tabletstore.client.client import AsyncClient
 from tabletstore.client.location import LocationCache
 from tabletstore.coordination import open_coordinator, paths
-from tabletstore.coordination.base import Coordinator
+from tabletstore.coordination.base import Coordinator, KeyValue
+from tabletstore.coordination.election import Election
 from tabletstore.errors import NotServing, Unavailable
 from tabletstore.rpc.messages import (
     CompactTableRequest,
@@ -39,6 +40,18 @@ __all__ = ["CALL_TIMEOUT", "ClusterClient", "MasterStub"]
 CALL_TIMEOUT = 15.0
 
 
+async def _first_leader(election: Election, wait: float) -> KeyValue | None:
+    """The first leader ``election`` has within ``wait`` seconds (None if none by then)."""
+    try:
+        async with asyncio.timeout(wait), election.observe() as leaders:
+            async for leader in leaders:
+                if leader is not None:
+                    return leader
+    except TimeoutError:
+        pass
+    return None
+
+
 def _table_info(msg: TableInfoMessage) -> TableInfo:
     return TableInfo(msg.table_id, TableSchema.model_validate_json(msg.schema_json), msg.revision)
 
@@ -54,21 +67,29 @@ class MasterStub:
         self._address: str | None = None
         self._deadline = deadline
 
-    async def address(self, *, refresh: bool = False) -> str:
+    async def address(self, *, refresh: bool = False, wait: float = 0.0) -> str:
+        """The elected master's address. With none elected (a cluster starting, a master
+        failing over), wait up to ``wait`` seconds for an election, watching for it."""
         if self._address is None or refresh:
-            leader = await self._coord.election(paths.MASTER_ELECTION).leader()
+            self._address = None
+            election = self._coord.election(paths.MASTER_ELECTION)
+            leader = await election.leader()
+            if leader is None and wait > 0:
+                leader = await _first_leader(election, wait)
             if leader is None:
-                raise Unavailable("no master is elected in this cluster")
+                raise Unavailable(f"no master was elected in this cluster within {wait:g} s")
             self._address = leader.value.decode()
         return self._address
 
     async def _call(self, method: str, request: Any) -> Any:
+        """``method`` on the elected master, retried (the master looked up again) while no
+        master is elected or it does not answer, until the deadline."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._deadline
         refresh = False
         for attempt in itertools.count():
             try:
-                address = await self.address(refresh=refresh)
+                address = await self.address(refresh=refresh, wait=deadline - loop.time())
                 return await self._transport.call(address, method, request)
             except (NotServing, Unavailable):
                 if loop.time() >= deadline:

@@ -5,6 +5,13 @@ The client library reaches workers, and the master reaches workers, through this
 is written in tcp.py's docstring. An RpcClient holds one connection to one address, opened on
 first use and reopened after it drops, and multiplexes any number of calls and streams on it by
 request id. A stream grants the server credit as its items are consumed (frames.py).
+
+Errors when a connection closes under a request say whether it was sent: ``Unreachable`` if
+the request never left (the connection could not be opened, or had already failed), so it is
+safe to send again even when not idempotent; plain ``Unavailable`` once it was sent and the
+connection went before the answer came (it may have been applied: the client library reports
+such a write as ``Indeterminate`` unless it is idempotent). ``Closed`` only when the RpcClient
+itself was closed by its owner.
 """
 
 from __future__ import annotations
@@ -80,7 +87,8 @@ class _ClientConnection(FrameConnection):
 
     async def send(self, frame: bytes) -> None:
         if self.failure is not None:
-            raise type(self.failure)(str(self.failure))
+            # Nothing of this request left: the caller may send it again anywhere.
+            raise Unreachable(f"request not sent: {self.failure}")
         # With other requests in flight, calls made in this loop iteration share a system call.
         self.write(frame, more_coming=len(self.pending) + len(self.streams) > 1)
         await self.drain()
@@ -132,8 +140,9 @@ class _ClientConnection(FrameConnection):
     def closed(self, exc: Exception | None) -> None:
         failure = Unavailable(f"connection to {self.address} lost")
         if not self._handshake.done():
+            # No request is sent before the handshake completes.
             self._handshake.set_exception(
-                Unavailable(f"cannot connect to {self.address}: closed during the handshake")
+                Unreachable(f"cannot connect to {self.address}: closed during the handshake")
             )
         self._fail_all(failure)
 
@@ -156,7 +165,16 @@ class _ClientConnection(FrameConnection):
             queue.put_nowait(type(failure)(str(failure)))
 
     async def aclose(self) -> None:
+        """The RpcClient was closed by its owner: requests in flight fail with Closed."""
         self._fail_all(Closed(f"connection to {self.address} was closed by this client"))
+        if self.transport is not None:
+            await self.close_and_wait()
+
+    async def discard(self) -> None:
+        """Drop a connection found dead (its transport closing, say on the peer's EOF, before
+        ``connection_lost`` has run) to open a new one: its requests in flight were sent and
+        will get no answer, exactly as if the connection had been lost."""
+        self._fail_all(Unavailable(f"connection to {self.address} lost"))
         if self.transport is not None:
             await self.close_and_wait()
 
@@ -226,7 +244,7 @@ class RpcClient:
                 raise type(failed)(str(failed))
             self._conn = None
             if conn is not None:
-                await conn.aclose()
+                await conn.discard()
             self._connect_attempts += 1
             try:
                 self._conn = await _ClientConnection.open(
@@ -475,14 +493,25 @@ class RpcClientPool:
 
 
 class TcpTransport:
-    """rpc.inprocess.Transport over TCP: ``address`` is the worker's "HOST:PORT"."""
+    """rpc.inprocess.Transport over TCP: ``address`` is the worker's "HOST:PORT".
 
-    def __init__(self, *, timeout: float | None = None, **client_options: Any) -> None:
+    ``timeout`` bounds each call (and each streamed item); ``method_timeouts`` overrides it
+    for the methods it names (None: unbounded, the caller bounds them itself)."""
+
+    def __init__(
+        self,
+        *,
+        timeout: float | None = None,
+        method_timeouts: dict[str, float | None] | None = None,
+        **client_options: Any,
+    ) -> None:
         self._pool = RpcClientPool(**client_options)
         self._timeout = timeout
+        self._method_timeouts = dict(method_timeouts or {})
 
     async def call(self, address: str, method: str, request: Any) -> Any:
-        return await self._pool.get(address).call(method, request, timeout=self._timeout)
+        timeout = self._method_timeouts.get(method, self._timeout)
+        return await self._pool.get(address).call(method, request, timeout=timeout)
 
     async def stream(self, address: str, method: str, request: Any) -> AsyncIterator[Any]:
         # Closing this generator early (aclose, or a break in an ``async with aclosing``)

@@ -17,6 +17,7 @@ the test; tests/integration/test_cluster.py has balancing with real processes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import random
 import uuid
@@ -32,7 +33,7 @@ from tabletstore.catalog import Catalog
 from tabletstore.client.client import AsyncClient, AsyncTable
 from tabletstore.coordination.memory import MemoryCoordinator
 from tabletstore.embedded import Database
-from tabletstore.errors import Unavailable
+from tabletstore.errors import TabletStoreError, Unavailable
 from tabletstore.master import Master
 from tabletstore.metadata import TabletRecord
 from tabletstore.model import DeleteRow, RowMutation, SetCell
@@ -74,6 +75,112 @@ def user_tablets(server: TabletServer) -> list[tuple[str, str]]:
     return [k for k in server.tablets if not k[0].startswith("!")]
 
 
+@dataclass
+class SplitWorkload:
+    """Writers (single-row and batched, none idempotent: no explicit timestamps) and a scanner
+    with point reads, run against a table while it splits (issue 11 item 8). A split is never
+    the caller's problem: any error that reaches them fails the test. Every row is written
+    once, with a random value, so every value read can be checked."""
+
+    table: AsyncTable
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Every row sent, with its value (sent, so it may be read before it is acknowledged).
+    sent: dict[bytes, bytes] = field(default_factory=dict)
+    acked: dict[bytes, bytes] = field(default_factory=dict)
+    errors: list[BaseException] = field(default_factory=list)
+    scans: int = 0
+
+    def _row(self, rnd: random.Random, who: str, seq: int) -> tuple[bytes, bytes]:
+        # A random prefix spreads the rows over the key space (every tablet gets writes).
+        row = b"%08x-%s-%06d" % (rnd.getrandbits(32), who.encode(), seq)
+        value = rnd.randbytes(150)  # incompressible: SSTable bytes grow with the data
+        self.sent[row] = value
+        return row, value
+
+    async def _guard(self, body: Awaitable[None]) -> None:
+        try:
+            await body
+        except BaseException as exc:
+            self.errors.append(exc)
+            self.stop.set()
+            raise
+
+    async def single(self, n: int) -> None:
+        rnd = random.Random(n)
+        for seq in itertools.count():
+            if self.stop.is_set():
+                return
+            row, value = self._row(rnd, f"s{n}", seq)
+            await self.table.mutate_row(row, [SetCell("f", b"c", value)])
+            self.acked[row] = value
+
+    async def batched(self, n: int, size: int = 20) -> None:
+        rnd = random.Random(1000 + n)
+        for seq in itertools.count():
+            if self.stop.is_set():
+                return
+            batch = [self._row(rnd, f"b{n}", seq * size + i) for i in range(size)]
+            await self.table.mutate_rows(
+                [RowMutation(r, (SetCell("f", b"c", v),)) for r, v in batch]
+            )
+            self.acked.update(batch)
+
+    async def scanner(self) -> None:
+        rnd = random.Random(7)
+        while not self.stop.is_set():
+            before = dict(self.acked)
+            seen = set()
+            async for row in self.table.read_rows():
+                assert row.cells[0].value == self.sent[row.key], f"wrong value read: {row.key!r}"
+                seen.add(row.key)
+            missing = before.keys() - seen
+            assert not missing, f"{len(missing)} acknowledged rows missing from a scan"
+            self.scans += 1
+            await asyncio.sleep(0.01)  # in-process calls may never suspend: let writers run
+            if before:
+                key = rnd.choice(sorted(before))
+                got = await self.table.read_row(key)
+                assert got is not None and got.cells[0].value == before[key]
+
+    def start(self, *, singles: int = 3, batches: int = 2) -> list[asyncio.Task[None]]:
+        bodies = [self.single(n) for n in range(singles)]
+        bodies += [self.batched(n) for n in range(batches)]
+        bodies.append(self.scanner())
+        return [asyncio.ensure_future(self._guard(b)) for b in bodies]
+
+    async def finish(self, tasks: list[asyncio.Task[None]]) -> None:
+        """Stop the writers; raise the first error any of them met."""
+        self.stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self.errors:
+            raise AssertionError(f"an error reached the caller: {self.errors[0]!r}") from (
+                self.errors[0]
+            )
+
+
+async def run_while_splitting(
+    workload: SplitWorkload, tablets: Callable[[], Awaitable[int]], *, splits: int, deadline: float
+) -> None:
+    """Run ``workload`` until the table has split into ``splits`` tablets (and a few more
+    writes went to the children), then stop it; any error fails the test."""
+    tasks = workload.start()
+    try:
+
+        async def split_enough() -> bool:
+            return bool(workload.errors) or await tablets() >= splits
+
+        await eventually(split_enough, deadline=deadline, what=f"{splits} tablets")
+        target = len(workload.acked) + 100
+
+        async def more_writes() -> bool:
+            return bool(workload.errors) or len(workload.acked) >= target
+
+        await eventually(more_writes, deadline=deadline, what="100 more writes after the splits")
+    finally:
+        await workload.finish(tasks)
+    assert workload.scans > 0
+
+
 async def test_a_table_written_past_the_split_size_splits(tmp_path: Path) -> None:
     wopts = WorkerOptions(lease_ttl=60.0, lease_safety_margin=5.0, split_cooldown=0.2)
     db = await Database.open(f"file://{tmp_path}", tablet_options=SPLIT, worker_options=wopts)
@@ -111,6 +218,30 @@ async def test_a_table_written_past_the_split_size_splits(tmp_path: Path) -> Non
     # Reopened (a new worker incarnation recovers every child): still every row.
     async with await Database.open(db.url) as again:
         assert await read_all(again.table("t")) == rows
+
+
+async def test_writes_reads_and_scans_go_on_while_a_table_splits(tmp_path: Path) -> None:
+    """Issue 11 item 8: writing past split_bytes into the embedded default while writers and
+    a scanner run. A write refused because its tablet is splitting (NotServing for its entry
+    of a MutateRows response) is sent again to the children; no error reaches the caller and
+    every acknowledged write reads back, before and after a reopen."""
+    wopts = WorkerOptions(lease_ttl=60.0, lease_safety_margin=5.0, split_cooldown=0.05)
+    topts = TabletOptions(split_bytes=24 * 1024, memtable_flush_bytes=16 * 1024)
+    db = await Database.open(f"file://{tmp_path}", tablet_options=topts, worker_options=wopts)
+    try:
+        table = await db.create_table("t", ["f"])
+        table_id = (await db.master.catalog.get_table("t")).table_id
+        workload = SplitWorkload(table)
+
+        async def tablets() -> int:
+            return len(await db.master.catalog.list_tablets(table_id))
+
+        await run_while_splitting(workload, tablets, splits=5, deadline=90)
+        assert await read_all(table) == workload.acked
+    finally:
+        await db.close()
+    async with await Database.open(db.url) as again:
+        assert await read_all(again.table("t")) == workload.acked
 
 
 @dataclass
@@ -304,6 +435,59 @@ async def test_a_process_cluster_splits_and_reads_everything_back(
 
             await harness_eventually(split, deadline=60, what="the table splits into >= 3")
             assert await read_all(table) == rows
+        finally:
+            await client.close()
+    finally:
+        cluster.close()
+    assert not cluster.alive()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_a_process_cluster_splits_under_writers_and_a_scanner(
+    etcd_server: str, s3_server: str, tmp_path: Path
+) -> None:
+    """Issue 11 item 8 on real processes (a master and two workers over etcd and S3): single
+    and batched writers and a scanner run while the table splits past a 32 KiB split size
+    (the workers may also move the children by balancing). No error reaches them and every
+    acknowledged write reads back."""
+    name = f"splitw-{uuid.uuid4().hex[:12]}"
+    boto3_client(s3_server).create_bucket(Bucket=name)
+    cluster = Cluster(
+        url=f"etcd://{etcd_server}/{name}",
+        store_url=f"s3://{name}/data?endpoint_url={s3_server}&region=us-east-1",
+        directory=tmp_path,
+        lease_ttl=5.0,
+    )
+    try:
+        cluster.start_master()
+        for _ in range(2):
+            await asyncio.to_thread(cluster.start_worker, split_bytes=32 * 1024)
+        client = await connect_async(cluster.url)
+        try:
+            table = await client.create_table("w", ["f"])
+            table_id = await table_id_of(client, "w")
+            workload = SplitWorkload(table)
+
+            async def flusher() -> None:
+                # The workers' memtables are far below their flush size: flush (an admin
+                # call, not part of the workload) so SSTables grow and tablets split.
+                while not workload.stop.is_set():
+                    with contextlib.suppress(TabletStoreError):
+                        await client.flush("w")
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(workload.stop.wait(), 0.5)
+
+            async def tablets() -> int:
+                return len(await client.catalog.list_tablets(table_id))
+
+            flushing = asyncio.ensure_future(flusher())
+            try:
+                await run_while_splitting(workload, tablets, splits=4, deadline=150)
+            finally:
+                workload.stop.set()
+                await flushing
+            assert await read_all(table) == workload.acked
         finally:
             await client.close()
     finally:

@@ -18,6 +18,7 @@ from tabletstore.errors import (
     TabletStoreError,
     Unavailable,
     Unimplemented,
+    Unreachable,
 )
 from tabletstore.rpc import frames
 from tabletstore.rpc.codec import Codec, decode_error
@@ -297,6 +298,52 @@ async def test_dropped_connection_fails_calls_then_reconnects(service: Service) 
             assert await c.call("echo", Echo("2"), timeout=5) == Echo("2")
         finally:
             await srv.close(grace=0.1)
+
+
+async def test_a_connection_dropped_under_a_call_is_lost_not_closed(service: Service) -> None:
+    """Issue 12: during a worker failover mutate_rows leaked ``Closed: connection ... was
+    closed by this client``. A connection whose transport is closing (the peer's EOF arrived,
+    ``connection_lost`` has not run yet) is replaced by the next call; the calls in flight on
+    it were sent and get no answer: Unavailable (maybe applied), never Closed."""
+    async with RpcServer(service.handlers(), codec=CODEC) as srv:  # type: ignore[arg-type]
+        async with RpcClient("127.0.0.1", srv.port, codec=CODEC) as c:
+            first = asyncio.ensure_future(c.call("wait", Echo("")))
+            await asyncio.wait_for(service.entered.wait(), 5)
+            conn = await c.connection()
+            assert conn.transport is not None
+            conn.transport.close()  # closing now; connection_lost comes a loop iteration later
+            # Awaited directly (no task), so it runs in this iteration: it finds the connection
+            # dead and replaces it.
+            assert await c.call("echo", Echo("2"), timeout=5) == Echo("2")
+            with pytest.raises(Unavailable, match="lost") as caught:
+                await asyncio.wait_for(first, 5)
+            assert not isinstance(caught.value, Unreachable)  # it was sent
+
+
+async def test_a_request_on_a_failed_connection_is_not_sent(server: RpcServer) -> None:
+    async with RpcClient("127.0.0.1", server.port, codec=CODEC) as c:
+        conn = await c.connection()
+        conn._abort(Unavailable("connection to the server lost"))
+        with pytest.raises(Unreachable, match="not sent"):
+            await conn.send(frames.encode_request(1, "echo", CODEC.encode(Echo(""))))
+
+
+async def test_a_connection_closed_during_the_handshake_is_unreachable() -> None:
+    """A server that accepts and closes before its hello: nothing was sent, so the call is
+    Unreachable (safe to send again), not a maybe-applied Unavailable."""
+
+    async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.close()
+
+    srv = await asyncio.start_server(hang_up, "127.0.0.1", 0)
+    port = srv.sockets[0].getsockname()[1]
+    try:
+        async with RpcClient("127.0.0.1", port, codec=CODEC, connect_timeout=5) as c:
+            with pytest.raises(Unreachable):
+                await c.call("echo", Echo(""))
+    finally:
+        srv.close()
+        await srv.wait_closed()
 
 
 async def test_closed_client() -> None:
