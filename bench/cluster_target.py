@@ -1,7 +1,7 @@
 """The benchmark target for a tabletstore cluster on this machine (issue 7; §7's "N servers").
 
 ``cluster:N:file`` and ``cluster:N:moto`` start, in a fresh temporary directory, the local
-stack of :mod:`tabletstore.localstack` with ``N`` tablet-server workers as real processes
+stack of :mod:`tabletstore.cli.localstack` with ``N`` tablet-server workers as real processes
 (etcd, a master, the workers; with ``moto`` also moto's S3 server, which then is the object
 store; with ``file`` the store is a directory, ``file:///<tmp>/store``). The benchmark client
 is this process, through :func:`tabletstore.embedded.connect_async` on the stack's
@@ -17,7 +17,7 @@ Contracts (on top of :mod:`bench.targets`'):
   counters of every worker's Prometheus endpoint (the workers run with ``--metrics-port 0``
   and print its URL in their log); the master's own store traffic (GC, its METADATA reads go
   through workers) is not included;
-* :meth:`ClusterTarget.close` always stops the stack (:func:`tabletstore.localstack.down`
+* :meth:`ClusterTarget.close` always stops the stack (:func:`tabletstore.cli.localstack.down`
   stops exactly the processes it started, by pid) and removes the directory.
 
 Each worker's block cache is ``block_cache_bytes`` (``--block-cache-bytes``; the benchmark's
@@ -38,10 +38,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bench.targets import FAMILY, TabletstoreTarget, row_key
-from tabletstore import localstack
+from tabletstore.cli import localstack
+from tabletstore.data.schema import ColumnFamily, LocalityGroup
 from tabletstore.errors import InvalidArgument, Unavailable
 from tabletstore.options import WorkerOptions
-from tabletstore.schema import ColumnFamily, LocalityGroup
 from tabletstore.storage_s3.base import Op
 from tabletstore.storage_s3.instrumented import OpStats, StoreStats
 

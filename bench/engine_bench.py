@@ -22,19 +22,19 @@ import tempfile
 import time
 from collections.abc import Sequence
 
-from tabletstore.catalog import Catalog
 from tabletstore.commitlog import CommitLogWriter
 from tabletstore.coordination.memory import MemoryCoordinator
+from tabletstore.data.model import SetCell
+from tabletstore.data.query import RowRange
+from tabletstore.data.schema import ColumnFamily, LocalityGroup, TableSchema
+from tabletstore.engine.tablet import Tablet
 from tabletstore.keys import Cell
-from tabletstore.metadata import LogRef, TabletRecord
-from tabletstore.model import SetCell
+from tabletstore.metadata.catalog import Catalog
+from tabletstore.metadata.record import LogRef, TabletRecord
 from tabletstore.options import TabletOptions
-from tabletstore.query import RowRange
-from tabletstore.schema import ColumnFamily, LocalityGroup, TableSchema
 from tabletstore.sstable import BlockCache
 from tabletstore.storage_s3 import open_store
 from tabletstore.storage_s3.base import ObjectStore
-from tabletstore.tablet import Tablet
 
 SCHEMA = TableSchema(
     name="bench",

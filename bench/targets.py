@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from tabletstore.clock import SystemClock
-from tabletstore.model import RowMutation, SetCell
+from tabletstore.data.model import RowMutation, SetCell
+from tabletstore.data.schema import ColumnFamily, LocalityGroup
 from tabletstore.options import WorkerOptions
-from tabletstore.schema import ColumnFamily, LocalityGroup
 from tabletstore.storage_s3 import find_layer
 from tabletstore.storage_s3.base import Op
 from tabletstore.storage_s3.instrumented import InstrumentedObjectStore, StoreStats

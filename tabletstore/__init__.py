@@ -1,16 +1,24 @@
 """tabletstore: Google's Bigtable (OSDI 2006) on object storage and etcd.
 
-Layer map (dependencies point down; checked by import-linter, see pyproject.toml)::
+One folder per subsystem, named with the paper's nouns (docs/ARCHITECTURE.md §2 draws them; the
+import-linter contract in pyproject.toml is the one layer map, checked in CI)::
 
-    cli
-    embedded
-    master | worker
-    client
-    tablet | compaction | rpc
-    sstable | memtable | commitlog | iterators
-    storage_s3 | coordination | keys | schema
-    model | options | clock
-    errors
+    errors clock options keys   the base every layer uses
+    data/          the user's values: model, schema, query, filters, regex, validation
+    storage_s3/    the only place that talks to S3 (ObjectStore and its backends)
+    coordination/  the only place that talks to etcd (Coordinator, leases, election)
+    sstable/ commitlog/   the two formats in the bucket
+    rpc/           frames, codec, transports
+    metadata/      tablet records, the METADATA table, the catalog (§5.1)
+    engine/        the tablet: memtable, iterators, compactions, split keys (§5.3, §5.4)
+    client/        the client library: location cache, retries (§5.1)
+    worker/        the tablet server (§5.2, §5.3)
+    master/        assignment, balancing, merges, garbage collection (§5.2)
+    ops/           metrics and status pages
+    embedded.py    master + worker + client in one process
+    bigtable_api/  the Cloud Bigtable front door
+    cli/           the command line and local stack (the only place that reads flags)
+    testing/       conformance suites, fault injectors, the chaos harness
 
 Glossary (the paper's words, STYLE.md convention 1):
 
@@ -27,6 +35,13 @@ Glossary (the paper's words, STYLE.md convention 1):
 
 from __future__ import annotations
 
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+import types
+
 __version__ = "0.1.0"
 
 # The public API, re-exported lazily (PEP 562): ``import tabletstore`` stays cheap and importing
@@ -34,7 +49,9 @@ __version__ = "0.1.0"
 # import cycle. ``from tabletstore import connect, SetCell, Chain`` works as usual.
 _EXPORTS: dict[str, str] = {
     **dict.fromkeys(["connect", "connect_async", "Database", "SyncDatabase"], "embedded"),
-    **dict.fromkeys(["AsyncClient", "AsyncTable", "MutationError", "MutationsFailed"], "client"),
+    **dict.fromkeys(
+        ["AsyncClient", "AsyncTable", "MutationError", "MutationsFailed"], "client.client"
+    ),
     **dict.fromkeys(
         [
             "AppendValue",
@@ -48,7 +65,7 @@ _EXPORTS: dict[str, str] = {
             "RowMutation",
             "SetCell",
         ],
-        "model",
+        "data.model",
     ),
     **dict.fromkeys(
         [
@@ -73,9 +90,9 @@ _EXPORTS: dict[str, str] = {
             "ValueRange",
             "ValueRegex",
         ],
-        "filters",
+        "data.filters",
     ),
-    **dict.fromkeys(["RowRange", "RowSet"], "query"),
+    **dict.fromkeys(["RowRange", "RowSet"], "data.query"),
     **dict.fromkeys(
         [
             "Acl",
@@ -87,7 +104,7 @@ _EXPORTS: dict[str, str] = {
             "TableSchema",
             "UnionRule",
         ],
-        "schema",
+        "data.schema",
     ),
     **dict.fromkeys(
         [
@@ -111,6 +128,33 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = ["__version__", *sorted(_EXPORTS)]
 
+#: The public modules of the data model keep their short names (``from tabletstore.model
+#: import SetCell``, ``tabletstore.filters``): each is the same module object as its home in
+#: ``data/``, installed under the short name on first import.
+_ALIASES = {
+    f"tabletstore.{name}": f"tabletstore.data.{name}"
+    for name in ("model", "schema", "query", "filters")
+}
+
+
+class _AliasFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(
+        self, fullname: str, path: object = None, target: object = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in _ALIASES:
+            return None
+        return importlib.util.spec_from_loader(fullname, self)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        return importlib.import_module(_ALIASES[spec.name])
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        """The real module ran already (create_module imported it)."""
+
+
+if not any(isinstance(f, _AliasFinder) for f in sys.meta_path):
+    sys.meta_path.insert(0, _AliasFinder())
+
 
 def __getattr__(name: str) -> object:
     module = _EXPORTS.get(name)
@@ -118,8 +162,6 @@ def __getattr__(name: str) -> object:
         raise AttributeError(f"module 'tabletstore' has no attribute {name!r}")
     import importlib
 
-    if module == "client":
-        module = "client.client"
     value = getattr(importlib.import_module(f"tabletstore.{module}"), name)
     globals()[name] = value  # later look-ups skip __getattr__
     return value

@@ -30,16 +30,16 @@ from tabletstore.coordination.base import Coordinator
 from tabletstore.coordination.local import LocalCoordinator
 from tabletstore.coordination.memory import MemoryCoordinator
 from tabletstore.errors import InvalidArgument
-from tabletstore.garbage import GcReport, collect
-from tabletstore.gc import DEFAULT_FENCE_GRACE, DEFAULT_GRACE
-from tabletstore.master import Master
-from tabletstore.metrics import WorkerMetrics
+from tabletstore.master.gc import GcReport, collect
+from tabletstore.master.gc_plan import DEFAULT_FENCE_GRACE, DEFAULT_GRACE
+from tabletstore.master.master import Master
+from tabletstore.ops.metrics import WorkerMetrics
 from tabletstore.options import TabletOptions, WorkerOptions
 from tabletstore.rpc.inprocess import InProcessTransport
 from tabletstore.rpc.messages import WORKER_METHODS
 from tabletstore.storage_s3 import open_store
 from tabletstore.storage_s3.base import ObjectStore
-from tabletstore.worker import TabletServer
+from tabletstore.worker.server import TabletServer
 
 __all__ = ["DEFAULT_DIRECTORY", "Database", "SyncDatabase", "connect", "connect_async"]
 
@@ -92,7 +92,7 @@ class Database(AsyncClient):
         self.coordinator = coordinator
         self.master = master
         self.worker = worker
-        #: The embedded worker's Prometheus metrics (tabletstore.metrics); see metrics_text().
+        #: The embedded worker's Prometheus metrics (tabletstore.ops.metrics); see metrics_text().
         #: (Without ``metrics`` only the collectors are there: requests are not counted.)
         if metrics is None:
             metrics = WorkerMetrics(worker.worker_id)
@@ -199,7 +199,7 @@ class Database(AsyncClient):
     ) -> GcReport:
         """Delete the objects nothing references any more (compacted-away SSTables, deleted
         tables' objects, commit logs no tablet needs), each only once older than ``grace``
-        seconds (fences: ``fence_grace``); see :mod:`tabletstore.gc` for the rules. With
+        seconds (fences: ``fence_grace``); see :mod:`tabletstore.master.gc_plan` for the rules. With
         ``dry_run``, only report. A scan running meanwhile may still read an SSTable that a
         compaction replaced: give it ``grace`` seconds after that SSTable was written."""
         return await collect(

@@ -65,7 +65,7 @@ class MasterOptions:
     #: noise and placement follows size alone.
     request_noise: float = 50.0
     #: The tablets' split size, from which merge thresholds derive: a pair merges when each is
-    #: under split_bytes / 8 and both under split_bytes / 2 (tabletstore.merging).
+    #: under split_bytes / 8 and both under split_bytes / 2 (tabletstore.master.tablet_merges).
     split_bytes: int = 128 * 1024 * 1024
     #: Seconds a pair must stay small before it merges; None disables merges. Long by default
     #: so a table a user pre-split keeps its tablets while it fills.

@@ -18,14 +18,10 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from tabletstore.catalog import Catalog
 from tabletstore.clock import ManualClock, micros
 from tabletstore.commitlog import CommitLogWriter, fence, replay_cells
 from tabletstore.coordination.memory import MemoryCoordinator
-from tabletstore.errors import InvalidArgument
-from tabletstore.keys import TS_MAX, Cell
-from tabletstore.metadata import LogRef, TabletRecord
-from tabletstore.model import (
+from tabletstore.data.model import (
     AppendValue,
     DeleteCells,
     DeleteFamily,
@@ -36,12 +32,11 @@ from tabletstore.model import (
     Row,
     SetCell,
 )
-from tabletstore.model import (
+from tabletstore.data.model import (
     Cell as ApiCell,
 )
-from tabletstore.options import TabletOptions
-from tabletstore.query import RowRange
-from tabletstore.schema import (
+from tabletstore.data.query import RowRange
+from tabletstore.data.schema import (
     ColumnFamily,
     GcRule,
     IntersectionRule,
@@ -51,8 +46,13 @@ from tabletstore.schema import (
     TableSchema,
     UnionRule,
 )
+from tabletstore.engine.tablet import Tablet, TabletCatalog
+from tabletstore.errors import InvalidArgument
+from tabletstore.keys import TS_MAX, Cell
+from tabletstore.metadata.catalog import Catalog
+from tabletstore.metadata.record import LogRef, TabletRecord
+from tabletstore.options import TabletOptions
 from tabletstore.storage_s3.base import ObjectStore
-from tabletstore.tablet import Tablet, TabletCatalog
 
 SECOND = 1_000_000
 

@@ -11,7 +11,7 @@ import pytest
 from bench.cluster_target import parse_cluster_spec, scrape_store_stats, split_keys
 from bench.paper import BenchConfig, cluster_table, run_suite
 from bench.targets import row_key
-from tabletstore import localstack
+from tabletstore.cli import localstack
 from tabletstore.errors import InvalidArgument
 from tabletstore.storage_s3.base import Op
 

@@ -34,10 +34,10 @@ from tabletstore.bigtable_api.translate import (
     table_to_pb,
 )
 from tabletstore.client.client import AsyncClient
+from tabletstore.data.filters import CellsPerRowLimit, Chain, StripValue
+from tabletstore.data.model import DeleteRow, RowMutation
+from tabletstore.data.schema import ColumnFamily, GcRule
 from tabletstore.errors import AlreadyExists, InvalidArgument, NotFound
-from tabletstore.filters import CellsPerRowLimit, Chain, StripValue
-from tabletstore.model import DeleteRow, RowMutation
-from tabletstore.schema import ColumnFamily, GcRule
 
 __all__ = ["CONSISTENCY_TOKEN", "DROP_BATCH_ROWS", "TableAdmin"]
 

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from tabletstore.bigtable_api.translate import ReadRowsResponsePB
-from tabletstore.model import Row
+from tabletstore.data.model import Row
 
 __all__ = ["DEFAULT_MAX_RESPONSE_BYTES", "DEFAULT_MAX_VALUE_CHUNK", "ChunkEncoder", "row_chunks"]
 

@@ -1,6 +1,6 @@
 """``tabletstore bigtable-api``: serve the Cloud Bigtable API over a tabletstore database.
 
-Registered on the main command group by :mod:`tabletstore.cli`. The serving stack and grpc
+Registered on the main command group by :mod:`tabletstore.cli.main`. The serving stack and grpc
 are imported only when the command runs, so other verbs never load them.
 
 ::

@@ -49,9 +49,9 @@ from tabletstore.bigtable_api.translate import (
 )
 from tabletstore.client.client import AsyncClient, AsyncTable, MutationsFailed
 from tabletstore.clock import Clock, SystemClock
+from tabletstore.data.model import Mutation, RowMutation
+from tabletstore.data.validation import MAX_MUTATIONS_PER_ROW, check_row_key
 from tabletstore.errors import InvalidArgument, TabletStoreError, Unimplemented
-from tabletstore.model import Mutation, RowMutation
-from tabletstore.mutations import MAX_MUTATIONS_PER_ROW, check_row_key
 
 __all__ = [
     "ADMIN_SERVICE",

@@ -18,7 +18,7 @@ Contracts, decided once for the whole front door:
 * **Row ranges**: an empty key bound is unbounded (data.proto ``RowRange``); a request naming no
   rows reads the whole table; empty row keys in a row set select nothing. Column and value range
   bounds are taken literally: a bound set to ``b""`` is the empty string, as in the service.
-* **Filters** map 1:1 onto :mod:`tabletstore.filters`. As the service does, a ``chain`` or
+* **Filters** map 1:1 onto :mod:`tabletstore.data.filters`. As the service does, a ``chain`` or
   ``interleave`` needs at least two sub-filters, a ``condition`` needs a predicate, and the flag
   filters (``pass_all_filter``, ``block_all_filter``, ``sink``, ``strip_value_transformer``) must
   be true when set.
@@ -37,20 +37,7 @@ from google.cloud.bigtable_admin_v2.types import table as admin_table
 from google.cloud.bigtable_v2.types import bigtable as bt
 from google.cloud.bigtable_v2.types import data
 
-from tabletstore.errors import (
-    AlreadyExists,
-    Closed,
-    Corruption,
-    Indeterminate,
-    InvalidArgument,
-    NotFound,
-    PermissionDenied,
-    PreconditionFailed,
-    TabletStoreError,
-    Unavailable,
-    Unimplemented,
-)
-from tabletstore.filters import (
+from tabletstore.data.filters import (
     ApplyLabel,
     BlockAll,
     CellsPerColumnLimit,
@@ -72,7 +59,7 @@ from tabletstore.filters import (
     ValueRange,
     ValueRegex,
 )
-from tabletstore.model import (
+from tabletstore.data.model import (
     AppendValue,
     DeleteCells,
     DeleteFamily,
@@ -83,8 +70,8 @@ from tabletstore.model import (
     Row,
     SetCell,
 )
-from tabletstore.query import RowRange, RowSet
-from tabletstore.schema import (
+from tabletstore.data.query import RowRange, RowSet
+from tabletstore.data.schema import (
     ColumnFamily,
     GcRule,
     IntersectionRule,
@@ -93,6 +80,19 @@ from tabletstore.schema import (
     TableSchema,
     UnionRule,
     validate_table_name,
+)
+from tabletstore.errors import (
+    AlreadyExists,
+    Closed,
+    Corruption,
+    Indeterminate,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    PreconditionFailed,
+    TabletStoreError,
+    Unavailable,
+    Unimplemented,
 )
 
 __all__ = [
@@ -307,7 +307,7 @@ _FILTERS: dict[str, Callable[[Any], RowFilter]] = {
 
 
 def filter_from_pb(f: Any) -> RowFilter:
-    """A ``google.bigtable.v2.RowFilter`` as a :mod:`tabletstore.filters` value.
+    """A ``google.bigtable.v2.RowFilter`` as a :mod:`tabletstore.data.filters` value.
 
     InvalidArgument names the problem (bad regex, bad limit, short chain, ...). A RowFilter
     with nothing set passes every cell.

@@ -26,8 +26,21 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from tabletstore.catalog import Catalog, TableInfo
 from tabletstore.client.location import LocationCache
+from tabletstore.data.filters import RowFilter
+from tabletstore.data.model import (
+    DeleteCells,
+    DeleteFamily,
+    DeleteRow,
+    Mutation,
+    ReadModifyWriteRule,
+    Row,
+    RowMutation,
+    SetCell,
+)
+from tabletstore.data.query import RowRange, RowSet
+from tabletstore.data.schema import ColumnFamily, GcRule, LocalityGroup, TableSchema
+from tabletstore.data.validation import check_row_key, mutation_bytes, validate_row_mutation
 from tabletstore.errors import (
     Closed,
     Fenced,
@@ -38,20 +51,8 @@ from tabletstore.errors import (
     Unavailable,
     Unreachable,
 )
-from tabletstore.filters import RowFilter
-from tabletstore.metadata import TabletRecord
-from tabletstore.model import (
-    DeleteCells,
-    DeleteFamily,
-    DeleteRow,
-    Mutation,
-    ReadModifyWriteRule,
-    Row,
-    RowMutation,
-    SetCell,
-)
-from tabletstore.mutations import check_row_key, mutation_bytes, validate_row_mutation
-from tabletstore.query import RowRange, RowSet
+from tabletstore.metadata.catalog import Catalog, TableInfo
+from tabletstore.metadata.record import TabletRecord
 from tabletstore.rpc.inprocess import Transport
 from tabletstore.rpc.messages import (
     CheckAndMutateRequest,
@@ -68,7 +69,6 @@ from tabletstore.rpc.messages import (
     ServerStatusResponse,
 )
 from tabletstore.rpc.row_pieces import RowAssembler
-from tabletstore.schema import ColumnFamily, GcRule, LocalityGroup, TableSchema
 
 __all__ = [
     "Admin",

@@ -14,13 +14,14 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
-from tabletstore.catalog import Catalog, TableInfo
 from tabletstore.client.client import AsyncClient
 from tabletstore.client.location import LocationCache
 from tabletstore.coordination import open_coordinator, paths
 from tabletstore.coordination.base import Coordinator, KeyValue
 from tabletstore.coordination.election import Election
+from tabletstore.data.schema import ColumnFamily, LocalityGroup, TableSchema
 from tabletstore.errors import NotServing, Unavailable
+from tabletstore.metadata.catalog import Catalog, TableInfo
 from tabletstore.rpc.messages import (
     CompactTableRequest,
     CreateTableRequest,
@@ -32,7 +33,6 @@ from tabletstore.rpc.messages import (
 )
 from tabletstore.rpc.tcp import TcpTransport
 from tabletstore.rpc.wire import register_all
-from tabletstore.schema import ColumnFamily, LocalityGroup, TableSchema
 
 __all__ = ["CALL_TIMEOUT", "ClusterClient", "MasterStub"]
 

@@ -43,10 +43,12 @@ from sortedcontainers import SortedDict
 
 from tabletstore.coordination import paths
 from tabletstore.coordination.base import Coordinator
+from tabletstore.data.filters import RowFilter
+from tabletstore.data.model import Mutation, Row, RowMutation
+from tabletstore.data.query import RowRange
 from tabletstore.errors import NotServing, Unavailable
-from tabletstore.filters import RowFilter
-from tabletstore.metadata import TabletRecord, metadata_row_key
-from tabletstore.metadata_table import (
+from tabletstore.metadata.record import TabletRecord, metadata_row_key
+from tabletstore.metadata.rows import (
     METADATA_TABLE_ID,
     ROOT_END,
     MetadataRow,
@@ -54,8 +56,6 @@ from tabletstore.metadata_table import (
     is_root,
     table_range,
 )
-from tabletstore.model import Mutation, Row, RowMutation
-from tabletstore.query import RowRange
 from tabletstore.rpc.inprocess import Transport
 from tabletstore.rpc.messages import (
     CheckAndMutateRequest,

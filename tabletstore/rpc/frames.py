@@ -41,7 +41,7 @@ Request id 0 is reserved for connection-level ERROR frames; clients number reque
 Sizes
 -----
 ``DEFAULT_MAX_FRAME`` (both sides' default) is derived from the write limits in
-``tabletstore.model``: one frame holds the largest acceptable row mutation
+``tabletstore.data.model``: one frame holds the largest acceptable row mutation
 (``MAX_MUTATION_BYTES``) plus a request's envelope, so whatever a write may carry can be sent.
 Nothing a read returns is bounded by a frame: a scan streams rows in items of about
 ``row_pieces.STREAM_ITEM_BYTES`` and a row larger than that in several pieces, which the client
@@ -59,8 +59,8 @@ import struct
 from enum import IntEnum
 from typing import NamedTuple
 
+from tabletstore.data.model import MAX_MUTATION_BYTES
 from tabletstore.errors import InvalidArgument, Unimplemented
-from tabletstore.model import MAX_MUTATION_BYTES
 
 __all__ = [
     "DEFAULT_MAX_FRAME",

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tabletstore.filters import RowFilter
-from tabletstore.model import Cell, Mutation, ReadModifyWriteRule, Row, RowMutation
-from tabletstore.query import RowRange
+from tabletstore.data.filters import RowFilter
+from tabletstore.data.model import Cell, Mutation, ReadModifyWriteRule, Row, RowMutation
+from tabletstore.data.query import RowRange
 
 __all__ = [
     "MASTER_METHODS",

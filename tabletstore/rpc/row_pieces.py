@@ -27,8 +27,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
+from tabletstore.data.model import Cell, Row
 from tabletstore.errors import Unavailable
-from tabletstore.model import Cell, Row
 from tabletstore.rpc.messages import RowBatch, RowPiece
 
 __all__ = [

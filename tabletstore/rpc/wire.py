@@ -9,7 +9,7 @@ that opens a TCP connection (worker, master, cluster client).
 
 from __future__ import annotations
 
-from tabletstore import filters, model, query
+from tabletstore.data import filters, model, query
 from tabletstore.rpc import messages as m
 from tabletstore.rpc.codec import DEFAULT_CODEC, Codec
 

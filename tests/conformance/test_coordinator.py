@@ -7,11 +7,11 @@ import uuid
 
 import pytest
 
+from tabletstore.cli.localstack import free_port
 from tabletstore.clock import ManualClock, SystemClock
 from tabletstore.coordination import Coordinator, Lease, check, open_coordinator
 from tabletstore.coordination.etcd import EtcdCoordinator
 from tabletstore.errors import Unavailable
-from tabletstore.localstack import free_port
 from tabletstore.testing.coordinator_conformance import DEADLINE, CoordinatorConformance
 
 

@@ -1,6 +1,6 @@
 """The tablet under faults at its crash boundaries (§5.3, §5.4; DESIGN.md §6, §9).
 
-Every test drives a :class:`~tabletstore.tablet.Tablet` built by tests/tablet_harness.py over
+Every test drives a :class:`~tabletstore.engine.tablet.Tablet` built by tests/tablet_harness.py over
 each backend (memory, file, S3 on moto) wrapped in a FaultyObjectStore, and checks it against
 the dict model after the fault and after a crash and recovery:
 
@@ -21,12 +21,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from tabletstore.catalog import Catalog
+from tabletstore.data.model import DeleteCells, DeleteRow, Mutation, Row, SetCell
+from tabletstore.data.query import RowRange
 from tabletstore.errors import Corruption, Fenced, Unavailable
-from tabletstore.metadata import TabletRecord
-from tabletstore.model import DeleteCells, DeleteRow, Mutation, Row, SetCell
+from tabletstore.metadata.catalog import Catalog
+from tabletstore.metadata.record import TabletRecord
 from tabletstore.options import TabletOptions
-from tabletstore.query import RowRange
 from tabletstore.storage_s3.base import ObjectStore, Op
 from tabletstore.testing.faulty_store import FaultyObjectStore
 from tests.tablet_harness import SECOND, TabletHarness, TabletModel

@@ -17,12 +17,12 @@ from collections.abc import AsyncIterator
 import pytest
 
 from tabletstore.commitlog import fence
+from tabletstore.data.model import SetCell
 from tabletstore.embedded import Database
+from tabletstore.engine.tablet import Tablet
 from tabletstore.errors import NotServing, TabletStoreError, Unavailable
-from tabletstore.model import SetCell
 from tabletstore.rpc.messages import MutateRowsRequest, ReadRowsRequest, UnloadTabletRequest
 from tabletstore.storage_s3.base import Op
-from tabletstore.tablet import Tablet
 from tabletstore.testing.faulty_store import FaultyObjectStore
 
 ROWS = 500

@@ -1,9 +1,9 @@
 """A real cluster for integration tests: master(s) and workers as ``tabletstore`` processes.
 
 :class:`Cluster` starts processes with the local stack's helpers
-(:func:`tabletstore.localstack.start_master` / ``start_worker``: ``python -m tabletstore.cli``
+(:func:`tabletstore.cli.localstack.start_master` / ``start_worker``: ``python -m tabletstore.cli.main``
 in their own session, output to ``<dir>/<role>.log``) against an etcd namespace and a bucket
-the test fixtures provide, and keeps every :class:`~tabletstore.localstack.ProcessRecord` it
+the test fixtures provide, and keeps every :class:`~tabletstore.cli.localstack.ProcessRecord` it
 started. It stops them only by pid (and only while the pid still runs the recorded command),
 so :meth:`Cluster.close` leaves nothing behind even after a failed test.
 
@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from tabletstore import localstack
+from tabletstore.cli import localstack
+from tabletstore.cli.localstack import ProcessRecord
 from tabletstore.client.client import AsyncClient, ClusterStatus
-from tabletstore.localstack import ProcessRecord
 
 T = TypeVar("T")
 

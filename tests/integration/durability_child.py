@@ -22,9 +22,9 @@ import random
 import sys
 
 from tabletstore.client.sync import Portal
+from tabletstore.data.filters import Chain, ColumnQualifierRegex, ValueRegex
+from tabletstore.data.model import DeleteRow, IncrementValue, RowMutation, SetCell
 from tabletstore.embedded import Database, SyncDatabase
-from tabletstore.filters import Chain, ColumnQualifierRegex, ValueRegex
-from tabletstore.model import DeleteRow, IncrementValue, RowMutation, SetCell
 from tabletstore.options import TabletOptions
 
 TABLE = "t"

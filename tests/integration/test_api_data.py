@@ -26,7 +26,7 @@ from tabletstore import (
     SetCell,
     TabletStoreError,
 )
-from tabletstore.model import MAX_ROW_KEY, MAX_VALUE
+from tabletstore.data.model import MAX_ROW_KEY, MAX_VALUE
 from tests.integration.api_support import db, db_url, reopen, rows_of, values
 
 __all__ = ["db", "db_url"]  # fixtures used by name

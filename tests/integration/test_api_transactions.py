@@ -233,8 +233,8 @@ async def test_a_millisecond_write_after_an_increment_is_not_hidden_by_it() -> N
     an increment within the same millisecond used to be stamped at the microsecond, so a write
     acknowledged after it read back older (happybase's counter_set read 3 instead of 10)."""
     from tabletstore.clock import ManualClock
+    from tabletstore.data.model import IncrementValue, SetCell
     from tabletstore.embedded import Database
-    from tabletstore.model import IncrementValue, SetCell
 
     clock = ManualClock(start=1_700_000_000.000_5)  # half-way through a millisecond
     async with await Database.open("memory://rmw-granularity", clock=clock) as database:

@@ -21,14 +21,14 @@ from typing import Any
 import pytest
 
 from tabletstore.coordination.memory import MemoryCoordinator
+from tabletstore.data.schema import ColumnFamily, TableSchema
 from tabletstore.errors import InvalidArgument, Unavailable
-from tabletstore.master import Master
+from tabletstore.master.master import Master
 from tabletstore.options import MasterOptions, WorkerOptions
 from tabletstore.rpc.inprocess import InProcessTransport
 from tabletstore.rpc.messages import LoadTabletRequest
-from tabletstore.schema import ColumnFamily, TableSchema
 from tabletstore.storage_s3.memory import MemoryObjectStore
-from tabletstore.worker import TabletServer
+from tabletstore.worker.server import TabletServer
 
 pytestmark = pytest.mark.timeout(120)
 

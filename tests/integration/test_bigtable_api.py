@@ -500,10 +500,10 @@ async def test_read_rows_resumes_after_a_broken_stream(monkeypatch: pytest.Monke
     """The client retries an UNAVAILABLE stream from after the last row it got; every row
     arrives once, in order."""
     from tabletstore.bigtable_api.server import BigtableApiServer
+    from tabletstore.data.model import RowMutation
+    from tabletstore.data.model import SetCell as TsSetCell
     from tabletstore.embedded import Database
     from tabletstore.errors import Unavailable
-    from tabletstore.model import RowMutation
-    from tabletstore.model import SetCell as TsSetCell
 
     db = await Database.open(f"memory://resume-{uuid.uuid4().hex}")
     table = await db.create_table("t", ["cf"])
@@ -552,7 +552,7 @@ def test_subprocess_serves_and_persists(tmp_path: Path, monkeypatch: pytest.Monk
             [
                 sys.executable,
                 "-m",
-                "tabletstore.cli",
+                "tabletstore.cli.main",
                 "bigtable-api",
                 "--url",
                 f"file://{tmp_path}",

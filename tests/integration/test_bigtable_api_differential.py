@@ -3,7 +3,7 @@ official data client to Google's ``cbtemulator`` and to the tabletstore front do
 return the same results.
 
 What is kept out of the random space, and why (each a documented departure of the emulator,
-see ``tabletstore/filters.py``): ``Sink`` (the emulator passes a Sink's input on to its
+see ``tabletstore/data/filters.py``): ``Sink`` (the emulator passes a Sink's input on to its
 parent), ``RowSample`` (random), row-level cell limits and offsets over more than one family
 (the emulator orders a row's families arbitrarily), two labels in one chain (the emulator
 accepts them, the service does not), a strip after a label in a chain (the emulator's

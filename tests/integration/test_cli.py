@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tabletstore.cli import main
+from tabletstore.cli.main import main
 
 _SCRIPT = Path(sys.executable).parent / "tabletstore"
 if _SCRIPT.exists():
@@ -28,7 +28,7 @@ if _SCRIPT.exists():
 elif shutil.which("tabletstore"):
     COMMAND = [str(shutil.which("tabletstore"))]
 else:
-    COMMAND = [sys.executable, "-m", "tabletstore.cli"]
+    COMMAND = [sys.executable, "-m", "tabletstore.cli.main"]
 
 ENV = {k: v for k, v in os.environ.items() if not k.startswith("TABLETSTORE_")}
 
@@ -271,7 +271,6 @@ def test_errors_are_one_line_without_traceback(url: str, tmp_path: Path) -> None
 
 def test_identity_is_checked_against_acls(url: str) -> None:
     from tabletstore import Acl, ColumnFamily, connect
-
     with connect(url) as db:
         db.create_table("acl", [ColumnFamily(name="f", acl=Acl(writers=["alice"]))])
     fails("set", "acl", "r", "f:c=v", url=url, expect="may not write")
@@ -290,7 +289,7 @@ def test_demo_runs_twice_on_the_default_directory(tmp_path: Path) -> None:
 
 
 def _ts(micros: int) -> str:
-    from tabletstore.cbtsyntax import format_timestamp
+    from tabletstore.cli.cbtsyntax import format_timestamp
 
     return format_timestamp(micros)
 

@@ -1,5 +1,5 @@
 """The cluster with real processes (issue 6, "Tests"): etcd, moto's S3 server, a master (and a
-standby) and workers started as ``python -m tabletstore.cli`` processes, used through
+standby) and workers started as ``python -m tabletstore.cli.main`` processes, used through
 ``tabletstore.connect_async("etcd://...")``.
 
 * many tablets: writes, point reads, scans across tablet boundaries, filters, transactions,
@@ -35,11 +35,11 @@ from pathlib import Path
 import pytest
 
 from tabletstore import connect_async
+from tabletstore.cli.localstack import ProcessRecord
 from tabletstore.client.client import AsyncClient, AsyncTable, MutationsFailed
 from tabletstore.client.cluster import ClusterClient
 from tabletstore.coordination import open_coordinator
-from tabletstore.errors import Indeterminate, TabletStoreError
-from tabletstore.filters import (
+from tabletstore.data.filters import (
     CellsPerColumnLimit,
     Chain,
     ColumnQualifierRegex,
@@ -48,8 +48,8 @@ from tabletstore.filters import (
     StripValue,
     ValueRegex,
 )
-from tabletstore.localstack import ProcessRecord
-from tabletstore.model import DeleteRow, IncrementValue, RowMutation, SetCell
+from tabletstore.data.model import DeleteRow, IncrementValue, RowMutation, SetCell
+from tabletstore.errors import Indeterminate, TabletStoreError
 from tabletstore.rpc.tcp import TcpTransport
 from tests.integration.cluster_harness import (
     PROCESS_ENV,
@@ -824,7 +824,7 @@ async def test_gc_deletes_only_garbage(
         assert len(sstables()) >= 8
         gc = await asyncio.to_thread(
             subprocess.run,
-            [sys.executable, "-m", "tabletstore.cli", "--url", cluster.url, "gc", "--grace", "0"],
+            [sys.executable, "-m", "tabletstore.cli.main", "--url", cluster.url, "gc", "--grace", "0"],
             capture_output=True,
             text=True,
             timeout=120,

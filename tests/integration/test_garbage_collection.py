@@ -10,17 +10,17 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from tabletstore import gc
-from tabletstore.catalog import Catalog
 from tabletstore.clock import SystemClock
 from tabletstore.commitlog import fence
 from tabletstore.coordination import paths
 from tabletstore.coordination.memory import MemoryCoordinator
+from tabletstore.data.model import SetCell
+from tabletstore.data.schema import ColumnFamily, TableSchema
 from tabletstore.embedded import Database
-from tabletstore.garbage import GarbageCollector, GcReport, collect, list_objects, mark
-from tabletstore.metadata import LogRef, TabletRecord
-from tabletstore.model import SetCell
-from tabletstore.schema import ColumnFamily, TableSchema
+from tabletstore.master import gc_plan as gc
+from tabletstore.master.gc import GarbageCollector, GcReport, collect, list_objects, mark
+from tabletstore.metadata.catalog import Catalog
+from tabletstore.metadata.record import LogRef, TabletRecord
 from tabletstore.storage_s3 import layout
 from tabletstore.storage_s3.memory import MemoryObjectStore
 
@@ -248,7 +248,7 @@ async def test_master_collector_holds_garbage_for_a_grace_after_finding_it() -> 
 def test_cli_gc_reports_and_deletes(tmp_path: Path) -> None:
     from click.testing import CliRunner
 
-    from tabletstore.cli import main
+    from tabletstore.cli.main import main
 
     url = f"file://{tmp_path}"
     for argv in (

@@ -25,10 +25,8 @@ import pytest
 
 from tabletstore import connect_async
 from tabletstore.client.client import AsyncClient, AsyncTable
-from tabletstore.embedded import Database
-from tabletstore.errors import InvalidArgument, Unavailable
-from tabletstore.filters import FamilyNameRegex
-from tabletstore.model import (
+from tabletstore.data.filters import FamilyNameRegex
+from tabletstore.data.model import (
     MAX_MUTATION_BYTES,
     MAX_QUALIFIER,
     MAX_VALUE,
@@ -37,6 +35,8 @@ from tabletstore.model import (
     RowMutation,
     SetCell,
 )
+from tabletstore.embedded import Database
+from tabletstore.errors import InvalidArgument, Unavailable
 from tabletstore.rpc.codec import Codec
 from tabletstore.rpc.messages import LargeRow, ReadRowsRequest, RowBatch, RowPiece
 from tabletstore.rpc.row_pieces import STREAM_ITEM_BYTES, RowAssembler

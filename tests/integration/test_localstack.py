@@ -12,7 +12,7 @@ from pathlib import Path
 import boto3
 import pytest
 
-from tabletstore import localstack
+from tabletstore.cli import localstack
 from tabletstore.coordination import open_coordinator
 
 pytestmark = pytest.mark.slow
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "tabletstore.cli", "local-stack", *args],
+        [sys.executable, "-m", "tabletstore.cli.main", "local-stack", *args],
         capture_output=True,
         text=True,
         timeout=120,

@@ -1,6 +1,6 @@
 """``tabletstore local-stack up --workers 3``, then the cbt-style CLI against the cluster.
 
-Everything runs as the user would run it: each step is a separate ``python -m tabletstore.cli``
+Everything runs as the user would run it: each step is a separate ``python -m tabletstore.cli.main``
 process (issue 6: "Done when ... ``tabletstore local-stack up --workers 3`` followed by the CLI
 from the API issue works against the cluster"). ``down`` must leave no process behind.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tabletstore import localstack
+from tabletstore.cli import localstack
 from tests.integration.cluster_harness import gone
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 def tabletstore(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "tabletstore.cli", *args],
+        [sys.executable, "-m", "tabletstore.cli.main", *args],
         capture_output=True,
         text=True,
         timeout=120,

@@ -13,22 +13,22 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from tabletstore import metadata_table as mt
-from tabletstore.catalog import Catalog
 from tabletstore.client.client import AsyncClient
 from tabletstore.client.location import LocationCache
 from tabletstore.coordination import paths
 from tabletstore.coordination.memory import MemoryCoordinator
+from tabletstore.data.model import SetCell
+from tabletstore.data.schema import ColumnFamily, TableSchema
 from tabletstore.errors import AlreadyExists, Fenced, InvalidArgument
-from tabletstore.master import Master
-from tabletstore.metadata import TabletRecord, metadata_row_key
-from tabletstore.model import SetCell
+from tabletstore.master.master import Master
+from tabletstore.metadata import rows as mt
+from tabletstore.metadata.catalog import Catalog
+from tabletstore.metadata.record import TabletRecord, metadata_row_key
 from tabletstore.options import WorkerOptions
 from tabletstore.rpc.inprocess import InProcessTransport
 from tabletstore.rpc.messages import LoadTabletRequest, UnloadTabletRequest
-from tabletstore.schema import ColumnFamily, TableSchema
 from tabletstore.storage_s3.memory import MemoryObjectStore
-from tabletstore.worker import TabletServer
+from tabletstore.worker.server import TabletServer
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -1,6 +1,6 @@
 """``--metrics-port``: a real master and worker process serve /metrics and /status over HTTP.
 
-A master and a worker (``python -m tabletstore.cli``) run against the session's etcd and a
+A master and a worker (``python -m tabletstore.cli.main``) run against the session's etcd and a
 bucket on moto's S3 server; after some traffic through a cluster client the test scrapes both
 processes and checks that the counters moved (requests by method, S3 PUTs, commit-log appends,
 compactions) and that each /status body validates as its pydantic model. The processes are
@@ -19,11 +19,11 @@ from typing import TypeVar
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tabletstore import localstack
+from tabletstore.cli import localstack
+from tabletstore.cli.localstack import ProcessRecord
 from tabletstore.client.cluster import ClusterClient
-from tabletstore.localstack import ProcessRecord
-from tabletstore.model import SetCell
-from tabletstore.status_http import MasterStatus, WorkerStatus, parse_status
+from tabletstore.data.model import SetCell
+from tabletstore.ops.status_http import MasterStatus, WorkerStatus, parse_status
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 

@@ -29,18 +29,18 @@ from pathlib import Path
 import pytest
 
 from tabletstore import connect_async
-from tabletstore.catalog import Catalog
 from tabletstore.client.client import AsyncClient, AsyncTable
 from tabletstore.coordination.memory import MemoryCoordinator
+from tabletstore.data.model import DeleteRow, RowMutation, SetCell
 from tabletstore.embedded import Database
 from tabletstore.errors import TabletStoreError, Unavailable
-from tabletstore.master import Master
-from tabletstore.metadata import TabletRecord
-from tabletstore.model import DeleteRow, RowMutation, SetCell
+from tabletstore.master.master import Master
+from tabletstore.metadata.catalog import Catalog
+from tabletstore.metadata.record import TabletRecord
 from tabletstore.options import MasterOptions, TabletOptions, WorkerOptions
 from tabletstore.rpc.inprocess import InProcessTransport
 from tabletstore.storage_s3.memory import MemoryObjectStore
-from tabletstore.worker import TabletServer
+from tabletstore.worker.server import TabletServer
 from tests.integration.cluster_harness import Cluster, placement, table_id_of
 from tests.integration.cluster_harness import eventually as harness_eventually
 from tests.plugins.s3_server import boto3_client

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tabletstore.localstack import start_etcd, stop
+from tabletstore.cli.localstack import start_etcd, stop
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,6 @@
 """The tablet against a dict model: a hypothesis state machine (§2, §3, §5.3, §5.4).
 
-A :class:`~tabletstore.tablet.Tablet` is built directly (tests/tablet_harness.py: a real
+A :class:`~tabletstore.engine.tablet.Tablet` is built directly (tests/tablet_harness.py: a real
 commit log, a catalog over a MemoryCoordinator, a ManualClock, a tiny memtable threshold and
 at most two SSTables per locality group, so minor and merging compactions run in the
 background every few writes) and driven by random operations:
@@ -56,9 +56,8 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from tabletstore.errors import InvalidArgument
-from tabletstore.filters import ColumnQualifierRegex, FamilyNameRegex, RowFilter
-from tabletstore.model import (
+from tabletstore.data.filters import ColumnQualifierRegex, FamilyNameRegex, RowFilter
+from tabletstore.data.model import (
     AppendValue,
     DeleteCells,
     DeleteFamily,
@@ -68,7 +67,8 @@ from tabletstore.model import (
     ReadModifyWriteRule,
     SetCell,
 )
-from tabletstore.query import RowRange
+from tabletstore.data.query import RowRange
+from tabletstore.errors import InvalidArgument
 from tabletstore.storage_s3.base import ObjectStore
 from tabletstore.storage_s3.memory import MemoryObjectStore
 from tests.tablet_harness import (

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tabletstore.assignment import Assignment, TabletLoad, plan
+from tabletstore.master.assignment import Assignment, TabletLoad, plan
 
 
 def t(tid: str, worker: str | None = None, size: int = 0, requests: int = 0) -> TabletLoad:

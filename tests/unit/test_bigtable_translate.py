@@ -15,10 +15,10 @@ from google.cloud.bigtable_admin_v2.types import table as admin_table
 from google.cloud.bigtable_v2.types import data
 
 from tabletstore import errors
-from tabletstore import filters as f
 from tabletstore.bigtable_api import translate as t
 from tabletstore.bigtable_api.chunks import ChunkEncoder, row_chunks
-from tabletstore.model import (
+from tabletstore.data import filters as f
+from tabletstore.data.model import (
     AppendValue,
     Cell,
     DeleteCells,
@@ -28,8 +28,8 @@ from tabletstore.model import (
     Row,
     SetCell,
 )
-from tabletstore.query import RowRange, RowSet
-from tabletstore.schema import (
+from tabletstore.data.query import RowRange, RowSet
+from tabletstore.data.schema import (
     ColumnFamily,
     IntersectionRule,
     MaxAgeRule,

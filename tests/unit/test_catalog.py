@@ -9,11 +9,11 @@ from dataclasses import replace
 
 import pytest
 
-from tabletstore.catalog import Catalog
 from tabletstore.coordination.memory import MemoryCoordinator
+from tabletstore.data.schema import ColumnFamily, TableSchema
 from tabletstore.errors import AlreadyExists, Fenced, InvalidArgument, NotFound, PreconditionFailed
-from tabletstore.metadata import TabletRecord
-from tabletstore.schema import ColumnFamily, TableSchema
+from tabletstore.metadata.catalog import Catalog
+from tabletstore.metadata.record import TabletRecord
 
 SCHEMA = TableSchema(name="web", families={"a": ColumnFamily(name="a")})
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tabletstore.cbtsyntax import (
+from tabletstore.cli.cbtsyntax import (
     column_filter,
     format_duration,
     format_gc_rule,
@@ -17,10 +17,10 @@ from tabletstore.cbtsyntax import (
     printable_key,
     read_filter,
 )
+from tabletstore.data.filters import apply_filter
+from tabletstore.data.model import Cell, Row, SetCell
+from tabletstore.data.schema import IntersectionRule, MaxAgeRule, MaxVersionsRule, UnionRule
 from tabletstore.errors import InvalidArgument
-from tabletstore.filters import apply_filter
-from tabletstore.model import Cell, Row, SetCell
-from tabletstore.schema import IntersectionRule, MaxAgeRule, MaxVersionsRule, UnionRule
 
 
 @pytest.mark.parametrize(

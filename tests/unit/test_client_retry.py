@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
-from tabletstore.catalog import TableInfo
 from tabletstore.client.client import AsyncClient, MutationsFailed
+from tabletstore.data.model import DeleteRow, Mutation, RowMutation, SetCell
+from tabletstore.data.schema import ColumnFamily, TableSchema
 from tabletstore.errors import Indeterminate, NotServing, TabletStoreError, Unavailable
-from tabletstore.metadata import TabletRecord
-from tabletstore.model import DeleteRow, Mutation, RowMutation, SetCell
+from tabletstore.metadata.catalog import TableInfo
+from tabletstore.metadata.record import TabletRecord
 from tabletstore.rpc.messages import EntryError, MutateRowsRequest, MutateRowsResponse
-from tabletstore.schema import ColumnFamily, TableSchema
 
 SCHEMA = TableSchema(name="t", families={"f": ColumnFamily(name="f")})
 INFO = TableInfo("tid", SCHEMA)
@@ -116,7 +116,6 @@ async def test_mutate_row_refused_by_a_splitting_tablet_is_sent_again() -> None:
 )
 async def test_mutate_row_refused_for_its_entry_is_sent_again(refusal: str) -> None:
     from tabletstore import errors
-
     worker = ScriptedWorker({b"a": getattr(errors, refusal)("refused")})
     client, _ = client_of(worker)
     await client.table("t").mutate_row(b"a", put())

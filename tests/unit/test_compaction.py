@@ -5,12 +5,12 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tabletstore.compaction import CompactionTask, merge_sstables, plan, plan_major
-from tabletstore.iterators import merge_sources, visible_cells
+from tabletstore.data.schema import MaxAgeRule, MaxVersionsRule
+from tabletstore.engine.compaction import CompactionTask, merge_sstables, plan, plan_major
+from tabletstore.engine.iterators import merge_sources, visible_cells
 from tabletstore.keys import TS_MAX, Cell, CellKind, cell_sort_key, encode_ts_range
-from tabletstore.metadata import SSTableRef, TabletRecord
+from tabletstore.metadata.record import SSTableRef, TabletRecord
 from tabletstore.options import TabletOptions
-from tabletstore.schema import MaxAgeRule, MaxVersionsRule
 from tabletstore.sstable import read_sstable_bytes, write_sstable
 
 NOW = 1_000_000_000

@@ -12,8 +12,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from tabletstore.errors import InvalidArgument
-from tabletstore.filters import (
+from tabletstore.data.filters import (
     MAX_FILTER_DEPTH,
     ApplyLabel,
     BlockAll,
@@ -39,7 +38,8 @@ from tabletstore.filters import (
     filter_from_dict,
     iter_filters,
 )
-from tabletstore.model import Cell
+from tabletstore.data.model import Cell
+from tabletstore.errors import InvalidArgument
 
 
 def C(fam: str, qual: bytes, ts: int, value: bytes = b"v", labels: tuple[str, ...] = ()) -> Cell:

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tabletstore import gc
 from tabletstore.errors import InvalidArgument
-from tabletstore.metadata import LogRef
+from tabletstore.master import gc_plan as gc
+from tabletstore.metadata.record import LogRef
 from tabletstore.storage_s3 import layout
 from tabletstore.storage_s3.base import ObjectInfo
 

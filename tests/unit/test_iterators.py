@@ -8,8 +8,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tabletstore.errors import Corruption
-from tabletstore.iterators import (
+from tabletstore.data.schema import (
+    GcRule,
+    IntersectionRule,
+    MaxAgeRule,
+    MaxVersionsRule,
+    UnionRule,
+    is_garbage,
+)
+from tabletstore.engine.iterators import (
     acells,
     acompact_batches,
     acompact_cells,
@@ -23,15 +30,8 @@ from tabletstore.iterators import (
     merge_sources,
     visible_cells,
 )
+from tabletstore.errors import Corruption
 from tabletstore.keys import TS_MAX, Cell, CellKind, cell_sort_key, decode_ts_range, encode_ts_range
-from tabletstore.schema import (
-    GcRule,
-    IntersectionRule,
-    MaxAgeRule,
-    MaxVersionsRule,
-    UnionRule,
-    is_garbage,
-)
 
 NOW = 10_000_000_000  # microseconds; the fixed "now" of every GC evaluation here
 SEC = 1_000_000

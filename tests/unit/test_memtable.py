@@ -6,9 +6,9 @@ import random
 
 import pytest
 
+from tabletstore.engine.memtable import CELL_OVERHEAD, FrozenMemTable, MemTable
 from tabletstore.errors import InvalidArgument
 from tabletstore.keys import TS_MAX, Cell, CellKind, cell_sort_key
-from tabletstore.memtable import CELL_OVERHEAD, FrozenMemTable, MemTable
 
 
 def put(row: bytes, fam: str, q: bytes, ts: int, seq: int, value: bytes = b"v") -> Cell:

@@ -7,11 +7,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tabletstore import metadata_table as mt
+from tabletstore.data.filters import apply_filter
+from tabletstore.data.model import Cell, Row, SetCell
 from tabletstore.errors import Corruption, InvalidArgument
-from tabletstore.filters import apply_filter
-from tabletstore.metadata import TabletRecord, metadata_row_key
-from tabletstore.model import Cell, Row, SetCell
+from tabletstore.metadata import rows as mt
+from tabletstore.metadata.record import TabletRecord, metadata_row_key
 
 table_ids = st.from_regex(r"[A-Za-z0-9_.\-]{1,50}-[0-9a-f]{12}", fullmatch=True)
 rows = st.binary(max_size=40)

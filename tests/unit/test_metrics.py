@@ -1,4 +1,4 @@
-"""Prometheus metrics (tabletstore.metrics) and the HTTP endpoint (tabletstore.status_http)."""
+"""Prometheus metrics (tabletstore.ops.metrics) and the HTTP endpoint (tabletstore.ops.status_http)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tabletstore.data.model import SetCell
 from tabletstore.embedded import Database
 from tabletstore.errors import InvalidArgument, NotFound, NotServing, Unavailable
-from tabletstore.metadata import TabletEvent
-from tabletstore.metrics import (
+from tabletstore.metadata.record import TabletEvent
+from tabletstore.ops.metrics import (
     CompactionCounter,
     MasterMetrics,
     ProcessMetrics,
@@ -23,10 +24,7 @@ from tabletstore.metrics import (
     compaction_kind,
     outcome_of,
 )
-from tabletstore.model import SetCell
-from tabletstore.rpc.codec import Codec
-from tabletstore.rpc.tcp import RpcClient, RpcServer
-from tabletstore.status_http import (
+from tabletstore.ops.status_http import (
     MasterStatus,
     StatusServer,
     WorkerStatus,
@@ -34,6 +32,8 @@ from tabletstore.status_http import (
     parse_status,
     worker_status,
 )
+from tabletstore.rpc.codec import Codec
+from tabletstore.rpc.tcp import RpcClient, RpcServer
 
 pytestmark = pytest.mark.timeout(60)
 

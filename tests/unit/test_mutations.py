@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tabletstore import mutations
-from tabletstore.errors import InvalidArgument, NotFound, PermissionDenied
-from tabletstore.keys import TS_MAX, Cell, CellKind, encode_ts_range
-from tabletstore.model import (
+from tabletstore.data import validation as mutations
+from tabletstore.data.model import (
     MAX_ROW_KEY,
     AppendValue,
     DeleteCells,
@@ -16,15 +14,16 @@ from tabletstore.model import (
     IncrementValue,
     SetCell,
 )
-from tabletstore.mutations import (
-    apply_rmw_rule,
+from tabletstore.data.schema import Acl, ColumnFamily, TableSchema
+from tabletstore.data.validation import (
     check_row_key,
     families_of,
-    to_cells,
     validate_rmw_rules,
     validate_row_mutation,
 )
-from tabletstore.schema import Acl, ColumnFamily, TableSchema
+from tabletstore.engine.cells import apply_rmw_rule, to_cells
+from tabletstore.errors import InvalidArgument, NotFound, PermissionDenied
+from tabletstore.keys import TS_MAX, Cell, CellKind, encode_ts_range
 
 SCHEMA = TableSchema(
     name="t",

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tabletstore.data.filters import Chain, FamilyNameRegex, PassAll
+from tabletstore.data.query import ReadQuery, RowRange, RowSet, prefix_successor
 from tabletstore.errors import InvalidArgument
-from tabletstore.filters import Chain, FamilyNameRegex, PassAll
-from tabletstore.query import ReadQuery, RowRange, RowSet, prefix_successor
 
 
 # -- RowRange --------------------------------------------------------------------------------

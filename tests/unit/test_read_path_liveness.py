@@ -16,18 +16,18 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from tabletstore import tablet as tablet_module
-from tabletstore.filters import (
+from tabletstore.data.filters import (
     ColumnQualifierRegex,
     FamilyNameRegex,
     RowFilter,
     RowKeyRegex,
     ValueRegex,
 )
-from tabletstore.model import SetCell
+from tabletstore.data.model import SetCell
+from tabletstore.data.query import RowRange
+from tabletstore.data.schema import ColumnFamily, LocalityGroup, TableSchema
+from tabletstore.engine import tablet as tablet_module
 from tabletstore.options import TabletOptions
-from tabletstore.query import RowRange
-from tabletstore.schema import ColumnFamily, LocalityGroup, TableSchema
 from tabletstore.storage_s3.memory import MemoryObjectStore
 from tests.tablet_harness import TabletHarness
 

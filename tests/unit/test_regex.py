@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tabletstore.data.regex import compile_re2, program_size
 from tabletstore.errors import InvalidArgument
-from tabletstore.regex import compile_re2, program_size
 
 
 def full(pattern: bytes, data: bytes) -> bool:

@@ -12,8 +12,8 @@ from dataclasses import replace
 
 import pytest
 
+from tabletstore.data.model import MAX_QUALIFIER, MAX_ROW_KEY, Cell, Row
 from tabletstore.errors import Unavailable
-from tabletstore.model import MAX_QUALIFIER, MAX_ROW_KEY, Cell, Row
 from tabletstore.rpc import frames
 from tabletstore.rpc.codec import Codec
 from tabletstore.rpc.messages import LargeRow, RowBatch, RowPiece

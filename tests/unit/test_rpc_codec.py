@@ -8,7 +8,8 @@ from enum import IntEnum
 
 import pytest
 
-from tabletstore import errors, keys, model
+from tabletstore import errors, keys
+from tabletstore.data import model
 from tabletstore.errors import InvalidArgument, TabletStoreError
 from tabletstore.rpc.codec import Codec, decode_error, encode_error
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tabletstore.errors import InvalidArgument, Unimplemented
-from tabletstore.model import (
+from tabletstore.data.model import (
     MAX_MUTATION_BYTES,
     MAX_QUALIFIER,
     MAX_ROW_KEY,
@@ -13,7 +12,8 @@ from tabletstore.model import (
     RowMutation,
     SetCell,
 )
-from tabletstore.mutations import MAX_MUTATIONS_PER_ROW, mutation_bytes
+from tabletstore.data.validation import MAX_MUTATIONS_PER_ROW, mutation_bytes
+from tabletstore.errors import InvalidArgument, Unimplemented
 from tabletstore.rpc import frames
 from tabletstore.rpc.codec import Codec
 from tabletstore.rpc.frames import FrameError, Kind

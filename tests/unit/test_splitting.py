@@ -6,10 +6,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tabletstore import merging, splitting
-from tabletstore.assignment import TabletLoad, plan
-from tabletstore.metadata import LogRef, SSTableRef, TabletRecord
-from tabletstore.splitting import BlockSpan, choose_split_key
+from tabletstore.engine import split_key as splitting
+from tabletstore.engine.split_key import BlockSpan, choose_split_key
+from tabletstore.master import tablet_merges as merging
+from tabletstore.master.assignment import TabletLoad, plan
+from tabletstore.metadata.record import LogRef, SSTableRef, TabletRecord
 
 
 def ref(key: str, size: int, first: bytes, last: bytes) -> SSTableRef:

@@ -9,15 +9,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tabletstore.errors import InvalidArgument
-from tabletstore.model import Cell, Row, RowMutation, SetCell
-from tabletstore.tablecsv import (
+from tabletstore.cli.tablecsv import (
     header_columns,
     header_length,
     header_record,
     record_to_mutation,
     row_to_record,
 )
+from tabletstore.data.model import Cell, Row, RowMutation, SetCell
+from tabletstore.errors import InvalidArgument
 
 
 def test_our_header() -> None:

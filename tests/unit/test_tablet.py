@@ -12,9 +12,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from tabletstore.errors import InvalidArgument, NotFound, NotServing, PermissionDenied
-from tabletstore.filters import ColumnQualifierRegex
-from tabletstore.model import (
+from tabletstore.data.filters import ColumnQualifierRegex
+from tabletstore.data.model import (
     AppendValue,
     Cell,
     DeleteRow,
@@ -22,9 +21,10 @@ from tabletstore.model import (
     Row,
     SetCell,
 )
+from tabletstore.data.query import RowRange
+from tabletstore.data.schema import Acl, TableSchema
+from tabletstore.errors import InvalidArgument, NotFound, NotServing, PermissionDenied
 from tabletstore.options import TabletOptions
-from tabletstore.query import RowRange
-from tabletstore.schema import Acl, TableSchema
 from tabletstore.storage_s3.base import Op
 from tabletstore.storage_s3.memory import MemoryObjectStore
 from tabletstore.testing.faulty_store import FaultyObjectStore

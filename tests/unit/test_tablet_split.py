@@ -14,15 +14,16 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from tabletstore import merging, splitting
+from tabletstore.data.model import DeleteCells, DeleteRow, Mutation, SetCell
+from tabletstore.data.query import RowRange
+from tabletstore.engine import split_key as splitting
+from tabletstore.engine.tablet import Tablet
 from tabletstore.errors import Fenced, NotServing
-from tabletstore.metadata import TabletRecord
-from tabletstore.model import DeleteCells, DeleteRow, Mutation, SetCell
+from tabletstore.master import tablet_merges as merging
+from tabletstore.metadata.record import TabletRecord
 from tabletstore.options import TabletOptions
-from tabletstore.query import RowRange
 from tabletstore.sstable import read_sstable_bytes
 from tabletstore.storage_s3.memory import MemoryObjectStore
-from tabletstore.tablet import Tablet
 from tests.tablet_harness import TabletHarness, TabletModel
 
 OPTS = TabletOptions(memtable_flush_bytes=1 << 30, max_sstables_per_group=8)

@@ -1,9 +1,9 @@
 """The chaos cluster: etcd, moto's S3 server behind the fault proxy, masters and workers, all
 real processes on loopback that the harness starts, faults and stops by pid.
 
-Processes are started with the local stack's helpers (:mod:`tabletstore.localstack`: ``spawn``,
+Processes are started with the local stack's helpers (:mod:`tabletstore.cli.localstack`: ``spawn``,
 ``start_etcd``, ``start_moto``, ``start_master``, ``start_worker``) and tracked by their
-:class:`~tabletstore.localstack.ProcessRecord` (pid, argv, start time), so only processes this
+:class:`~tabletstore.cli.localstack.ProcessRecord` (pid, argv, start time), so only processes this
 cluster started are ever signalled, and a reused pid never is. Everything lives under one
 directory (etcd's data, every process's log).
 
@@ -30,9 +30,9 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from tabletstore import localstack
+from tabletstore.cli import localstack
+from tabletstore.cli.localstack import ProcessRecord
 from tabletstore.errors import Unavailable
-from tabletstore.localstack import ProcessRecord
 
 __all__ = ["ChaosCluster"]
 

@@ -28,7 +28,7 @@ import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from tabletstore.localstack import ProcessRecord
+from tabletstore.cli.localstack import ProcessRecord
 from tabletstore.testing.chaos.checker import Kill
 from tabletstore.testing.chaos.cluster import ChaosCluster
 from tabletstore.testing.chaos.history import History

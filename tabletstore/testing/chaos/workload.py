@@ -26,9 +26,9 @@ import time
 from collections.abc import Sequence
 
 from tabletstore.client.client import AsyncTable
+from tabletstore.data.filters import CellsPerColumnLimit
+from tabletstore.data.model import Cell, DeleteCells, SetCell
 from tabletstore.errors import TabletStoreError
-from tabletstore.filters import CellsPerColumnLimit
-from tabletstore.model import Cell, DeleteCells, SetCell
 from tabletstore.testing.chaos.history import History, Kind, Op, Outcome
 
 __all__ = ["SPLIT_KEYS", "Workload", "tablet_of"]

@@ -1,0 +1,475 @@
+"""The local stack (DESIGN.md §8): etcd and an S3 endpoint on loopback, started by one command.
+
+``tabletstore local-stack up`` starts etcd (Debian's ``etcd-server``; it stands in for Chubby,
+§4) and moto's S3 server (standing in for GFS; or uses the user's MinIO/S3 given with
+``--s3-url``, in which case no S3 process is started), each bound to 127.0.0.1 on a free port
+with its data and log under the stack directory. What it started is recorded in
+``<dir>/stack.json`` as a list of process records (role, pid, argv, start time, URL, log).
+``down`` stops only those records' processes, and only after checking that the pid still
+runs the recorded command (``/proc/<pid>/cmdline`` and the start time in ``/proc/<pid>/stat``,
+so a reused pid is never signalled); then it waits for them to exit.
+
+The record list is role-tagged so the cluster can add ``master`` and ``worker-<n>`` processes
+the same way (:func:`spawn` + :func:`wait_healthy`). The pieces are also used by the test
+fixtures that start real servers (``tests/plugins/etcd_server.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from tabletstore.errors import AlreadyExists, InvalidArgument, NotFound, Unavailable
+
+__all__ = [
+    "BUCKET",
+    "DEFAULT_DIR",
+    "ProcessRecord",
+    "Stack",
+    "down",
+    "etcd_healthy",
+    "free_port",
+    "is_running",
+    "spawn",
+    "start_etcd",
+    "start_moto",
+    "status",
+    "stop",
+    "up",
+    "wait_healthy",
+]
+
+DEFAULT_DIR = ".tabletstore-stack"
+STACK_FILE = "stack.json"
+BUCKET = "tabletstore"
+#: moto accepts any credentials; these are what the printed environment suggests.
+MOTO_CREDENTIALS = ("testing", "testing")
+HEALTH_DEADLINE = 30.0
+STOP_DEADLINE = 10.0
+
+
+@dataclass(frozen=True)
+class ProcessRecord:
+    """One process the stack started. ``argv`` + ``start_time`` identify it beyond its pid."""
+
+    role: str
+    pid: int
+    argv: tuple[str, ...]
+    #: Clock ticks since boot at which the process started (field 22 of /proc/<pid>/stat).
+    start_time: int
+    url: str
+    log: str
+
+
+@dataclass(frozen=True)
+class Stack:
+    """What ``up`` started and the URLs to reach it (the content of stack.json)."""
+
+    dir: str
+    etcd_url: str
+    s3_endpoint: str
+    bucket: str
+    #: False when the user gave --s3-url (their S3 is not started or stopped by us).
+    s3_managed: bool
+    processes: tuple[ProcessRecord, ...] = field(default=())
+    #: The cluster's URL (``etcd://host:port/cluster``) when a master and workers were started.
+    cluster_url: str | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> Stack:
+        raw = json.loads(text)
+        records = tuple(
+            ProcessRecord(**{**p, "argv": tuple(p["argv"])}) for p in raw.pop("processes")
+        )
+        return cls(**raw, processes=records)
+
+
+# ----------------------------------------------------------------------------- processes
+
+
+def free_port() -> int:
+    """A currently free TCP port on 127.0.0.1 (the caller binds it soon after)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _proc_start_time(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) may contain spaces; fields after it follow the last ')'.
+    fields = stat[stat.rindex(")") + 2 :].split()
+    if fields[0] == "Z":
+        return None  # a zombie has exited; only its exit status is left
+    return int(fields[19])
+
+
+def spawn(
+    role: str,
+    argv: Sequence[str],
+    *,
+    log: Path,
+    url: str,
+    env: Mapping[str, str] | None = None,
+) -> ProcessRecord:
+    """Start ``argv`` in its own session (it outlives the CLI), output appended to ``log``;
+    ``env`` is added to this process's environment."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        process = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, **env} if env else None,
+        )
+    start_time = _proc_start_time(process.pid)
+    if start_time is None:
+        process.wait()
+        raise Unavailable(f"{role} exited at once ({argv[0]}); see {log}")
+    # The process is tracked by its record from here on and reaped by _reap(); marking the
+    # Popen finished keeps its destructor from warning about a still-running child.
+    process.returncode = 0
+    return ProcessRecord(role, process.pid, tuple(argv), start_time, url, str(log))
+
+
+def _alive(record: ProcessRecord) -> bool:
+    """The pid is alive (not a zombie) and started when ours did."""
+    return _proc_start_time(record.pid) == record.start_time
+
+
+def is_running(record: ProcessRecord) -> bool:
+    """True if ``record.pid`` is alive and still runs the command we started."""
+    for attempt in range(3):
+        if not _alive(record):
+            return False
+        try:
+            cmdline = Path(f"/proc/{record.pid}/cmdline").read_bytes()
+        except OSError:
+            cmdline = b""
+        if tuple(a.decode(errors="replace") for a in cmdline.split(b"\0")[:-1]) == record.argv:
+            return True
+        # /proc/<pid>/cmdline can read empty while the kernel is busy with the process
+        # (seen once at start-up); look again before concluding the pid is someone else's.
+        time.sleep(0.02 * (attempt + 1))
+    return False
+
+
+def _reap(pid: int) -> None:
+    # Swallowed: the process is not our child (started by an earlier CLI call) or is
+    # already reaped; init reaps it then.
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def stop(record: ProcessRecord, *, deadline: float = STOP_DEADLINE) -> bool:
+    """SIGTERM the process if it is still ours, SIGKILL after ``deadline``; wait for exit.
+
+    Returns True if it was running (and has now exited).
+    """
+    if not is_running(record):
+        _reap(record.pid)
+        return False
+    os.kill(record.pid, signal.SIGTERM)
+    if not _wait_gone(record, deadline):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(record.pid, signal.SIGKILL)
+        if not _wait_gone(record, deadline):
+            raise Unavailable(f"{record.role} (pid {record.pid}) did not exit after SIGKILL")
+    return True
+
+
+def _wait_gone(record: ProcessRecord, deadline: float) -> bool:
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        _reap(record.pid)
+        if not is_running(record):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def wait_healthy(record: ProcessRecord, healthy: Callable[[], bool], deadline: float) -> None:
+    """Poll ``healthy`` until true; Unavailable (with the log's tail) if the process dies or
+    ``deadline`` seconds pass. The process is stopped on failure."""
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        if healthy():
+            return
+        if not _alive(record):
+            _reap(record.pid)
+            raise Unavailable(f"{record.role} exited during start-up:\n{_tail(record.log)}")
+        time.sleep(0.1)
+    stop(record)
+    raise Unavailable(f"{record.role} not healthy within {deadline}s:\n{_tail(record.log)}")
+
+
+def _tail(path: str, lines: int = 20) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return f"(no log at {path})"
+
+
+def _http_ok(url: str, *, method: str = "GET") -> bytes | None:
+    request = urllib.request.Request(url, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=2) as response:
+            body: bytes = response.read()
+            return body
+    except (urllib.error.URLError, OSError):
+        return None  # not up (yet): the caller polls or reports
+
+
+# ----------------------------------------------------------------------------- servers
+
+
+def etcd_healthy(client_port: int) -> bool:
+    body = _http_ok(f"http://127.0.0.1:{client_port}/health")
+    if body is None:
+        return False
+    try:
+        return bool(json.loads(body).get("health") == "true")
+    except ValueError:
+        return False
+
+
+def start_etcd(
+    data_dir: Path,
+    *,
+    log: Path,
+    fast_leases: bool = False,
+    deadline: float = HEALTH_DEADLINE,
+    ports: tuple[int, int] | None = None,
+) -> tuple[ProcessRecord, int]:
+    """Start a one-member etcd on free loopback ports; return its record and client port.
+
+    ``fast_leases`` lowers the raft heartbeat and election timeout so etcd accepts 1-second
+    lease TTLs (its minimum TTL is 1.5 election timeouts), for tests. ``ports`` (client, peer)
+    reuses the ports of an etcd stopped earlier: with the same ``data_dir`` that restarts it,
+    keys, revisions and leases included (etcd ignores the initial-cluster flags then).
+    """
+    binary = shutil.which("etcd")
+    if binary is None:
+        raise NotFound("etcd is not on PATH: install Debian's etcd-server package")
+    client_port, peer_port = ports if ports is not None else (free_port(), free_port())
+    client, peer = f"http://127.0.0.1:{client_port}", f"http://127.0.0.1:{peer_port}"
+    argv = [
+        binary,
+        "--name=tabletstore",
+        f"--data-dir={data_dir}",
+        f"--listen-client-urls={client}",
+        f"--advertise-client-urls={client}",
+        f"--listen-peer-urls={peer}",
+        f"--initial-advertise-peer-urls={peer}",
+        f"--initial-cluster=tabletstore={peer}",
+        "--initial-cluster-state=new",
+    ]
+    if fast_leases:
+        argv += ["--heartbeat-interval=50", "--election-timeout=500"]
+    record = spawn("etcd", argv, log=log, url=f"etcd://127.0.0.1:{client_port}/tabletstore")
+    wait_healthy(record, lambda: etcd_healthy(client_port), deadline)
+    return record, client_port
+
+
+def start_moto(log: Path, *, deadline: float = HEALTH_DEADLINE) -> ProcessRecord:
+    """Start moto's S3 server on a free loopback port and create the ``tabletstore`` bucket."""
+    port = free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    argv = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+    record = spawn("s3", argv, log=log, url=endpoint)
+    wait_healthy(record, lambda: _http_ok(f"{endpoint}/moto-api/data.json") is not None, deadline)
+    # moto does not check signatures, so a plain PUT creates the bucket.
+    if _http_ok(f"{endpoint}/{BUCKET}", method="PUT") is None:
+        stop(record)
+        raise Unavailable(f"could not create bucket {BUCKET!r} on moto at {endpoint}")
+    return record
+
+
+# ----------------------------------------------------------------------------- the stack
+
+
+def _stack_file(directory: Path) -> Path:
+    return directory / STACK_FILE
+
+
+def load(directory: Path) -> Stack:
+    path = _stack_file(directory)
+    try:
+        return Stack.from_json(path.read_text())
+    except FileNotFoundError:
+        raise NotFound(f"no local stack in {directory} (no {STACK_FILE}); run 'up' first") from None
+    except (ValueError, TypeError, KeyError) as exc:
+        raise InvalidArgument(f"{path} is not a stack file: {exc}") from exc
+
+
+def up(
+    directory: Path,
+    *,
+    s3_url: str | None = None,
+    workers: int = 0,
+    store_url: str | None = None,
+    worker_args: Sequence[str] = (),
+) -> Stack:
+    """Start etcd (and moto unless ``s3_url`` or ``store_url``), and with ``workers`` > 0 a
+    master and that many tablet-server workers; record them all, return the stack.
+
+    ``store_url`` (e.g. ``file:///dir``) is the cluster's object store instead of the S3
+    endpoint's bucket; no S3 server is started then. ``worker_args`` go to every worker
+    (:func:`start_worker`'s ``extra_args``, e.g. ``--metrics-port 0``)."""
+    if workers < 0:
+        raise InvalidArgument(f"--workers must be >= 0, got {workers}")
+    directory = directory.resolve()
+    if _stack_file(directory).exists():
+        running = [r.role for r, alive in status(directory) if alive]
+        if running:
+            raise AlreadyExists(f"a local stack is already running in {directory}: {running}")
+    if s3_url is not None and not s3_url.startswith(("http://", "https://")):
+        raise InvalidArgument(f"--s3-url must be an http(s) endpoint URL, got {s3_url!r}")
+    directory.mkdir(parents=True, exist_ok=True)
+    records: list[ProcessRecord] = []
+    try:
+        etcd, _ = start_etcd(directory / "etcd", log=directory / "etcd.log")
+        records.append(etcd)
+        s3_managed = s3_url is None and store_url is None
+        if s3_managed:
+            records.append(start_moto(directory / "s3.log"))
+        endpoint = s3_url or (records[-1].url if s3_managed else "")
+        cluster_url = None
+        if workers:
+            host_port = etcd.url.split("://", 1)[1].split("/", 1)[0]
+            cluster_url = f"etcd://{host_port}/cluster"
+            store = store_url or f"s3://{BUCKET}/data?endpoint_url={endpoint}"
+            env = _s3_env(s3_managed=s3_managed)
+            records.append(start_master(directory, cluster_url, store, env=env))
+            for i in range(workers):
+                records.append(
+                    start_worker(directory, cluster_url, i, env=env, extra_args=worker_args)
+                )
+    except BaseException:
+        for record in reversed(records):
+            stop(record)
+        raise
+    stack = Stack(
+        dir=str(directory),
+        etcd_url=etcd.url,
+        s3_endpoint=endpoint,
+        bucket=BUCKET,
+        s3_managed=s3_managed,
+        processes=tuple(records),
+        cluster_url=cluster_url,
+    )
+    _stack_file(directory).write_text(stack.to_json())
+    return stack
+
+
+def status(directory: Path) -> list[tuple[ProcessRecord, bool]]:
+    """Each recorded process with whether it is still running."""
+    return [(record, is_running(record)) for record in load(directory.resolve()).processes]
+
+
+def down(directory: Path) -> list[ProcessRecord]:
+    """Stop every recorded process that is still ours; return those that were running.
+
+    stack.json is removed once all of them have exited; data directories are kept.
+    """
+    directory = directory.resolve()
+    stack = load(directory)
+    stopped = [record for record in reversed(stack.processes) if stop(record)]
+    _stack_file(directory).unlink()
+    return stopped
+
+
+def environment(stack: Stack) -> dict[str, str]:
+    """The settings a client needs, as environment variables."""
+    env = {
+        "TABLETSTORE_ETCD_URL": stack.etcd_url,
+        "TABLETSTORE_S3_ENDPOINT": stack.s3_endpoint,
+        "TABLETSTORE_BUCKET": stack.bucket,
+    }
+    if stack.cluster_url is not None:
+        env["TABLETSTORE_URL"] = stack.cluster_url
+    env.update(_s3_env(s3_managed=stack.s3_managed))
+    return env
+
+
+def _s3_env(*, s3_managed: bool) -> dict[str, str]:
+    """Credentials for moto's server (any work); a user's own S3 uses their settings."""
+    if not s3_managed:
+        return {}
+    key, secret = MOTO_CREDENTIALS
+    return {
+        "AWS_ACCESS_KEY_ID": key,
+        "AWS_SECRET_ACCESS_KEY": secret,
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _tabletstore(*args: str) -> list[str]:
+    return [sys.executable, "-m", "tabletstore.cli.main", *args]
+
+
+def start_master(
+    directory: Path,
+    cluster_url: str,
+    store_url: str,
+    *,
+    env: Mapping[str, str],
+    role: str = "master",
+    extra_args: Sequence[str] = (),
+    deadline: float = HEALTH_DEADLINE,
+) -> ProcessRecord:
+    """A master process: it records the store URL in the cluster settings and campaigns for
+    the master lock (a second one is a standby). ``extra_args`` go to the ``master`` verb
+    (e.g. ``--lease-ttl``); ``role`` names the record and the log (``<role>.log``)."""
+    port = free_port()
+    argv = _tabletstore(
+        "--url", cluster_url, "master", "--store", store_url, "--port", str(port), *extra_args
+    )
+    record = spawn(role, argv, log=directory / f"{role}.log", url=f"127.0.0.1:{port}", env=env)
+    wait_healthy(record, lambda: _port_open(port), deadline)
+    return record
+
+
+def start_worker(
+    directory: Path,
+    cluster_url: str,
+    index: int,
+    *,
+    env: Mapping[str, str],
+    extra_args: Sequence[str] = (),
+    deadline: float = HEALTH_DEADLINE,
+) -> ProcessRecord:
+    """A tablet-server worker process serving on a free loopback port; ``extra_args`` go to
+    the ``worker`` verb (e.g. ``--lease-ttl``, ``--split-bytes``)."""
+    port = free_port()
+    argv = _tabletstore("--url", cluster_url, "worker", "--port", str(port), *extra_args)
+    role = f"worker-{index}"
+    record = spawn(role, argv, log=directory / f"{role}.log", url=f"127.0.0.1:{port}", env=env)
+    wait_healthy(record, lambda: _port_open(port), deadline)
+    return record

@@ -1,0 +1,156 @@
+"""User-facing values of the data model (§2) and API (§3): mutations, cells, rows, queries.
+
+These are plain frozen dataclasses: cheap to build in hot paths, easy to put on the wire.
+Filters live in :mod:`tabletstore.data.filters`.
+
+A :class:`RowMutation` is applied atomically (§2: "every read or write of data under a single
+row key is atomic"). Its mutations apply in order, so ``[SetCell(...), DeleteRow()]`` leaves
+nothing and ``[DeleteRow(), SetCell(...)]`` leaves the new cell.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = [
+    "MAX_MUTATION_BYTES",
+    "MAX_QUALIFIER",
+    "MAX_ROW_KEY",
+    "MAX_VALUE",
+    "AppendValue",
+    "Cell",
+    "DeleteCells",
+    "DeleteFamily",
+    "DeleteRow",
+    "IncrementValue",
+    "Mutation",
+    "ReadModifyWriteRule",
+    "Row",
+    "RowMutation",
+    "SetCell",
+]
+
+# The size limits of what a write may carry, stated once (DESIGN.md §9: whatever can be written
+# can be read back). ``mutations.validate_row_mutation`` enforces them on client and server;
+# ``rpc.frames.DEFAULT_MAX_FRAME`` is derived from MAX_MUTATION_BYTES so any acceptable row
+# mutation fits one request frame; reads stream rows of any size in bounded pieces
+# (``rpc.row_pieces``), so no read is limited by a frame.
+
+#: Row keys are arbitrary strings up to 64 KiB (§2).
+MAX_ROW_KEY = 64 * 1024
+#: Column qualifiers up to 64 KiB (Cloud Bigtable allows 16 KiB): a cell's key parts always fit
+#: in one streamed piece of a row, whatever the size of its value.
+MAX_QUALIFIER = 64 * 1024
+#: Largest value of one cell (Cloud Bigtable's limit is 100 MiB; we keep 64 MiB).
+MAX_VALUE = 64 * 1024 * 1024
+#: Largest row mutation, measured by ``mutations.mutation_bytes`` (its row key, plus each
+#: mutation's family, qualifier and value and 32 bytes): one maximal value with room to spare.
+MAX_MUTATION_BYTES = MAX_VALUE + 16 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class SetCell:
+    """Write ``value`` at family:qualifier. ``timestamp`` in microseconds; None = server time."""
+
+    family: str
+    qualifier: bytes
+    value: bytes
+    timestamp: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteCells:
+    """Delete the versions of family:qualifier with ``start <= ts < end`` (None = unbounded)."""
+
+    family: str
+    qualifier: bytes
+    start: int | None = None
+    end: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteFamily:
+    """Delete every cell of a family in the row."""
+
+    family: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteRow:
+    """Delete every cell of the row."""
+
+
+Mutation = SetCell | DeleteCells | DeleteFamily | DeleteRow
+
+
+@dataclass(frozen=True, slots=True)
+class RowMutation:
+    """Mutations of one row, applied atomically and in order."""
+
+    row: bytes
+    mutations: tuple[Mutation, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    """One version of one column as a read returns it."""
+
+    family: str
+    qualifier: bytes
+    timestamp: int
+    value: bytes
+    labels: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """A row as a read returns it: cells sorted by family, qualifier, timestamp descending."""
+
+    key: bytes
+    cells: list[Cell] = field(default_factory=list)
+
+    def cells_of(self, family: str, qualifier: bytes | None = None) -> list[Cell]:
+        """The cells of a family (and qualifier), newest first."""
+        return [
+            c
+            for c in self.cells
+            if c.family == family and (qualifier is None or c.qualifier == qualifier)
+        ]
+
+    def latest(self, family: str, qualifier: bytes) -> bytes | None:
+        """The newest value of family:qualifier, or None."""
+        for c in self.cells:
+            if c.family == family and c.qualifier == qualifier:
+                return c.value
+        return None
+
+    def to_dict(self) -> dict[str, dict[bytes, list[tuple[int, bytes]]]]:
+        """``{family: {qualifier: [(timestamp, value), ...]}}``, newest first."""
+        out: dict[str, dict[bytes, list[tuple[int, bytes]]]] = {}
+        for c in self.cells:
+            out.setdefault(c.family, {}).setdefault(c.qualifier, []).append((c.timestamp, c.value))
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class AppendValue:
+    """Read-modify-write: append ``value`` to the newest value of family:qualifier (§3)."""
+
+    family: str
+    qualifier: bytes
+    value: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class IncrementValue:
+    """Read-modify-write: add ``amount`` to a 64-bit big-endian signed counter (§3).
+
+    A missing cell counts as 0; an existing value that is not 8 bytes is an InvalidArgument.
+    """
+
+    family: str
+    qualifier: bytes
+    amount: int
+
+
+ReadModifyWriteRule = AppendValue | IncrementValue

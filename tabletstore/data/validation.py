@@ -1,0 +1,176 @@
+"""From API mutations to stored cells, with every limit checked (§2, §3).
+
+This is the one place that validates a row mutation against a schema and turns it into engine
+cells (``keys.Cell``). The client calls :func:`validate_row_mutation` to fail fast; the tablet
+server calls :func:`to_cells` again, because a server never trusts its clients.
+
+Limits (stated in ``model``): row keys 1 byte to 64 KiB; qualifiers up to ``MAX_QUALIFIER``;
+values up to ``MAX_VALUE``, also after an append; a whole row mutation up to
+``MAX_MUTATION_BYTES`` as :func:`mutation_bytes` counts it (so it fits one RPC request frame);
+families must exist in the schema and the caller must be allowed to write them (ACLs, §2);
+timestamps are microseconds in ``[0, TS_MAX)``; time ranges must not be inverted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tabletstore.data.model import (
+    MAX_MUTATION_BYTES,
+    MAX_QUALIFIER,
+    MAX_ROW_KEY,
+    MAX_VALUE,
+    AppendValue,
+    DeleteCells,
+    DeleteFamily,
+    DeleteRow,
+    IncrementValue,
+    Mutation,
+    ReadModifyWriteRule,
+    SetCell,
+)
+from tabletstore.data.schema import TableSchema
+from tabletstore.errors import InvalidArgument, NotFound, PermissionDenied
+from tabletstore.keys import TS_MAX
+
+__all__ = [
+    "MAX_MUTATIONS_PER_ROW",
+    "check_mutation_size",
+    "check_row_key",
+    "families_of",
+    "mutation_bytes",
+    "validate_rmw_rules",
+    "validate_row_mutation",
+]
+
+#: Mutations in one row mutation (Cloud Bigtable allows 100,000).
+MAX_MUTATIONS_PER_ROW = 100_000
+#: Bytes counted per mutation on top of its names and value: at least what the RPC codec
+#: spends on one (msgpack's array, type marker and length headers, a timestamp: at most 26).
+MUTATION_OVERHEAD = 32
+
+
+def mutation_bytes(row: bytes, mutations: Sequence[Mutation]) -> int:
+    """The size a row mutation counts against ``MAX_MUTATION_BYTES``: an upper bound on its
+    encoded size, less the request's fixed envelope."""
+    total = len(row)
+    for m in mutations:
+        total += MUTATION_OVERHEAD
+        if isinstance(m, SetCell):
+            total += len(m.family) + len(m.qualifier) + len(m.value)
+        elif isinstance(m, DeleteCells):
+            total += len(m.family) + len(m.qualifier)
+        elif isinstance(m, DeleteFamily):
+            total += len(m.family)
+    return total
+
+
+def _check_qualifier(family: str, qualifier: object) -> None:
+    if not isinstance(qualifier, bytes):
+        raise InvalidArgument("qualifier must be bytes")
+    if len(qualifier) > MAX_QUALIFIER:
+        raise InvalidArgument(
+            f"qualifier {family}:{qualifier[:64]!r}... is {len(qualifier)} bytes; the limit is "
+            f"{MAX_QUALIFIER} (64 KiB)"
+        )
+
+
+def check_row_key(row: bytes) -> None:
+    """Row keys are non-empty byte strings of at most 64 KiB (§2)."""
+    if not isinstance(row, bytes | bytearray):
+        raise InvalidArgument(f"row key must be bytes, not {type(row).__name__}")
+    if not row:
+        raise InvalidArgument("row key must not be empty")
+    if len(row) > MAX_ROW_KEY:
+        raise InvalidArgument(f"row key is {len(row)} bytes; the limit is {MAX_ROW_KEY} (64 KiB)")
+
+
+def _check_family(schema: TableSchema, family: str, identity: str | None, write: bool) -> None:
+    fam = schema.families.get(family)
+    if fam is None:
+        raise NotFound(f"table {schema.name!r} has no column family {family!r}")
+    allowed = fam.acl.may_write(identity) if write else fam.acl.may_read(identity)
+    if not allowed:
+        verb = "write" if write else "read"
+        who = identity if identity is not None else "anonymous"
+        raise PermissionDenied(f"{who} may not {verb} column family {schema.name}:{family}")
+
+
+def families_of(mutations: Sequence[Mutation], schema: TableSchema) -> set[str]:
+    """The families a mutation list writes (DeleteRow writes every family)."""
+    out: set[str] = set()
+    for m in mutations:
+        if isinstance(m, DeleteRow):
+            out.update(schema.families)
+        else:
+            out.add(m.family)
+    return out
+
+
+def validate_row_mutation(
+    schema: TableSchema, row: bytes, mutations: Sequence[Mutation], identity: str | None = None
+) -> None:
+    """Raise a precise error if the row mutation is not acceptable; return None otherwise."""
+    check_row_key(row)
+    if not mutations:
+        raise InvalidArgument(f"row mutation of {row[:64]!r} has no mutations")
+    if len(mutations) > MAX_MUTATIONS_PER_ROW:
+        raise InvalidArgument(
+            f"row mutation has {len(mutations)} mutations; the limit is {MAX_MUTATIONS_PER_ROW}"
+        )
+    for m in mutations:
+        if isinstance(m, SetCell):
+            _check_family(schema, m.family, identity, write=True)
+            _check_qualifier(m.family, m.qualifier)
+            if not isinstance(m.value, bytes):
+                raise InvalidArgument("value must be bytes")
+            if len(m.value) > MAX_VALUE:
+                raise InvalidArgument(
+                    f"value of {m.family}:{m.qualifier[:64]!r} is {len(m.value)} bytes; "
+                    f"the limit is {MAX_VALUE}"
+                )
+            if m.timestamp is not None and not 0 <= m.timestamp < TS_MAX:
+                raise InvalidArgument(f"timestamp {m.timestamp} is outside [0, 2^63-1)")
+        elif isinstance(m, DeleteCells):
+            _check_family(schema, m.family, identity, write=True)
+            _check_qualifier(m.family, m.qualifier)
+            start = 0 if m.start is None else m.start
+            end = TS_MAX if m.end is None else m.end
+            if start < 0 or end < start:
+                raise InvalidArgument(f"invalid time range [{m.start}, {m.end}) in delete")
+        elif isinstance(m, DeleteFamily):
+            _check_family(schema, m.family, identity, write=True)
+        elif isinstance(m, DeleteRow):
+            for family in schema.families:
+                _check_family(schema, family, identity, write=True)
+        else:
+            raise InvalidArgument(f"unknown mutation type {type(m).__name__}")
+    check_mutation_size(row, mutations)
+
+
+def check_mutation_size(row: bytes, mutations: Sequence[Mutation]) -> None:
+    """InvalidArgument if the row mutation is larger than ``MAX_MUTATION_BYTES``."""
+    size = mutation_bytes(row, mutations)
+    if size > MAX_MUTATION_BYTES:
+        raise InvalidArgument(
+            f"row mutation of {row[:64]!r} is {size} bytes (keys, columns and values); the "
+            f"limit is {MAX_MUTATION_BYTES} ({MAX_MUTATION_BYTES >> 20} MiB): split it into "
+            f"several row mutations"
+        )
+
+
+def validate_rmw_rules(
+    schema: TableSchema, row: bytes, rules: Sequence[ReadModifyWriteRule], identity: str | None
+) -> None:
+    """Read-modify-write rules need read and write access to their families."""
+    check_row_key(row)
+    if not rules:
+        raise InvalidArgument("read-modify-write has no rules")
+    for r in rules:
+        if not isinstance(r, AppendValue | IncrementValue):
+            raise InvalidArgument(f"unknown read-modify-write rule {type(r).__name__}")
+        _check_family(schema, r.family, identity, write=True)
+        _check_family(schema, r.family, identity, write=False)
+        _check_qualifier(r.family, r.qualifier)
+        if isinstance(r, IncrementValue) and not -(2**63) <= r.amount < 2**63:
+            raise InvalidArgument(f"increment {r.amount} does not fit in 64 bits")

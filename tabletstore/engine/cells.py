@@ -1,0 +1,74 @@
+"""Turning a row's mutations into the engine's cells (§2, §3): sequence numbers and timestamps
+assigned, deletions as deletion entries; and the read-modify-write rules' arithmetic."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+
+from tabletstore.data.model import (
+    MAX_VALUE,
+    AppendValue,
+    DeleteCells,
+    DeleteFamily,
+    Mutation,
+    ReadModifyWriteRule,
+    SetCell,
+)
+from tabletstore.errors import InvalidArgument
+from tabletstore.keys import TS_MAX, Cell, CellKind, encode_ts_range
+
+__all__ = ["apply_rmw_rule", "to_cells"]
+
+#: A counter: a 64-bit big-endian two's-complement integer (§3 read-modify-write).
+_COUNTER = struct.Struct(">q")
+
+
+def apply_rmw_rule(rule: ReadModifyWriteRule, current: bytes | None) -> bytes:
+    """The new value a rule writes given the column's newest value (None if absent)."""
+    if isinstance(rule, AppendValue):
+        size = len(current or b"") + len(rule.value)
+        if size > MAX_VALUE:
+            raise InvalidArgument(
+                f"appending to {rule.family}:{rule.qualifier[:64]!r} would make its value "
+                f"{size} bytes; the limit is {MAX_VALUE}"
+            )
+        return (current or b"") + rule.value
+    if current is None or current == b"":
+        base = 0
+    elif len(current) != 8:
+        raise InvalidArgument(
+            f"cannot increment {rule.family}:{rule.qualifier!r}: its value is {len(current)} "
+            "bytes, not a 64-bit big-endian integer"
+        )
+    else:
+        (base,) = _COUNTER.unpack(current)
+    total = base + rule.amount
+    # Wrap like a two's-complement 64-bit counter (Cloud Bigtable's behaviour).
+    total = (total + 2**63) % 2**64 - 2**63
+    return _COUNTER.pack(total)
+
+
+def to_cells(
+    row: bytes, mutations: Sequence[Mutation], first_seq: int, now_micros: int
+) -> list[Cell]:
+    """Engine cells for an already validated row mutation; mutation i gets ``first_seq + i``."""
+    cells: list[Cell] = []
+    seq = first_seq
+    for m in mutations:
+        if isinstance(m, SetCell):
+            ts = now_micros if m.timestamp is None else m.timestamp
+            cells.append(Cell(row, m.family, m.qualifier, ts, seq, CellKind.PUT, m.value))
+        elif isinstance(m, DeleteCells):
+            start = 0 if m.start is None else m.start
+            end = TS_MAX if m.end is None else m.end
+            value = encode_ts_range(start, end)
+            cells.append(
+                Cell(row, m.family, m.qualifier, TS_MAX, seq, CellKind.DELETE_COLUMN, value)
+            )
+        elif isinstance(m, DeleteFamily):
+            cells.append(Cell(row, m.family, b"", TS_MAX, seq, CellKind.DELETE_FAMILY, b""))
+        else:
+            cells.append(Cell(row, "", b"", TS_MAX, seq, CellKind.DELETE_ROW, b""))
+        seq += 1
+    return cells

@@ -1,0 +1,171 @@
+"""Compactions (§5.4): the pure planner and the merge function.
+
+* :func:`plan` looks at a tablet's record and decides which *merging* compactions bound the
+  number of SSTables per locality group. It is a pure function of its inputs.
+* :func:`plan_major` lists the *major* compactions: every group with more than one SSTable, or
+  with any SSTable that may still hold deletion entries, is rewritten into one.
+* :func:`merge_sstables` is the merge itself, a plain CPU-bound function of object bytes to
+  object bytes, so the worker can run it in a process pool and serving never stalls (§5.4).
+
+Which SSTables a merging compaction takes. A group's SSTables are ordered newest first. Merging
+the *newest* ``k`` keeps the order of sources intact (the merged table takes their place in
+front of the older ones) and keeps deletion entries, which may still mask cells in the older
+SSTables. A major compaction takes all of them and drops deletion entries: nothing older
+remains for them to mask.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from tabletstore.data.schema import GcRule
+from tabletstore.engine.iterators import compact_cells, merge_sources
+from tabletstore.keys import Cell, CellKind
+from tabletstore.metadata.record import TabletRecord
+from tabletstore.options import TabletOptions
+from tabletstore.sstable import SSTableInfo, read_sstable_bytes, write_sstable
+
+__all__ = [
+    "CompactionTask",
+    "GroupSettings",
+    "merge_sstables",
+    "plan",
+    "plan_major",
+    "rewrite_tablet",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionTask:
+    """Rewrite the SSTables ``inputs`` (keys, newest first) of ``group`` into one."""
+
+    group: str
+    inputs: tuple[str, ...]
+    major: bool
+
+
+def plan(record: TabletRecord, options: TabletOptions) -> list[CompactionTask]:
+    """Merging compactions that bring every group back to ``max_sstables_per_group``.
+
+    When a group has ``n > max`` SSTables, the newest ``n - max + 1`` are merged into one, so
+    the group ends with exactly ``max``. Merging everything at once when even the oldest is
+    taken is a major compaction (deletion entries can go).
+    """
+    tasks: list[CompactionTask] = []
+    limit = max(1, options.max_sstables_per_group)
+    for group, refs in sorted(record.sstables.items()):
+        if len(refs) <= limit:
+            continue
+        take = len(refs) - limit + 1
+        inputs = tuple(r.key for r in refs[:take])
+        tasks.append(CompactionTask(group, inputs, major=take == len(refs)))
+    return tasks
+
+
+def plan_major(record: TabletRecord) -> list[CompactionTask]:
+    """One major compaction per group that has any SSTable (a single SSTable is rewritten too:
+    it may hold deletion entries or cells that GC has since collected)."""
+    return [
+        CompactionTask(group, tuple(r.key for r in refs), major=True)
+        for group, refs in sorted(record.sstables.items())
+        if refs
+    ]
+
+
+def merge_sstables(
+    inputs: Sequence[bytes],
+    *,
+    gc_rules: Mapping[str, GcRule | None],
+    now_micros: int,
+    major: bool,
+    compression: str,
+    block_size: int,
+    locality_group: str,
+    families: Collection[str] | None = None,
+    start_row: bytes = b"",
+    end_row: bytes | None = None,
+) -> tuple[bytes, SSTableInfo]:
+    """Merge SSTable objects (their bytes, newest first) into one SSTable object.
+
+    A major merge applies deletions and GC and leaves only live values; a merging one keeps
+    deletion entries and drops only what they mask within the inputs (see
+    :func:`tabletstore.engine.iterators.compact_cells`). With ``families`` (the schema's), the cells
+    and deletion entries of any other family -- a dropped one -- are left out; row deletions
+    are kept. Only cells of rows in ``[start_row, end_row)`` -- the tablet's range -- are
+    written: after a split (§5.2) both children reference their parent's SSTables, and a
+    child's compaction must write out only its own rows. Pure CPU: safe to run in another
+    process.
+    """
+    sources: list[list[Cell]] = [
+        _clip(read_sstable_bytes(blob), start_row, end_row) for blob in inputs
+    ]
+    merged: Iterable[Cell] = merge_sources(sources)
+    if families is not None:
+        known = frozenset(families)
+        merged = (c for c in merged if c.family in known or c.kind == CellKind.DELETE_ROW)
+    out = compact_cells(merged, gc_rules=gc_rules, now_micros=now_micros, major=major)
+    return write_sstable(
+        out, compression=compression, block_size=block_size, locality_group=locality_group
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSettings:
+    """How one locality group's SSTables are written."""
+
+    compression: str
+    block_size: int
+
+
+def rewrite_tablet(
+    inputs: Sequence[bytes],
+    *,
+    family_groups: Mapping[str, str],
+    groups: Mapping[str, GroupSettings],
+    gc_rules: Mapping[str, GcRule | None],
+    now_micros: int,
+    start_row: bytes = b"",
+    end_row: bytes | None = None,
+) -> dict[str, tuple[bytes, SSTableInfo]]:
+    """A full major compaction (§5.4): every SSTable of the tablet, of every locality group
+    (``inputs``, newest first within each group; groups hold disjoint families, so their
+    relative order does not matter), merged with deletions and GC applied, then written out
+    as one SSTable per group of the *current* schema (``family_groups``).
+
+    Rewriting all groups at once is what lets the schema change under the data: a family
+    dropped (absent from ``family_groups``) loses its cells for good, so re-creating the name
+    brings nothing back; a family moved to another locality group has its cells moved with it.
+    Returns only groups that have cells. Pure CPU: safe to run in another process.
+    """
+    sources = [_clip(read_sstable_bytes(blob), start_row, end_row) for blob in inputs]
+    out: dict[str, list[Cell]] = {}
+    for cell in compact_cells(
+        merge_sources(sources), gc_rules=gc_rules, now_micros=now_micros, major=True
+    ):
+        group = family_groups.get(cell.family)
+        if group is not None:
+            out.setdefault(group, []).append(cell)
+    result: dict[str, tuple[bytes, SSTableInfo]] = {}
+    for group, cells in out.items():
+        settings = groups.get(group, GroupSettings("zstd", 64 * 1024))
+        result[group] = write_sstable(
+            cells,
+            compression=settings.compression,
+            block_size=settings.block_size,
+            locality_group=group,
+        )
+    return result
+
+
+def _clip(cells: list[Cell], start_row: bytes, end_row: bytes | None) -> list[Cell]:
+    """The cells of ``cells`` (sorted) whose row is in ``[start_row, end_row)``."""
+    if not cells:
+        return cells
+    if start_row <= cells[0].row and (end_row is None or cells[-1].row < end_row):
+        return cells  # the common case: an SSTable of this tablet alone
+    rows = [c.row for c in cells]
+    lo = bisect.bisect_left(rows, start_row)
+    hi = len(rows) if end_row is None else bisect.bisect_left(rows, end_row)
+    return cells[lo:hi]

@@ -1,0 +1,1022 @@
+"""Tablet: one contiguous row range served by one worker (§5.3, §5.4, §6).
+
+A tablet's data is the merge of, newest first: the memtable taking writes, frozen memtables
+being written out, and per locality group a stack of SSTables (newest first). Its durable state
+is its :class:`~tabletstore.metadata.record.TabletRecord` (SSTables, redo point, logs to replay),
+committed through a :class:`TabletCatalog` with compare-on-epoch (DESIGN.md §6 rule 2).
+
+Write path (§5.3): validate, take the row lock, allocate sequence numbers, append to the
+worker's commit log (group commit; acknowledged only once durable), insert into the memtable.
+
+Read path: merge every source for the row range, apply deletion entries and per-family GC
+(:mod:`tabletstore.engine.iterators`), evaluate the filter server-side (:mod:`tabletstore.data.filters`).
+Reads share the event loop with the worker's lease keep-alive, so no read may hold it for long:
+a scan gives other tasks a turn at least every :data:`READ_SLICE_SECONDS` of computing (data
+already in memory or in the block cache never suspends it otherwise), and a row whose
+worst-case regex work (:func:`~tabletstore.data.filters.regex_cost` times its bytes) exceeds
+:data:`INLINE_REGEX_WORK` is filtered on a thread (RE2 releases the GIL while it matches).
+
+Compactions (§5.4): *minor* freezes the memtable and writes one SSTable per locality group,
+then moves the redo point; *merging* rewrites the newest few SSTables of a group into one;
+*major* rewrites everything of a group into one SSTable with no deletion entries left. What to
+compact is decided by the pure planner :mod:`tabletstore.engine.compaction`.
+
+Failed compactions. A compaction called directly returns its error to the caller and leaves
+the tablet as it was (a memtable that failed to be written out stays frozen, serving reads, and
+the next minor compaction writes it out with the current memtable). A failed *background*
+compaction is sticky: writes and compactions raise Unavailable until the tablet is reloaded
+(its commit log still holds everything past the redo point); reads go on.
+
+State is an immutable :class:`TabletState` replaced whole under ``_state_lock``; readers take
+one reference and never lock (STYLE.md convention 5).
+
+The redo point. Sequence numbers are allocated before the commit-log append and cells reach the
+memtable only after it, so when a memtable freezes, writes with *smaller* sequence numbers may
+still be in flight and land in the next memtable. The redo point recorded after a minor
+compaction is therefore ``min(in-flight seq) - 1`` when anything is in flight at freeze time,
+else the frozen memtable's largest seq; replay skips records at or below it, and re-applying a
+record already in an SSTable is harmless (identical ``(key, ts, seq)`` entries collapse).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import functools
+import logging
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+from tabletstore.clock import Clock, SystemClock, micros
+from tabletstore.data.filters import RowFilter, apply_filter, regex_cost
+from tabletstore.data.model import Cell as ApiCell
+from tabletstore.data.model import Mutation, ReadModifyWriteRule, Row, SetCell
+from tabletstore.data.query import RowRange
+from tabletstore.data.schema import GcRule, TableSchema
+from tabletstore.data.validation import (
+    check_mutation_size,
+    validate_rmw_rules,
+    validate_row_mutation,
+)
+from tabletstore.engine import compaction
+from tabletstore.engine.cells import apply_rmw_rule, to_cells
+from tabletstore.engine.iterators import (
+    AsyncCellSource,
+    amerge_batches,
+    avisible_batches,
+    merge_sources,
+    visible_cells,
+)
+from tabletstore.engine.memtable import MemTable
+from tabletstore.engine.split_key import BlockSpan, choose_split_key, middle_row, widest_block
+from tabletstore.errors import InvalidArgument, NotServing, TabletStoreError, Unavailable
+from tabletstore.keys import Cell, CellKind, cell_sort_key
+from tabletstore.metadata.record import LogRef, SSTableRef, TabletRecord
+from tabletstore.options import TabletOptions
+from tabletstore.sstable import SSTable, SSTableInfo, write_sstable
+from tabletstore.sstable.block_cache import BlockCache, ScanCache
+from tabletstore.storage_s3 import layout
+from tabletstore.storage_s3.base import ObjectStore
+
+__all__ = [
+    "INLINE_REGEX_WORK",
+    "READ_SLICE_SECONDS",
+    "LogSink",
+    "Tablet",
+    "TabletCatalog",
+    "TabletState",
+]
+
+log = logging.getLogger(__name__)
+
+#: The longest a scan computes on the event loop before it lets other tasks run. The lease
+#: keep-alive shares the loop and tolerates a stall of about ``ttl - ttl/3`` (6.7 s with the
+#: default 10 s lease); 10 ms keeps the cost of yielding (about 30 us a time) under 1%.
+READ_SLICE_SECONDS = 0.01
+#: The most regex work (RE2 program size x bytes of the row) one row's filter may do on the
+#: event loop. RE2's worst case (its NFA, when a pattern's DFA outgrows its memory) was
+#: measured at 5 to 15 ns per byte per instruction, so this bounds an inline filter to a few
+#: milliseconds; heavier rows go to :func:`_filter_executor`.
+INLINE_REGEX_WORK = 1 << 18
+
+_filter_threads: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _filter_executor() -> concurrent.futures.ThreadPoolExecutor:
+    """Threads for heavy row filters, apart from the default executor (which does local-store
+    I/O): a flood of hostile patterns queues behind itself, not behind reads of data."""
+    global _filter_threads
+    if _filter_threads is None:
+        _filter_threads = concurrent.futures.ThreadPoolExecutor(
+            max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="tabletstore-filter"
+        )
+    return _filter_threads
+
+
+def _row_bytes(row: bytes, cells: Sequence[ApiCell]) -> int:
+    """Every byte a regex filter might match in one row: key, family names, qualifiers, values."""
+    n = len(row)
+    for c in cells:  # a loop, not sum() over a generator: half the cost for a one-cell row
+        n += len(c.family) + len(c.qualifier) + len(c.value)
+    return n
+
+
+def _unfiltered_row(row: bytes, cells: list[ApiCell], rng: RowRange) -> Row | None:
+    """A scanned row without a filter: no coroutine per row on the hot path of plain scans."""
+    return Row(row, cells) if rng.contains(row) else None
+
+
+async def _filter_row(
+    filter: RowFilter, cost: int, row: bytes, cells: list[ApiCell]
+) -> list[ApiCell]:
+    """``apply_filter(filter, row, cells)``, on a thread when its regex work could stall the
+    event loop. ``cost`` is ``regex_cost(filter)``."""
+    if cost and cost * _row_bytes(row, cells) > INLINE_REGEX_WORK:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(_filter_executor(), apply_filter, filter, row, cells)
+    return apply_filter(filter, row, cells)
+
+
+class LogSink(Protocol):
+    """What a tablet needs from its worker's commit log (§5.3)."""
+
+    #: The log this worker appends to, recorded in the tablet's record while it serves it.
+    log_ref: LogRef
+
+    def allocate(self, n: int) -> int:
+        """Reserve ``n`` consecutive sequence numbers; return the first."""
+        ...
+
+    def advance(self, seq: int) -> None:
+        """Make every future allocation larger than ``seq`` (after loading a tablet)."""
+        ...
+
+    async def append(self, table_id: str, row: bytes, cells: Sequence[Cell]) -> None:
+        """Durably log one row mutation; returns only once it is durable."""
+        ...
+
+
+class TabletCatalog(Protocol):
+    """Where tablet records are committed: the catalog (the root tablet's record in the
+    coordinator, every other one a row of METADATA)."""
+
+    async def update(self, old: TabletRecord, new: TabletRecord) -> TabletRecord:
+        """Replace ``old`` by ``new`` if the stored record still has ``old``'s epoch; raise
+        :class:`~tabletstore.errors.Fenced` if it does not. Returns what was stored."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class TabletState:
+    """Everything a read needs, swapped whole."""
+
+    record: TabletRecord
+    memtable: MemTable
+    #: Frozen memtables being written out, newest first.
+    frozen: tuple[MemTable, ...]
+    #: Opened SSTables per locality group, newest first (parallel to ``record.sstables``).
+    sstables: Mapping[str, tuple[SSTable, ...]]
+
+
+class Tablet:
+    """One served tablet. Create with :meth:`load`."""
+
+    def __init__(
+        self,
+        state: TabletState,
+        schema: TableSchema,
+        *,
+        store: ObjectStore,
+        log_sink: LogSink,
+        catalog: TabletCatalog,
+        clock: Clock,
+        options: TabletOptions,
+        block_cache: BlockCache | None,
+        executor: concurrent.futures.Executor | None = None,
+        scan_cache: ScanCache | None = None,
+    ) -> None:
+        self._executor = executor
+        self._scan_cache = scan_cache
+        self._state = state
+        self._schema = schema
+        self._store = store
+        self._log = log_sink
+        self._catalog = catalog
+        self._clock = clock
+        self._options = options
+        self._block_cache = block_cache
+        self._state_lock = asyncio.Lock()
+        # Only one compaction of a tablet runs at a time; it also serializes record commits.
+        self._compaction_lock = asyncio.Lock()
+        self._row_locks: dict[bytes, asyncio.Lock] = {}
+        self._row_lock_users: dict[bytes, int] = {}
+        self._in_flight: dict[int, int] = {}  # first seq -> count of mutations in flight
+        # Set while nothing is in flight (``_in_flight`` empty): what a split or close awaits.
+        self._idle = asyncio.Event()
+        self._idle.set()
+        # Why writes are refused (a split or an unload under way), or None while they are not.
+        self._writes_blocked: str | None = None
+        # Set while the worker's log moves to a new incarnation that this tablet's record does
+        # not list yet: a write logged there now could not be recovered (see hold_writes).
+        self._log_pending = False
+        #: Called after each compaction that changed the record (the worker checks for a split).
+        self.on_compacted: Callable[[Tablet], None] | None = None
+        self._background: set[asyncio.Task[None]] = set()
+        self._failed: BaseException | None = None
+        self._closed = False
+
+    # ------------------------------------------------------------------ loading
+
+    @classmethod
+    async def load(
+        cls,
+        record: TabletRecord,
+        schema: TableSchema,
+        *,
+        store: ObjectStore,
+        log_sink: LogSink,
+        catalog: TabletCatalog,
+        replay: Callable[[TabletRecord], AsyncIterator[Cell]] | None = None,
+        clock: Clock | None = None,
+        options: TabletOptions | None = None,
+        block_cache: BlockCache | None = None,
+        executor: concurrent.futures.Executor | None = None,
+        scan_cache: ScanCache | None = None,
+    ) -> Tablet:
+        """Open a tablet's SSTables, replay its commit-log records past the redo point into a
+        fresh memtable (§5.3 recovery), and record this worker's log in its record."""
+        tables: dict[str, tuple[SSTable, ...]] = {}
+        for group, refs in record.sstables.items():
+            opened = await asyncio.gather(
+                *(
+                    SSTable.open(
+                        store,
+                        ref.key,
+                        size=ref.size,
+                        tail_size=ref.tail_size or None,
+                        block_cache=block_cache,
+                        scan_cache=scan_cache,
+                    )
+                    for ref in refs
+                )
+            )
+            lg = schema.locality_groups.get(group)
+            if lg is not None and lg.in_memory:
+                await asyncio.gather(*(t.load_all() for t in opened))
+            tables[group] = tuple(opened)
+        memtable = MemTable()
+        max_seq = max(
+            [record.redo_seq, *(r.max_seq for refs in record.sstables.values() for r in refs)]
+        )
+        if replay is not None:
+            batch: list[Cell] = []
+            async for cell in replay(record):
+                if cell.seq > record.redo_seq:
+                    batch.append(cell)
+                    max_seq = max(max_seq, cell.seq)
+                    if len(batch) >= 4096:
+                        memtable.add(batch)
+                        batch = []
+            memtable.add(batch)
+        log_sink.advance(max_seq)
+        logs = tuple(dict.fromkeys((*record.logs, log_sink.log_ref)))
+        clk = clock or SystemClock()
+        new_record = replace(record, logs=logs).with_event(
+            clk.time(), "loaded", f"replayed {len(memtable)} cells"
+        )
+        if new_record != record:
+            new_record = await catalog.update(record, new_record)
+        state = TabletState(new_record, memtable, (), tables)
+        return cls(
+            state,
+            schema,
+            store=store,
+            log_sink=log_sink,
+            catalog=catalog,
+            clock=clk,
+            options=options or TabletOptions(),
+            block_cache=block_cache,
+            executor=executor,
+            scan_cache=scan_cache,
+        )
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def record(self) -> TabletRecord:
+        return self._state.record
+
+    @property
+    def schema(self) -> TableSchema:
+        return self._schema
+
+    @property
+    def state(self) -> TabletState:
+        return self._state
+
+    def set_schema(self, schema: TableSchema) -> None:
+        """Apply a schema change (new families, GC rules, ACLs) to future requests."""
+        self._schema = schema
+
+    def contains(self, row: bytes) -> bool:
+        return self._state.record.contains(row)
+
+    def _check_serving(self) -> None:
+        """Reads need only this: a failed background compaction loses nothing in memory."""
+        if self._closed:
+            raise NotServing(f"tablet {self.record.tablet_id} is not served here any more")
+
+    def _check_open(self) -> None:
+        """Writes and compactions also need no sticky background failure."""
+        self._check_serving()
+        if self._failed is not None:
+            raise Unavailable(
+                f"tablet {self.record.tablet_id} failed a background compaction and must be "
+                f"reloaded: {self._failed}"
+            )
+
+    def _check_writable(self) -> None:
+        """Writes also need no split or unload under way; refused ones were not applied, and
+        NotServing sends the client to look the tablet up again (its children, its new owner)."""
+        self._check_open()
+        if self._writes_blocked is not None:
+            raise NotServing(
+                f"tablet {self.record.tablet_id} is {self._writes_blocked}; look it up again"
+            )
+        if self._log_pending:
+            raise Unavailable(
+                f"tablet {self.record.tablet_id}: its worker is moving to a new commit log; "
+                "the write was not applied, retry"
+            )
+
+    def _check_row(self, row: bytes) -> None:
+        if not self.contains(row):
+            raise NotServing(
+                f"row {row[:64]!r} is outside tablet {self.record.tablet_id} "
+                f"[{self.record.start_row[:64]!r}, {self.record.end_row!r})"
+            )
+
+    def _gc_rules(self) -> dict[str, GcRule | None]:
+        return {name: fam.gc_rule for name, fam in self._schema.families.items()}
+
+    def _now_micros(self) -> int:
+        return micros(self._clock.time())
+
+    # ------------------------------------------------------------------ writes
+
+    @contextlib.asynccontextmanager
+    async def _row_lock(self, row: bytes) -> AsyncIterator[None]:
+        lock = self._row_locks.get(row)
+        if lock is None:
+            lock = self._row_locks[row] = asyncio.Lock()
+        self._row_lock_users[row] = self._row_lock_users.get(row, 0) + 1
+        try:
+            async with lock:
+                yield
+        finally:
+            users = self._row_lock_users[row] - 1
+            if users:
+                self._row_lock_users[row] = users
+            else:
+                del self._row_lock_users[row]
+                del self._row_locks[row]
+
+    async def apply(
+        self, row: bytes, mutations: Sequence[Mutation], *, identity: str | None = None
+    ) -> None:
+        """Apply one row mutation atomically (§2). Acknowledged only once logged durably."""
+        self._check_writable()
+        self._check_row(row)
+        validate_row_mutation(self._schema, row, mutations, identity)
+        async with self._row_lock(row):
+            await self._apply_locked(row, mutations)
+
+    # REQUIRES: the row lock of ``row`` held.
+    async def _apply_locked(self, row: bytes, mutations: Sequence[Mutation]) -> None:
+        # Checked again with the row lock held: a split or unload may have started while this
+        # write waited for it. No await from here to the in-flight entry, so a quiescing
+        # tablet sees every write it lets through.
+        self._check_writable()
+        first = self._log.allocate(len(mutations))
+        cells = to_cells(row, mutations, first, self._now_micros())
+        self._in_flight[first] = len(cells)
+        self._idle.clear()
+        try:
+            await self._log.append(self.record.table_id, row, cells)
+            self._state.memtable.add(cells)
+        finally:
+            del self._in_flight[first]
+            if not self._in_flight:
+                self._idle.set()
+        if self._state.memtable.approximate_size >= self._options.memtable_flush_bytes:
+            self._spawn(self._background_minor_compaction())
+
+    async def check_and_mutate(
+        self,
+        row: bytes,
+        predicate: RowFilter | None,
+        true_mutations: Sequence[Mutation],
+        false_mutations: Sequence[Mutation],
+        *,
+        identity: str | None = None,
+    ) -> bool:
+        """Single-row transaction (§3): apply ``true_mutations`` if the predicate filter yields
+        any cell of the row (or, with no predicate, if the row has any cell), else
+        ``false_mutations``. Returns whether the predicate matched."""
+        self._check_writable()
+        self._check_row(row)
+        for muts in (true_mutations, false_mutations):
+            if muts:
+                validate_row_mutation(self._schema, row, muts, identity)
+        async with self._row_lock(row):
+            current = await self._read_row_cells(row, self._readable(identity))
+            cells = current
+            if predicate is not None:
+                cells = await _filter_row(predicate, regex_cost(predicate), row, current)
+            matched = bool(cells)
+            chosen = true_mutations if matched else false_mutations
+            if chosen:
+                await self._apply_locked(row, chosen)
+        return matched
+
+    async def read_modify_write(
+        self, row: bytes, rules: Sequence[ReadModifyWriteRule], *, identity: str | None = None
+    ) -> Row:
+        """Single-row read-modify-write (§3): append or increment; returns the new cells."""
+        self._check_writable()
+        self._check_row(row)
+        validate_rmw_rules(self._schema, row, rules, identity)
+        async with self._row_lock(row):
+            current = await self._read_row_cells(row, None)
+            latest: dict[tuple[str, bytes], bytes] = {}
+            for c in current:
+                latest.setdefault((c.family, c.qualifier), c.value)
+            written: dict[tuple[str, bytes], bytes] = {}
+            for rule in rules:
+                col = (rule.family, rule.qualifier)
+                base = written.get(col, latest.get(col))
+                written[col] = apply_rmw_rule(rule, base)
+            # Whole milliseconds: a Cloud Bigtable client stamps its writes with the front
+            # door's clock truncated to the millisecond, and a write acknowledged after this
+            # one must not get an older timestamp and be hidden behind it (seq breaks ties).
+            now = self._now_micros() // 1000 * 1000
+            newest: dict[tuple[str, bytes], int] = {}
+            for c in current:
+                newest.setdefault((c.family, c.qualifier), c.timestamp)
+            # The result must be the column's newest version even when an existing version
+            # carries a client timestamp in the future: write at max(now, newest).
+            muts: list[Mutation] = [
+                SetCell(f, q, v, max(now, newest.get((f, q), now))) for (f, q), v in written.items()
+            ]
+            # Appends can grow a row mutation past what one request could carry: refuse it
+            # like a write of the same cells (the result row crosses the wire in one reply).
+            check_mutation_size(row, muts)
+            await self._apply_locked(row, muts)
+            out = [
+                ApiCell(m.family, m.qualifier, m.timestamp or now, m.value)
+                for m in muts
+                if isinstance(m, SetCell)
+            ]
+        out.sort(key=lambda c: (c.family, c.qualifier))
+        return Row(row, out)
+
+    # ------------------------------------------------------------------ reads
+
+    def _readable(self, identity: str | None) -> set[str] | None:
+        """Families the identity may read, or None when it may read them all."""
+        fams = self._schema.families
+        if all(f.acl.may_read(identity) for f in fams.values()):
+            return None
+        return {name for name, f in fams.items() if f.acl.may_read(identity)}
+
+    def _groups_for(self, families: set[str] | None) -> list[str]:
+        state = self._state
+        if families is None:
+            return list(state.sstables)
+        wanted = {
+            self._schema.families[f].locality_group for f in families if f in self._schema.families
+        }
+        return [g for g in state.sstables if g in wanted]
+
+    async def _read_row_cells(self, row: bytes, families: set[str] | None) -> list[ApiCell]:
+        """Visible cells of one row (deletions and GC applied), as API cells."""
+        state = self._state
+        raw: list[Cell] = list(state.memtable.get_row(row))
+        for mt in state.frozen:
+            raw.extend(mt.get_row(row))
+        tables = [t for g in self._groups_for(families) for t in state.sstables[g]]
+        if tables:
+            for cells in await asyncio.gather(*(t.get_row(row) for t in tables)):
+                raw.extend(cells)
+        # A stable sort keeps the newest source first among identical keys.
+        raw.sort(key=cell_sort_key)
+        visible = visible_cells(raw, gc_rules=self._gc_rules(), now_micros=self._now_micros())
+        # Cells of a dropped family stay in SSTables until their next compaction: never shown.
+        wanted = set(self._schema.families) if families is None else families
+        return [
+            ApiCell(c.family, c.qualifier, c.ts, c.value) for c in visible if c.family in wanted
+        ]
+
+    async def read_row(
+        self,
+        row: bytes,
+        *,
+        filter: RowFilter | None = None,
+        families: set[str] | None = None,
+        identity: str | None = None,
+    ) -> Row | None:
+        """One row after deletions, GC and the filter; None when nothing is left."""
+        self._check_serving()
+        self._check_row(row)
+        fams = _intersect(families, self._readable(identity))
+        cells = await self._read_row_cells(row, fams)
+        if filter is not None:
+            cells = await _filter_row(filter, regex_cost(filter), row, cells)
+        return Row(row, cells) if cells else None
+
+    async def scan(
+        self,
+        row_range: RowRange,
+        *,
+        filter: RowFilter | None = None,
+        families: set[str] | None = None,
+        limit: int | None = None,
+        identity: str | None = None,
+    ) -> AsyncIterator[Row]:
+        """Rows of ``row_range`` (clipped to this tablet) in order, streamed."""
+        self._check_serving()
+        rec = self.record
+        clipped = row_range.clip(rec.start_row, rec.end_row)
+        if clipped is None or (limit is not None and limit <= 0):
+            return
+        start, end = clipped.bounds()
+        fams = _intersect(families, self._readable(identity))
+        state = self._state
+        sources: list[AsyncCellSource] = [
+            list(state.memtable.scan(start, end)),
+            *(list(mt.scan(start, end)) for mt in state.frozen),
+        ]
+        for g in self._groups_for(fams):
+            sources.extend(t.scan_blocks(start, end) for t in state.sstables[g])
+        batches = avisible_batches(
+            amerge_batches(sources), gc_rules=self._gc_rules(), now_micros=self._now_micros()
+        )
+        # Cells of a dropped family stay in SSTables until their next compaction: never shown.
+        wanted = set(self._schema.families) if fams is None else fams
+        cost = regex_cost(filter)
+        emitted = 0
+        current_row: bytes | None = None
+        cells: list[ApiCell] = []
+        # Data in memory or in the block cache never suspends this loop: yield to other tasks
+        # (the lease keep-alive above all) whenever a slice of computing has gone by, checked
+        # after each row and each merged batch.
+        slice_end = time.monotonic() + READ_SLICE_SECONDS
+        async for batch in batches:
+            for c in batch:
+                if c.row != current_row:
+                    if cells and current_row is not None:
+                        out = (
+                            _unfiltered_row(current_row, cells, clipped)
+                            if filter is None
+                            else await self._finish_row(current_row, cells, filter, cost, clipped)
+                        )
+                        if out is not None:
+                            yield out
+                            emitted += 1
+                            if limit is not None and emitted >= limit:
+                                return
+                        if time.monotonic() >= slice_end:
+                            await asyncio.sleep(0)
+                            slice_end = time.monotonic() + READ_SLICE_SECONDS
+                    current_row, cells = c.row, []
+                if c.family in wanted:
+                    cells.append(ApiCell(c.family, c.qualifier, c.ts, c.value))
+            if time.monotonic() >= slice_end:
+                await asyncio.sleep(0)
+                slice_end = time.monotonic() + READ_SLICE_SECONDS
+        if cells and current_row is not None:
+            out = (
+                _unfiltered_row(current_row, cells, clipped)
+                if filter is None
+                else await self._finish_row(current_row, cells, filter, cost, clipped)
+            )
+            if out is not None:
+                yield out
+
+    @staticmethod
+    async def _finish_row(
+        row: bytes, cells: list[ApiCell], filter: RowFilter, cost: int, rng: RowRange
+    ) -> Row | None:
+        if not rng.contains(row):
+            return None
+        cells = await _filter_row(filter, cost, row, cells)
+        return Row(row, cells) if cells else None
+
+    # ------------------------------------------------------------------ compactions
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        if self._closed or any(not t.done() for t in self._background):
+            # One background compaction at a time; the next write re-triggers if needed.
+            coro.close()
+            return
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _background_minor_compaction(self) -> None:
+        try:
+            await self.minor_compact()
+            await self.merge_if_needed()
+        except TabletStoreError as exc:
+            # Sticky until the tablet is reloaded (STYLE.md convention 7): serving on with a
+            # memtable that can never be written out would grow without bound.
+            log.error("background compaction of %s failed: %s", self.record.tablet_id, exc)
+            self._failed = exc
+
+    async def minor_compact(self) -> None:
+        """Freeze the memtable, write it as one SSTable per locality group, move the redo
+        point (§5.4). A no-op when the memtable is empty."""
+        self._check_open()
+        async with self._compaction_lock:
+            self._check_open()  # a split may have closed the tablet while this waited
+            async with self._state_lock:
+                state = self._state
+                # Frozen memtables left by a failed earlier attempt are written out too: the
+                # redo point moves past all of them, so none may stay behind in memory only.
+                flushed = state.frozen
+                if len(state.memtable):
+                    flushed = (state.memtable, *flushed)
+                    self._state = replace(state, memtable=MemTable(), frozen=flushed)
+                if not flushed:
+                    return
+                redo = max(m.max_seq or 0 for m in flushed)
+                if self._in_flight:
+                    redo = min(redo, min(self._in_flight) - 1)
+                # Writes after the freeze go to the log of now, or to one the worker moves to
+                # later (hold_writes/add_log record it): those may hold writes past the redo
+                # point, every log listed before the freeze holds none.
+                log_at_freeze, listed_at_freeze = self._log.log_ref, state.record.logs
+            groups = self._split_by_group(flushed)
+            written = await self._write_groups(groups, major=False)
+            async with self._state_lock:
+                state = self._state
+                record = state.record
+                new_sstables = dict(record.sstables)
+                opened = dict(state.sstables)
+                for group, (ref, table) in written.items():
+                    new_sstables[group] = (ref, *new_sstables.get(group, ()))
+                    opened[group] = (table, *opened.get(group, ()))
+                new_record = replace(
+                    record,
+                    sstables=new_sstables,
+                    redo_seq=max(record.redo_seq, redo),
+                    logs=tuple(
+                        dict.fromkeys(
+                            (log_at_freeze, *(r for r in record.logs if r not in listed_at_freeze))
+                        )
+                    ),
+                ).with_event(
+                    self._clock.time(),
+                    "minor_compaction",
+                    f"{sum(len(m) for m in flushed)} cells",
+                )
+                stored = await self._catalog.update(record, new_record)
+                self._state = replace(
+                    state,
+                    record=stored,
+                    frozen=tuple(m for m in state.frozen if all(m is not f for f in flushed)),
+                    sstables=opened,
+                )
+        self._notify_compacted()
+
+    def _split_by_group(self, memtables: Sequence[MemTable]) -> dict[str, list[Cell]]:
+        """Cells of memtables (newest first) per locality group, in sort order; row deletions
+        go to every group."""
+        groups: dict[str, list[Cell]] = {}
+        fams = self._schema.families
+        all_groups = list(self._schema.locality_groups)
+        for c in merge_sources([mt.scan() for mt in memtables]):
+            if c.kind == CellKind.DELETE_ROW:
+                for g in all_groups:
+                    groups.setdefault(g, []).append(c)
+                continue
+            fam = fams.get(c.family)
+            # Cells of a dropped family are garbage: they are not written out.
+            if fam is not None:
+                groups.setdefault(fam.locality_group, []).append(c)
+        return groups
+
+    async def _write_groups(
+        self, groups: Mapping[str, Iterable[Cell]], *, major: bool
+    ) -> dict[str, tuple[SSTableRef, SSTable]]:
+        out: dict[str, tuple[SSTableRef, SSTable]] = {}
+        for group, cells in groups.items():
+            ref = await self._write_sstable(group, cells, major=major)
+            if ref is None:
+                continue
+            table = await self._open(ref)
+            lg = self._schema.locality_groups.get(group)
+            if lg is not None and lg.in_memory:
+                await table.load_all()
+            out[group] = (ref, table)
+        return out
+
+    async def _write_sstable(
+        self, group: str, cells: Iterable[Cell], *, major: bool
+    ) -> SSTableRef | None:
+        lg = self._schema.locality_groups.get(group)
+        data, info = write_sstable(
+            cells,
+            compression=lg.compression if lg is not None else "zstd",
+            block_size=lg.block_size if lg is not None else 64 * 1024,
+            locality_group=group,
+        )
+        if info.cells == 0:
+            return None
+        return await self._upload(group, data, info)
+
+    async def _upload(self, group: str, data: bytes, info: SSTableInfo) -> SSTableRef:
+        """Create the SSTable object (create-only: objects are never overwritten)."""
+        rec = self.record
+        key = layout.sstable_key(rec.table_id, rec.tablet_id, group, uuid.uuid4().hex)
+        await self._store.create(key, data)
+        return SSTableRef(
+            key=key,
+            size=len(data),
+            cells=info.cells,
+            min_seq=info.min_seq,
+            max_seq=info.max_seq,
+            first_row=info.first_row,
+            last_row=info.last_row,
+            tail_size=info.tail_size,
+        )
+
+    async def _open(self, ref: SSTableRef) -> SSTable:
+        return await SSTable.open(
+            self._store,
+            ref.key,
+            size=ref.size,
+            tail_size=ref.tail_size or None,
+            block_cache=self._block_cache,
+            scan_cache=self._scan_cache,
+        )
+
+    async def merge_if_needed(self) -> None:
+        """Run the merging compactions the planner asks for."""
+        for task in compaction.plan(self.record, self._options):
+            await self._run_merge(task)
+
+    async def major_compact(self) -> None:
+        """Flush the memtable, then rewrite the whole tablet into one SSTable per locality
+        group with no deletion entries and GC applied (§5.4) — by the current schema, so a
+        dropped family's cells are gone for good and a family moved to another locality group
+        moves with its cells (:func:`compaction.rewrite_tablet`)."""
+        await self.minor_compact()
+        async with self._compaction_lock:
+            self._check_open()  # a split may have closed the tablet while this waited
+            state = self._state
+            record = state.record
+            keys = [ref.key for refs in record.sstables.values() for ref in refs]
+            if not keys:
+                return
+            blobs = await asyncio.gather(*(self._store.get(key) for key in keys))
+            missing = [k for k, b in zip(keys, blobs, strict=True) if b is None]
+            if missing:
+                raise Unavailable(f"SSTable objects vanished before compaction: {missing}")
+            schema = self._schema
+            rewrite = functools.partial(
+                compaction.rewrite_tablet,
+                [b for b in blobs if b is not None],
+                family_groups={name: f.locality_group for name, f in schema.families.items()},
+                groups={
+                    name: compaction.GroupSettings(g.compression, g.block_size)
+                    for name, g in schema.locality_groups.items()
+                },
+                gc_rules=self._gc_rules(),
+                now_micros=self._now_micros(),
+                start_row=record.start_row,
+                end_row=record.end_row,
+            )
+            if self._executor is not None:
+                written = await asyncio.get_running_loop().run_in_executor(self._executor, rewrite)
+            else:
+                written = rewrite()
+            new_sstables: dict[str, tuple[SSTableRef, ...]] = {}
+            opened: dict[str, tuple[SSTable, ...]] = {}
+            for group, (data, info) in sorted(written.items()):
+                ref = await self._upload(group, data, info)
+                table = await self._open(ref)
+                lg = schema.locality_groups.get(group)
+                if lg is not None and lg.in_memory:
+                    await table.load_all()
+                new_sstables[group] = (ref,)
+                opened[group] = (table,)
+            async with self._state_lock:
+                state = self._state
+                record = state.record
+                old_tables = [t for tables in state.sstables.values() for t in tables]
+                new_record = replace(record, sstables=new_sstables).with_event(
+                    self._clock.time(), "major_compaction", f"{len(keys)} -> {len(new_sstables)}"
+                )
+                stored = await self._catalog.update(record, new_record)
+                self._state = replace(state, record=stored, sstables=opened)
+            for t in old_tables:
+                t.close()
+        self._notify_compacted()
+
+    async def _run_merge(self, task: compaction.CompactionTask) -> None:
+        self._check_open()
+        async with self._compaction_lock:
+            self._check_open()  # a split may have closed the tablet while this waited
+            state = self._state
+            refs = state.record.sstables.get(task.group, ())
+            if not set(task.inputs) <= {r.key for r in refs}:
+                return  # the tablet changed since planning; the next plan will see it
+            blobs = await asyncio.gather(*(self._store.get(key) for key in task.inputs))
+            missing = [k for k, b in zip(task.inputs, blobs, strict=True) if b is None]
+            if missing:
+                raise Unavailable(f"SSTable objects vanished before compaction: {missing}")
+            lg = self._schema.locality_groups.get(task.group)
+            merge = functools.partial(
+                compaction.merge_sstables,
+                [b for b in blobs if b is not None],
+                gc_rules=self._gc_rules(),
+                now_micros=self._now_micros(),
+                major=task.major,
+                families=set(self._schema.families),
+                compression=lg.compression if lg is not None else "zstd",
+                block_size=lg.block_size if lg is not None else 64 * 1024,
+                locality_group=task.group,
+                # After a split the inputs may be shared with the sibling: write our rows only.
+                start_row=state.record.start_row,
+                end_row=state.record.end_row,
+            )
+            if self._executor is not None:
+                data, info = await asyncio.get_running_loop().run_in_executor(self._executor, merge)
+            else:
+                data, info = merge()
+            new_pair: list[tuple[SSTableRef, SSTable]] = []
+            if info.cells:
+                ref = await self._upload(task.group, data, info)
+                table = await self._open(ref)
+                if lg is not None and lg.in_memory:
+                    await table.load_all()
+                new_pair.append((ref, table))
+            async with self._state_lock:
+                state = self._state
+                record = state.record
+                pairs = list(
+                    zip(
+                        record.sstables.get(task.group, ()),
+                        state.sstables.get(task.group, ()),
+                        strict=True,
+                    )
+                )
+                # The merged SSTable takes the place of its newest input: everything newer than
+                # the inputs stays in front of it, everything older behind it.
+                at = next(i for i, (r, _) in enumerate(pairs) if r.key in task.inputs)
+                kept = [(r, t) for r, t in pairs if r.key not in task.inputs]
+                pairs = kept[:at] + new_pair + kept[at:]
+                new_sstables = dict(record.sstables)
+                opened = dict(state.sstables)
+                new_sstables[task.group] = tuple(r for r, _ in pairs)
+                opened[task.group] = tuple(t for _, t in pairs)
+                kind = "major_compaction" if task.major else "merging_compaction"
+                new_record = replace(record, sstables=new_sstables).with_event(
+                    self._clock.time(), kind, f"{task.group}: {len(task.inputs)} -> {len(new_pair)}"
+                )
+                stored = await self._catalog.update(record, new_record)
+                self._state = replace(state, record=stored, sstables=opened)
+        self._notify_compacted()
+
+    # ------------------------------------------------------------------ splits and shutdown
+
+    def _notify_compacted(self) -> None:
+        if self.on_compacted is not None and not self._closed:
+            self.on_compacted(self)
+
+    def block_spans(self) -> list[BlockSpan]:
+        """Every block of every SSTable of the tablet (the split planner's input, §5)."""
+        return [
+            BlockSpan(b.first_row, b.last_row, b.length)
+            for tables in self._state.sstables.values()
+            for t in tables
+            for b in t.footer.blocks
+        ]
+
+    async def split_key(self) -> bytes | None:
+        """Where to split this tablet (:mod:`tabletstore.engine.split_key`): between blocks by their
+        bytes, else at the middle row of its widest block (one block read)."""
+        rec = self.record
+        spans = self.block_spans()
+        key = choose_split_key(rec.start_row, rec.end_row, spans)
+        if key is not None:
+            return key
+        block = widest_block(rec.start_row, rec.end_row, spans)
+        if block is None:
+            return None
+        lo = max(block.first_row, rec.start_row)
+        rng = RowRange(lo, block.last_row, end_inclusive=True)
+        rows = [row.key async for row in self.scan(rng)]
+        return middle_row(rows, rec.start_row)
+
+    async def _quiesce(self, reason: str) -> None:
+        """Refuse new writes (NotServing), then wait for background compactions and for every
+        write already past the check to be logged and in the memtable."""
+        self._writes_blocked = reason
+        # Idle first: a write finishing may still spawn a background compaction, and does so
+        # before this waiter resumes; after that no new one can start.
+        await self._idle.wait()
+        while self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+
+    @contextlib.asynccontextmanager
+    async def splitting(self) -> AsyncIterator[TabletRecord]:
+        """Prepare a split (§5.2): stop accepting writes, wait for those in flight, write the
+        memtable out, clear the record's logs, and yield the record -- which then holds every
+        acknowledged write in its SSTables -- with the compaction lock held, so nothing changes it while the caller
+        commits the split. If the body returns, the tablet is closed (its children serve its
+        rows now); if it raises, writes resume and the tablet serves on."""
+        self._check_open()
+        if self._writes_blocked is not None:
+            raise Unavailable(f"tablet {self.record.tablet_id} is already {self._writes_blocked}")
+        try:
+            await self._quiesce("splitting")
+            await self.minor_compact()
+            # Every acknowledged write is in SSTables now: the children need no log, and
+            # whoever loads them (or the parent, should the commit fail ambiguously) must not
+            # fence this worker's log, which its other tablets still use.
+            await self._forget_logs()
+            async with self._compaction_lock:
+                yield self._state.record
+                self._closed = True
+        finally:
+            if not self._closed:
+                self._writes_blocked = None
+
+    async def close(self, *, flush: bool) -> None:
+        """Stop serving. With ``flush`` (a moved tablet, §5.2), stop writes, wait for those in
+        flight and minor-compact, then clear the record's ``logs``: every acknowledged write is
+        in SSTables, so the new owner replays (and fences) nothing -- this worker's log stays
+        its own. Without it (or after a failed background compaction) the logs stay listed and
+        the next owner recovers from them as after a crash."""
+        if flush and not self._closed:
+            await self._quiesce("being unloaded")
+            if self._failed is None:
+                await self.minor_compact()
+                await self._forget_logs()
+        for task in list(self._background):
+            with contextlib.suppress(Exception):
+                await task
+        self._closed = True
+
+    def hold_writes(self) -> None:
+        """Refuse writes (Unavailable) until :meth:`add_log` records the worker's next log:
+        its current one failed, and a write logged in the next one before this tablet's record
+        lists it would be lost in a crash."""
+        self._log_pending = True
+
+    async def add_log(self, ref: LogRef) -> None:
+        """Record ``ref`` (the worker's new log incarnation) among the logs to replay, then
+        take writes again. Raises (Fenced: the tablet is no longer this worker's) if the
+        record cannot be updated; writes stay refused then."""
+        async with self._compaction_lock, self._state_lock:
+            record = self._state.record
+            if ref not in record.logs:
+                new_record = replace(record, logs=(*record.logs, ref)).with_event(
+                    self._clock.time(), "new_log", f"{ref.worker_id}/{ref.incarnation}"
+                )
+                stored = await self._catalog.update(record, new_record)
+                self._state = replace(self._state, record=stored)
+        self._log_pending = False
+
+    async def _forget_logs(self) -> None:
+        async with self._compaction_lock, self._state_lock:
+            record = self._state.record
+            if not record.logs:
+                return
+            new_record = replace(record, logs=()).with_event(
+                self._clock.time(), "unloaded", "flushed; nothing to replay"
+            )
+            stored = await self._catalog.update(record, new_record)
+            self._state = replace(self._state, record=stored)
+
+
+def _intersect(a: set[str] | None, b: set[str] | None) -> set[str] | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a & b
+
+
+def validate_families_hint(schema: TableSchema, families: Iterable[str]) -> None:
+    """A read naming a family the table does not have is an error, not an empty result."""
+    for f in families:
+        if f not in schema.families:
+            raise InvalidArgument(f"table {schema.name!r} has no column family {f!r}")

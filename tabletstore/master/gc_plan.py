@@ -1,0 +1,304 @@
+"""Garbage collection of bucket objects: the pure planner (§5.2, §5.4; DESIGN.md §6 rule 5, §9).
+
+The paper's master "garbage-collects obsolete SSTables as a mark-and-sweep garbage collection
+over the set of SSTables, where the roots are the METADATA table" (§5.4, §5.2). Here the sweep
+covers every object in the bucket, and this module decides — from plain values, with no I/O —
+which of a listing's objects may be deleted. :mod:`tabletstore.master.gc` gathers the inputs
+(the listing first, then the marks) and executes the decision.
+
+The roots (a :class:`LiveSet`):
+
+* every SSTable key a tablet record lists (``TabletRecord.sstables``);
+* every commit log ``(worker, incarnation)`` a tablet record lists (``TabletRecord.logs``: the
+  logs that may still hold writes past the tablet's redo point — recovery not finished);
+* the current incarnation of every live worker (its log is written to right now, even before
+  any record lists it);
+* the SSTables a snapshot manifest (batch jobs) names, while the manifest itself exists.
+
+The rules, object by object (each verdict carries a :class:`Reason`):
+
+1. An object younger than ``grace`` is kept, whatever it is. This is what protects an SSTable
+   between its upload and the METADATA commit that references it (a compaction uploads first,
+   commits second): ``grace`` must be comfortably larger than any compaction's
+   upload-to-commit time.
+2. An SSTable is garbage once no record references it (compacted away, or its table deleted).
+3. The segments of a commit log are garbage together, once no record lists the log, it is not
+   a live worker's current incarnation, and its *newest* object is older than ``grace``. A
+   recovery run (``recovery/<worker>/<incarnation>/...``) follows the log it was sorted from.
+4. A fence (a zero-byte segment, DESIGN.md §6 rule 4) is deleted only with its log and only
+   once it is older than ``fence_grace`` as well (default one day). Deleting a fence reopens
+   its segment number to a zombie writer of that log; the writer's lease check (fencing
+   rule 1) already refuses such a write, and a fence kept a day longer makes that refusal not
+   depend on clocks in any plausible pause. (SlateDB lost flushed writes when its collector
+   deleted a fence object: slatedb issues #352 and #1622.)
+5. A snapshot manifest is kept while its table exists (its lifetime is the batch job's
+   business) and is garbage after ``grace`` once the table is deleted.
+6. A key that no layout parser recognizes is never deleted; the plan reports it.
+
+Dereference grace. ``grace`` counts from an object's creation. A reader that took a tablet's
+state before a compaction may still read an SSTable that compaction replaced, however old the
+SSTable is. A long-lived collector (the master) therefore passes ``since`` — when it first found
+each key deletable by the rules above — and an object is then deleted only once it has been
+found deletable for ``grace`` as well; the plan returns the updated map for the next round. A
+one-shot collection (``since=None``) uses object age only.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from tabletstore.errors import InvalidArgument
+from tabletstore.metadata.record import LogRef
+from tabletstore.storage_s3 import layout
+from tabletstore.storage_s3.base import ObjectInfo
+
+__all__ = [
+    "DEFAULT_FENCE_GRACE",
+    "DEFAULT_GRACE",
+    "GcPlan",
+    "LiveSet",
+    "Reason",
+    "plan",
+]
+
+#: Default grace period in seconds: an object younger than this is never deleted. Compactions
+#: commit an uploaded SSTable within seconds; an hour leaves room for a slow coordinator.
+DEFAULT_GRACE = 3600.0
+#: Default age in seconds a fence must reach before it is deleted with its log (rule 4).
+DEFAULT_FENCE_GRACE = 86400.0
+
+
+class Reason(StrEnum):
+    """Why an object is kept (``KEEP_*``) or deleted (``DELETE_*``)."""
+
+    KEEP_REFERENCED = "referenced by a tablet record"
+    KEEP_SNAPSHOT = "named by a kept snapshot manifest"
+    KEEP_LOG_NEEDED = "log listed by a tablet record (recovery not finished)"
+    KEEP_LIVE_LOG = "current log of a live worker"
+    KEEP_YOUNG = "younger than the grace period"
+    KEEP_RECENTLY_UNREFERENCED = "unreferenced for less than the grace period"
+    KEEP_FENCE = "fence younger than the fence grace period"
+    KEEP_LIVE_TABLE_SNAPSHOT = "snapshot manifest of an existing table"
+    KEEP_UNKNOWN = "key not recognized by the layout"
+    DELETE_UNREFERENCED_SSTABLE = "SSTable no record references"
+    DELETE_FINISHED_LOG = "log no tablet needs"
+    DELETE_FINISHED_RECOVERY = "recovery run of a log no tablet needs"
+    DELETE_DELETED_TABLE_SNAPSHOT = "snapshot manifest of a deleted table"
+
+    @property
+    def deletes(self) -> bool:
+        return self.name.startswith("DELETE_")
+
+
+@dataclass(frozen=True, slots=True)
+class LiveSet:
+    """The roots of the mark: what METADATA and the coordinator say is in use."""
+
+    #: Ids of tables that exist (have a schema).
+    tables: frozenset[str] = frozenset()
+    #: SSTable keys listed by any tablet record.
+    sstables: frozenset[str] = frozenset()
+    #: Commit logs listed by any tablet record.
+    logs: frozenset[LogRef] = frozenset()
+    #: Live worker id -> its current incarnation; None when unknown (keep all its logs).
+    live_workers: Mapping[str, int | None] = field(default_factory=dict)
+    #: Snapshot manifest key -> the SSTable keys it names; None when the manifest could not be
+    #: read (then every SSTable of its table is kept while the manifest is).
+    snapshots: Mapping[str, frozenset[str] | None] = field(default_factory=dict)
+
+    def log_reason(self, ref: LogRef) -> Reason | None:
+        """Why the log ``ref`` must be kept, or None if nothing needs it."""
+        if ref in self.logs:
+            return Reason.KEEP_LOG_NEEDED
+        if ref.worker_id in self.live_workers:
+            current = self.live_workers[ref.worker_id]
+            if current is None or current == ref.incarnation:
+                return Reason.KEEP_LIVE_LOG
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class GcPlan:
+    """What to delete, and a count of objects per reason."""
+
+    #: Keys to delete, in listing order.
+    delete: tuple[str, ...]
+    #: Bytes of the objects in ``delete``.
+    delete_bytes: int
+    #: Objects per reason (kept and deleted).
+    counts: Mapping[Reason, int]
+    #: Keys no layout parser recognizes (kept, reported).
+    unknown: tuple[str, ...]
+    #: Key -> when it was first seen unreferenced, for keys still kept only by a grace period;
+    #: pass it as ``since`` to the next :func:`plan`.
+    since: Mapping[str, float]
+    #: The reason for every listed key.
+    reasons: Mapping[str, Reason]
+
+
+@dataclass(slots=True)
+class _Group:
+    """The listed objects of one commit log: its segments, fences and recovery runs."""
+
+    segments: list[ObjectInfo] = field(default_factory=list)
+    fences: list[ObjectInfo] = field(default_factory=list)
+    runs: list[ObjectInfo] = field(default_factory=list)
+
+    def newest(self) -> float:
+        return max(o.last_modified for o in (*self.segments, *self.fences, *self.runs))
+
+
+def plan(
+    live: LiveSet,
+    listed: Sequence[ObjectInfo],
+    now: float,
+    *,
+    grace: float,
+    fence_grace: float = DEFAULT_FENCE_GRACE,
+    since: Mapping[str, float] | None = None,
+) -> GcPlan:
+    """Decide which of ``listed`` to delete (see the module docstring for the rules).
+
+    REQUIRES: ``live`` was read *after* ``listed`` (see :mod:`tabletstore.master.gc`), so every
+    listed object that anything references is in ``live``, or was committed after the mark
+    and is then younger than ``grace``.
+    """
+    if grace < 0 or fence_grace < 0:
+        raise InvalidArgument(f"grace periods must be >= 0, got {grace} and {fence_grace}")
+    reasons: dict[str, Reason] = {}
+    # First pass: snapshot manifests (they pin SSTables) and grouping of commit-log objects.
+    groups: dict[LogRef, _Group] = {}
+    others: list[tuple[ObjectInfo, layout.SSTableKey]] = []
+    pinned: set[str] = set()
+    pinned_tables: set[str] = set()
+    for info in listed:
+        kind = _classify(info.key)
+        if kind is None:
+            reasons[info.key] = Reason.KEEP_UNKNOWN
+        elif isinstance(kind, layout.SSTableKey):
+            others.append((info, kind))
+        elif isinstance(kind, layout.SnapshotKey):
+            reasons[info.key] = _snapshot_reason(live, info, kind, now, grace)
+            # Every listed manifest pins what it names, even one deleted in this round: its
+            # SSTables go in a later round, after the manifest is gone.
+            names = live.snapshots.get(info.key)
+            if names is None:
+                pinned_tables.add(kind.table_id)
+            else:
+                pinned |= names
+        else:
+            group = groups.setdefault(LogRef(kind.worker_id, kind.incarnation), _Group())
+            if isinstance(kind, layout.RecoveryRunKey):
+                group.runs.append(info)
+            elif info.size == 0:
+                group.fences.append(info)
+            else:
+                group.segments.append(info)
+    for info, key in others:
+        if info.key in live.sstables:
+            reasons[info.key] = Reason.KEEP_REFERENCED
+        elif info.key in pinned or key.table_id in pinned_tables:
+            reasons[info.key] = Reason.KEEP_SNAPSHOT
+        else:
+            reasons[info.key] = _aged(info, now, grace, Reason.DELETE_UNREFERENCED_SSTABLE)
+    for ref, group in groups.items():
+        reasons.update(_log_reasons(live, ref, group, now, grace, fence_grace))
+    held = {} if since is None else _apply_since(listed, reasons, groups, now, grace, since)
+    return _finish(listed, reasons, held)
+
+
+_Parsed = layout.SSTableKey | layout.LogSegmentKey | layout.RecoveryRunKey | layout.SnapshotKey
+
+
+def _classify(key: str) -> _Parsed | None:
+    """The parsed key, or None when no layout parser accepts it."""
+    try:
+        if key.startswith(layout.TABLES):
+            return layout.parse_sstable_key(key)
+        if key.startswith(layout.LOGS):
+            return layout.parse_log_segment_key(key)
+        if key.startswith(layout.RECOVERY):
+            return layout.parse_recovery_run_key(key)
+        if key.startswith(layout.SNAPSHOTS):
+            return layout.parse_snapshot_key(key)
+    except InvalidArgument:
+        return None
+    return None
+
+
+def _aged(info: ObjectInfo, now: float, grace: float, verdict: Reason) -> Reason:
+    """``verdict`` if the object is older than ``grace``, else KEEP_YOUNG."""
+    return verdict if now - info.last_modified >= grace else Reason.KEEP_YOUNG
+
+
+def _snapshot_reason(
+    live: LiveSet, info: ObjectInfo, key: layout.SnapshotKey, now: float, grace: float
+) -> Reason:
+    if key.table_id in live.tables:
+        return Reason.KEEP_LIVE_TABLE_SNAPSHOT
+    return _aged(info, now, grace, Reason.DELETE_DELETED_TABLE_SNAPSHOT)
+
+
+def _log_reasons(
+    live: LiveSet, ref: LogRef, group: _Group, now: float, grace: float, fence_grace: float
+) -> dict[str, Reason]:
+    """One verdict for a whole commit log (rule 3), fences held longer (rule 4)."""
+    needed = live.log_reason(ref)
+    members = (*group.segments, *group.fences, *group.runs)
+    if needed is not None:
+        return {o.key: needed for o in members}
+    if now - group.newest() < grace:
+        return {o.key: Reason.KEEP_YOUNG for o in members}
+    out = {o.key: Reason.DELETE_FINISHED_LOG for o in group.segments}
+    out.update({o.key: Reason.DELETE_FINISHED_RECOVERY for o in group.runs})
+    for o in group.fences:
+        young = now - o.last_modified < fence_grace
+        out[o.key] = Reason.KEEP_FENCE if young else Reason.DELETE_FINISHED_LOG
+    return out
+
+
+def _apply_since(
+    listed: Sequence[ObjectInfo],
+    reasons: dict[str, Reason],
+    groups: Mapping[LogRef, _Group],
+    now: float,
+    grace: float,
+    since: Mapping[str, float],
+) -> dict[str, float]:
+    """Hold every deletable object until it has been seen deletable for ``grace`` (the
+    dereference grace); return when each still-held object was first seen deletable."""
+    held: dict[str, float] = {}
+    for info in listed:
+        if reasons[info.key].deletes:
+            first = since.get(info.key, now)
+            if now - first < grace:
+                held[info.key] = first
+                reasons[info.key] = Reason.KEEP_RECENTLY_UNREFERENCED
+    # A commit log's segments go together: if any is held, all are (a log is never left with a
+    # gap that recovery would stop at).
+    for group in groups.values():
+        members = (*group.segments, *group.fences, *group.runs)
+        if any(o.key in held for o in members):
+            for o in members:
+                if reasons[o.key].deletes:
+                    held[o.key] = since.get(o.key, now)
+                    reasons[o.key] = Reason.KEEP_RECENTLY_UNREFERENCED
+    return held
+
+
+def _finish(
+    listed: Sequence[ObjectInfo], reasons: dict[str, Reason], since: dict[str, float]
+) -> GcPlan:
+    delete = tuple(o.key for o in listed if reasons[o.key].deletes)
+    sizes = {o.key: o.size for o in listed}
+    return GcPlan(
+        delete=delete,
+        delete_bytes=sum(sizes[k] for k in delete),
+        counts=dict(Counter(reasons[o.key] for o in listed)),
+        unknown=tuple(o.key for o in listed if reasons[o.key] is Reason.KEEP_UNKNOWN),
+        since=since,
+        reasons=reasons,
+    )

@@ -1,0 +1,462 @@
+"""The master: table administration and tablet assignment (§5, §5.2).
+
+The master creates and deletes tables, changes schemas, and keeps every tablet served: it
+lists live workers (the servers directory), finds tablets without a claim and asks a worker
+to load them (:mod:`tabletstore.master.assignment` decides which) — the root tablet first, then the
+METADATA tablets it lists, then the user tablets they list (§5.2). The loads of one level go
+out concurrently (at most ``MasterOptions.max_loads_per_worker`` in flight to one worker): after
+a worker dies, its tablets are loaded side by side on the survivors, each replaying its logs,
+instead of one after another. A round waits for a level's loads at most
+``MasterOptions.load_wait`` seconds before going on; a load still running then (a long replay,
+or a hung worker) stays in flight in the background and is counted as placed, so one slow load
+holds back neither the others nor the next rounds. A load that fails or times out leaves the
+tablet unclaimed, and the next round assigns it again, to whichever worker the planner picks. On first start it creates
+the METADATA table (``Catalog.bootstrap_root``, then the METADATA tablets' rows in the root).
+Clients never send data through the master; they locate tablets through METADATA and talk to
+workers directly (§5.1).
+
+The embedded default runs one master in-process; the cluster elects one through the
+coordinator and runs it as its own process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
+
+from tabletstore.client.location import LocationCache
+from tabletstore.clock import Clock, SystemClock
+from tabletstore.coordination import paths
+from tabletstore.coordination.base import Coordinator
+from tabletstore.data.schema import ColumnFamily, LocalityGroup, TableSchema
+from tabletstore.errors import (
+    InvalidArgument,
+    NotFound,
+    NotServing,
+    TabletStoreError,
+    Unavailable,
+)
+from tabletstore.master import assignment
+from tabletstore.master.balancer import Balancer
+from tabletstore.metadata import rows as mt
+from tabletstore.metadata.catalog import Catalog, TableInfo
+from tabletstore.metadata.record import TabletRecord
+from tabletstore.options import MasterOptions
+from tabletstore.rpc.inprocess import Transport
+from tabletstore.rpc.messages import (
+    MASTER_METHODS,
+    CompactTableRequest,
+    CompactTabletRequest,
+    CreateTableRequest,
+    ListTablesRequest,
+    ListTablesResponse,
+    LoadTabletRequest,
+    ModifyFamiliesRequest,
+    TableInfoMessage,
+    TableNameRequest,
+    UnloadTabletRequest,
+    UpdateSchemaRequest,
+)
+
+__all__ = ["Master", "MasterService"]
+
+M = TypeVar("M", bound=BaseModel)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class _Load:
+    """A load_tablet request in flight: to which worker, and the task awaiting its answer
+    (True once the worker serves the tablet)."""
+
+    worker: str
+    task: asyncio.Task[bool]
+
+    @property
+    def failed(self) -> bool:
+        return _failed(self.task)
+
+
+def _failed(task: asyncio.Task[bool]) -> bool:
+    """A load finished without the tablet being served (failed, timed out or cancelled)."""
+    return task.done() and (task.cancelled() or task.exception() is not None or not task.result())
+
+
+class Master:
+    """Table administration and assignment over a catalog and a transport to workers."""
+
+    def __init__(
+        self,
+        *,
+        coordinator: Coordinator,
+        transport: Transport,
+        clock: Clock | None = None,
+        metadata_splits: Sequence[bytes] = (),
+        options: MasterOptions | None = None,
+    ) -> None:
+        """``metadata_splits``: METADATA row keys at which METADATA is pre-split when this
+        master creates it (none: one METADATA tablet after the root). ``options``: how
+        :attr:`balancer` moves and merges tablets."""
+        self._coord = coordinator
+        # A short deadline: a METADATA tablet that is not served ends an assignment round
+        # (the next one goes on) instead of stalling it.
+        self.locations = LocationCache(coordinator, transport)
+        self._catalog = Catalog(coordinator, metadata=self.locations, retry_deadline=5.0)
+        self._transport = transport
+        self._clock = clock or SystemClock()
+        self._metadata_splits = tuple(metadata_splits)
+        mt.initial_metadata_records(self._metadata_splits, 0.0)  # InvalidArgument early
+        self._options = options or MasterOptions()
+        _check_load_options(self._options)
+        #: Loads sent, by tablet (table id, tablet id); finished ones are dropped at the start
+        #: of the next round, after which the claims read then show their outcome.
+        self._loads: dict[tuple[str, str], _Load] = {}
+        #: Bounds the loads in flight to each worker (by worker id).
+        self._load_slots: dict[str, asyncio.Semaphore] = {}
+        #: Balancing moves and merges of small tablets; the leader runs a round after each
+        #: assignment round (run_master).
+        self.balancer = Balancer(
+            coordinator=coordinator,
+            catalog=self._catalog,
+            transport=transport,
+            clock=self._clock,
+            assign=self.assign,
+            load=self.load_tablet,
+            options=options,
+        )
+
+    @property
+    def catalog(self) -> Catalog:
+        return self._catalog
+
+    @property
+    def clock(self) -> Clock:
+        return self._clock
+
+    # ------------------------------------------------------------------ workers
+
+    async def live_workers(self) -> dict[str, str]:
+        """worker id -> address, from the servers directory."""
+        kvs = await self._coord.get_prefix(paths.SERVERS)
+        return {paths.parse_server(kv.key): kv.value.decode() for kv in kvs}
+
+    async def _claims(self) -> dict[tuple[str, str], str]:
+        kvs = await self._coord.get_prefix(paths.claims_prefix())
+        return {paths.parse_claim(kv.key): kv.value.decode() for kv in kvs}
+
+    async def assign(self) -> int:
+        """Load every unclaimed tablet on a live worker, level by level (§5.2): the root tablet
+        (its record is in the coordinator), then the METADATA tablets (rows of the root), then
+        user tablets (rows of METADATA). A level that is not served yet ends the round early;
+        the next round goes on from there. Returns how many tablets were assigned."""
+        workers = await self.live_workers()
+        # A load to a worker that left the servers directory will never serve: give it up now
+        # (the worker, if it is only paused, is told to cancel it) so the tablet is reassigned.
+        self._reap_loads(set(workers))
+        if not workers:
+            return 0
+        # Locations at workers no longer in the servers directory are stale: forget them rather
+        # than wait for a paused worker to time out.
+        self.locations.retain(set(workers.values()))
+        if await self._catalog.bootstrap_root(self._clock.time()):
+            log.info("created the METADATA table")
+        claims = await self._claims()
+        known: dict[tuple[str, str], assignment.TabletLoad] = {}
+        root = await self._catalog.get_tablet(mt.METADATA_TABLE_ID, mt.ROOT_TABLET_ID)
+        done = await self._assign_level(workers, claims, known, [root])
+        try:
+            initial = mt.initial_metadata_records(self._metadata_splits, self._clock.time())
+            await self._catalog.ensure_metadata_tablets(initial)
+            metadata = await self._catalog.list_tablets(mt.METADATA_TABLE_ID)
+            done += await self._assign_level(workers, claims, known, metadata)
+            moved = await self._catalog.migrate_coordinator_records()
+            if moved:
+                log.info("moved %d tablet records from the coordinator into METADATA", moved)
+            for info in await self._catalog.list_tables():
+                tablets = await self._catalog.list_tablets(info.table_id)
+                done += await self._assign_level(workers, claims, known, tablets)
+        except Unavailable as exc:  # NotServing included: a METADATA tablet is not served yet
+            log.info("assignment round stopped early: %s", exc)
+        return done
+
+    async def _assign_level(
+        self,
+        workers: dict[str, str],
+        claims: dict[tuple[str, str], str],
+        known: dict[tuple[str, str], assignment.TabletLoad],
+        records: Sequence[TabletRecord],
+    ) -> int:
+        """Assign the unclaimed ones of ``records``, balancing against every tablet ``known``
+        so far this round (to which they are added): send their loads concurrently, then wait
+        for this level's loads in flight (at most ``load_wait`` seconds). Returns how many of
+        the loads sent here finished with the tablet served."""
+        wanted = set()
+        level: list[asyncio.Task[bool]] = []
+        for rec in records:
+            key = (rec.table_id, rec.tablet_id)
+            holder = claims.get(key)
+            sent_before = self._loads.get(key)
+            if holder not in workers and sent_before is not None and not sent_before.failed:
+                # In flight, or served since the claims were read: not assigned twice.
+                holder = sent_before.worker
+                level.append(sent_before.task)
+            known[key] = assignment.TabletLoad(*key, holder, size=rec.size)
+            if holder not in workers:
+                wanted.add(key)
+        sent: list[tuple[assignment.Assignment, asyncio.Task[bool]]] = []
+        for a in assignment.plan(list(workers), list(known.values())):
+            key = (a.table_id, a.tablet_id)
+            if key not in wanted:
+                continue
+            task = self._start_load(a.worker, workers[a.worker], key)
+            sent.append((a, task))
+            level.append(task)
+            known[key] = assignment.TabletLoad(*key, a.worker, size=known[key].size)
+        if level:
+            await asyncio.wait(level, timeout=self._options.load_wait)
+        done = 0
+        for a, task in sent:
+            if task.done() and not _failed(task):
+                claims[(a.table_id, a.tablet_id)] = a.worker
+                done += 1
+        return done
+
+    async def load_tablet(self, worker: str, address: str, key: tuple[str, str]) -> bool:
+        """Load ``key`` on ``worker`` (balancing moves): True once it is served there; False
+        if the load failed, or is still running after ``load_wait`` seconds (it then goes on
+        in the background like a round's load)."""
+        task = self._start_load(worker, address, key)
+        await asyncio.wait([task], timeout=self._options.load_wait)
+        return task.done() and not _failed(task)
+
+    def _start_load(self, worker: str, address: str, key: tuple[str, str]) -> asyncio.Task[bool]:
+        """Send ``load_tablet`` for ``key`` to ``worker`` in the background."""
+        task = asyncio.get_running_loop().create_task(
+            self._load(worker, address, key), name=f"load {key[1]} on {worker}"
+        )
+        self._loads[key] = _Load(worker, task)
+        return task
+
+    async def _load(self, worker: str, address: str, key: tuple[str, str]) -> bool:
+        """One load, within the worker's bound of loads in flight and ``load_timeout``. False
+        (logged) if it failed: the tablet stays unclaimed and the next round assigns it."""
+        slots = self._load_slots.get(worker)
+        if slots is None:
+            slots = self._load_slots[worker] = asyncio.Semaphore(self._options.max_loads_per_worker)
+        async with slots:
+            try:
+                async with asyncio.timeout(self._options.load_timeout):
+                    await self._transport.call(address, "load_tablet", LoadTabletRequest(*key))
+            except TimeoutError:
+                log.warning(
+                    "loading %s on %s took over %s s; given up",
+                    key[1],
+                    worker,
+                    self._options.load_timeout,
+                )
+                return False
+            except TabletStoreError as exc:
+                log.warning("assigning %s to %s failed: %s", key[1], worker, exc)
+                return False
+        return True
+
+    def _reap_loads(self, live: set[str]) -> None:
+        """Drop the finished loads (the claims, read next, show what they did) and cancel the
+        ones in flight to workers not in ``live``."""
+        for key, load in list(self._loads.items()):
+            if load.task.done():
+                if not load.task.cancelled() and (exc := load.task.exception()) is not None:
+                    log.error("loading %s on %s raised %r", key[1], load.worker, exc)
+                del self._loads[key]
+            elif load.worker not in live:
+                load.task.cancel()
+
+    async def close(self) -> None:
+        """Give up the loads in flight (a master that stops leading leaves them to the next)."""
+        tasks = [load.task for load in self._loads.values()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # ------------------------------------------------------------------ tables
+
+    async def create_table(
+        self, schema: TableSchema, *, split_keys: Sequence[bytes] = ()
+    ) -> TableInfo:
+        """Create a table, pre-split at ``split_keys``, and assign its tablets."""
+        splits = sorted(set(split_keys))
+        if any(not k for k in splits):
+            raise InvalidArgument("split keys must be non-empty")
+        table_id = Catalog.new_table_id(schema.name)
+        bounds: list[bytes | None] = [*splits, None]
+        records = []
+        start = b""
+        for i, end in enumerate(bounds):
+            records.append(
+                TabletRecord(
+                    table_id=table_id, tablet_id=f"t{i:05d}", start_row=start, end_row=end
+                ).with_event(self._clock.time(), "created")
+            )
+            start = end or b""
+        info = await self._catalog.create_table(schema, records)
+        await self.assign()
+        return info
+
+    async def delete_table(self, name: str) -> None:
+        """Unload a table's tablets and delete its records; its objects become garbage."""
+        if name == mt.METADATA_TABLE:
+            raise InvalidArgument(f"table {name!r} is the system table; it cannot be deleted")
+        info = await self._catalog.get_table(name)
+        await self._for_each_tablet(info, "unload_tablet", flush=False)
+        await self._catalog.delete_table(name)
+
+    async def list_tables(self) -> list[TableInfo]:
+        return await self._catalog.list_tables()
+
+    async def get_table(self, name: str) -> TableInfo:
+        return await self._catalog.get_table(name)
+
+    async def modify_families(
+        self,
+        name: str,
+        *,
+        create: Sequence[ColumnFamily] = (),
+        update: Sequence[ColumnFamily] = (),
+        drop: Sequence[str] = (),
+        locality_groups: Sequence[LocalityGroup] = (),
+    ) -> TableInfo:
+        """Add, change or drop column families (and add locality groups) in one schema change.
+
+        Dropped families' cells stop being visible at once and are left out of the next
+        compaction of every tablet."""
+        info = await self._catalog.get_table(name)
+        families = dict(info.schema.families)
+        groups = dict(info.schema.locality_groups)
+        for g in locality_groups:
+            groups[g.name] = g
+        for fam in create:
+            if fam.name in families:
+                raise InvalidArgument(f"table {name!r} already has column family {fam.name!r}")
+            families[fam.name] = fam
+        for fam in update:
+            if fam.name not in families:
+                raise NotFound(f"table {name!r} has no column family {fam.name!r}")
+            families[fam.name] = fam
+        for fam_name in drop:
+            if fam_name not in families:
+                raise NotFound(f"table {name!r} has no column family {fam_name!r}")
+            del families[fam_name]
+        try:
+            schema = TableSchema(name=name, families=families, locality_groups=groups)
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from exc
+        new = await self._catalog.update_schema(info, schema)
+        workers = await self.live_workers()
+        for address in set(workers.values()):
+            await self._transport.call(address, "update_schema", UpdateSchemaRequest(name))
+        moved = [
+            f.name
+            for f in update
+            if f.name in info.schema.families
+            and info.schema.families[f.name].locality_group != f.locality_group
+        ]
+        if drop or moved:
+            # Rewrite every tablet by the new schema before answering: a dropped family's
+            # cells are gone (re-creating the name brings nothing back) and a moved family's
+            # cells live in its new locality group (reads of it look only there).
+            await self.compact_table(name, major=True)
+        return new
+
+    async def compact_table(self, name: str, *, major: bool) -> None:
+        """Minor (``flush``) or major (``compact``) compaction of every tablet of a table."""
+        info = await self._catalog.get_table(name)
+        await self._for_each_tablet(info, "compact_tablet", major=major)
+
+    async def _for_each_tablet(self, info: TableInfo, method: str, **kw: bool) -> None:
+        claims = await self._claims()
+        workers = await self.live_workers()
+        for rec in await self._catalog.list_tablets(info.table_id):
+            holder = claims.get((rec.table_id, rec.tablet_id))
+            address = workers.get(holder) if holder is not None else None
+            if address is None:
+                continue
+            if method == "unload_tablet":
+                req: object = UnloadTabletRequest(rec.table_id, rec.tablet_id, **kw)
+            else:
+                req = CompactTabletRequest(rec.table_id, rec.tablet_id, **kw)
+            await self._transport.call(address, method, req)
+
+
+def _check_load_options(options: MasterOptions) -> None:
+    if options.max_loads_per_worker < 1:
+        raise InvalidArgument(
+            f"max_loads_per_worker must be at least 1, got {options.max_loads_per_worker}"
+        )
+    if options.load_wait < 0:
+        raise InvalidArgument(f"load_wait must be >= 0 seconds, got {options.load_wait}")
+    if options.load_timeout <= 0:
+        raise InvalidArgument(f"load_timeout must be > 0 seconds, got {options.load_timeout}")
+
+
+def _info_message(info: TableInfo) -> TableInfoMessage:
+    return TableInfoMessage(info.table_id, info.schema.model_dump_json().encode(), info.revision)
+
+
+def _parse_models(kind: type[M], blobs: Sequence[bytes]) -> list[M]:
+    try:
+        return [kind.model_validate_json(b) for b in blobs]
+    except ValueError as exc:
+        raise InvalidArgument(f"malformed {kind.__name__}: {exc}") from exc
+
+
+class MasterService:
+    """The master's RPC handlers (``rpc.messages.MASTER_METHODS``), in wire form.
+
+    Only the elected master answers; a standby (or a deposed master) answers ``NotServing`` so
+    clients look the master up again."""
+
+    def __init__(self, master: Master) -> None:
+        self.master = master
+        self.leading = False
+
+    def _check(self) -> Master:
+        if not self.leading:
+            raise NotServing("this process is not the elected master")
+        return self.master
+
+    async def create_table(self, req: CreateTableRequest) -> TableInfoMessage:
+        (schema,) = _parse_models(TableSchema, [req.schema_json])
+        info = await self._check().create_table(schema, split_keys=req.split_keys)
+        return _info_message(info)
+
+    async def delete_table(self, req: TableNameRequest) -> None:
+        await self._check().delete_table(req.name)
+
+    async def list_tables(self, req: ListTablesRequest) -> ListTablesResponse:
+        infos = await self._check().list_tables()
+        return ListTablesResponse(tuple(_info_message(i) for i in infos))
+
+    async def get_table(self, req: TableNameRequest) -> TableInfoMessage:
+        return _info_message(await self._check().get_table(req.name))
+
+    async def modify_families(self, req: ModifyFamiliesRequest) -> TableInfoMessage:
+        info = await self._check().modify_families(
+            req.name,
+            create=_parse_models(ColumnFamily, req.create),
+            update=_parse_models(ColumnFamily, req.update),
+            drop=req.drop,
+            locality_groups=_parse_models(LocalityGroup, req.locality_groups),
+        )
+        return _info_message(info)
+
+    async def compact_table(self, req: CompactTableRequest) -> None:
+        await self._check().compact_table(req.name, major=req.major)
+
+    def handlers(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in MASTER_METHODS}

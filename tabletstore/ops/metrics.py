@@ -1,0 +1,562 @@
+"""Prometheus metrics of the cluster processes: what each worker and master counts.
+
+Bigtable's operators watched every tablet server's request rates, latencies and compactions
+(§5.2: the master "periodically asks each tablet server for the status of its lock"; §6:
+caches, commit logs and compactions are what decide performance). Each process here owns one
+:class:`prometheus_client.CollectorRegistry` (never the global one, so a test can hold several
+processes' worth in one interpreter) and exposes it on ``GET /metrics``
+(:mod:`tabletstore.ops.status_http`).
+
+Two ways of counting, chosen so that no engine module is edited or slowed down:
+
+* **Wrapped RPC handlers** (:meth:`ProcessMetrics.instrument`): each handler callable served by
+  an ``RpcServer`` (or the in-process transport) is wrapped, unary and streaming alike, counting
+  requests by method and outcome and observing their latency.
+* **Scrape-time collectors** read state the engine keeps anyway: the tablets served (memtable
+  and SSTable sizes), :meth:`BlockCache.stats`, :class:`CommitLogStats`, and the compaction
+  events each tablet's record carries (§5.4: minor, merging, major).
+
+Metric names (``tabletstore_`` prefix; counters end in ``_total``):
+
+======================================================  ========  ===========================
+rpc_requests_total{method, outcome}                      counter   outcome: ok, cancelled, an
+                                                                   error class, internal
+rpc_latency_seconds{method}                              histogram a stream: until it ends
+tablets_served, memtable_bytes, sstables, sstable_bytes  gauge     worker
+block_cache_{hits,misses,evictions}_total                counter   worker
+block_cache_{entries,bytes,capacity_bytes}               gauge     worker
+compactions_total{kind}                                  counter   minor, merging, major
+commit_log_{appends,segments,bytes}_total                counter   worker's log incarnation
+commit_log_last_put_seconds                              gauge     worker
+object_store_{requests,bytes,errors}_total{op}           counter   S3 request kinds (GET, PUT..)
+lease_remaining_seconds                                  gauge     worker, master
+master_leading                                           gauge     1 while elected
+master_assignment_rounds_total{outcome}                  counter   ok, failed
+master_tablets_assigned_total                            counter
+master_last_assignment_timestamp_seconds                 gauge     wall clock
+gc_rounds_total, gc_deleted_{objects,bytes}_total        counter   :meth:`MasterMetrics.gc_round`
+======================================================  ========  ===========================
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, cast
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from tabletstore.commitlog.writer import CommitLogStats
+from tabletstore.coordination.base import Lease
+from tabletstore.engine.tablet import Tablet
+from tabletstore.errors import InvalidArgument, TabletStoreError
+from tabletstore.metadata.record import TabletEvent
+from tabletstore.rpc.inprocess import Transport
+from tabletstore.rpc.server import Handler
+from tabletstore.sstable.block_cache import BlockCache, CacheStats
+
+__all__ = [
+    "AssignmentRound",
+    "CompactionCounter",
+    "MasterMetrics",
+    "ObservedWorker",
+    "ProcessMetrics",
+    "WorkerMetrics",
+    "WorkerSources",
+    "compaction_kind",
+    "outcome_of",
+]
+
+PREFIX = "tabletstore"
+#: Latency buckets (seconds): from an in-memory read to a compaction or a slow S3 PUT.
+LATENCY_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
+#: Tablet event kinds that are compactions, ``<kind>_compaction`` (tablet.py writes them).
+_COMPACTION_SUFFIX = "_compaction"
+
+
+def outcome_of(exc: BaseException) -> str:
+    """The ``outcome`` label of a request that raised ``exc``: the tabletstore error class
+    (bounded: one hierarchy, errors.py), ``cancelled`` when the caller went away, else
+    ``internal`` (the server turns those into Unavailable on the wire)."""
+    if isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        return outcome_of(exc.exceptions[0])
+    if isinstance(exc, TabletStoreError):
+        return type(exc).__name__
+    if isinstance(exc, (GeneratorExit, asyncio.CancelledError)):
+        return "cancelled"
+    return "internal"
+
+
+class ProcessMetrics:
+    """One process's registry with the RPC metrics every process has."""
+
+    def __init__(self, role: str, process_id: str) -> None:
+        self.role = role
+        self.registry = CollectorRegistry()
+        self.rpc_requests = Counter(
+            f"{PREFIX}_rpc_requests",
+            "RPC requests served, by method and outcome",
+            ["method", "outcome"],
+            registry=self.registry,
+        )
+        self.rpc_latency = Histogram(
+            f"{PREFIX}_rpc_latency_seconds",
+            "RPC handling time, by method (a stream: until its last item was taken)",
+            ["method"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.info = Gauge(
+            f"{PREFIX}_process_info",
+            "Always 1; the labels say which process this is",
+            ["role", "id"],
+            registry=self.registry,
+        )
+        self._process_id = ""
+        self.process_id = process_id
+        self._lease: Callable[[], Lease | None] = lambda: None
+        self._monotonic: Callable[[], float] = time.monotonic
+        Gauge(
+            f"{PREFIX}_lease_remaining_seconds",
+            "Seconds until this process's coordinator lease ends without a keep-alive",
+            registry=self.registry,
+        ).set_function(lambda: self.lease_remaining() or 0.0)
+
+    @property
+    def process_id(self) -> str:
+        """The worker id, or the master's address (known once its RPC server listens)."""
+        return self._process_id
+
+    @process_id.setter
+    def process_id(self, value: str) -> None:
+        self._process_id = value
+        self.info.clear()
+        self.info.labels(role=self.role, id=value).set(1)
+
+    def watch_lease(
+        self, lease: Callable[[], Lease | None], *, monotonic: Callable[[], float] = time.monotonic
+    ) -> None:
+        """Report ``lease()``'s remaining time; ``monotonic`` must be the lease's clock."""
+        self._lease = lease
+        self._monotonic = monotonic
+
+    def lease_remaining(self) -> float | None:
+        """Seconds until the lease ends without a keep-alive (0 once expired), or None."""
+        lease = self._lease()
+        if lease is None:
+            return None
+        if lease.expired:
+            return 0.0
+        return max(0.0, lease.last_renewed + lease.ttl - self._monotonic())
+
+    def instrument(self, handlers: Mapping[str, Handler]) -> dict[str, Handler]:
+        """The same handlers, each counting its requests and observing its latency."""
+        return {name: self.wrap(name, fn) for name, fn in handlers.items()}
+
+    def wrap(self, method: str, fn: Handler) -> Handler:
+        """``fn`` instrumented as ``method``; an async generator stays an async generator (the
+        RPC server picks unary or streaming by the handler's kind)."""
+        latency = self.rpc_latency.labels(method=method)
+        ok = self.rpc_requests.labels(method=method, outcome="ok")
+        requests = self.rpc_requests
+
+        def done(started: float, outcome: str | None) -> None:
+            latency.observe(time.perf_counter() - started)
+            if outcome is None:
+                ok.inc()
+            else:
+                requests.labels(method=method, outcome=outcome).inc()
+
+        if inspect.isasyncgenfunction(fn):
+            # An async generator function returns an async generator (which has aclose).
+            gen_fn = cast(Callable[[Any], AsyncGenerator[Any, None]], fn)
+
+            async def stream(request: Any) -> AsyncIterator[Any]:
+                started = time.perf_counter()
+                outcome: str | None = None
+                try:
+                    async with contextlib.aclosing(gen_fn(request)) as items:
+                        async for item in items:
+                            yield item
+                except BaseException as exc:
+                    outcome = outcome_of(exc)
+                    raise
+                finally:
+                    done(started, outcome)
+
+            return stream
+
+        unary_fn: Callable[[Any], Any] = fn
+
+        async def unary(request: Any) -> Any:
+            started = time.perf_counter()
+            outcome: str | None = None
+            try:
+                return await unary_fn(request)
+            except BaseException as exc:
+                outcome = outcome_of(exc)
+                raise
+            finally:
+                done(started, outcome)
+
+        return unary
+
+    def exposition(self) -> bytes:
+        """The registry in Prometheus' text format (what ``GET /metrics`` returns)."""
+        return generate_latest(self.registry)
+
+
+# ---------------------------------------------------------------------------- workers
+
+
+def compaction_kind(event_kind: str) -> str | None:
+    """``minor`` for ``minor_compaction`` and so on; None for other tablet events."""
+    if event_kind.endswith(_COMPACTION_SUFFIX):
+        return event_kind[: -len(_COMPACTION_SUFFIX)]
+    return None
+
+
+def _new_events(seen: Sequence[TabletEvent], current: Sequence[TabletEvent]) -> int:
+    """How many events at the end of ``current`` are not in ``seen``.
+
+    A record keeps its last few events (a sliding window), so ``current`` is a suffix of
+    ``seen`` followed by new events; the longest such overlap is taken. With no overlap every
+    event is new (more happened between two looks than the window holds; those are lost)."""
+    for start in range(len(seen) + 1):
+        tail = seen[start:]
+        if tuple(current[: len(tail)]) == tuple(tail):
+            return len(current) - len(tail)
+    return len(current)  # unreachable: the empty tail always matches
+
+
+class CompactionCounter:
+    """Compactions this worker ran, counted from the events its tablets' records carry.
+
+    Tablet events are the engine's own log of compactions (tablet.py appends one to the
+    record it commits), so nothing in the write path is touched. A tablet seen for the first
+    time counts only the events after the last ``assigned`` event naming this worker: the
+    ones before were run by earlier owners. Call :meth:`sweep` at every scrape and right
+    after a tablet is unloaded (its closing minor compaction happens then)."""
+
+    def __init__(self, worker_id: str) -> None:
+        self._worker_id = worker_id
+        self._seen: dict[tuple[str, str], tuple[TabletEvent, ...]] = {}
+        self.totals: dict[str, int] = {}
+
+    def sweep(self, key: tuple[str, str], events: Sequence[TabletEvent]) -> None:
+        seen = self._seen.get(key)
+        if seen is None:
+            seen = self._before_ours(events)
+        fresh = events[len(events) - _new_events(seen, events) :]
+        for event in fresh:
+            kind = compaction_kind(event.kind)
+            if kind is not None:
+                self.totals[kind] = self.totals.get(kind, 0) + 1
+        self._seen[key] = tuple(events)
+
+    def forget(self, live: Iterable[tuple[str, str]]) -> None:
+        """Drop the memory of tablets no longer served (a reload starts from its
+        ``assigned`` event again)."""
+        keep = set(live)
+        for key in [k for k in self._seen if k not in keep]:
+            del self._seen[key]
+
+    def _before_ours(self, events: Sequence[TabletEvent]) -> tuple[TabletEvent, ...]:
+        for i in range(len(events) - 1, -1, -1):
+            if events[i].kind == "assigned" and events[i].detail == self._worker_id:
+                return tuple(events[: i + 1])
+        return ()
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSources:
+    """Where a worker's collector reads its numbers (callables: read at scrape time)."""
+
+    tablets: Callable[[], Mapping[tuple[str, str], Tablet]]
+    block_cache: Callable[[], CacheStats] | None = None
+    commit_log: Callable[[], CommitLogStats | None] | None = None
+
+
+class _WorkerCollector(Collector):
+    def __init__(self, sources: WorkerSources, compactions: CompactionCounter) -> None:
+        self._sources = sources
+        self._compactions = compactions
+
+    def collect(self) -> Iterable[Metric]:
+        tablets = dict(self._sources.tablets())
+        yield from self._tablet_metrics(tablets)
+        for key, tablet in tablets.items():
+            self._compactions.sweep(key, tablet.record.events)
+        self._compactions.forget(tablets)
+        compactions = CounterMetricFamily(
+            f"{PREFIX}_compactions", "Compactions run by this worker, by kind", labels=["kind"]
+        )
+        for kind in ("minor", "merging", "major"):
+            compactions.add_metric([kind], self._compactions.totals.get(kind, 0))
+        for kind, n in sorted(self._compactions.totals.items()):
+            if kind not in ("minor", "merging", "major"):
+                compactions.add_metric([kind], n)
+        yield compactions
+        if self._sources.block_cache is not None:
+            yield from _cache_metrics(self._sources.block_cache())
+        if self._sources.commit_log is not None:
+            yield from _commit_log_metrics(self._sources.commit_log())
+
+    def _tablet_metrics(self, tablets: Mapping[tuple[str, str], Tablet]) -> Iterable[Metric]:
+        memtable = sstables = sstable_bytes = 0
+        for tablet in tablets.values():
+            state = tablet.state
+            memtable += state.memtable.approximate_size
+            memtable += sum(m.approximate_size for m in state.frozen)
+            sstables += sum(len(refs) for refs in state.record.sstables.values())
+            sstable_bytes += state.record.size
+        for name, doc, value in (
+            ("tablets_served", "Tablets this worker serves", len(tablets)),
+            ("memtable_bytes", "Approximate bytes in memtables (active and frozen)", memtable),
+            ("sstables", "SSTables of the tablets served", sstables),
+            ("sstable_bytes", "Bytes of the SSTables of the tablets served", sstable_bytes),
+        ):
+            yield GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=value)
+
+
+def _cache_metrics(stats: CacheStats) -> Iterable[Metric]:
+    for name, doc, value in (
+        ("hits", "Block cache lookups that found the block", stats.hits),
+        ("misses", "Block cache lookups that had to read the object store", stats.misses),
+        ("evictions", "Blocks evicted from the block cache", stats.evictions),
+    ):
+        yield CounterMetricFamily(f"{PREFIX}_block_cache_{name}", doc, value=value)
+    for name, doc, value in (
+        ("entries", "Blocks in the block cache", stats.entries),
+        ("bytes", "Bytes charged to the block cache", stats.bytes),
+        ("capacity_bytes", "The block cache's byte bound", stats.capacity_bytes),
+    ):
+        yield GaugeMetricFamily(f"{PREFIX}_block_cache_{name}", doc, value=value)
+
+
+def _commit_log_metrics(stats: CommitLogStats | None) -> Iterable[Metric]:
+    """The current log incarnation's counters (zero before the log is opened)."""
+    appends = stats.appends if stats is not None else 0
+    segments = stats.segments if stats is not None else 0
+    nbytes = stats.bytes if stats is not None else 0
+    last_put = stats.last_put_seconds if stats is not None else 0.0
+    yield CounterMetricFamily(
+        f"{PREFIX}_commit_log_appends", "Records appended to the commit log", value=appends
+    )
+    yield CounterMetricFamily(
+        f"{PREFIX}_commit_log_segments", "Commit-log segments PUT (group commits)", value=segments
+    )
+    yield CounterMetricFamily(
+        f"{PREFIX}_commit_log_bytes", "Bytes of commit-log segments PUT", value=nbytes
+    )
+    yield GaugeMetricFamily(
+        f"{PREFIX}_commit_log_last_put_seconds",
+        "Duration of the last commit-log segment PUT",
+        value=last_put,
+    )
+
+
+class ObservedWorker(Protocol):
+    """What a worker's metrics read (``worker.TabletServer`` has it)."""
+
+    @property
+    def tablets(self) -> Mapping[tuple[str, str], Tablet]: ...
+
+    @property
+    def block_cache(self) -> BlockCache: ...
+
+    @property
+    def commit_log_stats(self) -> CommitLogStats | None: ...
+
+    @property
+    def lease(self) -> Lease | None: ...
+
+
+class WorkerMetrics(ProcessMetrics):
+    """A tablet server's metrics. Pass :attr:`registry` to ``open_store`` for the object-store
+    counters, wrap the handlers with :meth:`instrument`, then :meth:`observe_server`."""
+
+    def __init__(self, worker_id: str) -> None:
+        super().__init__("worker", worker_id)
+        self.compactions = CompactionCounter(worker_id)
+        self._sources: WorkerSources | None = None
+
+    def observe_server(self, server: ObservedWorker) -> None:
+        """Observe a tablet server: its tablets, block cache, commit log and lease."""
+        self.watch_lease(lambda: server.lease)
+        self.observe(
+            WorkerSources(
+                tablets=lambda: server.tablets,
+                block_cache=lambda: server.block_cache.stats(),
+                commit_log=lambda: server.commit_log_stats,
+            )
+        )
+
+    def observe(self, sources: WorkerSources) -> None:
+        """Register the scrape-time collector over ``sources`` (once)."""
+        if self._sources is not None:
+            raise InvalidArgument("WorkerMetrics.observe was already called for this worker")
+        self._sources = sources
+        self.registry.register(_WorkerCollector(sources, self.compactions))
+
+    def instrument(self, handlers: Mapping[str, Handler]) -> dict[str, Handler]:
+        """As :meth:`ProcessMetrics.instrument`; an unloaded tablet's events (its closing
+        minor compaction) are also counted before the tablet is forgotten."""
+        wrapped = super().instrument(handlers)
+        unload = wrapped.get("unload_tablet")
+        if unload is not None:
+            wrapped["unload_tablet"] = self._sweeping_unload(unload)
+        return wrapped
+
+    def _sweeping_unload(self, unload: Handler) -> Handler:
+        call: Callable[[Any], Any] = unload
+
+        async def unload_tablet(request: Any) -> Any:
+            key = (request.table_id, request.tablet_id)
+            tablet = self._sources.tablets().get(key) if self._sources is not None else None
+            try:
+                return await call(request)
+            finally:
+                if tablet is not None:
+                    self.compactions.sweep(key, tablet.record.events)
+
+        return unload_tablet
+
+
+# ---------------------------------------------------------------------------- master
+
+
+@dataclass(frozen=True, slots=True)
+class AssignmentRound:
+    """The last assignment round: when it ended (wall clock), how many tablets it assigned,
+    and its error if it failed."""
+
+    at: float
+    assigned: int
+    error: str | None = None
+
+
+class MasterMetrics(ProcessMetrics):
+    """The master's metrics: assignment rounds, leadership, and the garbage collector's hook
+    (:meth:`gc_round`)."""
+
+    def __init__(self, address: str = "", *, clock: Callable[[], float] = time.time) -> None:
+        super().__init__("master", address)
+        self._time = clock
+        self.last_round: AssignmentRound | None = None
+        self._leading: Callable[[], bool] = lambda: False
+        Gauge(
+            f"{PREFIX}_master_leading",
+            "1 while this master holds the master lock, else 0",
+            registry=self.registry,
+        ).set_function(lambda: 1.0 if self._leading() else 0.0)
+        self.rounds = Counter(
+            f"{PREFIX}_master_assignment_rounds",
+            "Assignment rounds run while leading, by outcome",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.assigned = Counter(
+            f"{PREFIX}_master_tablets_assigned",
+            "Tablets this master had a worker load (load_tablet calls that succeeded)",
+            registry=self.registry,
+        )
+        self.last_round_at = Gauge(
+            f"{PREFIX}_master_last_assignment_timestamp_seconds",
+            "Wall-clock time the last assignment round ended",
+            registry=self.registry,
+        )
+        self.gc_rounds = Counter(
+            f"{PREFIX}_gc_rounds", "Garbage-collection rounds run", registry=self.registry
+        )
+        self.gc_objects = Counter(
+            f"{PREFIX}_gc_deleted_objects",
+            "Objects (SSTables, commit-log segments) deleted by garbage collection",
+            registry=self.registry,
+        )
+        self.gc_bytes = Counter(
+            f"{PREFIX}_gc_deleted_bytes",
+            "Bytes of the objects deleted by garbage collection",
+            registry=self.registry,
+        )
+        for outcome in ("ok", "failed"):
+            self.rounds.labels(outcome=outcome)
+
+    def watch_leading(self, leading: Callable[[], bool]) -> None:
+        self._leading = leading
+
+    @property
+    def leading(self) -> bool:
+        return self._leading()
+
+    def count_loads(self, transport: Transport) -> Transport:
+        """``transport`` counting each ``load_tablet`` call that succeeded: the tablets this
+        master assigned, in rounds or right after creating a table."""
+        return _LoadCounting(transport, self.assigned)
+
+    def assignment_round(self, assigned: int) -> None:
+        """Record a finished assignment round that loaded ``assigned`` tablets."""
+        self.rounds.labels(outcome="ok").inc()
+        self._round(AssignmentRound(self._time(), assigned))
+
+    def assignment_failed(self, error: BaseException) -> None:
+        """Record an assignment round that raised ``error``."""
+        self.rounds.labels(outcome="failed").inc()
+        self._round(AssignmentRound(self._time(), 0, f"{type(error).__name__}: {error}"))
+
+    def _round(self, done: AssignmentRound) -> None:
+        self.last_round = done
+        self.last_round_at.set(done.at)
+
+    def gc_round(self, *, deleted_objects: int, deleted_bytes: int) -> None:
+        """The garbage collector's hook: call once per round with what it deleted."""
+        if deleted_objects < 0 or deleted_bytes < 0:
+            raise InvalidArgument(
+                f"a GC round deletes a non-negative amount, got {deleted_objects} objects, "
+                f"{deleted_bytes} bytes"
+            )
+        self.gc_rounds.inc()
+        self.gc_objects.inc(deleted_objects)
+        self.gc_bytes.inc(deleted_bytes)
+
+
+class _LoadCounting:
+    """A transport that counts the ``load_tablet`` calls that succeeded."""
+
+    def __init__(self, inner: Transport, assigned: Counter) -> None:
+        self.inner = inner
+        self._assigned = assigned
+
+    async def call(self, address: str, method: str, request: Any) -> Any:
+        response = await self.inner.call(address, method, request)
+        if method == "load_tablet":
+            self._assigned.inc()
+        return response
+
+    def stream(self, address: str, method: str, request: Any) -> AsyncIterator[Any]:
+        return self.inner.stream(address, method, request)
+
+    async def close(self) -> None:
+        await self.inner.close()

@@ -1,0 +1,104 @@
+"""A worker process (§5.2): the TabletServer behind an RPC server and a status endpoint, run until
+told to stop or until its lease is lost. Reads no flags: the CLI passes settings in."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Callable
+
+from tabletstore.coordination.base import (
+    Coordinator,
+)
+from tabletstore.errors import (
+    Fenced,
+)
+from tabletstore.metadata.catalog import ClusterSettings
+from tabletstore.ops.metrics import WorkerMetrics
+from tabletstore.ops.status_http import StatusServer, serve_worker
+from tabletstore.options import TabletOptions, WorkerOptions
+from tabletstore.rpc.messages import (
+    WORKER_METHODS,
+)
+from tabletstore.rpc.tcp import RpcServer, TcpTransport
+from tabletstore.rpc.wire import register_all
+from tabletstore.storage_s3 import open_store
+from tabletstore.worker.server import TabletServer
+
+__all__ = ["run_worker"]
+
+log = logging.getLogger(__name__)
+
+
+async def run_worker(
+    coordinator: Coordinator,
+    *,
+    worker_id: str | None = None,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    store_url: str | None = None,
+    options: WorkerOptions | None = None,
+    tablet_options: TabletOptions | None = None,
+    stop: asyncio.Event | None = None,
+    ready: Callable[[TabletServer], None] | None = None,
+    metrics_port: int | None = None,
+    metrics_ready: Callable[[str], None] | None = None,
+) -> None:
+    """A worker process (§5.2): serve the worker RPCs on ``host:port`` until ``stop`` is set
+    (then minor-compact and release every tablet) or the lease is lost (then stop at once and
+    raise ``Fenced``: another worker may already own the tablets; the process should exit and
+    a fresh one may start with a new lease and incarnation). With ``metrics_port`` (0: a free
+    one) it also serves ``/metrics`` and ``/status`` over HTTP (tabletstore.ops.status_http) and
+    passes their base URL to ``metrics_ready``."""
+    register_all()
+    stop = stop or asyncio.Event()
+    url = store_url or (await ClusterSettings.load(coordinator)).store_url
+    wid = worker_id or f"w-{uuid.uuid4().hex[:10]}"
+    metrics = WorkerMetrics(wid)  # observability: counted always, served with metrics_port
+    store = open_store(url, registry=metrics.registry)
+    transport = TcpTransport(timeout=60.0)  # to METADATA tablets on other workers
+    tablet_server = TabletServer(
+        wid,
+        "",
+        store=store,
+        coordinator=coordinator,
+        transport=transport,
+        options=options or WorkerOptions(lease_ttl=5.0, lease_safety_margin=1.0),
+        tablet_options=tablet_options,
+    )
+    metrics.observe_server(tablet_server)
+    handlers = metrics.instrument({name: getattr(tablet_server, name) for name in WORKER_METHODS})
+    server = RpcServer(handlers, host=host, port=port)
+    await server.start()
+    tablet_server.address = server.address
+    fenced = False
+    http: StatusServer | None = None
+    try:
+        if metrics_port is not None:
+            http = await serve_worker(tablet_server, metrics, host=host, port=metrics_port)
+            if metrics_ready is not None:
+                metrics_ready(http.url)
+        await tablet_server.start()
+        if ready is not None:
+            ready(tablet_server)
+        assert tablet_server.lease is not None
+        lease = tablet_server.lease
+        stopped = asyncio.ensure_future(stop.wait())
+        expired = asyncio.ensure_future(lease.wait_expired())
+        try:
+            await asyncio.wait({stopped, expired}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+            expired.cancel()
+        fenced = lease.expired and not stop.is_set()
+    finally:
+        if http is not None:
+            await http.close()
+        await server.close(grace=2.0)
+        # A worker whose lease is gone must not touch its tablets' records any more.
+        await tablet_server.stop(flush=not fenced)
+        await transport.close()
+        await store.close()
+    if fenced:
+        raise Fenced(f"worker {wid} lost its lease; its tablets are being reassigned")

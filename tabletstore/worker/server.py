@@ -1,0 +1,766 @@
+"""The tablet server: a stateless worker serving the tablets it holds claims for (§5.2, §5.3).
+
+All durable state is in the bucket (SSTables, commit-log segments) and the coordinator
+(schemas, tablet records, claims). A worker:
+
+1. takes a lease and registers ``servers/<worker-id>`` under it (the Chubby servers
+   directory, §5.2), and opens a fresh commit-log *incarnation* shared by all its tablets;
+2. on ``load_tablet``, claims the tablet (a key attached to its lease; the claim's creation
+   revision becomes the tablet's epoch), fences and replays the logs the tablet's record lists
+   (DESIGN.md §6 rule 4, §7) and starts serving;
+3. answers data requests for tablets it serves and ``NotServing`` for any other, so clients
+   refresh their cached locations (§5.1);
+   METADATA tablets are served like any other; the worker reaches the rows recording its own
+   tablets through a ``LocationCache`` over the same transport (possibly calling itself: no
+   lock a METADATA write needs is held across such a call);
+4. stops acknowledging writes before its lease can have expired (fencing rule 1).
+
+The request handlers are plain async methods named after the wire methods
+(``rpc.messages.WORKER_METHODS``); the transport (in-process or TCP) calls them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import multiprocessing
+import uuid
+from collections.abc import AsyncIterator, Coroutine
+from dataclasses import replace
+from typing import Any
+
+from tabletstore.client.location import LocationCache
+from tabletstore.clock import Clock, SystemClock
+from tabletstore.commitlog import CommitLogStats, CommitLogWriter, fence, replay_cells
+from tabletstore.coordination import paths
+from tabletstore.coordination.base import (
+    Coordinator,
+    Delete,
+    Lease,
+    Put,
+    absent,
+    create_revision_is,
+    mod_revision_is,
+)
+from tabletstore.data.model import Row
+from tabletstore.data.query import RowSet
+from tabletstore.data.schema import TableSchema
+from tabletstore.engine import split_key as splitting
+from tabletstore.engine.tablet import Tablet
+from tabletstore.errors import (
+    InvalidArgument,
+    NotFound,
+    NotServing,
+    TabletStoreError,
+    Unavailable,
+)
+from tabletstore.keys import Cell
+from tabletstore.metadata import rows as mt
+from tabletstore.metadata.catalog import Catalog
+from tabletstore.metadata.record import LogRef, TabletRecord
+from tabletstore.options import TabletOptions, WorkerOptions
+from tabletstore.rpc.inprocess import Transport
+from tabletstore.rpc.messages import (
+    WORKER_METHODS,
+    CheckAndMutateRequest,
+    CheckAndMutateResponse,
+    CompactTabletRequest,
+    EntryError,
+    LargeRow,
+    LoadTabletRequest,
+    MutateRowsRequest,
+    MutateRowsResponse,
+    ReadModifyWriteRequest,
+    ReadRowsRequest,
+    RowBatch,
+    RowPiece,
+    SampleRowKeysRequest,
+    SampleRowKeysResponse,
+    ServerStatusRequest,
+    ServerStatusResponse,
+    TabletStatus,
+    UnloadTabletRequest,
+    UpdateSchemaRequest,
+)
+from tabletstore.rpc.row_pieces import STREAM_ITEM_BYTES, UNARY_ROW_BYTES, row_bytes, split_row
+from tabletstore.sstable.block_cache import BlockCache, ScanCache
+from tabletstore.storage_s3.base import ObjectStore
+
+__all__ = ["TabletServer", "next_incarnation"]
+
+from tabletstore.worker.log import WorkerLog
+
+log = logging.getLogger(__name__)
+
+#: Seconds a stopping worker's last record updates wait for METADATA (see stop()).
+_STOP_METADATA_WAIT = 5.0
+
+#: Rows per streamed item of a scan, and a byte bound on one item: a larger row goes alone,
+#: in pieces of about that size (rpc.row_pieces).
+_ROWS_PER_BATCH = 256
+_BYTES_PER_BATCH = STREAM_ITEM_BYTES
+
+
+class _SelfFirst:
+    """The worker's transport to METADATA tablets: a call to its own address is a method call
+    (no socket; and still possible while stopping, after the RPC server closed, when its last
+    record updates may go to a METADATA tablet it serves itself)."""
+
+    def __init__(self, server: TabletServer, remote: Transport) -> None:
+        self._server = server
+        self._remote = remote
+
+    async def call(self, address: str, method: str, request: Any) -> Any:
+        if address == self._server.address and method in WORKER_METHODS:
+            return await getattr(self._server, method)(request)
+        return await self._remote.call(address, method, request)
+
+    async def stream(self, address: str, method: str, request: Any) -> AsyncIterator[Any]:
+        if address == self._server.address and method in WORKER_METHODS:
+            async for item in getattr(self._server, method)(request):
+                yield item
+            return
+        async for item in self._remote.stream(address, method, request):
+            yield item
+
+    async def close(self) -> None:
+        await self._remote.close()
+
+
+class TabletServer:
+    """One worker process's tablet server."""
+
+    def __init__(
+        self,
+        worker_id: str,
+        address: str,
+        *,
+        store: ObjectStore,
+        coordinator: Coordinator,
+        transport: Transport,
+        clock: Clock | None = None,
+        options: WorkerOptions | None = None,
+        tablet_options: TabletOptions | None = None,
+    ) -> None:
+        self.worker_id = worker_id
+        self.address = address
+        self._store = store
+        self._coord = coordinator
+        # Records of this worker's tablets are METADATA rows, reached over ``transport``.
+        self.locations = LocationCache(coordinator, _SelfFirst(self, transport))
+        self._catalog = Catalog(coordinator, metadata=self.locations)
+        self._clock = clock or SystemClock()
+        self._options = options or WorkerOptions()
+        self._tablet_options = tablet_options or TabletOptions()
+        self._block_cache = BlockCache(self._options.block_cache_bytes)
+        #: The §6 scan cache shared by every SSTable this worker opens (None: disabled).
+        self._scan_cache = (
+            ScanCache(self._options.scan_cache_rows) if self._options.scan_cache_rows > 0 else None
+        )
+        self._tablets: dict[tuple[str, str], Tablet] = {}
+        self._loading: dict[tuple[str, str], asyncio.Lock] = {}
+        self._requests: dict[tuple[str, str], int] = {}
+        #: The claim's create revision (the tablet's epoch) of every tablet claimed here.
+        self._epochs: dict[tuple[str, str], int] = {}
+        # Merging and major compactions run in worker processes when configured (§5.4), so
+        # serving never stalls on them. forkserver, never fork: this process runs threads.
+        self._executor: concurrent.futures.Executor | None = None
+        if self._options.compaction_processes > 0:
+            self._executor = concurrent.futures.ProcessPoolExecutor(
+                max_workers=self._options.compaction_processes,
+                mp_context=multiprocessing.get_context("forkserver"),
+            )
+        # Splits (awaited by stop()) and post-split major compactions (cancelled by it).
+        self._splits: set[asyncio.Task[None]] = set()
+        #: Set by stop(): no new split starts (it would change the tablets being closed).
+        self._stopping = False
+        self._compactions: set[asyncio.Task[None]] = set()
+        self._splitting: set[tuple[str, str]] = set()
+        #: Monotonic time before which a tablet born of a split does not split again.
+        self._split_after: dict[tuple[str, str], float] = {}
+        self._lease: Lease | None = None
+        self._keep_alive: object | None = None
+        self._writer: CommitLogWriter | None = None
+        self._log: WorkerLog | None = None
+        # Held while the log moves to a new incarnation, and while a tablet is opened and
+        # starts serving (so every served tablet's record lists the log it writes to).
+        self._log_switch = asyncio.Lock()
+        self._switching: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Take a lease, register in the servers directory, open a new log incarnation."""
+        self._lease = await self._coord.grant_lease(
+            self._options.lease_ttl, safety_margin=self._options.lease_safety_margin
+        )
+        self._keep_alive = self._lease.keep_alive()
+        await self._keep_alive.__aenter__()  # type: ignore[attr-defined]
+        await self._coord.put(
+            paths.server(self.worker_id), self.address.encode(), lease=self._lease
+        )
+        incarnation = await next_incarnation(self._coord, self.worker_id)
+        self._writer = CommitLogWriter(self._store, self.worker_id, incarnation, clock=self._clock)
+        self._writer.start()
+        self._log = WorkerLog(
+            self._writer, LogRef(self.worker_id, incarnation), self._lease, self._clock
+        )
+        self._log.on_failure = self._log_failed
+
+    async def stop(self, *, flush: bool = True) -> None:
+        """Stop serving: minor-compact every tablet (so nothing needs replay), release claims.
+
+        User tablets go first, then METADATA tablets, the root last: each one's final record
+        update is a write to the level above, which must still be served. That update waits
+        only briefly for a METADATA tablet that is not served (its worker stopping too, say):
+        a tablet whose flush fails keeps its logs listed and is recovered from them."""
+        self._catalog.retry_deadline = min(self._catalog.retry_deadline, _STOP_METADATA_WAIT)
+        self._stopping = True
+        if self._switching is not None:
+            with contextlib.suppress(Exception):
+                await self._switching
+        for task in list(self._compactions):  # optional work: redone after the next load
+            task.cancel()
+        await asyncio.gather(*self._splits, *self._compactions, return_exceptions=True)
+        # One at a time, deepest level first, re-reading the set each time: nothing may be
+        # left unclosed, whatever changed it while a tablet was being closed.
+        while self._tablets:
+            key = max(self._tablets, key=lambda k: mt.level(*k))
+            tablet = self._tablets.pop(key)
+            try:
+                await tablet.close(flush=flush)
+            except TabletStoreError as exc:
+                log.warning("closing tablet %s/%s: %s", key[0], key[1], exc)
+            await self._release_claim(key)
+        if self._writer is not None:
+            with contextlib.suppress(TabletStoreError):
+                await self._writer.close()
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+        if self._keep_alive is not None:
+            await self._keep_alive.__aexit__(None, None, None)  # type: ignore[attr-defined]
+        if self._lease is not None:
+            # A lease that already ended cannot be revoked; that is the state we want anyway.
+            with contextlib.suppress(TabletStoreError):
+                await self._lease.revoke()
+
+    @property
+    def lease(self) -> Lease | None:
+        return self._lease
+
+    @property
+    def tablets(self) -> dict[tuple[str, str], Tablet]:
+        return self._tablets
+
+    # Read by the metrics collectors (tabletstore.ops.metrics) at scrape time.
+    @property
+    def block_cache(self) -> BlockCache:
+        return self._block_cache
+
+    @property
+    def commit_log_stats(self) -> CommitLogStats | None:
+        return self._writer.stats if self._writer is not None else None
+
+    def _tablet(self, table_id: str, tablet_id: str) -> Tablet:
+        lease = self._lease
+        if lease is not None and (lease.expired or self._clock.monotonic() >= lease.safe_until()):
+            # Fencing rule 1 for reads too: a worker paused past its lease (SIGSTOP, a long
+            # GC pause) must not answer from a memtable whose tablet may have a new owner.
+            raise NotServing(
+                f"worker {self.worker_id}'s lease may have expired; its tablets may have moved"
+            )
+        tablet = self._tablets.get((table_id, tablet_id))
+        if tablet is None:
+            raise NotServing(f"worker {self.worker_id} does not serve tablet {tablet_id}")
+        self._requests[(table_id, tablet_id)] = self._requests.get((table_id, tablet_id), 0) + 1
+        return tablet
+
+    # ------------------------------------------------------------------ tablet assignment
+
+    async def load_tablet(self, req: LoadTabletRequest) -> None:
+        """Claim a tablet and serve it: fence and replay its logs first (§5.2, §5.3)."""
+        key = (req.table_id, req.tablet_id)
+        lock = self._loading.setdefault(key, asyncio.Lock())
+        async with lock:
+            if key in self._tablets:
+                return
+            assert self._lease is not None and self._log is not None
+            claim_key = paths.claim(req.table_id, req.tablet_id)
+            result = await self._coord.txn(
+                [absent(claim_key)],
+                [Put(claim_key, self.worker_id.encode(), lease_id=self._lease.id)],
+                [],
+            )
+            if not result.succeeded:
+                holder = await self._coord.get(claim_key)
+                if holder is None or holder.value != self.worker_id.encode():
+                    raise Unavailable(f"tablet {req.tablet_id} is still claimed by another worker")
+            claim = await self._coord.get(claim_key)
+            assert claim is not None
+            self._epochs[key] = claim.create_revision
+            try:
+                await self._load_claimed(req, claim.create_revision)
+            except BaseException:
+                await self._release_claim(key)
+                raise
+
+    async def _release_claim(self, key: tuple[str, str]) -> None:
+        """Delete our claim on a tablet — only if it is still ours (same epoch): after a lost
+        lease the key may already be a new owner's claim."""
+        epoch = self._epochs.pop(key, None)
+        if epoch is None:
+            return
+        claim_key = paths.claim(*key)
+        await self._coord.txn([create_revision_is(claim_key, epoch)], [Delete(claim_key)], [])
+
+    async def _load_claimed(self, req: LoadTabletRequest, epoch: int) -> None:
+        assert self._log is not None
+        try:
+            schema = (await self._catalog.table_by_id(req.table_id)).schema
+        except NotFound as exc:
+            raise NotServing(str(exc)) from exc
+        record = await self._catalog.get_tablet(req.table_id, req.tablet_id)
+        # Take the epoch first: from here on a previous owner's record updates are rejected.
+        owned = replace(record, epoch=epoch, location=self.address).with_event(
+            self._clock.time(), "assigned", self.worker_id
+        )
+        owned = await self._catalog.update(record, owned)
+        async with self._log_switch:
+            tablet = await self._open_tablet(owned, schema)
+            self._serve(tablet)
+
+    def _serve(self, tablet: Tablet) -> None:
+        tablet.on_compacted = self._compacted
+        self._tablets[(tablet.record.table_id, tablet.record.tablet_id)] = tablet
+        self._compacted(tablet)  # a tablet loaded past the split size splits now
+
+    async def _open_tablet(self, record: TabletRecord, schema: TableSchema) -> Tablet:
+        """Load a claimed tablet with this worker's log, caches and compaction pool."""
+        assert self._log is not None
+        return await Tablet.load(
+            record,
+            schema,
+            store=self._store,
+            log_sink=self._log,
+            catalog=self._catalog,
+            replay=self._replay,
+            clock=self._clock,
+            options=self._tablet_options,
+            block_cache=self._block_cache,
+            executor=self._executor,
+            scan_cache=self._scan_cache,
+        )
+
+    # ------------------------------------------------------------------ a failed commit log
+
+    def _log_failed(self) -> None:
+        """The commit log failed (a segment PUT failed for good, or recovery fenced it) while
+        this worker may still hold its lease: go on under a new incarnation (DESIGN.md §6)
+        rather than refuse every write for ever. Every tablet refuses writes at once."""
+        if self._stopping or (self._switching is not None and not self._switching.done()):
+            return
+        for tablet in self._tablets.values():
+            tablet.hold_writes()
+        self._switching = asyncio.ensure_future(self._switch_log())
+
+    async def _switch_log(self) -> None:
+        """Open the next incarnation and record it in every served tablet's record before the
+        tablet takes writes again: the root first (its record is in the coordinator), then
+        METADATA tablets, then user tablets (each one's record is a row served by the level
+        above). A tablet whose record cannot take the new log (Fenced: another worker owns it
+        now; or METADATA unreachable) is dropped without a flush; its logs stay listed and its
+        next owner recovers it from them."""
+        assert self._log is not None and self._lease is not None
+        async with self._log_switch:
+            old = self._log.writer
+            with contextlib.suppress(TabletStoreError):
+                await old.close()  # let the PUTs already sent settle
+            if self._lease.expired:
+                return  # run_worker stops this worker: its tablets are being recovered
+            try:
+                incarnation = await next_incarnation(self._coord, self.worker_id)
+            except TabletStoreError as exc:
+                log.error("cannot open a new commit-log incarnation: %s", exc)
+                await self._drop_all("no new commit log")
+                return
+            writer = CommitLogWriter(self._store, self.worker_id, incarnation, clock=self._clock)
+            writer.start()
+            self._writer = writer
+            self._log.switch(writer, LogRef(self.worker_id, incarnation))
+            log.warning(
+                "commit log %s/%s failed (%s); continuing under incarnation %s",
+                self.worker_id,
+                old.incarnation,
+                old.failed,
+                incarnation,
+            )
+            for key in sorted(self._tablets, key=lambda k: mt.level(*k)):
+                tablet = self._tablets.get(key)
+                if tablet is None:
+                    continue
+                try:
+                    await tablet.add_log(self._log.log_ref)
+                except TabletStoreError as exc:
+                    log.warning("tablet %s/%s dropped after the log failed: %s", *key, exc)
+                    await self._drop(key)
+
+    async def _drop(self, key: tuple[str, str]) -> None:
+        """Stop serving a tablet without a flush and release its claim (if still ours)."""
+        tablet = self._tablets.pop(key, None)
+        if tablet is not None:
+            with contextlib.suppress(TabletStoreError):
+                await tablet.close(flush=False)
+        with contextlib.suppress(TabletStoreError):
+            await self._release_claim(key)
+
+    async def _drop_all(self, why: str) -> None:
+        for key in sorted(self._tablets, key=lambda k: -mt.level(*k)):
+            log.warning("tablet %s/%s dropped: %s", *key, why)
+            await self._drop(key)
+
+    async def _replay(self, record: TabletRecord) -> AsyncIterator[Cell]:
+        """The tablet's cells past its redo point from every log its record lists (§5.3).
+        Any other log is fenced first (DESIGN.md §6 rule 4: its writer may be alive); this
+        worker's current log is read up to its durable prefix (it served the tablet before in
+        this incarnation, and fencing it would stop its own writes)."""
+        assert self._log is not None
+        for ref in record.logs:
+            if ref == self._log.log_ref:
+                cells = self._log.replay_own(record)
+            else:
+                await fence(self._store, ref.worker_id, ref.incarnation)
+                cells = replay_cells(
+                    self._store,
+                    ref.worker_id,
+                    ref.incarnation,
+                    record.table_id,
+                    record.start_row,
+                    record.end_row,
+                    record.redo_seq,
+                )
+            async for cell in cells:
+                yield cell
+
+    async def unload_tablet(self, req: UnloadTabletRequest) -> None:
+        """Stop serving a tablet; minor-compact it first so the next owner replays nothing.
+        Waits for a split of it under way (then there is nothing left to unload)."""
+        key = (req.table_id, req.tablet_id)
+        async with self._loading.setdefault(key, asyncio.Lock()):
+            tablet = self._tablets.pop(key, None)
+            if tablet is None:
+                return
+            try:
+                await tablet.close(flush=req.flush)
+            finally:
+                await self._release_claim(key)
+
+    # ------------------------------------------------------------------ splits (§5.2)
+
+    @staticmethod
+    def _spawn(tasks: set[asyncio.Task[None]], coro: Coroutine[object, object, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    def _compacted(self, tablet: Tablet) -> None:
+        """After each compaction of a tablet: split it in the background if it has grown
+        past the split size. METADATA tablets are split only when created (Master's
+        ``metadata_splits``), never here."""
+        rec = tablet.record
+        key = (rec.table_id, rec.tablet_id)
+        if (
+            self._stopping
+            or mt.level(*key) != 3
+            or key in self._splitting
+            or self._tablets.get(key) is not tablet
+            or self._clock.monotonic() < self._split_after.get(key, 0.0)
+            or not splitting.should_split(rec, self._tablet_options.split_bytes)
+        ):
+            return
+        self._splitting.add(key)
+        self._spawn(self._splits, self._split(key))
+
+    async def _split(self, key: tuple[str, str]) -> None:
+        try:
+            async with self._loading.setdefault(key, asyncio.Lock()):
+                await self._split_locked(key)
+        except TabletStoreError as exc:
+            log.warning("split of tablet %s/%s failed: %s", key[0], key[1], exc)
+        finally:
+            self._splitting.discard(key)
+
+    # REQUIRES: self._loading[key] held.
+    async def _split_locked(self, key: tuple[str, str]) -> None:
+        """Split a served tablet in two (§5.2): stop its writes and flush it, claim the two
+        children, commit them in place of the parent through the catalog (one atomic step),
+        then serve them here. The master needs no notice: the children are claimed and
+        located; its next round sees them in METADATA like any other tablet."""
+        tablet = self._tablets.get(key)
+        if tablet is None:
+            return
+        split_key = await tablet.split_key()
+        if split_key is None:
+            return
+        ids = (f"t{uuid.uuid4().hex[:12]}", f"t{uuid.uuid4().hex[:12]}")
+        outcome = "failed"
+        try:
+            # Leaving this block normally closes the parent; raising resumes its writes.
+            async with tablet.splitting() as parent:
+                epochs = [await self._claim((key[0], i)) for i in ids]
+                children = splitting.split_records(
+                    parent,
+                    split_key,
+                    left_id=ids[0],
+                    right_id=ids[1],
+                    left_epoch=epochs[0],
+                    right_epoch=epochs[1],
+                    location=self.address,
+                    at=self._clock.time(),
+                )
+                try:
+                    await self._catalog.replace_tablets([parent], list(children))
+                    outcome = "committed"
+                except TabletStoreError:
+                    outcome = await self._split_outcome(children[1])
+                    if outcome == "failed":
+                        raise
+        except BaseException:
+            for i in ids:
+                await self._release_claim((key[0], i))
+            raise
+        self._tablets.pop(key, None)
+        await self._release_claim(key)
+        if outcome == "unknown":
+            # Parent or children: whichever METADATA holds, the master assigns it. Neither
+            # needs a log (the parent was flushed), so nothing is lost either way.
+            log.error("split of tablet %s/%s may or may not have committed", *key)
+            for i in ids:
+                await self._release_claim((key[0], i))
+            return
+        log.info("split tablet %s/%s at %r into %s, %s", *key, split_key, *ids)
+        for child in children:
+            await self._serve_child(child)
+
+    async def _split_outcome(self, child: TabletRecord) -> str:
+        """After a split commit raised: "committed" if it was applied anyway (an ambiguous
+        failure), "failed" if not, "unknown" if METADATA cannot tell now."""
+        try:
+            stored = await self._catalog.get_tablet(child.table_id, child.tablet_id)
+        except NotFound:
+            return "failed"
+        except TabletStoreError:
+            return "unknown"
+        return "committed" if stored.epoch == child.epoch else "failed"
+
+    async def _claim(self, key: tuple[str, str]) -> int:
+        """Claim a tablet nobody has claimed (a split's new child); returns the epoch."""
+        assert self._lease is not None
+        claim_key = paths.claim(*key)
+        result = await self._coord.txn(
+            [absent(claim_key)],
+            [Put(claim_key, self.worker_id.encode(), lease_id=self._lease.id)],
+            [],
+        )
+        if not result.succeeded:
+            raise Unavailable(f"tablet {key[1]} is already claimed")
+        claim = await self._coord.get(claim_key)
+        assert claim is not None
+        self._epochs[key] = claim.create_revision
+        return claim.create_revision
+
+    async def _serve_child(self, record: TabletRecord) -> None:
+        """Serve a child of a split this worker committed, then major-compact it in the
+        background so it stops sharing its parent's SSTables (its size becomes its own)."""
+        key = (record.table_id, record.tablet_id)
+        assert self._log is not None
+        try:
+            schema = (await self._catalog.table_by_id(record.table_id)).schema
+            async with self._log_switch:
+                tablet = await self._open_tablet(record, schema)
+                self._split_after[key] = self._clock.monotonic() + self._options.split_cooldown
+                self._serve(tablet)
+        except TabletStoreError as exc:
+            # Committed but not served: let the master assign it (it recovers from the logs).
+            log.warning("serving split child %s failed: %s", record.tablet_id, exc)
+            await self._release_claim(key)
+            return
+        self._spawn(self._compactions, self._compact_child(tablet))
+
+    async def _compact_child(self, tablet: Tablet) -> None:
+        try:
+            await tablet.major_compact()
+        except TabletStoreError as exc:
+            log.info("major compaction after split of %s: %s", tablet.record.tablet_id, exc)
+            return
+        # Still too big? Split again once the cool-down is over (no compaction may come).
+        key = (tablet.record.table_id, tablet.record.tablet_id)
+        wait = self._split_after.get(key, 0.0) - self._clock.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        self._split_after.pop(key, None)
+        self._compacted(tablet)
+
+    async def compact_tablet(self, req: CompactTabletRequest) -> None:
+        tablet = self._tablet(req.table_id, req.tablet_id)
+        if req.major:
+            await tablet.major_compact()
+        else:
+            await tablet.minor_compact()
+            await tablet.merge_if_needed()
+
+    async def update_schema(self, req: UpdateSchemaRequest) -> None:
+        info = await self._catalog.get_table(req.table_name)
+        for (table_id, _), tablet in self._tablets.items():
+            if table_id == info.table_id:
+                tablet.set_schema(info.schema)
+
+    # ------------------------------------------------------------------ data
+
+    async def mutate_rows(self, req: MutateRowsRequest) -> MutateRowsResponse:
+        """Apply each row mutation atomically; report failures per entry (§3 batches)."""
+        tablet = self._tablet(req.table_id, req.tablet_id)
+
+        async def one(i: int) -> EntryError | None:
+            entry = req.entries[i]
+            try:
+                await tablet.apply(entry.row, entry.mutations, identity=req.identity)
+            except TabletStoreError as exc:
+                return EntryError(i, type(exc).__name__, str(exc))
+            return None
+
+        if len(req.entries) == 1:
+            results = [await one(0)]
+        else:
+            # Concurrent applies share commit-log PUTs (group commit).
+            results = await asyncio.gather(*(one(i) for i in range(len(req.entries))))
+        return MutateRowsResponse(tuple(e for e in results if e is not None))
+
+    async def read_rows(self, req: ReadRowsRequest) -> AsyncIterator[RowBatch | RowPiece]:
+        """Stream the requested rows of one tablet in key order, in items of bounded size:
+        whole rows in batches, a row larger than one item alone in pieces (rpc.row_pieces)."""
+        tablet = self._tablet(req.table_id, req.tablet_id)
+        families = set(req.families) if req.families is not None else None
+        remaining = req.limit
+        batch: list[Row] = []
+        size = 0
+        async for row in self._rows(tablet, req, families):
+            if remaining is not None:
+                remaining -= 1
+            row_size = row_bytes(row)
+            if row_size > _BYTES_PER_BATCH:
+                if batch:
+                    yield RowBatch(tuple(batch))
+                    batch, size = [], 0
+                for piece in split_row(row, _BYTES_PER_BATCH):
+                    yield piece
+            else:
+                batch.append(row)
+                size += row_size
+                if len(batch) >= _ROWS_PER_BATCH or size >= _BYTES_PER_BATCH:
+                    yield RowBatch(tuple(batch))
+                    batch, size = [], 0
+            if remaining is not None and remaining <= 0:
+                break
+        if batch:
+            yield RowBatch(tuple(batch))
+
+    async def _rows(
+        self, tablet: Tablet, req: ReadRowsRequest, families: set[str] | None
+    ) -> AsyncIterator[Row]:
+        """The request's keys and ranges, visited in key order (RowSet's normal form)."""
+        for piece in RowSet(req.keys, req.ranges).pieces():
+            if isinstance(piece, bytes):
+                if not tablet.contains(piece):
+                    continue
+                row = await tablet.read_row(
+                    piece, filter=req.filter, families=families, identity=req.identity
+                )
+                if row is not None:
+                    yield row
+            else:
+                async for row in tablet.scan(
+                    piece, filter=req.filter, families=families, identity=req.identity
+                ):
+                    yield row
+
+    async def read_row(self, req: ReadRowsRequest) -> RowBatch | LargeRow:
+        """A point read (``req.keys[0]``) answered in one reply: no stream to set up. A row
+        too large for one reply is answered ``LargeRow``: the client streams it instead."""
+        tablet = self._tablet(req.table_id, req.tablet_id)
+        if len(req.keys) != 1 or req.ranges:
+            raise InvalidArgument("read_row takes exactly one row key and no ranges")
+        families = set(req.families) if req.families is not None else None
+        row = await tablet.read_row(
+            req.keys[0], filter=req.filter, families=families, identity=req.identity
+        )
+        if row is None:
+            return RowBatch(())
+        size = row_bytes(row)
+        return RowBatch((row,)) if size <= UNARY_ROW_BYTES else LargeRow(row.key, size)
+
+    async def check_and_mutate(self, req: CheckAndMutateRequest) -> CheckAndMutateResponse:
+        tablet = self._tablet(req.table_id, req.tablet_id)
+        matched = await tablet.check_and_mutate(
+            req.row,
+            req.predicate,
+            req.true_mutations,
+            req.false_mutations,
+            identity=req.identity,
+        )
+        return CheckAndMutateResponse(matched)
+
+    async def read_modify_write(self, req: ReadModifyWriteRequest) -> Row:
+        tablet = self._tablet(req.table_id, req.tablet_id)
+        return await tablet.read_modify_write(req.row, req.rules, identity=req.identity)
+
+    async def sample_row_keys(self, req: SampleRowKeysRequest) -> SampleRowKeysResponse:
+        """Keys that split the tablet into parts of roughly equal size (SSTable boundaries)."""
+        tablet = self._tablet(req.table_id, req.tablet_id)
+        record = tablet.record
+        keys: list[bytes] = []
+        offsets: list[int] = []
+        offset = 0
+        refs = sorted(
+            (ref for refs in record.sstables.values() for ref in refs), key=lambda r: r.last_row
+        )
+        for ref in refs:
+            offset += ref.size
+            keys.append(ref.last_row)
+            offsets.append(offset)
+        if record.end_row is not None:
+            keys.append(record.end_row)
+        else:
+            keys.append(b"")
+        offsets.append(offset + tablet.state.memtable.approximate_size)
+        return SampleRowKeysResponse(tuple(keys), tuple(offsets))
+
+    async def server_status(self, req: ServerStatusRequest) -> ServerStatusResponse:
+        tablets = tuple(
+            TabletStatus(
+                table_id=t.record.table_id,
+                tablet_id=t.record.tablet_id,
+                start_row=t.record.start_row,
+                end_row=t.record.end_row,
+                sstables=sum(len(v) for v in t.record.sstables.values()),
+                sstable_bytes=t.record.size,
+                memtable_bytes=t.state.memtable.approximate_size,
+                requests=self._requests.get(key, 0),
+            )
+            for key, t in self._tablets.items()
+        )
+        return ServerStatusResponse(self.worker_id, self.address, tablets)
+
+
+async def next_incarnation(coordinator: Coordinator, worker_id: str) -> int:
+    """A fresh incarnation number for ``worker_id``: a counter in the coordinator, bumped by
+    compare-and-swap, so no two incarnations of a worker ever share a commit log."""
+    key = paths.setting(f"incarnation.{worker_id}")
+    while True:
+        kv = await coordinator.get(key)
+        current = int(kv.value) if kv is not None else -1
+        compare = mod_revision_is(key, kv.mod_revision) if kv is not None else absent(key)
+        result = await coordinator.txn([compare], [Put(key, str(current + 1).encode())], [])
+        if result.succeeded:
+            return current + 1
