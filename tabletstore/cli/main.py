@@ -631,12 +631,18 @@ def local_stack() -> None:
     show_default=True,
     help="Also start a master and this many tablet-server workers.",
 )
-def local_stack_up(directory: Path, s3_url: str | None, workers: int) -> None:
-    """Start the stack and print the URLs to use."""
+@click.option(
+    "--metrics",
+    is_flag=True,
+    help="Print a Prometheus scrape configuration for every process (also written to "
+    "DIR/prometheus.yml); the Grafana dashboard is tabletstore/ops/grafana/tabletstore.json.",
+)
+def local_stack_up(directory: Path, s3_url: str | None, workers: int, metrics: bool) -> None:
+    """Start the stack and print the URLs to use (with --workers, the status page's too)."""
     try:
         stack = localstack.up(directory, s3_url=s3_url, workers=workers)
     except TabletStoreError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise Failure(str(exc)) from exc
     click.echo(f"local stack is up in {stack.dir}")
     click.echo(f"  etcd URL:     {stack.etcd_url}")
     click.echo(f"  S3 endpoint:  {stack.s3_endpoint}")
@@ -649,6 +655,14 @@ def local_stack_up(directory: Path, s3_url: str | None, workers: int) -> None:
     click.echo("environment:")
     for name, value in localstack.environment(stack).items():
         click.echo(f"  export {name}={value}")
+    if metrics:
+        config = localstack.prometheus_config(stack)
+        path = Path(stack.dir) / "prometheus.yml"
+        path.write_text(config)
+        click.echo(f"Prometheus scrape configuration (also in {path}):")
+        click.echo(config, nl=False)
+    if stack.status_page is not None:
+        click.echo(f"status page: {stack.status_page}")
 
 
 @local_stack.command("status")
@@ -658,7 +672,7 @@ def local_stack_status(directory: Path) -> None:
     try:
         rows = localstack.status(directory)
     except TabletStoreError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise Failure(str(exc)) from exc
     click.echo(f"{'ROLE':<10} {'PID':<8} {'ALIVE':<6} URL")
     for record, alive in rows:
         click.echo(f"{record.role:<10} {record.pid:<8} {'yes' if alive else 'no':<6} {record.url}")
@@ -671,7 +685,7 @@ def local_stack_down(directory: Path) -> None:
     try:
         stopped = localstack.down(directory)
     except TabletStoreError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise Failure(str(exc)) from exc
     for record in stopped:
         click.echo(f"stopped {record.role} (pid {record.pid})")
     click.echo("local stack is down")
