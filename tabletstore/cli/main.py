@@ -34,6 +34,9 @@ it (closing minor-compacts, so the next open is quick)::
         (master and worker: --metrics-port P serves /metrics and /status over HTTP)
     tabletstore status                                 master, workers, tablets, events
 
+On a terminal, import, export, flush and compact show a progress bar on stderr
+(:mod:`tabletstore.cli.progress`); otherwise they print only their result.
+
 Failures print one line, ``tabletstore: <what went wrong>``, on stderr and exit 1 (a usage
 mistake click detects itself exits 2 with click's usage message); a TabletStoreError never
 prints a traceback.
@@ -48,21 +51,20 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table as RichTable
 
 from tabletstore.cli import cbtsyntax as cbt
 from tabletstore.cli import demo as webtable_demo
 from tabletstore.cli import localstack, tablecsv
-from tabletstore.client.client import MutationsFailed
+from tabletstore.cli.progress import Unit, progress_bar
+from tabletstore.client.client import CompactionProgress, MutationsFailed
 from tabletstore.clock import SystemClock
 from tabletstore.coordination import open_coordinator
 from tabletstore.data.filters import CellsPerColumnLimit, CellsPerRowLimit, Chain, StripValue
@@ -236,14 +238,30 @@ def setgcpolicy_cmd(table: str, family: str, policy: tuple[str, ...]) -> None:
 @_table_arg
 def flush_cmd(table: str) -> None:
     """Minor-compact every tablet of a table (memtables to SSTables, §5.4)."""
-    _run(lambda db: db.flush(table))
+    _run(lambda db: _compact(db, table, major=False))
 
 
 @main.command("compact")
 @_table_arg
 def compact_cmd(table: str) -> None:
     """Major-compact every tablet of a table (one SSTable, deletions dropped, §5.4)."""
-    _run(lambda db: db.compact(table))
+    _run(lambda db: _compact(db, table, major=True))
+
+
+def _compact(db: SyncDatabase, table: str, *, major: bool) -> None:
+    """Compact tablet by tablet with a bar: tablets for a flush; for a major compaction the
+    SSTable bytes it reads and rewrites."""
+    unit: Unit = "bytes" if major else "tablets"
+    with progress_bar("compacting" if major else "flushing", unit=unit) as bar:
+
+        def show(p: CompactionProgress) -> None:
+            if major:
+                bar.update(completed=p.bytes_done, total=max(p.bytes_total, p.bytes_done))
+            else:
+                bar.update(completed=p.tablets_done, total=max(p.tablets_total, p.tablets_done))
+            bar.update(note=f"{p.tablets_done}/{p.tablets_total} tablets")
+
+        db.compact_tablets(table, major=major, progress=show)
 
 
 @main.command("gc")
@@ -459,27 +477,10 @@ class _ImportStats:
     failures: list[str] = field(default_factory=list)
 
 
-@contextmanager
-def _progress() -> Iterator[Progress]:
-    """A progress bar on a terminal's stderr; nothing when stderr is not a terminal."""
-    console = Console(stderr=True)
-    progress = Progress(
-        TextColumn("importing"),
-        BarColumn(),
-        DownloadColumn(),
-        TimeRemainingColumn(),
-        console=console,
-        disable=not console.is_terminal,
-        transient=True,
-    )
-    with progress:
-        yield progress
-
-
 def _import(db: SyncDatabase, name: str, file: Path, plan: _ImportPlan) -> _ImportStats:
     schema = db.describe_table(name)
-    with open(file, "rb") as raw, _progress() as progress:
-        task = progress.add_task("import", total=os.path.getsize(file))
+    size = os.path.getsize(file)
+    with open(file, "rb") as raw, progress_bar("importing", unit="bytes", total=size) as bar:
         reader = csv.reader(io.TextIOWrapper(raw, encoding="utf-8", newline=""))
         try:
             return _import_records(
@@ -488,7 +489,9 @@ def _import(db: SyncDatabase, name: str, file: Path, plan: _ImportPlan) -> _Impo
                 reader,
                 plan,
                 file,
-                on_batch=lambda: progress.update(task, completed=raw.tell()),
+                on_batch=lambda stats: bar.update(
+                    completed=raw.tell(), note=f"{stats.rows:,} rows"
+                ),
             )
         except (csv.Error, UnicodeDecodeError) as exc:
             msg = f"{file}:{reader.line_num}: not a readable CSV file: {exc}"
@@ -501,7 +504,7 @@ def _import_records(
     reader: Any,
     plan: _ImportPlan,
     file: Path,
-    on_batch: Callable[[], object],
+    on_batch: Callable[[_ImportStats], object],
 ) -> _ImportStats:
     """Parse the header, then write the records in batches of ``plan.batch_size`` rows."""
     head: list[list[str]] = [next(reader, [])]
@@ -525,7 +528,7 @@ def _import_records(
             batch.append((reader.line_num, mutation))
         if len(batch) >= plan.batch_size:
             _write_batch(table, batch, stats, file)
-            on_batch()
+            on_batch(stats)
             batch = []
     _write_batch(table, batch, stats, file)
     return stats
@@ -585,20 +588,27 @@ def _export(
     table: Any, out: IO[str], selection: dict[str, bytes], encoding: tablecsv.Encoding
 ) -> int:
     # Two passes: the header needs every column before the first record is written, and a
-    # stripped first pass finds them without holding the table in memory.
+    # stripped first pass finds them without holding the table in memory. It also counts the
+    # rows, the second pass's bar's total.
     newest = CellsPerColumnLimit(1)
     found: set[tablecsv.Column] = set()
-    for row in table.read_rows(filter=Chain([newest, StripValue()]), **selection):
-        found.update((c.family, c.qualifier) for c in row.cells)
+    rows = 0
+    with progress_bar("scanning", unit="rows") as bar:
+        for row in table.read_rows(filter=Chain([newest, StripValue()]), **selection):
+            found.update((c.family, c.qualifier) for c in row.cells)
+            rows += 1
+            bar.advance()
     columns = sorted(found)
     # The default CRLF terminator (RFC 4180) also makes the writer quote fields holding a
     # lone "\r", which a "\n" terminator would leave bare and a reader would split on.
     writer = csv.writer(out)
     writer.writerow(tablecsv.header_record(columns))
     count = 0
-    for row in table.read_rows(filter=newest, **selection):
-        writer.writerow(tablecsv.row_to_record(row, columns, encoding))
-        count += 1
+    with progress_bar("exporting", unit="rows", total=rows) as bar:
+        for row in table.read_rows(filter=newest, **selection):
+            writer.writerow(tablecsv.row_to_record(row, columns, encoding))
+            count += 1
+            bar.update(completed=count, total=max(rows, count))
     return count
 
 
