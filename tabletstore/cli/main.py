@@ -136,12 +136,26 @@ def _run(body: Callable[[SyncDatabase], T]) -> T:
     assert obj is not None, "verbs run under main"
     try:
         db = connect(obj.url, identity=obj.identity)
+    except TabletStoreError as exc:
+        raise Failure(str(exc)) from exc
+    except OSError as exc:  # a file:// database in a directory that cannot be made or used
+        raise Failure(f"cannot open the database at {obj.url!r}: {_os_error(exc)}") from exc
+    try:
         try:
             return body(db)
         finally:
             db.close()
     except TabletStoreError as exc:
         raise Failure(str(exc)) from exc
+    except BrokenPipeError:
+        raise  # the reader went away (``| head``): click exits quietly
+    except OSError as exc:  # e.g. the output's disk is full
+        raise Failure(_os_error(exc)) from exc
+
+
+def _os_error(exc: OSError) -> str:
+    where = f": {exc.filename}" if exc.filename else ""
+    return f"{exc.strerror or exc}{where}"
 
 
 def _failing(fn: Callable[[], T]) -> T:
@@ -714,8 +728,12 @@ def _cluster_url() -> str:
     return obj.url
 
 
-def _serve(run: Callable[[Any, asyncio.Event], Awaitable[None]]) -> None:
-    """Run a long-lived process body until SIGINT/SIGTERM; one-line failure otherwise."""
+def _serve(run: Callable[[Any, asyncio.Event], Awaitable[None]], *, store: str | None) -> None:
+    """Run a long-lived process body until SIGINT/SIGTERM; one-line failure otherwise.
+
+    The coordinator and the object store (``store``, else the cluster's) are checked first:
+    a missing bucket, unusable credentials or an unreachable endpoint end the process at once
+    with one line saying so, rather than in a loop of failed commit-log and SSTable writes."""
     url = _cluster_url()
 
     async def main_async() -> None:
@@ -726,6 +744,7 @@ def _serve(run: Callable[[Any, asyncio.Event], Awaitable[None]]) -> None:
             loop.add_signal_handler(sig, stop.set)
         try:
             await coordinator.check()
+            await _check_store(coordinator, store)
             await run(coordinator, stop)
         finally:
             await coordinator.close()
@@ -734,6 +753,21 @@ def _serve(run: Callable[[Any, asyncio.Event], Awaitable[None]]) -> None:
         _run_loop(main_async())
     except TabletStoreError as exc:
         raise Failure(str(exc)) from exc
+
+
+async def _check_store(coordinator: Any, store: str | None) -> None:
+    """``store`` (else the cluster's, NotFound when no master recorded one) answers: its
+    endpoint is reachable, the credentials work and the bucket exists."""
+    url = store if store is not None else (await ClusterSettings.load(coordinator)).store_url
+    opened = open_store(url)
+    try:
+        # Every store open_store builds has check() (storage_s3.open_store); the ObjectStore
+        # protocol does not declare it.
+        check: Callable[[], Awaitable[None]] | None = getattr(opened, "check", None)
+        if check is not None:
+            await check()
+    finally:
+        await opened.close()
 
 
 def _run_loop(coro: Coroutine[Any, Any, None]) -> None:
@@ -793,7 +827,8 @@ def master_cmd(
             ready=ready,
             metrics_port=metrics_port,
             metrics_ready=_metrics_ready,
-        )
+        ),
+        store=store,
     )
 
 
@@ -864,7 +899,8 @@ def worker_cmd(
             ready=ready,
             metrics_port=metrics_port,
             metrics_ready=_metrics_ready,
-        )
+        ),
+        store=store,
     )
 
 
