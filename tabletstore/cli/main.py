@@ -75,6 +75,7 @@ from tabletstore.errors import InvalidArgument, TabletStoreError
 from tabletstore.master.gc import GcReport, collect
 from tabletstore.master.gc_plan import DEFAULT_GRACE
 from tabletstore.metadata.catalog import ClusterSettings
+from tabletstore.ops.views import page_urls
 from tabletstore.storage_s3 import open_store
 
 __all__ = ["DEFAULT_URL", "CliContext", "main"]
@@ -909,7 +910,7 @@ def worker_cmd(
 def status_cmd(events: int) -> None:
     """The cluster: master, workers and their tablets (size, load), recent tablet events."""
 
-    def body(db: SyncDatabase) -> None:
+    def body(db: SyncDatabase) -> str | None:
         st = db.status(events=events)
         console = Console()
         console.print(f"master: {st.master or '(embedded)'}")
@@ -938,8 +939,24 @@ def status_cmd(events: int) -> None:
         for at, where, kind, detail in st.events:
             stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
             console.print(f"{stamp}  {where:<30} {kind:<20} {detail}")
+        master: str | None = st.master
+        return master
 
-    _run(body)
+    master = _run(body)
+    obj = click.get_current_context().find_object(CliContext)
+    if master and obj is not None and obj.url.startswith("etcd://"):
+        page = _failing(lambda: asyncio.run(_master_page(obj.url, master)))
+        if page is not None:
+            click.echo(f"status page: {page}/")
+
+
+async def _master_page(url: str, master: str) -> str | None:
+    """The leading master's status page, if it serves one (``--metrics-port``)."""
+    coordinator = open_coordinator(url)
+    try:
+        return (await page_urls(coordinator, "master")).get(master)
+    finally:
+        await coordinator.close()
 
 
 from tabletstore.bigtable_api.cli import bigtable_api  # noqa: E402  (imports no grpc)

@@ -153,7 +153,9 @@ def point_between(old: Sample, new: Sample) -> ChartPoint | None:
 
 
 class History:
-    """One worker's last ``capacity`` samples."""
+    """One worker's last ``capacity`` samples. Only the last two keep their per-tablet counts
+    (all the tablets' rates need), so a worker with many tablets costs ``capacity`` small
+    samples plus two tablet maps."""
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
         if capacity < 2:
@@ -161,6 +163,9 @@ class History:
         self._samples: deque[Sample] = deque(maxlen=capacity)
 
     def add(self, sample: Sample) -> None:
+        if len(self._samples) >= 2:
+            older = self._samples[-2]
+            self._samples[-2] = Sample(older.at, older.totals, {})
         self._samples.append(sample)
 
     def __len__(self) -> int:

@@ -166,15 +166,23 @@ async def master_status(
     )
 
 
-async def _tablet_events(catalog: Catalog) -> list[EventInfo]:
-    """Every event the user tables' tablet records carry, oldest first."""
+async def _tablet_events(catalog: Catalog, *, durations: bool = False) -> list[EventInfo]:
+    """Every event the user tables' tablet records carry, oldest first. ``durations``: a
+    ``loaded`` event's detail also says how long after its ``assigned`` event it came (the
+    load, the recovery's log replay included, §5.2)."""
     recent: list[EventInfo] = []
     for info in await catalog.list_tables():
         for rec in await catalog.list_tablets(info.table_id):
             name = f"{info.schema.name}/{rec.tablet_id}"
-            recent.extend(
-                EventInfo(at=e.at, tablet=name, kind=e.kind, detail=e.detail) for e in rec.events
-            )
+            assigned: float | None = None
+            for e in rec.events:
+                detail = e.detail
+                if e.kind == "assigned":
+                    assigned = e.at
+                elif e.kind == "loaded" and durations and assigned is not None:
+                    detail = f"{detail} ({e.at - assigned:.2f} s after its assignment)"
+                    assigned = None
+                recent.append(EventInfo(at=e.at, tablet=name, kind=e.kind, detail=detail))
     recent.sort(key=lambda e: e.at)
     return recent
 
@@ -332,7 +340,7 @@ async def cluster_view(
     """Everything on the master's page."""
     status = await master_status(master, metrics, address=address, metrics_url=metrics_url)
     pages = await page_urls(coordinator, "worker")
-    events = [*(await _tablet_events(master.catalog)), *_gc_events(metrics)]
+    events = [*(await _tablet_events(master.catalog, durations=True)), *_gc_events(metrics)]
     events.sort(key=lambda e: e.at, reverse=True)
     return ClusterView(
         generated_at=time.time(),

@@ -56,3 +56,13 @@ def test_up_prints_the_status_page_and_a_scrape_configuration(stack_dir: Path) -
         assert kind.startswith("text/plain")
     for record in served:
         assert b"tabletstore_process_info" in get(f"{record.metrics_url}/metrics")[1]
+
+    # `tabletstore status` points at the same page.
+    assert stack.cluster_url is not None
+    status = subprocess.run(
+        [sys.executable, "-m", "tabletstore.cli.main", "--url", stack.cluster_url, "status"],
+        capture_output=True, text=True, timeout=60,
+        env={**os.environ, **localstack.environment(stack)},
+    )  # fmt: skip
+    assert status.returncode == 0, status.stderr
+    assert f"status page: {page[0]}" in status.stdout.splitlines(), status.stdout

@@ -94,6 +94,8 @@ def test_history_is_bounded_and_gives_tablet_rates() -> None:
     assert len(h) == 3 and len(h.points()) == 2
     assert h.requests_per_second() == 10
     assert h.tablet_rates() == {"t/a": 4.0, "t/b": 0.0}
+    # Only the last two samples keep their tablet counts (bounded memory).
+    assert [len(s.tablet_requests) for s in h._samples] == [0, 2, 2]
     with pytest.raises(InvalidArgument):
         History(capacity=1)
 
@@ -184,6 +186,8 @@ async def test_the_cluster_view_and_page_of_an_embedded_database() -> None:
     assert all(t.worker == "embedded" for t in table.tablets)
     assert view.events[0].at >= view.events[-1].at  # newest first
     assert any(e.kind == "gc_round" and "of 9 listed" in e.detail for e in view.events)
+    loads = [e for e in view.events if e.kind == "loaded"]
+    assert loads and all("s after its assignment)" in e.detail for e in loads)
     ClusterView.model_validate_json(view.model_dump_json())
 
     html = render_master(view, sampler.charts())
