@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 import aiohttp
@@ -23,7 +23,8 @@ import aiohttp
 from tabletstore.coordination import paths
 from tabletstore.coordination.base import Coordinator, Lease
 from tabletstore.errors import InvalidArgument, TabletStoreError
-from tabletstore.metadata.catalog import Catalog
+from tabletstore.metadata.catalog import Catalog, TableInfo
+from tabletstore.metadata.record import TabletRecord
 from tabletstore.ops.history import Reading, Sampler, request_totals, tablet_key
 from tabletstore.ops.metrics import MasterMetrics, WorkerMetrics
 from tabletstore.ops.status_api import (
@@ -145,10 +146,14 @@ async def master_status(
     address: str,
     metrics_url: str | None = None,
     events: int = DEFAULT_EVENTS,
+    tables: Sequence[TableRecords] | None = None,
 ) -> MasterStatus:
     """A master's status: leadership, live workers, the last assignment round, and the most
-    recent tablet events (read from the catalog, so a standby shows them too)."""
-    recent = await _tablet_events(master.catalog)
+    recent tablet events (read from the catalog, so a standby shows them too; ``tables``:
+    already read)."""
+    if tables is None:
+        tables = await _read_tables(master.catalog)
+    recent = _tablet_events(tables)
     last = metrics.last_round
     return MasterStatus(
         id=metrics.process_id,
@@ -166,13 +171,25 @@ async def master_status(
     )
 
 
-async def _tablet_events(catalog: Catalog, *, durations: bool = False) -> list[EventInfo]:
-    """Every event the user tables' tablet records carry, oldest first. ``durations``: a
-    ``loaded`` event's detail also says how long after its ``assigned`` event it came (the
-    load, the recovery's log replay included, §5.2)."""
+#: A table and its tablets' records, as the catalog lists them.
+TableRecords = tuple[TableInfo, list[TabletRecord]]
+
+
+async def _read_tables(catalog: Catalog) -> list[TableRecords]:
+    """Every user table with its tablets' records (one METADATA scan per table)."""
+    return [
+        (info, await catalog.list_tablets(info.table_id))
+        for info in sorted(await catalog.list_tables(), key=lambda i: i.schema.name)
+    ]
+
+
+def _tablet_events(tables: Sequence[TableRecords], *, durations: bool = False) -> list[EventInfo]:
+    """Every event the tablet records carry, oldest first. ``durations``: a ``loaded`` event's
+    detail also says how long after its ``assigned`` event it came (the load, the recovery's
+    log replay included, §5.2)."""
     recent: list[EventInfo] = []
-    for info in await catalog.list_tables():
-        for rec in await catalog.list_tablets(info.table_id):
+    for info, records in tables:
+        for rec in records:
             name = f"{info.schema.name}/{rec.tablet_id}"
             assigned: float | None = None
             for e in rec.events:
@@ -271,7 +288,10 @@ def _worker_infos(live: Mapping[str, str], sampler: Sampler) -> list[WorkerInfo]
 
 
 async def _tables(
-    catalog: Catalog, coordinator: Coordinator, sampler: Sampler, pages: Mapping[str, str]
+    tables: Sequence[TableRecords],
+    coordinator: Coordinator,
+    sampler: Sampler,
+    pages: Mapping[str, str],
 ) -> list[TableView]:
     kvs = await coordinator.get_prefix(paths.claims_prefix())
     claims = {paths.parse_claim(kv.key): kv.value.decode() for kv in kvs}
@@ -283,9 +303,8 @@ async def _tables(
             history = sampler.histories.get(worker_id)
             if history is not None:
                 rates.update(history.tablet_rates())
-    tables = []
-    for info in sorted(await catalog.list_tables(), key=lambda i: i.schema.name):
-        records = await catalog.list_tablets(info.table_id)
+    out = []
+    for info, records in tables:
         views = []
         for rec in records[:MAX_TABLETS_SHOWN]:
             key = tablet_key(rec.table_id, rec.tablet_id)
@@ -305,12 +324,12 @@ async def _tables(
                 )
             )
         hidden = max(0, len(records) - MAX_TABLETS_SHOWN)
-        tables.append(
+        out.append(
             TableView(
                 name=info.schema.name, table_id=info.table_id, tablets=views, hidden_tablets=hidden
             )
         )
-    return tables
+    return out
 
 
 def _gc_events(metrics: MasterMetrics) -> list[EventInfo]:
@@ -338,16 +357,19 @@ async def cluster_view(
     metrics_url: str | None = None,
 ) -> ClusterView:
     """Everything on the master's page."""
-    status = await master_status(master, metrics, address=address, metrics_url=metrics_url)
+    tables = await _read_tables(master.catalog)
+    status = await master_status(
+        master, metrics, address=address, metrics_url=metrics_url, tables=tables
+    )
     pages = await page_urls(coordinator, "worker")
-    events = [*(await _tablet_events(master.catalog, durations=True)), *_gc_events(metrics)]
+    events = [*_tablet_events(tables, durations=True), *_gc_events(metrics)]
     events.sort(key=lambda e: e.at, reverse=True)
     return ClusterView(
         generated_at=time.time(),
         master=status,
         masters=await _masters(coordinator, address),
         workers=_worker_infos(status.live_workers, sampler),
-        tables=await _tables(master.catalog, coordinator, sampler, pages),
+        tables=await _tables(tables, coordinator, sampler, pages),
         events=events[:PAGE_EVENTS],
     )
 
