@@ -1,4 +1,5 @@
-"""Progress bars for the verbs that take a while: ``import``, ``export``, ``flush``, ``compact``.
+"""Progress bars for the verbs that take a while: ``import``, ``export``, ``flush`` and
+``compact`` (the paper's minor and major compactions of every tablet, §5.4).
 
 A bar (rich) shows what is done of the total in rows, bytes or tablets, the rate and the time
 spent, on stderr, and only when stderr is a terminal: piped or redirected output stays exactly
