@@ -31,7 +31,7 @@ it (closing minor-compacts, so the next open is quick)::
     tabletstore [--url URL] local-stack down [--dir DIR]
     tabletstore --url etcd://H:P/NS master [--store URL] [--port P] [--lease-ttl S]
     tabletstore --url etcd://H:P/NS worker [--port P] [--lease-ttl S] [--split-bytes N]
-        (master and worker: --metrics-port P serves /metrics and /status over HTTP)
+        (master and worker: --metrics-port P serves the status page, /metrics and /status)
     tabletstore status                                 master, workers, tablets, events
 
 On a terminal, import, export, flush and compact show a progress bar on stderr
@@ -793,13 +793,13 @@ _metrics_port_option = click.option(
     "--metrics-port",
     type=click.IntRange(0, 65535),
     default=None,
-    help="Serve GET /metrics (Prometheus) and /status (JSON) on this port (0: any free one; "
-    "default: not served).",
+    help="Serve the status page (GET /), /metrics (Prometheus) and /status (JSON) on this port "
+    "(0: any free one; default: not served).",
 )
 
 
 def _metrics_ready(url: str) -> None:
-    click.echo(f"metrics on {url}/metrics, status on {url}/status", err=True)
+    click.echo(f"metrics on {url}/metrics, status on {url}/status, page on {url}/", err=True)
 
 
 @main.command("master")
