@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
 # The one test command (README "Run the tests"; .ci/run calls exactly this).
-# Installs what the tests need — Debian's etcd-server (etcd 3.4) and the Python test extras —
+# Installs what the tests need — Debian's etcd-server (etcd 3.4), Debian's chromium (the status
+# page's browser test drives it with Playwright) and the Python test extras —
 # then runs the linters, the type checker, the layering check and the whole test suite against
 # real servers on loopback (etcd, moto's S3 server, tabletstore's own processes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v etcd >/dev/null 2>&1; then
-  echo "== installing Debian's etcd-server (etcd binary for the tests)"
+PACKAGES=()
+command -v etcd >/dev/null 2>&1 || PACKAGES+=(etcd-server)
+[ -x /usr/bin/chromium ] || PACKAGES+=(chromium)
+if [ "${#PACKAGES[@]}" -gt 0 ]; then
+  echo "== installing Debian's ${PACKAGES[*]} (etcd for the tests; chromium for the page test)"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq etcd-server >/dev/null
-  # The package may start a system etcd on the default ports; the tests never use it.
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${PACKAGES[@]}" >/dev/null
+  # The etcd package may start a system etcd on the default ports; the tests never use it.
 fi
 
 echo "== installing tabletstore with its test extras"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from typing import Any
 
 import click
 
@@ -23,6 +24,28 @@ __all__ = ["DEFAULT_PORT", "bigtable_api", "serve"]
 
 #: Google's emulator listens on 8086 by default (``gcloud beta emulators bigtable start``).
 DEFAULT_PORT = 8086
+#: Top-level modules only the ``bigtable-api`` extra installs (grpcio, google-cloud-bigtable).
+_EXTRA_MODULES = ("grpc", "google")
+
+
+class _Failure(click.ClickException):
+    """One line, ``tabletstore: message``, exit status 1 (as every tabletstore verb fails)."""
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"tabletstore: {self.message}", err=True, file=file)
+
+
+def _require_extra() -> None:
+    """Import the serving stack, or fail saying which extra to install."""
+    try:
+        import tabletstore.bigtable_api.server  # noqa: F401  (grpc and Google's protos)
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] not in _EXTRA_MODULES:
+            raise
+        raise _Failure(
+            "the Cloud Bigtable API needs the bigtable-api extra: "
+            f"pip install 'tabletstore[bigtable-api]' (no module named {exc.name!r})"
+        ) from exc
 
 
 async def serve(url: str | None, host: str, port: int) -> None:
@@ -60,7 +83,8 @@ def bigtable_api(ctx: click.Context, url: str | None, host: str, port: int) -> N
 
     if url is None and ctx.obj is not None:
         url = getattr(ctx.obj, "url", None)
+    _require_extra()
     try:
         asyncio.run(serve(url, host, port))
     except TabletStoreError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise _Failure(str(exc)) from exc

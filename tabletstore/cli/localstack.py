@@ -28,7 +28,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from tabletstore.errors import AlreadyExists, InvalidArgument, NotFound, Unavailable
@@ -42,6 +42,7 @@ __all__ = [
     "etcd_healthy",
     "free_port",
     "is_running",
+    "prometheus_config",
     "spawn",
     "start_etcd",
     "start_moto",
@@ -71,6 +72,8 @@ class ProcessRecord:
     start_time: int
     url: str
     log: str
+    #: Base URL of its status page and /metrics (master and workers), if it serves them.
+    metrics_url: str | None = None
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,14 @@ class Stack:
     processes: tuple[ProcessRecord, ...] = field(default=())
     #: The cluster's URL (``etcd://host:port/cluster``) when a master and workers were started.
     cluster_url: str | None = None
+
+    @property
+    def status_page(self) -> str | None:
+        """The master's status page (``http://127.0.0.1:PORT/``), when a master was started."""
+        for record in self.processes:
+            if record.role == "master" and record.metrics_url is not None:
+                return f"{record.metrics_url}/"
+        return None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -360,10 +371,20 @@ def up(
             cluster_url = f"etcd://{host_port}/cluster"
             store = store_url or f"s3://{BUCKET}/data?endpoint_url={endpoint}"
             env = _s3_env(s3_managed=s3_managed)
-            records.append(start_master(directory, cluster_url, store, env=env))
+            # Every cluster process serves its status page and /metrics: the master's page
+            # reads the workers' pages for their tablets' load and the charts.
+            records.append(start_master(directory, cluster_url, store, env=env, metrics=True))
             for i in range(workers):
+                own_port = "--metrics-port" in worker_args
                 records.append(
-                    start_worker(directory, cluster_url, i, env=env, extra_args=worker_args)
+                    start_worker(
+                        directory,
+                        cluster_url,
+                        i,
+                        env=env,
+                        extra_args=worker_args,
+                        metrics=not own_port,
+                    )
                 )
     except BaseException:
         for record in reversed(records):
@@ -443,17 +464,22 @@ def start_master(
     role: str = "master",
     extra_args: Sequence[str] = (),
     deadline: float = HEALTH_DEADLINE,
+    metrics: bool = False,
 ) -> ProcessRecord:
     """A master process: it records the store URL in the cluster settings and campaigns for
     the master lock (a second one is a standby). ``extra_args`` go to the ``master`` verb
-    (e.g. ``--lease-ttl``); ``role`` names the record and the log (``<role>.log``)."""
+    (e.g. ``--lease-ttl``); ``role`` names the record and the log (``<role>.log``).
+    ``metrics``: it serves its status page and /metrics on a free port
+    (``record.metrics_url``)."""
     port = free_port()
+    args, metrics_url = _metrics_args(metrics)
     argv = _tabletstore(
-        "--url", cluster_url, "master", "--store", store_url, "--port", str(port), *extra_args
-    )
+        "--url", cluster_url, "master", "--store", store_url, "--port", str(port), *args,
+        *extra_args,
+    )  # fmt: skip
     record = spawn(role, argv, log=directory / f"{role}.log", url=f"127.0.0.1:{port}", env=env)
-    wait_healthy(record, lambda: _port_open(port), deadline)
-    return record
+    wait_healthy(record, lambda: _serving(port, metrics_url), deadline)
+    return replace(record, metrics_url=metrics_url)
 
 
 def start_worker(
@@ -464,12 +490,56 @@ def start_worker(
     env: Mapping[str, str],
     extra_args: Sequence[str] = (),
     deadline: float = HEALTH_DEADLINE,
+    metrics: bool = False,
 ) -> ProcessRecord:
     """A tablet-server worker process serving on a free loopback port; ``extra_args`` go to
-    the ``worker`` verb (e.g. ``--lease-ttl``, ``--split-bytes``)."""
+    the ``worker`` verb (e.g. ``--lease-ttl``, ``--split-bytes``). ``metrics``: as for
+    :func:`start_master`."""
     port = free_port()
-    argv = _tabletstore("--url", cluster_url, "worker", "--port", str(port), *extra_args)
+    args, metrics_url = _metrics_args(metrics)
+    argv = _tabletstore("--url", cluster_url, "worker", "--port", str(port), *args, *extra_args)
     role = f"worker-{index}"
     record = spawn(role, argv, log=directory / f"{role}.log", url=f"127.0.0.1:{port}", env=env)
-    wait_healthy(record, lambda: _port_open(port), deadline)
-    return record
+    wait_healthy(record, lambda: _serving(port, metrics_url), deadline)
+    return replace(record, metrics_url=metrics_url)
+
+
+def _metrics_args(metrics: bool) -> tuple[tuple[str, ...], str | None]:
+    """The ``--metrics-port`` arguments and the base URL they give, or none."""
+    if not metrics:
+        return (), None
+    port = free_port()
+    return ("--metrics-port", str(port)), f"http://127.0.0.1:{port}"
+
+
+def _serving(port: int, metrics_url: str | None) -> bool:
+    """The RPC port accepts connections, and so does the status page if there is one."""
+    if not _port_open(port):
+        return False
+    return metrics_url is None or _port_open(int(metrics_url.rsplit(":", 1)[1]))
+
+
+def prometheus_config(stack: Stack) -> str:
+    """A Prometheus scrape configuration (YAML) for the stack's processes: every master and
+    worker's /metrics, labelled with its role, and etcd's own /metrics."""
+    lines = ["scrape_configs:"]
+    etcd = [r for r in stack.processes if r.role == "etcd"]
+    if etcd:
+        host_port = etcd[0].url.split("://", 1)[1].split("/", 1)[0]
+        lines += [
+            "  - job_name: etcd",
+            "    static_configs:",
+            f"      - targets: ['{host_port}']",
+        ]
+    served = [r for r in stack.processes if r.metrics_url is not None]
+    if served:
+        lines += ["  - job_name: tabletstore", "    scrape_interval: 5s", "    static_configs:"]
+        for record in served:
+            assert record.metrics_url is not None
+            target = record.metrics_url.split("://", 1)[1]
+            role = "master" if record.role.startswith("master") else "worker"
+            lines += [
+                f"      - targets: ['{target}']",
+                f"        labels: {{role: {role}, process: {record.role}}}",
+            ]
+    return "\n".join(lines) + "\n"

@@ -31,8 +31,11 @@ it (closing minor-compacts, so the next open is quick)::
     tabletstore [--url URL] local-stack down [--dir DIR]
     tabletstore --url etcd://H:P/NS master [--store URL] [--port P] [--lease-ttl S]
     tabletstore --url etcd://H:P/NS worker [--port P] [--lease-ttl S] [--split-bytes N]
-        (master and worker: --metrics-port P serves /metrics and /status over HTTP)
+        (master and worker: --metrics-port P serves the status page, /metrics and /status)
     tabletstore status                                 master, workers, tablets, events
+
+On a terminal, import, export, flush and compact show a progress bar on stderr
+(:mod:`tabletstore.cli.progress`); otherwise they print only their result.
 
 Failures print one line, ``tabletstore: <what went wrong>``, on stderr and exit 1 (a usage
 mistake click detects itself exits 2 with click's usage message); a TabletStoreError never
@@ -49,21 +52,20 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table as RichTable
 
 from tabletstore.cli import cbtsyntax as cbt
 from tabletstore.cli import demo as webtable_demo
 from tabletstore.cli import localstack, tablecsv
-from tabletstore.client.client import MutationsFailed
+from tabletstore.cli.progress import Unit, progress_bar
+from tabletstore.client.client import CompactionProgress, MutationsFailed
 from tabletstore.clock import SystemClock
 from tabletstore.coordination import open_coordinator
 from tabletstore.data.filters import CellsPerColumnLimit, CellsPerRowLimit, Chain, StripValue
@@ -74,6 +76,7 @@ from tabletstore.errors import InvalidArgument, TabletStoreError
 from tabletstore.master.gc import GcReport, collect
 from tabletstore.master.gc_plan import DEFAULT_GRACE
 from tabletstore.metadata.catalog import ClusterSettings
+from tabletstore.ops.views import page_urls
 from tabletstore.storage_s3 import open_store
 
 __all__ = ["DEFAULT_URL", "CliContext", "main"]
@@ -135,12 +138,26 @@ def _run(body: Callable[[SyncDatabase], T]) -> T:
     assert obj is not None, "verbs run under main"
     try:
         db = connect(obj.url, identity=obj.identity)
+    except TabletStoreError as exc:
+        raise Failure(str(exc)) from exc
+    except OSError as exc:  # a file:// database in a directory that cannot be made or used
+        raise Failure(f"cannot open the database at {obj.url!r}: {_os_error(exc)}") from exc
+    try:
         try:
             return body(db)
         finally:
             db.close()
     except TabletStoreError as exc:
         raise Failure(str(exc)) from exc
+    except BrokenPipeError:
+        raise  # the reader went away (``| head``): click exits quietly
+    except OSError as exc:  # e.g. the output's disk is full
+        raise Failure(_os_error(exc)) from exc
+
+
+def _os_error(exc: OSError) -> str:
+    where = f": {exc.filename}" if exc.filename else ""
+    return f"{exc.strerror or exc}{where}"
 
 
 def _failing(fn: Callable[[], T]) -> T:
@@ -237,14 +254,30 @@ def setgcpolicy_cmd(table: str, family: str, policy: tuple[str, ...]) -> None:
 @_table_arg
 def flush_cmd(table: str) -> None:
     """Minor-compact every tablet of a table (memtables to SSTables, §5.4)."""
-    _run(lambda db: db.flush(table))
+    _run(lambda db: _compact(db, table, major=False))
 
 
 @main.command("compact")
 @_table_arg
 def compact_cmd(table: str) -> None:
     """Major-compact every tablet of a table (one SSTable, deletions dropped, §5.4)."""
-    _run(lambda db: db.compact(table))
+    _run(lambda db: _compact(db, table, major=True))
+
+
+def _compact(db: SyncDatabase, table: str, *, major: bool) -> None:
+    """Compact tablet by tablet with a bar: tablets for a flush; for a major compaction the
+    SSTable bytes it reads and rewrites."""
+    unit: Unit = "bytes" if major else "tablets"
+    with progress_bar("compacting" if major else "flushing", unit=unit) as bar:
+
+        def show(p: CompactionProgress) -> None:
+            if major:
+                bar.update(completed=p.bytes_done, total=max(p.bytes_total, p.bytes_done))
+            else:
+                bar.update(completed=p.tablets_done, total=max(p.tablets_total, p.tablets_done))
+            bar.update(note=f"{p.tablets_done}/{p.tablets_total} tablets")
+
+        db.compact_tablets(table, major=major, progress=show)
 
 
 @main.command("gc")
@@ -460,27 +493,10 @@ class _ImportStats:
     failures: list[str] = field(default_factory=list)
 
 
-@contextmanager
-def _progress() -> Iterator[Progress]:
-    """A progress bar on a terminal's stderr; nothing when stderr is not a terminal."""
-    console = Console(stderr=True)
-    progress = Progress(
-        TextColumn("importing"),
-        BarColumn(),
-        DownloadColumn(),
-        TimeRemainingColumn(),
-        console=console,
-        disable=not console.is_terminal,
-        transient=True,
-    )
-    with progress:
-        yield progress
-
-
 def _import(db: SyncDatabase, name: str, file: Path, plan: _ImportPlan) -> _ImportStats:
     schema = db.describe_table(name)
-    with open(file, "rb") as raw, _progress() as progress:
-        task = progress.add_task("import", total=os.path.getsize(file))
+    size = os.path.getsize(file)
+    with open(file, "rb") as raw, progress_bar("importing", unit="bytes", total=size) as bar:
         reader = csv.reader(io.TextIOWrapper(raw, encoding="utf-8", newline=""))
         try:
             return _import_records(
@@ -489,7 +505,9 @@ def _import(db: SyncDatabase, name: str, file: Path, plan: _ImportPlan) -> _Impo
                 reader,
                 plan,
                 file,
-                on_batch=lambda: progress.update(task, completed=raw.tell()),
+                on_batch=lambda stats: bar.update(
+                    completed=raw.tell(), note=f"{stats.rows:,} rows"
+                ),
             )
         except (csv.Error, UnicodeDecodeError) as exc:
             msg = f"{file}:{reader.line_num}: not a readable CSV file: {exc}"
@@ -502,7 +520,7 @@ def _import_records(
     reader: Any,
     plan: _ImportPlan,
     file: Path,
-    on_batch: Callable[[], object],
+    on_batch: Callable[[_ImportStats], object],
 ) -> _ImportStats:
     """Parse the header, then write the records in batches of ``plan.batch_size`` rows."""
     head: list[list[str]] = [next(reader, [])]
@@ -526,7 +544,7 @@ def _import_records(
             batch.append((reader.line_num, mutation))
         if len(batch) >= plan.batch_size:
             _write_batch(table, batch, stats, file)
-            on_batch()
+            on_batch(stats)
             batch = []
     _write_batch(table, batch, stats, file)
     return stats
@@ -586,20 +604,27 @@ def _export(
     table: Any, out: IO[str], selection: dict[str, bytes], encoding: tablecsv.Encoding
 ) -> int:
     # Two passes: the header needs every column before the first record is written, and a
-    # stripped first pass finds them without holding the table in memory.
+    # stripped first pass finds them without holding the table in memory. It also counts the
+    # rows, the second pass's bar's total.
     newest = CellsPerColumnLimit(1)
     found: set[tablecsv.Column] = set()
-    for row in table.read_rows(filter=Chain([newest, StripValue()]), **selection):
-        found.update((c.family, c.qualifier) for c in row.cells)
+    rows = 0
+    with progress_bar("scanning", unit="rows") as bar:
+        for row in table.read_rows(filter=Chain([newest, StripValue()]), **selection):
+            found.update((c.family, c.qualifier) for c in row.cells)
+            rows += 1
+            bar.advance()
     columns = sorted(found)
     # The default CRLF terminator (RFC 4180) also makes the writer quote fields holding a
     # lone "\r", which a "\n" terminator would leave bare and a reader would split on.
     writer = csv.writer(out)
     writer.writerow(tablecsv.header_record(columns))
     count = 0
-    for row in table.read_rows(filter=newest, **selection):
-        writer.writerow(tablecsv.row_to_record(row, columns, encoding))
-        count += 1
+    with progress_bar("exporting", unit="rows", total=rows) as bar:
+        for row in table.read_rows(filter=newest, **selection):
+            writer.writerow(tablecsv.row_to_record(row, columns, encoding))
+            count += 1
+            bar.update(completed=count, total=max(rows, count))
     return count
 
 
@@ -632,12 +657,18 @@ def local_stack() -> None:
     show_default=True,
     help="Also start a master and this many tablet-server workers.",
 )
-def local_stack_up(directory: Path, s3_url: str | None, workers: int) -> None:
-    """Start the stack and print the URLs to use."""
+@click.option(
+    "--metrics",
+    is_flag=True,
+    help="Print a Prometheus scrape configuration for every process (also written to "
+    "DIR/prometheus.yml); the Grafana dashboard is tabletstore/ops/grafana/tabletstore.json.",
+)
+def local_stack_up(directory: Path, s3_url: str | None, workers: int, metrics: bool) -> None:
+    """Start the stack and print the URLs to use (with --workers, the status page's too)."""
     try:
         stack = localstack.up(directory, s3_url=s3_url, workers=workers)
     except TabletStoreError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise Failure(str(exc)) from exc
     click.echo(f"local stack is up in {stack.dir}")
     click.echo(f"  etcd URL:     {stack.etcd_url}")
     click.echo(f"  S3 endpoint:  {stack.s3_endpoint}")
@@ -650,6 +681,14 @@ def local_stack_up(directory: Path, s3_url: str | None, workers: int) -> None:
     click.echo("environment:")
     for name, value in localstack.environment(stack).items():
         click.echo(f"  export {name}={value}")
+    if metrics:
+        config = localstack.prometheus_config(stack)
+        path = Path(stack.dir) / "prometheus.yml"
+        path.write_text(config)
+        click.echo(f"Prometheus scrape configuration (also in {path}):")
+        click.echo(config, nl=False)
+    if stack.status_page is not None:
+        click.echo(f"status page: {stack.status_page}")
 
 
 @local_stack.command("status")
@@ -659,7 +698,7 @@ def local_stack_status(directory: Path) -> None:
     try:
         rows = localstack.status(directory)
     except TabletStoreError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise Failure(str(exc)) from exc
     click.echo(f"{'ROLE':<10} {'PID':<8} {'ALIVE':<6} URL")
     for record, alive in rows:
         click.echo(f"{record.role:<10} {record.pid:<8} {'yes' if alive else 'no':<6} {record.url}")
@@ -672,7 +711,7 @@ def local_stack_down(directory: Path) -> None:
     try:
         stopped = localstack.down(directory)
     except TabletStoreError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise Failure(str(exc)) from exc
     for record in stopped:
         click.echo(f"stopped {record.role} (pid {record.pid})")
     click.echo("local stack is down")
@@ -691,8 +730,12 @@ def _cluster_url() -> str:
     return obj.url
 
 
-def _serve(run: Callable[[Any, asyncio.Event], Awaitable[None]]) -> None:
+def _serve(run: Callable[[Any, asyncio.Event], Awaitable[None]], *, store: str | None) -> None:
     """Run a long-lived process body until SIGINT/SIGTERM; one-line failure otherwise.
+
+    The coordinator and the object store (``store``, else the cluster's) are checked first:
+    a missing bucket, unusable credentials or an unreachable endpoint end the process at once
+    with one line saying so, rather than in a loop of failed commit-log and SSTable writes.
     Its log (INFO and up, timestamped: what an operator reads after a failover) goes to
     standard error."""
     url = _cluster_url()
@@ -708,6 +751,7 @@ def _serve(run: Callable[[Any, asyncio.Event], Awaitable[None]]) -> None:
             loop.add_signal_handler(sig, stop.set)
         try:
             await coordinator.check()
+            await _check_store(coordinator, store)
             await run(coordinator, stop)
         finally:
             await coordinator.close()
@@ -716,6 +760,21 @@ def _serve(run: Callable[[Any, asyncio.Event], Awaitable[None]]) -> None:
         _run_loop(main_async())
     except TabletStoreError as exc:
         raise Failure(str(exc)) from exc
+
+
+async def _check_store(coordinator: Any, store: str | None) -> None:
+    """``store`` (else the cluster's, NotFound when no master recorded one) answers: its
+    endpoint is reachable, the credentials work and the bucket exists."""
+    url = store if store is not None else (await ClusterSettings.load(coordinator)).store_url
+    opened = open_store(url)
+    try:
+        # Every store open_store builds has check() (storage_s3.open_store); the ObjectStore
+        # protocol does not declare it.
+        check: Callable[[], Awaitable[None]] | None = getattr(opened, "check", None)
+        if check is not None:
+            await check()
+    finally:
+        await opened.close()
 
 
 def _run_loop(coro: Coroutine[Any, Any, None]) -> None:
@@ -740,13 +799,13 @@ _metrics_port_option = click.option(
     "--metrics-port",
     type=click.IntRange(0, 65535),
     default=None,
-    help="Serve GET /metrics (Prometheus) and /status (JSON) on this port (0: any free one; "
-    "default: not served).",
+    help="Serve the status page (GET /), /metrics (Prometheus) and /status (JSON) on this port "
+    "(0: any free one; default: not served).",
 )
 
 
 def _metrics_ready(url: str) -> None:
-    click.echo(f"metrics on {url}/metrics, status on {url}/status", err=True)
+    click.echo(f"metrics on {url}/metrics, status on {url}/status, page on {url}/", err=True)
 
 
 @main.command("master")
@@ -775,7 +834,8 @@ def master_cmd(
             ready=ready,
             metrics_port=metrics_port,
             metrics_ready=_metrics_ready,
-        )
+        ),
+        store=store,
     )
 
 
@@ -846,7 +906,8 @@ def worker_cmd(
             ready=ready,
             metrics_port=metrics_port,
             metrics_ready=_metrics_ready,
-        )
+        ),
+        store=store,
     )
 
 
@@ -855,7 +916,7 @@ def worker_cmd(
 def status_cmd(events: int) -> None:
     """The cluster: master, workers and their tablets (size, load), recent tablet events."""
 
-    def body(db: SyncDatabase) -> None:
+    def body(db: SyncDatabase) -> str | None:
         st = db.status(events=events)
         console = Console()
         console.print(f"master: {st.master or '(embedded)'}")
@@ -884,8 +945,24 @@ def status_cmd(events: int) -> None:
         for at, where, kind, detail in st.events:
             stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
             console.print(f"{stamp}  {where:<30} {kind:<20} {detail}")
+        master: str | None = st.master
+        return master
 
-    _run(body)
+    master = _run(body)
+    obj = click.get_current_context().find_object(CliContext)
+    if master and obj is not None and obj.url.startswith("etcd://"):
+        page = _failing(lambda: asyncio.run(_master_page(obj.url, master)))
+        if page is not None:
+            click.echo(f"status page: {page}/")
+
+
+async def _master_page(url: str, master: str) -> str | None:
+    """The leading master's status page, if it serves one (``--metrics-port``)."""
+    coordinator = open_coordinator(url)
+    try:
+        return (await page_urls(coordinator, "master")).get(master)
+    finally:
+        await coordinator.close()
 
 
 from tabletstore.bigtable_api.cli import bigtable_api  # noqa: E402  (imports no grpc)

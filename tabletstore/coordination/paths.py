@@ -14,6 +14,9 @@ Keys are relative to the coordinator's namespace (an etcd URL's path, e.g.
     settings/<name>                   cluster-wide settings
     tablets/<table-id>/<tablet-id>    a tablet's record (metadata.TabletRecord) while the
                                       catalog keeps records in the coordinator
+    status_pages/<role>/<id>          a process's status page URL (role: master or worker; id:
+                                      the master's RPC address or the worker id), attached to
+                                      the process's lease so a dead process's link goes away
 
 Each name component is a non-empty string without ``/`` (and without NUL); anything else is
 an InvalidArgument. Every builder has a parser so that a watch on a prefix can be decoded.
@@ -33,6 +36,7 @@ __all__ = [
     "SCHEMAS",
     "SERVERS",
     "SETTINGS",
+    "STATUS_PAGES",
     "TABLETS",
     "acl",
     "assignment",
@@ -46,9 +50,12 @@ __all__ = [
     "parse_schema",
     "parse_server",
     "parse_setting",
+    "parse_status_page",
     "schema",
     "server",
     "setting",
+    "status_page",
+    "status_pages_prefix",
     "tablet",
     "tablets_prefix",
 ]
@@ -62,6 +69,7 @@ CLAIMS = "claims/"
 ASSIGNMENTS = "assignments/"
 SETTINGS = "settings/"
 TABLETS = "tablets/"
+STATUS_PAGES = "status_pages/"
 
 #: The election whose leader is the master (the master lock of §5.2).
 MASTER_ELECTION = "master"
@@ -158,3 +166,20 @@ def tablets_prefix(table_id: str | None = None) -> str:
 
 def tablet(table_id: str, tablet_id: str) -> str:
     return f"{tablets_prefix(table_id)}{_component(tablet_id, 'tablet id')}"
+
+
+def status_pages_prefix(role: str | None = None) -> str:
+    """``status_pages/`` or ``status_pages/<role>/``: the status page URLs of every process /
+    of one role (``master`` or ``worker``)."""
+    if role is None:
+        return STATUS_PAGES
+    return f"{STATUS_PAGES}{_component(role, 'process role')}/"
+
+
+def status_page(role: str, process_id: str) -> str:
+    return f"{status_pages_prefix(role)}{_component(process_id, 'process id')}"
+
+
+def parse_status_page(key: str) -> tuple[str, str]:
+    role, process_id = _parse(key, STATUS_PAGES, 2, "status page")
+    return role, process_id

@@ -20,6 +20,7 @@ from tabletstore.master.master import Master, MasterService
 from tabletstore.metadata.catalog import ClusterSettings
 from tabletstore.ops.metrics import MasterMetrics
 from tabletstore.ops.status_http import StatusServer, serve_master
+from tabletstore.ops.views import publish_page
 from tabletstore.options import MasterOptions
 from tabletstore.rpc.tcp import RpcServer, TcpTransport
 from tabletstore.rpc.wire import register_all
@@ -79,15 +80,22 @@ async def run_master(
         grace=gc_grace,
         store_url=store_url,
         on_report=lambda r: metrics.gc_round(
-            deleted_objects=r.deleted, deleted_bytes=r.deleted_bytes
+            deleted_objects=r.deleted, deleted_bytes=r.deleted_bytes, listed_objects=r.listed
         ),
     )
     http: StatusServer | None = None
     try:
         if metrics_port is not None:
             http = await serve_master(
-                master, metrics, address=server.address, host=host, port=metrics_port
+                master,
+                metrics,
+                address=server.address,
+                host=host,
+                port=metrics_port,
+                coordinator=coordinator,
             )
+            # Linked from the other masters' and the workers' pages while the lease lasts.
+            await publish_page(coordinator, "master", server.address, http.url, lease)
             if metrics_ready is not None:
                 metrics_ready(http.url)
         async with lease.keep_alive():

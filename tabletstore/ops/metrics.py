@@ -44,6 +44,7 @@ import asyncio
 import contextlib
 import inspect
 import time
+from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
@@ -64,6 +65,7 @@ from tabletstore.sstable.block_cache import BlockCache, CacheStats
 __all__ = [
     "AssignmentRound",
     "CompactionCounter",
+    "GcRound",
     "MasterMetrics",
     "ObservedWorker",
     "ProcessMetrics",
@@ -458,6 +460,20 @@ class AssignmentRound:
     error: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class GcRound:
+    """A garbage-collection round: when it was reported (wall clock) and what it deleted."""
+
+    at: float
+    deleted_objects: int
+    deleted_bytes: int
+    listed_objects: int | None = None
+
+
+#: GC rounds a master remembers for its status page.
+RECENT_GC_ROUNDS = 20
+
+
 class MasterMetrics(ProcessMetrics):
     """The master's metrics: assignment rounds, leadership, and the garbage collector's hook
     (:meth:`gc_round`)."""
@@ -466,6 +482,8 @@ class MasterMetrics(ProcessMetrics):
         super().__init__("master", address)
         self._time = clock
         self.last_round: AssignmentRound | None = None
+        #: The last few GC rounds, oldest first (the status page's events).
+        self.gc_history: deque[GcRound] = deque(maxlen=RECENT_GC_ROUNDS)
         self._leading: Callable[[], bool] = lambda: False
         Gauge(
             f"{PREFIX}_master_leading",
@@ -530,8 +548,11 @@ class MasterMetrics(ProcessMetrics):
         self.last_round = done
         self.last_round_at.set(done.at)
 
-    def gc_round(self, *, deleted_objects: int, deleted_bytes: int) -> None:
-        """The garbage collector's hook: call once per round with what it deleted."""
+    def gc_round(
+        self, *, deleted_objects: int, deleted_bytes: int, listed_objects: int | None = None
+    ) -> None:
+        """The garbage collector's hook: call once per round with what it deleted (and how
+        many objects it listed, if known)."""
         if deleted_objects < 0 or deleted_bytes < 0:
             raise InvalidArgument(
                 f"a GC round deletes a non-negative amount, got {deleted_objects} objects, "
@@ -540,6 +561,9 @@ class MasterMetrics(ProcessMetrics):
         self.gc_rounds.inc()
         self.gc_objects.inc(deleted_objects)
         self.gc_bytes.inc(deleted_bytes)
+        self.gc_history.append(
+            GcRound(self._time(), deleted_objects, deleted_bytes, listed_objects)
+        )
 
 
 class _LoadCounting:

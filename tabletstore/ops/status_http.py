@@ -1,38 +1,68 @@
-"""The per-process HTTP endpoint: ``GET /metrics`` (Prometheus) and ``GET /status`` (JSON).
+"""The per-process HTTP endpoint: the status page, ``/metrics`` (Prometheus) and JSON.
 
 Every cluster process (worker, master) started with ``--metrics-port`` serves, on its own
-loopback port, what an operator or a Prometheus server scrapes (the paper's master watches
-tablet servers through Chubby, §5.2; humans watch the processes through this):
+port, what an operator or a Prometheus server looks at (the paper's master watches tablet
+servers through Chubby, §5.2; humans watch the processes through this), with aiohttp:
 
-* ``GET /metrics`` — the process's registry (:mod:`tabletstore.ops.metrics`) in Prometheus' text
-  exposition format (``prometheus_client.generate_latest``).
-* ``GET /status`` — one JSON object, a :class:`WorkerStatus` or a :class:`MasterStatus`
-  (pydantic models: the status API is a boundary, STYLE.md convention 9). ``role`` tells
-  which; :func:`parse_status` validates a body back into its model.
-* ``GET /`` — a one-line index. Any other path is 404, any other method 405.
+=====================  =============================================================
+``GET /``              the status page (HTML, :mod:`tabletstore.ops.pages`): the master's
+                       shows the cluster, tables, tablets, events and charts; a
+                       worker's its tablets and charts
+``GET /static/NAME``   the page's script and style sheet (package data, ``web/``)
+``GET /metrics``       the process's registry (:mod:`tabletstore.ops.metrics`) in
+                       Prometheus' text exposition format
+``GET /status``        :class:`WorkerStatus` or :class:`MasterStatus` (JSON)
+``GET /api/cluster``   the master's page as JSON (:class:`ClusterView`)
+``GET /api/worker``    a worker's page as JSON (:class:`WorkerView`)
+``GET /api/charts``    the charts' samples (:class:`Charts`)
+=====================  =============================================================
 
-The server is deliberately minimal HTTP/1.1 on asyncio streams: one request per connection
-(``Connection: close``), request line and headers bounded in size and time, no body read.
-That is all a scraper or ``curl`` needs, and it adds no dependency.
+Every JSON document is a pydantic model of :mod:`tabletstore.ops.status_api` (the status API is
+a boundary, STYLE.md convention 9). Any other path is 404, a method other than GET or HEAD
+405. A status that cannot be built because the cluster cannot be read (the coordinator is
+down) answers 503 with ``{"error": ...}``; a bug answers 500 and is logged.
+
+The charts need history: a :class:`~tabletstore.ops.history.Sampler` runs while the server
+does (the master scrapes its workers' ``/status``; a worker samples itself), owned by the
+server and cancelled by :meth:`StatusServer.close`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Annotated, Literal, Protocol
-from urllib.parse import urlsplit
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from typing import Any
 
+import aiohttp
+from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel
 
+from tabletstore.coordination.base import Coordinator
 from tabletstore.errors import InvalidArgument, TabletStoreError
-from tabletstore.metadata.catalog import Catalog
+from tabletstore.ops.history import DEFAULT_INTERVAL, Reading, Sampler
 from tabletstore.ops.metrics import MasterMetrics, ProcessMetrics, WorkerMetrics
-from tabletstore.rpc.messages import ServerStatusRequest, ServerStatusResponse
+from tabletstore.ops.pages import STATIC_FILES, render_master, render_worker, static_file
+from tabletstore.ops.status_api import (
+    AssignmentInfo,
+    EventInfo,
+    MasterStatus,
+    ProcessStatus,
+    TabletInfo,
+    WorkerStatus,
+    parse_status,
+)
+from tabletstore.ops.views import (
+    MasterLike,
+    WorkerLike,
+    cluster_view,
+    master_status,
+    scrape_workers,
+    worker_status,
+    worker_view,
+)
 
 __all__ = [
     "AssignmentInfo",
@@ -51,184 +81,26 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: Bounds on one request: time to send the request line and headers, header lines, line size.
-_REQUEST_TIMEOUT = 10.0
-_MAX_HEADERS = 100
-_MAX_LINE = 8192
-#: Tablet events shown by a master's /status.
-DEFAULT_EVENTS = 20
-
-
-# ---------------------------------------------------------------------------- the status API
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class TabletInfo(_Model):
-    """One served tablet. Row keys are shown as text (bytes that are not UTF-8 as ``\\xNN``)."""
-
-    table_id: str
-    tablet_id: str
-    start_row: str
-    end_row: str | None = Field(description="None: the tablet runs to the end of the table")
-    sstables: int = Field(ge=0)
-    sstable_bytes: int = Field(ge=0)
-    memtable_bytes: int = Field(ge=0)
-    requests: int = Field(ge=0, description="Requests for this tablet since it was loaded")
-
-
-class WorkerStatus(_Model):
-    role: Literal["worker"] = "worker"
-    id: str
-    address: str
-    metrics_url: str | None
-    lease_remaining_seconds: float | None = Field(ge=0)
-    tablets: list[TabletInfo]
-    memtable_bytes: int = Field(ge=0)
-    sstable_bytes: int = Field(ge=0)
-
-
-class EventInfo(_Model):
-    at: float = Field(description="Wall-clock seconds since the epoch")
-    tablet: str = Field(description="table name / tablet id")
-    kind: str
-    detail: str
-
-
-class AssignmentInfo(_Model):
-    at: float
-    assigned: int = Field(ge=0)
-    error: str | None
-
-
-class MasterStatus(_Model):
-    role: Literal["master"] = "master"
-    id: str
-    address: str
-    metrics_url: str | None
-    leading: bool = Field(description="False: a standby waiting for the master lock")
-    lease_remaining_seconds: float | None = Field(ge=0)
-    live_workers: dict[str, str] = Field(description="worker id -> RPC address")
-    last_assignment: AssignmentInfo | None
-    recent_events: list[EventInfo]
-
-
-ProcessStatus = Annotated[WorkerStatus | MasterStatus, Field(discriminator="role")]
-_STATUS: TypeAdapter[WorkerStatus | MasterStatus] = TypeAdapter(ProcessStatus)
-
-
-def parse_status(body: bytes | str) -> WorkerStatus | MasterStatus:
-    """A ``/status`` body validated into its model; InvalidArgument naming what is wrong."""
-    try:
-        return _STATUS.validate_json(body)
-    except ValidationError as exc:
-        raise InvalidArgument(f"not a tabletstore /status document: {exc}") from exc
-
-
-def _text_key(key: bytes) -> str:
-    return key.decode("utf-8", "backslashreplace")
-
-
-class WorkerLike(Protocol):
-    """What the worker's status reads (``worker.TabletServer`` has it)."""
-
-    @property
-    def worker_id(self) -> str: ...
-
-    @property
-    def address(self) -> str: ...
-
-    async def server_status(self, req: ServerStatusRequest) -> ServerStatusResponse: ...
-
-
-class MasterLike(Protocol):
-    """What the master's status reads (``master.Master`` has it)."""
-
-    @property
-    def catalog(self) -> Catalog: ...
-
-    async def live_workers(self) -> dict[str, str]: ...
-
-
-async def worker_status(
-    server: WorkerLike, metrics: WorkerMetrics, *, metrics_url: str | None = None
-) -> WorkerStatus:
-    """A worker's status: its tablets as the ``server_status`` RPC reports them."""
-    st = await server.server_status(ServerStatusRequest())
-    tablets = [
-        TabletInfo(
-            table_id=t.table_id,
-            tablet_id=t.tablet_id,
-            start_row=_text_key(t.start_row),
-            end_row=_text_key(t.end_row) if t.end_row is not None else None,
-            sstables=t.sstables,
-            sstable_bytes=t.sstable_bytes,
-            memtable_bytes=t.memtable_bytes,
-            requests=t.requests,
-        )
-        for t in st.tablets
-    ]
-    return WorkerStatus(
-        id=st.worker_id,
-        address=st.address,
-        metrics_url=metrics_url,
-        lease_remaining_seconds=metrics.lease_remaining(),
-        tablets=tablets,
-        memtable_bytes=sum(t.memtable_bytes for t in tablets),
-        sstable_bytes=sum(t.sstable_bytes for t in tablets),
-    )
-
-
-async def master_status(
-    master: MasterLike,
-    metrics: MasterMetrics,
-    *,
-    address: str,
-    metrics_url: str | None = None,
-    events: int = DEFAULT_EVENTS,
-) -> MasterStatus:
-    """A master's status: leadership, live workers, the last assignment round, and the most
-    recent tablet events (read from the catalog, so a standby shows them too)."""
-    recent: list[EventInfo] = []
-    for info in await master.catalog.list_tables():
-        for rec in await master.catalog.list_tablets(info.table_id):
-            name = f"{info.schema.name}/{rec.tablet_id}"
-            recent.extend(
-                EventInfo(at=e.at, tablet=name, kind=e.kind, detail=e.detail) for e in rec.events
-            )
-    recent.sort(key=lambda e: e.at)
-    last = metrics.last_round
-    return MasterStatus(
-        id=metrics.process_id,
-        address=address,
-        metrics_url=metrics_url,
-        leading=metrics.leading,
-        lease_remaining_seconds=metrics.lease_remaining(),
-        live_workers=await master.live_workers(),
-        last_assignment=(
-            AssignmentInfo(at=last.at, assigned=last.assigned, error=last.error)
-            if last is not None
-            else None
-        ),
-        recent_events=recent[-events:] if events > 0 else [],
-    )
-
-
-# ---------------------------------------------------------------------------- the server
+#: A builder of a page or document, given the server's base URL (``http://HOST:PORT``).
+Build = Callable[[str], Awaitable[BaseModel]]
+BuildHtml = Callable[[str], Awaitable[str]]
+_INDEX = "tabletstore: GET /metrics (Prometheus), /status (JSON)\n"
 
 
 class StatusServer:
-    """Serves ``/metrics`` from ``metrics`` and ``/status`` from ``status(url)`` on
-    ``host:port`` (0: a free port). ``url`` is ``http://HOST:PORT`` once started. Use
-    ``async with`` or :meth:`start` / :meth:`close`; close ends in-flight requests too."""
+    """Serves ``/metrics`` from ``metrics``, ``/status`` from ``status(url)``, the page from
+    ``page(url)`` and each ``api`` path's document, on ``host:port`` (0: a free port), while
+    running each of ``background`` as a task. ``url`` is ``http://HOST:PORT`` once started.
+    Use ``async with`` or :meth:`start` / :meth:`close`."""
 
     def __init__(
         self,
         metrics: ProcessMetrics,
-        status: Callable[[str], Awaitable[BaseModel]],
+        status: Build,
         *,
+        page: BuildHtml | None = None,
+        api: Mapping[str, Build] | None = None,
+        background: Sequence[Callable[[], Coroutine[Any, Any, None]]] = (),
         host: str = "127.0.0.1",
         port: int = 0,
     ) -> None:
@@ -236,35 +108,58 @@ class StatusServer:
             raise InvalidArgument(f"metrics port must be 0..65535, got {port}")
         self._metrics = metrics
         self._status = status
+        self._page = page
+        self._api = dict(api or {})
+        self._background = tuple(background)
         self._host = host
         self._port = port
-        self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task[object]] = set()
+        self._runner: web.AppRunner | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._session: aiohttp.ClientSession | None = None
         self.url = ""
 
+    def session(self) -> aiohttp.ClientSession:
+        """An HTTP client session for the server's background work (closed with it)."""
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        return self._session
+
     async def start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/", self._index)
+        app.router.add_get("/metrics", self._metrics_text)
+        app.router.add_get("/status", self._document(self._status))
+        app.router.add_get("/static/{name}", self._static)
+        for path, build in self._api.items():
+            app.router.add_get(path, self._document(build))
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
+        await runner.setup()
+        site = web.TCPSite(runner, self._host, self._port)
         try:
-            self._server = await asyncio.start_server(
-                self._handle, self._host, self._port, limit=_MAX_LINE
-            )
+            await site.start()
         except OSError as exc:
+            await runner.cleanup()
             raise InvalidArgument(
                 f"cannot serve metrics on {self._host}:{self._port}: {exc.strerror or exc}"
             ) from exc
-        port = self._server.sockets[0].getsockname()[1]
+        self._runner = runner
+        port = runner.addresses[0][1]
         host = f"[{self._host}]" if ":" in self._host else self._host
         self.url = f"http://{host}:{port}"
+        self._tasks = [asyncio.create_task(run()) for run in self._background]
 
     async def close(self) -> None:
-        if self._server is None:
-            return
-        self._server.close()
-        for task in list(self._tasks):
+        for task in self._tasks:
             task.cancel()
-        # Handlers end on cancellation (they only await the client or the status builder).
+        # The background tasks end on cancellation (they sleep or await HTTP between rounds).
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self._server.wait_closed()
-        self._server = None
+        self._tasks = []
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
 
     async def __aenter__(self) -> StatusServer:
         await self.start()
@@ -273,101 +168,152 @@ class StatusServer:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._tasks.add(task)
-        try:
-            async with asyncio.timeout(_REQUEST_TIMEOUT):
-                method, code, content_type, body = await self._respond(reader)
-                head = (
-                    f"HTTP/1.1 {code} {_REASONS[code]}\r\n"
-                    f"Content-Type: {content_type}\r\n"
-                    f"Content-Length: {len(body)}\r\n"
-                    "Connection: close\r\n\r\n"
-                )
-                writer.write(head.encode("latin-1") + (b"" if method == "HEAD" else body))
-                await writer.drain()
-        except (TimeoutError, ConnectionError, asyncio.IncompleteReadError, ValueError):
-            # A client that is too slow, sends lines over the limit (ValueError from the
-            # stream) or goes away gets no answer: there is no one to tell.
-            pass
-        finally:
-            writer.close()
-            with contextlib.suppress(ConnectionError, asyncio.CancelledError):
-                await writer.wait_closed()
-            if task is not None:
-                self._tasks.discard(task)
+    # ------------------------------------------------------------------ handlers
 
-    async def _respond(self, reader: asyncio.StreamReader) -> tuple[str, int, str, bytes]:
-        """(method, status code, content type, body) for one request."""
-        parts = (await reader.readline()).decode("latin-1").split()
-        for _ in range(_MAX_HEADERS):
-            if (await reader.readline()).strip() == b"":
-                break
-        else:
-            return "GET", 431, _TEXT, b"too many header lines\n"
-        if len(parts) != 3 or not parts[2].startswith("HTTP/"):
-            return "GET", 400, _TEXT, b"malformed request line\n"
-        method, target = parts[0], urlsplit(parts[1]).path
-        if method not in ("GET", "HEAD"):
-            return method, 405, _TEXT, b"only GET and HEAD are served\n"
-        if target == "/metrics":
-            return method, 200, CONTENT_TYPE_LATEST, self._metrics.exposition()
-        if target == "/status":
-            return (method, *await self._status_body())
-        if target == "/":
-            return method, 200, _TEXT, b"tabletstore: GET /metrics (Prometheus), /status (JSON)\n"
-        return method, 404, _TEXT, f"no such path {target!r}\n".encode()
-
-    async def _status_body(self) -> tuple[int, str, bytes]:
+    async def _index(self, request: web.Request) -> web.Response:
+        if self._page is None:
+            return web.Response(text=_INDEX, content_type="text/plain", charset="utf-8")
         try:
-            model = await self._status(self.url)
+            html = await self._page(self.url)
         except TabletStoreError as exc:
-            # E.g. the coordinator is unreachable: the process is up, its view is not.
-            error = {"error": f"{type(exc).__name__}: {exc}"}
-            return 503, _JSON, json.dumps(error).encode()
-        except Exception as exc:  # a bug in a status builder: answer 500 and log it, not hang
-            log.exception("building /status failed")
-            return 500, _JSON, json.dumps({"error": f"internal: {type(exc).__name__}"}).encode()
-        return 200, _JSON, model.model_dump_json().encode()
+            return web.Response(
+                status=503,
+                text=f"tabletstore: the cluster cannot be read: {type(exc).__name__}: {exc}\n",
+                content_type="text/plain",
+                charset="utf-8",
+            )
+        return web.Response(text=html, content_type="text/html", charset="utf-8")
+
+    async def _metrics_text(self, request: web.Request) -> web.Response:
+        response = web.Response(body=self._metrics.exposition())
+        response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        return response
+
+    async def _static(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        body = static_file(name)
+        if body is None:
+            raise web.HTTPNotFound(text=f"no such file {name!r}\n")
+        response = web.Response(body=body)
+        response.headers["Content-Type"] = STATIC_FILES[name]
+        return response
+
+    def _document(self, build: Build) -> Callable[[web.Request], Awaitable[web.Response]]:
+        async def handler(request: web.Request) -> web.Response:
+            try:
+                model = await build(self.url)
+            except TabletStoreError as exc:
+                # E.g. the coordinator is unreachable: the process is up, its view is not.
+                return _json(503, {"error": f"{type(exc).__name__}: {exc}"})
+            except Exception as exc:  # a bug in a builder: answer 500 and log it, not hang
+                log.exception("building %s failed", request.path)
+                return _json(500, {"error": f"internal: {type(exc).__name__}"})
+            return web.Response(body=model.model_dump_json().encode(), content_type=_JSON)
+
+        return handler
 
 
-_TEXT = "text/plain; charset=utf-8"
 _JSON = "application/json"
-_REASONS = {
-    200: "OK",
-    400: "Bad Request",
-    404: "Not Found",
-    405: "Method Not Allowed",
-    431: "Request Header Fields Too Large",
-    500: "Internal Server Error",
-    503: "Service Unavailable",
-}
+
+
+def _json(status: int, body: object) -> web.Response:
+    return web.Response(status=status, body=json.dumps(body).encode(), content_type=_JSON)
 
 
 # ---------------------------------------------------------------------------- process hooks
 
 
 async def serve_worker(
-    server: WorkerLike, metrics: WorkerMetrics, *, host: str, port: int
+    server: WorkerLike,
+    metrics: WorkerMetrics,
+    *,
+    host: str,
+    port: int,
+    coordinator: Coordinator | None = None,
+    interval: float = DEFAULT_INTERVAL,
 ) -> StatusServer:
-    """Start a worker's endpoint (``run_worker`` calls this for ``--metrics-port``)."""
+    """Start a worker's endpoint and page (``run_worker`` calls this for ``--metrics-port``).
+    ``coordinator``: where the page finds the masters' pages to link to."""
+    http: StatusServer
+
+    async def status(url: str) -> WorkerStatus:
+        return await worker_status(server, metrics, metrics_url=url)
+
+    async def read_self() -> Reading:
+        return {server.worker_id: (http.url, await status(http.url))}
+
+    sampler = Sampler(read_self, interval=interval)
+
+    async def page(url: str) -> str:
+        view = await worker_view(await status(url), sampler, coordinator)
+        return render_worker(view, sampler.charts())
+
+    async def api_worker(url: str) -> BaseModel:
+        return await worker_view(await status(url), sampler, coordinator)
+
+    async def api_charts(url: str) -> BaseModel:
+        return sampler.charts()
+
     http = StatusServer(
-        metrics, lambda url: worker_status(server, metrics, metrics_url=url), host=host, port=port
+        metrics,
+        status,
+        page=page,
+        api={"/api/worker": api_worker, "/api/charts": api_charts},
+        background=[sampler.run],
+        host=host,
+        port=port,
     )
     await http.start()
     return http
 
 
 async def serve_master(
-    master: MasterLike, metrics: MasterMetrics, *, address: str, host: str, port: int
+    master: MasterLike,
+    metrics: MasterMetrics,
+    *,
+    address: str,
+    host: str,
+    port: int,
+    coordinator: Coordinator | None = None,
+    interval: float = DEFAULT_INTERVAL,
 ) -> StatusServer:
-    """Start a master's endpoint (``run_master`` calls this for ``--metrics-port``)."""
+    """Start a master's endpoint (``run_master`` calls this for ``--metrics-port``). With
+    ``coordinator`` it also serves the cluster's page, scraping the workers' pages every
+    ``interval`` seconds for the charts."""
+    http: StatusServer
 
-    def status(url: str) -> Awaitable[MasterStatus]:
-        return master_status(master, metrics, address=address, metrics_url=url)
+    async def status(url: str) -> MasterStatus:
+        return await master_status(master, metrics, address=address, metrics_url=url)
 
-    http = StatusServer(metrics, status, host=host, port=port)
+    if coordinator is None:
+        http = StatusServer(metrics, status, host=host, port=port)
+        await http.start()
+        return http
+    coord = coordinator
+
+    async def read_workers() -> Reading:
+        return await scrape_workers(master, coord, http.session)
+
+    sampler = Sampler(read_workers, interval=interval)
+
+    async def api_cluster(url: str) -> BaseModel:
+        return await cluster_view(master, coord, metrics, sampler, address=address, metrics_url=url)
+
+    async def page(url: str) -> str:
+        view = await cluster_view(master, coord, metrics, sampler, address=address, metrics_url=url)
+        return render_master(view, sampler.charts())
+
+    async def api_charts(url: str) -> BaseModel:
+        return sampler.charts()
+
+    http = StatusServer(
+        metrics,
+        status,
+        page=page,
+        api={"/api/cluster": api_cluster, "/api/charts": api_charts},
+        background=[sampler.run],
+        host=host,
+        port=port,
+    )
     await http.start()
     return http

@@ -17,6 +17,7 @@ from tabletstore.errors import (
 from tabletstore.metadata.catalog import ClusterSettings
 from tabletstore.ops.metrics import WorkerMetrics
 from tabletstore.ops.status_http import StatusServer, serve_worker
+from tabletstore.ops.views import publish_page
 from tabletstore.options import TabletOptions, WorkerOptions
 from tabletstore.rpc.messages import (
     WORKER_METHODS,
@@ -76,7 +77,9 @@ async def run_worker(
     http: StatusServer | None = None
     try:
         if metrics_port is not None:
-            http = await serve_worker(tablet_server, metrics, host=host, port=metrics_port)
+            http = await serve_worker(
+                tablet_server, metrics, host=host, port=metrics_port, coordinator=coordinator
+            )
             if metrics_ready is not None:
                 metrics_ready(http.url)
         await tablet_server.start()
@@ -84,6 +87,8 @@ async def run_worker(
             ready(tablet_server)
         assert tablet_server.lease is not None
         lease = tablet_server.lease
+        if http is not None:  # the master's page links here while this worker's lease lasts
+            await publish_page(coordinator, "worker", wid, http.url, lease)
         stopped = asyncio.ensure_future(stop.wait())
         expired = asyncio.ensure_future(lease.wait_expired())
         try:

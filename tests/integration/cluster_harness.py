@@ -64,6 +64,8 @@ class Cluster:
     store_url: str
     directory: Path
     lease_ttl: float = 3.0
+    #: Every process serves its status page and /metrics on a free port (record.metrics_url).
+    metrics: bool = False
     records: list[ProcessRecord] = field(default_factory=list)
     _numbers: itertools.count[int] = field(default_factory=itertools.count)
 
@@ -80,6 +82,7 @@ class Cluster:
             env=PROCESS_ENV,
             role=role,
             extra_args=("--lease-ttl", str(ttl)),
+            metrics=self.metrics,
         )
         self.records.append(record)
         return record
@@ -92,7 +95,12 @@ class Cluster:
         if split_bytes is not None:
             args += ["--split-bytes", str(split_bytes)]
         record = localstack.start_worker(
-            self.directory, self.url, next(self._numbers), env=PROCESS_ENV, extra_args=args
+            self.directory,
+            self.url,
+            next(self._numbers),
+            env=PROCESS_ENV,
+            extra_args=args,
+            metrics=self.metrics,
         )
         self.records.append(record)
         return record
