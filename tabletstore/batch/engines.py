@@ -100,7 +100,6 @@ def dask_dataframe(
         args=(kw,),
         meta=meta,
         label="tabletstore-snapshot",
-        token=f"{snapshot_id}-{sorted(kw.items())!r}-{max_split_bytes}",
         enforce_metadata=False,
     )
 
