@@ -85,7 +85,7 @@ async def test_bad_bulk_load_files_load_nothing(tmp_path: Path) -> None:
         plain = tmp_path / "plain"
         plain.mkdir()
         pq.write_table(_data(30, 20 + 30).sort_by([("row", "descending")]), plain / "x.parquet")
-        with pytest.raises(InvalidArgument, match="not an SSTable|wrong schema"):
+        with pytest.raises(InvalidArgument, match=r"not an SSTable|wrong schema"):
             await db.bulk_load("web", f"file://{plain}")
         assert await _all(db) == before
         # Duplicate cells are refused when written.
