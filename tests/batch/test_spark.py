@@ -12,7 +12,6 @@ from pyspark.sql import SparkSession
 
 from tabletstore.batch.spark import register
 from tabletstore.embedded import Database
-
 from tests.batch.conftest import cells_of, fill
 
 
