@@ -30,6 +30,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import crc32c
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -37,10 +38,10 @@ import pyarrow.parquet as pq
 
 from tabletstore.data.schema import TableSchema
 from tabletstore.errors import Corruption, InvalidArgument, TabletStoreError
-from tabletstore.keys import Cell, CellKind
-from tabletstore.sstable import write_sstable
+from tabletstore.keys import CellKind
 from tabletstore.sstable.format import SCHEMA
-from tabletstore.sstable.reader import read_sstable_bytes
+from tabletstore.sstable.reader import SSTableCore
+from tabletstore.sstable.writer import write_sstable_table
 from tabletstore.storage_s3 import open_store
 from tabletstore.storage_s3.base import ObjectStore, object_url
 
@@ -145,10 +146,6 @@ def _first_not_strictly_sorted(table: pa.Table) -> int | None:
     return int(np.flatnonzero(~ok.to_numpy(zero_copy_only=False))[0]) + 1
 
 
-def _cells(table: pa.Table) -> list[Cell]:
-    return [Cell(*t) for t in zip(*(table.column(i).to_pylist() for i in range(7)), strict=True)]
-
-
 async def awrite_sstables(
     data: Any,
     url: str,
@@ -171,11 +168,14 @@ async def awrite_sstables(
         while start < table.num_rows:
             end = min(table.num_rows, start + file_cells)
             # Keep a row in one file: files must not overlap in rows.
-            rows = table.column(0)
-            while end < table.num_rows and rows[end].as_py() == rows[end - 1].as_py():
-                end += 1
-            data_bytes, _ = write_sstable(
-                _cells(table.slice(start, end - start)), compression=compression
+            if end < table.num_rows:
+                rows = table.column(0)
+                last = rows[end - 1]
+                tail = rows.slice(end)
+                same = pc.equal(tail, last).to_numpy(zero_copy_only=False)
+                end += int(np.argmin(same)) if not same.all() else len(same)
+            data_bytes, _ = write_sstable_table(
+                table.slice(start, end - start), compression=compression
             )
             key = f"bulk-{token}-{len(keys):05d}.sst"
             await st.create(key, data_bytes)
@@ -226,6 +226,20 @@ async def inspect_sources(store: ObjectStore, schema: TableSchema) -> list[Sourc
     return files
 
 
+def _verified_table(name: str, data: bytes) -> pa.Table:
+    """The cells of an SSTable object as Arrow columns, after its footer, block index and
+    every block's crc32c are checked (no Python object per cell); Corruption otherwise."""
+    core = SSTableCore.from_tail(name, len(data), data)
+    view = memoryview(data)
+    for i, b in enumerate(core.blocks):
+        if crc32c.crc32c(view[b.offset : b.offset + b.length]) != b.crc32c:
+            raise Corruption(f"SSTable {name}: block {i} fails its crc32c checksum")
+    table = pq.read_table(pa.BufferReader(data))
+    if table.num_rows != sum(b.cells for b in core.blocks):
+        raise Corruption(f"SSTable {name}: its cells disagree with its block index")
+    return table
+
+
 def _check_file(name: str, key: str, data: bytes, schema: TableSchema) -> SourceFile:
     try:
         table = pq.read_table(pa.BufferReader(data))
@@ -237,8 +251,8 @@ def _check_file(name: str, key: str, data: bytes, schema: TableSchema) -> Source
             f"(expected the SSTable schema {SCHEMA})"
         )
     try:
-        read_sstable_bytes(data, name=name)  # footer, block index and checksums
-    except (Corruption, TabletStoreError) as exc:
+        table = _verified_table(name, data)
+    except (Corruption, TabletStoreError, pa.ArrowException) as exc:
         raise InvalidArgument(f"bulk-load file {name} is not a valid SSTable: {exc}") from exc
     if table.num_rows == 0:
         raise InvalidArgument(f"bulk-load file {name} has no cells")
@@ -268,27 +282,39 @@ async def cells_for_tablet(
     start_row: bytes,
     end_row: bytes | None,
     schema: TableSchema,
-) -> dict[str, list[Cell]]:
+) -> dict[str, pa.Table]:
     """The cells of the files ``keys`` (in row order, not overlapping) that fall in
-    ``[start_row, end_row)``, per locality group (module docstring, step 2)."""
+    ``[start_row, end_row)``, per locality group, sorted (module docstring, step 2)."""
     store = open_store(source_url)
-    groups: dict[str, list[Cell]] = {}
+    parts: list[pa.Table] = []
     try:
         for key in keys:
             data = await store.get(key)
             name = object_url(store.url, key)
             if data is None:
                 raise InvalidArgument(f"bulk-load file {name} is gone")
-            for c in read_sstable_bytes(data, name=name):
-                if c.row < start_row or (end_row is not None and c.row >= end_row):
-                    continue
-                fam = schema.families.get(c.family)
-                if fam is None:
-                    raise InvalidArgument(f"bulk-load file {name}: unknown family {c.family!r}")
-                groups.setdefault(fam.locality_group, []).append(c)
+            table = _verified_table(name, data)
+            rows = table.column(0)
+            keep = pc.greater_equal(rows, pa.scalar(start_row, pa.binary()))
+            if end_row is not None:
+                keep = pc.and_(keep, pc.less(rows, pa.scalar(end_row, pa.binary())))
+            parts.append(table.filter(keep))
     finally:
         await store.close()
-    return groups
+    cells = pa.concat_tables(parts) if parts else SCHEMA.empty_table()
+    families = pc.unique(cells.column(1)).to_pylist()
+    unknown = set(families) - set(schema.families)
+    if unknown:
+        raise InvalidArgument(f"bulk-load cells of families {sorted(unknown)} the table lacks")
+    by_group: dict[str, list[str]] = {}
+    for fam in families:
+        by_group.setdefault(schema.families[fam].locality_group, []).append(fam)
+    if len(by_group) == 1:
+        return {next(iter(by_group)): cells}
+    return {
+        group: cells.filter(pc.is_in(cells.column(1), value_set=pa.array(fams, pa.string())))
+        for group, fams in by_group.items()
+    }
 
 
 def overlapping(files: Sequence[SourceFile], start: bytes, end: bytes | None) -> list[str]:

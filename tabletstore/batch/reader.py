@@ -25,6 +25,16 @@ qualifier, newest timestamp first::
 split has the same schema), a ``binary`` column named ``family:qualifier`` holding the newest
 visible value (null when the row has none).
 
+The Arrow path. The per-cell rules drop a cell only for a deletion entry, a seq past the
+cut, an older rewrite of the same version, or a GC rule. When a split has none of them — its
+SSTables' footers count no deletion entries and their largest seq is at most the cut, the
+families read have no GC rule, no filter is asked for, and no two cells of the merge share
+(row, family, qualifier, timestamp) (checked column-wise; identical entries seen twice are
+one, as in the merge) — the rules keep every cell, and the split is read as Arrow columns end
+to end (``SSTable.scan_arrow``, sorted and checked with Arrow compute) with no Python object
+per cell. Otherwise, or when the check fails, the split takes the per-cell engine path.
+Both paths give the same batches (tests/batch/test_snapshots.py compares them).
+
 Projection and selection, applied as a read of the table applies them: ``columns`` (families
 ``"f"`` or columns ``"f:q"``), ``row_range`` (a :class:`~tabletstore.data.query.RowRange`),
 ``start_ts``/``end_ts`` (µs, ``[start, end)``; applied after deletions and versions, like a
@@ -40,6 +50,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from tabletstore.clock import micros
 from tabletstore.data.filters import RowFilter, apply_filter
@@ -50,6 +61,7 @@ from tabletstore.engine.iterators import AsyncCellSource, amerge_batches, avisib
 from tabletstore.errors import InvalidArgument, NotFound
 from tabletstore.metadata.snapshot import SnapshotManifest, TabletSnapshot, find_manifest
 from tabletstore.sstable import SSTable
+from tabletstore.sstable.format import SCHEMA
 from tabletstore.storage_s3 import open_store
 from tabletstore.storage_s3.base import ObjectStore, object_url
 
@@ -278,9 +290,10 @@ async def aread_split(
     shape: str = "cells",
     batch_rows: int = BATCH_ROWS,
     store: ObjectStore | None = None,
+    arrow_path: bool = True,
 ) -> AsyncIterator[pa.RecordBatch]:
     """The visible cells of ``split`` as Arrow record batches of ``shape`` (see the module
-    docstring for every argument)."""
+    docstring for every argument; ``arrow_path=False`` forces the per-cell path)."""
     if shape not in ("cells", "wide"):
         raise InvalidArgument(f"shape must be 'cells' or 'wide', got {shape!r}")
     if shape == "wide" and not columns:
@@ -310,6 +323,15 @@ async def aread_split(
             if group in groups
             for ref in refs
         ]
+        gc_rules = {name: fam.gc_rule for name, fam in schema.families.items()}
+        if arrow_path and shape == "cells" and filter is None:
+            fast = await _arrow_cells(tables, tablet.cut_seq, families, gc_rules, start, end)
+            if fast is not None:
+                selected = _select(fast, families, exact, whole, start_ts, end_ts)
+                for b in selected.to_batches(max_chunksize=batch_rows):
+                    if b.num_rows:
+                        yield b
+                return
         sources: list[AsyncCellSource] = [
             t.scan_blocks(start, end, fill_cache=False) for t in tables
         ]
@@ -334,6 +356,88 @@ async def aread_split(
     finally:
         if own:
             await st.close()
+
+
+async def _arrow_cells(
+    tables: Sequence[SSTable],
+    cut_seq: int,
+    families: set[str],
+    gc_rules: dict[str, Any],
+    start: bytes,
+    end: bytes | None,
+) -> pa.Table | None:
+    """The merged cells of ``tables`` in ``[start, end)`` as one sorted Arrow table when the
+    visibility rules would keep every one of them (module docstring); None otherwise."""
+    if any(gc_rules.get(f) is not None for f in families):
+        return None
+    for t in tables:
+        if t.footer.kind_counts[0] != t.cells or t.max_seq > cut_seq:
+            return None
+    parts = [part for t in tables async for part in t.scan_arrow(start, end, fill_cache=False)]
+    if not parts:
+        return SCHEMA.empty_table()
+    merged = pa.concat_tables(parts)
+    if len(tables) > 1:
+        merged = merged.sort_by(_SORT)
+        merged = merged.filter(_not_repeated(merged, 5))  # the same entry seen twice
+    if not pc.all(_not_repeated(merged, 4)).as_py():
+        return None  # a rewrite of a version: the per-cell rules decide
+    return merged
+
+
+_SORT = [
+    ("row", "ascending"),
+    ("family", "ascending"),
+    ("qualifier", "ascending"),
+    ("ts", "descending"),
+    ("seq", "descending"),
+]
+
+
+def _not_repeated(table: pa.Table, width: int) -> pa.Array:
+    """True for each cell whose first ``width`` key columns differ from its predecessor's."""
+    n = table.num_rows
+    if n < 2:
+        return pa.array([True] * n)
+    same = None
+    for i in range(width):
+        col = table.column(i)
+        eq = pc.equal(col.slice(1), col.slice(0, n - 1))
+        same = eq if same is None else pc.and_(same, eq)
+    assert same is not None
+    return pa.concat_arrays([pa.array([True]), pc.invert(same).combine_chunks()])
+
+
+def _select(
+    table: pa.Table,
+    families: set[str],
+    exact: set[tuple[str, bytes]] | None,
+    whole: set[str],
+    start_ts: int | None,
+    end_ts: int | None,
+) -> pa.Table:
+    """:func:`_rows`'s projection and timestamp selection, column-wise, in the cells shape."""
+    fam = table.column(1)
+    keep = pc.is_in(fam, value_set=pa.array(sorted(families), pa.string()))
+    if exact is not None:
+        col = pc.is_in(
+            pc.binary_join_element_wise(
+                pc.cast(fam, pa.binary()), table.column(2), pa.scalar(b"\x00", pa.binary())
+            ),
+            value_set=pa.array([f.encode() + b"\x00" + q for f, q in sorted(exact)], pa.binary()),
+        )
+        keep = pc.and_(
+            keep, pc.or_(col, pc.is_in(fam, value_set=pa.array(sorted(whole), pa.string())))
+        )
+    if start_ts is not None:
+        keep = pc.and_(keep, pc.greater_equal(table.column(3), start_ts))
+    if end_ts is not None:
+        keep = pc.and_(keep, pc.less(table.column(3), end_ts))
+    out = table.filter(keep)
+    return pa.Table.from_arrays(
+        [out.column(0), out.column(1), out.column(2), out.column(3), out.column(6)],
+        schema=CELLS_SCHEMA,
+    )
 
 
 async def _rows(

@@ -52,6 +52,9 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mappin
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+import numpy as np
+import pyarrow as pa
+
 from tabletstore.clock import Clock, SystemClock, micros
 from tabletstore.data.filters import RowFilter, apply_filter, regex_cost
 from tabletstore.data.model import Cell as ApiCell
@@ -80,6 +83,7 @@ from tabletstore.metadata.record import LogRef, SSTableRef, TabletRecord
 from tabletstore.options import TabletOptions
 from tabletstore.sstable import SSTable, SSTableInfo, write_sstable
 from tabletstore.sstable.block_cache import BlockCache, ScanCache
+from tabletstore.sstable.writer import write_sstable_table
 from tabletstore.storage_s3 import layout
 from tabletstore.storage_s3.base import ObjectStore
 
@@ -1090,28 +1094,38 @@ class Tablet:
                 out[group] = (ref, *out.get(group, ()))
         return {g: refs for g, refs in out.items() if refs}
 
-    async def bulk_load(self, groups: Mapping[str, Sequence[Cell]]) -> TabletRecord:
-        """Add bulk-loaded cells (§8; sorted, in this tablet's range, families of its schema)
-        as new SSTables, one per locality group, in one record update: all of them or none.
+    async def bulk_load(self, groups: Mapping[str, pa.Table]) -> TabletRecord:
+        """Add bulk-loaded cells (§8; Arrow tables of the SSTable schema, sorted, puts only,
+        in this tablet's range, families of its schema) as new SSTables, one per locality
+        group, in one record update: all of them or none.
 
         The cells' seqs are replaced by fresh ones from the worker's sequence, so loaded
         cells behave exactly like writes made now: newer than every cell already in the
         tablet (a later delete masks them, an earlier one does not)."""
         self._check_writable()
-        total = sum(len(cells) for cells in groups.values())
+        total = sum(t.num_rows for t in groups.values())
         if not total:
             return self.record
         async with self._compaction_lock:
             self._check_writable()
             first = self._log.allocate(total)
             written: dict[str, tuple[SSTableRef, SSTable]] = {}
-            seq = first
             for group, cells in sorted(groups.items()):
-                renumbered = [c._replace(seq=seq + i) for i, c in enumerate(cells)]
-                seq += len(cells)
-                ref = await self._write_sstable(group, renumbered, major=False)
-                if ref is not None:
-                    written[group] = (ref, await self._open(ref))
+                n = cells.num_rows
+                # Distinct (row, family, qualifier, ts) per cell (checked by the loader), so
+                # any seq order keeps the cells sorted.
+                seqs = pa.array(np.arange(first, first + n, dtype=np.int64))
+                first += n
+                renumbered = cells.set_column(4, "seq", seqs)
+                lg = self._schema.locality_groups.get(group)
+                data, info = write_sstable_table(
+                    renumbered,
+                    compression=lg.compression if lg is not None else "zstd",
+                    block_size=lg.block_size if lg is not None else 64 * 1024,
+                    locality_group=group,
+                )
+                ref = await self._upload(group, data, info)
+                written[group] = (ref, await self._open(ref))
             async with self._state_lock:
                 state = self._state
                 record = state.record

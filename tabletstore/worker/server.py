@@ -665,7 +665,7 @@ class TabletServer:
             req.source_url, req.keys, rec.start_row, rec.end_row, tablet.schema
         )
         await tablet.bulk_load(groups)
-        return BulkLoadTabletResponse(sum(len(c) for c in groups.values()))
+        return BulkLoadTabletResponse(sum(t.num_rows for t in groups.values()))
 
     async def update_schema(self, req: UpdateSchemaRequest) -> None:
         info = await self._catalog.get_table(req.table_name)
