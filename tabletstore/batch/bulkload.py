@@ -226,28 +226,37 @@ async def inspect_sources(store: ObjectStore, schema: TableSchema) -> list[Sourc
     return files
 
 
-def _verified_table(name: str, data: bytes) -> pa.Table:
-    """The cells of an SSTable object as Arrow columns, after its footer, block index and
-    every block's crc32c are checked (no Python object per cell); Corruption otherwise."""
+def _verified_table(
+    name: str, data: bytes, start_row: bytes = b"", end_row: bytes | None = None
+) -> pa.Table:
+    """The cells of an SSTable object's blocks that may hold rows of ``[start_row,
+    end_row)``, as Arrow columns, after its footer, block index and those blocks' crc32c are
+    checked (no Python object per cell); Corruption otherwise."""
     core = SSTableCore.from_tail(name, len(data), data)
     view = memoryview(data)
-    for i, b in enumerate(core.blocks):
+    wanted = [
+        i
+        for i, b in enumerate(core.blocks)
+        if b.last_row >= start_row and (end_row is None or b.first_row < end_row)
+    ]
+    for i in wanted:
+        b = core.blocks[i]
         if crc32c.crc32c(view[b.offset : b.offset + b.length]) != b.crc32c:
             raise Corruption(f"SSTable {name}: block {i} fails its crc32c checksum")
-    table = pq.read_table(pa.BufferReader(data))
-    if table.num_rows != sum(b.cells for b in core.blocks):
+    table = pq.ParquetFile(pa.BufferReader(data)).read_row_groups(wanted)
+    if table.num_rows != sum(core.blocks[i].cells for i in wanted):
         raise Corruption(f"SSTable {name}: its cells disagree with its block index")
     return table
 
 
 def _check_file(name: str, key: str, data: bytes, schema: TableSchema) -> SourceFile:
     try:
-        table = pq.read_table(pa.BufferReader(data))
+        file_schema = pq.ParquetFile(pa.BufferReader(data)).schema_arrow.remove_metadata()
     except (pa.ArrowException, OSError) as exc:
         raise InvalidArgument(f"bulk-load file {name} is not an SSTable: {exc}") from exc
-    if not table.schema.remove_metadata().equals(SCHEMA):
+    if not file_schema.equals(SCHEMA):
         raise InvalidArgument(
-            f"bulk-load file {name} has the wrong schema: {table.schema.remove_metadata()} "
+            f"bulk-load file {name} has the wrong schema: {file_schema} "
             f"(expected the SSTable schema {SCHEMA})"
         )
     try:
@@ -293,7 +302,7 @@ async def cells_for_tablet(
             name = object_url(store.url, key)
             if data is None:
                 raise InvalidArgument(f"bulk-load file {name} is gone")
-            table = _verified_table(name, data)
+            table = _verified_table(name, data, start_row, end_row)
             rows = table.column(0)
             keep = pc.greater_equal(rows, pa.scalar(start_row, pa.binary()))
             if end_row is not None:

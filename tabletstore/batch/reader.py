@@ -45,6 +45,7 @@ evaluated per row by :func:`~tabletstore.data.filters.apply_filter` exactly as a
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
@@ -373,11 +374,15 @@ async def _arrow_cells(
     for t in tables:
         if t.footer.kind_counts[0] != t.cells or t.max_seq > cut_seq:
             return None
-    parts = [part for t in tables async for part in t.scan_arrow(start, end, fill_cache=False)]
+    # SSTables whose row ranges do not overlap merge by concatenation in row order (the
+    # usual case for flushes of sequential writes); others are sorted together.
+    ordered = sorted(tables, key=lambda t: t.first_row)
+    disjoint = all(a.last_row < b.first_row for a, b in itertools.pairwise(ordered))
+    parts = [part for t in ordered async for part in t.scan_arrow(start, end, fill_cache=False)]
     if not parts:
         return SCHEMA.empty_table()
     merged = pa.concat_tables(parts)
-    if len(tables) > 1:
+    if not disjoint:
         merged = merged.sort_by(_SORT)
         merged = merged.filter(_not_repeated(merged, 5))  # the same entry seen twice
     if not pc.all(_not_repeated(merged, 4)).as_py():

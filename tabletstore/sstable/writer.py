@@ -347,16 +347,23 @@ class _Builder:
 
     def _cut_blocks(self, *, final: bool) -> None:
         """Write every full block of the pending cells; with ``final``, the rest too."""
-        while self._pending is not None and self._pending.num_rows:
-            cumulative = np.cumsum(self._pending_sizes)
-            n = int(np.searchsorted(cumulative, self._block_size)) + 1
-            if n > len(cumulative):
+        if self._pending is None:
+            return
+        # One cumulative sum per call (not per block): a large add_table cuts many blocks.
+        cumulative = np.cumsum(self._pending_sizes)
+        done = 0  # cells of the pending table already written
+        base = 0  # their raw bytes
+        while done < len(cumulative):
+            n = int(np.searchsorted(cumulative, base + self._block_size)) + 1 - done
+            if done + n > len(cumulative):
                 if not final:
-                    return
-                n = len(cumulative)
-            self._write_block(self._pending.slice(0, n))
-            self._pending = self._pending.slice(n)
-            self._pending_sizes = self._pending_sizes[n:]
+                    break
+                n = len(cumulative) - done
+            self._write_block(self._pending.slice(done, n))
+            done += n
+            base = int(cumulative[done - 1])
+        self._pending = self._pending.slice(done)
+        self._pending_sizes = self._pending_sizes[done:]
 
     def _write_block(self, block: pa.Table) -> None:
         n = block.num_rows
