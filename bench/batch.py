@@ -54,7 +54,10 @@ def make_data(rows: int, per_row: int, value_bytes: int) -> pa.Table:
 
 
 def raw_bytes(data: pa.Table) -> int:
-    return sum(len(v) for col in ("row", "qualifier", "value") for v in data.column(col).to_pylist()) + 2 * data.num_rows
+    return (
+        sum(len(v) for col in ("row", "qualifier", "value") for v in data.column(col).to_pylist())
+        + 2 * data.num_rows
+    )
 
 
 def write_csv(data: pa.Table, path: Path, per_row: int) -> None:
@@ -91,10 +94,12 @@ def main() -> None:
         bulk_s = time.perf_counter() - t0
         # tabletstore import of the same rows.
         t0 = time.perf_counter()
-        cli._import(db, "imported", csv_path, cli._import_plan(()))  # noqa: SLF001
+        cli._import(db, "imported", csv_path, cli._import_plan(()))
         import_s = time.perf_counter() - t0
         results.append(("bulk load (write_sstables + bulk_load)", f"{mb / bulk_s:,.1f} MB/s", ""))
-        results.append(("tabletstore import (CSV, client mutations)", f"{mb / import_s:,.1f} MB/s", ""))
+        results.append(
+            ("tabletstore import (CSV, client mutations)", f"{mb / import_s:,.1f} MB/s", "")
+        )
         results.append(("bulk load / import", f"{import_s / bulk_s:,.1f}x", "target >= 10x"))
 
         # Reads of the same table: the client's scan, and the snapshot reader.
@@ -110,7 +115,12 @@ def main() -> None:
         assert read == cells, (read, cells)
         from distributed import Client, LocalCluster
 
-        with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as lc, Client(lc):
+        with (
+            LocalCluster(
+                n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+            ) as lc,
+            Client(lc),
+        ):
             df = dask_dataframe(store_url, snap.snapshot_id, max_split_bytes=1 << 20)
             len(df)  # warm the workers (imports) before timing
             t0 = time.perf_counter()
@@ -118,10 +128,20 @@ def main() -> None:
             dask_s = time.perf_counter() - t0
         assert dask_cells == cells, (dask_cells, cells)
         results.append(("client scan (read_rows)", f"{cells / scan_s:,.0f} cells/s", ""))
-        results.append(("tabletstore.batch, 1 process", f"{cells / read_s:,.0f} cells/s",
-                        f"{scan_s / read_s:,.1f}x the scan (target >= 5x)"))
-        results.append(("tabletstore.batch on Dask, 2 workers", f"{cells / dask_s:,.0f} cells/s",
-                        f"{scan_s / dask_s:,.1f}x the scan"))
+        results.append(
+            (
+                "tabletstore.batch, 1 process",
+                f"{cells / read_s:,.0f} cells/s",
+                f"{scan_s / read_s:,.1f}x the scan (target >= 5x)",
+            )
+        )
+        results.append(
+            (
+                "tabletstore.batch on Dask, 2 workers",
+                f"{cells / dask_s:,.0f} cells/s",
+                f"{scan_s / dask_s:,.1f}x the scan",
+            )
+        )
     finally:
         db.close()
     print(f"{args.rows:,} rows, {cells:,} cells, {mb:,.1f} MB raw; {os.cpu_count()} cores")
