@@ -50,6 +50,7 @@ from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -378,7 +379,7 @@ async def _arrow_cells(
     # usual case for flushes of sequential writes); others are sorted together.
     ordered = sorted(tables, key=lambda t: t.first_row)
     disjoint = all(a.last_row < b.first_row for a, b in itertools.pairwise(ordered))
-    parts = [part for t in ordered async for part in t.scan_arrow(start, end, fill_cache=False)]
+    parts = [part for part in [await t.read_arrow(start, end) for t in ordered] if part.num_rows]
     if not parts:
         return SCHEMA.empty_table()
     merged = pa.concat_tables(parts)
@@ -400,17 +401,23 @@ _SORT = [
 
 
 def _not_repeated(table: pa.Table, width: int) -> pa.Array:
-    """True for each cell whose first ``width`` key columns differ from its predecessor's."""
+    """True for each cell whose first ``width`` key columns (row, family, qualifier, ts,
+    then seq) differ from its predecessor's. Candidates are narrowed column by column, the
+    cheap integer timestamp first, so mostly distinct keys cost one comparison."""
     n = table.num_rows
+    mask = np.ones(n, dtype=bool)
     if n < 2:
-        return pa.array([True] * n)
-    same = None
-    for i in range(width):
+        return pa.array(mask)
+    ts = table.column(3)
+    cand = np.flatnonzero(pc.equal(ts.slice(1), ts.slice(0, n - 1)).to_numpy(zero_copy_only=False))
+    for i in [c for c in (2, 1, 0, 4) if c < width]:
+        if not len(cand):
+            break
         col = table.column(i)
-        eq = pc.equal(col.slice(1), col.slice(0, n - 1))
-        same = eq if same is None else pc.and_(same, eq)
-    assert same is not None
-    return pa.concat_arrays([pa.array([True]), pc.invert(same).combine_chunks()])
+        same = pc.equal(col.take(cand + 1), col.take(cand)).to_numpy(zero_copy_only=False)
+        cand = cand[same]
+    mask[cand + 1] = False
+    return pa.array(mask)
 
 
 def _select(
@@ -423,6 +430,13 @@ def _select(
 ) -> pa.Table:
     """:func:`_rows`'s projection and timestamp selection, column-wise, in the cells shape."""
     fam = table.column(1)
+    if exact is None and start_ts is None and end_ts is None:
+        present = set(pc.unique(fam).to_pylist())
+        if present <= families:  # nothing to drop: no filter pass over the cells
+            return pa.Table.from_arrays(
+                [table.column(0), fam, table.column(2), table.column(3), table.column(6)],
+                schema=CELLS_SCHEMA,
+            )
     keep = pc.is_in(fam, value_set=pa.array(sorted(families), pa.string()))
     if exact is not None:
         col = pc.is_in(

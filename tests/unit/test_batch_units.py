@@ -15,10 +15,12 @@ from tabletstore.metadata.snapshot import SnapshotManifest, TabletSnapshot
 from tabletstore.rpc import messages as m
 from tabletstore.rpc.codec import Codec
 from tabletstore.rpc.wire import register_all
+from tabletstore.sstable import SSTable
 from tabletstore.sstable.format import SCHEMA
 from tabletstore.sstable.writer import write_sstable, write_sstable_table
 from tabletstore.storage_s3 import layout
 from tabletstore.storage_s3.base import ObjectInfo
+from tabletstore.storage_s3.memory import MemoryObjectStore
 
 SST = layout.sstable_key("t1", "t00000", "default", "a" * 32)
 MANIFEST = layout.snapshot_key("t1", "s1")
@@ -100,3 +102,26 @@ def test_the_arrow_writer_writes_the_same_bytes() -> None:
 def test_batch_messages_cross_the_wire(msg: object) -> None:
     codec = register_all(Codec())
     assert codec.decode(codec.encode(msg)) == msg
+
+
+@pytest.mark.parametrize(
+    ("start", "end"),
+    [(b"", None), (b"r0100", b"r0300"), (b"r0100\x00", b"r0101"), (b"r0799", None), (b"s", None)],
+)
+async def test_read_arrow_reads_what_a_scan_reads(start: bytes, end: bytes | None) -> None:
+    cells = sorted(
+        (
+            Cell(b"r%04d" % i, "cf", b"q%d" % j, 1000, 10 + j, 0, b"v" * (i % 40))
+            for i in range(800)
+            for j in range(3)
+        ),
+        key=cell_sort_key,
+    )
+    data, _ = write_sstable(cells, block_size=1024)
+    store = MemoryObjectStore(f"memory://read-arrow-{start!r}-{end!r}")
+    await store.create("x", data)
+    table = await SSTable.open(store, "x", size=len(data))
+    assert table.block_count > 10
+    arrow = await table.read_arrow(start, end)
+    scanned = [c async for c in table.scan(start, end)]
+    assert [Cell(*r.values()) for r in arrow.to_pylist()] == scanned
