@@ -115,8 +115,10 @@ class Master:
         master creates it (none: one METADATA tablet after the root). ``options``: how
         :attr:`balancer` moves and merges tablets."""
         self._coord = coordinator
-        # Where snapshot manifests go; a cluster's master opens it from ClusterSettings.
+        # Where snapshot manifests go; a cluster's master opens it from ClusterSettings
+        # (and then closes it in close()).
         self._store = store
+        self._own_store = False
         # A short deadline: a METADATA tablet that is not served ends an assignment round
         # (the next one goes on) instead of stalling it.
         self.locations = LocationCache(coordinator, transport)
@@ -296,6 +298,9 @@ class Master:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self._own_store and self._store is not None:
+            await self._store.close()
+            self._store, self._own_store = None, False
 
     # ------------------------------------------------------------------ tables
 
@@ -411,6 +416,7 @@ class Master:
         if self._store is None:
             settings = await ClusterSettings.load(self._coord)
             self._store = open_store(settings.store_url)
+            self._own_store = True
         return self._store
 
     async def _locate(self, records: list[TabletRecord]) -> dict[str, str]:

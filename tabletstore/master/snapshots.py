@@ -173,23 +173,78 @@ async def bulk_load(
         files: list[SourceFile] = await inspect_sources(source, info.schema)
     finally:
         await source.close()
-    records = await catalog.list_tablets(info.table_id)
-    where = await locate(records)
-    jobs = [
-        (rec, keys) for rec in records if (keys := overlapping(files, rec.start_row, rec.end_row))
-    ]
-    replies = await asyncio.gather(
-        *(
-            transport.call(
-                where[rec.tablet_id],
-                "bulk_load_tablet",
-                BulkLoadTabletRequest(rec.table_id, rec.tablet_id, url, tuple(keys)),
-            )
-            for rec, keys in jobs
+    return await _load_range(info, url, files, b"", None, catalog, transport, locate)
+
+
+async def _load_range(
+    info: TableInfo,
+    url: str,
+    files: list[SourceFile],
+    start: bytes,
+    end: bytes | None,
+    catalog: Catalog,
+    transport: Transport,
+    locate: Locate,
+) -> tuple[int, int]:
+    """Load the files' rows in ``[start, end)`` into the tablets covering that range. A
+    tablet that split or moved meanwhile refuses its call having committed nothing (its load
+    is one record update), so its range is looked up again and loaded into what serves it
+    now, until ``_ATTEMPTS`` lookups have failed."""
+    tablets = cells = 0
+    pending: list[tuple[bytes, bytes | None]] = [(start, end)]
+    for attempt in range(_ATTEMPTS):
+        if not pending:
+            break
+        retry: list[tuple[bytes, bytes | None]] = []
+        records = await catalog.list_tablets(info.table_id)
+        jobs = []
+        for lo, hi in pending:
+            for rec in records:
+                if (hi is not None and rec.start_row >= hi) or (
+                    rec.end_row is not None and rec.end_row <= lo
+                ):
+                    continue
+                a = max(lo, rec.start_row)
+                b = (
+                    hi
+                    if rec.end_row is None
+                    else rec.end_row
+                    if hi is None
+                    else min(hi, rec.end_row)
+                )
+                if keys := overlapping(files, a, b):
+                    jobs.append((rec, a, b, keys))
+        try:
+            where = await locate([rec for rec, *_ in jobs])
+        except NotServing as exc:
+            log.info("bulk load into %s: %s; looking again", info.schema.name, exc)
+            await asyncio.sleep(0.05 * 2**attempt)
+            continue
+        replies = await asyncio.gather(
+            *(
+                transport.call(
+                    where[rec.tablet_id],
+                    "bulk_load_tablet",
+                    BulkLoadTabletRequest(rec.table_id, rec.tablet_id, url, tuple(keys), a, b),
+                )
+                for rec, a, b, keys in jobs
+            ),
+            return_exceptions=True,
         )
-    )
-    cells = 0
-    for reply in replies:
-        assert isinstance(reply, BulkLoadTabletResponse)
-        cells += reply.cells
-    return len(jobs), cells
+        for (_, a, b, _), reply in zip(jobs, replies, strict=True):
+            if isinstance(reply, BulkLoadTabletResponse):
+                tablets += 1
+                cells += reply.cells
+            elif isinstance(reply, (NotServing, Unreachable)):
+                retry.append((a, b))  # nothing of it was committed: load it again
+            elif isinstance(reply, BaseException):
+                raise reply
+        pending = retry
+        if pending:
+            await asyncio.sleep(0.05 * 2**attempt)
+    if pending:
+        raise Unavailable(
+            f"bulk load into {info.schema.name!r}: rows {pending} could not be loaded (their "
+            f"tablets kept moving); {cells} cells in {tablets} tablets were loaded"
+        )
+    return tablets, cells

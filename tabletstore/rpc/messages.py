@@ -278,12 +278,15 @@ class SnapshotWriteResponse:
 @dataclass(frozen=True, slots=True)
 class BulkLoadTabletRequest:
     """Master to worker: add the cells of these SSTable objects (in the store ``source_url``)
-    that fall in the tablet's range, as new SSTables of the tablet, in one record update."""
+    that fall in the tablet's range and in ``[start_row, end_row)``, as new SSTables of the
+    tablet, in one record update."""
 
     table_id: str
     tablet_id: str
     source_url: str
     keys: tuple[str, ...]
+    start_row: bytes = b""
+    end_row: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)

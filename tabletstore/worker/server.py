@@ -661,9 +661,10 @@ class TabletServer:
         """Add the bulk-load files' cells in the tablet's range (``Tablet.bulk_load``)."""
         tablet = self._tablet(req.table_id, req.tablet_id)
         rec = tablet.record
-        groups = await cells_for_tablet(
-            req.source_url, req.keys, rec.start_row, rec.end_row, tablet.schema
-        )
+        start = max(rec.start_row, req.start_row)
+        ends = [e for e in (rec.end_row, req.end_row) if e is not None]
+        end = min(ends) if ends else None
+        groups = await cells_for_tablet(req.source_url, req.keys, start, end, tablet.schema)
         await tablet.bulk_load(groups)
         return BulkLoadTabletResponse(sum(t.num_rows for t in groups.values()))
 

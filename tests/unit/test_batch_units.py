@@ -125,3 +125,46 @@ async def test_read_arrow_reads_what_a_scan_reads(start: bytes, end: bytes | Non
     arrow = await table.read_arrow(start, end)
     scanned = [c async for c in table.scan(start, end)]
     assert [Cell(*r.values()) for r in arrow.to_pylist()] == scanned
+
+
+async def test_a_bulk_load_follows_a_tablet_that_split_under_it() -> None:
+    """The worker refuses a tablet that split (NotServing: nothing of it committed); the
+    master looks its range up again and loads exactly that range into the children."""
+    from tabletstore.batch.bulkload import SourceFile
+    from tabletstore.errors import NotServing
+    from tabletstore.master.snapshots import _load_range
+    from tabletstore.metadata.catalog import TableInfo
+    from tabletstore.metadata.record import TabletRecord
+
+    parent = [TabletRecord("t1", "a", b"", b"m"), TabletRecord("t1", "b", b"m", None)]
+    children = [
+        TabletRecord("t1", "a", b"", b"m"),
+        TabletRecord("t1", "b1", b"m", b"s"),
+        TabletRecord("t1", "b2", b"s", None),
+    ]
+    calls: list[tuple[str, bytes, bytes | None]] = []
+
+    class Catalog:
+        rounds = 0
+
+        async def list_tablets(self, table_id: str) -> list[TabletRecord]:
+            self.rounds += 1
+            return parent if self.rounds == 1 else children
+
+    class Transport:
+        async def call(self, address: str, method: str, req: m.BulkLoadTabletRequest) -> object:
+            calls.append((req.tablet_id, req.start_row, req.end_row))
+            if req.tablet_id == "b":
+                raise NotServing("split")
+            return m.BulkLoadTabletResponse(10)
+
+    async def locate(records: list[TabletRecord]) -> dict[str, str]:
+        return {r.tablet_id: "w" for r in records}
+
+    files = [SourceFile("f", 1, b"c", b"x", 30)]
+    info = TableInfo("t1", TableSchema(name="t"))
+    done = await _load_range(info, "file:///x", files, b"", None, Catalog(), Transport(), locate)  # type: ignore[arg-type]
+    assert done == (3, 30)
+    assert sorted(calls) == sorted(
+        [("a", b"", b"m"), ("b", b"m", None), ("b1", b"m", b"s"), ("b2", b"s", None)]
+    )
