@@ -1044,6 +1044,13 @@ class Tablet:
             async with asyncio.timeout(hold_seconds):
                 await self._idle.wait()
             self._check_open()
+        except TimeoutError as exc:
+            timer.cancel()
+            self._open_gate(gate)
+            raise Unavailable(
+                f"tablet {self.record.tablet_id}: writes in flight did not finish within "
+                f"{hold_seconds} s of a snapshot's hold; retry"
+            ) from exc
         except BaseException:
             timer.cancel()
             self._open_gate(gate)

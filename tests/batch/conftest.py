@@ -3,7 +3,8 @@ several versions, per-family GC rules, all through the public API."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,6 +13,8 @@ import pytest
 from tabletstore.data.model import DeleteCells, DeleteFamily, DeleteRow, Row, SetCell
 from tabletstore.data.schema import ColumnFamily, LocalityGroup, MaxVersionsRule
 from tabletstore.embedded import Database
+from tests.integration.cluster_harness import Cluster
+from tests.plugins.s3_server import boto3_client
 
 SPLITS = [b"row040", b"row080"]
 
@@ -71,6 +74,27 @@ async def fill(db: Database, name: str = "web") -> None:
         await t.mutate_row(b"row%03d" % i, [DeleteFamily("anchor")])
     for i in range(5, 120, 17):
         await t.mutate_row(b"row%03d" % i, [DeleteCells("contents", b"html", 1002, 1003)])
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    etcd_server: str, s3_server: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Cluster]:
+    name = f"batch-{uuid.uuid4().hex[:12]}"
+    boto3_client(s3_server).create_bucket(Bucket=name)
+    c = Cluster(
+        url=f"etcd://{etcd_server}/{name}",
+        store_url=f"s3://{name}/data?endpoint_url={s3_server}&region=us-east-1",
+        directory=tmp_path_factory.mktemp("batch-cluster"),
+        lease_ttl=5.0,
+    )
+    try:
+        c.start_master()
+        for _ in range(2):
+            c.start_worker()
+        yield c
+    finally:
+        c.close()
 
 
 @pytest.fixture

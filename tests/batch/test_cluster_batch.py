@@ -11,19 +11,17 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 
 import pyarrow as pa
 import pytest
 
 from tabletstore import batch, connect_async
-from tabletstore.batch.engines import awrite_rows
+from tabletstore.batch.engines import awrite_rows, dask_write_rows
 from tabletstore.errors import PermissionDenied
 from tabletstore.storage_s3 import open_store
 from tabletstore.storage_s3.base import ObjectStore
 from tests.batch.conftest import cells_of, fill
 from tests.integration.cluster_harness import PROCESS_ENV, Cluster
-from tests.plugins.s3_server import boto3_client
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -39,27 +37,6 @@ class ReadOnly:
         if name in ("create", "delete", "delete_many"):
             raise PermissionDenied(f"read-only credentials: {name} refused")
         return getattr(self.inner, name)
-
-
-@pytest.fixture(scope="module")
-def cluster(
-    etcd_server: str, s3_server: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Cluster]:
-    name = f"batch-{uuid.uuid4().hex[:12]}"
-    boto3_client(s3_server).create_bucket(Bucket=name)
-    c = Cluster(
-        url=f"etcd://{etcd_server}/{name}",
-        store_url=f"s3://{name}/data?endpoint_url={s3_server}&region=us-east-1",
-        directory=tmp_path_factory.mktemp("batch-cluster"),
-        lease_ttl=5.0,
-    )
-    try:
-        c.start_master()
-        for _ in range(2):
-            c.start_worker()
-        yield c
-    finally:
-        c.close()
 
 
 def _env() -> dict[str, str]:
@@ -164,5 +141,24 @@ async def test_snapshot_bulk_load_and_client_writes_on_a_cluster(
         assert (await cli("snapshot", "delete", new_id)).returncode == 0
         missing = await cli("snapshot", "create", "nosuch")
         assert missing.returncode == 1 and "nosuch" in missing.stderr
+    finally:
+        await client.close()
+
+
+async def test_a_dask_job_writes_small_outputs_through_the_client(cluster: Cluster) -> None:
+    import dask.dataframe as dd
+    import pandas as pd
+
+    client = await connect_async(cluster.url)
+    try:
+        await client.create_table("out", ["f"])
+        rows = [b"k%03d" % i for i in range(30)]
+        pdf = pd.DataFrame({"row": rows, "family": "f", "qualifier": b"q", "value": rows})
+        n = await asyncio.to_thread(
+            dask_write_rows, dd.from_pandas(pdf, npartitions=3), cluster.url, "out"
+        )
+        assert n == 30
+        got = [(r.key, r.cells[0].value) async for r in client.table("out").read_rows()]
+        assert got == [(r, r) for r in rows]
     finally:
         await client.close()

@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
+from tabletstore import connect_async
 from tabletstore.batch.spark import register
 from tabletstore.embedded import Database
 from tests.batch.conftest import cells_of, fill
+from tests.integration.cluster_harness import Cluster
 
 
 @pytest.fixture(scope="module")
@@ -87,3 +89,34 @@ async def test_spark_reads_a_snapshot_like_the_client(tmp_path: Path, spark: Spa
         assert await asyncio.to_thread(wide) == want_wide
     finally:
         await db.close()
+
+
+def test_spark_writes_small_outputs_through_the_client(
+    spark: SparkSession, cluster: Cluster
+) -> None:
+    """``df.write.format("tabletstore")``: each Spark task writes its rows with the client's
+    batched mutations."""
+    asyncio.run(_create(cluster.url))
+    rows = [(b"s%03d" % i, "f", b"q", b"v%03d" % i) for i in range(25)]
+    df = spark.createDataFrame(rows, "row binary, family string, qualifier binary, value binary")
+    df.repartition(2).write.format("tabletstore").option("cluster", cluster.url).option(
+        "table", "sparkout"
+    ).mode("append").save()
+    got = asyncio.run(_read(cluster.url))
+    assert got == [(r, v) for r, _, _, v in rows]
+
+
+async def _create(url: str) -> None:
+    client = await connect_async(url)
+    try:
+        await client.create_table("sparkout", ["f"])
+    finally:
+        await client.close()
+
+
+async def _read(url: str) -> list[tuple[bytes, bytes]]:
+    client = await connect_async(url)
+    try:
+        return [(r.key, r.cells[0].value) async for r in client.table("sparkout").read_rows()]
+    finally:
+        await client.close()
