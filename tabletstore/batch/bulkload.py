@@ -57,6 +57,10 @@ __all__ = [
 
 #: Cells per SSTable written by :func:`write_sstables` (a file per this many cells).
 DEFAULT_FILE_CELLS = 1_000_000
+#: Block size of bulk-load files: they are read whole, once, so large blocks (fewer Parquet
+#: row groups to write and decode) cost less; the tablets' own SSTables use their locality
+#: group's block size.
+STAGING_BLOCK_SIZE = 1 << 20
 _SORT = [
     ("row", "ascending"),
     ("family", "ascending"),
@@ -152,6 +156,7 @@ async def awrite_sstables(
     *,
     file_cells: int = DEFAULT_FILE_CELLS,
     compression: str = "zstd",
+    block_size: int = STAGING_BLOCK_SIZE,
     now_micros: int | None = None,
     store: ObjectStore | None = None,
 ) -> list[str]:
@@ -175,7 +180,7 @@ async def awrite_sstables(
                 same = pc.equal(tail, last).to_numpy(zero_copy_only=False)
                 end += int(np.argmin(same)) if not same.all() else len(same)
             data_bytes, _ = write_sstable_table(
-                table.slice(start, end - start), compression=compression
+                table.slice(start, end - start), compression=compression, block_size=block_size
             )
             key = f"bulk-{token}-{len(keys):05d}.sst"
             await st.create(key, data_bytes)
