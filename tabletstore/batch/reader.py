@@ -173,13 +173,25 @@ class Snapshot:
             out.extend(finer.get(s.tablet.tablet_id, [s]))
         return out
 
-    def read(self, **kw: object) -> pa.Table:
-        """The whole snapshot as one Arrow table (keyword arguments as :func:`read_split`)."""
+    def read(self, **kw: Any) -> pa.Table:
+        """The whole snapshot as one Arrow table (keyword arguments as :func:`aread_split`),
+        its splits read concurrently on this process."""
+        return _run(self.aread(**kw))
+
+    async def aread(self, **kw: Any) -> pa.Table:
         shape = kw.get("shape", "cells")
-        columns = kw.get("columns")
-        schema = CELLS_SCHEMA if shape == "cells" else wide_schema(list(columns or ()))  # type: ignore[call-overload]
-        batches = [b for s in self.splits() for b in read_split(s, **kw)]  # type: ignore[arg-type]
-        return pa.Table.from_batches(batches, schema=schema)
+        schema = CELLS_SCHEMA if shape == "cells" else wide_schema(list(kw.get("columns") or ()))
+        splits = await self.asplits()
+        store = open_store(self.store_url)
+
+        async def one(split: Split) -> list[pa.RecordBatch]:
+            return [b async for b in aread_split(split, store=store, **kw)]
+
+        try:
+            parts = await asyncio.gather(*(one(s) for s in splits))
+        finally:
+            await store.close()
+        return pa.Table.from_batches([b for part in parts for b in part], schema=schema)
 
 
 async def _finer(store: ObjectStore, split: Split, max_bytes: int) -> list[Split]:

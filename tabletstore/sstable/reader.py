@@ -370,7 +370,9 @@ class SSTable:
         offset = blocks[first].offset
         length = blocks[last].offset + blocks[last].length - offset
         data = await self._get(self.store, self.key, offset, length)
-        table = self._core.decode_range(first, last, data)
+        # On a thread: the decode releases the GIL, so reads of several SSTables overlap,
+        # and the event loop is not held for the whole range.
+        table = await asyncio.to_thread(self._core.decode_range, first, last, data)
         # Only the first and the last block can hold rows outside the range: blocks between
         # them start at or after start_row and end before the last block's first row.
         if first == last:
