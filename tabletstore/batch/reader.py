@@ -31,8 +31,8 @@ SSTables' footers count no deletion entries and their largest seq is at most the
 families read have no GC rule, no filter is asked for, and no two cells of the merge share
 (row, family, qualifier, timestamp) (checked column-wise; identical entries seen twice are
 one, as in the merge) — the rules keep every cell, and the split is read as Arrow columns end
-to end (``SSTable.scan_arrow``, sorted and checked with Arrow compute) with no Python object
-per cell. Otherwise, or when the check fails, the split takes the per-cell engine path.
+to end (``SSTable.read_arrow``: one ranged GET and one decode per SSTable; merged and
+checked with Arrow compute) with no Python object per cell. Otherwise, or when the check fails, the split takes the per-cell engine path.
 Both paths give the same batches (tests/batch/test_snapshots.py compares them).
 
 Projection and selection, applied as a read of the table applies them: ``columns`` (families

@@ -25,7 +25,6 @@ import pyarrow.parquet as pq
 
 from tabletstore.errors import Corruption
 from tabletstore.keys import Cell
-from tabletstore.sstable.format import SCHEMA
 
 __all__ = ["Block", "BytesLike", "RowGroupDecoder"]
 
@@ -87,18 +86,6 @@ class Block:
         if lo >= hi:
             return []
         return self._materialize(self._row_starts[lo], self._row_starts[hi])
-
-    def arrow_in(self, start_row: bytes = b"", end_row: bytes | None = None) -> pa.Table:
-        """:meth:`cells_in` as Arrow columns of the SSTable schema, with no Python object
-        per cell (batch reads, §8)."""
-        keys = self._row_keys
-        lo = 0 if not start_row else bisect_left(keys, start_row)
-        hi = len(keys) if end_row is None else bisect_left(keys, end_row)
-        start = self._row_starts[lo] if lo < hi else 0
-        stop = self._row_starts[hi] if lo < hi else 0
-        return pa.Table.from_arrays(
-            [c.slice(start, stop - start) for c in self._columns], schema=SCHEMA
-        )
 
     def _materialize(self, start: int, stop: int) -> list[Cell]:
         if start == 0 and stop == self.cells:

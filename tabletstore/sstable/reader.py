@@ -328,31 +328,46 @@ class SSTable:
         fetched at most one block it did not need, and a long scan keeps ``readahead`` GETs
         in flight (what hides S3's latency). ``readahead=0`` fetches only on demand.
         """
-        async with contextlib.aclosing(
-            self._scan_blocks(start_row, end_row, fill_cache, readahead)
-        ) as blocks:
-            async for block in blocks:
-                cells = block.cells_in(start_row, end_row)
+        if end_row is not None and end_row <= start_row:
+            return
+        blocks = self._core.blocks
+        scheduled = self._core.first_block_from(start_row)  # next block index to fetch
+
+        def wanted(index: int) -> bool:
+            return index < len(blocks) and (end_row is None or blocks[index].first_row < end_row)
+
+        if not wanted(scheduled):
+            return
+        inflight: deque[asyncio.Task[Block]] = deque()
+        consumed = 0
+        try:
+            current = await self._block(scheduled, fill_cache=fill_cache)
+            scheduled += 1
+            while True:
+                consumed += 1
+                while len(inflight) < min(consumed, readahead) and wanted(scheduled):
+                    inflight.append(
+                        asyncio.ensure_future(self._block(scheduled, fill_cache=fill_cache))
+                    )
+                    scheduled += 1
+                cells = current.cells_in(start_row, end_row)
                 if cells:
                     yield cells
-
-    async def scan_arrow(
-        self,
-        start_row: bytes = b"",
-        end_row: bytes | None = None,
-        *,
-        fill_cache: bool = True,
-        readahead: int = DEFAULT_READAHEAD,
-    ) -> AsyncGenerator[pa.Table, None]:
-        """:meth:`scan_blocks` as Arrow tables of the SSTable schema, one non-empty table per
-        block, verified like every read, with no Python object per cell (batch reads, §8)."""
-        async with contextlib.aclosing(
-            self._scan_blocks(start_row, end_row, fill_cache, readahead)
-        ) as blocks:
-            async for block in blocks:
-                table = block.arrow_in(start_row, end_row)
-                if table.num_rows:
-                    yield table
+                if inflight:
+                    current = await inflight.popleft()
+                elif wanted(scheduled):  # readahead == 0: fetch on demand
+                    current = await self._block(scheduled, fill_cache=fill_cache)
+                    scheduled += 1
+                else:
+                    return
+        finally:
+            # The consumer stopped early (or a fetch failed): abandon the read-ahead and wait
+            # for it to end, so no task outlives the scan.
+            for task in inflight:
+                task.cancel()
+            for task in inflight:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
 
     async def read_arrow(self, start_row: bytes = b"", end_row: bytes | None = None) -> pa.Table:
         """The cells of rows in ``[start_row, end_row)`` as one Arrow table of the SSTable
@@ -385,50 +400,6 @@ class SSTable:
                 _clip_rows(table.slice(table.num_rows - n_last), start_row, end_row),
             ]
         )
-
-    async def _scan_blocks(
-        self, start_row: bytes, end_row: bytes | None, fill_cache: bool, readahead: int
-    ) -> AsyncGenerator[Block, None]:
-        """The decoded blocks that may hold rows of ``[start_row, end_row)``, in order, with
-        the read-ahead :meth:`scan_blocks` describes."""
-        if end_row is not None and end_row <= start_row:
-            return
-        blocks = self._core.blocks
-        scheduled = self._core.first_block_from(start_row)  # next block index to fetch
-
-        def wanted(index: int) -> bool:
-            return index < len(blocks) and (end_row is None or blocks[index].first_row < end_row)
-
-        if not wanted(scheduled):
-            return
-        inflight: deque[asyncio.Task[Block]] = deque()
-        consumed = 0
-        try:
-            current = await self._block(scheduled, fill_cache=fill_cache)
-            scheduled += 1
-            while True:
-                consumed += 1
-                while len(inflight) < min(consumed, readahead) and wanted(scheduled):
-                    inflight.append(
-                        asyncio.ensure_future(self._block(scheduled, fill_cache=fill_cache))
-                    )
-                    scheduled += 1
-                yield current
-                if inflight:
-                    current = await inflight.popleft()
-                elif wanted(scheduled):  # readahead == 0: fetch on demand
-                    current = await self._block(scheduled, fill_cache=fill_cache)
-                    scheduled += 1
-                else:
-                    return
-        finally:
-            # The consumer stopped early (or a fetch failed): abandon the read-ahead and wait
-            # for it to end, so no task outlives the scan.
-            for task in inflight:
-                task.cancel()
-            for task in inflight:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
 
     async def load_all(self) -> None:
         """Fetch the whole object with one GET and decode every block; afterwards reads are
