@@ -151,9 +151,7 @@ class MasterStub:
         return SnapshotManifest.from_bytes(msg.manifest_json)
 
     async def list_snapshots(self, name: str | None = None) -> list[SnapshotManifest]:
-        resp: ListSnapshotsResponse = await self._call(
-            "list_snapshots", ListSnapshotsRequest(name)
-        )
+        resp: ListSnapshotsResponse = await self._call("list_snapshots", ListSnapshotsRequest(name))
         return [SnapshotManifest.from_bytes(m.manifest_json) for m in resp.snapshots]
 
     async def delete_snapshot(self, snapshot_id: str) -> None:

@@ -1017,7 +1017,6 @@ class Tablet:
             stored = await self._catalog.update(record, new_record)
             self._state = replace(self._state, record=stored)
 
-
     # ------------------------------------------------------------------ snapshots and bulk load
 
     async def hold_for_snapshot(self, hold_seconds: float) -> SnapshotCut:
@@ -1092,11 +1091,11 @@ class Tablet:
         """
         mark = cut.mark
         groups = self._split_by_group(cut.memtables)
-        out: dict[str, tuple[SSTableRef, ...]] = {g: tuple(r) for g, r in cut.record.sstables.items()}
+        out: dict[str, tuple[SSTableRef, ...]] = {
+            g: tuple(r) for g, r in cut.record.sstables.items()
+        }
         for group, cells in groups.items():
-            ref = await self._write_sstable(
-                group, (c for c in cells if c.seq <= mark), major=False
-            )
+            ref = await self._write_sstable(group, (c for c in cells if c.seq <= mark), major=False)
             if ref is not None:
                 out[group] = (ref, *out.get(group, ()))
         return {g: refs for g, refs in out.items() if refs}
