@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The one test command (README "Run the tests"; .ci/run calls exactly this).
 # Installs what the tests need — Debian's etcd-server (etcd 3.4), Debian's chromium (the status
-# page's browser test drives it with Playwright) and the Python test extras —
+# page's browser test drives it with Playwright), a Java 17 runtime (Spark) and the Python
+# test extras —
 # then runs the linters, the type checker, the layering check and the whole test suite against
 # real servers on loopback (etcd, moto's S3 server, tabletstore's own processes).
 set -euo pipefail
@@ -10,8 +11,9 @@ cd "$(dirname "$0")/.."
 PACKAGES=()
 command -v etcd >/dev/null 2>&1 || PACKAGES+=(etcd-server)
 [ -x /usr/bin/chromium ] || PACKAGES+=(chromium)
+command -v java >/dev/null 2>&1 || PACKAGES+=(openjdk-17-jre-headless)
 if [ "${#PACKAGES[@]}" -gt 0 ]; then
-  echo "== installing Debian's ${PACKAGES[*]} (etcd for the tests; chromium for the page test)"
+  echo "== installing Debian's ${PACKAGES[*]} (etcd; chromium for the page test; Java for Spark)"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${PACKAGES[@]}" >/dev/null

@@ -153,7 +153,7 @@ class Database(AsyncClient):
         try:
             await worker.start()
             transport.register(_ADDRESS, SimpleNamespace(**handlers))
-            master = Master(coordinator=coordinator, transport=transport, clock=clock)
+            master = Master(coordinator=coordinator, transport=transport, clock=clock, store=store)
             await master.assign()
         except BaseException:
             await coordinator.close()

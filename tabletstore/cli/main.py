@@ -280,6 +280,60 @@ def _compact(db: SyncDatabase, table: str, *, major: bool) -> None:
         db.compact_tablets(table, major=major, progress=show)
 
 
+@main.group("snapshot")
+def snapshot_group() -> None:
+    """Consistent snapshots of tables for batch jobs (tabletstore.batch, §8)."""
+
+
+@snapshot_group.command("create")
+@_table_arg
+@click.option("--ttl", default=None, help="Expire after D (ms,s,m,h,d): GC may delete it then.")
+def snapshot_create_cmd(table: str, ttl: str | None) -> None:
+    """Take a snapshot of TABLE; prints its id (what batch jobs open)."""
+    seconds = None if ttl is None else _failing(lambda: cbt.parse_duration(ttl))
+    m = _run(lambda db: db.snapshot(table, ttl=seconds))
+    click.echo(m.snapshot_id)
+    click.echo(
+        f"  table {m.table}: {_n(len(m.tablets), 'tablet')}, {_n(m.cells, 'SSTable cell')}"
+        + ("" if m.expires_at is None else f", expires in {ttl}"),
+        err=True,
+    )
+
+
+@snapshot_group.command("list")
+@click.argument("table", required=False)
+def snapshot_list_cmd(table: str | None) -> None:
+    """List snapshots (of TABLE, or of every table), oldest first."""
+    manifests = _run(lambda db: db.list_snapshots(table))
+    for m in manifests:
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(m.created_at))
+        expires = (
+            "never"
+            if m.expires_at is None
+            else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(m.expires_at))
+        )
+        click.echo(
+            f"{m.snapshot_id}\t{m.table}\t{when}\texpires {expires}\t{len(m.tablets)} tablets"
+        )
+
+
+@snapshot_group.command("delete")
+@click.argument("snapshot_id")
+def snapshot_delete_cmd(snapshot_id: str) -> None:
+    """Delete a snapshot (GC then frees what only it kept)."""
+    _run(lambda db: db.delete_snapshot(snapshot_id))
+
+
+@main.command("bulkload")
+@_table_arg
+@click.argument("url")
+def bulkload_cmd(table: str, url: str) -> None:
+    """Load the SSTables a job wrote under URL (file:///dir, s3://bucket/prefix) into TABLE:
+    all checked first, then committed atomically per tablet."""
+    tablets, cells = _run(lambda db: db.bulk_load(table, url))
+    click.echo(f"loaded {_n(cells, 'cell')} into {_n(tablets, 'tablet')}")
+
+
 @main.command("gc")
 @click.option(
     "--grace",

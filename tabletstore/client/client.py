@@ -53,6 +53,7 @@ from tabletstore.errors import (
 )
 from tabletstore.metadata.catalog import Catalog, TableInfo
 from tabletstore.metadata.record import TabletRecord
+from tabletstore.metadata.snapshot import SnapshotManifest
 from tabletstore.rpc.inprocess import Transport
 from tabletstore.rpc.messages import (
     CheckAndMutateRequest,
@@ -123,6 +124,14 @@ class Admin(Protocol):
     ) -> TableInfo: ...
 
     async def compact_table(self, name: str, *, major: bool) -> None: ...
+
+    async def create_snapshot(self, name: str, *, ttl: float | None = None) -> SnapshotManifest: ...
+
+    async def list_snapshots(self, name: str | None = None) -> list[SnapshotManifest]: ...
+
+    async def delete_snapshot(self, snapshot_id: str) -> None: ...
+
+    async def bulk_load(self, name: str, url: str) -> tuple[int, int]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,6 +323,27 @@ class AsyncClient:
             if record.end_row is None:
                 return done
             row = record.end_row
+    # ------------------------------------------------------------------ batch jobs (§8)
+
+    async def snapshot(self, table: str, *, ttl: float | None = None) -> SnapshotManifest:
+        """Take a consistent snapshot of ``table`` for batch jobs (``tabletstore.batch``):
+        every write acknowledged before the call is in it, none started after it returns.
+        ``ttl`` seconds: GC may delete it after that (None: kept until deleted)."""
+        return await self._admin.create_snapshot(table, ttl=ttl)
+
+    async def list_snapshots(self, table: str | None = None) -> list[SnapshotManifest]:
+        """The snapshots of ``table`` (or of every table), oldest first."""
+        return await self._admin.list_snapshots(table)
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        """Delete a snapshot; GC then frees the SSTables only it kept."""
+        await self._admin.delete_snapshot(snapshot_id)
+
+    async def bulk_load(self, table: str, url: str) -> tuple[int, int]:
+        """Load the SSTables a job wrote under the store ``url`` (``tabletstore.batch.
+        write_sstables``) into ``table``, atomically per tablet; all are checked first and
+        bad input loads nothing. Returns (tablets loaded, cells loaded)."""
+        return await self._admin.bulk_load(table, url)
 
     def table(self, name: str) -> AsyncTable:
         """A handle on a table (no request is made until it is used)."""
@@ -794,6 +824,14 @@ class AsyncTable:
                 for row in assembler.rows(item):
                     yield row
             assembler.finish()
+
+    async def snapshot(self, *, ttl: float | None = None) -> SnapshotManifest:
+        """:meth:`AsyncClient.snapshot` of this table."""
+        return await self._client.snapshot(self.name, ttl=ttl)
+
+    async def bulk_load(self, url: str) -> tuple[int, int]:
+        """:meth:`AsyncClient.bulk_load` into this table."""
+        return await self._client.bulk_load(self.name, url)
 
     async def sample_row_keys(self) -> list[tuple[bytes, int]]:
         """(row key, approximate bytes up to it) pairs that split the table evenly-ish.

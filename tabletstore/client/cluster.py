@@ -22,12 +22,20 @@ from tabletstore.coordination.election import Election
 from tabletstore.data.schema import ColumnFamily, LocalityGroup, TableSchema
 from tabletstore.errors import NotServing, Unavailable
 from tabletstore.metadata.catalog import Catalog, TableInfo
+from tabletstore.metadata.snapshot import SnapshotManifest
 from tabletstore.rpc.messages import (
+    BulkLoadRequest,
+    BulkLoadResponse,
     CompactTableRequest,
+    CreateSnapshotRequest,
     CreateTableRequest,
+    DeleteSnapshotRequest,
+    ListSnapshotsRequest,
+    ListSnapshotsResponse,
     ListTablesRequest,
     ListTablesResponse,
     ModifyFamiliesRequest,
+    SnapshotInfoMessage,
     TableInfoMessage,
     TableNameRequest,
 )
@@ -135,6 +143,23 @@ class MasterStub:
 
     async def compact_table(self, name: str, *, major: bool) -> None:
         await self._call("compact_table", CompactTableRequest(name, major))
+
+    async def create_snapshot(self, name: str, *, ttl: float | None = None) -> SnapshotManifest:
+        msg: SnapshotInfoMessage = await self._call(
+            "create_snapshot", CreateSnapshotRequest(name, ttl)
+        )
+        return SnapshotManifest.from_bytes(msg.manifest_json)
+
+    async def list_snapshots(self, name: str | None = None) -> list[SnapshotManifest]:
+        resp: ListSnapshotsResponse = await self._call("list_snapshots", ListSnapshotsRequest(name))
+        return [SnapshotManifest.from_bytes(m.manifest_json) for m in resp.snapshots]
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        await self._call("delete_snapshot", DeleteSnapshotRequest(snapshot_id))
+
+    async def bulk_load(self, name: str, url: str) -> tuple[int, int]:
+        resp: BulkLoadResponse = await self._call("bulk_load", BulkLoadRequest(name, url))
+        return resp.tablets, resp.cells
 
 
 class ClusterClient(AsyncClient):

@@ -52,6 +52,9 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mappin
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+import numpy as np
+import pyarrow as pa
+
 from tabletstore.clock import Clock, SystemClock, micros
 from tabletstore.data.filters import RowFilter, apply_filter, regex_cost
 from tabletstore.data.model import Cell as ApiCell
@@ -80,6 +83,7 @@ from tabletstore.metadata.record import LogRef, SSTableRef, TabletRecord
 from tabletstore.options import TabletOptions
 from tabletstore.sstable import SSTable, SSTableInfo, write_sstable
 from tabletstore.sstable.block_cache import BlockCache, ScanCache
+from tabletstore.sstable.writer import write_sstable_table
 from tabletstore.storage_s3 import layout
 from tabletstore.storage_s3.base import ObjectStore
 
@@ -87,6 +91,7 @@ __all__ = [
     "INLINE_REGEX_WORK",
     "READ_SLICE_SECONDS",
     "LogSink",
+    "SnapshotCut",
     "Tablet",
     "TabletCatalog",
     "TabletState",
@@ -224,6 +229,8 @@ class Tablet:
         # Set while the worker's log moves to a new incarnation that this tablet's record does
         # not list yet: a write logged there now could not be recovered (see hold_writes).
         self._log_pending = False
+        # Set while a snapshot's cut holds writes (hold_for_snapshot): writes wait on it.
+        self._snapshot_gate: asyncio.Event | None = None
         #: Called after each compaction that changed the record (the worker checks for a split).
         self.on_compacted: Callable[[Tablet], None] | None = None
         self._background: set[asyncio.Task[None]] = set()
@@ -398,6 +405,10 @@ class Tablet:
 
     # REQUIRES: the row lock of ``row`` held.
     async def _apply_locked(self, row: bytes, mutations: Sequence[Mutation]) -> None:
+        # A snapshot's cut is being taken (hold_for_snapshot): wait, briefly, before taking a
+        # sequence number, so this write falls on the far side of the cut.
+        while self._snapshot_gate is not None:
+            await self._snapshot_gate.wait()
         # Checked again with the row lock held: a split or unload may have started while this
         # write waited for it. No await from here to the in-flight entry, so a quiescing
         # tablet sees every write it lets through.
@@ -1005,6 +1016,151 @@ class Tablet:
             )
             stored = await self._catalog.update(record, new_record)
             self._state = replace(self._state, record=stored)
+
+    # ------------------------------------------------------------------ snapshots and bulk load
+
+    async def hold_for_snapshot(self, hold_seconds: float) -> SnapshotCut:
+        """Take this tablet's side of a snapshot's cut (§8, ``tabletstore.batch``).
+
+        Writes that have not taken a sequence number yet wait (they are not refused); writes
+        already past that point finish. Then the tablet's cut is taken in one step with no
+        await: its sequence-number high-water mark (every cell of the tablet with a larger
+        seq is written after the cut: a tablet's cells are totally ordered by seq, as a
+        tablet loaded elsewhere advances the new worker's sequence past them), its memtables
+        and its SSTable stack. Writes stay held until :meth:`release_snapshot_hold` or until
+        ``hold_seconds`` pass, whichever comes first (a coordinator that died mid-snapshot
+        cannot stall the tablet); the caller learns from the release whether the hold lasted.
+        """
+        self._check_open()
+        if self._snapshot_gate is not None:
+            raise Unavailable(
+                f"tablet {self.record.tablet_id}: another snapshot is being taken; retry"
+            )
+        gate = asyncio.Event()
+        self._snapshot_gate = gate
+        timer = asyncio.get_running_loop().call_later(hold_seconds, self._open_gate, gate)
+        try:
+            async with asyncio.timeout(hold_seconds):
+                await self._idle.wait()
+            self._check_open()
+        except TimeoutError as exc:
+            timer.cancel()
+            self._open_gate(gate)
+            raise Unavailable(
+                f"tablet {self.record.tablet_id}: writes in flight did not finish within "
+                f"{hold_seconds} s of a snapshot's hold; retry"
+            ) from exc
+        except BaseException:
+            timer.cancel()
+            self._open_gate(gate)
+            raise
+        state = self._state
+        memtables = (state.memtable, *state.frozen)
+        rec = state.record
+        mark = max(
+            [
+                rec.redo_seq,
+                *(m.max_seq or 0 for m in memtables),
+                *(r.max_seq for refs in rec.sstables.values() for r in refs),
+            ]
+        )
+        return SnapshotCut(rec, mark, memtables, gate, timer)
+
+    def _open_gate(self, gate: asyncio.Event) -> None:
+        if self._snapshot_gate is gate:
+            self._snapshot_gate = None
+        gate.set()
+
+    def release_snapshot_hold(self, cut: SnapshotCut) -> bool:
+        """Let held writes go on; True if the hold lasted until now (it had not timed out)."""
+        held = self._snapshot_gate is cut.gate
+        cut.timer.cancel()
+        self._open_gate(cut.gate)
+        return held
+
+    async def write_snapshot(self, cut: SnapshotCut) -> dict[str, tuple[SSTableRef, ...]]:
+        """The SSTables that hold this tablet as of ``cut``, per locality group, newest first:
+        its SSTables at the cut, plus new SSTables holding what its memtables held at the
+        cut (cells with seq <= the mark), written for the snapshot alone (the tablet's own
+        record does not change; a snapshot manifest pins them, §8).
+
+        Why not minor-compact and read the record back: a merging compaction that runs
+        between the cut and that read may have dropped a put masked by a deletion made after
+        the cut, which the snapshot must still show. The SSTables named at the cut are
+        immutable and stay in the bucket while the manifest names them (GC rule).
+        """
+        mark = cut.mark
+        groups = self._split_by_group(cut.memtables)
+        out: dict[str, tuple[SSTableRef, ...]] = {
+            g: tuple(r) for g, r in cut.record.sstables.items()
+        }
+        for group, cells in groups.items():
+            ref = await self._write_sstable(group, (c for c in cells if c.seq <= mark), major=False)
+            if ref is not None:
+                out[group] = (ref, *out.get(group, ()))
+        return {g: refs for g, refs in out.items() if refs}
+
+    async def bulk_load(self, groups: Mapping[str, pa.Table]) -> TabletRecord:
+        """Add bulk-loaded cells (§8; Arrow tables of the SSTable schema, sorted, puts only,
+        in this tablet's range, families of its schema) as new SSTables, one per locality
+        group, in one record update: all of them or none.
+
+        The cells' seqs are replaced by fresh ones from the worker's sequence, so loaded
+        cells behave exactly like writes made now: newer than every cell already in the
+        tablet (a later delete masks them, an earlier one does not)."""
+        self._check_writable()
+        total = sum(t.num_rows for t in groups.values())
+        if not total:
+            return self.record
+        async with self._compaction_lock:
+            self._check_writable()
+            first = self._log.allocate(total)
+            written: dict[str, tuple[SSTableRef, SSTable]] = {}
+            for group, cells in sorted(groups.items()):
+                n = cells.num_rows
+                # Distinct (row, family, qualifier, ts) per cell (checked by the loader), so
+                # any seq order keeps the cells sorted.
+                seqs = pa.array(np.arange(first, first + n, dtype=np.int64))
+                first += n
+                renumbered = cells.set_column(4, "seq", seqs)
+                lg = self._schema.locality_groups.get(group)
+                data, info = write_sstable_table(
+                    renumbered,
+                    compression=lg.compression if lg is not None else "zstd",
+                    block_size=lg.block_size if lg is not None else 64 * 1024,
+                    locality_group=group,
+                )
+                ref = await self._upload(group, data, info)
+                written[group] = (ref, await self._open(ref))
+            async with self._state_lock:
+                state = self._state
+                record = state.record
+                new_sstables = dict(record.sstables)
+                opened = dict(state.sstables)
+                for group, (ref, table) in written.items():
+                    new_sstables[group] = (ref, *new_sstables.get(group, ()))
+                    opened[group] = (table, *opened.get(group, ()))
+                new_record = replace(record, sstables=new_sstables).with_event(
+                    self._clock.time(), "bulk_load", f"{total} cells"
+                )
+                stored = await self._catalog.update(record, new_record)
+                self._state = replace(state, record=stored, sstables=opened)
+        self._notify_compacted()
+        return stored
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotCut:
+    """One tablet's side of a snapshot's cut (:meth:`Tablet.hold_for_snapshot`)."""
+
+    #: The tablet's record at the cut (its SSTables then).
+    record: TabletRecord
+    #: The largest seq of any cell of the tablet at the cut: larger ones are after it.
+    mark: int
+    #: The memtables at the cut, newest first (the first keeps taking writes, seq > mark).
+    memtables: tuple[MemTable, ...]
+    gate: asyncio.Event
+    timer: asyncio.TimerHandle
 
 
 def _intersect(a: set[str] | None, b: set[str] | None) -> set[str] | None:

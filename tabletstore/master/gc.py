@@ -122,15 +122,20 @@ async def mark(
             sstables.update(ref.key for refs in record.sstables.values() for ref in refs)
             logs.update(record.logs)
     snapshots: dict[str, frozenset[str] | None] = {}
+    expiry: dict[str, float] = {}
     for obj in listed:
         if obj.key.startswith(layout.SNAPSHOTS):
-            snapshots[obj.key] = await _snapshot_names(store, obj.key)
+            names, expires = await _snapshot_names(store, obj.key)
+            snapshots[obj.key] = names
+            if expires is not None:
+                expiry[obj.key] = expires
     return gc.LiveSet(
         tables=frozenset(tables),
         sstables=frozenset(sstables),
         logs=frozenset(logs),
         live_workers=live,
         snapshots=snapshots,
+        snapshot_expiry=expiry,
     )
 
 
@@ -157,19 +162,25 @@ async def _current_incarnation(coordinator: Coordinator, worker_id: str) -> int 
         return None
 
 
-async def _snapshot_names(store: ObjectStore, key: str) -> frozenset[str] | None:
-    """The SSTable keys a snapshot manifest names: every string anywhere in its JSON that is
-    an SSTable key. None when the manifest is not JSON (the planner then keeps every SSTable
-    of its table); empty when the manifest vanished meanwhile (it pins nothing any more)."""
+async def _snapshot_names(
+    store: ObjectStore, key: str
+) -> tuple[frozenset[str] | None, float | None]:
+    """The SSTable keys a snapshot manifest names (every string anywhere in its JSON that is
+    an SSTable key) and when its TTL passes (its ``expires_at``; None: never). None names
+    when the manifest is not JSON (the planner then keeps every SSTable of its table); empty
+    when the manifest vanished meanwhile (it pins nothing any more)."""
     data = await store.get(key)
     if data is None:
-        return frozenset()
+        return frozenset(), None
     try:
         doc = json.loads(data)
     except ValueError:
         log.warning("snapshot manifest %s is not JSON; keeping all of its table's SSTables", key)
-        return None
-    return frozenset(s for s in _strings(doc) if _is_sstable_key(s))
+        return None, None
+    expires = doc.get("expires_at") if isinstance(doc, dict) else None
+    if not isinstance(expires, (int, float)) or isinstance(expires, bool):
+        expires = None
+    return frozenset(s for s in _strings(doc) if _is_sstable_key(s)), expires
 
 
 def _strings(doc: Any) -> Iterator[str]:

@@ -31,8 +31,9 @@ The rules, object by object (each verdict carries a :class:`Reason`):
    rule 1) already refuses such a write, and a fence kept a day longer makes that refusal not
    depend on clocks in any plausible pause. (SlateDB lost flushed writes when its collector
    deleted a fence object: slatedb issues #352 and #1622.)
-5. A snapshot manifest is kept while its table exists (its lifetime is the batch job's
-   business) and is garbage after ``grace`` once the table is deleted.
+5. A snapshot manifest is kept while its table exists and its TTL (``expires_at``, if it
+   has one) has not passed; it is garbage once the TTL passes, and after ``grace`` once the
+   table is deleted. Its SSTables follow in a later round, once the manifest is gone.
 6. A key that no layout parser recognizes is never deleted; the plan reports it.
 
 Dereference grace. ``grace`` counts from an object's creation. A reader that took a tablet's
@@ -87,6 +88,7 @@ class Reason(StrEnum):
     DELETE_FINISHED_LOG = "log no tablet needs"
     DELETE_FINISHED_RECOVERY = "recovery run of a log no tablet needs"
     DELETE_DELETED_TABLE_SNAPSHOT = "snapshot manifest of a deleted table"
+    DELETE_EXPIRED_SNAPSHOT = "snapshot manifest past its TTL"
 
     @property
     def deletes(self) -> bool:
@@ -108,6 +110,8 @@ class LiveSet:
     #: Snapshot manifest key -> the SSTable keys it names; None when the manifest could not be
     #: read (then every SSTable of its table is kept while the manifest is).
     snapshots: Mapping[str, frozenset[str] | None] = field(default_factory=dict)
+    #: Snapshot manifest key -> when its TTL passes (seconds since the epoch); absent: never.
+    snapshot_expiry: Mapping[str, float] = field(default_factory=dict)
 
     def log_reason(self, ref: LogRef) -> Reason | None:
         """Why the log ``ref`` must be kept, or None if nothing needs it."""
@@ -237,6 +241,9 @@ def _aged(info: ObjectInfo, now: float, grace: float, verdict: Reason) -> Reason
 def _snapshot_reason(
     live: LiveSet, info: ObjectInfo, key: layout.SnapshotKey, now: float, grace: float
 ) -> Reason:
+    expires = live.snapshot_expiry.get(info.key)
+    if expires is not None and now >= expires:
+        return Reason.DELETE_EXPIRED_SNAPSHOT
     if key.table_id in live.tables:
         return Reason.KEEP_LIVE_TABLE_SNAPSHOT
     return _aged(info, now, grace, Reason.DELETE_DELETED_TABLE_SNAPSHOT)

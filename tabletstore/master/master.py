@@ -41,27 +41,37 @@ from tabletstore.errors import (
     TabletStoreError,
     Unavailable,
 )
-from tabletstore.master import assignment
+from tabletstore.master import assignment, snapshots
 from tabletstore.master.balancer import Balancer
 from tabletstore.metadata import rows as mt
-from tabletstore.metadata.catalog import Catalog, TableInfo
+from tabletstore.metadata.catalog import Catalog, ClusterSettings, TableInfo
 from tabletstore.metadata.record import TabletRecord
+from tabletstore.metadata.snapshot import SnapshotManifest, delete_manifest, list_manifests
 from tabletstore.options import MasterOptions
 from tabletstore.rpc.inprocess import Transport
 from tabletstore.rpc.messages import (
     MASTER_METHODS,
+    BulkLoadRequest,
+    BulkLoadResponse,
     CompactTableRequest,
     CompactTabletRequest,
+    CreateSnapshotRequest,
     CreateTableRequest,
+    DeleteSnapshotRequest,
+    ListSnapshotsRequest,
+    ListSnapshotsResponse,
     ListTablesRequest,
     ListTablesResponse,
     LoadTabletRequest,
     ModifyFamiliesRequest,
+    SnapshotInfoMessage,
     TableInfoMessage,
     TableNameRequest,
     UnloadTabletRequest,
     UpdateSchemaRequest,
 )
+from tabletstore.storage_s3 import open_store
+from tabletstore.storage_s3.base import ObjectStore
 
 __all__ = ["Master", "MasterService"]
 
@@ -99,11 +109,16 @@ class Master:
         clock: Clock | None = None,
         metadata_splits: Sequence[bytes] = (),
         options: MasterOptions | None = None,
+        store: ObjectStore | None = None,
     ) -> None:
         """``metadata_splits``: METADATA row keys at which METADATA is pre-split when this
         master creates it (none: one METADATA tablet after the root). ``options``: how
         :attr:`balancer` moves and merges tablets."""
         self._coord = coordinator
+        # Where snapshot manifests go; a cluster's master opens it from ClusterSettings
+        # (and then closes it in close()).
+        self._store = store
+        self._own_store = False
         # A short deadline: a METADATA tablet that is not served ends an assignment round
         # (the next one goes on) instead of stalling it.
         self.locations = LocationCache(coordinator, transport)
@@ -283,6 +298,9 @@ class Master:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self._own_store and self._store is not None:
+            await self._store.close()
+            self._store, self._own_store = None, False
 
     # ------------------------------------------------------------------ tables
 
@@ -392,6 +410,61 @@ class Master:
                 req = CompactTabletRequest(rec.table_id, rec.tablet_id, **kw)
             await self._transport.call(address, method, req)
 
+    # ------------------------------------------------------------------ snapshots, bulk load
+
+    async def _the_store(self) -> ObjectStore:
+        if self._store is None:
+            settings = await ClusterSettings.load(self._coord)
+            self._store = open_store(settings.store_url)
+            self._own_store = True
+        return self._store
+
+    async def _locate(self, records: list[TabletRecord]) -> dict[str, str]:
+        """tablet id -> address of its worker; NotServing if one is not served now."""
+        claims = await self._claims()
+        workers = await self.live_workers()
+        out: dict[str, str] = {}
+        for rec in records:
+            holder = claims.get((rec.table_id, rec.tablet_id))
+            address = workers.get(holder) if holder is not None else None
+            if address is None:
+                raise NotServing(f"tablet {rec.tablet_id} of {rec.table_id} is not served now")
+            out[rec.tablet_id] = address
+        return out
+
+    async def create_snapshot(self, name: str, *, ttl: float | None = None) -> SnapshotManifest:
+        """Take a consistent snapshot of a table for batch jobs (master/snapshots.py)."""
+        if name == mt.METADATA_TABLE:
+            raise InvalidArgument(f"table {name!r} is the system table; it has no snapshots")
+        return await snapshots.take_snapshot(
+            info=await self._catalog.get_table(name),
+            catalog=self._catalog,
+            transport=self._transport,
+            store=await self._the_store(),
+            clock=self._clock,
+            locate=self._locate,
+            ttl=ttl,
+        )
+
+    async def list_snapshots(self, name: str | None = None) -> list[SnapshotManifest]:
+        """Snapshots of one table (or of all), oldest first."""
+        table_id = None if name is None else (await self._catalog.get_table(name)).table_id
+        return await list_manifests(await self._the_store(), table_id)
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        """Delete a snapshot's manifest; GC then frees what only it kept."""
+        await delete_manifest(await self._the_store(), snapshot_id)
+
+    async def bulk_load(self, name: str, url: str) -> tuple[int, int]:
+        """Load the SSTables under ``url`` into a table (batch/bulkload.py)."""
+        return await snapshots.bulk_load(
+            info=await self._catalog.get_table(name),
+            url=url,
+            catalog=self._catalog,
+            transport=self._transport,
+            locate=self._locate,
+        )
+
 
 def _check_load_options(options: MasterOptions) -> None:
     if options.max_loads_per_worker < 1:
@@ -457,6 +530,21 @@ class MasterService:
 
     async def compact_table(self, req: CompactTableRequest) -> None:
         await self._check().compact_table(req.name, major=req.major)
+
+    async def create_snapshot(self, req: CreateSnapshotRequest) -> SnapshotInfoMessage:
+        manifest = await self._check().create_snapshot(req.table, ttl=req.ttl_seconds)
+        return SnapshotInfoMessage(manifest.to_bytes())
+
+    async def list_snapshots(self, req: ListSnapshotsRequest) -> ListSnapshotsResponse:
+        manifests = await self._check().list_snapshots(req.table)
+        return ListSnapshotsResponse(tuple(SnapshotInfoMessage(m.to_bytes()) for m in manifests))
+
+    async def delete_snapshot(self, req: DeleteSnapshotRequest) -> None:
+        await self._check().delete_snapshot(req.snapshot_id)
+
+    async def bulk_load(self, req: BulkLoadRequest) -> BulkLoadResponse:
+        tablets, cells = await self._check().bulk_load(req.table, req.url)
+        return BulkLoadResponse(tablets, cells)
 
     def handlers(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in MASTER_METHODS}

@@ -19,13 +19,22 @@ from tabletstore.data.query import RowRange
 __all__ = [
     "MASTER_METHODS",
     "WORKER_METHODS",
+    # snapshots and bulk load (tabletstore.batch, §8)
+    "BulkLoadRequest",
+    "BulkLoadResponse",
+    "BulkLoadTabletRequest",
+    "BulkLoadTabletResponse",
     "CheckAndMutateRequest",
     "CheckAndMutateResponse",
     "CompactTableRequest",
     "CompactTabletRequest",
+    "CreateSnapshotRequest",
     "CreateTableRequest",
+    "DeleteSnapshotRequest",
     "EntryError",
     "LargeRow",
+    "ListSnapshotsRequest",
+    "ListSnapshotsResponse",
     "ListTablesRequest",
     "ListTablesResponse",
     "LoadTabletRequest",
@@ -40,6 +49,11 @@ __all__ = [
     "SampleRowKeysResponse",
     "ServerStatusRequest",
     "ServerStatusResponse",
+    "SnapshotHoldRequest",
+    "SnapshotInfoMessage",
+    "SnapshotTablet",
+    "SnapshotWriteRequest",
+    "SnapshotWriteResponse",
     "TableInfoMessage",
     "TableNameRequest",
     "TabletStatus",
@@ -217,6 +231,69 @@ class ServerStatusResponse:
     tablets: tuple[TabletStatus, ...]
 
 
+# Snapshots and bulk load (tabletstore.batch, §8). A snapshot's cut is taken in two calls
+# per worker: ``snapshot_hold`` holds writes to the tablets and takes their cuts, and once
+# every worker holds, ``snapshot_write`` lets writes go on and writes what the memtables held
+# at the cut (see master/snapshots.py for why two).
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotHoldRequest:
+    """Master to worker: hold writes to these tablets (at most ``hold_seconds``) and take
+    their side of snapshot ``snapshot_id``'s cut."""
+
+    snapshot_id: str
+    table_id: str
+    tablet_ids: tuple[str, ...]
+    hold_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotWriteRequest:
+    """Master to worker: end the hold of ``snapshot_id``; unless ``abort``, write the
+    memtables' part of the cut and answer with the tablets' snapshot SSTables."""
+
+    snapshot_id: str
+    abort: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotTablet:
+    """One tablet in a snapshot: its record as of the cut (``TabletRecord.to_bytes``, its
+    SSTables those the snapshot reads) and its cut's seq mark."""
+
+    tablet_id: str
+    record: bytes
+    cut_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotWriteResponse:
+    """``held``: every tablet's hold lasted until the write call (else the cut is void)."""
+
+    held: bool
+    tablets: tuple[SnapshotTablet, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class BulkLoadTabletRequest:
+    """Master to worker: add the cells of these SSTable objects (in the store ``source_url``)
+    that fall in the tablet's range and in ``[start_row, end_row)``, as new SSTables of the
+    tablet, in one record update."""
+
+    table_id: str
+    tablet_id: str
+    source_url: str
+    keys: tuple[str, ...]
+    start_row: bytes = b""
+    end_row: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BulkLoadTabletResponse:
+    cells: int
+
+
 #: Every method a worker serves, and whether it streams its response.
 WORKER_METHODS: dict[str, bool] = {
     "mutate_rows": False,
@@ -230,6 +307,9 @@ WORKER_METHODS: dict[str, bool] = {
     "compact_tablet": False,
     "update_schema": False,
     "server_status": False,
+    "snapshot_hold": False,
+    "snapshot_write": False,
+    "bulk_load_tablet": False,
 }
 
 
@@ -286,6 +366,50 @@ class CompactTableRequest:
     major: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class CreateSnapshotRequest:
+    """``ttl_seconds``: the snapshot expires (GC may delete it) that long after it is taken."""
+
+    table: str
+    ttl_seconds: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotInfoMessage:
+    """A snapshot: its manifest's JSON (``batch.manifest.SnapshotManifest``)."""
+
+    manifest_json: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ListSnapshotsRequest:
+    table: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ListSnapshotsResponse:
+    snapshots: tuple[SnapshotInfoMessage, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteSnapshotRequest:
+    snapshot_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class BulkLoadRequest:
+    """Load the SSTables under ``url`` (a store URL: s3://, file://) into ``table``."""
+
+    table: str
+    url: str
+
+
+@dataclass(frozen=True, slots=True)
+class BulkLoadResponse:
+    tablets: int
+    cells: int
+
+
 #: Every method the master serves (none streams).
 MASTER_METHODS: tuple[str, ...] = (
     "create_table",
@@ -294,4 +418,8 @@ MASTER_METHODS: tuple[str, ...] = (
     "get_table",
     "modify_families",
     "compact_table",
+    "create_snapshot",
+    "list_snapshots",
+    "delete_snapshot",
+    "bulk_load",
 )

@@ -76,6 +76,20 @@ WIRE_TYPES: dict[int, type] = {
     94: m.ListTablesResponse,
     95: m.ModifyFamiliesRequest,
     96: m.CompactTableRequest,
+    # snapshots and bulk load (110-127)
+    110: m.SnapshotHoldRequest,
+    111: m.SnapshotWriteRequest,
+    112: m.SnapshotTablet,
+    113: m.SnapshotWriteResponse,
+    114: m.BulkLoadTabletRequest,
+    115: m.BulkLoadTabletResponse,
+    116: m.CreateSnapshotRequest,
+    117: m.SnapshotInfoMessage,
+    118: m.ListSnapshotsRequest,
+    119: m.ListSnapshotsResponse,
+    120: m.DeleteSnapshotRequest,
+    121: m.BulkLoadRequest,
+    122: m.BulkLoadResponse,
 }
 
 

@@ -51,7 +51,7 @@ from tabletstore.sstable.format import (
 )
 from tabletstore.storage_s3.base import ObjectStore
 
-__all__ = ["SSTableInfo", "upload_sstable", "write_sstable"]
+__all__ = ["SSTableInfo", "upload_sstable", "write_sstable", "write_sstable_table"]
 
 #: Cells transposed into Arrow columns at a time. Bounds the writer's extra memory.
 _CHUNK = 8192
@@ -115,6 +115,39 @@ def write_sstable(
     builder = _Builder(compression, block_size, locality_group, compression_level, column_bloom)
     for chunk in _chunks(cells):
         builder.add(chunk)
+    return builder.finish(bloom_bits_per_key)
+
+
+def write_sstable_table(
+    table: pa.Table,
+    *,
+    compression: str = "zstd",
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    locality_group: str = "default",
+    bloom_bits_per_key: int = DEFAULT_BITS_PER_KEY,
+) -> tuple[bytes, SSTableInfo]:
+    """:func:`write_sstable` for cells already in Arrow columns (the SSTable schema, sorted):
+    the same bytes, with the checks done column-wise and no Python object per cell (bulk
+    load, §8). InvalidArgument for a table that does not fit the schema, a null, an unknown
+    kind or unsorted cells."""
+    if compression not in COMPRESSIONS:
+        raise InvalidArgument(
+            f"compression must be one of {sorted(COMPRESSIONS)}, got {compression!r}"
+        )
+    if not _MIN_BLOCK_SIZE <= block_size <= _MAX_BLOCK_SIZE:
+        raise InvalidArgument(
+            f"block_size must be {_MIN_BLOCK_SIZE}..{_MAX_BLOCK_SIZE} bytes, got {block_size}"
+        )
+    try:
+        table = table.select(SCHEMA.names).cast(SCHEMA)
+    except (pa.ArrowException, KeyError, ValueError) as exc:
+        raise InvalidArgument(f"the table does not fit the SSTable columns: {exc}") from exc
+    nulls = [name for name, col in zip(SCHEMA.names, table.columns, strict=True) if col.null_count]
+    if nulls:
+        raise InvalidArgument(f"SSTable columns may hold no nulls: {nulls} do")
+    builder = _Builder(compression, block_size, locality_group, None, False)
+    if table.num_rows:
+        builder.add_table(table.combine_chunks())
     return builder.finish(bloom_bits_per_key)
 
 
@@ -235,6 +268,51 @@ class _Builder:
         self._pending_sizes = np.concatenate([self._pending_sizes, sizes])
         self._cut_blocks(final=False)
 
+    def add_table(self, table: pa.Table) -> None:
+        """:meth:`add` for a chunk already in Arrow columns (``write_sstable_table``)."""
+        kinds = {int(k) for k in pc.unique(table.column(5)).to_pylist()}
+        if kinds - _KINDS:
+            raise InvalidArgument(
+                f"cell kind must be one of {sorted(_KINDS)}, got {sorted(kinds - _KINDS)}"
+            )
+        first = Cell(*(table.column(i)[0].as_py() for i in range(7)))
+        last = Cell(*(table.column(i)[table.num_rows - 1].as_py() for i in range(7)))
+        if self._last_key is not None and not self._last_key <= cell_sort_key(first):
+            raise InvalidArgument(f"cells are not sorted: {first!r} follows key {self._last_key!r}")
+        bad = _first_unsorted(table)
+        if bad is not None:
+            raise InvalidArgument(
+                f"cells are not sorted: row {table.column(0)[bad].as_py()!r} at cell {bad}"
+            )
+        self._last_key = cell_sort_key(last)
+        n = table.num_rows
+        sizes = sum(
+            (pc.binary_length(table.column(i)).to_numpy() for i in (0, 1, 2, 6)),
+            start=np.full(n, CELL_OVERHEAD, dtype=np.int64),
+        )
+        if not self._cells:
+            self._first_row = first.row
+        self._last_row = last.row
+        self._cells += n
+        self._rows.update(pc.unique(table.column(0)).to_pylist())
+        counts = pc.value_counts(table.column(5))
+        self._kinds.update(
+            dict(
+                zip(
+                    counts.field("values").to_pylist(),
+                    counts.field("counts").to_pylist(),
+                    strict=True,
+                )
+            )
+        )
+        lo_hi = pc.min_max(table.column(4))
+        lo, hi = int(lo_hi["min"].as_py()), int(lo_hi["max"].as_py())
+        self._min_seq = lo if self._min_seq is None else min(self._min_seq, lo)
+        self._max_seq = hi if self._max_seq is None else max(self._max_seq, hi)
+        self._pending = table if self._pending is None else pa.concat_tables([self._pending, table])
+        self._pending_sizes = np.concatenate([self._pending_sizes, sizes])
+        self._cut_blocks(final=False)
+
     def _check_order(self, chunk: list[Cell], table: pa.Table) -> None:
         """InvalidArgument unless the chunk continues the ``cell_sort_key`` order."""
         first, last = cell_sort_key(chunk[0]), cell_sort_key(chunk[-1])
@@ -269,16 +347,23 @@ class _Builder:
 
     def _cut_blocks(self, *, final: bool) -> None:
         """Write every full block of the pending cells; with ``final``, the rest too."""
-        while self._pending is not None and self._pending.num_rows:
-            cumulative = np.cumsum(self._pending_sizes)
-            n = int(np.searchsorted(cumulative, self._block_size)) + 1
-            if n > len(cumulative):
+        if self._pending is None:
+            return
+        # One cumulative sum per call (not per block): a large add_table cuts many blocks.
+        cumulative = np.cumsum(self._pending_sizes)
+        done = 0  # cells of the pending table already written
+        base = 0  # their raw bytes
+        while done < len(cumulative):
+            n = int(np.searchsorted(cumulative, base + self._block_size)) + 1 - done
+            if done + n > len(cumulative):
                 if not final:
-                    return
-                n = len(cumulative)
-            self._write_block(self._pending.slice(0, n))
-            self._pending = self._pending.slice(n)
-            self._pending_sizes = self._pending_sizes[n:]
+                    break
+                n = len(cumulative) - done
+            self._write_block(self._pending.slice(done, n))
+            done += n
+            base = int(cumulative[done - 1])
+        self._pending = self._pending.slice(done)
+        self._pending_sizes = self._pending_sizes[done:]
 
     def _write_block(self, block: pa.Table) -> None:
         n = block.num_rows

@@ -31,6 +31,7 @@ from collections.abc import AsyncIterator, Coroutine
 from dataclasses import replace
 from typing import Any
 
+from tabletstore.batch.bulkload import cells_for_tablet
 from tabletstore.client.location import LocationCache
 from tabletstore.clock import Clock, SystemClock
 from tabletstore.commitlog import CommitLogStats, CommitLogWriter, fence, replay_cells
@@ -48,7 +49,7 @@ from tabletstore.data.model import Row
 from tabletstore.data.query import RowSet
 from tabletstore.data.schema import TableSchema
 from tabletstore.engine import split_key as splitting
-from tabletstore.engine.tablet import Tablet
+from tabletstore.engine.tablet import SnapshotCut, Tablet
 from tabletstore.errors import (
     InvalidArgument,
     NotFound,
@@ -64,6 +65,8 @@ from tabletstore.options import TabletOptions, WorkerOptions
 from tabletstore.rpc.inprocess import Transport
 from tabletstore.rpc.messages import (
     WORKER_METHODS,
+    BulkLoadTabletRequest,
+    BulkLoadTabletResponse,
     CheckAndMutateRequest,
     CheckAndMutateResponse,
     CompactTabletRequest,
@@ -80,6 +83,10 @@ from tabletstore.rpc.messages import (
     SampleRowKeysResponse,
     ServerStatusRequest,
     ServerStatusResponse,
+    SnapshotHoldRequest,
+    SnapshotTablet,
+    SnapshotWriteRequest,
+    SnapshotWriteResponse,
     TabletStatus,
     UnloadTabletRequest,
     UpdateSchemaRequest,
@@ -188,6 +195,9 @@ class TabletServer:
         # starts serving (so every served tablet's record lists the log it writes to).
         self._log_switch = asyncio.Lock()
         self._switching: asyncio.Task[None] | None = None
+        #: Snapshot cuts held here, by snapshot id, until snapshot_write (or until dropped
+        #: by a timer: a master that died mid-snapshot must not pin memtables for ever).
+        self._snapshot_cuts: dict[str, list[tuple[Tablet, SnapshotCut]]] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -609,6 +619,54 @@ class TabletServer:
         else:
             await tablet.minor_compact()
             await tablet.merge_if_needed()
+
+    # ------------------------------------------------------------------ snapshots, bulk load
+
+    async def snapshot_hold(self, req: SnapshotHoldRequest) -> None:
+        """Hold writes to the tablets and take their cuts (``Tablet.hold_for_snapshot``)."""
+        if req.snapshot_id in self._snapshot_cuts:
+            raise InvalidArgument(f"snapshot {req.snapshot_id} is already held here")
+        tablets = [self._tablet(req.table_id, t) for t in req.tablet_ids]
+        results = await asyncio.gather(
+            *(t.hold_for_snapshot(req.hold_seconds) for t in tablets), return_exceptions=True
+        )
+        cuts = [(t, r) for t, r in zip(tablets, results, strict=True) if isinstance(r, SnapshotCut)]
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            for t, cut in cuts:
+                t.release_snapshot_hold(cut)
+            raise failed[0]
+        self._snapshot_cuts[req.snapshot_id] = cuts
+        asyncio.get_running_loop().call_later(
+            2 * req.hold_seconds + 60.0, self._snapshot_cuts.pop, req.snapshot_id, None
+        )
+
+    async def snapshot_write(self, req: SnapshotWriteRequest) -> SnapshotWriteResponse:
+        """End the hold first (writes go on at once), then write the memtables' part of each
+        cut (``Tablet.write_snapshot``) unless ``abort``."""
+        cuts = self._snapshot_cuts.pop(req.snapshot_id, None)
+        if cuts is None:
+            return SnapshotWriteResponse(False, ())
+        held = all([t.release_snapshot_hold(cut) for t, cut in cuts])
+        if req.abort or not held:
+            return SnapshotWriteResponse(held, ())
+        out = []
+        for tablet, cut in cuts:
+            sstables = await tablet.write_snapshot(cut)
+            record = replace(cut.record, sstables=sstables)
+            out.append(SnapshotTablet(record.tablet_id, record.to_bytes(), cut.mark))
+        return SnapshotWriteResponse(True, tuple(out))
+
+    async def bulk_load_tablet(self, req: BulkLoadTabletRequest) -> BulkLoadTabletResponse:
+        """Add the bulk-load files' cells in the tablet's range (``Tablet.bulk_load``)."""
+        tablet = self._tablet(req.table_id, req.tablet_id)
+        rec = tablet.record
+        start = max(rec.start_row, req.start_row)
+        ends = [e for e in (rec.end_row, req.end_row) if e is not None]
+        end = min(ends) if ends else None
+        groups = await cells_for_tablet(req.source_url, req.keys, start, end, tablet.schema)
+        await tablet.bulk_load(groups)
+        return BulkLoadTabletResponse(sum(t.num_rows for t in groups.values()))
 
     async def update_schema(self, req: UpdateSchemaRequest) -> None:
         info = await self._catalog.get_table(req.table_name)

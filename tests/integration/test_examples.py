@@ -28,6 +28,10 @@ EXPECTED = {
         "com.cnn.www anchor:cnnsi.com 4 CNN News\n",
         "com.cnn.www anchor:my.look.ca 8 CNN.com\n",
     ],
+    "batch_anchor_count.py": [
+        "com.cnn.www           74 anchors",
+        "matches the anchors written before the snapshot",
+    ],
     "async_counters.py": [
         "stats:views = 100",
         "stats:log = b'alice;bob;carol;'",

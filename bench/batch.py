@@ -1,0 +1,172 @@
+"""Batch benchmark (issue 14): reading a snapshot straight from the bucket, and bulk load.
+
+    python -m bench.batch [--rows 50000] [--cells-per-row 4] [--value-bytes 100]
+
+On one embedded database (a local directory as the bucket), in one run:
+
+* cells/s of ``tabletstore.batch`` reading a snapshot on one process, and on a
+  ``distributed.LocalCluster`` of 2 worker processes (Dask), against the client's scan
+  (``read_rows``) of the same table (target: the reader at least 5 times the scan per
+  process);
+* MB/s (raw cell bytes: row, family, qualifier, value) of a bulk load (the job's
+  ``write_sstables`` plus ``bulk_load``) against ``tabletstore import`` of the same rows from
+  CSV (target: at least 10 times).
+
+Prints a table; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import pyarrow as pa
+
+import tabletstore
+from tabletstore import batch
+from tabletstore.batch.engines import dask_dataframe
+from tabletstore.cli import main as cli
+
+SPLITS = [b"row%08d" % i for i in (1, 2, 3)]
+
+
+def make_data(rows: int, per_row: int, value_bytes: int) -> pa.Table:
+    # Spread over the 4 tablets of SPLITS: row%08d of the quarter, then the row number.
+    keys = [b"row%08d-%08d" % (4 * i // rows, i) for i in range(rows)]
+    out_rows, quals, vals = [], [], []
+    for i, key in enumerate(keys):
+        for c in range(per_row):
+            out_rows.append(key)
+            quals.append(b"col%d" % c)
+            vals.append((b"%08d" % (i * per_row + c)) * (value_bytes // 8))
+    return pa.table(
+        {
+            "row": pa.array(out_rows, pa.binary()),
+            "family": pa.array(["cf"] * len(out_rows)),
+            "qualifier": pa.array(quals, pa.binary()),
+            "value": pa.array(vals, pa.binary()),
+        }
+    )
+
+
+def raw_bytes(data: pa.Table) -> int:
+    return (
+        sum(len(v) for col in ("row", "qualifier", "value") for v in data.column(col).to_pylist())
+        + 2 * data.num_rows
+    )
+
+
+def write_csv(data: pa.Table, path: Path, per_row: int) -> None:
+    rows = data.column("row").to_pylist()
+    vals = data.column("value").to_pylist()
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["row", *(f"cf:col{c}" for c in range(per_row))])
+        for i in range(0, len(rows), per_row):
+            w.writerow([rows[i].decode(), *(v.decode() for v in vals[i : i + per_row])])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rows", type=int, default=50_000)
+    ap.add_argument("--cells-per-row", type=int, default=4)
+    ap.add_argument("--value-bytes", type=int, default=100)
+    ap.add_argument("--repeats", type=int, default=3, help="read measurements (best is shown)")
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-batch-"))
+    data = make_data(args.rows, args.cells_per_row, args.value_bytes)
+    cells = data.num_rows
+    mb = raw_bytes(data) / 1e6
+    csv_path = tmp / "rows.csv"
+    write_csv(data, csv_path, args.cells_per_row)
+    db = tabletstore.connect(f"file://{tmp}/db")
+    results: list[tuple[str, str, str]] = []
+    try:
+        # Bulk load (the job writes SSTables, then the table takes them) and tabletstore
+        # import of the same rows, alternated twice into fresh tables; best of each.
+        bulk_runs, import_runs = [], []
+        for r in range(2):
+            db.create_table(f"bulk{r}", ["cf"], split_keys=SPLITS)
+            db.create_table(f"imported{r}", ["cf"], split_keys=SPLITS)
+            t0 = time.perf_counter()
+            batch.write_sstables(data, f"file://{tmp}/out{r}")
+            db.bulk_load(f"bulk{r}", f"file://{tmp}/out{r}")
+            bulk_runs.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            cli._import(db, f"imported{r}", csv_path, cli._import_plan(()))
+            import_runs.append(time.perf_counter() - t0)
+        bulk_s, import_s = min(bulk_runs), min(import_runs)
+        results.append(("bulk load (write_sstables + bulk_load)", f"{mb / bulk_s:,.1f} MB/s", ""))
+        results.append(
+            ("tabletstore import (CSV, client mutations)", f"{mb / import_s:,.1f} MB/s", "")
+        )
+        results.append(("bulk load / import", f"{import_s / bulk_s:,.1f}x", "target >= 10x"))
+
+        # Reads of the same table: the client's scan and the snapshot reader, alternated
+        # ``--repeats`` times (the machine is shared: the best of each is reported).
+        snap = db.snapshot("imported0")
+        store_url = db.store.url
+        scan_runs, read_runs = [], []
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            scanned = sum(len(r.cells) for r in db.table("imported0").read_rows())
+            scan_runs.append(time.perf_counter() - t0)
+            assert scanned == cells, (scanned, cells)
+            t0 = time.perf_counter()
+            read = batch.open_snapshot(store_url, snap.snapshot_id).read().num_rows
+            read_runs.append(time.perf_counter() - t0)
+            assert read == cells, (read, cells)
+        scan_s, read_s = min(scan_runs), min(read_runs)
+        from distributed import Client, LocalCluster
+
+        with (
+            LocalCluster(
+                n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+            ) as lc,
+            Client(lc),
+        ):
+            # A fresh DataFrame per run (opening the snapshot is part of the job), each
+            # partition counted where it is read.
+            def count() -> int:
+                df = dask_dataframe(store_url, snap.snapshot_id, max_split_bytes=1 << 20)
+                return int(df.map_partitions(len, meta=(None, "int64")).compute().sum())
+
+            count()  # warm the workers (imports) before timing
+            dask_runs = []
+            for _ in range(args.repeats):
+                t0 = time.perf_counter()
+                dask_cells = count()
+                dask_runs.append(time.perf_counter() - t0)
+            dask_s = min(dask_runs)
+        assert dask_cells == cells, (dask_cells, cells)
+        results.append(("client scan (read_rows)", f"{cells / scan_s:,.0f} cells/s", ""))
+        results.append(
+            (
+                "tabletstore.batch, 1 process",
+                f"{cells / read_s:,.0f} cells/s",
+                f"{scan_s / read_s:,.1f}x the scan (target >= 5x)",
+            )
+        )
+        results.append(
+            (
+                "tabletstore.batch on Dask, 2 workers",
+                f"{cells / dask_s:,.0f} cells/s",
+                f"{scan_s / dask_s:,.1f}x the scan",
+            )
+        )
+    finally:
+        db.close()
+    print(f"{args.rows:,} rows, {cells:,} cells, {mb:,.1f} MB raw; {os.cpu_count()} cores")
+    print()
+    print("| what | rate | note |")
+    print("|---|---|---|")
+    for what, rate, note in results:
+        print(f"| {what} | {rate} | {note} |")
+
+
+if __name__ == "__main__":
+    main()

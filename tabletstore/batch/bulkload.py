@@ -1,0 +1,336 @@
+"""Bulk load, the output side of a batch job (§8: Bigtable as MapReduce output).
+
+A job writes its output as sorted SSTables with the project's own writer
+(:func:`write_sstables`, from Arrow tables or record batches or a pandas DataFrame) into any
+store (``file:///dir``, ``s3://bucket/prefix``). ``tabletstore bulkload TABLE URL`` (or
+``table.bulk_load(URL)``) then hands them to the table, as HBase's completebulkload does:
+
+1. the master checks every file first (:func:`inspect_sources`): each is an SSTable with the
+   SSTable schema, its cells strictly sorted, only puts, only families the table has, and no
+   two files overlap in rows. Any failure refuses the whole load before anything is
+   committed: nothing is half-loaded;
+2. for each tablet, the worker serving it reads the cells in its row range
+   (:func:`cells_for_tablet`; checksums verified), gives them fresh sequence numbers and adds
+   them as new SSTables, one per locality group, in one METADATA update (``Tablet.bulk_load``):
+   atomic per tablet. Loaded cells are then read and compacted exactly like written ones.
+
+Input columns of :func:`write_sstables`: ``row``, ``family``, ``qualifier``, ``value``
+(binary, or strings encoded as UTF-8) and optionally ``timestamp`` (int64 µs; default: now).
+Two cells of one (row, family, qualifier, timestamp) are refused: which one wins would be
+arbitrary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import crc32c
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from tabletstore.data.schema import TableSchema
+from tabletstore.errors import Corruption, InvalidArgument, TabletStoreError
+from tabletstore.keys import CellKind
+from tabletstore.sstable.format import SCHEMA
+from tabletstore.sstable.reader import SSTableCore
+from tabletstore.sstable.writer import write_sstable_table
+from tabletstore.storage_s3 import open_store
+from tabletstore.storage_s3.base import ObjectStore, object_url
+
+__all__ = [
+    "SourceFile",
+    "awrite_sstables",
+    "cells_for_tablet",
+    "inspect_sources",
+    "overlapping",
+    "to_cells_table",
+    "write_sstables",
+]
+
+#: Cells per SSTable written by :func:`write_sstables` (a file per this many cells).
+DEFAULT_FILE_CELLS = 1_000_000
+#: Block size of bulk-load files: they are read whole, once, so large blocks (fewer Parquet
+#: row groups to write and decode) cost less; the tablets' own SSTables use their locality
+#: group's block size.
+STAGING_BLOCK_SIZE = 1 << 20
+_SORT = [
+    ("row", "ascending"),
+    ("family", "ascending"),
+    ("qualifier", "ascending"),
+    ("ts", "descending"),
+]
+
+
+def _as_table(data: Any) -> pa.Table:
+    if isinstance(data, pa.Table):
+        return data
+    if isinstance(data, pa.RecordBatch):
+        return pa.Table.from_batches([data])
+    if hasattr(data, "to_pandas") or type(data).__name__ == "DataFrame":
+        return pa.Table.from_pandas(data, preserve_index=False)
+    if isinstance(data, Iterable):
+        return pa.Table.from_batches(list(data))
+    raise InvalidArgument(
+        f"bulk-load input must be an Arrow table, record batches or a DataFrame, got "
+        f"{type(data).__name__}"
+    )
+
+
+def _binary(table: pa.Table, name: str) -> pa.Array:
+    if name not in table.column_names:
+        raise InvalidArgument(f"bulk-load input has no {name!r} column: {table.column_names}")
+    col = table.column(name).combine_chunks()
+    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+        return pc.cast(col, pa.binary())
+    if pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type):
+        return pc.cast(col, pa.binary())
+    raise InvalidArgument(f"bulk-load column {name!r} must be binary or string, not {col.type}")
+
+
+def to_cells_table(data: Any, *, now_micros: int | None = None) -> pa.Table:
+    """The input as a sorted table of the SSTable schema (seq 0, kind PUT): InvalidArgument
+    for a missing column, a wrong type, a null or a duplicate cell."""
+    table = _as_table(data)
+    n = table.num_rows
+    cols = {name: _binary(table, name) for name in ("row", "qualifier", "value")}
+    if "family" not in table.column_names:
+        raise InvalidArgument(f"bulk-load input has no 'family' column: {table.column_names}")
+    family = pc.cast(table.column("family").combine_chunks(), pa.string())
+    if "timestamp" in table.column_names:
+        ts = pc.cast(table.column("timestamp").combine_chunks(), pa.int64())
+    else:
+        now = now_micros if now_micros is not None else int(time.time() * 1_000_000)
+        ts = pa.array(np.full(n, now, dtype=np.int64))
+    arrays = [cols["row"], family, cols["qualifier"], ts]
+    for name, arr in zip(("row", "family", "qualifier", "timestamp"), arrays, strict=True):
+        if arr.null_count:
+            raise InvalidArgument(f"bulk-load column {name!r} has null values")
+    if cols["value"].null_count:
+        raise InvalidArgument("bulk-load column 'value' has null values")
+    out = pa.Table.from_arrays(
+        [
+            *arrays,
+            pa.array(np.zeros(n, dtype=np.int64)),
+            pa.array(np.full(n, int(CellKind.PUT), dtype=np.int8)),
+            cols["value"],
+        ],
+        schema=SCHEMA,
+    ).sort_by(_SORT)
+    dup = _first_not_strictly_sorted(out)
+    if dup is not None:
+        raise InvalidArgument(
+            f"bulk-load input has two cells for row {out.column(0)[dup].as_py()!r} column "
+            f"{out.column(1)[dup].as_py()}:{out.column(2)[dup].as_py()!r} timestamp "
+            f"{out.column(3)[dup].as_py()}"
+        )
+    return out
+
+
+def _first_not_strictly_sorted(table: pa.Table) -> int | None:
+    """The first index whose (row, family, qualifier, ts desc) key is not strictly after its
+    predecessor's, or None."""
+    n = table.num_rows
+    if n < 2:
+        return None
+    a = [table.column(i).slice(0, n - 1) for i in range(4)]
+    b = [table.column(i).slice(1) for i in range(4)]
+    ok = pc.greater(a[3], b[3])
+    for i in (2, 1, 0):
+        ok = pc.or_(pc.less(a[i], b[i]), pc.and_(pc.equal(a[i], b[i]), ok))
+    if pc.all(ok).as_py():
+        return None
+    return int(np.flatnonzero(~ok.to_numpy(zero_copy_only=False))[0]) + 1
+
+
+async def awrite_sstables(
+    data: Any,
+    url: str,
+    *,
+    file_cells: int = DEFAULT_FILE_CELLS,
+    compression: str = "zstd",
+    block_size: int = STAGING_BLOCK_SIZE,
+    now_micros: int | None = None,
+    store: ObjectStore | None = None,
+) -> list[str]:
+    """Write ``data`` (see the module docstring) as sorted SSTables under the store ``url``;
+    returns the keys written. Files of one call never overlap; files of several calls (a
+    job's partitions) must not either: range-partition the output by row."""
+    table = to_cells_table(data, now_micros=now_micros)
+    own = store is None
+    st = open_store(url) if store is None else store
+    keys: list[str] = []
+    try:
+        token = uuid.uuid4().hex[:12]
+        start = 0
+        while start < table.num_rows:
+            end = min(table.num_rows, start + file_cells)
+            # Keep a row in one file: files must not overlap in rows.
+            if end < table.num_rows:
+                rows = table.column(0)
+                last = rows[end - 1]
+                tail = rows.slice(end)
+                same = pc.equal(tail, last).to_numpy(zero_copy_only=False)
+                end += int(np.argmin(same)) if not same.all() else len(same)
+            data_bytes, _ = write_sstable_table(
+                table.slice(start, end - start), compression=compression, block_size=block_size
+            )
+            key = f"bulk-{token}-{len(keys):05d}.sst"
+            await st.create(key, data_bytes)
+            keys.append(key)
+            start = end
+    finally:
+        if own:
+            await st.close()
+    return keys
+
+
+def write_sstables(data: Any, url: str, **kw: Any) -> list[str]:
+    """:func:`awrite_sstables` from synchronous code (a Dask or Spark task)."""
+    return asyncio.run(awrite_sstables(data, url, **kw))
+
+
+@dataclass(frozen=True, slots=True)
+class SourceFile:
+    """A checked bulk-load SSTable: its key, size, rows and cells."""
+
+    key: str
+    size: int
+    first_row: bytes
+    last_row: bytes
+    cells: int
+
+
+async def inspect_sources(store: ObjectStore, schema: TableSchema) -> list[SourceFile]:
+    """Check every object under ``store`` for a bulk load into a table of ``schema``
+    (module docstring, step 1); InvalidArgument naming the first problem found."""
+    keys = [info async for info in store.list("")]
+    if not keys:
+        raise InvalidArgument(f"no files to bulk-load under {store.url}")
+    files: list[SourceFile] = []
+    for info in keys:
+        name = object_url(store.url, info.key)
+        data = await store.get(info.key)
+        if data is None:
+            raise InvalidArgument(f"bulk-load file {name} vanished while being checked")
+        files.append(_check_file(name, info.key, data, schema))
+    files.sort(key=lambda f: f.first_row)
+    for a, b in itertools.pairwise(files):
+        if b.first_row <= a.last_row:
+            raise InvalidArgument(
+                f"bulk-load files overlap: {object_url(store.url, a.key)} has rows up to "
+                f"{a.last_row!r} and {object_url(store.url, b.key)} starts at {b.first_row!r}"
+            )
+    return files
+
+
+def _verified_table(
+    name: str, data: bytes, start_row: bytes = b"", end_row: bytes | None = None
+) -> pa.Table:
+    """The cells of an SSTable object's blocks that may hold rows of ``[start_row,
+    end_row)``, as Arrow columns, after its footer, block index and those blocks' crc32c are
+    checked (no Python object per cell); Corruption otherwise."""
+    core = SSTableCore.from_tail(name, len(data), data)
+    view = memoryview(data)
+    wanted = [
+        i
+        for i, b in enumerate(core.blocks)
+        if b.last_row >= start_row and (end_row is None or b.first_row < end_row)
+    ]
+    for i in wanted:
+        b = core.blocks[i]
+        if crc32c.crc32c(view[b.offset : b.offset + b.length]) != b.crc32c:
+            raise Corruption(f"SSTable {name}: block {i} fails its crc32c checksum")
+    table = pq.ParquetFile(pa.BufferReader(data)).read_row_groups(wanted)
+    if table.num_rows != sum(core.blocks[i].cells for i in wanted):
+        raise Corruption(f"SSTable {name}: its cells disagree with its block index")
+    return table
+
+
+def _check_file(name: str, key: str, data: bytes, schema: TableSchema) -> SourceFile:
+    try:
+        file_schema = pq.ParquetFile(pa.BufferReader(data)).schema_arrow.remove_metadata()
+    except (pa.ArrowException, OSError) as exc:
+        raise InvalidArgument(f"bulk-load file {name} is not an SSTable: {exc}") from exc
+    if not file_schema.equals(SCHEMA):
+        raise InvalidArgument(
+            f"bulk-load file {name} has the wrong schema: {file_schema} "
+            f"(expected the SSTable schema {SCHEMA})"
+        )
+    try:
+        table = _verified_table(name, data)
+    except (Corruption, TabletStoreError, pa.ArrowException) as exc:
+        raise InvalidArgument(f"bulk-load file {name} is not a valid SSTable: {exc}") from exc
+    if table.num_rows == 0:
+        raise InvalidArgument(f"bulk-load file {name} has no cells")
+    bad = _first_not_strictly_sorted(table)
+    if bad is not None:
+        raise InvalidArgument(
+            f"bulk-load file {name} is not sorted (or repeats a cell) at cell {bad}: row "
+            f"{table.column(0)[bad].as_py()!r}"
+        )
+    kinds = pc.unique(table.column("kind")).to_pylist()
+    if kinds != [int(CellKind.PUT)]:
+        raise InvalidArgument(f"bulk-load file {name} holds deletion entries: only puts load")
+    families = set(pc.unique(table.column("family")).to_pylist())
+    unknown = families - set(schema.families)
+    if unknown:
+        raise InvalidArgument(
+            f"bulk-load file {name} has cells of families {sorted(unknown)} that table "
+            f"{schema.name!r} does not have"
+        )
+    rows = table.column("row")
+    return SourceFile(key, len(data), rows[0].as_py(), rows[-1].as_py(), table.num_rows)
+
+
+async def cells_for_tablet(
+    source_url: str,
+    keys: Sequence[str],
+    start_row: bytes,
+    end_row: bytes | None,
+    schema: TableSchema,
+) -> dict[str, pa.Table]:
+    """The cells of the files ``keys`` (in row order, not overlapping) that fall in
+    ``[start_row, end_row)``, per locality group, sorted (module docstring, step 2)."""
+    store = open_store(source_url)
+    parts: list[pa.Table] = []
+    try:
+        for key in keys:
+            data = await store.get(key)
+            name = object_url(store.url, key)
+            if data is None:
+                raise InvalidArgument(f"bulk-load file {name} is gone")
+            table = _verified_table(name, data, start_row, end_row)
+            rows = table.column(0)
+            keep = pc.greater_equal(rows, pa.scalar(start_row, pa.binary()))
+            if end_row is not None:
+                keep = pc.and_(keep, pc.less(rows, pa.scalar(end_row, pa.binary())))
+            parts.append(table.filter(keep))
+    finally:
+        await store.close()
+    cells = pa.concat_tables(parts) if parts else SCHEMA.empty_table()
+    families = pc.unique(cells.column(1)).to_pylist()
+    unknown = set(families) - set(schema.families)
+    if unknown:
+        raise InvalidArgument(f"bulk-load cells of families {sorted(unknown)} the table lacks")
+    by_group: dict[str, list[str]] = {}
+    for fam in families:
+        by_group.setdefault(schema.families[fam].locality_group, []).append(fam)
+    if len(by_group) == 1:
+        return {next(iter(by_group)): cells}
+    return {
+        group: cells.filter(pc.is_in(cells.column(1), value_set=pa.array(fams, pa.string())))
+        for group, fams in by_group.items()
+    }
+
+
+def overlapping(files: Sequence[SourceFile], start: bytes, end: bytes | None) -> list[str]:
+    """Keys of the files with rows in ``[start, end)``."""
+    return [f.key for f in files if f.last_row >= start and (end is None or f.first_row < end)]

@@ -1,0 +1,250 @@
+"""Taking a snapshot of a table, and bulk loads: the master's side of ``tabletstore.batch`` (§8).
+
+The cut. A snapshot is "as of one instant": every write acknowledged before it is in, none
+that started after it. Sequence numbers are per worker, so no one number names an instant
+across a table's tablets; the cut is taken in two phases instead:
+
+1. ``snapshot_hold`` to every worker serving a tablet of the table, concurrently: each of
+   its tablets stops letting writes take sequence numbers (they wait; none is refused),
+   waits for the writes already past that point, and records its *mark*, the largest seq of
+   any of its cells (``Tablet.hold_for_snapshot``). A tablet's cells are totally ordered by
+   seq (a tablet loaded on another worker advances that worker's sequence past its cells),
+   so "seq <= mark" is exactly "written before the hold".
+2. Once every worker holds, ``snapshot_write`` to each: the hold ends at once, then the
+   worker writes what the memtables held at the cut as SSTables for the snapshot.
+
+The instant T after the last hold began and before the first one ended is the cut: a write
+acknowledged before T has a seq <= its tablet's mark (it finished before, or could not start
+after, the hold); a write started after T has a larger one. Writes wait only for the round
+trip between the phases, never for I/O of a compaction. A hold that timed out before phase 2
+(``held`` false) voids the cut, and the snapshot is taken again.
+
+The manifest lists, per tablet, the SSTables at the cut plus the snapshot's own memtable
+SSTables, and the mark; the reader drops cells with a larger seq (engine/iterators.py
+``snapshot_seq``). GC keeps what it names (master/gc_plan.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+
+from tabletstore.batch.bulkload import SourceFile, inspect_sources, overlapping
+from tabletstore.clock import Clock
+from tabletstore.errors import InvalidArgument, NotServing, Unavailable, Unreachable
+from tabletstore.metadata.catalog import Catalog, TableInfo
+from tabletstore.metadata.record import TabletRecord
+from tabletstore.metadata.snapshot import (
+    SnapshotManifest,
+    TabletSnapshot,
+    new_snapshot_id,
+    write_manifest,
+)
+from tabletstore.rpc.inprocess import Transport
+from tabletstore.rpc.messages import (
+    BulkLoadTabletRequest,
+    BulkLoadTabletResponse,
+    SnapshotHoldRequest,
+    SnapshotWriteRequest,
+    SnapshotWriteResponse,
+)
+from tabletstore.storage_s3 import open_store
+from tabletstore.storage_s3.base import ObjectStore
+
+__all__ = ["HOLD_SECONDS", "bulk_load", "take_snapshot"]
+
+log = logging.getLogger(__name__)
+
+#: The longest a tablet holds writes for a snapshot's cut if phase 2 never comes.
+HOLD_SECONDS = 5.0
+_ATTEMPTS = 5
+
+#: (table id, tablet id) -> address of the worker serving it; raises if one is not served.
+Locate = Callable[[list[TabletRecord]], Awaitable[Mapping[str, str]]]
+
+
+async def take_snapshot(
+    *,
+    info: TableInfo,
+    catalog: Catalog,
+    transport: Transport,
+    store: ObjectStore,
+    clock: Clock,
+    locate: Locate,
+    ttl: float | None = None,
+) -> SnapshotManifest:
+    """Take a snapshot of the table ``info`` and write its manifest (module docstring)."""
+    if ttl is not None and ttl <= 0:
+        raise InvalidArgument(f"a snapshot's TTL must be > 0 seconds, got {ttl}")
+    error: Exception | None = None
+    for attempt in range(_ATTEMPTS):
+        try:
+            manifest = await _attempt(info, catalog, transport, store, clock, locate, ttl)
+        except (NotServing, Unavailable, Unreachable) as exc:
+            # A split, a move or a tablet being loaded: the next attempt sees the new tablets.
+            log.info("snapshot of %s: attempt %d failed: %s", info.schema.name, attempt, exc)
+            error = exc
+            await asyncio.sleep(0.05 * 2**attempt)
+            continue
+        await write_manifest(store, manifest)
+        return manifest
+    raise Unavailable(f"could not take a snapshot of table {info.schema.name!r}: {error}")
+
+
+async def _attempt(
+    info: TableInfo,
+    catalog: Catalog,
+    transport: Transport,
+    store: ObjectStore,
+    clock: Clock,
+    locate: Locate,
+    ttl: float | None,
+) -> SnapshotManifest:
+    records = await catalog.list_tablets(info.table_id)
+    where = await locate(records)
+    by_worker: dict[str, list[str]] = {}
+    for rec in records:
+        by_worker.setdefault(where[rec.tablet_id], []).append(rec.tablet_id)
+    snapshot_id = new_snapshot_id(clock.time())
+    holds = await asyncio.gather(
+        *(
+            transport.call(
+                addr,
+                "snapshot_hold",
+                SnapshotHoldRequest(snapshot_id, info.table_id, tuple(ids), HOLD_SECONDS),
+            )
+            for addr, ids in by_worker.items()
+        ),
+        return_exceptions=True,
+    )
+    created_at = clock.time()  # inside the cut's window: every hold is in place
+    failed = [h for h in holds if isinstance(h, BaseException)]
+    replies = await asyncio.gather(
+        *(
+            transport.call(addr, "snapshot_write", SnapshotWriteRequest(snapshot_id, bool(failed)))
+            for addr in by_worker
+        ),
+        return_exceptions=True,
+    )
+    if failed:
+        raise failed[0]
+    tablets: list[TabletSnapshot] = []
+    for reply in replies:
+        if isinstance(reply, BaseException):
+            raise reply
+        assert isinstance(reply, SnapshotWriteResponse)
+        if not reply.held:
+            raise Unavailable("a tablet's hold timed out before the cut was complete")
+        for t in reply.tablets:
+            rec = TabletRecord.from_bytes(t.record)
+            tablets.append(
+                TabletSnapshot(t.tablet_id, rec.start_row, rec.end_row, t.cut_seq, rec.sstables)
+            )
+    tablets.sort(key=lambda t: t.start_row)
+    manifest = SnapshotManifest(
+        snapshot_id=snapshot_id,
+        table=info.schema.name,
+        table_id=info.table_id,
+        created_at=created_at,
+        expires_at=None if ttl is None else created_at + ttl,
+        schema=info.schema,
+        tablets=tuple(tablets),
+    )
+    try:
+        SnapshotManifest.from_bytes(manifest.to_bytes())  # the tablets tile the rows
+    except Exception as exc:
+        raise Unavailable(f"the table's tablets changed during the snapshot: {exc}") from exc
+    return manifest
+
+
+async def bulk_load(
+    *,
+    info: TableInfo,
+    url: str,
+    catalog: Catalog,
+    transport: Transport,
+    locate: Locate,
+) -> tuple[int, int]:
+    """Load the SSTables under ``url`` into the table (batch/bulkload.py): check them all,
+    then each tablet's worker adds its part atomically. Returns (tablets, cells) loaded."""
+    source = open_store(url)
+    try:
+        files: list[SourceFile] = await inspect_sources(source, info.schema)
+    finally:
+        await source.close()
+    return await _load_range(info, url, files, b"", None, catalog, transport, locate)
+
+
+async def _load_range(
+    info: TableInfo,
+    url: str,
+    files: list[SourceFile],
+    start: bytes,
+    end: bytes | None,
+    catalog: Catalog,
+    transport: Transport,
+    locate: Locate,
+) -> tuple[int, int]:
+    """Load the files' rows in ``[start, end)`` into the tablets covering that range. A
+    tablet that split or moved meanwhile refuses its call having committed nothing (its load
+    is one record update), so its range is looked up again and loaded into what serves it
+    now, until ``_ATTEMPTS`` lookups have failed."""
+    tablets = cells = 0
+    pending: list[tuple[bytes, bytes | None]] = [(start, end)]
+    for attempt in range(_ATTEMPTS):
+        if not pending:
+            break
+        retry: list[tuple[bytes, bytes | None]] = []
+        records = await catalog.list_tablets(info.table_id)
+        jobs = []
+        for lo, hi in pending:
+            for rec in records:
+                if (hi is not None and rec.start_row >= hi) or (
+                    rec.end_row is not None and rec.end_row <= lo
+                ):
+                    continue
+                a = max(lo, rec.start_row)
+                b = (
+                    hi
+                    if rec.end_row is None
+                    else rec.end_row
+                    if hi is None
+                    else min(hi, rec.end_row)
+                )
+                if keys := overlapping(files, a, b):
+                    jobs.append((rec, a, b, keys))
+        try:
+            where = await locate([rec for rec, *_ in jobs])
+        except NotServing as exc:
+            log.info("bulk load into %s: %s; looking again", info.schema.name, exc)
+            await asyncio.sleep(0.05 * 2**attempt)
+            continue
+        replies = await asyncio.gather(
+            *(
+                transport.call(
+                    where[rec.tablet_id],
+                    "bulk_load_tablet",
+                    BulkLoadTabletRequest(rec.table_id, rec.tablet_id, url, tuple(keys), a, b),
+                )
+                for rec, a, b, keys in jobs
+            ),
+            return_exceptions=True,
+        )
+        for (_, a, b, _), reply in zip(jobs, replies, strict=True):
+            if isinstance(reply, BulkLoadTabletResponse):
+                tablets += 1
+                cells += reply.cells
+            elif isinstance(reply, (NotServing, Unreachable)):
+                retry.append((a, b))  # nothing of it was committed: load it again
+            elif isinstance(reply, BaseException):
+                raise reply
+        pending = retry
+        if pending:
+            await asyncio.sleep(0.05 * 2**attempt)
+    if pending:
+        raise Unavailable(
+            f"bulk load into {info.schema.name!r}: rows {pending} could not be loaded (their "
+            f"tablets kept moving); {cells} cells in {tablets} tablets were loaded"
+        )
+    return tablets, cells

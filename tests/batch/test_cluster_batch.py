@@ -1,0 +1,164 @@
+"""Batch jobs against a real cluster (issue 14): etcd, moto's S3 server, a master and two
+workers as processes. The snapshot is taken through the master's RPC (which drives the
+workers' ``snapshot_hold``/``snapshot_write``), read from S3 through a store that refuses
+every write (read-only credentials are all a job needs), and a job's output comes back both
+through ``tabletstore bulkload`` and through the client's batched mutations."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import uuid
+
+import pyarrow as pa
+import pytest
+
+from tabletstore import batch, connect_async
+from tabletstore.batch.engines import awrite_rows, dask_write_rows
+from tabletstore.errors import PermissionDenied
+from tabletstore.storage_s3 import open_store
+from tabletstore.storage_s3.base import ObjectStore
+from tests.batch.conftest import cells_of, fill
+from tests.integration.cluster_harness import PROCESS_ENV, Cluster
+
+pytestmark = pytest.mark.timeout(300)
+
+
+class ReadOnly:
+    """What read-only bucket credentials allow: GET, HEAD, LIST; anything else is refused."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        self.inner = inner
+        self.url = inner.url
+
+    def __getattr__(self, name: str) -> object:
+        if name in ("create", "delete", "delete_many"):
+            raise PermissionDenied(f"read-only credentials: {name} refused")
+        return getattr(self.inner, name)
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, **PROCESS_ENV}
+
+
+async def test_snapshot_bulk_load_and_client_writes_on_a_cluster(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for k, v in PROCESS_ENV.items():
+        monkeypatch.setenv(k, v)
+    client = await connect_async(cluster.url)
+    try:
+        await fill(client, "web")  # type: ignore[arg-type]
+        t = client.table("web")
+        expected = cells_of([r async for r in t.read_rows()])
+        snap = await t.snapshot(ttl=3600)
+        assert [m.snapshot_id for m in await client.list_snapshots("web")] == [snap.snapshot_id]
+
+        store = ReadOnly(open_store(cluster.store_url))
+        got: list[dict[str, object]] = []
+        opened = await batch.aopen_snapshot(cluster.store_url, snap.snapshot_id)
+        for split in await opened.asplits():
+            async for b in batch.aread_split(split, store=store):  # type: ignore[arg-type]
+                got.extend(b.to_pylist())
+        await store.inner.close()
+        assert got == expected
+
+        # Bulk load from a staging prefix in the bucket, with the CLI.
+        staging = cluster.store_url.replace("/data?", f"/staging-{uuid.uuid4().hex[:6]}?")
+        rows = [b"row%03d" % i for i in range(0, 120, 3)]
+        await batch.awrite_sstables(
+            pa.table(
+                {
+                    "row": pa.array(rows, pa.binary()),
+                    "family": ["anchor"] * len(rows),
+                    "qualifier": pa.array([b"bulk"] * len(rows), pa.binary()),
+                    "value": pa.array([b"b" + r for r in rows], pa.binary()),
+                }
+            ),
+            staging,
+        )
+        out = await asyncio.to_thread(
+            subprocess.run,
+            [
+                sys.executable,
+                "-m",
+                "tabletstore.cli.main",
+                "--url",
+                cluster.url,
+                "bulkload",
+                "web",
+                staging,
+            ],
+            capture_output=True,
+            text=True,
+            env=_env(),
+            timeout=120,
+        )
+        assert out.returncode == 0, out.stderr
+        assert "loaded 40 cells into 3 tablets" in out.stdout
+        row = await t.read_row(b"row030")
+        assert row is not None and any(
+            c.qualifier == b"bulk" and c.value == b"brow030" for c in row.cells
+        )
+
+        # Small outputs through the client's batched mutations (the Dask/Spark writers' path).
+        n = await awrite_rows(
+            cluster.url,
+            "web",
+            pa.table(
+                {
+                    "row": [b"client%02d" % i for i in range(10)],
+                    "family": ["meta"] * 10,
+                    "qualifier": [b"q"] * 10,
+                    "value": [b"v"] * 10,
+                }
+            ),
+        )
+        assert n == 10
+        assert len([r async for r in t.read_rows(prefix=b"client")]) == 10
+
+        # The CLI's snapshot verbs.
+        async def cli(*args: str) -> subprocess.CompletedProcess[str]:
+            return await asyncio.to_thread(
+                subprocess.run,
+                [sys.executable, "-m", "tabletstore.cli.main", "--url", cluster.url, *args],
+                capture_output=True,
+                text=True,
+                env=_env(),
+                timeout=120,
+            )
+
+        created = await cli("snapshot", "create", "web", "--ttl", "1h")
+        assert created.returncode == 0, created.stderr
+        new_id = created.stdout.split()[0]
+        listed = await cli("snapshot", "list", "web")
+        assert [line.split("\t")[0] for line in listed.stdout.splitlines()] == [
+            snap.snapshot_id,
+            new_id,
+        ]
+        assert (await cli("snapshot", "delete", new_id)).returncode == 0
+        missing = await cli("snapshot", "create", "nosuch")
+        assert missing.returncode == 1 and "nosuch" in missing.stderr
+    finally:
+        await client.close()
+
+
+async def test_a_dask_job_writes_small_outputs_through_the_client(cluster: Cluster) -> None:
+    import dask.dataframe as dd
+    import pandas as pd
+
+    client = await connect_async(cluster.url)
+    try:
+        await client.create_table("out", ["f"])
+        rows = [b"k%03d" % i for i in range(30)]
+        pdf = pd.DataFrame({"row": rows, "family": "f", "qualifier": b"q", "value": rows})
+        n = await asyncio.to_thread(
+            dask_write_rows, dd.from_pandas(pdf, npartitions=3), cluster.url, "out"
+        )
+        assert n == 30
+        got = [(r.key, r.cells[0].value) async for r in client.table("out").read_rows()]
+        assert got == [(r, r) for r in rows]
+    finally:
+        await client.close()
