@@ -29,7 +29,10 @@ write acknowledged after the listing could be missed.
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import contextlib
+import itertools
 from collections.abc import AsyncIterator
 
 from tabletstore.commitlog.format import (
@@ -51,6 +54,9 @@ __all__ = [
     "replay",
     "replay_cells",
 ]
+
+#: Segment GETs a reader keeps in flight ahead of the one it is decoding.
+READ_AHEAD = 16
 
 #: How many times :func:`fence` re-lists after its create collided before giving up.
 FENCE_ATTEMPTS = 50
@@ -164,13 +170,37 @@ class CommitLogReader:
             wanted = range(start_segment, last + 1)
         else:
             wanted = range(start_segment, stop_segment)
-        for number in wanted:
-            contents = await self.read_segment(number)
+        async for number, contents in self._segments_in_order(wanted):
             if contents.fence:
                 self.fenced_at = number
                 return
             for record in contents.records:
                 yield record
+
+    async def _segments_in_order(
+        self, numbers: range
+    ) -> AsyncIterator[tuple[int, SegmentContents]]:
+        """The segments ``numbers`` decoded, in order, with up to ``READ_AHEAD`` GETs in
+        flight: recovery is bound by the store's latency, one GET per segment, and a worker's
+        log may hold thousands of small segments. Leaving early (a fence, an error, the caller
+        stopping) cancels the GETs still in flight."""
+        pending: collections.deque[tuple[int, asyncio.Task[SegmentContents]]] = collections.deque()
+        upcoming = iter(numbers)
+        try:
+            for number in itertools.islice(upcoming, READ_AHEAD):
+                pending.append((number, asyncio.ensure_future(self.read_segment(number))))
+            while pending:
+                number, task = pending.popleft()
+                contents = await task
+                following = next(upcoming, None)
+                if following is not None:
+                    pending.append((following, asyncio.ensure_future(self.read_segment(following))))
+                yield number, contents
+        finally:
+            for _, task in pending:
+                task.cancel()
+            # Retrieve what the cancelled reads raised, so none is reported as never retrieved.
+            await asyncio.gather(*(task for _, task in pending), return_exceptions=True)
 
 
 def _ranges(numbers: list[int]) -> str:
