@@ -34,7 +34,7 @@ from tabletstore.master.gc import GcReport, collect
 from tabletstore.master.gc_plan import DEFAULT_FENCE_GRACE, DEFAULT_GRACE
 from tabletstore.master.master import Master
 from tabletstore.ops.metrics import WorkerMetrics
-from tabletstore.options import TabletOptions, WorkerOptions
+from tabletstore.options import IN_PROCESS_LEASE, TabletOptions, WorkerOptions
 from tabletstore.rpc.inprocess import InProcessTransport
 from tabletstore.rpc.messages import WORKER_METHODS
 from tabletstore.storage_s3 import open_store
@@ -135,9 +135,7 @@ class Database(AsyncClient):
             store = open_store(f"memory://{where}", instrument=instrument, registry=registry)
             canonical = f"memory://{where}"
         transport = InProcessTransport()
-        # The embedded worker's lease cannot outlive the process; a long TTL only avoids
-        # needless keep-alives.
-        wopts = worker_options or WorkerOptions(lease_ttl=60.0, lease_safety_margin=5.0)
+        wopts = worker_options or WorkerOptions(lease=IN_PROCESS_LEASE)
         worker = TabletServer(
             _WORKER_ID,
             _ADDRESS,

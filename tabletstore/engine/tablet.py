@@ -95,8 +95,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 #: The longest a scan computes on the event loop before it lets other tasks run. The lease
-#: keep-alive shares the loop and tolerates a stall of about ``ttl - ttl/3`` (6.7 s with the
-#: default 10 s lease); 10 ms keeps the cost of yielding (about 30 us a time) under 1%.
+#: keep-alive shares the loop and tolerates a stall of about ``ttl - ttl/3`` (3.3 s with the
+#: default 5 s lease); 10 ms keeps the cost of yielding (about 30 us a time) under 1%.
 READ_SLICE_SECONDS = 0.01
 #: The most regex work (RE2 program size x bytes of the row) one row's filter may do on the
 #: event loop. RE2's worst case (its NFA, when a pattern's DFA outgrows its memory) was

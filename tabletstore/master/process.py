@@ -14,8 +14,7 @@ from tabletstore.errors import (
     Fenced,
     TabletStoreError,
 )
-from tabletstore.master.gc import DEFAULT_INTERVAL, GarbageCollector
-from tabletstore.master.gc_plan import DEFAULT_GRACE
+from tabletstore.master.gc import GarbageCollector
 from tabletstore.master.master import Master, MasterService
 from tabletstore.metadata.catalog import ClusterSettings
 from tabletstore.ops.metrics import MasterMetrics
@@ -31,27 +30,25 @@ log = logging.getLogger(__name__)
 
 async def run_master(
     coordinator: Coordinator,
+    options: MasterOptions | None = None,
     *,
     host: str = "127.0.0.1",
     port: int = 0,
     store_url: str | None = None,
-    lease_ttl: float = 5.0,
-    interval: float = 1.0,
-    gc_interval: float = DEFAULT_INTERVAL,  # seconds between garbage collections (garbage.py)
-    gc_grace: float = DEFAULT_GRACE,  # never delete a younger object (gc.py: rule 1)
     stop: asyncio.Event | None = None,
     ready: Callable[[str], None] | None = None,
     metrics_port: int | None = None,
     metrics_ready: Callable[[str], None] | None = None,
-    options: MasterOptions | None = None,
 ) -> None:
     """The master process (§5.2): serve admin RPCs, campaign for the master lock, and while
-    leading keep every tablet assigned, balance load and merge small neighbours (``options``:
-    see :mod:`tabletstore.master.balancer`). Returns when ``stop`` is set; raises ``Fenced`` when
+    leading keep every tablet assigned, balance load and merge small neighbours, collect
+    garbage (``options``: its lease, rounds and thresholds; default :class:`MasterOptions`).
+    Returns when ``stop`` is set; raises ``Fenced`` when
     the lease is lost (the process should exit: a standby takes over). With ``metrics_port``
     (0: a free one) it also serves ``/metrics`` and ``/status`` over HTTP
     (tabletstore.ops.status_http) and passes their base URL to ``metrics_ready``."""
     register_all()
+    options = options or MasterOptions()
     stop = stop or asyncio.Event()
     if store_url is not None:
         await ClusterSettings(store_url).save(coordinator)
@@ -66,7 +63,7 @@ async def run_master(
     server = RpcServer(metrics.instrument(service.handlers()), host=host, port=port)
     await server.start()
     metrics.process_id = server.address
-    lease = await coordinator.grant_lease(lease_ttl)
+    lease = await coordinator.grant_lease(options.lease.ttl, safety_margin=options.lease.margin)
     metrics.watch_lease(lambda: lease)
     election = coordinator.election(paths.MASTER_ELECTION)
     # Collects while leading; opens the store at its first run (errors are logged, not fatal).
@@ -75,8 +72,8 @@ async def run_master(
         master.catalog,
         coordinator,
         clock=master.clock,
-        interval=gc_interval,
-        grace=gc_grace,
+        interval=options.gc_interval,
+        grace=options.gc_grace,
         store_url=store_url,
         on_report=lambda r: metrics.gc_round(
             deleted_objects=r.deleted, deleted_bytes=r.deleted_bytes
@@ -118,7 +115,7 @@ async def run_master(
                 await collector.maybe_run()
                 await master.balancer.run_round()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), interval)
+                    await asyncio.wait_for(stop.wait(), options.interval)
     finally:
         service.leading = False
         with contextlib.suppress(TabletStoreError):

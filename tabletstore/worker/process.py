@@ -64,7 +64,7 @@ async def run_worker(
         store=store,
         coordinator=coordinator,
         transport=transport,
-        options=options or WorkerOptions(lease_ttl=5.0, lease_safety_margin=1.0),
+        options=options,
         tablet_options=tablet_options,
     )
     metrics.observe_server(tablet_server)

@@ -193,9 +193,8 @@ class TabletServer:
 
     async def start(self) -> None:
         """Take a lease, register in the servers directory, open a new log incarnation."""
-        self._lease = await self._coord.grant_lease(
-            self._options.lease_ttl, safety_margin=self._options.lease_safety_margin
-        )
+        lease = self._options.lease
+        self._lease = await self._coord.grant_lease(lease.ttl, safety_margin=lease.margin)
         self._keep_alive = self._lease.keep_alive()
         await self._keep_alive.__aenter__()  # type: ignore[attr-defined]
         await self._coord.put(
