@@ -46,13 +46,12 @@ import contextlib
 import functools
 import logging
 import os
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from tabletstore.clock import Clock, SystemClock, micros
+from tabletstore.clock import Clock, SystemClock, micros, stopwatch
 from tabletstore.data.filters import RowFilter, apply_filter, regex_cost
 from tabletstore.data.model import Cell as ApiCell
 from tabletstore.data.model import Mutation, ReadModifyWriteRule, Row, SetCell
@@ -575,7 +574,7 @@ class Tablet:
         # Data in memory or in the block cache never suspends this loop: yield to other tasks
         # (the lease keep-alive above all) whenever a slice of computing has gone by, checked
         # after each row and each merged batch.
-        slice_end = time.monotonic() + READ_SLICE_SECONDS
+        slice_end = stopwatch() + READ_SLICE_SECONDS
         async for batch in batches:
             for c in batch:
                 if c.row != current_row:
@@ -590,15 +589,15 @@ class Tablet:
                             emitted += 1
                             if limit is not None and emitted >= limit:
                                 return
-                        if time.monotonic() >= slice_end:
+                        if stopwatch() >= slice_end:
                             await asyncio.sleep(0)
-                            slice_end = time.monotonic() + READ_SLICE_SECONDS
+                            slice_end = stopwatch() + READ_SLICE_SECONDS
                     current_row, cells = c.row, []
                 if c.family in wanted:
                     cells.append(ApiCell(c.family, c.qualifier, c.ts, c.value))
-            if time.monotonic() >= slice_end:
+            if stopwatch() >= slice_end:
                 await asyncio.sleep(0)
-                slice_end = time.monotonic() + READ_SLICE_SECONDS
+                slice_end = stopwatch() + READ_SLICE_SECONDS
         if cells and current_row is not None:
             out = (
                 _unfiltered_row(current_row, cells, clipped)
