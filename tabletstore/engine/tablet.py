@@ -221,7 +221,10 @@ class Tablet:
         block_cache: BlockCache | None,
         executor: concurrent.futures.Executor | None = None,
         scan_cache: ScanCache | None = None,
+        tasks: asyncio.TaskGroup | None = None,
     ) -> None:
+        """``tasks`` owns the tablet's background compactions (its worker's TaskGroup); None:
+        :meth:`load` opens one for the tablet alone, which :meth:`close` closes."""
         self._executor = executor
         self._scan_cache = scan_cache
         self._state = state
@@ -248,7 +251,10 @@ class Tablet:
         self._log_pending = False
         #: Called after each compaction that changed the record (the worker checks for a split).
         self.on_compacted: Callable[[Tablet], None] | None = None
-        self._background: set[asyncio.Task[None]] = set()
+        self._stack = contextlib.AsyncExitStack()
+        self._tasks = tasks
+        #: The background compaction running (one at a time), if any.
+        self._background: asyncio.Task[None] | None = None
         self._failed: BaseException | None = None
         self._closed = False
 
@@ -269,6 +275,7 @@ class Tablet:
         block_cache: BlockCache | None = None,
         executor: concurrent.futures.Executor | None = None,
         scan_cache: ScanCache | None = None,
+        tasks: asyncio.TaskGroup | None = None,
     ) -> Tablet:
         """Open a tablet's SSTables, replay its commit-log records past the redo point into a
         fresh memtable (§5.3 recovery), and record this worker's log in its record."""
@@ -314,7 +321,7 @@ class Tablet:
         if new_record != record:
             new_record = await catalog.update(record, new_record)
         state = TabletState(new_record, memtable, (), tables)
-        return cls(
+        tablet = cls(
             state,
             schema,
             store=store,
@@ -325,7 +332,11 @@ class Tablet:
             block_cache=block_cache,
             executor=executor,
             scan_cache=scan_cache,
+            tasks=tasks,
         )
+        if tasks is None:
+            tablet._tasks = await tablet._stack.enter_async_context(asyncio.TaskGroup())
+        return tablet
 
     # ------------------------------------------------------------------ properties
 
@@ -650,13 +661,17 @@ class Tablet:
     # ------------------------------------------------------------------ compactions
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        if self._closed or any(not t.done() for t in self._background):
+        running = self._background is not None and not self._background.done()
+        if self._closed or running or self._tasks is None:
             # One background compaction at a time; the next write re-triggers if needed.
             coro.close()
             return
-        task: asyncio.Task[None] = asyncio.ensure_future(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        try:
+            self._background = self._tasks.create_task(coro)
+        except RuntimeError:
+            # The worker's TaskGroup is shutting down (the worker is stopping, or failed):
+            # the compaction is optional, closing the tablet flushes it anyway.
+            coro.close()
 
     async def _background_minor_compaction(self) -> None:
         try:
@@ -923,8 +938,13 @@ class Tablet:
         # Idle first: a write finishing may still spawn a background compaction, and does so
         # before this waiter resumes; after that no new one can start.
         await self._idle.wait()
-        while self._background:
-            await asyncio.gather(*self._background, return_exceptions=True)
+        await self._background_done()
+
+    async def _background_done(self) -> None:
+        """Wait for the background compaction, if one runs. Its errors are its own: it
+        records them (``_failed``), and anything else is for its TaskGroup to raise."""
+        while self._background is not None and not self._background.done():
+            await asyncio.gather(self._background, return_exceptions=True)
 
     @contextlib.asynccontextmanager
     async def splitting(self) -> AsyncIterator[TabletRecord]:
@@ -961,10 +981,9 @@ class Tablet:
             if self._failed is None:
                 await self.minor_compact()
                 await self._forget_logs()
-        for task in list(self._background):
-            with contextlib.suppress(Exception):
-                await task
+        await self._background_done()
         self._closed = True
+        await self._stack.aclose()
 
     def hold_writes(self) -> None:
         """Refuse writes (Unavailable) until :meth:`add_log` records the worker's next log:

@@ -9,7 +9,8 @@ import logging
 from collections.abc import Callable
 
 from tabletstore.coordination import paths
-from tabletstore.coordination.base import Coordinator
+from tabletstore.coordination.base import Coordinator, Lease
+from tabletstore.coordination.election import Election
 from tabletstore.errors import (
     Fenced,
     TabletStoreError,
@@ -26,6 +27,33 @@ from tabletstore.rpc.wire import register_all
 __all__ = ["run_master"]
 
 log = logging.getLogger(__name__)
+
+
+async def _campaign(election: Election, value: bytes, lease: Lease, stop: asyncio.Event) -> bool:
+    """Campaign for the master lock until elected (True) or until ``stop`` is set (False: the
+    campaign is given up). A campaign's error is raised as itself."""
+    failed: list[TabletStoreError] = []
+    elected = False
+
+    async def campaign() -> None:
+        nonlocal elected
+        try:
+            await election.campaign(value, lease)
+        except TabletStoreError as exc:
+            failed.append(exc)  # raised below, outside the TaskGroup (not as a group)
+        else:
+            elected = True
+
+    async with asyncio.TaskGroup() as tasks:
+        either = [tasks.create_task(campaign()), tasks.create_task(stop.wait())]
+        done, _ = await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        for task in either:
+            task.cancel()
+    if either[0] not in done:
+        return False  # stopped first: whatever the cancelled campaign raised is moot
+    if failed:
+        raise failed[0]
+    return elected
 
 
 async def run_master(
@@ -90,18 +118,8 @@ async def run_master(
         async with lease.keep_alive():
             if ready is not None:
                 ready(server.address)
-            campaign = asyncio.ensure_future(election.campaign(server.address.encode(), lease))
-            stopped = asyncio.ensure_future(stop.wait())
-            try:
-                await asyncio.wait({campaign, stopped}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                stopped.cancel()
-            if not campaign.done():
-                campaign.cancel()
-                with contextlib.suppress(asyncio.CancelledError, TabletStoreError):
-                    await campaign
+            if not await _campaign(election, server.address.encode(), lease, stop):
                 return
-            campaign.result()
             service.leading = True
             log.info("master %s is leading", server.address)
             while not stop.is_set():

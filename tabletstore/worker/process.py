@@ -84,13 +84,12 @@ async def run_worker(
             ready(tablet_server)
         assert tablet_server.lease is not None
         lease = tablet_server.lease
-        stopped = asyncio.ensure_future(stop.wait())
-        expired = asyncio.ensure_future(lease.wait_expired())
-        try:
-            await asyncio.wait({stopped, expired}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stopped.cancel()
-            expired.cancel()
+        async with asyncio.TaskGroup() as waits:
+            # Until told to stop or the lease is lost, whichever comes first.
+            either = [waits.create_task(stop.wait()), waits.create_task(lease.wait_expired())]
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+            for task in either:
+                task.cancel()
         fenced = lease.expired and not stop.is_set()
     finally:
         if http is not None:
