@@ -24,7 +24,7 @@ from urllib.parse import unquote
 
 from tabletstore.client.client import AsyncClient
 from tabletstore.client.cluster import ClusterClient
-from tabletstore.client.sync import Portal, SyncProxy
+from tabletstore.client.sync import Portal, SyncClient, blocking
 from tabletstore.clock import Clock, SystemClock
 from tabletstore.coordination.base import Coordinator
 from tabletstore.coordination.local import LocalCoordinator
@@ -217,10 +217,15 @@ class Database(AsyncClient):
         await self.close()
 
 
-class SyncDatabase(SyncProxy):
-    """The blocking face of a :class:`Database`; same method names."""
+class SyncDatabase(SyncClient):
+    """The blocking face of a :class:`Database` or a cluster client; same method names."""
+
+    # An embedded database's own methods (a cluster client has neither: AttributeError).
+    gc = blocking(Database.gc)
+    metrics_text = blocking(Database.metrics_text)
 
     def close(self) -> None:
+        """Close the database, then stop the portal's event loop."""
         portal: Portal = self._portal
         try:
             portal.call(self._target.close())
