@@ -224,9 +224,9 @@ class TabletServer:
         self._catalog.retry_deadline = min(self._catalog.retry_deadline, _STOP_METADATA_WAIT)
         self._stopping = True
         if self._switching is not None:
-            # Its own failure is not stop's: the TaskGroup reports it (stack.aclose below).
-            with contextlib.suppress(Exception):
-                await self._switching
+            # Its failure (or cancellation by the group) is not stop's to raise: the TaskGroup
+            # reports a failure (stack.aclose below).
+            await asyncio.gather(self._switching, return_exceptions=True)
         for task in list(self._compactions):  # optional work: redone after the next load
             task.cancel()
         await asyncio.gather(*self._splits, *self._compactions, return_exceptions=True)
@@ -246,11 +246,14 @@ class TabletServer:
         if self._executor is not None:
             self._executor.shutdown(wait=True, cancel_futures=True)
         # Every task is done or cancelled by now (the tablets are closed); then the keep-alive.
-        await self._stack.aclose()
-        if self._lease is not None:
-            # A lease that already ended cannot be revoked; that is the state we want anyway.
-            with contextlib.suppress(TabletStoreError):
-                await self._lease.revoke()
+        try:
+            await self._stack.aclose()  # raises what a background task failed with, if any
+        finally:
+            self._tasks = None
+            if self._lease is not None:
+                # A lease that already ended cannot be revoked; that is the state we want.
+                with contextlib.suppress(TabletStoreError):
+                    await self._lease.revoke()
 
     @property
     def lease(self) -> Lease | None:
@@ -477,7 +480,13 @@ class TabletServer:
         if self._tasks is None or self._stopping:
             coro.close()
             return None
-        task = self._tasks.create_task(coro)
+        try:
+            task = self._tasks.create_task(coro)
+        except RuntimeError:
+            # The group is shutting down: a task of it failed, and its error is on its way to
+            # run_worker (the group cancelled it) and out of stop(). Nothing new starts.
+            coro.close()
+            return None
         if tasks is not None:
             tasks.add(task)
             task.add_done_callback(tasks.discard)
