@@ -147,11 +147,6 @@ def _row_bytes(row: bytes, cells: Sequence[ApiCell]) -> int:
     return n
 
 
-def _unfiltered_row(row: bytes, cells: list[ApiCell], rng: RowRange) -> Row | None:
-    """A scanned row without a filter: no coroutine per row on the hot path of plain scans."""
-    return Row(row, cells) if rng.contains(row) else None
-
-
 async def _filter_row(
     filter: RowFilter, cost: int, row: bytes, cells: list[ApiCell]
 ) -> list[ApiCell]:
@@ -165,15 +160,24 @@ async def _filter_row(
 
 class _LoopTurns:
     """Gives other tasks a turn (the lease keep-alive above all) whenever a slice of
-    computing has gone by: data in memory or in the block cache never suspends a scan."""
+    computing has gone by: data in memory or in the block cache never suspends a scan.
+    ``if stopwatch() >= turns.end: await turns.give()``: no call on the per-row path but the
+    clock's."""
+
+    __slots__ = ("end",)
 
     def __init__(self) -> None:
-        self._end = stopwatch() + READ_SLICE_SECONDS
+        self.end = stopwatch() + READ_SLICE_SECONDS
 
     async def give(self) -> None:
-        if stopwatch() >= self._end:
-            await asyncio.sleep(0)
-            self._end = stopwatch() + READ_SLICE_SECONDS
+        await asyncio.sleep(0)
+        self.end = stopwatch() + READ_SLICE_SECONDS
+
+
+async def _filtered(row: Row, filter: RowFilter, cost: int) -> Row | None:
+    """``row`` after ``filter`` (``cost``: its :func:`regex_cost`); None when nothing is left."""
+    cells = await _filter_row(filter, cost, row.key, row.cells)
+    return Row(row.key, cells) if cells else None
 
 
 class LogSink(Protocol):
@@ -593,19 +597,18 @@ class Tablet:
         turns = _LoopTurns()
         async with contextlib.aclosing(rows):
             async for batch in rows:
-                for row, cells in batch:
-                    out = (
-                        _unfiltered_row(row, cells, clipped)
-                        if filter is None
-                        else await self._finish_row(row, cells, filter, cost, clipped)
-                    )
+                for row in batch:
+                    # No coroutine per row on the hot path of plain scans.
+                    out = row if filter is None else await _filtered(row, filter, cost)
                     if out is not None:
                         yield out
                         emitted += 1
                         if limit is not None and emitted >= limit:
                             return
+                    if stopwatch() >= turns.end:
+                        await turns.give()
+                if stopwatch() >= turns.end:
                     await turns.give()
-                await turns.give()
 
     def _scan_sources(
         self, start: bytes, end: bytes | None, fams: set[str] | None
@@ -623,9 +626,10 @@ class Tablet:
 
     async def _scan_rows(
         self, rng: RowRange, fams: set[str] | None
-    ) -> AsyncGenerator[list[tuple[bytes, list[ApiCell]]], None]:
+    ) -> AsyncGenerator[list[Row], None]:
         """The visible cells of ``rng`` as rows, a list of whole rows per merged batch (the
-        last row of a batch is held back until a later batch starts another row)."""
+        last row of a batch is held back until a later batch starts another row). A row with
+        no visible cell of ``fams`` is left out."""
         start, end = rng.bounds()
         batches = avisible_batches(
             amerge_batches(self._scan_sources(start, end, fams)),
@@ -637,26 +641,17 @@ class Tablet:
         row: bytes | None = None
         cells: list[ApiCell] = []
         async for batch in batches:
-            done: list[tuple[bytes, list[ApiCell]]] = []
+            done: list[Row] = []
             for c in batch:
                 if c.row != row:
-                    if cells and row is not None:
-                        done.append((row, cells))
+                    if cells and row is not None and rng.contains(row):
+                        done.append(Row(row, cells))
                     row, cells = c.row, []
                 if c.family in wanted:
                     cells.append(ApiCell(c.family, c.qualifier, c.ts, c.value))
             yield done
-        if cells and row is not None:
-            yield [(row, cells)]
-
-    @staticmethod
-    async def _finish_row(
-        row: bytes, cells: list[ApiCell], filter: RowFilter, cost: int, rng: RowRange
-    ) -> Row | None:
-        if not rng.contains(row):
-            return None
-        cells = await _filter_row(filter, cost, row, cells)
-        return Row(row, cells) if cells else None
+        if cells and row is not None and rng.contains(row):
+            yield [Row(row, cells)]
 
     # ------------------------------------------------------------------ compactions
 
