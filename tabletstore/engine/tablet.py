@@ -64,7 +64,7 @@ from tabletstore.data.filters import RowFilter, apply_filter, regex_cost
 from tabletstore.data.model import Cell as ApiCell
 from tabletstore.data.model import Mutation, ReadModifyWriteRule, Row, SetCell
 from tabletstore.data.query import RowRange
-from tabletstore.data.schema import GcRule, TableSchema
+from tabletstore.data.schema import GcRule, LocalityGroup, TableSchema
 from tabletstore.data.validation import (
     check_mutation_size,
     validate_rmw_rules,
@@ -749,12 +749,9 @@ class Tablet:
     ) -> dict[str, Written]:
         out: dict[str, Written] = {}
         for group, cells in groups.items():
-            lg = self._schema.locality_groups.get(group)
+            lg = self._locality_group(group)
             data, info = write_sstable(
-                cells,
-                compression=lg.compression if lg is not None else "zstd",
-                block_size=lg.block_size if lg is not None else 64 * 1024,
-                locality_group=group,
+                cells, compression=lg.compression, block_size=lg.block_size, locality_group=group
             )
             if info.cells:
                 out[group] = await self._store_sstable(group, data, info)
@@ -765,10 +762,14 @@ class Tablet:
         locality group, §6)."""
         ref = await self._upload(group, data, info)
         table = await self._open(ref)
-        lg = self._schema.locality_groups.get(group)
-        if lg is not None and lg.in_memory:
+        if self._locality_group(group).in_memory:
             await table.load_all()
         return ref, table
+
+    def _locality_group(self, group: str) -> LocalityGroup:
+        """The schema's settings of ``group``; a group the schema no longer names (its
+        SSTables not yet compacted away) is written with a locality group's defaults."""
+        return self._schema.locality_groups.get(group) or LocalityGroup(name=group)
 
     async def _upload(self, group: str, data: bytes, info: SSTableInfo) -> SSTableRef:
         """Create the SSTable object (create-only: objects are never overwritten)."""
@@ -879,7 +880,7 @@ class Tablet:
         self, task: compaction.CompactionTask, record: TabletRecord, blobs: list[bytes]
     ) -> Callable[[], tuple[bytes, SSTableInfo]]:
         """The merging compaction's rewrite of ``blobs`` (``task.inputs``, newest first)."""
-        lg = self._schema.locality_groups.get(task.group)
+        lg = self._locality_group(task.group)
         return functools.partial(
             compaction.merge_sstables,
             blobs,
@@ -887,8 +888,8 @@ class Tablet:
             now_micros=self._now_micros(),
             major=task.major,
             families=set(self._schema.families),
-            compression=lg.compression if lg is not None else "zstd",
-            block_size=lg.block_size if lg is not None else 64 * 1024,
+            compression=lg.compression,
+            block_size=lg.block_size,
             locality_group=task.group,
             # After a split the inputs may be shared with the sibling: write our rows only.
             start_row=record.start_row,
