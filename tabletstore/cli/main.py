@@ -29,7 +29,7 @@ it (closing minor-compacts, so the next open is quick)::
     tabletstore [--url URL] local-stack up [--dir DIR] [--s3-url URL] [--workers N]
     tabletstore [--url URL] local-stack status [--dir DIR]
     tabletstore [--url URL] local-stack down [--dir DIR]
-    tabletstore --url etcd://H:P/NS master [--store URL] [--port P] [--lease-ttl S]
+    tabletstore --url etcd://H:P/NS master [--store URL] [--port P] [--lease-ttl S] [--split-bytes N]
     tabletstore --url etcd://H:P/NS worker [--port P] [--lease-ttl S] [--split-bytes N]
         (master and worker: --metrics-port P serves /metrics and /status over HTTP)
     tabletstore status                                 master, workers, tablets, events
