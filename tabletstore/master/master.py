@@ -118,6 +118,11 @@ class Master:
         #: Loads sent, by tablet (table id, tablet id); finished ones are dropped at the start
         #: of the next round, after which the claims read then show their outcome.
         self._loads: dict[tuple[str, str], _Load] = {}
+        #: True after an assignment round that found every tablet served by a live worker
+        #: and no load in flight: balancing and merging move tablets only then (moving while
+        #: a dead worker's tablets are recovered only adds failovers to a failover).
+        self.settled = False
+        self._assign_lock = asyncio.Lock()
         #: Bounds the loads in flight to each worker (by worker id).
         self._load_slots: dict[str, asyncio.Semaphore] = {}
         # The TaskGroup owning the loads in flight: entered by the first round or load (in the
@@ -134,6 +139,7 @@ class Master:
             assign=self.assign,
             load=self.load_tablet,
             options=options,
+            settled=lambda: self.settled,
         )
 
     @property
@@ -159,8 +165,14 @@ class Master:
         """Load every unclaimed tablet on a live worker, level by level (§5.2): the root tablet
         (its record is in the coordinator), then the METADATA tablets (rows of the root), then
         user tablets (rows of METADATA). A level that is not served yet ends the round early;
-        the next round goes on from there. Returns how many tablets were assigned."""
+        the next round goes on from there. Returns how many tablets were assigned. Rounds
+        never overlap (the assignment loop and the balancer both start them)."""
+        async with self._assign_lock:
+            return await self._assign_round()
+
+    async def _assign_round(self) -> int:
         await self._start()
+        self.settled = False
         workers = await self.live_workers()
         # A load to a worker that left the servers directory will never serve: give it up now
         # (the worker, if it is only paused, is told to cancel it) so the tablet is reassigned.
@@ -189,6 +201,9 @@ class Master:
                 done += await self._assign_level(workers, claims, known, tablets)
         except Unavailable as exc:  # NotServing included: a METADATA tablet is not served yet
             log.info("assignment round stopped early: %s", exc)
+            self.settled = False
+            return done
+        self.settled = not self._loads and all(t.worker in workers for t in known.values())
         return done
 
     async def _assign_level(

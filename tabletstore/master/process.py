@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from tabletstore.coordination import paths
 from tabletstore.coordination.base import Coordinator, Lease
@@ -122,18 +122,7 @@ async def run_master(
                 return
             service.leading = True
             log.info("master %s is leading", server.address)
-            while not stop.is_set():
-                if lease.expired:
-                    raise Fenced("the master's lease expired; another master may lead now")
-                try:
-                    metrics.assignment_round(await master.assign())
-                except TabletStoreError as exc:
-                    metrics.assignment_failed(exc)
-                    log.warning("assignment round failed: %s", exc)
-                await collector.maybe_run()
-                await master.balancer.run_round()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), options.interval)
+            await _lead(master, collector, metrics, lease, stop, options.interval)
     finally:
         service.leading = False
         with contextlib.suppress(TabletStoreError):
@@ -146,3 +135,48 @@ async def run_master(
         await collector.close()
         with contextlib.suppress(TabletStoreError):
             await lease.revoke()
+
+
+async def _lead(
+    master: Master,
+    collector: GarbageCollector,
+    metrics: MasterMetrics,
+    lease: Lease,
+    stop: asyncio.Event,
+    interval: float,
+) -> None:
+    """The leading master's three loops, each at its own pace, so that neither a garbage
+    collection nor a balancing move (each may wait out a METADATA deadline while a worker is
+    dead) ever delays the assignment rounds that recover that worker's tablets (§5.2). Returns
+    when ``stop`` is set; raises Fenced when the lease is lost."""
+
+    async def assignment() -> None:
+        try:
+            metrics.assignment_round(await master.assign())
+        except TabletStoreError as exc:
+            metrics.assignment_failed(exc)
+            log.warning("assignment round failed: %s", exc)
+
+    async def balancing() -> None:
+        await master.balancer.run_round()
+
+    async def every(step: Callable[[], Awaitable[None]]) -> None:
+        while True:
+            await step()
+            await asyncio.sleep(interval)
+
+    async def collecting() -> None:
+        await collector.maybe_run()
+
+    async with asyncio.TaskGroup() as tasks:
+        loops = [
+            tasks.create_task(every(assignment)),
+            tasks.create_task(every(collecting)),
+            tasks.create_task(every(balancing)),
+        ]
+        ends = [tasks.create_task(stop.wait()), tasks.create_task(lease.wait_expired())]
+        await asyncio.wait(ends, return_when=asyncio.FIRST_COMPLETED)
+        for task in [*loops, *ends]:
+            task.cancel()
+    if lease.expired and not stop.is_set():
+        raise Fenced("the master's lease expired; another master may lead now")
