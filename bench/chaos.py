@@ -28,7 +28,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--writers", type=int, default=8)
     parser.add_argument("--readers", type=int, default=3)
-    parser.add_argument("--lease-ttl", type=float, default=3.0)
+    parser.add_argument(
+        "--lease-ttl", type=float, default=5.0, help="worker and master lease (the worker default)"
+    )
+    parser.add_argument(
+        "--gap",
+        default="20,40",
+        help="seconds between faults, drawn uniformly from LO,HI (the issue's runs: 30 s apart)",
+    )
     parser.add_argument("--dir", type=Path, default=None, help="logs, history.json, report.json")
     args = parser.parse_args(argv)
     faults = tuple(f for f in args.faults.split(",") if f)
@@ -37,6 +44,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown faults {unknown}; choose from {','.join(FAULTS)}")
     if args.minutes <= 0:
         parser.error("--minutes must be positive")
+    try:
+        low, high = (float(x) for x in args.gap.split(","))
+    except ValueError:
+        parser.error(f"--gap takes LO,HI in seconds, got {args.gap!r}")
+    if not 0 < low <= high:
+        parser.error(f"--gap needs 0 < LO <= HI, got {args.gap!r}")
     directory = args.dir or Path(tempfile.mkdtemp(prefix="tabletstore-chaos-"))
     config = ChaosConfig(
         seconds=args.minutes * 60,
@@ -47,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         writers=args.writers,
         readers=args.readers,
         lease_ttl=args.lease_ttl,
+        gap=(low, high),
     )
     report = asyncio.run(run_chaos(config))
     print(report.summary())

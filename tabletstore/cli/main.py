@@ -44,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import csv
 import io
+import logging
 import os
 import signal
 import sys
@@ -698,8 +699,13 @@ def _cluster_url() -> str:
 
 
 def _serve(run: Callable[[Any, asyncio.Event], Awaitable[None]]) -> None:
-    """Run a long-lived process body until SIGINT/SIGTERM; one-line failure otherwise."""
+    """Run a long-lived process body until SIGINT/SIGTERM; one-line failure otherwise.
+    Its log (INFO and up, timestamped: what an operator reads after a failover) goes to
+    standard error."""
     url = _cluster_url()
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
 
     async def main_async() -> None:
         coordinator = open_coordinator(url)
