@@ -33,7 +33,7 @@ from typing import Any, Protocol
 from tabletstore.clock import SystemClock
 from tabletstore.data.model import RowMutation, SetCell
 from tabletstore.data.schema import ColumnFamily, LocalityGroup
-from tabletstore.options import WorkerOptions
+from tabletstore.options import IN_PROCESS_LEASE, WorkerOptions
 from tabletstore.storage_s3 import find_layer
 from tabletstore.storage_s3.base import Op
 from tabletstore.storage_s3.instrumented import InstrumentedObjectStore, StoreStats
@@ -105,8 +105,7 @@ class TabletstoreTarget:
                 clock=self._clock,
                 instrument=True,
                 worker_options=WorkerOptions(
-                    lease_ttl=60.0,
-                    lease_safety_margin=5.0,
+                    lease=IN_PROCESS_LEASE,
                     block_cache_bytes=self.block_cache_bytes,
                 ),
             )

@@ -1,8 +1,14 @@
-"""Injected time and randomness.
+"""Injected time and randomness: the only module that reads the system's clocks or imports
+:mod:`random` (ruff's banned-api rule TID251 enforces it; see ``pyproject.toml``).
 
 Lease expiry (§4 Chubby sessions, here etcd leases), backoff and server-assigned timestamps all
 read time through a :class:`Clock`, so tests drive them with :class:`ManualClock` instead of
 sleeping (STYLE.md convention 6).
+
+Code that measures rather than decides -- request latencies, a scan's slice of the event loop,
+a metric's timestamp -- has nothing to gain from a manual clock and reads the process's clocks
+through the plain functions here (:func:`stopwatch`, :func:`monotonic`, :func:`wall_time`);
+randomness is a :class:`Random` (seed it in tests).
 """
 
 from __future__ import annotations
@@ -10,11 +16,38 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
-import random
 import time
+from collections.abc import Callable
+from random import Random
 from typing import Protocol
 
-__all__ = ["Clock", "ManualClock", "SystemClock", "micros"]
+__all__ = [
+    "Clock",
+    "ManualClock",
+    "Random",
+    "SystemClock",
+    "micros",
+    "monotonic",
+    "stopwatch",
+    "wall_time",
+]
+
+
+def wall_time() -> float:
+    """The system's wall-clock seconds since the epoch, for code that only records or shows
+    it (a stored object's modification time, a metric's timestamp). Decisions use a Clock."""
+    return time.time()
+
+
+def monotonic() -> float:
+    """The system's monotonic seconds, for code that only measures with it."""
+    return time.monotonic()
+
+
+#: The highest-resolution monotonic seconds: take two readings and subtract to time a piece of
+#: work (request latencies, a scan's turn on the event loop). ``time.perf_counter`` itself, not
+#: a wrapper: a scan reads it once per row.
+stopwatch: Callable[[], float] = time.perf_counter
 
 
 def micros(seconds: float) -> int:
@@ -37,7 +70,7 @@ class Clock(Protocol):
         """Wait ``seconds`` of this clock's time."""
         ...
 
-    def random(self) -> random.Random:
+    def random(self) -> Random:
         """The source of randomness (jitter), seeded in tests."""
         ...
 
@@ -46,18 +79,18 @@ class SystemClock:
     """The real clock."""
 
     def __init__(self, seed: int | None = None) -> None:
-        self._random = random.Random(seed)
+        self._random = Random(seed)
 
     def time(self) -> float:
-        return time.time()
+        return wall_time()
 
     def monotonic(self) -> float:
-        return time.monotonic()
+        return monotonic()
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(max(0.0, seconds))
 
-    def random(self) -> random.Random:
+    def random(self) -> Random:
         return self._random
 
 
@@ -71,7 +104,7 @@ class ManualClock:
     def __init__(self, start: float = 1_700_000_000.0, seed: int = 0) -> None:
         self._now = start
         self._origin = start
-        self._random = random.Random(seed)
+        self._random = Random(seed)
         self._sleepers: list[tuple[float, int, asyncio.Future[None]]] = []
         self._counter = itertools.count()
 
@@ -81,7 +114,7 @@ class ManualClock:
     def monotonic(self) -> float:
         return self._now - self._origin
 
-    def random(self) -> random.Random:
+    def random(self) -> Random:
         return self._random
 
     async def sleep(self, seconds: float) -> None:

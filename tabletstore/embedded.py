@@ -24,7 +24,7 @@ from urllib.parse import unquote
 
 from tabletstore.client.client import AsyncClient
 from tabletstore.client.cluster import ClusterClient
-from tabletstore.client.sync import Portal, SyncProxy
+from tabletstore.client.sync import Portal, SyncClient, blocking
 from tabletstore.clock import Clock, SystemClock
 from tabletstore.coordination.base import Coordinator
 from tabletstore.coordination.local import LocalCoordinator
@@ -34,7 +34,7 @@ from tabletstore.master.gc import GcReport, collect
 from tabletstore.master.gc_plan import DEFAULT_FENCE_GRACE, DEFAULT_GRACE
 from tabletstore.master.master import Master
 from tabletstore.ops.metrics import WorkerMetrics
-from tabletstore.options import TabletOptions, WorkerOptions
+from tabletstore.options import IN_PROCESS_LEASE, TabletOptions, WorkerOptions
 from tabletstore.rpc.inprocess import InProcessTransport
 from tabletstore.rpc.messages import WORKER_METHODS
 from tabletstore.storage_s3 import open_store
@@ -135,9 +135,7 @@ class Database(AsyncClient):
             store = open_store(f"memory://{where}", instrument=instrument, registry=registry)
             canonical = f"memory://{where}"
         transport = InProcessTransport()
-        # The embedded worker's lease cannot outlive the process; a long TTL only avoids
-        # needless keep-alives.
-        wopts = worker_options or WorkerOptions(lease_ttl=60.0, lease_safety_margin=5.0)
+        wopts = worker_options or WorkerOptions(lease=IN_PROCESS_LEASE)
         worker = TabletServer(
             _WORKER_ID,
             _ADDRESS,
@@ -219,10 +217,15 @@ class Database(AsyncClient):
         await self.close()
 
 
-class SyncDatabase(SyncProxy):
-    """The blocking face of a :class:`Database`; same method names."""
+class SyncDatabase(SyncClient):
+    """The blocking face of a :class:`Database` or a cluster client; same method names."""
+
+    # An embedded database's own methods (a cluster client has neither: AttributeError).
+    gc = blocking(Database.gc)
+    metrics_text = blocking(Database.metrics_text)
 
     def close(self) -> None:
+        """Close the database, then stop the portal's event loop."""
         portal: Portal = self._portal
         try:
             portal.call(self._target.close())

@@ -6,9 +6,46 @@ arguments, never settings. Each field says what it trades off.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-__all__ = ["MasterOptions", "TabletOptions", "WorkerOptions"]
+__all__ = [
+    "IN_PROCESS_LEASE",
+    "SPLIT_BYTES",
+    "LeaseOptions",
+    "MasterOptions",
+    "TabletOptions",
+    "WorkerOptions",
+]
+
+#: The tablet split size (§5: "tablets are approximately 100-200 MB in size by default"):
+#: the one default that both the workers' split rule (:class:`TabletOptions`) and the
+#: master's merge thresholds (:class:`MasterOptions`) read.
+SPLIT_BYTES = 128 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseOptions:
+    """A process's coordinator lease (the Chubby session of §4; DESIGN.md §6 fencing rule 1).
+    Masters and workers both hold one."""
+
+    #: Seconds the lease lasts without a keep-alive: how soon others take over after the
+    #: holder dies. Shorter means faster failover and more keep-alives.
+    ttl: float = 5.0
+    #: Seconds before the lease could expire at the coordinator that a worker stops
+    #: acknowledging writes (fencing rule 1); it absorbs clock-rate differences and stalls of
+    #: the keep-alive. None: ``ttl / 4``, at most 1 s (tests run with 2-3 s leases).
+    safety_margin: float | None = None
+
+    @property
+    def margin(self) -> float:
+        """The safety margin in force: :attr:`safety_margin`, or the one derived from ttl."""
+        return min(1.0, self.ttl / 4) if self.safety_margin is None else self.safety_margin
+
+
+#: The lease of a worker in the same process as everything it serves (embedded databases,
+#: in-process test clusters): it cannot outlive the process, so a long TTL only spares
+#: keep-alives (and a loaded test machine's stalls cannot expire it).
+IN_PROCESS_LEASE = LeaseOptions(ttl=60.0, safety_margin=5.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,18 +60,16 @@ class TabletOptions:
     max_sstables_per_group: int = 4
     #: Rows per write-batch bound for memtable inserts; bounds latency of one apply.
     max_row_mutations: int = 100_000
-    #: Split a tablet past this many bytes of SSTables (§5, default 128 MiB as the issue asks).
-    split_bytes: int = 128 * 1024 * 1024
+    #: Split a tablet past this many bytes of SSTables (§5; default :data:`SPLIT_BYTES`).
+    split_bytes: int = SPLIT_BYTES
 
 
 @dataclass(frozen=True, slots=True)
 class WorkerOptions:
     """How a tablet-server worker runs (§5.2, §6)."""
 
-    #: The worker's etcd lease TTL in seconds. Shorter means faster failover, more keep-alives.
-    lease_ttl: float = 10.0
-    #: Stop acknowledging writes this long before the lease could expire at etcd (fencing rule 1).
-    lease_safety_margin: float = 2.0
+    #: The worker's lease: its tablets move this long after it dies (§5.2).
+    lease: LeaseOptions = field(default_factory=LeaseOptions)
     #: Byte budget of the process-wide SSTable block cache (§6).
     block_cache_bytes: int = 256 * 1024 * 1024
     #: Rows in the scan cache of recently read rows (§6); 0 disables it.
@@ -49,7 +84,19 @@ class WorkerOptions:
 
 @dataclass(frozen=True, slots=True)
 class MasterOptions:
-    """How the master balances and merges tablets (§5, §5.2)."""
+    """How the master process leads: its lease and rounds, balancing and merging tablets,
+    garbage collection (§5, §5.2)."""
+
+    #: The master's lease: a standby takes over this long after the leader dies (§5.2).
+    lease: LeaseOptions = field(default_factory=LeaseOptions)
+    #: Seconds between two rounds of assignment and balancing while leading.
+    interval: float = 1.0
+    #: Seconds between two garbage collections (tabletstore.master.gc).
+    gc_interval: float = 60.0
+    #: Seconds an unreferenced object must have existed before it is deleted
+    #: (tabletstore.master.gc_plan, rule 1). Compactions commit an uploaded SSTable within
+    #: seconds; an hour leaves room for a slow coordinator.
+    gc_grace: float = 3600.0
 
     #: Tablet moves per balancing round at most. More levels load faster; each move makes
     #: the tablet briefly unavailable (unload with a flush, then load).
@@ -66,7 +113,8 @@ class MasterOptions:
     request_noise: float = 50.0
     #: The tablets' split size, from which merge thresholds derive: a pair merges when each is
     #: under split_bytes / 8 and both under split_bytes / 2 (tabletstore.master.tablet_merges).
-    split_bytes: int = 128 * 1024 * 1024
+    #: Must match the workers' :attr:`TabletOptions.split_bytes` (default :data:`SPLIT_BYTES`).
+    split_bytes: int = SPLIT_BYTES
     #: Seconds a pair must stay small before it merges; None disables merges. Long by default
     #: so a table a user pre-split keeps its tablets while it fills.
     merge_after: float | None = 600.0

@@ -12,7 +12,6 @@ the semantics we promise.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -206,8 +205,7 @@ class TabletHarness:
     async def settle(self) -> None:
         """Wait for the tablet's background compaction, if any (errors stay sticky)."""
         assert self.tablet is not None
-        while self.tablet._background:
-            await asyncio.gather(*self.tablet._background, return_exceptions=True)
+        await self.tablet._background_done()
 
     async def crash(self) -> None:
         """The worker dies: nothing is flushed, the log writer stops where it is."""
@@ -229,7 +227,8 @@ class TabletHarness:
 
     async def close(self) -> None:
         for t in [*self.zombies, *([self.tablet] if self.tablet else [])]:
-            for task in list(t._background):
+            task = t._background
+            if task is not None:
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task

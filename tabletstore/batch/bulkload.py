@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import time
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from tabletstore.clock import micros, wall_time
 from tabletstore.data.schema import TableSchema
 from tabletstore.errors import Corruption, InvalidArgument, TabletStoreError
 from tabletstore.keys import CellKind
@@ -107,7 +107,7 @@ def to_cells_table(data: Any, *, now_micros: int | None = None) -> pa.Table:
     if "timestamp" in table.column_names:
         ts = pc.cast(table.column("timestamp").combine_chunks(), pa.int64())
     else:
-        now = now_micros if now_micros is not None else int(time.time() * 1_000_000)
+        now = now_micros if now_micros is not None else micros(wall_time())
         ts = pa.array(np.full(n, now, dtype=np.int64))
     arrays = [cols["row"], family, cols["qualifier"], ts]
     for name, arr in zip(("row", "family", "qualifier", "timestamp"), arrays, strict=True):

@@ -29,7 +29,7 @@ it (closing minor-compacts, so the next open is quick)::
     tabletstore [--url URL] local-stack up [--dir DIR] [--s3-url URL] [--workers N]
     tabletstore [--url URL] local-stack status [--dir DIR]
     tabletstore [--url URL] local-stack down [--dir DIR]
-    tabletstore --url etcd://H:P/NS master [--store URL] [--port P] [--lease-ttl S]
+    tabletstore --url etcd://H:P/NS master [--store URL] [--port P] [--lease-ttl S] [--split-bytes N]
     tabletstore --url etcd://H:P/NS worker [--port P] [--lease-ttl S] [--split-bytes N]
         (master and worker: --metrics-port P serves the status page, /metrics and /status)
     tabletstore status                                 master, workers, tablets, events
@@ -77,6 +77,13 @@ from tabletstore.master.gc import GcReport, collect
 from tabletstore.master.gc_plan import DEFAULT_GRACE
 from tabletstore.metadata.catalog import ClusterSettings
 from tabletstore.ops.views import page_urls
+from tabletstore.options import (
+    SPLIT_BYTES,
+    LeaseOptions,
+    MasterOptions,
+    TabletOptions,
+    WorkerOptions,
+)
 from tabletstore.storage_s3 import open_store
 
 __all__ = ["DEFAULT_URL", "CliContext", "main"]
@@ -845,9 +852,17 @@ def _run_loop(coro: Coroutine[Any, Any, None]) -> None:
 _lease_ttl_option = click.option(
     "--lease-ttl",
     type=click.FloatRange(min=1.0),
-    default=5.0,
+    default=LeaseOptions().ttl,
     show_default=True,
     help="Seconds of this process's etcd lease: how soon others take over after it dies.",
+)
+_split_bytes_option = click.option(
+    "--split-bytes",
+    type=click.IntRange(min=1),
+    default=SPLIT_BYTES,
+    show_default=True,
+    help="Split a tablet past this many bytes of SSTables; the master merges small neighbours "
+    "by the same size (give the master and every worker the same value).",
 )
 _metrics_port_option = click.option(
     "--metrics-port",
@@ -867,12 +882,20 @@ def _metrics_ready(url: str) -> None:
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to serve on.")
 @click.option("--port", type=int, default=0, show_default=True, help="Port (0: any free one).")
 @_lease_ttl_option
+@_split_bytes_option
 @_metrics_port_option
 def master_cmd(
-    store: str | None, host: str, port: int, lease_ttl: float, metrics_port: int | None
+    store: str | None,
+    host: str,
+    port: int,
+    lease_ttl: float,
+    split_bytes: int,
+    metrics_port: int | None,
 ) -> None:
     """Run a master (§5.2): campaign for the master lock, then keep every tablet assigned."""
     from tabletstore.master.process import run_master
+
+    options = MasterOptions(lease=LeaseOptions(ttl=lease_ttl), split_bytes=split_bytes)
 
     def ready(address: str) -> None:
         click.echo(f"master listening on {address}", err=True)
@@ -880,10 +903,10 @@ def master_cmd(
     _serve(
         lambda coord, stop: run_master(
             coord,
+            options,
             host=host,
             port=port,
             store_url=store,
-            lease_ttl=lease_ttl,
             stop=stop,
             ready=ready,
             metrics_port=metrics_port,
@@ -899,12 +922,7 @@ def master_cmd(
 @click.option("--port", type=int, default=0, show_default=True, help="Port (0: any free one).")
 @click.option("--worker-id", default=None, help="A stable id (default: a random one).")
 @_lease_ttl_option
-@click.option(
-    "--split-bytes",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Split a tablet past this many bytes of SSTables (default: TabletOptions').",
-)
+@_split_bytes_option
 @click.option(
     "--compaction-processes",
     type=click.IntRange(min=0),
@@ -915,8 +933,9 @@ def master_cmd(
 @click.option(
     "--block-cache-bytes",
     type=click.IntRange(min=0),
-    default=None,
-    help="Block cache capacity in bytes (default: WorkerOptions', 256 MiB).",
+    default=WorkerOptions().block_cache_bytes,
+    show_default=True,
+    help="Block cache capacity in bytes.",
 )
 @_metrics_port_option
 def worker_cmd(
@@ -925,24 +944,21 @@ def worker_cmd(
     port: int,
     worker_id: str | None,
     lease_ttl: float,
-    split_bytes: int | None,
+    split_bytes: int,
     compaction_processes: int,
-    block_cache_bytes: int | None,
+    block_cache_bytes: int,
     metrics_port: int | None,
 ) -> None:
     """Run a stateless tablet-server worker (§5.2, §5.3)."""
-    from tabletstore.options import TabletOptions, WorkerOptions
     from tabletstore.worker.process import run_worker
     from tabletstore.worker.server import TabletServer
 
-    # The safety margin scales with a short TTL (tests use 2-3 s) and is 1 s from 4 s up.
     options = WorkerOptions(
-        lease_ttl=lease_ttl,
-        lease_safety_margin=min(1.0, lease_ttl / 4),
+        lease=LeaseOptions(ttl=lease_ttl),
         compaction_processes=compaction_processes,
-        **({} if block_cache_bytes is None else {"block_cache_bytes": block_cache_bytes}),
+        block_cache_bytes=block_cache_bytes,
     )
-    tablet_options = TabletOptions(split_bytes=split_bytes) if split_bytes else None
+    tablet_options = TabletOptions(split_bytes=split_bytes)
 
     def ready(server: TabletServer) -> None:
         click.echo(f"worker {server.worker_id} listening on {server.address}", err=True)

@@ -61,12 +61,12 @@ from __future__ import annotations
 import base64
 import heapq
 import math
-import random
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from tabletstore.clock import Random
 from tabletstore.data.model import Cell
 from tabletstore.data.regex import Pattern, compile_re2, program_size
 from tabletstore.errors import InvalidArgument
@@ -578,12 +578,12 @@ def _order(cell: Cell) -> tuple[str, bytes, int]:
 @dataclass(slots=True)
 class _Context:
     row_key: bytes
-    rng: random.Random
+    rng: Random
     #: Inputs that reached a Sink, in evaluation order; merged into the result at the end.
     sinks: list[list[Cell]]
 
 
-_DEFAULT_RNG = random.Random()
+_DEFAULT_RNG = Random()
 
 
 def apply_filter(
@@ -591,7 +591,7 @@ def apply_filter(
     row_key: bytes,
     cells: Sequence[Cell],
     *,
-    rng: random.Random | None = None,
+    rng: Random | None = None,
 ) -> list[Cell]:
     """The cells of row ``row_key`` that ``f`` outputs, in row order (None: all cells).
 

@@ -20,7 +20,7 @@ import bisect
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from tabletstore.data.schema import GcRule
+from tabletstore.data.schema import GcRule, LocalityGroup
 from tabletstore.engine.iterators import compact_cells, merge_sources
 from tabletstore.keys import Cell, CellKind
 from tabletstore.metadata.record import TabletRecord
@@ -119,6 +119,12 @@ class GroupSettings:
     block_size: int
 
 
+#: How a group the schema does not name is written: a locality group's defaults.
+_DEFAULT_GROUP = GroupSettings(
+    LocalityGroup(name="default").compression, LocalityGroup(name="default").block_size
+)
+
+
 def rewrite_tablet(
     inputs: Sequence[bytes],
     *,
@@ -149,7 +155,7 @@ def rewrite_tablet(
             out.setdefault(group, []).append(cell)
     result: dict[str, tuple[bytes, SSTableInfo]] = {}
     for group, cells in out.items():
-        settings = groups.get(group, GroupSettings("zstd", 64 * 1024))
+        settings = groups.get(group, _DEFAULT_GROUP)
         result[group] = write_sstable(
             cells,
             compression=settings.compression,

@@ -46,21 +46,28 @@ import contextlib
 import functools
 import logging
 import os
-import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Callable,
+    Coroutine,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import pyarrow as pa
 
-from tabletstore.clock import Clock, SystemClock, micros
+from tabletstore.clock import Clock, SystemClock, micros, stopwatch
 from tabletstore.data.filters import RowFilter, apply_filter, regex_cost
 from tabletstore.data.model import Cell as ApiCell
 from tabletstore.data.model import Mutation, ReadModifyWriteRule, Row, SetCell
 from tabletstore.data.query import RowRange
-from tabletstore.data.schema import GcRule, TableSchema
+from tabletstore.data.schema import GcRule, LocalityGroup, TableSchema
 from tabletstore.data.validation import (
     check_mutation_size,
     validate_rmw_rules,
@@ -77,6 +84,18 @@ from tabletstore.engine.iterators import (
 )
 from tabletstore.engine.memtable import MemTable
 from tabletstore.engine.split_key import BlockSpan, choose_split_key, middle_row, widest_block
+from tabletstore.engine.state import (
+    MajorResult,
+    MergeResult,
+    MinorResult,
+    TabletState,
+    Written,
+    apply_major,
+    apply_merge,
+    apply_minor,
+    freeze,
+    redo_point,
+)
 from tabletstore.errors import InvalidArgument, NotServing, TabletStoreError, Unavailable
 from tabletstore.keys import Cell, CellKind, cell_sort_key
 from tabletstore.metadata.record import LogRef, SSTableRef, TabletRecord
@@ -99,9 +118,11 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 #: The longest a scan computes on the event loop before it lets other tasks run. The lease
-#: keep-alive shares the loop and tolerates a stall of about ``ttl - ttl/3`` (6.7 s with the
-#: default 10 s lease); 10 ms keeps the cost of yielding (about 30 us a time) under 1%.
+#: keep-alive shares the loop and tolerates a stall of about ``ttl - ttl/3`` (3.3 s with the
+#: default 5 s lease); 10 ms keeps the cost of yielding (about 30 us a time) under 1%.
 READ_SLICE_SECONDS = 0.01
 #: The most regex work (RE2 program size x bytes of the row) one row's filter may do on the
 #: event loop. RE2's worst case (its NFA, when a pattern's DFA outgrows its memory) was
@@ -131,11 +152,6 @@ def _row_bytes(row: bytes, cells: Sequence[ApiCell]) -> int:
     return n
 
 
-def _unfiltered_row(row: bytes, cells: list[ApiCell], rng: RowRange) -> Row | None:
-    """A scanned row without a filter: no coroutine per row on the hot path of plain scans."""
-    return Row(row, cells) if rng.contains(row) else None
-
-
 async def _filter_row(
     filter: RowFilter, cost: int, row: bytes, cells: list[ApiCell]
 ) -> list[ApiCell]:
@@ -145,6 +161,28 @@ async def _filter_row(
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(_filter_executor(), apply_filter, filter, row, cells)
     return apply_filter(filter, row, cells)
+
+
+class _LoopTurns:
+    """Gives other tasks a turn (the lease keep-alive above all) whenever a slice of
+    computing has gone by: data in memory or in the block cache never suspends a scan.
+    ``if stopwatch() >= turns.end: await turns.give()``: no call on the per-row path but the
+    clock's."""
+
+    __slots__ = ("end",)
+
+    def __init__(self) -> None:
+        self.end = stopwatch() + READ_SLICE_SECONDS
+
+    async def give(self) -> None:
+        await asyncio.sleep(0)
+        self.end = stopwatch() + READ_SLICE_SECONDS
+
+
+async def _filtered(row: Row, filter: RowFilter, cost: int) -> Row | None:
+    """``row`` after ``filter`` (``cost``: its :func:`regex_cost`); None when nothing is left."""
+    cells = await _filter_row(filter, cost, row.key, row.cells)
+    return Row(row.key, cells) if cells else None
 
 
 class LogSink(Protocol):
@@ -176,18 +214,6 @@ class TabletCatalog(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
-class TabletState:
-    """Everything a read needs, swapped whole."""
-
-    record: TabletRecord
-    memtable: MemTable
-    #: Frozen memtables being written out, newest first.
-    frozen: tuple[MemTable, ...]
-    #: Opened SSTables per locality group, newest first (parallel to ``record.sstables``).
-    sstables: Mapping[str, tuple[SSTable, ...]]
-
-
 class Tablet:
     """One served tablet. Create with :meth:`load`."""
 
@@ -204,7 +230,10 @@ class Tablet:
         block_cache: BlockCache | None,
         executor: concurrent.futures.Executor | None = None,
         scan_cache: ScanCache | None = None,
+        tasks: asyncio.TaskGroup | None = None,
     ) -> None:
+        """``tasks`` owns the tablet's background compactions (its worker's TaskGroup); None:
+        :meth:`load` opens one for the tablet alone, which :meth:`close` closes."""
         self._executor = executor
         self._scan_cache = scan_cache
         self._state = state
@@ -233,7 +262,10 @@ class Tablet:
         self._snapshot_gate: asyncio.Event | None = None
         #: Called after each compaction that changed the record (the worker checks for a split).
         self.on_compacted: Callable[[Tablet], None] | None = None
-        self._background: set[asyncio.Task[None]] = set()
+        self._stack = contextlib.AsyncExitStack()
+        self._tasks = tasks
+        #: The background compaction running (one at a time), if any.
+        self._background: asyncio.Task[None] | None = None
         self._failed: BaseException | None = None
         self._closed = False
 
@@ -254,6 +286,7 @@ class Tablet:
         block_cache: BlockCache | None = None,
         executor: concurrent.futures.Executor | None = None,
         scan_cache: ScanCache | None = None,
+        tasks: asyncio.TaskGroup | None = None,
     ) -> Tablet:
         """Open a tablet's SSTables, replay its commit-log records past the redo point into a
         fresh memtable (§5.3 recovery), and record this worker's log in its record."""
@@ -299,7 +332,7 @@ class Tablet:
         if new_record != record:
             new_record = await catalog.update(record, new_record)
         state = TabletState(new_record, memtable, (), tables)
-        return cls(
+        tablet = cls(
             state,
             schema,
             store=store,
@@ -310,7 +343,11 @@ class Tablet:
             block_cache=block_cache,
             executor=executor,
             scan_cache=scan_cache,
+            tasks=tasks,
         )
+        if tasks is None:
+            tablet._tasks = await tablet._stack.enter_async_context(asyncio.TaskGroup())
+        return tablet
 
     # ------------------------------------------------------------------ properties
 
@@ -565,8 +602,30 @@ class Tablet:
         clipped = row_range.clip(rec.start_row, rec.end_row)
         if clipped is None or (limit is not None and limit <= 0):
             return
-        start, end = clipped.bounds()
-        fams = _intersect(families, self._readable(identity))
+        rows = self._scan_rows(clipped, _intersect(families, self._readable(identity)))
+        cost = regex_cost(filter)
+        emitted = 0
+        turns = _LoopTurns()
+        async with contextlib.aclosing(rows):
+            async for batch in rows:
+                for row in batch:
+                    # No coroutine per row on the hot path of plain scans.
+                    out = row if filter is None else await _filtered(row, filter, cost)
+                    if out is not None:
+                        yield out
+                        emitted += 1
+                        if limit is not None and emitted >= limit:
+                            return
+                    if stopwatch() >= turns.end:
+                        await turns.give()
+                if stopwatch() >= turns.end:
+                    await turns.give()
+
+    def _scan_sources(
+        self, start: bytes, end: bytes | None, fams: set[str] | None
+    ) -> list[AsyncCellSource]:
+        """Every source of the rows ``[start, end)``, newest first: the memtable, the frozen
+        ones, then the SSTables of the locality groups holding ``fams`` (None: all)."""
         state = self._state
         sources: list[AsyncCellSource] = [
             list(state.memtable.scan(start, end)),
@@ -574,70 +633,51 @@ class Tablet:
         ]
         for g in self._groups_for(fams):
             sources.extend(t.scan_blocks(start, end) for t in state.sstables[g])
+        return sources
+
+    async def _scan_rows(
+        self, rng: RowRange, fams: set[str] | None
+    ) -> AsyncGenerator[list[Row], None]:
+        """The visible cells of ``rng`` as rows, a list of whole rows per merged batch (the
+        last row of a batch is held back until a later batch starts another row). A row with
+        no visible cell of ``fams`` is left out."""
+        start, end = rng.bounds()
         batches = avisible_batches(
-            amerge_batches(sources), gc_rules=self._gc_rules(), now_micros=self._now_micros()
+            amerge_batches(self._scan_sources(start, end, fams)),
+            gc_rules=self._gc_rules(),
+            now_micros=self._now_micros(),
         )
         # Cells of a dropped family stay in SSTables until their next compaction: never shown.
         wanted = set(self._schema.families) if fams is None else fams
-        cost = regex_cost(filter)
-        emitted = 0
-        current_row: bytes | None = None
+        row: bytes | None = None
         cells: list[ApiCell] = []
-        # Data in memory or in the block cache never suspends this loop: yield to other tasks
-        # (the lease keep-alive above all) whenever a slice of computing has gone by, checked
-        # after each row and each merged batch.
-        slice_end = time.monotonic() + READ_SLICE_SECONDS
         async for batch in batches:
+            done: list[Row] = []
             for c in batch:
-                if c.row != current_row:
-                    if cells and current_row is not None:
-                        out = (
-                            _unfiltered_row(current_row, cells, clipped)
-                            if filter is None
-                            else await self._finish_row(current_row, cells, filter, cost, clipped)
-                        )
-                        if out is not None:
-                            yield out
-                            emitted += 1
-                            if limit is not None and emitted >= limit:
-                                return
-                        if time.monotonic() >= slice_end:
-                            await asyncio.sleep(0)
-                            slice_end = time.monotonic() + READ_SLICE_SECONDS
-                    current_row, cells = c.row, []
+                if c.row != row:
+                    if cells and row is not None and rng.contains(row):
+                        done.append(Row(row, cells))
+                    row, cells = c.row, []
                 if c.family in wanted:
                     cells.append(ApiCell(c.family, c.qualifier, c.ts, c.value))
-            if time.monotonic() >= slice_end:
-                await asyncio.sleep(0)
-                slice_end = time.monotonic() + READ_SLICE_SECONDS
-        if cells and current_row is not None:
-            out = (
-                _unfiltered_row(current_row, cells, clipped)
-                if filter is None
-                else await self._finish_row(current_row, cells, filter, cost, clipped)
-            )
-            if out is not None:
-                yield out
-
-    @staticmethod
-    async def _finish_row(
-        row: bytes, cells: list[ApiCell], filter: RowFilter, cost: int, rng: RowRange
-    ) -> Row | None:
-        if not rng.contains(row):
-            return None
-        cells = await _filter_row(filter, cost, row, cells)
-        return Row(row, cells) if cells else None
+            yield done
+        if cells and row is not None and rng.contains(row):
+            yield [Row(row, cells)]
 
     # ------------------------------------------------------------------ compactions
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        if self._closed or any(not t.done() for t in self._background):
+        running = self._background is not None and not self._background.done()
+        if self._closed or running or self._tasks is None:
             # One background compaction at a time; the next write re-triggers if needed.
             coro.close()
             return
-        task: asyncio.Task[None] = asyncio.ensure_future(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        try:
+            self._background = self._tasks.create_task(coro)
+        except RuntimeError:
+            # The worker's TaskGroup is shutting down (the worker is stopping, or failed):
+            # the compaction is optional, closing the tablet flushes it anyway.
+            coro.close()
 
     async def _background_minor_compaction(self) -> None:
         try:
@@ -655,55 +695,48 @@ class Tablet:
         self._check_open()
         async with self._compaction_lock:
             self._check_open()  # a split may have closed the tablet while this waited
-            async with self._state_lock:
-                state = self._state
-                # Frozen memtables left by a failed earlier attempt are written out too: the
-                # redo point moves past all of them, so none may stay behind in memory only.
-                flushed = state.frozen
-                if len(state.memtable):
-                    flushed = (state.memtable, *flushed)
-                    self._state = replace(state, memtable=MemTable(), frozen=flushed)
-                if not flushed:
-                    return
-                redo = max(m.max_seq or 0 for m in flushed)
-                if self._in_flight:
-                    redo = min(redo, min(self._in_flight) - 1)
-                # Writes after the freeze go to the log of now, or to one the worker moves to
-                # later (hold_writes/add_log record it): those may hold writes past the redo
-                # point, every log listed before the freeze holds none.
-                log_at_freeze, listed_at_freeze = self._log.log_ref, state.record.logs
-            groups = self._split_by_group(flushed)
+            frozen = await self._freeze()
+            if frozen is None:
+                return
+            groups = self._split_by_group(frozen.flushed)
             written = await self._write_groups(groups, major=False)
-            async with self._state_lock:
-                state = self._state
-                record = state.record
-                new_sstables = dict(record.sstables)
-                opened = dict(state.sstables)
-                for group, (ref, table) in written.items():
-                    new_sstables[group] = (ref, *new_sstables.get(group, ()))
-                    opened[group] = (table, *opened.get(group, ()))
-                new_record = replace(
-                    record,
-                    sstables=new_sstables,
-                    redo_seq=max(record.redo_seq, redo),
-                    logs=tuple(
-                        dict.fromkeys(
-                            (log_at_freeze, *(r for r in record.logs if r not in listed_at_freeze))
-                        )
-                    ),
-                ).with_event(
-                    self._clock.time(),
-                    "minor_compaction",
-                    f"{sum(len(m) for m in flushed)} cells",
-                )
-                stored = await self._catalog.update(record, new_record)
-                self._state = replace(
-                    state,
-                    record=stored,
-                    frozen=tuple(m for m in state.frozen if all(m is not f for f in flushed)),
-                    sstables=opened,
-                )
+            result = replace(frozen, written=written)
+            await self._commit(lambda state: apply_minor(state, result, now=self._clock.time()))
         self._notify_compacted()
+
+    # REQUIRES: self._compaction_lock held.
+    async def _freeze(self) -> MinorResult | None:
+        """Freeze the memtable; return what the minor compaction is to write (nothing written
+        yet), or None when there is nothing to write."""
+        async with self._state_lock:
+            state = freeze(self._state)
+            self._state = state
+            # Frozen memtables left by a failed earlier attempt are written out too: the
+            # redo point moves past all of them, so none may stay behind in memory only.
+            if not state.frozen:
+                return None
+            # Writes after the freeze go to the log of now, or to one the worker moves to
+            # later (hold_writes/add_log record it): those may hold writes past the redo
+            # point, every log listed before the freeze holds none (apply_minor).
+            return MinorResult(
+                flushed=state.frozen,
+                written={},
+                redo_seq=redo_point(state.frozen, self._in_flight),
+                log_at_freeze=self._log.log_ref,
+                listed_at_freeze=state.record.logs,
+            )
+
+    # REQUIRES: self._compaction_lock held (nothing else changes the record meanwhile).
+    async def _commit(self, step: Callable[[TabletState], TabletState]) -> TabletState:
+        """Apply ``step`` (a pure function of :mod:`tabletstore.engine.state`) to the state of
+        now, commit its record through the catalog and swap the state in; return the state it
+        replaced. Writes go on meanwhile: they add to the memtable, they never swap the state."""
+        async with self._state_lock:
+            state = self._state
+            new = step(state)
+            stored = await self._catalog.update(state.record, new.record)
+            self._state = replace(new, record=stored)
+            return state
 
     def _split_by_group(self, memtables: Sequence[MemTable]) -> dict[str, list[Cell]]:
         """Cells of memtables (newest first) per locality group, in sort order; row deletions
@@ -724,32 +757,30 @@ class Tablet:
 
     async def _write_groups(
         self, groups: Mapping[str, Iterable[Cell]], *, major: bool
-    ) -> dict[str, tuple[SSTableRef, SSTable]]:
-        out: dict[str, tuple[SSTableRef, SSTable]] = {}
+    ) -> dict[str, Written]:
+        out: dict[str, Written] = {}
         for group, cells in groups.items():
-            ref = await self._write_sstable(group, cells, major=major)
-            if ref is None:
-                continue
-            table = await self._open(ref)
-            lg = self._schema.locality_groups.get(group)
-            if lg is not None and lg.in_memory:
-                await table.load_all()
-            out[group] = (ref, table)
+            lg = self._locality_group(group)
+            data, info = write_sstable(
+                cells, compression=lg.compression, block_size=lg.block_size, locality_group=group
+            )
+            if info.cells:
+                out[group] = await self._store_sstable(group, data, info)
         return out
 
-    async def _write_sstable(
-        self, group: str, cells: Iterable[Cell], *, major: bool
-    ) -> SSTableRef | None:
-        lg = self._schema.locality_groups.get(group)
-        data, info = write_sstable(
-            cells,
-            compression=lg.compression if lg is not None else "zstd",
-            block_size=lg.block_size if lg is not None else 64 * 1024,
-            locality_group=group,
-        )
-        if info.cells == 0:
-            return None
-        return await self._upload(group, data, info)
+    async def _store_sstable(self, group: str, data: bytes, info: SSTableInfo) -> Written:
+        """Upload a new SSTable of ``group`` and open it (loaded whole for an in-memory
+        locality group, §6)."""
+        ref = await self._upload(group, data, info)
+        table = await self._open(ref)
+        if self._locality_group(group).in_memory:
+            await table.load_all()
+        return ref, table
+
+    def _locality_group(self, group: str) -> LocalityGroup:
+        """The schema's settings of ``group``; a group the schema no longer names (its
+        SSTables not yet compacted away) is written with a locality group's defaults."""
+        return self._schema.locality_groups.get(group) or LocalityGroup(name=group)
 
     async def _upload(self, group: str, data: bytes, info: SSTableInfo) -> SSTableRef:
         """Create the SSTable object (create-only: objects are never overwritten)."""
@@ -777,6 +808,21 @@ class Tablet:
             scan_cache=self._scan_cache,
         )
 
+    async def _fetch(self, keys: Sequence[str]) -> list[bytes]:
+        """The bytes of the SSTables ``keys``: a compaction's inputs."""
+        blobs = await asyncio.gather(*(self._store.get(key) for key in keys))
+        missing = [k for k, b in zip(keys, blobs, strict=True) if b is None]
+        if missing:
+            raise Unavailable(f"SSTable objects vanished before compaction: {missing}")
+        return [b for b in blobs if b is not None]
+
+    async def _compute(self, work: Callable[[], T]) -> T:
+        """Run a CPU-heavy rewrite in the compaction processes when there are some (§5.4),
+        else here."""
+        if self._executor is None:
+            return work()
+        return await asyncio.get_running_loop().run_in_executor(self._executor, work)
+
     async def merge_if_needed(self) -> None:
         """Run the merging compactions the planner asks for."""
         for task in compaction.plan(self.record, self._options):
@@ -790,120 +836,76 @@ class Tablet:
         await self.minor_compact()
         async with self._compaction_lock:
             self._check_open()  # a split may have closed the tablet while this waited
-            state = self._state
-            record = state.record
+            record = self._state.record
             keys = [ref.key for refs in record.sstables.values() for ref in refs]
             if not keys:
                 return
-            blobs = await asyncio.gather(*(self._store.get(key) for key in keys))
-            missing = [k for k, b in zip(keys, blobs, strict=True) if b is None]
-            if missing:
-                raise Unavailable(f"SSTable objects vanished before compaction: {missing}")
-            schema = self._schema
-            rewrite = functools.partial(
-                compaction.rewrite_tablet,
-                [b for b in blobs if b is not None],
-                family_groups={name: f.locality_group for name, f in schema.families.items()},
-                groups={
-                    name: compaction.GroupSettings(g.compression, g.block_size)
-                    for name, g in schema.locality_groups.items()
-                },
-                gc_rules=self._gc_rules(),
-                now_micros=self._now_micros(),
-                start_row=record.start_row,
-                end_row=record.end_row,
+            rewrite = self._rewrite_tablet(record, await self._fetch(keys))
+            outputs = {
+                group: await self._store_sstable(group, data, info)
+                for group, (data, info) in sorted((await self._compute(rewrite)).items())
+            }
+            result = MajorResult(len(keys), outputs)
+            old = await self._commit(
+                lambda state: apply_major(state, result, now=self._clock.time())
             )
-            if self._executor is not None:
-                written = await asyncio.get_running_loop().run_in_executor(self._executor, rewrite)
-            else:
-                written = rewrite()
-            new_sstables: dict[str, tuple[SSTableRef, ...]] = {}
-            opened: dict[str, tuple[SSTable, ...]] = {}
-            for group, (data, info) in sorted(written.items()):
-                ref = await self._upload(group, data, info)
-                table = await self._open(ref)
-                lg = schema.locality_groups.get(group)
-                if lg is not None and lg.in_memory:
-                    await table.load_all()
-                new_sstables[group] = (ref,)
-                opened[group] = (table,)
-            async with self._state_lock:
-                state = self._state
-                record = state.record
-                old_tables = [t for tables in state.sstables.values() for t in tables]
-                new_record = replace(record, sstables=new_sstables).with_event(
-                    self._clock.time(), "major_compaction", f"{len(keys)} -> {len(new_sstables)}"
-                )
-                stored = await self._catalog.update(record, new_record)
-                self._state = replace(state, record=stored, sstables=opened)
-            for t in old_tables:
-                t.close()
+            for tables in old.sstables.values():
+                for t in tables:
+                    t.close()
         self._notify_compacted()
+
+    def _rewrite_tablet(
+        self, record: TabletRecord, blobs: list[bytes]
+    ) -> Callable[[], dict[str, tuple[bytes, SSTableInfo]]]:
+        """The major compaction's rewrite of ``blobs``, by the current schema and GC rules."""
+        schema = self._schema
+        return functools.partial(
+            compaction.rewrite_tablet,
+            blobs,
+            family_groups={name: f.locality_group for name, f in schema.families.items()},
+            groups={
+                name: compaction.GroupSettings(g.compression, g.block_size)
+                for name, g in schema.locality_groups.items()
+            },
+            gc_rules=self._gc_rules(),
+            now_micros=self._now_micros(),
+            start_row=record.start_row,
+            end_row=record.end_row,
+        )
 
     async def _run_merge(self, task: compaction.CompactionTask) -> None:
         self._check_open()
         async with self._compaction_lock:
             self._check_open()  # a split may have closed the tablet while this waited
-            state = self._state
-            refs = state.record.sstables.get(task.group, ())
-            if not set(task.inputs) <= {r.key for r in refs}:
+            record = self._state.record
+            if not set(task.inputs) <= {r.key for r in record.sstables.get(task.group, ())}:
                 return  # the tablet changed since planning; the next plan will see it
-            blobs = await asyncio.gather(*(self._store.get(key) for key in task.inputs))
-            missing = [k for k, b in zip(task.inputs, blobs, strict=True) if b is None]
-            if missing:
-                raise Unavailable(f"SSTable objects vanished before compaction: {missing}")
-            lg = self._schema.locality_groups.get(task.group)
-            merge = functools.partial(
-                compaction.merge_sstables,
-                [b for b in blobs if b is not None],
-                gc_rules=self._gc_rules(),
-                now_micros=self._now_micros(),
-                major=task.major,
-                families=set(self._schema.families),
-                compression=lg.compression if lg is not None else "zstd",
-                block_size=lg.block_size if lg is not None else 64 * 1024,
-                locality_group=task.group,
-                # After a split the inputs may be shared with the sibling: write our rows only.
-                start_row=state.record.start_row,
-                end_row=state.record.end_row,
-            )
-            if self._executor is not None:
-                data, info = await asyncio.get_running_loop().run_in_executor(self._executor, merge)
-            else:
-                data, info = merge()
-            new_pair: list[tuple[SSTableRef, SSTable]] = []
-            if info.cells:
-                ref = await self._upload(task.group, data, info)
-                table = await self._open(ref)
-                if lg is not None and lg.in_memory:
-                    await table.load_all()
-                new_pair.append((ref, table))
-            async with self._state_lock:
-                state = self._state
-                record = state.record
-                pairs = list(
-                    zip(
-                        record.sstables.get(task.group, ()),
-                        state.sstables.get(task.group, ()),
-                        strict=True,
-                    )
-                )
-                # The merged SSTable takes the place of its newest input: everything newer than
-                # the inputs stays in front of it, everything older behind it.
-                at = next(i for i, (r, _) in enumerate(pairs) if r.key in task.inputs)
-                kept = [(r, t) for r, t in pairs if r.key not in task.inputs]
-                pairs = kept[:at] + new_pair + kept[at:]
-                new_sstables = dict(record.sstables)
-                opened = dict(state.sstables)
-                new_sstables[task.group] = tuple(r for r, _ in pairs)
-                opened[task.group] = tuple(t for _, t in pairs)
-                kind = "major_compaction" if task.major else "merging_compaction"
-                new_record = replace(record, sstables=new_sstables).with_event(
-                    self._clock.time(), kind, f"{task.group}: {len(task.inputs)} -> {len(new_pair)}"
-                )
-                stored = await self._catalog.update(record, new_record)
-                self._state = replace(state, record=stored, sstables=opened)
+            merge = self._merge_sstables(task, record, await self._fetch(task.inputs))
+            data, info = await self._compute(merge)
+            output = await self._store_sstable(task.group, data, info) if info.cells else None
+            result = MergeResult(task.group, task.inputs, output, task.major)
+            await self._commit(lambda state: apply_merge(state, result, now=self._clock.time()))
         self._notify_compacted()
+
+    def _merge_sstables(
+        self, task: compaction.CompactionTask, record: TabletRecord, blobs: list[bytes]
+    ) -> Callable[[], tuple[bytes, SSTableInfo]]:
+        """The merging compaction's rewrite of ``blobs`` (``task.inputs``, newest first)."""
+        lg = self._locality_group(task.group)
+        return functools.partial(
+            compaction.merge_sstables,
+            blobs,
+            gc_rules=self._gc_rules(),
+            now_micros=self._now_micros(),
+            major=task.major,
+            families=set(self._schema.families),
+            compression=lg.compression,
+            block_size=lg.block_size,
+            locality_group=task.group,
+            # After a split the inputs may be shared with the sibling: write our rows only.
+            start_row=record.start_row,
+            end_row=record.end_row,
+        )
 
     # ------------------------------------------------------------------ splits and shutdown
 
@@ -943,8 +945,13 @@ class Tablet:
         # Idle first: a write finishing may still spawn a background compaction, and does so
         # before this waiter resumes; after that no new one can start.
         await self._idle.wait()
-        while self._background:
-            await asyncio.gather(*self._background, return_exceptions=True)
+        await self._background_done()
+
+    async def _background_done(self) -> None:
+        """Wait for the background compaction, if one runs. Its errors are its own: it
+        records them (``_failed``), and anything else is for its TaskGroup to raise."""
+        while self._background is not None and not self._background.done():
+            await asyncio.gather(self._background, return_exceptions=True)
 
     @contextlib.asynccontextmanager
     async def splitting(self) -> AsyncIterator[TabletRecord]:
@@ -981,10 +988,9 @@ class Tablet:
             if self._failed is None:
                 await self.minor_compact()
                 await self._forget_logs()
-        for task in list(self._background):
-            with contextlib.suppress(Exception):
-                await task
+        await self._background_done()
         self._closed = True
+        await self._stack.aclose()
 
     def hold_writes(self) -> None:
         """Refuse writes (Unavailable) until :meth:`add_log` records the worker's next log:
@@ -1095,10 +1101,21 @@ class Tablet:
             g: tuple(r) for g, r in cut.record.sstables.items()
         }
         for group, cells in groups.items():
-            ref = await self._write_sstable(group, (c for c in cells if c.seq <= mark), major=False)
+            ref = await self._snapshot_sstable(group, [c for c in cells if c.seq <= mark])
             if ref is not None:
                 out[group] = (ref, *out.get(group, ()))
         return {g: refs for g, refs in out.items() if refs}
+
+    async def _snapshot_sstable(self, group: str, cells: list[Cell]) -> SSTableRef | None:
+        """Upload ``cells`` as an SSTable of ``group`` for a snapshot only (not opened, not in
+        the tablet's record); None when there are none."""
+        if not cells:
+            return None
+        lg = self._locality_group(group)
+        data, info = write_sstable(
+            cells, compression=lg.compression, block_size=lg.block_size, locality_group=group
+        )
+        return await self._upload(group, data, info)
 
     async def bulk_load(self, groups: Mapping[str, pa.Table]) -> TabletRecord:
         """Add bulk-loaded cells (§8; Arrow tables of the SSTable schema, sorted, puts only,

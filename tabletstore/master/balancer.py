@@ -67,9 +67,12 @@ class Balancer:
         assign: Callable[[], Awaitable[int]],
         load: Callable[[str, str, TabletKey], Awaitable[bool]],
         options: MasterOptions | None = None,
+        settled: Callable[[], bool] = lambda: True,
     ) -> None:
         """``assign`` runs an assignment round; ``load(worker id, address, tablet)`` loads a
-        tablet and says whether it is served (Master.load_tablet)."""
+        tablet and says whether it is served (Master.load_tablet); ``settled`` says whether the
+        last assignment round found every tablet served (no moves or merges otherwise)."""
+        self._settled = settled
         self._coord = coordinator
         self._catalog = catalog
         self._transport = transport
@@ -87,6 +90,8 @@ class Balancer:
         """One balancing and one merging round; returns (tablets moved, pairs merged). Errors
         end the round (logged); the next round starts from fresh state."""
         moved = merged = 0
+        if not self._settled():
+            return moved, merged
         try:
             moved = await self.balance()
             merged = await self.merge_small()

@@ -48,6 +48,7 @@ from tabletstore.errors import InvalidArgument, TabletStoreError, Unavailable
 from tabletstore.master import gc_plan as gc
 from tabletstore.metadata.catalog import Catalog, ClusterSettings, TableInfo
 from tabletstore.metadata.record import LogRef
+from tabletstore.options import MasterOptions
 from tabletstore.storage_s3 import layout, open_store
 from tabletstore.storage_s3.base import S3_BATCH, ObjectInfo, ObjectStore
 
@@ -56,7 +57,7 @@ __all__ = ["DEFAULT_INTERVAL", "GarbageCollector", "GcReport", "collect", "list_
 log = logging.getLogger(__name__)
 
 #: Default seconds between two collections of the master's collector.
-DEFAULT_INTERVAL = 60.0
+DEFAULT_INTERVAL = MasterOptions().gc_interval
 
 
 @dataclass(frozen=True, slots=True)

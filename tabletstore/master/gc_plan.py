@@ -53,6 +53,7 @@ from enum import StrEnum
 
 from tabletstore.errors import InvalidArgument
 from tabletstore.metadata.record import LogRef
+from tabletstore.options import MasterOptions
 from tabletstore.storage_s3 import layout
 from tabletstore.storage_s3.base import ObjectInfo
 
@@ -65,9 +66,9 @@ __all__ = [
     "plan",
 ]
 
-#: Default grace period in seconds: an object younger than this is never deleted. Compactions
-#: commit an uploaded SSTable within seconds; an hour leaves room for a slow coordinator.
-DEFAULT_GRACE = 3600.0
+#: Default grace period in seconds: an object younger than this is never deleted
+#: (:attr:`tabletstore.options.MasterOptions.gc_grace` says why it is an hour).
+DEFAULT_GRACE = MasterOptions().gc_grace
 #: Default age in seconds a fence must reach before it is deleted with its log (rule 4).
 DEFAULT_FENCE_GRACE = 86400.0
 

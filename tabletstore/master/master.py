@@ -22,6 +22,7 @@ coordinator and runs it as its own process.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -132,8 +133,17 @@ class Master:
         #: Loads sent, by tablet (table id, tablet id); finished ones are dropped at the start
         #: of the next round, after which the claims read then show their outcome.
         self._loads: dict[tuple[str, str], _Load] = {}
+        #: True after an assignment round that found every tablet served by a live worker
+        #: and no load in flight: balancing and merging move tablets only then (moving while
+        #: a dead worker's tablets are recovered only adds failovers to a failover).
+        self.settled = False
+        self._assign_lock = asyncio.Lock()
         #: Bounds the loads in flight to each worker (by worker id).
         self._load_slots: dict[str, asyncio.Semaphore] = {}
+        # The TaskGroup owning the loads in flight: entered by the first round or load (in the
+        # leader's task), exited by close().
+        self._stack = contextlib.AsyncExitStack()
+        self._tasks: asyncio.TaskGroup | None = None
         #: Balancing moves and merges of small tablets; the leader runs a round after each
         #: assignment round (run_master).
         self.balancer = Balancer(
@@ -144,6 +154,7 @@ class Master:
             assign=self.assign,
             load=self.load_tablet,
             options=options,
+            settled=lambda: self.settled,
         )
 
     @property
@@ -169,7 +180,14 @@ class Master:
         """Load every unclaimed tablet on a live worker, level by level (§5.2): the root tablet
         (its record is in the coordinator), then the METADATA tablets (rows of the root), then
         user tablets (rows of METADATA). A level that is not served yet ends the round early;
-        the next round goes on from there. Returns how many tablets were assigned."""
+        the next round goes on from there. Returns how many tablets were assigned. Rounds
+        never overlap (the assignment loop and the balancer both start them)."""
+        async with self._assign_lock:
+            return await self._assign_round()
+
+    async def _assign_round(self) -> int:
+        await self._start()
+        self.settled = False
         workers = await self.live_workers()
         # A load to a worker that left the servers directory will never serve: give it up now
         # (the worker, if it is only paused, is told to cancel it) so the tablet is reassigned.
@@ -198,6 +216,9 @@ class Master:
                 done += await self._assign_level(workers, claims, known, tablets)
         except Unavailable as exc:  # NotServing included: a METADATA tablet is not served yet
             log.info("assignment round stopped early: %s", exc)
+            self.settled = False
+            return done
+        self.settled = not self._loads and all(t.worker in workers for t in known.values())
         return done
 
     async def _assign_level(
@@ -246,13 +267,22 @@ class Master:
         """Load ``key`` on ``worker`` (balancing moves): True once it is served there; False
         if the load failed, or is still running after ``load_wait`` seconds (it then goes on
         in the background like a round's load)."""
+        await self._start()
         task = self._start_load(worker, address, key)
         await asyncio.wait([task], timeout=self._options.load_wait)
         return task.done() and not _failed(task)
 
+    async def _start(self) -> None:
+        """Open the TaskGroup of the loads, once."""
+        if self._tasks is None:
+            self._tasks = await self._stack.enter_async_context(asyncio.TaskGroup())
+
     def _start_load(self, worker: str, address: str, key: tuple[str, str]) -> asyncio.Task[bool]:
-        """Send ``load_tablet`` for ``key`` to ``worker`` in the background."""
-        task = asyncio.get_running_loop().create_task(
+        """Send ``load_tablet`` for ``key`` to ``worker`` in the background.
+
+        REQUIRES: :meth:`_start` called."""
+        assert self._tasks is not None
+        task = self._tasks.create_task(
             self._load(worker, address, key), name=f"load {key[1]} on {worker}"
         )
         self._loads[key] = _Load(worker, task)
@@ -279,6 +309,11 @@ class Master:
             except TabletStoreError as exc:
                 log.warning("assigning %s to %s failed: %s", key[1], worker, exc)
                 return False
+            except Exception:
+                # Not fatal to the master: the tablet stays unclaimed and the next round
+                # assigns it again, as after any failed load; the other loads go on.
+                log.exception("loading %s on %s raised", key[1], worker)
+                return False
         return True
 
     def _reap_loads(self, live: set[str]) -> None:
@@ -286,18 +321,16 @@ class Master:
         ones in flight to workers not in ``live``."""
         for key, load in list(self._loads.items()):
             if load.task.done():
-                if not load.task.cancelled() and (exc := load.task.exception()) is not None:
-                    log.error("loading %s on %s raised %r", key[1], load.worker, exc)
                 del self._loads[key]
             elif load.worker not in live:
                 load.task.cancel()
 
     async def close(self) -> None:
         """Give up the loads in flight (a master that stops leading leaves them to the next)."""
-        tasks = [load.task for load in self._loads.values()]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        for load in self._loads.values():
+            load.task.cancel()
+        await self._stack.aclose()
+        self._tasks = None
         if self._own_store and self._store is not None:
             await self._store.close()
             self._store, self._own_store = None, False

@@ -6,16 +6,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from tabletstore.coordination import paths
-from tabletstore.coordination.base import Coordinator
+from tabletstore.coordination.base import Coordinator, Lease
+from tabletstore.coordination.election import Election
 from tabletstore.errors import (
     Fenced,
     TabletStoreError,
 )
-from tabletstore.master.gc import DEFAULT_INTERVAL, GarbageCollector
-from tabletstore.master.gc_plan import DEFAULT_GRACE
+from tabletstore.master.gc import GarbageCollector
 from tabletstore.master.master import Master, MasterService
 from tabletstore.metadata.catalog import ClusterSettings
 from tabletstore.ops.metrics import MasterMetrics
@@ -30,29 +30,54 @@ __all__ = ["run_master"]
 log = logging.getLogger(__name__)
 
 
+async def _campaign(election: Election, value: bytes, lease: Lease, stop: asyncio.Event) -> bool:
+    """Campaign for the master lock until elected (True) or until ``stop`` is set (False: the
+    campaign is given up). A campaign's error is raised as itself."""
+    failed: list[TabletStoreError] = []
+    elected = False
+
+    async def campaign() -> None:
+        nonlocal elected
+        try:
+            await election.campaign(value, lease)
+        except TabletStoreError as exc:
+            failed.append(exc)  # raised below, outside the TaskGroup (not as a group)
+        else:
+            elected = True
+
+    async with asyncio.TaskGroup() as tasks:
+        either = [tasks.create_task(campaign()), tasks.create_task(stop.wait())]
+        done, _ = await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        for task in either:
+            task.cancel()
+    if either[0] not in done:
+        return False  # stopped first: whatever the cancelled campaign raised is moot
+    if failed:
+        raise failed[0]
+    return elected
+
+
 async def run_master(
     coordinator: Coordinator,
+    options: MasterOptions | None = None,
     *,
     host: str = "127.0.0.1",
     port: int = 0,
     store_url: str | None = None,
-    lease_ttl: float = 5.0,
-    interval: float = 1.0,
-    gc_interval: float = DEFAULT_INTERVAL,  # seconds between garbage collections (garbage.py)
-    gc_grace: float = DEFAULT_GRACE,  # never delete a younger object (gc.py: rule 1)
     stop: asyncio.Event | None = None,
     ready: Callable[[str], None] | None = None,
     metrics_port: int | None = None,
     metrics_ready: Callable[[str], None] | None = None,
-    options: MasterOptions | None = None,
 ) -> None:
     """The master process (§5.2): serve admin RPCs, campaign for the master lock, and while
-    leading keep every tablet assigned, balance load and merge small neighbours (``options``:
-    see :mod:`tabletstore.master.balancer`). Returns when ``stop`` is set; raises ``Fenced`` when
+    leading keep every tablet assigned, balance load and merge small neighbours, collect
+    garbage (``options``: its lease, rounds and thresholds; default :class:`MasterOptions`).
+    Returns when ``stop`` is set; raises ``Fenced`` when
     the lease is lost (the process should exit: a standby takes over). With ``metrics_port``
     (0: a free one) it also serves ``/metrics`` and ``/status`` over HTTP
     (tabletstore.ops.status_http) and passes their base URL to ``metrics_ready``."""
     register_all()
+    options = options or MasterOptions()
     stop = stop or asyncio.Event()
     if store_url is not None:
         await ClusterSettings(store_url).save(coordinator)
@@ -67,7 +92,7 @@ async def run_master(
     server = RpcServer(metrics.instrument(service.handlers()), host=host, port=port)
     await server.start()
     metrics.process_id = server.address
-    lease = await coordinator.grant_lease(lease_ttl)
+    lease = await coordinator.grant_lease(options.lease.ttl, safety_margin=options.lease.margin)
     metrics.watch_lease(lambda: lease)
     election = coordinator.election(paths.MASTER_ELECTION)
     # Collects while leading; opens the store at its first run (errors are logged, not fatal).
@@ -76,8 +101,8 @@ async def run_master(
         master.catalog,
         coordinator,
         clock=master.clock,
-        interval=gc_interval,
-        grace=gc_grace,
+        interval=options.gc_interval,
+        grace=options.gc_grace,
         store_url=store_url,
         on_report=lambda r: metrics.gc_round(
             deleted_objects=r.deleted, deleted_bytes=r.deleted_bytes, listed_objects=r.listed
@@ -101,32 +126,11 @@ async def run_master(
         async with lease.keep_alive():
             if ready is not None:
                 ready(server.address)
-            campaign = asyncio.ensure_future(election.campaign(server.address.encode(), lease))
-            stopped = asyncio.ensure_future(stop.wait())
-            try:
-                await asyncio.wait({campaign, stopped}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                stopped.cancel()
-            if not campaign.done():
-                campaign.cancel()
-                with contextlib.suppress(asyncio.CancelledError, TabletStoreError):
-                    await campaign
+            if not await _campaign(election, server.address.encode(), lease, stop):
                 return
-            campaign.result()
             service.leading = True
             log.info("master %s is leading", server.address)
-            while not stop.is_set():
-                if lease.expired:
-                    raise Fenced("the master's lease expired; another master may lead now")
-                try:
-                    metrics.assignment_round(await master.assign())
-                except TabletStoreError as exc:
-                    metrics.assignment_failed(exc)
-                    log.warning("assignment round failed: %s", exc)
-                await collector.maybe_run()
-                await master.balancer.run_round()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), interval)
+            await _lead(master, collector, metrics, lease, stop, options.interval)
     finally:
         service.leading = False
         with contextlib.suppress(TabletStoreError):
@@ -139,3 +143,48 @@ async def run_master(
         await collector.close()
         with contextlib.suppress(TabletStoreError):
             await lease.revoke()
+
+
+async def _lead(
+    master: Master,
+    collector: GarbageCollector,
+    metrics: MasterMetrics,
+    lease: Lease,
+    stop: asyncio.Event,
+    interval: float,
+) -> None:
+    """The leading master's three loops, each at its own pace, so that neither a garbage
+    collection nor a balancing move (each may wait out a METADATA deadline while a worker is
+    dead) ever delays the assignment rounds that recover that worker's tablets (§5.2). Returns
+    when ``stop`` is set; raises Fenced when the lease is lost."""
+
+    async def assignment() -> None:
+        try:
+            metrics.assignment_round(await master.assign())
+        except TabletStoreError as exc:
+            metrics.assignment_failed(exc)
+            log.warning("assignment round failed: %s", exc)
+
+    async def balancing() -> None:
+        await master.balancer.run_round()
+
+    async def every(step: Callable[[], Awaitable[None]]) -> None:
+        while True:
+            await step()
+            await asyncio.sleep(interval)
+
+    async def collecting() -> None:
+        await collector.maybe_run()
+
+    async with asyncio.TaskGroup() as tasks:
+        loops = [
+            tasks.create_task(every(assignment)),
+            tasks.create_task(every(collecting)),
+            tasks.create_task(every(balancing)),
+        ]
+        ends = [tasks.create_task(stop.wait()), tasks.create_task(lease.wait_expired())]
+        await asyncio.wait(ends, return_when=asyncio.FIRST_COMPLETED)
+        for task in [*loops, *ends]:
+            task.cancel()
+    if lease.expired and not stop.is_set():
+        raise Fenced("the master's lease expired; another master may lead now")

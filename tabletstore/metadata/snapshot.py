@@ -40,6 +40,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from tabletstore.clock import wall_time
 from tabletstore.data.schema import TableSchema
 from tabletstore.errors import Corruption, InvalidArgument, NotFound
 from tabletstore.metadata.record import SSTableRef
@@ -71,7 +72,7 @@ def _unb64(s: str | None) -> bytes | None:
 
 def new_snapshot_id(now: float | None = None) -> str:
     """A fresh snapshot id: UTC time of the cut (so ids sort by time) and 48 random bits."""
-    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(time.time() if now is None else now))
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(wall_time() if now is None else now))
     return f"s{stamp}-{secrets.token_hex(6)}"
 
 

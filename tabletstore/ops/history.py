@@ -20,13 +20,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 
+from tabletstore.clock import wall_time
 from tabletstore.errors import InvalidArgument
 from tabletstore.ops.metrics import LATENCY_BUCKETS, PREFIX
 from tabletstore.ops.status_api import ChartPoint, Charts, ChartSeries, RequestTotals, WorkerStatus
@@ -219,7 +219,7 @@ class Sampler:
         *,
         interval: float = DEFAULT_INTERVAL,
         capacity: int = DEFAULT_CAPACITY,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = wall_time,
     ) -> None:
         if interval <= 0:
             raise InvalidArgument(f"a sampling interval is positive, got {interval}")

@@ -43,7 +43,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import time
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -53,6 +52,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from tabletstore.clock import monotonic, stopwatch, wall_time
 from tabletstore.commitlog.writer import CommitLogStats
 from tabletstore.coordination.base import Lease
 from tabletstore.engine.tablet import Tablet
@@ -139,7 +139,7 @@ class ProcessMetrics:
         self._process_id = ""
         self.process_id = process_id
         self._lease: Callable[[], Lease | None] = lambda: None
-        self._monotonic: Callable[[], float] = time.monotonic
+        self._monotonic: Callable[[], float] = monotonic
         Gauge(
             f"{PREFIX}_lease_remaining_seconds",
             "Seconds until this process's coordinator lease ends without a keep-alive",
@@ -158,7 +158,7 @@ class ProcessMetrics:
         self.info.labels(role=self.role, id=value).set(1)
 
     def watch_lease(
-        self, lease: Callable[[], Lease | None], *, monotonic: Callable[[], float] = time.monotonic
+        self, lease: Callable[[], Lease | None], *, monotonic: Callable[[], float] = monotonic
     ) -> None:
         """Report ``lease()``'s remaining time; ``monotonic`` must be the lease's clock."""
         self._lease = lease
@@ -185,7 +185,7 @@ class ProcessMetrics:
         requests = self.rpc_requests
 
         def done(started: float, outcome: str | None) -> None:
-            latency.observe(time.perf_counter() - started)
+            latency.observe(stopwatch() - started)
             if outcome is None:
                 ok.inc()
             else:
@@ -196,7 +196,7 @@ class ProcessMetrics:
             gen_fn = cast(Callable[[Any], AsyncGenerator[Any, None]], fn)
 
             async def stream(request: Any) -> AsyncIterator[Any]:
-                started = time.perf_counter()
+                started = stopwatch()
                 outcome: str | None = None
                 try:
                     async with contextlib.aclosing(gen_fn(request)) as items:
@@ -213,7 +213,7 @@ class ProcessMetrics:
         unary_fn: Callable[[Any], Any] = fn
 
         async def unary(request: Any) -> Any:
-            started = time.perf_counter()
+            started = stopwatch()
             outcome: str | None = None
             try:
                 return await unary_fn(request)
@@ -478,7 +478,7 @@ class MasterMetrics(ProcessMetrics):
     """The master's metrics: assignment rounds, leadership, and the garbage collector's hook
     (:meth:`gc_round`)."""
 
-    def __init__(self, address: str = "", *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, address: str = "", *, clock: Callable[[], float] = wall_time) -> None:
         super().__init__("master", address)
         self._time = clock
         self.last_round: AssignmentRound | None = None

@@ -14,12 +14,12 @@ dead process's link disappears with its lease.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 import aiohttp
 
+from tabletstore.clock import wall_time
 from tabletstore.coordination import paths
 from tabletstore.coordination.base import Coordinator, Lease
 from tabletstore.errors import InvalidArgument, TabletStoreError
@@ -365,7 +365,7 @@ async def cluster_view(
     events = [*_tablet_events(tables, durations=True), *_gc_events(metrics)]
     events.sort(key=lambda e: e.at, reverse=True)
     return ClusterView(
-        generated_at=time.time(),
+        generated_at=wall_time(),
         master=status,
         masters=await _masters(coordinator, address),
         workers=_worker_infos(status.live_workers, sampler),
@@ -390,7 +390,7 @@ async def worker_view(
         except TabletStoreError:
             masters = {}  # the coordinator is unreachable: the page shows the worker anyway
     return WorkerView(
-        generated_at=time.time(),
+        generated_at=wall_time(),
         status=status,
         tablet_requests_per_second=history.tablet_rates() if history is not None else {},
         master_pages=masters,

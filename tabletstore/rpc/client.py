@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator
 from types import TracebackType
 from typing import Any, Self
 
+from tabletstore.clock import stopwatch
 from tabletstore.errors import Closed, InvalidArgument, TabletStoreError, Unavailable, Unreachable
 from tabletstore.rpc import frames
 from tabletstore.rpc.codec import DEFAULT_CODEC, Codec, decode_error
@@ -325,7 +325,7 @@ class RpcClient:
         rid = conn.new_id()
         future: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
         conn.pending[rid] = future
-        start = time.perf_counter()
+        start = stopwatch()
         try:
             await conn.send(frames.encode_frame(Kind.PING, rid))
             async with asyncio.timeout(timeout):
@@ -336,7 +336,7 @@ class RpcClient:
         except BaseException:
             conn.pending.pop(rid, None)
             raise
-        return time.perf_counter() - start
+        return stopwatch() - start
 
 
 def _reply_error(frame: Frame, method: str, address: str) -> TabletStoreError:

@@ -10,11 +10,11 @@ create is atomic: of two concurrent creates of one key exactly one wins.
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator, Iterable
 
 from sortedcontainers import SortedDict
 
+from tabletstore.clock import wall_time
 from tabletstore.errors import Closed, PreconditionFailed
 from tabletstore.storage_s3.base import ObjectInfo, check_key, check_range, object_url
 
@@ -71,7 +71,7 @@ class MemoryObjectStore:
         check_key(self.url, key)
         if key in self._objects:
             raise PreconditionFailed(f"object {object_url(self.url, key)} already exists")
-        self._objects[key] = (bytes(data), time.time())
+        self._objects[key] = (bytes(data), wall_time())
 
     async def list(
         self, prefix: str, *, start_after: str | None = None

@@ -65,7 +65,7 @@ async def run_worker(
         store=store,
         coordinator=coordinator,
         transport=transport,
-        options=options or WorkerOptions(lease_ttl=5.0, lease_safety_margin=1.0),
+        options=options,
         tablet_options=tablet_options,
     )
     metrics.observe_server(tablet_server)
@@ -89,13 +89,12 @@ async def run_worker(
         lease = tablet_server.lease
         if http is not None:  # the master's page links here while this worker's lease lasts
             await publish_page(coordinator, "worker", wid, http.url, lease)
-        stopped = asyncio.ensure_future(stop.wait())
-        expired = asyncio.ensure_future(lease.wait_expired())
-        try:
-            await asyncio.wait({stopped, expired}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stopped.cancel()
-            expired.cancel()
+        async with asyncio.TaskGroup() as waits:
+            # Until told to stop or the lease is lost, whichever comes first.
+            either = [waits.create_task(stop.wait()), waits.create_task(lease.wait_expired())]
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+            for task in either:
+                task.cancel()
         fenced = lease.expired and not stop.is_set()
     finally:
         if http is not None:

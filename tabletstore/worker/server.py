@@ -179,6 +179,11 @@ class TabletServer:
                 max_workers=self._options.compaction_processes,
                 mp_context=multiprocessing.get_context("forkserver"),
             )
+        # The lease's keep-alive and the TaskGroup owning every background task (splits, the
+        # post-split major compactions, a log switch, the tablets' background compactions):
+        # entered by start(), exited by stop().
+        self._stack = contextlib.AsyncExitStack()
+        self._tasks: asyncio.TaskGroup | None = None
         # Splits (awaited by stop()) and post-split major compactions (cancelled by it).
         self._splits: set[asyncio.Task[None]] = set()
         #: Set by stop(): no new split starts (it would change the tablets being closed).
@@ -188,7 +193,6 @@ class TabletServer:
         #: Monotonic time before which a tablet born of a split does not split again.
         self._split_after: dict[tuple[str, str], float] = {}
         self._lease: Lease | None = None
-        self._keep_alive: object | None = None
         self._writer: CommitLogWriter | None = None
         self._log: WorkerLog | None = None
         # Held while the log moves to a new incarnation, and while a tablet is opened and
@@ -203,11 +207,12 @@ class TabletServer:
 
     async def start(self) -> None:
         """Take a lease, register in the servers directory, open a new log incarnation."""
-        self._lease = await self._coord.grant_lease(
-            self._options.lease_ttl, safety_margin=self._options.lease_safety_margin
-        )
-        self._keep_alive = self._lease.keep_alive()
-        await self._keep_alive.__aenter__()  # type: ignore[attr-defined]
+        lease = self._options.lease
+        self._lease = await self._coord.grant_lease(lease.ttl, safety_margin=lease.margin)
+        await self._stack.enter_async_context(self._lease.keep_alive())
+        # A background task that fails with anything but the errors it handles is a bug: the
+        # group cancels the task that started this server (run_worker's), and stop() raises it.
+        self._tasks = await self._stack.enter_async_context(asyncio.TaskGroup())
         await self._coord.put(
             paths.server(self.worker_id), self.address.encode(), lease=self._lease
         )
@@ -229,8 +234,9 @@ class TabletServer:
         self._catalog.retry_deadline = min(self._catalog.retry_deadline, _STOP_METADATA_WAIT)
         self._stopping = True
         if self._switching is not None:
-            with contextlib.suppress(Exception):
-                await self._switching
+            # Its failure (or cancellation by the group) is not stop's to raise: the TaskGroup
+            # reports a failure (stack.aclose below).
+            await asyncio.gather(self._switching, return_exceptions=True)
         for task in list(self._compactions):  # optional work: redone after the next load
             task.cancel()
         await asyncio.gather(*self._splits, *self._compactions, return_exceptions=True)
@@ -249,12 +255,15 @@ class TabletServer:
                 await self._writer.close()
         if self._executor is not None:
             self._executor.shutdown(wait=True, cancel_futures=True)
-        if self._keep_alive is not None:
-            await self._keep_alive.__aexit__(None, None, None)  # type: ignore[attr-defined]
-        if self._lease is not None:
-            # A lease that already ended cannot be revoked; that is the state we want anyway.
-            with contextlib.suppress(TabletStoreError):
-                await self._lease.revoke()
+        # Every task is done or cancelled by now (the tablets are closed); then the keep-alive.
+        try:
+            await self._stack.aclose()  # raises what a background task failed with, if any
+        finally:
+            self._tasks = None
+            if self._lease is not None:
+                # A lease that already ended cannot be revoked; that is the state we want.
+                with contextlib.suppress(TabletStoreError):
+                    await self._lease.revoke()
 
     @property
     def lease(self) -> Lease | None:
@@ -361,6 +370,7 @@ class TabletServer:
             block_cache=self._block_cache,
             executor=self._executor,
             scan_cache=self._scan_cache,
+            tasks=self._tasks,
         )
 
     # ------------------------------------------------------------------ a failed commit log
@@ -371,9 +381,12 @@ class TabletServer:
         rather than refuse every write for ever. Every tablet refuses writes at once."""
         if self._stopping or (self._switching is not None and not self._switching.done()):
             return
+        switching = self._spawn(None, self._switch_log())
+        if switching is None:
+            return  # not started, or stopping: stop() closes the tablets anyway
         for tablet in self._tablets.values():
             tablet.hold_writes()
-        self._switching = asyncio.ensure_future(self._switch_log())
+        self._switching = switching
 
     async def _switch_log(self) -> None:
         """Open the next incarnation and record it in every served tablet's record before the
@@ -468,11 +481,26 @@ class TabletServer:
 
     # ------------------------------------------------------------------ splits (§5.2)
 
-    @staticmethod
-    def _spawn(tasks: set[asyncio.Task[None]], coro: Coroutine[object, object, None]) -> None:
-        task = asyncio.ensure_future(coro)
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
+    def _spawn(
+        self, tasks: set[asyncio.Task[None]] | None, coro: Coroutine[object, object, None]
+    ) -> asyncio.Task[None] | None:
+        """Run ``coro`` in this server's TaskGroup (tracked in ``tasks`` while it runs); None,
+        with ``coro`` closed, when the server is not started or is stopping: background work
+        is optional then (stop() closes every tablet, flushing it)."""
+        if self._tasks is None or self._stopping:
+            coro.close()
+            return None
+        try:
+            task = self._tasks.create_task(coro)
+        except RuntimeError:
+            # The group is shutting down: a task of it failed, and its error is on its way to
+            # run_worker (the group cancelled it) and out of stop(). Nothing new starts.
+            coro.close()
+            return None
+        if tasks is not None:
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        return task
 
     def _compacted(self, tablet: Tablet) -> None:
         """After each compaction of a tablet: split it in the background if it has grown
@@ -489,8 +517,8 @@ class TabletServer:
             or not splitting.should_split(rec, self._tablet_options.split_bytes)
         ):
             return
-        self._splitting.add(key)
-        self._spawn(self._splits, self._split(key))
+        if self._spawn(self._splits, self._split(key)) is not None:
+            self._splitting.add(key)
 
     async def _split(self, key: tuple[str, str]) -> None:
         try:

@@ -38,6 +38,7 @@ from tabletstore import (
     TabletStoreError,
     ValueRegex,
 )
+from tabletstore.client.sync import SyncProxy
 from tests.integration.api_support import URL_KINDS, make_url
 
 # ---------------------------------------------------------------------------- introspection
@@ -163,7 +164,7 @@ def _normal(value: Any) -> Any:
         return [_normal(v) for v in value]
     if isinstance(value, tuple):
         return tuple(_normal(v) for v in value)
-    if isinstance(value, AsyncTable) or type(value).__name__ == "SyncProxy":
+    if isinstance(value, AsyncTable | SyncProxy):
         return ("table", value.name)
     if isinstance(value, tabletstore.TableSchema):
         return value.model_dump()

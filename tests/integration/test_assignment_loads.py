@@ -24,7 +24,7 @@ from tabletstore.coordination.memory import MemoryCoordinator
 from tabletstore.data.schema import ColumnFamily, TableSchema
 from tabletstore.errors import InvalidArgument, Unavailable
 from tabletstore.master.master import Master
-from tabletstore.options import MasterOptions, WorkerOptions
+from tabletstore.options import IN_PROCESS_LEASE, MasterOptions, WorkerOptions
 from tabletstore.rpc.inprocess import InProcessTransport
 from tabletstore.rpc.messages import LoadTabletRequest
 from tabletstore.storage_s3.memory import MemoryObjectStore
@@ -79,7 +79,7 @@ async def new_worker(
         store=store,
         coordinator=coord,
         transport=transport,
-        options=WorkerOptions(lease_ttl=60.0, lease_safety_margin=5.0),
+        options=WorkerOptions(lease=IN_PROCESS_LEASE),
     )
     await worker.start()
     transport.register(worker.address, worker)

@@ -24,7 +24,7 @@ from tabletstore.master.master import Master
 from tabletstore.metadata import rows as mt
 from tabletstore.metadata.catalog import Catalog
 from tabletstore.metadata.record import TabletRecord, metadata_row_key
-from tabletstore.options import WorkerOptions
+from tabletstore.options import IN_PROCESS_LEASE, WorkerOptions
 from tabletstore.rpc.inprocess import InProcessTransport
 from tabletstore.rpc.messages import LoadTabletRequest, UnloadTabletRequest
 from tabletstore.storage_s3.memory import MemoryObjectStore
@@ -74,7 +74,7 @@ async def _stack(coord: MemoryCoordinator, store: MemoryObjectStore) -> Stack:
             store=store,
             coordinator=coord,
             transport=transport,
-            options=WorkerOptions(lease_ttl=60.0, lease_safety_margin=5.0),
+            options=WorkerOptions(lease=IN_PROCESS_LEASE),
         )
         await w.start()
         transport.register(w.address, w)

@@ -37,7 +37,7 @@ from tabletstore.errors import TabletStoreError, Unavailable
 from tabletstore.master.master import Master
 from tabletstore.metadata.catalog import Catalog
 from tabletstore.metadata.record import TabletRecord
-from tabletstore.options import MasterOptions, TabletOptions, WorkerOptions
+from tabletstore.options import IN_PROCESS_LEASE, MasterOptions, TabletOptions, WorkerOptions
 from tabletstore.rpc.inprocess import InProcessTransport
 from tabletstore.storage_s3.memory import MemoryObjectStore
 from tabletstore.worker.server import TabletServer
@@ -182,7 +182,7 @@ async def run_while_splitting(
 
 
 async def test_a_table_written_past_the_split_size_splits(tmp_path: Path) -> None:
-    wopts = WorkerOptions(lease_ttl=60.0, lease_safety_margin=5.0, split_cooldown=0.2)
+    wopts = WorkerOptions(lease=IN_PROCESS_LEASE, split_cooldown=0.2)
     db = await Database.open(f"file://{tmp_path}", tablet_options=SPLIT, worker_options=wopts)
     try:
         table = await db.create_table("t", ["f"])
@@ -225,7 +225,7 @@ async def test_writes_reads_and_scans_go_on_while_a_table_splits(tmp_path: Path)
     a scanner run. A write refused because its tablet is splitting (NotServing for its entry
     of a MutateRows response) is sent again to the children; no error reaches the caller and
     every acknowledged write reads back, before and after a reopen."""
-    wopts = WorkerOptions(lease_ttl=60.0, lease_safety_margin=5.0, split_cooldown=0.05)
+    wopts = WorkerOptions(lease=IN_PROCESS_LEASE, split_cooldown=0.05)
     topts = TabletOptions(split_bytes=24 * 1024, memtable_flush_bytes=16 * 1024)
     db = await Database.open(f"file://{tmp_path}", tablet_options=topts, worker_options=wopts)
     try:
@@ -264,7 +264,7 @@ class InProcessCluster:
             store=self.store,
             coordinator=self.coordinator,
             transport=self.transport,
-            options=WorkerOptions(lease_ttl=60.0, lease_safety_margin=5.0),
+            options=WorkerOptions(lease=IN_PROCESS_LEASE),
             tablet_options=self.tablet_options,
         )
         await server.start()
@@ -350,7 +350,7 @@ async def test_two_small_adjacent_tablets_are_merged() -> None:
 
 
 async def test_compactions_run_in_a_process_pool() -> None:
-    wopts = WorkerOptions(lease_ttl=60.0, lease_safety_margin=5.0, compaction_processes=1)
+    wopts = WorkerOptions(lease=IN_PROCESS_LEASE, compaction_processes=1)
     db = await Database.open(f"memory://pool-{uuid.uuid4().hex}", worker_options=wopts)
     try:
         assert db.worker._executor is not None

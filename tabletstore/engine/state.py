@@ -1,0 +1,168 @@
+"""A tablet's in-memory state and the pure functions that move it through compactions (§5.4).
+
+:class:`TabletState` is an immutable snapshot swapped whole (STYLE.md convention 5): the
+tablet's record, the memtable taking writes, the frozen memtables being written out, and the
+opened SSTables per locality group. A compaction is three steps: the tablet freezes what it
+will write (:func:`freeze`), does its I/O with no lock held (reading, merging and uploading
+SSTables), then, under its state lock, applies the outcome to the state *of that moment* --
+which may have moved on meanwhile (new writes in a new memtable, a new log listed by the
+worker) -- with :func:`apply_minor`, :func:`apply_merge` or :func:`apply_major`. These take
+plain values and return the next state (its record the one to commit), so what a compaction
+does to the tablet is tested without I/O (mini-lsm's ``apply_compaction_result``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+
+from tabletstore.engine.memtable import MemTable
+from tabletstore.metadata.record import LogRef, SSTableRef, TabletRecord
+from tabletstore.sstable import SSTable
+
+__all__ = [
+    "MajorResult",
+    "MergeResult",
+    "MinorResult",
+    "TabletState",
+    "apply_major",
+    "apply_merge",
+    "apply_minor",
+    "freeze",
+    "redo_point",
+]
+
+#: A new SSTable: its record entry and the opened table.
+Written = tuple[SSTableRef, SSTable]
+
+
+@dataclass(frozen=True, slots=True)
+class TabletState:
+    """Everything a read needs, swapped whole."""
+
+    record: TabletRecord
+    memtable: MemTable
+    #: Frozen memtables being written out, newest first.
+    frozen: tuple[MemTable, ...]
+    #: Opened SSTables per locality group, newest first (parallel to ``record.sstables``).
+    sstables: Mapping[str, tuple[SSTable, ...]]
+
+
+def freeze(state: TabletState) -> TabletState:
+    """The memtable joins the frozen ones (newest first) and a fresh one takes writes; the
+    state is unchanged when the memtable is empty. A minor compaction writes out every
+    frozen memtable, those a failed earlier attempt left too."""
+    if not len(state.memtable):
+        return state
+    return replace(state, memtable=MemTable(), frozen=(state.memtable, *state.frozen))
+
+
+def redo_point(flushed: Iterable[MemTable], in_flight: Iterable[int]) -> int:
+    """The redo point once ``flushed`` is in SSTables: their largest sequence number, or,
+    when writes with the sequence numbers ``in_flight`` (the first of each) are logged but not
+    yet in a memtable, just below the smallest of those (they may land in the next memtable,
+    and replay must not skip them)."""
+    redo = max((m.max_seq or 0 for m in flushed), default=0)
+    pending = min(in_flight, default=None)
+    return redo if pending is None else min(redo, pending - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class MinorResult:
+    """What a minor compaction wrote: ``flushed`` (the frozen memtables, newest first) as at
+    most one new SSTable per locality group in ``written``."""
+
+    flushed: tuple[MemTable, ...]
+    written: Mapping[str, Written]
+    #: :func:`redo_point` at freeze time.
+    redo_seq: int
+    #: The worker's log when the memtable froze: writes after the freeze went there (or to
+    #: a log the worker moved to later), so it stays listed.
+    log_at_freeze: LogRef
+    #: The record's logs at freeze time: every write in them is in ``flushed`` or older.
+    listed_at_freeze: tuple[LogRef, ...]
+
+    @property
+    def cells(self) -> int:
+        return sum(len(m) for m in self.flushed)
+
+
+def apply_minor(state: TabletState, result: MinorResult, *, now: float) -> TabletState:
+    """The state after a minor compaction (§5.4): each new SSTable goes in front of its group,
+    the flushed memtables leave ``frozen`` (a memtable frozen since stays), the redo point
+    moves forward, and the record lists the log at freeze plus every log added after the
+    freeze -- each of those may hold writes past the redo point; the logs listed before the
+    freeze hold none. The returned record is the one to commit."""
+    record = state.record
+    sstables = dict(record.sstables)
+    opened = dict(state.sstables)
+    for group, (ref, table) in result.written.items():
+        sstables[group] = (ref, *sstables.get(group, ()))
+        opened[group] = (table, *opened.get(group, ()))
+    added = (r for r in record.logs if r not in result.listed_at_freeze)
+    new_record = replace(
+        record,
+        sstables=sstables,
+        redo_seq=max(record.redo_seq, result.redo_seq),
+        logs=tuple(dict.fromkeys((result.log_at_freeze, *added))),
+    ).with_event(now, "minor_compaction", f"{result.cells} cells")
+    frozen = tuple(m for m in state.frozen if all(m is not f for f in result.flushed))
+    return replace(state, record=new_record, frozen=frozen, sstables=opened)
+
+
+@dataclass(frozen=True, slots=True)
+class MergeResult:
+    """What a merging (or, with ``major``, a group's major) compaction wrote: the SSTables
+    ``inputs`` of ``group`` rewritten as ``output`` (None: nothing was left of them)."""
+
+    group: str
+    inputs: tuple[str, ...]
+    output: Written | None
+    major: bool = False
+
+
+def apply_merge(state: TabletState, result: MergeResult, *, now: float) -> TabletState:
+    """The state after a merging compaction (§5.4): the merged SSTable takes the place of its
+    newest input, so everything newer than the inputs (a minor compaction's output since)
+    stays in front of it and everything older behind it.
+
+    REQUIRES: every input is still in the group (the tablet's compaction lock held since the
+    inputs were chosen)."""
+    record = state.record
+    group = result.group
+    pairs = list(zip(record.sstables.get(group, ()), state.sstables.get(group, ()), strict=True))
+    at = next(i for i, (ref, _) in enumerate(pairs) if ref.key in result.inputs)
+    kept = [(ref, t) for ref, t in pairs if ref.key not in result.inputs]
+    new = [result.output] if result.output is not None else []
+    pairs = kept[:at] + new + kept[at:]
+    sstables = {**record.sstables, group: tuple(ref for ref, _ in pairs)}
+    opened = {**state.sstables, group: tuple(t for _, t in pairs)}
+    kind = "major_compaction" if result.major else "merging_compaction"
+    detail = f"{group}: {len(result.inputs)} -> {len(new)}"
+    new_record = replace(record, sstables=sstables).with_event(now, kind, detail)
+    return replace(state, record=new_record, sstables=opened)
+
+
+@dataclass(frozen=True, slots=True)
+class MajorResult:
+    """What a major compaction of the whole tablet wrote: ``inputs`` SSTables rewritten as
+    one per locality group in ``outputs``."""
+
+    inputs: int
+    outputs: Mapping[str, Written]
+
+
+def apply_major(state: TabletState, result: MajorResult, *, now: float) -> TabletState:
+    """The state after a major compaction (§5.4): the new SSTables replace every SSTable of
+    the tablet.
+
+    REQUIRES: no SSTable was added since the inputs were read (the compaction lock held)."""
+    sstables: dict[str, tuple[SSTableRef, ...]] = {
+        group: (ref,) for group, (ref, _) in result.outputs.items()
+    }
+    opened = {group: (table,) for group, (_, table) in result.outputs.items()}
+    detail = f"{result.inputs} -> {len(sstables)}"
+    new_record = replace(state.record, sstables=sstables).with_event(
+        now, "major_compaction", detail
+    )
+    return replace(state, record=new_record, sstables=opened)
