@@ -41,6 +41,7 @@ from tabletstore.errors import (
     NotServing,
     TabletStoreError,
     Unavailable,
+    Unreachable,
 )
 from tabletstore.master import assignment, snapshots
 from tabletstore.master.balancer import Balancer
@@ -133,6 +134,9 @@ class Master:
         #: Loads sent, by tablet (table id, tablet id); finished ones are dropped at the start
         #: of the next round, after which the claims read then show their outcome.
         self._loads: dict[tuple[str, str], _Load] = {}
+        #: Worker id -> monotonic time until which no load goes to it (a load could not even
+        #: connect to it: it is dead, and its servers entry lingers until its lease runs out).
+        self._unreachable: dict[str, float] = {}
         #: True after an assignment round that found every tablet served by a live worker
         #: and no load in flight: balancing and merging move tablets only then (moving while
         #: a dead worker's tablets are recovered only adds failovers to a failover).
@@ -189,6 +193,10 @@ class Master:
         await self._start()
         self.settled = False
         workers = await self.live_workers()
+        now = self._clock.monotonic()
+        self._unreachable = {w: t for w, t in self._unreachable.items() if t > now}
+        if len(self._unreachable) < len(workers):  # never exclude every worker
+            workers = {w: a for w, a in workers.items() if w not in self._unreachable}
         # A load to a worker that left the servers directory will never serve: give it up now
         # (the worker, if it is only paused, is told to cancel it) so the tablet is reassigned.
         self._reap_loads(set(workers))
@@ -218,7 +226,8 @@ class Master:
             log.info("assignment round stopped early: %s", exc)
             self.settled = False
             return done
-        self.settled = not self._loads and all(t.worker in workers for t in known.values())
+        in_flight = any(not load.task.done() for load in self._loads.values())
+        self.settled = not in_flight and all(t.worker in workers for t in known.values())
         return done
 
     async def _assign_level(
@@ -295,6 +304,7 @@ class Master:
         if slots is None:
             slots = self._load_slots[worker] = asyncio.Semaphore(self._options.max_loads_per_worker)
         async with slots:
+            started = self._clock.monotonic()
             try:
                 async with asyncio.timeout(self._options.load_timeout):
                     await self._transport.call(address, "load_tablet", LoadTabletRequest(*key))
@@ -306,6 +316,12 @@ class Master:
                     self._options.load_timeout,
                 )
                 return False
+            except Unreachable as exc:
+                # Dead or partitioned, though still in the servers directory until its lease
+                # runs out: give the next rounds' loads to the other workers meanwhile.
+                self._unreachable[worker] = self._clock.monotonic() + self._options.lease.ttl
+                log.warning("assigning %s to %s failed: %s", key[1], worker, exc)
+                return False
             except TabletStoreError as exc:
                 log.warning("assigning %s to %s failed: %s", key[1], worker, exc)
                 return False
@@ -314,6 +330,7 @@ class Master:
                 # assigns it again, as after any failed load; the other loads go on.
                 log.exception("loading %s on %s raised", key[1], worker)
                 return False
+        log.info("loaded %s on %s in %.2f s", key[1], worker, self._clock.monotonic() - started)
         return True
 
     def _reap_loads(self, live: set[str]) -> None:

@@ -346,9 +346,18 @@ class TabletServer:
             self._clock.time(), "assigned", self.worker_id
         )
         owned = await self._catalog.update(record, owned)
+        started = self._clock.monotonic()
         async with self._log_switch:
             tablet = await self._open_tablet(owned, schema)
             self._serve(tablet)
+        log.info(
+            "serving %s/%s: opened with %d commit log(s) to replay in %.2f s (%d cells in memory)",
+            req.table_id,
+            req.tablet_id,
+            len(owned.logs),
+            self._clock.monotonic() - started,
+            len(tablet.state.memtable),
+        )
 
     def _serve(self, tablet: Tablet) -> None:
         tablet.on_compacted = self._compacted
