@@ -447,18 +447,36 @@ class Master:
         await self._for_each_tablet(info, "compact_tablet", major=major)
 
     async def _for_each_tablet(self, info: TableInfo, method: str, **kw: bool) -> None:
-        claims = await self._claims()
-        workers = await self.live_workers()
-        for rec in await self._catalog.list_tablets(info.table_id):
-            holder = claims.get((rec.table_id, rec.tablet_id))
-            address = workers.get(holder) if holder is not None else None
-            if address is None:
-                continue
-            if method == "unload_tablet":
-                req: object = UnloadTabletRequest(rec.table_id, rec.tablet_id, **kw)
-            else:
-                req = CompactTabletRequest(rec.table_id, rec.tablet_id, **kw)
-            await self._transport.call(address, method, req)
+        """Call ``method`` on the worker of every tablet of the table. A tablet that splits or
+        moves meanwhile (NotServing) is looked up again, as a client's call would be, within
+        the catalog's retry deadline: its children or new owner get the call."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._catalog.retry_deadline
+        done: set[str] = set()
+        while True:
+            claims = await self._claims()
+            workers = await self.live_workers()
+            refused: list[NotServing] = []
+            for rec in await self._catalog.list_tablets(info.table_id):
+                holder = claims.get((rec.table_id, rec.tablet_id))
+                address = workers.get(holder) if holder is not None else None
+                if address is None or rec.tablet_id in done:
+                    continue
+                if method == "unload_tablet":
+                    req: object = UnloadTabletRequest(rec.table_id, rec.tablet_id, **kw)
+                else:
+                    req = CompactTabletRequest(rec.table_id, rec.tablet_id, **kw)
+                try:
+                    await self._transport.call(address, method, req)
+                except NotServing as exc:
+                    refused.append(exc)
+                    continue
+                done.add(rec.tablet_id)
+            if not refused:
+                return
+            if loop.time() >= deadline:
+                raise refused[0]
+            await asyncio.sleep(0.2)
 
     # ------------------------------------------------------------------ snapshots, bulk load
 

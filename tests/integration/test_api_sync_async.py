@@ -141,7 +141,9 @@ SCRIPT: list[Step] = [
         (b"c", [IncrementValue("n", b"k", 3), AppendValue("n", b"s", b"x")]),
         {},
     ),
-    ("t", "read_modify_write_row", (b"c", [IncrementValue("n", b"k", -1)]), {}),
+    # Another row: two increments of one column within one millisecond share a timestamp
+    # (whole milliseconds, as the service stamps them) and leave one version, else two.
+    ("t", "read_modify_write_row", (b"d", [IncrementValue("n", b"k", -1)]), {}),
     ("db", "flush", ("t",), {}),
     ("db", "compact", ("t",), {}),
     ("t", "read_rows", (), {}),
