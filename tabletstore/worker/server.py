@@ -34,7 +34,7 @@ from typing import Any
 from tabletstore.batch.bulkload import cells_for_tablet
 from tabletstore.client.location import LocationCache
 from tabletstore.clock import Clock, SystemClock
-from tabletstore.commitlog import CommitLogStats, CommitLogWriter, fence, replay_cells
+from tabletstore.commitlog import CommitLogStats, CommitLogWriter
 from tabletstore.coordination import paths
 from tabletstore.coordination.base import (
     Coordinator,
@@ -98,6 +98,7 @@ from tabletstore.storage_s3.base import ObjectStore
 __all__ = ["TabletServer", "next_incarnation"]
 
 from tabletstore.worker.log import WorkerLog
+from tabletstore.worker.recovery import SharedLogReads, tablet_cells
 
 log = logging.getLogger(__name__)
 
@@ -199,6 +200,8 @@ class TabletServer:
         # starts serving (so every served tablet's record lists the log it writes to).
         self._log_switch = asyncio.Lock()
         self._switching: asyncio.Task[None] | None = None
+        #: Dead logs read once for all the tablets this worker recovers from them.
+        self._dead_logs = SharedLogReads(store, self._clock)
         #: Snapshot cuts held here, by snapshot id, until snapshot_write (or until dropped
         #: by a timer: a master that died mid-snapshot must not pin memtables for ever).
         self._snapshot_cuts: dict[str, list[tuple[Tablet, SnapshotCut]]] = {}
@@ -462,16 +465,9 @@ class TabletServer:
             if ref == self._log.log_ref:
                 cells = self._log.replay_own(record)
             else:
-                await fence(self._store, ref.worker_id, ref.incarnation)
-                cells = replay_cells(
-                    self._store,
-                    ref.worker_id,
-                    ref.incarnation,
-                    record.table_id,
-                    record.start_row,
-                    record.end_row,
-                    record.redo_seq,
-                )
+                for cell in tablet_cells(await self._dead_logs.records(ref), record):
+                    yield cell
+                continue
             async for cell in cells:
                 yield cell
 
