@@ -508,6 +508,37 @@ class S3ObjectStore:
             raise Unavailable(f"cannot reach the S3 endpoint of {self.url}: {exc}") from exc
         await self.probe_conditional_create()
 
+    async def create_bucket_if_missing(self) -> bool:
+        """Create the URL's bucket unless it exists; True if this call created it.
+
+        For a development endpoint (MinIO, a local stack): production buckets come from
+        Terraform. PermissionDenied says so clearly when the credentials may not create it.
+        """
+        client = await self._get_client()
+        try:
+            async with self._translating("HeadBucket", None):
+                await client.head_bucket(Bucket=self._loc.bucket)
+            return False
+        except _ObjectMissing:
+            pass  # no such bucket: create it below
+        kwargs: dict[str, Any] = {"Bucket": self._loc.bucket}
+        region = self._loc.region or client.meta.region_name
+        if region and region != "us-east-1":
+            kwargs["CreateBucketConfiguration"] = {"LocationConstraint": region}
+        try:
+            async with self._translating("CreateBucket", None, mutation=True):
+                await client.create_bucket(**kwargs)
+        except PermissionDenied as exc:
+            raise PermissionDenied(
+                f"the bucket {self._loc.bucket!r} does not exist at {self.endpoint} and these "
+                f"credentials may not create it: create it yourself ({exc})"
+            ) from exc
+        except InvalidArgument as exc:
+            if "BucketAlreadyOwnedByYou" in str(exc):
+                return False  # created meanwhile by another of our own processes
+            raise
+        return True
+
     @property
     def endpoint(self) -> str:
         """The endpoint URL requests go to (AWS's own when the URL names none)."""
