@@ -47,13 +47,13 @@ locals {
   }
   roles = {
     master = {
-      command = ["master", "--url", local.cluster_url, "--store", var.store_url, "--port", tostring(var.master_port), "--metrics-port", tostring(var.metrics_port)]
+      command = ["master", "--store", var.store_url, "--port", tostring(var.master_port), "--metrics-port", tostring(var.metrics_port)]
       port    = var.master_port
       cpu     = var.master_cpu
       memory  = var.master_memory
     }
     worker = {
-      command = ["worker", "--url", local.cluster_url, "--port", tostring(var.worker_port), "--metrics-port", tostring(var.metrics_port)]
+      command = ["worker", "--port", tostring(var.worker_port), "--metrics-port", tostring(var.metrics_port)]
       port    = var.worker_port
       cpu     = var.worker_cpu
       memory  = var.worker_memory
@@ -162,7 +162,7 @@ resource "aws_ecs_task_definition" "role" {
       image        = var.image_uri
       essential    = true
       command      = each.value.command
-      environment  = [for k, v in var.environment : { name = k, value = v }]
+      environment  = [for k, v in merge(var.environment, { TABLETSTORE_URL = local.cluster_url }) : { name = k, value = v }]
       portMappings = [{ containerPort = each.value.port, protocol = "tcp" }, { containerPort = var.metrics_port, protocol = "tcp" }]
       healthCheck = {
         command     = ["/usr/local/bin/tabletstore-entrypoint", "health", tostring(each.value.port)]
