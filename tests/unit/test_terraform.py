@@ -345,3 +345,23 @@ def test_a_bucket_name_already_taken_fails_the_apply_naming_it(
             data_dir=tmp_path,
             timeout=300,
         )
+
+
+def test_functions_module_and_functions_package_agree() -> None:
+    """The Terraform functions and the handlers in functions/ name each other: a handler module
+    that exists is deployed, with a callable ``handler``; the module names the three of the
+    recovery issue (log sort, compaction, GC), whose code lands in functions/ beside them."""
+    import importlib
+
+    text = (TF / "modules" / "functions" / "main.tf").read_text()
+    deployed = dict(re.findall(r'(\w+) = \{\s+handler\s+= "(functions\.\w+\.handler)"', text))
+    assert deployed == HANDLERS
+    package = ROOT / "functions"
+    for path in sorted(package.glob("*.py")):
+        module = importlib.import_module(f"functions.{path.stem}")
+        if callable(getattr(module, "handler", None)):
+            assert f"functions.{path.stem}.handler" in deployed.values(), path
+    for handler in deployed.values():
+        module_name = handler.rsplit(".", 1)[0]
+        if (package / f"{module_name.split('.')[1]}.py").exists():
+            assert callable(getattr(importlib.import_module(module_name), "handler", None))
