@@ -81,10 +81,10 @@ class TestS3StoreStacked(ObjectStoreConformance):
         await store.close()
 
 
-def _s3rver_lacks(what: str) -> pytest.MarkDecorator:
-    """A test s3rver 3.7 fails for a documented reason (README "S3 implementations"). strict:
-    if a release fixes it, the test passes, the run fails, and the marker and README go."""
-    return pytest.mark.xfail(strict=True, reason=f"s3rver 3.7 {what}")
+def _s3rver_lacks(what: str, *, always: bool = True) -> pytest.MarkDecorator:
+    """A test s3rver 3.7 fails for a documented reason (README "S3 implementations"). Strict
+    when it always fails: if a release fixes it, the run fails and the marker and README go."""
+    return pytest.mark.xfail(strict=always, reason=f"s3rver 3.7 {what}")
 
 
 class TestS3rverStore(ObjectStoreConformance):
@@ -118,10 +118,18 @@ class TestS3rverStore(ObjectStoreConformance):
     async def test_key_that_is_also_a_prefix(self, store: ObjectStore) -> None:
         await super().test_key_that_is_also_a_prefix(store)
 
-    @_s3rver_lacks("answers DeleteObjects with InternalError once a delete empties a directory")
+    # Not every run: it depends on the order s3rver's file system calls interleave in.
+    @_s3rver_lacks(
+        "answers DeleteObjects with InternalError when a delete empties a directory (often)",
+        always=False,
+    )
     async def test_list_paginates(self, store: ObjectStore) -> None:
         await super().test_list_paginates(store)
 
-    @_s3rver_lacks("answers DeleteObjects with InternalError once a delete empties a directory")
+    # Not every run: it depends on the order s3rver's file system calls interleave in.
+    @_s3rver_lacks(
+        "answers DeleteObjects with InternalError when a delete empties a directory (often)",
+        always=False,
+    )
     async def test_delete_many(self, store: ObjectStore) -> None:
         await super().test_delete_many(store)
