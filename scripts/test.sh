@@ -20,6 +20,23 @@ if [ "${#PACKAGES[@]}" -gt 0 ]; then
   # The etcd package may start a system etcd on the default ports; the tests never use it.
 fi
 
+# Project-local tools from their registries (nothing global, nothing from other hosts):
+# s3rver (npm), the second S3 implementation the object-store conformance suite runs against;
+# checkov (PyPI) in its own virtualenv, because it pins boto3/botocore versions that would
+# clash with aioboto3's in the test environment.
+if [ ! -x .tools/npm/node_modules/.bin/s3rver ]; then
+  echo "== installing s3rver (npm) into .tools/npm"
+  npm install --silent --no-audit --no-fund --prefix .tools/npm s3rver@3.7.1 >/dev/null
+fi
+if [ ! -x .tools/checkov/bin/checkov ]; then
+  echo "== installing checkov (PyPI) into .tools/checkov"
+  python -m venv .tools/checkov
+  .tools/checkov/bin/pip install -q --disable-pip-version-check "checkov==3.2.533"
+fi
+# Terraform itself is part of the machine image (/usr/local/bin/terraform, 1.11) with the
+# hashicorp/aws provider in a local plugin directory; tests/unit/test_terraform.py finds both.
+command -v terraform >/dev/null || { echo "terraform is not on PATH" >&2; exit 1; }
+
 echo "== installing tabletstore with its test extras"
 python -m pip install -q --disable-pip-version-check -e ".[test]"
 

@@ -10,7 +10,11 @@ from tabletstore.storage_s3.memory import MemoryObjectStore
 
 pytest_plugins = [
     name
-    for name in ("tests.plugins.s3_server", "tests.plugins.etcd_server")
+    for name in (
+        "tests.plugins.s3_server",
+        "tests.plugins.s3rver_server",
+        "tests.plugins.etcd_server",
+    )
     if importlib.util.find_spec(name) is not None
 ]
 

@@ -3,7 +3,17 @@
 ``tabletstore local-stack up`` starts etcd (Debian's ``etcd-server``; it stands in for Chubby,
 §4) and moto's S3 server (standing in for GFS; or uses the user's MinIO/S3 given with
 ``--s3-url``, in which case no S3 process is started), each bound to 127.0.0.1 on a free port
-with its data and log under the stack directory. What it started is recorded in
+with its data and log under the stack directory. With ``--s3-url`` the ``tabletstore`` bucket
+is created if it is missing, and the endpoint is checked (credentials, create-only PUTs)
+before anything starts, so a bad endpoint is one clear error, never a wedged cluster.
+
+Persistence: moto's server keeps its objects in memory, so a default stack is ephemeral: on
+``down`` its etcd data goes too (METADATA in etcd naming objects that no longer exist would
+be a corrupt database). ``--persist`` keeps everything across ``down`` and ``up``: the
+objects go to a local directory (``file://<dir>/objects``, the store the embedded database
+uses, with the same keys and create-only semantics) instead of moto, and etcd restarts from
+its data directory on the ports recorded in ``<dir>/persist.json``. With ``--s3-url`` and
+``--persist`` the objects stay in the user's S3 and only etcd's data is kept. What it started is recorded in
 ``<dir>/stack.json`` as a list of process records (role, pid, argv, start time, URL, log).
 ``down`` stops only those records' processes, and only after checking that the pid still
 runs the recorded command (``/proc/<pid>/cmdline`` and the start time in ``/proc/<pid>/stat``,
@@ -16,6 +26,7 @@ fixtures that start real servers (``tests/plugins/etcd_server.py``).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -58,6 +69,8 @@ BUCKET = "tabletstore"
 #: moto accepts any credentials; these are what the printed environment suggests.
 MOTO_CREDENTIALS = ("testing", "testing")
 HEALTH_DEADLINE = 30.0
+PERSIST_FILE = "persist.json"
+OBJECTS_DIR = "objects"
 STOP_DEADLINE = 10.0
 
 
@@ -89,6 +102,10 @@ class Stack:
     processes: tuple[ProcessRecord, ...] = field(default=())
     #: The cluster's URL (``etcd://host:port/cluster``) when a master and workers were started.
     cluster_url: str | None = None
+    #: Kept across down/up (``--persist``): etcd's data and the objects.
+    persist: bool = False
+    #: The object store URL the cluster uses (or would use).
+    store_url: str | None = None
 
     @property
     def status_page(self) -> str | None:
@@ -333,6 +350,51 @@ def load(directory: Path) -> Stack:
         raise InvalidArgument(f"{path} is not a stack file: {exc}") from exc
 
 
+def _prepare_s3(endpoint: str) -> str:
+    """The store URL of the ``tabletstore`` bucket at the user's ``endpoint``, the bucket
+    created if missing and the store checked (credentials, create-only PUTs); one error
+    naming the endpoint otherwise, within HEALTH_DEADLINE."""
+    from tabletstore.storage_s3.s3 import S3ObjectStore
+
+    url = f"s3://{BUCKET}/data?endpoint_url={endpoint}"
+
+    async def prepare() -> None:
+        store = S3ObjectStore(url)
+        try:
+            async with asyncio.timeout(HEALTH_DEADLINE):
+                await store.create_bucket_if_missing()
+                await store.check()
+        except TimeoutError:
+            raise Unavailable(
+                f"the S3 endpoint {endpoint} did not answer within {HEALTH_DEADLINE:g}s"
+            ) from None
+        finally:
+            await store.close()
+
+    asyncio.run(prepare())
+    return url
+
+
+def _etcd_ports(directory: Path, persist: bool) -> tuple[int, int] | None:
+    """The (client, peer) ports of a persistent stack's etcd, recorded at its first ``up``;
+    None for an ephemeral stack, whose stale etcd data (a crashed earlier run) is removed."""
+    record = directory / PERSIST_FILE
+    if not persist:
+        if record.exists():
+            raise InvalidArgument(
+                f"{directory} holds a persistent stack ({PERSIST_FILE}): use --persist, or "
+                "another --dir for an ephemeral one"
+            )
+        shutil.rmtree(directory / "etcd", ignore_errors=True)
+        return None
+    if record.exists() and (directory / "etcd").exists():
+        ports = json.loads(record.read_text())
+        return int(ports["client"]), int(ports["peer"])
+    ports_new = (free_port(), free_port())
+    record.write_text(json.dumps({"client": ports_new[0], "peer": ports_new[1]}))
+    return ports_new
+
+
 def up(
     directory: Path,
     *,
@@ -340,13 +402,15 @@ def up(
     workers: int = 0,
     store_url: str | None = None,
     worker_args: Sequence[str] = (),
+    persist: bool = False,
 ) -> Stack:
     """Start etcd (and moto unless ``s3_url`` or ``store_url``), and with ``workers`` > 0 a
     master and that many tablet-server workers; record them all, return the stack.
 
     ``store_url`` (e.g. ``file:///dir``) is the cluster's object store instead of the S3
     endpoint's bucket; no S3 server is started then. ``worker_args`` go to every worker
-    (:func:`start_worker`'s ``extra_args``, e.g. ``--metrics-port 0``)."""
+    (:func:`start_worker`'s ``extra_args``, e.g. ``--metrics-port 0``). ``persist`` keeps
+    etcd's data and the objects across ``down`` and ``up`` (module docstring)."""
     if workers < 0:
         raise InvalidArgument(f"--workers must be >= 0, got {workers}")
     directory = directory.resolve()
@@ -357,19 +421,24 @@ def up(
     if s3_url is not None and not s3_url.startswith(("http://", "https://")):
         raise InvalidArgument(f"--s3-url must be an http(s) endpoint URL, got {s3_url!r}")
     directory.mkdir(parents=True, exist_ok=True)
+    if s3_url is not None:
+        store_url = store_url or _prepare_s3(s3_url)
+    elif persist and store_url is None:
+        store_url = (directory / OBJECTS_DIR).as_uri()
+    ports = _etcd_ports(directory, persist)
     records: list[ProcessRecord] = []
     try:
-        etcd, _ = start_etcd(directory / "etcd", log=directory / "etcd.log")
+        etcd, _ = start_etcd(directory / "etcd", log=directory / "etcd.log", ports=ports)
         records.append(etcd)
         s3_managed = s3_url is None and store_url is None
         if s3_managed:
             records.append(start_moto(directory / "s3.log"))
         endpoint = s3_url or (records[-1].url if s3_managed else "")
+        store = store_url or f"s3://{BUCKET}/data?endpoint_url={endpoint}"
         cluster_url = None
         if workers:
             host_port = etcd.url.split("://", 1)[1].split("/", 1)[0]
             cluster_url = f"etcd://{host_port}/cluster"
-            store = store_url or f"s3://{BUCKET}/data?endpoint_url={endpoint}"
             env = _s3_env(s3_managed=s3_managed)
             # Every cluster process serves its status page and /metrics: the master's page
             # reads the workers' pages for their tablets' load and the charts.
@@ -398,6 +467,8 @@ def up(
         s3_managed=s3_managed,
         processes=tuple(records),
         cluster_url=cluster_url,
+        persist=persist,
+        store_url=store,
     )
     _stack_file(directory).write_text(stack.to_json())
     return stack
@@ -411,11 +482,14 @@ def status(directory: Path) -> list[tuple[ProcessRecord, bool]]:
 def down(directory: Path) -> list[ProcessRecord]:
     """Stop every recorded process that is still ours; return those that were running.
 
-    stack.json is removed once all of them have exited; data directories are kept.
+    stack.json is removed once all of them have exited. A persistent stack keeps its data; an
+    ephemeral one drops etcd's, whose METADATA would name objects moto no longer holds.
     """
     directory = directory.resolve()
     stack = load(directory)
     stopped = [record for record in reversed(stack.processes) if stop(record)]
+    if not stack.persist:
+        shutil.rmtree(directory / "etcd", ignore_errors=True)
     _stack_file(directory).unlink()
     return stopped
 
@@ -427,6 +501,8 @@ def environment(stack: Stack) -> dict[str, str]:
         "TABLETSTORE_S3_ENDPOINT": stack.s3_endpoint,
         "TABLETSTORE_BUCKET": stack.bucket,
     }
+    if stack.store_url is not None:
+        env["TABLETSTORE_STORE_URL"] = stack.store_url
     if stack.cluster_url is not None:
         env["TABLETSTORE_URL"] = stack.cluster_url
     env.update(_s3_env(s3_managed=stack.s3_managed))

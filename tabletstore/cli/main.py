@@ -26,7 +26,7 @@ it (closing minor-compacts, so the next open is quick)::
     tabletstore export T FILE.csv|- [prefix=P] [start=R] [end=R] [encoding=text|base64]
     tabletstore flush T | compact T                    minor / major compaction (§5.4)
     tabletstore gc [--grace S] [--dry-run]             delete unreferenced objects (§5.2)
-    tabletstore [--url URL] local-stack up [--dir DIR] [--s3-url URL] [--workers N]
+    tabletstore [--url URL] local-stack up [--dir DIR] [--s3-url URL] [--workers N] [--persist]
     tabletstore [--url URL] local-stack status [--dir DIR]
     tabletstore [--url URL] local-stack down [--dir DIR]
     tabletstore --url etcd://H:P/NS master [--store URL] [--port P] [--lease-ttl S] [--split-bytes N]
@@ -709,7 +709,8 @@ def local_stack() -> None:
 @click.option(
     "--s3-url",
     default=None,
-    help="Use this S3/MinIO endpoint instead of starting moto's server.",
+    help="Use this S3/MinIO endpoint instead of starting moto's server (the 'tabletstore' "
+    "bucket is created there if missing; credentials from the AWS environment).",
 )
 @click.option(
     "--workers",
@@ -724,16 +725,27 @@ def local_stack() -> None:
     help="Print a Prometheus scrape configuration for every process (also written to "
     "DIR/prometheus.yml); the Grafana dashboard is tabletstore/ops/grafana/tabletstore.json.",
 )
-def local_stack_up(directory: Path, s3_url: str | None, workers: int, metrics: bool) -> None:
+@click.option(
+    "--persist",
+    is_flag=True,
+    help="Keep the data across down and up: objects in DIR/objects (instead of moto, which "
+    "keeps them in memory) and etcd's data directory.",
+)
+def local_stack_up(
+    directory: Path, s3_url: str | None, workers: int, metrics: bool, persist: bool
+) -> None:
     """Start the stack and print the URLs to use (with --workers, the status page's too)."""
     try:
-        stack = localstack.up(directory, s3_url=s3_url, workers=workers)
+        stack = localstack.up(directory, s3_url=s3_url, workers=workers, persist=persist)
     except TabletStoreError as exc:
         raise Failure(str(exc)) from exc
     click.echo(f"local stack is up in {stack.dir}")
     click.echo(f"  etcd URL:     {stack.etcd_url}")
-    click.echo(f"  S3 endpoint:  {stack.s3_endpoint}")
-    click.echo(f"  bucket:       {stack.bucket}" + ("" if stack.s3_managed else " (must exist)"))
+    if stack.s3_endpoint:
+        click.echo(f"  S3 endpoint:  {stack.s3_endpoint}")
+    click.echo(
+        f"  store URL:    {stack.store_url}" + (" (kept across down/up)" if stack.persist else "")
+    )
     if stack.cluster_url is not None:
         click.echo(f"  cluster URL:  {stack.cluster_url}")
         click.echo(f"  use it:       tabletstore --url {stack.cluster_url} ls")

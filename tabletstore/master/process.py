@@ -24,6 +24,7 @@ from tabletstore.ops.views import publish_page
 from tabletstore.options import MasterOptions
 from tabletstore.rpc.tcp import RpcServer, TcpTransport
 from tabletstore.rpc.wire import register_all
+from tabletstore.storage_s3 import check_store, open_store
 
 __all__ = ["run_master"]
 
@@ -80,6 +81,7 @@ async def run_master(
     options = options or MasterOptions()
     stop = stop or asyncio.Event()
     if store_url is not None:
+        await _check_store(store_url)
         await ClusterSettings(store_url).save(coordinator)
     # Loads are bounded by MasterOptions.load_timeout instead (a replay may take minutes).
     transport = TcpTransport(timeout=60.0, method_timeouts={"load_tablet": None})
@@ -188,3 +190,11 @@ async def _lead(
             task.cancel()
     if lease.expired and not stop.is_set():
         raise Fenced("the master's lease expired; another master may lead now")
+async def _check_store(url: str) -> None:
+    """Refuse a store the cluster cannot use before recording it for every worker: a missing
+    bucket, bad credentials or a server that ignores create-only PUTs, one error naming it."""
+    store = open_store(url)
+    try:
+        await check_store(store)
+    finally:
+        await store.close()

@@ -19,6 +19,7 @@ processes that never talk to S3.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 from urllib.parse import urlsplit
 
@@ -43,6 +44,7 @@ __all__ = [
     "OpStats",
     "RetryingObjectStore",
     "StoreStats",
+    "check_store",
     "find_layer",
     "object_url",
     "open_store",
@@ -95,6 +97,14 @@ def open_store(
     if retry:
         store = RetryingObjectStore(store, clock=clock)
     return store
+
+
+async def check_store(store: ObjectStore) -> None:
+    """Run ``store.check()`` (every store and wrapper here has one; the ObjectStore protocol
+    does not require it): fail fast, naming the URL, on a store that cannot work."""
+    check: Callable[[], Awaitable[None]] | None = getattr(store, "check", None)
+    if check is not None:
+        await check()
 
 
 def find_layer(store: object, kind: type[S]) -> S | None:

@@ -8,6 +8,7 @@ the store URL), so they never include that prefix::
     logs/<worker-id>/<incarnation:020d>/<sequence:020d>.log
     recovery/<worker-id>/<incarnation:020d>/<segment:020d>/<tablet-id>.run
     snapshots/<table-id>/<snapshot-id>.json
+    probes/conditional-create/<nonce>                  (deleted at once; see below)
 
 Numbers are zero-padded to 20 digits (enough for any unsigned 64-bit value), so listing a prefix
 returns log segments, incarnations and recovery runs in numeric order: recovery lists a dead
@@ -17,6 +18,11 @@ Identifier components (table, tablet, locality group, SSTable, worker, snapshot 
 validated by :func:`check_component`: non-empty, at most 200 characters, no ``/``, no control
 characters, not ``.`` or ``..``. Every builder has a parser that inverts it exactly; a key that
 does not match raises :class:`~tabletstore.errors.InvalidArgument` naming the key.
+
+``probes/`` holds the object an S3 store creates twice when it is opened, to check that the
+server honours create-only PUTs (``storage_s3/s3.py``); it is deleted right after, and a
+process that dies in between leaves one small object there that garbage collection keeps (it
+is no layout key) and the Terraform bucket's lifecycle rule expires after a day.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from tabletstore.errors import InvalidArgument
 
 __all__ = [
     "LOGS",
+    "PROBES",
     "RECOVERY",
     "SNAPSHOTS",
     "TABLES",
@@ -35,6 +42,7 @@ __all__ = [
     "SSTableKey",
     "SnapshotKey",
     "check_component",
+    "conditional_create_probe_key",
     "log_prefix",
     "log_segment_key",
     "parse_log_segment_key",
@@ -53,6 +61,7 @@ TABLES = "tables/"
 LOGS = "logs/"
 RECOVERY = "recovery/"
 SNAPSHOTS = "snapshots/"
+PROBES = "probes/"
 
 _SSTABLE_SUFFIX = ".parquet"
 _LOG_SUFFIX = ".log"
@@ -121,6 +130,11 @@ def _split(key: str, root: str, parts: int, suffix: str, kind: str) -> list[str]
     if len(components) != parts:
         raise InvalidArgument(f"object key {key!r} is not a {kind} key")
     return components
+
+
+def conditional_create_probe_key(nonce: str) -> str:
+    """``probes/conditional-create/<nonce>``: the S3 store's open-time fencing probe."""
+    return f"{PROBES}conditional-create/{check_component('probe nonce', nonce)}"
 
 
 # SSTables ------------------------------------------------------------------------------------

@@ -24,12 +24,19 @@ retries, and resolves ambiguous creates, above this store.
 
 Create-only PUTs use ``If-None-Match: *`` (S3 since 2024-08, MinIO, and moto's server all
 answer a collision with 412 PreconditionFailed; verified against moto 5.2 in the conformance
-suite).
+suite). Fencing rests on that answer (DESIGN.md §6: a deposed writer's commit-log segment or
+fence must not replace another's), and some S3 look-alikes ignore the header and overwrite
+(s3rver 3.7 does: README "S3 implementations"). So :meth:`S3ObjectStore.check`, which every
+process runs when it opens its store, also creates one probe object twice: a server that
+accepts the second PUT is refused with :class:`~tabletstore.errors.Unimplemented` naming the
+endpoint, instead of letting the cluster run unfenced.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import uuid
 from collections.abc import AsyncIterator, Iterable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
@@ -50,7 +57,9 @@ from tabletstore.errors import (
     PreconditionFailed,
     TabletStoreError,
     Unavailable,
+    Unimplemented,
 )
+from tabletstore.storage_s3 import layout
 from tabletstore.storage_s3.base import (
     S3_BATCH,
     ObjectInfo,
@@ -478,10 +487,12 @@ class S3ObjectStore:
     # Lifecycle ------------------------------------------------------------------------------
 
     async def check(self) -> None:
-        """Verify that the endpoint answers, the credentials work and the bucket exists.
+        """Verify that the endpoint answers, the credentials work, the bucket exists and the
+        server honours create-only PUTs (:meth:`probe_conditional_create`).
 
         Raises one error naming the URL: NotFound (no such bucket), PermissionDenied (bad or
-        missing credentials), Unavailable (endpoint unreachable).
+        missing credentials), Unavailable (endpoint unreachable), Unimplemented (the server
+        ignores ``If-None-Match: *``).
         """
         client = await self._get_client()
         try:
@@ -495,6 +506,72 @@ class S3ObjectStore:
             ) from exc
         except Unavailable as exc:
             raise Unavailable(f"cannot reach the S3 endpoint of {self.url}: {exc}") from exc
+        await self.probe_conditional_create()
+
+    async def create_bucket_if_missing(self) -> bool:
+        """Create the URL's bucket unless it exists; True if this call created it.
+
+        For a development endpoint (MinIO, a local stack): production buckets come from
+        Terraform. PermissionDenied says so clearly when the credentials may not create it.
+        """
+        client = await self._get_client()
+        try:
+            async with self._translating("HeadBucket", None):
+                await client.head_bucket(Bucket=self._loc.bucket)
+            return False
+        except _ObjectMissing:
+            pass  # no such bucket: create it below
+        kwargs: dict[str, Any] = {"Bucket": self._loc.bucket}
+        region = self._loc.region or client.meta.region_name
+        if region and region != "us-east-1":
+            kwargs["CreateBucketConfiguration"] = {"LocationConstraint": region}
+        try:
+            async with self._translating("CreateBucket", None, mutation=True):
+                await client.create_bucket(**kwargs)
+        except PermissionDenied as exc:
+            raise PermissionDenied(
+                f"the bucket {self._loc.bucket!r} does not exist at {self.endpoint} and these "
+                f"credentials may not create it: create it yourself ({exc})"
+            ) from exc
+        except InvalidArgument as exc:
+            if "BucketAlreadyOwnedByYou" in str(exc):
+                return False  # created meanwhile by another of our own processes
+            raise
+        return True
+
+    @property
+    def endpoint(self) -> str:
+        """The endpoint URL requests go to (AWS's own when the URL names none)."""
+        return self._loc.endpoint_url or "AWS S3 (the default endpoint)"
+
+    async def probe_conditional_create(self) -> None:
+        """Create one probe object twice with ``If-None-Match: *``; the second must fail.
+
+        Raises Unimplemented naming the endpoint if the server replaced the object instead
+        (fencing would be silently off). Credentials that may not create objects (a read-only
+        batch job) skip the probe: such a process never creates an object, so it never relies
+        on create-only PUTs.
+        """
+        key = layout.conditional_create_probe_key(uuid.uuid4().hex)
+        try:
+            await self.create(key, b"first")
+        except PermissionDenied:
+            return
+        try:
+            await self.create(key, b"second")
+        except PreconditionFailed:
+            return
+        finally:
+            # Swallowed: a probe object left behind is harmless (no layout key; the bucket's
+            # lifecycle rule expires probes/), and the probe's verdict is what matters here.
+            with contextlib.suppress(TabletStoreError):
+                await self.delete(key)
+        raise Unimplemented(
+            f"the S3 endpoint {self.endpoint} of {self.url} ignores If-None-Match: * (a second "
+            f"create-only PUT of {object_url(self.url, key)} replaced the object): tabletstore "
+            "fences deposed writers with create-only PUTs and refuses to run without them; use "
+            "AWS S3, MinIO or another server that answers 412 PreconditionFailed"
+        )
 
     async def close(self) -> None:
         """Close the client and its connection pool. Idempotent."""

@@ -24,7 +24,7 @@ from tabletstore.rpc.messages import (
 )
 from tabletstore.rpc.tcp import RpcServer, TcpTransport
 from tabletstore.rpc.wire import register_all
-from tabletstore.storage_s3 import open_store
+from tabletstore.storage_s3 import check_store, open_store
 from tabletstore.worker.server import TabletServer
 
 __all__ = ["run_worker"]
@@ -58,6 +58,13 @@ async def run_worker(
     wid = worker_id or f"w-{uuid.uuid4().hex[:10]}"
     metrics = WorkerMetrics(wid)  # observability: counted always, served with metrics_port
     store = open_store(url, registry=metrics.registry)
+    try:
+        # Fail fast with one error naming the URL (missing bucket, bad credentials, a server
+        # that ignores create-only PUTs) instead of serving tablets on a store that cannot work.
+        await check_store(store)
+    except BaseException:
+        await store.close()
+        raise
     transport = TcpTransport(timeout=60.0)  # to METADATA tablets on other workers
     tablet_server = TabletServer(
         wid,

@@ -17,6 +17,7 @@ from tabletstore.storage_s3.retrying import RetryingObjectStore
 from tabletstore.storage_s3.s3 import S3ObjectStore
 from tabletstore.testing.faulty_store import FaultyObjectStore
 from tabletstore.testing.store_conformance import ObjectStoreConformance
+from tests.plugins.s3rver_server import STORE_KEYS
 
 
 def stacked(inner: ObjectStore) -> ObjectStore:
@@ -78,3 +79,57 @@ class TestS3StoreStacked(ObjectStoreConformance):
         store = stacked(S3ObjectStore(s3_url))
         yield store
         await store.close()
+
+
+def _s3rver_lacks(what: str, *, always: bool = True) -> pytest.MarkDecorator:
+    """A test s3rver 3.7 fails for a documented reason (README "S3 implementations"). Strict
+    when it always fails: if a release fixes it, the run fails and the marker and README go."""
+    return pytest.mark.xfail(strict=always, reason=f"s3rver 3.7 {what}")
+
+
+class TestS3rverStore(ObjectStoreConformance):
+    """A second, independent S3 implementation (Node.js, from npm), run through the whole
+    suite so what it lacks is written down by tests rather than guessed. The open-time probe
+    refuses it for tabletstore use (tests/unit/test_storage_s3.py)."""
+
+    @pytest.fixture
+    async def store(self, s3rver_url: str) -> AsyncIterator[ObjectStore]:
+        store = S3ObjectStore(s3rver_url, **STORE_KEYS)
+        yield store
+        await store.close()
+
+    @_s3rver_lacks("ignores If-None-Match: * and overwrites the object")
+    async def test_create_twice_keeps_the_first(self, store: ObjectStore) -> None:
+        await super().test_create_twice_keeps_the_first(store)
+
+    @_s3rver_lacks("ignores If-None-Match: *, so every concurrent create 'wins'")
+    async def test_concurrent_creates_exactly_one_wins(self, store: ObjectStore) -> None:
+        await super().test_concurrent_creates_exactly_one_wins(store)
+
+    @_s3rver_lacks("declares a Content-Length for an empty object's GET that it never sends")
+    async def test_empty_object(self, store: ObjectStore) -> None:
+        await super().test_empty_object(store)
+
+    @_s3rver_lacks("lists keys in its directory-walk order, not in byte order")
+    async def test_list_order_and_prefix(self, store: ObjectStore) -> None:
+        await super().test_list_order_and_prefix(store)
+
+    @_s3rver_lacks("keeps objects as files, so 'a' and 'a/b' are not listed together")
+    async def test_key_that_is_also_a_prefix(self, store: ObjectStore) -> None:
+        await super().test_key_that_is_also_a_prefix(store)
+
+    # Not every run: it depends on the order s3rver's file system calls interleave in.
+    @_s3rver_lacks(
+        "answers DeleteObjects with InternalError when a delete empties a directory (often)",
+        always=False,
+    )
+    async def test_list_paginates(self, store: ObjectStore) -> None:
+        await super().test_list_paginates(store)
+
+    # Not every run: it depends on the order s3rver's file system calls interleave in.
+    @_s3rver_lacks(
+        "answers DeleteObjects with InternalError when a delete empties a directory (often)",
+        always=False,
+    )
+    async def test_delete_many(self, store: ObjectStore) -> None:
+        await super().test_delete_many(store)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -14,16 +15,21 @@ import pytest
 
 from tabletstore.cli import localstack
 from tabletstore.coordination import open_coordinator
+from tests.plugins.s3_server import DUMMY_ENV, boto3_client
+from tests.plugins.s3rver_server import CREDENTIALS
 
 pytestmark = pytest.mark.slow
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The CLI as a user runs it; ``env`` replaces the AWS settings of this environment."""
+    base = {k: v for k, v in os.environ.items() if env is None or not k.startswith("AWS_")}
     return subprocess.run(
         [sys.executable, "-m", "tabletstore.cli.main", "local-stack", *args],
         capture_output=True,
         text=True,
         timeout=120,
+        env={**base, **(env or {})},
     )
 
 
@@ -55,7 +61,9 @@ async def test_up_status_use_down(stack_dir: Path) -> None:
     status = cli("status", "--dir", str(stack_dir))
     assert status.returncode == 0, status.stderr
     for record in stack.processes:
-        assert re.search(rf"^{record.role}\s+{record.pid}\s+yes\b", status.stdout, re.M), status.stdout
+        assert re.search(rf"^{record.role}\s+{record.pid}\s+yes\b", status.stdout, re.M), (
+            status.stdout
+        )
 
     coordinator = open_coordinator(stack.etcd_url)
     try:
@@ -84,15 +92,26 @@ async def test_up_status_use_down(stack_dir: Path) -> None:
     for record in stack.processes:
         assert gone(record.pid), record
     assert not (stack_dir / "stack.json").exists()
+    # moto's objects are gone with it, so etcd's METADATA must go too (only --persist keeps).
+    assert not (stack_dir / "etcd").exists()
     after = cli("status", "--dir", str(stack_dir))
     assert after.returncode != 0 and "no local stack" in after.stderr
 
 
-def test_user_s3_url_starts_only_etcd(stack_dir: Path) -> None:
-    stack = localstack.up(stack_dir, s3_url="http://127.0.0.1:9")
+def test_user_s3_url_creates_the_bucket_and_starts_only_etcd(
+    stack_dir: Path, s3_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in DUMMY_ENV.items():
+        monkeypatch.setenv(name, value)
+    s3 = boto3_client(s3_server)
+    if localstack.BUCKET in {b["Name"] for b in s3.list_buckets()["Buckets"]}:
+        s3.delete_bucket(Bucket=localstack.BUCKET)  # left by an earlier test of this session
+    stack = localstack.up(stack_dir, s3_url=s3_server)
     try:
         assert [p.role for p in stack.processes] == ["etcd"]
-        assert stack.s3_endpoint == "http://127.0.0.1:9" and not stack.s3_managed
+        assert stack.s3_endpoint == s3_server and not stack.s3_managed
+        assert stack.store_url == f"s3://{localstack.BUCKET}/data?endpoint_url={s3_server}"
+        s3.head_bucket(Bucket=localstack.BUCKET)  # created by up
         port = stack.etcd_url.split(":")[2].split("/")[0]
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
             assert json.loads(r.read())["health"] == "true"
@@ -100,6 +119,35 @@ def test_user_s3_url_starts_only_etcd(stack_dir: Path) -> None:
         stopped = localstack.down(stack_dir)
     assert [p.role for p in stopped] == ["etcd"]
     assert gone(stack.processes[0].pid)
+
+
+def _refused(stack_dir: Path, s3_url: str, env: dict[str, str]) -> str:
+    """``up --s3-url`` fails with one line (no traceback), and starts nothing."""
+    result = cli("up", "--dir", str(stack_dir), "--s3-url", s3_url, env=env)
+    assert result.returncode == 1, result.stdout
+    assert "Traceback" not in result.stderr
+    assert not (stack_dir / localstack.STACK_FILE).exists()
+    return result.stderr
+
+
+def test_unreachable_s3_url_fails_at_once_naming_it(stack_dir: Path) -> None:
+    message = _refused(stack_dir, "http://127.0.0.1:9", dict(DUMMY_ENV))
+    assert "http://127.0.0.1:9" in message and "cannot reach" in message, message
+
+
+def test_s3_url_without_credentials_says_so(stack_dir: Path, s3_server: str) -> None:
+    env = {
+        "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
+        "AWS_CONFIG_FILE": "/nonexistent",
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+    message = _refused(stack_dir, s3_server, env)
+    assert "no usable AWS credentials" in message and s3_server in message, message
+
+
+def test_s3_url_ignoring_create_only_puts_is_refused(stack_dir: Path, s3rver_server: str) -> None:
+    message = _refused(stack_dir, s3rver_server, dict(CREDENTIALS))
+    assert s3rver_server in message and "If-None-Match" in message, message
 
 
 def test_down_never_signals_a_pid_running_another_command(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 import urllib.request
@@ -17,10 +18,13 @@ from tabletstore.errors import (
     PermissionDenied,
     PreconditionFailed,
     Unavailable,
+    Unimplemented,
 )
 from tabletstore.storage_s3 import open_store
+from tabletstore.storage_s3.retrying import RetryingObjectStore
 from tabletstore.storage_s3.s3 import S3ObjectStore, parse_s3_url, translate_error
 from tabletstore.testing.store_conformance import collect
+from tests.plugins.s3rver_server import STORE_KEYS
 
 URL = "s3://bucket/db"
 
@@ -140,6 +144,72 @@ def test_transport_errors_are_translated(
 async def test_check_passes_for_a_good_bucket(s3_url: str) -> None:
     store = S3ObjectStore(s3_url)
     await store.check()
+    # The conditional-create probe cleans up after itself.
+    assert await collect(store, "") == []
+    await store.close()
+
+
+async def test_a_server_ignoring_if_none_match_is_refused_naming_it(
+    s3rver_server: str, s3rver_url: str
+) -> None:
+    """s3rver overwrites on a second create-only PUT: fencing would be off, so opening the
+    store fails (Unimplemented is an InvalidArgument: retrying cannot help)."""
+    s3rver = S3ObjectStore(s3rver_url, **STORE_KEYS)
+    stacked = RetryingObjectStore(S3ObjectStore(s3rver_url, **STORE_KEYS))
+    for store in (s3rver, stacked):
+        with pytest.raises(Unimplemented) as info:
+            await store.check()
+        message = str(info.value)
+        assert s3rver_server in message and "If-None-Match" in message, message
+        assert await collect(store, "") == []  # the probe object was deleted
+        await store.close()
+
+
+@pytest.fixture
+def reader_keys(s3_server: str, s3_url: str) -> dict[str, str]:
+    """Keys of a moto IAM user that may only read the bucket of ``s3_url``."""
+    import boto3
+
+    iam = boto3.client(
+        "iam",
+        endpoint_url=s3_server,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+    name = f"reader-{time.monotonic_ns()}"
+    iam.create_user(UserName=name)
+    bucket = parse_s3_url(s3_url).bucket
+    iam.put_user_policy(
+        UserName=name,
+        PolicyName="read",
+        PolicyDocument=json.dumps(
+            {
+                "Version": "2012-10-17",
+                "Statement": [
+                    {
+                        "Effect": "Allow",
+                        # AWS authorizes HeadBucket as s3:ListBucket; moto names it HeadBucket.
+                        "Action": ["s3:GetObject", "s3:ListBucket", "s3:HeadBucket"],
+                        "Resource": [f"arn:aws:s3:::{bucket}", f"arn:aws:s3:::{bucket}/*"],
+                    }
+                ],
+            }
+        ),
+    )
+    key = iam.create_access_key(UserName=name)["AccessKey"]
+    return {"access_key_id": key["AccessKeyId"], "secret_access_key": key["SecretAccessKey"]}
+
+
+async def test_read_only_credentials_skip_the_probe(
+    s3_url: str, reader_keys: dict[str, str], moto_auth: None
+) -> None:
+    """A batch job whose role may only read never creates objects, so it does not need
+    create-only PUTs: its check passes without them (moto enforcing IAM here)."""
+    store = S3ObjectStore(s3_url, **reader_keys)
+    await store.check()
+    with pytest.raises(PermissionDenied):
+        await store.create("k", b"v")
     await store.close()
 
 

@@ -1,7 +1,10 @@
-# The object store of one tabletstore deployment (DESIGN.md §3): SSTables, commit-log segments,
-# recovery runs and snapshots live under one prefix of one bucket. Objects are immutable and
-# created with conditional PUTs (If-None-Match: *), so versioning adds nothing but cost; garbage
-# collection is tabletstore's own (mark and sweep from METADATA), not a lifecycle rule.
+# The object store of one tabletstore deployment (DESIGN.md §3; the paper's GFS, §4): SSTables,
+# commit-log segments, recovery runs and snapshots live under one prefix of one bucket.
+#
+# Versioning is off, on purpose: tabletstore never overwrites an object (every PUT is
+# create-only, If-None-Match: *), so there is no older version to keep, and a version of a
+# deleted object would only hide garbage collection's work (GC is tabletstore's own mark and
+# sweep from METADATA, not a lifecycle rule) and keep paying for it.
 
 terraform {
   required_version = ">= 1.5"
@@ -13,7 +16,44 @@ terraform {
   }
 }
 
+data "aws_caller_identity" "current" {}
+data "aws_partition" "current" {}
+
+# The bucket's key: every object (and every access log) is encrypted with it.
+resource "aws_kms_key" "objects" {
+  description             = "tabletstore ${var.name}: objects in s3://${var.bucket_name}"
+  enable_key_rotation     = true
+  deletion_window_in_days = 30
+  policy                  = data.aws_iam_policy_document.key.json
+  tags                    = var.tags
+}
+
+data "aws_iam_policy_document" "key" {
+  # checkov:skip=CKV_AWS_109:A key policy's "*" resource is this key; the account root administering it is AWS's default key policy, and use is granted by IAM policies.
+  # checkov:skip=CKV_AWS_111:Same: the key policy names only this key and only the account's own principals.
+  # checkov:skip=CKV_AWS_356:In a key policy "*" means this key alone.
+  # The account administers the key; the roles that use it get kms:Decrypt etc. through
+  # their own IAM policies (read_write / read_only below), which this statement enables.
+  statement {
+    sid       = "AccountAdministers"
+    actions   = ["kms:*"]
+    resources = ["*"]
+    principals {
+      type        = "AWS"
+      identifiers = ["arn:${data.aws_partition.current.partition}:iam::${data.aws_caller_identity.current.account_id}:root"]
+    }
+  }
+}
+
+resource "aws_kms_alias" "objects" {
+  name          = "alias/tabletstore-${var.name}"
+  target_key_id = aws_kms_key.objects.key_id
+}
+
 resource "aws_s3_bucket" "objects" {
+  # checkov:skip=CKV_AWS_21:Versioning is off on purpose: objects are create-only and never overwritten (module header).
+  # checkov:skip=CKV_AWS_144:Cross-region replication is a deployment choice (cost, region); a replica of a live bucket without its etcd is not a usable copy. Use tabletstore snapshots.
+  # checkov:skip=CKV2_AWS_62:No consumer of S3 event notifications: tabletstore learns of objects from METADATA, not events.
   bucket        = var.bucket_name
   force_destroy = var.force_destroy
   tags          = var.tags
@@ -38,22 +78,61 @@ resource "aws_s3_bucket_server_side_encryption_configuration" "objects" {
   bucket = aws_s3_bucket.objects.id
   rule {
     apply_server_side_encryption_by_default {
-      sse_algorithm     = var.kms_key_arn == null ? "AES256" : "aws:kms"
-      kms_master_key_id = var.kms_key_arn
+      sse_algorithm     = "aws:kms"
+      kms_master_key_id = aws_kms_key.objects.arn
     }
-    bucket_key_enabled = var.kms_key_arn != null
+    bucket_key_enabled = true
   }
+}
+
+# TLS only: a request over plain HTTP is denied whoever makes it.
+data "aws_iam_policy_document" "bucket" {
+  statement {
+    sid       = "DenyInsecureTransport"
+    effect    = "Deny"
+    actions   = ["s3:*"]
+    resources = [aws_s3_bucket.objects.arn, "${aws_s3_bucket.objects.arn}/*"]
+    principals {
+      type        = "*"
+      identifiers = ["*"]
+    }
+    condition {
+      test     = "Bool"
+      variable = "aws:SecureTransport"
+      values   = ["false"]
+    }
+  }
+}
+
+resource "aws_s3_bucket_policy" "objects" {
+  bucket = aws_s3_bucket.objects.id
+  policy = data.aws_iam_policy_document.bucket.json
+  # The public access block must exist first, or S3 may reject a policy update racing it.
+  depends_on = [aws_s3_bucket_public_access_block.objects]
 }
 
 resource "aws_s3_bucket_lifecycle_configuration" "objects" {
   bucket = aws_s3_bucket.objects.id
-  # tabletstore never uses multipart uploads for its objects today; a client that dies in one
-  # must not leave parts behind forever.
+  # tabletstore does not use multipart uploads today; a client that dies in one must not
+  # leave parts behind forever.
   rule {
     id     = "abort-incomplete-multipart-uploads"
     status = "Enabled"
+    filter {}
+    abort_incomplete_multipart_upload {
+      days_after_initiation = 1
+    }
+  }
+  # The open-time probe (storage_s3/s3.py) deletes its object at once; one left by a process
+  # that died mid-probe is expired here.
+  rule {
+    id     = "expire-probes"
+    status = "Enabled"
     filter {
-      prefix = var.prefix
+      prefix = "${var.prefix}probes/"
+    }
+    expiration {
+      days = 1
     }
     abort_incomplete_multipart_upload {
       days_after_initiation = 1
@@ -61,9 +140,106 @@ resource "aws_s3_bucket_lifecycle_configuration" "objects" {
   }
 }
 
-# What a worker, master or batch job needs: read, create, list and delete objects under the
-# prefix. (Deleting is the master's garbage collector; a read-only batch job can use
-# aws_iam_policy.reader instead.)
+# Access logs go to a bucket of their own (a bucket cannot log to itself usefully).
+resource "aws_s3_bucket" "logs" {
+  # checkov:skip=CKV_AWS_18:This is the access-log bucket; logging it would log the logs.
+  # checkov:skip=CKV_AWS_21:Log objects are written once by S3's log delivery; versions add nothing.
+  # checkov:skip=CKV_AWS_144:Replicating access logs is a compliance choice left to the deployment.
+  # checkov:skip=CKV2_AWS_62:Nothing consumes events of the access-log bucket.
+  # checkov:skip=CKV_AWS_145:S3 server access log delivery supports only SSE-S3 (AES256) on the target bucket.
+  bucket        = "${var.bucket_name}-access-logs"
+  force_destroy = var.force_destroy
+  tags          = var.tags
+}
+
+resource "aws_s3_bucket_public_access_block" "logs" {
+  bucket                  = aws_s3_bucket.logs.id
+  block_public_acls       = true
+  block_public_policy     = true
+  ignore_public_acls      = true
+  restrict_public_buckets = true
+}
+
+# S3's log delivery writes with this grant (the bucket owner enforces ownership, so ACL grants
+# would be ignored); plain HTTP is denied here too. The grant comes first and the deny names
+# {"AWS": "*"} (the same as "*" to S3): moto 5.2's check of a log target's policy stops at the
+# first statement that grants log delivery and cannot read a bare "*" principal.
+data "aws_iam_policy_document" "logs" {
+  statement {
+    sid       = "S3LogDelivery"
+    actions   = ["s3:PutObject"]
+    resources = ["${aws_s3_bucket.logs.arn}/s3/${var.bucket_name}/*"]
+    principals {
+      type        = "Service"
+      identifiers = ["logging.s3.amazonaws.com"]
+    }
+    condition {
+      test     = "ArnLike"
+      variable = "aws:SourceArn"
+      values   = [aws_s3_bucket.objects.arn]
+    }
+    condition {
+      test     = "StringEquals"
+      variable = "aws:SourceAccount"
+      values   = [data.aws_caller_identity.current.account_id]
+    }
+  }
+  statement {
+    sid       = "DenyInsecureTransport"
+    effect    = "Deny"
+    actions   = ["s3:*"]
+    resources = [aws_s3_bucket.logs.arn, "${aws_s3_bucket.logs.arn}/*"]
+    principals {
+      type        = "AWS"
+      identifiers = ["*"]
+    }
+    condition {
+      test     = "Bool"
+      variable = "aws:SecureTransport"
+      values   = ["false"]
+    }
+  }
+}
+
+resource "aws_s3_bucket_policy" "logs" {
+  bucket     = aws_s3_bucket.logs.id
+  policy     = data.aws_iam_policy_document.logs.json
+  depends_on = [aws_s3_bucket_public_access_block.logs]
+}
+
+resource "aws_s3_bucket_server_side_encryption_configuration" "logs" {
+  bucket = aws_s3_bucket.logs.id
+  rule {
+    apply_server_side_encryption_by_default {
+      sse_algorithm = "AES256"
+    }
+  }
+}
+
+resource "aws_s3_bucket_lifecycle_configuration" "logs" {
+  bucket = aws_s3_bucket.logs.id
+  rule {
+    id     = "expire-access-logs"
+    status = "Enabled"
+    filter {}
+    expiration {
+      days = var.access_log_days
+    }
+    abort_incomplete_multipart_upload {
+      days_after_initiation = 1
+    }
+  }
+}
+
+resource "aws_s3_bucket_logging" "objects" {
+  bucket        = aws_s3_bucket.objects.id
+  target_bucket = aws_s3_bucket.logs.id
+  target_prefix = "s3/${var.bucket_name}/"
+  depends_on    = [aws_s3_bucket_policy.logs]
+}
+
+# What a worker or master needs: read, create, list and delete objects under the prefix
+# (deleting is the master's garbage collector), with the bucket's key.
 data "aws_iam_policy_document" "read_write" {
   statement {
     sid       = "ListPrefix"
@@ -80,8 +256,14 @@ data "aws_iam_policy_document" "read_write" {
     actions   = ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"]
     resources = ["${aws_s3_bucket.objects.arn}/${var.prefix}*"]
   }
+  statement {
+    sid       = "Key"
+    actions   = ["kms:Decrypt", "kms:GenerateDataKey"]
+    resources = [aws_kms_key.objects.arn]
+  }
 }
 
+# What a batch job that reads SSTables straight from the bucket needs.
 data "aws_iam_policy_document" "read_only" {
   statement {
     sid       = "ListPrefix"
@@ -97,6 +279,11 @@ data "aws_iam_policy_document" "read_only" {
     sid       = "ReadObjects"
     actions   = ["s3:GetObject"]
     resources = ["${aws_s3_bucket.objects.arn}/${var.prefix}*"]
+  }
+  statement {
+    sid       = "Key"
+    actions   = ["kms:Decrypt"]
+    resources = [aws_kms_key.objects.arn]
   }
 }
 

@@ -3,8 +3,21 @@ output "store_url" {
   value       = "s3://${aws_s3_bucket.objects.id}/${trimsuffix(var.prefix, "/")}?region=${aws_s3_bucket.objects.region}"
 }
 
+output "bucket" {
+  value = aws_s3_bucket.objects.id
+}
+
 output "bucket_arn" {
   value = aws_s3_bucket.objects.arn
+}
+
+output "prefix" {
+  value = var.prefix
+}
+
+output "kms_key_arn" {
+  description = "The key every object is encrypted with."
+  value       = aws_kms_key.objects.arn
 }
 
 output "read_write_policy_arn" {

@@ -1,11 +1,20 @@
 variable "name" {
-  description = "Deployment name, used to name IAM policies."
+  description = "Deployment name, used to name the key alias and IAM policies."
   type        = string
+  validation {
+    condition     = can(regex("^[a-z0-9][a-z0-9-]{0,30}$", var.name))
+    error_message = "name must be 1-31 lowercase letters, digits or '-', starting with a letter or digit."
+  }
 }
 
 variable "bucket_name" {
-  description = "Name of the S3 bucket holding tabletstore's objects."
+  description = "Name of the S3 bucket holding tabletstore's objects (globally unique; the access-log bucket is <name>-access-logs)."
   type        = string
+  validation {
+    # S3's rules, less 12 characters for the "-access-logs" bucket beside it.
+    condition     = can(regex("^[a-z0-9][a-z0-9.-]{1,49}[a-z0-9]$", var.bucket_name)) && !can(regex("\\.\\.|^\\d+\\.\\d+\\.\\d+\\.\\d+$|^xn--", var.bucket_name))
+    error_message = "bucket_name must be 3-51 characters of lowercase letters, digits, '.' and '-', start and end with a letter or digit, not look like an IP address and not start with 'xn--' (S3's rules; 12 characters are kept for the '-access-logs' bucket)."
+  }
 }
 
 variable "prefix" {
@@ -18,14 +27,14 @@ variable "prefix" {
   }
 }
 
-variable "kms_key_arn" {
-  description = "KMS key for server-side encryption; null uses S3-managed keys (AES256)."
-  type        = string
-  default     = null
+variable "access_log_days" {
+  description = "Days the S3 access logs are kept."
+  type        = number
+  default     = 90
 }
 
 variable "force_destroy" {
-  description = "Allow 'terraform destroy' to delete a bucket that still holds objects."
+  description = "Allow 'terraform destroy' to delete buckets that still hold objects."
   type        = bool
   default     = false
 }

@@ -1,0 +1,67 @@
+variable "region" {
+  description = "AWS region of the deployment."
+  type        = string
+  validation {
+    # The commercial, GovCloud and China partitions' region names.
+    condition     = can(regex("^(us|eu|ap|sa|ca|me|af|il|mx)(-gov)?-(north|south|east|west|central|northeast|southeast|northwest|southwest)-[1-9]$|^cn-(north|northwest)-1$", var.region))
+    error_message = "region must be an AWS region name such as us-east-1 or eu-west-2."
+  }
+}
+
+variable "bucket_name" {
+  description = "The S3 bucket to create (globally unique: a name another account holds fails at apply with BucketAlreadyExists)."
+  type        = string
+}
+
+variable "availability_zones" {
+  description = "Three zones of the region (one etcd member each), e.g. [\"us-east-1a\", \"us-east-1b\", \"us-east-1c\"]."
+  type        = list(string)
+  validation {
+    condition     = length(var.availability_zones) == 3
+    error_message = "availability_zones must list exactly three zones (a 3-member etcd, one per zone)."
+  }
+}
+
+variable "image_uri" {
+  description = "The tabletstore image in ECR (docker build . && docker push)."
+  type        = string
+  validation {
+    condition     = can(regex("^[0-9]{12}\\.dkr\\.ecr\\.[a-z0-9-]+\\.amazonaws\\.com(\\.cn)?/[a-z0-9._/-]+(:[A-Za-z0-9._-]+|@sha256:[0-9a-f]{64})$", var.image_uri))
+    error_message = "image_uri must be an ECR image (ACCOUNT.dkr.ecr.REGION.amazonaws.com/REPO:TAG or @sha256:DIGEST): ECS tasks here and Lambda pull from ECR."
+  }
+}
+
+variable "etcd_ami_id" {
+  description = "Amazon Linux 2023 AMI for the etcd members."
+  type        = string
+}
+
+variable "etcd_instance_type" {
+  type    = string
+  default = "m6i.large"
+}
+
+variable "etcd_ca_secret_arn" {
+  description = "Secret with the etcd CA (infra/terraform/scripts/etcd-ca.sh)."
+  type        = string
+}
+
+variable "etcd_client_secret_arn" {
+  description = "Secret with the etcd client certificate (infra/terraform/scripts/etcd-ca.sh)."
+  type        = string
+}
+
+variable "function_concurrency" {
+  type    = number
+  default = 5
+}
+
+variable "workers_min" {
+  type    = number
+  default = 1
+}
+
+variable "workers_max" {
+  type    = number
+  default = 3
+}

@@ -1,0 +1,243 @@
+# The tabletstore cluster (the paper's §5: one master, many tablet servers) as ECS services on
+# Fargate, all from the one container image: two masters (the second campaigns for the master
+# lock and stands by, §5.2), and workers that scale on CPU. Every task runs an `etcd grpc-proxy`
+# sidecar (the image's `etcd-proxy` role) that holds the etcd client certificate and serves
+# plain gRPC on 127.0.0.1:2379 inside the task, because tabletstore's etcd client speaks no TLS
+# (see the etcd module).
+#
+# The entrypoint binds each process to the task's own address (which it then advertises in etcd;
+# 0.0.0.0 cannot be dialled), and its `health` role is the health check: a TCP connect to the
+# process's RPC port on that address.
+
+terraform {
+  required_version = ">= 1.5"
+  required_providers {
+    aws = {
+      source  = "hashicorp/aws"
+      version = ">= 5.0"
+    }
+  }
+}
+
+data "aws_region" "current" {}
+
+locals {
+  # ACCOUNT.dkr.ecr.REGION.amazonaws.com/REPO[:TAG|@DIGEST] -> the repository's ARN.
+  image_parts    = regex("^([0-9]{12})\\.dkr\\.ecr\\.([a-z0-9-]+)\\.amazonaws\\.com[a-z.]*/([^:@]+)", var.image_uri)
+  repository_arn = "arn:aws:ecr:${local.image_parts[1]}:${local.image_parts[0]}:repository/${local.image_parts[2]}"
+  cluster_url    = "etcd://127.0.0.1:2379/${var.namespace}"
+  log_options = {
+    awslogs-group         = aws_cloudwatch_log_group.cluster.name
+    awslogs-region        = data.aws_region.current.name
+    awslogs-stream-prefix = "tabletstore"
+  }
+  proxy = {
+    name      = "etcd-proxy"
+    image     = var.image_uri
+    essential = true
+    command   = ["etcd-proxy", var.etcd_url]
+    secrets = [
+      { name = "ETCD_CLIENT_CERT", valueFrom = "${var.etcd_client_secret_arn}:cert::" },
+      { name = "ETCD_CLIENT_KEY", valueFrom = "${var.etcd_client_secret_arn}:key::" },
+      { name = "ETCD_CA_CERT", valueFrom = "${var.etcd_client_secret_arn}:ca::" },
+    ]
+    healthCheck            = { command = ["/usr/local/bin/tabletstore-entrypoint", "health", "2379"], interval = 10, retries = 3, timeout = 5, startPeriod = 10 }
+    readonlyRootFilesystem = true
+    logConfiguration       = { logDriver = "awslogs", options = local.log_options }
+  }
+  roles = {
+    master = {
+      command = ["master", "--store", var.store_url, "--port", tostring(var.master_port), "--metrics-port", tostring(var.metrics_port)]
+      port    = var.master_port
+      cpu     = var.master_cpu
+      memory  = var.master_memory
+    }
+    worker = {
+      command = ["worker", "--port", tostring(var.worker_port), "--metrics-port", tostring(var.metrics_port)]
+      port    = var.worker_port
+      cpu     = var.worker_cpu
+      memory  = var.worker_memory
+    }
+  }
+}
+
+resource "aws_cloudwatch_log_group" "cluster" {
+  name              = "/tabletstore/${var.name}/cluster"
+  retention_in_days = var.log_retention_days
+  kms_key_id        = var.kms_key_arn
+  tags              = var.tags
+}
+
+resource "aws_ecs_cluster" "main" {
+  name = "${var.name}-tabletstore"
+  setting {
+    name  = "containerInsights"
+    value = "enabled"
+  }
+  tags = var.tags
+}
+
+data "aws_iam_policy_document" "assume" {
+  statement {
+    actions = ["sts:AssumeRole"]
+    principals {
+      type        = "Service"
+      identifiers = ["ecs-tasks.amazonaws.com"]
+    }
+  }
+}
+
+# The task role: the bucket (read-write policy of the bucket module) and the functions.
+resource "aws_iam_role" "task" {
+  name               = "${var.name}-tabletstore-task"
+  assume_role_policy = data.aws_iam_policy_document.assume.json
+  tags               = var.tags
+}
+
+resource "aws_iam_role_policy_attachment" "task_bucket" {
+  role       = aws_iam_role.task.name
+  policy_arn = var.bucket_policy_arn
+}
+
+resource "aws_iam_role_policy" "task_functions" {
+  name   = "invoke-functions"
+  role   = aws_iam_role.task.id
+  policy = var.invoke_policy_json
+}
+
+# The execution role: pull the image, write logs, read the etcd client certificate.
+resource "aws_iam_role" "execution" {
+  name               = "${var.name}-tabletstore-execution"
+  assume_role_policy = data.aws_iam_policy_document.assume.json
+  tags               = var.tags
+}
+
+data "aws_iam_policy_document" "execution" {
+  # checkov:skip=CKV_AWS_356:ecr:GetAuthorizationToken accepts no resource ARN; the image pull itself is limited to the image's repository.
+  statement {
+    sid       = "RegistryLogin"
+    actions   = ["ecr:GetAuthorizationToken"]
+    resources = ["*"]
+  }
+  statement {
+    sid       = "PullImage"
+    actions   = ["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer", "ecr:BatchCheckLayerAvailability"]
+    resources = [local.repository_arn]
+  }
+  statement {
+    sid       = "Logs"
+    actions   = ["logs:CreateLogStream", "logs:PutLogEvents"]
+    resources = ["${aws_cloudwatch_log_group.cluster.arn}:*"]
+  }
+  statement {
+    sid       = "EtcdClientCertificate"
+    actions   = ["secretsmanager:GetSecretValue"]
+    resources = [var.etcd_client_secret_arn]
+  }
+  statement {
+    sid       = "Key"
+    actions   = ["kms:Decrypt"]
+    resources = [var.kms_key_arn]
+  }
+}
+
+resource "aws_iam_role_policy" "execution" {
+  name   = "execution"
+  role   = aws_iam_role.execution.id
+  policy = data.aws_iam_policy_document.execution.json
+}
+
+resource "aws_ecs_task_definition" "role" {
+  for_each                 = local.roles
+  family                   = "${var.name}-tabletstore-${each.key}"
+  requires_compatibilities = ["FARGATE"]
+  network_mode             = "awsvpc"
+  cpu                      = each.value.cpu
+  memory                   = each.value.memory
+  task_role_arn            = aws_iam_role.task.arn
+  execution_role_arn       = aws_iam_role.execution.arn
+  container_definitions = jsonencode([
+    {
+      name         = each.key
+      image        = var.image_uri
+      essential    = true
+      command      = each.value.command
+      environment  = [for k, v in merge(var.environment, { TABLETSTORE_URL = local.cluster_url }) : { name = k, value = v }]
+      portMappings = [{ containerPort = each.value.port, protocol = "tcp" }, { containerPort = var.metrics_port, protocol = "tcp" }]
+      healthCheck = {
+        command     = ["/usr/local/bin/tabletstore-entrypoint", "health", tostring(each.value.port)]
+        interval    = 10
+        retries     = 3
+        timeout     = 5
+        startPeriod = 60
+      }
+      dependsOn              = [{ containerName = "etcd-proxy", condition = "HEALTHY" }]
+      readonlyRootFilesystem = true
+      mountPoints            = [{ sourceVolume = "tmp", containerPath = "/tmp" }]
+      logConfiguration       = { logDriver = "awslogs", options = local.log_options }
+    },
+    local.proxy,
+  ])
+  volume {
+    name = "tmp"
+  }
+  tags = var.tags
+}
+
+resource "aws_ecs_service" "master" {
+  name                   = "${var.name}-tabletstore-master"
+  cluster                = aws_ecs_cluster.main.id
+  task_definition        = aws_ecs_task_definition.role["master"].arn
+  desired_count          = 2 # one leads, one stands by (§5.2)
+  launch_type            = "FARGATE"
+  enable_execute_command = false
+  network_configuration {
+    subnets          = var.subnet_ids
+    security_groups  = [var.master_security_group_id]
+    assign_public_ip = false
+  }
+  tags = var.tags
+}
+
+resource "aws_ecs_service" "worker" {
+  name                   = "${var.name}-tabletstore-worker"
+  cluster                = aws_ecs_cluster.main.id
+  task_definition        = aws_ecs_task_definition.role["worker"].arn
+  desired_count          = var.workers_min
+  launch_type            = "FARGATE"
+  enable_execute_command = false
+  network_configuration {
+    subnets          = var.subnet_ids
+    security_groups  = [var.worker_security_group_id]
+    assign_public_ip = false
+  }
+  lifecycle {
+    ignore_changes = [desired_count] # the autoscaler owns it
+  }
+  tags = var.tags
+}
+
+resource "aws_appautoscaling_target" "workers" {
+  service_namespace  = "ecs"
+  resource_id        = "service/${aws_ecs_cluster.main.name}/${aws_ecs_service.worker.name}"
+  scalable_dimension = "ecs:service:DesiredCount"
+  min_capacity       = var.workers_min
+  max_capacity       = var.workers_max
+}
+
+# Workers scale on CPU; the master's balancer (§5.2) moves tablets onto new workers.
+resource "aws_appautoscaling_policy" "workers_cpu" {
+  name               = "${var.name}-tabletstore-workers-cpu"
+  policy_type        = "TargetTrackingScaling"
+  service_namespace  = aws_appautoscaling_target.workers.service_namespace
+  resource_id        = aws_appautoscaling_target.workers.resource_id
+  scalable_dimension = aws_appautoscaling_target.workers.scalable_dimension
+  target_tracking_scaling_policy_configuration {
+    target_value       = var.worker_cpu_target
+    scale_in_cooldown  = 300
+    scale_out_cooldown = 60
+    predefined_metric_specification {
+      predefined_metric_type = "ECSServiceAverageCPUUtilization"
+    }
+  }
+}

@@ -1,0 +1,141 @@
+variable "name" {
+  type = string
+  validation {
+    condition     = can(regex("^[a-z0-9][a-z0-9-]{0,30}$", var.name))
+    error_message = "name must be 1-31 lowercase letters, digits or '-', starting with a letter or digit."
+  }
+}
+
+variable "image_uri" {
+  description = "The tabletstore container image (Dockerfile), in ECR."
+  type        = string
+  validation {
+    condition     = can(regex("^[0-9]{12}\\.dkr\\.ecr\\.[a-z0-9-]+\\.amazonaws\\.com(\\.cn)?/[a-z0-9._/-]+(:[A-Za-z0-9._-]+|@sha256:[0-9a-f]{64})$", var.image_uri))
+    error_message = "image_uri must be an ECR image (ACCOUNT.dkr.ecr.REGION.amazonaws.com/REPO:TAG or @sha256:DIGEST): ECS tasks here and Lambda pull from ECR."
+  }
+}
+
+variable "namespace" {
+  description = "The cluster's etcd namespace (the path of the etcd:// cluster URL)."
+  type        = string
+  default     = "tabletstore"
+  validation {
+    condition     = can(regex("^[A-Za-z0-9._-]+$", var.namespace))
+    error_message = "namespace must be letters, digits, '.', '_' or '-'."
+  }
+}
+
+variable "store_url" {
+  type = string
+  validation {
+    condition     = startswith(var.store_url, "s3://")
+    error_message = "store_url must be an s3:// URL (the bucket module's store_url)."
+  }
+}
+
+variable "etcd_url" {
+  description = "The etcd members' https URLs, comma-separated (the etcd module's etcd_url)."
+  type        = string
+}
+
+variable "etcd_client_secret_arn" {
+  description = "Secrets Manager secret with the etcd client certificate as JSON {\"cert\",\"key\",\"ca\"} (infra/terraform/scripts/etcd-ca.sh)."
+  type        = string
+}
+
+variable "bucket_policy_arn" {
+  description = "The bucket module's read_write_policy_arn."
+  type        = string
+}
+
+variable "invoke_policy_json" {
+  description = "The functions module's invoke_policy_json."
+  type        = string
+}
+
+variable "environment" {
+  description = "Extra environment of the master and workers (e.g. the functions module's executor_environment)."
+  type        = map(string)
+  default     = {}
+}
+
+variable "subnet_ids" {
+  type = list(string)
+}
+
+variable "master_security_group_id" {
+  type = string
+}
+
+variable "worker_security_group_id" {
+  type = string
+}
+
+variable "kms_key_arn" {
+  type = string
+}
+
+variable "master_port" {
+  type    = number
+  default = 7000
+}
+
+variable "worker_port" {
+  type    = number
+  default = 7001
+}
+
+variable "metrics_port" {
+  type    = number
+  default = 9100
+}
+
+variable "master_cpu" {
+  type    = number
+  default = 1024
+}
+
+variable "master_memory" {
+  type    = number
+  default = 2048
+}
+
+variable "worker_cpu" {
+  type    = number
+  default = 2048
+}
+
+variable "worker_memory" {
+  type    = number
+  default = 8192
+}
+
+variable "workers_min" {
+  type    = number
+  default = 3
+  validation {
+    condition     = var.workers_min >= 1
+    error_message = "workers_min must be at least 1."
+  }
+}
+
+variable "workers_max" {
+  type    = number
+  default = 12
+}
+
+variable "worker_cpu_target" {
+  description = "Average worker CPU (percent) the autoscaler keeps."
+  type        = number
+  default     = 60
+}
+
+variable "log_retention_days" {
+  type    = number
+  default = 365
+}
+
+variable "tags" {
+  type    = map(string)
+  default = {}
+}
