@@ -50,7 +50,7 @@ from tabletstore.commitlog.runs import (
     decode_run,
     encode_run,
 )
-from tabletstore.errors import Corruption, PreconditionFailed
+from tabletstore.errors import Corruption, InvalidArgument, PreconditionFailed, Unavailable
 from tabletstore.keys import Cell
 from tabletstore.storage_s3.base import ObjectStore
 from tabletstore.storage_s3.layout import (
@@ -68,6 +68,7 @@ __all__ = [
     "load_plan",
     "plan_sort",
     "run_sort_task",
+    "sort_task_by_number",
     "sorted_replay",
     "task_done",
 ]
@@ -135,6 +136,23 @@ async def plan_sort(
         assert theirs is not None
         return theirs
     return plan
+
+
+async def sort_task_by_number(
+    store: ObjectStore, worker_id: str, incarnation: int, first_segment: int
+) -> SortManifest:
+    """Run the task of ``worker_id/incarnation``'s plan that starts at ``first_segment``: what a
+    sorter given only names (a worker, a Lambda function) does. NotFound-like errors are
+    Unavailable when the log has no plan (it may have been collected: nothing to sort)."""
+    plan = await load_plan(store, worker_id, incarnation)
+    if plan is None:
+        raise Unavailable(f"no sort plan for commit log {worker_id}/{incarnation}")
+    task = next((t for t in plan.tasks if t.first == first_segment), None)
+    if task is None:
+        raise InvalidArgument(
+            f"the sort plan of {worker_id}/{incarnation} has no task at segment {first_segment}"
+        )
+    return await run_sort_task(store, plan, task)
 
 
 class _Partitioner:

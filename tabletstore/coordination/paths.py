@@ -14,6 +14,12 @@ Keys are relative to the coordinator's namespace (an etcd URL's path, e.g.
     settings/<name>                   cluster-wide settings
     tablets/<table-id>/<tablet-id>    a tablet's record (metadata.TabletRecord) while the
                                       catalog keeps records in the coordinator
+    sorts/<worker-id>/<incarnation>/<first-segment>
+                                      a sort task of a dead worker's log published for the
+                                      live workers (§6; master.recovery), deleted once done
+    sorters/<worker-id>/<incarnation>/<first-segment>
+                                      the live worker running that task, attached to its lease
+                                      (a dead sorter's claim vanishes and another takes it)
 
 Each name component is a non-empty string without ``/`` (and without NUL); anything else is
 an InvalidArgument. Every builder has a parser so that a watch on a prefix can be decoded.
@@ -33,6 +39,8 @@ __all__ = [
     "SCHEMAS",
     "SERVERS",
     "SETTINGS",
+    "SORTERS",
+    "SORTS",
     "TABLETS",
     "acl",
     "assignment",
@@ -46,9 +54,12 @@ __all__ = [
     "parse_schema",
     "parse_server",
     "parse_setting",
+    "parse_sort",
     "schema",
     "server",
     "setting",
+    "sort",
+    "sorter",
     "tablet",
     "tablets_prefix",
 ]
@@ -62,6 +73,8 @@ CLAIMS = "claims/"
 ASSIGNMENTS = "assignments/"
 SETTINGS = "settings/"
 TABLETS = "tablets/"
+SORTS = "sorts/"
+SORTERS = "sorters/"
 
 #: The election whose leader is the master (the master lock of §5.2).
 MASTER_ELECTION = "master"
@@ -158,3 +171,28 @@ def tablets_prefix(table_id: str | None = None) -> str:
 
 def tablet(table_id: str, tablet_id: str) -> str:
     return f"{tablets_prefix(table_id)}{_component(tablet_id, 'tablet id')}"
+
+
+def sort(worker_id: str, incarnation: int, first_segment: int) -> str:
+    """A published sort task: segments from ``first_segment`` of one worker incarnation's log."""
+    return f"{SORTS}{_sort_suffix(worker_id, incarnation, first_segment)}"
+
+
+def sorter(worker_id: str, incarnation: int, first_segment: int) -> str:
+    """The claim of the live worker running that sort task (attached to its lease)."""
+    return f"{SORTERS}{_sort_suffix(worker_id, incarnation, first_segment)}"
+
+
+def parse_sort(key: str) -> tuple[str, int, int]:
+    """The inverse of :func:`sort`: (worker id, incarnation, first segment)."""
+    worker_id, incarnation, first = _parse(key, SORTS, 3, "sort task")
+    try:
+        return worker_id, int(incarnation), int(first)
+    except ValueError as exc:
+        raise InvalidArgument(f"{key!r} is not a sort task key") from exc
+
+
+def _sort_suffix(worker_id: str, incarnation: int, first_segment: int) -> str:
+    if incarnation < 0 or first_segment < 0:
+        raise InvalidArgument("incarnation and first segment must be >= 0")
+    return f"{_component(worker_id, 'worker id')}/{incarnation}/{first_segment}"

@@ -43,6 +43,7 @@ from tabletstore.errors import (
 )
 from tabletstore.master import assignment
 from tabletstore.master.balancer import Balancer
+from tabletstore.master.recovery import LogRecovery
 from tabletstore.metadata import rows as mt
 from tabletstore.metadata.catalog import Catalog, TableInfo
 from tabletstore.metadata.record import TabletRecord
@@ -99,10 +100,12 @@ class Master:
         clock: Clock | None = None,
         metadata_splits: Sequence[bytes] = (),
         options: MasterOptions | None = None,
+        recovery: LogRecovery | None = None,
     ) -> None:
         """``metadata_splits``: METADATA row keys at which METADATA is pre-split when this
         master creates it (none: one METADATA tablet after the root). ``options``: how
-        :attr:`balancer` moves and merges tablets."""
+        :attr:`balancer` moves and merges tablets. ``recovery``: sorts dead workers' logs
+        before their tablets are loaded (§6; None: every new owner reads the whole log)."""
         self._coord = coordinator
         # A short deadline: a METADATA tablet that is not served ends an assignment round
         # (the next one goes on) instead of stalling it.
@@ -114,6 +117,7 @@ class Master:
         mt.initial_metadata_records(self._metadata_splits, 0.0)  # InvalidArgument early
         self._options = options or MasterOptions()
         _check_load_options(self._options)
+        self.recovery = recovery
         #: Loads sent, by tablet (table id, tablet id); finished ones are dropped at the start
         #: of the next round, after which the claims read then show their outcome.
         self._loads: dict[tuple[str, str], _Load] = {}
@@ -178,8 +182,21 @@ class Master:
             moved = await self._catalog.migrate_coordinator_records()
             if moved:
                 log.info("moved %d tablet records from the coordinator into METADATA", moved)
-            for info in await self._catalog.list_tables():
-                tablets = await self._catalog.list_tablets(info.table_id)
+            tables = [
+                await self._catalog.list_tablets(info.table_id)
+                for info in await self._catalog.list_tables()
+            ]
+            if self.recovery is not None:
+                # Before the user tablets' loads go out: their new owners find the sort plans
+                # of the dead logs they list (§6). Every record, so each plan sees every
+                # tablet listing its log.
+                everything = [root, *metadata, *(r for tablets in tables for r in tablets)]
+                try:
+                    await self.recovery.start(everything, claims, workers)
+                except TabletStoreError as exc:
+                    # The loads replay the logs directly instead: slower, never wrong.
+                    log.warning("starting the sort of dead commit logs failed: %s", exc)
+            for tablets in tables:
                 done += await self._assign_level(workers, claims, known, tablets)
         except Unavailable as exc:  # NotServing included: a METADATA tablet is not served yet
             log.info("assignment round stopped early: %s", exc)
@@ -283,6 +300,8 @@ class Master:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self.recovery is not None:
+            await self.recovery.close()
 
     # ------------------------------------------------------------------ tables
 

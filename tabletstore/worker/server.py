@@ -33,7 +33,7 @@ from typing import Any
 
 from tabletstore.client.location import LocationCache
 from tabletstore.clock import Clock, SystemClock
-from tabletstore.commitlog import CommitLogStats, CommitLogWriter, fence, replay_cells
+from tabletstore.commitlog import CommitLogStats, CommitLogWriter
 from tabletstore.coordination import paths
 from tabletstore.coordination.base import (
     Coordinator,
@@ -90,7 +90,7 @@ from tabletstore.storage_s3.base import ObjectStore
 
 __all__ = ["TabletServer", "next_incarnation"]
 
-from tabletstore.worker.log import WorkerLog
+from tabletstore.worker.log import WorkerLog, replay_logged
 
 log = logging.getLogger(__name__)
 
@@ -422,7 +422,8 @@ class TabletServer:
 
     async def _replay(self, record: TabletRecord) -> AsyncIterator[Cell]:
         """The tablet's cells past its redo point from every log its record lists (§5.3).
-        Any other log is fenced first (DESIGN.md §6 rule 4: its writer may be alive); this
+        Another worker's log is read from its sorted runs when the master sorted it (§6),
+        else fenced first (DESIGN.md §6 rule 4: its writer may be alive) and read whole; this
         worker's current log is read up to its durable prefix (it served the tablet before in
         this incarnation, and fencing it would stop its own writes)."""
         assert self._log is not None
@@ -430,16 +431,7 @@ class TabletServer:
             if ref == self._log.log_ref:
                 cells = self._log.replay_own(record)
             else:
-                await fence(self._store, ref.worker_id, ref.incarnation)
-                cells = replay_cells(
-                    self._store,
-                    ref.worker_id,
-                    ref.incarnation,
-                    record.table_id,
-                    record.start_row,
-                    record.end_row,
-                    record.redo_seq,
-                )
+                cells = replay_logged(self._store, ref, record, wait=self._options.sort_wait)
             async for cell in cells:
                 yield cell
 
