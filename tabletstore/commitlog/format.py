@@ -237,11 +237,13 @@ def _decode_payload(payload: bytes, segment: int, where: str) -> LogRecord:
     return LogRecord(segment, table_id, row, first, last, cells)
 
 
-def decode_segment(data: bytes, *, where: str = "commit-log segment") -> SegmentContents:
+def decode_segment(
+    data: bytes, *, where: str = "commit-log segment", frames: list[bytes] | None = None
+) -> SegmentContents:
     """Decode one segment object; any damage is Corruption (see the module docstring).
 
     ``where`` names the object in error messages. The caller checks that the header names the
-    worker, incarnation and segment number it expected.
+    worker, incarnation and segment number it expected. ``frames``: see :func:`decode_records`.
     """
     if not data:
         return SegmentContents(None, [], fence=True)
@@ -255,16 +257,31 @@ def decode_segment(data: bytes, *, where: str = "commit-log segment") -> Segment
             "segment is written whole, so it was damaged after it was written"
         )
     records = decode_records(
-        data, pos, end_of_records, header.record_count, segment=header.segment, where=where
+        data,
+        pos,
+        end_of_records,
+        header.record_count,
+        segment=header.segment,
+        where=where,
+        frames=frames,
     )
     return SegmentContents(header, records, fence=False)
 
 
 def decode_records(
-    data: bytes, pos: int, end_of_records: int, count: int, *, segment: int, where: str
+    data: bytes,
+    pos: int,
+    end_of_records: int,
+    count: int,
+    *,
+    segment: int,
+    where: str,
+    frames: list[bytes] | None = None,
 ) -> list[LogRecord]:
     """Exactly ``count`` framed records filling ``data[pos:end_of_records]``; any damage is
-    Corruption. Shared by segments and recovery runs (:mod:`tabletstore.commitlog.runs`)."""
+    Corruption. Shared by segments and recovery runs (:mod:`tabletstore.commitlog.runs`).
+    With ``frames``, each record's whole frame (checked) is appended to it as well, so a
+    sorter copies records into runs without encoding them again."""
     records: list[LogRecord] = []
     frame = _FRAME.unpack_from
     start_of_records = pos
@@ -280,6 +297,8 @@ def decode_records(
         if crc32c(payload) != crc:
             raise Corruption(f"{where}: checksum mismatch in record {len(records)} at {pos}")
         records.append(_decode_payload(payload, segment, f"{where} record {len(records)}"))
+        if frames is not None:
+            frames.append(data[pos:end])
         pos = end
     if pos != end_of_records or len(records) != count:
         raise Corruption(

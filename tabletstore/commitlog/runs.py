@@ -62,6 +62,7 @@ __all__ = [
     "TabletRange",
     "decode_run",
     "encode_run",
+    "encode_run_frames",
 ]
 
 RUN_MAGIC = b"TSRN"
@@ -119,13 +120,32 @@ def encode_run(
     table_id: str, start_row: bytes, end_row: bytes | None, records: Sequence[LogRecord]
 ) -> bytes:
     """One run of ``records`` (all of ``table_id``, rows in the range), sorted here."""
-    ordered = sorted(records, key=lambda r: (r.row, r.first_seq, r.last_seq))
-    frames = []
-    for r in ordered:
-        if r.table_id != table_id or not TabletRange(table_id, "", start_row, end_row).holds(r.row):
+    return encode_run_frames(
+        table_id,
+        start_row,
+        end_row,
+        [(r, encode_record(r.table_id, r.row, r.cells)) for r in records],
+    )
+
+
+def encode_run_frames(
+    table_id: str,
+    start_row: bytes,
+    end_row: bytes | None,
+    items: Sequence[tuple[LogRecord, bytes]],
+) -> bytes:
+    """:func:`encode_run` from records with their frames as a segment held them (a sorter
+    copies frames rather than encoding again). The sort is stable: records equal in
+    (row, first seq, last seq) keep their order."""
+    ordered = sorted(items, key=lambda item: (item[0].row, item[0].first_seq, item[0].last_seq))
+    span = TabletRange(table_id, "", start_row, end_row)
+    lo = hi = None
+    for r, _ in ordered:
+        if r.table_id != table_id or not span.holds(r.row):
             raise InvalidArgument(f"record of {r.table_id}/{r.row!r} outside the run's range")
-        frames.append(encode_record(r.table_id, r.row, r.cells))
-    seqs = [c.seq for r in ordered for c in r.cells]
+        for c in r.cells:
+            lo = c.seq if lo is None or c.seq < lo else lo
+            hi = c.seq if hi is None or c.seq > hi else hi
     tid = table_id.encode()
     end = end_row or b""
     head = (
@@ -136,16 +156,16 @@ def encode_run(
             len(start_row),
             0 if end_row is None else 1,
             len(end),
-            len(frames),
-            sum(len(f) for f in frames),
-            min(seqs, default=0),
-            max(seqs, default=0),
+            len(ordered),
+            sum(len(f) for _, f in ordered),
+            lo or 0,
+            hi or 0,
         )
         + tid
         + start_row
         + end
     )
-    return b"".join((head, _U32.pack(crc32c(head)), *frames))
+    return b"".join((head, _U32.pack(crc32c(head)), *(f for _, f in ordered)))
 
 
 def decode_run(data: bytes, *, where: str = "recovery run") -> tuple[RunHeader, list[LogRecord]]:

@@ -48,7 +48,7 @@ from tabletstore.commitlog.runs import (
     SortTask,
     TabletRange,
     decode_run,
-    encode_run,
+    encode_run_frames,
 )
 from tabletstore.errors import Corruption, InvalidArgument, PreconditionFailed, Unavailable
 from tabletstore.keys import Cell
@@ -191,10 +191,11 @@ async def run_sort_task(store: ObjectStore, plan: SortPlan, task: SortTask) -> S
         return SortManifest.from_bytes(done, where=manifest_key)
     reader = CommitLogReader(store, w, inc)
     partitioner = _Partitioner(plan.tablets)
-    groups: dict[TabletRange, list[LogRecord]] = {}
+    groups: dict[TabletRange, list[tuple[LogRecord, bytes]]] = {}
     read_bytes = records = dropped = 0
     for number in range(task.first, task.stop):
-        contents = await reader.read_segment(number)
+        frames: list[bytes] = []
+        contents = await reader.read_segment(number, frames=frames)
         if contents.fence:
             raise Corruption(
                 f"commit log {w}/{inc}: segment {number} is a fence below the plan's first "
@@ -202,20 +203,20 @@ async def run_sort_task(store: ObjectStore, plan: SortPlan, task: SortTask) -> S
             )
         assert contents.header is not None
         read_bytes += contents.header.records_length
-        for record in contents.records:
+        for record, frame in zip(contents.records, frames, strict=True):
             records += 1
             target = partitioner.find(record.table_id, record.row)
             if target is None:
                 dropped += 1
             else:
-                groups.setdefault(target, []).append(record)
+                groups.setdefault(target, []).append((record, frame))
     runs: list[RunInfo] = []
     for target in sorted(groups, key=lambda t: (t.table_id, t.start_row, t.tablet_id)):
         recs = groups[target]
-        data = encode_run(target.table_id, target.start_row, target.end_row, recs)
+        data = encode_run_frames(target.table_id, target.start_row, target.end_row, recs)
         key = recovery_run_key(w, inc, task.first, target.table_id, target.tablet_id)
         await _create_same(store, key, data)
-        seqs = [c.seq for r in recs for c in r.cells]
+        seqs = [c.seq for r, _ in recs for c in r.cells]
         runs.append(
             RunInfo(
                 key,
@@ -288,7 +289,7 @@ async def _manifests(
         if not pending or time.monotonic() >= deadline:
             break
         await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
-        delay = min(delay * 2, 0.5)
+        delay = min(delay * 2, 0.2)
     for first in pending:
         found[first] = None
     return found

@@ -34,6 +34,7 @@ import concurrent.futures
 import json
 import logging
 import multiprocessing
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -110,12 +111,21 @@ class InProcessSortExecutor:
             raise InvalidArgument("a process pool of sorters needs the store's URL")
         self._store = store
         self._url = store_url
+        self._processes = processes
         self._slots = asyncio.Semaphore(processes or parallel)
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
         if processes:
             self._pool = concurrent.futures.ProcessPoolExecutor(
                 max_workers=processes, mp_context=multiprocessing.get_context("forkserver")
             )
+
+    async def warm(self) -> None:
+        """Start the pool's processes now rather than at the first task (a master keeps its
+        pool; the benchmark times recoveries, not process start-up)."""
+        if self._pool is not None:
+            loop = asyncio.get_running_loop()
+            n = self._processes
+            await asyncio.gather(*(loop.run_in_executor(self._pool, os.getpid) for _ in range(n)))
 
     async def run(self, plan: SortPlan, task: SortTask) -> SortManifest:
         async with self._slots:

@@ -25,6 +25,7 @@ from tabletstore.rpc.tcp import RpcServer, TcpTransport
 from tabletstore.rpc.wire import register_all
 from tabletstore.storage_s3 import open_store
 from tabletstore.worker.server import TabletServer
+from tabletstore.worker.sorter import Sorter
 
 __all__ = ["run_worker"]
 
@@ -84,6 +85,9 @@ async def run_worker(
             ready(tablet_server)
         assert tablet_server.lease is not None
         lease = tablet_server.lease
+        # This worker also takes sort tasks of dead workers' logs (§6; worker.sorter).
+        sorter = Sorter(wid, store, coordinator, lease)
+        sorting = asyncio.ensure_future(sorter.run(stop))
         stopped = asyncio.ensure_future(stop.wait())
         expired = asyncio.ensure_future(lease.wait_expired())
         try:
@@ -91,6 +95,9 @@ async def run_worker(
         finally:
             stopped.cancel()
             expired.cancel()
+            sorting.cancel()
+            # A task cut short is harmless: its claim goes with the lease or is re-run.
+            await asyncio.gather(sorting, return_exceptions=True)
         fenced = lease.expired and not stop.is_set()
     finally:
         if http is not None:
