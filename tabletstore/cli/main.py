@@ -749,8 +749,20 @@ def _metrics_ready(url: str) -> None:
 @click.option("--port", type=int, default=0, show_default=True, help="Port (0: any free one).")
 @_lease_ttl_option
 @_metrics_port_option
+@click.option(
+    "--sort-executor",
+    default="workers",
+    show_default=True,
+    help="Where dead workers' logs are sorted for recovery (§6): workers, local, "
+    "lambda:<function-name> or none (each new owner reads the whole log).",
+)
 def master_cmd(
-    store: str | None, host: str, port: int, lease_ttl: float, metrics_port: int | None
+    store: str | None,
+    host: str,
+    port: int,
+    lease_ttl: float,
+    metrics_port: int | None,
+    sort_executor: str,
 ) -> None:
     """Run a master (§5.2): campaign for the master lock, then keep every tablet assigned."""
     from tabletstore.master.process import run_master
@@ -769,6 +781,7 @@ def master_cmd(
             ready=ready,
             metrics_port=metrics_port,
             metrics_ready=_metrics_ready,
+            sort_executor=sort_executor,
         )
     )
 

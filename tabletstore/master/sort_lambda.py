@@ -78,11 +78,12 @@ class LambdaSortExecutor:
             answer = json.loads(body)
         except ValueError as exc:
             raise Unavailable(f"{where} answered no JSON: {body[:200]!r}") from exc
-        if not isinstance(answer, dict) or not answer.get("ok"):
-            kind = answer.get("error") if isinstance(answer, dict) else None
-            message = answer.get("message") if isinstance(answer, dict) else answer
+        if not isinstance(answer, dict) or "ok" not in answer:
+            raise Unavailable(f"{where} answered {body[:200]!r}, not a log-sort answer")
+        if not answer["ok"]:
+            kind = answer.get("error")
             error = Corruption if kind == "Corruption" else Unavailable
-            raise error(f"{where}: {kind}: {message}")
+            raise error(f"{where}: {kind}: {answer.get('message')}")
         return SortManifest.from_bytes(json.dumps(answer["manifest"]).encode(), where=where)
 
     async def close(self) -> None:
