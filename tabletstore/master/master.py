@@ -43,6 +43,7 @@ from tabletstore.errors import (
 )
 from tabletstore.master import assignment
 from tabletstore.master.balancer import Balancer
+from tabletstore.master.compaction_cycle import MajorCompactionCycle
 from tabletstore.master.recovery import LogRecovery
 from tabletstore.metadata import rows as mt
 from tabletstore.metadata.catalog import Catalog, TableInfo
@@ -118,6 +119,13 @@ class Master:
         self._options = options or MasterOptions()
         _check_load_options(self._options)
         self.recovery = recovery
+        #: §5.4's cycle through all tablets; run_master runs a round after each assignment.
+        self.compaction_cycle = MajorCompactionCycle(
+            period=self._options.major_compaction_period,
+            records=self._every_record,
+            compact=self._major_compact,
+            now=self._clock.time,
+        )
         #: Loads sent, by tablet (table id, tablet id); finished ones are dropped at the start
         #: of the next round, after which the claims read then show their outcome.
         self._loads: dict[tuple[str, str], _Load] = {}
@@ -300,8 +308,30 @@ class Master:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self.compaction_cycle.close()
         if self.recovery is not None:
             await self.recovery.close()
+
+    # ------------------------------------------------------------------ major compaction cycle
+
+    async def _every_record(self) -> list[TabletRecord]:
+        """The records of every METADATA and user tablet (the root's lives in the coordinator
+        and holds a handful of rows: it is left to the compactions its writes trigger)."""
+        records = list(await self._catalog.list_tablets(mt.METADATA_TABLE_ID))
+        for info in await self._catalog.list_tables():
+            records.extend(await self._catalog.list_tablets(info.table_id))
+        return [r for r in records if mt.level(r.table_id, r.tablet_id) != 1]
+
+    async def _major_compact(self, rec: TabletRecord) -> None:
+        """Ask the worker serving ``rec``'s tablet for a major compaction; NotServing if none
+        does now (the cycle tries again next round)."""
+        holder = (await self._claims()).get((rec.table_id, rec.tablet_id))
+        address = (await self.live_workers()).get(holder) if holder is not None else None
+        if address is None:
+            raise NotServing(f"tablet {rec.tablet_id} is not served right now")
+        await self._transport.call(
+            address, "compact_tablet", CompactTabletRequest(rec.table_id, rec.tablet_id, major=True)
+        )
 
     # ------------------------------------------------------------------ tables
 

@@ -145,6 +145,10 @@ async def run_master(
                     log.warning("assignment round failed: %s", exc)
                 await collector.maybe_run()
                 await master.balancer.run_round()
+                try:
+                    await master.compaction_cycle.run_round()
+                except TabletStoreError as exc:
+                    log.warning("major compaction cycle round failed: %s", exc)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), interval)
     finally:
