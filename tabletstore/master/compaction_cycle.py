@@ -9,7 +9,10 @@ compactions to them." :func:`due` is the pure planner: a tablet is due when its 
 each assignment round; it asks the serving worker (``compact_tablet``, major), which runs the
 rewrite on its compaction executor (``WorkerOptions.compaction_processes``) and commits it with
 the epoch-conditional record update every compaction uses. At most ``max_in_flight`` run at
-once, in the background: the master loop never waits on one.
+once, in the background: the master loop never waits on one, nor on the listing of every
+record, which runs in the background too and at most every ``period / 24`` seconds (hourly
+by default): listing every record each second would load METADATA for nothing, and wait on it
+while a METADATA tablet is being recovered.
 """
 
 from __future__ import annotations
@@ -67,29 +70,50 @@ class MajorCompactionCycle:
         self._now = now
         self.max_in_flight = max_in_flight
         self._running: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._scan: asyncio.Task[int] | None = None
+        #: When the next listing may start (``now()`` seconds); the first one at once.
+        self.next_scan = 0.0
         #: Major compactions this cycle finished (for tests and status).
         self.finished = 0
 
-    async def run_round(self) -> int:
-        """Start the due compactions (within the in-flight bound); returns how many started."""
+    def run_round(self) -> None:
+        """Reap what finished and, when the next listing is due, start it in the background
+        (it starts the due compactions). Never waits."""
         for key, task in list(self._running.items()):
             if task.done():
                 del self._running[key]
                 if not task.cancelled() and (exc := task.exception()) is not None:
                     log.warning("major compaction of %s/%s failed: %s", *key, exc)
-        if self.period is None or len(self._running) >= self.max_in_flight:
-            return 0
+        if self._scan is not None and self._scan.done():
+            if not self._scan.cancelled() and (exc := self._scan.exception()) is not None:
+                log.info("major compaction cycle: listing the tablets failed: %s", exc)
+                self.next_scan = self._now()  # METADATA not served yet: try again soon
+            self._scan = None
+        if self.period is None or self._scan is not None or self._now() < self.next_scan:
+            return
+        self._scan = asyncio.get_running_loop().create_task(
+            self.scan(), name="major compaction cycle"
+        )
+
+    async def scan(self) -> int:
+        """List every record and start the due compactions (within the in-flight bound);
+        returns how many started. The next listing is due ``period / 24`` s later, or at
+        once if the bound left due tablets waiting."""
+        assert self.period is not None
         started = 0
+        pending = False
         for rec in due(await self._records(), self._now(), self.period):
             key = (rec.table_id, rec.tablet_id)
             if key in self._running:
                 continue
             if len(self._running) >= self.max_in_flight:
+                pending = True
                 break
             self._running[key] = asyncio.get_running_loop().create_task(
                 self._one(rec), name=f"major compaction of {rec.tablet_id}"
             )
             started += 1
+        self.next_scan = self._now() + (0.0 if pending else self.period / 24)
         return started
 
     async def _one(self, rec: TabletRecord) -> None:
@@ -105,7 +129,9 @@ class MajorCompactionCycle:
         await asyncio.gather(*self._running.values(), return_exceptions=True)
 
     async def close(self) -> None:
-        for task in self._running.values():
+        tasks = [*self._running.values(), *([self._scan] if self._scan is not None else [])]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._running.values(), return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         self._running.clear()
+        self._scan = None

@@ -145,10 +145,7 @@ async def run_master(
                     log.warning("assignment round failed: %s", exc)
                 await collector.maybe_run()
                 await master.balancer.run_round()
-                try:
-                    await master.compaction_cycle.run_round()
-                except TabletStoreError as exc:
-                    log.warning("major compaction cycle round failed: %s", exc)
+                master.compaction_cycle.run_round()  # starts background work only
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), interval)
     finally:
@@ -181,7 +178,9 @@ def make_recovery(
     if kind == "workers":
         executor = WorkerSortExecutor(store, coordinator)
     elif kind == "local":
-        executor = InProcessSortExecutor(store)
+        # Processes, not the master's event loop: a sort is CPU work, and the loop keeps the
+        # master's lease alive.
+        executor = InProcessSortExecutor(store, processes=2, store_url=store_url)
     elif kind.startswith("lambda:") and len(kind) > len("lambda:"):
         from tabletstore.master.sort_lambda import LambdaSortExecutor
 

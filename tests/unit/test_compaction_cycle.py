@@ -74,7 +74,7 @@ async def test_a_round_major_compacts_every_served_tablet_and_purges_deletes() -
         cycle.max_in_flight = 100
         # One round starts every due tablet (user, and METADATA ones with SSTables); each is due again at
         # once with so short a period, so the test runs exactly one round.
-        assert await cycle.run_round() >= 2
+        assert await cycle.scan() >= 2
         await cycle.wait()
         assert cycle.finished >= 2
         records = await db.master.catalog.list_tablets(records[0].table_id)
@@ -85,7 +85,29 @@ async def test_a_round_major_compacts_every_served_tablet_and_purges_deletes() -
         assert len([r async for r in t.read_rows()]) == 19
         # Right after, nothing is due for a day.
         cycle.period = DAY
-        assert await cycle.run_round() == 0
+        assert await cycle.scan() == 0
         assert replace(records[0]) == records[0]
     finally:
         await db.close()
+
+
+async def test_a_round_never_waits_for_metadata() -> None:
+    """The master loop calls run_round every second: a METADATA that does not answer (being
+    recovered) must hold back neither it nor the assignment round after it."""
+    import asyncio
+
+    hang = asyncio.Event()
+
+    async def records() -> list[TabletRecord]:
+        await hang.wait()
+        return []
+
+    cycle = MajorCompactionCycle(period=DAY, records=records, compact=_noop, now=lambda: 0.0)
+    cycle.run_round()  # starts the listing in the background and returns
+    cycle.run_round()  # one listing at a time
+    await asyncio.sleep(0)
+    hang.set()
+    await asyncio.sleep(0.01)
+    cycle.run_round()
+    assert cycle.next_scan == DAY / 24  # the next listing an hour later, not at once
+    await cycle.close()
