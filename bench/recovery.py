@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tabletstore.commitlog import encode_record, encode_segment, fence, replay_cells
-from tabletstore.commitlog.runs import SortManifest, SortPlan, TabletRange
+from tabletstore.commitlog.runs import SortManifest, SortPlan, SortTask, TabletRange
 from tabletstore.commitlog.sorting import plan_sort, sorted_replay
 from tabletstore.keys import Cell, CellKind
 from tabletstore.master.recovery import InProcessSortExecutor
@@ -53,6 +53,9 @@ class Result:
     log_bytes_read: int
     requests: int
     seconds: float
+    #: Sorted recovery: seconds until every sort task was done, and the tasks.
+    sort_seconds: float = 0.0
+    tasks: int = 0
 
     @property
     def read_ratio(self) -> float:
@@ -123,14 +126,21 @@ async def direct(url: str, tablets: list[TabletRange]) -> tuple[float, int, int]
 
 async def sorted_recovery(
     url: str, tablets: list[TabletRange], sorters: int, task_bytes: int
-) -> tuple[float, int, int, SortPlan]:
+) -> tuple[float, int, int, SortPlan, float]:
     store = open_store(url, instrument=True)
     executor = InProcessSortExecutor(store, processes=sorters, store_url=url)
     # Start the pool's processes before the clock: a long-lived master keeps its pool.
     await executor.warm()
     started = time.perf_counter()
     plan = await plan_sort(store, WORKER, INCARNATION, tablets, task_bytes=task_bytes)
-    sorts = [asyncio.ensure_future(executor.run(plan, task)) for task in plan.tasks]
+    finished: list[float] = []
+
+    async def sort(task: SortTask) -> SortManifest:
+        manifest = await executor.run(plan, task)
+        finished.append(time.perf_counter() - started)
+        return manifest
+
+    sorts = [asyncio.ensure_future(sort(task)) for task in plan.tasks]
 
     async def one(t: TabletRange) -> int:
         return sum(
@@ -152,7 +162,7 @@ async def sorted_recovery(
     for task, manifest in zip(plan.tasks, manifests, strict=True):
         read += task.size
         requests += 2 + (task.stop - task.first) + len(manifest.runs) + 1
-    return seconds, read, requests, plan
+    return seconds, read, requests, plan, max(finished)
 
 
 async def run(log_mb: float, tablet_counts: list[int], sorter_counts: list[int]) -> list[Result]:
@@ -181,17 +191,31 @@ async def run(log_mb: float, tablet_counts: list[int], sorter_counts: list[int])
                         await dst.create(info.key, data)
                 await src.close()
                 await dst.close()
-                seconds, read, requests, plan = await sorted_recovery(
+                seconds, read, requests, plan, sort_s = await sorted_recovery(
                     run_url, ranges, n, task_bytes
                 )
                 log_read = sum(task.size for task in plan.tasks)
-                results.append(Result(t, "sorted", n, size, read, log_read, requests, seconds))
+                results.append(
+                    Result(
+                        t,
+                        "sorted",
+                        n,
+                        size,
+                        read,
+                        log_read,
+                        requests,
+                        seconds,
+                        sort_s,
+                        len(plan.tasks),
+                    )
+                )
                 print(_row(results[-1]), flush=True)
     return results
 
 
 HEADER = (
-    "| tablets | method | sorters | log MB | log read / log | all read / log | requests | seconds |"
+    "| tablets | method | sorters | log MB | log read / log | all read / log | requests "
+    "| sort done s | seconds |"
 )
 
 
@@ -199,7 +223,8 @@ def _row(r: Result) -> str:
     sorters = str(r.sorters) if r.sorters else "-"
     return (
         f"| {r.tablets} | {r.method} | {sorters} | {r.log_bytes / 2**20:.1f} | "
-        f"{r.log_read_ratio:.2f} | {r.read_ratio:.2f} | {r.requests} | {r.seconds:.2f} |"
+        f"{r.log_read_ratio:.2f} | {r.read_ratio:.2f} | {r.requests} | "
+        f"{f'{r.sort_seconds:.2f}' if r.tasks else '-'} | {r.seconds:.2f} |"
     )
 
 
@@ -213,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     tablets = [int(x) for x in args.tablets.split(",")]
     sorters = [int(x) for x in args.sorters.split(",")]
     print(HEADER)
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     results = asyncio.run(run(args.log_mb, tablets, sorters))
     args.json.write_text(
         json.dumps(

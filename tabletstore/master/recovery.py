@@ -63,6 +63,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+#: A log listed by fewer tablets than this is left to the direct replay (bench/recovery.py:
+#: with one tablet the direct replay is faster; from two on the sort reads less).
+MIN_TABLETS_TO_SORT = 2
+
 
 class SortExecutor(Protocol):
     """Runs sort tasks somewhere; ``run`` returns the task's manifest once it is done."""
@@ -249,6 +253,9 @@ class LogRecovery:
                 for r in records
                 if ref in r.logs
             ]
+            if len(ranges) < MIN_TABLETS_TO_SORT:
+                # One reader reads the log once either way; sorting would add a second pass.
+                continue
             try:
                 plan = await plan_sort(
                     self._store, ref.worker_id, ref.incarnation, ranges, task_bytes=self._task_bytes

@@ -4,6 +4,7 @@ tablet with SSTables into one, deleted rows gone."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 
 import pytest
@@ -94,8 +95,6 @@ async def test_a_round_major_compacts_every_served_tablet_and_purges_deletes() -
 async def test_a_round_never_waits_for_metadata() -> None:
     """The master loop calls run_round every second: a METADATA that does not answer (being
     recovered) must hold back neither it nor the assignment round after it."""
-    import asyncio
-
     hang = asyncio.Event()
 
     async def records() -> list[TabletRecord]:

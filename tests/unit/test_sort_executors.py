@@ -185,3 +185,6 @@ async def test_master_sorts_dead_logs_retries_and_a_new_master_resumes() -> None
     claimed = {(r.table_id, r.tablet_id): "B" for r in _records((LogRef("gone", 1),))}
     await other.start(_records((LogRef("gone", 1),)), claimed, live=["B"])
     assert other.sorting == {}
+    # A log only one tablet lists is left to that tablet's direct replay (no second pass).
+    await other.start(_records((LogRef(W, INC),))[:1], {}, live=[])
+    assert other.sorting == {}
