@@ -212,7 +212,10 @@ class LogRecovery:
         *,
         task_bytes: int,
         attempts: int = 3,
+        plan_wait: float = 2.0,
     ) -> None:
+        """``plan_wait``: seconds an assignment round waits for the planning of new dead logs
+        before its loads go out anyway (see :meth:`start`)."""
         if task_bytes < 1 or attempts < 1:
             raise InvalidArgument(
                 f"task_bytes and attempts must be >= 1, got {task_bytes}, {attempts}"
@@ -223,6 +226,8 @@ class LogRecovery:
         self._task_bytes = task_bytes
         self._attempts = attempts
         self._logs: dict[LogRef, _LogSort] = {}
+        self._planning: dict[LogRef, asyncio.Task[_LogSort]] = {}
+        self._plan_wait = plan_wait
         #: Logs whose plan failed (Corruption): reported once, not retried every round.
         self._broken: dict[LogRef, str] = {}
 
@@ -245,7 +250,8 @@ class LogRecovery:
         for rec in records:
             if claims.get((rec.table_id, rec.tablet_id)) not in live_workers:
                 needed.update(rec.logs)
-        for ref in sorted(needed - self._logs.keys() - self._broken.keys(), key=_order):
+        known = self._logs.keys() | self._broken.keys() | self._planning.keys()
+        for ref in sorted(needed - known, key=_order):
             if not await self._dead(ref, live_workers):
                 continue
             ranges = [
@@ -256,29 +262,32 @@ class LogRecovery:
             if len(ranges) < MIN_TABLETS_TO_SORT:
                 # One reader reads the log once either way; sorting would add a second pass.
                 continue
-            try:
-                plan = await plan_sort(
-                    self._store, ref.worker_id, ref.incarnation, ranges, task_bytes=self._task_bytes
-                )
-            except Corruption as exc:
+            self._planning[ref] = asyncio.get_running_loop().create_task(
+                self._plan(ref, ranges), name=f"plan the sort of {ref.worker_id}/{ref.incarnation}"
+            )
+        # The planning is a few requests (fence, list, one PUT), but the object store may be
+        # slow or paused: the loads of this round wait for it only so long, and a load that
+        # starts before its log's plan exists replays the log directly (correct, slower).
+        if self._planning:
+            await asyncio.wait(list(self._planning.values()), timeout=self._plan_wait)
+        for ref, planning in list(self._planning.items()):
+            if not planning.done():
+                continue
+            del self._planning[ref]
+            if planning.cancelled():
+                continue
+            exc = planning.exception()
+            if isinstance(exc, Corruption):
                 log.error(
                     "commit log %s/%s cannot be sorted: %s", ref.worker_id, ref.incarnation, exc
                 )
                 self._broken[ref] = str(exc)
-                continue
-            state = _LogSort(plan)
-            for task in plan.tasks:  # a previous master's tasks that finished
-                if await task_done(self._store, plan, task):
-                    state.done.add(task.first)
-            self._logs[ref] = state
-            log.info(
-                "sorting commit log %s/%s: %d segments in %d tasks for %d tablets",
-                ref.worker_id,
-                ref.incarnation,
-                plan.fence,
-                len(plan.tasks),
-                len(plan.tablets),
-            )
+            elif exc is not None:
+                log.warning(
+                    "planning the sort of %s/%s failed: %s", ref.worker_id, ref.incarnation, exc
+                )
+            else:
+                self._logs[ref] = planning.result()
         for ref, state in list(self._logs.items()):
             self._reap(ref, state)
             for task in state.plan.tasks:
@@ -293,6 +302,25 @@ class LogRecovery:
                 )
             if state.finished(self._attempts):
                 del self._logs[ref]
+
+    async def _plan(self, ref: LogRef, ranges: Sequence[TabletRange]) -> _LogSort:
+        """Fence, list and plan one log (or take its existing plan) and find its done tasks."""
+        plan = await plan_sort(
+            self._store, ref.worker_id, ref.incarnation, ranges, task_bytes=self._task_bytes
+        )
+        state = _LogSort(plan)
+        for task in plan.tasks:  # a previous master's tasks that finished
+            if await task_done(self._store, plan, task):
+                state.done.add(task.first)
+        log.info(
+            "sorting commit log %s/%s: %d segments in %d tasks for %d tablets",
+            ref.worker_id,
+            ref.incarnation,
+            plan.fence,
+            len(plan.tasks),
+            len(plan.tablets),
+        )
+        return state
 
     def _reap(self, ref: LogRef, state: _LogSort) -> None:
         for first, task in list(state.running.items()):
@@ -317,6 +345,7 @@ class LogRecovery:
 
     async def wait(self) -> None:
         """Wait for every task running now (tests and the benchmark)."""
+        await asyncio.gather(*self._planning.values(), return_exceptions=True)
         tasks = [t for s in self._logs.values() for t in s.running.values()]
         await asyncio.gather(*tasks, return_exceptions=True)
         for ref, state in list(self._logs.items()):
@@ -335,11 +364,15 @@ class LogRecovery:
 
     async def close(self) -> None:
         """Stop waiting for the tasks (they are idempotent: the next master runs them again)."""
-        tasks = [t for s in self._logs.values() for t in s.running.values()]
+        tasks = [
+            *(t for s in self._logs.values() for t in s.running.values()),
+            *self._planning.values(),
+        ]
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._logs.clear()
+        self._planning.clear()
         try:
             await self.executor.close()
         except TabletStoreError as exc:

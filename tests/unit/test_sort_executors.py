@@ -7,6 +7,7 @@ reusing the plan and running only the tasks not done)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ from tabletstore.master.recovery import (
 )
 from tabletstore.metadata.record import LogRef, TabletRecord
 from tabletstore.storage_s3 import open_store
+from tabletstore.storage_s3.base import ObjectInfo
 from tabletstore.storage_s3.memory import MemoryObjectStore
 from tabletstore.worker.sorter import Sorter
 from tests.unit.test_commitlog_sorting import INC, TABLETS, W, write_log
@@ -188,3 +190,38 @@ async def test_master_sorts_dead_logs_retries_and_a_new_master_resumes() -> None
     # A log only one tablet lists is left to that tablet's direct replay (no second pass).
     await other.start(_records((LogRef(W, INC),))[:1], {}, live=[])
     assert other.sorting == {}
+
+
+class SlowListStore(MemoryObjectStore):
+    """Listing hangs until ``go`` is set (a paused or throttled object store)."""
+
+    def __init__(self) -> None:
+        super().__init__(shared=False)
+        self.go = asyncio.Event()
+        self.go.set()
+
+    async def list(  # type: ignore[override]
+        self, prefix: str, *, start_after: str | None = None
+    ) -> AsyncIterator[ObjectInfo]:
+        await self.go.wait()
+        async for info in super().list(prefix, start_after=start_after):
+            yield info
+
+
+async def test_a_slow_store_holds_the_assignment_round_back_only_plan_wait() -> None:
+    store = SlowListStore()
+    await write_log(store)
+    store.go.clear()
+    coord = MemoryCoordinator()
+    executor = CountingExecutor(store)
+    recovery = LogRecovery(store, executor, coord, task_bytes=3000, plan_wait=0.05)
+    records = _records((LogRef(W, INC),))
+    await asyncio.wait_for(recovery.start(records, {}, live=[]), 5)  # returns: loads go out
+    assert recovery.sorting == {} and executor.ran == []
+    store.go.set()  # the store answers again; the planning went on in the background
+    await asyncio.sleep(0.1)
+    await recovery.start(records, {}, live=[])
+    await recovery.wait()
+    plan = await load_plan(store, W, INC)
+    assert plan is not None and sorted(executor.ran) == [t.first for t in plan.tasks]
+    await recovery.close()
