@@ -17,10 +17,11 @@ from the same RNG among the live workers that serve tablets of the chaos table a
 * ``s3_faults``: for a few seconds the fault proxy answers some requests with 503 SlowDown,
   holds some past the client's read timeout, and answers some applied PUTs with 500.
 * ``kill_sorter``: SIGKILL a worker serving chaos tablets (its log is then sorted, §6), and
-  as soon as a sort task of that log is published, claim it as a sorter that dies mid-task:
-  the claim is attached to a lease nobody keeps alive, and the task writes its runs but dies
+  as soon as the master planned that sort, claim a task as a sorter that dies mid-task: the
+  claim is attached to a lease nobody keeps alive, and the task writes its runs but dies
   before its manifest. The live workers must take the task over once that lease ends (and
-  find the dead sorter's runs equal to theirs).
+  find the dead sorter's runs equal to theirs); the new owners meanwhile wait at most their
+  ``sort_wait`` and read that task's segments themselves.
 * ``sort_twice``: SIGKILL a worker serving chaos tablets and run every sort task of its log a
   second time, alongside the live workers' runs (a retried function, a slow duplicate).
   A duplicate that finds different bytes is Corruption, recorded as a nemesis error.
@@ -39,7 +40,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tabletstore.cli.localstack import ProcessRecord
-from tabletstore.commitlog.sorting import load_plan, run_sort_task
+from tabletstore.commitlog.runs import SortPlan
+from tabletstore.commitlog.sorting import load_plan, run_sort_task, task_done
 from tabletstore.coordination import paths
 from tabletstore.coordination.base import Coordinator, Put, absent
 from tabletstore.errors import Unavailable
@@ -179,51 +181,49 @@ class Nemesis:
         fault, worker_id = await self._kill_a_worker("kill_sorter")
         store = open_store(self.cluster.direct_store_url)
         try:
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + SORT_WAIT
-            while loop.time() < deadline:
-                for kv in await coord.get_prefix(paths.SORTS):
-                    dead, incarnation, first = paths.parse_sort(kv.key)
-                    if dead != worker_id:
-                        continue
-                    # A lease nobody keeps alive: this sorter "dies" holding the claim.
-                    lease = await coord.grant_lease(self.cluster.lease_ttl)
-                    claim = paths.sorter(dead, incarnation, first)
-                    won = await coord.txn(
-                        [absent(claim)], [Put(claim, b"nemesis", lease_id=lease.id)], []
-                    )
-                    if not won.succeeded:
-                        continue  # a live worker was quicker: try the next task
-                    plan = await load_plan(store, dead, incarnation)
-                    task = next(t for t in plan.tasks if t.first == first) if plan else None
-                    if plan is not None and task is not None:
-                        with contextlib.suppress(_Died):
-                            await run_sort_task(_DiesBeforeManifest(store), plan, task)
-                    self.history.heal(fault, sorter_died_on=f"{dead}/{incarnation}@{first}")
-                    return
-                await asyncio.sleep(0.01)
-            raise RuntimeError(f"no sort task of {worker_id}'s log appeared in {SORT_WAIT} s")
+            plan = await self._wait_for_plan(store, worker_id)
+            for task in plan.tasks:
+                # A lease nobody keeps alive: this sorter "dies" holding the claim, which the
+                # live workers' sorters honour until the lease ends.
+                lease = await coord.grant_lease(self.cluster.lease_ttl)
+                claim = paths.sorter(plan.worker_id, plan.incarnation, task.first)
+                won = await coord.txn(
+                    [absent(claim)], [Put(claim, b"nemesis", lease_id=lease.id)], []
+                )
+                if not won.succeeded or await task_done(store, plan, task):
+                    continue  # a live worker was quicker: try the next task
+                with contextlib.suppress(_Died):
+                    await run_sort_task(_DiesBeforeManifest(store), plan, task)
+                self.history.heal(fault, sorter_died_on=f"{worker_id}@{task.first}")
+                return
+            raise RuntimeError(f"every sort task of {worker_id}'s log was done before the nemesis")
         finally:
             await store.close()
+
+    async def _wait_for_plan(self, store: ObjectStore, worker_id: str) -> SortPlan:
+        """The sort plan of ``worker_id``'s current log, once the master made it."""
+        assert self.coordinator is not None
+        kv = await self.coordinator.get(paths.setting(f"incarnation.{worker_id}"))
+        if kv is None:
+            raise RuntimeError(f"no incarnation recorded for {worker_id}")
+        incarnation = int(kv.value)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + SORT_WAIT
+        plan = await load_plan(store, worker_id, incarnation)
+        while plan is None and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+            plan = await load_plan(store, worker_id, incarnation)
+        if plan is None:
+            raise RuntimeError(f"no sort plan for {worker_id}/{incarnation} in {SORT_WAIT} s")
+        return plan
 
     async def sort_twice(self) -> None:
         coord = self.coordinator
         assert coord is not None, "the sort faults need the coordinator"
         fault, worker_id = await self._kill_a_worker("sort_twice")
-        kv = await coord.get(paths.setting(f"incarnation.{worker_id}"))
-        if kv is None:
-            raise RuntimeError(f"no incarnation recorded for {worker_id}")
-        incarnation = int(kv.value)
         store = open_store(self.cluster.direct_store_url)
         try:
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + SORT_WAIT
-            plan = await load_plan(store, worker_id, incarnation)
-            while plan is None and loop.time() < deadline:
-                await asyncio.sleep(0.02)
-                plan = await load_plan(store, worker_id, incarnation)
-            if plan is None:
-                raise RuntimeError(f"no sort plan for {worker_id}/{incarnation} in {SORT_WAIT} s")
+            plan = await self._wait_for_plan(store, worker_id)
             await asyncio.gather(*(run_sort_task(store, plan, t) for t in plan.tasks))
             self.history.heal(fault, duplicated=len(plan.tasks))
         finally:
