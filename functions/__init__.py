@@ -1,3 +1,7 @@
 """Serverless handlers (DESIGN.md §7): thin entry points that validate their event with
-pydantic and call into tabletstore. The recovery-sort handler (sorting a dead worker's log
-segments into per-tablet runs, §6) lands with the parallel-recovery work."""
+pydantic, call into tabletstore and answer JSON (``functions._common.handle``).
+
+* ``log_sort.handler``: one sort task of a dead worker's commit log (§6), invoked by
+  ``tabletstore.master.sort_lambda.LambdaSortExecutor``;
+* ``gc.handler``: one garbage-collection round of a cluster's bucket (§5.2).
+"""

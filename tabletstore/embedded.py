@@ -9,7 +9,9 @@ transport, so requests take the same client → tablet-server path as in the clu
 Opening a directory is a recovery (§5.3): the new worker incarnation claims every tablet —
 the root tablet, then the METADATA tablets, then the user tablets, as a cluster's master
 assigns them — fences the previous incarnation's commit log and replays what was not yet in
-SSTables, so every acknowledged write is there even after ``kill -9``. The tablet records are
+SSTables, so every acknowledged write is there even after ``kill -9``. The master sorts that
+log first (§6; ``master.recovery`` with an in-process executor), so each tablet reads only
+its own part of it instead of the whole log. The tablet records are
 METADATA rows served by the in-process worker, exactly as in a cluster; the root tablet's
 record is in the coordinator's journal. ``memory://name`` opens the same stack on in-memory
 storage (shared by name within a process; gone with it).
@@ -33,8 +35,9 @@ from tabletstore.errors import InvalidArgument
 from tabletstore.master.gc import GcReport, collect
 from tabletstore.master.gc_plan import DEFAULT_FENCE_GRACE, DEFAULT_GRACE
 from tabletstore.master.master import Master
+from tabletstore.master.recovery import InProcessSortExecutor, LogRecovery
 from tabletstore.ops.metrics import WorkerMetrics
-from tabletstore.options import IN_PROCESS_LEASE, TabletOptions, WorkerOptions
+from tabletstore.options import IN_PROCESS_LEASE, MasterOptions, TabletOptions, WorkerOptions
 from tabletstore.rpc.inprocess import InProcessTransport
 from tabletstore.rpc.messages import WORKER_METHODS
 from tabletstore.storage_s3 import open_store
@@ -151,7 +154,22 @@ class Database(AsyncClient):
         try:
             await worker.start()
             transport.register(_ADDRESS, SimpleNamespace(**handlers))
-            master = Master(coordinator=coordinator, transport=transport, clock=clock, store=store)
+            mopts = MasterOptions()
+            recovery = LogRecovery(
+                store,
+                InProcessSortExecutor(store),
+                coordinator,
+                task_bytes=mopts.sort_task_bytes,
+                attempts=mopts.sort_attempts,
+            )
+            master = Master(
+                coordinator=coordinator,
+                transport=transport,
+                clock=clock,
+                options=mopts,
+                recovery=recovery,
+                store=store,
+            )
             await master.assign()
         except BaseException:
             await coordinator.close()

@@ -80,6 +80,11 @@ class WorkerOptions:
     #: Seconds a tablet waits after a split before it may split again (besides waiting for
     #: its first major compaction): bounds split storms when writes outpace compactions.
     split_cooldown: float = 5.0
+    #: Seconds a tablet's new owner waits for the sort tasks of a dead worker's log (§6)
+    #: before reading the segments of the unfinished ones itself: longer waits for a slow
+    #: sorter (each tablet then reads only its runs), shorter bounds how long a dead sorter
+    #: holds recovery back (its few MB are then read by every tablet waiting on it).
+    sort_wait: float = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,3 +138,12 @@ class MasterOptions:
     #: logs, which may legitimately take minutes after a crash; a load to a worker that leaves
     #: the servers directory (dead, or paused past its lease) is given up at once instead.
     load_timeout: float = 600.0
+    #: Bytes of log segments per sort task when a dead worker's log is sorted for recovery
+    #: (§6). Smaller means more tasks in parallel, more objects and requests.
+    sort_task_bytes: int = 4 * 1024 * 1024
+    #: Times the master runs one sort task before leaving it to the tablets' owners (who then
+    #: read its segments directly): a task failing this often is damaged, not unlucky.
+    sort_attempts: int = 3
+    #: Seconds between two major compactions of every tablet (§5.4: deleted data is gone
+    #: within a bounded time); None turns the cycle off.
+    major_compaction_period: float | None = 86400.0

@@ -896,6 +896,13 @@ def _metrics_ready(url: str) -> None:
 @_lease_ttl_option
 @_split_bytes_option
 @_metrics_port_option
+@click.option(
+    "--sort-executor",
+    default="workers",
+    show_default=True,
+    help="Where dead workers' logs are sorted for recovery (§6): workers, local, "
+    "lambda:<function-name> or none (each new owner reads the whole log).",
+)
 def master_cmd(
     store: str | None,
     host: str,
@@ -903,6 +910,7 @@ def master_cmd(
     lease_ttl: float,
     split_bytes: int,
     metrics_port: int | None,
+    sort_executor: str,
 ) -> None:
     """Run a master (§5.2): campaign for the master lock, then keep every tablet assigned."""
     from tabletstore.master.process import run_master
@@ -923,6 +931,7 @@ def master_cmd(
             ready=ready,
             metrics_port=metrics_port,
             metrics_ready=_metrics_ready,
+            sort_executor=sort_executor,
         ),
         store=store,
     )

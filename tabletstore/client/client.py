@@ -323,6 +323,7 @@ class AsyncClient:
             if record.end_row is None:
                 return done
             row = record.end_row
+
     # ------------------------------------------------------------------ batch jobs (§8)
 
     async def snapshot(self, table: str, *, ttl: float | None = None) -> SnapshotManifest:

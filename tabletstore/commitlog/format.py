@@ -54,6 +54,7 @@ __all__ = [
     "LogRecord",
     "SegmentContents",
     "SegmentHeader",
+    "decode_records",
     "decode_segment",
     "encode_record",
     "encode_segment",
@@ -236,11 +237,13 @@ def _decode_payload(payload: bytes, segment: int, where: str) -> LogRecord:
     return LogRecord(segment, table_id, row, first, last, cells)
 
 
-def decode_segment(data: bytes, *, where: str = "commit-log segment") -> SegmentContents:
+def decode_segment(
+    data: bytes, *, where: str = "commit-log segment", frames: list[bytes] | None = None
+) -> SegmentContents:
     """Decode one segment object; any damage is Corruption (see the module docstring).
 
     ``where`` names the object in error messages. The caller checks that the header names the
-    worker, incarnation and segment number it expected.
+    worker, incarnation and segment number it expected. ``frames``: see :func:`decode_records`.
     """
     if not data:
         return SegmentContents(None, [], fence=True)
@@ -253,25 +256,54 @@ def decode_segment(data: bytes, *, where: str = "commit-log segment") -> Segment
             f"{where}: {len(data)} bytes where the header declares {end_of_records}; a "
             "segment is written whole, so it was damaged after it was written"
         )
+    records = decode_records(
+        data,
+        pos,
+        end_of_records,
+        header.record_count,
+        segment=header.segment,
+        where=where,
+        frames=frames,
+    )
+    return SegmentContents(header, records, fence=False)
+
+
+def decode_records(
+    data: bytes,
+    pos: int,
+    end_of_records: int,
+    count: int,
+    *,
+    segment: int,
+    where: str,
+    frames: list[bytes] | None = None,
+) -> list[LogRecord]:
+    """Exactly ``count`` framed records filling ``data[pos:end_of_records]``; any damage is
+    Corruption. Shared by segments and recovery runs (:mod:`tabletstore.commitlog.runs`).
+    With ``frames``, each record's whole frame (checked) is appended to it as well, so a
+    sorter copies records into runs without encoding them again."""
     records: list[LogRecord] = []
     frame = _FRAME.unpack_from
-    while pos < end_of_records and len(records) < header.record_count:
+    start_of_records = pos
+    while pos < end_of_records and len(records) < count:
         start = pos + _FRAME.size
         if start > end_of_records:
-            raise Corruption(f"{where}: record {len(records)} frame runs past the segment's end")
+            raise Corruption(f"{where}: record {len(records)} frame runs past the object's end")
         length, crc = frame(data, pos)
         end = start + length
         if end > end_of_records:
-            raise Corruption(f"{where}: record {len(records)} runs past the segment's end")
+            raise Corruption(f"{where}: record {len(records)} runs past the object's end")
         payload = data[start:end]
         if crc32c(payload) != crc:
             raise Corruption(f"{where}: checksum mismatch in record {len(records)} at {pos}")
-        records.append(_decode_payload(payload, header.segment, f"{where} record {len(records)}"))
+        records.append(_decode_payload(payload, segment, f"{where} record {len(records)}"))
+        if frames is not None:
+            frames.append(data[pos:end])
         pos = end
-    if pos != end_of_records or len(records) != header.record_count:
+    if pos != end_of_records or len(records) != count:
         raise Corruption(
-            f"{where}: header declares {header.record_count} records in "
-            f"{header.records_length} bytes, found {len(records)} in "
-            f"{pos - end_of_records + header.records_length}"
+            f"{where}: header declares {count} records in "
+            f"{end_of_records - start_of_records} bytes, found {len(records)} in "
+            f"{pos - start_of_records}"
         )
-    return SegmentContents(header, records, fence=False)
+    return records

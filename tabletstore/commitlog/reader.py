@@ -126,14 +126,17 @@ class CommitLogReader:
         #: The number of the fence that ended the log, once reading reached one.
         self.fenced_at: int | None = None
 
-    async def read_segment(self, number: int) -> SegmentContents:
-        """One segment decoded and checked against its key. Corruption if missing."""
+    async def read_segment(
+        self, number: int, *, frames: list[bytes] | None = None
+    ) -> SegmentContents:
+        """One segment decoded and checked against its key. Corruption if missing.
+        ``frames``: see :func:`~tabletstore.commitlog.format.decode_records`."""
         key = log_segment_key(self.worker_id, self.incarnation, number)
         data = await self.store.get(key)
         where = f"{self.store.url.rstrip('/')}/{key}"
         if data is None:
             raise Corruption(f"commit-log segment {where} is missing")
-        contents = decode_segment(data, where=where)
+        contents = decode_segment(data, where=where, frames=frames)
         header = contents.header
         if header is not None and (
             header.worker_id != self.worker_id

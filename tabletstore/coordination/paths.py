@@ -17,6 +17,12 @@ Keys are relative to the coordinator's namespace (an etcd URL's path, e.g.
     status_pages/<role>/<id>          a process's status page URL (role: master or worker; id:
                                       the master's RPC address or the worker id), attached to
                                       the process's lease so a dead process's link goes away
+    sorts/<worker-id>/<incarnation>/<first-segment>
+                                      a sort task of a dead worker's log published for the
+                                      live workers (§6; master.recovery), deleted once done
+    sorters/<worker-id>/<incarnation>/<first-segment>
+                                      the live worker running that task, attached to its lease
+                                      (a dead sorter's claim vanishes and another takes it)
 
 Each name component is a non-empty string without ``/`` (and without NUL); anything else is
 an InvalidArgument. Every builder has a parser so that a watch on a prefix can be decoded.
@@ -36,6 +42,8 @@ __all__ = [
     "SCHEMAS",
     "SERVERS",
     "SETTINGS",
+    "SORTERS",
+    "SORTS",
     "STATUS_PAGES",
     "TABLETS",
     "acl",
@@ -50,10 +58,13 @@ __all__ = [
     "parse_schema",
     "parse_server",
     "parse_setting",
+    "parse_sort",
     "parse_status_page",
     "schema",
     "server",
     "setting",
+    "sort",
+    "sorter",
     "status_page",
     "status_pages_prefix",
     "tablet",
@@ -70,6 +81,8 @@ ASSIGNMENTS = "assignments/"
 SETTINGS = "settings/"
 TABLETS = "tablets/"
 STATUS_PAGES = "status_pages/"
+SORTS = "sorts/"
+SORTERS = "sorters/"
 
 #: The election whose leader is the master (the master lock of §5.2).
 MASTER_ELECTION = "master"
@@ -183,3 +196,28 @@ def status_page(role: str, process_id: str) -> str:
 def parse_status_page(key: str) -> tuple[str, str]:
     role, process_id = _parse(key, STATUS_PAGES, 2, "status page")
     return role, process_id
+
+
+def sort(worker_id: str, incarnation: int, first_segment: int) -> str:
+    """A published sort task: segments from ``first_segment`` of one worker incarnation's log."""
+    return f"{SORTS}{_sort_suffix(worker_id, incarnation, first_segment)}"
+
+
+def sorter(worker_id: str, incarnation: int, first_segment: int) -> str:
+    """The claim of the live worker running that sort task (attached to its lease)."""
+    return f"{SORTERS}{_sort_suffix(worker_id, incarnation, first_segment)}"
+
+
+def parse_sort(key: str) -> tuple[str, int, int]:
+    """The inverse of :func:`sort`: (worker id, incarnation, first segment)."""
+    worker_id, incarnation, first = _parse(key, SORTS, 3, "sort task")
+    try:
+        return worker_id, int(incarnation), int(first)
+    except ValueError as exc:
+        raise InvalidArgument(f"{key!r} is not a sort task key") from exc
+
+
+def _sort_suffix(worker_id: str, incarnation: int, first_segment: int) -> str:
+    if incarnation < 0 or first_segment < 0:
+        raise InvalidArgument("incarnation and first segment must be >= 0")
+    return f"{_component(worker_id, 'worker id')}/{incarnation}/{first_segment}"

@@ -23,8 +23,9 @@ The rules, object by object (each verdict carries a :class:`Reason`):
    upload-to-commit time.
 2. An SSTable is garbage once no record references it (compacted away, or its table deleted).
 3. The segments of a commit log are garbage together, once no record lists the log, it is not
-   a live worker's current incarnation, and its *newest* object is older than ``grace``. A
-   recovery run (``recovery/<worker>/<incarnation>/...``) follows the log it was sorted from.
+   a live worker's current incarnation, and its *newest* object is older than ``grace``. The
+   sorted log (``recovery/<worker>/<incarnation>/...``: plan, task manifests and runs, see
+   ``commitlog.runs``) follows the log it was sorted from, whole.
 4. A fence (a zero-byte segment, DESIGN.md §6 rule 4) is deleted only with its log and only
    once it is older than ``fence_grace`` as well (default one day). Deleting a fence reopens
    its segment number to a zombie writer of that log; the writer's lease check (fencing
@@ -196,7 +197,7 @@ def plan(
                 pinned |= names
         else:
             group = groups.setdefault(LogRef(kind.worker_id, kind.incarnation), _Group())
-            if isinstance(kind, layout.RecoveryRunKey):
+            if isinstance(kind, layout.RecoveryKey):
                 group.runs.append(info)
             elif info.size == 0:
                 group.fences.append(info)
@@ -215,7 +216,7 @@ def plan(
     return _finish(listed, reasons, held)
 
 
-_Parsed = layout.SSTableKey | layout.LogSegmentKey | layout.RecoveryRunKey | layout.SnapshotKey
+_Parsed = layout.SSTableKey | layout.LogSegmentKey | layout.RecoveryKey | layout.SnapshotKey
 
 
 def _classify(key: str) -> _Parsed | None:
@@ -226,7 +227,7 @@ def _classify(key: str) -> _Parsed | None:
         if key.startswith(layout.LOGS):
             return layout.parse_log_segment_key(key)
         if key.startswith(layout.RECOVERY):
-            return layout.parse_recovery_run_key(key)
+            return layout.parse_recovery_key(key)
         if key.startswith(layout.SNAPSHOTS):
             return layout.parse_snapshot_key(key)
     except InvalidArgument:

@@ -45,6 +45,8 @@ from tabletstore.errors import (
 )
 from tabletstore.master import assignment, snapshots
 from tabletstore.master.balancer import Balancer
+from tabletstore.master.compaction_cycle import MajorCompactionCycle
+from tabletstore.master.recovery import LogRecovery
 from tabletstore.metadata import rows as mt
 from tabletstore.metadata.catalog import Catalog, ClusterSettings, TableInfo
 from tabletstore.metadata.record import TabletRecord
@@ -112,10 +114,12 @@ class Master:
         metadata_splits: Sequence[bytes] = (),
         options: MasterOptions | None = None,
         store: ObjectStore | None = None,
+        recovery: LogRecovery | None = None,
     ) -> None:
         """``metadata_splits``: METADATA row keys at which METADATA is pre-split when this
         master creates it (none: one METADATA tablet after the root). ``options``: how
-        :attr:`balancer` moves and merges tablets."""
+        :attr:`balancer` moves and merges tablets. ``recovery``: sorts dead workers' logs
+        before their tablets are loaded (§6; None: every new owner reads the whole log)."""
         self._coord = coordinator
         # Where snapshot manifests go; a cluster's master opens it from ClusterSettings
         # (and then closes it in close()).
@@ -131,6 +135,14 @@ class Master:
         mt.initial_metadata_records(self._metadata_splits, 0.0)  # InvalidArgument early
         self._options = options or MasterOptions()
         _check_load_options(self._options)
+        self.recovery = recovery
+        #: §5.4's cycle through all tablets; run_master runs a round after each assignment.
+        self.compaction_cycle = MajorCompactionCycle(
+            period=self._options.major_compaction_period,
+            records=self._every_record,
+            compact=self._major_compact,
+            now=self._clock.time,
+        )
         #: Loads sent, by tablet (table id, tablet id); finished ones are dropped at the start
         #: of the next round, after which the claims read then show their outcome.
         self._loads: dict[tuple[str, str], _Load] = {}
@@ -219,8 +231,21 @@ class Master:
             moved = await self._catalog.migrate_coordinator_records()
             if moved:
                 log.info("moved %d tablet records from the coordinator into METADATA", moved)
-            for info in await self._catalog.list_tables():
-                tablets = await self._catalog.list_tablets(info.table_id)
+            tables = [
+                await self._catalog.list_tablets(info.table_id)
+                for info in await self._catalog.list_tables()
+            ]
+            if self.recovery is not None:
+                # Before the user tablets' loads go out: their new owners find the sort plans
+                # of the dead logs they list (§6). Every record, so each plan sees every
+                # tablet listing its log.
+                everything = [root, *metadata, *(r for tablets in tables for r in tablets)]
+                try:
+                    await self.recovery.start(everything, claims, workers)
+                except TabletStoreError as exc:
+                    # The loads replay the logs directly instead: slower, never wrong.
+                    log.warning("starting the sort of dead commit logs failed: %s", exc)
+            for tablets in tables:
                 done += await self._assign_level(workers, claims, known, tablets)
         except Unavailable as exc:  # NotServing included: a METADATA tablet is not served yet
             log.info("assignment round stopped early: %s", exc)
@@ -348,9 +373,33 @@ class Master:
             load.task.cancel()
         await self._stack.aclose()
         self._tasks = None
+        await self.compaction_cycle.close()
+        if self.recovery is not None:
+            await self.recovery.close()
         if self._own_store and self._store is not None:
             await self._store.close()
             self._store, self._own_store = None, False
+
+    # ------------------------------------------------------------------ major compaction cycle
+
+    async def _every_record(self) -> list[TabletRecord]:
+        """The records of every METADATA and user tablet (the root's lives in the coordinator
+        and holds a handful of rows: it is left to the compactions its writes trigger)."""
+        records = list(await self._catalog.list_tablets(mt.METADATA_TABLE_ID))
+        for info in await self._catalog.list_tables():
+            records.extend(await self._catalog.list_tablets(info.table_id))
+        return [r for r in records if mt.level(r.table_id, r.tablet_id) != 1]
+
+    async def _major_compact(self, rec: TabletRecord) -> None:
+        """Ask the worker serving ``rec``'s tablet for a major compaction; NotServing if none
+        does now (the cycle tries again next round)."""
+        holder = (await self._claims()).get((rec.table_id, rec.tablet_id))
+        address = (await self.live_workers()).get(holder) if holder is not None else None
+        if address is None:
+            raise NotServing(f"tablet {rec.tablet_id} is not served right now")
+        await self._transport.call(
+            address, "compact_tablet", CompactTabletRequest(rec.table_id, rec.tablet_id, major=True)
+        )
 
     # ------------------------------------------------------------------ tables
 

@@ -13,10 +13,17 @@ from tabletstore.coordination.base import Coordinator, Lease
 from tabletstore.coordination.election import Election
 from tabletstore.errors import (
     Fenced,
+    InvalidArgument,
     TabletStoreError,
 )
 from tabletstore.master.gc import GarbageCollector
 from tabletstore.master.master import Master, MasterService
+from tabletstore.master.recovery import (
+    InProcessSortExecutor,
+    LogRecovery,
+    SortExecutor,
+    WorkerSortExecutor,
+)
 from tabletstore.metadata.catalog import ClusterSettings
 from tabletstore.ops.metrics import MasterMetrics
 from tabletstore.ops.status_http import StatusServer, serve_master
@@ -25,6 +32,7 @@ from tabletstore.options import MasterOptions
 from tabletstore.rpc.tcp import RpcServer, TcpTransport
 from tabletstore.rpc.wire import register_all
 from tabletstore.storage_s3 import check_store, open_store
+from tabletstore.storage_s3.base import ObjectStore
 
 __all__ = ["run_master"]
 
@@ -69,6 +77,7 @@ async def run_master(
     ready: Callable[[str], None] | None = None,
     metrics_port: int | None = None,
     metrics_ready: Callable[[str], None] | None = None,
+    sort_executor: str = "workers",
 ) -> None:
     """The master process (§5.2): serve admin RPCs, campaign for the master lock, and while
     leading keep every tablet assigned, balance load and merge small neighbours, collect
@@ -76,7 +85,11 @@ async def run_master(
     Returns when ``stop`` is set; raises ``Fenced`` when
     the lease is lost (the process should exit: a standby takes over). With ``metrics_port``
     (0: a free one) it also serves ``/metrics`` and ``/status`` over HTTP
-    (tabletstore.ops.status_http) and passes their base URL to ``metrics_ready``."""
+    (tabletstore.ops.status_http) and passes their base URL to ``metrics_ready``.
+
+    ``sort_executor`` says where dead workers' logs are sorted (§6, :mod:`master.recovery`):
+    ``workers`` (the live workers), ``local`` (this process), ``lambda:<function>`` (AWS
+    Lambda, ``functions/log_sort.py``) or ``none`` (each new owner reads the whole log)."""
     register_all()
     options = options or MasterOptions()
     stop = stop or asyncio.Event()
@@ -86,8 +99,21 @@ async def run_master(
     # Loads are bounded by MasterOptions.load_timeout instead (a replay may take minutes).
     transport = TcpTransport(timeout=60.0, method_timeouts={"load_tablet": None})
     metrics = MasterMetrics()  # observability: counted always, served with metrics_port
+    store: ObjectStore | None = None
+    recovery: LogRecovery | None = None
+    try:
+        url = store_url or (await ClusterSettings.load(coordinator)).store_url
+    except TabletStoreError as exc:
+        # No store recorded yet: new owners read dead logs whole (correct, slower).
+        log.warning("no object store known, dead logs will not be sorted: %s", exc)
+    else:
+        store = open_store(url)
+        recovery = make_recovery(sort_executor, store, url, coordinator, options)
     master = Master(
-        coordinator=coordinator, transport=metrics.count_loads(transport), options=options
+        coordinator=coordinator,
+        transport=metrics.count_loads(transport),
+        options=options,
+        recovery=recovery,
     )
     service = MasterService(master)
     metrics.watch_leading(lambda: service.leading)
@@ -143,6 +169,8 @@ async def run_master(
         await master.close()
         await transport.close()
         await collector.close()
+        if store is not None:
+            await store.close()
         with contextlib.suppress(TabletStoreError):
             await lease.revoke()
 
@@ -166,6 +194,7 @@ async def _lead(
         except TabletStoreError as exc:
             metrics.assignment_failed(exc)
             log.warning("assignment round failed: %s", exc)
+        master.compaction_cycle.run_round()  # §5.4's cycle: starts background work only
 
     async def balancing() -> None:
         await master.balancer.run_round()
@@ -190,6 +219,8 @@ async def _lead(
             task.cancel()
     if lease.expired and not stop.is_set():
         raise Fenced("the master's lease expired; another master may lead now")
+
+
 async def _check_store(url: str) -> None:
     """Refuse a store the cluster cannot use before recording it for every worker: a missing
     bucket, bad credentials or a server that ignores create-only PUTs, one error naming it."""
@@ -198,3 +229,37 @@ async def _check_store(url: str) -> None:
         await check_store(store)
     finally:
         await store.close()
+
+
+def make_recovery(
+    kind: str,
+    store: ObjectStore,
+    store_url: str,
+    coordinator: Coordinator,
+    options: MasterOptions,
+) -> LogRecovery | None:
+    """The master's log sorting with the executor ``kind`` names (see :func:`run_master`)."""
+    executor: SortExecutor
+    if kind == "none":
+        return None
+    if kind == "workers":
+        executor = WorkerSortExecutor(store, coordinator)
+    elif kind == "local":
+        # Processes, not the master's event loop: a sort is CPU work, and the loop keeps the
+        # master's lease alive.
+        executor = InProcessSortExecutor(store, processes=2, store_url=store_url)
+    elif kind.startswith("lambda:") and len(kind) > len("lambda:"):
+        from tabletstore.master.sort_lambda import LambdaSortExecutor
+
+        executor = LambdaSortExecutor(kind[len("lambda:") :], store, store_url)
+    else:
+        raise InvalidArgument(
+            f"sort executor {kind!r} is not one of workers, local, lambda:<function>, none"
+        )
+    return LogRecovery(
+        store,
+        executor,
+        coordinator,
+        task_bytes=options.sort_task_bytes,
+        attempts=options.sort_attempts,
+    )

@@ -6,13 +6,20 @@ the store URL), so they never include that prefix::
 
     tables/<table-id>/<tablet-id>/<locality-group>/<sstable-id>.parquet
     logs/<worker-id>/<incarnation:020d>/<sequence:020d>.log
-    recovery/<worker-id>/<incarnation:020d>/<segment:020d>/<tablet-id>.run
+    recovery/<worker-id>/<incarnation:020d>/plan.json
+    recovery/<worker-id>/<incarnation:020d>/<segment:020d>/done.json
+    recovery/<worker-id>/<incarnation:020d>/<segment:020d>/<table-id>/<tablet-id>.run
     snapshots/<table-id>/<snapshot-id>.json
     probes/conditional-create/<nonce>                  (deleted at once; see below)
 
 Numbers are zero-padded to 20 digits (enough for any unsigned 64-bit value), so listing a prefix
 returns log segments, incarnations and recovery runs in numeric order: recovery lists a dead
 worker's segments and fences it by creating the next number (§6 of DESIGN.md).
+
+Under ``recovery/`` (the sorted log, §6 and DESIGN.md §7; formats in ``commitlog.runs``) a
+fenced log has one sort plan, and each sort task (named by its first segment) one manifest,
+written last, and one run per tablet it found records of. The tablet's table id is part of a
+run's key because tablet ids are unique only within their table.
 
 Identifier components (table, tablet, locality group, SSTable, worker, snapshot ids) are
 validated by :func:`check_component`: non-empty, at most 200 characters, no ``/``, no control
@@ -38,6 +45,7 @@ __all__ = [
     "SNAPSHOTS",
     "TABLES",
     "LogSegmentKey",
+    "RecoveryKey",
     "RecoveryRunKey",
     "SSTableKey",
     "SnapshotKey",
@@ -46,9 +54,12 @@ __all__ = [
     "log_prefix",
     "log_segment_key",
     "parse_log_segment_key",
+    "parse_recovery_key",
     "parse_recovery_run_key",
     "parse_snapshot_key",
     "parse_sstable_key",
+    "recovery_manifest_key",
+    "recovery_plan_key",
     "recovery_prefix",
     "recovery_run_key",
     "snapshot_key",
@@ -89,7 +100,21 @@ class RecoveryRunKey(NamedTuple):
     worker_id: str
     incarnation: int
     segment: int
+    table_id: str
     tablet_id: str
+
+
+class RecoveryKey(NamedTuple):
+    """Any object under ``recovery/``: a plan, a task manifest or a run."""
+
+    worker_id: str
+    incarnation: int
+    #: "plan", "manifest" or "run".
+    kind: str
+    #: The task's first segment (None for a plan).
+    segment: int | None = None
+    table_id: str | None = None
+    tablet_id: str | None = None
 
 
 class SnapshotKey(NamedTuple):
@@ -219,27 +244,74 @@ def recovery_prefix(worker_id: str, incarnation: int, segment: int | None = None
     return f"{prefix}{_number('log segment', segment)}/"
 
 
-def recovery_run_key(worker_id: str, incarnation: int, segment: int, tablet_id: str) -> str:
-    """Where the records of log segment ``segment`` that belong to one tablet are sorted to."""
+_PLAN_NAME = "plan.json"
+_MANIFEST_NAME = "done.json"
+
+
+def recovery_plan_key(worker_id: str, incarnation: int) -> str:
+    """Where the sort plan of one worker incarnation's fenced log lives."""
+    return f"{recovery_prefix(worker_id, incarnation)}{_PLAN_NAME}"
+
+
+def recovery_manifest_key(worker_id: str, incarnation: int, segment: int) -> str:
+    """Where the manifest of the sort task starting at log segment ``segment`` lives."""
+    return f"{recovery_prefix(worker_id, incarnation, segment)}{_MANIFEST_NAME}"
+
+
+def recovery_run_key(
+    worker_id: str, incarnation: int, segment: int, table_id: str, tablet_id: str
+) -> str:
+    """Where the sort task starting at log segment ``segment`` writes one tablet's records."""
     return (
         f"{recovery_prefix(worker_id, incarnation, segment)}"
+        f"{check_component('table id', table_id)}/"
         f"{check_component('tablet id', tablet_id)}{_RUN_SUFFIX}"
     )
 
 
 def parse_recovery_run_key(key: str) -> RecoveryRunKey:
     """The inverse of :func:`recovery_run_key`."""
-    worker_id, incarnation, segment, tablet_id = _split(
-        key, RECOVERY, 4, _RUN_SUFFIX, "recovery run"
+    worker_id, incarnation, segment, table_id, tablet_id = _split(
+        key, RECOVERY, 5, _RUN_SUFFIX, "recovery run"
     )
-    check_component("worker id", worker_id)
-    check_component("tablet id", tablet_id)
-    return RecoveryRunKey(
+    parsed = RecoveryRunKey(
         worker_id,
         _parse_number("incarnation", incarnation, key),
         _parse_number("log segment", segment, key),
+        table_id,
         tablet_id,
     )
+    if recovery_run_key(*parsed) != key:
+        raise InvalidArgument(f"object key {key!r} is not a valid recovery run key")
+    return parsed
+
+
+def parse_recovery_key(key: str) -> RecoveryKey:
+    """Any key under ``recovery/`` (plan, manifest or run); InvalidArgument for anything else."""
+    if key.endswith(_RUN_SUFFIX):
+        run = parse_recovery_run_key(key)
+        return RecoveryKey(
+            run.worker_id, run.incarnation, "run", run.segment, run.table_id, run.tablet_id
+        )
+    if key.endswith("/" + _PLAN_NAME):
+        worker_id, incarnation, _ = _split(key, RECOVERY, 3, "", "recovery plan")
+        parsed = RecoveryKey(worker_id, _parse_number("incarnation", incarnation, key), "plan")
+        if recovery_plan_key(parsed.worker_id, parsed.incarnation) != key:
+            raise InvalidArgument(f"object key {key!r} is not a valid recovery plan key")
+        return parsed
+    if key.endswith("/" + _MANIFEST_NAME):
+        worker_id, incarnation, segment, _ = _split(key, RECOVERY, 4, "", "sort manifest")
+        parsed = RecoveryKey(
+            worker_id,
+            _parse_number("incarnation", incarnation, key),
+            "manifest",
+            _parse_number("log segment", segment, key),
+        )
+        assert parsed.segment is not None
+        if recovery_manifest_key(parsed.worker_id, parsed.incarnation, parsed.segment) != key:
+            raise InvalidArgument(f"object key {key!r} is not a valid sort manifest key")
+        return parsed
+    raise InvalidArgument(f"object key {key!r} is not a recovery key")
 
 
 # Snapshot manifests (for batch jobs) ---------------------------------------------------------

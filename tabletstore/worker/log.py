@@ -1,13 +1,15 @@
 """The worker's commit log as its tablets see it (§5.3, §6): sequence numbers, durable appends
-under the lease (fencing rule 1), the switch to a new incarnation after a failure, and reading
-back the worker's own live log."""
+under the lease (fencing rule 1), the switch to a new incarnation after a failure, reading
+back the worker's own live log, and reading another worker's log for a tablet it recovers
+(from the sorted runs when the master sorted that log, §6; else fenced and read whole)."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Sequence
 
 from tabletstore.clock import Clock
-from tabletstore.commitlog import CommitLogWriter, replay_cells
+from tabletstore.commitlog import CommitLogWriter, fence, replay_cells
+from tabletstore.commitlog.sorting import load_plan, sorted_replay
 from tabletstore.coordination.base import (
     Lease,
 )
@@ -19,8 +21,9 @@ from tabletstore.errors import (
 )
 from tabletstore.keys import Cell
 from tabletstore.metadata.record import LogRef, TabletRecord
+from tabletstore.storage_s3.base import ObjectStore
 
-__all__ = ["WorkerLog"]
+__all__ = ["WorkerLog", "replay_logged"]
 
 
 class WorkerLog:
@@ -98,3 +101,47 @@ class WorkerLog:
             stop_segment=writer.durable_segments,
         ):
             yield cell
+
+
+async def replay_logged(
+    store: ObjectStore,
+    ref: LogRef,
+    record: TabletRecord,
+    *,
+    wait: float,
+    direct: Callable[[LogRef, TabletRecord], AsyncIterator[Cell]] | None = None,
+) -> AsyncIterator[Cell]:
+    """The tablet's cells past its redo point in another worker's log ``ref``.
+
+    When the master sorted that log (a plan exists, made after it fenced the log), only the
+    runs overlapping the tablet are read, waiting at most ``wait`` seconds for their sort
+    tasks (:func:`~tabletstore.commitlog.sorting.sorted_replay`). Otherwise the log is fenced
+    (DESIGN.md §6 rule 4: its writer may be alive) and read whole, as the paper's §5.3 does
+    before §6's sorting: a log nobody sorts (the embedded database's previous incarnation when
+    no sorter runs, a worker's log a tablet left by a move) still recovers."""
+    plan = await load_plan(store, ref.worker_id, ref.incarnation)
+    if plan is not None:
+        cells = sorted_replay(
+            store,
+            plan,
+            record.table_id,
+            record.start_row,
+            record.end_row,
+            record.redo_seq,
+            wait=wait,
+        )
+    elif direct is not None:
+        cells = direct(ref, record)  # the caller's own fenced read (worker.recovery)
+    else:
+        await fence(store, ref.worker_id, ref.incarnation)
+        cells = replay_cells(
+            store,
+            ref.worker_id,
+            ref.incarnation,
+            record.table_id,
+            record.start_row,
+            record.end_row,
+            record.redo_seq,
+        )
+    async for cell in cells:
+        yield cell

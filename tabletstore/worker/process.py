@@ -26,6 +26,7 @@ from tabletstore.rpc.tcp import RpcServer, TcpTransport
 from tabletstore.rpc.wire import register_all
 from tabletstore.storage_s3 import check_store, open_store
 from tabletstore.worker.server import TabletServer
+from tabletstore.worker.sorter import Sorter
 
 __all__ = ["run_worker"]
 
@@ -96,11 +97,15 @@ async def run_worker(
         lease = tablet_server.lease
         if http is not None:  # the master's page links here while this worker's lease lasts
             await publish_page(coordinator, "worker", wid, http.url, lease)
+        # This worker also takes sort tasks of dead workers' logs (§6; worker.sorter).
+        sorter = Sorter(wid, store, coordinator, lease)
         async with asyncio.TaskGroup() as waits:
-            # Until told to stop or the lease is lost, whichever comes first.
+            # Sort tasks until told to stop or the lease is lost, whichever comes first; a task
+            # cut short is harmless: its claim goes with the lease or is re-run.
+            sorting = waits.create_task(sorter.run(stop))
             either = [waits.create_task(stop.wait()), waits.create_task(lease.wait_expired())]
             await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
-            for task in either:
+            for task in [*either, sorting]:
                 task.cancel()
         fenced = lease.expired and not stop.is_set()
     finally:

@@ -97,7 +97,7 @@ from tabletstore.storage_s3.base import ObjectStore
 
 __all__ = ["TabletServer", "next_incarnation"]
 
-from tabletstore.worker.log import WorkerLog
+from tabletstore.worker.log import WorkerLog, replay_logged
 from tabletstore.worker.recovery import SharedLogReads, tablet_cells
 
 log = logging.getLogger(__name__)
@@ -457,7 +457,8 @@ class TabletServer:
 
     async def _replay(self, record: TabletRecord) -> AsyncIterator[Cell]:
         """The tablet's cells past its redo point from every log its record lists (§5.3).
-        Any other log is fenced first (DESIGN.md §6 rule 4: its writer may be alive); this
+        Another worker's log is read from its sorted runs when the master sorted it (§6),
+        else fenced first (DESIGN.md §6 rule 4: its writer may be alive) and read whole; this
         worker's current log is read up to its durable prefix (it served the tablet before in
         this incarnation, and fencing it would stop its own writes)."""
         assert self._log is not None
@@ -465,11 +466,20 @@ class TabletServer:
             if ref == self._log.log_ref:
                 cells = self._log.replay_own(record)
             else:
-                for cell in tablet_cells(await self._dead_logs.records(ref), record):
-                    yield cell
-                continue
+                cells = replay_logged(
+                    self._store,
+                    ref,
+                    record,
+                    wait=self._options.sort_wait,
+                    direct=self._direct_replay,
+                )
             async for cell in cells:
                 yield cell
+
+    async def _direct_replay(self, ref: LogRef, record: TabletRecord) -> AsyncIterator[Cell]:
+        """A log nobody sorted, read whole once for every tablet recovered from it here."""
+        for cell in tablet_cells(await self._dead_logs.records(ref), record):
+            yield cell
 
     async def unload_tablet(self, req: UnloadTabletRequest) -> None:
         """Stop serving a tablet; minor-compact it first so the next owner replays nothing.

@@ -18,8 +18,8 @@ from tabletstore.testing.chaos.runner import ChaosConfig, run_chaos
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 SEED = 11
-#: Six faults, one of each kind, 6 to 9 s apart: the schedule fits in the workload's time.
-SECONDS = 55.0
+#: Eight faults, one of each kind, 6 to 9 s apart: the schedule fits in the workload's time.
+SECONDS = 70.0
 
 
 def test_short_chaos_run_loses_nothing(tmp_path: Path) -> None:
@@ -34,6 +34,12 @@ def test_short_chaos_run_loses_nothing(tmp_path: Path) -> None:
     report = asyncio.run(run_chaos(config))
     print(report.summary())
     assert report.faults, f"no fault was applied: {report.nemesis_errors}"
+    # The sort faults ran against the sorted recovery (issue 13): a sorter died mid-task, a
+    # task ran twice; a duplicate finding other bytes would be a Corruption error here. (A
+    # sort fault whose victim's log was not sorted in time -- a victim with one tablet, or
+    # METADATA still being recovered -- is reported as a nemesis error, not applied.)
+    assert not [e for e in report.nemesis_errors if "Corruption" in e], report.nemesis_errors
+    assert {"kill_sorter", "sort_twice"} & set(report.faults), report.summary()
     v = report.verdict
     assert not v.lost, report.summary()
     assert not v.wrong_reads, report.summary()

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import os
 import random
 import struct
@@ -38,6 +39,7 @@ from tabletstore import connect_async
 from tabletstore.cli.localstack import ProcessRecord
 from tabletstore.client.client import AsyncClient, AsyncTable, MutationsFailed
 from tabletstore.client.cluster import ClusterClient
+from tabletstore.commitlog.sorting import load_plan, task_done
 from tabletstore.coordination import open_coordinator
 from tabletstore.data.filters import (
     CellsPerColumnLimit,
@@ -50,7 +52,9 @@ from tabletstore.data.filters import (
 )
 from tabletstore.data.model import DeleteRow, IncrementValue, RowMutation, SetCell
 from tabletstore.errors import Indeterminate, TabletStoreError
+from tabletstore.metadata.rows import METADATA_TABLE_ID
 from tabletstore.rpc.tcp import TcpTransport
+from tabletstore.storage_s3 import open_store
 from tests.integration.cluster_harness import (
     PROCESS_ENV,
     Cluster,
@@ -414,7 +418,7 @@ async def check_history(table: AsyncTable, writers: Writers, cluster: Cluster) -
 
 @pytest.mark.slow
 async def test_sigkill_worker_during_writes_keeps_every_acknowledged_write(
-    make_cluster: Callable[..., Cluster],
+    make_cluster: Callable[..., Cluster], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cluster = make_cluster(workers=3)
     async with client_of(cluster) as client:
@@ -464,6 +468,28 @@ async def test_sigkill_worker_during_writes_keeps_every_acknowledged_write(
             d for _, where, kind, d in events if kind == "loaded" and where.split("/")[1] in moved
         ]
         assert any(not d.startswith("replayed 0 ") for d in loads), loads
+        # ...sorted first by the live workers (§6): the plan exists and every task is done.
+        for name, value in PROCESS_ENV.items():
+            monkeypatch.setenv(name, value)  # this process reads the bucket too
+        await _check_sorted(cluster, client, victim_id)
+
+
+async def _check_sorted(cluster: Cluster, client: AsyncClient, worker_id: str) -> None:
+    assert isinstance(client, ClusterClient)
+    kv = await client.coordinator.get(f"settings/incarnation.{worker_id}")
+    assert kv is not None
+    store = open_store(cluster.store_url)
+    try:
+        plan = await load_plan(store, worker_id, int(kv.value))
+        assert plan is not None, "the dead worker's log was not sorted"
+        assert plan.tasks and any(t.table_id != METADATA_TABLE_ID for t in plan.tablets)
+
+        async def sorted_all() -> bool:
+            return all([await task_done(store, plan, t) for t in plan.tasks])
+
+        await eventually(sorted_all, deadline=60, what="every sort task done")
+    finally:
+        await store.close()
 
 
 async def _at_least(n: int, target: int) -> bool:
@@ -838,3 +864,28 @@ async def test_gc_deletes_only_garbage(
 
         await eventually(collected, deadline=30, what="only the 2 live SSTables are left")
         assert await read_all(table) == rows
+        # The same round as a serverless function (functions/gc.py), run as Lambda runs it:
+        # a fresh process fed the event; nothing is left to delete.
+        event = {"cluster_url": cluster.url, "grace": 0, "dry_run": True}
+        ran = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-c", RUN_GC_FUNCTION],
+            input=json.dumps(event),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, **PROCESS_ENV},
+            cwd=REPO_ROOT,
+        )
+        assert ran.returncode == 0, ran.stderr
+        answer = json.loads(ran.stdout)
+        assert answer["ok"] is True and answer["dry_run"] is True, answer
+        assert answer["listed"] >= 2 and answer["deleted"] == 0, answer
+
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+RUN_GC_FUNCTION = (
+    "import json, sys\n"
+    "from functions.gc import handler\n"
+    "print(json.dumps(handler(json.loads(sys.stdin.read()), None)))\n"
+)

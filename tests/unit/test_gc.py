@@ -55,7 +55,9 @@ def universes(draw: st.DrawFn) -> tuple[gc.LiveSet, list[ObjectInfo], float, flo
         for extra in range(draw(st.integers(0, 2))):  # fences
             add(layout.log_segment_key(ref.worker_id, ref.incarnation, n + extra), 0)
         if draw(st.booleans()):
-            add(layout.recovery_run_key(ref.worker_id, ref.incarnation, 0, "tab0"), 5)
+            add(layout.recovery_run_key(ref.worker_id, ref.incarnation, 0, "t", "tab0"), 5)
+            add(layout.recovery_manifest_key(ref.worker_id, ref.incarnation, 0), 2)
+            add(layout.recovery_plan_key(ref.worker_id, ref.incarnation), 2)
     snapshots = []
     for t in draw(st.lists(st.sampled_from(TABLES), unique=True)):
         key = layout.snapshot_key(t, "snap")
@@ -80,7 +82,7 @@ def universes(draw: st.DrawFn) -> tuple[gc.LiveSet, list[ObjectInfo], float, flo
 
 
 def _ref(key: str) -> LogRef | None:
-    for parse in (layout.parse_log_segment_key, layout.parse_recovery_run_key):
+    for parse in (layout.parse_log_segment_key, layout.parse_recovery_key):
         try:
             k = parse(key)
         except InvalidArgument:
@@ -260,7 +262,7 @@ def test_live_workers_current_incarnation_is_kept_and_older_ones_go() -> None:
 
 def test_finished_log_goes_whole_when_its_newest_object_is_old_and_fence_lingers() -> None:
     segs = [_obj(layout.log_segment_key("w", 1, i), 600) for i in range(2)]
-    run = _obj(layout.recovery_run_key("w", 1, 0, "tab"), 600)
+    run = _obj(layout.recovery_run_key("w", 1, 0, "t", "tab"), 600)
     fence = _obj(layout.log_segment_key("w", 1, 2), 40, size=0)
     p = gc.plan(gc.LiveSet(), [*segs, run, fence], NOW, grace=30, fence_grace=3600)
     assert set(p.delete) == {segs[0].key, segs[1].key, run.key}
@@ -272,6 +274,15 @@ def test_finished_log_goes_whole_when_its_newest_object_is_old_and_fence_lingers
     # And once the fence is old enough too, it goes with the rest.
     p = gc.plan(gc.LiveSet(), [*segs, run, fence], NOW, grace=30, fence_grace=30)
     assert len(p.delete) == 4
+    # The plan and task manifests of a sort follow the log too.
+    sort_objs = [
+        _obj(layout.recovery_plan_key("w", 1), 600),
+        _obj(layout.recovery_manifest_key("w", 1, 0), 600),
+    ]
+    p = gc.plan(gc.LiveSet(), [*segs, run, *sort_objs], NOW, grace=30)
+    assert set(p.delete) == {segs[0].key, segs[1].key, run.key, *(o.key for o in sort_objs)}
+    p = gc.plan(gc.LiveSet(logs=frozenset({LogRef("w", 1)})), [*segs, *sort_objs], NOW, grace=30)
+    assert p.delete == ()
 
 
 def test_unrecognized_keys_are_reported_never_deleted() -> None:

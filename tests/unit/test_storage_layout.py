@@ -17,8 +17,12 @@ def test_keys_look_like_design_section_3() -> None:
     assert layout.log_segment_key("w-7", 3, 42) == (
         "logs/w-7/00000000000000000003/00000000000000000042.log"
     )
-    assert layout.recovery_run_key("w-7", 3, 42, "tab-a") == (
-        "recovery/w-7/00000000000000000003/00000000000000000042/tab-a.run"
+    assert layout.recovery_run_key("w-7", 3, 42, "t1", "tab-a") == (
+        "recovery/w-7/00000000000000000003/00000000000000000042/t1/tab-a.run"
+    )
+    assert layout.recovery_plan_key("w-7", 3) == "recovery/w-7/00000000000000000003/plan.json"
+    assert layout.recovery_manifest_key("w-7", 3, 42) == (
+        "recovery/w-7/00000000000000000003/00000000000000000042/done.json"
     )
     assert layout.snapshot_key("t1", "snap=1") == "snapshots/t1/snap=1.json"
 
@@ -30,8 +34,17 @@ def test_parsers_invert_builders() -> None:
     assert layout.parse_log_segment_key(layout.log_segment_key("w", 0, 2**64 - 1)) == (
         layout.LogSegmentKey("w", 0, 2**64 - 1)
     )
-    assert layout.parse_recovery_run_key(layout.recovery_run_key("w", 1, 2, "tab")) == (
-        layout.RecoveryRunKey("w", 1, 2, "tab")
+    assert layout.parse_recovery_run_key(layout.recovery_run_key("w", 1, 2, "t", "tab")) == (
+        layout.RecoveryRunKey("w", 1, 2, "t", "tab")
+    )
+    assert layout.parse_recovery_key(layout.recovery_run_key("w", 1, 2, "t", "tab")) == (
+        layout.RecoveryKey("w", 1, "run", 2, "t", "tab")
+    )
+    assert layout.parse_recovery_key(layout.recovery_plan_key("w", 1)) == (
+        layout.RecoveryKey("w", 1, "plan")
+    )
+    assert layout.parse_recovery_key(layout.recovery_manifest_key("w", 1, 7)) == (
+        layout.RecoveryKey("w", 1, "manifest", 7)
     )
     assert layout.parse_snapshot_key(layout.snapshot_key("t", "é")) == layout.SnapshotKey("t", "é")
 
@@ -43,7 +56,7 @@ def test_prefixes_nest() -> None:
     sst = layout.sstable_key("t", "tab", "lg", "s")
     assert sst.startswith(layout.tables_prefix("t", "tab"))
     assert sst.startswith(layout.tables_prefix("t"))
-    assert layout.recovery_run_key("w", 5, 9, "tab").startswith(layout.recovery_prefix("w", 5, 9))
+    assert layout.recovery_run_key("w", 5, 9, "t", "tab").startswith(layout.recovery_prefix("w", 5, 9))
     assert layout.snapshot_key("t", "s").startswith(layout.snapshot_prefix("t"))
     assert not layout.log_prefix("w1").startswith(layout.log_prefix("w"))  # Ends in '/'.
 
@@ -70,7 +83,10 @@ def test_bad_numbers_are_rejected(bad: object) -> None:
         "logs/w/1/2.log",
         "logs/w/00000000000000000001/0000000000000000000x.log",
         "logs/w/00000000000000000001/00000000000000000002.parquet",
-        "recovery/w/00000000000000000001/00000000000000000002/a/b.run",
+        "recovery/w/00000000000000000001/00000000000000000002/b.run",
+        "recovery/w/00000000000000000001/plan.txt",
+        "recovery/w/1/plan.json",
+        "recovery/w/00000000000000000001/2/done.json",
         "snapshots/t/s.txt",
         "other/thing",
     ],
@@ -80,6 +96,7 @@ def test_parsers_reject_foreign_keys(key: str) -> None:
         layout.parse_sstable_key,
         layout.parse_log_segment_key,
         layout.parse_recovery_run_key,
+        layout.parse_recovery_key,
         layout.parse_snapshot_key,
     ):
         with pytest.raises(InvalidArgument):

@@ -16,6 +16,15 @@ from the same RNG among the live workers that serve tablets of the chaos table a
   memory, so S3 is "stopped" this way, never restarted).
 * ``s3_faults``: for a few seconds the fault proxy answers some requests with 503 SlowDown,
   holds some past the client's read timeout, and answers some applied PUTs with 500.
+* ``kill_sorter``: SIGKILL a worker serving chaos tablets (its log is then sorted, §6), and
+  as soon as the master planned that sort, claim a task as a sorter that dies mid-task: the
+  claim is attached to a lease nobody keeps alive, and the task writes its runs but dies
+  before its manifest. The live workers must take the task over once that lease ends (and
+  find the dead sorter's runs equal to theirs); the new owners meanwhile wait at most their
+  ``sort_wait`` and read that task's segments themselves.
+* ``sort_twice``: SIGKILL a worker serving chaos tablets and run every sort task of its log a
+  second time, alongside the live workers' runs (a retried function, a slow duplicate).
+  A duplicate that finds different bytes is Corruption, recorded as a nemesis error.
 
 After each fault is healed the cluster is topped up: workers and masters that died (killed, or
 a zombie that gave up) are replaced, so the run keeps its size.
@@ -24,18 +33,40 @@ a zombie that gave up) are replaced, so the run keeps its size.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from tabletstore.cli.localstack import ProcessRecord
+from tabletstore.commitlog.runs import SortPlan
+from tabletstore.commitlog.sorting import load_plan, run_sort_task, task_done
+from tabletstore.coordination import paths
+from tabletstore.coordination.base import Coordinator, Put, absent
+from tabletstore.errors import Unavailable
+from tabletstore.storage_s3 import open_store
+from tabletstore.storage_s3.base import ObjectStore
+from tabletstore.storage_s3.layout import RECOVERY
 from tabletstore.testing.chaos.checker import Kill
 from tabletstore.testing.chaos.cluster import ChaosCluster
-from tabletstore.testing.chaos.history import History
+from tabletstore.testing.chaos.history import Fault, History
 
 __all__ = ["FAULTS", "Nemesis", "Scheduled", "schedule"]
 
-FAULTS = ("kill_worker", "kill_master", "restart_etcd", "pause_worker", "pause_s3", "s3_faults")
+FAULTS = (
+    "kill_worker",
+    "kill_master",
+    "restart_etcd",
+    "pause_worker",
+    "pause_s3",
+    "s3_faults",
+    "kill_sorter",
+    "sort_twice",
+)
+
+#: Seconds the sort faults wait for the dead worker's sort to appear.
+SORT_WAIT = 20.0
 
 
 @dataclass(frozen=True)
@@ -84,6 +115,7 @@ class Nemesis:
         holders: Callable[[], dict[str, set[int]]],
         worker_ids: Callable[[], dict[str, str]],
         master_address: Callable[[], Awaitable[str | None]],
+        coordinator: Coordinator | None = None,
     ) -> None:
         self.cluster = cluster
         self.history = history
@@ -92,6 +124,8 @@ class Nemesis:
         self.holders = holders
         self.worker_ids = worker_ids
         self.master_address = master_address
+        #: For the sort faults (they act as a sorter: claims and published tasks).
+        self.coordinator = coordinator
         self.kills: list[Kill] = []
         self.counts: dict[str, int] = {}
         self.errors: list[str] = []
@@ -127,15 +161,73 @@ class Nemesis:
     # ------------------------------------------------------------------ the faults
 
     async def kill_worker(self) -> None:
+        fault, _ = await self._kill_a_worker("kill_worker")
+        self.history.heal(fault)
+
+    async def _kill_a_worker(self, kind: str) -> tuple[Fault, str]:
         victim = self._victim()
         if victim is None:
             raise RuntimeError("no live worker serves chaos tablets")
         record, tablets = victim
         worker_id = self.worker_ids().get(record.url, record.url)
-        fault = self.history.fault("kill_worker", record.role, tablets=sorted(tablets))
+        fault = self.history.fault(kind, record.role, tablets=sorted(tablets))
         await asyncio.to_thread(self.cluster.kill, record)
         self.kills.append(Kill(fault.start, worker_id, frozenset(tablets)))
-        self.history.heal(fault)
+        return fault, worker_id
+
+    async def kill_sorter(self) -> None:
+        coord = self.coordinator
+        assert coord is not None, "the sort faults need the coordinator"
+        fault, worker_id = await self._kill_a_worker("kill_sorter")
+        store = open_store(self.cluster.direct_store_url)
+        try:
+            plan = await self._wait_for_plan(store, worker_id)
+            for task in plan.tasks:
+                # A lease nobody keeps alive: this sorter "dies" holding the claim, which the
+                # live workers' sorters honour until the lease ends.
+                lease = await coord.grant_lease(self.cluster.lease_ttl)
+                claim = paths.sorter(plan.worker_id, plan.incarnation, task.first)
+                won = await coord.txn(
+                    [absent(claim)], [Put(claim, b"nemesis", lease_id=lease.id)], []
+                )
+                if not won.succeeded or await task_done(store, plan, task):
+                    continue  # a live worker was quicker: try the next task
+                with contextlib.suppress(_Died):
+                    await run_sort_task(_DiesBeforeManifest(store), plan, task)
+                self.history.heal(fault, sorter_died_on=f"{worker_id}@{task.first}")
+                return
+            raise RuntimeError(f"every sort task of {worker_id}'s log was done before the nemesis")
+        finally:
+            await store.close()
+
+    async def _wait_for_plan(self, store: ObjectStore, worker_id: str) -> SortPlan:
+        """The sort plan of ``worker_id``'s current log, once the master made it."""
+        assert self.coordinator is not None
+        kv = await self.coordinator.get(paths.setting(f"incarnation.{worker_id}"))
+        if kv is None:
+            raise RuntimeError(f"no incarnation recorded for {worker_id}")
+        incarnation = int(kv.value)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + SORT_WAIT
+        plan = await load_plan(store, worker_id, incarnation)
+        while plan is None and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+            plan = await load_plan(store, worker_id, incarnation)
+        if plan is None:
+            raise RuntimeError(f"no sort plan for {worker_id}/{incarnation} in {SORT_WAIT} s")
+        return plan
+
+    async def sort_twice(self) -> None:
+        coord = self.coordinator
+        assert coord is not None, "the sort faults need the coordinator"
+        fault, worker_id = await self._kill_a_worker("sort_twice")
+        store = open_store(self.cluster.direct_store_url)
+        try:
+            plan = await self._wait_for_plan(store, worker_id)
+            await asyncio.gather(*(run_sort_task(store, plan, t) for t in plan.tasks))
+            self.history.heal(fault, duplicated=len(plan.tasks))
+        finally:
+            await store.close()
 
     async def kill_master(self) -> None:
         address = await self.master_address()
@@ -189,3 +281,23 @@ class Nemesis:
             k: after.get(k, 0) - before.get(k, 0) for k in ("slowdown", "timeout", "put_error")
         }
         self.history.heal(fault, injected=injected)
+
+
+class _Died(Unavailable):
+    """The nemesis's sorter "dies" here."""
+
+
+class _DiesBeforeManifest:
+    """A store through which a sort task writes its runs and dies before its manifest."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        self._inner = inner
+        self.url = inner.url
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def create(self, key: str, data: bytes) -> None:
+        if key.startswith(RECOVERY) and key.endswith("/done.json"):
+            raise _Died("the sorter died before its manifest")
+        await self._inner.create(key, data)

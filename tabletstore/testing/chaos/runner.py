@@ -326,6 +326,7 @@ async def _run(
         holders=poller.holders,
         worker_ids=lambda: dict(poller.ids_by_address),
         master_address=client.catalog.master_address,
+        coordinator=getattr(client, "coordinator", None),
     )
     try:
         workload.start()

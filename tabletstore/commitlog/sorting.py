@@ -1,0 +1,371 @@
+"""Sorting a dead worker's commit log, and replaying a tablet from the sorted runs (§5.3, §6).
+
+Paper §6 ("Commit-log implementation"): with one log per server, every new owner of a dead
+server's tablet would read the whole log. Bigtable instead sorts the log by ⟨table, row name,
+log sequence number⟩, in parallel over its segments, and each new owner reads only its own
+part. The three steps here, each idempotent (formats in :mod:`tabletstore.commitlog.runs`,
+keys in :mod:`tabletstore.storage_s3.layout`):
+
+1. :func:`plan_sort` (the master): fence the log (DESIGN.md §6 rule 4), list it, check it is
+   whole below its first fence (a missing or damaged segment is
+   :class:`~tabletstore.errors.Corruption`, never skipped), cut its segments into tasks of
+   about ``task_bytes`` and create the plan object. A plan that exists already (another master
+   made it before failing over) is returned as it is, so every sort of a log uses one plan.
+2. :func:`run_sort_task` (anyone: a local pool, a live worker, a Lambda function): read the
+   task's segments once, partition the records by (table id, row) over the plan's tablet
+   ranges, write one run per range that got records and then the manifest, all create-only.
+   The output is a function of the plan and the segments, so a task run twice (a retried
+   function, a duplicate, a sorter that died after some PUTs) writes the same bytes: a run or
+   manifest that exists already is compared, and any difference is Corruption.
+3. :func:`sorted_replay` (the tablet's new owner): wait for the tasks' manifests (at most
+   ``wait`` seconds), read the runs of its table whose row range overlaps its own, keep its
+   rows, and merge them by (row, seq) (``heapq.merge``). A task not done by then is read
+   directly from its segments (only those), so a slow or dead sorter costs time and its own
+   few MB, never correctness. Without a plan the caller falls back to the direct replay.
+
+Runs name row ranges rather than only tablets, so a tablet split, merged or moved after the
+plan still finds every record of its rows: its rows lie in the ranges of the tablets it came
+from, all of which listed the log when the plan was made. A record of a row no plan tablet
+holds is dropped: every tablet holding that row has a redo point past it (it does not list
+the log) or was deleted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import heapq
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass
+
+from tabletstore.clock import monotonic
+from tabletstore.commitlog.format import LogRecord, SegmentContents
+from tabletstore.commitlog.reader import CommitLogReader, fence
+from tabletstore.commitlog.runs import (
+    RunInfo,
+    SortManifest,
+    SortPlan,
+    SortTask,
+    TabletRange,
+    decode_run,
+    encode_run_frames,
+)
+from tabletstore.errors import Corruption, InvalidArgument, PreconditionFailed, Unavailable
+from tabletstore.keys import Cell
+from tabletstore.storage_s3.base import ObjectStore
+from tabletstore.storage_s3.layout import (
+    log_prefix,
+    parse_log_segment_key,
+    recovery_manifest_key,
+    recovery_plan_key,
+    recovery_prefix,
+    recovery_run_key,
+)
+
+__all__ = [
+    "DEFAULT_TASK_BYTES",
+    "ReplayStats",
+    "load_plan",
+    "plan_sort",
+    "run_sort_task",
+    "sort_task_by_number",
+    "sorted_replay",
+    "task_done",
+]
+
+#: Default bytes of segments per sort task: a few MB, as the paper's sorter works in pieces.
+DEFAULT_TASK_BYTES = 4 * 1024 * 1024
+#: Runs a replay fetches at once.
+_FETCH_CONCURRENCY = 16
+
+
+async def load_plan(store: ObjectStore, worker_id: str, incarnation: int) -> SortPlan | None:
+    """The log's sort plan, or None when the log was never planned for sorting."""
+    key = recovery_plan_key(worker_id, incarnation)
+    data = await store.get(key)
+    return None if data is None else SortPlan.from_bytes(data, where=key)
+
+
+async def plan_sort(
+    store: ObjectStore,
+    worker_id: str,
+    incarnation: int,
+    tablets: Iterable[TabletRange],
+    *,
+    task_bytes: int = DEFAULT_TASK_BYTES,
+) -> SortPlan:
+    """Fence the log, cut it into tasks and create its plan (or return the existing plan).
+
+    ``tablets``: the ranges of every tablet whose record lists the log (REQUIRES: read after
+    the log's writer lost its lease, so no record gains the log later). Corruption if a
+    segment is missing below the log's first fence (outside the in-flight window)."""
+    existing = await load_plan(store, worker_id, incarnation)
+    if existing is not None:
+        return existing
+    await fence(store, worker_id, incarnation)
+    sizes: dict[int, int] = {}
+    async for info in store.list(log_prefix(worker_id, incarnation)):
+        sizes[parse_log_segment_key(info.key).seq] = info.size
+    numbers = sorted(sizes)
+    # fence() created a fence past the last segment and plugged the gaps a dead writer may
+    # legitimately have left (its in-flight window): any other gap below is a lost segment.
+    first_fence = min(n for n in numbers if sizes[n] == 0)
+    missing = [n for n in range(first_fence) if n not in sizes]
+    if missing:
+        raise Corruption(
+            f"commit log {worker_id}/{incarnation}: segment(s) {missing} missing below its "
+            f"first fence {first_fence}; acknowledged writes may have been in them"
+        )
+    tasks: list[SortTask] = []
+    first, size = 0, 0
+    for n in range(first_fence):
+        size += sizes[n]
+        if size >= task_bytes:
+            tasks.append(SortTask(first, n + 1, size))
+            first, size = n + 1, 0
+    if first < first_fence:
+        tasks.append(SortTask(first, first_fence, size))
+    ranges = tuple(sorted(set(tablets), key=lambda t: (t.table_id, t.start_row, t.tablet_id)))
+    plan = SortPlan(worker_id, incarnation, first_fence, tuple(tasks), ranges)
+    key = recovery_plan_key(worker_id, incarnation)
+    try:
+        await store.create(key, plan.to_bytes())
+    except PreconditionFailed:
+        # Another master planned meanwhile: its plan is the one every task follows.
+        theirs = await load_plan(store, worker_id, incarnation)
+        assert theirs is not None
+        return theirs
+    return plan
+
+
+async def sort_task_by_number(
+    store: ObjectStore, worker_id: str, incarnation: int, first_segment: int
+) -> SortManifest:
+    """Run the task of ``worker_id/incarnation``'s plan that starts at ``first_segment``: what a
+    sorter given only names (a worker, a Lambda function) does. NotFound-like errors are
+    Unavailable when the log has no plan (it may have been collected: nothing to sort)."""
+    plan = await load_plan(store, worker_id, incarnation)
+    if plan is None:
+        raise Unavailable(f"no sort plan for commit log {worker_id}/{incarnation}")
+    task = next((t for t in plan.tasks if t.first == first_segment), None)
+    if task is None:
+        raise InvalidArgument(
+            f"the sort plan of {worker_id}/{incarnation} has no task at segment {first_segment}"
+        )
+    return await run_sort_task(store, plan, task)
+
+
+class _Partitioner:
+    """Finds the plan range holding (table id, row): per table, ranges sorted by start row."""
+
+    def __init__(self, tablets: Sequence[TabletRange]) -> None:
+        self._by_table: dict[str, tuple[list[bytes], list[TabletRange]]] = {}
+        for t in sorted(tablets, key=lambda t: (t.table_id, t.start_row, t.tablet_id)):
+            starts, ranges = self._by_table.setdefault(t.table_id, ([], []))
+            starts.append(t.start_row)
+            ranges.append(t)
+
+    def find(self, table_id: str, row: bytes) -> TabletRange | None:
+        found = self._by_table.get(table_id)
+        if found is None:
+            return None
+        starts, ranges = found
+        i = bisect.bisect_right(starts, row) - 1
+        # Ranges may overlap (a split intent listed beside its parent): the nearest start
+        # that holds the row wins; any range holding it is read by whoever owns the row.
+        while i >= 0:
+            if ranges[i].holds(row):
+                return ranges[i]
+            i -= 1
+        return None
+
+
+async def run_sort_task(store: ObjectStore, plan: SortPlan, task: SortTask) -> SortManifest:
+    """Sort one task's segments into runs and record it done; idempotent (module docstring)."""
+    if task not in plan.tasks:
+        raise Corruption(f"sort task {task} is not in the plan of {plan.worker_id}")
+    w, inc = plan.worker_id, plan.incarnation
+    manifest_key = recovery_manifest_key(w, inc, task.first)
+    done = await store.get(manifest_key)
+    if done is not None:
+        return SortManifest.from_bytes(done, where=manifest_key)
+    reader = CommitLogReader(store, w, inc)
+    partitioner = _Partitioner(plan.tablets)
+    groups: dict[TabletRange, list[tuple[LogRecord, bytes]]] = {}
+    read_bytes = records = dropped = 0
+    limit = asyncio.Semaphore(_FETCH_CONCURRENCY)
+
+    async def fetch(number: int) -> tuple[SegmentContents, list[bytes]]:
+        # Segments are fetched concurrently (on S3 each GET is a round trip of tens of ms),
+        # then partitioned in log order below.
+        frames: list[bytes] = []
+        async with limit:
+            return await reader.read_segment(number, frames=frames), frames
+
+    fetched = await asyncio.gather(*(fetch(n) for n in range(task.first, task.stop)))
+    for number, (contents, frames) in zip(range(task.first, task.stop), fetched, strict=True):
+        if contents.fence:
+            raise Corruption(
+                f"commit log {w}/{inc}: segment {number} is a fence below the plan's first "
+                f"fence {plan.fence}"
+            )
+        assert contents.header is not None
+        read_bytes += contents.header.records_length
+        for record, frame in zip(contents.records, frames, strict=True):
+            records += 1
+            target = partitioner.find(record.table_id, record.row)
+            if target is None:
+                dropped += 1
+            else:
+                groups.setdefault(target, []).append((record, frame))
+    runs: list[RunInfo] = []
+    for target in sorted(groups, key=lambda t: (t.table_id, t.start_row, t.tablet_id)):
+        recs = groups[target]
+        data = encode_run_frames(target.table_id, target.start_row, target.end_row, recs)
+        key = recovery_run_key(w, inc, task.first, target.table_id, target.tablet_id)
+        await _create_same(store, key, data)
+        seqs = [c.seq for r, _ in recs for c in r.cells]
+        runs.append(
+            RunInfo(
+                key,
+                target.table_id,
+                target.tablet_id,
+                target.start_row,
+                target.end_row,
+                len(recs),
+                len(data),
+                min(seqs),
+                max(seqs),
+            )
+        )
+    manifest = SortManifest(
+        w, inc, task.first, task.stop, tuple(runs), read_bytes, records, dropped
+    )
+    await _create_same(store, manifest_key, manifest.to_bytes())
+    return manifest
+
+
+async def _create_same(store: ObjectStore, key: str, data: bytes) -> None:
+    """Create ``key``; if it exists, it must hold exactly ``data`` (a duplicate task's)."""
+    try:
+        await store.create(key, data)
+    except PreconditionFailed:
+        theirs = await store.get(key)
+        if theirs != data:
+            raise Corruption(
+                f"{key} exists with other contents than this sort task produces; the log or "
+                "its plan changed under the sort"
+            ) from None
+
+
+async def task_done(store: ObjectStore, plan: SortPlan, task: SortTask) -> bool:
+    return (
+        await store.head(recovery_manifest_key(plan.worker_id, plan.incarnation, task.first))
+        is not None
+    )
+
+
+@dataclass(slots=True)
+class ReplayStats:
+    """What one :func:`sorted_replay` read (for logs and the benchmark)."""
+
+    runs: int = 0
+    run_bytes: int = 0
+    #: Tasks not done in time, read directly from their segments instead.
+    direct_tasks: int = 0
+
+
+async def _manifests(
+    store: ObjectStore, plan: SortPlan, wait: float
+) -> dict[int, SortManifest | None]:
+    """Task first segment -> its manifest, or None for a task not done within ``wait`` s.
+    Polls one listing of the log's recovery prefix, backing off."""
+    deadline = monotonic() + wait
+    prefix = recovery_prefix(plan.worker_id, plan.incarnation)
+    pending = {t.first for t in plan.tasks}
+    found: dict[int, SortManifest | None] = {}
+    delay = 0.02
+    while True:
+        listed = {info.key async for info in store.list(prefix)}
+        for first in sorted(pending):
+            key = recovery_manifest_key(plan.worker_id, plan.incarnation, first)
+            if key in listed:
+                data = await store.get(key)
+                if data is not None:
+                    found[first] = SortManifest.from_bytes(data, where=key)
+                    pending.discard(first)
+        if not pending or monotonic() >= deadline:
+            break
+        await asyncio.sleep(min(delay, max(0.0, deadline - monotonic())))
+        delay = min(delay * 2, 0.2)
+    for first in pending:
+        found[first] = None
+    return found
+
+
+async def sorted_replay(
+    store: ObjectStore,
+    plan: SortPlan,
+    table_id: str,
+    start_row: bytes,
+    end_row: bytes | None,
+    after_seq: int,
+    *,
+    wait: float,
+    stats: ReplayStats | None = None,
+) -> AsyncIterator[Cell]:
+    """The cells with seq > ``after_seq`` of one tablet (``table_id``, rows in
+    ``[start_row, end_row)``) from the sorted log, merged by (row, seq); see the module
+    docstring for how unfinished tasks are handled."""
+    stats = stats if stats is not None else ReplayStats()
+    manifests = await _manifests(store, plan, wait)
+    wanted: list[RunInfo] = []
+    direct: list[SortTask] = []
+    for task in plan.tasks:
+        manifest = manifests[task.first]
+        if manifest is None:
+            direct.append(task)
+            continue
+        for run in manifest.runs:
+            probe = TabletRange(run.table_id, run.tablet_id, run.start_row, run.end_row)
+            if (
+                run.table_id == table_id
+                and run.max_seq > after_seq
+                and probe.overlaps(start_row, end_row)
+            ):
+                wanted.append(run)
+    mine = TabletRange(table_id, "", start_row, end_row)
+    sources: list[list[LogRecord]] = []
+    limit = asyncio.Semaphore(_FETCH_CONCURRENCY)
+
+    async def fetch(run: RunInfo) -> list[LogRecord]:
+        async with limit:
+            data = await store.get(run.key)
+        if data is None:
+            raise Corruption(f"recovery run {run.key} listed by its manifest is missing")
+        header, records = decode_run(data, where=run.key)
+        if (header.table_id, header.start_row, header.end_row) != (
+            run.table_id,
+            run.start_row,
+            run.end_row,
+        ) or header.record_count != run.records:
+            raise Corruption(f"recovery run {run.key} does not match its manifest")
+        stats.runs += 1
+        stats.run_bytes += len(data)
+        return [r for r in records if mine.holds(r.row) and r.last_seq > after_seq]
+
+    sources.extend(await asyncio.gather(*(fetch(r) for r in wanted)))
+    reader = CommitLogReader(store, plan.worker_id, plan.incarnation)
+    for task in direct:
+        stats.direct_tasks += 1
+        picked = [
+            r
+            async for r in reader.records(start_segment=task.first, stop_segment=task.stop)
+            if r.table_id == table_id and mine.holds(r.row) and r.last_seq > after_seq
+        ]
+        picked.sort(key=lambda r: (r.row, r.first_seq, r.last_seq))
+        sources.append(picked)
+    for record in heapq.merge(*sources, key=lambda r: (r.row, r.first_seq, r.last_seq)):
+        for cell in record.cells:
+            if cell.seq > after_seq:
+                yield cell

@@ -1,0 +1,114 @@
+"""A worker's part in sorting dead workers' logs (§6: tablet servers sort the log in pieces).
+
+The master publishes sort tasks under ``sorts/<worker>/<incarnation>/<first-segment>``
+(:class:`tabletstore.master.recovery.WorkerSortExecutor`). Every live worker runs a
+:class:`Sorter`: it polls that prefix, claims a task by creating
+``sorters/<worker>/<incarnation>/<first-segment>`` attached to its own lease (create-only: one
+claimant at a time), runs it (:func:`~tabletstore.commitlog.sorting.sort_task_by_number`, which
+reads the plan from the bucket) and deletes the published key, which tells the master the task
+is done. A failed task gets ``{"error": ...}`` written into the published key instead. A sorter
+that dies mid-task loses its claim with its lease, and another worker takes the task over; a
+task is idempotent, so the half-written runs of the dead one are harmless.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+from tabletstore.commitlog.sorting import sort_task_by_number
+from tabletstore.coordination import paths
+from tabletstore.coordination.base import (
+    Coordinator,
+    Delete,
+    Lease,
+    Put,
+    absent,
+    create_revision_is,
+)
+from tabletstore.errors import InvalidArgument, TabletStoreError
+from tabletstore.storage_s3.base import ObjectStore
+
+__all__ = ["Sorter"]
+
+log = logging.getLogger(__name__)
+
+
+class Sorter:
+    """Takes sort tasks published in the coordinator and runs them, one at a time."""
+
+    def __init__(
+        self,
+        worker_id: str,
+        store: ObjectStore,
+        coordinator: Coordinator,
+        lease: Lease,
+        *,
+        poll: float = 0.2,
+    ) -> None:
+        self.worker_id = worker_id
+        self._store = store
+        self._coord = coordinator
+        self._lease = lease
+        self._poll = poll
+        #: Tasks this sorter finished (for tests and status).
+        self.done = 0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Poll and run tasks until ``stop`` is set or the lease ends."""
+        while not stop.is_set() and not self._lease.expired:
+            try:
+                ran = await self.run_one()
+            except TabletStoreError as exc:
+                log.warning("sorter %s: %s", self.worker_id, exc)
+                ran = False
+            if not ran:
+                try:
+                    await asyncio.wait_for(stop.wait(), self._poll)
+                except TimeoutError:
+                    pass
+
+    async def run_one(self) -> bool:
+        """Claim and run one published task; False when there was none to take."""
+        for kv in await self._coord.get_prefix(paths.SORTS):
+            try:
+                worker_id, incarnation, first = paths.parse_sort(kv.key)
+                if "error" in json.loads(kv.value):
+                    continue  # failed: the master decides whether it runs again
+            except (InvalidArgument, ValueError):
+                continue  # not a task this version understands: leave it alone
+            claim = paths.sorter(worker_id, incarnation, first)
+            result = await self._coord.txn(
+                [absent(claim)], [Put(claim, self.worker_id.encode(), lease_id=self._lease.id)], []
+            )
+            if not result.succeeded:
+                continue  # another live sorter has it
+            mine = await self._coord.get(claim)
+            try:
+                await self._run(kv.key, worker_id, incarnation, first)
+            finally:
+                if mine is not None:
+                    await self._coord.txn(
+                        [create_revision_is(claim, mine.create_revision)], [Delete(claim)], []
+                    )
+            return True
+        return False
+
+    async def _run(self, key: str, worker_id: str, incarnation: int, first: int) -> None:
+        try:
+            manifest = await sort_task_by_number(self._store, worker_id, incarnation, first)
+        except TabletStoreError as exc:
+            log.error("sort task %s failed: %s", key, exc)
+            await self._coord.put(key, json.dumps({"error": str(exc)}).encode())
+            return
+        self.done += 1
+        log.info(
+            "sorted %s/%s@%d: %d records into %d runs",
+            worker_id,
+            incarnation,
+            first,
+            manifest.records,
+            len(manifest.runs),
+        )
+        await self._coord.delete(key)

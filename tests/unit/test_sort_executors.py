@@ -1,0 +1,227 @@
+"""Where sort tasks run (master/recovery.py, worker/sorter.py): the in-process executor (asyncio
+and a process pool), the live workers through the coordinator (a sorter dying mid-task loses
+its claim with its lease and another takes over), and the master's orchestration (dead logs
+noticed, failed tasks retried a bounded number of times, a new master after a failover
+reusing the plan and running only the tasks not done)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from tabletstore.commitlog.runs import SortManifest, SortPlan, SortTask
+from tabletstore.commitlog.sorting import load_plan, plan_sort, run_sort_task, task_done
+from tabletstore.coordination import paths
+from tabletstore.coordination.memory import MemoryCoordinator
+from tabletstore.errors import Unavailable
+from tabletstore.master.recovery import (
+    InProcessSortExecutor,
+    LogRecovery,
+    WorkerSortExecutor,
+)
+from tabletstore.metadata.record import LogRef, TabletRecord
+from tabletstore.storage_s3 import open_store
+from tabletstore.storage_s3.base import ObjectInfo
+from tabletstore.storage_s3.memory import MemoryObjectStore
+from tabletstore.worker.sorter import Sorter
+from tests.unit.test_commitlog_sorting import INC, TABLETS, W, write_log
+
+
+class StallingStore(MemoryObjectStore):
+    """Creates of recovery runs block while ``stall`` is set (a sorter hung mid-task)."""
+
+    def __init__(self) -> None:
+        super().__init__(shared=False)
+        self.stall = False
+        self.stalled = asyncio.Event()
+
+    async def create(self, key: str, data: bytes) -> None:
+        if self.stall and key.startswith("recovery/") and key.endswith(".run"):
+            self.stalled.set()
+            await asyncio.Event().wait()  # forever: the sorter is dead to the world
+        await super().create(key, data)
+
+
+async def _plan(store: MemoryObjectStore) -> SortPlan:
+    await write_log(store)
+    return await plan_sort(store, W, INC, TABLETS, task_bytes=3000)
+
+
+async def test_in_process_executor_with_tasks_and_with_processes(tmp_path: Path) -> None:
+    store = MemoryObjectStore(shared=False)
+    plan = await _plan(store)
+    executor = InProcessSortExecutor(store, parallel=2)
+    manifests = await asyncio.gather(*(executor.run(plan, t) for t in plan.tasks))
+    assert [m.first for m in manifests] == [t.first for t in plan.tasks]
+    await executor.close()
+    # A process pool over a local directory: the children open the store from its URL.
+    url = f"file://{tmp_path}"
+    disk = open_store(url)
+    await write_log(disk)  # type: ignore[arg-type]
+    plan = await plan_sort(disk, W, INC, TABLETS, task_bytes=3000)
+    pool = InProcessSortExecutor(disk, processes=2, store_url=url)
+    try:
+        await pool.warm()
+        got = await asyncio.gather(*(pool.run(plan, t) for t in plan.tasks))
+    finally:
+        await pool.close()
+    assert all([await task_done(disk, plan, t) for t in plan.tasks])
+    assert got[0] == await run_sort_task(disk, plan, plan.tasks[0])  # rerun: same manifest
+    await disk.close()
+
+
+async def test_live_workers_sort_and_a_dead_sorter_task_is_taken_over() -> None:
+    store = StallingStore()
+    plan = await _plan(store)
+    coord = MemoryCoordinator()
+    stop = asyncio.Event()
+    # Sorter A hangs inside its first task (after claiming it), then loses its lease.
+    lease_a = await coord.grant_lease(30.0)
+    store.stall = True
+    sorter_a = Sorter("A", store, coord, lease_a, poll=0.01)
+    executor = WorkerSortExecutor(store, coord, poll=0.01)
+    runs = [asyncio.ensure_future(executor.run(plan, t)) for t in plan.tasks]
+    a = asyncio.ensure_future(sorter_a.run(stop))
+    await asyncio.wait_for(store.stalled.wait(), 10)
+    claims = await coord.get_prefix(paths.SORTERS)
+    assert [kv.value for kv in claims] == [b"A"]
+    store.stall = False
+    # B starts: every task but A's is done by B; A's stays claimed while A's lease lives.
+    lease_b = await coord.grant_lease(30.0)
+    sorter_b = Sorter("B", store, coord, lease_b, poll=0.01)
+    b = asyncio.ensure_future(sorter_b.run(stop))
+    held = paths.parse_sort(claims[0].key.replace(paths.SORTERS, paths.SORTS, 1))[2]
+    others = [r for r, t in zip(runs, plan.tasks, strict=True) if t.first != held]
+    await asyncio.wait_for(asyncio.gather(*others), 20)
+    assert not all(r.done() for r in runs)
+    await lease_a.revoke()  # A's lease ends (killed): its claim vanishes, B takes the task
+    manifests: list[SortManifest] = await asyncio.wait_for(asyncio.gather(*runs), 20)
+    assert sorted(m.first for m in manifests) == [t.first for t in plan.tasks]
+    assert sorter_b.done == len(plan.tasks)
+    assert await coord.get_prefix(paths.SORTS) == []
+    stop.set()
+    a.cancel()
+    await asyncio.gather(a, b, return_exceptions=True)
+
+
+async def test_a_failing_task_is_reported_to_the_master() -> None:
+    store = MemoryObjectStore(shared=False)
+    plan = await _plan(store)
+    coord = MemoryCoordinator()
+    lease = await coord.grant_lease(30.0)
+    await store.delete(f"logs/{W}/{INC:020d}/{plan.tasks[0].first:020d}.log")
+    sorter = Sorter("A", store, coord, lease, poll=0.01)
+    stop = asyncio.Event()
+    running = asyncio.ensure_future(sorter.run(stop))
+    with pytest.raises(Unavailable, match="missing"):
+        await asyncio.wait_for(
+            WorkerSortExecutor(store, coord, poll=0.01).run(plan, plan.tasks[0]), 10
+        )
+    stop.set()
+    await running
+
+
+class CountingExecutor:
+    def __init__(self, store: MemoryObjectStore, fail: set[int] | None = None) -> None:
+        self.store = store
+        self.fail = fail or set()
+        self.ran: list[int] = []
+
+    async def run(self, plan: SortPlan, task: SortTask) -> SortManifest:
+        self.ran.append(task.first)
+        if task.first in self.fail:
+            raise Unavailable("sorter died")
+        return await run_sort_task(self.store, plan, task)
+
+    async def close(self) -> None:
+        pass
+
+
+def _records(logs: tuple[LogRef, ...]) -> list[TabletRecord]:
+    return [
+        TabletRecord(
+            table_id=t.table_id,
+            tablet_id=t.tablet_id,
+            start_row=t.start_row,
+            end_row=t.end_row,
+            logs=logs,
+        )
+        for t in TABLETS
+    ]
+
+
+async def test_master_sorts_dead_logs_retries_and_a_new_master_resumes() -> None:
+    store = MemoryObjectStore(shared=False)
+    await write_log(store)
+    coord = MemoryCoordinator()
+    records = _records((LogRef(W, INC),))
+    flaky = CountingExecutor(store, fail={0})
+    recovery = LogRecovery(store, flaky, coord, task_bytes=3000, attempts=2)
+    # The writer is live and this is its current incarnation: not touched.
+    await coord.put(paths.setting(f"incarnation.{W}"), str(INC).encode())
+    await recovery.start(records, {}, live=[W])
+    assert await load_plan(store, W, INC) is None and flaky.ran == []
+    # Its worker is gone: the log is fenced, planned and sorted; task 0 fails twice.
+    await recovery.start(records, {}, live=[])
+    await recovery.wait()
+    plan = await load_plan(store, W, INC)
+    assert plan is not None
+    await recovery.start(records, {}, live=[])
+    await recovery.wait()
+    await recovery.start(records, {}, live=[])
+    assert flaky.ran.count(0) == 2  # bounded: then the tablets read that task's segments
+    assert not await task_done(store, plan, plan.tasks[0])
+    assert recovery.sorting == {}
+    # A new master (failover): same plan, runs only the task not done.
+    fresh = CountingExecutor(store)
+    again = LogRecovery(store, fresh, coord, task_bytes=10**9)
+    await again.start(records, {}, live=[])
+    await again.wait()
+    assert fresh.ran == [0]
+    assert all([await task_done(store, plan, t) for t in plan.tasks])
+    # Claimed tablets need nothing: no sorting starts for a log only they list.
+    other = LogRecovery(store, CountingExecutor(store), coord, task_bytes=3000)
+    claimed = {(r.table_id, r.tablet_id): "B" for r in _records((LogRef("gone", 1),))}
+    await other.start(_records((LogRef("gone", 1),)), claimed, live=["B"])
+    assert other.sorting == {}
+    # A log only one tablet lists is left to that tablet's direct replay (no second pass).
+    await other.start(_records((LogRef(W, INC),))[:1], {}, live=[])
+    assert other.sorting == {}
+
+
+class SlowListStore(MemoryObjectStore):
+    """Listing hangs until ``go`` is set (a paused or throttled object store)."""
+
+    def __init__(self) -> None:
+        super().__init__(shared=False)
+        self.go = asyncio.Event()
+        self.go.set()
+
+    async def list(  # type: ignore[override]
+        self, prefix: str, *, start_after: str | None = None
+    ) -> AsyncIterator[ObjectInfo]:
+        await self.go.wait()
+        async for info in super().list(prefix, start_after=start_after):
+            yield info
+
+
+async def test_a_slow_store_holds_the_assignment_round_back_only_plan_wait() -> None:
+    store = SlowListStore()
+    await write_log(store)
+    store.go.clear()
+    coord = MemoryCoordinator()
+    executor = CountingExecutor(store)
+    recovery = LogRecovery(store, executor, coord, task_bytes=3000, plan_wait=0.05)
+    records = _records((LogRef(W, INC),))
+    await asyncio.wait_for(recovery.start(records, {}, live=[]), 5)  # returns: loads go out
+    assert recovery.sorting == {} and executor.ran == []
+    store.go.set()  # the store answers again; the planning went on in the background
+    await asyncio.sleep(0.1)
+    await recovery.start(records, {}, live=[])
+    await recovery.wait()
+    plan = await load_plan(store, W, INC)
+    assert plan is not None and sorted(executor.ran) == [t.first for t in plan.tasks]
+    await recovery.close()
