@@ -812,9 +812,11 @@ def _serve(run: Callable[[Any, asyncio.Event], Awaitable[None]], *, store: str |
     Its log (INFO and up, timestamped: what an operator reads after a failover) goes to
     standard error."""
     url = _cluster_url()
+    # tabletstore's own INFO (loads, recoveries, splits); other libraries' warnings only.
     logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    logging.getLogger("tabletstore").setLevel(logging.INFO)
 
     async def main_async() -> None:
         coordinator = open_coordinator(url)

@@ -40,7 +40,11 @@ def fake_master(
         await hang.wait()  # a balancing move waiting on an unreachable METADATA tablet
         return 0, 0
 
-    return SimpleNamespace(assign=assign, balancer=SimpleNamespace(run_round=run_round))
+    return SimpleNamespace(
+        assign=assign,
+        balancer=SimpleNamespace(run_round=run_round),
+        compaction_cycle=SimpleNamespace(run_round=lambda: None),
+    )
 
 
 async def test_a_hung_balancer_or_collector_never_holds_back_assignment() -> None:
