@@ -28,6 +28,7 @@ from typing import TypeVar
 from tabletstore.cli import localstack
 from tabletstore.cli.localstack import ProcessRecord
 from tabletstore.client.client import AsyncClient, ClusterStatus
+from tabletstore.testing.processes import gone, reap
 
 T = TypeVar("T")
 
@@ -38,22 +39,6 @@ PROCESS_ENV = {
     "AWS_DEFAULT_REGION": "us-east-1",
     "PYTHONUNBUFFERED": "1",
 }
-
-
-def gone(pid: int) -> bool:
-    """The pid no longer runs (absent, or a zombie nobody has reaped yet)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat[stat.rindex(")") + 2] == "Z"
-
-
-def _reap(pid: int) -> None:
-    # The processes are our children (Popen); reaping keeps the pid table clean. A pid that is
-    # not our child (or already reaped) raises ChildProcessError, which means nothing to do.
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)
 
 
 @dataclass
@@ -114,11 +99,11 @@ class Cluster:
             os.kill(record.pid, signal.SIGKILL)
         end = time.monotonic() + deadline
         while not gone(record.pid):
-            _reap(record.pid)
+            reap(record.pid)
             if time.monotonic() > end:
                 raise AssertionError(f"{record.role} (pid {record.pid}) survived SIGKILL")
             time.sleep(0.02)
-        _reap(record.pid)
+        reap(record.pid)
 
     def pause(self, record: ProcessRecord) -> None:
         """SIGSTOP: the process keeps its sockets but runs nothing (a long GC pause, a VM
@@ -145,7 +130,7 @@ class Cluster:
                 self.resume(record)  # a stopped process would not act on SIGTERM
             with contextlib.suppress(Exception):
                 localstack.stop(record, deadline=10.0)
-            _reap(record.pid)
+            reap(record.pid)
 
     def alive(self) -> list[ProcessRecord]:
         return [r for r in self.records if localstack.is_running(r)]

@@ -33,6 +33,7 @@ from pathlib import Path
 from tabletstore.cli import localstack
 from tabletstore.cli.localstack import ProcessRecord
 from tabletstore.errors import Unavailable
+from tabletstore.testing.processes import gone, reap
 
 __all__ = ["ChaosCluster"]
 
@@ -47,19 +48,6 @@ ENV = {
 READ_TIMEOUT = 4.0
 #: Tablets never split during a chaos run: the checker maps rows to tablets by fixed split keys.
 NO_SPLIT_BYTES = 1 << 40
-
-
-def _gone(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat[stat.rindex(")") + 2] == "Z"
-
-
-def _reap(pid: int) -> None:
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)
 
 
 class ChaosCluster:
@@ -187,12 +175,12 @@ class ChaosCluster:
         if localstack.is_running(record):
             os.kill(record.pid, signal.SIGKILL)
         end = time.monotonic() + deadline
-        while not _gone(record.pid):
-            _reap(record.pid)
+        while not gone(record.pid):
+            reap(record.pid)
             if time.monotonic() > end:
                 raise Unavailable(f"{record.role} (pid {record.pid}) survived SIGKILL")
             time.sleep(0.02)
-        _reap(record.pid)
+        reap(record.pid)
 
     def pause(self, record: ProcessRecord) -> None:
         if record not in self.records or not localstack.is_running(record):
@@ -247,7 +235,7 @@ class ChaosCluster:
                 self.resume(record)
             with contextlib.suppress(Exception):
                 localstack.stop(record, deadline=10.0)
-            _reap(record.pid)
+            reap(record.pid)
 
     def logs(self, lines: int = 15) -> str:
         out = []
