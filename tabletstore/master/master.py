@@ -15,6 +15,12 @@ the METADATA table (``Catalog.bootstrap_root``, then the METADATA tablets' rows 
 Clients never send data through the master; they locate tablets through METADATA and talk to
 workers directly (§5.1).
 
+Table administration is written once, here: :class:`Master` implements
+``rpc.services.MasterService``, whose requests and responses are the wire messages. The embedded
+database's client calls it directly; the cluster's master process serves the same methods
+(``MASTER.handlers(master)``), and only while it leads (:attr:`Master.leading`). The master
+reaches workers through ``TabletService`` stubs.
+
 The embedded default runs one master in-process; the cluster elects one through the
 coordinator and runs it as its own process.
 """
@@ -23,17 +29,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
-
-from pydantic import BaseModel
 
 from tabletstore.client.location import LocationCache
 from tabletstore.clock import Clock, SystemClock
 from tabletstore.coordination import paths
 from tabletstore.coordination.base import Coordinator
-from tabletstore.data.schema import ColumnFamily, LocalityGroup, TableSchema
+from tabletstore.data.schema import TableSchema
 from tabletstore.errors import (
     InvalidArgument,
     NotFound,
@@ -47,9 +50,7 @@ from tabletstore.metadata import rows as mt
 from tabletstore.metadata.catalog import Catalog, TableInfo
 from tabletstore.metadata.record import TabletRecord
 from tabletstore.options import MasterOptions
-from tabletstore.rpc.inprocess import Transport
 from tabletstore.rpc.messages import (
-    MASTER_METHODS,
     CompactTableRequest,
     CompactTabletRequest,
     CreateTableRequest,
@@ -62,10 +63,10 @@ from tabletstore.rpc.messages import (
     UnloadTabletRequest,
     UpdateSchemaRequest,
 )
+from tabletstore.rpc.services import TABLET, TabletService
+from tabletstore.rpc.transport import Transport
 
-__all__ = ["Master", "MasterService"]
-
-M = TypeVar("M", bound=BaseModel)
+__all__ = ["Master"]
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,8 @@ def _failed(task: asyncio.Task[bool]) -> bool:
 
 
 class Master:
-    """Table administration and assignment over a catalog and a transport to workers."""
+    """Table administration (``rpc.services.MasterService``) and assignment over a catalog and
+    a transport to workers."""
 
     def __init__(
         self,
@@ -114,6 +116,10 @@ class Master:
         mt.initial_metadata_records(self._metadata_splits, 0.0)  # InvalidArgument early
         self._options = options or MasterOptions()
         _check_load_options(self._options)
+        #: Whether this master answers admin requests. Only the elected master does: a standby
+        #: (or a deposed master) answers ``NotServing`` so clients look the master up again.
+        #: True for the embedded database's only master; the master process sets it.
+        self.leading = True
         #: Loads sent, by tablet (table id, tablet id); finished ones are dropped at the start
         #: of the next round, after which the claims read then show their outcome.
         self._loads: dict[tuple[str, str], _Load] = {}
@@ -138,6 +144,11 @@ class Master:
     @property
     def clock(self) -> Clock:
         return self._clock
+
+    def _worker(self, address: str, *, timeout: float | None = None) -> TabletService:
+        """A stub of the worker at ``address`` (calls bounded by ``timeout``, None: the
+        transport's default)."""
+        return TABLET.client(self._transport, address, timeout=timeout)
 
     # ------------------------------------------------------------------ workers
 
@@ -250,18 +261,11 @@ class Master:
         if slots is None:
             slots = self._load_slots[worker] = asyncio.Semaphore(self._options.max_loads_per_worker)
         async with slots:
+            # A replay may legitimately take minutes: the load's own bound, not the transport's.
+            stub = self._worker(address, timeout=self._options.load_timeout)
             try:
-                async with asyncio.timeout(self._options.load_timeout):
-                    await self._transport.call(address, "load_tablet", LoadTabletRequest(*key))
-            except TimeoutError:
-                log.warning(
-                    "loading %s on %s took over %s s; given up",
-                    key[1],
-                    worker,
-                    self._options.load_timeout,
-                )
-                return False
-            except TabletStoreError as exc:
+                await stub.load_tablet(LoadTabletRequest(*key))
+            except TabletStoreError as exc:  # Indeterminate after load_timeout: given up
                 log.warning("assigning %s to %s failed: %s", key[1], worker, exc)
                 return False
         return True
@@ -284,13 +288,17 @@ class Master:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    # ------------------------------------------------------------------ tables
+    # ------------------------------------------------------------------ tables (MasterService)
 
-    async def create_table(
-        self, schema: TableSchema, *, split_keys: Sequence[bytes] = ()
-    ) -> TableInfo:
-        """Create a table, pre-split at ``split_keys``, and assign its tablets."""
-        splits = sorted(set(split_keys))
+    def _check_leading(self) -> None:
+        if not self.leading:
+            raise NotServing("this process is not the elected master")
+
+    async def create_table(self, req: CreateTableRequest) -> TableInfoMessage:
+        """Create a table, pre-split at the request's split keys, and assign its tablets."""
+        self._check_leading()
+        schema = req.schema()
+        splits = sorted(set(req.split_keys))
         if any(not k for k in splits):
             raise InvalidArgument("split keys must be non-empty")
         table_id = Catalog.new_table_id(schema.name)
@@ -306,39 +314,42 @@ class Master:
             start = end or b""
         info = await self._catalog.create_table(schema, records)
         await self.assign()
-        return info
+        return TableInfoMessage.of(info)
 
-    async def delete_table(self, name: str) -> None:
+    async def delete_table(self, req: TableNameRequest) -> None:
         """Unload a table's tablets and delete its records; its objects become garbage."""
-        if name == mt.METADATA_TABLE:
-            raise InvalidArgument(f"table {name!r} is the system table; it cannot be deleted")
-        info = await self._catalog.get_table(name)
-        await self._for_each_tablet(info, "unload_tablet", flush=False)
-        await self._catalog.delete_table(name)
+        self._check_leading()
+        if req.name == mt.METADATA_TABLE:
+            raise InvalidArgument(f"table {req.name!r} is the system table; it cannot be deleted")
+        info = await self._catalog.get_table(req.name)
+        await self._for_each_tablet(
+            info,
+            lambda w, rec: w.unload_tablet(
+                UnloadTabletRequest(rec.table_id, rec.tablet_id, flush=False)
+            ),
+        )
+        await self._catalog.delete_table(req.name)
 
-    async def list_tables(self) -> list[TableInfo]:
-        return await self._catalog.list_tables()
+    async def list_tables(self, req: ListTablesRequest) -> ListTablesResponse:
+        self._check_leading()
+        infos = await self._catalog.list_tables()
+        return ListTablesResponse(tuple(TableInfoMessage.of(i) for i in infos))
 
-    async def get_table(self, name: str) -> TableInfo:
-        return await self._catalog.get_table(name)
+    async def get_table(self, req: TableNameRequest) -> TableInfoMessage:
+        self._check_leading()
+        return TableInfoMessage.of(await self._catalog.get_table(req.name))
 
-    async def modify_families(
-        self,
-        name: str,
-        *,
-        create: Sequence[ColumnFamily] = (),
-        update: Sequence[ColumnFamily] = (),
-        drop: Sequence[str] = (),
-        locality_groups: Sequence[LocalityGroup] = (),
-    ) -> TableInfo:
+    async def modify_families(self, req: ModifyFamiliesRequest) -> TableInfoMessage:
         """Add, change or drop column families (and add locality groups) in one schema change.
 
         Dropped families' cells stop being visible at once and are left out of the next
         compaction of every tablet."""
+        self._check_leading()
+        name, create, update = req.name, req.families_created(), req.families_updated()
         info = await self._catalog.get_table(name)
         families = dict(info.schema.families)
         groups = dict(info.schema.locality_groups)
-        for g in locality_groups:
+        for g in req.groups_added():
             groups[g.name] = g
         for fam in create:
             if fam.name in families:
@@ -348,7 +359,7 @@ class Master:
             if fam.name not in families:
                 raise NotFound(f"table {name!r} has no column family {fam.name!r}")
             families[fam.name] = fam
-        for fam_name in drop:
+        for fam_name in req.drop:
             if fam_name not in families:
                 raise NotFound(f"table {name!r} has no column family {fam_name!r}")
             del families[fam_name]
@@ -359,38 +370,44 @@ class Master:
         new = await self._catalog.update_schema(info, schema)
         workers = await self.live_workers()
         for address in set(workers.values()):
-            await self._transport.call(address, "update_schema", UpdateSchemaRequest(name))
+            await self._worker(address).update_schema(UpdateSchemaRequest(name))
         moved = [
             f.name
             for f in update
             if f.name in info.schema.families
             and info.schema.families[f.name].locality_group != f.locality_group
         ]
-        if drop or moved:
+        if req.drop or moved:
             # Rewrite every tablet by the new schema before answering: a dropped family's
             # cells are gone (re-creating the name brings nothing back) and a moved family's
             # cells live in its new locality group (reads of it look only there).
-            await self.compact_table(name, major=True)
-        return new
+            await self.compact_table(CompactTableRequest(name, major=True))
+        return TableInfoMessage.of(new)
 
-    async def compact_table(self, name: str, *, major: bool) -> None:
+    async def compact_table(self, req: CompactTableRequest) -> None:
         """Minor (``flush``) or major (``compact``) compaction of every tablet of a table."""
-        info = await self._catalog.get_table(name)
-        await self._for_each_tablet(info, "compact_tablet", major=major)
+        self._check_leading()
+        info = await self._catalog.get_table(req.name)
+        await self._for_each_tablet(
+            info,
+            lambda w, rec: w.compact_tablet(
+                CompactTabletRequest(rec.table_id, rec.tablet_id, major=req.major)
+            ),
+        )
 
-    async def _for_each_tablet(self, info: TableInfo, method: str, **kw: bool) -> None:
+    async def _for_each_tablet(
+        self,
+        info: TableInfo,
+        send: Callable[[TabletService, TabletRecord], Awaitable[None]],
+    ) -> None:
+        """``send`` to the worker holding each claimed tablet of the table, one at a time."""
         claims = await self._claims()
         workers = await self.live_workers()
         for rec in await self._catalog.list_tablets(info.table_id):
             holder = claims.get((rec.table_id, rec.tablet_id))
             address = workers.get(holder) if holder is not None else None
-            if address is None:
-                continue
-            if method == "unload_tablet":
-                req: object = UnloadTabletRequest(rec.table_id, rec.tablet_id, **kw)
-            else:
-                req = CompactTabletRequest(rec.table_id, rec.tablet_id, **kw)
-            await self._transport.call(address, method, req)
+            if address is not None:
+                await send(self._worker(address), rec)
 
 
 def _check_load_options(options: MasterOptions) -> None:
@@ -402,61 +419,3 @@ def _check_load_options(options: MasterOptions) -> None:
         raise InvalidArgument(f"load_wait must be >= 0 seconds, got {options.load_wait}")
     if options.load_timeout <= 0:
         raise InvalidArgument(f"load_timeout must be > 0 seconds, got {options.load_timeout}")
-
-
-def _info_message(info: TableInfo) -> TableInfoMessage:
-    return TableInfoMessage(info.table_id, info.schema.model_dump_json().encode(), info.revision)
-
-
-def _parse_models(kind: type[M], blobs: Sequence[bytes]) -> list[M]:
-    try:
-        return [kind.model_validate_json(b) for b in blobs]
-    except ValueError as exc:
-        raise InvalidArgument(f"malformed {kind.__name__}: {exc}") from exc
-
-
-class MasterService:
-    """The master's RPC handlers (``rpc.messages.MASTER_METHODS``), in wire form.
-
-    Only the elected master answers; a standby (or a deposed master) answers ``NotServing`` so
-    clients look the master up again."""
-
-    def __init__(self, master: Master) -> None:
-        self.master = master
-        self.leading = False
-
-    def _check(self) -> Master:
-        if not self.leading:
-            raise NotServing("this process is not the elected master")
-        return self.master
-
-    async def create_table(self, req: CreateTableRequest) -> TableInfoMessage:
-        (schema,) = _parse_models(TableSchema, [req.schema_json])
-        info = await self._check().create_table(schema, split_keys=req.split_keys)
-        return _info_message(info)
-
-    async def delete_table(self, req: TableNameRequest) -> None:
-        await self._check().delete_table(req.name)
-
-    async def list_tables(self, req: ListTablesRequest) -> ListTablesResponse:
-        infos = await self._check().list_tables()
-        return ListTablesResponse(tuple(_info_message(i) for i in infos))
-
-    async def get_table(self, req: TableNameRequest) -> TableInfoMessage:
-        return _info_message(await self._check().get_table(req.name))
-
-    async def modify_families(self, req: ModifyFamiliesRequest) -> TableInfoMessage:
-        info = await self._check().modify_families(
-            req.name,
-            create=_parse_models(ColumnFamily, req.create),
-            update=_parse_models(ColumnFamily, req.update),
-            drop=req.drop,
-            locality_groups=_parse_models(LocalityGroup, req.locality_groups),
-        )
-        return _info_message(info)
-
-    async def compact_table(self, req: CompactTableRequest) -> None:
-        await self._check().compact_table(req.name, major=req.major)
-
-    def handlers(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in MASTER_METHODS}

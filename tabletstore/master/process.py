@@ -16,11 +16,12 @@ from tabletstore.errors import (
 )
 from tabletstore.master.gc import DEFAULT_INTERVAL, GarbageCollector
 from tabletstore.master.gc_plan import DEFAULT_GRACE
-from tabletstore.master.master import Master, MasterService
+from tabletstore.master.master import Master
 from tabletstore.metadata.catalog import ClusterSettings
 from tabletstore.ops.metrics import MasterMetrics
 from tabletstore.ops.status_http import StatusServer, serve_master
 from tabletstore.options import MasterOptions
+from tabletstore.rpc.services import MASTER
 from tabletstore.rpc.tcp import RpcServer, TcpTransport
 from tabletstore.rpc.wire import register_all
 
@@ -55,15 +56,15 @@ async def run_master(
     stop = stop or asyncio.Event()
     if store_url is not None:
         await ClusterSettings(store_url).save(coordinator)
-    # Loads are bounded by MasterOptions.load_timeout instead (a replay may take minutes).
-    transport = TcpTransport(timeout=60.0, method_timeouts={"load_tablet": None})
+    # Loads give their own bound, MasterOptions.load_timeout (a replay may take minutes).
+    transport = TcpTransport(timeout=60.0)
     metrics = MasterMetrics()  # observability: counted always, served with metrics_port
     master = Master(
         coordinator=coordinator, transport=metrics.count_loads(transport), options=options
     )
-    service = MasterService(master)
-    metrics.watch_leading(lambda: service.leading)
-    server = RpcServer(metrics.instrument(service.handlers()), host=host, port=port)
+    master.leading = False  # until elected: admin requests are answered NotServing
+    metrics.watch_leading(lambda: master.leading)
+    server = RpcServer(metrics.instrument(MASTER.handlers(master)), host=host, port=port)
     await server.start()
     metrics.process_id = server.address
     lease = await coordinator.grant_lease(lease_ttl)
@@ -105,7 +106,7 @@ async def run_master(
                     await campaign
                 return
             campaign.result()
-            service.leading = True
+            master.leading = True
             log.info("master %s is leading", server.address)
             while not stop.is_set():
                 if lease.expired:
@@ -120,7 +121,7 @@ async def run_master(
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), interval)
     finally:
-        service.leading = False
+        master.leading = False
         with contextlib.suppress(TabletStoreError):
             await election.resign()
         if http is not None:
