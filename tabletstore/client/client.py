@@ -344,7 +344,9 @@ class AsyncClient:
                 # was), and the request may have been applied.
                 self.locations.invalidate(info.table_id)
                 if not safe:
-                    raise
+                    raise Indeterminate(
+                        f"{what} of row {row[:64]!r} may have been applied: {exc}"
+                    ) from exc
                 ambiguous = exc
             except (Unavailable, Fenced):  # _refused_call
                 # Refused or never sent (Fenced: the worker's log was fenced by the tablet's

@@ -19,7 +19,7 @@ from tabletstore.client.location import LocationCache
 from tabletstore.coordination import open_coordinator, paths
 from tabletstore.coordination.base import Coordinator, KeyValue
 from tabletstore.coordination.election import Election
-from tabletstore.errors import Unavailable, Unimplemented
+from tabletstore.errors import Indeterminate, TabletStoreError, Unavailable, Unimplemented
 from tabletstore.metadata.catalog import Catalog
 from tabletstore.rpc.services import MASTER, MasterService
 from tabletstore.rpc.tcp import TcpTransport
@@ -49,7 +49,14 @@ class ElectedMaster:
     looked up and replaces the one a call names): a call made while none is elected (a
     cluster starting, a master failing over) waits for the election, watching it, and a call
     refused by a master that stopped leading, or never sent, goes to the new one, until the
-    deadline. A call that got no answer is not sent again (Indeterminate)."""
+    deadline.
+
+    A call that got no answer (Indeterminate: the master died with it in flight) is sent
+    again too, because every MasterService method is safe to repeat: reads and compactions
+    are idempotent, and each change is guarded by the catalog (a table created or deleted, a
+    family created or dropped, is so once; a repeat fails AlreadyExists / NotFound /
+    InvalidArgument). A repeat that fails after an attempt that got no answer is reported as
+    Indeterminate, since the earlier attempt may be what made it fail."""
 
     def __init__(
         self, coordinator: Coordinator, transport: Transport, *, deadline: float = 30.0
@@ -83,12 +90,25 @@ class ElectedMaster:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._deadline
         refresh = False
+        ambiguous: Indeterminate | None = None
         for attempt in itertools.count():
             try:
                 elected = await self.address(refresh=refresh, wait=deadline - loop.time())
                 return await self._transport.call(elected, method, request, timeout=timeout)
-            except Unavailable:  # NotServing and Unreachable included: nothing was applied
+            except Indeterminate as exc:  # safe to repeat (class docstring)
+                ambiguous = exc
                 if loop.time() >= deadline:
+                    raise
+            except TabletStoreError as exc:
+                # Unavailable (NotServing and Unreachable included) applied nothing: retried.
+                if isinstance(exc, Unavailable) and loop.time() < deadline:
+                    pass
+                elif ambiguous is not None:
+                    raise Indeterminate(
+                        f"{method!r} may have been applied by an attempt that got no answer "
+                        f"({ambiguous}); sent again, it failed: {type(exc).__name__}: {exc}"
+                    ) from exc
+                else:
                     raise
             refresh = True
             await asyncio.sleep(min(1.0, 0.05 * 2**attempt))

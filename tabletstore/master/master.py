@@ -38,6 +38,7 @@ from tabletstore.coordination import paths
 from tabletstore.coordination.base import Coordinator
 from tabletstore.data.schema import TableSchema
 from tabletstore.errors import (
+    Indeterminate,
     InvalidArgument,
     NotFound,
     NotServing,
@@ -192,7 +193,9 @@ class Master:
             for info in await self._catalog.list_tables():
                 tablets = await self._catalog.list_tablets(info.table_id)
                 done += await self._assign_level(workers, claims, known, tablets)
-        except Unavailable as exc:  # NotServing included: a METADATA tablet is not served yet
+        except (Unavailable, Indeterminate) as exc:
+            # A METADATA tablet not served yet (NotServing) or not answering: the writes above
+            # are idempotent, and the next round goes on from here.
             log.info("assignment round stopped early: %s", exc)
         return done
 

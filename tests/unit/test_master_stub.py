@@ -17,7 +17,14 @@ import pytest
 from tabletstore.client.cluster import master_client
 from tabletstore.coordination import paths
 from tabletstore.coordination.memory import MemoryCoordinator
-from tabletstore.errors import Indeterminate, NotServing, TabletStoreError, Unavailable, Unreachable
+from tabletstore.errors import (
+    AlreadyExists,
+    Indeterminate,
+    NotServing,
+    TabletStoreError,
+    Unavailable,
+    Unreachable,
+)
 from tabletstore.rpc.messages import ListTablesRequest, ListTablesResponse
 from tabletstore.rpc.services import MASTER, MasterService
 from tabletstore.rpc.transport import Method
@@ -103,9 +110,11 @@ async def test_a_master_that_fails_over_is_found_again() -> None:
     await coord.close()
 
 
-async def test_a_standby_refusal_is_retried_but_no_answer_is_not() -> None:
+async def test_refusals_and_no_answer_are_sent_again_and_a_failed_repeat_is_indeterminate() -> None:
     """NotServing (a master that stopped leading) applied nothing: the call goes to the master
-    elected next. Indeterminate (sent, no answer) may have applied: it reaches the caller."""
+    elected next. Indeterminate (the master died with the call in flight) is sent again too
+    (every admin change is guarded by the catalog), but a repeat that then fails may have
+    failed because of the first attempt: the caller hears Indeterminate."""
     coord, masters = MemoryCoordinator(), Masters()
     await elect(coord, "10.0.0.1:7000")
     masters.live.add("10.0.0.1:7000")
@@ -113,8 +122,13 @@ async def test_a_standby_refusal_is_retried_but_no_answer_is_not() -> None:
     masters.errors = [NotServing("this process is not the elected master")]
     assert await stub.list_tables(ListTablesRequest()) == ListTablesResponse(())
     assert len(masters.calls) == 2
-    masters.errors = [Indeterminate("no answer within 60 s")]
-    with pytest.raises(Indeterminate):
+    masters.errors = [Indeterminate("connection lost with the request in flight")]
+    assert await stub.list_tables(ListTablesRequest()) == ListTablesResponse(())
+    assert len(masters.calls) == 4
+    masters.errors = [Indeterminate("no answer"), AlreadyExists("table t already exists")]
+    with pytest.raises(Indeterminate, match=r"may have been applied.*AlreadyExists"):
         await stub.list_tables(ListTablesRequest())
-    assert len(masters.calls) == 3
+    masters.errors = [AlreadyExists("table t already exists")]
+    with pytest.raises(AlreadyExists):  # no earlier attempt: the answer as it is
+        await stub.list_tables(ListTablesRequest())
     await coord.close()
