@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from types import SimpleNamespace
 from urllib.parse import unquote
 
 from tabletstore.client.client import AsyncClient
@@ -39,7 +38,7 @@ from tabletstore.master.recovery import InProcessSortExecutor, LogRecovery
 from tabletstore.ops.metrics import WorkerMetrics
 from tabletstore.options import IN_PROCESS_LEASE, MasterOptions, TabletOptions, WorkerOptions
 from tabletstore.rpc.inprocess import InProcessTransport
-from tabletstore.rpc.messages import WORKER_METHODS
+from tabletstore.rpc.services import TABLET
 from tabletstore.storage_s3 import open_store
 from tabletstore.storage_s3.base import ObjectStore
 from tabletstore.worker.server import TabletServer
@@ -150,10 +149,10 @@ class Database(AsyncClient):
             tablet_options=tablet_options,
         )
         metrics.observe_server(worker)
-        handlers = metrics.instrument({name: getattr(worker, name) for name in WORKER_METHODS})
+        handlers = metrics.instrument(TABLET.handlers(worker))
         try:
             await worker.start()
-            transport.register(_ADDRESS, SimpleNamespace(**handlers))
+            transport.register(_ADDRESS, handlers)
             mopts = MasterOptions()
             recovery = LogRecovery(
                 store,

@@ -23,14 +23,24 @@ into these in exactly one place per dependency, with ``raise ... from exc``.
 
 ``may_have_applied`` is True for Indeterminate only; every other error raised by a mutation
 means the mutation was not applied. A missing row is an empty result, never an exception.
+
+Across the wire (RPC ERROR frames, the per-entry errors of a MutateRows response) an error
+travels as its :class:`ErrorCode` and message: :func:`error_code` and :func:`error_from_code`
+read the one table, :data:`ERROR_CODES`, in both directions. A subclass defined elsewhere
+travels as the code of its nearest ancestor here; a code this version does not know (a newer
+peer's) arrives as a plain TabletStoreError naming it. Codes are never reused.
 """
 
 from __future__ import annotations
 
+from enum import IntEnum
+
 __all__ = [
+    "ERROR_CODES",
     "AlreadyExists",
     "Closed",
     "Corruption",
+    "ErrorCode",
     "Fenced",
     "Indeterminate",
     "InvalidArgument",
@@ -42,6 +52,8 @@ __all__ = [
     "Unavailable",
     "Unimplemented",
     "Unreachable",
+    "error_code",
+    "error_from_code",
 ]
 
 
@@ -110,3 +122,60 @@ class Indeterminate(TabletStoreError):
 
 class Closed(TabletStoreError):
     """The object was used after it was closed."""
+
+
+class ErrorCode(IntEnum):
+    """The stable wire code of each error class (never reused; a new class takes a new one)."""
+
+    UNKNOWN = 1
+    INVALID_ARGUMENT = 2
+    UNIMPLEMENTED = 3
+    NOT_FOUND = 4
+    ALREADY_EXISTS = 5
+    PERMISSION_DENIED = 6
+    PRECONDITION_FAILED = 7
+    FENCED = 8
+    CORRUPTION = 9
+    UNAVAILABLE = 10
+    NOT_SERVING = 11
+    UNREACHABLE = 12
+    INDETERMINATE = 13
+    CLOSED = 14
+
+
+#: Every class of the hierarchy and its wire code: the one table, read both ways.
+ERROR_CODES: dict[type[TabletStoreError], ErrorCode] = {
+    TabletStoreError: ErrorCode.UNKNOWN,
+    InvalidArgument: ErrorCode.INVALID_ARGUMENT,
+    Unimplemented: ErrorCode.UNIMPLEMENTED,
+    NotFound: ErrorCode.NOT_FOUND,
+    AlreadyExists: ErrorCode.ALREADY_EXISTS,
+    PermissionDenied: ErrorCode.PERMISSION_DENIED,
+    PreconditionFailed: ErrorCode.PRECONDITION_FAILED,
+    Fenced: ErrorCode.FENCED,
+    Corruption: ErrorCode.CORRUPTION,
+    Unavailable: ErrorCode.UNAVAILABLE,
+    NotServing: ErrorCode.NOT_SERVING,
+    Unreachable: ErrorCode.UNREACHABLE,
+    Indeterminate: ErrorCode.INDETERMINATE,
+    Closed: ErrorCode.CLOSED,
+}
+_BY_CODE: dict[int, type[TabletStoreError]] = {int(c): cls for cls, c in ERROR_CODES.items()}
+
+
+def error_code(exc: TabletStoreError) -> ErrorCode:
+    """``exc``'s wire code: its class's, or its nearest ancestor's in :data:`ERROR_CODES`."""
+    for cls in type(exc).__mro__:
+        code = ERROR_CODES.get(cls)  # type: ignore[call-overload]
+        if code is not None:
+            return code
+    return ErrorCode.UNKNOWN
+
+
+def error_from_code(code: int, message: str) -> TabletStoreError:
+    """The error a peer sent as ``code`` and ``message``; an unknown code (from a newer peer)
+    becomes a plain TabletStoreError naming it, neither retryable nor possibly applied."""
+    cls = _BY_CODE.get(code)
+    if cls is None:
+        return TabletStoreError(f"error code {code} (unknown to this version): {message}")
+    return cls(message)

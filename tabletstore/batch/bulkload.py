@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,10 +76,15 @@ def _as_table(data: Any) -> pa.Table:
         return pa.Table.from_batches([data])
     if hasattr(data, "to_pandas") or type(data).__name__ == "DataFrame":
         return pa.Table.from_pandas(data, preserve_index=False)
+    if isinstance(data, Mapping):  # column name -> values
+        return pa.table(dict(data))
     if isinstance(data, Iterable):
-        return pa.Table.from_batches(list(data))
+        batches = list(data)
+        if all(isinstance(b, pa.RecordBatch) for b in batches):
+            return pa.Table.from_batches(batches)
     raise InvalidArgument(
-        f"bulk-load input must be an Arrow table, record batches or a DataFrame, got "
+        f"bulk-load input must be an Arrow table, record batches, a mapping of columns or a "
+        f"DataFrame, got "
         f"{type(data).__name__}"
     )
 

@@ -10,21 +10,26 @@ Retries: a split, a move or a recovery is never the caller's problem within the 
 (§5.2: a tablet being split, moved or recovered is unavailable only briefly). A read is always
 safe to retry, and a scan resumes after the last row it delivered. A row mutation is retried
 only when it is idempotent (every SetCell has an explicit timestamp; deletes are idempotent) or
-when the error says it was not applied: the call was refused or never sent (``NotServing``,
-``Unreachable``, ``Fenced``), or one entry of a MutateRows response was refused (any
-``Unavailable``, ``Fenced`` or ``Closed`` answered for that entry: see :func:`_refused`), in
-which case only the refused entries are sent again. A mutation that may have been applied (no
-answer, or ``Indeterminate`` for its entry) is reported as ``Indeterminate``, never blindly
-sent again unless idempotent; read-modify-write and check-and-mutate never are.
+when the error says it was not applied: the call was refused or never sent (any
+``Unavailable``: ``NotServing``, ``Unreachable``...; or ``Fenced``), or one entry of a MutateRows
+response was refused (any ``Unavailable``, ``Fenced`` or ``Closed`` answered for that entry: see
+:func:`_refused`), in which case only the refused entries are sent again. A mutation that may
+have been applied is reported as ``Indeterminate``, never blindly sent again unless
+idempotent; read-modify-write and check-and-mutate never are. Which is which is the
+transport's to say, not this module's (``rpc/transport.py``): a request sent with no answer
+(a timeout, a lost connection) is ``Indeterminate``, one never sent is ``Unreachable``.
+
+Administrative requests are ``rpc.services.MasterService`` calls: to the embedded database's
+Master itself, or through a stub to a cluster's elected master (``client/cluster.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import TypeVar
 
 from tabletstore.client.location import LocationCache
 from tabletstore.data.filters import RowFilter
@@ -49,28 +54,34 @@ from tabletstore.errors import (
     NotServing,
     TabletStoreError,
     Unavailable,
-    Unreachable,
 )
 from tabletstore.metadata.catalog import Catalog, TableInfo
 from tabletstore.metadata.record import TabletRecord
 from tabletstore.metadata.snapshot import SnapshotManifest
-from tabletstore.rpc.inprocess import Transport
 from tabletstore.rpc.messages import (
+    BulkLoadRequest,
     CheckAndMutateRequest,
-    CheckAndMutateResponse,
+    CompactTableRequest,
     CompactTabletRequest,
+    CreateSnapshotRequest,
+    CreateTableRequest,
+    DeleteSnapshotRequest,
     LargeRow,
+    ListSnapshotsRequest,
+    ListTablesRequest,
+    ModifyFamiliesRequest,
     MutateRowsRequest,
-    MutateRowsResponse,
     ReadModifyWriteRequest,
     ReadRowsRequest,
     RowBatch,
     SampleRowKeysRequest,
-    SampleRowKeysResponse,
     ServerStatusRequest,
     ServerStatusResponse,
+    TableNameRequest,
 )
 from tabletstore.rpc.row_pieces import RowAssembler
+from tabletstore.rpc.services import TABLET, MasterService, TabletService
+from tabletstore.rpc.transport import Transport
 
 __all__ = [
     "Admin",
@@ -82,7 +93,7 @@ __all__ = [
     "MutationsFailed",
 ]
 
-_ERRORS: dict[str, type[TabletStoreError]] = {}
+T = TypeVar("T")
 
 #: Row-mutation bytes (``mutations.mutation_bytes``) per MutateRows request: a batch is sent
 #: in requests of about this size; one row mutation (at most ``MAX_MUTATION_BYTES``) always
@@ -90,48 +101,9 @@ _ERRORS: dict[str, type[TabletStoreError]] = {}
 _REQUEST_BYTES = 16 * 1024 * 1024
 
 
-def _error_class(name: str) -> type[TabletStoreError]:
-    if not _ERRORS:
-        from tabletstore import errors
-
-        for attr in errors.__all__:
-            cls = getattr(errors, attr)
-            _ERRORS[cls.__name__] = cls
-    return _ERRORS.get(name, TabletStoreError)
-
-
-class Admin(Protocol):
-    """What the client asks of the master (the in-process Master, or an RPC stub to it)."""
-
-    async def create_table(
-        self, schema: TableSchema, *, split_keys: Sequence[bytes] = ()
-    ) -> TableInfo: ...
-
-    async def delete_table(self, name: str) -> None: ...
-
-    async def list_tables(self) -> list[TableInfo]: ...
-
-    async def get_table(self, name: str) -> TableInfo: ...
-
-    async def modify_families(
-        self,
-        name: str,
-        *,
-        create: Sequence[ColumnFamily] = (),
-        update: Sequence[ColumnFamily] = (),
-        drop: Sequence[str] = (),
-        locality_groups: Sequence[LocalityGroup] = (),
-    ) -> TableInfo: ...
-
-    async def compact_table(self, name: str, *, major: bool) -> None: ...
-
-    async def create_snapshot(self, name: str, *, ttl: float | None = None) -> SnapshotManifest: ...
-
-    async def list_snapshots(self, name: str | None = None) -> list[SnapshotManifest]: ...
-
-    async def delete_snapshot(self, snapshot_id: str) -> None: ...
-
-    async def bulk_load(self, name: str, url: str) -> tuple[int, int]: ...
+#: What the client asks of the master: the master's service (the embedded database's Master
+#: itself, or a stub to a cluster's elected master).
+Admin = MasterService
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +138,14 @@ class MutationsFailed(TabletStoreError):
             f"{first.row[:64]!r}: {type(first.error).__name__}: {first.error}"
         )
         self.may_have_applied = any(f.error.may_have_applied for f in failures)
+
+
+def _refused_call(error: TabletStoreError) -> bool:
+    """Whether an error a whole call failed with says nothing of it was applied and the tablet
+    will be served again: a refusal or a request never sent (any Unavailable: the Transport
+    contract), or a log fenced by the tablet's recovery (Fenced: the write is not durable).
+    Retried after looking the tablet up again, whatever the mutation."""
+    return isinstance(error, Unavailable | Fenced)
 
 
 def _refused(error: type[TabletStoreError]) -> bool:
@@ -207,6 +187,7 @@ class AsyncClient:
         #: Where tablets are served: the three-level lookup with its cache (§5.1).
         self.locations = locations or LocationCache(catalog.coordinator, transport)
         self._tables: dict[str, TableInfo] = {}
+        self._stubs: dict[str, TabletService] = {}
 
     @property
     def catalog(self) -> Catalog:
@@ -234,22 +215,22 @@ class AsyncClient:
             schema = TableSchema(name=name, families=fams, locality_groups=groups)
         except ValueError as exc:  # pydantic's ValidationError is a ValueError
             raise InvalidArgument(_schema_error(exc)) from exc
-        info = await self._admin.create_table(schema, split_keys=split_keys)
-        self._tables[name] = info
+        msg = await self._admin.create_table(CreateTableRequest.of(schema, split_keys))
+        self._tables[name] = msg.info()
         return AsyncTable(self, name)
 
     async def delete_table(self, name: str) -> None:
-        await self._admin.delete_table(name)
+        await self._admin.delete_table(TableNameRequest(name))
         info = self._tables.pop(name, None)
         if info is not None:
             self.locations.invalidate(info.table_id)
 
     async def list_tables(self) -> list[str]:
-        return sorted(t.schema.name for t in await self._admin.list_tables())
+        listed = await self._admin.list_tables(ListTablesRequest())
+        return sorted(t.schema.name for t in listed.infos())
 
     async def describe_table(self, name: str) -> TableSchema:
-        info = await self._admin.get_table(name)
-        self._tables[name] = info
+        info = self._tables[name] = (await self._admin.get_table(TableNameRequest(name))).info()
         return info.schema
 
     async def create_family(
@@ -259,10 +240,13 @@ class AsyncClient:
             fam = ColumnFamily(name=family, gc_rule=gc_rule) if isinstance(family, str) else family
         except ValueError as exc:
             raise InvalidArgument(_schema_error(exc)) from exc
-        self._tables[table] = await self._admin.modify_families(table, create=[fam])
+        await self._modify_families(ModifyFamiliesRequest.of(table, create=[fam]))
 
     async def update_family(self, table: str, family: ColumnFamily) -> None:
-        self._tables[table] = await self._admin.modify_families(table, update=[family])
+        await self._modify_families(ModifyFamiliesRequest.of(table, update=[family]))
+
+    async def _modify_families(self, req: ModifyFamiliesRequest) -> None:
+        self._tables[req.name] = (await self._admin.modify_families(req)).info()
 
     async def set_gc_rule(self, table: str, family: str, gc_rule: GcRule | None) -> None:
         schema = await self.describe_table(table)
@@ -272,18 +256,18 @@ class AsyncClient:
         await self.update_family(table, fam)
 
     async def delete_family(self, table: str, family: str) -> None:
-        self._tables[table] = await self._admin.modify_families(table, drop=[family])
+        await self._modify_families(ModifyFamiliesRequest.of(table, drop=[family]))
 
     async def add_locality_group(self, table: str, group: LocalityGroup) -> None:
-        self._tables[table] = await self._admin.modify_families(table, locality_groups=[group])
+        await self._modify_families(ModifyFamiliesRequest.of(table, locality_groups=[group]))
 
     async def flush(self, table: str) -> None:
         """Minor-compact every tablet of the table (HBase shell's ``flush``)."""
-        await self._admin.compact_table(table, major=False)
+        await self._admin.compact_table(CompactTableRequest(table, major=False))
 
     async def compact(self, table: str) -> None:
         """Major-compact every tablet of the table (HBase shell's ``major_compact``)."""
-        await self._admin.compact_table(table, major=True)
+        await self._admin.compact_table(CompactTableRequest(table, major=True))
 
     async def compact_tablets(
         self,
@@ -311,7 +295,13 @@ class AsyncClient:
 
         row = b""
         while True:
-            await self._with_retry(table, row, "compact_tablet", request, safe=True)
+            await self._with_retry(
+                table,
+                row,
+                "compaction",
+                lambda w, i, r: w.compact_tablet(request(i, r)),
+                safe=True,
+            )
             record = seen[-1]
             done = replace(
                 done,
@@ -330,21 +320,24 @@ class AsyncClient:
         """Take a consistent snapshot of ``table`` for batch jobs (``tabletstore.batch``):
         every write acknowledged before the call is in it, none started after it returns.
         ``ttl`` seconds: GC may delete it after that (None: kept until deleted)."""
-        return await self._admin.create_snapshot(table, ttl=ttl)
+        msg = await self._admin.create_snapshot(CreateSnapshotRequest(table, ttl))
+        return SnapshotManifest.from_bytes(msg.manifest_json)
 
     async def list_snapshots(self, table: str | None = None) -> list[SnapshotManifest]:
         """The snapshots of ``table`` (or of every table), oldest first."""
-        return await self._admin.list_snapshots(table)
+        resp = await self._admin.list_snapshots(ListSnapshotsRequest(table))
+        return [SnapshotManifest.from_bytes(m.manifest_json) for m in resp.snapshots]
 
     async def delete_snapshot(self, snapshot_id: str) -> None:
         """Delete a snapshot; GC then frees the SSTables only it kept."""
-        await self._admin.delete_snapshot(snapshot_id)
+        await self._admin.delete_snapshot(DeleteSnapshotRequest(snapshot_id))
 
     async def bulk_load(self, table: str, url: str) -> tuple[int, int]:
         """Load the SSTables a job wrote under the store ``url`` (``tabletstore.batch.
         write_sstables``) into ``table``, atomically per tablet; all are checked first and
         bad input loads nothing. Returns (tablets loaded, cells loaded)."""
-        return await self._admin.bulk_load(table, url)
+        resp = await self._admin.bulk_load(BulkLoadRequest(table, url))
+        return resp.tablets, resp.cells
 
     def table(self, name: str) -> AsyncTable:
         """A handle on a table (no request is made until it is used)."""
@@ -353,19 +346,21 @@ class AsyncClient:
     async def close(self) -> None:
         """Nothing to release on the client side; the database owns the transport."""
 
+    def _worker(self, address: str) -> TabletService:
+        """A stub of the tablet server at ``address``, cached (one per worker)."""
+        stub = self._stubs.get(address)
+        if stub is None:
+            stub = self._stubs[address] = TABLET.client(self._transport, address)
+        return stub
+
     async def status(self, *, events: int = 20) -> ClusterStatus:
         """The master, each live worker's tablets (or why it did not answer), recent events."""
 
         async def ask(address: str) -> ServerStatusResponse | str:
             # A paused or dying worker must not stall the whole report.
             try:
-                async with asyncio.timeout(2.0):
-                    resp: ServerStatusResponse = await self._transport.call(
-                        address, "server_status", ServerStatusRequest()
-                    )
-                    return resp
-            except TimeoutError:
-                return f"{address}: no answer within 2 s"
+                stub = TABLET.client(self._transport, address, timeout=2.0)
+                return await stub.server_status(ServerStatusRequest())
             except TabletStoreError as exc:
                 return f"{address}: {type(exc).__name__}: {exc}"
 
@@ -385,7 +380,7 @@ class AsyncClient:
     async def _info(self, name: str, *, refresh: bool = False) -> TableInfo:
         info = self._tables.get(name)
         if info is None or refresh:
-            info = self._tables[name] = await self._admin.get_table(name)
+            info = self._tables[name] = (await self._admin.get_table(TableNameRequest(name))).info()
         return info
 
     async def _locate(
@@ -404,9 +399,16 @@ class AsyncClient:
         raise AssertionError("unreachable")
 
     async def _with_retry(
-        self, table: str, row: bytes, method: str, make: Any, *, safe: bool
-    ) -> Any:
-        """Send ``make(info, record)`` to the tablet holding ``row``, retrying moves."""
+        self,
+        table: str,
+        row: bytes,
+        what: str,
+        send: Callable[[TabletService, TableInfo, TabletRecord], Awaitable[T]],
+        *,
+        safe: bool,
+    ) -> T:
+        """``send(worker, info, record)`` to the worker serving the tablet holding ``row``,
+        retrying moves; ``safe``: the request may be sent again after it got no answer."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.retry_deadline
         refresh = False
@@ -420,31 +422,32 @@ class AsyncClient:
             except Unavailable as exc:
                 if ambiguous is not None:
                     raise Indeterminate(
-                        f"{method} of row {row[:64]!r} may have been applied: {ambiguous}"
+                        f"{what} of row {row[:64]!r} may have been applied: {ambiguous}"
                     ) from exc
                 raise
             try:
                 assert record.location is not None
-                return await self._transport.call(record.location, method, make(info, record))
-            except (NotServing, Unreachable, Fenced):
-                # Refused or never sent (Fenced: the worker's log was fenced by the tablet's
-                # recovery, the write is not durable): nothing was applied, retry anywhere.
-                pass
-            except (Unavailable, Indeterminate) as exc:
-                # The owner may be dead or moved: forget where the tablet was.
+                return await send(self._worker(record.location), info, record)
+            except Indeterminate as exc:
+                # Sent, no answer: the owner may be dead or moved (forget where the tablet
+                # was), and the request may have been applied.
                 self.locations.invalidate(info.table_id)
                 if not safe:
                     raise Indeterminate(
-                        f"{method} of row {row[:64]!r} may have been applied: {exc}"
+                        f"{what} of row {row[:64]!r} may have been applied: {exc}"
                     ) from exc
                 ambiguous = exc
+            except (Unavailable, Fenced):  # _refused_call
+                # Refused or never sent (Fenced: the worker's log was fenced by the tablet's
+                # recovery, the write is not durable): nothing was applied, retry anywhere.
+                pass
             if loop.time() >= deadline:
                 if ambiguous is not None:
                     raise Indeterminate(
-                        f"{method} of row {row[:64]!r} may have been applied: {ambiguous}"
+                        f"{what} of row {row[:64]!r} may have been applied: {ambiguous}"
                     )
                 raise Unavailable(
-                    f"{method} of row {row[:64]!r}: tablet not served within the deadline"
+                    f"{what} of row {row[:64]!r}: tablet not served within the deadline"
                 )
             refresh = True
             await asyncio.sleep(min(0.5, 0.01 * 2**attempt))
@@ -628,25 +631,23 @@ class AsyncTable:
         )
         assert rec.location is not None
         try:
-            resp: MutateRowsResponse = await client._transport.call(
-                rec.location, "mutate_rows", req
-            )
-        except (NotServing, Unreachable, Fenced) as exc:
-            batch.refused(idx, exc)  # refused or never sent: none was applied
-            return
-        except (Unavailable, Indeterminate) as exc:
+            resp = await client._worker(rec.location).mutate_rows(req)
+        except Indeterminate as exc:
             # Sent, no answer: the owner may be dead or moved (forget where the tablet was);
             # any entry may have been applied.
             client.locations.invalidate(rec.table_id)
             batch.maybe_applied(idx, exc)
             return
         except TabletStoreError as exc:
-            # Refused as a whole for another reason (a malformed request): none was applied.
-            batch.fail(idx, exc)
+            if _refused_call(exc):
+                batch.refused(idx, exc)  # refused or never sent: none was applied
+            else:
+                # Refused as a whole for another reason (a malformed request): none applied.
+                batch.fail(idx, exc)
             return
         for e in resp.errors:
             i = idx[e.index]
-            error = _error_class(e.error)(e.message)
+            error = e.exception()
             if _refused(type(error)):
                 batch.refused([i], error)
             elif isinstance(error, Indeterminate):
@@ -667,18 +668,20 @@ class AsyncTable:
         check_row_key(row)
         if not true_mutations and not false_mutations:
             raise InvalidArgument("check-and-mutate needs true or false mutations")
-        resp: CheckAndMutateResponse = await self._client._with_retry(
+        resp = await self._client._with_retry(
             self.name,
             row,
-            "check_and_mutate",
-            lambda i, r: CheckAndMutateRequest(
-                i.table_id,
-                r.tablet_id,
-                row,
-                predicate,
-                tuple(true_mutations),
-                tuple(false_mutations),
-                self._client.identity,
+            "check-and-mutate",
+            lambda w, i, r: w.check_and_mutate(
+                CheckAndMutateRequest(
+                    i.table_id,
+                    r.tablet_id,
+                    row,
+                    predicate,
+                    tuple(true_mutations),
+                    tuple(false_mutations),
+                    self._client.identity,
+                )
             ),
             safe=False,
         )
@@ -687,16 +690,17 @@ class AsyncTable:
     async def read_modify_write_row(self, row: bytes, rules: Sequence[ReadModifyWriteRule]) -> Row:
         """Atomically append to / increment columns of one row; returns the new values."""
         check_row_key(row)
-        result: Row = await self._client._with_retry(
+        return await self._client._with_retry(
             self.name,
             row,
-            "read_modify_write",
-            lambda i, r: ReadModifyWriteRequest(
-                i.table_id, r.tablet_id, row, tuple(rules), self._client.identity
+            "read-modify-write",
+            lambda w, i, r: w.read_modify_write(
+                ReadModifyWriteRequest(
+                    i.table_id, r.tablet_id, row, tuple(rules), self._client.identity
+                )
             ),
             safe=False,
         )
-        return result
 
     # ------------------------------------------------------------------ reads
 
@@ -713,17 +717,19 @@ class AsyncTable:
             for f in fams:
                 if f not in info.schema.families:
                     raise InvalidArgument(f"table {self.name!r} has no column family {f!r}")
-        reply: RowBatch | LargeRow = await client._with_retry(
+        reply = await client._with_retry(
             self.name,
             row,
-            "read_row",
-            lambda i, r: ReadRowsRequest(
-                i.table_id,
-                r.tablet_id,
-                keys=(row,),
-                filter=filter,
-                families=fams,
-                identity=client.identity,
+            "read",
+            lambda w, i, r: w.read_row(
+                ReadRowsRequest(
+                    i.table_id,
+                    r.tablet_id,
+                    keys=(row,),
+                    filter=filter,
+                    families=fams,
+                    identity=client.identity,
+                )
             ),
             safe=True,
         )
@@ -821,7 +827,7 @@ class AsyncTable:
             )
             # Whole rows come in batches; a large row in pieces, handed out once complete.
             assembler = RowAssembler(rec.location)
-            async for item in client._transport.stream(rec.location, "read_rows", req):
+            async for item in client._worker(rec.location).read_rows(req):
                 for row in assembler.rows(item):
                     yield row
             assembler.finish()
@@ -858,8 +864,8 @@ class AsyncTable:
         for rec in await client.locations.tablets(info.table_id, refresh=True):
             if rec.location is None:
                 raise NotServing(f"tablet {rec.tablet_id} has no location yet")
-            resp: SampleRowKeysResponse = await client._transport.call(
-                rec.location, "sample_row_keys", SampleRowKeysRequest(info.table_id, rec.tablet_id)
+            resp = await client._worker(rec.location).sample_row_keys(
+                SampleRowKeysRequest(info.table_id, rec.tablet_id)
             )
             for key, off in zip(resp.keys, resp.offsets, strict=True):
                 out.append((key, base + off))

@@ -2,16 +2,16 @@
 
 A cluster client reads from the coordinator the root tablet's location (the first level of
 the tablet location hierarchy, ``client.location``; the other two are METADATA rows served by
-workers) and the elected master's address (the master lock's value) for administration. Data
-goes straight to workers over TCP (``rpc.tcp.TcpTransport``); nothing but admin requests
-reaches the master.
+workers) and the elected master's address (the master lock's value) for administration: its
+admin API is a ``MasterService`` stub over :class:`ElectedMaster`. Data goes straight to
+workers over TCP (``rpc.tcp.TcpTransport``); nothing but admin requests reaches the master.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Sequence
+from collections.abc import AsyncIterator
 from typing import Any
 
 from tabletstore.client.client import AsyncClient
@@ -19,30 +19,14 @@ from tabletstore.client.location import LocationCache
 from tabletstore.coordination import open_coordinator, paths
 from tabletstore.coordination.base import Coordinator, KeyValue
 from tabletstore.coordination.election import Election
-from tabletstore.data.schema import ColumnFamily, LocalityGroup, TableSchema
-from tabletstore.errors import NotServing, Unavailable
-from tabletstore.metadata.catalog import Catalog, TableInfo
-from tabletstore.metadata.snapshot import SnapshotManifest
-from tabletstore.rpc.messages import (
-    BulkLoadRequest,
-    BulkLoadResponse,
-    CompactTableRequest,
-    CreateSnapshotRequest,
-    CreateTableRequest,
-    DeleteSnapshotRequest,
-    ListSnapshotsRequest,
-    ListSnapshotsResponse,
-    ListTablesRequest,
-    ListTablesResponse,
-    ModifyFamiliesRequest,
-    SnapshotInfoMessage,
-    TableInfoMessage,
-    TableNameRequest,
-)
+from tabletstore.errors import Indeterminate, TabletStoreError, Unavailable, Unimplemented
+from tabletstore.metadata.catalog import Catalog
+from tabletstore.rpc.services import MASTER, MasterService
 from tabletstore.rpc.tcp import TcpTransport
+from tabletstore.rpc.transport import Method, Transport
 from tabletstore.rpc.wire import register_all
 
-__all__ = ["CALL_TIMEOUT", "ClusterClient", "MasterStub"]
+__all__ = ["CALL_TIMEOUT", "ClusterClient", "ElectedMaster", "master_client"]
 
 #: Seconds a client waits for one worker call (or one streamed item) before retrying.
 CALL_TIMEOUT = 15.0
@@ -60,15 +44,22 @@ async def _first_leader(election: Election, wait: float) -> KeyValue | None:
     return None
 
 
-def _table_info(msg: TableInfoMessage) -> TableInfo:
-    return TableInfo(msg.table_id, TableSchema.model_validate_json(msg.schema_json), msg.revision)
+class ElectedMaster:
+    """A Transport to whichever master is elected (its address, the master lock's value, is
+    looked up and replaces the one a call names): a call made while none is elected (a
+    cluster starting, a master failing over) waits for the election, watching it, and a call
+    refused by a master that stopped leading, or never sent, goes to the new one, until the
+    deadline.
 
-
-class MasterStub:
-    """The client's view of the master: admin calls, re-finding the master when it moves."""
+    A call that got no answer (Indeterminate: the master died with it in flight) is sent
+    again too, because every MasterService method is safe to repeat: reads and compactions
+    are idempotent, and each change is guarded by the catalog (a table created or deleted, a
+    family created or dropped, is so once; a repeat fails AlreadyExists / NotFound /
+    InvalidArgument). A repeat that fails after an attempt that got no answer is reported as
+    Indeterminate, since the earlier attempt may be what made it fail."""
 
     def __init__(
-        self, coordinator: Coordinator, transport: TcpTransport, *, deadline: float = 30.0
+        self, coordinator: Coordinator, transport: Transport, *, deadline: float = 30.0
     ) -> None:
         self._coord = coordinator
         self._transport = transport
@@ -76,8 +67,7 @@ class MasterStub:
         self._deadline = deadline
 
     async def address(self, *, refresh: bool = False, wait: float = 0.0) -> str:
-        """The elected master's address. With none elected (a cluster starting, a master
-        failing over), wait up to ``wait`` seconds for an election, watching for it."""
+        """The elected master's address. With none elected, wait up to ``wait`` seconds."""
         if self._address is None or refresh:
             self._address = None
             election = self._coord.election(paths.MASTER_ELECTION)
@@ -89,77 +79,55 @@ class MasterStub:
             self._address = leader.value.decode()
         return self._address
 
-    async def _call(self, method: str, request: Any) -> Any:
-        """``method`` on the elected master, retried (the master looked up again) while no
-        master is elected or it does not answer, until the deadline."""
+    async def call(
+        self,
+        address: str,
+        method: Method,
+        request: Any,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 (passed on: the Transport contract)
+    ) -> Any:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._deadline
         refresh = False
+        ambiguous: Indeterminate | None = None
         for attempt in itertools.count():
             try:
-                address = await self.address(refresh=refresh, wait=deadline - loop.time())
-                return await self._transport.call(address, method, request)
-            except (NotServing, Unavailable):
+                elected = await self.address(refresh=refresh, wait=deadline - loop.time())
+                return await self._transport.call(elected, method, request, timeout=timeout)
+            except Indeterminate as exc:  # safe to repeat (class docstring)
+                ambiguous = exc
                 if loop.time() >= deadline:
+                    raise
+            except TabletStoreError as exc:
+                # Unavailable (NotServing and Unreachable included) applied nothing: retried.
+                if isinstance(exc, Unavailable) and loop.time() < deadline:
+                    pass
+                elif ambiguous is not None:
+                    raise Indeterminate(
+                        f"{method!r} may have been applied by an attempt that got no answer "
+                        f"({ambiguous}); sent again, it failed: {type(exc).__name__}: {exc}"
+                    ) from exc
+                else:
                     raise
             refresh = True
             await asyncio.sleep(min(1.0, 0.05 * 2**attempt))
         raise AssertionError("unreachable")
 
-    async def create_table(
-        self, schema: TableSchema, *, split_keys: Sequence[bytes] = ()
-    ) -> TableInfo:
-        req = CreateTableRequest(schema.model_dump_json().encode(), tuple(split_keys))
-        msg: TableInfoMessage = await self._call("create_table", req)
-        return _table_info(msg)
+    def stream(
+        self, address: str, method: Method, request: Any, *, timeout: float | None = None
+    ) -> AsyncIterator[Any]:
+        raise Unimplemented(f"the master serves no streams ({method!r})")
 
-    async def delete_table(self, name: str) -> None:
-        await self._call("delete_table", TableNameRequest(name))
+    async def close(self) -> None:
+        await self._transport.close()
 
-    async def list_tables(self) -> list[TableInfo]:
-        resp: ListTablesResponse = await self._call("list_tables", ListTablesRequest())
-        return [_table_info(m) for m in resp.tables]
 
-    async def get_table(self, name: str) -> TableInfo:
-        return _table_info(await self._call("get_table", TableNameRequest(name)))
-
-    async def modify_families(
-        self,
-        name: str,
-        *,
-        create: Sequence[ColumnFamily] = (),
-        update: Sequence[ColumnFamily] = (),
-        drop: Sequence[str] = (),
-        locality_groups: Sequence[LocalityGroup] = (),
-    ) -> TableInfo:
-        req = ModifyFamiliesRequest(
-            name,
-            tuple(f.model_dump_json().encode() for f in create),
-            tuple(f.model_dump_json().encode() for f in update),
-            tuple(drop),
-            tuple(g.model_dump_json().encode() for g in locality_groups),
-        )
-        return _table_info(await self._call("modify_families", req))
-
-    async def compact_table(self, name: str, *, major: bool) -> None:
-        await self._call("compact_table", CompactTableRequest(name, major))
-
-    async def create_snapshot(self, name: str, *, ttl: float | None = None) -> SnapshotManifest:
-        msg: SnapshotInfoMessage = await self._call(
-            "create_snapshot", CreateSnapshotRequest(name, ttl)
-        )
-        return SnapshotManifest.from_bytes(msg.manifest_json)
-
-    async def list_snapshots(self, name: str | None = None) -> list[SnapshotManifest]:
-        resp: ListSnapshotsResponse = await self._call("list_snapshots", ListSnapshotsRequest(name))
-        return [SnapshotManifest.from_bytes(m.manifest_json) for m in resp.snapshots]
-
-    async def delete_snapshot(self, snapshot_id: str) -> None:
-        await self._call("delete_snapshot", DeleteSnapshotRequest(snapshot_id))
-
-    async def bulk_load(self, name: str, url: str) -> tuple[int, int]:
-        resp: BulkLoadResponse = await self._call("bulk_load", BulkLoadRequest(name, url))
-        return resp.tablets, resp.cells
+def master_client(
+    coordinator: Coordinator, transport: Transport, *, deadline: float = 30.0
+) -> MasterService:
+    """The client's view of the master: a MasterService stub to the elected master."""
+    return MASTER.client(ElectedMaster(coordinator, transport, deadline=deadline), "elected")
 
 
 class ClusterClient(AsyncClient):
@@ -177,7 +145,7 @@ class ClusterClient(AsyncClient):
         super().__init__(
             catalog=Catalog(coordinator, metadata=locations),
             transport=transport,
-            admin=MasterStub(coordinator, transport),
+            admin=master_client(coordinator, transport),
             identity=identity,
             locations=locations,
         )

@@ -33,10 +33,8 @@ METADATA tablet's entry and walks up one level (then to the coordinator) and tri
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import itertools
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from sortedcontainers import SortedDict
@@ -46,7 +44,7 @@ from tabletstore.coordination.base import Coordinator
 from tabletstore.data.filters import RowFilter
 from tabletstore.data.model import Mutation, Row, RowMutation
 from tabletstore.data.query import RowRange
-from tabletstore.errors import NotServing, Unavailable
+from tabletstore.errors import Indeterminate, NotServing, Unavailable
 from tabletstore.metadata.record import TabletRecord, metadata_row_key
 from tabletstore.metadata.rows import (
     METADATA_TABLE_ID,
@@ -56,15 +54,10 @@ from tabletstore.metadata.rows import (
     is_root,
     table_range,
 )
-from tabletstore.rpc.inprocess import Transport
-from tabletstore.rpc.messages import (
-    CheckAndMutateRequest,
-    CheckAndMutateResponse,
-    MutateRowsRequest,
-    MutateRowsResponse,
-    ReadRowsRequest,
-)
+from tabletstore.rpc.messages import CheckAndMutateRequest, MutateRowsRequest, ReadRowsRequest
 from tabletstore.rpc.row_pieces import RowAssembler
+from tabletstore.rpc.services import TABLET, TabletService
+from tabletstore.rpc.transport import Transport
 
 __all__ = ["LocationCache", "LocationStats"]
 
@@ -218,17 +211,11 @@ class LocationCache:
             if rec.location not in addresses:
                 del self._rows[key]
 
-    @contextlib.asynccontextmanager
-    async def _timeout(self, holder: TabletRecord) -> AsyncIterator[None]:
-        """Bound one METADATA request; a timeout is ``Unavailable`` (it may have applied)."""
-        try:
-            async with asyncio.timeout(self._rpc_timeout):
-                yield
-        except TimeoutError as exc:
-            raise Unavailable(
-                f"METADATA tablet {holder.tablet_id} at {holder.location} did not answer "
-                f"within {self._rpc_timeout} s"
-            ) from exc
+    def _worker(self, holder: TabletRecord) -> TabletService:
+        """A stub of the worker serving METADATA tablet ``holder``, each request bounded by
+        ``rpc_timeout`` (past it: Indeterminate if sent, as the Transport contract says)."""
+        assert holder.location is not None
+        return TABLET.client(self._transport, holder.location, timeout=self._rpc_timeout)
 
     # ------------------------------------------------------------------ METADATA rows
 
@@ -297,14 +284,17 @@ class LocationCache:
             try:
                 rows: list[Row] = []
                 assembler = RowAssembler(holder.location)
-                async with self._timeout(holder):
-                    async for item in self._transport.stream(holder.location, "read_rows", req):
-                        rows.extend(assembler.rows(item))
+                async for item in self._worker(holder).read_rows(req):
+                    rows.extend(assembler.rows(item))
                 assembler.finish()
                 return rows, holder
             except Unavailable as exc:  # NotServing included: the tablet moved
                 self._drop(holder)
                 error, failed = exc, holder
+            except Indeterminate as exc:
+                # A read with no answer is simply not available (it changes nothing).
+                self._drop(holder)
+                error, failed = Unavailable(f"METADATA read got no answer: {exc}"), holder
         assert error is not None
         raise error
 
@@ -336,9 +326,10 @@ class LocationCache:
         true_mutations: Sequence[Mutation],
         false_mutations: Sequence[Mutation],
     ) -> bool:
-        """A single-row transaction on METADATA row ``key`` (§3). ``NotServing`` is retried
-        here (the tablet refused before logging anything); any other ``Unavailable`` may have
-        been applied and is the caller's to resolve (after this entry is dropped)."""
+        """A single-row transaction on METADATA row ``key`` (§3). A refusal (``Unavailable``,
+        ``NotServing`` included: nothing was applied) is retried here at the tablet's next
+        location; ``Indeterminate`` (no answer) may have been applied and is the caller's to
+        resolve (after this entry is dropped)."""
         req_args = (key, predicate, tuple(true_mutations), tuple(false_mutations))
         error: Exception | None = None
         failed: TabletRecord | None = None
@@ -347,15 +338,12 @@ class LocationCache:
             assert holder.location is not None
             req = CheckAndMutateRequest(METADATA_TABLE_ID, holder.tablet_id, *req_args)
             try:
-                async with self._timeout(holder):
-                    resp: CheckAndMutateResponse = await self._transport.call(
-                        holder.location, "check_and_mutate", req
-                    )
+                resp = await self._worker(holder).check_and_mutate(req)
                 return resp.matched
-            except NotServing as exc:
+            except Unavailable as exc:
                 self._drop(holder)
                 error, failed = exc, holder
-            except Unavailable:
+            except Indeterminate:
                 self._drop(holder)
                 raise
         assert error is not None
@@ -372,20 +360,20 @@ class LocationCache:
                 METADATA_TABLE_ID, holder.tablet_id, (RowMutation(key, tuple(mutations)),)
             )
             try:
-                async with self._timeout(holder):
-                    resp: MutateRowsResponse = await self._transport.call(
-                        holder.location, "mutate_rows", req
-                    )
-            except Unavailable as exc:
+                resp = await self._worker(holder).mutate_rows(req)
+            except (Unavailable, Indeterminate) as exc:  # idempotent: no answer is retried too
                 self._drop(holder)
                 error, failed = exc, holder
                 continue
-            if resp.errors and resp.errors[0].error == "NotServing":
+            entry = resp.errors[0].exception() if resp.errors else None
+            if isinstance(entry, NotServing):
                 self._drop(holder)
-                error, failed = NotServing(resp.errors[0].message), holder
+                error, failed = entry, holder
                 continue
-            if resp.errors:
-                raise Unavailable(f"METADATA row {key!r}: {resp.errors[0].message}")
+            if isinstance(entry, Indeterminate):
+                raise entry
+            if entry is not None:
+                raise Unavailable(f"METADATA row {key!r}: {type(entry).__name__}: {entry}")
             return
         assert error is not None
         raise error

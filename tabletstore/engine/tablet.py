@@ -1158,7 +1158,7 @@ class Tablet:
                     new_sstables[group] = (ref, *new_sstables.get(group, ()))
                     opened[group] = (table, *opened.get(group, ()))
                 new_record = replace(record, sstables=new_sstables).with_event(
-                    self._clock.time(), "bulk_load", f"{total} cells"
+                    self._clock.time(), "bulk load", f"{total} cells"
                 )
                 stored = await self._catalog.update(record, new_record)
                 self._state = replace(state, record=stored, sstables=opened)

@@ -40,12 +40,9 @@ from tabletstore.master import tablet_merges as merging
 from tabletstore.metadata import rows as mt
 from tabletstore.metadata.catalog import Catalog
 from tabletstore.options import MasterOptions
-from tabletstore.rpc.inprocess import Transport
-from tabletstore.rpc.messages import (
-    ServerStatusRequest,
-    ServerStatusResponse,
-    UnloadTabletRequest,
-)
+from tabletstore.rpc.messages import ServerStatusRequest, UnloadTabletRequest
+from tabletstore.rpc.services import TABLET, TabletService
+from tabletstore.rpc.transport import Transport
 
 __all__ = ["Balancer"]
 
@@ -105,6 +102,9 @@ class Balancer:
         kvs = await self._coord.get_prefix(paths.SERVERS)
         return {paths.parse_server(kv.key): kv.value.decode() for kv in kvs}
 
+    def _worker(self, address: str) -> TabletService:
+        return TABLET.client(self._transport, address)
+
     async def _claims(self) -> dict[TabletKey, str]:
         kvs = await self._coord.get_prefix(paths.claims_prefix())
         return {paths.parse_claim(kv.key): kv.value.decode() for kv in kvs}
@@ -118,11 +118,10 @@ class Balancer:
         seen: dict[TabletKey, int] = {}
         for wid, address in sorted(workers.items()):
             try:
-                status = await self._transport.call(address, "server_status", ServerStatusRequest())
+                status = await self._worker(address).server_status(ServerStatusRequest())
             except TabletStoreError as exc:
                 log.info("no balancing this round: worker %s did not answer: %s", wid, exc)
                 return None
-            assert isinstance(status, ServerStatusResponse)
             for t in status.tablets:
                 key = (t.table_id, t.tablet_id)
                 seen[key] = t.requests
@@ -179,8 +178,8 @@ class Balancer:
         key = (move.table_id, move.tablet_id)
         self._moved_at[key] = self._clock.monotonic()
         try:
-            await self._transport.call(
-                workers[move.source], "unload_tablet", UnloadTabletRequest(*key, flush=True)
+            await self._worker(workers[move.source]).unload_tablet(
+                UnloadTabletRequest(*key, flush=True)
             )
         except TabletStoreError as exc:
             log.warning("moving %s: unload on %s failed: %s", move.tablet_id, move.source, exc)
@@ -229,8 +228,8 @@ class Balancer:
         for key in keys:
             holder = claims.get(key)
             if holder in workers:
-                await self._transport.call(
-                    workers[holder], "unload_tablet", UnloadTabletRequest(*key, flush=True)
+                await self._worker(workers[holder]).unload_tablet(
+                    UnloadTabletRequest(*key, flush=True)
                 )
         # Re-read: the records must be the unloaded, flushed ones (a worker may have split one
         # meanwhile, or an unload may have failed to flush).

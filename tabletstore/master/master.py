@@ -15,6 +15,12 @@ the METADATA table (``Catalog.bootstrap_root``, then the METADATA tablets' rows 
 Clients never send data through the master; they locate tablets through METADATA and talk to
 workers directly (§5.1).
 
+Table administration is written once, here: :class:`Master` implements
+``rpc.services.MasterService``, whose requests and responses are the wire messages. The embedded
+database's client calls it directly; the cluster's master process serves the same methods
+(``MASTER.handlers(master)``), and only while it leads (:attr:`Master.leading`). The master
+reaches workers through ``TabletService`` stubs.
+
 The embedded default runs one master in-process; the cluster elects one through the
 coordinator and runs it as its own process.
 """
@@ -24,18 +30,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
-
-from pydantic import BaseModel
 
 from tabletstore.client.location import LocationCache
 from tabletstore.clock import Clock, SystemClock
 from tabletstore.coordination import paths
 from tabletstore.coordination.base import Coordinator
-from tabletstore.data.schema import ColumnFamily, LocalityGroup, TableSchema
+from tabletstore.data.schema import TableSchema
 from tabletstore.errors import (
+    Indeterminate,
     InvalidArgument,
     NotFound,
     NotServing,
@@ -50,11 +54,9 @@ from tabletstore.master.recovery import LogRecovery
 from tabletstore.metadata import rows as mt
 from tabletstore.metadata.catalog import Catalog, ClusterSettings, TableInfo
 from tabletstore.metadata.record import TabletRecord
-from tabletstore.metadata.snapshot import SnapshotManifest, delete_manifest, list_manifests
+from tabletstore.metadata.snapshot import delete_manifest, list_manifests
 from tabletstore.options import MasterOptions
-from tabletstore.rpc.inprocess import Transport
 from tabletstore.rpc.messages import (
-    MASTER_METHODS,
     BulkLoadRequest,
     BulkLoadResponse,
     CompactTableRequest,
@@ -74,12 +76,12 @@ from tabletstore.rpc.messages import (
     UnloadTabletRequest,
     UpdateSchemaRequest,
 )
+from tabletstore.rpc.services import TABLET, TabletService
+from tabletstore.rpc.transport import Transport
 from tabletstore.storage_s3 import open_store
 from tabletstore.storage_s3.base import ObjectStore
 
-__all__ = ["Master", "MasterService"]
-
-M = TypeVar("M", bound=BaseModel)
+__all__ = ["Master"]
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +105,8 @@ def _failed(task: asyncio.Task[bool]) -> bool:
 
 
 class Master:
-    """Table administration and assignment over a catalog and a transport to workers."""
+    """Table administration (``rpc.services.MasterService``) and assignment over a catalog and
+    a transport to workers."""
 
     def __init__(
         self,
@@ -143,6 +146,10 @@ class Master:
             compact=self._major_compact,
             now=self._clock.time,
         )
+        #: Whether this master answers admin requests. Only the elected master does: a standby
+        #: (or a deposed master) answers ``NotServing`` so clients look the master up again.
+        #: True for the embedded database's only master; the master process sets it.
+        self.leading = True
         #: Loads sent, by tablet (table id, tablet id); finished ones are dropped at the start
         #: of the next round, after which the claims read then show their outcome.
         self._loads: dict[tuple[str, str], _Load] = {}
@@ -180,6 +187,11 @@ class Master:
     @property
     def clock(self) -> Clock:
         return self._clock
+
+    def _worker(self, address: str, *, timeout: float | None = None) -> TabletService:
+        """A stub of the worker at ``address`` (calls bounded by ``timeout``, None: the
+        transport's default)."""
+        return TABLET.client(self._transport, address, timeout=timeout)
 
     # ------------------------------------------------------------------ workers
 
@@ -247,7 +259,9 @@ class Master:
                     log.warning("starting the sort of dead commit logs failed: %s", exc)
             for tablets in tables:
                 done += await self._assign_level(workers, claims, known, tablets)
-        except Unavailable as exc:  # NotServing included: a METADATA tablet is not served yet
+        except (Unavailable, Indeterminate) as exc:
+            # A METADATA tablet not served yet (NotServing) or not answering: the writes above
+            # are idempotent, and the next round goes on from here.
             log.info("assignment round stopped early: %s", exc)
             self.settled = False
             return done
@@ -330,9 +344,11 @@ class Master:
             slots = self._load_slots[worker] = asyncio.Semaphore(self._options.max_loads_per_worker)
         async with slots:
             started = self._clock.monotonic()
+            # A replay may legitimately take minutes: the load's own bound, not the transport's.
+            stub = self._worker(address, timeout=self._options.load_timeout)
             try:
                 async with asyncio.timeout(self._options.load_timeout):
-                    await self._transport.call(address, "load_tablet", LoadTabletRequest(*key))
+                    await stub.load_tablet(LoadTabletRequest(*key))
             except TimeoutError:
                 log.warning(
                     "loading %s on %s took over %s s; given up",
@@ -347,7 +363,7 @@ class Master:
                 self._unreachable[worker] = self._clock.monotonic() + self._options.lease.ttl
                 log.warning("assigning %s to %s failed: %s", key[1], worker, exc)
                 return False
-            except TabletStoreError as exc:
+            except TabletStoreError as exc:  # Indeterminate after load_timeout: given up
                 log.warning("assigning %s to %s failed: %s", key[1], worker, exc)
                 return False
             except Exception:
@@ -397,17 +413,21 @@ class Master:
         address = (await self.live_workers()).get(holder) if holder is not None else None
         if address is None:
             raise NotServing(f"tablet {rec.tablet_id} is not served right now")
-        await self._transport.call(
-            address, "compact_tablet", CompactTabletRequest(rec.table_id, rec.tablet_id, major=True)
+        await self._worker(address).compact_tablet(
+            CompactTabletRequest(rec.table_id, rec.tablet_id, major=True)
         )
 
-    # ------------------------------------------------------------------ tables
+    # ------------------------------------------------------------------ tables (MasterService)
 
-    async def create_table(
-        self, schema: TableSchema, *, split_keys: Sequence[bytes] = ()
-    ) -> TableInfo:
-        """Create a table, pre-split at ``split_keys``, and assign its tablets."""
-        splits = sorted(set(split_keys))
+    def _check_leading(self) -> None:
+        if not self.leading:
+            raise NotServing("this process is not the elected master")
+
+    async def create_table(self, req: CreateTableRequest) -> TableInfoMessage:
+        """Create a table, pre-split at the request's split keys, and assign its tablets."""
+        self._check_leading()
+        schema = req.schema()
+        splits = sorted(set(req.split_keys))
         if any(not k for k in splits):
             raise InvalidArgument("split keys must be non-empty")
         table_id = Catalog.new_table_id(schema.name)
@@ -423,39 +443,42 @@ class Master:
             start = end or b""
         info = await self._catalog.create_table(schema, records)
         await self.assign()
-        return info
+        return TableInfoMessage.of(info)
 
-    async def delete_table(self, name: str) -> None:
+    async def delete_table(self, req: TableNameRequest) -> None:
         """Unload a table's tablets and delete its records; its objects become garbage."""
-        if name == mt.METADATA_TABLE:
-            raise InvalidArgument(f"table {name!r} is the system table; it cannot be deleted")
-        info = await self._catalog.get_table(name)
-        await self._for_each_tablet(info, "unload_tablet", flush=False)
-        await self._catalog.delete_table(name)
+        self._check_leading()
+        if req.name == mt.METADATA_TABLE:
+            raise InvalidArgument(f"table {req.name!r} is the system table; it cannot be deleted")
+        info = await self._catalog.get_table(req.name)
+        await self._for_each_tablet(
+            info,
+            lambda w, rec: w.unload_tablet(
+                UnloadTabletRequest(rec.table_id, rec.tablet_id, flush=False)
+            ),
+        )
+        await self._catalog.delete_table(req.name)
 
-    async def list_tables(self) -> list[TableInfo]:
-        return await self._catalog.list_tables()
+    async def list_tables(self, req: ListTablesRequest) -> ListTablesResponse:
+        self._check_leading()
+        infos = await self._catalog.list_tables()
+        return ListTablesResponse(tuple(TableInfoMessage.of(i) for i in infos))
 
-    async def get_table(self, name: str) -> TableInfo:
-        return await self._catalog.get_table(name)
+    async def get_table(self, req: TableNameRequest) -> TableInfoMessage:
+        self._check_leading()
+        return TableInfoMessage.of(await self._catalog.get_table(req.name))
 
-    async def modify_families(
-        self,
-        name: str,
-        *,
-        create: Sequence[ColumnFamily] = (),
-        update: Sequence[ColumnFamily] = (),
-        drop: Sequence[str] = (),
-        locality_groups: Sequence[LocalityGroup] = (),
-    ) -> TableInfo:
+    async def modify_families(self, req: ModifyFamiliesRequest) -> TableInfoMessage:
         """Add, change or drop column families (and add locality groups) in one schema change.
 
         Dropped families' cells stop being visible at once and are left out of the next
         compaction of every tablet."""
+        self._check_leading()
+        name, create, update = req.name, req.families_created(), req.families_updated()
         info = await self._catalog.get_table(name)
         families = dict(info.schema.families)
         groups = dict(info.schema.locality_groups)
-        for g in locality_groups:
+        for g in req.groups_added():
             groups[g.name] = g
         for fam in create:
             if fam.name in families:
@@ -465,7 +488,7 @@ class Master:
             if fam.name not in families:
                 raise NotFound(f"table {name!r} has no column family {fam.name!r}")
             families[fam.name] = fam
-        for fam_name in drop:
+        for fam_name in req.drop:
             if fam_name not in families:
                 raise NotFound(f"table {name!r} has no column family {fam_name!r}")
             del families[fam_name]
@@ -476,29 +499,39 @@ class Master:
         new = await self._catalog.update_schema(info, schema)
         workers = await self.live_workers()
         for address in set(workers.values()):
-            await self._transport.call(address, "update_schema", UpdateSchemaRequest(name))
+            await self._worker(address).update_schema(UpdateSchemaRequest(name))
         moved = [
             f.name
             for f in update
             if f.name in info.schema.families
             and info.schema.families[f.name].locality_group != f.locality_group
         ]
-        if drop or moved:
+        if req.drop or moved:
             # Rewrite every tablet by the new schema before answering: a dropped family's
             # cells are gone (re-creating the name brings nothing back) and a moved family's
             # cells live in its new locality group (reads of it look only there).
-            await self.compact_table(name, major=True)
-        return new
+            await self.compact_table(CompactTableRequest(name, major=True))
+        return TableInfoMessage.of(new)
 
-    async def compact_table(self, name: str, *, major: bool) -> None:
+    async def compact_table(self, req: CompactTableRequest) -> None:
         """Minor (``flush``) or major (``compact``) compaction of every tablet of a table."""
-        info = await self._catalog.get_table(name)
-        await self._for_each_tablet(info, "compact_tablet", major=major)
+        self._check_leading()
+        info = await self._catalog.get_table(req.name)
+        await self._for_each_tablet(
+            info,
+            lambda w, rec: w.compact_tablet(
+                CompactTabletRequest(rec.table_id, rec.tablet_id, major=req.major)
+            ),
+        )
 
-    async def _for_each_tablet(self, info: TableInfo, method: str, **kw: bool) -> None:
-        """Call ``method`` on the worker of every tablet of the table. A tablet that splits or
-        moves meanwhile (NotServing) is looked up again, as a client's call would be, within
-        the catalog's retry deadline: its children or new owner get the call."""
+    async def _for_each_tablet(
+        self,
+        info: TableInfo,
+        send: Callable[[TabletService, TabletRecord], Awaitable[None]],
+    ) -> None:
+        """``send`` to the worker holding each claimed tablet of the table. A tablet that
+        splits or moves meanwhile (NotServing) is looked up again, as a client's call would be,
+        within the catalog's retry deadline: its children or new owner get the call."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._catalog.retry_deadline
         done: set[str] = set()
@@ -511,12 +544,8 @@ class Master:
                 address = workers.get(holder) if holder is not None else None
                 if address is None or rec.tablet_id in done:
                     continue
-                if method == "unload_tablet":
-                    req: object = UnloadTabletRequest(rec.table_id, rec.tablet_id, **kw)
-                else:
-                    req = CompactTabletRequest(rec.table_id, rec.tablet_id, **kw)
                 try:
-                    await self._transport.call(address, method, req)
+                    await send(self._worker(address), rec)
                 except NotServing as exc:
                     refused.append(exc)
                     continue
@@ -549,38 +578,46 @@ class Master:
             out[rec.tablet_id] = address
         return out
 
-    async def create_snapshot(self, name: str, *, ttl: float | None = None) -> SnapshotManifest:
+    async def create_snapshot(self, req: CreateSnapshotRequest) -> SnapshotInfoMessage:
         """Take a consistent snapshot of a table for batch jobs (master/snapshots.py)."""
-        if name == mt.METADATA_TABLE:
-            raise InvalidArgument(f"table {name!r} is the system table; it has no snapshots")
-        return await snapshots.take_snapshot(
-            info=await self._catalog.get_table(name),
+        self._check_leading()
+        if req.table == mt.METADATA_TABLE:
+            raise InvalidArgument(f"table {req.table!r} is the system table; it has no snapshots")
+        manifest = await snapshots.take_snapshot(
+            info=await self._catalog.get_table(req.table),
             catalog=self._catalog,
-            transport=self._transport,
+            worker=self._worker,
             store=await self._the_store(),
             clock=self._clock,
             locate=self._locate,
-            ttl=ttl,
+            ttl=req.ttl_seconds,
         )
+        return SnapshotInfoMessage(manifest.to_bytes())
 
-    async def list_snapshots(self, name: str | None = None) -> list[SnapshotManifest]:
+    async def list_snapshots(self, req: ListSnapshotsRequest) -> ListSnapshotsResponse:
         """Snapshots of one table (or of all), oldest first."""
+        self._check_leading()
+        name = req.table
         table_id = None if name is None else (await self._catalog.get_table(name)).table_id
-        return await list_manifests(await self._the_store(), table_id)
+        manifests = await list_manifests(await self._the_store(), table_id)
+        return ListSnapshotsResponse(tuple(SnapshotInfoMessage(m.to_bytes()) for m in manifests))
 
-    async def delete_snapshot(self, snapshot_id: str) -> None:
+    async def delete_snapshot(self, req: DeleteSnapshotRequest) -> None:
         """Delete a snapshot's manifest; GC then frees what only it kept."""
-        await delete_manifest(await self._the_store(), snapshot_id)
+        self._check_leading()
+        await delete_manifest(await self._the_store(), req.snapshot_id)
 
-    async def bulk_load(self, name: str, url: str) -> tuple[int, int]:
+    async def bulk_load(self, req: BulkLoadRequest) -> BulkLoadResponse:
         """Load the SSTables under ``url`` into a table (batch/bulkload.py)."""
-        return await snapshots.bulk_load(
-            info=await self._catalog.get_table(name),
-            url=url,
+        self._check_leading()
+        tablets, cells = await snapshots.bulk_load(
+            info=await self._catalog.get_table(req.table),
+            url=req.url,
             catalog=self._catalog,
-            transport=self._transport,
+            worker=self._worker,
             locate=self._locate,
         )
+        return BulkLoadResponse(tablets, cells)
 
 
 def _check_load_options(options: MasterOptions) -> None:
@@ -592,76 +629,3 @@ def _check_load_options(options: MasterOptions) -> None:
         raise InvalidArgument(f"load_wait must be >= 0 seconds, got {options.load_wait}")
     if options.load_timeout <= 0:
         raise InvalidArgument(f"load_timeout must be > 0 seconds, got {options.load_timeout}")
-
-
-def _info_message(info: TableInfo) -> TableInfoMessage:
-    return TableInfoMessage(info.table_id, info.schema.model_dump_json().encode(), info.revision)
-
-
-def _parse_models(kind: type[M], blobs: Sequence[bytes]) -> list[M]:
-    try:
-        return [kind.model_validate_json(b) for b in blobs]
-    except ValueError as exc:
-        raise InvalidArgument(f"malformed {kind.__name__}: {exc}") from exc
-
-
-class MasterService:
-    """The master's RPC handlers (``rpc.messages.MASTER_METHODS``), in wire form.
-
-    Only the elected master answers; a standby (or a deposed master) answers ``NotServing`` so
-    clients look the master up again."""
-
-    def __init__(self, master: Master) -> None:
-        self.master = master
-        self.leading = False
-
-    def _check(self) -> Master:
-        if not self.leading:
-            raise NotServing("this process is not the elected master")
-        return self.master
-
-    async def create_table(self, req: CreateTableRequest) -> TableInfoMessage:
-        (schema,) = _parse_models(TableSchema, [req.schema_json])
-        info = await self._check().create_table(schema, split_keys=req.split_keys)
-        return _info_message(info)
-
-    async def delete_table(self, req: TableNameRequest) -> None:
-        await self._check().delete_table(req.name)
-
-    async def list_tables(self, req: ListTablesRequest) -> ListTablesResponse:
-        infos = await self._check().list_tables()
-        return ListTablesResponse(tuple(_info_message(i) for i in infos))
-
-    async def get_table(self, req: TableNameRequest) -> TableInfoMessage:
-        return _info_message(await self._check().get_table(req.name))
-
-    async def modify_families(self, req: ModifyFamiliesRequest) -> TableInfoMessage:
-        info = await self._check().modify_families(
-            req.name,
-            create=_parse_models(ColumnFamily, req.create),
-            update=_parse_models(ColumnFamily, req.update),
-            drop=req.drop,
-            locality_groups=_parse_models(LocalityGroup, req.locality_groups),
-        )
-        return _info_message(info)
-
-    async def compact_table(self, req: CompactTableRequest) -> None:
-        await self._check().compact_table(req.name, major=req.major)
-
-    async def create_snapshot(self, req: CreateSnapshotRequest) -> SnapshotInfoMessage:
-        manifest = await self._check().create_snapshot(req.table, ttl=req.ttl_seconds)
-        return SnapshotInfoMessage(manifest.to_bytes())
-
-    async def list_snapshots(self, req: ListSnapshotsRequest) -> ListSnapshotsResponse:
-        manifests = await self._check().list_snapshots(req.table)
-        return ListSnapshotsResponse(tuple(SnapshotInfoMessage(m.to_bytes()) for m in manifests))
-
-    async def delete_snapshot(self, req: DeleteSnapshotRequest) -> None:
-        await self._check().delete_snapshot(req.snapshot_id)
-
-    async def bulk_load(self, req: BulkLoadRequest) -> BulkLoadResponse:
-        tablets, cells = await self._check().bulk_load(req.table, req.url)
-        return BulkLoadResponse(tablets, cells)
-
-    def handlers(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in MASTER_METHODS}

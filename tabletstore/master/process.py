@@ -17,7 +17,7 @@ from tabletstore.errors import (
     TabletStoreError,
 )
 from tabletstore.master.gc import GarbageCollector
-from tabletstore.master.master import Master, MasterService
+from tabletstore.master.master import Master
 from tabletstore.master.recovery import (
     InProcessSortExecutor,
     LogRecovery,
@@ -29,6 +29,7 @@ from tabletstore.ops.metrics import MasterMetrics
 from tabletstore.ops.status_http import StatusServer, serve_master
 from tabletstore.ops.views import publish_page
 from tabletstore.options import MasterOptions
+from tabletstore.rpc.services import MASTER
 from tabletstore.rpc.tcp import RpcServer, TcpTransport
 from tabletstore.rpc.wire import register_all
 from tabletstore.storage_s3 import check_store, open_store
@@ -96,8 +97,8 @@ async def run_master(
     if store_url is not None:
         await _check_store(store_url)
         await ClusterSettings(store_url).save(coordinator)
-    # Loads are bounded by MasterOptions.load_timeout instead (a replay may take minutes).
-    transport = TcpTransport(timeout=60.0, method_timeouts={"load_tablet": None})
+    # Loads give their own bound, MasterOptions.load_timeout (a replay may take minutes).
+    transport = TcpTransport(timeout=60.0)
     metrics = MasterMetrics()  # observability: counted always, served with metrics_port
     store: ObjectStore | None = None
     recovery: LogRecovery | None = None
@@ -115,9 +116,9 @@ async def run_master(
         options=options,
         recovery=recovery,
     )
-    service = MasterService(master)
-    metrics.watch_leading(lambda: service.leading)
-    server = RpcServer(metrics.instrument(service.handlers()), host=host, port=port)
+    master.leading = False  # until elected: admin requests are answered NotServing
+    metrics.watch_leading(lambda: master.leading)
+    server = RpcServer(metrics.instrument(MASTER.handlers(master)), host=host, port=port)
     await server.start()
     metrics.process_id = server.address
     lease = await coordinator.grant_lease(options.lease.ttl, safety_margin=options.lease.margin)
@@ -156,11 +157,11 @@ async def run_master(
                 ready(server.address)
             if not await _campaign(election, server.address.encode(), lease, stop):
                 return
-            service.leading = True
+            master.leading = True
             log.info("master %s is leading", server.address)
             await _lead(master, collector, metrics, lease, stop, options.interval)
     finally:
-        service.leading = False
+        master.leading = False
         with contextlib.suppress(TabletStoreError):
             await election.resign()
         if http is not None:

@@ -41,7 +41,6 @@ from tabletstore.metadata.snapshot import (
     new_snapshot_id,
     write_manifest,
 )
-from tabletstore.rpc.inprocess import Transport
 from tabletstore.rpc.messages import (
     BulkLoadTabletRequest,
     BulkLoadTabletResponse,
@@ -49,6 +48,7 @@ from tabletstore.rpc.messages import (
     SnapshotWriteRequest,
     SnapshotWriteResponse,
 )
+from tabletstore.rpc.services import TabletService
 from tabletstore.storage_s3 import open_store
 from tabletstore.storage_s3.base import ObjectStore
 
@@ -68,7 +68,7 @@ async def take_snapshot(
     *,
     info: TableInfo,
     catalog: Catalog,
-    transport: Transport,
+    worker: Callable[[str], TabletService],
     store: ObjectStore,
     clock: Clock,
     locate: Locate,
@@ -80,7 +80,7 @@ async def take_snapshot(
     error: Exception | None = None
     for attempt in range(_ATTEMPTS):
         try:
-            manifest = await _attempt(info, catalog, transport, store, clock, locate, ttl)
+            manifest = await _attempt(info, catalog, worker, store, clock, locate, ttl)
         except (NotServing, Unavailable, Unreachable) as exc:
             # A split, a move or a tablet being loaded: the next attempt sees the new tablets.
             log.info("snapshot of %s: attempt %d failed: %s", info.schema.name, attempt, exc)
@@ -95,7 +95,7 @@ async def take_snapshot(
 async def _attempt(
     info: TableInfo,
     catalog: Catalog,
-    transport: Transport,
+    worker: Callable[[str], TabletService],
     store: ObjectStore,
     clock: Clock,
     locate: Locate,
@@ -109,10 +109,8 @@ async def _attempt(
     snapshot_id = new_snapshot_id(clock.time())
     holds = await asyncio.gather(
         *(
-            transport.call(
-                addr,
-                "snapshot_hold",
-                SnapshotHoldRequest(snapshot_id, info.table_id, tuple(ids), HOLD_SECONDS),
+            worker(addr).snapshot_hold(
+                SnapshotHoldRequest(snapshot_id, info.table_id, tuple(ids), HOLD_SECONDS)
             )
             for addr, ids in by_worker.items()
         ),
@@ -122,7 +120,7 @@ async def _attempt(
     failed = [h for h in holds if isinstance(h, BaseException)]
     replies = await asyncio.gather(
         *(
-            transport.call(addr, "snapshot_write", SnapshotWriteRequest(snapshot_id, bool(failed)))
+            worker(addr).snapshot_write(SnapshotWriteRequest(snapshot_id, bool(failed)))
             for addr in by_worker
         ),
         return_exceptions=True,
@@ -163,7 +161,7 @@ async def bulk_load(
     info: TableInfo,
     url: str,
     catalog: Catalog,
-    transport: Transport,
+    worker: Callable[[str], TabletService],
     locate: Locate,
 ) -> tuple[int, int]:
     """Load the SSTables under ``url`` into the table (batch/bulkload.py): check them all,
@@ -173,7 +171,7 @@ async def bulk_load(
         files: list[SourceFile] = await inspect_sources(source, info.schema)
     finally:
         await source.close()
-    return await _load_range(info, url, files, b"", None, catalog, transport, locate)
+    return await _load_range(info, url, files, b"", None, catalog, worker, locate)
 
 
 async def _load_range(
@@ -183,7 +181,7 @@ async def _load_range(
     start: bytes,
     end: bytes | None,
     catalog: Catalog,
-    transport: Transport,
+    worker: Callable[[str], TabletService],
     locate: Locate,
 ) -> tuple[int, int]:
     """Load the files' rows in ``[start, end)`` into the tablets covering that range. A
@@ -222,10 +220,8 @@ async def _load_range(
             continue
         replies = await asyncio.gather(
             *(
-                transport.call(
-                    where[rec.tablet_id],
-                    "bulk_load_tablet",
-                    BulkLoadTabletRequest(rec.table_id, rec.tablet_id, url, tuple(keys), a, b),
+                worker(where[rec.tablet_id]).bulk_load_tablet(
+                    BulkLoadTabletRequest(rec.table_id, rec.tablet_id, url, tuple(keys), a, b)
                 )
                 for rec, a, b, keys in jobs
             ),

@@ -62,9 +62,9 @@ from tabletstore.errors import (
     AlreadyExists,
     Corruption,
     Fenced,
+    Indeterminate,
     InvalidArgument,
     NotFound,
-    NotServing,
     PreconditionFailed,
     Unavailable,
 )
@@ -103,8 +103,8 @@ class TableInfo:
 class MetadataRows(Protocol):
     """Reads and single-row transactions on METADATA rows, wherever they are served.
 
-    ``NotServing`` means nothing was applied; any other ``Unavailable`` from
-    :meth:`check_and_mutate` means it may have been."""
+    Any ``Unavailable`` (``NotServing`` included) means nothing was applied; only
+    ``Indeterminate`` means a write may have been (the Transport contract, rpc/transport.py)."""
 
     async def read_rows(
         self,
@@ -476,12 +476,16 @@ class Catalog:
         return mt.decode_row(rows[0]) if rows else None
 
     async def _retry(
-        self, op: Callable[[], Awaitable[T]], *, only: type[Unavailable] = Unavailable
+        self,
+        op: Callable[[], Awaitable[T]],
+        *,
+        only: tuple[type[Exception], ...] = (Unavailable, Indeterminate),
     ) -> T:
-        """Run ``op`` until it succeeds, retrying ``only`` errors (by default any Unavailable:
-        right for reads and idempotent writes; NotServing: the request was refused unapplied)
-        with back-off until the deadline — a METADATA tablet being reassigned is a pause, not
-        a failure. After the deadline: Unavailable."""
+        """Run ``op`` until it succeeds, retrying ``only`` errors (by default refusals and no
+        answer alike: right for reads and idempotent writes; ``(Unavailable,)``: refusals only,
+        nothing was applied) with back-off until the deadline — a METADATA tablet being
+        reassigned is a pause, not a failure. After the deadline: Unavailable, or Indeterminate
+        if the last attempt got no answer."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.retry_deadline
         attempt = 0
@@ -490,7 +494,8 @@ class Catalog:
                 return await op()
             except only as exc:
                 if loop.time() >= deadline:
-                    raise Unavailable(f"METADATA not reachable within the deadline: {exc}") from exc
+                    late = Indeterminate if isinstance(exc, Indeterminate) else Unavailable
+                    raise late(f"METADATA not reachable within the deadline: {exc}") from exc
             await asyncio.sleep(min(0.5, 0.01 * 2**attempt))
             attempt += 1
 
@@ -507,17 +512,18 @@ class Catalog:
         self, old: TabletRecord, mutations: Sequence[Mutation], expect: TabletRecord
     ) -> None:
         """Apply ``mutations`` to ``old``'s row if it still has ``old``'s epoch; Fenced if not.
-        An ambiguous failure is resolved by reading the row back: it holds ``expect`` (done),
-        still ``old``'s epoch (not applied: try again) or another epoch (Fenced)."""
+        Refusals are retried (nothing was applied); an ambiguous failure (Indeterminate) is
+        resolved by reading the row back: it holds ``expect`` (done), still ``old``'s epoch
+        (not applied: try again) or another epoch (Fenced)."""
         key = old.row_key
         predicate = mt.epoch_is(old.epoch)
         while True:
             try:
                 matched = await self._retry(
                     lambda: self._metadata.check_and_mutate(key, predicate, mutations, ()),
-                    only=NotServing,
+                    only=(Unavailable,),
                 )
-            except Unavailable:
+            except Indeterminate:
                 current = await self._read_row(key)
                 if current is not None and current.record == expect:
                     return

@@ -9,9 +9,10 @@ processes' worth in one interpreter) and exposes it on ``GET /metrics``
 
 Two ways of counting, chosen so that no engine module is edited or slowed down:
 
-* **Wrapped RPC handlers** (:meth:`ProcessMetrics.instrument`): each handler callable served by
-  an ``RpcServer`` (or the in-process transport) is wrapped, unary and streaming alike, counting
-  requests by method and outcome and observing their latency.
+* **Wrapped RPC handlers** (:meth:`ProcessMetrics.instrument`): each handler of a service's
+  dispatch table (``rpc.services.Service.handlers``) served by an ``RpcServer`` (or the
+  in-process transport) is wrapped, unary and streaming alike, counting requests by method
+  (the name the service's Protocol declares) and outcome and observing their latency.
 * **Scrape-time collectors** read state the engine keeps anyway: the tablets served (memtable
   and SSTable sizes), :meth:`BlockCache.stats`, :class:`CommitLogStats`, and the compaction
   events each tablet's record carries (§5.4: minor, merging, major).
@@ -58,8 +59,8 @@ from tabletstore.coordination.base import Lease
 from tabletstore.engine.tablet import Tablet
 from tabletstore.errors import InvalidArgument, TabletStoreError
 from tabletstore.metadata.record import TabletEvent
-from tabletstore.rpc.inprocess import Transport
-from tabletstore.rpc.server import Handler
+from tabletstore.rpc.services import TABLET, TabletService
+from tabletstore.rpc.transport import Handler, Method, Transport
 from tabletstore.sstable.block_cache import BlockCache, CacheStats
 
 __all__ = [
@@ -76,6 +77,9 @@ __all__ = [
 ]
 
 PREFIX = "tabletstore"
+#: The worker methods counted specially: unloads sweep compaction events, loads count as assigned.
+_UNLOAD = TABLET.method(TabletService.unload_tablet)
+_LOAD = TABLET.method(TabletService.load_tablet)
 #: Latency buckets (seconds): from an in-memory read to a compaction or a slow S3 PUT.
 LATENCY_BUCKETS = (
     0.0005,
@@ -101,7 +105,7 @@ _COMPACTION_SUFFIX = "_compaction"
 def outcome_of(exc: BaseException) -> str:
     """The ``outcome`` label of a request that raised ``exc``: the tabletstore error class
     (bounded: one hierarchy, errors.py), ``cancelled`` when the caller went away, else
-    ``internal`` (the server turns those into Unavailable on the wire)."""
+    ``internal`` (the server turns those into Indeterminate on the wire)."""
     if isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         return outcome_of(exc.exceptions[0])
     if isinstance(exc, TabletStoreError):
@@ -427,9 +431,9 @@ class WorkerMetrics(ProcessMetrics):
         """As :meth:`ProcessMetrics.instrument`; an unloaded tablet's events (its closing
         minor compaction) are also counted before the tablet is forgotten."""
         wrapped = super().instrument(handlers)
-        unload = wrapped.get("unload_tablet")
+        unload = wrapped.get(_UNLOAD.name)
         if unload is not None:
-            wrapped["unload_tablet"] = self._sweeping_unload(unload)
+            wrapped[_UNLOAD.name] = self._sweeping_unload(unload)
         return wrapped
 
     def _sweeping_unload(self, unload: Handler) -> Handler:
@@ -573,14 +577,23 @@ class _LoadCounting:
         self.inner = inner
         self._assigned = assigned
 
-    async def call(self, address: str, method: str, request: Any) -> Any:
-        response = await self.inner.call(address, method, request)
-        if method == "load_tablet":
+    async def call(
+        self,
+        address: str,
+        method: Method,
+        request: Any,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 (passed on: the Transport contract)
+    ) -> Any:
+        response = await self.inner.call(address, method, request, timeout=timeout)
+        if method is _LOAD:
             self._assigned.inc()
         return response
 
-    def stream(self, address: str, method: str, request: Any) -> AsyncIterator[Any]:
-        return self.inner.stream(address, method, request)
+    def stream(
+        self, address: str, method: Method, request: Any, *, timeout: float | None = None
+    ) -> AsyncIterator[Any]:
+        return self.inner.stream(address, method, request, timeout=timeout)
 
     async def close(self) -> None:
         await self.inner.close()

@@ -1,16 +1,19 @@
 """The wire between clients, the master and tablet-server workers (paper §5; DESIGN.md §8).
 
 - frames.py: the bytes on a connection (handshake, length-prefixed frames, stream credit).
-- codec.py: payloads as msgpack, with a registry of message dataclasses and errors by class.
+- codec.py: payloads as msgpack, with a registry of message dataclasses; errors by code.
 - connection.py: one framed connection (parsing, coalesced writes, flow control).
 - server.py: RpcServer; client.py: RpcClient (many calls in flight on one connection),
   RpcStream, RpcClientPool, TcpTransport; tcp.py re-exports both and states their contracts.
-- messages.py: the request and response types; inprocess.py: the embedded transport.
+- messages.py: the request and response types; wire.py: their fixed type ids.
+- transport.py: the Transport protocol (what its errors mean) and Method; services.py: one
+  typed Protocol per service (TabletService, MasterService), from which the stubs, the
+  dispatch tables and the Methods are derived; inprocess.py: the embedded transport.
 """
 
 from __future__ import annotations
 
-from tabletstore.rpc.codec import DEFAULT_CODEC, Codec, register, register_error
+from tabletstore.rpc.codec import DEFAULT_CODEC, Codec, register
 from tabletstore.rpc.frames import DEFAULT_MAX_FRAME, PROTOCOL_VERSION
 from tabletstore.rpc.tcp import (
     RpcClient,
@@ -33,5 +36,4 @@ __all__ = [
     "TcpTransport",
     "parse_address",
     "register",
-    "register_error",
 ]

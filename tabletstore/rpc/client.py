@@ -6,12 +6,12 @@ is written in tcp.py's docstring. An RpcClient holds one connection to one addre
 first use and reopened after it drops, and multiplexes any number of calls and streams on it by
 request id. A stream grants the server credit as its items are consumed (frames.py).
 
-Errors when a connection closes under a request say whether it was sent: ``Unreachable`` if
-the request never left (the connection could not be opened, or had already failed), so it is
-safe to send again even when not idempotent; plain ``Unavailable`` once it was sent and the
-connection went before the answer came (it may have been applied: the client library reports
-such a write as ``Indeterminate`` unless it is idempotent). ``Closed`` only when the RpcClient
-itself was closed by its owner.
+Errors say whether the request was sent (the Transport contract, ``rpc/transport.py``):
+``Unreachable`` if it never left (the connection could not be opened, or had already failed),
+so it is safe to send again even when not idempotent; ``Indeterminate`` once it was sent and no
+answer came — the timeout passed, the connection went (even closed by its owner), or the reply
+broke the protocol — since it may have been applied. ``Closed`` only for a call made after the
+RpcClient itself was closed by its owner (nothing is sent).
 """
 
 from __future__ import annotations
@@ -23,11 +23,19 @@ from types import TracebackType
 from typing import Any, Self
 
 from tabletstore.clock import stopwatch
-from tabletstore.errors import Closed, InvalidArgument, TabletStoreError, Unavailable, Unreachable
+from tabletstore.errors import (
+    Closed,
+    Indeterminate,
+    InvalidArgument,
+    TabletStoreError,
+    Unavailable,
+    Unreachable,
+)
 from tabletstore.rpc import frames
 from tabletstore.rpc.codec import DEFAULT_CODEC, Codec, decode_error
 from tabletstore.rpc.connection import FrameConnection, format_address, parse_address
 from tabletstore.rpc.frames import DEFAULT_MAX_FRAME, Frame, Kind
+from tabletstore.rpc.transport import Method
 
 __all__ = ["RpcClient", "RpcClientPool", "RpcStream", "TcpTransport"]
 
@@ -85,13 +93,14 @@ class _ClientConnection(FrameConnection):
             if rid not in self.pending and rid not in self.streams:
                 return rid
 
-    async def send(self, frame: bytes) -> None:
+    def send(self, frame: bytes) -> None:
+        """Queue ``frame`` for sending (then ``await drain()``). From here on the request may
+        reach the server; Unreachable, with nothing sent, if the connection already failed."""
         if self.failure is not None:
             # Nothing of this request left: the caller may send it again anywhere.
             raise Unreachable(f"request not sent: {self.failure}")
         # With other requests in flight, calls made in this loop iteration share a system call.
         self.write(frame, more_coming=len(self.pending) + len(self.streams) > 1)
-        await self.drain()
 
     def cancel(self, rid: int) -> None:
         """Forget ``rid`` and tell the server to stop working on it (CANCEL needs no reply)."""
@@ -153,19 +162,21 @@ class _ClientConnection(FrameConnection):
             self.transport.abort()
 
     def _fail_all(self, failure: TabletStoreError) -> None:
+        """The connection is gone: later sends raise Unreachable naming ``failure``; the
+        requests in flight were sent and get no answer, so each fails Indeterminate."""
         if self.failure is None:
             self.failure = failure
         failure = self.failure
         pending, self.pending = self.pending, {}
         for future in pending.values():
             if not future.done():
-                future.set_exception(type(failure)(str(failure)))
+                future.set_exception(_no_answer(failure))
         streams, self.streams = self.streams, {}
         for queue in streams.values():
-            queue.put_nowait(type(failure)(str(failure)))
+            queue.put_nowait(_no_answer(failure))
 
     async def aclose(self) -> None:
-        """The RpcClient was closed by its owner: requests in flight fail with Closed."""
+        """The RpcClient was closed by its owner: requests in flight fail Indeterminate."""
         self._fail_all(Closed(f"connection to {self.address} was closed by this client"))
         if self.transport is not None:
             await self.close_and_wait()
@@ -266,23 +277,32 @@ class RpcClient:
         *,
         timeout: float | None = None,  # noqa: ASYNC109 (also CANCELs the request on the server)
     ) -> Any:
-        """Send ``request`` to unary ``method`` and return its decoded response.
+        """Send ``request`` to unary ``method`` (the wire's routing key) and return its decoded
+        response.
 
-        Raises the handler's TabletStoreError class, or Unavailable if the server cannot be
-        reached, the connection drops, or the call (connecting included) takes longer than
-        ``timeout`` seconds; the server is then told to cancel it.
+        Raises the handler's error; Unreachable if the request could not be sent;
+        Indeterminate if it was sent and no answer came: the connection dropped, or the call
+        (connecting included) took longer than ``timeout`` seconds, in which case the server
+        is told to cancel it (Unreachable if it timed out before it was sent).
         """
+        sent = [False]
         if timeout is None:
-            return await self._call(method, request)
+            return await self._call(method, request, sent)
         try:
             async with asyncio.timeout(timeout):
-                return await self._call(method, request)
+                return await self._call(method, request, sent)
         except TimeoutError:
-            raise Unavailable(
-                f"call {method!r} to {self.address} timed out after {timeout} s"
+            if not sent[0]:
+                raise Unreachable(
+                    f"call {method!r} to {self.address} not sent within {timeout} s"
+                ) from None
+            raise Indeterminate(
+                f"call {method!r} to {self.address} timed out after {timeout} s; it may have "
+                "been applied"
             ) from None
 
-    async def _call(self, method: str, request: object) -> Any:
+    async def _call(self, method: str, request: object, sent: list[bool]) -> Any:
+        """One call; ``sent[0]`` becomes True once the request may reach the server."""
         payload = self.codec.encode(request)
         conn = self._conn
         if conn is None or not conn.alive:
@@ -294,7 +314,9 @@ class RpcClient:
         future: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
         conn.pending[rid] = future
         try:
-            await conn.send(request_frame)
+            conn.send(request_frame)
+            sent[0] = True
+            await conn.drain()
             frame = await future
         except BaseException:  # cancelled (or timed out) by the caller, or the send failed
             conn.cancel(rid)
@@ -327,8 +349,9 @@ class RpcClient:
         conn.pending[rid] = future
         start = stopwatch()
         try:
-            await conn.send(frames.encode_frame(Kind.PING, rid))
+            conn.send(frames.encode_frame(Kind.PING, rid))
             async with asyncio.timeout(timeout):
+                await conn.drain()
                 await future
         except TimeoutError:
             conn.pending.pop(rid, None)
@@ -340,12 +363,18 @@ class RpcClient:
 
 
 def _reply_error(frame: Frame, method: str, address: str) -> TabletStoreError:
-    """The error a non-success reply frame stands for."""
+    """The error a non-success reply frame stands for (a reply of the wrong kind: the request
+    was sent and no usable answer came)."""
     if frame.kind == Kind.ERROR:
         return decode_error(frame.body)
-    return Unavailable(
+    return Indeterminate(
         f"protocol error from {address}: frame kind {frame.kind} in reply to {method!r}"
     )
+
+
+def _no_answer(failure: TabletStoreError) -> Indeterminate:
+    """What a request in flight on a connection that failed with ``failure`` gets."""
+    return Indeterminate(f"{failure} with the request in flight; it may have been applied")
 
 
 class RpcStream:
@@ -402,7 +431,8 @@ class RpcStream:
         queue: asyncio.Queue[Frame | TabletStoreError] = asyncio.Queue()
         conn.streams[rid] = queue
         self._conn, self._rid, self._queue = conn, rid, queue
-        await conn.send(request_frame)
+        conn.send(request_frame)
+        await conn.drain()
 
     async def __anext__(self) -> Any:
         if self._conn is None:
@@ -418,7 +448,7 @@ class RpcStream:
                     got = await self._queue.get()
         except TimeoutError:
             await self.aclose()
-            raise Unavailable(
+            raise Indeterminate(
                 f"stream {self._method!r} from {self._client.address}: no item within "
                 f"{self._timeout} s"
             ) from None
@@ -493,30 +523,47 @@ class RpcClientPool:
 
 
 class TcpTransport:
-    """rpc.inprocess.Transport over TCP: ``address`` is the worker's "HOST:PORT".
+    """The Transport (``rpc/transport.py``) over TCP: ``address`` is the peer's "HOST:PORT".
 
-    ``timeout`` bounds each call (and each streamed item); ``method_timeouts`` overrides it
-    for the methods it names (None: unbounded, the caller bounds them itself)."""
+    ``timeout`` bounds each call (and each streamed item) unless the call gives its own. A
+    unary response is checked to be of the method's declared type: anything else means the
+    peer runs another version (the request ran: Indeterminate)."""
 
-    def __init__(
-        self,
-        *,
-        timeout: float | None = None,
-        method_timeouts: dict[str, float | None] | None = None,
-        **client_options: Any,
-    ) -> None:
+    def __init__(self, *, timeout: float | None = None, **client_options: Any) -> None:
         self._pool = RpcClientPool(**client_options)
         self._timeout = timeout
-        self._method_timeouts = dict(method_timeouts or {})
 
-    async def call(self, address: str, method: str, request: Any) -> Any:
-        timeout = self._method_timeouts.get(method, self._timeout)
-        return await self._pool.get(address).call(method, request, timeout=timeout)
+    async def call(
+        self,
+        address: str,
+        method: Method,
+        request: Any,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 (the Transport contract's bound)
+    ) -> Any:
+        response = await self._pool.get(address).call(
+            method.name, request, timeout=self._timeout if timeout is None else timeout
+        )
+        if not isinstance(response, method.response_types):
+            raise Indeterminate(
+                f"{method!r} at {address} answered a {type(response).__name__}, not "
+                f"{method.response}; do both sides run the same version?"
+            )
+        return response
 
-    async def stream(self, address: str, method: str, request: Any) -> AsyncIterator[Any]:
+    async def stream(
+        self,
+        address: str,
+        method: Method,
+        request: Any,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 (the Transport contract's per-item bound)
+    ) -> AsyncIterator[Any]:
         # Closing this generator early (aclose, or a break in an ``async with aclosing``)
         # leaves the block below, which CANCELs the stream on the server.
-        items = self._pool.get(address).stream(method, request, timeout=self._timeout)
+        items = self._pool.get(address).stream(
+            method.name, request, timeout=self._timeout if timeout is None else timeout
+        )
         async with items:
             async for item in items:
                 yield item

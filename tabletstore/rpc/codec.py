@@ -27,9 +27,10 @@ NamedTuple (such as ``keys.Cell``) or a container of those is converted back, re
 ``X | None`` unions. Outside typed fields (the top-level value, ``Any``, unions of several
 types) arrays stay tuples and enums stay plain values.
 
-Errors cross the wire as ``[class name, message]`` (``encode_error`` / ``decode_error``); the
-receiver re-raises the class of that name from tabletstore.errors (or one added with
-``register_error``), else TabletStoreError.
+Errors cross the wire as ``[code, message]`` (``encode_error`` / ``decode_error``), the code
+being the class's stable ``errors.ErrorCode`` (a subclass defined elsewhere sends its nearest
+ancestor's); the receiver raises the class of that code, or a plain TabletStoreError naming a
+code it does not know.
 
 Bad input is an InvalidArgument naming the problem: an unregistered class or an int out of range
 on encode, an unknown type id or a field-count mismatch (a peer with another definition) on
@@ -48,9 +49,7 @@ from typing import Any
 
 import msgpack
 
-from tabletstore import errors
-from tabletstore.errors import InvalidArgument, TabletStoreError
-from tabletstore.rpc.frames import FrameError
+from tabletstore.errors import InvalidArgument, TabletStoreError, error_code, error_from_code
 
 __all__ = [
     "DEFAULT_CODEC",
@@ -60,7 +59,6 @@ __all__ = [
     "encode",
     "encode_error",
     "register",
-    "register_error",
 ]
 
 _Convert = Callable[[Any], Any]
@@ -317,37 +315,23 @@ def _dict_converter(args: tuple[Any, ...]) -> _Convert | None:
 
 # -- errors across the wire -------------------------------------------------------------------
 
-_ERRORS: dict[str, type[TabletStoreError]] = {
-    name: getattr(errors, name) for name in errors.__all__
-} | {"FrameError": FrameError}
-
-
-def register_error(cls: type[TabletStoreError]) -> None:
-    """Let ``cls`` (a TabletStoreError subclass) be re-raised by name on the receiving side."""
-    if not (isinstance(cls, type) and issubclass(cls, TabletStoreError)):
-        raise InvalidArgument(f"only TabletStoreError subclasses cross the wire, got {cls!r}")
-    _ERRORS[cls.__name__] = cls
-
 
 def encode_error(exc: TabletStoreError) -> bytes:
-    data: bytes = msgpack.packb([type(exc).__name__, str(exc)], use_bin_type=True)
+    """An ERROR payload: ``[code, message]``, the code from ``errors.ERROR_CODES``."""
+    data: bytes = msgpack.packb([int(error_code(exc)), str(exc)], use_bin_type=True)
     return data
 
 
 def decode_error(data: bytes | memoryview) -> TabletStoreError:
     """The exception an ERROR payload describes (never raises: a bad payload is described)."""
     try:
-        name, message = msgpack.unpackb(data, raw=False)
-        name, message = str(name), str(message)
+        code, message = msgpack.unpackb(data, raw=False)
+        if isinstance(code, bool) or not isinstance(code, int):
+            raise TypeError(f"error code {code!r} is not an integer")
+        message = str(message)
     except Exception as exc:  # any garbage: report it rather than fail the caller differently
         return TabletStoreError(f"undecodable RPC error payload: {exc!r}")
-    cls = _ERRORS.get(name)
-    if cls is None:
-        return TabletStoreError(f"{name}: {message}")
-    try:
-        return cls(message)
-    except TypeError:  # a registered class with another constructor signature
-        return TabletStoreError(f"{name}: {message}")
+    return error_from_code(code, message)
 
 
 DEFAULT_CODEC = Codec()

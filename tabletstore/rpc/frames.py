@@ -28,7 +28,8 @@ Frames
     RESPONSE     s→c  body = payload (the unary result)
     STREAM_ITEM  s→c  body = payload (one item of a stream; consumes one credit)
     STREAM_END   s→c  body = empty (the stream finished normally)
-    ERROR        s→c  body = payload [class name, message] (codec.encode_error); request id 0
+    ERROR        s→c  body = payload [code, message] (codec.encode_error; the code is the
+                      error class's errors.ErrorCode); request id 0
                       is about the whole connection, which the sender then closes
     CANCEL       c→s  body = empty (the client gave up on this request id; a reply already
                       on its way is dropped by the client, no other follows)
@@ -87,7 +88,8 @@ __all__ = [
 ]
 
 MAGIC = b"TSRP"
-PROTOCOL_VERSION = 1
+#: 2: errors travel as ErrorCode numbers (ERROR frames, MutateRows entry errors), not names.
+PROTOCOL_VERSION = 2
 #: Room for a request's envelope around its row mutation: method name, table and tablet ids,
 #: identity, the msgpack headers of the request and of each entry.
 _ENVELOPE = 1024 * 1024

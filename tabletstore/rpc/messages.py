@@ -5,20 +5,28 @@ fixed type id, :data:`WIRE_TYPES`; those ids are part of the protocol). Data req
 tablet they are for, so a worker that no longer serves it answers ``NotServing`` and the client
 refreshes its location (§5.1) — data never flows through the master.
 
-Method names (what a worker serves): see :data:`WORKER_METHODS`.
+Which method takes which request and answers what: the service Protocols of
+``rpc/services.py``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
+
+from pydantic import BaseModel
 
 from tabletstore.data.filters import RowFilter
 from tabletstore.data.model import Cell, Mutation, ReadModifyWriteRule, Row, RowMutation
 from tabletstore.data.query import RowRange
+from tabletstore.data.schema import ColumnFamily, LocalityGroup, TableSchema
+from tabletstore.errors import InvalidArgument, TabletStoreError, error_code, error_from_code
+from tabletstore.metadata.catalog import TableInfo
+
+M = TypeVar("M", bound=BaseModel)
 
 __all__ = [
-    "MASTER_METHODS",
-    "WORKER_METHODS",
     # snapshots and bulk load (tabletstore.batch, §8)
     "BulkLoadRequest",
     "BulkLoadResponse",
@@ -74,11 +82,19 @@ class MutateRowsRequest:
 
 @dataclass(frozen=True, slots=True)
 class EntryError:
-    """Why one entry of a batch failed: the error class name and message."""
+    """Why one entry of a batch failed: its error's ``errors.ErrorCode`` and message."""
 
     index: int
-    error: str
+    code: int
     message: str
+
+    @classmethod
+    def of(cls, index: int, exc: TabletStoreError) -> EntryError:
+        return cls(index, int(error_code(exc)), str(exc))
+
+    def exception(self) -> TabletStoreError:
+        """The error this entry failed with (its class from the code)."""
+        return error_from_code(self.code, self.message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,27 +310,16 @@ class BulkLoadTabletResponse:
     cells: int
 
 
-#: Every method a worker serves, and whether it streams its response.
-WORKER_METHODS: dict[str, bool] = {
-    "mutate_rows": False,
-    "read_rows": True,
-    "read_row": False,
-    "check_and_mutate": False,
-    "read_modify_write": False,
-    "sample_row_keys": False,
-    "load_tablet": False,
-    "unload_tablet": False,
-    "compact_tablet": False,
-    "update_schema": False,
-    "server_status": False,
-    "snapshot_hold": False,
-    "snapshot_write": False,
-    "bulk_load_tablet": False,
-}
-
-
 # ---------------------------------------------------------------------- client -> master (admin)
-# Schemas cross the wire as their JSON (pydantic validates them again on arrival).
+# Schemas cross the wire as their JSON (pydantic validates them again on arrival): ``of``
+# builds a message from the models, and the readers below turn it back, in this one place.
+
+
+def _parse(kind: type[M], blob: bytes) -> M:
+    try:
+        return kind.model_validate_json(blob)
+    except ValueError as exc:  # pydantic's ValidationError is a ValueError
+        raise InvalidArgument(f"malformed {kind.__name__}: {exc}") from exc
 
 
 @dataclass(frozen=True, slots=True)
@@ -325,11 +330,25 @@ class TableInfoMessage:
     schema_json: bytes
     revision: int
 
+    @classmethod
+    def of(cls, info: TableInfo) -> TableInfoMessage:
+        return cls(info.table_id, info.schema.model_dump_json().encode(), info.revision)
+
+    def info(self) -> TableInfo:
+        return TableInfo(self.table_id, _parse(TableSchema, self.schema_json), self.revision)
+
 
 @dataclass(frozen=True, slots=True)
 class CreateTableRequest:
     schema_json: bytes
     split_keys: tuple[bytes, ...] = ()
+
+    @classmethod
+    def of(cls, schema: TableSchema, split_keys: Sequence[bytes] = ()) -> CreateTableRequest:
+        return cls(schema.model_dump_json().encode(), tuple(split_keys))
+
+    def schema(self) -> TableSchema:
+        return _parse(TableSchema, self.schema_json)
 
 
 @dataclass(frozen=True, slots=True)
@@ -348,6 +367,9 @@ class ListTablesRequest:
 class ListTablesResponse:
     tables: tuple[TableInfoMessage, ...]
 
+    def infos(self) -> list[TableInfo]:
+        return [m.info() for m in self.tables]
+
 
 @dataclass(frozen=True, slots=True)
 class ModifyFamiliesRequest:
@@ -358,6 +380,33 @@ class ModifyFamiliesRequest:
     update: tuple[bytes, ...] = ()
     drop: tuple[str, ...] = ()
     locality_groups: tuple[bytes, ...] = ()
+
+    @classmethod
+    def of(
+        cls,
+        name: str,
+        *,
+        create: Sequence[ColumnFamily] = (),
+        update: Sequence[ColumnFamily] = (),
+        drop: Sequence[str] = (),
+        locality_groups: Sequence[LocalityGroup] = (),
+    ) -> ModifyFamiliesRequest:
+        return cls(
+            name,
+            tuple(f.model_dump_json().encode() for f in create),
+            tuple(f.model_dump_json().encode() for f in update),
+            tuple(drop),
+            tuple(g.model_dump_json().encode() for g in locality_groups),
+        )
+
+    def families_created(self) -> list[ColumnFamily]:
+        return [_parse(ColumnFamily, b) for b in self.create]
+
+    def families_updated(self) -> list[ColumnFamily]:
+        return [_parse(ColumnFamily, b) for b in self.update]
+
+    def groups_added(self) -> list[LocalityGroup]:
+        return [_parse(LocalityGroup, b) for b in self.locality_groups]
 
 
 @dataclass(frozen=True, slots=True)
@@ -408,18 +457,3 @@ class BulkLoadRequest:
 class BulkLoadResponse:
     tablets: int
     cells: int
-
-
-#: Every method the master serves (none streams).
-MASTER_METHODS: tuple[str, ...] = (
-    "create_table",
-    "delete_table",
-    "list_tables",
-    "get_table",
-    "modify_families",
-    "compact_table",
-    "create_snapshot",
-    "list_snapshots",
-    "delete_snapshot",
-    "bulk_load",
-)

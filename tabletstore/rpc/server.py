@@ -2,8 +2,8 @@
 
 Tablet-server workers and the master serve their methods through this module (paper §5, §5.2);
 the behaviour both sides of a connection promise is written in tcp.py's docstring. A server is
-a mapping from method name to handler: ``async def f(request) -> response`` (unary) or an
-async generator yielding items (streaming). Each accepted connection is one task owned by the
+a mapping from method name to handler (for a service, ``services.Service.handlers``): ``async
+def f(request) -> response`` (unary) or an async generator yielding items (streaming). Each accepted connection is one task owned by the
 server; each request is one task in that connection's TaskGroup, so replies leave in the order
 they complete. Stream producers wait for the client's credit (frames.py) before each item.
 """
@@ -18,18 +18,22 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import Any, Self, cast
 
-from tabletstore.errors import InvalidArgument, TabletStoreError, Unavailable, Unimplemented
+from tabletstore.errors import (
+    Indeterminate,
+    InvalidArgument,
+    TabletStoreError,
+    Unavailable,
+    Unimplemented,
+)
 from tabletstore.rpc import frames
 from tabletstore.rpc.codec import DEFAULT_CODEC, Codec, encode_error
 from tabletstore.rpc.connection import LINGER, FrameConnection, format_address
 from tabletstore.rpc.frames import DEFAULT_MAX_FRAME, Frame, Kind
+from tabletstore.rpc.transport import Handler
 
 __all__ = ["Handler", "RpcServer"]
 
 logger = logging.getLogger(__name__)
-
-#: A unary handler (coroutine function) or a streaming handler (async generator function).
-Handler = Callable[[Any], Awaitable[Any]] | Callable[[Any], AsyncIterator[Any]]
 
 _HANDSHAKE_TIMEOUT = 10.0
 # How long close() waits for cancelled handlers after the grace period before giving up.
@@ -37,13 +41,15 @@ _ABORT_WAIT = 2.0
 
 
 def _wire_error(exc: BaseException, method: str, where: str) -> TabletStoreError:
-    """What a handler's exception becomes on the wire (module docstring)."""
+    """What a handler's exception becomes on the wire: a TabletStoreError as it is; anything
+    else is a bug that struck with the handler part way, so what it did is unknown:
+    Indeterminate (the errors module's contract), logged here with its traceback."""
     if isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         return _wire_error(exc.exceptions[0], method, where)
     if isinstance(exc, TabletStoreError):
         return exc
     logger.error("RPC handler %r on %s raised", method, where, exc_info=exc)
-    return Unavailable(f"internal error in {method!r} on {where}: {type(exc).__name__}: {exc}")
+    return Indeterminate(f"internal error in {method!r} on {where}: {type(exc).__name__}: {exc}")
 
 
 class _Credit:
@@ -346,14 +352,13 @@ class _ServerConnection(FrameConnection):
         try:
             try:
                 response = await fn(self._codec.decode(payload))
-                body = self._codec.encode(response)
-                frames.check_outgoing(len(body), self._peer_max_frame, f"response to {method!r}")
-                frame = frames.encode_frame(Kind.RESPONSE, rid, body)
             except asyncio.CancelledError:
                 self._on_cancelled(rid)
                 raise
             except Exception as exc:  # every handler failure becomes an ERROR reply, never a hang
                 frame = self._error_frame(rid, exc, method)
+            else:
+                frame = self._response_frame(rid, response, method)
             # Other replies finishing in this loop iteration share the system call.
             self.write(frame, more_coming=len(self._tasks) > 1)
             await self.drain()
@@ -392,10 +397,27 @@ class _ServerConnection(FrameConnection):
         finally:
             self._finished(rid)
 
+    def _response_frame(self, rid: int, response: Any, method: str) -> bytes:
+        """The RESPONSE frame; if the answer cannot be sent (too large for the peer, not
+        encodable), the handler has run all the same: Indeterminate, never a refusal."""
+        try:
+            body = self._codec.encode(response)
+            frames.check_outgoing(len(body), self._peer_max_frame, f"response to {method!r}")
+        except TabletStoreError as exc:
+            error = Indeterminate(f"{method!r} ran but its answer cannot be sent: {exc}")
+            return frames.encode_frame(Kind.ERROR, rid, encode_error(error))
+        return frames.encode_frame(Kind.RESPONSE, rid, body)
+
     def _on_cancelled(self, rid: int) -> None:
-        # Cancelled by the client (CANCEL) or its disconnect: no reply. By close(): tell it why.
+        # Cancelled by the client (CANCEL) or its disconnect: no reply. By close(): tell it why
+        # (the handler was part way: its effect is unknown).
         if self._aborting:
-            self._reply_error(rid, Unavailable(f"server {self._server.address} is shutting down"))
+            self._reply_error(
+                rid,
+                Indeterminate(
+                    f"server {self._server.address} shut down while handling the request"
+                ),
+            )
 
     def _finished(self, rid: int) -> None:
         self._tasks.pop(rid, None)

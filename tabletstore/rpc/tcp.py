@@ -7,13 +7,16 @@ are: frames.py (the bytes), codec.py (the payloads), connection.py (one framed c
 parsing, coalesced writes, flow control), server.py (RpcServer: dispatch, handler tasks,
 shutdown) and client.py (RpcClient, RpcStream, RpcClientPool, TcpTransport: multiplexing,
 timeouts, reconnection). None knows message types: a server is a mapping from method name to
-handler.
+handler (a service's dispatch table, ``services.Service.handlers``), and ``TcpTransport`` carries
+the typed ``transport.Method`` of a call by its name, the wire's routing key.
 
 Handlers are ``async def f(request) -> response`` (unary) or ``async def f(request)`` that
 ``yield``\\ s items (streaming). Each request runs in its own task inside the connection's
 TaskGroup; responses are written as they complete, so they may overtake one another. A handler
-error from tabletstore.errors reaches the caller as the same class; any other exception reaches
-it as Unavailable naming the method (and is logged on the server with its traceback).
+error from tabletstore.errors reaches the caller as the same class (sent as its
+``errors.ErrorCode``); any other exception reaches it as Indeterminate naming the method (the
+handler stopped part way; it is logged on the server with its traceback), as does an answer
+that cannot be sent.
 
 Contracts:
 
@@ -24,11 +27,13 @@ Contracts:
   than that, and one slow stream never blocks other requests on the connection.
 - A request is cancelled on the server when the client sends CANCEL (a timeout, a cancelled
   caller, a stream closed early) or the connection drops. Handlers must honour cancellation.
-- A dropped connection fails every call in flight on it with Unavailable naming the address;
-  the next call reconnects.
-- ``RpcServer.close(grace=...)`` stops accepting, refuses new requests with Unavailable, waits up
-  to ``grace`` seconds for requests in flight, then cancels the rest (their callers get
-  Unavailable) and closes every connection.
+- A dropped connection fails every call in flight on it with Indeterminate naming the address
+  (sent, no answer); a call on a connection already known dead fails Unreachable (not sent).
+  The next call reconnects. A call that times out is Indeterminate if its request was sent,
+  Unreachable if not (``rpc/transport.py`` states what each error means).
+- ``RpcServer.close(grace=...)`` stops accepting, refuses new requests with Unavailable (not
+  run), waits up to ``grace`` seconds for requests in flight, then cancels the rest (their
+  callers get Indeterminate) and closes every connection.
 
 uvloop is not chosen here: process entry points may install it; the library works on any loop.
 """

@@ -19,9 +19,7 @@ from tabletstore.ops.metrics import WorkerMetrics
 from tabletstore.ops.status_http import StatusServer, serve_worker
 from tabletstore.ops.views import publish_page
 from tabletstore.options import TabletOptions, WorkerOptions
-from tabletstore.rpc.messages import (
-    WORKER_METHODS,
-)
+from tabletstore.rpc.services import TABLET
 from tabletstore.rpc.tcp import RpcServer, TcpTransport
 from tabletstore.rpc.wire import register_all
 from tabletstore.storage_s3 import check_store, open_store
@@ -77,7 +75,7 @@ async def run_worker(
         tablet_options=tablet_options,
     )
     metrics.observe_server(tablet_server)
-    handlers = metrics.instrument({name: getattr(tablet_server, name) for name in WORKER_METHODS})
+    handlers = metrics.instrument(TABLET.handlers(tablet_server))
     server = RpcServer(handlers, host=host, port=port)
     await server.start()
     tablet_server.address = server.address

@@ -15,8 +15,9 @@ All durable state is in the bucket (SSTables, commit-log segments) and the coord
    lock a METADATA write needs is held across such a call);
 4. stops acknowledging writes before its lease can have expired (fencing rule 1).
 
-The request handlers are plain async methods named after the wire methods
-(``rpc.messages.WORKER_METHODS``); the transport (in-process or TCP) calls them.
+A TabletServer implements ``rpc.services.TabletService``: its request handlers are plain async
+methods of that Protocol, served through ``TABLET.handlers(server)`` by the transport
+(in-process or TCP).
 """
 
 from __future__ import annotations
@@ -62,9 +63,7 @@ from tabletstore.metadata import rows as mt
 from tabletstore.metadata.catalog import Catalog
 from tabletstore.metadata.record import LogRef, TabletRecord
 from tabletstore.options import TabletOptions, WorkerOptions
-from tabletstore.rpc.inprocess import Transport
 from tabletstore.rpc.messages import (
-    WORKER_METHODS,
     BulkLoadTabletRequest,
     BulkLoadTabletResponse,
     CheckAndMutateRequest,
@@ -92,6 +91,8 @@ from tabletstore.rpc.messages import (
     UpdateSchemaRequest,
 )
 from tabletstore.rpc.row_pieces import STREAM_ITEM_BYTES, UNARY_ROW_BYTES, row_bytes, split_row
+from tabletstore.rpc.services import TABLET
+from tabletstore.rpc.transport import Handlers, Method, Transport, call_handler, stream_handler
 from tabletstore.sstable.block_cache import BlockCache, ScanCache
 from tabletstore.storage_s3.base import ObjectStore
 
@@ -112,26 +113,28 @@ _BYTES_PER_BATCH = STREAM_ITEM_BYTES
 
 
 class _SelfFirst:
-    """The worker's transport to METADATA tablets: a call to its own address is a method call
-    (no socket; and still possible while stopping, after the RPC server closed, when its last
-    record updates may go to a METADATA tablet it serves itself)."""
+    """The worker's transport to METADATA tablets: a call to its own address goes straight to
+    its own handlers (no socket; and still possible while stopping, after the RPC server
+    closed, when its last record updates may go to a METADATA tablet it serves itself)."""
 
     def __init__(self, server: TabletServer, remote: Transport) -> None:
         self._server = server
+        self._local: Handlers = TABLET.handlers(server)
         self._remote = remote
 
-    async def call(self, address: str, method: str, request: Any) -> Any:
-        if address == self._server.address and method in WORKER_METHODS:
-            return await getattr(self._server, method)(request)
-        return await self._remote.call(address, method, request)
+    def call(
+        self, address: str, method: Method, request: Any, *, timeout: float | None = None
+    ) -> Coroutine[Any, Any, Any]:
+        if address == self._server.address:
+            return call_handler(self._local, address, method, request, timeout)
+        return self._remote.call(address, method, request, timeout=timeout)
 
-    async def stream(self, address: str, method: str, request: Any) -> AsyncIterator[Any]:
-        if address == self._server.address and method in WORKER_METHODS:
-            async for item in getattr(self._server, method)(request):
-                yield item
-            return
-        async for item in self._remote.stream(address, method, request):
-            yield item
+    def stream(
+        self, address: str, method: Method, request: Any, *, timeout: float | None = None
+    ) -> AsyncIterator[Any]:
+        if address == self._server.address:
+            return stream_handler(self._local, address, method, request, timeout)
+        return self._remote.stream(address, method, request, timeout=timeout)
 
     async def close(self) -> None:
         await self._remote.close()
@@ -728,7 +731,7 @@ class TabletServer:
             try:
                 await tablet.apply(entry.row, entry.mutations, identity=req.identity)
             except TabletStoreError as exc:
-                return EntryError(i, type(exc).__name__, str(exc))
+                return EntryError.of(i, exc)
             return None
 
         if len(req.entries) == 1:

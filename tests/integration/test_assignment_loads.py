@@ -26,7 +26,9 @@ from tabletstore.errors import InvalidArgument, Unavailable
 from tabletstore.master.master import Master
 from tabletstore.options import IN_PROCESS_LEASE, MasterOptions, WorkerOptions
 from tabletstore.rpc.inprocess import InProcessTransport
-from tabletstore.rpc.messages import LoadTabletRequest
+from tabletstore.rpc.messages import CreateTableRequest, LoadTabletRequest
+from tabletstore.rpc.services import TABLET, TabletService
+from tabletstore.rpc.transport import Method
 from tabletstore.storage_s3.memory import MemoryObjectStore
 from tabletstore.worker.server import TabletServer
 
@@ -35,6 +37,9 @@ pytestmark = pytest.mark.timeout(120)
 #: The user table's tablets: create_table names them t00000, t00001, ... in row order.
 SPLITS = [b"d", b"h", b"m", b"r"]
 TABLETS = {f"t{i:05d}" for i in range(len(SPLITS) + 1)}
+
+
+LOAD = TABLET.method(TabletService.load_tablet)
 
 
 class ScriptedLoads(InProcessTransport):
@@ -47,8 +52,15 @@ class ScriptedLoads(InProcessTransport):
         self.fail: Counter[str] = Counter()
         self.sent: Counter[str] = Counter()
 
-    async def call(self, address: str, method: str, request: Any) -> Any:
-        if method == "load_tablet" and not request.table_id.startswith("!"):
+    async def call(
+        self,
+        address: str,
+        method: Method,
+        request: Any,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 (the Transport signature)
+    ) -> Any:
+        if method is LOAD and not request.table_id.startswith("!"):
             assert isinstance(request, LoadTabletRequest)
             tablet = request.tablet_id
             self.sent[tablet] += 1
@@ -58,7 +70,7 @@ class ScriptedLoads(InProcessTransport):
             gate = self.hold.get(tablet)
             if gate is not None:
                 await gate.wait()
-        return await super().call(address, method, request)
+        return await super().call(address, method, request, timeout=timeout)
 
 
 async def eventually(check: Callable[[], Awaitable[bool]], *, deadline: float, what: str) -> None:
@@ -82,7 +94,7 @@ async def new_worker(
         options=WorkerOptions(lease=IN_PROCESS_LEASE),
     )
     await worker.start()
-    transport.register(worker.address, worker)
+    transport.register(worker.address, TABLET.handlers(worker))
     return worker
 
 
@@ -132,7 +144,7 @@ async def test_a_hanging_load_does_not_hold_back_the_others() -> None:
         transport = s.transport
         transport.hold["t00002"] = asyncio.Event()
         # create_table assigns the new tablets (one assignment round) before it answers.
-        create = asyncio.ensure_future(master.create_table(SCHEMA, split_keys=SPLITS))
+        create = asyncio.ensure_future(master.create_table(CreateTableRequest.of(SCHEMA, SPLITS)))
 
         async def others_served() -> bool:
             return served(worker) == TABLETS - {"t00002"}
@@ -157,7 +169,7 @@ async def test_a_failed_load_is_sent_again_in_the_next_round() -> None:
     async with stack(MasterOptions()) as (master, worker, s):
         transport = s.transport
         transport.fail["t00001"] = 1
-        await master.create_table(SCHEMA, split_keys=SPLITS)
+        await master.create_table(CreateTableRequest.of(SCHEMA, SPLITS))
         assert served(worker) == TABLETS - {"t00001"}
         await master.assign()
         assert served(worker) == TABLETS
@@ -171,7 +183,7 @@ async def test_loads_to_one_worker_are_bounded() -> None:
     async with stack(options) as (master, worker, s):
         transport = s.transport
         transport.hold = {t: asyncio.Event() for t in ("t00000", "t00001")}
-        await master.create_table(SCHEMA, split_keys=SPLITS)
+        await master.create_table(CreateTableRequest.of(SCHEMA, SPLITS))
         assert sum(transport.sent.values()) == 2  # the other three wait for a slot
         for gate in transport.hold.values():
             gate.set()
@@ -190,7 +202,7 @@ async def test_a_balancing_move_whose_load_hangs_does_not_stall_the_master() -> 
     options = MasterOptions(load_wait=0.2, balance_cooldown=0.0, merge_after=None)
     async with stack(options) as (master, first, s):
         transport = s.transport
-        await master.create_table(SCHEMA, split_keys=SPLITS)
+        await master.create_table(CreateTableRequest.of(SCHEMA, SPLITS))
         second = await s.join()
         transport.hold = {t: asyncio.Event() for t in TABLETS}
         before = sum(transport.sent.values())

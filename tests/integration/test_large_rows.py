@@ -40,6 +40,8 @@ from tabletstore.errors import InvalidArgument, Unavailable
 from tabletstore.rpc.codec import Codec
 from tabletstore.rpc.messages import LargeRow, ReadRowsRequest, RowBatch, RowPiece
 from tabletstore.rpc.row_pieces import STREAM_ITEM_BYTES, RowAssembler
+from tabletstore.rpc.services import TABLET, TabletService
+from tabletstore.rpc.transport import Method
 from tabletstore.rpc.wire import register_all
 from tests.integration.cluster_harness import Cluster
 from tests.integration.test_cluster import _new_cluster, _start, wait_served
@@ -291,12 +293,19 @@ async def test_a_stream_broken_inside_a_large_row_resumes_after_the_last_whole_r
     await big_rows.write(table)
     transport = db._transport
     real = transport.stream
+    READ_ROWS = TABLET.method(TabletService.read_rows)
     broken: list[int] = []
 
-    async def breaks_once(address: str, method: str, request: object) -> AsyncIterator[object]:
+    async def breaks_once(
+        address: str,
+        method: Method,
+        request: object,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 (the Transport signature)
+    ) -> AsyncIterator[object]:
         n = 0
-        async for item in real(address, method, request):
-            if method == "read_rows" and not broken and isinstance(item, RowPiece):
+        async for item in real(address, method, request, timeout=timeout):
+            if method is READ_ROWS and not broken and isinstance(item, RowPiece):
                 n += 1
                 if n == 3:
                     broken.append(n)

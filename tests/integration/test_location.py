@@ -27,6 +27,7 @@ from tabletstore.metadata.record import TabletRecord, metadata_row_key
 from tabletstore.options import IN_PROCESS_LEASE, WorkerOptions
 from tabletstore.rpc.inprocess import InProcessTransport
 from tabletstore.rpc.messages import LoadTabletRequest, UnloadTabletRequest
+from tabletstore.rpc.services import TABLET
 from tabletstore.storage_s3.memory import MemoryObjectStore
 from tabletstore.worker.server import TabletServer
 
@@ -55,11 +56,11 @@ class Stack:
         """Unload a tablet where it is served and load it on another worker."""
         src = self.worker_at(rec.location)
         dst = to or self.other(rec.location)
-        await self.transport.call(
-            src.address, "unload_tablet", UnloadTabletRequest(rec.table_id, rec.tablet_id)
+        await TABLET.client(self.transport, src.address).unload_tablet(
+            UnloadTabletRequest(rec.table_id, rec.tablet_id)
         )
-        await self.transport.call(
-            dst.address, "load_tablet", LoadTabletRequest(rec.table_id, rec.tablet_id)
+        await TABLET.client(self.transport, dst.address).load_tablet(
+            LoadTabletRequest(rec.table_id, rec.tablet_id)
         )
         return dst
 
@@ -77,7 +78,7 @@ async def _stack(coord: MemoryCoordinator, store: MemoryObjectStore) -> Stack:
             options=WorkerOptions(lease=IN_PROCESS_LEASE),
         )
         await w.start()
-        transport.register(w.address, w)
+        transport.register(w.address, TABLET.handlers(w))
         workers.append(w)
     master = Master(coordinator=coord, transport=transport, metadata_splits=[META_SPLIT])
     await master.assign()
@@ -237,8 +238,8 @@ async def test_split_commit_and_a_half_done_split_is_finished_by_the_next_listin
     info = await stack.client._info("split")
     catalog = stack.master.catalog
     parent = (await catalog.list_tablets(info.table_id))[0]
-    await stack.transport.call(
-        parent.location or "", "unload_tablet", UnloadTabletRequest(info.table_id, "t00000")
+    await TABLET.client(stack.transport, parent.location or "").unload_tablet(
+        UnloadTabletRequest(info.table_id, "t00000")
     )
     parent = (await catalog.list_tablets(info.table_id))[0]
     left = replace(parent, tablet_id="L", end_row=b"k", location=None)

@@ -39,6 +39,7 @@ from tabletstore.metadata.catalog import Catalog
 from tabletstore.metadata.record import TabletRecord
 from tabletstore.options import IN_PROCESS_LEASE, MasterOptions, TabletOptions, WorkerOptions
 from tabletstore.rpc.inprocess import InProcessTransport
+from tabletstore.rpc.services import TABLET
 from tabletstore.storage_s3.memory import MemoryObjectStore
 from tabletstore.worker.server import TabletServer
 from tests.integration.cluster_harness import Cluster, placement, table_id_of
@@ -268,7 +269,7 @@ class InProcessCluster:
             tablet_options=self.tablet_options,
         )
         await server.start()
-        self.transport.register(server.address, server)
+        self.transport.register(server.address, TABLET.handlers(server))
         self.workers.append(server)
         return server
 

@@ -151,8 +151,8 @@ async def test_a_bulk_load_follows_a_tablet_that_split_under_it() -> None:
             self.rounds += 1
             return parent if self.rounds == 1 else children
 
-    class Transport:
-        async def call(self, address: str, method: str, req: m.BulkLoadTabletRequest) -> object:
+    class Worker:  # the TabletService stub the master hands to _load_range
+        async def bulk_load_tablet(self, req: m.BulkLoadTabletRequest) -> object:
             calls.append((req.tablet_id, req.start_row, req.end_row))
             if req.tablet_id == "b":
                 raise NotServing("split")
@@ -163,7 +163,7 @@ async def test_a_bulk_load_follows_a_tablet_that_split_under_it() -> None:
 
     files = [SourceFile("f", 1, b"c", b"x", 30)]
     info = TableInfo("t1", TableSchema(name="t"))
-    done = await _load_range(info, "file:///x", files, b"", None, Catalog(), Transport(), locate)  # type: ignore[arg-type]
+    done = await _load_range(info, "file:///x", files, b"", None, Catalog(), lambda _: Worker(), locate)  # type: ignore[arg-type]
     assert done == (3, 30)
     assert sorted(calls) == sorted(
         [("a", b"", b"m"), ("b", b"m", None), ("b1", b"m", b"s"), ("b2", b"s", None)]

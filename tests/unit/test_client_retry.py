@@ -4,7 +4,9 @@ A MutateRows response reports errors per entry. An entry refused because its tab
 splitting, moving or being recovered (NotServing, Unavailable, Fenced, Closed answered for that
 entry) was certainly not applied: it is sent again, alone if the others succeeded, after the
 tablet is looked up again. An entry answered Indeterminate (or sent with no answer) may have
-been applied: it is reported as Indeterminate unless it is idempotent, then sent again.
+been applied: it is reported as Indeterminate unless it is idempotent, then sent again. A
+whole call refused or never sent (any Unavailable: the transport's contract) was not applied
+either and is sent again; a call sent with no answer is Indeterminate (the transport says so).
 """
 
 from __future__ import annotations
@@ -17,10 +19,24 @@ import pytest
 from tabletstore.client.client import AsyncClient, MutationsFailed
 from tabletstore.data.model import DeleteRow, Mutation, RowMutation, SetCell
 from tabletstore.data.schema import ColumnFamily, TableSchema
-from tabletstore.errors import Indeterminate, NotServing, TabletStoreError, Unavailable
+from tabletstore.errors import (
+    Indeterminate,
+    NotServing,
+    TabletStoreError,
+    Unavailable,
+    Unreachable,
+)
 from tabletstore.metadata.catalog import TableInfo
 from tabletstore.metadata.record import TabletRecord
-from tabletstore.rpc.messages import EntryError, MutateRowsRequest, MutateRowsResponse
+from tabletstore.rpc.messages import (
+    EntryError,
+    MutateRowsRequest,
+    MutateRowsResponse,
+    TableInfoMessage,
+    TableNameRequest,
+)
+from tabletstore.rpc.services import TABLET, TabletService
+from tabletstore.rpc.transport import Method
 
 SCHEMA = TableSchema(name="t", families={"f": ColumnFamily(name="f")})
 INFO = TableInfo("tid", SCHEMA)
@@ -37,22 +53,28 @@ class ScriptedWorker:
         self.answers = list(answers)
         self.requests: list[list[bytes]] = []
 
-    async def call(self, address: str, method: str, request: Any) -> Any:
-        assert method == "mutate_rows" and isinstance(request, MutateRowsRequest)
+    async def call(
+        self,
+        address: str,
+        method: Method,
+        request: Any,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 (the Transport signature)
+    ) -> Any:
+        assert method is TABLET.method(TabletService.mutate_rows)
+        assert isinstance(request, MutateRowsRequest)
         rows = [e.row for e in request.entries]
         self.requests.append(rows)
         answer = self.answers.pop(0) if self.answers else {}
         if isinstance(answer, TabletStoreError):
             raise answer
         return MutateRowsResponse(
-            tuple(
-                EntryError(i, type(answer[row]).__name__, str(answer[row]))
-                for i, row in enumerate(rows)
-                if row in answer
-            )
+            tuple(EntryError.of(i, answer[row]) for i, row in enumerate(rows) if row in answer)
         )
 
-    def stream(self, address: str, method: str, request: Any) -> AsyncIterator[Any]:
+    def stream(
+        self, address: str, method: Method, request: Any, *, timeout: float | None = None
+    ) -> AsyncIterator[Any]:
         raise AssertionError("no streams here")
 
     async def close(self) -> None:
@@ -73,8 +95,8 @@ class OneTablet:
 
 
 class Admin:
-    async def get_table(self, name: str) -> TableInfo:
-        return INFO
+    async def get_table(self, req: TableNameRequest) -> TableInfoMessage:
+        return TableInfoMessage.of(INFO)
 
 
 def client_of(worker: ScriptedWorker, *, deadline: float = 5.0) -> tuple[AsyncClient, OneTablet]:
@@ -116,6 +138,7 @@ async def test_mutate_row_refused_by_a_splitting_tablet_is_sent_again() -> None:
 )
 async def test_mutate_row_refused_for_its_entry_is_sent_again(refusal: str) -> None:
     from tabletstore import errors
+
     worker = ScriptedWorker({b"a": getattr(errors, refusal)("refused")})
     client, _ = client_of(worker)
     await client.table("t").mutate_row(b"a", put())
@@ -149,7 +172,7 @@ async def test_an_idempotent_entry_that_may_have_applied_is_sent_again() -> None
 
 
 async def test_no_answer_for_a_non_idempotent_write_is_indeterminate_at_once() -> None:
-    worker = ScriptedWorker(Unavailable("connection to w0 lost"))
+    worker = ScriptedWorker(Indeterminate("connection to w0 lost with the request in flight"))
     client, locations = client_of(worker)
     with pytest.raises(Indeterminate):
         await client.table("t").mutate_row(b"a", put())
@@ -161,7 +184,7 @@ async def test_a_refusal_after_an_ambiguous_attempt_is_still_indeterminate() -> 
     """An idempotent write sent with no answer, then refused until the deadline: the first
     attempt may have applied, so the caller hears Indeterminate, not Unavailable."""
     refusals: list[Answer] = [{b"a": NotServing("moving")}] * 1000
-    worker = ScriptedWorker(Unavailable("connection lost"), *refusals)
+    worker = ScriptedWorker(Indeterminate("connection lost"), *refusals)
     client, _ = client_of(worker, deadline=0.3)
     with pytest.raises(Indeterminate):
         await client.table("t").mutate_row(b"a", put_at())
@@ -184,5 +207,33 @@ async def test_an_entry_error_that_is_not_a_refusal_is_reported_at_once() -> Non
     worker = ScriptedWorker({b"a": TabletStoreError("boom")})
     client, _ = client_of(worker)
     with pytest.raises(TabletStoreError, match="boom"):
+        await client.table("t").mutate_row(b"a", put())
+    assert worker.requests == [[b"a"]]
+
+
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        Unavailable("server 10.0.0.1:7000 is shutting down"),  # refused before it ran
+        Unreachable("cannot connect to 10.0.0.1:7000"),  # never sent
+        NotServing("tablet t0 moved"),
+    ],
+)
+async def test_a_refused_call_is_sent_again_even_when_not_idempotent(
+    refusal: TabletStoreError,
+) -> None:
+    """A whole call answered with a refusal (or never sent) applied nothing: the transport
+    reports a request sent with no answer as Indeterminate, so a plain Unavailable is safe to
+    send again whatever the mutation, and the write is applied exactly once."""
+    worker = ScriptedWorker(refusal)
+    client, _ = client_of(worker)
+    await client.table("t").mutate_row(b"a", put())
+    assert worker.requests == [[b"a"], [b"a"]]
+
+
+async def test_an_indeterminate_entry_of_a_non_idempotent_write_is_reported() -> None:
+    worker = ScriptedWorker({b"a": Indeterminate("log PUT in flight when the log failed")})
+    client, _ = client_of(worker)
+    with pytest.raises(Indeterminate):
         await client.table("t").mutate_row(b"a", put())
     assert worker.requests == [[b"a"]]

@@ -33,7 +33,9 @@ from tabletstore.ops.status_http import (
     worker_status,
 )
 from tabletstore.rpc.codec import Codec
+from tabletstore.rpc.services import TABLET, TabletService
 from tabletstore.rpc.tcp import RpcClient, RpcServer
+from tabletstore.rpc.transport import Method
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -408,14 +410,28 @@ class RecordingTransport:
         self.calls: list[str] = []
         self.closed = False
 
-    async def call(self, address: str, method: str, request: Any) -> Any:
-        self.calls.append(method)
+    async def call(
+        self,
+        address: str,
+        method: Method,
+        request: Any,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 (the Transport signature)
+    ) -> Any:
+        self.calls.append(method.name)
         if request == "refuse":
             raise Unavailable("worker is gone")
         return "done"
 
-    async def stream(self, address: str, method: str, request: Any) -> AsyncIterator[Any]:
-        yield method
+    async def stream(
+        self,
+        address: str,
+        method: Method,
+        request: Any,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 (the Transport signature)
+    ) -> AsyncIterator[Any]:
+        yield method.name
 
     async def close(self) -> None:
         self.closed = True
@@ -425,11 +441,13 @@ async def test_master_counts_tablets_loaded_through_its_transport() -> None:
     metrics = MasterMetrics("127.0.0.1:1")
     inner = RecordingTransport()
     transport = metrics.count_loads(inner)
-    assert await transport.call("w", "load_tablet", "t1") == "done"
-    assert await transport.call("w", "update_schema", "t") == "done"
+    load = TABLET.method(TabletService.load_tablet)
+    assert await transport.call("w", load, "t1") == "done"
+    assert await transport.call("w", TABLET.method(TabletService.update_schema), "t") == "done"
     with pytest.raises(Unavailable):
-        await transport.call("w", "load_tablet", "refuse")
-    assert [x async for x in transport.stream("w", "read_rows", None)] == ["read_rows"]
+        await transport.call("w", load, "refuse")
+    read = TABLET.method(TabletService.read_rows)
+    assert [x async for x in transport.stream("w", read, None)] == ["read_rows"]
     await transport.close()
     assert inner.closed and inner.calls == ["load_tablet", "update_schema", "load_tablet"]
     assert sample(metrics, "tabletstore_master_tablets_assigned_total") == 1

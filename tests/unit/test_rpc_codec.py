@@ -6,6 +6,7 @@ import dataclasses
 import time
 from enum import IntEnum
 
+import msgpack
 import pytest
 
 from tabletstore import errors, keys
@@ -167,21 +168,51 @@ def test_register_validation(codec: Codec) -> None:
         codec.register(5, Color)
 
 
-@pytest.mark.parametrize("name", errors.__all__)
-def test_errors_cross_by_class(name: str) -> None:
-    cls = getattr(errors, name)
-    got = decode_error(encode_error(cls("it broke")))
+ERROR_CLASSES = [
+    getattr(errors, n)
+    for n in errors.__all__
+    if isinstance(getattr(errors, n), type) and issubclass(getattr(errors, n), TabletStoreError)
+]
+
+
+@pytest.mark.parametrize("cls", ERROR_CLASSES, ids=lambda c: c.__name__)
+def test_errors_cross_by_code(cls: type[TabletStoreError]) -> None:
+    """Every class of errors.__all__ has its own code and comes back as itself, with the
+    flags that drive retries (retryable, may_have_applied)."""
+    payload = encode_error(cls("it broke"))
+    code, message = msgpack.unpackb(payload)
+    assert code == errors.ERROR_CODES[cls] and message == "it broke"  # a code, not a name
+    got = decode_error(payload)
     assert type(got) is cls and str(got) == "it broke"
+    assert (got.retryable, got.may_have_applied) == (cls.retryable, cls.may_have_applied)
 
 
-def test_unknown_error_class_becomes_base() -> None:
-    class QuotaExceeded(TabletStoreError):
+def test_golden_error_payload() -> None:
+    # [code, message]: NotServing is code 11, as msgpack fixarray(2) [11, "x"].
+    assert encode_error(errors.NotServing("x")) == bytes.fromhex("92 0b a1 78")
+    assert errors.ErrorCode.NOT_SERVING == 11 and errors.ErrorCode.INDETERMINATE == 13
+
+
+def test_every_error_class_has_one_code() -> None:
+    assert set(errors.ERROR_CODES) == set(ERROR_CLASSES)
+    assert len(set(errors.ERROR_CODES.values())) == len(ERROR_CLASSES)
+
+
+def test_a_subclass_defined_elsewhere_travels_as_its_ancestor() -> None:
+    class QuotaExceeded(errors.Unavailable):
         pass
 
     got = decode_error(encode_error(QuotaExceeded("over quota")))
+    assert type(got) is errors.Unavailable and str(got) == "over quota"
+
+
+def test_an_unknown_code_becomes_a_plain_error_naming_it() -> None:
+    got = decode_error(msgpack.packb([999, "a newer peer's error"]))
     assert type(got) is TabletStoreError
-    assert "over quota" in str(got) and "QuotaExceeded" in str(got)
+    assert "999" in str(got) and "a newer peer's error" in str(got)
+    assert not got.retryable and not got.may_have_applied
     assert "undecodable" in str(decode_error(b"\xc1"))
+    assert "undecodable" in str(decode_error(msgpack.packb(["NotFound", "by name"])))
 
 
 def test_typical_message_speed(codec: Codec) -> None:

@@ -22,7 +22,8 @@ from tabletstore.rpc.wire import register_all
 
 
 def test_golden_hello() -> None:
-    assert frames.encode_hello(16 << 20) == bytes.fromhex("54535250 0001 01000000")
+    # Version 2: errors travel as ErrorCode numbers (version 1 sent class names).
+    assert frames.encode_hello(16 << 20) == bytes.fromhex("54535250 0002 01000000")
 
 
 def test_golden_response_frame() -> None:
@@ -105,7 +106,9 @@ def test_check_hello() -> None:
     frames.check_hello(good, peer="127.0.0.1:1", peer_role="server")
     with pytest.raises(FrameError, match="expected magic"):
         frames.check_hello(good._replace(magic=b"GET "), peer="p", peer_role="client")
-    with pytest.raises(Unimplemented, match="version 99; this side speaks version 1"):
+    with pytest.raises(
+        Unimplemented, match=f"version 99; this side speaks version {frames.PROTOCOL_VERSION}"
+    ):
         frames.check_hello(good._replace(version=99), peer="p", peer_role="client")
 
 
