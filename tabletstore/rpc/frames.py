@@ -41,8 +41,8 @@ Request id 0 is reserved for connection-level ERROR frames; clients number reque
 
 Sizes
 -----
-``DEFAULT_MAX_FRAME`` (both sides' default) is derived from the write limits in
-``tabletstore.data.model``: one frame holds the largest acceptable row mutation
+``DEFAULT_MAX_FRAME`` (both sides' default) is ``limits.MAX_REQUEST_BYTES``, derived from the
+write limits in ``tabletstore.limits``: one frame holds the largest acceptable row mutation
 (``MAX_MUTATION_BYTES``) plus a request's envelope, so whatever a write may carry can be sent.
 Nothing a read returns is bounded by a frame: a scan streams rows in items of about
 ``row_pieces.STREAM_ITEM_BYTES`` and a row larger than that in several pieces, which the client
@@ -60,8 +60,8 @@ import struct
 from enum import IntEnum
 from typing import NamedTuple
 
-from tabletstore.data.model import MAX_MUTATION_BYTES
 from tabletstore.errors import InvalidArgument, Unimplemented
+from tabletstore.limits import MAX_FRAME, format_size
 
 __all__ = [
     "DEFAULT_MAX_FRAME",
@@ -90,11 +90,8 @@ __all__ = [
 MAGIC = b"TSRP"
 #: 2: errors travel as ErrorCode numbers (ERROR frames, MutateRows entry errors), not names.
 PROTOCOL_VERSION = 2
-#: Room for a request's envelope around its row mutation: method name, table and tablet ids,
-#: identity, the msgpack headers of the request and of each entry.
-_ENVELOPE = 1024 * 1024
 #: The largest frame either side accepts unless configured otherwise (module docstring).
-DEFAULT_MAX_FRAME = MAX_MUTATION_BYTES + _ENVELOPE
+DEFAULT_MAX_FRAME = MAX_FRAME
 
 _HELLO = struct.Struct(">4sHI")
 HELLO_SIZE = _HELLO.size
@@ -145,15 +142,6 @@ class Hello(NamedTuple):
     magic: bytes
     version: int
     max_frame: int
-
-
-def format_size(n: int) -> str:
-    """``16777216`` → ``'16 MiB'``: sizes in error messages, exact when they are whole MiB."""
-    if n >= 1 << 20 and n % (1 << 20) == 0:
-        return f"{n >> 20} MiB"
-    if n >= 1 << 10 and n % (1 << 10) == 0:
-        return f"{n >> 10} KiB"
-    return f"{n} bytes"
 
 
 def encode_hello(max_frame: int, version: int = PROTOCOL_VERSION) -> bytes:
