@@ -38,6 +38,8 @@ __all__ = [
     "REQUEST_ENVELOPE",
     "STREAM_ITEM_BYTES",
     "UNARY_ROW_BYTES",
+    "KiB",
+    "MiB",
     "format_size",
 ]
 

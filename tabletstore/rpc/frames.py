@@ -246,6 +246,16 @@ class FrameParser:
             del buffer[:HELLO_SIZE]
         return self.hello
 
+    @property
+    def partial(self) -> tuple[int, int]:
+        """The frame in progress: (its declared length, 0 before the 4-byte length field has
+        arrived; the bytes of it buffered). (0, 0) between frames."""
+        buffer = self._buffer
+        if self.hello is not None and len(buffer) >= _LENGTH.size:
+            length: int = _LENGTH.unpack_from(buffer)[0]
+            return length, len(buffer)
+        return 0, len(buffer)
+
     def feed(self, data: bytes) -> list[Frame]:
         """Every frame completed by ``data``, in order. Raises FrameError for a length out of
         bounds (too large for ``max_frame``, or shorter than the header)."""
