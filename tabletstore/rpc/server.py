@@ -362,6 +362,7 @@ class _ServerConnection(FrameConnection):
             self._linger.cancel()
         self._watchdog.stop()
         self._guard.close()
+        self._parser.discard()  # a half-received frame's bytes go now, not at the next GC
         if self._admitted:
             self._admitted = False
             self._server.gate.release(self._peer_host)

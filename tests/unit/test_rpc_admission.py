@@ -307,3 +307,29 @@ async def test_a_request_larger_than_the_frame_limit_is_refused_on_both_sides() 
         )
         writer.close()
         assert server.budget.peak < MiB  # the declared length was never reserved
+
+
+def test_a_large_frame_is_reassembled_from_reads_of_any_size() -> None:
+    big = bytes(range(256)) * (5 * 4096)  # 5 MiB: received as a list of reads, joined once
+    stream = (
+        frames.encode_frame(Kind.PING, 1, b"a")
+        + frames.encode_frame(Kind.REQUEST, 2, big)
+        + frames.encode_frame(Kind.PING, 3, b"b")
+    )
+    for step in (1 << 16, 250_000, len(stream)):
+        parser = frames.FrameParser(8 * MiB)
+        parser.hello = frames.Hello(frames.MAGIC, frames.PROTOCOL_VERSION, 8 * MiB)
+        got: list[frames.Frame] = []
+        partials = []
+        for i in range(0, len(stream), step):
+            got += parser.feed(stream[i : i + step])
+            partials.append(parser.partial)
+        assert [(f.kind, f.request_id, bytes(f.body)) for f in got] == [
+            (Kind.PING, 1, b"a"),
+            (Kind.REQUEST, 2, big),
+            (Kind.PING, 3, b"b"),
+        ]
+        assert parser.partial == (0, 0)
+        if step < len(big):  # while the big frame came in, its declared length was known
+            assert any(declared == len(big) + 5 for declared, _ in partials)
+        parser.discard()
