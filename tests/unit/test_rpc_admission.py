@@ -333,3 +333,51 @@ def test_a_large_frame_is_reassembled_from_reads_of_any_size() -> None:
         if step < len(big):  # while the big frame came in, its declared length was known
             assert any(declared == len(big) + 5 for declared, _ in partials)
         parser.discard()
+
+
+# --------------------------------------------------------------------- the status endpoint
+
+
+async def test_the_status_endpoint_caps_connections_headers_and_bodies() -> None:
+    from tabletstore.ops.metrics import WorkerMetrics
+    from tabletstore.ops.status_http import StatusServer
+
+    async def status(url: str) -> object:
+        raise AssertionError("not asked for")
+
+    metrics = WorkerMetrics("w")
+    async with StatusServer(metrics, status, max_connections=3) as http:  # type: ignore[arg-type]
+        host, port = http.url.removeprefix("http://").rsplit(":", 1)
+
+        async def ask(request: bytes, *, whole: bool = True) -> bytes:
+            reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(request)
+            try:
+                async with asyncio.timeout(30):
+                    return await (reader.read() if whole else reader.readline())
+            finally:
+                writer.close()
+
+        # Three idle connections (a request each would be answered) take the three places.
+        idle = [await asyncio.open_connection(host, int(port)) for _ in range(3)]
+        get = b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        busy = await ask(get)
+        assert busy.startswith(b"HTTP/1.1 503") and b"limit 3" in busy
+        for _, writer in idle:
+            writer.close()
+
+        async def served() -> bool:
+            return (await ask(get)).startswith(b"HTTP/1.1 200")
+
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 30
+        while not await served():  # the idle ones are released
+            assert loop.time() < end, "the status endpoint serves again"
+        huge_header = b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20_000 + b"\r\n\r\n"
+        assert b" 400 " in (await ask(huge_header)).split(b"\r\n", 1)[0] + b" "
+        big_body = (
+            b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+            b"Content-Length: 10000000\r\n\r\n" + b"x" * 1000
+        )
+        answer = await ask(big_body, whole=False)  # answered without reading ten megabytes
+        assert answer.startswith(b"HTTP/1.1 200")
