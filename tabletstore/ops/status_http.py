@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import ssl
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any, cast
 
@@ -118,10 +119,19 @@ class _Busy(asyncio.Protocol):
 
 
 class _CappedSite(web.TCPSite):
-    """aiohttp's TCPSite, with connections past ``limit`` answered by :class:`_Busy`."""
+    """aiohttp's TCPSite (``ssl_context`` included), with connections past ``limit`` answered
+    by :class:`_Busy`."""
 
-    def __init__(self, runner: web.AppRunner, host: str, port: int, *, limit: int) -> None:
-        super().__init__(runner, host, port)
+    def __init__(
+        self,
+        runner: web.AppRunner,
+        host: str,
+        port: int,
+        *,
+        limit: int,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        super().__init__(runner, host, port, ssl_context=ssl_context)
         self._limit = limit
 
     async def start(self) -> None:
