@@ -297,7 +297,7 @@ class _ServerConnection(FrameConnection):
                 self._tg = tg
                 backlog, self._backlog = self._backlog, []
                 for frame in backlog:
-                    self.frame_received(frame)
+                    self._dispatch(frame)
                 try:
                     await self._serve()
                 finally:
@@ -374,6 +374,9 @@ class _ServerConnection(FrameConnection):
         if self._tg is None:
             self._backlog.append(frame)
             return
+        self._dispatch(frame)
+
+    def _dispatch(self, frame: Frame) -> None:
         kind = frame.kind
         if kind == Kind.REQUEST:
             self._on_request(frame)
