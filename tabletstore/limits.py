@@ -18,7 +18,8 @@ batch of any size fits the frames.
 
 A size over a limit is ``InvalidArgument`` naming the limit and the size: on the client before
 anything is sent (``data.validation``, ``rpc.frames.check_outgoing``) and again on the server,
-which never trusts its clients (``rpc.frames.FrameParser``, ``data.validation.to_cells``, the
+which never trusts its clients (``rpc.frames.FrameParser``, the tablet calling
+``data.validation.validate_row_mutation`` again, ``engine.cells.to_cells``, the
 front door's gRPC limits). docs/ARCHITECTURE.md §8a has the table.
 
 Resource caps of the servers (connections, buffered bytes, timeouts) are settings, not limits
