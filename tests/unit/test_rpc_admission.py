@@ -381,3 +381,39 @@ async def test_the_status_endpoint_caps_connections_headers_and_bodies() -> None
         )
         answer = await ask(big_body, whole=False)  # answered without reading ten megabytes
         assert answer.startswith(b"HTTP/1.1 200")
+
+
+def test_the_worker_and_master_flags_make_the_options_and_refuse_bad_values(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from click.testing import CliRunner
+
+    from tabletstore.cli import main as cli
+    from tabletstore.master import process as master_process
+    from tabletstore.worker import process as worker_process
+
+    seen: list[RpcServerOptions] = []
+
+    def fake_run(coordinator: object, options: object = None, **kw: object) -> None:
+        options = options or kw["options"]
+        seen.append(options.rpc)  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(worker_process, "run_worker", fake_run)
+    monkeypatch.setattr(master_process, "run_master", fake_run)
+    monkeypatch.setattr(cli, "_serve", lambda run, *, store: run(None, None))
+    runner = CliRunner()
+    flags = ["--max-connections", "7", "--max-connections-per-peer", "3", "--idle-timeout", "200"]
+    for verb in ("worker", "master"):
+        result = runner.invoke(cli.main, [verb, *flags, "--max-buffered-bytes", str(100 * MiB)])
+        assert result.exit_code == 0, result.output
+        bad = runner.invoke(cli.main, [verb, "--idle-timeout", "5"])
+        assert bad.exit_code == 2 and "--idle-timeout" in bad.output
+        small = runner.invoke(cli.main, [verb, "--max-buffered-bytes", str(MiB)])
+        assert small.exit_code == 2 and "--max-buffered-bytes" in small.output
+    want = RpcServerOptions(
+        max_connections=7,
+        max_connections_per_peer=3,
+        idle_timeout=200.0,
+        max_buffered_bytes=100 * MiB,
+    )
+    assert seen == [want, want]
