@@ -8,11 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tabletstore.limits import MAX_FRAME, MiB
+
 __all__ = [
     "IN_PROCESS_LEASE",
     "SPLIT_BYTES",
     "LeaseOptions",
     "MasterOptions",
+    "RpcServerOptions",
     "TabletOptions",
     "WorkerOptions",
 ]
@@ -49,6 +52,44 @@ IN_PROCESS_LEASE = LeaseOptions(ttl=60.0, safety_margin=5.0)
 
 
 @dataclass(frozen=True, slots=True)
+class RpcServerOptions:
+    """The resource caps of a worker's or master's RPC server (``rpc/admission.py``): what a
+    flood of connections, or of half-sent frames, can take from it. A connection over a cap
+    is refused with an ERROR naming the cap; bytes over the budget make readers wait."""
+
+    #: Connections open at once, in total. Each costs a file descriptor and a task; more are
+    #: refused (the clients' pools open one per process and server).
+    max_connections: int = 1024
+    #: Connections open at once from one peer IP address: one host cannot take them all.
+    max_connections_per_peer: int = 256
+    #: Seconds a new connection has to send its hello; then it is closed.
+    handshake_timeout: float = 10.0
+    #: Seconds a connection with nothing in flight may stay silent before it is closed. Must be
+    #: at least twice ``rpc.client.IDLE_REUSE`` (clients reconnect rather than reuse a
+    #: connection idle that long, so a request never crosses the server's close).
+    idle_timeout: float = 300.0
+    #: Seconds a frame that has begun to arrive may go without a byte before the connection is
+    #: closed (a half-sent frame holds its reservation of the byte budget meanwhile).
+    stall_timeout: float = 30.0
+    #: Largest frame accepted (the hello advertises it): the request limit by default.
+    max_frame: int = MAX_FRAME
+    #: Bytes one connection may hold: the frame it is receiving plus the requests it sent that
+    #: are still being handled. None: ``max_frame`` (one maximal request at a time).
+    max_connection_bytes: int | None = None
+    #: Bytes all connections may hold together. A frame is read only once its whole declared
+    #: length is reserved here; until then its connection is not read (first come, first
+    #: served). At least ``max_frame``.
+    max_buffered_bytes: int = 256 * MiB
+    #: Requests in flight on one connection.
+    max_in_flight: int = 4096
+
+    @property
+    def connection_bytes(self) -> int:
+        """The per-connection byte cap in force."""
+        return self.max_frame if self.max_connection_bytes is None else self.max_connection_bytes
+
+
+@dataclass(frozen=True, slots=True)
 class TabletOptions:
     """How one tablet buffers and compacts (§5.3, §5.4)."""
 
@@ -70,6 +111,8 @@ class WorkerOptions:
 
     #: The worker's lease: its tablets move this long after it dies (§5.2).
     lease: LeaseOptions = field(default_factory=LeaseOptions)
+    #: The caps of its RPC server (connections, buffered bytes, timeouts).
+    rpc: RpcServerOptions = field(default_factory=RpcServerOptions)
     #: Byte budget of the process-wide SSTable block cache (§6).
     block_cache_bytes: int = 256 * 1024 * 1024
     #: Rows in the scan cache of recently read rows (§6); 0 disables it.
@@ -94,6 +137,8 @@ class MasterOptions:
 
     #: The master's lease: a standby takes over this long after the leader dies (§5.2).
     lease: LeaseOptions = field(default_factory=LeaseOptions)
+    #: The caps of its RPC server (connections, buffered bytes, timeouts).
+    rpc: RpcServerOptions = field(default_factory=RpcServerOptions)
     #: Seconds between two rounds of assignment and balancing while leading.
     interval: float = 1.0
     #: Seconds between two garbage collections (tabletstore.master.gc).

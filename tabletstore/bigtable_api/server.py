@@ -52,6 +52,7 @@ from tabletstore.clock import Clock, SystemClock
 from tabletstore.data.model import Mutation, RowMutation
 from tabletstore.data.validation import MAX_MUTATIONS_PER_ROW, check_row_key
 from tabletstore.errors import InvalidArgument, TabletStoreError, Unimplemented
+from tabletstore.limits import MAX_REQUEST_BYTES
 
 __all__ = [
     "ADMIN_SERVICE",
@@ -103,10 +104,11 @@ UNIMPLEMENTED_ADMIN = (
 )
 #: Bigtable's limit on mutations in one MutateRows request, over all entries.
 MAX_MUTATIONS_PER_REQUEST = MAX_MUTATIONS_PER_ROW
-#: Largest message either way: requests of several row mutations (each at most
-#: ``model.MAX_MUTATION_BYTES``, checked per entry); ReadRows responses stay near
-#: ``DEFAULT_MAX_RESPONSE_BYTES`` whatever the row's size (chunks.py).
-MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+#: Largest message either way: ``limits.MAX_REQUEST_BYTES``, what one maximal row mutation needs
+#: (each entry is also checked against ``limits.MAX_MUTATION_BYTES``). gRPC refuses a larger
+#: request with RESOURCE_EXHAUSTED from its length prefix, before buffering it; ReadRows
+#: responses stay near ``DEFAULT_MAX_RESPONSE_BYTES`` whatever the row's size (chunks.py).
+MAX_MESSAGE_BYTES = MAX_REQUEST_BYTES
 
 _log = logging.getLogger(__name__)
 
@@ -385,7 +387,9 @@ def generic_handlers(data: BigtableData, admin: TableAdmin) -> list[grpc.Generic
 class BigtableApiServer:
     """A grpc.aio server serving the Bigtable API over ``client`` on ``host:port``.
 
-    ``port`` 0 picks a free port; :attr:`port` tells which after :meth:`start`.
+    ``port`` 0 picks a free port; :attr:`port` tells which after :meth:`start`. A message
+    larger than ``max_message_bytes`` (default :data:`MAX_MESSAGE_BYTES`) either way is refused
+    by gRPC with RESOURCE_EXHAUSTED, a request before it is buffered.
     """
 
     def __init__(
@@ -397,7 +401,14 @@ class BigtableApiServer:
         clock: Clock | None = None,
         max_value_chunk: int = DEFAULT_MAX_VALUE_CHUNK,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
     ) -> None:
+        if max_message_bytes < DEFAULT_MAX_RESPONSE_BYTES:
+            raise InvalidArgument(
+                f"max_message_bytes must be at least {DEFAULT_MAX_RESPONSE_BYTES} (one ReadRows "
+                f"response), got {max_message_bytes}"
+            )
+        self.max_message_bytes = max_message_bytes
         self.host = host
         self.port = port
         self.data = BigtableData(
@@ -418,8 +429,8 @@ class BigtableApiServer:
         """Bind and start serving; returns the bound port."""
         server = grpc.aio.server(
             options=[
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_receive_message_length", self.max_message_bytes),
+                ("grpc.max_send_message_length", self.max_message_bytes),
                 ("grpc.so_reuseport", 0),
             ]
         )

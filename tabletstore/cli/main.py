@@ -65,6 +65,7 @@ from tabletstore.cli import cbtsyntax as cbt
 from tabletstore.cli import demo as webtable_demo
 from tabletstore.cli import localstack, tablecsv
 from tabletstore.cli.progress import Unit, progress_bar
+from tabletstore.cli.rpc_flags import rpc_caps
 from tabletstore.client.client import CompactionProgress, MutationsFailed
 from tabletstore.clock import SystemClock
 from tabletstore.coordination import open_coordinator
@@ -81,6 +82,7 @@ from tabletstore.options import (
     SPLIT_BYTES,
     LeaseOptions,
     MasterOptions,
+    RpcServerOptions,
     TabletOptions,
     WorkerOptions,
 )
@@ -905,6 +907,7 @@ def _metrics_ready(url: str) -> None:
     help="Where dead workers' logs are sorted for recovery (§6): workers, local, "
     "lambda:<function-name> or none (each new owner reads the whole log).",
 )
+@rpc_caps
 def master_cmd(
     store: str | None,
     host: str,
@@ -913,11 +916,12 @@ def master_cmd(
     split_bytes: int,
     metrics_port: int | None,
     sort_executor: str,
+    rpc: RpcServerOptions,
 ) -> None:
     """Run a master (§5.2): campaign for the master lock, then keep every tablet assigned."""
     from tabletstore.master.process import run_master
 
-    options = MasterOptions(lease=LeaseOptions(ttl=lease_ttl), split_bytes=split_bytes)
+    options = MasterOptions(lease=LeaseOptions(ttl=lease_ttl), split_bytes=split_bytes, rpc=rpc)
 
     def ready(address: str) -> None:
         click.echo(f"master listening on {address}", err=True)
@@ -961,6 +965,7 @@ def master_cmd(
     help="Block cache capacity in bytes.",
 )
 @_metrics_port_option
+@rpc_caps
 def worker_cmd(
     store: str | None,
     host: str,
@@ -971,6 +976,7 @@ def worker_cmd(
     compaction_processes: int,
     block_cache_bytes: int,
     metrics_port: int | None,
+    rpc: RpcServerOptions,
 ) -> None:
     """Run a stateless tablet-server worker (§5.2, §5.3)."""
     from tabletstore.worker.process import run_worker
@@ -980,6 +986,7 @@ def worker_cmd(
         lease=LeaseOptions(ttl=lease_ttl),
         compaction_processes=compaction_processes,
         block_cache_bytes=block_cache_bytes,
+        rpc=rpc,
     )
     tablet_options = TabletOptions(split_bytes=split_bytes)
 

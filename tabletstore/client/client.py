@@ -55,6 +55,7 @@ from tabletstore.errors import (
     TabletStoreError,
     Unavailable,
 )
+from tabletstore.limits import BATCH_REQUEST_BYTES
 from tabletstore.metadata.catalog import Catalog, TableInfo
 from tabletstore.metadata.record import TabletRecord
 from tabletstore.metadata.snapshot import SnapshotManifest
@@ -98,7 +99,7 @@ T = TypeVar("T")
 #: Row-mutation bytes (``mutations.mutation_bytes``) per MutateRows request: a batch is sent
 #: in requests of about this size; one row mutation (at most ``MAX_MUTATION_BYTES``) always
 #: fits a frame on its own.
-_REQUEST_BYTES = 16 * 1024 * 1024
+_REQUEST_BYTES = BATCH_REQUEST_BYTES
 
 
 #: What the client asks of the master: the master's service (the embedded database's Master

@@ -30,22 +30,11 @@ __all__ = [
     "SetCell",
 ]
 
-# The size limits of what a write may carry, stated once (DESIGN.md §9: whatever can be written
-# can be read back). ``mutations.validate_row_mutation`` enforces them on client and server;
-# ``rpc.frames.DEFAULT_MAX_FRAME`` is derived from MAX_MUTATION_BYTES so any acceptable row
-# mutation fits one request frame; reads stream rows of any size in bounded pieces
-# (``rpc.row_pieces``), so no read is limited by a frame.
-
-#: Row keys are arbitrary strings up to 64 KiB (§2).
-MAX_ROW_KEY = 64 * 1024
-#: Column qualifiers up to 64 KiB (Cloud Bigtable allows 16 KiB): a cell's key parts always fit
-#: in one streamed piece of a row, whatever the size of its value.
-MAX_QUALIFIER = 64 * 1024
-#: Largest value of one cell (Cloud Bigtable's limit is 100 MiB; we keep 64 MiB).
-MAX_VALUE = 64 * 1024 * 1024
-#: Largest row mutation, measured by ``mutations.mutation_bytes`` (its row key, plus each
-#: mutation's family, qualifier and value and 32 bytes): one maximal value with room to spare.
-MAX_MUTATION_BYTES = MAX_VALUE + 16 * 1024 * 1024
+# The size limits of what a write may carry are stated once, in ``tabletstore.limits`` (with the
+# request and frame limits derived from them), and re-exported here for the data model's users.
+# ``validation.validate_row_mutation`` enforces them on client and server; reads stream rows of
+# any size in bounded pieces (``rpc.row_pieces``), so no read is limited by a frame.
+from tabletstore.limits import MAX_MUTATION_BYTES, MAX_QUALIFIER, MAX_ROW_KEY, MAX_VALUE
 
 
 @dataclass(frozen=True, slots=True)

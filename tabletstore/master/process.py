@@ -118,7 +118,10 @@ async def run_master(
     )
     master.leading = False  # until elected: admin requests are answered NotServing
     metrics.watch_leading(lambda: master.leading)
-    server = RpcServer(metrics.instrument(MASTER.handlers(master)), host=host, port=port)
+    server = RpcServer(
+        metrics.instrument(MASTER.handlers(master)), host=host, port=port, options=options.rpc
+    )
+    metrics.observe_rpc(server)
     await server.start()
     metrics.process_id = server.address
     lease = await coordinator.grant_lease(options.lease.ttl, safety_margin=options.lease.margin)

@@ -59,6 +59,7 @@ from tabletstore.coordination.base import Lease
 from tabletstore.engine.tablet import Tablet
 from tabletstore.errors import InvalidArgument, TabletStoreError
 from tabletstore.metadata.record import TabletEvent
+from tabletstore.rpc.server import RpcServer
 from tabletstore.rpc.services import TABLET, TabletService
 from tabletstore.rpc.transport import Handler, Method, Transport
 from tabletstore.sstable.block_cache import BlockCache, CacheStats
@@ -181,6 +182,11 @@ class ProcessMetrics:
         """The same handlers, each counting its requests and observing its latency."""
         return {name: self.wrap(name, fn) for name, fn in handlers.items()}
 
+    def observe_rpc(self, server: RpcServer) -> None:
+        """Report the RPC server's resource caps at work (rpc/admission.py): connections
+        open and refused, bytes buffered, connections waiting for the byte budget."""
+        self.registry.register(_RpcServerCollector(server))
+
     def wrap(self, method: str, fn: Handler) -> Handler:
         """``fn`` instrumented as ``method``; an async generator stays an async generator (the
         RPC server picks unary or streaming by the handler's kind)."""
@@ -232,6 +238,42 @@ class ProcessMetrics:
     def exposition(self) -> bytes:
         """The registry in Prometheus' text format (what ``GET /metrics`` returns)."""
         return generate_latest(self.registry)
+
+
+class _RpcServerCollector(Collector):
+    def __init__(self, server: RpcServer) -> None:
+        self._server = server
+
+    def collect(self) -> Iterable[Metric]:
+        gate, budget = self._server.gate, self._server.budget
+        yield GaugeMetricFamily(
+            f"{PREFIX}_rpc_connections_open", "RPC connections open", value=gate.open
+        )
+        refused = CounterMetricFamily(
+            f"{PREFIX}_rpc_connections_refused",
+            "RPC connections refused or closed by a cap, by reason: total or peer (connection "
+            "caps), handshake, stalled or idle (timeouts)",
+            labels=["reason"],
+        )
+        for reason in ("total", "peer", "handshake", "stalled", "idle"):
+            refused.add_metric([reason], gate.refused.get(reason, 0))
+        yield refused
+        yield GaugeMetricFamily(
+            f"{PREFIX}_rpc_buffered_bytes",
+            "Bytes held by RPC connections: frames being received (reserved whole) and request "
+            "bodies being handled",
+            value=budget.used,
+        )
+        yield GaugeMetricFamily(
+            f"{PREFIX}_rpc_buffered_bytes_peak",
+            "The most bytes RPC connections held at once since the server started",
+            value=budget.peak,
+        )
+        yield GaugeMetricFamily(
+            f"{PREFIX}_rpc_connections_waiting",
+            "RPC connections not read until the byte budget has room for their next frame",
+            value=budget.waiting,
+        )
 
 
 # ---------------------------------------------------------------------------- workers

@@ -22,6 +22,11 @@ a boundary, STYLE.md convention 9). Any other path is 404, a method other than G
 405. A status that cannot be built because the cluster cannot be read (the coordinator is
 down) answers 503 with ``{"error": ...}``; a bug answers 500 and is logged.
 
+Bounded like the RPC servers (issue 16 item 4): at most ``max_connections`` (64) connections
+at once -- one more is answered ``503`` and closed at once --, request lines and header fields
+of at most 8190 bytes and 128 headers (aiohttp's limits, answered 400), request bodies of at
+most 64 KiB (every route is a GET), and a connection idle for 60 s between requests is closed.
+
 The charts need history: a :class:`~tabletstore.ops.history.Sampler` runs while the server
 does (the master scrapes its workers' ``/status``; a worker samples itself), owned by the
 server and cancelled by :meth:`StatusServer.close`.
@@ -32,8 +37,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import ssl
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 from aiohttp import web
@@ -85,6 +91,70 @@ log = logging.getLogger(__name__)
 Build = Callable[[str], Awaitable[BaseModel]]
 BuildHtml = Callable[[str], Awaitable[str]]
 _INDEX = "tabletstore: GET /metrics (Prometheus), /status (JSON)\n"
+#: Connections at once; more are answered 503 (module docstring).
+MAX_CONNECTIONS = 64
+#: Largest request body (every route is a GET: none is needed).
+_MAX_BODY = 64 * 1024
+#: Seconds a connection may stay idle between requests.
+_KEEPALIVE = 60.0
+
+
+class _Busy(asyncio.Protocol):
+    """What a connection past the cap gets: 503 naming the limit, then the close."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        body = (
+            f"tabletstore: too many connections to this status endpoint "
+            f"(limit {self._limit}); try again later\n"
+        ).encode()
+        head = (
+            "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        ).encode()
+        cast(asyncio.Transport, transport).write(head + body)
+        transport.close()
+
+
+class _CappedSite(web.TCPSite):
+    """aiohttp's TCPSite (``ssl_context`` included), with connections past ``limit`` answered
+    by :class:`_Busy`."""
+
+    def __init__(
+        self,
+        runner: web.AppRunner,
+        host: str,
+        port: int,
+        *,
+        limit: int,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        super().__init__(runner, host, port, ssl_context=ssl_context)
+        self._limit = limit
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)  # registers the site with its runner
+        server = self._runner.server
+        assert server is not None
+        limit = self._limit
+
+        def factory() -> asyncio.BaseProtocol:
+            if len(server.connections) >= limit:
+                return _Busy(limit)
+            return server()
+
+        self._server = await asyncio.get_running_loop().create_server(
+            factory,
+            self._host,
+            self._port,
+            ssl=self._ssl_context,
+            backlog=self._backlog,
+            reuse_address=self._reuse_address,
+            reuse_port=self._reuse_port,
+        )
+        self._bound_port = self._server.sockets[0].getsockname()[1]
 
 
 class StatusServer:
@@ -103,6 +173,7 @@ class StatusServer:
         background: Sequence[Callable[[], Coroutine[Any, Any, None]]] = (),
         host: str = "127.0.0.1",
         port: int = 0,
+        max_connections: int = MAX_CONNECTIONS,
     ) -> None:
         if not 0 <= port <= 65535:
             raise InvalidArgument(f"metrics port must be 0..65535, got {port}")
@@ -113,6 +184,7 @@ class StatusServer:
         self._background = tuple(background)
         self._host = host
         self._port = port
+        self.max_connections = max_connections
         self._runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._session: aiohttp.ClientSession | None = None
@@ -125,16 +197,22 @@ class StatusServer:
         return self._session
 
     async def start(self) -> None:
-        app = web.Application()
+        app = web.Application(client_max_size=_MAX_BODY)
         app.router.add_get("/", self._index)
         app.router.add_get("/metrics", self._metrics_text)
         app.router.add_get("/status", self._document(self._status))
         app.router.add_get("/static/{name}", self._static)
         for path, build in self._api.items():
             app.router.add_get(path, self._document(build))
-        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
+        runner = web.AppRunner(
+            app,
+            access_log=None,
+            handle_signals=False,
+            shutdown_timeout=1.0,
+            keepalive_timeout=_KEEPALIVE,
+        )
         await runner.setup()
-        site = web.TCPSite(runner, self._host, self._port)
+        site = _CappedSite(runner, self._host, self._port, limit=self.max_connections)
         try:
             await site.start()
         except OSError as exc:

@@ -40,6 +40,10 @@ from tabletstore.rpc.transport import Method
 __all__ = ["RpcClient", "RpcClientPool", "RpcStream", "TcpTransport"]
 
 _MAX_REQUEST_ID = 0xFFFF_FFFF
+#: Seconds after which a connection with nothing in flight and nothing sent or received is not
+#: reused: the next call opens a new one. Servers close connections idle for
+#: ``RpcServerOptions.idle_timeout`` (at least twice this), so a request never crosses that close.
+IDLE_REUSE = 60.0
 
 
 class _ClientConnection(FrameConnection):
@@ -56,6 +60,7 @@ class _ClientConnection(FrameConnection):
         self.pending: dict[int, asyncio.Future[Frame]] = {}
         self.streams: dict[int, asyncio.Queue[Frame | TabletStoreError]] = {}
         self.failure: TabletStoreError | None = None
+        self.last_used = self._loop.time()
 
     @classmethod
     async def open(
@@ -69,6 +74,8 @@ class _ClientConnection(FrameConnection):
             async with asyncio.timeout(connect_timeout):
                 _, conn = await loop.create_connection(lambda: cls(address, max_frame), host, port)
                 await conn._handshake
+            if conn.failure is not None:  # the server refused it (say, a connection cap)
+                raise Unreachable(f"cannot connect to {address}: {conn.failure}")
             connected = True
         except TimeoutError:
             raise Unreachable(
@@ -83,7 +90,12 @@ class _ClientConnection(FrameConnection):
 
     @property
     def alive(self) -> bool:
-        return self.failure is None and self.is_open
+        """Usable for a new request: open, not failed, and not idle past IDLE_REUSE."""
+        if self.failure is not None or not self.is_open:
+            return False
+        return bool(self.pending or self.streams) or (
+            self._loop.time() - self.last_used < IDLE_REUSE
+        )
 
     def new_id(self) -> int:
         """The next free request id (1..2**32-1, wrapping, skipping ids still in flight)."""
@@ -99,6 +111,7 @@ class _ClientConnection(FrameConnection):
         if self.failure is not None:
             # Nothing of this request left: the caller may send it again anywhere.
             raise Unreachable(f"request not sent: {self.failure}")
+        self.last_used = self._loop.time()
         # With other requests in flight, calls made in this loop iteration share a system call.
         self.write(frame, more_coming=len(self.pending) + len(self.streams) > 1)
 
@@ -106,7 +119,7 @@ class _ClientConnection(FrameConnection):
         """Forget ``rid`` and tell the server to stop working on it (CANCEL needs no reply)."""
         self.pending.pop(rid, None)
         self.streams.pop(rid, None)
-        if self.alive:
+        if self.failure is None and self.is_open:
             self.write(frames.encode_frame(Kind.CANCEL, rid), more_coming=True)
 
     # -- FrameConnection hooks --
@@ -124,6 +137,7 @@ class _ClientConnection(FrameConnection):
             self._handshake.set_result(None)
 
     def frame_received(self, frame: Frame) -> None:
+        self.last_used = self._loop.time()
         rid = frame.request_id
         future = self.pending.pop(rid, None)
         if future is not None:

@@ -41,8 +41,8 @@ Request id 0 is reserved for connection-level ERROR frames; clients number reque
 
 Sizes
 -----
-``DEFAULT_MAX_FRAME`` (both sides' default) is derived from the write limits in
-``tabletstore.data.model``: one frame holds the largest acceptable row mutation
+``DEFAULT_MAX_FRAME`` (both sides' default) is ``limits.MAX_REQUEST_BYTES``, derived from the
+write limits in ``tabletstore.limits``: one frame holds the largest acceptable row mutation
 (``MAX_MUTATION_BYTES``) plus a request's envelope, so whatever a write may carry can be sent.
 Nothing a read returns is bounded by a frame: a scan streams rows in items of about
 ``row_pieces.STREAM_ITEM_BYTES`` and a row larger than that in several pieces, which the client
@@ -60,8 +60,8 @@ import struct
 from enum import IntEnum
 from typing import NamedTuple
 
-from tabletstore.data.model import MAX_MUTATION_BYTES
 from tabletstore.errors import InvalidArgument, Unimplemented
+from tabletstore.limits import MAX_FRAME, format_size
 
 __all__ = [
     "DEFAULT_MAX_FRAME",
@@ -90,11 +90,8 @@ __all__ = [
 MAGIC = b"TSRP"
 #: 2: errors travel as ErrorCode numbers (ERROR frames, MutateRows entry errors), not names.
 PROTOCOL_VERSION = 2
-#: Room for a request's envelope around its row mutation: method name, table and tablet ids,
-#: identity, the msgpack headers of the request and of each entry.
-_ENVELOPE = 1024 * 1024
 #: The largest frame either side accepts unless configured otherwise (module docstring).
-DEFAULT_MAX_FRAME = MAX_MUTATION_BYTES + _ENVELOPE
+DEFAULT_MAX_FRAME = MAX_FRAME
 
 _HELLO = struct.Struct(">4sHI")
 HELLO_SIZE = _HELLO.size
@@ -145,15 +142,6 @@ class Hello(NamedTuple):
     magic: bytes
     version: int
     max_frame: int
-
-
-def format_size(n: int) -> str:
-    """``16777216`` → ``'16 MiB'``: sizes in error messages, exact when they are whole MiB."""
-    if n >= 1 << 20 and n % (1 << 20) == 0:
-        return f"{n >> 20} MiB"
-    if n >= 1 << 10 and n % (1 << 10) == 0:
-        return f"{n >> 10} KiB"
-    return f"{n} bytes"
 
 
 def encode_hello(max_frame: int, version: int = PROTOCOL_VERSION) -> bytes:
@@ -234,13 +222,17 @@ class FrameParser:
 
     After it raises FrameError the stream cannot be trusted and the parser must not be fed
     again. A frame's bytes are kept until the whole frame has arrived, so a frame costs at
-    most ``max_frame`` bytes of buffer however it is split across reads.
+    most ``max_frame`` bytes of buffer however it is split across reads. The body of a frame
+    of ``_BIG_FRAME`` bytes or more is kept as the list of the reads that brought it and joined
+    once, when complete: one allocation of its size, never a buffer grown (and copied) read by
+    read, which fragments the allocator's heap into far more memory than the frames hold.
     """
 
-    __slots__ = ("_buffer", "_max_frame", "hello")
+    __slots__ = ("_big", "_buffer", "_max_frame", "hello")
 
     def __init__(self, max_frame: int) -> None:
         self._max_frame = max_frame
+        self._big: _BigFrame | None = None
         self._buffer = bytearray()
         #: The peer's hello once received (None before). A wrong magic is reported as soon as
         #: four bytes are in, with version and max frame 0, so check_hello names the problem.
@@ -258,20 +250,52 @@ class FrameParser:
             del buffer[:HELLO_SIZE]
         return self.hello
 
+    def discard(self) -> None:
+        """Drop whatever is buffered (the connection is gone). Its bytes are freed now, not
+        whenever the garbage collector breaks the connection's reference cycles."""
+        self._buffer = bytearray()
+        self._big = None
+
+    @property
+    def partial(self) -> tuple[int, int]:
+        """The frame in progress: (its declared length, 0 before the 4-byte length field has
+        arrived; the bytes of it buffered). (0, 0) between frames."""
+        big = self._big
+        if big is not None:
+            return big.need + _KIND_AND_ID, big.have + HEADER.size
+        buffer = self._buffer
+        if self.hello is not None and len(buffer) >= _LENGTH.size:
+            length: int = _LENGTH.unpack_from(buffer)[0]
+            return length, len(buffer)
+        return 0, len(buffer)
+
     def feed(self, data: bytes) -> list[Frame]:
         """Every frame completed by ``data``, in order. Raises FrameError for a length out of
         bounds (too large for ``max_frame``, or shorter than the header)."""
+        frames: list[Frame] = []
+        while self._big is not None:
+            frame, data = self._big.feed(data)
+            if frame is None:
+                return frames
+            self._big = None
+            frames.append(frame)
         buffer = self._buffer
         if not buffer:
             # The common case: parse straight from the bytes received, buffer only the tail.
-            frames, used = self._parse(data)
+            more, used = self._parse(data)
             if used < len(data):
                 buffer += memoryview(data)[used:]
-            return frames
-        buffer += data
-        with memoryview(buffer) as view:  # released before the buffer is resized below
-            frames, used = self._parse(view)
-        del buffer[:used]
+        else:
+            buffer += data
+            with memoryview(buffer) as view:  # released before the buffer is resized below
+                more, used = self._parse(view)
+            del buffer[:used]
+        frames += more
+        if len(buffer) >= HEADER.size:
+            length, kind, request_id = HEADER.unpack_from(buffer)
+            if length >= _BIG_FRAME:  # (_parse checked it against max_frame)
+                self._big = _BigFrame(kind, request_id, length - _KIND_AND_ID, buffer)
+                buffer.clear()
         return frames
 
     def _parse(self, data: bytes | memoryview) -> tuple[list[Frame], int]:
@@ -295,6 +319,37 @@ class FrameParser:
             frames.append(Frame(kind, request_id, bytes(data[pos + HEADER.size : end])))
             pos = end
         return frames, pos
+
+
+#: Frames at least this long are received as a list of reads, joined once (FrameParser).
+_BIG_FRAME = 1 << 20
+
+
+class _BigFrame:
+    """A large frame being received: the reads that brought its body so far."""
+
+    __slots__ = ("chunks", "have", "kind", "need", "request_id")
+
+    def __init__(self, kind: int, request_id: int, need: int, start: bytearray) -> None:
+        self.kind = kind
+        self.request_id = request_id
+        self.need = need  # bytes of body
+        body = bytes(start[HEADER.size :])
+        self.chunks = [body] if body else []
+        self.have = len(body)
+
+    def feed(self, data: bytes) -> tuple[Frame | None, bytes]:
+        """The frame once ``data`` completes it, and what of ``data`` follows it."""
+        take = min(len(data), self.need - self.have)
+        if take:
+            self.chunks.append(data if take == len(data) else data[:take])
+            self.have += take
+        if self.have < self.need:
+            return None, b""
+        chunks = self.chunks
+        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        self.chunks = []
+        return Frame(self.kind, self.request_id, body), data[take:]
 
 
 def check_outgoing(size: int, peer_max_frame: int, what: str) -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
+from tabletstore import limits
 from tabletstore.data.model import Cell, Row
 from tabletstore.errors import Unavailable
 from tabletstore.rpc.messages import RowBatch, RowPiece
@@ -41,9 +42,9 @@ __all__ = [
 ]
 
 #: Target size of one ``read_rows`` stream item (a batch of rows, or a piece of one row).
-STREAM_ITEM_BYTES = 1 << 20
+STREAM_ITEM_BYTES = limits.STREAM_ITEM_BYTES
 #: Largest row ``read_row`` returns in its one reply; a larger one is streamed.
-UNARY_ROW_BYTES = 4 * STREAM_ITEM_BYTES
+UNARY_ROW_BYTES = limits.UNARY_ROW_BYTES
 #: Bytes counted per cell on top of its family, qualifier and value: at least what the codec
 #: spends on one (array and type-marker headers, length headers, timestamp, labels' array).
 CELL_OVERHEAD = 32

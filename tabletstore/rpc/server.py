@@ -6,12 +6,18 @@ a mapping from method name to handler (for a service, ``services.Service.handler
 def f(request) -> response`` (unary) or an async generator yielding items (streaming). Each accepted connection is one task owned by the
 server; each request is one task in that connection's TaskGroup, so replies leave in the order
 they complete. Stream producers wait for the client's credit (frames.py) before each item.
+
+What a client may take (connections, buffered bytes, silence) is capped by
+``options.RpcServerOptions``; the bookkeeping is ``rpc/admission.py``, called from this module's
+connection hooks (admission in ``connection_made``, the byte budget around reads and requests,
+the watchdog after the handshake).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -25,17 +31,18 @@ from tabletstore.errors import (
     Unavailable,
     Unimplemented,
 )
+from tabletstore.options import RpcServerOptions
 from tabletstore.rpc import frames
+from tabletstore.rpc.admission import ByteBudget, ConnectionGate, ReadGuard, Watchdog, check_options
 from tabletstore.rpc.codec import DEFAULT_CODEC, Codec, encode_error
 from tabletstore.rpc.connection import LINGER, FrameConnection, format_address
-from tabletstore.rpc.frames import DEFAULT_MAX_FRAME, Frame, Kind
+from tabletstore.rpc.frames import Frame, Kind
 from tabletstore.rpc.transport import Handler
 
 __all__ = ["Handler", "RpcServer"]
 
 logger = logging.getLogger(__name__)
 
-_HANDSHAKE_TIMEOUT = 10.0
 # How long close() waits for cancelled handlers after the grace period before giving up.
 _ABORT_WAIT = 2.0
 
@@ -78,7 +85,9 @@ class RpcServer:
     Use ``async with RpcServer(...) as server`` or ``await server.start()`` / ``await
     server.close()``; ``server.address`` is "HOST:PORT" once started (port 0 picks a free one).
     Each accepted connection runs as one task owned by the server (``close`` awaits them all),
-    and each request as a task in its connection's TaskGroup.
+    and each request as a task in its connection's TaskGroup. ``options`` caps what clients may
+    take (default :class:`RpcServerOptions`); ``max_frame``, ``max_in_flight`` and
+    ``handshake_timeout``, when given, override its fields of those names.
     """
 
     def __init__(
@@ -87,10 +96,11 @@ class RpcServer:
         *,
         host: str = "127.0.0.1",
         port: int = 0,
-        max_frame: int = DEFAULT_MAX_FRAME,
+        max_frame: int | None = None,
         codec: Codec = DEFAULT_CODEC,
-        max_in_flight: int = 4096,
-        handshake_timeout: float = _HANDSHAKE_TIMEOUT,
+        max_in_flight: int | None = None,
+        handshake_timeout: float | None = None,
+        options: RpcServerOptions | None = None,
     ) -> None:
         self._unary: dict[str, Callable[[Any], Awaitable[Any]]] = {}
         self._streaming: dict[str, Callable[[Any], AsyncIterator[Any]]] = {}
@@ -103,14 +113,25 @@ class RpcServer:
                 raise InvalidArgument(
                     f"handler for {name!r} must be an async function or async generator, got {fn!r}"
                 )
-        if max_frame < 1024:
-            raise InvalidArgument(f"max_frame must be at least 1024 bytes, got {max_frame}")
+        options = options or RpcServerOptions()
+        if max_frame is not None:
+            options = dataclasses.replace(options, max_frame=max_frame)
+        if max_in_flight is not None:
+            options = dataclasses.replace(options, max_in_flight=max_in_flight)
+        if handshake_timeout is not None:
+            options = dataclasses.replace(options, handshake_timeout=handshake_timeout)
+        check_options(options)
+        self.options = options
         self._host = host
         self._port = port
-        self.max_frame = max_frame
+        self.max_frame = options.max_frame
         self.codec = codec
-        self.max_in_flight = max_in_flight
-        self.handshake_timeout = handshake_timeout
+        self.max_in_flight = options.max_in_flight
+        self.handshake_timeout = options.handshake_timeout
+        #: Open connections and refusals (rpc/admission.py), read by the metrics.
+        self.gate = ConnectionGate(options.max_connections, options.max_connections_per_peer)
+        #: Bytes held by connections: frames being received, requests being handled.
+        self.budget = ByteBudget(options.max_buffered_bytes)
         self._server: asyncio.Server | None = None
         self._connections: dict[_ServerConnection, asyncio.Task[None]] = {}
         self._closing = False
@@ -168,7 +189,8 @@ class RpcServer:
             await self._server.wait_closed()
 
     def accepted(self, conn: _ServerConnection) -> asyncio.Task[None] | None:
-        """Called by a new connection: its task, or None if the server is closing."""
+        """Called by a new connection (admitted by the gate): its task, or None if the server
+        is closing."""
         if self._closing:
             return None
         task = asyncio.get_running_loop().create_task(conn.run())
@@ -199,7 +221,22 @@ class _ServerConnection(FrameConnection):
         self._server = server
         self._codec = server.codec
         self._peer = "unknown peer"
-        self._peer_max_frame = DEFAULT_MAX_FRAME
+        self._peer_host = "unknown"
+        self._peer_max_frame = server.max_frame
+        self._admitted = False
+        self._guard = ReadGuard(
+            server.budget, server.options.connection_bytes, self._pause_reading, self._resume
+        )
+        self._held: dict[int, int] = {}  # request id → bytes of its body still held
+        self._watchdog = Watchdog(
+            self._loop,
+            stall_timeout=server.options.stall_timeout,
+            idle_timeout=server.options.idle_timeout,
+            midframe=lambda: self._parser.partial[1] > 0,
+            busy=lambda: bool(self._tasks),
+            paused=lambda: self._guard.paused,
+            expire=self._expire,
+        )
         self._handshaken: asyncio.Future[bool] = self._loop.create_future()
         self._tg: asyncio.TaskGroup | None = None
         # Frames that arrived before run() opened its TaskGroup (pause_reading() is not
@@ -216,8 +253,43 @@ class _ServerConnection(FrameConnection):
         peer = transport.get_extra_info("peername")
         if peer:
             self._peer = format_address(peer[0], peer[1])
+            self._peer_host = str(peer[0])
+        refusal = self._server.gate.admit(self._peer_host, self._server.address)
+        if refusal is not None:
+            # The hello, then why: the client's next call fails Unreachable with this reason.
+            logger.warning("%s", refusal)
+            self.fail(Unavailable(refusal))
+            return
+        self._admitted = True
         if self._server.accepted(self) is None:
             cast(asyncio.Transport, transport).abort()
+
+    # -- resource caps (rpc/admission.py) --
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if not self._dead:
+            self._guard.after_read(*self._parser.partial)
+            self._watchdog.touch()
+
+    def _pause_reading(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.pause_reading()
+
+    def _resume(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
+
+    def _expire(self, reason: str, why: str) -> None:
+        """The watchdog's verdict: tell the client why, and close."""
+        self._server.gate.closed_by_watchdog(reason)
+        logger.info("closing RPC connection from %s: %s", self._peer, why)
+        self.fail(Unavailable(f"server {self._server.address} closed the connection: {why}"))
+
+    def _release(self, rid: int) -> None:
+        n = self._held.pop(rid, 0)
+        if n:
+            self._guard.release(n)
 
     async def run(self) -> None:
         try:
@@ -225,7 +297,7 @@ class _ServerConnection(FrameConnection):
                 self._tg = tg
                 backlog, self._backlog = self._backlog, []
                 for frame in backlog:
-                    self.frame_received(frame)
+                    self._dispatch(frame)
                 try:
                     await self._serve()
                 finally:
@@ -241,7 +313,10 @@ class _ServerConnection(FrameConnection):
             async with asyncio.timeout(self._server.handshake_timeout):
                 await self._handshaken
         except TimeoutError:
+            self._server.gate.closed_by_watchdog("handshake")
             return  # a peer that never says hello gets nothing more
+        if self._handshaken.result():
+            self._watchdog.start()
         # Until the peer closes, or fail() aborts after its linger.
         await self.lost
 
@@ -285,13 +360,23 @@ class _ServerConnection(FrameConnection):
     def closed(self, exc: Exception | None) -> None:
         if self._linger is not None:
             self._linger.cancel()
+        self._watchdog.stop()
+        self._guard.close()
+        self._parser.discard()  # a half-received frame's bytes go now, not at the next GC
+        if self._admitted:
+            self._admitted = False
+            self._server.gate.release(self._peer_host)
         if not self._handshaken.done():
             self._handshaken.set_result(False)
 
     def frame_received(self, frame: Frame) -> None:
+        self._guard.frame_done()
         if self._tg is None:
             self._backlog.append(frame)
             return
+        self._dispatch(frame)
+
+    def _dispatch(self, frame: Frame) -> None:
         kind = frame.kind
         if kind == Kind.REQUEST:
             self._on_request(frame)
@@ -333,6 +418,8 @@ class _ServerConnection(FrameConnection):
         else:
             coro = self._serve_unary(rid, request.method, fn, request.payload)
         assert self._tg is not None  # frame_received keeps a backlog until it exists
+        self._held[rid] = len(frame.body)
+        self._guard.hold(len(frame.body))
         self._tasks[rid] = self._tg.create_task(coro)
 
     def _on_credit(self, frame: Frame) -> None:
@@ -375,7 +462,9 @@ class _ServerConnection(FrameConnection):
     ) -> None:
         try:
             try:
-                async with contextlib.aclosing(fn(self._codec.decode(payload))) as items:
+                request = self._codec.decode(payload)
+                self._release(rid)  # a stream may last long; its request is decoded
+                async with contextlib.aclosing(fn(request)) as items:
                     async for item in items:
                         body = self._codec.encode(item)
                         frames.check_outgoing(
@@ -422,6 +511,8 @@ class _ServerConnection(FrameConnection):
     def _finished(self, rid: int) -> None:
         self._tasks.pop(rid, None)
         self._credits.pop(rid, None)
+        self._release(rid)
+        self._watchdog.touch()
         if self._draining and not self._tasks:
             self.close()
 

@@ -76,7 +76,8 @@ async def run_worker(
     )
     metrics.observe_server(tablet_server)
     handlers = metrics.instrument(TABLET.handlers(tablet_server))
-    server = RpcServer(handlers, host=host, port=port)
+    server = RpcServer(handlers, host=host, port=port, options=(options or WorkerOptions()).rpc)
+    metrics.observe_rpc(server)
     await server.start()
     tablet_server.address = server.address
     fenced = False

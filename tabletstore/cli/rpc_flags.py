@@ -1,0 +1,94 @@
+"""The flags of ``tabletstore worker`` and ``tabletstore master`` that cap what clients may take
+from their RPC server (:class:`tabletstore.options.RpcServerOptions`, ``rpc/admission.py``).
+
+:func:`rpc_caps` adds the flags to a command and hands it one ``rpc`` argument, the settings
+they make, so a command's signature grows by one parameter.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from tabletstore.limits import MiB, format_size
+from tabletstore.options import RpcServerOptions
+from tabletstore.rpc.client import IDLE_REUSE
+
+__all__ = ["rpc_caps"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+_DEFAULT = RpcServerOptions()
+
+_FLAGS = (
+    click.option(
+        "--max-connections",
+        type=click.IntRange(min=1),
+        default=_DEFAULT.max_connections,
+        show_default=True,
+        help="RPC connections open at once; more are refused with an error naming the limit.",
+    ),
+    click.option(
+        "--max-connections-per-peer",
+        type=click.IntRange(min=1),
+        default=_DEFAULT.max_connections_per_peer,
+        show_default=True,
+        help="RPC connections open at once from one IP address.",
+    ),
+    click.option(
+        "--idle-timeout",
+        type=click.FloatRange(min=2 * IDLE_REUSE),
+        default=_DEFAULT.idle_timeout,
+        show_default=True,
+        help="Seconds an RPC connection with nothing in flight may stay silent before it is "
+        "closed (clients reconnect transparently).",
+    ),
+    click.option(
+        "--stall-timeout",
+        type=click.FloatRange(min=1.0),
+        default=_DEFAULT.stall_timeout,
+        show_default=True,
+        help="Seconds a half-received RPC frame may go without a byte before its connection "
+        "is closed.",
+    ),
+    click.option(
+        "--max-buffered-bytes",
+        type=click.IntRange(min=_DEFAULT.max_frame),
+        default=_DEFAULT.max_buffered_bytes,
+        show_default=True,
+        help="Bytes all RPC connections may hold together (frames being received, requests "
+        "being handled); past it, connections wait before their next frame is read. At least "
+        f"the frame limit, {format_size(_DEFAULT.max_frame)}; default "
+        f"{_DEFAULT.max_buffered_bytes // MiB} MiB.",
+    ),
+)
+
+
+def rpc_caps(command: F) -> F:
+    """Add the RPC caps' flags to ``command``, which takes them as ``rpc: RpcServerOptions``."""
+
+    @functools.wraps(command)
+    def wrapper(
+        *args: Any,
+        max_connections: int,
+        max_connections_per_peer: int,
+        idle_timeout: float,
+        stall_timeout: float,
+        max_buffered_bytes: int,
+        **kwargs: Any,
+    ) -> Any:
+        rpc = RpcServerOptions(
+            max_connections=max_connections,
+            max_connections_per_peer=max_connections_per_peer,
+            idle_timeout=idle_timeout,
+            stall_timeout=stall_timeout,
+            max_buffered_bytes=max_buffered_bytes,
+        )
+        return command(*args, rpc=rpc, **kwargs)
+
+    decorated: Callable[..., Any] = wrapper
+    for flag in reversed(_FLAGS):
+        decorated = flag(decorated)
+    return decorated  # type: ignore[return-value]
