@@ -11,7 +11,10 @@ index, and then reading the appropriate block from disk" (§4). Here:
 * :meth:`SSTable.get_row`: bloom filter, then binary search of the index for the blocks whose
   row range holds the row (usually one), then the block cache, else one ranged GET per block,
   whose crc32c is verified before it is decoded (a mismatch is Corruption, never data).
-  Concurrent reads of one missing block share one GET.
+  In a format-2 SSTable the unit is not the block but the page (``pages.py``): a binary search
+  of the block's page index, then the block cache, else one ranged GET of the bytes holding
+  that page of every column (a few KiB), verified and decoded without pyarrow's reader.
+  Concurrent reads of one missing block (or page) share one GET.
 * :meth:`SSTable.scan` streams blocks in order from the first that can hold ``start_row``,
   fetching block i+1 while the caller consumes block i, and more blocks ahead (up to
   :data:`DEFAULT_READAHEAD`) as the scan goes on.
@@ -51,6 +54,7 @@ from tabletstore.sstable.format import (
     parse_tail,
     tail_length,
 )
+from tabletstore.sstable.pages import Page, PageIndex, decode_pages
 from tabletstore.storage_s3.base import ObjectStore, object_url
 
 __all__ = ["DEFAULT_READAHEAD", "SSTable", "SSTableCore", "read_sstable_bytes"]
@@ -68,6 +72,8 @@ class SSTableCore:
         self.footer: Footer = parsed.footer
         self.tail_size = parsed.tail_size
         self.blocks: tuple[BlockHandle, ...] = parsed.footer.blocks
+        #: Format 2: the page index (point reads fetch pages); None for format 1.
+        self.pages: PageIndex | None = parsed.footer.pages
         self._first_rows = [b.first_row for b in self.blocks]
         self._last_rows = [b.last_row for b in self.blocks]
         self._decoder = RowGroupDecoder(parsed.parquet, size)
@@ -120,6 +126,21 @@ class SSTableCore:
         ):
             raise Corruption(f"SSTable {self.name}: block {index} disagrees with the index")
         return block
+
+    def page_range(self, block: int, pages: range) -> tuple[int, int]:
+        """``(offset, length)`` in the object of the bytes holding ``pages`` of ``block``."""
+        assert self.pages is not None
+        rel, length = self.pages.span(pages)
+        return self.blocks[block].offset + rel, length
+
+    def decode_pages(self, block: int, pages: range, data: BytesLike) -> Page:
+        """Verify and decode ``pages`` of ``block`` from the bytes :meth:`page_range` names."""
+        assert self.pages is not None
+        rel, _ = self.pages.span(pages)
+        try:
+            return decode_pages(self.pages, pages, data, rel, self.footer.compression)
+        except Corruption as exc:
+            raise Corruption(f"SSTable {self.name}: {exc}") from exc
 
     def decode_range(self, first: int, last: int, data: BytesLike) -> pa.Table:
         """Blocks ``first..last`` (inclusive) from their contiguous bytes ``data``, each
@@ -177,6 +198,7 @@ class SSTable:
         self._scan_cache = scan_cache
         self._resident: list[Block] | None = None
         self._inflight: dict[int, asyncio.Future[Block]] = {}
+        self._inflight_pages: dict[tuple[int, int], asyncio.Future[Page]] = {}
         #: Reads the bloom filter answered without a fetch, and blocks fetched from the store.
         self.bloom_skips = 0
         self.block_fetches = 0
@@ -284,7 +306,15 @@ class SSTable:
             if hit is not None:
                 return list(hit)
         indexes = self._core.blocks_for_row(row)
-        if len(indexes) == 1:
+        pages = self._core.pages
+        if pages is not None and self._resident is None:
+            found = [
+                c
+                for i in indexes
+                for c in (await self._pages(i, pages.pages_for_row(i, row))).row_cells(row)
+            ]
+            cells = found
+        elif len(indexes) == 1:
             cells = (await self._block(indexes[0])).row_cells(row)
         else:
             blocks = await asyncio.gather(*(self._block(i) for i in indexes))
@@ -463,6 +493,40 @@ class SSTable:
             return block
         finally:
             del self._inflight[index]
+
+    async def _pages(self, block: int, pages: range) -> Page:
+        """``pages`` of ``block`` (format 2) from the block cache or the store (one shared
+        GET of a few KiB)."""
+        cache = self._cache
+        if cache is not None:
+            hit = cache.get_page(self.key, pages)
+            if hit is not None:
+                return hit
+        key = (pages.start, pages.stop)
+        pending = self._inflight_pages.get(key)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        future: asyncio.Future[Page] = asyncio.get_running_loop().create_future()
+        self._inflight_pages[key] = future
+        try:
+            offset, length = self._core.page_range(block, pages)
+            self.block_fetches += 1
+            data = await self._get(self.store, self.key, offset, length)
+            page = self._core.decode_pages(block, pages, data)
+        except BaseException as exc:
+            error = exc if isinstance(exc, Exception) else None
+            future.set_exception(
+                error or Unavailable(f"SSTable {self._core.name}: page fetch was cancelled")
+            )
+            future.exception()
+            raise
+        else:
+            future.set_result(page)
+            if cache is not None:
+                cache.put_page(self.key, pages, page)
+            return page
+        finally:
+            del self._inflight_pages[key]
 
     async def _fetch(self, index: int) -> Block:
         handle = self._core.blocks[index]

@@ -1,0 +1,450 @@
+"""SSTable pages: a point read fetches and decodes one small page, not a whole block (§4, §6).
+
+§4 reads "the appropriate block from disk" for a lookup; with 64 KiB Parquet row groups that
+means fetching and decoding 64 KiB for one value, and pyarrow's row-group decode costs a few
+hundred microseconds whatever the size. Format version 2 cuts every block into *pages*: every
+column chunk of a row group is written as Parquet data pages of exactly ``page_cells`` cells
+(the last page of a block may hold fewer), so page ``j`` of every column covers the same cells.
+The pages are ordinary Parquet DATA_PAGE (v1) pages, PLAIN encoded, no dictionary, compressed
+with the SSTable's codec: the file stays plain Parquet. Where each page's bytes are is recorded
+in the footer (``tabletstore.pages``, :func:`encode_page_index`), so a point read binary-searches
+the pages' first rows, fetches the byte range holding that page of every column, verifies its
+crc32c, and decodes only those few KiB here, without pyarrow's Parquet reader.
+
+Page index (little endian, base64 in the footer)::
+
+    u32 page_cells           cells per page (every page but the last of a block)
+    u32 P                    number of pages (of all blocks, in order)
+    P x 24 u32               per page: block index, then for each of the 7 columns
+                             (schema order) the offset of the page's compressed data
+                             relative to the block's offset, its compressed length and its
+                             uncompressed length; then the crc32c of the 7 compressed pieces
+                             in column order (one running checksum); then flags: bit 0 set
+                             when the page's first row is the previous page's last row (a
+                             row continued; only the pages of one block are compared)
+    P x (u32 n, n bytes)     the page's first row key
+
+The writer reads the page headers back (Thrift compact protocol, :func:`read_page_header`)
+to build the index, and refuses to write a file whose pages are not aligned so.
+"""
+
+from __future__ import annotations
+
+import struct
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+import crc32c
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from tabletstore.errors import Corruption
+from tabletstore.keys import Cell
+
+__all__ = [
+    "COLUMNS",
+    "CONTINUES",
+    "DEFAULT_PAGE_BYTES",
+    "Page",
+    "PageHeader",
+    "PageIndex",
+    "decode_page_index",
+    "decode_pages",
+    "encode_page_index",
+    "page_cells_for",
+    "read_page_header",
+]
+
+#: Target raw bytes of one page (see :func:`page_cells_for`).
+DEFAULT_PAGE_BYTES: Final = 8 * 1024
+#: Columns of the SSTable schema.
+COLUMNS: Final = 7
+_MAX_PAGE_CELLS = 4096
+_FIELDS = 1 + 3 * COLUMNS + 2
+_CRC = 1 + 3 * COLUMNS
+_FLAGS = _CRC + 1
+#: The flag bit of a page whose first row continues from the previous page.
+CONTINUES: Final = 1
+_U32 = struct.Struct("<I")
+#: Bytes charged to the block cache per cached cell (tuple and objects) on top of its bytes.
+_CELL_OVERHEAD = 200
+
+#: Parquet codec decoders by tabletstore compression name.
+_CODECS: Final[dict[str, str]] = {"zstd": "zstd", "lz4": "lz4_raw", "snappy": "snappy"}
+
+
+def page_cells_for(average_cell_bytes: float, page_bytes: int = DEFAULT_PAGE_BYTES) -> int:
+    """Cells per page so that a page holds about ``page_bytes`` raw bytes."""
+    return max(1, min(_MAX_PAGE_CELLS, int(page_bytes // max(1.0, average_cell_bytes))))
+
+
+@dataclass(frozen=True, slots=True)
+class PageIndex:
+    """Where every page of an SSTable is (see the module docstring)."""
+
+    page_cells: int
+    #: (P, 24) uint32: block, 7 x (relative offset, compressed, uncompressed), crc32c, flags.
+    table: npt.NDArray[np.uint32]
+    first_rows: tuple[bytes, ...]
+    #: ``block_starts[b]``: index of block b's first page; one extra entry at the end.
+    block_starts: tuple[int, ...]
+    #: Cells of each block.
+    block_cells: tuple[int, ...]
+
+    @property
+    def pages(self) -> int:
+        return len(self.first_rows)
+
+    def pages_for_row(self, block: int, row: bytes) -> range:
+        """Pages of ``block`` that may hold cells of ``row`` (the caller knows the block
+        holds ``row``'s range): from the last page starting before ``row`` (unless the next
+        page starts with ``row`` and does not continue it) through the last page starting at
+        or before it."""
+        lo, hi = self.block_starts[block], self.block_starts[block + 1]
+        rows = self.first_rows
+        i = bisect_left(rows, row, lo, hi)
+        first = i
+        if i > lo and not (
+            i < hi and rows[i] == row and not int(self.table[i, _FLAGS]) & CONTINUES
+        ):
+            first = i - 1
+        last = bisect_right(rows, row, lo, hi)
+        return range(first, max(first + 1, last))
+
+    def cells_in_page(self, page: int) -> int:
+        """Cells of ``page``: ``page_cells``, or the rest of its block for a block's last."""
+        block = int(self.table[page, 0])
+        start = self.block_starts[block]
+        if page + 1 < self.block_starts[block + 1]:
+            return self.page_cells
+        return self.block_cells[block] - (page - start) * self.page_cells
+
+    def span(self, pages: range) -> tuple[int, int]:
+        """``(relative offset, length)`` in its block of the bytes holding ``pages`` of every
+        column (REQUIRES: consecutive pages of one block)."""
+        t = self.table
+        first, last = t[pages.start], t[pages.stop - 1]
+        offsets = [int(first[1 + 3 * c]) for c in range(COLUMNS)]
+        ends = [int(last[1 + 3 * c]) + int(last[2 + 3 * c]) for c in range(COLUMNS)]
+        start = min(offsets)
+        return start, max(ends) - start
+
+
+def encode_page_index(index: PageIndex) -> bytes:
+    parts = [_U32.pack(index.page_cells), _U32.pack(index.pages)]
+    parts.append(index.table.astype("<u4").tobytes())
+    for row in index.first_rows:
+        parts += (_U32.pack(len(row)), row)
+    return b"".join(parts)
+
+
+def decode_page_index(data: bytes, blocks: Sequence[tuple[int, int]]) -> PageIndex:
+    """Inverse of :func:`encode_page_index`, checked against the blocks' ``(length, cells)``;
+    Corruption when the bytes are malformed or disagree with the blocks."""
+    try:
+        page_cells, count = struct.unpack_from("<II", data, 0)
+        pos = 8
+        size = count * _FIELDS * 4
+        if page_cells < 1 or pos + size > len(data):
+            raise struct.error("page table runs past the end")
+        table = np.frombuffer(data, dtype="<u4", count=count * _FIELDS, offset=pos)
+        table = table.reshape(count, _FIELDS).astype(np.uint32)
+        pos += size
+        rows = []
+        for _ in range(count):
+            (n,) = _U32.unpack_from(data, pos)
+            pos += 4
+            if pos + n > len(data):
+                raise struct.error("a first row key runs past the end")
+            rows.append(data[pos : pos + n])
+            pos += n
+    except (struct.error, ValueError) as exc:
+        raise Corruption(f"page index is malformed: {exc}") from exc
+    if pos != len(data):
+        raise Corruption(f"page index has {len(data) - pos} trailing bytes")
+    starts = [0]
+    page = 0
+    for b, (length, cells) in enumerate(blocks):
+        want = -(-cells // page_cells)
+        if page + want > count or np.any(table[page : page + want, 0] != b):
+            raise Corruption(f"page index disagrees with block {b}'s {cells} cells")
+        pieces = table[page : page + want, 1 : 1 + 3 * COLUMNS].reshape(want, COLUMNS, 3)
+        ends = pieces[:, :, 0].astype(np.int64) + pieces[:, :, 1]
+        if want and int(ends.max()) > length:
+            raise Corruption(f"page index points outside block {b}")
+        page += want
+        starts.append(page)
+    if page != count:
+        raise Corruption(f"page index has {count} pages, the blocks need {page}")
+    return PageIndex(page_cells, table, tuple(rows), tuple(starts), tuple(c for _, c in blocks))
+
+
+# -- the writer's side: reading Parquet page headers back ----------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PageHeader:
+    """The fields of a Parquet PageHeader the page index needs."""
+
+    header_length: int
+    page_type: int
+    uncompressed: int
+    compressed: int
+    num_values: int
+    encoding: int
+
+
+_DATA_PAGE = 0
+_PLAIN = 0
+
+
+def read_page_header(buf: bytes | memoryview, pos: int) -> PageHeader:
+    """Parse the Thrift-compact PageHeader at ``pos`` (parquet.thrift: 1 type, 2
+    uncompressed_page_size, 3 compressed_page_size, 5 data_page_header{1 num_values,
+    2 encoding}); ValueError when malformed."""
+    reader = _Compact(buf, pos)
+    fields: dict[int, int] = {}
+    data_page: dict[int, int] = {}
+
+    def on_field(fid: int, ftype: int) -> bool:
+        if fid in (1, 2, 3) and ftype == 5:
+            fields[fid] = reader.zigzag()
+            return True
+        if fid == 5 and ftype == 12:
+            reader.struct(lambda f, t: _int_field(reader, data_page, f, t, (1, 2)))
+            return True
+        return False
+
+    reader.struct(on_field)
+    if not {1, 2, 3} <= fields.keys():
+        raise ValueError(f"page header lacks fields {sorted({1, 2, 3} - fields.keys())}")
+    return PageHeader(
+        header_length=reader.pos - pos,
+        page_type=fields[1],
+        uncompressed=fields[2],
+        compressed=fields[3],
+        num_values=data_page.get(1, -1),
+        encoding=data_page.get(2, -1),
+    )
+
+
+def _int_field(
+    reader: _Compact, out: dict[int, int], fid: int, ftype: int, wanted: tuple[int, ...]
+) -> bool:
+    if fid in wanted and ftype == 5:
+        out[fid] = reader.zigzag()
+        return True
+    return False
+
+
+class _Compact:
+    """Just enough of Thrift's compact protocol to read (and skip) a PageHeader."""
+
+    def __init__(self, buf: bytes | memoryview, pos: int) -> None:
+        self.buf = buf
+        self.pos = pos
+
+    def byte(self) -> int:
+        if self.pos >= len(self.buf):
+            raise ValueError("page header runs past the end of its column chunk")
+        b = self.buf[self.pos]
+        self.pos += 1
+        return int(b)
+
+    def varint(self) -> int:
+        shift = result = 0
+        while True:
+            b = self.byte()
+            result |= (b & 0x7F) << shift
+            if not b & 0x80:
+                return result
+            shift += 7
+            if shift > 70:
+                raise ValueError("varint too long")
+
+    def zigzag(self) -> int:
+        n = self.varint()
+        return (n >> 1) ^ -(n & 1)
+
+    def struct(self, on_field: Callable[[int, int], bool]) -> None:
+        fid = 0
+        while True:
+            head = self.byte()
+            ftype = head & 0x0F
+            if ftype == 0:
+                return
+            delta = head >> 4
+            fid = fid + delta if delta else self.zigzag()
+            if not on_field(fid, ftype):
+                self.skip(ftype)
+
+    def skip(self, ftype: int) -> None:
+        if ftype in (1, 2):  # booleans live in the type nibble
+            return
+        if ftype in (3,):
+            self.pos += 1
+        elif ftype in (4, 5, 6):
+            self.varint()
+        elif ftype == 7:
+            self.pos += 8
+        elif ftype == 8:
+            length = self.varint()  # read before self.pos: ``+=`` would load it first
+            self.pos += length
+        elif ftype in (9, 10):
+            head = self.byte()
+            size = head >> 4 if head >> 4 != 15 else self.varint()
+            for _ in range(size):
+                self.skip(head & 0x0F)
+        elif ftype == 11:
+            size = self.varint()
+            if size:
+                kv = self.byte()
+                for _ in range(size):
+                    self.skip(kv >> 4)
+                    self.skip(kv & 0x0F)
+        elif ftype == 12:
+            self.struct(lambda _f, _t: False)
+        else:
+            raise ValueError(f"unknown Thrift compact type {ftype}")
+        if self.pos > len(self.buf):
+            raise ValueError("page header runs past the end of its column chunk")
+
+
+def chunk_pages(
+    data: bytes | memoryview, start: int, end: int, cells: int, page_cells: int
+) -> list[tuple[int, int, int]]:
+    """``(data offset, compressed, uncompressed)`` of every data page of the column chunk in
+    ``data[start:end]``; ValueError unless they are PLAIN DATA_PAGEs of ``page_cells`` cells
+    each (the last: the rest)."""
+    pages = []
+    pos = start
+    left = cells
+    while pos < end:
+        header = read_page_header(data, pos)
+        want = min(page_cells, left)
+        if (header.page_type, header.encoding, header.num_values) != (_DATA_PAGE, _PLAIN, want):
+            raise ValueError(
+                f"page at {pos} is type {header.page_type}, encoding {header.encoding}, "
+                f"{header.num_values} values; expected a PLAIN data page of {want}"
+            )
+        body = pos + header.header_length
+        pages.append((body, header.compressed, header.uncompressed))
+        pos = body + header.compressed
+        left -= want
+    if pos != end or left:
+        raise ValueError(
+            f"column chunk pages end at {pos} (chunk ends at {end}), {left} cells left"
+        )
+    return pages
+
+
+# -- the reader's side: one page decoded ----------------------------------------------------
+
+
+class Page:
+    """The cells of one page (or a few consecutive pages) of a block: what the block cache
+    holds for a point read of a format-2 SSTable."""
+
+    __slots__ = ("_cells", "_rows", "nbytes")
+
+    def __init__(self, cells: list[Cell]) -> None:
+        self._cells = cells
+        self._rows = [c.row for c in cells]
+        self.nbytes = sum(
+            len(c.row) + len(c.family) + len(c.qualifier) + len(c.value) + _CELL_OVERHEAD
+            for c in cells
+        )
+
+    @property
+    def cells(self) -> list[Cell]:
+        return self._cells
+
+    def row_cells(self, row: bytes) -> list[Cell]:
+        """The cells of ``row`` in this page (empty if none)."""
+        lo = bisect_left(self._rows, row)
+        hi = bisect_right(self._rows, row, lo)
+        return self._cells[lo:hi]
+
+
+def _binary(buf: bytes, n: int) -> list[bytes]:
+    out = []
+    pos = 0
+    unpack = _U32.unpack_from
+    for _ in range(n):
+        (length,) = unpack(buf, pos)
+        pos += 4
+        out.append(buf[pos : pos + length])
+        pos += length
+    if pos != len(buf):
+        raise ValueError(f"{n} PLAIN byte arrays end at {pos} of {len(buf)} bytes")
+    return out
+
+
+def _decompress(codec: pa.Codec | None, data: bytes, size: int) -> bytes:
+    if codec is None:
+        if len(data) != size:
+            raise ValueError(f"an uncompressed page of {len(data)} bytes claims {size}")
+        return data
+    out = codec.decompress(data, decompressed_size=size, asbytes=True)
+    assert isinstance(out, bytes)
+    return out
+
+
+_codec_cache: dict[str, pa.Codec | None] = {}
+
+
+def codec_for(compression: str) -> pa.Codec | None:
+    """The decompressor for an SSTable compression name (None: uncompressed)."""
+    if compression not in _codec_cache:
+        name = _CODECS.get(compression)
+        _codec_cache[compression] = None if name is None else pa.Codec(name)
+    return _codec_cache[compression]
+
+
+def decode_pages(
+    index: PageIndex,
+    pages: range,
+    data: bytes | bytearray | memoryview,
+    base: int,
+    compression: str,
+) -> Page:
+    """Decode ``pages`` (consecutive, of one block) from ``data``, the block's bytes starting
+    at relative offset ``base``. Corruption when a checksum fails or a page does not decode."""
+    codec = codec_for(compression)
+    view = memoryview(data)
+    columns: list[list[object]] = [[] for _ in range(COLUMNS)]
+    for p in pages:
+        entry = index.table[p]
+        block = int(entry[0])
+        where = f"block {block} page {p - index.block_starts[block]}"
+        n = index.cells_in_page(p)
+        crc = 0
+        raw = []
+        for c in range(COLUMNS):
+            off = int(entry[1 + 3 * c]) - base
+            length = int(entry[2 + 3 * c])
+            piece = view[off : off + length]
+            if off < 0 or len(piece) != length:
+                raise Corruption(f"{where} lies outside the bytes read")
+            crc = crc32c.crc32c(piece, crc)
+            raw.append((piece, int(entry[3 + 3 * c])))
+        if crc != int(entry[_CRC]):
+            raise Corruption(f"block {block} fails its crc32c checksum (page {p})")
+        try:
+            bufs = [_decompress(codec, bytes(piece), size) for piece, size in raw]
+            rows = _binary(bufs[0], n)
+            if not rows or rows[0] != index.first_rows[p]:
+                raise Corruption(f"{where} disagrees with the page index")
+            columns[0] += rows
+            columns[1] += [f.decode() for f in _binary(bufs[1], n)]
+            columns[2] += _binary(bufs[2], n)
+            columns[3] += struct.unpack(f"<{n}q", bufs[3])
+            columns[4] += struct.unpack(f"<{n}q", bufs[4])
+            columns[5] += struct.unpack(f"<{n}i", bufs[5])
+            columns[6] += _binary(bufs[6], n)
+        except (pa.ArrowException, ValueError, struct.error, UnicodeDecodeError) as exc:
+            raise Corruption(f"{where} does not decode: {exc}") from exc
+    return Page(list(map(Cell, *columns)))
