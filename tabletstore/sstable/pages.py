@@ -30,6 +30,7 @@ to build the index, and refuses to write a file whose pages are not aligned so.
 
 from __future__ import annotations
 
+import re
 import struct
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
@@ -204,7 +205,128 @@ _PLAIN = 0
 def read_page_header(buf: bytes | memoryview, pos: int) -> PageHeader:
     """Parse the Thrift-compact PageHeader at ``pos`` (parquet.thrift: 1 type, 2
     uncompressed_page_size, 3 compressed_page_size, 5 data_page_header{1 num_values,
-    2 encoding}); ValueError when malformed."""
+    2 encoding}); ValueError when malformed.
+
+    One flat loop (a compaction reads back every page header it wrote): integers and
+    binaries are read inline, structs keep a stack of field ids; a header holding a list or
+    map (pyarrow writes none) goes through the general :class:`_Compact` reader."""
+    if isinstance(buf, memoryview) and buf.format != "B":
+        buf = buf.cast("B")  # a pyarrow Buffer's view is signed chars
+    plain = _PLAIN_HEADER.match(buf, pos)  # type: ignore[call-overload]
+    if plain is not None:
+        type_, uncompressed, compressed, values = (_zigzag(g) for g in plain.groups())
+        return PageHeader(plain.end() - pos, type_, uncompressed, compressed, values, _PLAIN)
+    try:
+        return _read_header_flat(buf, pos)
+    except _NeedsGeneral:
+        return _read_header_general(buf, pos)
+    except IndexError as exc:
+        raise ValueError("page header runs past the end of its column chunk") from exc
+
+
+_VARINT = rb"([\x80-\xff]{0,4}[\x00-\x7f])"
+#: The page header pyarrow writes for a PLAIN data page without statistics: type, sizes, then
+#: data_page_header{num_values, encoding PLAIN, RLE, RLE, an empty statistics struct or none};
+#: anything else goes through the loop below.
+_PLAIN_HEADER = re.compile(
+    rb"\x15"
+    + _VARINT
+    + rb"\x15"
+    + _VARINT
+    + rb"\x15"
+    + _VARINT
+    + rb"\x2c\x15"
+    + _VARINT
+    + rb"\x15\x00\x15\x06\x15\x06(?:\x1c\x00)?\x00\x00",
+    re.DOTALL,
+)
+
+
+def _zigzag(data: bytes) -> int:
+    raw = 0
+    for shift, b in enumerate(data):
+        raw |= (b & 0x7F) << (7 * shift)
+    return (raw >> 1) ^ -(raw & 1)
+
+
+class _NeedsGeneral(Exception):
+    """The flat page-header reader met a type it does not handle."""
+
+
+def _varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
+    b = buf[pos]
+    if b < 0x80:
+        return b, pos + 1
+    result = b & 0x7F
+    shift = 7
+    while True:
+        pos += 1
+        b = buf[pos]
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return result, pos + 1
+        shift += 7
+        if shift > 70:
+            raise ValueError("varint too long")
+
+
+def _read_header_flat(buf: bytes | memoryview, pos: int) -> PageHeader:
+    start = pos
+    header: dict[int, int] = {}
+    data_page: dict[int, int] = {}
+    stack: list[int] = []  # field ids of the enclosing structs
+    fid = 0
+    while True:
+        head = buf[pos]
+        pos += 1
+        ftype = head & 0x0F
+        if ftype == 0:
+            if not stack:
+                break
+            fid = stack.pop()
+            continue
+        if head >> 4:
+            fid += head >> 4
+        else:
+            raw, pos = _varint(buf, pos)
+            fid = (raw >> 1) ^ -(raw & 1)
+        if ftype in (4, 5, 6):
+            raw, pos = _varint(buf, pos)
+            if ftype == 5 and not stack and fid in (1, 2, 3):
+                header[fid] = (raw >> 1) ^ -(raw & 1)
+            elif ftype == 5 and stack == [5] and fid in (1, 2):
+                data_page[fid] = (raw >> 1) ^ -(raw & 1)
+        elif ftype == 8:
+            length, pos = _varint(buf, pos)
+            pos += length
+        elif ftype == 12:
+            stack.append(fid)
+            fid = 0
+        elif ftype == 3:
+            pos += 1
+        elif ftype == 7:
+            pos += 8
+        elif ftype not in (1, 2):
+            raise _NeedsGeneral
+    if pos > len(buf):
+        raise ValueError("page header runs past the end of its column chunk")
+    return _page_header(pos - start, header, data_page)
+
+
+def _page_header(length: int, fields: dict[int, int], data_page: dict[int, int]) -> PageHeader:
+    if not {1, 2, 3} <= fields.keys():
+        raise ValueError(f"page header lacks fields {sorted({1, 2, 3} - fields.keys())}")
+    return PageHeader(
+        header_length=length,
+        page_type=fields[1],
+        uncompressed=fields[2],
+        compressed=fields[3],
+        num_values=data_page.get(1, -1),
+        encoding=data_page.get(2, -1),
+    )
+
+
+def _read_header_general(buf: bytes | memoryview, pos: int) -> PageHeader:
     reader = _Compact(buf, pos)
     fields: dict[int, int] = {}
     data_page: dict[int, int] = {}
@@ -219,16 +341,7 @@ def read_page_header(buf: bytes | memoryview, pos: int) -> PageHeader:
         return False
 
     reader.struct(on_field)
-    if not {1, 2, 3} <= fields.keys():
-        raise ValueError(f"page header lacks fields {sorted({1, 2, 3} - fields.keys())}")
-    return PageHeader(
-        header_length=reader.pos - pos,
-        page_type=fields[1],
-        uncompressed=fields[2],
-        compressed=fields[3],
-        num_values=data_page.get(1, -1),
-        encoding=data_page.get(2, -1),
-    )
+    return _page_header(reader.pos - pos, fields, data_page)
 
 
 def _int_field(
@@ -319,6 +432,8 @@ def chunk_pages(
     """``(data offset, compressed, uncompressed)`` of every data page of the column chunk in
     ``data[start:end]``; ValueError unless they are PLAIN DATA_PAGEs of ``page_cells`` cells
     each (the last: the rest)."""
+    if isinstance(data, memoryview) and data.format != "B":
+        data = data.cast("B")
     pages = []
     pos = start
     left = cells

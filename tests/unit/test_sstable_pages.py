@@ -12,6 +12,7 @@ import pytest
 from tabletstore.errors import Corruption
 from tabletstore.keys import Cell, CellKind, cell_sort_key
 from tabletstore.sstable import BlockCache, SSTable, read_sstable_bytes, write_sstable
+from tabletstore.sstable import pages as pages_module
 from tabletstore.sstable.format import parse_tail
 from tabletstore.sstable.pages import (
     CONTINUES,
@@ -152,6 +153,24 @@ def test_page_headers_parse_as_parquet_wrote_them() -> None:
     assert header.compressed == header.uncompressed == int(pages.table[0, 20])
     with pytest.raises(ValueError):
         read_page_header(b"\x15", 0)
+
+
+@pytest.mark.parametrize("compression", ["zstd", "none"])
+def test_the_fast_header_paths_agree_with_the_general_reader(compression: str) -> None:
+    data, _ = write_sstable(mixed_cells(400), compression=compression, page_size=512)
+    meta = pq.read_metadata(pa.BufferReader(data))
+    seen = 0
+    for g in range(meta.num_row_groups):
+        for c in range(meta.num_columns):
+            col = meta.row_group(g).column(c)
+            pos, end = col.data_page_offset, col.data_page_offset + col.total_compressed_size
+            while pos < end:
+                header = read_page_header(data, pos)
+                assert header == pages_module._read_header_general(data, pos)
+                assert header == pages_module._read_header_flat(data, pos)
+                pos += header.header_length + header.compressed
+                seen += 1
+    assert seen > 7 * meta.num_row_groups
 
 
 def test_page_cells_aim_at_about_8_kib() -> None:
