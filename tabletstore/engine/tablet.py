@@ -557,9 +557,21 @@ class Tablet:
         raw: list[Cell] = list(state.memtable.get_row(row))
         for mt in state.frozen:
             raw.extend(mt.get_row(row))
-        tables = [t for g in self._groups_for(families) for t in state.sstables[g]]
-        if tables:
-            for cells in await asyncio.gather(*(t.get_row(row) for t in tables)):
+        # The point-read fast path: key ranges and bloom filters first, resident (in-memory)
+        # SSTables answered without an await, and no task unless two SSTables need I/O.
+        fetch = []
+        for g in self._groups_for(families):
+            for t in state.sstables[g]:
+                if t.might_hold(row):
+                    cells = t.resident_row(row)
+                    if cells is None:
+                        fetch.append(t)
+                    else:
+                        raw.extend(cells)
+        if len(fetch) == 1:
+            raw.extend(await fetch[0].read_candidate(row))
+        elif fetch:
+            for cells in await asyncio.gather(*(t.read_candidate(row) for t in fetch)):
                 raw.extend(cells)
         # A stable sort keeps the newest source first among identical keys.
         raw.sort(key=cell_sort_key)

@@ -297,9 +297,34 @@ class SSTable:
         With a scan cache (§6: "caches the key-value pairs returned by the SSTable interface"),
         a repeated read of a row skips the block lookup and decode. An SSTable never changes,
         so its entries never go stale; :meth:`close` drops them."""
-        if not self._core.may_contain_row(row):
-            self.bloom_skips += 1
+        if not self.might_hold(row):
             return []
+        return await self.read_candidate(row)
+
+    def might_hold(self, row: bytes) -> bool:
+        """False when the key range or the bloom filter proves there is no cell of ``row``.
+        A resident SSTable (in memory, §6) skips the bloom filter: the lookup is as cheap."""
+        footer = self._core.footer
+        if not footer.first_row <= row <= footer.last_row or not footer.cells:
+            return False
+        if self._resident is None and not self._core.may_contain_row(row):
+            self.bloom_skips += 1
+            return False
+        return True
+
+    def resident_row(self, row: bytes) -> list[Cell] | None:
+        """The cells of ``row`` when the SSTable is resident (no await: an in-memory read
+        does no I/O), else None."""
+        resident = self._resident
+        if resident is None:
+            return None
+        indexes = self._core.blocks_for_row(row)
+        if len(indexes) == 1:
+            return resident[indexes[0]].row_cells(row)
+        return [c for i in indexes for c in resident[i].row_cells(row)]
+
+    async def read_candidate(self, row: bytes) -> list[Cell]:
+        """:meth:`get_row` for a row :meth:`might_hold` did not rule out."""
         scan_cache = self._scan_cache
         if scan_cache is not None:
             hit = scan_cache.get(self.key, row)
