@@ -7,7 +7,7 @@ were read from GFS" (§6).
 
 * :class:`BlockCache` holds decoded SSTable blocks (``block.Block``), keyed by (object key,
   block index), and decoded pages of format-2 SSTables (``pages.Page``, what a point read
-  fetches), keyed by (object key, (first page, end page)), bounded by bytes, least recently used first out. One per process, shared by
+  fetches), keyed by (object key, ("page", page index)), bounded by bytes, least recently used first out. One per process, shared by
   every SSTable. Objects are immutable, so an entry never goes stale; :meth:`BlockCache.evict`
   drops an SSTable's blocks once it is no longer read (after a compaction replaced it).
 * :class:`ScanCache` holds the cells recently returned for a row, keyed by (namespace, row),
@@ -36,8 +36,8 @@ __all__ = ["BlockCache", "CacheStats", "ScanCache"]
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
-#: A block cache entry's index: a block, or a (first, end) range of pages.
-_Index = int | tuple[int, int]
+#: A block cache entry's index: a block, or ("page", page index).
+_Index = int | tuple[str, int]
 
 #: Bytes charged per cached cell on top of its key and value bytes (tuple and int objects).
 _CELL_OVERHEAD = 200
@@ -139,14 +139,14 @@ class BlockCache:
         """Cache a block, charged ``block.nbytes``; evicts least recently used blocks."""
         self._put(key, index, block)
 
-    def get_page(self, key: str, pages: range) -> Page | None:
-        """The decoded ``pages`` of SSTable object ``key``, or None (a miss)."""
-        entry = self._lru.get((key, (pages.start, pages.stop)))
+    def get_page(self, key: str, page: int) -> Page | None:
+        """Decoded page ``page`` of SSTable object ``key``, or None (a miss)."""
+        entry = self._lru.get((key, ("page", page)))
         return entry if isinstance(entry, Page) else None
 
-    def put_page(self, key: str, pages: range, page: Page) -> None:
-        """Cache decoded pages, charged ``page.nbytes``."""
-        self._put(key, (pages.start, pages.stop), page)
+    def put_page(self, key: str, index: int, page: Page) -> None:
+        """Cache a decoded page, charged ``page.nbytes``."""
+        self._put(key, ("page", index), page)
 
     def _put(self, key: str, index: _Index, entry: Block | Page) -> None:
         for k, i in self._lru.put((key, index), entry, entry.nbytes):

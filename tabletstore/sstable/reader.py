@@ -61,6 +61,8 @@ __all__ = ["DEFAULT_READAHEAD", "SSTable", "SSTableCore", "read_sstable_bytes"]
 
 #: Blocks a long scan keeps in flight ahead of its consumer.
 DEFAULT_READAHEAD = 4
+#: Recently fetched pages an SSTable remembers to recognize sequential point reads.
+_RECENT_PAGES = 64
 
 
 class SSTableCore:
@@ -133,10 +135,13 @@ class SSTableCore:
         rel, length = self.pages.span(pages)
         return self.blocks[block].offset + rel, length
 
-    def decode_pages(self, block: int, pages: range, data: BytesLike) -> Page:
-        """Verify and decode ``pages`` of ``block`` from the bytes :meth:`page_range` names."""
+    def decode_pages(
+        self, block: int, pages: range, data: BytesLike, fetched: range | None = None
+    ) -> Page:
+        """Verify and decode ``pages`` of ``block`` from the bytes :meth:`page_range` names
+        for ``fetched`` (default: ``pages``)."""
         assert self.pages is not None
-        rel, _ = self.pages.span(pages)
+        rel, _ = self.pages.span(fetched or pages)
         try:
             return decode_pages(self.pages, pages, data, rel, self.footer.compression)
         except Corruption as exc:
@@ -198,7 +203,9 @@ class SSTable:
         self._scan_cache = scan_cache
         self._resident: list[Block] | None = None
         self._inflight: dict[int, asyncio.Future[Block]] = {}
-        self._inflight_pages: dict[tuple[int, int], asyncio.Future[Page]] = {}
+        self._inflight_pages: dict[int, asyncio.Future[dict[int, Page]]] = {}
+        #: Pages fetched lately (sequential reads are detected by their predecessor here).
+        self._recent_pages: deque[int] = deque(maxlen=_RECENT_PAGES)
         #: Reads the bloom filter answered without a fetch, and blocks fetched from the store.
         self.bloom_skips = 0
         self.block_fetches = 0
@@ -333,12 +340,12 @@ class SSTable:
         indexes = self._core.blocks_for_row(row)
         pages = self._core.pages
         if pages is not None and self._resident is None:
-            found = [
+            cells = [
                 c
                 for i in indexes
-                for c in (await self._pages(i, pages.pages_for_row(i, row))).row_cells(row)
+                for page in await self._pages(i, pages.pages_for_row(i, row))
+                for c in page.row_cells(row)
             ]
-            cells = found
         elif len(indexes) == 1:
             cells = (await self._block(indexes[0])).row_cells(row)
         else:
@@ -519,25 +526,48 @@ class SSTable:
         finally:
             del self._inflight[index]
 
-    async def _pages(self, block: int, pages: range) -> Page:
-        """``pages`` of ``block`` (format 2) from the block cache or the store (one shared
-        GET of a few KiB)."""
+    async def _pages(self, block: int, pages: range) -> list[Page]:
+        """``pages`` of ``block`` (format 2), one :class:`Page` each, from the block cache or
+        the store: one GET of a few KiB for the missing ones, shared by concurrent readers.
+
+        Sequential point reads (the page before the first missing one was itself fetched
+        lately, by this reader or another) read ahead to the end of the block in the same
+        GET, so reading a range row by row costs about one GET per block, as scans do."""
         cache = self._cache
-        if cache is not None:
-            hit = cache.get_page(self.key, pages)
+        found: dict[int, Page] = {}
+        missing: list[int] = []
+        for p in pages:
+            hit = cache.get_page(self.key, p) if cache is not None else None
             if hit is not None:
-                return hit
-        key = (pages.start, pages.stop)
-        pending = self._inflight_pages.get(key)
-        if pending is not None:
-            return await asyncio.shield(pending)
-        future: asyncio.Future[Page] = asyncio.get_running_loop().create_future()
-        self._inflight_pages[key] = future
+                found[p] = hit
+                continue
+            pending = self._inflight_pages.get(p)
+            if pending is not None:
+                found[p] = (await asyncio.shield(pending))[p]
+            else:
+                missing.append(p)
+        if missing:
+            first, stop = missing[0], missing[-1] + 1
+            index = self._core.pages
+            assert index is not None
+            if first - 1 in self._recent_pages:
+                stop = index.block_starts[block + 1]
+            found.update(await self._fetch_pages(block, range(first, stop)))
+        return [found[p] for p in pages]
+
+    async def _fetch_pages(self, block: int, pages: range) -> dict[int, Page]:
+        future: asyncio.Future[dict[int, Page]] = asyncio.get_running_loop().create_future()
+        mine = [p for p in pages if p not in self._inflight_pages]
+        for p in mine:
+            self._inflight_pages[p] = future
+        self._recent_pages.extend(pages)
         try:
             offset, length = self._core.page_range(block, pages)
             self.block_fetches += 1
             data = await self._get(self.store, self.key, offset, length)
-            page = self._core.decode_pages(block, pages, data)
+            decoded = {
+                p: self._core.decode_pages(block, range(p, p + 1), data, pages) for p in pages
+            }
         except BaseException as exc:
             error = exc if isinstance(exc, Exception) else None
             future.set_exception(
@@ -546,12 +576,14 @@ class SSTable:
             future.exception()
             raise
         else:
-            future.set_result(page)
-            if cache is not None:
-                cache.put_page(self.key, pages, page)
-            return page
+            future.set_result(decoded)
+            if self._cache is not None:
+                for p, page in decoded.items():
+                    self._cache.put_page(self.key, p, page)
+            return decoded
         finally:
-            del self._inflight_pages[key]
+            for p in mine:
+                del self._inflight_pages[p]
 
     async def _fetch(self, index: int) -> Block:
         handle = self._core.blocks[index]

@@ -21,7 +21,8 @@ from tabletstore.sstable.pages import (
     page_cells_for,
     read_page_header,
 )
-from tabletstore.storage_s3.base import ObjectStore
+from tabletstore.storage_s3.base import ObjectStore, Op
+from tabletstore.storage_s3.instrumented import InstrumentedObjectStore
 
 KEY = "tables/t/tablet/default/pages.parquet"
 
@@ -177,3 +178,38 @@ def test_page_cells_aim_at_about_8_kib() -> None:
     assert page_cells_for(1000) == 8
     assert page_cells_for(100_000) == 1
     assert page_cells_for(1) == 4096
+
+
+async def test_sequential_point_reads_read_ahead_to_the_end_of_the_block(
+    object_store: ObjectStore,
+) -> None:
+    cells = [Cell(b"r%06d" % i, "cf", b"q", 1, i + 1, 0, os.urandom(200)) for i in range(4000)]
+    data, info = write_sstable(cells)
+    footer = parse_tail(data, len(data)).footer
+    assert footer.pages is not None and footer.pages.pages >= 4 * len(footer.blocks)
+    await object_store.create(KEY, data)
+    counted = InstrumentedObjectStore(object_store)
+    table = await SSTable.open(counted, KEY, size=info.size, block_cache=BlockCache(1 << 24))
+    counted.reset()
+    for c in cells:
+        assert await table.get_row(c.row) == [c]
+    # One GET for a block's first page, one for the rest of it; the next block's first page
+    # follows a page read lately, so it reads the whole block.
+    assert counted.stats()[Op.GET_RANGE].requests <= len(footer.blocks) + 2
+
+
+async def test_random_point_reads_fetch_single_pages(object_store: ObjectStore) -> None:
+    cells = [Cell(b"r%06d" % i, "cf", b"q", 1, i + 1, 0, os.urandom(200)) for i in range(4000)]
+    data, info = write_sstable(cells)
+    await object_store.create(KEY, data)
+    counted = InstrumentedObjectStore(object_store)
+    table = await SSTable.open(counted, KEY, size=info.size, block_cache=BlockCache(1 << 24))
+    pages = table.footer.pages
+    assert pages is not None
+    counted.reset()
+    picks = random.Random(3).sample(range(0, pages.pages, 2), 20)  # never neighbours
+    for p in picks:
+        assert await table.get_row(pages.first_rows[p]) != []
+    stats = counted.stats()[Op.GET_RANGE]
+    assert stats.requests == len(picks)
+    assert stats.bytes < len(picks) * max(b.length for b in table.footer.blocks)
