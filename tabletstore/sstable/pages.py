@@ -119,7 +119,9 @@ class PageIndex:
 
     def cells_in_page(self, page: int) -> int:
         """Cells of ``page``: ``page_cells``, or the rest of its block for a block's last."""
-        block = int(self.table[page, 0])
+        return self._cells_in(page, int(self.table[page, 0]))
+
+    def _cells_in(self, page: int, block: int) -> int:
         start = self.block_starts[block]
         if page + 1 < self.block_starts[block + 1]:
             return self.page_cells
@@ -129,11 +131,11 @@ class PageIndex:
         """``(relative offset, length)`` in its block of the bytes holding ``pages`` of every
         column (REQUIRES: consecutive pages of one block)."""
         t = self.table
-        first, last = t[pages.start], t[pages.stop - 1]
-        offsets = [int(first[1 + 3 * c]) for c in range(COLUMNS)]
-        ends = [int(last[1 + 3 * c]) + int(last[2 + 3 * c]) for c in range(COLUMNS)]
-        start = min(offsets)
-        return start, max(ends) - start
+        first: list[int] = t[pages.start].tolist()
+        last: list[int] = first if len(pages) == 1 else t[pages.stop - 1].tolist()
+        start = min(first[1 : 1 + 3 * COLUMNS : 3])
+        end = max(o + n for o, n in zip(last[1:_CRC:3], last[2:_CRC:3], strict=True))
+        return start, end - start
 
 
 def encode_page_index(index: PageIndex) -> bytes:
@@ -467,13 +469,11 @@ class Page:
 
     __slots__ = ("_cells", "_rows", "nbytes")
 
-    def __init__(self, cells: list[Cell]) -> None:
+    def __init__(self, cells: list[Cell], rows: list[bytes], nbytes: int) -> None:
+        """``rows``: the row key of each cell; ``nbytes``: what the block cache charges."""
         self._cells = cells
-        self._rows = [c.row for c in cells]
-        self.nbytes = sum(
-            len(c.row) + len(c.family) + len(c.qualifier) + len(c.value) + _CELL_OVERHEAD
-            for c in cells
-        )
+        self._rows = rows
+        self.nbytes = nbytes
 
     @property
     def cells(self) -> list[Cell]:
@@ -540,28 +540,28 @@ def decode_pages(
     at relative offset ``base``. Corruption when a checksum fails or a page does not decode."""
     view = memoryview(data)
     columns: list[list[object]] = [[] for _ in range(COLUMNS)]
+    nbytes = 0
     for p in pages:
-        entry = index.table[p]
-        block = int(entry[0])
-        where = f"block {block} page {p - index.block_starts[block]}"
-        n = index.cells_in_page(p)
+        entry: list[int] = index.table[p].tolist()
+        block = entry[0]
+        n = index._cells_in(p, block)
         crc = 0
         raw = []
-        for c in range(COLUMNS):
-            off = int(entry[1 + 3 * c]) - base
-            length = int(entry[2 + 3 * c])
+        for c in range(1, _CRC, 3):
+            off = entry[c] - base
+            length = entry[c + 1]
             piece = view[off : off + length]
             if off < 0 or len(piece) != length:
-                raise Corruption(f"{where} lies outside the bytes read")
+                raise Corruption(f"block {block} page {p} lies outside the bytes read")
             crc = crc32c.crc32c(piece, crc)
-            raw.append((piece, int(entry[3 + 3 * c])))
-        if crc != int(entry[_CRC]):
+            raw.append((piece, entry[c + 2]))
+        if crc != entry[_CRC]:
             raise Corruption(f"block {block} fails its crc32c checksum (page {p})")
         try:
             bufs = [_decompress(compression, piece, size) for piece, size in raw]
             rows = _binary(bufs[0], n)
-            if not rows or rows[0] != index.first_rows[p]:
-                raise Corruption(f"{where} disagrees with the page index")
+            if rows[0] != index.first_rows[p]:
+                raise Corruption(f"block {block} page {p} disagrees with the page index")
             columns[0] += rows
             columns[1] += [f.decode() for f in _binary(bufs[1], n)]
             columns[2] += _binary(bufs[2], n)
@@ -573,8 +573,10 @@ def decode_pages(
             pa.ArrowException,
             zstandard.ZstdError,
             ValueError,
+            IndexError,
             struct.error,
             UnicodeDecodeError,
         ) as exc:
-            raise Corruption(f"{where} does not decode: {exc}") from exc
-    return Page(list(map(Cell, *columns)))
+            raise Corruption(f"block {block} page {p} does not decode: {exc}") from exc
+        nbytes += sum(map(len, bufs)) + _CELL_OVERHEAD * n
+    return Page(list(map(Cell, *columns)), columns[0], nbytes)  # type: ignore[arg-type]
