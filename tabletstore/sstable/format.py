@@ -59,7 +59,7 @@ Footer key-value metadata (all values ASCII; binary values are standard base64):
     tabletstore.block_index     base64 of the block index (below)
     tabletstore.row_bloom       base64 of a bloom.BloomFilter over distinct row keys
     tabletstore.column_bloom    optional; base64 of a BloomFilter over :func:`column_bloom_key`
-    tabletstore.pages           format 2 only; base64 of the page index (``pages.py``)
+    tabletstore.pages           format 2 only; base64 of the zstd-compressed page index (``pages.py``)
 
 Block index (little endian)::
 

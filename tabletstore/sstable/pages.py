@@ -11,7 +11,8 @@ in the footer (``tabletstore.pages``, :func:`encode_page_index`), so a point rea
 the pages' first rows, fetches the byte range holding that page of every column, verifies its
 crc32c, and decodes only those few KiB here, without pyarrow's Parquet reader.
 
-Page index (little endian, base64 in the footer)::
+Page index (little endian; in the footer as base64 of one zstd frame of these bytes, with
+the content size in its header)::
 
     u32 page_cells           cells per page (every page but the last of a block)
     u32 P                    number of pages (of all blocks, in order)
@@ -139,16 +140,23 @@ class PageIndex:
 
 
 def encode_page_index(index: PageIndex) -> bytes:
+    """The page index as it sits in the footer (before base64): zstd of the layout above
+    (small integers and sorted keys: ~9x smaller, so opening an SSTable reads less)."""
     parts = [_U32.pack(index.page_cells), _U32.pack(index.pages)]
     parts.append(index.table.astype("<u4").tobytes())
     for row in index.first_rows:
         parts += (_U32.pack(len(row)), row)
-    return b"".join(parts)
+    raw = b"".join(parts)
+    return zstandard.ZstdCompressor(level=3, write_content_size=True).compress(raw)
 
 
-def decode_page_index(data: bytes, blocks: Sequence[tuple[int, int]]) -> PageIndex:
+def decode_page_index(compressed: bytes, blocks: Sequence[tuple[int, int]]) -> PageIndex:
     """Inverse of :func:`encode_page_index`, checked against the blocks' ``(length, cells)``;
     Corruption when the bytes are malformed or disagree with the blocks."""
+    try:
+        data = _zstd.context.decompress(compressed)
+    except zstandard.ZstdError as exc:
+        raise Corruption(f"page index is malformed: {exc}") from exc
     try:
         page_cells, count = struct.unpack_from("<II", data, 0)
         pos = 8

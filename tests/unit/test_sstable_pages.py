@@ -8,6 +8,7 @@ import random
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import zstandard
 
 from tabletstore.errors import Corruption
 from tabletstore.keys import Cell, CellKind, cell_sort_key
@@ -110,10 +111,17 @@ def test_the_page_index_round_trips_and_rejects_damage() -> None:
     encoded = encode_page_index(pages)
     again = decode_page_index(encoded, shape)
     assert again.first_rows == pages.first_rows and (again.table == pages.table).all()
+    raw = zstandard.ZstdDecompressor().decompress(encoded)
+
+    def frame(data: bytes) -> bytes:
+        return zstandard.ZstdCompressor(write_content_size=True).compress(data)
+
     with pytest.raises(Corruption, match="trailing"):
-        decode_page_index(encoded + b"x", shape)
+        decode_page_index(frame(raw + b"x"), shape)
     with pytest.raises(Corruption, match="malformed"):
-        decode_page_index(encoded[:40], shape)
+        decode_page_index(frame(raw[:40]), shape)
+    with pytest.raises(Corruption, match="malformed"):
+        decode_page_index(encoded[:20], shape)
     with pytest.raises(Corruption, match=r"disagrees|pages"):
         decode_page_index(encoded, [(length, cells + 500) for length, cells in shape])
 
