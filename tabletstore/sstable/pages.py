@@ -495,6 +495,15 @@ class Page:
 
 
 def _binary(buf: bytes, n: int) -> list[bytes]:
+    """``n`` PLAIN byte arrays (u32 length, bytes) from ``buf``; ValueError unless they fill it.
+    Values of one length (row keys of fixed width, 1000-byte values) take a sliced path."""
+    if n and len(buf) >= 4:
+        (width,) = _U32.unpack_from(buf, 0)
+        step = width + 4
+        if step * n == len(buf):
+            prefix = buf[0:4]
+            if all(buf[i : i + 4] == prefix for i in range(step, len(buf), step)):
+                return [buf[i + 4 : i + step] for i in range(0, len(buf), step)]
     out = []
     pos = 0
     unpack = _U32.unpack_from

@@ -135,13 +135,11 @@ class SSTableCore:
         rel, length = self.pages.span(pages)
         return self.blocks[block].offset + rel, length
 
-    def decode_pages(
-        self, block: int, pages: range, data: BytesLike, fetched: range | None = None
-    ) -> Page:
-        """Verify and decode ``pages`` of ``block`` from the bytes :meth:`page_range` names
-        for ``fetched`` (default: ``pages``)."""
+    def decode_pages(self, block: int, pages: range, data: BytesLike, offset: int) -> Page:
+        """Verify and decode ``pages`` of ``block`` from ``data``, bytes that start at
+        ``offset`` in the object (as :meth:`page_range` names them)."""
         assert self.pages is not None
-        rel, _ = self.pages.span(fetched or pages)
+        rel = offset - self.blocks[block].offset
         try:
             return decode_pages(self.pages, pages, data, rel, self.footer.compression)
         except Corruption as exc:
@@ -566,7 +564,7 @@ class SSTable:
             self.block_fetches += 1
             data = await self._get(self.store, self.key, offset, length)
             decoded = {
-                p: self._core.decode_pages(block, range(p, p + 1), data, pages) for p in pages
+                p: self._core.decode_pages(block, range(p, p + 1), data, offset) for p in pages
             }
         except BaseException as exc:
             error = exc if isinstance(exc, Exception) else None
