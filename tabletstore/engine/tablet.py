@@ -773,8 +773,16 @@ class Tablet:
         out: dict[str, Written] = {}
         for group, cells in groups.items():
             lg = self._locality_group(group)
-            data, info = write_sstable(
-                cells, compression=lg.compression, block_size=lg.block_size, locality_group=group
+            # On a thread (the cells are a frozen memtable's): a 16 MB minor compaction is
+            # ~1 s of encoding that would otherwise hold the event loop.
+            data, info = await asyncio.to_thread(
+                functools.partial(
+                    write_sstable,
+                    cells,
+                    compression=lg.compression,
+                    block_size=lg.block_size,
+                    locality_group=group,
+                )
             )
             if info.cells:
                 out[group] = await self._store_sstable(group, data, info)
@@ -832,7 +840,10 @@ class Tablet:
         """Run a CPU-heavy rewrite in the compaction processes when there are some (§5.4),
         else here."""
         if self._executor is None:
-            return work()
+            # On a thread, not inline: a merge of 100s of MB held the event loop (and the
+            # lease keep-alive with it) for tens of seconds on a loaded machine (issue 18's
+            # growth run); the work is a pure function of bytes, so a thread is safe.
+            return await asyncio.to_thread(work)
         return await asyncio.get_running_loop().run_in_executor(self._executor, work)
 
     async def merge_if_needed(self) -> None:
