@@ -130,12 +130,11 @@ class BlockCache:
         self._lru: _Lru[tuple[str, _Index], Block | Page] = _Lru(capacity_bytes)
         self._by_object: dict[str, set[_Index]] = {}
 
-    def get(self, key: str, index: int) -> Block | None:
-        """Block ``index`` of SSTable object ``key``, or None (a miss)."""
-        entry = self._lru.get((key, index))
-        return entry if isinstance(entry, Block) else None
+    def get(self, key: str, index: int) -> Block | Page | None:
+        """Block ``index`` of SSTable object ``key`` (format 2: all its pages), or None."""
+        return self._lru.get((key, index))
 
-    def put(self, key: str, index: int, block: Block) -> None:
+    def put(self, key: str, index: int, block: Block | Page) -> None:
         """Cache a block, charged ``block.nbytes``; evicts least recently used blocks."""
         self._put(key, index, block)
 

@@ -472,8 +472,10 @@ def chunk_pages(
 
 
 class Page:
-    """The cells of one page (or a few consecutive pages) of a block: what the block cache
-    holds for a point read of a format-2 SSTable."""
+    """The cells of one page, or of every page of a block, decoded: what the block cache
+    holds for a format-2 SSTable (point reads cache single pages; scans whole blocks, which
+    decode here faster than through pyarrow's reader). Same reading interface as
+    ``block.Block``."""
 
     __slots__ = ("_cells", "_rows", "nbytes")
 
@@ -484,14 +486,28 @@ class Page:
         self.nbytes = nbytes
 
     @property
-    def cells(self) -> list[Cell]:
-        return self._cells
+    def cells(self) -> int:
+        return len(self._cells)
+
+    @property
+    def first_row(self) -> bytes:
+        return self._rows[0]
+
+    @property
+    def last_row(self) -> bytes:
+        return self._rows[-1]
 
     def row_cells(self, row: bytes) -> list[Cell]:
         """The cells of ``row`` in this page (empty if none)."""
         lo = bisect_left(self._rows, row)
         hi = bisect_right(self._rows, row, lo)
         return self._cells[lo:hi]
+
+    def cells_in(self, start_row: bytes = b"", end_row: bytes | None = None) -> list[Cell]:
+        """The cells whose row is in ``[start_row, end_row)`` (``None``: to the end)."""
+        lo = bisect_left(self._rows, start_row) if start_row else 0
+        hi = len(self._rows) if end_row is None else bisect_left(self._rows, end_row)
+        return self._cells[lo:hi] if lo < hi else []
 
 
 def _binary(buf: bytes, n: int) -> list[bytes]:
