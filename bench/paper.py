@@ -1,6 +1,7 @@
 """The paper's Figure 6 (§7) on this machine, side by side with SlateDB, with the S3 cost.
 
-Run ``python -m bench.paper [--quick] [--cluster] [--json FILE] [--png FILE]``.
+Run ``python -m bench.paper [--quick] [--cluster] [--json FILE] [--png FILE]``;
+``--growth`` runs the same benchmarks at three table sizes instead (``bench/growth.py``).
 
 The benchmarks are the paper's six, as §7 defines them, plus batched writes:
 
@@ -644,11 +645,35 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--markdown", help="write the results as a Markdown table here")
     p.add_argument("--uvloop", action="store_true", help="run on uvloop")
     p.add_argument("--profile", metavar="DIR", help="cProfile each timed phase into DIR")
+    p.add_argument(
+        "--growth",
+        action="store_true",
+        help="cost vs data size: the benchmarks at 1x, 4x, 16x --growth-base (bench/growth.py)",
+    )
+    p.add_argument(
+        "--growth-base",
+        type=float,
+        default=1 / 16,
+        help="smallest --growth size vs the paper's (default 1/16: the largest is 1 GB)",
+    )
+    p.add_argument("--svg", help="--growth: draw the chart here (e.g. docs/growth.svg)")
     return p.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse_args(argv)
+    if args.growth:
+        from bench.growth import main_growth
+
+        return main_growth(
+            args.growth_base,
+            json_path=args.json,
+            svg_path=args.svg,
+            workdir=args.dir,
+            concurrency=args.concurrency,
+            batch=args.batch,
+            block_size=args.block_size,
+        )
     scale = args.scale or (QUICK_SCALE if args.quick else FULL_SCALE)
     cfg = BenchConfig.scaled(
         scale,

@@ -557,9 +557,21 @@ class Tablet:
         raw: list[Cell] = list(state.memtable.get_row(row))
         for mt in state.frozen:
             raw.extend(mt.get_row(row))
-        tables = [t for g in self._groups_for(families) for t in state.sstables[g]]
-        if tables:
-            for cells in await asyncio.gather(*(t.get_row(row) for t in tables)):
+        # The point-read fast path: key ranges and bloom filters first, resident (in-memory)
+        # SSTables answered without an await, and no task unless two SSTables need I/O.
+        fetch = []
+        for g in self._groups_for(families):
+            for t in state.sstables[g]:
+                if t.might_hold(row):
+                    cells = t.resident_row(row)
+                    if cells is None:
+                        fetch.append(t)
+                    else:
+                        raw.extend(cells)
+        if len(fetch) == 1:
+            raw.extend(await fetch[0].read_candidate(row))
+        elif fetch:
+            for cells in await asyncio.gather(*(t.read_candidate(row) for t in fetch)):
                 raw.extend(cells)
         # A stable sort keeps the newest source first among identical keys.
         raw.sort(key=cell_sort_key)
@@ -761,8 +773,16 @@ class Tablet:
         out: dict[str, Written] = {}
         for group, cells in groups.items():
             lg = self._locality_group(group)
-            data, info = write_sstable(
-                cells, compression=lg.compression, block_size=lg.block_size, locality_group=group
+            # On a thread (the cells are a frozen memtable's): a 16 MB minor compaction is
+            # ~1 s of encoding that would otherwise hold the event loop.
+            data, info = await asyncio.to_thread(
+                functools.partial(
+                    write_sstable,
+                    cells,
+                    compression=lg.compression,
+                    block_size=lg.block_size,
+                    locality_group=group,
+                )
             )
             if info.cells:
                 out[group] = await self._store_sstable(group, data, info)
@@ -820,7 +840,10 @@ class Tablet:
         """Run a CPU-heavy rewrite in the compaction processes when there are some (§5.4),
         else here."""
         if self._executor is None:
-            return work()
+            # On a thread, not inline: a merge of 100s of MB held the event loop (and the
+            # lease keep-alive with it) for tens of seconds on a loaded machine (issue 18's
+            # growth run); the work is a pure function of bytes, so a thread is safe.
+            return await asyncio.to_thread(work)
         return await asyncio.get_running_loop().run_in_executor(self._executor, work)
 
     async def merge_if_needed(self) -> None:

@@ -6,6 +6,7 @@ Modules, one noun each:
 * ``bloom``       bloom filters over row keys (and optionally row+column)
 * ``writer``      cells -> SSTable bytes (pure) and the create-only upload
 * ``block``       one decoded block and the row-group decoder
+* ``pages``       format 2's pages: the page index, page headers, one page decoded
 * ``block_cache`` the process-wide block cache and the scan cache (§6 "Caching")
 * ``reader``      open / point read / scan / load_all over an ObjectStore
 """

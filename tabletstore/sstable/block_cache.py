@@ -6,7 +6,8 @@ tablet server code. The Block Cache is a lower-level cache that caches SSTables 
 were read from GFS" (§6).
 
 * :class:`BlockCache` holds decoded SSTable blocks (``block.Block``), keyed by (object key,
-  block index), bounded by bytes, least recently used first out. One per process, shared by
+  block index), and decoded pages of format-2 SSTables (``pages.Page``, what a point read
+  fetches), keyed by (object key, ("page", page index)), bounded by bytes, least recently used first out. One per process, shared by
   every SSTable. Objects are immutable, so an entry never goes stale; :meth:`BlockCache.evict`
   drops an SSTable's blocks once it is no longer read (after a compaction replaced it).
 * :class:`ScanCache` holds the cells recently returned for a row, keyed by (namespace, row),
@@ -28,11 +29,15 @@ from typing import Generic, TypeVar
 from tabletstore.errors import InvalidArgument
 from tabletstore.keys import Cell
 from tabletstore.sstable.block import Block
+from tabletstore.sstable.pages import Page
 
 __all__ = ["BlockCache", "CacheStats", "ScanCache"]
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
+
+#: A block cache entry's index: a block, or ("page", page index).
+_Index = int | tuple[str, int]
 
 #: Bytes charged per cached cell on top of its key and value bytes (tuple and int objects).
 _CELL_OVERHEAD = 200
@@ -122,16 +127,28 @@ class BlockCache:
     """Decoded SSTable blocks, bounded by ``capacity_bytes`` (see the module docstring)."""
 
     def __init__(self, capacity_bytes: int) -> None:
-        self._lru: _Lru[tuple[str, int], Block] = _Lru(capacity_bytes)
-        self._by_object: dict[str, set[int]] = {}
+        self._lru: _Lru[tuple[str, _Index], Block | Page] = _Lru(capacity_bytes)
+        self._by_object: dict[str, set[_Index]] = {}
 
-    def get(self, key: str, index: int) -> Block | None:
-        """Block ``index`` of SSTable object ``key``, or None (a miss)."""
+    def get(self, key: str, index: int) -> Block | Page | None:
+        """Block ``index`` of SSTable object ``key`` (format 2: all its pages), or None."""
         return self._lru.get((key, index))
 
-    def put(self, key: str, index: int, block: Block) -> None:
+    def put(self, key: str, index: int, block: Block | Page) -> None:
         """Cache a block, charged ``block.nbytes``; evicts least recently used blocks."""
-        for k, i in self._lru.put((key, index), block, block.nbytes):
+        self._put(key, index, block)
+
+    def get_page(self, key: str, page: int) -> Page | None:
+        """Decoded page ``page`` of SSTable object ``key``, or None (a miss)."""
+        entry = self._lru.get((key, ("page", page)))
+        return entry if isinstance(entry, Page) else None
+
+    def put_page(self, key: str, index: int, page: Page) -> None:
+        """Cache a decoded page, charged ``page.nbytes``."""
+        self._put(key, ("page", index), page)
+
+    def _put(self, key: str, index: _Index, entry: Block | Page) -> None:
+        for k, i in self._lru.put((key, index), entry, entry.nbytes):
             self._forget(k, i)
         if (key, index) in self._lru:
             self._by_object.setdefault(key, set()).add(index)
@@ -143,7 +160,7 @@ class BlockCache:
             self._lru.pop((key, i))
         return len(indexes)
 
-    def _forget(self, key: str, index: int) -> None:
+    def _forget(self, key: str, index: _Index) -> None:
         indexes = self._by_object.get(key)
         if indexes is not None:
             indexes.discard(index)

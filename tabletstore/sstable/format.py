@@ -28,6 +28,16 @@ Columns (one row per cell, cells sorted by ``keys.cell_sort_key``; no nulls)::
     kind       INT32 (INT(8, signed))        keys.CellKind
     value      BYTE_ARRAY                    the value (deletion entries: see keys.py)
 
+Format versions. **1**: every column chunk is Parquet's choice of pages (``family``
+dictionary encoded); a point read fetches and decodes a whole block. **2** (the default): the
+columns are PLAIN encoded without dictionaries and every column chunk is cut into data pages
+of exactly ``page_cells`` cells (the last page of a block holds the rest), so page ``j`` of
+every column covers the same cells; ``page_cells`` is chosen per SSTable for pages of about
+8 KiB of raw cells (``pages.page_cells_for``, from the first cells written). The page index in
+the footer says where each page's bytes are: a point read fetches and decodes one page of each
+column (``pages.py`` is the specification of the pages and their index). Both versions are
+plain Parquet with the same schema; any Parquet reader reads either.
+
 Blocks: the writer closes a row group once the raw size of its cells (``len(row) +
 len(family) + len(qualifier) + len(value) + 17``, :func:`cell_raw_size`) reaches the block
 size (default 64 KiB, per locality group), so a block holds at least one cell and a row's cells
@@ -36,7 +46,7 @@ may span blocks. Compression is a Parquet codec per locality group: zstd (defaul
 
 Footer key-value metadata (all values ASCII; binary values are standard base64)::
 
-    tabletstore.format_version  "1"
+    tabletstore.format_version  "2" (this build writes 2, reads 1 and 2)
     tabletstore.locality_group  the locality group's name
     tabletstore.compression     "zstd" | "lz4" | "snappy" | "none"
     tabletstore.block_size      target block bytes, decimal
@@ -49,6 +59,7 @@ Footer key-value metadata (all values ASCII; binary values are standard base64):
     tabletstore.block_index     base64 of the block index (below)
     tabletstore.row_bloom       base64 of a bloom.BloomFilter over distinct row keys
     tabletstore.column_bloom    optional; base64 of a BloomFilter over :func:`column_bloom_key`
+    tabletstore.pages           format 2 only; base64 of the zstd-compressed page index (``pages.py``)
 
 Block index (little endian)::
 
@@ -90,6 +101,7 @@ import pyarrow.parquet as pq
 
 from tabletstore.errors import Corruption, InvalidArgument, Unimplemented
 from tabletstore.sstable.bloom import BloomFilter
+from tabletstore.sstable.pages import PageIndex, decode_page_index, encode_page_index
 
 __all__ = [
     "CELL_OVERHEAD",
@@ -99,6 +111,7 @@ __all__ = [
     "FORMAT_VERSION",
     "MAGIC",
     "META_PREFIX",
+    "READABLE_VERSIONS",
     "SCHEMA",
     "TRAILER_SIZE",
     "BlockHandle",
@@ -118,7 +131,9 @@ __all__ = [
     "tail_length",
 ]
 
-FORMAT_VERSION: Final = 1
+FORMAT_VERSION: Final = 2
+#: Format versions this build reads (1: no page index; 2: pages, see ``pages.py``).
+READABLE_VERSIONS: Final = (1, 2)
 META_PREFIX: Final = "tabletstore."
 DEFAULT_BLOCK_SIZE: Final = 64 * 1024
 #: How many tail bytes ``SSTable.open`` fetches when it does not know the footer's size.
@@ -166,6 +181,7 @@ _K_LAST = META_PREFIX + "last_row"
 _K_INDEX = META_PREFIX + "block_index"
 _K_ROW_BLOOM = META_PREFIX + "row_bloom"
 _K_COLUMN_BLOOM = META_PREFIX + "column_bloom"
+_K_PAGES = META_PREFIX + "pages"
 
 _BLOCK_FIXED = struct.Struct("<QIII")
 _U32 = struct.Struct("<I")
@@ -212,6 +228,8 @@ class Footer:
     blocks: tuple[BlockHandle, ...]
     row_bloom: BloomFilter
     column_bloom: BloomFilter | None = None
+    #: Format 2: where every page of every block is (``pages.py``); None in format 1.
+    pages: PageIndex | None = None
 
 
 def encode_block_index(blocks: tuple[BlockHandle, ...]) -> bytes:
@@ -272,6 +290,8 @@ def encode_footer(footer: Footer) -> dict[str, str]:
     }
     if footer.column_bloom is not None:
         kv[_K_COLUMN_BLOOM] = _b64(footer.column_bloom.to_bytes())
+    if footer.pages is not None:
+        kv[_K_PAGES] = _b64(encode_page_index(footer.pages))
     return kv
 
 
@@ -283,16 +303,24 @@ def decode_footer(kv: Mapping[bytes, bytes]) -> Footer:
     meta = {k.decode("utf-8", "replace"): v for k, v in kv.items()}
     try:
         version = int(_need(meta, _K_VERSION))
-        if version != FORMAT_VERSION:
+        if version not in READABLE_VERSIONS:
             raise Unimplemented(
                 f"SSTable format version {version} is not supported (this build reads "
-                f"version {FORMAT_VERSION}); upgrade tabletstore"
+                f"versions {', '.join(map(str, READABLE_VERSIONS))}); upgrade tabletstore"
             )
         kinds = tuple(int(x) for x in _need(meta, _K_KINDS).split(b","))
         min_seq, max_seq = (int(x) for x in _need(meta, _K_SEQ).split(b","))
         if len(kinds) != 4:
             raise ValueError(f"{_K_KINDS} has {len(kinds)} counts, not 4")
         column_bloom = meta.get(_K_COLUMN_BLOOM)
+        blocks = decode_block_index(_unb64(_need(meta, _K_INDEX)))
+        pages = (
+            None
+            if version < 2
+            else decode_page_index(
+                _unb64(_need(meta, _K_PAGES)), [(b.length, b.cells) for b in blocks]
+            )
+        )
         return Footer(
             format_version=version,
             locality_group=_need(meta, _K_GROUP).decode(),
@@ -305,11 +333,12 @@ def decode_footer(kv: Mapping[bytes, bytes]) -> Footer:
             max_seq=max_seq,
             first_row=_unb64(_need(meta, _K_FIRST)),
             last_row=_unb64(_need(meta, _K_LAST)),
-            blocks=decode_block_index(_unb64(_need(meta, _K_INDEX))),
+            blocks=blocks,
             row_bloom=BloomFilter.from_bytes(_unb64(_need(meta, _K_ROW_BLOOM))),
             column_bloom=None
             if column_bloom is None
             else BloomFilter.from_bytes(_unb64(column_bloom)),
+            pages=pages,
         )
     except (ValueError, UnicodeDecodeError, binascii.Error) as exc:
         raise Corruption(f"SSTable footer metadata is malformed: {exc}") from exc

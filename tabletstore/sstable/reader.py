@@ -11,7 +11,10 @@ index, and then reading the appropriate block from disk" (§4). Here:
 * :meth:`SSTable.get_row`: bloom filter, then binary search of the index for the blocks whose
   row range holds the row (usually one), then the block cache, else one ranged GET per block,
   whose crc32c is verified before it is decoded (a mismatch is Corruption, never data).
-  Concurrent reads of one missing block share one GET.
+  In a format-2 SSTable the unit is not the block but the page (``pages.py``): a binary search
+  of the block's page index, then the block cache, else one ranged GET of the bytes holding
+  that page of every column (a few KiB), verified and decoded without pyarrow's reader.
+  Concurrent reads of one missing block (or page) share one GET.
 * :meth:`SSTable.scan` streams blocks in order from the first that can hold ``start_row``,
   fetching block i+1 while the caller consumes block i, and more blocks ahead (up to
   :data:`DEFAULT_READAHEAD`) as the scan goes on.
@@ -51,12 +54,15 @@ from tabletstore.sstable.format import (
     parse_tail,
     tail_length,
 )
+from tabletstore.sstable.pages import Page, PageIndex, decode_pages
 from tabletstore.storage_s3.base import ObjectStore, object_url
 
 __all__ = ["DEFAULT_READAHEAD", "SSTable", "SSTableCore", "read_sstable_bytes"]
 
 #: Blocks a long scan keeps in flight ahead of its consumer.
 DEFAULT_READAHEAD = 4
+#: Recently fetched pages an SSTable remembers to recognize sequential point reads.
+_RECENT_PAGES = 64
 
 
 class SSTableCore:
@@ -68,6 +74,8 @@ class SSTableCore:
         self.footer: Footer = parsed.footer
         self.tail_size = parsed.tail_size
         self.blocks: tuple[BlockHandle, ...] = parsed.footer.blocks
+        #: Format 2: the page index (point reads fetch pages); None for format 1.
+        self.pages: PageIndex | None = parsed.footer.pages
         self._first_rows = [b.first_row for b in self.blocks]
         self._last_rows = [b.last_row for b in self.blocks]
         self._decoder = RowGroupDecoder(parsed.parquet, size)
@@ -100,7 +108,7 @@ class SSTableCore:
         """The first block that can hold a row >= ``start_row`` (len(blocks) if none)."""
         return bisect_left(self._last_rows, start_row)
 
-    def decode(self, index: int, data: BytesLike) -> Block:
+    def decode(self, index: int, data: BytesLike) -> Block | Page:
         """Verify block ``index``'s bytes against the index, then decode them."""
         handle = self.blocks[index]
         if len(data) != handle.length:
@@ -110,16 +118,39 @@ class SSTableCore:
             )
         if crc32c.crc32c(data) != handle.crc32c:
             raise Corruption(f"SSTable {self.name}: block {index} fails its crc32c checksum")
-        try:
-            block = self._decoder.decode(index, handle.offset, data)
-        except Corruption as exc:
-            raise Corruption(f"SSTable {self.name}: {exc}") from exc
+        block: Block | Page
+        if self.pages is not None:
+            # Format 2: every page of the block through the page decoder (about half the
+            # CPU of pyarrow's reader over a row group of many small pages).
+            pages = range(self.pages.block_starts[index], self.pages.block_starts[index + 1])
+            block = self.decode_pages(index, pages, data, handle.offset)
+        else:
+            try:
+                block = self._decoder.decode(index, handle.offset, data)
+            except Corruption as exc:
+                raise Corruption(f"SSTable {self.name}: {exc}") from exc
         if block.cells != handle.cells or (block.first_row, block.last_row) != (
             handle.first_row,
             handle.last_row,
         ):
             raise Corruption(f"SSTable {self.name}: block {index} disagrees with the index")
         return block
+
+    def page_range(self, block: int, pages: range) -> tuple[int, int]:
+        """``(offset, length)`` in the object of the bytes holding ``pages`` of ``block``."""
+        assert self.pages is not None
+        rel, length = self.pages.span(pages)
+        return self.blocks[block].offset + rel, length
+
+    def decode_pages(self, block: int, pages: range, data: BytesLike, offset: int) -> Page:
+        """Verify and decode ``pages`` of ``block`` from ``data``, bytes that start at
+        ``offset`` in the object (as :meth:`page_range` names them)."""
+        assert self.pages is not None
+        rel = offset - self.blocks[block].offset
+        try:
+            return decode_pages(self.pages, pages, data, rel, self.footer.compression)
+        except Corruption as exc:
+            raise Corruption(f"SSTable {self.name}: {exc}") from exc
 
     def decode_range(self, first: int, last: int, data: BytesLike) -> pa.Table:
         """Blocks ``first..last`` (inclusive) from their contiguous bytes ``data``, each
@@ -175,8 +206,11 @@ class SSTable:
         self._core = core
         self._cache = cache
         self._scan_cache = scan_cache
-        self._resident: list[Block] | None = None
-        self._inflight: dict[int, asyncio.Future[Block]] = {}
+        self._resident: list[Block | Page] | None = None
+        self._inflight: dict[int, asyncio.Future[Block | Page]] = {}
+        self._inflight_pages: dict[int, asyncio.Future[dict[int, Page]]] = {}
+        #: Pages fetched lately (sequential reads are detected by their predecessor here).
+        self._recent_pages: deque[int] = deque(maxlen=_RECENT_PAGES)
         #: Reads the bloom filter answered without a fetch, and blocks fetched from the store.
         self.bloom_skips = 0
         self.block_fetches = 0
@@ -275,16 +309,49 @@ class SSTable:
         With a scan cache (§6: "caches the key-value pairs returned by the SSTable interface"),
         a repeated read of a row skips the block lookup and decode. An SSTable never changes,
         so its entries never go stale; :meth:`close` drops them."""
-        if not self._core.may_contain_row(row):
-            self.bloom_skips += 1
+        if not self.might_hold(row):
             return []
+        return await self.read_candidate(row)
+
+    def might_hold(self, row: bytes) -> bool:
+        """False when the key range or the bloom filter proves there is no cell of ``row``.
+        A resident SSTable (in memory, §6) skips the bloom filter: the lookup is as cheap."""
+        footer = self._core.footer
+        if not footer.first_row <= row <= footer.last_row or not footer.cells:
+            return False
+        if self._resident is None and not self._core.may_contain_row(row):
+            self.bloom_skips += 1
+            return False
+        return True
+
+    def resident_row(self, row: bytes) -> list[Cell] | None:
+        """The cells of ``row`` when the SSTable is resident (no await: an in-memory read
+        does no I/O), else None."""
+        resident = self._resident
+        if resident is None:
+            return None
+        indexes = self._core.blocks_for_row(row)
+        if len(indexes) == 1:
+            return resident[indexes[0]].row_cells(row)
+        return [c for i in indexes for c in resident[i].row_cells(row)]
+
+    async def read_candidate(self, row: bytes) -> list[Cell]:
+        """:meth:`get_row` for a row :meth:`might_hold` did not rule out."""
         scan_cache = self._scan_cache
         if scan_cache is not None:
             hit = scan_cache.get(self.key, row)
             if hit is not None:
                 return list(hit)
         indexes = self._core.blocks_for_row(row)
-        if len(indexes) == 1:
+        pages = self._core.pages
+        if pages is not None and self._resident is None:
+            cells = [
+                c
+                for i in indexes
+                for page in await self._pages(i, pages.pages_for_row(i, row))
+                for c in page.row_cells(row)
+            ]
+        elif len(indexes) == 1:
             cells = (await self._block(indexes[0])).row_cells(row)
         else:
             blocks = await asyncio.gather(*(self._block(i) for i in indexes))
@@ -338,7 +405,7 @@ class SSTable:
 
         if not wanted(scheduled):
             return
-        inflight: deque[asyncio.Task[Block]] = deque()
+        inflight: deque[asyncio.Task[Block | Page]] = deque()
         consumed = 0
         try:
             current = await self._block(scheduled, fill_cache=fill_cache)
@@ -430,7 +497,7 @@ class SSTable:
 
     # -- blocks -----------------------------------------------------------------------------
 
-    async def _block(self, index: int, *, fill_cache: bool = True) -> Block:
+    async def _block(self, index: int, *, fill_cache: bool = True) -> Block | Page:
         """Block ``index`` from memory, the block cache or the store (one shared GET)."""
         if self._resident is not None:
             return self._resident[index]
@@ -443,7 +510,7 @@ class SSTable:
         if pending is not None:
             # shield: a waiter's cancellation must not cancel the fetch other readers share.
             return await asyncio.shield(pending)
-        future: asyncio.Future[Block] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Block | Page] = asyncio.get_running_loop().create_future()
         self._inflight[index] = future
         try:
             block = await self._fetch(index)
@@ -464,7 +531,66 @@ class SSTable:
         finally:
             del self._inflight[index]
 
-    async def _fetch(self, index: int) -> Block:
+    async def _pages(self, block: int, pages: range) -> list[Page]:
+        """``pages`` of ``block`` (format 2), one :class:`Page` each, from the block cache or
+        the store: one GET of a few KiB for the missing ones, shared by concurrent readers.
+
+        Sequential point reads (the page before the first missing one was itself fetched
+        lately, by this reader or another) read ahead to the end of the block in the same
+        GET, so reading a range row by row costs about one GET per block, as scans do."""
+        cache = self._cache
+        found: dict[int, Page] = {}
+        missing: list[int] = []
+        for p in pages:
+            hit = cache.get_page(self.key, p) if cache is not None else None
+            if hit is not None:
+                found[p] = hit
+                continue
+            pending = self._inflight_pages.get(p)
+            if pending is not None:
+                found[p] = (await asyncio.shield(pending))[p]
+            else:
+                missing.append(p)
+        if missing:
+            first, stop = missing[0], missing[-1] + 1
+            index = self._core.pages
+            assert index is not None
+            if first - 1 in self._recent_pages:
+                stop = index.block_starts[block + 1]
+            found.update(await self._fetch_pages(block, range(first, stop)))
+        return [found[p] for p in pages]
+
+    async def _fetch_pages(self, block: int, pages: range) -> dict[int, Page]:
+        future: asyncio.Future[dict[int, Page]] = asyncio.get_running_loop().create_future()
+        mine = [p for p in pages if p not in self._inflight_pages]
+        for p in mine:
+            self._inflight_pages[p] = future
+        self._recent_pages.extend(pages)
+        try:
+            offset, length = self._core.page_range(block, pages)
+            self.block_fetches += 1
+            data = await self._get(self.store, self.key, offset, length)
+            decoded = {
+                p: self._core.decode_pages(block, range(p, p + 1), data, offset) for p in pages
+            }
+        except BaseException as exc:
+            error = exc if isinstance(exc, Exception) else None
+            future.set_exception(
+                error or Unavailable(f"SSTable {self._core.name}: page fetch was cancelled")
+            )
+            future.exception()
+            raise
+        else:
+            future.set_result(decoded)
+            if self._cache is not None:
+                for p, page in decoded.items():
+                    self._cache.put_page(self.key, p, page)
+            return decoded
+        finally:
+            for p in mine:
+                del self._inflight_pages[p]
+
+    async def _fetch(self, index: int) -> Block | Page:
         handle = self._core.blocks[index]
         self.block_fetches += 1
         data = await self.store.get_range(self.key, handle.offset, handle.length)

@@ -17,6 +17,11 @@ How the bytes are made (the format itself is specified in ``format.py``):
    from that footer, and a second footer, carrying the same row groups plus our metadata, is
    serialized from an empty writer's metadata with ``append_row_groups``. The data pages are
    encoded once; only the footer is built twice.
+4. Format 2 (``pages.py``): the Parquet writer is created at the first cells, with
+   ``max_rows_per_page`` = ``write_batch_size`` = ``page_cells`` (chosen from those cells'
+   average size), PLAIN encoding and no size limit on pages, so every column's pages are cut
+   at the same cells. The page headers are read back from the written bytes to build the page
+   index; a file whose pages are not so aligned is never written.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from tabletstore.sstable.format import (
     COMPRESSIONS,
     DEFAULT_BLOCK_SIZE,
     FORMAT_VERSION,
+    READABLE_VERSIONS,
     SCHEMA,
     BlockHandle,
     Footer,
@@ -49,6 +55,14 @@ from tabletstore.sstable.format import (
     footer_length,
     parquet_block_ranges,
 )
+from tabletstore.sstable.pages import (
+    COLUMNS,
+    CONTINUES,
+    DEFAULT_PAGE_BYTES,
+    PageIndex,
+    chunk_pages,
+    page_cells_for,
+)
 from tabletstore.storage_s3.base import ObjectStore
 
 __all__ = ["SSTableInfo", "upload_sstable", "write_sstable", "write_sstable_table"]
@@ -56,6 +70,7 @@ __all__ = ["SSTableInfo", "upload_sstable", "write_sstable", "write_sstable_tabl
 #: Cells transposed into Arrow columns at a time. Bounds the writer's extra memory.
 _CHUNK = 8192
 _MIN_BLOCK_SIZE = 1024
+_MIN_PAGE_SIZE = 64
 _MAX_BLOCK_SIZE = 64 * 1024 * 1024
 _KINDS = frozenset(int(k) for k in CellKind)
 
@@ -95,13 +110,23 @@ def write_sstable(
     bloom_bits_per_key: int = DEFAULT_BITS_PER_KEY,
     column_bloom: bool = False,
     compression_level: int | None = None,
+    format_version: int = FORMAT_VERSION,
+    page_size: int = DEFAULT_PAGE_BYTES,
 ) -> tuple[bytes, SSTableInfo]:
     """Encode ``cells`` (sorted by ``keys.cell_sort_key``) as one SSTable object.
 
     No cells give a valid SSTable with no blocks and ``info.cells == 0``; callers normally
     skip uploading it. InvalidArgument for unsorted cells, an unknown kind or compression, a
-    block size outside 1 KiB..64 MiB, or values that do not fit the columns.
+    block size outside 1 KiB..64 MiB, values that do not fit the columns, or a format version
+    this build does not write (1 and 2: version 1 is kept for tests of old SSTables), or a
+    ``page_size`` (format 2: target raw bytes per page; one page per block when it is larger
+    than ``block_size``) outside 64 bytes..64 MiB.
     """
+    _check_version(format_version)
+    if not _MIN_PAGE_SIZE <= page_size <= _MAX_BLOCK_SIZE:
+        raise InvalidArgument(
+            f"page_size must be {_MIN_PAGE_SIZE}..{_MAX_BLOCK_SIZE} bytes, got {page_size}"
+        )
     if compression not in COMPRESSIONS:
         raise InvalidArgument(
             f"compression must be one of {sorted(COMPRESSIONS)}, got {compression!r}"
@@ -112,7 +137,10 @@ def write_sstable(
         )
     if not 1 <= bloom_bits_per_key <= 64:
         raise InvalidArgument(f"bloom_bits_per_key must be 1..64, got {bloom_bits_per_key}")
-    builder = _Builder(compression, block_size, locality_group, compression_level, column_bloom)
+    builder = _Builder(
+        compression, block_size, locality_group, compression_level, column_bloom, format_version
+    )
+    builder.page_size = page_size
     for chunk in _chunks(cells):
         builder.add(chunk)
     return builder.finish(bloom_bits_per_key)
@@ -145,7 +173,7 @@ def write_sstable_table(
     nulls = [name for name, col in zip(SCHEMA.names, table.columns, strict=True) if col.null_count]
     if nulls:
         raise InvalidArgument(f"SSTable columns may hold no nulls: {nulls} do")
-    builder = _Builder(compression, block_size, locality_group, None, False)
+    builder = _Builder(compression, block_size, locality_group, None, False, FORMAT_VERSION)
     if table.num_rows:
         builder.add_table(table.combine_chunks())
     return builder.finish(bloom_bits_per_key)
@@ -160,6 +188,13 @@ async def upload_sstable(
         raise InvalidArgument(f"SSTable bytes ({len(data)}) differ from info.size ({info.size})")
     await store.create(key, data)
     return replace(info, key=key)
+
+
+def _check_version(version: int) -> None:
+    if version not in READABLE_VERSIONS:
+        raise InvalidArgument(
+            f"format_version must be one of {list(READABLE_VERSIONS)}, got {version!r}"
+        )
 
 
 def _first_unsorted(table: pa.Table) -> int | None:
@@ -190,7 +225,13 @@ class _Builder:
     """Accumulates blocks in a ParquetWriter; keeps the facts the footer records."""
 
     def __init__(
-        self, compression: str, block_size: int, group: str, level: int | None, columns: bool
+        self,
+        compression: str,
+        block_size: int,
+        group: str,
+        level: int | None,
+        columns: bool,
+        version: int,
     ) -> None:
         self._props: dict[str, object] = {
             "compression": COMPRESSIONS[compression],
@@ -199,11 +240,18 @@ class _Builder:
             "write_statistics": ["row"],
             "store_schema": False,
         }
+        self._version = version
+        #: Format 2: target raw bytes per page.
+        self.page_size = DEFAULT_PAGE_BYTES
+        #: Cells per page (format 2), fixed when the Parquet writer is created.
+        self._page_cells = 0
+        self._page_rows: list[bytes] = []  # first row key of every page (format 2)
+        self._page_continues: list[bool] = []  # its first row is its predecessor's last
         self._compression = compression
         self._block_size = block_size
         self._group = group
         self._sink = pa.BufferOutputStream()
-        self._writer = pq.ParquetWriter(self._sink, SCHEMA, **self._props)  # type: ignore[arg-type]
+        self._writer: pq.ParquetWriter | None = None
         self._pending: pa.Table | None = None
         self._pending_sizes = np.zeros(0, dtype=np.int64)
         self._block_rows: list[tuple[int, bytes, bytes]] = []  # (cells, first_row, last_row)
@@ -359,27 +407,50 @@ class _Builder:
                 if not final:
                     break
                 n = len(cumulative) - done
-            self._write_block(self._pending.slice(done, n))
+            self._write_block(self._pending.slice(done, n), int(cumulative[done + n - 1]) - base)
             done += n
             base = int(cumulative[done - 1])
         self._pending = self._pending.slice(done)
         self._pending_sizes = self._pending_sizes[done:]
 
-    def _write_block(self, block: pa.Table) -> None:
+    def _parquet_writer(self, average_cell_bytes: float) -> pq.ParquetWriter:
+        """The Parquet writer, created at the first block (format 2 sizes pages by then)."""
+        if self._writer is None:
+            if self._version >= 2:
+                self._page_cells = page_cells_for(average_cell_bytes, self.page_size)
+                self._props.update(
+                    use_dictionary=False,
+                    max_rows_per_page=self._page_cells,
+                    write_batch_size=self._page_cells,
+                    data_page_size=1 << 30,
+                )
+            self._writer = pq.ParquetWriter(self._sink, SCHEMA, **self._props)  # type: ignore[arg-type]
+        return self._writer
+
+    def _write_block(self, block: pa.Table, raw_bytes: int) -> None:
         n = block.num_rows
         rows = block.column(0)
         self._block_rows.append((n, rows[0].as_py(), rows[n - 1].as_py()))
-        self._writer.write_table(block, row_group_size=n)
+        writer = self._parquet_writer(raw_bytes / n)
+        if self._page_cells:
+            starts = np.arange(0, n, self._page_cells)
+            firsts = rows.take(starts).to_pylist()
+            befores = rows.take(np.maximum(starts - 1, 0)).to_pylist()
+            self._page_rows += firsts
+            self._page_continues += [
+                j > 0 and a == b for j, (a, b) in enumerate(zip(firsts, befores, strict=True))
+            ]
+        writer.write_table(block, row_group_size=n)
 
     def finish(self, bits_per_key: int) -> tuple[bytes, SSTableInfo]:
         self._cut_blocks(final=True)
-        self._writer.close()
+        self._parquet_writer(1.0).close()
         data = self._sink.getvalue()
         parquet = pq.read_metadata(pa.BufferReader(data))
         data_end = data.size - 8 - footer_length(data[data.size - 8 :].to_pybytes())
         blocks = self._block_handles(data, parquet, data_end)
         footer = Footer(
-            format_version=FORMAT_VERSION,
+            format_version=self._version,
             locality_group=self._group,
             compression=self._compression,
             block_size=self._block_size,
@@ -395,6 +466,7 @@ class _Builder:
             column_bloom=None
             if self._columns is None
             else BloomFilter.build(self._columns, bits_per_key),
+            pages=self._page_index(data, parquet, blocks) if self._version >= 2 else None,
         )
         tail = self._footer_bytes(parquet, footer)
         out = b"".join((memoryview(data)[:data_end], encode_trailer(tail[:-4]), tail))
@@ -430,6 +502,42 @@ class _Builder:
             handles.append(BlockHandle(offset, length, cells, crc, first, last))
         assert not handles or expected == data_end, "row groups do not end at the footer"
         return tuple(handles)
+
+    def _page_index(
+        self, data: pa.Buffer, parquet: pq.FileMetaData, blocks: tuple[BlockHandle, ...]
+    ) -> PageIndex:
+        """Read the page headers back and index every page (see ``pages.py``)."""
+        view = memoryview(data)
+        k = max(1, self._page_cells)
+        rows: list[list[int]] = []
+        for b, block in enumerate(blocks):
+            rg = parquet.row_group(b)
+            per_column = []
+            for c in range(COLUMNS):
+                col = rg.column(c)
+                start = col.data_page_offset
+                if col.has_dictionary_page:
+                    raise AssertionError(f"block {b} column {c} has a dictionary page")
+                per_column.append(
+                    chunk_pages(view, start, start + col.total_compressed_size, block.cells, k)
+                )
+            for j in range(len(per_column[0])):
+                entry = [b]
+                crc = 0
+                for c in range(COLUMNS):
+                    offset, compressed, uncompressed = per_column[c][j]
+                    entry += (offset - block.offset, compressed, uncompressed)
+                    crc = crc32c.crc32c(view[offset : offset + compressed], crc)
+                entry += (crc, CONTINUES if self._page_continues[len(rows)] else 0)
+                rows.append(entry)
+        table = np.array(rows, dtype=np.uint32).reshape(len(rows), 3 + 3 * COLUMNS)
+        assert len(self._page_rows) == len(rows), "page first rows disagree with the pages"
+        starts = [0]
+        for block in blocks:
+            starts.append(starts[-1] + -(-block.cells // k))
+        return PageIndex(
+            k, table, tuple(self._page_rows), tuple(starts), tuple(b.cells for b in blocks)
+        )
 
     def _footer_bytes(self, parquet: pq.FileMetaData, footer: Footer) -> bytes:
         """Thrift footer + u32 length + "PAR1": the written row groups and our metadata."""

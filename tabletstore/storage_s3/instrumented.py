@@ -106,6 +106,7 @@ class InstrumentedObjectStore:
         self.url = inner.url
         self._counts: dict[Op, OpStats] = {}
         self._metrics: tuple[Any, Any, Any] | None = None
+        self._children: dict[tuple[int, Op], Any] = {}
         if registry is not None:
             from prometheus_client import Counter
 
@@ -129,9 +130,12 @@ class InstrumentedObjectStore:
     def _count(self, op: Op, *, requests: int = 0, nbytes: int = 0, errors: int = 0) -> None:
         self._counts[op] = self._counts.get(op, OpStats()) + OpStats(requests, nbytes, errors)
         if self._metrics is not None:
-            for counter, amount in zip(self._metrics, (requests, nbytes, errors), strict=True):
+            for i, amount in enumerate((requests, nbytes, errors)):
                 if amount:
-                    counter.labels(op=op.value).inc(amount)
+                    child = self._children.get((i, op))
+                    if child is None:  # labels() validates and hashes: once per (metric, op)
+                        child = self._children[(i, op)] = self._metrics[i].labels(op=op.value)
+                    child.inc(amount)
 
     async def _call(self, op: Op, call: Awaitable[T], requests: int = 1) -> T:
         self._count(op, requests=requests)

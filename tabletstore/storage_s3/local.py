@@ -40,6 +40,8 @@ __all__ = ["INLINE_READ_LIMIT", "TEMP_PREFIX", "LocalObjectStore", "path_from_ur
 
 #: Reads at most this large are served on the event loop (see the module docstring).
 INLINE_READ_LIMIT = 1 << 20
+#: Keys whose checked file path a store remembers for ranged reads.
+_FILE_CACHE = 4096
 #: Name prefix of in-flight temporary files; never a key part.
 TEMP_PREFIX = ".tabletstore-tmp-"
 _MAX_PART_BYTES = 255
@@ -81,6 +83,8 @@ class LocalObjectStore:
         self.root = Path(root).absolute()
         self.url = url if url is not None else self.root.as_uri()
         self._closed = False
+        #: Checked keys -> file paths, for ranged reads (a point read's hot path).
+        self._files: dict[str, str] = {}
         try:
             self.root.mkdir(parents=True, exist_ok=True)
         except FileExistsError as exc:
@@ -151,9 +155,46 @@ class LocalObjectStore:
         return await self._read_sized(path, key, 0, None, size)
 
     async def get_range(self, key: str, offset: int, length: int) -> bytes | None:
-        path = self._path(key)
         check_range(self.url, key, offset, length)
-        return await self._read_sized(path, key, offset, length, length)
+        if length <= INLINE_READ_LIMIT:
+            # The point-read path: one pread on a path string, no file object or Path.
+            try:
+                return self._pread(self._file(key), offset, length)
+            except OSError as exc:
+                raise self._os_error(exc, key, "read") from exc
+        return await self._read_sized(self._path(key), key, offset, length, length)
+
+    def _file(self, key: str) -> str:
+        """``str(self._path(key))``, remembered (bounded) for repeated reads of a key."""
+        self._live()
+        path = self._files.get(key)
+        if path is None:
+            path = str(self._path(key))
+            if len(self._files) >= _FILE_CACHE:
+                self._files.clear()
+            self._files[key] = path
+        return path
+
+    @staticmethod
+    def _pread(path: str, offset: int, length: int) -> bytes | None:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        try:
+            parts = []
+            while length:
+                got = os.pread(fd, length, offset)
+                if not got:
+                    break
+                parts.append(got)
+                offset += len(got)
+                length -= len(got)
+            return parts[0] if len(parts) == 1 else b"".join(parts)  # b"" for no parts
+        except IsADirectoryError:
+            return None  # A prefix "directory" of other keys is not an object.
+        finally:
+            os.close(fd)
 
     async def _read_sized(
         self, path: Path, key: str, offset: int, length: int | None, expected: int

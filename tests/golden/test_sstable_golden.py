@@ -1,15 +1,18 @@
 """Golden test pinning the SSTable format (format.py's docstring is the specification).
 
-Two pins:
+Two pins per format version (1: before pages; 2: the pages of ``pages.py``, the default):
 
-1. ``data/sstable_v1.parquet`` — a committed SSTable written by this code. It must keep
-   opening, its footer must decode to exactly ``data/sstable_v1.expected.json`` (block byte
-   ranges and checksums included) and it must read back to :func:`golden_cells`.
-2. A fresh write of the same cells with the same settings must produce the same footer facts
-   (everything but byte offsets, lengths and checksums, which depend on the Parquet encoder's
-   version, and the trailer/footer size, which carries its ``created_by`` string).
+1. ``data/sstable_v<N>.parquet`` — a committed SSTable written by this code. It must keep
+   opening, its footer must decode to exactly ``data/sstable_v<N>.expected.json`` (block and
+   page byte ranges and checksums included) and it must read back to :func:`golden_cells`,
+   through point reads and scans. Old versions stay readable: their files are never
+   regenerated.
+2. A fresh write of the same cells with the same settings (and that format version) must
+   produce the same footer facts (everything but byte offsets, lengths and checksums, which
+   depend on the Parquet encoder's version, and the trailer/footer size, which carries its
+   ``created_by`` string).
 
-A deliberate format change bumps FORMAT_VERSION and regenerates both files::
+A deliberate format change bumps FORMAT_VERSION and writes the new version's two files::
 
     python tests/golden/test_sstable_golden.py --regenerate
 """
@@ -22,14 +25,25 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tabletstore.keys import TS_MAX, Cell, CellKind, cell_sort_key, encode_ts_range
 from tabletstore.sstable import SSTable, read_sstable_bytes, write_sstable
-from tabletstore.sstable.format import Footer, parse_tail
+from tabletstore.sstable.format import FORMAT_VERSION, READABLE_VERSIONS, Footer, parse_tail
 from tabletstore.storage_s3.base import ObjectStore
 
 DATA = Path(__file__).parent / "data"
-GOLDEN = DATA / "sstable_v1.parquet"
-EXPECTED = DATA / "sstable_v1.expected.json"
+VERSIONS = pytest.mark.parametrize("version", READABLE_VERSIONS)
+
+
+def golden(version: int) -> Path:
+    return DATA / f"sstable_v{version}.parquet"
+
+
+def expected_file(version: int) -> Path:
+    return DATA / f"sstable_v{version}.expected.json"
+
+
 SETTINGS: dict[str, Any] = {
     "compression": "zstd",
     "block_size": 1024,
@@ -37,6 +51,12 @@ SETTINGS: dict[str, Any] = {
     "bloom_bits_per_key": 10,
     "column_bloom": True,
 }
+
+
+def settings(version: int) -> dict[str, Any]:
+    """The writer settings of a version's golden file (format 2: pages of ~256 raw bytes, so
+    blocks hold several)."""
+    return SETTINGS | {"format_version": version} | ({"page_size": 256} if version >= 2 else {})
 
 
 def golden_cells() -> list[Cell]:
@@ -98,6 +118,18 @@ def footer_facts(footer: Footer, *, bytes_level: bool) -> dict[str, Any]:
         if footer.column_bloom is None
         else hashlib.sha256(footer.column_bloom.to_bytes()).hexdigest(),
     }
+    pages = footer.pages
+    if pages is not None:
+        facts["pages"] = {
+            "page_cells": pages.page_cells,
+            "first_rows": [_hex(r) for r in pages.first_rows],
+            "blocks": [int(b) for b in pages.table[:, 0]],
+            "flags": [int(f) for f in pages.table[:, -1]],
+        } | (
+            {"table_sha256": hashlib.sha256(pages.table.astype("<u4").tobytes()).hexdigest()}
+            if bytes_level
+            else {}
+        )
     return facts
 
 
@@ -114,48 +146,79 @@ def golden_expected(data: bytes) -> dict[str, Any]:
 
 
 def regenerate() -> None:
+    """Write the current format version's files (older versions' files are never rewritten)."""
     DATA.mkdir(parents=True, exist_ok=True)
-    data, _ = write_sstable(golden_cells(), **SETTINGS)
-    GOLDEN.write_bytes(data)
-    EXPECTED.write_text(json.dumps(golden_expected(data), indent=1, sort_keys=True) + "\n")
+    data, _ = write_sstable(golden_cells(), **settings(FORMAT_VERSION))
+    golden(FORMAT_VERSION).write_bytes(data)
+    expected_file(FORMAT_VERSION).write_text(
+        json.dumps(golden_expected(data), indent=1, sort_keys=True) + "\n"
+    )
 
 
-def test_committed_golden_file_decodes_to_the_expected_footer() -> None:
-    data = GOLDEN.read_bytes()
-    expected = json.loads(EXPECTED.read_text())
+@VERSIONS
+def test_committed_golden_file_decodes_to_the_expected_footer(version: int) -> None:
+    data = golden(version).read_bytes()
+    expected = json.loads(expected_file(version).read_text())
     assert golden_expected(data) == expected
+    assert expected["footer"]["format_version"] == version
     assert len(expected["footer"]["blocks"]) > 3
     assert any(
         b["first_row"] == b["last_row"] == b"span".hex() for b in expected["footer"]["blocks"]
     )
+    if version >= 2:
+        # Some block holds several pages, and the wide row continues across pages.
+        pages = expected["footer"]["pages"]
+        assert len(pages["blocks"]) > len(set(pages["blocks"]))
+        assert 1 in pages["flags"]
 
 
-def test_committed_golden_file_reads_back_to_the_cells() -> None:
-    assert read_sstable_bytes(GOLDEN.read_bytes()) == golden_cells()
+@VERSIONS
+def test_committed_golden_file_reads_back_to_the_cells(version: int) -> None:
+    assert read_sstable_bytes(golden(version).read_bytes()) == golden_cells()
 
 
+@VERSIONS
 async def test_committed_golden_file_serves_reads_through_a_store(
-    object_store: ObjectStore,
+    object_store: ObjectStore, version: int
 ) -> None:
-    data = GOLDEN.read_bytes()
+    data = golden(version).read_bytes()
     await object_store.create("golden.parquet", data)
     table = await SSTable.open(object_store, "golden.parquet", size=len(data))
     cells = golden_cells()
-    assert await table.get_row(b"span") == [c for c in cells if c.row == b"span"]
-    assert await table.get_row(b"del") == [c for c in cells if c.row == b"del"]
-    assert await table.get_row(b"") == cells[:1]
+    for row in sorted({c.row for c in cells}):
+        assert await table.get_row(row) == [c for c in cells if c.row == row], row
+    assert await table.get_row(b"absent") == []
     assert [c async for c in table.scan()] == cells
 
 
-def test_a_fresh_write_produces_the_same_footer_facts() -> None:
-    data, info = write_sstable(golden_cells(), **SETTINGS)
-    expected = json.loads(EXPECTED.read_text())
+@VERSIONS
+def test_golden_files_are_plain_parquet(version: int) -> None:
+    """pyarrow and DuckDB read every version's cells with no tabletstore code."""
+    import duckdb
+    import pyarrow.parquet as pq
+
+    path = golden(version)
+    cells = golden_cells()
+    table = pq.read_table(path)
+    assert [tuple(r.values()) for r in table.to_pylist()] == [tuple(c) for c in cells]
+    rows = duckdb.sql(
+        f"SELECT row, family, qualifier, ts, seq, kind, value FROM read_parquet('{path}')"
+    ).fetchall()
+    assert rows == [tuple(c) for c in cells]
+
+
+@VERSIONS
+def test_a_fresh_write_produces_the_same_footer_facts(version: int) -> None:
+    data, info = write_sstable(golden_cells(), **settings(version))
+    expected = json.loads(expected_file(version).read_text())
     facts = footer_facts(parse_tail(data, len(data)).footer, bytes_level=False)
     want = dict(expected["footer"])
     want["blocks"] = [
         {k: v for k, v in b.items() if k in ("cells", "first_row", "last_row")}
         for b in want["blocks"]
     ]
+    if "pages" in want:
+        want["pages"] = {k: v for k, v in want["pages"].items() if k != "table_sha256"}
     assert facts == want
     assert info.blocks == len(want["blocks"])
     assert read_sstable_bytes(data) == golden_cells()
@@ -164,6 +227,6 @@ def test_a_fresh_write_produces_the_same_footer_facts() -> None:
 if __name__ == "__main__":
     if sys.argv[1:] == ["--regenerate"]:
         regenerate()
-        print(f"wrote {GOLDEN} and {EXPECTED}")
+        print(f"wrote {golden(FORMAT_VERSION)} and {expected_file(FORMAT_VERSION)}")
     else:
         print(__doc__)

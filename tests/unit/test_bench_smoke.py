@@ -84,3 +84,16 @@ def test_table_prints_ratio_against_slatedb() -> None:
     ]
     text = table(results)
     assert "scans" in text and "2.00" in text and "15,385" in text
+
+
+def test_growth_runs_every_benchmark_at_every_size_and_draws(tmp_path: Path) -> None:
+    from bench.growth import GrowthPoint, growth_table, run_growth, svg_chart
+
+    points = run_growth(0.0001, factors=(1, 2), workdir=str(tmp_path), concurrency=4, batch=10)
+    assert {p.benchmark for p in points} == set(BENCHMARKS)
+    assert sorted({p.rows for p in points}) == [100, 200]
+    assert all(isinstance(p, GrowthPoint) and p.disk_bytes > 0 for p in points)
+    report = growth_table(points)
+    assert all(name in report for name in BENCHMARKS)
+    svg = svg_chart(points, "test")
+    assert svg.startswith("<svg") and svg.count("<polyline") >= 3 * len(BENCHMARKS)

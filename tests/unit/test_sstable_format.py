@@ -246,6 +246,7 @@ def test_footer_metadata_entries() -> None:
             b"block_index",
             b"row_bloom",
             b"column_bloom",
+            b"pages",
         )
     }
     assert b"ARROW:schema" not in meta

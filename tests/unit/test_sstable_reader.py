@@ -138,14 +138,41 @@ async def test_block_cache_serves_repeated_reads(object_store: ObjectStore) -> N
 
 
 async def test_concurrent_reads_of_one_block_share_one_get(object_store: ObjectStore) -> None:
+    """Format 1: a point read fetches its whole block."""
     cells = make_cells(300)
-    info = await put(object_store, cells, block_size=64 * 1024)
+    info = await put(object_store, cells, block_size=64 * 1024, format_version=1)
     store = counted(object_store)
     table = await SSTable.open(store, KEY, size=info.size, block_cache=BlockCache(1 << 24))
     store.reset()
     rows = [b"row%06d" % i for i in range(0, 100, 7)]
     results = await asyncio.gather(*(table.get_row(r) for r in rows))
     assert [len(r) for r in results] == [3] * len(rows)
+    assert store.stats()[Op.GET_RANGE].requests == 1
+
+
+async def test_a_point_read_fetches_one_page_and_concurrent_reads_share_it(
+    object_store: ObjectStore,
+) -> None:
+    """Format 2: a point read fetches the bytes of one page of each column, a few KiB, not its
+    64 KiB block; concurrent reads of rows in that page share the GET."""
+    cells = make_cells(3000, per_row=1)
+    info = await put(object_store, cells, block_size=64 * 1024)
+    store = counted(object_store)
+    table = await SSTable.open(store, KEY, size=info.size, block_cache=BlockCache(1 << 24))
+    pages = table.footer.pages
+    assert pages is not None and pages.page_cells < table.footer.blocks[0].cells
+    store.reset()
+    rows = [b"row%06d" % i for i in (250, 250, 250)]
+    results = await asyncio.gather(*(table.get_row(r) for r in rows))
+    assert results == [[c for c in cells if c.row == rows[0]]] * 3
+    stats = store.stats()[Op.GET_RANGE]
+    assert stats.requests == 1
+    (block,) = table._core.blocks_for_row(rows[0])
+    assert stats.bytes < table.footer.blocks[block].length
+    # A read of another row of the same page is a cache hit.
+    page = pages.pages_for_row(block, rows[0])
+    same = pages.first_rows[page.start]
+    assert await table.get_row(same) == [c for c in cells if c.row == same]
     assert store.stats()[Op.GET_RANGE].requests == 1
 
 

@@ -1,0 +1,223 @@
+"""Format 2's pages (``sstable/pages.py``): round trips, the page index, damage, version 1."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import zstandard
+
+from tabletstore.errors import Corruption
+from tabletstore.keys import Cell, CellKind, cell_sort_key
+from tabletstore.sstable import BlockCache, SSTable, read_sstable_bytes, write_sstable
+from tabletstore.sstable import pages as pages_module
+from tabletstore.sstable.format import parse_tail
+from tabletstore.sstable.pages import (
+    CONTINUES,
+    decode_page_index,
+    encode_page_index,
+    page_cells_for,
+    read_page_header,
+)
+from tabletstore.storage_s3.base import ObjectStore, Op
+from tabletstore.storage_s3.instrumented import InstrumentedObjectStore
+
+KEY = "tables/t/tablet/default/pages.parquet"
+
+
+def mixed_cells(n: int, seed: int = 7) -> list[Cell]:
+    """Rows of 1..6 cells, values of 0..3000 random bytes, every kind, two families."""
+    rng = random.Random(seed)
+    cells = []
+    r = 0
+    while len(cells) < n:
+        for q in range(rng.randint(1, 6)):
+            kind = rng.choice([CellKind.PUT] * 6 + [CellKind.DELETE_COLUMN])
+            cells.append(
+                Cell(
+                    b"row%07d" % r,
+                    rng.choice(["cf", "meta"]),
+                    b"q%d" % q,
+                    rng.randint(0, 1 << 50),
+                    len(cells) + 1,
+                    kind,
+                    rng.randbytes(rng.randint(0, 3000)) if kind == CellKind.PUT else b"",
+                )
+            )
+        r += 1
+    return sorted(cells, key=cell_sort_key)
+
+
+@pytest.mark.parametrize("compression", ["zstd", "lz4", "snappy", "none"])
+async def test_every_row_reads_back_through_pages(
+    object_store: ObjectStore, compression: str
+) -> None:
+    cells = mixed_cells(1500)
+    data, info = write_sstable(cells, compression=compression, block_size=32 * 1024)
+    footer = parse_tail(data, len(data)).footer
+    assert footer.format_version == 2 and footer.pages is not None
+    assert footer.pages.pages > len(footer.blocks)
+    await object_store.create(KEY, data)
+    table = await SSTable.open(object_store, KEY, size=info.size, block_cache=BlockCache(1 << 20))
+    by_row: dict[bytes, list[Cell]] = {}
+    for c in cells:
+        by_row.setdefault(c.row, []).append(c)
+    for row, want in by_row.items():
+        assert await table.get_row(row) == want
+    assert await table.get_row(b"row0000000x") == []
+    assert [c async for c in table.scan()] == cells
+    assert read_sstable_bytes(data) == cells
+
+
+async def test_a_row_spanning_pages_reads_whole(object_store: ObjectStore) -> None:
+    wide = [Cell(b"wide", "cf", b"q%04d" % i, 5, i + 1, 0, os.urandom(100)) for i in range(300)]
+    cells = sorted([*mixed_cells(200), *wide], key=cell_sort_key)
+    data, info = write_sstable(cells, page_size=1024)
+    pages = parse_tail(data, len(data)).footer.pages
+    assert pages is not None
+    assert any(int(f) & CONTINUES for f in pages.table[:, -1])
+    await object_store.create(KEY, data)
+    table = await SSTable.open(object_store, KEY, size=info.size)
+    assert await table.get_row(b"wide") == wide
+
+
+async def test_a_corrupt_page_is_corruption_naming_the_object(object_store: ObjectStore) -> None:
+    cells = mixed_cells(600)
+    data, info = write_sstable(cells)
+    pages = parse_tail(data, len(data)).footer.pages
+    blocks = parse_tail(data, len(data)).footer.blocks
+    assert pages is not None
+    # Damage the value bytes of page 2 of block 0.
+    p = pages.block_starts[0] + 2
+    offset = blocks[0].offset + int(pages.table[p, 19]) + int(pages.table[p, 20]) // 2
+    bad = bytearray(data)
+    bad[offset] ^= 0xFF
+    await object_store.create(KEY, bytes(bad))
+    table = await SSTable.open(object_store, KEY, size=info.size)
+    row = pages.first_rows[p]
+    with pytest.raises(Corruption, match=r"pages\.parquet.*block 0 fails its crc32c"):
+        await table.get_row(row)
+
+
+def test_the_page_index_round_trips_and_rejects_damage() -> None:
+    data, _ = write_sstable(mixed_cells(800))
+    footer = parse_tail(data, len(data)).footer
+    pages = footer.pages
+    assert pages is not None
+    shape = [(b.length, b.cells) for b in footer.blocks]
+    encoded = encode_page_index(pages)
+    again = decode_page_index(encoded, shape)
+    assert again.first_rows == pages.first_rows and (again.table == pages.table).all()
+    raw = zstandard.ZstdDecompressor().decompress(encoded)
+
+    def frame(data: bytes) -> bytes:
+        return zstandard.ZstdCompressor(write_content_size=True).compress(data)
+
+    with pytest.raises(Corruption, match="trailing"):
+        decode_page_index(frame(raw + b"x"), shape)
+    with pytest.raises(Corruption, match="malformed"):
+        decode_page_index(frame(raw[:40]), shape)
+    with pytest.raises(Corruption, match="malformed"):
+        decode_page_index(encoded[:20], shape)
+    with pytest.raises(Corruption, match=r"disagrees|pages"):
+        decode_page_index(encoded, [(length, cells + 500) for length, cells in shape])
+
+
+def test_version_1_sstables_stay_readable_and_have_no_pages() -> None:
+    cells = mixed_cells(500)
+    data, _ = write_sstable(cells, format_version=1)
+    footer = parse_tail(data, len(data)).footer
+    assert footer.format_version == 1 and footer.pages is None
+    assert read_sstable_bytes(data) == cells
+
+
+async def test_version_1_point_reads_go_through_blocks(object_store: ObjectStore) -> None:
+    cells = mixed_cells(500)
+    data, info = write_sstable(cells, format_version=1)
+    await object_store.create(KEY, data)
+    table = await SSTable.open(object_store, KEY, size=info.size)
+    row = cells[len(cells) // 2].row
+    assert await table.get_row(row) == [c for c in cells if c.row == row]
+
+
+def test_version_2_files_are_plain_parquet() -> None:
+    cells = mixed_cells(400)
+    data, _ = write_sstable(cells)
+    table = pq.read_table(pa.BufferReader(data))
+    assert [tuple(r.values()) for r in table.to_pylist()] == [tuple(c) for c in cells]
+
+
+def test_page_headers_parse_as_parquet_wrote_them() -> None:
+    cells = mixed_cells(300)
+    data, _ = write_sstable(cells, compression="none")
+    meta = pq.read_metadata(pa.BufferReader(data))
+    col = meta.row_group(0).column(6)
+    header = read_page_header(data, col.data_page_offset)
+    pages = parse_tail(data, len(data)).footer.pages
+    assert pages is not None
+    assert header.num_values == pages.page_cells
+    assert header.compressed == header.uncompressed == int(pages.table[0, 20])
+    with pytest.raises(ValueError):
+        read_page_header(b"\x15", 0)
+
+
+@pytest.mark.parametrize("compression", ["zstd", "none"])
+def test_the_fast_header_paths_agree_with_the_general_reader(compression: str) -> None:
+    data, _ = write_sstable(mixed_cells(400), compression=compression, page_size=512)
+    meta = pq.read_metadata(pa.BufferReader(data))
+    seen = 0
+    for g in range(meta.num_row_groups):
+        for c in range(meta.num_columns):
+            col = meta.row_group(g).column(c)
+            pos, end = col.data_page_offset, col.data_page_offset + col.total_compressed_size
+            while pos < end:
+                header = read_page_header(data, pos)
+                assert header == pages_module._read_header_general(data, pos)
+                assert header == pages_module._read_header_flat(data, pos)
+                pos += header.header_length + header.compressed
+                seen += 1
+    assert seen > 7 * meta.num_row_groups
+
+
+def test_page_cells_aim_at_about_8_kib() -> None:
+    assert page_cells_for(1000) == 8
+    assert page_cells_for(100_000) == 1
+    assert page_cells_for(1) == 4096
+
+
+async def test_sequential_point_reads_read_ahead_to_the_end_of_the_block(
+    object_store: ObjectStore,
+) -> None:
+    cells = [Cell(b"r%06d" % i, "cf", b"q", 1, i + 1, 0, os.urandom(200)) for i in range(4000)]
+    data, info = write_sstable(cells)
+    footer = parse_tail(data, len(data)).footer
+    assert footer.pages is not None and footer.pages.pages >= 4 * len(footer.blocks)
+    await object_store.create(KEY, data)
+    counted = InstrumentedObjectStore(object_store)
+    table = await SSTable.open(counted, KEY, size=info.size, block_cache=BlockCache(1 << 24))
+    counted.reset()
+    for c in cells:
+        assert await table.get_row(c.row) == [c]
+    # One GET for a block's first page, one for the rest of it; the next block's first page
+    # follows a page read lately, so it reads the whole block.
+    assert counted.stats()[Op.GET_RANGE].requests <= len(footer.blocks) + 2
+
+
+async def test_random_point_reads_fetch_single_pages(object_store: ObjectStore) -> None:
+    cells = [Cell(b"r%06d" % i, "cf", b"q", 1, i + 1, 0, os.urandom(200)) for i in range(4000)]
+    data, info = write_sstable(cells)
+    await object_store.create(KEY, data)
+    counted = InstrumentedObjectStore(object_store)
+    table = await SSTable.open(counted, KEY, size=info.size, block_cache=BlockCache(1 << 24))
+    pages = table.footer.pages
+    assert pages is not None
+    counted.reset()
+    picks = random.Random(3).sample(range(0, pages.pages, 2), 20)  # never neighbours
+    for p in picks:
+        assert await table.get_row(pages.first_rows[p]) != []
+    stats = counted.stats()[Op.GET_RANGE]
+    assert stats.requests == len(picks)
+    assert stats.bytes < len(picks) * max(b.length for b in table.footer.blocks)
