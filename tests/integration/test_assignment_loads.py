@@ -23,10 +23,12 @@ import pytest
 from tabletstore.coordination.memory import MemoryCoordinator
 from tabletstore.data.schema import ColumnFamily, TableSchema
 from tabletstore.errors import InvalidArgument, Unavailable
+from tabletstore.keys import Cell
 from tabletstore.master.master import Master
+from tabletstore.metadata.record import TabletRecord
 from tabletstore.options import IN_PROCESS_LEASE, MasterOptions, WorkerOptions
 from tabletstore.rpc.inprocess import InProcessTransport
-from tabletstore.rpc.messages import CreateTableRequest, LoadTabletRequest
+from tabletstore.rpc.messages import CreateTableRequest, LoadTabletRequest, UnloadTabletRequest
 from tabletstore.rpc.services import TABLET, TabletService
 from tabletstore.rpc.transport import Method
 from tabletstore.storage_s3.memory import MemoryObjectStore
@@ -230,3 +232,32 @@ def test_bad_load_options_are_named() -> None:
             transport=InProcessTransport(),
             options=MasterOptions(max_loads_per_worker=0),
         )
+
+
+async def test_one_worker_replays_the_tablets_it_loads_side_by_side() -> None:
+    """The loads a worker runs at once replay their logs concurrently: each replay here
+    waits until both have started, which one-after-the-other replays never reach."""
+    async with stack(MasterOptions()) as (master, first, s):
+        await master.create_table(CreateTableRequest.of(SCHEMA, SPLITS))
+        table_id = next(table for (table, _) in first.tablets if not table.startswith("!"))
+        second = await s.join()
+        started = 0
+        both = asyncio.Event()
+
+        async def gated_replay(record: TabletRecord) -> AsyncIterator[Cell]:
+            nonlocal started
+            started += 1
+            if started == 2:
+                both.set()
+            await both.wait()
+            for _ in ():
+                yield _
+
+        second._replay = gated_replay  # type: ignore[method-assign]
+        keys = [(table_id, "t00000"), (table_id, "t00001")]
+        for key in keys:
+            await first.unload_tablet(UnloadTabletRequest(*key))
+        await asyncio.wait_for(
+            asyncio.gather(*(second.load_tablet(LoadTabletRequest(*key)) for key in keys)), 60
+        )
+        assert set(keys) <= set(second.tablets)
