@@ -216,6 +216,11 @@ class Master:
     async def _assign_round(self) -> int:
         await self._start()
         self.settled = False
+        # Claims before the servers directory: a worker registers before it claims, so every
+        # claim read here whose worker is alive has that worker in the listing below. (Read
+        # the other way round, a worker that started and claimed in between looks like a
+        # stranger holding an orphaned tablet, which is then sent to another worker.)
+        claims = await self._claims()
         workers = await self.live_workers()
         now = self._clock.monotonic()
         self._unreachable = {w: t for w, t in self._unreachable.items() if t > now}
@@ -231,7 +236,6 @@ class Master:
         self.locations.retain(set(workers.values()))
         if await self._catalog.bootstrap_root(self._clock.time()):
             log.info("created the METADATA table")
-        claims = await self._claims()
         known: dict[tuple[str, str], assignment.TabletLoad] = {}
         root = await self._catalog.get_tablet(mt.METADATA_TABLE_ID, mt.ROOT_TABLET_ID)
         done = await self._assign_level(workers, claims, known, [root])

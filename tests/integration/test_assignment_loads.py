@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 
+from tabletstore.coordination import paths
+from tabletstore.coordination.base import KeyValue
 from tabletstore.coordination.memory import MemoryCoordinator
 from tabletstore.data.schema import ColumnFamily, TableSchema
 from tabletstore.errors import InvalidArgument, Unavailable
@@ -261,3 +263,35 @@ async def test_one_worker_replays_the_tablets_it_loads_side_by_side() -> None:
             asyncio.gather(*(second.load_tablet(LoadTabletRequest(*key)) for key in keys)), 60
         )
         assert set(keys) <= set(second.tablets)
+
+
+class ListingOrder(MemoryCoordinator):
+    """Records which of the claims and the servers directory each listing reads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.listed: list[str] = []
+
+    async def get_prefix(self, prefix: str) -> list[KeyValue]:
+        if prefix in (paths.SERVERS, paths.claims_prefix()):
+            self.listed.append(prefix)
+        return await super().get_prefix(prefix)
+
+
+async def test_a_round_reads_the_claims_before_the_servers_directory() -> None:
+    """A worker registers before it claims, so claims listed first have every live holder in
+    the servers listing that follows; listed the other way round, a worker that registered and
+    claimed in between looks dead, its tablet orphaned and its live log due for recovery."""
+    coord, store, transport = ListingOrder(), MemoryObjectStore(), ScriptedLoads()
+    worker = await new_worker("w0", store, coord, transport)
+    master = Master(coordinator=coord, transport=transport, options=MasterOptions())
+    try:
+        await master.assign()
+        await master.create_table(CreateTableRequest.of(SCHEMA, SPLITS))
+        coord.listed.clear()
+        await master.assign()
+        assert coord.listed.index(paths.claims_prefix()) < coord.listed.index(paths.SERVERS)
+    finally:
+        await master.close()
+        await worker.stop(flush=True)
+        await coord.close()
