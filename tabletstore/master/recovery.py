@@ -50,6 +50,7 @@ from tabletstore.coordination import paths
 from tabletstore.coordination.base import Coordinator
 from tabletstore.errors import Corruption, InvalidArgument, TabletStoreError, Unavailable
 from tabletstore.metadata.record import LogRef, TabletRecord
+from tabletstore.metadata.rows import METADATA_TABLE_ID
 from tabletstore.storage_s3 import open_store
 from tabletstore.storage_s3.base import ObjectStore
 from tabletstore.storage_s3.layout import recovery_manifest_key
@@ -241,10 +242,16 @@ class LogRecovery:
         records: Sequence[TabletRecord],
         claims: Mapping[tuple[str, str], str],
         live: Iterable[str],
+        *,
+        early: bool = False,
     ) -> None:
         """Plan and start the sort of every dead log an unclaimed tablet of ``records`` lists
-        (``records``: every tablet record, so each plan partitions by all tablets listing the
-        log); start again the tasks of logs being sorted that failed or never ran."""
+        (``records``: best every tablet record, so each plan partitions by all tablets listing
+        the log; rows of others go to catch-all runs); start again the tasks of logs being
+        sorted that failed or never ran. ``early``: the records are what the master knew
+        before it could list METADATA (the root's, and those seen last round), so a dead log
+        an unclaimed root or METADATA tablet lists is sorted however few of them list it
+        (the tablets listing it are not all known yet)."""
         live_workers = set(live)
         needed: set[LogRef] = set()
         for rec in records:
@@ -259,7 +266,12 @@ class LogRecovery:
                 for r in records
                 if ref in r.logs
             ]
-            if len(ranges) < MIN_TABLETS_TO_SORT:
+            system = any(
+                ref in r.logs and r.table_id == METADATA_TABLE_ID
+                for r in records
+                if claims.get((r.table_id, r.tablet_id)) not in live_workers
+            )
+            if len(ranges) < MIN_TABLETS_TO_SORT and not (early and system):
                 # One reader reads the log once either way; sorting would add a second pass.
                 continue
             self._planning[ref] = asyncio.get_running_loop().create_task(

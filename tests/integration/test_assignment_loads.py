@@ -12,6 +12,7 @@ in-process transport that can hold or fail chosen loads), so rounds are driven b
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -20,19 +21,23 @@ from typing import Any
 
 import pytest
 
+from tabletstore.commitlog.sorting import load_plan
 from tabletstore.coordination import paths
 from tabletstore.coordination.base import KeyValue
 from tabletstore.coordination.memory import MemoryCoordinator
 from tabletstore.data.schema import ColumnFamily, TableSchema
-from tabletstore.errors import InvalidArgument, Unavailable
+from tabletstore.errors import InvalidArgument, TabletStoreError, Unavailable
 from tabletstore.keys import Cell
 from tabletstore.master.master import Master
-from tabletstore.metadata.record import TabletRecord
+from tabletstore.master.recovery import InProcessSortExecutor, LogRecovery
+from tabletstore.metadata import rows as mt
+from tabletstore.metadata.record import LogRef, TabletRecord
 from tabletstore.options import IN_PROCESS_LEASE, MasterOptions, WorkerOptions
 from tabletstore.rpc.inprocess import InProcessTransport
 from tabletstore.rpc.messages import CreateTableRequest, LoadTabletRequest, UnloadTabletRequest
 from tabletstore.rpc.services import TABLET, TabletService
 from tabletstore.rpc.transport import Method
+from tabletstore.storage_s3 import layout
 from tabletstore.storage_s3.memory import MemoryObjectStore
 from tabletstore.worker.server import TabletServer
 
@@ -294,4 +299,68 @@ async def test_a_round_reads_the_claims_before_the_servers_directory() -> None:
     finally:
         await master.close()
         await worker.stop(flush=True)
+        await coord.close()
+
+
+class PlanBeforeRoot(ScriptedLoads):
+    """Notes, when the root tablet's load is sent, whether a chosen log's sort plan exists."""
+
+    def __init__(self, store: MemoryObjectStore) -> None:
+        super().__init__()
+        self.store = store
+        self.watch: LogRef | None = None
+        self.plan_at_root_load: list[bool] = []
+
+    async def call(
+        self,
+        address: str,
+        method: Method,
+        request: Any,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 (the Transport signature)
+    ) -> Any:
+        if method is LOAD and request.tablet_id == mt.ROOT_TABLET_ID and self.watch is not None:
+            key = layout.recovery_plan_key(self.watch.worker_id, self.watch.incarnation)
+            self.plan_at_root_load.append(await self.store.head(key) is not None)
+        return await super().call(address, method, request, timeout=timeout)
+
+
+async def test_a_dead_workers_log_is_planned_before_its_root_tablet_is_loaded() -> None:
+    """The worker holding the root, METADATA and user tablets dies: the master plans the sort
+    of its log before it sends the root's load (§6), from the tablets it listed last round,
+    so the root and METADATA replay from runs too, and every tablet is served again with its
+    records (the METADATA rows the dead worker logged included)."""
+    store, coord = MemoryObjectStore(), MemoryCoordinator()
+    transport = PlanBeforeRoot(store)
+    first = await new_worker("w0", store, coord, transport)
+    recovery = LogRecovery(store, InProcessSortExecutor(store), coord, task_bytes=1 << 20)
+    master = Master(coordinator=coord, transport=transport, recovery=recovery)
+    workers = [first]
+    try:
+        await master.assign()
+        await master.create_table(CreateTableRequest.of(SCHEMA, SPLITS))
+        await master.assign()
+        assert first.lease is not None and first.commit_log_stats is not None
+        assert first.commit_log_stats.segments > 0
+        dead = LogRef("w0", first._log.log_ref.incarnation if first._log else 0)
+        workers.append(await new_worker("w1", store, coord, transport))
+        transport.watch = dead
+        await first.lease.revoke()  # w0 is gone: its claims and its servers entry with it
+        await master.assign()
+        assert transport.plan_at_root_load == [True]
+        plan = await load_plan(store, dead.worker_id, dead.incarnation)
+        assert plan is not None
+        assert {t.tablet_id for t in plan.tablets} >= {mt.ROOT_TABLET_ID, *TABLETS}
+
+        async def all_served() -> bool:
+            await master.assign()
+            return served(workers[1]) == TABLETS
+
+        await eventually(all_served, deadline=60, what="every user tablet served by w1")
+        assert (mt.METADATA_TABLE_ID, mt.ROOT_TABLET_ID) in workers[1].tablets
+    finally:
+        await master.close()
+        for server in reversed(workers):
+            with contextlib.suppress(TabletStoreError):
+                await server.stop(flush=False)
         await coord.close()

@@ -81,7 +81,7 @@ async def test_live_workers_sort_and_a_dead_sorter_task_is_taken_over() -> None:
     # Sorter A hangs inside its first task (after claiming it), then loses its lease.
     lease_a = await coord.grant_lease(30.0)
     store.stall = True
-    sorter_a = Sorter("A", store, coord, lease_a, poll=0.01)
+    sorter_a = Sorter("A", store, coord, lease_a, poll=0.01, parallel=1)
     executor = WorkerSortExecutor(store, coord, poll=0.01)
     runs = [asyncio.ensure_future(executor.run(plan, t)) for t in plan.tasks]
     a = asyncio.ensure_future(sorter_a.run(stop))
@@ -105,6 +105,45 @@ async def test_live_workers_sort_and_a_dead_sorter_task_is_taken_over() -> None:
     stop.set()
     a.cancel()
     await asyncio.gather(a, b, return_exceptions=True)
+
+
+class GatheringStore(MemoryObjectStore):
+    """Creates of recovery runs wait until ``width`` tasks are writing runs at once."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__(shared=False)
+        self.width = width
+        self.writing: set[str] = set()
+        self.together = asyncio.Event()
+
+    async def create(self, key: str, data: bytes) -> None:
+        if key.startswith("recovery/") and key.endswith(".run"):
+            self.writing.add(key.split("/")[3])  # the task's first segment
+            if len(self.writing) >= self.width:
+                self.together.set()
+            await self.together.wait()
+        await super().create(key, data)
+
+
+async def test_one_sorter_runs_several_tasks_at_once() -> None:
+    """A sorter with parallel=3 has three tasks under way together (each task here waits
+    for the other two before writing its runs: one task at a time would never finish)."""
+    store = GatheringStore(width=3)
+    plan = await _plan(store)
+    assert len(plan.tasks) >= 3
+    coord = MemoryCoordinator()
+    lease = await coord.grant_lease(30.0)
+    sorter = Sorter("A", store, coord, lease, poll=0.01, parallel=3)
+    stop = asyncio.Event()
+    running = asyncio.ensure_future(sorter.run(stop))
+    executor = WorkerSortExecutor(store, coord, poll=0.01)
+    manifests = await asyncio.wait_for(
+        asyncio.gather(*(executor.run(plan, t) for t in plan.tasks)), 20
+    )
+    assert sorted(m.first for m in manifests) == [t.first for t in plan.tasks]
+    assert sorter.done == len(plan.tasks)  # each task once, however many loops polled it
+    stop.set()
+    await running
 
 
 async def test_a_failing_task_is_reported_to_the_master() -> None:
