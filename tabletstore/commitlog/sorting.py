@@ -19,9 +19,11 @@ keys in :mod:`tabletstore.storage_s3.layout`):
    manifest that exists already is compared, and any difference is Corruption.
 3. :func:`sorted_replay` (the tablet's new owner): wait for the tasks' manifests (at most
    ``wait`` seconds), read the runs of its table whose row range overlaps its own, keep its
-   rows, and merge them by (row, seq) (``heapq.merge``). A task not done by then is read
-   directly from its segments (only those), so a slow or dead sorter costs time and its own
-   few MB, never correctness. Without a plan the caller falls back to the direct replay.
+   rows, and merge them by (row, seq) (``heapq.merge``). A task not done by then is run by
+   the replayer itself (only those tasks; idempotent, so racing a slow sorter is harmless,
+   and its runs then serve the other tablets too), so a slow or dead sorter costs time and
+   its own few MB, never correctness. Without a plan the caller falls back to the direct
+   replay.
 
 Runs name row ranges rather than only tablets, so a tablet split, merged or moved after the
 plan still finds every record of its rows: every run of its table whose range overlaps its own
@@ -352,7 +354,7 @@ class ReplayStats:
 
     runs: int = 0
     run_bytes: int = 0
-    #: Tasks not done in time, read directly from their segments instead.
+    #: Tasks not done in time, which the replay sorted itself.
     direct_tasks: int = 0
 
 
@@ -400,13 +402,20 @@ async def sorted_replay(
     docstring for how unfinished tasks are handled."""
     stats = stats if stats is not None else ReplayStats()
     manifests = await _manifests(store, plan, wait)
+    late = [t for t in plan.tasks if manifests[t.first] is None]
+    if late:
+        # Sorted here rather than read for this tablet alone: the same GETs, and the runs
+        # then serve every other tablet waiting for these tasks (a task is idempotent, so a
+        # slow sorter finishing it too is harmless).
+        stats.direct_tasks += len(late)
+        for task, done in zip(
+            late, await asyncio.gather(*(run_sort_task(store, plan, t) for t in late)), strict=True
+        ):
+            manifests[task.first] = done
     wanted: list[RunInfo] = []
-    direct: list[SortTask] = []
     for task in plan.tasks:
         manifest = manifests[task.first]
-        if manifest is None:
-            direct.append(task)
-            continue
+        assert manifest is not None
         for run in manifest.runs:
             probe = TabletRange(run.table_id, run.tablet_id, run.start_row, run.end_row)
             if (
@@ -436,16 +445,6 @@ async def sorted_replay(
         return [r for r in records if mine.holds(r.row) and r.last_seq > after_seq]
 
     sources.extend(await asyncio.gather(*(fetch(r) for r in wanted)))
-    reader = CommitLogReader(store, plan.worker_id, plan.incarnation)
-    for task in direct:
-        stats.direct_tasks += 1
-        picked = [
-            r
-            async for r in reader.records(start_segment=task.first, stop_segment=task.stop)
-            if r.table_id == table_id and mine.holds(r.row) and r.last_seq > after_seq
-        ]
-        picked.sort(key=lambda r: (r.row, r.first_seq, r.last_seq))
-        sources.append(picked)
     for record in heapq.merge(*sources, key=lambda r: (r.row, r.first_seq, r.last_seq)):
         for cell in record.cells:
             if cell.seq > after_seq:

@@ -231,6 +231,9 @@ class LogRecovery:
         self._plan_wait = plan_wait
         #: Logs whose plan failed (Corruption): reported once, not retried every round.
         self._broken: dict[LogRef, str] = {}
+        #: Logs whose every task ran (done, or given up: the replayers sort those): not
+        #: planned again while records read before their tablets loaded still list them.
+        self._finished: set[LogRef] = set()
 
     @property
     def sorting(self) -> Mapping[LogRef, SortPlan]:
@@ -257,7 +260,7 @@ class LogRecovery:
         for rec in records:
             if claims.get((rec.table_id, rec.tablet_id)) not in live_workers:
                 needed.update(rec.logs)
-        known = self._logs.keys() | self._broken.keys() | self._planning.keys()
+        known = self._logs.keys() | self._broken.keys() | self._planning.keys() | self._finished
         for ref in sorted(needed - known, key=_order):
             if not await self._dead(ref, live_workers):
                 continue
@@ -314,6 +317,7 @@ class LogRecovery:
                 )
             if state.finished(self._attempts):
                 del self._logs[ref]
+                self._finished.add(ref)
 
     async def _plan(self, ref: LogRef, ranges: Sequence[TabletRange]) -> _LogSort:
         """Fence, list and plan one log (or take its existing plan) and find its done tasks."""
