@@ -261,11 +261,10 @@ async def run_sort_task(store: ObjectStore, plan: SortPlan, task: SortTask) -> S
             return await reader.read_segment(number, frames=frames), frames
 
     fetched = await asyncio.gather(*(fetch(n) for n in range(task.first, task.stop)))
-    # Partitioning and encoding is CPU work: in a thread, so the event loop it shares (a
-    # worker's: serving, renewing its lease) is not held for the whole of it.
-    read_bytes, records, unplanned, encoded = await asyncio.to_thread(
-        _partition_and_encode, plan, task, fetched
-    )
+    # Partitioning and encoding a task of at most a few hundred segments takes milliseconds:
+    # done inline. (In a thread it contends for the GIL with the event loop's I/O, which in
+    # a chaos run starved workers' lease keep-alives.)
+    read_bytes, records, unplanned, encoded = _partition_and_encode(plan, task, fetched)
 
     async def put(target: TabletRange, data: bytes, recs: list[tuple[LogRecord, bytes]]) -> RunInfo:
         key = recovery_run_key(w, inc, task.first, target.table_id, target.tablet_id)
@@ -408,10 +407,8 @@ async def sorted_replay(
         # then serve every other tablet waiting for these tasks (a task is idempotent, so a
         # slow sorter finishing it too is harmless).
         stats.direct_tasks += len(late)
-        for task, done in zip(
-            late, await asyncio.gather(*(run_sort_task(store, plan, t) for t in late)), strict=True
-        ):
-            manifests[task.first] = done
+        for task in late:  # one at a time: the sorters may be running them too
+            manifests[task.first] = await run_sort_task(store, plan, task)
     wanted: list[RunInfo] = []
     for task in plan.tasks:
         manifest = manifests[task.first]

@@ -12,9 +12,7 @@ task is idempotent, so the half-written runs of the dead one are harmless.
 
 A sorter runs up to ``parallel`` tasks at once (default 3): a dead worker's log is cut into
 tasks of at most a few hundred segments, and with few live workers one task at a time each
-would leave most of them waiting. The CPU part of a task (partitioning and encoding the runs)
-runs in a thread (:func:`~tabletstore.commitlog.sorting.run_sort_task`), so the worker's
-event loop keeps serving and renewing its lease.
+would leave most of them waiting.
 """
 
 from __future__ import annotations
