@@ -264,17 +264,20 @@ class LogRecovery:
         for ref in sorted(needed - known, key=_order):
             if not await self._dead(ref, live_workers):
                 continue
+            listing = [r for r in records if ref in r.logs]
+            # Early, the records were read before some tablets were loaded on the dead worker
+            # (they do not list its log yet): partition by every known tablet, so their rows
+            # still get runs of their own rather than the catch-all run.
             ranges = [
                 TabletRange(r.table_id, r.tablet_id, r.start_row, r.end_row)
-                for r in records
-                if ref in r.logs
+                for r in (records if early else listing)
             ]
             system = any(
-                ref in r.logs and r.table_id == METADATA_TABLE_ID
-                for r in records
+                r.table_id == METADATA_TABLE_ID
+                for r in listing
                 if claims.get((r.table_id, r.tablet_id)) not in live_workers
             )
-            if len(ranges) < MIN_TABLETS_TO_SORT and not (early and system):
+            if len(listing) < MIN_TABLETS_TO_SORT and not (early and system):
                 # One reader reads the log once either way; sorting would add a second pass.
                 continue
             self._planning[ref] = asyncio.get_running_loop().create_task(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ from tabletstore.master.recovery import (
     WorkerSortExecutor,
 )
 from tabletstore.metadata.record import LogRef, TabletRecord
+from tabletstore.metadata.rows import METADATA_TABLE_ID
 from tabletstore.storage_s3 import open_store
 from tabletstore.storage_s3.base import ObjectInfo
 from tabletstore.storage_s3.memory import MemoryObjectStore
@@ -264,3 +266,28 @@ async def test_a_slow_store_holds_the_assignment_round_back_only_plan_wait() -> 
     plan = await load_plan(store, W, INC)
     assert plan is not None and sorted(executor.ran) == [t.first for t in plan.tasks]
     await recovery.close()
+
+
+async def test_an_early_plan_partitions_by_every_known_tablet() -> None:
+    """Before the root is loaded the master knows the tablets from its last listing, some of
+    which were loaded on the dead worker since (their records read then do not list its log
+    yet): the early plan still gives each known tablet its own runs, and a log that only an
+    unclaimed METADATA tablet lists is sorted however few tablets list it."""
+    store = MemoryObjectStore(shared=False)
+    await write_log(store)
+    coord = MemoryCoordinator()
+    dead = LogRef(W, INC)
+    user = _records(())  # seen before they listed the dead log
+    root = TabletRecord(
+        table_id=METADATA_TABLE_ID, tablet_id="root", start_row=b"", end_row=b"!", logs=(dead,)
+    )
+    recovery = LogRecovery(store, CountingExecutor(store), coord, task_bytes=3000)
+    await recovery.start([root, *user], {}, live=[], early=True)
+    await recovery.wait()
+    plan = await load_plan(store, W, INC)
+    assert plan is not None
+    assert {t.tablet_id for t in plan.tablets} == {"root", *(t.tablet_id for t in TABLETS)}
+    # Not early: only the tablets listing the log count, and one is too few.
+    other = LogRecovery(store, CountingExecutor(store), coord, task_bytes=3000)
+    await other.start([replace(root, logs=(LogRef("x", 1),))], {}, live=[])
+    assert other.sorting == {}
