@@ -430,9 +430,10 @@ class AsyncClient:
                 assert record.location is not None
                 return await send(self._worker(record.location), info, record)
             except Indeterminate as exc:
-                # Sent, no answer: the owner may be dead or moved (forget where the tablet
-                # was), and the request may have been applied.
-                self.locations.invalidate(info.table_id)
+                # Sent, no answer: the owner may be dead or moved (forget where this tablet
+                # was; the table's other tablets may well be served where they were), and the
+                # request may have been applied.
+                self.locations.invalidate(info.table_id, row)
                 if not safe:
                     raise Indeterminate(
                         f"{what} of row {row[:64]!r} may have been applied: {exc}"
@@ -612,14 +613,16 @@ class AsyncTable:
         """The entries by the tablet holding their row (looked up again with ``refresh``)."""
         client = self._client
         info = await client._info(self.name, refresh=refresh)
-        if refresh:
-            for i in indexes:  # drops the (shared) cached entry of each row's tablet
-                client.locations.invalidate(info.table_id, entries[i].row)
         groups: dict[str, tuple[TabletRecord, list[int]]] = {}
+        # With refresh, each tablet's location is read again once, whatever the number of its
+        # rows here (a failed read keeps the cached entry: LocationCache.locate).
+        refreshed: list[TabletRecord] = []
         for i in indexes:
-            rec = await client._locate(
-                info.table_id, entries[i].row, refresh=False, deadline=deadline
-            )
+            row = entries[i].row
+            again = refresh and not any(r.contains(row) for r in refreshed)
+            rec = await client._locate(info.table_id, row, refresh=again, deadline=deadline)
+            if again:
+                refreshed.append(rec)
             groups.setdefault(rec.tablet_id, (rec, []))[1].append(i)
         return list(groups.values())
 
@@ -634,9 +637,9 @@ class AsyncTable:
         try:
             resp = await client._worker(rec.location).mutate_rows(req)
         except Indeterminate as exc:
-            # Sent, no answer: the owner may be dead or moved (forget where the tablet was);
+            # Sent, no answer: the owner may be dead or moved (forget where this tablet was);
             # any entry may have been applied.
-            client.locations.invalidate(rec.table_id)
+            client.locations.invalidate(rec.table_id, rec.start_row)
             batch.maybe_applied(idx, exc)
             return
         except TabletStoreError as exc:

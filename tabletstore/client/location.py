@@ -72,6 +72,8 @@ class LocationStats:
     reads: dict[int, int] = field(default_factory=lambda: {1: 0, 2: 0, 3: 0})
     #: Entries dropped because a worker said it no longer serves them (or did not answer).
     invalidations: int = 0
+    #: Refreshes that could not read METADATA and answered with the cached entry.
+    stale: int = 0
 
 
 def _unlocated(what: str) -> NotServing:
@@ -132,26 +134,44 @@ class LocationCache:
     async def locate(self, table_id: str, row: bytes, *, refresh: bool = False) -> TabletRecord:
         """The served tablet holding ``row``; NotServing if it has no location yet.
 
-        With ``refresh``, the cached entry is dropped and read again (one level up)."""
+        With ``refresh``, the entry is read again (one level up). If that read fails (the
+        METADATA tablet holding it is itself being recovered), the cached entry is kept and
+        returned: it is most likely still right (only one tablet's error led here), and a
+        wrong one only costs a refused request, while dropping it would stall every request
+        to a healthy tablet until METADATA is served again."""
         if table_id == METADATA_TABLE_ID and row < ROOT_END:
             return await self.root(refresh=refresh)
-        if refresh:
-            self.invalidate(table_id, row)
-        else:
-            hit = self._cached(table_id, row)
-            if hit is not None:
-                self.stats.hits += 1
-                return hit
+        cached = self._cached(table_id, row)
+        if not refresh and cached is not None:
+            self.stats.hits += 1
+            return cached
+        if cached is not None:
+            self.stats.invalidations += 1  # in doubt: replaced unless METADATA cannot answer
         self.stats.reads[2 if table_id == METADATA_TABLE_ID else 3] += 1
         key = metadata_row_key(table_id, row)
         _, hi = table_range(table_id)
-        for r in await self._scan(key, False, hi, True, limit=self._prefetch):
+        try:
+            found = await self._scan(key, False, hi, True, limit=self._prefetch)
+        except Unavailable:
+            if cached is None:
+                raise
+            self.stats.stale += 1
+            return cached
+        for r in found:
             for rec in (*r.pending, r.record):
                 if rec.table_id == table_id and rec.contains(row):
+                    if cached != rec:
+                        self._forget(cached)  # a split or merge may have left it under a key
                     if rec.location is None:
                         raise _unlocated(f"tablet {rec.tablet_id} of table {table_id}")
                     return rec
+        self._forget(cached)
         raise NotServing(f"no tablet of table {table_id} holds row {row[:64]!r}")
+
+    def _forget(self, rec: TabletRecord | None) -> None:
+        """Drop ``rec`` from the cache if it is still there (METADATA said otherwise)."""
+        if rec is not None and self._rows.get(rec.row_key) == rec:
+            del self._rows[rec.row_key]
 
     async def tablets(self, table_id: str, *, refresh: bool = False) -> list[TabletRecord]:
         """Every tablet of the table in row order (a whole-table METADATA scan unless the cache

@@ -306,11 +306,11 @@ class SortManifest:
     first: int
     stop: int
     runs: tuple[RunInfo, ...]
-    #: Bytes of segments read, records read, and records no plan tablet holds (dropped: every
-    #: tablet holding their rows has a redo point past them, or was deleted).
+    #: Bytes of segments read, records read, and records of rows no plan range holds (kept
+    #: in their table's catch-all run: ``sorting.CATCH_ALL_TABLET``).
     read_bytes: int
     records: int
-    dropped: int
+    unplanned: int
 
     def to_bytes(self) -> bytes:
         return _dump(
@@ -323,7 +323,7 @@ class SortManifest:
                 "runs": [r.to_json() for r in self.runs],
                 "read_bytes": self.read_bytes,
                 "records": self.records,
-                "dropped": self.dropped,
+                "unplanned": self.unplanned,
             }
         )
 
@@ -339,7 +339,8 @@ class SortManifest:
                 runs=tuple(RunInfo.from_json(r) for r in d["runs"]),
                 read_bytes=int(d["read_bytes"]),
                 records=int(d["records"]),
-                dropped=int(d["dropped"]),
+                # "dropped": a manifest of the version that dropped such records.
+                unplanned=int(d["unplanned"] if "unplanned" in d else d["dropped"]),
             )
         except (KeyError, TypeError, ValueError, binascii.Error) as exc:
             raise Corruption(f"{where}: malformed sort manifest ({exc!r})") from exc

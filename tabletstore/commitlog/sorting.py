@@ -19,15 +19,25 @@ keys in :mod:`tabletstore.storage_s3.layout`):
    manifest that exists already is compared, and any difference is Corruption.
 3. :func:`sorted_replay` (the tablet's new owner): wait for the tasks' manifests (at most
    ``wait`` seconds), read the runs of its table whose row range overlaps its own, keep its
-   rows, and merge them by (row, seq) (``heapq.merge``). A task not done by then is read
-   directly from its segments (only those), so a slow or dead sorter costs time and its own
-   few MB, never correctness. Without a plan the caller falls back to the direct replay.
+   rows, and merge them by (row, seq) (``heapq.merge``). A task not done by then is run by
+   the replayer itself (only those tasks; idempotent, so racing a slow sorter is harmless,
+   and its runs then serve the other tablets too), so a slow or dead sorter costs time and
+   its own few MB, never correctness. Without a plan the caller falls back to the direct
+   replay.
 
 Runs name row ranges rather than only tablets, so a tablet split, merged or moved after the
-plan still finds every record of its rows: its rows lie in the ranges of the tablets it came
-from, all of which listed the log when the plan was made. A record of a row no plan tablet
-holds is dropped: every tablet holding that row has a redo point past it (it does not list
-the log) or was deleted.
+plan still finds every record of its rows: every run of its table whose range overlaps its own
+is read. A record of a row no plan range holds goes to its table's **catch-all run** (tablet id
+:data:`CATCH_ALL_TABLET`, range: the whole table), which every tablet of that table reads. So
+the plan may be made before every tablet listing the log is known (the master plans a dead
+worker's log before the root and METADATA tablets it held are served again, from the tablets
+it knew last): the plan's ranges only decide how well the records are spread, never whether
+one is replayed. The tasks are cut at ``task_bytes`` and at most ``task_segments`` segments
+(one GET each), so a log of many small segments is sorted by several sorters at once.
+
+Everything a replay reads here is immutable once it exists (plan, manifests, runs), so one
+process keeps what it read (:class:`_Immutable`): the tablets one worker recovers from a log
+share the GETs of its plan, manifests and catch-all runs.
 """
 
 from __future__ import annotations
@@ -35,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import heapq
+import weakref
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -63,7 +74,9 @@ from tabletstore.storage_s3.layout import (
 )
 
 __all__ = [
+    "CATCH_ALL_TABLET",
     "DEFAULT_TASK_BYTES",
+    "MAX_TASK_SEGMENTS",
     "ReplayStats",
     "load_plan",
     "plan_sort",
@@ -75,14 +88,56 @@ __all__ = [
 
 #: Default bytes of segments per sort task: a few MB, as the paper's sorter works in pieces.
 DEFAULT_TASK_BYTES = 4 * 1024 * 1024
+#: Default upper bound on the segments of one sort task (each one is a GET).
+MAX_TASK_SEGMENTS = 256
+#: The tablet id of a table's catch-all run: the records of rows no plan range holds.
+CATCH_ALL_TABLET = "~catch-all"
 #: Runs a replay fetches at once.
 _FETCH_CONCURRENCY = 16
+
+
+class _Immutable:
+    """A process's copy of the recovery objects it read (plans, manifests, runs): they never
+    change once they exist, so a key read once is not fetched again. Absent keys are not kept
+    (a plan or manifest may appear later). Kept per store object (weakly: a closed store's
+    copies go with it), bounded by bytes, oldest dropped first."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self._max = max_bytes
+        self._stores: weakref.WeakKeyDictionary[ObjectStore, dict[str, bytes]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._sizes: weakref.WeakKeyDictionary[ObjectStore, int] = weakref.WeakKeyDictionary()
+
+    async def get(self, store: ObjectStore, key: str) -> bytes | None:
+        kept = self._stores.get(store)
+        data = None if kept is None else kept.get(key)
+        if data is not None:
+            return data
+        data = await store.get(key)
+        if data is not None and len(data) <= self._max // 4:
+            kept = self._stores.setdefault(store, {})
+            kept[key] = data
+            size = self._sizes.get(store, 0) + len(data)
+            while size > self._max:
+                size -= len(kept.pop(next(iter(kept))))
+            self._sizes[store] = size
+        return data
+
+    def forget(self, store: ObjectStore) -> None:
+        """Drop what was kept of ``store`` (a test that damages objects after reading them)."""
+        self._stores.pop(store, None)
+        self._sizes.pop(store, None)
+
+
+#: The process-wide cache of recovery objects (64 MiB).
+IMMUTABLE = _Immutable(64 * 1024 * 1024)
 
 
 async def load_plan(store: ObjectStore, worker_id: str, incarnation: int) -> SortPlan | None:
     """The log's sort plan, or None when the log was never planned for sorting."""
     key = recovery_plan_key(worker_id, incarnation)
-    data = await store.get(key)
+    data = await IMMUTABLE.get(store, key)
     return None if data is None else SortPlan.from_bytes(data, where=key)
 
 
@@ -93,12 +148,18 @@ async def plan_sort(
     tablets: Iterable[TabletRange],
     *,
     task_bytes: int = DEFAULT_TASK_BYTES,
+    task_segments: int = MAX_TASK_SEGMENTS,
 ) -> SortPlan:
     """Fence the log, cut it into tasks and create its plan (or return the existing plan).
 
-    ``tablets``: the ranges of every tablet whose record lists the log (REQUIRES: read after
-    the log's writer lost its lease, so no record gains the log later). Corruption if a
-    segment is missing below the log's first fence (outside the in-flight window)."""
+    ``tablets``: the ranges to partition the records by, best those of every tablet whose
+    record lists the log (records of other rows go to catch-all runs). Tasks hold at most
+    ``task_bytes`` (a single larger segment aside) and ``task_segments`` segments. Corruption
+    if a segment is missing below the log's first fence (outside the in-flight window)."""
+    if task_bytes < 1 or task_segments < 1:
+        raise InvalidArgument(
+            f"task_bytes and task_segments must be >= 1, got {task_bytes}, {task_segments}"
+        )
     existing = await load_plan(store, worker_id, incarnation)
     if existing is not None:
         return existing
@@ -120,7 +181,7 @@ async def plan_sort(
     first, size = 0, 0
     for n in range(first_fence):
         size += sizes[n]
-        if size >= task_bytes:
+        if size >= task_bytes or n + 1 - first >= task_segments:
             tasks.append(SortTask(first, n + 1, size))
             first, size = n + 1, 0
     if first < first_fence:
@@ -186,13 +247,10 @@ async def run_sort_task(store: ObjectStore, plan: SortPlan, task: SortTask) -> S
         raise Corruption(f"sort task {task} is not in the plan of {plan.worker_id}")
     w, inc = plan.worker_id, plan.incarnation
     manifest_key = recovery_manifest_key(w, inc, task.first)
-    done = await store.get(manifest_key)
+    done = await store.get(manifest_key)  # not the process's copy: the store decides
     if done is not None:
         return SortManifest.from_bytes(done, where=manifest_key)
     reader = CommitLogReader(store, w, inc)
-    partitioner = _Partitioner(plan.tablets)
-    groups: dict[TabletRange, list[tuple[LogRecord, bytes]]] = {}
-    read_bytes = records = dropped = 0
     limit = asyncio.Semaphore(_FETCH_CONCURRENCY)
 
     async def fetch(number: int) -> tuple[SegmentContents, list[bytes]]:
@@ -203,11 +261,50 @@ async def run_sort_task(store: ObjectStore, plan: SortPlan, task: SortTask) -> S
             return await reader.read_segment(number, frames=frames), frames
 
     fetched = await asyncio.gather(*(fetch(n) for n in range(task.first, task.stop)))
+    # Partitioning and encoding a task of at most a few hundred segments takes milliseconds:
+    # done inline. (In a thread it contends for the GIL with the event loop's I/O, which in
+    # a chaos run starved workers' lease keep-alives.)
+    read_bytes, records, unplanned, encoded = _partition_and_encode(plan, task, fetched)
+
+    async def put(target: TabletRange, data: bytes, recs: list[tuple[LogRecord, bytes]]) -> RunInfo:
+        key = recovery_run_key(w, inc, task.first, target.table_id, target.tablet_id)
+        async with limit:
+            await _create_same(store, key, data)
+        seqs = [c.seq for r, _ in recs for c in r.cells]
+        return RunInfo(
+            key,
+            target.table_id,
+            target.tablet_id,
+            target.start_row,
+            target.end_row,
+            len(recs),
+            len(data),
+            min(seqs),
+            max(seqs),
+        )
+
+    # Every run exists before the manifest that says the task is done.
+    runs = await asyncio.gather(*(put(*item) for item in encoded))
+    manifest = SortManifest(
+        w, inc, task.first, task.stop, tuple(runs), read_bytes, records, unplanned
+    )
+    await _create_same(store, manifest_key, manifest.to_bytes())
+    return manifest
+
+
+def _partition_and_encode(
+    plan: SortPlan, task: SortTask, fetched: Sequence[tuple[SegmentContents, list[bytes]]]
+) -> tuple[int, int, int, list[tuple[TabletRange, bytes, list[tuple[LogRecord, bytes]]]]]:
+    """Bytes and records read, records no plan range holds, and each run to write (its range,
+    bytes and records), from the task's segments in log order."""
+    partitioner = _Partitioner(plan.tablets)
+    groups: dict[TabletRange, list[tuple[LogRecord, bytes]]] = {}
+    read_bytes = records = unplanned = 0
     for number, (contents, frames) in zip(range(task.first, task.stop), fetched, strict=True):
         if contents.fence:
             raise Corruption(
-                f"commit log {w}/{inc}: segment {number} is a fence below the plan's first "
-                f"fence {plan.fence}"
+                f"commit log {plan.worker_id}/{plan.incarnation}: segment {number} is a fence "
+                f"below the plan's first fence {plan.fence}"
             )
         assert contents.header is not None
         read_bytes += contents.header.records_length
@@ -215,34 +312,19 @@ async def run_sort_task(store: ObjectStore, plan: SortPlan, task: SortTask) -> S
             records += 1
             target = partitioner.find(record.table_id, record.row)
             if target is None:
-                dropped += 1
-            else:
-                groups.setdefault(target, []).append((record, frame))
-    runs: list[RunInfo] = []
-    for target in sorted(groups, key=lambda t: (t.table_id, t.start_row, t.tablet_id)):
-        recs = groups[target]
-        data = encode_run_frames(target.table_id, target.start_row, target.end_row, recs)
-        key = recovery_run_key(w, inc, task.first, target.table_id, target.tablet_id)
-        await _create_same(store, key, data)
-        seqs = [c.seq for r, _ in recs for c in r.cells]
-        runs.append(
-            RunInfo(
-                key,
-                target.table_id,
-                target.tablet_id,
-                target.start_row,
-                target.end_row,
-                len(recs),
-                len(data),
-                min(seqs),
-                max(seqs),
-            )
+                # No plan range holds the row: kept, in the table's catch-all run.
+                unplanned += 1
+                target = TabletRange(record.table_id, CATCH_ALL_TABLET, b"", None)
+            groups.setdefault(target, []).append((record, frame))
+    encoded = [
+        (
+            target,
+            encode_run_frames(target.table_id, target.start_row, target.end_row, groups[target]),
+            groups[target],
         )
-    manifest = SortManifest(
-        w, inc, task.first, task.stop, tuple(runs), read_bytes, records, dropped
-    )
-    await _create_same(store, manifest_key, manifest.to_bytes())
-    return manifest
+        for target in sorted(groups, key=lambda t: (t.table_id, t.start_row, t.tablet_id))
+    ]
+    return read_bytes, records, unplanned, encoded
 
 
 async def _create_same(store: ObjectStore, key: str, data: bytes) -> None:
@@ -271,7 +353,7 @@ class ReplayStats:
 
     runs: int = 0
     run_bytes: int = 0
-    #: Tasks not done in time, read directly from their segments instead.
+    #: Tasks not done in time, which the replay sorted itself.
     direct_tasks: int = 0
 
 
@@ -290,7 +372,7 @@ async def _manifests(
         for first in sorted(pending):
             key = recovery_manifest_key(plan.worker_id, plan.incarnation, first)
             if key in listed:
-                data = await store.get(key)
+                data = await IMMUTABLE.get(store, key)
                 if data is not None:
                     found[first] = SortManifest.from_bytes(data, where=key)
                     pending.discard(first)
@@ -319,13 +401,18 @@ async def sorted_replay(
     docstring for how unfinished tasks are handled."""
     stats = stats if stats is not None else ReplayStats()
     manifests = await _manifests(store, plan, wait)
+    late = [t for t in plan.tasks if manifests[t.first] is None]
+    if late:
+        # Sorted here rather than read for this tablet alone: the same GETs, and the runs
+        # then serve every other tablet waiting for these tasks (a task is idempotent, so a
+        # slow sorter finishing it too is harmless).
+        stats.direct_tasks += len(late)
+        for task in late:  # one at a time: the sorters may be running them too
+            manifests[task.first] = await run_sort_task(store, plan, task)
     wanted: list[RunInfo] = []
-    direct: list[SortTask] = []
     for task in plan.tasks:
         manifest = manifests[task.first]
-        if manifest is None:
-            direct.append(task)
-            continue
+        assert manifest is not None
         for run in manifest.runs:
             probe = TabletRange(run.table_id, run.tablet_id, run.start_row, run.end_row)
             if (
@@ -340,7 +427,7 @@ async def sorted_replay(
 
     async def fetch(run: RunInfo) -> list[LogRecord]:
         async with limit:
-            data = await store.get(run.key)
+            data = await IMMUTABLE.get(store, run.key)
         if data is None:
             raise Corruption(f"recovery run {run.key} listed by its manifest is missing")
         header, records = decode_run(data, where=run.key)
@@ -355,16 +442,6 @@ async def sorted_replay(
         return [r for r in records if mine.holds(r.row) and r.last_seq > after_seq]
 
     sources.extend(await asyncio.gather(*(fetch(r) for r in wanted)))
-    reader = CommitLogReader(store, plan.worker_id, plan.incarnation)
-    for task in direct:
-        stats.direct_tasks += 1
-        picked = [
-            r
-            async for r in reader.records(start_segment=task.first, stop_segment=task.stop)
-            if r.table_id == table_id and mine.holds(r.row) and r.last_seq > after_seq
-        ]
-        picked.sort(key=lambda r: (r.row, r.first_seq, r.last_seq))
-        sources.append(picked)
     for record in heapq.merge(*sources, key=lambda r: (r.row, r.first_seq, r.last_seq)):
         for cell in record.cells:
             if cell.seq > after_seq:

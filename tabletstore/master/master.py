@@ -139,6 +139,9 @@ class Master:
         self._options = options or MasterOptions()
         _check_load_options(self._options)
         self.recovery = recovery
+        #: Every tablet record listed by the last round that got that far: the ranges a sort
+        #: planned before this round's listing partitions by.
+        self._records_seen: list[TabletRecord] = []
         #: §5.4's cycle through all tablets; run_master runs a round after each assignment.
         self.compaction_cycle = MajorCompactionCycle(
             period=self._options.major_compaction_period,
@@ -216,6 +219,11 @@ class Master:
     async def _assign_round(self) -> int:
         await self._start()
         self.settled = False
+        # Claims before the servers directory: a worker registers before it claims, so every
+        # claim read here whose worker is alive has that worker in the listing below. (Read
+        # the other way round, a worker that started and claimed in between looks like a
+        # stranger holding an orphaned tablet, which is then sent to another worker.)
+        claims = await self._claims()
         workers = await self.live_workers()
         now = self._clock.monotonic()
         self._unreachable = {w: t for w, t in self._unreachable.items() if t > now}
@@ -231,9 +239,18 @@ class Master:
         self.locations.retain(set(workers.values()))
         if await self._catalog.bootstrap_root(self._clock.time()):
             log.info("created the METADATA table")
-        claims = await self._claims()
         known: dict[tuple[str, str], assignment.TabletLoad] = {}
         root = await self._catalog.get_tablet(mt.METADATA_TABLE_ID, mt.ROOT_TABLET_ID)
+        # Plan the sort of dead logs before anything is loaded (§6): the root and METADATA
+        # tablets a dead worker held then replay from the sorted runs too, instead of each
+        # reading its whole log before the user tablets can even be listed. The ranges are
+        # those of the tablets seen last round (records of others go to catch-all runs, read
+        # by every tablet of their table: so a master that has not listed the tablets yet, a
+        # new one, leaves it to the plan below, made once they are listed).
+        if self._records_seen:
+            seen = {(r.table_id, r.tablet_id): r for r in self._records_seen}
+            seen[(root.table_id, root.tablet_id)] = root
+            await self._start_recovery(list(seen.values()), claims, workers, early=True)
         done = await self._assign_level(workers, claims, known, [root])
         try:
             initial = mt.initial_metadata_records(self._metadata_splits, self._clock.time())
@@ -247,16 +264,12 @@ class Master:
                 await self._catalog.list_tablets(info.table_id)
                 for info in await self._catalog.list_tables()
             ]
-            if self.recovery is not None:
-                # Before the user tablets' loads go out: their new owners find the sort plans
-                # of the dead logs they list (§6). Every record, so each plan sees every
-                # tablet listing its log.
-                everything = [root, *metadata, *(r for tablets in tables for r in tablets)]
-                try:
-                    await self.recovery.start(everything, claims, workers)
-                except TabletStoreError as exc:
-                    # The loads replay the logs directly instead: slower, never wrong.
-                    log.warning("starting the sort of dead commit logs failed: %s", exc)
+            # Before the user tablets' loads go out: their new owners find the sort plans of
+            # the dead logs they list (§6). Every record, so each plan sees every tablet
+            # listing its log.
+            everything = [root, *metadata, *(r for tablets in tables for r in tablets)]
+            self._records_seen = everything
+            await self._start_recovery(everything, claims, workers)
             for tablets in tables:
                 done += await self._assign_level(workers, claims, known, tablets)
         except (Unavailable, Indeterminate) as exc:
@@ -268,6 +281,22 @@ class Master:
         in_flight = any(not load.task.done() for load in self._loads.values())
         self.settled = not in_flight and all(t.worker in workers for t in known.values())
         return done
+
+    async def _start_recovery(
+        self,
+        records: Sequence[TabletRecord],
+        claims: dict[tuple[str, str], str],
+        workers: dict[str, str],
+        *,
+        early: bool = False,
+    ) -> None:
+        if self.recovery is None:
+            return
+        try:
+            await self.recovery.start(records, claims, workers, early=early)
+        except TabletStoreError as exc:
+            # The loads replay the logs directly instead: slower, never wrong.
+            log.warning("starting the sort of dead commit logs failed: %s", exc)
 
     async def _assign_level(
         self,

@@ -50,6 +50,7 @@ from tabletstore.coordination import paths
 from tabletstore.coordination.base import Coordinator
 from tabletstore.errors import Corruption, InvalidArgument, TabletStoreError, Unavailable
 from tabletstore.metadata.record import LogRef, TabletRecord
+from tabletstore.metadata.rows import METADATA_TABLE_ID
 from tabletstore.storage_s3 import open_store
 from tabletstore.storage_s3.base import ObjectStore
 from tabletstore.storage_s3.layout import recovery_manifest_key
@@ -230,6 +231,9 @@ class LogRecovery:
         self._plan_wait = plan_wait
         #: Logs whose plan failed (Corruption): reported once, not retried every round.
         self._broken: dict[LogRef, str] = {}
+        #: Logs whose every task ran (done, or given up: the replayers sort those): not
+        #: planned again while records read before their tablets loaded still list them.
+        self._finished: set[LogRef] = set()
 
     @property
     def sorting(self) -> Mapping[LogRef, SortPlan]:
@@ -241,25 +245,39 @@ class LogRecovery:
         records: Sequence[TabletRecord],
         claims: Mapping[tuple[str, str], str],
         live: Iterable[str],
+        *,
+        early: bool = False,
     ) -> None:
         """Plan and start the sort of every dead log an unclaimed tablet of ``records`` lists
-        (``records``: every tablet record, so each plan partitions by all tablets listing the
-        log); start again the tasks of logs being sorted that failed or never ran."""
+        (``records``: best every tablet record, so each plan partitions by all tablets listing
+        the log; rows of others go to catch-all runs); start again the tasks of logs being
+        sorted that failed or never ran. ``early``: the records are what the master knew
+        before it could list METADATA (the root's, and those seen last round), so a dead log
+        an unclaimed root or METADATA tablet lists is sorted however few of them list it
+        (the tablets listing it are not all known yet)."""
         live_workers = set(live)
         needed: set[LogRef] = set()
         for rec in records:
             if claims.get((rec.table_id, rec.tablet_id)) not in live_workers:
                 needed.update(rec.logs)
-        known = self._logs.keys() | self._broken.keys() | self._planning.keys()
+        known = self._logs.keys() | self._broken.keys() | self._planning.keys() | self._finished
         for ref in sorted(needed - known, key=_order):
             if not await self._dead(ref, live_workers):
                 continue
+            listing = [r for r in records if ref in r.logs]
+            # Early, the records were read before some tablets were loaded on the dead worker
+            # (they do not list its log yet): partition by every known tablet, so their rows
+            # still get runs of their own rather than the catch-all run.
             ranges = [
                 TabletRange(r.table_id, r.tablet_id, r.start_row, r.end_row)
-                for r in records
-                if ref in r.logs
+                for r in (records if early else listing)
             ]
-            if len(ranges) < MIN_TABLETS_TO_SORT:
+            system = any(
+                r.table_id == METADATA_TABLE_ID
+                for r in listing
+                if claims.get((r.table_id, r.tablet_id)) not in live_workers
+            )
+            if len(listing) < MIN_TABLETS_TO_SORT and not (early and system):
                 # One reader reads the log once either way; sorting would add a second pass.
                 continue
             self._planning[ref] = asyncio.get_running_loop().create_task(
@@ -302,6 +320,7 @@ class LogRecovery:
                 )
             if state.finished(self._attempts):
                 del self._logs[ref]
+                self._finished.add(ref)
 
     async def _plan(self, ref: LogRef, ranges: Sequence[TabletRange]) -> _LogSort:
         """Fence, list and plan one log (or take its existing plan) and find its done tasks."""

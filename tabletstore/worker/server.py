@@ -28,7 +28,7 @@ import contextlib
 import logging
 import multiprocessing
 import uuid
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Coroutine, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -353,8 +353,12 @@ class TabletServer:
         )
         owned = await self._catalog.update(record, owned)
         started = self._clock.monotonic()
+        # The replay (the slow part: GETs of runs or segments) runs outside the log-switch
+        # lock, so the tablets this worker loads at once replay side by side; only opening
+        # and serving, which records this worker's log in the record, holds the lock.
+        replayed = [cell async for cell in self._replay(owned)]
         async with self._log_switch:
-            tablet = await self._open_tablet(owned, schema)
+            tablet = await self._open_tablet(owned, schema, replayed)
             self._serve(tablet)
         log.info(
             "serving %s/%s: opened with %d commit log(s) to replay in %.2f s (%d cells in memory)",
@@ -370,16 +374,24 @@ class TabletServer:
         self._tablets[(tablet.record.table_id, tablet.record.tablet_id)] = tablet
         self._compacted(tablet)  # a tablet loaded past the split size splits now
 
-    async def _open_tablet(self, record: TabletRecord, schema: TableSchema) -> Tablet:
-        """Load a claimed tablet with this worker's log, caches and compaction pool."""
+    async def _open_tablet(
+        self, record: TabletRecord, schema: TableSchema, replayed: Sequence[Cell] | None = None
+    ) -> Tablet:
+        """Load a claimed tablet with this worker's log, caches and compaction pool; with the
+        cells ``replayed`` from its logs already (None: replay them now)."""
         assert self._log is not None
+
+        async def given(_: TabletRecord) -> AsyncIterator[Cell]:
+            for cell in replayed or ():
+                yield cell
+
         return await Tablet.load(
             record,
             schema,
             store=self._store,
             log_sink=self._log,
             catalog=self._catalog,
-            replay=self._replay,
+            replay=self._replay if replayed is None else given,
             clock=self._clock,
             options=self._tablet_options,
             block_cache=self._block_cache,

@@ -9,6 +9,10 @@ reads the plan from the bucket) and deletes the published key, which tells the m
 is done. A failed task gets ``{"error": ...}`` written into the published key instead. A sorter
 that dies mid-task loses its claim with its lease, and another worker takes the task over; a
 task is idempotent, so the half-written runs of the dead one are harmless.
+
+A sorter runs up to ``parallel`` tasks at once (default 3): a dead worker's log is cut into
+tasks of at most a few hundred segments, and with few live workers one task at a time each
+would leave most of them waiting.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from tabletstore.coordination.base import (
     Put,
     absent,
     create_revision_is,
+    mod_revision_is,
 )
 from tabletstore.errors import InvalidArgument, TabletStoreError
 from tabletstore.storage_s3.base import ObjectStore
@@ -36,7 +41,8 @@ log = logging.getLogger(__name__)
 
 
 class Sorter:
-    """Takes sort tasks published in the coordinator and runs them, one at a time."""
+    """Takes sort tasks published in the coordinator and runs up to ``parallel`` of them at
+    once."""
 
     def __init__(
         self,
@@ -46,7 +52,11 @@ class Sorter:
         lease: Lease,
         *,
         poll: float = 0.2,
+        parallel: int = 3,
     ) -> None:
+        if parallel < 1:
+            raise InvalidArgument(f"a sorter runs at least 1 task at once, got {parallel}")
+        self._parallel = parallel
         self.worker_id = worker_id
         self._store = store
         self._coord = coordinator
@@ -56,7 +66,14 @@ class Sorter:
         self.done = 0
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Poll and run tasks until ``stop`` is set or the lease ends."""
+        """Poll and run tasks, up to ``parallel`` at once, until ``stop`` is set or the lease
+        ends. Each of the ``parallel`` loops claims its own task: two loops going for one task
+        race on its claim key, and the loser moves on to the next task."""
+        async with asyncio.TaskGroup() as group:
+            for _ in range(self._parallel):
+                group.create_task(self._loop(stop))
+
+    async def _loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set() and not self._lease.expired:
             try:
                 ran = await self.run_one()
@@ -79,8 +96,12 @@ class Sorter:
             except (InvalidArgument, ValueError):
                 continue  # not a task this version understands: leave it alone
             claim = paths.sorter(worker_id, incarnation, first)
+            # Only while the task is still published as listed: a task finished (and its claim
+            # released) since the listing is not run again.
             result = await self._coord.txn(
-                [absent(claim)], [Put(claim, self.worker_id.encode(), lease_id=self._lease.id)], []
+                [absent(claim), mod_revision_is(kv.key, kv.mod_revision)],
+                [Put(claim, self.worker_id.encode(), lease_id=self._lease.id)],
+                [],
             )
             if not result.succeeded:
                 continue  # another live sorter has it

@@ -12,6 +12,7 @@ in-process transport that can hold or fail chosen loads), so rounds are driven b
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -20,15 +21,23 @@ from typing import Any
 
 import pytest
 
+from tabletstore.commitlog.sorting import load_plan
+from tabletstore.coordination import paths
+from tabletstore.coordination.base import KeyValue
 from tabletstore.coordination.memory import MemoryCoordinator
 from tabletstore.data.schema import ColumnFamily, TableSchema
-from tabletstore.errors import InvalidArgument, Unavailable
+from tabletstore.errors import InvalidArgument, TabletStoreError, Unavailable
+from tabletstore.keys import Cell
 from tabletstore.master.master import Master
+from tabletstore.master.recovery import InProcessSortExecutor, LogRecovery
+from tabletstore.metadata import rows as mt
+from tabletstore.metadata.record import LogRef, TabletRecord
 from tabletstore.options import IN_PROCESS_LEASE, MasterOptions, WorkerOptions
 from tabletstore.rpc.inprocess import InProcessTransport
-from tabletstore.rpc.messages import CreateTableRequest, LoadTabletRequest
+from tabletstore.rpc.messages import CreateTableRequest, LoadTabletRequest, UnloadTabletRequest
 from tabletstore.rpc.services import TABLET, TabletService
 from tabletstore.rpc.transport import Method
+from tabletstore.storage_s3 import layout
 from tabletstore.storage_s3.memory import MemoryObjectStore
 from tabletstore.worker.server import TabletServer
 
@@ -230,3 +239,128 @@ def test_bad_load_options_are_named() -> None:
             transport=InProcessTransport(),
             options=MasterOptions(max_loads_per_worker=0),
         )
+
+
+async def test_one_worker_replays_the_tablets_it_loads_side_by_side() -> None:
+    """The loads a worker runs at once replay their logs concurrently: each replay here
+    waits until both have started, which one-after-the-other replays never reach."""
+    async with stack(MasterOptions()) as (master, first, s):
+        await master.create_table(CreateTableRequest.of(SCHEMA, SPLITS))
+        table_id = next(table for (table, _) in first.tablets if not table.startswith("!"))
+        second = await s.join()
+        started = 0
+        both = asyncio.Event()
+
+        async def gated_replay(record: TabletRecord) -> AsyncIterator[Cell]:
+            nonlocal started
+            started += 1
+            if started == 2:
+                both.set()
+            await both.wait()
+            for _ in ():
+                yield _
+
+        second._replay = gated_replay  # type: ignore[method-assign]
+        keys = [(table_id, "t00000"), (table_id, "t00001")]
+        for key in keys:
+            await first.unload_tablet(UnloadTabletRequest(*key))
+        await asyncio.wait_for(
+            asyncio.gather(*(second.load_tablet(LoadTabletRequest(*key)) for key in keys)), 60
+        )
+        assert set(keys) <= set(second.tablets)
+
+
+class ListingOrder(MemoryCoordinator):
+    """Records which of the claims and the servers directory each listing reads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.listed: list[str] = []
+
+    async def get_prefix(self, prefix: str) -> list[KeyValue]:
+        if prefix in (paths.SERVERS, paths.claims_prefix()):
+            self.listed.append(prefix)
+        return await super().get_prefix(prefix)
+
+
+async def test_a_round_reads_the_claims_before_the_servers_directory() -> None:
+    """A worker registers before it claims, so claims listed first have every live holder in
+    the servers listing that follows; listed the other way round, a worker that registered and
+    claimed in between looks dead, its tablet orphaned and its live log due for recovery."""
+    coord, store, transport = ListingOrder(), MemoryObjectStore(), ScriptedLoads()
+    worker = await new_worker("w0", store, coord, transport)
+    master = Master(coordinator=coord, transport=transport, options=MasterOptions())
+    try:
+        await master.assign()
+        await master.create_table(CreateTableRequest.of(SCHEMA, SPLITS))
+        coord.listed.clear()
+        await master.assign()
+        assert coord.listed.index(paths.claims_prefix()) < coord.listed.index(paths.SERVERS)
+    finally:
+        await master.close()
+        await worker.stop(flush=True)
+        await coord.close()
+
+
+class PlanBeforeRoot(ScriptedLoads):
+    """Notes, when the root tablet's load is sent, whether a chosen log's sort plan exists."""
+
+    def __init__(self, store: MemoryObjectStore) -> None:
+        super().__init__()
+        self.store = store
+        self.watch: LogRef | None = None
+        self.plan_at_root_load: list[bool] = []
+
+    async def call(
+        self,
+        address: str,
+        method: Method,
+        request: Any,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 (the Transport signature)
+    ) -> Any:
+        if method is LOAD and request.tablet_id == mt.ROOT_TABLET_ID and self.watch is not None:
+            key = layout.recovery_plan_key(self.watch.worker_id, self.watch.incarnation)
+            self.plan_at_root_load.append(await self.store.head(key) is not None)
+        return await super().call(address, method, request, timeout=timeout)
+
+
+async def test_a_dead_workers_log_is_planned_before_its_root_tablet_is_loaded() -> None:
+    """The worker holding the root, METADATA and user tablets dies: the master plans the sort
+    of its log before it sends the root's load (§6), from the tablets it listed last round,
+    so the root and METADATA replay from runs too, and every tablet is served again with its
+    records (the METADATA rows the dead worker logged included)."""
+    store, coord = MemoryObjectStore(), MemoryCoordinator()
+    transport = PlanBeforeRoot(store)
+    first = await new_worker("w0", store, coord, transport)
+    recovery = LogRecovery(store, InProcessSortExecutor(store), coord, task_bytes=1 << 20)
+    master = Master(coordinator=coord, transport=transport, recovery=recovery)
+    workers = [first]
+    try:
+        await master.assign()
+        await master.create_table(CreateTableRequest.of(SCHEMA, SPLITS))
+        await master.assign()
+        assert first.lease is not None and first.commit_log_stats is not None
+        assert first.commit_log_stats.segments > 0
+        dead = LogRef("w0", first._log.log_ref.incarnation if first._log else 0)
+        workers.append(await new_worker("w1", store, coord, transport))
+        transport.watch = dead
+        await first.lease.revoke()  # w0 is gone: its claims and its servers entry with it
+        await master.assign()
+        assert transport.plan_at_root_load == [True]
+        plan = await load_plan(store, dead.worker_id, dead.incarnation)
+        assert plan is not None
+        assert {t.tablet_id for t in plan.tablets} >= {mt.ROOT_TABLET_ID, *TABLETS}
+
+        async def all_served() -> bool:
+            await master.assign()
+            return served(workers[1]) == TABLETS
+
+        await eventually(all_served, deadline=60, what="every user tablet served by w1")
+        assert (mt.METADATA_TABLE_ID, mt.ROOT_TABLET_ID) in workers[1].tablets
+    finally:
+        await master.close()
+        for server in reversed(workers):
+            with contextlib.suppress(TabletStoreError):
+                await server.stop(flush=False)
+        await coord.close()

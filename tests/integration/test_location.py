@@ -10,6 +10,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
+from typing import Any
 
 import pytest
 
@@ -19,7 +20,7 @@ from tabletstore.coordination import paths
 from tabletstore.coordination.memory import MemoryCoordinator
 from tabletstore.data.model import SetCell
 from tabletstore.data.schema import ColumnFamily, TableSchema
-from tabletstore.errors import AlreadyExists, Fenced, InvalidArgument
+from tabletstore.errors import AlreadyExists, Fenced, InvalidArgument, NotServing
 from tabletstore.master.master import Master
 from tabletstore.metadata import rows as mt
 from tabletstore.metadata.catalog import Catalog
@@ -27,7 +28,8 @@ from tabletstore.metadata.record import TabletRecord, metadata_row_key
 from tabletstore.options import IN_PROCESS_LEASE, WorkerOptions
 from tabletstore.rpc.inprocess import InProcessTransport
 from tabletstore.rpc.messages import LoadTabletRequest, UnloadTabletRequest
-from tabletstore.rpc.services import TABLET
+from tabletstore.rpc.services import TABLET, TabletService
+from tabletstore.rpc.transport import Method
 from tabletstore.storage_s3.memory import MemoryObjectStore
 from tabletstore.worker.server import TabletServer
 
@@ -313,3 +315,69 @@ async def test_restart_recovers_metadata_from_the_logs_and_migrates_old_records(
     finally:
         await _stop(s2)
         await coord.close()
+
+
+class RefuseFirstWrite:
+    """A transport that refuses the first mutate_rows (as a worker that is not serving the
+    tablet would), then passes everything to ``inner``."""
+
+    def __init__(self, inner: InProcessTransport) -> None:
+        self.inner = inner
+        self.refused = 0
+
+    async def call(
+        self,
+        address: str,
+        method: Method,
+        request: Any,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 (the Transport signature)
+    ) -> Any:
+        if method is MUTATE and self.refused == 0:
+            self.refused += 1
+            raise NotServing("refused on purpose")
+        return await self.inner.call(address, method, request, timeout=timeout)
+
+    def stream(
+        self,
+        address: str,
+        method: Method,
+        request: Any,
+        *,
+        timeout: float | None = None,
+    ) -> AsyncIterator[Any]:
+        return self.inner.stream(address, method, request, timeout=timeout)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+MUTATE = TABLET.method(TabletService.mutate_rows)
+
+
+async def test_a_failed_refresh_keeps_the_cached_location(stack: Stack) -> None:
+    """One tablet's error makes the client read its location again; if the METADATA tablet
+    holding it is down just then (being recovered), the cached location is kept and used, so
+    writes to a tablet that never moved do not wait for METADATA."""
+    await stack.client.create_table("alpha", ["f"], split_keys=[b"g"])
+    transport = RefuseFirstWrite(stack.transport)
+    client = AsyncClient(
+        catalog=stack.master.catalog,
+        transport=transport,  # type: ignore[arg-type]
+        admin=stack.master,
+        locations=LocationCache(stack.coord, stack.transport),
+        retry_deadline=3.0,
+    )
+    info = await client._info("alpha")
+    cached = await client.locations.locate(info.table_id, b"a")
+    meta = await stack.master.catalog.get_tablet(mt.METADATA_TABLE_ID, "m00000")
+    await TABLET.client(stack.transport, meta.location or "").unload_tablet(
+        UnloadTabletRequest(mt.METADATA_TABLE_ID, "m00000")
+    )
+    assert await client.locations.locate(info.table_id, b"a", refresh=True) == cached
+    assert client.locations.stats.stale == 1
+    # A write refused once (refresh needed) still lands while METADATA is down.
+    await client.table("alpha").mutate_row(b"a", [SetCell("f", b"q", b"1")])
+    assert transport.refused == 1
+    row = await client.table("alpha").read_row(b"a")
+    assert row is not None and row.latest("f", b"q") == b"1"

@@ -119,15 +119,23 @@ def test_double_serving_from_log_attribution() -> None:
     addresses = {"X": "127.0.0.1:1", "Y": "127.0.0.1:2"}
     seen_at_y = {0: [(0.5, "127.0.0.1:1"), (2.5, "127.0.0.1:2"), (4.5, "127.0.0.1:2")]}
     v = check(
-        h.ops, final_after=100, tablet_of=lambda r: 0, value_workers=owners,
-        locations=seen_at_y, worker_addresses=addresses,
+        h.ops,
+        final_after=100,
+        tablet_of=lambda r: 0,
+        value_workers=owners,
+        locations=seen_at_y,
+        worker_addresses=addresses,
     )
     assert len(v.double_serving) == 1 and v.attributed == 3
     # The tablet was seen given back to X: a legitimate move, not double-serving.
     moved_back = {0: [*seen_at_y[0], (3.5, "127.0.0.1:1")]}
     v = check(
-        h.ops, final_after=100, tablet_of=lambda r: 0, value_workers=owners,
-        locations=moved_back, worker_addresses=addresses,
+        h.ops,
+        final_after=100,
+        tablet_of=lambda r: 0,
+        value_workers=owners,
+        locations=moved_back,
+        worker_addresses=addresses,
     )
     assert not v.double_serving
 
@@ -139,8 +147,25 @@ def test_recovery_and_gaps() -> None:
     h.op(Kind.PUT, 10.5, 14, value=b"v2")  # first ack on tablet 0 after the kill at 10
     h.op(Kind.PUT, 11, 12, value=b"b2", row=b"b")
     v = check(
-        h.ops, final_after=100, tablet_of=lambda r: 0 if r.startswith(b"a") else 1,
+        h.ops,
+        final_after=100,
+        tablet_of=lambda r: 0 if r.startswith(b"a") else 1,
         kills=[Kill(10.0, "X", frozenset({0}))],
     )
     assert v.recovery == [4.0]
     assert v.write_gaps[0] == (13.0, 1)
+
+
+def test_each_chaos_writer_writes_to_one_tablet_and_all_tablets_get_writers() -> None:
+    """A write gap is attributable: a writer blocked on a tablet under recovery holds back
+    no write to any other tablet."""
+    from tabletstore.testing.chaos.history import History
+    from tabletstore.testing.chaos.workload import SPLIT_KEYS, Workload, tablet_of
+
+    workload = Workload(None, History(), seed=1, writers=16)  # type: ignore[arg-type]
+    tablets = []
+    for rows in workload.rows.values():
+        (tablet,) = {tablet_of(r) for r in rows}
+        tablets.append(tablet)
+    assert set(tablets) == set(range(len(SPLIT_KEYS) + 1))
+    assert len(set(workload.all_rows)) == sum(len(rows) for rows in workload.rows.values())

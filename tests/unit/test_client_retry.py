@@ -82,12 +82,15 @@ class ScriptedWorker:
 
 
 class OneTablet:
-    """A location cache with one tablet holding every row; counts invalidations."""
+    """A location cache with one tablet holding every row; counts invalidations and lookups
+    made again (refresh)."""
 
     def __init__(self) -> None:
         self.invalidations = 0
 
     async def locate(self, table_id: str, row: bytes, *, refresh: bool = False) -> TabletRecord:
+        if refresh:
+            self.invalidations += 1
         return TabletRecord(table_id, "t0", b"", None, location="w0")
 
     def invalidate(self, table_id: str, row: bytes | None = None) -> None:

@@ -429,3 +429,80 @@ async def test_reading_ahead_keeps_log_order_and_stops_at_a_damaged_segment(
         async for record in CommitLogReader(Jittery(), "w1", 1).records():  # type: ignore[arg-type]
             seen.append(record.row)
     assert seen == [b"r%d" % n for n in range(damaged)]
+
+
+async def _until(condition: object, *, seconds: float = 10.0) -> None:
+    """Wait (yielding to the loop) until ``condition()`` holds, at most ``seconds``."""
+    assert callable(condition)
+    end = asyncio.get_running_loop().time() + seconds
+    while not condition():
+        if asyncio.get_running_loop().time() > end:
+            raise AssertionError(f"condition not met within {seconds} s")
+        await asyncio.sleep(0.001)
+
+
+async def test_linger_gathers_appends_made_while_a_put_is_in_flight(
+    object_store: ObjectStore,
+) -> None:
+    """While segment 0's PUT is held, later appends are not cut into segments of their own:
+    they wait (a long linger here) and go out as one segment once nothing is in flight."""
+    store = GatedStore(object_store)
+    store.gate.clear()
+    async with CommitLogWriter(store, "w1", 1, max_in_flight=4, linger=60.0) as log:
+        first = asyncio.create_task(log.append("t", b"a", cells_for(b"a", log.allocate(1))))
+        await store.entered.wait()
+        later = []
+        for i in range(30):
+            row = b"b%02d" % i
+            later.append(asyncio.create_task(log.append("t", row, cells_for(row, log.allocate(1)))))
+            await asyncio.sleep(0.001)  # the flusher runs between appends
+        assert store.creates == [log_segment_key("w1", 1, 0)]
+        assert not any(t.done() for t in later)  # nothing acknowledged before it is durable
+        store.gate.set()
+        await first
+        await asyncio.gather(*later)
+    assert store.creates == [log_segment_key("w1", 1, 0), log_segment_key("w1", 1, 1)]
+    assert len(await read_all(object_store)) == 31
+
+
+async def test_linger_ends_once_enough_bytes_are_queued(object_store: ObjectStore) -> None:
+    store = GatedStore(object_store)
+    store.gate.clear()
+    async with CommitLogWriter(
+        store, "w1", 1, max_in_flight=4, linger=60.0, linger_bytes=500
+    ) as log:
+        first = asyncio.create_task(log.append("t", b"a", cells_for(b"a", log.allocate(1))))
+        await store.entered.wait()
+        big = cells_for(b"big", log.allocate(40), 40)
+        assert len(encode_record("t", b"big", big)) > 500
+        later = [asyncio.create_task(log.append("t", b"big", big))]
+        try:
+            await _until(lambda: len(store.creates) == 2)  # cut without waiting out the linger
+            assert not later[0].done()
+        finally:
+            store.gate.set()
+        await first
+        await later[0]
+
+
+async def test_without_linger_appends_in_flight_get_segments_of_their_own(
+    object_store: ObjectStore,
+) -> None:
+    """linger=0 keeps the old behaviour: a segment per wake while PUT slots are free."""
+    store = GatedStore(object_store)
+    store.gate.clear()
+    async with CommitLogWriter(store, "w1", 1, max_in_flight=4, linger=0) as log:
+        first = asyncio.create_task(log.append("t", b"a", cells_for(b"a", log.allocate(1))))
+        await store.entered.wait()
+        second = asyncio.create_task(log.append("t", b"b", cells_for(b"b", log.allocate(1))))
+        await _until(lambda: len(store.creates) == 2)
+        store.gate.set()
+        await first
+        await second
+
+
+def test_linger_options_are_checked(object_store: ObjectStore) -> None:
+    with pytest.raises(InvalidArgument, match="linger"):
+        CommitLogWriter(object_store, "w1", 1, linger=-1)
+    with pytest.raises(InvalidArgument, match="linger"):
+        CommitLogWriter(object_store, "w1", 1, linger_bytes=0)

@@ -18,10 +18,12 @@ from tabletstore.commitlog.sorting import (
     plan_sort,
     run_sort_task,
     sorted_replay,
+    task_done,
 )
-from tabletstore.errors import Corruption
+from tabletstore.errors import Corruption, InvalidArgument
 from tabletstore.keys import Cell, CellKind
 from tabletstore.storage_s3 import layout
+from tabletstore.storage_s3.instrumented import InstrumentedObjectStore, Op
 from tabletstore.storage_s3.memory import MemoryObjectStore
 
 W, INC = "w9", 3
@@ -96,8 +98,13 @@ async def test_sorted_replay_equals_direct_replay_and_reads_each_byte_once() -> 
         assert stats.direct_tasks == 0
     # Every tablet together reads about the log once (run headers aside).
     assert run_bytes < 1.2 * log_bytes
-    # Records of table t3 (no tablet lists the log) are dropped, not lost silently: counted.
-    assert sum(m.dropped for m in manifests) > 0
+    # Records of table t3 (no plan range holds them) are kept in t3's catch-all run: a tablet
+    # of t3 the plan did not know (the master planned before it could list every tablet)
+    # replays them all.
+    assert sum(m.unplanned for m in manifests) > 0
+    unknown = TabletRange("t3", "x", b"", None)
+    got = await from_runs(store, unknown)
+    assert got and got == await direct(store, unknown)
     # Redo point: only cells past it.
     later = await from_runs(store, TABLETS[1], after=500)
     assert later == await direct(store, TABLETS[1], after=500) and all(c.seq > 500 for c in later)
@@ -120,6 +127,52 @@ async def test_a_task_run_twice_or_concurrently_writes_the_same_result() -> None
     assert await run_sort_task(store, plan, other) == done
 
 
+async def test_a_plan_that_knows_no_tablet_still_replays_every_record() -> None:
+    """The master may plan before it can list the tablets (the root and METADATA tablets of
+    the dead worker are not served yet): every record then lands in a catch-all run, and each
+    tablet still replays exactly its own records."""
+    store = MemoryObjectStore(shared=False)
+    await write_log(store)
+    plan = await plan_sort(store, W, INC, [], task_bytes=3000)
+    manifests = await asyncio.gather(*(run_sort_task(store, plan, t) for t in plan.tasks))
+    assert sum(m.unplanned for m in manifests) == sum(m.records for m in manifests)
+    for t in [*TABLETS, TabletRange("t3", "x", b"", b"m"), TabletRange("t3", "y", b"m", None)]:
+        assert await from_runs(store, t) == await direct(store, t)
+
+
+async def test_tasks_are_cut_at_task_segments() -> None:
+    store = MemoryObjectStore(shared=False)
+    await write_log(store, segments=12)
+    plan = await plan_sort(store, W, INC, TABLETS, task_bytes=10**9, task_segments=5)
+    assert [(t.first, t.stop) for t in plan.tasks] == [(0, 5), (5, 10), (10, 12)]
+    with pytest.raises(InvalidArgument):
+        await plan_sort(MemoryObjectStore(shared=False), W, INC, TABLETS, task_segments=0)
+
+
+async def test_a_process_reads_each_recovery_object_once() -> None:
+    """Plans, manifests and runs are immutable: the tablets one worker recovers share one
+    GET of each (the catch-all run of a table is read by all of them)."""
+    store = MemoryObjectStore(shared=False)
+    await write_log(store)
+    await sort_all(store)
+    counted = InstrumentedObjectStore(store)
+    halves = [TabletRange("t3", "x", b"", b"m"), TabletRange("t3", "y", b"m", None)]
+    plan = await load_plan(counted, W, INC)
+    assert plan is not None
+    for t in halves:
+        assert [
+            c
+            async for c in sorted_replay(
+                counted, plan, t.table_id, t.start_row, t.end_row, 0, wait=1
+            )
+        ] == await direct(store, t)
+    gets = counted.stats()[Op.GET].requests
+    runs = {r.key for t in plan.tasks for r in (await run_sort_task(store, plan, t)).runs}
+    catch_all = [k for k in runs if "/t3/" in k]
+    # one plan, one manifest per task, one GET per t3 run, whichever half read it first
+    assert gets == 1 + len(plan.tasks) + len(catch_all)
+
+
 async def test_plan_is_made_once_and_reused_after_failover() -> None:
     store = MemoryObjectStore(shared=False)
     await write_log(store)
@@ -140,7 +193,9 @@ async def test_tablets_split_or_merged_after_the_plan_find_their_rows() -> None:
         assert await from_runs(store, t) == await direct(store, t)
 
 
-async def test_a_task_not_done_in_time_is_read_directly() -> None:
+async def test_a_task_not_done_in_time_is_sorted_by_the_replay() -> None:
+    """The first task's sorter is slow (never finishes here): the replay runs that task
+    itself, so its runs then serve the other tablets too."""
     store = MemoryObjectStore(shared=False)
     await write_log(store)
     plan = await plan_sort(store, W, INC, TABLETS, task_bytes=3000)
@@ -149,6 +204,12 @@ async def test_a_task_not_done_in_time_is_read_directly() -> None:
     stats = ReplayStats()
     got = await from_runs(store, TABLETS[0], wait=0.05, stats=stats)
     assert got == await direct(store, TABLETS[0]) and stats.direct_tasks == 1
+    assert await task_done(store, plan, plan.tasks[0])
+    again = ReplayStats()
+    assert await from_runs(store, TABLETS[1], wait=0.05, stats=again) == await direct(
+        store, TABLETS[1]
+    )
+    assert again.direct_tasks == 0
 
 
 async def test_missing_segment_below_the_window_is_corruption_for_plan_and_task() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ from tabletstore.master.recovery import (
     WorkerSortExecutor,
 )
 from tabletstore.metadata.record import LogRef, TabletRecord
+from tabletstore.metadata.rows import METADATA_TABLE_ID
 from tabletstore.storage_s3 import open_store
 from tabletstore.storage_s3.base import ObjectInfo
 from tabletstore.storage_s3.memory import MemoryObjectStore
@@ -81,7 +83,7 @@ async def test_live_workers_sort_and_a_dead_sorter_task_is_taken_over() -> None:
     # Sorter A hangs inside its first task (after claiming it), then loses its lease.
     lease_a = await coord.grant_lease(30.0)
     store.stall = True
-    sorter_a = Sorter("A", store, coord, lease_a, poll=0.01)
+    sorter_a = Sorter("A", store, coord, lease_a, poll=0.01, parallel=1)
     executor = WorkerSortExecutor(store, coord, poll=0.01)
     runs = [asyncio.ensure_future(executor.run(plan, t)) for t in plan.tasks]
     a = asyncio.ensure_future(sorter_a.run(stop))
@@ -105,6 +107,45 @@ async def test_live_workers_sort_and_a_dead_sorter_task_is_taken_over() -> None:
     stop.set()
     a.cancel()
     await asyncio.gather(a, b, return_exceptions=True)
+
+
+class GatheringStore(MemoryObjectStore):
+    """Creates of recovery runs wait until ``width`` tasks are writing runs at once."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__(shared=False)
+        self.width = width
+        self.writing: set[str] = set()
+        self.together = asyncio.Event()
+
+    async def create(self, key: str, data: bytes) -> None:
+        if key.startswith("recovery/") and key.endswith(".run"):
+            self.writing.add(key.split("/")[3])  # the task's first segment
+            if len(self.writing) >= self.width:
+                self.together.set()
+            await self.together.wait()
+        await super().create(key, data)
+
+
+async def test_one_sorter_runs_several_tasks_at_once() -> None:
+    """A sorter with parallel=3 has three tasks under way together (each task here waits
+    for the other two before writing its runs: one task at a time would never finish)."""
+    store = GatheringStore(width=3)
+    plan = await _plan(store)
+    assert len(plan.tasks) >= 3
+    coord = MemoryCoordinator()
+    lease = await coord.grant_lease(30.0)
+    sorter = Sorter("A", store, coord, lease, poll=0.01, parallel=3)
+    stop = asyncio.Event()
+    running = asyncio.ensure_future(sorter.run(stop))
+    executor = WorkerSortExecutor(store, coord, poll=0.01)
+    manifests = await asyncio.wait_for(
+        asyncio.gather(*(executor.run(plan, t) for t in plan.tasks)), 20
+    )
+    assert sorted(m.first for m in manifests) == [t.first for t in plan.tasks]
+    assert sorter.done == len(plan.tasks)  # each task once, however many loops polled it
+    stop.set()
+    await running
 
 
 async def test_a_failing_task_is_reported_to_the_master() -> None:
@@ -225,3 +266,28 @@ async def test_a_slow_store_holds_the_assignment_round_back_only_plan_wait() -> 
     plan = await load_plan(store, W, INC)
     assert plan is not None and sorted(executor.ran) == [t.first for t in plan.tasks]
     await recovery.close()
+
+
+async def test_an_early_plan_partitions_by_every_known_tablet() -> None:
+    """Before the root is loaded the master knows the tablets from its last listing, some of
+    which were loaded on the dead worker since (their records read then do not list its log
+    yet): the early plan still gives each known tablet its own runs, and a log that only an
+    unclaimed METADATA tablet lists is sorted however few tablets list it."""
+    store = MemoryObjectStore(shared=False)
+    await write_log(store)
+    coord = MemoryCoordinator()
+    dead = LogRef(W, INC)
+    user = _records(())  # seen before they listed the dead log
+    root = TabletRecord(
+        table_id=METADATA_TABLE_ID, tablet_id="root", start_row=b"", end_row=b"!", logs=(dead,)
+    )
+    recovery = LogRecovery(store, CountingExecutor(store), coord, task_bytes=3000)
+    await recovery.start([root, *user], {}, live=[], early=True)
+    await recovery.wait()
+    plan = await load_plan(store, W, INC)
+    assert plan is not None
+    assert {t.tablet_id for t in plan.tablets} == {"root", *(t.tablet_id for t in TABLETS)}
+    # Not early: only the tablets listing the log count, and one is too few.
+    other = LogRecovery(store, CountingExecutor(store), coord, task_bytes=3000)
+    await other.start([replace(root, logs=(LogRef("x", 1),))], {}, live=[])
+    assert other.sorting == {}

@@ -2,8 +2,9 @@
 
 Rows and ownership. Writer ``w`` owns ``rows_per_writer`` rows and is their only writer, one
 operation at a time, so a row's writes are ordered by its writer (the checker's model). Row
-keys start with a letter, so the table's split keys (:data:`SPLIT_KEYS`) spread every writer's
-rows over every tablet.
+keys start with a letter; all of one writer's rows lie in one tablet (tablet ``w`` modulo the
+number of tablets of :data:`SPLIT_KEYS`), so a writer blocked on a tablet being recovered
+holds back no write to another tablet: a write gap is the gap of the tablet it is measured on.
 
 Writes. A PUT sets ``f:c`` to a value unique in the run (``w<writer>-<counter>``) with a
 client timestamp that grows with every write of the writer; a DELETE removes the versions of
@@ -44,6 +45,13 @@ def tablet_of(row: bytes, split_keys: Sequence[bytes] = SPLIT_KEYS) -> int:
     return sum(1 for key in split_keys if row >= key)
 
 
+def _letter(writer: int, j: int) -> str:
+    """The first letter of writer ``writer``'s ``j``-th row: one of its tablet's letters."""
+    tablet = writer % (len(SPLIT_KEYS) + 1)
+    letters = [c for c in string.ascii_lowercase if tablet_of(c.encode()) == tablet]
+    return letters[(writer // (len(SPLIT_KEYS) + 1) + j) % len(letters)]
+
+
 def _outcome(exc: BaseException) -> Outcome:
     if isinstance(exc, TabletStoreError) and not exc.may_have_applied:
         return Outcome.FAIL
@@ -74,12 +82,8 @@ class Workload:
         self.pause = pause
         self.writers = writers
         self.readers = readers
-        letters = string.ascii_lowercase
         self.rows: dict[int, list[bytes]] = {
-            w: [
-                f"{letters[(w * rows_per_writer + j) % 26]}-w{w:02d}-r{j:02d}".encode()
-                for j in range(rows_per_writer)
-            ]
+            w: [f"{_letter(w, j)}-w{w:02d}-r{j:02d}".encode() for j in range(rows_per_writer)]
             for w in range(writers)
         }
         self.all_rows = sorted(r for rows in self.rows.values() for r in rows)
