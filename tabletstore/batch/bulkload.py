@@ -23,6 +23,7 @@ arbitrary.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -49,6 +50,7 @@ __all__ = [
     "SourceFile",
     "awrite_sstables",
     "cells_for_tablet",
+    "content_load_id",
     "inspect_sources",
     "overlapping",
     "to_cells_table",
@@ -211,6 +213,17 @@ class SourceFile:
     first_row: bytes
     last_row: bytes
     cells: int
+    #: A hash of the file's bytes (blake2b, hex): :func:`content_load_id`.
+    digest: str = ""
+
+
+def content_load_id(files: Sequence[SourceFile]) -> str:
+    """The default id of a bulk load of ``files``: a hash of their contents (not of their
+    names), so loading the same output again is recognised as the same load."""
+    h = hashlib.blake2b(digest_size=12)
+    for f in sorted(files, key=lambda f: f.first_row):
+        h.update(bytes.fromhex(f.digest))
+    return "c" + h.hexdigest()
 
 
 async def inspect_sources(store: ObjectStore, schema: TableSchema) -> list[SourceFile]:
@@ -292,18 +305,22 @@ def _check_file(name: str, key: str, data: bytes, schema: TableSchema) -> Source
             f"{schema.name!r} does not have"
         )
     rows = table.column("row")
-    return SourceFile(key, len(data), rows[0].as_py(), rows[-1].as_py(), table.num_rows)
+    digest = hashlib.blake2b(data, digest_size=16).hexdigest()
+    return SourceFile(key, len(data), rows[0].as_py(), rows[-1].as_py(), table.num_rows, digest)
 
 
 async def cells_for_tablet(
     source_url: str,
     keys: Sequence[str],
-    start_row: bytes,
-    end_row: bytes | None,
+    ranges: Sequence[tuple[bytes, bytes | None]],
     schema: TableSchema,
 ) -> dict[str, pa.Table]:
-    """The cells of the files ``keys`` (in row order, not overlapping) that fall in
-    ``[start_row, end_row)``, per locality group, sorted (module docstring, step 2)."""
+    """The cells of the files ``keys`` (in row order, not overlapping) that fall in one of
+    ``ranges`` (``[start, end)`` each, in row order, disjoint), per locality group, sorted
+    (module docstring, step 2)."""
+    if not ranges:
+        return {}
+    lo, hi = ranges[0][0], ranges[-1][1]
     store = open_store(source_url)
     parts: list[pa.Table] = []
     try:
@@ -312,12 +329,8 @@ async def cells_for_tablet(
             name = object_url(store.url, key)
             if data is None:
                 raise InvalidArgument(f"bulk-load file {name} is gone")
-            table = _verified_table(name, data, start_row, end_row)
-            rows = table.column(0)
-            keep = pc.greater_equal(rows, pa.scalar(start_row, pa.binary()))
-            if end_row is not None:
-                keep = pc.and_(keep, pc.less(rows, pa.scalar(end_row, pa.binary())))
-            parts.append(table.filter(keep))
+            table = _verified_table(name, data, lo, hi)
+            parts.append(table.filter(_in_ranges(table.column(0), ranges)))
     finally:
         await store.close()
     cells = pa.concat_tables(parts) if parts else SCHEMA.empty_table()
@@ -334,6 +347,17 @@ async def cells_for_tablet(
         group: cells.filter(pc.is_in(cells.column(1), value_set=pa.array(fams, pa.string())))
         for group, fams in by_group.items()
     }
+
+
+def _in_ranges(rows: pa.ChunkedArray, ranges: Sequence[tuple[bytes, bytes | None]]) -> Any:
+    """True for each row in one of ``ranges``."""
+    keep = None
+    for start, end in ranges:
+        one = pc.greater_equal(rows, pa.scalar(start, pa.binary()))
+        if end is not None:
+            one = pc.and_(one, pc.less(rows, pa.scalar(end, pa.binary())))
+        keep = one if keep is None else pc.or_(keep, one)
+    return keep
 
 
 def overlapping(files: Sequence[SourceFile], start: bytes, end: bytes | None) -> list[str]:

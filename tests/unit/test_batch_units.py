@@ -132,7 +132,7 @@ async def test_a_bulk_load_follows_a_tablet_that_split_under_it() -> None:
     master looks its range up again and loads exactly that range into the children."""
     from tabletstore.batch.bulkload import SourceFile
     from tabletstore.errors import NotServing
-    from tabletstore.master.snapshots import _load_range
+    from tabletstore.master.bulk_load import _load_range
     from tabletstore.metadata.catalog import TableInfo
     from tabletstore.metadata.record import TabletRecord
 
@@ -163,8 +163,53 @@ async def test_a_bulk_load_follows_a_tablet_that_split_under_it() -> None:
 
     files = [SourceFile("f", 1, b"c", b"x", 30)]
     info = TableInfo("t1", TableSchema(name="t"))
-    done = await _load_range(info, "file:///x", files, b"", None, Catalog(), lambda _: Worker(), locate)  # type: ignore[arg-type]
+    done = await _load_range(info, "file:///x", files, "L1", Catalog(), lambda _: Worker(), locate)  # type: ignore[arg-type]
     assert done == (3, 30)
     assert sorted(calls) == sorted(
         [("a", b"", b"m"), ("b", b"m", None), ("b1", b"m", b"s"), ("b2", b"s", None)]
     )
+
+
+def test_bulk_load_marks_cover_rows_through_splits_and_merges() -> None:
+    from tabletstore.engine.split_key import split_records
+    from tabletstore.master.tablet_merges import MergePair, merged_record
+    from tabletstore.metadata.record import BulkLoadMark, TabletRecord, uncovered
+
+    rec = TabletRecord("t1", "a", b"c", b"x").with_bulk_loads((BulkLoadMark("L", b"c", b"x"),))
+    assert TabletRecord.from_bytes(rec.to_bytes()) == rec
+    assert uncovered(rec.bulk_loads, "L", b"c", b"x") == []
+    assert uncovered(rec.bulk_loads, "M", b"c", b"x") == [(b"c", b"x")]
+    left, right = split_records(
+        rec, b"m", left_id="a1", right_id="a2", left_epoch=1, right_epoch=2, location=None, at=0
+    )
+    assert uncovered(left.bulk_loads, "L", b"c", b"m") == []
+    assert uncovered(right.bulk_loads, "L", b"m", b"x") == []
+    # A merge of a tablet that got load L with one that did not: only the first's rows are.
+    other = TabletRecord("t1", "b", b"x", None)
+    merged = merged_record(MergePair(right, other), tablet_id="c", at=0)
+    assert uncovered(merged.bulk_loads, "L", b"m", None) == [(b"x", None)]
+    spans = (
+        BulkLoadMark("L", b"", b"d"),
+        BulkLoadMark("L", b"f", b"h"),
+        BulkLoadMark("X", b"", None),
+    )
+    assert uncovered(spans, "L", b"b", b"z") == [(b"d", b"f"), (b"h", b"z")]
+    assert uncovered(spans, "L", b"", None) == [(b"d", b"f"), (b"h", None)]
+    # A record keeps the newest marks only.
+    many = rec.with_bulk_loads(tuple(BulkLoadMark(f"J{i}", b"", None) for i in range(100)))
+    assert len(many.bulk_loads) == 64 and many.bulk_loads[-1].load_id == "J99"
+
+
+def test_bulk_load_records_and_ids() -> None:
+    from tabletstore.coordination import paths
+    from tabletstore.errors import Corruption, InvalidArgument
+    from tabletstore.master.bulk_load import LoadRecord, check_load_id
+
+    rec = LoadRecord("job-1", "t1", "file:///x", "loading", 1.0)
+    assert LoadRecord.from_bytes(rec.to_bytes()) == rec
+    with pytest.raises(Corruption):
+        LoadRecord.from_bytes(b'{"load_id": "x"}')
+    assert paths.parse_bulk_load(paths.bulk_load("t1", "job-1")) == ("t1", "job-1")
+    for bad in ("", "a/b", "-x", "x" * 129, "a b"):
+        with pytest.raises(InvalidArgument, match="bad bulk load id"):
+            check_load_id(bad)
