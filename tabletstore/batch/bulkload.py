@@ -63,6 +63,8 @@ DEFAULT_FILE_CELLS = 1_000_000
 #: row groups to write and decode) cost less; the tablets' own SSTables use their locality
 #: group's block size.
 STAGING_BLOCK_SIZE = 1 << 20
+#: The columns a bulk-load file's check decodes (not seq, not the values).
+_CHECKED = ("row", "family", "qualifier", "ts", "kind")
 _SORT = [
     ("row", "ascending"),
     ("family", "ascending"),
@@ -130,7 +132,11 @@ def to_cells_table(data: Any, *, now_micros: int | None = None) -> pa.Table:
             cols["value"],
         ],
         schema=SCHEMA,
-    ).sort_by(_SORT)
+    )
+    dup = _first_not_strictly_sorted(out)
+    if dup is None:
+        return out  # a job's output usually comes sorted: no sort then
+    out = out.sort_by(_SORT)
     dup = _first_not_strictly_sorted(out)
     if dup is not None:
         raise InvalidArgument(
@@ -187,7 +193,10 @@ async def awrite_sstables(
                 same = pc.equal(tail, last).to_numpy(zero_copy_only=False)
                 end += int(np.argmin(same)) if not same.all() else len(same)
             data_bytes, _ = write_sstable_table(
-                table.slice(start, end - start), compression=compression, block_size=block_size
+                table.slice(start, end - start),
+                compression=compression,
+                block_size=block_size,
+                bloom_bits_per_key=0,  # read whole, never looked up by row: no hashing
             )
             key = f"bulk-{token}-{len(keys):05d}.sst"
             await st.create(key, data_bytes)
@@ -232,13 +241,16 @@ async def inspect_sources(store: ObjectStore, schema: TableSchema) -> list[Sourc
     keys = [info async for info in store.list("")]
     if not keys:
         raise InvalidArgument(f"no files to bulk-load under {store.url}")
-    files: list[SourceFile] = []
-    for info in keys:
-        name = object_url(store.url, info.key)
-        data = await store.get(info.key)
+
+    async def check(key: str) -> SourceFile:
+        name = object_url(store.url, key)
+        data = await store.get(key)
         if data is None:
             raise InvalidArgument(f"bulk-load file {name} vanished while being checked")
-        files.append(_check_file(name, info.key, data, schema))
+        # Decoding is CPU work that releases the GIL: off the event loop, files in parallel.
+        return await asyncio.to_thread(_check_file, name, key, data, schema)
+
+    files = list(await asyncio.gather(*(check(info.key) for info in keys)))
     files.sort(key=lambda f: f.first_row)
     for a, b in itertools.pairwise(files):
         if b.first_row <= a.last_row:
@@ -250,11 +262,16 @@ async def inspect_sources(store: ObjectStore, schema: TableSchema) -> list[Sourc
 
 
 def _verified_table(
-    name: str, data: bytes, start_row: bytes = b"", end_row: bytes | None = None
+    name: str,
+    data: bytes,
+    start_row: bytes = b"",
+    end_row: bytes | None = None,
+    columns: Sequence[str] | None = None,
 ) -> pa.Table:
     """The cells of an SSTable object's blocks that may hold rows of ``[start_row,
-    end_row)``, as Arrow columns, after its footer, block index and those blocks' crc32c are
-    checked (no Python object per cell); Corruption otherwise."""
+    end_row)``, as Arrow columns (``columns`` only, when given: the others are not decoded),
+    after its footer, block index and those blocks' crc32c are checked (no Python object per
+    cell); Corruption otherwise."""
     core = SSTableCore.from_tail(name, len(data), data)
     view = memoryview(data)
     wanted = [
@@ -266,7 +283,7 @@ def _verified_table(
         b = core.blocks[i]
         if crc32c.crc32c(view[b.offset : b.offset + b.length]) != b.crc32c:
             raise Corruption(f"SSTable {name}: block {i} fails its crc32c checksum")
-    table = pq.ParquetFile(pa.BufferReader(data)).read_row_groups(wanted)
+    table = pq.ParquetFile(pa.BufferReader(data)).read_row_groups(wanted, columns=columns)
     if table.num_rows != sum(core.blocks[i].cells for i in wanted):
         raise Corruption(f"SSTable {name}: its cells disagree with its block index")
     return table
@@ -283,7 +300,8 @@ def _check_file(name: str, key: str, data: bytes, schema: TableSchema) -> Source
             f"(expected the SSTable schema {SCHEMA})"
         )
     try:
-        table = _verified_table(name, data)
+        # Every block's checksum, but only the columns the checks read are decoded.
+        table = _verified_table(name, data, columns=_CHECKED)
     except (Corruption, TabletStoreError, pa.ArrowException) as exc:
         raise InvalidArgument(f"bulk-load file {name} is not a valid SSTable: {exc}") from exc
     if table.num_rows == 0:
@@ -320,7 +338,6 @@ async def cells_for_tablet(
     (module docstring, step 2)."""
     if not ranges:
         return {}
-    lo, hi = ranges[0][0], ranges[-1][1]
     store = open_store(source_url)
     parts: list[pa.Table] = []
     try:
@@ -329,8 +346,7 @@ async def cells_for_tablet(
             name = object_url(store.url, key)
             if data is None:
                 raise InvalidArgument(f"bulk-load file {name} is gone")
-            table = _verified_table(name, data, lo, hi)
-            parts.append(table.filter(_in_ranges(table.column(0), ranges)))
+            parts.append(await asyncio.to_thread(_cells_in, name, data, ranges))
     finally:
         await store.close()
     cells = pa.concat_tables(parts) if parts else SCHEMA.empty_table()
@@ -347,6 +363,13 @@ async def cells_for_tablet(
         group: cells.filter(pc.is_in(cells.column(1), value_set=pa.array(fams, pa.string())))
         for group, fams in by_group.items()
     }
+
+
+def _cells_in(name: str, data: bytes, ranges: Sequence[tuple[bytes, bytes | None]]) -> pa.Table:
+    """The verified cells of one file in ``ranges`` (a thread's work: decoding releases the
+    GIL)."""
+    table = _verified_table(name, data, ranges[0][0], ranges[-1][1])
+    return table.filter(_in_ranges(table.column(0), ranges))
 
 
 def _in_ranges(rows: pa.ChunkedArray, ranges: Sequence[tuple[bytes, bytes | None]]) -> Any:

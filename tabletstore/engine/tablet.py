@@ -1158,7 +1158,9 @@ class Tablet:
                 first += n
                 renumbered = cells.set_column(4, "seq", seqs)
                 lg = self._schema.locality_groups.get(group)
-                data, info = write_sstable_table(
+                # Encoding releases the GIL: off the event loop (tablets load in parallel).
+                data, info = await asyncio.to_thread(
+                    write_sstable_table,
                     renumbered,
                     compression=lg.compression if lg is not None else "zstd",
                     block_size=lg.block_size if lg is not None else 64 * 1024,
