@@ -388,12 +388,17 @@ async def _arrow_cells(
         if t.footer.kind_counts[0] != t.cells or t.max_seq > cut_seq:
             return None
     # SSTables whose row ranges do not overlap merge by concatenation in row order (the
-    # usual case for flushes of sequential writes); others are sorted together.
+    # usual case for flushes of sequential writes); others are sorted together, by seq too.
+    # The footers vouch for kind (no deletions) and seq (within the cut): neither column is
+    # decoded, nor seq when nothing is sorted.
     ordered = sorted(tables, key=lambda t: t.first_row)
     disjoint = all(a.last_row < b.first_row for a, b in itertools.pairwise(ordered))
-    parts = [part for part in [await t.read_arrow(start, end) for t in ordered] if part.num_rows]
+    columns = _DISJOINT_COLUMNS if disjoint else _SORTED_COLUMNS
+    parts = [
+        part for part in [await t.read_arrow(start, end, columns) for t in ordered] if part.num_rows
+    ]
     if not parts:
-        return SCHEMA.empty_table()
+        return SCHEMA.empty_table().select(columns)
     merged = pa.concat_tables(parts)
     if not disjoint:
         merged = merged.sort_by(_SORT)
@@ -403,6 +408,9 @@ async def _arrow_cells(
     return merged
 
 
+#: The columns the Arrow path decodes (key columns first: ``_not_repeated`` counts on it).
+_DISJOINT_COLUMNS = ("row", "family", "qualifier", "ts", "value")
+_SORTED_COLUMNS = ("row", "family", "qualifier", "ts", "seq", "value")
 _SORT = [
     ("row", "ascending"),
     ("family", "ascending"),
@@ -446,7 +454,7 @@ def _select(
         present = set(pc.unique(fam).to_pylist())
         if present <= families:  # nothing to drop: no filter pass over the cells
             return pa.Table.from_arrays(
-                [table.column(0), fam, table.column(2), table.column(3), table.column(6)],
+                [table.column(0), fam, table.column(2), table.column(3), table.column("value")],
                 schema=CELLS_SCHEMA,
             )
     keep = pc.is_in(fam, value_set=pa.array(sorted(families), pa.string()))
@@ -466,7 +474,7 @@ def _select(
         keep = pc.and_(keep, pc.less(table.column(3), end_ts))
     out = table.filter(keep)
     return pa.Table.from_arrays(
-        [out.column(0), out.column(1), out.column(2), out.column(3), out.column(6)],
+        [out.column(0), out.column(1), out.column(2), out.column(3), out.column("value")],
         schema=CELLS_SCHEMA,
     )
 

@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 
 from tabletstore.data.schema import TableSchema
-from tabletstore.errors import Corruption
+from tabletstore.errors import Corruption, InvalidArgument
 from tabletstore.keys import Cell, cell_sort_key
 from tabletstore.master import gc_plan as gc
 from tabletstore.metadata.record import SSTableRef
@@ -125,6 +125,27 @@ async def test_read_arrow_reads_what_a_scan_reads(start: bytes, end: bytes | Non
     arrow = await table.read_arrow(start, end)
     scanned = [c async for c in table.scan(start, end)]
     assert [Cell(*r.values()) for r in arrow.to_pylist()] == scanned
+    # Column projection: the same cells, those columns only.
+    some = await table.read_arrow(start, end, ("row", "ts", "value"))
+    assert some.column_names == ["row", "ts", "value"]
+    assert some.to_pylist() == [{"row": c.row, "ts": c.ts, "value": c.value} for c in scanned]
+    with pytest.raises(InvalidArgument, match="start with 'row'"):
+        await table.read_arrow(start, end, ("value",))
+
+
+async def test_staging_sstables_match_every_row_and_read_the_same() -> None:
+    """A bulk-load staging file gets a row filter that matches every row (no per-row
+    hashing); its cells read as any SSTable's."""
+    from tabletstore.batch.bulkload import awrite_sstables
+
+    rows = [b"r%04d" % i for i in range(300)]
+    store = MemoryObjectStore("memory://staging-bloom")
+    data = {"row": rows, "family": ["cf"] * 300, "qualifier": [b"q"] * 300, "value": rows}
+    (key,) = await awrite_sstables(data, "memory://staging-bloom", store=store, now_micros=5)
+    size = len(await store.get(key) or b"")
+    table = await SSTable.open(store, key, size=size)
+    assert all(table.footer.row_bloom.may_contain(r) for r in (*rows, b"absent", b""))
+    assert [c.row async for c in table.scan()] == rows
 
 
 async def test_a_bulk_load_follows_a_tablet_that_split_under_it() -> None:
@@ -202,7 +223,7 @@ def test_bulk_load_marks_cover_rows_through_splits_and_merges() -> None:
 
 def test_bulk_load_records_and_ids() -> None:
     from tabletstore.coordination import paths
-    from tabletstore.errors import Corruption, InvalidArgument
+    from tabletstore.errors import Corruption
     from tabletstore.master.bulk_load import LoadRecord, check_load_id
 
     rec = LoadRecord("job-1", "t1", "file:///x", "loading", 1.0)
