@@ -63,6 +63,10 @@ DEFAULT_FILE_CELLS = 1_000_000
 #: row groups to write and decode) cost less; the tablets' own SSTables use their locality
 #: group's block size.
 STAGING_BLOCK_SIZE = 1 << 20
+#: Compression of bulk-load files: written once, decoded twice (the master's check, then the
+#: tablets' workers) and deleted, so speed over size (as Spark's Parquet default, snappy):
+#: lz4 decodes about 3 times as fast as zstd here. ``compression="zstd"`` for slow links.
+STAGING_COMPRESSION = "lz4"
 #: The columns a bulk-load file's check decodes (not seq, not the values).
 _CHECKED = ("row", "family", "qualifier", "ts", "kind")
 _SORT = [
@@ -168,7 +172,7 @@ async def awrite_sstables(
     url: str,
     *,
     file_cells: int = DEFAULT_FILE_CELLS,
-    compression: str = "zstd",
+    compression: str = STAGING_COMPRESSION,
     block_size: int = STAGING_BLOCK_SIZE,
     now_micros: int | None = None,
     store: ObjectStore | None = None,

@@ -76,6 +76,8 @@ class LoadRecord:
     #: Tablets that took cells and cells loaded, over every run of the load.
     tablets: int = 0
     cells: int = 0
+    #: A hash of the files' contents (``content_load_id``): a load id names one set of files.
+    content: str = ""
 
     def to_bytes(self) -> bytes:
         return json.dumps(asdict(self), separators=(",", ":")).encode()
@@ -131,16 +133,23 @@ async def bulk_load(
         files: list[SourceFile] = await inspect_sources(source, info.schema)
     finally:
         await source.close()
-    load_id = load_id or content_load_id(files)
+    content = content_load_id(files)
+    load_id = load_id or content
     key = paths.bulk_load(info.table_id, load_id)
     kv = await coordinator.get(key)
     record = None if kv is None else LoadRecord.from_bytes(kv.value)
     name = info.schema.name
+    if record is not None and record.content and record.content != content:
+        # Resuming with other files would mix two outputs; repeating would drop the new one.
+        raise InvalidArgument(
+            f"bulk load {load_id!r} into {name!r} was of other files (from {record.url}): "
+            f"the files under {url} differ; give this load another id"
+        )
     if record is not None and record.state == DONE:
         log.info("bulk load %s into %s is done already: nothing to load", load_id, name)
         return LoadResult(load_id, 0, 0)
     if record is None:
-        record = LoadRecord(load_id, info.table_id, url, LOADING, clock.time())
+        record = LoadRecord(load_id, info.table_id, url, LOADING, clock.time(), content=content)
         await coordinator.put(key, record.to_bytes())
     else:
         log.info("bulk load %s into %s was interrupted: loading what is left", load_id, name)
