@@ -238,3 +238,22 @@ async def test_a_tablet_that_got_its_part_refuses_it_again(tmp_path: Path) -> No
         assert _loaded_cells(await db.master.catalog.list_tablets(table_id)) == 200
     finally:
         await db.close()
+
+
+async def test_a_damaged_bulk_load_file_loads_nothing(tmp_path: Path) -> None:
+    """A flipped byte in a block (its crc32c no longer matches) is refused by the master's
+    check, whatever column it hits, before any tablet takes anything."""
+    db = await Database.open(f"file://{tmp_path}/db")
+    try:
+        table_id = await _empty_web(db)
+        out = tmp_path / "out"
+        (key,) = await awrite_sstables(_data(10, 110), f"file://{out}")
+        path = out / key
+        blob = bytearray(path.read_bytes())
+        blob[len(blob) // 3] ^= 0xFF  # inside the data blocks, far from the footer
+        path.write_bytes(bytes(blob))
+        with pytest.raises(InvalidArgument, match="crc32c"):
+            await db.bulk_load("web", f"file://{out}")
+        assert _loaded_cells(await db.master.catalog.list_tablets(table_id)) == 0
+    finally:
+        await db.close()
