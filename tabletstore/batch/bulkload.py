@@ -66,6 +66,8 @@ STAGING_BLOCK_SIZE = 1 << 20
 #: tablets' workers) and deleted, so speed over size (as Spark's Parquet default, snappy):
 #: lz4 decodes about 3 times as fast as zstd here. ``compression="zstd"`` for slow links.
 STAGING_COMPRESSION = "lz4"
+#: Bulk-load files the master checks at once.
+CHECK_PARALLELISM = 4
 #: The columns a bulk-load file's check decodes (not seq, not the values).
 _CHECKED = ("row", "family", "qualifier", "ts", "kind")
 _SORT = [
@@ -244,14 +246,17 @@ async def inspect_sources(store: ObjectStore, schema: TableSchema) -> list[Sourc
     keys = [info async for info in store.list("")]
     if not keys:
         raise InvalidArgument(f"no files to bulk-load under {store.url}")
+    # A few files at a time: each is held in memory whole while it is checked.
+    slots = asyncio.Semaphore(CHECK_PARALLELISM)
 
     async def check(key: str) -> SourceFile:
         name = object_url(store.url, key)
-        data = await store.get(key)
-        if data is None:
-            raise InvalidArgument(f"bulk-load file {name} vanished while being checked")
-        # Decoding is CPU work that releases the GIL: off the event loop, files in parallel.
-        return await asyncio.to_thread(_check_file, name, key, data, schema)
+        async with slots:
+            data = await store.get(key)
+            if data is None:
+                raise InvalidArgument(f"bulk-load file {name} vanished while being checked")
+            # Decoding is CPU work that releases the GIL: off the event loop, in parallel.
+            return await asyncio.to_thread(_check_file, name, key, data, schema)
 
     files = list(await asyncio.gather(*(check(info.key) for info in keys)))
     files.sort(key=lambda f: f.first_row)
