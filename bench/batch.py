@@ -77,6 +77,9 @@ def main() -> None:
     ap.add_argument("--cells-per-row", type=int, default=4)
     ap.add_argument("--value-bytes", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=3, help="read measurements (best is shown)")
+    ap.add_argument(
+        "--load-repeats", type=int, default=3, help="bulk load and import measurements (best)"
+    )
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-batch-"))
     data = make_data(args.rows, args.cells_per_row, args.value_bytes)
@@ -88,19 +91,24 @@ def main() -> None:
     results: list[tuple[str, str, str]] = []
     try:
         # Bulk load (the job writes SSTables, then the table takes them) and tabletstore
-        # import of the same rows, alternated twice into fresh tables; best of each.
+        # import of the same rows, alternated ``--load-repeats`` times into fresh tables;
+        # best of each.
         # The database runs in this process: its CPU seconds (all threads) are the work each
         # way took, a figure the other jobs on a shared machine disturb less than wall time.
         bulk_runs, import_runs = [], []
         bulk_cpu, import_cpu = [], []
-        # Warm both paths on a sample first (module imports, thread pools: not throughput).
-        sample = data.slice(0, 4 * args.cells_per_row)
+        # Warm both paths on a sample of rows of every tablet first (module imports, thread
+        # pools: not throughput).
+        per_row, step = args.cells_per_row, max(1, args.rows // 100)
+        sample = data.take(
+            [r * per_row + c for r in range(0, args.rows, step) for c in range(per_row)]
+        )
         db.create_table("warm", ["cf"], split_keys=SPLITS)
         batch.write_sstables(sample, f"file://{tmp}/warm")
         db.bulk_load("warm", f"file://{tmp}/warm")
         write_csv(sample, tmp / "warm.csv", args.cells_per_row)
         cli._import(db, "warm", tmp / "warm.csv", cli._import_plan(()))
-        for r in range(2):
+        for r in range(args.load_repeats):
             db.create_table(f"bulk{r}", ["cf"], split_keys=SPLITS)
             db.create_table(f"imported{r}", ["cf"], split_keys=SPLITS)
             t0, c0 = time.perf_counter(), time.process_time()
