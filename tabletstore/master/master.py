@@ -612,6 +612,8 @@ class Master:
     async def bulk_load(self, req: BulkLoadRequest) -> BulkLoadResponse:
         """Load the SSTables under ``url`` into a table, once (master/bulk_load.py)."""
         self._check_leading()
+        if req.table == mt.METADATA_TABLE:
+            raise InvalidArgument(f"table {req.table!r} is the system table; it takes no loads")
         done = await load_files(
             info=await self._catalog.get_table(req.table),
             url=req.url,

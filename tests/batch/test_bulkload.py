@@ -144,6 +144,8 @@ async def test_a_bulk_load_run_again_loads_nothing(tmp_path: Path) -> None:
         assert await db.table("web").bulk_load(out, load_id="job-7") == (0, 0)
         with pytest.raises(InvalidArgument, match="bad bulk load id"):
             await db.bulk_load("web", out, load_id="a/b")
+        with pytest.raises(InvalidArgument, match="system table"):
+            await db.bulk_load("METADATA", out)
         # The same id for other files: refused, not silently skipped.
         other = f"file://{tmp_path}/other"
         await awrite_sstables(_data(10, 20, ts=9000), other)
