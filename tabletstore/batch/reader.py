@@ -31,8 +31,9 @@ SSTables' footers count no deletion entries and their largest seq is at most the
 families read have no GC rule, no filter is asked for, and no two cells of the merge share
 (row, family, qualifier, timestamp) (checked column-wise; identical entries seen twice are
 one, as in the merge) — the rules keep every cell, and the split is read as Arrow columns end
-to end (``SSTable.read_arrow``: one ranged GET and one decode per SSTable; merged and
-checked with Arrow compute) with no Python object per cell. Otherwise, or when the check fails, the split takes the per-cell engine path.
+to end (``SSTable.read_arrow``: one ranged GET and one decode per SSTable, only the columns
+used; merged, checked, projected and, for the wide shape, pivoted with Arrow compute) with no
+Python object per cell. Otherwise, or when the check fails, the split takes the per-cell engine path.
 Both paths give the same batches (tests/batch/test_snapshots.py compares them).
 
 Projection and selection, applied as a read of the table applies them: ``columns`` (families
@@ -338,10 +339,12 @@ async def aread_split(
             for ref in refs
         ]
         gc_rules = {name: fam.gc_rule for name, fam in schema.families.items()}
-        if arrow_path and shape == "cells" and filter is None:
+        if arrow_path and filter is None:
             fast = await _arrow_cells(tables, tablet.cut_seq, families, gc_rules, start, end)
             if fast is not None:
                 selected = _select(fast, families, exact, whole, start_ts, end_ts)
+                if shape == "wide":
+                    selected = _wide(selected, list(columns or ()))
                 for b in selected.to_batches(max_chunksize=batch_rows):
                     if b.num_rows:
                         yield b
@@ -388,12 +391,17 @@ async def _arrow_cells(
         if t.footer.kind_counts[0] != t.cells or t.max_seq > cut_seq:
             return None
     # SSTables whose row ranges do not overlap merge by concatenation in row order (the
-    # usual case for flushes of sequential writes); others are sorted together.
+    # usual case for flushes of sequential writes); others are sorted together, by seq too.
+    # The footers vouch for kind (no deletions) and seq (within the cut): neither column is
+    # decoded, nor seq when nothing is sorted.
     ordered = sorted(tables, key=lambda t: t.first_row)
     disjoint = all(a.last_row < b.first_row for a, b in itertools.pairwise(ordered))
-    parts = [part for part in [await t.read_arrow(start, end) for t in ordered] if part.num_rows]
+    columns = _DISJOINT_COLUMNS if disjoint else _SORTED_COLUMNS
+    parts = [
+        part for part in [await t.read_arrow(start, end, columns) for t in ordered] if part.num_rows
+    ]
     if not parts:
-        return SCHEMA.empty_table()
+        return SCHEMA.empty_table().select(columns)
     merged = pa.concat_tables(parts)
     if not disjoint:
         merged = merged.sort_by(_SORT)
@@ -403,6 +411,9 @@ async def _arrow_cells(
     return merged
 
 
+#: The columns the Arrow path decodes (key columns first: ``_not_repeated`` counts on it).
+_DISJOINT_COLUMNS = ("row", "family", "qualifier", "ts", "value")
+_SORTED_COLUMNS = ("row", "family", "qualifier", "ts", "seq", "value")
 _SORT = [
     ("row", "ascending"),
     ("family", "ascending"),
@@ -446,7 +457,7 @@ def _select(
         present = set(pc.unique(fam).to_pylist())
         if present <= families:  # nothing to drop: no filter pass over the cells
             return pa.Table.from_arrays(
-                [table.column(0), fam, table.column(2), table.column(3), table.column(6)],
+                [table.column(0), fam, table.column(2), table.column(3), table.column("value")],
                 schema=CELLS_SCHEMA,
             )
     keep = pc.is_in(fam, value_set=pa.array(sorted(families), pa.string()))
@@ -466,9 +477,45 @@ def _select(
         keep = pc.and_(keep, pc.less(table.column(3), end_ts))
     out = table.filter(keep)
     return pa.Table.from_arrays(
-        [out.column(0), out.column(1), out.column(2), out.column(3), out.column(6)],
+        [out.column(0), out.column(1), out.column(2), out.column(3), out.column("value")],
         schema=CELLS_SCHEMA,
     )
+
+
+def _wide(cells: pa.Table, columns: list[str]) -> pa.Table:
+    """:class:`_WideBuilder` column-wise: ``cells`` (the cells shape, sorted, of the
+    ``columns`` only) as one record per row with the newest value of each column."""
+    schema = wide_schema(columns)
+    n = cells.num_rows
+    if not n:
+        return schema.empty_table()
+    rows, fam, qual, value = cells.column(0), cells.column(1), cells.column(2), cells.column(4)
+    # The newest cell of a column is the first of its (row, family, qualifier) run.
+    first = np.ones(n, dtype=bool)
+    if n > 1:
+        differs = pc.or_(
+            pc.or_(
+                pc.not_equal(rows.slice(1), rows.slice(0, n - 1)),
+                pc.not_equal(fam.slice(1), fam.slice(0, n - 1)),
+            ),
+            pc.not_equal(qual.slice(1), qual.slice(0, n - 1)),
+        )
+        first[1:] = differs.to_numpy(zero_copy_only=False)
+    keep = pa.array(first)
+    rows, value = rows.filter(keep), value.filter(keep)
+    key = pc.binary_join_element_wise(
+        pc.cast(fam.filter(keep), pa.binary()), qual.filter(keep), pa.scalar(b"\x00", pa.binary())
+    )
+    out_rows = pc.unique(rows)  # in order of first appearance: sorted
+    arrays: list[pa.Array | pa.ChunkedArray] = [out_rows]
+    for c in columns:
+        f, _, q = c.partition(":")
+        mine = pc.equal(key, pa.scalar(f.encode() + b"\x00" + q.encode(), pa.binary()))
+        where = pc.index_in(rows.filter(mine), value_set=out_rows).to_numpy(zero_copy_only=False)
+        index = np.full(len(out_rows), -1, dtype=np.int64)
+        index[where] = np.arange(len(where))
+        arrays.append(value.filter(mine).take(pa.array(index, mask=index < 0)))
+    return pa.Table.from_arrays(arrays, schema=schema)
 
 
 async def _rows(

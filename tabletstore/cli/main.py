@@ -336,11 +336,21 @@ def snapshot_delete_cmd(snapshot_id: str) -> None:
 @main.command("bulkload")
 @_table_arg
 @click.argument("url")
-def bulkload_cmd(table: str, url: str) -> None:
+@click.option(
+    "--load-id",
+    default=None,
+    help="Name of this load (default: a hash of the files' contents). A load that is done "
+    "loads nothing again; an interrupted one loads only what is left.",
+)
+def bulkload_cmd(table: str, url: str, load_id: str | None) -> None:
     """Load the SSTables a job wrote under URL (file:///dir, s3://bucket/prefix) into TABLE:
-    all checked first, then committed atomically per tablet."""
-    tablets, cells = _run(lambda db: db.bulk_load(table, url))
-    click.echo(f"loaded {_n(cells, 'cell')} into {_n(tablets, 'tablet')}")
+    all checked first, then committed atomically per tablet. Safe to run again."""
+    tablets, cells = _run(lambda db: db.bulk_load(table, url, load_id=load_id))
+    if not cells:
+        which = f"load {load_id!r}" if load_id else "the load of these files"
+        click.echo(f"nothing to load: {which} into {table} is done already")
+    else:
+        click.echo(f"loaded {_n(cells, 'cell')} into {_n(tablets, 'tablet')}")
 
 
 @main.command("gc")

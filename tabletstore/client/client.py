@@ -333,11 +333,17 @@ class AsyncClient:
         """Delete a snapshot; GC then frees the SSTables only it kept."""
         await self._admin.delete_snapshot(DeleteSnapshotRequest(snapshot_id))
 
-    async def bulk_load(self, table: str, url: str) -> tuple[int, int]:
+    async def bulk_load(
+        self, table: str, url: str, *, load_id: str | None = None
+    ) -> tuple[int, int]:
         """Load the SSTables a job wrote under the store ``url`` (``tabletstore.batch.
         write_sstables``) into ``table``, atomically per tablet; all are checked first and
-        bad input loads nothing. Returns (tablets loaded, cells loaded)."""
-        resp = await self._admin.bulk_load(BulkLoadRequest(table, url))
+        bad input loads nothing. Returns (tablets loaded, cells loaded) by this call.
+
+        Safe to repeat: ``load_id`` (default: a hash of the files' contents) names the load;
+        once it is done, running it again loads nothing and returns (0, 0), and a load that
+        was interrupted (a crash, a failover) loads only what it had not loaded yet."""
+        resp = await self._admin.bulk_load(BulkLoadRequest(table, url, load_id or ""))
         return resp.tablets, resp.cells
 
     def table(self, name: str) -> AsyncTable:
@@ -840,9 +846,9 @@ class AsyncTable:
         """:meth:`AsyncClient.snapshot` of this table."""
         return await self._client.snapshot(self.name, ttl=ttl)
 
-    async def bulk_load(self, url: str) -> tuple[int, int]:
+    async def bulk_load(self, url: str, *, load_id: str | None = None) -> tuple[int, int]:
         """:meth:`AsyncClient.bulk_load` into this table."""
-        return await self._client.bulk_load(self.name, url)
+        return await self._client.bulk_load(self.name, url, load_id=load_id)
 
     async def sample_row_keys(self) -> list[tuple[bytes, int]]:
         """(row key, approximate bytes up to it) pairs that split the table evenly-ish.

@@ -23,6 +23,8 @@ Keys are relative to the coordinator's namespace (an etcd URL's path, e.g.
     sorters/<worker-id>/<incarnation>/<first-segment>
                                       the live worker running that task, attached to its lease
                                       (a dead sorter's claim vanishes and another takes it)
+    bulk_loads/<table-id>/<load-id>   a bulk load's state (loading, done) as JSON
+                                      (master.bulk_load): a done load is not loaded again
 
 Each name component is a non-empty string without ``/`` (and without NUL); anything else is
 an InvalidArgument. Every builder has a parser so that a watch on a prefix can be decoded.
@@ -35,6 +37,7 @@ from tabletstore.errors import InvalidArgument
 __all__ = [
     "ACLS",
     "ASSIGNMENTS",
+    "BULK_LOADS",
     "CLAIMS",
     "ELECTIONS",
     "MASTER_ELECTION",
@@ -49,11 +52,14 @@ __all__ = [
     "acl",
     "assignment",
     "assignments_prefix",
+    "bulk_load",
+    "bulk_loads_prefix",
     "claim",
     "claims_prefix",
     "election_prefix",
     "parse_acl",
     "parse_assignment",
+    "parse_bulk_load",
     "parse_claim",
     "parse_schema",
     "parse_server",
@@ -83,6 +89,7 @@ TABLETS = "tablets/"
 STATUS_PAGES = "status_pages/"
 SORTS = "sorts/"
 SORTERS = "sorters/"
+BULK_LOADS = "bulk_loads/"
 
 #: The election whose leader is the master (the master lock of §5.2).
 MASTER_ELECTION = "master"
@@ -221,3 +228,19 @@ def _sort_suffix(worker_id: str, incarnation: int, first_segment: int) -> str:
     if incarnation < 0 or first_segment < 0:
         raise InvalidArgument("incarnation and first segment must be >= 0")
     return f"{_component(worker_id, 'worker id')}/{incarnation}/{first_segment}"
+
+
+def bulk_loads_prefix(table_id: str | None = None) -> str:
+    """``bulk_loads/`` or ``bulk_loads/<table-id>/``: the bulk loads of every / one table."""
+    if table_id is None:
+        return BULK_LOADS
+    return f"{BULK_LOADS}{_component(table_id, 'table id')}/"
+
+
+def bulk_load(table_id: str, load_id: str) -> str:
+    return f"{bulk_loads_prefix(table_id)}{_component(load_id, 'bulk load id')}"
+
+
+def parse_bulk_load(key: str) -> tuple[str, str]:
+    table_id, load_id = _parse(key, BULK_LOADS, 2, "bulk load")
+    return table_id, load_id

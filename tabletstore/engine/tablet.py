@@ -98,7 +98,13 @@ from tabletstore.engine.state import (
 )
 from tabletstore.errors import InvalidArgument, NotServing, TabletStoreError, Unavailable
 from tabletstore.keys import Cell, CellKind, cell_sort_key
-from tabletstore.metadata.record import LogRef, SSTableRef, TabletRecord
+from tabletstore.metadata.record import (
+    BulkLoadMark,
+    LogRef,
+    SSTableRef,
+    TabletRecord,
+    uncovered,
+)
 from tabletstore.options import TabletOptions
 from tabletstore.sstable import SSTable, SSTableInfo, write_sstable
 from tabletstore.sstable.block_cache import BlockCache, ScanCache
@@ -1140,31 +1146,44 @@ class Tablet:
         )
         return await self._upload(group, data, info)
 
-    async def bulk_load(self, groups: Mapping[str, pa.Table]) -> TabletRecord:
+    async def bulk_load(
+        self, groups: Mapping[str, pa.Table], marks: tuple[BulkLoadMark, ...] = ()
+    ) -> int:
         """Add bulk-loaded cells (§8; Arrow tables of the SSTable schema, sorted, puts only,
         in this tablet's range, families of its schema) as new SSTables, one per locality
-        group, in one record update: all of them or none.
+        group, in one record update: all of them or none. Returns the cells added.
+
+        ``marks`` name the load and the rows these cells are; the same record update adds
+        them, so the load is applied once: if the record already marks any of those rows
+        as loaded by it (a concurrent or repeated call), nothing is added (0), or NotServing
+        when only part of them are (the master looks again at what is left).
 
         The cells' seqs are replaced by fresh ones from the worker's sequence, so loaded
         cells behave exactly like writes made now: newer than every cell already in the
         tablet (a later delete masks them, an earlier one does not)."""
         self._check_writable()
-        total = sum(t.num_rows for t in groups.values())
-        if not total:
-            return self.record
+        total = int(sum(t.num_rows for t in groups.values()))
+        if not total and not marks:
+            return 0
         async with self._compaction_lock:
             self._check_writable()
-            first = self._log.allocate(total)
+            if marks and self._marked(marks):
+                return 0
+            first = self._log.allocate(total) if total else 0
             written: dict[str, tuple[SSTableRef, SSTable]] = {}
             for group, cells in sorted(groups.items()):
                 n = cells.num_rows
+                if not n:
+                    continue
                 # Distinct (row, family, qualifier, ts) per cell (checked by the loader), so
                 # any seq order keeps the cells sorted.
                 seqs = pa.array(np.arange(first, first + n, dtype=np.int64))
                 first += n
                 renumbered = cells.set_column(4, "seq", seqs)
                 lg = self._schema.locality_groups.get(group)
-                data, info = write_sstable_table(
+                # Encoding releases the GIL: off the event loop (tablets load in parallel).
+                data, info = await asyncio.to_thread(
+                    write_sstable_table,
                     renumbered,
                     compression=lg.compression if lg is not None else "zstd",
                     block_size=lg.block_size if lg is not None else 64 * 1024,
@@ -1180,13 +1199,29 @@ class Tablet:
                 for group, (ref, table) in written.items():
                     new_sstables[group] = (ref, *new_sstables.get(group, ()))
                     opened[group] = (table, *opened.get(group, ()))
-                new_record = replace(record, sstables=new_sstables).with_event(
-                    self._clock.time(), "bulk load", f"{total} cells"
+                detail = f"{total} cells" + (f" of load {marks[0].load_id}" if marks else "")
+                new_record = (
+                    replace(record, sstables=new_sstables)
+                    .with_bulk_loads(marks)
+                    .with_event(self._clock.time(), "bulk load", detail)
                 )
                 stored = await self._catalog.update(record, new_record)
                 self._state = replace(state, record=stored, sstables=opened)
         self._notify_compacted()
-        return stored
+        return total
+
+    def _marked(self, marks: tuple[BulkLoadMark, ...]) -> bool:
+        """Whether the record marks all the rows of ``marks`` as loaded (True), none of them
+        (False), or some (NotServing: the caller's view is stale)."""
+        have = self.record.bulk_loads
+        fresh = [uncovered(have, m.load_id, m.start_row, m.end_row) for m in marks]
+        if all(f == [(m.start_row, m.end_row)] for f, m in zip(fresh, marks, strict=True)):
+            return False
+        if all(not f for f in fresh):
+            return True
+        raise NotServing(
+            f"tablet {self.record.tablet_id}: load {marks[0].load_id} is partly in it already"
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,6 +49,7 @@ from tabletstore.errors import (
 )
 from tabletstore.master import assignment, snapshots
 from tabletstore.master.balancer import Balancer
+from tabletstore.master.bulk_load import bulk_load as load_files
 from tabletstore.master.compaction_cycle import MajorCompactionCycle
 from tabletstore.master.recovery import LogRecovery
 from tabletstore.metadata import rows as mt
@@ -487,6 +488,7 @@ class Master:
             ),
         )
         await self._catalog.delete_table(req.name)
+        await self._coord.delete_prefix(paths.bulk_loads_prefix(info.table_id))
 
     async def list_tables(self, req: ListTablesRequest) -> ListTablesResponse:
         self._check_leading()
@@ -637,16 +639,21 @@ class Master:
         await delete_manifest(await self._the_store(), req.snapshot_id)
 
     async def bulk_load(self, req: BulkLoadRequest) -> BulkLoadResponse:
-        """Load the SSTables under ``url`` into a table (batch/bulkload.py)."""
+        """Load the SSTables under ``url`` into a table, once (master/bulk_load.py)."""
         self._check_leading()
-        tablets, cells = await snapshots.bulk_load(
+        if req.table == mt.METADATA_TABLE:
+            raise InvalidArgument(f"table {req.table!r} is the system table; it takes no loads")
+        done = await load_files(
             info=await self._catalog.get_table(req.table),
             url=req.url,
+            load_id=req.load_id or None,
             catalog=self._catalog,
+            coordinator=self._coord,
             worker=self._worker,
             locate=self._locate,
+            clock=self._clock,
         )
-        return BulkLoadResponse(tablets, cells)
+        return BulkLoadResponse(done.tablets, done.cells, done.load_id)
 
 
 def _check_load_options(options: MasterOptions) -> None:

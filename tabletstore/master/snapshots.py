@@ -1,4 +1,6 @@
-"""Taking a snapshot of a table, and bulk loads: the master's side of ``tabletstore.batch`` (§8).
+"""Taking a snapshot of a table: the master's side of reading ``tabletstore.batch`` (§8).
+
+Bulk loads, the output side, are master/bulk_load.py.
 
 The cut. A snapshot is "as of one instant": every write acknowledged before it is in, none
 that started after it. Sequence numbers are per worker, so no one number names an instant
@@ -30,7 +32,6 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 
-from tabletstore.batch.bulkload import SourceFile, inspect_sources, overlapping
 from tabletstore.clock import Clock
 from tabletstore.errors import InvalidArgument, NotServing, Unavailable, Unreachable
 from tabletstore.metadata.catalog import Catalog, TableInfo
@@ -42,17 +43,14 @@ from tabletstore.metadata.snapshot import (
     write_manifest,
 )
 from tabletstore.rpc.messages import (
-    BulkLoadTabletRequest,
-    BulkLoadTabletResponse,
     SnapshotHoldRequest,
     SnapshotWriteRequest,
     SnapshotWriteResponse,
 )
 from tabletstore.rpc.services import TabletService
-from tabletstore.storage_s3 import open_store
 from tabletstore.storage_s3.base import ObjectStore
 
-__all__ = ["HOLD_SECONDS", "bulk_load", "take_snapshot"]
+__all__ = ["HOLD_SECONDS", "take_snapshot"]
 
 log = logging.getLogger(__name__)
 
@@ -154,93 +152,3 @@ async def _attempt(
     except Exception as exc:
         raise Unavailable(f"the table's tablets changed during the snapshot: {exc}") from exc
     return manifest
-
-
-async def bulk_load(
-    *,
-    info: TableInfo,
-    url: str,
-    catalog: Catalog,
-    worker: Callable[[str], TabletService],
-    locate: Locate,
-) -> tuple[int, int]:
-    """Load the SSTables under ``url`` into the table (batch/bulkload.py): check them all,
-    then each tablet's worker adds its part atomically. Returns (tablets, cells) loaded."""
-    source = open_store(url)
-    try:
-        files: list[SourceFile] = await inspect_sources(source, info.schema)
-    finally:
-        await source.close()
-    return await _load_range(info, url, files, b"", None, catalog, worker, locate)
-
-
-async def _load_range(
-    info: TableInfo,
-    url: str,
-    files: list[SourceFile],
-    start: bytes,
-    end: bytes | None,
-    catalog: Catalog,
-    worker: Callable[[str], TabletService],
-    locate: Locate,
-) -> tuple[int, int]:
-    """Load the files' rows in ``[start, end)`` into the tablets covering that range. A
-    tablet that split or moved meanwhile refuses its call having committed nothing (its load
-    is one record update), so its range is looked up again and loaded into what serves it
-    now, until ``_ATTEMPTS`` lookups have failed."""
-    tablets = cells = 0
-    pending: list[tuple[bytes, bytes | None]] = [(start, end)]
-    for attempt in range(_ATTEMPTS):
-        if not pending:
-            break
-        retry: list[tuple[bytes, bytes | None]] = []
-        records = await catalog.list_tablets(info.table_id)
-        jobs = []
-        for lo, hi in pending:
-            for rec in records:
-                if (hi is not None and rec.start_row >= hi) or (
-                    rec.end_row is not None and rec.end_row <= lo
-                ):
-                    continue
-                a = max(lo, rec.start_row)
-                b = (
-                    hi
-                    if rec.end_row is None
-                    else rec.end_row
-                    if hi is None
-                    else min(hi, rec.end_row)
-                )
-                if keys := overlapping(files, a, b):
-                    jobs.append((rec, a, b, keys))
-        try:
-            where = await locate([rec for rec, *_ in jobs])
-        except NotServing as exc:
-            log.info("bulk load into %s: %s; looking again", info.schema.name, exc)
-            await asyncio.sleep(0.05 * 2**attempt)
-            continue
-        replies = await asyncio.gather(
-            *(
-                worker(where[rec.tablet_id]).bulk_load_tablet(
-                    BulkLoadTabletRequest(rec.table_id, rec.tablet_id, url, tuple(keys), a, b)
-                )
-                for rec, a, b, keys in jobs
-            ),
-            return_exceptions=True,
-        )
-        for (_, a, b, _), reply in zip(jobs, replies, strict=True):
-            if isinstance(reply, BulkLoadTabletResponse):
-                tablets += 1
-                cells += reply.cells
-            elif isinstance(reply, (NotServing, Unreachable)):
-                retry.append((a, b))  # nothing of it was committed: load it again
-            elif isinstance(reply, BaseException):
-                raise reply
-        pending = retry
-        if pending:
-            await asyncio.sleep(0.05 * 2**attempt)
-    if pending:
-        raise Unavailable(
-            f"bulk load into {info.schema.name!r}: rows {pending} could not be loaded (their "
-            f"tablets kept moving); {cells} cells in {tablets} tablets were loaded"
-        )
-    return tablets, cells

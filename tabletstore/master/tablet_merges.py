@@ -104,4 +104,6 @@ def merged_record(pair: MergePair, *, tablet_id: str, at: float) -> TabletRecord
         location=None,
         epoch=right.epoch,
         events=events,
+        # Each side's marks name only rows it holds: together they name the merged rows'.
+        bulk_loads=tuple(dict.fromkeys((*left.bulk_loads, *right.bulk_loads))),
     ).with_event(at, "merged", f"{left.tablet_id} + {right.tablet_id}")

@@ -2,7 +2,8 @@
 
 A :class:`TabletRecord` is one METADATA row: the tablet's row range, its SSTables per locality
 group (newest first), its redo point, the commit logs that may still hold its writes past the
-redo point, its location (the worker serving it), its epoch and a short event log.
+redo point, its location (the worker serving it), its epoch, a short event log, and the
+bulk loads it has taken (:class:`BulkLoadMark`: a load is never applied to a row range twice).
 
 Row keys encode ``(table id, end row)`` as in the paper, so that a lookup for a row is a scan
 for the first METADATA row whose key is at or after ``(table, row)``: see :func:`metadata_row_key`.
@@ -24,14 +25,19 @@ from typing import Any
 from tabletstore.errors import Corruption
 
 __all__ = [
+    "BulkLoadMark",
     "LogRef",
     "SSTableRef",
     "TabletEvent",
     "TabletRecord",
     "metadata_row_key",
+    "uncovered",
 ]
 
 _MAX_EVENTS = 32
+#: Bulk-load marks a record keeps (the newest): a load interrupted and resumed after this many
+#: later loads into the same tablet could load that tablet's part again.
+MAX_BULK_LOAD_MARKS = 64
 
 
 def _b64(b: bytes | None) -> str | None:
@@ -104,6 +110,46 @@ class LogRef:
 
 
 @dataclass(frozen=True, slots=True)
+class BulkLoadMark:
+    """Bulk load ``load_id`` added its cells of ``[start_row, end_row)`` to this tablet, in
+    the same record update that added its SSTables (master/bulk_load.py). Split children
+    inherit their parent's marks and a merge keeps both sides', so a mark may reach past the
+    tablet's own rows: only the overlap matters."""
+
+    load_id: str
+    start_row: bytes
+    end_row: bytes | None
+
+    def to_json(self) -> list[str | None]:
+        return [self.load_id, _b64(self.start_row), _b64(self.end_row)]
+
+    @classmethod
+    def from_json(cls, d: list[Any]) -> BulkLoadMark:
+        load_id, start, end = d
+        return cls(str(load_id), _unb64(start) or b"", _unb64(end))
+
+
+def uncovered(
+    marks: tuple[BulkLoadMark, ...], load_id: str, start: bytes, end: bytes | None
+) -> list[tuple[bytes, bytes | None]]:
+    """The parts of ``[start, end)`` (in row order) that no mark of ``load_id`` covers."""
+    spans = sorted((m.start_row, m.end_row) for m in marks if m.load_id == load_id)
+    out: list[tuple[bytes, bytes | None]] = []
+    lo: bytes | None = start
+    for a, b in spans:
+        if lo is None or (end is not None and a >= end):
+            break
+        if b is not None and b <= lo:
+            continue
+        if a > lo:
+            out.append((lo, a if end is None else min(a, end)))
+        lo = None if b is None else max(lo, b)
+    if lo is not None and (end is None or lo < end):
+        out.append((lo, end))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
 class TabletEvent:
     """One line of a tablet's event log (assigned, loaded, split, compacted, moved...)."""
 
@@ -126,6 +172,7 @@ class TabletRecord:
     location: str | None = None
     epoch: int = 0
     events: tuple[TabletEvent, ...] = ()
+    bulk_loads: tuple[BulkLoadMark, ...] = ()
 
     def contains(self, row: bytes) -> bool:
         """Whether ``row`` falls in ``[start_row, end_row)``."""
@@ -144,8 +191,12 @@ class TabletRecord:
         events = (*self.events, TabletEvent(at, kind, detail))[-_MAX_EVENTS:]
         return replace(self, events=events)
 
+    def with_bulk_loads(self, marks: tuple[BulkLoadMark, ...]) -> TabletRecord:
+        kept = tuple(dict.fromkeys((*self.bulk_loads, *marks)))[-MAX_BULK_LOAD_MARKS:]
+        return replace(self, bulk_loads=kept)
+
     def to_bytes(self) -> bytes:
-        d = {
+        d: dict[str, Any] = {
             "table_id": self.table_id,
             "tablet_id": self.tablet_id,
             "start_row": _b64(self.start_row),
@@ -157,6 +208,8 @@ class TabletRecord:
             "epoch": self.epoch,
             "events": [[e.at, e.kind, e.detail] for e in self.events],
         }
+        if self.bulk_loads:
+            d["bulk_loads"] = [m.to_json() for m in self.bulk_loads]
         return json.dumps(d, separators=(",", ":")).encode()
 
     @classmethod
@@ -177,6 +230,7 @@ class TabletRecord:
                 location=d["location"],
                 epoch=int(d["epoch"]),
                 events=tuple(TabletEvent(float(a), k, x) for a, k, x in d["events"]),
+                bulk_loads=tuple(BulkLoadMark.from_json(m) for m in d.get("bulk_loads", ())),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise Corruption(f"malformed tablet record: {exc}") from exc

@@ -295,7 +295,9 @@ class SnapshotWriteResponse:
 class BulkLoadTabletRequest:
     """Master to worker: add the cells of these SSTable objects (in the store ``source_url``)
     that fall in the tablet's range and in ``[start_row, end_row)``, as new SSTables of the
-    tablet, in one record update."""
+    tablet, in one record update. ``load_id`` (when not empty) makes it idempotent: rows
+    the tablet's record marks as already loaded by that load are skipped, and the update
+    marks the rows it loads (master/bulk_load.py)."""
 
     table_id: str
     tablet_id: str
@@ -303,6 +305,7 @@ class BulkLoadTabletRequest:
     keys: tuple[str, ...]
     start_row: bytes = b""
     end_row: bytes | None = None
+    load_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -447,13 +450,19 @@ class DeleteSnapshotRequest:
 
 @dataclass(frozen=True, slots=True)
 class BulkLoadRequest:
-    """Load the SSTables under ``url`` (a store URL: s3://, file://) into ``table``."""
+    """Load the SSTables under ``url`` (a store URL: s3://, file://) into ``table``, as the
+    load ``load_id`` (empty: a hash of the files' contents). A load that is done already
+    loads nothing; one that was interrupted loads the rows it had not loaded yet."""
 
     table: str
     url: str
+    load_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class BulkLoadResponse:
+    """Tablets and cells loaded by this call (0, 0: nothing left to load), and the load id."""
+
     tablets: int
     cells: int
+    load_id: str = ""

@@ -17,6 +17,7 @@ from __future__ import annotations
 import io
 import threading
 from bisect import bisect_left
+from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -175,16 +176,23 @@ class RowGroupDecoder:
             raise Corruption(f"block {index} decodes to no cells")
         return Block(table)
 
-    def decode_range(self, indexes: list[int], offset: int, data: BytesLike) -> pa.Table:
+    def decode_range(
+        self,
+        indexes: list[int],
+        offset: int,
+        data: BytesLike,
+        columns: Sequence[str] | None = None,
+    ) -> pa.Table:
         """Consecutive blocks ``indexes`` decoded in one call (batch reads, §8), whose bytes
-        ``data`` start at ``offset``: one decode instead of one per block.
+        ``data`` start at ``offset``: one decode instead of one per block; ``columns`` only,
+        when given (the others' pages are not decompressed).
 
         REQUIRES: every block's bytes passed its checksum. Corruption if they do not decode.
         """
         with self._lock:
             self._source.load(offset, data)
             try:
-                return self._file.read_row_groups(indexes, use_threads=False)
+                return self._file.read_row_groups(indexes, columns=columns, use_threads=False)
             except (pa.ArrowException, OSError, ValueError) as exc:
                 raise Corruption(
                     f"blocks {indexes[0]}..{indexes[-1]} do not decode: {exc}"

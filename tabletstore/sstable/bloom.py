@@ -92,6 +92,12 @@ class BloomFilter:
                 )
         return cls(bitmap.tobytes(), probes)
 
+    @classmethod
+    def match_all(cls) -> BloomFilter:
+        """A filter that may contain every key (all bits set): no false negatives, no use
+        for lookups; for SSTables that are only ever read whole."""
+        return cls(b"\xff" * (_MIN_BITS // 8), 1)
+
     def may_contain(self, key: bytes) -> bool:
         """False means ``key`` is certainly absent; True means it may be present."""
         h1, h2 = _hash_pair(key)

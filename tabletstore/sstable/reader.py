@@ -33,13 +33,13 @@ import asyncio
 import contextlib
 from bisect import bisect_left, bisect_right
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 
 import crc32c
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tabletstore.errors import Corruption, NotFound, Unavailable
+from tabletstore.errors import Corruption, InvalidArgument, NotFound, Unavailable
 from tabletstore.keys import Cell
 from tabletstore.sstable.block import Block, BytesLike, RowGroupDecoder
 from tabletstore.sstable.block_cache import BlockCache, ScanCache
@@ -152,9 +152,11 @@ class SSTableCore:
         except Corruption as exc:
             raise Corruption(f"SSTable {self.name}: {exc}") from exc
 
-    def decode_range(self, first: int, last: int, data: BytesLike) -> pa.Table:
+    def decode_range(
+        self, first: int, last: int, data: BytesLike, columns: Sequence[str] | None = None
+    ) -> pa.Table:
         """Blocks ``first..last`` (inclusive) from their contiguous bytes ``data``, each
-        verified against the index, decoded in one call."""
+        verified against the index, decoded in one call (``columns`` only, when given)."""
         handles = self.blocks[first : last + 1]
         base = handles[0].offset
         view = memoryview(data)
@@ -163,7 +165,7 @@ class SSTableCore:
             if len(piece) != h.length or crc32c.crc32c(piece) != h.crc32c:
                 raise Corruption(f"SSTable {self.name}: block {i} fails its crc32c checksum")
         try:
-            table = self._decoder.decode_range(list(range(first, last + 1)), base, data)
+            table = self._decoder.decode_range(list(range(first, last + 1)), base, data, columns)
         except Corruption as exc:
             raise Corruption(f"SSTable {self.name}: {exc}") from exc
         if table.num_rows != sum(h.cells for h in handles):
@@ -436,25 +438,34 @@ class SSTable:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
 
-    async def read_arrow(self, start_row: bytes = b"", end_row: bytes | None = None) -> pa.Table:
+    async def read_arrow(
+        self,
+        start_row: bytes = b"",
+        end_row: bytes | None = None,
+        columns: Sequence[str] | None = None,
+    ) -> pa.Table:
         """The cells of rows in ``[start_row, end_row)`` as one Arrow table of the SSTable
-        schema: one ranged GET for the blocks that may hold them, every block verified, one
+        schema, or of its ``columns`` (which must start with ``"row"``; the others are not
+        decoded): one ranged GET for the blocks that may hold them, every block verified, one
         decode (batch reads, §8; no block cache, no Python object per cell)."""
+        if columns is not None and (not columns or columns[0] != "row"):
+            raise InvalidArgument(f"read_arrow columns must start with 'row', got {columns}")
+        empty = SCHEMA.empty_table() if columns is None else SCHEMA.empty_table().select(columns)
         if end_row is not None and end_row <= start_row:
-            return SCHEMA.empty_table()
+            return empty
         blocks = self._core.blocks
         first = self._core.first_block_from(start_row)
         last = first - 1
         while last + 1 < len(blocks) and (end_row is None or blocks[last + 1].first_row < end_row):
             last += 1
         if last < first:
-            return SCHEMA.empty_table()
+            return empty
         offset = blocks[first].offset
         length = blocks[last].offset + blocks[last].length - offset
         data = await self._get(self.store, self.key, offset, length)
         # On a thread: the decode releases the GIL, so reads of several SSTables overlap,
         # and the event loop is not held for the whole range.
-        table = await asyncio.to_thread(self._core.decode_range, first, last, data)
+        table = await asyncio.to_thread(self._core.decode_range, first, last, data, columns)
         # Only the first and the last block can hold rows outside the range: blocks between
         # them start at or after start_row and end before the last block's first row.
         if first == last:

@@ -157,7 +157,8 @@ def write_sstable_table(
     """:func:`write_sstable` for cells already in Arrow columns (the SSTable schema, sorted):
     the same bytes, with the checks done column-wise and no Python object per cell (bulk
     load, §8). InvalidArgument for a table that does not fit the schema, a null, an unknown
-    kind or unsorted cells."""
+    kind or unsorted cells. ``bloom_bits_per_key=0`` writes a row filter that matches every
+    row (no hashing: for staging files that are read whole, never looked up by row)."""
     if compression not in COMPRESSIONS:
         raise InvalidArgument(
             f"compression must be one of {sorted(COMPRESSIONS)}, got {compression!r}"
@@ -173,6 +174,8 @@ def write_sstable_table(
     nulls = [name for name, col in zip(SCHEMA.names, table.columns, strict=True) if col.null_count]
     if nulls:
         raise InvalidArgument(f"SSTable columns may hold no nulls: {nulls} do")
+    if not 0 <= bloom_bits_per_key <= 64:
+        raise InvalidArgument(f"bloom_bits_per_key must be 0..64, got {bloom_bits_per_key}")
     builder = _Builder(compression, block_size, locality_group, None, False, FORMAT_VERSION)
     if table.num_rows:
         builder.add_table(table.combine_chunks())
@@ -462,7 +465,9 @@ class _Builder:
             first_row=self._first_row,
             last_row=self._last_row,
             blocks=blocks,
-            row_bloom=BloomFilter.build(self._rows, bits_per_key),
+            row_bloom=BloomFilter.build(self._rows, bits_per_key)
+            if bits_per_key
+            else BloomFilter.match_all(),
             column_bloom=None
             if self._columns is None
             else BloomFilter.build(self._columns, bits_per_key),

@@ -61,7 +61,7 @@ from tabletstore.errors import (
 from tabletstore.keys import Cell
 from tabletstore.metadata import rows as mt
 from tabletstore.metadata.catalog import Catalog
-from tabletstore.metadata.record import LogRef, TabletRecord
+from tabletstore.metadata.record import BulkLoadMark, LogRef, TabletRecord, uncovered
 from tabletstore.options import TabletOptions, WorkerOptions
 from tabletstore.rpc.messages import (
     BulkLoadTabletRequest,
@@ -716,15 +716,22 @@ class TabletServer:
         return SnapshotWriteResponse(True, tuple(out))
 
     async def bulk_load_tablet(self, req: BulkLoadTabletRequest) -> BulkLoadTabletResponse:
-        """Add the bulk-load files' cells in the tablet's range (``Tablet.bulk_load``)."""
+        """Add the bulk-load files' cells in the tablet's range (``Tablet.bulk_load``),
+        but not in rows its record marks as loaded by ``req.load_id`` already."""
         tablet = self._tablet(req.table_id, req.tablet_id)
         rec = tablet.record
         start = max(rec.start_row, req.start_row)
         ends = [e for e in (rec.end_row, req.end_row) if e is not None]
         end = min(ends) if ends else None
-        groups = await cells_for_tablet(req.source_url, req.keys, start, end, tablet.schema)
-        await tablet.bulk_load(groups)
-        return BulkLoadTabletResponse(sum(t.num_rows for t in groups.values()))
+        if end is not None and start >= end:
+            return BulkLoadTabletResponse(0)
+        ranges = uncovered(rec.bulk_loads, req.load_id, start, end) if req.load_id else []
+        if req.load_id and not ranges:
+            return BulkLoadTabletResponse(0)  # this load is in the tablet already
+        pieces = ranges or [(start, end)]
+        groups = await cells_for_tablet(req.source_url, req.keys, pieces, tablet.schema)
+        marks = tuple(BulkLoadMark(req.load_id, a, b) for a, b in ranges)
+        return BulkLoadTabletResponse(await tablet.bulk_load(groups, marks))
 
     async def update_schema(self, req: UpdateSchemaRequest) -> None:
         info = await self._catalog.get_table(req.table_name)

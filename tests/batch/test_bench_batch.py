@@ -13,7 +13,17 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_the_batch_benchmark_runs() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "bench.batch", "--rows", "400", "--repeats", "1"],
+        [
+            sys.executable,
+            "-m",
+            "bench.batch",
+            "--rows",
+            "400",
+            "--repeats",
+            "1",
+            "--load-repeats",
+            "1",
+        ],
         capture_output=True,
         text=True,
         timeout=240,

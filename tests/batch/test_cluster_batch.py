@@ -17,7 +17,11 @@ import pytest
 
 from tabletstore import batch, connect_async
 from tabletstore.batch.engines import awrite_rows, dask_write_rows
+from tabletstore.coordination import open_coordinator, paths
 from tabletstore.errors import PermissionDenied
+from tabletstore.master.bulk_load import DONE, LOADING, LoadRecord
+from tabletstore.rpc.messages import BulkLoadTabletRequest
+from tabletstore.rpc.services import TABLET
 from tabletstore.storage_s3 import open_store
 from tabletstore.storage_s3.base import ObjectStore
 from tests.batch.conftest import cells_of, fill
@@ -98,6 +102,18 @@ async def test_snapshot_bulk_load_and_client_writes_on_a_cluster(
         )
         assert out.returncode == 0, out.stderr
         assert "loaded 40 cells into 3 tablets" in out.stdout
+        # The same load again (the default load id is a hash of the files): nothing loads.
+        load = ["bulkload", "web", staging]
+        again = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "tabletstore.cli.main", "--url", cluster.url, *load],
+            capture_output=True,
+            text=True,
+            env=_env(),
+            timeout=120,
+        )
+        assert again.returncode == 0, again.stderr
+        assert "nothing to load" in again.stdout, again.stdout
         row = await t.read_row(b"row030")
         assert row is not None and any(
             c.qualifier == b"bulk" and c.value == b"brow030" for c in row.cells
@@ -161,4 +177,60 @@ async def test_a_dask_job_writes_small_outputs_through_the_client(cluster: Clust
         got = [(r.key, r.cells[0].value) async for r in client.table("out").read_rows()]
         assert got == [(r, r) for r in rows]
     finally:
+        await client.close()
+
+
+async def test_a_bulk_load_cut_short_by_a_master_failover_completes(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The leading master dies in the middle of a load: the first tablet has its part (and
+    its mark), the load's record says loading. The client's call goes to the standby that
+    takes over, which loads the other tablets' parts only: every cell once."""
+    for k, v in PROCESS_ENV.items():
+        monkeypatch.setenv(k, v)
+    leader = next(r for r in cluster.records if r.role.startswith("master"))
+    cluster.start_master()  # the standby
+    client = await connect_async(cluster.url)
+    coordinator = open_coordinator(cluster.url)
+    try:
+        await client.create_table("loads", ["cf"], split_keys=[b"row040", b"row080"])
+        table_id = (await client._info("loads")).table_id
+        staging = cluster.store_url.replace("/data?", f"/staging-{uuid.uuid4().hex[:6]}?")
+        rows = [b"row%03d" % i for i in range(120)]
+        keys = await batch.awrite_sstables(
+            pa.table(
+                {
+                    "row": pa.array(rows, pa.binary()),
+                    "family": ["cf"] * len(rows),
+                    "qualifier": pa.array([b"q"] * len(rows), pa.binary()),
+                    "value": pa.array(rows, pa.binary()),
+                }
+            ),
+            staging,
+        )
+        # What the leader leaves when it dies after the first tablet: the load's record and
+        # that tablet's part, marked in its METADATA row.
+        await coordinator.put(
+            paths.bulk_load(table_id, "job-f"),
+            LoadRecord("job-f", table_id, staging, LOADING, 0.0).to_bytes(),
+        )
+        first = next(r for r in await client.catalog.list_tablets(table_id) if not r.start_row)
+        assert first.location is not None
+        stub = TABLET.client(client._transport, first.location)
+        part = await stub.bulk_load_tablet(
+            BulkLoadTabletRequest(table_id, first.tablet_id, staging, tuple(keys), load_id="job-f")
+        )
+        assert part.cells == 40
+        await asyncio.to_thread(cluster.kill, leader)
+
+        assert await client.bulk_load("loads", staging, load_id="job-f") == (2, 80)
+        got = [r async for r in client.table("loads").read_rows()]
+        assert [(r.key, [c.value for c in r.cells]) for r in got] == [(r, [r]) for r in rows]
+        records = await client.catalog.list_tablets(table_id)
+        assert sum(x.cells for r in records for refs in r.sstables.values() for x in refs) == 120
+        kv = await coordinator.get(paths.bulk_load(table_id, "job-f"))
+        assert kv is not None and LoadRecord.from_bytes(kv.value).state == DONE
+        assert await client.bulk_load("loads", staging, load_id="job-f") == (0, 0)
+    finally:
+        await coordinator.close()
         await client.close()

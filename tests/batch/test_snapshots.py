@@ -233,6 +233,9 @@ async def test_the_arrow_path_reads_what_the_per_cell_path_reads(
         {"columns": ["anchor:site3.com", "meta"], "start_ts": 0, "end_ts": 1 << 62},
         {"columns": ["anchor"], "row_range": RowRange(b"row010", b"row095")},
         {},
+        {"shape": "wide", "columns": ["anchor:site3.com", "meta:len", "anchor:site4.com"]},
+        {"shape": "wide", "columns": ["meta:len"], "start_ts": 0, "end_ts": 1 << 62},
+        {"shape": "wide", "columns": ["anchor:nosuch.com"]},
     ):
         for split in await snap.asplits(max_split_bytes=2048):
             fast = [b async for b in batch.aread_split(split, **kw)]  # type: ignore[arg-type]

@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 
 from tabletstore.data.schema import TableSchema
-from tabletstore.errors import Corruption
+from tabletstore.errors import Corruption, InvalidArgument
 from tabletstore.keys import Cell, cell_sort_key
 from tabletstore.master import gc_plan as gc
 from tabletstore.metadata.record import SSTableRef
@@ -125,6 +125,27 @@ async def test_read_arrow_reads_what_a_scan_reads(start: bytes, end: bytes | Non
     arrow = await table.read_arrow(start, end)
     scanned = [c async for c in table.scan(start, end)]
     assert [Cell(*r.values()) for r in arrow.to_pylist()] == scanned
+    # Column projection: the same cells, those columns only.
+    some = await table.read_arrow(start, end, ("row", "ts", "value"))
+    assert some.column_names == ["row", "ts", "value"]
+    assert some.to_pylist() == [{"row": c.row, "ts": c.ts, "value": c.value} for c in scanned]
+    with pytest.raises(InvalidArgument, match="start with 'row'"):
+        await table.read_arrow(start, end, ("value",))
+
+
+async def test_staging_sstables_match_every_row_and_read_the_same() -> None:
+    """A bulk-load staging file gets a row filter that matches every row (no per-row
+    hashing); its cells read as any SSTable's."""
+    from tabletstore.batch.bulkload import awrite_sstables
+
+    rows = [b"r%04d" % i for i in range(300)]
+    store = MemoryObjectStore("memory://staging-bloom")
+    data = {"row": rows, "family": ["cf"] * 300, "qualifier": [b"q"] * 300, "value": rows}
+    (key,) = await awrite_sstables(data, "memory://staging-bloom", store=store, now_micros=5)
+    size = len(await store.get(key) or b"")
+    table = await SSTable.open(store, key, size=size)
+    assert all(table.footer.row_bloom.may_contain(r) for r in (*rows, b"absent", b""))
+    assert [c.row async for c in table.scan()] == rows
 
 
 async def test_a_bulk_load_follows_a_tablet_that_split_under_it() -> None:
@@ -132,7 +153,7 @@ async def test_a_bulk_load_follows_a_tablet_that_split_under_it() -> None:
     master looks its range up again and loads exactly that range into the children."""
     from tabletstore.batch.bulkload import SourceFile
     from tabletstore.errors import NotServing
-    from tabletstore.master.snapshots import _load_range
+    from tabletstore.master.bulk_load import _load_range
     from tabletstore.metadata.catalog import TableInfo
     from tabletstore.metadata.record import TabletRecord
 
@@ -163,8 +184,53 @@ async def test_a_bulk_load_follows_a_tablet_that_split_under_it() -> None:
 
     files = [SourceFile("f", 1, b"c", b"x", 30)]
     info = TableInfo("t1", TableSchema(name="t"))
-    done = await _load_range(info, "file:///x", files, b"", None, Catalog(), lambda _: Worker(), locate)  # type: ignore[arg-type]
+    done = await _load_range(info, "file:///x", files, "L1", Catalog(), lambda _: Worker(), locate)  # type: ignore[arg-type]
     assert done == (3, 30)
     assert sorted(calls) == sorted(
         [("a", b"", b"m"), ("b", b"m", None), ("b1", b"m", b"s"), ("b2", b"s", None)]
     )
+
+
+def test_bulk_load_marks_cover_rows_through_splits_and_merges() -> None:
+    from tabletstore.engine.split_key import split_records
+    from tabletstore.master.tablet_merges import MergePair, merged_record
+    from tabletstore.metadata.record import BulkLoadMark, TabletRecord, uncovered
+
+    rec = TabletRecord("t1", "a", b"c", b"x").with_bulk_loads((BulkLoadMark("L", b"c", b"x"),))
+    assert TabletRecord.from_bytes(rec.to_bytes()) == rec
+    assert uncovered(rec.bulk_loads, "L", b"c", b"x") == []
+    assert uncovered(rec.bulk_loads, "M", b"c", b"x") == [(b"c", b"x")]
+    left, right = split_records(
+        rec, b"m", left_id="a1", right_id="a2", left_epoch=1, right_epoch=2, location=None, at=0
+    )
+    assert uncovered(left.bulk_loads, "L", b"c", b"m") == []
+    assert uncovered(right.bulk_loads, "L", b"m", b"x") == []
+    # A merge of a tablet that got load L with one that did not: only the first's rows are.
+    other = TabletRecord("t1", "b", b"x", None)
+    merged = merged_record(MergePair(right, other), tablet_id="c", at=0)
+    assert uncovered(merged.bulk_loads, "L", b"m", None) == [(b"x", None)]
+    spans = (
+        BulkLoadMark("L", b"", b"d"),
+        BulkLoadMark("L", b"f", b"h"),
+        BulkLoadMark("X", b"", None),
+    )
+    assert uncovered(spans, "L", b"b", b"z") == [(b"d", b"f"), (b"h", b"z")]
+    assert uncovered(spans, "L", b"", None) == [(b"d", b"f"), (b"h", None)]
+    # A record keeps the newest marks only.
+    many = rec.with_bulk_loads(tuple(BulkLoadMark(f"J{i}", b"", None) for i in range(100)))
+    assert len(many.bulk_loads) == 64 and many.bulk_loads[-1].load_id == "J99"
+
+
+def test_bulk_load_records_and_ids() -> None:
+    from tabletstore.coordination import paths
+    from tabletstore.errors import Corruption
+    from tabletstore.master.bulk_load import LoadRecord, check_load_id
+
+    rec = LoadRecord("job-1", "t1", "file:///x", "loading", 1.0)
+    assert LoadRecord.from_bytes(rec.to_bytes()) == rec
+    with pytest.raises(Corruption):
+        LoadRecord.from_bytes(b'{"load_id": "x"}')
+    assert paths.parse_bulk_load(paths.bulk_load("t1", "job-1")) == ("t1", "job-1")
+    for bad in ("", "a/b", "-x", "x" * 129, "a b"):
+        with pytest.raises(InvalidArgument, match="bad bulk load id"):
+            check_load_id(bad)

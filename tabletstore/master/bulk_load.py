@@ -1,0 +1,244 @@
+"""Bulk load, the master's side: a job's SSTables added to a table, once (§8).
+
+The paper's §8 has MapReduce jobs write their output into Bigtable; here a job writes sorted
+SSTables (batch/bulkload.py) and ``tabletstore bulkload TABLE URL`` hands them to the table.
+The master checks every file first (nothing is committed if one is bad), then asks the worker
+serving each tablet (§5.2: whoever serves it now) to add that tablet's part in one METADATA
+update (§5.3: the tablet's record names its SSTables). This module makes that safe to repeat
+and to resume after a crash of the master or of the client:
+
+* **Load id.** Each load has an id: ``--load-id`` / ``load_id=``, by default a hash of the
+  files' contents (batch/bulkload.py ``content_load_id``), so running the same load again
+  names the same load.
+* **The load's record** in the coordinator, ``bulk_loads/<table-id>/<load-id>``
+  (:class:`LoadRecord`, JSON): ``loading`` from before the first tablet is touched, ``done``
+  once every tablet has its part. A done load loads nothing again: the call returns (0, 0).
+* **Per-tablet marks.** The METADATA update that adds a tablet's part also adds a mark
+  ``(load id, rows)`` to its record (metadata/record.py ``BulkLoadMark``; split children
+  inherit it, a merge keeps both sides'). A worker skips rows its tablet's record marks as
+  loaded by that load, checked again under the tablet's lock, so a load interrupted anywhere
+  (the master dies between two tablets, a reply is lost, the client gives up) completes when
+  run again, and no file's rows reach a tablet twice. The new master after a failover takes
+  it from the records alone: nothing of a load lives in a master's memory.
+
+A tablet that split or moved meanwhile refuses its call having committed nothing (its part is
+one record update), so its rows are looked up again and loaded into what serves them now.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import asdict, dataclass, replace
+
+from tabletstore.batch.bulkload import (
+    SourceFile,
+    content_load_id,
+    inspect_sources,
+    overlapping,
+)
+from tabletstore.clock import Clock
+from tabletstore.coordination import paths
+from tabletstore.coordination.base import Coordinator
+from tabletstore.errors import Corruption, InvalidArgument, NotServing, Unavailable, Unreachable
+from tabletstore.metadata.catalog import Catalog, TableInfo
+from tabletstore.metadata.record import TabletRecord, uncovered
+from tabletstore.rpc.messages import BulkLoadTabletRequest, BulkLoadTabletResponse
+from tabletstore.rpc.services import TabletService
+from tabletstore.storage_s3 import open_store
+
+__all__ = ["DONE", "LOADING", "LoadRecord", "LoadResult", "bulk_load", "check_load_id"]
+
+log = logging.getLogger(__name__)
+
+LOADING = "loading"
+DONE = "done"
+_ATTEMPTS = 5
+_LOAD_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+
+#: The addresses of the workers serving these tablets (by tablet id); NotServing if one is not.
+Locate = Callable[[list[TabletRecord]], Awaitable[Mapping[str, str]]]
+
+
+@dataclass(frozen=True, slots=True)
+class LoadRecord:
+    """A bulk load's record in the coordinator (``bulk_loads/<table-id>/<load-id>``)."""
+
+    load_id: str
+    table_id: str
+    url: str
+    state: str
+    started_at: float
+    finished_at: float | None = None
+    #: Tablets that took cells and cells loaded, over every run of the load.
+    tablets: int = 0
+    cells: int = 0
+    #: A hash of the files' contents (``content_load_id``): a load id names one set of files.
+    content: str = ""
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(asdict(self), separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> LoadRecord:
+        try:
+            rec = cls(**json.loads(data))
+        except (TypeError, ValueError) as exc:
+            raise Corruption(f"malformed bulk load record: {exc}") from exc
+        if rec.state not in (LOADING, DONE):
+            raise Corruption(f"bulk load record {rec.load_id!r} has state {rec.state!r}")
+        return rec
+
+
+@dataclass(frozen=True, slots=True)
+class LoadResult:
+    """What one call loaded: (0, 0) when the load had nothing left to load."""
+
+    load_id: str
+    tablets: int
+    cells: int
+
+
+def check_load_id(load_id: str) -> str:
+    """``load_id`` if it is a valid one (letters, digits, ``.``, ``_``, ``:``, ``-``; at
+    most 128 characters), else InvalidArgument naming it."""
+    if not _LOAD_ID.fullmatch(load_id):
+        raise InvalidArgument(
+            f"bad bulk load id {load_id!r}: use 1 to 128 letters, digits, '.', '_', ':' or "
+            f"'-', starting with a letter or digit"
+        )
+    return load_id
+
+
+async def bulk_load(
+    *,
+    info: TableInfo,
+    url: str,
+    load_id: str | None,
+    catalog: Catalog,
+    coordinator: Coordinator,
+    worker: Callable[[str], TabletService],
+    locate: Locate,
+    clock: Clock,
+) -> LoadResult:
+    """Load the SSTables under ``url`` into the table as load ``load_id`` (default: a hash
+    of their contents), or the part of it not loaded yet (module docstring)."""
+    if load_id is not None:
+        check_load_id(load_id)
+    source = open_store(url)
+    try:
+        files: list[SourceFile] = await inspect_sources(source, info.schema)
+    finally:
+        await source.close()
+    content = content_load_id(files)
+    load_id = load_id or content
+    key = paths.bulk_load(info.table_id, load_id)
+    kv = await coordinator.get(key)
+    record = None if kv is None else LoadRecord.from_bytes(kv.value)
+    name = info.schema.name
+    if record is not None and record.content and record.content != content:
+        # Resuming with other files would mix two outputs; repeating would drop the new one.
+        raise InvalidArgument(
+            f"bulk load {load_id!r} into {name!r} was of other files (from {record.url}): "
+            f"the files under {url} differ; give this load another id"
+        )
+    if record is not None and record.state == DONE:
+        log.info("bulk load %s into %s is done already: nothing to load", load_id, name)
+        return LoadResult(load_id, 0, 0)
+    if record is None:
+        record = LoadRecord(load_id, info.table_id, url, LOADING, clock.time(), content=content)
+        await coordinator.put(key, record.to_bytes())
+    else:
+        log.info("bulk load %s into %s was interrupted: loading what is left", load_id, name)
+    tablets, cells = await _load_range(info, url, files, load_id, catalog, worker, locate)
+    done = replace(
+        record,
+        state=DONE,
+        finished_at=clock.time(),
+        tablets=record.tablets + tablets,
+        cells=record.cells + cells,
+    )
+    await coordinator.put(key, done.to_bytes())
+    log.info("bulk load %s into %s: %d cells into %d tablets", load_id, name, cells, tablets)
+    return LoadResult(load_id, tablets, cells)
+
+
+def _jobs(
+    records: list[TabletRecord],
+    pending: list[tuple[bytes, bytes | None]],
+    files: list[SourceFile],
+    load_id: str,
+) -> list[tuple[TabletRecord, bytes, bytes | None, list[str]]]:
+    """(tablet, start, end, file keys) for each tablet with rows of ``pending`` that it has
+    not got from load ``load_id`` yet and that the files have."""
+    jobs = []
+    for lo, hi in pending:
+        for rec in records:
+            if (hi is not None and rec.start_row >= hi) or (
+                rec.end_row is not None and rec.end_row <= lo
+            ):
+                continue
+            a = max(lo, rec.start_row)
+            b = hi if rec.end_row is None else rec.end_row if hi is None else min(hi, rec.end_row)
+            todo = uncovered(rec.bulk_loads, load_id, a, b)
+            if todo and (keys := overlapping(files, todo[0][0], todo[-1][1])):
+                jobs.append((rec, a, b, keys))
+    return jobs
+
+
+async def _load_range(
+    info: TableInfo,
+    url: str,
+    files: list[SourceFile],
+    load_id: str,
+    catalog: Catalog,
+    worker: Callable[[str], TabletService],
+    locate: Locate,
+) -> tuple[int, int]:
+    """Load the files' rows into the tablets covering them, looking a range up again (up to
+    ``_ATTEMPTS`` times) when its tablet refused the call having committed nothing."""
+    tablets = cells = 0
+    pending: list[tuple[bytes, bytes | None]] = [(b"", None)]
+    for attempt in range(_ATTEMPTS):
+        if not pending:
+            break
+        retry: list[tuple[bytes, bytes | None]] = []
+        jobs = _jobs(await catalog.list_tablets(info.table_id), pending, files, load_id)
+        try:
+            where = await locate([rec for rec, *_ in jobs])
+        except NotServing as exc:
+            log.info("bulk load into %s: %s; looking again", info.schema.name, exc)
+            await asyncio.sleep(0.05 * 2**attempt)
+            continue
+        replies = await asyncio.gather(
+            *(
+                worker(where[rec.tablet_id]).bulk_load_tablet(
+                    BulkLoadTabletRequest(
+                        rec.table_id, rec.tablet_id, url, tuple(keys), a, b, load_id
+                    )
+                )
+                for rec, a, b, keys in jobs
+            ),
+            return_exceptions=True,
+        )
+        for (_, a, b, _), reply in zip(jobs, replies, strict=True):
+            if isinstance(reply, BulkLoadTabletResponse):
+                tablets += reply.cells > 0
+                cells += reply.cells
+            elif isinstance(reply, (NotServing, Unreachable)):
+                retry.append((a, b))  # nothing of it was committed: load it again
+            elif isinstance(reply, BaseException):
+                raise reply
+        pending = retry
+        if pending:
+            await asyncio.sleep(0.05 * 2**attempt)
+    if pending:
+        raise Unavailable(
+            f"bulk load {load_id} into {info.schema.name!r}: rows {pending} could not be "
+            f"loaded (their tablets kept moving); {cells} cells in {tablets} tablets were "
+            f"loaded: run the load again to load the rest"
+        )
+    return tablets, cells
