@@ -79,7 +79,11 @@ def validate_state(value_type: str, state: bytes) -> None:
     if not isinstance(state, bytes):
         raise ValueError(f"an aggregate state is bytes, not {type(state).__name__}")
     if value_type == "hll":
-        hll.parse(state)
+        sketch = hll.parse(state)
+        if sketch.precision != hll.PRECISION:
+            raise ValueError(
+                f"an hll state has precision {hll.PRECISION}, not {sketch.precision}"
+            )
         return
     if len(state) != 8:
         raise ValueError(

@@ -255,6 +255,7 @@ class _Scopes:
 
     __slots__ = (
         "_bucket_live",
+        "_bucket_seq",
         "_col_dels",
         "_fam_floor",
         "_family",
@@ -282,6 +283,7 @@ class _Scopes:
         self._last_ts = -1
         self._versions = 0
         self._bucket_live = False
+        self._bucket_seq = -1
         #: Set once a part of an aggregate bucket was kept: the combiner has work to do.
         self.aggregates = False
 
@@ -327,8 +329,12 @@ class _Scopes:
         index of reads, else that fixed index); each older part is kept when the bucket is
         and no deletion entry masks it (the combiner then folds the parts into one cell)."""
         if ts == self._last_ts:
+            if seq == self._bucket_seq:
+                return False  # the same part seen in two sources: counted once
+            self._bucket_seq = seq
             return self._bucket_live and not self._masked(seq, ts)
         self._last_ts = ts
+        self._bucket_seq = seq
         if self._masked(seq, ts):
             # Older parts of the bucket have smaller seqs: masked too.
             self._bucket_live = False
