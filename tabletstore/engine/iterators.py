@@ -394,20 +394,35 @@ class _Combiner:
         return [] if pending is None else [pending]
 
 
-def _combined(cells: Iterable[Cell]) -> Iterator[Cell]:
-    combiner = _Combiner()
-    for c in cells:
-        yield from combiner.feed((c,))
-    yield from combiner.finish()
+def _combined(cells: Iterable[Cell], state: _Scopes) -> Iterator[Cell]:
+    """``cells`` (a filter over ``state``) with aggregate buckets folded; cells pass straight
+    through until the filter keeps the first aggregate part."""
+    it = iter(cells)
+    for c in it:
+        if state.aggregates:
+            combiner = _Combiner()
+            yield from combiner.feed((c,))
+            for c in it:
+                yield from combiner.feed((c,))
+            yield from combiner.finish()
+            return
+        yield c
 
 
-async def _acombined(cells: AsyncIterable[Cell]) -> AsyncIterator[Cell]:
-    combiner = _Combiner()
+async def _acombined(cells: AsyncIterable[Cell], state: _Scopes) -> AsyncIterator[Cell]:
+    """:func:`_combined` over an async stream."""
+    combiner: _Combiner | None = None
     async for c in cells:
+        if combiner is None and state.aggregates:
+            combiner = _Combiner()
+        if combiner is None:
+            yield c
+            continue
         for out in combiner.feed((c,)):
             yield out
-    for out in combiner.finish():
-        yield out
+    if combiner is not None:
+        for out in combiner.finish():
+            yield out
 
 
 async def _combined_batches(
@@ -553,7 +568,7 @@ def visible_cells(
     consumers that merge this stream with further sources).
     """
     state = _Visibility(gc_rules, now_micros, snapshot_seq, not drop_deletions)
-    return _combined(filter(state.accept, merged))
+    return _combined(filter(state.accept, merged), state)
 
 
 async def avisible_cells(
@@ -565,14 +580,15 @@ async def avisible_cells(
     drop_deletions: bool = True,
 ) -> AsyncIterator[Cell]:
     """:func:`visible_cells` over an async stream of cells."""
-    accept = _Visibility(gc_rules, now_micros, snapshot_seq, not drop_deletions).accept
+    state = _Visibility(gc_rules, now_micros, snapshot_seq, not drop_deletions)
+    accept = state.accept
 
     async def kept() -> AsyncIterator[Cell]:
         async for cell in merged:
             if accept(cell):
                 yield cell
 
-    async for cell in _acombined(kept()):
+    async for cell in _acombined(kept(), state):
         yield cell
 
 
@@ -608,7 +624,8 @@ def compact_cells(
     """What a compaction writes (§5.4). ``major``: the merge covers all of the tablet's
     sources; the output is exactly ``visible_cells``. Otherwise only what is safe to drop
     with sources outside the merge is dropped (see the module docstring)."""
-    return _combined(filter(_compaction_filter(gc_rules, now_micros, major).accept, merged))
+    state = _compaction_filter(gc_rules, now_micros, major)
+    return _combined(filter(state.accept, merged), state)
 
 
 async def acompact_cells(
@@ -619,14 +636,15 @@ async def acompact_cells(
     major: bool,
 ) -> AsyncIterator[Cell]:
     """:func:`compact_cells` over an async stream of cells."""
-    accept = _compaction_filter(gc_rules, now_micros, major).accept
+    state = _compaction_filter(gc_rules, now_micros, major)
+    accept = state.accept
 
     async def kept() -> AsyncIterator[Cell]:
         async for cell in merged:
             if accept(cell):
                 yield cell
 
-    async for cell in _acombined(kept()):
+    async for cell in _acombined(kept(), state):
         yield cell
 
 

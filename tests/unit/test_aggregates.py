@@ -231,3 +231,25 @@ def test_random_histories_fold_to_the_same_sums() -> None:
         got = {c.ts: struct.unpack(">q", c.value)[0] for c in read(mt.get_row(b"r"))}
         assert got == expected
         assert mt.cell_count == len(expected)
+
+
+def test_vectorized_merge_equals_the_register_maximum() -> None:
+    rng = random.Random(1)
+    for _ in range(60):
+        a, b = hll.Sketch(), hll.Sketch()
+        for s in (a, b):
+            for _ in range(rng.choice([0, 1, 5, 100, 2000, 5000])):
+                s.add(b"%d" % rng.randrange(10**6))
+        ref = hll.parse(b.to_bytes())
+        ref.merge(hll.parse(a.to_bytes()))
+        assert hll.merge_states(a.to_bytes(), b.to_bytes()) == ref.to_bytes()
+
+
+def test_aggregates_benchmark_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    import asyncio
+
+    from bench.aggregates import run
+
+    rows = asyncio.run(run(20))
+    assert [r[0] for r in rows] == ["SetCell (baseline)", "AddToCell sum", "AddToCell hll"]
+    assert "hll estimate of 20 distinct inputs: 20" in capsys.readouterr().out
