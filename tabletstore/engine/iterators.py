@@ -54,6 +54,18 @@ be read or count one that should not.
 A major compaction (the merge of *all* of a tablet's sources) outputs exactly what
 ``visible_cells`` yields: live puts after deletions, rewrites and GC, no deletion entries.
 
+Aggregate parts (kinds 4-7, ``data.aggregates``). The parts of one bucket (row, family,
+qualifier, ts) are consecutive, newest seq first. A part is kept when no deletion entry masks
+it (its seq is the largest of the writes folded into it) and, for the bucket's newest part,
+when GC keeps the bucket (one version, whatever its number of parts); a compaction applies the
+same age rule as to puts. The kept parts of a bucket are then folded into one cell
+(:class:`_Combiner`) carrying the newest part's seq -- in reads and in compactions alike, so a
+non-major compaction's output reads like its input: folding is associative and commutative,
+and a deletion entry outside the merge cannot fall between two parts inside it (a merge takes
+consecutive sources, and a row's writes reach sources in seq order). A part seen twice (the
+same full key in two sources) counts once. Plain tables never meet the combiner: it starts
+with the first aggregate part a filter keeps.
+
 Snapshot reads: compactions discard history (masked and rewritten cells). A reader holding an
 older ``snapshot_seq`` must keep reading the sources it started with; SSTables are immutable,
 so a read that pinned its source list is unaffected by a compaction finishing meanwhile.
