@@ -22,7 +22,8 @@ from tabletstore.data import hll
 from tabletstore.data.model import AddToCell
 from tabletstore.data.schema import ColumnFamily
 from tabletstore.errors import TabletStoreError
-from tests.integration.cluster_harness import Cluster, eventually, table_id_of
+from tabletstore.metadata.rows import METADATA_TABLE_ID
+from tests.integration.cluster_harness import Cluster, eventually, placement, table_id_of
 from tests.integration.test_cluster import (
     REASSIGN_DEADLINE,
     _at_least,
@@ -107,14 +108,20 @@ async def test_sigkill_worker_during_adds_counts_each_acknowledged_add_once(
         status = await client.status()
         workers = [r for r in cluster.records if r.role.startswith("worker")]
         ids = {r.url: worker_id_of(cluster, r.url, status.workers) for r in workers}  # type: ignore[arg-type]
-        victim = max(workers, key=lambda r: len(before.get(ids[r.url], ())))
+        meta = placement(status, METADATA_TABLE_ID)
+        # The victim serves tablets of the table, and no METADATA tablet when another one can
+        # be chosen (moving METADATA too makes the failover longer, not the test stronger).
+        victim = max(
+            workers,
+            key=lambda r: (not meta.get(ids[r.url]), len(before.get(ids[r.url], ()))),
+        )
         victim_id = ids[victim.url]
         assert before[victim_id], f"the victim serves a tablet: {before}"
 
         counters = Counters(table)
         tasks = [asyncio.create_task(counters.write(n)) for n in range(8)]
         try:
-            for target in range(50, 400, 50):
+            for target in range(40, 240, 40):
                 await eventually(
                     lambda t=target: _at_least(counters.total, t),
                     deadline=60,
@@ -124,15 +131,17 @@ async def test_sigkill_worker_during_adds_counts_each_acknowledged_add_once(
             await asyncio.to_thread(cluster.kill, victim)
             killed_at = counters.total
             table_id = await table_id_of(client, "agg")
+            # The dead worker's log is sorted before its tablets load elsewhere: each flush
+            # and group commit cut a segment, so allow for that on a loaded machine.
             await eventually(
                 lambda: _moved_off(client, table_id, victim_id, 5),
-                deadline=REASSIGN_DEADLINE,
+                deadline=3 * REASSIGN_DEADLINE,
                 what="the victim's tablets reassigned",
             )
             await eventually(
-                lambda: _at_least(counters.total, killed_at + 150),
+                lambda: _at_least(counters.total, killed_at + 100),
                 deadline=60,
-                what="150 more adds after the failover",
+                what="100 more adds after the failover",
             )
         finally:
             counters.stop.set()
