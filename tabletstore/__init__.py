@@ -54,12 +54,14 @@ _EXPORTS: dict[str, str] = {
     ),
     **dict.fromkeys(
         [
+            "AddToCell",
             "AppendValue",
             "Cell",
             "DeleteCells",
             "DeleteFamily",
             "DeleteRow",
             "IncrementValue",
+            "MergeToCell",
             "Mutation",
             "Row",
             "RowMutation",

@@ -18,6 +18,7 @@ Deletion entries are stored so that they sort *before* every cell they can mask:
 kind               family    qualifier   ts            value
 =================  ========  ==========  ============  ==============================
 PUT                family    qualifier   timestamp     the value
+AGGREGATE_*        family    qualifier   timestamp     an aggregate state (see below)
 DELETE_COLUMN      family    qualifier   ``TS_MAX``    ``encode_ts_range(start, end)``
 DELETE_FAMILY      family    ``b""``     ``TS_MAX``    ``b""``
 DELETE_ROW         ``""``    ``b""``     ``TS_MAX``    ``b""``
@@ -28,6 +29,12 @@ DELETE_COLUMN, whose timestamp lies in ``[start, end)``. Deleting one version is
 DELETE_COLUMN over ``[ts, ts + 1)``. Put timestamps are limited to ``[0, TS_MAX)`` so no put can
 sort before a deletion entry of its scope. Family names are never empty, so DELETE_ROW's ``""``
 sorts before every family of the row.
+
+Aggregate cells (kinds 4-7, ``data.aggregates``) are parts of the one cell Cloud Bigtable shows
+per (row, family, qualifier, timestamp) of an aggregate family: every part of that bucket that
+no deletion entry masks is combined into one value by reads and compactions (and by the
+memtable as it takes writes). A part's ``seq`` is the largest seq of the writes folded into it,
+and masking compares that seq, so parts are never combined across a deletion entry.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from enum import IntEnum
 from typing import NamedTuple
 
 __all__ = [
+    "AGGREGATE_KINDS",
     "TS_MAX",
     "Cell",
     "CellKind",
@@ -58,6 +66,18 @@ class CellKind(IntEnum):
     DELETE_COLUMN = 1
     DELETE_FAMILY = 2
     DELETE_ROW = 3
+    #: Parts of an aggregate cell (a family with a ``value_type``); the kind names the
+    #: aggregation, so cells combine without the schema (``data.aggregates``).
+    AGGREGATE_SUM = 4
+    AGGREGATE_MIN = 5
+    AGGREGATE_MAX = 6
+    AGGREGATE_HLL = 7
+
+
+#: The kinds of aggregate cells.
+AGGREGATE_KINDS = frozenset(
+    {CellKind.AGGREGATE_SUM, CellKind.AGGREGATE_MIN, CellKind.AGGREGATE_MAX, CellKind.AGGREGATE_HLL}
+)
 
 
 class Cell(NamedTuple):

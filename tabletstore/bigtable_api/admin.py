@@ -32,6 +32,7 @@ from tabletstore.bigtable_api.translate import (
     parse_instance_name,
     parse_table_name,
     table_to_pb,
+    value_type_from_pb,
 )
 from tabletstore.client.client import AsyncClient
 from tabletstore.data.filters import CellsPerRowLimit, Chain, StripValue
@@ -62,7 +63,13 @@ class TableAdmin:
         project, instance = parse_instance_name(req.parent)
         name = TableName(project, instance, check_table_id(req.table_id))
         families = [
-            ColumnFamily(name=fid, gc_rule=family_from_pb(fid, fam))
+            ColumnFamily.model_validate(
+                {
+                    "name": fid,
+                    "gc_rule": family_from_pb(fid, fam),
+                    "value_type": value_type_from_pb(fid, fam),
+                }
+            )
             for fid, fam in sorted(req.table.column_families.items())
         ]
         if req.table.granularity == 2:  # MICROS
@@ -96,13 +103,21 @@ class TableAdmin:
             raise InvalidArgument("ModifyColumnFamilies needs at least one modification")
         schema = await self._client.describe_table(name.table)
         present = set(schema.families)
-        plan: list[tuple[str, str, GcRule | None]] = []
+        plan: list[tuple[str, str, GcRule | None, str | None]] = []
         for mod in req.modifications:
             kind = mod.WhichOneof("mod")
             fid = mod.id
             if kind is None:
                 raise InvalidArgument(f"modification of family {fid!r} has no create/update/drop")
             rule = family_from_pb(fid, getattr(mod, kind)) if kind != "drop" else None
+            value_type = value_type_from_pb(fid, getattr(mod, kind)) if kind != "drop" else None
+            if kind == "update" and fid in schema.families:
+                current = schema.families[fid].value_type
+                if getattr(mod, kind).HasField("value_type") and value_type != current:
+                    raise InvalidArgument(
+                        f"column family {name.table}:{fid} has value type {current or 'none'}; "
+                        "a family's value type cannot change"
+                    )
             if kind == "create":
                 if fid in present:
                     raise AlreadyExists(f"column family {fid!r} already exists")
@@ -111,10 +126,12 @@ class TableAdmin:
                 raise NotFound(f"table {name.table!r} has no column family {fid!r}")
             elif kind == "drop":
                 present.discard(fid)
-            plan.append((kind, fid, rule))
-        for kind, fid, rule in plan:
+            plan.append((kind, fid, rule, value_type))
+        for kind, fid, rule, value_type in plan:
             if kind == "create":
-                await self._client.create_family(name.table, fid, gc_rule=rule)
+                await self._client.create_family(
+                    name.table, fid, gc_rule=rule, value_type=value_type
+                )
             elif kind == "update":
                 await self._client.set_gc_rule(name.table, fid, rule)
             else:

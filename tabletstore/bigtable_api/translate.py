@@ -22,18 +22,25 @@ Contracts, decided once for the whole front door:
   ``interleave`` needs at least two sub-filters, a ``condition`` needs a predicate, and the flag
   filters (``pass_all_filter``, ``block_all_filter``, ``sink``, ``strip_value_transformer``) must
   be true when set.
+* **Aggregate families** (``value_type`` of an aggregate type): Int64 ``sum``, ``min_``,
+  ``max_`` (big-endian encoding) and ``hllpp_unique_count`` map onto tabletstore's value types
+  (:mod:`tabletstore.data.aggregates`); ``AddToCell`` and ``MergeToCell`` onto the mutations of
+  the same names. Int64 cells read back as 8 big-endian bytes, as in the service; an hll cell
+  holds tabletstore's own sketch encoding (the service's is Zetasketch's).
 * **Errors**: :func:`status_code` maps the one tabletstore exception hierarchy onto gRPC codes.
 """
 
 from __future__ import annotations
 
 import re
+import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 from google.cloud.bigtable_admin_v2.types import table as admin_table
+from google.cloud.bigtable_admin_v2.types import types as admin_types
 from google.cloud.bigtable_v2.types import bigtable as bt
 from google.cloud.bigtable_v2.types import data
 
@@ -60,11 +67,13 @@ from tabletstore.data.filters import (
     ValueRegex,
 )
 from tabletstore.data.model import (
+    AddToCell,
     AppendValue,
     DeleteCells,
     DeleteFamily,
     DeleteRow,
     IncrementValue,
+    MergeToCell,
     Mutation,
     ReadModifyWriteRule,
     Row,
@@ -111,6 +120,7 @@ __all__ = [
     "server_timestamp",
     "status_code",
     "table_to_pb",
+    "value_type_from_pb",
 ]
 
 #: Cloud Bigtable's timestamp granularity for tabletstore tables: one millisecond.
@@ -126,6 +136,8 @@ ColumnPB: Any = data.Column.pb()
 CellPB: Any = data.Cell.pb()
 GcRulePB: Any = admin_table.GcRule.pb()
 TablePB: Any = admin_table.Table.pb()
+TypePB: Any = admin_types.Type.pb()
+_INT64 = struct.Struct(">q")
 _VIEW = admin_table.Table.View
 _MILLIS = admin_table.Table.TimestampGranularity.MILLIS
 ReadRowsResponsePB: Any = bt.ReadRowsResponse.pb()
@@ -353,8 +365,39 @@ def _mutation_from_pb(m: Any, now_micros: int) -> Mutation:
     if kind == "delete_from_row":
         return DeleteRow()
     if kind in ("add_to_cell", "merge_to_cell"):
-        raise Unimplemented(f"{kind} (aggregate column families) is not supported by tabletstore")
+        return _aggregate_from_pb(kind, getattr(m, kind), now_micros)
     raise InvalidArgument("mutation has no mutation set")
+
+
+def _aggregate_from_pb(kind: str, a: Any, now_micros: int) -> Mutation:
+    """AddToCell / MergeToCell. The qualifier is a ``raw_value``; the timestamp a
+    ``raw_timestamp_micros`` of millisecond granularity (unset: server time); the input an
+    ``int_value`` (Int64 families) or bytes (``raw_value``/``bytes_value``: an hll input, or
+    a state to merge, e.g. Int64's 8 big-endian bytes as the service takes them)."""
+    qualifier = a.column_qualifier
+    if qualifier.WhichOneof("kind") not in (None, "raw_value", "bytes_value"):
+        raise InvalidArgument(f"{kind} column_qualifier must be a raw_value")
+    qual = bytes(getattr(qualifier, qualifier.WhichOneof("kind") or "raw_value"))
+    ts_kind = a.timestamp.WhichOneof("kind") if a.HasField("timestamp") else None
+    if ts_kind is None:
+        ts = now_micros
+    elif ts_kind == "raw_timestamp_micros":
+        ts = _check_granular(f"{kind} timestamp", a.timestamp.raw_timestamp_micros)
+    else:
+        raise InvalidArgument(f"{kind} timestamp must be a raw_timestamp_micros, not {ts_kind}")
+    in_kind = a.input.WhichOneof("kind") if a.HasField("input") else None
+    value: int | bytes
+    if in_kind == "int_value":
+        value = int(a.input.int_value)
+    elif in_kind in ("raw_value", "bytes_value", "string_value"):
+        raw = getattr(a.input, in_kind)
+        value = raw.encode() if isinstance(raw, str) else bytes(raw)
+    else:
+        raise InvalidArgument(f"{kind} to family {a.family_name!r} has no usable input ({in_kind})")
+    if kind == "add_to_cell":
+        return AddToCell(a.family_name, qual, value, ts)
+    state = value if isinstance(value, bytes) else _INT64.pack(value)
+    return MergeToCell(a.family_name, qual, state, ts)
 
 
 def mutations_from_pb(mutations: Sequence[Any], now_micros: int) -> tuple[Mutation, ...]:
@@ -437,12 +480,56 @@ def gc_rule_to_pb(rule: GcRule | None) -> Any:
 
 
 def family_from_pb(family_id: str, family: Any) -> GcRule | None:
-    """The GC rule of an admin ``ColumnFamily``; aggregate value types are not supported."""
-    if family.HasField("value_type"):
-        raise Unimplemented(
-            f"column family {family_id!r}: value_type (aggregate families) is not supported"
-        )
+    """The GC rule of an admin ``ColumnFamily`` (its value type: :func:`value_type_from_pb`)."""
     return gc_rule_from_pb(family.gc_rule) if family.HasField("gc_rule") else None
+
+
+_AGGREGATORS = {"sum": "sum", "min_": "min", "max_": "max", "hllpp_unique_count": "hll"}
+
+
+def value_type_from_pb(family_id: str, family: Any) -> str | None:
+    """The value type of an admin ``ColumnFamily`` (``data.aggregates``): an Int64 ``sum``,
+    ``min_`` or ``max_`` aggregate with big-endian encoding, or an ``hllpp_unique_count``;
+    None without one. Other value types are UNIMPLEMENTED, naming the family."""
+    if not family.HasField("value_type"):
+        return None
+    vt = family.value_type
+    if vt.WhichOneof("kind") != "aggregate_type":
+        raise Unimplemented(
+            f"column family {family_id!r}: value_type {vt.WhichOneof('kind')} is not "
+            "supported (only aggregate types are)"
+        )
+    agg = vt.aggregate_type
+    aggregator = _AGGREGATORS.get(agg.WhichOneof("aggregator") or "")
+    if aggregator is None:
+        raise InvalidArgument(f"column family {family_id!r}: aggregate type has no aggregator")
+    if aggregator != "hll" and agg.HasField("input_type"):
+        in_kind = agg.input_type.WhichOneof("kind")
+        if in_kind != "int64_type":
+            raise InvalidArgument(
+                f"column family {family_id!r}: a {aggregator} aggregate takes Int64 input, "
+                f"not {in_kind}"
+            )
+        encoding = agg.input_type.int64_type.encoding.WhichOneof("encoding")
+        if encoding not in (None, "big_endian_bytes"):
+            raise Unimplemented(
+                f"column family {family_id!r}: Int64 encoding {encoding} is not supported "
+                "(big_endian_bytes is)"
+            )
+    return aggregator
+
+
+def _value_type_to_pb(value_type: str) -> Any:
+    """A value type as the admin API describes it (what Google's emulator answers)."""
+    out = TypePB()
+    agg = out.aggregate_type
+    if value_type == "hll":
+        agg.input_type.bytes_type.SetInParent()
+        agg.hllpp_unique_count.SetInParent()
+        return out
+    agg.input_type.int64_type.encoding.big_endian_bytes.SetInParent()
+    {"sum": agg.sum, "min": agg.min_, "max": agg.max_}[value_type].SetInParent()
+    return out
 
 
 def table_to_pb(name: TableName, schema: TableSchema | None, view: int) -> Any:
@@ -461,4 +548,6 @@ def _family_to_pb(family: ColumnFamily) -> Any:
     out = admin_table.ColumnFamily.pb()()
     if family.gc_rule is not None:
         out.gc_rule.CopyFrom(gc_rule_to_pb(family.gc_rule))
+    if family.value_type is not None:
+        out.value_type.CopyFrom(_value_type_to_pb(family.value_type))
     return out

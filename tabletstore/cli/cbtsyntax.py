@@ -29,6 +29,7 @@ import datetime
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
+from tabletstore.data import hll
 from tabletstore.data.filters import (
     CellsPerColumnLimit,
     Chain,
@@ -38,7 +39,7 @@ from tabletstore.data.filters import (
     RowFilter,
     RowKeyRegex,
 )
-from tabletstore.data.model import Row, SetCell
+from tabletstore.data.model import AddToCell, Row, SetCell
 from tabletstore.data.schema import (
     ColumnFamily,
     GcRule,
@@ -256,10 +257,70 @@ def parse_families(spec: str) -> list[ColumnFamily]:
     return out
 
 
-def family(name: str, rule: GcRule | None = None) -> ColumnFamily:
+#: Aggregate value types by the names ``createfamily T F:TYPE`` accepts (cbt's names too).
+VALUE_TYPE_NAMES = {
+    "sum": "sum",
+    "min": "min",
+    "max": "max",
+    "hll": "hll",
+    "intsum": "sum",
+    "intmin": "min",
+    "intmax": "max",
+    "inthll": "hll",
+}
+
+
+def family_with_type(spec: str) -> ColumnFamily:
+    """createfamily's ``F`` or ``F:TYPE`` (``sum``, ``min``, ``max``, ``hll``: an aggregate
+    family, ``data.aggregates``)."""
+    name, colon, type_name = spec.partition(":")
+    if not colon:
+        return family(name)
+    value_type = VALUE_TYPE_NAMES.get(type_name.lower())
+    if value_type is None:
+        raise InvalidArgument(
+            f"bad family {spec!r}: the value type after ':' must be one of sum, min, max, hll"
+        )
+    return family(name, value_type=value_type)
+
+
+def parse_add_arg(arg: str, value_type: str | None) -> AddToCell:
+    """addtocell's ``family:qualifier=value[@timestamp]``: an integer for sum, min and max
+    families, a string (counted as its bytes) for hll."""
+    column, eq, value = arg.partition("=")
+    family_name, colon, qualifier = column.partition(":")
+    if not eq or not colon or not family_name:
+        raise InvalidArgument(
+            f"bad addtocell arg {arg!r}: expected family:column=value[@timestamp]"
+        )
+    timestamp: int | None = None
+    head, at, tail = value.rpartition("@")
+    if at and _TIMESTAMP.fullmatch(tail):
+        value, timestamp = head, int(tail)
+    if value_type is None:
+        raise InvalidArgument(
+            f"column family {family_name!r} is not an aggregate family (create it with "
+            f"createfamily T {family_name}:sum|min|max|hll)"
+        )
+    if value_type == "hll":
+        return AddToCell(family_name, arg_bytes(qualifier), arg_bytes(value), timestamp)
+    try:
+        number = int(value)
+    except ValueError:
+        raise InvalidArgument(
+            f"bad addtocell arg {arg!r}: a {value_type} family adds integers, not {value!r}"
+        ) from None
+    return AddToCell(family_name, arg_bytes(qualifier), number, timestamp)
+
+
+def family(
+    name: str, rule: GcRule | None = None, *, value_type: str | None = None
+) -> ColumnFamily:
     """A ColumnFamily, with a bad name reported as InvalidArgument."""
     try:
-        return ColumnFamily(name=name, gc_rule=rule)
+        return ColumnFamily.model_validate(
+            {"name": name, "gc_rule": rule, "value_type": value_type}
+        )
     except ValueError as exc:
         raise InvalidArgument(
             f"column family name {name!r} must be 1-64 printable ASCII characters "
@@ -272,7 +333,14 @@ def schema_lines(schema: TableSchema) -> list[str]:
     rows = [("Family Name", "GC Policy"), ("-----------", "---------")]
     rows += [(n, format_gc_rule(f.gc_rule)) for n, f in sorted(schema.families.items())]
     width = max(len(r[0]) for r in rows) + 2
-    return [f"{name:<{width}}{policy}".rstrip() for name, policy in rows]
+    lines = [f"{name:<{width}}{policy}" for name, policy in rows]
+    if any(f.value_type for f in schema.families.values()):
+        # A third column only for tables with aggregate families (the usual output is cbt's).
+        types = ["Value Type", "----------"]
+        types += [f.value_type or "bytes" for _, f in sorted(schema.families.items())]
+        policy_width = max(len(line) for line in lines) + 2
+        lines = [f"{line:<{policy_width}}{t}" for line, t in zip(lines, types, strict=True)]
+    return [line.rstrip() for line in lines]
 
 
 # -- reads -------------------------------------------------------------------------------------
@@ -368,14 +436,30 @@ def printable_key(key: bytes) -> str:
     return "".join(_escape(ch) if ch not in '"\\' else ch for ch in _chars(key))
 
 
-def format_row(row: Row) -> list[str]:
+def _aggregate_text(value_type: str, value: bytes) -> str | None:
+    """An aggregate cell's value as text (an integer; an hll's estimate), None if it is not
+    a state of its type (a stripped value)."""
+    if value_type == "hll":
+        try:
+            return f"{hll.estimate(value)} (hll estimate)"
+        except ValueError:
+            return None
+    if len(value) != 8:
+        return None
+    return str(int.from_bytes(value, "big", signed=True))
+
+
+def format_row(row: Row, value_types: Mapping[str, str | None] | None = None) -> list[str]:
     """One row as cbt prints it: a rule, the key, then per cell its column, timestamp and
     quoted value, then an empty line. Cells come in the order a read returns them (family, qualifier, newest
-    first)."""
+    first). Cells of aggregate families (``value_types``) print their number."""
     lines = [ROW_RULE, printable_key(row.key)]
+    types = value_types or {}
     for c in row.cells:
         column = f"{c.family}:{printable_key(c.qualifier)}"
         lines.append(f"  {column:<40} @ {format_timestamp(c.timestamp)}")
-        lines.append(f"    {go_quote(c.value)}")
+        value_type = types.get(c.family)
+        text = None if value_type is None else _aggregate_text(value_type, c.value)
+        lines.append(f"    {go_quote(c.value) if text is None else text}")
     lines.append("")
     return lines

@@ -13,9 +13,10 @@ it (closing minor-compacts, so the next open is quick)::
     tabletstore ls [TABLE]                             tables, or a table's families and GC
     tabletstore createtable T [families=f1,f2:maxversions=2] [splits=k1,k2]
     tabletstore deletetable T
-    tabletstore createfamily T F | deletefamily T F
+    tabletstore createfamily T F[:sum|min|max|hll] | deletefamily T F
     tabletstore setgcpolicy T F maxversions=N | maxage=30d | never | (P or P) and P
     tabletstore set T ROW fam:col=value[@micros] ...
+    tabletstore addtocell T ROW fam:col=value[@micros] ...   (aggregate families)
     tabletstore lookup T ROW [columns=..] [cells-per-column=N] [keys-only=true]
     tabletstore read T [start=R] [end=R] [prefix=P] [regex=RE] [count=N] [columns=..]
                        [cells-per-column=N] [keys-only=true]
@@ -235,8 +236,9 @@ def deletetable_cmd(table: str) -> None:
 @_table_arg
 @click.argument("family")
 def createfamily_cmd(table: str, family: str) -> None:
-    """Create a column family (no GC policy; see setgcpolicy)."""
-    fam = _failing(lambda: cbt.family(family))
+    """Create a column family (no GC policy; see setgcpolicy). FAMILY:TYPE with TYPE sum,
+    min, max or hll creates an aggregate family (see addtocell)."""
+    fam = _failing(lambda: cbt.family_with_type(family))
     _run(lambda db: db.create_family(table, fam))
 
 
@@ -415,6 +417,28 @@ def set_cmd(table: str, row: str, cells: tuple[str, ...]) -> None:
     _run(lambda db: db.table(table).mutate_row(cbt.arg_bytes(row), muts))
 
 
+@main.command("addtocell")
+@_table_arg
+@click.argument("row")
+@click.argument("cells", nargs=-1, required=True)
+def addtocell_cmd(table: str, row: str, cells: tuple[str, ...]) -> None:
+    """Add to aggregate cells of one row atomically: family:column=value[@timestamp] ...
+
+    VALUE is an integer for sum, min and max families and a string for hll families; cells of
+    one column and timestamp combine (the timestamp is microseconds, default now)."""
+
+    def body(db: SyncDatabase) -> None:
+        schema = db.describe_table(table)
+        types = {n: f.value_type for n, f in schema.families.items()}
+        muts = [
+            cbt.parse_add_arg(c, types.get(c.partition(":")[0].partition("=")[0]))
+            for c in cells
+        ]
+        db.table(table).mutate_row(cbt.arg_bytes(row), muts)
+
+    _run(body)
+
+
 @main.command("deleterow")
 @_table_arg
 @click.argument("row")
@@ -478,11 +502,12 @@ def _read(table: str, opts: dict[str, str], keys: list[bytes] | None = None) -> 
     p = _failing(plan)
 
     def body(db: SyncDatabase) -> None:
+        types = {n: f.value_type for n, f in db.describe_table(table).families.items()}
         for row in db.table(table).read_rows(**p["kwargs"]):
             if p["keys_only"]:
                 click.echo(cbt.printable_key(row.key))
             else:
-                _echo_lines(cbt.format_row(row))
+                _echo_lines(cbt.format_row(row, types))
 
     _run(body)
 

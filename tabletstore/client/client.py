@@ -160,10 +160,11 @@ def _refused(error: type[TabletStoreError]) -> bool:
 
 
 def _idempotent(mutations: Iterable[Mutation]) -> bool:
+    # AddToCell and MergeToCell are not: applied twice, a sum counts twice.
     return all(
-        isinstance(m, DeleteCells | DeleteFamily | DeleteRow) or m.timestamp is not None
+        isinstance(m, DeleteCells | DeleteFamily | DeleteRow)
+        or (isinstance(m, SetCell) and m.timestamp is not None)
         for m in mutations
-        if isinstance(m, SetCell | DeleteCells | DeleteFamily | DeleteRow)
     )
 
 
@@ -235,10 +236,23 @@ class AsyncClient:
         return info.schema
 
     async def create_family(
-        self, table: str, family: str | ColumnFamily, *, gc_rule: GcRule | None = None
+        self,
+        table: str,
+        family: str | ColumnFamily,
+        *,
+        gc_rule: GcRule | None = None,
+        value_type: str | None = None,
     ) -> None:
+        """Add a column family; ``value_type`` (``sum``, ``min``, ``max``, ``hll``) makes it an
+        aggregate family (``data.aggregates``), fixed for the family's life."""
         try:
-            fam = ColumnFamily(name=family, gc_rule=gc_rule) if isinstance(family, str) else family
+            fam = (
+                ColumnFamily.model_validate(
+                    {"name": family, "gc_rule": gc_rule, "value_type": value_type}
+                )
+                if isinstance(family, str)
+                else family
+            )
         except ValueError as exc:
             raise InvalidArgument(_schema_error(exc)) from exc
         await self._modify_families(ModifyFamiliesRequest.of(table, create=[fam]))

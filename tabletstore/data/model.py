@@ -17,12 +17,14 @@ __all__ = [
     "MAX_QUALIFIER",
     "MAX_ROW_KEY",
     "MAX_VALUE",
+    "AddToCell",
     "AppendValue",
     "Cell",
     "DeleteCells",
     "DeleteFamily",
     "DeleteRow",
     "IncrementValue",
+    "MergeToCell",
     "Mutation",
     "ReadModifyWriteRule",
     "Row",
@@ -69,7 +71,30 @@ class DeleteRow:
     """Delete every cell of the row."""
 
 
-Mutation = SetCell | DeleteCells | DeleteFamily | DeleteRow
+@dataclass(frozen=True, slots=True)
+class AddToCell:
+    """Add an input to the aggregate cell family:qualifier at ``timestamp`` (a family with a
+    value type, ``data.aggregates``): an int for sum/min/max, bytes for hll. ``timestamp`` in
+    microseconds names the bucket; None = server time."""
+
+    family: str
+    qualifier: bytes
+    value: int | bytes
+    timestamp: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MergeToCell:
+    """Merge a state (as a read of an aggregate cell returns it) into family:qualifier at
+    ``timestamp`` (None = server time)."""
+
+    family: str
+    qualifier: bytes
+    value: bytes
+    timestamp: int | None = None
+
+
+Mutation = SetCell | DeleteCells | DeleteFamily | DeleteRow | AddToCell | MergeToCell
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,15 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 __all__ = [
     "MAX_FAMILY_NAME",
@@ -126,17 +134,30 @@ class Acl(_Frozen):
 
 
 class ColumnFamily(_Frozen):
-    """A column family: the unit of access control and of garbage collection (§2)."""
+    """A column family: the unit of access control and of garbage collection (§2).
+
+    ``value_type`` makes it an aggregate family (``data.aggregates``): ``sum``, ``min``,
+    ``max`` (64-bit integers) or ``hll`` (distinct count); None = plain byte values. It is
+    fixed when the family is created (the master refuses to change it)."""
 
     name: str
     gc_rule: GcRule | None = None
     locality_group: str = "default"
     acl: Acl = Acl()
+    value_type: Literal["sum", "min", "max", "hll"] | None = None
 
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
         return validate_family_name(v)
+
+    @model_serializer(mode="wrap")
+    def _omit_plain(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        # A plain family serializes as before value types existed (stored schemas, wire).
+        out: dict[str, object] = handler(self)
+        if self.value_type is None:
+            out.pop("value_type", None)
+        return out
 
 
 Compression = Literal["zstd", "lz4", "snappy", "none"]

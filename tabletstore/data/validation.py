@@ -15,16 +15,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from tabletstore.data import aggregates
 from tabletstore.data.model import (
     MAX_MUTATION_BYTES,
     MAX_QUALIFIER,
     MAX_ROW_KEY,
     MAX_VALUE,
+    AddToCell,
     AppendValue,
     DeleteCells,
     DeleteFamily,
     DeleteRow,
     IncrementValue,
+    MergeToCell,
     Mutation,
     ReadModifyWriteRule,
     SetCell,
@@ -62,6 +65,9 @@ def mutation_bytes(row: bytes, mutations: Sequence[Mutation]) -> int:
             total += len(m.family) + len(m.qualifier)
         elif isinstance(m, DeleteFamily):
             total += len(m.family)
+        elif isinstance(m, AddToCell | MergeToCell):
+            value = m.value if isinstance(m.value, bytes) else b""
+            total += len(m.family) + len(m.qualifier) + len(value) + 8
     return total
 
 
@@ -83,6 +89,46 @@ def check_row_key(row: bytes) -> None:
         raise InvalidArgument("row key must not be empty")
     if len(row) > MAX_ROW_KEY:
         raise InvalidArgument(f"row key is {len(row)} bytes; the limit is {MAX_ROW_KEY} (64 KiB)")
+
+
+def _check_timestamp(timestamp: int | None) -> None:
+    if timestamp is not None and not 0 <= timestamp < TS_MAX:
+        raise InvalidArgument(f"timestamp {timestamp} is outside [0, 2^63-1)")
+
+
+def _check_plain(schema: TableSchema, family: str, what: str) -> None:
+    value_type = schema.families[family].value_type
+    if value_type is not None:
+        raise InvalidArgument(
+            f"{what} cannot write column family {schema.name}:{family}: it is an aggregate "
+            f"family ({value_type}); use AddToCell or MergeToCell"
+        )
+
+
+def _check_aggregate(schema: TableSchema, m: AddToCell | MergeToCell) -> None:
+    kind = type(m).__name__
+    value_type = schema.families[m.family].value_type
+    if value_type is None:
+        raise InvalidArgument(
+            f"{kind} needs an aggregate column family; {schema.name}:{m.family} has no value "
+            "type (write it with SetCell)"
+        )
+    _check_qualifier(m.family, m.qualifier)
+    _check_timestamp(m.timestamp)
+    try:
+        if isinstance(m, AddToCell):
+            aggregates.input_state(value_type, m.value)
+        else:
+            aggregates.validate_state(value_type, m.value)
+    except ValueError as exc:
+        raise InvalidArgument(
+            f"{kind} to {schema.name}:{m.family}:{m.qualifier[:64]!r}: {exc}"
+        ) from None
+    if isinstance(m.value, bytes) and len(m.value) > MAX_VALUE:
+        raise InvalidArgument(
+            f"value of {m.family}:{m.qualifier[:64]!r} is {len(m.value)} bytes; "
+            f"the limit is {MAX_VALUE}"
+        )
 
 
 def _check_family(schema: TableSchema, family: str, identity: str | None, write: bool) -> None:
@@ -121,6 +167,7 @@ def validate_row_mutation(
     for m in mutations:
         if isinstance(m, SetCell):
             _check_family(schema, m.family, identity, write=True)
+            _check_plain(schema, m.family, "SetCell")
             _check_qualifier(m.family, m.qualifier)
             if not isinstance(m.value, bytes):
                 raise InvalidArgument("value must be bytes")
@@ -129,8 +176,10 @@ def validate_row_mutation(
                     f"value of {m.family}:{m.qualifier[:64]!r} is {len(m.value)} bytes; "
                     f"the limit is {MAX_VALUE}"
                 )
-            if m.timestamp is not None and not 0 <= m.timestamp < TS_MAX:
-                raise InvalidArgument(f"timestamp {m.timestamp} is outside [0, 2^63-1)")
+            _check_timestamp(m.timestamp)
+        elif isinstance(m, AddToCell | MergeToCell):
+            _check_family(schema, m.family, identity, write=True)
+            _check_aggregate(schema, m)
         elif isinstance(m, DeleteCells):
             _check_family(schema, m.family, identity, write=True)
             _check_qualifier(m.family, m.qualifier)
@@ -171,6 +220,7 @@ def validate_rmw_rules(
             raise InvalidArgument(f"unknown read-modify-write rule {type(r).__name__}")
         _check_family(schema, r.family, identity, write=True)
         _check_family(schema, r.family, identity, write=False)
+        _check_plain(schema, r.family, type(r).__name__)
         _check_qualifier(r.family, r.qualifier)
         if isinstance(r, IncrementValue) and not -(2**63) <= r.amount < 2**63:
             raise InvalidArgument(f"increment {r.amount} does not fit in 64 bits")

@@ -4,13 +4,16 @@ assigned, deletions as deletion entries; and the read-modify-write rules' arithm
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
+from tabletstore.data import aggregates
 from tabletstore.data.model import (
     MAX_VALUE,
+    AddToCell,
     AppendValue,
     DeleteCells,
     DeleteFamily,
+    MergeToCell,
     Mutation,
     ReadModifyWriteRule,
     SetCell,
@@ -50,15 +53,32 @@ def apply_rmw_rule(rule: ReadModifyWriteRule, current: bytes | None) -> bytes:
 
 
 def to_cells(
-    row: bytes, mutations: Sequence[Mutation], first_seq: int, now_micros: int
+    row: bytes,
+    mutations: Sequence[Mutation],
+    first_seq: int,
+    now_micros: int,
+    value_types: Mapping[str, str | None] | None = None,
 ) -> list[Cell]:
-    """Engine cells for an already validated row mutation; mutation i gets ``first_seq + i``."""
+    """Engine cells for an already validated row mutation; mutation i gets ``first_seq + i``.
+    ``value_types`` maps aggregate families to their value type (AddToCell, MergeToCell)."""
     cells: list[Cell] = []
     seq = first_seq
     for m in mutations:
         if isinstance(m, SetCell):
             ts = now_micros if m.timestamp is None else m.timestamp
             cells.append(Cell(row, m.family, m.qualifier, ts, seq, CellKind.PUT, m.value))
+        elif isinstance(m, AddToCell | MergeToCell):
+            value_type = (value_types or {}).get(m.family)
+            if value_type is None:
+                raise InvalidArgument(f"column family {m.family!r} is not an aggregate family")
+            ts = now_micros if m.timestamp is None else m.timestamp
+            state = (
+                aggregates.input_state(value_type, m.value)
+                if isinstance(m, AddToCell)
+                else bytes(m.value)
+            )
+            kind = aggregates.kind_of(value_type)
+            cells.append(Cell(row, m.family, m.qualifier, ts, seq, kind, state))
         elif isinstance(m, DeleteCells):
             start = 0 if m.start is None else m.start
             end = TS_MAX if m.end is None else m.end

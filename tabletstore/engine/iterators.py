@@ -54,6 +54,18 @@ be read or count one that should not.
 A major compaction (the merge of *all* of a tablet's sources) outputs exactly what
 ``visible_cells`` yields: live puts after deletions, rewrites and GC, no deletion entries.
 
+Aggregate parts (kinds 4-7, ``data.aggregates``). The parts of one bucket (row, family,
+qualifier, ts) are consecutive, newest seq first. A part is kept when no deletion entry masks
+it (its seq is the largest of the writes folded into it) and, for the bucket's newest part,
+when GC keeps the bucket (one version, whatever its number of parts); a compaction applies the
+same age rule as to puts. The kept parts of a bucket are then folded into one cell
+(:class:`_Combiner`) carrying the newest part's seq -- in reads and in compactions alike, so a
+non-major compaction's output reads like its input: folding is associative and commutative,
+and a deletion entry outside the merge cannot fall between two parts inside it (a merge takes
+consecutive sources, and a row's writes reach sources in seq order). A part seen twice (the
+same full key in two sources) counts once. Plain tables never meet the combiner: it starts
+with the first aggregate part a filter keeps.
+
 Snapshot reads: compactions discard history (masked and rewritten cells). A reader holding an
 older ``snapshot_seq`` must keep reading the sources it started with; SSTables are immutable,
 so a read that pinned its source list is unaffected by a compaction finishing meanwhile.
@@ -67,6 +79,7 @@ from itertools import groupby, islice
 from operator import attrgetter
 from typing import Any, cast
 
+from tabletstore.data.aggregates import combine
 from tabletstore.data.schema import GcRule, is_garbage
 from tabletstore.errors import Corruption
 from tabletstore.keys import Cell, CellKind, cell_sort_key, decode_ts_range
@@ -98,6 +111,8 @@ _PUT = int(CellKind.PUT)
 _DELETE_COLUMN = int(CellKind.DELETE_COLUMN)
 _DELETE_FAMILY = int(CellKind.DELETE_FAMILY)
 _DELETE_ROW = int(CellKind.DELETE_ROW)
+_AGG_FIRST = int(CellKind.AGGREGATE_SUM)
+_AGG_LAST = int(CellKind.AGGREGATE_HLL)
 
 _row_of = attrgetter("row")
 
@@ -251,6 +266,8 @@ class _Scopes:
     """
 
     __slots__ = (
+        "_bucket_live",
+        "_bucket_seq",
         "_col_dels",
         "_fam_floor",
         "_family",
@@ -262,6 +279,7 @@ class _Scopes:
         "_row_floor",
         "_rule",
         "_versions",
+        "aggregates",
     )
 
     def __init__(self, gc_rules: Mapping[str, GcRule | None], now_micros: int) -> None:
@@ -276,6 +294,10 @@ class _Scopes:
         self._col_dels: list[tuple[int, int, int]] = []
         self._last_ts = -1
         self._versions = 0
+        self._bucket_live = False
+        self._bucket_seq = -1
+        #: Set once a part of an aggregate bucket was kept: the combiner has work to do.
+        self.aggregates = False
 
     def _new_row(self, row: bytes) -> None:
         self._row = row
@@ -302,12 +324,135 @@ class _Scopes:
         if ts == self._last_ts:
             return True
         self._last_ts = ts
+        return self._masked(seq, ts)
+
+    def _masked(self, seq: int, ts: int) -> bool:
+        """Whether a deletion entry of the cell's row, family or column masks it."""
         if seq < self._fam_floor:
             return True
         for start, end, dseq in self._col_dels:
             if seq < dseq and start <= ts < end:
                 return True
         return False
+
+    def _aggregate(self, seq: int, ts: int, index_of_gc: int | None) -> bool:
+        """Whether a part of an aggregate bucket is kept. The bucket's newest part decides
+        its GC (one version, however many parts: ``index_of_gc`` None means the version
+        index of reads, else that fixed index); each older part is kept when the bucket is
+        and no deletion entry masks it (the combiner then folds the parts into one cell)."""
+        if ts == self._last_ts:
+            if seq == self._bucket_seq:
+                return False  # the same part seen in two sources: counted once
+            self._bucket_seq = seq
+            return self._bucket_live and not self._masked(seq, ts)
+        self._last_ts = ts
+        self._bucket_seq = seq
+        if self._masked(seq, ts):
+            # Older parts of the bucket have smaller seqs: masked too.
+            self._bucket_live = False
+            return False
+        if index_of_gc is None:
+            index = self._versions
+            self._versions = index + 1
+        else:
+            index = index_of_gc
+        rule = self._rule
+        live = rule is None or not is_garbage(rule, index, ts, self._now)
+        self._bucket_live = live
+        if live:
+            self.aggregates = True
+        return live
+
+
+class _Combiner:
+    """Folds the consecutive kept parts of each aggregate bucket (same row, family,
+    qualifier, timestamp and kind) into one cell carrying the newest part's seq; parts of
+    the bucket of another aggregate kind (a family dropped and created again with another
+    value type, whose cells a compaction has not removed yet) are left out. Fed the output of
+    a visibility or compaction filter, in order, possibly in batches."""
+
+    __slots__ = ("_pending",)
+
+    def __init__(self) -> None:
+        self._pending: Cell | None = None
+
+    def feed(self, cells: Iterable[Cell]) -> list[Cell]:
+        out: list[Cell] = []
+        pending = self._pending
+        for c in cells:
+            if pending is not None:
+                if (
+                    c.ts == pending.ts
+                    and c.qualifier == pending.qualifier
+                    and c.family == pending.family
+                    and c.row == pending.row
+                    and _AGG_FIRST <= c.kind <= _AGG_LAST
+                ):
+                    if c.kind == pending.kind:
+                        value = combine(pending.kind, pending.value, c.value)
+                        pending = pending._replace(value=value)
+                    continue
+                out.append(pending)
+                pending = None
+            if _AGG_FIRST <= c.kind <= _AGG_LAST:
+                pending = c
+            else:
+                out.append(c)
+        self._pending = pending
+        return out
+
+    def finish(self) -> list[Cell]:
+        pending, self._pending = self._pending, None
+        return [] if pending is None else [pending]
+
+
+def _combined(cells: Iterable[Cell], state: _Scopes) -> Iterator[Cell]:
+    """``cells`` (a filter over ``state``) with aggregate buckets folded; cells pass straight
+    through until the filter keeps the first aggregate part."""
+    it = iter(cells)
+    for c in it:
+        if state.aggregates:
+            combiner = _Combiner()
+            yield from combiner.feed((c,))
+            for c in it:
+                yield from combiner.feed((c,))
+            yield from combiner.finish()
+            return
+        yield c
+
+
+async def _acombined(cells: AsyncIterable[Cell], state: _Scopes) -> AsyncIterator[Cell]:
+    """:func:`_combined` over an async stream."""
+    combiner: _Combiner | None = None
+    async for c in cells:
+        if combiner is None and state.aggregates:
+            combiner = _Combiner()
+        if combiner is None:
+            yield c
+            continue
+        for out in combiner.feed((c,)):
+            yield out
+    if combiner is not None:
+        for out in combiner.finish():
+            yield out
+
+
+async def _combined_batches(
+    batches: AsyncIterable[Sequence[Cell]], state: _Visibility | _MinorCompaction
+) -> AsyncIterator[list[Cell]]:
+    """Filter each batch through ``state.accept`` and fold aggregate buckets (only once the
+    filter kept one: plain tables pay nothing)."""
+    accept = state.accept
+    combiner = _Combiner()
+    async for batch in batches:
+        out = [c for c in batch if accept(c)]
+        if state.aggregates:
+            out = combiner.feed(out)
+        if out:
+            yield out
+    tail = combiner.finish()
+    if tail:
+        yield tail
 
 
 class _Visibility(_Scopes):
@@ -348,6 +493,8 @@ class _Visibility(_Scopes):
             self._versions = index + 1
             rule = self._rule
             return rule is None or not is_garbage(rule, index, cell.ts, self._now)
+        if _AGG_FIRST <= kind <= _AGG_LAST:
+            return self._aggregate(seq, cell.ts, None)
         if kind == _DELETE_FAMILY:
             if seq > self._fam_floor:
                 self._fam_floor = seq
@@ -384,6 +531,8 @@ class _MinorCompaction(_Scopes):
                 return False
             rule = self._rule
             return rule is None or not is_garbage(rule, 0, cell.ts, self._now)
+        if _AGG_FIRST <= kind <= _AGG_LAST:
+            return self._aggregate(seq, cell.ts, 0)
         if kind == _DELETE_FAMILY:
             if seq > self._fam_floor:
                 self._fam_floor = seq
@@ -431,7 +580,7 @@ def visible_cells(
     consumers that merge this stream with further sources).
     """
     state = _Visibility(gc_rules, now_micros, snapshot_seq, not drop_deletions)
-    return filter(state.accept, merged)
+    return _combined(filter(state.accept, merged), state)
 
 
 async def avisible_cells(
@@ -443,10 +592,16 @@ async def avisible_cells(
     drop_deletions: bool = True,
 ) -> AsyncIterator[Cell]:
     """:func:`visible_cells` over an async stream of cells."""
-    accept = _Visibility(gc_rules, now_micros, snapshot_seq, not drop_deletions).accept
-    async for cell in merged:
-        if accept(cell):
-            yield cell
+    state = _Visibility(gc_rules, now_micros, snapshot_seq, not drop_deletions)
+    accept = state.accept
+
+    async def kept() -> AsyncIterator[Cell]:
+        async for cell in merged:
+            if accept(cell):
+                yield cell
+
+    async for cell in _acombined(kept(), state):
+        yield cell
 
 
 async def avisible_batches(
@@ -458,11 +613,9 @@ async def avisible_batches(
     drop_deletions: bool = True,
 ) -> AsyncIterator[list[Cell]]:
     """:func:`visible_cells` over a stream of batches; yields non-empty batches."""
-    accept = _Visibility(gc_rules, now_micros, snapshot_seq, not drop_deletions).accept
-    async for batch in batches:
-        out = [c for c in batch if accept(c)]
-        if out:
-            yield out
+    state = _Visibility(gc_rules, now_micros, snapshot_seq, not drop_deletions)
+    async for out in _combined_batches(batches, state):
+        yield out
 
 
 def _compaction_filter(
@@ -483,7 +636,8 @@ def compact_cells(
     """What a compaction writes (§5.4). ``major``: the merge covers all of the tablet's
     sources; the output is exactly ``visible_cells``. Otherwise only what is safe to drop
     with sources outside the merge is dropped (see the module docstring)."""
-    return filter(_compaction_filter(gc_rules, now_micros, major).accept, merged)
+    state = _compaction_filter(gc_rules, now_micros, major)
+    return _combined(filter(state.accept, merged), state)
 
 
 async def acompact_cells(
@@ -494,10 +648,16 @@ async def acompact_cells(
     major: bool,
 ) -> AsyncIterator[Cell]:
     """:func:`compact_cells` over an async stream of cells."""
-    accept = _compaction_filter(gc_rules, now_micros, major).accept
-    async for cell in merged:
-        if accept(cell):
-            yield cell
+    state = _compaction_filter(gc_rules, now_micros, major)
+    accept = state.accept
+
+    async def kept() -> AsyncIterator[Cell]:
+        async for cell in merged:
+            if accept(cell):
+                yield cell
+
+    async for cell in _acombined(kept(), state):
+        yield cell
 
 
 async def acompact_batches(
@@ -508,11 +668,8 @@ async def acompact_batches(
     major: bool,
 ) -> AsyncIterator[list[Cell]]:
     """:func:`compact_cells` over a stream of batches; yields non-empty batches."""
-    accept = _compaction_filter(gc_rules, now_micros, major).accept
-    async for batch in batches:
-        out = [c for c in batch if accept(c)]
-        if out:
-            yield out
+    async for out in _combined_batches(batches, _compaction_filter(gc_rules, now_micros, major)):
+        yield out
 
 
 # ---------------------------------------------------------------------------------------------

@@ -29,6 +29,12 @@ Iteration contract (single-threaded asyncio; nothing here awaits):
 
 Adding a cell whose full key ``(row, family, qualifier, ts, seq)`` is already present is a
 no-op (commit-log replay is idempotent this way).
+
+Aggregate cells (``keys.py``) are combined as they arrive: a part of a bucket folds into the
+bucket's newest part held here unless a deletion entry of its scope arrived in between, or a
+snapshot's cut lies between the two (:meth:`MemTable.keep_parts_through`). A row's writes reach
+the memtable in seq order (the tablet's row lock), so a part older than one already held for
+its bucket can only be a record replayed twice: it is dropped, never counted again.
 """
 
 from __future__ import annotations
@@ -39,8 +45,9 @@ from itertools import islice
 
 from sortedcontainers import SortedList
 
+from tabletstore.data.aggregates import combine
 from tabletstore.errors import InvalidArgument
-from tabletstore.keys import Cell, cell_sort_key
+from tabletstore.keys import TS_MAX, Cell, CellKind, cell_sort_key, decode_ts_range
 
 __all__ = ["CELL_OVERHEAD", "FrozenMemTable", "MemTable"]
 
@@ -51,6 +58,43 @@ CELL_OVERHEAD = 120
 
 #: Row keys fetched per re-seek while scanning.
 _SCAN_BATCH = 64
+
+_AGG_FIRST = int(CellKind.AGGREGATE_SUM)
+_AGG_LAST = int(CellKind.AGGREGATE_HLL)
+_DELETE_ROW = int(CellKind.DELETE_ROW)
+_DELETE_FAMILY = int(CellKind.DELETE_FAMILY)
+_DELETE_COLUMN = int(CellKind.DELETE_COLUMN)
+_SEQ_LOW = -(1 << 64)
+
+
+def _same_bucket(a: Cell, b: Cell) -> bool:
+    return a.ts == b.ts and a.qualifier == b.qualifier and a.family == b.family
+
+
+def _deleted_after(row_cells: list[Cell], cell: Cell, seq: int) -> bool:
+    """Whether the row holds a deletion entry with a seq above ``seq`` whose scope covers
+    ``cell`` (deletion entries sort first in their scope: see keys.py)."""
+    for c in row_cells:
+        if c.family != "":
+            break
+        if c.kind == _DELETE_ROW and c.seq > seq:
+            return True
+    for qualifier in {b"", cell.qualifier}:
+        low = (cell.row, cell.family, qualifier, -TS_MAX, _SEQ_LOW)
+        j = bisect.bisect_left(row_cells, low, key=cell_sort_key)
+        while j < len(row_cells):
+            c = row_cells[j]
+            if c.family != cell.family or c.qualifier != qualifier or c.ts != TS_MAX:
+                break
+            if c.seq > seq:
+                if c.kind == _DELETE_FAMILY:
+                    return True
+                if c.kind == _DELETE_COLUMN and qualifier == cell.qualifier:
+                    start, end = decode_ts_range(c.value)
+                    if start <= cell.ts < end:
+                        return True
+            j += 1
+    return False
 
 
 def _cell_size(cell: Cell) -> int:
@@ -149,11 +193,36 @@ class _MemTableBase:
 class MemTable(_MemTableBase):
     """The live, writable memtable of one tablet (or one locality group of it)."""
 
-    __slots__ = ("_frozen",)
+    __slots__ = ("_floor", "_frozen")
 
     def __init__(self) -> None:
         super().__init__()
         self._frozen = False
+        self._floor = -1
+
+    def keep_parts_through(self, seq: int) -> None:
+        """Never fold an aggregate part with a seq above ``seq`` into one at or below it (a
+        snapshot's cut at ``seq`` reads this memtable's cells with seq <= ``seq``)."""
+        self._floor = max(self._floor, seq)
+
+    def _fold(self, row_cells: list[Cell], i: int, cell: Cell) -> bool:
+        """Fold an aggregate part into its bucket's newest part here, if allowed; True when
+        ``cell`` needs no insertion (folded, or an older duplicate)."""
+        if i > 0:
+            newer = row_cells[i - 1]
+            if _same_bucket(newer, cell) and _AGG_FIRST <= newer.kind <= _AGG_LAST:
+                return True  # a part older than one held: a replayed record, counted already
+        if i >= len(row_cells):
+            return False
+        old = row_cells[i]
+        if old.kind != cell.kind or not _same_bucket(old, cell):
+            return False
+        if old.seq <= self._floor < cell.seq or _deleted_after(row_cells, cell, old.seq):
+            return False
+        folded = cell._replace(value=combine(cell.kind, cell.value, old.value))
+        row_cells[i] = folded
+        self._size += len(folded.value) - len(old.value)
+        return True
 
     @property
     def frozen(self) -> bool:
@@ -175,14 +244,19 @@ class MemTable(_MemTableBase):
                 i = bisect.bisect_left(row_cells, key, key=cell_sort_key)
                 if i < len(row_cells) and cell_sort_key(row_cells[i]) == key:
                     continue  # the same entry again (log replay): already held
+                if _AGG_FIRST <= cell.kind <= _AGG_LAST and self._fold(row_cells, i, cell):
+                    self._note_seq(cell.seq)
+                    continue
                 row_cells.insert(i, cell)
             self._size += _cell_size(cell)
             self._cell_count += 1
-            seq = cell.seq
-            if self._min_seq is None or seq < self._min_seq:
-                self._min_seq = seq
-            if self._max_seq is None or seq > self._max_seq:
-                self._max_seq = seq
+            self._note_seq(cell.seq)
+
+    def _note_seq(self, seq: int) -> None:
+        if self._min_seq is None or seq < self._min_seq:
+            self._min_seq = seq
+        if self._max_seq is None or seq > self._max_seq:
+            self._max_seq = seq
 
     def freeze(self) -> FrozenMemTable:
         """Stop accepting writes and return the read-only view the minor compaction reads.

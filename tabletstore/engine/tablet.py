@@ -97,7 +97,7 @@ from tabletstore.engine.state import (
     redo_point,
 )
 from tabletstore.errors import InvalidArgument, NotServing, TabletStoreError, Unavailable
-from tabletstore.keys import Cell, CellKind, cell_sort_key
+from tabletstore.keys import AGGREGATE_KINDS, Cell, CellKind, cell_sort_key
 from tabletstore.metadata.record import (
     BulkLoadMark,
     LogRef,
@@ -321,8 +321,11 @@ class Tablet:
         )
         if replay is not None:
             batch: list[Cell] = []
+            flushed = _FlushedRows(tables, record)
             async for cell in replay(record):
                 if cell.seq > record.redo_seq:
+                    if cell.kind in AGGREGATE_KINDS and await flushed.holds(cell):
+                        continue
                     batch.append(cell)
                     max_seq = max(max_seq, cell.seq)
                     if len(batch) >= 4096:
@@ -414,6 +417,9 @@ class Tablet:
     def _gc_rules(self) -> dict[str, GcRule | None]:
         return {name: fam.gc_rule for name, fam in self._schema.families.items()}
 
+    def _value_types(self) -> dict[str, str | None]:
+        return {n: f.value_type for n, f in self._schema.families.items() if f.value_type}
+
     def _now_micros(self) -> int:
         return micros(self._clock.time())
 
@@ -457,7 +463,7 @@ class Tablet:
         # tablet sees every write it lets through.
         self._check_writable()
         first = self._log.allocate(len(mutations))
-        cells = to_cells(row, mutations, first, self._now_micros())
+        cells = to_cells(row, mutations, first, self._now_micros(), self._value_types())
         self._in_flight[first] = len(cells)
         self._idle.clear()
         try:
@@ -1099,6 +1105,8 @@ class Tablet:
                 *(r.max_seq for refs in rec.sstables.values() for r in refs),
             ]
         )
+        # Aggregate parts written after the cut must not fold into parts before it.
+        state.memtable.keep_parts_through(mark)
         return SnapshotCut(rec, mark, memtables, gate, timer)
 
     def _open_gate(self, gate: asyncio.Event) -> None:
@@ -1236,6 +1244,44 @@ class SnapshotCut:
     memtables: tuple[MemTable, ...]
     gate: asyncio.Event
     timer: asyncio.TimerHandle
+
+
+class _FlushedRows:
+    """Which replayed aggregate parts an SSTable holds already (:meth:`Tablet.load`).
+
+    Replay re-applies every record past the redo point, and the redo point may lag behind
+    what the SSTables hold (writes in flight at a freeze, see the module docstring). A put
+    applied twice collapses with itself (same key), but an aggregate part would be counted
+    twice, once in the SSTable's combined cell and once more from the log. A row's writes
+    reach memtables in seq order (row lock), and memtables reach SSTables in order, so a part
+    of row R and family F with seq ``s`` is in an SSTable (or was removed from one by a
+    deletion or GC) exactly when some SSTable holds a cell of R in F, or a row deletion of R,
+    with a seq >= ``s`` (bulk loads, whose fresh seqs bypass the memtable, are refused for
+    aggregate families). Only parts with a seq between the redo point and the SSTables'
+    largest seq can be there: the others are not looked up."""
+
+    def __init__(self, tables: Mapping[str, tuple[SSTable, ...]], record: TabletRecord) -> None:
+        self._tables = [t for group in tables.values() for t in group]
+        self._top = max((r.max_seq for refs in record.sstables.values() for r in refs), default=0)
+        self._rows: dict[tuple[bytes, str], int] = {}
+
+    async def holds(self, cell: Cell) -> bool:
+        if cell.seq > self._top:
+            return False
+        top = self._rows.get((cell.row, cell.family))
+        if top is None:
+            rows = await asyncio.gather(*(t.get_row(cell.row) for t in self._tables))
+            top = max(
+                (
+                    c.seq
+                    for cells in rows
+                    for c in cells
+                    if c.family == cell.family or c.kind == CellKind.DELETE_ROW
+                ),
+                default=-1,
+            )
+            self._rows[(cell.row, cell.family)] = top
+        return cell.seq <= top
 
 
 def _intersect(a: set[str] | None, b: set[str] | None) -> set[str] | None:

@@ -518,6 +518,12 @@ class Master:
         for fam in update:
             if fam.name not in families:
                 raise NotFound(f"table {name!r} has no column family {fam.name!r}")
+            if fam.value_type != families[fam.name].value_type:
+                raise InvalidArgument(
+                    f"column family {name}:{fam.name} has value type "
+                    f"{families[fam.name].value_type or 'none (plain bytes)'}; a family's value "
+                    f"type cannot change (asked: {fam.value_type or 'none'})"
+                )
             families[fam.name] = fam
         for fam_name in req.drop:
             if fam_name not in families:

@@ -67,11 +67,16 @@ from tabletstore.errors import (
     NotFound,
     PreconditionFailed,
     Unavailable,
+    Unimplemented,
 )
 from tabletstore.metadata import rows as mt
 from tabletstore.metadata.record import TabletRecord
 
-__all__ = ["Catalog", "ClusterSettings", "MetadataRows", "TableInfo"]
+__all__ = ["SCHEMA_RECORD_VERSION", "Catalog", "ClusterSettings", "MetadataRows", "TableInfo"]
+
+#: Version of stored table schema records: 1 (no ``version`` key) before aggregate families,
+#: 2 with them (``ColumnFamily.value_type``). Both are read.
+SCHEMA_RECORD_VERSION = 2
 
 T = TypeVar("T")
 
@@ -86,15 +91,27 @@ class TableInfo:
     revision: int = 0
 
     def to_bytes(self) -> bytes:
-        return json.dumps(
-            {"table_id": self.table_id, "schema": self.schema.model_dump(mode="json")},
-            separators=(",", ":"),
-        ).encode()
+        """The stored record. A schema with an aggregate family is stored as version 2 (older
+        builds cannot read such a family and must refuse the record rather than drop the
+        value type); any other schema keeps version 1's bytes (no ``version`` key)."""
+        record: dict[str, object] = {
+            "table_id": self.table_id,
+            "schema": self.schema.model_dump(mode="json"),
+        }
+        if any(f.value_type is not None for f in self.schema.families.values()):
+            record["version"] = SCHEMA_RECORD_VERSION
+        return json.dumps(record, separators=(",", ":")).encode()
 
     @classmethod
     def from_bytes(cls, data: bytes, revision: int = 0) -> TableInfo:
         try:
             d = json.loads(data)
+            version = d.get("version", 1)
+            if not isinstance(version, int) or not 1 <= version <= SCHEMA_RECORD_VERSION:
+                raise Unimplemented(
+                    f"table schema record version {version!r} is newer than this build "
+                    f"reads (up to {SCHEMA_RECORD_VERSION}); upgrade tabletstore"
+                )
             return cls(d["table_id"], TableSchema.model_validate(d["schema"]), revision)
         except (KeyError, TypeError, ValueError) as exc:
             raise Corruption(f"malformed table schema record: {exc}") from exc

@@ -26,6 +26,8 @@ WIRE_TYPES: dict[int, type] = {
     7: model.Row,
     8: model.AppendValue,
     9: model.IncrementValue,
+    10: model.AddToCell,
+    11: model.MergeToCell,
     # query (20-24)
     20: query.RowRange,
     # filters (25-59)

@@ -25,7 +25,7 @@ Columns (one row per cell, cells sorted by ``keys.cell_sort_key``; no nulls)::
     qualifier  BYTE_ARRAY                    column qualifier
     ts         INT64                         timestamp, microseconds
     seq        INT64                         the tablet server's sequence number
-    kind       INT32 (INT(8, signed))        keys.CellKind
+    kind       INT32 (INT(8, signed))        keys.CellKind (0-7; 4-7 aggregate parts)
     value      BYTE_ARRAY                    the value (deletion entries: see keys.py)
 
 Format versions. **1**: every column chunk is Parquet's choice of pages (``family``
@@ -53,6 +53,7 @@ Footer key-value metadata (all values ASCII; binary values are standard base64):
     tabletstore.cells           number of cells, decimal
     tabletstore.rows            number of distinct rows, decimal
     tabletstore.kind_counts     cells per CellKind 0..3, "put,delete_column,delete_family,delete_row"
+                                (aggregate cells, kinds 4-7, are counted in ``cells`` only)
     tabletstore.seq_range       "min,max" of seq (both 0 when there are no cells)
     tabletstore.first_row       base64 of the first row key ("" when empty)
     tabletstore.last_row        base64 of the last row key ("" when empty)

@@ -480,7 +480,7 @@ class _Builder:
             size=len(out),
             cells=footer.cells,
             rows=footer.rows,
-            deletions=footer.cells - footer.kind_counts[0],
+            deletions=sum(footer.kind_counts[1:]),
             blocks=len(blocks),
             min_seq=footer.min_seq,
             max_seq=footer.max_seq,

@@ -249,7 +249,7 @@ def test_mutations_translate_and_server_time_is_millisecond_granular() -> None:
             ),
             errors.InvalidArgument,
         ),
-        (M(add_to_cell=M.AddToCell(family_name="agg")), errors.Unimplemented),
+        (M(add_to_cell=M.AddToCell(family_name="agg")), errors.InvalidArgument),  # no input
     ],
 )
 def test_invalid_mutations(bad: object, exc: type[Exception]) -> None:
