@@ -6,6 +6,7 @@ are imported only when the command runs, so other verbs never load them.
 ::
 
     tabletstore [--url URL] bigtable-api [--url URL] [--host 127.0.0.1] [--port 8086]
+        [--plain-instance ID]
 
 Once listening it prints ``bigtable-api listening on HOST:PORT`` (``--port 0`` picks a free
 port) and ``export BIGTABLE_EMULATOR_HOST=HOST:PORT``, then serves until SIGINT or SIGTERM,
@@ -48,13 +49,15 @@ def _require_extra() -> None:
         ) from exc
 
 
-async def serve(url: str | None, host: str, port: int) -> None:
+async def serve(
+    url: str | None, host: str, port: int, *, plain_instance: str | None = None
+) -> None:
     """Open the database at ``url``, serve until SIGINT/SIGTERM, then shut down cleanly."""
     from tabletstore.bigtable_api.server import BigtableApiServer, open_client
 
     client = await open_client(url)
     try:
-        server = BigtableApiServer(client, host=host, port=port)
+        server = BigtableApiServer(client, host=host, port=port, plain_instance=plain_instance)
         bound = await server.start()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -76,8 +79,16 @@ async def serve(url: str | None, host: str, port: int) -> None:
 @click.option(
     "--port", type=int, default=DEFAULT_PORT, show_default=True, help="Port (0: pick one)."
 )
+@click.option(
+    "--plain-instance",
+    default=None,
+    metavar="ID",
+    help="Instance id whose tables are the database's own (unprefixed) tables.",
+)
 @click.pass_context
-def bigtable_api(ctx: click.Context, url: str | None, host: str, port: int) -> None:
+def bigtable_api(
+    ctx: click.Context, url: str | None, host: str, port: int, plain_instance: str | None
+) -> None:
     """Serve the Cloud Bigtable API (point clients at it with BIGTABLE_EMULATOR_HOST)."""
     from tabletstore.errors import TabletStoreError
 
@@ -85,6 +96,6 @@ def bigtable_api(ctx: click.Context, url: str | None, host: str, port: int) -> N
         url = getattr(ctx.obj, "url", None)
     _require_extra()
     try:
-        asyncio.run(serve(url, host, port))
+        asyncio.run(serve(url, host, port, plain_instance=plain_instance))
     except TabletStoreError as exc:
         raise _Failure(str(exc)) from exc

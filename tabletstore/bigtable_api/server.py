@@ -36,6 +36,7 @@ from tabletstore.bigtable_api.chunks import (
     DEFAULT_MAX_VALUE_CHUNK,
     ChunkEncoder,
 )
+from tabletstore.bigtable_api.instances import InstanceAdmin, Namespaces
 from tabletstore.bigtable_api.translate import (
     filter_from_pb,
     mutations_from_pb,
@@ -56,6 +57,7 @@ from tabletstore.errors import InvalidArgument, TabletStoreError, Unimplemented
 __all__ = [
     "ADMIN_SERVICE",
     "DATA_SERVICE",
+    "INSTANCE_ADMIN_SERVICE",
     "BackgroundServer",
     "BigtableApiServer",
     "BigtableData",
@@ -65,6 +67,7 @@ __all__ = [
 
 DATA_SERVICE = "google.bigtable.v2.Bigtable"
 ADMIN_SERVICE = "google.bigtable.admin.v2.BigtableTableAdmin"
+INSTANCE_ADMIN_SERVICE = "google.bigtable.admin.v2.BigtableInstanceAdmin"
 #: Methods of the two services tabletstore does not implement (answered UNIMPLEMENTED).
 UNIMPLEMENTED_DATA = (
     "ExecuteQuery",
@@ -101,6 +104,34 @@ UNIMPLEMENTED_ADMIN = (
     "ListSchemaBundles",
     "DeleteSchemaBundle",
 )
+UNIMPLEMENTED_INSTANCE_ADMIN = (
+    "CreateCluster",
+    "UpdateCluster",
+    "PartialUpdateCluster",
+    "DeleteCluster",
+    "CreateAppProfile",
+    "GetAppProfile",
+    "ListAppProfiles",
+    "UpdateAppProfile",
+    "DeleteAppProfile",
+    "GetIamPolicy",
+    "SetIamPolicy",
+    "TestIamPermissions",
+    "ListHotTablets",
+    "CreateLogicalView",
+    "GetLogicalView",
+    "ListLogicalViews",
+    "UpdateLogicalView",
+    "DeleteLogicalView",
+    "CreateMaterializedView",
+    "GetMaterializedView",
+    "ListMaterializedViews",
+    "UpdateMaterializedView",
+    "DeleteMaterializedView",
+    "GetMemoryLayer",
+    "ListMemoryLayers",
+    "UpdateMemoryLayer",
+)
 #: Bigtable's limit on mutations in one MutateRows request, over all entries.
 MAX_MUTATIONS_PER_REQUEST = MAX_MUTATIONS_PER_ROW
 #: Largest message either way: requests of several row mutations (each at most
@@ -129,8 +160,10 @@ class BigtableData:
         clock: Clock | None = None,
         max_value_chunk: int = DEFAULT_MAX_VALUE_CHUNK,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        namespaces: Namespaces | None = None,
     ) -> None:
         self._client = client
+        self._ns = namespaces or Namespaces()
         self._clock = clock or SystemClock()
         self._max_value_chunk = max_value_chunk
         self._max_response_bytes = max_response_bytes
@@ -140,7 +173,7 @@ class BigtableData:
             if views and (req.authorized_view_name or getattr(req, "materialized_view_name", "")):
                 raise Unimplemented("authorized and materialized views are not supported")
             raise InvalidArgument("request has no table_name")
-        return self._client.table(parse_table_name(req.table_name).table)
+        return self._client.table(self._ns.table(parse_table_name(req.table_name)))
 
     def _now(self) -> int:
         return server_timestamp(self._clock.time())
@@ -290,8 +323,10 @@ def _pb(cls: Any) -> Any:
     return cls.pb()
 
 
-def generic_handlers(data: BigtableData, admin: TableAdmin) -> list[grpc.GenericRpcHandler]:
-    """The two services' handlers, registered by method path."""
+def generic_handlers(
+    data: BigtableData, admin: TableAdmin, instances: InstanceAdmin | None = None
+) -> list[grpc.GenericRpcHandler]:
+    """The three services' handlers, registered by method path."""
     uu, us = grpc.unary_unary_rpc_method_handler, grpc.unary_stream_rpc_method_handler
 
     def unary(name: str, fn: Any, req: Any, resp: Any) -> Any:
@@ -376,17 +411,77 @@ def generic_handlers(data: BigtableData, admin: TableAdmin) -> list[grpc.Generic
         ),
     }
     admin_methods.update({m: _unimplemented(ADMIN_SERVICE, m) for m in UNIMPLEMENTED_ADMIN})
-    return [
+    handlers = [
         grpc.method_handlers_generic_handler(DATA_SERVICE, data_methods),
         grpc.method_handlers_generic_handler(ADMIN_SERVICE, admin_methods),
     ]
+    if instances is not None:
+        handlers.append(
+            grpc.method_handlers_generic_handler(
+                INSTANCE_ADMIN_SERVICE, _instance_methods(instances, unary, empty)
+            )
+        )
+    return handlers
+
+
+def _instance_methods(instances: InstanceAdmin, unary: Any, empty: Any) -> dict[str, Any]:
+    from google.cloud.bigtable_admin_v2.types import bigtable_instance_admin as bia
+    from google.cloud.bigtable_admin_v2.types import instance as inst
+    from google.longrunning import operations_pb2
+
+    class _Operation:  # unary() takes proto-plus classes; Operation is a plain protobuf
+        @staticmethod
+        def pb() -> Any:
+            return operations_pb2.Operation
+
+    methods = {
+        "CreateInstance": unary(
+            "CreateInstance", instances.create_instance, bia.CreateInstanceRequest, _Operation
+        ),
+        "GetInstance": unary(
+            "GetInstance", instances.get_instance, bia.GetInstanceRequest, inst.Instance
+        ),
+        "ListInstances": unary(
+            "ListInstances",
+            instances.list_instances,
+            bia.ListInstancesRequest,
+            bia.ListInstancesResponse,
+        ),
+        "UpdateInstance": unary(
+            "UpdateInstance", instances.update_instance, inst.Instance, inst.Instance
+        ),
+        "PartialUpdateInstance": unary(
+            "PartialUpdateInstance",
+            instances.partial_update_instance,
+            bia.PartialUpdateInstanceRequest,
+            _Operation,
+        ),
+        "DeleteInstance": empty(
+            "DeleteInstance", instances.delete_instance, bia.DeleteInstanceRequest
+        ),
+        "GetCluster": unary(
+            "GetCluster", instances.get_cluster, bia.GetClusterRequest, inst.Cluster
+        ),
+        "ListClusters": unary(
+            "ListClusters",
+            instances.list_clusters,
+            bia.ListClustersRequest,
+            bia.ListClustersResponse,
+        ),
+    }
+    methods.update(
+        {m: _unimplemented(INSTANCE_ADMIN_SERVICE, m) for m in UNIMPLEMENTED_INSTANCE_ADMIN}
+    )
+    return methods
 
 
 class BigtableApiServer:
     """A grpc.aio server serving the Bigtable API over ``client`` on ``host:port``.
 
     ``port`` 0 picks a free port; :attr:`port` tells which after :meth:`start`.
-    ``interceptors`` are grpc.aio server interceptors, run around every call (tests use one
+    ``plain_instance`` is the instance id whose tables are the database's own, unprefixed
+    tables (:mod:`tabletstore.bigtable_api.instances`). ``interceptors`` are grpc.aio server
+    interceptors, run around every call (tests use one
     to cut ReadRows streams in the middle).
     """
 
@@ -400,17 +495,21 @@ class BigtableApiServer:
         max_value_chunk: int = DEFAULT_MAX_VALUE_CHUNK,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+        plain_instance: str | None = None,
     ) -> None:
         self.host = host
         self.port = port
         self._interceptors = tuple(interceptors)
+        namespaces = Namespaces(plain_instance)
         self.data = BigtableData(
             client,
             clock=clock,
             max_value_chunk=max_value_chunk,
             max_response_bytes=max_response_bytes,
+            namespaces=namespaces,
         )
-        self.admin = TableAdmin(client)
+        self.instances = InstanceAdmin(client, namespaces, clock=clock)
+        self.admin = TableAdmin(client, namespaces, self.instances)
         self._server: grpc.aio.Server | None = None
 
     @property
@@ -428,7 +527,7 @@ class BigtableApiServer:
                 ("grpc.so_reuseport", 0),
             ],
         )
-        server.add_generic_rpc_handlers(generic_handlers(self.data, self.admin))
+        server.add_generic_rpc_handlers(generic_handlers(self.data, self.admin, self.instances))
         port: int = server.add_insecure_port(f"{self.host}:{self.port}")
         if port == 0:
             raise InvalidArgument(f"cannot listen on {self.host}:{self.port}")
