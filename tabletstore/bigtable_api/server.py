@@ -180,8 +180,6 @@ class BigtableData:
 
     async def read_rows(self, req: Any) -> AsyncIterator[Any]:
         table = self._table(req)
-        if req.reversed:
-            raise Unimplemented("reversed scans are not supported")
         if req.rows_limit < 0:
             raise InvalidArgument(f"rows_limit must be >= 0, got {req.rows_limit}")
         rows = row_set_from_pb(req.HasField("rows"), req.rows)
@@ -192,7 +190,7 @@ class BigtableData:
             max_value_chunk=self._max_value_chunk, max_response_bytes=self._max_response_bytes
         )
         async for row in table.read_rows(
-            row_set=rows, filter=row_filter, limit=req.rows_limit or None
+            row_set=rows, filter=row_filter, limit=req.rows_limit or None, reverse=req.reversed
         ):
             for resp in encoder.add(row):
                 yield resp

@@ -753,8 +753,10 @@ class AsyncTable:
         filter: RowFilter | None = None,
         limit: int | None = None,
         families: Iterable[str] | None = None,
+        reverse: bool = False,
     ) -> AsyncIterator[Row]:
-        """Rows in key order, streamed tablet by tablet.
+        """Rows in key order, streamed tablet by tablet; in descending key order when
+        ``reverse`` (the last tablet first; ``limit`` then takes the highest keys).
 
         Choose rows by ``start``/``end`` (end exclusive), ``prefix``, explicit ``keys``, or a
         ``row_set``; no selection means the whole table. ``limit`` bounds the number of rows.
@@ -777,7 +779,8 @@ class AsyncTable:
         attempt = 0
         while remaining is None or remaining > 0:
             try:
-                async for row in self._read_from(info, rs, resume_after, filter, remaining, fams):
+                rows = self._read_from(info, rs, resume_after, filter, remaining, fams, reverse)
+                async for row in rows:
                     yield row
                     resume_after = row.key
                     attempt = 0
@@ -805,11 +808,13 @@ class AsyncTable:
         filter: RowFilter | None,
         limit: int | None,
         families: tuple[str, ...] | None,
+        reverse: bool = False,
     ) -> AsyncIterator[Row]:
         if resume_after is not None:
-            rs = _after(rs, resume_after)
+            rs = _before(rs, resume_after) if reverse else _after(rs, resume_after)
         client = self._client
-        for rec in await client.locations.tablets(info.table_id):
+        tablets = await client.locations.tablets(info.table_id)
+        for rec in reversed(tablets) if reverse else tablets:
             part = rs.clip(rec.start_row, rec.end_row)
             if part.is_empty():
                 continue
@@ -824,6 +829,7 @@ class AsyncTable:
                 limit=limit,
                 families=families,
                 identity=client.identity,
+                reverse=reverse,
             )
             # Whole rows come in batches; a large row in pieces, handed out once complete.
             assembler = RowAssembler(rec.location)
@@ -919,6 +925,15 @@ def _after(rs: RowSet, key: bytes) -> RowSet:
     return RowSet(
         [k for k in rs.keys if k > key],
         [c for r in rs.ranges if (c := r.intersect(tail)) is not None],
+    )
+
+
+def _before(rs: RowSet, key: bytes) -> RowSet:
+    """The part of ``rs`` strictly before ``key`` (to resume a reversed scan)."""
+    head = RowRange(None, key)
+    return RowSet(
+        [k for k in rs.keys if k < key],
+        [c for r in rs.ranges if (c := r.intersect(head)) is not None],
     )
 
 

@@ -82,7 +82,12 @@ from tabletstore.engine.iterators import (
     merge_sources,
     visible_cells,
 )
-from tabletstore.engine.memtable import MemTable
+from tabletstore.engine.memtable import FrozenMemTable, MemTable
+from tabletstore.engine.reverse import (
+    MEMTABLE_WINDOW_ROWS,
+    next_window_start,
+    sorted_block_starts,
+)
 from tabletstore.engine.split_key import BlockSpan, choose_split_key, middle_row, widest_block
 from tabletstore.engine.state import (
     MajorResult,
@@ -595,12 +600,20 @@ class Tablet:
         families: set[str] | None = None,
         limit: int | None = None,
         identity: str | None = None,
+        reverse: bool = False,
     ) -> AsyncIterator[Row]:
-        """Rows of ``row_range`` (clipped to this tablet) in order, streamed."""
+        """Rows of ``row_range`` (clipped to this tablet) in order, streamed; in descending
+        order when ``reverse`` (:mod:`tabletstore.engine.reverse`)."""
         self._check_serving()
         rec = self.record
         clipped = row_range.clip(rec.start_row, rec.end_row)
         if clipped is None or (limit is not None and limit <= 0):
+            return
+        if reverse:
+            reversed_rows = self._scan_reversed(clipped, filter, families, limit, identity)
+            async with contextlib.aclosing(reversed_rows):
+                async for row in reversed_rows:
+                    yield row
             return
         rows = self._scan_rows(clipped, _intersect(families, self._readable(identity)))
         cost = regex_cost(filter)
@@ -620,6 +633,48 @@ class Tablet:
                         await turns.give()
                 if stopwatch() >= turns.end:
                     await turns.give()
+
+    async def _scan_reversed(
+        self,
+        rng: RowRange,
+        filter: RowFilter | None,
+        families: set[str] | None,
+        limit: int | None,
+        identity: str | None,
+    ) -> AsyncGenerator[Row, None]:
+        """``rng``'s rows in descending order: windows from the top down, each scanned forward
+        and handed out reversed (:mod:`tabletstore.engine.reverse`)."""
+        start, upper = rng.bounds()
+        fams = _intersect(families, self._readable(identity))
+        emitted = 0
+        while True:
+            state = self._state
+            blocks = sorted_block_starts(
+                b.first_row
+                for g in self._groups_for(fams)
+                for t in state.sstables[g]
+                for b in t.footer.blocks
+            )
+            probes = [
+                functools.partial(_memtable_probe, mt)
+                for mt in (state.memtable, *state.frozen)
+                if not mt.is_empty()
+            ]
+            lo = next_window_start(upper, start, blocks, probes)
+            window = RowRange.half_open(lo, upper)
+            rows = [
+                row
+                async for row in self.scan(window, filter=filter, families=fams)
+                if rng.contains(row.key)
+            ]
+            for row in reversed(rows):
+                yield row
+                emitted += 1
+                if limit is not None and emitted >= limit:
+                    return
+            if lo <= start:
+                return
+            upper = lo
 
     def _scan_sources(
         self, start: bytes, end: bytes | None, fams: set[str] | None
@@ -1164,6 +1219,12 @@ class Tablet:
                 self._state = replace(state, record=stored, sstables=opened)
         self._notify_compacted()
         return stored
+
+
+def _memtable_probe(
+    mt: MemTable | FrozenMemTable, upper: bytes | None, start: bytes
+) -> bytes | None:
+    return mt.row_below(upper, start, MEMTABLE_WINDOW_ROWS)
 
 
 @dataclass(frozen=True, slots=True)

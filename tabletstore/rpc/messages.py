@@ -106,7 +106,8 @@ class MutateRowsResponse:
 
 @dataclass(frozen=True, slots=True)
 class ReadRowsRequest:
-    """Rows of one tablet: the given keys and ranges, filtered server-side, at most ``limit``."""
+    """Rows of one tablet: the given keys and ranges, filtered server-side, at most ``limit``;
+    in descending key order when ``reverse``."""
 
     table_id: str
     tablet_id: str
@@ -116,6 +117,7 @@ class ReadRowsRequest:
     limit: int | None = None
     families: tuple[str, ...] | None = None
     identity: str | None = None
+    reverse: bool = False
 
 
 @dataclass(frozen=True, slots=True)

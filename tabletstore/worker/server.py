@@ -742,7 +742,8 @@ class TabletServer:
         return MutateRowsResponse(tuple(e for e in results if e is not None))
 
     async def read_rows(self, req: ReadRowsRequest) -> AsyncIterator[RowBatch | RowPiece]:
-        """Stream the requested rows of one tablet in key order, in items of bounded size:
+        """Stream the requested rows of one tablet in key order (descending when
+        ``req.reverse``), in items of bounded size:
         whole rows in batches, a row larger than one item alone in pieces (rpc.row_pieces)."""
         tablet = self._tablet(req.table_id, req.tablet_id)
         families = set(req.families) if req.families is not None else None
@@ -773,8 +774,10 @@ class TabletServer:
     async def _rows(
         self, tablet: Tablet, req: ReadRowsRequest, families: set[str] | None
     ) -> AsyncIterator[Row]:
-        """The request's keys and ranges, visited in key order (RowSet's normal form)."""
-        for piece in RowSet(req.keys, req.ranges).pieces():
+        """The request's keys and ranges, visited in key order (RowSet's normal form), or in
+        descending order when ``req.reverse``."""
+        pieces = RowSet(req.keys, req.ranges).pieces()
+        for piece in reversed(list(pieces)) if req.reverse else pieces:
             if isinstance(piece, bytes):
                 if not tablet.contains(piece):
                     continue
@@ -785,7 +788,11 @@ class TabletServer:
                     yield row
             else:
                 async for row in tablet.scan(
-                    piece, filter=req.filter, families=families, identity=req.identity
+                    piece,
+                    filter=req.filter,
+                    families=families,
+                    identity=req.identity,
+                    reverse=req.reverse,
                 ):
                     yield row
 
