@@ -49,6 +49,7 @@ from tabletstore.data.schema import ColumnFamily, MaxVersionsRule
 from tabletstore.errors import AlreadyExists, InvalidArgument, NotFound
 
 __all__ = [
+    "PREFIX_IN_TEXT",
     "PREFIX_RE",
     "REGISTRY_TABLE",
     "InstanceAdmin",
@@ -60,6 +61,8 @@ __all__ = [
 REGISTRY_TABLE = "_bigtable_instances"
 #: A stored table name that belongs to a prefixed instance.
 PREFIX_RE = re.compile(r"^_[a-z2-7]{10}\.")
+#: A prefix inside an error message (removed before the message reaches a client).
+PREFIX_IN_TEXT = re.compile(r"(?<![A-Za-z0-9_.-])_[a-z2-7]{10}\.(?=[A-Za-z0-9_.-])")
 _FAMILY = "i"
 _INSTANCE_Q = b"instance"
 _CLUSTER_Q = b"cluster:"

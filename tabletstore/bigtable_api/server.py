@@ -22,7 +22,7 @@ import asyncio
 import logging
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import grpc
 from google.cloud.bigtable_admin_v2.types import bigtable_table_admin as bta
@@ -36,7 +36,7 @@ from tabletstore.bigtable_api.chunks import (
     DEFAULT_MAX_VALUE_CHUNK,
     ChunkEncoder,
 )
-from tabletstore.bigtable_api.instances import InstanceAdmin, Namespaces
+from tabletstore.bigtable_api.instances import PREFIX_IN_TEXT, InstanceAdmin, Namespaces
 from tabletstore.bigtable_api.translate import (
     filter_from_pb,
     mutations_from_pb,
@@ -49,10 +49,11 @@ from tabletstore.bigtable_api.translate import (
     status_code,
 )
 from tabletstore.client.client import AsyncClient, AsyncTable, MutationsFailed
-from tabletstore.clock import Clock, SystemClock
-from tabletstore.data.model import Mutation, RowMutation
+from tabletstore.clock import Clock, SystemClock, stopwatch
+from tabletstore.data.model import Mutation, Row, RowMutation
 from tabletstore.data.validation import MAX_MUTATIONS_PER_ROW, check_row_key
 from tabletstore.errors import InvalidArgument, TabletStoreError, Unimplemented
+from tabletstore.rpc.messages import ScanProgress
 
 __all__ = [
     "ADMIN_SERVICE",
@@ -147,6 +148,8 @@ _CheckAndMutateRowResponse: Any = bt.CheckAndMutateRowResponse.pb()
 _ReadModifyWriteRowResponse: Any = bt.ReadModifyWriteRowResponse.pb()
 _SampleRowKeysResponse: Any = bt.SampleRowKeysResponse.pb()
 _PingAndWarmResponse: Any = bt.PingAndWarmResponse.pb()
+_ReadRowsResponse: Any = bt.ReadRowsResponse.pb()
+_REQUEST_STATS_FULL = int(bt.ReadRowsRequest.RequestStatsView.REQUEST_STATS_FULL)
 _OK = grpc.StatusCode.OK.value[0]
 
 
@@ -189,14 +192,25 @@ class BigtableData:
         encoder = ChunkEncoder(
             max_value_chunk=self._max_value_chunk, max_response_bytes=self._max_response_bytes
         )
-        async for row in table.read_rows(
-            row_set=rows, filter=row_filter, limit=req.rows_limit or None, reverse=req.reversed
-        ):
-            for resp in encoder.add(row):
-                yield resp
-        last = encoder.flush()
-        if last is not None:
-            yield last
+        limit = req.rows_limit or None
+        full_stats = req.request_stats_view == _REQUEST_STATS_FULL
+        if row_filter is None and not full_stats:
+            # Nothing is filtered out and no stats are asked for: the plain, fastest path.
+            async for row in table.read_rows(
+                row_set=rows, filter=None, limit=limit, reverse=req.reversed
+            ):
+                for resp in encoder.add(row):
+                    yield resp
+            return
+        started = stopwatch()
+        returned = _Returned()
+        items = table.read_rows_with_stats(
+            row_set=rows, filter=row_filter, limit=limit, reverse=req.reversed
+        )
+        async for resp in _with_progress(items, encoder, returned):
+            yield resp
+        if full_stats:
+            yield _stats_response(returned, stopwatch() - started)
 
     async def sample_row_keys(self, req: Any) -> AsyncIterator[Any]:
         samples = await self._table(req).sample_row_keys()
@@ -275,10 +289,56 @@ class BigtableData:
         return _PingAndWarmResponse()
 
 
+class _Returned:
+    """What a ReadRows call sent and what its scan saw (for ``request_stats``)."""
+
+    __slots__ = ("cells", "cells_seen", "rows", "rows_seen")
+
+    def __init__(self) -> None:
+        self.rows = self.cells = self.rows_seen = self.cells_seen = 0
+
+
+async def _with_progress(
+    items: AsyncIterator[Row | ScanProgress], encoder: ChunkEncoder, returned: _Returned
+) -> AsyncIterator[Any]:
+    """The responses of a read with scan progress: each row's chunks, and a
+    ``last_scanned_row_key`` response whenever the scan got past the last key sent (a filter
+    dropped the rows in between), so a client cut off resumes from there."""
+    last_key = b""  # in a reversed read, progress has no last_scanned: none is sent
+    async for item in items:
+        if type(item) is ScanProgress:
+            returned.rows_seen, returned.cells_seen = item.rows_seen, item.cells_seen
+            if item.last_scanned > last_key:
+                last_key = item.last_scanned
+                yield _ReadRowsResponse(last_scanned_row_key=item.last_scanned)
+            continue
+        row = cast(Row, item)
+        returned.rows += 1
+        returned.cells += len(row.cells)
+        if row.key > last_key:
+            last_key = row.key
+        for resp in encoder.add(row):
+            yield resp
+
+
+def _stats_response(returned: _Returned, seconds: float) -> Any:
+    """The last response of a read asking for ``REQUEST_STATS_FULL``."""
+    resp = _ReadRowsResponse()
+    view = resp.request_stats.full_read_stats_view
+    it = view.read_iteration_stats
+    it.rows_seen_count = returned.rows_seen
+    it.rows_returned_count = returned.rows
+    it.cells_seen_count = returned.cells_seen
+    it.cells_returned_count = returned.cells
+    view.request_latency_stats.frontend_server_latency.FromNanoseconds(int(seconds * 1e9))
+    return resp
+
+
 # -- gRPC wiring -------------------------------------------------------------------------------
 def _abort_args(exc: BaseException, method: str) -> tuple[grpc.StatusCode, str]:
     if isinstance(exc, TabletStoreError):
-        return status_code(exc), str(exc) or type(exc).__name__
+        # Name tables as the client does: without their instance's prefix.
+        return status_code(exc), PREFIX_IN_TEXT.sub("", str(exc)) or type(exc).__name__
     _log.exception("bigtable-api: %s failed unexpectedly", method)
     return grpc.StatusCode.INTERNAL, f"internal error in {method}: {type(exc).__name__}: {exc}"
 

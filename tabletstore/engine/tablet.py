@@ -88,6 +88,7 @@ from tabletstore.engine.reverse import (
     next_window_start,
     sorted_block_starts,
 )
+from tabletstore.engine.scan_stats import ScanStats
 from tabletstore.engine.split_key import BlockSpan, choose_split_key, middle_row, widest_block
 from tabletstore.engine.state import (
     MajorResult,
@@ -582,12 +583,16 @@ class Tablet:
         filter: RowFilter | None = None,
         families: set[str] | None = None,
         identity: str | None = None,
+        stats: ScanStats | None = None,
     ) -> Row | None:
-        """One row after deletions, GC and the filter; None when nothing is left."""
+        """One row after deletions, GC and the filter; None when nothing is left. ``stats``
+        counts the row as seen (before the filter) if it has cells."""
         self._check_serving()
         self._check_row(row)
         fams = _intersect(families, self._readable(identity))
         cells = await self._read_row_cells(row, fams)
+        if stats is not None and cells:
+            stats.seen(Row(row, cells))
         if filter is not None:
             cells = await _filter_row(filter, regex_cost(filter), row, cells)
         return Row(row, cells) if cells else None
@@ -610,7 +615,7 @@ class Tablet:
         if clipped is None or (limit is not None and limit <= 0):
             return
         if reverse:
-            reversed_rows = self._scan_reversed(clipped, filter, families, limit, identity)
+            reversed_rows = self._scan_reversed(clipped, filter, families, limit, identity, None)
             async with contextlib.aclosing(reversed_rows):
                 async for row in reversed_rows:
                     yield row
@@ -634,6 +639,53 @@ class Tablet:
                 if stopwatch() >= turns.end:
                     await turns.give()
 
+    async def scan_with_progress(
+        self,
+        row_range: RowRange,
+        stats: ScanStats,
+        *,
+        filter: RowFilter | None = None,
+        families: set[str] | None = None,
+        limit: int | None = None,
+        identity: str | None = None,
+        reverse: bool = False,
+    ) -> AsyncIterator[Row | ScanStats]:
+        """:meth:`scan`, counting what it reads in ``stats`` and yielding ``stats`` itself
+        each time ``stats.dropped()`` says a long run of rows was filtered out (forward scans
+        only: a reversed scan only counts)."""
+        self._check_serving()
+        rec = self.record
+        clipped = row_range.clip(rec.start_row, rec.end_row)
+        if clipped is None or (limit is not None and limit <= 0):
+            return
+        if reverse:
+            reversed_rows = self._scan_reversed(clipped, filter, families, limit, identity, stats)
+            async with contextlib.aclosing(reversed_rows):
+                async for row in reversed_rows:
+                    yield row
+            return
+        rows = self._scan_rows(clipped, _intersect(families, self._readable(identity)))
+        cost = regex_cost(filter)
+        emitted = 0
+        turns = _LoopTurns()
+        async with contextlib.aclosing(rows):
+            async for batch in rows:
+                for row in batch:
+                    stats.seen(row)
+                    out = row if filter is None else await _filtered(row, filter, cost)
+                    if out is not None:
+                        stats.returned()
+                        yield out
+                        emitted += 1
+                        if limit is not None and emitted >= limit:
+                            return
+                    elif stats.dropped():
+                        yield stats
+                    if stopwatch() >= turns.end:
+                        await turns.give()
+                if stopwatch() >= turns.end:
+                    await turns.give()
+
     async def _scan_reversed(
         self,
         rng: RowRange,
@@ -641,6 +693,7 @@ class Tablet:
         families: set[str] | None,
         limit: int | None,
         identity: str | None,
+        stats: ScanStats | None,
     ) -> AsyncGenerator[Row, None]:
         """``rng``'s rows in descending order: windows from the top down, each scanned forward
         and handed out reversed (:mod:`tabletstore.engine.reverse`)."""
@@ -662,11 +715,12 @@ class Tablet:
             ]
             lo = next_window_start(upper, start, blocks, probes)
             window = RowRange.half_open(lo, upper)
-            rows = [
-                row
-                async for row in self.scan(window, filter=filter, families=fams)
-                if rng.contains(row.key)
-            ]
+            scanned = (
+                self.scan(window, filter=filter, families=fams)
+                if stats is None
+                else self.scan_with_progress(window, stats, filter=filter, families=fams)
+            )
+            rows = [row async for row in scanned if isinstance(row, Row) and rng.contains(row.key)]
             for row in reversed(rows):
                 yield row
                 emitted += 1

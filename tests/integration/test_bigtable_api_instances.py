@@ -123,8 +123,10 @@ def test_tables_of_two_instances_are_separate(admin: Client, data_client: Any) -
     admin.instance(a).table("only-a").create(column_families={"cf": None})
     assert sorted(t.table_id for t in admin.instance(a).list_tables()) == ["only-a", "t"]
     assert admin.instance(b).list_tables() == []
-    with pytest.raises(gexc.NotFound):
+    with pytest.raises(gexc.NotFound) as info:
         data_client.get_table(b, "t").mutate_row(b"k", SetCell("cf", b"q", b"v", 1000))
+    # Errors name the table as the client does, without the instance's prefix.
+    assert "'t'" in str(info.value) and instance_prefix(PROJECT, b) not in str(info.value)
 
     # The same table id in b is another table.
     admin.instance(b).table("t").create(column_families={"other": None})
