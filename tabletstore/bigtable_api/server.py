@@ -22,6 +22,7 @@ import asyncio
 import logging
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 import grpc
@@ -62,6 +63,7 @@ __all__ = [
     "BackgroundServer",
     "BigtableApiServer",
     "BigtableData",
+    "TlsFiles",
     "generic_handlers",
     "open_client",
 ]
@@ -473,6 +475,7 @@ def generic_handlers(
         grpc.method_handlers_generic_handler(DATA_SERVICE, data_methods),
         grpc.method_handlers_generic_handler(ADMIN_SERVICE, admin_methods),
     ]
+    handlers.append(_metrics_sink())
     if instances is not None:
         handlers.append(
             grpc.method_handlers_generic_handler(
@@ -480,6 +483,21 @@ def generic_handlers(
             )
         )
     return handlers
+
+
+#: Google's clients outside emulator mode (e.g. over TLS) export their built-in metrics to
+#: the endpoint they use; the front door takes them and drops them.
+METRICS_SERVICE = "google.monitoring.v3.MetricService"
+
+
+def _metrics_sink() -> grpc.GenericRpcHandler:
+    async def drop(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+        return b""  # an empty message: google.protobuf.Empty
+
+    sink = grpc.unary_unary_rpc_method_handler(drop)
+    return grpc.method_handlers_generic_handler(
+        METRICS_SERVICE, {"CreateServiceTimeSeries": sink, "CreateTimeSeries": sink}
+    )
 
 
 def _instance_methods(instances: InstanceAdmin, unary: Any, empty: Any) -> dict[str, Any]:
@@ -533,11 +551,38 @@ def _instance_methods(instances: InstanceAdmin, unary: Any, empty: Any) -> dict[
     return methods
 
 
+@dataclass(frozen=True, slots=True)
+class TlsFiles:
+    """The front door's TLS certificate chain and private key (PEM files)."""
+
+    cert: str
+    key: str
+
+    def credentials(self) -> grpc.ServerCredentials:
+        """Server credentials; InvalidArgument naming the file that cannot be used."""
+        pems = []
+        for what, path in (("certificate", self.cert), ("private key", self.key)):
+            try:
+                with open(path, "rb") as f:
+                    data = f.read()
+            except OSError as exc:
+                raise InvalidArgument(f"cannot read the TLS {what} {path!r}: {exc}") from None
+            if b"-----BEGIN " not in data:
+                raise InvalidArgument(f"the TLS {what} {path!r} is not a PEM file")
+            pems.append(data)
+        cert, key = pems
+        if b"PRIVATE KEY-----" not in key:
+            raise InvalidArgument(f"the TLS private key {self.key!r} holds no private key")
+        return grpc.ssl_server_credentials([(key, cert)])
+
+
 class BigtableApiServer:
     """A grpc.aio server serving the Bigtable API over ``client`` on ``host:port``.
 
     ``port`` 0 picks a free port; :attr:`port` tells which after :meth:`start`.
-    ``plain_instance`` is the instance id whose tables are the database's own, unprefixed
+    ``tls`` serves TLS instead of plaintext (clients then connect with TLS and trust the
+    certificate, instead of ``BIGTABLE_EMULATOR_HOST``). ``plain_instance`` is the instance
+    id whose tables are the database's own, unprefixed
     tables (:mod:`tabletstore.bigtable_api.instances`). ``interceptors`` are grpc.aio server
     interceptors, run around every call (tests use one
     to cut ReadRows streams in the middle).
@@ -554,10 +599,12 @@ class BigtableApiServer:
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
         plain_instance: str | None = None,
+        tls: TlsFiles | None = None,
     ) -> None:
         self.host = host
         self.port = port
         self._interceptors = tuple(interceptors)
+        self._tls = tls.credentials() if tls is not None else None
         namespaces = Namespaces(plain_instance)
         self.data = BigtableData(
             client,
@@ -586,7 +633,12 @@ class BigtableApiServer:
             ],
         )
         server.add_generic_rpc_handlers(generic_handlers(self.data, self.admin, self.instances))
-        port: int = server.add_insecure_port(f"{self.host}:{self.port}")
+        address = f"{self.host}:{self.port}"
+        port: int = (
+            server.add_insecure_port(address)
+            if self._tls is None
+            else server.add_secure_port(address, self._tls)
+        )
         if port == 0:
             raise InvalidArgument(f"cannot listen on {self.host}:{self.port}")
         await server.start()
