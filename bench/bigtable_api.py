@@ -4,7 +4,9 @@
                                  [--url URL] [--only tabletstore|emulator]
 
 Starts ``tabletstore bigtable-api`` (a subprocess, over ``--url``: by default a fresh
-``file://`` database in a temporary directory) and ``cbtemulator`` (found as the tests find
+``memory://`` database, in memory as the emulator's is; ``--url file`` for a durable one in a
+temporary directory, whose every acknowledged write is an fsync'd commit-log segment) and
+``cbtemulator`` (found as the tests find
 it), and drives each with google-cloud-bigtable's synchronous data client, one call in flight
 (``BIGTABLE_EMULATOR_HOST`` pointing at one, then the other):
 
@@ -92,7 +94,9 @@ def front_door(url: str | None) -> Iterator[str]:
                 "tabletstore.cli.main",
                 "bigtable-api",
                 "--url",
-                url or f"file://{tmp}/db",
+                f"file://{tmp}/db"
+                if url == "file"
+                else url or f"memory://bench-{uuid.uuid4().hex}",
                 "--port",
                 str(port),
             ],
@@ -179,7 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=100)
     ap.add_argument("--batches", type=int, default=50)
     ap.add_argument("--runs", type=int, default=1)
-    ap.add_argument("--url", default=None, help="tabletstore database (default: a temp dir)")
+    ap.add_argument(
+        "--url", default=None, help="tabletstore database (default: memory; 'file': a temp dir)"
+    )
     ap.add_argument("--only", choices=("tabletstore", "emulator"), default=None)
     args = ap.parse_args(argv)
     columns: dict[str, dict[str, list[float]]] = {}

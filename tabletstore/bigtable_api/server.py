@@ -196,6 +196,14 @@ class BigtableData:
         )
         limit = req.rows_limit or None
         full_stats = req.request_stats_view == _REQUEST_STATS_FULL
+        if len(rows.keys) == 1 and not rows.ranges and not full_stats:
+            # One row (what clients' read_row sends): the unary point read, no stream to the
+            # tablet server. It reads a large row through a stream by itself.
+            row = await table.read_row(rows.keys[0], filter=row_filter)
+            if row is not None:
+                for resp in encoder.add(row):
+                    yield resp
+            return
         if row_filter is None and not full_stats:
             # Nothing is filtered out and no stats are asked for: the plain, fastest path.
             async for row in table.read_rows(
