@@ -153,6 +153,8 @@ _PingAndWarmResponse: Any = bt.PingAndWarmResponse.pb()
 _ReadRowsResponse: Any = bt.ReadRowsResponse.pb()
 _REQUEST_STATS_FULL = int(bt.ReadRowsRequest.RequestStatsView.REQUEST_STATS_FULL)
 _OK = grpc.StatusCode.OK.value[0]
+#: Table names whose handles BigtableData keeps (the cache starts over when full).
+_TABLE_CACHE = 1024
 
 
 class BigtableData:
@@ -169,6 +171,8 @@ class BigtableData:
     ) -> None:
         self._client = client
         self._ns = namespaces or Namespaces()
+        #: Table handles by request table name (a handle holds nothing but the name).
+        self._tables: dict[str, AsyncTable] = {}
         self._clock = clock or SystemClock()
         self._max_value_chunk = max_value_chunk
         self._max_response_bytes = max_response_bytes
@@ -178,7 +182,13 @@ class BigtableData:
             if views and (req.authorized_view_name or getattr(req, "materialized_view_name", "")):
                 raise Unimplemented("authorized and materialized views are not supported")
             raise InvalidArgument("request has no table_name")
-        return self._client.table(self._ns.table(parse_table_name(req.table_name)))
+        name: str = req.table_name
+        table = self._tables.get(name)
+        if table is None:
+            if len(self._tables) >= _TABLE_CACHE:
+                self._tables.clear()
+            table = self._tables[name] = self._client.table(self._ns.table(parse_table_name(name)))
+        return table
 
     def _now(self) -> int:
         return server_timestamp(self._clock.time())
@@ -262,8 +272,12 @@ class BigtableData:
                 for f in exc.failures:
                     statuses[positions[f.index]] = (status_code(f.error).value[0], str(f.error))
         resp = _MutateRowsResponse()
+        add = resp.entries.add
         for i, (code, message) in enumerate(statuses):
-            resp.entries.add(index=i, status=status_pb2.Status(code=code, message=message))
+            if code == _OK:
+                add(index=i).status.SetInParent()  # OK: an empty Status (code 0)
+            else:
+                add(index=i, status=status_pb2.Status(code=code, message=message))
         yield resp
 
     async def check_and_mutate_row(self, req: Any) -> Any:
