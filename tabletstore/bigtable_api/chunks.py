@@ -54,7 +54,9 @@ def row_chunks(row: Row, *, max_value_chunk: int = DEFAULT_MAX_VALUE_CHUNK) -> l
     family: str | None = None
     qualifier: bytes | None = None
     for cell in row.cells:
-        chunk = CellChunkPB(timestamp_micros=cell.timestamp, labels=list(cell.labels))
+        chunk = CellChunkPB(timestamp_micros=cell.timestamp)
+        if cell.labels:
+            chunk.labels.extend(cell.labels)
         if not chunks:
             chunk.row_key = row.key
         if cell.family != family:
@@ -109,6 +111,11 @@ class ChunkEncoder:
         one chunk (``max_value_chunk`` of value and the cell's names): gRPC clients receive
         4 MiB messages by default, and a row of any size arrives in messages of this size.
         The row's last response is sent at once: the next row starts a new one."""
+        if not self._pending.chunks:
+            whole = self._whole_row(row)
+            if whole is not None:
+                yield whole
+                return
         for chunk in row_chunks(row, max_value_chunk=self._max_value_chunk):
             size = _chunk_bytes(chunk) + (0 if chunk.row_key else len(row.key))
             if self._pending.chunks and self._pending_bytes + size > self._max_response_bytes:
@@ -121,6 +128,40 @@ class ChunkEncoder:
             self._pending_bytes += size
             if chunk.commit_row or self._pending_bytes >= self._max_response_bytes:
                 yield self._take()
+
+    def _whole_row(self, row: Row) -> Any | None:
+        """The fast path of the common case: ``row`` fits one response (no value to split, at
+        most ``max_response_bytes``): its chunks built in place in one response. None when
+        it does not fit (``add`` then cuts it into several)."""
+        limit = self._max_value_chunk
+        key_bytes = len(row.key) + 16  # counted per chunk, as add() does
+        size = 0
+        for cell in row.cells:
+            n = len(cell.value)
+            if n > limit:
+                return None
+            size += n + len(cell.qualifier) + key_bytes
+        if size > self._max_response_bytes or not row.cells:
+            return None
+        resp = ReadRowsResponsePB()
+        add = resp.chunks.add
+        family: str | None = None
+        qualifier: bytes | None = None
+        chunk: Any = None
+        for cell in row.cells:
+            chunk = add(timestamp_micros=cell.timestamp, value=cell.value)
+            if family is None:
+                chunk.row_key = row.key
+            if cell.family != family:
+                family, qualifier = cell.family, None
+                chunk.family_name.value = cell.family
+            if cell.qualifier != qualifier:
+                qualifier = cell.qualifier
+                chunk.qualifier.value = cell.qualifier
+            if cell.labels:
+                chunk.labels.extend(cell.labels)
+        chunk.commit_row = True
+        return resp
 
     def flush(self) -> Any | None:
         """The partially filled response, or None if nothing is pending."""

@@ -477,3 +477,18 @@ def test_a_large_row_goes_out_in_responses_of_at_most_the_bound() -> None:
     assert len(responses) >= 20
     got = b"".join(c.value for r in responses for c in r.chunks)
     assert got == b"s" * 1_000_000 + value + b"tail"
+
+
+def test_a_row_that_fits_one_response_is_encoded_as_row_chunks_says() -> None:
+    """The encoder's one-response fast path sends exactly the chunks of ``row_chunks``."""
+    row = Row(
+        b"row",
+        [
+            Cell("a", b"q1", 3000, b"x", ("lbl", "two")),
+            Cell("a", b"q1", 1000, b"y"),
+            Cell("a", b"q2", 1000, b"z"),
+            Cell("b", b"q2", 2000, b""),
+        ],
+    )
+    (resp,) = ChunkEncoder().add(row)
+    assert list(resp.chunks) == row_chunks(row)
