@@ -16,7 +16,8 @@ it), and drives each with google-cloud-bigtable's synchronous data client, one c
 * **random reads/s**: ``read_row`` of a random written row, ``--ops`` times;
 * **scanned rows/s**: ``read_rows`` of the whole table (every row written above).
 
-Prints both columns side by side and tabletstore / emulator; the median of ``--runs`` runs.
+Prints both columns side by side and tabletstore / emulator; the median of ``--runs`` runs,
+which alternate between the two servers (a loaded machine then weighs on both alike).
 Both servers run in their own process, so the client's process measures only the client.
 """
 
@@ -193,11 +194,16 @@ def main(argv: list[str] | None = None) -> int:
         ("tabletstore", lambda: front_door(args.url)),
         ("emulator", emulator),
     ]
-    for name, start in backends:
-        if args.only not in (None, name):
-            continue
-        with start() as address:
-            for _ in range(args.runs):
+    with contextlib.ExitStack() as stack:
+        addresses = {
+            name: stack.enter_context(start())
+            for name, start in backends
+            if args.only in (None, name)
+        }
+        # Runs alternate between the servers, so a change in the machine's load meanwhile
+        # weighs on both columns alike.
+        for _ in range(args.runs):
+            for name, address in addresses.items():
                 got = measure(address, args.ops, args.batch, args.batches)
                 for figure, value in got.items():
                     columns.setdefault(name, {}).setdefault(figure, []).append(value)
