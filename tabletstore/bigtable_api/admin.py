@@ -4,6 +4,10 @@ Implemented: CreateTable, GetTable, ListTables, DeleteTable, ModifyColumnFamilie
 DropRowRange, GenerateConsistencyToken and CheckConsistency. Every other method of the
 service answers UNIMPLEMENTED (see :mod:`tabletstore.bigtable_api.server`).
 
+Tables live in their instance's namespace (:mod:`tabletstore.bigtable_api.instances`): the
+stored tabletstore table is the instance's prefix and the table id; CreateTable records an
+instance it has not seen.
+
 Contracts:
 
 * ModifyColumnFamilies validates every modification against the current schema first (create
@@ -25,6 +29,7 @@ from typing import Any
 from google.cloud.bigtable_admin_v2.types import bigtable_table_admin as bta
 from google.protobuf import empty_pb2
 
+from tabletstore.bigtable_api.instances import InstanceAdmin, Namespaces
 from tabletstore.bigtable_api.translate import (
     TableName,
     check_table_id,
@@ -56,12 +61,25 @@ _VIEW_NAME_ONLY = 1
 class TableAdmin:
     """The table admin RPCs; each takes a raw request message and returns the response."""
 
-    def __init__(self, client: AsyncClient) -> None:
+    def __init__(
+        self,
+        client: AsyncClient,
+        namespaces: Namespaces | None = None,
+        instances: InstanceAdmin | None = None,
+    ) -> None:
         self._client = client
+        self._ns = namespaces or Namespaces()
+        self._instances = instances or InstanceAdmin(client, self._ns)
+
+    def _name(self, table_name: str) -> tuple[TableName, str]:
+        """The parsed name and the stored tabletstore table it names."""
+        name = parse_table_name(table_name)
+        return name, self._ns.table(name)
 
     async def create_table(self, req: Any) -> Any:
         project, instance = parse_instance_name(req.parent)
         name = TableName(project, instance, check_table_id(req.table_id))
+        stored = self._ns.table(name)
         families = [
             ColumnFamily.model_validate(
                 {
@@ -75,33 +93,39 @@ class TableAdmin:
         if req.table.granularity == 2:  # MICROS
             raise InvalidArgument("tabletstore tables have MILLIS timestamp granularity")
         splits = sorted({bytes(s.key) for s in req.initial_splits if s.key})
-        await self._client.create_table(name.table, families, split_keys=splits)
-        return table_to_pb(name, await self._client.describe_table(name.table), 0)
+        await self._instances.register_implicitly(project, instance)
+        await self._client.create_table(stored, families, split_keys=splits)
+        return table_to_pb(name, await self._client.describe_table(stored), 0)
 
     async def get_table(self, req: Any) -> Any:
-        name = parse_table_name(req.name)
-        return table_to_pb(name, await self._client.describe_table(name.table), req.view)
+        name, stored = self._name(req.name)
+        return table_to_pb(name, await self._client.describe_table(stored), req.view)
 
     async def list_tables(self, req: Any) -> Any:
         project, instance = parse_instance_name(req.parent)
         out = ListTablesResponsePB()
         view = req.view or _VIEW_NAME_ONLY
-        for table in await self._client.list_tables():
+        stored = await self._client.list_tables()
+        for table in self._ns.table_ids(project, instance, stored):
             name = TableName(project, instance, table)
-            schema = None if view == _VIEW_NAME_ONLY else await self._client.describe_table(table)
+            schema = (
+                None
+                if view == _VIEW_NAME_ONLY
+                else await self._client.describe_table(self._ns.table(name))
+            )
             out.tables.append(table_to_pb(name, schema, view))
         return out
 
     async def delete_table(self, req: Any) -> Any:
-        name = parse_table_name(req.name)
-        await self._client.delete_table(name.table)
+        _, stored = self._name(req.name)
+        await self._client.delete_table(stored)
         return empty_pb2.Empty()
 
     async def modify_column_families(self, req: Any) -> Any:
-        name = parse_table_name(req.name)
+        name, stored = self._name(req.name)
         if not req.modifications:
             raise InvalidArgument("ModifyColumnFamilies needs at least one modification")
-        schema = await self._client.describe_table(name.table)
+        schema = await self._client.describe_table(stored)
         present = set(schema.families)
         plan: list[tuple[str, str, GcRule | None, str | None]] = []
         for mod in req.modifications:
@@ -130,16 +154,16 @@ class TableAdmin:
         for kind, fid, rule, value_type in plan:
             if kind == "create":
                 await self._client.create_family(
-                    name.table, fid, gc_rule=rule, value_type=value_type
+                    stored, fid, gc_rule=rule, value_type=value_type
                 )
             elif kind == "update":
-                await self._client.set_gc_rule(name.table, fid, rule)
+                await self._client.set_gc_rule(stored, fid, rule)
             else:
-                await self._client.delete_family(name.table, fid)
-        return table_to_pb(name, await self._client.describe_table(name.table), 0)
+                await self._client.delete_family(stored, fid)
+        return table_to_pb(name, await self._client.describe_table(stored), 0)
 
     async def drop_row_range(self, req: Any) -> Any:
-        name = parse_table_name(req.name)
+        _, stored = self._name(req.name)
         target = req.WhichOneof("target")
         if target == "row_key_prefix" and req.row_key_prefix:
             prefix: bytes | None = bytes(req.row_key_prefix)
@@ -149,7 +173,7 @@ class TableAdmin:
             raise InvalidArgument(
                 "DropRowRange needs a non-empty row_key_prefix or delete_all_data_from_table"
             )
-        table = self._client.table(name.table)
+        table = self._client.table(stored)
         # One empty cell per row is enough to learn the row's key.
         keys_only = Chain([CellsPerRowLimit(1), StripValue()])
         batch: list[RowMutation] = []
@@ -163,13 +187,13 @@ class TableAdmin:
         return empty_pb2.Empty()
 
     async def generate_consistency_token(self, req: Any) -> Any:
-        name = parse_table_name(req.name)
-        await self._client.describe_table(name.table)  # NOT_FOUND for a missing table
+        _, stored = self._name(req.name)
+        await self._client.describe_table(stored)  # NOT_FOUND for a missing table
         return GenerateConsistencyTokenResponsePB(consistency_token=CONSISTENCY_TOKEN)
 
     async def check_consistency(self, req: Any) -> Any:
-        name = parse_table_name(req.name)
-        await self._client.describe_table(name.table)
+        _, stored = self._name(req.name)
+        await self._client.describe_table(stored)
         if req.consistency_token != CONSISTENCY_TOKEN:
             raise InvalidArgument(f"unknown consistency token {req.consistency_token!r}")
         return CheckConsistencyResponsePB(consistent=True)

@@ -5,7 +5,10 @@ that clients reassemble with a strict state machine (the official clients reject
 that breaks it). The rules this encoder keeps, from ``bigtable.proto``:
 
 * Rows are sent whole and in strictly increasing key order; the last chunk of a row has
-  ``commit_row`` set. A response may hold several rows, and a row may span responses.
+  ``commit_row`` set. A response holds at most one row (as the service and Google's emulator
+  send them: one response per row, or per ``max_response_bytes`` of a larger row), so a
+  stream cut anywhere loses at most one row's worth of work, and a client's resume point (the
+  last committed key) is never more than one message behind. A row may span responses.
 * The first chunk of every response carries its row's key, even mid-row. The API lets a
   response continue the previous one's row with an empty key, but google-cloud-bigtable's
   Python client (2.50) compares each response's first key with the last committed row and
@@ -33,7 +36,8 @@ __all__ = ["DEFAULT_MAX_RESPONSE_BYTES", "DEFAULT_MAX_VALUE_CHUNK", "ChunkEncode
 
 #: Values longer than this are split across chunks (the service uses about 1 MiB too).
 DEFAULT_MAX_VALUE_CHUNK = 1024 * 1024
-#: A response holds at most this many value and key bytes (or one chunk, if that is more).
+#: A response holds at most one row, and at most this many value and key bytes of it (or one
+#: chunk, if that is more).
 DEFAULT_MAX_RESPONSE_BYTES = 1024 * 1024
 
 CellChunkPB: Any = ReadRowsResponsePB.CellChunk
@@ -50,7 +54,9 @@ def row_chunks(row: Row, *, max_value_chunk: int = DEFAULT_MAX_VALUE_CHUNK) -> l
     family: str | None = None
     qualifier: bytes | None = None
     for cell in row.cells:
-        chunk = CellChunkPB(timestamp_micros=cell.timestamp, labels=list(cell.labels))
+        chunk = CellChunkPB(timestamp_micros=cell.timestamp)
+        if cell.labels:
+            chunk.labels.extend(cell.labels)
         if not chunks:
             chunk.row_key = row.key
         if cell.family != family:
@@ -81,9 +87,11 @@ def _chunk_bytes(chunk: Any) -> int:
 
 
 class ChunkEncoder:
-    """Packs rows into ReadRowsResponse messages of about ``max_response_bytes`` each.
+    """Cuts rows into ReadRowsResponse messages: one per row, or per ``max_response_bytes``
+    of a larger row (whichever comes first).
 
-    ``add(row)`` returns the responses that became full; ``flush()`` the last partial one.
+    ``add(row)`` yields the row's responses, the last one ending with its ``commit_row``
+    chunk; ``flush()`` is then always None (kept for callers that stop mid-row).
     """
 
     def __init__(
@@ -101,7 +109,13 @@ class ChunkEncoder:
         """Encode ``row``; yield every response filled up meanwhile. A response is sent before
         a chunk would take it past ``max_response_bytes``, so none is larger than that or than
         one chunk (``max_value_chunk`` of value and the cell's names): gRPC clients receive
-        4 MiB messages by default, and a row of any size arrives in messages of this size."""
+        4 MiB messages by default, and a row of any size arrives in messages of this size.
+        The row's last response is sent at once: the next row starts a new one."""
+        if not self._pending.chunks:
+            whole = self._whole_row(row)
+            if whole is not None:
+                yield whole
+                return
         for chunk in row_chunks(row, max_value_chunk=self._max_value_chunk):
             size = _chunk_bytes(chunk) + (0 if chunk.row_key else len(row.key))
             if self._pending.chunks and self._pending_bytes + size > self._max_response_bytes:
@@ -112,8 +126,42 @@ class ChunkEncoder:
                 chunk.row_key = row.key
             self._pending.chunks.append(chunk)
             self._pending_bytes += size
-            if self._pending_bytes >= self._max_response_bytes:
+            if chunk.commit_row or self._pending_bytes >= self._max_response_bytes:
                 yield self._take()
+
+    def _whole_row(self, row: Row) -> Any | None:
+        """The fast path of the common case: ``row`` fits one response (no value to split, at
+        most ``max_response_bytes``): its chunks built in place in one response. None when
+        it does not fit (``add`` then cuts it into several)."""
+        limit = self._max_value_chunk
+        key_bytes = len(row.key) + 16  # counted per chunk, as add() does
+        size = 0
+        for cell in row.cells:
+            n = len(cell.value)
+            if n > limit:
+                return None
+            size += n + len(cell.qualifier) + key_bytes
+        if size > self._max_response_bytes or not row.cells:
+            return None
+        resp = ReadRowsResponsePB()
+        add = resp.chunks.add
+        family: str | None = None
+        qualifier: bytes | None = None
+        chunk: Any = None
+        for cell in row.cells:
+            chunk = add(timestamp_micros=cell.timestamp, value=cell.value)
+            if family is None:
+                chunk.row_key = row.key
+            if cell.family != family:
+                family, qualifier = cell.family, None
+                chunk.family_name.value = cell.family
+            if cell.qualifier != qualifier:
+                qualifier = cell.qualifier
+                chunk.qualifier.value = cell.qualifier
+            if cell.labels:
+                chunk.labels.extend(cell.labels)
+        chunk.commit_row = True
+        return resp
 
     def flush(self) -> Any | None:
         """The partially filled response, or None if nothing is pending."""

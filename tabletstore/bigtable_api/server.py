@@ -21,8 +21,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
 
 import grpc
 from google.cloud.bigtable_admin_v2.types import bigtable_table_admin as bta
@@ -36,6 +37,7 @@ from tabletstore.bigtable_api.chunks import (
     DEFAULT_MAX_VALUE_CHUNK,
     ChunkEncoder,
 )
+from tabletstore.bigtable_api.instances import PREFIX_IN_TEXT, InstanceAdmin, Namespaces
 from tabletstore.bigtable_api.translate import (
     filter_from_pb,
     mutations_from_pb,
@@ -48,24 +50,28 @@ from tabletstore.bigtable_api.translate import (
     status_code,
 )
 from tabletstore.client.client import AsyncClient, AsyncTable, MutationsFailed
-from tabletstore.clock import Clock, SystemClock
-from tabletstore.data.model import Mutation, RowMutation
+from tabletstore.clock import Clock, SystemClock, stopwatch
+from tabletstore.data.model import Mutation, Row, RowMutation
 from tabletstore.data.validation import MAX_MUTATIONS_PER_ROW, check_row_key
 from tabletstore.errors import InvalidArgument, TabletStoreError, Unimplemented
 from tabletstore.limits import MAX_REQUEST_BYTES
+from tabletstore.rpc.messages import ScanProgress
 
 __all__ = [
     "ADMIN_SERVICE",
     "DATA_SERVICE",
+    "INSTANCE_ADMIN_SERVICE",
     "BackgroundServer",
     "BigtableApiServer",
     "BigtableData",
+    "TlsFiles",
     "generic_handlers",
     "open_client",
 ]
 
 DATA_SERVICE = "google.bigtable.v2.Bigtable"
 ADMIN_SERVICE = "google.bigtable.admin.v2.BigtableTableAdmin"
+INSTANCE_ADMIN_SERVICE = "google.bigtable.admin.v2.BigtableInstanceAdmin"
 #: Methods of the two services tabletstore does not implement (answered UNIMPLEMENTED).
 UNIMPLEMENTED_DATA = (
     "ExecuteQuery",
@@ -102,6 +108,34 @@ UNIMPLEMENTED_ADMIN = (
     "ListSchemaBundles",
     "DeleteSchemaBundle",
 )
+UNIMPLEMENTED_INSTANCE_ADMIN = (
+    "CreateCluster",
+    "UpdateCluster",
+    "PartialUpdateCluster",
+    "DeleteCluster",
+    "CreateAppProfile",
+    "GetAppProfile",
+    "ListAppProfiles",
+    "UpdateAppProfile",
+    "DeleteAppProfile",
+    "GetIamPolicy",
+    "SetIamPolicy",
+    "TestIamPermissions",
+    "ListHotTablets",
+    "CreateLogicalView",
+    "GetLogicalView",
+    "ListLogicalViews",
+    "UpdateLogicalView",
+    "DeleteLogicalView",
+    "CreateMaterializedView",
+    "GetMaterializedView",
+    "ListMaterializedViews",
+    "UpdateMaterializedView",
+    "DeleteMaterializedView",
+    "GetMemoryLayer",
+    "ListMemoryLayers",
+    "UpdateMemoryLayer",
+)
 #: Bigtable's limit on mutations in one MutateRows request, over all entries.
 MAX_MUTATIONS_PER_REQUEST = MAX_MUTATIONS_PER_ROW
 #: Largest message either way: ``limits.MAX_REQUEST_BYTES``, what one maximal row mutation needs
@@ -118,7 +152,11 @@ _CheckAndMutateRowResponse: Any = bt.CheckAndMutateRowResponse.pb()
 _ReadModifyWriteRowResponse: Any = bt.ReadModifyWriteRowResponse.pb()
 _SampleRowKeysResponse: Any = bt.SampleRowKeysResponse.pb()
 _PingAndWarmResponse: Any = bt.PingAndWarmResponse.pb()
+_ReadRowsResponse: Any = bt.ReadRowsResponse.pb()
+_REQUEST_STATS_FULL = int(bt.ReadRowsRequest.RequestStatsView.REQUEST_STATS_FULL)
 _OK = grpc.StatusCode.OK.value[0]
+#: Table names whose handles BigtableData keeps (the cache starts over when full).
+_TABLE_CACHE = 1024
 
 
 class BigtableData:
@@ -131,8 +169,12 @@ class BigtableData:
         clock: Clock | None = None,
         max_value_chunk: int = DEFAULT_MAX_VALUE_CHUNK,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        namespaces: Namespaces | None = None,
     ) -> None:
         self._client = client
+        self._ns = namespaces or Namespaces()
+        #: Table handles by request table name (a handle holds nothing but the name).
+        self._tables: dict[str, AsyncTable] = {}
         self._clock = clock or SystemClock()
         self._max_value_chunk = max_value_chunk
         self._max_response_bytes = max_response_bytes
@@ -142,15 +184,19 @@ class BigtableData:
             if views and (req.authorized_view_name or getattr(req, "materialized_view_name", "")):
                 raise Unimplemented("authorized and materialized views are not supported")
             raise InvalidArgument("request has no table_name")
-        return self._client.table(parse_table_name(req.table_name).table)
+        name: str = req.table_name
+        table = self._tables.get(name)
+        if table is None:
+            if len(self._tables) >= _TABLE_CACHE:
+                self._tables.clear()
+            table = self._tables[name] = self._client.table(self._ns.table(parse_table_name(name)))
+        return table
 
     def _now(self) -> int:
         return server_timestamp(self._clock.time())
 
     async def read_rows(self, req: Any) -> AsyncIterator[Any]:
         table = self._table(req)
-        if req.reversed:
-            raise Unimplemented("reversed scans are not supported")
         if req.rows_limit < 0:
             raise InvalidArgument(f"rows_limit must be >= 0, got {req.rows_limit}")
         rows = row_set_from_pb(req.HasField("rows"), req.rows)
@@ -160,14 +206,33 @@ class BigtableData:
         encoder = ChunkEncoder(
             max_value_chunk=self._max_value_chunk, max_response_bytes=self._max_response_bytes
         )
-        async for row in table.read_rows(
-            row_set=rows, filter=row_filter, limit=req.rows_limit or None
-        ):
-            for resp in encoder.add(row):
-                yield resp
-        last = encoder.flush()
-        if last is not None:
-            yield last
+        limit = req.rows_limit or None
+        full_stats = req.request_stats_view == _REQUEST_STATS_FULL
+        if len(rows.keys) == 1 and not rows.ranges and not full_stats:
+            # One row (what clients' read_row sends): the unary point read, no stream to the
+            # tablet server. It reads a large row through a stream by itself.
+            row = await table.read_row(rows.keys[0], filter=row_filter)
+            if row is not None:
+                for resp in encoder.add(row):
+                    yield resp
+            return
+        if row_filter is None and not full_stats:
+            # Nothing is filtered out and no stats are asked for: the plain, fastest path.
+            async for row in table.read_rows(
+                row_set=rows, filter=None, limit=limit, reverse=req.reversed
+            ):
+                for resp in encoder.add(row):
+                    yield resp
+            return
+        started = stopwatch()
+        returned = _Returned()
+        items = table.read_rows_with_stats(
+            row_set=rows, filter=row_filter, limit=limit, reverse=req.reversed
+        )
+        async for resp in _with_progress(items, encoder, returned):
+            yield resp
+        if full_stats:
+            yield _stats_response(returned, stopwatch() - started)
 
     async def sample_row_keys(self, req: Any) -> AsyncIterator[Any]:
         samples = await self._table(req).sample_row_keys()
@@ -209,8 +274,12 @@ class BigtableData:
                 for f in exc.failures:
                     statuses[positions[f.index]] = (status_code(f.error).value[0], str(f.error))
         resp = _MutateRowsResponse()
+        add = resp.entries.add
         for i, (code, message) in enumerate(statuses):
-            resp.entries.add(index=i, status=status_pb2.Status(code=code, message=message))
+            if code == _OK:
+                add(index=i).status.SetInParent()  # OK: an empty Status (code 0)
+            else:
+                add(index=i, status=status_pb2.Status(code=code, message=message))
         yield resp
 
     async def check_and_mutate_row(self, req: Any) -> Any:
@@ -246,10 +315,56 @@ class BigtableData:
         return _PingAndWarmResponse()
 
 
+class _Returned:
+    """What a ReadRows call sent and what its scan saw (for ``request_stats``)."""
+
+    __slots__ = ("cells", "cells_seen", "rows", "rows_seen")
+
+    def __init__(self) -> None:
+        self.rows = self.cells = self.rows_seen = self.cells_seen = 0
+
+
+async def _with_progress(
+    items: AsyncIterator[Row | ScanProgress], encoder: ChunkEncoder, returned: _Returned
+) -> AsyncIterator[Any]:
+    """The responses of a read with scan progress: each row's chunks, and a
+    ``last_scanned_row_key`` response whenever the scan got past the last key sent (a filter
+    dropped the rows in between), so a client cut off resumes from there."""
+    last_key = b""  # in a reversed read, progress has no last_scanned: none is sent
+    async for item in items:
+        if type(item) is ScanProgress:
+            returned.rows_seen, returned.cells_seen = item.rows_seen, item.cells_seen
+            if item.last_scanned > last_key:
+                last_key = item.last_scanned
+                yield _ReadRowsResponse(last_scanned_row_key=item.last_scanned)
+            continue
+        row = cast(Row, item)
+        returned.rows += 1
+        returned.cells += len(row.cells)
+        if row.key > last_key:
+            last_key = row.key
+        for resp in encoder.add(row):
+            yield resp
+
+
+def _stats_response(returned: _Returned, seconds: float) -> Any:
+    """The last response of a read asking for ``REQUEST_STATS_FULL``."""
+    resp = _ReadRowsResponse()
+    view = resp.request_stats.full_read_stats_view
+    it = view.read_iteration_stats
+    it.rows_seen_count = returned.rows_seen
+    it.rows_returned_count = returned.rows
+    it.cells_seen_count = returned.cells_seen
+    it.cells_returned_count = returned.cells
+    view.request_latency_stats.frontend_server_latency.FromNanoseconds(int(seconds * 1e9))
+    return resp
+
+
 # -- gRPC wiring -------------------------------------------------------------------------------
 def _abort_args(exc: BaseException, method: str) -> tuple[grpc.StatusCode, str]:
     if isinstance(exc, TabletStoreError):
-        return status_code(exc), str(exc) or type(exc).__name__
+        # Name tables as the client does: without their instance's prefix.
+        return status_code(exc), PREFIX_IN_TEXT.sub("", str(exc)) or type(exc).__name__
     _log.exception("bigtable-api: %s failed unexpectedly", method)
     return grpc.StatusCode.INTERNAL, f"internal error in {method}: {type(exc).__name__}: {exc}"
 
@@ -292,8 +407,10 @@ def _pb(cls: Any) -> Any:
     return cls.pb()
 
 
-def generic_handlers(data: BigtableData, admin: TableAdmin) -> list[grpc.GenericRpcHandler]:
-    """The two services' handlers, registered by method path."""
+def generic_handlers(
+    data: BigtableData, admin: TableAdmin, instances: InstanceAdmin | None = None
+) -> list[grpc.GenericRpcHandler]:
+    """The three services' handlers, registered by method path."""
     uu, us = grpc.unary_unary_rpc_method_handler, grpc.unary_stream_rpc_method_handler
 
     def unary(name: str, fn: Any, req: Any, resp: Any) -> Any:
@@ -378,10 +495,109 @@ def generic_handlers(data: BigtableData, admin: TableAdmin) -> list[grpc.Generic
         ),
     }
     admin_methods.update({m: _unimplemented(ADMIN_SERVICE, m) for m in UNIMPLEMENTED_ADMIN})
-    return [
+    handlers = [
         grpc.method_handlers_generic_handler(DATA_SERVICE, data_methods),
         grpc.method_handlers_generic_handler(ADMIN_SERVICE, admin_methods),
     ]
+    handlers.append(_metrics_sink())
+    if instances is not None:
+        handlers.append(
+            grpc.method_handlers_generic_handler(
+                INSTANCE_ADMIN_SERVICE, _instance_methods(instances, unary, empty)
+            )
+        )
+    return handlers
+
+
+#: Google's clients outside emulator mode (e.g. over TLS) export their built-in metrics to
+#: the endpoint they use; the front door takes them and drops them.
+METRICS_SERVICE = "google.monitoring.v3.MetricService"
+
+
+def _metrics_sink() -> grpc.GenericRpcHandler:
+    async def drop(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+        return b""  # an empty message: google.protobuf.Empty
+
+    sink = grpc.unary_unary_rpc_method_handler(drop)
+    return grpc.method_handlers_generic_handler(
+        METRICS_SERVICE, {"CreateServiceTimeSeries": sink, "CreateTimeSeries": sink}
+    )
+
+
+def _instance_methods(instances: InstanceAdmin, unary: Any, empty: Any) -> dict[str, Any]:
+    from google.cloud.bigtable_admin_v2.types import bigtable_instance_admin as bia
+    from google.cloud.bigtable_admin_v2.types import instance as inst
+    from google.longrunning import operations_pb2
+
+    class _Operation:  # unary() takes proto-plus classes; Operation is a plain protobuf
+        @staticmethod
+        def pb() -> Any:
+            return operations_pb2.Operation
+
+    methods = {
+        "CreateInstance": unary(
+            "CreateInstance", instances.create_instance, bia.CreateInstanceRequest, _Operation
+        ),
+        "GetInstance": unary(
+            "GetInstance", instances.get_instance, bia.GetInstanceRequest, inst.Instance
+        ),
+        "ListInstances": unary(
+            "ListInstances",
+            instances.list_instances,
+            bia.ListInstancesRequest,
+            bia.ListInstancesResponse,
+        ),
+        "UpdateInstance": unary(
+            "UpdateInstance", instances.update_instance, inst.Instance, inst.Instance
+        ),
+        "PartialUpdateInstance": unary(
+            "PartialUpdateInstance",
+            instances.partial_update_instance,
+            bia.PartialUpdateInstanceRequest,
+            _Operation,
+        ),
+        "DeleteInstance": empty(
+            "DeleteInstance", instances.delete_instance, bia.DeleteInstanceRequest
+        ),
+        "GetCluster": unary(
+            "GetCluster", instances.get_cluster, bia.GetClusterRequest, inst.Cluster
+        ),
+        "ListClusters": unary(
+            "ListClusters",
+            instances.list_clusters,
+            bia.ListClustersRequest,
+            bia.ListClustersResponse,
+        ),
+    }
+    methods.update(
+        {m: _unimplemented(INSTANCE_ADMIN_SERVICE, m) for m in UNIMPLEMENTED_INSTANCE_ADMIN}
+    )
+    return methods
+
+
+@dataclass(frozen=True, slots=True)
+class TlsFiles:
+    """The front door's TLS certificate chain and private key (PEM files)."""
+
+    cert: str
+    key: str
+
+    def credentials(self) -> grpc.ServerCredentials:
+        """Server credentials; InvalidArgument naming the file that cannot be used."""
+        pems = []
+        for what, path in (("certificate", self.cert), ("private key", self.key)):
+            try:
+                with open(path, "rb") as f:
+                    data = f.read()
+            except OSError as exc:
+                raise InvalidArgument(f"cannot read the TLS {what} {path!r}: {exc}") from None
+            if b"-----BEGIN " not in data:
+                raise InvalidArgument(f"the TLS {what} {path!r} is not a PEM file")
+            pems.append(data)
+        cert, key = pems
+        if b"PRIVATE KEY-----" not in key:
+            raise InvalidArgument(f"the TLS private key {self.key!r} holds no private key")
+        return grpc.ssl_server_credentials([(key, cert)])
 
 
 class BigtableApiServer:
@@ -390,6 +606,12 @@ class BigtableApiServer:
     ``port`` 0 picks a free port; :attr:`port` tells which after :meth:`start`. A message
     larger than ``max_message_bytes`` (default :data:`MAX_MESSAGE_BYTES`) either way is refused
     by gRPC with RESOURCE_EXHAUSTED, a request before it is buffered.
+    ``tls`` serves TLS instead of plaintext (clients then connect with TLS and trust the
+    certificate, instead of ``BIGTABLE_EMULATOR_HOST``). ``plain_instance`` is the instance
+    id whose tables are the database's own, unprefixed
+    tables (:mod:`tabletstore.bigtable_api.instances`). ``interceptors`` are grpc.aio server
+    interceptors, run around every call (tests use one
+    to cut ReadRows streams in the middle).
     """
 
     def __init__(
@@ -402,6 +624,9 @@ class BigtableApiServer:
         max_value_chunk: int = DEFAULT_MAX_VALUE_CHUNK,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
+        interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+        plain_instance: str | None = None,
+        tls: TlsFiles | None = None,
     ) -> None:
         if max_message_bytes < DEFAULT_MAX_RESPONSE_BYTES:
             raise InvalidArgument(
@@ -411,13 +636,18 @@ class BigtableApiServer:
         self.max_message_bytes = max_message_bytes
         self.host = host
         self.port = port
+        self._interceptors = tuple(interceptors)
+        self._tls = tls.credentials() if tls is not None else None
+        namespaces = Namespaces(plain_instance)
         self.data = BigtableData(
             client,
             clock=clock,
             max_value_chunk=max_value_chunk,
             max_response_bytes=max_response_bytes,
+            namespaces=namespaces,
         )
-        self.admin = TableAdmin(client)
+        self.instances = InstanceAdmin(client, namespaces, clock=clock)
+        self.admin = TableAdmin(client, namespaces, self.instances)
         self._server: grpc.aio.Server | None = None
 
     @property
@@ -428,14 +658,20 @@ class BigtableApiServer:
     async def start(self) -> int:
         """Bind and start serving; returns the bound port."""
         server = grpc.aio.server(
+            interceptors=self._interceptors or None,
             options=[
                 ("grpc.max_receive_message_length", self.max_message_bytes),
                 ("grpc.max_send_message_length", self.max_message_bytes),
                 ("grpc.so_reuseport", 0),
-            ]
+            ],
         )
-        server.add_generic_rpc_handlers(generic_handlers(self.data, self.admin))
-        port: int = server.add_insecure_port(f"{self.host}:{self.port}")
+        server.add_generic_rpc_handlers(generic_handlers(self.data, self.admin, self.instances))
+        address = f"{self.host}:{self.port}"
+        port: int = (
+            server.add_insecure_port(address)
+            if self._tls is None
+            else server.add_secure_port(address, self._tls)
+        )
         if port == 0:
             raise InvalidArgument(f"cannot listen on {self.host}:{self.port}")
         await server.start()

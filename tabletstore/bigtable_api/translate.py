@@ -7,9 +7,9 @@ function of its arguments only (server time is passed in), so it is tested witho
 
 Contracts, decided once for the whole front door:
 
-* **Names.** ``projects/P/instances/I/tables/T`` names tabletstore table ``T``; the project and
-  instance are not stored (one tabletstore database is one instance) but are echoed back in
-  responses. ``T`` must be a valid tabletstore table name (``[A-Za-z0-9_.-]{1,50}``).
+* **Names.** ``projects/P/instances/I/tables/T``: ``T`` must match ``[A-Za-z0-9_.-]{1,50}``
+  (Cloud Bigtable's limit); which tabletstore table it names depends on the instance
+  (:mod:`tabletstore.bigtable_api.instances`).
 * **Timestamps** are microseconds with millisecond granularity, as in a Cloud Bigtable table
   whose granularity is ``MILLIS`` (the only granularity reported). ``SetCell`` timestamps and
   ``DeleteFromColumn`` time ranges must be multiples of 1000 (else INVALID_ARGUMENT, as the
@@ -181,8 +181,16 @@ def parse_table_name(name: str) -> TableName:
     return TableName(m.group(1), m.group(2), check_table_id(m.group(3)))
 
 
+#: Longest Cloud Bigtable table id.
+MAX_TABLE_ID = 50
+
+
 def check_table_id(table_id: str) -> str:
-    """A table id must be a valid tabletstore table name."""
+    """A table id: at most 50 characters (the service's limit), of a tabletstore table name."""
+    if len(table_id) > MAX_TABLE_ID:
+        raise InvalidArgument(
+            f"table id {table_id!r} must be 1-{MAX_TABLE_ID} characters of [A-Za-z0-9_.-]"
+        )
     try:
         return validate_table_name(table_id)
     except ValueError as exc:

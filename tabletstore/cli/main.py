@@ -479,8 +479,9 @@ def lookup_cmd(table: str, row: str, options: tuple[str, ...]) -> None:
 @_opts_arg
 def read_cmd(table: str, options: tuple[str, ...]) -> None:
     """Read rows: [start=R] [end=R] [prefix=P] [regex=RE] [count=N] [columns=...]
-    [cells-per-column=N] [keys-only=true]. end is exclusive; regex matches whole keys."""
-    allowed = ("start", "end", "prefix", "regex", "count", *_READ_KEYS)
+    [cells-per-column=N] [keys-only=true] [reversed=true]. end is exclusive; regex matches
+    whole keys; reversed reads in descending key order (count takes the highest keys)."""
+    allowed = ("start", "end", "prefix", "regex", "count", "reversed", *_READ_KEYS)
     opts = _failing(lambda: cbt.parse_kv_args(options, allowed))
     _read(table, opts)
 
@@ -497,6 +498,8 @@ def _read(table: str, opts: dict[str, str], keys: list[bytes] | None = None) -> 
                 kwargs[key] = cbt.arg_bytes(opts[key])
         if "count" in opts:
             kwargs["limit"] = cbt.parse_count("count", opts["count"])
+        if cbt.parse_bool("reversed", opts.get("reversed", "false")):
+            kwargs["reverse"] = True
         return {"keys_only": keys_only, "kwargs": kwargs}
 
     p = _failing(plan)

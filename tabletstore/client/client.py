@@ -29,7 +29,7 @@ import asyncio
 import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from tabletstore.client.location import LocationCache
 from tabletstore.data.filters import RowFilter
@@ -76,6 +76,7 @@ from tabletstore.rpc.messages import (
     ReadRowsRequest,
     RowBatch,
     SampleRowKeysRequest,
+    ScanProgress,
     ServerStatusRequest,
     ServerStatusResponse,
     TableNameRequest,
@@ -777,15 +778,51 @@ class AsyncTable:
         filter: RowFilter | None = None,
         limit: int | None = None,
         families: Iterable[str] | None = None,
+        reverse: bool = False,
     ) -> AsyncIterator[Row]:
-        """Rows in key order, streamed tablet by tablet.
+        """Rows in key order, streamed tablet by tablet; in descending key order when
+        ``reverse`` (the last tablet first; ``limit`` then takes the highest keys).
 
         Choose rows by ``start``/``end`` (end exclusive), ``prefix``, explicit ``keys``, or a
         ``row_set``; no selection means the whole table. ``limit`` bounds the number of rows.
         """
+        rs = _row_set(start, end, prefix, keys, row_set)
+        async for item in self._read(rs, filter, limit, families, reverse, stats=False):
+            yield cast(Row, item)
+
+    async def read_rows_with_stats(
+        self,
+        *,
+        start: bytes | None = None,
+        end: bytes | None = None,
+        prefix: bytes | None = None,
+        keys: Iterable[bytes] | None = None,
+        row_set: RowSet | None = None,
+        filter: RowFilter | None = None,
+        limit: int | None = None,
+        families: Iterable[str] | None = None,
+        reverse: bool = False,
+    ) -> AsyncIterator[Row | ScanProgress]:
+        """:meth:`read_rows`, with :class:`ScanProgress` items among the rows: the rows and
+        cells seen so far (before the filter, over the whole read) and, for forward scans, the
+        last row key scanned -- after every long run of rows the filter removed and once per
+        tablet. The last item is always a ScanProgress with the read's totals."""
+        rs = _row_set(start, end, prefix, keys, row_set)
+        async for item in self._read(rs, filter, limit, families, reverse, stats=True):
+            yield item
+
+    async def _read(
+        self,
+        rs: RowSet,
+        filter: RowFilter | None,
+        limit: int | None,
+        families: Iterable[str] | None,
+        reverse: bool,
+        *,
+        stats: bool,
+    ) -> AsyncIterator[Row | ScanProgress]:
         if limit is not None and limit < 0:
             raise InvalidArgument(f"row limit must be >= 0, not {limit}")
-        rs = _row_set(start, end, prefix, keys, row_set)
         fams = tuple(families) if families is not None else None
         info = await self._client._info(self.name)
         if fams is not None:
@@ -794,6 +831,7 @@ class AsyncTable:
                     raise InvalidArgument(f"table {self.name!r} has no column family {f!r}")
         remaining = limit
         resume_after: bytes | None = None
+        totals = _Totals() if stats else None
         loop = asyncio.get_running_loop()
         # A scan that keeps delivering rows may meet many splits and moves: the deadline
         # bounds the time without progress, not the scan.
@@ -801,16 +839,27 @@ class AsyncTable:
         attempt = 0
         while remaining is None or remaining > 0:
             try:
-                async for row in self._read_from(info, rs, resume_after, filter, remaining, fams):
-                    yield row
-                    resume_after = row.key
+                items = self._read_from(
+                    info, rs, resume_after, filter, remaining, fams, reverse, totals
+                )
+                async for item in items:
+                    yield item
                     attempt = 0
                     deadline = loop.time() + self._client.retry_deadline
+                    if type(item) is ScanProgress:
+                        # Rows up to the last one scanned need not be read again.
+                        scanned = item.last_scanned
+                        if scanned and (resume_after is None or scanned > resume_after):
+                            resume_after = scanned
+                        continue
+                    resume_after = cast(Row, item).key
                     if remaining is not None:
                         remaining -= 1
-                        if remaining <= 0:
-                            return
-                return
+                        # With stats, the stream ends by itself (its limit is what was left)
+                        # after one last ScanProgress: read it for the totals.
+                        if remaining <= 0 and totals is None:
+                            break
+                break
             except (Unavailable, Indeterminate):
                 # The tablet split or moved, or its worker stopped answering: a read is safe
                 # to send again, so resume after the last row delivered.
@@ -820,6 +869,8 @@ class AsyncTable:
                 attempt += 1
                 info = await self._client._info(self.name, refresh=True)
                 self._client.locations.invalidate(info.table_id)
+        if totals is not None:
+            yield ScanProgress(b"", totals.rows, totals.cells)
 
     async def _read_from(
         self,
@@ -829,11 +880,17 @@ class AsyncTable:
         filter: RowFilter | None,
         limit: int | None,
         families: tuple[str, ...] | None,
-    ) -> AsyncIterator[Row]:
+        reverse: bool,
+        totals: _Totals | None,
+    ) -> AsyncIterator[Row | ScanProgress]:
         if resume_after is not None:
-            rs = _after(rs, resume_after)
+            rs = _before(rs, resume_after) if reverse else _after(rs, resume_after)
         client = self._client
-        for rec in await client.locations.tablets(info.table_id):
+        tablets = await client.locations.tablets(info.table_id)
+        sent = 0
+        for rec in reversed(tablets) if reverse else tablets:
+            if limit is not None and sent >= limit:
+                return
             part = rs.clip(rec.start_row, rec.end_row)
             if part.is_empty():
                 continue
@@ -845,14 +902,26 @@ class AsyncTable:
                 keys=tuple(part.keys),
                 ranges=tuple(part.ranges),
                 filter=filter,
-                limit=limit,
+                limit=None if limit is None else limit - sent,
                 families=families,
                 identity=client.identity,
+                reverse=reverse,
+                stats=totals is not None,
             )
             # Whole rows come in batches; a large row in pieces, handed out once complete.
             assembler = RowAssembler(rec.location)
+            seen = ScanProgress(b"", 0, 0)  # this stream's counts so far
             async for item in client._worker(rec.location).read_rows(req):
+                if type(item) is ScanProgress:
+                    if totals is not None:
+                        totals.rows += item.rows_seen - seen.rows_seen
+                        totals.cells += item.cells_seen - seen.cells_seen
+                        seen = item
+                        scanned = b"" if reverse else item.last_scanned
+                        yield ScanProgress(scanned, totals.rows, totals.cells)
+                    continue
                 for row in assembler.rows(item):
+                    sent += 1
                     yield row
             assembler.finish()
 
@@ -943,6 +1012,25 @@ def _after(rs: RowSet, key: bytes) -> RowSet:
     return RowSet(
         [k for k in rs.keys if k > key],
         [c for r in rs.ranges if (c := r.intersect(tail)) is not None],
+    )
+
+
+class _Totals:
+    """Rows and cells a read has seen over all its streams (``read_rows_with_stats``)."""
+
+    __slots__ = ("cells", "rows")
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.cells = 0
+
+
+def _before(rs: RowSet, key: bytes) -> RowSet:
+    """The part of ``rs`` strictly before ``key`` (to resume a reversed scan)."""
+    head = RowRange(None, key)
+    return RowSet(
+        [k for k in rs.keys if k < key],
+        [c for r in rs.ranges if (c := r.intersect(head)) is not None],
     )
 
 

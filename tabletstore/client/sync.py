@@ -242,6 +242,7 @@ class SyncTable(SyncProxy[AsyncTable]):
     read_modify_write_row = blocking(AsyncTable.read_modify_write_row)
     read_row = blocking(AsyncTable.read_row)
     read_rows = iterating(AsyncTable.read_rows)
+    read_rows_with_stats = iterating(AsyncTable.read_rows_with_stats)
     sample_row_keys = blocking(AsyncTable.sample_row_keys)
     snapshot = blocking(AsyncTable.snapshot)
     bulk_load = blocking(AsyncTable.bulk_load)

@@ -171,6 +171,15 @@ class _MemTableBase:
             yield batch
             last = batch[-1]
 
+    def row_below(self, end_row: bytes | None, start_row: bytes, n: int) -> bytes | None:
+        """The ``n``-th row key below ``end_row`` (exclusive; None = the end) that is above
+        ``start_row``, or None if there are fewer: a window edge for reversed scans."""
+        keys = self._row_keys.irange(
+            minimum=start_row, maximum=end_row, inclusive=(False, False), reverse=True
+        )
+        found: bytes | None = next(islice(keys, n - 1, None), None)
+        return found
+
     def scan(self, start_row: bytes = b"", end_row: bytes | None = None) -> Iterator[Cell]:
         """Cells of rows in ``[start_row, end_row)`` in sort order (``end_row`` None = to the
         end). Safe to interleave with ``add`` (see the module docstring)."""

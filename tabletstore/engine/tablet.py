@@ -82,7 +82,13 @@ from tabletstore.engine.iterators import (
     merge_sources,
     visible_cells,
 )
-from tabletstore.engine.memtable import MemTable
+from tabletstore.engine.memtable import FrozenMemTable, MemTable
+from tabletstore.engine.reverse import (
+    MEMTABLE_WINDOW_ROWS,
+    next_window_start,
+    sorted_block_starts,
+)
+from tabletstore.engine.scan_stats import ScanStats
 from tabletstore.engine.split_key import BlockSpan, choose_split_key, middle_row, widest_block
 from tabletstore.engine.state import (
     MajorResult,
@@ -601,12 +607,16 @@ class Tablet:
         filter: RowFilter | None = None,
         families: set[str] | None = None,
         identity: str | None = None,
+        stats: ScanStats | None = None,
     ) -> Row | None:
-        """One row after deletions, GC and the filter; None when nothing is left."""
+        """One row after deletions, GC and the filter; None when nothing is left. ``stats``
+        counts the row as seen (before the filter) if it has cells."""
         self._check_serving()
         self._check_row(row)
         fams = _intersect(families, self._readable(identity))
         cells = await self._read_row_cells(row, fams)
+        if stats is not None and cells:
+            stats.seen(Row(row, cells))
         if filter is not None:
             cells = await _filter_row(filter, regex_cost(filter), row, cells)
         return Row(row, cells) if cells else None
@@ -619,12 +629,20 @@ class Tablet:
         families: set[str] | None = None,
         limit: int | None = None,
         identity: str | None = None,
+        reverse: bool = False,
     ) -> AsyncIterator[Row]:
-        """Rows of ``row_range`` (clipped to this tablet) in order, streamed."""
+        """Rows of ``row_range`` (clipped to this tablet) in order, streamed; in descending
+        order when ``reverse`` (:mod:`tabletstore.engine.reverse`)."""
         self._check_serving()
         rec = self.record
         clipped = row_range.clip(rec.start_row, rec.end_row)
         if clipped is None or (limit is not None and limit <= 0):
+            return
+        if reverse:
+            reversed_rows = self._scan_reversed(clipped, filter, families, limit, identity, None)
+            async with contextlib.aclosing(reversed_rows):
+                async for row in reversed_rows:
+                    yield row
             return
         rows = self._scan_rows(clipped, _intersect(families, self._readable(identity)))
         cost = regex_cost(filter)
@@ -644,6 +662,97 @@ class Tablet:
                         await turns.give()
                 if stopwatch() >= turns.end:
                     await turns.give()
+
+    async def scan_with_progress(
+        self,
+        row_range: RowRange,
+        stats: ScanStats,
+        *,
+        filter: RowFilter | None = None,
+        families: set[str] | None = None,
+        limit: int | None = None,
+        identity: str | None = None,
+        reverse: bool = False,
+    ) -> AsyncIterator[Row | ScanStats]:
+        """:meth:`scan`, counting what it reads in ``stats`` and yielding ``stats`` itself
+        each time ``stats.dropped()`` says a long run of rows was filtered out (forward scans
+        only: a reversed scan only counts)."""
+        self._check_serving()
+        rec = self.record
+        clipped = row_range.clip(rec.start_row, rec.end_row)
+        if clipped is None or (limit is not None and limit <= 0):
+            return
+        if reverse:
+            reversed_rows = self._scan_reversed(clipped, filter, families, limit, identity, stats)
+            async with contextlib.aclosing(reversed_rows):
+                async for row in reversed_rows:
+                    yield row
+            return
+        rows = self._scan_rows(clipped, _intersect(families, self._readable(identity)))
+        cost = regex_cost(filter)
+        emitted = 0
+        turns = _LoopTurns()
+        async with contextlib.aclosing(rows):
+            async for batch in rows:
+                for row in batch:
+                    stats.seen(row)
+                    out = row if filter is None else await _filtered(row, filter, cost)
+                    if out is not None:
+                        stats.returned()
+                        yield out
+                        emitted += 1
+                        if limit is not None and emitted >= limit:
+                            return
+                    elif stats.dropped():
+                        yield stats
+                    if stopwatch() >= turns.end:
+                        await turns.give()
+                if stopwatch() >= turns.end:
+                    await turns.give()
+
+    async def _scan_reversed(
+        self,
+        rng: RowRange,
+        filter: RowFilter | None,
+        families: set[str] | None,
+        limit: int | None,
+        identity: str | None,
+        stats: ScanStats | None,
+    ) -> AsyncGenerator[Row, None]:
+        """``rng``'s rows in descending order: windows from the top down, each scanned forward
+        and handed out reversed (:mod:`tabletstore.engine.reverse`)."""
+        start, upper = rng.bounds()
+        fams = _intersect(families, self._readable(identity))
+        emitted = 0
+        while True:
+            state = self._state
+            blocks = sorted_block_starts(
+                b.first_row
+                for g in self._groups_for(fams)
+                for t in state.sstables[g]
+                for b in t.footer.blocks
+            )
+            probes = [
+                functools.partial(_memtable_probe, mt)
+                for mt in (state.memtable, *state.frozen)
+                if not mt.is_empty()
+            ]
+            lo = next_window_start(upper, start, blocks, probes)
+            window = RowRange.half_open(lo, upper)
+            scanned = (
+                self.scan(window, filter=filter, families=fams)
+                if stats is None
+                else self.scan_with_progress(window, stats, filter=filter, families=fams)
+            )
+            rows = [row async for row in scanned if isinstance(row, Row) and rng.contains(row.key)]
+            for row in reversed(rows):
+                yield row
+                emitted += 1
+                if limit is not None and emitted >= limit:
+                    return
+            if lo <= start:
+                return
+            upper = lo
 
     def _scan_sources(
         self, start: bytes, end: bytes | None, fams: set[str] | None
@@ -1230,6 +1339,12 @@ class Tablet:
         raise NotServing(
             f"tablet {self.record.tablet_id}: load {marks[0].load_id} is partly in it already"
         )
+
+
+def _memtable_probe(
+    mt: MemTable | FrozenMemTable, upper: bytes | None, start: bytes
+) -> bytes | None:
+    return mt.row_below(upper, start, MEMTABLE_WINDOW_ROWS)
 
 
 @dataclass(frozen=True, slots=True)

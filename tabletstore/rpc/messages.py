@@ -55,6 +55,7 @@ __all__ = [
     "RowPiece",
     "SampleRowKeysRequest",
     "SampleRowKeysResponse",
+    "ScanProgress",
     "ServerStatusRequest",
     "ServerStatusResponse",
     "SnapshotHoldRequest",
@@ -106,7 +107,8 @@ class MutateRowsResponse:
 
 @dataclass(frozen=True, slots=True)
 class ReadRowsRequest:
-    """Rows of one tablet: the given keys and ranges, filtered server-side, at most ``limit``."""
+    """Rows of one tablet: the given keys and ranges, filtered server-side, at most ``limit``;
+    in descending key order when ``reverse``; with ``ScanProgress`` items when ``stats``."""
 
     table_id: str
     tablet_id: str
@@ -116,6 +118,9 @@ class ReadRowsRequest:
     limit: int | None = None
     families: tuple[str, ...] | None = None
     identity: str | None = None
+    reverse: bool = False
+    #: Send ``ScanProgress`` items: after long filtered-out runs, and one last at the end.
+    stats: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +145,19 @@ class RowPiece:
     cells: tuple[Cell, ...]
     split_value: bool
     last: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ScanProgress:
+    """A ``read_rows`` stream item (requests with ``stats``): the scan has read every row up to
+    ``last_scanned`` (b"" if none), having seen ``rows_seen`` rows and ``cells_seen`` cells
+    before the filter since the stream began. Sent after a long run of rows the filter removed
+    (rows sent before it precede it) and once at the end of the stream. The client sums the
+    last counts of each stream, and may resume a forward scan after ``last_scanned``."""
+
+    last_scanned: bytes
+    rows_seen: int
+    cells_seen: int
 
 
 @dataclass(frozen=True, slots=True)

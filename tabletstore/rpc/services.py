@@ -52,6 +52,7 @@ from tabletstore.rpc.messages import (
     RowPiece,
     SampleRowKeysRequest,
     SampleRowKeysResponse,
+    ScanProgress,
     ServerStatusRequest,
     ServerStatusResponse,
     SnapshotHoldRequest,
@@ -79,8 +80,9 @@ class TabletService(Protocol):
         """Each row mutation atomic on its own (§3 batches); failures reported per entry."""
         ...
 
-    def read_rows(self, req: ReadRowsRequest) -> AsyncIterator[RowBatch | RowPiece]:
-        """The rows, in key order, in items of bounded size (``rpc/row_pieces.py``)."""
+    def read_rows(self, req: ReadRowsRequest) -> AsyncIterator[RowBatch | RowPiece | ScanProgress]:
+        """The rows, in key order, in items of bounded size (``rpc/row_pieces.py``); with
+        ``ScanProgress`` items when ``req.stats``."""
         ...
 
     async def read_row(self, req: ReadRowsRequest) -> RowBatch | LargeRow:

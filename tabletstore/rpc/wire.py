@@ -70,6 +70,7 @@ WIRE_TYPES: dict[int, type] = {
     76: m.ServerStatusResponse,
     77: m.RowPiece,
     78: m.LargeRow,
+    79: m.ScanProgress,
     # master messages (90-109)
     90: m.TableInfoMessage,
     91: m.CreateTableRequest,

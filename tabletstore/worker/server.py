@@ -50,6 +50,7 @@ from tabletstore.data.model import Row
 from tabletstore.data.query import RowSet
 from tabletstore.data.schema import TableSchema
 from tabletstore.engine import split_key as splitting
+from tabletstore.engine.scan_stats import ScanStats
 from tabletstore.engine.tablet import SnapshotCut, Tablet
 from tabletstore.errors import (
     InvalidArgument,
@@ -80,6 +81,7 @@ from tabletstore.rpc.messages import (
     RowPiece,
     SampleRowKeysRequest,
     SampleRowKeysResponse,
+    ScanProgress,
     ServerStatusRequest,
     ServerStatusResponse,
     SnapshotHoldRequest,
@@ -102,6 +104,11 @@ from tabletstore.worker.log import WorkerLog, replay_logged
 from tabletstore.worker.recovery import SharedLogReads, tablet_cells
 
 log = logging.getLogger(__name__)
+
+
+def _progress(stats: ScanStats) -> ScanProgress:
+    return ScanProgress(stats.last_scanned or b"", stats.rows_seen, stats.cells_seen)
+
 
 #: Seconds a stopping worker's last record updates wait for METADATA (see stop()).
 _STOP_METADATA_WAIT = 5.0
@@ -760,15 +767,27 @@ class TabletServer:
             results = await asyncio.gather(*(one(i) for i in range(len(req.entries))))
         return MutateRowsResponse(tuple(e for e in results if e is not None))
 
-    async def read_rows(self, req: ReadRowsRequest) -> AsyncIterator[RowBatch | RowPiece]:
-        """Stream the requested rows of one tablet in key order, in items of bounded size:
+    async def read_rows(
+        self, req: ReadRowsRequest
+    ) -> AsyncIterator[RowBatch | RowPiece | ScanProgress]:
+        """Stream the requested rows of one tablet in key order (descending when
+        ``req.reverse``), in items of bounded size:
         whole rows in batches, a row larger than one item alone in pieces (rpc.row_pieces)."""
         tablet = self._tablet(req.table_id, req.tablet_id)
         families = set(req.families) if req.families is not None else None
         remaining = req.limit
         batch: list[Row] = []
         size = 0
-        async for row in self._rows(tablet, req, families):
+        stats = ScanStats() if req.stats else None
+        async for row in self._rows(tablet, req, families, stats):
+            if type(row) is ScanStats:
+                # Rows before the report go first: progress never overtakes a row.
+                if batch:
+                    yield RowBatch(tuple(batch))
+                    batch, size = [], 0
+                yield _progress(row)
+                continue
+            assert isinstance(row, Row)
             if remaining is not None:
                 remaining -= 1
             row_size = row_bytes(row)
@@ -788,25 +807,47 @@ class TabletServer:
                 break
         if batch:
             yield RowBatch(tuple(batch))
+        if stats is not None:
+            yield _progress(stats)
 
     async def _rows(
-        self, tablet: Tablet, req: ReadRowsRequest, families: set[str] | None
-    ) -> AsyncIterator[Row]:
-        """The request's keys and ranges, visited in key order (RowSet's normal form)."""
-        for piece in RowSet(req.keys, req.ranges).pieces():
+        self,
+        tablet: Tablet,
+        req: ReadRowsRequest,
+        families: set[str] | None,
+        stats: ScanStats | None = None,
+    ) -> AsyncIterator[Row | ScanStats]:
+        """The request's keys and ranges, visited in key order (RowSet's normal form), or in
+        descending order when ``req.reverse``."""
+        pieces = RowSet(req.keys, req.ranges).pieces()
+        for piece in reversed(list(pieces)) if req.reverse else pieces:
             if isinstance(piece, bytes):
                 if not tablet.contains(piece):
                     continue
                 row = await tablet.read_row(
-                    piece, filter=req.filter, families=families, identity=req.identity
+                    piece, filter=req.filter, families=families, identity=req.identity, stats=stats
                 )
                 if row is not None:
                     yield row
-            else:
+            elif stats is None:
                 async for row in tablet.scan(
-                    piece, filter=req.filter, families=families, identity=req.identity
+                    piece,
+                    filter=req.filter,
+                    families=families,
+                    identity=req.identity,
+                    reverse=req.reverse,
                 ):
                     yield row
+            else:
+                async for item in tablet.scan_with_progress(
+                    piece,
+                    stats,
+                    filter=req.filter,
+                    families=families,
+                    identity=req.identity,
+                    reverse=req.reverse,
+                ):
+                    yield item
 
     async def read_row(self, req: ReadRowsRequest) -> RowBatch | LargeRow:
         """A point read (``req.keys[0]``) answered in one reply: no stream to set up. A row

@@ -465,7 +465,7 @@ def test_unimplemented_and_malformed_requests_never_break_the_server(emulator_ho
         for path in (
             "/google.bigtable.v2.Bigtable/ExecuteQuery",
             "/google.bigtable.admin.v2.BigtableTableAdmin/CreateBackup",
-            "/google.bigtable.admin.v2.BigtableInstanceAdmin/ListInstances",
+            "/google.bigtable.admin.v2.BigtableInstanceAdmin/CreateAppProfile",
         ):
             call = channel.unary_unary(path)
             with pytest.raises(grpc.RpcError) as info:
@@ -510,7 +510,7 @@ async def test_read_rows_resumes_after_a_broken_stream(monkeypatch: pytest.Monke
     await table.mutate_rows(
         [RowMutation(b"k%03d" % i, (TsSetCell("cf", b"q", b"v" * 100, 1000),)) for i in range(60)]
     )
-    server = BigtableApiServer(db, max_response_bytes=1000)
+    server = BigtableApiServer(db, max_response_bytes=1000, plain_instance=INSTANCE)
     original = server.data.read_rows
     requests: list[Any] = []
 

@@ -248,7 +248,8 @@ def test_large_row_through_the_bigtable_front_door(
     from tabletstore.bigtable_api.server import BackgroundServer
 
     asyncio.run(_create_table(cluster.url, "front"))
-    with BackgroundServer(cluster.url) as server:
+    # Instance "i" serves the tables made with the tabletstore API.
+    with BackgroundServer(cluster.url, plain_instance="i") as server:
         monkeypatch.setenv("BIGTABLE_EMULATOR_HOST", server.address)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

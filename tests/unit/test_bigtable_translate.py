@@ -422,19 +422,27 @@ def test_large_values_are_split_with_value_size() -> None:
     assert chunks[0].timestamp_micros == 7000 and list(chunks[0].labels) == ["l"]
 
 
-def test_encoder_packs_rows_into_responses_of_bounded_size() -> None:
+def test_encoder_sends_one_response_per_row() -> None:
+    """Small rows: one response each, ending with the row's commit (as the service sends)."""
     enc = ChunkEncoder(max_response_bytes=100)
     responses = []
     for i in range(11):
-        responses += list(enc.add(Row(b"r%02d" % i, [Cell("a", b"q", 1000, b"v" * 30)])))
-    last = enc.flush()
-    assert last is not None
-    responses.append(last)
+        out = list(enc.add(Row(b"r%02d" % i, [Cell("a", b"q", 1000, b"v" * 30)])))
+        assert len(out) == 1 and out[0].chunks[-1].commit_row
+        responses += out
     assert enc.flush() is None
-    assert 2 < len(responses) <= 11
     keys = [c.row_key for r in responses for c in r.chunks if c.row_key]
     assert keys == [b"r%02d" % i for i in range(11)]
     assert sum(c.commit_row for r in responses for c in r.chunks) == 11
+
+
+def test_a_row_larger_than_the_bound_spans_responses_of_its_own() -> None:
+    enc = ChunkEncoder(max_value_chunk=10, max_response_bytes=40)
+    big = list(enc.add(Row(b"big", [Cell("a", b"q", 1000, b"v" * 95)])))
+    small = list(enc.add(Row(b"small", [Cell("a", b"q", 1000, b"x")])))
+    assert len(big) > 1 and big[-1].chunks[-1].commit_row
+    assert not any(c.commit_row for r in big[:-1] for c in r.chunks)
+    assert len(small) == 1 and small[0].chunks[0].row_key == b"small"
 
 
 def test_encoding_an_empty_row_is_a_programming_error() -> None:
@@ -469,3 +477,18 @@ def test_a_large_row_goes_out_in_responses_of_at_most_the_bound() -> None:
     assert len(responses) >= 20
     got = b"".join(c.value for r in responses for c in r.chunks)
     assert got == b"s" * 1_000_000 + value + b"tail"
+
+
+def test_a_row_that_fits_one_response_is_encoded_as_row_chunks_says() -> None:
+    """The encoder's one-response fast path sends exactly the chunks of ``row_chunks``."""
+    row = Row(
+        b"row",
+        [
+            Cell("a", b"q1", 3000, b"x", ("lbl", "two")),
+            Cell("a", b"q1", 1000, b"y"),
+            Cell("a", b"q2", 1000, b"z"),
+            Cell("b", b"q2", 2000, b""),
+        ],
+    )
+    (resp,) = ChunkEncoder().add(row)
+    assert list(resp.chunks) == row_chunks(row)

@@ -13,7 +13,7 @@ from tabletstore.errors import Corruption, InvalidArgument
 from tabletstore.metadata import rows as mt
 from tabletstore.metadata.record import TabletRecord, metadata_row_key
 
-table_ids = st.from_regex(r"[A-Za-z0-9_.\-]{1,50}-[0-9a-f]{12}", fullmatch=True)
+table_ids = st.from_regex(r"[A-Za-z0-9_.\-]{1,64}-[0-9a-f]{12}", fullmatch=True)
 rows = st.binary(max_size=40)
 
 

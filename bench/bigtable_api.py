@@ -1,0 +1,224 @@
+"""The Cloud Bigtable front door against Google's emulator, through the same official client.
+
+    python -m bench.bigtable_api [--ops 1000] [--batch 100] [--batches 50] [--runs 1]
+                                 [--url URL] [--only tabletstore|emulator]
+
+Starts ``tabletstore bigtable-api`` (a subprocess, over ``--url``: by default a fresh
+``memory://`` database, in memory as the emulator's is; ``--url file`` for a durable one in a
+temporary directory, whose every acknowledged write is an fsync'd commit-log segment) and
+``cbtemulator`` (found as the tests find
+it), and drives each with google-cloud-bigtable's synchronous data client, one call in flight
+(``BIGTABLE_EMULATOR_HOST`` pointing at one, then the other):
+
+* **single writes/s**: ``mutate_row`` of one 100-byte cell, ``--ops`` times;
+* **batched writes/s**: rows per second of ``bulk_mutate_rows`` of ``--batch`` rows, ``--batches``
+  times;
+* **random reads/s**: ``read_row`` of a random written row, ``--ops`` times;
+* **scanned rows/s**: ``read_rows`` of the whole table (every row written above).
+
+Prints both columns side by side and tabletstore / emulator; the median of ``--runs`` runs,
+which alternate between the two servers (a loaded machine then weighs on both alike).
+Both servers run in their own process, so the client's process measures only the client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import random
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+EMULATOR = Path("/usr/lib/google-cloud-sdk/platform/bigtable-emulator/cbtemulator")
+REPO = Path(__file__).resolve().parents[1]
+PROJECT, INSTANCE = "bench-project", "bench-instance"
+VALUE = b"v" * 100
+FIGURES = ("single writes/s", "batched writes/s", "random reads/s", "scanned rows/s")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_listening(proc: subprocess.Popen[Any], port: int, what: str) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{what} did not start") from None
+            time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def emulator() -> Iterator[str]:
+    binary = str(EMULATOR) if EMULATOR.exists() else (shutil.which("cbtemulator") or "")
+    if not binary:
+        raise SystemExit("cbtemulator is not installed")
+    port = _free_port()
+    proc = subprocess.Popen(
+        [binary, "-host", "127.0.0.1", "-port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        _wait_listening(proc, port, "cbtemulator")
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@contextlib.contextmanager
+def front_door(url: str | None) -> Iterator[str]:
+    with tempfile.TemporaryDirectory(prefix="bench-bigtable-api-") as tmp:
+        port = _free_port()
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tabletstore.cli.main",
+                "bigtable-api",
+                "--url",
+                f"file://{tmp}/db"
+                if url == "file"
+                else url or f"memory://bench-{uuid.uuid4().hex}",
+                "--port",
+                str(port),
+            ],
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            _wait_listening(proc, port, "tabletstore bigtable-api")
+            yield f"127.0.0.1:{port}"
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+
+
+def _rate(n: int, fn: Callable[[], None]) -> float:
+    start = time.perf_counter()
+    fn()
+    return n / (time.perf_counter() - start)
+
+
+def measure(address: str, ops: int, batch: int, batches: int) -> dict[str, float]:
+    """The four figures against the server at ``address``."""
+    from google.cloud.bigtable import Client
+    from google.cloud.bigtable.data import (
+        BigtableDataClient,
+        ReadRowsQuery,
+        RowMutationEntry,
+        SetCell,
+    )
+
+    os.environ["BIGTABLE_EMULATOR_HOST"] = address
+    table_id = f"bench-{uuid.uuid4().hex[:8]}"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        admin = Client(project=PROJECT, admin=True)
+        admin.instance(INSTANCE).table(table_id).create(column_families={"cf": None})
+        admin.close()
+        client = BigtableDataClient(project=PROJECT)
+    try:
+        table = client.get_table(INSTANCE, table_id)
+        single = [b"s%08d" % i for i in range(ops)]
+        bulk = [[b"b%08d" % (j * batch + i) for i in range(batch)] for j in range(batches)]
+        cell = SetCell("cf", b"q", VALUE, 1000)
+        out: dict[str, float] = {}
+
+        def singles() -> None:
+            for key in single:
+                table.mutate_row(key, cell)
+
+        def batched() -> None:
+            for keys in bulk:
+                table.bulk_mutate_rows([RowMutationEntry(k, [cell]) for k in keys])
+
+        everything = single + [k for keys in bulk for k in keys]
+        picks = random.Random(1).choices(everything, k=ops)
+
+        def reads() -> None:
+            for key in picks:
+                if table.read_row(key) is None:
+                    raise AssertionError(f"row {key!r} is missing")
+
+        scanned = 0
+
+        def scan() -> None:
+            nonlocal scanned
+            scanned = len(table.read_rows(ReadRowsQuery()))
+
+        table.read_row(b"warm-up")  # the client's channel, and the server's first call
+        out[FIGURES[0]] = _rate(ops, singles)
+        out[FIGURES[1]] = _rate(batch * batches, batched)
+        out[FIGURES[2]] = _rate(ops, reads)
+        out[FIGURES[3]] = _rate(len(everything), scan)
+        if scanned != len(everything):
+            raise AssertionError(f"scan returned {scanned} rows, expected {len(everything)}")
+        return out
+    finally:
+        client.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.bigtable_api", description=__doc__)
+    ap.add_argument("--ops", type=int, default=1000)
+    ap.add_argument("--batch", type=int, default=100)
+    ap.add_argument("--batches", type=int, default=50)
+    ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument(
+        "--url", default=None, help="tabletstore database (default: memory; 'file': a temp dir)"
+    )
+    ap.add_argument("--only", choices=("tabletstore", "emulator"), default=None)
+    args = ap.parse_args(argv)
+    columns: dict[str, dict[str, list[float]]] = {}
+    backends: list[tuple[str, Callable[[], contextlib.AbstractContextManager[str]]]] = [
+        ("tabletstore", lambda: front_door(args.url)),
+        ("emulator", emulator),
+    ]
+    with contextlib.ExitStack() as stack:
+        addresses = {
+            name: stack.enter_context(start())
+            for name, start in backends
+            if args.only in (None, name)
+        }
+        # Runs alternate between the servers, so a change in the machine's load meanwhile
+        # weighs on both columns alike.
+        for _ in range(args.runs):
+            for name, address in addresses.items():
+                got = measure(address, args.ops, args.batch, args.batches)
+                for figure, value in got.items():
+                    columns.setdefault(name, {}).setdefault(figure, []).append(value)
+    names = list(columns)
+    print(
+        f"{'':20}" + "".join(f"{n:>14}" for n in names) + ("      ratio" if len(names) == 2 else "")
+    )
+    for figure in FIGURES:
+        values = [statistics.median(columns[n][figure]) for n in names]
+        line = f"{figure:20}" + "".join(f"{v:>14,.0f}" for v in values)
+        if len(values) == 2:
+            line += f"   {values[0] / values[1]:>8.2f}x"
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
