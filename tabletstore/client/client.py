@@ -77,6 +77,7 @@ from tabletstore.rpc.messages import (
     SampleRowKeysRequest,
     ServerStatusRequest,
     ServerStatusResponse,
+    SetAdminsRequest,
     TableNameRequest,
 )
 from tabletstore.rpc.row_pieces import RowAssembler
@@ -224,6 +225,12 @@ class AsyncClient:
         info = self._tables.pop(name, None)
         if info is not None:
             self.locations.invalidate(info.table_id)
+
+    async def set_admins(self, name: str, admins: Sequence[str]) -> None:
+        """Replace who administers table ``name`` (on a cluster with auth on, only they may
+        delete it or change its families and ACLs; master/guard.py)."""
+        req = SetAdminsRequest(name, tuple(admins))
+        self._tables[name] = (await self._admin.set_admins(req)).info()
 
     async def list_tables(self) -> list[str]:
         listed = await self._admin.list_tables(ListTablesRequest())

@@ -23,6 +23,8 @@ Keys are relative to the coordinator's namespace (an etcd URL's path, e.g.
     sorters/<worker-id>/<incarnation>/<first-segment>
                                       the live worker running that task, attached to its lease
                                       (a dead sorter's claim vanishes and another takes it)
+    tokens/<sha256 of the token>      a bearer token's principal (coordination.tokens); the
+                                      token itself is never stored
 
 Each name component is a non-empty string without ``/`` (and without NUL); anything else is
 an InvalidArgument. Every builder has a parser so that a watch on a prefix can be decoded.
@@ -46,6 +48,7 @@ __all__ = [
     "SORTS",
     "STATUS_PAGES",
     "TABLETS",
+    "TOKENS",
     "acl",
     "assignment",
     "assignments_prefix",
@@ -83,6 +86,7 @@ TABLETS = "tablets/"
 STATUS_PAGES = "status_pages/"
 SORTS = "sorts/"
 SORTERS = "sorters/"
+TOKENS = "tokens/"
 
 #: The election whose leader is the master (the master lock of §5.2).
 MASTER_ELECTION = "master"

@@ -57,6 +57,7 @@ __all__ = [
     "SampleRowKeysResponse",
     "ServerStatusRequest",
     "ServerStatusResponse",
+    "SetAdminsRequest",
     "SnapshotHoldRequest",
     "SnapshotInfoMessage",
     "SnapshotTablet",
@@ -407,6 +408,14 @@ class ModifyFamiliesRequest:
 
     def groups_added(self) -> list[LocalityGroup]:
         return [_parse(LocalityGroup, b) for b in self.locality_groups]
+
+
+@dataclass(frozen=True, slots=True)
+class SetAdminsRequest:
+    """Replace a table's admins (``TableSchema.admins``); empty: nobody but the cluster."""
+
+    name: str
+    admins: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)

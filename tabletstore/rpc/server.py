@@ -6,6 +6,11 @@ a mapping from method name to handler (for a service, ``services.Service.handler
 def f(request) -> response`` (unary) or an async generator yielding items (streaming). Each accepted connection is one task owned by the
 server; each request is one task in that connection's TaskGroup, so replies leave in the order
 they complete. Stream producers wait for the client's credit (frames.py) before each item.
+
+With ``auth`` (rpc/auth.py) the server speaks TLS only and each connection has a proven
+principal (its certificate's, or its AUTH frame's token's); every request's handler runs with it
+as ``auth.current_principal()``. Requests that arrive while a token is being checked wait for
+it; a connection that proves nothing is refused at its first request.
 """
 
 from __future__ import annotations
@@ -21,11 +26,13 @@ from typing import Any, Self, cast
 from tabletstore.errors import (
     Indeterminate,
     InvalidArgument,
+    PermissionDenied,
     TabletStoreError,
     Unavailable,
     Unimplemented,
 )
 from tabletstore.rpc import frames
+from tabletstore.rpc.auth import Principal, ServerAuth, peer_principal, set_principal
 from tabletstore.rpc.codec import DEFAULT_CODEC, Codec, encode_error
 from tabletstore.rpc.connection import LINGER, FrameConnection, format_address
 from tabletstore.rpc.frames import DEFAULT_MAX_FRAME, Frame, Kind
@@ -91,6 +98,7 @@ class RpcServer:
         codec: Codec = DEFAULT_CODEC,
         max_in_flight: int = 4096,
         handshake_timeout: float = _HANDSHAKE_TIMEOUT,
+        auth: ServerAuth | None = None,
     ) -> None:
         self._unary: dict[str, Callable[[Any], Awaitable[Any]]] = {}
         self._streaming: dict[str, Callable[[Any], AsyncIterator[Any]]] = {}
@@ -111,6 +119,7 @@ class RpcServer:
         self.codec = codec
         self.max_in_flight = max_in_flight
         self.handshake_timeout = handshake_timeout
+        self.auth = auth
         self._server: asyncio.Server | None = None
         self._connections: dict[_ServerConnection, asyncio.Task[None]] = {}
         self._closing = False
@@ -133,7 +142,11 @@ class RpcServer:
             raise InvalidArgument("RpcServer.start() called twice")
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: _ServerConnection(self), self._host, self._port
+            lambda: _ServerConnection(self),
+            self._host,
+            self._port,
+            ssl=self.auth.ssl_context() if self.auth is not None else None,
+            ssl_handshake_timeout=self.handshake_timeout if self.auth is not None else None,
         )
         self._port = self._server.sockets[0].getsockname()[1]
         self.address = format_address(self._host, self._port)
@@ -210,6 +223,9 @@ class _ServerConnection(FrameConnection):
         self._draining = False  # new requests are refused with Unavailable
         self._aborting = False  # cancelled handlers tell their callers the server is closing
         self._linger: asyncio.TimerHandle | None = None
+        # The connection's proven principal (rpc/auth.py); None without auth.
+        self._principal: asyncio.Future[Principal | None] = self._loop.create_future()
+        self._auth_sent = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -218,6 +234,43 @@ class _ServerConnection(FrameConnection):
             self._peer = format_address(peer[0], peer[1])
         if self._server.accepted(self) is None:
             cast(asyncio.Transport, transport).abort()
+            return
+        if self._server.auth is None:
+            self._principal.set_result(None)
+            return
+        try:
+            principal = peer_principal(transport.get_extra_info("peercert"), self._peer)
+        except PermissionDenied as exc:
+            self._refuse(exc)
+            return
+        if principal is not None:
+            self._principal.set_result(principal)
+        # else: the client must send a token (AUTH) before its first request
+
+    def _refuse(self, exc: PermissionDenied) -> None:
+        logger.info("refusing RPC connection from %s: %s", self._peer, exc)
+        if not self._principal.done():
+            self._principal.set_exception(exc)
+            self._principal.exception()  # retrieved: requests waiting on it get it too
+        self.fail(exc)
+
+    async def _authenticate(self, token: str) -> None:
+        auth = self._server.auth
+        try:
+            if auth is None or auth.tokens is None:
+                raise PermissionDenied(
+                    f"server {self._server.address} does not accept bearer tokens: "
+                    "connect with a client certificate"
+                )
+            principal = await auth.tokens.verify(token)
+        except PermissionDenied as exc:
+            self._refuse(PermissionDenied(f"connection from {self._peer}: {exc}"))
+            return
+        except TabletStoreError as exc:  # the coordinator is unreachable: retry later
+            self._refuse(PermissionDenied(f"cannot check the token of {self._peer} now: {exc}"))
+            return
+        if not self._principal.done():
+            self._principal.set_result(principal)
 
     async def run(self) -> None:
         try:
@@ -301,6 +354,8 @@ class _ServerConnection(FrameConnection):
                 task.cancel()
         elif kind == Kind.CREDIT:
             self._on_credit(frame)
+        elif kind == Kind.AUTH:
+            self._on_auth(frame)
         elif kind == Kind.PING:
             self.write(
                 frames.encode_frame(Kind.PONG, frame.request_id, frame.body), more_coming=True
@@ -310,8 +365,24 @@ class _ServerConnection(FrameConnection):
                 frame.request_id, InvalidArgument(f"unexpected frame kind {kind} from a client")
             )
 
+    def _on_auth(self, frame: Frame) -> None:
+        if self._auth_sent or self._principal.done():
+            self._refuse(PermissionDenied("AUTH must be the first frame, sent once"))
+            return
+        self._auth_sent = True
+        assert self._tg is not None  # frame_received keeps a backlog until it exists
+        self._tg.create_task(self._authenticate(bytes(frame.body).decode("utf-8", "replace")))
+
     def _on_request(self, frame: Frame) -> None:
         rid = frame.request_id
+        if not self._principal.done() and not self._auth_sent:
+            self._refuse(
+                PermissionDenied(
+                    f"connection from {self._peer} presented no client certificate and no "
+                    f"token; server {self._server.address} requires one"
+                )
+            )
+            return
         try:
             request = frames.parse_request(frame.body)
             if rid == 0 or rid in self._tasks:
@@ -346,11 +417,17 @@ class _ServerConnection(FrameConnection):
 
     # -- serving one request --
 
+    async def _authenticated(self) -> None:
+        """Run the rest of this request's task as the connection's principal."""
+        principal = self._principal
+        set_principal(principal.result() if principal.done() else await principal)
+
     async def _serve_unary(
         self, rid: int, method: str, fn: Callable[[Any], Any], payload: memoryview
     ) -> None:
         try:
             try:
+                await self._authenticated()
                 response = await fn(self._codec.decode(payload))
             except asyncio.CancelledError:
                 self._on_cancelled(rid)
@@ -375,6 +452,7 @@ class _ServerConnection(FrameConnection):
     ) -> None:
         try:
             try:
+                await self._authenticated()
                 async with contextlib.aclosing(fn(self._codec.decode(payload))) as items:
                     async for item in items:
                         body = self._codec.encode(item)

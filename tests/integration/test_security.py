@@ -1,0 +1,340 @@
+"""Trying to break in (issue 16 items 1, 2, 3, 5): a master and a worker with mutual TLS and
+authorization, in this process on loopback, and callers that spoof, bypass or lack identity.
+
+Each test here passed on the open cluster before issue 16 (a raw ``read_row`` claiming to be
+alice read her cell; bob replaced her ACL and deleted her table; anyone could unload a
+tablet) or could not be written at all (no TLS, no tokens).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tabletstore.client.cluster import ClusterClient
+from tabletstore.coordination import open_coordinator
+from tabletstore.coordination.base import Coordinator
+from tabletstore.coordination.tokens import TokenStore
+from tabletstore.data.model import RowMutation, SetCell
+from tabletstore.data.schema import Acl, ColumnFamily
+from tabletstore.errors import InvalidArgument, PermissionDenied, TabletStoreError
+from tabletstore.master.process import run_master
+from tabletstore.metadata.catalog import Catalog
+from tabletstore.options import LeaseOptions, MasterOptions, WorkerOptions
+from tabletstore.rpc.auth import ClientAuth
+from tabletstore.rpc.messages import (
+    LoadTabletRequest,
+    MutateRowsRequest,
+    ReadRowsRequest,
+    UnloadTabletRequest,
+)
+from tabletstore.rpc.services import TABLET
+from tabletstore.rpc.tcp import TcpTransport
+from tabletstore.security import TlsConfig, ca
+from tabletstore.worker.process import run_worker
+
+pytestmark = pytest.mark.timeout(120)
+
+DEADLINE = 60.0
+
+
+@dataclass
+class SecureCluster:
+    url: str
+    coordinator: Coordinator
+    certs: Path
+    worker_address: str
+
+    def tls(self, name: str) -> TlsConfig:
+        return TlsConfig(
+            str(self.certs / "ca.pem"),
+            str(self.certs / f"{name}.pem"),
+            str(self.certs / f"{name}.key"),
+        )
+
+    def ca_only(self) -> TlsConfig:
+        return TlsConfig(str(self.certs / "ca.pem"))
+
+    async def client(self, name: str) -> ClusterClient:
+        return await ClusterClient.open(self.url, tls=self.tls(name))
+
+
+async def _wait_for(predicate, what: str) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + DEADLINE
+    while not await predicate():
+        if loop.time() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[SecureCluster]:
+    certs = tmp_path / "certs"
+    ca.init_ca(certs)
+    for name, role in [
+        ("master", "master"),
+        ("worker", "worker"),
+        ("alice", "client"),
+        ("bob", "client"),
+    ]:
+        ca.issue(certs, name, role=role)
+    url = f"memory://security-{uuid.uuid4().hex[:8]}"
+    coordinator = open_coordinator(url)
+    store = f"file://{tmp_path / 'objects'}"
+    (tmp_path / "objects").mkdir()
+
+    def tls(name: str) -> TlsConfig:
+        return TlsConfig(
+            str(certs / "ca.pem"), str(certs / f"{name}.pem"), str(certs / f"{name}.key")
+        )
+
+    stop = asyncio.Event()
+    addresses: list[str] = []
+    lease = LeaseOptions(ttl=5.0)
+    async with asyncio.TaskGroup() as tg:
+        tg.create_task(
+            run_master(
+                coordinator,
+                MasterOptions(lease=lease, interval=0.2),
+                store_url=store,
+                stop=stop,
+                tls=tls("master"),
+            )
+        )
+        await _wait_for(lambda: _settings_saved(coordinator), "the master to record the store")
+        tg.create_task(
+            run_worker(
+                coordinator,
+                options=WorkerOptions(lease=lease, compaction_processes=0),
+                stop=stop,
+                ready=lambda s: addresses.append(s.address),
+                tls=tls("worker"),
+            )
+        )
+        try:
+            await _wait_for(_true_when(lambda: bool(addresses)), "the worker to serve")
+            yield SecureCluster(url, coordinator, certs, addresses[0])
+        finally:
+            stop.set()
+    await coordinator.close()
+
+
+def _true_when(fn):
+    async def check() -> bool:
+        return fn()
+
+    return check
+
+
+async def _settings_saved(coordinator: Coordinator) -> bool:
+    from tabletstore.metadata.catalog import ClusterSettings
+
+    try:
+        await ClusterSettings.load(coordinator)
+    except TabletStoreError:
+        return False
+    return True
+
+
+PRIVATE = [
+    ColumnFamily(name="p", acl=Acl(readers=["alice"], writers=["alice"])),
+    ColumnFamily(name="pub"),
+]
+
+
+async def _alice_table(cluster: SecureCluster) -> tuple[ClusterClient, str, str]:
+    """alice's table with her private cell; returns (alice's client, table id, tablet id)."""
+    alice = await cluster.client("alice")
+    table = await alice.create_table("secrets", PRIVATE)
+    await _wait_for(_write_ok(table), "alice's table to be served")
+    return alice, *(await _tablet(alice))
+
+
+async def _tablet(client: ClusterClient) -> tuple[str, str]:
+    """(table id, tablet id) of the secrets table's one tablet, as its worker reports it."""
+    table_id = (await Catalog(client.coordinator).get_table("secrets")).table_id
+    status = await client.status()
+    for answer in status.workers.values():
+        assert not isinstance(answer, str), answer
+        for t in answer.tablets:
+            if t.table_id == table_id:
+                return table_id, t.tablet_id
+    raise AssertionError("the secrets table is not served")
+
+
+def _write_ok(table):
+    async def check() -> bool:
+        try:
+            await table.mutate_row(b"row", [SetCell("p", b"q", b"alice's secret")])
+        except TabletStoreError:
+            return False
+        return True
+
+    return check
+
+
+@contextlib.asynccontextmanager
+async def _raw(cluster: SecureCluster, auth: ClientAuth | None) -> AsyncIterator[TcpTransport]:
+    transport = TcpTransport(timeout=10.0, auth=auth, connect_timeout=5.0)
+    try:
+        yield transport
+    finally:
+        await transport.close()
+
+
+async def test_the_creator_reads_her_family_and_the_owner_is_admin(cluster: SecureCluster) -> None:
+    alice, _, _ = await _alice_table(cluster)
+    row = await alice.table("secrets").read_row(b"row")
+    assert row is not None and row.cells[0].value == b"alice's secret"
+    assert (await alice.describe_table("secrets")).admins == ["alice"]
+
+
+async def test_spoofed_identity_on_raw_read_row_and_mutate_rows(cluster: SecureCluster) -> None:
+    _, table_id, tablet_id = await _alice_table(cluster)
+    async with _raw(cluster, ClientAuth(cluster.tls("bob"))) as transport:
+        stub = TABLET.client(transport, cluster.worker_address)
+        read = ReadRowsRequest(table_id, tablet_id, keys=(b"row",), identity="alice")
+        reply = await stub.read_row(read)
+        cells = [c for r in reply.rows for c in r.cells]  # type: ignore[union-attr]
+        assert all(c.family != "p" for c in cells), "bob read alice's family by claiming her name"
+        write = MutateRowsRequest(
+            table_id,
+            tablet_id,
+            (RowMutation(b"row", (SetCell("p", b"q", b"bob was here"),)),),
+            identity="alice",
+        )
+        response = await stub.mutate_rows(write)
+        assert len(response.errors) == 1
+        denied = response.errors[0].exception()
+        assert isinstance(denied, PermissionDenied)
+        assert "bob" in str(denied) and "secrets:p" in str(denied) and "write" in str(denied)
+    alice = await cluster.client("alice")
+    row = await alice.table("secrets").read_row(b"row")
+    assert row is not None and row.cells[0].value == b"alice's secret"
+
+
+async def test_bob_cannot_change_alices_acl_or_delete_her_table(cluster: SecureCluster) -> None:
+    await _alice_table(cluster)
+    bob = await cluster.client("bob")
+    with pytest.raises(PermissionDenied, match=r"bob.*secrets.*admin"):
+        await bob.update_family("secrets", ColumnFamily(name="p", acl=Acl(readers=["bob"])))
+    with pytest.raises(PermissionDenied, match=r"bob.*secrets.*admin"):
+        await bob.delete_table("secrets")
+    with pytest.raises(PermissionDenied, match=r"bob.*secrets.*admin"):
+        await bob.set_admins("secrets", ["bob"])
+    schema = (await Catalog(cluster.coordinator).get_table("secrets")).schema
+    assert schema.families["p"].acl.readers == ["alice"]
+
+
+async def test_control_rpcs_from_a_client_certificate_are_refused(cluster: SecureCluster) -> None:
+    _, table_id, tablet_id = await _alice_table(cluster)
+    async with _raw(cluster, ClientAuth(cluster.tls("bob"))) as transport:
+        stub = TABLET.client(transport, cluster.worker_address)
+        with pytest.raises(PermissionDenied, match=r"bob may not call unload_tablet.*cluster"):
+            await stub.unload_tablet(UnloadTabletRequest(table_id, tablet_id))
+        with pytest.raises(PermissionDenied, match="load_tablet"):
+            await stub.load_tablet(LoadTabletRequest(table_id, tablet_id))
+    alice = await cluster.client("alice")
+    assert (await alice.table("secrets").read_row(b"row")) is not None  # still served
+
+
+@pytest.mark.parametrize("who", ["nothing", "other-ca", "expired", "plain"])
+async def test_callers_without_a_valid_certificate_are_refused(
+    cluster: SecureCluster, tmp_path: Path, who: str
+) -> None:
+    _, table_id, tablet_id = await _alice_table(cluster)
+    auth: ClientAuth | None
+    if who == "nothing":
+        auth = ClientAuth(cluster.ca_only())
+    elif who == "other-ca":
+        other = tmp_path / "other"
+        ca.init_ca(other)
+        ca.issue(other, "alice")  # the right name, from the wrong CA
+        auth = ClientAuth(
+            TlsConfig(
+                str(cluster.certs / "ca.pem"), str(other / "alice.pem"), str(other / "alice.key")
+            )
+        )
+    elif who == "expired":
+        now = datetime.datetime.now(datetime.UTC)
+        ca.issue(
+            cluster.certs,
+            "alice-old",
+            out=tmp_path / "old",
+            not_before=now - datetime.timedelta(days=30),
+            not_after=now - datetime.timedelta(days=1),
+        )
+        auth = ClientAuth(
+            TlsConfig(
+                str(cluster.certs / "ca.pem"),
+                str(tmp_path / "old/alice-old.pem"),
+                str(tmp_path / "old/alice-old.key"),
+            )
+        )
+    else:
+        auth = None
+    async with _raw(cluster, auth) as transport:
+        stub = TABLET.client(transport, cluster.worker_address)
+        with pytest.raises(TabletStoreError) as caught:
+            await stub.read_row(
+                ReadRowsRequest(table_id, tablet_id, keys=(b"row",), identity="alice")
+            )
+    assert not caught.value.may_have_applied
+
+
+async def test_tokens_authenticate_until_revoked(cluster: SecureCluster) -> None:
+    _, table_id, tablet_id = await _alice_table(cluster)
+    tokens = TokenStore(cluster.coordinator)
+    token = await tokens.create("alice")
+    client = await ClusterClient.open(cluster.url, tls=cluster.ca_only(), token=token)
+    row = await client.table("secrets").read_row(b"row")
+    assert row is not None and row.cells[0].value == b"alice's secret"
+    await client.close()
+    assert await tokens.revoke("alice") == 1
+    with pytest.raises(PermissionDenied, match="unknown or was revoked"):
+        await ClusterClient.open(cluster.url, tls=cluster.ca_only(), token=token)
+    # The servers check it themselves, whatever a client does.
+    async with _raw(cluster, ClientAuth(cluster.ca_only(), token)) as transport:
+        stub = TABLET.client(transport, cluster.worker_address)
+        with pytest.raises(PermissionDenied, match="unknown or was revoked"):
+            await stub.read_row(ReadRowsRequest(table_id, tablet_id, keys=(b"row",)))
+
+
+async def test_a_token_needs_tls() -> None:
+    with pytest.raises(InvalidArgument, match="only over TLS"):
+        await ClusterClient.open("memory://x", token="tst_abc")
+
+
+@pytest.mark.parametrize("role", ["worker", "master"])
+async def test_a_non_loopback_bind_without_tls_is_refused(role: str) -> None:
+    coordinator = open_coordinator(f"memory://bind-{uuid.uuid4().hex[:8]}")
+    try:
+        with pytest.raises(
+            InvalidArgument, match=r"refusing to serve the .* on '0.0.0.0' without TLS"
+        ):
+            if role == "worker":
+                await run_worker(coordinator, host="0.0.0.0", store_url="memory://x")
+            else:
+                await run_master(coordinator, host="0.0.0.0", store_url="memory://x")
+    finally:
+        await coordinator.close()
+
+
+def test_check_bind_allows_loopback_tls_or_an_explicit_insecure() -> None:
+    from tabletstore.security import check_bind
+
+    check_bind("127.0.0.1", tls=False)
+    check_bind("::1", tls=False)
+    check_bind("localhost", tls=False)
+    check_bind("0.0.0.0", tls=True)
+    check_bind("0.0.0.0", tls=False, insecure=True)
+    with pytest.raises(InvalidArgument, match="--insecure"):
+        check_bind("10.1.2.3", tls=False)
