@@ -162,6 +162,8 @@ async def run_master(
                 host=host,
                 port=metrics_port,
                 coordinator=coordinator,
+                tls=tls,
+                token=status_token,
             )
             # Linked from the other masters' and the workers' pages while the lease lasts.
             await publish_page(coordinator, "master", server.address, http.url, lease)

@@ -101,7 +101,13 @@ async def run_worker(
     try:
         if metrics_port is not None:
             http = await serve_worker(
-                tablet_server, metrics, host=host, port=metrics_port, coordinator=coordinator
+                tablet_server,
+                metrics,
+                host=host,
+                port=metrics_port,
+                coordinator=coordinator,
+                tls=tls,
+                token=status_token,
             )
             if metrics_ready is not None:
                 metrics_ready(http.url)

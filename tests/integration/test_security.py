@@ -43,6 +43,7 @@ from tabletstore.worker.process import run_worker
 pytestmark = pytest.mark.timeout(120)
 
 DEADLINE = 60.0
+STATUS_TOKEN = "scraper-secret"
 
 
 @dataclass
@@ -51,6 +52,7 @@ class SecureCluster:
     coordinator: Coordinator
     certs: Path
     worker_address: str
+    status_url: str
 
     def tls(self, name: str) -> TlsConfig:
         return TlsConfig(
@@ -98,6 +100,7 @@ async def cluster(tmp_path: Path) -> AsyncIterator[SecureCluster]:
 
     stop = asyncio.Event()
     addresses: list[str] = []
+    status_urls: list[str] = []
     lease = LeaseOptions(ttl=5.0)
     async with asyncio.TaskGroup() as tg:
         tg.create_task(
@@ -117,11 +120,14 @@ async def cluster(tmp_path: Path) -> AsyncIterator[SecureCluster]:
                 stop=stop,
                 ready=lambda s: addresses.append(s.address),
                 tls=tls("worker"),
+                metrics_port=0,
+                metrics_ready=status_urls.append,
+                status_token=STATUS_TOKEN,
             )
         )
         try:
             await _wait_for(_true_when(lambda: bool(addresses)), "the worker to serve")
-            yield SecureCluster(url, coordinator, certs, addresses[0])
+            yield SecureCluster(url, coordinator, certs, addresses[0], status_urls[0])
         finally:
             stop.set()
     await coordinator.close()
@@ -338,3 +344,49 @@ def test_check_bind_allows_loopback_tls_or_an_explicit_insecure() -> None:
     check_bind("0.0.0.0", tls=False, insecure=True)
     with pytest.raises(InvalidArgument, match="--insecure"):
         check_bind("10.1.2.3", tls=False)
+
+
+async def test_the_status_endpoint_wants_a_certificate_or_the_status_token(
+    cluster: SecureCluster,
+) -> None:
+    import aiohttp
+
+    assert cluster.status_url.startswith("https://")
+    metrics = f"{cluster.status_url}/metrics"
+    anonymous = aiohttp.TCPConnector(ssl=cluster.ca_only().client_context())
+    async with aiohttp.ClientSession(connector=anonymous) as session:
+        async with session.get(metrics) as response:
+            assert response.status == 401
+        async with session.get(metrics, headers={"Authorization": "Bearer wrong"}) as response:
+            assert response.status == 401
+        auth = {"Authorization": f"Bearer {STATUS_TOKEN}"}
+        async with session.get(metrics, headers=auth) as response:
+            assert response.status == 200
+            assert "tabletstore_permission_denied_total" in await response.text()
+    with_cert = aiohttp.TCPConnector(ssl=cluster.tls("bob").client_context())
+    async with aiohttp.ClientSession(connector=with_cert) as session:
+        async with session.get(f"{cluster.status_url}/status") as response:
+            assert response.status == 200
+    plain = cluster.status_url.replace("https://", "http://")
+    async with aiohttp.ClientSession() as session:
+        with pytest.raises(aiohttp.ClientError):
+            async with session.get(f"{plain}/metrics") as response:
+                assert response.status != 200
+
+
+async def test_denials_are_counted(cluster: SecureCluster) -> None:
+    import aiohttp
+
+    _, table_id, tablet_id = await _alice_table(cluster)
+    async with _raw(cluster, ClientAuth(cluster.tls("bob"))) as transport:
+        stub = TABLET.client(transport, cluster.worker_address)
+        with pytest.raises(PermissionDenied):
+            await stub.unload_tablet(UnloadTabletRequest(table_id, tablet_id))
+    connector = aiohttp.TCPConnector(ssl=cluster.tls("bob").client_context())
+    async with aiohttp.ClientSession(connector=connector) as session:
+        async with session.get(f"{cluster.status_url}/metrics") as response:
+            text = await response.text()
+    assert (
+        'tabletstore_permission_denied_total{method="unload_tablet",permission="cluster"} 1.0'
+        in text
+    )
