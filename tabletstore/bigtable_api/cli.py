@@ -6,6 +6,12 @@ are imported only when the command runs, so other verbs never load them.
 ::
 
     tabletstore [--url URL] bigtable-api [--url URL] [--host 127.0.0.1] [--port 8086]
+                [--tls-cert CERT --tls-key KEY] [--insecure]
+
+With ``--tls-cert``/``--tls-key`` it serves TLS, and in front of a cluster (``etcd://``) every
+call must carry ``authorization: Bearer <token>`` (``tabletstore tokens create``); the call
+then acts for the token's principal (bigtable_api/auth.py). Without TLS a non-loopback
+``--host`` is refused unless ``--insecure``.
 
 Once listening it prints ``bigtable-api listening on HOST:PORT`` (``--port 0`` picks a free
 port) and ``export BIGTABLE_EMULATOR_HOST=HOST:PORT``, then serves until SIGINT or SIGTERM,
@@ -48,13 +54,21 @@ def _require_extra() -> None:
         ) from exc
 
 
-async def serve(url: str | None, host: str, port: int) -> None:
-    """Open the database at ``url``, serve until SIGINT/SIGTERM, then shut down cleanly."""
-    from tabletstore.bigtable_api.server import BigtableApiServer, open_client
+async def serve(
+    url: str | None, host: str, port: int, *, tls: Any = None, client_tls: Any = None
+) -> None:
+    """Open the database at ``url``, serve until SIGINT/SIGTERM, then shut down cleanly.
+    ``tls`` (a TlsConfig): serve TLS, and bearer tokens in front of a cluster; ``client_tls``:
+    how this process reaches the cluster (the global --tls-* options)."""
+    from tabletstore.bigtable_api.server import BigtableApiServer
+    from tabletstore.coordination.tokens import TokenStore
+    from tabletstore.embedded import connect_async
 
-    client = await open_client(url)
+    client = await connect_async(url, tls=client_tls)
     try:
-        server = BigtableApiServer(client, host=host, port=port)
+        coordinator = getattr(client, "coordinator", None)
+        tokens = TokenStore(coordinator) if tls is not None and coordinator is not None else None
+        server = BigtableApiServer(client, host=host, port=port, tls=tls, tokens=tokens)
         bound = await server.start()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -76,15 +90,38 @@ async def serve(url: str | None, host: str, port: int) -> None:
 @click.option(
     "--port", type=int, default=DEFAULT_PORT, show_default=True, help="Port (0: pick one)."
 )
+@click.option("--tls-cert", default=None, help="Serve TLS with this certificate (PEM).")
+@click.option("--tls-key", default=None, help="The certificate's private key.")
+@click.option(
+    "--insecure", is_flag=True, help="Allow a non-loopback --host without TLS (no caller auth)."
+)
 @click.pass_context
-def bigtable_api(ctx: click.Context, url: str | None, host: str, port: int) -> None:
+def bigtable_api(
+    ctx: click.Context,
+    url: str | None,
+    host: str,
+    port: int,
+    tls_cert: str | None,
+    tls_key: str | None,
+    insecure: bool,
+) -> None:
     """Serve the Cloud Bigtable API (point clients at it with BIGTABLE_EMULATOR_HOST)."""
     from tabletstore.errors import TabletStoreError
+    from tabletstore.security import TlsConfig, check_bind
 
     if url is None and ctx.obj is not None:
         url = getattr(ctx.obj, "url", None)
+    client_tls = getattr(ctx.obj, "tls", None)
+    try:
+        tls = None
+        if tls_cert is not None or tls_key is not None:
+            ca = client_tls.ca if client_tls is not None else tls_cert
+            tls = TlsConfig.of(ca, tls_cert, tls_key)
+        check_bind(host, tls=tls is not None, insecure=insecure, what="bigtable-api")
+    except TabletStoreError as exc:
+        raise _Failure(str(exc)) from exc
     _require_extra()
     try:
-        asyncio.run(serve(url, host, port))
+        asyncio.run(serve(url, host, port, tls=tls, client_tls=client_tls))
     except TabletStoreError as exc:
         raise _Failure(str(exc)) from exc

@@ -31,6 +31,7 @@ from google.protobuf import empty_pb2
 from google.rpc import status_pb2
 
 from tabletstore.bigtable_api.admin import TableAdmin
+from tabletstore.bigtable_api.auth import BearerTokens, server_credentials
 from tabletstore.bigtable_api.chunks import (
     DEFAULT_MAX_RESPONSE_BYTES,
     DEFAULT_MAX_VALUE_CHUNK,
@@ -52,6 +53,8 @@ from tabletstore.clock import Clock, SystemClock
 from tabletstore.data.model import Mutation, RowMutation
 from tabletstore.data.validation import MAX_MUTATIONS_PER_ROW, check_row_key
 from tabletstore.errors import InvalidArgument, TabletStoreError, Unimplemented
+from tabletstore.rpc.auth import TokenVerifier
+from tabletstore.security import TlsConfig
 
 __all__ = [
     "ADMIN_SERVICE",
@@ -397,9 +400,15 @@ class BigtableApiServer:
         clock: Clock | None = None,
         max_value_chunk: int = DEFAULT_MAX_VALUE_CHUNK,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        tls: TlsConfig | None = None,
+        tokens: TokenVerifier | None = None,
     ) -> None:
+        if tokens is not None and tls is None:
+            raise InvalidArgument("bearer tokens travel only over TLS: give --tls-cert/--tls-key")
         self.host = host
         self.port = port
+        self.tls = tls
+        self.tokens = tokens
         self.data = BigtableData(
             client,
             clock=clock,
@@ -417,6 +426,7 @@ class BigtableApiServer:
     async def start(self) -> int:
         """Bind and start serving; returns the bound port."""
         server = grpc.aio.server(
+            interceptors=[BearerTokens(self.tokens)] if self.tokens is not None else None,
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -424,7 +434,12 @@ class BigtableApiServer:
             ]
         )
         server.add_generic_rpc_handlers(generic_handlers(self.data, self.admin))
-        port: int = server.add_insecure_port(f"{self.host}:{self.port}")
+        where = f"{self.host}:{self.port}"
+        port: int = (
+            server.add_secure_port(where, server_credentials(self.tls))
+            if self.tls is not None
+            else server.add_insecure_port(where)
+        )
         if port == 0:
             raise InvalidArgument(f"cannot listen on {self.host}:{self.port}")
         await server.start()

@@ -56,6 +56,7 @@ import csv
 import io
 import logging
 import os
+import shlex
 import signal
 import sys
 import time
@@ -765,12 +766,18 @@ def local_stack() -> None:
     help="Keep the data across down and up: objects in DIR/objects (instead of moto, which "
     "keeps them in memory) and etcd's data directory.",
 )
+@click.option(
+    "--tls",
+    is_flag=True,
+    help="Everything over mutual TLS: a development CA and certificates in DIR/tls (etcd, "
+    "master, worker, and client for you; the printed environment uses it).",
+)
 def local_stack_up(
-    directory: Path, s3_url: str | None, workers: int, metrics: bool, persist: bool
+    directory: Path, s3_url: str | None, workers: int, metrics: bool, persist: bool, tls: bool
 ) -> None:
     """Start the stack and print the URLs to use (with --workers, the status page's too)."""
     try:
-        stack = localstack.up(directory, s3_url=s3_url, workers=workers, persist=persist)
+        stack = localstack.up(directory, s3_url=s3_url, workers=workers, persist=persist, tls=tls)
     except TabletStoreError as exc:
         raise Failure(str(exc)) from exc
     click.echo(f"local stack is up in {stack.dir}")
@@ -782,12 +789,12 @@ def local_stack_up(
     )
     if stack.cluster_url is not None:
         click.echo(f"  cluster URL:  {stack.cluster_url}")
-        click.echo(f"  use it:       tabletstore --url {stack.cluster_url} ls")
+        click.echo(f"  use it:       tabletstore --url {shlex.quote(stack.cluster_url)} ls")
     for record in stack.processes:
         click.echo(f"  {record.role:<9} pid {record.pid:<8} log {record.log}")
     click.echo("environment:")
     for name, value in localstack.environment(stack).items():
-        click.echo(f"  export {name}={value}")
+        click.echo(f"  export {name}={shlex.quote(value)}")
     if metrics:
         config = localstack.prometheus_config(stack)
         path = Path(stack.dir) / "prometheus.yml"

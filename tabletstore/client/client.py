@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
@@ -167,6 +168,11 @@ def _idempotent(mutations: Iterable[Mutation]) -> bool:
     )
 
 
+#: The identity a front door acts for while it serves one caller's request (the Cloud
+#: Bigtable API's bearer token, bigtable_api/server.py); None: the client's own identity.
+ACTING_FOR: ContextVar[str | None] = ContextVar("tabletstore_acting_for", default=None)
+
+
 class AsyncClient:
     """A connection to a tabletstore database (embedded or cluster)."""
 
@@ -183,7 +189,7 @@ class AsyncClient:
         self._catalog = catalog
         self._transport = transport
         self._admin = admin
-        self.identity = identity
+        self._identity = identity
         self.retry_deadline = retry_deadline
         #: Where tablets are served: the three-level lookup with its cache (§5.1).
         self.locations = locations or LocationCache(catalog.coordinator, transport)
@@ -349,6 +355,16 @@ class AsyncClient:
     def table(self, name: str) -> AsyncTable:
         """A handle on a table (no request is made until it is used)."""
         return AsyncTable(self, name)
+
+    @property
+    def identity(self) -> str | None:
+        """Who the requests are made as (checked against ACLs): the request's ``ACTING_FOR``,
+        else the client's own."""
+        return ACTING_FOR.get() or self._identity
+
+    @identity.setter
+    def identity(self, value: str | None) -> None:
+        self._identity = value
 
     async def close(self) -> None:
         """Nothing to release on the client side; the database owns the transport."""

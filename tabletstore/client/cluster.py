@@ -140,11 +140,14 @@ def master_client(
 
 
 async def _proven_identity(
-    coordinator: Coordinator, tls: TlsConfig | None, token: str | None
+    coordinator: Coordinator, tls: TlsConfig | None, token: str | None, identity: str | None
 ) -> str | None:
     """The name the servers will know us by: the certificate's, else the token's
-    (PermissionDenied if the token is unknown or revoked)."""
+    (PermissionDenied if the token is unknown or revoked). A cluster identity (a front door,
+    a function) may act for ``identity`` (worker/guard.py)."""
     principal = tls.principal() if tls is not None else None
+    if principal is not None and principal.is_cluster and identity is not None:
+        return identity
     if principal is None and token is not None:
         principal = await TokenStore(coordinator).verify(token)
     return principal.name if principal is not None else None
@@ -193,7 +196,7 @@ class ClusterClient(AsyncClient):
             await coordinator.check()
             if auth is not None:
                 # What the servers will take us for: our own checks (ACLs) use the same name.
-                identity = await _proven_identity(coordinator, tls, token)
+                identity = await _proven_identity(coordinator, tls, token, identity)
         except BaseException:
             await coordinator.close()
             raise
