@@ -390,3 +390,54 @@ async def test_denials_are_counted(cluster: SecureCluster) -> None:
         'tabletstore_permission_denied_total{method="unload_tablet",permission="cluster"} 1.0'
         in text
     )
+
+
+async def test_the_front_door_wants_a_bearer_token_and_acts_for_its_principal(
+    cluster: SecureCluster,
+) -> None:
+    grpc = pytest.importorskip("grpc")
+    from google.cloud.bigtable_v2.types import bigtable as bt
+
+    from tabletstore.bigtable_api.server import BigtableApiServer
+
+    await _alice_table(cluster)
+    ca.issue(cluster.certs, "frontdoor", role="function")
+    tokens = TokenStore(cluster.coordinator)
+    alice_token, bob_token = await tokens.create("alice"), await tokens.create("bob")
+    client = await cluster.client("frontdoor")
+    server = BigtableApiServer(client, tls=cluster.tls("frontdoor"), tokens=tokens)
+    port = await server.start()
+    channel = grpc.aio.secure_channel(
+        f"localhost:{port}",
+        grpc.ssl_channel_credentials((cluster.certs / "ca.pem").read_bytes()),
+    )
+    read_rows = channel.unary_stream(
+        "/google.bigtable.v2.Bigtable/ReadRows",
+        request_serializer=bt.ReadRowsRequest.serialize,
+        response_deserializer=bt.ReadRowsResponse.deserialize,
+    )
+    request = bt.ReadRowsRequest(table_name="projects/p/instances/i/tables/secrets")
+
+    async def families(token: str | None) -> set[str]:
+        metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        found = set()
+        async for response in read_rows(request, metadata=metadata):
+            for chunk in response.chunks:
+                if chunk.family_name:
+                    found.add(chunk.family_name)
+        return found
+
+    try:
+        assert await families(alice_token) == {"p"}
+        assert await families(bob_token) == set()  # bob may not read alice's family
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await families(None)
+        assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        await tokens.revoke("alice")
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await families(alice_token)
+        assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    finally:
+        await channel.close()
+        await server.stop()
+        await client.close()
