@@ -164,7 +164,8 @@ class TableSchema(_Frozen):
     creator is added at creation). None: anyone may (tables made without auth)."""
 
     name: str
-    admins: list[str] | None = None
+    # Left out of the JSON while unset, so schemas written without auth read as before.
+    admins: list[str] | None = Field(default=None, exclude_if=lambda v: v is None)
     families: dict[str, ColumnFamily] = Field(default_factory=dict)
     locality_groups: dict[str, LocalityGroup] = Field(
         default_factory=lambda: {"default": LocalityGroup(name="default")}
