@@ -211,9 +211,10 @@ class _ClientConnection(FrameConnection):
         if not self._handshake.done():
             # No request is sent before the handshake completes.
             tls = self.transport is not None and self.transport.get_extra_info("sslcontext")
-            if tls or isinstance(exc, ssl.SSLError):
-                # Our side of TLS was done; the server closed before its hello: it refused
-                # our certificate (none, another CA's, expired). Retrying cannot help.
+            if (tls and exc is None) or isinstance(exc, ssl.SSLError):
+                # Our side of TLS was done; the server closed cleanly before its hello: its TLS
+                # refused our certificate (none, another CA's, expired). Retrying cannot help.
+                # (A server going away resets the connection, or says Unavailable first.)
                 self._refused(
                     PermissionDenied(
                         f"{self.address} closed the TLS connection before its handshake: it "

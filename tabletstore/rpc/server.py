@@ -21,7 +21,7 @@ import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from types import TracebackType
-from typing import Any, Self, cast
+from typing import Any, Self
 
 from tabletstore.errors import (
     Indeterminate,
@@ -233,7 +233,17 @@ class _ServerConnection(FrameConnection):
         if peer:
             self._peer = format_address(peer[0], peer[1])
         if self._server.accepted(self) is None:
-            cast(asyncio.Transport, transport).abort()
+            # Say why before closing: a client must not take a clean close for a refusal of
+            # its certificate (rpc/client.py), and may retry elsewhere.
+            self._dead = True
+            self.write(
+                frames.encode_frame(
+                    Kind.ERROR,
+                    0,
+                    encode_error(Unavailable(f"server {self._server.address} is shutting down")),
+                )
+            )
+            self.close()
             return
         if self._server.auth is None:
             self._principal.set_result(None)

@@ -408,7 +408,7 @@ async def test_the_front_door_wants_a_bearer_token_and_acts_for_its_principal(
     server = BigtableApiServer(client, tls=cluster.tls("frontdoor"), tokens=tokens)
     port = await server.start()
     channel = grpc.aio.secure_channel(
-        f"localhost:{port}",
+        f"127.0.0.1:{port}",  # the certificate names 127.0.0.1 too
         grpc.ssl_channel_credentials((cluster.certs / "ca.pem").read_bytes()),
     )
     read_rows = channel.unary_stream(
