@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import re
 import shutil
+import ssl
 import tempfile
 import time
 import urllib.request
@@ -57,8 +58,9 @@ _SAMPLE = re.compile(
 
 
 def parse_cluster_spec(spec: str) -> tuple[int, str]:
-    """``cluster:N:file`` / ``cluster:N:moto`` -> (N, store kind); InvalidArgument otherwise."""
-    parts = spec.split(":")
+    """``cluster:N:file`` / ``cluster:N:moto`` (``:tls`` appended: the stack over mutual TLS,
+    ``local-stack up --tls``) -> (N, store kind); InvalidArgument otherwise."""
+    parts = spec.removesuffix(":tls").split(":")
     if len(parts) != 3 or parts[0] != "cluster" or not parts[1].isdigit() or parts[2] not in STORES:
         raise InvalidArgument(
             f"bad cluster target {spec!r}: expected cluster:N:file or cluster:N:moto (N >= 1)"
@@ -103,8 +105,8 @@ def _metrics_url(log: str, deadline: float) -> str:
     raise Unavailable(f"no 'metrics on URL' line in {log} within {deadline}s")
 
 
-def _fetch(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=10) as response:
+def _fetch(url: str, context: ssl.SSLContext | None = None) -> str:
+    with urllib.request.urlopen(url, timeout=10, context=context) as response:
         body: bytes = response.read()
     return body.decode()
 
@@ -130,6 +132,8 @@ class ClusterTarget(TabletstoreTarget):
         self.mem_rows = mem_rows
         self._dir: Path | None = None
         self._metrics_urls: list[str] = []
+        self.tls = spec.endswith(":tls")
+        self._ssl: ssl.SSLContext | None = None
 
     async def open(self) -> None:
         if self._dir is None:
@@ -148,6 +152,7 @@ class ClusterTarget(TabletstoreTarget):
             directory,
             workers=self.workers,
             store_url=store_url,
+            tls=self.tls,
             worker_args=(
                 "--metrics-port",
                 "0",
@@ -157,6 +162,8 @@ class ClusterTarget(TabletstoreTarget):
         )
         assert stack.cluster_url is not None  # workers >= 1
         self.url = stack.cluster_url
+        self.client_tls = stack.tls("client")
+        self._ssl = self.client_tls.client_context() if self.client_tls is not None else None
         self._metrics_urls = [
             await asyncio.to_thread(_metrics_url, record.log, METRICS_DEADLINE)
             for record in stack.processes
@@ -190,7 +197,7 @@ class ClusterTarget(TabletstoreTarget):
     def stats(self) -> StoreStats | None:
         total = StoreStats()
         for url in self._metrics_urls:
-            one = scrape_store_stats(_fetch(url))
+            one = scrape_store_stats(_fetch(url, self._ssl))
             total = StoreStats({op: total[op] + one[op] for op in Op})
         return total if self._metrics_urls else None
 

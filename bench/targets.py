@@ -112,7 +112,9 @@ class TabletstoreTarget:
         else:
             from tabletstore.embedded import connect_async
 
-            self._db = await connect_async(self.url)
+            # A cluster target over TLS (bench.cluster_target) names its client certificate.
+            tls = getattr(self, "client_tls", None)
+            self._db = await connect_async(self.url, tls=tls)
         self._tables = {name: self._db.table(name) for name in self._tables}
 
     async def create(self, table: str, *, in_memory: bool = False) -> None:

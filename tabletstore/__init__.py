@@ -49,6 +49,7 @@ __version__ = "0.1.0"
 # import cycle. ``from tabletstore import connect, SetCell, Chain`` works as usual.
 _EXPORTS: dict[str, str] = {
     **dict.fromkeys(["connect", "connect_async", "Database", "SyncDatabase"], "embedded"),
+    "TlsConfig": "security.tls",
     **dict.fromkeys(
         ["AsyncClient", "AsyncTable", "MutationError", "MutationsFailed"], "client.client"
     ),

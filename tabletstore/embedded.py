@@ -39,6 +39,7 @@ from tabletstore.ops.metrics import WorkerMetrics
 from tabletstore.options import IN_PROCESS_LEASE, MasterOptions, TabletOptions, WorkerOptions
 from tabletstore.rpc.inprocess import InProcessTransport
 from tabletstore.rpc.services import TABLET
+from tabletstore.security import TlsConfig
 from tabletstore.storage_s3 import open_store
 from tabletstore.storage_s3.base import ObjectStore
 from tabletstore.worker.server import TabletServer
@@ -250,20 +251,38 @@ class SyncDatabase(SyncClient):
             portal.close()
 
 
-def connect(url: str | None = None, *, identity: str | None = None) -> SyncDatabase:
+def connect(
+    url: str | None = None,
+    *,
+    identity: str | None = None,
+    tls: TlsConfig | None = None,
+    token: str | None = None,
+) -> SyncDatabase:
     """Open a database with the synchronous API: embedded (see :class:`Database`) for
-    ``file://`` / ``memory://`` / a directory, a cluster client for ``etcd://``."""
+    ``file://`` / ``memory://`` / a directory, a cluster client for ``etcd://``.
+
+    The embedded database is open: one process, one user; ``identity`` is only what ACL checks
+    compare against. A cluster with auth on takes the caller's identity from ``tls`` (its
+    client certificate) or ``token`` instead (docs/ARCHITECTURE.md "Security")."""
     portal = Portal()
     try:
-        db = portal.call(connect_async(url, identity=identity))
+        db = portal.call(connect_async(url, identity=identity, tls=tls, token=token))
     except BaseException:
         portal.close()
         raise
     return SyncDatabase(db, portal)
 
 
-async def connect_async(url: str | None = None, *, identity: str | None = None) -> AsyncClient:
+async def connect_async(
+    url: str | None = None,
+    *,
+    identity: str | None = None,
+    tls: TlsConfig | None = None,
+    token: str | None = None,
+) -> AsyncClient:
     """Open a database with the asyncio API (embedded, or a cluster for ``etcd://`` URLs)."""
     if url is not None and url.startswith("etcd://"):
-        return await ClusterClient.open(url, identity=identity)
+        return await ClusterClient.open(url, identity=identity, tls=tls, token=token)
+    if tls is not None or token is not None:
+        raise InvalidArgument("tls and token are for a cluster (etcd://); embedded is open")
     return await Database.open(url, identity=identity)

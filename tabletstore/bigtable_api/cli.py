@@ -6,7 +6,12 @@ are imported only when the command runs, so other verbs never load them.
 ::
 
     tabletstore [--url URL] bigtable-api [--url URL] [--host 127.0.0.1] [--port 8086]
-        [--plain-instance ID] [--tls-cert CERT.pem --tls-key KEY.pem]
+        [--plain-instance ID] [--tls-cert CERT --tls-key KEY] [--insecure]
+
+With ``--tls-cert``/``--tls-key`` it serves TLS, and in front of a cluster (``etcd://``) every
+call must carry ``authorization: Bearer <token>`` (``tabletstore tokens create``); the call
+then acts for the token's principal (bigtable_api/auth.py). Without TLS a non-loopback
+``--host`` is refused unless ``--insecure``.
 
 Once listening it prints ``bigtable-api listening on HOST:PORT`` (``--port 0`` picks a free
 port) and ``export BIGTABLE_EMULATOR_HOST=HOST:PORT`` (with TLS: ``bigtable-api listening with
@@ -57,26 +62,32 @@ async def serve(
     port: int,
     *,
     plain_instance: str | None = None,
-    tls: tuple[str, str] | None = None,
+    tls: Any = None,
+    client_tls: Any = None,
 ) -> None:
     """Open the database at ``url``, serve until SIGINT/SIGTERM, then shut down cleanly.
-    ``tls``: (certificate, private key) PEM files to serve TLS with."""
-    from tabletstore.bigtable_api.server import BigtableApiServer, TlsFiles, open_client
+    ``tls`` (a TlsConfig): serve TLS, and bearer tokens in front of a cluster; ``client_tls``:
+    how this process reaches the cluster (the global --tls-* options)."""
+    from tabletstore.bigtable_api.auth import server_credentials
+    from tabletstore.bigtable_api.server import BigtableApiServer
+    from tabletstore.coordination.tokens import TokenStore
+    from tabletstore.embedded import connect_async
 
-    tls_files = TlsFiles(*tls) if tls is not None else None
-    if tls_files is not None:
-        tls_files.credentials()  # a bad file fails before the database opens
-    client = await open_client(url)
+    if tls is not None:
+        server_credentials(tls)  # a bad file fails before the database opens
+    client = await connect_async(url, tls=client_tls)
     try:
+        coordinator = getattr(client, "coordinator", None)
+        tokens = TokenStore(coordinator) if tls is not None and coordinator is not None else None
         server = BigtableApiServer(
-            client, host=host, port=port, plain_instance=plain_instance, tls=tls_files
+            client, host=host, port=port, plain_instance=plain_instance, tls=tls, tokens=tokens
         )
         bound = await server.start()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        if tls_files is not None:
+        if tls is not None:
             click.echo(f"bigtable-api listening with TLS on {host}:{bound}")
         else:
             click.echo(f"bigtable-api listening on {host}:{bound}")
@@ -114,6 +125,9 @@ def _run_loop(coro: Coroutine[Any, Any, None]) -> None:
 )
 @click.option("--tls-cert", default=None, metavar="PEM", help="Serve TLS with this certificate.")
 @click.option("--tls-key", default=None, metavar="PEM", help="The certificate's private key.")
+@click.option(
+    "--insecure", is_flag=True, help="Allow a non-loopback --host without TLS (no caller auth)."
+)
 @click.pass_context
 def bigtable_api(
     ctx: click.Context,
@@ -123,17 +137,29 @@ def bigtable_api(
     plain_instance: str | None,
     tls_cert: str | None,
     tls_key: str | None,
+    insecure: bool,
 ) -> None:
     """Serve the Cloud Bigtable API (point clients at it with BIGTABLE_EMULATOR_HOST)."""
     from tabletstore.errors import TabletStoreError
+    from tabletstore.security import TlsConfig, check_bind
 
     if url is None and ctx.obj is not None:
         url = getattr(ctx.obj, "url", None)
     if (tls_cert is None) != (tls_key is None):
         raise _Failure("--tls-cert and --tls-key go together: give both, or neither")
-    _require_extra()
-    tls = (tls_cert, tls_key) if tls_cert is not None and tls_key is not None else None
+    client_tls = getattr(ctx.obj, "tls", None)
     try:
-        _run_loop(serve(url, host, port, plain_instance=plain_instance, tls=tls))
+        tls = None
+        if tls_cert is not None or tls_key is not None:
+            ca = client_tls.ca if client_tls is not None else tls_cert
+            tls = TlsConfig.of(ca, tls_cert, tls_key)
+        check_bind(host, tls=tls is not None, insecure=insecure, what="bigtable-api")
+    except TabletStoreError as exc:
+        raise _Failure(str(exc)) from exc
+    _require_extra()
+    try:
+        _run_loop(
+            serve(url, host, port, plain_instance=plain_instance, tls=tls, client_tls=client_tls)
+        )
     except TabletStoreError as exc:
         raise _Failure(str(exc)) from exc

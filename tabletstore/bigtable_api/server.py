@@ -32,6 +32,7 @@ from google.protobuf import empty_pb2
 from google.rpc import status_pb2
 
 from tabletstore.bigtable_api.admin import TableAdmin
+from tabletstore.bigtable_api.auth import BearerTokens, server_credentials
 from tabletstore.bigtable_api.chunks import (
     DEFAULT_MAX_RESPONSE_BYTES,
     DEFAULT_MAX_VALUE_CHUNK,
@@ -55,7 +56,9 @@ from tabletstore.data.model import Mutation, Row, RowMutation
 from tabletstore.data.validation import MAX_MUTATIONS_PER_ROW, check_row_key
 from tabletstore.errors import InvalidArgument, TabletStoreError, Unimplemented
 from tabletstore.limits import MAX_REQUEST_BYTES
+from tabletstore.rpc.auth import TokenVerifier
 from tabletstore.rpc.messages import ScanProgress
+from tabletstore.security import TlsConfig
 
 __all__ = [
     "ADMIN_SERVICE",
@@ -626,18 +629,29 @@ class BigtableApiServer:
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
         plain_instance: str | None = None,
-        tls: TlsFiles | None = None,
+        tls: TlsFiles | TlsConfig | None = None,
+        tokens: TokenVerifier | None = None,
     ) -> None:
         if max_message_bytes < DEFAULT_MAX_RESPONSE_BYTES:
             raise InvalidArgument(
                 f"max_message_bytes must be at least {DEFAULT_MAX_RESPONSE_BYTES} (one ReadRows "
                 f"response), got {max_message_bytes}"
             )
+        if tokens is not None and tls is None:
+            raise InvalidArgument("bearer tokens travel only over TLS: give --tls-cert/--tls-key")
         self.max_message_bytes = max_message_bytes
         self.host = host
         self.port = port
+        self.tls = tls
+        self.tokens = tokens
         self._interceptors = tuple(interceptors)
-        self._tls = tls.credentials() if tls is not None else None
+        if tokens is not None:
+            self._interceptors = (BearerTokens(tokens), *self._interceptors)
+        self._tls: grpc.ServerCredentials | None = None
+        if isinstance(tls, TlsFiles):
+            self._tls = tls.credentials()
+        elif tls is not None:
+            self._tls = server_credentials(tls)
         namespaces = Namespaces(plain_instance)
         self.data = BigtableData(
             client,

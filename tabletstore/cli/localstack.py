@@ -19,6 +19,13 @@ its data directory on the ports recorded in ``<dir>/persist.json``. With ``--s3-
 runs the recorded command (``/proc/<pid>/cmdline`` and the start time in ``/proc/<pid>/stat``,
 so a reused pid is never signalled); then it waits for them to exit.
 
+TLS (``--tls``, issue 16): a development CA and certificates are made under ``<dir>/tls``
+(``security/ca.py``: ``etcd``, ``master``, ``worker`` and ``client`` for the user), etcd serves
+its clients over TLS and requires their certificates (its ``/health`` stays on a plaintext
+loopback metrics port), and the master and workers serve mutual TLS with their certificates;
+each process reaches etcd with its own (the etcd URL's ``?ca=&cert=&key=``). The printed
+environment names the ``client`` certificate.
+
 The record list is role-tagged so the cluster can add ``master`` and ``worker-<n>`` processes
 the same way (:func:`spawn` + :func:`wait_healthy`). The pieces are also used by the test
 fixtures that start real servers (``tests/plugins/etcd_server.py``).
@@ -43,6 +50,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from tabletstore.errors import AlreadyExists, InvalidArgument, NotFound, Unavailable
+from tabletstore.security import TlsConfig, ca
 
 __all__ = [
     "BUCKET",
@@ -106,6 +114,12 @@ class Stack:
     persist: bool = False
     #: The object store URL the cluster uses (or would use).
     store_url: str | None = None
+    #: ``--tls``: the directory of the stack's CA and certificates.
+    tls_dir: str | None = None
+
+    def tls(self, name: str = "client") -> TlsConfig | None:
+        """The TLS files of certificate ``name`` (None without ``--tls``)."""
+        return _tls_files(Path(self.tls_dir), name) if self.tls_dir is not None else None
 
     @property
     def status_page(self) -> str | None:
@@ -271,6 +285,40 @@ def _http_ok(url: str, *, method: str = "GET") -> bytes | None:
 # ----------------------------------------------------------------------------- servers
 
 
+def _tls_files(directory: Path, name: str) -> TlsConfig:
+    return TlsConfig(
+        str(directory / "ca.pem"), str(directory / f"{name}.pem"), str(directory / f"{name}.key")
+    )
+
+
+#: The certificates ``--tls`` makes (name, role).
+TLS_CERTS = (("etcd", "master"), ("master", "master"), ("worker", "worker"), ("client", "client"))
+
+
+def make_certs(directory: Path) -> Path:
+    """A CA and the stack's certificates in ``directory`` (kept if already there)."""
+    if not (directory / "ca.pem").exists():
+        ca.init_ca(directory, name="tabletstore local-stack CA")
+    for name, role in TLS_CERTS:
+        if not (directory / f"{name}.pem").exists():
+            ca.issue(directory, name, role=role)
+    return directory
+
+
+def with_tls(url: str, tls: TlsConfig | None) -> str:
+    """An etcd URL that reaches etcd with ``tls`` (``?ca=&cert=&key=``)."""
+    if tls is None:
+        return url
+    return f"{url}?ca={tls.ca}&cert={tls.cert}&key={tls.key}"
+
+
+def tls_args(tls: TlsConfig | None) -> tuple[str, ...]:
+    """The global ``--tls-*`` arguments of a tabletstore command using ``tls``."""
+    if tls is None:
+        return ()
+    return ("--tls-ca", tls.ca, "--tls-cert", str(tls.cert), "--tls-key", str(tls.key))
+
+
 def etcd_healthy(client_port: int) -> bool:
     body = _http_ok(f"http://127.0.0.1:{client_port}/health")
     if body is None:
@@ -288,6 +336,7 @@ def start_etcd(
     fast_leases: bool = False,
     deadline: float = HEALTH_DEADLINE,
     ports: tuple[int, int] | None = None,
+    tls: TlsConfig | None = None,
 ) -> tuple[ProcessRecord, int]:
     """Start a one-member etcd on free loopback ports; return its record and client port.
 
@@ -295,12 +344,14 @@ def start_etcd(
     lease TTLs (its minimum TTL is 1.5 election timeouts), for tests. ``ports`` (client, peer)
     reuses the ports of an etcd stopped earlier: with the same ``data_dir`` that restarts it,
     keys, revisions and leases included (etcd ignores the initial-cluster flags then).
+    ``tls``: serve clients over TLS, requiring certificates of its CA (module docstring).
     """
     binary = shutil.which("etcd")
     if binary is None:
         raise NotFound("etcd is not on PATH: install Debian's etcd-server package")
     client_port, peer_port = ports if ports is not None else (free_port(), free_port())
-    client, peer = f"http://127.0.0.1:{client_port}", f"http://127.0.0.1:{peer_port}"
+    scheme = "https" if tls is not None else "http"
+    client, peer = f"{scheme}://127.0.0.1:{client_port}", f"http://127.0.0.1:{peer_port}"
     argv = [
         binary,
         "--name=tabletstore",
@@ -314,8 +365,18 @@ def start_etcd(
     ]
     if fast_leases:
         argv += ["--heartbeat-interval=50", "--election-timeout=500"]
+    health_port = client_port
+    if tls is not None:
+        health_port = free_port()
+        argv += [
+            f"--cert-file={tls.cert}",
+            f"--key-file={tls.key}",
+            f"--trusted-ca-file={tls.ca}",
+            "--client-cert-auth",
+            f"--listen-metrics-urls=http://127.0.0.1:{health_port}",
+        ]
     record = spawn("etcd", argv, log=log, url=f"etcd://127.0.0.1:{client_port}/tabletstore")
-    wait_healthy(record, lambda: etcd_healthy(client_port), deadline)
+    wait_healthy(record, lambda: etcd_healthy(health_port), deadline)
     return record, client_port
 
 
@@ -403,6 +464,7 @@ def up(
     store_url: str | None = None,
     worker_args: Sequence[str] = (),
     persist: bool = False,
+    tls: bool = False,
 ) -> Stack:
     """Start etcd (and moto unless ``s3_url`` or ``store_url``), and with ``workers`` > 0 a
     master and that many tablet-server workers; record them all, return the stack.
@@ -410,7 +472,8 @@ def up(
     ``store_url`` (e.g. ``file:///dir``) is the cluster's object store instead of the S3
     endpoint's bucket; no S3 server is started then. ``worker_args`` go to every worker
     (:func:`start_worker`'s ``extra_args``, e.g. ``--metrics-port 0``). ``persist`` keeps
-    etcd's data and the objects across ``down`` and ``up`` (module docstring)."""
+    etcd's data and the objects across ``down`` and ``up`` (module docstring). ``tls``:
+    everything over TLS with certificates made under ``<dir>/tls`` (module docstring)."""
     if workers < 0:
         raise InvalidArgument(f"--workers must be >= 0, got {workers}")
     directory = directory.resolve()
@@ -426,9 +489,16 @@ def up(
     elif persist and store_url is None:
         store_url = (directory / OBJECTS_DIR).as_uri()
     ports = _etcd_ports(directory, persist)
+    tls_dir = make_certs(directory / "tls") if tls else None
+
+    def files(name: str) -> TlsConfig | None:
+        return _tls_files(tls_dir, name) if tls_dir is not None else None
+
     records: list[ProcessRecord] = []
     try:
-        etcd, _ = start_etcd(directory / "etcd", log=directory / "etcd.log", ports=ports)
+        etcd, _ = start_etcd(
+            directory / "etcd", log=directory / "etcd.log", ports=ports, tls=files("etcd")
+        )
         records.append(etcd)
         s3_managed = s3_url is None and store_url is None
         if s3_managed:
@@ -442,7 +512,11 @@ def up(
             env = _s3_env(s3_managed=s3_managed)
             # Every cluster process serves its status page and /metrics: the master's page
             # reads the workers' pages for their tablets' load and the charts.
-            records.append(start_master(directory, cluster_url, store, env=env, metrics=True))
+            records.append(
+                start_master(
+                    directory, cluster_url, store, env=env, metrics=True, tls=files("master")
+                )
+            )
             for i in range(workers):
                 own_port = "--metrics-port" in worker_args
                 records.append(
@@ -453,8 +527,10 @@ def up(
                         env=env,
                         extra_args=worker_args,
                         metrics=not own_port,
+                        tls=files("worker"),
                     )
                 )
+            cluster_url = with_tls(cluster_url, files("client"))
     except BaseException:
         for record in reversed(records):
             stop(record)
@@ -469,6 +545,7 @@ def up(
         cluster_url=cluster_url,
         persist=persist,
         store_url=store,
+        tls_dir=str(tls_dir) if tls_dir is not None else None,
     )
     _stack_file(directory).write_text(stack.to_json())
     return stack
@@ -505,6 +582,12 @@ def environment(stack: Stack) -> dict[str, str]:
         env["TABLETSTORE_STORE_URL"] = stack.store_url
     if stack.cluster_url is not None:
         env["TABLETSTORE_URL"] = stack.cluster_url
+    client = stack.tls("client")
+    if client is not None:
+        env["TABLETSTORE_ETCD_URL"] = with_tls(stack.etcd_url, client)
+        env["TABLETSTORE_TLS_CA"] = client.ca
+        env["TABLETSTORE_TLS_CERT"] = str(client.cert)
+        env["TABLETSTORE_TLS_KEY"] = str(client.key)
     env.update(_s3_env(s3_managed=stack.s3_managed))
     return env
 
@@ -541,6 +624,7 @@ def start_master(
     extra_args: Sequence[str] = (),
     deadline: float = HEALTH_DEADLINE,
     metrics: bool = False,
+    tls: TlsConfig | None = None,
 ) -> ProcessRecord:
     """A master process: it records the store URL in the cluster settings and campaigns for
     the master lock (a second one is a standby). ``extra_args`` go to the ``master`` verb
@@ -548,10 +632,10 @@ def start_master(
     ``metrics``: it serves its status page and /metrics on a free port
     (``record.metrics_url``)."""
     port = free_port()
-    args, metrics_url = _metrics_args(metrics)
+    args, metrics_url = _metrics_args(metrics, tls=tls is not None)
     argv = _tabletstore(
-        "--url", cluster_url, "master", "--store", store_url, "--port", str(port), *args,
-        *extra_args,
+        "--url", with_tls(cluster_url, tls), *tls_args(tls), "master", "--store", store_url,
+        "--port", str(port), *args, *extra_args,
     )  # fmt: skip
     record = spawn(role, argv, log=directory / f"{role}.log", url=f"127.0.0.1:{port}", env=env)
     wait_healthy(record, lambda: _serving(port, metrics_url), deadline)
@@ -567,25 +651,29 @@ def start_worker(
     extra_args: Sequence[str] = (),
     deadline: float = HEALTH_DEADLINE,
     metrics: bool = False,
+    tls: TlsConfig | None = None,
 ) -> ProcessRecord:
     """A tablet-server worker process serving on a free loopback port; ``extra_args`` go to
     the ``worker`` verb (e.g. ``--lease-ttl``, ``--split-bytes``). ``metrics``: as for
     :func:`start_master`."""
     port = free_port()
-    args, metrics_url = _metrics_args(metrics)
-    argv = _tabletstore("--url", cluster_url, "worker", "--port", str(port), *args, *extra_args)
+    args, metrics_url = _metrics_args(metrics, tls=tls is not None)
+    argv = _tabletstore(
+        "--url", with_tls(cluster_url, tls), *tls_args(tls), "worker", "--port", str(port),
+        *args, *extra_args,
+    )  # fmt: skip
     role = f"worker-{index}"
     record = spawn(role, argv, log=directory / f"{role}.log", url=f"127.0.0.1:{port}", env=env)
     wait_healthy(record, lambda: _serving(port, metrics_url), deadline)
     return replace(record, metrics_url=metrics_url)
 
 
-def _metrics_args(metrics: bool) -> tuple[tuple[str, ...], str | None]:
+def _metrics_args(metrics: bool, *, tls: bool = False) -> tuple[tuple[str, ...], str | None]:
     """The ``--metrics-port`` arguments and the base URL they give, or none."""
     if not metrics:
         return (), None
     port = free_port()
-    return ("--metrics-port", str(port)), f"http://127.0.0.1:{port}"
+    return ("--metrics-port", str(port)), f"{'https' if tls else 'http'}://127.0.0.1:{port}"
 
 
 def _serving(port: int, metrics_url: str | None) -> bool:

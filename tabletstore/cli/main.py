@@ -34,6 +34,13 @@ it (closing minor-compacts, so the next open is quick)::
     tabletstore --url etcd://H:P/NS worker [--port P] [--lease-ttl S] [--split-bytes N]
         (master and worker: --metrics-port P serves the status page, /metrics and /status)
     tabletstore status                                 master, workers, tablets, events
+    tabletstore certs init DIR | certs issue NAME --dir DIR --role R   a development CA
+    tabletstore tokens create NAME | list | revoke NAME                bearer tokens
+
+On a cluster with TLS (docs/ARCHITECTURE.md "Security"), ``--tls-ca``/``--tls-cert``/``--tls-key``
+(env ``TABLETSTORE_TLS_CA``/``_CERT``/``_KEY``) and ``--token`` (env ``TABLETSTORE_TOKEN``) say who
+the caller is; a master or worker serves with them and refuses a non-loopback ``--host``
+without them unless ``--insecure``.
 
 On a terminal, import, export, flush and compact show a progress bar on stderr
 (:mod:`tabletstore.cli.progress`); otherwise they print only their result.
@@ -50,6 +57,7 @@ import csv
 import io
 import logging
 import os
+import shlex
 import signal
 import sys
 import time
@@ -67,6 +75,7 @@ from tabletstore.cli import demo as webtable_demo
 from tabletstore.cli import localstack, tablecsv
 from tabletstore.cli.progress import Unit, progress_bar
 from tabletstore.cli.rpc_flags import rpc_caps
+from tabletstore.cli.security_cmds import certs_group, tokens_group
 from tabletstore.client.client import CompactionProgress, MutationsFailed
 from tabletstore.clock import SystemClock
 from tabletstore.coordination import open_coordinator
@@ -87,6 +96,7 @@ from tabletstore.options import (
     TabletOptions,
     WorkerOptions,
 )
+from tabletstore.security import TlsConfig, check_bind
 from tabletstore.storage_s3 import open_store
 
 __all__ = ["DEFAULT_URL", "CliContext", "main"]
@@ -104,6 +114,8 @@ class CliContext:
 
     url: str
     identity: str | None = None
+    tls: TlsConfig | None = None
+    token: str | None = None
 
 
 class Failure(click.ClickException):
@@ -127,15 +139,38 @@ class Failure(click.ClickException):
     default=None,
     help="The caller's identity, checked against column-family ACLs.",
 )
+@click.option("--tls-ca", envvar="TABLETSTORE_TLS_CA", default=None, help="The cluster CA (PEM).")
+@click.option(
+    "--tls-cert", envvar="TABLETSTORE_TLS_CERT", default=None, help="This process's certificate."
+)
+@click.option("--tls-key", envvar="TABLETSTORE_TLS_KEY", default=None, help="Its private key.")
+@click.option(
+    "--token",
+    envvar="TABLETSTORE_TOKEN",
+    default=None,
+    help="A bearer token (tabletstore tokens create) instead of a client certificate.",
+)
 @click.pass_context
-def main(ctx: click.Context, url: str, identity: str | None) -> None:
+def main(
+    ctx: click.Context,
+    url: str,
+    identity: str | None,
+    tls_ca: str | None,
+    tls_cert: str | None,
+    tls_key: str | None,
+    token: str | None,
+) -> None:
     """tabletstore: Bigtable on object storage and etcd.
 
     Row keys, qualifiers and values on the command line are the argument's bytes (UTF-8
     text, or raw bytes from the shell's $'\\xff' quoting, as in cbt); values print as Go
     quoted strings, as in cbt.
     """
-    ctx.obj = CliContext(url=url, identity=identity)
+    try:
+        tls = TlsConfig.of(tls_ca, tls_cert, tls_key)
+    except TabletStoreError as exc:
+        raise Failure(str(exc)) from exc
+    ctx.obj = CliContext(url=url, identity=identity, tls=tls, token=token)
 
 
 def _run(body: Callable[[SyncDatabase], T]) -> T:
@@ -147,7 +182,7 @@ def _run(body: Callable[[SyncDatabase], T]) -> T:
     obj = click.get_current_context().find_object(CliContext)
     assert obj is not None, "verbs run under main"
     try:
-        db = connect(obj.url, identity=obj.identity)
+        db = connect(obj.url, identity=obj.identity, tls=obj.tls, token=obj.token)
     except TabletStoreError as exc:
         raise Failure(str(exc)) from exc
     except OSError as exc:  # a file:// database in a directory that cannot be made or used
@@ -771,12 +806,18 @@ def local_stack() -> None:
     help="Keep the data across down and up: objects in DIR/objects (instead of moto, which "
     "keeps them in memory) and etcd's data directory.",
 )
+@click.option(
+    "--tls",
+    is_flag=True,
+    help="Everything over mutual TLS: a development CA and certificates in DIR/tls (etcd, "
+    "master, worker, and client for you; the printed environment uses it).",
+)
 def local_stack_up(
-    directory: Path, s3_url: str | None, workers: int, metrics: bool, persist: bool
+    directory: Path, s3_url: str | None, workers: int, metrics: bool, persist: bool, tls: bool
 ) -> None:
     """Start the stack and print the URLs to use (with --workers, the status page's too)."""
     try:
-        stack = localstack.up(directory, s3_url=s3_url, workers=workers, persist=persist)
+        stack = localstack.up(directory, s3_url=s3_url, workers=workers, persist=persist, tls=tls)
     except TabletStoreError as exc:
         raise Failure(str(exc)) from exc
     click.echo(f"local stack is up in {stack.dir}")
@@ -788,12 +829,12 @@ def local_stack_up(
     )
     if stack.cluster_url is not None:
         click.echo(f"  cluster URL:  {stack.cluster_url}")
-        click.echo(f"  use it:       tabletstore --url {stack.cluster_url} ls")
+        click.echo(f"  use it:       tabletstore --url {shlex.quote(stack.cluster_url)} ls")
     for record in stack.processes:
         click.echo(f"  {record.role:<9} pid {record.pid:<8} log {record.log}")
     click.echo("environment:")
     for name, value in localstack.environment(stack).items():
-        click.echo(f"  export {name}={value}")
+        click.echo(f"  export {name}={shlex.quote(value)}")
     if metrics:
         config = localstack.prometheus_config(stack)
         path = Path(stack.dir) / "prometheus.yml"
@@ -927,6 +968,43 @@ _metrics_port_option = click.option(
 )
 
 
+_insecure_option = click.option(
+    "--insecure",
+    is_flag=True,
+    help="Allow serving on a non-loopback --host without TLS (anyone reaching it may claim "
+    "any identity).",
+)
+_status_token_option = click.option(
+    "--status-token-file",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="A file holding a read-only bearer token for scrapers of the status endpoint (with TLS).",
+)
+
+
+def _process_tls(host: str, insecure: bool, what: str) -> TlsConfig | None:
+    """The TLS files a master or worker serves with; refuses a non-loopback ``host`` without
+    them (unless ``insecure``) before anything starts."""
+    obj = click.get_current_context().find_object(CliContext)
+    assert obj is not None, "verbs run under main"
+    if obj.tls is not None and not obj.tls.has_identity:
+        raise Failure(f"a {what} with TLS needs its own --tls-cert and --tls-key")
+    try:
+        check_bind(host, tls=obj.tls is not None, insecure=insecure, what=what)
+    except TabletStoreError as exc:
+        raise Failure(str(exc)) from exc
+    return obj.tls
+
+
+def _status_token(path: Path | None) -> str | None:
+    if path is None:
+        return None
+    token = path.read_text().strip()
+    if not token:
+        raise Failure(f"--status-token-file {path} is empty")
+    return token
+
+
 def _metrics_ready(url: str) -> None:
     click.echo(f"metrics on {url}/metrics, status on {url}/status, page on {url}/", err=True)
 
@@ -946,6 +1024,8 @@ def _metrics_ready(url: str) -> None:
     "lambda:<function-name> or none (each new owner reads the whole log).",
 )
 @rpc_caps
+@_insecure_option
+@_status_token_option
 def master_cmd(
     store: str | None,
     host: str,
@@ -955,11 +1035,15 @@ def master_cmd(
     metrics_port: int | None,
     sort_executor: str,
     rpc: RpcServerOptions,
+    insecure: bool,
+    status_token_file: Path | None,
 ) -> None:
     """Run a master (§5.2): campaign for the master lock, then keep every tablet assigned."""
     from tabletstore.master.process import run_master
 
     options = MasterOptions(lease=LeaseOptions(ttl=lease_ttl), split_bytes=split_bytes, rpc=rpc)
+    tls = _process_tls(host, insecure, "master")
+    status_token = _status_token(status_token_file)
 
     def ready(address: str) -> None:
         click.echo(f"master listening on {address}", err=True)
@@ -976,6 +1060,9 @@ def master_cmd(
             metrics_port=metrics_port,
             metrics_ready=_metrics_ready,
             sort_executor=sort_executor,
+            tls=tls,
+            insecure=insecure,
+            status_token=status_token,
         ),
         store=store,
     )
@@ -1004,6 +1091,8 @@ def master_cmd(
 )
 @_metrics_port_option
 @rpc_caps
+@_insecure_option
+@_status_token_option
 def worker_cmd(
     store: str | None,
     host: str,
@@ -1015,6 +1104,8 @@ def worker_cmd(
     block_cache_bytes: int,
     metrics_port: int | None,
     rpc: RpcServerOptions,
+    insecure: bool,
+    status_token_file: Path | None,
 ) -> None:
     """Run a stateless tablet-server worker (§5.2, §5.3)."""
     from tabletstore.worker.process import run_worker
@@ -1027,6 +1118,8 @@ def worker_cmd(
         rpc=rpc,
     )
     tablet_options = TabletOptions(split_bytes=split_bytes)
+    tls = _process_tls(host, insecure, "worker")
+    status_token = _status_token(status_token_file)
 
     def ready(server: TabletServer) -> None:
         click.echo(f"worker {server.worker_id} listening on {server.address}", err=True)
@@ -1044,6 +1137,9 @@ def worker_cmd(
             ready=ready,
             metrics_port=metrics_port,
             metrics_ready=_metrics_ready,
+            tls=tls,
+            insecure=insecure,
+            status_token=status_token,
         ),
         store=store,
     )
@@ -1107,6 +1203,8 @@ from tabletstore.bigtable_api.cli import bigtable_api  # noqa: E402  (imports no
 
 main.add_command(bigtable_api)
 
+main.add_command(certs_group)
+main.add_command(tokens_group)
 
 if __name__ == "__main__":
     main()

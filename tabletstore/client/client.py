@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from typing import TypeVar, cast
 
@@ -79,6 +80,7 @@ from tabletstore.rpc.messages import (
     ScanProgress,
     ServerStatusRequest,
     ServerStatusResponse,
+    SetAdminsRequest,
     TableNameRequest,
 )
 from tabletstore.rpc.row_pieces import RowAssembler
@@ -169,6 +171,11 @@ def _idempotent(mutations: Iterable[Mutation]) -> bool:
     )
 
 
+#: The identity a front door acts for while it serves one caller's request (the Cloud
+#: Bigtable API's bearer token, bigtable_api/server.py); None: the client's own identity.
+ACTING_FOR: ContextVar[str | None] = ContextVar("tabletstore_acting_for", default=None)
+
+
 class AsyncClient:
     """A connection to a tabletstore database (embedded or cluster)."""
 
@@ -185,7 +192,7 @@ class AsyncClient:
         self._catalog = catalog
         self._transport = transport
         self._admin = admin
-        self.identity = identity
+        self._identity = identity
         self.retry_deadline = retry_deadline
         #: Where tablets are served: the three-level lookup with its cache (§5.1).
         self.locations = locations or LocationCache(catalog.coordinator, transport)
@@ -227,6 +234,12 @@ class AsyncClient:
         info = self._tables.pop(name, None)
         if info is not None:
             self.locations.invalidate(info.table_id)
+
+    async def set_admins(self, name: str, admins: Sequence[str]) -> None:
+        """Replace who administers table ``name`` (on a cluster with auth on, only they may
+        delete it or change its families and ACLs; master/guard.py)."""
+        req = SetAdminsRequest(name, tuple(admins))
+        self._tables[name] = (await self._admin.set_admins(req)).info()
 
     async def list_tables(self) -> list[str]:
         listed = await self._admin.list_tables(ListTablesRequest())
@@ -364,6 +377,16 @@ class AsyncClient:
     def table(self, name: str) -> AsyncTable:
         """A handle on a table (no request is made until it is used)."""
         return AsyncTable(self, name)
+
+    @property
+    def identity(self) -> str | None:
+        """Who the requests are made as (checked against ACLs): the request's ``ACTING_FOR``,
+        else the client's own."""
+        return ACTING_FOR.get() or self._identity
+
+    @identity.setter
+    def identity(self, value: str | None) -> None:
+        self._identity = value
 
     async def close(self) -> None:
         """Nothing to release on the client side; the database owns the transport."""

@@ -19,12 +19,21 @@ from tabletstore.client.location import LocationCache
 from tabletstore.coordination import open_coordinator, paths
 from tabletstore.coordination.base import Coordinator, KeyValue
 from tabletstore.coordination.election import Election
-from tabletstore.errors import Indeterminate, TabletStoreError, Unavailable, Unimplemented
+from tabletstore.coordination.tokens import TokenStore
+from tabletstore.errors import (
+    Indeterminate,
+    InvalidArgument,
+    TabletStoreError,
+    Unavailable,
+    Unimplemented,
+)
 from tabletstore.metadata.catalog import Catalog
+from tabletstore.rpc.auth import ClientAuth
 from tabletstore.rpc.services import MASTER, MasterService
 from tabletstore.rpc.tcp import TcpTransport
 from tabletstore.rpc.transport import Method, Transport
 from tabletstore.rpc.wire import register_all
+from tabletstore.security import TlsConfig
 
 __all__ = ["CALL_TIMEOUT", "ClusterClient", "ElectedMaster", "master_client"]
 
@@ -130,6 +139,20 @@ def master_client(
     return MASTER.client(ElectedMaster(coordinator, transport, deadline=deadline), "elected")
 
 
+async def _proven_identity(
+    coordinator: Coordinator, tls: TlsConfig | None, token: str | None, identity: str | None
+) -> str | None:
+    """The name the servers will know us by: the certificate's, else the token's
+    (PermissionDenied if the token is unknown or revoked). A cluster identity (a front door,
+    a function) may act for ``identity`` (worker/guard.py)."""
+    principal = tls.principal() if tls is not None else None
+    if principal is not None and principal.is_cluster and identity is not None:
+        return identity
+    if principal is None and token is not None:
+        principal = await TokenStore(coordinator).verify(token)
+    return principal.name if principal is not None else None
+
+
 class ClusterClient(AsyncClient):
     """An :class:`AsyncClient` connected to a cluster through its coordinator URL."""
 
@@ -153,18 +176,35 @@ class ClusterClient(AsyncClient):
         self.coordinator = coordinator
 
     @classmethod
-    async def open(cls, url: str, *, identity: str | None = None) -> ClusterClient:
+    async def open(
+        cls,
+        url: str,
+        *,
+        identity: str | None = None,
+        tls: TlsConfig | None = None,
+        token: str | None = None,
+    ) -> ClusterClient:
+        """Connect to the cluster at ``url``. On a cluster with auth on, ``tls`` (the cluster
+        CA, and this client's certificate) and/or a bearer ``token`` prove who the client is;
+        the servers then take the identity from them, and ``identity`` is ignored."""
+        if token is not None and tls is None:
+            raise InvalidArgument("a bearer token travels only over TLS: give tls (--tls-ca)")
+        auth = ClientAuth(tls, token) if tls is not None else None
         register_all()
         coordinator = open_coordinator(url)
         try:
             await coordinator.check()
+            if auth is not None:
+                # What the servers will take us for: our own checks (ACLs) use the same name.
+                identity = await _proven_identity(coordinator, tls, token, identity)
         except BaseException:
             await coordinator.close()
             raise
         # A call to a worker that stopped answering (paused, partitioned) gives up after this
         # long and is retried at the tablet's new location; its lease (seconds) moves the
         # tablet long before that.
-        return cls(url, coordinator, TcpTransport(timeout=CALL_TIMEOUT), identity=identity)
+        transport = TcpTransport(timeout=CALL_TIMEOUT, auth=auth)
+        return cls(url, coordinator, transport, identity=identity)
 
     async def close(self) -> None:
         await self._transport.close()

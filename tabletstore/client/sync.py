@@ -253,6 +253,7 @@ class SyncClient(SyncProxy[AsyncClient]):
 
     create_table = blocking_as(AsyncClient.create_table, SyncTable)
     delete_table = blocking(AsyncClient.delete_table)
+    set_admins = blocking(AsyncClient.set_admins)
     list_tables = blocking(AsyncClient.list_tables)
     describe_table = blocking(AsyncClient.describe_table)
     create_family = blocking(AsyncClient.create_family)

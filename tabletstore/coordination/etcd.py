@@ -47,6 +47,12 @@ URL: ``etcd://host:port[,host:port...]/<namespace>``; every key is stored as
 several endpoints the first that answers is used; after an UNAVAILABLE error the next call
 picks again, so a caller that retries on Unavailable fails over.
 
+TLS (issue 16): ``etcd://host:port/ns?ca=CA.pem&cert=CERT.pem&key=KEY.pem`` talks to etcd over
+TLS, verifying etcd's certificate against ``ca`` and presenting ``cert``/``key`` as the client
+certificate (etcd's ``--client-cert-auth``). aetcd 1.0.0 only opens plaintext channels, so
+:class:`_TlsClient` opens the secure one. The query travels with the URL, so every process
+given the URL uses TLS to etcd.
+
 Leases: etcd grants whole seconds (the TTL is rounded up, and etcd raises it to its minimum,
 about 1.5 election timeouts). Keep-alives are single LeaseKeepAlive round trips;
 ``last_renewed`` is read before each is sent (``lease.py``).
@@ -58,14 +64,17 @@ import asyncio
 import contextlib
 import logging
 import math
+import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
 import aetcd
 import aetcd.exceptions
+import aetcd.rpc
 import aetcd.rtypes
 import aetcd.utils
+import aetcd.watcher
 import grpc
 
 from tabletstore.clock import Clock, SystemClock
@@ -100,6 +109,7 @@ from tabletstore.errors import (
     TabletStoreError,
     Unavailable,
 )
+from tabletstore.security.tls import TlsConfig
 
 __all__ = ["DEFAULT_NAMESPACE", "EtcdCoordinator", "EtcdLease", "parse_etcd_url"]
 
@@ -129,11 +139,28 @@ _CHANNEL_OPTIONS = {
 _UNAVAILABLE_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 
 
+def parse_etcd_tls(url: str) -> TlsConfig | None:
+    """The TLS files of an etcd URL's query (``?ca=&cert=&key=``), or None without one."""
+    _, sep, query = url.partition("?")
+    if not sep:
+        return None
+    params = urllib.parse.parse_qs(query, strict_parsing=True)
+    unknown = set(params) - {"ca", "cert", "key"}
+    if unknown:
+        raise InvalidArgument(f"unknown etcd URL parameter(s) {sorted(unknown)} in {url!r}")
+
+    def one(name: str) -> str | None:
+        values = params.get(name)
+        return values[-1] if values else None
+
+    return TlsConfig.of(one("ca"), one("cert"), one("key"))
+
+
 def parse_etcd_url(url: str) -> tuple[list[tuple[str, int]], str]:
     """``etcd://h:p[,h:p]/ns`` -> ([(host, port)...], namespace). InvalidArgument if malformed."""
     if not url.startswith("etcd://"):
         raise InvalidArgument(f"not an etcd URL: {url!r}")
-    rest = url[len("etcd://") :]
+    rest = url[len("etcd://") :].partition("?")[0]
     hosts, _, namespace = rest.partition("/")
     namespace = namespace.strip("/") or DEFAULT_NAMESPACE
     if "\x00" in namespace:
@@ -220,6 +247,39 @@ def _never_sent(error: Unavailable) -> bool:
     return False
 
 
+class _TlsClient(aetcd.Client):  # type: ignore[misc]
+    """aetcd's client over a TLS channel (module docstring): the same stubs on a secure
+    channel; no etcd user/password (the client certificate is the credential)."""
+
+    def __init__(self, tls: TlsConfig, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        ca, cert, key = tls.read()
+        self._credentials = grpc.ssl_channel_credentials(ca, key, cert)
+
+    async def connect(self) -> None:
+        if self._connected.is_set():
+            return
+        if self._is_connecting:  # type: ignore[has-type]
+            await asyncio.wait_for(self._connected.wait(), self._connect_wait_timeout)
+            return
+        try:
+            self._is_connecting = True
+            target = f"{self._host}:{self._port}"
+            self.channel = grpc.aio.secure_channel(
+                target, self._credentials, options=list(self._options.items())
+            )
+            self.kvstub = aetcd.rpc.KVStub(self.channel)
+            self.clusterstub = aetcd.rpc.ClusterStub(self.channel)
+            self.leasestub = aetcd.rpc.LeaseStub(self.channel)
+            self.maintenancestub = aetcd.rpc.MaintenanceStub(self.channel)
+            self._watcher = aetcd.watcher.Watcher(
+                aetcd.rpc.WatchStub(self.channel), timeout=self._timeout, metadata=self.metadata
+            )
+            self._connected.set()
+        finally:
+            self._is_connecting = False
+
+
 class EtcdCoordinator:
     """:class:`~tabletstore.coordination.base.Coordinator` over an etcd 3.4 cluster."""
 
@@ -234,6 +294,7 @@ class EtcdCoordinator:
         if not retry_deadline >= 0:
             raise InvalidArgument(f"retry_deadline must be >= 0 seconds, got {retry_deadline}")
         self._endpoints, self.namespace = parse_etcd_url(url)
+        self._tls = parse_etcd_tls(url)
         self.url = url
         self._clock = clock or SystemClock()
         self._timeout = timeout
@@ -273,6 +334,15 @@ class EtcdCoordinator:
 
     def _new_client(self, endpoint: tuple[str, int]) -> aetcd.Client:
         host, port = endpoint
+        if self._tls is not None:
+            return _TlsClient(
+                self._tls,
+                host=host,
+                port=port,
+                timeout=self._timeout,
+                connect_wait_timeout=3,
+                options=_CHANNEL_OPTIONS,
+            )
         return aetcd.Client(
             host=host,
             port=port,

@@ -25,6 +25,8 @@ Keys are relative to the coordinator's namespace (an etcd URL's path, e.g.
                                       (a dead sorter's claim vanishes and another takes it)
     bulk_loads/<table-id>/<load-id>   a bulk load's state (loading, done) as JSON
                                       (master.bulk_load): a done load is not loaded again
+    tokens/<sha256 of the token>      a bearer token's principal (coordination.tokens); the
+                                      token itself is never stored
 
 Each name component is a non-empty string without ``/`` (and without NUL); anything else is
 an InvalidArgument. Every builder has a parser so that a watch on a prefix can be decoded.
@@ -49,6 +51,7 @@ __all__ = [
     "SORTS",
     "STATUS_PAGES",
     "TABLETS",
+    "TOKENS",
     "acl",
     "assignment",
     "assignments_prefix",
@@ -90,6 +93,7 @@ STATUS_PAGES = "status_pages/"
 SORTS = "sorts/"
 SORTERS = "sorters/"
 BULK_LOADS = "bulk_loads/"
+TOKENS = "tokens/"
 
 #: The election whose leader is the master (the master lock of §5.2).
 MASTER_ELECTION = "master"

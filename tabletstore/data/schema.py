@@ -179,9 +179,15 @@ class LocalityGroup(_Frozen):
 
 
 class TableSchema(_Frozen):
-    """A table's families and locality groups."""
+    """A table's families and locality groups, and who administers it.
+
+    ``admins``: the principals that may delete the table, change its families and ACLs, and
+    snapshot or bulk-load it, checked by a master with auth on (``master/guard.py``; the
+    creator is added at creation). None: anyone may (tables made without auth)."""
 
     name: str
+    # Left out of the JSON while unset, so schemas written without auth read as before.
+    admins: list[str] | None = Field(default=None, exclude_if=lambda v: v is None)
     families: dict[str, ColumnFamily] = Field(default_factory=dict)
     locality_groups: dict[str, LocalityGroup] = Field(
         default_factory=lambda: {"default": LocalityGroup(name="default")}

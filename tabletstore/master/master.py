@@ -71,6 +71,7 @@ from tabletstore.rpc.messages import (
     ListTablesResponse,
     LoadTabletRequest,
     ModifyFamiliesRequest,
+    SetAdminsRequest,
     SnapshotInfoMessage,
     TableInfoMessage,
     TableNameRequest,
@@ -530,7 +531,9 @@ class Master:
                 raise NotFound(f"table {name!r} has no column family {fam_name!r}")
             del families[fam_name]
         try:
-            schema = TableSchema(name=name, families=families, locality_groups=groups)
+            schema = TableSchema(
+                name=name, families=families, locality_groups=groups, admins=info.schema.admins
+            )
         except ValueError as exc:
             raise InvalidArgument(str(exc)) from exc
         new = await self._catalog.update_schema(info, schema)
@@ -549,6 +552,15 @@ class Master:
             # cells live in its new locality group (reads of it look only there).
             await self.compact_table(CompactTableRequest(name, major=True))
         return TableInfoMessage.of(new)
+
+    async def set_admins(self, req: SetAdminsRequest) -> TableInfoMessage:
+        """Replace a table's admins (who may change or delete it: master/guard.py)."""
+        self._check_leading()
+        if req.name == mt.METADATA_TABLE:
+            raise InvalidArgument(f"table {req.name!r} is the system table; it has no admins")
+        info = await self._catalog.get_table(req.name)
+        schema = info.schema.model_copy(update={"admins": sorted(set(req.admins))})
+        return TableInfoMessage.of(await self._catalog.update_schema(info, schema))
 
     async def compact_table(self, req: CompactTableRequest) -> None:
         """Minor (``flush``) or major (``compact``) compaction of every tablet of a table."""

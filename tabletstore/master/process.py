@@ -11,12 +11,14 @@ from collections.abc import Awaitable, Callable
 from tabletstore.coordination import paths
 from tabletstore.coordination.base import Coordinator, Lease
 from tabletstore.coordination.election import Election
+from tabletstore.coordination.tokens import TokenStore
 from tabletstore.errors import (
     Fenced,
     InvalidArgument,
     TabletStoreError,
 )
 from tabletstore.master.gc import GarbageCollector
+from tabletstore.master.guard import guard
 from tabletstore.master.master import Master
 from tabletstore.master.recovery import (
     InProcessSortExecutor,
@@ -29,9 +31,11 @@ from tabletstore.ops.metrics import MasterMetrics
 from tabletstore.ops.status_http import StatusServer, serve_master
 from tabletstore.ops.views import publish_page
 from tabletstore.options import MasterOptions
+from tabletstore.rpc.auth import ClientAuth, ServerAuth
 from tabletstore.rpc.services import MASTER
 from tabletstore.rpc.tcp import RpcServer, TcpTransport
 from tabletstore.rpc.wire import register_all
+from tabletstore.security import TlsConfig, check_bind
 from tabletstore.storage_s3 import check_store, open_store
 from tabletstore.storage_s3.base import ObjectStore
 
@@ -79,6 +83,9 @@ async def run_master(
     metrics_port: int | None = None,
     metrics_ready: Callable[[str], None] | None = None,
     sort_executor: str = "workers",
+    tls: TlsConfig | None = None,
+    insecure: bool = False,
+    status_token: str | None = None,
 ) -> None:
     """The master process (§5.2): serve admin RPCs, campaign for the master lock, and while
     leading keep every tablet assigned, balance load and merge small neighbours, collect
@@ -90,7 +97,13 @@ async def run_master(
 
     ``sort_executor`` says where dead workers' logs are sorted (§6, :mod:`master.recovery`):
     ``workers`` (the live workers), ``local`` (this process), ``lambda:<function>`` (AWS
-    Lambda, ``functions/log_sort.py``) or ``none`` (each new owner reads the whole log)."""
+    Lambda, ``functions/log_sort.py``) or ``none`` (each new owner reads the whole log).
+
+    With ``tls`` (the cluster CA and this master's certificate, role master) every port
+    speaks TLS and table administration is for each table's admins (``master/guard.py``).
+    Without it, a non-loopback ``host`` is refused unless ``insecure``. ``status_token``: a
+    read-only bearer token for scrapers of the status endpoint."""
+    check_bind(host, tls=tls is not None, insecure=insecure, what="master")
     register_all()
     options = options or MasterOptions()
     stop = stop or asyncio.Event()
@@ -98,7 +111,7 @@ async def run_master(
         await _check_store(store_url)
         await ClusterSettings(store_url).save(coordinator)
     # Loads give their own bound, MasterOptions.load_timeout (a replay may take minutes).
-    transport = TcpTransport(timeout=60.0)
+    transport = TcpTransport(timeout=60.0, auth=ClientAuth(tls) if tls is not None else None)
     metrics = MasterMetrics()  # observability: counted always, served with metrics_port
     store: ObjectStore | None = None
     recovery: LogRecovery | None = None
@@ -118,9 +131,9 @@ async def run_master(
     )
     master.leading = False  # until elected: admin requests are answered NotServing
     metrics.watch_leading(lambda: master.leading)
-    server = RpcServer(
-        metrics.instrument(MASTER.handlers(master)), host=host, port=port, options=options.rpc
-    )
+    handlers = metrics.instrument(guard(master, MASTER.handlers(master), denied=metrics.denied))
+    auth = ServerAuth(tls, TokenStore(coordinator)) if tls is not None else None
+    server = RpcServer(handlers, host=host, port=port, options=options.rpc, auth=auth)
     metrics.observe_rpc(server)
     await server.start()
     metrics.process_id = server.address
@@ -150,6 +163,8 @@ async def run_master(
                 host=host,
                 port=metrics_port,
                 coordinator=coordinator,
+                tls=tls,
+                token=status_token,
             )
             # Linked from the other masters' and the workers' pages while the lease lasts.
             await publish_page(coordinator, "master", server.address, http.url, lease)

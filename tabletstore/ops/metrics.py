@@ -23,6 +23,8 @@ Metric names (``tabletstore_`` prefix; counters end in ``_total``):
 rpc_requests_total{method, outcome}                      counter   outcome: ok, cancelled, an
                                                                    error class, internal
 rpc_latency_seconds{method}                              histogram a stream: until it ends
+permission_denied_total{method, permission}              counter   requests refused by the
+                                                                   servers' authorization
 tablets_served, memtable_bytes, sstables, sstable_bytes  gauge     worker
 block_cache_{hits,misses,evictions}_total                counter   worker
 block_cache_{entries,bytes,capacity_bytes}               gauge     worker
@@ -135,6 +137,12 @@ class ProcessMetrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self.permission_denied = Counter(
+            f"{PREFIX}_permission_denied",
+            "Requests (or entries of a batch) refused by authorization, by method and permission",
+            ["method", "permission"],
+            registry=self.registry,
+        )
         self.info = Gauge(
             f"{PREFIX}_process_info",
             "Always 1; the labels say which process this is",
@@ -177,6 +185,10 @@ class ProcessMetrics:
         if lease.expired:
             return 0.0
         return max(0.0, lease.last_renewed + lease.ttl - self._monotonic())
+
+    def denied(self, method: str, permission: str) -> None:
+        """Count one authorization refusal (``worker/guard.py``, ``master/guard.py``)."""
+        self.permission_denied.labels(method=method, permission=permission).inc()
 
     def instrument(self, handlers: Mapping[str, Handler]) -> dict[str, Handler]:
         """The same handlers, each counting its requests and observing its latency."""

@@ -27,6 +27,11 @@ at once -- one more is answered ``503`` and closed at once --, request lines and
 of at most 8190 bytes and 128 headers (aiohttp's limits, answered 400), request bodies of at
 most 64 KiB (every route is a GET), and a connection idle for 60 s between requests is closed.
 
+With TLS (``tls``: the process's TlsConfig) the endpoint is ``https://`` and answers only a
+client that presents a certificate of the cluster CA, or a scraper's ``Authorization: Bearer
+<token>`` matching the process's read-only status token (``--status-token-file``); anyone else
+gets 401. A master's page reads its workers' pages with its own certificate.
+
 The charts need history: a :class:`~tabletstore.ops.history.Sampler` runs while the server
 does (the master scrapes its workers' ``/status``; a worker samples itself), owned by the
 server and cancelled by :meth:`StatusServer.close`.
@@ -35,6 +40,7 @@ server and cancelled by :meth:`StatusServer.close`.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import ssl
@@ -69,6 +75,7 @@ from tabletstore.ops.views import (
     worker_status,
     worker_view,
 )
+from tabletstore.security.tls import TlsConfig
 
 __all__ = [
     "AssignmentInfo",
@@ -174,6 +181,8 @@ class StatusServer:
         host: str = "127.0.0.1",
         port: int = 0,
         max_connections: int = MAX_CONNECTIONS,
+        tls: TlsConfig | None = None,
+        token: str | None = None,
     ) -> None:
         if not 0 <= port <= 65535:
             raise InvalidArgument(f"metrics port must be 0..65535, got {port}")
@@ -188,16 +197,49 @@ class StatusServer:
         self._runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._session: aiohttp.ClientSession | None = None
+        self._tls = tls
+        self._token = token
         self.url = ""
 
     def session(self) -> aiohttp.ClientSession:
         """An HTTP client session for the server's background work (closed with it)."""
         if self._session is None:
-            self._session = aiohttp.ClientSession()
+            connector = (
+                aiohttp.TCPConnector(ssl=self._tls.client_context())
+                if self._tls is not None
+                else None
+            )
+            self._session = aiohttp.ClientSession(connector=connector)
         return self._session
 
+    @web.middleware
+    async def _authenticate(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        """With TLS: a verified client certificate, or the status token (module docstring)."""
+        transport = request.transport
+        if transport is not None and transport.get_extra_info("peercert"):
+            return await handler(request)
+        header = request.headers.get("Authorization", "")
+        scheme, _, given = header.partition(" ")
+        if (
+            self._token is not None
+            and scheme.lower() == "bearer"
+            and hmac.compare_digest(given.strip().encode(), self._token.encode())
+        ):
+            return await handler(request)
+        return web.Response(
+            status=401,
+            text="tabletstore: a client certificate of the cluster CA or the status token "
+            "(Authorization: Bearer ...) is required\n",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
     async def start(self) -> None:
-        app = web.Application(client_max_size=_MAX_BODY)
+        app = web.Application(
+            client_max_size=_MAX_BODY,
+            middlewares=[self._authenticate] if self._tls is not None else [],
+        )
         app.router.add_get("/", self._index)
         app.router.add_get("/metrics", self._metrics_text)
         app.router.add_get("/status", self._document(self._status))
@@ -212,7 +254,12 @@ class StatusServer:
             keepalive_timeout=_KEEPALIVE,
         )
         await runner.setup()
-        site = _CappedSite(runner, self._host, self._port, limit=self.max_connections)
+        ssl_context = (
+            self._tls.server_context(require_client_cert=False) if self._tls is not None else None
+        )
+        site = _CappedSite(
+            runner, self._host, self._port, limit=self.max_connections, ssl_context=ssl_context
+        )
         try:
             await site.start()
         except OSError as exc:
@@ -223,7 +270,7 @@ class StatusServer:
         self._runner = runner
         port = runner.addresses[0][1]
         host = f"[{self._host}]" if ":" in self._host else self._host
-        self.url = f"http://{host}:{port}"
+        self.url = f"{'https' if self._tls is not None else 'http'}://{host}:{port}"
         self._tasks = [asyncio.create_task(run()) for run in self._background]
 
     async def close(self) -> None:
@@ -309,6 +356,8 @@ async def serve_worker(
     port: int,
     coordinator: Coordinator | None = None,
     interval: float = DEFAULT_INTERVAL,
+    tls: TlsConfig | None = None,
+    token: str | None = None,
 ) -> StatusServer:
     """Start a worker's endpoint and page (``run_worker`` calls this for ``--metrics-port``).
     ``coordinator``: where the page finds the masters' pages to link to."""
@@ -340,6 +389,8 @@ async def serve_worker(
         background=[sampler.run],
         host=host,
         port=port,
+        tls=tls,
+        token=token,
     )
     await http.start()
     return http
@@ -354,6 +405,8 @@ async def serve_master(
     port: int,
     coordinator: Coordinator | None = None,
     interval: float = DEFAULT_INTERVAL,
+    tls: TlsConfig | None = None,
+    token: str | None = None,
 ) -> StatusServer:
     """Start a master's endpoint (``run_master`` calls this for ``--metrics-port``). With
     ``coordinator`` it also serves the cluster's page, scraping the workers' pages every
@@ -364,7 +417,7 @@ async def serve_master(
         return await master_status(master, metrics, address=address, metrics_url=url)
 
     if coordinator is None:
-        http = StatusServer(metrics, status, host=host, port=port)
+        http = StatusServer(metrics, status, host=host, port=port, tls=tls, token=token)
         await http.start()
         return http
     coord = coordinator
@@ -392,6 +445,8 @@ async def serve_master(
         background=[sampler.run],
         host=host,
         port=port,
+        tls=tls,
+        token=token,
     )
     await http.start()
     return http

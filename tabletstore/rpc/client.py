@@ -12,12 +12,18 @@ so it is safe to send again even when not idempotent; ``Indeterminate`` once it 
 answer came — the timeout passed, the connection went (even closed by its owner), or the reply
 broke the protocol — since it may have been applied. ``Closed`` only for a call made after the
 RpcClient itself was closed by its owner (nothing is sent).
+
+With ``auth`` (rpc/auth.py ``ClientAuth``) the connection is TLS, verified against the cluster
+CA; the server must hold a certificate of a cluster role (worker or master). A token, if given,
+is sent in an AUTH frame right after the handshake. A server that refuses who we are (no or a
+bad certificate, a revoked token) fails the calls with PermissionDenied, which is not retried.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections.abc import AsyncIterator
 from types import TracebackType
 from typing import Any, Self
@@ -27,11 +33,13 @@ from tabletstore.errors import (
     Closed,
     Indeterminate,
     InvalidArgument,
+    PermissionDenied,
     TabletStoreError,
     Unavailable,
     Unreachable,
 )
 from tabletstore.rpc import frames
+from tabletstore.rpc.auth import ClientAuth, peer_principal
 from tabletstore.rpc.codec import DEFAULT_CODEC, Codec, decode_error
 from tabletstore.rpc.connection import FrameConnection, format_address, parse_address
 from tabletstore.rpc.frames import DEFAULT_MAX_FRAME, Frame, Kind
@@ -49,9 +57,10 @@ IDLE_REUSE = 60.0
 class _ClientConnection(FrameConnection):
     """One connected, handshaken socket and the requests in flight on it."""
 
-    def __init__(self, address: str, max_frame: int) -> None:
+    def __init__(self, address: str, max_frame: int, token: str | None = None) -> None:
         super().__init__(max_frame, frames.encode_hello(max_frame))
         self.address = address
+        self._token = token
         self.peer_max_frame = DEFAULT_MAX_FRAME
         self._handshake: asyncio.Future[None] = self._loop.create_future()
         self._next_id = 0
@@ -64,7 +73,13 @@ class _ClientConnection(FrameConnection):
 
     @classmethod
     async def open(
-        cls, host: str, port: int, *, max_frame: int, connect_timeout: float
+        cls,
+        host: str,
+        port: int,
+        *,
+        max_frame: int,
+        connect_timeout: float,
+        auth: ClientAuth | None = None,
     ) -> _ClientConnection:
         address = format_address(host, port)
         loop = asyncio.get_running_loop()
@@ -72,7 +87,12 @@ class _ClientConnection(FrameConnection):
         connected = False
         try:
             async with asyncio.timeout(connect_timeout):
-                _, conn = await loop.create_connection(lambda: cls(address, max_frame), host, port)
+                _, conn = await loop.create_connection(
+                    lambda: cls(address, max_frame, auth.token if auth else None),
+                    host,
+                    port,
+                    ssl=auth.ssl_context() if auth is not None else None,
+                )
                 await conn._handshake
             if conn.failure is not None:  # the server refused it (say, a connection cap)
                 raise Unreachable(f"cannot connect to {address}: {conn.failure}")
@@ -81,6 +101,8 @@ class _ClientConnection(FrameConnection):
             raise Unreachable(
                 f"cannot connect to {address}: no handshake within {connect_timeout} s"
             ) from None
+        except ssl.SSLError as exc:
+            raise PermissionDenied(f"TLS with {address} failed: {exc}") from exc
         except OSError as exc:
             raise Unreachable(f"cannot connect to {address}: {exc}") from exc
         finally:
@@ -108,6 +130,8 @@ class _ClientConnection(FrameConnection):
     def send(self, frame: bytes) -> None:
         """Queue ``frame`` for sending (then ``await drain()``). From here on the request may
         reach the server; Unreachable, with nothing sent, if the connection already failed."""
+        if isinstance(self.failure, PermissionDenied):
+            raise PermissionDenied(str(self.failure))
         if self.failure is not None:
             # Nothing of this request left: the caller may send it again anywhere.
             raise Unreachable(f"request not sent: {self.failure}")
@@ -124,6 +148,23 @@ class _ClientConnection(FrameConnection):
 
     # -- FrameConnection hooks --
 
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        if transport.get_extra_info("sslcontext") is None:
+            return
+        try:
+            server = peer_principal(transport.get_extra_info("peercert"), self.address)
+            if server is None or not server.is_cluster:
+                raise PermissionDenied(
+                    f"server {self.address} is not a cluster member: its certificate names "
+                    f"{server} (expected role worker or master)"
+                )
+        except PermissionDenied as exc:
+            self._dead = True
+            if not self._handshake.done():
+                self._handshake.set_exception(exc)
+            transport.abort()  # type: ignore[attr-defined]
+
     def hello_received(self, hello: frames.Hello) -> None:
         try:
             frames.check_hello(hello, peer=self.address, peer_role="server")
@@ -133,6 +174,8 @@ class _ClientConnection(FrameConnection):
                 self._handshake.set_exception(exc)
             return
         self.peer_max_frame = hello.max_frame
+        if self._token is not None:  # before any request (rpc/auth.py)
+            self.write(frames.encode_frame(Kind.AUTH, 0, self._token.encode()))
         if not self._handshake.done():
             self._handshake.set_result(None)
 
@@ -149,6 +192,10 @@ class _ClientConnection(FrameConnection):
             queue.put_nowait(frame)
         elif rid == 0 and frame.kind == Kind.ERROR:
             reason = decode_error(frame.body)
+            if isinstance(reason, PermissionDenied):
+                # Refused before any request ran: not retried, not Indeterminate.
+                self._refused(PermissionDenied(f"{self.address} refused us: {reason}"))
+                return
             self._abort(
                 Unavailable(
                     f"connection to {self.address} closed by the server: "
@@ -160,12 +207,41 @@ class _ClientConnection(FrameConnection):
         # A server that breaks the frame format: nothing more it sends can be trusted.
         self._abort(Unavailable(f"connection to {self.address} broken: {exc}"))
 
+    def _refused(self, failure: PermissionDenied) -> None:
+        self._dead = True
+        self.failure = failure
+        pending, self.pending = self.pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(failure)
+        streams, self.streams = self.streams, {}
+        for queue in streams.values():
+            queue.put_nowait(failure)
+        if self.transport is not None:
+            self.transport.abort()
+
     def closed(self, exc: Exception | None) -> None:
         failure = Unavailable(f"connection to {self.address} lost")
         if not self._handshake.done():
             # No request is sent before the handshake completes.
+            tls = self.transport is not None and self.transport.get_extra_info("sslcontext")
+            if (tls and exc is None) or isinstance(exc, ssl.SSLError):
+                # Our side of TLS was done; the server closed cleanly before its hello: its TLS
+                # refused our certificate (none, another CA's, expired). Retrying cannot help.
+                # (A server going away resets the connection, or says Unavailable first.)
+                self._refused(
+                    PermissionDenied(
+                        f"{self.address} closed the TLS connection before its handshake: it "
+                        "refused our certificate (missing, expired or from another CA)"
+                    )
+                )
+                self._handshake.set_exception(self.failure or failure)
+                return
             self._handshake.set_exception(
-                Unreachable(f"cannot connect to {self.address}: closed during the handshake")
+                Unreachable(
+                    f"cannot connect to {self.address}: closed during the handshake (if the "
+                    "server requires TLS, pass --tls-ca and a certificate or token)"
+                )
             )
         self._fail_all(failure)
 
@@ -217,6 +293,7 @@ class RpcClient:
         max_frame: int = DEFAULT_MAX_FRAME,
         connect_timeout: float = 5.0,
         stream_window: int = 64,
+        auth: ClientAuth | None = None,
     ) -> None:
         if stream_window < 1:
             raise InvalidArgument(f"stream_window must be at least 1, got {stream_window}")
@@ -227,6 +304,7 @@ class RpcClient:
         self.max_frame = max_frame
         self.connect_timeout = connect_timeout
         self.stream_window = stream_window
+        self.auth = auth
         self._conn: _ClientConnection | None = None
         self._connect_lock = asyncio.Lock()
         self._connect_attempts = 0
@@ -277,6 +355,7 @@ class RpcClient:
                     self.port,
                     max_frame=self.max_frame,
                     connect_timeout=self.connect_timeout,
+                    auth=self.auth,
                 )
             except TabletStoreError as exc:
                 self._connect_error = exc

@@ -36,6 +36,9 @@ Frames
     CREDIT       c→s  body = u32 n (the client consumed n more stream items)
     PING         c→s  body = opaque bytes
     PONG         s→c  body = the PING's bytes, with the PING's request id
+    AUTH         c→s  body = a bearer token (UTF-8); request id 0. Sent first, before any
+                      REQUEST, by a client without a certificate on a server with auth on
+                      (rpc/auth.py); a rejected token fails the connection (ERROR, id 0)
 
 Request id 0 is reserved for connection-level ERROR frames; clients number requests from 1.
 
@@ -118,6 +121,7 @@ class Kind(IntEnum):
     CREDIT = 7
     PING = 8
     PONG = 9
+    AUTH = 10
 
 
 class FrameError(InvalidArgument):

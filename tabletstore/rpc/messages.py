@@ -58,6 +58,7 @@ __all__ = [
     "ScanProgress",
     "ServerStatusRequest",
     "ServerStatusResponse",
+    "SetAdminsRequest",
     "SnapshotHoldRequest",
     "SnapshotInfoMessage",
     "SnapshotTablet",
@@ -428,6 +429,14 @@ class ModifyFamiliesRequest:
 
     def groups_added(self) -> list[LocalityGroup]:
         return [_parse(LocalityGroup, b) for b in self.locality_groups]
+
+
+@dataclass(frozen=True, slots=True)
+class SetAdminsRequest:
+    """Replace a table's admins (``TableSchema.admins``); empty: nobody but the cluster."""
+
+    name: str
+    admins: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,11 @@ What a client may take (connections, buffered bytes, silence) is capped by
 ``options.RpcServerOptions``; the bookkeeping is ``rpc/admission.py``, called from this module's
 connection hooks (admission in ``connection_made``, the byte budget around reads and requests,
 the watchdog after the handshake).
+
+With ``auth`` (rpc/auth.py) the server speaks TLS only and each connection has a proven
+principal (its certificate's, or its AUTH frame's token's); every request's handler runs with it
+as ``auth.current_principal()``. Requests that arrive while a token is being checked wait for
+it; a connection that proves nothing is refused at its first request.
 """
 
 from __future__ import annotations
@@ -22,11 +27,12 @@ import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from types import TracebackType
-from typing import Any, Self, cast
+from typing import Any, Self
 
 from tabletstore.errors import (
     Indeterminate,
     InvalidArgument,
+    PermissionDenied,
     TabletStoreError,
     Unavailable,
     Unimplemented,
@@ -34,6 +40,7 @@ from tabletstore.errors import (
 from tabletstore.options import RpcServerOptions
 from tabletstore.rpc import frames
 from tabletstore.rpc.admission import ByteBudget, ConnectionGate, ReadGuard, Watchdog, check_options
+from tabletstore.rpc.auth import Principal, ServerAuth, peer_principal, set_principal
 from tabletstore.rpc.codec import DEFAULT_CODEC, Codec, encode_error
 from tabletstore.rpc.connection import LINGER, FrameConnection, format_address
 from tabletstore.rpc.frames import Frame, Kind
@@ -101,6 +108,7 @@ class RpcServer:
         max_in_flight: int | None = None,
         handshake_timeout: float | None = None,
         options: RpcServerOptions | None = None,
+        auth: ServerAuth | None = None,
     ) -> None:
         self._unary: dict[str, Callable[[Any], Awaitable[Any]]] = {}
         self._streaming: dict[str, Callable[[Any], AsyncIterator[Any]]] = {}
@@ -132,6 +140,7 @@ class RpcServer:
         self.gate = ConnectionGate(options.max_connections, options.max_connections_per_peer)
         #: Bytes held by connections: frames being received, requests being handled.
         self.budget = ByteBudget(options.max_buffered_bytes)
+        self.auth = auth
         self._server: asyncio.Server | None = None
         self._connections: dict[_ServerConnection, asyncio.Task[None]] = {}
         self._closing = False
@@ -154,7 +163,11 @@ class RpcServer:
             raise InvalidArgument("RpcServer.start() called twice")
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: _ServerConnection(self), self._host, self._port
+            lambda: _ServerConnection(self),
+            self._host,
+            self._port,
+            ssl=self.auth.ssl_context() if self.auth is not None else None,
+            ssl_handshake_timeout=self.handshake_timeout if self.auth is not None else None,
         )
         self._port = self._server.sockets[0].getsockname()[1]
         self.address = format_address(self._host, self._port)
@@ -247,6 +260,9 @@ class _ServerConnection(FrameConnection):
         self._draining = False  # new requests are refused with Unavailable
         self._aborting = False  # cancelled handlers tell their callers the server is closing
         self._linger: asyncio.TimerHandle | None = None
+        # The connection's proven principal (rpc/auth.py); None without auth.
+        self._principal: asyncio.Future[Principal | None] = self._loop.create_future()
+        self._auth_sent = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -262,7 +278,54 @@ class _ServerConnection(FrameConnection):
             return
         self._admitted = True
         if self._server.accepted(self) is None:
-            cast(asyncio.Transport, transport).abort()
+            # Say why before closing: a client must not take a clean close for a refusal of
+            # its certificate (rpc/client.py), and may retry elsewhere.
+            self._dead = True
+            self.write(
+                frames.encode_frame(
+                    Kind.ERROR,
+                    0,
+                    encode_error(Unavailable(f"server {self._server.address} is shutting down")),
+                )
+            )
+            self.close()
+            return
+        if self._server.auth is None:
+            self._principal.set_result(None)
+            return
+        try:
+            principal = peer_principal(transport.get_extra_info("peercert"), self._peer)
+        except PermissionDenied as exc:
+            self._refuse(exc)
+            return
+        if principal is not None:
+            self._principal.set_result(principal)
+        # else: the client must send a token (AUTH) before its first request
+
+    def _refuse(self, exc: PermissionDenied) -> None:
+        logger.info("refusing RPC connection from %s: %s", self._peer, exc)
+        if not self._principal.done():
+            self._principal.set_exception(exc)
+            self._principal.exception()  # retrieved: requests waiting on it get it too
+        self.fail(exc)
+
+    async def _authenticate(self, token: str) -> None:
+        auth = self._server.auth
+        try:
+            if auth is None or auth.tokens is None:
+                raise PermissionDenied(
+                    f"server {self._server.address} does not accept bearer tokens: "
+                    "connect with a client certificate"
+                )
+            principal = await auth.tokens.verify(token)
+        except PermissionDenied as exc:
+            self._refuse(PermissionDenied(f"connection from {self._peer}: {exc}"))
+            return
+        except TabletStoreError as exc:  # the coordinator is unreachable: retry later
+            self._refuse(PermissionDenied(f"cannot check the token of {self._peer} now: {exc}"))
+            return
+        if not self._principal.done():
+            self._principal.set_result(principal)
 
     # -- resource caps (rpc/admission.py) --
 
@@ -386,6 +449,8 @@ class _ServerConnection(FrameConnection):
                 task.cancel()
         elif kind == Kind.CREDIT:
             self._on_credit(frame)
+        elif kind == Kind.AUTH:
+            self._on_auth(frame)
         elif kind == Kind.PING:
             self.write(
                 frames.encode_frame(Kind.PONG, frame.request_id, frame.body), more_coming=True
@@ -395,8 +460,24 @@ class _ServerConnection(FrameConnection):
                 frame.request_id, InvalidArgument(f"unexpected frame kind {kind} from a client")
             )
 
+    def _on_auth(self, frame: Frame) -> None:
+        if self._auth_sent or self._principal.done():
+            self._refuse(PermissionDenied("AUTH must be the first frame, sent once"))
+            return
+        self._auth_sent = True
+        assert self._tg is not None  # frame_received keeps a backlog until it exists
+        self._tg.create_task(self._authenticate(bytes(frame.body).decode("utf-8", "replace")))
+
     def _on_request(self, frame: Frame) -> None:
         rid = frame.request_id
+        if not self._principal.done() and not self._auth_sent:
+            self._refuse(
+                PermissionDenied(
+                    f"connection from {self._peer} presented no client certificate and no "
+                    f"token; server {self._server.address} requires one"
+                )
+            )
+            return
         try:
             request = frames.parse_request(frame.body)
             if rid == 0 or rid in self._tasks:
@@ -433,11 +514,17 @@ class _ServerConnection(FrameConnection):
 
     # -- serving one request --
 
+    async def _authenticated(self) -> None:
+        """Run the rest of this request's task as the connection's principal."""
+        principal = self._principal
+        set_principal(principal.result() if principal.done() else await principal)
+
     async def _serve_unary(
         self, rid: int, method: str, fn: Callable[[Any], Any], payload: memoryview
     ) -> None:
         try:
             try:
+                await self._authenticated()
                 response = await fn(self._codec.decode(payload))
             except asyncio.CancelledError:
                 self._on_cancelled(rid)
@@ -462,6 +549,7 @@ class _ServerConnection(FrameConnection):
     ) -> None:
         try:
             try:
+                await self._authenticated()
                 request = self._codec.decode(payload)
                 self._release(rid)  # a stream may last long; its request is decoded
                 async with contextlib.aclosing(fn(request)) as items:

@@ -55,6 +55,7 @@ from tabletstore.rpc.messages import (
     ScanProgress,
     ServerStatusRequest,
     ServerStatusResponse,
+    SetAdminsRequest,
     SnapshotHoldRequest,
     SnapshotInfoMessage,
     SnapshotWriteRequest,
@@ -145,6 +146,10 @@ class MasterService(Protocol):
     async def modify_families(self, req: ModifyFamiliesRequest) -> TableInfoMessage: ...
 
     async def compact_table(self, req: CompactTableRequest) -> None: ...
+
+    async def set_admins(self, req: SetAdminsRequest) -> TableInfoMessage:
+        """Replace who administers a table (``TableSchema.admins``; master/guard.py)."""
+        ...
 
     async def create_snapshot(self, req: CreateSnapshotRequest) -> SnapshotInfoMessage:
         """A consistent cut of a table, readable straight from the bucket (§8)."""

@@ -79,6 +79,7 @@ WIRE_TYPES: dict[int, type] = {
     94: m.ListTablesResponse,
     95: m.ModifyFamiliesRequest,
     96: m.CompactTableRequest,
+    97: m.SetAdminsRequest,
     # snapshots and bulk load (110-127)
     110: m.SnapshotHoldRequest,
     111: m.SnapshotWriteRequest,

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from tabletstore.coordination.base import (
     Coordinator,
 )
+from tabletstore.coordination.tokens import TokenStore
 from tabletstore.errors import (
     Fenced,
 )
@@ -19,10 +20,13 @@ from tabletstore.ops.metrics import WorkerMetrics
 from tabletstore.ops.status_http import StatusServer, serve_worker
 from tabletstore.ops.views import publish_page
 from tabletstore.options import TabletOptions, WorkerOptions
+from tabletstore.rpc.auth import ClientAuth, ServerAuth
 from tabletstore.rpc.services import TABLET
 from tabletstore.rpc.tcp import RpcServer, TcpTransport
 from tabletstore.rpc.wire import register_all
+from tabletstore.security import TlsConfig, check_bind
 from tabletstore.storage_s3 import check_store, open_store
+from tabletstore.worker.guard import guard
 from tabletstore.worker.server import TabletServer
 from tabletstore.worker.sorter import Sorter
 
@@ -44,13 +48,22 @@ async def run_worker(
     ready: Callable[[TabletServer], None] | None = None,
     metrics_port: int | None = None,
     metrics_ready: Callable[[str], None] | None = None,
+    tls: TlsConfig | None = None,
+    insecure: bool = False,
+    status_token: str | None = None,
 ) -> None:
     """A worker process (§5.2): serve the worker RPCs on ``host:port`` until ``stop`` is set
     (then minor-compact and release every tablet) or the lease is lost (then stop at once and
     raise ``Fenced``: another worker may already own the tablets; the process should exit and
     a fresh one may start with a new lease and incarnation). With ``metrics_port`` (0: a free
     one) it also serves ``/metrics`` and ``/status`` over HTTP (tabletstore.ops.status_http) and
-    passes their base URL to ``metrics_ready``."""
+    passes their base URL to ``metrics_ready``.
+
+    With ``tls`` (the cluster CA and this worker's certificate, role worker) every port speaks
+    TLS and requests are authorized (``worker/guard.py``): clients prove who they are by
+    certificate or token. Without it, a non-loopback ``host`` is refused unless ``insecure``.
+    ``status_token``: a read-only bearer token for scrapers of the status endpoint."""
+    check_bind(host, tls=tls is not None, insecure=insecure, what="worker")
     register_all()
     stop = stop or asyncio.Event()
     url = store_url or (await ClusterSettings.load(coordinator)).store_url
@@ -64,7 +77,8 @@ async def run_worker(
     except BaseException:
         await store.close()
         raise
-    transport = TcpTransport(timeout=60.0)  # to METADATA tablets on other workers
+    # To METADATA tablets on other workers, as this worker (its certificate).
+    transport = TcpTransport(timeout=60.0, auth=ClientAuth(tls) if tls is not None else None)
     tablet_server = TabletServer(
         wid,
         "",
@@ -75,8 +89,13 @@ async def run_worker(
         tablet_options=tablet_options,
     )
     metrics.observe_server(tablet_server)
-    handlers = metrics.instrument(TABLET.handlers(tablet_server))
-    server = RpcServer(handlers, host=host, port=port, options=(options or WorkerOptions()).rpc)
+    handlers = metrics.instrument(
+        guard(TABLET.handlers(tablet_server), where=f"worker {wid}", denied=metrics.denied)
+    )
+    auth = ServerAuth(tls, TokenStore(coordinator)) if tls is not None else None
+    server = RpcServer(
+        handlers, host=host, port=port, options=(options or WorkerOptions()).rpc, auth=auth
+    )
     metrics.observe_rpc(server)
     await server.start()
     tablet_server.address = server.address
@@ -85,7 +104,13 @@ async def run_worker(
     try:
         if metrics_port is not None:
             http = await serve_worker(
-                tablet_server, metrics, host=host, port=metrics_port, coordinator=coordinator
+                tablet_server,
+                metrics,
+                host=host,
+                port=metrics_port,
+                coordinator=coordinator,
+                tls=tls,
+                token=status_token,
             )
             if metrics_ready is not None:
                 metrics_ready(http.url)

@@ -62,6 +62,7 @@ def test_the_protocols_declare_every_method_once() -> None:
         "list_tables",
         "get_table",
         "modify_families",
+        "set_admins",
         "compact_table",
         "create_snapshot",
         "list_snapshots",
@@ -139,6 +140,10 @@ async def _exercise(
     req = m.ModifyFamiliesRequest.of("svc", create=[ColumnFamily(name="g")])
     changed = await call(master.modify_families, MasterService.modify_families, req)
     assert set(changed.info().schema.families) == {"f", "g"}
+    admins = await call(
+        master.set_admins, MasterService.set_admins, m.SetAdminsRequest("svc", ("ann",))
+    )
+    assert admins.info().schema.admins == ["ann"]
 
     status = await call(worker.server_status, TabletService.server_status, m.ServerStatusRequest())
     (tablet,) = [t for t in status.tablets if t.table_id == info.table_id]

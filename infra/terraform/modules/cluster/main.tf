@@ -45,15 +45,17 @@ locals {
     readonlyRootFilesystem = true
     logConfiguration       = { logDriver = "awslogs", options = local.log_options }
   }
+  # --insecure: the RPC ports are reachable only inside the VPC's security groups; serving them
+  # with mutual TLS needs the certificates as secrets (docs/ARCHITECTURE.md "Security").
   roles = {
     master = {
-      command = ["master", "--store", var.store_url, "--port", tostring(var.master_port), "--metrics-port", tostring(var.metrics_port)]
+      command = ["master", "--store", var.store_url, "--port", tostring(var.master_port), "--metrics-port", tostring(var.metrics_port), "--insecure"]
       port    = var.master_port
       cpu     = var.master_cpu
       memory  = var.master_memory
     }
     worker = {
-      command = ["worker", "--port", tostring(var.worker_port), "--metrics-port", tostring(var.metrics_port)]
+      command = ["worker", "--port", tostring(var.worker_port), "--metrics-port", tostring(var.metrics_port), "--insecure"]
       port    = var.worker_port
       cpu     = var.worker_cpu
       memory  = var.worker_memory

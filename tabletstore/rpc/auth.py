@@ -1,0 +1,111 @@
+"""Who is calling: a connection's principal, proven by its certificate or a bearer token
+(issue 16 item 1; paper §5.3 authorization needs an identity the caller cannot forge).
+
+A server with auth on (``RpcServer(auth=ServerAuth(...))``) speaks TLS only. When a
+connection is up, its principal is:
+
+- the name and role of the client's certificate (Common Name and Organizational Unit), when
+  the client presented one the cluster CA signed (mutual TLS; ``security/tls.py``); else
+- the principal of the bearer token in the connection's first frame, AUTH (frames.py), looked
+  up by the server's :class:`TokenVerifier` (``coordination/tokens.py``); a bad token fails the
+  connection with PermissionDenied;
+- nothing otherwise: a request on a connection with neither fails the connection with
+  PermissionDenied.
+
+Each request's handler runs with the connection's principal in a context variable
+(:func:`current_principal`), which the servers' guards read (``worker/guard.py``,
+``master/guard.py``); never a field of the request. A server without auth (the embedded
+database, a loopback test cluster) runs handlers with no principal: everything is allowed, as
+before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ssl
+from collections.abc import Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from tabletstore.errors import InvalidArgument, PermissionDenied
+from tabletstore.security.principal import Principal
+from tabletstore.security.tls import TlsConfig, principal_from_peercert
+
+__all__ = [
+    "ClientAuth",
+    "Principal",
+    "ServerAuth",
+    "TokenVerifier",
+    "current_principal",
+    "peer_principal",
+    "principal_scope",
+]
+
+_PRINCIPAL: ContextVar[Principal | None] = ContextVar("tabletstore_principal", default=None)
+
+
+def current_principal() -> Principal | None:
+    """The proven principal of the request being handled; None on a server without auth."""
+    return _PRINCIPAL.get()
+
+
+def set_principal(principal: Principal | None) -> None:
+    """Set the current request's principal (the RPC server does, in each request's task)."""
+    _PRINCIPAL.set(principal)
+
+
+@contextlib.contextmanager
+def principal_scope(principal: Principal | None) -> Iterator[None]:
+    """Run a block as ``principal`` (in-process callers and tests)."""
+    token = _PRINCIPAL.set(principal)
+    try:
+        yield
+    finally:
+        _PRINCIPAL.reset(token)
+
+
+class TokenVerifier(Protocol):
+    """Turns a bearer token into its principal (``coordination.tokens.TokenStore``)."""
+
+    async def verify(self, token: str) -> Principal:
+        """The token's principal; PermissionDenied if unknown or revoked."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ServerAuth:
+    """A server's authentication: its TLS files and, optionally, a token verifier (then a
+    client may connect without a certificate and send a token instead)."""
+
+    tls: TlsConfig
+    tokens: TokenVerifier | None = None
+    _context: list[ssl.SSLContext] = field(default_factory=list, compare=False, repr=False)
+
+    def ssl_context(self) -> ssl.SSLContext:
+        if not self._context:
+            self._context.append(self.tls.server_context(require_client_cert=self.tokens is None))
+        return self._context[0]
+
+
+@dataclass(frozen=True, slots=True)
+class ClientAuth:
+    """A client's side: the cluster CA (and its certificate), or a bearer token, or both."""
+
+    tls: TlsConfig
+    token: str | None = None
+    _context: list[ssl.SSLContext] = field(default_factory=list, compare=False, repr=False)
+
+    def ssl_context(self) -> ssl.SSLContext:
+        if not self._context:
+            self._context.append(self.tls.client_context())
+        return self._context[0]
+
+
+def peer_principal(peercert: object, peer: str) -> Principal | None:
+    """The principal of a verified peer certificate (None: none presented);
+    PermissionDenied naming the peer if the certificate names no valid principal."""
+    try:
+        return principal_from_peercert(peercert)
+    except InvalidArgument as exc:
+        raise PermissionDenied(f"refusing {peer}: {exc}") from exc

@@ -1,0 +1,482 @@
+"""Trying to break in (issue 16 items 1, 2, 3, 5): a master and a worker with mutual TLS and
+authorization, in this process on loopback, and callers that spoof, bypass or lack identity.
+
+Each test here passed on the open cluster before issue 16 (a raw ``read_row`` claiming to be
+alice read her cell; bob replaced her ACL and deleted her table; anyone could unload a
+tablet) or could not be written at all (no TLS, no tokens).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tabletstore.client.cluster import ClusterClient
+from tabletstore.coordination import open_coordinator
+from tabletstore.coordination.base import Coordinator
+from tabletstore.coordination.tokens import TokenStore
+from tabletstore.data.model import RowMutation, SetCell
+from tabletstore.data.schema import Acl, ColumnFamily
+from tabletstore.errors import InvalidArgument, PermissionDenied, TabletStoreError
+from tabletstore.master.process import run_master
+from tabletstore.metadata.catalog import Catalog
+from tabletstore.options import LeaseOptions, MasterOptions, WorkerOptions
+from tabletstore.rpc.auth import ClientAuth
+from tabletstore.rpc.messages import (
+    LoadTabletRequest,
+    MutateRowsRequest,
+    ReadRowsRequest,
+    UnloadTabletRequest,
+)
+from tabletstore.rpc.services import TABLET
+from tabletstore.rpc.tcp import TcpTransport
+from tabletstore.security import TlsConfig, ca
+from tabletstore.worker.process import run_worker
+
+pytestmark = pytest.mark.timeout(120)
+
+DEADLINE = 60.0
+STATUS_TOKEN = "scraper-secret"
+
+
+@dataclass
+class SecureCluster:
+    url: str
+    coordinator: Coordinator
+    certs: Path
+    worker_address: str
+    status_url: str
+
+    def tls(self, name: str) -> TlsConfig:
+        return TlsConfig(
+            str(self.certs / "ca.pem"),
+            str(self.certs / f"{name}.pem"),
+            str(self.certs / f"{name}.key"),
+        )
+
+    def ca_only(self) -> TlsConfig:
+        return TlsConfig(str(self.certs / "ca.pem"))
+
+    async def client(self, name: str) -> ClusterClient:
+        return await ClusterClient.open(self.url, tls=self.tls(name))
+
+
+async def _wait_for(predicate, what: str) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + DEADLINE
+    while not await predicate():
+        if loop.time() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[SecureCluster]:
+    certs = tmp_path / "certs"
+    ca.init_ca(certs)
+    for name, role in [
+        ("master", "master"),
+        ("worker", "worker"),
+        ("alice", "client"),
+        ("bob", "client"),
+    ]:
+        ca.issue(certs, name, role=role)
+    url = f"memory://security-{uuid.uuid4().hex[:8]}"
+    coordinator = open_coordinator(url)
+    store = f"file://{tmp_path / 'objects'}"
+    (tmp_path / "objects").mkdir()
+
+    def tls(name: str) -> TlsConfig:
+        return TlsConfig(
+            str(certs / "ca.pem"), str(certs / f"{name}.pem"), str(certs / f"{name}.key")
+        )
+
+    stop = asyncio.Event()
+    addresses: list[str] = []
+    status_urls: list[str] = []
+    lease = LeaseOptions(ttl=5.0)
+    async with asyncio.TaskGroup() as tg:
+        tg.create_task(
+            run_master(
+                coordinator,
+                MasterOptions(lease=lease, interval=0.2),
+                store_url=store,
+                stop=stop,
+                tls=tls("master"),
+            )
+        )
+        await _wait_for(lambda: _settings_saved(coordinator), "the master to record the store")
+        tg.create_task(
+            run_worker(
+                coordinator,
+                options=WorkerOptions(lease=lease, compaction_processes=0),
+                stop=stop,
+                ready=lambda s: addresses.append(s.address),
+                tls=tls("worker"),
+                metrics_port=0,
+                metrics_ready=status_urls.append,
+                status_token=STATUS_TOKEN,
+            )
+        )
+        try:
+            await _wait_for(_true_when(lambda: bool(addresses)), "the worker to serve")
+            yield SecureCluster(url, coordinator, certs, addresses[0], status_urls[0])
+        finally:
+            stop.set()
+    await coordinator.close()
+
+
+def _true_when(fn):
+    async def check() -> bool:
+        return fn()
+
+    return check
+
+
+async def _settings_saved(coordinator: Coordinator) -> bool:
+    from tabletstore.metadata.catalog import ClusterSettings
+
+    try:
+        await ClusterSettings.load(coordinator)
+    except TabletStoreError:
+        return False
+    return True
+
+
+PRIVATE = [
+    ColumnFamily(name="p", acl=Acl(readers=["alice"], writers=["alice"])),
+    ColumnFamily(name="pub"),
+]
+
+
+async def _alice_table(cluster: SecureCluster) -> tuple[ClusterClient, str, str]:
+    """alice's table with her private cell; returns (alice's client, table id, tablet id)."""
+    alice = await cluster.client("alice")
+    table = await alice.create_table("secrets", PRIVATE)
+    await _wait_for(_write_ok(table), "alice's table to be served")
+    return alice, *(await _tablet(alice))
+
+
+async def _tablet(client: ClusterClient) -> tuple[str, str]:
+    """(table id, tablet id) of the secrets table's one tablet, as its worker reports it."""
+    table_id = (await Catalog(client.coordinator).get_table("secrets")).table_id
+    status = await client.status()
+    for answer in status.workers.values():
+        assert not isinstance(answer, str), answer
+        for t in answer.tablets:
+            if t.table_id == table_id:
+                return table_id, t.tablet_id
+    raise AssertionError("the secrets table is not served")
+
+
+def _write_ok(table):
+    async def check() -> bool:
+        try:
+            await table.mutate_row(b"row", [SetCell("p", b"q", b"alice's secret")])
+        except TabletStoreError:
+            return False
+        return True
+
+    return check
+
+
+@contextlib.asynccontextmanager
+async def _raw(cluster: SecureCluster, auth: ClientAuth | None) -> AsyncIterator[TcpTransport]:
+    transport = TcpTransport(timeout=10.0, auth=auth, connect_timeout=5.0)
+    try:
+        yield transport
+    finally:
+        await transport.close()
+
+
+async def test_the_creator_reads_her_family_and_the_owner_is_admin(cluster: SecureCluster) -> None:
+    alice, _, _ = await _alice_table(cluster)
+    row = await alice.table("secrets").read_row(b"row")
+    assert row is not None and row.cells[0].value == b"alice's secret"
+    assert (await alice.describe_table("secrets")).admins == ["alice"]
+
+
+async def test_spoofed_identity_on_raw_read_row_and_mutate_rows(cluster: SecureCluster) -> None:
+    _, table_id, tablet_id = await _alice_table(cluster)
+    async with _raw(cluster, ClientAuth(cluster.tls("bob"))) as transport:
+        stub = TABLET.client(transport, cluster.worker_address)
+        read = ReadRowsRequest(table_id, tablet_id, keys=(b"row",), identity="alice")
+        reply = await stub.read_row(read)
+        cells = [c for r in reply.rows for c in r.cells]  # type: ignore[union-attr]
+        assert all(c.family != "p" for c in cells), "bob read alice's family by claiming her name"
+        write = MutateRowsRequest(
+            table_id,
+            tablet_id,
+            (RowMutation(b"row", (SetCell("p", b"q", b"bob was here"),)),),
+            identity="alice",
+        )
+        response = await stub.mutate_rows(write)
+        assert len(response.errors) == 1
+        denied = response.errors[0].exception()
+        assert isinstance(denied, PermissionDenied)
+        assert "bob" in str(denied) and "secrets:p" in str(denied) and "write" in str(denied)
+    alice = await cluster.client("alice")
+    row = await alice.table("secrets").read_row(b"row")
+    assert row is not None and row.cells[0].value == b"alice's secret"
+
+
+async def test_bob_cannot_change_alices_acl_or_delete_her_table(cluster: SecureCluster) -> None:
+    await _alice_table(cluster)
+    bob = await cluster.client("bob")
+    with pytest.raises(PermissionDenied, match=r"bob.*secrets.*admin"):
+        await bob.update_family("secrets", ColumnFamily(name="p", acl=Acl(readers=["bob"])))
+    with pytest.raises(PermissionDenied, match=r"bob.*secrets.*admin"):
+        await bob.delete_table("secrets")
+    with pytest.raises(PermissionDenied, match=r"bob.*secrets.*admin"):
+        await bob.set_admins("secrets", ["bob"])
+    schema = (await Catalog(cluster.coordinator).get_table("secrets")).schema
+    assert schema.families["p"].acl.readers == ["alice"]
+
+
+async def test_control_rpcs_from_a_client_certificate_are_refused(cluster: SecureCluster) -> None:
+    _, table_id, tablet_id = await _alice_table(cluster)
+    async with _raw(cluster, ClientAuth(cluster.tls("bob"))) as transport:
+        stub = TABLET.client(transport, cluster.worker_address)
+        with pytest.raises(PermissionDenied, match=r"bob may not call unload_tablet.*cluster"):
+            await stub.unload_tablet(UnloadTabletRequest(table_id, tablet_id))
+        with pytest.raises(PermissionDenied, match="load_tablet"):
+            await stub.load_tablet(LoadTabletRequest(table_id, tablet_id))
+    alice = await cluster.client("alice")
+    assert (await alice.table("secrets").read_row(b"row")) is not None  # still served
+
+
+@pytest.mark.parametrize("who", ["nothing", "other-ca", "expired", "plain"])
+async def test_callers_without_a_valid_certificate_are_refused(
+    cluster: SecureCluster, tmp_path: Path, who: str
+) -> None:
+    _, table_id, tablet_id = await _alice_table(cluster)
+    auth: ClientAuth | None
+    if who == "nothing":
+        auth = ClientAuth(cluster.ca_only())
+    elif who == "other-ca":
+        other = tmp_path / "other"
+        ca.init_ca(other)
+        ca.issue(other, "alice")  # the right name, from the wrong CA
+        auth = ClientAuth(
+            TlsConfig(
+                str(cluster.certs / "ca.pem"), str(other / "alice.pem"), str(other / "alice.key")
+            )
+        )
+    elif who == "expired":
+        now = datetime.datetime.now(datetime.UTC)
+        ca.issue(
+            cluster.certs,
+            "alice-old",
+            out=tmp_path / "old",
+            not_before=now - datetime.timedelta(days=30),
+            not_after=now - datetime.timedelta(days=1),
+        )
+        auth = ClientAuth(
+            TlsConfig(
+                str(cluster.certs / "ca.pem"),
+                str(tmp_path / "old/alice-old.pem"),
+                str(tmp_path / "old/alice-old.key"),
+            )
+        )
+    else:
+        auth = None
+    async with _raw(cluster, auth) as transport:
+        stub = TABLET.client(transport, cluster.worker_address)
+        with pytest.raises(TabletStoreError) as caught:
+            await stub.read_row(
+                ReadRowsRequest(table_id, tablet_id, keys=(b"row",), identity="alice")
+            )
+    assert not caught.value.may_have_applied
+
+
+async def test_tokens_authenticate_until_revoked(cluster: SecureCluster) -> None:
+    _, table_id, tablet_id = await _alice_table(cluster)
+    tokens = TokenStore(cluster.coordinator)
+    token = await tokens.create("alice")
+    client = await ClusterClient.open(cluster.url, tls=cluster.ca_only(), token=token)
+    row = await client.table("secrets").read_row(b"row")
+    assert row is not None and row.cells[0].value == b"alice's secret"
+    await client.close()
+    assert await tokens.revoke("alice") == 1
+    with pytest.raises(PermissionDenied, match="unknown or was revoked"):
+        await ClusterClient.open(cluster.url, tls=cluster.ca_only(), token=token)
+    # The servers check it themselves, whatever a client does.
+    async with _raw(cluster, ClientAuth(cluster.ca_only(), token)) as transport:
+        stub = TABLET.client(transport, cluster.worker_address)
+        with pytest.raises(PermissionDenied, match="unknown or was revoked"):
+            await stub.read_row(ReadRowsRequest(table_id, tablet_id, keys=(b"row",)))
+
+
+async def test_a_token_needs_tls() -> None:
+    with pytest.raises(InvalidArgument, match="only over TLS"):
+        await ClusterClient.open("memory://x", token="tst_abc")
+
+
+@pytest.mark.parametrize("role", ["worker", "master"])
+async def test_a_non_loopback_bind_without_tls_is_refused(role: str) -> None:
+    coordinator = open_coordinator(f"memory://bind-{uuid.uuid4().hex[:8]}")
+    try:
+        with pytest.raises(
+            InvalidArgument, match=r"refusing to serve the .* on '0.0.0.0' without TLS"
+        ):
+            if role == "worker":
+                await run_worker(coordinator, host="0.0.0.0", store_url="memory://x")
+            else:
+                await run_master(coordinator, host="0.0.0.0", store_url="memory://x")
+    finally:
+        await coordinator.close()
+
+
+def test_check_bind_allows_loopback_tls_or_an_explicit_insecure() -> None:
+    from tabletstore.security import check_bind
+
+    check_bind("127.0.0.1", tls=False)
+    check_bind("::1", tls=False)
+    check_bind("localhost", tls=False)
+    check_bind("0.0.0.0", tls=True)
+    check_bind("0.0.0.0", tls=False, insecure=True)
+    with pytest.raises(InvalidArgument, match="--insecure"):
+        check_bind("10.1.2.3", tls=False)
+
+
+async def test_the_status_endpoint_wants_a_certificate_or_the_status_token(
+    cluster: SecureCluster,
+) -> None:
+    import aiohttp
+
+    assert cluster.status_url.startswith("https://")
+    metrics = f"{cluster.status_url}/metrics"
+    anonymous = aiohttp.TCPConnector(ssl=cluster.ca_only().client_context())
+    async with aiohttp.ClientSession(connector=anonymous) as session:
+        async with session.get(metrics) as response:
+            assert response.status == 401
+        async with session.get(metrics, headers={"Authorization": "Bearer wrong"}) as response:
+            assert response.status == 401
+        auth = {"Authorization": f"Bearer {STATUS_TOKEN}"}
+        async with session.get(metrics, headers=auth) as response:
+            assert response.status == 200
+            assert "tabletstore_permission_denied_total" in await response.text()
+    with_cert = aiohttp.TCPConnector(ssl=cluster.tls("bob").client_context())
+    async with aiohttp.ClientSession(connector=with_cert) as session:
+        async with session.get(f"{cluster.status_url}/status") as response:
+            assert response.status == 200
+    plain = cluster.status_url.replace("https://", "http://")
+    async with aiohttp.ClientSession() as session:
+        with pytest.raises(aiohttp.ClientError):
+            async with session.get(f"{plain}/metrics") as response:
+                assert response.status != 200
+
+
+async def test_denials_are_counted(cluster: SecureCluster) -> None:
+    import aiohttp
+
+    _, table_id, tablet_id = await _alice_table(cluster)
+    async with _raw(cluster, ClientAuth(cluster.tls("bob"))) as transport:
+        stub = TABLET.client(transport, cluster.worker_address)
+        with pytest.raises(PermissionDenied):
+            await stub.unload_tablet(UnloadTabletRequest(table_id, tablet_id))
+    connector = aiohttp.TCPConnector(ssl=cluster.tls("bob").client_context())
+    async with aiohttp.ClientSession(connector=connector) as session:
+        async with session.get(f"{cluster.status_url}/metrics") as response:
+            text = await response.text()
+    assert (
+        'tabletstore_permission_denied_total{method="unload_tablet",permission="cluster"} 1.0'
+        in text
+    )
+
+
+async def test_the_front_door_wants_a_bearer_token_and_acts_for_its_principal(
+    cluster: SecureCluster,
+) -> None:
+    grpc = pytest.importorskip("grpc")
+    from google.cloud.bigtable_v2.types import bigtable as bt
+
+    from tabletstore.bigtable_api.server import BigtableApiServer
+
+    await _alice_table(cluster)
+    ca.issue(cluster.certs, "frontdoor", role="function")
+    tokens = TokenStore(cluster.coordinator)
+    alice_token, bob_token = await tokens.create("alice"), await tokens.create("bob")
+    client = await cluster.client("frontdoor")
+    server = BigtableApiServer(client, tls=cluster.tls("frontdoor"), tokens=tokens)
+    port = await server.start()
+    channel = grpc.aio.secure_channel(
+        f"127.0.0.1:{port}",  # the certificate names 127.0.0.1 too
+        grpc.ssl_channel_credentials((cluster.certs / "ca.pem").read_bytes()),
+    )
+    read_rows = channel.unary_stream(
+        "/google.bigtable.v2.Bigtable/ReadRows",
+        request_serializer=bt.ReadRowsRequest.serialize,
+        response_deserializer=bt.ReadRowsResponse.deserialize,
+    )
+    request = bt.ReadRowsRequest(table_name="projects/p/instances/i/tables/secrets")
+
+    async def families(token: str | None) -> set[str]:
+        metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        found = set()
+        async for response in read_rows(request, metadata=metadata):
+            for chunk in response.chunks:
+                if chunk.family_name:
+                    found.add(chunk.family_name)
+        return found
+
+    try:
+        assert await families(alice_token) == {"p"}
+        assert await families(bob_token) == set()  # bob may not read alice's family
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await families(None)
+        assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        await tokens.revoke("alice")
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await families(alice_token)
+        assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    finally:
+        await channel.close()
+        await server.stop()
+        await client.close()
+
+
+@pytest.mark.parametrize("verb", ["worker", "master", "bigtable-api"])
+def test_the_cli_refuses_a_public_bind_without_tls(verb: str) -> None:
+    from click.testing import CliRunner
+
+    from tabletstore.cli.main import main
+
+    result = CliRunner().invoke(main, ["--url", "etcd://127.0.0.1:1/x", verb, "--host", "0.0.0.0"])
+    assert result.exit_code == 1
+    assert "without TLS" in result.output and "--insecure" in result.output
+
+
+def test_local_stack_with_tls_serves_over_mutual_tls_and_etcd_wants_a_certificate(
+    tmp_path: Path,
+) -> None:
+    """local-stack up --tls: etcd with client-cert auth, a master and a worker with their own
+    certificates; the client certificate it prints works, none does not."""
+    from tabletstore import connect
+    from tabletstore.cli import localstack
+
+    directory = tmp_path / "stack"
+    stack = localstack.up(directory, workers=1, store_url=(tmp_path / "objects").as_uri(), tls=True)
+    try:
+        assert stack.cluster_url is not None and "?ca=" in stack.cluster_url
+        db = connect(stack.cluster_url, tls=stack.tls("client"))
+        try:
+            table = db.create_table("t", ["f"])
+            table.mutate_row(b"r", [SetCell("f", b"c", b"over TLS")])
+            row = table.read_row(b"r")
+            assert row is not None and row.cells[0].value == b"over TLS"
+            assert db.describe_table("t").admins == ["client"]
+        finally:
+            db.close()
+        plain_etcd = stack.cluster_url.split("?", 1)[0]
+        with pytest.raises(TabletStoreError):
+            connect(plain_etcd, tls=stack.tls("client")).close()
+    finally:
+        localstack.down(directory)
