@@ -77,8 +77,14 @@ async def serve(
         server_credentials(tls)  # a bad file fails before the database opens
     client = await connect_async(url, tls=client_tls)
     try:
+        # Bearer tokens in front of a cluster only: the embedded default stays open (one user).
         coordinator = getattr(client, "coordinator", None)
-        tokens = TokenStore(coordinator) if tls is not None and coordinator is not None else None
+        cluster = url is not None and url.startswith("etcd://")
+        tokens = (
+            TokenStore(coordinator)
+            if tls is not None and cluster and coordinator is not None
+            else None
+        )
         server = BigtableApiServer(
             client, host=host, port=port, plain_instance=plain_instance, tls=tls, tokens=tokens
         )

@@ -405,7 +405,9 @@ async def test_the_front_door_wants_a_bearer_token_and_acts_for_its_principal(
     tokens = TokenStore(cluster.coordinator)
     alice_token, bob_token = await tokens.create("alice"), await tokens.create("bob")
     client = await cluster.client("frontdoor")
-    server = BigtableApiServer(client, tls=cluster.tls("frontdoor"), tokens=tokens)
+    server = BigtableApiServer(
+        client, tls=cluster.tls("frontdoor"), tokens=tokens, plain_instance="i"
+    )
     port = await server.start()
     channel = grpc.aio.secure_channel(
         f"127.0.0.1:{port}",  # the certificate names 127.0.0.1 too
