@@ -86,7 +86,7 @@ def test_sync_objects_list_the_async_method_names(sync_db: Any) -> None:
 def test_both_entry_points_exist_with_the_same_parameters() -> None:
     sync_params = inspect.signature(tabletstore.connect).parameters
     async_params = inspect.signature(tabletstore.connect_async).parameters
-    assert list(sync_params) == list(async_params) == ["url", "identity"]
+    assert list(sync_params) == list(async_params) == ["url", "identity", "tls", "token"]
     assert inspect.iscoroutinefunction(tabletstore.connect_async)
     assert not inspect.iscoroutinefunction(tabletstore.connect)
 

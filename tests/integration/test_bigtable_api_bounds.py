@@ -60,7 +60,7 @@ async def test_the_default_message_limit_is_the_request_limit(db: Database) -> N
 
 
 async def test_an_oversized_message_is_refused_and_a_normal_one_served(db: Database) -> None:
-    server = BigtableApiServer(db, max_message_bytes=_LIMIT)
+    server = BigtableApiServer(db, max_message_bytes=_LIMIT, plain_instance="i")
     await server.start()
     try:
         async with grpc.aio.insecure_channel(server.address) as channel:
