@@ -74,7 +74,15 @@ def browser(tmp_path: Path) -> Iterator[BrowserContext]:
 
 @pytest.fixture
 def cluster(etcd_url: str, s3_url: str, tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(url=etcd_url, store_url=s3_url, directory=tmp_path / "cluster", metrics=True)
+    # Leases of 10 s, not the harness's 3 s: this test is about the page, and a worker that
+    # misses its keep-alives on a loaded machine (a browser runs too) exits and fails it.
+    c = Cluster(
+        url=etcd_url,
+        store_url=s3_url,
+        directory=tmp_path / "cluster",
+        metrics=True,
+        lease_ttl=10.0,
+    )
     try:
         yield c
     finally:
