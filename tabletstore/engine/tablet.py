@@ -463,8 +463,12 @@ class Tablet:
         self._check_writable()
         self._check_row(row)
         validate_row_mutation(self._schema, row, mutations, identity)
-        async with self._row_lock(row):
+        rows = [row]  # _lock_rows, not _row_lock: no context-manager generator per write
+        await self._lock_rows(rows)
+        try:
             await self._apply_locked(row, mutations)
+        finally:
+            self._unlock_rows(rows)
 
     # REQUIRES: the row lock of ``row`` held.
     async def _apply_locked(self, row: bytes, mutations: Sequence[Mutation]) -> None:
