@@ -17,7 +17,8 @@ it), and drives each with google-cloud-bigtable's synchronous data client, one c
 * **scanned rows/s**: ``read_rows`` of the whole table (every row written above).
 
 Prints both columns side by side and tabletstore / emulator; the median of ``--runs`` runs,
-which alternate between the two servers (a loaded machine then weighs on both alike).
+which alternate between the two servers, each run starting with the other one (a loaded
+machine then weighs on both alike).
 Both servers run in their own process, so the client's process measures only the client.
 Below the rates, each server's CPU time per operation (user + system, read from ``/proc``
 around each phase): with one call in flight on a shared machine this is the steadier figure,
@@ -221,14 +222,15 @@ def main(argv: list[str] | None = None) -> int:
             for name, start in backends
             if args.only in (None, name)
         }
-        # Runs alternate between the servers, so a change in the machine's load meanwhile
-        # weighs on both columns alike.
-        for _ in range(args.runs):
-            for name, (address, pid) in addresses.items():
+        # Runs alternate between the servers, and which goes first alternates from run to
+        # run, so a change in the machine's load meanwhile weighs on both columns alike.
+        for run in range(args.runs):
+            order = list(addresses.items())
+            for name, (address, pid) in order[::-1] if run % 2 else order:
                 got = measure(address, args.ops, args.batch, args.batches, pid)
                 for figure, value in got.items():
                     columns.setdefault(name, {}).setdefault(figure, []).append(value)
-    names = list(columns)
+    names = [name for name, _ in backends if name in columns]
     print(
         f"{'':20}" + "".join(f"{n:>14}" for n in names) + ("      ratio" if len(names) == 2 else "")
     )

@@ -408,16 +408,21 @@ def _streaming_as_unary(
     response with no chunks, a MutateRows response with no entries), which clients skip."""
 
     async def handle(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        try:
-            last: Any = None
-            async for item in fn(request):
-                if last is not None:
-                    # A unary context has no serializer of its own: it writes bytes as given.
-                    await context.write(serialize(last))
-                last = item
-            return last if last is not None else _EMPTY_RESPONSE
-        except Exception as exc:  # every failure becomes a status; the server stays up
-            code, message = _abort_args(exc, method)
+        items = aiter(fn(request))
+        last: Any = None
+        while True:
+            try:
+                item = await anext(items)
+            except StopAsyncIteration:
+                return last if last is not None else _EMPTY_RESPONSE
+            except Exception as exc:  # every failure becomes a status; the server stays up
+                code, message = _abort_args(exc, method)
+                break
+            if last is not None:
+                # A unary context has no serializer of its own: it writes bytes as given. Its
+                # errors (the client went away) are gRPC's to handle, as for a streamed one.
+                await context.write(serialize(last))
+            last = item
         await context.abort(code, message)
 
     return handle
