@@ -17,8 +17,12 @@ it), and drives each with google-cloud-bigtable's synchronous data client, one c
 * **scanned rows/s**: ``read_rows`` of the whole table (every row written above).
 
 Prints both columns side by side and tabletstore / emulator; the median of ``--runs`` runs,
-which alternate between the two servers (a loaded machine then weighs on both alike).
+which alternate between the two servers, each run starting with the other one (a loaded
+machine then weighs on both alike).
 Both servers run in their own process, so the client's process measures only the client.
+Below the rates, each server's CPU time per operation (user + system, read from ``/proc``
+around each phase): with one call in flight on a shared machine this is the steadier figure,
+and the one the server can cut (the client's share is the same on both sides).
 """
 
 from __future__ import annotations
@@ -53,6 +57,13 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (all its threads)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _wait_listening(proc: subprocess.Popen[Any], port: int, what: str) -> None:
     deadline = time.monotonic() + 60
     while True:
@@ -66,7 +77,7 @@ def _wait_listening(proc: subprocess.Popen[Any], port: int, what: str) -> None:
 
 
 @contextlib.contextmanager
-def emulator() -> Iterator[str]:
+def emulator() -> Iterator[tuple[str, int]]:
     binary = str(EMULATOR) if EMULATOR.exists() else (shutil.which("cbtemulator") or "")
     if not binary:
         raise SystemExit("cbtemulator is not installed")
@@ -78,14 +89,14 @@ def emulator() -> Iterator[str]:
     )
     try:
         _wait_listening(proc, port, "cbtemulator")
-        yield f"127.0.0.1:{port}"
+        yield f"127.0.0.1:{port}", proc.pid
     finally:
         proc.terminate()
         proc.wait(timeout=30)
 
 
 @contextlib.contextmanager
-def front_door(url: str | None) -> Iterator[str]:
+def front_door(url: str | None) -> Iterator[tuple[str, int]]:
     with tempfile.TemporaryDirectory(prefix="bench-bigtable-api-") as tmp:
         port = _free_port()
         proc = subprocess.Popen(
@@ -107,20 +118,27 @@ def front_door(url: str | None) -> Iterator[str]:
         )
         try:
             _wait_listening(proc, port, "tabletstore bigtable-api")
-            yield f"127.0.0.1:{port}"
+            yield f"127.0.0.1:{port}", proc.pid
         finally:
             proc.terminate()
             proc.wait(timeout=60)
 
 
-def _rate(n: int, fn: Callable[[], None]) -> float:
+def _rate(n: int, fn: Callable[[], None], pid: int | None) -> tuple[float, float]:
+    """(operations per second, server CPU microseconds per operation; 0 without ``pid``)."""
+    cpu = _cpu_seconds(pid) if pid else 0.0
     start = time.perf_counter()
     fn()
-    return n / (time.perf_counter() - start)
+    elapsed = time.perf_counter() - start
+    used = _cpu_seconds(pid) - cpu if pid else 0.0
+    return n / elapsed, used * 1e6 / n
 
 
-def measure(address: str, ops: int, batch: int, batches: int) -> dict[str, float]:
-    """The four figures against the server at ``address``."""
+def measure(
+    address: str, ops: int, batch: int, batches: int, pid: int | None = None
+) -> dict[str, float]:
+    """The four figures against the server at ``address`` (process ``pid``), and for each
+    the server's CPU microseconds per operation (under ``"<figure> cpu"``)."""
     from google.cloud.bigtable import Client
     from google.cloud.bigtable.data import (
         BigtableDataClient,
@@ -167,10 +185,14 @@ def measure(address: str, ops: int, batch: int, batches: int) -> dict[str, float
             scanned = len(table.read_rows(ReadRowsQuery()))
 
         table.read_row(b"warm-up")  # the client's channel, and the server's first call
-        out[FIGURES[0]] = _rate(ops, singles)
-        out[FIGURES[1]] = _rate(batch * batches, batched)
-        out[FIGURES[2]] = _rate(ops, reads)
-        out[FIGURES[3]] = _rate(len(everything), scan)
+        phases = (
+            (ops, singles),
+            (batch * batches, batched),
+            (ops, reads),
+            (len(everything), scan),
+        )
+        for figure, (n, fn) in zip(FIGURES, phases, strict=True):
+            out[figure], out[f"{figure} cpu"] = _rate(n, fn, pid)
         if scanned != len(everything):
             raise AssertionError(f"scan returned {scanned} rows, expected {len(everything)}")
         return out
@@ -190,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", choices=("tabletstore", "emulator"), default=None)
     args = ap.parse_args(argv)
     columns: dict[str, dict[str, list[float]]] = {}
-    backends: list[tuple[str, Callable[[], contextlib.AbstractContextManager[str]]]] = [
+    backends: list[tuple[str, Callable[[], contextlib.AbstractContextManager[tuple[str, int]]]]] = [
         ("tabletstore", lambda: front_door(args.url)),
         ("emulator", emulator),
     ]
@@ -200,14 +222,15 @@ def main(argv: list[str] | None = None) -> int:
             for name, start in backends
             if args.only in (None, name)
         }
-        # Runs alternate between the servers, so a change in the machine's load meanwhile
-        # weighs on both columns alike.
-        for _ in range(args.runs):
-            for name, address in addresses.items():
-                got = measure(address, args.ops, args.batch, args.batches)
+        # Runs alternate between the servers, and which goes first alternates from run to
+        # run, so a change in the machine's load meanwhile weighs on both columns alike.
+        for run in range(args.runs):
+            order = list(addresses.items())
+            for name, (address, pid) in order[::-1] if run % 2 else order:
+                got = measure(address, args.ops, args.batch, args.batches, pid)
                 for figure, value in got.items():
                     columns.setdefault(name, {}).setdefault(figure, []).append(value)
-    names = list(columns)
+    names = [name for name, _ in backends if name in columns]
     print(
         f"{'':20}" + "".join(f"{n:>14}" for n in names) + ("      ratio" if len(names) == 2 else "")
     )
@@ -215,6 +238,13 @@ def main(argv: list[str] | None = None) -> int:
         values = [statistics.median(columns[n][figure]) for n in names]
         line = f"{figure:20}" + "".join(f"{v:>14,.0f}" for v in values)
         if len(values) == 2:
+            line += f"   {values[0] / values[1]:>8.2f}x"
+        print(line)
+    print("server CPU µs per operation")
+    for figure in FIGURES:
+        values = [statistics.median(columns[n][f"{figure} cpu"]) for n in names]
+        line = f"  {figure:18}" + "".join(f"{v:>14,.1f}" for v in values)
+        if len(values) == 2 and values[1]:
             line += f"   {values[0] / values[1]:>8.2f}x"
         print(line)
     return 0

@@ -46,7 +46,7 @@ from tabletstore.data.schema import (
     UnionRule,
 )
 from tabletstore.engine.tablet import Tablet, TabletCatalog
-from tabletstore.errors import InvalidArgument
+from tabletstore.errors import InvalidArgument, TabletStoreError
 from tabletstore.keys import TS_MAX, Cell
 from tabletstore.metadata.catalog import Catalog
 from tabletstore.metadata.record import LogRef, TabletRecord
@@ -122,6 +122,14 @@ class HarnessLog:
         if self.before_append is not None:
             await self.before_append(row, cells)
         await self.writer.append(table_id, row, cells)
+
+    async def append_many(
+        self, table_id: str, rows: Sequence[tuple[bytes, Sequence[Cell]]]
+    ) -> list[TabletStoreError | None]:
+        if self.before_append is not None:
+            for row, cells in rows:
+                await self.before_append(row, cells)
+        return await self.writer.append_many(table_id, rows)
 
 
 @dataclass

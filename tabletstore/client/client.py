@@ -634,13 +634,11 @@ class AsyncTable:
                 # No location within the deadline (or the table is gone): what is left fails.
                 batch.give_up(indexes, exc)
                 break
-            await asyncio.gather(
-                *(
-                    self._send(batch, rec, part)
-                    for rec, idx in groups
-                    for part in _by_size(entries, idx)
-                )
-            )
+            sends = [
+                self._send(batch, rec, part) for rec, idx in groups for part in _by_size(entries, idx)
+            ]
+            # One request (a single write, or a batch within one tablet): no task to spawn.
+            await (sends[0] if len(sends) == 1 else asyncio.gather(*sends))
             indexes = batch.take_retries()
             if indexes:
                 if loop.time() >= deadline:
@@ -661,12 +659,17 @@ class AsyncTable:
         # With refresh, each tablet's location is read again once, whatever the number of its
         # rows here (a failed read keeps the cached entry: LocationCache.locate).
         refreshed: list[TabletRecord] = []
+        last: TabletRecord | None = None
         for i in indexes:
             row = entries[i].row
-            again = refresh and not any(r.contains(row) for r in refreshed)
-            rec = await client._locate(info.table_id, row, refresh=again, deadline=deadline)
-            if again:
-                refreshed.append(rec)
+            if not refresh and last is not None and last.contains(row):
+                rec = last  # the row's neighbour's tablet (batches are often in key order)
+            else:
+                again = refresh and not any(r.contains(row) for r in refreshed)
+                rec = await client._locate(info.table_id, row, refresh=again, deadline=deadline)
+                if again:
+                    refreshed.append(rec)
+                last = rec
             groups.setdefault(rec.tablet_id, (rec, []))[1].append(i)
         return list(groups.values())
 

@@ -269,6 +269,49 @@ class CommitLogWriter:
         # Cancelling the caller does not withdraw the record; it may still become durable.
         await waiter
 
+    async def append_many(
+        self, table_id: str, rows: Sequence[tuple[bytes, Sequence[Cell]]]
+    ) -> list[TabletStoreError | None]:
+        """Log many row mutations at once: their records are queued together (so they share
+        segments) and each is acknowledged as :meth:`append` acknowledges one. Returns, per
+        row, None once its record is durable, or the error :meth:`append` would have raised
+        for it (InvalidArgument for cells that cannot be logged: that row only). Raises, with
+        nothing queued, what :meth:`append` raises before queueing."""
+        if self._failure is not None:
+            raise self._failure
+        if self._closing:
+            raise Closed(f"commit log {self._name()} is closing")
+        if self._flusher is None:
+            raise InvalidArgument("commit-log writer not started: use 'async with' or start()")
+        out: list[TabletStoreError | None] = [None] * len(rows)
+        loop = asyncio.get_running_loop()
+        waiters: list[tuple[int, asyncio.Future[None]]] = []
+        for i, (row, cells) in enumerate(rows):
+            try:
+                record = encode_record(table_id, row, cells)
+            except TabletStoreError as exc:
+                out[i] = exc
+                continue
+            waiter: asyncio.Future[None] = loop.create_future()
+            self._queued.append(record)
+            self._waiters.append(waiter)
+            self._queued_bytes += len(record)
+            waiters.append((i, waiter))
+        if not waiters:
+            return out
+        self.stats.appends += len(waiters)
+        self._wake.set()
+        if self._queued_bytes >= self._linger_bytes:
+            self._nudge.set()
+        # Segments are acknowledged in order, so once the first waiters are done the rest
+        # mostly are too. Cancelling the caller does not withdraw the records.
+        for i, waiter in waiters:
+            try:
+                await waiter
+            except TabletStoreError as exc:
+                out[i] = exc
+        return out
+
     def _name(self) -> str:
         return f"{self.store.url.rstrip('/')}/{self.worker_id}/{self.incarnation}"
 

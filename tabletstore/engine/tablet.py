@@ -215,6 +215,14 @@ class LogSink(Protocol):
         """Durably log one row mutation; returns only once it is durable."""
         ...
 
+    async def append_many(
+        self, table_id: str, rows: Sequence[tuple[bytes, Sequence[Cell]]]
+    ) -> list[TabletStoreError | None]:
+        """Durably log many row mutations in one go (they share segments); returns once each
+        is durable or has failed: per row, None (durable) or why it was not acknowledged. An
+        exception means none of them was logged."""
+        ...
+
 
 class TabletCatalog(Protocol):
     """Where tablet records are committed: the catalog (the root tablet's record in the
@@ -455,8 +463,12 @@ class Tablet:
         self._check_writable()
         self._check_row(row)
         validate_row_mutation(self._schema, row, mutations, identity)
-        async with self._row_lock(row):
+        rows = [row]  # _lock_rows, not _row_lock: no context-manager generator per write
+        await self._lock_rows(rows)
+        try:
             await self._apply_locked(row, mutations)
+        finally:
+            self._unlock_rows(rows)
 
     # REQUIRES: the row lock of ``row`` held.
     async def _apply_locked(self, row: bytes, mutations: Sequence[Mutation]) -> None:
@@ -477,6 +489,116 @@ class Tablet:
             self._state.memtable.add(cells)
         finally:
             del self._in_flight[first]
+            if not self._in_flight:
+                self._idle.set()
+        if self._state.memtable.approximate_size >= self._options.memtable_flush_bytes:
+            self._spawn(self._background_minor_compaction())
+
+    async def apply_many(
+        self, entries: Sequence[tuple[bytes, Sequence[Mutation]]], *, identity: str | None = None
+    ) -> list[TabletStoreError | None]:
+        """Apply many row mutations, each atomically on its own (§2, §3 batches), as one
+        commit-log append: the rows' records share segments, and each row is acknowledged (None
+        in its place of the result) only once its record is durable; an entry that failed has
+        its error there instead. Entries of the same row apply in their order (rising sequence
+        numbers). An exception means no entry was applied (nothing was logged)."""
+        out: list[TabletStoreError | None] = [None] * len(entries)
+        self._check_writable()
+        valid: list[int] = []
+        for i, (row, mutations) in enumerate(entries):
+            try:
+                self._check_row(row)
+                validate_row_mutation(self._schema, row, mutations, identity)
+            except TabletStoreError as exc:
+                out[i] = exc
+                continue
+            valid.append(i)
+        if not valid:
+            return out
+        # Sorted: two batches take their common rows' locks in the same order, so neither
+        # waits on the other in a cycle (single-row writers hold one lock only).
+        rows = sorted({entries[i][0] for i in valid})
+        await self._lock_rows(rows)
+        try:
+            await self._apply_many_locked(entries, valid, out)
+        finally:
+            self._unlock_rows(rows)
+        return out
+
+    async def _lock_rows(self, rows: list[bytes]) -> None:
+        """Take the row locks of ``rows`` (sorted, distinct), as :meth:`_row_lock` does for
+        one; all or none of them are held when this returns or raises."""
+        taken = 0
+        try:
+            for row in rows:
+                lock = self._row_locks.get(row)
+                if lock is None:
+                    lock = self._row_locks[row] = asyncio.Lock()
+                self._row_lock_users[row] = self._row_lock_users.get(row, 0) + 1
+                try:
+                    await lock.acquire()
+                except BaseException:
+                    self._drop_row_lock_user(row)
+                    raise
+                taken += 1
+        except BaseException:
+            self._unlock_rows(rows[:taken])
+            raise
+
+    def _unlock_rows(self, rows: list[bytes]) -> None:
+        for row in rows:
+            self._row_locks[row].release()
+            self._drop_row_lock_user(row)
+
+    def _drop_row_lock_user(self, row: bytes) -> None:
+        users = self._row_lock_users[row] - 1
+        if users:
+            self._row_lock_users[row] = users
+        else:
+            del self._row_lock_users[row]
+            del self._row_locks[row]
+
+    # REQUIRES: the row locks of every valid entry's row held.
+    async def _apply_many_locked(
+        self,
+        entries: Sequence[tuple[bytes, Sequence[Mutation]]],
+        valid: list[int],
+        out: list[TabletStoreError | None],
+    ) -> None:
+        while self._snapshot_gate is not None:  # as in _apply_locked
+            await self._snapshot_gate.wait()
+        # No await from this check to the in-flight entries (as in _apply_locked).
+        self._check_writable()
+        now = self._now_micros()
+        value_types = self._value_types()
+        logged: list[tuple[int, int, list[Cell]]] = []  # (entry, first seq, cells)
+        for i in valid:
+            row, mutations = entries[i]
+            first = self._log.allocate(len(mutations))
+            try:
+                cells = to_cells(row, mutations, first, now, value_types)
+            except TabletStoreError as exc:
+                out[i] = exc
+                continue
+            logged.append((i, first, cells))
+        if not logged:
+            return
+        for _, first, cells in logged:
+            self._in_flight[first] = len(cells)
+        self._idle.clear()
+        try:
+            results = await self._log.append_many(
+                self.record.table_id, [(entries[i][0], cells) for i, _, cells in logged]
+            )
+            memtable = self._state.memtable
+            for (i, _, cells), error in zip(logged, results, strict=True):
+                if error is None:
+                    memtable.add(cells)
+                else:
+                    out[i] = error
+        finally:
+            for _, first, _ in logged:
+                del self._in_flight[first]
             if not self._in_flight:
                 self._idle.set()
         if self._state.memtable.approximate_size >= self._options.memtable_flush_bytes:

@@ -83,6 +83,38 @@ class WorkerLog:
                 "it may have been applied"
             )
 
+    async def append_many(
+        self, table_id: str, rows: Sequence[tuple[bytes, Sequence[Cell]]]
+    ) -> list[TabletStoreError | None]:
+        """Log many row mutations (:meth:`CommitLogWriter.append_many`), with the fencing
+        rules of :meth:`append` applied to each row."""
+        if self._lease.expired or self._clock.monotonic() >= self._lease.safe_until():
+            raise Unavailable("this worker's lease is about to expire; not accepting writes")
+        writer = self._writer
+        results = await writer.append_many(table_id, rows)
+        failed = False
+        for i, error in enumerate(results):
+            if error is None:
+                continue
+            failed = True
+            if isinstance(error, Fenced):
+                fenced = Unavailable(
+                    f"the commit log was fenced before this write was logged ({error}); "
+                    "it was not applied, retry"
+                )
+                fenced.__cause__ = error
+                results[i] = fenced
+        if failed and writer.failed is not None and writer is self._writer and self.on_failure:
+            self.on_failure()
+        if self._lease.expired:
+            for i, error in enumerate(results):
+                if error is None:
+                    results[i] = Indeterminate(
+                        "this worker's lease expired while the write was being logged; "
+                        "it may have been applied"
+                    )
+        return results
+
     async def replay_own(self, record: TabletRecord) -> AsyncIterator[Cell]:
         """The tablet's cells past its redo point in this worker's *current* log: a tablet it
         served before in this incarnation and now loads again (an unload whose flush failed

@@ -761,11 +761,18 @@ class TabletServer:
             return None
 
         if len(req.entries) == 1:
-            results = [await one(0)]
-        else:
-            # Concurrent applies share commit-log PUTs (group commit).
-            results = await asyncio.gather(*(one(i) for i in range(len(req.entries))))
-        return MutateRowsResponse(tuple(e for e in results if e is not None))
+            error = await one(0)
+            return MutateRowsResponse(() if error is None else (error,))
+        # One commit-log append for the whole batch (its records share segments).
+        try:
+            errors = await tablet.apply_many(
+                [(e.row, e.mutations) for e in req.entries], identity=req.identity
+            )
+        except TabletStoreError as exc:  # nothing was applied
+            errors = [exc] * len(req.entries)
+        return MutateRowsResponse(
+            tuple(EntryError.of(i, e) for i, e in enumerate(errors) if e is not None)
+        )
 
     async def read_rows(
         self, req: ReadRowsRequest

@@ -496,6 +496,41 @@ def test_unimplemented_and_malformed_requests_never_break_the_server(emulator_ho
         )
 
 
+def test_a_scan_the_client_abandons_mid_stream_is_no_server_error(
+    admin: Client,
+    data_client: BigtableDataClient,
+    emulator_host: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """ReadRows is served by a unary handler that writes each response (server.py): a client
+    that stops reading and cancels is gRPC's business, not an error the front door logs, and
+    the next calls are served as usual."""
+    from google.cloud.bigtable_v2.types import bigtable as bt
+
+    legacy = new_table(admin)
+    table = data_client.get_table(INSTANCE, legacy.table_id)
+    table.bulk_mutate_rows(
+        [RowMutationEntry(b"k%04d" % i, [SetCell("cf", b"q", b"x" * 2000)]) for i in range(300)]
+    )
+    request = bt.ReadRowsRequest.pb()(table_name=legacy.name).SerializeToString()
+    with grpc.insecure_channel(emulator_host) as channel:
+        read = channel.unary_stream("/google.bigtable.v2.Bigtable/ReadRows")
+        for _ in range(3):
+            stream = read(request, timeout=30)
+            first = bt.ReadRowsResponse.pb().FromString(next(stream))
+            assert first.chunks[0].row_key == b"k0000"
+            stream.cancel()
+        # An empty result is one empty response; then the stream ends OK.
+        empty = bt.ReadRowsRequest.pb()(table_name=legacy.name)
+        empty.rows.row_keys.append(b"missing")
+        assert [
+            bt.ReadRowsResponse.pb().FromString(r)
+            for r in read(empty.SerializeToString(), timeout=30)
+        ] == [bt.ReadRowsResponse.pb()()]
+    assert len(table.read_rows(ReadRowsQuery())) == 300
+    assert not [r for r in caplog.records if "unexpectedly" in r.getMessage()]
+
+
 async def test_read_rows_resumes_after_a_broken_stream(monkeypatch: pytest.MonkeyPatch) -> None:
     """The client retries an UNAVAILABLE stream from after the last row it got; every row
     arrives once, in order."""

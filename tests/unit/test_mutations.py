@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from tabletstore.data import validation as mutations
 from tabletstore.data.model import (
+    MAX_QUALIFIER,
     MAX_ROW_KEY,
+    MAX_VALUE,
     AppendValue,
     DeleteCells,
     DeleteFamily,
@@ -135,3 +139,50 @@ def test_increment_and_append() -> None:
             apply_rmw_rule(IncrementValue("f", b"q", 1), bad)
     assert apply_rmw_rule(AppendValue("f", b"q", b"yz"), None) == b"yz"
     assert apply_rmw_rule(AppendValue("f", b"q", b"yz"), b"x") == b"xyz"
+
+
+_AGG_SCHEMA = SCHEMA.model_copy(
+    update={"families": {**SCHEMA.families, "sums": ColumnFamily(name="sums", value_type="sum")}}
+)
+
+
+@pytest.mark.parametrize(
+    ("row", "muts", "identity", "error", "match"),
+    [
+        (b"r", [SetCell("open", b"q", b"v", 1000)], None, None, ""),
+        (b"r", [SetCell("private", b"q", b"v")], "alice", None, ""),
+        (bytearray(b"r"), [SetCell("open", b"q", b"v")], None, None, ""),
+        (b"", [SetCell("open", b"q", b"v")], None, InvalidArgument, "empty"),
+        (b"r", [], None, InvalidArgument, "no mutations"),
+        (b"r", [SetCell("nope", b"q", b"v")], None, NotFound, "no column family"),
+        (b"r", [SetCell("private", b"q", b"v")], "bob", PermissionDenied, "may not write"),
+        (b"r", [SetCell("sums", b"q", b"v")], None, InvalidArgument, "aggregate family"),
+        (b"r", [SetCell("open", b"q" * (MAX_QUALIFIER + 1), b"")], None, InvalidArgument, "64"),
+        (b"r", [SetCell("open", "q", b"v")], None, InvalidArgument, "qualifier must be bytes"),  # type: ignore[arg-type]
+        (b"r", [SetCell("open", b"q", "v")], None, InvalidArgument, "value must be bytes"),  # type: ignore[arg-type]
+        (b"r", [SetCell("open", b"q", b"v", -1)], None, InvalidArgument, "outside"),
+        (b"r", [SetCell("open", b"q", b"v", TS_MAX)], None, InvalidArgument, "outside"),
+        (
+            b"r",
+            [SetCell("open", b"q", b"x" * (MAX_VALUE // 2))] * 3,
+            None,
+            InvalidArgument,
+            "split it",
+        ),
+        (b"r", [SetCell("open", b"q", b"v"), DeleteRow()], "alice", None, ""),
+    ],
+)
+def test_the_set_cell_fast_path_refuses_what_the_full_checks_refuse(
+    row: bytes,
+    muts: list[Any],
+    identity: str | None,
+    error: type[Exception] | None,
+    match: str,
+) -> None:
+    """validate_row_mutation takes a shortcut for plain SetCells; every way such a mutation
+    can be wrong still gets the full path's error."""
+    if error is None:
+        validate_row_mutation(_AGG_SCHEMA, row, muts, identity)
+    else:
+        with pytest.raises(error, match=match):
+            validate_row_mutation(_AGG_SCHEMA, row, muts, identity)
