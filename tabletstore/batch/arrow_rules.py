@@ -131,8 +131,9 @@ def visible_table(
     gc_rules: Mapping[str, GcRule | None],
     now_micros: int,
 ) -> pa.Table | None:
-    """The entries of ``merged`` a read at ``cut_seq`` sees (module docstring), or None when
-    it holds aggregate parts (the per-cell path folds them)."""
+    """The entries of ``merged`` a read at ``cut_seq`` sees (module docstring; columns row,
+    family, qualifier, ts, value), or None when it holds aggregate parts (the per-cell path
+    folds them)."""
     kind = _np(merged.column("kind"))
     if len(kind) and (kind.min() < _PUT or kind.max() > _DELETE_ROW):
         return None
@@ -143,7 +144,7 @@ def visible_table(
         kind, seq = kind[after], seq[after]
     n = merged.num_rows
     if not n:
-        return merged
+        return merged.select(["row", "family", "qualifier", "ts", "value"])
     rows, fam, qual = merged.column(0), merged.column(1), merged.column(2)
     ts = _np(merged.column(3))
     new_row = _changes(rows)
@@ -192,7 +193,9 @@ def visible_table(
             continue
         mine = live & _np(pc.equal(fam, pa.scalar(name, pa.string())))
         garbage[mine] = _is_garbage(rule, index[mine], ts[mine], now_micros)
-    return merged.filter(pa.array(live & ~garbage))
+    return merged.select(["row", "family", "qualifier", "ts", "value"]).filter(
+        pa.array(live & ~garbage)
+    )
 
 
 def _is_garbage(rule: GcRule, index: np.ndarray, ts: np.ndarray, now: int) -> np.ndarray:

@@ -407,7 +407,9 @@ async def _arrow_cells(
         if pc.all(_not_repeated(merged, 4)).as_py():
             return merged
     merged = await _merged(ordered, disjoint, start, end, simple=False)
-    return visible_table(merged, cut_seq, gc_rules, now_micros)
+    # On a thread: Arrow's and numpy's kernels release the GIL, so splits read concurrently
+    # apply their rules side by side.
+    return await asyncio.to_thread(visible_table, merged, cut_seq, gc_rules, now_micros)
 
 
 async def _merged(
@@ -425,10 +427,16 @@ async def _merged(
     if not parts:
         return SCHEMA.empty_table().select(columns)
     merged = pa.concat_tables(parts)
-    if not disjoint:
-        merged = merged.sort_by(_SORT)
-        merged = merged.filter(_not_repeated(merged, 5))  # the same entry seen twice
-    return merged
+    if disjoint:
+        return merged
+    return await asyncio.to_thread(_sorted_once, merged)
+
+
+def _sorted_once(merged: pa.Table) -> pa.Table:
+    """``merged`` in the engine's order, each entry once (the same entry can be in two
+    SSTables)."""
+    merged = merged.sort_by(_SORT)
+    return merged.filter(_not_repeated(merged, 5))
 
 
 #: The columns the Arrow path decodes (key columns first: ``_not_repeated`` counts on it).
