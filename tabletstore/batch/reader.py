@@ -349,7 +349,11 @@ async def aread_split(
             )
             if fast is not None:
                 selected = _select(fast, families, exact, whole, start_ts, end_ts)
-                selected = filter_table(selected, filter)
+                try:
+                    selected = filter_table(selected, filter)
+                except pa.ArrowInvalid:
+                    fast = None  # a regex Arrow's RE2 build refuses: the engine's RE2 decides
+            if fast is not None:
                 if shape == "wide":
                     selected = _wide(selected, list(columns or ()))
                 for b in selected.to_batches(max_chunksize=batch_rows):
