@@ -25,16 +25,19 @@ qualifier, newest timestamp first::
 split has the same schema), a ``binary`` column named ``family:qualifier`` holding the newest
 visible value (null when the row has none).
 
-The Arrow path. The per-cell rules drop a cell only for a deletion entry, a seq past the
-cut, an older rewrite of the same version, or a GC rule. When a split has none of them — its
-SSTables' footers count no deletion entries and their largest seq is at most the cut, the
-families read have no GC rule, no filter is asked for, and no two cells of the merge share
-(row, family, qualifier, timestamp) (checked column-wise; identical entries seen twice are
-one, as in the merge) — the rules keep every cell, and the split is read as Arrow columns end
-to end (``SSTable.read_arrow``: one ranged GET and one decode per SSTable, only the columns
-used; merged, checked, projected and, for the wide shape, pivoted with Arrow compute) with no
-Python object per cell. Otherwise, or when the check fails, the split takes the per-cell engine path.
-Both paths give the same batches (tests/batch/test_snapshots.py compares them).
+The Arrow path. A split is read as Arrow columns end to end, with no Python object per cell:
+each SSTable with one ranged GET and one decode (``SSTable.read_arrow``, only the columns
+used), merged (concatenated when their row ranges are disjoint, else sorted), then the
+engine's rules applied column-wise (:mod:`tabletstore.batch.arrow_rules`: deletions of every
+scope, rewrites of a version, the cut, per-family GC rules), projected, filtered and, for the
+wide shape, pivoted with Arrow compute. When the footers vouch that the rules keep every cell
+(no deletion entries, largest seq within the cut, no GC rule on the families read, and no
+version rewritten, checked column-wise) the kind and seq columns are not even decoded. The
+per-cell engine path (``amerge_batches`` + ``avisible_batches`` + ``apply_filter``) is taken
+only for a split holding aggregate parts and for filters ``arrow_rules.vectorisable`` refuses
+(``Interleave``, ``Condition``, ``Sink``, ``ApplyLabel``, ``RowSample``, non-ASCII regex
+patterns). Both paths give the same batches (tests/batch/test_arrow_rules.py: a randomized
+differential test against the per-cell path and the client's read_rows).
 
 Projection and selection, applied as a read of the table applies them: ``columns`` (families
 ``"f"`` or columns ``"f:q"``), ``row_range`` (a :class:`~tabletstore.data.query.RowRange`),
@@ -55,6 +58,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tabletstore.batch.arrow_rules import filter_table, vectorisable, visible_table
 from tabletstore.clock import micros
 from tabletstore.data.filters import RowFilter, apply_filter
 from tabletstore.data.model import Cell as ApiCell
@@ -339,10 +343,17 @@ async def aread_split(
             for ref in refs
         ]
         gc_rules = {name: fam.gc_rule for name, fam in schema.families.items()}
-        if arrow_path and filter is None:
-            fast = await _arrow_cells(tables, tablet.cut_seq, families, gc_rules, start, end)
+        if arrow_path and vectorisable(filter):
+            fast = await _arrow_cells(
+                tables, tablet.cut_seq, families, gc_rules, split.now_micros, start, end
+            )
             if fast is not None:
                 selected = _select(fast, families, exact, whole, start_ts, end_ts)
+                try:
+                    selected = filter_table(selected, filter)
+                except pa.ArrowInvalid:
+                    fast = None  # a regex Arrow's RE2 build refuses: the engine's RE2 decides
+            if fast is not None:
                 if shape == "wide":
                     selected = _wide(selected, list(columns or ()))
                 for b in selected.to_batches(max_chunksize=batch_rows):
@@ -380,35 +391,56 @@ async def _arrow_cells(
     cut_seq: int,
     families: set[str],
     gc_rules: dict[str, Any],
+    now_micros: int,
     start: bytes,
     end: bytes | None,
 ) -> pa.Table | None:
-    """The merged cells of ``tables`` in ``[start, end)`` as one sorted Arrow table when the
-    visibility rules would keep every one of them (module docstring); None otherwise."""
-    if any(gc_rules.get(f) is not None for f in families):
-        return None
-    for t in tables:
-        if t.footer.kind_counts[0] != t.cells or t.max_seq > cut_seq:
-            return None
+    """The visible cells of ``tables`` in ``[start, end)`` as one sorted Arrow table
+    (module docstring), or None when the split holds aggregate parts."""
     # SSTables whose row ranges do not overlap merge by concatenation in row order (the
     # usual case for flushes of sequential writes); others are sorted together, by seq too.
-    # The footers vouch for kind (no deletions) and seq (within the cut): neither column is
-    # decoded, nor seq when nothing is sorted.
     ordered = sorted(tables, key=lambda t: t.first_row)
     disjoint = all(a.last_row < b.first_row for a, b in itertools.pairwise(ordered))
-    columns = _DISJOINT_COLUMNS if disjoint else _SORTED_COLUMNS
+    if all(gc_rules.get(f) is None for f in families) and all(
+        t.footer.kind_counts[0] == t.cells and t.max_seq <= cut_seq for t in tables
+    ):
+        # The footers vouch for kind (no deletions) and seq (within the cut): neither column
+        # is decoded, nor seq when nothing is sorted; then the rules keep every cell unless
+        # a version was rewritten.
+        merged = await _merged(ordered, disjoint, start, end, simple=True)
+        if pc.all(_not_repeated(merged, 4)).as_py():
+            return merged
+    merged = await _merged(ordered, disjoint, start, end, simple=False)
+    # On a thread: Arrow's and numpy's kernels release the GIL, so splits read concurrently
+    # apply their rules side by side.
+    return await asyncio.to_thread(visible_table, merged, cut_seq, gc_rules, now_micros)
+
+
+async def _merged(
+    ordered: Sequence[SSTable], disjoint: bool, start: bytes, end: bytes | None, *, simple: bool
+) -> pa.Table:
+    """The SSTables' entries in ``[start, end)`` merged in the engine's order, each entry
+    once; ``simple``: without the kind column (nor seq when ``disjoint``)."""
+    if simple:
+        columns: tuple[str, ...] = _DISJOINT_COLUMNS if disjoint else _SORTED_COLUMNS
+    else:
+        columns = tuple(SCHEMA.names)
     parts = [
         part for part in [await t.read_arrow(start, end, columns) for t in ordered] if part.num_rows
     ]
     if not parts:
         return SCHEMA.empty_table().select(columns)
     merged = pa.concat_tables(parts)
-    if not disjoint:
-        merged = merged.sort_by(_SORT)
-        merged = merged.filter(_not_repeated(merged, 5))  # the same entry seen twice
-    if not pc.all(_not_repeated(merged, 4)).as_py():
-        return None  # a rewrite of a version: the per-cell rules decide
-    return merged
+    if disjoint:
+        return merged
+    return await asyncio.to_thread(_sorted_once, merged)
+
+
+def _sorted_once(merged: pa.Table) -> pa.Table:
+    """``merged`` in the engine's order, each entry once (the same entry can be in two
+    SSTables)."""
+    merged = merged.sort_by(_SORT)
+    return merged.filter(_not_repeated(merged, 5))
 
 
 #: The columns the Arrow path decodes (key columns first: ``_not_repeated`` counts on it).

@@ -255,6 +255,9 @@ _PLAIN_HEADER = re.compile(
 
 
 def _zigzag(data: bytes) -> int:
+    if len(data) == 1:
+        b = data[0]
+        return (b >> 1) ^ -(b & 1)
     raw = 0
     for shift, b in enumerate(data):
         raw |= (b & 0x7F) << (7 * shift)
@@ -449,9 +452,21 @@ def chunk_pages(
     pages = []
     pos = start
     left = cells
+    plain = _PLAIN_HEADER.match
     while pos < end:
-        header = read_page_header(data, pos)
         want = min(page_cells, left)
+        # The headers pyarrow writes take the regex fast path (a writer reads back every
+        # page header of every column: no object per page here).
+        m = plain(data, pos)  # type: ignore[call-overload]
+        if m is not None:
+            type_, uncompressed, compressed, values = map(_zigzag, m.groups())
+            if type_ == _DATA_PAGE and values == want:
+                body = m.end()
+                pages.append((body, compressed, uncompressed))
+                pos = body + compressed
+                left -= want
+                continue
+        header = read_page_header(data, pos)
         if (header.page_type, header.encoding, header.num_values) != (_DATA_PAGE, _PLAIN, want):
             raise ValueError(
                 f"page at {pos} is type {header.page_type}, encoding {header.encoding}, "

@@ -153,12 +153,16 @@ def write_sstable_table(
     block_size: int = DEFAULT_BLOCK_SIZE,
     locality_group: str = "default",
     bloom_bits_per_key: int = DEFAULT_BITS_PER_KEY,
+    format_version: int = FORMAT_VERSION,
 ) -> tuple[bytes, SSTableInfo]:
     """:func:`write_sstable` for cells already in Arrow columns (the SSTable schema, sorted):
     the same bytes, with the checks done column-wise and no Python object per cell (bulk
     load, §8). InvalidArgument for a table that does not fit the schema, a null, an unknown
     kind or unsorted cells. ``bloom_bits_per_key=0`` writes a row filter that matches every
-    row (no hashing: for staging files that are read whole, never looked up by row)."""
+    row (no hashing: for staging files that are read whole, never looked up by row);
+    ``format_version=1`` writes no page index (staging files are read whole: their blocks
+    need no pages)."""
+    _check_version(format_version)
     if compression not in COMPRESSIONS:
         raise InvalidArgument(
             f"compression must be one of {sorted(COMPRESSIONS)}, got {compression!r}"
@@ -176,7 +180,7 @@ def write_sstable_table(
         raise InvalidArgument(f"SSTable columns may hold no nulls: {nulls} do")
     if not 0 <= bloom_bits_per_key <= 64:
         raise InvalidArgument(f"bloom_bits_per_key must be 0..64, got {bloom_bits_per_key}")
-    builder = _Builder(compression, block_size, locality_group, None, False, FORMAT_VERSION)
+    builder = _Builder(compression, block_size, locality_group, None, False, format_version)
     if table.num_rows:
         builder.add_table(table.combine_chunks())
     return builder.finish(bloom_bits_per_key)

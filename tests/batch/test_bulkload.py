@@ -20,6 +20,7 @@ from tabletstore.errors import InvalidArgument
 from tabletstore.master.bulk_load import DONE, LOADING, LoadRecord
 from tabletstore.metadata.record import TabletRecord
 from tabletstore.rpc import messages as m
+from tabletstore.sstable.format import FORMAT_VERSION, parse_tail
 from tests.batch.conftest import cells_of, fill
 
 
@@ -257,5 +258,35 @@ async def test_a_damaged_bulk_load_file_loads_nothing(tmp_path: Path) -> None:
         with pytest.raises(InvalidArgument, match="crc32c"):
             await db.bulk_load("web", f"file://{out}")
         assert _loaded_cells(await db.master.catalog.list_tablets(table_id)) == 0
+    finally:
+        await db.close()
+
+
+async def test_staging_files_are_format_1_and_loaded_sstables_the_tables_format(
+    tmp_path: Path,
+) -> None:
+    """A job's staging files skip format 2's pages (read whole, never looked up by page),
+    but what a tablet adds is in the table's own format, with its page index."""
+    db = await Database.open(f"file://{tmp_path}/db")
+    try:
+        table_id = await _empty_web(db)
+        out = tmp_path / "out"
+        (key,) = await awrite_sstables(_data(10, 110), f"file://{out}")
+        blob = (out / key).read_bytes()
+        assert parse_tail(blob, len(blob)).footer.format_version == 1
+        await db.bulk_load("web", f"file://{out}")
+        refs = [
+            ref
+            for rec in await db.master.catalog.list_tablets(table_id)
+            for group in rec.sstables.values()
+            for ref in group
+        ]
+        assert len(refs) == 3
+        for ref in refs:
+            data = await db.store.get(ref.key)
+            assert data is not None
+            footer = parse_tail(data, len(data)).footer
+            assert footer.format_version == FORMAT_VERSION
+            assert footer.pages is not None
     finally:
         await db.close()
