@@ -189,6 +189,14 @@ class MasterOptions:
     #: Times the master runs one sort task before leaving it to the tablets' owners (who then
     #: read its segments directly): a task failing this often is damaged, not unlucky.
     sort_attempts: int = 3
+    #: Seconds between two probes of every worker's RPC address (§5.2; master/failure_detector):
+    #: a worker whose address refuses connections ``probe_refusals`` times in a row is dead,
+    #: and its lease is revoked so its tablets are recovered without waiting for the TTL.
+    #: None turns the probes off (a network whose firewalls refuse the master's connections
+    #: while clients still reach the workers).
+    probe_interval: float | None = 0.5
+    #: Refused probes in a row that prove a worker dead (a timeout never counts).
+    probe_refusals: int = 2
     #: Seconds between two major compactions of every tablet (§5.4: deleted data is gone
     #: within a bounded time); None turns the cycle off.
     major_compaction_period: float | None = 86400.0
