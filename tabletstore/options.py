@@ -128,6 +128,14 @@ class WorkerOptions:
     #: sorter (each tablet then reads only its runs), shorter bounds how long a dead sorter
     #: holds recovery back (its few MB are then read by every tablet waiting on it).
     sort_wait: float = 10.0
+    #: Seconds between two checks of how far back each tablet's log position lies (§5.3,
+    #: §5.4): a tablet whose position is ``log_trim_segments`` or more segments behind the log's
+    #: end, or that still lists an older log, is minor-compacted (or, with nothing in memory,
+    #: its record moved to the log's end), so a crash leaves a short log tail to sort and
+    #: replay. None: only the memtable's size triggers minor compactions.
+    log_trim_interval: float | None = 5.0
+    #: How far (segments) a tablet's log position may lag before it is trimmed.
+    log_trim_segments: int = 64
 
 
 @dataclass(frozen=True, slots=True)

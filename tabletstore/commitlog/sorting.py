@@ -149,13 +149,16 @@ async def plan_sort(
     *,
     task_bytes: int = DEFAULT_TASK_BYTES,
     task_segments: int = MAX_TASK_SEGMENTS,
+    start_segment: int = 0,
 ) -> SortPlan:
     """Fence the log, cut it into tasks and create its plan (or return the existing plan).
 
     ``tablets``: the ranges to partition the records by, best those of every tablet whose
     record lists the log (records of other rows go to catch-all runs). Tasks hold at most
     ``task_bytes`` (a single larger segment aside) and ``task_segments`` segments. Corruption
-    if a segment is missing below the log's first fence (outside the in-flight window)."""
+    if a segment is missing below the log's first fence (outside the in-flight window).
+    ``start_segment``: the lowest log position (§5.3) of the tablets listing the log; the
+    segments below it hold none of their writes past their redo points and are not sorted."""
     if task_bytes < 1 or task_segments < 1:
         raise InvalidArgument(
             f"task_bytes and task_segments must be >= 1, got {task_bytes}, {task_segments}"
@@ -178,8 +181,9 @@ async def plan_sort(
             f"first fence {first_fence}; acknowledged writes may have been in them"
         )
     tasks: list[SortTask] = []
-    first, size = 0, 0
-    for n in range(first_fence):
+    first = min(max(start_segment, 0), first_fence)
+    size = 0
+    for n in range(first, first_fence):
         size += sizes[n]
         if size >= task_bytes or n + 1 - first >= task_segments:
             tasks.append(SortTask(first, n + 1, size))

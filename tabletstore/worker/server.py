@@ -236,6 +236,28 @@ class TabletServer:
             self._writer, LogRef(self.worker_id, incarnation), self._lease, self._clock
         )
         self._log.on_failure = self._log_failed
+        if self._options.log_trim_interval is not None:
+            self._spawn(self._compactions, self._trim_logs(self._options.log_trim_interval))
+
+    async def _trim_logs(self, interval: float) -> None:
+        """Keep the tablets' log positions recent (``WorkerOptions.log_trim_interval``;
+        ``Tablet.trim_logs``): after a crash the master sorts only the segments from the
+        lowest position of the dead worker's tablets on (§5.3), so the log tail a recovery
+        reads stays short even for tablets too idle to fill a memtable."""
+        while True:
+            await asyncio.sleep(interval)
+            if self._log is None:
+                continue
+            ref, mark = self._log.log_ref, self._log.segment_mark()
+            lag = self._options.log_trim_segments
+            for key, tablet in list(self._tablets.items()):
+                record = tablet.record
+                if record.logs == (ref,) and mark - record.log_start(ref) < lag:
+                    continue
+                try:
+                    await tablet.trim_logs()
+                except TabletStoreError as exc:  # optional work: the next round tries again
+                    log.info("moving the log position of %s/%s: %s", *key, exc)
 
     async def stop(self, *, flush: bool = True) -> None:
         """Stop serving: minor-compact every tablet (so nothing needs replay), release claims.
@@ -500,7 +522,8 @@ class TabletServer:
 
     async def _direct_replay(self, ref: LogRef, record: TabletRecord) -> AsyncIterator[Cell]:
         """A log nobody sorted, read whole once for every tablet recovered from it here."""
-        for cell in tablet_cells(await self._dead_logs.records(ref), record):
+        records = await self._dead_logs.records(ref, record.log_start(ref))
+        for cell in tablet_cells(records, record):
             yield cell
 
     async def unload_tablet(self, req: UnloadTabletRequest) -> None:
