@@ -249,7 +249,12 @@ async def _lead(
             tasks.create_task(every(balancing)),
         ]
         if detector is not None:
-            detector.on_revoked = lambda _: woken.set()
+
+            def revoked(worker: str) -> None:
+                master.worker_gone(worker)
+                woken.set()
+
+            detector.on_revoked = revoked
             loops.append(tasks.create_task(detector.run()))
         ends = [tasks.create_task(stop.wait()), tasks.create_task(lease.wait_expired())]
         await asyncio.wait(ends, return_when=asyncio.FIRST_COMPLETED)
