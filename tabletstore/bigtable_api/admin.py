@@ -153,7 +153,9 @@ class TableAdmin:
             plan.append((kind, fid, rule, value_type))
         for kind, fid, rule, value_type in plan:
             if kind == "create":
-                await self._client.create_family(stored, fid, gc_rule=rule, value_type=value_type)
+                await self._client.create_family(
+                    stored, fid, gc_rule=rule, value_type=value_type
+                )
             elif kind == "update":
                 await self._client.set_gc_rule(stored, fid, rule)
             else:

@@ -466,7 +466,8 @@ def addtocell_cmd(table: str, row: str, cells: tuple[str, ...]) -> None:
         schema = db.describe_table(table)
         types = {n: f.value_type for n, f in schema.families.items()}
         muts = [
-            cbt.parse_add_arg(c, types.get(c.partition(":")[0].partition("=")[0])) for c in cells
+            cbt.parse_add_arg(c, types.get(c.partition(":")[0].partition("=")[0]))
+            for c in cells
         ]
         db.table(table).mutate_row(cbt.arg_bytes(row), muts)
 

@@ -209,7 +209,8 @@ async def _lead(
     interval: float,
     detector: FailureDetector | None = None,
 ) -> None:
-    """The leading master's three loops (and the ``detector``'s probes of the workers), each at its own pace, so that neither a garbage
+    """The leading master's three loops (and the ``detector``'s probes of the workers), each
+    at its own pace, so that neither a garbage
     collection nor a balancing move (each may wait out a METADATA deadline while a worker is
     dead) ever delays the assignment rounds that recover that worker's tablets (§5.2). Returns
     when ``stop`` is set; raises Fenced when the lease is lost."""
@@ -225,7 +226,9 @@ async def _lead(
     async def balancing() -> None:
         await master.balancer.run_round()
 
-    async def every(step: Callable[[], Awaitable[None]], wake: asyncio.Event | None = None) -> None:
+    async def every(
+        step: Callable[[], Awaitable[None]], wake: asyncio.Event | None = None
+    ) -> None:
         while True:
             await step()
             if wake is None:

@@ -850,16 +850,7 @@ async def test_gc_deletes_only_garbage(
         assert len(sstables()) >= 8
         gc = await asyncio.to_thread(
             subprocess.run,
-            [
-                sys.executable,
-                "-m",
-                "tabletstore.cli.main",
-                "--url",
-                cluster.url,
-                "gc",
-                "--grace",
-                "0",
-            ],
+            [sys.executable, "-m", "tabletstore.cli.main", "--url", cluster.url, "gc", "--grace", "0"],
             capture_output=True,
             text=True,
             timeout=120,

@@ -152,9 +152,7 @@ def see_the_cluster(page: Page, leader: str, standby: str, workers: int) -> None
     expect(rows).to_have_count(workers, timeout=SEEN)
     for i in range(workers):  # each worker answered the master's scrape and has a lease
         expect(rows.nth(i)).to_contain_text("serving", timeout=SEEN)
-        expect(rows.nth(i).locator("td").nth(2)).to_have_text(
-            re.compile(r"^\d+\.\d s$"), timeout=SEEN
-        )
+        expect(rows.nth(i).locator("td").nth(2)).to_have_text(re.compile(r"^\d+\.\d s$"), timeout=SEEN)
 
 
 def see_the_table(page: Page) -> None:

@@ -38,9 +38,7 @@ from tabletstore.ops.views import cluster_view, page_urls, publish_page, worker_
 pytestmark = pytest.mark.timeout(60)
 
 
-def totals(
-    requests: int, *, errors: int = 0, s3: int = 0, fast: int | None = None
-) -> RequestTotals:
+def totals(requests: int, *, errors: int = 0, s3: int = 0, fast: int | None = None) -> RequestTotals:
     """``requests`` of which ``fast`` took at most 1 ms and the rest 10..25 ms."""
     fast = requests if fast is None else fast
     buckets = [fast if b <= 0.001 else (fast if b < 0.025 else requests) for b in LATENCY_BUCKETS]
