@@ -210,9 +210,9 @@ async def _lead(
     detector: FailureDetector | None = None,
 ) -> None:
     """The leading master's three loops (and the ``detector``'s probes of the workers), each
-    at its own pace, so that neither a garbage
-    collection nor a balancing move (each may wait out a METADATA deadline while a worker is
-    dead) ever delays the assignment rounds that recover that worker's tablets (§5.2). Returns
+    at its own pace, so that neither a garbage collection nor a balancing move (each may wait
+    out a METADATA deadline while a worker is dead) ever delays the assignment rounds that
+    recover that worker's tablets (§5.2). Returns
     when ``stop`` is set; raises Fenced when the lease is lost."""
 
     async def assignment() -> None:
