@@ -36,6 +36,10 @@ worker provably serves nothing any more:
 * a *paused* (SIGSTOP), overloaded or partitioned worker is never revoked early: its kernel
   still completes the TCP handshake (the listen backlog), so the probe connects, or it times
   out; a timeout is not proof of anything, and the lease's TTL decides as before;
+* a worker stopping on purpose closes its listener first and then flushes and hands over
+  its tablets, which may take seconds: it puts ``draining/<worker-id>`` (on its lease) before
+  closing the listener, and is never probed while that key exists, so its tablets move
+  cleanly (flushed) rather than by recovery;
 * a new process that takes the port answers, so it is not mistaken for a dead one (and a
   different worker has a different id and lease anyway); the revocation is by the lease id
   read with the address, so it can never end a later lease.
@@ -144,11 +148,14 @@ class FailureDetector:
 
     async def round(self) -> list[str]:
         """One probe of every registered worker; returns the workers whose lease it revoked."""
+        draining = {
+            paths.parse_draining(kv.key) for kv in await self._coord.get_prefix(paths.DRAINING)
+        }
         kvs = await self._coord.get_prefix(paths.SERVERS)
         workers = [
             (paths.parse_server(kv.key), kv.lease_id, kv.value.decode())
             for kv in kvs
-            if kv.lease_id
+            if kv.lease_id and paths.parse_server(kv.key) not in draining
         ]
         self._refusals.retain({(w, lease) for w, lease, _ in workers})
         refused = await asyncio.gather(

@@ -89,3 +89,19 @@ async def test_detector_revokes_only_the_refusing_workers_lease() -> None:
         server.close()
         await server.wait_closed()
         await coord.close()
+
+
+async def test_detector_leaves_a_draining_worker_alone() -> None:
+    """A worker stopping on purpose closes its listener, then flushes and hands over its
+    tablets: its draining key keeps the detector from treating it as crashed."""
+    coord = MemoryCoordinator.open("draining")
+    try:
+        lease = await coord.grant_lease(30)
+        await coord.put(paths.server("w"), f"127.0.0.1:{_free_port()}".encode(), lease=lease)
+        await coord.put(paths.draining("w"), b"", lease=lease)
+        detector = FailureDetector(coord, interval=0.1, refusals=1)
+        assert await detector.round() == [] and not lease.expired
+        await coord.delete(paths.draining("w"))
+        assert await detector.round() == ["w"] and lease.expired
+    finally:
+        await coord.close()
