@@ -200,6 +200,8 @@ class TabletServer:
         #: Set by stop(): no new split starts (it would change the tablets being closed).
         self._stopping = False
         self._compactions: set[asyncio.Task[None]] = set()
+        #: The loop keeping the tablets' log positions recent (_trim_logs); cancelled by stop().
+        self._trimming: asyncio.Task[None] | None = None
         self._splitting: set[tuple[str, str]] = set()
         #: Monotonic time before which a tablet born of a split does not split again.
         self._split_after: dict[tuple[str, str], float] = {}
@@ -237,7 +239,7 @@ class TabletServer:
         )
         self._log.on_failure = self._log_failed
         if self._options.log_trim_interval is not None:
-            self._spawn(self._compactions, self._trim_logs(self._options.log_trim_interval))
+            self._trimming = self._spawn(None, self._trim_logs(self._options.log_trim_interval))
 
     async def _trim_logs(self, interval: float) -> None:
         """Keep the tablets' log positions recent (``WorkerOptions.log_trim_interval``;
@@ -272,9 +274,12 @@ class TabletServer:
             # Its failure (or cancellation by the group) is not stop's to raise: the TaskGroup
             # reports a failure (stack.aclose below).
             await asyncio.gather(self._switching, return_exceptions=True)
-        for task in list(self._compactions):  # optional work: redone after the next load
+        trimming = [] if self._trimming is None else [self._trimming]
+        for task in [*self._compactions, *trimming]:  # optional work: redone after the next load
             task.cancel()
-        await asyncio.gather(*self._splits, *self._compactions, return_exceptions=True)
+        await asyncio.gather(
+            *self._splits, *self._compactions, *trimming, return_exceptions=True
+        )
         # One at a time, deepest level first, re-reading the set each time: nothing may be
         # left unclosed, whatever changed it while a tablet was being closed.
         while self._tablets:
