@@ -10,7 +10,10 @@ recovery alone; a tablet's memtable inserts cost the same on both paths and are 
 
 Sorters run in child processes; their reads are accounted from the plan (each task GETs its
 segments, the plan and its manifest key once, and PUTs one run per range plus its manifest),
-the tablets' reads by an instrumented store.
+the tablets' reads by an instrumented store. The "owner sorts" rows run the sorters as asyncio
+tasks of the process that replays the tablets (the embedded database, or a worker serving the
+tablets it sorted): their runs stay in that process's memory (``sorting.IMMUTABLE``), and every
+request of sorters and tablets alike goes through the one instrumented store.
 
     python -m bench.recovery [--log-mb 16] [--tablets 1,16,64] [--sorters 1,2,4,8]
 """
@@ -125,10 +128,17 @@ async def direct(url: str, tablets: list[TabletRange]) -> tuple[float, int, int]
 
 
 async def sorted_recovery(
-    url: str, tablets: list[TabletRange], sorters: int, task_bytes: int
+    url: str, tablets: list[TabletRange], sorters: int, task_bytes: int, *, owner: bool = False
 ) -> tuple[float, int, int, SortPlan, float]:
+    """``owner``: the sorters are tasks of the process that replays the tablets (the
+    embedded database; a worker that sorts the tablets it then serves, §6): the runs they
+    write are kept in memory and every request, theirs included, is counted by the store."""
     store = open_store(url, instrument=True)
-    executor = InProcessSortExecutor(store, processes=sorters, store_url=url)
+    executor = (
+        InProcessSortExecutor(store, parallel=sorters)
+        if owner
+        else InProcessSortExecutor(store, processes=sorters, store_url=url)
+    )
     # Start the pool's processes before the clock: a long-lived master keeps its pool.
     await executor.warm()
     started = time.perf_counter()
@@ -158,6 +168,8 @@ async def sorted_recovery(
     await executor.close()
     read, requests = _stats(store)
     await store.close()
+    if owner:
+        return seconds, read, requests, plan, max(finished)
     # The sorters' own requests (in child processes): see the module docstring.
     for task, manifest in zip(plan.tasks, manifests, strict=True):
         read += task.size
@@ -180,10 +192,11 @@ async def run(log_mb: float, tablet_counts: list[int], sorter_counts: list[int])
             seconds, read, requests = await direct(url, ranges)
             results.append(Result(t, "direct replay", 0, size, read, read, requests, seconds))
             print(_row(results[-1]), flush=True)
-            for n in sorter_counts:
+            runs = [(n, False) for n in sorter_counts] + [(max(sorter_counts), True)]
+            for n, owner in runs:
                 # Each sorted run starts from the bare log: copy it so plans do not carry over.
-                run_url = f"file://{tmp}/s{n}"
-                os.makedirs(f"{tmp}/s{n}")
+                run_url = f"file://{tmp}/s{n}{'o' if owner else ''}"
+                os.makedirs(run_url.removeprefix("file://"))
                 src, dst = open_store(url), open_store(run_url)
                 async for info in src.list("logs/"):
                     data = await src.get(info.key)
@@ -192,13 +205,13 @@ async def run(log_mb: float, tablet_counts: list[int], sorter_counts: list[int])
                 await src.close()
                 await dst.close()
                 seconds, read, requests, plan, sort_s = await sorted_recovery(
-                    run_url, ranges, n, task_bytes
+                    run_url, ranges, n, task_bytes, owner=owner
                 )
                 log_read = sum(task.size for task in plan.tasks)
                 results.append(
                     Result(
                         t,
-                        "sorted",
+                        "sorted, owner sorts" if owner else "sorted",
                         n,
                         size,
                         read,

@@ -128,6 +128,14 @@ class WorkerOptions:
     #: sorter (each tablet then reads only its runs), shorter bounds how long a dead sorter
     #: holds recovery back (its few MB are then read by every tablet waiting on it).
     sort_wait: float = 10.0
+    #: Seconds between two checks of how far back each tablet's log position lies (§5.3,
+    #: §5.4): a tablet whose position is ``log_trim_segments`` or more segments behind the log's
+    #: end, or that still lists an older log, is minor-compacted (or, with nothing in memory,
+    #: its record moved to the log's end), so a crash leaves a short log tail to sort and
+    #: replay. None: only the memtable's size triggers minor compactions.
+    log_trim_interval: float | None = 5.0
+    #: How far (segments) a tablet's log position may lag before it is trimmed.
+    log_trim_segments: int = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +197,14 @@ class MasterOptions:
     #: Times the master runs one sort task before leaving it to the tablets' owners (who then
     #: read its segments directly): a task failing this often is damaged, not unlucky.
     sort_attempts: int = 3
+    #: Seconds between two probes of every worker's RPC address (§5.2; master/failure_detector):
+    #: a worker whose address refuses connections ``probe_refusals`` times in a row is dead,
+    #: and its lease is revoked so its tablets are recovered without waiting for the TTL.
+    #: None turns the probes off (a network whose firewalls refuse the master's connections
+    #: while clients still reach the workers).
+    probe_interval: float | None = 0.5
+    #: Refused probes in a row that prove a worker dead (a timeout never counts).
+    probe_refusals: int = 2
     #: Seconds between two major compactions of every tablet (§5.4: deleted data is gone
     #: within a bounded time); None turns the cycle off.
     major_compaction_period: float | None = 86400.0

@@ -118,6 +118,9 @@ class HarnessLog:
     def advance(self, seq: int) -> None:
         self.writer.advance(seq)
 
+    def segment_mark(self) -> int:
+        return self.writer.next_segment
+
     async def append(self, table_id: str, row: bytes, cells: Sequence[Cell]) -> None:
         if self.before_append is not None:
             await self.before_append(row, cells)
@@ -207,6 +210,9 @@ class TabletHarness:
                 record.start_row,
                 record.end_row,
                 record.redo_seq,
+                # From the tablet's log position (§5.3), as the workers read: every test
+                # that crashes and recovers a tablet checks those positions too.
+                start_segment=record.log_start(ref),
             ):
                 yield cell
 

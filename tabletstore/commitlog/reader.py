@@ -229,15 +229,17 @@ async def replay(
     end_row: bytes | None = None,
     after_seq: int = 0,
     *,
+    start_segment: int = 0,
     stop_segment: int | None = None,
 ) -> AsyncIterator[LogRecord]:
     """The records of one tablet (``table_id``, rows in ``[start_row, end_row)``, None =
     unbounded) holding any cell with seq > ``after_seq`` (the tablet's redo point), in log
     order. Re-applying a cell already in an SSTable is harmless (memtables and merges drop
     identical entries), so whole records are yielded. ``stop_segment``: read only the durable
-    prefix below it (see :meth:`CommitLogReader.records`)."""
+    prefix below it (see :meth:`CommitLogReader.records`); ``start_segment``: the tablet's
+    position in the log (earlier segments hold none of its writes past ``after_seq``)."""
     reader = CommitLogReader(store, worker_id, incarnation)
-    async for record in reader.records(stop_segment=stop_segment):
+    async for record in reader.records(start_segment=start_segment, stop_segment=stop_segment):
         if (
             record.table_id == table_id
             and record.last_seq > after_seq
@@ -256,6 +258,7 @@ async def replay_cells(
     end_row: bytes | None = None,
     after_seq: int = 0,
     *,
+    start_segment: int = 0,
     stop_segment: int | None = None,
 ) -> AsyncIterator[Cell]:
     """The cells with seq > ``after_seq`` of :func:`replay`'s records."""
@@ -267,6 +270,7 @@ async def replay_cells(
         start_row,
         end_row,
         after_seq,
+        start_segment=start_segment,
         stop_segment=stop_segment,
     ):
         for cell in record.cells:

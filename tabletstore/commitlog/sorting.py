@@ -124,6 +124,21 @@ class _Immutable:
             self._sizes[store] = size
         return data
 
+    def keep(self, store: ObjectStore, key: str, data: bytes) -> None:
+        """Keep ``data``, just written to ``key`` create-only (or found there byte for byte):
+        a sorter that also replays the tablets it sorted reads its runs from memory (§6: the
+        tablet servers sort)."""
+        if len(data) > self._max // 4:
+            return
+        kept = self._stores.setdefault(store, {})
+        if key in kept:
+            return
+        kept[key] = data
+        size = self._sizes.get(store, 0) + len(data)
+        while size > self._max:
+            size -= len(kept.pop(next(iter(kept))))
+        self._sizes[store] = size
+
     def forget(self, store: ObjectStore) -> None:
         """Drop what was kept of ``store`` (a test that damages objects after reading them)."""
         self._stores.pop(store, None)
@@ -149,13 +164,16 @@ async def plan_sort(
     *,
     task_bytes: int = DEFAULT_TASK_BYTES,
     task_segments: int = MAX_TASK_SEGMENTS,
+    start_segment: int = 0,
 ) -> SortPlan:
     """Fence the log, cut it into tasks and create its plan (or return the existing plan).
 
     ``tablets``: the ranges to partition the records by, best those of every tablet whose
     record lists the log (records of other rows go to catch-all runs). Tasks hold at most
     ``task_bytes`` (a single larger segment aside) and ``task_segments`` segments. Corruption
-    if a segment is missing below the log's first fence (outside the in-flight window)."""
+    if a segment is missing below the log's first fence (outside the in-flight window).
+    ``start_segment``: the lowest log position (§5.3) of the tablets listing the log; the
+    segments below it hold none of their writes past their redo points and are not sorted."""
     if task_bytes < 1 or task_segments < 1:
         raise InvalidArgument(
             f"task_bytes and task_segments must be >= 1, got {task_bytes}, {task_segments}"
@@ -178,8 +196,9 @@ async def plan_sort(
             f"first fence {first_fence}; acknowledged writes may have been in them"
         )
     tasks: list[SortTask] = []
-    first, size = 0, 0
-    for n in range(first_fence):
+    first = min(max(start_segment, 0), first_fence)
+    size = 0
+    for n in range(first, first_fence):
         size += sizes[n]
         if size >= task_bytes or n + 1 - first >= task_segments:
             tasks.append(SortTask(first, n + 1, size))
@@ -270,6 +289,7 @@ async def run_sort_task(store: ObjectStore, plan: SortPlan, task: SortTask) -> S
         key = recovery_run_key(w, inc, task.first, target.table_id, target.tablet_id)
         async with limit:
             await _create_same(store, key, data)
+        IMMUTABLE.keep(store, key, data)  # the stored bytes: _create_same compared them
         seqs = [c.seq for r, _ in recs for c in r.cells]
         return RunInfo(
             key,
@@ -288,7 +308,9 @@ async def run_sort_task(store: ObjectStore, plan: SortPlan, task: SortTask) -> S
     manifest = SortManifest(
         w, inc, task.first, task.stop, tuple(runs), read_bytes, records, unplanned
     )
-    await _create_same(store, manifest_key, manifest.to_bytes())
+    data = manifest.to_bytes()
+    await _create_same(store, manifest_key, data)
+    IMMUTABLE.keep(store, manifest_key, data)
     return manifest
 
 

@@ -396,6 +396,12 @@ class Coordinator(Protocol):
         """A new lease of at least ``ttl`` seconds. ``safety_margin`` defaults to ttl / 10."""
         ...
 
+    async def revoke_lease(self, lease_id: int) -> None:
+        """End someone else's lease by id (``KeyValue.lease_id``), deleting its keys at once:
+        the master's fast failure detection (``master/failure_detector.py``). Idempotent: a
+        lease already gone is no error."""
+        ...
+
     async def get(self, key: str) -> KeyValue | None: ...
 
     async def get_prefix(self, prefix: str) -> list[KeyValue]:

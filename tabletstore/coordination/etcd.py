@@ -481,6 +481,9 @@ class EtcdCoordinator:
         )
         return [self._kv(raw) for raw in got]
 
+    async def revoke_lease(self, lease_id: int) -> None:
+        await self._lease_revoke(lease_id)
+
     async def put(self, key: str, value: bytes, *, lease: Lease | None = None) -> int:
         op = Put(key, value, lease.id if lease is not None else 0)
         raw_key = self._key(op.key)

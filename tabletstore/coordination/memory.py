@@ -373,6 +373,10 @@ class MemoryCoordinator:
         self._ensure_reaper()
         return self._state.grant(float(ttl), safety_margin)
 
+    async def revoke_lease(self, lease_id: int) -> None:
+        await self._enter()
+        self._state.revoke(lease_id)
+
     async def get(self, key: str) -> KeyValue | None:
         check_key(key)
         await self._enter()

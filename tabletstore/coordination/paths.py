@@ -5,6 +5,9 @@ Keys are relative to the coordinator's namespace (an etcd URL's path, e.g.
 
     elections/<name>/<lease-id:016x>  election candidates; "master" is the master lock (§5.2)
     servers/<worker-id>               the servers directory (§5.2), attached to the worker's lease
+    draining/<worker-id>              a worker stopping on purpose (flushing and releasing its
+                                      tablets, its RPC listener closed), attached to its lease:
+                                      the master's failure detector leaves it alone
     root                              the root tablet's location (§5.1)
     schemas/<table>                   a table's schema (§4)
     acls/<table>                      a table's access-control lists (§4, §5.3)
@@ -41,6 +44,7 @@ __all__ = [
     "ASSIGNMENTS",
     "BULK_LOADS",
     "CLAIMS",
+    "DRAINING",
     "ELECTIONS",
     "MASTER_ELECTION",
     "ROOT_TABLET",
@@ -59,11 +63,13 @@ __all__ = [
     "bulk_loads_prefix",
     "claim",
     "claims_prefix",
+    "draining",
     "election_prefix",
     "parse_acl",
     "parse_assignment",
     "parse_bulk_load",
     "parse_claim",
+    "parse_draining",
     "parse_schema",
     "parse_server",
     "parse_setting",
@@ -82,6 +88,7 @@ __all__ = [
 
 ELECTIONS = "elections/"
 SERVERS = "servers/"
+DRAINING = "draining/"
 ROOT_TABLET = "root"
 SCHEMAS = "schemas/"
 ACLS = "acls/"
@@ -124,6 +131,14 @@ def server(worker_id: str) -> str:
 
 def parse_server(key: str) -> str:
     return _parse(key, SERVERS, 1, "server")[0]
+
+
+def draining(worker_id: str) -> str:
+    return f"{DRAINING}{_component(worker_id, 'worker id')}"
+
+
+def parse_draining(key: str) -> str:
+    return _parse(key, DRAINING, 1, "draining")[0]
 
 
 def schema(table: str) -> str:

@@ -81,6 +81,9 @@ class MinorResult:
     log_at_freeze: LogRef
     #: The record's logs at freeze time: every write in them is in ``flushed`` or older.
     listed_at_freeze: tuple[LogRef, ...]
+    #: The first segment of ``log_at_freeze`` that can hold a write not in ``flushed``
+    #: (the log's segment mark at freeze, or an earlier one of a write then in flight).
+    log_start: int = 0
 
     @property
     def cells(self) -> int:
@@ -99,12 +102,19 @@ def apply_minor(state: TabletState, result: MinorResult, *, now: float) -> Table
     for group, (ref, table) in result.written.items():
         sstables[group] = (ref, *sstables.get(group, ()))
         opened[group] = (table, *opened.get(group, ()))
-    added = (r for r in record.logs if r not in result.listed_at_freeze)
+    added = [r for r in record.logs if r not in result.listed_at_freeze]
+    logs = tuple(dict.fromkeys((result.log_at_freeze, *added)))
+    # Log positions (§5.3): the log at freeze is read from where unflushed writes may start;
+    # a log added after the freeze keeps its own position.
+    starts = {r: record.log_starts[r] for r in added if r in record.log_starts}
+    if result.log_at_freeze not in added:
+        starts[result.log_at_freeze] = result.log_start
     new_record = replace(
         record,
         sstables=sstables,
         redo_seq=max(record.redo_seq, result.redo_seq),
-        logs=tuple(dict.fromkeys((result.log_at_freeze, *added))),
+        logs=logs,
+        log_starts=starts,
     ).with_event(now, "minor_compaction", f"{result.cells} cells")
     frozen = tuple(m for m in state.frozen if all(m is not f for f in result.flushed))
     return replace(state, record=new_record, frozen=frozen, sstables=opened)

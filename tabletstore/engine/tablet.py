@@ -207,6 +207,11 @@ class LogSink(Protocol):
         """Reserve ``n`` consecutive sequence numbers; return the first."""
         ...
 
+    def segment_mark(self) -> int:
+        """The number of the next segment of :attr:`log_ref` to be cut: every record appended
+        from now on lands in it or a later one (the tablet's position in the log, §5.3)."""
+        ...
+
     def advance(self, seq: int) -> None:
         """Make every future allocation larger than ``seq`` (after loading a tablet)."""
         ...
@@ -270,6 +275,9 @@ class Tablet:
         self._row_locks: dict[bytes, asyncio.Lock] = {}
         self._row_lock_users: dict[bytes, int] = {}
         self._in_flight: dict[int, int] = {}  # first seq -> count of mutations in flight
+        # first seq -> (the log, its segment mark) when that write took its seqs: the write
+        # lands in that segment or a later one (log positions, _log_start_now).
+        self._in_flight_marks: dict[int, tuple[LogRef, int]] = {}
         # Set while nothing is in flight (``_in_flight`` empty): what a split or close awaits.
         self._idle = asyncio.Event()
         self._idle.set()
@@ -348,8 +356,12 @@ class Tablet:
             memtable.add(batch)
         log_sink.advance(max_seq)
         logs = tuple(dict.fromkeys((*record.logs, log_sink.log_ref)))
+        starts = dict(record.log_starts)
+        if log_sink.log_ref not in record.logs:
+            # Not serving yet: every write of this tablet to the log comes after this mark.
+            starts[log_sink.log_ref] = log_sink.segment_mark()
         clk = clock or SystemClock()
-        new_record = replace(record, logs=logs).with_event(
+        new_record = replace(record, logs=logs, log_starts=starts).with_event(
             clk.time(), "loaded", f"replayed {len(memtable)} cells"
         )
         if new_record != record:
@@ -481,7 +493,12 @@ class Tablet:
         # tablet sees every write it lets through.
         self._check_writable()
         first = self._log.allocate(len(mutations))
-        cells = to_cells(row, mutations, first, self._now_micros(), self._value_types())
+        self._in_flight_marks[first] = (self._log.log_ref, self._log.segment_mark())
+        try:
+            cells = to_cells(row, mutations, first, self._now_micros(), self._value_types())
+        except BaseException:
+            del self._in_flight_marks[first]
+            raise
         self._in_flight[first] = len(cells)
         self._idle.clear()
         try:
@@ -489,6 +506,7 @@ class Tablet:
             self._state.memtable.add(cells)
         finally:
             del self._in_flight[first]
+            del self._in_flight_marks[first]
             if not self._in_flight:
                 self._idle.set()
         if self._state.memtable.approximate_size >= self._options.memtable_flush_bytes:
@@ -978,8 +996,49 @@ class Tablet:
                 written={},
                 redo_seq=redo_point(state.frozen, self._in_flight),
                 log_at_freeze=self._log.log_ref,
+                log_start=self._log_start_now(self._log.log_ref),
                 listed_at_freeze=state.record.logs,
             )
+
+    async def trim_logs(self) -> None:
+        """Move this tablet's log position to the log's end (§5.3, §5.4: a minor compaction
+        shrinks what recovery reads): minor-compact it; with nothing in memory, frozen or in
+        flight, only rewrite its record to list the worker's log from its current segment
+        (every write it has is in its SSTables: no other log holds one it lacks)."""
+        self._check_open()
+        if len(self._state.memtable) or self._state.frozen or self._in_flight:
+            await self.minor_compact()
+            return
+        async with self._compaction_lock, self._state_lock:
+            self._check_open()
+            state = self._state
+            if self._in_flight or len(state.memtable) or state.frozen or self._log_pending:
+                return  # a write came in meanwhile: the next round compacts
+            ref = self._log.log_ref
+            starts = {ref: self._log_start_now(ref)}
+            record = state.record
+            if record.logs == (ref,) and record.log_starts == starts:
+                return
+            new_record = replace(record, logs=(ref,), log_starts=starts).with_event(
+                self._clock.time(),
+                "log_position",
+                f"{ref.worker_id}/{ref.incarnation}@{starts[ref]}",
+            )
+            stored = await self._catalog.update(record, new_record)
+            self._state = replace(state, record=stored)
+
+    def _log_start_now(self, ref: LogRef) -> int:
+        """The first segment of ``ref`` that can hold a write of this tablet not yet in its
+        memtable: the log's segment mark now, or an earlier one taken by a write in flight
+        (0 when a write in flight took its seqs under another log: it may land anywhere)."""
+        if ref != self._log.log_ref:
+            return 0
+        start = self._log.segment_mark()
+        for log_ref, mark in self._in_flight_marks.values():
+            if log_ref != ref:
+                return 0
+            start = min(start, mark)
+        return start
 
     # REQUIRES: self._compaction_lock held (nothing else changes the record meanwhile).
     async def _commit(self, step: Callable[[TabletState], TabletState]) -> TabletState:
@@ -1271,9 +1330,10 @@ class Tablet:
         async with self._compaction_lock, self._state_lock:
             record = self._state.record
             if ref not in record.logs:
-                new_record = replace(record, logs=(*record.logs, ref)).with_event(
-                    self._clock.time(), "new_log", f"{ref.worker_id}/{ref.incarnation}"
-                )
+                starts = {**record.log_starts, ref: self._log_start_now(ref)}
+                new_record = replace(
+                    record, logs=(*record.logs, ref), log_starts=starts
+                ).with_event(self._clock.time(), "new_log", f"{ref.worker_id}/{ref.incarnation}")
                 stored = await self._catalog.update(record, new_record)
                 self._state = replace(self._state, record=stored)
         self._log_pending = False
@@ -1283,7 +1343,7 @@ class Tablet:
             record = self._state.record
             if not record.logs:
                 return
-            new_record = replace(record, logs=()).with_event(
+            new_record = replace(record, logs=(), log_starts={}).with_event(
                 self._clock.time(), "unloaded", "flushed; nothing to replay"
             )
             stored = await self._catalog.update(record, new_record)

@@ -87,6 +87,10 @@ __all__ = ["Master"]
 
 log = logging.getLogger(__name__)
 
+#: Seconds an assignment round retries a METADATA read or write that finds its tablet not
+#: served (or its worker gone) before ending the round; the next round goes on from there.
+ROUND_METADATA_WAIT = 1.5
+
 
 @dataclass(frozen=True, slots=True)
 class _Load:
@@ -134,6 +138,12 @@ class Master:
         # (the next one goes on) instead of stalling it.
         self.locations = LocationCache(coordinator, transport)
         self._catalog = Catalog(coordinator, metadata=self.locations, retry_deadline=5.0)
+        # An assignment round's own reads give up sooner: a METADATA tablet whose worker just
+        # died (the failure detector revoked it mid-round) is served again only by the next
+        # round, so retrying it longer only delays that round (§5.2).
+        self._round_catalog = Catalog(
+            coordinator, metadata=self.locations, retry_deadline=ROUND_METADATA_WAIT
+        )
         self._transport = transport
         self._clock = clock or SystemClock()
         self._metadata_splits = tuple(metadata_splits)
@@ -239,10 +249,10 @@ class Master:
         # Locations at workers no longer in the servers directory are stale: forget them rather
         # than wait for a paused worker to time out.
         self.locations.retain(set(workers.values()))
-        if await self._catalog.bootstrap_root(self._clock.time()):
+        if await self._round_catalog.bootstrap_root(self._clock.time()):
             log.info("created the METADATA table")
         known: dict[tuple[str, str], assignment.TabletLoad] = {}
-        root = await self._catalog.get_tablet(mt.METADATA_TABLE_ID, mt.ROOT_TABLET_ID)
+        root = await self._round_catalog.get_tablet(mt.METADATA_TABLE_ID, mt.ROOT_TABLET_ID)
         # Plan the sort of dead logs before anything is loaded (§6): the root and METADATA
         # tablets a dead worker held then replay from the sorted runs too, instead of each
         # reading its whole log before the user tablets can even be listed. The ranges are
@@ -256,15 +266,15 @@ class Master:
         done = await self._assign_level(workers, claims, known, [root])
         try:
             initial = mt.initial_metadata_records(self._metadata_splits, self._clock.time())
-            await self._catalog.ensure_metadata_tablets(initial)
-            metadata = await self._catalog.list_tablets(mt.METADATA_TABLE_ID)
+            await self._round_catalog.ensure_metadata_tablets(initial)
+            metadata = await self._round_catalog.list_tablets(mt.METADATA_TABLE_ID)
             done += await self._assign_level(workers, claims, known, metadata)
-            moved = await self._catalog.migrate_coordinator_records()
+            moved = await self._round_catalog.migrate_coordinator_records()
             if moved:
                 log.info("moved %d tablet records from the coordinator into METADATA", moved)
             tables = [
-                await self._catalog.list_tablets(info.table_id)
-                for info in await self._catalog.list_tables()
+                await self._round_catalog.list_tablets(info.table_id)
+                for info in await self._round_catalog.list_tables()
             ]
             # Before the user tablets' loads go out: their new owners find the sort plans of
             # the dead logs they list (§6). Every record, so each plan sees every tablet
@@ -404,6 +414,14 @@ class Master:
                 return False
         log.info("loaded %s on %s in %.2f s", key[1], worker, self._clock.monotonic() - started)
         return True
+
+    def worker_gone(self, worker: str) -> None:
+        """The failure detector revoked ``worker``'s lease (it is dead): give up the loads in
+        flight to it now, so a round waiting for them goes on, and send it no more."""
+        self._unreachable[worker] = self._clock.monotonic() + self._options.lease.ttl
+        for load in self._loads.values():
+            if load.worker == worker and not load.task.done():
+                load.task.cancel()
 
     def _reap_loads(self, live: set[str]) -> None:
         """Drop the finished loads (the claims, read next, show what they did) and cancel the

@@ -17,6 +17,7 @@ from tabletstore.errors import (
     InvalidArgument,
     TabletStoreError,
 )
+from tabletstore.master.failure_detector import FailureDetector
 from tabletstore.master.gc import GarbageCollector
 from tabletstore.master.guard import guard
 from tabletstore.master.master import Master
@@ -177,7 +178,12 @@ async def run_master(
                 return
             master.leading = True
             log.info("master %s is leading", server.address)
-            await _lead(master, collector, metrics, lease, stop, options.interval)
+            detector = None
+            if options.probe_interval is not None:
+                detector = FailureDetector(
+                    coordinator, interval=options.probe_interval, refusals=options.probe_refusals
+                )
+            await _lead(master, collector, metrics, lease, stop, options.interval, detector)
     finally:
         master.leading = False
         with contextlib.suppress(TabletStoreError):
@@ -201,10 +207,12 @@ async def _lead(
     lease: Lease,
     stop: asyncio.Event,
     interval: float,
+    detector: FailureDetector | None = None,
 ) -> None:
-    """The leading master's three loops, each at its own pace, so that neither a garbage
-    collection nor a balancing move (each may wait out a METADATA deadline while a worker is
-    dead) ever delays the assignment rounds that recover that worker's tablets (§5.2). Returns
+    """The leading master's three loops (and the ``detector``'s probes of the workers), each
+    at its own pace, so that neither a garbage collection nor a balancing move (each may wait
+    out a METADATA deadline while a worker is dead) ever delays the assignment rounds that
+    recover that worker's tablets (§5.2). Returns
     when ``stop`` is set; raises Fenced when the lease is lost."""
 
     async def assignment() -> None:
@@ -218,20 +226,39 @@ async def _lead(
     async def balancing() -> None:
         await master.balancer.run_round()
 
-    async def every(step: Callable[[], Awaitable[None]]) -> None:
+    async def every(
+        step: Callable[[], Awaitable[None]], wake: asyncio.Event | None = None
+    ) -> None:
         while True:
             await step()
-            await asyncio.sleep(interval)
+            if wake is None:
+                await asyncio.sleep(interval)
+                continue
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(interval):
+                    await wake.wait()
+            wake.clear()
 
     async def collecting() -> None:
         await collector.maybe_run()
 
+    # A worker found dead by the failure detector (§5.2) is recovered by the next round at
+    # once, not an interval later.
+    woken = asyncio.Event()
     async with asyncio.TaskGroup() as tasks:
         loops = [
-            tasks.create_task(every(assignment)),
+            tasks.create_task(every(assignment, woken)),
             tasks.create_task(every(collecting)),
             tasks.create_task(every(balancing)),
         ]
+        if detector is not None:
+
+            def revoked(worker: str) -> None:
+                master.worker_gone(worker)
+                woken.set()
+
+            detector.on_revoked = revoked
+            loops.append(tasks.create_task(detector.run()))
         ends = [tasks.create_task(stop.wait()), tasks.create_task(lease.wait_expired())]
         await asyncio.wait(ends, return_when=asyncio.FIRST_COMPLETED)
         for task in [*loops, *ends]:

@@ -214,9 +214,13 @@ class LogRecovery:
         task_bytes: int,
         attempts: int = 3,
         plan_wait: float = 2.0,
+        early_system_plans: bool = False,
     ) -> None:
         """``plan_wait``: seconds an assignment round waits for the planning of new dead logs
-        before its loads go out anyway (see :meth:`start`)."""
+        before its loads go out anyway (see :meth:`start`). ``early_system_plans``: sort a
+        dead log a root or METADATA tablet lists before METADATA can be listed, from its first
+        segment (without log positions to start from: workers that do not trim their logs)."""
+        self._early_system_plans = early_system_plans
         if task_bytes < 1 or attempts < 1:
             raise InvalidArgument(
                 f"task_bytes and attempts must be >= 1, got {task_bytes}, {attempts}"
@@ -277,11 +281,22 @@ class LogRecovery:
                 for r in listing
                 if claims.get((r.table_id, r.tablet_id)) not in live_workers
             )
+            if early and not (system and self._early_system_plans):
+                # Left to this round's full listing (made once METADATA serves), whose
+                # records give the log positions the sort may start from; the dead
+                # worker's root and METADATA tablets meanwhile read the log directly from
+                # their own positions, a short tail (WorkerOptions.log_trim_interval).
+                continue
             if len(listing) < MIN_TABLETS_TO_SORT and not (early and system):
                 # One reader reads the log once either way; sorting would add a second pass.
                 continue
+            # Log positions (§5.3): no tablet listing the log has a write past its redo point
+            # below its position. Only a full listing made after the writer died bounds them
+            # all (records seen before may predate a tablet's load): early plans read it all.
+            start = 0 if early else min(r.log_start(ref) for r in listing)
             self._planning[ref] = asyncio.get_running_loop().create_task(
-                self._plan(ref, ranges), name=f"plan the sort of {ref.worker_id}/{ref.incarnation}"
+                self._plan(ref, ranges, start),
+                name=f"plan the sort of {ref.worker_id}/{ref.incarnation}",
             )
         # The planning is a few requests (fence, list, one PUT), but the object store may be
         # slow or paused: the loads of this round wait for it only so long, and a load that
@@ -322,19 +337,26 @@ class LogRecovery:
                 del self._logs[ref]
                 self._finished.add(ref)
 
-    async def _plan(self, ref: LogRef, ranges: Sequence[TabletRange]) -> _LogSort:
-        """Fence, list and plan one log (or take its existing plan) and find its done tasks."""
+    async def _plan(self, ref: LogRef, ranges: Sequence[TabletRange], start: int) -> _LogSort:
+        """Fence, list and plan one log from segment ``start`` (or take its existing plan)
+        and find its done tasks."""
         plan = await plan_sort(
-            self._store, ref.worker_id, ref.incarnation, ranges, task_bytes=self._task_bytes
+            self._store,
+            ref.worker_id,
+            ref.incarnation,
+            ranges,
+            task_bytes=self._task_bytes,
+            start_segment=start,
         )
         state = _LogSort(plan)
         for task in plan.tasks:  # a previous master's tasks that finished
             if await task_done(self._store, plan, task):
                 state.done.add(task.first)
         log.info(
-            "sorting commit log %s/%s: %d segments in %d tasks for %d tablets",
+            "sorting commit log %s/%s: %d of its %d segments in %d tasks for %d tablets",
             ref.worker_id,
             ref.incarnation,
+            sum(t.stop - t.first for t in plan.tasks),
             plan.fence,
             len(plan.tasks),
             len(plan.tablets),

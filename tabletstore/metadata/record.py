@@ -173,6 +173,15 @@ class TabletRecord:
     epoch: int = 0
     events: tuple[TabletEvent, ...] = ()
     bulk_loads: tuple[BulkLoadMark, ...] = ()
+    #: Per listed log, the first segment that may hold a write of this tablet past its redo
+    #: point (every earlier segment holds only writes its SSTables have): recovery reads that
+    #: log from there (§5.3: a redo point is a position in the log). A log without an entry
+    #: is read from its first segment.
+    log_starts: dict[LogRef, int] = field(default_factory=dict)
+
+    def log_start(self, ref: LogRef) -> int:
+        """The first segment of ``ref`` that may hold this tablet's writes past its redo point."""
+        return self.log_starts.get(ref, 0)
 
     def contains(self, row: bytes) -> bool:
         """Whether ``row`` falls in ``[start_row, end_row)``."""
@@ -210,6 +219,11 @@ class TabletRecord:
         }
         if self.bulk_loads:
             d["bulk_loads"] = [m.to_json() for m in self.bulk_loads]
+        starts = [
+            [*ref.to_json(), self.log_starts[ref]] for ref in self.logs if ref in self.log_starts
+        ]
+        if starts:
+            d["log_starts"] = starts
         return json.dumps(d, separators=(",", ":")).encode()
 
     @classmethod
@@ -231,6 +245,7 @@ class TabletRecord:
                 epoch=int(d["epoch"]),
                 events=tuple(TabletEvent(float(a), k, x) for a, k, x in d["events"]),
                 bulk_loads=tuple(BulkLoadMark.from_json(m) for m in d.get("bulk_loads", ())),
+                log_starts={LogRef(str(w), int(i)): int(n) for w, i, n in d.get("log_starts", ())},
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise Corruption(f"malformed tablet record: {exc}") from exc

@@ -370,6 +370,21 @@ class CoordinatorConformance:
         assert await coordinator.get_prefix("") == []
         await lease.revoke()  # idempotent
 
+    async def test_revoke_by_id_ends_anothers_lease(self, coordinator: Coordinator) -> None:
+        """The master's fast failure detection revokes a dead worker's lease by the id its
+        servers entry carries: its keys go at once, its holder's refresh is Fenced."""
+        lease = await coordinator.grant_lease(30)
+        await coordinator.put("servers/w9", b"addr", lease=lease)
+        kv = await coordinator.get("servers/w9")
+        assert kv is not None
+        await coordinator.revoke_lease(kv.lease_id)
+        assert await coordinator.get("servers/w9") is None
+        with pytest.raises(Fenced):
+            await coordinator.put("servers/w9", b"late", lease=lease)
+        with pytest.raises(Fenced):
+            await lease.refresh()
+        await coordinator.revoke_lease(kv.lease_id)  # idempotent
+
     # ------------------------------------------------------------------ elections
 
     async def test_election_hands_over_when_leader_lease_ends(

@@ -57,6 +57,9 @@ class WorkerLog:
     def advance(self, seq: int) -> None:
         self._writer.advance(seq)
 
+    def segment_mark(self) -> int:
+        return self._writer.next_segment
+
     async def append(self, table_id: str, row: bytes, cells: Sequence[Cell]) -> None:
         # Fencing rule 1: never acknowledge a write the lease may no longer cover.
         if self._lease.expired or self._clock.monotonic() >= self._lease.safe_until():
@@ -130,6 +133,7 @@ class WorkerLog:
             record.start_row,
             record.end_row,
             record.redo_seq,
+            start_segment=min(record.log_start(ref), writer.durable_segments),
             stop_segment=writer.durable_segments,
         ):
             yield cell
@@ -174,6 +178,7 @@ async def replay_logged(
             record.start_row,
             record.end_row,
             record.redo_seq,
+            start_segment=record.log_start(ref),
         )
     async for cell in cells:
         yield cell

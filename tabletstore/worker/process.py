@@ -4,16 +4,19 @@ told to stop or until its lease is lost. Reads no flags: the CLI passes settings
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from collections.abc import Callable
 
+from tabletstore.coordination import paths
 from tabletstore.coordination.base import (
     Coordinator,
 )
 from tabletstore.coordination.tokens import TokenStore
 from tabletstore.errors import (
     Fenced,
+    TabletStoreError,
 )
 from tabletstore.metadata.catalog import ClusterSettings
 from tabletstore.ops.metrics import WorkerMetrics
@@ -135,6 +138,11 @@ async def run_worker(
     finally:
         if http is not None:
             await http.close()
+        if not fenced and tablet_server.lease is not None and not tablet_server.lease.expired:
+            # Stopping on purpose: the master's failure detector must not take our closed
+            # listener for a crash while we flush and hand over the tablets (§5.2).
+            with contextlib.suppress(TabletStoreError):
+                await coordinator.put(paths.draining(wid), b"", lease=tablet_server.lease)
         await server.close(grace=2.0)
         # A worker whose lease is gone must not touch its tablets' records any more.
         await tablet_server.stop(flush=not fenced)

@@ -35,6 +35,9 @@ KEEP_SECONDS = 30.0
 class _Read:
     records: list[LogRecord]
     last_used: float
+    #: The first segment read (a tablet's log position, §5.3: earlier ones hold none of its
+    #: writes past its redo point).
+    start: int = 0
 
 
 class SharedLogReads:
@@ -47,15 +50,16 @@ class SharedLogReads:
         self._locks: dict[LogRef, asyncio.Lock] = {}
         self._reads: dict[LogRef, _Read] = {}
 
-    async def records(self, ref: LogRef) -> list[LogRecord]:
-        """Every record of the (fenced) log ``ref``, in log order."""
+    async def records(self, ref: LogRef, start: int = 0) -> list[LogRecord]:
+        """Every record of the (fenced) log ``ref`` from segment ``start`` on (or from an
+        earlier one, when such a read is at hand), in log order."""
         self._expire()
         async with self._locks.setdefault(ref, asyncio.Lock()):
             read = self._reads.get(ref)
-            if read is None:
+            if read is None or read.start > start:
                 await fence(self._store, ref.worker_id, ref.incarnation)
                 reader = CommitLogReader(self._store, ref.worker_id, ref.incarnation)
-                read = _Read([r async for r in reader.records()], 0.0)
+                read = _Read([r async for r in reader.records(start_segment=start)], 0.0, start)
                 self._reads[ref] = read
             read.last_used = self._clock.monotonic()
             return read.records

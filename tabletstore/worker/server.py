@@ -200,6 +200,8 @@ class TabletServer:
         #: Set by stop(): no new split starts (it would change the tablets being closed).
         self._stopping = False
         self._compactions: set[asyncio.Task[None]] = set()
+        #: The loop keeping the tablets' log positions recent (_trim_logs); cancelled by stop().
+        self._trimming: asyncio.Task[None] | None = None
         self._splitting: set[tuple[str, str]] = set()
         #: Monotonic time before which a tablet born of a split does not split again.
         self._split_after: dict[tuple[str, str], float] = {}
@@ -236,6 +238,28 @@ class TabletServer:
             self._writer, LogRef(self.worker_id, incarnation), self._lease, self._clock
         )
         self._log.on_failure = self._log_failed
+        if self._options.log_trim_interval is not None:
+            self._trimming = self._spawn(None, self._trim_logs(self._options.log_trim_interval))
+
+    async def _trim_logs(self, interval: float) -> None:
+        """Keep the tablets' log positions recent (``WorkerOptions.log_trim_interval``;
+        ``Tablet.trim_logs``): after a crash the master sorts only the segments from the
+        lowest position of the dead worker's tablets on (§5.3), so the log tail a recovery
+        reads stays short even for tablets too idle to fill a memtable."""
+        while True:
+            await asyncio.sleep(interval)
+            if self._log is None:
+                continue
+            ref, mark = self._log.log_ref, self._log.segment_mark()
+            lag = self._options.log_trim_segments
+            for key, tablet in list(self._tablets.items()):
+                record = tablet.record
+                if record.logs == (ref,) and mark - record.log_start(ref) < lag:
+                    continue
+                try:
+                    await tablet.trim_logs()
+                except TabletStoreError as exc:  # optional work: the next round tries again
+                    log.info("moving the log position of %s/%s: %s", *key, exc)
 
     async def stop(self, *, flush: bool = True) -> None:
         """Stop serving: minor-compact every tablet (so nothing needs replay), release claims.
@@ -250,9 +274,12 @@ class TabletServer:
             # Its failure (or cancellation by the group) is not stop's to raise: the TaskGroup
             # reports a failure (stack.aclose below).
             await asyncio.gather(self._switching, return_exceptions=True)
-        for task in list(self._compactions):  # optional work: redone after the next load
+        trimming = [] if self._trimming is None else [self._trimming]
+        for task in [*self._compactions, *trimming]:  # optional work: redone after the next load
             task.cancel()
-        await asyncio.gather(*self._splits, *self._compactions, return_exceptions=True)
+        await asyncio.gather(
+            *self._splits, *self._compactions, *trimming, return_exceptions=True
+        )
         # One at a time, deepest level first, re-reading the set each time: nothing may be
         # left unclosed, whatever changed it while a tablet was being closed.
         while self._tablets:
@@ -500,7 +527,8 @@ class TabletServer:
 
     async def _direct_replay(self, ref: LogRef, record: TabletRecord) -> AsyncIterator[Cell]:
         """A log nobody sorted, read whole once for every tablet recovered from it here."""
-        for cell in tablet_cells(await self._dead_logs.records(ref), record):
+        records = await self._dead_logs.records(ref, record.log_start(ref))
+        for cell in tablet_cells(records, record):
             yield cell
 
     async def unload_tablet(self, req: UnloadTabletRequest) -> None:

@@ -333,7 +333,9 @@ async def test_a_dead_workers_log_is_planned_before_its_root_tablet_is_loaded() 
     store, coord = MemoryObjectStore(), MemoryCoordinator()
     transport = PlanBeforeRoot(store)
     first = await new_worker("w0", store, coord, transport)
-    recovery = LogRecovery(store, InProcessSortExecutor(store), coord, task_bytes=1 << 20)
+    recovery = LogRecovery(
+        store, InProcessSortExecutor(store), coord, task_bytes=1 << 20, early_system_plans=True
+    )
     master = Master(coordinator=coord, transport=transport, recovery=recovery)
     workers = [first]
     try:

@@ -19,3 +19,6 @@ def test_recovery_bench_reports_reads_per_method(tmp_path: Path) -> None:
     assert sorted_["log_read_ratio"] == 1.0  # the sorter reads it once
     assert sorted_["read_ratio"] < 2.2  # plus each tablet's runs, about the log again
     assert sorted_["tasks"] >= 1 and sorted_["sort_seconds"] > 0
+    # A sorter that replays the tablets it sorted reads the runs from its memory.
+    owner = rows[("sorted, owner sorts", 1)]
+    assert owner["log_read_ratio"] == 1.0 and owner["read_ratio"] < 1.2

@@ -173,6 +173,29 @@ async def test_a_process_reads_each_recovery_object_once() -> None:
     assert gets == 1 + len(plan.tasks) + len(catch_all)
 
 
+async def test_a_plan_from_a_log_position_sorts_only_the_segments_from_there() -> None:
+    """The tablets' log positions (§5.3) bound where their unflushed writes start: the
+    segments below the lowest one are neither read nor sorted."""
+    store = MemoryObjectStore(shared=False)
+    await write_log(store, segments=12)
+    plan = await plan_sort(store, W, INC, TABLETS, task_bytes=10**9, start_segment=7)
+    assert [(t.first, t.stop) for t in plan.tasks] == [(7, 12)]
+    manifests = await asyncio.gather(*(run_sort_task(store, plan, t) for t in plan.tasks))
+    for t in TABLETS:
+        from_position = [
+            c
+            async for c in replay_cells(
+                store, W, INC, t.table_id, t.start_row, t.end_row, 0, start_segment=7
+            )
+        ]
+        order = sorted(from_position, key=lambda c: (c.row, c.seq))
+        assert await from_runs(store, t) == order
+    log_bytes = 0
+    for n in range(12):
+        log_bytes += len(await store.get(layout.log_segment_key(W, INC, n)) or b"")
+    assert sum(m.read_bytes for m in manifests) < log_bytes / 2
+
+
 async def test_plan_is_made_once_and_reused_after_failover() -> None:
     store = MemoryObjectStore(shared=False)
     await write_log(store)

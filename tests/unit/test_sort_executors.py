@@ -268,6 +268,21 @@ async def test_a_slow_store_holds_the_assignment_round_back_only_plan_wait() -> 
     await recovery.close()
 
 
+async def test_a_plan_starts_at_the_lowest_log_position_of_the_listing() -> None:
+    """§5.3 log positions: the full listing's records bound where their writes past the redo
+    point start; the plan sorts only the segments from the lowest one on."""
+    store = MemoryObjectStore(shared=False)
+    await write_log(store)
+    coord = MemoryCoordinator()
+    dead = LogRef(W, INC)
+    records = [replace(r, log_starts={dead: 3 + i}) for i, r in enumerate(_records((dead,)))]
+    recovery = LogRecovery(store, CountingExecutor(store), coord, task_bytes=10**9)
+    await recovery.start(records, {}, live=[])
+    await recovery.wait()
+    plan = await load_plan(store, W, INC)
+    assert plan is not None and [(t.first, t.stop) for t in plan.tasks] == [(3, plan.fence)]
+
+
 async def test_an_early_plan_partitions_by_every_known_tablet() -> None:
     """Before the root is loaded the master knows the tablets from its last listing, some of
     which were loaded on the dead worker since (their records read then do not list its log
@@ -281,7 +296,13 @@ async def test_an_early_plan_partitions_by_every_known_tablet() -> None:
     root = TabletRecord(
         table_id=METADATA_TABLE_ID, tablet_id="root", start_row=b"", end_row=b"!", logs=(dead,)
     )
-    recovery = LogRecovery(store, CountingExecutor(store), coord, task_bytes=3000)
+    # By default no plan is made before the full listing (it bounds the log positions).
+    default = LogRecovery(store, CountingExecutor(store), coord, task_bytes=3000)
+    await default.start([root, *user], {}, live=[], early=True)
+    assert default.sorting == {} and await load_plan(store, W, INC) is None
+    recovery = LogRecovery(
+        store, CountingExecutor(store), coord, task_bytes=3000, early_system_plans=True
+    )
     await recovery.start([root, *user], {}, live=[], early=True)
     await recovery.wait()
     plan = await load_plan(store, W, INC)

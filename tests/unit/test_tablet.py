@@ -234,3 +234,36 @@ async def test_merged_sstable_takes_the_place_of_its_newest_input(h: TabletHarne
     assert [t.key for t in tablet.state.sstables["cold"]] == keys_after
     row = await tablet.read_row(b"r")
     assert row is not None and row.latest("b", b"x") == b"v3"
+
+
+async def test_log_positions_bound_what_recovery_reads(h: TabletHarness) -> None:
+    """§5.3: a redo point is a position in the log. Loading records the log's segment mark,
+    a minor compaction the mark at its freeze, trim_logs (nothing in memory) the mark now;
+    a crash then replays from there, and every write is back."""
+    tablet = h.tablet
+    assert tablet is not None and h.log is not None
+    ref = h.log.log_ref
+    assert tablet.record.logs[-1] == ref and tablet.record.log_start(ref) == 0
+    for i in range(5):
+        await tablet.apply(b"r%d" % i, [SetCell("a", b"q", b"v%d" % i)])
+    await tablet.minor_compact()
+    flushed_at = tablet.record.log_start(ref)
+    assert flushed_at == h.log.writer.next_segment == 5  # one segment per acknowledged write
+    for i in range(5, 8):
+        await tablet.apply(b"r%d" % i, [SetCell("a", b"q", b"v%d" % i)])
+    assert tablet.record.log_start(ref) == flushed_at
+    tablet = await h.recover()
+    rows = await h.scan_all()
+    assert [r.key for r in rows] == [b"r%d" % i for i in range(8)]
+    # The new incarnation: its log from the mark at load; the old one keeps its position.
+    new_ref = h.log.log_ref
+    assert tablet.record.log_start(new_ref) == 0 and tablet.record.log_start(ref) == flushed_at
+    await tablet.minor_compact()
+    await tablet.apply(b"r8", [SetCell("a", b"q", b"v8")])
+    await tablet.minor_compact()
+    await tablet.trim_logs()  # nothing in memory: the record alone moves to the log's end
+    assert tablet.record.logs == (new_ref,)
+    assert tablet.record.log_start(new_ref) == h.log.writer.next_segment
+    await tablet.apply(b"r9", [SetCell("a", b"q", b"v9")])
+    await h.recover()
+    assert [r.key for r in await h.scan_all()] == [b"r%d" % i for i in range(10)]

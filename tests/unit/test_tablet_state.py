@@ -123,6 +123,33 @@ def test_minor_keeps_what_changed_after_the_freeze() -> None:
     assert after.record.logs == (FREEZE_LOG, NEW_LOG)  # and the logs that hold them listed
 
 
+def test_minor_records_the_log_position_at_freeze_and_keeps_later_logs_positions() -> None:
+    """§5.3 log positions: the log at freeze is read from where the writes not flushed may
+    start; a log listed after the freeze keeps the position it was listed with; the logs
+    listed before the freeze are dropped with their positions."""
+    state, result = _minor_after_freeze()
+    state = replace(state, record=replace(state.record, log_starts={OLD_LOG: 4, FREEZE_LOG: 2}))
+    result = replace(result, log_start=40)
+    after = apply_minor(state, result, now=5.0)
+    assert after.record.log_starts == {FREEZE_LOG: 40}
+    assert after.record.log_start(FREEZE_LOG) == 40 and after.record.log_start(NEW_LOG) == 0
+    moved = replace(
+        state,
+        record=replace(
+            state.record,
+            logs=(*state.record.logs, NEW_LOG),
+            log_starts={**state.record.log_starts, NEW_LOG: 7},
+        ),
+    )
+    after = apply_minor(moved, result, now=5.0)
+    assert after.record.log_starts == {FREEZE_LOG: 40, NEW_LOG: 7}
+    # The record keeps them across its JSON form; positions of logs not listed are not kept.
+    again = TabletRecord.from_bytes(after.record.to_bytes())
+    assert again.log_starts == {FREEZE_LOG: 40, NEW_LOG: 7}
+    stale = replace(after.record, logs=(NEW_LOG,))
+    assert TabletRecord.from_bytes(stale.to_bytes()).log_starts == {NEW_LOG: 7}
+
+
 def test_minor_leaves_a_memtable_frozen_after_it() -> None:
     state, result = _minor_after_freeze()
     later = _memtable(8)
