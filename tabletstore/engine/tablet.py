@@ -601,8 +601,13 @@ class Tablet:
             logged.append((i, first, cells))
         if not logged:
             return
+        # The log position a minor compaction records must stay at or below the segment
+        # these records land in (_log_start_now): no await since allocate, so the mark now
+        # is the mark at allocation.
+        mark = (self._log.log_ref, self._log.segment_mark())
         for _, first, cells in logged:
             self._in_flight[first] = len(cells)
+            self._in_flight_marks[first] = mark
         self._idle.clear()
         try:
             results = await self._log.append_many(
@@ -617,6 +622,7 @@ class Tablet:
         finally:
             for _, first, _ in logged:
                 del self._in_flight[first]
+                del self._in_flight_marks[first]
             if not self._in_flight:
                 self._idle.set()
         if self._state.memtable.approximate_size >= self._options.memtable_flush_bytes:
