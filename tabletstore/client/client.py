@@ -32,6 +32,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from typing import TypeVar, cast
 
+from tabletstore.client.coalesce import Coalescer
 from tabletstore.client.location import LocationCache
 from tabletstore.data.filters import RowFilter
 from tabletstore.data.model import (
@@ -103,6 +104,13 @@ T = TypeVar("T")
 #: in requests of about this size; one row mutation (at most ``MAX_MUTATION_BYTES``) always
 #: fits a frame on its own.
 _REQUEST_BYTES = BATCH_REQUEST_BYTES
+#: At most this many point reads or single-row mutations share one request (coalesce.py).
+_COALESCE_ITEMS = 128
+#: The tablet a coalesced request goes to and who sends it: (worker address, table id,
+#: tablet id, identity).
+_TabletKey = tuple[str, str, str, str | None]
+#: A coalesced mutation's outcome: its entry's error, or () if it was applied.
+_Errors = tuple[TabletStoreError, ...]
 
 
 #: What the client asks of the master: the master's service (the embedded database's Master
@@ -188,6 +196,7 @@ class AsyncClient:
         identity: str | None = None,
         retry_deadline: float = 30.0,
         locations: LocationCache | None = None,
+        coalesce: bool = False,
     ) -> None:
         self._catalog = catalog
         self._transport = transport
@@ -198,6 +207,18 @@ class AsyncClient:
         self.locations = locations or LocationCache(catalog.coordinator, transport)
         self._tables: dict[str, TableInfo] = {}
         self._stubs: dict[str, TabletService] = {}
+        #: With ``coalesce`` (a cluster client: each request crosses a socket), concurrent
+        #: single-row reads and mutations to one tablet share a request (client/coalesce.py).
+        self._point_reads: Coalescer[_TabletKey, bytes, Row | LargeRow | None] | None = None
+        self._point_writes: Coalescer[_TabletKey, RowMutation, _Errors] | None = None
+        if coalesce:
+            self._point_reads = Coalescer(self._read_group, max_items=_COALESCE_ITEMS)
+            self._point_writes = Coalescer(
+                self._write_group,
+                max_items=_COALESCE_ITEMS,
+                max_bytes=_REQUEST_BYTES,
+                size=lambda e: mutation_bytes(e.row, e.mutations),
+            )
 
     @property
     def catalog(self) -> Catalog:
@@ -420,6 +441,36 @@ class AsyncClient:
         recent.sort()
         return ClusterStatus(await self._catalog.master_address(), workers, recent[-events:])
 
+    # ------------------------------------------------------------------ coalescing
+
+    async def _read_group(self, key: _TabletKey, rows: list[bytes]) -> list[Row | LargeRow | None]:
+        """One ``read_row`` request for the point reads of one tablet (``_point_reads``): each
+        caller's row, or None; a ``LargeRow`` answer (the rows are too large for one reply)
+        sends each caller to read its row alone."""
+        location, table_id, tablet_id, identity = key
+        keys = tuple(dict.fromkeys(rows))  # two callers of one row: read once
+        reply = await self._worker(location).read_row(
+            ReadRowsRequest(table_id, tablet_id, keys=keys, identity=identity)
+        )
+        if type(reply) is LargeRow:
+            return [reply] * len(rows)
+        assert isinstance(reply, RowBatch)
+        found = {r.key: r for r in reply.rows}
+        return [found.get(row) for row in rows]
+
+    async def _write_group(self, key: _TabletKey, entries: list[RowMutation]) -> list[_Errors]:
+        """One ``MutateRows`` request for the single-row mutations of one tablet
+        (``_point_writes``): for each caller, its entry's error (``(error,)``) or ``()`` if it
+        was applied. An error of the whole call is raised (to every caller)."""
+        location, table_id, tablet_id, identity = key
+        resp = await self._worker(location).mutate_rows(
+            MutateRowsRequest(table_id, tablet_id, tuple(entries), identity)
+        )
+        outcome: list[_Errors] = [()] * len(entries)
+        for e in resp.errors:
+            outcome[e.index] = (e.exception(),)
+        return outcome
+
     # ------------------------------------------------------------------ routing
 
     async def _info(self, name: str, *, refresh: bool = False) -> TableInfo:
@@ -635,10 +686,14 @@ class AsyncTable:
                 batch.give_up(indexes, exc)
                 break
             sends = [
-                self._send(batch, rec, part) for rec, idx in groups for part in _by_size(entries, idx)
+                self._send(batch, rec, part)
+                for rec, idx in groups
+                for part in _by_size(entries, idx)
             ]
-            # One request (a single write, or a batch within one tablet): no task to spawn.
-            await (sends[0] if len(sends) == 1 else asyncio.gather(*sends))
+            if len(sends) == 1:
+                await sends[0]  # one request (a single row, say): no task of its own
+            else:
+                await asyncio.gather(*sends)
             indexes = batch.take_retries()
             if indexes:
                 if loop.time() >= deadline:
@@ -677,12 +732,18 @@ class AsyncTable:
         """One MutateRows request to ``rec``'s worker; outcomes recorded in ``batch``."""
         client = self._client
         entries = batch.entries
-        req = MutateRowsRequest(
-            rec.table_id, rec.tablet_id, tuple(entries[i] for i in idx), client.identity
-        )
         assert rec.location is not None
         try:
-            resp = await client._worker(rec.location).mutate_rows(req)
+            if len(idx) == 1 and client._point_writes is not None:
+                # One row (mutate_row): shares a request with others to this tablet.
+                key = (rec.location, rec.table_id, rec.tablet_id, client.identity)
+                errors = [(0, e) for e in await client._point_writes.submit(key, entries[idx[0]])]
+            else:
+                req = MutateRowsRequest(
+                    rec.table_id, rec.tablet_id, tuple(entries[i] for i in idx), client.identity
+                )
+                resp = await client._worker(rec.location).mutate_rows(req)
+                errors = [(e.index, e.exception()) for e in resp.errors]
         except Indeterminate as exc:
             # Sent, no answer: the owner may be dead or moved (forget where this tablet was);
             # any entry may have been applied.
@@ -696,9 +757,8 @@ class AsyncTable:
                 # Refused as a whole for another reason (a malformed request): none applied.
                 batch.fail(idx, exc)
             return
-        for e in resp.errors:
-            i = idx[e.index]
-            error = e.exception()
+        for index, error in errors:
+            i = idx[index]
             if _refused(type(error)):
                 batch.refused([i], error)
             elif isinstance(error, Indeterminate):
@@ -768,6 +828,20 @@ class AsyncTable:
             for f in fams:
                 if f not in info.schema.families:
                     raise InvalidArgument(f"table {self.name!r} has no column family {f!r}")
+        point_reads = client._point_reads
+        if point_reads is not None and filter is None and fams is None:
+            # A plain point read shares a request with others to this tablet.
+            got = await client._with_retry(
+                self.name,
+                row,
+                "read",
+                lambda w, i, r: point_reads.submit(
+                    (cast(str, r.location), i.table_id, r.tablet_id, client.identity), row
+                ),
+                safe=True,
+            )
+            if type(got) is not LargeRow:
+                return cast(Row | None, got)
         reply = await client._with_retry(
             self.name,
             row,

@@ -171,6 +171,7 @@ class ClusterClient(AsyncClient):
             admin=master_client(coordinator, transport),
             identity=identity,
             locations=locations,
+            coalesce=True,  # every request crosses a socket: share them (client/coalesce.py)
         )
         self.url = url
         self.coordinator = coordinator

@@ -885,19 +885,39 @@ class TabletServer:
                     yield item
 
     async def read_row(self, req: ReadRowsRequest) -> RowBatch | LargeRow:
-        """A point read (``req.keys[0]``) answered in one reply: no stream to set up. A row
-        too large for one reply is answered ``LargeRow``: the client streams it instead."""
+        """Point reads (``req.keys``: one, or the concurrent reads of a cluster client,
+        client/coalesce.py) answered in one reply: no stream to set up. Each row is read
+        atomically on its own; the reply holds those that have (matching) cells, in the order
+        of ``req.keys``. Rows too large together for one reply are answered ``LargeRow``:
+        the client reads each alone, streaming one that is still too large."""
         tablet = self._tablet(req.table_id, req.tablet_id)
-        if len(req.keys) != 1 or req.ranges:
-            raise InvalidArgument("read_row takes exactly one row key and no ranges")
+        if not req.keys or req.ranges:
+            raise InvalidArgument("read_row takes one or more row keys and no ranges")
         families = set(req.families) if req.families is not None else None
-        row = await tablet.read_row(
-            req.keys[0], filter=req.filter, families=families, identity=req.identity
-        )
-        if row is None:
-            return RowBatch(())
-        size = row_bytes(row)
-        return RowBatch((row,)) if size <= UNARY_ROW_BYTES else LargeRow(row.key, size)
+        if len(req.keys) == 1:
+            row = await tablet.read_row(
+                req.keys[0], filter=req.filter, families=families, identity=req.identity
+            )
+            rows: tuple[Row, ...] = () if row is None else (row,)
+        else:
+            # Concurrently: a read from the store must not wait for the others' reads. One
+            # that fails (a key outside the tablet after a split) fails the request: each
+            # caller's client retries its own read.
+            found = await asyncio.gather(
+                *(
+                    tablet.read_row(
+                        key, filter=req.filter, families=families, identity=req.identity
+                    )
+                    for key in req.keys
+                ),
+                return_exceptions=True,
+            )
+            for got in found:
+                if isinstance(got, BaseException):
+                    raise got
+            rows = tuple(row for row in found if isinstance(row, Row))
+        size = sum(row_bytes(row) for row in rows)
+        return RowBatch(rows) if size <= UNARY_ROW_BYTES else LargeRow(rows[0].key, size)
 
     async def check_and_mutate(self, req: CheckAndMutateRequest) -> CheckAndMutateResponse:
         tablet = self._tablet(req.table_id, req.tablet_id)

@@ -1,0 +1,226 @@
+"""A cluster client (``coalesce=True``) sends the concurrent single-row reads and mutations of
+one tablet as one request (client/coalesce.py), and each caller still sees what its own
+request would have given: its row, its entry's error, retries of what was refused, and
+Indeterminate for a write whose request got no answer -- over a real TCP connection too."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from tabletstore.client.client import AsyncClient
+from tabletstore.data.model import Cell, Row, SetCell
+from tabletstore.errors import Indeterminate, InvalidArgument, NotServing, TabletStoreError
+from tabletstore.metadata.record import TabletRecord
+from tabletstore.rpc import frames
+from tabletstore.rpc.client import TcpTransport
+from tabletstore.rpc.messages import (
+    EntryError,
+    LargeRow,
+    MutateRowsRequest,
+    MutateRowsResponse,
+    ReadRowsRequest,
+    RowBatch,
+)
+from tabletstore.rpc.services import TABLET, TabletService
+from tabletstore.rpc.transport import Method
+from tabletstore.rpc.wire import register_all
+from tests.unit.test_client_retry import Admin, OneTablet, put
+
+MUTATE = TABLET.method(TabletService.mutate_rows)
+READ = TABLET.method(TabletService.read_row)
+
+
+def row(key: bytes) -> Row:
+    return Row(key, (Cell("f", b"c", 1, b"v:" + key),))
+
+
+class Worker:
+    """A scripted transport: MutateRows answers per row from ``entry_errors`` (each used once),
+    or a whole-call error from ``call_errors``; read_row answers the rows in ``rows``."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, tuple[bytes, ...]]] = []
+        self.entry_errors: dict[bytes, TabletStoreError] = {}
+        self.call_errors: list[TabletStoreError] = []
+        self.rows: dict[bytes, Row] = {}
+        self.large = False
+
+    async def call(
+        self,
+        address: str,
+        method: Method,
+        request: Any,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 (the Transport signature)
+    ) -> Any:
+        await asyncio.sleep(0)
+        if method is MUTATE:
+            assert isinstance(request, MutateRowsRequest)
+            rows = tuple(e.row for e in request.entries)
+            self.requests.append(("mutate", rows))
+            if self.call_errors:
+                raise self.call_errors.pop(0)
+            return MutateRowsResponse(
+                tuple(
+                    EntryError.of(i, self.entry_errors.pop(r))
+                    for i, r in enumerate(rows)
+                    if r in self.entry_errors
+                )
+            )
+        assert method is READ and isinstance(request, ReadRowsRequest)
+        self.requests.append(("read", request.keys))
+        if self.large and len(request.keys) > 1:
+            return LargeRow(request.keys[0], 10**9)
+        return RowBatch(tuple(self.rows[k] for k in request.keys if k in self.rows))
+
+    def stream(
+        self, address: str, method: Method, request: Any, *, timeout: float | None = None
+    ) -> AsyncIterator[Any]:
+        raise AssertionError("no streams here")
+
+    async def close(self) -> None:
+        pass
+
+
+def coalescing_client(transport: Any) -> AsyncClient:
+    return AsyncClient(
+        catalog=None,  # type: ignore[arg-type]  # not used by reads and writes
+        transport=transport,
+        admin=Admin(),  # type: ignore[arg-type]
+        retry_deadline=5.0,
+        locations=OneTablet(),  # type: ignore[arg-type]
+        coalesce=True,
+    )
+
+
+async def test_concurrent_writes_share_one_request_and_keep_their_own_outcome() -> None:
+    worker = Worker()
+    worker.entry_errors = {
+        b"r1": NotServing("splitting"),  # refused: sent again, alone
+        b"r2": Indeterminate("log write timed out"),  # may be applied: reported
+        b"r3": InvalidArgument("no such family"),  # refused for good
+    }
+    table = coalescing_client(worker).table("t")
+    rows = [b"r0", b"r1", b"r2", b"r3", b"r4"]
+    results = await asyncio.gather(
+        *(table.mutate_row(r, put()) for r in rows), return_exceptions=True
+    )
+    assert results[0] is None and results[1] is None and results[4] is None
+    assert isinstance(results[2], Indeterminate)
+    assert isinstance(results[3], InvalidArgument)
+    assert worker.requests == [("mutate", tuple(rows)), ("mutate", (b"r1",))]
+
+
+async def test_a_request_without_answer_is_indeterminate_for_each_writer() -> None:
+    worker = Worker()
+    worker.call_errors = [Indeterminate("connection lost with the request in flight")]
+    table = coalescing_client(worker).table("t")
+    idempotent = (SetCell("f", b"c", b"v", timestamp=5),)
+    results = await asyncio.gather(
+        table.mutate_row(b"a", put()),
+        table.mutate_row(b"b", idempotent),
+        table.mutate_row(b"c", put()),
+        return_exceptions=True,
+    )
+    assert isinstance(results[0], Indeterminate) and isinstance(results[2], Indeterminate)
+    assert results[1] is None  # idempotent: sent again
+    assert worker.requests == [("mutate", (b"a", b"b", b"c")), ("mutate", (b"b",))]
+
+
+async def test_concurrent_point_reads_share_one_request() -> None:
+    worker = Worker()
+    worker.rows = {k: row(k) for k in (b"a", b"c")}
+    table = coalescing_client(worker).table("t")
+    got = await asyncio.gather(*(table.read_row(k) for k in (b"c", b"b", b"a", b"c")))
+    assert got == [row(b"c"), None, row(b"a"), row(b"c")]
+    assert worker.requests == [("read", (b"c", b"b", b"a"))]  # each row asked once
+
+
+async def test_reads_too_large_together_are_read_one_by_one() -> None:
+    worker = Worker()
+    worker.rows = {k: row(k) for k in (b"a", b"b")}
+    worker.large = True
+    table = coalescing_client(worker).table("t")
+    got = await asyncio.gather(table.read_row(b"a"), table.read_row(b"b"))
+    assert got == [row(b"a"), row(b"b")]
+    assert worker.requests[0] == ("read", (b"a", b"b"))
+    assert sorted(worker.requests[1:]) == [("read", (b"a",)), ("read", (b"b",))]
+
+
+async def test_filtered_reads_are_not_coalesced() -> None:
+    worker = Worker()
+    table = coalescing_client(worker).table("t")
+    await asyncio.gather(*(table.read_row(k, families=["f"]) for k in (b"a", b"b")))
+    assert sorted(worker.requests) == [("read", (b"a",)), ("read", (b"b",))]
+
+
+async def test_connection_dropped_with_coalesced_writes_outstanding() -> None:
+    """Over TCP: the server takes the request, then the connection drops; every
+    (non-idempotent) writer of the coalesced request gets Indeterminate."""
+    register_all()
+    got_request = asyncio.Event()
+
+    async def black_hole(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(frames.encode_hello(frames.DEFAULT_MAX_FRAME))
+        await reader.readexactly(frames.HELLO_SIZE)
+        await reader.readexactly(frames.HEADER.size)  # the request arrives...
+        got_request.set()
+        writer.transport.abort()  # ...and the connection drops before any answer
+
+    server = await asyncio.start_server(black_hole, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    transport = TcpTransport(timeout=10.0)
+    locations = OneTablet()
+
+    async def locate(table_id: str, key: bytes, *, refresh: bool = False) -> TabletRecord:
+        return TabletRecord(table_id, "t0", b"", None, location=f"127.0.0.1:{port}")
+
+    locations.locate = locate  # type: ignore[method-assign]
+    client = AsyncClient(
+        catalog=None,  # type: ignore[arg-type]
+        transport=transport,
+        admin=Admin(),  # type: ignore[arg-type]
+        retry_deadline=5.0,
+        locations=locations,  # type: ignore[arg-type]
+        coalesce=True,
+    )
+    table = client.table("t")
+    try:
+        results = await asyncio.gather(
+            *(table.mutate_row(b"r%d" % i, put()) for i in range(4)), return_exceptions=True
+        )
+    finally:
+        await transport.close()
+        server.close()
+        await server.wait_closed()
+    assert got_request.is_set()
+    assert all(isinstance(r, Indeterminate) for r in results), results
+
+
+@pytest.mark.parametrize("n", [1, 3])
+async def test_worker_reads_several_keys_in_one_read_row(n: int) -> None:
+    """The worker's side: ``read_row`` with several keys (embedded database, in-process)."""
+    from tabletstore.embedded import Database
+    from tabletstore.rpc.services import TABLET as SERVICE
+
+    db = await Database.open(f"memory://coalesce-read-row-{n}")
+    try:
+        table = await db.create_table("t", ["f"])
+        for k in (b"a", b"c"):
+            await table.mutate_row(k, [SetCell("f", b"q", b"v" + k)])
+        info = await db._info("t")
+        rec = await db.locations.locate(info.table_id, b"a")
+        assert rec.location is not None
+        stub = SERVICE.client(db._transport, rec.location)
+        keys = (b"c", b"b", b"a")[:n]
+        reply = await stub.read_row(ReadRowsRequest(info.table_id, rec.tablet_id, keys=keys))
+        assert isinstance(reply, RowBatch)
+        assert [r.key for r in reply.rows] == [k for k in keys if k != b"b"]
+        with pytest.raises(InvalidArgument):
+            await stub.read_row(ReadRowsRequest(info.table_id, rec.tablet_id, keys=()))
+    finally:
+        await db.close()
