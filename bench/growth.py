@@ -58,6 +58,8 @@ class GrowthPoint:
     s3_per_1000: float
     p99_ms: float
     values_per_second: float
+    #: CPU per value of the timed phase alone (a write's compaction after it left out).
+    phase_cpu_us: float = 0.0
 
     @classmethod
     def of(cls, r: BenchResult, rows: int, disk_bytes: int) -> GrowthPoint:
@@ -70,6 +72,7 @@ class GrowthPoint:
             s3_per_1000=r.per_1000(*Op) or 0.0,
             p99_ms=r.p99_ms,
             values_per_second=r.rate,
+            phase_cpu_us=1e6 * r.cpu_seconds / max(1, r.values),
         )
 
 

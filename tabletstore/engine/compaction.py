@@ -33,7 +33,7 @@ from fractions import Fraction
 from tabletstore.data.schema import GcRule, LocalityGroup
 from tabletstore.engine.iterators import compact_cells, merge_sources
 from tabletstore.keys import Cell, CellKind
-from tabletstore.metadata.record import TabletRecord
+from tabletstore.metadata.record import SSTableRef, TabletRecord
 from tabletstore.options import TabletOptions
 from tabletstore.sstable import SSTableInfo, read_sstable_bytes, write_sstable
 
@@ -42,6 +42,7 @@ __all__ = [
     "GroupSettings",
     "merge_sstables",
     "merge_window",
+    "overlap_depth",
     "plan",
     "plan_major",
     "rewrite_tablet",
@@ -60,19 +61,39 @@ class CompactionTask:
 def plan(record: TabletRecord, options: TabletOptions) -> list[CompactionTask]:
     """Merging compactions that bring every group back to ``max_sstables_per_group``.
 
-    When a group has ``n > max`` SSTables, one merge of at least ``n - max + 1`` consecutive
-    ones brings it back: :func:`merge_window` picks them. Merging all of them is a major
-    compaction (deletion entries can go).
+    A group of ``n > max`` SSTables is left alone while at most ``max`` of them may hold any
+    one row (:func:`overlap_depth`) and ``n <= max_disjoint_sstables_per_group``: a read
+    looks only into SSTables whose row range holds its row, so merging disjoint SSTables
+    (sequential writes) would rewrite bytes for nothing. Otherwise one merge of at least
+    ``n - max + 1`` consecutive ones brings the group back to ``max``: :func:`merge_window`
+    picks them. Merging all of them is a major compaction (deletion entries can go).
     """
     tasks: list[CompactionTask] = []
     limit = max(1, options.max_sstables_per_group)
+    cap = max(limit, options.max_disjoint_sstables_per_group)
     for group, refs in sorted(record.sstables.items()):
-        if len(refs) <= limit:
+        if len(refs) <= limit or (len(refs) <= cap and overlap_depth(refs) <= limit):
             continue
         lo, hi = merge_window([r.size for r in refs], len(refs) - limit + 1)
         inputs = tuple(r.key for r in refs[lo:hi])
         tasks.append(CompactionTask(group, inputs, major=hi - lo == len(refs)))
     return tasks
+
+
+def overlap_depth(refs: Iterable[SSTableRef]) -> int:
+    """The most SSTables of ``refs`` whose row ranges ``[first_row, last_row]`` hold one row
+    (SSTables without cells hold none)."""
+    edges = sorted(
+        edge
+        for r in refs
+        if r.cells
+        for edge in ((r.first_row, 0), (r.last_row, 1))  # a start before an end at one row
+    )
+    depth = most = 0
+    for _, end in edges:
+        depth += -1 if end else 1
+        most = max(most, depth)
+    return most
 
 
 def merge_window(sizes: Sequence[int], least: int) -> tuple[int, int]:

@@ -106,4 +106,5 @@ def test_growth_counts_a_writes_minor_compaction_in_its_cpu() -> None:
     from bench.paper import BenchResult
 
     r = BenchResult("batched writes", "tabletstore", 1000, 10, 1.0, 1.0, 2.0, None, 0.5, 0.25)
-    assert GrowthPoint.of(r, 1000, 1).cpu_us == 750.0
+    point = GrowthPoint.of(r, 1000, 1)
+    assert (point.cpu_us, point.phase_cpu_us) == (750.0, 500.0)

@@ -6,7 +6,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tabletstore.data.schema import MaxAgeRule, MaxVersionsRule
-from tabletstore.engine.compaction import CompactionTask, merge_sstables, plan, plan_major
+from tabletstore.engine.compaction import (
+    CompactionTask,
+    merge_sstables,
+    overlap_depth,
+    plan,
+    plan_major,
+)
 from tabletstore.engine.iterators import merge_sources, visible_cells
 from tabletstore.keys import TS_MAX, Cell, CellKind, cell_sort_key, encode_ts_range
 from tabletstore.metadata.record import SSTableRef, TabletRecord
@@ -94,6 +100,32 @@ def test_plan_major_takes_every_group_with_sstables() -> None:
         CompactionTask("a", ("a0", "a1"), major=True),
         CompactionTask("b", ("b0",), major=True),
     ]
+
+
+def span(key: str, first: bytes, last: bytes, cells: int = 1) -> SSTableRef:
+    return SSTableRef(key, 100, cells, 1, 1, first, last)
+
+
+def test_overlap_depth_counts_the_sstables_that_may_hold_one_row() -> None:
+    assert overlap_depth([]) == 0
+    assert overlap_depth([span("a", b"a", b"c"), span("b", b"d", b"f")]) == 1
+    assert overlap_depth([span("a", b"a", b"c"), span("b", b"c", b"f")]) == 2  # both hold c
+    refs = [span("a", b"a", b"z"), span("b", b"b", b"c"), span("c", b"d", b"e")]
+    assert overlap_depth(refs) == 2
+    assert overlap_depth([span("a", b"a", b"z"), span("e", b"", b"", cells=0)]) == 1
+
+
+def test_plan_leaves_disjoint_sstables_alone_up_to_the_cap() -> None:
+    options = TabletOptions(max_sstables_per_group=2, max_disjoint_sstables_per_group=5)
+    disjoint = [span(f"a{i}", b"%02d" % (9 - i), b"%02da" % (9 - i)) for i in range(5)]
+    rec = TabletRecord("t", "t0", b"", None, sstables={"a": tuple(disjoint)})
+    assert plan(rec, options) == []  # sequential writes: a read looks into one of them
+    rec = TabletRecord("t", "t0", b"", None, sstables={"a": (span("n", b"00", b"99"), *disjoint)})
+    tasks = plan(rec, options)  # one SSTable spans them all: depth 2, but 6 > the cap of 5
+    assert len(tasks) == 1 and len(tasks[0].inputs) >= 5
+    overlapping = (span("x", b"00", b"99"), span("y", b"00", b"99"), *disjoint[:1])
+    rec = TabletRecord("t", "t0", b"", None, sstables={"a": overlapping})
+    assert len(plan(rec, options)) == 1  # three may hold row 09: over the limit of 2
 
 
 @given(
