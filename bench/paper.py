@@ -156,6 +156,10 @@ class BenchResult:
     cost: dict[str, dict[str, int]] | None = None
     #: CPU time of this process (all threads) during the phase: robust on a shared machine.
     cpu_seconds: float = 0.0
+    #: CPU time of the untimed ``after`` step (a write's minor compaction), counted like its
+    #: requests in ``cost``: at a small size every write is compacted there, at a large one
+    #: most compactions run during the phase (``bench.growth`` adds both).
+    after_cpu_seconds: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -352,8 +356,11 @@ async def measure(
         profiler.disable()
         slug = name.replace(" ", "_").replace("(", "").replace(")", "")
         profiler.dump_stats(os.path.join(profile_dir, f"{target.name}-{slug}.prof"))
+    after_cpu = 0.0
     if after is not None:
+        cpu1 = time.process_time()
         await after()
+        after_cpu = time.process_time() - cpu1
     lat.sort()
     return BenchResult(
         benchmark=name,
@@ -365,6 +372,7 @@ async def measure(
         p99_ms=1000 * percentile(lat, 0.99),
         cost=_cost(before, target.stats()),
         cpu_seconds=cpu,
+        after_cpu_seconds=after_cpu,
     )
 
 

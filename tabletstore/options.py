@@ -96,9 +96,14 @@ class TabletOptions:
     #: Freeze the memtable and start a minor compaction past this many bytes. Larger means
     #: fewer, bigger SSTables and longer log replays after a crash.
     memtable_flush_bytes: int = 16 * 1024 * 1024
-    #: Start a merging compaction when a locality group has more SSTables than this. Smaller
-    #: means fewer GETs per read, more rewriting.
+    #: Start a merging compaction when more SSTables than this of a locality group may hold
+    #: one row (their row ranges overlap there): a point read looks into at most this many.
+    #: Smaller means fewer GETs per read, more rewriting.
     max_sstables_per_group: int = 4
+    #: Start one anyway when a group has more SSTables than this, however disjoint their row
+    #: ranges (sequential writes flush disjoint SSTables): each costs an open, memory for its
+    #: footer and a METADATA entry. At least ``max_sstables_per_group``.
+    max_disjoint_sstables_per_group: int = 16
     #: Rows per write-batch bound for memtable inserts; bounds latency of one apply.
     max_row_mutations: int = 100_000
     #: Split a tablet past this many bytes of SSTables (§5; default :data:`SPLIT_BYTES`).

@@ -97,3 +97,14 @@ def test_growth_runs_every_benchmark_at_every_size_and_draws(tmp_path: Path) -> 
     assert all(name in report for name in BENCHMARKS)
     svg = svg_chart(points, "test")
     assert svg.startswith("<svg") and svg.count("<polyline") >= 3 * len(BENCHMARKS)
+
+
+def test_growth_counts_a_writes_minor_compaction_in_its_cpu() -> None:
+    """At a small size every write is compacted after the phase, at a large one during it:
+    the CPU per value counts both, as the requests do."""
+    from bench.growth import GrowthPoint
+    from bench.paper import BenchResult
+
+    r = BenchResult("batched writes", "tabletstore", 1000, 10, 1.0, 1.0, 2.0, None, 0.5, 0.25)
+    point = GrowthPoint.of(r, 1000, 1)
+    assert (point.cpu_us, point.phase_cpu_us) == (750.0, 500.0)

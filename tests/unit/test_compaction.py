@@ -6,7 +6,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tabletstore.data.schema import MaxAgeRule, MaxVersionsRule
-from tabletstore.engine.compaction import CompactionTask, merge_sstables, plan, plan_major
+from tabletstore.engine.compaction import (
+    CompactionTask,
+    merge_sstables,
+    overlap_depth,
+    plan,
+    plan_major,
+)
 from tabletstore.engine.iterators import merge_sources, visible_cells
 from tabletstore.keys import TS_MAX, Cell, CellKind, cell_sort_key, encode_ts_range
 from tabletstore.metadata.record import SSTableRef, TabletRecord
@@ -16,17 +22,21 @@ from tabletstore.sstable import read_sstable_bytes, write_sstable
 NOW = 1_000_000_000
 
 
-def ref(key: str) -> SSTableRef:
-    return SSTableRef(key, 100, 1, 1, 1, b"a", b"z")
+def ref(key: str, size: int = 100) -> SSTableRef:
+    return SSTableRef(key, size, 1, 1, 1, b"a", b"z")
 
 
-def record(groups: dict[str, int]) -> TabletRecord:
+def record(groups: dict[str, int], sizes: dict[str, list[int]] | None = None) -> TabletRecord:
+    sizes = sizes or {}
     return TabletRecord(
         "t",
         "t0",
         b"",
         None,
-        sstables={g: tuple(ref(f"{g}{i}") for i in range(n)) for g, n in groups.items()},
+        sstables={
+            g: tuple(ref(f"{g}{i}", (sizes.get(g) or [100] * n)[i]) for i in range(n))
+            for g, n in groups.items()
+        },
     )
 
 
@@ -34,12 +44,49 @@ def test_plan_leaves_groups_within_the_limit_alone() -> None:
     assert plan(record({"a": 2, "b": 0}), TabletOptions(max_sstables_per_group=2)) == []
 
 
-def test_plan_merges_the_newest_sstables_back_to_the_limit() -> None:
+def test_plan_merges_sstables_of_equal_size_all_at_once() -> None:
+    # Equal sizes: merging all of them rewrites the fewest bytes per SSTable removed.
     tasks = plan(record({"b": 5, "a": 3}), TabletOptions(max_sstables_per_group=2))
     assert tasks == [
-        CompactionTask("a", ("a0", "a1"), major=False),
-        CompactionTask("b", ("b0", "b1", "b2", "b3"), major=False),
+        CompactionTask("a", ("a0", "a1", "a2"), major=True),
+        CompactionTask("b", ("b0", "b1", "b2", "b3", "b4"), major=True),
     ]
+
+
+def test_plan_leaves_a_large_old_sstable_alone() -> None:
+    # The newest merged table is large: merging the small ones behind it is cheaper than
+    # rewriting it again (the old policy merged the newest two at every flush).
+    rec = record({"a": 5}, {"a": [10, 400, 10, 10, 1000]})
+    tasks = plan(rec, TabletOptions(max_sstables_per_group=4))
+    assert tasks == [CompactionTask("a", ("a2", "a3"), major=False)]
+
+
+def test_plan_prefers_the_newer_window_on_a_tie() -> None:
+    rec = record({"a": 4}, {"a": [10, 10, 10, 10]})
+    assert plan(rec, TabletOptions(max_sstables_per_group=3)) == [
+        CompactionTask("a", ("a0", "a1", "a2", "a3"), major=True)
+    ]
+    rec = record({"a": 4}, {"a": [50, 10, 10, 50]})
+    assert plan(rec, TabletOptions(max_sstables_per_group=3)) == [
+        CompactionTask("a", ("a1", "a2"), major=False)
+    ]
+
+
+def test_size_tiered_merges_rewrite_less_as_the_tablet_grows() -> None:
+    """Bytes rewritten by merges per byte flushed, over 16 equal flushes with a limit of 4:
+    the old newest-first policy rewrote 5.6x, the size-tiered one at most 2x."""
+    rewritten, refs = 0, []
+    for i in range(16):
+        refs.insert(0, ref(f"s{i}", 100))
+        rec = TabletRecord("t", "t0", b"", None, sstables={"a": tuple(refs)})
+        for task in plan(rec, TabletOptions(max_sstables_per_group=4)):
+            taken = [r for r in refs if r.key in task.inputs]
+            size = sum(r.size for r in taken)
+            rewritten += size
+            at = refs.index(taken[0])
+            refs = [*refs[:at], ref(f"m{i}", size), *refs[at + len(taken) :]]
+        assert len(refs) <= 4
+    assert rewritten <= 2 * 16 * 100
 
 
 def test_plan_taking_every_sstable_is_major() -> None:
@@ -55,13 +102,47 @@ def test_plan_major_takes_every_group_with_sstables() -> None:
     ]
 
 
-@given(st.dictionaries(st.sampled_from("abcd"), st.integers(0, 9)), st.integers(1, 5))
-def test_plan_brings_every_group_to_at_most_the_limit(groups: dict[str, int], limit: int) -> None:
-    rec = record(groups)
+def span(key: str, first: bytes, last: bytes, cells: int = 1) -> SSTableRef:
+    return SSTableRef(key, 100, cells, 1, 1, first, last)
+
+
+def test_overlap_depth_counts_the_sstables_that_may_hold_one_row() -> None:
+    assert overlap_depth([]) == 0
+    assert overlap_depth([span("a", b"a", b"c"), span("b", b"d", b"f")]) == 1
+    assert overlap_depth([span("a", b"a", b"c"), span("b", b"c", b"f")]) == 2  # both hold c
+    refs = [span("a", b"a", b"z"), span("b", b"b", b"c"), span("c", b"d", b"e")]
+    assert overlap_depth(refs) == 2
+    assert overlap_depth([span("a", b"a", b"z"), span("e", b"", b"", cells=0)]) == 1
+
+
+def test_plan_leaves_disjoint_sstables_alone_up_to_the_cap() -> None:
+    options = TabletOptions(max_sstables_per_group=2, max_disjoint_sstables_per_group=5)
+    disjoint = [span(f"a{i}", b"%02d" % (9 - i), b"%02da" % (9 - i)) for i in range(5)]
+    rec = TabletRecord("t", "t0", b"", None, sstables={"a": tuple(disjoint)})
+    assert plan(rec, options) == []  # sequential writes: a read looks into one of them
+    rec = TabletRecord("t", "t0", b"", None, sstables={"a": (span("n", b"00", b"99"), *disjoint)})
+    tasks = plan(rec, options)  # one SSTable spans them all: depth 2, but 6 > the cap of 5
+    assert len(tasks) == 1 and len(tasks[0].inputs) >= 5
+    overlapping = (span("x", b"00", b"99"), span("y", b"00", b"99"), *disjoint[:1])
+    rec = TabletRecord("t", "t0", b"", None, sstables={"a": overlapping})
+    assert len(plan(rec, options)) == 1  # three may hold row 09: over the limit of 2
+
+
+@given(
+    st.dictionaries(st.sampled_from("abcd"), st.lists(st.integers(0, 1000), max_size=9)),
+    st.integers(1, 5),
+)
+def test_plan_brings_every_group_to_at_most_the_limit(
+    sizes: dict[str, list[int]], limit: int
+) -> None:
+    groups = {g: len(s) for g, s in sizes.items()}
+    rec = record(groups, sizes)
     after = dict(groups)
     for task in plan(rec, TabletOptions(max_sstables_per_group=limit)):
         refs = [r.key for r in rec.sstables[task.group]]
-        assert list(task.inputs) == refs[: len(task.inputs)]  # the newest, in order
+        at = refs.index(task.inputs[0])
+        assert list(task.inputs) == refs[at : at + len(task.inputs)]  # consecutive, in order
+        assert task.major == (len(task.inputs) == len(refs))
         after[task.group] -= len(task.inputs) - 1
     assert all(n <= limit for n in after.values())
     assert all(after[g] == n for g, n in groups.items() if n <= limit)

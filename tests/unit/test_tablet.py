@@ -8,6 +8,7 @@ merged SSTable goes, and closing with a flush.
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 
 import pytest
@@ -223,7 +224,9 @@ async def test_merged_sstable_takes_the_place_of_its_newest_input(h: TabletHarne
     tablet = h.tablet
     assert tablet is not None
     for k in range(4):
-        await tablet.apply(b"r", [SetCell("b", b"x", b"v%d" % k, h.now_micros())])
+        # The oldest SSTable is large: the planner merges the three small ones in front of it.
+        value = b"v%d" % k + (os.urandom(100_000) if k == 0 else b"")
+        await tablet.apply(b"r", [SetCell("b", b"x", value, h.now_micros())])
         await tablet.minor_compact()
     keys_before = [r.key for r in tablet.record.sstables["cold"]]
     assert len(keys_before) == 4
