@@ -314,6 +314,42 @@ async def test_tokens_authenticate_until_revoked(cluster: SecureCluster) -> None
             await stub.read_row(ReadRowsRequest(table_id, tablet_id, keys=(b"row",)))
 
 
+async def test_a_revoked_token_stops_its_live_connections(cluster: SecureCluster) -> None:
+    """A connection authenticated by a token is not served once the token is revoked: its
+    next calls fail PermissionDenied within the server's re-check interval (2 s)."""
+    _, table_id, tablet_id = await _alice_table(cluster)
+    tokens = TokenStore(cluster.coordinator)
+    token = await tokens.create("alice")
+    client = await ClusterClient.open(cluster.url, tls=cluster.ca_only(), token=token)
+    async with _raw(cluster, ClientAuth(cluster.ca_only(), token)) as transport:
+        stub = TABLET.client(transport, cluster.worker_address)
+        request = ReadRowsRequest(table_id, tablet_id, keys=(b"row",))
+        try:
+            assert await client.table("secrets").read_row(b"row") is not None
+            assert (await stub.read_row(request)).rows  # both connections are up and served
+            await tokens.revoke("alice")
+
+            async def refused(call) -> bool:  # type: ignore[no-untyped-def]
+                try:
+                    await call()
+                except PermissionDenied as exc:
+                    assert "revoked" in str(exc) or "refused" in str(exc), exc
+                    return True
+                return False
+
+            await _wait_for(
+                lambda: refused(lambda: stub.read_row(request)), "the raw connection's refusal"
+            )
+            await _wait_for(
+                lambda: refused(lambda: client.table("secrets").read_row(b"row")),
+                "the client's refusal",
+            )
+            with pytest.raises(PermissionDenied):  # and it stays refused
+                await stub.read_row(request)
+        finally:
+            await client.close()
+
+
 async def test_a_token_needs_tls() -> None:
     with pytest.raises(InvalidArgument, match="only over TLS"):
         await ClusterClient.open("memory://x", token="tst_abc")
