@@ -518,3 +518,84 @@ def test_local_stack_with_tls_serves_over_mutual_tls_and_etcd_wants_a_certificat
             connect(plain_etcd, tls=stack.tls("client")).close()
     finally:
         localstack.down(directory)
+
+
+async def test_etcd_users_and_roles_guard_the_schemas_and_acls(restartable_etcd) -> None:  # type: ignore[no-untyped-def]
+    """etcd's own authentication (issue 16): a client with no etcd user, or with the read-only
+    one, cannot write the schema and ACL keys; the cluster's user can, also after an etcd
+    restart (its token is gone: the coordinator authenticates again)."""
+    from tabletstore.coordination import paths
+    from tabletstore.coordination.etcd import EtcdGrant, enable_auth
+
+    ns = "cluster"
+    base = restartable_etcd.url(ns)
+    secrets = restartable_etcd.root
+    (secrets / "cluster.password").write_text("cluster-pw\n")
+    (secrets / "reader.password").write_text("reader-pw\n")
+    await enable_auth(
+        base,
+        root_password="root-pw",
+        grants=[
+            EtcdGrant("tabletstore-cluster", "cluster-pw", "readwrite", (ns,)),
+            EtcdGrant("tabletstore-reader", "reader-pw", "read", (ns,)),
+        ],
+    )
+    endpoint = restartable_etcd.endpoint
+
+    def url(user: str, file: str, namespace: str = ns) -> str:
+        return f"etcd://{user}@{endpoint}/{namespace}?password_file={secrets / file}"
+
+    cluster = open_coordinator(url("tabletstore-cluster", "cluster.password"))
+    reader = open_coordinator(url("tabletstore-reader", "reader.password"))
+    anonymous = open_coordinator(base)
+    other_ns = open_coordinator(url("tabletstore-cluster", "cluster.password", "elsewhere"))
+    wrong = open_coordinator(f"etcd://tabletstore-cluster:nope@{endpoint}/{ns}")
+    try:
+        schema, acl = paths.schema("t"), paths.acl("t")
+        await cluster.put(schema, b"{}")
+        await cluster.put(acl, b"{}")
+        lease = await cluster.grant_lease(5)
+        await cluster.put(paths.server("w1"), b"w1", lease=lease)
+        assert (await reader.get(schema)) is not None  # the reader reads...
+        for client in (reader, anonymous):  # ...and neither it nor a stranger writes
+            for key in (schema, acl, paths.TOKENS + "x"):
+                with pytest.raises(PermissionDenied):
+                    await client.put(key, b"forged")
+            with pytest.raises(PermissionDenied):
+                await client.delete(schema)
+        with pytest.raises(PermissionDenied):
+            await anonymous.get(schema)
+        with pytest.raises(PermissionDenied):
+            await other_ns.put("x", b"outside its namespace")
+        with pytest.raises(PermissionDenied, match="refused the user"):
+            await wrong.get(schema)
+        assert "nope" not in wrong.url
+        assert (await cluster.get(schema)).value == b"{}"  # type: ignore[union-attr]
+
+        restartable_etcd.stop()  # etcd forgets its tokens
+        restartable_etcd.start()
+        await cluster.put(schema, b'{"v": 2}')
+        assert (await reader.get(schema)).value == b'{"v": 2}'  # type: ignore[union-attr]
+    finally:
+        for c in (cluster, reader, anonymous, other_ns, wrong):
+            await c.close()
+
+
+def test_etcd_urls_carry_a_user_and_a_password_file(tmp_path: Path) -> None:
+    from tabletstore.coordination.etcd import parse_etcd_credentials, parse_etcd_url, redact_url
+
+    (tmp_path / "pw").write_text("s3cret\n")
+    url = f"etcd://alice@127.0.0.1:2379/ns?password_file={tmp_path / 'pw'}"
+    assert parse_etcd_credentials(url) == ("alice", "s3cret")
+    assert parse_etcd_url(url) == ([("127.0.0.1", 2379)], "ns")
+    assert parse_etcd_credentials("etcd://a:b%40c@h:1/ns") == ("a", "b@c")
+    assert redact_url("etcd://a:b@h:1/ns") == "etcd://a:***@h:1/ns"
+    assert parse_etcd_credentials("etcd://h:1/ns") is None
+    with pytest.raises(InvalidArgument, match="no password"):
+        parse_etcd_credentials("etcd://alice@h:1/ns")
+    with pytest.raises(InvalidArgument, match="needs a user"):
+        parse_etcd_credentials(f"etcd://h:1/ns?password_file={tmp_path / 'pw'}")
+    with pytest.raises(InvalidArgument, match="not both"):
+        parse_etcd_credentials(f"etcd://a:b@h:1/ns?password_file={tmp_path / 'pw'}")
+    with pytest.raises(InvalidArgument, match="cannot read"):
+        parse_etcd_credentials(f"etcd://a@h:1/ns?password_file={tmp_path / 'missing'}")
