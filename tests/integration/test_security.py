@@ -503,7 +503,7 @@ def test_local_stack_with_tls_serves_over_mutual_tls_and_etcd_wants_a_certificat
     directory = tmp_path / "stack"
     stack = localstack.up(directory, workers=1, store_url=(tmp_path / "objects").as_uri(), tls=True)
     try:
-        assert stack.cluster_url is not None and "?ca=" in stack.cluster_url
+        assert stack.cluster_url is not None and "&ca=" in stack.cluster_url
         db = connect(stack.cluster_url, tls=stack.tls("client"))
         try:
             table = db.create_table("t", ["f"])
@@ -513,11 +513,45 @@ def test_local_stack_with_tls_serves_over_mutual_tls_and_etcd_wants_a_certificat
             assert db.describe_table("t").admins == ["client"]
         finally:
             db.close()
-        plain_etcd = stack.cluster_url.split("?", 1)[0]
+        plain_etcd = with_tls_only(stack).split("?", 1)[0]
         with pytest.raises(TabletStoreError):
             connect(plain_etcd, tls=stack.tls("client")).close()
+        # etcd's own users: the printed URL reads but cannot write the schemas or ACLs; a
+        # certificate without an etcd user gets nothing; the operator URL makes tokens.
+        assert "tabletstore-reader@" in stack.cluster_url and "password_file=" in stack.cluster_url
+        assert stack.admin_url is not None and "tabletstore-cluster@" in stack.admin_url
+
+        async def etcd_checks() -> None:
+            from tabletstore.coordination import paths
+
+            reader = open_coordinator(stack.cluster_url)
+            anonymous = open_coordinator(with_tls_only(stack))
+            admin = open_coordinator(stack.admin_url)
+            try:
+                assert await reader.get(paths.schema("t")) is not None
+                for client in (reader, anonymous):
+                    with pytest.raises(PermissionDenied):
+                        await client.put(paths.schema("t"), b"forged")
+                    with pytest.raises(PermissionDenied):
+                        await client.put(paths.acl("t"), b"forged")
+                with pytest.raises(PermissionDenied):
+                    await anonymous.get(paths.schema("t"))
+                assert (await TokenStore(admin).create("carol")).startswith("tst_")
+            finally:
+                for c in (reader, anonymous, admin):
+                    await c.close()
+
+        asyncio.run(etcd_checks())
     finally:
         localstack.down(directory)
+
+
+def with_tls_only(stack) -> str:  # type: ignore[no-untyped-def]
+    """The stack's cluster URL with its client certificate and no etcd user."""
+    from tabletstore.cli import localstack
+
+    host_port = stack.etcd_url.split("://", 1)[1].split("/", 1)[0]
+    return localstack.with_tls(f"etcd://{host_port}/cluster", stack.tls("client"))
 
 
 async def test_etcd_users_and_roles_guard_the_schemas_and_acls(restartable_etcd) -> None:  # type: ignore[no-untyped-def]
