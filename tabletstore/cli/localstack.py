@@ -336,17 +336,23 @@ def _password(path: Path) -> str:
     return path.read_text().splitlines()[0]
 
 
-def etcd_auth(directory: Path, tls_dir: Path, etcd_url: str) -> Path:
-    """Turn etcd's authentication on with the stack's users (module docstring), once per etcd
-    data directory; returns the directory of the password files. ``etcd_url`` reaches etcd
-    (its TLS files)."""
+def etcd_auth(
+    directory: Path,
+    tls_dir: Path,
+    etcd_url: str,
+    *,
+    namespaces: Sequence[str] = STACK_NAMESPACES,
+) -> Path:
+    """Turn etcd's authentication on with the stack's users (module docstring) for
+    ``namespaces``, once per etcd data directory; returns the directory of the password files.
+    ``etcd_url`` reaches etcd (its TLS files)."""
     from tabletstore.coordination.etcd import EtcdGrant, enable_auth
 
     users = tls_dir / "etcd-users"
     users.mkdir(mode=0o700, exist_ok=True)
     root = _password(users / "root.password")
     grants = [
-        EtcdGrant(user, _password(users / f"{user}.password"), permission, STACK_NAMESPACES)  # type: ignore[arg-type]
+        EtcdGrant(user, _password(users / f"{user}.password"), permission, tuple(namespaces))  # type: ignore[arg-type]
         for user, permission in ETCD_USERS
     ]
     if not (directory / _AUTH_MARK).exists():

@@ -54,6 +54,8 @@ class ChaosConfig:
     workers: int = 3
     masters: int = 2
     lease_ttl: float = 3.0
+    #: Issue 16: the cluster over mutual TLS with etcd's own users (ChaosCluster's ``tls``).
+    tls: bool = False
     writers: int = 8
     readers: int = 3
     first_fault: float = 5.0
@@ -266,6 +268,7 @@ async def run_chaos(config: ChaosConfig) -> ChaosReport:
         masters=config.masters,
         lease_ttl=config.lease_ttl,
         seed=config.seed,
+        tls=config.tls,
     )
     # The harness's own S3 client (the attribution's reads from moto) uses moto's dummy
     # credentials, as the processes do; the caller's environment is restored afterwards.
@@ -288,7 +291,7 @@ async def _run_cluster(
     history = History()
     setup_errors: list[str] = []
     try:
-        client = await connect_async(cluster.url)
+        client = await connect_async(cluster.client_url, tls=cluster.client_tls)
         try:
             return await _run(config, plan, cluster, client, history, setup_errors)
         finally:
