@@ -345,9 +345,12 @@ async def measure(
 
         profiler = cProfile.Profile()
         profiler.enable()
+    server_cpu = getattr(target, "server_cpu_seconds", None)
+    server0 = server_cpu() if server_cpu is not None else 0.0
     cpu0 = time.process_time()
     values, seconds, lat = await drive(units, cfg.concurrency)
     cpu = time.process_time() - cpu0
+    extra = {"server_cpu_seconds": server_cpu() - server0} if server_cpu is not None else {}
     if profiler is not None and profile_dir:
         profiler.disable()
         slug = name.replace(" ", "_").replace("(", "").replace(")", "")
@@ -365,6 +368,7 @@ async def measure(
         p99_ms=1000 * percentile(lat, 0.99),
         cost=_cost(before, target.stats()),
         cpu_seconds=cpu,
+        extra=extra,
     )
 
 
@@ -505,29 +509,41 @@ def median_results(results: Sequence[BenchResult]) -> list[BenchResult]:
 
 def ratio_table(results: Sequence[BenchResult]) -> str:
     """For each target ``X:tls`` run next to ``X`` (issue 16's cost of TLS and authentication):
-    values/s of every repeat, their medians and the ratio of the medians, a Markdown table."""
+    values/s of every repeat, their medians and the ratio of the medians, and the CPU time per
+    value of the client and the cluster's processes (robust on a loaded machine), a Markdown
+    table."""
     targets = list(dict.fromkeys(r.target for r in results))
     pairs = [(t.removesuffix(":tls"), t) for t in targets if t.endswith(":tls")]
     pairs = [(p, t) for p, t in pairs if p in targets]
     runs: dict[tuple[str, str], list[float]] = {}
+    cpus: dict[tuple[str, str], list[float]] = {}
     for r in results:
         runs.setdefault((r.target, r.benchmark), []).append(r.rate)
+        cpu = r.cpu_seconds + float(r.extra.get("server_cpu_seconds", 0.0))
+        cpus.setdefault((r.target, r.benchmark), []).append(1e6 * cpu / max(1, r.values))
     lines = []
     for plain, tls in pairs:
         lines += [
-            f"| benchmark | {plain} values/s (runs) | {tls} values/s (runs) | median TLS / plain |",
-            "|---|---|---|---:|",
+            f"| benchmark | {plain} values/s (runs) | {tls} values/s (runs) | median TLS / plain "
+            "| CPU us/value plain, TLS (medians) | CPU TLS / plain |",
+            "|---|---|---|---:|---:|---:|",
         ]
         for name in BENCHMARKS:
             a, b = runs.get((plain, name)), runs.get((tls, name))
             if not a or not b:
                 continue
-            ma, mb = sorted(a)[(len(a) - 1) // 2], sorted(b)[(len(b) - 1) // 2]
+            ma, mb = _median(a), _median(b)
+            ca, cb = _median(cpus[(plain, name)]), _median(cpus[(tls, name)])
             lines.append(
                 f"| {name} | {' '.join(f'{x:,.0f}' for x in a)} | "
-                f"{' '.join(f'{x:,.0f}' for x in b)} | {_fmt(mb / ma if ma else None, '.2f')} |"
+                f"{' '.join(f'{x:,.0f}' for x in b)} | {_fmt(mb / ma if ma else None, '.2f')} "
+                f"| {ca:,.0f}, {cb:,.0f} | {_fmt(cb / ca if ca else None, '.2f')} |"
             )
     return "\n".join(lines)
+
+
+def _median(xs: Sequence[float]) -> float:
+    return sorted(xs)[(len(xs) - 1) // 2]
 
 
 def cluster_table(results: Sequence[BenchResult]) -> str:
