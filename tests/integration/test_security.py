@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import importlib
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -432,9 +433,13 @@ async def test_the_front_door_wants_a_bearer_token_and_acts_for_its_principal(
     cluster: SecureCluster,
 ) -> None:
     grpc = pytest.importorskip("grpc")
-    from google.cloud.bigtable_v2.types import bigtable as bt
-
-    from tabletstore.bigtable_api.server import BigtableApiServer
+    # Imported on a thread: these imports take seconds on a loaded machine, and blocking the
+    # event loop that long lets the in-process master's 5 s lease expire.
+    bt = await asyncio.to_thread(importlib.import_module, "google.cloud.bigtable_v2.types.bigtable")
+    server_module = await asyncio.to_thread(
+        importlib.import_module, "tabletstore.bigtable_api.server"
+    )
+    BigtableApiServer = server_module.BigtableApiServer
 
     await _alice_table(cluster)
     ca.issue(cluster.certs, "frontdoor", role="function")
