@@ -12,12 +12,12 @@ connection is up, its principal is:
 - nothing otherwise: a request on a connection with neither fails the connection with
   PermissionDenied.
 
-A token is checked again while its connection lives: a request that arrives more than
-``ServerAuth.token_recheck`` seconds (default 2) after the last check waits for a new one, so
-``tokens revoke`` ends a live connection's service within that bound (its next request fails
-PermissionDenied and the connection is closed). If the coordinator cannot answer, the last
-good check holds for up to ``token_stale_limit`` seconds; past that, requests fail Unavailable
-until a check succeeds.
+A token is checked again while its connection lives: the first request more than
+``ServerAuth.token_recheck`` seconds (default 2) after the last check starts a new one in the
+background, so ``tokens revoke`` ends a live connection's service within that bound plus one
+etcd read (the check refuses the connection: later requests fail PermissionDenied). Requests
+never wait on etcd while the last good check is younger than ``token_stale_limit`` (30 s);
+past that, they wait for a check and fail Unavailable if the coordinator cannot answer.
 
 Each request's handler runs with the connection's principal in a context variable
 (:func:`current_principal`), which the servers' guards read (``worker/guard.py``,

@@ -348,9 +348,11 @@ class _ServerConnection(FrameConnection):
             self._principal.set_result(principal)
 
     async def _token_still_valid(self) -> None:
-        """Check the connection's token again if its last check is older than
-        ``token_recheck`` (one check at a time; concurrent requests share it). Revoked:
-        PermissionDenied, and the connection is refused."""
+        """Check the connection's token again once its last check is older than
+        ``token_recheck``: in the background while the last good check is younger than
+        ``token_stale_limit`` (a request does not wait on etcd; a revocation found refuses the
+        connection, so the requests after it fail PermissionDenied), else waited for
+        (Unavailable if the coordinator still cannot answer). One check at a time."""
         auth = self._server.auth
         if self._token is None or auth is None or auth.tokens is None:
             return
@@ -360,16 +362,16 @@ class _ServerConnection(FrameConnection):
         if self._recheck is None:
             self._recheck = self._loop.create_task(self._check_token(auth.tokens, self._token))
             self._recheck.add_done_callback(_retrieve)
+        if age < auth.token_stale_limit:
+            return
         try:
             await asyncio.shield(self._recheck)
         except PermissionDenied:
             raise
         except TabletStoreError as exc:  # the coordinator cannot answer
-            if age >= auth.token_stale_limit:
-                raise Unavailable(
-                    f"cannot check the token of {self._peer} for {age:.0f} s: {exc}"
-                ) from exc
-            # the last good check is recent: serve
+            raise Unavailable(
+                f"cannot check the token of {self._peer} for {age:.0f} s: {exc}"
+            ) from exc
 
     async def _check_token(self, tokens: TokenVerifier, token: str) -> None:
         try:
@@ -479,6 +481,8 @@ class _ServerConnection(FrameConnection):
     def closed(self, exc: Exception | None) -> None:
         if self._linger is not None:
             self._linger.cancel()
+        if self._recheck is not None:
+            self._recheck.cancel()
         self._watchdog.stop()
         self._guard.close()
         self._parser.discard()  # a half-received frame's bytes go now, not at the next GC
