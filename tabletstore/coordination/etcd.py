@@ -765,6 +765,12 @@ class EtcdWatch:
         revision = self._next_revision
 
         async def call(client: aetcd.Client) -> aetcd.rtypes.Watch:
+            if c._credentials is not None:
+                # etcd refuses a watch whose token it does not know (it restarted) or whose
+                # user may not read the range with a reply aetcd takes for a created watch,
+                # which then never sees an event. A read on the same client first proves the
+                # token (an expired one is renewed by _retrying) and the permission.
+                await client.get(start)
             return await client.watch(start, range_end=end, start_revision=revision, prev_kv=True)
 
         # Creating a watch changes nothing at etcd: retried like a read.

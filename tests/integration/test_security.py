@@ -611,10 +611,20 @@ async def test_etcd_users_and_roles_guard_the_schemas_and_acls(restartable_etcd)
         assert "nope" not in wrong.url
         assert (await cluster.get(schema)).value == b"{}"  # type: ignore[union-attr]
 
+        # A watch on a coordinator that does nothing else (a standby master's election): no
+        # other call renews its token after the restart.
+        watcher = open_coordinator(url("tabletstore-reader", "reader.password"))
+        watch = watcher.watch_prefix(paths.SCHEMAS)
+        await watch.__aenter__()
         restartable_etcd.stop()  # etcd forgets its tokens
         restartable_etcd.start()
         await cluster.put(schema, b'{"v": 2}')
         assert (await reader.get(schema)).value == b'{"v": 2}'  # type: ignore[union-attr]
+        # The watch resumes with a new token (etcd would cancel it silently otherwise).
+        async with asyncio.timeout(DEADLINE):
+            event = await anext(aiter(watch))
+        assert event.kv.key == schema and event.kv.value == b'{"v": 2}'
+        await watcher.close()
     finally:
         for c in (cluster, reader, anonymous, other_ns, wrong):
             await c.close()
