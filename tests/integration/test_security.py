@@ -648,3 +648,61 @@ def test_etcd_urls_carry_a_user_and_a_password_file(tmp_path: Path) -> None:
         parse_etcd_credentials(f"etcd://a:b@h:1/ns?password_file={tmp_path / 'pw'}")
     with pytest.raises(InvalidArgument, match="cannot read"):
         parse_etcd_credentials(f"etcd://a@h:1/ns?password_file={tmp_path / 'missing'}")
+
+
+async def test_an_etcd_users_watch_over_tls_survives_an_etcd_restart(tmp_path: Path) -> None:
+    """etcd with client certificates and users (as local-stack up --tls and bench.chaos --tls
+    run it): a watch of a coordinator that does nothing else (a standby master waiting for
+    the master lock) sees a change made after etcd restarted, and lost its token."""
+    from tabletstore.cli import localstack
+
+    certs = localstack.make_certs(tmp_path / "tls")
+
+    def files(name: str) -> TlsConfig:
+        return localstack._tls_files(certs, name)
+
+    record, port = await asyncio.to_thread(
+        localstack.start_etcd,
+        tmp_path / "etcd",
+        log=tmp_path / "etcd.log",
+        fast_leases=True,
+        tls=files("etcd"),
+    )
+    try:
+        users = await asyncio.to_thread(
+            localstack.etcd_auth,
+            tmp_path,
+            certs,
+            localstack.with_tls(record.url, files("master")),
+            namespaces=("ns",),
+        )
+        user_url = localstack.with_user(
+            f"etcd://127.0.0.1:{port}/ns", users, localstack.CLUSTER_USER
+        )
+        url = localstack.with_tls(user_url, files("master"))
+        writer, watcher = open_coordinator(url), open_coordinator(url)
+        try:
+            await writer.put("k/0", b"before")
+            watch = watcher.watch_prefix("k/")
+            await watch.__aenter__()
+            await asyncio.to_thread(localstack.stop, record)
+            record = await asyncio.to_thread(
+                localstack.spawn, "etcd", record.argv, log=tmp_path / "etcd.log", url=record.url
+            )
+            metrics = next(a for a in record.argv if a.startswith("--listen-metrics-urls="))
+            health = int(metrics.rsplit(":", 1)[1])
+            await asyncio.to_thread(
+                localstack.wait_healthy,
+                record,
+                lambda: localstack.etcd_healthy(health),
+                localstack.HEALTH_DEADLINE,
+            )
+            await writer.put("k/1", b"after the restart")
+            async with asyncio.timeout(DEADLINE):
+                event = await anext(aiter(watch))
+            assert event.kv.key == "k/1" and event.kv.value == b"after the restart"
+        finally:
+            await watcher.close()
+            await writer.close()
+    finally:
+        await asyncio.to_thread(localstack.stop, record)
