@@ -771,7 +771,17 @@ class EtcdWatch:
                 # which then never sees an event. A read on the same client first proves the
                 # token (an expired one is renewed by _retrying) and the permission.
                 await client.get(start)
-            return await client.watch(start, range_end=end, start_revision=revision, prev_kv=True)
+            watch = await client.watch(
+                start, range_end=end, start_revision=revision, prev_kv=True
+            )
+            if watch.watch_id is None or watch.watch_id < 0:
+                # etcd cancelled it as it was created (watch id -1): never retried by aetcd.
+                c._drop_client()
+                raise _AuthExpired(
+                    f"etcd at {c.endpoint} cancelled the watch on {self._prefix!r} as it was "
+                    "created (an unknown token or a missing permission); connecting again"
+                )
+            return watch
 
         # Creating a watch changes nothing at etcd: retried like a read.
         watch = await c._retrying(call, write=False)
