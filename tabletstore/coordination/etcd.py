@@ -62,6 +62,9 @@ processes read and write the namespace, a read-only user may only read it, and a
 no user gets PermissionDenied. etcd's token (simple token) is lost when etcd restarts or after
 5 idle minutes: a request refused with "invalid auth token" was not applied, so the client is
 dropped, the next attempt authenticates again, and the request is retried like one never sent.
+A watch is created after a read on the same client (etcd cancels a watch whose token it does
+not know in a reply that aetcd takes for a created watch, id -1), and one cancelled at
+creation anyway drops the client and is created again.
 
 Leases: etcd grants whole seconds (the TTL is rounded up, and etcd raises it to its minimum,
 about 1.5 election timeouts). Keep-alives are single LeaseKeepAlive round trips;
