@@ -155,6 +155,12 @@ class ChaosCluster:
         return localstack._tls_files(self.tls_dir, name) if self.tls_dir is not None else None
 
     @property
+    def process_url(self) -> str:
+        """The etcd URL of the cluster's processes (with ``tls``: the cluster's etcd user and
+        the worker certificate)."""
+        return localstack.with_tls(self.url, self._files("worker"))
+
+    @property
     def client_tls(self) -> TlsConfig | None:
         """The harness client's TLS files (None without ``tls``)."""
         return self._files("client")

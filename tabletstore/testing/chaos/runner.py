@@ -23,6 +23,7 @@ from pathlib import Path
 
 from tabletstore.client.client import AsyncClient
 from tabletstore.commitlog.format import decode_segment
+from tabletstore.coordination import open_coordinator
 from tabletstore.embedded import connect_async
 from tabletstore.errors import Corruption, TabletStoreError
 from tabletstore.storage_s3 import layout, open_store
@@ -321,6 +322,9 @@ async def _run(
     workload = Workload(
         table, history, seed=config.seed, writers=config.writers, readers=config.readers
     )
+    # The nemesis's dying sorter claims a sort task as a worker would; with etcd's users on
+    # (--tls) the harness client's read-only user may not, so it gets the cluster's.
+    processes = open_coordinator(cluster.process_url) if cluster.tls else None
     nemesis = Nemesis(
         cluster,
         history,
@@ -329,7 +333,7 @@ async def _run(
         holders=poller.holders,
         worker_ids=lambda: dict(poller.ids_by_address),
         master_address=client.catalog.master_address,
-        coordinator=getattr(client, "coordinator", None),
+        coordinator=processes or getattr(client, "coordinator", None),
     )
     try:
         workload.start()
@@ -360,6 +364,8 @@ async def _run(
         poll_task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await poll_task
+        if processes is not None:
+            await processes.close()
     history.close()
     value_workers, bad = await attribute_values(cluster.direct_store_url)
     verdict = check(
