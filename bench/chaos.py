@@ -36,6 +36,12 @@ def main(argv: list[str] | None = None) -> int:
         default="20,40",
         help="seconds between faults, drawn uniformly from LO,HI (the issue's runs: 30 s apart)",
     )
+    parser.add_argument(
+        "--tls",
+        action="store_true",
+        help="the cluster over mutual TLS (a development CA), with etcd's own users and "
+        "roles, as local-stack up --tls (issue 16)",
+    )
     parser.add_argument("--dir", type=Path, default=None, help="logs, history.json, report.json")
     args = parser.parse_args(argv)
     faults = tuple(f for f in args.faults.split(",") if f)
@@ -61,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         readers=args.readers,
         lease_ttl=args.lease_ttl,
         gap=(low, high),
+        tls=args.tls,
     )
     report = asyncio.run(run_chaos(config))
     print(report.summary())

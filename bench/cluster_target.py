@@ -29,6 +29,8 @@ until first read, so the reads that follow still start cold.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import re
 import shutil
 import ssl
@@ -132,6 +134,7 @@ class ClusterTarget(TabletstoreTarget):
         self.mem_rows = mem_rows
         self._dir: Path | None = None
         self._metrics_urls: list[str] = []
+        self._pids: list[int] = []
         self.tls = spec.endswith(":tls")
         self._ssl: ssl.SSLContext | None = None
 
@@ -164,6 +167,7 @@ class ClusterTarget(TabletstoreTarget):
         self.url = stack.cluster_url
         self.client_tls = stack.tls("client")
         self._ssl = self.client_tls.client_context() if self.client_tls is not None else None
+        self._pids = [record.pid for record in stack.processes]
         self._metrics_urls = [
             await asyncio.to_thread(_metrics_url, record.log, METRICS_DEADLINE)
             for record in stack.processes
@@ -200,6 +204,16 @@ class ClusterTarget(TabletstoreTarget):
             one = scrape_store_stats(_fetch(url, self._ssl))
             total = StoreStats({op: total[op] + one[op] for op in Op})
         return total if self._metrics_urls else None
+
+    def server_cpu_seconds(self) -> float:
+        """CPU seconds (user + system) the stack's processes (etcd, master, workers) used so
+        far, from /proc: the cost of the benchmark on the servers' side."""
+        total = 0.0
+        for pid in self._pids:
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+                total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return total
 
     async def close(self) -> None:
         try:

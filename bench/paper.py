@@ -349,9 +349,12 @@ async def measure(
 
         profiler = cProfile.Profile()
         profiler.enable()
+    server_cpu = getattr(target, "server_cpu_seconds", None)
+    server0 = server_cpu() if server_cpu is not None else 0.0
     cpu0 = time.process_time()
     values, seconds, lat = await drive(units, cfg.concurrency)
     cpu = time.process_time() - cpu0
+    extra = {"server_cpu_seconds": server_cpu() - server0} if server_cpu is not None else {}
     if profiler is not None and profile_dir:
         profiler.disable()
         slug = name.replace(" ", "_").replace("(", "").replace(")", "")
@@ -373,6 +376,7 @@ async def measure(
         cost=_cost(before, target.stats()),
         cpu_seconds=cpu,
         after_cpu_seconds=after_cpu,
+        extra=extra,
     )
 
 
@@ -497,6 +501,57 @@ def workers_of(target: str) -> int:
     if target.startswith("cluster:"):
         return int(target.split(":")[1])
     return 1
+
+
+def median_results(results: Sequence[BenchResult]) -> list[BenchResult]:
+    """One result per (target, benchmark): the run with the median rate (``--repeat``)."""
+    groups: dict[tuple[str, str], list[BenchResult]] = {}
+    for r in results:
+        groups.setdefault((r.target, r.benchmark), []).append(r)
+    out = []
+    for runs in groups.values():
+        ranked = sorted(runs, key=lambda r: r.rate)
+        out.append(ranked[(len(ranked) - 1) // 2])
+    return out
+
+
+def ratio_table(results: Sequence[BenchResult]) -> str:
+    """For each target ``X:tls`` run next to ``X`` (issue 16's cost of TLS and authentication):
+    values/s of every repeat, their medians and the ratio of the medians, and the CPU time per
+    value of the client and the cluster's processes (robust on a loaded machine), a Markdown
+    table."""
+    targets = list(dict.fromkeys(r.target for r in results))
+    pairs = [(t.removesuffix(":tls"), t) for t in targets if t.endswith(":tls")]
+    pairs = [(p, t) for p, t in pairs if p in targets]
+    runs: dict[tuple[str, str], list[float]] = {}
+    cpus: dict[tuple[str, str], list[float]] = {}
+    for r in results:
+        runs.setdefault((r.target, r.benchmark), []).append(r.rate)
+        cpu = r.cpu_seconds + float(r.extra.get("server_cpu_seconds", 0.0))
+        cpus.setdefault((r.target, r.benchmark), []).append(1e6 * cpu / max(1, r.values))
+    lines = []
+    for plain, tls in pairs:
+        lines += [
+            f"| benchmark | {plain} values/s (runs) | {tls} values/s (runs) | median TLS / plain "
+            "| CPU us/value plain, TLS (medians) | CPU TLS / plain |",
+            "|---|---|---|---:|---:|---:|",
+        ]
+        for name in BENCHMARKS:
+            a, b = runs.get((plain, name)), runs.get((tls, name))
+            if not a or not b:
+                continue
+            ma, mb = _median(a), _median(b)
+            ca, cb = _median(cpus[(plain, name)]), _median(cpus[(tls, name)])
+            lines.append(
+                f"| {name} | {' '.join(f'{x:,.0f}' for x in a)} | "
+                f"{' '.join(f'{x:,.0f}' for x in b)} | {_fmt(mb / ma if ma else None, '.2f')} "
+                f"| {ca:,.0f}, {cb:,.0f} | {_fmt(cb / ca if ca else None, '.2f')} |"
+            )
+    return "\n".join(lines)
+
+
+def _median(xs: Sequence[float]) -> float:
+    return sorted(xs)[(len(xs) - 1) // 2]
 
 
 def cluster_table(results: Sequence[BenchResult]) -> str:
@@ -643,6 +698,13 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="also run local clusters (worker processes): " + ", ".join(CLUSTER_TARGETS),
     )
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run every target this many times, interleaved (A B A B ...); tables show the "
+        "median run, and X:tls next to X gets a TLS / plain table of medians",
+    )
     p.add_argument("--no-slatedb", action="store_true", help="skip SlateDB")
     p.add_argument(
         "--slatedb-flush-interval", help="SlateDB WAL flush_interval, e.g. 10ms (default 100ms)"
@@ -692,13 +754,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         profile_dir=args.profile,
         block_size=args.block_size,
     )
+    if args.repeat < 1:
+        raise SystemExit(f"--repeat must be >= 1, not {args.repeat}")
     if args.profile:
         os.makedirs(args.profile, exist_ok=True)
     workdir = args.dir or tempfile.mkdtemp(prefix="tabletstore-bench-")
     specs = list(args.target or [f"file://{os.path.join(os.path.abspath(workdir), 'tabletstore')}"])
     if args.cluster:
         specs += [t for t in CLUSTER_TARGETS if t not in specs]
-    if not args.no_slatedb:
+    if args.repeat > 1 and not all(spec.startswith("cluster:") for spec in specs):
+        raise SystemExit("--repeat needs cluster targets only (each run starts a new cluster)")
+    if not args.no_slatedb and args.repeat == 1:
         from bench.slatedb_target import slatedb_available
 
         if slatedb_available():
@@ -716,13 +782,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.uvloop:
             import uvloop
 
-            results = uvloop.run(run_suite(cfg, specs))
+            runs = uvloop.run(run_suite(cfg, specs * args.repeat))
         else:
-            results = asyncio.run(run_suite(cfg, specs))
+            runs = asyncio.run(run_suite(cfg, specs * args.repeat))
     finally:
         if not args.dir:
             shutil.rmtree(workdir, ignore_errors=True)
     elapsed = time.perf_counter() - started
+    results = median_results(runs)
     print()
     print(table(results))
     print(
@@ -738,6 +805,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             "every kind per 1,000 values (cluster: summed from the workers' /metrics); "
             f"load average {', '.join(f'{x:.2f}' for x in os.getloadavg())}"
         )
+    ratios = ratio_table(runs)
+    if ratios:
+        print()
+        print(ratios)
+        print(
+            f"\n{args.repeat} interleaved run(s) per target; load average "
+            f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}"
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
@@ -748,6 +823,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "seconds": elapsed,
                     "paper_figure_6": {"servers": PAPER_SERVERS, **PAPER},
                     "results": [r.as_dict() for r in results],
+                    "runs": [r.as_dict() for r in runs],
                 },
                 f,
                 indent=2,

@@ -24,7 +24,12 @@ TLS (``--tls``, issue 16): a development CA and certificates are made under ``<d
 its clients over TLS and requires their certificates (its ``/health`` stays on a plaintext
 loopback metrics port), and the master and workers serve mutual TLS with their certificates;
 each process reaches etcd with its own (the etcd URL's ``?ca=&cert=&key=``). The printed
-environment names the ``client`` certificate.
+environment names the ``client`` certificate. etcd's own authentication is on too
+(:func:`etcd_auth`): the master and workers are etcd user ``tabletstore-cluster`` (read and
+write under the stack's namespaces), the printed cluster URL and environment use the read-only
+``tabletstore-reader``, and ``Stack.admin_url`` (printed as the operator URL, for ``tokens
+create``) the cluster user. Their passwords are files in ``<dir>/tls/etcd-users`` (mode 0600),
+named by the URLs' ``password_file``, never on a command line.
 
 The record list is role-tagged so the cluster can add ``master`` and ``worker-<n>`` processes
 the same way (:func:`spawn` + :func:`wait_healthy`). The pieces are also used by the test
@@ -37,6 +42,7 @@ import asyncio
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -116,6 +122,8 @@ class Stack:
     store_url: str | None = None
     #: ``--tls``: the directory of the stack's CA and certificates.
     tls_dir: str | None = None
+    #: ``--tls``: the cluster URL as etcd user ``tabletstore-cluster`` (operators: tokens).
+    admin_url: str | None = None
 
     def tls(self, name: str = "client") -> TlsConfig | None:
         """The TLS files of certificate ``name`` (None without ``--tls``)."""
@@ -309,7 +317,57 @@ def with_tls(url: str, tls: TlsConfig | None) -> str:
     """An etcd URL that reaches etcd with ``tls`` (``?ca=&cert=&key=``)."""
     if tls is None:
         return url
-    return f"{url}?ca={tls.ca}&cert={tls.cert}&key={tls.key}"
+    return f"{url}{'&' if '?' in url else '?'}ca={tls.ca}&cert={tls.cert}&key={tls.key}"
+
+
+#: etcd users ``--tls`` makes (module docstring): (user, permission on the namespaces).
+CLUSTER_USER, READER_USER = "tabletstore-cluster", "tabletstore-reader"
+ETCD_USERS = ((CLUSTER_USER, "readwrite"), (READER_USER, "read"))
+#: The etcd namespaces of a stack: the cluster's and the one TABLETSTORE_ETCD_URL names.
+STACK_NAMESPACES = ("cluster", "tabletstore")
+_AUTH_MARK = "etcd-auth-on"
+
+
+def _password(path: Path) -> str:
+    """The password in ``path``, made (random, mode 0600) if missing."""
+    if not path.exists():
+        path.touch(mode=0o600)
+        path.write_text(secrets.token_urlsafe(24) + "\n")
+    return path.read_text().splitlines()[0]
+
+
+def etcd_auth(
+    directory: Path,
+    tls_dir: Path,
+    etcd_url: str,
+    *,
+    namespaces: Sequence[str] = STACK_NAMESPACES,
+) -> Path:
+    """Turn etcd's authentication on with the stack's users (module docstring) for
+    ``namespaces``, once per etcd data directory; returns the directory of the password files.
+    ``etcd_url`` reaches etcd (its TLS files)."""
+    from tabletstore.coordination.etcd import EtcdGrant, enable_auth
+
+    users = tls_dir / "etcd-users"
+    users.mkdir(mode=0o700, exist_ok=True)
+    root = _password(users / "root.password")
+    grants = [
+        EtcdGrant(user, _password(users / f"{user}.password"), permission, tuple(namespaces))  # type: ignore[arg-type]
+        for user, permission in ETCD_USERS
+    ]
+    if not (directory / _AUTH_MARK).exists():
+        asyncio.run(enable_auth(etcd_url, root_password=root, grants=grants))
+        (directory / _AUTH_MARK).touch()
+    return users
+
+
+def with_user(url: str, users: Path | None, user: str) -> str:
+    """An etcd URL that authenticates as etcd ``user`` (its password file in ``users``)."""
+    if users is None:
+        return url
+    scheme, rest = url.split("://", 1)
+    query = f"password_file={users / f'{user}.password'}"
+    return f"{scheme}://{user}@{rest}{'&' if '?' in rest else '?'}{query}"
 
 
 def tls_args(tls: TlsConfig | None) -> tuple[str, ...]:
@@ -447,6 +505,7 @@ def _etcd_ports(directory: Path, persist: bool) -> tuple[int, int] | None:
                 "another --dir for an ephemeral one"
             )
         shutil.rmtree(directory / "etcd", ignore_errors=True)
+        (directory / _AUTH_MARK).unlink(missing_ok=True)
         return None
     if record.exists() and (directory / "etcd").exists():
         ports = json.loads(record.read_text())
@@ -500,15 +559,19 @@ def up(
             directory / "etcd", log=directory / "etcd.log", ports=ports, tls=files("etcd")
         )
         records.append(etcd)
+        users = (
+            etcd_auth(directory, tls_dir, with_tls(etcd.url, files("master"))) if tls_dir else None
+        )
         s3_managed = s3_url is None and store_url is None
         if s3_managed:
             records.append(start_moto(directory / "s3.log"))
         endpoint = s3_url or (records[-1].url if s3_managed else "")
         store = store_url or f"s3://{BUCKET}/data?endpoint_url={endpoint}"
-        cluster_url = None
+        cluster_url = admin_url = None
         if workers:
             host_port = etcd.url.split("://", 1)[1].split("/", 1)[0]
-            cluster_url = f"etcd://{host_port}/cluster"
+            plain_url = f"etcd://{host_port}/cluster"
+            cluster_url = with_user(plain_url, users, CLUSTER_USER)
             env = _s3_env(s3_managed=s3_managed)
             # Every cluster process serves its status page and /metrics: the master's page
             # reads the workers' pages for their tablets' load and the charts.
@@ -530,7 +593,9 @@ def up(
                         tls=files("worker"),
                     )
                 )
-            cluster_url = with_tls(cluster_url, files("client"))
+            if users is not None:
+                admin_url = with_tls(cluster_url, files("client"))
+            cluster_url = with_tls(with_user(plain_url, users, READER_USER), files("client"))
     except BaseException:
         for record in reversed(records):
             stop(record)
@@ -546,6 +611,7 @@ def up(
         persist=persist,
         store_url=store,
         tls_dir=str(tls_dir) if tls_dir is not None else None,
+        admin_url=admin_url,
     )
     _stack_file(directory).write_text(stack.to_json())
     return stack
@@ -567,6 +633,7 @@ def down(directory: Path) -> list[ProcessRecord]:
     stopped = [record for record in reversed(stack.processes) if stop(record)]
     if not stack.persist:
         shutil.rmtree(directory / "etcd", ignore_errors=True)
+        (directory / _AUTH_MARK).unlink(missing_ok=True)
     _stack_file(directory).unlink()
     return stopped
 
@@ -584,7 +651,10 @@ def environment(stack: Stack) -> dict[str, str]:
         env["TABLETSTORE_URL"] = stack.cluster_url
     client = stack.tls("client")
     if client is not None:
-        env["TABLETSTORE_ETCD_URL"] = with_tls(stack.etcd_url, client)
+        users = Path(stack.tls_dir) / "etcd-users" if stack.tls_dir is not None else None
+        env["TABLETSTORE_ETCD_URL"] = with_tls(
+            with_user(stack.etcd_url, users, READER_USER), client
+        )
         env["TABLETSTORE_TLS_CA"] = client.ca
         env["TABLETSTORE_TLS_CERT"] = str(client.cert)
         env["TABLETSTORE_TLS_KEY"] = str(client.key)

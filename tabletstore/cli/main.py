@@ -810,7 +810,8 @@ def local_stack() -> None:
     "--tls",
     is_flag=True,
     help="Everything over mutual TLS: a development CA and certificates in DIR/tls (etcd, "
-    "master, worker, and client for you; the printed environment uses it).",
+    "master, worker, and client for you; the printed environment uses it), and etcd's own "
+    "users: the cluster's read-write, yours read-only (passwords in DIR/tls/etcd-users).",
 )
 def local_stack_up(
     directory: Path, s3_url: str | None, workers: int, metrics: bool, persist: bool, tls: bool
@@ -830,6 +831,8 @@ def local_stack_up(
     if stack.cluster_url is not None:
         click.echo(f"  cluster URL:  {stack.cluster_url}")
         click.echo(f"  use it:       tabletstore --url {shlex.quote(stack.cluster_url)} ls")
+    if stack.admin_url is not None:
+        click.echo(f"  operator URL: {stack.admin_url} (etcd read-write: tokens create)")
     for record in stack.processes:
         click.echo(f"  {record.role:<9} pid {record.pid:<8} log {record.log}")
     click.echo("environment:")

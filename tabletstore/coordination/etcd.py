@@ -53,6 +53,19 @@ certificate (etcd's ``--client-cert-auth``). aetcd 1.0.0 only opens plaintext ch
 :class:`_TlsClient` opens the secure one. The query travels with the URL, so every process
 given the URL uses TLS to etcd.
 
+Users (issue 16): ``etcd://USER@host:port/ns?password_file=FILE`` authenticates to etcd as
+etcd user USER with the password in FILE (its first line), so the password is not on a command
+line; ``etcd://USER:PASSWORD@...`` works too, for programs (the password never appears in
+``url`` or error messages). With etcd's authentication on (:func:`enable_auth`, which
+``local-stack up --tls`` runs), each user has only its roles' key ranges: the cluster's
+processes read and write the namespace, a read-only user may only read it, and a client with
+no user gets PermissionDenied. etcd's token (simple token) is lost when etcd restarts or after
+5 idle minutes: a request refused with "invalid auth token" was not applied, so the client is
+dropped, the next attempt authenticates again, and the request is retried like one never sent.
+A watch is created after a read on the same client (etcd cancels a watch whose token it does
+not know in a reply that aetcd takes for a created watch, id -1), and one cancelled at
+creation anyway drops the client and is created again.
+
 Leases: etcd grants whole seconds (the TTL is rounded up, and etcd raises it to its minimum,
 about 1.5 election timeouts). Keep-alives are single LeaseKeepAlive round trips;
 ``last_renewed`` is read before each is sent (``lease.py``).
@@ -66,8 +79,10 @@ import logging
 import math
 import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import aetcd
 import aetcd.exceptions
@@ -111,7 +126,16 @@ from tabletstore.errors import (
 )
 from tabletstore.security.tls import TlsConfig
 
-__all__ = ["DEFAULT_NAMESPACE", "EtcdCoordinator", "EtcdLease", "parse_etcd_url"]
+__all__ = [
+    "DEFAULT_NAMESPACE",
+    "EtcdCoordinator",
+    "EtcdGrant",
+    "EtcdLease",
+    "enable_auth",
+    "parse_etcd_credentials",
+    "parse_etcd_url",
+    "redact_url",
+]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -139,29 +163,95 @@ _CHANNEL_OPTIONS = {
 _UNAVAILABLE_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 
 
-def parse_etcd_tls(url: str) -> TlsConfig | None:
-    """The TLS files of an etcd URL's query (``?ca=&cert=&key=``), or None without one."""
+_URL_PARAMETERS = ("ca", "cert", "key", "password_file")
+
+
+def _parameters(url: str) -> dict[str, str]:
+    """An etcd URL's query parameters (the last of each); InvalidArgument for unknown ones."""
     _, sep, query = url.partition("?")
     if not sep:
-        return None
+        return {}
     params = urllib.parse.parse_qs(query, strict_parsing=True)
-    unknown = set(params) - {"ca", "cert", "key"}
+    unknown = set(params) - set(_URL_PARAMETERS)
     if unknown:
-        raise InvalidArgument(f"unknown etcd URL parameter(s) {sorted(unknown)} in {url!r}")
+        raise InvalidArgument(
+            f"unknown etcd URL parameter(s) {sorted(unknown)} in {redact_url(url)!r}: "
+            f"expected {', '.join(_URL_PARAMETERS)}"
+        )
+    return {name: values[-1] for name, values in params.items()}
 
-    def one(name: str) -> str | None:
-        values = params.get(name)
-        return values[-1] if values else None
 
-    return TlsConfig.of(one("ca"), one("cert"), one("key"))
+def _authority(url: str) -> tuple[str | None, str]:
+    """(``user[:password]`` or None, ``host:port[,host:port]``) of an etcd URL."""
+    hosts = url[len("etcd://") :].partition("?")[0].partition("/")[0]
+    userinfo, at, hosts = hosts.rpartition("@")
+    return (userinfo if at else None), hosts
+
+
+def redact_url(url: str) -> str:
+    """``url`` with an inline password replaced by ``***`` (for messages and logs)."""
+    if not url.startswith("etcd://"):
+        return url
+    userinfo, _ = _authority(url)
+    if userinfo is None or ":" not in userinfo:
+        return url
+    user = userinfo.partition(":")[0]
+    return url.replace(f"etcd://{userinfo}@", f"etcd://{user}:***@", 1)
+
+
+def parse_etcd_tls(url: str) -> TlsConfig | None:
+    """The TLS files of an etcd URL's query (``?ca=&cert=&key=``), or None without one."""
+    params = _parameters(url)
+    if not {"ca", "cert", "key"} & set(params):
+        return None
+    return TlsConfig.of(params.get("ca"), params.get("cert"), params.get("key"))
+
+
+def parse_etcd_credentials(url: str) -> tuple[str, str] | None:
+    """The etcd user and password of an etcd URL (module docstring), or None without a user.
+    InvalidArgument naming the problem (no password, both kinds, an unreadable file)."""
+    userinfo, _ = _authority(url)
+    password_file = _parameters(url).get("password_file")
+    if userinfo is None:
+        if password_file is not None:
+            raise InvalidArgument(
+                f"password_file needs a user in the etcd URL (etcd://USER@host:port/ns): "
+                f"{redact_url(url)!r}"
+            )
+        return None
+    user, sep, password = (urllib.parse.unquote(x) for x in userinfo.partition(":"))
+    if not user:
+        raise InvalidArgument(f"empty etcd user name in {redact_url(url)!r}")
+    if sep and password_file is not None:
+        raise InvalidArgument(
+            f"give the etcd password inline or as password_file, not both: {redact_url(url)!r}"
+        )
+    if password_file is not None:
+        try:
+            lines = Path(password_file).read_text().splitlines()
+        except OSError as exc:
+            raise InvalidArgument(
+                f"cannot read the etcd password_file {password_file!r}: {exc}"
+            ) from exc
+        password = lines[0] if lines else ""
+    elif not sep:
+        raise InvalidArgument(
+            f"etcd user {user!r} has no password: add ?password_file=FILE to {redact_url(url)!r}"
+        )
+    if not password:
+        raise InvalidArgument(f"empty etcd password for user {user!r}")
+    return user, password
 
 
 def parse_etcd_url(url: str) -> tuple[list[tuple[str, int]], str]:
-    """``etcd://h:p[,h:p]/ns`` -> ([(host, port)...], namespace). InvalidArgument if malformed."""
+    """``etcd://[user@]h:p[,h:p]/ns`` -> ([(host, port)...], namespace). InvalidArgument if
+    malformed."""
     if not url.startswith("etcd://"):
         raise InvalidArgument(f"not an etcd URL: {url!r}")
+    _, hosts = _authority(url)
+    url = redact_url(url)
     rest = url[len("etcd://") :].partition("?")[0]
-    hosts, _, namespace = rest.partition("/")
+    namespace = rest.partition("/")[2]
     namespace = namespace.strip("/") or DEFAULT_NAMESPACE
     if "\x00" in namespace:
         raise InvalidArgument(f"bad etcd namespace in {url!r}")
@@ -198,6 +288,17 @@ def translate(exc: BaseException, endpoint: str) -> TabletStoreError:
         return exc
     if "requested lease not found" in text:
         return Fenced(f"etcd at {endpoint}: lease not found (expired or revoked)")
+    if _REAUTHENTICATE in text or _AUTH_OLD in text:
+        return _AuthExpired(f"etcd at {endpoint}: {text}; authenticating again")
+    if "authentication failed" in text or "user name is empty" in text:
+        return PermissionDenied(
+            f"etcd at {endpoint} refused the user: {text} (the URL's etcd://USER@ and "
+            "password_file; see docs/ARCHITECTURE.md §8c)"
+        )
+    if _rpc_code(exc) == grpc.StatusCode.PERMISSION_DENIED or "permission denied" in text:
+        return PermissionDenied(
+            f"etcd at {endpoint}: {text} (the etcd user lacks a role for this key range)"
+        )
     if isinstance(exc, aetcd.RevisionCompactedError):
         return NotFound(
             f"etcd at {endpoint}: {text}; re-read the keys and watch from a newer revision"
@@ -223,10 +324,18 @@ def translate(exc: BaseException, endpoint: str) -> TabletStoreError:
 
 
 _TRANSLATED = (aetcd.ClientError, grpc.RpcError, TimeoutError, OSError)
+#: etcd's answers to a token it no longer knows (restart, 5 idle minutes) or to one issued
+#: before a change of users and roles: the request was not applied.
+_REAUTHENTICATE = "invalid auth token"
+_AUTH_OLD = "revision of auth store is old"
 
 
 class _NotSent(Unavailable):
     """The call never left this process (no connection to etcd): safe to retry, write or not."""
+
+
+class _AuthExpired(_NotSent):
+    """etcd refused the call's token before applying it: authenticate again and retry."""
 
 
 def _never_sent(error: Unavailable) -> bool:
@@ -249,7 +358,7 @@ def _never_sent(error: Unavailable) -> bool:
 
 class _TlsClient(aetcd.Client):  # type: ignore[misc]
     """aetcd's client over a TLS channel (module docstring): the same stubs on a secure
-    channel; no etcd user/password (the client certificate is the credential)."""
+    channel, authenticating as the URL's etcd user if it names one."""
 
     def __init__(self, tls: TlsConfig, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -268,6 +377,12 @@ class _TlsClient(aetcd.Client):  # type: ignore[misc]
             self.channel = grpc.aio.secure_channel(
                 target, self._credentials, options=list(self._options.items())
             )
+            if self._username is not None:
+                reply = await aetcd.rpc.AuthStub(self.channel).Authenticate(
+                    aetcd.rpc.AuthenticateRequest(name=self._username, password=self._password),
+                    timeout=self._timeout,
+                )
+                self.metadata = (("token", reply.token),)
             self.kvstub = aetcd.rpc.KVStub(self.channel)
             self.clusterstub = aetcd.rpc.ClusterStub(self.channel)
             self.leasestub = aetcd.rpc.LeaseStub(self.channel)
@@ -295,7 +410,8 @@ class EtcdCoordinator:
             raise InvalidArgument(f"retry_deadline must be >= 0 seconds, got {retry_deadline}")
         self._endpoints, self.namespace = parse_etcd_url(url)
         self._tls = parse_etcd_tls(url)
-        self.url = url
+        self._credentials = parse_etcd_credentials(url)
+        self.url = redact_url(url)
         self._clock = clock or SystemClock()
         self._timeout = timeout
         self._retry_deadline = retry_deadline
@@ -321,8 +437,10 @@ class EtcdCoordinator:
             yield
         except _TRANSLATED as exc:
             error = translate(exc, self.endpoint)
-            if isinstance(error, Unavailable) and len(self._endpoints) > 1:
-                self._drop_client()
+            if isinstance(error, _AuthExpired) or (
+                isinstance(error, Unavailable) and len(self._endpoints) > 1
+            ):
+                self._drop_client()  # the next call connects (and authenticates) again
             raise error from exc
 
     def _drop_client(self) -> None:
@@ -334,22 +452,19 @@ class EtcdCoordinator:
 
     def _new_client(self, endpoint: tuple[str, int]) -> aetcd.Client:
         host, port = endpoint
+        user, password = self._credentials or (None, None)
+        kwargs: dict[str, Any] = {
+            "host": host,
+            "port": port,
+            "timeout": self._timeout,
+            "connect_wait_timeout": 3,
+            "options": _CHANNEL_OPTIONS,
+            "username": user,
+            "password": password,
+        }
         if self._tls is not None:
-            return _TlsClient(
-                self._tls,
-                host=host,
-                port=port,
-                timeout=self._timeout,
-                connect_wait_timeout=3,
-                options=_CHANNEL_OPTIONS,
-            )
-        return aetcd.Client(
-            host=host,
-            port=port,
-            timeout=self._timeout,
-            connect_wait_timeout=3,
-            options=_CHANNEL_OPTIONS,
-        )
+            return _TlsClient(self._tls, **kwargs)
+        return aetcd.Client(**kwargs)
 
     async def _connected(self) -> aetcd.Client:
         if self._closed:
@@ -656,7 +771,23 @@ class EtcdWatch:
         revision = self._next_revision
 
         async def call(client: aetcd.Client) -> aetcd.rtypes.Watch:
-            return await client.watch(start, range_end=end, start_revision=revision, prev_kv=True)
+            if c._credentials is not None:
+                # etcd refuses a watch whose token it does not know (it restarted) or whose
+                # user may not read the range with a reply aetcd takes for a created watch,
+                # which then never sees an event. A read on the same client first proves the
+                # token (an expired one is renewed by _retrying) and the permission.
+                await client.get(start)
+            watch = await client.watch(
+                start, range_end=end, start_revision=revision, prev_kv=True
+            )
+            if watch.watch_id is None or watch.watch_id < 0:
+                # etcd cancelled it as it was created (watch id -1): never retried by aetcd.
+                c._drop_client()
+                raise _AuthExpired(
+                    f"etcd at {c.endpoint} cancelled the watch on {self._prefix!r} as it was "
+                    "created (an unknown token or a missing permission); connecting again"
+                )
+            return watch
 
         # Creating a watch changes nothing at etcd: retried like a read.
         watch = await c._retrying(call, write=False)
@@ -727,3 +858,64 @@ class EtcdWatch:
         self._closed = True
         self._coordinator._watches.discard(self)
         await self._cancel_stream()
+
+
+# -- etcd's own users and roles (issue 16)
+
+
+@dataclass(frozen=True, slots=True)
+class EtcdGrant:
+    """An etcd user with one role of its own: ``permission`` on every key under each of
+    ``namespaces`` (``<namespace>/``, the keys an EtcdCoordinator of that namespace uses)."""
+
+    user: str
+    password: str
+    permission: Literal["read", "readwrite"]
+    namespaces: tuple[str, ...]
+
+
+async def enable_auth(url: str, *, root_password: str, grants: Sequence[EtcdGrant]) -> None:
+    """Create etcd's ``root`` user (``root_password``; etcd requires it) and, for each grant,
+    a user and a role ``<user>`` with its permission on its namespaces' key ranges; then turn
+    etcd's authentication on. From then on every etcd client must name a user (module
+    docstring). ``url`` reaches etcd before authentication is on (its TLS files, no user)."""
+    coordinator = EtcdCoordinator(url)
+    try:
+        client = await coordinator._connected()
+        await coordinator._wait_connected(client, coordinator._timeout)
+        stub = aetcd.rpc.AuthStub(client.channel)
+        timeout = coordinator._timeout
+        rpc = aetcd.rpc
+        with coordinator._translated():
+            await stub.UserAdd(
+                rpc.AuthUserAddRequest(name="root", password=root_password), timeout=timeout
+            )
+            await stub.UserGrantRole(
+                rpc.AuthUserGrantRoleRequest(user="root", role="root"), timeout=timeout
+            )
+            for grant in grants:
+                kind = (
+                    rpc.Permission.READWRITE
+                    if grant.permission == "readwrite"
+                    else rpc.Permission.READ
+                )
+                await stub.RoleAdd(rpc.AuthRoleAddRequest(name=grant.user), timeout=timeout)
+                for namespace in grant.namespaces:
+                    key = f"{namespace.strip('/')}/".encode()
+                    permission = rpc.Permission(
+                        permType=kind, key=key, range_end=aetcd.utils.prefix_range_end(key)
+                    )
+                    await stub.RoleGrantPermission(
+                        rpc.AuthRoleGrantPermissionRequest(name=grant.user, perm=permission),
+                        timeout=timeout,
+                    )
+                await stub.UserAdd(
+                    rpc.AuthUserAddRequest(name=grant.user, password=grant.password),
+                    timeout=timeout,
+                )
+                await stub.UserGrantRole(
+                    rpc.AuthUserGrantRoleRequest(user=grant.user, role=grant.user), timeout=timeout
+                )
+            await stub.AuthEnable(rpc.AuthEnableRequest(), timeout=timeout)
+    finally:
+        await coordinator.close()

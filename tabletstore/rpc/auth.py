@@ -12,6 +12,13 @@ connection is up, its principal is:
 - nothing otherwise: a request on a connection with neither fails the connection with
   PermissionDenied.
 
+A token is checked again while its connection lives: the first request more than
+``ServerAuth.token_recheck`` seconds (default 2) after the last check starts a new one in the
+background, so ``tokens revoke`` ends a live connection's service within that bound plus one
+etcd read (the check refuses the connection: later requests fail PermissionDenied). Requests
+never wait on etcd while the last good check is younger than ``token_stale_limit`` (30 s);
+past that, they wait for a check and fail Unavailable if the coordinator cannot answer.
+
 Each request's handler runs with the connection's principal in a context variable
 (:func:`current_principal`), which the servers' guards read (``worker/guard.py``,
 ``master/guard.py``); never a field of the request. A server without auth (the embedded
@@ -80,7 +87,18 @@ class ServerAuth:
 
     tls: TlsConfig
     tokens: TokenVerifier | None = None
+    #: Seconds after which a token connection's next request checks its token again.
+    token_recheck: float = 2.0
+    #: Seconds a token's last good check holds while the coordinator cannot answer.
+    token_stale_limit: float = 30.0
     _context: list[ssl.SSLContext] = field(default_factory=list, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.token_recheck <= self.token_stale_limit:
+            raise InvalidArgument(
+                f"need 0 < token_recheck <= token_stale_limit, got {self.token_recheck} and "
+                f"{self.token_stale_limit}"
+            )
 
     def ssl_context(self) -> ssl.SSLContext:
         if not self._context:

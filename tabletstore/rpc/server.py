@@ -15,7 +15,9 @@ the watchdog after the handshake).
 With ``auth`` (rpc/auth.py) the server speaks TLS only and each connection has a proven
 principal (its certificate's, or its AUTH frame's token's); every request's handler runs with it
 as ``auth.current_principal()``. Requests that arrive while a token is being checked wait for
-it; a connection that proves nothing is refused at its first request.
+it; a connection that proves nothing is refused at its first request. A token connection's
+token is checked again every ``ServerAuth.token_recheck`` seconds (at the next request), and
+the connection is refused once the token is revoked.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import Any, Self
 
+from tabletstore.clock import monotonic
 from tabletstore.errors import (
     Indeterminate,
     InvalidArgument,
@@ -40,7 +43,13 @@ from tabletstore.errors import (
 from tabletstore.options import RpcServerOptions
 from tabletstore.rpc import frames
 from tabletstore.rpc.admission import ByteBudget, ConnectionGate, ReadGuard, Watchdog, check_options
-from tabletstore.rpc.auth import Principal, ServerAuth, peer_principal, set_principal
+from tabletstore.rpc.auth import (
+    Principal,
+    ServerAuth,
+    TokenVerifier,
+    peer_principal,
+    set_principal,
+)
 from tabletstore.rpc.codec import DEFAULT_CODEC, Codec, encode_error
 from tabletstore.rpc.connection import LINGER, FrameConnection, format_address
 from tabletstore.rpc.frames import Frame, Kind
@@ -226,6 +235,12 @@ class RpcServer:
         )
 
 
+def _retrieve(task: asyncio.Task[None]) -> None:
+    """A token check's failure is read by the requests awaiting it; none may be left."""
+    if not task.cancelled():
+        task.exception()
+
+
 class _ServerConnection(FrameConnection):
     """One accepted connection: dispatches frames, runs each request as a task, replies."""
 
@@ -263,6 +278,10 @@ class _ServerConnection(FrameConnection):
         # The connection's proven principal (rpc/auth.py); None without auth.
         self._principal: asyncio.Future[Principal | None] = self._loop.create_future()
         self._auth_sent = False
+        # A token connection's token and when it was last found valid (monotonic seconds).
+        self._token: str | None = None
+        self._token_checked = 0.0
+        self._recheck: asyncio.Task[None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -324,8 +343,47 @@ class _ServerConnection(FrameConnection):
         except TabletStoreError as exc:  # the coordinator is unreachable: retry later
             self._refuse(PermissionDenied(f"cannot check the token of {self._peer} now: {exc}"))
             return
+        self._token, self._token_checked = token, monotonic()
         if not self._principal.done():
             self._principal.set_result(principal)
+
+    async def _token_still_valid(self) -> None:
+        """Check the connection's token again once its last check is older than
+        ``token_recheck``: in the background while the last good check is younger than
+        ``token_stale_limit`` (a request does not wait on etcd; a revocation found refuses the
+        connection, so the requests after it fail PermissionDenied), else waited for
+        (Unavailable if the coordinator still cannot answer). One check at a time."""
+        auth = self._server.auth
+        if self._token is None or auth is None or auth.tokens is None:
+            return
+        age = monotonic() - self._token_checked
+        if age < auth.token_recheck:
+            return
+        if self._recheck is None:
+            self._recheck = self._loop.create_task(self._check_token(auth.tokens, self._token))
+            self._recheck.add_done_callback(_retrieve)
+        if age < auth.token_stale_limit:
+            return
+        try:
+            await asyncio.shield(self._recheck)
+        except PermissionDenied:
+            raise
+        except TabletStoreError as exc:  # the coordinator cannot answer
+            raise Unavailable(
+                f"cannot check the token of {self._peer} for {age:.0f} s: {exc}"
+            ) from exc
+
+    async def _check_token(self, tokens: TokenVerifier, token: str) -> None:
+        try:
+            await tokens.verify(token)
+        except PermissionDenied as exc:
+            refusal = PermissionDenied(f"connection from {self._peer}: {exc}")
+            self._refuse(refusal)
+            raise refusal from exc
+        else:
+            self._token_checked = monotonic()
+        finally:
+            self._recheck = None
 
     # -- resource caps (rpc/admission.py) --
 
@@ -423,6 +481,8 @@ class _ServerConnection(FrameConnection):
     def closed(self, exc: Exception | None) -> None:
         if self._linger is not None:
             self._linger.cancel()
+        if self._recheck is not None:
+            self._recheck.cancel()
         self._watchdog.stop()
         self._guard.close()
         self._parser.discard()  # a half-received frame's bytes go now, not at the next GC
@@ -518,6 +578,7 @@ class _ServerConnection(FrameConnection):
         """Run the rest of this request's task as the connection's principal."""
         principal = self._principal
         set_principal(principal.result() if principal.done() else await principal)
+        await self._token_still_valid()
 
     async def _serve_unary(
         self, rid: int, method: str, fn: Callable[[Any], Any], payload: memoryview

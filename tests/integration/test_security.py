@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import importlib
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -314,6 +315,42 @@ async def test_tokens_authenticate_until_revoked(cluster: SecureCluster) -> None
             await stub.read_row(ReadRowsRequest(table_id, tablet_id, keys=(b"row",)))
 
 
+async def test_a_revoked_token_stops_its_live_connections(cluster: SecureCluster) -> None:
+    """A connection authenticated by a token is not served once the token is revoked: its
+    next calls fail PermissionDenied within the server's re-check interval (2 s)."""
+    _, table_id, tablet_id = await _alice_table(cluster)
+    tokens = TokenStore(cluster.coordinator)
+    token = await tokens.create("alice")
+    client = await ClusterClient.open(cluster.url, tls=cluster.ca_only(), token=token)
+    async with _raw(cluster, ClientAuth(cluster.ca_only(), token)) as transport:
+        stub = TABLET.client(transport, cluster.worker_address)
+        request = ReadRowsRequest(table_id, tablet_id, keys=(b"row",))
+        try:
+            assert await client.table("secrets").read_row(b"row") is not None
+            assert (await stub.read_row(request)).rows  # both connections are up and served
+            await tokens.revoke("alice")
+
+            async def refused(call) -> bool:  # type: ignore[no-untyped-def]
+                try:
+                    await call()
+                except PermissionDenied as exc:
+                    assert "revoked" in str(exc) or "refused" in str(exc), exc
+                    return True
+                return False
+
+            await _wait_for(
+                lambda: refused(lambda: stub.read_row(request)), "the raw connection's refusal"
+            )
+            await _wait_for(
+                lambda: refused(lambda: client.table("secrets").read_row(b"row")),
+                "the client's refusal",
+            )
+            with pytest.raises(PermissionDenied):  # and it stays refused
+                await stub.read_row(request)
+        finally:
+            await client.close()
+
+
 async def test_a_token_needs_tls() -> None:
     with pytest.raises(InvalidArgument, match="only over TLS"):
         await ClusterClient.open("memory://x", token="tst_abc")
@@ -396,9 +433,13 @@ async def test_the_front_door_wants_a_bearer_token_and_acts_for_its_principal(
     cluster: SecureCluster,
 ) -> None:
     grpc = pytest.importorskip("grpc")
-    from google.cloud.bigtable_v2.types import bigtable as bt
-
-    from tabletstore.bigtable_api.server import BigtableApiServer
+    # Imported on a thread: these imports take seconds on a loaded machine, and blocking the
+    # event loop that long lets the in-process master's 5 s lease expire.
+    bt = await asyncio.to_thread(importlib.import_module, "google.cloud.bigtable_v2.types.bigtable")
+    server_module = await asyncio.to_thread(
+        importlib.import_module, "tabletstore.bigtable_api.server"
+    )
+    BigtableApiServer = server_module.BigtableApiServer
 
     await _alice_table(cluster)
     ca.issue(cluster.certs, "frontdoor", role="function")
@@ -467,7 +508,7 @@ def test_local_stack_with_tls_serves_over_mutual_tls_and_etcd_wants_a_certificat
     directory = tmp_path / "stack"
     stack = localstack.up(directory, workers=1, store_url=(tmp_path / "objects").as_uri(), tls=True)
     try:
-        assert stack.cluster_url is not None and "?ca=" in stack.cluster_url
+        assert stack.cluster_url is not None and "&ca=" in stack.cluster_url
         db = connect(stack.cluster_url, tls=stack.tls("client"))
         try:
             table = db.create_table("t", ["f"])
@@ -477,8 +518,191 @@ def test_local_stack_with_tls_serves_over_mutual_tls_and_etcd_wants_a_certificat
             assert db.describe_table("t").admins == ["client"]
         finally:
             db.close()
-        plain_etcd = stack.cluster_url.split("?", 1)[0]
+        plain_etcd = with_tls_only(stack).split("?", 1)[0]
         with pytest.raises(TabletStoreError):
             connect(plain_etcd, tls=stack.tls("client")).close()
+        # etcd's own users: the printed URL reads but cannot write the schemas or ACLs; a
+        # certificate without an etcd user gets nothing; the operator URL makes tokens.
+        assert "tabletstore-reader@" in stack.cluster_url and "password_file=" in stack.cluster_url
+        assert stack.admin_url is not None and "tabletstore-cluster@" in stack.admin_url
+
+        async def etcd_checks() -> None:
+            from tabletstore.coordination import paths
+
+            reader = open_coordinator(stack.cluster_url)
+            anonymous = open_coordinator(with_tls_only(stack))
+            admin = open_coordinator(stack.admin_url)
+            try:
+                assert await reader.get(paths.schema("t")) is not None
+                for client in (reader, anonymous):
+                    with pytest.raises(PermissionDenied):
+                        await client.put(paths.schema("t"), b"forged")
+                    with pytest.raises(PermissionDenied):
+                        await client.put(paths.acl("t"), b"forged")
+                with pytest.raises(PermissionDenied):
+                    await anonymous.get(paths.schema("t"))
+                assert (await TokenStore(admin).create("carol")).startswith("tst_")
+            finally:
+                for c in (reader, anonymous, admin):
+                    await c.close()
+
+        asyncio.run(etcd_checks())
     finally:
         localstack.down(directory)
+
+
+def with_tls_only(stack) -> str:  # type: ignore[no-untyped-def]
+    """The stack's cluster URL with its client certificate and no etcd user."""
+    from tabletstore.cli import localstack
+
+    host_port = stack.etcd_url.split("://", 1)[1].split("/", 1)[0]
+    return localstack.with_tls(f"etcd://{host_port}/cluster", stack.tls("client"))
+
+
+async def test_etcd_users_and_roles_guard_the_schemas_and_acls(restartable_etcd) -> None:  # type: ignore[no-untyped-def]
+    """etcd's own authentication (issue 16): a client with no etcd user, or with the read-only
+    one, cannot write the schema and ACL keys; the cluster's user can, also after an etcd
+    restart (its token is gone: the coordinator authenticates again)."""
+    from tabletstore.coordination import paths
+    from tabletstore.coordination.etcd import EtcdGrant, enable_auth
+
+    ns = "cluster"
+    base = restartable_etcd.url(ns)
+    secrets = restartable_etcd.root
+    (secrets / "cluster.password").write_text("cluster-pw\n")
+    (secrets / "reader.password").write_text("reader-pw\n")
+    await enable_auth(
+        base,
+        root_password="root-pw",
+        grants=[
+            EtcdGrant("tabletstore-cluster", "cluster-pw", "readwrite", (ns,)),
+            EtcdGrant("tabletstore-reader", "reader-pw", "read", (ns,)),
+        ],
+    )
+    endpoint = restartable_etcd.endpoint
+
+    def url(user: str, file: str, namespace: str = ns) -> str:
+        return f"etcd://{user}@{endpoint}/{namespace}?password_file={secrets / file}"
+
+    cluster = open_coordinator(url("tabletstore-cluster", "cluster.password"))
+    reader = open_coordinator(url("tabletstore-reader", "reader.password"))
+    anonymous = open_coordinator(base)
+    other_ns = open_coordinator(url("tabletstore-cluster", "cluster.password", "elsewhere"))
+    wrong = open_coordinator(f"etcd://tabletstore-cluster:nope@{endpoint}/{ns}")
+    try:
+        schema, acl = paths.schema("t"), paths.acl("t")
+        await cluster.put(schema, b"{}")
+        await cluster.put(acl, b"{}")
+        lease = await cluster.grant_lease(5)
+        await cluster.put(paths.server("w1"), b"w1", lease=lease)
+        assert (await reader.get(schema)) is not None  # the reader reads...
+        for client in (reader, anonymous):  # ...and neither it nor a stranger writes
+            for key in (schema, acl, paths.TOKENS + "x"):
+                with pytest.raises(PermissionDenied):
+                    await client.put(key, b"forged")
+            with pytest.raises(PermissionDenied):
+                await client.delete(schema)
+        with pytest.raises(PermissionDenied):
+            await anonymous.get(schema)
+        with pytest.raises(PermissionDenied):
+            await other_ns.put("x", b"outside its namespace")
+        with pytest.raises(PermissionDenied, match="refused the user"):
+            await wrong.get(schema)
+        assert "nope" not in wrong.url
+        assert (await cluster.get(schema)).value == b"{}"  # type: ignore[union-attr]
+
+        # A watch on a coordinator that does nothing else (a standby master's election): no
+        # other call renews its token after the restart.
+        watcher = open_coordinator(url("tabletstore-reader", "reader.password"))
+        watch = watcher.watch_prefix(paths.SCHEMAS)
+        await watch.__aenter__()
+        restartable_etcd.stop()  # etcd forgets its tokens
+        restartable_etcd.start()
+        await cluster.put(schema, b'{"v": 2}')
+        assert (await reader.get(schema)).value == b'{"v": 2}'  # type: ignore[union-attr]
+        # The watch resumes with a new token (etcd would cancel it silently otherwise).
+        async with asyncio.timeout(DEADLINE):
+            event = await anext(aiter(watch))
+        assert event.kv.key == schema and event.kv.value == b'{"v": 2}'
+        await watcher.close()
+    finally:
+        for c in (cluster, reader, anonymous, other_ns, wrong):
+            await c.close()
+
+
+def test_etcd_urls_carry_a_user_and_a_password_file(tmp_path: Path) -> None:
+    from tabletstore.coordination.etcd import parse_etcd_credentials, parse_etcd_url, redact_url
+
+    (tmp_path / "pw").write_text("s3cret\n")
+    url = f"etcd://alice@127.0.0.1:2379/ns?password_file={tmp_path / 'pw'}"
+    assert parse_etcd_credentials(url) == ("alice", "s3cret")
+    assert parse_etcd_url(url) == ([("127.0.0.1", 2379)], "ns")
+    assert parse_etcd_credentials("etcd://a:b%40c@h:1/ns") == ("a", "b@c")
+    assert redact_url("etcd://a:b@h:1/ns") == "etcd://a:***@h:1/ns"
+    assert parse_etcd_credentials("etcd://h:1/ns") is None
+    with pytest.raises(InvalidArgument, match="no password"):
+        parse_etcd_credentials("etcd://alice@h:1/ns")
+    with pytest.raises(InvalidArgument, match="needs a user"):
+        parse_etcd_credentials(f"etcd://h:1/ns?password_file={tmp_path / 'pw'}")
+    with pytest.raises(InvalidArgument, match="not both"):
+        parse_etcd_credentials(f"etcd://a:b@h:1/ns?password_file={tmp_path / 'pw'}")
+    with pytest.raises(InvalidArgument, match="cannot read"):
+        parse_etcd_credentials(f"etcd://a@h:1/ns?password_file={tmp_path / 'missing'}")
+
+
+async def test_an_etcd_users_watch_over_tls_survives_an_etcd_restart(tmp_path: Path) -> None:
+    """etcd with client certificates and users (as local-stack up --tls and bench.chaos --tls
+    run it): a watch of a coordinator that does nothing else (a standby master waiting for
+    the master lock) sees a change made after etcd restarted, and lost its token."""
+    from tabletstore.cli import localstack
+
+    certs = localstack.make_certs(tmp_path / "tls")
+
+    def files(name: str) -> TlsConfig:
+        return localstack._tls_files(certs, name)
+
+    record, port = await asyncio.to_thread(
+        localstack.start_etcd,
+        tmp_path / "etcd",
+        log=tmp_path / "etcd.log",
+        fast_leases=True,
+        tls=files("etcd"),
+    )
+    try:
+        users = await asyncio.to_thread(
+            localstack.etcd_auth,
+            tmp_path,
+            certs,
+            localstack.with_tls(record.url, files("master")),
+            namespaces=("ns",),
+        )
+        user_url = localstack.with_user(
+            f"etcd://127.0.0.1:{port}/ns", users, localstack.CLUSTER_USER
+        )
+        url = localstack.with_tls(user_url, files("master"))
+        writer, watcher = open_coordinator(url), open_coordinator(url)
+        try:
+            await writer.put("k/0", b"before")
+            watch = watcher.watch_prefix("k/")
+            await watch.__aenter__()
+            await asyncio.to_thread(localstack.stop, record)
+            record = await asyncio.to_thread(
+                localstack.spawn, "etcd", record.argv, log=tmp_path / "etcd.log", url=record.url
+            )
+            metrics = next(a for a in record.argv if a.startswith("--listen-metrics-urls="))
+            health = int(metrics.rsplit(":", 1)[1])
+            await asyncio.to_thread(
+                localstack.wait_healthy,
+                record,
+                lambda: localstack.etcd_healthy(health),
+                localstack.HEALTH_DEADLINE,
+            )
+            await writer.put("k/1", b"after the restart")
+            async with asyncio.timeout(DEADLINE):
+                event = await anext(aiter(watch))
+            assert event.kv.key == "k/1" and event.kv.value == b"after the restart"
+        finally:
+            await watcher.close()
+            await writer.close()
+    finally:
+        await asyncio.to_thread(localstack.stop, record)

@@ -108,3 +108,30 @@ def test_growth_counts_a_writes_minor_compaction_in_its_cpu() -> None:
     r = BenchResult("batched writes", "tabletstore", 1000, 10, 1.0, 1.0, 2.0, None, 0.5, 0.25)
     point = GrowthPoint.of(r, 1000, 1)
     assert (point.cpu_us, point.phase_cpu_us) == (750.0, 500.0)
+
+
+def test_repeated_runs_give_medians_and_a_tls_ratio_table() -> None:
+    from bench.paper import BenchResult, median_results, ratio_table
+
+    def run(target: str, seconds: float, server_cpu: float) -> BenchResult:
+        return BenchResult(
+            "scans", target, 1000, 10, seconds, 1.0, 2.0, cpu_seconds=0.01,
+            extra={"server_cpu_seconds": server_cpu},
+        )  # fmt: skip
+
+    runs = [
+        run("cluster:1:file", 1.0, 0.02),
+        run("cluster:1:file:tls", 2.0, 0.03),
+        run("cluster:1:file", 0.5, 0.02),
+        run("cluster:1:file:tls", 1.0, 0.03),
+        run("cluster:1:file", 2.0, 0.02),
+        run("cluster:1:file:tls", 4.0, 0.03),
+    ]
+    medians = {r.target: r.rate for r in median_results(runs)}
+    assert medians == {"cluster:1:file": 1000.0, "cluster:1:file:tls": 500.0}
+    text = ratio_table(runs)
+    row = next(line for line in text.splitlines() if line.startswith("| scans"))
+    # values/s of each run, the ratio of the medians, CPU per value (client + servers)
+    assert "1,000 2,000 500" in row and "| 0.50 |" in row and "30, 40 | 1.33 |" in row
+    with pytest.raises(SystemExit, match="cluster targets only"):
+        main(["--repeat", "2", "--target", "memory://x", "--no-slatedb"])

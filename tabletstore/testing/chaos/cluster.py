@@ -33,6 +33,7 @@ from pathlib import Path
 from tabletstore.cli import localstack
 from tabletstore.cli.localstack import ProcessRecord
 from tabletstore.errors import Unavailable
+from tabletstore.security import TlsConfig
 from tabletstore.testing.processes import gone, reap
 
 __all__ = ["ChaosCluster"]
@@ -61,8 +62,14 @@ class ChaosCluster:
         masters: int = 2,
         lease_ttl: float = 3.0,
         seed: int = 0,
+        tls: bool = False,
     ) -> None:
         self.directory = directory.resolve()
+        #: Issue 16: mutual TLS everywhere and etcd's own users, as ``local-stack up --tls``.
+        self.tls = tls
+        self.tls_dir: Path | None = None
+        #: What the harness's client uses: the read-only etcd user and the client certificate.
+        self.client_url = ""
         self.workers_wanted = workers
         self.masters_wanted = masters
         self.lease_ttl = lease_ttl
@@ -84,11 +91,28 @@ class ChaosCluster:
     def start(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         try:
+            if self.tls:
+                self.tls_dir = localstack.make_certs(self.directory / "tls")
             self.etcd, port = localstack.start_etcd(
-                self.directory / "etcd", log=self.directory / "etcd.log", fast_leases=True
+                self.directory / "etcd",
+                log=self.directory / "etcd.log",
+                fast_leases=True,
+                tls=self._files("etcd"),
             )
             self.records.append(self.etcd)
-            self.url = f"etcd://127.0.0.1:{port}/chaos"
+            self.url = self.client_url = f"etcd://127.0.0.1:{port}/chaos"
+            if self.tls_dir is not None:
+                users = localstack.etcd_auth(
+                    self.directory,
+                    self.tls_dir,
+                    localstack.with_tls(self.etcd.url, self._files("master")),
+                    namespaces=("chaos",),
+                )
+                self.client_url = localstack.with_tls(
+                    localstack.with_user(self.url, users, localstack.READER_USER),
+                    self._files("client"),
+                )
+                self.url = localstack.with_user(self.url, users, localstack.CLUSTER_USER)
             self.moto = localstack.start_moto(self.directory / "s3.log")
             self.records.append(self.moto)
             proxy_port = localstack.free_port()
@@ -127,6 +151,20 @@ class ChaosCluster:
             self.close()
             raise
 
+    def _files(self, name: str) -> TlsConfig | None:
+        return localstack._tls_files(self.tls_dir, name) if self.tls_dir is not None else None
+
+    @property
+    def process_url(self) -> str:
+        """The etcd URL of the cluster's processes (with ``tls``: the cluster's etcd user and
+        the worker certificate)."""
+        return localstack.with_tls(self.url, self._files("worker"))
+
+    @property
+    def client_tls(self) -> TlsConfig | None:
+        """The harness client's TLS files (None without ``tls``)."""
+        return self._files("client")
+
     def _role(self, kind: str) -> str:
         self._numbers += 1
         return f"{kind}-{self._numbers}"
@@ -139,6 +177,7 @@ class ChaosCluster:
             env=ENV,
             role=self._role("master"),
             extra_args=("--lease-ttl", str(self.lease_ttl)),
+            tls=self._files("master"),
         )
         self.records.append(record)
         self.masters.append(record)
@@ -152,6 +191,7 @@ class ChaosCluster:
             self._numbers,
             env=ENV,
             extra_args=("--lease-ttl", str(self.lease_ttl), "--split-bytes", str(NO_SPLIT_BYTES)),
+            tls=self._files("worker"),
         )
         self.records.append(record)
         self.workers.append(record)
@@ -205,6 +245,10 @@ class ChaosCluster:
         self.records.append(record)
         self.etcd = record
         port = int(old.url.split(":")[2].split("/")[0])
+        # With TLS, /health is on the plaintext metrics port (localstack.start_etcd).
+        metrics = [a for a in old.argv if a.startswith("--listen-metrics-urls=")]
+        if metrics:
+            port = int(metrics[0].rsplit(":", 1)[1])
         localstack.wait_healthy(
             record, lambda: localstack.etcd_healthy(port), localstack.HEALTH_DEADLINE
         )

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from tabletstore.client.client import AsyncClient
 from tabletstore.commitlog.format import decode_segment
+from tabletstore.coordination import open_coordinator
 from tabletstore.embedded import connect_async
 from tabletstore.errors import Corruption, TabletStoreError
 from tabletstore.storage_s3 import layout, open_store
@@ -54,6 +55,8 @@ class ChaosConfig:
     workers: int = 3
     masters: int = 2
     lease_ttl: float = 3.0
+    #: Issue 16: the cluster over mutual TLS with etcd's own users (ChaosCluster's ``tls``).
+    tls: bool = False
     writers: int = 8
     readers: int = 3
     first_fault: float = 5.0
@@ -266,6 +269,7 @@ async def run_chaos(config: ChaosConfig) -> ChaosReport:
         masters=config.masters,
         lease_ttl=config.lease_ttl,
         seed=config.seed,
+        tls=config.tls,
     )
     # The harness's own S3 client (the attribution's reads from moto) uses moto's dummy
     # credentials, as the processes do; the caller's environment is restored afterwards.
@@ -288,7 +292,7 @@ async def _run_cluster(
     history = History()
     setup_errors: list[str] = []
     try:
-        client = await connect_async(cluster.url)
+        client = await connect_async(cluster.client_url, tls=cluster.client_tls)
         try:
             return await _run(config, plan, cluster, client, history, setup_errors)
         finally:
@@ -318,6 +322,9 @@ async def _run(
     workload = Workload(
         table, history, seed=config.seed, writers=config.writers, readers=config.readers
     )
+    # The nemesis's dying sorter claims a sort task as a worker would; with etcd's users on
+    # (--tls) the harness client's read-only user may not, so it gets the cluster's.
+    processes = open_coordinator(cluster.process_url) if cluster.tls else None
     nemesis = Nemesis(
         cluster,
         history,
@@ -326,7 +333,7 @@ async def _run(
         holders=poller.holders,
         worker_ids=lambda: dict(poller.ids_by_address),
         master_address=client.catalog.master_address,
-        coordinator=getattr(client, "coordinator", None),
+        coordinator=processes or getattr(client, "coordinator", None),
     )
     try:
         workload.start()
@@ -357,6 +364,8 @@ async def _run(
         poll_task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await poll_task
+        if processes is not None:
+            await processes.close()
     history.close()
     value_workers, bad = await attribute_values(cluster.direct_store_url)
     verdict = check(
