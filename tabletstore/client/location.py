@@ -183,13 +183,20 @@ class LocationCache:
             if cover is not None:
                 self.stats.hits += 1
                 return cover
-        # A whole-table read replaces whatever the cache held for the table (stale entries
-        # overlapping fresh ones would otherwise keep the cover from ever being whole).
-        for k in keys:
-            del self._rows[k]
         self.stats.reads[2 if table_id == METADATA_TABLE_ID else 3] += 1
+        # Read first: if METADATA cannot answer (a METADATA tablet being recovered), the
+        # cached entries stay, as in a failed refresh of one (``locate``), so requests to the
+        # table's healthy tablets go on meanwhile instead of all waiting for METADATA.
+        found = await self._scan(lo, False, hi, True, limit=None)
+        # A whole-table read replaces whatever the cache held for the table (stale entries
+        # overlapping fresh ones would otherwise keep the cover from ever being whole); the
+        # scan has cached the fresh ones already.
+        fresh = {r.key for r in found if r.record.location is not None}
+        for k in keys:
+            if k not in fresh:
+                self._rows.pop(k, None)
         out: dict[bytes, TabletRecord] = {}
-        for r in await self._scan(lo, False, hi, True, limit=None):
+        for r in found:
             for rec in r.pending:
                 out.setdefault(rec.row_key, rec)
             out[r.key] = r.record

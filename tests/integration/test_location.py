@@ -381,3 +381,27 @@ async def test_a_failed_refresh_keeps_the_cached_location(stack: Stack) -> None:
     assert transport.refused == 1
     row = await client.table("alpha").read_row(b"a")
     assert row is not None and row.latest("f", b"q") == b"1"
+
+
+async def test_a_failed_whole_table_refresh_keeps_the_cached_locations(stack: Stack) -> None:
+    """A whole-table listing (``tablets(refresh=True)``: scans, flushes, a poller) that fails
+    because the METADATA tablet holding the table's rows is being recovered keeps the cached
+    entries: writes to the table's healthy tablets go on without reading METADATA. (Dropping
+    them first stalled every writer of the chaos run until METADATA was served again, ~10 s
+    per kill of its worker: issue 11.)"""
+    await stack.client.create_table("alpha", ["f"], split_keys=[b"g"])
+    client = fresh_client(stack)
+    info = await client._info("alpha")
+    before = await client.locations.tablets(info.table_id, refresh=True)
+    assert len(before) == 2
+    meta = await stack.master.catalog.get_tablet(mt.METADATA_TABLE_ID, "m00000")
+    await TABLET.client(stack.transport, meta.location or "").unload_tablet(
+        UnloadTabletRequest(mt.METADATA_TABLE_ID, "m00000")
+    )
+    with pytest.raises(NotServing):
+        await client.locations.tablets(info.table_id, refresh=True)
+    reads = dict(client.locations.stats.reads)
+    assert await client.locations.tablets(info.table_id) == before
+    for row in (b"a", b"h"):
+        await client.table("alpha").mutate_row(row, [SetCell("f", b"q", b"1")])
+    assert client.locations.stats.reads == reads  # answered from the cache, no METADATA read
