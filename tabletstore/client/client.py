@@ -937,10 +937,11 @@ class AsyncTable:
         # bounds the time without progress, not the scan.
         deadline = loop.time() + self._client.retry_deadline
         attempt = 0
+        refresh = False
         while remaining is None or remaining > 0:
             try:
                 items = self._read_from(
-                    info, rs, resume_after, filter, remaining, fams, reverse, totals
+                    info, rs, resume_after, filter, remaining, fams, reverse, totals, refresh
                 )
                 async for item in items:
                     yield item
@@ -968,7 +969,10 @@ class AsyncTable:
                 await asyncio.sleep(min(0.5, 0.01 * 2**attempt))
                 attempt += 1
                 info = await self._client._info(self.name, refresh=True)
-                self._client.locations.invalidate(info.table_id)
+                # Read the table's locations again, but keep the cached ones should METADATA
+                # not answer (LocationCache.tablets): dropping them all would stall every
+                # request to the table's healthy tablets until METADATA is served (issue 11).
+                refresh = True
         if totals is not None:
             yield ScanProgress(b"", totals.rows, totals.cells)
 
@@ -982,11 +986,12 @@ class AsyncTable:
         families: tuple[str, ...] | None,
         reverse: bool,
         totals: _Totals | None,
+        refresh: bool = False,
     ) -> AsyncIterator[Row | ScanProgress]:
         if resume_after is not None:
             rs = _before(rs, resume_after) if reverse else _after(rs, resume_after)
         client = self._client
-        tablets = await client.locations.tablets(info.table_id)
+        tablets = await client.locations.tablets(info.table_id, refresh=refresh)
         sent = 0
         for rec in reversed(tablets) if reverse else tablets:
             if limit is not None and sent >= limit:

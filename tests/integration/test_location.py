@@ -405,3 +405,59 @@ async def test_a_failed_whole_table_refresh_keeps_the_cached_locations(stack: St
     for row in (b"a", b"h"):
         await client.table("alpha").mutate_row(row, [SetCell("f", b"q", b"1")])
     assert client.locations.stats.reads == reads  # answered from the cache, no METADATA read
+
+
+READ_ROWS = TABLET.method(TabletService.read_rows)
+
+
+class RefuseFirstScan(RefuseFirstWrite):
+    """Refuses the first read_rows stream (a tablet that moved), passes the rest on."""
+
+    def stream(
+        self,
+        address: str,
+        method: Method,
+        request: Any,
+        *,
+        timeout: float | None = None,
+    ) -> AsyncIterator[Any]:
+        if method is READ_ROWS and self.refused == 0:
+            self.refused += 1
+            return self._refused()
+        return self.inner.stream(address, method, request, timeout=timeout)
+
+    async def _refused(self) -> AsyncIterator[Any]:
+        raise NotServing("refused on purpose")
+        yield  # an async generator
+
+
+async def test_a_scan_refused_while_metadata_is_down_keeps_the_other_locations(
+    stack: Stack,
+) -> None:
+    """A scan refused by one tablet reads the table's locations again; if METADATA is down
+    just then, the scan waits for it, but the cache keeps the other tablets' locations: writes
+    to them need no METADATA read (the scan used to drop the whole table's entries, stalling
+    every writer of the chaos run until METADATA was back: issue 11)."""
+    await stack.client.create_table("alpha", ["f"], split_keys=[b"g"])
+    transport = RefuseFirstScan(stack.transport)
+    client = AsyncClient(
+        catalog=stack.master.catalog,
+        transport=transport,  # type: ignore[arg-type]
+        admin=stack.master,
+        locations=LocationCache(stack.coord, stack.transport),
+        retry_deadline=1.0,
+    )
+    info = await client._info("alpha")
+    assert len(await client.locations.tablets(info.table_id)) == 2
+    meta = await stack.master.catalog.get_tablet(mt.METADATA_TABLE_ID, "m00000")
+    await TABLET.client(stack.transport, meta.location or "").unload_tablet(
+        UnloadTabletRequest(mt.METADATA_TABLE_ID, "m00000")
+    )
+    with pytest.raises(NotServing):
+        async for _ in client.table("alpha").read_rows(start=b"a", end=b"c"):
+            pass
+    assert transport.refused == 1
+    reads = dict(client.locations.stats.reads)
+    for row in (b"a", b"h"):
+        await client.table("alpha").mutate_row(row, [SetCell("f", b"q", b"1")])
+    assert client.locations.stats.reads == reads  # answered from the cache
