@@ -106,7 +106,14 @@ async def call_handler(
     timeout: float | None,  # noqa: ASYNC109 (the Transport contract's per-call bound)
 ) -> Any:
     """Call ``method`` in this process, as a Transport does (no encoding): NotServing when
-    nothing is served at ``address``, Indeterminate when ``timeout`` passes (it was running)."""
+    nothing is served at ``address``, Indeterminate when ``timeout`` passes (it was running).
+
+    It yields to the event loop once first, as a network call would: a read served from the
+    block cache or the memtable never suspends, so without this yield a caller issuing
+    requests in a loop (``bench.paper``'s drivers, an application's batch job) holds the event
+    loop for its whole loop, starving every other task of the process — the worker's lease
+    keep-alive, compactions, the commit log's flushes."""
+    await asyncio.sleep(0)
     if handlers is None:
         raise NotServing(f"nothing is served at {address} (it may have stopped)")
     fn: Callable[[Any], Awaitable[Any]] = lookup(handlers, method, address)  # type: ignore[assignment]
@@ -128,7 +135,9 @@ async def stream_handler(
     request: Any,
     timeout: float | None,  # noqa: ASYNC109 (the Transport contract's per-item bound)
 ) -> AsyncIterator[Any]:
-    """Stream ``method`` in this process; ``timeout`` bounds the wait for each item."""
+    """Stream ``method`` in this process; ``timeout`` bounds the wait for each item. Yields to
+    the event loop before each item, as a network stream would (see :func:`call_handler`)."""
+    await asyncio.sleep(0)
     if handlers is None:
         raise NotServing(f"nothing is served at {address} (it may have stopped)")
     fn: Callable[[Any], AsyncIterator[Any]] = lookup(handlers, method, address)  # type: ignore[assignment]
@@ -136,9 +145,11 @@ async def stream_handler(
         if timeout is None:
             async for item in items:
                 yield item
+                await asyncio.sleep(0)
             return
         it = aiter(items)
         while True:
+            await asyncio.sleep(0)
             try:
                 async with asyncio.timeout(timeout):
                     item = await anext(it)
