@@ -92,9 +92,7 @@ async def test_a_loop_of_requests_served_from_memory_lets_other_tasks_run(
         # one TURN_SECONDS slice of computing, on any machine.
         while ticks - before < 5 and requests < 10_000:
             assert await table.read_row(b"hot") is not None
-            async for _row in table.read_rows():
-                pass
-            requests += 2
+            requests += 1
     finally:
         stop.set()
         await task
