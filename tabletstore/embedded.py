@@ -128,13 +128,15 @@ class Database(AsyncClient):
         coordinator: Coordinator
         if kind == "file":
             os.makedirs(os.path.join(where, "objects"), exist_ok=True)
-            coordinator = LocalCoordinator(where, clock=clock)
+            coordinator = LocalCoordinator(where, clock=clock, leases_bound_to_process=True)
             store = open_store(f"file://{where}/objects", instrument=instrument, registry=registry)
             canonical = f"file://{where}"
         else:
             # A named in-memory database outlives its handles: reopening it must not
             # insist on a new clock (its state keeps the one it was created with).
-            coordinator = MemoryCoordinator.open(where, clock=explicit_clock)
+            coordinator = MemoryCoordinator.open(
+                where, clock=explicit_clock, leases_bound_to_process=True
+            )
             store = open_store(f"memory://{where}", instrument=instrument, registry=registry)
             canonical = f"memory://{where}"
         transport = InProcessTransport()

@@ -47,7 +47,9 @@ class LeaseOptions:
 
 #: The lease of a worker in the same process as everything it serves (embedded databases,
 #: in-process test clusters): it cannot outlive the process, so a long TTL only spares
-#: keep-alives (and a loaded test machine's stalls cannot expire it).
+#: keep-alives and makes a stall of the event loop less likely to expire it. The embedded
+#: database's coordinator moreover binds its leases to the process
+#: (``coordination/lease.py``): there no stall, however long, can expire the lease.
 IN_PROCESS_LEASE = LeaseOptions(ttl=60.0, safety_margin=5.0)
 
 

@@ -19,6 +19,20 @@ after this refresh?) and ``_send_revoke``; this module owns what the holder beli
   every third of its interval until the lease's own deadline. A restart shorter than the
   lease is ridden out (etcd keeps leases across a restart); a longer one ends the lease here
   first, from the last *successful* keep-alive, whatever etcd does afterwards.
+
+**Process-bound leases** (``bound_to_process``). A lease exists so that a holder presumed dead
+cannot go on serving what others have taken over (§5.2: the master reassigns a tablet server's
+tablets once its Chubby file is gone). When the coordinator's server side lives in the holder's
+own process and no other process can reach it — the embedded database: its in-process
+coordinator, a directory owned by one process through an exclusive ``flock``
+(``coordination/local.py``) or a ``memory://`` state visible only in this process — nobody
+else can ever take the lease's keys, and the lease ends with the process anyway (lease keys are
+not journaled). Expiry by time then fences nobody but the holder itself: a keep-alive delayed
+by a stalled event loop (a machine at load 15 starving the process for longer than the TTL)
+would end the database for good. Such a lease therefore lasts as long as the process (or until
+revoked): it is never ``expired`` by time and ``safe_until()`` is infinite. Leases from an etcd
+coordinator, and from in-process coordinators shared by several workers (test clusters), keep
+the TTL rules above; only the embedded database asks for process-bound leases.
 """
 
 from __future__ import annotations
@@ -26,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from types import TracebackType
 
 from tabletstore.clock import Clock
@@ -65,6 +80,7 @@ class LeaseBase:
         granted_at: float,
         clock: Clock,
         safety_margin: float | None = None,
+        bound_to_process: bool = False,
     ) -> None:
         margin = default_safety_margin(ttl) if safety_margin is None else safety_margin
         if not 0 <= margin < ttl:
@@ -76,6 +92,8 @@ class LeaseBase:
         self._last_renewed = granted_at
         self._gone = False
         self._gone_event = asyncio.Event()
+        #: Never expires by time, only by revocation or the server's word (module docstring).
+        self._bound_to_process = bound_to_process
 
     # -- what a backend provides
 
@@ -109,14 +127,22 @@ class LeaseBase:
         return self._last_renewed
 
     @property
+    def bound_to_process(self) -> bool:
+        return self._bound_to_process
+
+    def _deadline(self) -> float:
+        """When the holder gives the lease up without a successful keep-alive."""
+        return math.inf if self._bound_to_process else self._last_renewed + self._ttl
+
+    @property
     def expired(self) -> bool:
         self._poll()
-        if not self._gone and self._clock.monotonic() >= self._last_renewed + self._ttl:
+        if not self._gone and self._clock.monotonic() >= self._deadline():
             self._mark_gone()
         return self._gone
 
     def safe_until(self) -> float:
-        return self._last_renewed + self._ttl - self._margin
+        return self._deadline() - self._margin
 
     def _mark_gone(self) -> None:
         self._gone = True
@@ -125,7 +151,7 @@ class LeaseBase:
     async def refresh(self) -> None:
         if self.expired:
             raise Fenced(f"lease {self._id:x} has expired")
-        await self._before_keep_alive(self._last_renewed + self._ttl - self._clock.monotonic())
+        await self._before_keep_alive(min(self._ttl, self._deadline() - self._clock.monotonic()))
         if self.expired:
             raise Fenced(f"lease {self._id:x} expired while waiting to send a keep-alive")
         sent_at = self._clock.monotonic()
@@ -146,7 +172,10 @@ class LeaseBase:
 
     async def wait_expired(self) -> None:
         while not self.expired:
-            remaining = self._last_renewed + self._ttl - self._clock.monotonic()
+            if self._bound_to_process:
+                await self._gone_event.wait()
+                continue
+            remaining = self._deadline() - self._clock.monotonic()
             await wait_event_or_sleep(self._gone_event, self._clock, remaining)
 
     async def revoke(self) -> None:

@@ -17,7 +17,9 @@ Corruption. On open the journal is replayed and then rewritten as a compact snap
 temporary file, fsync, rename), so it never grows without bound across restarts.
 
 Only one process may open a directory at a time; an exclusive ``flock`` on the journal
-enforces it with a clear error.
+enforces it with a clear error. That is why the embedded database opens it with
+``leases_bound_to_process``: no other process can take its worker's tablets, so its worker's
+lease ends with the process, never because a keep-alive came late (``coordination/lease.py``).
 """
 
 from __future__ import annotations
@@ -92,7 +94,13 @@ def _read_journal(path: Path) -> tuple[dict[str, bytes], int]:
 class LocalCoordinator(MemoryCoordinator):
     """The in-process coordinator, made durable by a journal in ``directory``."""
 
-    def __init__(self, directory: str | os.PathLike[str], *, clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        clock: Clock | None = None,
+        leases_bound_to_process: bool = False,
+    ) -> None:
         root = Path(directory)
         root.mkdir(parents=True, exist_ok=True)
         path = root / JOURNAL
@@ -128,7 +136,9 @@ class LocalCoordinator(MemoryCoordinator):
         state.revision = revision
         state.history_floor = revision + 1
         self._journal = journal
-        super().__init__(state, url=f"file://{root}")
+        super().__init__(
+            state, url=f"file://{root}", leases_bound_to_process=leases_bound_to_process
+        )
 
     async def close(self) -> None:
         await super().close()

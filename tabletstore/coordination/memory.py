@@ -10,6 +10,11 @@ expires it, deletes its keys in one revision, emits DELETE watch events and wake
 ``wait_expired`` — no test sleeps. Expiry is checked at the start of every operation and by
 one reaper task per open coordinator, so notifications arrive even when nobody writes.
 
+A coordinator opened with ``leases_bound_to_process`` (the embedded database's, and only
+when the process alone can reach it) grants leases that end only when revoked or when the
+process does: no TTL deadline, ``safe_until()`` infinite (``coordination/lease.py`` gives the
+argument). Every other lease keeps etcd's expiry rules.
+
 State is shared by name: every ``memory://<name>`` opened in one process sees the same keys
 for as long as the process lives (``memory://`` alone is private to one coordinator).
 Every operation yields to the event loop once before it runs, as a network call would, so
@@ -22,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import itertools
+import math
 from collections.abc import AsyncIterator, Sequence
 from types import TracebackType
 
@@ -103,11 +109,15 @@ class MemoryState:
 
     # -- leases
 
-    def grant(self, ttl: float, safety_margin: float | None) -> MemoryLease:
+    def grant(
+        self, ttl: float, safety_margin: float | None, *, bound_to_process: bool = False
+    ) -> MemoryLease:
         self.expire_due()
         now = self.clock.monotonic()
-        lease = MemoryLease(self, next(self._lease_ids), ttl, now, safety_margin)
-        self._leases[lease.id] = _LeaseRecord(lease, now + ttl)
+        lease = MemoryLease(
+            self, next(self._lease_ids), ttl, now, safety_margin, bound_to_process=bound_to_process
+        )
+        self._leases[lease.id] = _LeaseRecord(lease, math.inf if bound_to_process else now + ttl)
         for event in self.wake_events:
             event.set()
         return lease
@@ -117,7 +127,8 @@ class MemoryState:
         record = self._leases.get(lease_id)
         if record is None:
             return False
-        record.deadline = self.clock.monotonic() + record.lease.ttl
+        if not record.lease.bound_to_process:
+            record.deadline = self.clock.monotonic() + record.lease.ttl
         return True
 
     def revoke(self, lease_id: int) -> None:
@@ -126,7 +137,8 @@ class MemoryState:
             self._end_lease(record)
 
     def next_deadline(self) -> float | None:
-        return min((r.deadline for r in self._leases.values()), default=None)
+        deadlines = (r.deadline for r in self._leases.values() if r.deadline != math.inf)
+        return min(deadlines, default=None)
 
     def expire_due(self) -> None:
         """End every lease whose deadline has passed (etcd's lessor, run on demand)."""
@@ -229,9 +241,23 @@ class MemoryState:
 
 class MemoryLease(LeaseBase):
     def __init__(
-        self, state: MemoryState, lease_id: int, ttl: float, now: float, margin: float | None
+        self,
+        state: MemoryState,
+        lease_id: int,
+        ttl: float,
+        now: float,
+        margin: float | None,
+        *,
+        bound_to_process: bool = False,
     ) -> None:
-        super().__init__(lease_id, ttl, granted_at=now, clock=state.clock, safety_margin=margin)
+        super().__init__(
+            lease_id,
+            ttl,
+            granted_at=now,
+            clock=state.clock,
+            safety_margin=margin,
+            bound_to_process=bound_to_process,
+        )
         self._state = state
 
     async def _send_keep_alive(self) -> bool:
@@ -313,6 +339,7 @@ class MemoryCoordinator:
         *,
         clock: Clock | None = None,
         url: str = "memory://",
+        leases_bound_to_process: bool = False,
     ) -> None:
         if state is None:
             state = MemoryState(clock or SystemClock())
@@ -324,16 +351,26 @@ class MemoryCoordinator:
         self._watches: set[MemoryWatch] = set()
         self._wake = asyncio.Event()
         self._reaper: asyncio.Task[None] | None = None
+        #: Leases granted through this handle end only with the process or a revoke (module
+        #: docstring): for a holder that alone can reach this coordinator (embedded.py).
+        self._leases_bound_to_process = leases_bound_to_process
 
     @classmethod
-    def open(cls, name: str, *, clock: Clock | None = None) -> MemoryCoordinator:
+    def open(
+        cls, name: str, *, clock: Clock | None = None, leases_bound_to_process: bool = False
+    ) -> MemoryCoordinator:
         """A coordinator on the state called ``name`` (``""``: a new private state)."""
         if not name:
-            return cls(clock=clock)
+            return cls(clock=clock, leases_bound_to_process=leases_bound_to_process)
         state = _NAMED.get(name)
         if state is None:
             state = _NAMED[name] = MemoryState(clock or SystemClock())
-        return cls(state, clock=clock, url=f"memory://{name}")
+        return cls(
+            state,
+            clock=clock,
+            url=f"memory://{name}",
+            leases_bound_to_process=leases_bound_to_process,
+        )
 
     @property
     def state(self) -> MemoryState:
@@ -371,7 +408,9 @@ class MemoryCoordinator:
             raise InvalidArgument(f"lease ttl must be positive, got {ttl}")
         await self._enter()
         self._ensure_reaper()
-        return self._state.grant(float(ttl), safety_margin)
+        return self._state.grant(
+            float(ttl), safety_margin, bound_to_process=self._leases_bound_to_process
+        )
 
     async def revoke_lease(self, lease_id: int) -> None:
         await self._enter()

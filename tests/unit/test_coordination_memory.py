@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from pathlib import Path
 
 import pytest
 
 from tabletstore.clock import ManualClock
 from tabletstore.coordination import memory, open_coordinator
 from tabletstore.coordination.etcd import parse_etcd_url, translate
+from tabletstore.coordination.local import LocalCoordinator
 from tabletstore.errors import Closed, Fenced, InvalidArgument, NotFound, Unavailable
 
 
@@ -133,3 +135,39 @@ async def test_closed_coordinator_and_its_watches() -> None:
             await waiter
     with pytest.raises(Closed):
         await coordinator.get("k")
+
+
+async def test_a_process_bound_lease_outlives_a_late_keep_alive(tmp_path: Path) -> None:
+    """The embedded database's leases (``leases_bound_to_process``): no keep-alive for many
+    TTLs — a stalled event loop — neither expires them at the holder nor at the coordinator
+    (their keys stay), while a plain lease of the same shared state still expires; a revoke
+    still ends them."""
+    clock = ManualClock()
+    name = f"bound-{uuid.uuid4().hex}"
+    bound_side = memory.MemoryCoordinator.open(name, clock=clock, leases_bound_to_process=True)
+    plain_side = memory.MemoryCoordinator.open(name, clock=clock)
+    bound = await bound_side.grant_lease(1, safety_margin=0.25)
+    plain = await plain_side.grant_lease(1, safety_margin=0.25)
+    await bound_side.put("servers/embedded", b"x", lease=bound)
+    await plain_side.put("servers/other", b"y", lease=plain)
+    waiter = asyncio.create_task(bound.wait_expired())
+    clock.advance(100)
+    await asyncio.sleep(0)
+    assert plain.expired and not bound.expired and not waiter.done()
+    assert clock.monotonic() < bound.safe_until()
+    assert await plain_side.get("servers/other") is None
+    assert await bound_side.get("servers/embedded") is not None
+    await bound.refresh()  # a keep-alive 100 TTLs late still renews
+    await bound_side.revoke_lease(bound.id)
+    await asyncio.wait_for(waiter, 5)
+    assert bound.expired and await bound_side.get("servers/embedded") is None
+    with pytest.raises(Fenced):
+        await bound.refresh()
+    # A durable local coordinator's leases keep the TTL rules unless asked.
+    local = LocalCoordinator(tmp_path, clock=clock)
+    ttl_lease = await local.grant_lease(1)
+    clock.advance(2)
+    assert ttl_lease.expired
+    await local.close()
+    await bound_side.close()
+    await plain_side.close()
