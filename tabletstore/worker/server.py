@@ -533,19 +533,9 @@ class TabletServer:
 
     async def unload_tablet(self, req: UnloadTabletRequest) -> None:
         """Stop serving a tablet; minor-compact it first so the next owner replays nothing.
-        Waits for a split of it under way (then there is nothing left to unload).
-
-        With ``flush``, in two steps as §5.2 moves a tablet: a minor compaction while the
-        tablet still takes writes (the memtable of now, the bulk of the work), then writes
-        stop and a second, short one writes what came in meanwhile -- the tablet refuses
-        writes only for that second one."""
+        Waits for a split of it under way (then there is nothing left to unload)."""
         key = (req.table_id, req.tablet_id)
         async with self._loading.setdefault(key, asyncio.Lock()):
-            tablet = self._tablets.get(key)
-            if tablet is None:
-                return
-            if req.flush:
-                await self._flush_before_unload(tablet)
             tablet = self._tablets.pop(key, None)
             if tablet is None:
                 return
@@ -553,18 +543,6 @@ class TabletServer:
                 await tablet.close(flush=req.flush)
             finally:
                 await self._release_claim(key)
-
-    async def _flush_before_unload(self, tablet: Tablet) -> None:
-        """The first minor compaction of a move, writes still served (§5.2). A failure is
-        logged only: the second one, writes stopped, is the one the move relies on."""
-        try:
-            await tablet.minor_compact()
-        except TabletStoreError as exc:
-            log.warning(
-                "unloading %s: minor compaction before stopping writes failed: %s",
-                tablet.record.tablet_id,
-                exc,
-            )
 
     # ------------------------------------------------------------------ splits (§5.2)
 

@@ -7,7 +7,6 @@ lookup genuinely walks coordinator → root tablet → METADATA tablet → user 
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
@@ -19,7 +18,7 @@ from tabletstore.client.client import AsyncClient
 from tabletstore.client.location import LocationCache
 from tabletstore.coordination import paths
 from tabletstore.coordination.memory import MemoryCoordinator
-from tabletstore.data.model import RowMutation, SetCell
+from tabletstore.data.model import SetCell
 from tabletstore.data.schema import ColumnFamily, TableSchema
 from tabletstore.errors import AlreadyExists, Fenced, InvalidArgument, NotServing
 from tabletstore.master.master import Master
@@ -28,7 +27,7 @@ from tabletstore.metadata.catalog import Catalog
 from tabletstore.metadata.record import TabletRecord, metadata_row_key
 from tabletstore.options import IN_PROCESS_LEASE, WorkerOptions
 from tabletstore.rpc.inprocess import InProcessTransport
-from tabletstore.rpc.messages import LoadTabletRequest, MutateRowsRequest, UnloadTabletRequest
+from tabletstore.rpc.messages import LoadTabletRequest, UnloadTabletRequest
 from tabletstore.rpc.services import TABLET, TabletService
 from tabletstore.rpc.transport import Method
 from tabletstore.storage_s3.memory import MemoryObjectStore
@@ -462,49 +461,3 @@ async def test_a_scan_refused_while_metadata_is_down_keeps_the_other_locations(
     for row in (b"a", b"h"):
         await client.table("alpha").mutate_row(row, [SetCell("f", b"q", b"1")])
     assert client.locations.stats.reads == reads  # answered from the cache
-
-
-async def test_a_moved_tablet_refuses_writes_only_for_the_second_flush(stack: Stack) -> None:
-    """A move (unload with flush, §5.2) minor-compacts the tablet while it still takes writes,
-    then stops writes and writes out only what came in meanwhile: the memtable of before the
-    move is never written while writes are refused (issue 11: the moves the balancer makes
-    onto a replacement worker refused writes for the whole flush)."""
-    await stack.client.create_table("alpha", ["f"], split_keys=[b"g"])
-    table = stack.client.table("alpha")
-    for i in range(50):
-        await table.mutate_row(b"a%03d" % i, [SetCell("f", b"q", b"v")])
-    info = await stack.client._info("alpha")
-    rec = await stack.client.locations.locate(info.table_id, b"a")
-    key = (rec.table_id, rec.tablet_id)
-    worker = stack.worker_at(rec.location)
-    tablet = worker._tablets[key]
-    written: list[tuple[bool, int]] = []  # (writes taken meanwhile, cells written)
-    first_flush = asyncio.Event()
-    go_on = asyncio.Event()
-    inner = tablet._write_groups
-
-    async def write_groups(groups: Any, *, major: bool) -> Any:
-        serving = worker._tablets.get(key) is tablet and tablet._writes_blocked is None
-        written.append((serving, sum(len(list(c)) for c in groups.values())))
-        if len(written) == 1:
-            first_flush.set()
-            await go_on.wait()
-        return await inner(groups, major=major)
-
-    tablet._write_groups = write_groups  # type: ignore[method-assign]
-    unload = asyncio.create_task(
-        TABLET.client(stack.transport, worker.address).unload_tablet(
-            UnloadTabletRequest(*key, flush=True)
-        )
-    )
-    await asyncio.wait_for(first_flush.wait(), 30)
-    # The bulk of the flush is under way: the tablet still takes writes.
-    await TABLET.client(stack.transport, worker.address).mutate_rows(
-        MutateRowsRequest(*key, (RowMutation(b"b", (SetCell("f", b"q", b"late"),)),))
-    )
-    go_on.set()
-    await asyncio.wait_for(unload, 30)
-    assert written == [(True, 50), (False, 1)]
-    await stack.move(replace(rec, location=worker.address), to=stack.other(worker.address))
-    row = await table.read_row(b"b")
-    assert row is not None and row.latest("f", b"q") == b"late"
