@@ -245,18 +245,23 @@ class CommitLogWriter:
 
     # --- appending ---------------------------------------------------------------------------
 
-    async def append(self, table_id: str, row: bytes, cells: Sequence[Cell]) -> None:
-        """Log one row mutation; return once its segment and every earlier one are durable.
-
-        Raises Fenced, Indeterminate or Unavailable as described in the module docstring,
-        Closed after close(), InvalidArgument for cells that cannot be logged.
-        """
+    def _check_accepting(self) -> None:
+        """Raise what an append meets before anything is queued: the sticky failure, Closed
+        while closing, InvalidArgument before start()."""
         if self._failure is not None:
             raise self._failure
         if self._closing:
             raise Closed(f"commit log {self._name()} is closing")
         if self._flusher is None:
             raise InvalidArgument("commit-log writer not started: use 'async with' or start()")
+
+    async def append(self, table_id: str, row: bytes, cells: Sequence[Cell]) -> None:
+        """Log one row mutation; return once its segment and every earlier one are durable.
+
+        Raises Fenced, Indeterminate or Unavailable as described in the module docstring,
+        Closed after close(), InvalidArgument for cells that cannot be logged.
+        """
+        self._check_accepting()
         record = encode_record(table_id, row, cells)
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._queued.append(record)
@@ -277,12 +282,7 @@ class CommitLogWriter:
         row, None once its record is durable, or the error :meth:`append` would have raised
         for it (InvalidArgument for cells that cannot be logged: that row only). Raises, with
         nothing queued, what :meth:`append` raises before queueing."""
-        if self._failure is not None:
-            raise self._failure
-        if self._closing:
-            raise Closed(f"commit log {self._name()} is closing")
-        if self._flusher is None:
-            raise InvalidArgument("commit-log writer not started: use 'async with' or start()")
+        self._check_accepting()
         out: list[TabletStoreError | None] = [None] * len(rows)
         loop = asyncio.get_running_loop()
         waiters: list[tuple[int, asyncio.Future[None]]] = []

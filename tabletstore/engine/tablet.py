@@ -453,20 +453,12 @@ class Tablet:
 
     @contextlib.asynccontextmanager
     async def _row_lock(self, row: bytes) -> AsyncIterator[None]:
-        lock = self._row_locks.get(row)
-        if lock is None:
-            lock = self._row_locks[row] = asyncio.Lock()
-        self._row_lock_users[row] = self._row_lock_users.get(row, 0) + 1
+        rows = [row]
+        await self._lock_rows(rows)
         try:
-            async with lock:
-                yield
+            yield
         finally:
-            users = self._row_lock_users[row] - 1
-            if users:
-                self._row_lock_users[row] = users
-            else:
-                del self._row_lock_users[row]
-                del self._row_locks[row]
+            self._unlock_rows(rows)
 
     async def apply(
         self, row: bytes, mutations: Sequence[Mutation], *, identity: str | None = None
