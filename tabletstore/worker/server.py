@@ -179,6 +179,9 @@ class TabletServer:
         )
         self._tablets: dict[tuple[str, str], Tablet] = {}
         self._loading: dict[tuple[str, str], asyncio.Lock] = {}
+        #: Loads under way, by tablet: each runs as its own task, which the load_tablet calls
+        #: for that tablet await (so a caller that goes away does not stop it).
+        self._load_tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._requests: dict[tuple[str, str], int] = {}
         #: The claim's create revision (the tablet's epoch) of every tablet claimed here.
         self._epochs: dict[tuple[str, str], int] = {}
@@ -270,6 +273,10 @@ class TabletServer:
         a tablet whose flush fails keeps its logs listed and is recovered from them."""
         self._catalog.retry_deadline = min(self._catalog.retry_deadline, _STOP_METADATA_WAIT)
         self._stopping = True
+        loads = list(self._load_tasks.values())
+        for task in loads:  # a load under way releases its claim as it is cancelled
+            task.cancel()
+        await asyncio.gather(*loads, return_exceptions=True)
         if self._switching is not None:
             # Its failure (or cancellation by the group) is not stop's to raise: the TaskGroup
             # reports a failure (stack.aclose below).
@@ -339,7 +346,34 @@ class TabletServer:
     # ------------------------------------------------------------------ tablet assignment
 
     async def load_tablet(self, req: LoadTabletRequest) -> None:
-        """Claim a tablet and serve it: fence and replay its logs first (§5.2, §5.3)."""
+        """Claim a tablet and serve it: fence and replay its logs first (§5.2, §5.3).
+
+        The load runs on if its caller goes away, and a load of the same tablet asked for
+        meanwhile joins it: a master SIGKILLed while its loads replay a dead worker's logs
+        drops their connections, which cancels these calls; the load keeps its claim and
+        finishes, and the next master (which sees the claim held by a live worker, or asks
+        again) does not pay for the replay a second time (issue 11: stalls after kill_master).
+        """
+        key = (req.table_id, req.tablet_id)
+        task = self._load_tasks.get(key)
+        if task is None:
+            if self._stopping:
+                raise NotServing(f"worker {self.worker_id} is stopping")
+            task = asyncio.get_running_loop().create_task(
+                self._load_once(req), name=f"load {req.table_id}/{req.tablet_id}"
+            )
+            self._load_tasks[key] = task
+            task.add_done_callback(lambda t: self._load_finished(key, t))
+        await asyncio.shield(task)
+
+    def _load_finished(self, key: tuple[str, str], task: asyncio.Task[None]) -> None:
+        if self._load_tasks.get(key) is task:
+            del self._load_tasks[key]
+        if not task.cancelled() and task.exception() is not None:
+            # Its callers got it; one whose caller left only leaves the tablet unclaimed.
+            log.info("load of %s/%s failed: %s", key[0], key[1], task.exception())
+
+    async def _load_once(self, req: LoadTabletRequest) -> None:
         key = (req.table_id, req.tablet_id)
         lock = self._loading.setdefault(key, asyncio.Lock())
         async with lock:

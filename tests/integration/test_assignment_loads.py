@@ -366,3 +366,42 @@ async def test_a_dead_workers_log_is_planned_before_its_root_tablet_is_loaded() 
             with contextlib.suppress(TabletStoreError):
                 await server.stop(flush=False)
         await coord.close()
+
+
+async def test_a_load_whose_caller_leaves_runs_on_and_the_next_call_joins_it() -> None:
+    """A master SIGKILLed mid-recovery drops its connections, which cancels its load_tablet
+    calls on the workers. Before issue 11's fix the load was cancelled with it (its replay
+    thrown away, its claim released) and the next master's load replayed the logs again; now
+    the load runs on, keeps its claim, and the next master's call joins it: one replay."""
+    async with stack(MasterOptions()) as (master, first, s):
+        await master.create_table(CreateTableRequest.of(SCHEMA, SPLITS))
+        table_id = next(table for (table, _) in first.tablets if not table.startswith("!"))
+        second = await s.join()
+        replays = 0
+        release = asyncio.Event()
+        replaying = asyncio.Event()
+
+        async def gated_replay(record: TabletRecord) -> AsyncIterator[Cell]:
+            nonlocal replays
+            replays += 1
+            replaying.set()
+            await release.wait()
+            for _ in ():
+                yield _
+
+        second._replay = gated_replay  # type: ignore[method-assign]
+        key = (table_id, "t00000")
+        await first.unload_tablet(UnloadTabletRequest(*key))
+        old_master = asyncio.create_task(second.load_tablet(LoadTabletRequest(*key)))
+        await asyncio.wait_for(replaying.wait(), 30)
+        old_master.cancel()  # its connection dropped
+        with contextlib.suppress(asyncio.CancelledError):
+            await old_master
+        # The claim stays with the worker still loading: no other worker is given the tablet.
+        claim = await s.coord.get(paths.claim(*key))
+        assert claim is not None and claim.value == second.worker_id.encode()
+        new_master = asyncio.create_task(second.load_tablet(LoadTabletRequest(*key)))
+        release.set()
+        await asyncio.wait_for(new_master, 30)
+        assert key in second.tablets
+        assert replays == 1, f"the dead log was replayed {replays} times"
