@@ -9,8 +9,10 @@ a worker dies, its tablets are loaded side by side on the survivors, each replay
 instead of one after another. A round waits for a level's loads at most
 ``MasterOptions.load_wait`` seconds before going on; a load still running then (a long replay,
 or a hung worker) stays in flight in the background and is counted as placed, so one slow load
-holds back neither the others nor the next rounds. A load that fails or times out leaves the
-tablet unclaimed, and the next round assigns it again, to whichever worker the planner picks. On first start it creates
+holds back neither the others nor the next rounds. A load that fails leaves the tablet
+unclaimed, and the next round assigns it again, to whichever worker the planner picks; one the
+master gave up waiting for (or whose master died) runs on at its worker, claim held, and a
+second ``load_tablet`` of it joins that load instead of replaying again. On first start it creates
 the METADATA table (``Catalog.bootstrap_root``, then the METADATA tablets' rows in the root).
 Clients never send data through the master; they locate tablets through METADATA and talk to
 workers directly (§5.1).
