@@ -1026,6 +1026,13 @@ def _metrics_ready(url: str) -> None:
     help="Where dead workers' logs are sorted for recovery (§6): workers, local, "
     "lambda:<function-name> or none (each new owner reads the whole log).",
 )
+@click.option(
+    "--compaction-executor",
+    default="workers",
+    show_default=True,
+    help="Where the periodic major compactions run (§5.4): workers (each tablet's own), "
+    "local (this process) or lambda:<function-name> (functions/compaction.py).",
+)
 @rpc_caps
 @_insecure_option
 @_status_token_option
@@ -1037,6 +1044,7 @@ def master_cmd(
     split_bytes: int,
     metrics_port: int | None,
     sort_executor: str,
+    compaction_executor: str,
     rpc: RpcServerOptions,
     insecure: bool,
     status_token_file: Path | None,
@@ -1047,6 +1055,7 @@ def master_cmd(
     options = MasterOptions(lease=LeaseOptions(ttl=lease_ttl), split_bytes=split_bytes, rpc=rpc)
     tls = _process_tls(host, insecure, "master")
     status_token = _status_token(status_token_file)
+    cluster_url = _cluster_url()
 
     def ready(address: str) -> None:
         click.echo(f"master listening on {address}", err=True)
@@ -1063,6 +1072,8 @@ def master_cmd(
             metrics_port=metrics_port,
             metrics_ready=_metrics_ready,
             sort_executor=sort_executor,
+            compaction_executor=compaction_executor,
+            cluster_url=cluster_url,
             tls=tls,
             insecure=insecure,
             status_token=status_token,

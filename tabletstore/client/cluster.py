@@ -29,7 +29,7 @@ from tabletstore.errors import (
 )
 from tabletstore.metadata.catalog import Catalog
 from tabletstore.rpc.auth import ClientAuth
-from tabletstore.rpc.services import MASTER, MasterService
+from tabletstore.rpc.services import MASTER, MasterService, TabletService
 from tabletstore.rpc.tcp import TcpTransport
 from tabletstore.rpc.transport import Method, Transport
 from tabletstore.rpc.wire import register_all
@@ -206,6 +206,11 @@ class ClusterClient(AsyncClient):
         # tablet long before that.
         transport = TcpTransport(timeout=CALL_TIMEOUT, auth=auth)
         return cls(url, coordinator, transport, identity=identity)
+
+    def tablet_server(self, address: str) -> TabletService:
+        """A stub of the tablet server at ``address`` (what a serverless job that hands its
+        work to a worker calls: ``master.remote_compaction``)."""
+        return self._worker(address)
 
     async def close(self) -> None:
         await self._transport.close()

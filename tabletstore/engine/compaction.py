@@ -25,27 +25,32 @@ value nearly flat as tables grow (issue 18's growth bound).
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
-from tabletstore.data.schema import GcRule, LocalityGroup
+from tabletstore.data.schema import GcRule, LocalityGroup, TableSchema
 from tabletstore.engine.iterators import compact_cells, merge_sources
+from tabletstore.errors import InvalidArgument
 from tabletstore.keys import Cell, CellKind
 from tabletstore.metadata.record import SSTableRef, TabletRecord
 from tabletstore.options import TabletOptions
 from tabletstore.sstable import SSTableInfo, read_sstable_bytes, write_sstable
+from tabletstore.storage_s3 import layout
 
 __all__ = [
     "CompactionTask",
     "GroupSettings",
+    "check_outputs",
     "merge_sstables",
     "merge_window",
     "overlap_depth",
     "plan",
     "plan_major",
     "rewrite_tablet",
+    "schema_rewrite",
 ]
 
 
@@ -215,6 +220,47 @@ def rewrite_tablet(
             locality_group=group,
         )
     return result
+
+
+def check_outputs(record: TabletRecord, outputs: Mapping[str, SSTableRef]) -> None:
+    """Refuse (InvalidArgument) outputs of a compaction run elsewhere that are not new
+    SSTables of this tablet: each must lie under the tablet's own prefix, in its group's
+    place (``layout.sstable_key``), and not be an SSTable the record lists already."""
+    listed = {r.key for refs in record.sstables.values() for r in refs}
+    for group, ref in outputs.items():
+        prefix = f"{layout.tables_prefix(record.table_id, record.tablet_id)}{group}/"
+        if not ref.key.startswith(prefix) or ref.key in listed or ref.size <= 0:
+            raise InvalidArgument(
+                f"tablet {record.tablet_id}: {ref.key!r} is not a new SSTable of its "
+                f"locality group {group!r}"
+            )
+
+
+def schema_rewrite(
+    inputs: Sequence[bytes],
+    schema: TableSchema,
+    *,
+    now_micros: int,
+    start_row: bytes = b"",
+    end_row: bytes | None = None,
+) -> Callable[[], dict[str, tuple[bytes, SSTableInfo]]]:
+    """:func:`rewrite_tablet` of ``inputs`` by ``schema`` (its families' locality groups and
+    GC rules), as a call to run on a thread or in another process: the major compaction a
+    worker runs (``Tablet.major_compact``) and one run elsewhere (``master.remote_compaction``)
+    are the same rewrite."""
+    return functools.partial(
+        rewrite_tablet,
+        inputs,
+        family_groups={name: f.locality_group for name, f in schema.families.items()},
+        groups={
+            name: GroupSettings(g.compression, g.block_size)
+            for name, g in schema.locality_groups.items()
+        },
+        gc_rules={name: f.gc_rule for name, f in schema.families.items()},
+        now_micros=now_micros,
+        start_row=start_row,
+        end_row=end_row,
+    )
 
 
 def _clip(cells: list[Cell], start_row: bytes, end_row: bytes | None) -> list[Cell]:

@@ -17,14 +17,18 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from tabletstore.engine.memtable import MemTable
+from tabletstore.errors import PreconditionFailed
 from tabletstore.metadata.record import LogRef, SSTableRef, TabletRecord
 from tabletstore.sstable import SSTable
 
 __all__ = [
+    "AdoptedMajor",
     "MajorResult",
     "MergeResult",
     "MinorResult",
     "TabletState",
+    "adoptable",
+    "apply_adopted",
     "apply_major",
     "apply_merge",
     "apply_minor",
@@ -175,4 +179,62 @@ def apply_major(state: TabletState, result: MajorResult, *, now: float) -> Table
     new_record = replace(state.record, sstables=sstables).with_event(
         now, "major_compaction", detail
     )
+    return replace(state, record=new_record, sstables=opened)
+
+
+@dataclass(frozen=True, slots=True)
+class AdoptedMajor:
+    """A major compaction run away from the tablet's worker (a serverless function,
+    ``master/remote_compaction.py``): it read the SSTables ``read`` (keys per locality group,
+    newest first: every SSTable the tablet's record listed then) and wrote ``outputs``, at
+    most one per group, which the worker adopts (:func:`apply_adopted`)."""
+
+    read: Mapping[str, tuple[str, ...]]
+    outputs: Mapping[str, Written]
+
+
+def adoptable(record: TabletRecord, read: Mapping[str, tuple[str, ...]]) -> dict[str, int]:
+    """Per locality group, how many SSTables the record holds *in front of* the ones ``read``
+    (minor compactions and bulk loads since the read: they stay, newer than the output).
+    Raises :class:`PreconditionFailed` unless every group of the record is exactly those
+    newer SSTables followed by the ones read, in the same order: a merging or major
+    compaction since the read replaced some of them, and adopting would bring back cells
+    that compaction collected or drop an SSTable written since."""
+    gone = {key for keys in read.values() for key in keys}
+    newer: dict[str, int] = {}
+    for group in sorted(set(record.sstables) | set(read)):
+        keys = [r.key for r in record.sstables.get(group, ())]
+        want = list(read.get(group, ()))
+        n = len(keys) - len(want)
+        if n < 0 or keys[n:] != want or gone.intersection(keys[:n]):
+            raise PreconditionFailed(
+                f"tablet {record.tablet_id}: its SSTables of locality group {group!r} changed "
+                "since the compaction read them; its output is not adopted"
+            )
+        newer[group] = n
+    return newer
+
+
+def apply_adopted(state: TabletState, result: AdoptedMajor, *, now: float) -> TabletState:
+    """The state after adopting a major compaction run elsewhere (§5.4): in each group the
+    SSTables added since the read stay in front, the output takes the place of the ones read.
+    The returned record is the one to commit.
+
+    REQUIRES: :func:`adoptable` holds for ``state.record`` (the compaction lock held since)."""
+    record = state.record
+    newer = adoptable(record, result.read)
+    sstables: dict[str, tuple[SSTableRef, ...]] = {}
+    opened: dict[str, tuple[SSTable, ...]] = {}
+    for group in sorted(set(newer) | set(result.outputs)):
+        n = newer.get(group, 0)
+        refs = record.sstables.get(group, ())[:n]
+        tables = state.sstables.get(group, ())[:n]
+        out = result.outputs.get(group)
+        if out is not None:
+            refs, tables = (*refs, out[0]), (*tables, out[1])
+        if refs:
+            sstables[group], opened[group] = refs, tables
+    inputs = sum(len(keys) for keys in result.read.values())
+    detail = f"{inputs} -> {len(result.outputs)} (run elsewhere)"
+    new_record = replace(record, sstables=sstables).with_event(now, "major_compaction", detail)
     return replace(state, record=new_record, sstables=opened)

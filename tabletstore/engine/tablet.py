@@ -91,18 +91,28 @@ from tabletstore.engine.reverse import (
 from tabletstore.engine.scan_stats import ScanStats
 from tabletstore.engine.split_key import BlockSpan, choose_split_key, middle_row, widest_block
 from tabletstore.engine.state import (
+    AdoptedMajor,
     MajorResult,
     MergeResult,
     MinorResult,
     TabletState,
     Written,
+    adoptable,
+    apply_adopted,
     apply_major,
     apply_merge,
     apply_minor,
     freeze,
     redo_point,
 )
-from tabletstore.errors import InvalidArgument, NotServing, TabletStoreError, Unavailable
+from tabletstore.errors import (
+    Fenced,
+    InvalidArgument,
+    NotServing,
+    PreconditionFailed,
+    TabletStoreError,
+    Unavailable,
+)
 from tabletstore.keys import AGGREGATE_KINDS, Cell, CellKind, cell_sort_key
 from tabletstore.metadata.record import (
     BulkLoadMark,
@@ -1181,16 +1191,9 @@ class Tablet:
         self, record: TabletRecord, blobs: list[bytes]
     ) -> Callable[[], dict[str, tuple[bytes, SSTableInfo]]]:
         """The major compaction's rewrite of ``blobs``, by the current schema and GC rules."""
-        schema = self._schema
-        return functools.partial(
-            compaction.rewrite_tablet,
+        return compaction.schema_rewrite(
             blobs,
-            family_groups={name: f.locality_group for name, f in schema.families.items()},
-            groups={
-                name: compaction.GroupSettings(g.compression, g.block_size)
-                for name, g in schema.locality_groups.items()
-            },
-            gc_rules=self._gc_rules(),
+            self._schema,
             now_micros=self._now_micros(),
             start_row=record.start_row,
             end_row=record.end_row,
@@ -1229,6 +1232,64 @@ class Tablet:
             start_row=record.start_row,
             end_row=record.end_row,
         )
+
+    async def adopt_major(
+        self,
+        *,
+        epoch: int,
+        schema: TableSchema,
+        read: Mapping[str, tuple[str, ...]],
+        outputs: Mapping[str, SSTableRef],
+    ) -> None:
+        """Adopt a major compaction of this tablet run elsewhere (§5.4; a serverless function,
+        ``master/remote_compaction.py``): it read the record at ``epoch`` and its SSTables
+        ``read`` (per group, newest first) under ``schema``, and wrote ``outputs``. Committed
+        like every compaction of this tablet -- under its compaction lock, by the
+        epoch-conditional record update -- so nothing the worker wrote meanwhile is lost: the
+        SSTables minor compactions added since stay in front of the output, and the memtable
+        is untouched. Refused, the output left unreferenced (garbage for GC), when the tablet
+        is no longer this one at ``epoch`` (moved, split: Fenced or NotServing), when its
+        SSTables changed otherwise since the read, or when its schema (families, GC rules,
+        locality groups) is not the one the rewrite applied (PreconditionFailed). Adopting
+        the same outputs again (a retry after an ambiguous answer) is a no-op."""
+        self._check_open()
+        async with self._compaction_lock:
+            self._check_open()  # a split may have closed the tablet while this waited
+            record = self._state.record
+            if record.epoch != epoch:
+                raise Fenced(
+                    f"tablet {record.tablet_id} is at epoch {record.epoch} here, not {epoch}: "
+                    "the compaction read another owner's record"
+                )
+            listed = {r.key for refs in record.sstables.values() for r in refs}
+            if outputs and all(ref.key in listed for ref in outputs.values()):
+                return  # adopted already: a retry after an ambiguous answer
+            if (schema.families, schema.locality_groups) != (
+                self._schema.families,
+                self._schema.locality_groups,
+            ):
+                raise PreconditionFailed(
+                    f"tablet {record.tablet_id}: the schema changed since the compaction read "
+                    "it; its output is not adopted"
+                )
+            compaction.check_outputs(record, outputs)
+            adoptable(record, read)  # fail before opening anything
+            opened: dict[str, Written] = {}
+            for group, ref in sorted(outputs.items()):
+                table = await self._open(ref)
+                if self._locality_group(group).in_memory:
+                    await table.load_all()
+                opened[group] = (ref, table)
+            result = AdoptedMajor(read, opened)
+            old = await self._commit(
+                lambda current: apply_adopted(current, result, now=self._clock.time())
+            )
+            replaced = {key for keys in read.values() for key in keys}
+            for group, tables in old.sstables.items():
+                for ref, table in zip(old.record.sstables.get(group, ()), tables, strict=True):
+                    if ref.key in replaced:
+                        table.close()
+        self._notify_compacted()
 
     # ------------------------------------------------------------------ splits and shutdown
 

@@ -6,9 +6,19 @@ Paper §5.4: "Bigtable cycles through all of its tablets and regularly applies m
 compactions to them." :func:`due` is the pure planner: a tablet is due when its last
 ``major_compaction`` event (or, with none in its event log, its oldest event) is at least
 ``period`` seconds old and it has SSTables. The master runs :class:`MajorCompactionCycle` after
-each assignment round; it asks the serving worker (``compact_tablet``, major), which runs the
-rewrite on its compaction executor (``WorkerOptions.compaction_processes``) and commits it with
-the epoch-conditional record update every compaction uses. At most ``max_in_flight`` run at
+each assignment round; it hands each due tablet to its :class:`CompactionExecutor`:
+
+* :class:`WorkerCompactionExecutor` (the default) asks the serving worker (``compact_tablet``,
+  major), which runs the rewrite on its compaction processes
+  (``WorkerOptions.compaction_processes``);
+* ``master.remote_compaction.RemoteCompactionExecutor`` runs the rewrite in the master's
+  process, and ``master.compaction_lambda.LambdaCompactionExecutor`` in an AWS Lambda function
+  (``functions/compaction.py``): both read the SSTables straight from the bucket and hand
+  the output to the serving worker to adopt.
+
+Either way the serving worker commits the result with the epoch-conditional record update
+every compaction of the tablet uses, under the tablet's compaction lock, and refuses one whose
+tablet moved or changed since (``master/remote_compaction.py``). At most ``max_in_flight`` run at
 once, in the background: the master loop never waits on one, nor on the listing of every
 record, which runs in the background too and at most every ``period / 24`` seconds (hourly
 by default): listing every record each second would load METADATA for nothing, and wait on it
@@ -20,11 +30,18 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol
 
 from tabletstore.errors import InvalidArgument, TabletStoreError
 from tabletstore.metadata.record import TabletRecord
 
-__all__ = ["MAJOR_COMPACTION_EVENT", "MajorCompactionCycle", "due"]
+__all__ = [
+    "MAJOR_COMPACTION_EVENT",
+    "CompactionExecutor",
+    "MajorCompactionCycle",
+    "WorkerCompactionExecutor",
+    "due",
+]
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +63,31 @@ def due(records: Sequence[TabletRecord], now: float, period: float) -> list[Tabl
     return [rec for _, rec in waiting]
 
 
+class CompactionExecutor(Protocol):
+    """Where the cycle's major compactions run (module docstring)."""
+
+    async def compact(self, record: TabletRecord) -> None:
+        """Major-compact ``record``'s tablet; a TabletStoreError when it is not served now,
+        moved or changed meanwhile (the cycle tries again at a later round)."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class WorkerCompactionExecutor:
+    """Asks the worker serving the tablet to run the major compaction itself."""
+
+    def __init__(self, ask: Callable[[TabletRecord], Awaitable[None]]) -> None:
+        """``ask``: send ``compact_tablet`` (major) to the tablet's worker (the master's)."""
+        self._ask = ask
+
+    async def compact(self, record: TabletRecord) -> None:
+        await self._ask(record)
+
+    async def close(self) -> None:
+        """Nothing held."""
+
+
 class MajorCompactionCycle:
     """Starts the due major compactions each round, in the background (module docstring)."""
 
@@ -54,11 +96,11 @@ class MajorCompactionCycle:
         *,
         period: float | None,
         records: Callable[[], Awaitable[Sequence[TabletRecord]]],
-        compact: Callable[[TabletRecord], Awaitable[None]],
+        executor: CompactionExecutor,
         now: Callable[[], float],
         max_in_flight: int = 2,
     ) -> None:
-        """``records``: every tablet record; ``compact``: ask the tablet's worker for a major
+        """``records``: every tablet record; ``executor``: runs one tablet's major
         compaction (raises if it is not served); ``now``: wall-clock seconds."""
         if period is not None and period <= 0:
             raise InvalidArgument(f"major_compaction_period must be > 0 seconds, got {period}")
@@ -66,7 +108,8 @@ class MajorCompactionCycle:
             raise InvalidArgument(f"max_in_flight must be >= 1, got {max_in_flight}")
         self.period = period
         self._records = records
-        self._compact = compact
+        #: Where the compactions run; the master process may replace it before it leads.
+        self.executor = executor
         self._now = now
         self.max_in_flight = max_in_flight
         self._running: dict[tuple[str, str], asyncio.Task[None]] = {}
@@ -118,7 +161,7 @@ class MajorCompactionCycle:
 
     async def _one(self, rec: TabletRecord) -> None:
         try:
-            await self._compact(rec)
+            await self.executor.compact(rec)
         except TabletStoreError as exc:
             # Not served right now (moving, recovering): the next round sees it due again.
             log.info("major compaction of %s/%s not run: %s", rec.table_id, rec.tablet_id, exc)
@@ -135,3 +178,4 @@ class MajorCompactionCycle:
         await asyncio.gather(*tasks, return_exceptions=True)
         self._running.clear()
         self._scan = None
+        await self.executor.close()

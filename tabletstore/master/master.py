@@ -52,7 +52,7 @@ from tabletstore.errors import (
 from tabletstore.master import assignment, snapshots
 from tabletstore.master.balancer import Balancer
 from tabletstore.master.bulk_load import bulk_load as load_files
-from tabletstore.master.compaction_cycle import MajorCompactionCycle
+from tabletstore.master.compaction_cycle import MajorCompactionCycle, WorkerCompactionExecutor
 from tabletstore.master.recovery import LogRecovery
 from tabletstore.metadata import rows as mt
 from tabletstore.metadata.catalog import Catalog, ClusterSettings, TableInfo
@@ -160,7 +160,7 @@ class Master:
         self.compaction_cycle = MajorCompactionCycle(
             period=self._options.major_compaction_period,
             records=self._every_record,
-            compact=self._major_compact,
+            executor=WorkerCompactionExecutor(self._major_compact),
             now=self._clock.time,
         )
         #: Whether this master answers admin requests. Only the elected master does: a standby

@@ -17,6 +17,7 @@ from tabletstore.errors import (
     InvalidArgument,
     TabletStoreError,
 )
+from tabletstore.master.compaction_cycle import CompactionExecutor
 from tabletstore.master.failure_detector import FailureDetector
 from tabletstore.master.gc import GarbageCollector
 from tabletstore.master.guard import guard
@@ -33,8 +34,9 @@ from tabletstore.ops.status_http import StatusServer, serve_master
 from tabletstore.ops.views import publish_page
 from tabletstore.options import MasterOptions
 from tabletstore.rpc.auth import ClientAuth, ServerAuth
-from tabletstore.rpc.services import MASTER
+from tabletstore.rpc.services import MASTER, TABLET
 from tabletstore.rpc.tcp import RpcServer, TcpTransport
+from tabletstore.rpc.transport import Transport
 from tabletstore.rpc.wire import register_all
 from tabletstore.security import TlsConfig, check_bind
 from tabletstore.storage_s3 import check_store, open_store
@@ -84,6 +86,8 @@ async def run_master(
     metrics_port: int | None = None,
     metrics_ready: Callable[[str], None] | None = None,
     sort_executor: str = "workers",
+    compaction_executor: str = "workers",
+    cluster_url: str | None = None,
     tls: TlsConfig | None = None,
     insecure: bool = False,
     status_token: str | None = None,
@@ -99,6 +103,10 @@ async def run_master(
     ``sort_executor`` says where dead workers' logs are sorted (§6, :mod:`master.recovery`):
     ``workers`` (the live workers), ``local`` (this process), ``lambda:<function>`` (AWS
     Lambda, ``functions/log_sort.py``) or ``none`` (each new owner reads the whole log).
+    ``compaction_executor`` says where §5.4's major-compaction cycle rewrites tablets
+    (:mod:`master.compaction_cycle`): ``workers`` (each tablet's serving worker), ``local``
+    (this process) or ``lambda:<function>`` (AWS Lambda, ``functions/compaction.py``, which
+    needs ``cluster_url``: the etcd URL the function connects to).
 
     With ``tls`` (the cluster CA and this master's certificate, role master) every port
     speaks TLS and table administration is for each table's admins (``master/guard.py``).
@@ -130,6 +138,14 @@ async def run_master(
         options=options,
         recovery=recovery,
     )
+    try:
+        master.compaction_cycle.executor = make_compaction_executor(
+            compaction_executor, master, store, transport, cluster_url
+        )
+    except InvalidArgument:
+        if store is not None:
+            await store.close()
+        raise
     master.leading = False  # until elected: admin requests are answered NotServing
     metrics.watch_leading(lambda: master.leading)
     handlers = metrics.instrument(guard(master, MASTER.handlers(master), denied=metrics.denied))
@@ -308,4 +324,36 @@ def make_recovery(
         coordinator,
         task_bytes=options.sort_task_bytes,
         attempts=options.sort_attempts,
+    )
+
+
+def make_compaction_executor(
+    kind: str,
+    master: Master,
+    store: ObjectStore | None,
+    transport: Transport,
+    cluster_url: str | None,
+) -> CompactionExecutor:
+    """Where the master's major-compaction cycle runs (see :func:`run_master`)."""
+    if kind == "workers":
+        return master.compaction_cycle.executor
+    if kind == "local":
+        if store is None:
+            raise InvalidArgument("the local compaction executor needs the cluster's store")
+        from tabletstore.master.remote_compaction import RemoteCompactionExecutor
+
+        return RemoteCompactionExecutor(
+            master.catalog,
+            store,
+            lambda address: TABLET.client(transport, address),
+            clock=master.clock,
+        )
+    if kind.startswith("lambda:") and len(kind) > len("lambda:"):
+        if cluster_url is None:
+            raise InvalidArgument("the Lambda compaction executor needs the cluster's URL")
+        from tabletstore.master.compaction_lambda import LambdaCompactionExecutor
+
+        return LambdaCompactionExecutor(kind[len("lambda:") :], cluster_url)
+    raise InvalidArgument(
+        f"compaction executor {kind!r} is not one of workers, local, lambda:<function>"
     )

@@ -11,7 +11,8 @@ Which method takes which request and answers what: the service Protocols of
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -23,10 +24,12 @@ from tabletstore.data.query import RowRange
 from tabletstore.data.schema import ColumnFamily, LocalityGroup, TableSchema
 from tabletstore.errors import InvalidArgument, TabletStoreError, error_code, error_from_code
 from tabletstore.metadata.catalog import TableInfo
+from tabletstore.metadata.record import SSTableRef, TabletRecord
 
 M = TypeVar("M", bound=BaseModel)
 
 __all__ = [
+    "AdoptCompactionRequest",
     # snapshots and bulk load (tabletstore.batch, §8)
     "BulkLoadRequest",
     "BulkLoadResponse",
@@ -233,6 +236,57 @@ class CompactTabletRequest:
     table_id: str
     tablet_id: str
     major: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class AdoptCompactionRequest:
+    """To the tablet's worker: adopt a major compaction run elsewhere (a serverless function,
+    ``master/remote_compaction.py``; ``Tablet.adopt_major``). It read the tablet's record at
+    ``epoch`` and every SSTable it listed, ``read_json`` (``{group: [keys, newest first]}``),
+    under the schema ``schema_json``, and wrote ``outputs_json`` (``{group: SSTableRef JSON}``).
+    The worker commits it with its own epoch-conditional record update, or refuses it."""
+
+    table_id: str
+    tablet_id: str
+    epoch: int
+    schema_json: bytes
+    read_json: bytes
+    outputs_json: bytes
+
+    @classmethod
+    def of(
+        cls,
+        record: TabletRecord,
+        schema: TableSchema,
+        outputs: Mapping[str, SSTableRef],
+    ) -> AdoptCompactionRequest:
+        """The request for a rewrite of every SSTable ``record`` lists into ``outputs``."""
+        read = {g: [r.key for r in refs] for g, refs in record.sstables.items() if refs}
+        return cls(
+            record.table_id,
+            record.tablet_id,
+            record.epoch,
+            schema.model_dump_json().encode(),
+            json.dumps(read, sort_keys=True).encode(),
+            json.dumps({g: r.to_json() for g, r in outputs.items()}, sort_keys=True).encode(),
+        )
+
+    def schema(self) -> TableSchema:
+        return _parse(TableSchema, self.schema_json)
+
+    def read(self) -> dict[str, tuple[str, ...]]:
+        try:
+            parsed = json.loads(self.read_json)
+            return {str(g): tuple(str(k) for k in keys) for g, keys in parsed.items()}
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise InvalidArgument(f"malformed read_json of a compaction: {exc}") from exc
+
+    def outputs(self) -> dict[str, SSTableRef]:
+        try:
+            parsed = json.loads(self.outputs_json)
+            return {str(g): SSTableRef.from_json(r) for g, r in parsed.items()}
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise InvalidArgument(f"malformed outputs_json of a compaction: {exc}") from exc
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ from typing import Any, Generic, Protocol, TypeVar, cast
 from tabletstore.data.model import Row
 from tabletstore.errors import InvalidArgument
 from tabletstore.rpc.messages import (
+    AdoptCompactionRequest,
     BulkLoadRequest,
     BulkLoadResponse,
     BulkLoadTabletRequest,
@@ -109,6 +110,10 @@ class TabletService(Protocol):
         ...
 
     async def compact_tablet(self, req: CompactTabletRequest) -> None: ...
+
+    async def adopt_compaction(self, req: AdoptCompactionRequest) -> None:
+        """Commit a major compaction of the tablet run elsewhere, or refuse it (§5.4)."""
+        ...
 
     async def update_schema(self, req: UpdateSchemaRequest) -> None: ...
 

@@ -28,6 +28,8 @@ WIRE_TYPES: dict[int, type] = {
     9: model.IncrementValue,
     10: model.AddToCell,
     11: model.MergeToCell,
+    # 12-19: messages that joined after the model's ids were laid out
+    12: m.AdoptCompactionRequest,
     # query (20-24)
     20: query.RowRange,
     # filters (25-59)

@@ -65,6 +65,7 @@ from tabletstore.metadata.catalog import Catalog
 from tabletstore.metadata.record import BulkLoadMark, LogRef, TabletRecord, uncovered
 from tabletstore.options import TabletOptions, WorkerOptions
 from tabletstore.rpc.messages import (
+    AdoptCompactionRequest,
     BulkLoadTabletRequest,
     BulkLoadTabletResponse,
     CheckAndMutateRequest,
@@ -284,9 +285,7 @@ class TabletServer:
         trimming = [] if self._trimming is None else [self._trimming]
         for task in [*self._compactions, *trimming]:  # optional work: redone after the next load
             task.cancel()
-        await asyncio.gather(
-            *self._splits, *self._compactions, *trimming, return_exceptions=True
-        )
+        await asyncio.gather(*self._splits, *self._compactions, *trimming, return_exceptions=True)
         # One at a time, deepest level first, re-reading the set each time: nothing may be
         # left unclosed, whatever changed it while a tablet was being closed.
         while self._tablets:
@@ -746,6 +745,13 @@ class TabletServer:
         else:
             await tablet.minor_compact()
             await tablet.merge_if_needed()
+
+    async def adopt_compaction(self, req: AdoptCompactionRequest) -> None:
+        """Commit a major compaction run elsewhere (``Tablet.adopt_major``), or refuse it."""
+        tablet = self._tablet(req.table_id, req.tablet_id)
+        await tablet.adopt_major(
+            epoch=req.epoch, schema=req.schema(), read=req.read(), outputs=req.outputs()
+        )
 
     # ------------------------------------------------------------------ snapshots, bulk load
 

@@ -12,7 +12,11 @@ import pytest
 from tabletstore.data.model import DeleteRow, SetCell
 from tabletstore.embedded import Database
 from tabletstore.errors import InvalidArgument
-from tabletstore.master.compaction_cycle import MajorCompactionCycle, due
+from tabletstore.master.compaction_cycle import (
+    MajorCompactionCycle,
+    WorkerCompactionExecutor,
+    due,
+)
 from tabletstore.metadata.record import SSTableRef, TabletEvent, TabletRecord
 
 DAY = 86_400.0
@@ -53,7 +57,9 @@ async def _noop(rec: TabletRecord) -> None:
 
 def test_bad_settings_are_refused() -> None:
     with pytest.raises(InvalidArgument, match="period"):
-        MajorCompactionCycle(period=0, records=_nothing, compact=_noop, now=lambda: 0.0)
+        MajorCompactionCycle(
+            period=0, records=_nothing, executor=WorkerCompactionExecutor(_noop), now=lambda: 0.0
+        )
 
 
 async def test_a_round_major_compacts_every_served_tablet_and_purges_deletes() -> None:
@@ -101,7 +107,9 @@ async def test_a_round_never_waits_for_metadata() -> None:
         await hang.wait()
         return []
 
-    cycle = MajorCompactionCycle(period=DAY, records=records, compact=_noop, now=lambda: 0.0)
+    cycle = MajorCompactionCycle(
+        period=DAY, records=records, executor=WorkerCompactionExecutor(_noop), now=lambda: 0.0
+    )
     cycle.run_round()  # starts the listing in the background and returns
     cycle.run_round()  # one listing at a time
     await asyncio.sleep(0)

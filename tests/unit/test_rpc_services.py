@@ -20,6 +20,7 @@ from tabletstore.data.model import AppendValue, RowMutation, SetCell
 from tabletstore.data.schema import ColumnFamily, TableSchema
 from tabletstore.embedded import Database
 from tabletstore.errors import Indeterminate, InvalidArgument, NotServing, Unimplemented
+from tabletstore.master.remote_compaction import prepare
 from tabletstore.metadata.snapshot import SnapshotManifest
 from tabletstore.rpc import messages as m
 from tabletstore.rpc.inprocess import InProcessTransport
@@ -45,6 +46,7 @@ def test_the_protocols_declare_every_method_once() -> None:
         "load_tablet",
         "unload_tablet",
         "compact_tablet",
+        "adopt_compaction",
         "update_schema",
         "server_status",
         "snapshot_hold",
@@ -119,7 +121,7 @@ Call = Callable[[Any], Awaitable[Any]]
 
 
 async def _exercise(
-    worker: TabletService, master: MasterService, bulk_source: str = "services-bulk"
+    worker: TabletService, master: MasterService, db: Database, bulk_source: str = "services-bulk"
 ) -> set[str]:
     """Call every method of both services through the stubs; returns the names called."""
     called: set[str] = set()
@@ -173,6 +175,13 @@ async def _exercise(
         worker.compact_tablet, TabletService.compact_tablet, m.CompactTabletRequest(tid, tab)
     )
     await call(worker.update_schema, TabletService.update_schema, m.UpdateSchemaRequest("svc"))
+    # A major compaction run elsewhere (master/remote_compaction.py), adopted by the worker.
+    prepared = await prepare(db.master.catalog, db.store, tid, tab, clock=db.master.clock)
+    adopt = prepared.request()
+    await call(worker.adopt_compaction, TabletService.adopt_compaction, adopt)
+    assert (await db.master.catalog.get_tablet(tid, tab)).sstables == {
+        g: (ref,) for g, ref in prepared.outputs.items()
+    }
     await call(worker.unload_tablet, TabletService.unload_tablet, m.UnloadTabletRequest(tid, tab))
     with pytest.raises(NotServing):
         await worker.read_row(m.ReadRowsRequest(tid, tab, keys=(b"r",)))
@@ -227,7 +236,7 @@ async def test_every_method_is_served_in_process() -> None:
     transport.register("w", TABLET.handlers(db.worker))
     transport.register("m", MASTER.handlers(db.master))
     try:
-        called = await _exercise(TABLET.client(transport, "w"), MASTER.client(transport, "m"))
+        called = await _exercise(TABLET.client(transport, "w"), MASTER.client(transport, "m"), db)
         assert called == _all_names()
     finally:
         await db.close()
@@ -245,6 +254,7 @@ async def test_every_method_is_served_over_tcp() -> None:
         called = await _exercise(
             TABLET.client(transport, worker.address),
             MASTER.client(transport, master.address),
+            db,
             "services-bulk-tcp",
         )
         assert called == _all_names()
