@@ -7,18 +7,24 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import cast
 
+import pytest
+
 from tabletstore.engine.memtable import MemTable
 from tabletstore.engine.state import (
+    AdoptedMajor,
     MajorResult,
     MergeResult,
     MinorResult,
     TabletState,
+    adoptable,
+    apply_adopted,
     apply_major,
     apply_merge,
     apply_minor,
     freeze,
     redo_point,
 )
+from tabletstore.errors import PreconditionFailed
 from tabletstore.keys import Cell, CellKind
 from tabletstore.metadata.record import LogRef, SSTableRef, TabletRecord
 from tabletstore.sstable import SSTable
@@ -203,3 +209,41 @@ def test_major_replaces_every_sstable_and_keeps_the_memtable() -> None:
     assert after.memtable is newer
     assert after.record.logs == (FREEZE_LOG,)
     assert after.record.events[-1].detail == "3 -> 1"
+
+
+# -- a major compaction run elsewhere (master/remote_compaction.py) ---------------------------
+
+
+def test_adopted_output_goes_behind_what_was_flushed_since_the_read() -> None:
+    read = {"g": ("a", "b"), "h": ("c",)}
+    # Since the read: a minor compaction added n1 to g and n2 to a group read had none of.
+    later = _state({"g": ["n1", "a", "b"], "h": ["c"], "k": ["n2"]})
+    newer = _memtable(9)
+    later = TabletState(later.record, newer, (), later.sstables)
+    assert adoptable(later.record, read) == {"g": 1, "h": 0, "k": 1}
+    out = AdoptedMajor(read, {"g": (_ref("G"), _table("G"))})  # h's cells all deleted
+    after = apply_adopted(later, out, now=1.0)
+    assert (_keys(after, "g"), _keys(after, "h"), _keys(after, "k")) == (["n1", "G"], [], ["n2"])
+    assert "h" not in after.record.sstables
+    assert after.memtable is newer  # writes since the read stay where they are
+    assert after.record.events[-1].kind == "major_compaction"
+    assert after.record.redo_seq == later.record.redo_seq
+
+
+@pytest.mark.parametrize(
+    "now",
+    [
+        {"g": ["ab"], "h": ["c"]},  # a merging compaction of the inputs since
+        {"g": ["b"], "h": ["c"]},  # an input gone
+        {"g": ["a", "b", "x"], "h": ["c"]},  # something behind the inputs
+        {"g": ["b", "a"], "h": ["c"]},  # another order
+        {"g": ["a", "b"], "h": ["c", "a"]},  # an input in front elsewhere
+        {"g": ["a", "b"]},  # a whole group gone
+    ],
+)
+def test_adoption_is_refused_when_the_read_sstables_changed(now: dict[str, list[str]]) -> None:
+    state = _state(now)
+    with pytest.raises(PreconditionFailed, match="changed since the compaction read"):
+        adoptable(state.record, {"g": ("a", "b"), "h": ("c",)})
+    with pytest.raises(PreconditionFailed):
+        apply_adopted(state, AdoptedMajor({"g": ("a", "b"), "h": ("c",)}, {}), now=1.0)
