@@ -18,6 +18,8 @@ from tabletstore.embedded import Database
 from tabletstore.errors import Fenced, InvalidArgument, NotServing, PreconditionFailed
 from tabletstore.keys import CellKind
 from tabletstore.master.compaction_cycle import MajorCompactionCycle
+from tabletstore.master.compaction_lambda import LambdaCompactionExecutor
+from tabletstore.master.process import make_compaction_executor
 from tabletstore.master.remote_compaction import (
     PreparedCompaction,
     RemoteCompactionExecutor,
@@ -200,3 +202,22 @@ async def test_the_cycle_drives_the_remote_executor(db: Database) -> None:
     assert [r.key for r in after.sstables["default"]] == list(done.outputs)
     assert b"a00" not in await _rows(db)
     await cycle.close()
+
+
+async def test_the_master_process_builds_the_executor_its_flag_names(db: Database) -> None:
+    default = db.master.compaction_cycle.executor
+    transport = db._transport
+    assert make_compaction_executor("workers", db.master, db.store, transport, None) is default
+    local = make_compaction_executor("local", db.master, db.store, transport, None)
+    assert isinstance(local, RemoteCompactionExecutor)
+    url = "etcd://127.0.0.1:2379/ns"
+    remote = make_compaction_executor("lambda:fn", db.master, None, transport, url)
+    assert isinstance(remote, LambdaCompactionExecutor) and remote.function_name == "fn"
+    for kind, store, cluster, problem in [
+        ("lambda:fn", None, None, "cluster's URL"),
+        ("local", None, url, "store"),
+        ("lambda:", None, url, "not one of"),
+        ("threads", db.store, url, "not one of"),
+    ]:
+        with pytest.raises(InvalidArgument, match=problem):
+            make_compaction_executor(kind, db.master, store, transport, cluster)
