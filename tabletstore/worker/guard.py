@@ -10,8 +10,8 @@ each request runs with the principal the RPC layer proved (``rpc.auth.current_pr
   cluster identity (worker, master, function) may act for a named identity: its ``identity``
   is kept (a front door or a function forwarding a user's request).
 - Writes to the METADATA table come only from cluster identities.
-- Control requests (load, unload, compact, schema reloads, snapshot hold and write, bulk-load
-  pieces) come only from cluster identities; ``server_status`` from anyone authenticated.
+- Control requests (load, unload, compact, adopting a compaction run elsewhere, schema
+  reloads, snapshot hold and write, bulk-load pieces) come only from cluster identities; ``server_status`` from anyone authenticated.
 
 A refusal is PermissionDenied naming the principal, the table and the permission, and is
 counted (``denied(method, permission)``; ``ops.metrics`` permission_denied_total). Without auth
@@ -51,6 +51,7 @@ CONTROL_METHODS = _names(
     TabletService.load_tablet,
     TabletService.unload_tablet,
     TabletService.compact_tablet,
+    TabletService.adopt_compaction,
     TabletService.update_schema,
     TabletService.snapshot_hold,
     TabletService.snapshot_write,

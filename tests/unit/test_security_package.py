@@ -12,7 +12,12 @@ from tabletstore.coordination import open_coordinator
 from tabletstore.coordination.tokens import TokenStore, token_digest
 from tabletstore.errors import AlreadyExists, InvalidArgument, NotFound, PermissionDenied
 from tabletstore.metadata.rows import METADATA_TABLE_ID
-from tabletstore.rpc.messages import LoadTabletRequest, MutateRowsRequest, ReadRowsRequest
+from tabletstore.rpc.messages import (
+    AdoptCompactionRequest,
+    LoadTabletRequest,
+    MutateRowsRequest,
+    ReadRowsRequest,
+)
 from tabletstore.security import Principal, TlsConfig, ca
 from tabletstore.worker.guard import authorize
 
@@ -74,6 +79,11 @@ def test_control_requests_and_metadata_writes_are_for_the_cluster() -> None:
     with pytest.raises(PermissionDenied, match=r"alice may not call load_tablet.*table t"):
         authorize("load_tablet", LoadTabletRequest("t", "x"), ALICE, "worker w1")
     authorize("load_tablet", LoadTabletRequest("t", "x"), WORKER, "worker w1")
+    # Adopting a compaction run elsewhere: a function (or the master) may, a user may not.
+    adopt = AdoptCompactionRequest("t", "x", 1, b"{}", b"{}", b"{}")
+    with pytest.raises(PermissionDenied, match="alice may not call adopt_compaction"):
+        authorize("adopt_compaction", adopt, ALICE, "worker w1")
+    authorize("adopt_compaction", adopt, Principal("compactor", "function"), "worker w1")
     write = MutateRowsRequest(METADATA_TABLE_ID, "root", ())
     with pytest.raises(PermissionDenied, match="METADATA"):
         authorize("mutate_rows", write, ALICE, "w")
