@@ -221,3 +221,19 @@ async def test_the_master_process_builds_the_executor_its_flag_names(db: Databas
     ]:
         with pytest.raises(InvalidArgument, match=problem):
             make_compaction_executor(kind, db.master, store, transport, cluster)
+
+
+async def test_a_result_for_a_tablet_split_since_the_read_is_refused(db: Database) -> None:
+    record = await _filled(db)
+    prepared = await _prepare(db, record)
+    rows = await _rows(db)
+    await db.worker._split((record.table_id, record.tablet_id))
+    table_id = record.table_id
+    children = await db.master.catalog.list_tablets(table_id)
+    assert len(children) == 2 and record.tablet_id not in {c.tablet_id for c in children}
+    with pytest.raises(NotServing):
+        await hand_over(prepared, _worker(db))
+    outputs = {r.key for r in prepared.outputs.values()}
+    for child in await db.master.catalog.list_tablets(table_id):
+        assert not outputs & {r.key for refs in child.sstables.values() for r in refs}
+    assert await _rows(db) == rows
