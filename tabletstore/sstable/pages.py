@@ -583,9 +583,11 @@ def decode_pages(
     data: bytes | bytearray | memoryview,
     base: int,
     compression: str,
+    seq_base: int = 0,
 ) -> Page:
     """Decode ``pages`` (consecutive, of one block) from ``data``, the block's bytes starting
-    at relative offset ``base``. Corruption when a checksum fails or a page does not decode."""
+    at relative offset ``base``, ``seq_base`` added to every seq (``SSTableRef.seq_base``).
+    Corruption when a checksum fails or a page does not decode."""
     view = memoryview(data)
     columns: list[list[object]] = [[] for _ in range(COLUMNS)]
     nbytes = 0
@@ -614,7 +616,8 @@ def decode_pages(
             columns[1] += [f.decode() for f in _binary(bufs[1], n)]
             columns[2] += _binary(bufs[2], n)
             columns[3] += struct.unpack(f"<{n}q", bufs[3])
-            columns[4] += struct.unpack(f"<{n}q", bufs[4])
+            seqs = struct.unpack(f"<{n}q", bufs[4])
+            columns[4] += [q + seq_base for q in seqs] if seq_base else seqs
             columns[5] += struct.unpack(f"<{n}i", bufs[5])
             columns[6] += _binary(bufs[6], n)
         except (
