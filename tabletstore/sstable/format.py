@@ -296,8 +296,10 @@ def encode_footer(footer: Footer) -> dict[str, str]:
     return kv
 
 
-def decode_footer(kv: Mapping[bytes, bytes]) -> Footer:
-    """Inverse of :func:`encode_footer` over a Parquet file's key-value metadata.
+def decode_footer(kv: Mapping[bytes, bytes], *, page_index: bool = True) -> Footer:
+    """Inverse of :func:`encode_footer` over a Parquet file's key-value metadata;
+    ``page_index=False`` leaves a format-2 footer's page index undecoded (``pages`` None: a
+    reader that decodes whole blocks, as batch reads do, never needs it).
 
     Corruption when an entry is missing or malformed; Unimplemented for a newer format version.
     """
@@ -317,7 +319,7 @@ def decode_footer(kv: Mapping[bytes, bytes]) -> Footer:
         blocks = decode_block_index(_unb64(_need(meta, _K_INDEX)))
         pages = (
             None
-            if version < 2
+            if version < 2 or not page_index
             else decode_page_index(
                 _unb64(_need(meta, _K_PAGES)), [(b.length, b.cells) for b in blocks]
             )
@@ -385,9 +387,10 @@ class ParsedFooter:
     tail_size: int
 
 
-def parse_tail(tail: bytes, object_size: int) -> ParsedFooter:
+def parse_tail(tail: bytes, object_size: int, *, page_index: bool = True) -> ParsedFooter:
     """Parse and verify the footer from the last ``len(tail)`` bytes of an object of
     ``object_size`` bytes. ``tail`` must hold at least :func:`tail_length` bytes.
+    ``page_index`` as :func:`decode_footer`.
 
     Corruption when the trailer's checksum fails, the Parquet footer does not parse, the schema
     is not :data:`SCHEMA`, or the row groups disagree with the block index.
@@ -411,23 +414,24 @@ def parse_tail(tail: bytes, object_size: int) -> ParsedFooter:
         raise Corruption(f"the Parquet footer does not parse: {exc}") from exc
     if not parquet.schema.to_arrow_schema().equals(SCHEMA):
         raise Corruption(f"SSTable schema is not tabletstore's: {parquet.schema.to_arrow_schema()}")
-    footer = decode_footer(parquet.metadata or {})
+    footer = decode_footer(parquet.metadata or {}, page_index=page_index)
     _check_consistent(parquet, footer, object_size - need)
     return ParsedFooter(parquet, footer, need)
 
 
 def parquet_block_ranges(parquet: pq.FileMetaData) -> list[tuple[int, int]]:
-    """``(offset, length)`` of every row group's column chunks, from Parquet's own metadata."""
+    """``(offset, length)`` of every row group's column chunks, from Parquet's own metadata:
+    from the first column chunk's start to the last one's end (the writer writes a row
+    group's chunks contiguously in schema order; a chunk elsewhere fails its block's decode,
+    which reads only inside the block's bytes). Two chunks' metadata per row group, not
+    seven: opening an SSTable of many blocks spent most of its time here."""
     ranges = []
     for i in range(parquet.num_row_groups):
         rg = parquet.row_group(i)
-        lo, hi = None, 0
-        for j in range(rg.num_columns):
-            col = rg.column(j)
-            start = col.dictionary_page_offset if col.has_dictionary_page else col.data_page_offset
-            lo = start if lo is None else min(lo, start)
-            hi = max(hi, start + col.total_compressed_size)
-        ranges.append((lo or 0, hi - (lo or 0)))
+        first, last = rg.column(0), rg.column(rg.num_columns - 1)
+        lo = first.dictionary_page_offset if first.has_dictionary_page else first.data_page_offset
+        start = last.dictionary_page_offset if last.has_dictionary_page else last.data_page_offset
+        ranges.append((lo, start + last.total_compressed_size - lo))
     return ranges
 
 

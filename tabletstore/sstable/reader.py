@@ -83,11 +83,14 @@ class SSTableCore:
         self._decoder = RowGroupDecoder(parsed.parquet, size)
 
     @classmethod
-    def from_tail(cls, name: str, size: int, tail: bytes, seq_base: int = 0) -> SSTableCore:
+    def from_tail(
+        cls, name: str, size: int, tail: bytes, seq_base: int = 0, *, page_index: bool = True
+    ) -> SSTableCore:
         """Parse the footer from the object's last ``len(tail)`` bytes; ``seq_base`` is
-        added to every seq decoded (``SSTableRef.seq_base``)."""
+        added to every seq decoded (``SSTableRef.seq_base``); ``page_index=False``: a
+        format-2 SSTable is read by whole blocks, as format 1 (``parse_tail``)."""
         try:
-            return cls(name, size, parse_tail(tail, size), seq_base)
+            return cls(name, size, parse_tail(tail, size, page_index=page_index), seq_base)
         except Corruption as exc:
             raise Corruption(f"SSTable {name}: {exc}") from exc
 
@@ -250,11 +253,14 @@ class SSTable:
         block_cache: BlockCache | None = None,
         scan_cache: ScanCache | None = None,
         seq_base: int = 0,
+        page_index: bool = True,
     ) -> SSTable:
         """Open SSTable object ``key``: one ranged GET of its tail when ``size`` is given (a
         HEAD first otherwise). ``tail_size`` (``SSTableInfo.tail_size``) makes that GET exact;
         without it the last 64 KiB are read, plus one more GET if the footer is larger.
-        ``seq_base`` (``SSTableRef.seq_base``) is added to every seq it reads."""
+        ``seq_base`` (``SSTableRef.seq_base``) is added to every seq it reads.
+        ``page_index=False`` skips decoding a format-2 page index: reads then fetch and
+        decode whole blocks (batch reads, which never look a row up by page)."""
         if size is None:
             head = await store.head(key)
             if head is None:
@@ -267,7 +273,9 @@ class SSTable:
         if need > len(tail) and need <= size:
             more = await cls._get(store, key, size - need, need - len(tail))
             tail = more + tail
-        core = SSTableCore.from_tail(object_url(store.url, key), size, tail, seq_base)
+        core = SSTableCore.from_tail(
+            object_url(store.url, key), size, tail, seq_base, page_index=page_index
+        )
         return cls(store, key, core, block_cache, scan_cache)
 
     @staticmethod
