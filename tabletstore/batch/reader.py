@@ -236,7 +236,6 @@ async def _open_sstable(store: ObjectStore, split: Split, ref: SSTableRef) -> SS
             size=ref.size,
             tail_size=ref.tail_size or None,
             seq_base=ref.seq_base,  # an adopted bulk-load SSTable's seqs (ref version 2)
-            page_index=False,  # whole ranges of blocks are read: pages are never looked up
         )
     except NotFound as exc:
         raise NotFound(

@@ -38,6 +38,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 import crc32c
 import pyarrow as pa
 import pyarrow.compute as pc
+import zstandard
 
 from tabletstore.errors import Corruption, InvalidArgument, NotFound, Unavailable
 from tabletstore.keys import Cell
@@ -54,7 +55,7 @@ from tabletstore.sstable.format import (
     parse_tail,
     tail_length,
 )
-from tabletstore.sstable.pages import Page, PageIndex, decode_pages
+from tabletstore.sstable.pages import Page, PageIndex, decode_blocks_arrow, decode_pages
 from tabletstore.storage_s3.base import ObjectStore, object_url
 
 __all__ = ["DEFAULT_READAHEAD", "SSTable", "SSTableCore", "read_sstable_bytes"]
@@ -160,6 +161,11 @@ class SSTableCore:
         except Corruption as exc:
             raise Corruption(f"SSTable {self.name}: {exc}") from exc
 
+    def _decode_pages_arrow(
+        self, first: int, last: int, data: BytesLike, columns: Sequence[str] | None
+    ) -> pa.Table | None:
+        return _decode_pages_arrow_of(self, first, last, data, columns)
+
     def decode_range(
         self, first: int, last: int, data: BytesLike, columns: Sequence[str] | None = None
     ) -> pa.Table:
@@ -172,16 +178,50 @@ class SSTableCore:
             piece = view[h.offset - base : h.offset - base + h.length]
             if len(piece) != h.length or crc32c.crc32c(piece) != h.crc32c:
                 raise Corruption(f"SSTable {self.name}: block {i} fails its crc32c checksum")
-        try:
-            table = self._decoder.decode_range(list(range(first, last + 1)), base, data, columns)
-        except Corruption as exc:
-            raise Corruption(f"SSTable {self.name}: {exc}") from exc
+        table = self._decode_pages_arrow(first, last, data, columns)
+        if table is None:
+            try:
+                table = self._decoder.decode_range(
+                    list(range(first, last + 1)), base, data, columns
+                )
+            except Corruption as exc:
+                raise Corruption(f"SSTable {self.name}: {exc}") from exc
         if table.num_rows != sum(h.cells for h in handles):
             raise Corruption(f"SSTable {self.name}: blocks {first}..{last} disagree with the index")
         if self.seq_base and "seq" in table.column_names:
             i = table.column_names.index("seq")
             table = table.set_column(i, SCHEMA.field("seq"), with_seq_base(table[i], self.seq_base))
         return table
+
+
+def _decode_pages_arrow_of(
+    core: SSTableCore, first: int, last: int, data: BytesLike, columns: Sequence[str] | None
+) -> pa.Table | None:
+    """:meth:`SSTableCore.decode_range` of a format-2 zstd SSTable by its page index
+    (``pages.decode_blocks_arrow``), or None for any other (pyarrow's reader decodes it)."""
+    if core.pages is None:
+        return None
+    names = list(columns) if columns is not None else list(SCHEMA.names)
+    handles = core.blocks[first : last + 1]
+    base = handles[0].offset
+    try:
+        arrays = decode_blocks_arrow(
+            core.pages,
+            first,
+            last,
+            data,
+            [h.offset - base for h in handles],
+            core.footer.compression,
+            names,
+        )
+    except (ValueError, IndexError, pa.ArrowException, zstandard.ZstdError) as exc:
+        raise Corruption(
+            f"SSTable {core.name}: blocks {first}..{last} do not decode: {exc}"
+        ) from exc
+    if arrays is None:
+        return None
+    schema = pa.schema([SCHEMA.field(n) for n in names])
+    return pa.Table.from_arrays([arrays[n] for n in names], schema=schema)
 
 
 def _clip_rows(table: pa.Table, start_row: bytes, end_row: bytes | None) -> pa.Table:
