@@ -156,8 +156,17 @@ class RowGroupDecoder:
 
     def __init__(self, parquet: pq.FileMetaData, object_size: int) -> None:
         self._source = _BlockSource(object_size)
-        self._file = pq.ParquetFile(self._source, metadata=parquet, pre_buffer=False)
+        self._parquet = parquet
+        #: Made at the first decode: readers of format-2 pages never need it.
+        self._pq_file: pq.ParquetFile | None = None
         self._lock = threading.Lock()
+
+    @property
+    def _file(self) -> pq.ParquetFile:
+        """REQUIRES: the lock held."""
+        if self._pq_file is None:
+            self._pq_file = pq.ParquetFile(self._source, metadata=self._parquet, pre_buffer=False)
+        return self._pq_file
 
     def decode(self, index: int, offset: int, data: BytesLike, seq_base: int = 0) -> Block:
         """The decoded block ``index`` whose bytes ``data`` start at ``offset``, ``seq_base``
