@@ -296,10 +296,8 @@ def encode_footer(footer: Footer) -> dict[str, str]:
     return kv
 
 
-def decode_footer(kv: Mapping[bytes, bytes], *, page_index: bool = True) -> Footer:
-    """Inverse of :func:`encode_footer` over a Parquet file's key-value metadata;
-    ``page_index=False`` leaves a format-2 footer's page index undecoded (``pages`` None: a
-    reader that decodes whole blocks, as batch reads do, never needs it).
+def decode_footer(kv: Mapping[bytes, bytes]) -> Footer:
+    """Inverse of :func:`encode_footer` over a Parquet file's key-value metadata.
 
     Corruption when an entry is missing or malformed; Unimplemented for a newer format version.
     """
@@ -319,7 +317,7 @@ def decode_footer(kv: Mapping[bytes, bytes], *, page_index: bool = True) -> Foot
         blocks = decode_block_index(_unb64(_need(meta, _K_INDEX)))
         pages = (
             None
-            if version < 2 or not page_index
+            if version < 2
             else decode_page_index(
                 _unb64(_need(meta, _K_PAGES)), [(b.length, b.cells) for b in blocks]
             )
@@ -387,10 +385,9 @@ class ParsedFooter:
     tail_size: int
 
 
-def parse_tail(tail: bytes, object_size: int, *, page_index: bool = True) -> ParsedFooter:
+def parse_tail(tail: bytes, object_size: int) -> ParsedFooter:
     """Parse and verify the footer from the last ``len(tail)`` bytes of an object of
     ``object_size`` bytes. ``tail`` must hold at least :func:`tail_length` bytes.
-    ``page_index`` as :func:`decode_footer`.
 
     Corruption when the trailer's checksum fails, the Parquet footer does not parse, the schema
     is not :data:`SCHEMA`, or the row groups disagree with the block index.
@@ -414,7 +411,7 @@ def parse_tail(tail: bytes, object_size: int, *, page_index: bool = True) -> Par
         raise Corruption(f"the Parquet footer does not parse: {exc}") from exc
     if not parquet.schema.to_arrow_schema().equals(SCHEMA):
         raise Corruption(f"SSTable schema is not tabletstore's: {parquet.schema.to_arrow_schema()}")
-    footer = decode_footer(parquet.metadata or {}, page_index=page_index)
+    footer = decode_footer(parquet.metadata or {})
     _check_consistent(parquet, footer, object_size - need)
     return ParsedFooter(parquet, footer, need)
 

@@ -84,14 +84,11 @@ class SSTableCore:
         self._decoder = RowGroupDecoder(parsed.parquet, size)
 
     @classmethod
-    def from_tail(
-        cls, name: str, size: int, tail: bytes, seq_base: int = 0, *, page_index: bool = True
-    ) -> SSTableCore:
+    def from_tail(cls, name: str, size: int, tail: bytes, seq_base: int = 0) -> SSTableCore:
         """Parse the footer from the object's last ``len(tail)`` bytes; ``seq_base`` is
-        added to every seq decoded (``SSTableRef.seq_base``); ``page_index=False``: a
-        format-2 SSTable is read by whole blocks, as format 1 (``parse_tail``)."""
+        added to every seq decoded (``SSTableRef.seq_base``)."""
         try:
-            return cls(name, size, parse_tail(tail, size, page_index=page_index), seq_base)
+            return cls(name, size, parse_tail(tail, size), seq_base)
         except Corruption as exc:
             raise Corruption(f"SSTable {name}: {exc}") from exc
 
@@ -293,14 +290,11 @@ class SSTable:
         block_cache: BlockCache | None = None,
         scan_cache: ScanCache | None = None,
         seq_base: int = 0,
-        page_index: bool = True,
     ) -> SSTable:
         """Open SSTable object ``key``: one ranged GET of its tail when ``size`` is given (a
         HEAD first otherwise). ``tail_size`` (``SSTableInfo.tail_size``) makes that GET exact;
         without it the last 64 KiB are read, plus one more GET if the footer is larger.
-        ``seq_base`` (``SSTableRef.seq_base``) is added to every seq it reads.
-        ``page_index=False`` skips decoding a format-2 page index: reads then fetch and
-        decode whole blocks (batch reads, which never look a row up by page)."""
+        ``seq_base`` (``SSTableRef.seq_base``) is added to every seq it reads."""
         if size is None:
             head = await store.head(key)
             if head is None:
@@ -313,9 +307,7 @@ class SSTable:
         if need > len(tail) and need <= size:
             more = await cls._get(store, key, size - need, need - len(tail))
             tail = more + tail
-        core = SSTableCore.from_tail(
-            object_url(store.url, key), size, tail, seq_base, page_index=page_index
-        )
+        core = SSTableCore.from_tail(object_url(store.url, key), size, tail, seq_base)
         return cls(store, key, core, block_cache, scan_cache)
 
     @staticmethod
