@@ -9,10 +9,25 @@ store (``file:///dir``, ``s3://bucket/prefix``). ``tabletstore bulkload TABLE UR
    SSTable schema, its cells strictly sorted, only puts, only families the table has, and no
    two files overlap in rows. Any failure refuses the whole load before anything is
    committed: nothing is half-loaded;
-2. for each tablet, the worker serving it reads the cells in its row range
-   (:func:`cells_for_tablet`; checksums verified), gives them fresh sequence numbers and adds
-   them as new SSTables, one per locality group, in one METADATA update (``Tablet.bulk_load``):
-   atomic per tablet. Loaded cells are then read and compacted exactly like written ones.
+2. a file that lies inside one tablet's rows, holds families of one locality group and
+   stores seq 0 in every cell (what :func:`write_sstables` writes) is *adopted as it is*: the
+   master copies the bytes it checked into the database's bucket (``tables/<table-id>/bulk/
+   <locality-group>/<id>.parquet``, no decode, no encode) and the tablet's worker adds that
+   object to the tablet with a ``seq_base`` in its ``SSTableRef`` (ref version 2): the
+   tablet's next sequence number, added to every stored seq when the SSTable is read, so
+   its cells are ordered against written ones exactly as cells written at that moment;
+3. any other file (one spanning a tablet boundary: it is cut there, several locality
+   groups, stored seqs) takes the cell path: the worker serving each tablet reads the cells
+   in its row range (:func:`cells_for_tablet`; checksums verified), gives them fresh
+   sequence numbers and writes them as new SSTables, one per locality group;
+4. each tablet commits its part (adopted and written SSTables) in one METADATA update
+   (``Tablet.bulk_load``): atomic per tablet. Loaded cells are then read, deleted, versioned,
+   compacted and collected exactly like written ones.
+
+So a job that cuts its files at the table's tablet boundaries (``split_keys=`` of
+:func:`write_sstables`, from ``table.sample_row_keys()``, as HBase's HFileOutputFormat2
+partitions by region) has every file adopted and nothing re-encoded. Adopted SSTables keep
+the job's block size and compression, and no bloom filter, until a compaction rewrites them.
 
 Input columns of :func:`write_sstables`: ``row``, ``family``, ``qualifier``, ``value``
 (binary, or strings encoded as UTF-8) and optionally ``timestamp`` (int64 µs; default: now).
@@ -26,8 +41,8 @@ import asyncio
 import hashlib
 import itertools
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -47,6 +62,7 @@ from tabletstore.storage_s3.base import ObjectStore, object_url
 
 __all__ = [
     "SourceFile",
+    "Stage",
     "awrite_sstables",
     "cells_for_tablet",
     "content_load_id",
@@ -71,8 +87,9 @@ STAGING_COMPRESSION = "lz4"
 STAGING_FORMAT = 1
 #: Bulk-load files the master checks at once.
 CHECK_PARALLELISM = 4
-#: The columns a bulk-load file's check decodes (not seq, not the values).
-_CHECKED = ("row", "family", "qualifier", "ts", "kind")
+#: The columns a bulk-load file's check decodes (not the values; seq to know whether the
+#: file can be adopted: every stored seq 0).
+_CHECKED = ("row", "family", "qualifier", "ts", "seq", "kind")
 _SORT = [
     ("row", "ascending"),
     ("family", "ascending"),
@@ -180,11 +197,15 @@ async def awrite_sstables(
     block_size: int = STAGING_BLOCK_SIZE,
     now_micros: int | None = None,
     store: ObjectStore | None = None,
+    split_keys: Sequence[bytes] = (),
 ) -> list[str]:
     """Write ``data`` (see the module docstring) as sorted SSTables under the store ``url``;
     returns the keys written. Files of one call never overlap; files of several calls (a
-    job's partitions) must not either: range-partition the output by row."""
+    job's partitions) must not either: range-partition the output by row. No file holds
+    rows on both sides of a key of ``split_keys`` (the table's tablet boundaries: then
+    every file is adopted whole, none re-encoded)."""
     table = to_cells_table(data, now_micros=now_micros)
+    cuts = _boundary_cuts(table.column(0), split_keys)
     own = store is None
     st = open_store(url) if store is None else store
     keys: list[str] = []
@@ -193,11 +214,14 @@ async def awrite_sstables(
         start = 0
         while start < table.num_rows:
             end = min(table.num_rows, start + file_cells)
-            # Keep a row in one file: files must not overlap in rows.
-            if end < table.num_rows:
+            boundary = next((c for c in cuts if c > start), table.num_rows)
+            if boundary <= end:
+                end = boundary  # a tablet boundary: rows on each side go to separate files
+            elif end < table.num_rows:
+                # Keep a row in one file: files must not overlap in rows.
                 rows = table.column(0)
                 last = rows[end - 1]
-                tail = rows.slice(end)
+                tail = rows.slice(end, boundary - end)
                 same = pc.equal(tail, last).to_numpy(zero_copy_only=False)
                 end += int(np.argmin(same)) if not same.all() else len(same)
             data_bytes, _ = write_sstable_table(
@@ -217,6 +241,27 @@ async def awrite_sstables(
     return keys
 
 
+def _boundary_cuts(rows: pa.ChunkedArray, split_keys: Sequence[bytes]) -> list[int]:
+    """The first cell index at or after each of ``split_keys`` (sorted, distinct, inside)."""
+    keys = sorted(set(split_keys))
+    if not keys or not len(rows):
+        return []
+    arr = rows.combine_chunks() if isinstance(rows, pa.ChunkedArray) else rows
+    # Rows are sorted: a binary search per key over the Arrow column (no Python list of rows).
+    out = []
+    for key in keys:
+        lo, hi = 0, len(arr)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if arr[mid].as_py() < key:
+                lo = mid + 1
+            else:
+                hi = mid
+        if 0 < lo < len(arr):
+            out.append(lo)
+    return sorted(set(out))
+
+
 def write_sstables(data: Any, url: str, **kw: Any) -> list[str]:
     """:func:`awrite_sstables` from synchronous code (a Dask or Spark task)."""
     return asyncio.run(awrite_sstables(data, url, **kw))
@@ -233,6 +278,23 @@ class SourceFile:
     cells: int
     #: A hash of the file's bytes (blake2b, hex): :func:`content_load_id`.
     digest: str = ""
+    #: The locality groups of its families (in the table's schema), sorted.
+    groups: tuple[str, ...] = ()
+    #: Whether every cell stores seq 0 (the footer's seq range is 0,0).
+    zero_seqs: bool = False
+    #: Where the master copied it in the database's bucket for adoption ("" when not).
+    staged: str = ""
+
+    @property
+    def adoptable(self) -> bool:
+        """Whether a tablet can take the file as it is (module docstring, step 2), when it
+        lies inside the tablet's rows."""
+        return len(self.groups) == 1 and self.zero_seqs
+
+
+#: Called with each file that passed its checks and its bytes: returns where it staged
+#: them for adoption, or "" (master/bulk_load.py).
+Stage = Callable[[SourceFile, bytes], Awaitable[str]]
 
 
 def content_load_id(files: Sequence[SourceFile]) -> str:
@@ -244,9 +306,12 @@ def content_load_id(files: Sequence[SourceFile]) -> str:
     return "c" + h.hexdigest()
 
 
-async def inspect_sources(store: ObjectStore, schema: TableSchema) -> list[SourceFile]:
+async def inspect_sources(
+    store: ObjectStore, schema: TableSchema, stage: Stage | None = None
+) -> list[SourceFile]:
     """Check every object under ``store`` for a bulk load into a table of ``schema``
-    (module docstring, step 1); InvalidArgument naming the first problem found."""
+    (module docstring, step 1); InvalidArgument naming the first problem found. ``stage``
+    is given each file that passed, with the bytes that were checked (no second GET)."""
     keys = [info async for info in store.list("")]
     if not keys:
         raise InvalidArgument(f"no files to bulk-load under {store.url}")
@@ -260,9 +325,18 @@ async def inspect_sources(store: ObjectStore, schema: TableSchema) -> list[Sourc
             if data is None:
                 raise InvalidArgument(f"bulk-load file {name} vanished while being checked")
             # Decoding is CPU work that releases the GIL: off the event loop, in parallel.
-            return await asyncio.to_thread(_check_file, name, key, data, schema)
+            file = await asyncio.to_thread(_check_file, name, key, data, schema)
+            if stage is not None:
+                file = replace(file, staged=await stage(file, data))
+            return file
 
-    files = list(await asyncio.gather(*(check(info.key) for info in keys)))
+    # Every check runs to its end, even after one refused its file: a file being staged
+    # then is either staged (its key known to the caller, who deletes it) or not at all.
+    results = await asyncio.gather(*(check(info.key) for info in keys), return_exceptions=True)
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+    files = [r for r in results if isinstance(r, SourceFile)]
     files.sort(key=lambda f: f.first_row)
     for a, b in itertools.pairwise(files):
         if b.first_row <= a.last_row:
@@ -279,12 +353,13 @@ def _verified_table(
     start_row: bytes = b"",
     end_row: bytes | None = None,
     columns: Sequence[str] | None = None,
+    core: SSTableCore | None = None,
 ) -> pa.Table:
     """The cells of an SSTable object's blocks that may hold rows of ``[start_row,
     end_row)``, as Arrow columns (``columns`` only, when given: the others are not decoded),
     after its footer, block index and those blocks' crc32c are checked (no Python object per
     cell); Corruption otherwise."""
-    core = SSTableCore.from_tail(name, len(data), data)
+    core = core or SSTableCore.from_tail(name, len(data), data)
     blocks = core.blocks
     first = core.first_block_from(start_row)
     last = first - 1
@@ -311,8 +386,9 @@ def _check_file(name: str, key: str, data: bytes, schema: TableSchema) -> Source
             f"(expected the SSTable schema {SCHEMA})"
         )
     try:
+        core = SSTableCore.from_tail(name, len(data), data)
         # Every block's checksum, but only the columns the checks read are decoded.
-        table = _verified_table(name, data, columns=_CHECKED)
+        table = _verified_table(name, data, columns=_CHECKED, core=core)
     except (Corruption, TabletStoreError, pa.ArrowException) as exc:
         raise InvalidArgument(f"bulk-load file {name} is not a valid SSTable: {exc}") from exc
     if table.num_rows == 0:
@@ -343,7 +419,19 @@ def _check_file(name: str, key: str, data: bytes, schema: TableSchema) -> Source
         )
     rows = table.column("row")
     digest = hashlib.blake2b(data, digest_size=16).hexdigest()
-    return SourceFile(key, len(data), rows[0].as_py(), rows[-1].as_py(), table.num_rows, digest)
+    footer = core.footer
+    return SourceFile(
+        key,
+        len(data),
+        rows[0].as_py(),
+        rows[-1].as_py(),
+        table.num_rows,
+        digest,
+        groups=tuple(sorted({schema.families[f].locality_group for f in families})),
+        # The footer's range and the column itself (the footer is the job's word only).
+        zero_seqs=footer.min_seq == footer.max_seq == 0
+        and pc.min_max(table.column("seq")).as_py() == {"min": 0, "max": 0},
+    )
 
 
 async def cells_for_tablet(

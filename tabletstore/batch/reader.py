@@ -66,6 +66,7 @@ from tabletstore.data.query import RowRange
 from tabletstore.data.schema import TableSchema
 from tabletstore.engine.iterators import AsyncCellSource, amerge_batches, avisible_batches
 from tabletstore.errors import InvalidArgument, NotFound
+from tabletstore.metadata.record import SSTableRef
 from tabletstore.metadata.snapshot import SnapshotManifest, TabletSnapshot, find_manifest
 from tabletstore.sstable import SSTable
 from tabletstore.sstable.format import SCHEMA
@@ -204,7 +205,7 @@ async def _finer(store: ObjectStore, split: Split, max_bytes: int) -> list[Split
     blocks: list[tuple[bytes, int]] = []
     for refs in split.tablet.sstables.values():
         for ref in refs:
-            table = await _open_sstable(store, split, ref.key, ref.size, ref.tail_size)
+            table = await _open_sstable(store, split, ref)
             blocks.extend((b.first_row, b.length) for b in table.footer.blocks)
             table.close()
     blocks.sort()
@@ -227,15 +228,19 @@ async def _finer(store: ObjectStore, split: Split, max_bytes: int) -> list[Split
     ]
 
 
-async def _open_sstable(
-    store: ObjectStore, split: Split, key: str, size: int, tail_size: int
-) -> SSTable:
+async def _open_sstable(store: ObjectStore, split: Split, ref: SSTableRef) -> SSTable:
     try:
-        return await SSTable.open(store, key, size=size, tail_size=tail_size or None)
+        return await SSTable.open(
+            store,
+            ref.key,
+            size=ref.size,
+            tail_size=ref.tail_size or None,
+            seq_base=ref.seq_base,  # an adopted bulk-load SSTable's seqs (ref version 2)
+        )
     except NotFound as exc:
         raise NotFound(
             f"snapshot {split.snapshot_id} of table {split.table!r} names SSTable "
-            f"{object_url(store.url, key)}, which is gone: {exc}"
+            f"{object_url(store.url, ref.key)}, which is gone: {exc}"
         ) from exc
 
 
@@ -337,7 +342,7 @@ async def aread_split(
     st = open_store(split.store_url) if store is None else store
     try:
         tables = [
-            await _open_sstable(st, split, ref.key, ref.size, ref.tail_size)
+            await _open_sstable(st, split, ref)
             for group, refs in tablet.sstables.items()
             if group in groups
             for ref in refs

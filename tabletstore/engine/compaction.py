@@ -143,6 +143,7 @@ def merge_sstables(
     families: Collection[str] | None = None,
     start_row: bytes = b"",
     end_row: bytes | None = None,
+    seq_bases: Sequence[int] = (),
 ) -> tuple[bytes, SSTableInfo]:
     """Merge SSTable objects (their bytes, newest first) into one SSTable object.
 
@@ -152,12 +153,10 @@ def merge_sstables(
     and deletion entries of any other family -- a dropped one -- are left out; row deletions
     are kept. Only cells of rows in ``[start_row, end_row)`` -- the tablet's range -- are
     written: after a split (§5.2) both children reference their parent's SSTables, and a
-    child's compaction must write out only its own rows. Pure CPU: safe to run in another
-    process.
+    child's compaction must write out only its own rows. ``seq_bases``: each input's
+    ``SSTableRef.seq_base`` (none: all 0). Pure CPU: safe to run in another process.
     """
-    sources: list[list[Cell]] = [
-        _clip(read_sstable_bytes(blob), start_row, end_row) for blob in inputs
-    ]
+    sources = _sources(inputs, seq_bases, start_row, end_row)
     merged: Iterable[Cell] = merge_sources(sources)
     if families is not None:
         known = frozenset(families)
@@ -191,6 +190,7 @@ def rewrite_tablet(
     now_micros: int,
     start_row: bytes = b"",
     end_row: bytes | None = None,
+    seq_bases: Sequence[int] = (),
 ) -> dict[str, tuple[bytes, SSTableInfo]]:
     """A full major compaction (§5.4): every SSTable of the tablet, of every locality group
     (``inputs``, newest first within each group; groups hold disjoint families, so their
@@ -200,9 +200,10 @@ def rewrite_tablet(
     Rewriting all groups at once is what lets the schema change under the data: a family
     dropped (absent from ``family_groups``) loses its cells for good, so re-creating the name
     brings nothing back; a family moved to another locality group has its cells moved with it.
-    Returns only groups that have cells. Pure CPU: safe to run in another process.
+    Returns only groups that have cells. ``seq_bases`` as :func:`merge_sstables`. Pure CPU:
+    safe to run in another process.
     """
-    sources = [_clip(read_sstable_bytes(blob), start_row, end_row) for blob in inputs]
+    sources = _sources(inputs, seq_bases, start_row, end_row)
     out: dict[str, list[Cell]] = {}
     for cell in compact_cells(
         merge_sources(sources), gc_rules=gc_rules, now_micros=now_micros, major=True
@@ -243,11 +244,12 @@ def schema_rewrite(
     now_micros: int,
     start_row: bytes = b"",
     end_row: bytes | None = None,
+    seq_bases: Sequence[int] = (),
 ) -> Callable[[], dict[str, tuple[bytes, SSTableInfo]]]:
     """:func:`rewrite_tablet` of ``inputs`` by ``schema`` (its families' locality groups and
     GC rules), as a call to run on a thread or in another process: the major compaction a
     worker runs (``Tablet.major_compact``) and one run elsewhere (``master.remote_compaction``)
-    are the same rewrite."""
+    are the same rewrite. ``seq_bases`` as :func:`merge_sstables`."""
     return functools.partial(
         rewrite_tablet,
         inputs,
@@ -260,7 +262,22 @@ def schema_rewrite(
         now_micros=now_micros,
         start_row=start_row,
         end_row=end_row,
+        seq_bases=seq_bases,
     )
+
+
+def _sources(
+    inputs: Sequence[bytes], seq_bases: Sequence[int], start_row: bytes, end_row: bytes | None
+) -> list[list[Cell]]:
+    """Each input's cells in the tablet's rows, its seq base added (an adopted bulk-load
+    SSTable's cells get their seqs from its reference)."""
+    bases = list(seq_bases) or [0] * len(inputs)
+    if len(bases) != len(inputs):
+        raise ValueError(f"{len(inputs)} compaction inputs but {len(bases)} seq bases")
+    return [
+        _clip(read_sstable_bytes(blob, seq_base=base), start_row, end_row)
+        for blob, base in zip(inputs, bases, strict=True)
+    ]
 
 
 def _clip(cells: list[Cell], start_row: bytes, end_row: bytes | None) -> list[Cell]:

@@ -339,6 +339,7 @@ class Tablet:
                         tail_size=ref.tail_size or None,
                         block_cache=block_cache,
                         scan_cache=scan_cache,
+                        seq_base=ref.seq_base,
                     )
                     for ref in refs
                 )
@@ -1136,6 +1137,7 @@ class Tablet:
             tail_size=ref.tail_size or None,
             block_cache=self._block_cache,
             scan_cache=self._scan_cache,
+            seq_base=ref.seq_base,
         )
 
     async def _fetch(self, keys: Sequence[str]) -> list[bytes]:
@@ -1173,7 +1175,7 @@ class Tablet:
             keys = [ref.key for refs in record.sstables.values() for ref in refs]
             if not keys:
                 return
-            rewrite = self._rewrite_tablet(record, await self._fetch(keys))
+            rewrite = self._rewrite_tablet(record, keys, await self._fetch(keys))
             outputs = {
                 group: await self._store_sstable(group, data, info)
                 for group, (data, info) in sorted((await self._compute(rewrite)).items())
@@ -1188,7 +1190,7 @@ class Tablet:
         self._notify_compacted()
 
     def _rewrite_tablet(
-        self, record: TabletRecord, blobs: list[bytes]
+        self, record: TabletRecord, keys: list[str], blobs: list[bytes]
     ) -> Callable[[], dict[str, tuple[bytes, SSTableInfo]]]:
         """The major compaction's rewrite of ``blobs``, by the current schema and GC rules."""
         return compaction.schema_rewrite(
@@ -1197,6 +1199,7 @@ class Tablet:
             now_micros=self._now_micros(),
             start_row=record.start_row,
             end_row=record.end_row,
+            seq_bases=_seq_bases(record, keys),
         )
 
     async def _run_merge(self, task: compaction.CompactionTask) -> None:
@@ -1231,6 +1234,7 @@ class Tablet:
             # After a split the inputs may be shared with the sibling: write our rows only.
             start_row=record.start_row,
             end_row=record.end_row,
+            seq_bases=_seq_bases(record, task.inputs),
         )
 
     async def adopt_major(
@@ -1505,30 +1509,52 @@ class Tablet:
         return await self._upload(group, data, info)
 
     async def bulk_load(
-        self, groups: Mapping[str, pa.Table], marks: tuple[BulkLoadMark, ...] = ()
+        self,
+        groups: Mapping[str, pa.Table],
+        marks: tuple[BulkLoadMark, ...] = (),
+        adopt: Sequence[tuple[str, SSTableRef]] = (),
     ) -> int:
         """Add bulk-loaded cells (§8; Arrow tables of the SSTable schema, sorted, puts only,
         in this tablet's range, families of its schema) as new SSTables, one per locality
-        group, in one record update: all of them or none. Returns the cells added.
+        group, and the SSTables ``adopt`` names ((group, reference), objects of this table
+        holding only puts of rows in this tablet's range, every stored seq 0: staged by the
+        master, batch/bulkload.py step 2) as they are, in one record update: all of them or
+        none. Returns the cells added.
 
         ``marks`` name the load and the rows these cells are; the same record update adds
         them, so the load is applied once: if the record already marks any of those rows
         as loaded by it (a concurrent or repeated call), nothing is added (0), or NotServing
         when only part of them are (the master looks again at what is left).
 
-        The cells' seqs are replaced by fresh ones from the worker's sequence, so loaded
-        cells behave exactly like writes made now: newer than every cell already in the
-        tablet (a later delete masks them, an earlier one does not)."""
+        The cells' seqs are replaced by fresh ones from the worker's sequence (an adopted
+        SSTable's by the ``seq_base`` of its reference: one fresh seq for all its cells,
+        which are distinct cells), so loaded cells behave exactly like writes made now:
+        newer than every cell already in the tablet (a later delete masks them, an earlier
+        one does not)."""
         self._check_writable()
-        total = int(sum(t.num_rows for t in groups.values()))
+        written_cells = int(sum(t.num_rows for t in groups.values()))
+        total = written_cells + sum(ref.cells for _, ref in adopt)
         if not total and not marks:
             return 0
         async with self._compaction_lock:
             self._check_writable()
             if marks and self._marked(marks):
                 return 0
-            first = self._log.allocate(total) if total else 0
-            written: dict[str, tuple[SSTableRef, SSTable]] = {}
+            seqs_needed = written_cells + len(adopt)
+            first = self._log.allocate(seqs_needed) if seqs_needed else 0
+            added: list[tuple[str, SSTableRef, SSTable]] = []
+            for group, staged in adopt:
+                base, first = first, first + 1
+                ref = replace(
+                    staged,
+                    seq_base=base,
+                    min_seq=staged.min_seq + base,
+                    max_seq=staged.max_seq + base,
+                )
+                table = await self._open(ref)
+                if self._locality_group(group).in_memory:
+                    await table.load_all()
+                added.append((group, ref, table))
             for group, cells in sorted(groups.items()):
                 n = cells.num_rows
                 if not n:
@@ -1547,14 +1573,14 @@ class Tablet:
                     block_size=lg.block_size if lg is not None else 64 * 1024,
                     locality_group=group,
                 )
-                ref = await self._upload(group, data, info)
-                written[group] = (ref, await self._open(ref))
+                ref, table = await self._store_sstable(group, data, info)
+                added.append((group, ref, table))
             async with self._state_lock:
                 state = self._state
                 record = state.record
                 new_sstables = dict(record.sstables)
                 opened = dict(state.sstables)
-                for group, (ref, table) in written.items():
+                for group, ref, table in added:
                     new_sstables[group] = (ref, *new_sstables.get(group, ()))
                     opened[group] = (table, *opened.get(group, ()))
                 detail = f"{total} cells" + (f" of load {marks[0].load_id}" if marks else "")
@@ -1580,6 +1606,12 @@ class Tablet:
         raise NotServing(
             f"tablet {self.record.tablet_id}: load {marks[0].load_id} is partly in it already"
         )
+
+
+def _seq_bases(record: TabletRecord, keys: Sequence[str]) -> list[int]:
+    """The ``SSTableRef.seq_base`` of each of ``keys`` (SSTables of ``record``)."""
+    bases = {ref.key: ref.seq_base for refs in record.sstables.values() for ref in refs}
+    return [bases[k] for k in keys]
 
 
 def _memtable_probe(

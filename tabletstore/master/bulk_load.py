@@ -23,14 +23,26 @@ and to resume after a crash of the master or of the client:
 
 A tablet that split or moved meanwhile refuses its call having committed nothing (its part is
 one record update), so its rows are looked up again and loaded into what serves them now.
+
+**Adoption** (batch/bulkload.py step 2). While it checks a file, the master copies the bytes
+it checked into the database's bucket when the file can be adopted and lies inside one
+tablet's rows (``tables/<table-id>/bulk/<group>/<id>.parquet``: bytes the master verified,
+in a bucket only the database writes, so no worker checks them again). A tablet whose rows
+still to load cover such a file whole adds the copy as it is (``adopt`` of its call); any
+other file goes through the cell path. Copies no tablet adopts (a refused load, a tablet
+that split meanwhile) are named by no record: garbage collection deletes them after its
+grace period; a refused load deletes its copies at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import json
 import logging
 import re
+import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass, replace
 
@@ -48,7 +60,8 @@ from tabletstore.metadata.catalog import Catalog, TableInfo
 from tabletstore.metadata.record import TabletRecord, uncovered
 from tabletstore.rpc.messages import BulkLoadTabletRequest, BulkLoadTabletResponse
 from tabletstore.rpc.services import TabletService
-from tabletstore.storage_s3 import open_store
+from tabletstore.storage_s3 import layout, open_store
+from tabletstore.storage_s3.base import ObjectStore
 
 __all__ = ["DONE", "LOADING", "LoadRecord", "LoadResult", "bulk_load", "check_load_id"]
 
@@ -58,6 +71,8 @@ LOADING = "loading"
 DONE = "done"
 _ATTEMPTS = 5
 _LOAD_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+#: The tablet-id component of the keys of files staged for adoption.
+STAGED = "bulk"
 
 #: The addresses of the workers serving these tablets (by tablet id); NotServing if one is not.
 Locate = Callable[[list[TabletRecord]], Awaitable[Mapping[str, str]]]
@@ -123,14 +138,71 @@ async def bulk_load(
     worker: Callable[[str], TabletService],
     locate: Locate,
     clock: Clock,
+    store: ObjectStore | None = None,
 ) -> LoadResult:
     """Load the SSTables under ``url`` into the table as load ``load_id`` (default: a hash
-    of their contents), or the part of it not loaded yet (module docstring)."""
+    of their contents), or the part of it not loaded yet (module docstring). ``store``: the
+    database's bucket, where adoptable files are staged (None: every file takes the cell
+    path)."""
     if load_id is not None:
         check_load_id(load_id)
+    staged: list[str] = []
+    try:
+        return await _bulk_load(
+            info, url, load_id, catalog, coordinator, worker, locate, clock, store, staged
+        )
+    except BaseException:
+        if staged and store is not None:
+            # Refused (or failed) before any tablet took one: nothing names the copies.
+            with contextlib.suppress(Exception):
+                await store.delete_many(staged)
+        raise
+
+
+async def _stage_file(
+    store: ObjectStore,
+    info: TableInfo,
+    records: list[TabletRecord],
+    staged: list[str],
+    file: SourceFile,
+    data: bytes,
+) -> str:
+    """Copy ``data`` (the bytes of ``file`` that passed the checks) into the database's
+    bucket for adoption, when the file is adoptable and inside one tablet's rows; its key, or
+    "" when it is not staged."""
+    if not file.adoptable or not any(_inside(file, r.start_row, r.end_row) for r in records):
+        return ""
+    key = layout.sstable_key(info.table_id, STAGED, file.groups[0], uuid.uuid4().hex)
+    staged.append(key)  # first: a create that fails half-way is deleted too
+    await store.create(key, data)
+    return key
+
+
+def _inside(file: SourceFile, start: bytes, end: bytes | None) -> bool:
+    return start <= file.first_row and (end is None or file.last_row < end)
+
+
+async def _bulk_load(
+    info: TableInfo,
+    url: str,
+    load_id: str | None,
+    catalog: Catalog,
+    coordinator: Coordinator,
+    worker: Callable[[str], TabletService],
+    locate: Locate,
+    clock: Clock,
+    store: ObjectStore | None,
+    staged: list[str],
+) -> LoadResult:
+    """:func:`bulk_load`; appends the keys of the files it stages to ``staged``, and clears
+    it once a tablet may have adopted one (from then on only GC may delete them)."""
     source = open_store(url)
     try:
-        files: list[SourceFile] = await inspect_sources(source, info.schema)
+        stage = None
+        if store is not None:
+            records = await catalog.list_tablets(info.table_id)
+            stage = functools.partial(_stage_file, store, info, records, staged)
+        files: list[SourceFile] = await inspect_sources(source, info.schema, stage)
     finally:
         await source.close()
     content = content_load_id(files)
@@ -147,12 +219,16 @@ async def bulk_load(
         )
     if record is not None and record.state == DONE:
         log.info("bulk load %s into %s is done already: nothing to load", load_id, name)
+        if store is not None and staged:
+            await store.delete_many(staged)
+            staged.clear()
         return LoadResult(load_id, 0, 0)
     if record is None:
         record = LoadRecord(load_id, info.table_id, url, LOADING, clock.time(), content=content)
         await coordinator.put(key, record.to_bytes())
     else:
         log.info("bulk load %s into %s was interrupted: loading what is left", load_id, name)
+    staged.clear()  # tablets may adopt them from here on
     tablets, cells = await _load_range(info, url, files, load_id, catalog, worker, locate)
     done = replace(
         record,
@@ -166,14 +242,20 @@ async def bulk_load(
     return LoadResult(load_id, tablets, cells)
 
 
+#: One tablet's part of a load: (tablet, start, end, source keys, staged keys to adopt).
+Job = tuple[TabletRecord, bytes, bytes | None, list[str], list[str]]
+
+
 def _jobs(
     records: list[TabletRecord],
     pending: list[tuple[bytes, bytes | None]],
     files: list[SourceFile],
     load_id: str,
-) -> list[tuple[TabletRecord, bytes, bytes | None, list[str]]]:
-    """(tablet, start, end, file keys) for each tablet with rows of ``pending`` that it has
-    not got from load ``load_id`` yet and that the files have."""
+) -> list[Job]:
+    """(tablet, start, end, source keys, staged keys) for each tablet with rows of
+    ``pending`` that it has not got from load ``load_id`` yet and that the files have: a
+    staged file that rows still to load cover whole is adopted, any other takes the cell
+    path."""
     jobs = []
     for lo, hi in pending:
         for rec in records:
@@ -184,8 +266,18 @@ def _jobs(
             a = max(lo, rec.start_row)
             b = hi if rec.end_row is None else rec.end_row if hi is None else min(hi, rec.end_row)
             todo = uncovered(rec.bulk_loads, load_id, a, b)
-            if todo and (keys := overlapping(files, todo[0][0], todo[-1][1])):
-                jobs.append((rec, a, b, keys))
+            if not todo:
+                continue
+            by_key = {f.key: f for f in files}
+            keys, adopt = [], []
+            for key in overlapping(files, todo[0][0], todo[-1][1]):
+                f = by_key[key]
+                if f.staged and any(_inside(f, lo_, hi_) for lo_, hi_ in todo):
+                    adopt.append(f.staged)
+                else:
+                    keys.append(key)
+            if keys or adopt:
+                jobs.append((rec, a, b, keys, adopt))
     return jobs
 
 
@@ -208,7 +300,7 @@ async def _load_range(
         retry: list[tuple[bytes, bytes | None]] = []
         jobs = _jobs(await catalog.list_tablets(info.table_id), pending, files, load_id)
         try:
-            where = await locate([rec for rec, *_ in jobs])
+            where = await locate([job[0] for job in jobs])
         except NotServing as exc:
             log.info("bulk load into %s: %s; looking again", info.schema.name, exc)
             await asyncio.sleep(0.05 * 2**attempt)
@@ -217,14 +309,21 @@ async def _load_range(
             *(
                 worker(where[rec.tablet_id]).bulk_load_tablet(
                     BulkLoadTabletRequest(
-                        rec.table_id, rec.tablet_id, url, tuple(keys), a, b, load_id
+                        rec.table_id,
+                        rec.tablet_id,
+                        url,
+                        tuple(keys),
+                        a,
+                        b,
+                        load_id,
+                        adopt=tuple(adopt),
                     )
                 )
-                for rec, a, b, keys in jobs
+                for rec, a, b, keys, adopt in jobs
             ),
             return_exceptions=True,
         )
-        for (_, a, b, _), reply in zip(jobs, replies, strict=True):
+        for (_, a, b, _, _), reply in zip(jobs, replies, strict=True):
             if isinstance(reply, BulkLoadTabletResponse):
                 tablets += reply.cells > 0
                 cells += reply.cells

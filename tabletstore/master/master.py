@@ -690,6 +690,7 @@ class Master:
             worker=self._worker,
             locate=self._locate,
             clock=self._clock,
+            store=await self._the_store(),
         )
         return BulkLoadResponse(done.tablets, done.cells, done.load_id)
 

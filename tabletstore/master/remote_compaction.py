@@ -135,7 +135,8 @@ async def prepare(
             "this compaction was asked for"
         )
     schema = (await catalog.table_by_id(table_id)).schema
-    keys = [ref.key for refs in record.sstables.values() for ref in refs]
+    refs = [ref for group_refs in record.sstables.values() for ref in group_refs]
+    keys = [ref.key for ref in refs]
     if not keys:
         return PreparedCompaction(record, schema, {}, 0)
     blobs = await asyncio.gather(*(store.get(key) for key in keys))
@@ -150,6 +151,7 @@ async def prepare(
         now_micros=micros(clock.time()),
         start_row=record.start_row,
         end_row=record.end_row,
+        seq_bases=[ref.seq_base for ref in refs],  # adopted bulk-load SSTables (§6c)
     )
     outputs: dict[str, SSTableRef] = {}
     for group, (data, info) in sorted((await asyncio.to_thread(rewrite)).items()):

@@ -25,6 +25,7 @@ from typing import Any
 from tabletstore.errors import Corruption
 
 __all__ = [
+    "SSTABLE_REF_VERSIONS",
     "BulkLoadMark",
     "LogRef",
     "SSTableRef",
@@ -58,9 +59,21 @@ def metadata_row_key(table_id: str, end_row: bytes | None) -> bytes:
     return head + b"\x02" if end_row is None else head + b"\x01" + end_row
 
 
+#: Versions of an SSTable reference this build reads: 1 (no ``seq_base``), 2 (``seq_base``).
+SSTABLE_REF_VERSIONS = (1, 2)
+
+
 @dataclass(frozen=True, slots=True)
 class SSTableRef:
-    """An SSTable object as METADATA records it."""
+    """An SSTable object as METADATA records it.
+
+    ``seq_base`` (ref version 2) is added to every seq the object stores: an SSTable a bulk
+    load adopted as the job wrote it (every stored seq 0, batch/bulkload.py) takes its seqs
+    from the tablet this way, so its cells are ordered against written ones exactly as if
+    they had been written when it was loaded. ``min_seq``/``max_seq`` here include it. A
+    ref with a ``seq_base`` is written with ``"version": 2`` (older refs have no version and
+    read as 1, ``seq_base`` 0); a version this build does not know is Corruption, never a
+    misread seq."""
 
     key: str
     size: int
@@ -71,9 +84,11 @@ class SSTableRef:
     last_row: bytes
     #: Bytes of the SSTable's footer and trailer: lets a reader open it with one ranged GET.
     tail_size: int = 0
+    #: Added to every stored seq of the object (0: the stored seqs are the cells' seqs).
+    seq_base: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        d: dict[str, Any] = {
             "key": self.key,
             "size": self.size,
             "cells": self.cells,
@@ -83,9 +98,19 @@ class SSTableRef:
             "last_row": _b64(self.last_row),
             "tail_size": self.tail_size,
         }
+        if self.seq_base:
+            d["version"] = 2
+            d["seq_base"] = self.seq_base
+        return d
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> SSTableRef:
+        version = int(d.get("version", 1))
+        if version not in SSTABLE_REF_VERSIONS:
+            raise Corruption(
+                f"SSTable reference {d.get('key')!r} has version {version}; this build reads "
+                f"versions {SSTABLE_REF_VERSIONS}"
+            )
         return cls(
             key=d["key"],
             size=int(d["size"]),
@@ -95,6 +120,7 @@ class SSTableRef:
             first_row=_unb64(d["first_row"]) or b"",
             last_row=_unb64(d["last_row"]) or b"",
             tail_size=int(d.get("tail_size", 0)),
+            seq_base=int(d.get("seq_base", 0)) if version >= 2 else 0,
         )
 
 

@@ -370,7 +370,9 @@ class BulkLoadTabletRequest:
     that fall in the tablet's range and in ``[start_row, end_row)``, as new SSTables of the
     tablet, in one record update. ``load_id`` (when not empty) makes it idempotent: rows
     the tablet's record marks as already loaded by that load are skipped, and the update
-    marks the rows it loads (master/bulk_load.py)."""
+    marks the rows it loads (master/bulk_load.py). ``adopt``: SSTable objects the master
+    staged in the database's bucket, each inside those rows, that the tablet adds as they
+    are (batch/bulkload.py step 2), in the same record update."""
 
     table_id: str
     tablet_id: str
@@ -379,6 +381,7 @@ class BulkLoadTabletRequest:
     start_row: bytes = b""
     end_row: bytes | None = None
     load_id: str = ""
+    adopt: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

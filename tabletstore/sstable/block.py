@@ -156,11 +156,21 @@ class RowGroupDecoder:
 
     def __init__(self, parquet: pq.FileMetaData, object_size: int) -> None:
         self._source = _BlockSource(object_size)
-        self._file = pq.ParquetFile(self._source, metadata=parquet, pre_buffer=False)
+        self._parquet = parquet
+        #: Made at the first decode: readers of format-2 pages never need it.
+        self._pq_file: pq.ParquetFile | None = None
         self._lock = threading.Lock()
 
-    def decode(self, index: int, offset: int, data: BytesLike) -> Block:
-        """The decoded block ``index`` whose bytes ``data`` start at ``offset``.
+    @property
+    def _file(self) -> pq.ParquetFile:
+        """REQUIRES: the lock held."""
+        if self._pq_file is None:
+            self._pq_file = pq.ParquetFile(self._source, metadata=self._parquet, pre_buffer=False)
+        return self._pq_file
+
+    def decode(self, index: int, offset: int, data: BytesLike, seq_base: int = 0) -> Block:
+        """The decoded block ``index`` whose bytes ``data`` start at ``offset``, ``seq_base``
+        added to its seqs (``SSTableRef.seq_base``).
 
         REQUIRES: ``data`` passed its checksum. Corruption if it still does not decode.
         """
@@ -174,6 +184,12 @@ class RowGroupDecoder:
                 self._source.load(0, b"")
         if table.num_rows == 0:
             raise Corruption(f"block {index} decodes to no cells")
+        if seq_base:
+            try:
+                seqs = pc.add_checked(table.column(4), pa.scalar(seq_base, pa.int64()))
+            except pa.ArrowInvalid as exc:
+                raise Corruption(f"block {index}: seq base {seq_base} overflows: {exc}") from exc
+            table = table.set_column(4, table.schema.field(4), seqs)
         return Block(table)
 
     def decode_range(

@@ -38,6 +38,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 import crc32c
 import pyarrow as pa
 import pyarrow.compute as pc
+import zstandard
 
 from tabletstore.errors import Corruption, InvalidArgument, NotFound, Unavailable
 from tabletstore.keys import Cell
@@ -54,7 +55,7 @@ from tabletstore.sstable.format import (
     parse_tail,
     tail_length,
 )
-from tabletstore.sstable.pages import Page, PageIndex, decode_pages
+from tabletstore.sstable.pages import Page, PageIndex, decode_blocks_arrow, decode_pages
 from tabletstore.storage_s3.base import ObjectStore, object_url
 
 __all__ = ["DEFAULT_READAHEAD", "SSTable", "SSTableCore", "read_sstable_bytes"]
@@ -68,9 +69,11 @@ _RECENT_PAGES = 64
 class SSTableCore:
     """The I/O-free part of a reader: the parsed footer, the index, verification, decoding."""
 
-    def __init__(self, name: str, size: int, parsed: ParsedFooter) -> None:
+    def __init__(self, name: str, size: int, parsed: ParsedFooter, seq_base: int = 0) -> None:
         self.name = name
         self.size = size
+        #: Added to every stored seq (``SSTableRef.seq_base``: an adopted bulk-load file).
+        self.seq_base = seq_base
         self.footer: Footer = parsed.footer
         self.tail_size = parsed.tail_size
         self.blocks: tuple[BlockHandle, ...] = parsed.footer.blocks
@@ -81,10 +84,11 @@ class SSTableCore:
         self._decoder = RowGroupDecoder(parsed.parquet, size)
 
     @classmethod
-    def from_tail(cls, name: str, size: int, tail: bytes) -> SSTableCore:
-        """Parse the footer from the object's last ``len(tail)`` bytes."""
+    def from_tail(cls, name: str, size: int, tail: bytes, seq_base: int = 0) -> SSTableCore:
+        """Parse the footer from the object's last ``len(tail)`` bytes; ``seq_base`` is
+        added to every seq decoded (``SSTableRef.seq_base``)."""
         try:
-            return cls(name, size, parse_tail(tail, size))
+            return cls(name, size, parse_tail(tail, size), seq_base)
         except Corruption as exc:
             raise Corruption(f"SSTable {name}: {exc}") from exc
 
@@ -126,7 +130,7 @@ class SSTableCore:
             block = self.decode_pages(index, pages, data, handle.offset)
         else:
             try:
-                block = self._decoder.decode(index, handle.offset, data)
+                block = self._decoder.decode(index, handle.offset, data, self.seq_base)
             except Corruption as exc:
                 raise Corruption(f"SSTable {self.name}: {exc}") from exc
         if block.cells != handle.cells or (block.first_row, block.last_row) != (
@@ -148,9 +152,16 @@ class SSTableCore:
         assert self.pages is not None
         rel = offset - self.blocks[block].offset
         try:
-            return decode_pages(self.pages, pages, data, rel, self.footer.compression)
+            return decode_pages(
+                self.pages, pages, data, rel, self.footer.compression, self.seq_base
+            )
         except Corruption as exc:
             raise Corruption(f"SSTable {self.name}: {exc}") from exc
+
+    def _decode_pages_arrow(
+        self, first: int, last: int, data: BytesLike, columns: Sequence[str] | None
+    ) -> pa.Table | None:
+        return _decode_pages_arrow_of(self, first, last, data, columns)
 
     def decode_range(
         self, first: int, last: int, data: BytesLike, columns: Sequence[str] | None = None
@@ -164,13 +175,50 @@ class SSTableCore:
             piece = view[h.offset - base : h.offset - base + h.length]
             if len(piece) != h.length or crc32c.crc32c(piece) != h.crc32c:
                 raise Corruption(f"SSTable {self.name}: block {i} fails its crc32c checksum")
-        try:
-            table = self._decoder.decode_range(list(range(first, last + 1)), base, data, columns)
-        except Corruption as exc:
-            raise Corruption(f"SSTable {self.name}: {exc}") from exc
+        table = self._decode_pages_arrow(first, last, data, columns)
+        if table is None:
+            try:
+                table = self._decoder.decode_range(
+                    list(range(first, last + 1)), base, data, columns
+                )
+            except Corruption as exc:
+                raise Corruption(f"SSTable {self.name}: {exc}") from exc
         if table.num_rows != sum(h.cells for h in handles):
             raise Corruption(f"SSTable {self.name}: blocks {first}..{last} disagree with the index")
+        if self.seq_base and "seq" in table.column_names:
+            i = table.column_names.index("seq")
+            table = table.set_column(i, SCHEMA.field("seq"), with_seq_base(table[i], self.seq_base))
         return table
+
+
+def _decode_pages_arrow_of(
+    core: SSTableCore, first: int, last: int, data: BytesLike, columns: Sequence[str] | None
+) -> pa.Table | None:
+    """:meth:`SSTableCore.decode_range` of a format-2 zstd SSTable by its page index
+    (``pages.decode_blocks_arrow``), or None for any other (pyarrow's reader decodes it)."""
+    if core.pages is None:
+        return None
+    names = list(columns) if columns is not None else list(SCHEMA.names)
+    handles = core.blocks[first : last + 1]
+    base = handles[0].offset
+    try:
+        arrays = decode_blocks_arrow(
+            core.pages,
+            first,
+            last,
+            data,
+            [h.offset - base for h in handles],
+            core.footer.compression,
+            names,
+        )
+    except (ValueError, IndexError, pa.ArrowException, zstandard.ZstdError) as exc:
+        raise Corruption(
+            f"SSTable {core.name}: blocks {first}..{last} do not decode: {exc}"
+        ) from exc
+    if arrays is None:
+        return None
+    schema = pa.schema([SCHEMA.field(n) for n in names])
+    return pa.Table.from_arrays([arrays[n] for n in names], schema=schema)
 
 
 def _clip_rows(table: pa.Table, start_row: bytes, end_row: bytes | None) -> pa.Table:
@@ -182,9 +230,20 @@ def _clip_rows(table: pa.Table, start_row: bytes, end_row: bytes | None) -> pa.T
     return table.filter(keep)
 
 
-def read_sstable_bytes(data: bytes, *, name: str = "<bytes>") -> list[Cell]:
-    """Every cell of a whole SSTable object held in memory, verified (Corruption otherwise)."""
-    core = SSTableCore.from_tail(name, len(data), data)
+def with_seq_base(seqs: pa.ChunkedArray | pa.Array, seq_base: int) -> pa.Array:
+    """``seqs`` plus ``seq_base`` (an adopted SSTable's stored seqs made the cells' seqs);
+    overflow past int64 is Corruption."""
+    try:
+        out = pc.add_checked(seqs, pa.scalar(seq_base, pa.int64()))
+    except pa.ArrowInvalid as exc:
+        raise Corruption(f"seq base {seq_base} overflows a stored seq: {exc}") from exc
+    return out.combine_chunks() if isinstance(out, pa.ChunkedArray) else out
+
+
+def read_sstable_bytes(data: bytes, *, name: str = "<bytes>", seq_base: int = 0) -> list[Cell]:
+    """Every cell of a whole SSTable object held in memory, verified (Corruption otherwise);
+    ``seq_base`` is added to every seq (``SSTableRef.seq_base``)."""
+    core = SSTableCore.from_tail(name, len(data), data, seq_base)
     view = memoryview(data)
     cells: list[Cell] = []
     for i, b in enumerate(core.blocks):
@@ -206,6 +265,9 @@ class SSTable:
         self.store = store
         self.key = key
         self._core = core
+        #: The caches' name for this SSTable: one object opened with two seq bases (an
+        #: adopted file shared by tablets of two workers' seq sequences) decodes two ways.
+        self._cache_key = key if not core.seq_base else f"{key}@{core.seq_base}"
         self._cache = cache
         self._scan_cache = scan_cache
         self._resident: list[Block | Page] | None = None
@@ -227,10 +289,12 @@ class SSTable:
         tail_size: int | None = None,
         block_cache: BlockCache | None = None,
         scan_cache: ScanCache | None = None,
+        seq_base: int = 0,
     ) -> SSTable:
         """Open SSTable object ``key``: one ranged GET of its tail when ``size`` is given (a
         HEAD first otherwise). ``tail_size`` (``SSTableInfo.tail_size``) makes that GET exact;
-        without it the last 64 KiB are read, plus one more GET if the footer is larger."""
+        without it the last 64 KiB are read, plus one more GET if the footer is larger.
+        ``seq_base`` (``SSTableRef.seq_base``) is added to every seq it reads."""
         if size is None:
             head = await store.head(key)
             if head is None:
@@ -243,7 +307,7 @@ class SSTable:
         if need > len(tail) and need <= size:
             more = await cls._get(store, key, size - need, need - len(tail))
             tail = more + tail
-        core = SSTableCore.from_tail(object_url(store.url, key), size, tail)
+        core = SSTableCore.from_tail(object_url(store.url, key), size, tail, seq_base)
         return cls(store, key, core, block_cache, scan_cache)
 
     @staticmethod
@@ -277,12 +341,21 @@ class SSTable:
         return self._core.footer.last_row
 
     @property
+    def tail_size(self) -> int:
+        """Bytes of the footer and trailer (``SSTableRef.tail_size``)."""
+        return self._core.tail_size
+
+    @property
+    def seq_base(self) -> int:
+        return self._core.seq_base
+
+    @property
     def min_seq(self) -> int:
-        return self._core.footer.min_seq
+        return self._core.footer.min_seq + self._core.seq_base
 
     @property
     def max_seq(self) -> int:
-        return self._core.footer.max_seq
+        return self._core.footer.max_seq + self._core.seq_base
 
     @property
     def cells(self) -> int:
@@ -341,7 +414,7 @@ class SSTable:
         """:meth:`get_row` for a row :meth:`might_hold` did not rule out."""
         scan_cache = self._scan_cache
         if scan_cache is not None:
-            hit = scan_cache.get(self.key, row)
+            hit = scan_cache.get(self._cache_key, row)
             if hit is not None:
                 return list(hit)
         indexes = self._core.blocks_for_row(row)
@@ -359,7 +432,7 @@ class SSTable:
             blocks = await asyncio.gather(*(self._block(i) for i in indexes))
             cells = [c for b in blocks for c in b.row_cells(row)]
         if scan_cache is not None:
-            scan_cache.put(self.key, row, cells)
+            scan_cache.put(self._cache_key, row, cells)
         return cells
 
     async def scan(
@@ -502,9 +575,9 @@ class SSTable:
         still work (they refetch); call it when the SSTable is no longer part of a tablet."""
         self._resident = None
         if self._cache is not None:
-            self._cache.evict(self.key)
+            self._cache.evict(self._cache_key)
         if self._scan_cache is not None:
-            self._scan_cache.invalidate(self.key)
+            self._scan_cache.invalidate(self._cache_key)
 
     # -- blocks -----------------------------------------------------------------------------
 
@@ -514,7 +587,7 @@ class SSTable:
             return self._resident[index]
         cache = self._cache
         if cache is not None:
-            block = cache.get(self.key, index)
+            block = cache.get(self._cache_key, index)
             if block is not None:
                 return block
         pending = self._inflight.get(index)
@@ -537,7 +610,7 @@ class SSTable:
         else:
             future.set_result(block)
             if cache is not None and fill_cache:
-                cache.put(self.key, index, block)
+                cache.put(self._cache_key, index, block)
             return block
         finally:
             del self._inflight[index]
@@ -553,7 +626,7 @@ class SSTable:
         found: dict[int, Page] = {}
         missing: list[int] = []
         for p in pages:
-            hit = cache.get_page(self.key, p) if cache is not None else None
+            hit = cache.get_page(self._cache_key, p) if cache is not None else None
             if hit is not None:
                 found[p] = hit
                 continue
@@ -595,7 +668,7 @@ class SSTable:
             future.set_result(decoded)
             if self._cache is not None:
                 for p, page in decoded.items():
-                    self._cache.put_page(self.key, p, page)
+                    self._cache.put_page(self._cache_key, p, page)
             return decoded
         finally:
             for p in mine:

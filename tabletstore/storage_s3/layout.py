@@ -5,6 +5,7 @@ immutable objects. Keys here are relative to the store's root (the bucket plus t
 the store URL), so they never include that prefix::
 
     tables/<table-id>/<tablet-id>/<locality-group>/<sstable-id>.parquet
+    tables/<table-id>/bulk/<locality-group>/<sstable-id>.parquet   (staged bulk-load files)
     logs/<worker-id>/<incarnation:020d>/<sequence:020d>.log
     recovery/<worker-id>/<incarnation:020d>/plan.json
     recovery/<worker-id>/<incarnation:020d>/<segment:020d>/done.json

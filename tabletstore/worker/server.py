@@ -62,7 +62,13 @@ from tabletstore.errors import (
 from tabletstore.keys import Cell
 from tabletstore.metadata import rows as mt
 from tabletstore.metadata.catalog import Catalog
-from tabletstore.metadata.record import BulkLoadMark, LogRef, TabletRecord, uncovered
+from tabletstore.metadata.record import (
+    BulkLoadMark,
+    LogRef,
+    SSTableRef,
+    TabletRecord,
+    uncovered,
+)
 from tabletstore.options import TabletOptions, WorkerOptions
 from tabletstore.rpc.messages import (
     AdoptCompactionRequest,
@@ -96,7 +102,9 @@ from tabletstore.rpc.messages import (
 from tabletstore.rpc.row_pieces import STREAM_ITEM_BYTES, UNARY_ROW_BYTES, row_bytes, split_row
 from tabletstore.rpc.services import TABLET
 from tabletstore.rpc.transport import Handlers, Method, Transport, call_handler, stream_handler
+from tabletstore.sstable import SSTable
 from tabletstore.sstable.block_cache import BlockCache, ScanCache
+from tabletstore.storage_s3 import layout
 from tabletstore.storage_s3.base import ObjectStore
 
 __all__ = ["TabletServer", "next_incarnation"]
@@ -804,9 +812,51 @@ class TabletServer:
         if req.load_id and not ranges:
             return BulkLoadTabletResponse(0)  # this load is in the tablet already
         pieces = ranges or [(start, end)]
-        groups = await cells_for_tablet(req.source_url, req.keys, pieces, tablet.schema)
+        adopt = await self._staged_sstables(rec, req.adopt, pieces)
+        groups = (
+            await cells_for_tablet(req.source_url, req.keys, pieces, tablet.schema)
+            if req.keys
+            else {}
+        )
         marks = tuple(BulkLoadMark(req.load_id, a, b) for a, b in ranges)
-        return BulkLoadTabletResponse(await tablet.bulk_load(groups, marks))
+        return BulkLoadTabletResponse(await tablet.bulk_load(groups, marks, adopt))
+
+    async def _staged_sstables(
+        self,
+        rec: TabletRecord,
+        keys: Sequence[str],
+        pieces: Sequence[tuple[bytes, bytes | None]],
+    ) -> list[tuple[str, SSTableRef]]:
+        """(locality group, reference with no seq base yet) of each SSTable the master
+        staged for this tablet to adopt (batch/bulkload.py step 2): one of this table's
+        objects, lying inside rows still to load (NotServing otherwise: the master's view
+        was stale, it looks again)."""
+        out = []
+        for key in keys:
+            parsed = layout.parse_sstable_key(key)
+            if parsed.table_id != rec.table_id:
+                raise InvalidArgument(f"bulk-load SSTable {key} is not one of this table's")
+            table = await SSTable.open(self._store, key)
+            inside = any(
+                a <= table.first_row and (b is None or table.last_row < b) for a, b in pieces
+            )
+            if not inside:
+                raise NotServing(
+                    f"tablet {rec.tablet_id}: bulk-load SSTable {key} reaches past the rows it "
+                    "still has to load"
+                )
+            ref = SSTableRef(
+                key=key,
+                size=table.size,
+                cells=table.cells,
+                min_seq=table.min_seq,
+                max_seq=table.max_seq,
+                first_row=table.first_row,
+                last_row=table.last_row,
+                tail_size=table.tail_size,
+            )
+            out.append((parsed.locality_group, ref))
+        return out
 
     async def update_schema(self, req: UpdateSchemaRequest) -> None:
         info = await self._catalog.get_table(req.table_name)

@@ -266,7 +266,8 @@ async def test_staging_files_are_format_1_and_loaded_sstables_the_tables_format(
     tmp_path: Path,
 ) -> None:
     """A job's staging files skip format 2's pages (read whole, never looked up by page),
-    but what a tablet adds is in the table's own format, with its page index."""
+    but what a tablet writes of a file it cuts (this one spans all three tablets: it is not
+    adopted) is in the table's own format, with its page index."""
     db = await Database.open(f"file://{tmp_path}/db")
     try:
         table_id = await _empty_web(db)

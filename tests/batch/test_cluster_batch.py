@@ -24,7 +24,7 @@ from tabletstore.rpc.messages import BulkLoadTabletRequest
 from tabletstore.rpc.services import TABLET
 from tabletstore.storage_s3 import open_store
 from tabletstore.storage_s3.base import ObjectStore
-from tests.batch.conftest import cells_of, fill
+from tests.batch.conftest import SPLITS, cells_of, fill
 from tests.integration.cluster_harness import PROCESS_ENV, Cluster
 
 pytestmark = pytest.mark.timeout(300)
@@ -82,6 +82,7 @@ async def test_snapshot_bulk_load_and_client_writes_on_a_cluster(
                 }
             ),
             staging,
+            split_keys=SPLITS,  # every file inside one tablet: adopted over the wire
         )
         out = await asyncio.to_thread(
             subprocess.run,
@@ -102,6 +103,10 @@ async def test_snapshot_bulk_load_and_client_writes_on_a_cluster(
         )
         assert out.returncode == 0, out.stderr
         assert "loaded 40 cells into 3 tablets" in out.stdout
+        bucket = open_store(cluster.store_url)
+        staged = [i.key async for i in bucket.list("tables/") if "/bulk/" in i.key]
+        await bucket.close()
+        assert len(staged) == 3  # one file per tablet, each adopted as it is
         # The same load again (the default load id is a hash of the files): nothing loads.
         load = ["bulkload", "web", staging]
         again = await asyncio.to_thread(
