@@ -5,8 +5,10 @@ must return the row whole (§2: a read of one row is atomic). A frame is bounded
 (``frames.DEFAULT_MAX_FRAME``), and a stream's credit window (frames.py) is counted in items,
 so the worker keeps every item of a ``read_rows`` stream near :data:`STREAM_ITEM_BYTES`:
 
-* whole rows travel in a ``RowBatch``, closed once it holds about ``STREAM_ITEM_BYTES``
-  (the common case: one item, many rows);
+* whole rows travel in a ``PackedRows`` (:func:`pack_rows`: one array per cell field, so
+  the codec handles a few arrays per item, not an object per row and per cell), closed once
+  it holds about ``STREAM_ITEM_BYTES`` (the common case: one item, many rows); a
+  ``RowBatch`` (rows as objects) is read the same way;
 * a row larger than ``STREAM_ITEM_BYTES`` travels alone as consecutive ``RowPiece`` items
   (:func:`split_row`), each about ``STREAM_ITEM_BYTES``: the next cells in row order, and a
   value too large for one piece split across several (``split_value``);
@@ -26,19 +28,22 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
+from operator import attrgetter
 
 from tabletstore import limits
 from tabletstore.data.model import Cell, Row
 from tabletstore.errors import Unavailable
-from tabletstore.rpc.messages import RowBatch, RowPiece
+from tabletstore.rpc.messages import PackedRows, RowBatch, RowPiece
 
 __all__ = [
     "CELL_OVERHEAD",
     "STREAM_ITEM_BYTES",
     "UNARY_ROW_BYTES",
     "RowAssembler",
+    "pack_rows",
     "row_bytes",
     "split_row",
+    "unpack_rows",
 ]
 
 #: Target size of one ``read_rows`` stream item (a batch of rows, or a piece of one row).
@@ -95,6 +100,62 @@ def split_row(row: Row, budget: int = STREAM_ITEM_BYTES) -> Iterator[RowPiece]:
     yield RowPiece(key, tuple(cells), split_value=False, last=True)
 
 
+_key = attrgetter("key")
+_family = attrgetter("family")
+_qualifier = attrgetter("qualifier")
+_timestamp = attrgetter("timestamp")
+_value = attrgetter("value")
+_labels = attrgetter("labels")
+
+
+def pack_rows(rows: Sequence[Row]) -> PackedRows:
+    """``rows`` as one column-wise stream item (see ``messages.PackedRows``)."""
+    cells = [c for row in rows for c in row.cells]
+    labels = tuple(map(_labels, cells))
+    return PackedRows(
+        tuple(map(_key, rows)),
+        tuple(len(row.cells) for row in rows),
+        tuple(map(_family, cells)),
+        tuple(map(_qualifier, cells)),
+        tuple(map(_timestamp, cells)),
+        tuple(map(_value, cells)),
+        labels if any(labels) else (),
+    )
+
+
+def unpack_rows(item: PackedRows) -> tuple[Row, ...]:
+    """The rows of a :class:`PackedRows`; ValueError naming the problem when its arrays
+    do not fit together (a peer with another definition, or damage)."""
+    keys, counts = item.keys, item.counts
+    n = len(item.families)
+    if len(counts) != len(keys) or not (
+        len(item.qualifiers) == len(item.timestamps) == len(item.values) == n
+    ):
+        raise ValueError(
+            f"packed rows of unequal arrays: {len(keys)} keys, {len(counts)} counts, "
+            f"{n} families, {len(item.qualifiers)} qualifiers, {len(item.timestamps)} "
+            f"timestamps, {len(item.values)} values"
+        )
+    if item.labels and len(item.labels) != n:
+        raise ValueError(f"packed rows of {n} cells carry {len(item.labels)} label sets")
+    if item.labels:
+        cells = list(
+            map(Cell, item.families, item.qualifiers, item.timestamps, item.values, item.labels)
+        )
+    else:
+        cells = list(map(Cell, item.families, item.qualifiers, item.timestamps, item.values))
+    if counts.count(1) == n == len(keys):  # one cell a row: the common case
+        return tuple(map(Row, keys, [[c] for c in cells]))
+    if min(counts, default=1) < 1 or sum(counts) != n:
+        raise ValueError(f"packed rows: cell counts {counts[:8]}... do not add up to {n} cells")
+    rows = []
+    start = 0
+    for key, count in zip(keys, counts, strict=True):
+        rows.append(Row(key, cells[start : start + count]))
+        start += count
+    return tuple(rows)
+
+
 class RowAssembler:
     """Turns the items of one ``read_rows`` stream back into whole rows.
 
@@ -114,6 +175,13 @@ class RowAssembler:
         self._parts: list[bytes] = []
 
     def rows(self, item: object) -> Sequence[Row]:
+        if type(item) is PackedRows:
+            if self._key is not None:
+                raise self._broken("a batch of rows arrived inside a row sent in pieces")
+            try:
+                return unpack_rows(item)
+            except ValueError as exc:
+                raise self._broken(str(exc)) from None
         if type(item) is RowBatch:
             if self._key is not None:
                 raise self._broken("a batch of rows arrived inside a row sent in pieces")

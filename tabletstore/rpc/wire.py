@@ -50,6 +50,8 @@ WIRE_TYPES: dict[int, type] = {
     41: filters.CellsPerRowOffset,
     42: filters.CellsPerRowLimit,
     43: filters.CellsPerColumnLimit,
+    # reads (44-49)
+    44: m.PackedRows,
     # worker messages (60-89)
     60: m.MutateRowsRequest,
     61: m.EntryError,

@@ -75,6 +75,7 @@ from tabletstore.rpc.messages import (
     LoadTabletRequest,
     MutateRowsRequest,
     MutateRowsResponse,
+    PackedRows,
     ReadModifyWriteRequest,
     ReadRowsRequest,
     RowBatch,
@@ -92,7 +93,13 @@ from tabletstore.rpc.messages import (
     UnloadTabletRequest,
     UpdateSchemaRequest,
 )
-from tabletstore.rpc.row_pieces import STREAM_ITEM_BYTES, UNARY_ROW_BYTES, row_bytes, split_row
+from tabletstore.rpc.row_pieces import (
+    STREAM_ITEM_BYTES,
+    UNARY_ROW_BYTES,
+    pack_rows,
+    row_bytes,
+    split_row,
+)
 from tabletstore.rpc.services import TABLET
 from tabletstore.rpc.transport import Handlers, Method, Transport, call_handler, stream_handler
 from tabletstore.sstable.block_cache import BlockCache, ScanCache
@@ -284,9 +291,7 @@ class TabletServer:
         trimming = [] if self._trimming is None else [self._trimming]
         for task in [*self._compactions, *trimming]:  # optional work: redone after the next load
             task.cancel()
-        await asyncio.gather(
-            *self._splits, *self._compactions, *trimming, return_exceptions=True
-        )
+        await asyncio.gather(*self._splits, *self._compactions, *trimming, return_exceptions=True)
         # One at a time, deepest level first, re-reading the set each time: nothing may be
         # left unclosed, whatever changed it while a tablet was being closed.
         while self._tablets:
@@ -838,10 +843,10 @@ class TabletServer:
 
     async def read_rows(
         self, req: ReadRowsRequest
-    ) -> AsyncIterator[RowBatch | RowPiece | ScanProgress]:
+    ) -> AsyncIterator[PackedRows | RowPiece | ScanProgress]:
         """Stream the requested rows of one tablet in key order (descending when
-        ``req.reverse``), in items of bounded size:
-        whole rows in batches, a row larger than one item alone in pieces (rpc.row_pieces)."""
+        ``req.reverse``), in items of bounded size: whole rows in batches (column-wise,
+        ``PackedRows``), a row larger than one item alone in pieces (rpc.row_pieces)."""
         tablet = self._tablet(req.table_id, req.tablet_id)
         families = set(req.families) if req.families is not None else None
         remaining = req.limit
@@ -852,7 +857,7 @@ class TabletServer:
             if type(row) is ScanStats:
                 # Rows before the report go first: progress never overtakes a row.
                 if batch:
-                    yield RowBatch(tuple(batch))
+                    yield pack_rows(batch)
                     batch, size = [], 0
                 yield _progress(row)
                 continue
@@ -862,7 +867,7 @@ class TabletServer:
             row_size = row_bytes(row)
             if row_size > _BYTES_PER_BATCH:
                 if batch:
-                    yield RowBatch(tuple(batch))
+                    yield pack_rows(batch)
                     batch, size = [], 0
                 for piece in split_row(row, _BYTES_PER_BATCH):
                     yield piece
@@ -870,12 +875,12 @@ class TabletServer:
                 batch.append(row)
                 size += row_size
                 if len(batch) >= _ROWS_PER_BATCH or size >= _BYTES_PER_BATCH:
-                    yield RowBatch(tuple(batch))
+                    yield pack_rows(batch)
                     batch, size = [], 0
             if remaining is not None and remaining <= 0:
                 break
         if batch:
-            yield RowBatch(tuple(batch))
+            yield pack_rows(batch)
         if stats is not None:
             yield _progress(stats)
 
