@@ -580,8 +580,10 @@ class SSTable:
         end = index.block_starts[block + 1]
         cache = self._cache
         inflight = self._inflight_pages
-        while stop < end and stop not in inflight and not (
-            cache is not None and cache.has_page(self.key, stop)
+        while (
+            stop < end
+            and stop not in inflight
+            and not (cache is not None and cache.has_page(self.key, stop))
         ):
             stop += 1
         return stop

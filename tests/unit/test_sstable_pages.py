@@ -226,7 +226,6 @@ async def test_random_point_reads_fetch_single_pages(object_store: ObjectStore) 
     assert stats.bytes < len(picks) * max(b.length for b in table.footer.blocks)
 
 
-
 async def test_interleaved_sequential_readers_fetch_each_page_once() -> None:
     """Many clients each reading a range row by row through one server (issue 18's
     sequential reads over RPC): their reads interleave, and a reader's read-ahead to the end
