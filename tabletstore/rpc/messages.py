@@ -49,7 +49,6 @@ __all__ = [
     "ModifyFamiliesRequest",
     "MutateRowsRequest",
     "MutateRowsResponse",
-    "PackedRows",
     "ReadModifyWriteRequest",
     "ReadRowsRequest",
     "RowBatch",
@@ -130,24 +129,6 @@ class RowBatch:
     """One stream item of whole rows (``read_rows``), or ``read_row``'s reply (0 or 1 row)."""
 
     rows: tuple[Row, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class PackedRows:
-    """One ``read_rows`` stream item of whole rows, column-wise (``rpc.row_pieces``): one
-    array per cell field rather than one array per row and per cell, so a scan encodes and
-    decodes a few arrays per item, not an object per cell (issue 18). Row ``i`` is
-    ``keys[i]`` with the next ``counts[i]`` cells; cell ``j`` is ``families[j]``,
-    ``qualifiers[j]``, ``timestamps[j]``, ``values[j]`` and ``labels[j]`` (``labels`` is
-    empty when no cell has labels)."""
-
-    keys: tuple[bytes, ...]
-    counts: tuple[int, ...]
-    families: tuple[str, ...]
-    qualifiers: tuple[bytes, ...]
-    timestamps: tuple[int, ...]
-    values: tuple[bytes, ...]
-    labels: tuple[tuple[str, ...], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,10 +5,10 @@ must return the row whole (§2: a read of one row is atomic). A frame is bounded
 (``frames.DEFAULT_MAX_FRAME``), and a stream's credit window (frames.py) is counted in items,
 so the worker keeps every item of a ``read_rows`` stream near :data:`STREAM_ITEM_BYTES`:
 
-* whole rows travel in a ``PackedRows`` (:func:`pack_rows`: one array per cell field, so
-  the codec handles a few arrays per item, not an object per row and per cell), closed once
-  it holds about ``STREAM_ITEM_BYTES`` (the common case: one item, many rows); a
-  ``RowBatch`` (rows as objects) is read the same way;
+* whole rows travel in a ``RowBatch``, closed once it holds about ``STREAM_ITEM_BYTES``
+  (the common case: one item, many rows); on the wire a batch is column-wise
+  (:data:`ROW_BATCH_FORM`: one array per cell field, so the codec handles a few arrays per
+  batch, not an object per row and per cell; in-process it is passed as it is);
 * a row larger than ``STREAM_ITEM_BYTES`` travels alone as consecutive ``RowPiece`` items
   (:func:`split_row`), each about ``STREAM_ITEM_BYTES``: the next cells in row order, and a
   value too large for one piece split across several (``split_value``);
@@ -29,21 +29,22 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from operator import attrgetter
+from typing import Any
 
 from tabletstore import limits
 from tabletstore.data.model import Cell, Row
 from tabletstore.errors import Unavailable
-from tabletstore.rpc.messages import PackedRows, RowBatch, RowPiece
+from tabletstore.rpc.codec import WireForm
+from tabletstore.rpc.messages import RowBatch, RowPiece
 
 __all__ = [
     "CELL_OVERHEAD",
+    "ROW_BATCH_FORM",
     "STREAM_ITEM_BYTES",
     "UNARY_ROW_BYTES",
     "RowAssembler",
-    "pack_rows",
     "row_bytes",
     "split_row",
-    "unpack_rows",
 ]
 
 #: Target size of one ``read_rows`` stream item (a batch of rows, or a piece of one row).
@@ -108,11 +109,18 @@ _value = attrgetter("value")
 _labels = attrgetter("labels")
 
 
-def pack_rows(rows: Sequence[Row]) -> PackedRows:
-    """``rows`` as one column-wise stream item (see ``messages.PackedRows``)."""
+def _batch_fields(batch: RowBatch) -> tuple[Any, ...]:
+    """A batch column-wise: the keys, each row's cell count, then the cells' families,
+    qualifiers, timestamps, values and labels (an empty array when no cell has labels)."""
+    rows = batch.rows
+    if len(rows) == 1 and len(rows[0].cells) == 1:  # a point read's reply: no maps
+        row = rows[0]
+        c = row.cells[0]
+        lone = (c.labels,) if c.labels else ()
+        return (row.key,), (1,), (c.family,), (c.qualifier,), (c.timestamp,), (c.value,), lone
     cells = [c for row in rows for c in row.cells]
     labels = tuple(map(_labels, cells))
-    return PackedRows(
+    return (
         tuple(map(_key, rows)),
         tuple(len(row.cells) for row in rows),
         tuple(map(_family, cells)),
@@ -123,37 +131,37 @@ def pack_rows(rows: Sequence[Row]) -> PackedRows:
     )
 
 
-def unpack_rows(item: PackedRows) -> tuple[Row, ...]:
-    """The rows of a :class:`PackedRows`; ValueError naming the problem when its arrays
-    do not fit together (a peer with another definition, or damage)."""
-    keys, counts = item.keys, item.counts
-    n = len(item.families)
-    if len(counts) != len(keys) or not (
-        len(item.qualifiers) == len(item.timestamps) == len(item.values) == n
-    ):
+def _batch_from_fields(fields: tuple[Any, ...]) -> RowBatch:
+    """:func:`_batch_fields` reversed; ValueError naming what does not fit together."""
+    if len(fields) != 7:
+        raise ValueError(f"a row batch has 7 arrays, got {len(fields)}")
+    keys, counts, families, qualifiers, timestamps, values, labels = fields
+    n = len(families)
+    if len(counts) != len(keys) or not (len(qualifiers) == len(timestamps) == len(values) == n):
         raise ValueError(
-            f"packed rows of unequal arrays: {len(keys)} keys, {len(counts)} counts, "
-            f"{n} families, {len(item.qualifiers)} qualifiers, {len(item.timestamps)} "
-            f"timestamps, {len(item.values)} values"
+            f"unequal arrays: {len(keys)} keys, {len(counts)} counts, {n} families, "
+            f"{len(qualifiers)} qualifiers, {len(timestamps)} timestamps, {len(values)} values"
         )
-    if item.labels and len(item.labels) != n:
-        raise ValueError(f"packed rows of {n} cells carry {len(item.labels)} label sets")
-    if item.labels:
-        cells = list(
-            map(Cell, item.families, item.qualifiers, item.timestamps, item.values, item.labels)
-        )
+    if labels:
+        if len(labels) != n:
+            raise ValueError(f"{n} cells carry {len(labels)} label sets")
+        cells = list(map(Cell, families, qualifiers, timestamps, values, labels))
     else:
-        cells = list(map(Cell, item.families, item.qualifiers, item.timestamps, item.values))
+        cells = list(map(Cell, families, qualifiers, timestamps, values))
     if counts.count(1) == n == len(keys):  # one cell a row: the common case
-        return tuple(map(Row, keys, [[c] for c in cells]))
+        return RowBatch(tuple(map(Row, keys, [[c] for c in cells])))
     if min(counts, default=1) < 1 or sum(counts) != n:
-        raise ValueError(f"packed rows: cell counts {counts[:8]}... do not add up to {n} cells")
+        raise ValueError(f"cell counts {counts[:8]}... do not add up to {n} cells")
     rows = []
     start = 0
     for key, count in zip(keys, counts, strict=True):
         rows.append(Row(key, cells[start : start + count]))
         start += count
-    return tuple(rows)
+    return RowBatch(tuple(rows))
+
+
+#: How a ``RowBatch`` crosses the wire (``rpc.wire`` registers it with this form).
+ROW_BATCH_FORM = WireForm(_batch_fields, _batch_from_fields)
 
 
 class RowAssembler:
@@ -175,13 +183,6 @@ class RowAssembler:
         self._parts: list[bytes] = []
 
     def rows(self, item: object) -> Sequence[Row]:
-        if type(item) is PackedRows:
-            if self._key is not None:
-                raise self._broken("a batch of rows arrived inside a row sent in pieces")
-            try:
-                return unpack_rows(item)
-            except ValueError as exc:
-                raise self._broken(str(exc)) from None
         if type(item) is RowBatch:
             if self._key is not None:
                 raise self._broken("a batch of rows arrived inside a row sent in pieces")

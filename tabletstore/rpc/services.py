@@ -46,7 +46,6 @@ from tabletstore.rpc.messages import (
     ModifyFamiliesRequest,
     MutateRowsRequest,
     MutateRowsResponse,
-    PackedRows,
     ReadModifyWriteRequest,
     ReadRowsRequest,
     RowBatch,
@@ -82,9 +81,7 @@ class TabletService(Protocol):
         """Each row mutation atomic on its own (§3 batches); failures reported per entry."""
         ...
 
-    def read_rows(
-        self, req: ReadRowsRequest
-    ) -> AsyncIterator[PackedRows | RowBatch | RowPiece | ScanProgress]:
+    def read_rows(self, req: ReadRowsRequest) -> AsyncIterator[RowBatch | RowPiece | ScanProgress]:
         """The rows, in key order, in items of bounded size (``rpc/row_pieces.py``); with
         ``ScanProgress`` items when ``req.stats``."""
         ...

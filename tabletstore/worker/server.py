@@ -75,7 +75,6 @@ from tabletstore.rpc.messages import (
     LoadTabletRequest,
     MutateRowsRequest,
     MutateRowsResponse,
-    PackedRows,
     ReadModifyWriteRequest,
     ReadRowsRequest,
     RowBatch,
@@ -93,13 +92,7 @@ from tabletstore.rpc.messages import (
     UnloadTabletRequest,
     UpdateSchemaRequest,
 )
-from tabletstore.rpc.row_pieces import (
-    STREAM_ITEM_BYTES,
-    UNARY_ROW_BYTES,
-    pack_rows,
-    row_bytes,
-    split_row,
-)
+from tabletstore.rpc.row_pieces import STREAM_ITEM_BYTES, UNARY_ROW_BYTES, row_bytes, split_row
 from tabletstore.rpc.services import TABLET
 from tabletstore.rpc.transport import Handlers, Method, Transport, call_handler, stream_handler
 from tabletstore.sstable.block_cache import BlockCache, ScanCache
@@ -846,10 +839,10 @@ class TabletServer:
 
     async def read_rows(
         self, req: ReadRowsRequest
-    ) -> AsyncIterator[PackedRows | RowPiece | ScanProgress]:
+    ) -> AsyncIterator[RowBatch | RowPiece | ScanProgress]:
         """Stream the requested rows of one tablet in key order (descending when
-        ``req.reverse``), in items of bounded size: whole rows in batches (column-wise,
-        ``PackedRows``), a row larger than one item alone in pieces (rpc.row_pieces)."""
+        ``req.reverse``), in items of bounded size:
+        whole rows in batches, a row larger than one item alone in pieces (rpc.row_pieces)."""
         tablet = self._tablet(req.table_id, req.tablet_id)
         families = set(req.families) if req.families is not None else None
         remaining = req.limit
@@ -860,7 +853,7 @@ class TabletServer:
             if type(row) is ScanStats:
                 # Rows before the report go first: progress never overtakes a row.
                 if batch:
-                    yield pack_rows(batch)
+                    yield RowBatch(tuple(batch))
                     batch, size = [], 0
                 yield _progress(row)
                 continue
@@ -870,7 +863,7 @@ class TabletServer:
             row_size = row_bytes(row)
             if row_size > _BYTES_PER_BATCH:
                 if batch:
-                    yield pack_rows(batch)
+                    yield RowBatch(tuple(batch))
                     batch, size = [], 0
                 for piece in split_row(row, _BYTES_PER_BATCH):
                     yield piece
@@ -878,12 +871,12 @@ class TabletServer:
                 batch.append(row)
                 size += row_size
                 if len(batch) >= _ROWS_PER_BATCH or size >= _BYTES_PER_BATCH:
-                    yield pack_rows(batch)
+                    yield RowBatch(tuple(batch))
                     batch, size = [], 0
             if remaining is not None and remaining <= 0:
                 break
         if batch:
-            yield pack_rows(batch)
+            yield RowBatch(tuple(batch))
         if stats is not None:
             yield _progress(stats)
 

@@ -23,7 +23,6 @@ from tabletstore.errors import Indeterminate, InvalidArgument, NotServing, Unimp
 from tabletstore.metadata.snapshot import SnapshotManifest
 from tabletstore.rpc import messages as m
 from tabletstore.rpc.inprocess import InProcessTransport
-from tabletstore.rpc.row_pieces import RowAssembler
 from tabletstore.rpc.services import MASTER, TABLET, MasterService, Service, TabletService
 from tabletstore.rpc.tcp import RpcServer, TcpTransport
 from tabletstore.rpc.transport import Transport
@@ -160,7 +159,7 @@ async def _exercise(
     assert [c.value for c in row.rows[0].cells] == [b"v"]
     items = [i async for i in worker.read_rows(m.ReadRowsRequest(tid, tab, keys=(b"r",)))]
     assert isinstance(items[0], TABLET.method(TabletService.read_rows).response_types)
-    assert [r.key for i in items for r in RowAssembler().rows(i)] == [b"r"]
+    assert [r.key for i in items for r in i.rows] == [b"r"]
     called.add("read_rows")
     cam = m.CheckAndMutateRequest(tid, tab, b"r", None, (SetCell("f", b"c", b"1"),), ())
     assert (await call(worker.check_and_mutate, TabletService.check_and_mutate, cam)).matched
