@@ -887,8 +887,9 @@ class AsyncTable:
         ``row_set``; no selection means the whole table. ``limit`` bounds the number of rows.
         """
         rs = _row_set(start, end, prefix, keys, row_set)
-        async for item in self._read(rs, filter, limit, families, reverse, stats=False):
-            yield cast(Row, item)
+        async for batch in self._read(rs, filter, limit, families, reverse, stats=False):
+            for row in cast(Sequence[Row], batch):
+                yield row
 
     async def read_rows_with_stats(
         self,
@@ -909,7 +910,11 @@ class AsyncTable:
         tablet. The last item is always a ScanProgress with the read's totals."""
         rs = _row_set(start, end, prefix, keys, row_set)
         async for item in self._read(rs, filter, limit, families, reverse, stats=True):
-            yield item
+            if type(item) is ScanProgress:
+                yield item
+            else:
+                for row in cast(Sequence[Row], item):
+                    yield row
 
     async def _read(
         self,
@@ -920,7 +925,10 @@ class AsyncTable:
         reverse: bool,
         *,
         stats: bool,
-    ) -> AsyncIterator[Row | ScanProgress]:
+    ) -> AsyncIterator[Sequence[Row] | ScanProgress]:
+        """The rows in non-empty batches (one generator step per stream item, not per row:
+        issue 18), and with ``stats`` ScanProgress items; resumes after the last row handed
+        out when a tablet splits or moves."""
         if limit is not None and limit < 0:
             raise InvalidArgument(f"row limit must be >= 0, not {limit}")
         fams = tuple(families) if families is not None else None
@@ -944,6 +952,10 @@ class AsyncTable:
                     info, rs, resume_after, filter, remaining, fams, reverse, totals, refresh
                 )
                 async for item in items:
+                    if type(item) is not ScanProgress and remaining is not None:
+                        item = cast(Sequence[Row], item)[:remaining]
+                        if not item:
+                            continue
                     yield item
                     attempt = 0
                     deadline = loop.time() + self._client.retry_deadline
@@ -953,9 +965,10 @@ class AsyncTable:
                         if scanned and (resume_after is None or scanned > resume_after):
                             resume_after = scanned
                         continue
-                    resume_after = cast(Row, item).key
+                    batch = cast(Sequence[Row], item)
+                    resume_after = batch[-1].key
                     if remaining is not None:
-                        remaining -= 1
+                        remaining -= len(batch)
                         # With stats, the stream ends by itself (its limit is what was left)
                         # after one last ScanProgress: read it for the totals.
                         if remaining <= 0 and totals is None:
@@ -987,7 +1000,7 @@ class AsyncTable:
         reverse: bool,
         totals: _Totals | None,
         refresh: bool = False,
-    ) -> AsyncIterator[Row | ScanProgress]:
+    ) -> AsyncIterator[Sequence[Row] | ScanProgress]:
         if resume_after is not None:
             rs = _before(rs, resume_after) if reverse else _after(rs, resume_after)
         client = self._client
@@ -1025,9 +1038,10 @@ class AsyncTable:
                         scanned = b"" if reverse else item.last_scanned
                         yield ScanProgress(scanned, totals.rows, totals.cells)
                     continue
-                for row in assembler.rows(item):
-                    sent += 1
-                    yield row
+                rows = assembler.rows(item)
+                if rows:
+                    sent += len(rows)
+                    yield rows
             assembler.finish()
 
     async def snapshot(self, *, ttl: float | None = None) -> SnapshotManifest:

@@ -17,6 +17,10 @@ the class's registered id (0..127), followed by its init fields in declaration o
 
     dataclass := array(1 + n) [ ext(type_id, b""), field_1, ..., field_n ]
 
+A class registered with a :class:`WireForm` is the same array with the values its ``fields``
+function gives instead of its init fields, and is rebuilt by its ``build`` function (e.g. a
+batch of rows sent column-wise, one array per cell field: ``rpc.row_pieces``).
+
 The packer writes that array natively (one Python call per dataclass, no nested packing), and a
 dataclass anywhere in a value (in a list, a dict, an ``X | None`` field) decodes back to its
 class: only such arrays start with an extension.
@@ -54,6 +58,7 @@ from tabletstore.errors import InvalidArgument, TabletStoreError, error_code, er
 __all__ = [
     "DEFAULT_CODEC",
     "Codec",
+    "WireForm",
     "decode",
     "decode_error",
     "encode",
@@ -66,16 +71,34 @@ _MAX_TYPE_ID = 127  # msgpack's application extension codes are 0..127
 _SCALARS = frozenset({bytes, str, int, float, bool, type(None), object})
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class WireForm:
+    """A registered class's own wire form: ``fields(obj)`` gives the values sent after its type
+    marker (a tuple of encodable values), ``build(values)`` the instance back from them, raising
+    ValueError or TypeError for values that do not fit (the codec reports InvalidArgument)."""
+
+    fields: Callable[[Any], tuple[Any, ...]]
+    build: Callable[[tuple[Any, ...]], Any]
+
+
 class _Spec:
     """How one registered dataclass goes on and off the wire."""
 
-    __slots__ = ("cls", "converters", "encode", "names", "type_id")
+    __slots__ = ("build", "cls", "converters", "encode", "form", "names", "type_id")
 
-    def __init__(self, type_id: int, cls: type) -> None:
+    def __init__(self, type_id: int, cls: type, form: WireForm | None = None) -> None:
         self.type_id = type_id
         self.cls = cls
+        self.form = form
         self.names = tuple(f.name for f in dataclasses.fields(cls) if f.init)
-        self.encode = _array_encoder(msgpack.ExtType(type_id, b""), self.names)
+        marker = msgpack.ExtType(type_id, b"")
+        if form is None:
+            self.encode = _array_encoder(marker, self.names)
+            self.build: Callable[[tuple[Any, ...]], Any] | None = None
+        else:
+            fields = form.fields
+            self.encode = lambda o: (marker, *fields(o))
+            self.build = form.build
         # Per-field converters from the type hints, resolved on first decode (so classes may
         # be registered before the classes their hints name are defined). None = identity.
         self.converters: tuple[_Convert | None, ...] | None = None
@@ -104,8 +127,9 @@ class Codec:
         # per call); a Packer is not safe to share between threads.
         self._packers = threading.local()
 
-    def register(self, type_id: int, cls: type) -> None:
-        """Make ``cls`` (a dataclass, frozen by convention) encodable under ``type_id``.
+    def register(self, type_id: int, cls: type, form: WireForm | None = None) -> None:
+        """Make ``cls`` (a dataclass, frozen by convention) encodable under ``type_id``, as its
+        init fields or, with ``form``, as the values ``form`` gives (module docstring).
 
         Registering the same class under the same id again is a no-op; any other reuse of an id
         or a class is an InvalidArgument.
@@ -127,7 +151,7 @@ class Codec:
             raise InvalidArgument(
                 f"{cls.__qualname__} is already registered as type id {self._by_cls[cls].type_id}"
             )
-        spec = _Spec(type_id, cls)
+        spec = _Spec(type_id, cls, form)
         self._by_cls[cls] = spec
         self._by_id[type_id] = spec
         self._encoders[cls] = spec.encode
@@ -207,6 +231,14 @@ class Codec:
             return items
         spec: _Spec = items[0]
         fields = items[1:]
+        if spec.build is not None:
+            try:
+                return spec.build(fields)
+            except (ValueError, TypeError) as exc:
+                raise InvalidArgument(
+                    f"cannot decode {spec.cls.__qualname__} (type id {spec.type_id}): {exc}; "
+                    f"do both sides run the same version?"
+                ) from exc
         if len(fields) != len(spec.names):
             raise InvalidArgument(
                 f"cannot decode {spec.cls.__qualname__} (type id {spec.type_id}): expected "

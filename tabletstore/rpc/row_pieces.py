@@ -6,7 +6,9 @@ must return the row whole (§2: a read of one row is atomic). A frame is bounded
 so the worker keeps every item of a ``read_rows`` stream near :data:`STREAM_ITEM_BYTES`:
 
 * whole rows travel in a ``RowBatch``, closed once it holds about ``STREAM_ITEM_BYTES``
-  (the common case: one item, many rows);
+  (the common case: one item, many rows); on the wire a batch is column-wise
+  (:data:`ROW_BATCH_FORM`: one array per cell field, so the codec handles a few arrays per
+  batch, not an object per row and per cell; in-process it is passed as it is);
 * a row larger than ``STREAM_ITEM_BYTES`` travels alone as consecutive ``RowPiece`` items
   (:func:`split_row`), each about ``STREAM_ITEM_BYTES``: the next cells in row order, and a
   value too large for one piece split across several (``split_value``);
@@ -26,14 +28,18 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
+from operator import attrgetter
+from typing import Any
 
 from tabletstore import limits
 from tabletstore.data.model import Cell, Row
 from tabletstore.errors import Unavailable
+from tabletstore.rpc.codec import WireForm
 from tabletstore.rpc.messages import RowBatch, RowPiece
 
 __all__ = [
     "CELL_OVERHEAD",
+    "ROW_BATCH_FORM",
     "STREAM_ITEM_BYTES",
     "UNARY_ROW_BYTES",
     "RowAssembler",
@@ -93,6 +99,69 @@ def split_row(row: Row, budget: int = STREAM_ITEM_BYTES) -> Iterator[RowPiece]:
         cells.append(cell if start == 0 else replace(cell, value=value[start:]))
         room -= head + len(value) - start
     yield RowPiece(key, tuple(cells), split_value=False, last=True)
+
+
+_key = attrgetter("key")
+_family = attrgetter("family")
+_qualifier = attrgetter("qualifier")
+_timestamp = attrgetter("timestamp")
+_value = attrgetter("value")
+_labels = attrgetter("labels")
+
+
+def _batch_fields(batch: RowBatch) -> tuple[Any, ...]:
+    """A batch column-wise: the keys, each row's cell count, then the cells' families,
+    qualifiers, timestamps, values and labels (an empty array when no cell has labels)."""
+    rows = batch.rows
+    if len(rows) == 1 and len(rows[0].cells) == 1:  # a point read's reply: no maps
+        row = rows[0]
+        c = row.cells[0]
+        lone = (c.labels,) if c.labels else ()
+        return (row.key,), (1,), (c.family,), (c.qualifier,), (c.timestamp,), (c.value,), lone
+    cells = [c for row in rows for c in row.cells]
+    labels = tuple(map(_labels, cells))
+    return (
+        tuple(map(_key, rows)),
+        tuple(len(row.cells) for row in rows),
+        tuple(map(_family, cells)),
+        tuple(map(_qualifier, cells)),
+        tuple(map(_timestamp, cells)),
+        tuple(map(_value, cells)),
+        labels if any(labels) else (),
+    )
+
+
+def _batch_from_fields(fields: tuple[Any, ...]) -> RowBatch:
+    """:func:`_batch_fields` reversed; ValueError naming what does not fit together."""
+    if len(fields) != 7:
+        raise ValueError(f"a row batch has 7 arrays, got {len(fields)}")
+    keys, counts, families, qualifiers, timestamps, values, labels = fields
+    n = len(families)
+    if len(counts) != len(keys) or not (len(qualifiers) == len(timestamps) == len(values) == n):
+        raise ValueError(
+            f"unequal arrays: {len(keys)} keys, {len(counts)} counts, {n} families, "
+            f"{len(qualifiers)} qualifiers, {len(timestamps)} timestamps, {len(values)} values"
+        )
+    if labels:
+        if len(labels) != n:
+            raise ValueError(f"{n} cells carry {len(labels)} label sets")
+        cells = list(map(Cell, families, qualifiers, timestamps, values, labels))
+    else:
+        cells = list(map(Cell, families, qualifiers, timestamps, values))
+    if counts.count(1) == n == len(keys):  # one cell a row: the common case
+        return RowBatch(tuple(map(Row, keys, [[c] for c in cells])))
+    if min(counts, default=1) < 1 or sum(counts) != n:
+        raise ValueError(f"cell counts {counts[:8]}... do not add up to {n} cells")
+    rows = []
+    start = 0
+    for key, count in zip(keys, counts, strict=True):
+        rows.append(Row(key, cells[start : start + count]))
+        start += count
+    return RowBatch(tuple(rows))
+
+
+#: How a ``RowBatch`` crosses the wire (``rpc.wire`` registers it with this form).
+ROW_BATCH_FORM = WireForm(_batch_fields, _batch_from_fields)
 
 
 class RowAssembler:

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from tabletstore.data import filters, model, query
 from tabletstore.rpc import messages as m
-from tabletstore.rpc.codec import DEFAULT_CODEC, Codec
+from tabletstore.rpc.codec import DEFAULT_CODEC, Codec, WireForm
+from tabletstore.rpc.row_pieces import ROW_BATCH_FORM
 
-__all__ = ["WIRE_TYPES", "register_all"]
+__all__ = ["WIRE_FORMS", "WIRE_TYPES", "register_all"]
 
 WIRE_TYPES: dict[int, type] = {
     # model (1-19)
@@ -52,12 +53,13 @@ WIRE_TYPES: dict[int, type] = {
     41: filters.CellsPerRowOffset,
     42: filters.CellsPerRowLimit,
     43: filters.CellsPerColumnLimit,
+    # reads (44-49)
+    44: m.RowBatch,  # column-wise (ROW_BATCH_FORM); id 64 carried it as row objects
     # worker messages (60-89)
     60: m.MutateRowsRequest,
     61: m.EntryError,
     62: m.MutateRowsResponse,
     63: m.ReadRowsRequest,
-    64: m.RowBatch,
     65: m.CheckAndMutateRequest,
     66: m.CheckAndMutateResponse,
     67: m.ReadModifyWriteRequest,
@@ -99,8 +101,12 @@ WIRE_TYPES: dict[int, type] = {
 }
 
 
+#: Types with their own wire form (``codec.WireForm``) instead of their fields.
+WIRE_FORMS: dict[type, WireForm] = {m.RowBatch: ROW_BATCH_FORM}
+
+
 def register_all(codec: Codec = DEFAULT_CODEC) -> Codec:
     """Register every wire type with ``codec`` (idempotent). Returns the codec."""
     for type_id, cls in WIRE_TYPES.items():
-        codec.register(type_id, cls)
+        codec.register(type_id, cls, WIRE_FORMS.get(cls))
     return codec

@@ -143,6 +143,10 @@ class BlockCache:
         entry = self._lru.get((key, ("page", page)))
         return entry if isinstance(entry, Page) else None
 
+    def has_page(self, key: str, page: int) -> bool:
+        """Whether page ``page`` of ``key`` is cached (a peek: no hit, miss or LRU update)."""
+        return (key, ("page", page)) in self._lru
+
     def put_page(self, key: str, index: int, page: Page) -> None:
         """Cache a decoded page, charged ``page.nbytes``."""
         self._put(key, ("page", index), page)

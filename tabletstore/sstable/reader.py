@@ -62,7 +62,7 @@ __all__ = ["DEFAULT_READAHEAD", "SSTable", "SSTableCore", "read_sstable_bytes"]
 
 #: Blocks a long scan keeps in flight ahead of its consumer.
 DEFAULT_READAHEAD = 4
-#: Recently fetched pages an SSTable remembers to recognize sequential point reads.
+#: Fetches (their last page) an SSTable remembers to recognize sequential point reads.
 _RECENT_PAGES = 64
 
 
@@ -273,7 +273,7 @@ class SSTable:
         self._resident: list[Block | Page] | None = None
         self._inflight: dict[int, asyncio.Future[Block | Page]] = {}
         self._inflight_pages: dict[int, asyncio.Future[dict[int, Page]]] = {}
-        #: Pages fetched lately (sequential reads are detected by their predecessor here).
+        #: The last page of each recent fetch (a sequential read's predecessor is one).
         self._recent_pages: deque[int] = deque(maxlen=_RECENT_PAGES)
         #: Reads the bloom filter answered without a fetch, and blocks fetched from the store.
         self.bloom_skips = 0
@@ -621,7 +621,8 @@ class SSTable:
 
         Sequential point reads (the page before the first missing one was itself fetched
         lately, by this reader or another) read ahead to the end of the block in the same
-        GET, so reading a range row by row costs about one GET per block, as scans do."""
+        GET (:meth:`_readahead_stop`), so reading a range row by row costs about one GET per
+        block, as scans do, even with many such readers interleaved."""
         cache = self._cache
         found: dict[int, Page] = {}
         missing: list[int] = []
@@ -637,19 +638,37 @@ class SSTable:
                 missing.append(p)
         if missing:
             first, stop = missing[0], missing[-1] + 1
-            index = self._core.pages
-            assert index is not None
             if first - 1 in self._recent_pages:
-                stop = index.block_starts[block + 1]
+                stop = self._readahead_stop(block, stop)
             found.update(await self._fetch_pages(block, range(first, stop)))
         return [found[p] for p in pages]
+
+    def _readahead_stop(self, block: int, stop: int) -> int:
+        """Where a sequential reader's fetch ending at ``stop`` may extend to: the end of
+        ``block``, or the first page on the way that is cached or being fetched. Interleaved
+        sequential readers (a worker serving many clients' ranges at once) then fetch each
+        page of a block once between them, not once each."""
+        index = self._core.pages
+        assert index is not None
+        end = index.block_starts[block + 1]
+        cache = self._cache
+        inflight = self._inflight_pages
+        while (
+            stop < end
+            and stop not in inflight
+            and not (cache is not None and cache.has_page(self.key, stop))
+        ):
+            stop += 1
+        return stop
 
     async def _fetch_pages(self, block: int, pages: range) -> dict[int, Page]:
         future: asyncio.Future[dict[int, Page]] = asyncio.get_running_loop().create_future()
         mine = [p for p in pages if p not in self._inflight_pages]
         for p in mine:
             self._inflight_pages[p] = future
-        self._recent_pages.extend(pages)
+        # Only a fetch's last page: a sequential reader's next miss follows it, and a fetch
+        # that read ahead to the end of its block does not push the other readers' out.
+        self._recent_pages.append(pages[-1])
         try:
             offset, length = self._core.page_range(block, pages)
             self.block_fetches += 1

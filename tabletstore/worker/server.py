@@ -109,6 +109,7 @@ from tabletstore.storage_s3.base import ObjectStore
 
 __all__ = ["TabletServer", "next_incarnation"]
 
+from tabletstore.worker.eager import gather_eager
 from tabletstore.worker.log import WorkerLog, replay_logged
 from tabletstore.worker.recovery import SharedLogReads, tablet_cells
 
@@ -990,17 +991,17 @@ class TabletServer:
             )
             rows: tuple[Row, ...] = () if row is None else (row,)
         else:
-            # Concurrently: a read from the store must not wait for the others' reads. One
+            # Concurrently: a read from the store must not wait for the others' reads, and one
+            # from memory runs inline, with no task (worker/eager.py). One
             # that fails (a key outside the tablet after a split) fails the request: each
             # caller's client retries its own read.
-            found = await asyncio.gather(
-                *(
+            found = await gather_eager(
+                [
                     tablet.read_row(
                         key, filter=req.filter, families=families, identity=req.identity
                     )
                     for key in req.keys
-                ),
-                return_exceptions=True,
+                ]
             )
             for got in found:
                 if isinstance(got, BaseException):

@@ -10,10 +10,11 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
+import msgpack
 import pytest
 
 from tabletstore.data.model import MAX_QUALIFIER, MAX_ROW_KEY, Cell, Row
-from tabletstore.errors import Unavailable
+from tabletstore.errors import InvalidArgument, Unavailable
 from tabletstore.rpc import frames
 from tabletstore.rpc.codec import Codec
 from tabletstore.rpc.messages import LargeRow, RowBatch, RowPiece
@@ -139,3 +140,42 @@ def test_a_broken_piece_sequence_is_a_protocol_error() -> None:
     assert "splits a value" in broken([RowPiece(b"r", (c,), split_value=True, last=True)])
     assert "unexpected stream item LargeRow" in broken([LargeRow(b"r", 5)])
     assert "from w:1" in broken([first])
+
+
+def test_row_batches_cross_the_wire_column_wise() -> None:
+    """A RowBatch is sent as one array per cell field (``ROW_BATCH_FORM``, wire id 44): rows
+    of one cell, of many, with and without labels, and no rows at all come back equal, and
+    the arrays cost fewer bytes than the rows as objects."""
+    one = [Row(b"r%03d" % i, [Cell("f", b"q", i, random.randbytes(i))]) for i in range(50)]
+    many = [
+        Row(b"m", [Cell("f", b"a", 3, b"x"), Cell("f", b"a", 1, b""), Cell("g", b"", 2, b"z")]),
+        Row(b"n", [Cell("g", b"q", 7, b"w")]),
+    ]
+    labelled = [Row(b"l", [Cell("f", b"q", 1, b"v", ("a", "b")), Cell("f", b"r", 1, b"v")])]
+    lone = [Row(b"x", [Cell("f", b"q", 1, b"v", ("l",))])]
+    for rows in (one, many, labelled, lone, one[:1], [*one, *many, *labelled], []):
+        data = CODEC.encode(RowBatch(tuple(rows)))
+        assert msgpack.unpackb(data)[0] == msgpack.ExtType(44, b"")
+        assert CODEC.decode(data) == RowBatch(tuple(rows))
+    assert msgpack.unpackb(CODEC.encode(RowBatch(tuple(one))))[-1] == []  # no labels: empty
+    assert len(CODEC.encode(RowBatch(tuple(one)))) < len(CODEC.encode(tuple(one)))
+
+
+def test_row_batch_arrays_that_do_not_fit_together_are_invalid() -> None:
+    marker = msgpack.ExtType(44, b"")
+    good = [(b"a",), (2,), ("f", "f"), (b"q", b"r"), (1, 1), (b"1", b"2"), ()]
+
+    def decode(*fields: object) -> str:
+        with pytest.raises(InvalidArgument) as info:
+            CODEC.decode(msgpack.packb([marker, *fields], use_bin_type=True))
+        return str(info.value)
+
+    assert CODEC.decode(msgpack.packb([marker, *good], use_bin_type=True)) == RowBatch(
+        (Row(b"a", [Cell("f", b"q", 1, b"1"), Cell("f", b"r", 1, b"2")]),)
+    )
+    assert "RowBatch (type id 44): a row batch has 7 arrays, got 6" in decode(*good[:6])
+    assert "unequal arrays" in decode(good[0], good[1], good[2], good[3], good[4], (b"1",), ())
+    assert "unequal arrays" in decode((b"a", b"b"), *good[1:])
+    assert "label sets" in decode(*good[:6], (("x",),))
+    assert "do not add up" in decode(good[0], (3,), *good[2:])
+    assert "do not add up" in decode((b"a", b"b"), (2, 0), *good[2:])

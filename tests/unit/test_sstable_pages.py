@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 
@@ -17,6 +18,7 @@ from tabletstore.sstable import pages as pages_module
 from tabletstore.sstable.format import parse_tail
 from tabletstore.sstable.pages import (
     CONTINUES,
+    Page,
     decode_page_index,
     encode_page_index,
     page_cells_for,
@@ -24,6 +26,7 @@ from tabletstore.sstable.pages import (
 )
 from tabletstore.storage_s3.base import ObjectStore, Op
 from tabletstore.storage_s3.instrumented import InstrumentedObjectStore
+from tabletstore.storage_s3.memory import MemoryObjectStore
 
 KEY = "tables/t/tablet/default/pages.parquet"
 
@@ -221,3 +224,36 @@ async def test_random_point_reads_fetch_single_pages(object_store: ObjectStore) 
     stats = counted.stats()[Op.GET_RANGE]
     assert stats.requests == len(picks)
     assert stats.bytes < len(picks) * max(b.length for b in table.footer.blocks)
+
+
+async def test_interleaved_sequential_readers_fetch_each_page_once() -> None:
+    """Many clients each reading a range row by row through one server (issue 18's
+    sequential reads over RPC): their reads interleave, and a reader's read-ahead to the end
+    of its block stops at pages another reader has cached or is fetching, so no page is
+    fetched (and decoded) twice, and the GETs stay about one per block plus two per reader."""
+    cells = [Cell(b"r%06d" % i, "cf", b"q", 1, i + 1, 0, os.urandom(200)) for i in range(4000)]
+    data, info = write_sstable(cells, block_size=16 * 1024)
+    store = InstrumentedObjectStore(MemoryObjectStore(shared=False))
+    await store.create(KEY, data)
+    table = await SSTable.open(store, KEY, size=info.size, block_cache=BlockCache(1 << 24))
+    store.reset()
+    fetched: list[int] = []
+    fetch = table._fetch_pages
+
+    async def recording_fetch(block: int, pages: range) -> dict[int, Page]:
+        fetched.extend(pages)
+        await asyncio.sleep(0)  # a GET suspends: the readers interleave
+        return await fetch(block, pages)
+
+    table._fetch_pages = recording_fetch  # type: ignore[method-assign]
+    readers = 8
+    per = len(cells) // readers
+
+    async def read_range(k: int) -> list[list[Cell]]:
+        return [await table.get_row(b"r%06d" % i) for i in range(k * per, (k + 1) * per)]
+
+    results = await asyncio.gather(*(read_range(k) for k in range(readers)))
+    assert [c for got in results for row in got for c in row] == cells
+    assert sorted(fetched) == sorted(set(fetched)), "a page was fetched twice"
+    requests = store.stats()[Op.GET_RANGE].requests
+    assert requests <= len(table.footer.blocks) + 2 * readers
