@@ -87,3 +87,17 @@ def test_zero_sends_one_response_per_row_and_a_negative_bound_is_refused() -> No
     assert [len(_parse(r).chunks) for r in responses] == [1, 1, 1]
     with pytest.raises(ValueError, match="max_rows_bytes"):
         ChunkEncoder(max_rows_bytes=-1)
+
+
+def test_an_all_ok_mutate_rows_response_names_every_entry_with_an_empty_status() -> None:
+    from google.cloud.bigtable_v2.types import bigtable as bt
+
+    from tabletstore.bigtable_api.server import _all_ok
+
+    resp = bt.MutateRowsResponse.pb().FromString(_all_ok(3))
+    assert [(e.index, e.HasField("status"), e.status.code) for e in resp.entries] == [
+        (0, True, 0),
+        (1, True, 0),
+        (2, True, 0),
+    ]
+    assert _all_ok(3) is _all_ok(3)
