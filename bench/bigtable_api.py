@@ -231,6 +231,12 @@ def main(argv: list[str] | None = None) -> int:
                 for figure, value in got.items():
                     columns.setdefault(name, {}).setdefault(figure, []).append(value)
     names = [name for name, _ in backends if name in columns]
+    store = (
+        "a durable file:// database (fsync'd commit log)"
+        if args.url == "file"
+        else args.url or "memory:// (in memory; writes still go through the commit log)"
+    )
+    print(f"tabletstore over {store}; the emulator keeps everything in memory")
     print(
         f"{'':20}" + "".join(f"{n:>14}" for n in names) + ("      ratio" if len(names) == 2 else "")
     )

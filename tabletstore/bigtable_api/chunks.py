@@ -5,10 +5,13 @@ that clients reassemble with a strict state machine (the official clients reject
 that breaks it). The rules this encoder keeps, from ``bigtable.proto``:
 
 * Rows are sent whole and in strictly increasing key order; the last chunk of a row has
-  ``commit_row`` set. A response holds at most one row (as the service and Google's emulator
-  send them: one response per row, or per ``max_response_bytes`` of a larger row), so a
-  stream cut anywhere loses at most one row's worth of work, and a client's resume point (the
-  last committed key) is never more than one message behind. A row may span responses.
+  ``commit_row`` set. A response holds either several whole small rows, up to
+  ``max_rows_bytes`` of them in all (as Cloud Bigtable itself packs them: a stream of small
+  rows then costs one message per ``max_rows_bytes``, not one per row), or a part of one row:
+  a row larger than ``max_rows_bytes`` goes out alone, in responses of at most
+  ``max_response_bytes``. A stream cut anywhere loses at most one response's worth of work,
+  and a client's resume point (the last committed key) is never more than one message
+  behind. ``max_rows_bytes`` 0 sends one response per row, as Google's emulator does.
 * The first chunk of every response carries its row's key, even mid-row. The API lets a
   response continue the previous one's row with an empty key, but google-cloud-bigtable's
   Python client (2.50) compares each response's first key with the last committed row and
@@ -32,13 +35,22 @@ from typing import Any
 from tabletstore.bigtable_api.translate import ReadRowsResponsePB
 from tabletstore.data.model import Row
 
-__all__ = ["DEFAULT_MAX_RESPONSE_BYTES", "DEFAULT_MAX_VALUE_CHUNK", "ChunkEncoder", "row_chunks"]
+__all__ = [
+    "DEFAULT_MAX_RESPONSE_BYTES",
+    "DEFAULT_MAX_ROWS_BYTES",
+    "DEFAULT_MAX_VALUE_CHUNK",
+    "ChunkEncoder",
+    "row_chunks",
+]
 
 #: Values longer than this are split across chunks (the service uses about 1 MiB too).
 DEFAULT_MAX_VALUE_CHUNK = 1024 * 1024
 #: A response holds at most one row, and at most this many value and key bytes of it (or one
 #: chunk, if that is more).
 DEFAULT_MAX_RESPONSE_BYTES = 1024 * 1024
+#: Small rows share a response up to this many serialized bytes (the front door's default; a
+#: ChunkEncoder's own default is 0, one response per row).
+DEFAULT_MAX_ROWS_BYTES = 64 * 1024
 
 CellChunkPB: Any = ReadRowsResponsePB.CellChunk
 
@@ -87,11 +99,14 @@ def _chunk_bytes(chunk: Any) -> int:
 
 
 class ChunkEncoder:
-    """Cuts rows into ReadRowsResponse messages: one per row, or per ``max_response_bytes``
-    of a larger row (whichever comes first).
+    """Cuts rows into ReadRowsResponse messages: whole small rows packed together up to
+    ``max_rows_bytes`` (serialized), or one row per response when that is 0; a row larger
+    than that in responses of at most ``max_response_bytes``.
 
-    ``add(row)`` yields the row's responses, the last one ending with its ``commit_row``
-    chunk; ``flush()`` is then always None (kept for callers that stop mid-row).
+    ``add(row)`` yields the responses filled up meanwhile: response messages, or -- packed
+    rows -- an already serialized response (``bytes``; the front door's serializers pass
+    bytes through). ``flush()`` returns the last, partly filled one (None if nothing is
+    pending): call it when the rows end, and before sending anything else on the stream.
     """
 
     def __init__(
@@ -99,13 +114,46 @@ class ChunkEncoder:
         *,
         max_value_chunk: int = DEFAULT_MAX_VALUE_CHUNK,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        max_rows_bytes: int = 0,
     ) -> None:
+        if max_rows_bytes < 0:
+            raise ValueError(f"max_rows_bytes must be >= 0, got {max_rows_bytes}")
         self._max_value_chunk = max_value_chunk
         self._max_response_bytes = max_response_bytes
+        self._max_rows_bytes = min(max_rows_bytes, max_response_bytes)
         self._pending: Any = ReadRowsResponsePB()
         self._pending_bytes = 0
+        #: Serialized whole rows waiting to go out together (each a run of ``chunks`` fields:
+        #: their concatenation is the serialized response holding them all).
+        self._packed: list[bytes] = []
+        self._packed_bytes = 0
 
     def add(self, row: Row) -> Iterator[Any]:
+        """Encode ``row``; yield every response filled up meanwhile (see the class)."""
+        if self._max_rows_bytes:
+            whole = self._whole_row(row)
+            if whole is not None:
+                data: bytes = whole.SerializeToString()
+                if len(data) <= self._max_rows_bytes:
+                    if self._packed_bytes + len(data) > self._max_rows_bytes:
+                        yield self._take_packed()
+                    self._packed.append(data)
+                    self._packed_bytes += len(data)
+                    return
+            if self._packed:
+                yield self._take_packed()
+            if whole is not None:
+                yield whole
+                return
+        yield from self._add_alone(row)
+
+    def _take_packed(self) -> bytes:
+        out = b"".join(self._packed)
+        self._packed.clear()
+        self._packed_bytes = 0
+        return out
+
+    def _add_alone(self, row: Row) -> Iterator[Any]:
         """Encode ``row``; yield every response filled up meanwhile. A response is sent before
         a chunk would take it past ``max_response_bytes``, so none is larger than that or than
         one chunk (``max_value_chunk`` of value and the cell's names): gRPC clients receive
@@ -164,7 +212,10 @@ class ChunkEncoder:
         return resp
 
     def flush(self) -> Any | None:
-        """The partially filled response, or None if nothing is pending."""
+        """The partially filled response (a message, or packed rows' serialized bytes), or
+        None if nothing is pending."""
+        if self._packed:
+            return self._take_packed()
         return self._take() if self._pending.chunks else None
 
     def _take(self) -> Any:

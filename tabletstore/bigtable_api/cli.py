@@ -89,6 +89,7 @@ async def serve(
             client, host=host, port=port, plain_instance=plain_instance, tls=tls, tokens=tokens
         )
         bound = await server.start()
+        _settle_process()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -104,6 +105,25 @@ async def serve(
             await server.stop(grace=5.0)
     finally:
         await client.close()
+
+
+def _settle_process() -> None:
+    """Pay two one-time costs of a long-running server at its start, not inside requests.
+
+    pyarrow imports pandas when it builds its first array (0.2-0.5 s of CPU holding the GIL,
+    otherwise spent in the first minor compaction while calls wait). ``gc.freeze()`` then
+    moves every object loaded so far (grpc, protobuf descriptors, the engine: a few hundred
+    thousand) out of the cyclic collector's reach: its full collections, which a scan's
+    allocations set off, walk only what requests made since (a scan of a large table spent
+    more than half its server CPU in them; bench/bigtable_api.py).
+    """
+    import gc
+
+    import pyarrow as pa
+
+    pa.array([], pa.int64())
+    gc.collect()
+    gc.freeze()
 
 
 def _run_loop(coro: Coroutine[Any, Any, None]) -> None:

@@ -19,6 +19,7 @@ server. In MutateRows each entry gets its own status, as the API specifies.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -35,6 +36,7 @@ from tabletstore.bigtable_api.admin import TableAdmin
 from tabletstore.bigtable_api.auth import BearerTokens, server_credentials
 from tabletstore.bigtable_api.chunks import (
     DEFAULT_MAX_RESPONSE_BYTES,
+    DEFAULT_MAX_ROWS_BYTES,
     DEFAULT_MAX_VALUE_CHUNK,
     ChunkEncoder,
 )
@@ -172,6 +174,7 @@ class BigtableData:
         clock: Clock | None = None,
         max_value_chunk: int = DEFAULT_MAX_VALUE_CHUNK,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        max_rows_bytes: int = DEFAULT_MAX_ROWS_BYTES,
         namespaces: Namespaces | None = None,
     ) -> None:
         self._client = client
@@ -181,6 +184,7 @@ class BigtableData:
         self._clock = clock or SystemClock()
         self._max_value_chunk = max_value_chunk
         self._max_response_bytes = max_response_bytes
+        self._max_rows_bytes = max_rows_bytes
 
     def _table(self, req: Any, *, views: bool = True) -> AsyncTable:
         if not req.table_name:
@@ -207,7 +211,9 @@ class BigtableData:
         if rows.is_empty():
             return
         encoder = ChunkEncoder(
-            max_value_chunk=self._max_value_chunk, max_response_bytes=self._max_response_bytes
+            max_value_chunk=self._max_value_chunk,
+            max_response_bytes=self._max_response_bytes,
+            max_rows_bytes=self._max_rows_bytes,
         )
         limit = req.rows_limit or None
         full_stats = req.request_stats_view == _REQUEST_STATS_FULL
@@ -218,6 +224,9 @@ class BigtableData:
             if row is not None:
                 for resp in encoder.add(row):
                     yield resp
+                last = encoder.flush()
+                if last is not None:
+                    yield last
             return
         if row_filter is None and not full_stats:
             # Nothing is filtered out and no stats are asked for: the plain, fastest path.
@@ -226,6 +235,9 @@ class BigtableData:
             ):
                 for resp in encoder.add(row):
                     yield resp
+            last = encoder.flush()
+            if last is not None:
+                yield last
             return
         started = stopwatch()
         returned = _Returned()
@@ -276,6 +288,9 @@ class BigtableData:
             except MutationsFailed as exc:
                 for f in exc.failures:
                     statuses[positions[f.index]] = (status_code(f.error).value[0], str(f.error))
+        if not any(code for code, _ in statuses):
+            yield _all_ok(len(statuses))
+            return
         resp = _MutateRowsResponse()
         add = resp.entries.add
         for i, (code, message) in enumerate(statuses):
@@ -318,6 +333,18 @@ class BigtableData:
         return _PingAndWarmResponse()
 
 
+@functools.lru_cache(maxsize=16)
+def _all_ok(entries: int) -> bytes:
+    """The serialized MutateRows response of ``entries`` entries that all succeeded (the same
+    bytes for every request of that many: clients send batches of a few sizes)."""
+    resp = _MutateRowsResponse()
+    add = resp.entries.add
+    for i in range(entries):
+        add(index=i).status.SetInParent()  # OK: an empty Status (code 0)
+    data: bytes = resp.SerializeToString()
+    return data
+
+
 class _Returned:
     """What a ReadRows call sent and what its scan saw (for ``request_stats``)."""
 
@@ -339,6 +366,9 @@ async def _with_progress(
             returned.rows_seen, returned.cells_seen = item.rows_seen, item.cells_seen
             if item.last_scanned > last_key:
                 last_key = item.last_scanned
+                rows = encoder.flush()  # the rows before the scanned key go out first
+                if rows is not None:
+                    yield rows
                 yield _ReadRowsResponse(last_scanned_row_key=item.last_scanned)
             continue
         row = cast(Row, item)
@@ -348,6 +378,9 @@ async def _with_progress(
             last_key = row.key
         for resp in encoder.add(row):
             yield resp
+    rows = encoder.flush()
+    if rows is not None:
+        yield rows
 
 
 def _stats_response(returned: _Returned, seconds: float) -> Any:
@@ -446,6 +479,15 @@ def _pb(cls: Any) -> Any:
     return cls.pb()
 
 
+def _bytes_or(serialize: Callable[[Any], bytes]) -> Callable[[Any], bytes]:
+    """A response serializer that sends ``bytes`` as they are (already serialized)."""
+
+    def serializer(message: Any) -> bytes:
+        return message if type(message) is bytes else serialize(message)
+
+    return serializer
+
+
 def generic_handlers(
     data: BigtableData,
     admin: TableAdmin,
@@ -470,17 +512,19 @@ def generic_handlers(
         )
 
     def stream(name: str, fn: Any, req: Any, resp: Any) -> Any:
+        # Streams may yield responses already serialized (ReadRows' packed rows): bytes go
+        # out as they are.
+        serialize = _bytes_or(_pb(resp).SerializeToString)
         if streams_as_unary:
-            serialize = _pb(resp).SerializeToString
             return uu(
                 _streaming_as_unary(name, fn, serialize),
                 request_deserializer=_pb(req).FromString,
-                response_serializer=lambda m: m if type(m) is bytes else serialize(m),
+                response_serializer=serialize,
             )
         return us(
             _streaming(name, fn),
             request_deserializer=_pb(req).FromString,
-            response_serializer=_pb(resp).SerializeToString,
+            response_serializer=serialize,
         )
 
     def empty(name: str, fn: Any, req: Any) -> Any:
@@ -662,6 +706,8 @@ class BigtableApiServer:
     ``port`` 0 picks a free port; :attr:`port` tells which after :meth:`start`. A message
     larger than ``max_message_bytes`` (default :data:`MAX_MESSAGE_BYTES`) either way is refused
     by gRPC with RESOURCE_EXHAUSTED, a request before it is buffered.
+    ReadRows packs whole small rows into one response up to ``max_rows_bytes`` (0: one
+    response per row, as Google's emulator sends them; :mod:`tabletstore.bigtable_api.chunks`).
     ``tls`` serves TLS instead of plaintext (clients then connect with TLS and trust the
     certificate, instead of ``BIGTABLE_EMULATOR_HOST``). ``plain_instance`` is the instance
     id whose tables are the database's own, unprefixed
@@ -679,6 +725,7 @@ class BigtableApiServer:
         clock: Clock | None = None,
         max_value_chunk: int = DEFAULT_MAX_VALUE_CHUNK,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        max_rows_bytes: int = DEFAULT_MAX_ROWS_BYTES,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
         plain_instance: str | None = None,
@@ -712,6 +759,7 @@ class BigtableApiServer:
             clock=clock,
             max_value_chunk=max_value_chunk,
             max_response_bytes=max_response_bytes,
+            max_rows_bytes=max_rows_bytes,
             namespaces=namespaces,
         )
         self.instances = InstanceAdmin(client, namespaces, clock=clock)

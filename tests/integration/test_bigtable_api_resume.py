@@ -1,7 +1,8 @@
 """ReadRows through the front door as the service streams it (one response per row, or per
-bounded size of a larger row) and the official clients' resume path: a gRPC server
-interceptor cuts streams after N responses, often in the middle of a row, and the clients
-retry with the rows they already have removed from the request.
+bounded size of a larger row; and, the front door's default, several small rows per response
+up to a bound) and the official clients' resume path: a gRPC server interceptor cuts streams
+after N responses, often in the middle of a row, and the clients retry with the rows they
+already have removed from the request.
 """
 
 from __future__ import annotations
@@ -93,6 +94,7 @@ def server(cutter: StreamCutter) -> Iterator[BackgroundServer]:
         f"memory://resume-{uuid.uuid4().hex}",
         max_value_chunk=500,
         max_response_bytes=1000,
+        max_rows_bytes=0,  # one response per row, as Google's emulator sends them
         interceptors=[cutter],
     ) as srv:
         yield srv
@@ -208,3 +210,88 @@ def test_the_legacy_client_resumes_too(
     assert [r.row_key for r in rows] == [b"k%03d" % i for i in range(40)]
     assert [r.cells["cf"][b"q"][0].value for r in rows] == [value(i) for i in range(40)]
     assert len(cutter.requests) == 4
+
+
+# -- packed responses: several small rows per message (the front door's default) ---------------
+@pytest.fixture(scope="module")
+def packed_cutter() -> StreamCutter:
+    return StreamCutter()
+
+
+@pytest.fixture(scope="module")
+def packed_server(packed_cutter: StreamCutter) -> Iterator[BackgroundServer]:
+    """Small rows (about 70 serialized bytes) go out up to 400 bytes of them per response."""
+    with BackgroundServer(
+        f"memory://packed-{uuid.uuid4().hex}",
+        max_value_chunk=500,
+        max_response_bytes=1000,
+        max_rows_bytes=400,
+        interceptors=[packed_cutter],
+    ) as srv:
+        yield srv
+
+
+@pytest.fixture
+def packed_table(packed_server: BackgroundServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    monkeypatch.setenv("BIGTABLE_EMULATOR_HOST", packed_server.address)
+    tid = f"p-{uuid.uuid4().hex[:10]}"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        admin = Client(project=PROJECT, admin=True)
+        admin.instance(INSTANCE).table(tid).create(column_families={"cf": None})
+        admin.close()
+        with BigtableDataClient(project=PROJECT) as client:
+            table = client.get_table(INSTANCE, tid)
+            table.bulk_mutate_rows(
+                [
+                    RowMutationEntry(b"k%03d" % i, [SetCell("cf", b"q", value(i), 1000)])
+                    for i in range(40)
+                ]
+            )
+            yield table
+
+
+def test_small_rows_share_responses_and_large_rows_go_alone(
+    packed_table: Any, packed_cutter: StreamCutter
+) -> None:
+    packed_cutter.arm(cuts=0, after=0)
+    rows = packed_table.read_rows(ReadRowsQuery())
+    assert [r.row_key for r in rows] == [b"k%03d" % i for i in range(40)]
+    assert [r.cells[0].value for r in rows] == [value(i) for i in range(40)]
+    # The 4 small rows between two large ones fit one 400-byte response; each large row takes
+    # five responses of its own (500-byte value chunks): 8 * 5 + 8 runs of small rows.
+    assert packed_cutter.sent == [8 * 5 + 8]
+
+
+@pytest.mark.parametrize("after", [1, 3, 6])
+def test_a_scan_of_packed_responses_resumes_after_cuts(
+    packed_table: Any, packed_cutter: StreamCutter, after: int
+) -> None:
+    """Streams cut after ``after`` responses, between or inside runs of packed rows and in the
+    middle of large rows: every row arrives once, whole and in order, and every retry starts
+    after the last row the client committed."""
+    packed_cutter.arm(cuts=4, after=after)
+    rows = packed_table.read_rows(
+        ReadRowsQuery(row_ranges=RowRange(b"k001", b"k039")), operation_timeout=120
+    )
+    assert [r.row_key for r in rows] == [b"k%03d" % i for i in range(1, 39)]
+    assert [r.cells[0].value for r in rows] == [value(i) for i in range(1, 39)]
+    assert len(packed_cutter.requests) == 5
+    starts = [bytes(req.rows.row_ranges[0].start_key_open) for req in packed_cutter.requests[1:]]
+    assert starts == sorted(starts) and all(b"k001" <= s < b"k039" for s in starts)
+
+
+def test_packed_row_keys_with_a_limit_resume_with_the_received_rows_removed(
+    packed_table: Any, packed_cutter: StreamCutter
+) -> None:
+    keys = [b"k%03d" % i for i in (1, 2, 3, 4, 6, 7, 8, 9, 11, 12, 13)]  # all small rows
+    # The first response holds five rows (5 * 76 serialized bytes <= 400); the stream is cut
+    # after it, and the retry asks for the six others, with the limit lowered by five.
+    packed_cutter.arm(cuts=1, after=1)
+    rows = packed_table.read_rows(ReadRowsQuery(row_keys=keys, limit=10), operation_timeout=120)
+    assert [r.row_key for r in rows] == keys[:10]
+    assert len(packed_cutter.requests) == 2
+    first, retry = packed_cutter.requests
+    assert set(retry.rows.row_keys) == set(keys[5:])
+    assert set(first.rows.row_keys) == set(keys)
+    assert retry.rows_limit == 5

@@ -22,6 +22,7 @@ from google.cloud.bigtable_v2 import BigtableClient
 from google.cloud.bigtable_v2.services.bigtable.transports import BigtableGrpcTransport
 
 from tabletstore.bigtable_api.server import BackgroundServer
+from tabletstore.bigtable_api.translate import ReadRowsResponsePB
 from tabletstore.engine.scan_stats import REPORT_DROPPED_ROWS
 
 PROJECT, INSTANCE = "stats-project", "stats-instance"
@@ -61,6 +62,8 @@ class Recorder(grpc.aio.ServerInterceptor):
             self.responses.append(sent)
             async for resp in inner(request, context):
                 yield resp
+                if type(resp) is bytes:  # packed rows go out already serialized
+                    resp = ReadRowsResponsePB.FromString(resp)
                 sent.append(resp)
                 if self.cut and resp.last_scanned_row_key:
                     self.cut = False
