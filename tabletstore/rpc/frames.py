@@ -94,7 +94,9 @@ MAGIC = b"TSRP"
 #: 2: errors travel as ErrorCode numbers (ERROR frames, MutateRows entry errors), not names.
 #: 3: fields added to ReadRowsRequest (reverse, stats) and the bulk-load messages (load_id), wire
 #: types AddToCell/MergeToCell (10, 11), ScanProgress (79), SetAdminsRequest (97), the AUTH frame.
-PROTOCOL_VERSION = 3
+#: 4: RowBatch sent column-wise (wire id 44, was 64), AdoptCompactionRequest (12),
+#: BulkLoadTabletRequest.adopt.
+PROTOCOL_VERSION = 4
 #: The largest frame either side accepts unless configured otherwise (module docstring).
 DEFAULT_MAX_FRAME = MAX_FRAME
 

@@ -24,7 +24,8 @@ from tabletstore.rpc.wire import register_all
 def test_golden_hello() -> None:
     # Version 2: errors travel as ErrorCode numbers (version 1 sent class names). Version 3:
     # reversed-scan, scan-stats and bulk-load-id fields, aggregate mutations, the AUTH frame.
-    assert frames.encode_hello(16 << 20) == bytes.fromhex("54535250 0003 01000000")
+    # Version 4: column-wise RowBatch, AdoptCompactionRequest, BulkLoadTabletRequest.adopt.
+    assert frames.encode_hello(16 << 20) == bytes.fromhex("54535250 0004 01000000")
 
 
 def test_golden_response_frame() -> None:
