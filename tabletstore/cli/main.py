@@ -1055,7 +1055,8 @@ def master_cmd(
     options = MasterOptions(lease=LeaseOptions(ttl=lease_ttl), split_bytes=split_bytes, rpc=rpc)
     tls = _process_tls(host, insecure, "master")
     status_token = _status_token(status_token_file)
-    cluster_url = _cluster_url()
+    # The URL a compaction function connects to (only the lambda executor needs one).
+    cluster_url = _cluster_url() if compaction_executor.startswith("lambda:") else None
 
     def ready(address: str) -> None:
         click.echo(f"master listening on {address}", err=True)
