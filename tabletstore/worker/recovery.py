@@ -57,7 +57,7 @@ class SharedLogReads:
         async with self._locks.setdefault(ref, asyncio.Lock()):
             read = self._reads.get(ref)
             if read is None or read.start > start:
-                await fence(self._store, ref.worker_id, ref.incarnation)
+                await fence(self._store, ref.worker_id, ref.incarnation, start=start)
                 reader = CommitLogReader(self._store, ref.worker_id, ref.incarnation)
                 read = _Read([r async for r in reader.records(start_segment=start)], 0.0, start)
                 self._reads[ref] = read
