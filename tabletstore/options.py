@@ -209,7 +209,7 @@ class MasterOptions:
     #: and its lease is revoked so its tablets are recovered without waiting for the TTL.
     #: None turns the probes off (a network whose firewalls refuse the master's connections
     #: while clients still reach the workers).
-    probe_interval: float | None = 0.5
+    probe_interval: float | None = 0.25
     #: Refused probes in a row that prove a worker dead (a timeout never counts).
     probe_refusals: int = 2
     #: Seconds between two major compactions of every tablet (§5.4: deleted data is gone

@@ -62,10 +62,16 @@ READ_AHEAD = 16
 FENCE_ATTEMPTS = 50
 
 
-async def list_segments(store: ObjectStore, worker_id: str, incarnation: int) -> list[int]:
-    """The segment numbers (fences included) of one worker incarnation, ascending."""
+async def list_segments(
+    store: ObjectStore, worker_id: str, incarnation: int, *, start: int = 0
+) -> list[int]:
+    """The segment numbers (fences included) of one worker incarnation from ``start`` on,
+    ascending. A log position (§5.3) lets recovery list only the log's tail: a worker that
+    lived for hours has thousands of segments, and listing them all is one request per
+    thousand keys before anything is read."""
     numbers: list[int] = []
-    async for info in store.list(log_prefix(worker_id, incarnation)):
+    after = log_segment_key(worker_id, incarnation, start - 1) if start > 0 else None
+    async for info in store.list(log_prefix(worker_id, incarnation), start_after=after):
         try:
             parsed = parse_log_segment_key(info.key)
         except InvalidArgument:
@@ -85,7 +91,7 @@ def plugged_gaps(numbers: list[int]) -> list[int]:
     return [n for n in range(low, numbers[-1]) if n not in present]
 
 
-async def fence(store: ObjectStore, worker_id: str, incarnation: int) -> int:
+async def fence(store: ObjectStore, worker_id: str, incarnation: int, *, start: int = 0) -> int:
     """Stop a worker incarnation's log: create the next segment number as an empty object.
 
     Returns the fence's number. After this returns, the writer cannot make any further segment
@@ -98,10 +104,16 @@ async def fence(store: ObjectStore, worker_id: str, incarnation: int) -> int:
     Gaps within the in-flight window of the last segment are plugged with fences first (a
     writer that died before plugging a failed PUT); a gap further down is left alone, so the
     reader reports it as Corruption.
+
+    ``start``: a log position (§5.3) of the caller; only the log from there on is listed
+    (the fence goes past the last segment either way; gaps are plugged from ``start`` on).
+    A log that ends below ``start`` is listed whole.
     """
     for _ in range(FENCE_ATTEMPTS):
-        numbers = await list_segments(store, worker_id, incarnation)
-        for gap in plugged_gaps(numbers):
+        numbers = await list_segments(store, worker_id, incarnation, start=start)
+        if not numbers and start > 0:
+            numbers = await list_segments(store, worker_id, incarnation)
+        for gap in (g for g in plugged_gaps(numbers) if g >= start):
             # A PUT that lands meanwhile makes the plug collide: then the segment is there.
             with contextlib.suppress(PreconditionFailed):
                 await store.create(log_segment_key(worker_id, incarnation, gap), b"")
@@ -160,7 +172,9 @@ class CommitLogReader:
         that prefix; listing would race its PUTs in flight).
         """
         if stop_segment is None:
-            numbers = await list_segments(self.store, self.worker_id, self.incarnation)
+            numbers = await list_segments(
+                self.store, self.worker_id, self.incarnation, start=start_segment
+            )
             last = numbers[-1] if numbers else start_segment - 1
             present = set(numbers)
             missing = [n for n in range(start_segment, last) if n not in present]

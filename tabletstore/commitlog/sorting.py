@@ -66,6 +66,7 @@ from tabletstore.keys import Cell
 from tabletstore.storage_s3.base import ObjectStore
 from tabletstore.storage_s3.layout import (
     log_prefix,
+    log_segment_key,
     parse_log_segment_key,
     recovery_manifest_key,
     recovery_plan_key,
@@ -181,15 +182,25 @@ async def plan_sort(
     existing = await load_plan(store, worker_id, incarnation)
     if existing is not None:
         return existing
-    await fence(store, worker_id, incarnation)
+    start = max(start_segment, 0)
+    await fence(store, worker_id, incarnation, start=start)
     sizes: dict[int, int] = {}
-    async for info in store.list(log_prefix(worker_id, incarnation)):
+    # Only the tail from the lowest log position is listed (a long-lived worker's log has
+    # thousands of segments below it, none of which is sorted).
+    after = log_segment_key(worker_id, incarnation, start - 1) if start > 0 else None
+    async for info in store.list(log_prefix(worker_id, incarnation), start_after=after):
         sizes[parse_log_segment_key(info.key).seq] = info.size
+    if not any(size == 0 for size in sizes.values()):
+        # The log ends below ``start`` (fence() listed it whole): its fence is further down.
+        sizes = {}
+        async for info in store.list(log_prefix(worker_id, incarnation)):
+            sizes[parse_log_segment_key(info.key).seq] = info.size
+        start = 0
     numbers = sorted(sizes)
     # fence() created a fence past the last segment and plugged the gaps a dead writer may
     # legitimately have left (its in-flight window): any other gap below is a lost segment.
     first_fence = min(n for n in numbers if sizes[n] == 0)
-    missing = [n for n in range(first_fence) if n not in sizes]
+    missing = [n for n in range(start, first_fence) if n not in sizes]
     if missing:
         raise Corruption(
             f"commit log {worker_id}/{incarnation}: segment(s) {missing} missing below its "

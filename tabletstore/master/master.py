@@ -33,7 +33,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tabletstore.client.location import LocationCache
 from tabletstore.clock import Clock, SystemClock
@@ -56,7 +56,7 @@ from tabletstore.master.compaction_cycle import MajorCompactionCycle, WorkerComp
 from tabletstore.master.recovery import LogRecovery
 from tabletstore.metadata import rows as mt
 from tabletstore.metadata.catalog import Catalog, ClusterSettings, TableInfo
-from tabletstore.metadata.record import TabletRecord
+from tabletstore.metadata.record import LogRef, TabletRecord
 from tabletstore.metadata.snapshot import delete_manifest, list_manifests
 from tabletstore.options import MasterOptions
 from tabletstore.rpc.messages import (
@@ -156,6 +156,12 @@ class Master:
         #: Every tablet record listed by the last round that got that far: the ranges a sort
         #: planned before this round's listing partitions by.
         self._records_seen: list[TabletRecord] = []
+        #: Owner affinity (§6): dead log -> the one worker every unclaimed tablet listing it
+        #: is loaded on, so its records are read once there (the worker's shared read of the
+        #: log for the root and METADATA tablets, its own sort of the log's one task for the
+        #: user tablets, whose runs it then reads from memory). Logs sorted in several tasks
+        #: spread their tablets instead. Entries go with their worker.
+        self._affinity: dict[LogRef, str] = {}
         #: §5.4's cycle through all tablets; run_master runs a round after each assignment.
         self.compaction_cycle = MajorCompactionCycle(
             period=self._options.major_compaction_period,
@@ -251,6 +257,7 @@ class Master:
         # Locations at workers no longer in the servers directory are stale: forget them rather
         # than wait for a paused worker to time out.
         self.locations.retain(set(workers.values()))
+        self._affinity = {r: w for r, w in self._affinity.items() if w in workers}
         if await self._round_catalog.bootstrap_root(self._clock.time()):
             log.info("created the METADATA table")
         known: dict[tuple[str, str], assignment.TabletLoad] = {}
@@ -283,6 +290,8 @@ class Master:
             # listing its log.
             everything = [root, *metadata, *(r for tablets in tables for r in tablets)]
             self._records_seen = everything
+            listed = {ref for rec in everything for ref in rec.logs}
+            self._affinity = {r: w for r, w in self._affinity.items() if r in listed}
             await self._start_recovery(everything, claims, workers)
             for tablets in tables:
                 done += await self._assign_level(workers, claims, known, tablets)
@@ -306,11 +315,47 @@ class Master:
     ) -> None:
         if self.recovery is None:
             return
+        owners = self._owners(records, claims, workers)
         try:
-            await self.recovery.start(records, claims, workers, early=early)
+            await self.recovery.start(records, claims, workers, early=early, owners=owners)
         except TabletStoreError as exc:
             # The loads replay the logs directly instead: slower, never wrong.
             log.warning("starting the sort of dead commit logs failed: %s", exc)
+
+    def _owners(
+        self,
+        records: Sequence[TabletRecord],
+        claims: dict[tuple[str, str], str],
+        workers: dict[str, str],
+    ) -> dict[LogRef, str]:
+        """The affinity worker of every dead log an unclaimed tablet of ``records`` lists,
+        chosen now (the worker holding the fewest claims) for the logs that have none yet."""
+        held: dict[str, int] = dict.fromkeys(workers, 0)
+        for holder in claims.values():
+            if holder in held:
+                held[holder] += 1
+        for rec in records:
+            if claims.get((rec.table_id, rec.tablet_id)) in workers:
+                continue
+            for ref in rec.logs:
+                if ref.worker_id not in workers and ref not in self._affinity and held:
+                    self._affinity[ref] = min(held, key=lambda w: (held[w], w))
+        return dict(self._affinity)
+
+    def _affine(self, rec: TabletRecord, planned: str, workers: dict[str, str]) -> str:
+        """Where to load the unclaimed tablet ``rec``: the affinity worker of the first dead
+        log it lists (set to ``planned`` if that log has none yet), unless that log is sorted
+        in several tasks; else ``planned``."""
+        for ref in rec.logs:
+            if ref.worker_id in workers:
+                continue  # its writer lives (a moved tablet's old owner): not a dead log
+            if self.recovery is not None and self.recovery.sorted_wide(ref):
+                continue
+            owner = self._affinity.get(ref)
+            if owner not in workers:
+                self._affinity[ref] = owner = planned
+            return owner
+        return planned
 
     async def _assign_level(
         self,
@@ -325,6 +370,7 @@ class Master:
         the loads sent here finished with the tablet served."""
         wanted = set()
         level: list[asyncio.Task[bool]] = []
+        by_key = {(rec.table_id, rec.tablet_id): rec for rec in records}
         for rec in records:
             key = (rec.table_id, rec.tablet_id)
             holder = claims.get(key)
@@ -341,6 +387,7 @@ class Master:
             key = (a.table_id, a.tablet_id)
             if key not in wanted:
                 continue
+            a = replace(a, worker=self._affine(by_key[key], a.worker, workers))
             task = self._start_load(a.worker, workers[a.worker], key)
             sent.append((a, task))
             level.append(task)

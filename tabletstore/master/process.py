@@ -29,6 +29,7 @@ from tabletstore.master.recovery import (
     WorkerSortExecutor,
 )
 from tabletstore.metadata.catalog import ClusterSettings
+from tabletstore.metadata.record import LogRef
 from tabletstore.ops.metrics import MasterMetrics
 from tabletstore.ops.status_http import StatusServer, serve_master
 from tabletstore.ops.views import publish_page
@@ -318,13 +319,19 @@ def make_recovery(
         raise InvalidArgument(
             f"sort executor {kind!r} is not one of workers, local, lambda:<function>, none"
         )
-    return LogRecovery(
+    recovery = LogRecovery(
         store,
         executor,
         coordinator,
         task_bytes=options.sort_task_bytes,
         attempts=options.sort_attempts,
     )
+    if isinstance(executor, WorkerSortExecutor):
+        # A log sorted in one task is sorted by the worker its tablets go to (owner affinity).
+        executor.owner_of = lambda worker_id, incarnation: recovery.owner(
+            LogRef(worker_id, incarnation)
+        )
+    return recovery
 
 
 def make_compaction_executor(

@@ -35,7 +35,7 @@ import json
 import logging
 import multiprocessing
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -160,10 +160,19 @@ class WorkerSortExecutor:
         self._store = store
         self._coord = coordinator
         self._poll = poll
+        #: Which worker a log's task is reserved for (owner affinity: the worker that will
+        #: serve every tablet of the log sorts it, and reads its runs from its own memory);
+        #: :class:`LogRecovery` sets it. None: any sorter takes the task.
+        self.owner_of: Callable[[str, int], str | None] = lambda worker_id, incarnation: None
 
     async def run(self, plan: SortPlan, task: SortTask) -> SortManifest:
         key = paths.sort(plan.worker_id, plan.incarnation, task.first)
-        await self._coord.put(key, json.dumps({"stop": task.stop}).encode())
+        published: dict[str, object] = {"stop": task.stop}
+        owner = self.owner_of(plan.worker_id, plan.incarnation)
+        if owner is not None:
+            # The other sorters leave it to the owner for a while (worker.sorter.OWNER_GRACE).
+            published["owner"] = owner
+        await self._coord.put(key, json.dumps(published).encode())
         while True:
             kv = await self._coord.get(key)
             if kv is None:
@@ -191,6 +200,9 @@ class _LogSort:
     """One log being sorted: its plan and the state of each task (by first segment)."""
 
     plan: SortPlan
+    #: The worker the master gives every tablet of this log to (owner affinity), which then
+    #: sorts its one task; None when the log is sorted by several workers.
+    owner: str | None = None
     done: set[int] = field(default_factory=set)
     running: dict[int, asyncio.Task[SortManifest]] = field(default_factory=dict)
     attempts: dict[int, int] = field(default_factory=dict)
@@ -251,6 +263,7 @@ class LogRecovery:
         live: Iterable[str],
         *,
         early: bool = False,
+        owners: Mapping[LogRef, str] | None = None,
     ) -> None:
         """Plan and start the sort of every dead log an unclaimed tablet of ``records`` lists
         (``records``: best every tablet record, so each plan partitions by all tablets listing
@@ -258,7 +271,9 @@ class LogRecovery:
         sorted that failed or never ran. ``early``: the records are what the master knew
         before it could list METADATA (the root's, and those seen last round), so a dead log
         an unclaimed root or METADATA tablet lists is sorted however few of them list it
-        (the tablets listing it are not all known yet)."""
+        (the tablets listing it are not all known yet). ``owners``: the worker the master
+        places a dead log's tablets on (owner affinity); a log sorted in one task has that task
+        reserved for it (see :meth:`owner`)."""
         live_workers = set(live)
         needed: set[LogRef] = set()
         for rec in records:
@@ -322,6 +337,8 @@ class LogRecovery:
             else:
                 self._logs[ref] = planning.result()
         for ref, state in list(self._logs.items()):
+            if state.owner is None and owners and len(state.plan.tasks) == 1:
+                state.owner = owners.get(ref)
             self._reap(ref, state)
             for task in state.plan.tasks:
                 if task.first in state.done or task.first in state.running:
@@ -336,6 +353,19 @@ class LogRecovery:
             if state.finished(self._attempts):
                 del self._logs[ref]
                 self._finished.add(ref)
+
+    def owner(self, ref: LogRef) -> str | None:
+        """The worker every tablet of the dead log ``ref`` goes to, which sorts its one task
+        (owner affinity: the runs stay in that worker's memory, so the log's records are read
+        once in the cluster); None for a log sorted in several tasks by several workers (or
+        not being sorted)."""
+        state = self._logs.get(ref)
+        return None if state is None else state.owner
+
+    def sorted_wide(self, ref: LogRef) -> bool:
+        """Whether ``ref`` is being sorted in several tasks (then its tablets are spread)."""
+        state = self._logs.get(ref)
+        return state is not None and len(state.plan.tasks) > 1
 
     async def _plan(self, ref: LogRef, ranges: Sequence[TabletRange], start: int) -> _LogSort:
         """Fence, list and plan one log from segment ``start`` (or take its existing plan)

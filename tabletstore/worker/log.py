@@ -169,7 +169,7 @@ async def replay_logged(
     elif direct is not None:
         cells = direct(ref, record)  # the caller's own fenced read (worker.recovery)
     else:
-        await fence(store, ref.worker_id, ref.incarnation)
+        await fence(store, ref.worker_id, ref.incarnation, start=record.log_start(ref))
         cells = replay_cells(
             store,
             ref.worker_id,

@@ -57,12 +57,22 @@ class SharedLogReads:
         async with self._locks.setdefault(ref, asyncio.Lock()):
             read = self._reads.get(ref)
             if read is None or read.start > start:
-                await fence(self._store, ref.worker_id, ref.incarnation)
+                # (From a lower position, fenced and read again: the fence plugs the gaps of
+                # the dead writer's in-flight window from there on, which the reader must see.)
+                await fence(self._store, ref.worker_id, ref.incarnation, start=start)
                 reader = CommitLogReader(self._store, ref.worker_id, ref.incarnation)
                 read = _Read([r async for r in reader.records(start_segment=start)], 0.0, start)
                 self._reads[ref] = read
             read.last_used = self._clock.monotonic()
             return read.records
+
+    def holds(self, ref: LogRef) -> bool:
+        """Whether this worker has read the (fenced) log ``ref`` lately: a root or METADATA
+        tablet it recovered first read it before the user tablets' sort was even planned,
+        and they then take their records from that read (read again from a lower position
+        if theirs is lower) rather than wait for the sort."""
+        self._expire()
+        return ref in self._reads
 
     def _expire(self) -> None:
         now = self._clock.monotonic()

@@ -112,6 +112,7 @@ __all__ = ["TabletServer", "next_incarnation"]
 from tabletstore.worker.eager import gather_eager
 from tabletstore.worker.log import WorkerLog, replay_logged
 from tabletstore.worker.recovery import SharedLogReads, tablet_cells
+from tabletstore.worker.switch_gate import SwitchGate
 
 log = logging.getLogger(__name__)
 
@@ -221,9 +222,10 @@ class TabletServer:
         self._lease: Lease | None = None
         self._writer: CommitLogWriter | None = None
         self._log: WorkerLog | None = None
-        # Held while the log moves to a new incarnation, and while a tablet is opened and
-        # starts serving (so every served tablet's record lists the log it writes to).
-        self._log_switch = asyncio.Lock()
+        # Held alone while the log moves to a new incarnation, and shared while tablets are
+        # opened and start serving (so every served tablet's record lists the log it writes
+        # to; openings go side by side).
+        self._log_switch = SwitchGate()
         self._switching: asyncio.Task[None] | None = None
         #: Dead logs read once for all the tablets this worker recovers from them.
         self._dead_logs = SharedLogReads(store, self._clock)
@@ -430,10 +432,10 @@ class TabletServer:
         owned = await self._catalog.update(record, owned)
         started = self._clock.monotonic()
         # The replay (the slow part: GETs of runs or segments) runs outside the log-switch
-        # lock, so the tablets this worker loads at once replay side by side; only opening
-        # and serving, which records this worker's log in the record, holds the lock.
+        # gate; opening and serving, which records this worker's log in the record, shares
+        # it with the other openings and keeps a log switch out.
         replayed = [cell async for cell in self._replay(owned)]
-        async with self._log_switch:
+        async with self._log_switch.shared():
             tablet = await self._open_tablet(owned, schema, replayed)
             self._serve(tablet)
         log.info(
@@ -499,7 +501,7 @@ class TabletServer:
         now; or METADATA unreachable) is dropped without a flush; its logs stay listed and its
         next owner recovers it from them."""
         assert self._log is not None and self._lease is not None
-        async with self._log_switch:
+        async with self._log_switch.exclusive():
             old = self._log.writer
             with contextlib.suppress(TabletStoreError):
                 await old.close()  # let the PUTs already sent settle
@@ -556,6 +558,10 @@ class TabletServer:
         for ref in record.logs:
             if ref == self._log.log_ref:
                 cells = self._log.replay_own(record)
+            elif self._dead_logs.holds(ref):
+                # Fenced and read here already (for the root or METADATA tablet recovered
+                # first): the same records the sorted runs would give, without waiting.
+                cells = self._direct_replay(ref, record)
             else:
                 cells = replay_logged(
                     self._store,
@@ -722,7 +728,7 @@ class TabletServer:
         assert self._log is not None
         try:
             schema = (await self._catalog.table_by_id(record.table_id)).schema
-            async with self._log_switch:
+            async with self._log_switch.shared():
                 tablet = await self._open_tablet(record, schema)
                 self._split_after[key] = self._clock.monotonic() + self._options.split_cooldown
                 self._serve(tablet)

@@ -10,6 +10,12 @@ is done. A failed task gets ``{"error": ...}`` written into the published key in
 that dies mid-task loses its claim with its lease, and another worker takes the task over; a
 task is idempotent, so the half-written runs of the dead one are harmless.
 
+A task may name an ``owner``: the worker the master gives every tablet of the log to (owner
+affinity). The other sorters leave it to that worker for :data:`OWNER_GRACE` seconds from when
+they first saw it, so the runs are written by the process that replays them and read there
+from memory (the log's records are read once in the cluster, not twice); an owner that died
+meanwhile only delays the task by that grace.
+
 A sorter runs up to ``parallel`` tasks at once (default 3): a dead worker's log is cut into
 tasks of at most a few hundred segments, and with few live workers one task at a time each
 would leave most of them waiting.
@@ -21,6 +27,7 @@ import asyncio
 import json
 import logging
 
+from tabletstore.clock import monotonic
 from tabletstore.commitlog.sorting import sort_task_by_number
 from tabletstore.coordination import paths
 from tabletstore.coordination.base import (
@@ -38,6 +45,9 @@ from tabletstore.storage_s3.base import ObjectStore
 __all__ = ["Sorter"]
 
 log = logging.getLogger(__name__)
+
+#: Seconds a sorter leaves a task reserved for another worker (its ``owner``) to that worker.
+OWNER_GRACE = 2.0
 
 
 class Sorter:
@@ -64,6 +74,8 @@ class Sorter:
         self._poll = poll
         #: Tasks this sorter finished (for tests and status).
         self.done = 0
+        #: Published task key -> when this sorter first saw it reserved for another worker.
+        self._reserved_seen: dict[str, float] = {}
 
     async def run(self, stop: asyncio.Event) -> None:
         """Poll and run tasks, up to ``parallel`` at once, until ``stop`` is set or the lease
@@ -88,13 +100,23 @@ class Sorter:
 
     async def run_one(self) -> bool:
         """Claim and run one published task; False when there was none to take."""
-        for kv in await self._coord.get_prefix(paths.SORTS):
+        published = await self._coord.get_prefix(paths.SORTS)
+        now = monotonic()
+        listed = {kv.key for kv in published}
+        self._reserved_seen = {k: t for k, t in self._reserved_seen.items() if k in listed}
+        for kv in published:
             try:
                 worker_id, incarnation, first = paths.parse_sort(kv.key)
-                if "error" in json.loads(kv.value):
+                task = json.loads(kv.value)
+                if not isinstance(task, dict) or "error" in task:
                     continue  # failed: the master decides whether it runs again
             except (InvalidArgument, ValueError):
                 continue  # not a task this version understands: leave it alone
+            owner = task.get("owner")
+            if owner is not None and owner != self.worker_id:
+                seen = self._reserved_seen.setdefault(kv.key, now)
+                if now - seen < OWNER_GRACE:
+                    continue  # its owner sorts it (owner affinity), unless it is gone
             claim = paths.sorter(worker_id, incarnation, first)
             # Only while the task is still published as listed: a task finished (and its claim
             # released) since the listing is not run again.

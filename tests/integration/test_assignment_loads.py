@@ -405,3 +405,39 @@ async def test_a_load_whose_caller_leaves_runs_on_and_the_next_call_joins_it() -
         await asyncio.wait_for(new_master, 30)
         assert key in second.tablets
         assert replays == 1, f"the dead log was replayed {replays} times"
+
+
+async def test_a_dead_workers_tablets_go_to_one_worker_that_reads_its_log_once() -> None:
+    """Owner affinity (§6): the tablets of a dead worker whose log is sorted in one task all go
+    to one survivor (the planner alone spreads them over both), which then reads the log's
+    records once: the root and METADATA from its shared read of the log, the user tablets from
+    it too or from the runs it sorted, kept in its memory."""
+    store, coord, transport = MemoryObjectStore(), MemoryCoordinator(), ScriptedLoads()
+    first = await new_worker("w0", store, coord, transport)
+    recovery = LogRecovery(store, InProcessSortExecutor(store), coord, task_bytes=1 << 20)
+    master = Master(coordinator=coord, transport=transport, recovery=recovery)
+    workers = [first]
+    try:
+        await master.assign()
+        await master.create_table(CreateTableRequest.of(SCHEMA, SPLITS))
+        await master.assign()
+        assert served(first) == TABLETS
+        assert first.lease is not None
+        for name in ("w1", "w2"):
+            workers.append(await new_worker(name, store, coord, transport))
+        await first.lease.revoke()
+
+        async def all_served() -> bool:
+            await master.assign()
+            return served(workers[1]) | served(workers[2]) == TABLETS
+
+        await eventually(all_served, deadline=60, what="every user tablet served again")
+        owner = workers[1] if served(workers[1]) else workers[2]
+        assert served(owner) == TABLETS, "the dead worker's tablets were spread"
+        assert (mt.METADATA_TABLE_ID, mt.ROOT_TABLET_ID) in owner.tablets
+    finally:
+        await master.close()
+        for server in reversed(workers):
+            with contextlib.suppress(TabletStoreError):
+                await server.stop(flush=False)
+        await coord.close()

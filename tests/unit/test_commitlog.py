@@ -343,6 +343,51 @@ async def test_a_segment_deleted_below_the_window_is_corruption_not_a_fence(
         await read_all(object_store, "w2")
 
 
+class ListingCounter:
+    """Wraps a store; records the keys every listing returned."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        self.inner = inner
+        self.url = inner.url
+        self.listed: list[str] = []
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+    async def list(
+        self, prefix: str, *, start_after: str | None = None
+    ) -> AsyncIterator[ObjectInfo]:
+        async for info in self.inner.list(prefix, start_after=start_after):
+            self.listed.append(info.key)
+            yield info
+
+
+async def test_recovery_lists_only_the_tail_from_a_log_position(
+    object_store: ObjectStore,
+) -> None:
+    """Fencing and reading from a log position (§5.3) list the log from there on, not the
+    thousands of segments a long-lived worker leaves below it; a gap below the position is
+    not the reader's business, one above it still is Corruption, and a log that ends below
+    the position is still fenced past its end."""
+    await write_log(object_store, "w1", 30)
+    await object_store.delete(log_segment_key("w1", 1, 3))  # below the position: not read
+    store = ListingCounter(object_store)
+    assert await fence(store, "w1", 1, start=25) == 30  # type: ignore[arg-type]
+    reader = CommitLogReader(store, "w1", 1)  # type: ignore[arg-type]
+    assert [r.row async for r in reader.records(start_segment=25)] == [
+        b"r%d" % n for n in range(25, 30)
+    ]
+    assert all(k >= log_segment_key("w1", 1, 25) for k in store.listed), store.listed
+    await object_store.delete(log_segment_key("w1", 1, 27))
+    with pytest.raises(Corruption, match=r"segment\(s\) 27 missing"):
+        await CommitLogReader(object_store, "w1", 1).records(start_segment=25).__anext__()
+    # A position past the log's end (an idle tablet moved to the next segment): the fence
+    # still goes right after the last segment.
+    await write_log(object_store, "w2", 4)
+    assert await fence(object_store, "w2", 1, start=9) == 4
+    assert [r async for r in CommitLogReader(object_store, "w2", 1).records(start_segment=9)] == []
+
+
 async def test_fence_plugs_only_gaps_within_the_in_flight_window(
     object_store: ObjectStore,
 ) -> None:

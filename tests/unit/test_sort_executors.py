@@ -312,3 +312,42 @@ async def test_an_early_plan_partitions_by_every_known_tablet() -> None:
     other = LogRecovery(store, CountingExecutor(store), coord, task_bytes=3000)
     await other.start([replace(root, logs=(LogRef("x", 1),))], {}, live=[])
     assert other.sorting == {}
+
+
+async def test_a_task_reserved_for_its_owner_is_sorted_there_or_after_the_grace(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Owner affinity: a task published for worker A is sorted by A's sorter (its runs then
+    stay in A's memory, where A replays the log's tablets), not by B polling alongside; if A
+    never takes it (A died), B takes it once OWNER_GRACE has passed since B first saw it."""
+    store = MemoryObjectStore(shared=False)
+    plan = await _plan(store)
+    task = plan.tasks[0]
+    coord = MemoryCoordinator()
+    executor = WorkerSortExecutor(store, coord, poll=0.01)
+    executor.owner_of = lambda worker_id, incarnation: "A"
+    stop = asyncio.Event()
+    sorters = {
+        name: Sorter(name, store, coord, await coord.grant_lease(30.0), poll=0.01)
+        for name in ("A", "B")
+    }
+    running = [asyncio.ensure_future(s.run(stop)) for s in sorters.values()]
+    await asyncio.wait_for(executor.run(plan, task), 20)
+    assert (sorters["A"].done, sorters["B"].done) == (1, 0)
+    stop.set()
+    await asyncio.gather(*running)
+
+    # A is gone: B waits out the grace, then sorts the task itself.
+    import tabletstore.worker.sorter as sorter_module
+
+    monkeypatch.setattr(sorter_module, "OWNER_GRACE", 0.5)
+    other = plan.tasks[1]
+    b = Sorter("B", store, coord, await coord.grant_lease(30.0), poll=0.01)
+    stop = asyncio.Event()
+    running_b = asyncio.ensure_future(b.run(stop))
+    started = asyncio.get_running_loop().time()
+    await asyncio.wait_for(executor.run(plan, other), 20)
+    assert b.done == 1
+    assert asyncio.get_running_loop().time() - started >= 0.5
+    stop.set()
+    await running_b

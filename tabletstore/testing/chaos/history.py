@@ -101,6 +101,9 @@ class History:
 
     def __init__(self) -> None:
         self._t0 = time.monotonic()
+        #: The wall-clock time of the history's zero: lines of the processes' logs (wall
+        #: clock) can then be placed on its timeline (bench/recovery_timeline.py).
+        self.t0_wall = time.time()
         self._lock = threading.Lock()
         self.ops: list[Op] = []
         self.faults: list[Fault] = []
@@ -165,6 +168,7 @@ class History:
     def save(self, path: Path) -> None:
         with self._lock:
             data = {
+                "t0_wall": self.t0_wall,
                 "ops": [op.to_json() for op in self.ops],
                 "faults": [asdict(f) for f in self.faults],
                 "notes": [[round(t, 4), k, d] for t, k, d in self.notes],
