@@ -1118,16 +1118,7 @@ class Tablet:
         rec = self.record
         key = layout.sstable_key(rec.table_id, rec.tablet_id, group, uuid.uuid4().hex)
         await self._store.create(key, data)
-        return SSTableRef(
-            key=key,
-            size=len(data),
-            cells=info.cells,
-            min_seq=info.min_seq,
-            max_seq=info.max_seq,
-            first_row=info.first_row,
-            last_row=info.last_row,
-            tail_size=info.tail_size,
-        )
+        return SSTableRef.of(key, len(data), info)
 
     async def _open(self, ref: SSTableRef) -> SSTable:
         return await SSTable.open(

@@ -9,18 +9,13 @@ schema and the SSTables itself and hands its output to the serving worker
 (``master/remote_compaction.py``), so the event stays small. An answer refusing the work
 (the tablet moved, split, changed or is not served: ``Fenced``, ``NotServing``,
 ``PreconditionFailed``, ``NotFound``) is raised as that error, and anything else that is not a
-success as Unavailable: the cycle tries the tablet again at a later round either way. This
-module and ``master.sort_lambda`` are the ones that talk to the Lambda API (the import-linter
-contract lists them next to ``storage_s3.s3``).
+success as Unavailable: the cycle tries the tablet again at a later round either way. The
+invocation and its answer's checks are ``master.lambda_invoke``'s.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
 from typing import Any
-
-import boto3
 
 from tabletstore.errors import (
     Fenced,
@@ -31,6 +26,7 @@ from tabletstore.errors import (
     TabletStoreError,
     Unavailable,
 )
+from tabletstore.master.lambda_invoke import LambdaFunction
 from tabletstore.metadata.record import TabletRecord
 
 __all__ = ["LambdaCompactionExecutor", "compaction_event"]
@@ -66,49 +62,28 @@ class LambdaCompactionExecutor:
         client: Any | None = None,
         parallel: int = 16,
     ) -> None:
-        if not function_name:
-            raise InvalidArgument("a Lambda compaction executor needs a function name")
         if not cluster_url.startswith("etcd://"):
             raise InvalidArgument(
                 f"a Lambda compaction executor needs the cluster's etcd:// URL, not {cluster_url!r}"
             )
+        self._function = LambdaFunction(function_name, client=client, parallel=parallel)
         self.function_name = function_name
         self._url = cluster_url
-        self._client = client
-        # Lambda scales out by itself; this only bounds the threads blocked in invoke().
-        self._slots = asyncio.Semaphore(parallel)
         #: The answers of the compactions done (for tests and status).
         self.done: list[dict[str, Any]] = []
 
-    def _lambda(self) -> Any:
-        if self._client is None:
-            self._client = boto3.client("lambda")
-        return self._client
-
     async def compact(self, record: TabletRecord) -> None:
-        payload = json.dumps(compaction_event(self._url, record)).encode()
-        async with self._slots:
-            response = await asyncio.to_thread(
-                self._lambda().invoke,
-                FunctionName=self.function_name,
-                InvocationType="RequestResponse",
-                Payload=payload,
-            )
-        body = response["Payload"].read()
-        where = f"Lambda {self.function_name} on {record.table_id}/{record.tablet_id}"
-        if response.get("FunctionError"):
-            raise Unavailable(f"{where} failed: {body[:500]!r}")
-        try:
-            answer = json.loads(body)
-        except ValueError as exc:
-            raise Unavailable(f"{where} answered no JSON: {body[:200]!r}") from exc
-        if not isinstance(answer, dict) or "ok" not in answer:
-            raise Unavailable(f"{where} answered {body[:200]!r}, not a compaction answer")
-        if not answer["ok"]:
-            kind = str(answer.get("error"))
-            raise _REFUSALS.get(kind, Unavailable)(f"{where}: {kind}: {answer.get('message')}")
+        where = f"{record.table_id}/{record.tablet_id}"
+        answer = await self._function.call(
+            compaction_event(self._url, record),
+            on=where,
+            answer_of="a compaction answer",
+            refusals=_REFUSALS,
+        )
         if answer.get("tablet_id") != record.tablet_id:
-            raise Unavailable(f"{where} answered for another tablet: {body[:200]!r}")
+            raise Unavailable(
+                f"Lambda {self.function_name} on {where} answered for another tablet: {answer!r}"
+            )
         self.done.append(answer)
 
     async def close(self) -> None:

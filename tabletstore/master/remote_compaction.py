@@ -157,16 +157,7 @@ async def prepare(
     for group, (data, info) in sorted((await asyncio.to_thread(rewrite)).items()):
         key = layout.sstable_key(table_id, tablet_id, group, uuid.uuid4().hex)
         await store.create(key, data)  # create-only: never overwrites an object
-        outputs[group] = SSTableRef(
-            key=key,
-            size=len(data),
-            cells=info.cells,
-            min_seq=info.min_seq,
-            max_seq=info.max_seq,
-            first_row=info.first_row,
-            last_row=info.last_row,
-            tail_size=info.tail_size,
-        )
+        outputs[group] = SSTableRef.of(key, len(data), info)
     return PreparedCompaction(record, schema, outputs, sum(len(b) for b in inputs))
 
 

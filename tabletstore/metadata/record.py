@@ -20,7 +20,7 @@ from __future__ import annotations
 import base64
 import json
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 from tabletstore.errors import Corruption
 
@@ -28,6 +28,7 @@ __all__ = [
     "SSTABLE_REF_VERSIONS",
     "BulkLoadMark",
     "LogRef",
+    "SSTableFacts",
     "SSTableRef",
     "TabletEvent",
     "TabletRecord",
@@ -63,6 +64,24 @@ def metadata_row_key(table_id: str, end_row: bytes | None) -> bytes:
 SSTABLE_REF_VERSIONS = (1, 2)
 
 
+class SSTableFacts(Protocol):
+    """What a written or opened SSTable tells about itself (``sstable.SSTableInfo``,
+    ``sstable.SSTable``): what its reference records."""
+
+    @property
+    def cells(self) -> int: ...
+    @property
+    def min_seq(self) -> int: ...
+    @property
+    def max_seq(self) -> int: ...
+    @property
+    def first_row(self) -> bytes: ...
+    @property
+    def last_row(self) -> bytes: ...
+    @property
+    def tail_size(self) -> int: ...
+
+
 @dataclass(frozen=True, slots=True)
 class SSTableRef:
     """An SSTable object as METADATA records it.
@@ -86,6 +105,21 @@ class SSTableRef:
     tail_size: int = 0
     #: Added to every stored seq of the object (0: the stored seqs are the cells' seqs).
     seq_base: int = 0
+
+    @classmethod
+    def of(cls, key: str, size: int, facts: SSTableFacts) -> SSTableRef:
+        """The reference to the object ``key`` of ``size`` bytes holding the SSTable ``facts``
+        describes (seq base 0: its stored seqs are its cells')."""
+        return cls(
+            key=key,
+            size=size,
+            cells=facts.cells,
+            min_seq=facts.min_seq,
+            max_seq=facts.max_seq,
+            first_row=facts.first_row,
+            last_row=facts.last_row,
+            tail_size=facts.tail_size,
+        )
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {

@@ -852,16 +852,7 @@ class TabletServer:
                     f"tablet {rec.tablet_id}: bulk-load SSTable {key} reaches past the rows it "
                     "still has to load"
                 )
-            ref = SSTableRef(
-                key=key,
-                size=table.size,
-                cells=table.cells,
-                min_seq=table.min_seq,
-                max_seq=table.max_seq,
-                first_row=table.first_row,
-                last_row=table.last_row,
-                tail_size=table.tail_size,
-            )
+            ref = SSTableRef.of(key, table.size, table)
             out.append((parsed.locality_group, ref))
         return out
 
