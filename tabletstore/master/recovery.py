@@ -33,7 +33,6 @@ import asyncio
 import concurrent.futures
 import json
 import logging
-import multiprocessing
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -51,6 +50,7 @@ from tabletstore.coordination.base import Coordinator
 from tabletstore.errors import Corruption, InvalidArgument, TabletStoreError, Unavailable
 from tabletstore.metadata.record import LogRef, TabletRecord
 from tabletstore.metadata.rows import METADATA_TABLE_ID
+from tabletstore.pools import process_pool
 from tabletstore.storage_s3 import open_store
 from tabletstore.storage_s3.base import ObjectStore
 from tabletstore.storage_s3.layout import recovery_manifest_key
@@ -120,9 +120,7 @@ class InProcessSortExecutor:
         self._slots = asyncio.Semaphore(processes or parallel)
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
         if processes:
-            self._pool = concurrent.futures.ProcessPoolExecutor(
-                max_workers=processes, mp_context=multiprocessing.get_context("forkserver")
-            )
+            self._pool = process_pool(processes)
 
     async def warm(self) -> None:
         """Start the pool's processes now rather than at the first task (a master keeps its

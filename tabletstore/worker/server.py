@@ -26,7 +26,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
-import multiprocessing
 import uuid
 from collections.abc import AsyncIterator, Coroutine, Sequence
 from dataclasses import replace
@@ -70,6 +69,7 @@ from tabletstore.metadata.record import (
     uncovered,
 )
 from tabletstore.options import TabletOptions, WorkerOptions
+from tabletstore.pools import process_pool
 from tabletstore.rpc.messages import (
     AdoptCompactionRequest,
     BulkLoadTabletRequest,
@@ -200,10 +200,7 @@ class TabletServer:
         # serving never stalls on them. forkserver, never fork: this process runs threads.
         self._executor: concurrent.futures.Executor | None = None
         if self._options.compaction_processes > 0:
-            self._executor = concurrent.futures.ProcessPoolExecutor(
-                max_workers=self._options.compaction_processes,
-                mp_context=multiprocessing.get_context("forkserver"),
-            )
+            self._executor = process_pool(self._options.compaction_processes)
         # The lease's keep-alive and the TaskGroup owning every background task (splits, the
         # post-split major compactions, a log switch, the tablets' background compactions):
         # entered by start(), exited by stop().

@@ -1,0 +1,60 @@
+"""Process pools whose processes end with the process that made them (§5.4, §6: the worker's
+compactions and the master's sorters run in pools of processes).
+
+A ``ProcessPoolExecutor`` process waits on its call queue, whose pipe it holds both ends of,
+so it never sees the end of a parent that was SIGKILLed: it, and the forkserver it came from
+(which stays while any of its children holds its keep-alive pipe), would outlive a killed
+worker forever, one pair per kill. :func:`process_pool` starts each pool process with a
+watcher thread that ends it (``os._exit``) once the process that made the pool is gone.
+forkserver, never fork: the processes that make pools run threads.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import multiprocessing
+import os
+import threading
+
+__all__ = ["WATCH_INTERVAL", "process_pool"]
+
+#: Seconds between a pool process's checks that its owner is still there.
+WATCH_INTERVAL = 1.0
+
+
+def process_pool(max_workers: int) -> concurrent.futures.ProcessPoolExecutor:
+    """A forkserver process pool whose processes exit once this process is gone."""
+    return concurrent.futures.ProcessPoolExecutor(
+        max_workers=max_workers,
+        mp_context=multiprocessing.get_context("forkserver"),
+        initializer=_watch_owner,
+        initargs=(os.getpid(),),
+    )
+
+
+def _watch_owner(owner: int) -> None:
+    """In a pool process: start the thread that ends this process when ``owner`` is gone."""
+    threading.Thread(target=_exit_when_gone, args=(owner,), daemon=True, name="owner").start()
+
+
+def _exit_when_gone(owner: int) -> None:
+    pause = threading.Event()
+    while _alive(owner):
+        pause.wait(WATCH_INTERVAL)
+    os._exit(0)
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            # "pid (comm) state ...": comm may hold spaces and parentheses; state follows the last ')'.
+            return f.read().rpartition(b")")[2].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True  # no /proc: kill(0) answered
