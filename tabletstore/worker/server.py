@@ -49,6 +49,7 @@ from tabletstore.data.model import Row
 from tabletstore.data.query import RowSet
 from tabletstore.data.schema import TableSchema
 from tabletstore.engine import split_key as splitting
+from tabletstore.engine.pools import process_pool
 from tabletstore.engine.scan_stats import ScanStats
 from tabletstore.engine.tablet import SnapshotCut, Tablet
 from tabletstore.errors import (
@@ -69,7 +70,6 @@ from tabletstore.metadata.record import (
     uncovered,
 )
 from tabletstore.options import TabletOptions, WorkerOptions
-from tabletstore.pools import process_pool
 from tabletstore.rpc.messages import (
     AdoptCompactionRequest,
     BulkLoadTabletRequest,

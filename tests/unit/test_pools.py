@@ -1,4 +1,4 @@
-"""Process pools end with their owner (tabletstore/pools.py): a worker SIGKILLed while its
+"""Process pools end with their owner (tabletstore/engine/pools.py): a worker SIGKILLed while its
 compaction pool runs must not leave the pool's process (and its forkserver) behind."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import subprocess
 import sys
 import time
 
-from tabletstore.pools import _alive, process_pool
+from tabletstore.engine.pools import _alive, process_pool
 
 _OWNER = """
 import os, sys
-from tabletstore.pools import process_pool
+from tabletstore.engine.pools import process_pool
 pool = process_pool(1)
 print(pool.submit(os.getpid).result(timeout=60), flush=True)
 sys.stdin.read()  # until killed
