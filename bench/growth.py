@@ -99,12 +99,21 @@ def run_growth(
     """Run the suite at each ``base * factor`` of the paper's size; every point of every run.
     ``overrides`` go to :meth:`BenchConfig.scaled` (concurrency, batch, ...)."""
     points: list[GrowthPoint] = []
+    # Scans of the smallest size's length at every size: a scan of R / 320 rows would time a
+    # 16 times longer request at 16x, not the same request on more data.
+    smallest = BenchConfig.scaled(min(1.0, base * min(factors)), **overrides)
+    overrides.setdefault("scan_rows", None)
+    if overrides["scan_rows"] is None:
+        overrides["scan_rows"] = -(-smallest.rows // (10 * smallest.concurrency))
     top = workdir or tempfile.mkdtemp(prefix="tabletstore-growth-")
     try:
         for factor in factors:
             cfg = BenchConfig.scaled(min(1.0, base * factor), **overrides)
             where = os.path.join(os.path.abspath(top), f"x{factor}")
-            log(f"growth x{factor}: R = {cfg.rows:,} rows, block cache {cfg.block_cache_bytes:,} B")
+            log(
+                f"growth x{factor}: R = {cfg.rows:,} rows, block cache {cfg.block_cache_bytes:,} B,"
+                f" {cfg.scan_rows:,} rows per scan"
+            )
             results = asyncio.run(run_suite(cfg, [f"file://{where}"], log=log))
             disk = disk_usage(where)
             points += [GrowthPoint.of(r, cfg.rows, disk) for r in results]

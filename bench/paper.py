@@ -121,6 +121,9 @@ class BenchConfig:
     block_size: int | None = None
     #: Write a cProfile of each timed phase here (``<target>-<benchmark>.prof``); slows runs.
     profile_dir: str | None = None
+    #: Rows per scan request (None: R cut into 10 x concurrency scans). ``bench.growth`` fixes
+    #: it at its smallest size's, so every size's scan p99 times the same request.
+    scan_rows: int | None = None
 
     @classmethod
     def scaled(cls, scale: float, **overrides: Any) -> BenchConfig:
@@ -139,6 +142,8 @@ class BenchConfig:
         for name in ("rows", "mem_rows", "value_size", "concurrency", "batch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, not {getattr(self, name)}")
+        if self.scan_rows is not None and self.scan_rows < 1:
+            raise ValueError(f"scan_rows must be >= 1, not {self.scan_rows}")
 
 
 @dataclass
@@ -263,10 +268,15 @@ class Workloads:
         self.t = target
         self.cfg = cfg
         self.parts = 10 * cfg.concurrency
+        self._rng = random.Random(_SEED)
 
     def _value(self) -> bytes:
-        # Distinct and uncompressible, as in the paper.
-        return os.urandom(self.cfg.value_size)
+        # Distinct and uncompressible, as in the paper. Not os.urandom: its getrandom call
+        # releases the GIL, so while a compaction thread computes, every value waited for
+        # the GIL back (up to a switch interval, 5 ms): 100 of them per batched write put
+        # hundreds of ms of the benchmark's own waiting into the write latencies measured,
+        # and only at sizes where compactions run during the phase.
+        return self._rng.randbytes(self.cfg.value_size)
 
     def _put(self, table: str, row: int) -> Request:
         async def req() -> int:
@@ -322,7 +332,12 @@ class Workloads:
         return [[self._get(table, hashed(i, rows)) for i in r] for r in ranges(rows, self.parts)]
 
     def scans(self, table: str) -> list[list[Request]]:
-        return [[self._scan(table, r)] for r in ranges(self.cfg.rows, self.parts)]
+        return [[self._scan(table, r)] for r in self.scan_ranges()]
+
+    def scan_ranges(self) -> list[range]:
+        """The rows of each scan request: R in 10 x concurrency parts, or of ``scan_rows``."""
+        n, per = self.cfg.rows, self.cfg.scan_rows
+        return ranges(n, self.parts if per is None else -(-n // per))
 
 
 def _cost(before: StoreStats | None, after: StoreStats | None) -> dict[str, dict[str, int]] | None:

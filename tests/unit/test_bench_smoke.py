@@ -8,10 +8,12 @@ from __future__ import annotations
 import json
 import uuid
 from pathlib import Path
+from typing import cast
 
 import pytest
 
 from bench.paper import BENCHMARKS, PAPER, BenchConfig, hashed, main, ranges, table
+from bench.targets import Target
 
 
 def test_hash_is_a_permutation_and_ranges_cover_every_row() -> None:
@@ -97,6 +99,20 @@ def test_growth_runs_every_benchmark_at_every_size_and_draws(tmp_path: Path) -> 
     assert all(name in report for name in BENCHMARKS)
     svg = svg_chart(points, "test")
     assert svg.startswith("<svg") and svg.count("<polyline") >= 3 * len(BENCHMARKS)
+
+
+def test_growth_scans_the_same_number_of_rows_at_every_size() -> None:
+    from bench.paper import Workloads
+
+    def lengths(cfg: BenchConfig) -> set[int]:
+        return {len(r) for r in Workloads(cast(Target, None), cfg).scan_ranges()}
+
+    assert lengths(BenchConfig.scaled(0.0075)) == {23, 24}  # 7,500 rows in 320 scans
+    assert lengths(BenchConfig.scaled(0.12)) == {375}  # 16 times the rows, 16 times longer
+    for scale in (0.0075, 0.03, 0.12):
+        assert lengths(BenchConfig.scaled(scale, scan_rows=24)) <= {23, 24}
+    with pytest.raises(ValueError, match="scan_rows"):
+        BenchConfig.scaled(0.01, scan_rows=0)
 
 
 def test_growth_counts_a_writes_minor_compaction_in_its_cpu() -> None:
