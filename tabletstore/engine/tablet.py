@@ -980,7 +980,9 @@ class Tablet:
             frozen = await self._freeze()
             if frozen is None:
                 return
-            groups = self._split_by_group(frozen.flushed)
+            # On a thread, like the encoding after it: the frozen memtables never change, and
+            # a 16 MB one is ~14,500 cells, 30-70 ms of the event loop's time otherwise.
+            groups = await asyncio.to_thread(self._split_by_group, frozen.flushed)
             written = await self._write_groups(groups, major=False)
             result = replace(frozen, written=written)
             await self._commit(lambda state: apply_minor(state, result, now=self._clock.time()))
