@@ -779,6 +779,9 @@ class BigtableApiServer:
                 ("grpc.max_receive_message_length", self.max_message_bytes),
                 ("grpc.max_send_message_length", self.max_message_bytes),
                 ("grpc.so_reuseport", 0),
+                # No channelz bookkeeping on every call: nothing here serves channelz (a
+                # do-nothing server's call cost 5-10% less without it).
+                ("grpc.enable_channelz", 0),
             ],
         )
         # Interceptors given by the caller may wrap the streaming methods' unary_stream
