@@ -140,9 +140,11 @@ class WorkerOptions:
     #: end, or that still lists an older log, is minor-compacted (or, with nothing in memory,
     #: its record moved to the log's end), so a crash leaves a short log tail to sort and
     #: replay. None: only the memtable's size triggers minor compactions.
-    log_trim_interval: float | None = 5.0
-    #: How far (segments) a tablet's log position may lag before it is trimmed.
-    log_trim_segments: int = 64
+    log_trim_interval: float | None = 1.0
+    #: How far (segments) a tablet's log position may lag before it is trimmed. Recovery
+    #: reads the dead log's tail one GET per segment (§5.3): a tail of at most about this
+    #: many segments plus one interval's worth is what a worker kill costs to sort.
+    log_trim_segments: int = 24
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,7 +46,7 @@ import asyncio
 import bisect
 import heapq
 import weakref
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from tabletstore.clock import monotonic
@@ -79,6 +79,7 @@ __all__ = [
     "DEFAULT_TASK_BYTES",
     "MAX_TASK_SEGMENTS",
     "ReplayStats",
+    "SharedSorts",
     "load_plan",
     "plan_sort",
     "run_sort_task",
@@ -230,7 +231,12 @@ async def plan_sort(
 
 
 async def sort_task_by_number(
-    store: ObjectStore, worker_id: str, incarnation: int, first_segment: int
+    store: ObjectStore,
+    worker_id: str,
+    incarnation: int,
+    first_segment: int,
+    *,
+    shared: SharedSorts | None = None,
 ) -> SortManifest:
     """Run the task of ``worker_id/incarnation``'s plan that starts at ``first_segment``: what a
     sorter given only names (a worker, a Lambda function) does. NotFound-like errors are
@@ -243,6 +249,8 @@ async def sort_task_by_number(
         raise InvalidArgument(
             f"the sort plan of {worker_id}/{incarnation} has no task at segment {first_segment}"
         )
+    if shared is not None:
+        return await shared.run(store, plan, task)
     return await run_sort_task(store, plan, task)
 
 
@@ -271,10 +279,40 @@ class _Partitioner:
         return None
 
 
+class SharedSorts:
+    """The sort tasks one worker is running (manifest key -> its run): a call for a task
+    already running joins that run rather than read its segments again, so a worker's load
+    that sorts the task reserved for it (owner affinity) and the same worker's sorter taking
+    it from the coordinator share one read."""
+
+    def __init__(self) -> None:
+        self._running: dict[str, asyncio.Task[SortManifest]] = {}
+
+    async def run(self, store: ObjectStore, plan: SortPlan, task: SortTask) -> SortManifest:
+        key = recovery_manifest_key(plan.worker_id, plan.incarnation, task.first)
+        running = self._running.get(key)
+        if running is None:
+            running = asyncio.get_running_loop().create_task(run_sort_task(store, plan, task))
+            self._running[key] = running
+            running.add_done_callback(lambda done: self._finished(key, done))
+        # Shielded: one caller cancelled (a load whose master went away) leaves the others'.
+        return await asyncio.shield(running)
+
+    def _finished(self, key: str, done: asyncio.Task[SortManifest]) -> None:
+        if self._running.get(key) is done:
+            del self._running[key]
+        if not done.cancelled():
+            done.exception()  # retrieved: every caller still waiting gets it
+
+
 async def run_sort_task(store: ObjectStore, plan: SortPlan, task: SortTask) -> SortManifest:
     """Sort one task's segments into runs and record it done; idempotent (module docstring)."""
     if task not in plan.tasks:
         raise Corruption(f"sort task {task} is not in the plan of {plan.worker_id}")
+    return await _run_sort_task(store, plan, task)
+
+
+async def _run_sort_task(store: ObjectStore, plan: SortPlan, task: SortTask) -> SortManifest:
     w, inc = plan.worker_id, plan.incarnation
     manifest_key = recovery_manifest_key(w, inc, task.first)
     done = await store.get(manifest_key)  # not the process's copy: the store decides
@@ -391,14 +429,17 @@ class ReplayStats:
 
 
 async def _manifests(
-    store: ObjectStore, plan: SortPlan, wait: float
+    store: ObjectStore, plan: SortPlan, wait: float, *, skip: Collection[int] = ()
 ) -> dict[int, SortManifest | None]:
-    """Task first segment -> its manifest, or None for a task not done within ``wait`` s.
-    Polls one listing of the log's recovery prefix, backing off."""
+    """Task first segment -> its manifest, or None for a task not done within ``wait`` s
+    (the tasks in ``skip`` are not looked for). Polls one listing of the log's recovery
+    prefix, backing off."""
     deadline = monotonic() + wait
     prefix = recovery_prefix(plan.worker_id, plan.incarnation)
-    pending = {t.first for t in plan.tasks}
+    pending = {t.first for t in plan.tasks if t.first not in skip}
     found: dict[int, SortManifest | None] = {}
+    if not pending:
+        return found
     delay = 0.02
     while True:
         listed = {info.key async for info in store.list(prefix)}
@@ -428,12 +469,27 @@ async def sorted_replay(
     *,
     wait: float,
     stats: ReplayStats | None = None,
+    run_here: Collection[int] = (),
+    shared: SharedSorts | None = None,
 ) -> AsyncIterator[Cell]:
     """The cells with seq > ``after_seq`` of one tablet (``table_id``, rows in
     ``[start_row, end_row)``) from the sorted log, merged by (row, seq); see the module
-    docstring for how unfinished tasks are handled."""
+    docstring for how unfinished tasks are handled. The tasks whose first segment is in
+    ``run_here`` (reserved for the caller: owner affinity) are run here at once rather than
+    waited for (through ``shared``, when given: the caller's worker may be sorting them)."""
     stats = stats if stats is not None else ReplayStats()
-    manifests = await _manifests(store, plan, wait)
+
+    async def sort(task: SortTask) -> SortManifest:
+        if shared is None:
+            return await run_sort_task(store, plan, task)
+        return await shared.run(store, plan, task)
+
+    here = [t for t in plan.tasks if t.first in run_here]
+    ran = {t.first: await sort(t) for t in here}
+    manifests: dict[int, SortManifest | None] = {
+        **await _manifests(store, plan, wait, skip=ran.keys()),
+        **ran,
+    }
     late = [t for t in plan.tasks if manifests[t.first] is None]
     if late:
         # Sorted here rather than read for this tablet alone: the same GETs, and the runs
@@ -441,7 +497,7 @@ async def sorted_replay(
         # slow sorter finishing it too is harmless).
         stats.direct_tasks += len(late)
         for task in late:  # one at a time: the sorters may be running them too
-            manifests[task.first] = await run_sort_task(store, plan, task)
+            manifests[task.first] = await sort(task)
     wanted: list[RunInfo] = []
     for task in plan.tasks:
         manifest = manifests[task.first]

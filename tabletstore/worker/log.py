@@ -5,11 +5,12 @@ back the worker's own live log, and reading another worker's log for a tablet it
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 
 from tabletstore.clock import Clock
 from tabletstore.commitlog import CommitLogWriter, fence, replay_cells
-from tabletstore.commitlog.sorting import load_plan, sorted_replay
+from tabletstore.commitlog.runs import SortPlan
+from tabletstore.commitlog.sorting import SharedSorts, load_plan, sorted_replay
 from tabletstore.coordination.base import (
     Lease,
 )
@@ -146,12 +147,16 @@ async def replay_logged(
     *,
     wait: float,
     direct: Callable[[LogRef, TabletRecord], AsyncIterator[Cell]] | None = None,
+    reserved: Callable[[SortPlan], Awaitable[Collection[int]]] | None = None,
+    shared: SharedSorts | None = None,
 ) -> AsyncIterator[Cell]:
     """The tablet's cells past its redo point in another worker's log ``ref``.
 
     When the master sorted that log (a plan exists, made after it fenced the log), only the
     runs overlapping the tablet are read, waiting at most ``wait`` seconds for their sort
-    tasks (:func:`~tabletstore.commitlog.sorting.sorted_replay`). Otherwise the log is fenced
+    tasks (:func:`~tabletstore.commitlog.sorting.sorted_replay`); the tasks ``reserved``
+    names (reserved for this worker: owner affinity) are sorted here at once, without waiting
+    for a sorter to take them from the coordinator (or for a dead one's claim to end). Otherwise the log is fenced
     (DESIGN.md §6 rule 4: its writer may be alive) and read whole, as the paper's §5.3 does
     before §6's sorting: a log nobody sorts (the embedded database's previous incarnation when
     no sorter runs, a worker's log a tablet left by a move) still recovers."""
@@ -165,6 +170,8 @@ async def replay_logged(
             record.end_row,
             record.redo_seq,
             wait=wait,
+            run_here=() if reserved is None else await reserved(plan),
+            shared=shared,
         )
     elif direct is not None:
         cells = direct(ref, record)  # the caller's own fenced read (worker.recovery)

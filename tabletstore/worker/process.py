@@ -125,7 +125,7 @@ async def run_worker(
         if http is not None:  # the master's page links here while this worker's lease lasts
             await publish_page(coordinator, "worker", wid, http.url, lease)
         # This worker also takes sort tasks of dead workers' logs (§6; worker.sorter).
-        sorter = Sorter(wid, store, coordinator, lease)
+        sorter = Sorter(wid, store, coordinator, lease, shared=tablet_server.sorts)
         async with asyncio.TaskGroup() as waits:
             # Sort tasks until told to stop or the lease is lost, whichever comes first; a task
             # cut short is harmless: its claim goes with the lease or is re-run.

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Coroutine, Sequence
@@ -35,6 +36,8 @@ from tabletstore.batch.bulkload import cells_for_tablet
 from tabletstore.client.location import LocationCache
 from tabletstore.clock import Clock, SystemClock
 from tabletstore.commitlog import CommitLogStats, CommitLogWriter
+from tabletstore.commitlog.runs import SortPlan
+from tabletstore.commitlog.sorting import SharedSorts
 from tabletstore.coordination import paths
 from tabletstore.coordination.base import (
     Coordinator,
@@ -226,6 +229,8 @@ class TabletServer:
         self._switching: asyncio.Task[None] | None = None
         #: Dead logs read once for all the tablets this worker recovers from them.
         self._dead_logs = SharedLogReads(store, self._clock)
+        #: The sort tasks this worker runs, shared by its loads and its sorter.
+        self.sorts = SharedSorts()
         #: Snapshot cuts held here, by snapshot id, until snapshot_write (or until dropped
         #: by a timer: a master that died mid-snapshot must not pin memtables for ever).
         self._snapshot_cuts: dict[str, list[tuple[Tablet, SnapshotCut]]] = {}
@@ -264,14 +269,24 @@ class TabletServer:
                 continue
             ref, mark = self._log.log_ref, self._log.segment_mark()
             lag = self._options.log_trim_segments
-            for key, tablet in list(self._tablets.items()):
-                record = tablet.record
-                if record.logs == (ref,) and mark - record.log_start(ref) < lag:
-                    continue
-                try:
-                    await tablet.trim_logs()
-                except TabletStoreError as exc:  # optional work: the next round tries again
-                    log.info("moving the log position of %s/%s: %s", *key, exc)
+            lagging = [
+                (key, tablet)
+                for key, tablet in list(self._tablets.items())
+                if tablet.record.logs != (ref,) or mark - tablet.record.log_start(ref) >= lag
+            ]
+            # Side by side: one after the other, a round over a few busy tablets (a minor
+            # compaction each) took seconds, and the log's tail grew meanwhile.
+            await asyncio.gather(*(self._trim_one(key, tablet) for key, tablet in lagging))
+
+    async def _trim_one(self, key: tuple[str, str], tablet: Tablet) -> None:
+        try:
+            await tablet.trim_logs()
+            # A trim's minor compaction adds an SSTable like a full memtable's does: merged
+            # the same way (without, a chaos run's tablets reached 30 SSTables each, and
+            # every load and read opened them all).
+            await tablet.merge_if_needed()
+        except TabletStoreError as exc:  # optional work: the next round tries again
+            log.info("moving the log position of %s/%s: %s", *key, exc)
 
     async def stop(self, *, flush: bool = True) -> None:
         """Stop serving: minor-compact every tablet (so nothing needs replay), release claims.
@@ -566,9 +581,28 @@ class TabletServer:
                     record,
                     wait=self._options.sort_wait,
                     direct=self._direct_replay,
+                    reserved=self._reserved_sorts,
+                    shared=self.sorts,
                 )
             async for cell in cells:
                 yield cell
+
+    async def _reserved_sorts(self, plan: SortPlan) -> set[int]:
+        """The tasks of ``plan`` the master published reserved for this worker (owner
+        affinity: it is given every tablet of the log): the load sorts them itself at once,
+        sharing one run with this worker's sorter (``run_sort_task``), instead of waiting
+        for the sorter's next poll and the runs' listing, or for a dead sorter's claim to
+        end."""
+        mine: set[int] = set()
+        for task in plan.tasks:
+            kv = await self._coord.get(paths.sort(plan.worker_id, plan.incarnation, task.first))
+            try:
+                published = None if kv is None else json.loads(kv.value)
+            except ValueError:
+                continue  # not a task this version understands: the sorters leave it too
+            if isinstance(published, dict) and published.get("owner") == self.worker_id:
+                mine.add(task.first)
+        return mine
 
     async def _direct_replay(self, ref: LogRef, record: TabletRecord) -> AsyncIterator[Cell]:
         """A log nobody sorted, read whole once for every tablet recovered from it here."""

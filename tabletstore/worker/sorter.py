@@ -28,7 +28,7 @@ import json
 import logging
 
 from tabletstore.clock import monotonic
-from tabletstore.commitlog.sorting import sort_task_by_number
+from tabletstore.commitlog.sorting import SharedSorts, sort_task_by_number
 from tabletstore.coordination import paths
 from tabletstore.coordination.base import (
     Coordinator,
@@ -63,7 +63,10 @@ class Sorter:
         *,
         poll: float = 0.2,
         parallel: int = 3,
+        shared: SharedSorts | None = None,
     ) -> None:
+        """``shared``: the tasks this worker's loads are sorting (owner affinity), which a
+        task taken here joins instead of reading the segments again."""
         if parallel < 1:
             raise InvalidArgument(f"a sorter runs at least 1 task at once, got {parallel}")
         self._parallel = parallel
@@ -72,6 +75,7 @@ class Sorter:
         self._coord = coordinator
         self._lease = lease
         self._poll = poll
+        self._shared = shared
         #: Tasks this sorter finished (for tests and status).
         self.done = 0
         #: Published task key -> when this sorter first saw it reserved for another worker.
@@ -140,7 +144,9 @@ class Sorter:
 
     async def _run(self, key: str, worker_id: str, incarnation: int, first: int) -> None:
         try:
-            manifest = await sort_task_by_number(self._store, worker_id, incarnation, first)
+            manifest = await sort_task_by_number(
+                self._store, worker_id, incarnation, first, shared=self._shared
+            )
         except TabletStoreError as exc:
             log.error("sort task %s failed: %s", key, exc)
             await self._coord.put(key, json.dumps({"error": str(exc)}).encode())

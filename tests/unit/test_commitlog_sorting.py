@@ -14,6 +14,7 @@ from tabletstore.commitlog import encode_record, encode_segment, replay_cells
 from tabletstore.commitlog.runs import SortManifest, TabletRange
 from tabletstore.commitlog.sorting import (
     ReplayStats,
+    SharedSorts,
     load_plan,
     plan_sort,
     run_sort_task,
@@ -233,6 +234,44 @@ async def test_a_task_not_done_in_time_is_sorted_by_the_replay() -> None:
         store, TABLETS[1]
     )
     assert again.direct_tasks == 0
+
+
+async def test_a_task_reserved_for_the_replayer_is_sorted_at_once_in_one_shared_run() -> None:
+    """Owner affinity: the tablets' new owner sorts the log's task itself at once (no wait
+    for a sorter: ``wait`` here would outlast the test's deadline), and its loads and its
+    sorter share one read of the segments (SharedSorts)."""
+    mem = MemoryObjectStore(shared=False)
+    await write_log(mem)
+    store = InstrumentedObjectStore(mem)
+    plan = await plan_sort(store, W, INC, TABLETS, task_bytes=10**9)
+    assert len(plan.tasks) == 1
+    shared = SharedSorts()
+    store.reset()
+
+    async def replay(t: TabletRange) -> list[Cell]:
+        return [
+            c
+            async for c in sorted_replay(
+                store,
+                plan,
+                t.table_id,
+                t.start_row,
+                t.end_row,
+                0,
+                wait=3600.0,
+                run_here={plan.tasks[0].first},
+                shared=shared,
+            )
+        ]
+
+    got = await asyncio.wait_for(
+        asyncio.gather(*(replay(t) for t in TABLETS), shared.run(store, plan, plan.tasks[0])), 30
+    )
+    for t, cells in zip(TABLETS, got[:-1], strict=True):
+        assert cells == await direct(mem, t)
+    # One run for all five callers: each segment read once, plus its check for a manifest.
+    assert store.stats()[Op.GET].requests == plan.fence + 1
+    assert await task_done(store, plan, plan.tasks[0])
 
 
 async def test_missing_segment_below_the_window_is_corruption_for_plan_and_task() -> None:
