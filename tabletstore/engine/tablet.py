@@ -67,7 +67,7 @@ from tabletstore.data.filters import RowFilter, apply_filter, regex_cost
 from tabletstore.data.model import Cell as ApiCell
 from tabletstore.data.model import Mutation, ReadModifyWriteRule, Row, SetCell
 from tabletstore.data.query import RowRange
-from tabletstore.data.schema import GcRule, LocalityGroup, TableSchema
+from tabletstore.data.schema import GcRule, LocalityGroup, TableSchema, is_garbage
 from tabletstore.data.validation import (
     check_mutation_size,
     validate_rmw_rules,
@@ -740,6 +740,8 @@ class Tablet:
         elif fetch:
             for cells in await asyncio.gather(*(t.read_candidate(row) for t in fetch)):
                 raw.extend(cells)
+        if len(raw) == 1 and raw[0].kind == CellKind.PUT:
+            return self._lone_put(raw[0], families)
         # A stable sort keeps the newest source first among identical keys.
         raw.sort(key=cell_sort_key)
         visible = visible_cells(raw, gc_rules=self._gc_rules(), now_micros=self._now_micros())
@@ -748,6 +750,18 @@ class Tablet:
         return [
             ApiCell(c.family, c.qualifier, c.ts, c.value) for c in visible if c.family in wanted
         ]
+
+    def _lone_put(self, cell: Cell, families: set[str] | None) -> list[ApiCell]:
+        """What visible_cells and the family check make of a row whose only cell is one put
+        (most point reads: issue 18), without sorting or a visibility pass: the put itself
+        unless its family's GC rule collects it (version 0 at its age)."""
+        family = self._schema.families.get(cell.family)
+        if (family is None) if families is None else (cell.family not in families):
+            return []
+        rule = None if family is None else family.gc_rule
+        if rule is not None and is_garbage(rule, 0, cell.ts, self._now_micros()):
+            return []
+        return [ApiCell(cell.family, cell.qualifier, cell.ts, cell.value)]
 
     async def read_row(
         self,

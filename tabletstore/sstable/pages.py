@@ -497,51 +497,103 @@ class Page:
     """The cells of one page, or of every page of a block, decoded: what the block cache
     holds for a format-2 SSTable (point reads cache single pages; scans whole blocks, which
     decode here faster than through pyarrow's reader). Same reading interface as
-    ``block.Block``."""
+    ``block.Block``.
 
-    __slots__ = ("_cells", "_rows", "nbytes")
+    A page read ahead (:meth:`deferred`) is decoded on its first use: a point read's fetch
+    that reads ahead to the end of its block pays for the pages it was asked for, not for the
+    others (a random read that happens to follow a recent fetch reads ahead too)."""
+
+    __slots__ = ("_cells", "_decode", "_rows", "nbytes")
 
     def __init__(self, cells: list[Cell], rows: list[bytes], nbytes: int) -> None:
         """``rows``: the row key of each cell; ``nbytes``: what the block cache charges."""
         self._cells = cells
         self._rows = rows
         self.nbytes = nbytes
+        self._decode: Callable[[], Page] | None = None
+
+    @classmethod
+    def deferred(cls, decode: Callable[[], Page], nbytes: int) -> Page:
+        """A page ``decode()`` returns when first read (its Corruption raised then, to that
+        reader); ``nbytes`` is what the decoded page will be charged."""
+        page = cls([], [], nbytes)
+        page._decode = decode
+        return page
+
+    def _load(self) -> None:
+        decode = self._decode
+        if decode is not None:
+            page = decode()
+            # Cells before rows before clearing _decode: a reader on another thread that sees
+            # _decode None sees both (decoding twice in a race is harmless).
+            self._cells, self._rows = page._cells, page._rows
+            self._decode = None
 
     @property
     def cells(self) -> int:
+        if self._decode is not None:
+            self._load()
         return len(self._cells)
 
     @property
     def first_row(self) -> bytes:
+        if self._decode is not None:
+            self._load()
         return self._rows[0]
 
     @property
     def last_row(self) -> bytes:
+        if self._decode is not None:
+            self._load()
         return self._rows[-1]
 
     def row_cells(self, row: bytes) -> list[Cell]:
         """The cells of ``row`` in this page (empty if none)."""
+        if self._decode is not None:
+            self._load()
         lo = bisect_left(self._rows, row)
         hi = bisect_right(self._rows, row, lo)
         return self._cells[lo:hi]
 
     def cells_in(self, start_row: bytes = b"", end_row: bytes | None = None) -> list[Cell]:
         """The cells whose row is in ``[start_row, end_row)`` (``None``: to the end)."""
+        if self._decode is not None:
+            self._load()
         lo = bisect_left(self._rows, start_row) if start_row else 0
         hi = len(self._rows) if end_row is None else bisect_left(self._rows, end_row)
         return self._cells[lo:hi] if lo < hi else []
 
 
+#: Family names decoded, by their bytes: a page's family column repeats a handful of names.
+_FAMILY_NAMES: dict[bytes, str] = {}
+
+
+def _families(raw: list[bytes]) -> list[str]:
+    """The family column's names as str, each decoded once (UnicodeDecodeError if not UTF-8)."""
+    names = _FAMILY_NAMES
+    if len(names) > 4096:  # bounded: a file of many families must not grow it for ever
+        names.clear()
+    out = []
+    for f in raw:
+        name = names.get(f)
+        if name is None:
+            name = names[f] = f.decode()
+        out.append(name)
+    return out
+
+
 def _binary(buf: bytes, n: int) -> list[bytes]:
     """``n`` PLAIN byte arrays (u32 length, bytes) from ``buf``; ValueError unless they fill it.
-    Values of one length (row keys of fixed width, 1000-byte values) take a sliced path."""
+    Values of one length (row keys of fixed width, 1000-byte values) take a sliced path, and
+    ``n`` copies of one value (a page's family, often its qualifier) share one object."""
     if n and len(buf) >= 4:
         (width,) = _U32.unpack_from(buf, 0)
         step = width + 4
-        if step * n == len(buf):
-            prefix = buf[0:4]
-            if all(buf[i : i + 4] == prefix for i in range(step, len(buf), step)):
-                return [buf[i + 4 : i + step] for i in range(0, len(buf), step)]
+        if step * n == len(buf) and _same_lengths(buf, step, n):
+            first = buf[4:step]
+            if n > 1 and buf == buf[:step] * n:
+                return [first] * n
+            return [buf[i + 4 : i + step] for i in range(0, len(buf), step)]
     out = []
     pos = 0
     unpack = _U32.unpack_from
@@ -553,6 +605,12 @@ def _binary(buf: bytes, n: int) -> list[bytes]:
     if pos != len(buf):
         raise ValueError(f"{n} PLAIN byte arrays end at {pos} of {len(buf)} bytes")
     return out
+
+
+def _same_lengths(buf: bytes, step: int, n: int) -> bool:
+    """Whether each of the ``n`` values of ``step - 4`` bytes in ``buf`` has that length: the
+    4 length bytes compared as 4 strided slices (C loops), not ``n`` slices of 4 bytes."""
+    return all(buf[k::step] == buf[k : k + 1] * n for k in range(4))
 
 
 class _Zstd(threading.local):
@@ -582,6 +640,14 @@ def _decompress(compression: str, data: bytes | memoryview, size: int) -> bytes:
         raise ValueError(f"a page decompresses to {len(out)} bytes, its header says {size}")
     assert isinstance(out, bytes)
     return out
+
+
+def page_nbytes(index: PageIndex, page: int) -> int:
+    """What :func:`decode_pages` charges for ``page`` alone, from the index (no decode)."""
+    entry = index.table[page]
+    return int(sum(int(entry[c + 2]) for c in range(1, _CRC, 3))) + _CELL_OVERHEAD * (
+        index.cells_in_page(page)
+    )
 
 
 def decode_pages(
@@ -620,7 +686,7 @@ def decode_pages(
             if rows[0] != index.first_rows[p]:
                 raise Corruption(f"block {block} page {p} disagrees with the page index")
             columns[0] += rows
-            columns[1] += [f.decode() for f in _binary(bufs[1], n)]
+            columns[1] += _families(_binary(bufs[1], n))
             columns[2] += _binary(bufs[2], n)
             columns[3] += struct.unpack(f"<{n}q", bufs[3])
             seqs = struct.unpack(f"<{n}q", bufs[4])

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
@@ -55,7 +56,13 @@ from tabletstore.sstable.format import (
     parse_tail,
     tail_length,
 )
-from tabletstore.sstable.pages import Page, PageIndex, decode_blocks_arrow, decode_pages
+from tabletstore.sstable.pages import (
+    Page,
+    PageIndex,
+    decode_blocks_arrow,
+    decode_pages,
+    page_nbytes,
+)
 from tabletstore.storage_s3.base import ObjectStore, object_url
 
 __all__ = ["DEFAULT_READAHEAD", "SSTable", "SSTableCore", "read_sstable_bytes"]
@@ -157,6 +164,14 @@ class SSTableCore:
             )
         except Corruption as exc:
             raise Corruption(f"SSTable {self.name}: {exc}") from exc
+
+    def deferred_page(self, block: int, page: int, data: BytesLike, offset: int) -> Page:
+        """:meth:`decode_pages` of ``page`` alone, run when the page is first read."""
+        assert self.pages is not None
+        return Page.deferred(
+            functools.partial(self.decode_pages, block, range(page, page + 1), data, offset),
+            page_nbytes(self.pages, page),
+        )
 
     def _decode_pages_arrow(
         self, first: int, last: int, data: BytesLike, columns: Sequence[str] | None
@@ -640,7 +655,7 @@ class SSTable:
             first, stop = missing[0], missing[-1] + 1
             if first - 1 in self._recent_pages:
                 stop = self._readahead_stop(block, stop)
-            found.update(await self._fetch_pages(block, range(first, stop)))
+            found.update(await self._fetch_pages(block, range(first, stop), missing[-1] + 1))
         return [found[p] for p in pages]
 
     def _readahead_stop(self, block: int, stop: int) -> int:
@@ -661,7 +676,9 @@ class SSTable:
             stop += 1
         return stop
 
-    async def _fetch_pages(self, block: int, pages: range) -> dict[int, Page]:
+    async def _fetch_pages(self, block: int, pages: range, wanted_stop: int) -> dict[int, Page]:
+        """Fetch ``pages`` of ``block`` in one GET; those before ``wanted_stop`` are decoded
+        now, the ones read ahead when first read (``Page.deferred``)."""
         future: asyncio.Future[dict[int, Page]] = asyncio.get_running_loop().create_future()
         mine = [p for p in pages if p not in self._inflight_pages]
         for p in mine:
@@ -674,7 +691,10 @@ class SSTable:
             self.block_fetches += 1
             data = await self._get(self.store, self.key, offset, length)
             decoded = {
-                p: self._core.decode_pages(block, range(p, p + 1), data, offset) for p in pages
+                p: self._core.decode_pages(block, range(p, p + 1), data, offset)
+                if p < wanted_stop
+                else self._core.deferred_page(block, p, data, offset)
+                for p in pages
             }
         except BaseException as exc:
             error = exc if isinstance(exc, Exception) else None

@@ -240,10 +240,10 @@ async def test_interleaved_sequential_readers_fetch_each_page_once() -> None:
     fetched: list[int] = []
     fetch = table._fetch_pages
 
-    async def recording_fetch(block: int, pages: range) -> dict[int, Page]:
+    async def recording_fetch(block: int, pages: range, wanted_stop: int) -> dict[int, Page]:
         fetched.extend(pages)
         await asyncio.sleep(0)  # a GET suspends: the readers interleave
-        return await fetch(block, pages)
+        return await fetch(block, pages, wanted_stop)
 
     table._fetch_pages = recording_fetch  # type: ignore[method-assign]
     readers = 8
@@ -257,3 +257,68 @@ async def test_interleaved_sequential_readers_fetch_each_page_once() -> None:
     assert sorted(fetched) == sorted(set(fetched)), "a page was fetched twice"
     requests = store.stats()[Op.GET_RANGE].requests
     assert requests <= len(table.footer.blocks) + 2 * readers
+
+
+async def test_pages_read_ahead_are_decoded_when_first_read() -> None:
+    """A sequential point read reads ahead to the end of its block in one GET, but decodes
+    only the page it asked for: the others are decoded when a read reaches them (issue 18: a
+    random read that happens to follow a recent fetch read ahead and decoded a whole block)."""
+    cells = [Cell(b"r%06d" % i, "cf", b"q", 1, i + 1, 0, os.urandom(200)) for i in range(2000)]
+    data, info = write_sstable(cells, block_size=16 * 1024)
+    store = InstrumentedObjectStore(MemoryObjectStore(shared=False))
+    await store.create(KEY, data)
+    table = await SSTable.open(store, KEY, size=info.size, block_cache=BlockCache(1 << 24))
+    index = table._core.pages
+    assert index is not None
+    decoded: list[int] = []
+    decode = table._core.decode_pages
+
+    def counting_decode(block: int, pages: range, data: bytes, offset: int) -> Page:
+        decoded.extend(pages)
+        return decode(block, pages, data, offset)
+
+    table._core.decode_pages = counting_decode  # type: ignore[method-assign]
+    start, end = index.block_starts[1], index.block_starts[2]
+    assert end - start >= 3
+    # Reading the first page of block 1 then the second: the second read reads ahead.
+    for p in (start, start + 1):
+        assert await table.get_row(index.first_rows[p]) == [
+            c for c in cells if c.row == index.first_rows[p]
+        ]
+    store.reset()
+    assert decoded == [start, start + 1]
+    # The rest of the block came with that GET, undecoded until read.
+    for p in range(start + 2, end):
+        row = index.first_rows[p]
+        assert await table.get_row(row) == [c for c in cells if c.row == row]
+    assert store.stats()[Op.GET_RANGE].requests == 0
+    assert decoded == list(range(start, end))
+
+
+async def test_a_damaged_page_read_ahead_fails_the_read_that_reaches_it() -> None:
+    """A page read ahead is checked when decoded: its reader gets Corruption, never cells."""
+    cells = [Cell(b"r%06d" % i, "cf", b"q", 1, i + 1, 0, os.urandom(200)) for i in range(2000)]
+    data, info = write_sstable(cells, block_size=16 * 1024)
+    probe = await SSTable.open(await _store_with(data), KEY, size=info.size)
+    index = probe._core.pages
+    assert index is not None
+    start, end = index.block_starts[1], index.block_starts[2]
+    victim = end - 1
+    # Flip a byte of the victim page's value column (column 6: offset, compressed, size).
+    entry = index.table[victim].tolist()
+    at = probe.footer.blocks[1].offset + entry[1 + 3 * 6] + entry[2 + 3 * 6] // 2
+    damaged = bytearray(data)
+    damaged[at] ^= 0xFF
+    table = await SSTable.open(
+        await _store_with(bytes(damaged)), KEY, size=info.size, block_cache=BlockCache(1 << 24)
+    )
+    for p in (start, start + 1):
+        assert await table.get_row(index.first_rows[p]) != []
+    with pytest.raises(Corruption):
+        await table.get_row(index.first_rows[victim])
+
+
+async def _store_with(data: bytes) -> MemoryObjectStore:
+    store = MemoryObjectStore(shared=False)
+    await store.create(KEY, data)
+    return store

@@ -298,3 +298,26 @@ async def test_a_minor_compaction_reads_the_frozen_memtable_off_the_event_loop(
     assert sstable_cells(h, "hot") + sstable_cells(h, "cold") == 2
     row = await tablet.read_row(b"r1")
     assert row is not None and [c.value for c in row.cells] == [b"v1", b"v2"]
+
+
+@pytest.mark.parametrize("flushed", [False, True])
+async def test_a_row_of_one_put_obeys_gc_and_the_families_asked(
+    h: TabletHarness, flushed: bool
+) -> None:
+    """A row whose only cell is one put takes a short way through the read (issue 18); it
+    must still honour its family's age rule and the families the read names."""
+    tablet = h.tablet
+    assert tablet is not None
+    await tablet.apply(b"ra", [SetCell("a", b"q", b"va")])  # a: max versions only
+    await tablet.apply(b"rb", [SetCell("b", b"x", b"vb")])  # b: versions or older than 5 s
+    if flushed:
+        await tablet.minor_compact()
+    written = h.now_micros()
+    assert await tablet.read_row(b"rb") == Row(b"rb", [Cell("b", b"x", written, b"vb")])
+    assert await tablet.read_row(b"ra", families={"b"}) is None
+    assert await tablet.read_row(b"ra", families={"a"}) == Row(
+        b"ra", [Cell("a", b"q", written, b"va")]
+    )
+    h.clock.advance(6)
+    assert await tablet.read_row(b"rb") is None
+    assert await tablet.read_row(b"ra") == Row(b"ra", [Cell("a", b"q", written, b"va")])
