@@ -47,4 +47,9 @@ python -m mypy
 echo "== import-linter (layering)"
 lint-imports --no-cache
 echo "== pytest"
-python -m pytest -q -p no:cacheprovider "$@"
+# Three workers (pytest-xdist) on CI's 2 cores: most tests wait on real processes and servers on
+# loopback, not on the CPU; fixtures are per worker (free ports, per-pid buckets, tmp_path).
+# Tests marked slow are collected first (tests/conftest.py) and --dist load deals the first
+# ones round-robin, so the minutes-long tests start at once on different workers, not last.
+# TABLETSTORE_TEST_WORKERS overrides the count (0: one process, as before).
+python -m pytest -q -p no:cacheprovider -n "${TABLETSTORE_TEST_WORKERS:-3}" --dist load "$@"
