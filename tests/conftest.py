@@ -36,3 +36,10 @@ async def object_store(request, tmp_path):
         store = S3ObjectStore(request.getfixturevalue("s3_url"))
     yield store
     await store.close()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run the tests marked ``slow`` first (a stable sort keeps their order): with several
+    workers (scripts/test.sh runs pytest-xdist) a minutes-long test that starts last is the
+    whole run's tail."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

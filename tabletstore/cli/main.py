@@ -87,7 +87,6 @@ from tabletstore.errors import InvalidArgument, TabletStoreError
 from tabletstore.master.gc import GcReport, collect
 from tabletstore.master.gc_plan import DEFAULT_GRACE
 from tabletstore.metadata.catalog import ClusterSettings
-from tabletstore.ops.views import page_urls
 from tabletstore.options import (
     SPLIT_BYTES,
     LeaseOptions,
@@ -1207,6 +1206,9 @@ def status_cmd(events: int) -> None:
 
 async def _master_page(url: str, master: str) -> str | None:
     """The leading master's status page, if it serves one (``--metrics-port``)."""
+    # Imported here: ops.views brings aiohttp, which no other verb needs at start-up.
+    from tabletstore.ops.views import page_urls
+
     coordinator = open_coordinator(url)
     try:
         return (await page_urls(coordinator, "master")).get(master)

@@ -20,7 +20,8 @@ import pytest
 from tabletstore.cli import localstack
 from tests.integration.cluster_harness import gone
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+# 25 CLI processes one after another: under the parallel suite on 2 cores each waits for CPU.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(480)]
 
 
 def tabletstore(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -176,6 +176,9 @@ def plan(data_dir: Path, **overrides: str | None) -> str:
         "plan",
         "-input=false",
         "-refresh=false",
+        # State (and its lock) beside this worker's .terraform, not in the shared source
+        # directory: parallel workers (pytest-xdist) planning there wait on each other's lock.
+        f"-state={data_dir / 'terraform.tfstate'}",
         *args,
         data_dir=data_dir,
         check=False,
