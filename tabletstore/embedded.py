@@ -163,6 +163,7 @@ class Database(AsyncClient):
                 coordinator,
                 task_bytes=mopts.sort_task_bytes,
                 attempts=mopts.sort_attempts,
+                owner_bytes=mopts.sort_owner_bytes,
             )
             master = Master(
                 coordinator=coordinator,

@@ -135,6 +135,11 @@ class WorkerOptions:
     #: sorter (each tablet then reads only its runs), shorter bounds how long a dead sorter
     #: holds recovery back (its few MB are then read by every tablet waiting on it).
     sort_wait: float = 10.0
+    #: Processes the sort tasks reserved for this worker run in (owner affinity: it serves
+    #: every tablet of a dead log and sorts all its tasks, §6), started at the first such task;
+    #: 0 sorts them in the worker's event loop (one core). The worker fetches the segments and
+    #: writes the runs itself, so it keeps them in memory for its tablets' replay.
+    sort_processes: int = 2
     #: Seconds between two checks of how far back each tablet's log position lies (§5.3,
     #: §5.4): a tablet whose position is ``log_trim_segments`` or more segments behind the log's
     #: end, or that still lists an older log, is minor-compacted (or, with nothing in memory,
@@ -206,6 +211,13 @@ class MasterOptions:
     #: Times the master runs one sort task before leaving it to the tablets' owners (who then
     #: read its segments directly): a task failing this often is damaged, not unlucky.
     sort_attempts: int = 3
+    #: The largest dead log (bytes of segments to sort) whose tablets all go to one worker,
+    #: which sorts every task of it on its cores and replays the runs from its memory, so the
+    #: log is read once in the cluster (owner affinity, §6). A larger log is sorted by every
+    #: worker at once and its tablets spread (each then reads its runs back from the store).
+    #: Bounded by the worker's 64 MiB cache of recovery objects the runs wait in
+    #: (``commitlog.sorting.IMMUTABLE``); 0: only a log sorted in one task has an owner.
+    sort_owner_bytes: int = 48 * 1024 * 1024
     #: Seconds between two probes of every worker's RPC address (§5.2; master/failure_detector):
     #: a worker whose address refuses connections ``probe_refusals`` times in a row is dead,
     #: and its lease is revoked so its tablets are recovered without waiting for the TTL.

@@ -48,6 +48,7 @@ from tabletstore.storage_s3.layout import log_prefix, log_segment_key, parse_log
 
 __all__ = [
     "CommitLogReader",
+    "decode_log_segment",
     "fence",
     "list_segments",
     "plugged_gaps",
@@ -128,6 +129,31 @@ async def fence(store: ObjectStore, worker_id: str, incarnation: int, *, start: 
     )
 
 
+def decode_log_segment(
+    data: bytes,
+    worker_id: str,
+    incarnation: int,
+    number: int,
+    *,
+    where: str,
+    frames: list[bytes] | None = None,
+) -> SegmentContents:
+    """Segment ``number`` of ``worker_id/incarnation``'s log decoded from its bytes and checked
+    against its key (a pure function: a sort task runs it in a pool process)."""
+    contents = decode_segment(data, where=where, frames=frames)
+    header = contents.header
+    if header is not None and (
+        header.worker_id != worker_id
+        or header.incarnation != incarnation
+        or header.segment != number
+    ):
+        raise Corruption(
+            f"{where}: header names worker {header.worker_id!r} incarnation "
+            f"{header.incarnation} segment {header.segment}"
+        )
+    return contents
+
+
 class CommitLogReader:
     """Reads one worker incarnation's log, segment by segment, in order."""
 
@@ -143,23 +169,27 @@ class CommitLogReader:
     ) -> SegmentContents:
         """One segment decoded and checked against its key. Corruption if missing.
         ``frames``: see :func:`~tabletstore.commitlog.format.decode_records`."""
+        return decode_log_segment(
+            await self.fetch_segment(number),
+            self.worker_id,
+            self.incarnation,
+            number,
+            where=self.where(number),
+            frames=frames,
+        )
+
+    def where(self, number: int) -> str:
+        """Segment ``number``'s object, named in error messages."""
         key = log_segment_key(self.worker_id, self.incarnation, number)
-        data = await self.store.get(key)
-        where = f"{self.store.url.rstrip('/')}/{key}"
+        return f"{self.store.url.rstrip('/')}/{key}"
+
+    async def fetch_segment(self, number: int) -> bytes:
+        """Segment ``number``'s bytes, not decoded (:func:`decode_log_segment` does that, in
+        another process if need be). Corruption if missing."""
+        data = await self.store.get(log_segment_key(self.worker_id, self.incarnation, number))
         if data is None:
-            raise Corruption(f"commit-log segment {where} is missing")
-        contents = decode_segment(data, where=where, frames=frames)
-        header = contents.header
-        if header is not None and (
-            header.worker_id != self.worker_id
-            or header.incarnation != self.incarnation
-            or header.segment != number
-        ):
-            raise Corruption(
-                f"{where}: header names worker {header.worker_id!r} incarnation "
-                f"{header.incarnation} segment {header.segment}"
-            )
-        return contents
+            raise Corruption(f"commit-log segment {self.where(number)} is missing")
+        return data
 
     async def records(
         self, *, start_segment: int = 0, stop_segment: int | None = None

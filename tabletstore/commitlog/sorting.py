@@ -44,14 +44,16 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import concurrent.futures
 import heapq
 import weakref
-from collections.abc import AsyncIterator, Collection, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from tabletstore.clock import monotonic
-from tabletstore.commitlog.format import LogRecord, SegmentContents
-from tabletstore.commitlog.reader import CommitLogReader, fence
+from tabletstore.commitlog.format import LogRecord
+from tabletstore.commitlog.reader import CommitLogReader, decode_log_segment, fence
 from tabletstore.commitlog.runs import (
     RunInfo,
     SortManifest,
@@ -80,9 +82,11 @@ __all__ = [
     "MAX_TASK_SEGMENTS",
     "ReplayStats",
     "SharedSorts",
+    "SortedRun",
     "load_plan",
     "plan_sort",
     "run_sort_task",
+    "sort_segments",
     "sort_task_by_number",
     "sorted_replay",
     "task_done",
@@ -282,21 +286,48 @@ class _Partitioner:
 class SharedSorts:
     """The sort tasks one worker is running (manifest key -> its run): a call for a task
     already running joins that run rather than read its segments again, so a worker's load
-    that sorts the task reserved for it (owner affinity) and the same worker's sorter taking
-    it from the coordinator share one read."""
+    that sorts the tasks reserved for it (owner affinity) and the same worker's sorter taking
+    them from the coordinator share one read.
 
-    def __init__(self) -> None:
+    ``cpu``: makes (once, at the first task) the process pool
+    (:func:`tabletstore.engine.pools.process_pool`) the tasks' decoding, partitioning and
+    encoding run in, so the owner of a log cut into several tasks sorts them on all its
+    cores; the segments are fetched and the runs written by this process, which so keeps them
+    in memory (``IMMUTABLE``) for its tablets' replay. None: in this process's event loop. At
+    most ``parallel`` tasks are under way at once (their segments in memory): one more than
+    the pool's processes keeps them busy while the next task's segments are fetched."""
+
+    def __init__(
+        self,
+        *,
+        cpu: Callable[[], concurrent.futures.Executor] | None = None,
+        parallel: int = 2,
+    ) -> None:
+        if parallel < 1:
+            raise InvalidArgument(f"a worker sorts at least 1 task at once, got {parallel}")
         self._running: dict[str, asyncio.Task[SortManifest]] = {}
+        self._make_cpu = cpu
+        self._cpu: concurrent.futures.Executor | None = None
+        self._parallel = parallel
+        self._slots: asyncio.Semaphore | None = None
 
     async def run(self, store: ObjectStore, plan: SortPlan, task: SortTask) -> SortManifest:
         key = recovery_manifest_key(plan.worker_id, plan.incarnation, task.first)
         running = self._running.get(key)
         if running is None:
-            running = asyncio.get_running_loop().create_task(run_sort_task(store, plan, task))
+            running = asyncio.get_running_loop().create_task(self._sort(store, plan, task))
             self._running[key] = running
             running.add_done_callback(lambda done: self._finished(key, done))
         # Shielded: one caller cancelled (a load whose master went away) leaves the others'.
         return await asyncio.shield(running)
+
+    async def _sort(self, store: ObjectStore, plan: SortPlan, task: SortTask) -> SortManifest:
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self._parallel)
+        async with self._slots:
+            if self._cpu is None and self._make_cpu is not None:
+                self._cpu = self._make_cpu()
+            return await run_sort_task(store, plan, task, cpu=self._cpu)
 
     def _finished(self, key: str, done: asyncio.Task[SortManifest]) -> None:
         if self._running.get(key) is done:
@@ -305,14 +336,26 @@ class SharedSorts:
             done.exception()  # retrieved: every caller still waiting gets it
 
 
-async def run_sort_task(store: ObjectStore, plan: SortPlan, task: SortTask) -> SortManifest:
-    """Sort one task's segments into runs and record it done; idempotent (module docstring)."""
+async def run_sort_task(
+    store: ObjectStore,
+    plan: SortPlan,
+    task: SortTask,
+    *,
+    cpu: concurrent.futures.Executor | None = None,
+) -> SortManifest:
+    """Sort one task's segments into runs and record it done; idempotent (module docstring).
+    ``cpu``: where the segments are decoded and the runs encoded (see :class:`SharedSorts`)."""
     if task not in plan.tasks:
         raise Corruption(f"sort task {task} is not in the plan of {plan.worker_id}")
-    return await _run_sort_task(store, plan, task)
+    return await _run_sort_task(store, plan, task, cpu)
 
 
-async def _run_sort_task(store: ObjectStore, plan: SortPlan, task: SortTask) -> SortManifest:
+async def _run_sort_task(
+    store: ObjectStore,
+    plan: SortPlan,
+    task: SortTask,
+    cpu: concurrent.futures.Executor | None,
+) -> SortManifest:
     w, inc = plan.worker_id, plan.incarnation
     manifest_key = recovery_manifest_key(w, inc, task.first)
     done = await store.get(manifest_key)  # not the process's copy: the store decides
@@ -321,39 +364,47 @@ async def _run_sort_task(store: ObjectStore, plan: SortPlan, task: SortTask) -> 
     reader = CommitLogReader(store, w, inc)
     limit = asyncio.Semaphore(_FETCH_CONCURRENCY)
 
-    async def fetch(number: int) -> tuple[SegmentContents, list[bytes]]:
+    async def fetch(number: int) -> bytes:
         # Segments are fetched concurrently (on S3 each GET is a round trip of tens of ms),
-        # then partitioned in log order below.
-        frames: list[bytes] = []
+        # then decoded and partitioned in log order below.
         async with limit:
-            return await reader.read_segment(number, frames=frames), frames
+            return await reader.fetch_segment(number)
 
-    fetched = await asyncio.gather(*(fetch(n) for n in range(task.first, task.stop)))
-    # Partitioning and encoding a task of at most a few hundred segments takes milliseconds:
-    # done inline. (In a thread it contends for the GIL with the event loop's I/O, which in
-    # a chaos run starved workers' lease keep-alives.)
-    read_bytes, records, unplanned, encoded = _partition_and_encode(plan, task, fetched)
+    numbers = range(task.first, task.stop)
+    fetched = await asyncio.gather(*(fetch(n) for n in numbers))
+    wheres = [reader.where(n) for n in numbers]
+    if cpu is None:
+        # Decoding, partitioning and encoding a task of at most a few hundred segments takes
+        # well under a second: done inline. (In a thread it contends for the GIL with the
+        # event loop's I/O, which in a chaos run starved workers' lease keep-alives.)
+        sorted_ = sort_segments(plan, task, fetched, wheres)
+    else:
+        sorted_ = await asyncio.get_running_loop().run_in_executor(
+            cpu, sort_segments, plan, task, fetched, wheres
+        )
+    del fetched
+    read_bytes, records, unplanned, encoded = sorted_
 
-    async def put(target: TabletRange, data: bytes, recs: list[tuple[LogRecord, bytes]]) -> RunInfo:
+    async def put(run: SortedRun) -> RunInfo:
+        target = run.target
         key = recovery_run_key(w, inc, task.first, target.table_id, target.tablet_id)
         async with limit:
-            await _create_same(store, key, data)
-        IMMUTABLE.keep(store, key, data)  # the stored bytes: _create_same compared them
-        seqs = [c.seq for r, _ in recs for c in r.cells]
+            await _create_same(store, key, run.data)
+        IMMUTABLE.keep(store, key, run.data)  # the stored bytes: _create_same compared them
         return RunInfo(
             key,
             target.table_id,
             target.tablet_id,
             target.start_row,
             target.end_row,
-            len(recs),
-            len(data),
-            min(seqs),
-            max(seqs),
+            run.records,
+            len(run.data),
+            run.min_seq,
+            run.max_seq,
         )
 
     # Every run exists before the manifest that says the task is done.
-    runs = await asyncio.gather(*(put(*item) for item in encoded))
+    runs = await asyncio.gather(*(put(run) for run in encoded))
     manifest = SortManifest(
         w, inc, task.first, task.stop, tuple(runs), read_bytes, records, unplanned
     )
@@ -363,15 +414,33 @@ async def _run_sort_task(store: ObjectStore, plan: SortPlan, task: SortTask) -> 
     return manifest
 
 
-def _partition_and_encode(
-    plan: SortPlan, task: SortTask, fetched: Sequence[tuple[SegmentContents, list[bytes]]]
-) -> tuple[int, int, int, list[tuple[TabletRange, bytes, list[tuple[LogRecord, bytes]]]]]:
-    """Bytes and records read, records no plan range holds, and each run to write (its range,
-    bytes and records), from the task's segments in log order."""
+class SortedRun(NamedTuple):
+    """One run a sort task writes: its range, bytes, record count and seq bounds."""
+
+    target: TabletRange
+    data: bytes
+    records: int
+    min_seq: int
+    max_seq: int
+
+
+def sort_segments(
+    plan: SortPlan, task: SortTask, segments: Sequence[bytes], wheres: Sequence[str]
+) -> tuple[int, int, int, list[SortedRun]]:
+    """A task's work between its GETs and its PUTs, a pure function of bytes (run in a pool
+    process by an owner, :class:`SharedSorts`): decode the task's ``segments`` (named
+    ``wheres`` in errors) in log order, partition their records over the plan's ranges and
+    encode one run per range. Bytes and records read, records no plan range holds, and the
+    runs in (table, start row, tablet) order."""
     partitioner = _Partitioner(plan.tablets)
     groups: dict[TabletRange, list[tuple[LogRecord, bytes]]] = {}
     read_bytes = records = unplanned = 0
-    for number, (contents, frames) in zip(range(task.first, task.stop), fetched, strict=True):
+    numbers = range(task.first, task.stop)
+    for number, data, where in zip(numbers, segments, wheres, strict=True):
+        frames: list[bytes] = []
+        contents = decode_log_segment(
+            data, plan.worker_id, plan.incarnation, number, where=where, frames=frames
+        )
         if contents.fence:
             raise Corruption(
                 f"commit log {plan.worker_id}/{plan.incarnation}: segment {number} is a fence "
@@ -387,15 +456,13 @@ def _partition_and_encode(
                 unplanned += 1
                 target = TabletRange(record.table_id, CATCH_ALL_TABLET, b"", None)
             groups.setdefault(target, []).append((record, frame))
-    encoded = [
-        (
-            target,
-            encode_run_frames(target.table_id, target.start_row, target.end_row, groups[target]),
-            groups[target],
-        )
-        for target in sorted(groups, key=lambda t: (t.table_id, t.start_row, t.tablet_id))
-    ]
-    return read_bytes, records, unplanned, encoded
+    out = []
+    for target in sorted(groups, key=lambda t: (t.table_id, t.start_row, t.tablet_id)):
+        recs = groups[target]
+        seqs = [c.seq for r, _ in recs for c in r.cells]
+        data = encode_run_frames(target.table_id, target.start_row, target.end_row, recs)
+        out.append(SortedRun(target, data, len(recs), min(seqs), max(seqs)))
+    return read_bytes, records, unplanned, out
 
 
 async def _create_same(store: ObjectStore, key: str, data: bytes) -> None:
@@ -485,7 +552,13 @@ async def sorted_replay(
         return await shared.run(store, plan, task)
 
     here = [t for t in plan.tasks if t.first in run_here]
-    ran = {t.first: await sort(t) for t in here}
+    if shared is None:
+        ran = {t.first: await sort(t) for t in here}
+    else:
+        # All at once: ``shared`` bounds how many run side by side (on its pool's cores), and
+        # the worker's other loads from this log join the same runs.
+        manifests_here = await asyncio.gather(*(sort(t) for t in here))
+        ran = {t.first: m for t, m in zip(here, manifests_here, strict=True)}
     manifests: dict[int, SortManifest | None] = {
         **await _manifests(store, plan, wait, skip=ran.keys()),
         **ran,

@@ -325,9 +325,11 @@ def make_recovery(
         coordinator,
         task_bytes=options.sort_task_bytes,
         attempts=options.sort_attempts,
+        owner_bytes=options.sort_owner_bytes,
     )
     if isinstance(executor, WorkerSortExecutor):
-        # A log sorted in one task is sorted by the worker its tablets go to (owner affinity).
+        # A log sorted in one task, or of at most sort_owner_bytes, is sorted by the worker its
+        # tablets go to (owner affinity).
         executor.owner_of = lambda worker_id, incarnation: recovery.owner(
             LogRef(worker_id, incarnation)
         )

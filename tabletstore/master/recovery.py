@@ -56,6 +56,7 @@ from tabletstore.storage_s3.base import ObjectStore
 from tabletstore.storage_s3.layout import recovery_manifest_key
 
 __all__ = [
+    "DEFAULT_OWNER_BYTES",
     "InProcessSortExecutor",
     "LogRecovery",
     "SortExecutor",
@@ -67,6 +68,13 @@ log = logging.getLogger(__name__)
 #: A log listed by fewer tablets than this is left to the direct replay (bench/recovery.py:
 #: with one tablet the direct replay is faster; from two on the sort reads less).
 MIN_TABLETS_TO_SORT = 2
+#: Default largest dead log (bytes of segments to sort) whose tablets all go to one worker,
+#: which sorts all its tasks on its cores (owner affinity). The runs must stay in the owner's
+#: memory until its tablets replay them, in the process's cache of recovery objects
+#: (``commitlog.sorting.IMMUTABLE``, 64 MiB): a larger log would have part of its runs read
+#: back from the store, and one worker would replay (and hold in memtables) a larger share
+#: of the dead worker's data; such a log is sorted by every worker, its tablets spread.
+DEFAULT_OWNER_BYTES = 48 * 1024 * 1024
 
 
 class SortExecutor(Protocol):
@@ -199,7 +207,7 @@ class _LogSort:
 
     plan: SortPlan
     #: The worker the master gives every tablet of this log to (owner affinity), which then
-    #: sorts its one task; None when the log is sorted by several workers.
+    #: sorts all its tasks; None when the log is sorted by several workers.
     owner: str | None = None
     done: set[int] = field(default_factory=set)
     running: dict[int, asyncio.Task[SortManifest]] = field(default_factory=dict)
@@ -225,16 +233,21 @@ class LogRecovery:
         attempts: int = 3,
         plan_wait: float = 2.0,
         early_system_plans: bool = False,
+        owner_bytes: int = DEFAULT_OWNER_BYTES,
     ) -> None:
-        """``plan_wait``: seconds an assignment round waits for the planning of new dead logs
+        """``owner_bytes``: the largest log (bytes of segments to sort) one worker sorts whole
+        and serves every tablet of (owner affinity, :meth:`owner`); a larger one is sorted by
+        every worker and its tablets spread. ``plan_wait``: seconds an assignment round waits for the planning of new dead logs
         before its loads go out anyway (see :meth:`start`). ``early_system_plans``: sort a
         dead log a root or METADATA tablet lists before METADATA can be listed, from its first
         segment (without log positions to start from: workers that do not trim their logs)."""
         self._early_system_plans = early_system_plans
-        if task_bytes < 1 or attempts < 1:
+        if task_bytes < 1 or attempts < 1 or owner_bytes < 0:
             raise InvalidArgument(
-                f"task_bytes and attempts must be >= 1, got {task_bytes}, {attempts}"
+                f"task_bytes and attempts must be >= 1 and owner_bytes >= 0, got {task_bytes}, "
+                f"{attempts}, {owner_bytes}"
             )
+        self._owner_bytes = owner_bytes
         self._store = store
         self.executor = executor
         self._coord = coordinator
@@ -270,8 +283,8 @@ class LogRecovery:
         before it could list METADATA (the root's, and those seen last round), so a dead log
         an unclaimed root or METADATA tablet lists is sorted however few of them list it
         (the tablets listing it are not all known yet). ``owners``: the worker the master
-        places a dead log's tablets on (owner affinity); a log sorted in one task has that task
-        reserved for it (see :meth:`owner`)."""
+        places a dead log's tablets on (owner affinity); a log sorted in one task, or of at
+        most ``owner_bytes``, has its tasks reserved for it (see :meth:`owner`)."""
         live_workers = set(live)
         needed: set[LogRef] = set()
         for rec in records:
@@ -335,7 +348,7 @@ class LogRecovery:
             else:
                 self._logs[ref] = planning.result()
         for ref, state in list(self._logs.items()):
-            if state.owner is None and owners and len(state.plan.tasks) == 1:
+            if state.owner is None and owners and self._owned(state.plan):
                 state.owner = owners.get(ref)
             self._reap(ref, state)
             for task in state.plan.tasks:
@@ -353,17 +366,22 @@ class LogRecovery:
                 self._finished.add(ref)
 
     def owner(self, ref: LogRef) -> str | None:
-        """The worker every tablet of the dead log ``ref`` goes to, which sorts its one task
+        """The worker every tablet of the dead log ``ref`` goes to, which sorts all its tasks
         (owner affinity: the runs stay in that worker's memory, so the log's records are read
-        once in the cluster); None for a log sorted in several tasks by several workers (or
-        not being sorted)."""
+        once in the cluster); None for a log sorted by several workers (larger than
+        ``owner_bytes``, or before an owner is chosen) or not being sorted."""
         state = self._logs.get(ref)
         return None if state is None else state.owner
 
     def sorted_wide(self, ref: LogRef) -> bool:
-        """Whether ``ref`` is being sorted in several tasks (then its tablets are spread)."""
+        """Whether ``ref`` is being sorted in several tasks by several workers (then its
+        tablets are spread)."""
         state = self._logs.get(ref)
-        return state is not None and len(state.plan.tasks) > 1
+        return state is not None and len(state.plan.tasks) > 1 and not self._owned(state.plan)
+
+    def _owned(self, plan: SortPlan) -> bool:
+        """Whether one worker sorts the whole of ``plan`` (owner affinity)."""
+        return len(plan.tasks) == 1 or sum(t.size for t in plan.tasks) <= self._owner_bytes
 
     async def _plan(self, ref: LogRef, ranges: Sequence[TabletRange], start: int) -> _LogSort:
         """Fence, list and plan one log from segment ``start`` (or take its existing plan)

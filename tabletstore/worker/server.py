@@ -229,11 +229,25 @@ class TabletServer:
         self._switching: asyncio.Task[None] | None = None
         #: Dead logs read once for all the tablets this worker recovers from them.
         self._dead_logs = SharedLogReads(store, self._clock)
-        #: The sort tasks this worker runs, shared by its loads and its sorter.
-        self.sorts = SharedSorts()
+        #: The sort tasks this worker runs, shared by its loads and its sorter; those of a
+        #: log it owns (every task reserved for it) run on its cores, in a pool made at the
+        #: first one (§6; WorkerOptions.sort_processes).
+        self._sort_pool: concurrent.futures.Executor | None = None
+        processes = self._options.sort_processes
+        if processes < 0:
+            raise InvalidArgument(f"sort_processes must be >= 0, got {processes}")
+        self.sorts = SharedSorts(
+            cpu=self._make_sort_pool if processes > 0 else None, parallel=processes + 1
+        )
         #: Snapshot cuts held here, by snapshot id, until snapshot_write (or until dropped
         #: by a timer: a master that died mid-snapshot must not pin memtables for ever).
         self._snapshot_cuts: dict[str, list[tuple[Tablet, SnapshotCut]]] = {}
+
+    def _make_sort_pool(self) -> concurrent.futures.Executor:
+        """The pool the sort tasks of logs this worker owns run in (once; stop() ends it)."""
+        if self._sort_pool is None:
+            self._sort_pool = process_pool(self._options.sort_processes)
+        return self._sort_pool
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -324,6 +338,8 @@ class TabletServer:
                 await self._writer.close()
         if self._executor is not None:
             self._executor.shutdown(wait=True, cancel_futures=True)
+        if self._sort_pool is not None:
+            self._sort_pool.shutdown(wait=True, cancel_futures=True)
         # Every task is done or cancelled by now (the tablets are closed); then the keep-alive.
         try:
             await self._stack.aclose()  # raises what a background task failed with, if any

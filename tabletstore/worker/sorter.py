@@ -14,7 +14,11 @@ A task may name an ``owner``: the worker the master gives every tablet of the lo
 affinity). The other sorters leave it to that worker for :data:`OWNER_GRACE` seconds from when
 they first saw it, so the runs are written by the process that replays them and read there
 from memory (the log's records are read once in the cluster, not twice); an owner that died
-meanwhile only delays the task by that grace.
+meanwhile only delays the task by that grace. The owner claims every task reserved for it at
+once, beyond its ``parallel`` loops (a log of many tasks is owned whole, up to
+``MasterOptions.sort_owner_bytes``): its :class:`~tabletstore.commitlog.sorting.SharedSorts`
+runs them on its cores, and a claimed task is not taken by another sorter once the grace is
+over. Its claims go with its lease if it dies.
 
 A sorter runs up to ``parallel`` tasks at once (default 3): a dead worker's log is cut into
 tasks of at most a few hundred segments, and with few live workers one task at a time each
@@ -24,6 +28,7 @@ would leave most of them waiting.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 
@@ -80,14 +85,21 @@ class Sorter:
         self.done = 0
         #: Published task key -> when this sorter first saw it reserved for another worker.
         self._reserved_seen: dict[str, float] = {}
+        #: Tasks reserved for this worker, claimed and running beside the loops.
+        self._owned: set[str] = set()
+        self._group: asyncio.TaskGroup | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         """Poll and run tasks, up to ``parallel`` at once, until ``stop`` is set or the lease
         ends. Each of the ``parallel`` loops claims its own task: two loops going for one task
         race on its claim key, and the loser moves on to the next task."""
-        async with asyncio.TaskGroup() as group:
-            for _ in range(self._parallel):
-                group.create_task(self._loop(stop))
+        try:
+            async with asyncio.TaskGroup() as group:
+                self._group = group
+                for _ in range(self._parallel):
+                    group.create_task(self._loop(stop))
+        finally:
+            self._group = None
 
     async def _loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set() and not self._lease.expired:
@@ -103,8 +115,11 @@ class Sorter:
                     pass
 
     async def run_one(self) -> bool:
-        """Claim and run one published task; False when there was none to take."""
+        """Claim and run one published task; False when there was none to take. Tasks
+        reserved for this worker are all claimed, and run beside the loops (module
+        docstring), when the sorter runs (:meth:`run`)."""
         published = await self._coord.get_prefix(paths.SORTS)
+        owned = False
         now = monotonic()
         listed = {kv.key for kv in published}
         self._reserved_seen = {k: t for k, t in self._reserved_seen.items() if k in listed}
@@ -121,6 +136,8 @@ class Sorter:
                 seen = self._reserved_seen.setdefault(kv.key, now)
                 if now - seen < OWNER_GRACE:
                     continue  # its owner sorts it (owner affinity), unless it is gone
+            if kv.key in self._owned:
+                continue  # running here already
             claim = paths.sorter(worker_id, incarnation, first)
             # Only while the task is still published as listed: a task finished (and its claim
             # released) since the listing is not run again.
@@ -132,15 +149,34 @@ class Sorter:
             if not result.succeeded:
                 continue  # another live sorter has it
             mine = await self._coord.get(claim)
-            try:
-                await self._run(kv.key, worker_id, incarnation, first)
-            finally:
-                if mine is not None:
-                    await self._coord.txn(
-                        [create_revision_is(claim, mine.create_revision)], [Delete(claim)], []
-                    )
+            claimed = (kv.key, claim, None if mine is None else mine.create_revision)
+            if owner == self.worker_id and self._group is not None:
+                # Claimed now, so no other sorter takes it once the grace is over; run beside
+                # the loops (SharedSorts bounds how many sort at once).
+                self._owned.add(kv.key)
+                self._group.create_task(self._run_claimed(claimed, worker_id, incarnation, first))
+                owned = True
+                continue
+            await self._run_claimed(claimed, worker_id, incarnation, first)
             return True
-        return False
+        return owned
+
+    async def _run_claimed(
+        self, claimed: tuple[str, str, int | None], worker_id: str, incarnation: int, first: int
+    ) -> None:
+        """Run a task this sorter claimed, then release the claim."""
+        key, claim, revision = claimed
+        try:
+            await self._run(key, worker_id, incarnation, first)
+        except TabletStoreError as exc:
+            log.warning("sorter %s: %s", self.worker_id, exc)
+        finally:
+            self._owned.discard(key)
+            if revision is not None:
+                with contextlib.suppress(TabletStoreError):
+                    await self._coord.txn(
+                        [create_revision_is(claim, revision)], [Delete(claim)], []
+                    )
 
     async def _run(self, key: str, worker_id: str, incarnation: int, first: int) -> None:
         try:

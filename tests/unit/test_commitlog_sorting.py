@@ -11,7 +11,7 @@ import random
 import pytest
 
 from tabletstore.commitlog import encode_record, encode_segment, replay_cells
-from tabletstore.commitlog.runs import SortManifest, TabletRange
+from tabletstore.commitlog.runs import SortManifest, SortPlan, SortTask, TabletRange
 from tabletstore.commitlog.sorting import (
     ReplayStats,
     SharedSorts,
@@ -21,6 +21,7 @@ from tabletstore.commitlog.sorting import (
     sorted_replay,
     task_done,
 )
+from tabletstore.engine.pools import process_pool
 from tabletstore.errors import Corruption, InvalidArgument
 from tabletstore.keys import Cell, CellKind
 from tabletstore.storage_s3 import layout
@@ -316,3 +317,83 @@ async def test_damaged_segment_or_run_is_corruption() -> None:
     await store.delete(layout.recovery_manifest_key(W, INC, plan.tasks[1].first))
     with pytest.raises(Corruption, match="other contents"):
         await run_sort_task(store, plan, plan.tasks[1])
+
+
+async def test_an_owner_sorts_every_task_of_a_log_on_a_process_pool_and_reads_it_once() -> None:
+    """Owner affinity for a log of several tasks (§6): the worker given every tablet of the
+    log sorts all its tasks at once, decoding and encoding in a process pool; the runs come
+    back to it in memory, are written create-only as before (a rerun elsewhere finds the same
+    bytes), and its tablets replay them without reading them back: the segments are the only
+    bytes read."""
+    mem = MemoryObjectStore(shared=False)
+    await write_log(mem, segments=16)
+    store = InstrumentedObjectStore(mem)
+    plan = await plan_sort(store, W, INC, TABLETS, task_bytes=3000)
+    assert len(plan.tasks) >= 4
+    pool = process_pool(2)
+    shared = SharedSorts(cpu=lambda: pool, parallel=3)
+    store.reset()
+    reserved = {t.first for t in plan.tasks}
+
+    async def replay(t: TabletRange) -> list[Cell]:
+        return [
+            c
+            async for c in sorted_replay(
+                store,
+                plan,
+                t.table_id,
+                t.start_row,
+                t.end_row,
+                0,
+                wait=3600.0,
+                run_here=reserved,
+                shared=shared,
+            )
+        ]
+
+    try:
+        got = await asyncio.wait_for(asyncio.gather(*(replay(t) for t in TABLETS)), 60)
+    finally:
+        pool.shutdown(wait=True)
+    for t, cells in zip(TABLETS, got, strict=True):
+        assert cells == await direct(mem, t)
+    stats = store.stats()[Op.GET]
+    # Each segment once, plus each task's check for a manifest: no run read back.
+    assert stats.requests == plan.fence + len(plan.tasks)
+    log_bytes = sum(
+        [len(await mem.get(layout.log_segment_key(W, INC, n)) or b"") for n in range(plan.fence)]
+    )
+    assert stats.bytes == log_bytes
+    # The runs and manifests are in the store, the very bytes an inline rerun writes.
+    for task in plan.tasks:
+        assert await task_done(mem, plan, task)
+        assert await run_sort_task(mem, plan, task) == await _rerun(mem, plan, task)
+
+
+async def _rerun(store: MemoryObjectStore, plan: SortPlan, task: SortTask) -> SortManifest:
+    """The task run again inline after its manifest is removed: _create_same compares every
+    run with what the pool wrote (Corruption on any difference)."""
+    key = layout.recovery_manifest_key(W, INC, task.first)
+    data = await store.get(key)
+    await store.delete(key)
+    manifest = await run_sort_task(store, plan, task)
+    assert manifest.to_bytes() == data
+    return manifest
+
+
+async def test_a_damaged_segment_is_corruption_in_a_pool_process_too() -> None:
+    store = MemoryObjectStore(shared=False)
+    await write_log(store)
+    plan = await plan_sort(store, W, INC, TABLETS, task_bytes=3000)
+    key = layout.log_segment_key(W, INC, plan.tasks[0].first)
+    data = bytearray(await store.get(key) or b"")
+    data[-1] ^= 0xFF
+    await store.delete(key)
+    await store.create(key, bytes(data))
+    pool = process_pool(1)
+    try:
+        with pytest.raises(Corruption):
+            await SharedSorts(cpu=lambda: pool).run(store, plan, plan.tasks[0])
+    finally:
+        pool.shutdown(wait=True)
+    assert not await task_done(store, plan, plan.tasks[0])

@@ -7,6 +7,7 @@ reusing the plan and running only the tasks not done)."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
@@ -351,3 +352,60 @@ async def test_a_task_reserved_for_its_owner_is_sorted_there_or_after_the_grace(
     assert asyncio.get_running_loop().time() - started >= 0.5
     stop.set()
     await running_b
+
+
+async def test_a_log_of_several_tasks_within_owner_bytes_is_reserved_whole_for_its_owner() -> None:
+    """Owner affinity beyond one task (§6): a dead log of several tasks, no larger than
+    ``owner_bytes``, gets one owner (its tablets are not spread: ``sorted_wide`` is False) and
+    every task is published reserved for it; the owner's sorter claims them all at once,
+    beyond its ``parallel`` loops (each task here waits for all the others before writing its
+    runs: one or two at a time would never finish), and a sorter polling alongside takes
+    none. A larger log is sorted wide, by everyone, without an owner."""
+    dead = LogRef(W, INC)
+    records = _records((dead,))
+    # Larger than owner_bytes: spread, no owner.
+    store = MemoryObjectStore(shared=False)
+    await write_log(store)
+    coord = MemoryCoordinator()
+    wide = LogRecovery(store, CountingExecutor(store), coord, task_bytes=3000, owner_bytes=3000)
+    await wide.start(records, {}, live=[], owners={dead: "A"})
+    assert wide.sorted_wide(dead) and wide.owner(dead) is None
+    await wide.wait()
+    plan = await load_plan(store, W, INC)
+    assert plan is not None and len(plan.tasks) >= 3
+
+    store = GatheringStore(width=len(plan.tasks))
+    await write_log(store)
+    coord = MemoryCoordinator()
+    executor = WorkerSortExecutor(store, coord, poll=0.01)
+    recovery = LogRecovery(store, executor, coord, task_bytes=3000)
+    executor.owner_of = lambda worker_id, incarnation: recovery.owner(
+        LogRef(worker_id, incarnation)
+    )
+    stop = asyncio.Event()
+    sorters = {
+        name: Sorter(name, store, coord, await coord.grant_lease(30.0), poll=0.01, parallel=1)
+        for name in ("A", "B")
+    }
+    running = [asyncio.ensure_future(s.run(stop)) for s in sorters.values()]
+    await recovery.start(records, {}, live=["A", "B"], owners={dead: "A"})
+    assert recovery.owner(dead) == "A" and not recovery.sorted_wide(dead)
+    state_plan = recovery.sorting[dead]
+    assert len(state_plan.tasks) == len(plan.tasks)
+
+    async def published_for_a() -> bool:
+        found = await coord.get_prefix(paths.SORTS)
+        return len(found) == len(plan.tasks) and all(
+            json.loads(kv.value)["owner"] == "A" for kv in found
+        )
+
+    deadline = asyncio.get_running_loop().time() + 20
+    while not await published_for_a():
+        assert asyncio.get_running_loop().time() < deadline, "tasks not published for A"
+        await asyncio.sleep(0.01)
+    await asyncio.wait_for(recovery.wait(), 20)
+    assert all([await task_done(store, state_plan, t) for t in state_plan.tasks])
+    assert (sorters["A"].done, sorters["B"].done) == (len(plan.tasks), 0)
+    stop.set()
+    await asyncio.gather(*running)
+    await recovery.close()
