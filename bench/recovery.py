@@ -13,9 +13,14 @@ segments, the plan and its manifest key once, and PUTs one run per range plus it
 the tablets' reads by an instrumented store. The "owner sorts" rows run the sorters as asyncio
 tasks of the process that replays the tablets (the embedded database, or a worker serving the
 tablets it sorted): their runs stay in that process's memory (``sorting.IMMUTABLE``), and every
-request of sorters and tablets alike goes through the one instrumented store.
+request of sorters and tablets alike goes through the one instrumented store. The "owner
+sorts (pool processes)" rows (N in the sorters column) are a worker that owns a dead log of several tasks (§6; owner
+affinity up to ``MasterOptions.sort_owner_bytes``): its ``SharedSorts`` runs every task at
+once, decoding and encoding in a pool of N processes, while it fetches the segments and writes
+the runs itself (so keeps them in memory); its tablets' replays join those sorts, as a
+worker's loads do (``worker.log.replay_logged`` with the tasks reserved for it).
 
-    python -m bench.recovery [--log-mb 16] [--tablets 1,16,64] [--sorters 1,2,4,8]
+    python -m bench.recovery [--log-mb 16] [--tablets 1,16,64] [--sorters 1,2,4,8] [--no-direct]
 """
 
 from __future__ import annotations
@@ -32,7 +37,8 @@ from pathlib import Path
 
 from tabletstore.commitlog import encode_record, encode_segment, fence, replay_cells
 from tabletstore.commitlog.runs import SortManifest, SortPlan, SortTask, TabletRange
-from tabletstore.commitlog.sorting import plan_sort, sorted_replay
+from tabletstore.commitlog.sorting import SharedSorts, plan_sort, sorted_replay
+from tabletstore.engine.pools import process_pool
 from tabletstore.keys import Cell, CellKind
 from tabletstore.master.recovery import InProcessSortExecutor
 from tabletstore.storage_s3 import find_layer, open_store
@@ -109,8 +115,11 @@ async def direct(url: str, tablets: list[TabletRange]) -> tuple[float, int, int]
     store = open_store(url, instrument=True)
     started = time.perf_counter()
 
+    # Fenced once: 64 new owners fencing at once collide on the fence's create until one
+    # gives up (each reads the log whole either way).
+    await fence(store, WORKER, INCARNATION)
+
     async def one(t: TabletRange) -> int:
-        await fence(store, WORKER, INCARNATION)
         return sum(
             [
                 1
@@ -177,7 +186,56 @@ async def sorted_recovery(
     return seconds, read, requests, plan, max(finished)
 
 
-async def run(log_mb: float, tablet_counts: list[int], sorter_counts: list[int]) -> list[Result]:
+async def owner_pool_recovery(
+    url: str, tablets: list[TabletRange], processes: int, task_bytes: int
+) -> tuple[float, int, int, SortPlan, float]:
+    """A worker that owns the log sorts every task in a pool of ``processes`` processes while
+    its tablets replay (each load runs the reserved tasks through the worker's SharedSorts)."""
+    store = open_store(url, instrument=True)
+    pool = process_pool(processes)
+    loop = asyncio.get_running_loop()
+    # Start the pool's processes before the clock: a worker keeps its pool once made.
+    await asyncio.gather(*(loop.run_in_executor(pool, os.getpid) for _ in range(processes)))
+    shared = SharedSorts(cpu=lambda: pool, parallel=processes + 1)
+    started = time.perf_counter()
+    plan = await plan_sort(store, WORKER, INCARNATION, tablets, task_bytes=task_bytes)
+    reserved = {t.first for t in plan.tasks}
+    sort_done = asyncio.ensure_future(
+        asyncio.gather(*(shared.run(store, plan, t) for t in plan.tasks))
+    )
+
+    async def one(t: TabletRange) -> int:
+        return sum(
+            [
+                1
+                async for _ in sorted_replay(
+                    store,
+                    plan,
+                    t.table_id,
+                    t.start_row,
+                    t.end_row,
+                    0,
+                    wait=600.0,
+                    run_here=reserved,
+                    shared=shared,
+                )
+            ]
+        )
+
+    sorted_at: list[float] = []
+    sort_done.add_done_callback(lambda _: sorted_at.append(time.perf_counter() - started))
+    await asyncio.gather(*(one(t) for t in tablets))
+    seconds = time.perf_counter() - started
+    await sort_done
+    pool.shutdown(wait=True)
+    read, requests = _stats(store)
+    await store.close()
+    return seconds, read, requests, plan, sorted_at[0]
+
+
+async def run(
+    log_mb: float, tablet_counts: list[int], sorter_counts: list[int], *, direct_too: bool = True
+) -> list[Result]:
     results: list[Result] = []
     log_bytes = int(log_mb * 1024 * 1024)
     task_bytes = max(SEGMENT_BYTES, log_bytes // 8)
@@ -189,13 +247,15 @@ async def run(log_mb: float, tablet_counts: list[int], sorter_counts: list[int])
             seed = open_store(url)
             size = await write_log(seed, log_bytes, t)
             await seed.close()
-            seconds, read, requests = await direct(url, ranges)
-            results.append(Result(t, "direct replay", 0, size, read, read, requests, seconds))
-            print(_row(results[-1]), flush=True)
-            runs = [(n, False) for n in sorter_counts] + [(max(sorter_counts), True)]
-            for n, owner in runs:
+            if direct_too:
+                seconds, read, requests = await direct(url, ranges)
+                results.append(Result(t, "direct replay", 0, size, read, read, requests, seconds))
+                print(_row(results[-1]), flush=True)
+            runs = [(n, "sorted") for n in sorter_counts]
+            runs += [(max(sorter_counts), "owner")] + [(n, "pool") for n in sorter_counts]
+            for n, mode in runs:
                 # Each sorted run starts from the bare log: copy it so plans do not carry over.
-                run_url = f"file://{tmp}/s{n}{'o' if owner else ''}"
+                run_url = f"file://{tmp}/s{n}{mode}"
                 os.makedirs(run_url.removeprefix("file://"))
                 src, dst = open_store(url), open_store(run_url)
                 async for info in src.list("logs/"):
@@ -204,14 +264,19 @@ async def run(log_mb: float, tablet_counts: list[int], sorter_counts: list[int])
                         await dst.create(info.key, data)
                 await src.close()
                 await dst.close()
-                seconds, read, requests, plan, sort_s = await sorted_recovery(
-                    run_url, ranges, n, task_bytes, owner=owner
-                )
+                if mode == "pool":
+                    seconds, read, requests, plan, sort_s = await owner_pool_recovery(
+                        run_url, ranges, n, task_bytes
+                    )
+                else:
+                    seconds, read, requests, plan, sort_s = await sorted_recovery(
+                        run_url, ranges, n, task_bytes, owner=mode == "owner"
+                    )
                 log_read = sum(task.size for task in plan.tasks)
                 results.append(
                     Result(
                         t,
-                        "sorted, owner sorts" if owner else "sorted",
+                        METHODS[mode],
                         n,
                         size,
                         read,
@@ -225,6 +290,12 @@ async def run(log_mb: float, tablet_counts: list[int], sorter_counts: list[int])
                 print(_row(results[-1]), flush=True)
     return results
 
+
+METHODS = {
+    "sorted": "sorted",
+    "owner": "sorted, owner sorts",
+    "pool": "sorted, owner sorts (pool processes)",
+}
 
 HEADER = (
     "| tablets | method | sorters | log MB | log read / log | all read / log | requests "
@@ -247,12 +318,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tablets", default="1,16,64")
     parser.add_argument("--sorters", default="1,2,4,8")
     parser.add_argument("--json", type=Path, default=Path("bench-recovery.json"))
+    parser.add_argument(
+        "--no-direct", action="store_true", help="leave out the direct replay (T reads of the log)"
+    )
     args = parser.parse_args(argv)
     tablets = [int(x) for x in args.tablets.split(",")]
     sorters = [int(x) for x in args.sorters.split(",")]
     print(HEADER)
     print("|---|---|---|---|---|---|---|---|---|")
-    results = asyncio.run(run(args.log_mb, tablets, sorters))
+    results = asyncio.run(run(args.log_mb, tablets, sorters, direct_too=not args.no_direct))
     args.json.write_text(
         json.dumps(
             {

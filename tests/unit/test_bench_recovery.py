@@ -22,3 +22,7 @@ def test_recovery_bench_reports_reads_per_method(tmp_path: Path) -> None:
     # A sorter that replays the tablets it sorted reads the runs from its memory.
     owner = rows[("sorted, owner sorts", 1)]
     assert owner["log_read_ratio"] == 1.0 and owner["read_ratio"] < 1.2
+    # A worker owning a log of several tasks sorts them in its process pool: read once.
+    pool = rows[("sorted, owner sorts (pool processes)", 1)]
+    assert pool["tasks"] > 1
+    assert pool["log_read_ratio"] == 1.0 and pool["read_ratio"] < 1.2
