@@ -46,6 +46,7 @@ import asyncio
 import bisect
 import concurrent.futures
 import heapq
+import logging
 import weakref
 from collections.abc import AsyncIterator, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
@@ -96,6 +97,8 @@ __all__ = [
 DEFAULT_TASK_BYTES = 4 * 1024 * 1024
 #: Default upper bound on the segments of one sort task (each one is a GET).
 MAX_TASK_SEGMENTS = 256
+log = logging.getLogger(__name__)
+
 #: The tablet id of a table's catch-all run: the records of rows no plan range holds.
 CATCH_ALL_TABLET = "~catch-all"
 #: Runs a replay fetches at once.
@@ -327,7 +330,15 @@ class SharedSorts:
         async with self._slots:
             if self._cpu is None and self._make_cpu is not None:
                 self._cpu = self._make_cpu()
-            return await run_sort_task(store, plan, task, cpu=self._cpu)
+            if self._cpu is not None:
+                try:
+                    return await run_sort_task(store, plan, task, cpu=self._cpu)
+                except concurrent.futures.BrokenExecutor as exc:
+                    # A pool process died (killed, out of memory): the pool is unusable. The
+                    # task (idempotent) and every later one run here instead.
+                    log.warning("sort pool broken (%s): sorting in the event loop", exc)
+                    self._cpu, self._make_cpu = None, None
+            return await run_sort_task(store, plan, task)
 
     def _finished(self, key: str, done: asyncio.Task[SortManifest]) -> None:
         if self._running.get(key) is done:

@@ -6,6 +6,8 @@ or damaged segment is Corruption, never a silent skip."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import concurrent.futures.process
 import random
 
 import pytest
@@ -397,3 +399,29 @@ async def test_a_damaged_segment_is_corruption_in_a_pool_process_too() -> None:
     finally:
         pool.shutdown(wait=True)
     assert not await task_done(store, plan, plan.tasks[0])
+
+
+class _BrokenPool(concurrent.futures.Executor):
+    """A pool whose processes are gone (one was killed): every submit fails."""
+
+    def submit(self, fn, /, *args, **kwargs):  # type: ignore[no-untyped-def]
+        raise concurrent.futures.process.BrokenProcessPool("a pool process died")
+
+
+async def test_a_broken_sort_pool_falls_back_to_sorting_in_the_event_loop() -> None:
+    """A pool process killed (out of memory, say) must not fail the owner's recovery: the
+    task runs again in the worker's event loop, and so do the later ones."""
+    store = MemoryObjectStore(shared=False)
+    await write_log(store)
+    plan = await plan_sort(store, W, INC, TABLETS, task_bytes=3000)
+    made: list[int] = []
+
+    def make() -> concurrent.futures.Executor:
+        made.append(1)
+        return _BrokenPool()
+
+    shared = SharedSorts(cpu=make)
+    got = [await shared.run(store, plan, t) for t in plan.tasks]
+    assert [m.first for m in got] == [t.first for t in plan.tasks]
+    assert all([await task_done(store, plan, t) for t in plan.tasks])
+    assert made == [1]
