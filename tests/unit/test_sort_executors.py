@@ -409,3 +409,60 @@ async def test_a_log_of_several_tasks_within_owner_bytes_is_reserved_whole_for_i
     stop.set()
     await asyncio.gather(*running)
     await recovery.close()
+
+
+class TaskStallingStore(StallingStore):
+    """A StallingStore that records which tasks (first segments) hang in their run creates."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stalled_tasks: set[str] = set()
+
+    async def create(self, key: str, data: bytes) -> None:
+        if self.stall and key.startswith("recovery/") and key.endswith(".run"):
+            self.stalled_tasks.add(key.split("/")[3])
+        await super().create(key, data)
+
+
+async def test_an_owner_killed_mid_sort_leaves_every_task_to_the_others(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The owner of a log of several tasks claims them all, then hangs mid-sort and its lease
+    ends (killed): its claims go with the lease, and once the grace is over another sorter
+    takes every task; each is done once more, with the same bytes (create-only)."""
+    import tabletstore.worker.sorter as sorter_module
+
+    monkeypatch.setattr(sorter_module, "OWNER_GRACE", 0.3)
+    store = TaskStallingStore()
+    plan = await _plan(store)
+    assert len(plan.tasks) >= 3
+    coord = MemoryCoordinator()
+    executor = WorkerSortExecutor(store, coord, poll=0.01)
+    executor.owner_of = lambda worker_id, incarnation: "A"
+    stop = asyncio.Event()
+    lease_a = await coord.grant_lease(30.0)
+    store.stall = True
+    a = asyncio.ensure_future(Sorter("A", store, coord, lease_a, poll=0.01, parallel=1).run(stop))
+    runs = [asyncio.ensure_future(executor.run(plan, t)) for t in plan.tasks]
+
+    async def all_claimed_by_a() -> bool:
+        claims = await coord.get_prefix(paths.SORTERS)
+        return len(claims) == len(plan.tasks) and all(kv.value == b"A" for kv in claims)
+
+    deadline = asyncio.get_running_loop().time() + 20
+    while not await all_claimed_by_a():  # every task, beyond A's one loop
+        assert asyncio.get_running_loop().time() < deadline, "A did not claim every task"
+        await asyncio.sleep(0.01)
+    while len(store.stalled_tasks) < len(plan.tasks):  # A hangs inside every task
+        assert asyncio.get_running_loop().time() < deadline, store.stalled_tasks
+        await asyncio.sleep(0.01)
+    store.stall = False
+    b_sorter = Sorter("B", store, coord, await coord.grant_lease(30.0), poll=0.01)
+    b = asyncio.ensure_future(b_sorter.run(stop))
+    await lease_a.revoke()  # A is killed: its claims vanish with its lease
+    manifests = await asyncio.wait_for(asyncio.gather(*runs), 30)
+    assert sorted(m.first for m in manifests) == [t.first for t in plan.tasks]
+    assert b_sorter.done == len(plan.tasks)
+    stop.set()
+    a.cancel()
+    await asyncio.gather(a, b, return_exceptions=True)
