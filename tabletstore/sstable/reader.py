@@ -671,7 +671,7 @@ class SSTable:
         while (
             stop < end
             and stop not in inflight
-            and not (cache is not None and cache.has_page(self.key, stop))
+            and not (cache is not None and cache.has_page(self._cache_key, stop))
         ):
             stop += 1
         return stop

@@ -295,6 +295,41 @@ async def test_pages_read_ahead_are_decoded_when_first_read() -> None:
     assert decoded == list(range(start, end))
 
 
+@pytest.mark.parametrize("seq_base", [0, 1000])
+async def test_read_ahead_stops_at_a_cached_page_of_an_adopted_sstable(seq_base: int) -> None:
+    """Read-ahead stops at a page already in the block cache, also for an SSTable opened
+    with a ``seq_base`` (a bulk-loaded file), whose pages are cached under another name."""
+    cells = [Cell(b"r%06d" % i, "cf", b"q", 1, i + 1, 0, os.urandom(200)) for i in range(2000)]
+    data, info = write_sstable(cells, block_size=32 * 1024)
+    store = InstrumentedObjectStore(MemoryObjectStore(shared=False))
+    await store.create(KEY, data)
+    table = await SSTable.open(
+        store, KEY, size=info.size, block_cache=BlockCache(1 << 24), seq_base=seq_base
+    )
+    index = table._core.pages
+    assert index is not None
+    start, end = index.block_starts[1], index.block_starts[2]
+    assert end - start >= 4
+    fetched: list[int] = []
+    fetch = table._fetch_pages
+
+    async def recording_fetch(block: int, pages: range, wanted_stop: int) -> dict[int, Page]:
+        fetched.extend(pages)
+        return await fetch(block, pages, wanted_stop)
+
+    table._fetch_pages = recording_fetch  # type: ignore[method-assign]
+    cached = start + 3
+    # A random read caches a page in the middle of the block, then a sequential reader
+    # starts at the block's first page: its read-ahead stops before the cached page.
+    for p in (cached, start, start + 1):
+        got = await table.get_row(index.first_rows[p])
+        assert [c.seq for c in got] == [
+            c.seq + seq_base for c in cells if c.row == index.first_rows[p]
+        ]
+    assert fetched == [cached, start, start + 1, start + 2]
+    assert sorted(fetched) == sorted(set(fetched)), "a cached page was fetched again"
+
+
 async def test_a_damaged_page_read_ahead_fails_the_read_that_reaches_it() -> None:
     """A page read ahead is checked when decoded: its reader gets Corruption, never cells."""
     cells = [Cell(b"r%06d" % i, "cf", b"q", 1, i + 1, 0, os.urandom(200)) for i in range(2000)]
