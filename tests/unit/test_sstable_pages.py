@@ -24,6 +24,7 @@ from tabletstore.sstable.pages import (
     page_cells_for,
     read_page_header,
 )
+from tabletstore.sstable.reader import SSTableCore
 from tabletstore.storage_s3.base import ObjectStore, Op
 from tabletstore.storage_s3.instrumented import InstrumentedObjectStore
 from tabletstore.storage_s3.memory import MemoryObjectStore
@@ -357,3 +358,35 @@ async def _store_with(data: bytes) -> MemoryObjectStore:
     store = MemoryObjectStore(shared=False)
     await store.create(KEY, data)
     return store
+
+
+@pytest.mark.parametrize("value_size", [10, 1000])
+def test_a_decoded_page_makes_the_same_cells_read_one_row_or_all(value_size: int) -> None:
+    """A page decodes to columns and makes cells when read: a row's cells, every cell, and a
+    row read again after that are the cells written (a page of few large values walks its
+    byte arrays, of many small ones checks their lengths at once)."""
+    rng = random.Random(5)
+    cells = sorted(
+        (
+            Cell(
+                b"r%05d" % (i // 2), "cf", b"q%d" % (i % 2), 7, i + 1, 0, rng.randbytes(value_size)
+            )
+            for i in range(600)
+        ),
+        key=cell_sort_key,
+    )
+    data, _ = write_sstable(cells, block_size=16 * 1024)
+    core = SSTableCore.from_tail("t", len(data), data)
+    index = core.pages
+    assert index is not None
+    for p in (0, index.block_starts[1] - 1, index.pages - 1):
+        block = int(index.table[p, 0])
+        offset, length = core.page_range(block, range(p, p + 1))
+        page = core.decode_pages(block, range(p, p + 1), data[offset : offset + length], offset)
+        first = sum(index.block_cells[:block]) + (p - index.block_starts[block]) * index.page_cells
+        want = cells[first : first + page.cells]
+        row = want[-1].row
+        assert page.row_cells(row) == [c for c in want if c.row == row]
+        assert page.cells_in() == want
+        assert page.row_cells(row) == [c for c in want if c.row == row]
+        assert page.row_cells(b"r99999") == []
