@@ -183,7 +183,13 @@ class InstrumentedObjectStore:
         return data
 
     async def get_range(self, key: str, offset: int, length: int) -> bytes | None:
-        data = await self._call(Op.GET_RANGE, self.inner.get_range(key, offset, length))
+        # _call inlined: a frame less on every point read.
+        self._count(Op.GET_RANGE, requests=1)
+        try:
+            data = await self.inner.get_range(key, offset, length)
+        except TabletStoreError:
+            self._count(Op.GET_RANGE, errors=1)
+            raise
         if data:
             self._count(Op.GET_RANGE, nbytes=len(data))
         return data
