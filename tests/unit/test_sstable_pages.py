@@ -265,7 +265,7 @@ async def test_pages_read_ahead_are_decoded_when_first_read() -> None:
     only the page it asked for: the others are decoded when a read reaches them (issue 18: a
     random read that happens to follow a recent fetch read ahead and decoded a whole block)."""
     cells = [Cell(b"r%06d" % i, "cf", b"q", 1, i + 1, 0, os.urandom(200)) for i in range(2000)]
-    data, info = write_sstable(cells, block_size=16 * 1024)
+    data, info = write_sstable(cells, block_size=32 * 1024)
     store = InstrumentedObjectStore(MemoryObjectStore(shared=False))
     await store.create(KEY, data)
     table = await SSTable.open(store, KEY, size=info.size, block_cache=BlockCache(1 << 24))
@@ -280,16 +280,16 @@ async def test_pages_read_ahead_are_decoded_when_first_read() -> None:
 
     table._core.decode_pages = counting_decode  # type: ignore[method-assign]
     start, end = index.block_starts[1], index.block_starts[2]
-    assert end - start >= 3
-    # Reading the first page of block 1 then the second: the second read reads ahead.
-    for p in (start, start + 1):
+    assert end - start >= 4
+    # Reading the first three pages of block 1: the third read reads ahead.
+    for p in (start, start + 1, start + 2):
         assert await table.get_row(index.first_rows[p]) == [
             c for c in cells if c.row == index.first_rows[p]
         ]
     store.reset()
-    assert decoded == [start, start + 1]
+    assert decoded == [start, start + 1, start + 2]
     # The rest of the block came with that GET, undecoded until read.
-    for p in range(start + 2, end):
+    for p in range(start + 3, end):
         row = index.first_rows[p]
         assert await table.get_row(row) == [c for c in cells if c.row == row]
     assert store.stats()[Op.GET_RANGE].requests == 0
@@ -310,7 +310,7 @@ async def test_read_ahead_stops_at_a_cached_page_of_an_adopted_sstable(seq_base:
     index = table._core.pages
     assert index is not None
     start, end = index.block_starts[1], index.block_starts[2]
-    assert end - start >= 4
+    assert end - start >= 5
     fetched: list[int] = []
     fetch = table._fetch_pages
 
@@ -319,15 +319,15 @@ async def test_read_ahead_stops_at_a_cached_page_of_an_adopted_sstable(seq_base:
         return await fetch(block, pages, wanted_stop)
 
     table._fetch_pages = recording_fetch  # type: ignore[method-assign]
-    cached = start + 3
+    cached = start + 4
     # A random read caches a page in the middle of the block, then a sequential reader
     # starts at the block's first page: its read-ahead stops before the cached page.
-    for p in (cached, start, start + 1):
+    for p in (cached, start, start + 1, start + 2):
         got = await table.get_row(index.first_rows[p])
         assert [c.seq for c in got] == [
             c.seq + seq_base for c in cells if c.row == index.first_rows[p]
         ]
-    assert fetched == [cached, start, start + 1, start + 2]
+    assert fetched == [cached, start, start + 1, start + 2, start + 3]
     assert sorted(fetched) == sorted(set(fetched)), "a cached page was fetched again"
 
 
