@@ -33,6 +33,8 @@ METADATA tablet's entry and walks up one level (then to the coordinator) and tri
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -76,6 +78,10 @@ class LocationStats:
     stale: int = 0
 
 
+#: Set while a task reads a location for :meth:`LocationCache.locate`'s waiters.
+_in_lookup: contextvars.ContextVar[bool] = contextvars.ContextVar("in_lookup", default=False)
+
+
 def _unlocated(what: str) -> NotServing:
     return NotServing(f"{what} is not served yet (unassigned or moving)")
 
@@ -104,6 +110,8 @@ class LocationCache:
         self._root: TabletRecord | None = None
         #: METADATA row key -> record (levels 2 and 3), every entry with a location.
         self._rows: SortedDict = SortedDict()
+        #: Table id -> the lookup of a missed row of it being read now (see :meth:`locate`).
+        self._lookups: dict[str, asyncio.Event] = {}
         self.stats = LocationStats()
 
     # ------------------------------------------------------------------ lookups
@@ -142,9 +150,36 @@ class LocationCache:
         if table_id == METADATA_TABLE_ID and row < ROOT_END:
             return await self.root(refresh=refresh)
         cached = self._cached(table_id, row)
+        if not refresh and cached is None and not _in_lookup.get():
+            pending = self._lookups.get(table_id)
+            if pending is not None:
+                # Many requests of a table missing at once (a new client, a cold cache):
+                # the first one's read prefetches the rows after its own, most likely the
+                # others' too. Each waits for it once, then reads for itself if still missing.
+                await pending.wait()
+                cached = self._cached(table_id, row)
+            else:
+                mine = self._lookups[table_id] = asyncio.Event()
+                # Whatever this read awaits (METADATA lookups of its own) never waits for a
+                # lookup in flight: it might be this one.
+                token = _in_lookup.set(True)
+                try:
+                    return await self._read_location(table_id, row, None)
+                finally:
+                    _in_lookup.reset(token)
+                    mine.set()
+                    if self._lookups.get(table_id) is mine:
+                        del self._lookups[table_id]
         if not refresh and cached is not None:
             self.stats.hits += 1
             return cached
+        return await self._read_location(table_id, row, cached)
+
+    async def _read_location(
+        self, table_id: str, row: bytes, cached: TabletRecord | None
+    ) -> TabletRecord:
+        """:meth:`locate` of a row not cached (``cached`` None) or refreshed: one METADATA
+        read."""
         if cached is not None:
             self.stats.invalidations += 1  # in doubt: replaced unless METADATA cannot answer
         self.stats.reads[2 if table_id == METADATA_TABLE_ID else 3] += 1

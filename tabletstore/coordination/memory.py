@@ -83,6 +83,8 @@ class MemoryState:
         self.revision = 1
         self._kvs: SortedDict[str, KeyValue] = SortedDict()
         self._leases: dict[int, _LeaseRecord] = {}
+        #: No lease deadline is before this (see :meth:`expire_due`).
+        self._earliest = math.inf
         self._lease_ids = itertools.count(0x1000)
         self._history: collections.deque[WatchEvent] = collections.deque()
         #: Every event with revision >= history_floor is still in ``_history``.
@@ -117,7 +119,10 @@ class MemoryState:
         lease = MemoryLease(
             self, next(self._lease_ids), ttl, now, safety_margin, bound_to_process=bound_to_process
         )
-        self._leases[lease.id] = _LeaseRecord(lease, math.inf if bound_to_process else now + ttl)
+        record = self._leases[lease.id] = _LeaseRecord(
+            lease, math.inf if bound_to_process else now + ttl
+        )
+        self._earliest = min(self._earliest, record.deadline)
         for event in self.wake_events:
             event.set()
         return lease
@@ -129,6 +134,7 @@ class MemoryState:
             return False
         if not record.lease.bound_to_process:
             record.deadline = self.clock.monotonic() + record.lease.ttl
+            self._earliest = min(self._earliest, record.deadline)
         return True
 
     def revoke(self, lease_id: int) -> None:
@@ -143,8 +149,14 @@ class MemoryState:
     def expire_due(self) -> None:
         """End every lease whose deadline has passed (etcd's lessor, run on demand)."""
         now = self.clock.monotonic()
+        # Every request of an embedded worker checks its lease, so this runs per request:
+        # nothing to scan before the earliest deadline (a bound never above the true one:
+        # lowered whenever a deadline is set, recomputed by each scan).
+        if now < self._earliest:
+            return
         for record in [r for r in self._leases.values() if r.deadline <= now]:
             self._end_lease(record)
+        self._earliest = min((r.deadline for r in self._leases.values()), default=math.inf)
 
     def _end_lease(self, record: _LeaseRecord) -> None:
         del self._leases[record.lease.id]

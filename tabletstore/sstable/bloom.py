@@ -43,11 +43,10 @@ _MASK64 = (1 << 64) - 1
 
 
 def _hash_pair(key: bytes) -> tuple[int, int]:
-    digest = hashlib.blake2b(key, digest_size=16).digest()
-    h1 = int.from_bytes(digest[:8], "little")
-    # An odd step is never 0, so the k probes never collapse onto one bit.
-    h2 = int.from_bytes(digest[8:], "little") | 1
-    return h1, h2
+    h = int.from_bytes(hashlib.blake2b(key, digest_size=16).digest(), "little")
+    # The digest's two little-endian halves. An odd step is never 0, so the k probes never
+    # collapse onto one bit.
+    return h & _MASK64, (h >> 64) | 1
 
 
 class BloomFilter:
@@ -100,12 +99,14 @@ class BloomFilter:
 
     def may_contain(self, key: bytes) -> bool:
         """False means ``key`` is certainly absent; True means it may be present."""
-        h1, h2 = _hash_pair(key)
+        h, h2 = _hash_pair(key)
         bits, m = self._bits, self._m
-        for i in range(self._k):
-            pos = ((h1 + i * h2) & _MASK64) % m
+        for _ in range(self._k):
+            # h is h1 + i * h2 modulo 2**64 at probe i.
+            pos = h % m
             if not bits[pos >> 3] & (1 << (pos & 7)):
                 return False
+            h = (h + h2) & _MASK64
         return True
 
     @property

@@ -36,7 +36,7 @@ import struct
 import threading
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import crc32c
@@ -99,6 +99,18 @@ class PageIndex:
     block_starts: tuple[int, ...]
     #: Cells of each block.
     block_cells: tuple[int, ...]
+    #: ``table`` flattened, as a memoryview: a page's entry as Python ints in one slice
+    #: (:meth:`entry`; numpy's per-row ``tolist`` cost more than the rest of a span lookup).
+    _flat: memoryview = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        flat = np.ascontiguousarray(self.table, dtype=np.uint32).reshape(-1)
+        object.__setattr__(self, "_flat", flat.data)
+
+    def entry(self, page: int) -> list[int]:
+        """Page ``page``'s row of ``table`` (block, 7 x (offset, compressed, size), crc,
+        flags) as Python ints."""
+        return self._flat[page * _FIELDS : (page + 1) * _FIELDS].tolist()
 
     @property
     def pages(self) -> int:
@@ -133,9 +145,8 @@ class PageIndex:
     def span(self, pages: range) -> tuple[int, int]:
         """``(relative offset, length)`` in its block of the bytes holding ``pages`` of every
         column (REQUIRES: consecutive pages of one block)."""
-        t = self.table
-        first: list[int] = t[pages.start].tolist()
-        last: list[int] = first if len(pages) == 1 else t[pages.stop - 1].tolist()
+        first = self.entry(pages.start)
+        last = first if len(pages) == 1 else self.entry(pages.stop - 1)
         start = min(first[1 : 1 + 3 * COLUMNS : 3])
         end = max(o + n for o, n in zip(last[1:_CRC:3], last[2:_CRC:3], strict=True))
         return start, end - start
@@ -503,14 +514,25 @@ class Page:
     that reads ahead to the end of its block pays for the pages it was asked for, not for the
     others (a random read that happens to follow a recent fetch reads ahead too)."""
 
-    __slots__ = ("_cells", "_decode", "_rows", "nbytes")
+    __slots__ = ("_cells", "_columns", "_decode", "_rows", "nbytes")
 
-    def __init__(self, cells: list[Cell], rows: list[bytes], nbytes: int) -> None:
+    def __init__(self, cells: list[Cell], rows: Sequence[bytes], nbytes: int) -> None:
         """``rows``: the row key of each cell; ``nbytes``: what the block cache charges."""
-        self._cells = cells
+        self._cells: list[Cell] | None = cells
         self._rows = rows
         self.nbytes = nbytes
+        self._columns: tuple[Sequence[Any], ...] | None = None
         self._decode: Callable[[], Page] | None = None
+
+    @classmethod
+    def of_columns(cls, columns: tuple[Sequence[Any], ...], nbytes: int) -> Page:
+        """A page of the cells whose fields are ``columns`` (schema order), each
+        :class:`Cell` made when first read: a point read makes the one or two of its row,
+        not every cell of the page."""
+        page = cls([], columns[0], nbytes)
+        page._cells = None
+        page._columns = columns
+        return page
 
     @classmethod
     def deferred(cls, decode: Callable[[], Page], nbytes: int) -> Page:
@@ -524,16 +546,39 @@ class Page:
         decode = self._decode
         if decode is not None:
             page = decode()
-            # Cells before rows before clearing _decode: a reader on another thread that sees
-            # _decode None sees both (decoding twice in a race is harmless).
-            self._cells, self._rows = page._cells, page._rows
+            # Fields before clearing _decode: a reader on another thread that sees _decode
+            # None sees them all (decoding twice in a race is harmless).
+            self._cells, self._columns, self._rows = page._cells, page._columns, page._rows
             self._decode = None
+
+    def _all(self) -> list[Cell]:
+        """Every cell, made now if the page was decoded as columns (once: kept)."""
+        if self._decode is not None:
+            self._load()
+        cells = self._cells
+        if cells is None:
+            columns = self._columns
+            assert columns is not None
+            cells = self._cells = list(map(Cell, *columns))
+            # Cells set before the columns are dropped: a reader (another thread) that sees
+            # no columns sees the cells.
+            self._columns = None
+        return cells
+
+    def _slice(self, lo: int, hi: int) -> list[Cell]:
+        columns = self._columns
+        if columns is None:
+            cells = self._cells
+            assert cells is not None
+            return cells[lo:hi]
+        r, f, q, t, s, k, v = columns
+        return [Cell(r[i], f[i], q[i], t[i], s[i], k[i], v[i]) for i in range(lo, hi)]
 
     @property
     def cells(self) -> int:
         if self._decode is not None:
             self._load()
-        return len(self._cells)
+        return len(self._rows)
 
     @property
     def first_row(self) -> bytes:
@@ -551,9 +596,10 @@ class Page:
         """The cells of ``row`` in this page (empty if none)."""
         if self._decode is not None:
             self._load()
-        lo = bisect_left(self._rows, row)
-        hi = bisect_right(self._rows, row, lo)
-        return self._cells[lo:hi]
+        rows = self._rows
+        lo = bisect_left(rows, row)
+        hi = bisect_right(rows, row, lo)
+        return self._slice(lo, hi) if lo < hi else []
 
     def cells_in(self, start_row: bytes = b"", end_row: bytes | None = None) -> list[Cell]:
         """The cells whose row is in ``[start_row, end_row)`` (``None``: to the end)."""
@@ -561,7 +607,7 @@ class Page:
             self._load()
         lo = bisect_left(self._rows, start_row) if start_row else 0
         hi = len(self._rows) if end_row is None else bisect_left(self._rows, end_row)
-        return self._cells[lo:hi] if lo < hi else []
+        return self._all()[lo:hi] if lo < hi else []
 
 
 #: Family names decoded, by their bytes: a page's family column repeats a handful of names.
@@ -582,11 +628,16 @@ def _families(raw: list[bytes]) -> list[str]:
     return out
 
 
+#: Up to this many values, :func:`_binary` walks them one by one (faster for few values).
+_WALK_CELLS: Final = 16
+
+
 def _binary(buf: bytes, n: int) -> list[bytes]:
     """``n`` PLAIN byte arrays (u32 length, bytes) from ``buf``; ValueError unless they fill it.
     Values of one length (row keys of fixed width, 1000-byte values) take a sliced path, and
-    ``n`` copies of one value (a page's family, often its qualifier) share one object."""
-    if n and len(buf) >= 4:
+    ``n`` copies of one value (a page's family, often its qualifier) share one object. A
+    page of a few cells (large values) takes the plain walk: cheaper than those checks."""
+    if n > _WALK_CELLS and len(buf) >= 4:
         (width,) = _U32.unpack_from(buf, 0)
         step = width + 4
         if step * n == len(buf) and _same_lengths(buf, step, n):
@@ -644,10 +695,7 @@ def _decompress(compression: str, data: bytes | memoryview, size: int) -> bytes:
 
 def page_nbytes(index: PageIndex, page: int) -> int:
     """What :func:`decode_pages` charges for ``page`` alone, from the index (no decode)."""
-    entry = index.table[page]
-    return int(sum(int(entry[c + 2]) for c in range(1, _CRC, 3))) + _CELL_OVERHEAD * (
-        index.cells_in_page(page)
-    )
+    return sum(index.entry(page)[3:_CRC:3]) + _CELL_OVERHEAD * index.cells_in_page(page)
 
 
 def decode_pages(
@@ -660,50 +708,82 @@ def decode_pages(
 ) -> Page:
     """Decode ``pages`` (consecutive, of one block) from ``data``, the block's bytes starting
     at relative offset ``base``, ``seq_base`` added to every seq (``SSTableRef.seq_base``).
-    Corruption when a checksum fails or a page does not decode."""
+    Corruption when a checksum fails or a page does not decode. The page's cells are made
+    when read (:meth:`Page.of_columns`)."""
     view = memoryview(data)
-    columns: list[list[object]] = [[] for _ in range(COLUMNS)]
+    if len(pages) == 1:
+        columns, nbytes = _decode_one(index, pages.start, view, base, compression, seq_base)
+        return Page.of_columns(columns, nbytes)
+    merged: tuple[list[Any], ...] = tuple([] for _ in range(COLUMNS))
     nbytes = 0
     for p in pages:
-        entry: list[int] = index.table[p].tolist()
-        block = entry[0]
-        n = index._cells_in(p, block)
-        crc = 0
-        raw = []
-        for c in range(1, _CRC, 3):
-            off = entry[c] - base
-            length = entry[c + 1]
-            piece = view[off : off + length]
-            if off < 0 or len(piece) != length:
-                raise Corruption(f"block {block} page {p} lies outside the bytes read")
-            crc = crc32c.crc32c(piece, crc)
-            raw.append((piece, entry[c + 2]))
-        if crc != entry[_CRC]:
-            raise Corruption(f"block {block} fails its crc32c checksum (page {p})")
-        try:
-            bufs = [_decompress(compression, piece, size) for piece, size in raw]
-            rows = _binary(bufs[0], n)
-            if rows[0] != index.first_rows[p]:
-                raise Corruption(f"block {block} page {p} disagrees with the page index")
-            columns[0] += rows
-            columns[1] += _families(_binary(bufs[1], n))
-            columns[2] += _binary(bufs[2], n)
-            columns[3] += struct.unpack(f"<{n}q", bufs[3])
-            seqs = struct.unpack(f"<{n}q", bufs[4])
-            columns[4] += [q + seq_base for q in seqs] if seq_base else seqs
-            columns[5] += struct.unpack(f"<{n}i", bufs[5])
-            columns[6] += _binary(bufs[6], n)
-        except (
-            pa.ArrowException,
-            zstandard.ZstdError,
-            ValueError,
-            IndexError,
-            struct.error,
-            UnicodeDecodeError,
-        ) as exc:
-            raise Corruption(f"block {block} page {p} does not decode: {exc}") from exc
-        nbytes += sum(map(len, bufs)) + _CELL_OVERHEAD * n
-    return Page(list(map(Cell, *columns)), columns[0], nbytes)  # type: ignore[arg-type]
+        one, n = _decode_one(index, p, view, base, compression, seq_base)
+        for into, part in zip(merged, one, strict=True):
+            into += part
+        nbytes += n
+    return Page.of_columns(merged, nbytes)
+
+
+def _decode_one(
+    index: PageIndex, p: int, view: memoryview, base: int, compression: str, seq_base: int
+) -> tuple[tuple[Sequence[Any], ...], int]:
+    """Page ``p``'s seven columns as lists, and what the block cache charges for it."""
+    entry = index.entry(p)
+    block = entry[0]
+    n = index._cells_in(p, block)
+    crc = 0
+    pieces = []
+    for c in range(1, _CRC, 3):
+        off = entry[c] - base
+        length = entry[c + 1]
+        piece = view[off : off + length]
+        if off < 0 or len(piece) != length:
+            raise Corruption(f"block {block} page {p} lies outside the bytes read")
+        crc = crc32c.crc32c(piece, crc)
+        pieces.append(piece)
+    if crc != entry[_CRC]:
+        raise Corruption(f"block {block} fails its crc32c checksum (page {p})")
+    try:
+        sizes = entry[3:_CRC:3]
+        if compression == "zstd":
+            decompress = _zstd.context.decompress
+            bufs = [
+                decompress(piece, max_output_size=size)
+                for piece, size in zip(pieces, sizes, strict=True)
+            ]
+            for buf, size in zip(bufs, sizes, strict=True):
+                if len(buf) != size:
+                    raise ValueError(
+                        f"a page decompresses to {len(buf)} bytes, its header says {size}"
+                    )
+        else:
+            bufs = [
+                _decompress(compression, piece, size)
+                for piece, size in zip(pieces, sizes, strict=True)
+            ]
+        rows = _binary(bufs[0], n)
+        if rows[0] != index.first_rows[p]:
+            raise Corruption(f"block {block} page {p} disagrees with the page index")
+        seqs: Sequence[int] = struct.unpack(f"<{n}q", bufs[4])
+        columns: tuple[Sequence[Any], ...] = (
+            rows,
+            _families(_binary(bufs[1], n)),
+            _binary(bufs[2], n),
+            struct.unpack(f"<{n}q", bufs[3]),
+            [q + seq_base for q in seqs] if seq_base else seqs,
+            struct.unpack(f"<{n}i", bufs[5]),
+            _binary(bufs[6], n),
+        )
+    except (
+        pa.ArrowException,
+        zstandard.ZstdError,
+        ValueError,
+        IndexError,
+        struct.error,
+        UnicodeDecodeError,
+    ) as exc:
+        raise Corruption(f"block {block} page {p} does not decode: {exc}") from exc
+    return columns, sum(sizes) + _CELL_OVERHEAD * n
 
 
 # -- whole ranges of blocks as Arrow columns (batch reads, §8) ---------------------------------

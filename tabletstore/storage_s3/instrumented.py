@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from tabletstore.errors import TabletStoreError
 from tabletstore.storage_s3.base import S3_BATCH, ObjectInfo, ObjectStore, Op
@@ -92,6 +92,40 @@ class StoreStats:
         }
 
 
+_EXPORTED: Final = (
+    ("requests", "Object store requests, by S3 request kind"),
+    ("bytes", "Object bytes read or written, by S3 request kind"),
+    ("errors", "Object store requests that failed, by S3 request kind"),
+)
+
+
+class _Exporter:
+    """A prometheus collector of a store's totals, read when scraped:
+    ``<prefix>_{requests,bytes,errors}_total{op=...}``."""
+
+    def __init__(self, prefix: str, totals: dict[Op, list[int]]) -> None:
+        self._prefix = prefix
+        self._totals = totals
+
+    def describe(self) -> list[Any]:
+        return self._families()
+
+    def collect(self) -> list[Any]:
+        return self._families()
+
+    def _families(self) -> list[Any]:
+        from prometheus_client.core import CounterMetricFamily
+
+        out = []
+        for i, (what, doc) in enumerate(_EXPORTED):
+            family = CounterMetricFamily(f"{self._prefix}_{what}", doc, labels=["op"])
+            for op, counts in list(self._totals.items()):
+                if counts[i]:
+                    family.add_metric([op.value], counts[i])
+            out.append(family)
+        return out
+
+
 class InstrumentedObjectStore:
     """An ObjectStore that counts what it forwards to ``inner`` (see the module docstring)."""
 
@@ -104,38 +138,33 @@ class InstrumentedObjectStore:
     ) -> None:
         self.inner = inner
         self.url = inner.url
-        self._counts: dict[Op, OpStats] = {}
-        self._metrics: tuple[Any, Any, Any] | None = None
-        self._children: dict[tuple[int, Op], Any] = {}
+        #: Per kind: [requests, bytes, errors] since the last :meth:`reset`, and since the
+        #: start (what prometheus exports: its counters never go down). Plain lists bumped
+        #: in place: a point read counts twice, and a dataclass per count (or a prometheus
+        #: counter's lock per increment) was several % of a cold read's CPU.
+        self._counts: dict[Op, list[int]] = {}
+        self._totals: dict[Op, list[int]] | None = None
         if registry is not None:
-            from prometheus_client import Counter
-
-            self._metrics = tuple(  # type: ignore[assignment]
-                Counter(f"{metric_prefix}_{what}", doc, ["op"], registry=registry)
-                for what, doc in (
-                    ("requests", "Object store requests, by S3 request kind"),
-                    ("bytes", "Object bytes read or written, by S3 request kind"),
-                    ("errors", "Object store requests that failed, by S3 request kind"),
-                )
-            )
+            self._totals = {}
+            registry.register(_Exporter(metric_prefix, self._totals))
 
     def stats(self) -> StoreStats:
         """A snapshot of the counters."""
-        return StoreStats(dict(self._counts))
+        return StoreStats({op: OpStats(*c) for op, c in self._counts.items()})
 
     def reset(self) -> None:
         """Zero the counters (prometheus counters only ever increase and are left alone)."""
         self._counts.clear()
 
     def _count(self, op: Op, *, requests: int = 0, nbytes: int = 0, errors: int = 0) -> None:
-        self._counts[op] = self._counts.get(op, OpStats()) + OpStats(requests, nbytes, errors)
-        if self._metrics is not None:
-            for i, amount in enumerate((requests, nbytes, errors)):
-                if amount:
-                    child = self._children.get((i, op))
-                    if child is None:  # labels() validates and hashes: once per (metric, op)
-                        child = self._children[(i, op)] = self._metrics[i].labels(op=op.value)
-                    child.inc(amount)
+        for counts in (self._counts, self._totals):
+            if counts is not None:
+                c = counts.get(op)
+                if c is None:
+                    c = counts[op] = [0, 0, 0]
+                c[0] += requests
+                c[1] += nbytes
+                c[2] += errors
 
     async def _call(self, op: Op, call: Awaitable[T], requests: int = 1) -> T:
         self._count(op, requests=requests)
@@ -154,7 +183,13 @@ class InstrumentedObjectStore:
         return data
 
     async def get_range(self, key: str, offset: int, length: int) -> bytes | None:
-        data = await self._call(Op.GET_RANGE, self.inner.get_range(key, offset, length))
+        # _call inlined: a frame less on every point read.
+        self._count(Op.GET_RANGE, requests=1)
+        try:
+            data = await self.inner.get_range(key, offset, length)
+        except TabletStoreError:
+            self._count(Op.GET_RANGE, errors=1)
+            raise
         if data:
             self._count(Op.GET_RANGE, nbytes=len(data))
         return data

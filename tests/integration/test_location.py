@@ -7,6 +7,7 @@ lookup genuinely walks coordinator → root tablet → METADATA tablet → user 
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
@@ -168,6 +169,21 @@ async def test_a_lookup_prefetches_the_following_metadata_rows(stack: Stack) -> 
     assert client.locations.stats.reads[3] == reads
     await t.mutate_row(b"030", [SetCell("f", b"q", b"v")])
     assert client.locations.stats.reads[3] == reads + 1
+
+
+async def test_concurrent_misses_of_a_table_share_one_metadata_read(stack: Stack) -> None:
+    """Requests of a table all missing the cache at once (a new client, 32 reads in flight)
+    wait for the first one's METADATA read, which prefetched their tablets, instead of each
+    reading METADATA (§5.1); a row that read did not cover is read by its own request."""
+    splits = [b"%03d" % i for i in range(1, 40)]
+    await stack.client.create_table("busy", ["f"], split_keys=splits)
+    client = fresh_client(stack, prefetch=8)
+    t = client.table("busy")
+    rows = [b"%03d" % (i % 8) for i in range(32)] + [b"030"]
+    got = await asyncio.gather(*(t.read_row(row) for row in rows))
+    assert got == [None] * len(rows)
+    # One read for tablets 0..7 (prefetched together), one for tablet 30.
+    assert client.locations.stats.reads[3] == 2
 
 
 async def test_stale_locations_walk_up_the_hierarchy_transparently(stack: Stack) -> None:

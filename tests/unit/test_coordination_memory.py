@@ -86,6 +86,35 @@ async def test_lease_fencing_deadline_follows_the_clock() -> None:
     await coordinator.close()
 
 
+async def test_each_lease_ends_at_its_own_deadline_whatever_the_order_granted() -> None:
+    """Leases end (their keys deleted) when their deadline passes, for a lease granted or
+    refreshed after a longer one (the lessor skips its scan before the earliest deadline)."""
+    clock = ManualClock()
+    coordinator = open_coordinator("memory://", clock=clock)
+    long = await coordinator.grant_lease(100)
+    await coordinator.put("/long", b"1", lease=long)
+    clock.advance(1)
+    assert await coordinator.get("/long") is not None  # a scan: the earliest is long's
+    short = await coordinator.grant_lease(5)
+    await coordinator.put("/short", b"1", lease=short)
+    clock.advance(4.9)
+    assert await coordinator.get("/short") is not None
+    clock.advance(0.1)
+    assert await coordinator.get("/short") is None
+    renewed = await coordinator.grant_lease(5)
+    await coordinator.put("/renewed", b"1", lease=renewed)
+    clock.advance(4)
+    await renewed.refresh()
+    clock.advance(4.9)
+    assert await coordinator.get("/renewed") is not None
+    clock.advance(0.1)
+    assert await coordinator.get("/renewed") is None
+    assert await coordinator.get("/long") is not None
+    clock.advance(100)
+    assert await coordinator.get("/long") is None
+    await coordinator.close()
+
+
 async def test_keep_alive_stops_when_the_lease_is_gone() -> None:
     clock = ManualClock()
     coordinator = open_coordinator("memory://", clock=clock)

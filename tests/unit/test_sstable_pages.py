@@ -24,6 +24,7 @@ from tabletstore.sstable.pages import (
     page_cells_for,
     read_page_header,
 )
+from tabletstore.sstable.reader import SSTableCore
 from tabletstore.storage_s3.base import ObjectStore, Op
 from tabletstore.storage_s3.instrumented import InstrumentedObjectStore
 from tabletstore.storage_s3.memory import MemoryObjectStore
@@ -264,7 +265,7 @@ async def test_pages_read_ahead_are_decoded_when_first_read() -> None:
     only the page it asked for: the others are decoded when a read reaches them (issue 18: a
     random read that happens to follow a recent fetch read ahead and decoded a whole block)."""
     cells = [Cell(b"r%06d" % i, "cf", b"q", 1, i + 1, 0, os.urandom(200)) for i in range(2000)]
-    data, info = write_sstable(cells, block_size=16 * 1024)
+    data, info = write_sstable(cells, block_size=32 * 1024)
     store = InstrumentedObjectStore(MemoryObjectStore(shared=False))
     await store.create(KEY, data)
     table = await SSTable.open(store, KEY, size=info.size, block_cache=BlockCache(1 << 24))
@@ -279,20 +280,55 @@ async def test_pages_read_ahead_are_decoded_when_first_read() -> None:
 
     table._core.decode_pages = counting_decode  # type: ignore[method-assign]
     start, end = index.block_starts[1], index.block_starts[2]
-    assert end - start >= 3
-    # Reading the first page of block 1 then the second: the second read reads ahead.
-    for p in (start, start + 1):
+    assert end - start >= 4
+    # Reading the first three pages of block 1: the third read reads ahead.
+    for p in (start, start + 1, start + 2):
         assert await table.get_row(index.first_rows[p]) == [
             c for c in cells if c.row == index.first_rows[p]
         ]
     store.reset()
-    assert decoded == [start, start + 1]
+    assert decoded == [start, start + 1, start + 2]
     # The rest of the block came with that GET, undecoded until read.
-    for p in range(start + 2, end):
+    for p in range(start + 3, end):
         row = index.first_rows[p]
         assert await table.get_row(row) == [c for c in cells if c.row == row]
     assert store.stats()[Op.GET_RANGE].requests == 0
     assert decoded == list(range(start, end))
+
+
+@pytest.mark.parametrize("seq_base", [0, 1000])
+async def test_read_ahead_stops_at_a_cached_page_of_an_adopted_sstable(seq_base: int) -> None:
+    """Read-ahead stops at a page already in the block cache, also for an SSTable opened
+    with a ``seq_base`` (a bulk-loaded file), whose pages are cached under another name."""
+    cells = [Cell(b"r%06d" % i, "cf", b"q", 1, i + 1, 0, os.urandom(200)) for i in range(2000)]
+    data, info = write_sstable(cells, block_size=32 * 1024)
+    store = InstrumentedObjectStore(MemoryObjectStore(shared=False))
+    await store.create(KEY, data)
+    table = await SSTable.open(
+        store, KEY, size=info.size, block_cache=BlockCache(1 << 24), seq_base=seq_base
+    )
+    index = table._core.pages
+    assert index is not None
+    start, end = index.block_starts[1], index.block_starts[2]
+    assert end - start >= 5
+    fetched: list[int] = []
+    fetch = table._fetch_pages
+
+    async def recording_fetch(block: int, pages: range, wanted_stop: int) -> dict[int, Page]:
+        fetched.extend(pages)
+        return await fetch(block, pages, wanted_stop)
+
+    table._fetch_pages = recording_fetch  # type: ignore[method-assign]
+    cached = start + 4
+    # A random read caches a page in the middle of the block, then a sequential reader
+    # starts at the block's first page: its read-ahead stops before the cached page.
+    for p in (cached, start, start + 1, start + 2):
+        got = await table.get_row(index.first_rows[p])
+        assert [c.seq for c in got] == [
+            c.seq + seq_base for c in cells if c.row == index.first_rows[p]
+        ]
+    assert fetched == [cached, start, start + 1, start + 2, start + 3]
+    assert sorted(fetched) == sorted(set(fetched)), "a cached page was fetched again"
 
 
 async def test_a_damaged_page_read_ahead_fails_the_read_that_reaches_it() -> None:
@@ -322,3 +358,35 @@ async def _store_with(data: bytes) -> MemoryObjectStore:
     store = MemoryObjectStore(shared=False)
     await store.create(KEY, data)
     return store
+
+
+@pytest.mark.parametrize("value_size", [10, 1000])
+def test_a_decoded_page_makes_the_same_cells_read_one_row_or_all(value_size: int) -> None:
+    """A page decodes to columns and makes cells when read: a row's cells, every cell, and a
+    row read again after that are the cells written (a page of few large values walks its
+    byte arrays, of many small ones checks their lengths at once)."""
+    rng = random.Random(5)
+    cells = sorted(
+        (
+            Cell(
+                b"r%05d" % (i // 2), "cf", b"q%d" % (i % 2), 7, i + 1, 0, rng.randbytes(value_size)
+            )
+            for i in range(600)
+        ),
+        key=cell_sort_key,
+    )
+    data, _ = write_sstable(cells, block_size=16 * 1024)
+    core = SSTableCore.from_tail("t", len(data), data)
+    index = core.pages
+    assert index is not None
+    for p in (0, index.block_starts[1] - 1, index.pages - 1):
+        block = int(index.table[p, 0])
+        offset, length = core.page_range(block, range(p, p + 1))
+        page = core.decode_pages(block, range(p, p + 1), data[offset : offset + length], offset)
+        first = sum(index.block_cells[:block]) + (p - index.block_starts[block]) * index.page_cells
+        want = cells[first : first + page.cells]
+        row = want[-1].row
+        assert page.row_cells(row) == [c for c in want if c.row == row]
+        assert page.cells_in() == want
+        assert page.row_cells(row) == [c for c in want if c.row == row]
+        assert page.row_cells(b"r99999") == []
