@@ -861,16 +861,8 @@ class AsyncTable:
                     raise InvalidArgument(f"table {self.name!r} has no column family {f!r}")
         point_reads = client._point_reads
         if point_reads is not None and filter is None and fams is None:
-            # A plain point read shares a request with others to this tablet.
-            got = await client._with_retry(
-                self.name,
-                row,
-                "read",
-                lambda w, i, r: point_reads.submit(
-                    (cast(str, r.location), client.identity), (i.table_id, r.tablet_id, row)
-                ),
-                safe=True,
-            )
+            # A plain point read shares a request with others to this worker.
+            got = await self._point_read(point_reads, row)
             if type(got) is not LargeRow:
                 return cast(Row | None, got)
         reply = await client._with_retry(
@@ -897,6 +889,35 @@ class AsyncTable:
             return None
         assert isinstance(reply, RowBatch)
         return reply.rows[0] if reply.rows else None
+
+    async def _point_read(
+        self, point_reads: Coalescer[_WorkerKey, _PointRead, Row | LargeRow | None], row: bytes
+    ) -> Row | LargeRow | None:
+        """A coalesced point read (``AsyncClient._read_group``). With the table and the row's
+        tablet in the caches (nearly always), it is submitted at once, without the retry
+        loop's lookups; a refusal or a request without answer (safe: a read) goes through
+        ``_with_retry``, which looks the tablet up again as usual."""
+        client = self._client
+        info = client._tables.get(self.name)
+        rec = None if info is None else client.locations.cached(info.table_id, row)
+        if info is not None and rec is not None and rec.location is not None:
+            try:
+                return await point_reads.submit(
+                    (rec.location, client.identity), (info.table_id, rec.tablet_id, row)
+                )
+            except Indeterminate:
+                client.locations.invalidate(info.table_id, row)  # as _with_retry does
+            except (Unavailable, Fenced):
+                pass
+        return await client._with_retry(
+            self.name,
+            row,
+            "read",
+            lambda w, i, r: point_reads.submit(
+                (cast(str, r.location), client.identity), (i.table_id, r.tablet_id, row)
+            ),
+            safe=True,
+        )
 
     async def read_rows(
         self,
