@@ -107,8 +107,13 @@ T = TypeVar("T")
 #: in requests of about this size; one row mutation (at most ``MAX_MUTATION_BYTES``) always
 #: fits a frame on its own.
 _REQUEST_BYTES = BATCH_REQUEST_BYTES
-#: At most this many point reads or single-row mutations share one request (coalesce.py).
+#: At most this many single-row mutations share one request (coalesce.py).
 _COALESCE_ITEMS = 128
+#: At most this many point reads share one request: a round of many concurrent readers leaves
+#: as several requests, so the worker reads the next request's keys while this process hands
+#: out the rows of the one answered before it (two requests of 16 instead of one of 32: 1.5x
+#: the in-memory read rate, 1.7x the sequential one, at the same CPU per read; issue 18).
+_READ_ITEMS = 16
 #: The tablet a coalesced request goes to and who sends it: (worker address, table id,
 #: tablet id, identity).
 _TabletKey = tuple[str, str, str, str | None]
@@ -219,7 +224,7 @@ class AsyncClient:
         self._point_reads: Coalescer[_WorkerKey, _PointRead, Row | LargeRow | None] | None = None
         self._point_writes: Coalescer[_TabletKey, RowMutation, _Errors] | None = None
         if coalesce:
-            self._point_reads = Coalescer(self._read_group, max_items=_COALESCE_ITEMS)
+            self._point_reads = Coalescer(self._read_group, max_items=_READ_ITEMS)
             self._point_writes = Coalescer(
                 self._write_group,
                 max_items=_COALESCE_ITEMS,

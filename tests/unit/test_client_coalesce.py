@@ -192,6 +192,20 @@ async def test_point_reads_of_two_tablets_share_one_request() -> None:
     assert client._point_reads is not None and client._point_reads.in_flight == 0
 
 
+async def test_a_large_round_of_reads_leaves_as_several_requests() -> None:
+    """More concurrent readers than one request takes: requests of at most 16 keys (so the
+    worker reads one while the client hands out another's rows), each reader its own row."""
+    worker = Worker()
+    keys = [b"k%02d" % i for i in range(40)]
+    worker.rows = {k: row(k) for k in keys[::2]}
+    table = coalescing_client(worker).table("t")
+    got = await asyncio.gather(*(table.read_row(k) for k in keys))
+    assert got == [row(k) if i % 2 == 0 else None for i, k in enumerate(keys)]
+    sizes = [len(keys) for _, keys in worker.requests]
+    assert max(sizes) <= 16 and sum(sizes) == 40
+    assert [k for _, ks in worker.requests for k in ks] == keys  # each once, in order
+
+
 async def test_a_tablet_refused_in_a_shared_request_fails_only_its_own_reads() -> None:
     """A part answered with its own error (the tablet moved): its callers retry, alone or
     together, and get their rows; the other tablet's callers got theirs the first time."""
