@@ -69,11 +69,13 @@ from tabletstore.rpc.messages import (
     CreateSnapshotRequest,
     CreateTableRequest,
     DeleteSnapshotRequest,
+    EntryError,
     LargeRow,
     ListSnapshotsRequest,
     ListTablesRequest,
     ModifyFamiliesRequest,
     MutateRowsRequest,
+    PointReadsRequest,
     ReadModifyWriteRequest,
     ReadRowsRequest,
     RowBatch,
@@ -83,6 +85,7 @@ from tabletstore.rpc.messages import (
     ServerStatusResponse,
     SetAdminsRequest,
     TableNameRequest,
+    TabletKeys,
 )
 from tabletstore.rpc.row_pieces import RowAssembler
 from tabletstore.rpc.services import TABLET, MasterService, TabletService
@@ -104,11 +107,20 @@ T = TypeVar("T")
 #: in requests of about this size; one row mutation (at most ``MAX_MUTATION_BYTES``) always
 #: fits a frame on its own.
 _REQUEST_BYTES = BATCH_REQUEST_BYTES
-#: At most this many point reads or single-row mutations share one request (coalesce.py).
+#: At most this many single-row mutations share one request (coalesce.py).
 _COALESCE_ITEMS = 128
+#: At most this many point reads share one request: a round of many concurrent readers leaves
+#: as several requests, so the worker reads the next request's keys while this process hands
+#: out the rows of the one answered before it (two requests of 16 instead of one of 32: 1.5x
+#: the in-memory read rate, 1.7x the sequential one, at the same CPU per read; issue 18).
+_READ_ITEMS = 16
 #: The tablet a coalesced request goes to and who sends it: (worker address, table id,
 #: tablet id, identity).
 _TabletKey = tuple[str, str, str, str | None]
+#: The worker coalesced point reads go to and who sends them: (worker address, identity).
+_WorkerKey = tuple[str, str | None]
+#: One coalesced point read: (table id, tablet id, row key).
+_PointRead = tuple[str, str, bytes]
 #: A coalesced mutation's outcome: its entry's error, or () if it was applied.
 _Errors = tuple[TabletStoreError, ...]
 
@@ -209,10 +221,10 @@ class AsyncClient:
         self._stubs: dict[str, TabletService] = {}
         #: With ``coalesce`` (a cluster client: each request crosses a socket), concurrent
         #: single-row reads and mutations to one tablet share a request (client/coalesce.py).
-        self._point_reads: Coalescer[_TabletKey, bytes, Row | LargeRow | None] | None = None
+        self._point_reads: Coalescer[_WorkerKey, _PointRead, Row | LargeRow | None] | None = None
         self._point_writes: Coalescer[_TabletKey, RowMutation, _Errors] | None = None
         if coalesce:
-            self._point_reads = Coalescer(self._read_group, max_items=_COALESCE_ITEMS)
+            self._point_reads = Coalescer(self._read_group, max_items=_READ_ITEMS)
             self._point_writes = Coalescer(
                 self._write_group,
                 max_items=_COALESCE_ITEMS,
@@ -443,20 +455,44 @@ class AsyncClient:
 
     # ------------------------------------------------------------------ coalescing
 
-    async def _read_group(self, key: _TabletKey, rows: list[bytes]) -> list[Row | LargeRow | None]:
-        """One ``read_row`` request for the point reads of one tablet (``_point_reads``): each
-        caller's row, or None; a ``LargeRow`` answer (the rows are too large for one reply)
-        sends each caller to read its row alone."""
-        location, table_id, tablet_id, identity = key
-        keys = tuple(dict.fromkeys(rows))  # two callers of one row: read once
-        reply = await self._worker(location).read_row(
-            ReadRowsRequest(table_id, tablet_id, keys=keys, identity=identity)
+    async def _read_group(
+        self, key: _WorkerKey, reads: list[_PointRead]
+    ) -> list[Row | LargeRow | BaseException | None]:
+        """One ``read_points`` request for the point reads of one worker (``_point_reads``),
+        whatever their tablets: each caller's row, or None; its tablet's own error (a tablet
+        no longer served there), raised to that tablet's callers only; or a ``LargeRow``
+        answer (its tablet's rows are too large for one reply), which sends each of those
+        callers to read its row alone."""
+        location, identity = key
+        parts: dict[tuple[str, str], dict[bytes, None]] = {}
+        for table_id, tablet_id, row in reads:
+            parts.setdefault((table_id, tablet_id), {})[row] = None  # one row read once
+        reply = await self._worker(location).read_points(
+            PointReadsRequest(
+                tuple(TabletKeys(t, tablet, tuple(rows)) for (t, tablet), rows in parts.items()),
+                identity,
+            )
         )
-        if type(reply) is LargeRow:
-            return [reply] * len(rows)
-        assert isinstance(reply, RowBatch)
-        found = {r.key: r for r in reply.rows}
-        return [found.get(row) for row in rows]
+        if len(reply.answers) != len(parts):
+            raise Indeterminate(
+                f"{location} answered {len(reply.answers)} parts to {len(parts)} of read_points"
+            )
+        found: dict[tuple[str, str], dict[bytes, Row] | LargeRow | EntryError] = {}
+        for part, answer in zip(parts, reply.answers, strict=True):
+            if isinstance(answer, RowBatch):
+                found[part] = {r.key: r for r in answer.rows}
+            else:
+                found[part] = answer
+        out: list[Row | LargeRow | BaseException | None] = []
+        for table_id, tablet_id, row in reads:
+            got = found[table_id, tablet_id]
+            if type(got) is dict:
+                out.append(got.get(row))
+            elif type(got) is EntryError:
+                out.append(got.exception())  # each caller its own exception
+            else:
+                out.append(cast(LargeRow, got))
+        return out
 
     async def _write_group(self, key: _TabletKey, entries: list[RowMutation]) -> list[_Errors]:
         """One ``MutateRows`` request for the single-row mutations of one tablet
@@ -830,16 +866,8 @@ class AsyncTable:
                     raise InvalidArgument(f"table {self.name!r} has no column family {f!r}")
         point_reads = client._point_reads
         if point_reads is not None and filter is None and fams is None:
-            # A plain point read shares a request with others to this tablet.
-            got = await client._with_retry(
-                self.name,
-                row,
-                "read",
-                lambda w, i, r: point_reads.submit(
-                    (cast(str, r.location), i.table_id, r.tablet_id, client.identity), row
-                ),
-                safe=True,
-            )
+            # A plain point read shares a request with others to this worker.
+            got = await self._point_read(point_reads, row)
             if type(got) is not LargeRow:
                 return cast(Row | None, got)
         reply = await client._with_retry(
@@ -866,6 +894,35 @@ class AsyncTable:
             return None
         assert isinstance(reply, RowBatch)
         return reply.rows[0] if reply.rows else None
+
+    async def _point_read(
+        self, point_reads: Coalescer[_WorkerKey, _PointRead, Row | LargeRow | None], row: bytes
+    ) -> Row | LargeRow | None:
+        """A coalesced point read (``AsyncClient._read_group``). With the table and the row's
+        tablet in the caches (nearly always), it is submitted at once, without the retry
+        loop's lookups; a refusal or a request without answer (safe: a read) goes through
+        ``_with_retry``, which looks the tablet up again as usual."""
+        client = self._client
+        info = client._tables.get(self.name)
+        rec = None if info is None else client.locations.cached(info.table_id, row)
+        if info is not None and rec is not None and rec.location is not None:
+            try:
+                return await point_reads.submit(
+                    (rec.location, client.identity), (info.table_id, rec.tablet_id, row)
+                )
+            except Indeterminate:
+                client.locations.invalidate(info.table_id, row)  # as _with_retry does
+            except (Unavailable, Fenced):
+                pass
+        return await client._with_retry(
+            self.name,
+            row,
+            "read",
+            lambda w, i, r: point_reads.submit(
+                (cast(str, r.location), client.identity), (i.table_id, r.tablet_id, row)
+            ),
+            safe=True,
+        )
 
     async def read_rows(
         self,

@@ -139,6 +139,16 @@ class LocationCache:
         rec: TabletRecord = self._rows.peekitem(i)[1]
         return rec if rec.table_id == table_id and rec.contains(row) else None
 
+    def cached(self, table_id: str, row: bytes) -> TabletRecord | None:
+        """The cached entry for ``row`` (with a location), or None: what ``locate`` answers
+        without a lookup, for a caller that must not suspend on the common path."""
+        if table_id == METADATA_TABLE_ID and row < ROOT_END:
+            return self._root
+        found = self._cached(table_id, row)
+        if found is not None:
+            self.stats.hits += 1
+        return found
+
     async def locate(self, table_id: str, row: bytes, *, refresh: bool = False) -> TabletRecord:
         """The served tablet holding ``row``; NotServing if it has no location yet.
 

@@ -534,7 +534,9 @@ class RpcStream:
             raise StopAsyncIteration
         assert self._queue is not None and self._conn is not None
         try:
-            if self._timeout is None:
+            if not self._queue.empty():  # arrived already (most items): no timer to arm
+                got = self._queue.get_nowait()
+            elif self._timeout is None:
                 got = await self._queue.get()
             else:
                 async with asyncio.timeout(self._timeout):

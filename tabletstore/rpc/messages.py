@@ -52,6 +52,8 @@ __all__ = [
     "ModifyFamiliesRequest",
     "MutateRowsRequest",
     "MutateRowsResponse",
+    "PointReadsRequest",
+    "PointReadsResponse",
     "ReadModifyWriteRequest",
     "ReadRowsRequest",
     "RowBatch",
@@ -69,6 +71,7 @@ __all__ = [
     "SnapshotWriteResponse",
     "TableInfoMessage",
     "TableNameRequest",
+    "TabletKeys",
     "TabletStatus",
     "UnloadTabletRequest",
     "UpdateSchemaRequest",
@@ -171,6 +174,35 @@ class LargeRow:
 
     key: bytes
     size: int
+
+
+@dataclass(frozen=True, slots=True)
+class TabletKeys:
+    """The point reads of one tablet inside a :class:`PointReadsRequest`."""
+
+    table_id: str
+    tablet_id: str
+    keys: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PointReadsRequest:
+    """Plain point reads (no filter, no family list) of several tablets of one worker in one
+    request: a cluster client's concurrent ``read_row`` calls (issue 18, client/coalesce.py).
+    ``identity`` applies to every part (the worker's guard replaces it by the proven one)."""
+
+    parts: tuple[TabletKeys, ...]
+    identity: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PointReadsResponse:
+    """One answer per part, in order: what ``read_row`` of that tablet's keys would answer
+    (a ``RowBatch`` of the rows with cells, in key order, or ``LargeRow``), or the part's own
+    error (``EntryError`` whose ``index`` is the part's), so that one tablet that moved fails
+    only its own callers."""
+
+    answers: tuple[RowBatch | LargeRow | EntryError, ...]
 
 
 @dataclass(frozen=True, slots=True)

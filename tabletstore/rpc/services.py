@@ -47,6 +47,8 @@ from tabletstore.rpc.messages import (
     ModifyFamiliesRequest,
     MutateRowsRequest,
     MutateRowsResponse,
+    PointReadsRequest,
+    PointReadsResponse,
     ReadModifyWriteRequest,
     ReadRowsRequest,
     RowBatch,
@@ -89,6 +91,11 @@ class TabletService(Protocol):
 
     async def read_row(self, req: ReadRowsRequest) -> RowBatch | LargeRow:
         """A point read in one reply; ``LargeRow`` for a row too large for one."""
+        ...
+
+    async def read_points(self, req: PointReadsRequest) -> PointReadsResponse:
+        """Plain point reads of several tablets in one reply (a cluster client's coalesced
+        ``read_row`` calls); each part answered as ``read_row`` would, or with its own error."""
         ...
 
     async def check_and_mutate(self, req: CheckAndMutateRequest) -> CheckAndMutateResponse:

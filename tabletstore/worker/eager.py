@@ -11,11 +11,16 @@ task costs more than an in-memory read (about 6 µs against a few).
 there (no I/O) never becomes a task, and only those that suspend continue in one, concurrently,
 exactly where they stopped (``_resume`` passes what they wait on to the task running them, as
 ``yield from`` would). Python 3.12's eager task factory does the same for a whole event loop.
+
+Each coroutine runs, inline and then in its task, in its own copy of the caller's context, as
+under ``asyncio.gather``: a context variable set before a suspension and reset after it (as
+botocore does around an S3 request) is reset in the context it was set in.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import types
 from collections.abc import Coroutine, Generator, Sequence
 from typing import Any, TypeVar
@@ -57,28 +62,34 @@ async def gather_eager(coros: Sequence[Coroutine[Any, Any, T]]) -> list[T | Base
     exception it raised, in order; but a coroutine that completes without suspending runs
     inline, with no task."""
     results: list[T | BaseException | None] = [None] * len(coros)
-    started: list[tuple[int, Coroutine[Any, Any, T], Any]] = []
+    started: list[tuple[int, Coroutine[Any, Any, T], Any, contextvars.Context]] = []
     i = 0
     try:
         for i, coro in enumerate(coros):
+            context = contextvars.copy_context()
             try:
-                yielded = coro.send(None)
+                yielded = context.run(coro.send, None)
             except StopIteration as stop:
                 results[i] = stop.value
             except Exception as exc:
                 results[i] = exc
             else:
-                started.append((i, coro, yielded))
+                started.append((i, coro, yielded, context))
     except BaseException:  # KeyboardInterrupt and the like: close what will never run
-        for _, coro, _ in started:
+        for _, coro, _, _ in started:
             coro.close()
         for coro in coros[i + 1 :]:
             coro.close()
         raise
     if started:
+        loop = asyncio.get_running_loop()
         waited = await asyncio.gather(
-            *(_continue(coro, yielded) for _, coro, yielded in started), return_exceptions=True
+            *(
+                loop.create_task(_continue(coro, yielded), context=context)
+                for _, coro, yielded, context in started
+            ),
+            return_exceptions=True,
         )
-        for (i, _, _), got in zip(started, waited, strict=True):
+        for (i, _, _, _), got in zip(started, waited, strict=True):
             results[i] = got
     return results  # type: ignore[return-value]

@@ -45,7 +45,9 @@ _WRITES = _names(
     TabletService.mutate_rows, TabletService.check_and_mutate, TabletService.read_modify_write
 )
 #: Requests carrying a caller's ``identity``, checked against the families' ACLs.
-DATA_METHODS = _WRITES | _names(TabletService.read_rows, TabletService.read_row)
+DATA_METHODS = _WRITES | _names(
+    TabletService.read_rows, TabletService.read_row, TabletService.read_points
+)
 #: Requests only the cluster's own identities may send.
 CONTROL_METHODS = _names(
     TabletService.load_tablet,

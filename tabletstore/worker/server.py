@@ -85,6 +85,8 @@ from tabletstore.rpc.messages import (
     LoadTabletRequest,
     MutateRowsRequest,
     MutateRowsResponse,
+    PointReadsRequest,
+    PointReadsResponse,
     ReadModifyWriteRequest,
     ReadRowsRequest,
     RowBatch,
@@ -1025,6 +1027,53 @@ class TabletServer:
         atomically on its own; the reply holds those that have (matching) cells, in the order
         of ``req.keys``. Rows too large together for one reply are answered ``LargeRow``:
         the client reads each alone, streaming one that is still too large."""
+        rows = await self._point_rows(req)
+        size = sum(row_bytes(row) for row in rows)
+        return RowBatch(rows) if size <= UNARY_ROW_BYTES else LargeRow(rows[0].key, size)
+
+    async def read_points(self, req: PointReadsRequest) -> PointReadsResponse:
+        """The plain point reads of several tablets (a cluster client's concurrent reads of
+        this worker's tablets, client/coalesce.py) in one reply: each part answered as
+        ``read_row`` would, all parts concurrently, or with its own error (a tablet not
+        served here any more fails its own callers only). Parts past ``UNARY_ROW_BYTES`` in
+        all are answered ``LargeRow``, so the reply stays as bounded as ``read_row``'s."""
+        reads = [
+            self._point_rows(
+                ReadRowsRequest(
+                    part.table_id, part.tablet_id, keys=part.keys, identity=req.identity
+                )
+            )
+            for part in req.parts
+        ]
+        found: list[tuple[Row, ...] | BaseException]
+        if len(reads) == 1:  # one tablet: no concurrency to add around it
+            try:
+                found = [await reads[0]]
+            except TabletStoreError as exc:
+                found = [exc]
+        else:
+            found = await gather_eager(reads)
+        answers: list[RowBatch | LargeRow | EntryError] = []
+        budget = UNARY_ROW_BYTES
+        for i, got in enumerate(found):
+            if isinstance(got, TabletStoreError):
+                answers.append(EntryError.of(i, got))
+                continue
+            if isinstance(got, BaseException):
+                raise got  # not a refusal of the part: the request fails, as read_row's would
+            size = sum(row_bytes(row) for row in got)
+            if size <= budget:
+                budget -= size
+                answers.append(RowBatch(got))
+            else:
+                answers.append(LargeRow(got[0].key, size))
+        return PointReadsResponse(tuple(answers))
+
+    async def _point_rows(self, req: ReadRowsRequest) -> tuple[Row, ...]:
+        """``read_row``'s rows: each key read atomically on its own, concurrently (a read
+        from the store must not wait for the others' reads, and one from memory runs inline,
+        with no task: worker/eager.py). One that fails (a key outside the tablet after a
+        split) fails the request: each caller's client retries its own read."""
         tablet = self._tablet(req.table_id, req.tablet_id)
         if not req.keys or req.ranges:
             raise InvalidArgument("read_row takes one or more row keys and no ranges")
@@ -1033,26 +1082,17 @@ class TabletServer:
             row = await tablet.read_row(
                 req.keys[0], filter=req.filter, families=families, identity=req.identity
             )
-            rows: tuple[Row, ...] = () if row is None else (row,)
-        else:
-            # Concurrently: a read from the store must not wait for the others' reads, and one
-            # from memory runs inline, with no task (worker/eager.py). One
-            # that fails (a key outside the tablet after a split) fails the request: each
-            # caller's client retries its own read.
-            found = await gather_eager(
-                [
-                    tablet.read_row(
-                        key, filter=req.filter, families=families, identity=req.identity
-                    )
-                    for key in req.keys
-                ]
-            )
-            for got in found:
-                if isinstance(got, BaseException):
-                    raise got
-            rows = tuple(row for row in found if isinstance(row, Row))
-        size = sum(row_bytes(row) for row in rows)
-        return RowBatch(rows) if size <= UNARY_ROW_BYTES else LargeRow(rows[0].key, size)
+            return () if row is None else (row,)
+        found = await gather_eager(
+            [
+                tablet.read_row(key, filter=req.filter, families=families, identity=req.identity)
+                for key in req.keys
+            ]
+        )
+        for got in found:
+            if isinstance(got, BaseException):
+                raise got
+        return tuple(row for row in found if isinstance(row, Row))
 
     async def check_and_mutate(self, req: CheckAndMutateRequest) -> CheckAndMutateResponse:
         tablet = self._tablet(req.table_id, req.tablet_id)

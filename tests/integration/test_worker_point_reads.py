@@ -12,8 +12,14 @@ import pytest
 from tabletstore import connect_async
 from tabletstore.data.model import RowMutation, SetCell
 from tabletstore.embedded import Database
-from tabletstore.errors import TabletStoreError
-from tabletstore.rpc.messages import ReadRowsRequest, RowBatch
+from tabletstore.errors import NotServing, TabletStoreError
+from tabletstore.rpc.messages import (
+    EntryError,
+    PointReadsRequest,
+    ReadRowsRequest,
+    RowBatch,
+    TabletKeys,
+)
 
 
 @pytest.fixture
@@ -52,3 +58,39 @@ async def test_many_keys_in_one_read_row_answer_as_one_by_one(db: Database) -> N
         await db.worker.read_row(
             ReadRowsRequest(info.table_id, tablet.tablet_id, keys=(b"a001", b"z"))
         )
+
+
+async def test_read_points_answers_each_tablet_as_read_row(db: Database) -> None:
+    """``read_points`` (a cluster client's reads of several tablets in one request): each
+    part answered as ``read_row`` of its keys would be, a part naming a tablet not served
+    here answered with its own error, the others unaffected."""
+    table = await db.create_table("t", ["f"], split_keys=[b"m"])
+    stored = [b"a1", b"a3", b"x1", b"x3"]
+    await table.mutate_rows([RowMutation(k, (SetCell("f", b"q", b"s" + k),)) for k in stored])
+    await db.flush("t")
+    await table.mutate_rows([RowMutation(b"x2", (SetCell("f", b"q", b"fresh"),))])
+    info = await db.catalog.get_table("t")
+    low, high = sorted(await db.catalog.list_tablets(info.table_id), key=lambda t: t.start_row)
+    parts = (
+        TabletKeys(info.table_id, high.tablet_id, (b"x3", b"x2", b"x0")),
+        TabletKeys(info.table_id, "no-such-tablet", (b"a1",)),
+        TabletKeys(info.table_id, low.tablet_id, (b"a3", b"a2", b"a1")),
+        TabletKeys(info.table_id, low.tablet_id, (b"a1", b"x1")),  # x1 is not in low
+    )
+    reply = await db.worker.read_points(PointReadsRequest(parts))
+    assert len(reply.answers) == 4
+    for i in (0, 2):
+        expected = await db.worker.read_row(
+            ReadRowsRequest(info.table_id, parts[i].tablet_id, keys=parts[i].keys)
+        )
+        assert reply.answers[i] == expected
+    high_rows = reply.answers[0]
+    assert isinstance(high_rows, RowBatch)
+    assert [r.key for r in high_rows.rows] == [b"x3", b"x2"]
+    assert high_rows.rows[1].cells[0].value == b"fresh"
+    for i in (1, 3):
+        refused = reply.answers[i]
+        assert isinstance(refused, EntryError) and refused.index == i
+        assert isinstance(refused.exception(), TabletStoreError)
+    assert isinstance(reply.answers[1], EntryError)
+    assert isinstance(reply.answers[1].exception(), NotServing)

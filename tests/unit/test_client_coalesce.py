@@ -22,6 +22,8 @@ from tabletstore.rpc.messages import (
     LargeRow,
     MutateRowsRequest,
     MutateRowsResponse,
+    PointReadsRequest,
+    PointReadsResponse,
     ReadRowsRequest,
     RowBatch,
 )
@@ -32,6 +34,7 @@ from tests.unit.test_client_retry import Admin, OneTablet, put
 
 MUTATE = TABLET.method(TabletService.mutate_rows)
 READ = TABLET.method(TabletService.read_row)
+POINTS = TABLET.method(TabletService.read_points)
 
 
 def row(key: bytes) -> Row:
@@ -40,7 +43,9 @@ def row(key: bytes) -> Row:
 
 class Worker:
     """A scripted transport: MutateRows answers per row from ``entry_errors`` (each used once),
-    or a whole-call error from ``call_errors``; read_row answers the rows in ``rows``."""
+    or a whole-call error from ``call_errors``; read_row answers the rows in ``rows``, and
+    read_points each part likewise, or with the part's error from ``part_errors`` (by tablet,
+    each used once)."""
 
     def __init__(self) -> None:
         self.requests: list[tuple[str, tuple[bytes, ...]]] = []
@@ -48,6 +53,8 @@ class Worker:
         self.call_errors: list[TabletStoreError] = []
         self.rows: dict[bytes, Row] = {}
         self.large = False
+        self.part_errors: dict[str, list[TabletStoreError]] = {}
+        self.read_errors: list[TabletStoreError] = []
 
     async def call(
         self,
@@ -71,11 +78,28 @@ class Worker:
                     if r in self.entry_errors
                 )
             )
+        if method is POINTS:
+            assert isinstance(request, PointReadsRequest)
+            if self.read_errors:
+                self.requests.append(("lost", tuple(k for p in request.parts for k in p.keys)))
+                raise self.read_errors.pop(0)
+            answers: list[RowBatch | LargeRow | EntryError] = []
+            for i, part in enumerate(request.parts):
+                self.requests.append(("read", part.keys))
+                errors = self.part_errors.get(part.tablet_id)
+                if errors:
+                    answers.append(EntryError.of(i, errors.pop(0)))
+                else:
+                    answers.append(self._rows(part.keys))
+            return PointReadsResponse(tuple(answers))
         assert method is READ and isinstance(request, ReadRowsRequest)
         self.requests.append(("read", request.keys))
-        if self.large and len(request.keys) > 1:
-            return LargeRow(request.keys[0], 10**9)
-        return RowBatch(tuple(self.rows[k] for k in request.keys if k in self.rows))
+        return self._rows(request.keys)
+
+    def _rows(self, keys: tuple[bytes, ...]) -> RowBatch | LargeRow:
+        if self.large and len(keys) > 1:
+            return LargeRow(keys[0], 10**9)
+        return RowBatch(tuple(self.rows[k] for k in keys if k in self.rows))
 
     def stream(
         self, address: str, method: Method, request: Any, *, timeout: float | None = None
@@ -138,6 +162,84 @@ async def test_concurrent_point_reads_share_one_request() -> None:
     got = await asyncio.gather(*(table.read_row(k) for k in (b"c", b"b", b"a", b"c")))
     assert got == [row(b"c"), None, row(b"a"), row(b"c")]
     assert worker.requests == [("read", (b"c", b"b", b"a"))]  # each row asked once
+
+
+class TwoTablets(OneTablet):
+    """Rows before ``m`` in tablet t0, the others in t1, both served by worker w0."""
+
+    async def locate(self, table_id: str, row: bytes, *, refresh: bool = False) -> TabletRecord:
+        if refresh:
+            self.invalidations += 1
+        return self.cached(table_id, row)
+
+    def cached(self, table_id: str, row: bytes) -> TabletRecord:
+        if row < b"m":
+            return TabletRecord(table_id, "t0", b"", b"m", location="w0")
+        return TabletRecord(table_id, "t1", b"m", None, location="w0")
+
+
+async def test_point_reads_of_two_tablets_share_one_request() -> None:
+    """One request per worker, not per tablet; each caller gets its own row."""
+    worker = Worker()
+    worker.rows = {k: row(k) for k in (b"a", b"x", b"z")}
+    client = coalescing_client(worker)
+    client.locations = TwoTablets()  # type: ignore[assignment]
+    table = client.table("t")
+    keys = (b"x", b"a", b"b", b"z", b"a")
+    got = await asyncio.gather(*(table.read_row(k) for k in keys))
+    assert got == [row(b"x"), row(b"a"), None, row(b"z"), row(b"a")]
+    assert worker.requests == [("read", (b"x", b"z")), ("read", (b"a", b"b"))]
+    assert client._point_reads is not None and client._point_reads.in_flight == 0
+
+
+async def test_a_large_round_of_reads_leaves_as_several_requests() -> None:
+    """More concurrent readers than one request takes: requests of at most 16 keys (so the
+    worker reads one while the client hands out another's rows), each reader its own row."""
+    worker = Worker()
+    keys = [b"k%02d" % i for i in range(40)]
+    worker.rows = {k: row(k) for k in keys[::2]}
+    table = coalescing_client(worker).table("t")
+    got = await asyncio.gather(*(table.read_row(k) for k in keys))
+    assert got == [row(k) if i % 2 == 0 else None for i, k in enumerate(keys)]
+    sizes = [len(keys) for _, keys in worker.requests]
+    assert max(sizes) <= 16 and sum(sizes) == 40
+    assert [k for _, ks in worker.requests for k in ks] == keys  # each once, in order
+
+
+async def test_a_tablet_refused_in_a_shared_request_fails_only_its_own_reads() -> None:
+    """A part answered with its own error (the tablet moved): its callers retry, alone or
+    together, and get their rows; the other tablet's callers got theirs the first time."""
+    worker = Worker()
+    worker.rows = {k: row(k) for k in (b"a", b"b", b"x")}
+    worker.part_errors = {"t1": [NotServing("tablet t1 moved")]}
+    client = coalescing_client(worker)
+    client.locations = TwoTablets()  # type: ignore[assignment]
+    table = client.table("t")
+    got = await asyncio.gather(*(table.read_row(k) for k in (b"a", b"x", b"b", b"y")))
+    assert got == [row(b"a"), row(b"x"), row(b"b"), None]
+    assert worker.requests[:2] == [("read", (b"a", b"b")), ("read", (b"x", b"y"))]
+    # Only t1's two readers asked again (one request, or one each).
+    again = sorted(k for _, keys in worker.requests[2:] for k in keys)
+    assert again == [b"x", b"y"]
+
+
+async def test_coalesced_reads_without_answer_are_sent_again() -> None:
+    """With the tablet's location cached, a read goes straight to the coalescer; a request
+    that got no answer (Indeterminate: safe, a read) is sent again after the location was
+    forgotten, and every reader gets its row."""
+    worker = Worker()
+    worker.rows = {k: row(k) for k in (b"a", b"b", b"c")}
+    client = coalescing_client(worker)
+    locations = client.locations
+    table = client.table("t")
+    assert await table.read_row(b"a") == row(b"a")  # the table's info is now cached
+    worker.read_errors = [Indeterminate("connection lost with the request in flight")]
+    worker.requests.clear()
+    got = await asyncio.gather(*(table.read_row(k) for k in (b"a", b"b", b"c")))
+    assert got == [row(b"a"), row(b"b"), row(b"c")]
+    assert worker.requests[0] == ("lost", (b"a", b"b", b"c"))
+    assert sorted(k for _, keys in worker.requests[1:] for k in keys) == [b"a", b"b", b"c"]
+    assert locations.invalidations >= 3  # type: ignore[attr-defined]  # each reader's row
 
 
 async def test_reads_too_large_together_are_read_one_by_one() -> None:

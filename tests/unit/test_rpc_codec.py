@@ -225,3 +225,23 @@ def test_typical_message_speed(codec: Codec) -> None:
     per_round_trip = (time.perf_counter() - start) / 200
     print(f"100-row batch: {len(data)} bytes, {per_round_trip * 1e6:.0f} µs encode+decode")
     assert codec.decode(data) == batch
+
+
+def test_point_reads_round_trip_every_kind_of_answer() -> None:
+    """read_points' reply mixes row batches (their own wire form), LargeRow and EntryError in
+    one tuple: each decodes back to its class."""
+    from tabletstore.rpc import messages as m
+    from tabletstore.rpc.wire import register_all
+
+    c = register_all(Codec())
+    rows = (
+        model.Row(b"a", [model.Cell("f", b"q", 5, b"v")]),
+        model.Row(b"b", [model.Cell("f", b"q", 5, b"v"), model.Cell("f", b"r", 4, b"w")]),
+    )
+    reply = m.PointReadsResponse(
+        (m.RowBatch(rows), m.LargeRow(b"x", 10**7), m.EntryError(2, 13, "moved"), m.RowBatch(()))
+    )
+    got = c.decode(c.encode(reply))
+    assert got == reply and [type(a) for a in got.answers] == [type(a) for a in reply.answers]
+    request = m.PointReadsRequest((m.TabletKeys("t", "x", (b"a", b"b")),), identity="me")
+    assert c.decode(c.encode(request)) == request

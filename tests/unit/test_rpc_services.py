@@ -40,6 +40,7 @@ def test_the_protocols_declare_every_method_once() -> None:
         "mutate_rows",
         "read_rows",
         "read_row",
+        "read_points",
         "check_and_mutate",
         "read_modify_write",
         "sample_row_keys",
@@ -159,6 +160,12 @@ async def _exercise(
         worker.read_row, TabletService.read_row, m.ReadRowsRequest(tid, tab, keys=(b"r",))
     )
     assert [c.value for c in row.rows[0].cells] == [b"v"]
+    points = await call(
+        worker.read_points,
+        TabletService.read_points,
+        m.PointReadsRequest((m.TabletKeys(tid, tab, (b"r", b"s")),)),
+    )
+    assert points.answers == (row,)
     items = [i async for i in worker.read_rows(m.ReadRowsRequest(tid, tab, keys=(b"r",)))]
     assert isinstance(items[0], TABLET.method(TabletService.read_rows).response_types)
     assert [r.key for i in items for r in i.rows] == [b"r"]

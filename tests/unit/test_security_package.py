@@ -16,7 +16,9 @@ from tabletstore.rpc.messages import (
     AdoptCompactionRequest,
     LoadTabletRequest,
     MutateRowsRequest,
+    PointReadsRequest,
     ReadRowsRequest,
+    TabletKeys,
 )
 from tabletstore.security import Principal, TlsConfig, ca
 from tabletstore.worker.guard import authorize
@@ -73,6 +75,10 @@ def test_the_identity_field_is_replaced_by_the_principal() -> None:
     assert authorize("read_row", read, None, "w") is read  # no auth: as before
     # A cluster member may act for a user (a front door, a function).
     assert authorize("read_row", read, WORKER, "w").identity == "bob"
+    # Coalesced point reads of several tablets carry one identity, replaced the same way.
+    points = PointReadsRequest((TabletKeys("t", "x", (b"r",)),), identity="bob")
+    assert authorize("read_points", points, ALICE, "w").identity == "alice"
+    assert authorize("read_points", points, WORKER, "w").identity == "bob"
 
 
 def test_control_requests_and_metadata_writes_are_for_the_cluster() -> None:

@@ -84,3 +84,25 @@ async def test_cancelling_the_request_cancels_the_reads_that_wait() -> None:
         await task
     assert cleaned.is_set()
     assert fetch.cancelled()
+
+
+async def test_a_context_variable_set_across_a_suspension_is_reset_in_its_own_context() -> None:
+    """As botocore does around an S3 request: set, await, reset. Under gather_eager the
+    coroutine continues in a task, in the same context it started in (each its own copy)."""
+    import contextvars
+
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="caller")
+
+    async def request(name: str) -> str:
+        token = var.set(name)
+        await asyncio.sleep(0)  # suspends: continued in a task
+        seen = var.get()
+        var.reset(token)  # ValueError if in another context
+        return seen
+
+    async def inline(name: str) -> str:
+        var.set(name)  # not reset: must not leak to the caller
+        return name
+
+    assert await gather_eager([request("a"), inline("b"), request("c")]) == ["a", "b", "c"]
+    assert var.get() == "caller"
