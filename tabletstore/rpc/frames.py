@@ -96,7 +96,9 @@ MAGIC = b"TSRP"
 #: types AddToCell/MergeToCell (10, 11), ScanProgress (79), SetAdminsRequest (97), the AUTH frame.
 #: 4: RowBatch sent column-wise (wire id 44, was 64), AdoptCompactionRequest (12),
 #: BulkLoadTabletRequest.adopt.
-PROTOCOL_VERSION = 4
+#: 5: read_points (per-worker coalesced point reads): TabletKeys, PointReadsRequest,
+#: PointReadsResponse (50-52).
+PROTOCOL_VERSION = 5
 #: The largest frame either side accepts unless configured otherwise (module docstring).
 DEFAULT_MAX_FRAME = MAX_FRAME
 
