@@ -25,7 +25,8 @@ def test_golden_hello() -> None:
     # Version 2: errors travel as ErrorCode numbers (version 1 sent class names). Version 3:
     # reversed-scan, scan-stats and bulk-load-id fields, aggregate mutations, the AUTH frame.
     # Version 4: column-wise RowBatch, AdoptCompactionRequest, BulkLoadTabletRequest.adopt.
-    assert frames.encode_hello(16 << 20) == bytes.fromhex("54535250 0004 01000000")
+    # Version 5: read_points (TabletKeys, PointReadsRequest, PointReadsResponse).
+    assert frames.encode_hello(16 << 20) == bytes.fromhex("54535250 0005 01000000")
 
 
 def test_golden_response_frame() -> None:
