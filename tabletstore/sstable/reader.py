@@ -72,6 +72,9 @@ DEFAULT_READAHEAD = 4
 #: Pages ending recent fetches (the last two of each) an SSTable remembers to recognize
 #: sequential point reads.
 _RECENT_PAGES = 64
+#: Pages whose last row was read lately that an SSTable remembers: a reader going row by
+#: row adds one per page, so this many readers interleaved are each recognized.
+_READ_THROUGH_PAGES = 128
 
 
 class SSTableCore:
@@ -291,6 +294,8 @@ class SSTable:
         self._inflight_pages: dict[int, asyncio.Future[dict[int, Page]]] = {}
         #: The last page of each recent fetch (a sequential read's predecessor is one).
         self._recent_pages: deque[int] = deque(maxlen=_RECENT_PAGES)
+        #: Pages whose last row was read lately (a sequential reader has just read one).
+        self._read_through: deque[int] = deque(maxlen=_READ_THROUGH_PAGES)
         #: Reads the bloom filter answered without a fetch, and blocks fetched from the store.
         self.bloom_skips = 0
         self.block_fetches = 0
@@ -439,7 +444,7 @@ class SSTable:
             cells = [
                 c
                 for i in indexes
-                for page in await self._pages(i, pages.pages_for_row(i, row))
+                for page in await self._pages(i, pages.pages_for_row(i, row), row)
                 for c in page.row_cells(row)
             ]
         elif len(indexes) == 1:
@@ -631,17 +636,15 @@ class SSTable:
         finally:
             del self._inflight[index]
 
-    async def _pages(self, block: int, pages: range) -> list[Page]:
-        """``pages`` of ``block`` (format 2), one :class:`Page` each, from the block cache or
-        the store: one GET of a few KiB for the missing ones, shared by concurrent readers.
+    async def _pages(self, block: int, pages: range, row: bytes) -> list[Page]:
+        """``pages`` of ``block`` (format 2) that hold ``row``, one :class:`Page` each, from
+        the block cache or the store: one GET of a few KiB for the missing ones, shared by
+        concurrent readers.
 
-        Sequential point reads (the two pages before the first missing one were fetched
-        lately, by this reader or others) read ahead to the end of the block in the same
-        GET (:meth:`_readahead_stop`), so reading a range row by row costs about one GET per
-        block, as scans do, even with many such readers interleaved. Two pages, not one:
-        random reads of a small SSTable often follow a page fetched lately (1 in 5 in
-        bench.paper's quick random reads, 64 recent fetches of ~320 pages), and each such
-        read-ahead fetched half a block that pushed useful pages out of the cache."""
+        Sequential point reads read ahead to the end of the block in the same GET
+        (:meth:`_readahead_stop`), so reading a range row by row costs about one GET per
+        block, as scans do, even with many such readers interleaved (:meth:`_sequential`
+        says which reads are)."""
         cache = self._cache
         found: dict[int, Page] = {}
         missing: list[int] = []
@@ -657,11 +660,35 @@ class SSTable:
                 missing.append(p)
         if missing:
             first, stop = missing[0], missing[-1] + 1
-            recent = self._recent_pages
-            if first - 1 in recent and first - 2 in recent:
+            if self._sequential(first, row):
                 stop = self._readahead_stop(block, stop)
             found.update(await self._fetch_pages(block, range(first, stop), missing[-1] + 1))
+        last = found[pages[-1]]
+        if last.last_row == row:
+            self._read_through.append(pages[-1])
         return [found[p] for p in pages]
+
+    def _sequential(self, page: int, row: bytes) -> bool:
+        """Whether a read of ``row`` missing ``page`` looks like one of a reader going row
+        by row, by this reader's traces or others':
+
+        * ``row`` is ``page``'s first and the previous page's last row was read lately: a
+          reader's next row. Kept apart from the fetches, one entry per page read through,
+          so it still holds with many readers interleaved (a worker serving 32 clients'
+          ranges at once saw a reader's previous fetches pushed out of the fetches below,
+          and fetched every page alone: 3x the GETs of one process, issue 18). A random read
+          matches it only by hitting a page's first row (1 in ``page_cells``) just after
+          another hit the previous page's last;
+        * or the two pages before ``page`` were fetched lately. Two pages, not one: random
+          reads of a small SSTable often follow a page fetched lately (1 in 5 in
+          bench.paper's quick random reads, 64 recent fetches of ~320 pages), and each such
+          read-ahead fetched half a block that pushed useful pages out of the cache."""
+        index = self._core.pages
+        assert index is not None
+        if page - 1 in self._read_through and index.first_rows[page] == row:
+            return True
+        recent = self._recent_pages
+        return page - 1 in recent and page - 2 in recent
 
     def _readahead_stop(self, block: int, stop: int) -> int:
         """Where a sequential reader's fetch ending at ``stop`` may extend to: the end of

@@ -260,6 +260,42 @@ async def test_interleaved_sequential_readers_fetch_each_page_once() -> None:
     assert requests <= len(table.footer.blocks) + 2 * readers
 
 
+async def test_many_interleaved_short_sequential_readers_read_ahead() -> None:
+    """32 clients each reading a range of about four pages row by row through one worker
+    (bench.paper's sequential reads over RPC, issue 18): in lockstep, a reader's previous
+    fetch is 32 fetches back, past what the recent-fetch window recognizes, and every page
+    was fetched alone (about one GET per page, 3x one process's). A reader that has just read
+    a page's last row reads ahead from the next page: about two GETs per reader (its first
+    page, then the rest), never one per page."""
+    cells = [Cell(b"r%06d" % i, "cf", b"q", 1, i + 1, 0, os.urandom(200)) for i in range(4480)]
+    data, info = write_sstable(cells)
+    store = InstrumentedObjectStore(MemoryObjectStore(shared=False))
+    await store.create(KEY, data)
+    table = await SSTable.open(store, KEY, size=info.size, block_cache=BlockCache(1 << 24))
+    index = table._core.pages
+    assert index is not None
+    readers = 32
+    per = len(cells) // readers
+    assert index.pages >= 3 * readers  # each reader's range spans three pages or more
+    store.reset()
+    fetch = table._fetch_pages
+
+    async def interleaving_fetch(block: int, pages: range, wanted_stop: int) -> dict[int, Page]:
+        for _ in range(readers):  # a GET takes long enough for every reader to move on
+            await asyncio.sleep(0)
+        return await fetch(block, pages, wanted_stop)
+
+    table._fetch_pages = interleaving_fetch  # type: ignore[method-assign]
+
+    async def read_range(k: int) -> list[list[Cell]]:
+        return [await table.get_row(b"r%06d" % i) for i in range(k * per, (k + 1) * per)]
+
+    results = await asyncio.gather(*(read_range(k) for k in range(readers)))
+    assert [c for got in results for row in got for c in row] == cells
+    requests = store.stats()[Op.GET_RANGE].requests
+    assert requests <= 2 * readers + len(table.footer.blocks), (requests, index.pages)
+
+
 async def test_pages_read_ahead_are_decoded_when_first_read() -> None:
     """A sequential point read reads ahead to the end of its block in one GET, but decodes
     only the page it asked for: the others are decoded when a read reaches them (issue 18: a
