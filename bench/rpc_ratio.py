@@ -63,6 +63,7 @@ def _line(r: BenchResult) -> str:
     server_us = f"{1e6 * server / r.values:6.0f}" if server is not None else "     -"
     return (
         f"  {r.target:<16} {r.rate:>9,.0f} values/s  GET/1000 {_gets(r):6.1f}  "
+        f"read/value {(r.bytes_read_per_value() or 0) / 1024:5.1f} KiB  "
         f"client CPU {1e6 * r.cpu_seconds / r.values:5.0f} us  server CPU {server_us} us  "
         f"p50 {r.p50_ms:6.2f} ms  load {os.getloadavg()[0]:.2f}"
     )

@@ -334,8 +334,9 @@ async def test_pages_read_ahead_are_decoded_when_first_read() -> None:
 
 @pytest.mark.parametrize("seq_base", [0, 1000])
 async def test_read_ahead_stops_at_a_cached_page_of_an_adopted_sstable(seq_base: int) -> None:
-    """Read-ahead stops at a page already in the block cache, also for an SSTable opened
-    with a ``seq_base`` (a bulk-loaded file), whose pages are cached under another name."""
+    """Read-ahead stops at a page already in the block cache (here the block's last), also
+    for an SSTable opened with a ``seq_base`` (a bulk-loaded file), whose pages are cached
+    under another name."""
     cells = [Cell(b"r%06d" % i, "cf", b"q", 1, i + 1, 0, os.urandom(200)) for i in range(2000)]
     data, info = write_sstable(cells, block_size=32 * 1024)
     store = InstrumentedObjectStore(MemoryObjectStore(shared=False))
@@ -365,6 +366,53 @@ async def test_read_ahead_stops_at_a_cached_page_of_an_adopted_sstable(seq_base:
         ]
     assert fetched == [cached, start, start + 1, start + 2, start + 3]
     assert sorted(fetched) == sorted(set(fetched)), "a cached page was fetched again"
+
+
+async def test_read_ahead_reads_over_a_lone_cached_page() -> None:
+    """A sequential reader's read-ahead does not stop at one cached page in its way (another
+    reader's first page, issue 18): one GET to the block's end, the cached page kept as it
+    is. Two cached pages in a row stop it."""
+    cells = [Cell(b"r%06d" % i, "cf", b"q", 1, i + 1, 0, os.urandom(200)) for i in range(4000)]
+    data, info = write_sstable(cells)
+    store = InstrumentedObjectStore(MemoryObjectStore(shared=False))
+    await store.create(KEY, data)
+    cache = BlockCache(1 << 24)
+    table = await SSTable.open(store, KEY, size=info.size, block_cache=cache)
+    index = table._core.pages
+    assert index is not None
+    fetched: list[range] = []
+    fetch = table._fetch_pages
+
+    async def recording_fetch(block: int, pages: range, wanted_stop: int) -> dict[int, Page]:
+        fetched.append(pages)
+        return await fetch(block, pages, wanted_stop)
+
+    table._fetch_pages = recording_fetch  # type: ignore[method-assign]
+    rows = sorted({c.row for c in cells})
+
+    async def read_block(block: int) -> None:
+        start, end = index.block_starts[block], index.block_starts[block + 1]
+        for row in rows[rows.index(index.first_rows[start]) : rows.index(index.first_rows[end])]:
+            assert await table.get_row(row) == [c for c in cells if c.row == row]
+
+    start, end = index.block_starts[1], index.block_starts[2]
+    assert end - start >= 6
+    lone = start + 3
+    await table.get_row(index.first_rows[lone])
+    kept = cache.get_page(table._cache_key, lone)
+    fetched.clear()
+    await read_block(1)
+    # The block's first page alone (nothing says its reader is sequential), then the rest
+    # of the block, over the lone cached page.
+    assert fetched == [range(start, start + 1), range(start + 1, end)]
+    assert cache.get_page(table._cache_key, lone) is kept
+
+    start, end = index.block_starts[3], index.block_starts[4]
+    for p in (start + 3, start + 4):
+        await table.get_row(index.first_rows[p])
+    fetched.clear()
+    await read_block(3)
+    assert fetched == [range(start, start + 1), range(start + 1, start + 3), range(start + 5, end)]
 
 
 async def test_a_damaged_page_read_ahead_fails_the_read_that_reaches_it() -> None:
