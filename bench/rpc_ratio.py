@@ -51,6 +51,8 @@ async def _one(target: Target, cfg: BenchConfig, benchmark: str, run: int) -> Be
     units = (
         getattr(w, method)(table, rows) if method == "random_reads" else getattr(w, method)(table)
     )
+    pids = getattr(target, "_pids", [os.getpid()])
+    print(f"  {target.name:<16} {benchmark} starts (pids {pids})", flush=True)
     return await measure(benchmark, target, units, cfg)
 
 
