@@ -415,6 +415,42 @@ async def test_read_ahead_reads_over_a_lone_cached_page() -> None:
     assert fetched == [range(start, start + 1), range(start + 1, start + 3), range(start + 5, end)]
 
 
+@pytest.mark.parametrize("seed", range(4))
+async def test_mixed_readers_over_a_small_cache_read_the_cells_written(seed: int) -> None:
+    """Sequential and random readers interleaved over a block cache too small for the table:
+    pages read ahead over lone cached ones, cached pages evicted while a fetch is in flight,
+    every read still returns exactly the row's cells."""
+    rng = random.Random(seed)
+    cells = [Cell(b"r%06d" % i, "cf", b"q", 1, i + 1, 0, rng.randbytes(200)) for i in range(3000)]
+    data, info = write_sstable(cells, block_size=32 * 1024)
+    store = MemoryObjectStore(shared=False)
+    await store.create(KEY, data)
+    table = await SSTable.open(store, KEY, size=info.size, block_cache=BlockCache(96 * 1024))
+    fetch = table._fetch_pages
+
+    async def interleaving_fetch(block: int, pages: range, wanted_stop: int) -> dict[int, Page]:
+        for _ in range(rng.randrange(4)):
+            await asyncio.sleep(0)
+        return await fetch(block, pages, wanted_stop)
+
+    table._fetch_pages = interleaving_fetch  # type: ignore[method-assign]
+    by_row = {c.row: [c] for c in cells}
+
+    async def sequential(start: int, n: int) -> None:
+        for i in range(start, min(len(cells), start + n)):
+            assert await table.get_row(cells[i].row) == by_row[cells[i].row]
+
+    async def scattered(n: int) -> None:
+        for _ in range(n):
+            row = cells[rng.randrange(len(cells))].row
+            assert await table.get_row(row) == by_row[row]
+
+    await asyncio.gather(
+        *(sequential(rng.randrange(len(cells)), rng.randrange(50, 400)) for _ in range(12)),
+        *(scattered(100) for _ in range(4)),
+    )
+
+
 async def test_a_damaged_page_read_ahead_fails_the_read_that_reaches_it() -> None:
     """A page read ahead is checked when decoded: its reader gets Corruption, never cells."""
     cells = [Cell(b"r%06d" % i, "cf", b"q", 1, i + 1, 0, os.urandom(200)) for i in range(2000)]
