@@ -4,8 +4,8 @@
 shared machine its RPC / embedded ratios of one benchmark vary several-fold between runs. This
 measures only what a ratio needs, repeatably:
 
-* both targets are opened once (``file://`` embedded, and ``cluster:1:file``: one real worker
-  process behind RPC), and the benchmark runs ``--repeat`` times on each, alternating
+* both targets are opened once (``file://`` embedded, and ``cluster:1:file`` or ``--cluster``:
+  one real worker process behind RPC), and the benchmark runs ``--repeat`` times on each, alternating
   (embedded, cluster, embedded, cluster, ...), so both sides see the same load;
 * every run reads its own table, written (batched writes, untimed) and turned into SSTables
   just before, so each starts with a cold block cache as in ``bench.paper``;
@@ -72,7 +72,11 @@ def _line(r: BenchResult) -> str:
 
 
 async def run(
-    cfg: BenchConfig, benchmark: str, repeat: int, workdir: str
+    cfg: BenchConfig,
+    benchmark: str,
+    repeat: int,
+    workdir: str,
+    cluster_spec: str = "cluster:1:file",
 ) -> tuple[list[BenchResult], list[BenchResult]]:
     """``repeat`` runs of ``benchmark`` on each target, alternating; (embedded, cluster)."""
     embedded = await open_target(
@@ -81,7 +85,7 @@ async def run(
     cluster: Target | None = None
     try:
         cluster = await open_target(
-            "cluster:1:file",
+            cluster_spec,
             block_cache_bytes=cfg.block_cache_bytes,
             rows=cfg.rows,
             mem_rows=cfg.mem_rows,
@@ -107,6 +111,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--scale", type=float, default=0.01, help="data size vs the paper's")
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--concurrency", type=int, help="requests in flight (default 32)")
+    p.add_argument(
+        "--cluster",
+        default="cluster:1:file",
+        help="the cluster side (cluster:1:moto: one worker on moto's S3 server; the embedded "
+        "side stays on a directory, so only its GET counts compare)",
+    )
     args = p.parse_args(argv)
     if args.repeat < 1:
         raise SystemExit(f"--repeat must be >= 1, not {args.repeat}")
@@ -117,9 +127,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"load {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
     )
     with tempfile.TemporaryDirectory(prefix="tabletstore-rpc-ratio-") as workdir:
-        emb, clu = asyncio.run(run(cfg, args.benchmark, args.repeat, workdir))
+        emb, clu = asyncio.run(run(cfg, args.benchmark, args.repeat, workdir, args.cluster))
     ratios = [c.rate / e.rate for e, c in zip(emb, clu, strict=True) if e.rate]
-    for name, side in (("embedded", emb), ("cluster:1:file", clu)):
+    for name, side in (("embedded", emb), (args.cluster, clu)):
         print(
             f"median {name:<16} {statistics.median(r.rate for r in side):>9,.0f} values/s  "
             f"GET/1000 {statistics.median(_gets(r) for r in side):6.1f}"
