@@ -695,7 +695,7 @@ class SSTable:
         ``block``, or the first page on the way that is being fetched or is cached and
         followed by another such page (or by the block's end). Interleaved sequential
         readers (a worker serving many clients' ranges at once) then fetch each page of a
-        block once between them, not once each. A lone cached page (another reader's first,
+        block about once between them, not once each. A lone cached page (another reader's first,
         or a random read's) is read again rather than cutting the fetch in two: the span
         of a page of every column holds the value pages before it anyway (pages.py), so
         the extra bytes are few, and a GET saved is what S3 bills (issue 18: 74 -> 64 GETs
@@ -719,8 +719,8 @@ class SSTable:
 
     async def _fetch_pages(self, block: int, pages: range, wanted_stop: int) -> dict[int, Page]:
         """Fetch ``pages`` of ``block`` in one GET; those before ``wanted_stop`` are decoded
-        now, the ones read ahead when first read (``Page.deferred``) and cached unless a
-        page of theirs already is."""
+        now, the ones read ahead when first read (``Page.deferred``). All go to the block
+        cache but pages read ahead that it still holds (a lone cached page read over)."""
         future: asyncio.Future[dict[int, Page]] = asyncio.get_running_loop().create_future()
         mine = [p for p in pages if p not in self._inflight_pages]
         for p in mine:
