@@ -124,6 +124,9 @@ class BenchConfig:
     #: Rows per scan request (None: R cut into 10 x concurrency scans). ``bench.growth`` fixes
     #: it at its smallest size's, so every size's scan p99 times the same request.
     scan_rows: int | None = None
+    #: Run only these benchmarks (None: all). A read still loads (untimed) the table it reads:
+    #: ``--only "sequential writes"`` profiles the write phase alone, at any ``--scale``.
+    only: tuple[str, ...] | None = None
 
     @classmethod
     def scaled(cls, scale: float, **overrides: Any) -> BenchConfig:
@@ -144,6 +147,13 @@ class BenchConfig:
                 raise ValueError(f"{name} must be >= 1, not {getattr(self, name)}")
         if self.scan_rows is not None and self.scan_rows < 1:
             raise ValueError(f"scan_rows must be >= 1, not {self.scan_rows}")
+        unknown = sorted(set(self.only or ()) - set(BENCHMARKS))
+        if unknown:
+            raise ValueError(f"unknown benchmark(s) {unknown}; choose from {list(BENCHMARKS)}")
+
+    def runs(self, benchmark: str) -> bool:
+        """Whether ``benchmark`` is measured in this run (``only``)."""
+        return self.only is None or benchmark in self.only
 
 
 @dataclass
@@ -409,44 +419,50 @@ async def run_target(
             f"p50 {r.p50_ms:7.2f} ms  p99 {r.p99_ms:7.2f} ms  ({r.values:,} in {r.seconds:.1f} s)"
         )
 
+    # The table each read benchmark reads, written by the write benchmark it shadows.
+    reads = {
+        "sequential reads": "seqw",
+        "random reads": "randw",
+        "random reads (mem)": "memt",
+        "scans": "seqw",
+    }
+    read_tables = {table for name, table in reads.items() if cfg.runs(name)}
+    writes = (
+        ("sequential writes", "seqw", w.sequential_writes),
+        ("random writes", "randw", w.random_writes),
+        ("batched writes", "batchw", w.batched_writes),
+    )
     for table, in_memory in (("seqw", False), ("randw", False), ("batchw", False), ("memt", True)):
         await target.create(table, in_memory=in_memory)
-    done(
-        await measure(
-            "sequential writes",
-            target,
-            w.sequential_writes("seqw"),
-            cfg,
-            after=lambda: target.flush("seqw"),
-        )
-    )
-    done(
-        await measure(
-            "random writes",
-            target,
-            w.random_writes("randw"),
-            cfg,
-            after=lambda: target.flush("randw"),
-        )
-    )
-    done(
-        await measure(
-            "batched writes",
-            target,
-            w.batched_writes("batchw"),
-            cfg,
-            after=lambda: target.flush("batchw"),
-        )
-    )
-    await drive(w.batched_writes("memt", cfg.mem_rows), cfg.concurrency)  # untimed load
+    for name, table, workload in writes:
+        if cfg.runs(name):
+            done(await measure(name, target, workload(table), cfg, after=_flusher(target, table)))
+        elif table in read_tables:
+            await drive(workload(table), cfg.concurrency)  # untimed load of a read's table
+    if "memt" in read_tables:
+        await drive(w.batched_writes("memt", cfg.mem_rows), cfg.concurrency)  # untimed load
+    if not read_tables:
+        return results
     t0 = time.perf_counter()
-    await target.to_sstables(["seqw", "randw", "memt"])
+    await target.to_sstables([t for t in ("seqw", "randw", "memt") if t in read_tables])
     log(f"  {target.name:<12} compactions + restart {time.perf_counter() - t0:.1f} s")
-    done(await measure("sequential reads", target, w.sequential_reads("seqw"), cfg))
-    done(await measure("random reads", target, w.random_reads("randw", cfg.rows), cfg))
-    done(await measure("random reads (mem)", target, w.random_reads("memt", cfg.mem_rows), cfg))
-    done(await measure("scans", target, w.scans("seqw"), cfg))
+    for name in ("sequential reads", "random reads", "random reads (mem)", "scans"):
+        if not cfg.runs(name):
+            continue
+        if name == "scans":
+            units = w.scans("seqw")
+        elif name == "sequential reads":
+            units = w.sequential_reads("seqw")
+        else:
+            table = reads[name]
+            units = w.random_reads(table, cfg.rows if table == "randw" else cfg.mem_rows)
+        done(await measure(name, target, units, cfg))
     return results
+
+
+def _flusher(target: Target, table: str) -> Callable[[], Awaitable[None]]:
+    """A write benchmark's untimed ``after`` step: the minor compaction of its table."""
+    return lambda: target.flush(table)
 
 
 async def run_suite(
@@ -731,6 +747,14 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--uvloop", action="store_true", help="run on uvloop")
     p.add_argument("--profile", metavar="DIR", help="cProfile each timed phase into DIR")
     p.add_argument(
+        "--only",
+        action="append",
+        choices=BENCHMARKS,
+        metavar="BENCHMARK",
+        help="run only this benchmark (repeatable; a read loads its table untimed), "
+        'e.g. --only "sequential writes"',
+    )
+    p.add_argument(
         "--growth",
         action="store_true",
         help="cost vs data size: the benchmarks at 1x, 4x, 16x --growth-base (bench/growth.py)",
@@ -768,6 +792,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         slatedb_flush_interval=args.slatedb_flush_interval,
         profile_dir=args.profile,
         block_size=args.block_size,
+        only=tuple(args.only) if args.only else None,
     )
     if args.repeat < 1:
         raise SystemExit(f"--repeat must be >= 1, not {args.repeat}")
