@@ -12,11 +12,12 @@ task is idempotent, so the half-written runs of the dead one are harmless.
 
 A task may name an ``owner``: the worker the master gives every tablet of the log to (owner
 affinity). The other sorters leave it to that worker for :data:`OWNER_GRACE` seconds from when
-they first saw it, so the runs are written by the process that replays them and read there
-from memory (the log's records are read once in the cluster, not twice); an owner that died
-meanwhile only delays the task by that grace, and not even that once the master notices (its
-lease gone) and re-reserves the task for the worker it gives the log's tablets to now (the
-grace then starts again for that owner). The owner claims every task reserved for it at
+they first saw it reserved for it, so the runs are written by the process that replays them
+and read there from its memory or local disk (``commitlog.spill``: the log's records are read
+once in the cluster, not twice). An owner that died meanwhile delays the task by that grace
+at most: once the master notices (its lease gone) it re-reserves the task for the worker it
+gives the log's tablets to now, whose sorter takes it at once (the others' grace starts again
+for that owner). The owner claims every task reserved for it at
 once, beyond its ``parallel`` loops (a log of many tasks is owned whole, up to
 ``MasterOptions.sort_owner_bytes``): its :class:`~tabletstore.commitlog.sorting.SharedSorts`
 runs them on its cores, and a claimed task is not taken by another sorter once the grace is
