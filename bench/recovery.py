@@ -17,10 +17,14 @@ request of sorters and tablets alike goes through the one instrumented store. Th
 sorts (pool processes)" rows (N in the sorters column) are a worker that owns a dead log of several tasks (§6; owner
 affinity up to ``MasterOptions.sort_owner_bytes``): its ``SharedSorts`` runs every task at
 once, decoding and encoding in a pool of N processes, while it fetches the segments and writes
-the runs itself (so keeps them in memory); its tablets' replays join those sorts, as a
-worker's loads do (``worker.log.replay_logged`` with the tasks reserved for it).
+the runs itself, keeping them as a worker does (``commitlog.spill``: in memory up to
+``--spill-memory-mb``, then in local files up to ``--spill-disk-mb``; the worker's defaults);
+its tablets' replays join those sorts, as a worker's loads do (``worker.log.replay_logged``
+with the tasks reserved for it). The "local / log" column is what the replays read back from
+that spill (local memory or disk, not the store).
 
     python -m bench.recovery [--log-mb 16] [--tablets 1,16,64] [--sorters 1,2,4,8] [--no-direct]
+        [--spill-memory-mb 64] [--spill-disk-mb 1024]
 """
 
 from __future__ import annotations
@@ -32,15 +36,19 @@ import os
 import random
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tabletstore.commitlog import encode_record, encode_segment, fence, replay_cells
 from tabletstore.commitlog.runs import SortManifest, SortPlan, SortTask, TabletRange
-from tabletstore.commitlog.sorting import SharedSorts, plan_sort, sorted_replay
+from tabletstore.commitlog.sorting import ReplayStats, SharedSorts, plan_sort, sorted_replay
+from tabletstore.commitlog.spill import RunSpill
 from tabletstore.engine.pools import process_pool
 from tabletstore.keys import Cell, CellKind
+from tabletstore.limits import MiB
 from tabletstore.master.recovery import InProcessSortExecutor
+from tabletstore.options import WorkerOptions
 from tabletstore.storage_s3 import find_layer, open_store
 from tabletstore.storage_s3.base import ObjectStore
 from tabletstore.storage_s3.instrumented import InstrumentedObjectStore
@@ -65,6 +73,8 @@ class Result:
     #: Sorted recovery: seconds until every sort task was done, and the tasks.
     sort_seconds: float = 0.0
     tasks: int = 0
+    #: Bytes of runs the replays read from the owner's spill (memory or local disk).
+    local_bytes: int = 0
 
     @property
     def read_ratio(self) -> float:
@@ -73,6 +83,10 @@ class Result:
     @property
     def log_read_ratio(self) -> float:
         return self.log_bytes_read / self.log_bytes
+
+    @property
+    def local_ratio(self) -> float:
+        return self.local_bytes / self.log_bytes
 
 
 def tablet_ranges(tablets: int) -> list[TabletRange]:
@@ -187,16 +201,22 @@ async def sorted_recovery(
 
 
 async def owner_pool_recovery(
-    url: str, tablets: list[TabletRange], processes: int, task_bytes: int
-) -> tuple[float, int, int, SortPlan, float]:
+    url: str,
+    tablets: list[TabletRange],
+    processes: int,
+    task_bytes: int,
+    spill: RunSpill,
+) -> tuple[float, int, int, SortPlan, float, int]:
     """A worker that owns the log sorts every task in a pool of ``processes`` processes while
-    its tablets replay (each load runs the reserved tasks through the worker's SharedSorts)."""
+    its tablets replay (each load runs the reserved tasks through the worker's SharedSorts,
+    which keeps the runs in ``spill``). Also returns the bytes read back from the spill."""
     store = open_store(url, instrument=True)
     pool = process_pool(processes)
     loop = asyncio.get_running_loop()
     # Start the pool's processes before the clock: a worker keeps its pool once made.
     await asyncio.gather(*(loop.run_in_executor(pool, os.getpid) for _ in range(processes)))
-    shared = SharedSorts(cpu=lambda: pool, parallel=processes + 1)
+    shared = SharedSorts(cpu=lambda: pool, parallel=processes + 1, spill=spill)
+    stats = ReplayStats()
     started = time.perf_counter()
     plan = await plan_sort(store, WORKER, INCARNATION, tablets, task_bytes=task_bytes)
     reserved = {t.first for t in plan.tasks}
@@ -218,6 +238,7 @@ async def owner_pool_recovery(
                     wait=600.0,
                     run_here=reserved,
                     shared=shared,
+                    stats=stats,
                 )
             ]
         )
@@ -228,14 +249,27 @@ async def owner_pool_recovery(
     seconds = time.perf_counter() - started
     await sort_done
     pool.shutdown(wait=True)
+    spill.close()
     read, requests = _stats(store)
     await store.close()
-    return seconds, read, requests, plan, sorted_at[0]
+    return seconds, read, requests, plan, sorted_at[0], stats.local_bytes
 
 
 async def run(
-    log_mb: float, tablet_counts: list[int], sorter_counts: list[int], *, direct_too: bool = True
+    log_mb: float,
+    tablet_counts: list[int],
+    sorter_counts: list[int],
+    *,
+    direct_too: bool = True,
+    spill_memory: int | None = None,
+    spill_disk: int | None = None,
+    modes: Sequence[str] = ("sorted", "owner", "pool"),
 ) -> list[Result]:
+    """``spill_memory``/``spill_disk``: the owner's budgets for the runs it keeps (bytes;
+    None: the worker's defaults)."""
+    defaults = WorkerOptions()
+    memory = defaults.sort_memory_bytes if spill_memory is None else spill_memory
+    disk = defaults.sort_spill_bytes if spill_disk is None else spill_disk
     results: list[Result] = []
     log_bytes = int(log_mb * 1024 * 1024)
     task_bytes = max(SEGMENT_BYTES, log_bytes // 8)
@@ -251,8 +285,9 @@ async def run(
                 seconds, read, requests = await direct(url, ranges)
                 results.append(Result(t, "direct replay", 0, size, read, read, requests, seconds))
                 print(_row(results[-1]), flush=True)
-            runs = [(n, "sorted") for n in sorter_counts]
-            runs += [(max(sorter_counts), "owner")] + [(n, "pool") for n in sorter_counts]
+            runs = [(n, "sorted") for n in sorter_counts if "sorted" in modes]
+            runs += [(max(sorter_counts), "owner")] if "owner" in modes else []
+            runs += [(n, "pool") for n in sorter_counts if "pool" in modes]
             for n, mode in runs:
                 # Each sorted run starts from the bare log: copy it so plans do not carry over.
                 run_url = f"file://{tmp}/s{n}{mode}"
@@ -264,9 +299,11 @@ async def run(
                         await dst.create(info.key, data)
                 await src.close()
                 await dst.close()
+                local = 0
                 if mode == "pool":
-                    seconds, read, requests, plan, sort_s = await owner_pool_recovery(
-                        run_url, ranges, n, task_bytes
+                    spill = RunSpill(memory_bytes=memory, disk_bytes=disk, directory=tmp)
+                    seconds, read, requests, plan, sort_s, local = await owner_pool_recovery(
+                        run_url, ranges, n, task_bytes, spill
                     )
                 else:
                     seconds, read, requests, plan, sort_s = await sorted_recovery(
@@ -285,6 +322,7 @@ async def run(
                         seconds,
                         sort_s,
                         len(plan.tasks),
+                        local,
                     )
                 )
                 print(_row(results[-1]), flush=True)
@@ -299,7 +337,7 @@ METHODS = {
 
 HEADER = (
     "| tablets | method | sorters | log MB | log read / log | all read / log | requests "
-    "| sort done s | seconds |"
+    "| local / log | sort done s | seconds |"
 )
 
 
@@ -307,7 +345,7 @@ def _row(r: Result) -> str:
     sorters = str(r.sorters) if r.sorters else "-"
     return (
         f"| {r.tablets} | {r.method} | {sorters} | {r.log_bytes / 2**20:.1f} | "
-        f"{r.log_read_ratio:.2f} | {r.read_ratio:.2f} | {r.requests} | "
+        f"{r.log_read_ratio:.2f} | {r.read_ratio:.2f} | {r.requests} | {r.local_ratio:.2f} | "
         f"{f'{r.sort_seconds:.2f}' if r.tasks else '-'} | {r.seconds:.2f} |"
     )
 
@@ -321,18 +359,54 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-direct", action="store_true", help="leave out the direct replay (T reads of the log)"
     )
+    parser.add_argument(
+        "--spill-memory-mb",
+        type=float,
+        default=None,
+        help="memory the owner keeps its runs in (default: WorkerOptions.sort_memory_bytes)",
+    )
+    parser.add_argument(
+        "--spill-disk-mb",
+        type=float,
+        default=None,
+        help="local disk it keeps them on past that (default: WorkerOptions.sort_spill_bytes)",
+    )
+    parser.add_argument(
+        "--modes",
+        default="sorted,owner,pool",
+        help="which sorted methods to run: sorted, owner, pool (comma-separated)",
+    )
     args = parser.parse_args(argv)
     tablets = [int(x) for x in args.tablets.split(",")]
     sorters = [int(x) for x in args.sorters.split(",")]
     print(HEADER)
-    print("|---|---|---|---|---|---|---|---|---|")
-    results = asyncio.run(run(args.log_mb, tablets, sorters, direct_too=not args.no_direct))
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    modes = [m for m in args.modes.split(",") if m]
+    unknown = set(modes) - METHODS.keys()
+    if unknown:
+        parser.error(f"unknown --modes {sorted(unknown)}; known: {sorted(METHODS)}")
+    results = asyncio.run(
+        run(
+            args.log_mb,
+            tablets,
+            sorters,
+            direct_too=not args.no_direct,
+            spill_memory=None if args.spill_memory_mb is None else int(args.spill_memory_mb * MiB),
+            spill_disk=None if args.spill_disk_mb is None else int(args.spill_disk_mb * MiB),
+            modes=modes,
+        )
+    )
     args.json.write_text(
         json.dumps(
             {
                 "cpus": os.cpu_count(),
                 "results": [
-                    {**asdict(r), "read_ratio": r.read_ratio, "log_read_ratio": r.log_read_ratio}
+                    {
+                        **asdict(r),
+                        "read_ratio": r.read_ratio,
+                        "log_read_ratio": r.log_read_ratio,
+                        "local_ratio": r.local_ratio,
+                    }
                     for r in results
                 ],
             },

@@ -138,8 +138,18 @@ class WorkerOptions:
     #: Processes the sort tasks reserved for this worker run in (owner affinity: it serves
     #: every tablet of a dead log and sorts all its tasks, §6), started at the first such task;
     #: 0 sorts them in the worker's event loop (one core). The worker fetches the segments and
-    #: writes the runs itself, so it keeps them in memory for its tablets' replay.
+    #: writes the runs itself, so it keeps them for its tablets' replay (below).
     sort_processes: int = 2
+    #: Bytes of the runs this worker sorted that it keeps in memory for its own tablets'
+    #: replay (``commitlog.spill``); past it they go to local disk.
+    sort_memory_bytes: int = 64 * MiB
+    #: Bytes of such runs it keeps in files of a private local directory once the memory is
+    #: full (removed when the worker stops, a log's runs 2 minutes after their last use).
+    #: Runs kept nowhere are read back from the store: an owned log larger than memory plus
+    #: this is read about twice rather than once. 0: memory only.
+    sort_spill_bytes: int = 1024 * MiB
+    #: Where that directory is made; None: the system's temporary directory.
+    sort_spill_dir: str | None = None
     #: Seconds between two checks of how far back each tablet's log position lies (§5.3,
     #: §5.4): a tablet whose position is ``log_trim_segments`` or more segments behind the log's
     #: end, or that still lists an older log, is minor-compacted (or, with nothing in memory,
@@ -212,12 +222,14 @@ class MasterOptions:
     #: read its segments directly): a task failing this often is damaged, not unlucky.
     sort_attempts: int = 3
     #: The largest dead log (bytes of segments to sort) whose tablets all go to one worker,
-    #: which sorts every task of it on its cores and replays the runs from its memory, so the
-    #: log is read once in the cluster (owner affinity, §6). A larger log is sorted by every
-    #: worker at once and its tablets spread (each then reads its runs back from the store).
-    #: Bounded by the worker's 64 MiB cache of recovery objects the runs wait in
-    #: (``commitlog.sorting.IMMUTABLE``); 0: only a log sorted in one task has an owner.
-    sort_owner_bytes: int = 48 * 1024 * 1024
+    #: which sorts every task of it on its cores and replays the runs from its memory and
+    #: local disk, so the log is read once in the cluster (owner affinity, §6). A larger log
+    #: is sorted by every worker at once and its tablets spread (each then reads its runs back
+    #: from the store: about twice the log). Bounded by what a worker keeps of the runs it
+    #: sorted (``WorkerOptions.sort_memory_bytes`` + ``sort_spill_bytes``, 1 GiB by default)
+    #: and by the time one worker's cores take to sort it; 0: only a log sorted in one task
+    #: has an owner.
+    sort_owner_bytes: int = 512 * MiB
     #: Seconds between two probes of every worker's RPC address (§5.2; master/failure_detector):
     #: a worker whose address refuses connections ``probe_refusals`` times in a row is dead,
     #: and its lease is revoked so its tablets are recovered without waiting for the TTL.

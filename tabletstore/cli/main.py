@@ -1032,6 +1032,15 @@ def _metrics_ready(url: str) -> None:
     help="Where the periodic major compactions run (§5.4): workers (each tablet's own), "
     "local (this process) or lambda:<function-name> (functions/compaction.py).",
 )
+@click.option(
+    "--sort-owner-bytes",
+    type=click.IntRange(min=0),
+    default=MasterOptions().sort_owner_bytes,
+    show_default=True,
+    help="Largest dead log (bytes to sort) whose tablets all go to one worker, which sorts it "
+    "and keeps the runs (memory, then local disk) so the log is read once (§6); larger logs "
+    "are sorted by every worker. 0: only logs of one sort task.",
+)
 @rpc_caps
 @_insecure_option
 @_status_token_option
@@ -1044,6 +1053,7 @@ def master_cmd(
     metrics_port: int | None,
     sort_executor: str,
     compaction_executor: str,
+    sort_owner_bytes: int,
     rpc: RpcServerOptions,
     insecure: bool,
     status_token_file: Path | None,
@@ -1051,7 +1061,12 @@ def master_cmd(
     """Run a master (§5.2): campaign for the master lock, then keep every tablet assigned."""
     from tabletstore.master.process import run_master
 
-    options = MasterOptions(lease=LeaseOptions(ttl=lease_ttl), split_bytes=split_bytes, rpc=rpc)
+    options = MasterOptions(
+        lease=LeaseOptions(ttl=lease_ttl),
+        split_bytes=split_bytes,
+        rpc=rpc,
+        sort_owner_bytes=sort_owner_bytes,
+    )
     tls = _process_tls(host, insecure, "master")
     status_token = _status_token(status_token_file)
     # The URL a compaction function connects to (only the lambda executor needs one).
@@ -1103,6 +1118,34 @@ def master_cmd(
     show_default=True,
     help="Block cache capacity in bytes.",
 )
+@click.option(
+    "--sort-processes",
+    type=click.IntRange(min=0),
+    default=WorkerOptions().sort_processes,
+    show_default=True,
+    help="Processes sorting the dead logs this worker owns (§6; 0: in the serving process).",
+)
+@click.option(
+    "--sort-memory-bytes",
+    type=click.IntRange(min=0),
+    default=WorkerOptions().sort_memory_bytes,
+    show_default=True,
+    help="Bytes of the runs it sorted kept in memory for its own replay.",
+)
+@click.option(
+    "--sort-spill-bytes",
+    type=click.IntRange(min=0),
+    default=WorkerOptions().sort_spill_bytes,
+    show_default=True,
+    help="Bytes of such runs kept on local disk past that (0: none; the rest is read back "
+    "from the store).",
+)
+@click.option(
+    "--sort-spill-dir",
+    type=click.Path(exists=True, file_okay=False, writable=True),
+    default=None,
+    help="Where the directory of those runs is made (default: the system's temporary one).",
+)
 @_metrics_port_option
 @rpc_caps
 @_insecure_option
@@ -1116,6 +1159,10 @@ def worker_cmd(
     split_bytes: int,
     compaction_processes: int,
     block_cache_bytes: int,
+    sort_processes: int,
+    sort_memory_bytes: int,
+    sort_spill_bytes: int,
+    sort_spill_dir: str | None,
     metrics_port: int | None,
     rpc: RpcServerOptions,
     insecure: bool,
@@ -1129,6 +1176,10 @@ def worker_cmd(
         lease=LeaseOptions(ttl=lease_ttl),
         compaction_processes=compaction_processes,
         block_cache_bytes=block_cache_bytes,
+        sort_processes=sort_processes,
+        sort_memory_bytes=sort_memory_bytes,
+        sort_spill_bytes=sort_spill_bytes,
+        sort_spill_dir=sort_spill_dir,
         rpc=rpc,
     )
     tablet_options = TabletOptions(split_bytes=split_bytes)

@@ -64,6 +64,7 @@ from tabletstore.commitlog.runs import (
     decode_run,
     encode_run_frames,
 )
+from tabletstore.commitlog.spill import RunSpill
 from tabletstore.errors import Corruption, InvalidArgument, PreconditionFailed, Unavailable
 from tabletstore.keys import Cell
 from tabletstore.storage_s3.base import ObjectStore
@@ -296,15 +297,18 @@ class SharedSorts:
     (:func:`tabletstore.engine.pools.process_pool`) the tasks' decoding, partitioning and
     encoding run in, so the owner of a log cut into several tasks sorts them on all its
     cores; the segments are fetched and the runs written by this process, which so keeps them
-    in memory (``IMMUTABLE``) for its tablets' replay. None: in this process's event loop. At
-    most ``parallel`` tasks are under way at once (their segments in memory): one more than
-    the pool's processes keeps them busy while the next task's segments are fetched."""
+    for its tablets' replay: in ``spill`` (memory, then local disk:
+    :mod:`tabletstore.commitlog.spill`), or without one in memory (``IMMUTABLE``). None: in
+    this process's event loop. At most ``parallel`` tasks are under way at once (their
+    segments in memory): one more than the pool's processes keeps them busy while the next
+    task's segments are fetched."""
 
     def __init__(
         self,
         *,
         cpu: Callable[[], concurrent.futures.Executor] | None = None,
         parallel: int = 2,
+        spill: RunSpill | None = None,
     ) -> None:
         if parallel < 1:
             raise InvalidArgument(f"a worker sorts at least 1 task at once, got {parallel}")
@@ -313,6 +317,8 @@ class SharedSorts:
         self._cpu: concurrent.futures.Executor | None = None
         self._parallel = parallel
         self._slots: asyncio.Semaphore | None = None
+        #: Where the runs sorted here are kept for this worker's replay (None: ``IMMUTABLE``).
+        self.spill = spill
 
     async def run(self, store: ObjectStore, plan: SortPlan, task: SortTask) -> SortManifest:
         key = recovery_manifest_key(plan.worker_id, plan.incarnation, task.first)
@@ -332,13 +338,13 @@ class SharedSorts:
                 self._cpu = self._make_cpu()
             if self._cpu is not None:
                 try:
-                    return await run_sort_task(store, plan, task, cpu=self._cpu)
+                    return await run_sort_task(store, plan, task, cpu=self._cpu, spill=self.spill)
                 except concurrent.futures.BrokenExecutor as exc:
                     # A pool process died (killed, out of memory): the pool is unusable. The
                     # task (idempotent) and every later one run here instead.
                     log.warning("sort pool broken (%s): sorting in the event loop", exc)
                     self._cpu, self._make_cpu = None, None
-            return await run_sort_task(store, plan, task)
+            return await run_sort_task(store, plan, task, spill=self.spill)
 
     def _finished(self, key: str, done: asyncio.Task[SortManifest]) -> None:
         if self._running.get(key) is done:
@@ -353,12 +359,14 @@ async def run_sort_task(
     task: SortTask,
     *,
     cpu: concurrent.futures.Executor | None = None,
+    spill: RunSpill | None = None,
 ) -> SortManifest:
     """Sort one task's segments into runs and record it done; idempotent (module docstring).
-    ``cpu``: where the segments are decoded and the runs encoded (see :class:`SharedSorts`)."""
+    ``cpu``: where the segments are decoded and the runs encoded; ``spill``: where the runs
+    are kept for this process's replay, else in memory (see :class:`SharedSorts`)."""
     if task not in plan.tasks:
         raise Corruption(f"sort task {task} is not in the plan of {plan.worker_id}")
-    return await _run_sort_task(store, plan, task, cpu)
+    return await _run_sort_task(store, plan, task, cpu, spill)
 
 
 async def _run_sort_task(
@@ -366,6 +374,7 @@ async def _run_sort_task(
     plan: SortPlan,
     task: SortTask,
     cpu: concurrent.futures.Executor | None,
+    spill: RunSpill | None,
 ) -> SortManifest:
     w, inc = plan.worker_id, plan.incarnation
     manifest_key = recovery_manifest_key(w, inc, task.first)
@@ -401,7 +410,11 @@ async def _run_sort_task(
         key = recovery_run_key(w, inc, task.first, target.table_id, target.tablet_id)
         async with limit:
             await _create_same(store, key, run.data)
-        IMMUTABLE.keep(store, key, run.data)  # the stored bytes: _create_same compared them
+        # The stored bytes (_create_same compared them), kept for this process's replay.
+        if spill is None:
+            IMMUTABLE.keep(store, key, run.data)
+        else:
+            await spill.keep(key, run.data)
         return RunInfo(
             key,
             target.table_id,
@@ -502,6 +515,9 @@ class ReplayStats:
 
     runs: int = 0
     run_bytes: int = 0
+    #: Of which runs (and bytes) read from the replaying worker's own spill, not the store.
+    local_runs: int = 0
+    local_bytes: int = 0
     #: Tasks not done in time, which the replay sorted itself.
     direct_tasks: int = 0
 
@@ -597,19 +613,28 @@ async def sorted_replay(
     mine = TabletRange(table_id, "", start_row, end_row)
     sources: list[list[LogRecord]] = []
     limit = asyncio.Semaphore(_FETCH_CONCURRENCY)
+    spill = None if shared is None else shared.spill
 
     async def fetch(run: RunInfo) -> list[LogRecord]:
         async with limit:
+            local = None if spill is None else await spill.get(run.key)
+            if local is not None:
+                try:
+                    records = _decode_listed(run, local)
+                except Corruption as exc:
+                    # A kept copy is a shortcut only: the store's copy decides.
+                    assert spill is not None
+                    spill.bad_copy(run.key, f"not a valid run ({exc})")
+                else:
+                    stats.local_runs += 1
+                    stats.local_bytes += len(local)
+                    stats.runs += 1
+                    stats.run_bytes += len(local)
+                    return [r for r in records if mine.holds(r.row) and r.last_seq > after_seq]
             data = await IMMUTABLE.get(store, run.key)
         if data is None:
             raise Corruption(f"recovery run {run.key} listed by its manifest is missing")
-        header, records = decode_run(data, where=run.key)
-        if (header.table_id, header.start_row, header.end_row) != (
-            run.table_id,
-            run.start_row,
-            run.end_row,
-        ) or header.record_count != run.records:
-            raise Corruption(f"recovery run {run.key} does not match its manifest")
+        records = _decode_listed(run, data)
         stats.runs += 1
         stats.run_bytes += len(data)
         return [r for r in records if mine.holds(r.row) and r.last_seq > after_seq]
@@ -619,3 +644,16 @@ async def sorted_replay(
         for cell in record.cells:
             if cell.seq > after_seq:
                 yield cell
+
+
+def _decode_listed(run: RunInfo, data: bytes) -> list[LogRecord]:
+    """The records of ``data``, the run ``run`` of a manifest: Corruption unless it decodes
+    (checksums) and matches what the manifest says of it."""
+    header, records = decode_run(data, where=run.key)
+    if (header.table_id, header.start_row, header.end_row) != (
+        run.table_id,
+        run.start_row,
+        run.end_row,
+    ) or header.record_count != run.records:
+        raise Corruption(f"recovery run {run.key} does not match its manifest")
+    return records

@@ -329,7 +329,9 @@ class Master:
         workers: dict[str, str],
     ) -> dict[LogRef, str]:
         """The affinity worker of every dead log an unclaimed tablet of ``records`` lists,
-        chosen now (the worker holding the fewest claims) for the logs that have none yet."""
+        chosen now (the worker holding the fewest claims) for the logs that have none yet or
+        whose chosen worker is gone itself (its lease ended: its tasks are re-reserved for
+        the new one at once, rather than left to the sorters' grace)."""
         held: dict[str, int] = dict.fromkeys(workers, 0)
         for holder in claims.values():
             if holder in held:
@@ -338,7 +340,8 @@ class Master:
             if claims.get((rec.table_id, rec.tablet_id)) in workers:
                 continue
             for ref in rec.logs:
-                if ref.worker_id not in workers and ref not in self._affinity and held:
+                gone = self._affinity.get(ref) not in workers
+                if ref.worker_id not in workers and gone and held:
                     self._affinity[ref] = min(held, key=lambda w: (held[w], w))
         return dict(self._affinity)
 

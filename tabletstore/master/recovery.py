@@ -46,7 +46,7 @@ from tabletstore.commitlog.sorting import (
     task_done,
 )
 from tabletstore.coordination import paths
-from tabletstore.coordination.base import Coordinator
+from tabletstore.coordination.base import Coordinator, Put, mod_revision_is
 from tabletstore.engine.pools import process_pool
 from tabletstore.errors import Corruption, InvalidArgument, TabletStoreError, Unavailable
 from tabletstore.metadata.record import LogRef, TabletRecord
@@ -69,12 +69,12 @@ log = logging.getLogger(__name__)
 #: with one tablet the direct replay is faster; from two on the sort reads less).
 MIN_TABLETS_TO_SORT = 2
 #: Default largest dead log (bytes of segments to sort) whose tablets all go to one worker,
-#: which sorts all its tasks on its cores (owner affinity). The runs must stay in the owner's
-#: memory until its tablets replay them, in the process's cache of recovery objects
-#: (``commitlog.sorting.IMMUTABLE``, 64 MiB): a larger log would have part of its runs read
-#: back from the store, and one worker would replay (and hold in memtables) a larger share
-#: of the dead worker's data; such a log is sorted by every worker, its tablets spread.
-DEFAULT_OWNER_BYTES = 48 * 1024 * 1024
+#: which sorts all its tasks on its cores (owner affinity). The runs wait for its tablets'
+#: replay in its memory, then on its local disk (``commitlog.spill``; 1 GiB by default): a
+#: log larger than that would have part of its runs read back from the store. A larger log
+#: also takes one worker's cores longer to sort than all workers' together, so past this
+#: bound it is sorted by every worker, its tablets spread (read about twice).
+DEFAULT_OWNER_BYTES = 512 * 1024 * 1024
 
 
 class SortExecutor(Protocol):
@@ -183,10 +183,21 @@ class WorkerSortExecutor:
             kv = await self._coord.get(key)
             if kv is None:
                 break
-            failure = json.loads(kv.value).get("error")
+            now = json.loads(kv.value)
+            failure = now.get("error")
             if failure is not None:
                 await self._coord.delete(key)
                 raise Unavailable(f"sort task {key} failed on a worker: {failure}")
+            owner = self.owner_of(plan.worker_id, plan.incarnation)
+            if owner is not None and now.get("owner") != owner:
+                # The owner died and the master chose another: reserved for the new one now
+                # (its sorter takes it at once; the others give it a grace of its own). Only
+                # over the value read: a task finished or failed meanwhile is left as it is.
+                await self._coord.txn(
+                    [mod_revision_is(key, kv.mod_revision)],
+                    [Put(key, json.dumps({**now, "owner": owner}).encode())],
+                    [],
+                )
             await asyncio.sleep(self._poll)
         mkey = recovery_manifest_key(plan.worker_id, plan.incarnation, task.first)
         data = await self._store.get(mkey)
@@ -348,8 +359,19 @@ class LogRecovery:
             else:
                 self._logs[ref] = planning.result()
         for ref, state in list(self._logs.items()):
-            if state.owner is None and owners and self._owned(state.plan):
-                state.owner = owners.get(ref)
+            if state.owner not in live_workers and owners and self._owned(state.plan):
+                # None yet, or the owner died itself: the worker the master places the log's
+                # tablets on now (the executor re-reserves the tasks still published).
+                chosen = owners.get(ref)
+                if state.owner is not None and chosen is not None and chosen != state.owner:
+                    log.info(
+                        "the owner %s of commit log %s/%s is gone: %s sorts it",
+                        state.owner,
+                        ref.worker_id,
+                        ref.incarnation,
+                        chosen,
+                    )
+                state.owner = chosen if chosen is not None else state.owner
             self._reap(ref, state)
             for task in state.plan.tasks:
                 if task.first in state.done or task.first in state.running:

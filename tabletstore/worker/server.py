@@ -38,6 +38,7 @@ from tabletstore.clock import Clock, SystemClock
 from tabletstore.commitlog import CommitLogStats, CommitLogWriter
 from tabletstore.commitlog.runs import SortPlan
 from tabletstore.commitlog.sorting import SharedSorts
+from tabletstore.commitlog.spill import RunSpill
 from tabletstore.coordination import paths
 from tabletstore.coordination.base import (
     Coordinator,
@@ -238,8 +239,17 @@ class TabletServer:
         processes = self._options.sort_processes
         if processes < 0:
             raise InvalidArgument(f"sort_processes must be >= 0, got {processes}")
+        #: The runs it sorts wait for its tablets' replay in memory, then on local disk.
+        self.sort_spill = RunSpill(
+            memory_bytes=self._options.sort_memory_bytes,
+            disk_bytes=self._options.sort_spill_bytes,
+            directory=self._options.sort_spill_dir,
+            clock=self._clock,
+        )
         self.sorts = SharedSorts(
-            cpu=self._make_sort_pool if processes > 0 else None, parallel=processes + 1
+            cpu=self._make_sort_pool if processes > 0 else None,
+            parallel=processes + 1,
+            spill=self.sort_spill,
         )
         #: Snapshot cuts held here, by snapshot id, until snapshot_write (or until dropped
         #: by a timer: a master that died mid-snapshot must not pin memtables for ever).
@@ -342,6 +352,7 @@ class TabletServer:
             self._executor.shutdown(wait=True, cancel_futures=True)
         if self._sort_pool is not None:
             self._sort_pool.shutdown(wait=True, cancel_futures=True)
+        self.sort_spill.close()
         # Every task is done or cancelled by now (the tablets are closed); then the keep-alive.
         try:
             await self._stack.aclose()  # raises what a background task failed with, if any

@@ -12,9 +12,12 @@ task is idempotent, so the half-written runs of the dead one are harmless.
 
 A task may name an ``owner``: the worker the master gives every tablet of the log to (owner
 affinity). The other sorters leave it to that worker for :data:`OWNER_GRACE` seconds from when
-they first saw it, so the runs are written by the process that replays them and read there
-from memory (the log's records are read once in the cluster, not twice); an owner that died
-meanwhile only delays the task by that grace. The owner claims every task reserved for it at
+they first saw it reserved for it, so the runs are written by the process that replays them
+and read there from its memory or local disk (``commitlog.spill``: the log's records are read
+once in the cluster, not twice). An owner that died meanwhile delays the task by that grace
+at most: once the master notices (its lease gone) it re-reserves the task for the worker it
+gives the log's tablets to now, whose sorter takes it at once (the others' grace starts again
+for that owner). The owner claims every task reserved for it at
 once, beyond its ``parallel`` loops (a log of many tasks is owned whole, up to
 ``MasterOptions.sort_owner_bytes``): its :class:`~tabletstore.commitlog.sorting.SharedSorts`
 runs them on its cores, and a claimed task is not taken by another sorter once the grace is
@@ -83,8 +86,10 @@ class Sorter:
         self._shared = shared
         #: Tasks this sorter finished (for tests and status).
         self.done = 0
-        #: Published task key -> when this sorter first saw it reserved for another worker.
-        self._reserved_seen: dict[str, float] = {}
+        #: (Published task key, its owner) -> when this sorter first saw it reserved for that
+        #: other worker: a task re-reserved for a new owner (the first one died) gets a grace
+        #: of its own.
+        self._reserved_seen: dict[tuple[str, str], float] = {}
         #: Tasks reserved for this worker, claimed and running beside the loops.
         self._owned: set[str] = set()
         self._group: asyncio.TaskGroup | None = None
@@ -122,7 +127,7 @@ class Sorter:
         owned = False
         now = monotonic()
         listed = {kv.key for kv in published}
-        self._reserved_seen = {k: t for k, t in self._reserved_seen.items() if k in listed}
+        self._reserved_seen = {k: t for k, t in self._reserved_seen.items() if k[0] in listed}
         for kv in published:
             try:
                 worker_id, incarnation, first = paths.parse_sort(kv.key)
@@ -133,7 +138,7 @@ class Sorter:
                 continue  # not a task this version understands: leave it alone
             owner = task.get("owner")
             if owner is not None and owner != self.worker_id:
-                seen = self._reserved_seen.setdefault(kv.key, now)
+                seen = self._reserved_seen.setdefault((kv.key, str(owner)), now)
                 if now - seen < OWNER_GRACE:
                     continue  # its owner sorts it (owner affinity), unless it is gone
             if kv.key in self._owned:

@@ -7,14 +7,18 @@ A worker dies with a log big enough for several sort tasks. Before, every worker
 of its tasks and the tablets were spread, so each new owner read runs written elsewhere: about
 twice the log read in the cluster. Now the whole log goes to one owner, which sorts every task
 on its pool, keeps the runs in memory and replays its tablets from them: the log is read about
-once, and every acknowledged write is served again.
+once, and every acknowledged write is served again. The second case shrinks the owner's memory
+for runs far below the log: the runs past it wait in its local spill directory
+(``commitlog.spill``), and the log is still read about once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import pytest
 
@@ -59,7 +63,14 @@ def _row(i: int) -> bytes:
     return b"%c%04d" % (ord("a") + i % 26, i)
 
 
-async def test_a_dead_log_of_several_tasks_is_read_about_once_by_its_owner() -> None:
+#: The owner's memory for the runs it sorted in the second case: a tenth of the log.
+SMALL_MEMORY = 16 * 1024
+
+
+@pytest.mark.parametrize("spill", [False, True], ids=["memory", "spilled-to-disk"])
+async def test_a_dead_log_of_several_tasks_is_read_about_once_by_its_owner(
+    spill: bool, tmp_path: Path
+) -> None:
     mem = MemoryObjectStore(shared=False)
     coord = MemoryCoordinator()
     transport = InProcessTransport()
@@ -78,7 +89,12 @@ async def test_a_dead_log_of_several_tasks_is_read_about_once_by_its_owner() -> 
             coordinator=coord,
             transport=transport,
             # No log trimming: the dead log keeps every write (a long tail to sort).
-            options=WorkerOptions(lease=IN_PROCESS_LEASE, log_trim_interval=None),
+            options=WorkerOptions(
+                lease=IN_PROCESS_LEASE,
+                log_trim_interval=None,
+                sort_spill_dir=str(tmp_path),
+                **({"sort_memory_bytes": SMALL_MEMORY} if spill else {}),
+            ),
         )
         await worker.start()
         transport.register(worker.address, TABLET.handlers(worker))
@@ -89,7 +105,10 @@ async def test_a_dead_log_of_several_tasks_is_read_about_once_by_its_owner() -> 
         return worker
 
     views["master"] = InstrumentedObjectStore(mem)
-    options = MasterOptions(sort_task_bytes=TASK_BYTES, balance_cooldown=3600.0)
+    # The owner's bound shrunk too (the log is about 150 KB).
+    options = MasterOptions(
+        sort_task_bytes=TASK_BYTES, balance_cooldown=3600.0, sort_owner_bytes=1024 * 1024
+    )
     recovery = make_recovery("workers", views["master"], "memory://", coord, options)
     master = Master(coordinator=coord, transport=transport, options=options, recovery=recovery)
     try:
@@ -145,6 +164,12 @@ async def test_a_dead_log_of_several_tasks_is_read_about_once_by_its_owner() -> 
         assert read <= 1.2 * log_bytes, (read, log_bytes)
         owners = {w for key in user for w in ("w0", "w2") if key in workers[w].tablets}
         assert len(owners) == 1, f"the dead log's tablets were spread over {owners}"
+        kept = workers[owners.pop()].sort_spill.stats
+        assert kept.hits > 0 and kept.bad_copies == 0 and kept.not_kept == 0
+        if spill:
+            # The log is ten times the owner's memory for runs: most of them waited on disk.
+            assert log_bytes > 5 * SMALL_MEMORY
+            assert kept.kept_on_disk > kept.kept_in_memory > 0
         # Every acknowledged write is served again.
         rows = {r.key: r.latest("f", b"q") async for r in table.read_rows()}
         assert rows == {_row(i): VALUE + _row(i) for i in range(ROWS)}
@@ -158,3 +183,5 @@ async def test_a_dead_log_of_several_tasks_is_read_about_once_by_its_owner() -> 
             with contextlib.suppress(TabletStoreError):
                 await worker.stop(flush=False)
         await coord.close()
+    # Every worker removed its spill directory when it stopped.
+    assert [n for n in os.listdir(tmp_path) if n.startswith("tabletstore-runs-")] == []

@@ -466,3 +466,78 @@ async def test_an_owner_killed_mid_sort_leaves_every_task_to_the_others(
     stop.set()
     a.cancel()
     await asyncio.gather(a, b, return_exceptions=True)
+
+
+async def test_a_dead_owners_tasks_are_re_reserved_for_the_next_owner_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The owner of a dead log dies itself before sorting it (its lease gone: it leaves the
+    live workers). The master's next round places the log on another worker, and the tasks
+    still published are re-reserved for it: its sorter takes them at once, without waiting out
+    the grace the other sorters give a reserved task (here far longer than the test)."""
+    import tabletstore.worker.sorter as sorter_module
+
+    monkeypatch.setattr(sorter_module, "OWNER_GRACE", 3600.0)
+    dead = LogRef(W, INC)
+    records = _records((dead,))
+    store = MemoryObjectStore(shared=False)
+    await write_log(store)
+    coord = MemoryCoordinator()
+    executor = WorkerSortExecutor(store, coord, poll=0.01)
+    recovery = LogRecovery(store, executor, coord, task_bytes=3000)
+    executor.owner_of = lambda worker_id, incarnation: recovery.owner(
+        LogRef(worker_id, incarnation)
+    )
+    stop = asyncio.Event()
+    b = Sorter("B", store, coord, await coord.grant_lease(30.0), poll=0.01)
+    running = asyncio.ensure_future(b.run(stop))
+    # A owns the log, and never sorts (it hangs, then its lease ends).
+    await recovery.start(records, {}, live=["A", "B"], owners={dead: "A"})
+    plan = recovery.sorting[dead]
+    assert recovery.owner(dead) == "A" and len(plan.tasks) >= 3
+
+    async def published_for(owner: str) -> bool:
+        found = await coord.get_prefix(paths.SORTS)
+        return len(found) == len(plan.tasks) and all(
+            json.loads(kv.value).get("owner") == owner for kv in found
+        )
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 20
+    while not await published_for("A"):
+        assert loop.time() < deadline, "tasks not published for A"
+        await asyncio.sleep(0.01)
+    assert b.done == 0
+    # A's lease is gone: the master's next round chooses B (Master._owners) ...
+    await recovery.start(records, {}, live=["B"], owners={dead: "B"})
+    assert recovery.owner(dead) == "B"
+    # ... and B sorts every task now, not after the grace.
+    await asyncio.wait_for(recovery.wait(), 20)
+    assert all([await task_done(store, plan, t) for t in plan.tasks])
+    assert b.done == len(plan.tasks)
+    stop.set()
+    await running
+    await recovery.close()
+
+
+async def test_the_master_chooses_a_new_owner_when_the_chosen_one_is_gone() -> None:
+    """``Master._owners``: the affinity worker of a dead log is kept while it lives, and
+    chosen again (the live worker with the fewest claims) once its lease is gone."""
+    from tabletstore.master.master import Master
+    from tabletstore.rpc.inprocess import InProcessTransport
+
+    coord = MemoryCoordinator()
+    master = Master(coordinator=coord, transport=InProcessTransport())
+    dead = LogRef(W, INC)
+    records = _records((dead,))
+    claims = {("x", "1"): "A", ("x", "2"): "B", ("x", "3"): "B"}
+    try:
+        live = {"A": "inproc://A", "B": "inproc://B", "C": "inproc://C"}
+        assert master._owners(records, claims, live)[dead] == "C"
+        claims[("x", "4")] = "A"  # C stays while it lives, whoever holds what
+        assert master._owners(records, claims, live)[dead] == "C"
+        del live["C"]  # C's lease ended
+        assert master._owners(records, claims, live)[dead] == "A"
+    finally:
+        await master.close()
+        await coord.close()
