@@ -108,34 +108,13 @@ async def serve(
 
 
 def _settle_process() -> None:
-    """Pay two one-time costs of a long-running server at its start, not inside requests.
+    """Pay the one-time costs of a long-running server at its start, not inside requests, and
+    keep the cyclic collector off the request path (``tabletstore.ops.settle``; a scan of a
+    large table spent more than half its server CPU in full collections before,
+    bench/bigtable_api.py)."""
+    from tabletstore.ops.settle import settle_process
 
-    pyarrow imports pandas when it builds its first array (0.2-0.5 s of CPU holding the GIL,
-    otherwise spent in the first minor compaction while calls wait). ``gc.freeze()`` then
-    moves every object loaded so far (grpc, protobuf descriptors, the engine: a few hundred
-    thousand) out of the cyclic collector's reach: its full collections, which a scan's
-    allocations set off, walk only what requests made since (a scan of a large table spent
-    more than half its server CPU in them; bench/bigtable_api.py).
-
-    The collector's thresholds are then raised (:data:`GC_THRESHOLDS`): a MutateRows batch
-    of 100 rows allocates a few thousand tracked objects (protobuf wrappers, mutations,
-    cells), which at Python's default (700, 10, 10) set off several young collections per
-    batch and a full one, over the growing memtable, every few batches; raised, the server
-    CPU per batched row fell about 10% (27-31 µs to 25-27, bench/bigtable_api.py's batches
-    on the loaded 2-core machine). Garbage cycles are still collected, only less often.
-    """
-    import gc
-
-    import pyarrow as pa
-
-    pa.array([], pa.int64())
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
-
-
-#: The cyclic collector's thresholds in the front door's process (see _settle_process).
-GC_THRESHOLDS = (100_000, 50, 1000)
+    settle_process()
 
 
 def _run_loop(coro: Coroutine[Any, Any, None]) -> None:

@@ -116,6 +116,10 @@ def test_batches_and_pieces_interleave_in_one_stream() -> None:
 def test_row_bytes_estimates_what_decides_pieces() -> None:
     row = Row(b"key", [Cell("f", b"qq", 1, b"v" * 10), Cell("f", b"", 1, b"")])
     assert row_bytes(row) == 3 + (2 + 10 + 16) + 16
+    # One cell (the fast path) counts as the same cell among others does.
+    lone = Row(b"key", [Cell("f", b"qq", 1, b"v" * 10)])
+    assert row_bytes(lone) == 3 + (2 + 10 + 16)
+    assert row_bytes(Row(b"k", [])) == 1
 
 
 def broken(items: list[object]) -> str:
@@ -179,3 +183,44 @@ def test_row_batch_arrays_that_do_not_fit_together_are_invalid() -> None:
     assert "label sets" in decode(*good[:6], (("x",),))
     assert "do not add up" in decode(good[0], (3,), *good[2:])
     assert "do not add up" in decode((b"a", b"b"), (2, 0), *good[2:])
+
+
+def test_decoded_rows_are_real_frozen_rows_with_or_without_the_fast_build(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The decoder builds Cells and Rows through their slots (``row_pieces._new_cells``): the
+    objects are equal, hash alike, stay frozen and keep a row's cell list its own, exactly as
+    the constructors' are; with the fast build off (a class that gains ``__post_init__``) the
+    constructors give the same batch. Covers one-cell rows, many versions, labels, empty
+    values and qualifiers, a 5 MB value, and a batch of no rows."""
+    from dataclasses import FrozenInstanceError
+
+    from tabletstore.rpc import row_pieces
+
+    assert row_pieces._FAST_BUILD
+    versions = Row(b"v", [Cell("f", b"q", ts, b"%d" % ts) for ts in range(100, 0, -1)])
+    rows = (
+        Row(b"a", [Cell("f", b"", 0, b"")]),
+        versions,
+        Row(b"l", [Cell("f", b"q", 5, b"x", ("one", "two"))]),
+        Row(b"big", [Cell("g", b"q", 1, random.randbytes(5 << 20))]),
+        *(Row(b"r%04d" % i, [Cell("f", b"q", i, random.randbytes(100))]) for i in range(300)),
+    )
+    for batch in (RowBatch(rows), RowBatch(rows[4:]), RowBatch(())):
+        data = CODEC.encode(batch)
+        fast = CODEC.decode(data)
+        monkeypatch.setattr(row_pieces, "_FAST_BUILD", False)
+        slow = CODEC.decode(data)
+        monkeypatch.setattr(row_pieces, "_FAST_BUILD", True)
+        assert fast == slow == batch
+        assert [hash(c) for r in fast.rows for c in r.cells] == [
+            hash(c) for r in batch.rows for c in r.cells
+        ]
+    got = CODEC.decode(CODEC.encode(RowBatch(rows[4:6])))
+    with pytest.raises(FrozenInstanceError):
+        got.rows[0].cells[0].value = b"changed"  # type: ignore[misc]
+    with pytest.raises(FrozenInstanceError):
+        got.rows[0].key = b"changed"  # type: ignore[misc]
+    got.rows[0].cells.append(Cell("f", b"z", 1, b""))  # each row has its own list
+    assert len(got.rows[0].cells) == 2 and len(got.rows[1].cells) == 1
+    assert repr(got.rows[1].cells[0]).startswith("Cell(family='f', qualifier=b'q'")
