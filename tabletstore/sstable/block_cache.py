@@ -91,17 +91,18 @@ class _Lru(Generic[K, V]):
         than the whole capacity is not cached (and evicts nothing)."""
         if charge > self.capacity or self.max_entries == 0:
             return []
-        self.pop(key)
-        self._map[key] = (value, charge)
-        self.used += charge
-        evicted = []
-        while self.used > self.capacity or (
-            self.max_entries is not None and len(self._map) > self.max_entries
-        ):
-            old, (_, old_charge) = self._map.popitem(last=False)
-            self.used -= old_charge
-            self.evictions += 1
+        entries = self._map
+        previous = entries.pop(key, None)
+        used = self.used + charge - (previous[1] if previous is not None else 0)
+        entries[key] = (value, charge)
+        evicted: list[K] = []
+        limit = self.max_entries
+        while used > self.capacity or (limit is not None and len(entries) > limit):
+            old, (_, old_charge) = entries.popitem(last=False)
+            used -= old_charge
             evicted.append(old)
+        self.used = used
+        self.evictions += len(evicted)
         return evicted
 
     def pop(self, key: K) -> bool:
@@ -152,10 +153,14 @@ class BlockCache:
         self._put(key, ("page", index), page)
 
     def _put(self, key: str, index: _Index, entry: Block | Page) -> None:
-        for k, i in self._lru.put((key, index), entry, entry.nbytes):
+        lru = self._lru
+        for k, i in lru.put((key, index), entry, entry.nbytes):
             self._forget(k, i)
-        if (key, index) in self._lru:
-            self._by_object.setdefault(key, set()).add(index)
+        if entry.nbytes <= lru.capacity:  # cached (an entry put is never its own victim)
+            indexes = self._by_object.get(key)
+            if indexes is None:
+                indexes = self._by_object[key] = set()
+            indexes.add(index)
 
     def evict(self, key: str) -> int:
         """Drop every cached block of SSTable object ``key``; returns how many."""
@@ -179,9 +184,11 @@ class BlockCache:
 
 
 def _cells_charge(row: bytes, cells: Sequence[Cell]) -> int:
-    return len(row) + sum(
-        len(c.row) + len(c.family) + len(c.qualifier) + len(c.value) + _CELL_OVERHEAD for c in cells
-    )
+    # A loop, not sum() over a generator: most rows read have one cell (issue 18).
+    total = len(row)
+    for c in cells:
+        total += len(c.row) + len(c.family) + len(c.qualifier) + len(c.value) + _CELL_OVERHEAD
+    return total
 
 
 class ScanCache:

@@ -747,15 +747,14 @@ def _decode_one(
         sizes = entry[3:_CRC:3]
         if compression == "zstd":
             decompress = _zstd.context.decompress
-            bufs = [
-                decompress(piece, max_output_size=size)
-                for piece, size in zip(pieces, sizes, strict=True)
-            ]
-            for buf, size in zip(bufs, sizes, strict=True):
+            bufs = []
+            for piece, size in zip(pieces, sizes, strict=True):
+                buf = decompress(piece, max_output_size=size)
                 if len(buf) != size:
                     raise ValueError(
                         f"a page decompresses to {len(buf)} bytes, its header says {size}"
                     )
+                bufs.append(buf)
         else:
             bufs = [
                 _decompress(compression, piece, size)

@@ -451,3 +451,25 @@ async def test_master_counts_tablets_loaded_through_its_transport() -> None:
     await transport.close()
     assert inner.closed and inner.calls == ["load_tablet", "update_schema", "load_tablet"]
     assert sample(metrics, "tabletstore_master_tablets_assigned_total") == 1
+
+
+def test_rpc_latency_histogram_exports_cumulative_buckets() -> None:
+    """The in-place counts come out as a Prometheus histogram: bounds inclusive, buckets
+    cumulative, +Inf = count, and the sum."""
+    m = ProcessMetrics("worker", "w")
+    hist = m.rpc_latency.labels(method="read_row")
+    for seconds in (0.0003, 0.0005, 0.003, 100.0):
+        hist.observe(seconds)
+    m.rpc_requests.labels(method="read_row", outcome="ok").inc(3)
+    m.rpc_requests.labels(method="read_row", outcome="NotFound").inc()
+    name = "tabletstore_rpc_latency_seconds"
+    assert sample(m, f"{name}_bucket", method="read_row", le="0.0005") == 2
+    assert sample(m, f"{name}_bucket", method="read_row", le="0.001") == 2
+    assert sample(m, f"{name}_bucket", method="read_row", le="0.005") == 3
+    assert sample(m, f"{name}_bucket", method="read_row", le="30.0") == 3
+    assert sample(m, f"{name}_bucket", method="read_row", le="+Inf") == 4
+    assert sample(m, f"{name}_count", method="read_row") == 4
+    assert sample(m, f"{name}_sum", method="read_row") == pytest.approx(100.0038)
+    total = "tabletstore_rpc_requests_total"
+    assert sample(m, total, method="read_row", outcome="ok") == 3
+    assert sample(m, total, method="read_row", outcome="NotFound") == 1

@@ -100,3 +100,28 @@ def test_scan_cache_is_bounded_by_bytes() -> None:
         cache.put("ns", b"r%d" % i, big)
     assert cache.stats().bytes <= 2000
     assert len(cache) == 2
+
+
+def test_block_cache_accounting_after_refresh_and_lru_eviction() -> None:
+    small, big = block(5), block(10)
+    cache = BlockCache(capacity_bytes=small.nbytes * 2 + big.nbytes)
+    cache.put("a", 0, small)
+    cache.put("a", 0, big)  # refreshed with another size: charged the new one only
+    assert cache.stats().bytes == big.nbytes and len(cache) == 1
+    cache.put("a", 1, small)
+    cache.put("b", 0, small)
+    cache.put("b", 1, big)  # evicts a/0 (least recently used) to fit
+    stats = cache.stats()
+    assert stats.evictions == 1 and stats.bytes == 2 * small.nbytes + big.nbytes
+    assert cache.get("a", 0) is None
+    assert cache.evict("a") == 1  # only a/1 was still cached
+    assert cache.evict("b") == 2
+    assert len(cache) == 0 and cache.stats().bytes == 0
+
+
+def test_scan_cache_charges_each_cell() -> None:
+    cell = Cell(b"r", "cf", b"q", 1, 1, 0, b"x" * 100)
+    cache = ScanCache(max_rows=10)
+    cache.put("ns", b"r", [cell, cell])
+    one_cell = len(b"r") + len("cf") + len(b"q") + 100
+    assert cache.stats().bytes == len(b"r") + 2 * (one_cell + 200)

@@ -327,3 +327,19 @@ async def test_scan_readahead_is_bounded_and_grows(
     async with contextlib.aclosing(table.scan_blocks(readahead=readahead)) as blocks:
         await anext(blocks)
     assert store.stats()[Op.GET_RANGE].requests <= (1 if readahead == 0 else 2)
+
+
+def test_recent_pages_remember_the_last_n_with_repeats() -> None:
+    from tabletstore.sstable.reader import _RecentPages
+
+    recent = _RecentPages(3)
+    for p in (1, 2, 2):
+        recent.append(p)
+    assert 1 in recent and 2 in recent and 3 not in recent and len(recent) == 3
+    recent.append(3)  # pushes out 1
+    assert 1 not in recent and 2 in recent and 3 in recent
+    recent.append(4)  # pushes out one 2: the other is still there
+    assert 2 in recent
+    recent.append(5)  # pushes out the last 2
+    assert 2 not in recent and [p in recent for p in (3, 4, 5)] == [True, True, True]
+    assert len(recent) == 3
