@@ -56,6 +56,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--gap takes LO,HI in seconds, got {args.gap!r}")
     if not 0 < low <= high:
         parser.error(f"--gap needs 0 < LO <= HI, got {args.gap!r}")
+    if args.dir is not None and args.dir.is_dir() and any(args.dir.iterdir()):
+        # etcd's data directory is kept there: a second run would find the first one's
+        # cluster (its table already exists) and mix the two runs' logs and history.
+        parser.error(f"--dir {args.dir} is not empty: a chaos run starts fresh in a new directory")
+    if args.dir is not None and args.dir.exists() and not args.dir.is_dir():
+        parser.error(f"--dir {args.dir} is not a directory")
     directory = args.dir or Path(tempfile.mkdtemp(prefix="tabletstore-chaos-"))
     config = ChaosConfig(
         seconds=args.minutes * 60,
