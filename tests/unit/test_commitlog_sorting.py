@@ -27,6 +27,7 @@ from tabletstore.engine.pools import process_pool
 from tabletstore.errors import Corruption, InvalidArgument
 from tabletstore.keys import Cell, CellKind
 from tabletstore.storage_s3 import layout
+from tabletstore.storage_s3.base import ObjectStore
 from tabletstore.storage_s3.instrumented import InstrumentedObjectStore, Op
 from tabletstore.storage_s3.memory import MemoryObjectStore
 
@@ -61,6 +62,33 @@ async def direct(store: MemoryObjectStore, t: TabletRange, after: int = 0) -> li
         c async for c in replay_cells(store, W, INC, t.table_id, t.start_row, t.end_row, after)
     ]
     return sorted(cells, key=lambda c: (c.row, c.seq))
+
+
+async def owned_replay(
+    store: ObjectStore,
+    plan: SortPlan,
+    t: TabletRange,
+    reserved: set[int],
+    shared: SharedSorts,
+    stats: ReplayStats | None = None,
+) -> list[Cell]:
+    """``t``'s cells replayed by the log's owner: it sorts the ``reserved`` tasks itself
+    through ``shared`` and waits as long as that takes."""
+    return [
+        c
+        async for c in sorted_replay(
+            store,
+            plan,
+            t.table_id,
+            t.start_row,
+            t.end_row,
+            0,
+            wait=3600.0,
+            run_here=reserved,
+            shared=shared,
+            stats=stats,
+        )
+    ]
 
 
 async def from_runs(
@@ -251,24 +279,13 @@ async def test_a_task_reserved_for_the_replayer_is_sorted_at_once_in_one_shared_
     shared = SharedSorts()
     store.reset()
 
-    async def replay(t: TabletRange) -> list[Cell]:
-        return [
-            c
-            async for c in sorted_replay(
-                store,
-                plan,
-                t.table_id,
-                t.start_row,
-                t.end_row,
-                0,
-                wait=3600.0,
-                run_here={plan.tasks[0].first},
-                shared=shared,
-            )
-        ]
-
+    reserved = {plan.tasks[0].first}
     got = await asyncio.wait_for(
-        asyncio.gather(*(replay(t) for t in TABLETS), shared.run(store, plan, plan.tasks[0])), 30
+        asyncio.gather(
+            *(owned_replay(store, plan, t, reserved, shared) for t in TABLETS),
+            shared.run(store, plan, plan.tasks[0]),
+        ),
+        30,
     )
     for t, cells in zip(TABLETS, got[:-1], strict=True):
         assert cells == await direct(mem, t)
@@ -337,24 +354,10 @@ async def test_an_owner_sorts_every_task_of_a_log_on_a_process_pool_and_reads_it
     store.reset()
     reserved = {t.first for t in plan.tasks}
 
-    async def replay(t: TabletRange) -> list[Cell]:
-        return [
-            c
-            async for c in sorted_replay(
-                store,
-                plan,
-                t.table_id,
-                t.start_row,
-                t.end_row,
-                0,
-                wait=3600.0,
-                run_here=reserved,
-                shared=shared,
-            )
-        ]
-
     try:
-        got = await asyncio.wait_for(asyncio.gather(*(replay(t) for t in TABLETS)), 60)
+        got = await asyncio.wait_for(
+            asyncio.gather(*(owned_replay(store, plan, t, reserved, shared) for t in TABLETS)), 60
+        )
     finally:
         pool.shutdown(wait=True)
     for t, cells in zip(TABLETS, got, strict=True):

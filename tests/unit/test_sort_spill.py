@@ -14,15 +14,14 @@ from pathlib import Path
 import pytest
 
 from tabletstore.clock import ManualClock
-from tabletstore.commitlog.runs import TabletRange
-from tabletstore.commitlog.sorting import ReplayStats, SharedSorts, plan_sort, sorted_replay
+from tabletstore.commitlog.sorting import ReplayStats, SharedSorts, plan_sort
 from tabletstore.commitlog.spill import DIRECTORY_PREFIX, RunSpill, sweep_stale
 from tabletstore.errors import InvalidArgument
 from tabletstore.keys import Cell
 from tabletstore.storage_s3 import layout
 from tabletstore.storage_s3.instrumented import InstrumentedObjectStore, Op
 from tabletstore.storage_s3.memory import MemoryObjectStore
-from tests.unit.test_commitlog_sorting import INC, TABLETS, W, direct, write_log
+from tests.unit.test_commitlog_sorting import INC, TABLETS, W, direct, owned_replay, write_log
 
 
 def _exists(path: str) -> bool:
@@ -138,25 +137,8 @@ async def _owner_replay(
 ) -> list[list[Cell]]:
     plan = await plan_sort(store, W, INC, TABLETS, task_bytes=3000)
     reserved = {t.first for t in plan.tasks}
-
-    async def replay(t: TabletRange) -> list[Cell]:
-        return [
-            c
-            async for c in sorted_replay(
-                store,
-                plan,
-                t.table_id,
-                t.start_row,
-                t.end_row,
-                0,
-                wait=3600.0,
-                run_here=reserved,
-                shared=shared,
-                stats=stats,
-            )
-        ]
-
-    return list(await asyncio.wait_for(asyncio.gather(*(replay(t) for t in TABLETS)), 60))
+    replays = (owned_replay(store, plan, t, reserved, shared, stats) for t in TABLETS)
+    return list(await asyncio.wait_for(asyncio.gather(*replays), 60))
 
 
 async def test_an_owner_past_its_memory_replays_from_disk_and_reads_the_log_once(
