@@ -3,6 +3,10 @@ histories (indeterminate writes, deletes, moves) it must accept."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from tabletstore.testing.chaos.checker import Kill, check
 from tabletstore.testing.chaos.history import Kind, Op, Outcome
 
@@ -169,3 +173,42 @@ def test_each_chaos_writer_writes_to_one_tablet_and_all_tablets_get_writers() ->
         tablets.append(tablet)
     assert set(tablets) == set(range(len(SPLIT_KEYS) + 1))
     assert len(set(workload.all_rows)) == sum(len(rows) for rows in workload.rows.values())
+
+
+def test_a_load_only_the_masters_log_saw_is_a_move_back(tmp_path: Path) -> None:
+    """Chaos seed 14165: a kill's recovery put the tablet on X at 67.56 s and the balancer
+    moved it on at 68.45 s, between two polls; X's acknowledgement at 68.01 s was called
+    double-serving. The masters' ``loaded ... on X`` lines place that load on the timeline."""
+    import datetime as dt
+
+    from tabletstore.testing.chaos.runner import _Poller
+
+    h = H()
+    _acked(h, b"x1", 0, 1)
+    _acked(h, b"y1", 2, 3)
+    _acked(h, b"x2", 4, 5)
+    owners = {b"x1": frozenset({"X"}), b"y1": frozenset({"Y"}), b"x2": frozenset({"X"})}
+    t0_wall = 1_800_000_000.0
+    stamp = dt.datetime.fromtimestamp(t0_wall + 3.5).strftime("%Y-%m-%d %H:%M:%S,%f")[:-3]
+    (tmp_path / "worker-3.log").write_text("worker X listening on 127.0.0.1:1\n")
+    (tmp_path / "worker-4.log").write_text("worker Y listening on 127.0.0.1:2\n")
+    (tmp_path / "master-1.log").write_text(
+        f"{stamp} INFO tabletstore.master.master: loaded t00000 on X in 0.20 s\n"
+        f"{stamp} INFO tabletstore.master.master: loaded t00009 on X in 0.20 s\n"  # unknown
+        f"{stamp} INFO tabletstore.master.balancer: moved tablet t00000 from X to Y\n"
+    )
+    poller = _Poller.__new__(_Poller)
+    poller.locations = {0: [(0.5, "127.0.0.1:1"), (2.5, "127.0.0.1:2"), (4.5, "127.0.0.1:2")]}
+    poller.address_by_id = {"Y": "127.0.0.1:2"}
+    poller.index_by_id = {"t00000": 0}
+    assert poller.add_loads(tmp_path, t0_wall) == 1
+    assert poller.locations[0][2] == (pytest.approx(3.5, abs=0.01), "127.0.0.1:1")
+    v = check(
+        h.ops,
+        final_after=100,
+        tablet_of=lambda r: 0,
+        value_workers=owners,
+        locations=poller.locations,
+        worker_addresses={"X": "127.0.0.1:1", "Y": "127.0.0.1:2"},
+    )
+    assert not v.double_serving
