@@ -36,6 +36,7 @@ from crc32c import crc32c
 from tabletstore.clock import Clock, SystemClock
 from tabletstore.errors import InvalidArgument
 from tabletstore.limits import MiB
+from tabletstore.procs import alive
 
 __all__ = ["DIRECTORY_PREFIX", "RunSpill", "SpillStats", "sweep_stale"]
 
@@ -263,19 +264,9 @@ def sweep_stale(parent: str) -> list[str]:
         if not name.startswith(DIRECTORY_PREFIX):
             continue
         pid_text = name[len(DIRECTORY_PREFIX) :].split("-", 1)[0]
-        if not pid_text.isdigit() or _alive(int(pid_text)):
+        if not pid_text.isdigit() or alive(int(pid_text)):
             continue
         path = os.path.join(parent, name)
         shutil.rmtree(path, ignore_errors=True)
         removed.append(path)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process
-    return True

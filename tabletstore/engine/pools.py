@@ -16,6 +16,8 @@ import multiprocessing
 import os
 import threading
 
+from tabletstore.procs import alive
+
 __all__ = ["WATCH_INTERVAL", "process_pool"]
 
 #: Seconds between a pool process's checks that its owner is still there.
@@ -39,22 +41,6 @@ def _watch_owner(owner: int) -> None:
 
 def _exit_when_gone(owner: int) -> None:
     pause = threading.Event()
-    while _alive(owner):
+    while alive(owner):
         pause.wait(WATCH_INTERVAL)
     os._exit(0)
-
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, dead but not yet reaped, does not)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            # "pid (comm) state ...": comm may hold spaces and parentheses; state follows the last ')'.
-            return f.read().rpartition(b")")[2].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return True  # no /proc: kill(0) answered

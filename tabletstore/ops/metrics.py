@@ -64,6 +64,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from tabletstore.clock import monotonic, stopwatch, wall_time
+from tabletstore.commitlog.spill import SpillStats
 from tabletstore.commitlog.writer import CommitLogStats
 from tabletstore.coordination.base import Lease
 from tabletstore.engine.tablet import Tablet
@@ -444,6 +445,7 @@ class WorkerSources:
     tablets: Callable[[], Mapping[tuple[str, str], Tablet]]
     block_cache: Callable[[], CacheStats] | None = None
     commit_log: Callable[[], CommitLogStats | None] | None = None
+    sort_spill: Callable[[], SpillStats] | None = None
 
 
 class _WorkerCollector(Collector):
@@ -470,6 +472,8 @@ class _WorkerCollector(Collector):
             yield from _cache_metrics(self._sources.block_cache())
         if self._sources.commit_log is not None:
             yield from _commit_log_metrics(self._sources.commit_log())
+        if self._sources.sort_spill is not None:
+            yield from _spill_metrics(self._sources.sort_spill())
 
     def _tablet_metrics(self, tablets: Mapping[tuple[str, str], Tablet]) -> Iterable[Metric]:
         memtable = sstables = sstable_bytes = 0
@@ -525,6 +529,35 @@ def _commit_log_metrics(stats: CommitLogStats | None) -> Iterable[Metric]:
     )
 
 
+def _spill_metrics(stats: SpillStats) -> Iterable[Metric]:
+    """The sorted runs a worker keeps for its own replay (``commitlog.spill``, §5.4)."""
+    kept = CounterMetricFamily(
+        f"{PREFIX}_sort_spill_runs",
+        "Sorted runs offered to the spill, by where they were kept",
+        labels=["tier"],
+    )
+    kept.add_metric(["memory"], stats.kept_in_memory)
+    kept.add_metric(["disk"], stats.kept_on_disk)
+    kept.add_metric(["not_kept"], stats.not_kept)
+    yield kept
+    for name, doc, value in (
+        ("hits", "Runs replayed from the spill instead of the object store", stats.hits),
+        ("hit_bytes", "Bytes of the runs replayed from the spill", stats.hit_bytes),
+        (
+            "bad_copies",
+            "Kept copies found missing or damaged (read from the store)",
+            stats.bad_copies,
+        ),
+    ):
+        yield CounterMetricFamily(f"{PREFIX}_sort_spill_{name}", doc, value=value)
+    held = GaugeMetricFamily(
+        f"{PREFIX}_sort_spill_bytes", "Bytes of sorted runs the spill holds", labels=["tier"]
+    )
+    held.add_metric(["memory"], stats.memory_bytes)
+    held.add_metric(["disk"], stats.disk_bytes)
+    yield held
+
+
 class ObservedWorker(Protocol):
     """What a worker's metrics read (``worker.TabletServer`` has it)."""
 
@@ -536,6 +569,9 @@ class ObservedWorker(Protocol):
 
     @property
     def commit_log_stats(self) -> CommitLogStats | None: ...
+
+    @property
+    def sort_spill_stats(self) -> SpillStats: ...
 
     @property
     def lease(self) -> Lease | None: ...
@@ -551,13 +587,14 @@ class WorkerMetrics(ProcessMetrics):
         self._sources: WorkerSources | None = None
 
     def observe_server(self, server: ObservedWorker) -> None:
-        """Observe a tablet server: its tablets, block cache, commit log and lease."""
+        """Observe a tablet server: its tablets, block cache, commit log, sort spill and lease."""
         self.watch_lease(lambda: server.lease)
         self.observe(
             WorkerSources(
                 tablets=lambda: server.tablets,
                 block_cache=lambda: server.block_cache.stats(),
                 commit_log=lambda: server.commit_log_stats,
+                sort_spill=lambda: server.sort_spill_stats,
             )
         )
 

@@ -38,7 +38,7 @@ from tabletstore.clock import Clock, SystemClock
 from tabletstore.commitlog import CommitLogStats, CommitLogWriter
 from tabletstore.commitlog.runs import SortPlan
 from tabletstore.commitlog.sorting import SharedSorts
-from tabletstore.commitlog.spill import RunSpill
+from tabletstore.commitlog.spill import RunSpill, SpillStats
 from tabletstore.coordination import paths
 from tabletstore.coordination.base import (
     Coordinator,
@@ -379,6 +379,10 @@ class TabletServer:
     @property
     def commit_log_stats(self) -> CommitLogStats | None:
         return self._writer.stats if self._writer is not None else None
+
+    @property
+    def sort_spill_stats(self) -> SpillStats:
+        return self.sort_spill.stats
 
     def _tablet(self, table_id: str, tablet_id: str) -> Tablet:
         lease = self._lease

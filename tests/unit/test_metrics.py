@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tabletstore.commitlog.spill import SpillStats
 from tabletstore.data.model import SetCell
 from tabletstore.embedded import Database
 from tabletstore.errors import InvalidArgument, NotFound, NotServing, Unavailable
@@ -21,6 +22,7 @@ from tabletstore.ops.metrics import (
     MasterMetrics,
     ProcessMetrics,
     WorkerMetrics,
+    WorkerSources,
     compaction_kind,
     outcome_of,
 )
@@ -150,6 +152,21 @@ def test_registries_are_per_process() -> None:
     assert sample(a, "tabletstore_rpc_requests_total", method="m", outcome="ok") == 1
     assert sample(b, "tabletstore_rpc_requests_total", method="m", outcome="ok") is None
     assert sample(a, "tabletstore_process_info", role="worker", id="w-a") == 1
+
+
+def test_the_sort_spill_is_exported_at_scrape_time() -> None:
+    stats = SpillStats(memory_bytes=10, disk_bytes=300, kept_in_memory=2, kept_on_disk=3)
+    metrics = WorkerMetrics("w-spill")
+    metrics.observe(WorkerSources(tablets=dict, sort_spill=lambda: stats))
+    runs = "tabletstore_sort_spill_runs_total"
+    assert sample(metrics, runs, tier="memory") == 2
+    assert sample(metrics, runs, tier="disk") == 3
+    assert sample(metrics, runs, tier="not_kept") == 0
+    assert sample(metrics, "tabletstore_sort_spill_bytes", tier="disk") == 300
+    stats.hits, stats.hit_bytes, stats.bad_copies = 4, 4096, 1  # read when scraped, not copied
+    assert sample(metrics, "tabletstore_sort_spill_hits_total") == 4
+    assert sample(metrics, "tabletstore_sort_spill_hit_bytes_total") == 4096
+    assert sample(metrics, "tabletstore_sort_spill_bad_copies_total") == 1
 
 
 # ---------------------------------------------------------------------------- compactions
@@ -289,6 +306,7 @@ async def test_embedded_database_collectors_move_with_traffic() -> None:
     assert value("tabletstore_compactions_total", kind="minor") >= 1
     assert value("tabletstore_commit_log_appends_total") >= 10
     assert value("tabletstore_commit_log_segments_total") >= 1
+    assert value("tabletstore_sort_spill_runs_total", tier="memory") == 0
     assert value("tabletstore_object_store_requests_total", op="PUT") >= 2
     assert value("tabletstore_block_cache_capacity_bytes") > 0
     assert (

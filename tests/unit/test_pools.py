@@ -9,7 +9,8 @@ import subprocess
 import sys
 import time
 
-from tabletstore.engine.pools import _alive, process_pool
+from tabletstore.engine.pools import process_pool
+from tabletstore.procs import alive
 
 _OWNER = """
 import os, sys
@@ -22,7 +23,7 @@ sys.stdin.read()  # until killed
 
 def _wait_gone(pid: int, deadline: float) -> bool:
     while time.monotonic() < deadline:
-        if not _alive(pid):
+        if not alive(pid):
             return True
         time.sleep(0.05)
     return False
@@ -35,7 +36,7 @@ def test_a_pool_process_exits_once_its_owner_is_killed() -> None:
     try:
         assert owner.stdout is not None
         child = int(owner.stdout.readline())
-        assert child != owner.pid and _alive(child)
+        assert child != owner.pid and alive(child)
         os.kill(owner.pid, signal.SIGKILL)
         owner.wait(timeout=30)
         assert _wait_gone(child, time.monotonic() + 30), f"pool process {child} outlived its owner"
@@ -51,7 +52,7 @@ def test_a_pool_still_runs_work_while_its_owner_lives() -> None:
 
 
 def test_alive_answers_for_this_process_and_a_reaped_one() -> None:
-    assert _alive(os.getpid())
+    assert alive(os.getpid())
     done = subprocess.Popen([sys.executable, "-c", "pass"])
     done.wait()
-    assert not _alive(done.pid)
+    assert not alive(done.pid)
