@@ -16,20 +16,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import json
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
 
-from tabletstore.client.client import AsyncClient
-from tabletstore.commitlog.sorting import load_plan
+import tabletstore.worker.sorter as sorter_module
+from tabletstore.client.client import AsyncClient, AsyncTable
+from tabletstore.commitlog.sorting import load_plan, task_done
+from tabletstore.coordination import paths
 from tabletstore.coordination.memory import MemoryCoordinator
 from tabletstore.data.model import SetCell
 from tabletstore.errors import TabletStoreError
+from tabletstore.keys import Cell
 from tabletstore.master.master import Master
 from tabletstore.master.process import make_recovery
-from tabletstore.metadata.record import LogRef
+from tabletstore.metadata.record import LogRef, TabletRecord
 from tabletstore.metadata.rows import METADATA_TABLE_ID
 from tabletstore.options import IN_PROCESS_LEASE, MasterOptions, WorkerOptions
 from tabletstore.rpc.inprocess import InProcessTransport
@@ -67,66 +72,84 @@ def _row(i: int) -> bytes:
 SMALL_MEMORY = 16 * 1024
 
 
-@pytest.mark.parametrize("spill", [False, True], ids=["memory", "spilled-to-disk"])
-async def test_a_dead_log_of_several_tasks_is_read_about_once_by_its_owner(
-    spill: bool, tmp_path: Path
-) -> None:
-    mem = MemoryObjectStore(shared=False)
-    coord = MemoryCoordinator()
-    transport = InProcessTransport()
-    views: dict[str, InstrumentedObjectStore] = {}
-    workers: dict[str, TabletServer] = {}
-    sorters: dict[str, Sorter] = {}
-    running: list[asyncio.Task[None]] = []
-    stop = asyncio.Event()
+class OwnerCluster:
+    """A master and in-process workers over one memory store, each worker with its own
+    counted view of the store and (unless told not to) its own sorter."""
 
-    async def start_worker(name: str) -> TabletServer:
-        view = views[name] = InstrumentedObjectStore(mem)
+    def __init__(self, tmp_path: Path, *, memory_bytes: int | None = None) -> None:
+        self.mem = MemoryObjectStore(shared=False)
+        self.coord = MemoryCoordinator()
+        self.transport = InProcessTransport()
+        self.views: dict[str, InstrumentedObjectStore] = {}
+        self.workers: dict[str, TabletServer] = {}
+        self.sorters: dict[str, Sorter] = {}
+        self._running: list[asyncio.Task[None]] = []
+        self._stop = asyncio.Event()
+        self._tmp = tmp_path
+        self._memory = memory_bytes
+        self.views["master"] = InstrumentedObjectStore(self.mem)
+        # The owner's bound shrunk too (the log is about 150 KB).
+        options = MasterOptions(
+            sort_task_bytes=TASK_BYTES, balance_cooldown=3600.0, sort_owner_bytes=1024 * 1024
+        )
+        recovery = make_recovery("workers", self.views["master"], "memory://", self.coord, options)
+        self.master = Master(
+            coordinator=self.coord, transport=self.transport, options=options, recovery=recovery
+        )
+        self.client = AsyncClient(
+            catalog=self.master.catalog, transport=self.transport, admin=self.master
+        )
+
+    async def start_worker(self, name: str, *, sorter: bool = True) -> TabletServer:
+        view = self.views[name] = InstrumentedObjectStore(self.mem)
+        options = WorkerOptions(
+            lease=IN_PROCESS_LEASE,
+            # No log trimming: the dead log keeps every write (a long tail to sort).
+            log_trim_interval=None,
+            sort_spill_dir=str(self._tmp),
+        )
+        if self._memory is not None:
+            options = dataclasses.replace(options, sort_memory_bytes=self._memory)
         worker = TabletServer(
             name,
             f"inproc://{name}",
             store=view,
-            coordinator=coord,
-            transport=transport,
-            # No log trimming: the dead log keeps every write (a long tail to sort).
-            options=WorkerOptions(
-                lease=IN_PROCESS_LEASE,
-                log_trim_interval=None,
-                sort_spill_dir=str(tmp_path),
-                **({"sort_memory_bytes": SMALL_MEMORY} if spill else {}),
-            ),
+            coordinator=self.coord,
+            transport=self.transport,
+            options=options,
         )
         await worker.start()
-        transport.register(worker.address, TABLET.handlers(worker))
-        assert worker.lease is not None
-        sorter = Sorter(name, view, coord, worker.lease, poll=0.05, shared=worker.sorts)
-        running.append(asyncio.create_task(sorter.run(stop)))
-        workers[name], sorters[name] = worker, sorter
+        self.transport.register(worker.address, TABLET.handlers(worker))
+        self.workers[name] = worker
+        if sorter:
+            self.start_sorter(name)
         return worker
 
-    views["master"] = InstrumentedObjectStore(mem)
-    # The owner's bound shrunk too (the log is about 150 KB).
-    options = MasterOptions(
-        sort_task_bytes=TASK_BYTES, balance_cooldown=3600.0, sort_owner_bytes=1024 * 1024
-    )
-    recovery = make_recovery("workers", views["master"], "memory://", coord, options)
-    master = Master(coordinator=coord, transport=transport, options=options, recovery=recovery)
-    try:
-        w0 = await start_worker("w0")  # the root and METADATA
-        await master.assign()
-        client = AsyncClient(catalog=master.catalog, transport=transport, admin=master)
-        table = await client.create_table("t", ["f"], split_keys=SPLITS)
-        await master.assign()
-        # The victim serves every user tablet (w0 keeps the system tablets, whose direct
-        # replay would read the log besides the sort).
-        victim = await start_worker("w1")
-        records = await master.catalog.list_tablets((await client._info("t")).table_id)
+    def start_sorter(self, name: str) -> None:
+        worker = self.workers[name]
+        assert worker.lease is not None
+        sorter = Sorter(
+            name, self.views[name], self.coord, worker.lease, poll=0.05, shared=worker.sorts
+        )
+        self._running.append(asyncio.create_task(sorter.run(self._stop)))
+        self.sorters[name] = sorter
+
+    async def victim_with_rows(self) -> tuple[AsyncTable, TabletServer, set[tuple[str, str]]]:
+        """Table ``t`` whose every user tablet is served by worker ``w1`` (``w0`` keeps the
+        system tablets, whose direct replay would read the log besides the sort), with
+        :data:`ROWS` acknowledged rows in w1's log."""
+        w0 = await self.start_worker("w0")  # the root and METADATA
+        await self.master.assign()
+        table = await self.client.create_table("t", ["f"], split_keys=SPLITS)
+        await self.master.assign()
+        victim = await self.start_worker("w1")
+        records = await self.master.catalog.list_tablets((await self.client._info("t")).table_id)
         for rec in records:
             if rec.location == w0.address:
-                await TABLET.client(transport, w0.address).unload_tablet(
+                await TABLET.client(self.transport, w0.address).unload_tablet(
                     UnloadTabletRequest(rec.table_id, rec.tablet_id)
                 )
-                await TABLET.client(transport, victim.address).load_tablet(
+                await TABLET.client(self.transport, victim.address).load_tablet(
                     LoadTabletRequest(rec.table_id, rec.tablet_id)
                 )
         user = {(t, tablet) for (t, tablet) in victim.tablets if t != METADATA_TABLE_ID}
@@ -138,7 +161,44 @@ async def test_a_dead_log_of_several_tasks_is_read_about_once_by_its_owner(
                     for i in range(batch, batch + 10)
                 )
             )
-        await start_worker("w2")
+        return table, victim, user
+
+    async def dead_log(self, victim: TabletServer) -> LogRef:
+        kv = await self.coord.get(f"settings/incarnation.{victim.worker_id}")
+        assert kv is not None
+        return LogRef(victim.worker_id, int(kv.value))
+
+    async def close(self) -> None:
+        self._stop.set()
+        for task in self._running:
+            task.cancel()
+        await asyncio.gather(*self._running, return_exceptions=True)
+        await self.master.close()
+        for worker in reversed(list(self.workers.values())):
+            with contextlib.suppress(TabletStoreError):
+                await worker.stop(flush=False)
+        await self.coord.close()
+
+
+async def all_rows_served(table: AsyncTable) -> None:
+    """Every acknowledged write is served again."""
+    rows = {r.key: r.latest("f", b"q") async for r in table.read_rows()}
+    assert rows == {_row(i): VALUE + _row(i) for i in range(ROWS)}
+
+
+def spill_directories(tmp_path: Path) -> list[str]:
+    return [n for n in os.listdir(tmp_path) if n.startswith("tabletstore-runs-")]
+
+
+@pytest.mark.parametrize("spill", [False, True], ids=["memory", "spilled-to-disk"])
+async def test_a_dead_log_of_several_tasks_is_read_about_once_by_its_owner(
+    spill: bool, tmp_path: Path
+) -> None:
+    cluster = OwnerCluster(tmp_path, memory_bytes=SMALL_MEMORY if spill else None)
+    workers, views, master = cluster.workers, cluster.views, cluster.master
+    try:
+        table, victim, user = await cluster.victim_with_rows()
+        await cluster.start_worker("w2")
         assert victim.lease is not None
         for view in views.values():
             view.reset()
@@ -151,13 +211,11 @@ async def test_a_dead_log_of_several_tasks_is_read_about_once_by_its_owner(
             )
 
         await eventually(recovered, deadline=120, what="every user tablet served again")
-        kv = await coord.get(f"settings/incarnation.{victim.worker_id}")
-        assert kv is not None
-        dead = LogRef(victim.worker_id, int(kv.value))
-        plan = await load_plan(mem, dead.worker_id, dead.incarnation)
+        dead = await cluster.dead_log(victim)
+        plan = await load_plan(cluster.mem, dead.worker_id, dead.incarnation)
         assert plan is not None and len(plan.tasks) >= 3, plan
         log_bytes = 0
-        async for info in mem.list(layout.log_prefix(dead.worker_id, dead.incarnation)):
+        async for info in cluster.mem.list(layout.log_prefix(dead.worker_id, dead.incarnation)):
             log_bytes += info.size
         read = sum(v.stats().bytes_read for name, v in views.items() if name != "w1")
         # The log's records once (by the owner's sort), plus plans, manifests, METADATA rows.
@@ -170,18 +228,76 @@ async def test_a_dead_log_of_several_tasks_is_read_about_once_by_its_owner(
             # The log is ten times the owner's memory for runs: most of them waited on disk.
             assert log_bytes > 5 * SMALL_MEMORY
             assert kept.kept_on_disk > kept.kept_in_memory > 0
-        # Every acknowledged write is served again.
-        rows = {r.key: r.latest("f", b"q") async for r in table.read_rows()}
-        assert rows == {_row(i): VALUE + _row(i) for i in range(ROWS)}
+        await all_rows_served(table)
     finally:
-        stop.set()
-        for task in running:
-            task.cancel()
-        await asyncio.gather(*running, return_exceptions=True)
-        await master.close()
-        for worker in reversed(list(workers.values())):
-            with contextlib.suppress(TabletStoreError):
-                await worker.stop(flush=False)
-        await coord.close()
+        await cluster.close()
     # Every worker removed its spill directory when it stopped.
-    assert [n for n in os.listdir(tmp_path) if n.startswith("tabletstore-runs-")] == []
+    assert spill_directories(tmp_path) == []
+
+
+async def test_when_the_owner_dies_before_sorting_the_next_owner_recovers_the_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker the master chose to own a dead log dies itself before sorting it (its loads
+    of the log's tablets hang, then its lease ends). The master's next rounds choose another
+    owner (Master._owners), re-reserve the tasks still published for it (LogRecovery) and
+    load the log's tablets there, which sorts every task itself (the grace other sorters give
+    a reserved task is an hour here, so nothing else could), reads the log about once and
+    serves every acknowledged write again."""
+    monkeypatch.setattr(sorter_module, "OWNER_GRACE", 3600.0)
+    cluster = OwnerCluster(tmp_path)
+    master, workers, views = cluster.master, cluster.workers, cluster.views
+    hang = asyncio.Event()
+    try:
+        table, victim, user = await cluster.victim_with_rows()
+        # Two candidates; w2 (fewest claims, then first by name) is chosen, and hangs.
+        first = await cluster.start_worker("w2", sorter=False)
+        await cluster.start_worker("w3")
+
+        async def hanging_replay(record: TabletRecord) -> AsyncIterator[Cell]:
+            await hang.wait()
+            return
+            yield
+
+        first._replay = hanging_replay  # type: ignore[method-assign]
+        assert victim.lease is not None and first.lease is not None
+        await victim.lease.revoke()
+        dead = await cluster.dead_log(victim)
+        plan = await load_plan(cluster.mem, dead.worker_id, dead.incarnation)
+
+        async def reserved_for_w2() -> bool:
+            await master.assign()
+            tasks = await cluster.coord.get_prefix(paths.SORTS)
+            return bool(tasks) and all(json.loads(kv.value).get("owner") == "w2" for kv in tasks)
+
+        await eventually(reserved_for_w2, deadline=60, what="the tasks reserved for w2")
+        assert master.recovery is not None and master.recovery.owner(dead) == "w2"
+        plan = await load_plan(cluster.mem, dead.worker_id, dead.incarnation)
+        assert plan is not None and len(plan.tasks) >= 3, plan
+        assert not [t for t in plan.tasks if await task_done(cluster.mem, plan, t)]
+        for view in views.values():
+            view.reset()
+        await first.lease.revoke()  # the owner dies before sorting anything
+
+        async def recovered() -> bool:
+            await master.assign()
+            return all(key in workers["w3"].tablets for key in user)
+
+        await eventually(recovered, deadline=120, what="every user tablet served on w3")
+        assert master.recovery.owner(dead) == "w3"
+        assert all([await task_done(cluster.mem, plan, t) for t in plan.tasks])
+        # w3 replayed from the runs it sorted (not a direct replay of the log), reading it once.
+        assert workers["w3"].sort_spill.stats.hits > 0
+        log_bytes = sum(
+            [
+                info.size
+                async for info in cluster.mem.list(
+                    layout.log_prefix(dead.worker_id, dead.incarnation)
+                )
+            ]
+        )
+        assert views["w3"].stats().bytes_read <= 1.2 * log_bytes
+        await all_rows_served(table)
+    finally:
+        hang.set()
+        await cluster.close()
