@@ -91,8 +91,18 @@ def check_row_key(row: bytes) -> None:
         raise InvalidArgument(f"row key is {len(row)} bytes; the limit is {MAX_ROW_KEY} (64 KiB)")
 
 
+def _check_int(value: object, what: str) -> None:
+    """``value`` is an int proper: a bool or a float would pass the range checks and be stored,
+    then fail the SSTable's int64 column at every minor compaction of the tablet."""
+    if type(value) is not int:
+        raise InvalidArgument(f"{what} must be an int, not {type(value).__name__} ({value!r})")
+
+
 def _check_timestamp(timestamp: int | None) -> None:
-    if timestamp is not None and not 0 <= timestamp < TS_MAX:
+    if timestamp is None:
+        return
+    _check_int(timestamp, "timestamp (microseconds)")
+    if not 0 <= timestamp < TS_MAX:
         raise InvalidArgument(f"timestamp {timestamp} is outside [0, 2^63-1)")
 
 
@@ -132,6 +142,8 @@ def _check_aggregate(schema: TableSchema, m: AddToCell | MergeToCell) -> None:
 
 
 def _check_family(schema: TableSchema, family: str, identity: str | None, write: bool) -> None:
+    if type(family) is not str:
+        raise InvalidArgument(f"column family must be a str, not {type(family).__name__}")
     fam = schema.families.get(family)
     if fam is None:
         raise NotFound(f"table {schema.name!r} has no column family {family!r}")
@@ -177,7 +189,7 @@ def _plain_set_cells_size(
             return None
         if type(value) is not bytes or len(value) > MAX_VALUE:
             return None
-        if ts is not None and not 0 <= ts < TS_MAX:
+        if ts is not None and (type(ts) is not int or not 0 <= ts < TS_MAX):
             return None
         size += MUTATION_OVERHEAD + len(m.family) + len(qualifier) + len(value)
     return size
@@ -216,10 +228,16 @@ def validate_row_mutation(
         elif isinstance(m, DeleteCells):
             _check_family(schema, m.family, identity, write=True)
             _check_qualifier(m.family, m.qualifier)
+            for bound in (m.start, m.end):
+                if bound is not None:
+                    _check_int(bound, "a delete's time bound (microseconds)")
             start = 0 if m.start is None else m.start
             end = TS_MAX if m.end is None else m.end
-            if start < 0 or end < start:
-                raise InvalidArgument(f"invalid time range [{m.start}, {m.end}) in delete")
+            if start < 0 or end < start or end > TS_MAX:
+                raise InvalidArgument(
+                    f"invalid time range [{m.start}, {m.end}) in delete: bounds must be in "
+                    f"[0, 2^63-1] with start <= end"
+                )
         elif isinstance(m, DeleteFamily):
             _check_family(schema, m.family, identity, write=True)
         elif isinstance(m, DeleteRow):
@@ -255,5 +273,9 @@ def validate_rmw_rules(
         _check_family(schema, r.family, identity, write=False)
         _check_plain(schema, r.family, type(r).__name__)
         _check_qualifier(r.family, r.qualifier)
+        if isinstance(r, AppendValue) and not isinstance(r.value, bytes):
+            raise InvalidArgument(f"an append's value must be bytes, not {type(r.value).__name__}")
+        if isinstance(r, IncrementValue):
+            _check_int(r.amount, "an increment's amount")
         if isinstance(r, IncrementValue) and not -(2**63) <= r.amount < 2**63:
             raise InvalidArgument(f"increment {r.amount} does not fit in 64 bits")

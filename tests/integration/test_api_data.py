@@ -311,6 +311,9 @@ async def test_value_size_limit(table: AsyncTable) -> None:
         (DeleteCells("cf", b"q", -5, None), "time range"),
         (SetCell("cf", "str", b"v"), "bytes"),  # type: ignore[arg-type]
         (SetCell("cf", b"q", "str"), "bytes"),  # type: ignore[arg-type]
+        (SetCell("cf", b"q", b"v", True), "timestamp .* must be an int, not bool"),
+        (SetCell("cf", b"q", b"v", 1.5), "timestamp .* must be an int, not float"),  # type: ignore[arg-type]
+        (DeleteCells("cf", b"q", None, False), "must be an int, not bool"),
     ],
 )
 async def test_bad_mutations_are_invalid_arguments(
@@ -321,6 +324,19 @@ async def test_bad_mutations_are_invalid_arguments(
     with pytest.raises(InvalidArgument, match="no mutations"):
         await table.mutate_row(b"r", [])
     assert await table.read_row(b"r") is None
+
+
+async def test_a_refused_timestamp_leaves_the_tablet_flushing(
+    db: AsyncClient, table: AsyncTable
+) -> None:
+    """A bool timestamp used to be stored (True passed the range check), and from then on
+    every minor compaction of the tablet failed on the SSTable's int64 column."""
+    with pytest.raises(InvalidArgument, match="not bool"):
+        await table.mutate_row(b"r", [SetCell("cf", b"q", b"v", True)])
+    await table.mutate_row(b"r", [SetCell("cf", b"q", b"ok", 7)])
+    await db.flush("t")
+    await db.compact("t")
+    assert values(await table.read_row(b"r")) == [("cf", b"q", 7, b"ok")]
 
 
 async def test_errors_are_one_hierarchy(table: AsyncTable) -> None:

@@ -88,6 +88,39 @@ def test_time_ranges_and_timestamps() -> None:
     validate_row_mutation(SCHEMA, b"r", [SetCell("open", b"q", b"v", TS_MAX - 1)])
 
 
+@pytest.mark.parametrize(
+    "mutation",
+    [
+        SetCell("open", b"q", b"v", True),
+        SetCell("open", b"q", b"v", 2.5),  # type: ignore[arg-type]
+        SetCell("open", b"q", b"v", "5"),  # type: ignore[arg-type]
+        DeleteCells("open", b"q", False, None),
+        DeleteCells("open", b"q", None, True),
+        DeleteCells("open", b"q", 1.5, None),  # type: ignore[arg-type]
+        DeleteCells("open", b"q", None, b"9"),  # type: ignore[arg-type]
+        DeleteCells("open", b"q", 0, 2**64 - 1),
+        DeleteFamily(("open",)),  # type: ignore[arg-type]
+    ],
+    ids=repr,
+)
+def test_times_and_names_of_the_wrong_type_are_refused(mutation: Any) -> None:
+    """A bool or float timestamp passed the range checks (True is an int, 0 <= 2.5) and was
+    stored, and every minor compaction of the tablet then failed on the SSTable's int64
+    column: one request wedged the tablet's flushes for good. A bound past 2^63-1 failed
+    deep in the engine. Each is an InvalidArgument naming the problem now."""
+    with pytest.raises(InvalidArgument, match=r"must be|invalid time range"):
+        validate_row_mutation(SCHEMA, b"r", [mutation])
+
+
+def test_read_modify_write_rules_of_the_wrong_type_are_refused() -> None:
+    with pytest.raises(InvalidArgument, match="amount must be an int, not bool"):
+        validate_rmw_rules(SCHEMA, b"r", [IncrementValue("open", b"q", True)], None)
+    with pytest.raises(InvalidArgument, match="amount must be an int, not float"):
+        validate_rmw_rules(SCHEMA, b"r", [IncrementValue("open", b"q", 1.0)], None)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="value must be bytes, not str"):
+        validate_rmw_rules(SCHEMA, b"r", [AppendValue("open", b"q", "x")], None)  # type: ignore[arg-type]
+
+
 def test_shapes_and_sizes(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(InvalidArgument, match="no mutations"):
         validate_row_mutation(SCHEMA, b"r", [])
@@ -162,6 +195,9 @@ _AGG_SCHEMA = SCHEMA.model_copy(
         (b"r", [SetCell("open", b"q", "v")], None, InvalidArgument, "value must be bytes"),  # type: ignore[arg-type]
         (b"r", [SetCell("open", b"q", b"v", -1)], None, InvalidArgument, "outside"),
         (b"r", [SetCell("open", b"q", b"v", TS_MAX)], None, InvalidArgument, "outside"),
+        (b"r", [SetCell("open", b"q", b"v", True)], None, InvalidArgument, "not bool"),
+        (b"r", [SetCell("open", b"q", b"v", 1.0)], None, InvalidArgument, "not float"),
+        (b"r", [SetCell(0, b"q", b"v")], None, InvalidArgument, "family must be a str"),  # type: ignore[arg-type]
         (
             b"r",
             [SetCell("open", b"q", b"x" * (MAX_VALUE // 2))] * 3,
