@@ -150,6 +150,56 @@ def test_encode_errors(codec: Codec) -> None:
     assert codec.decode(codec.encode([7])) == (7,)
 
 
+@pytest.mark.parametrize(
+    ("changes", "field", "annotation"),
+    [
+        ({"raw": "text"}, "raw", "bytes"),
+        ({"text": b"raw"}, "text", "str"),
+        ({"big": True}, "big", "int"),
+        ({"small": 1.5}, "small", "int"),
+        ({"ratio": "x"}, "ratio", "float"),
+        ({"flag": 1}, "flag", "bool"),
+        ({"nothing": 0}, "nothing", "NoneType"),
+        ({"leaves": (Leaf(b"a", 1), 5)}, "leaves", "tuple"),
+        ({"leaves": 5}, "leaves", "tuple"),
+        ({"child": b"x"}, "child", r"Leaf \| None"),
+        ({"by_key": {b"k": 1}}, "by_key", "dict"),
+        ({"tags": frozenset({1})}, "tags", "frozenset"),
+        ({"pair": (7, 8)}, "pair", "tuple"),
+        ({"pair": (7, "seven", 1)}, "pair", "tuple"),
+        ({"nested_lists": [[1, "2"]]}, "nested_lists", "list"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_decoded_fields_must_match_their_annotations(
+    codec: Codec, changes: dict[str, object], field: str, annotation: str
+) -> None:
+    """A peer's value of the wrong type in a field is an InvalidArgument naming the class, the
+    field and the annotation, not an object that fails later where it is used."""
+    value = dataclasses.replace(_everything(None), **changes)  # type: ignore[arg-type]
+    with pytest.raises(
+        InvalidArgument, match=rf"Everything .* field '{field}' must be {annotation}"
+    ):
+        codec.decode(codec.encode(value))
+
+
+def test_an_enum_value_out_of_range_is_an_invalid_argument(codec: Codec) -> None:
+    value = dataclasses.replace(_everything(None), color=7)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="7 is not a valid Color"):
+        codec.decode(codec.encode(value))
+
+
+def test_every_wire_type_has_checkable_annotations() -> None:
+    """Every registered message's hints resolve to checks (a hint the checker cannot read
+    would fail the first decode of that message in production)."""
+    from tabletstore.rpc.codec import _checks_for
+    from tabletstore.rpc.wire import WIRE_FORMS, WIRE_TYPES
+
+    for cls in WIRE_TYPES.values():
+        if cls not in WIRE_FORMS:
+            _checks_for(cls)
+
+
 def test_decode_garbage(codec: Codec) -> None:
     for data in (b"\xc1", b"\x92\x01", b"\x01\x02"):
         with pytest.raises(InvalidArgument, match="cannot decode RPC payload"):
