@@ -769,7 +769,7 @@ _codecs: dict[str, pa.Codec] = {}
 
 def _decompress(compression: str, data: bytes | memoryview, size: int) -> bytes:
     if compression == "zstd":
-        out = _zstd.context.decompress(data, max_output_size=size)
+        out = _zstd.context.decompress(data, size)
     elif compression == "none":
         out = bytes(data)
     else:
@@ -839,7 +839,7 @@ def _decode_one(
             decompress = _zstd.context.decompress
             bufs = []
             for piece, size in zip(pieces, sizes, strict=True):
-                buf = decompress(piece, max_output_size=size)
+                buf = decompress(piece, size)  # positional: keywords cost ~0.2 us a call
                 if len(buf) != size:
                     raise ValueError(
                         f"a page decompresses to {len(buf)} bytes, its header says {size}"
