@@ -7,7 +7,7 @@ were read from GFS" (§6).
 
 * :class:`BlockCache` holds decoded SSTable blocks (``block.Block``), keyed by (object key,
   block index), and decoded pages of format-2 SSTables (``pages.Page``, what a point read
-  fetches), keyed by (object key, ("page", page index)), bounded by bytes, least recently used first out. One per process, shared by
+  fetches), keyed by (object key, -1 - page index), bounded by bytes, least recently used first out. One per process, shared by
   every SSTable. Objects are immutable, so an entry never goes stale; :meth:`BlockCache.evict`
   drops an SSTable's blocks once it is no longer read (after a compaction replaced it).
 * :class:`ScanCache` holds the cells recently returned for a row, keyed by (namespace, row),
@@ -37,8 +37,9 @@ __all__ = ["BlockCache", "CacheStats", "ScanCache"]
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
-#: A block cache entry's index: a block, or ("page", page index).
-_Index = int | tuple[str, int]
+#: A block cache entry's index: a block (>= 0), or ``-1 - page`` for a page (an int, not a
+#: tuple: no object made and hashed on every point read's lookups).
+_Index = int
 
 #: ``Cell`` from a plain tuple of its fields, without NamedTuple's ``__new__`` arguments.
 _new_tuple = tuple.__new__
@@ -147,16 +148,16 @@ class BlockCache:
 
     def get_page(self, key: str, page: int) -> Page | None:
         """Decoded page ``page`` of SSTable object ``key``, or None (a miss)."""
-        entry = self._lru.get((key, ("page", page)))
+        entry = self._lru.get((key, -1 - page))
         return entry if isinstance(entry, Page) else None
 
     def has_page(self, key: str, page: int) -> bool:
         """Whether page ``page`` of ``key`` is cached (a peek: no hit, miss or LRU update)."""
-        return (key, ("page", page)) in self._lru
+        return (key, -1 - page) in self._lru
 
     def put_page(self, key: str, index: int, page: Page) -> None:
         """Cache a decoded page, charged ``page.nbytes``."""
-        self._put(key, ("page", index), page)
+        self._put(key, -1 - index, page)
 
     def _put(self, key: str, index: _Index, entry: Block | Page) -> None:
         lru = self._lru

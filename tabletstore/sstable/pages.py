@@ -580,6 +580,8 @@ class Page:
             assert cells is not None
             return cells[lo:hi]
         r, f, q, t, s, k, v = columns
+        if hi - lo == 1:  # most rows: one cell, no comprehension
+            return [Cell(r[lo], f[lo], q[lo], t[lo], s[lo], k[lo], v[lo])]
         return [Cell(r[i], f[i], q[i], t[i], s[i], k[i], v[i]) for i in range(lo, hi)]
 
     @property
