@@ -222,10 +222,15 @@ class ScanCache:
     def put(self, namespace: str, row: bytes, cells: Sequence[Cell]) -> None:
         """Cache what a read of ``row`` returned (an empty sequence caches its absence)."""
         value = tuple(cells[0]) if len(cells) == 1 else tuple(chain.from_iterable(cells))
-        for ns, r in self._lru.put((namespace, row), value, _cells_charge(row, cells)):
+        key = (namespace, row)
+        lru = self._lru
+        for ns, r in lru.put(key, value, _cells_charge(row, cells)):
             self._forget(ns, r)
-        if (namespace, row) in self._lru:
-            self._by_namespace.setdefault(namespace, set()).add(row)
+        if key in lru._map:
+            rows = self._by_namespace.get(namespace)
+            if rows is None:
+                rows = self._by_namespace[namespace] = set()
+            rows.add(row)
 
     def invalidate(self, namespace: str, row: bytes | None = None) -> int:
         """Drop ``row`` of ``namespace``, or every row of it when ``row`` is None. Returns the
