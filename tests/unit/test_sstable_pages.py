@@ -554,3 +554,22 @@ def test_uniform_values_stay_in_their_page_buffer_until_read() -> None:
     lazy = pages_module._values(buf, 8)
     assert type(lazy).__name__ == "_Fixed"
     assert lazy[3] == b"003" * 250 and lazy[-8] == b"000" * 250
+
+
+async def test_uniform_values_read_back_by_point_reads_scans_and_arrow() -> None:
+    # Values of one length stay in their page's bytes (pages._Fixed): a block decoded for a
+    # scan merges such pages, a point read slices one value, a batch read goes through Arrow.
+    rng = random.Random(3)
+    cells = [
+        Cell(b"k%06d" % i, "cf", b"q", 1_000 + i, i + 1, 0, rng.randbytes(1000)) for i in range(200)
+    ]
+    data, info = write_sstable(cells, block_size=32 * 1024)
+    store = MemoryObjectStore()
+    await store.create(KEY, data)
+    table = await SSTable.open(store, KEY, size=info.size, block_cache=BlockCache(1 << 20))
+    assert [c async for c in table.scan()] == cells
+    for c in cells[::17]:
+        assert await table.get_row(c.row) == [c]
+    assert read_sstable_bytes(data) == cells
+    arrow = await table.read_arrow()
+    assert arrow.column("value").to_pylist() == [c.value for c in cells]
