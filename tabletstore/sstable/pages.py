@@ -665,6 +665,20 @@ def _fixed_format(width: int, n: int, lengths_only: bool) -> struct.Struct:
     return fmt
 
 
+#: The formats of ``n`` int64s and ``n`` int32s (a page's ts and seq, its kind), by ``n``.
+_INT_FORMATS: dict[int, tuple[struct.Struct, struct.Struct]] = {}
+
+
+def _ints(n: int) -> tuple[struct.Struct, struct.Struct]:
+    """Formats of ``n`` little-endian int64s and int32s (no format string made per page)."""
+    found = _INT_FORMATS.get(n)
+    if found is None:
+        if len(_INT_FORMATS) >= 256:
+            _INT_FORMATS.clear()
+        found = _INT_FORMATS[n] = (struct.Struct(f"<{n}q"), struct.Struct(f"<{n}i"))
+    return found
+
+
 def _binary(buf: bytes, n: int) -> list[bytes]:
     """``n`` PLAIN byte arrays (u32 length, bytes) from ``buf``; ValueError unless they fill it.
     Values of one length (row keys of fixed width, a page's family, often its qualifier,
@@ -855,14 +869,15 @@ def _decode_one(
         rows = _binary(bufs[0], n)
         if rows[0] != index.first_rows[p]:
             raise Corruption(f"block {block} page {p} disagrees with the page index")
-        seqs: Sequence[int] = struct.unpack(f"<{n}q", bufs[4])
+        ints = _ints(n)
+        seqs: Sequence[int] = ints[0].unpack(bufs[4])
         columns: tuple[Sequence[Any], ...] = (
             rows,
             _families(_binary(bufs[1], n)),
             _binary(bufs[2], n),
-            struct.unpack(f"<{n}q", bufs[3]),
+            ints[0].unpack(bufs[3]),
             [q + seq_base for q in seqs] if seq_base else seqs,
-            struct.unpack(f"<{n}i", bufs[5]),
+            ints[1].unpack(bufs[5]),
             _values(bufs[6], n),
         )
     except (
