@@ -273,6 +273,8 @@ class Tablet:
         self._scan_cache = scan_cache
         self._state = state
         self._schema = schema
+        #: The last (schema, identity) :meth:`_readable` found may read every family.
+        self._reads_all: tuple[TableSchema, str | None] | None = None
         self._store = store
         self._log = log_sink
         self._catalog = catalog
@@ -704,8 +706,13 @@ class Tablet:
 
     def _readable(self, identity: str | None) -> set[str] | None:
         """Families the identity may read, or None when it may read them all."""
-        fams = self._schema.families
+        schema = self._schema
+        if self._reads_all is not None and self._reads_all[0] is schema:
+            if self._reads_all[1] == identity:  # every point read asks: remembered
+                return None
+        fams = schema.families
         if all(f.acl.may_read(identity) for f in fams.values()):
+            self._reads_all = (schema, identity)
             return None
         return {name for name, f in fams.items() if f.acl.may_read(identity)}
 

@@ -40,6 +40,9 @@ _VERSION = 1
 _MIN_BITS = 64
 _MAX_PROBES = 30
 _MASK64 = (1 << 64) - 1
+#: A digest's two little-endian 64-bit halves.
+_HALVES = struct.Struct("<QQ")
+_blake2b = hashlib.blake2b
 
 
 def _hash_pair(key: bytes) -> tuple[int, int]:
@@ -99,7 +102,9 @@ class BloomFilter:
 
     def may_contain(self, key: bytes) -> bool:
         """False means ``key`` is certainly absent; True means it may be present."""
-        h, h2 = _hash_pair(key)
+        # _hash_pair inlined (a call and a tuple less on every point read).
+        h, h2 = _HALVES.unpack(_blake2b(key, digest_size=16).digest())
+        h2 |= 1
         bits, m = self._bits, self._m
         for _ in range(self._k):
             # h is h1 + i * h2 modulo 2**64 at probe i.

@@ -35,9 +35,9 @@ import re
 import struct
 import threading
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, overload
 
 import crc32c
 import numpy as np
@@ -102,10 +102,20 @@ class PageIndex:
     #: ``table`` flattened, as a memoryview: a page's entry as Python ints in one slice
     #: (:meth:`entry`; numpy's per-row ``tolist`` cost more than the rest of a span lookup).
     _flat: memoryview = field(init=False, repr=False, compare=False)
+    #: Per page, where its bytes of every column start and end relative to its block
+    #: (:meth:`span`), as int64 memoryviews: two lookups per point read, not a min and a max
+    #: over the page's entry (~2 us).
+    _starts: memoryview = field(init=False, repr=False, compare=False)
+    _ends: memoryview = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         flat = np.ascontiguousarray(self.table, dtype=np.uint32).reshape(-1)
         object.__setattr__(self, "_flat", flat.data)
+        pieces = flat.reshape(-1, _FIELDS)[:, 1:_CRC].reshape(-1, COLUMNS, 3).astype(np.int64)
+        starts = pieces[:, :, 0].min(axis=1) if len(pieces) else np.zeros(0, np.int64)
+        ends = (pieces[:, :, 0] + pieces[:, :, 1]).max(axis=1) if len(pieces) else starts
+        object.__setattr__(self, "_starts", np.ascontiguousarray(starts, np.int64).data)
+        object.__setattr__(self, "_ends", np.ascontiguousarray(ends, np.int64).data)
 
     def entry(self, page: int) -> list[int]:
         """Page ``page``'s row of ``table`` (block, 7 x (offset, compressed, size), crc,
@@ -145,10 +155,8 @@ class PageIndex:
     def span(self, pages: range) -> tuple[int, int]:
         """``(relative offset, length)`` in its block of the bytes holding ``pages`` of every
         column (REQUIRES: consecutive pages of one block)."""
-        first = self.entry(pages.start)
-        last = first if len(pages) == 1 else self.entry(pages.stop - 1)
-        start = min(first[1 : 1 + 3 * COLUMNS : 3])
-        end = max(o + n for o, n in zip(last[1:_CRC:3], last[2:_CRC:3], strict=True))
+        start: int = self._starts[pages.start]
+        end: int = self._ends[pages.stop - 1]
         return start, end - start
 
 
@@ -572,6 +580,8 @@ class Page:
             assert cells is not None
             return cells[lo:hi]
         r, f, q, t, s, k, v = columns
+        if hi - lo == 1:  # most rows: one cell, no comprehension
+            return [Cell(r[lo], f[lo], q[lo], t[lo], s[lo], k[lo], v[lo])]
         return [Cell(r[i], f[i], q[i], t[i], s[i], k[i], v[i]) for i in range(lo, hi)]
 
     @property
@@ -619,6 +629,12 @@ def _families(raw: list[bytes]) -> list[str]:
     names = _FAMILY_NAMES
     if len(names) > 4096:  # bounded: a file of many families must not grow it for ever
         names.clear()
+    if raw and raw.count(raw[0]) == len(raw):  # one family (a C loop: identity first)
+        first = raw[0]
+        name = names.get(first)
+        if name is None:
+            name = names[first] = first.decode()
+        return [name] * len(raw)
     out = []
     for f in raw:
         name = names.get(f)
@@ -628,23 +644,119 @@ def _families(raw: list[bytes]) -> list[str]:
     return out
 
 
-#: Up to this many values, :func:`_binary` walks them one by one (faster for few values).
-_WALK_CELLS: Final = 16
+#: Up to this many values, :func:`_binary` and :func:`_values` read values of one length with
+#: one ``struct`` call (a format per width and count, :func:`_fixed_format`); more take
+#: strided checks and slices.
+_STRUCT_CELLS: Final = 256
+#: Formats of :func:`_fixed_format`, by (width, count, lengths only).
+_FIXED_FORMATS: dict[tuple[int, int, bool], struct.Struct] = {}
+
+
+def _fixed_format(width: int, n: int, lengths_only: bool) -> struct.Struct:
+    """The format of ``n`` PLAIN byte arrays of ``width`` bytes: each u32 length then the
+    bytes (skipped when ``lengths_only``)."""
+    key = (width, n, lengths_only)
+    fmt = _FIXED_FORMATS.get(key)
+    if fmt is None:
+        if len(_FIXED_FORMATS) >= 256:  # bounded: few (width, count) pairs recur
+            _FIXED_FORMATS.clear()
+        one = f"I{width}x" if lengths_only else f"I{width}s"
+        fmt = _FIXED_FORMATS[key] = struct.Struct("<" + one * n)
+    return fmt
+
+
+#: The formats of ``n`` int64s and ``n`` int32s (a page's ts and seq, its kind), by ``n``.
+_INT_FORMATS: dict[int, tuple[struct.Struct, struct.Struct]] = {}
+
+
+def _ints(n: int) -> tuple[struct.Struct, struct.Struct]:
+    """Formats of ``n`` little-endian int64s and int32s (no format string made per page)."""
+    found = _INT_FORMATS.get(n)
+    if found is None:
+        if len(_INT_FORMATS) >= 256:
+            _INT_FORMATS.clear()
+        found = _INT_FORMATS[n] = (struct.Struct(f"<{n}q"), struct.Struct(f"<{n}i"))
+    return found
 
 
 def _binary(buf: bytes, n: int) -> list[bytes]:
     """``n`` PLAIN byte arrays (u32 length, bytes) from ``buf``; ValueError unless they fill it.
-    Values of one length (row keys of fixed width, 1000-byte values) take a sliced path, and
-    ``n`` copies of one value (a page's family, often its qualifier) share one object. A
-    page of a few cells (large values) takes the plain walk: cheaper than those checks."""
-    if n > _WALK_CELLS and len(buf) >= 4:
+    Values of one length (row keys of fixed width, a page's family, often its qualifier,
+    1000-byte values) are read by one ``struct`` call, or for many values by strided length
+    checks and slices; others by a walk."""
+    size = len(buf)
+    if size >= 4:
         (width,) = _U32.unpack_from(buf, 0)
         step = width + 4
-        if step * n == len(buf) and _same_lengths(buf, step, n):
-            first = buf[4:step]
-            if n > 1 and buf == buf[:step] * n:
-                return [first] * n
-            return [buf[i + 4 : i + step] for i in range(0, len(buf), step)]
+        if step * n == size:
+            if n <= _STRUCT_CELLS:
+                fields = _fixed_format(width, n, False).unpack(buf)
+                if fields[0::2].count(width) == n:
+                    return list(fields[1::2])
+            elif _same_lengths(buf, step, n):
+                return [buf[i + 4 : i + step] for i in range(0, size, step)]
+    return _walk(buf, n)
+
+
+def _values(buf: bytes, n: int) -> Sequence[bytes]:
+    """The value column of a page: :func:`_binary`, but values of one length are left in
+    ``buf`` and sliced out when read (:class:`_Fixed`): a point read takes one or two values
+    of a page, and copying out the others cost more than the rest of its decode."""
+    size = len(buf)
+    if 1 < n <= _STRUCT_CELLS and size >= 4:
+        (width,) = _U32.unpack_from(buf, 0)
+        if (width + 4) * n == size and _fixed_format(width, n, True).unpack(buf).count(width) == n:
+            return _Fixed(buf, width + 4, n)
+    return _binary(buf, n)
+
+
+class _Fixed(Sequence[bytes]):
+    """``n`` PLAIN byte arrays of ``step - 4`` bytes each, in ``buf`` (checked by the
+    caller), each sliced out when read."""
+
+    __slots__ = ("_buf", "_n", "_step")
+
+    def __init__(self, buf: bytes, step: int, n: int) -> None:
+        self._buf = buf
+        self._step = step
+        self._n = n
+
+    def __len__(self) -> int:
+        return self._n
+
+    @overload
+    def __getitem__(self, i: int) -> bytes: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[bytes]: ...
+
+    def __getitem__(self, i: int | slice) -> bytes | list[bytes]:
+        if isinstance(i, slice):
+            return self.tolist()[i]
+        n = self._n
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("value index out of range")
+        step = self._step
+        start = i * step + 4
+        return self._buf[start : start + step - 4]
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self.tolist())
+
+    def tolist(self) -> list[bytes]:
+        buf, step = self._buf, self._step
+        return [buf[i + 4 : i + step] for i in range(0, step * self._n, step)]
+
+
+def _same_lengths(buf: bytes, step: int, n: int) -> bool:
+    """Whether each of the ``n`` values of ``step - 4`` bytes in ``buf`` has that length: the
+    4 length bytes compared as 4 strided slices (C loops), not ``n`` slices of 4 bytes."""
+    return all(buf[k::step] == buf[k : k + 1] * n for k in range(4))
+
+
+def _walk(buf: bytes, n: int) -> list[bytes]:
     out = []
     pos = 0
     unpack = _U32.unpack_from
@@ -656,12 +768,6 @@ def _binary(buf: bytes, n: int) -> list[bytes]:
     if pos != len(buf):
         raise ValueError(f"{n} PLAIN byte arrays end at {pos} of {len(buf)} bytes")
     return out
-
-
-def _same_lengths(buf: bytes, step: int, n: int) -> bool:
-    """Whether each of the ``n`` values of ``step - 4`` bytes in ``buf`` has that length: the
-    4 length bytes compared as 4 strided slices (C loops), not ``n`` slices of 4 bytes."""
-    return all(buf[k::step] == buf[k : k + 1] * n for k in range(4))
 
 
 class _Zstd(threading.local):
@@ -679,7 +785,7 @@ _codecs: dict[str, pa.Codec] = {}
 
 def _decompress(compression: str, data: bytes | memoryview, size: int) -> bytes:
     if compression == "zstd":
-        out = _zstd.context.decompress(data, max_output_size=size)
+        out = _zstd.context.decompress(data, size)
     elif compression == "none":
         out = bytes(data)
     else:
@@ -749,7 +855,7 @@ def _decode_one(
             decompress = _zstd.context.decompress
             bufs = []
             for piece, size in zip(pieces, sizes, strict=True):
-                buf = decompress(piece, max_output_size=size)
+                buf = decompress(piece, size)  # positional: keywords cost ~0.2 us a call
                 if len(buf) != size:
                     raise ValueError(
                         f"a page decompresses to {len(buf)} bytes, its header says {size}"
@@ -763,15 +869,16 @@ def _decode_one(
         rows = _binary(bufs[0], n)
         if rows[0] != index.first_rows[p]:
             raise Corruption(f"block {block} page {p} disagrees with the page index")
-        seqs: Sequence[int] = struct.unpack(f"<{n}q", bufs[4])
+        ints = _ints(n)
+        seqs: Sequence[int] = ints[0].unpack(bufs[4])
         columns: tuple[Sequence[Any], ...] = (
             rows,
             _families(_binary(bufs[1], n)),
             _binary(bufs[2], n),
-            struct.unpack(f"<{n}q", bufs[3]),
+            ints[0].unpack(bufs[3]),
             [q + seq_base for q in seqs] if seq_base else seqs,
-            struct.unpack(f"<{n}i", bufs[5]),
-            _binary(bufs[6], n),
+            ints[1].unpack(bufs[5]),
+            _values(bufs[6], n),
         )
     except (
         pa.ArrowException,

@@ -467,7 +467,7 @@ class SSTable:
         if scan_cache is not None:
             hit = scan_cache.get(self._cache_key, row)
             if hit is not None:
-                return list(hit)
+                return hit
         indexes = self._core.blocks_for_row(row)
         pages = self._core.pages
         if pages is not None and self._resident is None:

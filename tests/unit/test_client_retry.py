@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from tabletstore.client.client import AsyncClient, MutationsFailed
-from tabletstore.data.model import DeleteRow, Mutation, RowMutation, SetCell
+from tabletstore.data.model import Cell as ApiCell
+from tabletstore.data.model import DeleteRow, Mutation, Row, RowMutation, SetCell
 from tabletstore.data.schema import ColumnFamily, TableSchema
 from tabletstore.errors import (
     Indeterminate,
@@ -32,6 +33,8 @@ from tabletstore.rpc.messages import (
     EntryError,
     MutateRowsRequest,
     MutateRowsResponse,
+    ReadRowsRequest,
+    RowBatch,
     TableInfoMessage,
     TableNameRequest,
 )
@@ -243,3 +246,57 @@ async def test_an_indeterminate_entry_of_a_non_idempotent_write_is_reported() ->
     with pytest.raises(Indeterminate):
         await client.table("t").mutate_row(b"a", put())
     assert worker.requests == [[b"a"]]
+
+
+class ScriptedReader(ScriptedWorker):
+    """A transport whose read_row answers follow the script (an error to raise, or the
+    reply); when it runs out, the row is found. Records each request's tablet and keys."""
+
+    def __init__(self, *answers: TabletStoreError) -> None:
+        super().__init__(*answers)
+        self.reads: list[tuple[str, tuple[bytes, ...]]] = []
+
+    async def call(
+        self,
+        address: str,
+        method: Method,
+        request: Any,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 (the Transport signature)
+    ) -> Any:
+        assert method is TABLET.method(TabletService.read_row)
+        assert isinstance(request, ReadRowsRequest)
+        self.reads.append((request.tablet_id, request.keys))
+        if self.answers:
+            answer = self.answers.pop(0)
+            assert isinstance(answer, TabletStoreError)
+            raise answer
+        return RowBatch((Row(request.keys[0], [ApiCell("f", b"c", 7, b"v")]),))
+
+
+async def test_a_point_read_with_its_tablet_cached_goes_straight_to_the_worker() -> None:
+    worker = ScriptedReader()
+    client, locations = client_of(worker)
+    client._tables["t"] = INFO  # the table known, as after a first request
+    row = await client.table("t").read_row(b"r")
+    assert row is not None and row.cells[0].value == b"v"
+    assert worker.reads == [("t0", (b"r",))] and locations.invalidations == 0
+
+
+@pytest.mark.parametrize(
+    ("error", "invalidated"),
+    [
+        (NotServing("moved"), 1),  # refused: looked up again (refresh), sent again
+        (Indeterminate("no answer"), 3),  # no answer: forgotten each time, then looked up
+    ],
+)
+async def test_a_point_read_refused_or_unanswered_on_its_first_try_is_sent_again(
+    error: TabletStoreError, invalidated: int
+) -> None:
+    worker = ScriptedReader(error, error)
+    client, locations = client_of(worker)
+    client._tables["t"] = INFO
+    row = await client.table("t").read_row(b"r")
+    assert row is not None and row.key == b"r"
+    assert len(worker.reads) == 3  # the first try, then the retry loop's two
+    assert locations.invalidations == invalidated

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import gc
+
 import pyarrow as pa
 import pytest
 
 from tabletstore.errors import InvalidArgument
-from tabletstore.keys import Cell
+from tabletstore.keys import Cell, encode_ts_range
 from tabletstore.sstable.block import Block
 from tabletstore.sstable.block_cache import BlockCache, ScanCache
 from tabletstore.sstable.format import SCHEMA
@@ -79,8 +81,8 @@ def test_scan_cache_bounds_rows_and_invalidates() -> None:
     c1 = Cell(b"r1", "cf", b"q", 1, 1, 0, b"v")
     cache.put("tablet-a", b"r1", [c1])
     cache.put("tablet-a", b"r2", [])
-    assert cache.get("tablet-a", b"r2") == ()  # a cached absent row
-    assert cache.get("tablet-a", b"r1") == (c1,)
+    assert cache.get("tablet-a", b"r2") == []  # a cached absent row
+    assert cache.get("tablet-a", b"r1") == [c1]
     cache.put("tablet-b", b"r1", [c1])  # third row: r1 of a was used after r2, so r2 goes
     assert cache.get("tablet-a", b"r2") is None
     assert len(cache) == 2
@@ -125,3 +127,25 @@ def test_scan_cache_charges_each_cell() -> None:
     cache.put("ns", b"r", [cell, cell])
     one_cell = len(b"r") + len("cf") + len(b"q") + 100
     assert cache.stats().bytes == len(b"r") + 2 * (one_cell + 200)
+
+
+def test_scan_cache_entries_are_untracked_by_the_gc_and_read_back_as_cells() -> None:
+    # Cached rows must not keep objects tracked by the garbage collector (issue 18: 40,000
+    # namedtuple Cells walked by every full collection): held as plain tuples, read as Cells.
+    cells = [
+        Cell(b"r", "cf", b"q1", 5, 9, 0, b"v1"),
+        Cell(b"r", "cf", b"q2", 4, 8, 1, encode_ts_range(0, 3)),
+    ]
+    cache = ScanCache(max_rows=10)
+    cache.put("ns", b"r", cells)
+    cache.put("ns", b"one", cells[:1])
+    cache.put("ns", b"none", [])
+    gc.collect()
+    values = [value for value, _ in cache._lru._map.values()]
+    assert len(values) == 3 and not any(gc.is_tracked(v) for v in values)
+    got = cache.get("ns", b"r")
+    assert got == cells and all(type(c) is Cell for c in got)
+    assert got[1].kind == 1 and got[0].seq == 9
+    one = cache.get("ns", b"one")
+    assert one == cells[:1] and type(one[0]) is Cell
+    assert cache.get("ns", b"none") == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import struct
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -480,7 +481,7 @@ async def _store_with(data: bytes) -> MemoryObjectStore:
     return store
 
 
-@pytest.mark.parametrize("value_size", [10, 1000])
+@pytest.mark.parametrize("value_size", [0, 10, 1000])
 def test_a_decoded_page_makes_the_same_cells_read_one_row_or_all(value_size: int) -> None:
     """A page decodes to columns and makes cells when read: a row's cells, every cell, and a
     row read again after that are the cells written (a page of few large values walks its
@@ -510,3 +511,65 @@ def test_a_decoded_page_makes_the_same_cells_read_one_row_or_all(value_size: int
         assert page.cells_in() == want
         assert page.row_cells(row) == [c for c in want if c.row == row]
         assert page.row_cells(b"r99999") == []
+
+
+def _plain(values: list[bytes]) -> bytes:
+    return b"".join(len(v).to_bytes(4, "little") + v for v in values)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        [b"abc", b"d", b"efghi"],  # first length x count = size, yet not one length
+        [b"abc", b"abc", b"abc"],
+        [b"k%05d" % i for i in range(7)],
+        [b""] * 5,
+        [b"x" * 1000],
+        [b"v%04d" % i for i in range(300)],  # past the one-struct-call bound
+        [b"v%04d" % i for i in range(299)] + [b"v12345"],
+        [bytes([i % 256]) * (i % 7) for i in range(40)],
+    ],
+)
+def test_plain_byte_arrays_decode_by_every_path(values: list[bytes]) -> None:
+    """The page decoder's readers of PLAIN byte arrays (one struct call for values of one
+    length, strided checks past 256 values, a walk otherwise; the value column left in its
+    buffer) read what was written, and refuse bytes that do not hold exactly ``n`` values."""
+    buf = _plain(values)
+    n = len(values)
+    assert pages_module._binary(buf, n) == values
+    lazy = pages_module._values(buf, n)
+    assert len(lazy) == n and list(lazy) == values
+    assert [lazy[i] for i in range(n)] == values and lazy[-1] == values[-1]
+    assert list(lazy[1:3]) == values[1:3]
+    with pytest.raises(IndexError):
+        lazy[n]
+    with pytest.raises(ValueError):
+        pages_module._binary(buf + b"\x00", n)
+    with pytest.raises((ValueError, struct.error)):
+        pages_module._values(buf[:-1], n)
+
+
+def test_uniform_values_stay_in_their_page_buffer_until_read() -> None:
+    buf = _plain([b"%03d" % i * 250 for i in range(8)])
+    lazy = pages_module._values(buf, 8)
+    assert type(lazy).__name__ == "_Fixed"
+    assert lazy[3] == b"003" * 250 and lazy[-8] == b"000" * 250
+
+
+async def test_uniform_values_read_back_by_point_reads_scans_and_arrow() -> None:
+    # Values of one length stay in their page's bytes (pages._Fixed): a block decoded for a
+    # scan merges such pages, a point read slices one value, a batch read goes through Arrow.
+    rng = random.Random(3)
+    cells = [
+        Cell(b"k%06d" % i, "cf", b"q", 1_000 + i, i + 1, 0, rng.randbytes(1000)) for i in range(200)
+    ]
+    data, info = write_sstable(cells, block_size=32 * 1024)
+    store = MemoryObjectStore()
+    await store.create(KEY, data)
+    table = await SSTable.open(store, KEY, size=info.size, block_cache=BlockCache(1 << 20))
+    assert [c async for c in table.scan()] == cells
+    for c in cells[::17]:
+        assert await table.get_row(c.row) == [c]
+    assert read_sstable_bytes(data) == cells
+    arrow = await table.read_arrow()
+    assert arrow.column("value").to_pylist() == [c.value for c in cells]

@@ -161,6 +161,31 @@ async def test_acls_limit_what_an_identity_reads_and_writes(store: FaultyObjectS
         await h.close()
 
 
+async def test_a_schema_change_of_acls_applies_to_the_next_read(store: FaultyObjectStore) -> None:
+    # The tablet remembers that an identity may read every family (issue 18: asked on every
+    # point read); per identity and per schema, so neither another reader nor a new ACL
+    # reads through it.
+    base = make_schema()
+    h = TabletHarness(store, options=BIG, schema=base)
+    tablet = await h.start()
+    try:
+        await tablet.apply(b"r", [SetCell("a", b"q", b"1"), SetCell("c", b"q", b"2")])
+        for identity in ("bob", "bob", "alice"):
+            got = await tablet.read_row(b"r", identity=identity)
+            assert got is not None and {c.family for c in got.cells} == {"a", "c"}
+        fams = dict(base.families)
+        fams["c"] = fams["c"].model_copy(update={"acl": Acl(readers=["alice"])})
+        tablet.set_schema(base.model_copy(update={"families": fams}))
+        bob = await tablet.read_row(b"r", identity="bob")
+        alice = await tablet.read_row(b"r", identity="alice")
+        assert bob is not None and {c.family for c in bob.cells} == {"a"}
+        assert alice is not None and {c.family for c in alice.cells} == {"a", "c"}
+        again = await tablet.read_row(b"r", identity="bob")
+        assert again is not None and {c.family for c in again.cells} == {"a"}
+    finally:
+        await h.close()
+
+
 async def test_scan_limit_families_and_filter(h: TabletHarness) -> None:
     tablet = h.tablet
     assert tablet is not None
