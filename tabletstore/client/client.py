@@ -696,9 +696,14 @@ class AsyncTable:
         """Apply mutations to one row atomically (§2). A split, move or recovery of the tablet
         is retried within the client's deadline (see the module docstring)."""
         muts = tuple(mutations)
-        info = await self._client._info(self.name)
-        validate_row_mutation(info.schema, row, muts, self._client.identity)
-        failures = await self._send_batches((RowMutation(row, muts),), [0])
+        client = self._client
+        info = client._tables.get(self.name) or await client._info(self.name)
+        validate_row_mutation(info.schema, row, muts, client.identity)
+        # With the row's tablet in the cache (nearly always), the first attempt goes straight
+        # to it, without the batch path's lookups; what it leaves to retry is retried there.
+        rec = client.locations.cached(info.table_id, row)
+        first = [(rec, [0])] if rec is not None and rec.location is not None else None
+        failures = await self._send_batches((RowMutation(row, muts),), [0], first=first)
         if failures:
             raise failures[0].error
 
@@ -723,13 +728,18 @@ class AsyncTable:
             raise MutationsFailed(failures, len(entries))
 
     async def _send_batches(
-        self, entries: Sequence[RowMutation], indexes: list[int]
+        self,
+        entries: Sequence[RowMutation],
+        indexes: list[int],
+        *,
+        first: list[tuple[TabletRecord, list[int]]] | None = None,
     ) -> list[MutationError]:
         """Send ``entries[i]`` for each of ``indexes``, one MutateRows request per tablet, and
         send again, after looking the tablets up again, the entries that were certainly not
         applied (refused, never sent) or are idempotent, until none is left or the deadline
         passes. Returns the entries that failed, an entry that may have been applied (at any
-        attempt) as Indeterminate."""
+        attempt) as Indeterminate. ``first``: the first attempt's groups, if the caller knows
+        them (from the location cache)."""
         client = self._client
         loop = asyncio.get_running_loop()
         deadline = loop.time() + client.retry_deadline
@@ -737,16 +747,22 @@ class AsyncTable:
         refresh = False
         attempt = 0
         while indexes:
-            try:
-                groups = await self._group(entries, indexes, refresh=refresh, deadline=deadline)
-            except TabletStoreError as exc:
-                # No location within the deadline (or the table is gone): what is left fails.
-                batch.give_up(indexes, exc)
-                break
+            if first is not None:
+                groups, first = first, None
+            else:
+                try:
+                    groups = await self._group(
+                        entries, indexes, refresh=refresh, deadline=deadline
+                    )
+                except TabletStoreError as exc:
+                    # No location within the deadline (or the table is gone): what is left
+                    # fails.
+                    batch.give_up(indexes, exc)
+                    break
             sends = [
                 self._send(batch, rec, part)
                 for rec, idx in groups
-                for part in _by_size(entries, idx)
+                for part in (_by_size(entries, idx) if len(idx) > 1 else (idx,))
             ]
             if len(sends) == 1:
                 await sends[0]  # one request (a single row, say): no task of its own

@@ -335,6 +335,9 @@ async def test_connection_dropped_with_coalesced_writes_outstanding() -> None:
         return TabletRecord(table_id, "t0", b"", None, location=f"127.0.0.1:{port}")
 
     locations.locate = locate  # type: ignore[method-assign]
+    locations.cached = lambda table_id, key: TabletRecord(  # type: ignore[method-assign]
+        table_id, "t0", b"", None, location=f"127.0.0.1:{port}"
+    )
     client = AsyncClient(
         catalog=None,  # type: ignore[arg-type]
         transport=transport,
