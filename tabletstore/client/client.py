@@ -60,6 +60,7 @@ from tabletstore.errors import (
 from tabletstore.limits import BATCH_REQUEST_BYTES
 from tabletstore.metadata.catalog import Catalog, TableInfo
 from tabletstore.metadata.record import TabletRecord
+from tabletstore.metadata.rows import METADATA_TABLE_ID
 from tabletstore.metadata.snapshot import SnapshotManifest
 from tabletstore.rpc.messages import (
     BulkLoadRequest,
@@ -75,6 +76,7 @@ from tabletstore.rpc.messages import (
     ListTablesRequest,
     ModifyFamiliesRequest,
     MutateRowsRequest,
+    MutateTabletsRequest,
     PointReadsRequest,
     ReadModifyWriteRequest,
     ReadRowsRequest,
@@ -86,6 +88,7 @@ from tabletstore.rpc.messages import (
     SetAdminsRequest,
     TableNameRequest,
     TabletKeys,
+    TabletMutations,
 )
 from tabletstore.rpc.row_pieces import RowAssembler
 from tabletstore.rpc.services import TABLET, MasterService, TabletService
@@ -114,9 +117,12 @@ _COALESCE_ITEMS = 128
 #: out the rows of the one answered before it (two requests of 16 instead of one of 32: 1.5x
 #: the in-memory read rate, 1.7x the sequential one, at the same CPU per read; issue 18).
 _READ_ITEMS = 16
-#: The tablet a coalesced request goes to and who sends it: (worker address, table id,
-#: tablet id, identity).
-_TabletKey = tuple[str, str, str, str | None]
+#: The worker coalesced mutations go to, who sends them, and whether they write METADATA
+#: (a request of its own, so that a principal refused METADATA writes fails those alone):
+#: (worker address, identity, metadata).
+_WriterKey = tuple[str, str | None, bool]
+#: One coalesced mutation: (table id, tablet id, row mutation).
+_PointWrite = tuple[str, str, RowMutation]
 #: The worker coalesced point reads go to and who sends them: (worker address, identity).
 _WorkerKey = tuple[str, str | None]
 #: One coalesced point read: (table id, tablet id, row key).
@@ -220,16 +226,16 @@ class AsyncClient:
         self._tables: dict[str, TableInfo] = {}
         self._stubs: dict[str, TabletService] = {}
         #: With ``coalesce`` (a cluster client: each request crosses a socket), concurrent
-        #: single-row reads and mutations to one tablet share a request (client/coalesce.py).
+        #: single-row reads and mutations to one worker share a request (client/coalesce.py).
         self._point_reads: Coalescer[_WorkerKey, _PointRead, Row | LargeRow | None] | None = None
-        self._point_writes: Coalescer[_TabletKey, RowMutation, _Errors] | None = None
+        self._point_writes: Coalescer[_WriterKey, _PointWrite, _Errors] | None = None
         if coalesce:
             self._point_reads = Coalescer(self._read_group, max_items=_READ_ITEMS)
             self._point_writes = Coalescer(
                 self._write_group,
                 max_items=_COALESCE_ITEMS,
                 max_bytes=_REQUEST_BYTES,
-                size=lambda e: mutation_bytes(e.row, e.mutations),
+                size=lambda w: mutation_bytes(w[2].row, w[2].mutations),
             )
 
     @property
@@ -494,17 +500,33 @@ class AsyncClient:
                 out.append(cast(LargeRow, got))
         return out
 
-    async def _write_group(self, key: _TabletKey, entries: list[RowMutation]) -> list[_Errors]:
-        """One ``MutateRows`` request for the single-row mutations of one tablet
-        (``_point_writes``): for each caller, its entry's error (``(error,)``) or ``()`` if it
-        was applied. An error of the whole call is raised (to every caller)."""
-        location, table_id, tablet_id, identity = key
-        resp = await self._worker(location).mutate_rows(
-            MutateRowsRequest(table_id, tablet_id, tuple(entries), identity)
+    async def _write_group(self, key: _WriterKey, writes: list[_PointWrite]) -> list[_Errors]:
+        """One ``mutate_tablets`` request for the single-row mutations of one worker
+        (``_point_writes``), whatever their tablets: for each caller, its entry's error
+        (``(error,)``: a tablet that moved fails its own callers only) or ``()`` if it was
+        applied. An error of the whole call is raised (to every caller)."""
+        location, identity, _ = key
+        parts: dict[tuple[str, str], list[int]] = {}
+        for i, (table_id, tablet_id, _) in enumerate(writes):
+            parts.setdefault((table_id, tablet_id), []).append(i)
+        resp = await self._worker(location).mutate_tablets(
+            MutateTabletsRequest(
+                tuple(
+                    TabletMutations(table_id, tablet_id, tuple(writes[i][2] for i in idx))
+                    for (table_id, tablet_id), idx in parts.items()
+                ),
+                identity,
+            )
         )
-        outcome: list[_Errors] = [()] * len(entries)
+        order = [i for idx in parts.values() for i in idx]  # the wire's entry index -> writes'
+        outcome: list[_Errors] = [()] * len(writes)
         for e in resp.errors:
-            outcome[e.index] = (e.exception(),)
+            if not 0 <= e.index < len(order):
+                raise Indeterminate(
+                    f"{location} answered an error for entry {e.index} of {len(order)} "
+                    "of mutate_tablets"
+                )
+            outcome[order[e.index]] = (e.exception(),)
         return outcome
 
     # ------------------------------------------------------------------ routing
@@ -674,9 +696,14 @@ class AsyncTable:
         """Apply mutations to one row atomically (§2). A split, move or recovery of the tablet
         is retried within the client's deadline (see the module docstring)."""
         muts = tuple(mutations)
-        info = await self._client._info(self.name)
-        validate_row_mutation(info.schema, row, muts, self._client.identity)
-        failures = await self._send_batches((RowMutation(row, muts),), [0])
+        client = self._client
+        info = client._tables.get(self.name) or await client._info(self.name)
+        validate_row_mutation(info.schema, row, muts, client.identity)
+        # With the row's tablet in the cache (nearly always), the first attempt goes straight
+        # to it, without the batch path's lookups; what it leaves to retry is retried there.
+        rec = client.locations.cached(info.table_id, row)
+        first = [(rec, [0])] if rec is not None and rec.location is not None else None
+        failures = await self._send_batches((RowMutation(row, muts),), [0], first=first)
         if failures:
             raise failures[0].error
 
@@ -701,13 +728,18 @@ class AsyncTable:
             raise MutationsFailed(failures, len(entries))
 
     async def _send_batches(
-        self, entries: Sequence[RowMutation], indexes: list[int]
+        self,
+        entries: Sequence[RowMutation],
+        indexes: list[int],
+        *,
+        first: list[tuple[TabletRecord, list[int]]] | None = None,
     ) -> list[MutationError]:
         """Send ``entries[i]`` for each of ``indexes``, one MutateRows request per tablet, and
         send again, after looking the tablets up again, the entries that were certainly not
         applied (refused, never sent) or are idempotent, until none is left or the deadline
         passes. Returns the entries that failed, an entry that may have been applied (at any
-        attempt) as Indeterminate."""
+        attempt) as Indeterminate. ``first``: the first attempt's groups, if the caller knows
+        them (from the location cache)."""
         client = self._client
         loop = asyncio.get_running_loop()
         deadline = loop.time() + client.retry_deadline
@@ -715,16 +747,22 @@ class AsyncTable:
         refresh = False
         attempt = 0
         while indexes:
-            try:
-                groups = await self._group(entries, indexes, refresh=refresh, deadline=deadline)
-            except TabletStoreError as exc:
-                # No location within the deadline (or the table is gone): what is left fails.
-                batch.give_up(indexes, exc)
-                break
+            if first is not None:
+                groups, first = first, None
+            else:
+                try:
+                    groups = await self._group(
+                        entries, indexes, refresh=refresh, deadline=deadline
+                    )
+                except TabletStoreError as exc:
+                    # No location within the deadline (or the table is gone): what is left
+                    # fails.
+                    batch.give_up(indexes, exc)
+                    break
             sends = [
                 self._send(batch, rec, part)
                 for rec, idx in groups
-                for part in _by_size(entries, idx)
+                for part in (_by_size(entries, idx) if len(idx) > 1 else (idx,))
             ]
             if len(sends) == 1:
                 await sends[0]  # one request (a single row, say): no task of its own
@@ -771,9 +809,10 @@ class AsyncTable:
         assert rec.location is not None
         try:
             if len(idx) == 1 and client._point_writes is not None:
-                # One row (mutate_row): shares a request with others to this tablet.
-                key = (rec.location, rec.table_id, rec.tablet_id, client.identity)
-                errors = [(0, e) for e in await client._point_writes.submit(key, entries[idx[0]])]
+                # One row (mutate_row): shares a request with others to this worker.
+                key = (rec.location, client.identity, rec.table_id == METADATA_TABLE_ID)
+                write = (rec.table_id, rec.tablet_id, entries[idx[0]])
+                errors = [(0, e) for e in await client._point_writes.submit(key, write)]
             else:
                 req = MutateRowsRequest(
                     rec.table_id, rec.tablet_id, tuple(entries[i] for i in idx), client.identity

@@ -1,11 +1,11 @@
-"""Coalescing: concurrent point requests to one tablet leave as one request (issue 18).
+"""Coalescing: concurrent point requests to one worker leave as one request (issue 18).
 
 Paper §5: clients talk to tablet servers directly, and §7's clients keep many single-row
 requests in flight. Over TCP each request costs a frame, a task and a reply on both sides,
 more than the read or the write itself when the data is in memory; so the cluster client
 gathers the single-row reads and the single-row mutations its callers make in one event-loop
-iteration, by tablet, and sends each group as one request (the ``keys`` of one ``read_row``,
-the entries of one ``MutateRows``), whose reply it hands back to each caller.
+iteration, by worker, and sends each group as one request (the parts of one ``read_points``,
+of one ``mutate_tablets``, a part per tablet), whose reply it hands back to each caller.
 
 :class:`Coalescer` is that mechanism, knowing nothing of the messages: ``submit(key, item)``
 waits for the item's own result; items of one key submitted in one loop iteration (up to

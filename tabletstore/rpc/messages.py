@@ -52,6 +52,7 @@ __all__ = [
     "ModifyFamiliesRequest",
     "MutateRowsRequest",
     "MutateRowsResponse",
+    "MutateTabletsRequest",
     "PointReadsRequest",
     "PointReadsResponse",
     "ReadModifyWriteRequest",
@@ -72,6 +73,7 @@ __all__ = [
     "TableInfoMessage",
     "TableNameRequest",
     "TabletKeys",
+    "TabletMutations",
     "TabletStatus",
     "UnloadTabletRequest",
     "UpdateSchemaRequest",
@@ -110,6 +112,28 @@ class MutateRowsResponse:
     """Per-entry failures (empty: every entry applied)."""
 
     errors: tuple[EntryError, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TabletMutations:
+    """The row mutations of one tablet inside a :class:`MutateTabletsRequest`."""
+
+    table_id: str
+    tablet_id: str
+    entries: tuple[RowMutation, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class MutateTabletsRequest:
+    """Row mutations of several tablets of one worker in one request: a cluster client's
+    concurrent ``mutate_row`` calls (issue 18, client/coalesce.py). Each row atomic on its own,
+    each acknowledged only once durable. ``identity`` applies to every part (the worker's guard
+    replaces it by the proven one). Answered by a :class:`MutateRowsResponse` whose entry
+    indexes count the parts' entries one after another (part 0's first, then part 1's...); a
+    part refused as a whole (its tablet not served there) fails each of its entries alone."""
+
+    parts: tuple[TabletMutations, ...]
+    identity: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

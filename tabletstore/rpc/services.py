@@ -47,6 +47,7 @@ from tabletstore.rpc.messages import (
     ModifyFamiliesRequest,
     MutateRowsRequest,
     MutateRowsResponse,
+    MutateTabletsRequest,
     PointReadsRequest,
     PointReadsResponse,
     ReadModifyWriteRequest,
@@ -82,6 +83,11 @@ class TabletService(Protocol):
 
     async def mutate_rows(self, req: MutateRowsRequest) -> MutateRowsResponse:
         """Each row mutation atomic on its own (§3 batches); failures reported per entry."""
+        ...
+
+    async def mutate_tablets(self, req: MutateTabletsRequest) -> MutateRowsResponse:
+        """Row mutations of several tablets in one request (a cluster client's coalesced
+        ``mutate_row`` calls); failures reported per entry, numbered across the parts."""
         ...
 
     def read_rows(self, req: ReadRowsRequest) -> AsyncIterator[RowBatch | RowPiece | ScanProgress]:

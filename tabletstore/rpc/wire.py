@@ -55,10 +55,13 @@ WIRE_TYPES: dict[int, type] = {
     43: filters.CellsPerColumnLimit,
     # reads (44-49)
     44: m.RowBatch,  # column-wise (ROW_BATCH_FORM); id 64 carried it as row objects
-    # coalesced point reads of several tablets (50-55)
+    # coalesced point reads of several tablets (50-52)
     50: m.TabletKeys,
     51: m.PointReadsRequest,
     52: m.PointReadsResponse,
+    # coalesced single-row writes of several tablets (53-57)
+    53: m.TabletMutations,
+    54: m.MutateTabletsRequest,
     # worker messages (60-89)
     60: m.MutateRowsRequest,
     61: m.EntryError,

@@ -29,7 +29,7 @@ from typing import Any
 from tabletstore.errors import ErrorCode, PermissionDenied
 from tabletstore.metadata.rows import METADATA_TABLE_ID
 from tabletstore.rpc.auth import current_principal
-from tabletstore.rpc.messages import MutateRowsResponse
+from tabletstore.rpc.messages import MutateRowsResponse, MutateTabletsRequest
 from tabletstore.rpc.services import TABLET, TabletService
 from tabletstore.rpc.transport import Handler
 from tabletstore.security.principal import Principal
@@ -42,7 +42,10 @@ def _names(*fns: Callable[..., Any]) -> frozenset[str]:
 
 
 _WRITES = _names(
-    TabletService.mutate_rows, TabletService.check_and_mutate, TabletService.read_modify_write
+    TabletService.mutate_rows,
+    TabletService.mutate_tablets,
+    TabletService.check_and_mutate,
+    TabletService.read_modify_write,
 )
 #: Requests carrying a caller's ``identity``, checked against the families' ACLs.
 DATA_METHODS = _WRITES | _names(
@@ -79,7 +82,7 @@ def authorize(method: str, request: Any, principal: Principal | None, where: str
         )
     if method not in DATA_METHODS:
         return request
-    if method in _WRITES and request.table_id == METADATA_TABLE_ID and not principal.is_cluster:
+    if method in _WRITES and _writes_metadata(request) and not principal.is_cluster:
         raise PermissionDenied(
             f"{principal.name} may not write table METADATA (permission: write; only the "
             "cluster's own identities write it)"
@@ -89,6 +92,13 @@ def authorize(method: str, request: Any, principal: Principal | None, where: str
     if request.identity == principal.name:
         return request
     return dataclasses.replace(request, identity=principal.name)
+
+
+def _writes_metadata(request: Any) -> bool:
+    """Whether a write request (one tablet's, or ``mutate_tablets``' parts) writes METADATA."""
+    if isinstance(request, MutateTabletsRequest):
+        return any(part.table_id == METADATA_TABLE_ID for part in request.parts)
+    return bool(request.table_id == METADATA_TABLE_ID)
 
 
 def _count_entries(method: str, response: Any, denied: Denied) -> None:

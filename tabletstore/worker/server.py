@@ -86,6 +86,7 @@ from tabletstore.rpc.messages import (
     LoadTabletRequest,
     MutateRowsRequest,
     MutateRowsResponse,
+    MutateTabletsRequest,
     PointReadsRequest,
     PointReadsResponse,
     ReadModifyWriteRequest,
@@ -101,6 +102,7 @@ from tabletstore.rpc.messages import (
     SnapshotTablet,
     SnapshotWriteRequest,
     SnapshotWriteResponse,
+    TabletMutations,
     TabletStatus,
     UnloadTabletRequest,
     UpdateSchemaRequest,
@@ -953,6 +955,46 @@ class TabletServer:
         return MutateRowsResponse(
             tuple(EntryError.of(i, e) for i, e in enumerate(errors) if e is not None)
         )
+
+    async def mutate_tablets(self, req: MutateTabletsRequest) -> MutateRowsResponse:
+        """The single-row mutations of several tablets (a cluster client's concurrent
+        ``mutate_row`` calls to this worker's tablets, client/coalesce.py) in one request: each
+        part applied as ``mutate_rows`` would, all parts concurrently, so their records share
+        the worker's commit-log segments (§5.3 group commit); each row is acknowledged only once
+        durable. A part refused as a whole (its tablet not served here: moved, split) fails
+        only its own entries, which its callers retry. Entry indexes count the parts' entries
+        one after another."""
+        applies = [self._apply_part(part, req.identity) for part in req.parts]
+        found = [await applies[0]] if len(applies) == 1 else await gather_eager(applies)
+        errors: list[EntryError] = []
+        base = 0
+        for part, got in zip(req.parts, found, strict=True):
+            if isinstance(got, BaseException):
+                # Not a refusal of the part (those are answered in it): the request fails, as
+                # mutate_rows' would; the client treats every entry as maybe applied.
+                raise got
+            for i, error in enumerate(got):
+                if error is not None:
+                    errors.append(EntryError.of(base + i, error))
+            base += len(part.entries)
+        return MutateRowsResponse(tuple(errors))
+
+    async def _apply_part(
+        self, part: TabletMutations, identity: str | None
+    ) -> Sequence[TabletStoreError | None]:
+        """One part of ``mutate_tablets``: per entry, None once applied and durable, or its
+        error; a tablet not served here (or refusing writes as a whole) fails every entry."""
+        try:
+            tablet = self._tablet(part.table_id, part.tablet_id)
+            if len(part.entries) == 1:
+                entry = part.entries[0]
+                await tablet.apply(entry.row, entry.mutations, identity=identity)
+                return (None,)
+            return await tablet.apply_many(
+                [(e.row, e.mutations) for e in part.entries], identity=identity
+            )
+        except TabletStoreError as exc:  # nothing of the part was applied
+            return [exc] * len(part.entries)
 
     async def read_rows(
         self, req: ReadRowsRequest

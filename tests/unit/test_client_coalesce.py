@@ -1,5 +1,5 @@
 """A cluster client (``coalesce=True``) sends the concurrent single-row reads and mutations of
-one tablet as one request (client/coalesce.py), and each caller still sees what its own
+one worker as one request (client/coalesce.py), and each caller still sees what its own
 request would have given: its row, its entry's error, retries of what was refused, and
 Indeterminate for a write whose request got no answer -- over a real TCP connection too."""
 
@@ -22,6 +22,7 @@ from tabletstore.rpc.messages import (
     LargeRow,
     MutateRowsRequest,
     MutateRowsResponse,
+    MutateTabletsRequest,
     PointReadsRequest,
     PointReadsResponse,
     ReadRowsRequest,
@@ -33,6 +34,7 @@ from tabletstore.rpc.wire import register_all
 from tests.unit.test_client_retry import Admin, OneTablet, put
 
 MUTATE = TABLET.method(TabletService.mutate_rows)
+MUTATE_TABLETS = TABLET.method(TabletService.mutate_tablets)
 READ = TABLET.method(TabletService.read_row)
 POINTS = TABLET.method(TabletService.read_points)
 
@@ -42,10 +44,10 @@ def row(key: bytes) -> Row:
 
 
 class Worker:
-    """A scripted transport: MutateRows answers per row from ``entry_errors`` (each used once),
-    or a whole-call error from ``call_errors``; read_row answers the rows in ``rows``, and
-    read_points each part likewise, or with the part's error from ``part_errors`` (by tablet,
-    each used once)."""
+    """A scripted transport: MutateRows and mutate_tablets answer per row from ``entry_errors``
+    (each used once), or a whole-call error from ``call_errors``; read_row answers the rows in
+    ``rows``, and read_points each part likewise; a part of read_points or mutate_tablets is
+    answered with the part's error from ``part_errors`` (by tablet, each used once)."""
 
     def __init__(self) -> None:
         self.requests: list[tuple[str, tuple[bytes, ...]]] = []
@@ -78,6 +80,22 @@ class Worker:
                     if r in self.entry_errors
                 )
             )
+        if method is MUTATE_TABLETS:
+            assert isinstance(request, MutateTabletsRequest)
+            self.requests.append(("mutate", tuple(e.row for p in request.parts for e in p.entries)))
+            if self.call_errors:
+                raise self.call_errors.pop(0)
+            errors: list[EntryError] = []
+            base = 0
+            for part in request.parts:
+                refused = self.part_errors.get(part.tablet_id)
+                why = refused.pop(0) if refused else None
+                for i, e in enumerate(part.entries):
+                    error = why or self.entry_errors.pop(e.row, None)
+                    if error is not None:
+                        errors.append(EntryError.of(base + i, error))
+                base += len(part.entries)
+            return MutateRowsResponse(tuple(errors))
         if method is POINTS:
             assert isinstance(request, PointReadsRequest)
             if self.read_errors:
@@ -223,6 +241,41 @@ async def test_a_tablet_refused_in_a_shared_request_fails_only_its_own_reads() -
     assert again == [b"x", b"y"]
 
 
+async def test_writes_to_two_tablets_share_one_request() -> None:
+    """Issue 18: single-row writes to several tablets of one worker leave as one
+    ``mutate_tablets`` request (random writes spread over a worker's tablets left as one
+    request per tablet, several times the requests of sequential ones); each writer keeps
+    its own outcome."""
+    worker = Worker()
+    worker.entry_errors = {b"y": InvalidArgument("no such family")}  # refused for good, alone
+    client = coalescing_client(worker)
+    client.locations = TwoTablets()  # type: ignore[assignment]
+    table = client.table("t")
+    rows = (b"x", b"a", b"y", b"b", b"z")
+    results = await asyncio.gather(
+        *(table.mutate_row(r, put()) for r in rows), return_exceptions=True
+    )
+    assert results[:2] == [None, None] and results[3:] == [None, None]
+    assert isinstance(results[2], InvalidArgument)
+    assert worker.requests == [("mutate", (b"x", b"y", b"z", b"a", b"b"))]  # by tablet
+    assert client._point_writes is not None and client._point_writes.in_flight == 0
+
+
+async def test_a_tablet_refused_in_a_shared_write_request_retries_only_its_rows() -> None:
+    """A part refused as a whole (its tablet moved: NotServing): only that tablet's writers
+    send again; the other tablet's writers were acknowledged by the first request."""
+    worker = Worker()
+    worker.part_errors = {"t1": [NotServing("tablet t1 moved")]}
+    client = coalescing_client(worker)
+    client.locations = TwoTablets()  # type: ignore[assignment]
+    table = client.table("t")
+    rows = (b"a", b"x", b"b", b"y")
+    results = await asyncio.gather(*(table.mutate_row(r, put()) for r in rows))
+    assert results == [None] * 4
+    assert worker.requests[0] == ("mutate", (b"a", b"b", b"x", b"y"))
+    assert sorted(r for _, rs in worker.requests[1:] for r in rs) == [b"x", b"y"]
+
+
 async def test_coalesced_reads_without_answer_are_sent_again() -> None:
     """With the tablet's location cached, a read goes straight to the coalescer; a request
     that got no answer (Indeterminate: safe, a read) is sent again after the location was
@@ -282,6 +335,9 @@ async def test_connection_dropped_with_coalesced_writes_outstanding() -> None:
         return TabletRecord(table_id, "t0", b"", None, location=f"127.0.0.1:{port}")
 
     locations.locate = locate  # type: ignore[method-assign]
+    locations.cached = lambda table_id, key: TabletRecord(  # type: ignore[method-assign]
+        table_id, "t0", b"", None, location=f"127.0.0.1:{port}"
+    )
     client = AsyncClient(
         catalog=None,  # type: ignore[arg-type]
         transport=transport,

@@ -19,7 +19,13 @@ from tabletstore.batch.bulkload import awrite_sstables
 from tabletstore.data.model import AppendValue, RowMutation, SetCell
 from tabletstore.data.schema import ColumnFamily, TableSchema
 from tabletstore.embedded import Database
-from tabletstore.errors import Indeterminate, InvalidArgument, NotServing, Unimplemented
+from tabletstore.errors import (
+    ErrorCode,
+    Indeterminate,
+    InvalidArgument,
+    NotServing,
+    Unimplemented,
+)
 from tabletstore.master.remote_compaction import prepare
 from tabletstore.metadata.snapshot import SnapshotManifest
 from tabletstore.rpc import messages as m
@@ -38,6 +44,7 @@ def test_the_protocols_declare_every_method_once() -> None:
     tablet = {m.name: m for m in TABLET.methods}
     assert set(tablet) == {
         "mutate_rows",
+        "mutate_tablets",
         "read_rows",
         "read_row",
         "read_points",
@@ -79,6 +86,9 @@ def test_the_protocols_declare_every_method_once() -> None:
 def test_a_dispatch_table_checks_the_implementation() -> None:
     class Half:
         async def mutate_rows(self, req: m.MutateRowsRequest) -> m.MutateRowsResponse:
+            return m.MutateRowsResponse()
+
+        async def mutate_tablets(self, req: m.MutateTabletsRequest) -> m.MutateRowsResponse:
             return m.MutateRowsResponse()
 
         async def read_rows(self, req: m.ReadRowsRequest) -> m.RowBatch:  # not a stream
@@ -156,6 +166,12 @@ async def _exercise(
         worker.mutate_rows, TabletService.mutate_rows, m.MutateRowsRequest(tid, tab, (put,))
     )
     assert resp.errors == ()
+    other = RowMutation(b"u", (SetCell("f", b"q", b"w"),))
+    several = m.MutateTabletsRequest(
+        (m.TabletMutations(tid, tab, (other,)), m.TabletMutations(tid, "no-such-tablet", (put,)))
+    )
+    resp = await call(worker.mutate_tablets, TabletService.mutate_tablets, several)
+    assert [(e.index, e.code) for e in resp.errors] == [(1, int(ErrorCode.NOT_SERVING))]
     row = await call(
         worker.read_row, TabletService.read_row, m.ReadRowsRequest(tid, tab, keys=(b"r",))
     )

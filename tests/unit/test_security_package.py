@@ -16,9 +16,11 @@ from tabletstore.rpc.messages import (
     AdoptCompactionRequest,
     LoadTabletRequest,
     MutateRowsRequest,
+    MutateTabletsRequest,
     PointReadsRequest,
     ReadRowsRequest,
     TabletKeys,
+    TabletMutations,
 )
 from tabletstore.security import Principal, TlsConfig, ca
 from tabletstore.worker.guard import authorize
@@ -94,3 +96,12 @@ def test_control_requests_and_metadata_writes_are_for_the_cluster() -> None:
     with pytest.raises(PermissionDenied, match="METADATA"):
         authorize("mutate_rows", write, ALICE, "w")
     authorize("mutate_rows", write, WORKER, "w")
+    # A coalesced write with a METADATA part (a cluster client sends those alone).
+    several = MutateTabletsRequest(
+        (TabletMutations("t", "x", ()), TabletMutations(METADATA_TABLE_ID, "root", ()))
+    )
+    with pytest.raises(PermissionDenied, match="METADATA"):
+        authorize("mutate_tablets", several, ALICE, "w")
+    authorize("mutate_tablets", several, WORKER, "w")
+    user = MutateTabletsRequest((TabletMutations("t", "x", ()),), "mallory")
+    assert authorize("mutate_tablets", user, ALICE, "w").identity == "alice"
