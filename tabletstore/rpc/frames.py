@@ -98,7 +98,9 @@ MAGIC = b"TSRP"
 #: BulkLoadTabletRequest.adopt.
 #: 5: read_points (per-worker coalesced point reads): TabletKeys, PointReadsRequest,
 #: PointReadsResponse (50-52).
-PROTOCOL_VERSION = 5
+#: 6: mutate_tablets (per-worker coalesced single-row writes): TabletMutations,
+#: MutateTabletsRequest (53, 54); decoded fields are checked against their type hints.
+PROTOCOL_VERSION = 6
 #: The largest frame either side accepts unless configured otherwise (module docstring).
 DEFAULT_MAX_FRAME = MAX_FRAME
 
