@@ -10,6 +10,7 @@ import pytest
 from tabletstore.engine.memtable import CELL_OVERHEAD, FrozenMemTable, MemTable
 from tabletstore.errors import InvalidArgument
 from tabletstore.keys import TS_MAX, Cell, CellKind, cell_sort_key
+from tabletstore.sstable.writer import write_sstable
 
 
 def put(row: bytes, fam: str, q: bytes, ts: int, seq: int, value: bytes = b"v") -> Cell:
@@ -189,3 +190,16 @@ def test_a_single_cell_row_grows_into_a_sorted_row() -> None:
     mt.add([put(b"r", "f", b"q", 3, 2, b"newer"), put(b"r", "e", b"q", 1, 3, b"e")])
     assert [c.value for c in mt.get_row(b"r")] == [b"e", b"newer", b"first"]
     assert mt.cell_count == 3
+
+
+def test_entries_are_the_cells_as_plain_tuples_and_write_the_same_sstable() -> None:
+    """The minor compaction writes ``entries()`` (plain tuples, no Cell objects made): the
+    SSTable bytes are those of the cells themselves."""
+    cells = random_cells(500)
+    mt = MemTable()
+    for c in cells:
+        mt.add([c])
+    entries = list(mt.entries())
+    assert all(type(e) is tuple for e in entries)
+    assert entries == [tuple(c) for c in mt.scan()]
+    assert write_sstable(entries) == write_sstable(list(mt.scan()))
