@@ -276,6 +276,7 @@ class Tablet:
         self._scan_cache = scan_cache
         self._state = state
         self._schema = schema
+        self._value_types_cache: tuple[TableSchema, dict[str, str | None]] | None = None
         self._store = store
         self._log = log_sink
         self._catalog = catalog
@@ -458,7 +459,16 @@ class Tablet:
         return {name: fam.gc_rule for name, fam in self._schema.families.items()}
 
     def _value_types(self) -> dict[str, str | None]:
-        return {n: f.value_type for n, f in self._schema.families.items() if f.value_type}
+        # Every write asks: built once per schema (set_schema swaps the schema whole).
+        schema = self._schema
+        cached = self._value_types_cache
+        if cached is None or cached[0] is not schema:
+            types: dict[str, str | None] = {
+                n: f.value_type for n, f in schema.families.items() if f.value_type
+            }
+            cached = (schema, types)
+            self._value_types_cache = cached
+        return cached[1]
 
     def _now_micros(self) -> int:
         return micros(self._clock.time())
