@@ -47,6 +47,7 @@ __all__ = [
     "AGGREGATE_KINDS",
     "TS_MAX",
     "Cell",
+    "CellFields",
     "CellKind",
     "cell_sort_key",
     "decode_ts_range",
@@ -92,9 +93,14 @@ class Cell(NamedTuple):
     value: bytes
 
 
-def cell_sort_key(cell: Cell) -> tuple[bytes, str, bytes, int, int]:
+#: A cell's seven fields as a plain tuple, in :class:`Cell`'s order (a Cell is one too): what a
+#: memtable holds and the minor compaction writes without making Cells (engine/memtable.py).
+CellFields = tuple[bytes, str, bytes, int, int, int, bytes]
+
+
+def cell_sort_key(cell: CellFields) -> tuple[bytes, str, bytes, int, int]:
     """The engine's total order: row, family, qualifier ascending; ts, seq descending."""
-    return (cell.row, cell.family, cell.qualifier, -cell.ts, -cell.seq)
+    return (cell[0], cell[1], cell[2], -cell[3], -cell[4])
 
 
 def encode_ts_range(start: int, end: int) -> bytes:

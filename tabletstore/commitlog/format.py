@@ -129,6 +129,8 @@ def encode_record(table_id: str, row: bytes, cells: Sequence[Cell]) -> bytes:
     """
     if not cells:
         raise InvalidArgument(f"log record of row {row!r} has no cells")
+    if len(cells) == 1:
+        return _encode_one(table_id, row, cells[0])
     first = min(c.seq for c in cells)
     tid = table_id.encode()
     parts: list[bytes] = [_PAYLOAD.pack(len(tid), len(row), first, len(cells)), tid, row]
@@ -149,6 +151,33 @@ def encode_record(table_id: str, row: bytes, cells: Sequence[Cell]) -> bytes:
     except (struct.error, UnicodeEncodeError) as exc:
         raise InvalidArgument(f"log record of row {row!r} cannot be encoded: {exc}") from exc
     payload = b"".join(parts)
+    if len(payload) > _MAX_U32:
+        raise InvalidArgument(f"log record of row {row!r} is larger than 4 GiB")
+    return _FRAME.pack(len(payload), crc32c(payload)) + payload
+
+
+def _encode_one(table_id: str, row: bytes, c: Cell) -> bytes:
+    """:func:`encode_record` of a single cell (a SetCell write, the common record): the same
+    bytes with one join and no per-cell loop."""
+    if c.row != row:
+        raise InvalidArgument(f"cell of row {c.row!r} in a log record of row {row!r}")
+    tid = table_id.encode()
+    try:
+        fam = c.family.encode("ascii")
+        qualifier, value = c.qualifier, c.value
+        payload = b"".join(
+            (
+                _PAYLOAD.pack(len(tid), len(row), c.seq, 1),
+                tid,
+                row,
+                _CELL.pack(c.kind, len(fam), len(qualifier), len(value), c.ts, 0),
+                fam,
+                qualifier,
+                value,
+            )
+        )
+    except (struct.error, UnicodeEncodeError) as exc:
+        raise InvalidArgument(f"log record of row {row!r} cannot be encoded: {exc}") from exc
     if len(payload) > _MAX_U32:
         raise InvalidArgument(f"log record of row {row!r} is larger than 4 GiB")
     return _FRAME.pack(len(payload), crc32c(payload)) + payload

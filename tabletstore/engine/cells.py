@@ -25,6 +25,11 @@ __all__ = ["apply_rmw_rule", "to_cells"]
 
 #: A counter: a 64-bit big-endian two's-complement integer (§3 read-modify-write).
 _COUNTER = struct.Struct(">q")
+# Cell kinds as plain ints (a CellKind member is a GC-tracked object; engine/memtable.py).
+_PUT = int(CellKind.PUT)
+_DELETE_COLUMN = int(CellKind.DELETE_COLUMN)
+_DELETE_FAMILY = int(CellKind.DELETE_FAMILY)
+_DELETE_ROW = int(CellKind.DELETE_ROW)
 
 
 def apply_rmw_rule(rule: ReadModifyWriteRule, current: bytes | None) -> bytes:
@@ -66,7 +71,7 @@ def to_cells(
     for m in mutations:
         if isinstance(m, SetCell):
             ts = now_micros if m.timestamp is None else m.timestamp
-            cells.append(Cell(row, m.family, m.qualifier, ts, seq, CellKind.PUT, m.value))
+            cells.append(Cell(row, m.family, m.qualifier, ts, seq, _PUT, m.value))
         elif isinstance(m, AddToCell | MergeToCell):
             value_type = (value_types or {}).get(m.family)
             if value_type is None:
@@ -83,12 +88,10 @@ def to_cells(
             start = 0 if m.start is None else m.start
             end = TS_MAX if m.end is None else m.end
             value = encode_ts_range(start, end)
-            cells.append(
-                Cell(row, m.family, m.qualifier, TS_MAX, seq, CellKind.DELETE_COLUMN, value)
-            )
+            cells.append(Cell(row, m.family, m.qualifier, TS_MAX, seq, _DELETE_COLUMN, value))
         elif isinstance(m, DeleteFamily):
-            cells.append(Cell(row, m.family, b"", TS_MAX, seq, CellKind.DELETE_FAMILY, b""))
+            cells.append(Cell(row, m.family, b"", TS_MAX, seq, _DELETE_FAMILY, b""))
         else:
-            cells.append(Cell(row, "", b"", TS_MAX, seq, CellKind.DELETE_ROW, b""))
+            cells.append(Cell(row, "", b"", TS_MAX, seq, _DELETE_ROW, b""))
         seq += 1
     return cells

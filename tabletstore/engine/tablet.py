@@ -113,7 +113,7 @@ from tabletstore.errors import (
     TabletStoreError,
     Unavailable,
 )
-from tabletstore.keys import AGGREGATE_KINDS, Cell, CellKind, cell_sort_key
+from tabletstore.keys import AGGREGATE_KINDS, Cell, CellFields, CellKind, cell_sort_key
 from tabletstore.metadata.record import (
     BulkLoadMark,
     LogRef,
@@ -141,6 +141,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+#: A row deletion's kind, as memtable entries hold it (a plain int).
+_DELETE_ROW = int(CellKind.DELETE_ROW)
 
 #: The longest a scan computes on the event loop before it lets other tasks run. The lease
 #: keep-alive shares the loop and tolerates a stall of about ``ttl - ttl/3`` (3.3 s with the
@@ -275,6 +278,7 @@ class Tablet:
         self._schema = schema
         #: The last (schema, identity) :meth:`_readable` found may read every family.
         self._reads_all: tuple[TableSchema, str | None] | None = None
+        self._value_types_cache: tuple[TableSchema, dict[str, str | None]] | None = None
         self._store = store
         self._log = log_sink
         self._catalog = catalog
@@ -457,7 +461,16 @@ class Tablet:
         return {name: fam.gc_rule for name, fam in self._schema.families.items()}
 
     def _value_types(self) -> dict[str, str | None]:
-        return {n: f.value_type for n, f in self._schema.families.items() if f.value_type}
+        # Every write asks: built once per schema (set_schema swaps the schema whole).
+        schema = self._schema
+        cached = self._value_types_cache
+        if cached is None or cached[0] is not schema:
+            types: dict[str, str | None] = {
+                n: f.value_type for n, f in schema.families.items() if f.value_type
+            }
+            cached = (schema, types)
+            self._value_types_cache = cached
+        return cached[1]
 
     def _now_micros(self) -> int:
         return micros(self._clock.time())
@@ -1084,25 +1097,31 @@ class Tablet:
             self._state = replace(new, record=stored)
             return state
 
-    def _split_by_group(self, memtables: Sequence[MemTable]) -> dict[str, list[Cell]]:
+    def _split_by_group(self, memtables: Sequence[MemTable]) -> dict[str, list[CellFields]]:
         """Cells of memtables (newest first) per locality group, in sort order; row deletions
-        go to every group."""
-        groups: dict[str, list[Cell]] = {}
+        go to every group. One memtable (the usual case) gives its plain-tuple entries: no
+        Cell objects made for the cyclic GC to track while the SSTables are encoded."""
+        groups: dict[str, list[CellFields]] = {}
         fams = self._schema.families
         all_groups = list(self._schema.locality_groups)
-        for c in merge_sources([mt.scan() for mt in memtables]):
-            if c.kind == CellKind.DELETE_ROW:
+        cells: Iterable[CellFields] = (
+            memtables[0].entries()
+            if len(memtables) == 1
+            else merge_sources([mt.scan() for mt in memtables])
+        )
+        for c in cells:
+            if c[5] == _DELETE_ROW:  # kind
                 for g in all_groups:
                     groups.setdefault(g, []).append(c)
                 continue
-            fam = fams.get(c.family)
+            fam = fams.get(c[1])  # family
             # Cells of a dropped family are garbage: they are not written out.
             if fam is not None:
                 groups.setdefault(fam.locality_group, []).append(c)
         return groups
 
     async def _write_groups(
-        self, groups: Mapping[str, Iterable[Cell]], *, major: bool
+        self, groups: Mapping[str, Iterable[CellFields]], *, major: bool
     ) -> dict[str, Written]:
         out: dict[str, Written] = {}
         for group, cells in groups.items():
@@ -1506,12 +1525,12 @@ class Tablet:
             g: tuple(r) for g, r in cut.record.sstables.items()
         }
         for group, cells in groups.items():
-            ref = await self._snapshot_sstable(group, [c for c in cells if c.seq <= mark])
+            ref = await self._snapshot_sstable(group, [c for c in cells if c[4] <= mark])  # seq
             if ref is not None:
                 out[group] = (ref, *out.get(group, ()))
         return {g: refs for g, refs in out.items() if refs}
 
-    async def _snapshot_sstable(self, group: str, cells: list[Cell]) -> SSTableRef | None:
+    async def _snapshot_sstable(self, group: str, cells: list[CellFields]) -> SSTableRef | None:
         """Upload ``cells`` as an SSTable of ``group`` for a snapshot only (not opened, not in
         the tablet's record); None when there are none."""
         if not cells:

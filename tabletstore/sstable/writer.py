@@ -38,7 +38,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tabletstore.errors import InvalidArgument
-from tabletstore.keys import Cell, CellKind, cell_sort_key
+from tabletstore.keys import Cell, CellFields, CellKind, cell_sort_key
 from tabletstore.sstable.bloom import DEFAULT_BITS_PER_KEY, BloomFilter
 from tabletstore.sstable.format import (
     CELL_OVERHEAD,
@@ -102,7 +102,7 @@ class SSTableInfo:
 
 
 def write_sstable(
-    cells: Iterable[Cell],
+    cells: Iterable[CellFields],
     *,
     compression: str = "zstd",
     block_size: int = DEFAULT_BLOCK_SIZE,
@@ -113,7 +113,8 @@ def write_sstable(
     format_version: int = FORMAT_VERSION,
     page_size: int = DEFAULT_PAGE_BYTES,
 ) -> tuple[bytes, SSTableInfo]:
-    """Encode ``cells`` (sorted by ``keys.cell_sort_key``) as one SSTable object.
+    """Encode ``cells`` (``keys.Cell`` values or their plain-tuple fields, sorted by
+    ``keys.cell_sort_key``) as one SSTable object.
 
     No cells give a valid SSTable with no blocks and ``info.cells == 0``; callers normally
     skip uploading it. InvalidArgument for unsorted cells, an unknown kind or compression, a
@@ -222,7 +223,7 @@ def _first_unsorted(table: pa.Table) -> int | None:
     return int(np.flatnonzero(~ok.to_numpy(zero_copy_only=False))[0]) + 1
 
 
-def _chunks(cells: Iterable[Cell]) -> Iterator[list[Cell]]:
+def _chunks(cells: Iterable[CellFields]) -> Iterator[list[CellFields]]:
     it = iter(cells)
     while chunk := list(islice(it, _CHUNK)):
         yield chunk
@@ -273,7 +274,7 @@ class _Builder:
         self._first_row = b""
         self._last_row = b""
 
-    def add(self, chunk: list[Cell]) -> None:
+    def add(self, chunk: list[CellFields]) -> None:
         try:
             rows, families, qualifiers, tss, seqs, kinds, values = zip(*chunk, strict=True)
         except (TypeError, ValueError) as exc:
@@ -368,7 +369,7 @@ class _Builder:
         self._pending_sizes = np.concatenate([self._pending_sizes, sizes])
         self._cut_blocks(final=False)
 
-    def _check_order(self, chunk: list[Cell], table: pa.Table) -> None:
+    def _check_order(self, chunk: list[CellFields], table: pa.Table) -> None:
         """InvalidArgument unless the chunk continues the ``cell_sort_key`` order."""
         first, last = cell_sort_key(chunk[0]), cell_sort_key(chunk[-1])
         if self._last_key is not None and not self._last_key <= first:
@@ -384,7 +385,7 @@ class _Builder:
 
     def _note(
         self,
-        chunk: list[Cell],
+        chunk: list[CellFields],
         rows: tuple[bytes, ...],
         seqs: tuple[int, ...],
         kinds: tuple[int, ...],

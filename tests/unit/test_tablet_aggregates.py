@@ -134,6 +134,24 @@ async def test_wrong_mutation_kinds_are_refused(h: TabletHarness) -> None:
         await t.apply(b"r", [AddToCell("p", b"q", 1)])
 
 
+async def test_a_family_added_by_a_schema_change_takes_aggregate_writes(
+    h: TabletHarness,
+) -> None:
+    """The tablet keeps the aggregate families' value types per schema: a write after
+    set_schema sees the new schema's families (and no longer the dropped ones)."""
+    t = h.tablet
+    assert t is not None
+    await t.apply(b"r", [AddToCell("s", b"q", 2, 1000)])
+    old = agg_schema()
+    families = {**old.families, "n": ColumnFamily(name="n", value_type="sum")}
+    del families["s"]
+    t.set_schema(old.model_copy(update={"families": families}))
+    await t.apply(b"r", [AddToCell("n", b"q", 5, 1000), AddToCell("n", b"q", 6, 1000)])
+    assert await value(h, b"r", "n") == 11
+    with pytest.raises(Exception, match="'s'"):
+        await t.apply(b"r", [AddToCell("s", b"q", 1, 1000)])
+
+
 async def test_recovery_replays_each_write_once(h: TabletHarness) -> None:
     t = h.tablet
     assert t is not None
