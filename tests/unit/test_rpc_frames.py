@@ -26,7 +26,8 @@ def test_golden_hello() -> None:
     # reversed-scan, scan-stats and bulk-load-id fields, aggregate mutations, the AUTH frame.
     # Version 4: column-wise RowBatch, AdoptCompactionRequest, BulkLoadTabletRequest.adopt.
     # Version 5: read_points (TabletKeys, PointReadsRequest, PointReadsResponse).
-    assert frames.encode_hello(16 << 20) == bytes.fromhex("54535250 0005 01000000")
+    # Version 6: mutate_tablets (TabletMutations, MutateTabletsRequest), typed-field checks.
+    assert frames.encode_hello(16 << 20) == bytes.fromhex("54535250 0006 01000000")
 
 
 def test_golden_response_frame() -> None:
