@@ -57,6 +57,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import importlib.util
 import itertools
 import json
 import os
@@ -782,7 +783,11 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="smallest --growth size vs the paper's (default 1/16: the largest is 1 GB)",
     )
     p.add_argument("--svg", help="--growth: draw the chart here (e.g. docs/growth.svg)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.png and importlib.util.find_spec("matplotlib") is None:
+        # Checked now, not after the run: a full run takes minutes before it draws.
+        p.error("--png needs matplotlib: pip install -e '.[bench]' (or pip install matplotlib)")
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -884,11 +889,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f,
                 indent=2,
             )
-    if args.png:
-        draw(results, args.png, cfg)
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(markdown(results, cfg, machine()))
+    if args.png:
+        draw(results, args.png, cfg)
     return 0
 
 

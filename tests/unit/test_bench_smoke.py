@@ -208,3 +208,24 @@ def test_repeated_runs_give_medians_and_a_tls_ratio_table() -> None:
     assert "1,000 2,000 500" in row and "| 0.50 |" in row and "30, 40 | 1.33 |" in row
     with pytest.raises(SystemExit, match="cluster targets only"):
         main(["--repeat", "2", "--target", "memory://x", "--no-slatedb"])
+
+
+def test_a_png_without_matplotlib_is_refused_before_the_run(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A full run takes minutes before it draws: a missing matplotlib used to end it there,
+    after the benchmarks and before the Markdown table was written."""
+    import importlib.util
+
+    import bench.paper
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "matplotlib" else real(name, *a),
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        bench.paper._parse_args(["--png", "x.png"])
+    assert exit_info.value.code == 2
+    assert "--png needs matplotlib" in capsys.readouterr().err
