@@ -627,7 +627,7 @@ def cluster_table(results: Sequence[BenchResult]) -> str:
 
 
 def markdown(results: Sequence[BenchResult], cfg: BenchConfig, host: dict[str, Any]) -> str:
-    """The results as a Markdown table (what docs/_bench.md shows)."""
+    """The results as a Markdown table (as README.md and docs/performance/index.md show it)."""
     by = {(r.target, r.benchmark): r for r in results}
     out = [
         "| benchmark | paper, 1 server | tabletstore | % of paper | p50 ms | p99 ms "

@@ -133,7 +133,7 @@ def test_the_master_page_shows_the_cluster(
         expect(page.locator("figure.chart svg polyline").first).to_be_attached(timeout=SEEN)
         shot = tmp_path / "status-page.png"
         docs_copy = os.environ.get("TABLETSTORE_SCREENSHOT")
-        if docs_copy:  # the README's picture: wait for a minute of samples to draw
+        if docs_copy:  # docs/operations/monitoring.md's picture: wait for a minute of samples to draw
             expect(page.locator("figure.chart svg polyline").first).to_have_attribute(
                 "points", re.compile(r"^(\S+ ){25,}"), timeout=120_000
             )

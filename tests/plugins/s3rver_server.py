@@ -1,7 +1,7 @@
 """s3rver (an independent S3 implementation in Node.js, from the npm registry) on 127.0.0.1.
 
-The conformance suite runs against it as a second S3 server beside moto (README "S3
-implementations"), and the fencing probe is tested against it because it ignores
+The conformance suite runs against it as a second S3 server beside moto (docs/operations/cluster.md,
+"S3 implementations"), and the fencing probe is tested against it because it ignores
 ``If-None-Match: *``. ``scripts/test.sh`` installs it into ``.tools/npm`` (project-local); a
 missing binary is a test failure, not a skip, as for every real server here.
 
