@@ -219,7 +219,7 @@ class TabletHarness:
     async def settle(self) -> None:
         """Wait for the tablet's background compaction, if any (errors stay sticky)."""
         assert self.tablet is not None
-        await self.tablet._background_done()
+        await self.tablet._compactions.background_done()
 
     async def crash(self) -> None:
         """The worker dies: nothing is flushed, the log writer stops where it is."""
@@ -241,7 +241,7 @@ class TabletHarness:
 
     async def close(self) -> None:
         for t in [*self.zombies, *([self.tablet] if self.tablet else [])]:
-            task = t._background
+            task = t._compactions.background
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(BaseException):
