@@ -119,7 +119,7 @@ class OwnerCluster:
             options=options,
         )
         await worker.start()
-        self.transport.register(worker.address, TABLET.handlers(worker))
+        self.transport.register(worker.address, TABLET.handlers(worker.services))
         self.workers[name] = worker
         if sorter:
             self.start_sorter(name)
