@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 
 from tabletstore import connect_async
-from tabletstore.client.client import AsyncClient, AsyncTable
+from tabletstore.client.client import AsyncClient
+from tabletstore.client.table import AsyncTable
 from tabletstore.data.filters import FamilyNameRegex
 from tabletstore.data.model import (
     MAX_MUTATION_BYTES,

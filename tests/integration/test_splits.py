@@ -29,7 +29,8 @@ from pathlib import Path
 import pytest
 
 from tabletstore import connect_async
-from tabletstore.client.client import AsyncClient, AsyncTable
+from tabletstore.client.client import AsyncClient
+from tabletstore.client.table import AsyncTable
 from tabletstore.coordination.memory import MemoryCoordinator
 from tabletstore.data.model import DeleteRow, RowMutation, SetCell
 from tabletstore.embedded import Database
