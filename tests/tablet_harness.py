@@ -178,7 +178,7 @@ class TabletHarness:
 
     async def _open(self) -> Tablet:
         """Open a new log incarnation, take the tablet (new epoch), fence the logs its
-        record lists and load it, replaying them (what ``TabletServer.load_tablet`` does)."""
+        record lists and load it, replaying them (what ``TabletServer.load`` does)."""
         assert self.catalog is not None
         log = await self._new_log()
         record = await self.record()
