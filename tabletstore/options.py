@@ -64,7 +64,14 @@ class RpcServerOptions:
     max_connections: int = 1024
     #: Connections open at once from one peer IP address: one host cannot take them all.
     max_connections_per_peer: int = 256
-    #: Seconds a new connection has to send its hello; then it is closed.
+    #: Connections open at once that have not proven who they are (TLS without a client
+    #: certificate, before their token is accepted): a gate of their own, apart from the
+    #: authenticated ones' ``max_connections``.
+    max_unauthenticated: int = 64
+    #: Of those, from one peer IP address.
+    max_unauthenticated_per_peer: int = 8
+    #: Seconds a new connection has to send its hello and, without a client certificate, to
+    #: have its token accepted; then it is closed. Nothing else it sends is read before.
     handshake_timeout: float = 10.0
     #: Seconds a connection with nothing in flight may stay silent before it is closed. Must be
     #: at least twice ``rpc.client.IDLE_REUSE`` (clients reconnect rather than reuse a
@@ -73,14 +80,16 @@ class RpcServerOptions:
     #: Seconds a frame that has begun to arrive may go without a byte before the connection is
     #: closed (a half-sent frame holds its reservation of the byte budget meanwhile).
     stall_timeout: float = 30.0
+    #: Bytes a second a frame must arrive at, averaged over windows of ``stall_timeout``
+    #: seconds while the server reads it; a slower sender is closed.
+    min_receive_rate: int = 64 * 1024
     #: Largest frame accepted (the hello advertises it): the request limit by default.
     max_frame: int = MAX_FRAME
     #: Bytes one connection may hold: the frame it is receiving plus the requests it sent that
     #: are still being handled. None: ``max_frame`` (one maximal request at a time).
     max_connection_bytes: int | None = None
-    #: Bytes all connections may hold together. A frame is read only once its whole declared
-    #: length is reserved here; until then its connection is not read (first come, first
-    #: served). At least ``max_frame``.
+    #: Bytes all connections may hold together, charged as they arrive; a connection is not
+    #: read while they are all taken (first come, first served). At least ``max_frame``.
     max_buffered_bytes: int = 256 * MiB
     #: Requests in flight on one connection.
     max_in_flight: int = 4096
