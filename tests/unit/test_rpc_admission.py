@@ -381,8 +381,12 @@ async def test_the_status_endpoint_caps_connections_headers_and_bodies() -> None
             finally:
                 writer.close()
 
-        # Three idle connections (a request each would be answered) take the three places.
+        # Three clients that have just been served, on keep-alive, take the three places.
         idle = [await asyncio.open_connection(host, int(port)) for _ in range(3)]
+        for reader, writer in idle:
+            writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            async with asyncio.timeout(30):
+                assert (await reader.readline()).startswith(b"HTTP/1.1 200")
         get = b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
         busy = await ask(get)
         assert busy.startswith(b"HTTP/1.1 503") and b"limit 3" in busy
