@@ -56,6 +56,13 @@ def _require_extra() -> None:
         ) from exc
 
 
+def _checks_tokens(url: str | None, tls: Any) -> bool:
+    """Whether the front door authenticates its callers: bearer tokens, checked against the
+    cluster's, with TLS in front of a cluster; an embedded database knows no tokens, so there
+    TLS only encrypts."""
+    return tls is not None and url is not None and url.startswith("etcd://")
+
+
 async def serve(
     url: str | None,
     host: str,
@@ -79,10 +86,9 @@ async def serve(
     try:
         # Bearer tokens in front of a cluster only: the embedded default stays open (one user).
         coordinator = getattr(client, "coordinator", None)
-        cluster = url is not None and url.startswith("etcd://")
         tokens = (
             TokenStore(coordinator)
-            if tls is not None and cluster and coordinator is not None
+            if _checks_tokens(url, tls) and coordinator is not None
             else None
         )
         server = BigtableApiServer(
@@ -143,7 +149,10 @@ def _run_loop(coro: Coroutine[Any, Any, None]) -> None:
 @click.option("--tls-cert", default=None, metavar="PEM", help="Serve TLS with this certificate.")
 @click.option("--tls-key", default=None, metavar="PEM", help="The certificate's private key.")
 @click.option(
-    "--insecure", is_flag=True, help="Allow a non-loopback --host without TLS (no caller auth)."
+    "--insecure",
+    is_flag=True,
+    help="Allow a non-loopback --host without caller authentication (TLS in front of a "
+    "cluster checks tokens; over an embedded database nothing is authenticated).",
 )
 @click.pass_context
 def bigtable_api(
@@ -170,7 +179,9 @@ def bigtable_api(
         if tls_cert is not None or tls_key is not None:
             ca = client_tls.ca if client_tls is not None else tls_cert
             tls = TlsConfig.of(ca, tls_cert, tls_key)
-        check_bind(host, tls=tls is not None, insecure=insecure, what="bigtable-api")
+        check_bind(
+            host, authenticated=_checks_tokens(url, tls), insecure=insecure, what="bigtable-api"
+        )
     except TabletStoreError as exc:
         raise _Failure(str(exc)) from exc
     _require_extra()

@@ -992,7 +992,8 @@ def _process_tls(host: str, insecure: bool, what: str) -> TlsConfig | None:
     if obj.tls is not None and not obj.tls.has_identity:
         raise Failure(f"a {what} with TLS needs its own --tls-cert and --tls-key")
     try:
-        check_bind(host, tls=obj.tls is not None, insecure=insecure, what=what)
+        # With TLS a master or worker always authenticates (certificates, or tokens).
+        check_bind(host, authenticated=obj.tls is not None, insecure=insecure, what=what)
     except TabletStoreError as exc:
         raise Failure(str(exc)) from exc
     return obj.tls

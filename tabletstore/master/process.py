@@ -113,7 +113,7 @@ async def run_master(
     speaks TLS and table administration is for each table's admins (``master/guard.py``).
     Without it, a non-loopback ``host`` is refused unless ``insecure``. ``status_token``: a
     read-only bearer token for scrapers of the status endpoint."""
-    check_bind(host, tls=tls is not None, insecure=insecure, what="master")
+    check_bind(host, authenticated=tls is not None, insecure=insecure, what="master")
     register_all()
     options = options or MasterOptions()
     stop = stop or asyncio.Event()

@@ -66,7 +66,7 @@ async def run_worker(
     TLS and requests are authorized (``worker/guard.py``): clients prove who they are by
     certificate or token. Without it, a non-loopback ``host`` is refused unless ``insecure``.
     ``status_token``: a read-only bearer token for scrapers of the status endpoint."""
-    check_bind(host, tls=tls is not None, insecure=insecure, what="worker")
+    check_bind(host, authenticated=tls is not None, insecure=insecure, what="worker")
     register_all()
     stop = stop or asyncio.Event()
     url = store_url or (await ClusterSettings.load(coordinator)).store_url
