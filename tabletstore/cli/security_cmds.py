@@ -63,10 +63,13 @@ def certs_init(directory: Path) -> None:
 @click.option("--role", type=click.Choice(ROLES), default="client", show_default=True)
 @click.option("--host", "hosts", multiple=True, help="Extra host name or IP it serves on.")
 @click.option("--days", type=click.IntRange(min=1), default=825, show_default=True)
-def certs_issue(name: str, directory: Path, role: str, hosts: tuple[str, ...], days: int) -> None:
+@click.option("--force", is_flag=True, help="Replace NAME.pem and NAME.key if they exist.")
+def certs_issue(
+    name: str, directory: Path, role: str, hosts: tuple[str, ...], days: int, force: bool
+) -> None:
     """Issue a certificate for principal NAME with ROLE, signed by the CA in --dir."""
     try:
-        issued = ca.issue(directory, name, role=role, hosts=hosts, days=days)
+        issued = ca.issue(directory, name, role=role, hosts=hosts, days=days, force=force)
     except TabletStoreError as exc:
         raise _Failure(str(exc)) from exc
     click.echo(f"certificate: {issued.cert}")

@@ -57,8 +57,11 @@ class Certs:
         self.ca = str(directory / "ca.pem")
 
     def tls(self, name: str, role: str = "client", hosts: tuple[str, ...] = ()) -> TlsConfig:
-        issued = ca.issue(self.dir, name, role=role, hosts=hosts)
-        return TlsConfig(self.ca, str(issued.cert), str(issued.key))
+        """NAME's certificate: issued on first use, the same files after."""
+        cert, key = self.dir / f"{name}.pem", self.dir / f"{name}.key"
+        if not cert.exists():
+            ca.issue(self.dir, name, role=role, hosts=hosts)
+        return TlsConfig(self.ca, str(cert), str(key))
 
 
 async def echo(request: Blob) -> Blob:
