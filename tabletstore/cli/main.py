@@ -38,8 +38,9 @@ it (closing minor-compacts, so the next open is quick)::
     tabletstore tokens create NAME | list | revoke NAME                bearer tokens
 
 On a cluster with TLS (docs/ARCHITECTURE.md "Security"), ``--tls-ca``/``--tls-cert``/``--tls-key``
-(env ``TABLETSTORE_TLS_CA``/``_CERT``/``_KEY``) and ``--token`` (env ``TABLETSTORE_TOKEN``) say who
-the caller is; a master or worker serves with them and refuses a non-loopback ``--host``
+(env ``TABLETSTORE_TLS_CA``/``_CERT``/``_KEY``) and ``--token-file`` (env
+``TABLETSTORE_TOKEN_FILE``) or ``TABLETSTORE_TOKEN`` say who the caller is (``--token`` works too,
+but a command line is visible to every user of the machine in /proc); a master or worker serves with them and refuses a non-loopback ``--host``
 without them unless ``--insecure``.
 
 On a terminal, import, export, flush and compact show a progress bar on stderr
@@ -147,7 +148,16 @@ class Failure(click.ClickException):
     "--token",
     envvar="TABLETSTORE_TOKEN",
     default=None,
-    help="A bearer token (tabletstore tokens create) instead of a client certificate.",
+    help="A bearer token (tabletstore tokens create) instead of a client certificate. On a "
+    "command line it is visible to every user of the machine (/proc): prefer --token-file or "
+    "TABLETSTORE_TOKEN.",
+)
+@click.option(
+    "--token-file",
+    envvar="TABLETSTORE_TOKEN_FILE",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="A file holding the bearer token (its first line).",
 )
 @click.pass_context
 def main(
@@ -158,6 +168,7 @@ def main(
     tls_cert: str | None,
     tls_key: str | None,
     token: str | None,
+    token_file: Path | None,
 ) -> None:
     """tabletstore: Bigtable on object storage and etcd.
 
@@ -169,6 +180,13 @@ def main(
         tls = TlsConfig.of(tls_ca, tls_cert, tls_key)
     except TabletStoreError as exc:
         raise Failure(str(exc)) from exc
+    if token_file is not None:
+        if token is not None:
+            raise Failure("give the token once: --token (or TABLETSTORE_TOKEN) or --token-file")
+        lines = token_file.read_text().splitlines()
+        token = lines[0].strip() if lines else ""
+        if not token:
+            raise Failure(f"--token-file {token_file} is empty")
     ctx.obj = CliContext(url=url, identity=identity, tls=tls, token=token)
 
 
