@@ -161,12 +161,9 @@ class ByteBudget:
         self._finishing: dict[ReadGuard, int] = {}
         self._overdraft = 0
 
-    def is_finishing(self, guard: ReadGuard) -> bool:
-        return guard in self._finishing
-
     def may_read(self, guard: ReadGuard) -> bool:
         """Whether ``guard`` may read more now (the first waiter goes first)."""
-        if guard in self._finishing:
+        if guard.finishing:
             return True
         if self._waiting and self._waiting[0] is not guard:
             return False
@@ -181,6 +178,7 @@ class ByteBudget:
             return False
         self._finishing[guard] = need
         self._overdraft += need
+        guard.finishing = True
         return True
 
     def adjust(self, delta: int) -> None:
@@ -193,6 +191,7 @@ class ByteBudget:
     def finished(self, guard: ReadGuard) -> None:
         """``guard``'s frame completed (or its connection closed): others may finish theirs."""
         need = self._finishing.pop(guard, None)
+        guard.finishing = False
         if need is not None:
             self._overdraft -= need
             if self._waiting:
@@ -247,6 +246,7 @@ class ReadGuard:
         "_resume",
         "_share",
         "closed",
+        "finishing",
         "paused",
     )
 
@@ -267,6 +267,8 @@ class ReadGuard:
         self._share = 0  # what this connection counts in the budget
         self.paused = False  # reading stopped by this guard
         self.closed = False
+        #: Finishing its frame past the budget's capacity (set by the budget).
+        self.finishing = False
 
     @property
     def held(self) -> int:
@@ -296,7 +298,7 @@ class ReadGuard:
     def frame_done(self) -> None:
         """A frame completed (its body, if a request, is held next)."""
         self._buffered = self._declared = 0
-        if self._budget.is_finishing(self):
+        if self.finishing:
             self._budget.finished(self)
 
     def hold(self, n: int) -> None:

@@ -327,7 +327,8 @@ class _ServerConnection(FrameConnection):
         refusal = gate.admit(self._peer_host, self._server.address)
         if refusal is not None:
             # The hello, then why: the client's next call fails Unreachable with this reason.
-            logger.warning("%s", refusal)
+            # (Unauthenticated floods are counted, not logged one line each.)
+            logger.log(logging.INFO if self._gatekept else logging.WARNING, "%s", refusal)
             self.fail(Unavailable(refusal))
             return
         self._gate = gate

@@ -112,13 +112,13 @@ def test_a_frame_is_charged_as_its_bytes_arrive_and_frames_finish_past_a_full_bu
     assert (a.share, budget.used, a.paused) == (10, 10, False)
     a.after_read(150, 60)
     b.after_read(150, 40)  # the budget is full of half-received frames...
-    assert (budget.used, b.paused, budget.is_finishing(b)) == (100, False, True)  # ...B finishes
+    assert (budget.used, b.paused, b.finishing) == (100, False, True)  # ...B finishes
     a.after_read(150, 70)  # A would need 84 more: past the second capacity, it waits
     assert (a.share, budget.used, a.paused, budget.waiting) == (70, 110, True, 1)
     b.after_read(150, 154)
     b.frame_done()  # B's frame is in: its request body goes to a handler; A may finish now
     b.hold(150)
-    assert (budget.is_finishing(a), a.paused, budget.waiting) == (True, False, 0)
+    assert (a.finishing, a.paused, budget.waiting) == (True, False, 0)
     b.after_read(0, 0)  # B, between frames, waits for room
     assert (b.paused, budget.waiting) == (True, 1)
     a.after_read(150, 154)
