@@ -78,7 +78,7 @@ class RpcServerOptions:
     #: connection idle that long, so a request never crosses the server's close).
     idle_timeout: float = 300.0
     #: Seconds a frame that has begun to arrive may go without a byte before the connection is
-    #: closed (a half-sent frame holds its reservation of the byte budget meanwhile).
+    #: closed (a half-sent frame holds the bytes of it that arrived meanwhile).
     stall_timeout: float = 30.0
     #: Bytes a second a frame must arrive at, averaged over windows of ``stall_timeout``
     #: seconds while the server reads it; a slower sender is closed.
