@@ -624,7 +624,8 @@ class Master:
         return TableInfoMessage.of(new)
 
     async def set_admins(self, req: SetAdminsRequest) -> TableInfoMessage:
-        """Replace a table's admins (who may change or delete it: master/guard.py)."""
+        """Replace a table's admins (who may change or delete it:
+        master/master_service_guard.py)."""
         self._check_leading()
         if req.name == mt.METADATA_TABLE:
             raise InvalidArgument(f"table {req.name!r} is the system table; it has no admins")

@@ -20,8 +20,8 @@ from tabletstore.errors import (
 from tabletstore.master.compaction_cycle import CompactionExecutor
 from tabletstore.master.failure_detector import FailureDetector
 from tabletstore.master.gc import GarbageCollector
-from tabletstore.master.guard import guard
 from tabletstore.master.master import Master
+from tabletstore.master.master_service_guard import guard
 from tabletstore.master.recovery import (
     InProcessSortExecutor,
     LogRecovery,
@@ -110,9 +110,10 @@ async def run_master(
     needs ``cluster_url``: the etcd URL the function connects to).
 
     With ``tls`` (the cluster CA and this master's certificate, role master) every port
-    speaks TLS and table administration is for each table's admins (``master/guard.py``).
-    Without it, a non-loopback ``host`` is refused unless ``insecure``. ``status_token``: a
-    read-only bearer token for scrapers of the status endpoint."""
+    speaks TLS and table administration is for each table's admins
+    (``master/master_service_guard.py``). Without it, a non-loopback ``host`` is refused unless
+    ``insecure``. ``status_token``: a read-only bearer token for scrapers of the status
+    endpoint."""
     check_bind(host, tls=tls is not None, insecure=insecure, what="master")
     register_all()
     options = options or MasterOptions()
