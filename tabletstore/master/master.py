@@ -53,7 +53,7 @@ from tabletstore.master import assignment, snapshots
 from tabletstore.master.balancer import Balancer
 from tabletstore.master.bulk_load import bulk_load as load_files
 from tabletstore.master.compaction_cycle import MajorCompactionCycle, WorkerCompactionExecutor
-from tabletstore.master.recovery import LogRecovery
+from tabletstore.master.log_recovery import LogRecovery
 from tabletstore.metadata import rows as mt
 from tabletstore.metadata.catalog import Catalog, ClusterSettings, TableInfo
 from tabletstore.metadata.record import LogRef, TabletRecord
