@@ -67,6 +67,7 @@ async def serve(
     from tabletstore.bigtable_api.server import BigtableApiServer
     from tabletstore.coordination.tokens import TokenStore
     from tabletstore.embedded import connect_async
+    from tabletstore.ops.process_warmup import warm_up_process
 
     if tls is not None:
         server_credentials(tls)  # a bad file fails before the database opens
@@ -84,7 +85,9 @@ async def serve(
             client, host=host, port=port, plain_instance=plain_instance, tls=tls, tokens=tokens
         )
         bound = await server.start()
-        _settle_process()
+        # Pay a long-running server's one-time costs now, not inside requests, and keep the
+        # cyclic collector off the request path (ops/process_warmup.py).
+        warm_up_process()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -100,16 +103,6 @@ async def serve(
             await server.stop(grace=5.0)
     finally:
         await client.close()
-
-
-def _settle_process() -> None:
-    """Pay the one-time costs of a long-running server at its start, not inside requests, and
-    keep the cyclic collector off the request path (``tabletstore.ops.settle``; a scan of a
-    large table spent more than half its server CPU in full collections before,
-    bench/bigtable_api.py)."""
-    from tabletstore.ops.settle import settle_process
-
-    settle_process()
 
 
 @click.command("bigtable-api")

@@ -53,7 +53,7 @@ from tabletstore.data.model import Row
 from tabletstore.data.query import RowSet
 from tabletstore.data.schema import TableSchema
 from tabletstore.engine import split_key as splitting
-from tabletstore.engine.pools import process_pool
+from tabletstore.engine.process_pool import process_pool
 from tabletstore.engine.scan_stats import ScanStats
 from tabletstore.engine.tablet import SnapshotCut, Tablet
 from tabletstore.errors import (
