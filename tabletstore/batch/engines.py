@@ -55,9 +55,11 @@ def duckdb_relation(
     view: str | None = None,
     **kw: Any,
 ) -> duckdb.DuckDBPyRelation:
-    """A DuckDB relation over snapshot ``snapshot_id`` (keyword arguments as
-    :func:`~tabletstore.batch.reader.aread_split`: ``columns``, ``row_range``, ``start_ts``,
-    ``end_ts``, ``filter``, ``shape``); with ``view``, also a view of that name for SQL."""
+    """A DuckDB relation over snapshot ``snapshot_id`` of the database at ``store_url`` (its
+    URL or its store's, as :func:`~tabletstore.batch.reader.open_snapshot` takes; keyword
+    arguments as :func:`~tabletstore.batch.reader.aread_split`: ``columns``, ``row_range``,
+    ``start_ts``, ``end_ts``, ``filter``, ``shape``); with ``view``, also a view of that name
+    for SQL."""
     table = open_snapshot(store_url, snapshot_id).read(**kw)
     rel = con.from_arrow(table)
     if view is not None:
@@ -83,8 +85,10 @@ def dask_dataframe(
     max_split_bytes: int | None = None,
     **kw: Any,
 ) -> Any:
-    """A Dask DataFrame over a snapshot, one partition per input split (keyword arguments
-    as :func:`~tabletstore.batch.reader.aread_split`). Nothing is read until it is computed."""
+    """A Dask DataFrame over a snapshot of the database at ``store_url`` (its URL or its
+    store's, as :func:`~tabletstore.batch.reader.open_snapshot` takes), one partition per
+    input split (keyword arguments as :func:`~tabletstore.batch.reader.aread_split`). Nothing
+    is read until it is computed."""
     import dask.dataframe as dd
 
     snapshot = open_snapshot(store_url, snapshot_id)

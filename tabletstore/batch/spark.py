@@ -10,7 +10,8 @@
 One Spark partition per input split (``tabletstore.batch.reader``); each task reads its
 split from the bucket alone and hands Spark Arrow record batches. Options:
 
-* ``store`` (required): the store URL of the database's objects; ``snapshot`` (required);
+* ``store`` (required): the database's URL or the store URL of its objects (as
+  ``open_snapshot`` takes); ``snapshot`` (required);
 * ``shape``: ``cells`` (default) or ``wide``; ``columns``: comma-separated ``family`` or
   ``family:qualifier`` (required for ``wide``);
 * ``start_row`` / ``end_row`` (UTF-8 row keys, ``[start, end)``), ``start_ts`` / ``end_ts``
