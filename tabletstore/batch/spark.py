@@ -22,7 +22,8 @@ Writing (small outputs, through the client's batched mutations):
 .mode("append").save()`` with columns ``row, family, qualifier, value[, timestamp]``.
 Large outputs go through ``bulkload.write_sstables`` and ``tabletstore bulkload`` instead.
 
-pyspark is the optional ``batch`` extra; this module imports it.
+pyspark is the optional ``batch`` extra; this module imports it, and without it fails naming
+the extra to install.
 """
 
 from __future__ import annotations
@@ -32,19 +33,22 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import (
-    DataSource,
-    DataSourceArrowWriter,
-    DataSourceReader,
-    InputPartition,
-    WriterCommitMessage,
-)
-from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
 from tabletstore.batch.engines import write_rows
 from tabletstore.batch.reader import Split, open_snapshot, read_split
 from tabletstore.data.query import RowRange
 from tabletstore.errors import InvalidArgument
+from tabletstore.extras import needs_extra
+
+with needs_extra("batch", what="the Spark data source (tabletstore.batch.spark)"):
+    from pyspark.sql.datasource import (
+        DataSource,
+        DataSourceArrowWriter,
+        DataSourceReader,
+        InputPartition,
+        WriterCommitMessage,
+    )
+    from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
 __all__ = ["TabletstoreDataSource", "register"]
 

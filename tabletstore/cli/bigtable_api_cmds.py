@@ -29,26 +29,21 @@ from typing import Any
 import click
 
 from tabletstore.cli.context import Failure, run_loop
+from tabletstore.extras import MissingExtra, needs_extra
 
 __all__ = ["DEFAULT_PORT", "bigtable_api", "serve"]
 
 #: Google's emulator listens on 8086 by default (``gcloud beta emulators bigtable start``).
 DEFAULT_PORT = 8086
-#: Top-level modules only the ``bigtable-api`` extra installs (grpcio, google-cloud-bigtable).
-_EXTRA_MODULES = ("grpc", "google")
 
 
 def _require_extra() -> None:
     """Import the serving stack, or fail saying which extra to install."""
     try:
-        import tabletstore.bigtable_api.server  # noqa: F401  (grpc and Google's protos)
-    except ModuleNotFoundError as exc:
-        if (exc.name or "").split(".")[0] not in _EXTRA_MODULES:
-            raise
-        raise Failure(
-            "the Cloud Bigtable API needs the bigtable-api extra: "
-            f"pip install 'tabletstore[bigtable-api]' (no module named {exc.name!r})"
-        ) from exc
+        with needs_extra("bigtable-api", what="the Cloud Bigtable API"):
+            import tabletstore.bigtable_api.server  # noqa: F401  (grpc and Google's protos)
+    except MissingExtra as exc:
+        raise Failure(str(exc)) from exc
 
 
 async def serve(
