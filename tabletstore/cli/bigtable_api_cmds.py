@@ -16,8 +16,9 @@ then acts for the token's principal (bigtable_api/auth.py). Without TLS a non-lo
 
 Once listening it prints ``bigtable-api listening on HOST:PORT`` (``--port 0`` picks a free
 port) and ``export BIGTABLE_EMULATOR_HOST=HOST:PORT`` (with TLS: ``bigtable-api listening with
-TLS on HOST:PORT``; clients then connect to it as an endpoint and trust the certificate), then serves until SIGINT or SIGTERM,
-when it stops accepting calls, lets calls in flight finish and closes the database.
+TLS on HOST:PORT``; clients then connect to it as an endpoint and trust the certificate),
+then serves until SIGINT or SIGTERM, when it stops accepting calls, lets calls in flight
+finish and closes the database.
 """
 
 from __future__ import annotations
