@@ -35,6 +35,7 @@ from tabletstore.master.gc import GcReport, collect
 from tabletstore.master.gc_plan import DEFAULT_FENCE_GRACE, DEFAULT_GRACE
 from tabletstore.master.log_recovery import InProcessSortExecutor, LogRecovery
 from tabletstore.master.master import Master
+from tabletstore.metadata.store_location import OBJECTS_DIR, embedded_store_url
 from tabletstore.ops.metrics import WorkerMetrics
 from tabletstore.options import IN_PROCESS_LEASE, MasterOptions, TabletOptions, WorkerOptions
 from tabletstore.rpc.inprocess import InProcessTransport
@@ -127,9 +128,9 @@ class Database(AsyncClient):
         clock = clock or SystemClock()
         coordinator: Coordinator
         if kind == "file":
-            os.makedirs(os.path.join(where, "objects"), exist_ok=True)
+            os.makedirs(os.path.join(where, OBJECTS_DIR), exist_ok=True)
             coordinator = LocalCoordinator(where, clock=clock, leases_bound_to_process=True)
-            store = open_store(f"file://{where}/objects", instrument=instrument, registry=registry)
+            store = open_store(embedded_store_url(where), instrument=instrument, registry=registry)
             canonical = f"file://{where}"
         else:
             # A named in-memory database outlives its handles: reopening it must not

@@ -52,7 +52,7 @@ from tabletstore.coordination.base import (
     mod_revision_is,
 )
 from tabletstore.data.schema import TableSchema
-from tabletstore.engine.pools import process_pool
+from tabletstore.engine.process_pool import process_pool
 from tabletstore.engine.tablet import Tablet
 from tabletstore.errors import InvalidArgument, NotFound, NotServing, TabletStoreError, Unavailable
 from tabletstore.keys import Cell
