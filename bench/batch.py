@@ -35,6 +35,7 @@ from typing import Any
 import pyarrow as pa
 
 import tabletstore
+from bench import require_extra
 from tabletstore import batch
 from tabletstore.batch.engines import dask_dataframe
 from tabletstore.cli import csv_cmds
@@ -120,6 +121,7 @@ def main() -> None:
         "--load-repeats", type=int, default=3, help="bulk load and import measurements (best)"
     )
     args = ap.parse_args()
+    require_extra("batch", "python -m bench.batch")
     tmp = Path(tempfile.mkdtemp(prefix="bench-batch-"))
     data = make_data(args.rows, args.cells_per_row, args.value_bytes)
     cells = data.num_rows

@@ -6,8 +6,8 @@ runs: a missing token is UNAUTHENTICATED, an unknown or revoked one PERMISSION_D
 the call otherwise runs acting for the token's principal (``client.client.ACTING_FOR``), so
 the cluster's servers check the families' ACLs against that caller. For the workers to accept
 "acting for", the front door's own certificate must carry a cluster role (``function``:
-``tabletstore certs issue frontdoor --role function``; worker/guard.py). Tokens only travel
-over TLS: the server is started with ``--tls-cert``/``--tls-key``.
+``tabletstore certs issue frontdoor --role function``; worker/tablet_service_guard.py). Tokens
+only travel over TLS: the server is started with ``--tls-cert``/``--tls-key``.
 """
 
 from __future__ import annotations

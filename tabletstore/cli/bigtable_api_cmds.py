@@ -16,8 +16,9 @@ then acts for the token's principal (bigtable_api/auth.py). Without TLS a non-lo
 
 Once listening it prints ``bigtable-api listening on HOST:PORT`` (``--port 0`` picks a free
 port) and ``export BIGTABLE_EMULATOR_HOST=HOST:PORT`` (with TLS: ``bigtable-api listening with
-TLS on HOST:PORT``; clients then connect to it as an endpoint and trust the certificate), then serves until SIGINT or SIGTERM,
-when it stops accepting calls, lets calls in flight finish and closes the database.
+TLS on HOST:PORT``; clients then connect to it as an endpoint and trust the certificate),
+then serves until SIGINT or SIGTERM, when it stops accepting calls, lets calls in flight
+finish and closes the database.
 """
 
 from __future__ import annotations
@@ -29,26 +30,21 @@ from typing import Any
 import click
 
 from tabletstore.cli.context import Failure, run_loop
+from tabletstore.extras import MissingExtra, needs_extra
 
 __all__ = ["DEFAULT_PORT", "bigtable_api", "serve"]
 
 #: Google's emulator listens on 8086 by default (``gcloud beta emulators bigtable start``).
 DEFAULT_PORT = 8086
-#: Top-level modules only the ``bigtable-api`` extra installs (grpcio, google-cloud-bigtable).
-_EXTRA_MODULES = ("grpc", "google")
 
 
 def _require_extra() -> None:
     """Import the serving stack, or fail saying which extra to install."""
     try:
-        import tabletstore.bigtable_api.server  # noqa: F401  (grpc and Google's protos)
-    except ModuleNotFoundError as exc:
-        if (exc.name or "").split(".")[0] not in _EXTRA_MODULES:
-            raise
-        raise Failure(
-            "the Cloud Bigtable API needs the bigtable-api extra: "
-            f"pip install 'tabletstore[bigtable-api]' (no module named {exc.name!r})"
-        ) from exc
+        with needs_extra("bigtable-api", what="the Cloud Bigtable API"):
+            import tabletstore.bigtable_api.server  # noqa: F401  (grpc and Google's protos)
+    except MissingExtra as exc:
+        raise Failure(str(exc)) from exc
 
 
 def _checks_tokens(url: str | None, tls: Any) -> bool:
@@ -74,6 +70,7 @@ async def serve(
     from tabletstore.bigtable_api.server import BigtableApiServer
     from tabletstore.coordination.tokens import TokenStore
     from tabletstore.embedded import connect_async
+    from tabletstore.ops.process_warmup import warm_up_process
 
     if tls is not None:
         server_credentials(tls)  # a bad file fails before the database opens
@@ -90,7 +87,9 @@ async def serve(
             client, host=host, port=port, plain_instance=plain_instance, tls=tls, tokens=tokens
         )
         bound = await server.start()
-        _settle_process()
+        # Pay a long-running server's one-time costs now, not inside requests, and keep the
+        # cyclic collector off the request path (ops/process_warmup.py).
+        warm_up_process()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -106,16 +105,6 @@ async def serve(
             await server.stop(grace=5.0)
     finally:
         await client.close()
-
-
-def _settle_process() -> None:
-    """Pay the one-time costs of a long-running server at its start, not inside requests, and
-    keep the cyclic collector off the request path (``tabletstore.ops.settle``; a scan of a
-    large table spent more than half its server CPU in full collections before,
-    bench/bigtable_api.py)."""
-    from tabletstore.ops.settle import settle_process
-
-    settle_process()
 
 
 @click.command("bigtable-api")

@@ -1,9 +1,10 @@
 """The ``tabletstore`` command: the group every verb hangs from and its global options.
 
 Flags and environment variables are read only in :mod:`tabletstore.cli`. Verbs are click
-commands registered on :func:`main`, one module per command group (below). The global ``--url`` (env ``TABLETSTORE_URL``)
-names the database and ``--identity`` (env ``TABLETSTORE_IDENTITY``) the caller checked
-against column-family ACLs (§2); both are stored in ``ctx.obj`` (:class:`CliContext`).
+commands registered on :func:`main`, one module per command group (below). The global
+``--url`` (env ``TABLETSTORE_URL``) names the database and ``--identity`` (env
+``TABLETSTORE_IDENTITY``) the caller checked against column-family ACLs (§2); both are stored
+in ``ctx.obj`` (:class:`CliContext`).
 
 The data verbs mirror Google's ``cbt`` (same verbs, ``key=value`` arguments and row output;
 the syntax itself lives in :mod:`tabletstore.cli.cbtsyntax`, the CSV form in
@@ -14,8 +15,8 @@ the syntax itself lives in :mod:`tabletstore.cli.cbtsyntax`, the CSV form in
 :mod:`~tabletstore.cli.batch_cmds` (snapshot, bulkload),
 :mod:`~tabletstore.cli.localstack_cmds`, :mod:`~tabletstore.cli.server_cmds` (master,
 worker), :mod:`~tabletstore.cli.status_cmds`, :mod:`~tabletstore.cli.security_cmds` (certs,
-tokens) and :mod:`~tabletstore.cli.bigtable_api_cmds`. Each invocation opens the database, does one thing and closes
-it (closing minor-compacts, so the next open is quick)::
+tokens) and :mod:`~tabletstore.cli.bigtable_api_cmds`. Each invocation opens the database,
+does one thing and closes it (closing minor-compacts, so the next open is quick)::
 
     tabletstore demo                                   the paper's Webtable, written and read
     tabletstore ls [TABLE]                             tables, or a table's families and GC

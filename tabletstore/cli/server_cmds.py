@@ -322,7 +322,7 @@ def worker_cmd(
     status_token_file: Path | None,
 ) -> None:
     """Run a stateless tablet-server worker (§5.2, §5.3)."""
-    from tabletstore.ops.settle import settle_process
+    from tabletstore.ops.process_warmup import warm_up_process
     from tabletstore.worker.process import run_worker
     from tabletstore.worker.server import TabletServer
 
@@ -341,9 +341,9 @@ def worker_cmd(
     status_token = _status_token(status_token_file)
 
     def ready(server: TabletServer) -> None:
-        # Freeze what start-up loaded and raise the collector's thresholds: at the defaults,
-        # a scan through this worker spent a fifth of its CPU in the collector (ops/settle.py).
-        settle_process()
+        # Freeze what start-up loaded and raise the collector's thresholds, before the first
+        # request (ops/process_warmup.py).
+        warm_up_process()
         click.echo(f"worker {server.worker_id} listening on {server.address}", err=True)
 
     _serve(

@@ -144,7 +144,7 @@ async def _proven_identity(
 ) -> str | None:
     """The name the servers will know us by: the certificate's, else the token's
     (PermissionDenied if the token is unknown or revoked). A cluster identity (a front door,
-    a function) may act for ``identity`` (worker/guard.py)."""
+    a function) may act for ``identity`` (worker/tablet_service_guard.py)."""
     principal = tls.principal() if tls is not None else None
     if principal is not None and principal.is_cluster and identity is not None:
         return identity

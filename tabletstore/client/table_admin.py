@@ -92,7 +92,7 @@ class TableAdmin(abc.ABC):
 
     async def set_admins(self, name: str, admins: Sequence[str]) -> None:
         """Replace who administers table ``name`` (on a cluster with auth on, only they may
-        delete it or change its families and ACLs; master/guard.py)."""
+        delete it or change its families and ACLs; master/master_service_guard.py)."""
         req = SetAdminsRequest(name, tuple(admins))
         self._tables[name] = (await self._admin.set_admins(req)).info()
 

@@ -53,7 +53,7 @@ from tabletstore.master import assignment, snapshots
 from tabletstore.master.balancer import Balancer
 from tabletstore.master.bulk_load import bulk_load as load_files
 from tabletstore.master.compaction_cycle import MajorCompactionCycle, WorkerCompactionExecutor
-from tabletstore.master.recovery import LogRecovery
+from tabletstore.master.log_recovery import LogRecovery
 from tabletstore.metadata import rows as mt
 from tabletstore.metadata.catalog import Catalog, ClusterSettings, TableInfo
 from tabletstore.metadata.record import LogRef, TabletRecord
@@ -624,7 +624,8 @@ class Master:
         return TableInfoMessage.of(new)
 
     async def set_admins(self, req: SetAdminsRequest) -> TableInfoMessage:
-        """Replace a table's admins (who may change or delete it: master/guard.py)."""
+        """Replace a table's admins (who may change or delete it:
+        master/master_service_guard.py)."""
         self._check_leading()
         if req.name == mt.METADATA_TABLE:
             raise InvalidArgument(f"table {req.name!r} is the system table; it has no admins")

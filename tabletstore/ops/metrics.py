@@ -275,7 +275,8 @@ class ProcessMetrics:
         return max(0.0, lease.last_renewed + lease.ttl - self._monotonic())
 
     def denied(self, method: str, permission: str) -> None:
-        """Count one authorization refusal (``worker/guard.py``, ``master/guard.py``)."""
+        """Count one authorization refusal (``worker/tablet_service_guard.py``,
+        ``master/master_service_guard.py``)."""
         self.permission_denied.labels(method=method, permission=permission).inc()
 
     def instrument(self, handlers: Mapping[str, Handler]) -> dict[str, Handler]:

@@ -5,7 +5,7 @@ port, what an operator or a Prometheus server looks at (the paper's master watch
 servers through Chubby, §5.2; humans watch the processes through this), with aiohttp:
 
 =====================  =============================================================
-``GET /``              the status page (HTML, :mod:`tabletstore.ops.pages`): the master's
+``GET /``              the status page (HTML, :mod:`tabletstore.ops.status_pages`): the master's
                        shows the cluster, tables, tablets, events and charts; a
                        worker's its tablets and charts
 ``GET /static/NAME``   the page's script and style sheet (package data, ``web/``)
@@ -65,7 +65,6 @@ from tabletstore.coordination.base import Coordinator
 from tabletstore.errors import InvalidArgument, TabletStoreError
 from tabletstore.ops.history import DEFAULT_INTERVAL, Reading, Sampler
 from tabletstore.ops.metrics import MasterMetrics, ProcessMetrics, WorkerMetrics
-from tabletstore.ops.pages import STATIC_FILES, render_master, render_worker, static_file
 from tabletstore.ops.status_api import (
     AssignmentInfo,
     EventInfo,
@@ -75,6 +74,7 @@ from tabletstore.ops.status_api import (
     WorkerStatus,
     parse_status,
 )
+from tabletstore.ops.status_pages import STATIC_FILES, render_master, render_worker, static_file
 from tabletstore.ops.views import (
     MasterLike,
     WorkerLike,

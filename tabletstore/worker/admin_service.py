@@ -6,7 +6,7 @@ load and unload a tablet (the work â€” claims, fencing and replaying its logs â€
 ``TabletServer.load`` and ``TabletServer.unload``), compact one or adopt a major compaction run
 elsewhere, reload a table's schema, report the server's status, hold and write a snapshot's
 cuts, and add bulk-loaded cells. Authorization (control requests from cluster identities only)
-wraps the dispatch table in ``worker/guard.py``; the data requests are
+wraps the dispatch table in ``worker/tablet_service_guard.py``; the data requests are
 ``worker/data_service.py``'s.
 """
 

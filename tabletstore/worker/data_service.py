@@ -41,7 +41,7 @@ from tabletstore.rpc.messages import (
     TabletMutations,
 )
 from tabletstore.rpc.row_pieces import STREAM_ITEM_BYTES, UNARY_ROW_BYTES, row_bytes, split_row
-from tabletstore.worker.eager import gather_eager
+from tabletstore.worker.eager_gather import gather_eager
 
 if TYPE_CHECKING:
     from tabletstore.worker.server import TabletServer
@@ -265,8 +265,8 @@ class DataService:
     async def _point_rows(self, req: ReadRowsRequest) -> tuple[Row, ...]:
         """``read_row``'s rows: each key read atomically on its own, concurrently (a read
         from the store must not wait for the others' reads, and one from memory runs inline,
-        with no task: worker/eager.py). One that fails (a key outside the tablet after a
-        split) fails the request: each caller's client retries its own read."""
+        with no task: worker/eager_gather.py). One that fails (a key outside the tablet after
+        a split) fails the request: each caller's client retries its own read."""
         tablet = self._tablet(req.table_id, req.tablet_id)
         if not req.keys or req.ranges:
             raise InvalidArgument("read_row takes one or more row keys and no ranges")

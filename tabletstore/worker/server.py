@@ -52,7 +52,7 @@ from tabletstore.coordination.base import (
     mod_revision_is,
 )
 from tabletstore.data.schema import TableSchema
-from tabletstore.engine.pools import process_pool
+from tabletstore.engine.process_pool import process_pool
 from tabletstore.engine.tablet import Tablet
 from tabletstore.errors import InvalidArgument, NotFound, NotServing, TabletStoreError, Unavailable
 from tabletstore.keys import Cell
@@ -71,10 +71,10 @@ from tabletstore.rpc.transport import Handlers, Method, Transport, call_handler,
 from tabletstore.sstable.block_cache import BlockCache, ScanCache
 from tabletstore.storage_s3.base import ObjectStore
 from tabletstore.worker.log import WorkerLog, replay_logged
-from tabletstore.worker.recovery import SharedLogReads, tablet_cells
+from tabletstore.worker.log_switch_gate import SwitchGate
 from tabletstore.worker.rpc_services import TabletRpcServices
+from tabletstore.worker.shared_log_reads import SharedLogReads, tablet_cells
 from tabletstore.worker.splits import TabletSplits
-from tabletstore.worker.switch_gate import SwitchGate
 
 __all__ = ["TabletServer", "next_incarnation"]
 

@@ -68,6 +68,9 @@ async def test_snapshot_bulk_load_and_client_writes_on_a_cluster(
                 got.extend(b.to_pylist())
         await store.inner.close()
         assert got == expected
+        # The cluster's own URL opens it too: the splits name the store its master recorded.
+        by_cluster = await batch.aopen_snapshot(cluster.url, snap.snapshot_id)
+        assert by_cluster.store_url == cluster.store_url
 
         # Bulk load from a staging prefix in the bucket, with the CLI.
         staging = cluster.store_url.replace("/data?", f"/staging-{uuid.uuid4().hex[:6]}?")

@@ -23,7 +23,7 @@ from tabletstore.commitlog.sorting import (
     sorted_replay,
     task_done,
 )
-from tabletstore.engine.pools import process_pool
+from tabletstore.engine.process_pool import process_pool
 from tabletstore.errors import Corruption, InvalidArgument
 from tabletstore.keys import Cell, CellKind
 from tabletstore.storage_s3 import layout

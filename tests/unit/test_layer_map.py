@@ -9,7 +9,7 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-BASE_MODULES = {"__init__.py", "errors.py", "clock.py", "options.py", "keys.py", "embedded.py", "limits.py", "procs.py"}
+BASE_MODULES = {"__init__.py", "errors.py", "clock.py", "options.py", "keys.py", "embedded.py", "limits.py", "pid_liveness.py", "extras.py"}
 
 
 def contract_layers() -> list[str]:

@@ -1,4 +1,4 @@
-"""ops.settle: a server process's start-up settling (frozen start-up objects, raised GC
+"""ops.process_warmup: a server process's start-up warm-up (frozen start-up objects, raised GC
 thresholds). Run in a child process: it changes process-wide state."""
 
 from __future__ import annotations
@@ -6,18 +6,18 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tabletstore.ops.settle import GC_THRESHOLDS
+from tabletstore.ops.process_warmup import GC_THRESHOLDS
 
 _CHILD = """
 import gc
-from tabletstore.ops.settle import settle_process
+from tabletstore.ops.process_warmup import warm_up_process
 before = gc.get_freeze_count()
-settle_process()
+warm_up_process()
 print(before, gc.get_freeze_count(), *gc.get_threshold())
 """
 
 
-def test_settle_process_freezes_startup_objects_and_raises_thresholds() -> None:
+def test_warm_up_process_freezes_startup_objects_and_raises_thresholds() -> None:
     out = subprocess.run(
         [sys.executable, "-c", _CHILD], capture_output=True, text=True, check=True, timeout=120
     ).stdout.split()

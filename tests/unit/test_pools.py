@@ -1,4 +1,4 @@
-"""Process pools end with their owner (tabletstore/engine/pools.py): a worker SIGKILLed while its
+"""Process pools end with their owner (engine/process_pool.py): a worker SIGKILLed while its
 compaction pool runs must not leave the pool's process (and its forkserver) behind."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ import subprocess
 import sys
 import time
 
-from tabletstore.engine.pools import process_pool
-from tabletstore.procs import alive
+from tabletstore.engine.process_pool import process_pool
+from tabletstore.pid_liveness import alive
 
 _OWNER = """
 import os, sys
-from tabletstore.engine.pools import process_pool
+from tabletstore.engine.process_pool import process_pool
 pool = process_pool(1)
 print(pool.submit(os.getpid).result(timeout=60), flush=True)
 sys.stdin.read()  # until killed

@@ -1,4 +1,4 @@
-"""procs.alive: the liveness check the sort pools and the run spill share."""
+"""pid_liveness.alive: the liveness check the sort pools and the run spill share."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from tabletstore.procs import alive
+from tabletstore.pid_liveness import alive
 
 
 def test_a_running_process_is_alive() -> None:

@@ -23,7 +23,7 @@ from tabletstore.rpc.messages import (
     TabletMutations,
 )
 from tabletstore.security import Principal, TlsConfig, ca
-from tabletstore.worker.guard import authorize
+from tabletstore.worker.tablet_service_guard import authorize
 
 ALICE = Principal("alice", "client")
 WORKER = Principal("w1", "worker")

@@ -1,6 +1,6 @@
-"""Where sort tasks run (master/recovery.py, worker/sorter.py): the in-process executor (asyncio
-and a process pool), the live workers through the coordinator (a sorter dying mid-task loses
-its claim with its lease and another takes over), and the master's orchestration (dead logs
+"""Where sort tasks run (master/log_recovery.py, worker/sorter.py): the in-process executor
+(asyncio and a process pool), the live workers through the coordinator (a sorter dying mid-task
+loses its claim with its lease and another takes over), and the master's orchestration (dead logs
 noticed, failed tasks retried a bounded number of times, a new master after a failover
 reusing the plan and running only the tasks not done)."""
 
@@ -19,7 +19,7 @@ from tabletstore.commitlog.sorting import load_plan, plan_sort, run_sort_task, t
 from tabletstore.coordination import paths
 from tabletstore.coordination.memory import MemoryCoordinator
 from tabletstore.errors import Unavailable
-from tabletstore.master.recovery import (
+from tabletstore.master.log_recovery import (
     InProcessSortExecutor,
     LogRecovery,
     WorkerSortExecutor,

@@ -1,5 +1,5 @@
 """The status pages' pieces: history and rates (ops/history.py), the views (ops/views.py), the
-HTML (ops/pages.py) and the page's routes (ops/status_http.py), on an embedded database."""
+HTML (ops/status_pages.py) and the page's routes (ops/status_http.py), on an embedded database."""
 
 from __future__ import annotations
 
@@ -24,7 +24,6 @@ from tabletstore.ops.history import (
     request_totals,
 )
 from tabletstore.ops.metrics import LATENCY_BUCKETS, MasterMetrics, WorkerMetrics
-from tabletstore.ops.pages import render_master, static_file
 from tabletstore.ops.status_api import (
     Charts,
     ClusterView,
@@ -33,6 +32,7 @@ from tabletstore.ops.status_api import (
     WorkerView,
 )
 from tabletstore.ops.status_http import StatusServer, serve_master, serve_worker
+from tabletstore.ops.status_pages import render_master, static_file
 from tabletstore.ops.views import cluster_view, page_urls, publish_page, worker_status
 
 pytestmark = pytest.mark.timeout(60)
@@ -201,7 +201,7 @@ def test_the_static_files_are_package_data() -> None:
         assert web.joinpath(name).is_file(), name
     js = static_file("status.js")
     assert js is not None and b"/api/charts" in js
-    assert static_file("../pages.py") is None and static_file("nope.js") is None
+    assert static_file("../status_pages.py") is None and static_file("nope.js") is None
 
 
 async def get(session: aiohttp.ClientSession, url: str) -> tuple[int, str, bytes]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from tabletstore.worker.switch_gate import SwitchGate
+from tabletstore.worker.log_switch_gate import SwitchGate
 
 
 async def _settle() -> None:

@@ -1,5 +1,5 @@
-"""worker/eager.py: a coalesced point read's keys read concurrently, with no task for a key
-answered without I/O."""
+"""worker/eager_gather.py: a coalesced point read's keys read concurrently, with no task for a
+key answered without I/O."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from tabletstore.worker.eager import gather_eager
+from tabletstore.worker.eager_gather import gather_eager
 
 
 async def test_results_come_in_order_and_in_memory_reads_run_inline() -> None:

@@ -1,5 +1,6 @@
-"""A worker recovering several tablets from one dead log reads it once (worker/recovery.py):
-the N-fold read of §6 "Commit-log implementation", bounded within one worker."""
+"""A worker recovering several tablets from one dead log reads it once
+(worker/shared_log_reads.py): the N-fold read of §6 "Commit-log implementation", bounded within
+one worker."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from tabletstore.storage_s3.base import Op
 from tabletstore.storage_s3.layout import log_segment_key
 from tabletstore.storage_s3.memory import MemoryObjectStore
 from tabletstore.testing.faulty_store import FaultyObjectStore
-from tabletstore.worker.recovery import SharedLogReads, tablet_cells
+from tabletstore.worker.shared_log_reads import SharedLogReads, tablet_cells
 
 
 def put(row: bytes, seq: int) -> list[Cell]:

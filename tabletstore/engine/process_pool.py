@@ -16,7 +16,7 @@ import multiprocessing
 import os
 import threading
 
-from tabletstore.procs import alive
+from tabletstore.pid_liveness import alive
 
 __all__ = ["WATCH_INTERVAL", "process_pool"]
 

@@ -47,7 +47,7 @@ from tabletstore.commitlog.sorting import (
 )
 from tabletstore.coordination import paths
 from tabletstore.coordination.base import Coordinator, Put, mod_revision_is
-from tabletstore.engine.pools import process_pool
+from tabletstore.engine.process_pool import process_pool
 from tabletstore.errors import Corruption, InvalidArgument, TabletStoreError, Unavailable
 from tabletstore.metadata.record import LogRef, TabletRecord
 from tabletstore.metadata.rows import METADATA_TABLE_ID

@@ -1,9 +1,9 @@
-"""A long-running server process's one-time settling: pay start-up costs at start, and keep
+"""A long-running server process's warm-up: pay start-up costs at start, and keep
 the cyclic garbage collector off the request path (the worker and the Bigtable API front door).
 
 Bigtable's tablet servers are long-lived processes serving many small requests (§5.3); in
 CPython every request's allocations count toward the cyclic collector's thresholds, and each of
-its full collections walks every tracked object the process holds. :func:`settle_process`:
+its full collections walks every tracked object the process holds. :func:`warm_up_process`:
 
 * builds one pyarrow array, so pyarrow's import of pandas (0.2-0.5 s of CPU holding the GIL)
   happens now rather than in the first minor compaction or the first request that decodes an
@@ -29,13 +29,13 @@ from __future__ import annotations
 
 import gc
 
-__all__ = ["GC_THRESHOLDS", "settle_process"]
+__all__ = ["GC_THRESHOLDS", "warm_up_process"]
 
-#: The cyclic collector's thresholds in a settled server process (module docstring).
+#: The cyclic collector's thresholds in a warmed-up server process (module docstring).
 GC_THRESHOLDS = (100_000, 50, 1000)
 
 
-def settle_process(thresholds: tuple[int, int, int] = GC_THRESHOLDS) -> None:
+def warm_up_process(thresholds: tuple[int, int, int] = GC_THRESHOLDS) -> None:
     """Load pyarrow's lazy imports, freeze what is loaded, raise the collector's thresholds."""
     import pyarrow as pa
 
