@@ -14,7 +14,12 @@ Reads share the event loop with the worker's lease keep-alive, so no read may ho
 a scan gives other tasks a turn at least every :data:`READ_SLICE_SECONDS` of computing (data
 already in memory or in the block cache never suspends it otherwise), and a row whose
 worst-case regex work (:func:`~tabletstore.data.filters.regex_cost` times its bytes) exceeds
-:data:`INLINE_REGEX_WORK` is filtered on a thread (RE2 releases the GIL while it matches).
+:data:`INLINE_REGEX_WORK`, or whose filter steps (the filter's work per cell times its cells)
+exceed :data:`INLINE_FILTER_STEPS`, is filtered on a thread (RE2 releases the GIL while it
+matches; Python code on a thread gives the loop the GIL at least every switch interval). A
+filter's patterns are compiled before anything is read, on such a thread when one is not in
+the pattern cache: RE2 compiles holding the GIL, and the filter's cost limits
+(:mod:`tabletstore.data.filters`) bound each compile and their sum.
 
 Compactions (§5.4): *minor* freezes the memtable and writes one SSTable per locality group,
 then moves the redo point; *merging* rewrites the newest few SSTables of a group into one;
@@ -63,7 +68,7 @@ import numpy as np
 import pyarrow as pa
 
 from tabletstore.clock import Clock, SystemClock, micros, stopwatch
-from tabletstore.data.filters import RowFilter, apply_filter, regex_cost
+from tabletstore.data.filters import RowFilter, apply_filter, compile_filter, uncompiled
 from tabletstore.data.model import Cell as ApiCell
 from tabletstore.data.model import Mutation, ReadModifyWriteRule, Row, SetCell
 from tabletstore.data.query import RowRange
@@ -129,6 +134,7 @@ from tabletstore.storage_s3 import layout
 from tabletstore.storage_s3.base import ObjectStore
 
 __all__ = [
+    "INLINE_FILTER_STEPS",
     "INLINE_REGEX_WORK",
     "READ_SLICE_SECONDS",
     "LogSink",
@@ -154,6 +160,9 @@ READ_SLICE_SECONDS = 0.01
 #: measured at 5 to 15 ns per byte per instruction, so this bounds an inline filter to a few
 #: milliseconds; heavier rows go to :func:`_filter_executor`.
 INLINE_REGEX_WORK = 1 << 18
+#: The most filter steps (the filter's work per cell, ``shape.work``, times the row's cells)
+#: one row's filter may take on the event loop: a few milliseconds of Python.
+INLINE_FILTER_STEPS = 1 << 14
 
 _filter_threads: concurrent.futures.ThreadPoolExecutor | None = None
 
@@ -180,12 +189,25 @@ def _row_bytes(row: bytes, cells: Sequence[ApiCell]) -> int:
 async def _filter_row(
     filter: RowFilter, cost: int, row: bytes, cells: list[ApiCell]
 ) -> list[ApiCell]:
-    """``apply_filter(filter, row, cells)``, on a thread when its regex work could stall the
-    event loop. ``cost`` is ``regex_cost(filter)``."""
-    if cost and cost * _row_bytes(row, cells) > INLINE_REGEX_WORK:
+    """``apply_filter(filter, row, cells)``, on a thread when its regex work or its filter
+    steps could stall the event loop. ``cost`` is ``regex_cost(filter)``."""
+    if (cost and cost * _row_bytes(row, cells) > INLINE_REGEX_WORK) or (
+        filter.shape.work * len(cells) > INLINE_FILTER_STEPS
+    ):
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(_filter_executor(), apply_filter, filter, row, cells)
     return apply_filter(filter, row, cells)
+
+
+async def _regex_cost(filter: RowFilter | None) -> int:
+    """``filter``'s :func:`~tabletstore.data.filters.regex_cost`, compiling its patterns first:
+    on a filter thread when one of them is not in the pattern cache, so that the event loop
+    runs between one pattern's compile and the next. InvalidArgument for an invalid pattern or
+    one over the filter's program limit, before anything is read."""
+    if uncompiled(filter):
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(_filter_executor(), compile_filter, filter)
+    return compile_filter(filter)
 
 
 class _LoopTurns:
@@ -663,11 +685,12 @@ class Tablet:
         for muts in (true_mutations, false_mutations):
             if muts:
                 validate_row_mutation(self._schema, row, muts, identity)
+        cost = await _regex_cost(predicate)
         async with self._row_lock(row):
             current = await self._read_row_cells(row, self._readable(identity))
             cells = current
             if predicate is not None:
-                cells = await _filter_row(predicate, regex_cost(predicate), row, current)
+                cells = await _filter_row(predicate, cost, row, current)
             matched = bool(cells)
             chosen = true_mutations if matched else false_mutations
             if chosen:
@@ -796,12 +819,13 @@ class Tablet:
         counts the row as seen (before the filter) if it has cells."""
         self._check_serving()
         self._check_row(row)
+        cost = await _regex_cost(filter)
         fams = _intersect(families, self._readable(identity))
         cells = await self._read_row_cells(row, fams)
         if stats is not None and cells:
             stats.seen(Row(row, cells))
         if filter is not None:
-            cells = await _filter_row(filter, regex_cost(filter), row, cells)
+            cells = await _filter_row(filter, cost, row, cells)
         return Row(row, cells) if cells else None
 
     async def scan(
@@ -827,8 +851,8 @@ class Tablet:
                 async for row in reversed_rows:
                     yield row
             return
+        cost = await _regex_cost(filter)
         rows = self._scan_rows(clipped, _intersect(families, self._readable(identity)))
-        cost = regex_cost(filter)
         emitted = 0
         turns = _LoopTurns()
         async with contextlib.aclosing(rows):
@@ -871,8 +895,8 @@ class Tablet:
                 async for row in reversed_rows:
                     yield row
             return
+        cost = await _regex_cost(filter)
         rows = self._scan_rows(clipped, _intersect(families, self._readable(identity)))
-        cost = regex_cost(filter)
         emitted = 0
         turns = _LoopTurns()
         async with contextlib.aclosing(rows):
