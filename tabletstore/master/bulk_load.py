@@ -1,14 +1,14 @@
 """Bulk load, the master's side: a job's SSTables added to a table, once (§8).
 
 The paper's §8 has MapReduce jobs write their output into Bigtable; here a job writes sorted
-SSTables (batch/bulkload.py) and ``tabletstore bulkload TABLE URL`` hands them to the table.
+SSTables (batch/load_files.py) and ``tabletstore bulkload TABLE URL`` hands them to the table.
 The master checks every file first (nothing is committed if one is bad), then asks the worker
 serving each tablet (§5.2: whoever serves it now) to add that tablet's part in one METADATA
 update (§5.3: the tablet's record names its SSTables). This module makes that safe to repeat
 and to resume after a crash of the master or of the client:
 
 * **Load id.** Each load has an id: ``--load-id`` / ``load_id=``, by default a hash of the
-  files' contents (batch/bulkload.py ``content_load_id``), so running the same load again
+  files' contents (batch/load_files.py ``content_load_id``), so running the same load again
   names the same load.
 * **The load's record** in the coordinator, ``bulk_loads/<table-id>/<load-id>``
   (:class:`LoadRecord`, JSON): ``loading`` from before the first tablet is touched, ``done``
@@ -24,7 +24,7 @@ and to resume after a crash of the master or of the client:
 A tablet that split or moved meanwhile refuses its call having committed nothing (its part is
 one record update), so its rows are looked up again and loaded into what serves them now.
 
-**Adoption** (batch/bulkload.py step 2). While it checks a file, the master copies the bytes
+**Adoption** (batch/load_files.py step 2). While it checks a file, the master copies the bytes
 it checked into the database's bucket when the file can be adopted and lies inside one
 tablet's rows (``tables/<table-id>/bulk/<group>/<id>.parquet``: bytes the master verified,
 in a bucket only the database writes, so no worker checks them again). A tablet whose rows
@@ -46,7 +46,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass, replace
 
-from tabletstore.batch.bulkload import (
+from tabletstore.batch.load_files import (
     SourceFile,
     content_load_id,
     inspect_sources,

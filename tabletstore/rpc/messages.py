@@ -428,7 +428,7 @@ class BulkLoadTabletRequest:
     the tablet's record marks as already loaded by that load are skipped, and the update
     marks the rows it loads (master/bulk_load.py). ``adopt``: SSTable objects the master
     staged in the database's bucket, each inside those rows, that the tablet adds as they
-    are (batch/bulkload.py step 2), in the same record update."""
+    are (batch/load_files.py step 2), in the same record update."""
 
     table_id: str
     tablet_id: str

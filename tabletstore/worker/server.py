@@ -32,7 +32,7 @@ from collections.abc import AsyncIterator, Coroutine, Sequence
 from dataclasses import replace
 from typing import Any
 
-from tabletstore.batch.bulkload import cells_for_tablet
+from tabletstore.batch.load_files import cells_for_tablet
 from tabletstore.client.location import LocationCache
 from tabletstore.clock import Clock, SystemClock
 from tabletstore.commitlog import CommitLogStats, CommitLogWriter
@@ -901,7 +901,7 @@ class TabletServer:
         pieces: Sequence[tuple[bytes, bytes | None]],
     ) -> list[tuple[str, SSTableRef]]:
         """(locality group, reference with no seq base yet) of each SSTable the master
-        staged for this tablet to adopt (batch/bulkload.py step 2): one of this table's
+        staged for this tablet to adopt (batch/load_files.py step 2): one of this table's
         objects, lying inside rows still to load (NotServing otherwise: the master's view
         was stale, it looks again)."""
         out = []

@@ -136,7 +136,7 @@ async def test_read_arrow_reads_what_a_scan_reads(start: bytes, end: bytes | Non
 async def test_staging_sstables_match_every_row_and_read_the_same() -> None:
     """A bulk-load staging file gets a row filter that matches every row (no per-row
     hashing); its cells read as any SSTable's."""
-    from tabletstore.batch.bulkload import awrite_sstables
+    from tabletstore.batch.load_files import awrite_sstables
 
     rows = [b"r%04d" % i for i in range(300)]
     store = MemoryObjectStore("memory://staging-bloom")
@@ -151,7 +151,7 @@ async def test_staging_sstables_match_every_row_and_read_the_same() -> None:
 async def test_a_bulk_load_follows_a_tablet_that_split_under_it() -> None:
     """The worker refuses a tablet that split (NotServing: nothing of it committed); the
     master looks its range up again and loads exactly that range into the children."""
-    from tabletstore.batch.bulkload import SourceFile
+    from tabletstore.batch.load_files import SourceFile
     from tabletstore.errors import NotServing
     from tabletstore.master.bulk_load import _load_range
     from tabletstore.metadata.catalog import TableInfo

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import tabletstore
-from tabletstore.batch.bulkload import awrite_sstables
+from tabletstore.batch.load_files import awrite_sstables
 from tabletstore.data.model import AppendValue, RowMutation, SetCell
 from tabletstore.data.schema import ColumnFamily, TableSchema
 from tabletstore.embedded import Database

@@ -1,4 +1,4 @@
-"""Bulk load, the output side of a batch job (§8: Bigtable as MapReduce output).
+"""Bulk-load files: written by a batch job, checked and read by the cluster (§8).
 
 A job writes its output as sorted SSTables with the project's own writer
 (:func:`write_sstables`, from Arrow tables or record batches or a pandas DataFrame) into any
