@@ -58,7 +58,7 @@ from tabletstore.errors import (
     Unavailable,
 )
 from tabletstore.limits import BATCH_REQUEST_BYTES
-from tabletstore.metadata.catalog import Catalog, TableInfo
+from tabletstore.metadata.catalog import Catalog, ClusterSettings, TableInfo
 from tabletstore.metadata.record import TabletRecord
 from tabletstore.metadata.rows import METADATA_TABLE_ID
 from tabletstore.metadata.snapshot import SnapshotManifest
@@ -93,6 +93,7 @@ from tabletstore.rpc.messages import (
 from tabletstore.rpc.row_pieces import RowAssembler
 from tabletstore.rpc.services import TABLET, MasterService, TabletService
 from tabletstore.rpc.transport import Transport
+from tabletstore.storage_s3 import layout
 
 __all__ = [
     "Admin",
@@ -400,12 +401,25 @@ class AsyncClient:
         """Delete a snapshot; GC then frees the SSTables only it kept."""
         await self._admin.delete_snapshot(DeleteSnapshotRequest(snapshot_id))
 
+    async def staging_url(self, load_name: str) -> str:
+        """Where a job writes the files of load ``load_name`` (``tabletstore.batch.
+        write_sstables(data, url)``, with the job's own rights to the bucket): this caller's
+        staging area of the database's bucket, the only place :meth:`bulk_load` reads."""
+        settings = await ClusterSettings.load(self._catalog.coordinator)
+        return layout.staging_url(settings.store_url, self._staging_principal(), load_name)
+
+    def _staging_principal(self) -> str:
+        """The principal the master runs this client's requests as (no auth: anonymous)."""
+        return "anonymous"
+
     async def bulk_load(
         self, table: str, url: str, *, load_id: str | None = None
     ) -> tuple[int, int]:
-        """Load the SSTables a job wrote under the store ``url`` (``tabletstore.batch.
-        write_sstables``) into ``table``, atomically per tablet; all are checked first and
-        bad input loads nothing. Returns (tablets loaded, cells loaded) by this call.
+        """Load the SSTables a job wrote to its staging area (``url``: the load's name, or
+        the URL :meth:`staging_url` gave for it) into ``table``, atomically per tablet; all
+        are checked first and bad input loads nothing. Any other location is
+        PermissionDenied: the cluster never fetches a location its caller names. Returns
+        (tablets loaded, cells loaded) by this call.
 
         Safe to repeat: ``load_id`` (default: a hash of the files' contents) names the load;
         once it is done, running it again loads nothing and returns (0, 0), and a load that
@@ -751,9 +765,7 @@ class AsyncTable:
                 groups, first = first, None
             else:
                 try:
-                    groups = await self._group(
-                        entries, indexes, refresh=refresh, deadline=deadline
-                    )
+                    groups = await self._group(entries, indexes, refresh=refresh, deadline=deadline)
                 except TabletStoreError as exc:
                     # No location within the deadline (or the table is gone): what is left
                     # fails.

@@ -51,6 +51,7 @@ from tabletstore.errors import (
 )
 from tabletstore.master import assignment, snapshots
 from tabletstore.master.balancer import Balancer
+from tabletstore.master.bulk_load import ANONYMOUS
 from tabletstore.master.bulk_load import bulk_load as load_files
 from tabletstore.master.compaction_cycle import MajorCompactionCycle, WorkerCompactionExecutor
 from tabletstore.master.recovery import LogRecovery
@@ -59,6 +60,7 @@ from tabletstore.metadata.catalog import Catalog, ClusterSettings, TableInfo
 from tabletstore.metadata.record import LogRef, TabletRecord
 from tabletstore.metadata.snapshot import delete_manifest, list_manifests
 from tabletstore.options import MasterOptions
+from tabletstore.rpc.auth import current_principal
 from tabletstore.rpc.messages import (
     BulkLoadRequest,
     BulkLoadResponse,
@@ -741,8 +743,15 @@ class Master:
             locate=self._locate,
             clock=self._clock,
             store=await self._the_store(),
+            principal=_caller(),
         )
         return BulkLoadResponse(done.tablets, done.cells, done.load_id)
+
+
+def _caller() -> str:
+    """The name of the principal this request runs as (``anonymous`` without auth)."""
+    principal = current_principal()
+    return principal.name if principal is not None else ANONYMOUS
 
 
 def _check_load_options(options: MasterOptions) -> None:

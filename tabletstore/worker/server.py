@@ -887,12 +887,25 @@ class TabletServer:
         pieces = ranges or [(start, end)]
         adopt = await self._staged_sstables(rec, req.adopt, pieces)
         groups = (
-            await cells_for_tablet(req.source_url, req.keys, pieces, tablet.schema)
+            await cells_for_tablet(self._load_source(req), req.keys, pieces, tablet.schema)
             if req.keys
             else {}
         )
         marks = tuple(BulkLoadMark(req.load_id, a, b) for a, b in ranges)
         return BulkLoadTabletResponse(await tablet.bulk_load(groups, marks, adopt))
+
+    def _load_source(self, req: BulkLoadTabletRequest) -> ObjectStore:
+        """The store to read a load's files from: this worker's own, and only its staging
+        keys (batch/load_files.py); InvalidArgument for another store or key."""
+        if req.source_url != self._store.url:
+            raise InvalidArgument(
+                f"bulk-load files are read only from the database's bucket {self._store.url}, "
+                f"not {req.source_url}"
+            )
+        for key in req.keys:
+            if not key.startswith(layout.STAGING):
+                raise InvalidArgument(f"bulk-load file {key!r} is not in a staging area")
+        return self._store
 
     async def _staged_sstables(
         self,

@@ -22,29 +22,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Iterator
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tabletstore.cli import localstack
 from tabletstore.cli.localstack import ProcessRecord
 from tabletstore.client.cluster import ClusterClient
 from tabletstore.data import filters as f
 from tabletstore.data.model import SetCell
-from tabletstore.errors import InvalidArgument, Unavailable
+from tabletstore.errors import InvalidArgument
 from tabletstore.procs import alive
+from tests.security.request_support import create_when_ready, processes, start_cluster
+
+__all__ = ["processes"]  # the fixture, used by name
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
-ENV = {
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_DEFAULT_REGION": "us-east-1",
-    "PYTHONUNBUFFERED": "1",
-}
 LEASE = 3.0
 ATTACK_DEADLINE = 60.0
 
@@ -78,26 +73,6 @@ def copy_bomb(levels: int) -> f.RowFilter:
     return _unchecked(f.Chain, filters=(pair,) * levels)
 
 
-async def create_when_ready(client: ClusterClient, name: str) -> Any:
-    """Create table ``name`` with family ``cf`` once the cluster serves METADATA (90 s)."""
-    end = time.monotonic() + 90
-    while True:
-        try:
-            return await client.create_table(name, ["cf"])
-        except Unavailable:
-            if time.monotonic() > end:
-                raise
-            await asyncio.sleep(0.5)
-
-
-@pytest.fixture
-def processes() -> Iterator[list[ProcessRecord]]:
-    started: list[ProcessRecord] = []
-    yield started
-    for record in reversed(started):  # by pid, and only while it still runs our command
-        localstack.stop(record)
-
-
 async def _watch(client: ClusterClient, table: str, stop: asyncio.Event) -> list[float]:
     """Latencies of another client's point reads while the attack runs (at most 2,000)."""
     latencies: list[float] = []
@@ -114,15 +89,7 @@ async def _watch(client: ClusterClient, table: str, stop: asyncio.Event) -> list
 async def test_a_costly_filter_is_refused_and_the_worker_keeps_serving(
     etcd_url: str, s3_url: str, tmp_path: Path, processes: list[ProcessRecord]
 ) -> None:
-    lease = ("--lease-ttl", str(LEASE))
-    master = await asyncio.to_thread(
-        localstack.start_master, tmp_path, etcd_url, s3_url, env=ENV, extra_args=lease
-    )
-    processes.append(master)
-    worker = await asyncio.to_thread(
-        localstack.start_worker, tmp_path, etcd_url, 0, env=ENV, extra_args=lease
-    )
-    processes.append(worker)
+    _, worker = await start_cluster(tmp_path, etcd_url, s3_url, processes, lease=LEASE)
 
     async with (
         await ClusterClient.open(etcd_url) as attacker,
