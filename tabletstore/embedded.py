@@ -198,7 +198,9 @@ class Database(AsyncClient):
 
     async def staging_url(self, load_name: str) -> str:
         """Where a job writes the files of load ``load_name``: ``staging/anonymous/<name>/``
-        of the database's own store (``objects/`` of its directory)."""
+        of the database's own store (``objects/`` of its directory). An in-memory store has
+        no prefixes in its URL: a job writes to ``db.store`` under that key prefix
+        (``layout.staging_prefix``) instead."""
         return layout.staging_url(self.store.url, self._staging_principal(), load_name)
 
     async def close(self) -> None:
