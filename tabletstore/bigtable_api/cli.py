@@ -10,7 +10,7 @@ are imported only when the command runs, so other verbs never load them.
 
 With ``--tls-cert``/``--tls-key`` it serves TLS, and in front of a cluster (``etcd://``) every
 call must carry ``authorization: Bearer <token>`` (``tabletstore tokens create``); the call
-then acts for the token's principal (bigtable_api/auth.py). Without TLS a non-loopback
+then acts for the token's principal (bigtable_api/token_check.py). Without TLS a non-loopback
 ``--host`` is refused unless ``--insecure``.
 
 Once listening it prints ``bigtable-api listening on HOST:PORT`` (``--port 0`` picks a free
@@ -68,8 +68,8 @@ async def serve(
     """Open the database at ``url``, serve until SIGINT/SIGTERM, then shut down cleanly.
     ``tls`` (a TlsConfig): serve TLS, and bearer tokens in front of a cluster; ``client_tls``:
     how this process reaches the cluster (the global --tls-* options)."""
-    from tabletstore.bigtable_api.auth import server_credentials
     from tabletstore.bigtable_api.server import BigtableApiServer
+    from tabletstore.bigtable_api.token_check import server_credentials
     from tabletstore.coordination.tokens import TokenStore
     from tabletstore.embedded import connect_async
 

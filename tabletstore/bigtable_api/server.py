@@ -33,7 +33,6 @@ from google.protobuf import empty_pb2
 from google.rpc import status_pb2
 
 from tabletstore.bigtable_api.admin import TableAdmin
-from tabletstore.bigtable_api.auth import BearerTokens, server_credentials
 from tabletstore.bigtable_api.chunks import (
     DEFAULT_MAX_RESPONSE_BYTES,
     DEFAULT_MAX_ROWS_BYTES,
@@ -41,6 +40,7 @@ from tabletstore.bigtable_api.chunks import (
     ChunkEncoder,
 )
 from tabletstore.bigtable_api.instances import PREFIX_IN_TEXT, InstanceAdmin, Namespaces
+from tabletstore.bigtable_api.token_check import BearerTokens, server_credentials
 from tabletstore.bigtable_api.translate import (
     filter_from_pb,
     mutations_from_pb,
