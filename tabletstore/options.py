@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from tabletstore.limits import MAX_FRAME, MiB
 
 __all__ = [
+    "FRONT_DOOR_MAX_CONCURRENT_CALLS",
     "IN_PROCESS_LEASE",
     "SPLIT_BYTES",
     "LeaseOptions",
@@ -24,6 +25,11 @@ __all__ = [
 #: the one default that both the workers' split rule (:class:`TabletOptions`) and the
 #: master's merge thresholds (:class:`MasterOptions`) read.
 SPLIT_BYTES = 128 * 1024 * 1024
+
+#: Calls the Bigtable front door serves at once (``bigtable-api --max-concurrent-calls``);
+#: more are refused with RESOURCE_EXHAUSTED. Each holds at most one request message
+#: (``limits.MAX_REQUEST_BYTES``) once its token passed; a call without one reads none.
+FRONT_DOOR_MAX_CONCURRENT_CALLS = 256
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,8 @@ from typing import Any
 
 import click
 
+from tabletstore.options import FRONT_DOOR_MAX_CONCURRENT_CALLS
+
 __all__ = ["DEFAULT_PORT", "bigtable_api", "serve"]
 
 #: Google's emulator listens on 8086 by default (``gcloud beta emulators bigtable start``).
@@ -64,6 +66,7 @@ async def serve(
     plain_instance: str | None = None,
     tls: Any = None,
     client_tls: Any = None,
+    max_concurrent_calls: int = FRONT_DOOR_MAX_CONCURRENT_CALLS,
 ) -> None:
     """Open the database at ``url``, serve until SIGINT/SIGTERM, then shut down cleanly.
     ``tls`` (a TlsConfig): serve TLS, and bearer tokens in front of a cluster; ``client_tls``:
@@ -86,7 +89,13 @@ async def serve(
             else None
         )
         server = BigtableApiServer(
-            client, host=host, port=port, plain_instance=plain_instance, tls=tls, tokens=tokens
+            client,
+            host=host,
+            port=port,
+            plain_instance=plain_instance,
+            tls=tls,
+            tokens=tokens,
+            max_concurrent_calls=max_concurrent_calls,
         )
         bound = await server.start()
         _settle_process()
@@ -145,6 +154,14 @@ def _run_loop(coro: Coroutine[Any, Any, None]) -> None:
 @click.option(
     "--insecure", is_flag=True, help="Allow a non-loopback --host without TLS (no caller auth)."
 )
+@click.option(
+    "--max-concurrent-calls",
+    type=click.IntRange(min=1),
+    default=FRONT_DOOR_MAX_CONCURRENT_CALLS,
+    show_default=True,
+    help="Calls served at once; more are refused with RESOURCE_EXHAUSTED. With the message "
+    "limit (81 MiB) this bounds the request bytes the front door holds.",
+)
 @click.pass_context
 def bigtable_api(
     ctx: click.Context,
@@ -155,6 +172,7 @@ def bigtable_api(
     tls_cert: str | None,
     tls_key: str | None,
     insecure: bool,
+    max_concurrent_calls: int,
 ) -> None:
     """Serve the Cloud Bigtable API (point clients at it with BIGTABLE_EMULATOR_HOST)."""
     from tabletstore.errors import TabletStoreError
@@ -176,7 +194,15 @@ def bigtable_api(
     _require_extra()
     try:
         _run_loop(
-            serve(url, host, port, plain_instance=plain_instance, tls=tls, client_tls=client_tls)
+            serve(
+                url,
+                host,
+                port,
+                plain_instance=plain_instance,
+                tls=tls,
+                client_tls=client_tls,
+                max_concurrent_calls=max_concurrent_calls,
+            )
         )
     except TabletStoreError as exc:
         raise _Failure(str(exc)) from exc
