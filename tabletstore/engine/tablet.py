@@ -740,6 +740,11 @@ class Tablet:
 
     # ------------------------------------------------------------------ reads
 
+    def may_read_some(self, identity: str | None) -> bool:
+        """Whether ``identity`` may read at least one family of this table (or it has none):
+        what reading the table's shape (its sample keys, its tablets' boundaries) needs."""
+        return self._readable(identity) != set()
+
     def _readable(self, identity: str | None) -> set[str] | None:
         """Families the identity may read, or None when it may read them all."""
         schema = self._schema

@@ -60,6 +60,7 @@ from tabletstore.errors import (
     InvalidArgument,
     NotFound,
     NotServing,
+    PermissionDenied,
     TabletStoreError,
     Unavailable,
 )
@@ -74,6 +75,7 @@ from tabletstore.metadata.record import (
     uncovered,
 )
 from tabletstore.options import TabletOptions, WorkerOptions
+from tabletstore.rpc.auth import current_principal
 from tabletstore.rpc.messages import (
     AdoptCompactionRequest,
     BulkLoadTabletRequest,
@@ -110,6 +112,7 @@ from tabletstore.rpc.messages import (
 from tabletstore.rpc.row_pieces import STREAM_ITEM_BYTES, UNARY_ROW_BYTES, row_bytes, split_row
 from tabletstore.rpc.services import TABLET
 from tabletstore.rpc.transport import Handlers, Method, Transport, call_handler, stream_handler
+from tabletstore.security.principal import Principal
 from tabletstore.sstable import SSTable
 from tabletstore.sstable.block_cache import BlockCache, ScanCache
 from tabletstore.storage_s3 import layout
@@ -1180,8 +1183,17 @@ class TabletServer:
         return await tablet.read_modify_write(req.row, req.rules, identity=req.identity)
 
     async def sample_row_keys(self, req: SampleRowKeysRequest) -> SampleRowKeysResponse:
-        """Keys that split the tablet into parts of roughly equal size (SSTable boundaries)."""
+        """Keys that split the tablet into parts of roughly equal size (SSTable boundaries).
+        Row keys are data: a caller that may read none of the table's families is refused
+        (PermissionDenied)."""
         tablet = self._tablet(req.table_id, req.tablet_id)
+        principal = current_principal()
+        if not _may_see(principal, tablet):
+            assert principal is not None
+            raise PermissionDenied(
+                f"{principal.name} may not sample the row keys of table {tablet.schema.name!r}: "
+                "it may read none of its families (permission: read)"
+            )
         record = tablet.record
         keys: list[bytes] = []
         offsets: list[int] = []
@@ -1201,6 +1213,9 @@ class TabletServer:
         return SampleRowKeysResponse(tuple(keys), tuple(offsets))
 
     async def server_status(self, req: ServerStatusRequest) -> ServerStatusResponse:
+        """What this worker serves. A caller sees only the tablets of tables it may read some
+        family of (their boundaries are row keys); the cluster's own identities see all."""
+        principal = current_principal()
         tablets = tuple(
             TabletStatus(
                 table_id=t.record.table_id,
@@ -1213,8 +1228,15 @@ class TabletServer:
                 requests=self._requests.get(key, 0),
             )
             for key, t in self._tablets.items()
+            if _may_see(principal, t)
         )
         return ServerStatusResponse(self.worker_id, self.address, tablets)
+
+
+def _may_see(principal: Principal | None, tablet: Tablet) -> bool:
+    """Whether ``principal`` may see ``tablet``'s row keys: no auth, a cluster identity, or
+    one that may read some family of its table."""
+    return principal is None or principal.is_cluster or tablet.may_read_some(principal.name)
 
 
 async def next_incarnation(coordinator: Coordinator, worker_id: str) -> int:
