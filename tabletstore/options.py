@@ -186,6 +186,15 @@ class MasterOptions:
     #: seconds; an hour leaves room for a slow coordinator.
     gc_grace: float = 3600.0
 
+    #: Split keys one ``create_table`` may give (each makes a tablet to load at once): more
+    #: are refused with InvalidArgument naming this setting. 0: no bound.
+    max_split_keys: int = 100
+    #: Tables one principal may administer (those it created, or is an admin of) before its
+    #: next ``create_table`` is refused with InvalidArgument naming this setting; counted on
+    #: a cluster with auth only (without it every caller is the same anonymous one), never for
+    #: the cluster's own identities. 0: no bound.
+    max_tables_per_principal: int = 100
+
     #: Tablet moves per balancing round at most. More levels load faster; each move makes
     #: the tablet briefly unavailable (unload with a flush, then load).
     max_moves: int = 2
