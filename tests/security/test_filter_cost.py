@@ -34,7 +34,12 @@ from tabletstore.data import filters as f
 from tabletstore.data.model import SetCell
 from tabletstore.errors import InvalidArgument
 from tabletstore.procs import alive
-from tests.security.request_support import create_when_ready, processes, start_cluster
+from tests.security.request_support import (
+    create_when_ready,
+    processes,
+    rss_mib,
+    start_cluster,
+)
 
 __all__ = ["processes"]  # the fixture, used by name
 
@@ -98,6 +103,7 @@ async def test_a_costly_filter_is_refused_and_the_worker_keeps_serving(
         table = await create_when_ready(attacker, "t")
         await table.mutate_row(b"row", [SetCell("cf", b"q", b"v" * 100)])
         idle = await _watch(other, "t", _stopped_after(50))
+        rss_before = rss_mib(worker.pid)
 
         stop = asyncio.Event()
         watcher = asyncio.create_task(_watch(other, "t", stop))
@@ -116,6 +122,11 @@ async def test_a_costly_filter_is_refused_and_the_worker_keeps_serving(
             stop.set()
             during = await watcher
 
+        print(  # the figures, for a run with -s
+            f"other client's read: {max(idle) * 1000:.0f} ms at worst idle, "
+            f"{max(during) * 1000:.0f} ms at worst during the attack; worker RSS "
+            f"{rss_before:.0f} MiB before, {rss_mib(worker.pid):.0f} MiB after"
+        )
         assert "MAX_FILTER_REGEXES=64" in refusals[0], refusals[0]
         assert "MAX_FILTER_PROGRAM=100000" in refusals[1], refusals[1]
         assert "MAX_FILTER_COPIES=64" in refusals[2], refusals[2]
