@@ -497,12 +497,12 @@ class Condition(RowFilter):
 
 
 @dataclass(frozen=True, slots=True)
-class RowKeyRegex(RowFilter):
-    """Outputs the whole row if its key fully matches the RE2 ``pattern``, else nothing."""
+class _BytesRegex(RowFilter):
+    """A regex filter over bytes (row keys, qualifiers, values): RE2 ``pattern``, compiled
+    once the filter's limits passed (:func:`compile_filter`)."""
 
     pattern: bytes
     _regex: Pattern | None = field(default=None, init=False, repr=False, compare=False)
-    kind: ClassVar[str] = "row_key_regex"
 
     def __post_init__(self) -> None:
         _check_pattern(self.kind, self.pattern)
@@ -518,6 +518,13 @@ class RowKeyRegex(RowFilter):
 
     def _argument(self) -> Any:
         return b64_text(self.pattern)
+
+
+@dataclass(frozen=True, slots=True)
+class RowKeyRegex(_BytesRegex):
+    """Outputs the whole row if its key fully matches the RE2 ``pattern``, else nothing."""
+
+    kind: ClassVar[str] = "row_key_regex"
 
 
 @dataclass(frozen=True, slots=True)
@@ -568,51 +575,17 @@ class FamilyNameRegex(RowFilter):
 
 
 @dataclass(frozen=True, slots=True)
-class ColumnQualifierRegex(RowFilter):
+class ColumnQualifierRegex(_BytesRegex):
     """Outputs the cells whose qualifier fully matches the RE2 ``pattern``."""
 
-    pattern: bytes
-    _regex: Pattern | None = field(default=None, init=False, repr=False, compare=False)
     kind: ClassVar[str] = "column_qualifier_regex"
-
-    def __post_init__(self) -> None:
-        _check_pattern(self.kind, self.pattern)
-
-    @property
-    def shape(self) -> Shape:
-        return _regex_shape(self.pattern)
-
-    @property
-    def regex_pattern(self) -> bytes:
-        """The RE2 pattern, as bytes."""
-        return self.pattern
-
-    def _argument(self) -> Any:
-        return b64_text(self.pattern)
 
 
 @dataclass(frozen=True, slots=True)
-class ValueRegex(RowFilter):
+class ValueRegex(_BytesRegex):
     """Outputs the cells whose value fully matches the RE2 ``pattern``."""
 
-    pattern: bytes
-    _regex: Pattern | None = field(default=None, init=False, repr=False, compare=False)
     kind: ClassVar[str] = "value_regex"
-
-    def __post_init__(self) -> None:
-        _check_pattern(self.kind, self.pattern)
-
-    @property
-    def shape(self) -> Shape:
-        return _regex_shape(self.pattern)
-
-    @property
-    def regex_pattern(self) -> bytes:
-        """The RE2 pattern, as bytes."""
-        return self.pattern
-
-    def _argument(self) -> Any:
-        return b64_text(self.pattern)
 
 
 def _check_bounds(name: str, start: object, end: object, *flags: object) -> None:
