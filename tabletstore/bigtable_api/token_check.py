@@ -5,8 +5,8 @@ verifier (``coordination.tokens.TokenStore``), :class:`BearerTokens` checks it o
 metadata, before the request message is read: a missing token is UNAUTHENTICATED, an unknown
 or revoked one PERMISSION_DENIED -- answered by a handler that takes its request as a stream
 and never reads it, so gRPC receives no more of a refused call's message than HTTP/2 flow
-control lets the client send before the answer (tens of KiB, not the message limit), and
-nothing of it is decoded. The call otherwise runs acting for the token's principal (``client.client.ACTING_FOR``), so
+control lets the client send before the answer (the stream's window: KiBs to a few MiB as
+gRPC's bandwidth probing grows it, not the message limit), and nothing of it is decoded. The call otherwise runs acting for the token's principal (``client.client.ACTING_FOR``), so
 the cluster's servers check the families' ACLs against that caller. For the workers to accept
 "acting for", the front door's own certificate must carry a cluster role (``function``:
 ``tabletstore certs issue frontdoor --role function``; worker/guard.py). Tokens only travel

@@ -162,8 +162,10 @@ async def test_an_unauthenticated_call_is_refused_before_its_message_is_read(
             f"call {idle_latency * 1000:.0f} ms idle, {max(latencies) * 1000:.0f} ms at worst "
             f"during the attack"
         )
-        # Before: every message buffered whole (8 x 64 MiB and their decoding).
-        assert growth < 64, (growth, idle_rss, peak[0])
+        # Before: every message buffered whole (8 x 64 MiB and their decoding: +1 GiB). Now what
+        # HTTP/2 flow control lets each call send before its answer (the window, which gRPC's
+        # bandwidth probing grows to a few MiB on a busy machine), far under one message each.
+        assert growth < 3 * MESSAGE / 2**20, (growth, idle_rss, peak[0])
         assert proc.poll() is None, "the front door exited"
         assert max(latencies) < 30, (latencies, idle_latency)
     finally:
