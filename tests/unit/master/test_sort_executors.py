@@ -30,7 +30,7 @@ from tabletstore.storage_s3 import open_store
 from tabletstore.storage_s3.base import ObjectInfo
 from tabletstore.storage_s3.memory import MemoryObjectStore
 from tabletstore.worker.sorter import Sorter
-from tests.unit.test_commitlog_sorting import INC, TABLETS, W, write_log
+from tests.unit.commitlog.test_commitlog_sorting import INC, TABLETS, W, write_log
 
 
 class StallingStore(MemoryObjectStore):
