@@ -10,6 +10,8 @@ cd "$(dirname "$0")/.."
 
 PACKAGES=()
 command -v etcd >/dev/null 2>&1 || PACKAGES+=(etcd-server)
+# etcdctl: the etcd members' snapshot script (infra/terraform) is tested against a local etcd.
+command -v etcdctl >/dev/null 2>&1 || PACKAGES+=(etcd-client)
 [ -x /usr/bin/chromium ] || PACKAGES+=(chromium)
 command -v java >/dev/null 2>&1 || PACKAGES+=(openjdk-17-jre-headless)
 if [ "${#PACKAGES[@]}" -gt 0 ]; then
