@@ -480,3 +480,25 @@ def test_environments_keep_their_state_in_s3_with_a_lock(environments: list[Path
     bootstrap = (TF / "bootstrap" / "main.tf").read_text()
     assert 'resource "aws_dynamodb_table" "locks"' in bootstrap
     assert 'hash_key     = "LockID"' in bootstrap and "dynamodb_table" in bootstrap
+
+
+def test_the_deployment_guide_lists_the_contract(plan: Plan) -> None:
+    """docs/operations/cloud-deployment.md's table names every variable and flag of the plan."""
+    text = (ROOT / "docs" / "operations" / "cloud-deployment.md").read_text()
+    table = text[text.index("## The contract between Terraform and the code") :]
+    for family, containers in plan.container_definitions().items():
+        for container in containers:
+            for name in [e["name"] for e in container.get("environment", [])] + [
+                s["name"] for s in container.get("secrets", [])
+            ]:
+                assert f"`{name}`" in table, (family, name)
+            if not container.get("entryPoint"):
+                for word in container["command"]:
+                    assert not word.startswith("--") or word in table, (family, word)
+    for function in functions(plan).values():
+        for env in function.get("environment", []):
+            for name in env["variables"]:
+                assert f"`{name}`" in table, name
+    for script in member_scripts(plan).values():
+        for flag in {w.split("=", 1)[0] for w in etcd_run(script) if w.startswith("--")}:
+            assert flag in table, flag
