@@ -94,7 +94,8 @@ data "aws_iam_policy_document" "key" {
       values   = local.log_group_arns
     }
   }
-  # CloudWatch alarms publish to the deployment's encrypted SNS topic (the alarms module).
+  # CloudWatch alarms publish to the deployment's encrypted SNS topic (the alarms module): the
+  # statement AWS documents for alarms and an SSE topic (SNS calls KMS as the publisher).
   statement {
     sid       = "CloudWatchAlarmsPublishToTheEncryptedTopic"
     actions   = ["kms:Decrypt", "kms:GenerateDataKey*"]
@@ -102,11 +103,6 @@ data "aws_iam_policy_document" "key" {
     principals {
       type        = "Service"
       identifiers = ["cloudwatch.amazonaws.com"]
-    }
-    condition {
-      test     = "StringEquals"
-      variable = "aws:SourceAccount"
-      values   = [local.account]
     }
   }
 }

@@ -69,9 +69,12 @@ locals {
     mountPoints            = [{ sourceVolume = "scratch", containerPath = "/tmp" }]
     logConfiguration       = { logDriver = "awslogs", options = local.log_options }
   }
+  # AWS_DEFAULT_REGION: the region of boto3's Lambda client (the master's executors); the store
+  # URL names its own.
   environment = [for k, v in {
     TABLETSTORE_URL         = var.cluster_url
     TABLETSTORE_HEALTH_FILE = local.health_file
+    AWS_DEFAULT_REGION      = data.aws_region.current.name
   } : { name = k, value = v }]
   # --insecure: the RPC ports are reachable only inside the VPC's security groups; serving them
   # with mutual TLS needs the certificates as secrets (docs/ARCHITECTURE.md "Security").

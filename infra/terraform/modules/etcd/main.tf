@@ -141,9 +141,11 @@ data "aws_iam_policy_document" "member" {
     actions   = ["s3:PutObject"]
     resources = [for name, p in local.snapshot_prefix : "${var.bucket_arn}/${p}*"]
   }
+  # GenerateDataKey for a PUT; Decrypt too for a multipart upload (the CLI uploads a snapshot
+  # above 8 MB in parts).
   statement {
     sid       = "SnapshotKey"
-    actions   = ["kms:GenerateDataKey"]
+    actions   = ["kms:GenerateDataKey", "kms:Decrypt"]
     resources = [var.kms_key_arn]
   }
   statement {
@@ -205,8 +207,10 @@ resource "aws_launch_template" "member" {
       volume_type = "gp3"
     }
   }
+  # The subnet is the auto-scaling group's (vpc_zone_identifier); the interface carries the
+  # security group, as a launch template with an interface must.
   network_interfaces {
-    subnet_id                   = local.subnet_ids[each.value]
+    device_index                = 0
     security_groups             = [var.security_group_id]
     associate_public_ip_address = false
   }
