@@ -106,31 +106,15 @@ resource "aws_cloudwatch_metric_alarm" "s3_errors" {
   tags                = var.tags
 }
 
-resource "aws_cloudwatch_metric_alarm" "function_errors" {
-  for_each            = var.functions
-  alarm_name          = "${each.value}-errors"
-  alarm_description   = "The ${each.key} function failed (dashboard: log recovery, compactions, GC)."
+# Each function's errors (it failed) and throttles (it hit its reserved concurrency: recovery
+# or compaction waits).
+resource "aws_cloudwatch_metric_alarm" "function" {
+  for_each            = { for pair in setproduct(keys(var.functions), ["Errors", "Throttles"]) : "${pair[0]}-${lower(pair[1])}" => { kind = pair[0], metric = pair[1] } }
+  alarm_name          = "${var.functions[each.value.kind]}-${lower(each.value.metric)}"
+  alarm_description   = "${each.value.metric} of the ${each.value.kind} function (dashboard: log recovery, compactions, GC)."
   namespace           = "AWS/Lambda"
-  metric_name         = "Errors"
-  dimensions          = { FunctionName = each.value }
-  statistic           = "Sum"
-  period              = 300
-  evaluation_periods  = 1
-  comparison_operator = "GreaterThanThreshold"
-  threshold           = 0
-  treat_missing_data  = "notBreaching"
-  alarm_actions       = local.actions
-  ok_actions          = local.actions
-  tags                = var.tags
-}
-
-resource "aws_cloudwatch_metric_alarm" "function_throttles" {
-  for_each            = var.functions
-  alarm_name          = "${each.value}-throttles"
-  alarm_description   = "The ${each.key} function hit its reserved concurrency (recovery or compaction waits)."
-  namespace           = "AWS/Lambda"
-  metric_name         = "Throttles"
-  dimensions          = { FunctionName = each.value }
+  metric_name         = each.value.metric
+  dimensions          = { FunctionName = var.functions[each.value.kind] }
   statistic           = "Sum"
   period              = 300
   evaluation_periods  = 1

@@ -97,6 +97,7 @@ locals {
       memory  = var.worker_memory
     }
   }
+  tasks = merge(local.roles, { cli = { command = ["status"], port = null, cpu = 512, memory = 1024 } })
 }
 
 resource "aws_cloudwatch_log_group" "cluster" {
@@ -186,8 +187,11 @@ resource "aws_iam_role_policy" "execution" {
   policy = data.aws_iam_policy_document.execution.json
 }
 
+# The master, the workers and `cli`: a one-off tabletstore command inside the VPC (the
+# clients' security group), `aws ecs run-task ... --overrides '{"containerOverrides":[{"name":
+# "cli","command":["ls"]}]}'` (the cli_run_task output prints the whole command).
 resource "aws_ecs_task_definition" "role" {
-  for_each                 = local.roles
+  for_each                 = local.tasks
   family                   = "${var.name}-tabletstore-${each.key}"
   requires_compatibilities = ["FARGATE"]
   network_mode             = "awsvpc"
@@ -196,59 +200,31 @@ resource "aws_ecs_task_definition" "role" {
   task_role_arn            = aws_iam_role.task.arn
   execution_role_arn       = aws_iam_role.execution.arn
   container_definitions = jsonencode([
-    {
-      name         = each.key
-      image        = var.image_uri
-      essential    = true
-      user         = local.user
-      command      = each.value.command
-      environment  = local.environment
-      portMappings = [{ containerPort = each.value.port, protocol = "tcp" }, { containerPort = var.metrics_port, protocol = "tcp" }]
-      healthCheck = {
-        command     = ["/usr/local/bin/tabletstore-entrypoint", "health", tostring(each.value.port)]
-        interval    = 10
-        retries     = 3
-        timeout     = 5
-        startPeriod = 60
-      }
-      dependsOn              = [{ containerName = "scratch", condition = "SUCCESS" }]
-      readonlyRootFilesystem = true
-      mountPoints            = [{ sourceVolume = "scratch", containerPath = "/tmp" }]
-      logConfiguration       = { logDriver = "awslogs", options = local.log_options }
-    },
-    local.scratch,
-  ])
-  volume {
-    name = "scratch"
-  }
-  tags = var.tags
-}
-
-# A one-off tabletstore command inside the VPC (the clients' security group):
-#   aws ecs run-task --cluster C --task-definition D --launch-type FARGATE \
-#     --network-configuration ... --overrides '{"containerOverrides":[{"name":"cli","command":["ls"]}]}'
-# (the cluster module's cli_run_task output prints the whole command).
-resource "aws_ecs_task_definition" "cli" {
-  family                   = "${var.name}-tabletstore-cli"
-  requires_compatibilities = ["FARGATE"]
-  network_mode             = "awsvpc"
-  cpu                      = 512
-  memory                   = 1024
-  task_role_arn            = aws_iam_role.task.arn
-  execution_role_arn       = aws_iam_role.execution.arn
-  container_definitions = jsonencode([
-    {
-      name                   = "cli"
-      image                  = var.image_uri
-      essential              = true
-      user                   = local.user
-      command                = ["status"]
-      environment            = local.environment
-      dependsOn              = [{ containerName = "scratch", condition = "SUCCESS" }]
-      readonlyRootFilesystem = true
-      mountPoints            = [{ sourceVolume = "scratch", containerPath = "/tmp" }]
-      logConfiguration       = { logDriver = "awslogs", options = local.log_options }
-    },
+    merge(
+      {
+        name                   = each.key
+        image                  = var.image_uri
+        essential              = true
+        user                   = local.user
+        command                = each.value.command
+        environment            = local.environment
+        dependsOn              = [{ containerName = "scratch", condition = "SUCCESS" }]
+        readonlyRootFilesystem = true
+        mountPoints            = [{ sourceVolume = "scratch", containerPath = "/tmp" }]
+        logConfiguration       = { logDriver = "awslogs", options = local.log_options }
+      },
+      # A serving process: its ports, and the entrypoint's health check on its RPC port.
+      each.value.port == null ? null : {
+        portMappings = [{ containerPort = each.value.port, protocol = "tcp" }, { containerPort = var.metrics_port, protocol = "tcp" }]
+        healthCheck = {
+          command     = ["/usr/local/bin/tabletstore-entrypoint", "health", tostring(each.value.port)]
+          interval    = 10
+          retries     = 3
+          timeout     = 5
+          startPeriod = 60
+        }
+      },
+    ),
     local.scratch,
   ])
   volume {

@@ -20,7 +20,7 @@ output "cli_run_task" {
   description = "A tabletstore command from outside the VPC: append the command as JSON, e.g. ...\"command\":[\"ls\"]}]}'; the output is in the cluster's log group."
   value = join(" ", [
     "aws ecs run-task --cluster ${aws_ecs_cluster.main.name}",
-    "--task-definition ${aws_ecs_task_definition.cli.family} --launch-type FARGATE",
+    "--task-definition ${aws_ecs_task_definition.role["cli"].family} --launch-type FARGATE",
     "--network-configuration 'awsvpcConfiguration={subnets=[${join(",", var.subnet_ids)}],securityGroups=[${var.clients_security_group_id}],assignPublicIp=DISABLED}'",
     "--overrides '{\"containerOverrides\":[{\"name\":\"cli\",",
   ])
