@@ -507,3 +507,24 @@ def test_the_deployment_guide_lists_the_contract(plan: Plan) -> None:
     for script in member_scripts(plan).values():
         for flag in {w.split("=", 1)[0] for w in etcd_run(script) if w.startswith("--")}:
             assert flag in table, flag
+
+
+def test_services_roll_with_a_circuit_breaker_and_can_replace_all_at_once(plan: Plan) -> None:
+    """A release rolls (the masters one of two at a time, the workers never below their
+    count) and rolls back if its tasks never get healthy; `replace_all_at_once` (a wire
+    protocol change) makes both stop every old task first."""
+    services = {v["name"]: v for v in plan.of_type("aws_ecs_service").values()}
+    master, worker = services["prod-tabletstore-master"], services["prod-tabletstore-worker"]
+    assert (master["deployment_minimum_healthy_percent"], master["deployment_maximum_percent"]) == (
+        50,
+        200,
+    )
+    assert (worker["deployment_minimum_healthy_percent"], worker["deployment_maximum_percent"]) == (
+        100,
+        200,
+    )
+    for service in (master, worker):
+        assert service["deployment_circuit_breaker"] == [{"enable": True, "rollback": True}]
+    text = (TF / "modules" / "cluster" / "main.tf").read_text()
+    assert text.count("var.replace_all_at_once ? 0 :") == 2
+    assert text.count("var.replace_all_at_once ? 100 :") == 2
