@@ -44,6 +44,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from bench import require_extra
+
 EMULATOR = Path("/usr/lib/google-cloud-sdk/platform/bigtable-emulator/cbtemulator")
 REPO = Path(__file__).resolve().parents[1]
 PROJECT, INSTANCE = "bench-project", "bench-instance"
@@ -211,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--only", choices=("tabletstore", "emulator"), default=None)
     args = ap.parse_args(argv)
+    require_extra("bigtable-api", "python -m bench.bigtable_api")
     columns: dict[str, dict[str, list[float]]] = {}
     backends: list[tuple[str, Callable[[], contextlib.AbstractContextManager[tuple[str, int]]]]] = [
         ("tabletstore", lambda: front_door(args.url)),

@@ -33,6 +33,7 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
+from bench import require_extra
 from bench.bigtable_api import (
     INSTANCE,
     PROJECT,
@@ -126,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    require_extra("bigtable-api", "python -m bench.grpc_floor")
     if args.serve is not None:
         _serve_nothing(args.serve)
         return 0

@@ -1,6 +1,6 @@
 """Recovery benchmark (§5.3, §6 "Commit-log implementation"): a dead worker's log of L MB over
 T tablets, recovered by the direct replay (every new owner reads the whole log) and by the
-sorted recovery with N sorter processes (``master.recovery.InProcessSortExecutor``).
+sorted recovery with N sorter processes (``master.log_recovery.InProcessSortExecutor``).
 
 For each (T, method): bytes read divided by the log's bytes, object-store requests, and
 seconds until every tablet has its cells (all tablets recover at once, as the master's loads
@@ -44,10 +44,10 @@ from tabletstore.commitlog import encode_record, encode_segment, fence, replay_c
 from tabletstore.commitlog.runs import SortManifest, SortPlan, SortTask, TabletRange
 from tabletstore.commitlog.sorting import ReplayStats, SharedSorts, plan_sort, sorted_replay
 from tabletstore.commitlog.spill import RunSpill
-from tabletstore.engine.pools import process_pool
+from tabletstore.engine.process_pool import process_pool
 from tabletstore.keys import Cell, CellKind
 from tabletstore.limits import MiB
-from tabletstore.master.recovery import InProcessSortExecutor
+from tabletstore.master.log_recovery import InProcessSortExecutor
 from tabletstore.options import WorkerOptions
 from tabletstore.storage_s3 import find_layer, open_store
 from tabletstore.storage_s3.base import ObjectStore

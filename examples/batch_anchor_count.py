@@ -15,12 +15,14 @@ import argparse
 import random
 import tempfile
 
-from distributed import Client, LocalCluster
-
 import tabletstore
 from tabletstore import SetCell
 from tabletstore.batch.engines import dask_dataframe
 from tabletstore.data.model import RowMutation
+from tabletstore.extras import needs_extra
+
+with needs_extra("batch", what="this example"):
+    from distributed import Client, LocalCluster
 
 DOMAINS = ["com.cnn.www", "com.example.www", "org.wikipedia.en", "uk.co.bbc.www"]
 SITES = [f"site{i}.net" for i in range(40)]
@@ -55,13 +57,13 @@ def main(url: str) -> None:
         db.table("webtable").mutate_row(
             b"com.cnn.www/late", [SetCell("anchor", b"late.org", b"too late")]
         )
-        store_url = db.store.url
         print(f"snapshot {snap.snapshot_id}: {len(snap.tablets)} tablets")
         with (
             LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None) as cluster,
             Client(cluster),
         ):
-            anchors = dask_dataframe(store_url, snap.snapshot_id, columns=["anchor"])
+            # The database's URL: the splits name its store, which is all the workers read.
+            anchors = dask_dataframe(url, snap.snapshot_id, columns=["anchor"])
             domain = anchors["row"].map(
                 lambda r: bytes(r).split(b"/")[0].decode(), meta=("row", "object")
             )

@@ -10,7 +10,7 @@ Opening a directory is a recovery (§5.3): the new worker incarnation claims eve
 the root tablet, then the METADATA tablets, then the user tablets, as a cluster's master
 assigns them — fences the previous incarnation's commit log and replays what was not yet in
 SSTables, so every acknowledged write is there even after ``kill -9``. The master sorts that
-log first (§6; ``master.recovery`` with an in-process executor), so each tablet reads only
+log first (§6; ``master.log_recovery`` with an in-process executor), so each tablet reads only
 its own part of it instead of the whole log. The tablet records are
 METADATA rows served by the in-process worker, exactly as in a cluster; the root tablet's
 record is in the coordinator's journal. ``memory://name`` opens the same stack on in-memory
@@ -33,14 +33,15 @@ from tabletstore.coordination.memory import MemoryCoordinator
 from tabletstore.errors import InvalidArgument
 from tabletstore.master.gc import GcReport, collect
 from tabletstore.master.gc_plan import DEFAULT_FENCE_GRACE, DEFAULT_GRACE
+from tabletstore.master.log_recovery import InProcessSortExecutor, LogRecovery
 from tabletstore.master.master import Master
-from tabletstore.master.recovery import InProcessSortExecutor, LogRecovery
+from tabletstore.metadata.store_location import OBJECTS_DIR, embedded_store_url
 from tabletstore.ops.metrics import WorkerMetrics
 from tabletstore.options import IN_PROCESS_LEASE, MasterOptions, TabletOptions, WorkerOptions
 from tabletstore.rpc.inprocess import InProcessTransport
 from tabletstore.rpc.services import TABLET
 from tabletstore.security import TlsConfig
-from tabletstore.storage_s3 import open_store
+from tabletstore.storage_s3 import layout, open_store
 from tabletstore.storage_s3.base import ObjectStore
 from tabletstore.worker.server import TabletServer
 
@@ -127,9 +128,9 @@ class Database(AsyncClient):
         clock = clock or SystemClock()
         coordinator: Coordinator
         if kind == "file":
-            os.makedirs(os.path.join(where, "objects"), exist_ok=True)
+            os.makedirs(os.path.join(where, OBJECTS_DIR), exist_ok=True)
             coordinator = LocalCoordinator(where, clock=clock, leases_bound_to_process=True)
-            store = open_store(f"file://{where}/objects", instrument=instrument, registry=registry)
+            store = open_store(embedded_store_url(where), instrument=instrument, registry=registry)
             canonical = f"file://{where}"
         else:
             # A named in-memory database outlives its handles: reopening it must not
@@ -195,6 +196,13 @@ class Database(AsyncClient):
         opened with ``instrument``). Async so that the collectors read the engine's state on
         its event loop (the sync API runs it there too)."""
         return self.metrics.exposition().decode()
+
+    async def staging_url(self, load_name: str) -> str:
+        """Where a job writes the files of load ``load_name``: ``staging/anonymous/<name>/``
+        of the database's own store (``objects/`` of its directory). An in-memory store has
+        no prefixes in its URL: a job writes to ``db.store`` under that key prefix
+        (``layout.staging_prefix``) instead."""
+        return layout.staging_url(self.store.url, self._staging_principal(), load_name)
 
     async def close(self) -> None:
         """Minor-compact every tablet (fast next open), stop the worker, release files."""

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from tabletstore.limits import MAX_FRAME, MiB
 
 __all__ = [
+    "FRONT_DOOR_MAX_CONCURRENT_CALLS",
     "IN_PROCESS_LEASE",
     "SPLIT_BYTES",
     "LeaseOptions",
@@ -24,6 +25,11 @@ __all__ = [
 #: the one default that both the workers' split rule (:class:`TabletOptions`) and the
 #: master's merge thresholds (:class:`MasterOptions`) read.
 SPLIT_BYTES = 128 * 1024 * 1024
+
+#: Calls the Bigtable front door serves at once (``bigtable-api --max-concurrent-calls``);
+#: more are refused with RESOURCE_EXHAUSTED. Each holds at most one request message
+#: (``limits.MAX_REQUEST_BYTES``) once its token passed; a call without one reads none.
+FRONT_DOOR_MAX_CONCURRENT_CALLS = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,23 +70,32 @@ class RpcServerOptions:
     max_connections: int = 1024
     #: Connections open at once from one peer IP address: one host cannot take them all.
     max_connections_per_peer: int = 256
-    #: Seconds a new connection has to send its hello; then it is closed.
+    #: Connections open at once that have not proven who they are (TLS without a client
+    #: certificate, before their token is accepted): a gate of their own, apart from the
+    #: authenticated ones' ``max_connections``.
+    max_unauthenticated: int = 64
+    #: Of those, from one peer IP address.
+    max_unauthenticated_per_peer: int = 8
+    #: Seconds a new connection has to send its hello and, without a client certificate, to
+    #: have its token accepted; then it is closed. Nothing else it sends is read before.
     handshake_timeout: float = 10.0
     #: Seconds a connection with nothing in flight may stay silent before it is closed. Must be
     #: at least twice ``rpc.client.IDLE_REUSE`` (clients reconnect rather than reuse a
     #: connection idle that long, so a request never crosses the server's close).
     idle_timeout: float = 300.0
     #: Seconds a frame that has begun to arrive may go without a byte before the connection is
-    #: closed (a half-sent frame holds its reservation of the byte budget meanwhile).
+    #: closed (a half-sent frame holds the bytes of it that arrived meanwhile).
     stall_timeout: float = 30.0
+    #: Bytes a second a frame must arrive at, averaged over windows of ``stall_timeout``
+    #: seconds while the server reads it; a slower sender is closed.
+    min_receive_rate: int = 64 * 1024
     #: Largest frame accepted (the hello advertises it): the request limit by default.
     max_frame: int = MAX_FRAME
     #: Bytes one connection may hold: the frame it is receiving plus the requests it sent that
     #: are still being handled. None: ``max_frame`` (one maximal request at a time).
     max_connection_bytes: int | None = None
-    #: Bytes all connections may hold together. A frame is read only once its whole declared
-    #: length is reserved here; until then its connection is not read (first come, first
-    #: served). At least ``max_frame``.
+    #: Bytes all connections may hold together, charged as they arrive; a connection is not
+    #: read while they are all taken (first come, first served). At least ``max_frame``.
     max_buffered_bytes: int = 256 * MiB
     #: Requests in flight on one connection.
     max_in_flight: int = 4096
@@ -179,6 +194,15 @@ class MasterOptions:
     #: (tabletstore.master.gc_plan, rule 1). Compactions commit an uploaded SSTable within
     #: seconds; an hour leaves room for a slow coordinator.
     gc_grace: float = 3600.0
+
+    #: Split keys one ``create_table`` may give (each makes a tablet to load at once): more
+    #: are refused with InvalidArgument naming this setting. 0: no bound.
+    max_split_keys: int = 100
+    #: Tables one principal may administer (those it created, or is an admin of) before its
+    #: next ``create_table`` is refused with InvalidArgument naming this setting; counted on
+    #: a cluster with auth only (without it every caller is the same anonymous one), never for
+    #: the cluster's own identities. 0: no bound.
+    max_tables_per_principal: int = 100
 
     #: Tablet moves per balancing round at most. More levels load faster; each move makes
     #: the tablet briefly unavailable (unload with a flush, then load).

@@ -11,7 +11,8 @@
 
 Binary columns (row keys, qualifiers, values) stay bytes: pandas frames use Arrow-backed
 dtypes (``pd.ArrowDtype(pa.binary())``), so neither pandas nor Dask turns them into strings.
-dask and pandas are the optional ``batch`` extra; they are imported when first used.
+dask and pandas are the optional ``batch`` extra; they are imported when first used, and a
+missing one names the extra to install (:mod:`tabletstore.extras`).
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from tabletstore.batch.bulkload import to_cells_table, write_sstables
+from tabletstore.batch.load_files import to_cells_table, write_sstables
 from tabletstore.batch.reader import CELLS_SCHEMA, Split, open_snapshot, read_split, wide_schema
 from tabletstore.client.cluster import ClusterClient
 from tabletstore.data.model import RowMutation, SetCell
+from tabletstore.extras import needs_extra
 
 if TYPE_CHECKING:
     import duckdb
@@ -39,6 +41,8 @@ __all__ = [
     "write_rows",
 ]
 
+#: Who needs the batch extra, in the error that names it.
+_DASK = "tabletstore.batch's Dask engine"
 #: Cells per MutateRows call made by :func:`write_rows`.
 WRITE_BATCH_CELLS = 2000
 
@@ -55,9 +59,11 @@ def duckdb_relation(
     view: str | None = None,
     **kw: Any,
 ) -> duckdb.DuckDBPyRelation:
-    """A DuckDB relation over snapshot ``snapshot_id`` (keyword arguments as
-    :func:`~tabletstore.batch.reader.aread_split`: ``columns``, ``row_range``, ``start_ts``,
-    ``end_ts``, ``filter``, ``shape``); with ``view``, also a view of that name for SQL."""
+    """A DuckDB relation over snapshot ``snapshot_id`` of the database at ``store_url`` (its
+    URL or its store's, as :func:`~tabletstore.batch.reader.open_snapshot` takes; keyword
+    arguments as :func:`~tabletstore.batch.reader.aread_split`: ``columns``, ``row_range``,
+    ``start_ts``, ``end_ts``, ``filter``, ``shape``); with ``view``, also a view of that name
+    for SQL."""
     table = open_snapshot(store_url, snapshot_id).read(**kw)
     rel = con.from_arrow(table)
     if view is not None:
@@ -66,7 +72,8 @@ def duckdb_relation(
 
 
 def _to_pandas(table: pa.Table) -> Any:
-    import pandas as pd
+    with needs_extra("batch", what=_DASK):
+        import pandas as pd
 
     return table.to_pandas(types_mapper=pd.ArrowDtype)
 
@@ -83,9 +90,12 @@ def dask_dataframe(
     max_split_bytes: int | None = None,
     **kw: Any,
 ) -> Any:
-    """A Dask DataFrame over a snapshot, one partition per input split (keyword arguments
-    as :func:`~tabletstore.batch.reader.aread_split`). Nothing is read until it is computed."""
-    import dask.dataframe as dd
+    """A Dask DataFrame over a snapshot of the database at ``store_url`` (its URL or its
+    store's, as :func:`~tabletstore.batch.reader.open_snapshot` takes), one partition per
+    input split (keyword arguments as :func:`~tabletstore.batch.reader.aread_split`). Nothing
+    is read until it is computed."""
+    with needs_extra("batch", what=_DASK):
+        import dask.dataframe as dd
 
     snapshot = open_snapshot(store_url, snapshot_id)
     splits = (
@@ -107,7 +117,8 @@ def dask_dataframe(
 def dask_write_sstables(df: Any, url: str) -> list[str]:
     """Write each partition of ``df`` (columns as ``bulkload.write_sstables``) as SSTables
     under ``url``, ready for ``tabletstore bulkload``; returns the keys written."""
-    import pandas as pd
+    with needs_extra("batch", what=_DASK):
+        import pandas as pd
 
     def one(part: Any) -> Any:
         keys = (
@@ -154,7 +165,8 @@ def write_rows(cluster_url: str, table: str, data: Any) -> int:
 
 def dask_write_rows(df: Any, cluster_url: str, table: str) -> int:
     """Write every partition of ``df`` through the client (see :func:`write_rows`)."""
-    import pandas as pd
+    with needs_extra("batch", what=_DASK):
+        import pandas as pd
 
     def one(part: Any) -> Any:
         n = (

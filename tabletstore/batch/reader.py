@@ -3,7 +3,8 @@
 The paper's §8: Bigtable tables are MapReduce input. Here a batch job needs only the bucket
 (read-only credentials: GETs and LISTs) and a snapshot id: no coordinator, no worker.
 
-* :func:`open_snapshot` finds the manifest (:mod:`tabletstore.metadata.snapshot`).
+* :func:`open_snapshot` finds the manifest (:mod:`tabletstore.metadata.snapshot`) in the
+  store of the database URL (or store URL) it is given.
 * :meth:`Snapshot.splits` cuts it into :class:`Split` values (picklable, one per tablet, and
   finer for tablets larger than ``max_split_bytes``, at SSTable block boundaries read from the
   footers: every row lies in exactly one split).
@@ -68,6 +69,7 @@ from tabletstore.engine.iterators import AsyncCellSource, amerge_batches, avisib
 from tabletstore.errors import InvalidArgument, NotFound
 from tabletstore.metadata.record import SSTableRef
 from tabletstore.metadata.snapshot import SnapshotManifest, TabletSnapshot, find_manifest
+from tabletstore.metadata.store_location import locate_store
 from tabletstore.sstable import SSTable
 from tabletstore.sstable.format import SCHEMA
 from tabletstore.storage_s3 import open_store
@@ -244,20 +246,25 @@ async def _open_sstable(store: ObjectStore, split: Split, ref: SSTableRef) -> SS
         ) from exc
 
 
-async def aopen_snapshot(store_url: str, snapshot_id: str) -> Snapshot:
-    store = open_store(store_url)
+async def aopen_snapshot(url: str, snapshot_id: str) -> Snapshot:
+    """:func:`open_snapshot` from a coroutine."""
+    location = await locate_store(url)
+    store = open_store(location.url)
     try:
-        manifest = await find_manifest(store, snapshot_id)
+        manifest = await find_manifest(store, snapshot_id, where=str(location))
     finally:
         await store.close()
-    return Snapshot(store_url, manifest)
+    return Snapshot(location.url, manifest)
 
 
-def open_snapshot(store_url: str, snapshot_id: str) -> Snapshot:
-    """Open snapshot ``snapshot_id`` of the database whose objects are at ``store_url``
-    (``s3://bucket/prefix?endpoint_url=...``, ``file:///dir/objects``). NotFound names a
-    missing manifest; Corruption a manifest that is not one."""
-    return _run(aopen_snapshot(store_url, snapshot_id))
+def open_snapshot(url: str, snapshot_id: str) -> Snapshot:
+    """Open snapshot ``snapshot_id`` of a database: ``url`` is the database's URL
+    (``file:///dir`` or a directory path, ``etcd://host:port/namespace``) or the store URL of
+    its objects (``s3://bucket/prefix?endpoint_url=...``, ``file:///dir/objects``); see
+    :mod:`tabletstore.metadata.store_location`. The splits carry the store URL, so the tasks
+    reading them need the bucket only. NotFound names a missing manifest and the store
+    searched; Corruption a manifest that is not one."""
+    return _run(aopen_snapshot(url, snapshot_id))
 
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:

@@ -10,7 +10,8 @@
 One Spark partition per input split (``tabletstore.batch.reader``); each task reads its
 split from the bucket alone and hands Spark Arrow record batches. Options:
 
-* ``store`` (required): the store URL of the database's objects; ``snapshot`` (required);
+* ``store`` (required): the database's URL or the store URL of its objects (as
+  ``open_snapshot`` takes); ``snapshot`` (required);
 * ``shape``: ``cells`` (default) or ``wide``; ``columns``: comma-separated ``family`` or
   ``family:qualifier`` (required for ``wide``);
 * ``start_row`` / ``end_row`` (UTF-8 row keys, ``[start, end)``), ``start_ts`` / ``end_ts``
@@ -21,7 +22,8 @@ Writing (small outputs, through the client's batched mutations):
 .mode("append").save()`` with columns ``row, family, qualifier, value[, timestamp]``.
 Large outputs go through ``bulkload.write_sstables`` and ``tabletstore bulkload`` instead.
 
-pyspark is the optional ``batch`` extra; this module imports it.
+pyspark is the optional ``batch`` extra; this module imports it, and without it fails naming
+the extra to install.
 """
 
 from __future__ import annotations
@@ -31,19 +33,22 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import (
-    DataSource,
-    DataSourceArrowWriter,
-    DataSourceReader,
-    InputPartition,
-    WriterCommitMessage,
-)
-from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
 from tabletstore.batch.engines import write_rows
 from tabletstore.batch.reader import Split, open_snapshot, read_split
 from tabletstore.data.query import RowRange
 from tabletstore.errors import InvalidArgument
+from tabletstore.extras import needs_extra
+
+with needs_extra("batch", what="the Spark data source (tabletstore.batch.spark)"):
+    from pyspark.sql.datasource import (
+        DataSource,
+        DataSourceArrowWriter,
+        DataSourceReader,
+        InputPartition,
+        WriterCommitMessage,
+    )
+    from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
 __all__ = ["TabletstoreDataSource", "register"]
 

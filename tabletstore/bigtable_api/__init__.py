@@ -13,4 +13,11 @@ extra (google-cloud-bigtable, grpcio).
 
 from __future__ import annotations
 
+from tabletstore.extras import needs_extra
+
+# Every module here needs grpc and Google's protos: without them, say which extra brings them.
+with needs_extra("bigtable-api", what="the Cloud Bigtable API (tabletstore.bigtable_api)"):
+    import google.cloud.bigtable_v2  # noqa: F401
+    import grpc  # noqa: F401
+
 __all__: list[str] = []

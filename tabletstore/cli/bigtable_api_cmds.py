@@ -11,13 +11,14 @@ verbs never load them.
 
 With ``--tls-cert``/``--tls-key`` it serves TLS, and in front of a cluster (``etcd://``) every
 call must carry ``authorization: Bearer <token>`` (``tabletstore tokens create``); the call
-then acts for the token's principal (bigtable_api/auth.py). Without TLS a non-loopback
+then acts for the token's principal (bigtable_api/token_check.py). Without TLS a non-loopback
 ``--host`` is refused unless ``--insecure``.
 
 Once listening it prints ``bigtable-api listening on HOST:PORT`` (``--port 0`` picks a free
 port) and ``export BIGTABLE_EMULATOR_HOST=HOST:PORT`` (with TLS: ``bigtable-api listening with
-TLS on HOST:PORT``; clients then connect to it as an endpoint and trust the certificate), then serves until SIGINT or SIGTERM,
-when it stops accepting calls, lets calls in flight finish and closes the database.
+TLS on HOST:PORT``; clients then connect to it as an endpoint and trust the certificate),
+then serves until SIGINT or SIGTERM, when it stops accepting calls, lets calls in flight
+finish and closes the database.
 """
 
 from __future__ import annotations
@@ -29,26 +30,29 @@ from typing import Any
 import click
 
 from tabletstore.cli.context import Failure, run_loop
+from tabletstore.extras import MissingExtra, needs_extra
+from tabletstore.options import FRONT_DOOR_MAX_CONCURRENT_CALLS
 
 __all__ = ["DEFAULT_PORT", "bigtable_api", "serve"]
 
 #: Google's emulator listens on 8086 by default (``gcloud beta emulators bigtable start``).
 DEFAULT_PORT = 8086
-#: Top-level modules only the ``bigtable-api`` extra installs (grpcio, google-cloud-bigtable).
-_EXTRA_MODULES = ("grpc", "google")
 
 
 def _require_extra() -> None:
     """Import the serving stack, or fail saying which extra to install."""
     try:
-        import tabletstore.bigtable_api.server  # noqa: F401  (grpc and Google's protos)
-    except ModuleNotFoundError as exc:
-        if (exc.name or "").split(".")[0] not in _EXTRA_MODULES:
-            raise
-        raise Failure(
-            "the Cloud Bigtable API needs the bigtable-api extra: "
-            f"pip install 'tabletstore[bigtable-api]' (no module named {exc.name!r})"
-        ) from exc
+        with needs_extra("bigtable-api", what="the Cloud Bigtable API"):
+            import tabletstore.bigtable_api.server  # noqa: F401  (grpc and Google's protos)
+    except MissingExtra as exc:
+        raise Failure(str(exc)) from exc
+
+
+def _checks_tokens(url: str | None, tls: Any) -> bool:
+    """Whether the front door authenticates its callers: bearer tokens, checked against the
+    cluster's, with TLS in front of a cluster; an embedded database knows no tokens, so there
+    TLS only encrypts."""
+    return tls is not None and url is not None and url.startswith("etcd://")
 
 
 async def serve(
@@ -59,14 +63,16 @@ async def serve(
     plain_instance: str | None = None,
     tls: Any = None,
     client_tls: Any = None,
+    max_concurrent_calls: int = FRONT_DOOR_MAX_CONCURRENT_CALLS,
 ) -> None:
     """Open the database at ``url``, serve until SIGINT/SIGTERM, then shut down cleanly.
     ``tls`` (a TlsConfig): serve TLS, and bearer tokens in front of a cluster; ``client_tls``:
     how this process reaches the cluster (the global --tls-* options)."""
-    from tabletstore.bigtable_api.auth import server_credentials
     from tabletstore.bigtable_api.server import BigtableApiServer
+    from tabletstore.bigtable_api.token_check import server_credentials
     from tabletstore.coordination.tokens import TokenStore
     from tabletstore.embedded import connect_async
+    from tabletstore.ops.process_warmup import warm_up_process
 
     if tls is not None:
         server_credentials(tls)  # a bad file fails before the database opens
@@ -74,17 +80,24 @@ async def serve(
     try:
         # Bearer tokens in front of a cluster only: the embedded default stays open (one user).
         coordinator = getattr(client, "coordinator", None)
-        cluster = url is not None and url.startswith("etcd://")
         tokens = (
             TokenStore(coordinator)
-            if tls is not None and cluster and coordinator is not None
+            if _checks_tokens(url, tls) and coordinator is not None
             else None
         )
         server = BigtableApiServer(
-            client, host=host, port=port, plain_instance=plain_instance, tls=tls, tokens=tokens
+            client,
+            host=host,
+            port=port,
+            plain_instance=plain_instance,
+            tls=tls,
+            tokens=tokens,
+            max_concurrent_calls=max_concurrent_calls,
         )
         bound = await server.start()
-        _settle_process()
+        # Pay a long-running server's one-time costs now, not inside requests, and keep the
+        # cyclic collector off the request path (ops/process_warmup.py).
+        warm_up_process()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -102,16 +115,6 @@ async def serve(
         await client.close()
 
 
-def _settle_process() -> None:
-    """Pay the one-time costs of a long-running server at its start, not inside requests, and
-    keep the cyclic collector off the request path (``tabletstore.ops.settle``; a scan of a
-    large table spent more than half its server CPU in full collections before,
-    bench/bigtable_api.py)."""
-    from tabletstore.ops.settle import settle_process
-
-    settle_process()
-
-
 @click.command("bigtable-api")
 @click.option("--url", default=None, help="Database URL (default: the global --url).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
@@ -127,7 +130,18 @@ def _settle_process() -> None:
 @click.option("--tls-cert", default=None, metavar="PEM", help="Serve TLS with this certificate.")
 @click.option("--tls-key", default=None, metavar="PEM", help="The certificate's private key.")
 @click.option(
-    "--insecure", is_flag=True, help="Allow a non-loopback --host without TLS (no caller auth)."
+    "--insecure",
+    is_flag=True,
+    help="Allow a non-loopback --host without caller authentication (TLS in front of a "
+    "cluster checks tokens; over an embedded database nothing is authenticated).",
+)
+@click.option(
+    "--max-concurrent-calls",
+    type=click.IntRange(min=1),
+    default=FRONT_DOOR_MAX_CONCURRENT_CALLS,
+    show_default=True,
+    help="Calls served at once; more are refused with RESOURCE_EXHAUSTED. With the message "
+    "limit (81 MiB) this bounds the request bytes the front door holds.",
 )
 @click.pass_context
 def bigtable_api(
@@ -139,6 +153,7 @@ def bigtable_api(
     tls_cert: str | None,
     tls_key: str | None,
     insecure: bool,
+    max_concurrent_calls: int,
 ) -> None:
     """Serve the Cloud Bigtable API (point clients at it with BIGTABLE_EMULATOR_HOST)."""
     from tabletstore.errors import TabletStoreError
@@ -154,13 +169,23 @@ def bigtable_api(
         if tls_cert is not None or tls_key is not None:
             ca = client_tls.ca if client_tls is not None else tls_cert
             tls = TlsConfig.of(ca, tls_cert, tls_key)
-        check_bind(host, tls=tls is not None, insecure=insecure, what="bigtable-api")
+        check_bind(
+            host, authenticated=_checks_tokens(url, tls), insecure=insecure, what="bigtable-api"
+        )
     except TabletStoreError as exc:
         raise Failure(str(exc)) from exc
     _require_extra()
     try:
         run_loop(
-            serve(url, host, port, plain_instance=plain_instance, tls=tls, client_tls=client_tls)
+            serve(
+                url,
+                host,
+                port,
+                plain_instance=plain_instance,
+                tls=tls,
+                client_tls=client_tls,
+                max_concurrent_calls=max_concurrent_calls,
+            )
         )
     except TabletStoreError as exc:
         raise Failure(str(exc)) from exc

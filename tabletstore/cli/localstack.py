@@ -304,13 +304,30 @@ TLS_CERTS = (("etcd", "master"), ("master", "master"), ("worker", "worker"), ("c
 
 
 def make_certs(directory: Path) -> Path:
-    """A CA and the stack's certificates in ``directory`` (kept if already there)."""
+    """A CA and the stack's certificates in ``directory`` (kept if already there and admitted
+    by the stack's etcd, else issued again). They are the only certificates the stack's etcd
+    admits (``ca.ETCD_CLIENT_HOST``); certificates issued from the same CA to principals are not."""
     if not (directory / "ca.pem").exists():
         ca.init_ca(directory, name="tabletstore local-stack CA")
     for name, role in TLS_CERTS:
-        if not (directory / f"{name}.pem").exists():
-            ca.issue(directory, name, role=role)
+        if not _etcd_client(directory / f"{name}.pem"):
+            ca.issue(directory, name, role=role, etcd_client=True, force=True)
     return directory
+
+
+def _etcd_client(cert: Path) -> bool:
+    """Whether ``cert`` exists and names ``ca.ETCD_CLIENT_HOST``."""
+    if not cert.exists():
+        return False
+    from cryptography import x509
+
+    try:
+        san = x509.load_pem_x509_certificate(cert.read_bytes()).extensions.get_extension_for_class(
+            x509.SubjectAlternativeName
+        )
+    except (ValueError, x509.ExtensionNotFound):
+        return False
+    return ca.ETCD_CLIENT_HOST in san.value.get_values_for_type(x509.DNSName)
 
 
 def with_tls(url: str, tls: TlsConfig | None) -> str:
@@ -322,6 +339,7 @@ def with_tls(url: str, tls: TlsConfig | None) -> str:
 
 #: etcd users ``--tls`` makes (module docstring): (user, permission on the namespaces).
 CLUSTER_USER, READER_USER = "tabletstore-cluster", "tabletstore-reader"
+assert {CLUSTER_USER, READER_USER} <= ca.RESERVED_NAMES  # no certificate is issued these names
 ETCD_USERS = ((CLUSTER_USER, "readwrite"), (READER_USER, "read"))
 #: The etcd namespaces of a stack: the cluster's and the one TABLETSTORE_ETCD_URL names.
 STACK_NAMESPACES = ("cluster", "tabletstore")
@@ -431,6 +449,8 @@ def start_etcd(
             f"--key-file={tls.key}",
             f"--trusted-ca-file={tls.ca}",
             "--client-cert-auth",
+            # Only the stack's own certificates (ca.ETCD_CLIENT_HOST), not every one of its CA.
+            f"--client-cert-allowed-hostname={ca.ETCD_CLIENT_HOST}",
             f"--listen-metrics-urls=http://127.0.0.1:{health_port}",
         ]
     record = spawn("etcd", argv, log=log, url=f"etcd://127.0.0.1:{client_port}/tabletstore")

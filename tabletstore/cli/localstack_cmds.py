@@ -19,7 +19,7 @@ from tabletstore.cli import localstack
 from tabletstore.cli.context import Failure
 from tabletstore.errors import TabletStoreError
 
-__all__ = ["local_stack"]
+__all__ = ["local_stack", "up_report"]
 
 
 _dir_option = click.option(
@@ -30,6 +30,37 @@ _dir_option = click.option(
     show_default=True,
     help="Where the stack keeps its data, logs and stack.json.",
 )
+
+
+def up_report(stack: localstack.Stack) -> list[str]:
+    """What ``up`` prints before the environment: first the one command to connect with (the
+    cluster's URL, when it runs one), then every other URL labelled with what it is for."""
+    lines = [f"local stack is up in {stack.dir}"]
+    if stack.cluster_url is not None:
+        lines.append(f"connect with: tabletstore --url {shlex.quote(stack.cluster_url)} ls")
+        lines.append("  (or run the export lines below, then plain tabletstore ls)")
+        lines.append(f"  cluster URL:   {stack.cluster_url}")
+        lines.append("                 the database: --url, TABLETSTORE_URL, tabletstore.connect()")
+    else:
+        lines.append("no cluster runs yet: --workers N starts one, or start a master and workers")
+        lines.append("  in the etcd namespace below (tabletstore --url ETCD master --store STORE)")
+    lines.append(f"  etcd:          {stack.etcd_url}")
+    lines.append(
+        "                 a namespace for masters and workers you start yourself"
+        + ("; not the cluster above" if stack.cluster_url is not None else "")
+    )
+    kept = " (kept across down/up)" if stack.persist else ""
+    lines.append(f"  store URL:     {stack.store_url}{kept}")
+    lines.append("                 where the objects are (--store of a master you start)")
+    if stack.s3_endpoint:
+        lines.append(f"  S3 endpoint:   {stack.s3_endpoint}")
+    if stack.admin_url is not None:
+        lines.append(f"  operator URL:  {stack.admin_url}")
+        lines.append("                 the cluster as etcd's read-write user: tokens create")
+    lines.extend(
+        f"  {record.role:<9} pid {record.pid:<8} log {record.log}" for record in stack.processes
+    )
+    return lines
 
 
 @click.group("local-stack")
@@ -79,20 +110,8 @@ def local_stack_up(
         stack = localstack.up(directory, s3_url=s3_url, workers=workers, persist=persist, tls=tls)
     except TabletStoreError as exc:
         raise Failure(str(exc)) from exc
-    click.echo(f"local stack is up in {stack.dir}")
-    click.echo(f"  etcd URL:     {stack.etcd_url}")
-    if stack.s3_endpoint:
-        click.echo(f"  S3 endpoint:  {stack.s3_endpoint}")
-    click.echo(
-        f"  store URL:    {stack.store_url}" + (" (kept across down/up)" if stack.persist else "")
-    )
-    if stack.cluster_url is not None:
-        click.echo(f"  cluster URL:  {stack.cluster_url}")
-        click.echo(f"  use it:       tabletstore --url {shlex.quote(stack.cluster_url)} ls")
-    if stack.admin_url is not None:
-        click.echo(f"  operator URL: {stack.admin_url} (etcd read-write: tokens create)")
-    for record in stack.processes:
-        click.echo(f"  {record.role:<9} pid {record.pid:<8} log {record.log}")
+    for line in up_report(stack):
+        click.echo(line)
     click.echo("environment:")
     for name, value in localstack.environment(stack).items():
         click.echo(f"  export {name}={shlex.quote(value)}")

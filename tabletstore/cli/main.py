@@ -1,9 +1,10 @@
 """The ``tabletstore`` command: the group every verb hangs from and its global options.
 
 Flags and environment variables are read only in :mod:`tabletstore.cli`. Verbs are click
-commands registered on :func:`main`, one module per command group (below). The global ``--url`` (env ``TABLETSTORE_URL``)
-names the database and ``--identity`` (env ``TABLETSTORE_IDENTITY``) the caller checked
-against column-family ACLs (§2); both are stored in ``ctx.obj`` (:class:`CliContext`).
+commands registered on :func:`main`, one module per command group (below). The global
+``--url`` (env ``TABLETSTORE_URL``) names the database and ``--identity`` (env
+``TABLETSTORE_IDENTITY``) the caller checked against column-family ACLs (§2); both are stored
+in ``ctx.obj`` (:class:`CliContext`).
 
 The data verbs mirror Google's ``cbt`` (same verbs, ``key=value`` arguments and row output;
 the syntax itself lives in :mod:`tabletstore.cli.cbtsyntax`, the CSV form in
@@ -14,8 +15,8 @@ the syntax itself lives in :mod:`tabletstore.cli.cbtsyntax`, the CSV form in
 :mod:`~tabletstore.cli.batch_cmds` (snapshot, bulkload),
 :mod:`~tabletstore.cli.localstack_cmds`, :mod:`~tabletstore.cli.server_cmds` (master,
 worker), :mod:`~tabletstore.cli.status_cmds`, :mod:`~tabletstore.cli.security_cmds` (certs,
-tokens) and :mod:`~tabletstore.cli.bigtable_api_cmds`. Each invocation opens the database, does one thing and closes
-it (closing minor-compacts, so the next open is quick)::
+tokens) and :mod:`~tabletstore.cli.bigtable_api_cmds`. Each invocation opens the database,
+does one thing and closes it (closing minor-compacts, so the next open is quick)::
 
     tabletstore demo                                   the paper's Webtable, written and read
     tabletstore ls [TABLE]                             tables, or a table's families and GC
@@ -46,9 +47,10 @@ it (closing minor-compacts, so the next open is quick)::
     tabletstore tokens create NAME | list | revoke NAME                bearer tokens
 
 On a cluster with TLS (docs/ARCHITECTURE.md "Security"), ``--tls-ca``/``--tls-cert``/``--tls-key``
-(env ``TABLETSTORE_TLS_CA``/``_CERT``/``_KEY``) and ``--token`` (env ``TABLETSTORE_TOKEN``) say who
-the caller is; a master or worker serves with them and refuses a non-loopback ``--host``
-without them unless ``--insecure``.
+(env ``TABLETSTORE_TLS_CA``/``_CERT``/``_KEY``) and ``--token-file`` (env
+``TABLETSTORE_TOKEN_FILE``) or ``TABLETSTORE_TOKEN`` say who the caller is (``--token`` works
+too, but a command line is visible to every user of the machine in /proc); a master or worker
+serves with them and refuses a non-loopback ``--host`` without them unless ``--insecure``.
 
 On a terminal, import, export, flush and compact show a progress bar on stderr
 (:mod:`tabletstore.cli.progress`); otherwise they print only their result.
@@ -59,6 +61,8 @@ prints a traceback (:mod:`tabletstore.cli.context`).
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import click
 
@@ -108,7 +112,16 @@ DEFAULT_URL = "file://./tabletstore-data"
     "--token",
     envvar="TABLETSTORE_TOKEN",
     default=None,
-    help="A bearer token (tabletstore tokens create) instead of a client certificate.",
+    help="A bearer token (tabletstore tokens create) instead of a client certificate. On a "
+    "command line it is visible to every user of the machine (/proc): prefer --token-file or "
+    "TABLETSTORE_TOKEN.",
+)
+@click.option(
+    "--token-file",
+    envvar="TABLETSTORE_TOKEN_FILE",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="A file holding the bearer token (its first line).",
 )
 @click.pass_context
 def main(
@@ -119,6 +132,7 @@ def main(
     tls_cert: str | None,
     tls_key: str | None,
     token: str | None,
+    token_file: Path | None,
 ) -> None:
     """tabletstore: Bigtable on object storage and etcd.
 
@@ -130,6 +144,13 @@ def main(
         tls = TlsConfig.of(tls_ca, tls_cert, tls_key)
     except TabletStoreError as exc:
         raise Failure(str(exc)) from exc
+    if token_file is not None:
+        if token is not None:
+            raise Failure("give the token once: --token (or TABLETSTORE_TOKEN) or --token-file")
+        lines = token_file.read_text().splitlines()
+        token = lines[0].strip() if lines else ""
+        if not token:
+            raise Failure(f"--token-file {token_file} is empty")
     ctx.obj = CliContext(url=url, identity=identity, tls=tls, token=token)
 
 

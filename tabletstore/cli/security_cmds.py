@@ -4,8 +4,10 @@
     tabletstore certs init DIR                      a CA: DIR/ca.pem, DIR/ca.key
     tabletstore certs issue NAME --dir DIR --role client|worker|master|function [--host H]
                                                     DIR/NAME.pem, DIR/NAME.key (CN=NAME, OU=role)
-    tabletstore --url etcd://.. tokens create NAME  prints a new token for principal NAME (once)
-    tabletstore --url etcd://.. tokens list         principals and creation times (no tokens)
+    tabletstore --url etcd://.. tokens create NAME [--days D]
+                                                    prints a new token for principal NAME (once),
+                                                    valid D days (default 30)
+    tabletstore --url etcd://.. tokens list         principals, creation and expiry (no tokens)
     tabletstore --url etcd://.. tokens revoke NAME  deletes every token of NAME
 """
 
@@ -20,7 +22,7 @@ from typing import TypeVar
 import click
 
 from tabletstore.coordination import open_coordinator
-from tabletstore.coordination.tokens import TokenStore
+from tabletstore.coordination.tokens import DEFAULT_TTL, TokenStore
 from tabletstore.errors import TabletStoreError
 from tabletstore.security import ROLES, ca
 
@@ -63,10 +65,13 @@ def certs_init(directory: Path) -> None:
 @click.option("--role", type=click.Choice(ROLES), default="client", show_default=True)
 @click.option("--host", "hosts", multiple=True, help="Extra host name or IP it serves on.")
 @click.option("--days", type=click.IntRange(min=1), default=825, show_default=True)
-def certs_issue(name: str, directory: Path, role: str, hosts: tuple[str, ...], days: int) -> None:
+@click.option("--force", is_flag=True, help="Replace NAME.pem and NAME.key if they exist.")
+def certs_issue(
+    name: str, directory: Path, role: str, hosts: tuple[str, ...], days: int, force: bool
+) -> None:
     """Issue a certificate for principal NAME with ROLE, signed by the CA in --dir."""
     try:
-        issued = ca.issue(directory, name, role=role, hosts=hosts, days=days)
+        issued = ca.issue(directory, name, role=role, hosts=hosts, days=days, force=force)
     except TabletStoreError as exc:
         raise _Failure(str(exc)) from exc
     click.echo(f"certificate: {issued.cert}")
@@ -103,9 +108,17 @@ def tokens_group() -> None:
 @tokens_group.command("create")
 @click.argument("name")
 @click.option("--role", type=click.Choice(ROLES), default="client", show_default=True)
-def tokens_create(name: str, role: str) -> None:
-    """Make a token for principal NAME; it is printed once, keep it secret."""
-    token = _with_tokens(_url(), lambda t: t.create(name, role=role))
+@click.option(
+    "--days",
+    type=click.FloatRange(min=0, min_open=True),
+    default=DEFAULT_TTL / 86400,
+    show_default=True,
+    help="Days until the token expires.",
+)
+def tokens_create(name: str, role: str, days: float) -> None:
+    """Make a token for principal NAME; it is printed once, keep it secret. Give it to
+    clients in a file (--token-file) or TABLETSTORE_TOKEN, not on a command line."""
+    token = _with_tokens(_url(), lambda t: t.create(name, role=role, ttl=days * 86400))
     click.echo(token)
 
 
@@ -114,7 +127,11 @@ def tokens_list() -> None:
     """Principals holding tokens (the tokens themselves are not stored)."""
     for info in _with_tokens(_url(), lambda t: t.list()):
         created = datetime.datetime.fromtimestamp(info.created, datetime.UTC)
-        click.echo(f"{info.name}\t{info.role}\t{created:%Y-%m-%d %H:%M:%S}Z\t{info.digest[:12]}")
+        expires = datetime.datetime.fromtimestamp(info.expires, datetime.UTC)
+        click.echo(
+            f"{info.name}\t{info.role}\t{created:%Y-%m-%d %H:%M:%S}Z\t"
+            f"expires {expires:%Y-%m-%d %H:%M:%S}Z\t{info.digest[:12]}"
+        )
 
 
 @tokens_group.command("revoke")

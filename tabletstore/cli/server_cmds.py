@@ -144,7 +144,8 @@ def _process_tls(host: str, insecure: bool, what: str) -> TlsConfig | None:
     if obj.tls is not None and not obj.tls.has_identity:
         raise Failure(f"a {what} with TLS needs its own --tls-cert and --tls-key")
     try:
-        check_bind(host, tls=obj.tls is not None, insecure=insecure, what=what)
+        # With TLS a master or worker always authenticates (certificates, or tokens).
+        check_bind(host, authenticated=obj.tls is not None, insecure=insecure, what=what)
     except TabletStoreError as exc:
         raise Failure(str(exc)) from exc
     return obj.tls
@@ -193,6 +194,20 @@ def _metrics_ready(url: str) -> None:
     "and keeps the runs (memory, then local disk) so the log is read once (§6); larger logs "
     "are sorted by every worker. 0: only logs of one sort task.",
 )
+@click.option(
+    "--max-split-keys",
+    type=click.IntRange(min=0),
+    default=MasterOptions().max_split_keys,
+    show_default=True,
+    help="Split keys one create_table may give (0: no bound).",
+)
+@click.option(
+    "--max-tables-per-principal",
+    type=click.IntRange(min=0),
+    default=MasterOptions().max_tables_per_principal,
+    show_default=True,
+    help="Tables one principal may administer, with auth on (0: no bound).",
+)
 @rpc_caps
 @_insecure_option
 @_status_token_option
@@ -206,6 +221,8 @@ def master_cmd(
     sort_executor: str,
     compaction_executor: str,
     sort_owner_bytes: int,
+    max_split_keys: int,
+    max_tables_per_principal: int,
     rpc: RpcServerOptions,
     insecure: bool,
     status_token_file: Path | None,
@@ -218,6 +235,8 @@ def master_cmd(
         split_bytes=split_bytes,
         rpc=rpc,
         sort_owner_bytes=sort_owner_bytes,
+        max_split_keys=max_split_keys,
+        max_tables_per_principal=max_tables_per_principal,
     )
     tls = _process_tls(host, insecure, "master")
     status_token = _status_token(status_token_file)
@@ -321,7 +340,7 @@ def worker_cmd(
     status_token_file: Path | None,
 ) -> None:
     """Run a stateless tablet-server worker (§5.2, §5.3)."""
-    from tabletstore.ops.settle import settle_process
+    from tabletstore.ops.process_warmup import warm_up_process
     from tabletstore.worker.process import run_worker
     from tabletstore.worker.server import TabletServer
 
@@ -340,9 +359,9 @@ def worker_cmd(
     status_token = _status_token(status_token_file)
 
     def ready(server: TabletServer) -> None:
-        # Freeze what start-up loaded and raise the collector's thresholds: at the defaults,
-        # a scan through this worker spent a fifth of its CPU in the collector (ops/settle.py).
-        settle_process()
+        # Freeze what start-up loaded and raise the collector's thresholds, before the first
+        # request (ops/process_warmup.py).
+        warm_up_process()
         click.echo(f"worker {server.worker_id} listening on {server.address}", err=True)
 
     _serve(

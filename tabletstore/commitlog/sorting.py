@@ -294,7 +294,7 @@ class SharedSorts:
     them from the coordinator share one read.
 
     ``cpu``: makes (once, at the first task) the process pool
-    (:func:`tabletstore.engine.pools.process_pool`) the tasks' decoding, partitioning and
+    (:func:`tabletstore.engine.process_pool.process_pool`) the tasks' decoding, partitioning and
     encoding run in, so the owner of a log cut into several tasks sorts them on all its
     cores; the segments are fetched and the runs written by this process, which so keeps them
     for its tablets' replay: in ``spill`` (memory, then local disk:

@@ -36,7 +36,7 @@ from crc32c import crc32c
 from tabletstore.clock import Clock, SystemClock
 from tabletstore.errors import InvalidArgument
 from tabletstore.limits import MiB
-from tabletstore.procs import alive
+from tabletstore.pid_liveness import alive
 
 __all__ = ["DIRECTORY_PREFIX", "RunSpill", "SpillStats", "sweep_stale"]
 

@@ -22,7 +22,7 @@ Keys are relative to the coordinator's namespace (an etcd URL's path, e.g.
                                       the process's lease so a dead process's link goes away
     sorts/<worker-id>/<incarnation>/<first-segment>
                                       a sort task of a dead worker's log published for the
-                                      live workers (§6; master.recovery), deleted once done
+                                      live workers (§6; master.log_recovery), deleted once done
     sorters/<worker-id>/<incarnation>/<first-segment>
                                       the live worker running that task, attached to its lease
                                       (a dead sorter's claim vanishes and another takes it)

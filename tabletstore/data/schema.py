@@ -182,8 +182,9 @@ class TableSchema(_Frozen):
     """A table's families and locality groups, and who administers it.
 
     ``admins``: the principals that may delete the table, change its families and ACLs, and
-    snapshot or bulk-load it, checked by a master with auth on (``master/guard.py``; the
-    creator is added at creation). None: anyone may (tables made without auth)."""
+    snapshot or bulk-load it, checked by a master with auth on
+    (``master/master_service_guard.py``; the creator is added at creation). None: anyone may
+    (tables made without auth)."""
 
     name: str
     # Left out of the JSON while unset, so schemas written without auth read as before.

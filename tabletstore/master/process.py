@@ -20,14 +20,14 @@ from tabletstore.errors import (
 from tabletstore.master.compaction_cycle import CompactionExecutor
 from tabletstore.master.failure_detector import FailureDetector
 from tabletstore.master.gc import GarbageCollector
-from tabletstore.master.guard import guard
-from tabletstore.master.master import Master
-from tabletstore.master.recovery import (
+from tabletstore.master.log_recovery import (
     InProcessSortExecutor,
     LogRecovery,
     SortExecutor,
     WorkerSortExecutor,
 )
+from tabletstore.master.master import Master
+from tabletstore.master.master_service_guard import guard
 from tabletstore.metadata.catalog import ClusterSettings
 from tabletstore.metadata.record import LogRef
 from tabletstore.ops.metrics import MasterMetrics
@@ -101,7 +101,7 @@ async def run_master(
     (0: a free one) it also serves ``/metrics`` and ``/status`` over HTTP
     (tabletstore.ops.status_http) and passes their base URL to ``metrics_ready``.
 
-    ``sort_executor`` says where dead workers' logs are sorted (§6, :mod:`master.recovery`):
+    ``sort_executor`` says where dead workers' logs are sorted (§6, :mod:`master.log_recovery`):
     ``workers`` (the live workers), ``local`` (this process), ``lambda:<function>`` (AWS
     Lambda, ``functions/log_sort.py``) or ``none`` (each new owner reads the whole log).
     ``compaction_executor`` says where §5.4's major-compaction cycle rewrites tablets
@@ -110,10 +110,11 @@ async def run_master(
     needs ``cluster_url``: the etcd URL the function connects to).
 
     With ``tls`` (the cluster CA and this master's certificate, role master) every port
-    speaks TLS and table administration is for each table's admins (``master/guard.py``).
-    Without it, a non-loopback ``host`` is refused unless ``insecure``. ``status_token``: a
-    read-only bearer token for scrapers of the status endpoint."""
-    check_bind(host, tls=tls is not None, insecure=insecure, what="master")
+    speaks TLS and table administration is for each table's admins
+    (``master/master_service_guard.py``). Without it, a non-loopback ``host`` is refused unless
+    ``insecure``. ``status_token``: a read-only bearer token for scrapers of the status
+    endpoint."""
+    check_bind(host, authenticated=tls is not None, insecure=insecure, what="master")
     register_all()
     options = options or MasterOptions()
     stop = stop or asyncio.Event()

@@ -1,6 +1,6 @@
 """Sort tasks run as AWS Lambda functions (§6; DESIGN.md §7): the cloud's sorters.
 
-:class:`LambdaSortExecutor` is a :class:`~tabletstore.master.recovery.SortExecutor` that
+:class:`LambdaSortExecutor` is a :class:`~tabletstore.master.log_recovery.SortExecutor` that
 invokes the function deployed from ``functions/log_sort.py`` once per task, synchronously
 (``InvocationType=RequestResponse``) with boto3's ``lambda.invoke`` in a thread, and reads the
 task's manifest from the answer. The event is

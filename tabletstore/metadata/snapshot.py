@@ -219,15 +219,19 @@ async def list_manifests(store: ObjectStore, table_id: str | None = None) -> lis
     return sorted(out, key=lambda m: (m.created_at, m.snapshot_id))
 
 
-async def find_manifest(store: ObjectStore, snapshot_id: str) -> SnapshotManifest:
-    """The manifest of ``snapshot_id`` (ids are unique across tables)."""
+async def find_manifest(
+    store: ObjectStore, snapshot_id: str, *, where: str | None = None
+) -> SnapshotManifest:
+    """The manifest of ``snapshot_id`` (ids are unique across tables). NotFound names the
+    store searched: ``where`` when given (e.g. the store and the database it belongs to),
+    else the store's URL."""
     if not snapshot_id or "/" in snapshot_id:
         raise InvalidArgument(f"{snapshot_id!r} is not a snapshot id")
     suffix = f"/{snapshot_id}.json"
     async for info in store.list(layout.SNAPSHOTS):
         if info.key.endswith(suffix):
             return await read_manifest(store, info.key)
-    raise NotFound(f"no snapshot {snapshot_id!r} in {store.url}")
+    raise NotFound(f"no snapshot {snapshot_id!r} in {where or store.url}")
 
 
 async def delete_manifest(store: ObjectStore, snapshot_id: str) -> SnapshotManifest:

@@ -275,7 +275,8 @@ class ProcessMetrics:
         return max(0.0, lease.last_renewed + lease.ttl - self._monotonic())
 
     def denied(self, method: str, permission: str) -> None:
-        """Count one authorization refusal (``worker/guard.py``, ``master/guard.py``)."""
+        """Count one authorization refusal (``worker/tablet_service_guard.py``,
+        ``master/master_service_guard.py``)."""
         self.permission_denied.labels(method=method, permission=permission).inc()
 
     def instrument(self, handlers: Mapping[str, Handler]) -> dict[str, Handler]:
@@ -346,21 +347,31 @@ class _RpcServerCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         gate, budget = self._server.gate, self._server.budget
+        pending = self._server.unauthenticated
         yield GaugeMetricFamily(
             f"{PREFIX}_rpc_connections_open", "RPC connections open", value=gate.open
+        )
+        yield GaugeMetricFamily(
+            f"{PREFIX}_rpc_connections_unauthenticated",
+            "RPC connections open that have not proven who they are yet",
+            value=pending.open,
         )
         refused = CounterMetricFamily(
             f"{PREFIX}_rpc_connections_refused",
             "RPC connections refused or closed by a cap, by reason: total or peer (connection "
-            "caps), handshake, stalled or idle (timeouts)",
+            "caps), unauthenticated_total, _peer or _handshake (before authentication), "
+            "handshake, stalled, slow, paused or idle (timeouts)",
             labels=["reason"],
         )
-        for reason in ("total", "peer", "handshake", "stalled", "idle"):
+        for reason in ("total", "peer", "handshake", "stalled", "slow", "paused", "idle"):
             refused.add_metric([reason], gate.refused.get(reason, 0))
+        for reason in ("total", "peer"):
+            refused.add_metric([f"unauthenticated_{reason}"], pending.refused.get(reason, 0))
+        refused.add_metric(["unauthenticated_handshake"], pending.refused.get("handshake", 0))
         yield refused
         yield GaugeMetricFamily(
             f"{PREFIX}_rpc_buffered_bytes",
-            "Bytes held by RPC connections: frames being received (reserved whole) and request "
+            "Bytes held by RPC connections: frames being received (as they arrive) and request "
             "bodies being handled",
             value=budget.used,
         )

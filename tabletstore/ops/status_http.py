@@ -5,7 +5,7 @@ port, what an operator or a Prometheus server looks at (the paper's master watch
 servers through Chubby, §5.2; humans watch the processes through this), with aiohttp:
 
 =====================  =============================================================
-``GET /``              the status page (HTML, :mod:`tabletstore.ops.pages`): the master's
+``GET /``              the status page (HTML, :mod:`tabletstore.ops.status_pages`): the master's
                        shows the cluster, tables, tablets, events and charts; a
                        worker's its tablets and charts
 ``GET /static/NAME``   the page's script and style sheet (package data, ``web/``)
@@ -22,10 +22,18 @@ a boundary, STYLE.md convention 9). Any other path is 404, a method other than G
 405. A status that cannot be built because the cluster cannot be read (the coordinator is
 down) answers 503 with ``{"error": ...}``; a bug answers 500 and is logged.
 
-Bounded like the RPC servers (issue 16 item 4): at most ``max_connections`` (64) connections
-at once -- one more is answered ``503`` and closed at once --, request lines and header fields
-of at most 8190 bytes and 128 headers (aiohttp's limits, answered 400), request bodies of at
-most 64 KiB (every route is a GET), and a connection idle for 60 s between requests is closed.
+Bounded like the RPC servers: at most ``max_connections`` (64) connections at once and
+``max_per_peer`` (8) from one IP address -- one more is answered ``503`` and closed at once --,
+request lines and header fields of at most 8190 bytes and 128 headers (aiohttp's limits,
+answered 400), request bodies of at most 64 KiB (every route is a GET), and a connection idle
+for 60 s between requests is closed. Holding a place costs a client a request: each request's
+line and headers must arrive within ``head_timeout`` (10 s) of its first byte (the first
+request's within ``head_timeout`` of the connection, TLS handshake included), or the connection
+is closed; when every place is taken, a new connection takes the place of the one that has
+waited longest for a request (part way through its head, or idle since its last one for
+``head_timeout``) rather than being refused, so connections that never finish a request cannot
+keep scrapers out; and with TLS an unauthenticated request is answered 401 and its connection
+closed.
 
 With TLS (``tls``: the process's TlsConfig) the endpoint is ``https://`` and answers only a
 client that presents a certificate of the cluster CA, or a scraper's ``Authorization: Bearer
@@ -44,6 +52,7 @@ import hmac
 import json
 import logging
 import ssl
+from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any, cast
 
@@ -56,7 +65,6 @@ from tabletstore.coordination.base import Coordinator
 from tabletstore.errors import InvalidArgument, TabletStoreError
 from tabletstore.ops.history import DEFAULT_INTERVAL, Reading, Sampler
 from tabletstore.ops.metrics import MasterMetrics, ProcessMetrics, WorkerMetrics
-from tabletstore.ops.pages import STATIC_FILES, render_master, render_worker, static_file
 from tabletstore.ops.status_api import (
     AssignmentInfo,
     EventInfo,
@@ -66,6 +74,7 @@ from tabletstore.ops.status_api import (
     WorkerStatus,
     parse_status,
 )
+from tabletstore.ops.status_pages import STATIC_FILES, render_master, render_worker, static_file
 from tabletstore.ops.views import (
     MasterLike,
     WorkerLike,
@@ -100,34 +109,147 @@ BuildHtml = Callable[[str], Awaitable[str]]
 _INDEX = "tabletstore: GET /metrics (Prometheus), /status (JSON)\n"
 #: Connections at once; more are answered 503 (module docstring).
 MAX_CONNECTIONS = 64
+#: Connections at once from one IP address.
+MAX_PER_PEER = 8
+#: Seconds a request's line and headers may take to arrive (module docstring).
+HEAD_TIMEOUT = 10.0
 #: Largest request body (every route is a GET: none is needed).
 _MAX_BODY = 64 * 1024
 #: Seconds a connection may stay idle between requests.
 _KEEPALIVE = 60.0
 
 
-class _Busy(asyncio.Protocol):
-    """What a connection past the cap gets: 503 naming the limit, then the close."""
+def _busy(transport: asyncio.BaseTransport, why: str) -> None:
+    """What a connection past a cap gets: 503 naming the limit, then the close."""
+    body = f"tabletstore: {why}; try again later\n".encode()
+    head = (
+        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode()
+    cast(asyncio.Transport, transport).write(head + body)
+    transport.close()
 
-    def __init__(self, limit: int) -> None:
-        self._limit = limit
+
+class _Places:
+    """The endpoint's connections, in total and per peer address. When all places are taken,
+    a newcomer takes the place of the connection that has waited longest for a request: part
+    way through a request's head, or idle since its last head for ``head_timeout`` or more
+    (then probably idle on keep-alive). Otherwise it is refused."""
+
+    def __init__(self, limit: int, per_peer: int, head_timeout: float) -> None:
+        self.limit = limit
+        self.per_peer = per_peer
+        self.head_timeout = head_timeout
+        self.open: dict[_Guarded, str] = {}
+        self._per_peer: Counter[str] = Counter()
+
+    def admit(self, conn: _Guarded, peer: str) -> str | None:
+        """Count ``conn`` in; or why it is refused."""
+        if self._per_peer[peer] >= self.per_peer:
+            return (
+                f"too many connections to this status endpoint from {peer} "
+                f"(limit {self.per_peer} per address)"
+            )
+        if len(self.open) >= self.limit:
+            now = asyncio.get_running_loop().time()
+            oldest = min(self.open, key=self._waited)
+            if self._waited(oldest) > now:
+                return f"too many connections to this status endpoint (limit {self.limit})"
+            oldest.evict()
+        self.open[conn] = peer
+        self._per_peer[peer] += 1
+        return None
+
+    def _waited(self, conn: _Guarded) -> float:
+        """Since when ``conn`` may give its place away (loop time)."""
+        return conn.since if conn.waiting else conn.since + self.head_timeout
+
+    def release(self, conn: _Guarded) -> None:
+        peer = self.open.pop(conn, None)
+        if peer is not None:
+            self._per_peer[peer] -= 1
+            if self._per_peer[peer] <= 0:
+                del self._per_peer[peer]
+
+
+class _Guarded(asyncio.Protocol):
+    """aiohttp's protocol for one connection, behind the endpoint's caps (:class:`_Places`)
+    and the deadline on each request's head (the bytes up to an empty line)."""
+
+    def __init__(self, places: _Places, inner: asyncio.Protocol) -> None:
+        self._places = places
+        self._inner = inner
+        self._transport: asyncio.Transport | None = None
+        self._admitted = False
+        self._tail = b""  # the last bytes received, to find a head's end across reads
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop = asyncio.get_running_loop()
+        #: Whether a request's head is awaited (part way, or the first), and since when; else
+        #: when the last head was complete.
+        self.waiting = True
+        self.since = self._loop.time()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        body = (
-            f"tabletstore: too many connections to this status endpoint "
-            f"(limit {self._limit}); try again later\n"
-        ).encode()
-        head = (
-            "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-        ).encode()
-        cast(asyncio.Transport, transport).write(head + body)
-        transport.close()
+        self._transport = cast(asyncio.Transport, transport)
+        peer = transport.get_extra_info("peername")
+        refusal = self._places.admit(self, str(peer[0]) if peer else "unknown")
+        if refusal is not None:
+            _busy(transport, refusal)
+            return
+        self._admitted = True
+        self._wait_for_head()
+        self._inner.connection_made(transport)
+
+    def _wait_for_head(self) -> None:
+        self.waiting, self.since = True, self._loop.time()
+        self._timer = self._loop.call_later(self._places.head_timeout, self.evict)
+
+    def _head_done(self) -> None:
+        self.waiting, self.since = False, self._loop.time()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def evict(self) -> None:
+        self._places.release(self)
+        if self._transport is not None:
+            self._transport.abort()
+
+    def data_received(self, data: bytes) -> None:
+        if not self._admitted:
+            return
+        seen = self._tail + data
+        end = seen.rfind(b"\r\n\r\n")
+        if end >= 0:
+            self._head_done()
+        if (end < 0 or end + 4 < len(seen)) and self._timer is None:
+            self._wait_for_head()  # a head has begun: the deadline runs from its first byte
+        self._tail = seen[-3:]
+        self._inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self._inner.eof_received() if self._admitted else None
+
+    def pause_writing(self) -> None:
+        if self._admitted:
+            self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self._admitted:
+            self._inner.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._places.release(self)
+        if self._admitted:
+            self._inner.connection_lost(exc)
 
 
 class _CappedSite(web.TCPSite):
-    """aiohttp's TCPSite (``ssl_context`` included), with connections past ``limit`` answered
-    by :class:`_Busy`."""
+    """aiohttp's TCPSite (``ssl_context`` included), with its connections counted and
+    deadlined by :class:`_Places`."""
 
     def __init__(
         self,
@@ -135,28 +257,27 @@ class _CappedSite(web.TCPSite):
         host: str,
         port: int,
         *,
-        limit: int,
+        places: _Places,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         super().__init__(runner, host, port, ssl_context=ssl_context)
-        self._limit = limit
+        self._places = places
 
     async def start(self) -> None:
         await web.BaseSite.start(self)  # registers the site with its runner
         server = self._runner.server
         assert server is not None
-        limit = self._limit
+        places = self._places
 
         def factory() -> asyncio.BaseProtocol:
-            if len(server.connections) >= limit:
-                return _Busy(limit)
-            return server()
+            return _Guarded(places, cast(asyncio.Protocol, server()))
 
         self._server = await asyncio.get_running_loop().create_server(
             factory,
             self._host,
             self._port,
             ssl=self._ssl_context,
+            ssl_handshake_timeout=places.head_timeout if self._ssl_context else None,
             backlog=self._backlog,
             reuse_address=self._reuse_address,
             reuse_port=self._reuse_port,
@@ -181,6 +302,8 @@ class StatusServer:
         host: str = "127.0.0.1",
         port: int = 0,
         max_connections: int = MAX_CONNECTIONS,
+        max_per_peer: int = MAX_PER_PEER,
+        head_timeout: float = HEAD_TIMEOUT,
         tls: TlsConfig | None = None,
         token: str | None = None,
     ) -> None:
@@ -194,6 +317,7 @@ class StatusServer:
         self._host = host
         self._port = port
         self.max_connections = max_connections
+        self._places = _Places(max_connections, max_per_peer, head_timeout)
         self._runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._session: aiohttp.ClientSession | None = None
@@ -228,12 +352,14 @@ class StatusServer:
             and hmac.compare_digest(given.strip().encode(), self._token.encode())
         ):
             return await handler(request)
-        return web.Response(
+        refusal = web.Response(
             status=401,
             text="tabletstore: a client certificate of the cluster CA or the status token "
             "(Authorization: Bearer ...) is required\n",
             headers={"WWW-Authenticate": "Bearer"},
         )
+        refusal.force_close()  # an unauthenticated client keeps no place
+        return refusal
 
     async def start(self) -> None:
         app = web.Application(
@@ -258,7 +384,7 @@ class StatusServer:
             self._tls.server_context(require_client_cert=False) if self._tls is not None else None
         )
         site = _CappedSite(
-            runner, self._host, self._port, limit=self.max_connections, ssl_context=ssl_context
+            runner, self._host, self._port, places=self._places, ssl_context=ssl_context
         )
         try:
             await site.start()

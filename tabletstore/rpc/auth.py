@@ -20,10 +20,10 @@ never wait on etcd while the last good check is younger than ``token_stale_limit
 past that, they wait for a check and fail Unavailable if the coordinator cannot answer.
 
 Each request's handler runs with the connection's principal in a context variable
-(:func:`current_principal`), which the servers' guards read (``worker/guard.py``,
-``master/guard.py``); never a field of the request. A server without auth (the embedded
-database, a loopback test cluster) runs handlers with no principal: everything is allowed, as
-before.
+(:func:`current_principal`), which the servers' guards read
+(``worker/tablet_service_guard.py``, ``master/master_service_guard.py``); never a field of the
+request. A server without auth (the embedded database, a loopback test cluster) runs handlers
+with no principal: everything is allowed, as before.
 """
 
 from __future__ import annotations

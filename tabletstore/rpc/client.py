@@ -14,7 +14,10 @@ broke the protocol — since it may have been applied. ``Closed`` only for a cal
 RpcClient itself was closed by its owner (nothing is sent).
 
 With ``auth`` (rpc/auth.py ``ClientAuth``) the connection is TLS, verified against the cluster
-CA; the server must hold a certificate of a cluster role (worker or master). A token, if given,
+CA; the server must hold a certificate of the role the caller dials (``server_role``: a worker
+for the tablet service, the master for the master's; worker or master when not said), bound to
+the dialled host where the certificate names hosts (``security/tls.py`` ``check_server``). A
+certificate of a client or a function is never taken for a server. A token, if given,
 is sent in an AUTH frame right after the handshake. A server that refuses who we are (no or a
 bad certificate, a revoked token) fails the calls with PermissionDenied, which is not retried.
 """
@@ -39,11 +42,12 @@ from tabletstore.errors import (
     Unreachable,
 )
 from tabletstore.rpc import frames
-from tabletstore.rpc.auth import ClientAuth, peer_principal
+from tabletstore.rpc.auth import ClientAuth
 from tabletstore.rpc.codec import DEFAULT_CODEC, Codec, decode_error
 from tabletstore.rpc.connection import FrameConnection, format_address, parse_address
 from tabletstore.rpc.frames import DEFAULT_MAX_FRAME, Frame, Kind
 from tabletstore.rpc.transport import Method
+from tabletstore.security.tls import check_server
 
 __all__ = ["RpcClient", "RpcClientPool", "RpcStream", "TcpTransport"]
 
@@ -57,10 +61,19 @@ IDLE_REUSE = 60.0
 class _ClientConnection(FrameConnection):
     """One connected, handshaken socket and the requests in flight on it."""
 
-    def __init__(self, address: str, max_frame: int, token: str | None = None) -> None:
+    def __init__(
+        self,
+        address: str,
+        max_frame: int,
+        token: str | None = None,
+        host: str = "",
+        server_role: str | None = None,
+    ) -> None:
         super().__init__(max_frame, frames.encode_hello(max_frame))
         self.address = address
         self._token = token
+        self._host = host
+        self._server_role = server_role
         self.peer_max_frame = DEFAULT_MAX_FRAME
         self._handshake: asyncio.Future[None] = self._loop.create_future()
         self._next_id = 0
@@ -80,6 +93,7 @@ class _ClientConnection(FrameConnection):
         max_frame: int,
         connect_timeout: float,
         auth: ClientAuth | None = None,
+        server_role: str | None = None,
     ) -> _ClientConnection:
         address = format_address(host, port)
         loop = asyncio.get_running_loop()
@@ -88,7 +102,9 @@ class _ClientConnection(FrameConnection):
         try:
             async with asyncio.timeout(connect_timeout):
                 _, conn = await loop.create_connection(
-                    lambda: cls(address, max_frame, auth.token if auth else None),
+                    lambda: cls(
+                        address, max_frame, auth.token if auth else None, host, server_role
+                    ),
                     host,
                     port,
                     ssl=auth.ssl_context() if auth is not None else None,
@@ -153,12 +169,11 @@ class _ClientConnection(FrameConnection):
         if transport.get_extra_info("sslcontext") is None:
             return
         try:
-            server = peer_principal(transport.get_extra_info("peercert"), self.address)
-            if server is None or not server.is_cluster:
-                raise PermissionDenied(
-                    f"server {self.address} is not a cluster member: its certificate names "
-                    f"{server} (expected role worker or master)"
-                )
+            peercert = transport.get_extra_info("peercert")
+            try:
+                check_server(peercert, self._host, self._server_role, self.address)
+            except InvalidArgument as exc:
+                raise PermissionDenied(str(exc)) from exc
         except PermissionDenied as exc:
             self._dead = True
             if not self._handshake.done():
@@ -294,6 +309,7 @@ class RpcClient:
         connect_timeout: float = 5.0,
         stream_window: int = 64,
         auth: ClientAuth | None = None,
+        server_role: str | None = None,
     ) -> None:
         if stream_window < 1:
             raise InvalidArgument(f"stream_window must be at least 1, got {stream_window}")
@@ -305,6 +321,8 @@ class RpcClient:
         self.connect_timeout = connect_timeout
         self.stream_window = stream_window
         self.auth = auth
+        #: The role the server's certificate must name (None: worker or master).
+        self.server_role = server_role
         self._conn: _ClientConnection | None = None
         self._connect_lock = asyncio.Lock()
         self._connect_attempts = 0
@@ -356,6 +374,7 @@ class RpcClient:
                     max_frame=self.max_frame,
                     connect_timeout=self.connect_timeout,
                     auth=self.auth,
+                    server_role=self.server_role,
                 )
             except TabletStoreError as exc:
                 self._connect_error = exc
@@ -586,20 +605,23 @@ class RpcStream:
 
 
 class RpcClientPool:
-    """One RpcClient per address ("HOST:PORT"), created on first ``get``."""
+    """One RpcClient per address ("HOST:PORT") and server role, created on first ``get``."""
 
     def __init__(self, **client_options: Any) -> None:
         self._options = client_options
-        self._clients: dict[str, RpcClient] = {}
+        self._clients: dict[tuple[str, str | None], RpcClient] = {}
         self._closed = False
 
-    def get(self, address: str) -> RpcClient:
+    def get(self, address: str, server_role: str | None = None) -> RpcClient:
         if self._closed:
             raise Closed("RpcClientPool is closed")
-        client = self._clients.get(address)
+        key = (address, server_role)
+        client = self._clients.get(key)
         if client is None:
             host, port = parse_address(address)
-            client = self._clients[address] = RpcClient(host, port, **self._options)
+            client = self._clients[key] = RpcClient(
+                host, port, server_role=server_role, **self._options
+            )
         return client
 
     async def close(self) -> None:
@@ -615,6 +637,10 @@ class RpcClientPool:
         self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.close()
+
+
+#: The role whose certificate a server of each service must present (``check_server``).
+_SERVER_ROLE = {"TabletService": "worker", "MasterService": "master"}
 
 
 class TcpTransport:
@@ -636,7 +662,7 @@ class TcpTransport:
         *,
         timeout: float | None = None,  # noqa: ASYNC109 (the Transport contract's bound)
     ) -> Any:
-        response = await self._pool.get(address).call(
+        response = await self._pool.get(address, _SERVER_ROLE.get(method.service)).call(
             method.name, request, timeout=self._timeout if timeout is None else timeout
         )
         if not isinstance(response, method.response_types):
@@ -656,7 +682,7 @@ class TcpTransport:
     ) -> AsyncIterator[Any]:
         # Closing this generator early (aclose, or a break in an ``async with aclosing``)
         # leaves the block below, which CANCELs the stream on the server.
-        items = self._pool.get(address).stream(
+        items = self._pool.get(address, _SERVER_ROLE.get(method.service)).stream(
             method.name, request, timeout=self._timeout if timeout is None else timeout
         )
         async with items:

@@ -38,7 +38,10 @@ Frames
     PONG         s→c  body = the PING's bytes, with the PING's request id
     AUTH         c→s  body = a bearer token (UTF-8); request id 0. Sent first, before any
                       REQUEST, by a client without a certificate on a server with auth on
-                      (rpc/auth.py); a rejected token fails the connection (ERROR, id 0)
+                      (rpc/auth.py); a rejected token fails the connection (ERROR, id 0).
+                      Until it is accepted, such a server reads nothing after it, and refuses a
+                      first frame of another kind or of more than 4 KiB (rpc/admission.py);
+                      clients have always sent it first, so the protocol version is unchanged
 
 Request id 0 is reserved for connection-level ERROR frames; clients number requests from 1.
 

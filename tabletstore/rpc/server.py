@@ -42,7 +42,14 @@ from tabletstore.errors import (
 )
 from tabletstore.options import RpcServerOptions
 from tabletstore.rpc import frames
-from tabletstore.rpc.admission import ByteBudget, ConnectionGate, ReadGuard, Watchdog, check_options
+from tabletstore.rpc.admission import (
+    MAX_AUTH_FRAME,
+    ByteBudget,
+    ConnectionGate,
+    ReadGuard,
+    Watchdog,
+    check_options,
+)
 from tabletstore.rpc.auth import (
     Principal,
     ServerAuth,
@@ -61,6 +68,11 @@ logger = logging.getLogger(__name__)
 
 # How long close() waits for cancelled handlers after the grace period before giving up.
 _ABORT_WAIT = 2.0
+# Requests larger than this are decoded on a thread: decoding builds one Python object per
+# value, a few microseconds each, so a frame packed with tiny values (millions of filter nodes
+# or row ranges) would hold the event loop, and the lease keep-alive on it, for seconds. On a
+# thread the loop still gets the GIL every switch interval.
+_INLINE_DECODE_BYTES = 64 * 1024
 
 
 def _wire_error(exc: BaseException, method: str, where: str) -> TabletStoreError:
@@ -147,6 +159,12 @@ class RpcServer:
         self.handshake_timeout = options.handshake_timeout
         #: Open connections and refusals (rpc/admission.py), read by the metrics.
         self.gate = ConnectionGate(options.max_connections, options.max_connections_per_peer)
+        #: Connections that have not proven who they are yet (with auth): a gate of their own.
+        self.unauthenticated = ConnectionGate(
+            options.max_unauthenticated,
+            options.max_unauthenticated_per_peer,
+            ("max_unauthenticated", "max_unauthenticated_per_peer"),
+        )
         #: Bytes held by connections: frames being received, requests being handled.
         self.budget = ByteBudget(options.max_buffered_bytes)
         self.auth = auth
@@ -235,6 +253,12 @@ class RpcServer:
         )
 
 
+#: Bytes a connection may send after its AUTH frame that are held, unread, until its token is
+#: accepted (what one socket read brings, at most; more is refused).
+_AFTER_AUTH = 512 * 1024
+_NO_IDENTITY = "presented no client certificate and no token"
+
+
 def _retrieve(task: asyncio.Task[None]) -> None:
     """A token check's failure is read by the requests awaiting it; none may be left."""
     if not task.cancelled():
@@ -251,7 +275,12 @@ class _ServerConnection(FrameConnection):
         self._peer = "unknown peer"
         self._peer_host = "unknown"
         self._peer_max_frame = server.max_frame
-        self._admitted = False
+        self._gate: ConnectionGate | None = None  # the gate counting it, once admitted
+        # Without a certificate on a server with auth: only the hello and the AUTH frame are
+        # read until the token is accepted (``_gatekeep``); what follows waits here.
+        self._gatekept = False
+        self._pending_in = bytearray()
+        self._received = 0  # bytes read (the watchdog's receive rate)
         self._guard = ReadGuard(
             server.budget, server.options.connection_bytes, self._pause_reading, self._resume
         )
@@ -260,9 +289,11 @@ class _ServerConnection(FrameConnection):
             self._loop,
             stall_timeout=server.options.stall_timeout,
             idle_timeout=server.options.idle_timeout,
+            min_receive_rate=server.options.min_receive_rate,
             midframe=lambda: self._parser.partial[1] > 0,
             busy=lambda: bool(self._tasks),
             paused=lambda: self._guard.paused,
+            received=lambda: self._received,
             expire=self._expire,
         )
         self._handshaken: asyncio.Future[bool] = self._loop.create_future()
@@ -289,13 +320,23 @@ class _ServerConnection(FrameConnection):
         if peer:
             self._peer = format_address(peer[0], peer[1])
             self._peer_host = str(peer[0])
-        refusal = self._server.gate.admit(self._peer_host, self._server.address)
+        principal: Principal | None = None
+        refused: PermissionDenied | None = None
+        if self._server.auth is not None:
+            try:
+                principal = peer_principal(transport.get_extra_info("peercert"), self._peer)
+            except PermissionDenied as exc:
+                refused = exc
+            self._gatekept = principal is None and refused is None
+        gate = self._server.unauthenticated if self._gatekept else self._server.gate
+        refusal = gate.admit(self._peer_host, self._server.address)
         if refusal is not None:
             # The hello, then why: the client's next call fails Unreachable with this reason.
-            logger.warning("%s", refusal)
+            # (Unauthenticated floods are counted, not logged one line each.)
+            logger.log(logging.INFO if self._gatekept else logging.WARNING, "%s", refusal)
             self.fail(Unavailable(refusal))
             return
-        self._admitted = True
+        self._gate = gate
         if self._server.accepted(self) is None:
             # Say why before closing: a client must not take a clean close for a refusal of
             # its certificate (rpc/client.py), and may retry elsewhere.
@@ -309,17 +350,11 @@ class _ServerConnection(FrameConnection):
             )
             self.close()
             return
-        if self._server.auth is None:
-            self._principal.set_result(None)
-            return
-        try:
-            principal = peer_principal(transport.get_extra_info("peercert"), self._peer)
-        except PermissionDenied as exc:
-            self._refuse(exc)
-            return
-        if principal is not None:
-            self._principal.set_result(principal)
-        # else: the client must send a token (AUTH) before its first request
+        if refused is not None:
+            self._refuse(refused)
+        elif not self._gatekept:
+            self._principal.set_result(principal)  # None without auth
+        # else: the client must send a token (AUTH) first (``_gatekeep``)
 
     def _refuse(self, exc: PermissionDenied) -> None:
         logger.info("refusing RPC connection from %s: %s", self._peer, exc)
@@ -346,6 +381,26 @@ class _ServerConnection(FrameConnection):
         self._token, self._token_checked = token, monotonic()
         if not self._principal.done():
             self._principal.set_result(principal)
+        self._ungate()
+
+    def _ungate(self) -> None:
+        """The token is accepted: move to the authenticated gate and read on."""
+        if not self._gatekept or self._dead:
+            return
+        self._gatekept = False
+        server = self._server
+        server.unauthenticated.release(self._peer_host)
+        self._gate = None
+        refusal = server.gate.admit(self._peer_host, server.address)
+        if refusal is not None:
+            logger.warning("%s", refusal)
+            self.fail(Unavailable(refusal))
+            return
+        self._gate = server.gate
+        pending, self._pending_in = bytes(self._pending_in), bytearray()
+        self._resume()
+        if pending:
+            self._read(pending)
 
     async def _token_still_valid(self) -> None:
         """Check the connection's token again once its last check is older than
@@ -388,10 +443,66 @@ class _ServerConnection(FrameConnection):
     # -- resource caps (rpc/admission.py) --
 
     def data_received(self, data: bytes) -> None:
+        if self._gatekept:
+            self._gatekeep(data)
+        else:
+            self._read(data)
+
+    def _read(self, data: bytes) -> None:
         super().data_received(data)
         if not self._dead:
+            self._received += len(data)
             self._guard.after_read(*self._parser.partial)
             self._watchdog.touch()
+
+    def _gatekeep(self, data: bytes) -> None:
+        """Before a certificate-less connection's token is accepted, read nothing but its hello
+        and one AUTH frame of at most MAX_AUTH_FRAME bytes: anything else is refused before it
+        is buffered, and what follows the AUTH frame (at most _AFTER_AUTH bytes) waits, unread
+        by the parser, with reading paused."""
+        if self._dead:
+            return
+        buf = self._pending_in
+        buf += data
+        if self._auth_sent:
+            if len(buf) > _AFTER_AUTH:
+                self._refuse(
+                    PermissionDenied(
+                        f"connection from {self._peer} sent more than {_AFTER_AUTH} bytes "
+                        "before its token was accepted"
+                    )
+                )
+            return
+        if len(buf) < frames.HELLO_SIZE:
+            if len(buf) >= len(frames.MAGIC) and buf[: len(frames.MAGIC)] != frames.MAGIC:
+                self._pending_in = bytearray()
+                self._read(bytes(buf))  # the parser names the bad hello
+            return
+        hello = frames.decode_hello(bytes(buf[: frames.HELLO_SIZE]))
+        if hello.magic != frames.MAGIC or hello.version != frames.PROTOCOL_VERSION:
+            self._pending_in = bytearray()
+            self._read(bytes(buf[: frames.HELLO_SIZE]))
+            return
+        if len(buf) < frames.HELLO_SIZE + frames.HEADER.size:
+            return
+        length, kind, _ = frames.HEADER.unpack_from(buf, frames.HELLO_SIZE)
+        if kind != Kind.AUTH or length > MAX_AUTH_FRAME:
+            what = "no client certificate, and its first frame is not a token (AUTH)"
+            if kind == Kind.REQUEST:
+                what = _NO_IDENTITY
+            self._refuse(
+                PermissionDenied(
+                    f"connection from {self._peer} {what}; server {self._server.address} "
+                    "requires one"
+                )
+            )
+            return
+        end = frames.HELLO_SIZE + 4 + length
+        if len(buf) < end:
+            return
+        self._pending_in = bytearray(buf[end:])
+        self._pause_reading()
+        self._read(bytes(buf[:end]))  # the hello, then the AUTH frame: _on_auth checks it
 
     def _pause_reading(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
@@ -432,11 +543,15 @@ class _ServerConnection(FrameConnection):
     async def _serve(self) -> None:
         try:
             async with asyncio.timeout(self._server.handshake_timeout):
-                await self._handshaken
+                # The hello and, without a certificate, the token's acceptance.
+                if await self._handshaken and not self._principal.done():
+                    await asyncio.wait([self._principal])
         except TimeoutError:
-            self._server.gate.closed_by_watchdog("handshake")
-            return  # a peer that never says hello gets nothing more
-        if self._handshaken.result():
+            gate = self._server.unauthenticated if self._gatekept else self._server.gate
+            gate.closed_by_watchdog("handshake")
+            return  # a peer that never says hello, or proves nothing, gets nothing more
+        principal = self._principal
+        if self._handshaken.result() and not principal.cancelled() and not principal.exception():
             self._watchdog.start()
         # Until the peer closes, or fail() aborts after its linger.
         await self.lost
@@ -486,9 +601,10 @@ class _ServerConnection(FrameConnection):
         self._watchdog.stop()
         self._guard.close()
         self._parser.discard()  # a half-received frame's bytes go now, not at the next GC
-        if self._admitted:
-            self._admitted = False
-            self._server.gate.release(self._peer_host)
+        if self._gate is not None:
+            self._gate.release(self._peer_host)
+            self._gate = None
+        self._pending_in = bytearray()
         if not self._handshaken.done():
             self._handshaken.set_result(False)
 
@@ -533,8 +649,8 @@ class _ServerConnection(FrameConnection):
         if not self._principal.done() and not self._auth_sent:
             self._refuse(
                 PermissionDenied(
-                    f"connection from {self._peer} presented no client certificate and no "
-                    f"token; server {self._server.address} requires one"
+                    f"connection from {self._peer} {_NO_IDENTITY}; server "
+                    f"{self._server.address} requires one"
                 )
             )
             return
@@ -586,7 +702,7 @@ class _ServerConnection(FrameConnection):
         try:
             try:
                 await self._authenticated()
-                response = await fn(self._codec.decode(payload))
+                response = await fn(await self._decode(payload))
             except asyncio.CancelledError:
                 self._on_cancelled(rid)
                 raise
@@ -611,7 +727,7 @@ class _ServerConnection(FrameConnection):
         try:
             try:
                 await self._authenticated()
-                request = self._codec.decode(payload)
+                request = await self._decode(payload)
                 self._release(rid)  # a stream may last long; its request is decoded
                 async with contextlib.aclosing(fn(request)) as items:
                     async for item in items:
@@ -634,6 +750,11 @@ class _ServerConnection(FrameConnection):
             self.write(frame, more_coming=len(self._tasks) > 1)
         finally:
             self._finished(rid)
+
+    async def _decode(self, payload: memoryview) -> Any:
+        if len(payload) <= _INLINE_DECODE_BYTES:
+            return self._codec.decode(payload)
+        return await asyncio.to_thread(self._codec.decode, payload)
 
     def _response_frame(self, rid: int, response: Any, method: str) -> bytes:
         """The RESPONSE frame; if the answer cannot be sent (too large for the peer, not

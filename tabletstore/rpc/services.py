@@ -166,7 +166,8 @@ class MasterService(Protocol):
     async def compact_table(self, req: CompactTableRequest) -> None: ...
 
     async def set_admins(self, req: SetAdminsRequest) -> TableInfoMessage:
-        """Replace who administers a table (``TableSchema.admins``; master/guard.py)."""
+        """Replace who administers a table (``TableSchema.admins``;
+        master/master_service_guard.py)."""
         ...
 
     async def create_snapshot(self, req: CreateSnapshotRequest) -> SnapshotInfoMessage:

@@ -10,8 +10,8 @@ One place for TLS configuration and identities, below every layer that opens a p
 - ``ca.py``: a development certificate authority (``tabletstore certs init`` / ``certs issue``).
 
 The RPC layer (``rpc/auth.py``) turns a connection's certificate or bearer token into a
-:class:`Principal`; the servers (``worker/guard.py``, ``master/guard.py``) authorize requests
-against it.
+:class:`Principal`; the servers (``worker/tablet_service_guard.py``,
+``master/master_service_guard.py``) authorize requests against it.
 """
 
 from __future__ import annotations

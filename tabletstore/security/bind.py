@@ -1,7 +1,11 @@
-"""The refusal to serve beyond loopback without TLS (issue 16 item 3).
+"""The refusal to serve beyond loopback without authenticating callers.
 
-A server bound to a non-loopback address without TLS lets anyone on the network claim any
-identity; :func:`check_bind` refuses that unless the operator says ``--insecure``.
+A server bound to a non-loopback address that does not authenticate its callers lets anyone on
+the network act as anyone; :func:`check_bind` refuses that unless the operator says
+``--insecure``. TLS alone is not enough: a server authenticates when its callers must present
+a certificate of the cluster CA or a bearer token the cluster knows (a master or worker with
+TLS always does; the Cloud Bigtable front door only in front of a cluster, where it checks
+tokens -- over an embedded database its TLS encrypts but names nobody).
 """
 
 from __future__ import annotations
@@ -24,13 +28,17 @@ def is_loopback(host: str) -> bool:
         return False  # a host name other than localhost: it may resolve anywhere
 
 
-def check_bind(host: str, *, tls: bool, insecure: bool = False, what: str = "server") -> None:
-    """Refuse (InvalidArgument) to bind ``what`` to a non-loopback ``host`` without TLS unless
-    ``insecure`` is set explicitly."""
-    if tls or insecure or is_loopback(host):
+def check_bind(
+    host: str, *, authenticated: bool, insecure: bool = False, what: str = "server"
+) -> None:
+    """Refuse (InvalidArgument) to bind ``what`` to a non-loopback ``host`` unless it
+    ``authenticated`` its callers (client certificates or tokens, over TLS), or ``insecure``
+    is set explicitly."""
+    if authenticated or insecure or is_loopback(host):
         return
     raise InvalidArgument(
-        f"refusing to serve the {what} on {host!r} without TLS: anyone who can reach it could "
-        "claim any identity. Pass --tls-ca/--tls-cert/--tls-key (see `tabletstore certs`), "
-        "bind to 127.0.0.1, or pass --insecure to accept the risk"
+        f"refusing to serve the {what} on {host!r} without authenticating callers (TLS with "
+        "client certificates or tokens; TLS alone only encrypts): anyone who can reach it "
+        "could act as anyone. Pass --tls-ca/--tls-cert/--tls-key to a cluster's processes "
+        "(see `tabletstore certs`), bind to 127.0.0.1, or pass --insecure to accept the risk"
     )

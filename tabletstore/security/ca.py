@@ -9,7 +9,18 @@ peers that check host names. Production clusters use their own PKI; only the sub
 matters.
 
 Files in DIR: ``ca.pem``, ``ca.key`` (keep it private) and ``NAME.pem`` / ``NAME.key`` per
-issued certificate. Keys are ECDSA P-256, written with mode 0600.
+issued certificate. Keys are ECDSA P-256, written with mode 0600 whether or not the file was
+there before (a key file left 0644 by hand is made 0600 when written again); DIR is made mode
+0700 whatever the umask. Issuing over an existing certificate or key is refused unless
+``force`` (``certs issue --force``): a certificate in use is never replaced silently.
+
+No certificate name is trusted by etcd implicitly. etcd with ``--client-cert-auth`` takes a
+client certificate's Common Name as its etcd user when no password is given, so a principal's
+certificate named ``root`` or after the cluster's etcd users would be that user: the CA refuses
+those names (:data:`RESERVED_NAMES`). And the local stack's etcd admits only client
+certificates issued for :data:`ETCD_CLIENT_HOST` (etcd's ``--client-cert-allowed-hostname``):
+the stack's own (``etcd_client=True``); ``issue`` refuses that host to anyone else, so a
+principal's certificate of the same CA cannot reach etcd at all.
 """
 
 from __future__ import annotations
@@ -30,10 +41,15 @@ from tabletstore.clock import wall_time
 from tabletstore.errors import AlreadyExists, InvalidArgument, NotFound
 from tabletstore.security.principal import ROLES
 
-__all__ = ["Issued", "init_ca", "issue"]
+__all__ = ["ETCD_CLIENT_HOST", "RESERVED_NAMES", "Issued", "init_ca", "issue"]
 
 CA_CERT = "ca.pem"
 CA_KEY = "ca.key"
+#: Names never issued to a principal: etcd's superuser and the etcd users the local stack
+#: makes (``cli/localstack.py``), which etcd would grant to a certificate of that name.
+RESERVED_NAMES = frozenset({"root", "tabletstore-cluster", "tabletstore-reader"})
+#: The host name etcd admits client certificates for in the local stack (module docstring).
+ETCD_CLIENT_HOST = "etcd-client.tabletstore.invalid"
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,14 +72,21 @@ def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
     )
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as f:
+        os.fchmod(fd, 0o600)  # the mode of a file that was already there is not O_CREAT's
         f.write(data)
+
+
+def _private_dir(d: Path) -> None:
+    """``d``, made if needed, mode 0700 (not what the umask leaves)."""
+    d.mkdir(parents=True, exist_ok=True)
+    os.chmod(d, 0o700)
 
 
 def init_ca(directory: str | Path, *, name: str = "tabletstore dev CA", days: int = 3650) -> Path:
     """Make a CA in ``directory`` (created if needed); AlreadyExists if it has one. Returns
     the CA certificate's path."""
     d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
+    _private_dir(d)
     if (d / CA_CERT).exists() or (d / CA_KEY).exists():
         raise AlreadyExists(f"{d} already holds a CA ({CA_CERT}, {CA_KEY})")
     key = ec.generate_private_key(ec.SECP256R1())
@@ -123,15 +146,30 @@ def issue(
     out: str | Path | None = None,
     not_before: datetime.datetime | None = None,
     not_after: datetime.datetime | None = None,
+    etcd_client: bool = False,
+    force: bool = False,
 ) -> Issued:
     """Issue a certificate for principal ``name`` with ``role`` (client, worker, master,
     function), signed by the CA in ``directory``; written to ``out`` (default: the same
     directory) as NAME.pem and NAME.key. ``not_before``/``not_after`` override the validity
-    (tests make expired certificates with them)."""
+    (tests make expired certificates with them). ``etcd_client``: the local stack's own
+    certificates, which its etcd admits (module docstring). An existing NAME.pem or NAME.key
+    is replaced only with ``force``; AlreadyExists otherwise."""
     if role not in ROLES:
         raise InvalidArgument(f"unknown role {role!r}: expected one of {', '.join(ROLES)}")
     if not name or "/" in name or name.startswith("."):
         raise InvalidArgument(f"bad certificate name {name!r}: a plain principal name is needed")
+    if name.casefold() in RESERVED_NAMES:
+        raise InvalidArgument(
+            f"certificate name {name!r} is reserved: etcd would take a certificate of that name "
+            f"for its etcd user (reserved: {', '.join(sorted(RESERVED_NAMES))})"
+        )
+    if any(h.casefold().rstrip(".") == ETCD_CLIENT_HOST for h in hosts):
+        raise InvalidArgument(
+            f"host {ETCD_CLIENT_HOST!r} is reserved for the local stack's own etcd clients"
+        )
+    if etcd_client:
+        hosts = (*hosts, ETCD_CLIENT_HOST)
     d = Path(directory)
     if not (d / CA_CERT).is_file() or not (d / CA_KEY).is_file():
         raise NotFound(f"{d} holds no CA: run `tabletstore certs init {d}` first")
@@ -170,8 +208,15 @@ def issue(
         .sign(ca_key, hashes.SHA256())
     )
     target = Path(out) if out is not None else d
-    target.mkdir(parents=True, exist_ok=True)
+    if not target.exists():
+        _private_dir(target)
     issued = Issued(target / f"{name}.pem", target / f"{name}.key")
+    there = [p.name for p in (issued.cert, issued.key) if p.exists()]
+    if there and not force:
+        raise AlreadyExists(
+            f"{target} already holds {' and '.join(there)}: pass --force to replace them "
+            "(clients and servers using the old ones must be given the new ones)"
+        )
     _write_key(issued.key, key)
     issued.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     return issued

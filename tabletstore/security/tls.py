@@ -5,9 +5,12 @@ endpoints, the Cloud Bigtable front door, etcd): :class:`TlsConfig` names them a
 ``ssl`` contexts. Servers verify client certificates against the CA (mutual TLS); a client
 without a certificate may still connect where bearer tokens are accepted (the server context
 then asks for a certificate without requiring one, and the RPC layer requires a token
-instead). Clients verify the server's certificate against the CA but not its host name: the
-cluster's addresses are registered at run time (etcd), and what matters is that the peer holds
-a certificate of this cluster's CA (the RPC client checks it names a cluster role).
+instead). Clients verify the server's certificate against the CA, and the RPC client pins what
+it names (:func:`check_server`): the role of the server it dialled (a worker's certificate for
+a worker, a master's for the master; never a client's or a function's), and the address it
+dialled where the certificate names addresses of its own (issued with ``--host``). Host names
+are not checked otherwise: the cluster's addresses are registered at run time (etcd), and a
+certificate issued without hosts names only loopback.
 
 The certificate names its holder: the Common Name is the principal's name, the Organizational
 Unit its role (``security/ca.py`` issues them so).
@@ -15,6 +18,7 @@ Unit its role (``security/ca.py`` issues them so).
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import ssl
 from collections.abc import Mapping
@@ -25,11 +29,24 @@ from typing import Any
 from tabletstore.errors import InvalidArgument
 from tabletstore.security.principal import ROLES, Principal
 
-__all__ = ["ENV_CA", "ENV_CERT", "ENV_KEY", "TlsConfig", "TlsFiles", "principal_from_peercert"]
+__all__ = [
+    "ENV_CA",
+    "ENV_CERT",
+    "ENV_KEY",
+    "SERVER_ROLES",
+    "TlsConfig",
+    "TlsFiles",
+    "check_server",
+    "principal_from_peercert",
+]
 
 ENV_CA = "TABLETSTORE_TLS_CA"
 ENV_CERT = "TABLETSTORE_TLS_CERT"
 ENV_KEY = "TABLETSTORE_TLS_KEY"
+#: The roles that serve RPC: a client takes no other certificate for a server.
+SERVER_ROLES: tuple[str, ...] = ("worker", "master")
+#: Names every development certificate carries (``security/ca.py``): they bind it to no host.
+_EVERYWHERE = frozenset({"localhost", "127.0.0.1", "::1"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,3 +176,40 @@ def principal_from_peercert(peercert: Any) -> Principal | None:
             f"the peer's certificate names role {role!r} (its OU); expected one of {', '.join(ROLES)}"
         )
     return Principal(name, role, "certificate")
+
+
+def _san(peercert: Any) -> list[tuple[str, str]]:
+    return [(str(kind), str(value)) for kind, value in peercert.get("subjectAltName", ())]
+
+
+def _same_host(a: str, b: str) -> bool:
+    try:
+        return ipaddress.ip_address(a.strip("[]")) == ipaddress.ip_address(b.strip("[]"))
+    except ValueError:
+        return a.strip("[]").lower().rstrip(".") == b.strip("[]").lower().rstrip(".")
+
+
+def check_server(peercert: Any, host: str, role: str | None, address: str) -> Principal:
+    """The principal of the server at ``address`` (dialled as ``host``), refused
+    (InvalidArgument) unless its certificate names ``role`` (or, for None, a serving role:
+    worker or master) and, where it names hosts of its own beyond loopback and its principal
+    name, ``host`` among them."""
+    server = principal_from_peercert(peercert)
+    expected = (role,) if role is not None else SERVER_ROLES
+    if server is None or server.role not in expected:
+        raise InvalidArgument(
+            f"server {address} is not a {' or '.join(expected)}: its certificate names "
+            f"{server} (expected role {' or '.join(expected)})"
+        )
+    names = [value for _, value in _san(peercert)]
+    own = [
+        n
+        for n in names
+        if not any(_same_host(n, e) for e in _EVERYWHERE) and not _same_host(n, server.name)
+    ]
+    if own and not any(_same_host(host, n) for n in names):
+        raise InvalidArgument(
+            f"server {address} presented the certificate of {server}, which is for "
+            f"{', '.join(own)}, not {host}"
+        )
+    return server

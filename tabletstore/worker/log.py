@@ -174,7 +174,7 @@ async def replay_logged(
             shared=shared,
         )
     elif direct is not None:
-        cells = direct(ref, record)  # the caller's own fenced read (worker.recovery)
+        cells = direct(ref, record)  # the caller's own fenced read (worker.shared_log_reads)
     else:
         await fence(store, ref.worker_id, ref.incarnation, start=record.log_start(ref))
         cells = replay_cells(

@@ -29,9 +29,9 @@ from tabletstore.rpc.tcp import RpcServer, TcpTransport
 from tabletstore.rpc.wire import register_all
 from tabletstore.security import TlsConfig, check_bind
 from tabletstore.storage_s3 import check_store, open_store
-from tabletstore.worker.guard import guard
 from tabletstore.worker.server import TabletServer
 from tabletstore.worker.sorter import Sorter
+from tabletstore.worker.tablet_service_guard import guard
 
 __all__ = ["run_worker"]
 
@@ -63,10 +63,11 @@ async def run_worker(
     passes their base URL to ``metrics_ready``.
 
     With ``tls`` (the cluster CA and this worker's certificate, role worker) every port speaks
-    TLS and requests are authorized (``worker/guard.py``): clients prove who they are by
-    certificate or token. Without it, a non-loopback ``host`` is refused unless ``insecure``.
-    ``status_token``: a read-only bearer token for scrapers of the status endpoint."""
-    check_bind(host, tls=tls is not None, insecure=insecure, what="worker")
+    TLS and requests are authorized (``worker/tablet_service_guard.py``): clients prove who they
+    are by certificate or token. Without it, a non-loopback ``host`` is refused unless
+    ``insecure``. ``status_token``: a read-only bearer token for scrapers of the status
+    endpoint."""
+    check_bind(host, authenticated=tls is not None, insecure=insecure, what="worker")
     register_all()
     stop = stop or asyncio.Event()
     url = store_url or (await ClusterSettings.load(coordinator)).store_url

@@ -5,9 +5,9 @@ beside the server's lifecycle (``worker/server.py``): the data requests are
 :class:`~tabletstore.worker.data_service.DataService`'s, the control requests
 :class:`~tabletstore.worker.admin_service.AdminService`'s, and :class:`TabletRpcServices` is
 both, so that ``TABLET.handlers(server.services)`` builds the one dispatch table every
-transport serves (in-process or TCP, wrapped by ``worker/guard.py`` and ``ops.metrics``). Each
-handler is a method of one of the two, bound once: serving a request adds no call between the
-transport and the handler.
+transport serves (in-process or TCP, wrapped by ``worker/tablet_service_guard.py`` and
+``ops.metrics``). Each handler is a method of one of the two, bound once: serving a request
+adds no call between the transport and the handler.
 """
 
 from __future__ import annotations

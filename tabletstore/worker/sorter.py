@@ -1,7 +1,7 @@
 """A worker's part in sorting dead workers' logs (§6: tablet servers sort the log in pieces).
 
 The master publishes sort tasks under ``sorts/<worker>/<incarnation>/<first-segment>``
-(:class:`tabletstore.master.recovery.WorkerSortExecutor`). Every live worker runs a
+(:class:`tabletstore.master.log_recovery.WorkerSortExecutor`). Every live worker runs a
 :class:`Sorter`: it polls that prefix, claims a task by creating
 ``sorters/<worker>/<incarnation>/<first-segment>`` attached to its own lease (create-only: one
 claimant at a time), runs it (:func:`~tabletstore.commitlog.sorting.sort_task_by_number`, which

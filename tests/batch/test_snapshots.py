@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import uuid
 
 import duckdb
 import pytest
@@ -13,10 +14,13 @@ import pytest
 from tabletstore import batch
 from tabletstore.batch import reader
 from tabletstore.batch.engines import duckdb_relation
+from tabletstore.coordination import open_coordinator
 from tabletstore.data.filters import ColumnQualifierRegex, ValueRegex
 from tabletstore.data.model import DeleteRow, SetCell
 from tabletstore.data.query import RowRange
 from tabletstore.errors import Corruption, NotFound
+from tabletstore.metadata.catalog import ClusterSettings
+from tabletstore.metadata.store_location import locate_store
 from tabletstore.sstable import SSTable
 from tabletstore.storage_s3 import layout, open_store
 from tests.batch.conftest import Loaded, cells_of
@@ -151,6 +155,39 @@ async def test_bad_input_names_the_problem(loaded: Loaded) -> None:
     await db.store.create(bad, json.dumps(doc).encode())
     with pytest.raises(Corruption, match=r"s-corrupt\.json"):
         await batch.aopen_snapshot(db.store.url, "s-corrupt")
+
+
+async def test_the_database_url_opens_its_snapshots(loaded: Loaded) -> None:
+    """open_snapshot takes the embedded database's URL and directory as well as the store
+    URL of its objects; a missing snapshot names the store searched and the database."""
+    db = loaded.db
+    snap = await db.snapshot(loaded.table)
+    expected = await _read_all(db.store.url, snap.snapshot_id)
+    directory = db.url.removeprefix("file://")
+    for url in (db.url, directory, f"file://{directory}/"):
+        opened = await batch.aopen_snapshot(url, snap.snapshot_id)
+        assert opened.store_url == db.store.url
+        assert await _read_all(url, snap.snapshot_id) == expected
+    with pytest.raises(NotFound) as missing:
+        await batch.aopen_snapshot(db.url, "s-missing")
+    assert f"in the store {db.store.url} (the objects of database {db.url})" in str(missing.value)
+
+
+async def test_a_cluster_url_resolves_to_the_store_its_master_recorded(etcd_server: str) -> None:
+    url = f"etcd://{etcd_server}/locate-{uuid.uuid4().hex[:8]}"
+    with pytest.raises(NotFound, match="no cluster is set up"):
+        await batch.aopen_snapshot(url, "s-any")
+    store_url = "memory://located-store"
+    coordinator = open_coordinator(url)
+    try:
+        await ClusterSettings(store_url=store_url).save(coordinator)
+    finally:
+        await coordinator.close()
+    location = await locate_store(url)
+    assert location.url == store_url
+    with pytest.raises(NotFound) as missing:
+        await batch.aopen_snapshot(url, "s-missing")
+    assert f"in the store {store_url} (the objects of database {url})" in str(missing.value)
 
 
 async def test_writes_racing_the_cut_fall_wholly_on_one_side(loaded: Loaded) -> None:

@@ -28,8 +28,8 @@ from tabletstore.coordination.memory import MemoryCoordinator
 from tabletstore.data.schema import ColumnFamily, TableSchema
 from tabletstore.errors import InvalidArgument, TabletStoreError, Unavailable
 from tabletstore.keys import Cell
+from tabletstore.master.log_recovery import InProcessSortExecutor, LogRecovery
 from tabletstore.master.master import Master
-from tabletstore.master.recovery import InProcessSortExecutor, LogRecovery
 from tabletstore.metadata import rows as mt
 from tabletstore.metadata.record import LogRef, TabletRecord
 from tabletstore.options import IN_PROCESS_LEASE, MasterOptions, WorkerOptions

@@ -5,9 +5,9 @@ moto's S3, the worker with the smallest byte budget the CLI accepts (the frame l
 and a one-second stall timeout. Then, on 127.0.0.1:
 
 - 40 connections each send half of a 16 MiB frame and stop (the issue's attack held 40 × 8 MiB
-  before): the worker's ``tabletstore_rpc_buffered_bytes`` never passes the budget plus one
-  socket read per waiting connection, and every connection is closed by the stall timeout with
-  an ERROR naming it;
+  before): the worker's ``tabletstore_rpc_buffered_bytes`` never passes the budget, the frames
+  finishing past it and one socket read per waiting connection, and every connection is closed
+  by the stall timeout with an ERROR naming it;
 - connections past the per-peer cap are refused with an ERROR naming the cap;
 - a normal workload through the cluster client still works.
 
@@ -213,7 +213,8 @@ async def test_a_worker_holds_its_caps_under_floods_and_still_serves(
         f"(budget {BUDGET / MiB:.0f} MiB, unbounded {FLOOD * FRAME / 2 / MiB:.0f} MiB); "
         f"worker RSS {rss_before:.0f} -> peak {peak_rss[0]:.0f} MiB"
     )
-    assert peak <= BUDGET + FLOOD * READ, peak
+    # The budget, one frame finishing past it (the budget is one frame here), one read each.
+    assert peak <= 2 * BUDGET + FLOOD * READ, peak
     said = [m for m in messages if m is not None]
     assert said and all("stall_timeout" in m for m in said), said
     eventually(

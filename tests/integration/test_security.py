@@ -361,7 +361,8 @@ async def test_a_non_loopback_bind_without_tls_is_refused(role: str) -> None:
     coordinator = open_coordinator(f"memory://bind-{uuid.uuid4().hex[:8]}")
     try:
         with pytest.raises(
-            InvalidArgument, match=r"refusing to serve the .* on '0.0.0.0' without TLS"
+            InvalidArgument,
+            match=r"refusing to serve the .* on '0.0.0.0' without authenticating callers",
         ):
             if role == "worker":
                 await run_worker(coordinator, host="0.0.0.0", store_url="memory://x")
@@ -374,13 +375,13 @@ async def test_a_non_loopback_bind_without_tls_is_refused(role: str) -> None:
 def test_check_bind_allows_loopback_tls_or_an_explicit_insecure() -> None:
     from tabletstore.security import check_bind
 
-    check_bind("127.0.0.1", tls=False)
-    check_bind("::1", tls=False)
-    check_bind("localhost", tls=False)
-    check_bind("0.0.0.0", tls=True)
-    check_bind("0.0.0.0", tls=False, insecure=True)
+    check_bind("127.0.0.1", authenticated=False)
+    check_bind("::1", authenticated=False)
+    check_bind("localhost", authenticated=False)
+    check_bind("0.0.0.0", authenticated=True)
+    check_bind("0.0.0.0", authenticated=False, insecure=True)
     with pytest.raises(InvalidArgument, match="--insecure"):
-        check_bind("10.1.2.3", tls=False)
+        check_bind("10.1.2.3", authenticated=False)
 
 
 async def test_the_status_endpoint_wants_a_certificate_or_the_status_token(
@@ -494,7 +495,7 @@ def test_the_cli_refuses_a_public_bind_without_tls(verb: str) -> None:
 
     result = CliRunner().invoke(main, ["--url", "etcd://127.0.0.1:1/x", verb, "--host", "0.0.0.0"])
     assert result.exit_code == 1
-    assert "without TLS" in result.output and "--insecure" in result.output
+    assert "without authenticating callers" in result.output and "--insecure" in result.output
 
 
 def test_local_stack_with_tls_serves_over_mutual_tls_and_etcd_wants_a_certificate(

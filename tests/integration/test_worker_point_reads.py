@@ -1,6 +1,6 @@
 """A worker's coalesced point read (one ``read_row`` naming many keys, issue 18): rows from
 the memtable and from SSTables, present and absent, answered together exactly as one by one;
-reads from memory run inline (worker/eager.py), reads from the store concurrently."""
+reads from memory run inline (worker/eager_gather.py), reads from the store concurrently."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 CHAPTER = ROOT / "docs" / "architecture" / "modules.md"
-BASE_MODULES = {"__init__.py", "errors.py", "clock.py", "options.py", "keys.py", "embedded.py", "limits.py", "procs.py"}
+BASE_MODULES = {"__init__.py", "errors.py", "clock.py", "options.py", "keys.py", "embedded.py", "limits.py", "pid_liveness.py", "extras.py"}
 # A name in the drawing: a module (`name.py`) or a folder (`name/`).
 NAME = re.compile(r"^[A-Za-z0-9_]+(\.py|/)$")
 

@@ -45,7 +45,7 @@ from tabletstore.commitlog.sorting import load_plan, run_sort_task, task_done
 from tabletstore.coordination import paths
 from tabletstore.coordination.base import Coordinator, Put, absent
 from tabletstore.errors import Unavailable
-from tabletstore.master.recovery import MIN_TABLETS_TO_SORT
+from tabletstore.master.log_recovery import MIN_TABLETS_TO_SORT
 from tabletstore.storage_s3 import open_store
 from tabletstore.storage_s3.base import ObjectStore
 from tabletstore.storage_s3.layout import RECOVERY

@@ -1,0 +1,170 @@
+"""Authorization on the master: table administration by the table's admins only (paper §5.3:
+"Chubby ... stores access control lists"; issue 16 item 2).
+
+:func:`guard` wraps the master's dispatch table (``MASTER.handlers``). On a master with auth
+on, each request runs with the principal the RPC layer proved (``rpc.auth``):
+
+- ``create_table``: any authenticated principal; it becomes one of the table's admins
+  (``TableSchema.admins``).
+- ``delete_table``, ``modify_families`` (families, GC rules, ACLs), ``set_admins``,
+  ``compact_table``, ``create_snapshot``, ``delete_snapshot``, ``bulk_load``: only the table's
+  admins, or the cluster's master identity. A table without an admin list (made without auth)
+  may be administered by anyone authenticated, until an admin list is set.
+- ``get_table``, ``list_tables``: any authenticated principal.
+- ``list_snapshots``: only the snapshots of tables the principal administers or may read some
+  family of (a manifest names every tablet's boundaries, which are row keys); naming a table
+  it may not read is PermissionDenied (permission "read").
+
+A refusal is PermissionDenied naming the principal, the table and the permission ("admin"),
+counted by ``denied``. Without auth (no principal: the embedded database) nothing changes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from tabletstore.errors import NotFound, PermissionDenied
+from tabletstore.master.master import Master
+from tabletstore.rpc.auth import current_principal
+from tabletstore.rpc.messages import (
+    CreateTableRequest,
+    DeleteSnapshotRequest,
+    ListSnapshotsRequest,
+    ListSnapshotsResponse,
+    TableNameRequest,
+)
+from tabletstore.rpc.services import MASTER, MasterService
+from tabletstore.rpc.transport import Handler
+from tabletstore.security.principal import Principal
+
+__all__ = ["ADMIN_METHODS", "guard"]
+
+#: Methods that change a table or expose all of it: its admins only.
+ADMIN_METHODS = frozenset(
+    MASTER.method(fn).name
+    for fn in (
+        MasterService.delete_table,
+        MasterService.modify_families,
+        MasterService.set_admins,
+        MasterService.compact_table,
+        MasterService.create_snapshot,
+        MasterService.delete_snapshot,
+        MasterService.bulk_load,
+    )
+)
+_CREATE = MASTER.method(MasterService.create_table).name
+_LIST_SNAPSHOTS = MASTER.method(MasterService.list_snapshots).name
+
+Denied = Callable[[str, str], None]
+
+
+def _no_count(method: str, permission: str) -> None:
+    return None
+
+
+def _table_of(request: Any) -> str | None:
+    for name in ("name", "table"):
+        value = getattr(request, name, None)
+        if isinstance(value, str):
+            return value
+    return None
+
+
+async def _snapshot_table(master: Master, snapshot_id: str) -> str:
+    listed = await master.list_snapshots(ListSnapshotsRequest(None))
+    for message in listed.snapshots:
+        manifest = json.loads(message.manifest_json)
+        if manifest.get("snapshot_id") == snapshot_id:
+            return str(manifest["table"])
+    raise NotFound(f"no snapshot {snapshot_id!r}")
+
+
+async def check_admin(master: Master, principal: Principal, method: str, request: Any) -> None:
+    """PermissionDenied unless ``principal`` administers the table ``request`` names."""
+    if principal.role == "master":
+        return
+    table = (
+        await _snapshot_table(master, request.snapshot_id)
+        if isinstance(request, DeleteSnapshotRequest)
+        else _table_of(request)
+    )
+    if table is None:
+        raise PermissionDenied(f"{principal.name} may not call {method}: no table named")
+    admins = (await master.get_table(TableNameRequest(table))).info().schema.admins
+    if admins is not None and principal.name not in admins:
+        raise PermissionDenied(
+            f"{principal.name} may not {method} table {table!r}: permission admin is held by "
+            f"{', '.join(admins) or 'nobody'}"
+        )
+
+
+async def _may_see(master: Master, principal: Principal, table: str) -> bool:
+    """Whether ``principal`` may see table ``table``'s row keys: it administers the table or
+    may read one of its families (a table without families or ACLs: anyone)."""
+    if principal.role == "master":
+        return True
+    try:
+        schema = (await master.get_table(TableNameRequest(table))).info().schema
+    except NotFound:
+        return False
+    if schema.admins is not None and principal.name in schema.admins:
+        return True
+    fams = schema.families.values()
+    return not fams or any(f.acl.may_read(principal.name) for f in fams)
+
+
+async def _visible_snapshots(
+    master: Master, principal: Principal, response: ListSnapshotsResponse
+) -> ListSnapshotsResponse:
+    seen: dict[str, bool] = {}
+    kept = []
+    for message in response.snapshots:
+        table = str(json.loads(message.manifest_json).get("table"))
+        if table not in seen:
+            seen[table] = await _may_see(master, principal, table)
+        if seen[table]:
+            kept.append(message)
+    return ListSnapshotsResponse(tuple(kept))
+
+
+def _with_creator(request: CreateTableRequest, principal: Principal) -> CreateTableRequest:
+    schema = request.schema()
+    admins = sorted({*(schema.admins or ()), principal.name})
+    return CreateTableRequest.of(schema.model_copy(update={"admins": admins}), request.split_keys)
+
+
+def guard(
+    master: Master, handlers: Mapping[str, Handler], *, denied: Denied = _no_count
+) -> dict[str, Handler]:
+    """``handlers`` (the master's unary methods) with authorization in front."""
+    return {name: _guarded(master, name, fn, denied) for name, fn in handlers.items()}
+
+
+def _guarded(master: Master, method: str, fn: Handler, denied: Denied) -> Handler:
+    unary: Callable[[Any], Awaitable[Any]] = fn  # type: ignore[assignment]
+
+    async def guarded(request: Any) -> Any:
+        principal = current_principal()
+        if principal is not None and method == _LIST_SNAPSHOTS:
+            table = request.table
+            if table is not None and not await _may_see(master, principal, table):
+                denied(method, "read")
+                raise PermissionDenied(
+                    f"{principal.name} may not list the snapshots of table {table!r}: it may "
+                    "read none of its families (permission: read)"
+                )
+            return await _visible_snapshots(master, principal, await unary(request))
+        if principal is not None:
+            if method == _CREATE:
+                request = _with_creator(request, principal)
+            elif method in ADMIN_METHODS:
+                try:
+                    await check_admin(master, principal, method, request)
+                except PermissionDenied:
+                    denied(method, "admin")
+                    raise
+        return await unary(request)
+
+    return guarded
