@@ -1,4 +1,4 @@
-"""Benchmarks that print figures (DESIGN.md layout: ``bench/``).
+"""Benchmarks that print figures (docs/architecture/design.md layout: ``bench/``).
 
 * ``python -m bench.paper``: the six benchmarks of the paper's §7 (Figure 6), side by side
   with SlateDB, plus the cost in S3 requests; see :mod:`bench.paper`.

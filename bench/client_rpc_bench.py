@@ -1,4 +1,5 @@
-"""The point-read and mutate paths through the RPC layer (DESIGN.md §8), in one process.
+"""The point-read and mutate paths through the RPC layer (docs/architecture/design.md §8), in one
+process.
 
     python bench/client_rpc_bench.py [--runs 3] [--ops 3000] [--no-uvloop]
 

@@ -1,5 +1,5 @@
-"""RPC transport throughput (DESIGN.md §8): unary echo with 1 and 16 calls in flight, and
-streamed items per second, over TCP on 127.0.0.1 with the server in a child process.
+"""RPC transport throughput (docs/architecture/design.md §8): unary echo with 1 and 16 calls in
+flight, and streamed items per second, over TCP on 127.0.0.1 with the server in a child process.
 
     python bench/rpc_bench.py [--runs 3] [--calls 5000] [--items 100000] [--no-uvloop] [--tls]
 
@@ -7,9 +7,9 @@ streamed items per second, over TCP on 127.0.0.1 with the server in a child proc
 throwaway CA, ``tabletstore.security.ca``), alternating runs with the plain one so both see the
 same machine load, and prints both and the TLS / plain ratio.
 
-Prints the median of ``--runs`` runs of each figure. DESIGN.md's reference for a minimal framed
-echo over asyncio+uvloop on the project machine: about 14,000 req/s with one in flight and
-about 60,000 with 16.
+Prints the median of ``--runs`` runs of each figure. docs/architecture/design.md's reference for a
+minimal framed echo over asyncio+uvloop on the project machine: about 14,000 req/s with one in
+flight and about 60,000 with 16.
 """
 
 from __future__ import annotations

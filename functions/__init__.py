@@ -1,5 +1,5 @@
-"""Serverless handlers (DESIGN.md §7): thin entry points that validate their event with
-pydantic, call into tabletstore and answer JSON (``functions._common.handle``).
+"""Serverless handlers (docs/architecture/design.md §7): thin entry points that validate their event
+with pydantic, call into tabletstore and answer JSON (``functions._common.handle``).
 
 * ``log_sort.handler``: one sort task of a dead worker's commit log (§6), invoked by
   ``tabletstore.master.sort_lambda.LambdaSortExecutor``;

@@ -1,26 +1,9 @@
 """tabletstore: Google's Bigtable (OSDI 2006) on object storage and etcd.
 
-One folder per subsystem, named with the paper's nouns (docs/ARCHITECTURE.md §2 draws them; the
-import-linter contract in pyproject.toml is the one layer map, checked in CI)::
+One folder per subsystem, named with the paper's nouns: docs/architecture/modules.md draws
+them, and the import-linter contract in pyproject.toml is the one layer map, checked in CI.
 
-    errors clock options keys   the base every layer uses
-    data/          the user's values: model, schema, query, filters, regex, validation
-    storage_s3/    the only place that talks to S3 (ObjectStore and its backends)
-    coordination/  the only place that talks to etcd (Coordinator, leases, election)
-    sstable/ commitlog/   the two formats in the bucket
-    rpc/           frames, codec, transports
-    metadata/      tablet records, the METADATA table, the catalog (§5.1)
-    engine/        the tablet: memtable, iterators, compactions, split keys (§5.3, §5.4)
-    client/        the client library: location cache, retries, tables, admin (§5.1)
-    worker/        the tablet server (§5.2, §5.3)
-    master/        assignment, balancing, merges, garbage collection (§5.2)
-    ops/           metrics and status pages
-    embedded.py    master + worker + client in one process
-    bigtable_api/  the Cloud Bigtable front door
-    cli/           the command line and local stack (the only place that reads flags)
-    testing/       conformance suites, fault injectors, the chaos harness
-
-Glossary (the paper's words, STYLE.md convention 1):
+Glossary (the paper's words, docs/architecture/conventions.md convention 1):
 
 - tablet: a contiguous row range of one table, the unit of distribution (§5).
 - SSTable: an immutable sorted file of cells, here a Parquet object in the bucket (§4).

@@ -3,7 +3,7 @@
 
 Lease expiry (§4 Chubby sessions, here etcd leases), backoff and server-assigned timestamps all
 read time through a :class:`Clock`, so tests drive them with :class:`ManualClock` instead of
-sleeping (STYLE.md convention 6).
+sleeping (docs/architecture/conventions.md convention 6).
 
 Code that measures rather than decides -- request latencies, a scan's slice of the event loop,
 a metric's timestamp -- has nothing to gain from a manual clock and reads the process's clocks

@@ -1,4 +1,5 @@
-"""The embedded default: master, one worker and the client in one process (DESIGN.md §8).
+"""The embedded default: master, one worker and the client in one process
+(docs/architecture/design.md §8).
 
 ``tabletstore.connect("file:///path")`` opens a database in a local directory with no
 servers: the directory holds the object store (``objects/``: SSTables and commit-log
@@ -274,7 +275,7 @@ def connect(
 
     The embedded database is open: one process, one user; ``identity`` is only what ACL checks
     compare against. A cluster with auth on takes the caller's identity from ``tls`` (its
-    client certificate) or ``token`` instead (docs/ARCHITECTURE.md "Security")."""
+    client certificate) or ``token`` instead (docs/operations/security.md)."""
     portal = Portal()
     try:
         db = portal.call(connect_async(url, identity=identity, tls=tls, token=token))

@@ -1,8 +1,8 @@
 """The one exception hierarchy of tabletstore.
 
 Every public error says what the caller should do next (SlateDB RFC 0007's coarse errors;
-STYLE.md convention 7). Third-party exceptions (botocore, aetcd, pyarrow, grpc) are translated
-into these in exactly one place per dependency, with ``raise ... from exc``.
+docs/architecture/conventions.md convention 7). Third-party exceptions (botocore, aetcd, pyarrow,
+grpc) are translated into these in exactly one place per dependency, with ``raise ... from exc``.
 
 ::
 

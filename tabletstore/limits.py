@@ -1,4 +1,5 @@
-"""Every size limit of tabletstore, stated once (§2 data model, §5 implementation; DESIGN.md §9).
+"""Every size limit of tabletstore, stated once (§2 data model, §5 implementation;
+docs/architecture/design.md §9).
 
 The paper leaves sizes open (§2: row keys are "arbitrary strings (currently up to 64KB in size,
 although 10-100 bytes is a typical size for most of our users)"); these are ours. They form one
@@ -20,7 +21,7 @@ A size over a limit is ``InvalidArgument`` naming the limit and the size: on the
 anything is sent (``data.validation``, ``rpc.frames.check_outgoing``) and again on the server,
 which never trusts its clients (``rpc.frames.FrameParser``, the tablet calling
 ``data.validation.validate_row_mutation`` again, ``engine.cells.to_cells``, the
-front door's gRPC limits). docs/ARCHITECTURE.md §8a has the table.
+front door's gRPC limits). docs/architecture/wire.md has the table.
 
 Resource caps of the servers (connections, buffered bytes, timeouts) are settings, not limits
 of the data: :class:`tabletstore.options.RpcServerOptions`.

@@ -1,4 +1,5 @@
-"""Settings: frozen dataclasses with documented defaults (STYLE.md convention 8).
+"""Settings: frozen dataclasses with documented defaults (docs/architecture/conventions.md
+convention 8).
 
 Settings are values; components (store, coordinator, clock, transport) are constructor
 arguments, never settings. Each field says what it trades off.
@@ -34,8 +35,8 @@ FRONT_DOOR_MAX_CONCURRENT_CALLS = 256
 
 @dataclass(frozen=True, slots=True)
 class LeaseOptions:
-    """A process's coordinator lease (the Chubby session of §4; DESIGN.md §6 fencing rule 1).
-    Masters and workers both hold one."""
+    """A process's coordinator lease (the Chubby session of §4; docs/architecture/design.md §6
+    fencing rule 1). Masters and workers both hold one."""
 
     #: Seconds the lease lasts without a keep-alive: how soon others take over after the
     #: holder dies. Shorter means faster failover and more keep-alives.

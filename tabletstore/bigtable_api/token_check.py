@@ -1,4 +1,4 @@
-"""The front door's authentication: TLS and per-request bearer tokens (issue 16 item 3).
+"""The front door's authentication: TLS and per-request bearer tokens.
 
 Google's clients send ``authorization: Bearer <token>`` metadata with every call. With a token
 verifier (``coordination.tokens.TokenStore``), :class:`BearerTokens` checks it on the call's

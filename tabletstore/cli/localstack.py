@@ -1,4 +1,5 @@
-"""The local stack (DESIGN.md §8): etcd and an S3 endpoint on loopback, started by one command.
+"""The local stack (docs/architecture/design.md §8): etcd and an S3 endpoint on loopback, started by
+one command.
 
 ``tabletstore local-stack up`` starts etcd (Debian's ``etcd-server``; it stands in for Chubby,
 §4) and moto's S3 server (standing in for GFS; or uses the user's MinIO/S3 given with
@@ -19,7 +20,7 @@ its data directory on the ports recorded in ``<dir>/persist.json``. With ``--s3-
 runs the recorded command (``/proc/<pid>/cmdline`` and the start time in ``/proc/<pid>/stat``,
 so a reused pid is never signalled); then it waits for them to exit.
 
-TLS (``--tls``, issue 16): a development CA and certificates are made under ``<dir>/tls``
+TLS (``--tls``): a development CA and certificates are made under ``<dir>/tls``
 (``security/ca.py``: ``etcd``, ``master``, ``worker`` and ``client`` for the user), etcd serves
 its clients over TLS and requires their certificates (its ``/health`` stays on a plaintext
 loopback metrics port), and the master and workers serve mutual TLS with their certificates;

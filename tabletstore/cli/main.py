@@ -46,7 +46,7 @@ does one thing and closes it (closing minor-compacts, so the next open is quick)
     tabletstore certs init DIR | certs issue NAME --dir DIR --role R   a development CA
     tabletstore tokens create NAME | list | revoke NAME                bearer tokens
 
-On a cluster with TLS (docs/ARCHITECTURE.md "Security"), ``--tls-ca``/``--tls-cert``/``--tls-key``
+On a cluster with TLS (docs/operations/security.md), ``--tls-ca``/``--tls-cert``/``--tls-key``
 (env ``TABLETSTORE_TLS_CA``/``_CERT``/``_KEY``) and ``--token-file`` (env
 ``TABLETSTORE_TOKEN_FILE``) or ``TABLETSTORE_TOKEN`` say who the caller is (``--token`` works
 too, but a command line is visible to every user of the machine in /proc); a master or worker

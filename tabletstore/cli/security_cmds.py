@@ -1,5 +1,5 @@
 """``tabletstore certs`` and ``tabletstore tokens``: a development CA and bearer tokens
-(issue 16; ``tabletstore.security``, ``coordination.tokens``)::
+(``tabletstore.security``, ``coordination.tokens``)::
 
     tabletstore certs init DIR                      a CA: DIR/ca.pem, DIR/ca.key
     tabletstore certs issue NAME --dir DIR --role client|worker|master|function [--host H]

@@ -87,8 +87,7 @@ T = TypeVar("T")
 _COALESCE_ITEMS = 128
 #: At most this many point reads share one request: a round of many concurrent readers leaves
 #: as several requests, so the worker reads the next request's keys while this process hands
-#: out the rows of the one answered before it (two requests of 16 instead of one of 32: 1.5x
-#: the in-memory read rate, 1.7x the sequential one, at the same CPU per read; issue 18).
+#: out the rows of the one answered before it, rather than the two processes taking turns.
 _READ_ITEMS = 16
 
 

@@ -1,4 +1,4 @@
-"""Coalescing: concurrent point requests to one worker leave as one request (issue 18).
+"""Coalescing: concurrent point requests to one worker leave as one request.
 
 Paper §5: clients talk to tablet servers directly, and §7's clients keep many single-row
 requests in flight. Over TCP each request costs a frame, a task and a reply on both sides,

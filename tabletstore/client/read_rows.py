@@ -70,7 +70,7 @@ async def read_one(
 ) -> RowBatch | LargeRow:
     """One ``read_row`` request for ``row``. With the table and the row's tablet in the
     caches (nearly always), the first try goes straight to the worker, without the retry
-    loop's lookups (an embedded cold point read: ~3 us of coroutines, issue 18); a
+    loop's lookups (a few µs of coroutines per read); a
     refusal or a request without answer (safe: a read) goes through ``_with_retry``,
     as :func:`point_read`'s."""
 
@@ -183,8 +183,8 @@ async def read_batches(
     *,
     stats: bool,
 ) -> AsyncIterator[Sequence[Row] | ScanProgress]:
-    """The rows in non-empty batches (one generator step per stream item, not per row:
-    issue 18), and with ``stats`` ScanProgress items; resumes after the last row handed
+    """The rows in non-empty batches (one generator step per stream item, not per row),
+    and with ``stats`` ScanProgress items; resumes after the last row handed
     out when a tablet splits or moves."""
     if limit is not None and limit < 0:
         raise InvalidArgument(f"row limit must be >= 0, not {limit}")
@@ -241,7 +241,7 @@ async def read_batches(
             info = await client._info(table, refresh=True)
             # Read the table's locations again, but keep the cached ones should METADATA
             # not answer (LocationCache.tablets): dropping them all would stall every
-            # request to the table's healthy tablets until METADATA is served (issue 11).
+            # request to the table's healthy tablets until METADATA is served.
             refresh = True
     if totals is not None:
         yield ScanProgress(b"", totals.rows, totals.cells)

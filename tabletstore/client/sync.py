@@ -1,4 +1,5 @@
-"""The synchronous API: the asyncio API run on a background event loop (STYLE.md 12).
+"""The synchronous API: the asyncio API run on a background event loop
+(docs/architecture/conventions.md convention 12).
 
 The async client is the source of truth. :class:`Portal` owns one event loop in a daemon
 thread; :class:`SyncProxy` wraps any object of the async API so that calling a coroutine

@@ -1,8 +1,9 @@
 """The commit-log segment format: the bytes of one log segment object (§5.3, §6).
 
-A worker's commit log is a numbered sequence of immutable segment objects (DESIGN.md §5), at
-``storage_s3.layout.log_segment_key(worker_id, incarnation, segment)``. This module specifies
-and encodes/decodes one segment; it does no I/O. All integers are big-endian.
+A worker's commit log is a numbered sequence of immutable segment objects
+(docs/architecture/design.md §5), at ``storage_s3.layout.log_segment_key(worker_id, incarnation,
+segment)``. This module specifies and encodes/decodes one segment; it does no I/O. All integers are
+big-endian.
 
 Segment::
 
@@ -23,7 +24,7 @@ key is tablet-independent (the table id and row locate the tablet after splits a
 The header says how many bytes follow it, so a short object is told apart from a damaged one.
 
 A **fence** is a zero-byte segment object (no header): recovery creates it to stop a worker's
-log (DESIGN.md §6 rule 4). It has no records.
+log (docs/architecture/design.md §6 rule 4). It has no records.
 
 Damage. A segment PUT is atomic on an object store (and on the local directory store, which
 writes a temporary file and links it into place), so every segment object that exists was

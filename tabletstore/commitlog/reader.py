@@ -5,12 +5,13 @@ list of SSTables ... and a set of redo points, which are pointers into any commi
 contain data for the tablet", and reconstructs the memtable by applying the updates committed
 since the redo points. This module owns reading segments in order (:class:`CommitLogReader`),
 the per-tablet filter of that stream (:func:`replay`, :func:`replay_cells`) and the fence that
-stops a possibly-alive writer first (:func:`fence`, DESIGN.md §6 rule 4).
+stops a possibly-alive writer first (:func:`fence`, docs/architecture/design.md §6 rule 4).
 
 The log a reader sees: segments numbered consecutively from 0, possibly ending with one or more
 zero-byte fences (garbage collection deletes a log only whole, once no tablet record lists it).
 Every segment object that exists was written whole (a PUT is atomic), and a writer acknowledges
-segment N only once N and every earlier segment are durable. Reading rules (DESIGN.md §7):
+segment N only once N and every earlier segment are durable. Reading rules
+(docs/architecture/design.md §7):
 
 * reading stops at the first fence; nothing at or after a fence was acknowledged (the writer
   plugs a segment whose PUT failed with a fence, and stops when its create of a number

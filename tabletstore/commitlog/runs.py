@@ -1,5 +1,5 @@
 """Recovery runs: the bytes of one sorted run, a sort task's manifest and a log's sort plan
-(§5.3 "sort the log entries", §6 "Commit-log implementation"; DESIGN.md §7).
+(§5.3 "sort the log entries", §6 "Commit-log implementation"; docs/architecture/design.md §7).
 
 Paper §6: to avoid every new owner of a dead server's tablet reading the whole co-mingled log,
 the log is first *sorted* by ⟨table, row name, log sequence number⟩ in parallel over its

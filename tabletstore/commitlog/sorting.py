@@ -6,8 +6,8 @@ log sequence number⟩, in parallel over its segments, and each new owner reads 
 part. The three steps here, each idempotent (formats in :mod:`tabletstore.commitlog.runs`,
 keys in :mod:`tabletstore.storage_s3.layout`):
 
-1. :func:`plan_sort` (the master): fence the log (DESIGN.md §6 rule 4), list it, check it is
-   whole below its first fence (a missing or damaged segment is
+1. :func:`plan_sort` (the master): fence the log (docs/architecture/design.md §6 rule 4), list it,
+   check it is whole below its first fence (a missing or damaged segment is
    :class:`~tabletstore.errors.Corruption`, never skipped), cut its segments into tasks of
    about ``task_bytes`` and create the plan object. A plan that exists already (another master
    made it before failing over) is returned as it is, so every sort of a log uses one plan.

@@ -1,5 +1,5 @@
 """The runs a worker sorted, kept where it can read them back without the object store
-(§6 "Commit-log implementation"; DESIGN.md §7).
+(§6 "Commit-log implementation"; docs/architecture/design.md §7).
 
 Paper §6: the tablet servers sort a dead server's log, and each new owner then reads only its
 part. Here the master gives every tablet of a dead log to one worker (owner affinity), which

@@ -16,10 +16,10 @@ lingers up to ``linger`` seconds (default 10 ms), or until ``linger_bytes`` (512
 queued, or until no PUT is in flight any more. A write waits for the earlier segments anyway
 (in-order acknowledgement), so lingering costs it little latency, while a lightly loaded log
 is made of a few large segments instead of thousands of tiny ones: recovery reads a log one
-GET per segment (§5.3; DESIGN.md §7), so the segment count is what it pays for. With nothing
-in flight a write goes out at once. Acknowledgement is in order: the waiters of segment N are
-released only when N *and every earlier segment* are durable (DESIGN.md §6 rule 4), so a gap
-can only hide writes nobody was told were durable.
+GET per segment (§5.3; docs/architecture/design.md §7), so the segment count is what it pays for.
+With nothing in flight a write goes out at once. Acknowledgement is in order: the waiters of segment
+N are released only when N *and every earlier segment* are durable (docs/architecture/design.md §6
+rule 4), so a gap can only hide writes nobody was told were durable.
 
 Sequence numbers are allocated by the caller through :meth:`CommitLogWriter.allocate` (the
 tablet needs them to build its cells before logging them) from one counter per writer, i.e.

@@ -14,7 +14,8 @@ root tablet's location, schemas and ACLs. tabletstore asks the same of a :class:
 
 Revisions are etcd's: one global counter that every write (put, delete, write transaction)
 increases by one. A key's ``create_revision`` is the revision that created it and is the
-*epoch* DESIGN.md §6 uses for fencing: a claim re-created by a new owner has a larger one.
+*epoch* docs/architecture/design.md §6 uses for fencing: a claim re-created by a new owner has a
+larger one.
 
 Contracts every implementation keeps (checked by
 ``tabletstore.testing.coordinator_conformance``):
@@ -305,7 +306,7 @@ class Lease(Protocol):
     last successful grant or keep-alive was sent, so the lease cannot end at the server
     before ``last_renewed + ttl``. :meth:`safe_until` subtracts a safety margin from that;
     a worker acknowledges writes only while ``clock.monotonic() < lease.safe_until()``
-    (DESIGN.md §6, fencing rule 1).
+    (docs/architecture/design.md §6, fencing rule 1).
     """
 
     @property

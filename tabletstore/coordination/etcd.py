@@ -1,9 +1,10 @@
 """The Coordinator over etcd 3.4: Chubby (§4) replaced by etcd leases, transactions and watches.
 
-The client library is ``aetcd`` 1.0.0 (asyncio, gRPC). PyPI's ``etcd3`` 0.12.0 is not an
-option: it fails to import with current protobuf ("Descriptors cannot be created
-directly"). This is the only module that imports aetcd or grpc (import-linter checks it), and
-:func:`_translated` is the one place their exceptions become tabletstore errors:
+The client library is ``aetcd`` 1.0.0 (asyncio, gRPC; TLS and etcd users below). PyPI's
+``etcd3`` 0.12.0 is synchronous and unmaintained, and its generated protobuf modules import
+with current protobuf only in the slow pure-Python mode (or with protobuf downgraded). This is the
+only module that imports aetcd or grpc (import-linter checks it), and :func:`_translated` is the one
+place their exceptions become tabletstore errors:
 
 ==========================================  ===========================================
 aetcd / grpc                                 tabletstore
@@ -32,7 +33,7 @@ to its full TTL when the restarted member becomes leader):
   re-establishment are also retried after a failure in flight. A *write* (put, delete, a
   transaction with a put or delete) that failed after it may have reached etcd is not
   retried — it may have been applied, and replaying it could overwrite a newer value or fail
-  its own compare — so it raises Unavailable, as before;
+  its own compare — so it raises Unavailable;
 * keep-alives are single round trips sent once the channel is connected; ``lease.py`` retries
   them until the lease's own deadline, measured from the last successful one;
 * a watch that breaks is re-established from the revision after the last event it delivered,
@@ -47,13 +48,13 @@ URL: ``etcd://host:port[,host:port...]/<namespace>``; every key is stored as
 several endpoints the first that answers is used; after an UNAVAILABLE error the next call
 picks again, so a caller that retries on Unavailable fails over.
 
-TLS (issue 16): ``etcd://host:port/ns?ca=CA.pem&cert=CERT.pem&key=KEY.pem`` talks to etcd over
+TLS: ``etcd://host:port/ns?ca=CA.pem&cert=CERT.pem&key=KEY.pem`` talks to etcd over
 TLS, verifying etcd's certificate against ``ca`` and presenting ``cert``/``key`` as the client
 certificate (etcd's ``--client-cert-auth``). aetcd 1.0.0 only opens plaintext channels, so
 :class:`_TlsClient` opens the secure one. The query travels with the URL, so every process
 given the URL uses TLS to etcd.
 
-Users (issue 16): ``etcd://USER@host:port/ns?password_file=FILE`` authenticates to etcd as
+Users: ``etcd://USER@host:port/ns?password_file=FILE`` authenticates to etcd as
 etcd user USER with the password in FILE (its first line), so the password is not on a command
 line; ``etcd://USER:PASSWORD@...`` works too, for programs (the password never appears in
 ``url`` or error messages). With etcd's authentication on (:func:`enable_auth`, which
@@ -293,7 +294,7 @@ def translate(exc: BaseException, endpoint: str) -> TabletStoreError:
     if "authentication failed" in text or "user name is empty" in text:
         return PermissionDenied(
             f"etcd at {endpoint} refused the user: {text} (the URL's etcd://USER@ and "
-            "password_file; see docs/ARCHITECTURE.md §8c)"
+            "password_file; see docs/operations/security.md)"
         )
     if _rpc_code(exc) == grpc.StatusCode.PERMISSION_DENIED or "permission denied" in text:
         return PermissionDenied(
@@ -860,7 +861,7 @@ class EtcdWatch:
         await self._cancel_stream()
 
 
-# -- etcd's own users and roles (issue 16)
+# -- etcd's own users and roles
 
 
 @dataclass(frozen=True, slots=True)

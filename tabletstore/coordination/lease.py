@@ -9,7 +9,7 @@ after this refresh?) and ``_send_revoke``; this module owns what the holder beli
   cannot end at the server before ``last_renewed + ttl``.
 * ``safe_until() = last_renewed + ttl - safety_margin``. The margin absorbs clock-rate
   differences between holder and server. A worker acknowledges writes only while its clock is
-  below ``safe_until()`` (DESIGN.md §6, fencing rule 1).
+  below ``safe_until()`` (docs/architecture/design.md §6, fencing rule 1).
 * Once ``last_renewed + ttl`` passes without a successful keep-alive, or the server reports
   the lease gone, or it is revoked, the lease is **expired** for good: ``refresh`` raises
   :class:`~tabletstore.errors.Fenced`, ``wait_expired`` returns and the keep-alive loop stops.

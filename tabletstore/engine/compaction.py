@@ -15,11 +15,10 @@ major compaction and drops deletion entries: nothing else remains for them to ma
 
 Of the windows that bring a group back to its limit, the planner takes the one that rewrites
 the fewest bytes per SSTable it removes (a size-tiered choice). Always merging the newest
-SSTables rewrote the youngest merged table again at every flush, so a tablet's bytes
-rewritten per byte written grew in proportion to its size (about 6.6x at 16 flushes with a
-limit of 4); the size-tiered choice merges tables of similar size and grows with the
-logarithm of the size instead (about 2.5x at 16 flushes), which keeps the CPU per written
-value nearly flat as tables grow (issue 18's growth bound).
+SSTables would rewrite the youngest merged table again at every flush, so a tablet's bytes
+rewritten per byte written would grow in proportion to its size; the size-tiered choice
+merges tables of similar size, so they grow with the logarithm of the size instead, which
+keeps the CPU per written value nearly flat as tables grow.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Paper §5.3: "a valid read operation is executed on a merged view of the sequenc
 and the memtable"; §5.4: merging and major compactions rewrite such a merged view, and "a
 major compaction ... produces an SSTable that contains no deletion information or deleted
 data". This module owns those merged views. Reads and compactions are built by wrapping
-sources, never by hand-merging (STYLE.md convention 3)::
+sources, never by hand-merging (docs/architecture/conventions.md convention 3)::
 
     visible_cells(merge_sources([memtable.scan(), *frozen]), gc_rules=..., now_micros=...)
 

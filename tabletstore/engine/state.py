@@ -1,9 +1,9 @@
 """A tablet's in-memory state and the pure functions that move it through compactions (§5.4).
 
-:class:`TabletState` is an immutable snapshot swapped whole (STYLE.md convention 5): the
-tablet's record, the memtable taking writes, the frozen memtables being written out, and the
-opened SSTables per locality group. A compaction is three steps: the tablet freezes what it
-will write (:func:`freeze`), does its I/O with no lock held (reading, merging and uploading
+:class:`TabletState` is an immutable snapshot swapped whole (docs/architecture/conventions.md
+convention 5): the tablet's record, the memtable taking writes, the frozen memtables being written
+out, and the opened SSTables per locality group. A compaction is three steps: the tablet freezes
+what it will write (:func:`freeze`), does its I/O with no lock held (reading, merging and uploading
 SSTables), then, under its state lock, applies the outcome to the state *of that moment* --
 which may have moved on meanwhile (new writes in a new memtable, a new log listed by the
 worker) -- with :func:`apply_minor`, :func:`apply_merge` or :func:`apply_major`. These take

@@ -6,7 +6,7 @@ unassigned, and a tablet server with sufficient room for the tablet is available
 assigns the tablet by sending a tablet load request to the tablet server." (§5.2)
 
 :func:`plan` takes plain values and returns decisions; the master gathers the inputs and
-executes the outputs (STYLE.md convention 4).
+executes the outputs (docs/architecture/conventions.md convention 4).
 """
 
 from __future__ import annotations

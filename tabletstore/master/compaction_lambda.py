@@ -1,4 +1,5 @@
-"""The major-compaction cycle's compactions run as AWS Lambda functions (§5.4; DESIGN.md §7).
+"""The major-compaction cycle's compactions run as AWS Lambda functions (§5.4;
+docs/architecture/design.md §7).
 
 :class:`LambdaCompactionExecutor` is a
 :class:`~tabletstore.master.compaction_cycle.CompactionExecutor` that invokes the function

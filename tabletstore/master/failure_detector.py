@@ -23,9 +23,9 @@ Revoking a lease takes the tablets away from a worker that may not know it: its 
 refused only past its *own* safe lease time, computed from its last successful keep-alive
 (``Lease.safe_until``), and a revoked-but-running worker still believes its lease valid until
 its next keep-alive is answered "lease not found" (up to a third of the TTL later). Writes are
-safe regardless (a new owner fences the old log before replaying it, DESIGN.md §6 rule 4, so a
-zombie's later appends fail and are never acknowledged), but a stale *read* from such a worker
-after the new owner acknowledged a write would be wrong. So the master revokes only when the
+safe regardless (a new owner fences the old log before replaying it, docs/architecture/design.md §6
+rule 4, so a zombie's later appends fail and are never acknowledged), but a stale *read* from such a
+worker after the new owner acknowledged a write would be wrong. So the master revokes only when the
 worker provably serves nothing any more:
 
 * a connection to the worker's own listening address is refused only when no socket listens

@@ -1,4 +1,5 @@
-"""Garbage collection of bucket objects: the pure planner (§5.2, §5.4; DESIGN.md §6 rule 5, §9).
+"""Garbage collection of bucket objects: the pure planner (§5.2, §5.4; docs/architecture/design.md
+§6 rule 5, §9).
 
 The paper's master "garbage-collects obsolete SSTables as a mark-and-sweep garbage collection
 over the set of SSTables, where the roots are the METADATA table" (§5.4, §5.2). Here the sweep
@@ -26,12 +27,12 @@ The rules, object by object (each verdict carries a :class:`Reason`):
    a live worker's current incarnation, and its *newest* object is older than ``grace``. The
    sorted log (``recovery/<worker>/<incarnation>/...``: plan, task manifests and runs, see
    ``commitlog.runs``) follows the log it was sorted from, whole.
-4. A fence (a zero-byte segment, DESIGN.md §6 rule 4) is deleted only with its log and only
-   once it is older than ``fence_grace`` as well (default one day). Deleting a fence reopens
-   its segment number to a zombie writer of that log; the writer's lease check (fencing
+4. A fence (a zero-byte segment, docs/architecture/design.md §6 rule 4) is deleted only with its log
+   and only once it is older than ``fence_grace`` as well (default one day). Deleting a fence
+   reopens its segment number to a zombie writer of that log; the writer's lease check (fencing
    rule 1) already refuses such a write, and a fence kept a day longer makes that refusal not
    depend on clocks in any plausible pause. (SlateDB lost flushed writes when its collector
-   deleted a fence object: slatedb issues #352 and #1622.)
+   deleted a fence object: slatedb#352, slatedb#1622.)
 5. A snapshot manifest is kept while its table exists and its TTL (``expires_at``, if it
    has one) has not passed; it is garbage once the TTL passes, and after ``grace`` once the
    table is deleted. Its SSTables follow in a later round, once the manifest is gone.

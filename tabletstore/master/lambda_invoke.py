@@ -1,4 +1,5 @@
-"""One synchronous invocation of a tabletstore Lambda function, answer checked (DESIGN.md §7).
+"""One synchronous invocation of a tabletstore Lambda function, answer checked
+(docs/architecture/design.md §7).
 
 The serverless jobs (``functions/log_sort.py``, ``functions/compaction.py``) answer
 ``{"ok": true, ...}`` or ``{"ok": false, "error": KIND, "message": ...}``

@@ -1,5 +1,5 @@
-"""The master's side of recovery by sorting (§5.3, §6; DESIGN.md §7): noticing dead logs,
-planning their sort and having the tasks run somewhere.
+"""The master's side of recovery by sorting (§5.3, §6; docs/architecture/design.md §7): noticing
+dead logs, planning their sort and having the tasks run somewhere.
 
 Paper §6: "we avoid duplicating log reads by first sorting the commit log entries in order of
 the keys ⟨table, row name, log sequence number⟩ ... the master coordinates the sorting process

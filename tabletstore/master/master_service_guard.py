@@ -1,5 +1,5 @@
 """Authorization on the master: table administration by the table's admins only (paper §5.3:
-"Chubby ... stores access control lists"; issue 16 item 2).
+"Chubby ... stores access control lists").
 
 :func:`guard` wraps the master's dispatch table (``MASTER.handlers``). On a master with auth
 on, each request runs with the principal the RPC layer proved (``rpc.auth``):

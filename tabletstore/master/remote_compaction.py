@@ -1,5 +1,5 @@
-"""A major compaction of one tablet run away from its worker (§5.4; DESIGN.md §7): what the
-serverless function ``functions/compaction.py`` does, and what any process that reaches the
+"""A major compaction of one tablet run away from its worker (§5.4; docs/architecture/design.md §7):
+what the serverless function ``functions/compaction.py`` does, and what any process that reaches the
 cluster can do.
 
 Paper §5.4: "Bigtable cycles through all of its tablets and regularly applies major

@@ -1,4 +1,4 @@
-"""Sort tasks run as AWS Lambda functions (§6; DESIGN.md §7): the cloud's sorters.
+"""Sort tasks run as AWS Lambda functions (§6; docs/architecture/design.md §7): the cloud's sorters.
 
 :class:`LambdaSortExecutor` is a :class:`~tabletstore.master.log_recovery.SortExecutor` that
 invokes the function deployed from ``functions/log_sort.py`` once per task, synchronously

@@ -12,9 +12,9 @@ another METADATA tablet  its row in the root tablet           check-and-mutate, 
 a user tablet            its row in a METADATA tablet         ``epoch == updater's epoch``
 =======================  ===================================  ===============================
 
-Either way a zombie's late update is rejected with ``Fenced`` (DESIGN.md §6 rule 2). METADATA
-rows are reached through :class:`MetadataRows` (``client.location.LocationCache``: the same
-three-level walk clients use), so METADATA writes are durable through the serving worker's
+Either way a zombie's late update is rejected with ``Fenced`` (docs/architecture/design.md §6 rule
+2). METADATA rows are reached through :class:`MetadataRows` (``client.location.LocationCache``: the
+same three-level walk clients use), so METADATA writes are durable through the serving worker's
 commit log like any other write.
 
 Operations that touch more than one row or store are ordered so that a crash between steps

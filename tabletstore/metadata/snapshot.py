@@ -1,4 +1,5 @@
-"""Snapshot manifests: what a batch job reads instead of METADATA (§8; DESIGN.md §1, §3).
+"""Snapshot manifests: what a batch job reads instead of METADATA (§8; docs/architecture/design.md
+§1, §3).
 
 The manifest is a format, like a tablet record (record.py), so it lives here where every
 layer that names snapshots (client, master, batch) can import it.

@@ -144,7 +144,7 @@ class _Latencies:
 class _RpcCounts:
     """``rpc_requests_total`` and ``rpc_latency_seconds``, counted in place and exported
     when scraped: prometheus_client's Counter and Histogram take a lock per increment and walk
-    the buckets in Python, ~4 µs of every request (issue 18: ~4 % of a cold point read).
+    the buckets in Python, a few µs of every request.
     Used from the event loop; a scrape from another thread reads plain ints."""
 
     def __init__(self) -> None:

@@ -12,14 +12,10 @@ its full collections walks every tracked object the process holds. :func:`warm_u
   protobuf descriptors, the etcd client; a few hundred thousand) leaves the collector's reach,
   so its full collections walk only what the process made since;
 * raises the collector's thresholds to :data:`GC_THRESHOLDS`. At Python's default
-  (700, 10, 10) a scan of 50,000 one-value rows through one worker (``python -m
-  bench.rpc_ratio --benchmark scans --scale 0.05``) spent 3.4 to 5.8 µs of the worker's
-  ~20 µs of CPU per value in the collector (about 170 young and one full collection per
-  50,000 values, measured with ``gc.callbacks``); in the front door a MutateRows batch of 100
-  rows set off several young collections per batch and a full one every few batches (server
-  CPU per batched row fell about 10% with them raised, bench/bigtable_api.py). Garbage cycles
-  are still collected, only less often; the requests' own objects are freed by reference
-  counting as before.
+  (700, 10, 10) a streamed scan spends a large share of a worker's CPU per value in the
+  collector, and a MutateRows batch of 100 rows in the front door sets off several young
+  collections and, every few batches, a full one. Garbage cycles are still collected, only
+  less often; the requests' own objects are freed by reference counting as ever.
 
 Only process entry points call it (``tabletstore worker``, ``tabletstore bigtable-api``): it
 changes process-wide state, which a library or a test process must not.

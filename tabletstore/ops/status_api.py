@@ -1,10 +1,10 @@
 """The status API: the JSON documents a process's HTTP endpoint serves, as pydantic models.
 
-The status API is a boundary (STYLE.md convention 9): every document a browser, a script or
-another process reads is a model here, validated when it is built and when it is read back
-(:func:`parse_status`). The master's page (§5.2: the master tracks the live tablet servers and
-the assignment of tablets) and each worker's page are rendered from the same models the JSON
-endpoints return, so what a person sees and what a script reads cannot disagree.
+The status API is a boundary (docs/architecture/conventions.md convention 9): every document a
+browser, a script or another process reads is a model here, validated when it is built and when it
+is read back (:func:`parse_status`). The master's page (§5.2: the master tracks the live tablet
+servers and the assignment of tablets) and each worker's page are rendered from the same models the
+JSON endpoints return, so what a person sees and what a script reads cannot disagree.
 
 ========================  ==================================================================
 ``GET /status``           :class:`WorkerStatus` or :class:`MasterStatus` (``role`` tells)

@@ -18,7 +18,8 @@ servers through Chubby, §5.2; humans watch the processes through this), with ai
 =====================  =============================================================
 
 Every JSON document is a pydantic model of :mod:`tabletstore.ops.status_api` (the status API is
-a boundary, STYLE.md convention 9). Any other path is 404, a method other than GET or HEAD
+a boundary, docs/architecture/conventions.md convention 9). Any other path is 404, a method other
+than GET or HEAD
 405. A status that cannot be built because the cluster cannot be read (the coordinator is
 down) answers 503 with ``{"error": ...}``; a bug answers 500 and is logged.
 

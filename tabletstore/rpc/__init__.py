@@ -1,4 +1,5 @@
-"""The wire between clients, the master and tablet-server workers (paper §5; DESIGN.md §8).
+"""The wire between clients, the master and tablet-server workers (paper §5;
+docs/architecture/design.md §8).
 
 - frames.py: the bytes on a connection (handshake, length-prefixed frames, stream credit).
 - codec.py: payloads as msgpack, with a registry of message dataclasses; errors by code.

@@ -1,5 +1,5 @@
 """Who is calling: a connection's principal, proven by its certificate or a bearer token
-(issue 16 item 1; paper §5.3 authorization needs an identity the caller cannot forge).
+(paper §5.3: authorization needs an identity the caller cannot forge).
 
 A server with auth on (``RpcServer(auth=ServerAuth(...))``) speaks TLS only. When a
 connection is up, its principal is:

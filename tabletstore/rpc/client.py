@@ -1,4 +1,5 @@
-"""The RPC client: RpcClient, RpcStream, RpcClientPool and TcpTransport (DESIGN.md §8).
+"""The RPC client: RpcClient, RpcStream, RpcClientPool and TcpTransport (docs/architecture/design.md
+§8).
 
 The client library reaches workers, and the master reaches workers, through this module (paper
 §5: clients talk to tablet servers directly); the behaviour both sides of a connection promise

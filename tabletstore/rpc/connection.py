@@ -1,7 +1,8 @@
 """One framed RPC connection as an asyncio Protocol: frames in, coalesced writes out.
 
 tcp.py builds its server and client connections on :class:`FrameConnection`; this module owns
-what both sides share below the request level (DESIGN.md §8 "keep the hot path lean"):
+what both sides share below the request level (docs/architecture/design.md §8 "keep the hot path
+lean"):
 
 - Reading: bytes are parsed by frames.FrameParser inside ``data_received``, with no coroutine
   per frame; a subclass gets ``hello_received`` once, then ``frame_received`` per frame.

@@ -1,4 +1,4 @@
-"""The RPC wire format: handshake and length-prefixed frames (DESIGN.md §8).
+"""The RPC wire format: handshake and length-prefixed frames (docs/architecture/design.md §8).
 
 Clients talk to tablet servers and the master talks to workers (paper §5: "clients communicate
 directly with tablet servers for reads and writes") over one TCP connection each, carrying many

@@ -1,4 +1,4 @@
-"""The in-process transport: the embedded default's "network" (DESIGN.md §8).
+"""The in-process transport: the embedded default's "network" (docs/architecture/design.md §8).
 
 The client library talks to workers through a :class:`~tabletstore.rpc.transport.Transport`;
 in the embedded default the worker lives in the same process and a call is a direct call of

@@ -126,7 +126,7 @@ class TabletMutations:
 @dataclass(frozen=True, slots=True)
 class MutateTabletsRequest:
     """Row mutations of several tablets of one worker in one request: a cluster client's
-    concurrent ``mutate_row`` calls (issue 18, client/coalesce.py). Each row atomic on its own,
+    concurrent ``mutate_row`` calls (client/coalesce.py). Each row atomic on its own,
     each acknowledged only once durable. ``identity`` applies to every part (the worker's guard
     replaces it by the proven one). Answered by a :class:`MutateRowsResponse` whose entry
     indexes count the parts' entries one after another (part 0's first, then part 1's...); a
@@ -212,7 +212,7 @@ class TabletKeys:
 @dataclass(frozen=True, slots=True)
 class PointReadsRequest:
     """Plain point reads (no filter, no family list) of several tablets of one worker in one
-    request: a cluster client's concurrent ``read_row`` calls (issue 18, client/coalesce.py).
+    request: a cluster client's concurrent ``read_row`` calls (client/coalesce.py).
     ``identity`` applies to every part (the worker's guard replaces it by the proven one)."""
 
     parts: tuple[TabletKeys, ...]

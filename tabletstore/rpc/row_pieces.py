@@ -1,4 +1,5 @@
-"""Rows of any size across the wire: bounded stream items, large rows in pieces (DESIGN.md §9).
+"""Rows of any size across the wire: bounded stream items, large rows in pieces
+(docs/architecture/design.md §9).
 
 A row is unbounded: every write may add cells (each up to ``model.MAX_VALUE``), and a read
 must return the row whole (§2: a read of one row is atomic). A frame is bounded

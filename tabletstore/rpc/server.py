@@ -1,4 +1,5 @@
-"""The RPC server: RpcServer and its per-connection request dispatch (DESIGN.md §8).
+"""The RPC server: RpcServer and its per-connection request dispatch (docs/architecture/design.md
+§8).
 
 Tablet-server workers and the master serve their methods through this module (paper §5, §5.2);
 the behaviour both sides of a connection promise is written in tcp.py's docstring. A server is

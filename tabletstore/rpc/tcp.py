@@ -1,8 +1,8 @@
 """The RPC transport over asyncio TCP: RpcServer, RpcClient, RpcClientPool, TcpTransport.
 
 Clients talk to tablet servers and the master talks to workers (paper §5, §5.2) through this
-package; DESIGN.md §8 asks for length-prefixed frames with many requests in flight on one
-connection. This module is the front door and holds the contracts both ends keep; the parts
+package; docs/architecture/design.md §8 asks for length-prefixed frames with many requests in flight
+on one connection. This module is the front door and holds the contracts both ends keep; the parts
 are: frames.py (the bytes), codec.py (the payloads), connection.py (one framed connection:
 parsing, coalesced writes, flow control), server.py (RpcServer: dispatch, handler tasks,
 shutdown) and client.py (RpcClient, RpcStream, RpcClientPool, TcpTransport: multiplexing,

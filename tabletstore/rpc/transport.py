@@ -1,4 +1,5 @@
-"""How a caller reaches a service at an address: the Transport protocol (DESIGN.md §8).
+"""How a caller reaches a service at an address: the Transport protocol (docs/architecture/design.md
+§8).
 
 Clients talk to tablet servers and the master talks to workers (paper §5, §5.2) through a
 :class:`Transport`: the in-process one (``rpc/inprocess.py``, the embedded default: a call is a
@@ -9,7 +10,7 @@ Callers do not use a transport directly either: they hold a typed stub
 (``services.TABLET.client(transport, address)``) whose methods are the Protocol's.
 
 What an error from a transport means (every transport keeps this; the client's retries rely
-on it, STYLE.md convention 7):
+on it, docs/architecture/conventions.md convention 7):
 
 - ``Unreachable``: the request was never sent (no connection, or it had already failed): safe
   to send again even when it is not idempotent.

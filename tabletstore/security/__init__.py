@@ -1,5 +1,5 @@
 """Security: who a caller is and how its connection is protected (paper §2 access control,
-§5.3 authorization; issue 16).
+§5.3 authorization).
 
 One place for TLS configuration and identities, below every layer that opens a port:
 

@@ -1,6 +1,6 @@
 """A development certificate authority: ``tabletstore certs init DIR`` and ``certs issue``.
 
-Enough to run a cluster with mutual TLS on one machine or a test network (issue 16): a CA key
+Enough to run a cluster with mutual TLS on one machine or a test network: a CA key
 and certificate, and certificates it signs for clients, workers, masters and functions. The
 principal is the certificate's Common Name and its role the Organizational Unit
 (``security/tls.py`` reads them back). Each certificate also names ``localhost``, ``127.0.0.1``

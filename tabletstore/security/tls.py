@@ -1,4 +1,4 @@
-"""TLS configuration in one place: the cluster CA, this process's certificate and key (issue 16).
+"""TLS configuration in one place: the cluster CA, this process's certificate and key.
 
 Every port speaks TLS from the same three files (the RPC wire, the status and metrics HTTP
 endpoints, the Cloud Bigtable front door, etcd): :class:`TlsConfig` names them and builds the

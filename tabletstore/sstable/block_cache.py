@@ -191,7 +191,7 @@ class BlockCache:
 
 
 def _cells_charge(row: bytes, cells: Sequence[Cell]) -> int:
-    # A loop, not sum() over a generator: most rows read have one cell (issue 18).
+    # A loop, not sum() over a generator: most rows read have one cell.
     total = len(row)
     for c in cells:
         total += len(c.row) + len(c.family) + len(c.qualifier) + len(c.value) + _CELL_OVERHEAD
@@ -203,8 +203,8 @@ class ScanCache:
 
     An entry holds its cells' fields in one flat tuple (7 per cell), not the ``Cell``s read:
     a namedtuple is never untracked by the garbage collector, a tuple of bytes, str and ints
-    is (at its first collection; a tuple of tuples may take more than one). 10,000 cached rows of ``Cell``s kept ~40,000 objects tracked,
-    and every full collection walked them (4-7 us per cold point read, issue 18)."""
+    is (at its first collection; a tuple of tuples may take more than one). Cached ``Cell``s
+    would keep tens of thousands of objects tracked, for every full collection to walk."""
 
     def __init__(self, max_rows: int, capacity_bytes: int = 64 * 1024 * 1024) -> None:
         self._lru: _Lru[tuple[str, bytes], tuple[Any, ...]] = _Lru(capacity_bytes, max_rows)

@@ -272,8 +272,7 @@ def read_sstable_bytes(data: bytes, *, name: str = "<bytes>", seq_base: int = 0)
 
 class _RecentPages:
     """The last ``size`` page numbers added (repeats included), with O(1) membership: a
-    deque's ``in`` walks all of them, and every cold point read asks twice or three times
-    (issue 18: ~3 % of a cold read's CPU at 64 and 128 entries)."""
+    deque's ``in`` walks all of them, and every cold point read asks twice or three times."""
 
     __slots__ = ("_counts", "_order")
 
@@ -704,15 +703,14 @@ class SSTable:
 
         * ``row`` is ``page``'s first and the previous page's last row was read lately: a
           reader's next row. Kept apart from the fetches, one entry per page read through,
-          so it still holds with many readers interleaved (a worker serving 32 clients'
-          ranges at once saw a reader's previous fetches pushed out of the fetches below,
-          and fetched every page alone: 3x the GETs of one process, issue 18). A random read
+          so it still holds with many readers interleaved (a worker serving many clients'
+          ranges at once would see a reader's previous fetches pushed out of the fetches
+          below, and fetch every page alone). A random read
           matches it only by hitting a page's first row (1 in ``page_cells``) just after
           another hit the previous page's last;
         * or the two pages before ``page`` were fetched lately. Two pages, not one: random
-          reads of a small SSTable often follow a page fetched lately (1 in 5 in
-          bench.paper's quick random reads, 64 recent fetches of ~320 pages), and each such
-          read-ahead fetched half a block that pushed useful pages out of the cache."""
+          reads of a small SSTable often follow a page fetched lately, and each such
+          read-ahead would fetch half a block that pushes useful pages out of the cache."""
         index = self._core.pages
         assert index is not None
         if page - 1 in self._read_through and index.first_rows[page] == row:
@@ -728,8 +726,7 @@ class SSTable:
         block about once between them, not once each. A lone cached page (another reader's first,
         or a random read's) is read again rather than cutting the fetch in two: the span
         of a page of every column holds the value pages before it anyway (pages.py), so
-        the extra bytes are few, and a GET saved is what S3 bills (issue 18: 74 -> 64 GETs
-        per 1,000 reads of 32 interleaved readers through one worker). Its cached page is
+        the extra bytes are few, and a GET saved is what S3 bills. Its cached page is
         kept (:meth:`_fetch_pages`)."""
         index = self._core.pages
         assert index is not None

@@ -3,7 +3,7 @@
 :func:`write_sstable` is pure CPU work over plain values (cells in, bytes and an
 :class:`SSTableInfo` out), so minor compactions call it inline and merging/major compactions
 run it in a process pool. :func:`upload_sstable` is the I/O shell: it creates the object with a
-create-only PUT, so an SSTable, once named, is never replaced (DESIGN.md §3).
+create-only PUT, so an SSTable, once named, is never replaced (docs/architecture/design.md §3).
 
 How the bytes are made (the format itself is specified in ``format.py``):
 

@@ -1,4 +1,4 @@
-"""Every object key in the bucket, in one module (DESIGN.md section 3).
+"""Every object key in the bucket, in one module (docs/architecture/design.md §3).
 
 Bigtable keeps SSTables and commit logs as GFS files (§4, §5.3); tabletstore keeps them as
 immutable objects. Keys here are relative to the store's root (the bucket plus the prefix in
@@ -16,12 +16,12 @@ the store URL), so they never include that prefix::
 
 Numbers are zero-padded to 20 digits (enough for any unsigned 64-bit value), so listing a prefix
 returns log segments, incarnations and recovery runs in numeric order: recovery lists a dead
-worker's segments and fences it by creating the next number (§6 of DESIGN.md).
+worker's segments and fences it by creating the next number (docs/architecture/design.md §6).
 
-Under ``recovery/`` (the sorted log, §6 and DESIGN.md §7; formats in ``commitlog.runs``) a
-fenced log has one sort plan, and each sort task (named by its first segment) one manifest,
-written last, and one run per tablet it found records of. The tablet's table id is part of a
-run's key because tablet ids are unique only within their table.
+Under ``recovery/`` (the sorted log, §6 and docs/architecture/design.md §7; formats in
+``commitlog.runs``) a fenced log has one sort plan, and each sort task (named by its first segment)
+one manifest, written last, and one run per tablet it found records of. The tablet's table id is
+part of a run's key because tablet ids are unique only within their table.
 
 Identifier components (table, tablet, locality group, SSTable, worker, snapshot ids) are
 validated by :func:`check_component`: non-empty, at most 200 characters, no ``/``, no control

@@ -24,10 +24,10 @@ retries, and resolves ambiguous creates, above this store.
 
 Create-only PUTs use ``If-None-Match: *`` (S3 since 2024-08, MinIO, and moto's server all
 answer a collision with 412 PreconditionFailed; verified against moto 5.2 in the conformance
-suite). Fencing rests on that answer (DESIGN.md §6: a deposed writer's commit-log segment or
-fence must not replace another's), and some S3 look-alikes ignore the header and overwrite
-(s3rver 3.7 does: README "S3 implementations"). So :meth:`S3ObjectStore.check`, which every
-process runs when it opens its store, also creates one probe object twice: a server that
+suite). Fencing rests on that answer (docs/architecture/design.md §6: a deposed writer's commit-log
+segment or fence must not replace another's), and some S3 look-alikes ignore the header and
+overwrite (s3rver 3.7 does: README "S3 implementations"). So :meth:`S3ObjectStore.check`, which
+every process runs when it opens its store, also creates one probe object twice: a server that
 accepts the second PUT is refused with :class:`~tabletstore.errors.Unimplemented` naming the
 endpoint, instead of letting the cluster run unfenced.
 """

@@ -1,4 +1,4 @@
-"""The conformance suite every Coordinator passes (STYLE.md convention 13).
+"""The conformance suite every Coordinator passes (docs/architecture/conventions.md convention 13).
 
 A backend's test module subclasses :class:`CoordinatorConformance` and provides one fixture,
 ``harness``, returning a :class:`CoordinatorHarness`: how to open a coordinator on a

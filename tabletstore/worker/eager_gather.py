@@ -1,4 +1,4 @@
-"""Concurrent point reads without a task for those that need no I/O (§6, issue 18).
+"""Concurrent point reads without a task for those that need no I/O (§6).
 
 A worker answers a coalesced point read (one ``read_row`` naming up to 128 keys, the
 concurrent reads of a cluster client, ``client/coalesce.py``) by reading every key

@@ -157,9 +157,9 @@ async def replay_logged(
     tasks (:func:`~tabletstore.commitlog.sorting.sorted_replay`); the tasks ``reserved``
     names (reserved for this worker: owner affinity) are sorted here at once, without waiting
     for a sorter to take them from the coordinator (or for a dead one's claim to end). Otherwise the log is fenced
-    (DESIGN.md §6 rule 4: its writer may be alive) and read whole, as the paper's §5.3 does
-    before §6's sorting: a log nobody sorts (the embedded database's previous incarnation when
-    no sorter runs, a worker's log a tablet left by a move) still recovers."""
+    (docs/architecture/design.md §6 rule 4: its writer may be alive) and read whole, as the paper's
+    §5.3 does before §6's sorting: a log nobody sorts (the embedded database's previous incarnation
+    when no sorter runs, a worker's log a tablet left by a move) still recovers."""
     plan = await load_plan(store, ref.worker_id, ref.incarnation)
     if plan is not None:
         cells = sorted_replay(

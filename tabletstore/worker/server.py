@@ -7,7 +7,7 @@ All durable state is in the bucket (SSTables, commit-log segments) and the coord
    directory, §5.2), and opens a fresh commit-log *incarnation* shared by all its tablets;
 2. on ``load_tablet`` (``TabletServer.load``), claims the tablet (a key attached to its lease;
    the claim's creation revision becomes the tablet's epoch), fences and replays the logs the
-   tablet's record lists (DESIGN.md §6 rule 4, §7) and starts serving;
+   tablet's record lists (docs/architecture/design.md §6 rule 4, §7) and starts serving;
 3. answers data requests for tablets it serves and ``NotServing`` for any other, so clients
    refresh their cached locations (§5.1);
    METADATA tablets are served like any other; the worker reaches the rows recording its own
@@ -396,7 +396,7 @@ class TabletServer:
         meanwhile joins it: a master SIGKILLed while its loads replay a dead worker's logs
         drops their connections, which cancels these calls; the load keeps its claim and
         finishes, and the next master (which sees the claim held by a live worker, or asks
-        again) does not pay for the replay a second time (issue 11: stalls after kill_master).
+        again) does not pay for the replay a second time.
         """
         key = (req.table_id, req.tablet_id)
         task = self._load_tasks.get(key)
@@ -546,8 +546,9 @@ class TabletServer:
 
     def _log_failed(self) -> None:
         """The commit log failed (a segment PUT failed for good, or recovery fenced it) while
-        this worker may still hold its lease: go on under a new incarnation (DESIGN.md §6)
-        rather than refuse every write for ever. Every tablet refuses writes at once."""
+        this worker may still hold its lease: go on under a new incarnation
+        (docs/architecture/design.md §6) rather than refuse every write for ever. Every tablet
+        refuses writes at once."""
         if self._stopping or (self._switching is not None and not self._switching.done()):
             return
         switching = self.spawn(None, self._switch_log())
@@ -615,9 +616,9 @@ class TabletServer:
     async def _replay(self, record: TabletRecord) -> AsyncIterator[Cell]:
         """The tablet's cells past its redo point from every log its record lists (§5.3).
         Another worker's log is read from its sorted runs when the master sorted it (§6),
-        else fenced first (DESIGN.md §6 rule 4: its writer may be alive) and read whole; this
-        worker's current log is read up to its durable prefix (it served the tablet before in
-        this incarnation, and fencing it would stop its own writes)."""
+        else fenced first (docs/architecture/design.md §6 rule 4: its writer may be alive) and read
+        whole; this worker's current log is read up to its durable prefix (it served the tablet
+        before in this incarnation, and fencing it would stop its own writes)."""
         assert self._log is not None
         for ref in record.logs:
             if ref == self._log.log_ref:

@@ -3,11 +3,11 @@
 
 The paper's warning: with one log per tablet server, every new owner of one of a dead server's
 tablets would read the whole log for its few records, N times over. The sorted recovery of
-DESIGN.md §7 removes that across workers; within one worker, :class:`SharedLogReads` makes
-the tablets it recovers from the same log concurrently (the master loads a level's tablets
-together) share one read of it: the first load fences the log and reads it whole, the others
-wait for that read and filter its records, and the records stay for ``keep`` seconds after
-the last use (the next level's loads follow within a round or two).
+docs/architecture/design.md §7 removes that across workers; within one worker,
+:class:`SharedLogReads` makes the tablets it recovers from the same log concurrently (the master
+loads a level's tablets together) share one read of it: the first load fences the log and reads it
+whole, the others wait for that read and filter its records, and the records stay for ``keep``
+seconds after the last use (the next level's loads follow within a round or two).
 
 The records read are exactly :class:`~tabletstore.commitlog.reader.CommitLogReader`'s: the
 log must be whole up to its first fence, else Corruption — never a silent skip.

@@ -1,5 +1,5 @@
 """Authorization on a tablet server: per-family ACLs against the proven principal, control
-RPCs for the cluster only (paper §2 "access control", §5.3; issue 16 item 2).
+RPCs for the cluster only (paper §2 "access control", §5.3).
 
 :func:`guard` wraps a worker's dispatch table (``TABLET.handlers``). On a server with auth on,
 each request runs with the principal the RPC layer proved (``rpc.auth.current_principal``):

@@ -82,8 +82,9 @@ class TestS3StoreStacked(ObjectStoreConformance):
 
 
 def _s3rver_lacks(what: str, *, always: bool = True) -> pytest.MarkDecorator:
-    """A test s3rver 3.7 fails for a documented reason (docs/operations/cluster.md, "S3 implementations"). Strict
-    when it always fails: if a release fixes it, the run fails and the marker and that table's row go."""
+    """A test s3rver 3.7 fails for a documented reason (docs/operations/cluster.md, "S3
+    implementations"). Strict when it always fails: if a release fixes it, the run fails and the
+    marker and that table's row go."""
     return pytest.mark.xfail(strict=always, reason=f"s3rver 3.7 {what}")
 
 

@@ -1,4 +1,4 @@
-"""Damaged SSTables are Corruption, never wrong data (DESIGN.md §3, §9).
+"""Damaged SSTables are Corruption, never wrong data (docs/architecture/design.md §3, §9).
 
 Corrupted objects are created through the ObjectStore interface (objects are immutable, so a
 "damaged" SSTable is a new object holding the bad bytes).

@@ -1,4 +1,4 @@
-"""The tablet under faults at its crash boundaries (§5.3, §5.4; DESIGN.md §6, §9).
+"""The tablet under faults at its crash boundaries (§5.3, §5.4; docs/architecture/design.md §6, §9).
 
 Every test drives a :class:`~tabletstore.engine.tablet.Tablet` built by tests/tablet_harness.py over
 each backend (memory, file, S3 on moto) wrapped in a FaultyObjectStore, and checks it against

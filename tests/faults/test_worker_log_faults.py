@@ -1,4 +1,4 @@
-"""A worker's own commit log under faults (§5.3, §6; DESIGN.md §6, §9).
+"""A worker's own commit log under faults (§5.3, §6; docs/architecture/design.md §6, §9).
 
 Through the embedded database (a real TabletServer and Master in one process, memory store):
 

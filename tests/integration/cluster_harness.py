@@ -8,8 +8,8 @@ started. It stops them only by pid (and only while the pid still runs the record
 so :meth:`Cluster.close` leaves nothing behind even after a failed test.
 
 Also here: a history of writes (:class:`WriteHistory`) for checking acknowledged writes after
-a crash, treating an ambiguous outcome as "may have happened" (STYLE.md §13), and polling with
-a deadline (:func:`eventually`) instead of bare sleeps.
+a crash, treating an ambiguous outcome as "may have happened" (docs/architecture/conventions.md
+convention 13), and polling with a deadline (:func:`eventually`) instead of bare sleeps.
 """
 
 from __future__ import annotations

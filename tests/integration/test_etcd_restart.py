@@ -1,5 +1,5 @@
-"""Riding out an etcd restart (issue 11, item 5; DESIGN.md §9: an acknowledged write survives a
-restart of etcd).
+"""Riding out an etcd restart (issue 11, item 5; docs/architecture/design.md §9: an acknowledged
+write survives a restart of etcd).
 
 etcd 3.4 keeps keys, revisions and leases across a restart, and when the restarted member
 becomes leader it gives every lease its full TTL again (checked below). So a restart shorter

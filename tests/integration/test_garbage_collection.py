@@ -1,4 +1,4 @@
-"""Garbage collection end to end (DESIGN.md §6 rule 5, §9's last invariant).
+"""Garbage collection end to end (docs/architecture/design.md §6 rule 5, §9's last invariant).
 
 On the embedded default: compactions, a deleted table and a restart leave garbage; one
 collection deletes exactly that garbage and every row still reads back. On a catalog whose

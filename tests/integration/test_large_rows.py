@@ -1,4 +1,5 @@
-"""Whatever can be written can be read back (DESIGN.md §9): rows larger than a frame.
+"""Whatever can be written can be read back (docs/architecture/design.md §9): rows larger than a
+frame.
 
 Issue 11, item 7: two 10 MB cells in one row were both acknowledged, then ``read_row`` and any
 scan over the row failed (``response of 20000065 bytes exceeds 16 MiB``). Here, through the

@@ -1,7 +1,7 @@
-"""Recovery by sorting, end to end through the embedded database (§6, DESIGN.md §7): a process
-writes to a 16-tablet table and dies without closing; reopening sorts its log and each tablet
-replays only its own runs. Every acknowledged write is back, and the objects read are close to
-the log once (before sorting, each tablet read the whole log: about 18 times it)."""
+"""Recovery by sorting, end to end through the embedded database (§6, docs/architecture/design.md
+§7): a process writes to a 16-tablet table and dies without closing; reopening sorts its log and
+each tablet replays only its own runs. Every acknowledged write is back, and the objects read are
+close to the log once (before sorting, each tablet read the whole log: about 18 times it)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The chaos harness, Jepsen-style: workload, nemesis, checker (issue 11).
+"""The chaos harness, Jepsen-style: workload, nemesis, checker.
 
 Real processes (etcd, moto's S3 server behind a fault-injecting proxy, masters, workers) run a
 workload of writers and readers that record every operation with its outcome

@@ -1,4 +1,4 @@
-"""gc.plan: the garbage collector's pure planner (DESIGN.md §6 rule 5, §9).
+"""gc.plan: the garbage collector's pure planner (docs/architecture/design.md §6 rule 5, §9).
 
 Property tests pin what it must never delete (a referenced SSTable, a needed log, a live
 incarnation, anything younger than the grace period, a young fence, an unrecognized key) and

@@ -1,5 +1,5 @@
 """The catalog over a coordinator: table creation, schema compare-and-swap, and tablet record
-updates fenced by epoch (DESIGN.md §6 rule 2)."""
+updates fenced by epoch (docs/architecture/design.md §6 rule 2)."""
 
 from __future__ import annotations
 

@@ -77,7 +77,7 @@ locals {
     AWS_DEFAULT_REGION      = data.aws_region.current.name
   } : { name = k, value = v }]
   # --insecure: the RPC ports are reachable only inside the VPC's security groups; serving them
-  # with mutual TLS needs the certificates as secrets (docs/ARCHITECTURE.md "Security").
+  # with mutual TLS needs the certificates as secrets (docs/operations/security.md).
   roles = {
     master = {
       command = [
