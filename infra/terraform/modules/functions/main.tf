@@ -1,4 +1,4 @@
-# The serverless functions of the recovery path (DESIGN.md §1; the paper's §5.2 recovery, with
+# The serverless functions of the recovery path (docs/architecture/design.md §1; the paper's §5.2 recovery, with
 # the sorting of §6): log sorting, compaction and garbage collection, handlers in functions/.
 #
 # They run from the project's one container image (Dockerfile): image_config's command is
