@@ -181,10 +181,13 @@ def spawn(
     log: Path,
     url: str,
     env: Mapping[str, str] | None = None,
+    unset: Sequence[str] = (),
 ) -> ProcessRecord:
     """Start ``argv`` in its own session (it outlives the CLI), output appended to ``log``;
-    ``env`` is added to this process's environment."""
+    ``env`` is added to this process's environment and ``unset`` removed from it."""
     log.parent.mkdir(parents=True, exist_ok=True)
+    if unset:
+        env = {k: v for k, v in {**os.environ, **(env or {})}.items() if k not in unset}
     with open(log, "ab") as out:
         process = subprocess.Popen(
             list(argv),
@@ -192,7 +195,7 @@ def spawn(
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            env={**os.environ, **env} if env else None,
+            env=env if unset else {**os.environ, **env} if env else None,
         )
     start_time = _proc_start_time(process.pid)
     if start_time is None:
@@ -470,7 +473,10 @@ def start_seaweedfs(
     for name, (http, grpc) in ports.items():
         argv += [f"-{name}.port={http}", f"-{name}.port.grpc={grpc}"]
     endpoint = f"http://127.0.0.1:{ports['s3'][0]}"
-    record = spawn("s3", argv, log=log, url=endpoint)
+    # Given AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, SeaweedFS makes them its one admin
+    # identity and refuses every other key: the stack's store accepts any, as moto's does.
+    unset = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+    record = spawn("s3", argv, log=log, url=endpoint, unset=unset)
     # The gateway answers before the filer and the volumes are ready: healthy is the bucket
     # created (idempotent: an existing one answers 409, also a sign of life).
     wait_healthy(record, lambda: _bucket_ready(endpoint), deadline)

@@ -122,7 +122,9 @@ def test_user_s3_url_creates_the_bucket_and_starts_only_etcd(
 
 
 async def test_up_with_seaweedfs_serves_the_store_and_down_drops_it(stack_dir: Path) -> None:
-    up = cli("up", "--dir", str(stack_dir), "--s3", "seaweedfs")
+    # The user's own keys in the environment: SeaweedFS would make them its only identity.
+    keys = {"AWS_ACCESS_KEY_ID": "mine", "AWS_SECRET_ACCESS_KEY": "mine"}
+    up = cli("up", "--dir", str(stack_dir), "--s3", "seaweedfs", env=keys)
     assert up.returncode == 0, up.stderr
     stack = localstack.Stack.from_json((stack_dir / "stack.json").read_text())
     assert [p.role for p in stack.processes] == ["etcd", "s3"]
