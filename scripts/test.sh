@@ -4,7 +4,8 @@
 # page's browser test drives it with Playwright), a Java 17 runtime (Spark) and the Python
 # test extras —
 # then runs the linters, the type checker, the layering check and the whole test suite against
-# real servers on loopback (etcd, moto's S3 server, tabletstore's own processes).
+# real servers on loopback (etcd, moto's S3 server, tabletstore's own processes); on a full run
+# (no arguments) then the cloud rehearsal (scripts/cloud-rehearsal.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -58,3 +59,10 @@ unset PYTHONDONTWRITEBYTECODE
 # ones round-robin, so the minutes-long tests start at once on different workers, not last.
 # TABLETSTORE_TEST_WORKERS overrides the count (0: one process, as before).
 python -m pytest -q -p no:cacheprovider -n "${TABLETSTORE_TEST_WORKERS:-3}" --dist load "$@"
+
+# The cloud deployment rehearsed on this machine (Docker, the image, the Terraform plan's tasks
+# and functions, SeaweedFS, etcd): part of the full run only, not of a run of chosen tests.
+if [ "$#" -eq 0 ]; then
+  echo "== cloud rehearsal (scripts/cloud-rehearsal.sh)"
+  bash scripts/cloud-rehearsal.sh
+fi
