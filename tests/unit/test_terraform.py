@@ -297,7 +297,10 @@ def _check_functions(aws_lambda: object, iam: object, names: dict[str, str], buc
         function = aws_lambda.get_function(FunctionName=name)  # type: ignore[attr-defined]
         config = function["Configuration"]
         assert config["PackageType"] == "Image"
-        assert config["ImageConfigResponse"]["ImageConfig"]["Command"] == [HANDLERS[kind]]
+        assert config["ImageConfigResponse"]["ImageConfig"]["Command"] == [
+            "function",
+            HANDLERS[kind],
+        ]
         assert function["Concurrency"]["ReservedConcurrentExecutions"] == 20
         role = config["Role"].rsplit("/", 1)[1]
         document = iam.get_role_policy(RoleName=role, PolicyName="least-privilege")  # type: ignore[attr-defined]

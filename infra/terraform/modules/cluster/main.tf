@@ -41,7 +41,7 @@ locals {
       { name = "ETCD_CLIENT_KEY", valueFrom = "${var.etcd_client_secret_arn}:key::" },
       { name = "ETCD_CA_CERT", valueFrom = "${var.etcd_client_secret_arn}:ca::" },
     ]
-    healthCheck            = { command = ["/usr/local/bin/tabletstore-entrypoint", "health", "2379"], interval = 10, retries = 3, timeout = 5, startPeriod = 10 }
+    healthCheck            = { command = ["CMD", "/usr/local/bin/tabletstore-entrypoint", "health", "2379"], interval = 10, retries = 3, timeout = 5, startPeriod = 10 }
     readonlyRootFilesystem = true
     logConfiguration       = { logDriver = "awslogs", options = local.log_options }
   }
@@ -167,7 +167,7 @@ resource "aws_ecs_task_definition" "role" {
       environment  = [for k, v in merge(var.environment, { TABLETSTORE_URL = local.cluster_url }) : { name = k, value = v }]
       portMappings = [{ containerPort = each.value.port, protocol = "tcp" }, { containerPort = var.metrics_port, protocol = "tcp" }]
       healthCheck = {
-        command     = ["/usr/local/bin/tabletstore-entrypoint", "health", tostring(each.value.port)]
+        command     = ["CMD", "/usr/local/bin/tabletstore-entrypoint", "health", tostring(each.value.port)]
         interval    = 10
         retries     = 3
         timeout     = 5

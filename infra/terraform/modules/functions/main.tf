@@ -170,7 +170,7 @@ resource "aws_lambda_function" "function" {
   package_type  = "Image"
   image_uri     = var.image_uri
   image_config {
-    command = [each.value.handler]
+    command = ["function", each.value.handler]
   }
   memory_size                    = each.value.memory
   timeout                        = var.timeout_seconds
