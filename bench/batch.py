@@ -37,7 +37,7 @@ import pyarrow as pa
 import tabletstore
 from tabletstore import batch
 from tabletstore.batch.engines import dask_dataframe
-from tabletstore.cli import main as cli
+from tabletstore.cli import csv_cmds
 from tabletstore.data.model import DeleteCells, DeleteRow, RowMutation
 from tabletstore.data.schema import ColumnFamily, MaxVersionsRule
 
@@ -146,7 +146,7 @@ def main() -> None:
         batch.write_sstables(sample, f"file://{tmp}/warm", split_keys=SPLITS)
         db.bulk_load("warm", f"file://{tmp}/warm")
         write_csv(sample, tmp / "warm.csv", args.cells_per_row)
-        cli._import(db, "warm", tmp / "warm.csv", cli._import_plan(()))
+        csv_cmds.import_csv(db, "warm", tmp / "warm.csv", csv_cmds.import_plan(()))
         for r in range(args.load_repeats):
             db.create_table(f"bulk{r}", ["cf"], split_keys=SPLITS)
             db.create_table(f"imported{r}", ["cf"], split_keys=SPLITS)
@@ -158,7 +158,7 @@ def main() -> None:
             bulk_runs.append(time.perf_counter() - t0)
             bulk_cpu.append(time.process_time() - c0)
             t0, c0 = time.perf_counter(), time.process_time()
-            cli._import(db, f"imported{r}", csv_path, cli._import_plan(()))
+            csv_cmds.import_csv(db, f"imported{r}", csv_path, csv_cmds.import_plan(()))
             import_runs.append(time.perf_counter() - t0)
             import_cpu.append(time.process_time() - c0)
             db.flush(f"imported{r}")  # untimed: no memtable flush left to overlap the next run

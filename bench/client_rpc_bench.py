@@ -57,7 +57,7 @@ async def bench(runs: int, ops: int) -> dict[str, list[float]]:
     info = await db._info("t")
     rec = await db.locations.locate(info.table_id, b"")
 
-    server = RpcServer(TABLET.handlers(db.worker))
+    server = RpcServer(TABLET.handlers(db.worker.services))
     await server.start()
     transport = TcpTransport(timeout=30.0)
     stub = TABLET.client(transport, server.address)

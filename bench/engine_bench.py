@@ -28,6 +28,7 @@ from tabletstore.data.model import SetCell
 from tabletstore.data.query import RowRange
 from tabletstore.data.schema import ColumnFamily, LocalityGroup, TableSchema
 from tabletstore.engine.tablet import Tablet
+from tabletstore.errors import TabletStoreError
 from tabletstore.keys import Cell
 from tabletstore.metadata.catalog import Catalog
 from tabletstore.metadata.record import LogRef, TabletRecord
@@ -56,8 +57,16 @@ class BenchLog:
     def advance(self, seq: int) -> None:
         self.writer.advance(seq)
 
+    def segment_mark(self) -> int:
+        return self.writer.next_segment
+
     async def append(self, table_id: str, row: bytes, cells: Sequence[Cell]) -> None:
         await self.writer.append(table_id, row, cells)
+
+    async def append_many(
+        self, table_id: str, rows: Sequence[tuple[bytes, Sequence[Cell]]]
+    ) -> list[TabletStoreError | None]:
+        return await self.writer.append_many(table_id, rows)
 
 
 class Bench:

@@ -11,7 +11,7 @@ import-linter contract in pyproject.toml is the one layer map, checked in CI)::
     rpc/           frames, codec, transports
     metadata/      tablet records, the METADATA table, the catalog (§5.1)
     engine/        the tablet: memtable, iterators, compactions, split keys (§5.3, §5.4)
-    client/        the client library: location cache, retries (§5.1)
+    client/        the client library: location cache, retries, tables, admin (§5.1)
     worker/        the tablet server (§5.2, §5.3)
     master/        assignment, balancing, merges, garbage collection (§5.2)
     ops/           metrics and status pages
@@ -50,9 +50,9 @@ __version__ = "0.1.0"
 _EXPORTS: dict[str, str] = {
     **dict.fromkeys(["connect", "connect_async", "Database", "SyncDatabase"], "embedded"),
     "TlsConfig": "security.tls",
-    **dict.fromkeys(
-        ["AsyncClient", "AsyncTable", "MutationError", "MutationsFailed"], "client.client"
-    ),
+    "AsyncClient": "client.client",
+    "AsyncTable": "client.table",
+    **dict.fromkeys(["MutationError", "MutationsFailed"], "client.mutate_rows"),
     **dict.fromkeys(
         [
             "AddToCell",

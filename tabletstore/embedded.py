@@ -152,7 +152,7 @@ class Database(AsyncClient):
             tablet_options=tablet_options,
         )
         metrics.observe_server(worker)
-        handlers = metrics.instrument(TABLET.handlers(worker))
+        handlers = metrics.instrument(TABLET.handlers(worker.services))
         try:
             await worker.start()
             transport.register(_ADDRESS, handlers)

@@ -178,7 +178,7 @@ class TabletHarness:
 
     async def _open(self) -> Tablet:
         """Open a new log incarnation, take the tablet (new epoch), fence the logs its
-        record lists and load it, replaying them (what ``TabletServer.load_tablet`` does)."""
+        record lists and load it, replaying them (what ``TabletServer.load`` does)."""
         assert self.catalog is not None
         log = await self._new_log()
         record = await self.record()
@@ -219,7 +219,7 @@ class TabletHarness:
     async def settle(self) -> None:
         """Wait for the tablet's background compaction, if any (errors stay sticky)."""
         assert self.tablet is not None
-        await self.tablet._background_done()
+        await self.tablet._compactions.background_done()
 
     async def crash(self) -> None:
         """The worker dies: nothing is flushed, the log writer stops where it is."""
@@ -241,7 +241,7 @@ class TabletHarness:
 
     async def close(self) -> None:
         for t in [*self.zombies, *([self.tablet] if self.tablet else [])]:
-            task = t._background
+            task = t._compactions.background
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(BaseException):

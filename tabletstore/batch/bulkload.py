@@ -412,7 +412,7 @@ def _check_file(name: str, key: str, data: bytes, schema: TableSchema) -> Source
     aggregate = sorted(f for f in families if schema.families[f].value_type is not None)
     if aggregate:
         # Bulk-loaded cells bypass the memtable with fresh seqs: replay relies on aggregate
-        # families never getting cells that way (engine/tablet.py, _FlushedRows).
+        # families never getting cells that way (engine/log_replay.py, _FlushedRows).
         raise InvalidArgument(
             f"bulk-load file {name} has cells of aggregate families {aggregate}: write them "
             "with AddToCell or MergeToCell"

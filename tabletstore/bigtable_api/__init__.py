@@ -6,8 +6,9 @@ existing Bigtable code reaches it with ``BIGTABLE_EMULATOR_HOST=host:port``.
 
 Modules: ``translate`` (pure message <-> tabletstore conversions and the contracts they fix:
 names, millisecond timestamps, ranges, filters, errors), ``chunks`` (the ReadRows chunk
-stream), ``admin`` (table admin RPCs), ``server`` (data RPCs, gRPC wiring, servers) and
-``cli`` (the command). Needs the ``bigtable-api`` extra (google-cloud-bigtable, grpcio).
+stream), ``admin`` (table admin RPCs) and ``server`` (data RPCs, gRPC wiring, servers); the
+command that serves it is :mod:`tabletstore.cli.bigtable_api_cmds`. Needs the ``bigtable-api``
+extra (google-cloud-bigtable, grpcio).
 """
 
 from __future__ import annotations

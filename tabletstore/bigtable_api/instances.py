@@ -42,7 +42,8 @@ from google.longrunning import operations_pb2
 from google.protobuf import empty_pb2
 
 from tabletstore.bigtable_api.translate import TableName, parse_instance_name
-from tabletstore.client.client import AsyncClient, AsyncTable
+from tabletstore.client.client import AsyncClient
+from tabletstore.client.table import AsyncTable
 from tabletstore.clock import Clock, SystemClock
 from tabletstore.data.model import DeleteRow, Row, SetCell
 from tabletstore.data.schema import ColumnFamily, MaxVersionsRule

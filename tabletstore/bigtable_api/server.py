@@ -52,7 +52,9 @@ from tabletstore.bigtable_api.translate import (
     server_timestamp,
     status_code,
 )
-from tabletstore.client.client import AsyncClient, AsyncTable, MutationsFailed
+from tabletstore.client.client import AsyncClient
+from tabletstore.client.mutate_rows import MutationsFailed
+from tabletstore.client.table import AsyncTable
 from tabletstore.clock import Clock, SystemClock, stopwatch
 from tabletstore.data.model import Mutation, Row, RowMutation
 from tabletstore.data.validation import MAX_MUTATIONS_PER_ROW, check_row_key

@@ -20,17 +20,29 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
+import click
 from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
+from tabletstore.cli.context import with_database
 from tabletstore.data.filters import Chain, ColumnQualifierRegex, FamilyNameRegex
 from tabletstore.data.model import Cell, IncrementValue, Row, RowMutation, SetCell
 from tabletstore.data.schema import ColumnFamily, MaxVersionsRule
 from tabletstore.embedded import SyncDatabase
 from tabletstore.errors import NotFound
 
-__all__ = ["FAMILIES", "PAGES", "TABLE", "Page", "ensure_table", "row_key", "run", "write_pages"]
+__all__ = [
+    "FAMILIES",
+    "PAGES",
+    "TABLE",
+    "Page",
+    "demo_cmd",
+    "ensure_table",
+    "row_key",
+    "run",
+    "write_pages",
+]
 
 TABLE = "webtable"
 #: The families of the Webtable; contents keeps three versions (§2).
@@ -209,3 +221,11 @@ def run(db: SyncDatabase, console: Console, table_name: str = TABLE) -> int:
         f" → [bold green]{runs}[/]\n  atomic on the row (§3); it grows on every run"
     )
     return runs
+
+
+@click.command("demo")
+@click.option("--table", default=TABLE, show_default=True, help="Table to use.")
+def demo_cmd(table: str) -> None:
+    """Write the paper's Webtable (Figure 1) and print what is read back."""
+    console = Console(highlight=False)
+    with_database(lambda db: run(db, console, table))

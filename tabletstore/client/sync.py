@@ -22,7 +22,8 @@ import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar, cast
 
-from tabletstore.client.client import AsyncClient, AsyncTable
+from tabletstore.client.client import AsyncClient
+from tabletstore.client.table import AsyncTable
 
 __all__ = [
     "Portal",

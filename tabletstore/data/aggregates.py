@@ -15,7 +15,7 @@ an 8-byte big-endian two's-complement integer; ``hll`` the sketch serialization 
 
 Each aggregation is commutative, associative and (except for ``sum``) idempotent, so the
 engine may combine parts of a bucket in any grouping; what it must never do is combine one
-write twice (see ``keys.py`` and ``engine/tablet.py`` on replay).
+write twice (see ``keys.py`` and ``engine/log_replay.py`` on replay).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ and nothing is translated:
   still large for big programs on big values, which is why the read path weighs each row's
   regex work (:func:`program_size` times the bytes matched, summed by
   :func:`tabletstore.data.filters.regex_cost`) before evaluating it on the event loop
-  (:mod:`tabletstore.engine.tablet`).
+  (:mod:`tabletstore.engine.read_path`).
 * Memory: each compiled pattern may use at most :data:`MAX_MEM` bytes (RE2's default budget;
   its program takes part, the lazily built DFA states the rest). A pattern whose program does
   not fit (``(x\\C{1000}|...)`` with thousands of branches) is refused; so is a repeat count

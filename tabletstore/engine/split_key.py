@@ -7,8 +7,9 @@ in the METADATA table. When the split has committed, it notifies the master." (Â
 
 This module decides, from plain values, *whether* a tablet splits (:func:`should_split`),
 *where* (:func:`choose_split_key`) and *what the two children's records are*
-(:func:`split_records`). The worker (:mod:`tabletstore.worker.server`) gathers the inputs and executes
-the split; the tablet (:meth:`tabletstore.engine.tablet.Tablet.splitting`) stops writes and flushes.
+(:func:`split_records`). The worker (:mod:`tabletstore.worker.splits`) gathers the inputs and
+executes the split; the tablet (:meth:`tabletstore.engine.tablet.Tablet.splitting`) stops writes
+and flushes.
 
 The children share their parent's SSTables, as in the paper: each child's record lists every
 SSTable of the parent, reads already clip to the child's row range, and a child's compactions

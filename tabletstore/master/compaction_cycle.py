@@ -45,7 +45,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: The event kind a tablet records after a major compaction (engine.tablet).
+#: The event kind a tablet records after a major compaction (engine.state).
 MAJOR_COMPACTION_EVENT = "major_compaction"
 
 

@@ -1,10 +1,10 @@
 """Builds the status API's documents (:mod:`tabletstore.ops.status_api`) from a live process.
 
-A worker's status comes from its ``server_status`` RPC handler and its registry; a master's
-from the catalog (tables, tablets and their event logs, §5.2), the coordinator (the servers
-directory, claims, the master election's candidates, the status pages' URLs) and the
-:class:`~tabletstore.ops.history.Sampler` that reads the workers' pages. Reads only: building a
-page never changes the cluster.
+A worker's status comes from its server's ``status()`` (what the ``server_status`` RPC answers)
+and its registry; a master's from the catalog (tables, tablets and their event logs, §5.2), the
+coordinator (the servers directory, claims, the master election's candidates, the status pages'
+URLs) and the :class:`~tabletstore.ops.history.Sampler` that reads the workers' pages. Reads
+only: building a page never changes the cluster.
 
 Processes find each other's pages through the coordinator: each one that serves a page puts
 its URL at ``status_pages/<role>/<id>`` attached to its lease (:func:`publish_page`), so a
@@ -42,7 +42,7 @@ from tabletstore.ops.status_api import (
     parse_status,
     text_key,
 )
-from tabletstore.rpc.messages import ServerStatusRequest, ServerStatusResponse
+from tabletstore.rpc.messages import ServerStatusResponse
 
 __all__ = [
     "DEFAULT_EVENTS",
@@ -75,7 +75,7 @@ class WorkerLike(Protocol):
     @property
     def address(self) -> str: ...
 
-    async def server_status(self, req: ServerStatusRequest) -> ServerStatusResponse: ...
+    def status(self) -> ServerStatusResponse: ...
 
 
 class MasterLike(Protocol):
@@ -113,7 +113,7 @@ async def worker_status(
 ) -> WorkerStatus:
     """A worker's status: its tablets as the ``server_status`` RPC reports them, its lease
     and its request counters."""
-    st = await server.server_status(ServerStatusRequest())
+    st = server.status()
     tablets = [
         TabletInfo(
             table_id=t.table_id,

@@ -3,8 +3,8 @@
 The client library talks to workers through a :class:`~tabletstore.rpc.transport.Transport`;
 in the embedded default the worker lives in the same process and a call is a direct call of
 its handler, with no serialization. An address names a dispatch table registered here
-(``services.TABLET.handlers(worker)``, possibly wrapped by ``ops.metrics``): the same table the
-TCP server serves, so the client, master and worker code paths are the same in both.
+(``services.TABLET.handlers(worker.services)``, possibly wrapped by ``ops.metrics``): the same
+table the TCP server serves, so the client, master and worker code paths are the same in both.
 """
 
 from __future__ import annotations

@@ -101,7 +101,7 @@ def lookup(handlers: Handlers, method: Method, address: str) -> Handler:
 
 
 #: In-process calls give the event loop's other tasks a turn at least this often (the same
-#: slice as a scan's, ``engine.tablet.READ_SLICE_SECONDS``).
+#: slice as a scan's, ``engine.read_path.READ_SLICE_SECONDS``).
 TURN_SECONDS = 0.01
 _turn_ends: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, float] = (
     weakref.WeakKeyDictionary()

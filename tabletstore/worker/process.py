@@ -93,7 +93,7 @@ async def run_worker(
     )
     metrics.observe_server(tablet_server)
     handlers = metrics.instrument(
-        guard(TABLET.handlers(tablet_server), where=f"worker {wid}", denied=metrics.denied)
+        guard(TABLET.handlers(tablet_server.services), where=f"worker {wid}", denied=metrics.denied)
     )
     auth = ServerAuth(tls, TokenStore(coordinator)) if tls is not None else None
     server = RpcServer(

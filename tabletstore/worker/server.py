@@ -5,9 +5,9 @@ All durable state is in the bucket (SSTables, commit-log segments) and the coord
 
 1. takes a lease and registers ``servers/<worker-id>`` under it (the Chubby servers
    directory, §5.2), and opens a fresh commit-log *incarnation* shared by all its tablets;
-2. on ``load_tablet``, claims the tablet (a key attached to its lease; the claim's creation
-   revision becomes the tablet's epoch), fences and replays the logs the tablet's record lists
-   (DESIGN.md §6 rule 4, §7) and starts serving;
+2. on ``load_tablet`` (``TabletServer.load``), claims the tablet (a key attached to its lease;
+   the claim's creation revision becomes the tablet's epoch), fences and replays the logs the
+   tablet's record lists (DESIGN.md §6 rule 4, §7) and starts serving;
 3. answers data requests for tablets it serves and ``NotServing`` for any other, so clients
    refresh their cached locations (§5.1);
    METADATA tablets are served like any other; the worker reaches the rows recording its own
@@ -15,9 +15,13 @@ All durable state is in the bucket (SSTables, commit-log segments) and the coord
    lock a METADATA write needs is held across such a call);
 4. stops acknowledging writes before its lease can have expired (fencing rule 1).
 
-A TabletServer implements ``rpc.services.TabletService``: its request handlers are plain async
-methods of that Protocol, served through ``TABLET.handlers(server)`` by the transport
-(in-process or TCP).
+This module owns the server's lifecycle, as HBase's ``HRegionServer`` does: the lease, the
+commit log and its switch to a new incarnation when it fails, the claims, loading (replay) and
+unloading of tablets, and stopping. The request handlers stand beside it, as ``RSRpcServices``
+does: ``server.services`` (``worker/rpc_services.py``: the data service, ``data_service.py``,
+and the admin service, ``admin_service.py``) implements ``rpc.services.TabletService`` and is
+served through ``TABLET.handlers(server.services)`` by the transport (in-process or TCP).
+Splitting tablets that grew is ``worker/splits.py``'s.
 """
 
 from __future__ import annotations
@@ -27,12 +31,10 @@ import concurrent.futures
 import contextlib
 import json
 import logging
-import uuid
-from collections.abc import AsyncIterator, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from dataclasses import replace
 from typing import Any
 
-from tabletstore.batch.bulkload import cells_for_tablet
 from tabletstore.client.location import LocationCache
 from tabletstore.clock import Clock, SystemClock
 from tabletstore.commitlog import CommitLogStats, CommitLogWriter
@@ -49,93 +51,38 @@ from tabletstore.coordination.base import (
     create_revision_is,
     mod_revision_is,
 )
-from tabletstore.data.model import Row
-from tabletstore.data.query import RowSet
 from tabletstore.data.schema import TableSchema
-from tabletstore.engine import split_key as splitting
 from tabletstore.engine.pools import process_pool
-from tabletstore.engine.scan_stats import ScanStats
-from tabletstore.engine.tablet import SnapshotCut, Tablet
-from tabletstore.errors import (
-    InvalidArgument,
-    NotFound,
-    NotServing,
-    TabletStoreError,
-    Unavailable,
-)
+from tabletstore.engine.tablet import Tablet
+from tabletstore.errors import InvalidArgument, NotFound, NotServing, TabletStoreError, Unavailable
 from tabletstore.keys import Cell
 from tabletstore.metadata import rows as mt
 from tabletstore.metadata.catalog import Catalog
-from tabletstore.metadata.record import (
-    BulkLoadMark,
-    LogRef,
-    SSTableRef,
-    TabletRecord,
-    uncovered,
-)
+from tabletstore.metadata.record import LogRef, TabletRecord
 from tabletstore.options import TabletOptions, WorkerOptions
 from tabletstore.rpc.messages import (
-    AdoptCompactionRequest,
-    BulkLoadTabletRequest,
-    BulkLoadTabletResponse,
-    CheckAndMutateRequest,
-    CheckAndMutateResponse,
-    CompactTabletRequest,
-    EntryError,
-    LargeRow,
     LoadTabletRequest,
-    MutateRowsRequest,
-    MutateRowsResponse,
-    MutateTabletsRequest,
-    PointReadsRequest,
-    PointReadsResponse,
-    ReadModifyWriteRequest,
-    ReadRowsRequest,
-    RowBatch,
-    RowPiece,
-    SampleRowKeysRequest,
-    SampleRowKeysResponse,
-    ScanProgress,
-    ServerStatusRequest,
     ServerStatusResponse,
-    SnapshotHoldRequest,
-    SnapshotTablet,
-    SnapshotWriteRequest,
-    SnapshotWriteResponse,
-    TabletMutations,
     TabletStatus,
     UnloadTabletRequest,
-    UpdateSchemaRequest,
 )
-from tabletstore.rpc.row_pieces import STREAM_ITEM_BYTES, UNARY_ROW_BYTES, row_bytes, split_row
 from tabletstore.rpc.services import TABLET
 from tabletstore.rpc.transport import Handlers, Method, Transport, call_handler, stream_handler
-from tabletstore.sstable import SSTable
 from tabletstore.sstable.block_cache import BlockCache, ScanCache
-from tabletstore.storage_s3 import layout
 from tabletstore.storage_s3.base import ObjectStore
-
-__all__ = ["TabletServer", "next_incarnation"]
-
-from tabletstore.worker.eager import gather_eager
 from tabletstore.worker.log import WorkerLog, replay_logged
 from tabletstore.worker.recovery import SharedLogReads, tablet_cells
+from tabletstore.worker.rpc_services import TabletRpcServices
+from tabletstore.worker.splits import TabletSplits
 from tabletstore.worker.switch_gate import SwitchGate
+
+__all__ = ["TabletServer", "next_incarnation"]
 
 log = logging.getLogger(__name__)
 
 
-def _progress(stats: ScanStats) -> ScanProgress:
-    return ScanProgress(stats.last_scanned or b"", stats.rows_seen, stats.cells_seen)
-
-
 #: Seconds a stopping worker's last record updates wait for METADATA (see stop()).
 _STOP_METADATA_WAIT = 5.0
-
-#: Rows per streamed item of a scan, and a byte bound on one item: a larger row goes alone,
-#: in pieces of about that size (rpc.row_pieces).
-_ROWS_PER_BATCH = 256
-_BYTES_PER_BATCH = STREAM_ITEM_BYTES
 
 
 class _SelfFirst:
@@ -145,7 +92,7 @@ class _SelfFirst:
 
     def __init__(self, server: TabletServer, remote: Transport) -> None:
         self._server = server
-        self._local: Handlers = TABLET.handlers(server)
+        self._local: Handlers = TABLET.handlers(server.services)
         self._remote = remote
 
     def call(
@@ -185,12 +132,21 @@ class TabletServer:
         self.address = address
         self._store = store
         self._coord = coordinator
-        # Records of this worker's tablets are METADATA rows, reached over ``transport``.
-        self.locations = LocationCache(coordinator, _SelfFirst(self, transport))
-        self._catalog = Catalog(coordinator, metadata=self.locations)
         self._clock = clock or SystemClock()
         self._options = options or WorkerOptions()
         self._tablet_options = tablet_options or TabletOptions()
+        #: The request handlers (``TABLET.handlers(server.services)`` serves them).
+        self.services = TabletRpcServices(self)
+        #: Splits of the tablets served here, started after their compactions.
+        self.splits = TabletSplits(
+            self,
+            clock=self._clock,
+            split_bytes=self._tablet_options.split_bytes,
+            cooldown=self._options.split_cooldown,
+        )
+        # Records of this worker's tablets are METADATA rows, reached over ``transport``.
+        self.locations = LocationCache(coordinator, _SelfFirst(self, transport))
+        self._catalog = Catalog(coordinator, metadata=self.locations)
         self._block_cache = BlockCache(self._options.block_cache_bytes)
         #: The §6 scan cache shared by every SSTable this worker opens (None: disabled).
         self._scan_cache = (
@@ -198,8 +154,8 @@ class TabletServer:
         )
         self._tablets: dict[tuple[str, str], Tablet] = {}
         self._loading: dict[tuple[str, str], asyncio.Lock] = {}
-        #: Loads under way, by tablet: each runs as its own task, which the load_tablet calls
-        #: for that tablet await (so a caller that goes away does not stop it).
+        #: Loads under way, by tablet: each runs as its own task, which the load calls for
+        #: that tablet await (so a caller that goes away does not stop it).
         self._load_tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._requests: dict[tuple[str, str], int] = {}
         #: The claim's create revision (the tablet's epoch) of every tablet claimed here.
@@ -214,16 +170,10 @@ class TabletServer:
         # entered by start(), exited by stop().
         self._stack = contextlib.AsyncExitStack()
         self._tasks: asyncio.TaskGroup | None = None
-        # Splits (awaited by stop()) and post-split major compactions (cancelled by it).
-        self._splits: set[asyncio.Task[None]] = set()
         #: Set by stop(): no new split starts (it would change the tablets being closed).
         self._stopping = False
-        self._compactions: set[asyncio.Task[None]] = set()
         #: The loop keeping the tablets' log positions recent (_trim_logs); cancelled by stop().
         self._trimming: asyncio.Task[None] | None = None
-        self._splitting: set[tuple[str, str]] = set()
-        #: Monotonic time before which a tablet born of a split does not split again.
-        self._split_after: dict[tuple[str, str], float] = {}
         self._lease: Lease | None = None
         self._writer: CommitLogWriter | None = None
         self._log: WorkerLog | None = None
@@ -253,9 +203,6 @@ class TabletServer:
             parallel=processes + 1,
             spill=self.sort_spill,
         )
-        #: Snapshot cuts held here, by snapshot id, until snapshot_write (or until dropped
-        #: by a timer: a master that died mid-snapshot must not pin memtables for ever).
-        self._snapshot_cuts: dict[str, list[tuple[Tablet, SnapshotCut]]] = {}
 
     def _make_sort_pool(self) -> concurrent.futures.Executor:
         """The pool the sort tasks of logs this worker owns run in (once; stop() ends it)."""
@@ -284,7 +231,7 @@ class TabletServer:
         )
         self._log.on_failure = self._log_failed
         if self._options.log_trim_interval is not None:
-            self._trimming = self._spawn(None, self._trim_logs(self._options.log_trim_interval))
+            self._trimming = self.spawn(None, self._trim_logs(self._options.log_trim_interval))
 
     async def _trim_logs(self, interval: float) -> None:
         """Keep the tablets' log positions recent (``WorkerOptions.log_trim_interval``;
@@ -334,9 +281,10 @@ class TabletServer:
             # reports a failure (stack.aclose below).
             await asyncio.gather(self._switching, return_exceptions=True)
         trimming = [] if self._trimming is None else [self._trimming]
-        for task in [*self._compactions, *trimming]:  # optional work: redone after the next load
+        compactions = self.splits.compactions
+        for task in [*compactions, *trimming]:  # optional work: redone after the next load
             task.cancel()
-        await asyncio.gather(*self._splits, *self._compactions, *trimming, return_exceptions=True)
+        await asyncio.gather(*self.splits.running, *compactions, *trimming, return_exceptions=True)
         # One at a time, deepest level first, re-reading the set each time: nothing may be
         # left unclosed, whatever changed it while a tablet was being closed.
         while self._tablets:
@@ -346,7 +294,7 @@ class TabletServer:
                 await tablet.close(flush=flush)
             except TabletStoreError as exc:
                 log.warning("closing tablet %s/%s: %s", key[0], key[1], exc)
-            await self._release_claim(key)
+            await self.release_claim(key)
         if self._writer is not None:
             with contextlib.suppress(TabletStoreError):
                 await self._writer.close()
@@ -386,7 +334,42 @@ class TabletServer:
     def sort_spill_stats(self) -> SpillStats:
         return self.sort_spill.stats
 
-    def _tablet(self, table_id: str, tablet_id: str) -> Tablet:
+    @property
+    def catalog(self) -> Catalog:
+        return self._catalog
+
+    @property
+    def store(self) -> ObjectStore:
+        return self._store
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    def tablet_lock(self, key: tuple[str, str]) -> asyncio.Lock:
+        """The lock held while a tablet is loaded, unloaded or split (one at a time)."""
+        return self._loading.setdefault(key, asyncio.Lock())
+
+    def status(self) -> ServerStatusResponse:
+        """The tablets served here, their sizes and the requests each has had."""
+        tablets = tuple(
+            TabletStatus(
+                table_id=t.record.table_id,
+                tablet_id=t.record.tablet_id,
+                start_row=t.record.start_row,
+                end_row=t.record.end_row,
+                sstables=sum(len(v) for v in t.record.sstables.values()),
+                sstable_bytes=t.record.size,
+                memtable_bytes=t.state.memtable.approximate_size,
+                requests=self._requests.get(key, 0),
+            )
+            for key, t in self._tablets.items()
+        )
+        return ServerStatusResponse(self.worker_id, self.address, tablets)
+
+    def tablet(self, table_id: str, tablet_id: str) -> Tablet:
+        """The served tablet a request names (and one more request counted for it), or
+        NotServing: not served here, or this worker's lease may have expired."""
         lease = self._lease
         if lease is not None and (lease.expired or self._clock.monotonic() >= lease.safe_until()):
             # Fencing rule 1 for reads too: a worker paused past its lease (SIGSTOP, a long
@@ -402,7 +385,7 @@ class TabletServer:
 
     # ------------------------------------------------------------------ tablet assignment
 
-    async def load_tablet(self, req: LoadTabletRequest) -> None:
+    async def load(self, req: LoadTabletRequest) -> None:
         """Claim a tablet and serve it: fence and replay its logs first (§5.2, §5.3).
 
         The load runs on if its caller goes away, and a load of the same tablet asked for
@@ -432,7 +415,7 @@ class TabletServer:
 
     async def _load_once(self, req: LoadTabletRequest) -> None:
         key = (req.table_id, req.tablet_id)
-        lock = self._loading.setdefault(key, asyncio.Lock())
+        lock = self.tablet_lock(key)
         async with lock:
             if key in self._tablets:
                 return
@@ -453,10 +436,26 @@ class TabletServer:
             try:
                 await self._load_claimed(req, claim.create_revision)
             except BaseException:
-                await self._release_claim(key)
+                await self.release_claim(key)
                 raise
 
-    async def _release_claim(self, key: tuple[str, str]) -> None:
+    async def claim_new(self, key: tuple[str, str]) -> int:
+        """Claim a tablet nobody has claimed (a split's new child); returns the epoch."""
+        assert self._lease is not None
+        claim_key = paths.claim(*key)
+        result = await self._coord.txn(
+            [absent(claim_key)],
+            [Put(claim_key, self.worker_id.encode(), lease_id=self._lease.id)],
+            [],
+        )
+        if not result.succeeded:
+            raise Unavailable(f"tablet {key[1]} is already claimed")
+        claim = await self._coord.get(claim_key)
+        assert claim is not None
+        self._epochs[key] = claim.create_revision
+        return claim.create_revision
+
+    async def release_claim(self, key: tuple[str, str]) -> None:
         """Delete our claim on a tablet — only if it is still ours (same epoch): after a lost
         lease the key may already be a new owner's claim."""
         epoch = self._epochs.pop(key, None)
@@ -482,9 +481,7 @@ class TabletServer:
         # gate; opening and serving, which records this worker's log in the record, shares
         # it with the other openings and keeps a log switch out.
         replayed = [cell async for cell in self._replay(owned)]
-        async with self._log_switch.shared():
-            tablet = await self._open_tablet(owned, schema, replayed)
-            self._serve(tablet)
+        tablet = await self.open_and_serve(owned, schema, replayed)
         log.info(
             "serving %s/%s: opened with %d commit log(s) to replay in %.2f s (%d cells in memory)",
             req.table_id,
@@ -494,10 +491,26 @@ class TabletServer:
             len(tablet.state.memtable),
         )
 
-    def _serve(self, tablet: Tablet) -> None:
-        tablet.on_compacted = self._compacted
-        self._tablets[(tablet.record.table_id, tablet.record.tablet_id)] = tablet
-        self._compacted(tablet)  # a tablet loaded past the split size splits now
+    async def open_and_serve(
+        self,
+        record: TabletRecord,
+        schema: TableSchema,
+        replayed: Sequence[Cell] | None = None,
+        *,
+        before_serving: Callable[[Tablet], None] | None = None,
+    ) -> Tablet:
+        """Open a claimed tablet (``_open_tablet``) and serve it, inside the log-switch gate:
+        opening records this worker's log in the tablet's record, so no log switch may come
+        between (openings go side by side). ``before_serving`` sees the tablet opened, not yet
+        served."""
+        async with self._log_switch.shared():
+            tablet = await self._open_tablet(record, schema, replayed)
+            if before_serving is not None:
+                before_serving(tablet)
+            tablet.on_compacted = self.splits.after_compaction
+            self._tablets[(tablet.record.table_id, tablet.record.tablet_id)] = tablet
+            self.splits.after_compaction(tablet)  # a tablet loaded past the split size splits now
+        return tablet
 
     async def _open_tablet(
         self, record: TabletRecord, schema: TableSchema, replayed: Sequence[Cell] | None = None
@@ -533,7 +546,7 @@ class TabletServer:
         rather than refuse every write for ever. Every tablet refuses writes at once."""
         if self._stopping or (self._switching is not None and not self._switching.done()):
             return
-        switching = self._spawn(None, self._switch_log())
+        switching = self.spawn(None, self._switch_log())
         if switching is None:
             return  # not started, or stopping: stop() closes the tablets anyway
         for tablet in self._tablets.values():
@@ -588,7 +601,7 @@ class TabletServer:
             with contextlib.suppress(TabletStoreError):
                 await tablet.close(flush=False)
         with contextlib.suppress(TabletStoreError):
-            await self._release_claim(key)
+            await self.release_claim(key)
 
     async def _drop_all(self, why: str) -> None:
         for key in sorted(self._tablets, key=lambda k: -mt.level(*k)):
@@ -645,22 +658,22 @@ class TabletServer:
         for cell in tablet_cells(records, record):
             yield cell
 
-    async def unload_tablet(self, req: UnloadTabletRequest) -> None:
+    async def unload(self, req: UnloadTabletRequest) -> None:
         """Stop serving a tablet; minor-compact it first so the next owner replays nothing.
         Waits for a split of it under way (then there is nothing left to unload)."""
         key = (req.table_id, req.tablet_id)
-        async with self._loading.setdefault(key, asyncio.Lock()):
+        async with self.tablet_lock(key):
             tablet = self._tablets.pop(key, None)
             if tablet is None:
                 return
             try:
                 await tablet.close(flush=req.flush)
             finally:
-                await self._release_claim(key)
+                await self.release_claim(key)
 
-    # ------------------------------------------------------------------ splits (§5.2)
+    # ------------------------------------------------------------------ background work
 
-    def _spawn(
+    def spawn(
         self, tasks: set[asyncio.Task[None]] | None, coro: Coroutine[object, object, None]
     ) -> asyncio.Task[None] | None:
         """Run ``coro`` in this server's TaskGroup (tracked in ``tasks`` while it runs); None,
@@ -680,528 +693,6 @@ class TabletServer:
             tasks.add(task)
             task.add_done_callback(tasks.discard)
         return task
-
-    def _compacted(self, tablet: Tablet) -> None:
-        """After each compaction of a tablet: split it in the background if it has grown
-        past the split size. METADATA tablets are split only when created (Master's
-        ``metadata_splits``), never here."""
-        rec = tablet.record
-        key = (rec.table_id, rec.tablet_id)
-        if (
-            self._stopping
-            or mt.level(*key) != 3
-            or key in self._splitting
-            or self._tablets.get(key) is not tablet
-            or self._clock.monotonic() < self._split_after.get(key, 0.0)
-            or not splitting.should_split(rec, self._tablet_options.split_bytes)
-        ):
-            return
-        if self._spawn(self._splits, self._split(key)) is not None:
-            self._splitting.add(key)
-
-    async def _split(self, key: tuple[str, str]) -> None:
-        try:
-            async with self._loading.setdefault(key, asyncio.Lock()):
-                await self._split_locked(key)
-        except TabletStoreError as exc:
-            log.warning("split of tablet %s/%s failed: %s", key[0], key[1], exc)
-        finally:
-            self._splitting.discard(key)
-
-    # REQUIRES: self._loading[key] held.
-    async def _split_locked(self, key: tuple[str, str]) -> None:
-        """Split a served tablet in two (§5.2): stop its writes and flush it, claim the two
-        children, commit them in place of the parent through the catalog (one atomic step),
-        then serve them here. The master needs no notice: the children are claimed and
-        located; its next round sees them in METADATA like any other tablet."""
-        tablet = self._tablets.get(key)
-        if tablet is None:
-            return
-        split_key = await tablet.split_key()
-        if split_key is None:
-            return
-        ids = (f"t{uuid.uuid4().hex[:12]}", f"t{uuid.uuid4().hex[:12]}")
-        outcome = "failed"
-        try:
-            # Leaving this block normally closes the parent; raising resumes its writes.
-            async with tablet.splitting() as parent:
-                epochs = [await self._claim((key[0], i)) for i in ids]
-                children = splitting.split_records(
-                    parent,
-                    split_key,
-                    left_id=ids[0],
-                    right_id=ids[1],
-                    left_epoch=epochs[0],
-                    right_epoch=epochs[1],
-                    location=self.address,
-                    at=self._clock.time(),
-                )
-                try:
-                    await self._catalog.replace_tablets([parent], list(children))
-                    outcome = "committed"
-                except TabletStoreError:
-                    outcome = await self._split_outcome(children[1])
-                    if outcome == "failed":
-                        raise
-        except BaseException:
-            for i in ids:
-                await self._release_claim((key[0], i))
-            raise
-        self._tablets.pop(key, None)
-        await self._release_claim(key)
-        if outcome == "unknown":
-            # Parent or children: whichever METADATA holds, the master assigns it. Neither
-            # needs a log (the parent was flushed), so nothing is lost either way.
-            log.error("split of tablet %s/%s may or may not have committed", *key)
-            for i in ids:
-                await self._release_claim((key[0], i))
-            return
-        log.info("split tablet %s/%s at %r into %s, %s", *key, split_key, *ids)
-        for child in children:
-            await self._serve_child(child)
-
-    async def _split_outcome(self, child: TabletRecord) -> str:
-        """After a split commit raised: "committed" if it was applied anyway (an ambiguous
-        failure), "failed" if not, "unknown" if METADATA cannot tell now."""
-        try:
-            stored = await self._catalog.get_tablet(child.table_id, child.tablet_id)
-        except NotFound:
-            return "failed"
-        except TabletStoreError:
-            return "unknown"
-        return "committed" if stored.epoch == child.epoch else "failed"
-
-    async def _claim(self, key: tuple[str, str]) -> int:
-        """Claim a tablet nobody has claimed (a split's new child); returns the epoch."""
-        assert self._lease is not None
-        claim_key = paths.claim(*key)
-        result = await self._coord.txn(
-            [absent(claim_key)],
-            [Put(claim_key, self.worker_id.encode(), lease_id=self._lease.id)],
-            [],
-        )
-        if not result.succeeded:
-            raise Unavailable(f"tablet {key[1]} is already claimed")
-        claim = await self._coord.get(claim_key)
-        assert claim is not None
-        self._epochs[key] = claim.create_revision
-        return claim.create_revision
-
-    async def _serve_child(self, record: TabletRecord) -> None:
-        """Serve a child of a split this worker committed, then major-compact it in the
-        background so it stops sharing its parent's SSTables (its size becomes its own)."""
-        key = (record.table_id, record.tablet_id)
-        assert self._log is not None
-        try:
-            schema = (await self._catalog.table_by_id(record.table_id)).schema
-            async with self._log_switch.shared():
-                tablet = await self._open_tablet(record, schema)
-                self._split_after[key] = self._clock.monotonic() + self._options.split_cooldown
-                self._serve(tablet)
-        except TabletStoreError as exc:
-            # Committed but not served: let the master assign it (it recovers from the logs).
-            log.warning("serving split child %s failed: %s", record.tablet_id, exc)
-            await self._release_claim(key)
-            return
-        self._spawn(self._compactions, self._compact_child(tablet))
-
-    async def _compact_child(self, tablet: Tablet) -> None:
-        try:
-            await tablet.major_compact()
-        except TabletStoreError as exc:
-            log.info("major compaction after split of %s: %s", tablet.record.tablet_id, exc)
-            return
-        # Still too big? Split again once the cool-down is over (no compaction may come).
-        key = (tablet.record.table_id, tablet.record.tablet_id)
-        wait = self._split_after.get(key, 0.0) - self._clock.monotonic()
-        if wait > 0:
-            await asyncio.sleep(wait)
-        self._split_after.pop(key, None)
-        self._compacted(tablet)
-
-    async def compact_tablet(self, req: CompactTabletRequest) -> None:
-        tablet = self._tablet(req.table_id, req.tablet_id)
-        if req.major:
-            await tablet.major_compact()
-        else:
-            await tablet.minor_compact()
-            await tablet.merge_if_needed()
-
-    async def adopt_compaction(self, req: AdoptCompactionRequest) -> None:
-        """Commit a major compaction run elsewhere (``Tablet.adopt_major``), or refuse it."""
-        tablet = self._tablet(req.table_id, req.tablet_id)
-        await tablet.adopt_major(
-            epoch=req.epoch, schema=req.schema(), read=req.read(), outputs=req.outputs()
-        )
-
-    # ------------------------------------------------------------------ snapshots, bulk load
-
-    async def snapshot_hold(self, req: SnapshotHoldRequest) -> None:
-        """Hold writes to the tablets and take their cuts (``Tablet.hold_for_snapshot``)."""
-        if req.snapshot_id in self._snapshot_cuts:
-            raise InvalidArgument(f"snapshot {req.snapshot_id} is already held here")
-        tablets = [self._tablet(req.table_id, t) for t in req.tablet_ids]
-        results = await asyncio.gather(
-            *(t.hold_for_snapshot(req.hold_seconds) for t in tablets), return_exceptions=True
-        )
-        cuts = [(t, r) for t, r in zip(tablets, results, strict=True) if isinstance(r, SnapshotCut)]
-        failed = [r for r in results if isinstance(r, BaseException)]
-        if failed:
-            for t, cut in cuts:
-                t.release_snapshot_hold(cut)
-            raise failed[0]
-        self._snapshot_cuts[req.snapshot_id] = cuts
-        asyncio.get_running_loop().call_later(
-            2 * req.hold_seconds + 60.0, self._snapshot_cuts.pop, req.snapshot_id, None
-        )
-
-    async def snapshot_write(self, req: SnapshotWriteRequest) -> SnapshotWriteResponse:
-        """End the hold first (writes go on at once), then write the memtables' part of each
-        cut (``Tablet.write_snapshot``) unless ``abort``."""
-        cuts = self._snapshot_cuts.pop(req.snapshot_id, None)
-        if cuts is None:
-            return SnapshotWriteResponse(False, ())
-        held = all([t.release_snapshot_hold(cut) for t, cut in cuts])
-        if req.abort or not held:
-            return SnapshotWriteResponse(held, ())
-        out = []
-        for tablet, cut in cuts:
-            sstables = await tablet.write_snapshot(cut)
-            record = replace(cut.record, sstables=sstables)
-            out.append(SnapshotTablet(record.tablet_id, record.to_bytes(), cut.mark))
-        return SnapshotWriteResponse(True, tuple(out))
-
-    async def bulk_load_tablet(self, req: BulkLoadTabletRequest) -> BulkLoadTabletResponse:
-        """Add the bulk-load files' cells in the tablet's range (``Tablet.bulk_load``),
-        but not in rows its record marks as loaded by ``req.load_id`` already."""
-        tablet = self._tablet(req.table_id, req.tablet_id)
-        rec = tablet.record
-        start = max(rec.start_row, req.start_row)
-        ends = [e for e in (rec.end_row, req.end_row) if e is not None]
-        end = min(ends) if ends else None
-        if end is not None and start >= end:
-            return BulkLoadTabletResponse(0)
-        ranges = uncovered(rec.bulk_loads, req.load_id, start, end) if req.load_id else []
-        if req.load_id and not ranges:
-            return BulkLoadTabletResponse(0)  # this load is in the tablet already
-        pieces = ranges or [(start, end)]
-        adopt = await self._staged_sstables(rec, req.adopt, pieces)
-        groups = (
-            await cells_for_tablet(req.source_url, req.keys, pieces, tablet.schema)
-            if req.keys
-            else {}
-        )
-        marks = tuple(BulkLoadMark(req.load_id, a, b) for a, b in ranges)
-        return BulkLoadTabletResponse(await tablet.bulk_load(groups, marks, adopt))
-
-    async def _staged_sstables(
-        self,
-        rec: TabletRecord,
-        keys: Sequence[str],
-        pieces: Sequence[tuple[bytes, bytes | None]],
-    ) -> list[tuple[str, SSTableRef]]:
-        """(locality group, reference with no seq base yet) of each SSTable the master
-        staged for this tablet to adopt (batch/bulkload.py step 2): one of this table's
-        objects, lying inside rows still to load (NotServing otherwise: the master's view
-        was stale, it looks again)."""
-        out = []
-        for key in keys:
-            parsed = layout.parse_sstable_key(key)
-            if parsed.table_id != rec.table_id:
-                raise InvalidArgument(f"bulk-load SSTable {key} is not one of this table's")
-            table = await SSTable.open(self._store, key)
-            inside = any(
-                a <= table.first_row and (b is None or table.last_row < b) for a, b in pieces
-            )
-            if not inside:
-                raise NotServing(
-                    f"tablet {rec.tablet_id}: bulk-load SSTable {key} reaches past the rows it "
-                    "still has to load"
-                )
-            ref = SSTableRef.of(key, table.size, table)
-            out.append((parsed.locality_group, ref))
-        return out
-
-    async def update_schema(self, req: UpdateSchemaRequest) -> None:
-        info = await self._catalog.get_table(req.table_name)
-        for (table_id, _), tablet in self._tablets.items():
-            if table_id == info.table_id:
-                tablet.set_schema(info.schema)
-
-    # ------------------------------------------------------------------ data
-
-    async def mutate_rows(self, req: MutateRowsRequest) -> MutateRowsResponse:
-        """Apply each row mutation atomically; report failures per entry (§3 batches)."""
-        tablet = self._tablet(req.table_id, req.tablet_id)
-
-        async def one(i: int) -> EntryError | None:
-            entry = req.entries[i]
-            try:
-                await tablet.apply(entry.row, entry.mutations, identity=req.identity)
-            except TabletStoreError as exc:
-                return EntryError.of(i, exc)
-            return None
-
-        if len(req.entries) == 1:
-            error = await one(0)
-            return MutateRowsResponse(() if error is None else (error,))
-        # One commit-log append for the whole batch (its records share segments).
-        try:
-            errors = await tablet.apply_many(
-                [(e.row, e.mutations) for e in req.entries], identity=req.identity
-            )
-        except TabletStoreError as exc:  # nothing was applied
-            errors = [exc] * len(req.entries)
-        return MutateRowsResponse(
-            tuple(EntryError.of(i, e) for i, e in enumerate(errors) if e is not None)
-        )
-
-    async def mutate_tablets(self, req: MutateTabletsRequest) -> MutateRowsResponse:
-        """The single-row mutations of several tablets (a cluster client's concurrent
-        ``mutate_row`` calls to this worker's tablets, client/coalesce.py) in one request: each
-        part applied as ``mutate_rows`` would, all parts concurrently, so their records share
-        the worker's commit-log segments (§5.3 group commit); each row is acknowledged only once
-        durable. A part refused as a whole (its tablet not served here: moved, split) fails
-        only its own entries, which its callers retry. Entry indexes count the parts' entries
-        one after another."""
-        applies = [self._apply_part(part, req.identity) for part in req.parts]
-        found = [await applies[0]] if len(applies) == 1 else await gather_eager(applies)
-        errors: list[EntryError] = []
-        base = 0
-        for part, got in zip(req.parts, found, strict=True):
-            if isinstance(got, BaseException):
-                # Not a refusal of the part (those are answered in it): the request fails, as
-                # mutate_rows' would; the client treats every entry as maybe applied.
-                raise got
-            for i, error in enumerate(got):
-                if error is not None:
-                    errors.append(EntryError.of(base + i, error))
-            base += len(part.entries)
-        return MutateRowsResponse(tuple(errors))
-
-    async def _apply_part(
-        self, part: TabletMutations, identity: str | None
-    ) -> Sequence[TabletStoreError | None]:
-        """One part of ``mutate_tablets``: per entry, None once applied and durable, or its
-        error; a tablet not served here (or refusing writes as a whole) fails every entry."""
-        try:
-            tablet = self._tablet(part.table_id, part.tablet_id)
-            if len(part.entries) == 1:
-                entry = part.entries[0]
-                await tablet.apply(entry.row, entry.mutations, identity=identity)
-                return (None,)
-            return await tablet.apply_many(
-                [(e.row, e.mutations) for e in part.entries], identity=identity
-            )
-        except TabletStoreError as exc:  # nothing of the part was applied
-            return [exc] * len(part.entries)
-
-    async def read_rows(
-        self, req: ReadRowsRequest
-    ) -> AsyncIterator[RowBatch | RowPiece | ScanProgress]:
-        """Stream the requested rows of one tablet in key order (descending when
-        ``req.reverse``), in items of bounded size:
-        whole rows in batches, a row larger than one item alone in pieces (rpc.row_pieces)."""
-        tablet = self._tablet(req.table_id, req.tablet_id)
-        families = set(req.families) if req.families is not None else None
-        remaining = req.limit
-        batch: list[Row] = []
-        size = 0
-        stats = ScanStats() if req.stats else None
-        async for row in self._rows(tablet, req, families, stats):
-            if type(row) is ScanStats:
-                # Rows before the report go first: progress never overtakes a row.
-                if batch:
-                    yield RowBatch(tuple(batch))
-                    batch, size = [], 0
-                yield _progress(row)
-                continue
-            assert isinstance(row, Row)
-            if remaining is not None:
-                remaining -= 1
-            row_size = row_bytes(row)
-            if row_size > _BYTES_PER_BATCH:
-                if batch:
-                    yield RowBatch(tuple(batch))
-                    batch, size = [], 0
-                for piece in split_row(row, _BYTES_PER_BATCH):
-                    yield piece
-            else:
-                batch.append(row)
-                size += row_size
-                if len(batch) >= _ROWS_PER_BATCH or size >= _BYTES_PER_BATCH:
-                    yield RowBatch(tuple(batch))
-                    batch, size = [], 0
-            if remaining is not None and remaining <= 0:
-                break
-        if batch:
-            yield RowBatch(tuple(batch))
-        if stats is not None:
-            yield _progress(stats)
-
-    async def _rows(
-        self,
-        tablet: Tablet,
-        req: ReadRowsRequest,
-        families: set[str] | None,
-        stats: ScanStats | None = None,
-    ) -> AsyncIterator[Row | ScanStats]:
-        """The request's keys and ranges, visited in key order (RowSet's normal form), or in
-        descending order when ``req.reverse``."""
-        pieces = RowSet(req.keys, req.ranges).pieces()
-        for piece in reversed(list(pieces)) if req.reverse else pieces:
-            if isinstance(piece, bytes):
-                if not tablet.contains(piece):
-                    continue
-                row = await tablet.read_row(
-                    piece, filter=req.filter, families=families, identity=req.identity, stats=stats
-                )
-                if row is not None:
-                    yield row
-            elif stats is None:
-                async for row in tablet.scan(
-                    piece,
-                    filter=req.filter,
-                    families=families,
-                    identity=req.identity,
-                    reverse=req.reverse,
-                ):
-                    yield row
-            else:
-                async for item in tablet.scan_with_progress(
-                    piece,
-                    stats,
-                    filter=req.filter,
-                    families=families,
-                    identity=req.identity,
-                    reverse=req.reverse,
-                ):
-                    yield item
-
-    async def read_row(self, req: ReadRowsRequest) -> RowBatch | LargeRow:
-        """Point reads (``req.keys``: one, or the concurrent reads of a cluster client,
-        client/coalesce.py) answered in one reply: no stream to set up. Each row is read
-        atomically on its own; the reply holds those that have (matching) cells, in the order
-        of ``req.keys``. Rows too large together for one reply are answered ``LargeRow``:
-        the client reads each alone, streaming one that is still too large."""
-        rows = await self._point_rows(req)
-        size = sum(row_bytes(row) for row in rows)
-        return RowBatch(rows) if size <= UNARY_ROW_BYTES else LargeRow(rows[0].key, size)
-
-    async def read_points(self, req: PointReadsRequest) -> PointReadsResponse:
-        """The plain point reads of several tablets (a cluster client's concurrent reads of
-        this worker's tablets, client/coalesce.py) in one reply: each part answered as
-        ``read_row`` would, all parts concurrently, or with its own error (a tablet not
-        served here any more fails its own callers only). Parts past ``UNARY_ROW_BYTES`` in
-        all are answered ``LargeRow``, so the reply stays as bounded as ``read_row``'s."""
-        reads = [
-            self._point_rows(
-                ReadRowsRequest(
-                    part.table_id, part.tablet_id, keys=part.keys, identity=req.identity
-                )
-            )
-            for part in req.parts
-        ]
-        found: list[tuple[Row, ...] | BaseException]
-        if len(reads) == 1:  # one tablet: no concurrency to add around it
-            try:
-                found = [await reads[0]]
-            except TabletStoreError as exc:
-                found = [exc]
-        else:
-            found = await gather_eager(reads)
-        answers: list[RowBatch | LargeRow | EntryError] = []
-        budget = UNARY_ROW_BYTES
-        for i, got in enumerate(found):
-            if isinstance(got, TabletStoreError):
-                answers.append(EntryError.of(i, got))
-                continue
-            if isinstance(got, BaseException):
-                raise got  # not a refusal of the part: the request fails, as read_row's would
-            size = sum(row_bytes(row) for row in got)
-            if size <= budget:
-                budget -= size
-                answers.append(RowBatch(got))
-            else:
-                answers.append(LargeRow(got[0].key, size))
-        return PointReadsResponse(tuple(answers))
-
-    async def _point_rows(self, req: ReadRowsRequest) -> tuple[Row, ...]:
-        """``read_row``'s rows: each key read atomically on its own, concurrently (a read
-        from the store must not wait for the others' reads, and one from memory runs inline,
-        with no task: worker/eager.py). One that fails (a key outside the tablet after a
-        split) fails the request: each caller's client retries its own read."""
-        tablet = self._tablet(req.table_id, req.tablet_id)
-        if not req.keys or req.ranges:
-            raise InvalidArgument("read_row takes one or more row keys and no ranges")
-        families = set(req.families) if req.families is not None else None
-        if len(req.keys) == 1:
-            row = await tablet.read_row(
-                req.keys[0], filter=req.filter, families=families, identity=req.identity
-            )
-            return () if row is None else (row,)
-        found = await gather_eager(
-            [
-                tablet.read_row(key, filter=req.filter, families=families, identity=req.identity)
-                for key in req.keys
-            ]
-        )
-        for got in found:
-            if isinstance(got, BaseException):
-                raise got
-        return tuple(row for row in found if isinstance(row, Row))
-
-    async def check_and_mutate(self, req: CheckAndMutateRequest) -> CheckAndMutateResponse:
-        tablet = self._tablet(req.table_id, req.tablet_id)
-        matched = await tablet.check_and_mutate(
-            req.row,
-            req.predicate,
-            req.true_mutations,
-            req.false_mutations,
-            identity=req.identity,
-        )
-        return CheckAndMutateResponse(matched)
-
-    async def read_modify_write(self, req: ReadModifyWriteRequest) -> Row:
-        tablet = self._tablet(req.table_id, req.tablet_id)
-        return await tablet.read_modify_write(req.row, req.rules, identity=req.identity)
-
-    async def sample_row_keys(self, req: SampleRowKeysRequest) -> SampleRowKeysResponse:
-        """Keys that split the tablet into parts of roughly equal size (SSTable boundaries)."""
-        tablet = self._tablet(req.table_id, req.tablet_id)
-        record = tablet.record
-        keys: list[bytes] = []
-        offsets: list[int] = []
-        offset = 0
-        refs = sorted(
-            (ref for refs in record.sstables.values() for ref in refs), key=lambda r: r.last_row
-        )
-        for ref in refs:
-            offset += ref.size
-            keys.append(ref.last_row)
-            offsets.append(offset)
-        if record.end_row is not None:
-            keys.append(record.end_row)
-        else:
-            keys.append(b"")
-        offsets.append(offset + tablet.state.memtable.approximate_size)
-        return SampleRowKeysResponse(tuple(keys), tuple(offsets))
-
-    async def server_status(self, req: ServerStatusRequest) -> ServerStatusResponse:
-        tablets = tuple(
-            TabletStatus(
-                table_id=t.record.table_id,
-                tablet_id=t.record.tablet_id,
-                start_row=t.record.start_row,
-                end_row=t.record.end_row,
-                sstables=sum(len(v) for v in t.record.sstables.values()),
-                sstable_bytes=t.record.size,
-                memtable_bytes=t.state.memtable.approximate_size,
-                requests=self._requests.get(key, 0),
-            )
-            for key, t in self._tablets.items()
-        )
-        return ServerStatusResponse(self.worker_id, self.address, tablets)
 
 
 async def next_incarnation(coordinator: Coordinator, worker_id: str) -> int:

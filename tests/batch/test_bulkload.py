@@ -230,10 +230,10 @@ async def test_a_tablet_that_got_its_part_refuses_it_again(tmp_path: Path) -> No
         (rec,) = [r for r in await db.master.catalog.list_tablets(table_id) if r.start_row == b""]
         req = m.BulkLoadTabletRequest(table_id, rec.tablet_id, out, tuple(keys), load_id="L")
         first, again = await asyncio.gather(
-            db.worker.bulk_load_tablet(req), db.worker.bulk_load_tablet(req)
+            db.worker.services.bulk_load_tablet(req), db.worker.services.bulk_load_tablet(req)
         )
         assert sorted([first.cells, again.cells]) == [0, 60]
-        assert (await db.worker.bulk_load_tablet(req)).cells == 0
+        assert (await db.worker.services.bulk_load_tablet(req)).cells == 0
         records = await db.master.catalog.list_tablets(table_id)
         assert _loaded_cells(records) == 60
         # The whole load now: the first tablet's part is skipped.

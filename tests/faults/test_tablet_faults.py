@@ -124,7 +124,7 @@ async def test_failed_background_flush_is_sticky_for_writes_and_reads_go_on(
     faulty.fail(Op.PUT, key="tables/*", times=None)
     try:
         i = 0
-        while tablet._failed is None:
+        while tablet._core.failed is None:
             await write(h, model, i, i + 1)
             await h.settle()
             i += 1
@@ -255,7 +255,7 @@ async def test_redo_point_stays_below_a_write_in_flight_at_freeze(
     now = h.now_micros()
     slow = asyncio.ensure_future(tablet.apply(b"slow", [SetCell("a", b"q", b"late")]))
     await entered.wait()  # its sequence number is allocated; it is not logged yet
-    slow_seq = min(tablet._in_flight)
+    slow_seq = min(tablet._core.in_flight)
     await write(h, model, 10, 20)  # later seqs, logged and in the memtable
     await tablet.minor_compact()  # freezes with the slow write still in flight
     record = await h.record()

@@ -71,7 +71,7 @@ async def test_tablet_unloaded_without_flush_and_reloaded_by_same_worker_keeps_w
 
     tablet.minor_compact = broken_flush  # type: ignore[method-assign]
     unload = asyncio.ensure_future(
-        db.worker.unload_tablet(UnloadTabletRequest(table_id, tablet_id, flush=True))
+        db.worker.services.unload_tablet(UnloadTabletRequest(table_id, tablet_id, flush=True))
     )
     if how == "fails":
         with pytest.raises(TabletStoreError):
@@ -136,7 +136,7 @@ async def test_a_log_that_fails_under_a_live_lease_moves_to_a_new_incarnation(
     # A crash of the tablet (dropped without a flush) and its recovery by the same worker:
     # the old log (fenced or plugged) and the new one hold every acknowledged write.
     (table_id, tablet_id), _ = served(db)
-    await db.worker.unload_tablet(UnloadTabletRequest(table_id, tablet_id, flush=False))
+    await db.worker.services.unload_tablet(UnloadTabletRequest(table_id, tablet_id, flush=False))
     await db.master.assign()
     rows = {row.key: row.cells[0].value async for row in db.table("t").read_rows()}
     for i in [*range(ROWS), *acked]:
@@ -151,14 +151,14 @@ async def test_a_worker_past_its_safe_lease_time_answers_nothing(db: Database) -
     lease = db.worker.lease
     assert lease is not None
     request = ReadRowsRequest(table_id, tablet_id, keys=(b"r0001",))
-    assert (await db.worker.read_row(request)).rows
+    assert (await db.worker.services.read_row(request)).rows
     safe_until = lease.safe_until
     lease.safe_until = lambda: 0.0  # type: ignore[method-assign]
     try:
         with pytest.raises(NotServing, match="lease"):
-            await db.worker.read_row(request)
+            await db.worker.services.read_row(request)
         with pytest.raises(NotServing, match="lease"):
-            await db.worker.mutate_rows(MutateRowsRequest(table_id, tablet_id, ()))
+            await db.worker.services.mutate_rows(MutateRowsRequest(table_id, tablet_id, ()))
     finally:
         # The lease is in fact fine: let the database close without waiting out its deadline.
         lease.safe_until = safe_until  # type: ignore[method-assign]

@@ -23,7 +23,7 @@ from tabletstore import (
     ValueRegex,
 )
 from tabletstore.data.model import DeleteRow
-from tabletstore.engine import tablet as tablet_module
+from tabletstore.engine import read_path as read_path_module
 from tabletstore.engine.reverse import next_window_start, sorted_block_starts
 from tests.integration.api_support import db, db_url, rows_of  # noqa: F401
 
@@ -88,7 +88,7 @@ async def test_reversed_is_the_forward_scan_reversed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Small memtable windows too, and count the windows: the scans must use many.
-    monkeypatch.setattr(tablet_module, "MEMTABLE_WINDOW_ROWS", 16)
+    monkeypatch.setattr(read_path_module, "MEMTABLE_WINDOW_ROWS", 16)
     windows: list[bytes] = []
 
     def counting(*args: object) -> bytes:
@@ -96,7 +96,7 @@ async def test_reversed_is_the_forward_scan_reversed(
         windows.append(edge)
         return edge
 
-    monkeypatch.setattr(tablet_module, "next_window_start", counting)
+    monkeypatch.setattr(read_path_module, "next_window_start", counting)
     table = await make_table(db)
     selections: list[dict[str, object]] = [
         {},

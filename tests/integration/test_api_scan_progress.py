@@ -82,12 +82,12 @@ async def test_a_broken_filtered_scan_resumes_after_the_last_row_scanned(
     reported key, not after the last row returned (which is far behind)."""
     import tabletstore
     from tabletstore.errors import Unavailable
-    from tabletstore.worker.server import TabletServer
+    from tabletstore.worker.data_service import DataService
 
-    original = TabletServer.read_rows
+    original = DataService.read_rows
     requests: list[object] = []
 
-    async def breaking(self: TabletServer, req: Any) -> Any:
+    async def breaking(self: DataService, req: Any) -> Any:
         if req.filter is None:  # the catalog's reads
             async for item in original(self, req):
                 yield item
@@ -98,7 +98,7 @@ async def test_a_broken_filtered_scan_resumes_after_the_last_row_scanned(
             if len(requests) == 1 and isinstance(item, ScanProgress) and item.last_scanned:
                 raise Unavailable("injected: the stream broke")
 
-    monkeypatch.setattr(TabletServer, "read_rows", breaking)
+    monkeypatch.setattr(DataService, "read_rows", breaking)
     client = await tabletstore.connect_async(db_url)  # its worker serves the patched method
     try:
         table: Any = await make_table(client)

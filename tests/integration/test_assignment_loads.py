@@ -103,7 +103,7 @@ async def new_worker(
         options=WorkerOptions(lease=IN_PROCESS_LEASE),
     )
     await worker.start()
-    transport.register(worker.address, TABLET.handlers(worker))
+    transport.register(worker.address, TABLET.handlers(worker.services))
     return worker
 
 
@@ -263,10 +263,9 @@ async def test_one_worker_replays_the_tablets_it_loads_side_by_side() -> None:
         second._replay = gated_replay  # type: ignore[method-assign]
         keys = [(table_id, "t00000"), (table_id, "t00001")]
         for key in keys:
-            await first.unload_tablet(UnloadTabletRequest(*key))
-        await asyncio.wait_for(
-            asyncio.gather(*(second.load_tablet(LoadTabletRequest(*key)) for key in keys)), 60
-        )
+            await first.services.unload_tablet(UnloadTabletRequest(*key))
+        loads = (second.services.load_tablet(LoadTabletRequest(*key)) for key in keys)
+        await asyncio.wait_for(asyncio.gather(*loads), 60)
         assert set(keys) <= set(second.tablets)
 
 
@@ -391,8 +390,8 @@ async def test_a_load_whose_caller_leaves_runs_on_and_the_next_call_joins_it() -
 
         second._replay = gated_replay  # type: ignore[method-assign]
         key = (table_id, "t00000")
-        await first.unload_tablet(UnloadTabletRequest(*key))
-        old_master = asyncio.create_task(second.load_tablet(LoadTabletRequest(*key)))
+        await first.services.unload_tablet(UnloadTabletRequest(*key))
+        old_master = asyncio.create_task(second.services.load_tablet(LoadTabletRequest(*key)))
         await asyncio.wait_for(replaying.wait(), 30)
         old_master.cancel()  # its connection dropped
         with contextlib.suppress(asyncio.CancelledError):
@@ -400,7 +399,7 @@ async def test_a_load_whose_caller_leaves_runs_on_and_the_next_call_joins_it() -
         # The claim stays with the worker still loading: no other worker is given the tablet.
         claim = await s.coord.get(paths.claim(*key))
         assert claim is not None and claim.value == second.worker_id.encode()
-        new_master = asyncio.create_task(second.load_tablet(LoadTabletRequest(*key)))
+        new_master = asyncio.create_task(second.services.load_tablet(LoadTabletRequest(*key)))
         release.set()
         await asyncio.wait_for(new_master, 30)
         assert key in second.tablets

@@ -37,8 +37,10 @@ import pytest
 
 from tabletstore import connect_async
 from tabletstore.cli.localstack import ProcessRecord
-from tabletstore.client.client import AsyncClient, AsyncTable, MutationsFailed
+from tabletstore.client.client import AsyncClient
 from tabletstore.client.cluster import ClusterClient
+from tabletstore.client.mutate_rows import MutationsFailed
+from tabletstore.client.table import AsyncTable
 from tabletstore.commitlog.sorting import load_plan, task_done
 from tabletstore.coordination import open_coordinator
 from tabletstore.data.filters import (

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tabletstore.client.client import AsyncTable
+from tabletstore.client.table import AsyncTable
 from tabletstore.data import hll
 from tabletstore.data.model import AddToCell
 from tabletstore.data.schema import ColumnFamily

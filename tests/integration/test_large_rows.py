@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 
 from tabletstore import connect_async
-from tabletstore.client.client import AsyncClient, AsyncTable
+from tabletstore.client.client import AsyncClient
+from tabletstore.client.table import AsyncTable
 from tabletstore.data.filters import FamilyNameRegex
 from tabletstore.data.model import (
     MAX_MUTATION_BYTES,
@@ -153,7 +154,7 @@ async def test_worker_streams_large_rows_in_bounded_items(db: Database, big_rows
     assembler = RowAssembler()
     rows: list[Row] = []
     items = 0
-    async for item in db.worker.read_rows(req):
+    async for item in db.worker.services.read_rows(req):
         items += 1
         assert len(codec.encode(item)) <= 2 * STREAM_ITEM_BYTES
         rows.extend(assembler.rows(codec.decode(codec.encode(item))))
@@ -164,9 +165,9 @@ async def test_worker_streams_large_rows_in_bounded_items(db: Database, big_rows
     big_rows.check_d(rows[2])
 
     point = ReadRowsRequest(info.table_id, tablet.tablet_id, keys=(b"d",))
-    assert isinstance(await db.worker.read_row(point), LargeRow)
+    assert isinstance(await db.worker.services.read_row(point), LargeRow)
     small = ReadRowsRequest(info.table_id, tablet.tablet_id, keys=(b"a",))
-    assert isinstance(await db.worker.read_row(small), RowBatch)
+    assert isinstance(await db.worker.services.read_row(small), RowBatch)
 
 
 async def test_writes_beyond_the_readable_limits_are_refused(db: Database) -> None:

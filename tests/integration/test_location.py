@@ -81,7 +81,7 @@ async def _stack(coord: MemoryCoordinator, store: MemoryObjectStore) -> Stack:
             options=WorkerOptions(lease=IN_PROCESS_LEASE),
         )
         await w.start()
-        transport.register(w.address, TABLET.handlers(w))
+        transport.register(w.address, TABLET.handlers(w.services))
         workers.append(w)
     master = Master(coordinator=coord, transport=transport, metadata_splits=[META_SPLIT])
     await master.assign()

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tabletstore import connect_async
-from tabletstore.client.client import AsyncTable
+from tabletstore.client.table import AsyncTable
 from tabletstore.data.filters import CellsPerColumnLimit
 from tabletstore.data.model import RowMutation, SetCell
 from tabletstore.errors import TabletStoreError

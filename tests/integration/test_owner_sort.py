@@ -25,7 +25,8 @@ from pathlib import Path
 import pytest
 
 import tabletstore.worker.sorter as sorter_module
-from tabletstore.client.client import AsyncClient, AsyncTable
+from tabletstore.client.client import AsyncClient
+from tabletstore.client.table import AsyncTable
 from tabletstore.commitlog.sorting import load_plan, task_done
 from tabletstore.coordination import paths
 from tabletstore.coordination.memory import MemoryCoordinator
@@ -119,7 +120,7 @@ class OwnerCluster:
             options=options,
         )
         await worker.start()
-        self.transport.register(worker.address, TABLET.handlers(worker))
+        self.transport.register(worker.address, TABLET.handlers(worker.services))
         self.workers[name] = worker
         if sorter:
             self.start_sorter(name)

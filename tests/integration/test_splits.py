@@ -29,7 +29,8 @@ from pathlib import Path
 import pytest
 
 from tabletstore import connect_async
-from tabletstore.client.client import AsyncClient, AsyncTable
+from tabletstore.client.client import AsyncClient
+from tabletstore.client.table import AsyncTable
 from tabletstore.coordination.memory import MemoryCoordinator
 from tabletstore.data.model import DeleteRow, RowMutation, SetCell
 from tabletstore.embedded import Database
@@ -198,7 +199,8 @@ async def test_a_table_written_past_the_split_size_splits(tmp_path: Path) -> Non
 
         async def split() -> bool:
             tablets = await db.master.catalog.list_tablets(table_id)
-            return len(tablets) >= 3 and not db.worker._splits and not db.worker._compactions
+            splits = db.worker.splits
+            return len(tablets) >= 3 and not splits.running and not splits.compactions
 
         await eventually(split, deadline=60, what="the table splits into >= 3 tablets")
         tablets = await db.master.catalog.list_tablets(table_id)
@@ -269,7 +271,7 @@ class InProcessCluster:
             tablet_options=self.tablet_options,
         )
         await server.start()
-        self.transport.register(server.address, TABLET.handlers(server))
+        self.transport.register(server.address, TABLET.handlers(server.services))
         self.workers.append(server)
         return server
 

@@ -11,7 +11,7 @@ import pytest
 
 from tabletstore.data.model import SetCell
 from tabletstore.embedded import Database
-from tabletstore.engine.tablet import Tablet
+from tabletstore.engine.compaction_runner import CompactionRunner
 from tabletstore.options import TabletOptions
 
 
@@ -34,10 +34,10 @@ async def test_an_unhandled_background_failure_cancels_the_owner_and_is_raised_b
     db = await opened
     table = await db.create_table("t", ["f"])
 
-    async def merge_with_a_bug(self: Tablet) -> None:
+    async def merge_with_a_bug(self: CompactionRunner) -> None:
         raise _Bug("a bug in a background compaction")
 
-    monkeypatch.setattr(Tablet, "merge_if_needed", merge_with_a_bug)
+    monkeypatch.setattr(CompactionRunner, "merge_if_needed", merge_with_a_bug)
     for i in range(100):  # past memtable_flush_bytes: a background compaction starts
         await table.mutate_row(b"r%03d" % i, [SetCell("f", b"q", b"x" * 100)])
     await asyncio.wait([task], timeout=60)

@@ -46,11 +46,13 @@ async def test_many_keys_in_one_read_row_answer_as_one_by_one(db: Database) -> N
     info = await db.catalog.get_table("t")
     (tablet, _) = sorted(await db.catalog.list_tablets(info.table_id), key=lambda t: t.start_row)
     keys = tuple(b"a%03d" % i for i in range(59, -1, -1))  # present and absent, any order
-    reply = await db.worker.read_row(ReadRowsRequest(info.table_id, tablet.tablet_id, keys=keys))
+    reply = await db.worker.services.read_row(
+        ReadRowsRequest(info.table_id, tablet.tablet_id, keys=keys)
+    )
     assert isinstance(reply, RowBatch)
     one_by_one = []
     for key in keys:
-        alone = await db.worker.read_row(
+        alone = await db.worker.services.read_row(
             ReadRowsRequest(info.table_id, tablet.tablet_id, keys=(key,))
         )
         assert isinstance(alone, RowBatch)
@@ -59,7 +61,7 @@ async def test_many_keys_in_one_read_row_answer_as_one_by_one(db: Database) -> N
     assert {r.key for r in reply.rows} == {*stored, *fresh}
     # A key the tablet does not hold fails the request (each caller's client retries its own).
     with pytest.raises(TabletStoreError):
-        await db.worker.read_row(
+        await db.worker.services.read_row(
             ReadRowsRequest(info.table_id, tablet.tablet_id, keys=(b"a001", b"z"))
         )
 
@@ -81,10 +83,10 @@ async def test_read_points_answers_each_tablet_as_read_row(db: Database) -> None
         TabletKeys(info.table_id, low.tablet_id, (b"a3", b"a2", b"a1")),
         TabletKeys(info.table_id, low.tablet_id, (b"a1", b"x1")),  # x1 is not in low
     )
-    reply = await db.worker.read_points(PointReadsRequest(parts))
+    reply = await db.worker.services.read_points(PointReadsRequest(parts))
     assert len(reply.answers) == 4
     for i in (0, 2):
-        expected = await db.worker.read_row(
+        expected = await db.worker.services.read_row(
             ReadRowsRequest(info.table_id, parts[i].tablet_id, keys=parts[i].keys)
         )
         assert reply.answers[i] == expected
@@ -130,7 +132,7 @@ async def test_interleaved_sequential_readers_through_read_points_read_ahead() -
             keys = [b"r%06d" % (k * per + step) for k in range(readers)]
             replies = await asyncio.gather(
                 *(
-                    db.worker.read_points(
+                    db.worker.services.read_points(
                         PointReadsRequest(
                             (TabletKeys(info.table_id, tablet.tablet_id, tuple(keys[i : i + 16])),)
                         )

@@ -294,7 +294,7 @@ class TabletMachine(RuleBasedStateMachine):
         stalls = {i: stall for i, (_, _, stall) in enumerate(writes)}
         first_seq: dict[int, int] = {}
         flushed: set[int] = set()
-        split = tablet._split_by_group
+        split = tablet._sstables.split_by_group
 
         def spy(memtables: Any) -> Any:
             flushed.update(c.seq for m in memtables for c in m.scan())
@@ -325,17 +325,17 @@ class TabletMachine(RuleBasedStateMachine):
             coros = [one(i, row, muts) for i, (row, muts) in enumerate(batches)]
             await asyncio.gather(compact(), *coros)
 
-        saved = tablet._options
+        saved = tablet._core.options
         # No background compaction during the race: the explicit one is the only flush.
-        tablet._options = replace(saved, memtable_flush_bytes=1 << 40)
-        tablet._split_by_group = spy  # type: ignore[method-assign]
+        tablet._core.options = replace(saved, memtable_flush_bytes=1 << 40)
+        tablet._sstables.split_by_group = spy  # type: ignore[method-assign]
         log.on_allocate = on_allocate
         log.before_append = stall
         try:
             self.run(race())
         finally:
-            tablet._options = saved
-            del tablet._split_by_group
+            tablet._core.options = saved
+            del tablet._sstables.split_by_group
             log.on_allocate = None
             log.before_append = None
         order = sorted(range(len(batches)), key=lambda i: first_seq[i])

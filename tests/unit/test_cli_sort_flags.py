@@ -15,6 +15,7 @@ from click.testing import CliRunner
 import tabletstore.master.process as master_process
 import tabletstore.worker.process as worker_process
 from tabletstore.cli import main as cli
+from tabletstore.cli import server_cmds
 from tabletstore.options import MasterOptions, WorkerOptions
 
 
@@ -33,7 +34,7 @@ def captured(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     async def run_master(coord: object, options: MasterOptions, **kwargs: Any) -> None:
         got["master"] = options
 
-    monkeypatch.setattr(cli, "_serve", serve)
+    monkeypatch.setattr(server_cmds, "_serve", serve)
     monkeypatch.setattr(worker_process, "run_worker", run_worker)
     monkeypatch.setattr(master_process, "run_master", run_master)
     return got

@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from tabletstore.client.client import AsyncClient, MutationsFailed
+from tabletstore.client.client import AsyncClient
+from tabletstore.client.mutate_rows import MutationsFailed
 from tabletstore.data.model import Cell as ApiCell
 from tabletstore.data.model import DeleteRow, Mutation, Row, RowMutation, SetCell
 from tabletstore.data.schema import ColumnFamily, TableSchema

@@ -26,7 +26,7 @@ from tabletstore.data.filters import (
 from tabletstore.data.model import SetCell
 from tabletstore.data.query import RowRange
 from tabletstore.data.schema import ColumnFamily, LocalityGroup, TableSchema
-from tabletstore.engine import tablet as tablet_module
+from tabletstore.engine import read_path as read_path_module
 from tabletstore.options import TabletOptions
 from tabletstore.storage_s3.memory import MemoryObjectStore
 from tests.tablet_harness import TabletHarness
@@ -117,7 +117,7 @@ async def test_long_in_memory_scan_lets_other_tasks_run(
         await tablet.apply(b"r%05d" % i, [SetCell("v", b"c", b"v%d" % i)])
     # Every slice is over at once: the scan must give the loop a turn after every row (with
     # the default slice it does so every 10 ms, which a fast machine might not reach here).
-    monkeypatch.setattr(tablet_module, "READ_SLICE_SECONDS", 0.0, raising=False)
+    monkeypatch.setattr(read_path_module, "READ_SLICE_SECONDS", 0.0, raising=False)
     seen: list[int] = []
     with ticking() as ticks:
         await asyncio.sleep(0)  # the ticker has started

@@ -116,8 +116,8 @@ async def test_the_worker_adopts_a_remote_major_compaction_behind_its_newer_writ
     await hand_over(prepared, _worker(db))
     assert (await _record(db)).sstables == after.sstables
     # Moved (unloaded, loaded again from its record and logs): the same rows.
-    await db.worker.unload_tablet(UnloadTabletRequest(record.table_id, record.tablet_id))
-    await db.worker.load_tablet(LoadTabletRequest(record.table_id, record.tablet_id))
+    await db.worker.services.unload_tablet(UnloadTabletRequest(record.table_id, record.tablet_id))
+    await db.worker.services.load_tablet(LoadTabletRequest(record.table_id, record.tablet_id))
     assert await _rows(db) == rows
 
 
@@ -227,7 +227,7 @@ async def test_a_result_for_a_tablet_split_since_the_read_is_refused(db: Databas
     record = await _filled(db)
     prepared = await _prepare(db, record)
     rows = await _rows(db)
-    await db.worker._split((record.table_id, record.tablet_id))
+    await db.worker.splits._split((record.table_id, record.tablet_id))
     table_id = record.table_id
     children = await db.master.catalog.list_tablets(table_id)
     assert len(children) == 2 and record.tablet_id not in {c.tablet_id for c in children}

@@ -389,6 +389,7 @@ def test_the_worker_and_master_flags_make_the_options_and_refuse_bad_values(
     from click.testing import CliRunner
 
     from tabletstore.cli import main as cli
+    from tabletstore.cli import server_cmds
     from tabletstore.master import process as master_process
     from tabletstore.worker import process as worker_process
 
@@ -400,7 +401,7 @@ def test_the_worker_and_master_flags_make_the_options_and_refuse_bad_values(
 
     monkeypatch.setattr(worker_process, "run_worker", fake_run)
     monkeypatch.setattr(master_process, "run_master", fake_run)
-    monkeypatch.setattr(cli, "_serve", lambda run, *, store: run(None, None))
+    monkeypatch.setattr(server_cmds, "_serve", lambda run, *, store: run(None, None))
     runner = CliRunner()
     flags = ["--max-connections", "7", "--max-connections-per-peer", "3", "--idle-timeout", "200"]
     for verb in ("worker", "master"):

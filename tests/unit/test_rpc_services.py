@@ -256,7 +256,7 @@ def _all_names() -> set[str]:
 async def test_every_method_is_served_in_process() -> None:
     db = await Database.open("memory://services-inprocess")
     transport = InProcessTransport()
-    transport.register("w", TABLET.handlers(db.worker))
+    transport.register("w", TABLET.handlers(db.worker.services))
     transport.register("m", MASTER.handlers(db.master))
     try:
         called = await _exercise(TABLET.client(transport, "w"), MASTER.client(transport, "m"), db)
@@ -268,7 +268,7 @@ async def test_every_method_is_served_in_process() -> None:
 async def test_every_method_is_served_over_tcp() -> None:
     register_all()
     db = await Database.open("memory://services-tcp")
-    worker = RpcServer(TABLET.handlers(db.worker))
+    worker = RpcServer(TABLET.handlers(db.worker.services))
     master = RpcServer(MASTER.handlers(db.master))
     transport = TcpTransport(timeout=30.0)
     await worker.start()
@@ -326,12 +326,12 @@ async def test_a_request_whose_fields_are_of_the_wrong_type_is_refused_by_name(
     InvalidArgument naming the field, and the worker goes on serving."""
     register_all()
     db = await Database.open(f"memory://services-malformed-{request.node.callspec.id}")
-    server = RpcServer(TABLET.handlers(db.worker))
+    server = RpcServer(TABLET.handlers(db.worker.services))
     transport = TcpTransport(timeout=30.0)
     await server.start()
     try:
         info = (await db.master.create_table(_create())).info()
-        status = await db.worker.server_status(m.ServerStatusRequest())
+        status = await db.worker.services.server_status(m.ServerStatusRequest())
         (tablet,) = [t.tablet_id for t in status.tablets if t.table_id == info.table_id]
         worker = TABLET.client(transport, server.address)
         bad = make(info.table_id, tablet)

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import inspect
 
-from tabletstore.client.client import AsyncClient, AsyncTable
+from tabletstore.client.client import AsyncClient
 from tabletstore.client.sync import SyncClient, SyncTable
+from tabletstore.client.table import AsyncTable
 from tabletstore.embedded import Database, SyncDatabase
 
 

@@ -304,19 +304,19 @@ async def test_a_minor_compaction_reads_the_frozen_memtable_off_the_event_loop(
 ) -> None:
     # A 16 MB memtable is ~14,500 cells: sorting them into locality groups on the loop held
     # it 30-70 ms per minor compaction (every request of the worker waited that long).
-    from tabletstore.engine.tablet import Tablet
+    from tabletstore.engine.tablet_sstables import TabletSSTables
 
     tablet = h.tablet
     assert tablet is not None
     loop_thread = threading.get_ident()
     seen: list[int] = []
-    split = Tablet._split_by_group
+    split = TabletSSTables.split_by_group
 
-    def recording(self: Tablet, memtables: Any) -> Any:
+    def recording(self: TabletSSTables, memtables: Any) -> Any:
         seen.append(threading.get_ident())
         return split(self, memtables)
 
-    monkeypatch.setattr(Tablet, "_split_by_group", recording)
+    monkeypatch.setattr(TabletSSTables, "split_by_group", recording)
     await tablet.apply(b"r1", [SetCell("a", b"q", b"v1"), SetCell("b", b"x", b"v2")])
     await tablet.minor_compact()
     assert seen and all(t != loop_thread for t in seen)

@@ -59,7 +59,7 @@ async def test_each_entry_applies_alone_in_order_and_survives_a_crash(
     assert errors[0] is None and errors[3] is None and errors[4] is None
     assert isinstance(errors[1], NotServing)
     assert isinstance(errors[2], NotFound)
-    assert tablet._row_locks == {} and tablet._row_lock_users == {}
+    assert tablet._writes.row_locks.locks == {} and tablet._writes.row_locks.users == {}
 
     async def values() -> dict[bytes, bytes | None]:
         out: dict[bytes, bytes | None] = {}
@@ -87,7 +87,7 @@ async def test_a_failed_log_put_acknowledges_no_entry(
     assert all(isinstance(e, TabletStoreError) for e in errors), errors
     for i in range(5):
         assert await tablet.read_row(b"r%d" % i) is None
-    assert tablet._row_locks == {}
+    assert tablet._writes.row_locks.locks == {}
 
 
 async def test_row_locks_keep_read_modify_writes_whole(h: TabletHarness) -> None:
@@ -113,7 +113,7 @@ async def test_row_locks_keep_read_modify_writes_whole(h: TabletHarness) -> None
     for row in rows[:2]:
         got = await tablet.read_row(row)
         assert got is not None and int.from_bytes(got.latest("a", b"n") or b"", "big") == 20
-    assert tablet._row_locks == {} and tablet._row_lock_users == {}
+    assert tablet._writes.row_locks.locks == {} and tablet._writes.row_locks.users == {}
 
 
 class _LogGate:

@@ -74,7 +74,7 @@ async def load(h: TabletHarness, record: TabletRecord) -> Tablet:
 
 
 async def split(h: TabletHarness) -> tuple[Tablet, Tablet, bytes]:
-    """What ``TabletServer._split_locked`` does, with the harness's catalog."""
+    """What ``TabletSplits._split_locked`` (worker/splits.py) does, with the harness's catalog."""
     assert h.tablet is not None and h.catalog is not None
     tablet = h.tablet
     key = splitting.choose_split_key(b"", None, tablet.block_spans())

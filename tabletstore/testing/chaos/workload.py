@@ -26,7 +26,7 @@ import string
 import time
 from collections.abc import Sequence
 
-from tabletstore.client.client import AsyncTable
+from tabletstore.client.table import AsyncTable
 from tabletstore.data.filters import CellsPerColumnLimit
 from tabletstore.data.model import Cell, DeleteCells, SetCell
 from tabletstore.errors import TabletStoreError

@@ -1,7 +1,8 @@
 """``tabletstore bigtable-api``: serve the Cloud Bigtable API over a tabletstore database.
 
-Registered on the main command group by :mod:`tabletstore.cli.main`. The serving stack and grpc
-are imported only when the command runs, so other verbs never load them.
+Registered on the main command group by :mod:`tabletstore.cli.main`. The serving stack
+(:mod:`tabletstore.bigtable_api`) and grpc are imported only when the command runs, so other
+verbs never load them.
 
 ::
 
@@ -23,10 +24,11 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import Coroutine
 from typing import Any
 
 import click
+
+from tabletstore.cli.context import Failure, run_loop
 
 __all__ = ["DEFAULT_PORT", "bigtable_api", "serve"]
 
@@ -36,13 +38,6 @@ DEFAULT_PORT = 8086
 _EXTRA_MODULES = ("grpc", "google")
 
 
-class _Failure(click.ClickException):
-    """One line, ``tabletstore: message``, exit status 1 (as every tabletstore verb fails)."""
-
-    def show(self, file: Any = None) -> None:
-        click.echo(f"tabletstore: {self.message}", err=True, file=file)
-
-
 def _require_extra() -> None:
     """Import the serving stack, or fail saying which extra to install."""
     try:
@@ -50,7 +45,7 @@ def _require_extra() -> None:
     except ModuleNotFoundError as exc:
         if (exc.name or "").split(".")[0] not in _EXTRA_MODULES:
             raise
-        raise _Failure(
+        raise Failure(
             "the Cloud Bigtable API needs the bigtable-api extra: "
             f"pip install 'tabletstore[bigtable-api]' (no module named {exc.name!r})"
         ) from exc
@@ -117,17 +112,6 @@ def _settle_process() -> None:
     settle_process()
 
 
-def _run_loop(coro: Coroutine[Any, Any, None]) -> None:
-    """Serve on uvloop when it is installed: grpc.aio spends less of each call in the event
-    loop there (bench/bigtable_api.py), else on asyncio's loop."""
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(coro)
-    else:
-        uvloop.run(coro)
-
-
 @click.command("bigtable-api")
 @click.option("--url", default=None, help="Database URL (default: the global --url).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
@@ -163,7 +147,7 @@ def bigtable_api(
     if url is None and ctx.obj is not None:
         url = getattr(ctx.obj, "url", None)
     if (tls_cert is None) != (tls_key is None):
-        raise _Failure("--tls-cert and --tls-key go together: give both, or neither")
+        raise Failure("--tls-cert and --tls-key go together: give both, or neither")
     client_tls = getattr(ctx.obj, "tls", None)
     try:
         tls = None
@@ -172,11 +156,11 @@ def bigtable_api(
             tls = TlsConfig.of(ca, tls_cert, tls_key)
         check_bind(host, tls=tls is not None, insecure=insecure, what="bigtable-api")
     except TabletStoreError as exc:
-        raise _Failure(str(exc)) from exc
+        raise Failure(str(exc)) from exc
     _require_extra()
     try:
-        _run_loop(
+        run_loop(
             serve(url, host, port, plain_instance=plain_instance, tls=tls, client_tls=client_tls)
         )
     except TabletStoreError as exc:
-        raise _Failure(str(exc)) from exc
+        raise Failure(str(exc)) from exc

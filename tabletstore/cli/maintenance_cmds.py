@@ -1,0 +1,103 @@
+"""The maintenance verbs: compactions (§5.4) and one garbage collection (§5.2)::
+
+    tabletstore flush T | compact T                    minor / major compaction (§5.4)
+    tabletstore gc [--grace S] [--dry-run]             delete unreferenced objects (§5.2)
+
+On a terminal flush and compact show a progress bar on stderr.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import click
+
+from tabletstore.cli.context import TABLE_ARG, Failure, cli_context, plural, with_database
+from tabletstore.cli.progress import Unit, progress_bar
+from tabletstore.client.client import CompactionProgress
+from tabletstore.clock import SystemClock
+from tabletstore.embedded import SyncDatabase
+from tabletstore.errors import TabletStoreError
+from tabletstore.master.gc import GcReport, collect
+from tabletstore.master.gc_plan import DEFAULT_GRACE
+from tabletstore.metadata.catalog import ClusterSettings
+from tabletstore.storage_s3 import open_store
+
+__all__ = ["compact_cmd", "flush_cmd", "gc_cmd"]
+
+
+@click.command("flush")
+@TABLE_ARG
+def flush_cmd(table: str) -> None:
+    """Minor-compact every tablet of a table (memtables to SSTables, §5.4)."""
+    with_database(lambda db: _compact(db, table, major=False))
+
+
+@click.command("compact")
+@TABLE_ARG
+def compact_cmd(table: str) -> None:
+    """Major-compact every tablet of a table (one SSTable, deletions dropped, §5.4)."""
+    with_database(lambda db: _compact(db, table, major=True))
+
+
+def _compact(db: SyncDatabase, table: str, *, major: bool) -> None:
+    """Compact tablet by tablet with a bar: tablets for a flush; for a major compaction the
+    SSTable bytes it reads and rewrites."""
+    unit: Unit = "bytes" if major else "tablets"
+    with progress_bar("compacting" if major else "flushing", unit=unit) as bar:
+
+        def show(p: CompactionProgress) -> None:
+            if major:
+                bar.update(completed=p.bytes_done, total=max(p.bytes_total, p.bytes_done))
+            else:
+                bar.update(completed=p.tablets_done, total=max(p.tablets_total, p.tablets_done))
+            bar.update(note=f"{p.tablets_done}/{p.tablets_total} tablets")
+
+        db.compact_tablets(table, major=major, progress=show)
+
+
+@click.command("gc")
+@click.option(
+    "--grace",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_GRACE,
+    show_default=True,
+    help="Never delete an object younger than this many seconds.",
+)
+@click.option("--dry-run", is_flag=True, help="Only report what would be deleted.")
+def gc_cmd(grace: float, dry_run: bool) -> None:
+    """Delete objects nothing references: compacted-away SSTables, deleted tables' objects,
+    commit logs no tablet needs (the master's garbage collection, §5.2, run once)."""
+    obj = cli_context()
+    if obj.url.startswith("etcd://"):
+        try:
+            report = asyncio.run(_gc_cluster(obj.url, grace=grace, dry_run=dry_run))
+        except TabletStoreError as exc:
+            raise Failure(str(exc)) from exc
+    else:
+        report = with_database(lambda db: db.gc(grace=grace, dry_run=dry_run))
+    click.echo(report.summary())
+    for reason, count in sorted(report.counts.items(), key=lambda rc: rc[0].name):
+        click.echo(f"  {plural(count, 'object')}: {reason.value}")
+    for key in report.unknown:
+        click.echo(f"  unrecognized: {key}")
+
+
+async def _gc_cluster(url: str, *, grace: float, dry_run: bool) -> GcReport:
+    """One collection on a cluster's bucket (its master also collects while it leads)."""
+    from tabletstore.client.cluster import ClusterClient
+
+    async with await ClusterClient.open(url) as client:
+        settings = await ClusterSettings.load(client.coordinator)
+        store = open_store(settings.store_url)
+        try:
+            return await collect(
+                store,
+                client.catalog,
+                client.coordinator,
+                clock=SystemClock(),
+                grace=grace,
+                dry_run=dry_run,
+            )
+        finally:
+            await store.close()

@@ -1,0 +1,366 @@
+"""The long-lived processes of a cluster: ``tabletstore master`` (§5.2) and ``tabletstore
+worker`` (§5.2, §5.3)::
+
+    tabletstore --url etcd://H:P/NS master [--store URL] [--port P] [--lease-ttl S] [--split-bytes N]
+    tabletstore --url etcd://H:P/NS worker [--port P] [--lease-ttl S] [--split-bytes N]
+        (both: --metrics-port P serves the status page, /metrics and /status)
+
+Each checks etcd and the object store before it starts (a missing bucket ends it at once with
+one line), logs INFO and up on stderr, and runs until SIGINT or SIGTERM. With the global
+``--tls-*`` options it serves TLS; without them a non-loopback ``--host`` is refused unless
+``--insecure``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from tabletstore.cli.context import Failure, cli_context, run_loop
+from tabletstore.cli.rpc_flags import rpc_caps
+from tabletstore.coordination import open_coordinator
+from tabletstore.errors import TabletStoreError
+from tabletstore.metadata.catalog import ClusterSettings
+from tabletstore.options import (
+    SPLIT_BYTES,
+    LeaseOptions,
+    MasterOptions,
+    RpcServerOptions,
+    TabletOptions,
+    WorkerOptions,
+)
+from tabletstore.security import TlsConfig, check_bind
+from tabletstore.storage_s3 import open_store
+
+__all__ = ["master_cmd", "worker_cmd"]
+
+
+def _cluster_url() -> str:
+    obj = cli_context()
+    if not obj.url.startswith("etcd://"):
+        raise Failure(
+            f"--url must be the cluster's etcd://host:port/namespace URL, not {obj.url!r}"
+        )
+    return obj.url
+
+
+def _serve(run: Callable[[Any, asyncio.Event], Awaitable[None]], *, store: str | None) -> None:
+    """Run a long-lived process body until SIGINT/SIGTERM; one-line failure otherwise.
+
+    The coordinator and the object store (``store``, else the cluster's) are checked first:
+    a missing bucket, unusable credentials or an unreachable endpoint end the process at once
+    with one line saying so, rather than in a loop of failed commit-log and SSTable writes.
+    Its log (INFO and up, timestamped: what an operator reads after a failover) goes to
+    standard error."""
+    url = _cluster_url()
+    # tabletstore's own INFO (loads, recoveries, splits); other libraries' warnings only.
+    logging.basicConfig(
+        level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("tabletstore").setLevel(logging.INFO)
+
+    async def main_async() -> None:
+        coordinator = open_coordinator(url)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            await coordinator.check()
+            await _check_store(coordinator, store)
+            await run(coordinator, stop)
+        finally:
+            await coordinator.close()
+
+    try:
+        run_loop(main_async())
+    except TabletStoreError as exc:
+        raise Failure(str(exc)) from exc
+
+
+async def _check_store(coordinator: Any, store: str | None) -> None:
+    """``store`` (else the cluster's, NotFound when no master recorded one) answers: its
+    endpoint is reachable, the credentials work and the bucket exists."""
+    url = store if store is not None else (await ClusterSettings.load(coordinator)).store_url
+    opened = open_store(url)
+    try:
+        # Every store open_store builds has check() (storage_s3.open_store); the ObjectStore
+        # protocol does not declare it.
+        check: Callable[[], Awaitable[None]] | None = getattr(opened, "check", None)
+        if check is not None:
+            await check()
+    finally:
+        await opened.close()
+
+
+_lease_ttl_option = click.option(
+    "--lease-ttl",
+    type=click.FloatRange(min=1.0),
+    default=LeaseOptions().ttl,
+    show_default=True,
+    help="Seconds of this process's etcd lease: how soon others take over after it dies.",
+)
+_split_bytes_option = click.option(
+    "--split-bytes",
+    type=click.IntRange(min=1),
+    default=SPLIT_BYTES,
+    show_default=True,
+    help="Split a tablet past this many bytes of SSTables; the master merges small neighbours "
+    "by the same size (give the master and every worker the same value).",
+)
+_metrics_port_option = click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Serve the status page (GET /), /metrics (Prometheus) and /status (JSON) on this port "
+    "(0: any free one; default: not served).",
+)
+
+
+_insecure_option = click.option(
+    "--insecure",
+    is_flag=True,
+    help="Allow serving on a non-loopback --host without TLS (anyone reaching it may claim "
+    "any identity).",
+)
+_status_token_option = click.option(
+    "--status-token-file",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="A file holding a read-only bearer token for scrapers of the status endpoint (with TLS).",
+)
+
+
+def _process_tls(host: str, insecure: bool, what: str) -> TlsConfig | None:
+    """The TLS files a master or worker serves with; refuses a non-loopback ``host`` without
+    them (unless ``insecure``) before anything starts."""
+    obj = cli_context()
+    if obj.tls is not None and not obj.tls.has_identity:
+        raise Failure(f"a {what} with TLS needs its own --tls-cert and --tls-key")
+    try:
+        check_bind(host, tls=obj.tls is not None, insecure=insecure, what=what)
+    except TabletStoreError as exc:
+        raise Failure(str(exc)) from exc
+    return obj.tls
+
+
+def _status_token(path: Path | None) -> str | None:
+    if path is None:
+        return None
+    token = path.read_text().strip()
+    if not token:
+        raise Failure(f"--status-token-file {path} is empty")
+    return token
+
+
+def _metrics_ready(url: str) -> None:
+    click.echo(f"metrics on {url}/metrics, status on {url}/status, page on {url}/", err=True)
+
+
+@click.command("master")
+@click.option("--store", default=None, help="The cluster's object store URL (recorded in etcd).")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to serve on.")
+@click.option("--port", type=int, default=0, show_default=True, help="Port (0: any free one).")
+@_lease_ttl_option
+@_split_bytes_option
+@_metrics_port_option
+@click.option(
+    "--sort-executor",
+    default="workers",
+    show_default=True,
+    help="Where dead workers' logs are sorted for recovery (§6): workers, local, "
+    "lambda:<function-name> or none (each new owner reads the whole log).",
+)
+@click.option(
+    "--compaction-executor",
+    default="workers",
+    show_default=True,
+    help="Where the periodic major compactions run (§5.4): workers (each tablet's own), "
+    "local (this process) or lambda:<function-name> (functions/compaction.py).",
+)
+@click.option(
+    "--sort-owner-bytes",
+    type=click.IntRange(min=0),
+    default=MasterOptions().sort_owner_bytes,
+    show_default=True,
+    help="Largest dead log (bytes to sort) whose tablets all go to one worker, which sorts it "
+    "and keeps the runs (memory, then local disk) so the log is read once (§6); larger logs "
+    "are sorted by every worker. 0: only logs of one sort task.",
+)
+@rpc_caps
+@_insecure_option
+@_status_token_option
+def master_cmd(
+    store: str | None,
+    host: str,
+    port: int,
+    lease_ttl: float,
+    split_bytes: int,
+    metrics_port: int | None,
+    sort_executor: str,
+    compaction_executor: str,
+    sort_owner_bytes: int,
+    rpc: RpcServerOptions,
+    insecure: bool,
+    status_token_file: Path | None,
+) -> None:
+    """Run a master (§5.2): campaign for the master lock, then keep every tablet assigned."""
+    from tabletstore.master.process import run_master
+
+    options = MasterOptions(
+        lease=LeaseOptions(ttl=lease_ttl),
+        split_bytes=split_bytes,
+        rpc=rpc,
+        sort_owner_bytes=sort_owner_bytes,
+    )
+    tls = _process_tls(host, insecure, "master")
+    status_token = _status_token(status_token_file)
+    # The URL a compaction function connects to (only the lambda executor needs one).
+    cluster_url = _cluster_url() if compaction_executor.startswith("lambda:") else None
+
+    def ready(address: str) -> None:
+        click.echo(f"master listening on {address}", err=True)
+
+    _serve(
+        lambda coord, stop: run_master(
+            coord,
+            options,
+            host=host,
+            port=port,
+            store_url=store,
+            stop=stop,
+            ready=ready,
+            metrics_port=metrics_port,
+            metrics_ready=_metrics_ready,
+            sort_executor=sort_executor,
+            compaction_executor=compaction_executor,
+            cluster_url=cluster_url,
+            tls=tls,
+            insecure=insecure,
+            status_token=status_token,
+        ),
+        store=store,
+    )
+
+
+@click.command("worker")
+@click.option("--store", default=None, help="Object store URL (default: the cluster's).")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to serve on.")
+@click.option("--port", type=int, default=0, show_default=True, help="Port (0: any free one).")
+@click.option("--worker-id", default=None, help="A stable id (default: a random one).")
+@_lease_ttl_option
+@_split_bytes_option
+@click.option(
+    "--compaction-processes",
+    type=click.IntRange(min=0),
+    default=1,
+    show_default=True,
+    help="Processes for merging and major compactions (0: in the serving process).",
+)
+@click.option(
+    "--block-cache-bytes",
+    type=click.IntRange(min=0),
+    default=WorkerOptions().block_cache_bytes,
+    show_default=True,
+    help="Block cache capacity in bytes.",
+)
+@click.option(
+    "--sort-processes",
+    type=click.IntRange(min=0),
+    default=WorkerOptions().sort_processes,
+    show_default=True,
+    help="Processes sorting the dead logs this worker owns (§6; 0: in the serving process).",
+)
+@click.option(
+    "--sort-memory-bytes",
+    type=click.IntRange(min=0),
+    default=WorkerOptions().sort_memory_bytes,
+    show_default=True,
+    help="Bytes of the runs it sorted kept in memory for its own replay.",
+)
+@click.option(
+    "--sort-spill-bytes",
+    type=click.IntRange(min=0),
+    default=WorkerOptions().sort_spill_bytes,
+    show_default=True,
+    help="Bytes of such runs kept on local disk past that (0: none; the rest is read back "
+    "from the store).",
+)
+@click.option(
+    "--sort-spill-dir",
+    type=click.Path(exists=True, file_okay=False, writable=True),
+    default=None,
+    help="Where the directory of those runs is made (default: the system's temporary one).",
+)
+@_metrics_port_option
+@rpc_caps
+@_insecure_option
+@_status_token_option
+def worker_cmd(
+    store: str | None,
+    host: str,
+    port: int,
+    worker_id: str | None,
+    lease_ttl: float,
+    split_bytes: int,
+    compaction_processes: int,
+    block_cache_bytes: int,
+    sort_processes: int,
+    sort_memory_bytes: int,
+    sort_spill_bytes: int,
+    sort_spill_dir: str | None,
+    metrics_port: int | None,
+    rpc: RpcServerOptions,
+    insecure: bool,
+    status_token_file: Path | None,
+) -> None:
+    """Run a stateless tablet-server worker (§5.2, §5.3)."""
+    from tabletstore.ops.settle import settle_process
+    from tabletstore.worker.process import run_worker
+    from tabletstore.worker.server import TabletServer
+
+    options = WorkerOptions(
+        lease=LeaseOptions(ttl=lease_ttl),
+        compaction_processes=compaction_processes,
+        block_cache_bytes=block_cache_bytes,
+        sort_processes=sort_processes,
+        sort_memory_bytes=sort_memory_bytes,
+        sort_spill_bytes=sort_spill_bytes,
+        sort_spill_dir=sort_spill_dir,
+        rpc=rpc,
+    )
+    tablet_options = TabletOptions(split_bytes=split_bytes)
+    tls = _process_tls(host, insecure, "worker")
+    status_token = _status_token(status_token_file)
+
+    def ready(server: TabletServer) -> None:
+        # Freeze what start-up loaded and raise the collector's thresholds: at the defaults,
+        # a scan through this worker spent a fifth of its CPU in the collector (ops/settle.py).
+        settle_process()
+        click.echo(f"worker {server.worker_id} listening on {server.address}", err=True)
+
+    _serve(
+        lambda coord, stop: run_worker(
+            coord,
+            worker_id=worker_id,
+            host=host,
+            port=port,
+            store_url=store,
+            options=options,
+            tablet_options=tablet_options,
+            stop=stop,
+            ready=ready,
+            metrics_port=metrics_port,
+            metrics_ready=_metrics_ready,
+            tls=tls,
+            insecure=insecure,
+            status_token=status_token,
+        ),
+        store=store,
+    )

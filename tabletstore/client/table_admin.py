@@ -1,0 +1,200 @@
+"""A client's administrative requests: tables, column families, compactions, snapshots and
+bulk loads, sent to the master (§3 "creating and deleting tables and column families", §8).
+
+Administrative requests are ``rpc.services.MasterService`` calls (:data:`Admin`): to the embedded
+database's Master itself, or through a stub to a cluster's elected master
+(``client/cluster.py``). :class:`TableAdmin` sends them and keeps what they answer about each
+table (its id and schema, :meth:`TableAdmin._info`), which the data requests read too;
+:class:`~tabletstore.client.client.AsyncClient` is a TableAdmin (the public API keeps one
+object: ``client.create_table(...)``, as happybase's connection has). Requests that go to the
+workers tablet by tablet (``compact_tablets``) or ask every worker (``status``) are the
+client's.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+from tabletstore.client.location import LocationCache
+from tabletstore.data.schema import ColumnFamily, GcRule, LocalityGroup, TableSchema
+from tabletstore.errors import InvalidArgument
+from tabletstore.metadata.catalog import TableInfo
+from tabletstore.metadata.snapshot import SnapshotManifest
+from tabletstore.rpc.messages import (
+    BulkLoadRequest,
+    CompactTableRequest,
+    CreateSnapshotRequest,
+    CreateTableRequest,
+    DeleteSnapshotRequest,
+    ListSnapshotsRequest,
+    ListTablesRequest,
+    ModifyFamiliesRequest,
+    SetAdminsRequest,
+    TableNameRequest,
+)
+from tabletstore.rpc.services import MasterService
+
+if TYPE_CHECKING:
+    from tabletstore.client.table import AsyncTable
+
+__all__ = ["Admin", "TableAdmin"]
+
+#: What the client asks of the master: the master's service (the embedded database's Master
+#: itself, or a stub to a cluster's elected master).
+Admin = MasterService
+
+
+class TableAdmin(abc.ABC):
+    """The administrative requests a client sends to the master, and what they answer about
+    each table."""
+
+    def __init__(self, *, admin: Admin, locations: LocationCache) -> None:
+        self._admin = admin
+        #: Where tablets are served: the three-level lookup with its cache (§5.1).
+        self.locations = locations
+        #: Each table's id and schema by name, as the master last answered (``_info``).
+        self._tables: dict[str, TableInfo] = {}
+
+    @abc.abstractmethod
+    def table(self, name: str) -> AsyncTable:
+        """A handle on a table (no request is made until it is used)."""
+
+    async def create_table(
+        self,
+        name: str,
+        families: Iterable[str | ColumnFamily] = (),
+        *,
+        split_keys: Sequence[bytes] = (),
+        locality_groups: Iterable[LocalityGroup] = (),
+    ) -> AsyncTable:
+        """Create a table with column families (names or ColumnFamily values)."""
+        try:
+            fams = {}
+            for f in families:
+                fam = ColumnFamily(name=f) if isinstance(f, str) else f
+                fams[fam.name] = fam
+            groups = {"default": LocalityGroup(name="default")}
+            groups.update({g.name: g for g in locality_groups})
+            schema = TableSchema(name=name, families=fams, locality_groups=groups)
+        except ValueError as exc:  # pydantic's ValidationError is a ValueError
+            raise InvalidArgument(_schema_error(exc)) from exc
+        msg = await self._admin.create_table(CreateTableRequest.of(schema, split_keys))
+        self._tables[name] = msg.info()
+        return self.table(name)
+
+    async def delete_table(self, name: str) -> None:
+        await self._admin.delete_table(TableNameRequest(name))
+        info = self._tables.pop(name, None)
+        if info is not None:
+            self.locations.invalidate(info.table_id)
+
+    async def set_admins(self, name: str, admins: Sequence[str]) -> None:
+        """Replace who administers table ``name`` (on a cluster with auth on, only they may
+        delete it or change its families and ACLs; master/guard.py)."""
+        req = SetAdminsRequest(name, tuple(admins))
+        self._tables[name] = (await self._admin.set_admins(req)).info()
+
+    async def list_tables(self) -> list[str]:
+        listed = await self._admin.list_tables(ListTablesRequest())
+        return sorted(t.schema.name for t in listed.infos())
+
+    async def describe_table(self, name: str) -> TableSchema:
+        info = self._tables[name] = (await self._admin.get_table(TableNameRequest(name))).info()
+        return info.schema
+
+    async def create_family(
+        self,
+        table: str,
+        family: str | ColumnFamily,
+        *,
+        gc_rule: GcRule | None = None,
+        value_type: str | None = None,
+    ) -> None:
+        """Add a column family; ``value_type`` (``sum``, ``min``, ``max``, ``hll``) makes it an
+        aggregate family (``data.aggregates``), fixed for the family's life."""
+        try:
+            fam = (
+                ColumnFamily.model_validate(
+                    {"name": family, "gc_rule": gc_rule, "value_type": value_type}
+                )
+                if isinstance(family, str)
+                else family
+            )
+        except ValueError as exc:
+            raise InvalidArgument(_schema_error(exc)) from exc
+        await self._modify_families(ModifyFamiliesRequest.of(table, create=[fam]))
+
+    async def update_family(self, table: str, family: ColumnFamily) -> None:
+        await self._modify_families(ModifyFamiliesRequest.of(table, update=[family]))
+
+    async def _modify_families(self, req: ModifyFamiliesRequest) -> None:
+        self._tables[req.name] = (await self._admin.modify_families(req)).info()
+
+    async def set_gc_rule(self, table: str, family: str, gc_rule: GcRule | None) -> None:
+        schema = await self.describe_table(table)
+        if family not in schema.families:
+            raise InvalidArgument(f"table {table!r} has no column family {family!r}")
+        fam = schema.families[family].model_copy(update={"gc_rule": gc_rule})
+        await self.update_family(table, fam)
+
+    async def delete_family(self, table: str, family: str) -> None:
+        await self._modify_families(ModifyFamiliesRequest.of(table, drop=[family]))
+
+    async def add_locality_group(self, table: str, group: LocalityGroup) -> None:
+        await self._modify_families(ModifyFamiliesRequest.of(table, locality_groups=[group]))
+
+    async def flush(self, table: str) -> None:
+        """Minor-compact every tablet of the table (HBase shell's ``flush``)."""
+        await self._admin.compact_table(CompactTableRequest(table, major=False))
+
+    async def compact(self, table: str) -> None:
+        """Major-compact every tablet of the table (HBase shell's ``major_compact``)."""
+        await self._admin.compact_table(CompactTableRequest(table, major=True))
+
+    async def snapshot(self, table: str, *, ttl: float | None = None) -> SnapshotManifest:
+        """Take a consistent snapshot of ``table`` for batch jobs (``tabletstore.batch``):
+        every write acknowledged before the call is in it, none started after it returns.
+        ``ttl`` seconds: GC may delete it after that (None: kept until deleted)."""
+        msg = await self._admin.create_snapshot(CreateSnapshotRequest(table, ttl))
+        return SnapshotManifest.from_bytes(msg.manifest_json)
+
+    async def list_snapshots(self, table: str | None = None) -> list[SnapshotManifest]:
+        """The snapshots of ``table`` (or of every table), oldest first."""
+        resp = await self._admin.list_snapshots(ListSnapshotsRequest(table))
+        return [SnapshotManifest.from_bytes(m.manifest_json) for m in resp.snapshots]
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        """Delete a snapshot; GC then frees the SSTables only it kept."""
+        await self._admin.delete_snapshot(DeleteSnapshotRequest(snapshot_id))
+
+    async def bulk_load(
+        self, table: str, url: str, *, load_id: str | None = None
+    ) -> tuple[int, int]:
+        """Load the SSTables a job wrote under the store ``url`` (``tabletstore.batch.
+        write_sstables``) into ``table``, atomically per tablet; all are checked first and
+        bad input loads nothing. Returns (tablets loaded, cells loaded) by this call.
+
+        Safe to repeat: ``load_id`` (default: a hash of the files' contents) names the load;
+        once it is done, running it again loads nothing and returns (0, 0), and a load that
+        was interrupted (a crash, a failover) loads only what it had not loaded yet."""
+        resp = await self._admin.bulk_load(BulkLoadRequest(table, url, load_id or ""))
+        return resp.tablets, resp.cells
+
+    async def _info(self, name: str, *, refresh: bool = False) -> TableInfo:
+        """Table ``name``'s id and schema: as cached, or asked of the master (``refresh``:
+        asked again)."""
+        info = self._tables.get(name)
+        if info is None or refresh:
+            info = self._tables[name] = (await self._admin.get_table(TableNameRequest(name))).info()
+        return info
+
+
+def _schema_error(exc: ValueError) -> str:
+    """pydantic's multi-line report as one line naming what is wrong."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        parts = [str(e.get("msg", "")).removeprefix("Value error, ") for e in errors()]
+        return "; ".join(p for p in parts if p) or str(exc)
+    return str(exc)

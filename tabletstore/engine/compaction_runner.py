@@ -1,0 +1,318 @@
+"""Running a tablet's compactions (§5.4) and committing their results.
+
+*Minor* freezes the memtable and writes one SSTable per locality group, then moves the redo
+point; *merging* rewrites the newest few SSTables of a group into one; *major* rewrites
+everything of a group into one SSTable with no deletion entries left; an *adopted* major
+compaction is one run elsewhere (a serverless function) whose output this tablet takes in.
+What to compact is decided by the pure planner :mod:`tabletstore.engine.compaction`; how the
+tablet's state changes, by the pure steps of :mod:`tabletstore.engine.state`.
+
+Failed compactions. A compaction called directly returns its error to the caller and leaves
+the tablet as it was (a memtable that failed to be written out stays frozen, serving reads, and
+the next minor compaction writes it out with the current memtable). A failed *background*
+compaction is sticky: writes and compactions raise Unavailable until the tablet is reloaded
+(its commit log still holds everything past the redo point); reads go on.
+
+The redo point. Sequence numbers are allocated before the commit-log append and cells reach the
+memtable only after it, so when a memtable freezes, writes with *smaller* sequence numbers may
+still be in flight and land in the next memtable. The redo point recorded after a minor
+compaction is therefore ``min(in-flight seq) - 1`` when anything is in flight at freeze time,
+else the frozen memtable's largest seq; replay skips records at or below it, and re-applying a
+record already in an SSTable is harmless (identical ``(key, ts, seq)`` entries collapse).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import logging
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import replace
+from typing import Any, TypeVar
+
+from tabletstore.data.schema import TableSchema
+from tabletstore.engine import compaction
+from tabletstore.engine.state import (
+    AdoptedMajor,
+    MajorResult,
+    MergeResult,
+    MinorResult,
+    Written,
+    adoptable,
+    apply_adopted,
+    apply_major,
+    apply_merge,
+    apply_minor,
+    freeze,
+    redo_point,
+)
+from tabletstore.engine.tablet_core import TabletCore
+from tabletstore.engine.tablet_sstables import TabletSSTables
+from tabletstore.errors import Fenced, PreconditionFailed, TabletStoreError
+from tabletstore.metadata.record import SSTableRef, TabletRecord
+from tabletstore.sstable import SSTableInfo
+
+__all__ = ["CompactionRunner"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class CompactionRunner:
+    """Runs one tablet's compactions, one at a time, and its background one."""
+
+    def __init__(
+        self,
+        core: TabletCore,
+        sstables: TabletSSTables,
+        *,
+        notify_compacted: Callable[[], None],
+        executor: concurrent.futures.Executor | None,
+        tasks: asyncio.TaskGroup | None,
+    ) -> None:
+        self._core = core
+        self._sstables = sstables
+        self._notify_compacted = notify_compacted
+        self._executor = executor
+        #: Owns the background compactions (the worker's TaskGroup, or the tablet's own).
+        self.tasks = tasks
+        #: The background compaction running (one at a time), if any.
+        self.background: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------------ background
+
+    def spawn_flush(self) -> None:
+        """Start a background minor compaction (then the merges it calls for), unless one
+        runs already: the memtable has outgrown ``memtable_flush_bytes``."""
+        self._spawn(self._background_minor_compaction())
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        running = self.background is not None and not self.background.done()
+        if self._core.closed or running or self.tasks is None:
+            # One background compaction at a time; the next write re-triggers if needed.
+            coro.close()
+            return
+        try:
+            self.background = self.tasks.create_task(coro)
+        except RuntimeError:
+            # The worker's TaskGroup is shutting down (the worker is stopping, or failed):
+            # the compaction is optional, closing the tablet flushes it anyway.
+            coro.close()
+
+    async def _background_minor_compaction(self) -> None:
+        try:
+            await self.minor_compact()
+            await self.merge_if_needed()
+        except TabletStoreError as exc:
+            # Sticky until the tablet is reloaded: serving on with a memtable that can never
+            # be written out would grow without bound.
+            log.error("background compaction of %s failed: %s", self._core.record.tablet_id, exc)
+            self._core.failed = exc
+
+    async def background_done(self) -> None:
+        """Wait for the background compaction, if one runs. Its errors are its own: it
+        records them (``failed``), and anything else is for its TaskGroup to raise."""
+        while self.background is not None and not self.background.done():
+            await asyncio.gather(self.background, return_exceptions=True)
+
+    # ------------------------------------------------------------------ minor
+
+    async def minor_compact(self) -> None:
+        """Freeze the memtable, write it as one SSTable per locality group, move the redo
+        point (§5.4). A no-op when the memtable is empty."""
+        core = self._core
+        core.check_open()
+        async with core.compaction_lock:
+            core.check_open()  # a split may have closed the tablet while this waited
+            frozen = await self._freeze()
+            if frozen is None:
+                return
+            # On a thread, like the encoding after it: the frozen memtables never change, and
+            # a 16 MB one is ~14,500 cells, 30-70 ms of the event loop's time otherwise.
+            groups = await asyncio.to_thread(self._sstables.split_by_group, frozen.flushed)
+            written = await self._sstables.write_groups(groups)
+            result = replace(frozen, written=written)
+            await core.commit(lambda state: apply_minor(state, result, now=core.clock.time()))
+        self._notify_compacted()
+
+    # REQUIRES: core.compaction_lock held.
+    async def _freeze(self) -> MinorResult | None:
+        """Freeze the memtable; return what the minor compaction is to write (nothing written
+        yet), or None when there is nothing to write."""
+        core = self._core
+        async with core.state_lock:
+            state = freeze(core.state)
+            core.state = state
+            # Frozen memtables left by a failed earlier attempt are written out too: the
+            # redo point moves past all of them, so none may stay behind in memory only.
+            if not state.frozen:
+                return None
+            # Writes after the freeze go to the log of now, or to one the worker moves to
+            # later (hold_writes/add_log record it): those may hold writes past the redo
+            # point, every log listed before the freeze holds none (apply_minor).
+            return MinorResult(
+                flushed=state.frozen,
+                written={},
+                redo_seq=redo_point(state.frozen, core.in_flight),
+                log_at_freeze=core.log.log_ref,
+                log_start=core.log_start_now(core.log.log_ref),
+                listed_at_freeze=state.record.logs,
+            )
+
+    # ------------------------------------------------------------------ merging and major
+
+    async def _compute(self, work: Callable[[], T]) -> T:
+        """Run a CPU-heavy rewrite in the compaction processes when there are some (§5.4),
+        else here."""
+        if self._executor is None:
+            # On a thread, not inline: a merge of 100s of MB would hold the event loop (and
+            # the lease keep-alive with it) for tens of seconds on a loaded machine; the work
+            # is a pure function of bytes, so a thread is safe.
+            return await asyncio.to_thread(work)
+        return await asyncio.get_running_loop().run_in_executor(self._executor, work)
+
+    async def merge_if_needed(self) -> None:
+        """Run the merging compactions the planner asks for."""
+        for task in compaction.plan(self._core.record, self._core.options):
+            await self._run_merge(task)
+
+    async def major_compact(self) -> None:
+        """Flush the memtable, then rewrite the whole tablet into one SSTable per locality
+        group with no deletion entries and GC applied (§5.4) — by the current schema, so a
+        dropped family's cells are gone for good and a family moved to another locality group
+        moves with its cells (:func:`compaction.rewrite_tablet`)."""
+        await self.minor_compact()
+        core = self._core
+        async with core.compaction_lock:
+            core.check_open()  # a split may have closed the tablet while this waited
+            record = core.state.record
+            keys = [ref.key for refs in record.sstables.values() for ref in refs]
+            if not keys:
+                return
+            rewrite = self._rewrite_tablet(record, keys, await self._sstables.fetch(keys))
+            outputs = {
+                group: await self._sstables.store(group, data, info)
+                for group, (data, info) in sorted((await self._compute(rewrite)).items())
+            }
+            result = MajorResult(len(keys), outputs)
+            old = await core.commit(lambda state: apply_major(state, result, now=core.clock.time()))
+            for tables in old.sstables.values():
+                for t in tables:
+                    t.close()
+        self._notify_compacted()
+
+    def _rewrite_tablet(
+        self, record: TabletRecord, keys: list[str], blobs: list[bytes]
+    ) -> Callable[[], dict[str, tuple[bytes, SSTableInfo]]]:
+        """The major compaction's rewrite of ``blobs``, by the current schema and GC rules."""
+        return compaction.schema_rewrite(
+            blobs,
+            self._core.schema,
+            now_micros=self._core.now_micros(),
+            start_row=record.start_row,
+            end_row=record.end_row,
+            seq_bases=_seq_bases(record, keys),
+        )
+
+    async def _run_merge(self, task: compaction.CompactionTask) -> None:
+        core = self._core
+        core.check_open()
+        async with core.compaction_lock:
+            core.check_open()  # a split may have closed the tablet while this waited
+            record = core.state.record
+            if not set(task.inputs) <= {r.key for r in record.sstables.get(task.group, ())}:
+                return  # the tablet changed since planning; the next plan will see it
+            merge = self._merge_sstables(task, record, await self._sstables.fetch(task.inputs))
+            data, info = await self._compute(merge)
+            output = await self._sstables.store(task.group, data, info) if info.cells else None
+            result = MergeResult(task.group, task.inputs, output, task.major)
+            await core.commit(lambda state: apply_merge(state, result, now=core.clock.time()))
+        self._notify_compacted()
+
+    def _merge_sstables(
+        self, task: compaction.CompactionTask, record: TabletRecord, blobs: list[bytes]
+    ) -> Callable[[], tuple[bytes, SSTableInfo]]:
+        """The merging compaction's rewrite of ``blobs`` (``task.inputs``, newest first)."""
+        core = self._core
+        lg = core.locality_group(task.group)
+        return functools.partial(
+            compaction.merge_sstables,
+            blobs,
+            gc_rules=core.gc_rules(),
+            now_micros=core.now_micros(),
+            major=task.major,
+            families=set(core.schema.families),
+            compression=lg.compression,
+            block_size=lg.block_size,
+            locality_group=task.group,
+            # After a split the inputs may be shared with the sibling: write our rows only.
+            start_row=record.start_row,
+            end_row=record.end_row,
+            seq_bases=_seq_bases(record, task.inputs),
+        )
+
+    # ------------------------------------------------------------------ adopted major
+
+    async def adopt_major(
+        self,
+        *,
+        epoch: int,
+        schema: TableSchema,
+        read: Mapping[str, tuple[str, ...]],
+        outputs: Mapping[str, SSTableRef],
+    ) -> None:
+        """Adopt a major compaction of this tablet run elsewhere (§5.4; a serverless function,
+        ``master/remote_compaction.py``): it read the record at ``epoch`` and its SSTables
+        ``read`` (per group, newest first) under ``schema``, and wrote ``outputs``. Committed
+        like every compaction of this tablet -- under its compaction lock, by the
+        epoch-conditional record update -- so nothing the worker wrote meanwhile is lost: the
+        SSTables minor compactions added since stay in front of the output, and the memtable
+        is untouched. Refused, the output left unreferenced (garbage for GC), when the tablet
+        is no longer this one at ``epoch`` (moved, split: Fenced or NotServing), when its
+        SSTables changed otherwise since the read, or when its schema (families, GC rules,
+        locality groups) is not the one the rewrite applied (PreconditionFailed). Adopting
+        the same outputs again (a retry after an ambiguous answer) is a no-op."""
+        core = self._core
+        core.check_open()
+        async with core.compaction_lock:
+            core.check_open()  # a split may have closed the tablet while this waited
+            record = core.state.record
+            if record.epoch != epoch:
+                raise Fenced(
+                    f"tablet {record.tablet_id} is at epoch {record.epoch} here, not {epoch}: "
+                    "the compaction read another owner's record"
+                )
+            listed = {r.key for refs in record.sstables.values() for r in refs}
+            if outputs and all(ref.key in listed for ref in outputs.values()):
+                return  # adopted already: a retry after an ambiguous answer
+            if (schema.families, schema.locality_groups) != (
+                core.schema.families,
+                core.schema.locality_groups,
+            ):
+                raise PreconditionFailed(
+                    f"tablet {record.tablet_id}: the schema changed since the compaction read "
+                    "it; its output is not adopted"
+                )
+            compaction.check_outputs(record, outputs)
+            adoptable(record, read)  # fail before opening anything
+            opened: dict[str, Written] = {}
+            for group, ref in sorted(outputs.items()):
+                opened[group] = (ref, await self._sstables.open(group, ref))
+            result = AdoptedMajor(read, opened)
+            old = await core.commit(
+                lambda current: apply_adopted(current, result, now=core.clock.time())
+            )
+            replaced = {key for keys in read.values() for key in keys}
+            for group, tables in old.sstables.items():
+                for ref, table in zip(old.record.sstables.get(group, ()), tables, strict=True):
+                    if ref.key in replaced:
+                        table.close()
+        self._notify_compacted()
+
+
+def _seq_bases(record: TabletRecord, keys: Sequence[str]) -> list[int]:
+    """The ``SSTableRef.seq_base`` of each of ``keys`` (SSTables of ``record``)."""
+    bases = {ref.key: ref.seq_base for refs in record.sstables.values() for ref in refs}
+    return [bases[k] for k in keys]

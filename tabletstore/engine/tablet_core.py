@@ -1,0 +1,206 @@
+"""What the parts of one served tablet share (:class:`~tabletstore.engine.tablet.Tablet`).
+
+The tablet's collaborators (:mod:`~tabletstore.engine.write_path`,
+:mod:`~tabletstore.engine.read_path`, :mod:`~tabletstore.engine.compaction_runner`,
+:mod:`~tabletstore.engine.log_positions`, :mod:`~tabletstore.engine.snapshot_cut`,
+:mod:`~tabletstore.engine.bulk_ingest`) each hold the one :class:`TabletCore` of their tablet:
+its current state, its schema, the locks that order changes to its record, the writes in
+flight, the flags that refuse writes, and what it talks to (the object store, the worker's
+commit log, the catalog).
+
+State is an immutable :class:`TabletState` replaced whole under :attr:`TabletCore.state_lock`;
+readers take one reference and never lock. Its record is committed through a
+:class:`TabletCatalog` with compare-on-epoch: a record update succeeds only while the tablet is
+still this worker's at the epoch it loaded it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Protocol
+
+from tabletstore.clock import Clock, micros
+from tabletstore.data.schema import GcRule, LocalityGroup, TableSchema
+from tabletstore.engine.state import TabletState
+from tabletstore.errors import NotServing, TabletStoreError, Unavailable
+from tabletstore.keys import Cell
+from tabletstore.metadata.record import LogRef, TabletRecord
+from tabletstore.options import TabletOptions
+from tabletstore.storage_s3.base import ObjectStore
+
+__all__ = ["LogSink", "TabletCatalog", "TabletCore"]
+
+
+class LogSink(Protocol):
+    """What a tablet needs from its worker's commit log (§5.3)."""
+
+    #: The log this worker appends to, recorded in the tablet's record while it serves it.
+    log_ref: LogRef
+
+    def allocate(self, n: int) -> int:
+        """Reserve ``n`` consecutive sequence numbers; return the first."""
+        ...
+
+    def segment_mark(self) -> int:
+        """The number of the next segment of :attr:`log_ref` to be cut: every record appended
+        from now on lands in it or a later one (the tablet's position in the log, §5.3)."""
+        ...
+
+    def advance(self, seq: int) -> None:
+        """Make every future allocation larger than ``seq`` (after loading a tablet)."""
+        ...
+
+    async def append(self, table_id: str, row: bytes, cells: Sequence[Cell]) -> None:
+        """Durably log one row mutation; returns only once it is durable."""
+        ...
+
+    async def append_many(
+        self, table_id: str, rows: Sequence[tuple[bytes, Sequence[Cell]]]
+    ) -> list[TabletStoreError | None]:
+        """Durably log many row mutations in one go (they share segments); returns once each
+        is durable or has failed: per row, None (durable) or why it was not acknowledged. An
+        exception means none of them was logged."""
+        ...
+
+
+class TabletCatalog(Protocol):
+    """Where tablet records are committed: the catalog (the root tablet's record in the
+    coordinator, every other one a row of METADATA)."""
+
+    async def update(self, old: TabletRecord, new: TabletRecord) -> TabletRecord:
+        """Replace ``old`` by ``new`` if the stored record still has ``old``'s epoch; raise
+        :class:`~tabletstore.errors.Fenced` if it does not. Returns what was stored."""
+        ...
+
+
+class TabletCore:
+    """The state, locks and dependencies every part of one served tablet shares."""
+
+    def __init__(
+        self,
+        state: TabletState,
+        schema: TableSchema,
+        *,
+        store: ObjectStore,
+        log_sink: LogSink,
+        catalog: TabletCatalog,
+        clock: Clock,
+        options: TabletOptions,
+    ) -> None:
+        #: The tablet now: record, memtables, opened SSTables. Swapped whole, never mutated
+        #: (the memtable taking writes is the one thing in it that changes).
+        self.state = state
+        #: Swapped whole by :meth:`Tablet.set_schema`: caches keyed on it compare identity.
+        self.schema = schema
+        self.store = store
+        self.log = log_sink
+        self.catalog = catalog
+        self.clock = clock
+        self.options = options
+        self.state_lock = asyncio.Lock()
+        # Only one compaction of a tablet runs at a time; it also serializes record commits.
+        self.compaction_lock = asyncio.Lock()
+        #: First seq -> count of mutations in flight (seqs taken, not yet in the memtable).
+        self.in_flight: dict[int, int] = {}
+        #: First seq -> (the log, its segment mark) when that write took its seqs: the write
+        #: lands in that segment or a later one (log positions, :meth:`log_start_now`).
+        self.in_flight_marks: dict[int, tuple[LogRef, int]] = {}
+        #: Set while nothing is in flight (``in_flight`` empty): what a split or close awaits.
+        self.idle = asyncio.Event()
+        self.idle.set()
+        #: Why writes are refused (a split or an unload under way), or None while they are not.
+        self.writes_blocked: str | None = None
+        #: Set while the worker's log moves to a new incarnation that this tablet's record does
+        #: not list yet: a write logged there now could not be recovered (``hold_writes``).
+        self.log_pending = False
+        #: Set while a snapshot's cut holds writes (``hold_for_snapshot``): writes wait on it.
+        self.snapshot_gate: asyncio.Event | None = None
+        #: A background compaction's failure: sticky until the tablet is reloaded.
+        self.failed: BaseException | None = None
+        self.closed = False
+
+    @property
+    def record(self) -> TabletRecord:
+        return self.state.record
+
+    def contains(self, row: bytes) -> bool:
+        return self.state.record.contains(row)
+
+    def check_serving(self) -> None:
+        """Reads need only this: a failed background compaction loses nothing in memory."""
+        if self.closed:
+            raise NotServing(f"tablet {self.record.tablet_id} is not served here any more")
+
+    def check_open(self) -> None:
+        """Writes and compactions also need no sticky background failure."""
+        self.check_serving()
+        if self.failed is not None:
+            raise Unavailable(
+                f"tablet {self.record.tablet_id} failed a background compaction and must be "
+                f"reloaded: {self.failed}"
+            )
+
+    def check_writable(self) -> None:
+        """Writes also need no split or unload under way; refused ones were not applied, and
+        NotServing sends the client to look the tablet up again (its children, its new owner)."""
+        self.check_open()
+        if self.writes_blocked is not None:
+            raise NotServing(
+                f"tablet {self.record.tablet_id} is {self.writes_blocked}; look it up again"
+            )
+        if self.log_pending:
+            raise Unavailable(
+                f"tablet {self.record.tablet_id}: its worker is moving to a new commit log; "
+                "the write was not applied, retry"
+            )
+
+    def check_row(self, row: bytes) -> None:
+        if not self.contains(row):
+            raise NotServing(
+                f"row {row[:64]!r} is outside tablet {self.record.tablet_id} "
+                f"[{self.record.start_row[:64]!r}, {self.record.end_row!r})"
+            )
+
+    def gc_rules(self) -> dict[str, GcRule | None]:
+        return {name: fam.gc_rule for name, fam in self.schema.families.items()}
+
+    def locality_group(self, group: str) -> LocalityGroup:
+        """The schema's settings of ``group``; a group the schema no longer names (its
+        SSTables not yet compacted away) is written with a locality group's defaults."""
+        return self.schema.locality_groups.get(group) or LocalityGroup(name=group)
+
+    def now_micros(self) -> int:
+        return micros(self.clock.time())
+
+    def log_start_now(self, ref: LogRef) -> int:
+        """The first segment of ``ref`` that can hold a write of this tablet not yet in its
+        memtable: the log's segment mark now, or an earlier one taken by a write in flight
+        (0 when a write in flight took its seqs under another log: it may land anywhere)."""
+        if ref != self.log.log_ref:
+            return 0
+        start = self.log.segment_mark()
+        for log_ref, mark in self.in_flight_marks.values():
+            if log_ref != ref:
+                return 0
+            start = min(start, mark)
+        return start
+
+    # REQUIRES: self.compaction_lock held (nothing else changes the record meanwhile).
+    async def commit(self, step: Callable[[TabletState], TabletState]) -> TabletState:
+        """Apply ``step`` (a pure function of :mod:`tabletstore.engine.state`) to the state of
+        now, commit its record through the catalog and swap the state in; return the state it
+        replaced. Writes go on meanwhile: they add to the memtable, they never swap the state."""
+        async with self.state_lock:
+            state = self.state
+            new = step(state)
+            stored = await self.catalog.update(state.record, new.record)
+            self.state = replace(new, record=stored)
+            return state
+
+    # REQUIRES: self.compaction_lock and self.state_lock held.
+    async def update_record(self, record: TabletRecord, new_record: TabletRecord) -> None:
+        """Commit ``new_record`` in place of ``record`` (the state's) and swap it in."""
+        stored = await self.catalog.update(record, new_record)
+        self.state = replace(self.state, record=stored)

@@ -1,0 +1,177 @@
+"""Splitting the tablets a worker serves, where they grow (§5.2).
+
+After each compaction of a user tablet the worker checks its size (``engine.split_key``'s pure
+``should_split``); one past ``TabletOptions.split_bytes`` is split in the background, in this
+worker's TaskGroup: its writes stop and it is flushed, the two children are claimed here, and
+the catalog commits them in place of the parent in one atomic step; then the children are
+served here and each is major-compacted so it stops sharing its parent's SSTables. The master
+needs no notice: it finds the children in METADATA, claimed and located, like any other tablet.
+A child does not split again before ``WorkerOptions.split_cooldown`` has passed. METADATA
+tablets are split only when created (the master's ``metadata_splits``), never here.
+
+The claims, the tablet locks and the opening of tablets are the server's (``worker/server.py``);
+:class:`TabletSplits` drives them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from typing import TYPE_CHECKING
+
+from tabletstore.clock import Clock
+from tabletstore.engine import split_key as splitting
+from tabletstore.engine.tablet import Tablet
+from tabletstore.errors import NotFound, TabletStoreError
+from tabletstore.metadata import rows as mt
+from tabletstore.metadata.record import TabletRecord
+
+if TYPE_CHECKING:
+    from tabletstore.worker.server import TabletServer
+
+__all__ = ["TabletSplits"]
+
+log = logging.getLogger(__name__)
+
+
+class TabletSplits:
+    """The splits of one tablet server's tablets, and the major compactions that follow them."""
+
+    def __init__(
+        self, server: TabletServer, *, clock: Clock, split_bytes: int, cooldown: float
+    ) -> None:
+        self._server = server
+        self._clock = clock
+        self._split_bytes = split_bytes
+        self._cooldown = cooldown
+        #: Splits under way (awaited by the server's stop()).
+        self.running: set[asyncio.Task[None]] = set()
+        #: Post-split major compactions (cancelled by the server's stop(): optional work).
+        self.compactions: set[asyncio.Task[None]] = set()
+        self._splitting: set[tuple[str, str]] = set()
+        #: Monotonic time before which a tablet born of a split does not split again.
+        self._split_after: dict[tuple[str, str], float] = {}
+
+    def after_compaction(self, tablet: Tablet) -> None:
+        """After each compaction of a tablet: split it in the background if it has grown
+        past the split size. METADATA tablets are split only when created (Master's
+        ``metadata_splits``), never here."""
+        rec = tablet.record
+        key = (rec.table_id, rec.tablet_id)
+        if (
+            self._server.stopping
+            or mt.level(*key) != 3
+            or key in self._splitting
+            or self._server.tablets.get(key) is not tablet
+            or self._clock.monotonic() < self._split_after.get(key, 0.0)
+            or not splitting.should_split(rec, self._split_bytes)
+        ):
+            return
+        if self._server.spawn(self.running, self._split(key)) is not None:
+            self._splitting.add(key)
+
+    async def _split(self, key: tuple[str, str]) -> None:
+        try:
+            async with self._server.tablet_lock(key):
+                await self._split_locked(key)
+        except TabletStoreError as exc:
+            log.warning("split of tablet %s/%s failed: %s", key[0], key[1], exc)
+        finally:
+            self._splitting.discard(key)
+
+    # REQUIRES: self._server.tablet_lock(key) held.
+    async def _split_locked(self, key: tuple[str, str]) -> None:
+        """Split a served tablet in two (§5.2): stop its writes and flush it, claim the two
+        children, commit them in place of the parent through the catalog (one atomic step),
+        then serve them here. The master needs no notice: the children are claimed and
+        located; its next round sees them in METADATA like any other tablet."""
+        tablet = self._server.tablets.get(key)
+        if tablet is None:
+            return
+        split_key = await tablet.split_key()
+        if split_key is None:
+            return
+        ids = (f"t{uuid.uuid4().hex[:12]}", f"t{uuid.uuid4().hex[:12]}")
+        outcome = "failed"
+        try:
+            # Leaving this block normally closes the parent; raising resumes its writes.
+            async with tablet.splitting() as parent:
+                epochs = [await self._server.claim_new((key[0], i)) for i in ids]
+                children = splitting.split_records(
+                    parent,
+                    split_key,
+                    left_id=ids[0],
+                    right_id=ids[1],
+                    left_epoch=epochs[0],
+                    right_epoch=epochs[1],
+                    location=self._server.address,
+                    at=self._clock.time(),
+                )
+                try:
+                    await self._server.catalog.replace_tablets([parent], list(children))
+                    outcome = "committed"
+                except TabletStoreError:
+                    outcome = await self._split_outcome(children[1])
+                    if outcome == "failed":
+                        raise
+        except BaseException:
+            for i in ids:
+                await self._server.release_claim((key[0], i))
+            raise
+        self._server.tablets.pop(key, None)
+        await self._server.release_claim(key)
+        if outcome == "unknown":
+            # Parent or children: whichever METADATA holds, the master assigns it. Neither
+            # needs a log (the parent was flushed), so nothing is lost either way.
+            log.error("split of tablet %s/%s may or may not have committed", *key)
+            for i in ids:
+                await self._server.release_claim((key[0], i))
+            return
+        log.info("split tablet %s/%s at %r into %s, %s", *key, split_key, *ids)
+        for child in children:
+            await self._serve_child(child)
+
+    async def _split_outcome(self, child: TabletRecord) -> str:
+        """After a split commit raised: "committed" if it was applied anyway (an ambiguous
+        failure), "failed" if not, "unknown" if METADATA cannot tell now."""
+        try:
+            stored = await self._server.catalog.get_tablet(child.table_id, child.tablet_id)
+        except NotFound:
+            return "failed"
+        except TabletStoreError:
+            return "unknown"
+        return "committed" if stored.epoch == child.epoch else "failed"
+
+    async def _serve_child(self, record: TabletRecord) -> None:
+        """Serve a child of a split this worker committed, then major-compact it in the
+        background so it stops sharing its parent's SSTables (its size becomes its own)."""
+        key = (record.table_id, record.tablet_id)
+
+        def cool_down(_: Tablet) -> None:
+            # Before it serves: serving it checks at once whether it should split again.
+            self._split_after[key] = self._clock.monotonic() + self._cooldown
+
+        try:
+            schema = (await self._server.catalog.table_by_id(record.table_id)).schema
+            tablet = await self._server.open_and_serve(record, schema, before_serving=cool_down)
+        except TabletStoreError as exc:
+            # Committed but not served: let the master assign it (it recovers from the logs).
+            log.warning("serving split child %s failed: %s", record.tablet_id, exc)
+            await self._server.release_claim(key)
+            return
+        self._server.spawn(self.compactions, self._compact_child(tablet))
+
+    async def _compact_child(self, tablet: Tablet) -> None:
+        try:
+            await tablet.major_compact()
+        except TabletStoreError as exc:
+            log.info("major compaction after split of %s: %s", tablet.record.tablet_id, exc)
+            return
+        # Still too big? Split again once the cool-down is over (no compaction may come).
+        key = (tablet.record.table_id, tablet.record.tablet_id)
+        wait = self._split_after.get(key, 0.0) - self._clock.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        self._split_after.pop(key, None)
+        self.after_compaction(tablet)
