@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The cloud deployment, rehearsed on this machine (docs/cloud-rehearsal.md): one command that
-# builds the project's image the way the cloud gets it and runs every role of it under the rules
-# of the Terraform plan, all on loopback. It ends with one summary line and exits non-zero on
+# The cloud deployment, rehearsed on this machine (README "The cloud, rehearsed here"): one
+# command that builds the project's image the way the cloud gets it and runs every role of it
+# under the rules of the Terraform plan, all on loopback. It ends with one summary line and exits non-zero on
 # any failure; scripts/test.sh runs it in CI.
 #
 #   1. Docker Engine (Debian's docker.io) started here as root with no bridge network and no
