@@ -185,39 +185,88 @@ def _values(plan: Mapping[str, Any], kind: str, *, prior: bool = False) -> list[
     return [dict(r["values"]) for r in resources(plan, prior=prior) if r["type"] == kind]
 
 
+def _expressions(plan: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Configuration expressions by resource address without index (module.x.type.name)."""
+    found: dict[str, dict[str, Any]] = {}
+
+    def walk(module: Mapping[str, Any], prefix: str) -> None:
+        for resource in module.get("resources", []):
+            found[prefix + resource["address"]] = resource.get("expressions", {})
+        for name, call in module.get("module_calls", {}).items():
+            walk(call.get("module", {}), f"{prefix}module.{name}.")
+
+    walk(plan["configuration"]["root_module"], "")
+    return found
+
+
+def _role_of(plan: Mapping[str, Any], resource: Mapping[str, Any], attribute: str) -> str:
+    """The address of the aws_iam_role that ``resource``'s ``attribute`` names (with the
+    resource's own index, for a role made per key as the resource is)."""
+    bare = resource["address"].split("[", 1)[0]
+    module = bare.rsplit(f".{resource['type']}.", 1)[0] if bare.startswith("module.") else ""
+    expressions = _expressions(plan).get(bare, {})
+    refs = expressions.get(attribute, {}).get("references", [])
+    role = next((r for r in refs if r.startswith("aws_iam_role.") and r.count(".") == 1), None)
+    if role is None:
+        raise TerraformError(f"{resource['address']}.{attribute} names no aws_iam_role: {refs}")
+    index = resource.get("index")
+    suffix = f"[{json.dumps(index)}]" if index is not None else ""
+    return (f"{module}." if module else "") + role + suffix
+
+
 def task_definitions(plan: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """ECS task definitions by family: ``{"containers": [...], "volumes": [names]}``."""
+    """ECS task definitions by family: ``{"containers", "volumes", "task_role"}`` (the task
+    role's resource address)."""
     found = {}
-    for values in _values(plan, "aws_ecs_task_definition"):
+    for resource in resources(plan):
+        if resource["type"] != "aws_ecs_task_definition":
+            continue
+        values = resource["values"]
         if "container_definitions" not in values:
             raise TerraformError(f"task definition {values.get('family')}: not known at plan")
         found[values["family"]] = {
             "containers": json.loads(values["container_definitions"]),
             "volumes": [v["name"] for v in values.get("volume") or []],
+            "task_role": _role_of(plan, {**resource, "index": None}, "task_role_arn"),
         }
     return found
 
 
 def functions(plan: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """The planned Lambda functions' values, by function name."""
-    return {v["function_name"]: v for v in _values(plan, "aws_lambda_function")}
+    """The planned Lambda functions' values by function name, each with ``role_address``."""
+    found = {}
+    for resource in resources(plan):
+        if resource["type"] == "aws_lambda_function":
+            values = dict(resource["values"])
+            values["role_address"] = _role_of(plan, resource, "role")
+            found[values["function_name"]] = values
+    return found
 
 
 def role_policies(plan: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
-    """IAM role name -> its policy documents: inline ones and attached managed ones of the
-    plan (a managed policy applied first is found in the prior state by its ARN)."""
+    """IAM role (resource address) -> its policy documents: inline ones and attached managed
+    ones of the plan (a managed policy applied first is found in the prior state by ARN)."""
     managed = {
         v["arn"]: json.loads(v["policy"])
         for v in _values(plan, "aws_iam_policy", prior=True)
         if isinstance(v.get("arn"), str) and isinstance(v.get("policy"), str)
     }
     by_role: dict[str, list[dict[str, Any]]] = {}
-    for v in _values(plan, "aws_iam_role_policy"):
-        if not isinstance(v.get("policy"), str):
-            raise TerraformError(f"inline policy {v.get('name')} of {v.get('role')}: unknown")
-        by_role.setdefault(v["role"], []).append(json.loads(v["policy"]))
-    for v in _values(plan, "aws_iam_role_policy_attachment"):
-        arn = v.get("policy_arn")
-        if isinstance(arn, str) and arn in managed:
-            by_role.setdefault(v["role"], []).append(managed[arn])
+    for resource in resources(plan):
+        values = resource["values"]
+        if resource["type"] == "aws_iam_role_policy":
+            if not isinstance(values.get("policy"), str):
+                # Known only at apply (it names resources not applied first): its role is
+                # not one the rehearsal checks unless the caller finds this marker.
+                document = {"unknown": resource["address"]}
+            else:
+                document = json.loads(values["policy"])
+        elif resource["type"] == "aws_iam_role_policy_attachment":
+            arn = values.get("policy_arn")
+            if arn not in managed:
+                continue  # an AWS managed policy (not in the plan)
+            document = managed[arn]
+        else:
+            continue
+        by_role.setdefault(_role_of(plan, resource, "role"), []).append(document)
     return by_role

@@ -29,7 +29,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,7 @@ from tests.cloud.containers import (
     task_run_args,
 )
 from tests.cloud.lambda_runtime import InvokeApi, RuntimeApi
+from tests.cloud.s3_calls import S3Recorder, iam_requests
 
 ROWS = 200
 WORKERS = 2
@@ -109,11 +110,19 @@ class Run:
     tasks: list[Task] = field(default_factory=list)
     functions: dict[str, RuntimeApi] = field(default_factory=dict)
     function_containers: dict[str, str] = field(default_factory=dict)
+    #: Function name -> its IAM role's address in the plan.
+    function_roles: dict[str, str] = field(default_factory=dict)
     invoke: InvokeApi | None = None
     records: list[Any] = field(default_factory=list)
     secrets: dict[str, dict[str, str]] = field(default_factory=dict)
     loopback: Loopback | None = None
+    #: Per IAM role (its resource address in the plan): the recording S3 endpoint its
+    #: processes use (tests.cloud.s3_calls).
+    recorders: dict[str, S3Recorder] = field(default_factory=dict)
+    bucket: str = ""
     cluster_url: str = ""
+    #: The store URL of the plan, and as this run's client reaches it.
+    planned_store_url: str = ""
     store_url: str = ""
     tls: Any = None
 
@@ -144,6 +153,7 @@ def start_servers(run: Run, plan: Mapping[str, Any]) -> None:
     run.records.append(seaweed)
     bucket = store.split("://", 1)[1].split("/", 1)[0]
     _create_bucket(seaweed.url, bucket)
+    run.bucket = bucket
 
     tls = None
     if "ca=" in planned_url:
@@ -163,6 +173,7 @@ def start_servers(run: Run, plan: Mapping[str, Any]) -> None:
     run.loopback = Loopback(
         etcd=f"127.0.0.1:{port}", s3=seaweed.url, etcd_scheme="https" if tls else "http"
     )
+    run.planned_store_url = store
     run.store_url = substitute(store, run.loopback)
     # The client's URL: the plan's namespace, this machine's certificate files.
     namespace = planned_url.split("://", 1)[1].split("/", 1)[1].split("?", 1)[0]
@@ -219,6 +230,8 @@ def start_functions(run: Run, plan: Mapping[str, Any]) -> None:
         raise RehearsalError("the plan has no Lambda functions")
     for name, values in sorted(planned.items()):
         function = Function.from_plan(values)
+        loopback = _loopback_for(run, values["role_address"])
+        run.function_roles[name] = values["role_address"]
         api = RuntimeApi(name)
         run.functions[name] = api
         container = f"fn-{name}"
@@ -226,7 +239,7 @@ def start_functions(run: Run, plan: Mapping[str, Any]) -> None:
             function,
             image=run.image,
             name=container,
-            loopback=run.loopback,
+            loopback=loopback,
             platform=Platform(credentials=CREDENTIALS, endpoints=_endpoints(run)),
             runtime_api=api.address,
         )
@@ -256,6 +269,14 @@ def start_functions(run: Run, plan: Mapping[str, Any]) -> None:
     )
 
 
+def _loopback_for(run: Run, role: str) -> Loopback:
+    """The loopback endpoints of a process of IAM role ``role``: S3 through its recorder."""
+    assert run.loopback is not None
+    if role not in run.recorders:
+        run.recorders[role] = S3Recorder(run.loopback.s3)
+    return replace(run.loopback, s3=run.recorders[role].endpoint)
+
+
 def _endpoints(run: Run) -> dict[str, str]:
     endpoints = {}
     if run.invoke is not None:
@@ -270,6 +291,7 @@ def start_task(run: Run, task: Mapping[str, Any], role: str, index: int) -> Task
     """Every container of ``task`` in dependsOn order (module docstring)."""
     assert run.loopback is not None
     address = f"127.0.0.{10 + len(run.tasks)}"
+    loopback = _loopback_for(run, task["task_role"])
     started = Task(family=role, address=address)
     run.tasks.append(started)
     volumes = {}
@@ -295,7 +317,7 @@ def start_task(run: Run, task: Mapping[str, Any], role: str, index: int) -> Task
             container,
             image=run.image,
             name=name,
-            loopback=run.loopback,
+            loopback=loopback,
             platform=Platform(credentials=CREDENTIALS, endpoints=_endpoints(run), address=address),
             volumes=volumes,
             secrets=run.secrets,
@@ -448,10 +470,12 @@ async def _log_sort(run: Run, dead: tuple[str, int] | None, ranges: list[Any]) -
         plan = await plan_sort(store, worker_id, incarnation, ranges)
     finally:
         await store.close()
+    # The master's store URL, reaching S3 as the function does (through its role's recorder).
+    function_store = substitute(run.planned_store_url, _loopback_for(run, run.function_roles[name]))
     records = 0
     for task in plan.tasks:
         event = {
-            "store_url": run.store_url,
+            "store_url": function_store,
             "worker_id": worker_id,
             "incarnation": incarnation,
             "first_segment": task.first,
@@ -488,6 +512,53 @@ def _invoke(endpoint: str, name: str, event: Mapping[str, Any]) -> dict[str, Any
     return dict(body)
 
 
+# ----------------------------------------------------------------------------- IAM
+
+
+def check_iam(run: Run, plan: Mapping[str, Any]) -> None:
+    """Each role's recorded S3 calls against its policies with moto's IAM enforcement, and a
+    read and a write outside its prefixes denied (tests.cloud.iam)."""
+    import logging
+
+    from moto.server import ThreadedMotoServer
+
+    from tests.cloud import iam
+
+    policies = tfplan.role_policies(plan)
+    roles = {}
+    for role in run.recorders:
+        documents = policies.get(role, [])
+        unknown = [d["unknown"] for d in documents if "unknown" in d]
+        if unknown or not documents:
+            raise RehearsalError(f"role {role}: policies not known from the plan: {unknown}")
+        roles[role] = documents
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    problems: list[str] = []
+    counts = []
+    try:
+        host, port = server.get_host_and_port()
+        endpoint = f"http://{host}:{port}"
+        keys = iam.moto_with_users(endpoint, run.bucket, roles)
+        for role, recorder in run.recorders.items():
+            requests = sorted({r for call in recorder.calls for r in iam_requests(call)}, key=str)
+            found = iam.check_role(
+                endpoint, run.bucket, keys[role], roles[role], requests, "elsewhere/probe"
+            )
+            problems += [f"{role}: {p}" for p in found]
+            counts.append(f"{role.rsplit('.', 1)[-1]}: {len(requests)}")
+    finally:
+        server.stop()
+    if problems:
+        raise RehearsalError("IAM:\n  " + "\n  ".join(problems))
+    run.step(
+        f"IAM fits {len(roles)} roles",
+        f"every S3 request each role's processes made is allowed by its plan policies under "
+        f"moto's IAM enforcement, and none outside its prefixes ({'; '.join(counts)})",
+    )
+
+
 # ----------------------------------------------------------------------------- main
 
 
@@ -500,6 +571,8 @@ def stop(run: Run) -> None:
         docker("rm", "-f", name, check=False)
     if run.invoke is not None:
         run.invoke.close()
+    for recorder in run.recorders.values():
+        recorder.close()
     for api in run.functions.values():
         api.close()
     for record in reversed(run.records):
@@ -535,6 +608,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("functions", lambda: start_functions(run, plan)),
         ("tasks", lambda: start_tasks(run, plan)),
         ("flow", lambda: flow(run)),
+        ("iam", lambda: check_iam(run, plan)),
     ]
     failed = None
     try:
@@ -542,7 +616,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             say(f"== {name}")
             try:
                 step()
-            except (RehearsalError, PlanError, tfplan.TerraformError) as exc:
+            except (RehearsalError, PlanError, tfplan.TerraformError, ValueError) as exc:
                 failed = f"{name}: {exc}"
                 break
     finally:
