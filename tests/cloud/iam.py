@@ -74,10 +74,15 @@ def _conditions_met(conditions: Mapping[str, Mapping[str, Any]], request: IamReq
 def moto_with_users(
     endpoint: str, bucket: str, roles: Mapping[str, Sequence[Mapping[str, Any]]]
 ) -> dict[str, tuple[str, str]]:
-    """On moto's server at ``endpoint``: the bucket, and one user per role holding exactly
-    its policy documents; then IAM enforcement on. Returns role -> (access key, secret)."""
+    """On moto's server at ``endpoint``, reset: the bucket (without the bucket policy of the
+    plan, which refuses the plain HTTP spoken here), and one user per role holding exactly its
+    policy documents; then IAM enforcement on. Returns role -> (access key, secret)."""
     import boto3
 
+    # moto's state is the process's: forget what an earlier server of this process made (the
+    # plan's apply made this bucket, with the policy that refuses plain HTTP).
+    reset = urllib.request.Request(f"{endpoint}/moto-api/reset", data=b"", method="POST")
+    urllib.request.urlopen(reset, timeout=30).close()
     admin = {
         "endpoint_url": endpoint,
         "region_name": "us-east-1",

@@ -240,16 +240,14 @@ resource "aws_s3_bucket_logging" "objects" {
 
 # What a worker or master needs: read, create, list and delete objects under the prefix
 # (deleting is the master's garbage collector), with the bucket's key.
+# s3:ListBucket has no prefix condition: every process checks the bucket at start with
+# HeadBucket (storage_s3/s3.py), which S3 authorizes as s3:ListBucket on the bucket with no
+# s3:prefix. Reading, writing and deleting stay under the prefix.
 data "aws_iam_policy_document" "read_write" {
   statement {
-    sid       = "ListPrefix"
+    sid       = "HeadBucketAndList"
     actions   = ["s3:ListBucket"]
     resources = [aws_s3_bucket.objects.arn]
-    condition {
-      test     = "StringLike"
-      variable = "s3:prefix"
-      values   = ["${var.prefix}*"]
-    }
   }
   statement {
     sid       = "Objects"

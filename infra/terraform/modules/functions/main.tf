@@ -26,7 +26,7 @@ locals {
   functions = {
     log_sort = {
       handler = "functions.log_sort.handler"
-      read    = ["logs/"]
+      read    = ["logs/", "recovery/"]
       write   = ["recovery/"]
       delete  = []
       list    = ["logs/", "recovery/"]
