@@ -76,8 +76,14 @@ def _plugin_dir() -> Path:
     raise TerraformError("no terraform-provider-aws plugin directory (set TF_PLUGIN_DIR)")
 
 
-def _override(endpoint: str) -> str:
+def _override(endpoint: str, state: Path) -> str:
     lines = [
+        # State on local disk, whatever backend the environment names (its S3 state bucket).
+        "terraform {",
+        '  backend "local" {',
+        f'    path = "{state}"',
+        "  }",
+        "}",
         'provider "aws" {',
         '  region                      = "us-east-1"',
         '  access_key                  = "testing"',
@@ -144,17 +150,16 @@ def plan_json(work: Path, cache: Path | None, log: Any = print) -> dict[str, Any
         shutil.rmtree(tree, ignore_errors=True)
         shutil.copytree(TF, tree, ignore=shutil.ignore_patterns(".terraform*", "*.tfstate*"))
         env_dir = tree / "environments" / ENVIRONMENT
-        (env_dir / "rehearsal_override.tf").write_text(_override(endpoint))
+        state = work / "terraform.tfstate"
+        (env_dir / "rehearsal_override.tf").write_text(_override(endpoint, state))
         data_dir = work / "tf-data"
-        state = f"-state={work / 'terraform.tfstate'}"
         variables = [f"-var={k}={v}" for k, v in VARIABLES.items()]
-        _terraform(env_dir, data_dir, "init", "-backend=false", f"-plugin-dir={_plugin_dir()}")
+        _terraform(env_dir, data_dir, "init", "-reconfigure", f"-plugin-dir={_plugin_dir()}")
         log(f"plan: apply {', '.join(TARGETS)} against moto, then plan {ENVIRONMENT}")
         targets = [f"-target={t}" for t in TARGETS]
-        _terraform(env_dir, data_dir, "apply", "-auto-approve", state, *targets, *variables)
+        _terraform(env_dir, data_dir, "apply", "-auto-approve", *targets, *variables)
         plan_file = work / "plan.tfplan"
-        _terraform(env_dir, data_dir, "plan", "-refresh=false", state, f"-out={plan_file}",
-                   *variables)  # fmt: skip
+        _terraform(env_dir, data_dir, "plan", "-refresh=false", f"-out={plan_file}", *variables)
         document = json.loads(_terraform(env_dir, data_dir, "show", "-json", str(plan_file)))
     finally:
         server.stop()
