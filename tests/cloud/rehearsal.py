@@ -440,10 +440,11 @@ async def _flow(run: Run) -> None:
 
 
 async def _log_sort(run: Run, dead: tuple[str, int] | None, ranges: list[Any]) -> None:
-    """The log-sort function on the dead worker's log: what the master invoked, or, when its
-    sort executor is not Lambda, what it would have invoked: the log's sort plan made as the
-    master makes it (``plan_sort``, which a sorting master has already made) and one
-    invocation per task, each answered with the task's manifest, a retry with the same one."""
+    """The log-sort function on the dead worker's log: what the master invoked, or, when it
+    invoked nothing (its sort executor is not Lambda, or its recovery replayed the log
+    directly), what it would have invoked: the log's sort plan made as the master makes it
+    (``plan_sort``) and one invocation per task, each answered with the task's manifest, a
+    retry with the same one."""
     from tabletstore.commitlog.sorting import plan_sort
     from tabletstore.storage_s3 import open_store
 
@@ -491,7 +492,7 @@ async def _log_sort(run: Run, dead: tuple[str, int] | None, ranges: list[Any]) -
         f"{name} sorted the dead log ({records} records)",
         f"{name} invoked through the Runtime API on the dead log {worker_id}/{incarnation}: "
         f"{len(plan.tasks)} sort task(s), {records} records, a retry answered the same "
-        "(the plan's master sorts with its workers, so this run invoked it)",
+        "(the master invoked it on no task: its recovery replayed the small log directly)",
     )
 
 
