@@ -1,7 +1,10 @@
 # tabletstore's one container image: master, worker, bigtable-api, the Lambda functions, an etcd
 # member and the etcd client proxy, chosen by the entrypoint's first argument
 # (docker/entrypoint.sh). Build: docker build -t tabletstore .
-FROM python:3.11-slim-bookworm
+# BASE_IMAGE: any Debian bookworm image with python and pip on PATH; the public one by default
+# (scripts/cloud-rehearsal.sh builds one from Debian's packages where no registry is reachable).
+ARG BASE_IMAGE=python:3.11-slim-bookworm
+FROM ${BASE_IMAGE}
 
 # etcd: the etcd members run from this image too (Debian's 3.4), with etcdctl for their snapshots.
 RUN apt-get update \
@@ -9,11 +12,18 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /opt/tabletstore
-COPY pyproject.toml README.md ./
+# The dependencies first, in a layer that changes only with pyproject.toml: bigtable-api's gRPC
+# extra, the Lambda runtime interface client for the `function` role, and the build backend
+# (the package itself is installed without build isolation below).
+COPY pyproject.toml ./
+COPY docker/requirements.py /tmp/requirements.py
+RUN python /tmp/requirements.py bigtable-api < pyproject.toml > /tmp/requirements.txt \
+ && pip install --no-cache-dir -r /tmp/requirements.txt "awslambdaric>=2.0" "setuptools>=68" wheel \
+ && rm /tmp/requirements.txt /tmp/requirements.py
+COPY README.md ./
 COPY tabletstore ./tabletstore
 COPY functions ./functions
-# bigtable-api's gRPC extra, and the Lambda runtime interface client for the `function` role.
-RUN pip install --no-cache-dir ".[bigtable-api]" "awslambdaric>=2.0"
+RUN pip install --no-cache-dir --no-deps --no-build-isolation .
 COPY docker/entrypoint.sh /usr/local/bin/tabletstore-entrypoint
 
 # Never root: the processes need no privilege (ports above 1024, state in S3 and etcd).

@@ -13,7 +13,8 @@
 #                           ETCD_CLIENT_CERT / ETCD_CLIENT_KEY / ETCD_CA_CERT (PEM text), for
 #                           processes whose etcd client speaks no TLS
 #   health [PORT]           exit 0 if the process of this container accepts TCP connections
-#                           (its address and port are recorded at start), else 1
+#                           on PORT (or on the address and port recorded at start in the
+#                           health file, where it could be written), else 1
 #   anything else           the tabletstore CLI (e.g. `ls`, `status`, `local-stack up`)
 #
 # Environment: TABLETSTORE_ADVERTISE_HOST (default: this host's address),
@@ -54,7 +55,10 @@ serve() {
   fi
   if [ -n "$port" ] && [ "$port" != 0 ]; then
     [ "$host" = 0.0.0.0 ] && host=127.0.0.1
-    printf '%s %s\n' "$host" "$port" > "$HEALTH_FILE"
+    # Best effort: a read-only root or a root-owned /tmp (Fargate's volumes) leaves no place
+    # for it, and `health PORT` (what the task definitions run) does not need it.
+    printf '%s %s\n' "$host" "$port" 2>/dev/null > "$HEALTH_FILE" \
+      || echo "entrypoint: cannot write $HEALTH_FILE; health needs its PORT argument" >&2
   fi
   exec "$PYTHON" -m tabletstore.cli.main "$role" "$@"
 }

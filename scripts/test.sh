@@ -4,7 +4,8 @@
 # page's browser test drives it with Playwright), a Java 17 runtime (Spark) and the Python
 # test extras (the docs extra among them) — then runs the linters, the type checker, the
 # layering check, the documentation build and the whole test suite against real servers on
-# loopback (etcd, moto's S3 server, tabletstore's own processes).
+# loopback (etcd, moto's S3 server, tabletstore's own processes); on a full run (no
+# arguments) then the cloud rehearsal (scripts/cloud-rehearsal.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -59,6 +60,16 @@ echo "== mkdocs build --strict"
 # The documentation site (mkdocs.yml, docs/) into the git-ignored site/: a broken link, a missing
 # page or an API reference that no longer resolves fails the build.
 NO_MKDOCS_2_WARNING=1 python -m mkdocs build --strict --site-dir site
+# On a full run, the cloud rehearsal's images are built beside the test suite (downloads and
+# package unpacking, at the lowest CPU priority), and the rehearsal runs once the suite is done.
+PREPARE_PID=""
+if [ "$#" -eq 0 ]; then
+  PREPARE_LOG=$(mktemp)
+  echo "== cloud rehearsal: images built in the background (log: $PREPARE_LOG)"
+  nice -n 19 bash scripts/cloud-rehearsal.sh --prepare >"$PREPARE_LOG" 2>&1 &
+  PREPARE_PID=$!
+  trap '[ -z "$PREPARE_PID" ] || kill "$PREPARE_PID" 2>/dev/null || true' EXIT
+fi
 echo "== pytest"
 # The suite starts hundreds of tabletstore processes (CLI verbs, masters, workers). With
 # PYTHONDONTWRITEBYTECODE set (this machine image sets it) none of them finds a .pyc for the
@@ -71,3 +82,18 @@ unset PYTHONDONTWRITEBYTECODE
 # ones round-robin, so the minutes-long tests start at once on different workers, not last.
 # TABLETSTORE_TEST_WORKERS overrides the count (0: one process, as before).
 python -m pytest -q -p no:cacheprovider -n "${TABLETSTORE_TEST_WORKERS:-3}" --dist load "$@"
+
+# The cloud deployment rehearsed on this machine (Docker, the image, the Terraform plan's tasks
+# and functions, SeaweedFS, etcd): part of the full run only, not of a run of chosen tests.
+if [ "$#" -eq 0 ]; then
+  if ! wait "$PREPARE_PID"; then
+    PREPARE_PID=""
+    tail -30 "$PREPARE_LOG" >&2
+    echo "cloud rehearsal: preparing the images failed" >&2
+    exit 1
+  fi
+  PREPARE_PID=""
+  tail -1 "$PREPARE_LOG"
+  echo "== cloud rehearsal (scripts/cloud-rehearsal.sh)"
+  bash scripts/cloud-rehearsal.sh
+fi

@@ -13,6 +13,7 @@ pytest_plugins = [
     for name in (
         "tests.plugins.s3_server",
         "tests.plugins.s3rver_server",
+        "tests.plugins.seaweedfs_server",
         "tests.plugins.etcd_server",
     )
     if importlib.util.find_spec(name) is not None

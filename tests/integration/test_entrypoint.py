@@ -194,3 +194,37 @@ def test_function_role_runs_a_handler_under_the_lambda_runtime_client(
         _RuntimeApi.served.set()
         server.shutdown()
         server.server_close()
+
+
+def test_a_master_starts_where_the_health_file_cannot_be_written(
+    etcd_url: str, tmp_path: Path, started: list[subprocess.Popen[bytes]]
+) -> None:
+    """Fargate's task volumes are root-owned and the root is read-only: the health file is a
+    convenience, never a reason not to start; `health PORT` (the task definitions' check)
+    works without it."""
+    port = free_port()
+    env = _env(
+        tmp_path,
+        "master",
+        TABLETSTORE_URL=etcd_url,
+        TABLETSTORE_HEALTH_FILE=str(tmp_path / "missing-dir" / "master.health"),
+    )
+    log = tmp_path / "master.log"
+    with log.open("wb") as out:
+        started.append(
+            subprocess.Popen(
+                ["sh", str(ENTRYPOINT), "master", "--store", (tmp_path / "o").as_uri(),
+                 "--port", str(port)],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        )  # fmt: skip
+
+    def healthy() -> bool:
+        assert started[0].poll() is None, log.read_text()
+        check = ["sh", str(ENTRYPOINT), "health", str(port)]
+        return subprocess.run(check, env=env, capture_output=True).returncode == 0
+
+    wait_for(healthy, deadline=60, what="the master healthy by its port")
+    assert "cannot write" in log.read_text()

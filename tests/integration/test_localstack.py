@@ -121,6 +121,37 @@ def test_user_s3_url_creates_the_bucket_and_starts_only_etcd(
     assert gone(stack.processes[0].pid)
 
 
+async def test_up_with_seaweedfs_serves_the_store_and_down_drops_it(stack_dir: Path) -> None:
+    # The user's own keys in the environment: SeaweedFS would make them its only identity.
+    keys = {"AWS_ACCESS_KEY_ID": "mine", "AWS_SECRET_ACCESS_KEY": "mine"}
+    up = cli("up", "--dir", str(stack_dir), "--s3", "seaweedfs", env=keys)
+    assert up.returncode == 0, up.stderr
+    stack = localstack.Stack.from_json((stack_dir / "stack.json").read_text())
+    assert [p.role for p in stack.processes] == ["etcd", "s3"]
+    assert "weed" in stack.processes[1].argv[0] and stack.s3_managed
+    assert stack.store_url == f"s3://{localstack.BUCKET}/data?endpoint_url={stack.s3_endpoint}"
+    from tabletstore.storage_s3.s3 import S3ObjectStore
+
+    store = S3ObjectStore(stack.store_url, access_key_id="any", secret_access_key="any")
+    try:
+        await store.check()  # the probe: create-only PUTs are honoured
+        await store.create("hello", b"seaweedfs")
+        assert await store.get("hello") == b"seaweedfs"
+    finally:
+        await store.close()
+    down = cli("down", "--dir", str(stack_dir))
+    assert down.returncode == 0, down.stderr
+    assert all(gone(p.pid) for p in stack.processes)
+    # Ephemeral like moto's: etcd's data goes (the next up empties SeaweedFS's directory).
+    assert not (stack_dir / "etcd").exists()
+
+
+def test_seaweedfs_with_persist_is_refused(stack_dir: Path) -> None:
+    result = cli("up", "--dir", str(stack_dir), "--s3", "seaweedfs", "--persist")
+    assert result.returncode == 1 and "--s3 seaweedfs" in result.stderr, result.stderr
+    assert not (stack_dir / localstack.STACK_FILE).exists()
+
+
 def _refused(stack_dir: Path, s3_url: str, env: dict[str, str]) -> str:
     """``up --s3-url`` fails with one line (no traceback), and starts nothing."""
     result = cli("up", "--dir", str(stack_dir), "--s3-url", s3_url, env=env)

@@ -217,7 +217,7 @@ resource "aws_ecs_task_definition" "role" {
       each.value.port == null ? null : {
         portMappings = [{ containerPort = each.value.port, protocol = "tcp" }, { containerPort = var.metrics_port, protocol = "tcp" }]
         healthCheck = {
-          command     = ["/usr/local/bin/tabletstore-entrypoint", "health", tostring(each.value.port)]
+          command     = ["CMD", "/usr/local/bin/tabletstore-entrypoint", "health", tostring(each.value.port)]
           interval    = 10
           retries     = 3
           timeout     = 5
