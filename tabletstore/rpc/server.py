@@ -54,6 +54,7 @@ from tabletstore.rpc.auth import (
     Principal,
     ServerAuth,
     TokenVerifier,
+    delegated,
     peer_principal,
     set_principal,
 )
@@ -612,7 +613,7 @@ class _ServerConnection(FrameConnection):
 
     def _dispatch(self, frame: Frame) -> None:
         kind = frame.kind
-        if kind == Kind.REQUEST:
+        if kind in (Kind.REQUEST, Kind.REQUEST_AS):
             self._on_request(frame)
         elif kind == Kind.CANCEL:
             task = self._tasks.get(frame.request_id)
@@ -650,7 +651,10 @@ class _ServerConnection(FrameConnection):
             )
             return
         try:
-            request = frames.parse_request(frame.body)
+            if frame.kind == Kind.REQUEST_AS:
+                request = frames.parse_request_as(frame.body)
+            else:
+                request = frames.parse_request(frame.body)
             if rid == 0 or rid in self._tasks:
                 raise InvalidArgument(f"request id {rid} is reserved or already in flight")
             if self._draining:
@@ -666,9 +670,9 @@ class _ServerConnection(FrameConnection):
             return
         if request.window > 0:
             credit = self._credits[rid] = _Credit(request.window)
-            coro = self._serve_stream(rid, request.method, fn, request.payload, credit)
+            coro = self._serve_stream(rid, request, fn, credit)
         else:
-            coro = self._serve_unary(rid, request.method, fn, request.payload)
+            coro = self._serve_unary(rid, request, fn)
         assert self._tg is not None  # frame_received keeps a backlog until it exists
         self._held[rid] = len(frame.body)
         self._guard.hold(len(frame.body))
@@ -685,19 +689,22 @@ class _ServerConnection(FrameConnection):
 
     # -- serving one request --
 
-    async def _authenticated(self) -> None:
-        """Run the rest of this request's task as the connection's principal."""
+    async def _authenticated(self, on_behalf: str | None) -> None:
+        """Run the rest of this request's task as the connection's principal, or as the
+        principal it acts for (REQUEST_AS; PermissionDenied unless it may: rpc/auth.py)."""
         principal = self._principal
-        set_principal(principal.result() if principal.done() else await principal)
+        proven = principal.result() if principal.done() else await principal
+        set_principal(delegated(proven, on_behalf))
         await self._token_still_valid()
 
     async def _serve_unary(
-        self, rid: int, method: str, fn: Callable[[Any], Any], payload: memoryview
+        self, rid: int, request: frames.Request, fn: Callable[[Any], Any]
     ) -> None:
+        method = request.method
         try:
             try:
-                await self._authenticated()
-                response = await fn(self._codec.decode(payload))
+                await self._authenticated(request.on_behalf)
+                response = await fn(self._codec.decode(request.payload))
             except asyncio.CancelledError:
                 self._on_cancelled(rid)
                 raise
@@ -712,17 +719,13 @@ class _ServerConnection(FrameConnection):
             self._finished(rid)
 
     async def _serve_stream(
-        self,
-        rid: int,
-        method: str,
-        fn: Callable[[Any], Any],
-        payload: memoryview,
-        credit: _Credit,
+        self, rid: int, req: frames.Request, fn: Callable[[Any], Any], credit: _Credit
     ) -> None:
+        method = req.method
         try:
             try:
-                await self._authenticated()
-                request = self._codec.decode(payload)
+                await self._authenticated(req.on_behalf)
+                request = self._codec.decode(req.payload)
                 self._release(rid)  # a stream may last long; its request is decoded
                 async with contextlib.aclosing(fn(request)) as items:
                     async for item in items:
