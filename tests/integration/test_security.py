@@ -593,12 +593,11 @@ async def test_an_etcd_users_watch_over_tls_survives_an_etcd_restart(tmp_path: P
             record = await asyncio.to_thread(
                 localstack.spawn, "etcd", record.argv, log=tmp_path / "etcd.log", url=record.url
             )
-            metrics = next(a for a in record.argv if a.startswith("--listen-metrics-urls="))
-            health = int(metrics.rsplit(":", 1)[1])
+            restarted = record
             await asyncio.to_thread(
                 localstack.wait_healthy,
                 record,
-                lambda: localstack.etcd_healthy(health),
+                lambda: localstack.etcd_answers(restarted),
                 localstack.HEALTH_DEADLINE,
             )
             await writer.put("k/1", b"after the restart")
