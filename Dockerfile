@@ -3,9 +3,9 @@
 # (docker/entrypoint.sh). Build: docker build -t tabletstore .
 FROM python:3.11-slim-bookworm
 
-# etcd: the etcd members and the grpc-proxy sidecar run from this image too (Debian's 3.4).
+# etcd: the etcd members run from this image too (Debian's 3.4), with etcdctl for their snapshots.
 RUN apt-get update \
- && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends etcd-server \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends etcd-server etcd-client \
  && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /opt/tabletstore

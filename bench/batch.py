@@ -77,8 +77,8 @@ def churn(db: Any, tmp: Path, data: pa.Table, rows: int, per_row: int) -> int:
     n = data.num_rows
     for i, ts in enumerate((1_000_000, 2_000_000)):
         versioned = data.append_column("timestamp", pa.array([ts] * n, pa.int64()))
-        batch.write_sstables(versioned, f"file://{tmp}/churn{i}")
-        db.bulk_load("churned", f"file://{tmp}/churn{i}")
+        batch.write_sstables(versioned, db.staging_url(f"churn{i}"))
+        db.bulk_load("churned", db.staging_url(f"churn{i}"))
     keys = data.column("row").to_pylist()[::per_row]
     mutations: list[RowMutation] = []
     for i, key in enumerate(keys):
@@ -145,8 +145,8 @@ def main() -> None:
             [r * per_row + c for r in range(0, args.rows, step) for c in range(per_row)]
         )
         db.create_table("warm", ["cf"], split_keys=SPLITS)
-        batch.write_sstables(sample, f"file://{tmp}/warm", split_keys=SPLITS)
-        db.bulk_load("warm", f"file://{tmp}/warm")
+        batch.write_sstables(sample, db.staging_url("warm"), split_keys=SPLITS)
+        db.bulk_load("warm", db.staging_url("warm"))
         write_csv(sample, tmp / "warm.csv", args.cells_per_row)
         csv_cmds.import_csv(db, "warm", tmp / "warm.csv", csv_cmds.import_plan(()))
         for r in range(args.load_repeats):
@@ -155,8 +155,8 @@ def main() -> None:
             t0, c0 = time.perf_counter(), time.process_time()
             # Cut at the table's tablet boundaries, as a job partitions its output (HBase's
             # HFileOutputFormat2 by region): every file is adopted as it is.
-            batch.write_sstables(data, f"file://{tmp}/out{r}", split_keys=SPLITS)
-            db.bulk_load(f"bulk{r}", f"file://{tmp}/out{r}")
+            batch.write_sstables(data, db.staging_url(f"out{r}"), split_keys=SPLITS)
+            db.bulk_load(f"bulk{r}", db.staging_url(f"out{r}"))
             bulk_runs.append(time.perf_counter() - t0)
             bulk_cpu.append(time.process_time() - c0)
             t0, c0 = time.perf_counter(), time.process_time()

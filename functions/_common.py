@@ -1,4 +1,5 @@
-"""What every handler shares: validating the event, running tabletstore's async code once,
+"""What every handler shares: validating the event, the etcd client certificate of a function
+that opens the cluster (functions/etcd_tls.py), running tabletstore's async code once,
 and answering in JSON (``{"ok": true, ...}`` or ``{"ok": false, "error": <kind>, "message"}``).
 """
 
@@ -10,6 +11,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from functions.etcd_tls import ensure_etcd_tls
 from tabletstore.errors import TabletStoreError
 
 E = TypeVar("E", bound=BaseModel)
@@ -25,6 +27,10 @@ def handle(
         parsed = kind.model_validate(event)
     except ValidationError as exc:
         return {"ok": False, "error": "InvalidArgument", "message": str(exc)}
+    # A function that opens the cluster's etcd needs its client certificate in /tmp first.
+    cluster_url = getattr(parsed, "cluster_url", None)
+    if isinstance(cluster_url, str):
+        ensure_etcd_tls(cluster_url)
     try:
         result = asyncio.run(call(parsed))
     except TabletStoreError as exc:

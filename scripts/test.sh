@@ -10,6 +10,8 @@ cd "$(dirname "$0")/.."
 
 PACKAGES=()
 command -v etcd >/dev/null 2>&1 || PACKAGES+=(etcd-server)
+# etcdctl: the etcd members' snapshot script (infra/terraform) is tested against a local etcd.
+command -v etcdctl >/dev/null 2>&1 || PACKAGES+=(etcd-client)
 [ -x /usr/bin/chromium ] || PACKAGES+=(chromium)
 command -v java >/dev/null 2>&1 || PACKAGES+=(openjdk-17-jre-headless)
 if [ "${#PACKAGES[@]}" -gt 0 ]; then
@@ -32,6 +34,13 @@ if [ ! -x .tools/checkov/bin/checkov ]; then
   echo "== installing checkov (PyPI) into .tools/checkov"
   python -m venv .tools/checkov
   .tools/checkov/bin/pip install -q --disable-pip-version-check "checkov==3.2.533"
+fi
+# The aws CLI (PyPI) in its own virtualenv (it pins botocore too): the etcd members' snapshot
+# script uploads with it, and tests/unit/test_etcd_snapshot.py runs that script against moto.
+if [ ! -x .tools/awscli/bin/aws ]; then
+  echo "== installing the aws CLI (PyPI) into .tools/awscli"
+  python -m venv .tools/awscli
+  .tools/awscli/bin/pip install -q --disable-pip-version-check "awscli==1.45.11"
 fi
 # Terraform itself is part of the machine image (/usr/local/bin/terraform, 1.11) with the
 # hashicorp/aws provider in a local plugin directory; tests/unit/test_terraform.py finds both.

@@ -41,7 +41,7 @@ from tabletstore.options import IN_PROCESS_LEASE, MasterOptions, TabletOptions, 
 from tabletstore.rpc.inprocess import InProcessTransport
 from tabletstore.rpc.services import TABLET
 from tabletstore.security import TlsConfig
-from tabletstore.storage_s3 import open_store
+from tabletstore.storage_s3 import layout, open_store
 from tabletstore.storage_s3.base import ObjectStore
 from tabletstore.worker.server import TabletServer
 
@@ -196,6 +196,13 @@ class Database(AsyncClient):
         opened with ``instrument``). Async so that the collectors read the engine's state on
         its event loop (the sync API runs it there too)."""
         return self.metrics.exposition().decode()
+
+    async def staging_url(self, load_name: str) -> str:
+        """Where a job writes the files of load ``load_name``: ``staging/anonymous/<name>/``
+        of the database's own store (``objects/`` of its directory). An in-memory store has
+        no prefixes in its URL: a job writes to ``db.store`` under that key prefix
+        (``layout.staging_prefix``) instead."""
+        return layout.staging_url(self.store.url, self._staging_principal(), load_name)
 
     async def close(self) -> None:
         """Minor-compact every tablet (fast next open), stop the worker, release files."""

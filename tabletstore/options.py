@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from tabletstore.limits import MAX_FRAME, MiB
 
 __all__ = [
+    "FRONT_DOOR_MAX_CONCURRENT_CALLS",
     "IN_PROCESS_LEASE",
     "SPLIT_BYTES",
     "LeaseOptions",
@@ -24,6 +25,11 @@ __all__ = [
 #: the one default that both the workers' split rule (:class:`TabletOptions`) and the
 #: master's merge thresholds (:class:`MasterOptions`) read.
 SPLIT_BYTES = 128 * 1024 * 1024
+
+#: Calls the Bigtable front door serves at once (``bigtable-api --max-concurrent-calls``);
+#: more are refused with RESOURCE_EXHAUSTED. Each holds at most one request message
+#: (``limits.MAX_REQUEST_BYTES``) once its token passed; a call without one reads none.
+FRONT_DOOR_MAX_CONCURRENT_CALLS = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +194,15 @@ class MasterOptions:
     #: (tabletstore.master.gc_plan, rule 1). Compactions commit an uploaded SSTable within
     #: seconds; an hour leaves room for a slow coordinator.
     gc_grace: float = 3600.0
+
+    #: Split keys one ``create_table`` may give (each makes a tablet to load at once): more
+    #: are refused with InvalidArgument naming this setting. 0: no bound.
+    max_split_keys: int = 100
+    #: Tables one principal may administer (those it created, or is an admin of) before its
+    #: next ``create_table`` is refused with InvalidArgument naming this setting; counted on
+    #: a cluster with auth only (without it every caller is the same anonymous one), never for
+    #: the cluster's own identities. 0: no bound.
+    max_tables_per_principal: int = 100
 
     #: Tablet moves per balancing round at most. More levels load faster; each move makes
     #: the tablet briefly unavailable (unload with a flush, then load).

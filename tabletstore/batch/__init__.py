@@ -9,7 +9,7 @@ of a snapshot that one task reads; a *bulk load* adds SSTables a job wrote to a 
 * :mod:`tabletstore.batch.engines`: a DuckDB relation, a Dask DataFrame, and Dask/Spark
   writers through the client's batched mutations;
 * :mod:`tabletstore.batch.spark`: the PySpark 4 data source ``format("tabletstore")``;
-* :mod:`tabletstore.batch.bulkload`: write sorted SSTables from Arrow or a DataFrame, and the
+* :mod:`tabletstore.batch.load_files`: write sorted SSTables from Arrow or a DataFrame, and the
   checks a bulk load makes before it commits anything.
 
 Taking, listing and deleting snapshots and loading are admin operations of the client
@@ -19,7 +19,7 @@ Taking, listing and deleting snapshots and loading are admin operations of the c
 
 from __future__ import annotations
 
-from tabletstore.batch.bulkload import awrite_sstables, write_sstables
+from tabletstore.batch.load_files import awrite_sstables, write_sstables
 from tabletstore.batch.reader import (
     CELLS_SCHEMA,
     Snapshot,

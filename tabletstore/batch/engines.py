@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from tabletstore.batch.bulkload import to_cells_table, write_sstables
+from tabletstore.batch.load_files import to_cells_table, write_sstables
 from tabletstore.batch.reader import CELLS_SCHEMA, Split, open_snapshot, read_split, wide_schema
 from tabletstore.client.cluster import ClusterClient
 from tabletstore.data.model import RowMutation, SetCell

@@ -33,7 +33,6 @@ from google.protobuf import empty_pb2
 from google.rpc import status_pb2
 
 from tabletstore.bigtable_api.admin import TableAdmin
-from tabletstore.bigtable_api.auth import BearerTokens, server_credentials
 from tabletstore.bigtable_api.chunks import (
     DEFAULT_MAX_RESPONSE_BYTES,
     DEFAULT_MAX_ROWS_BYTES,
@@ -41,6 +40,7 @@ from tabletstore.bigtable_api.chunks import (
     ChunkEncoder,
 )
 from tabletstore.bigtable_api.instances import PREFIX_IN_TEXT, InstanceAdmin, Namespaces
+from tabletstore.bigtable_api.token_check import BearerTokens, server_credentials
 from tabletstore.bigtable_api.translate import (
     filter_from_pb,
     mutations_from_pb,
@@ -60,6 +60,7 @@ from tabletstore.data.model import Mutation, Row, RowMutation
 from tabletstore.data.validation import MAX_MUTATIONS_PER_ROW, check_row_key
 from tabletstore.errors import InvalidArgument, TabletStoreError, Unimplemented
 from tabletstore.limits import MAX_REQUEST_BYTES
+from tabletstore.options import FRONT_DOOR_MAX_CONCURRENT_CALLS
 from tabletstore.rpc.auth import TokenVerifier
 from tabletstore.rpc.messages import ScanProgress
 from tabletstore.security import TlsConfig
@@ -715,7 +716,10 @@ class BigtableApiServer:
     id whose tables are the database's own, unprefixed
     tables (:mod:`tabletstore.bigtable_api.instances`). ``interceptors`` are grpc.aio server
     interceptors, run around every call (tests use one
-    to cut ReadRows streams in the middle).
+    to cut ReadRows streams in the middle). ``tokens``: bearer tokens are checked on each
+    call's metadata before its request is read (:mod:`tabletstore.bigtable_api.token_check`).
+    ``max_concurrent_calls``: calls served at once (more: RESOURCE_EXHAUSTED), so the request
+    bytes held are at most that many messages.
     """
 
     def __init__(
@@ -733,6 +737,7 @@ class BigtableApiServer:
         plain_instance: str | None = None,
         tls: TlsFiles | TlsConfig | None = None,
         tokens: TokenVerifier | None = None,
+        max_concurrent_calls: int = FRONT_DOOR_MAX_CONCURRENT_CALLS,
     ) -> None:
         if max_message_bytes < DEFAULT_MAX_RESPONSE_BYTES:
             raise InvalidArgument(
@@ -741,7 +746,12 @@ class BigtableApiServer:
             )
         if tokens is not None and tls is None:
             raise InvalidArgument("bearer tokens travel only over TLS: give --tls-cert/--tls-key")
+        if max_concurrent_calls < 1:
+            raise InvalidArgument(
+                f"max_concurrent_calls must be at least 1, got {max_concurrent_calls}"
+            )
         self.max_message_bytes = max_message_bytes
+        self.max_concurrent_calls = max_concurrent_calls
         self.host = host
         self.port = port
         self.tls = tls
@@ -777,6 +787,7 @@ class BigtableApiServer:
         """Bind and start serving; returns the bound port."""
         server = grpc.aio.server(
             interceptors=self._interceptors or None,
+            maximum_concurrent_rpcs=self.max_concurrent_calls,
             options=[
                 ("grpc.max_receive_message_length", self.max_message_bytes),
                 ("grpc.max_send_message_length", self.max_message_bytes),

@@ -21,7 +21,10 @@ Contracts, decided once for the whole front door:
 * **Filters** map 1:1 onto :mod:`tabletstore.data.filters`. As the service does, a ``chain`` or
   ``interleave`` needs at least two sub-filters, a ``condition`` needs a predicate, and the flag
   filters (``pass_all_filter``, ``block_all_filter``, ``sink``, ``strip_value_transformer``) must
-  be true when set.
+  be true when set. A filter over one of the cost limits of :mod:`tabletstore.data.filters`
+  (filters, regexes, pattern bytes, copies, work per cell, compiled program size) is
+  INVALID_ARGUMENT naming the limit and its value; the node count is checked on the message
+  before any of it is translated.
 * **Aggregate families** (``value_type`` of an aggregate type): Int64 ``sum``, ``min_``,
   ``max_`` (big-endian encoding) and ``hllpp_unique_count`` map onto tabletstore's value types
   (:mod:`tabletstore.data.aggregates`); ``AddToCell`` and ``MergeToCell`` onto the mutations of
@@ -45,6 +48,7 @@ from google.cloud.bigtable_v2.types import bigtable as bt
 from google.cloud.bigtable_v2.types import data
 
 from tabletstore.data.filters import (
+    MAX_FILTER_NODES,
     ApplyLabel,
     BlockAll,
     CellsPerColumnLimit,
@@ -279,7 +283,7 @@ def _composite(name: str, make: Callable[[list[RowFilter]], RowFilter]) -> Calla
     def build(value: Any) -> RowFilter:
         if len(value.filters) < 2:
             raise InvalidArgument(f"{name} must contain at least two RowFilters")
-        return make([filter_from_pb(f) for f in value.filters])
+        return make([_filter_from_pb(f) for f in value.filters])
 
     return build
 
@@ -288,9 +292,9 @@ def _condition(value: Any) -> RowFilter:
     if not value.HasField("predicate_filter"):
         raise InvalidArgument("condition needs a predicate_filter")
     return Condition(
-        filter_from_pb(value.predicate_filter),
-        filter_from_pb(value.true_filter) if value.HasField("true_filter") else None,
-        filter_from_pb(value.false_filter) if value.HasField("false_filter") else None,
+        _filter_from_pb(value.predicate_filter),
+        _filter_from_pb(value.true_filter) if value.HasField("true_filter") else None,
+        _filter_from_pb(value.false_filter) if value.HasField("false_filter") else None,
     )
 
 
@@ -326,12 +330,43 @@ _FILTERS: dict[str, Callable[[Any], RowFilter]] = {
 }
 
 
+def _check_node_count(f: Any) -> None:
+    """InvalidArgument if ``f`` holds more than ``MAX_FILTER_NODES`` filters, found by walking
+    at most that many: a huge message is refused before any of it is translated."""
+    stack, seen = [f], 0
+    while stack:
+        node = stack.pop()
+        seen += 1
+        if seen > MAX_FILTER_NODES:
+            raise InvalidArgument(
+                f"the filter has more than {MAX_FILTER_NODES} filters, over the limit of "
+                f"MAX_FILTER_NODES={MAX_FILTER_NODES}"
+            )
+        kind = node.WhichOneof("filter")
+        if kind in ("chain", "interleave"):
+            stack.extend(getattr(node, kind).filters)
+        elif kind == "condition":
+            c = node.condition
+            stack.extend(
+                getattr(c, name)
+                for name in ("predicate_filter", "true_filter", "false_filter")
+                if c.HasField(name)
+            )
+
+
 def filter_from_pb(f: Any) -> RowFilter:
     """A ``google.bigtable.v2.RowFilter`` as a :mod:`tabletstore.data.filters` value.
 
-    InvalidArgument names the problem (bad regex, bad limit, short chain, ...). A RowFilter
-    with nothing set passes every cell.
+    InvalidArgument names the problem (bad limit, short chain, a cost limit of
+    :mod:`tabletstore.data.filters` and its value, ...); the patterns are compiled by the
+    tablet server, which refuses a bad one the same way. A RowFilter with nothing set passes
+    every cell.
     """
+    _check_node_count(f)
+    return _filter_from_pb(f)
+
+
+def _filter_from_pb(f: Any) -> RowFilter:
     kind = f.WhichOneof("filter")
     if kind is None:
         return PassAll()  # an empty message is proto3's "unset": no filter, as the emulator

@@ -73,8 +73,10 @@ def snapshot_delete_cmd(snapshot_id: str) -> None:
     "loads nothing again; an interrupted one loads only what is left.",
 )
 def bulkload_cmd(table: str, url: str, load_id: str | None) -> None:
-    """Load the SSTables a job wrote under URL (file:///dir, s3://bucket/prefix) into TABLE:
-    all checked first, then committed atomically per tablet. Safe to run again."""
+    """Load the SSTables a job wrote to its staging area LOAD-NAME (URL: the load's name,
+    or the staging URL the client's staging_url(LOAD-NAME) gives: staging/<you>/LOAD-NAME/
+    of the database's bucket; nothing else is read) into TABLE: all checked first, then
+    committed atomically per tablet. Safe to run again."""
     tablets, cells = with_database(lambda db: db.bulk_load(table, url, load_id=load_id))
     if not cells:
         which = f"load {load_id!r}" if load_id else "the load of these files"

@@ -11,7 +11,7 @@ verbs never load them.
 
 With ``--tls-cert``/``--tls-key`` it serves TLS, and in front of a cluster (``etcd://``) every
 call must carry ``authorization: Bearer <token>`` (``tabletstore tokens create``); the call
-then acts for the token's principal (bigtable_api/auth.py). Without TLS a non-loopback
+then acts for the token's principal (bigtable_api/token_check.py). Without TLS a non-loopback
 ``--host`` is refused unless ``--insecure``.
 
 Once listening it prints ``bigtable-api listening on HOST:PORT`` (``--port 0`` picks a free
@@ -31,6 +31,7 @@ import click
 
 from tabletstore.cli.context import Failure, run_loop
 from tabletstore.extras import MissingExtra, needs_extra
+from tabletstore.options import FRONT_DOOR_MAX_CONCURRENT_CALLS
 
 __all__ = ["DEFAULT_PORT", "bigtable_api", "serve"]
 
@@ -62,12 +63,13 @@ async def serve(
     plain_instance: str | None = None,
     tls: Any = None,
     client_tls: Any = None,
+    max_concurrent_calls: int = FRONT_DOOR_MAX_CONCURRENT_CALLS,
 ) -> None:
     """Open the database at ``url``, serve until SIGINT/SIGTERM, then shut down cleanly.
     ``tls`` (a TlsConfig): serve TLS, and bearer tokens in front of a cluster; ``client_tls``:
     how this process reaches the cluster (the global --tls-* options)."""
-    from tabletstore.bigtable_api.auth import server_credentials
     from tabletstore.bigtable_api.server import BigtableApiServer
+    from tabletstore.bigtable_api.token_check import server_credentials
     from tabletstore.coordination.tokens import TokenStore
     from tabletstore.embedded import connect_async
     from tabletstore.ops.process_warmup import warm_up_process
@@ -84,7 +86,13 @@ async def serve(
             else None
         )
         server = BigtableApiServer(
-            client, host=host, port=port, plain_instance=plain_instance, tls=tls, tokens=tokens
+            client,
+            host=host,
+            port=port,
+            plain_instance=plain_instance,
+            tls=tls,
+            tokens=tokens,
+            max_concurrent_calls=max_concurrent_calls,
         )
         bound = await server.start()
         # Pay a long-running server's one-time costs now, not inside requests, and keep the
@@ -127,6 +135,14 @@ async def serve(
     help="Allow a non-loopback --host without caller authentication (TLS in front of a "
     "cluster checks tokens; over an embedded database nothing is authenticated).",
 )
+@click.option(
+    "--max-concurrent-calls",
+    type=click.IntRange(min=1),
+    default=FRONT_DOOR_MAX_CONCURRENT_CALLS,
+    show_default=True,
+    help="Calls served at once; more are refused with RESOURCE_EXHAUSTED. With the message "
+    "limit (81 MiB) this bounds the request bytes the front door holds.",
+)
 @click.pass_context
 def bigtable_api(
     ctx: click.Context,
@@ -137,6 +153,7 @@ def bigtable_api(
     tls_cert: str | None,
     tls_key: str | None,
     insecure: bool,
+    max_concurrent_calls: int,
 ) -> None:
     """Serve the Cloud Bigtable API (point clients at it with BIGTABLE_EMULATOR_HOST)."""
     from tabletstore.errors import TabletStoreError
@@ -160,7 +177,15 @@ def bigtable_api(
     _require_extra()
     try:
         run_loop(
-            serve(url, host, port, plain_instance=plain_instance, tls=tls, client_tls=client_tls)
+            serve(
+                url,
+                host,
+                port,
+                plain_instance=plain_instance,
+                tls=tls,
+                client_tls=client_tls,
+                max_concurrent_calls=max_concurrent_calls,
+            )
         )
     except TabletStoreError as exc:
         raise Failure(str(exc)) from exc

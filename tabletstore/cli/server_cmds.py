@@ -194,6 +194,20 @@ def _metrics_ready(url: str) -> None:
     "and keeps the runs (memory, then local disk) so the log is read once (§6); larger logs "
     "are sorted by every worker. 0: only logs of one sort task.",
 )
+@click.option(
+    "--max-split-keys",
+    type=click.IntRange(min=0),
+    default=MasterOptions().max_split_keys,
+    show_default=True,
+    help="Split keys one create_table may give (0: no bound).",
+)
+@click.option(
+    "--max-tables-per-principal",
+    type=click.IntRange(min=0),
+    default=MasterOptions().max_tables_per_principal,
+    show_default=True,
+    help="Tables one principal may administer, with auth on (0: no bound).",
+)
 @rpc_caps
 @_insecure_option
 @_status_token_option
@@ -207,6 +221,8 @@ def master_cmd(
     sort_executor: str,
     compaction_executor: str,
     sort_owner_bytes: int,
+    max_split_keys: int,
+    max_tables_per_principal: int,
     rpc: RpcServerOptions,
     insecure: bool,
     status_token_file: Path | None,
@@ -219,6 +235,8 @@ def master_cmd(
         split_bytes=split_bytes,
         rpc=rpc,
         sort_owner_bytes=sort_owner_bytes,
+        max_split_keys=max_split_keys,
+        max_tables_per_principal=max_tables_per_principal,
     )
     tls = _process_tls(host, insecure, "master")
     status_token = _status_token(status_token_file)

@@ -55,7 +55,7 @@ from tabletstore.data.model import Row
 from tabletstore.data.validation import mutation_bytes
 from tabletstore.errors import Fenced, Indeterminate, TabletStoreError, Unavailable
 from tabletstore.limits import BATCH_REQUEST_BYTES
-from tabletstore.metadata.catalog import Catalog, TableInfo
+from tabletstore.metadata.catalog import Catalog, ClusterSettings, TableInfo
 from tabletstore.metadata.record import TabletRecord
 from tabletstore.rpc.auth import ACTING_FOR
 from tabletstore.rpc.messages import (
@@ -66,6 +66,7 @@ from tabletstore.rpc.messages import (
 )
 from tabletstore.rpc.services import TABLET, TabletService
 from tabletstore.rpc.transport import Transport
+from tabletstore.storage_s3 import layout
 
 # MutationError, MutationsFailed, AsyncTable and Admin have their homes in the modules above;
 # they are named here too because this module was where they were imported from.
@@ -213,6 +214,17 @@ class AsyncClient(TableAdmin):
     @identity.setter
     def identity(self, value: str | None) -> None:
         self._identity = value
+
+    async def staging_url(self, load_name: str) -> str:
+        """Where a job writes the files of load ``load_name`` (``tabletstore.batch.
+        write_sstables(data, url)``, with the job's own rights to the bucket): this caller's
+        staging area of the database's bucket, the only place :meth:`bulk_load` reads."""
+        settings = await ClusterSettings.load(self._catalog.coordinator)
+        return layout.staging_url(settings.store_url, self._staging_principal(), load_name)
+
+    def _staging_principal(self) -> str:
+        """The principal the master runs this client's requests as (no auth: anonymous)."""
+        return "anonymous"
 
     async def close(self) -> None:
         """Nothing to release on the client side; the database owns the transport."""

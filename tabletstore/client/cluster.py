@@ -163,6 +163,7 @@ class ClusterClient(AsyncClient):
         transport: TcpTransport,
         *,
         identity: str | None = None,
+        authenticated: bool = False,
     ) -> None:
         locations = LocationCache(coordinator, transport)
         super().__init__(
@@ -175,6 +176,7 @@ class ClusterClient(AsyncClient):
         )
         self.url = url
         self.coordinator = coordinator
+        self._authenticated = authenticated
 
     @classmethod
     async def open(
@@ -205,7 +207,13 @@ class ClusterClient(AsyncClient):
         # long and is retried at the tablet's new location; its lease (seconds) moves the
         # tablet long before that.
         transport = TcpTransport(timeout=CALL_TIMEOUT, auth=auth)
-        return cls(url, coordinator, transport, identity=identity)
+        return cls(url, coordinator, transport, identity=identity, authenticated=auth is not None)
+
+    def _staging_principal(self) -> str:
+        # With auth on, the servers run our requests as the proven identity.
+        if self._authenticated and self.identity is not None:
+            return self.identity
+        return super()._staging_principal()
 
     def tablet_server(self, address: str) -> TabletService:
         """A stub of the tablet server at ``address`` (what a serverless job that hands its

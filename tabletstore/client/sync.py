@@ -269,6 +269,7 @@ class SyncClient(SyncProxy[AsyncClient]):
     list_snapshots = blocking(AsyncClient.list_snapshots)
     delete_snapshot = blocking(AsyncClient.delete_snapshot)
     bulk_load = blocking(AsyncClient.bulk_load)
+    staging_url = blocking(AsyncClient.staging_url)
     table = returning(AsyncClient.table, SyncTable)
     close = blocking(AsyncClient.close)
     status = blocking(AsyncClient.status)

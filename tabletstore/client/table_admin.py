@@ -172,9 +172,11 @@ class TableAdmin(abc.ABC):
     async def bulk_load(
         self, table: str, url: str, *, load_id: str | None = None
     ) -> tuple[int, int]:
-        """Load the SSTables a job wrote under the store ``url`` (``tabletstore.batch.
-        write_sstables``) into ``table``, atomically per tablet; all are checked first and
-        bad input loads nothing. Returns (tablets loaded, cells loaded) by this call.
+        """Load the SSTables a job wrote to its staging area (``url``: the load's name, or
+        the URL ``staging_url`` gave for it) into ``table``, atomically per tablet; all
+        are checked first and bad input loads nothing. Any other location is
+        PermissionDenied: the cluster never fetches a location its caller names. Returns
+        (tablets loaded, cells loaded) by this call.
 
         Safe to repeat: ``load_id`` (default: a hash of the files' contents) names the load;
         once it is done, running it again loads nothing and returns (0, 0), and a load that

@@ -39,8 +39,22 @@ Semantics (as documented for Cloud Bigtable; where the emulator differs, the doc
 * ``ApplyLabel`` labels must match ``[a-z0-9-]+`` and be at most 15 characters. A cell may carry
   only one label, so a ``Chain`` may contain at most one sub-filter that can apply a label (an
   ``Interleave`` may contain many: they label separate copies). ``RowSample`` needs
-  ``0 < p < 1``. Filters nest at most 20 levels. Every violation is :class:`InvalidArgument`,
-  raised when the filter is built.
+  ``0 < p < 1``. Every violation is :class:`InvalidArgument`, raised when the filter is built.
+
+A filter's cost is bounded before it runs, so that no request can stall a tablet server's event
+loop (and with it the lease that keeps the server alive, §5.2) or fill its memory. When a filter
+is built, each composite adds up its parts and refuses, naming the limit and its value, more
+than :data:`MAX_FILTER_DEPTH` levels of nesting, :data:`MAX_FILTER_NODES` filters in all,
+:data:`MAX_FILTER_REGEXES` regexes, :data:`MAX_FILTER_REGEX_BYTES` bytes of patterns, more than
+:data:`MAX_FILTER_COPIES` copies of one input cell (each ``Interleave`` multiplies what a
+``Chain`` feeds on: twenty two-branch interleaves in a chain would make a million copies), or
+more than :data:`MAX_FILTER_CELL_WORK` filter steps per input cell. Patterns are compiled
+afterwards, by :func:`compile_filter` (RE2, through a shared cache): their programs may total
+at most :data:`MAX_FILTER_PROGRAM` instructions, which bounds both the time compiling takes
+and the regex work per byte matched (:func:`regex_cost`). :func:`uncompiled` tells a server
+whether anything is left to compile, so that it compiles off its event loop only when needed;
+:func:`apply_filter` compiles whatever is left itself. An invalid pattern is therefore refused
+when the filter is compiled (a server does it before reading anything), not when it is built.
 
 Checked against Google's ``cbtemulator`` (through the google-cloud-bigtable 2.50 client), which
 agreed on: Interleave keeping duplicates and labelling separate copies; ``CellsPerColumnLimit``
@@ -68,11 +82,17 @@ from typing import Any, ClassVar
 
 from tabletstore.clock import Random
 from tabletstore.data.model import Cell
-from tabletstore.data.regex import Pattern, compile_re2, program_size
+from tabletstore.data.regex import Pattern, cached, compile_re2, program_size
 from tabletstore.errors import InvalidArgument
 
 __all__ = [
+    "MAX_FILTER_CELL_WORK",
+    "MAX_FILTER_COPIES",
     "MAX_FILTER_DEPTH",
+    "MAX_FILTER_NODES",
+    "MAX_FILTER_PROGRAM",
+    "MAX_FILTER_REGEXES",
+    "MAX_FILTER_REGEX_BYTES",
     "ApplyLabel",
     "BlockAll",
     "CellsPerColumnLimit",
@@ -96,14 +116,30 @@ __all__ = [
     "apply_filter",
     "b64_text",
     "check_mapping",
+    "compile_filter",
     "filter_from_dict",
     "iter_filters",
     "regex_cost",
     "text_b64",
+    "uncompiled",
 ]
 
 #: Deepest nesting of Chain/Interleave/Condition the service accepts.
 MAX_FILTER_DEPTH = 20
+#: Filters in one filter, composites and leaves alike.
+MAX_FILTER_NODES = 1000
+#: Regex filters in one filter.
+MAX_FILTER_REGEXES = 64
+#: Bytes of regex patterns in one filter, all patterns together (and so each one).
+MAX_FILTER_REGEX_BYTES = 64 * 1024
+#: RE2 program instructions of one filter's patterns together: compiling them takes about a
+#: microsecond per instruction (one pattern at a time, each bounded by ``regex.MAX_MEM``), and
+#: matching costs at most this many steps per byte.
+MAX_FILTER_PROGRAM = 100_000
+#: Copies of one input cell a filter may output (``Interleave`` keeps duplicates).
+MAX_FILTER_COPIES = 64
+#: Filter steps one input cell may cost: each filter applied to each copy reaching it.
+MAX_FILTER_CELL_WORK = 4096
 _INT32_MAX = 2**31 - 1
 _LABEL = re.compile(r"[a-z0-9\-]{1,15}")
 
@@ -121,8 +157,16 @@ def _require_count(name: str, value: object, minimum: int) -> None:
         raise InvalidArgument(f"{name} must be in [{minimum}, {_INT32_MAX}], got {value}")
 
 
-def _compile(name: str, pattern: bytes) -> Pattern:
+def _check_pattern(name: str, pattern: bytes) -> None:
     _require_bytes(name, pattern)
+    if len(pattern) > MAX_FILTER_REGEX_BYTES:
+        raise InvalidArgument(
+            f"{name}: a pattern of {len(pattern)} bytes is over the limit of "
+            f"MAX_FILTER_REGEX_BYTES={MAX_FILTER_REGEX_BYTES}"
+        )
+
+
+def _compile(name: str, pattern: bytes) -> Pattern:
     try:
         return compile_re2(pattern)
     except InvalidArgument as exc:
@@ -149,11 +193,16 @@ class RowFilter:
     def _argument(self) -> Any:
         return True
 
-    # Derived properties used by the composition rules; leaves have none.
+    # Derived properties used by the composition rules and the cost limits.
     @property
     def depth(self) -> int:
         """Nesting depth: 0 for a leaf, 1 + the deepest child for a composite."""
         return 0
+
+    @property
+    def shape(self) -> Shape:
+        """What this filter costs: its size, its regexes, its copies and work per cell."""
+        return _LEAF
 
     @property
     def may_label(self) -> bool:
@@ -164,6 +213,94 @@ class RowFilter:
     def has_sink(self) -> bool:
         """True if a Sink appears anywhere inside this filter."""
         return False
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """The measures of a filter that its cost limits apply to (composites add them up)."""
+
+    nodes: int = 1
+    regexes: int = 0
+    regex_bytes: int = 0
+    #: Copies of one input cell the filter may output.
+    copies: int = 1
+    #: Filter steps one input cell may cost (each filter applied to each copy that reaches it).
+    work: int = 1
+
+
+_LEAF = Shape()
+_NO_OUTPUT = Shape(copies=0)
+
+
+def _regex_shape(pattern: bytes) -> Shape:
+    return Shape(regexes=1, regex_bytes=len(pattern))
+
+
+def _over(name: str, what: str, value: int, limit_name: str, limit: int) -> InvalidArgument:
+    return InvalidArgument(
+        f"{name}: the filter has {value} {what}, over the limit of {limit_name}={limit}"
+    )
+
+
+def _checked(name: str, shape: Shape) -> Shape:
+    """``shape`` if it is within every limit; else InvalidArgument naming the limit."""
+    for what, value, limit_name, limit in (
+        ("filters", shape.nodes, "MAX_FILTER_NODES", MAX_FILTER_NODES),
+        ("regexes", shape.regexes, "MAX_FILTER_REGEXES", MAX_FILTER_REGEXES),
+        (
+            "bytes of regex patterns",
+            shape.regex_bytes,
+            "MAX_FILTER_REGEX_BYTES",
+            MAX_FILTER_REGEX_BYTES,
+        ),
+        ("copies of an input cell", shape.copies, "MAX_FILTER_COPIES", MAX_FILTER_COPIES),
+        ("filter steps per input cell", shape.work, "MAX_FILTER_CELL_WORK", MAX_FILTER_CELL_WORK),
+    ):
+        if value > limit:
+            raise _over(name, what, value, limit_name, limit)
+    return shape
+
+
+def _sum_parts(children: Iterable[RowFilter | None]) -> tuple[int, int, int]:
+    nodes = regexes = regex_bytes = 0
+    for c in children:
+        if c is not None:
+            s = c.shape
+            nodes += s.nodes
+            regexes += s.regexes
+            regex_bytes += s.regex_bytes
+    return 1 + nodes, regexes, regex_bytes
+
+
+def _chain_shape(children: Sequence[RowFilter]) -> Shape:
+    # Each filter of a chain sees the copies the filters before it made.
+    nodes, regexes, regex_bytes = _sum_parts(children)
+    copies, work = 1, 1
+    for c in children:
+        s = c.shape
+        work += copies * s.work
+        # Capped so that a huge product is refused by the check, not computed without end.
+        copies = min(copies * s.copies, MAX_FILTER_COPIES + 1)
+        work = min(work, MAX_FILTER_CELL_WORK + 1)
+    return _checked("chain", Shape(nodes, regexes, regex_bytes, copies, work))
+
+
+def _interleave_shape(children: Sequence[RowFilter]) -> Shape:
+    # Every branch sees the input; the outputs are merged, each copy once more.
+    nodes, regexes, regex_bytes = _sum_parts(children)
+    copies = sum(c.shape.copies for c in children)
+    work = 1 + sum(c.shape.work for c in children) + copies
+    return _checked("interleave", Shape(nodes, regexes, regex_bytes, copies, work))
+
+
+def _condition_shape(
+    predicate: RowFilter, true_filter: RowFilter | None, false_filter: RowFilter | None
+) -> Shape:
+    nodes, regexes, regex_bytes = _sum_parts((predicate, true_filter, false_filter))
+    branches = [b.shape for b in (true_filter, false_filter) if b is not None]
+    copies = max((b.copies for b in branches), default=0)
+    work = 1 + predicate.shape.work + max((b.work for b in branches), default=0)
+    return _checked("condition", Shape(nodes, regexes, regex_bytes, copies, work))
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,12 +316,20 @@ class BlockAll(RowFilter):
 
     kind: ClassVar[str] = "block_all"
 
+    @property
+    def shape(self) -> Shape:
+        return _NO_OUTPUT
+
 
 @dataclass(frozen=True, slots=True)
 class Sink(RowFilter):
     """Copies its input to the final result, bypassing later filters; outputs nothing."""
 
     kind: ClassVar[str] = "sink"
+
+    @property
+    def shape(self) -> Shape:
+        return _NO_OUTPUT  # its input goes to the result, not on through the filter
 
     @property
     def has_sink(self) -> bool:
@@ -239,6 +384,7 @@ class Chain(RowFilter):
 
     filters: Sequence[RowFilter]
     _depth: int = field(init=False, repr=False, compare=False)
+    _shape: Shape = field(init=False, repr=False, compare=False)
     kind: ClassVar[str] = "chain"
 
     def __post_init__(self) -> None:
@@ -249,6 +395,7 @@ class Chain(RowFilter):
                 "chain: at most one sub-filter may apply a label (a cell can carry one label)"
             )
         _set(self, "_depth", _composite_depth(self.filters))
+        _set(self, "_shape", _chain_shape(self.filters))
 
     def _argument(self) -> Any:
         return [f.to_dict() for f in self.filters]
@@ -256,6 +403,10 @@ class Chain(RowFilter):
     @property
     def depth(self) -> int:
         return self._depth
+
+    @property
+    def shape(self) -> Shape:
+        return self._shape
 
     @property
     def may_label(self) -> bool:
@@ -272,12 +423,14 @@ class Interleave(RowFilter):
 
     filters: Sequence[RowFilter]
     _depth: int = field(init=False, repr=False, compare=False)
+    _shape: Shape = field(init=False, repr=False, compare=False)
     kind: ClassVar[str] = "interleave"
 
     def __post_init__(self) -> None:
         _set(self, "filters", tuple(self.filters))
         _check_children("interleave", self.filters)
         _set(self, "_depth", _composite_depth(self.filters))
+        _set(self, "_shape", _interleave_shape(self.filters))
 
     def _argument(self) -> Any:
         return [f.to_dict() for f in self.filters]
@@ -285,6 +438,10 @@ class Interleave(RowFilter):
     @property
     def depth(self) -> int:
         return self._depth
+
+    @property
+    def shape(self) -> Shape:
+        return self._shape
 
     @property
     def may_label(self) -> bool:
@@ -306,6 +463,7 @@ class Condition(RowFilter):
     true_filter: RowFilter | None = None
     false_filter: RowFilter | None = None
     _depth: int = field(init=False, repr=False, compare=False)
+    _shape: Shape = field(init=False, repr=False, compare=False)
     kind: ClassVar[str] = "condition"
 
     def __post_init__(self) -> None:
@@ -314,6 +472,7 @@ class Condition(RowFilter):
         if any(c is not None and c.has_sink for c in children):
             raise InvalidArgument("condition: a Sink cannot be used inside a Condition")
         _set(self, "_depth", _composite_depth(children))
+        _set(self, "_shape", _condition_shape(self.predicate, self.true_filter, self.false_filter))
 
     def _argument(self) -> Any:
         out: dict[str, Any] = {"predicate": self.predicate.to_dict()}
@@ -328,24 +487,44 @@ class Condition(RowFilter):
         return self._depth
 
     @property
+    def shape(self) -> Shape:
+        return self._shape
+
+    @property
     def may_label(self) -> bool:
         # The predicate's output is discarded, so only the branches can label output cells.
         return any(f is not None and f.may_label for f in (self.true_filter, self.false_filter))
 
 
 @dataclass(frozen=True, slots=True)
-class RowKeyRegex(RowFilter):
-    """Outputs the whole row if its key fully matches the RE2 ``pattern``, else nothing."""
+class _BytesRegex(RowFilter):
+    """A regex filter over bytes (row keys, qualifiers, values): RE2 ``pattern``, compiled
+    once the filter's limits passed (:func:`compile_filter`)."""
 
     pattern: bytes
-    _regex: Pattern = field(init=False, repr=False, compare=False)
-    kind: ClassVar[str] = "row_key_regex"
+    _regex: Pattern | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        _set(self, "_regex", _compile("row_key_regex", self.pattern))
+        _check_pattern(self.kind, self.pattern)
+
+    @property
+    def shape(self) -> Shape:
+        return _regex_shape(self.pattern)
+
+    @property
+    def regex_pattern(self) -> bytes:
+        """The RE2 pattern, as bytes."""
+        return self.pattern
 
     def _argument(self) -> Any:
         return b64_text(self.pattern)
+
+
+@dataclass(frozen=True, slots=True)
+class RowKeyRegex(_BytesRegex):
+    """Outputs the whole row if its key fully matches the RE2 ``pattern``, else nothing."""
+
+    kind: ClassVar[str] = "row_key_regex"
 
 
 @dataclass(frozen=True, slots=True)
@@ -370,7 +549,7 @@ class FamilyNameRegex(RowFilter):
     """Outputs the cells whose family name fully matches the RE2 ``pattern`` (no ``:``)."""
 
     pattern: str
-    _regex: Pattern = field(init=False, repr=False, compare=False)
+    _regex: Pattern | None = field(default=None, init=False, repr=False, compare=False)
     kind: ClassVar[str] = "family_name_regex"
 
     def __post_init__(self) -> None:
@@ -380,40 +559,33 @@ class FamilyNameRegex(RowFilter):
             )
         if ":" in self.pattern:
             raise InvalidArgument(f"family_name_regex {self.pattern!r} must not contain ':'")
-        _set(self, "_regex", _compile("family_name_regex", self.pattern.encode()))
+        _check_pattern(self.kind, self.regex_pattern)
+
+    @property
+    def shape(self) -> Shape:
+        return _regex_shape(self.regex_pattern)
+
+    @property
+    def regex_pattern(self) -> bytes:
+        """The RE2 pattern, as bytes."""
+        return self.pattern.encode()
 
     def _argument(self) -> Any:
         return self.pattern
 
 
 @dataclass(frozen=True, slots=True)
-class ColumnQualifierRegex(RowFilter):
+class ColumnQualifierRegex(_BytesRegex):
     """Outputs the cells whose qualifier fully matches the RE2 ``pattern``."""
 
-    pattern: bytes
-    _regex: Pattern = field(init=False, repr=False, compare=False)
     kind: ClassVar[str] = "column_qualifier_regex"
-
-    def __post_init__(self) -> None:
-        _set(self, "_regex", _compile("column_qualifier_regex", self.pattern))
-
-    def _argument(self) -> Any:
-        return b64_text(self.pattern)
 
 
 @dataclass(frozen=True, slots=True)
-class ValueRegex(RowFilter):
+class ValueRegex(_BytesRegex):
     """Outputs the cells whose value fully matches the RE2 ``pattern``."""
 
-    pattern: bytes
-    _regex: Pattern = field(init=False, repr=False, compare=False)
     kind: ClassVar[str] = "value_regex"
-
-    def __post_init__(self) -> None:
-        _set(self, "_regex", _compile("value_regex", self.pattern))
-
-    def _argument(self) -> Any:
-        return b64_text(self.pattern)
 
 
 def _check_bounds(name: str, start: object, end: object, *flags: object) -> None:
@@ -650,7 +822,7 @@ def _eval_sink(f: Any, cells: list[Cell], ctx: _Context) -> list[Cell]:
 def _eval_family_regex(f: Any, cells: list[Cell], ctx: _Context) -> list[Cell]:
     # Cells are grouped by family, so each family name is matched once.
     match: dict[str, bool] = {}
-    fullmatch = f._regex.fullmatch
+    fullmatch = _regex(f).fullmatch
     out = []
     for c in cells:
         ok = match.get(c.family)
@@ -663,7 +835,7 @@ def _eval_family_regex(f: Any, cells: list[Cell], ctx: _Context) -> list[Cell]:
 
 def _eval_qualifier_regex(f: Any, cells: list[Cell], ctx: _Context) -> list[Cell]:
     # Cells of one column are adjacent, so the previous answer is reused across versions.
-    fullmatch = f._regex.fullmatch
+    fullmatch = _regex(f).fullmatch
     out = []
     last: bytes | None = None
     ok = False
@@ -673,6 +845,11 @@ def _eval_qualifier_regex(f: Any, cells: list[Cell], ctx: _Context) -> list[Cell
         if ok:
             out.append(c)
     return out
+
+
+def _value_regex(f: Any, cells: list[Cell], ctx: _Context) -> list[Cell]:
+    fullmatch = _regex(f).fullmatch
+    return [c for c in cells if fullmatch(c.value) is not None]
 
 
 def _eval_column_limit(f: Any, cells: list[Cell], ctx: _Context) -> list[Cell]:
@@ -710,7 +887,7 @@ _HANDLERS: dict[type[RowFilter], Callable[[Any, list[Cell], _Context], list[Cell
     Chain: _eval_chain,
     Interleave: _eval_interleave,
     Condition: _eval_condition,
-    RowKeyRegex: _row_filter(lambda f, ctx: f._regex.fullmatch(ctx.row_key) is not None),
+    RowKeyRegex: _row_filter(lambda f, ctx: _regex(f).fullmatch(ctx.row_key) is not None),
     RowSample: _row_filter(lambda f, ctx: ctx.rng.random() < f.probability),
     FamilyNameRegex: _eval_family_regex,
     ColumnQualifierRegex: _eval_qualifier_regex,
@@ -718,7 +895,7 @@ _HANDLERS: dict[type[RowFilter], Callable[[Any, list[Cell], _Context], list[Cell
     TimestampRange: _cell_filter(
         lambda f, c: f.start <= c.timestamp and (f.end is None or c.timestamp < f.end)
     ),
-    ValueRegex: _cell_filter(lambda f, c: f._regex.fullmatch(c.value) is not None),
+    ValueRegex: _value_regex,
     ValueRange: _cell_filter(
         lambda f, c: _in_bounds(c.value, f.start, f.end, f.start_inclusive, f.end_inclusive)
     ),
@@ -866,6 +1043,58 @@ def iter_filters(f: RowFilter) -> Iterator[RowFilter]:
 
 
 _REGEX_FILTERS = (RowKeyRegex, FamilyNameRegex, ColumnQualifierRegex, ValueRegex)
+_RegexFilter = RowKeyRegex | FamilyNameRegex | ColumnQualifierRegex | ValueRegex
+
+
+def _regex(f: _RegexFilter) -> Pattern:
+    """``f``'s compiled pattern, compiling it (through the shared cache) the first time."""
+    compiled = f._regex
+    if compiled is None:
+        compiled = _compile(f.kind, f.regex_pattern)
+        _set(f, "_regex", compiled)
+    return compiled
+
+
+def _regex_leaves(f: RowFilter | None) -> list[_RegexFilter]:
+    if f is None or not f.shape.regexes:
+        return []
+    return [x for x in iter_filters(f) if isinstance(x, _REGEX_FILTERS)]
+
+
+def uncompiled(f: RowFilter | None) -> bool:
+    """True if compiling ``f`` needs RE2's compiler: a pattern is neither compiled nor cached.
+
+    Takes what the cache holds without compiling anything, so a server can compile on its
+    event loop when this is False and elsewhere when it is True.
+    """
+    missing = False
+    for x in _regex_leaves(f):
+        if x._regex is None:
+            compiled = cached(x.regex_pattern)
+            if compiled is None:
+                missing = True
+            else:
+                _set(x, "_regex", compiled)
+    return missing
+
+
+def compile_filter(f: RowFilter | None) -> int:
+    """Compile every pattern of ``f``; return its :func:`regex_cost`.
+
+    Patterns are compiled one at a time while their programs total at most
+    :data:`MAX_FILTER_PROGRAM` instructions; past it, InvalidArgument naming the limit (so a
+    filter compiles at most one pattern beyond the limit). An invalid pattern is InvalidArgument
+    naming the filter kind, the pattern and RE2's reason.
+    """
+    total = 0
+    for x in _regex_leaves(f):
+        total += program_size(_regex(x))
+        if total > MAX_FILTER_PROGRAM:
+            raise InvalidArgument(
+                f"the filter's regexes compile to more than {total} RE2 instructions, over the "
+                f"limit of MAX_FILTER_PROGRAM={MAX_FILTER_PROGRAM}"
+            )
+    return total
 
 
 def regex_cost(f: RowFilter | None) -> int:
@@ -874,8 +1103,7 @@ def regex_cost(f: RowFilter | None) -> int:
     The sum of the RE2 program sizes of every regex filter in ``f`` (0 when there is none):
     each filter node runs at most once per row and an RE2 match costs at most about program
     size steps per byte of text, so ``regex_cost(f) * row_bytes`` bounds the regex work of one
-    :func:`apply_filter` call -- whatever the pattern, since RE2 cannot backtrack.
+    :func:`apply_filter` call -- whatever the pattern, since RE2 cannot backtrack. Compiles
+    what is not compiled yet (:func:`compile_filter`, with its limit).
     """
-    if f is None:
-        return 0
-    return sum(program_size(x._regex) for x in iter_filters(f) if isinstance(x, _REGEX_FILTERS))
+    return compile_filter(f)

@@ -15,29 +15,38 @@ and nothing is translated:
   regex work (:func:`program_size` times the bytes matched, summed by
   :func:`tabletstore.data.filters.regex_cost`) before evaluating it on the event loop
   (:mod:`tabletstore.engine.read_path`).
-* Memory: each compiled pattern may use at most :data:`MAX_MEM` bytes (RE2's default budget;
-  its program takes part, the lazily built DFA states the rest). A pattern whose program does
-  not fit (``(x\\C{1000}|...)`` with thousands of branches) is refused; so is a repeat count
-  above 1000 or nested repeats whose product exceeds 1000 (``a{1000}{1000}``). Compiled
-  patterns are cached (:data:`CACHE_SIZE` of them), bounding what the cache can hold.
+* Memory and time: each compiled pattern may use at most :data:`MAX_MEM` bytes (its program
+  takes part, the lazily built DFA states the rest). RE2's compiler runs holding the GIL for
+  about a microsecond per program instruction, and its program may fill about a third of the
+  budget before the compile fails, so the budget is also what bounds one compile: 256 KiB
+  (a program of about 21,000 instructions, compiled or refused in well under 20 ms) instead
+  of RE2's default 8 MiB (700,000 instructions, close to a second). Everyday patterns have
+  programs of tens to hundreds of instructions and keep ample DFA room. A pattern whose
+  program does not fit (``(x[a-z]{999}|...)`` with a few dozen branches) is refused; so is a
+  repeat count above 1000 or nested repeats whose product exceeds 1000 (``a{1000}{1000}``).
+  How much one filter may compile in all is bounded by :mod:`tabletstore.data.filters`.
+* Compiled patterns are kept in a least-recently-used cache of :data:`CACHE_SIZE` (at most
+  ``CACHE_SIZE * MAX_MEM`` bytes); :func:`cached` answers from it without compiling, so a
+  caller can compile what is missing off its event loop. The cache is shared by threads.
 
 Every pattern RE2 rejects is :class:`InvalidArgument` naming the pattern and RE2's reason.
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
+import threading
+from collections import OrderedDict
 from typing import Protocol, cast
 
 import re2
 
 from tabletstore.errors import InvalidArgument
 
-__all__ = ["CACHE_SIZE", "MAX_MEM", "Pattern", "compile_re2", "program_size"]
+__all__ = ["CACHE_SIZE", "MAX_MEM", "Pattern", "cached", "compile_re2", "program_size"]
 
-#: RE2's memory budget per compiled pattern (its default, which Cloud Bigtable's servers use).
-MAX_MEM = 8 << 20
-#: Compiled patterns kept for reuse; at most ``CACHE_SIZE * MAX_MEM`` bytes in the worst case.
+#: RE2's memory budget per compiled pattern, which also bounds the time of one compile.
+MAX_MEM = 256 << 10
+#: Compiled patterns kept for reuse; at most ``CACHE_SIZE * MAX_MEM`` bytes (32 MiB).
 CACHE_SIZE = 128
 
 
@@ -65,7 +74,10 @@ def _options() -> re2.Options:
 _OPTIONS = _options()
 
 
-@lru_cache(maxsize=CACHE_SIZE)
+_cache: OrderedDict[bytes, Pattern] = OrderedDict()
+_cache_lock = threading.Lock()
+
+
 def _compile(pattern: bytes) -> Pattern:
     try:
         return cast(Pattern, re2.compile(pattern, _OPTIONS))
@@ -76,14 +88,33 @@ def _compile(pattern: bytes) -> Pattern:
         raise InvalidArgument(f"invalid RE2 regex {pattern!r}: {reason}") from None
 
 
+def cached(pattern: bytes) -> Pattern | None:
+    """``pattern`` compiled, if the cache holds it (marking it recently used); never compiles."""
+    with _cache_lock:
+        compiled = _cache.get(pattern)
+        if compiled is not None:
+            _cache.move_to_end(pattern)
+        return compiled
+
+
 def compile_re2(pattern: bytes) -> Pattern:
     """Compile RE2 ``pattern``; ``.fullmatch(data) is not None`` tests a key, name or value.
 
-    Raises InvalidArgument naming the pattern if it is not bytes or RE2 rejects it.
+    Answers from the cache when it can. Raises InvalidArgument naming the pattern if it is not
+    bytes or RE2 rejects it (refusals are not cached).
     """
     if not isinstance(pattern, bytes):
         raise InvalidArgument(f"regex must be bytes, got {type(pattern).__name__}")
-    return _compile(pattern)
+    compiled = cached(pattern)
+    if compiled is not None:
+        return compiled
+    compiled = _compile(pattern)  # outside the lock: other threads' cache hits never wait
+    with _cache_lock:
+        _cache[pattern] = compiled
+        _cache.move_to_end(pattern)
+        while len(_cache) > CACHE_SIZE:
+            _cache.popitem(last=False)
+    return compiled
 
 
 def program_size(pattern: Pattern) -> int:

@@ -40,7 +40,7 @@ class BulkIngest:
         in this tablet's range, families of its schema) as new SSTables, one per locality
         group, and the SSTables ``adopt`` names ((group, reference), objects of this table
         holding only puts of rows in this tablet's range, every stored seq 0: staged by the
-        master, batch/bulkload.py step 2) as they are, in one record update: all of them or
+        master, batch/load_files.py step 2) as they are, in one record update: all of them or
         none. Returns the cells added.
 
         ``marks`` name the load and the rows these cells are; the same record update adds

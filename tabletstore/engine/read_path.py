@@ -8,7 +8,12 @@ Reads share the event loop with the worker's lease keep-alive, so no read may ho
 a scan gives other tasks a turn at least every :data:`READ_SLICE_SECONDS` of computing (data
 already in memory or in the block cache never suspends it otherwise), and a row whose
 worst-case regex work (:func:`~tabletstore.data.filters.regex_cost` times its bytes) exceeds
-:data:`INLINE_REGEX_WORK` is filtered on a thread (RE2 releases the GIL while it matches).
+:data:`INLINE_REGEX_WORK`, or whose filter steps (the filter's work per cell times its cells)
+exceed :data:`INLINE_FILTER_STEPS`, is filtered on a thread (RE2 releases the GIL while it
+matches; Python code on a thread gives the loop the GIL at least every switch interval). A
+filter's patterns are compiled before anything is read, on such a thread when one is not in
+the pattern cache: RE2 compiles holding the GIL, and the filter's cost limits
+(:mod:`tabletstore.data.filters`) bound each compile and their sum.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import os
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 
 from tabletstore.clock import stopwatch
-from tabletstore.data.filters import RowFilter, apply_filter, regex_cost
+from tabletstore.data.filters import RowFilter, apply_filter, compile_filter, uncompiled
 from tabletstore.data.model import Cell as ApiCell
 from tabletstore.data.model import Row
 from tabletstore.data.query import RowRange
@@ -42,7 +47,14 @@ from tabletstore.engine.scan_stats import ScanStats
 from tabletstore.engine.tablet_core import TabletCore
 from tabletstore.keys import Cell, CellKind, cell_sort_key
 
-__all__ = ["INLINE_REGEX_WORK", "READ_SLICE_SECONDS", "ReadPath", "filter_row"]
+__all__ = [
+    "INLINE_FILTER_STEPS",
+    "INLINE_REGEX_WORK",
+    "READ_SLICE_SECONDS",
+    "ReadPath",
+    "filter_row",
+    "regex_cost_compiled",
+]
 
 #: The longest a scan computes on the event loop before it lets other tasks run. The lease
 #: keep-alive shares the loop and tolerates a stall of about ``ttl - ttl/3`` (3.3 s with the
@@ -53,6 +65,9 @@ READ_SLICE_SECONDS = 0.01
 #: 15 ns per byte per instruction, so this bounds an inline filter to a few milliseconds;
 #: heavier rows go to :func:`_filter_executor`.
 INLINE_REGEX_WORK = 1 << 18
+#: The most filter steps (the filter's work per cell, ``shape.work``, times the row's cells)
+#: one row's filter may take on the event loop: a few milliseconds of Python.
+INLINE_FILTER_STEPS = 1 << 14
 
 _filter_threads: concurrent.futures.ThreadPoolExecutor | None = None
 
@@ -79,12 +94,25 @@ def _row_bytes(row: bytes, cells: Sequence[ApiCell]) -> int:
 async def filter_row(
     filter: RowFilter, cost: int, row: bytes, cells: list[ApiCell]
 ) -> list[ApiCell]:
-    """``apply_filter(filter, row, cells)``, on a thread when its regex work could stall the
-    event loop. ``cost`` is ``regex_cost(filter)``."""
-    if cost and cost * _row_bytes(row, cells) > INLINE_REGEX_WORK:
+    """``apply_filter(filter, row, cells)``, on a thread when its regex work or its filter
+    steps could stall the event loop. ``cost`` is ``regex_cost(filter)``."""
+    if (cost and cost * _row_bytes(row, cells) > INLINE_REGEX_WORK) or (
+        filter.shape.work * len(cells) > INLINE_FILTER_STEPS
+    ):
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(_filter_executor(), apply_filter, filter, row, cells)
     return apply_filter(filter, row, cells)
+
+
+async def regex_cost_compiled(filter: RowFilter | None) -> int:
+    """``filter``'s :func:`~tabletstore.data.filters.regex_cost`, compiling its patterns first:
+    on a filter thread when one of them is not in the pattern cache, so that the event loop
+    runs between one pattern's compile and the next. InvalidArgument for an invalid pattern or
+    one over the filter's program limit, before anything is read."""
+    if uncompiled(filter):
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(_filter_executor(), compile_filter, filter)
+    return compile_filter(filter)
 
 
 class _LoopTurns:
@@ -116,6 +144,11 @@ class ReadPath:
         self._core = core
         #: The last (schema, identity) :meth:`readable` found may read every family.
         self._reads_all: tuple[TableSchema, str | None] | None = None
+
+    def may_read_some(self, identity: str | None) -> bool:
+        """Whether ``identity`` may read at least one family of this table (or it has none):
+        what reading the table's shape (its sample keys, its tablets' boundaries) needs."""
+        return self.readable(identity) != set()
 
     def readable(self, identity: str | None) -> set[str] | None:
         """Families the identity may read, or None when it may read them all."""
@@ -197,12 +230,13 @@ class ReadPath:
         core = self._core
         core.check_serving()
         core.check_row(row)
+        cost = await regex_cost_compiled(filter)
         fams = _intersect(families, self.readable(identity))
         cells = await self.read_row_cells(row, fams)
         if stats is not None and cells:
             stats.seen(Row(row, cells))
         if filter is not None:
-            cells = await filter_row(filter, regex_cost(filter), row, cells)
+            cells = await filter_row(filter, cost, row, cells)
         return Row(row, cells) if cells else None
 
     async def scan(
@@ -228,8 +262,8 @@ class ReadPath:
                 async for row in reversed_rows:
                     yield row
             return
+        cost = await regex_cost_compiled(filter)
         rows = self._scan_rows(clipped, _intersect(families, self.readable(identity)))
-        cost = regex_cost(filter)
         emitted = 0
         turns = _LoopTurns()
         async with contextlib.aclosing(rows):
@@ -272,8 +306,8 @@ class ReadPath:
                 async for row in reversed_rows:
                     yield row
             return
+        cost = await regex_cost_compiled(filter)
         rows = self._scan_rows(clipped, _intersect(families, self.readable(identity)))
-        cost = regex_cost(filter)
         emitted = 0
         turns = _LoopTurns()
         async with contextlib.aclosing(rows):

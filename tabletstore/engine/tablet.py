@@ -124,6 +124,8 @@ class Tablet:
         self.scan = reads.scan
         #: :meth:`ReadPath.scan_with_progress`: a scan that reports long filtered-out runs.
         self.scan_with_progress = reads.scan_with_progress
+        #: :meth:`ReadPath.may_read_some`: may read at least one family (the table's shape).
+        self.may_read_some = reads.may_read_some
         #: :meth:`CompactionRunner.minor_compact` (§5.4).
         self.minor_compact = compactions.minor_compact
         #: :meth:`CompactionRunner.merge_if_needed` (§5.4).

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from tabletstore.data.filters import RowFilter, regex_cost
+from tabletstore.data.filters import RowFilter
 from tabletstore.data.model import Cell as ApiCell
 from tabletstore.data.model import Mutation, ReadModifyWriteRule, Row, SetCell
 from tabletstore.data.schema import TableSchema
@@ -21,7 +21,7 @@ from tabletstore.data.validation import (
     validate_row_mutation,
 )
 from tabletstore.engine.cells import apply_rmw_rule, to_cells
-from tabletstore.engine.read_path import ReadPath, filter_row
+from tabletstore.engine.read_path import ReadPath, filter_row, regex_cost_compiled
 from tabletstore.engine.row_locks import RowLocks
 from tabletstore.engine.tablet_core import TabletCore
 from tabletstore.errors import TabletStoreError
@@ -213,11 +213,12 @@ class WritePath:
         for muts in (true_mutations, false_mutations):
             if muts:
                 validate_row_mutation(core.schema, row, muts, identity)
+        cost = await regex_cost_compiled(predicate)
         async with self.row_locks.held(row):
             current = await self._reads.read_row_cells(row, self._reads.readable(identity))
             cells = current
             if predicate is not None:
-                cells = await filter_row(predicate, regex_cost(predicate), row, current)
+                cells = await filter_row(predicate, cost, row, current)
             matched = bool(cells)
             chosen = true_mutations if matched else false_mutations
             if chosen:

@@ -1,14 +1,24 @@
 """Bulk load, the master's side: a job's SSTables added to a table, once (§8).
 
 The paper's §8 has MapReduce jobs write their output into Bigtable; here a job writes sorted
-SSTables (batch/bulkload.py) and ``tabletstore bulkload TABLE URL`` hands them to the table.
-The master checks every file first (nothing is committed if one is bad), then asks the worker
+SSTables (batch/load_files.py) into its staging area of the database's bucket and
+``tabletstore bulkload TABLE LOAD-NAME`` hands them to the table.
+
+**Where a load is read from.** Only from ``staging/<caller>/<load-name>/`` of the database's
+own bucket (``storage_s3.layout.staging_prefix``; ``<caller>`` is the principal the RPC layer
+proved, ``anonymous`` on a cluster without auth), through the store the master already has.
+The request names the load (``LOAD-NAME``) or that staging area's full URL
+(``layout.staging_url``); any other URL -- another bucket, endpoint or prefix, ``file://``, a
+table's own objects, another principal's staging area -- is PermissionDenied naming the
+staging area the caller may use, and nothing is fetched. The workers read the files the same
+way (``BulkLoadTabletRequest.source_url`` must be their own store's URL, the keys must be
+staging keys). The master checks every file first (nothing is committed if one is bad), then asks the worker
 serving each tablet (§5.2: whoever serves it now) to add that tablet's part in one METADATA
 update (§5.3: the tablet's record names its SSTables). This module makes that safe to repeat
 and to resume after a crash of the master or of the client:
 
 * **Load id.** Each load has an id: ``--load-id`` / ``load_id=``, by default a hash of the
-  files' contents (batch/bulkload.py ``content_load_id``), so running the same load again
+  files' contents (batch/load_files.py ``content_load_id``), so running the same load again
   names the same load.
 * **The load's record** in the coordinator, ``bulk_loads/<table-id>/<load-id>``
   (:class:`LoadRecord`, JSON): ``loading`` from before the first tablet is touched, ``done``
@@ -24,7 +34,7 @@ and to resume after a crash of the master or of the client:
 A tablet that split or moved meanwhile refuses its call having committed nothing (its part is
 one record update), so its rows are looked up again and loaded into what serves them now.
 
-**Adoption** (batch/bulkload.py step 2). While it checks a file, the master copies the bytes
+**Adoption** (batch/load_files.py step 2). While it checks a file, the master copies the bytes
 it checked into the database's bucket when the file can be adopted and lies inside one
 tablet's rows (``tables/<table-id>/bulk/<group>/<id>.parquet``: bytes the master verified,
 in a bucket only the database writes, so no worker checks them again). A tablet whose rows
@@ -46,7 +56,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass, replace
 
-from tabletstore.batch.bulkload import (
+from tabletstore.batch.load_files import (
     SourceFile,
     content_load_id,
     inspect_sources,
@@ -55,20 +65,38 @@ from tabletstore.batch.bulkload import (
 from tabletstore.clock import Clock
 from tabletstore.coordination import paths
 from tabletstore.coordination.base import Coordinator
-from tabletstore.errors import Corruption, InvalidArgument, NotServing, Unavailable, Unreachable
+from tabletstore.errors import (
+    Corruption,
+    InvalidArgument,
+    NotServing,
+    PermissionDenied,
+    Unavailable,
+    Unreachable,
+)
 from tabletstore.metadata.catalog import Catalog, TableInfo
 from tabletstore.metadata.record import TabletRecord, uncovered
 from tabletstore.rpc.messages import BulkLoadTabletRequest, BulkLoadTabletResponse
 from tabletstore.rpc.services import TabletService
-from tabletstore.storage_s3 import layout, open_store
-from tabletstore.storage_s3.base import ObjectStore
+from tabletstore.storage_s3 import layout
+from tabletstore.storage_s3.base import ObjectStore, object_url
 
-__all__ = ["DONE", "LOADING", "LoadRecord", "LoadResult", "bulk_load", "check_load_id"]
+__all__ = [
+    "ANONYMOUS",
+    "DONE",
+    "LOADING",
+    "LoadRecord",
+    "LoadResult",
+    "bulk_load",
+    "check_load_id",
+    "source_prefix",
+]
 
 log = logging.getLogger(__name__)
 
 LOADING = "loading"
 DONE = "done"
+#: The principal a load runs as on a cluster without auth.
+ANONYMOUS = "anonymous"
 _ATTEMPTS = 5
 _LOAD_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 #: The tablet-id component of the keys of files staged for adoption.
@@ -128,6 +156,26 @@ def check_load_id(load_id: str) -> str:
     return load_id
 
 
+def source_prefix(store_url: str, principal: str, source: str) -> str:
+    """The staging prefix (a key prefix of the store ``store_url``) that a load of
+    ``principal`` named ``source`` reads: ``source`` is a load name or the full URL of
+    ``principal``'s staging area for one (module docstring). PermissionDenied for anything
+    else, naming what the caller may use."""
+    if "://" not in source:
+        return layout.staging_prefix(principal, source.rstrip("/"))
+    area = layout.staging_url(store_url, principal, "LOAD-NAME")
+    base, _, query = source.partition("?")
+    store_base, _, store_query = layout.staging_url(store_url, principal, "x").partition("?")
+    home = store_base[: -len("x")]
+    name = base[len(home) :].rstrip("/") if base.startswith(home) else ""
+    if not name or "/" in name or query != store_query:
+        raise PermissionDenied(
+            f"bulk load reads only the caller's staging area of the database's bucket, "
+            f"{area} (or give just LOAD-NAME): {source} is not one"
+        )
+    return layout.staging_prefix(principal, name)
+
+
 async def bulk_load(
     *,
     info: TableInfo,
@@ -138,21 +186,24 @@ async def bulk_load(
     worker: Callable[[str], TabletService],
     locate: Locate,
     clock: Clock,
-    store: ObjectStore | None = None,
+    store: ObjectStore,
+    principal: str = ANONYMOUS,
 ) -> LoadResult:
-    """Load the SSTables under ``url`` into the table as load ``load_id`` (default: a hash
+    """Load the SSTables of load ``url`` (a load name, or the URL of ``principal``'s staging
+    area for it: :func:`source_prefix`) into the table as load ``load_id`` (default: a hash
     of their contents), or the part of it not loaded yet (module docstring). ``store``: the
-    database's bucket, where adoptable files are staged (None: every file takes the cell
-    path)."""
+    database's bucket, the only place the files are read from and where adoptable files are
+    staged."""
     if load_id is not None:
         check_load_id(load_id)
+    prefix = source_prefix(store.url, principal, url)
     staged: list[str] = []
     try:
         return await _bulk_load(
-            info, url, load_id, catalog, coordinator, worker, locate, clock, store, staged
+            info, prefix, load_id, catalog, coordinator, worker, locate, clock, store, staged
         )
     except BaseException:
-        if staged and store is not None:
+        if staged:
             # Refused (or failed) before any tablet took one: nothing names the copies.
             with contextlib.suppress(Exception):
                 await store.delete_many(staged)
@@ -184,27 +235,23 @@ def _inside(file: SourceFile, start: bytes, end: bytes | None) -> bool:
 
 async def _bulk_load(
     info: TableInfo,
-    url: str,
+    prefix: str,
     load_id: str | None,
     catalog: Catalog,
     coordinator: Coordinator,
     worker: Callable[[str], TabletService],
     locate: Locate,
     clock: Clock,
-    store: ObjectStore | None,
+    store: ObjectStore,
     staged: list[str],
 ) -> LoadResult:
-    """:func:`bulk_load`; appends the keys of the files it stages to ``staged``, and clears
-    it once a tablet may have adopted one (from then on only GC may delete them)."""
-    source = open_store(url)
-    try:
-        stage = None
-        if store is not None:
-            records = await catalog.list_tablets(info.table_id)
-            stage = functools.partial(_stage_file, store, info, records, staged)
-        files: list[SourceFile] = await inspect_sources(source, info.schema, stage)
-    finally:
-        await source.close()
+    """:func:`bulk_load` of the files under ``prefix`` of ``store``; appends the keys of the
+    files it stages to ``staged``, and clears it once a tablet may have adopted one (from then
+    on only GC may delete them)."""
+    url = object_url(store.url, prefix)
+    records = await catalog.list_tablets(info.table_id)
+    stage = functools.partial(_stage_file, store, info, records, staged)
+    files: list[SourceFile] = await inspect_sources(store, info.schema, stage, prefix=prefix)
     content = content_load_id(files)
     load_id = load_id or content
     key = paths.bulk_load(info.table_id, load_id)
@@ -219,7 +266,7 @@ async def _bulk_load(
         )
     if record is not None and record.state == DONE:
         log.info("bulk load %s into %s is done already: nothing to load", load_id, name)
-        if store is not None and staged:
+        if staged:
             await store.delete_many(staged)
             staged.clear()
         return LoadResult(load_id, 0, 0)
@@ -229,7 +276,7 @@ async def _bulk_load(
     else:
         log.info("bulk load %s into %s was interrupted: loading what is left", load_id, name)
     staged.clear()  # tablets may adopt them from here on
-    tablets, cells = await _load_range(info, url, files, load_id, catalog, worker, locate)
+    tablets, cells = await _load_range(info, store.url, files, load_id, catalog, worker, locate)
     done = replace(
         record,
         state=DONE,

@@ -51,6 +51,7 @@ from tabletstore.errors import (
 )
 from tabletstore.master import assignment, snapshots
 from tabletstore.master.balancer import Balancer
+from tabletstore.master.bulk_load import ANONYMOUS
 from tabletstore.master.bulk_load import bulk_load as load_files
 from tabletstore.master.compaction_cycle import MajorCompactionCycle, WorkerCompactionExecutor
 from tabletstore.master.log_recovery import LogRecovery
@@ -59,6 +60,7 @@ from tabletstore.metadata.catalog import Catalog, ClusterSettings, TableInfo
 from tabletstore.metadata.record import LogRef, TabletRecord
 from tabletstore.metadata.snapshot import delete_manifest, list_manifests
 from tabletstore.options import MasterOptions
+from tabletstore.rpc.auth import current_principal
 from tabletstore.rpc.messages import (
     BulkLoadRequest,
     BulkLoadResponse,
@@ -531,6 +533,14 @@ class Master:
         splits = sorted(set(req.split_keys))
         if any(not k for k in splits):
             raise InvalidArgument("split keys must be non-empty")
+        limit = self._options.max_split_keys
+        if limit and len(splits) > limit:
+            raise InvalidArgument(
+                f"create_table {schema.name!r}: {len(splits)} split keys, over the limit of "
+                f"max_split_keys={limit} (the master's --max-split-keys); the table splits "
+                "itself as it grows"
+            )
+        await self._check_table_quota(schema.name)
         table_id = Catalog.new_table_id(schema.name)
         bounds: list[bytes | None] = [*splits, None]
         records = []
@@ -545,6 +555,25 @@ class Master:
         info = await self._catalog.create_table(schema, records)
         await self.assign()
         return TableInfoMessage.of(info)
+
+    async def _check_table_quota(self, name: str) -> None:
+        """InvalidArgument if the caller administers ``max_tables_per_principal`` tables
+        already (only with auth, and not for the cluster's own identities)."""
+        limit = self._options.max_tables_per_principal
+        principal = current_principal()
+        if not limit or principal is None or principal.is_cluster:
+            return
+        owned = sum(
+            1
+            for info in await self._catalog.list_tables()
+            if info.schema.admins is not None and principal.name in info.schema.admins
+        )
+        if owned >= limit:
+            raise InvalidArgument(
+                f"create_table {name!r}: {principal.name} administers {owned} tables, the "
+                f"limit of max_tables_per_principal={limit} (the master's "
+                "--max-tables-per-principal)"
+            )
 
     async def delete_table(self, req: TableNameRequest) -> None:
         """Unload a table's tablets and delete its records; its objects become garbage."""
@@ -742,11 +771,23 @@ class Master:
             locate=self._locate,
             clock=self._clock,
             store=await self._the_store(),
+            principal=_caller(),
         )
         return BulkLoadResponse(done.tablets, done.cells, done.load_id)
 
 
+def _caller() -> str:
+    """The name of the principal this request runs as (``anonymous`` without auth)."""
+    principal = current_principal()
+    return principal.name if principal is not None else ANONYMOUS
+
+
 def _check_load_options(options: MasterOptions) -> None:
+    for name in ("max_split_keys", "max_tables_per_principal"):
+        if getattr(options, name) < 0:
+            raise InvalidArgument(
+                f"{name} must be >= 0 (0: no bound), got {getattr(options, name)}"
+            )
     if options.max_loads_per_worker < 1:
         raise InvalidArgument(
             f"max_loads_per_worker must be at least 1, got {options.max_loads_per_worker}"

@@ -10,7 +10,10 @@ on, each request runs with the principal the RPC layer proved (``rpc.auth``):
   ``compact_table``, ``create_snapshot``, ``delete_snapshot``, ``bulk_load``: only the table's
   admins, or the cluster's master identity. A table without an admin list (made without auth)
   may be administered by anyone authenticated, until an admin list is set.
-- ``get_table``, ``list_tables``, ``list_snapshots``: any authenticated principal.
+- ``get_table``, ``list_tables``: any authenticated principal.
+- ``list_snapshots``: only the snapshots of tables the principal administers or may read some
+  family of (a manifest names every tablet's boundaries, which are row keys); naming a table
+  it may not read is PermissionDenied (permission "read").
 
 A refusal is PermissionDenied naming the principal, the table and the permission ("admin"),
 counted by ``denied``. Without auth (no principal: the embedded database) nothing changes.
@@ -29,6 +32,7 @@ from tabletstore.rpc.messages import (
     CreateTableRequest,
     DeleteSnapshotRequest,
     ListSnapshotsRequest,
+    ListSnapshotsResponse,
     TableNameRequest,
 )
 from tabletstore.rpc.services import MASTER, MasterService
@@ -51,6 +55,7 @@ ADMIN_METHODS = frozenset(
     )
 )
 _CREATE = MASTER.method(MasterService.create_table).name
+_LIST_SNAPSHOTS = MASTER.method(MasterService.list_snapshots).name
 
 Denied = Callable[[str, str], None]
 
@@ -95,6 +100,35 @@ async def check_admin(master: Master, principal: Principal, method: str, request
         )
 
 
+async def _may_see(master: Master, principal: Principal, table: str) -> bool:
+    """Whether ``principal`` may see table ``table``'s row keys: it administers the table or
+    may read one of its families (a table without families or ACLs: anyone)."""
+    if principal.role == "master":
+        return True
+    try:
+        schema = (await master.get_table(TableNameRequest(table))).info().schema
+    except NotFound:
+        return False
+    if schema.admins is not None and principal.name in schema.admins:
+        return True
+    fams = schema.families.values()
+    return not fams or any(f.acl.may_read(principal.name) for f in fams)
+
+
+async def _visible_snapshots(
+    master: Master, principal: Principal, response: ListSnapshotsResponse
+) -> ListSnapshotsResponse:
+    seen: dict[str, bool] = {}
+    kept = []
+    for message in response.snapshots:
+        table = str(json.loads(message.manifest_json).get("table"))
+        if table not in seen:
+            seen[table] = await _may_see(master, principal, table)
+        if seen[table]:
+            kept.append(message)
+    return ListSnapshotsResponse(tuple(kept))
+
+
 def _with_creator(request: CreateTableRequest, principal: Principal) -> CreateTableRequest:
     schema = request.schema()
     admins = sorted({*(schema.admins or ()), principal.name})
@@ -113,6 +147,15 @@ def _guarded(master: Master, method: str, fn: Handler, denied: Denied) -> Handle
 
     async def guarded(request: Any) -> Any:
         principal = current_principal()
+        if principal is not None and method == _LIST_SNAPSHOTS:
+            table = request.table
+            if table is not None and not await _may_see(master, principal, table):
+                denied(method, "read")
+                raise PermissionDenied(
+                    f"{principal.name} may not list the snapshots of table {table!r}: it may "
+                    "read none of its families (permission: read)"
+                )
+            return await _visible_snapshots(master, principal, await unary(request))
         if principal is not None:
             if method == _CREATE:
                 request = _with_creator(request, principal)

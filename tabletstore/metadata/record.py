@@ -87,7 +87,7 @@ class SSTableRef:
     """An SSTable object as METADATA records it.
 
     ``seq_base`` (ref version 2) is added to every seq the object stores: an SSTable a bulk
-    load adopted as the job wrote it (every stored seq 0, batch/bulkload.py) takes its seqs
+    load adopted as the job wrote it (every stored seq 0, batch/load_files.py) takes its seqs
     from the tablet this way, so its cells are ordered against written ones exactly as if
     they had been written when it was loaded. ``min_seq``/``max_seq`` here include it. A
     ref with a ``seq_base`` is written with ``"version": 2`` (older refs have no version and

@@ -422,13 +422,14 @@ class SnapshotWriteResponse:
 
 @dataclass(frozen=True, slots=True)
 class BulkLoadTabletRequest:
-    """Master to worker: add the cells of these SSTable objects (in the store ``source_url``)
-    that fall in the tablet's range and in ``[start_row, end_row)``, as new SSTables of the
+    """Master to worker: add the cells of these SSTable objects (in the store ``source_url``,
+    which must be the database's own bucket, under its ``staging/`` keys) that fall in the
+    tablet's range and in ``[start_row, end_row)``, as new SSTables of the
     tablet, in one record update. ``load_id`` (when not empty) makes it idempotent: rows
     the tablet's record marks as already loaded by that load are skipped, and the update
     marks the rows it loads (master/bulk_load.py). ``adopt``: SSTable objects the master
     staged in the database's bucket, each inside those rows, that the tablet adds as they
-    are (batch/bulkload.py step 2), in the same record update."""
+    are (batch/load_files.py step 2), in the same record update."""
 
     table_id: str
     tablet_id: str

@@ -78,6 +78,11 @@ logger = logging.getLogger(__name__)
 
 # How long close() waits for cancelled handlers after the grace period before giving up.
 _ABORT_WAIT = 2.0
+# Requests larger than this are decoded on a thread: decoding builds one Python object per
+# value, a few microseconds each, so a frame packed with tiny values (millions of filter nodes
+# or row ranges) would hold the event loop, and the lease keep-alive on it, for seconds. On a
+# thread the loop still gets the GIL every switch interval.
+_INLINE_DECODE_BYTES = 64 * 1024
 
 
 def _wire_error(exc: BaseException, method: str, where: str) -> TabletStoreError:
@@ -810,7 +815,7 @@ class _ServerConnection(FrameConnection):
         try:
             try:
                 await self._authenticated(request.on_behalf)
-                response = await fn(self._codec.decode(request.payload))
+                response = await fn(await self._decode(request.payload))
             except asyncio.CancelledError:
                 self._on_cancelled(rid)
                 raise
@@ -831,7 +836,7 @@ class _ServerConnection(FrameConnection):
         try:
             try:
                 await self._authenticated(req.on_behalf)
-                request = self._codec.decode(req.payload)
+                request = await self._decode(req.payload)
                 self._release(rid)  # a stream may last long; its request is decoded
                 async with contextlib.aclosing(fn(request)) as items:
                     async for item in items:
@@ -854,6 +859,11 @@ class _ServerConnection(FrameConnection):
             self.write(frame, more_coming=len(self._tasks) > 1)
         finally:
             self._finished(rid)
+
+    async def _decode(self, payload: memoryview) -> Any:
+        if len(payload) <= _INLINE_DECODE_BYTES:
+            return self._codec.decode(payload)
+        return await asyncio.to_thread(self._codec.decode, payload)
 
     def _response_frame(self, rid: int, response: Any, method: str) -> bytes:
         """The RESPONSE frame; if the answer cannot be sent (too large for the peer, not

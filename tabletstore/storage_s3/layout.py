@@ -11,6 +11,7 @@ the store URL), so they never include that prefix::
     recovery/<worker-id>/<incarnation:020d>/<segment:020d>/done.json
     recovery/<worker-id>/<incarnation:020d>/<segment:020d>/<table-id>/<tablet-id>.run
     snapshots/<table-id>/<snapshot-id>.json
+    staging/<principal>/<load-name>/...                (a principal's bulk-load input)
     probes/conditional-create/<nonce>                  (deleted at once; see below)
 
 Numbers are zero-padded to 20 digits (enough for any unsigned 64-bit value), so listing a prefix
@@ -27,6 +28,12 @@ validated by :func:`check_component`: non-empty, at most 200 characters, no ``/`
 characters, not ``.`` or ``..``. Every builder has a parser that inverts it exactly; a key that
 does not match raises :class:`~tabletstore.errors.InvalidArgument` naming the key.
 
+``staging/`` is where a principal puts the files of a bulk load (``batch.load_files``): the
+master reads a load's input only from ``staging/<the caller>/<load-name>/`` of this bucket,
+never from a location the caller names. A principal's name becomes one key component with
+``/``, ``%`` and control characters percent-encoded. Garbage collection leaves ``staging/``
+alone: the files are their writer's to delete (or a bucket lifecycle rule's).
+
 ``probes/`` holds the object an S3 store creates twice when it is opened, to check that the
 server honours create-only PUTs (``storage_s3/s3.py``); it is deleted right after, and a
 process that dies in between leaves one small object there that garbage collection keeps (it
@@ -38,12 +45,14 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from tabletstore.errors import InvalidArgument
+from tabletstore.storage_s3.base import object_url
 
 __all__ = [
     "LOGS",
     "PROBES",
     "RECOVERY",
     "SNAPSHOTS",
+    "STAGING",
     "TABLES",
     "LogSegmentKey",
     "RecoveryKey",
@@ -66,6 +75,8 @@ __all__ = [
     "snapshot_key",
     "snapshot_prefix",
     "sstable_key",
+    "staging_prefix",
+    "staging_url",
     "tables_prefix",
 ]
 
@@ -74,6 +85,7 @@ LOGS = "logs/"
 RECOVERY = "recovery/"
 SNAPSHOTS = "snapshots/"
 PROBES = "probes/"
+STAGING = "staging/"
 
 _SSTABLE_SUFFIX = ".parquet"
 _LOG_SUFFIX = ".log"
@@ -161,6 +173,37 @@ def _split(key: str, root: str, parts: int, suffix: str, kind: str) -> list[str]
 def conditional_create_probe_key(nonce: str) -> str:
     """``probes/conditional-create/<nonce>``: the S3 store's open-time fencing probe."""
     return f"{PROBES}conditional-create/{check_component('probe nonce', nonce)}"
+
+
+# Bulk-load staging ---------------------------------------------------------------------------
+
+
+def _principal_component(principal: str) -> str:
+    """``principal`` as one key component: ``%``, ``/`` and control characters %-encoded."""
+    if not isinstance(principal, str) or not principal:
+        raise InvalidArgument(f"principal must be a non-empty string, got {principal!r}")
+    out = "".join(
+        f"%{ord(ch):02X}" if ch in "%/" or ord(ch) < 0x20 or ord(ch) == 0x7F else ch
+        for ch in principal
+    )
+    if out in (".", ".."):
+        out = out.replace(".", "%2E")
+    return check_component("principal", out)
+
+
+def staging_prefix(principal: str, load_name: str | None = None) -> str:
+    """``staging/<principal>/`` or ``staging/<principal>/<load-name>/``: where ``principal``
+    puts the files of its bulk loads."""
+    prefix = f"{STAGING}{_principal_component(principal)}/"
+    if load_name is None:
+        return prefix
+    return f"{prefix}{check_component('bulk-load name', load_name)}/"
+
+
+def staging_url(store_url: str, principal: str, load_name: str) -> str:
+    """The URL a job writes the files of load ``load_name`` of ``principal`` to, in the store
+    opened from ``store_url`` (the database's bucket)."""
+    return object_url(store_url, staging_prefix(principal, load_name).rstrip("/"))
 
 
 # SSTables ------------------------------------------------------------------------------------

@@ -17,10 +17,11 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from tabletstore.batch.bulkload import cells_for_tablet
+from tabletstore.batch.load_files import cells_for_tablet
 from tabletstore.engine.tablet import SnapshotCut, Tablet
 from tabletstore.errors import InvalidArgument, NotServing
 from tabletstore.metadata.record import BulkLoadMark, SSTableRef, TabletRecord, uncovered
+from tabletstore.rpc.auth import current_principal
 from tabletstore.rpc.messages import (
     AdoptCompactionRequest,
     BulkLoadTabletRequest,
@@ -38,6 +39,7 @@ from tabletstore.rpc.messages import (
 )
 from tabletstore.sstable import SSTable
 from tabletstore.storage_s3 import layout
+from tabletstore.storage_s3.base import ObjectStore
 
 if TYPE_CHECKING:
     from tabletstore.worker.server import TabletServer
@@ -63,7 +65,9 @@ class AdminService:
         await self._server.unload(req)
 
     async def server_status(self, req: ServerStatusRequest) -> ServerStatusResponse:
-        return self._server.status()
+        """What this worker serves. A caller sees only the tablets of tables it may read some
+        family of (their boundaries are row keys); the cluster's own identities see all."""
+        return self._server.status(current_principal())
 
     async def compact_tablet(self, req: CompactTabletRequest) -> None:
         tablet = self._server.tablet(req.table_id, req.tablet_id)
@@ -131,12 +135,26 @@ class AdminService:
         pieces = ranges or [(start, end)]
         adopt = await self._staged_sstables(rec, req.adopt, pieces)
         groups = (
-            await cells_for_tablet(req.source_url, req.keys, pieces, tablet.schema)
+            await cells_for_tablet(self._load_source(req), req.keys, pieces, tablet.schema)
             if req.keys
             else {}
         )
         marks = tuple(BulkLoadMark(req.load_id, a, b) for a, b in ranges)
         return BulkLoadTabletResponse(await tablet.bulk_load(groups, marks, adopt))
+
+    def _load_source(self, req: BulkLoadTabletRequest) -> ObjectStore:
+        """The store to read a load's files from: this worker's own, and only its staging
+        keys (batch/load_files.py); InvalidArgument for another store or key."""
+        store = self._server.store
+        if req.source_url != store.url:
+            raise InvalidArgument(
+                f"bulk-load files are read only from the database's bucket {store.url}, "
+                f"not {req.source_url}"
+            )
+        for key in req.keys:
+            if not key.startswith(layout.STAGING):
+                raise InvalidArgument(f"bulk-load file {key!r} is not in a staging area")
+        return store
 
     async def _staged_sstables(
         self,
@@ -145,7 +163,7 @@ class AdminService:
         pieces: Sequence[tuple[bytes, bytes | None]],
     ) -> list[tuple[str, SSTableRef]]:
         """(locality group, reference with no seq base yet) of each SSTable the master
-        staged for this tablet to adopt (batch/bulkload.py step 2): one of this table's
+        staged for this tablet to adopt (batch/load_files.py step 2): one of this table's
         objects, lying inside rows still to load (NotServing otherwise: the master's view
         was stale, it looks again)."""
         out = []

@@ -20,7 +20,8 @@ from tabletstore.data.model import Row
 from tabletstore.data.query import RowSet
 from tabletstore.engine.scan_stats import ScanStats
 from tabletstore.engine.tablet import Tablet
-from tabletstore.errors import InvalidArgument, TabletStoreError
+from tabletstore.errors import InvalidArgument, PermissionDenied, TabletStoreError
+from tabletstore.rpc.auth import current_principal
 from tabletstore.rpc.messages import (
     CheckAndMutateRequest,
     CheckAndMutateResponse,
@@ -42,6 +43,7 @@ from tabletstore.rpc.messages import (
 )
 from tabletstore.rpc.row_pieces import STREAM_ITEM_BYTES, UNARY_ROW_BYTES, row_bytes, split_row
 from tabletstore.worker.eager_gather import gather_eager
+from tabletstore.worker.tablet_service_guard import may_see_keys
 
 if TYPE_CHECKING:
     from tabletstore.worker.server import TabletServer
@@ -303,8 +305,17 @@ class DataService:
         return await tablet.read_modify_write(req.row, req.rules, identity=req.identity)
 
     async def sample_row_keys(self, req: SampleRowKeysRequest) -> SampleRowKeysResponse:
-        """Keys that split the tablet into parts of roughly equal size (SSTable boundaries)."""
+        """Keys that split the tablet into parts of roughly equal size (SSTable boundaries).
+        Row keys are data: a caller that may read none of the table's families is refused
+        (PermissionDenied)."""
         tablet = self._tablet(req.table_id, req.tablet_id)
+        principal = current_principal()
+        if not may_see_keys(principal, tablet):
+            assert principal is not None
+            raise PermissionDenied(
+                f"{principal.name} may not sample the row keys of table {tablet.schema.name!r}: "
+                "it may read none of its families (permission: read)"
+            )
         record = tablet.record
         keys: list[bytes] = []
         offsets: list[int] = []

@@ -68,6 +68,7 @@ from tabletstore.rpc.messages import (
 )
 from tabletstore.rpc.services import TABLET
 from tabletstore.rpc.transport import Handlers, Method, Transport, call_handler, stream_handler
+from tabletstore.security.principal import Principal
 from tabletstore.sstable.block_cache import BlockCache, ScanCache
 from tabletstore.storage_s3.base import ObjectStore
 from tabletstore.worker.log import WorkerLog, replay_logged
@@ -75,6 +76,7 @@ from tabletstore.worker.log_switch_gate import SwitchGate
 from tabletstore.worker.rpc_services import TabletRpcServices
 from tabletstore.worker.shared_log_reads import SharedLogReads, tablet_cells
 from tabletstore.worker.splits import TabletSplits
+from tabletstore.worker.tablet_service_guard import may_see_keys
 
 __all__ = ["TabletServer", "next_incarnation"]
 
@@ -350,8 +352,9 @@ class TabletServer:
         """The lock held while a tablet is loaded, unloaded or split (one at a time)."""
         return self._loading.setdefault(key, asyncio.Lock())
 
-    def status(self) -> ServerStatusResponse:
-        """The tablets served here, their sizes and the requests each has had."""
+    def status(self, principal: Principal | None = None) -> ServerStatusResponse:
+        """The tablets served here, their sizes and the requests each has had: those whose row
+        keys ``principal`` may see (``may_see_keys``; all without one)."""
         tablets = tuple(
             TabletStatus(
                 table_id=t.record.table_id,
@@ -364,6 +367,7 @@ class TabletServer:
                 requests=self._requests.get(key, 0),
             )
             for key, t in self._tablets.items()
+            if may_see_keys(principal, t)
         )
         return ServerStatusResponse(self.worker_id, self.address, tablets)
 

@@ -24,7 +24,7 @@ import contextlib
 import dataclasses
 import inspect
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tabletstore.errors import ErrorCode, PermissionDenied
 from tabletstore.metadata.rows import METADATA_TABLE_ID
@@ -34,7 +34,10 @@ from tabletstore.rpc.services import TABLET, TabletService
 from tabletstore.rpc.transport import Handler
 from tabletstore.security.principal import Principal
 
-__all__ = ["CONTROL_METHODS", "DATA_METHODS", "guard"]
+if TYPE_CHECKING:
+    from tabletstore.engine.tablet import Tablet
+
+__all__ = ["CONTROL_METHODS", "DATA_METHODS", "guard", "may_see_keys"]
 
 
 def _names(*fns: Callable[..., Any]) -> frozenset[str]:
@@ -64,6 +67,13 @@ CONTROL_METHODS = _names(
 )
 
 Denied = Callable[[str, str], None]
+
+
+def may_see_keys(principal: Principal | None, tablet: Tablet) -> bool:
+    """Whether ``principal`` may see ``tablet``'s row keys (its sample keys, its boundaries):
+    no auth, a cluster identity, or one that may read some family of its table. Row keys are
+    data."""
+    return principal is None or principal.is_cluster or tablet.may_read_some(principal.name)
 
 
 def _no_count(method: str, permission: str) -> None:

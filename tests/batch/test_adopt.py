@@ -98,7 +98,7 @@ async def test_adopted_files_behave_like_written_cells(tmp_path: Path) -> None:
         for name in ("loaded", "written"):
             await _create(db, name)
             await _before(db, name)
-        out = f"file://{tmp_path}/out"
+        out = await db.staging_url("out")
         keys = await awrite_sstables(data, out, split_keys=SPLITS, file_cells=50)
         assert len(keys) >= 3  # cut at both tablet boundaries, and by size
         assert await db.bulk_load("loaded", out) == (3, data.num_rows)
@@ -151,7 +151,7 @@ async def test_a_file_across_a_tablet_boundary_is_cut_and_the_others_adopted(
     db = await Database.open(f"file://{tmp_path}/db")
     try:
         await _create(db, "web")
-        out = f"file://{tmp_path}/out"
+        out = await db.staging_url("out")
         await awrite_sstables(_data(0, 30), out)  # inside the first tablet
         await awrite_sstables(_data(30, 50), out)  # across row040: the cell path
         await awrite_sstables(_data(90, 110), out)  # inside the last tablet
@@ -174,13 +174,13 @@ async def test_refused_inputs_leave_no_staged_copy_and_load_nothing(tmp_path: Pa
         before = await _read(db, "web")
         table_id = (await db.master.catalog.get_table("web")).table_id
         # Good adoptable files next to an overlapping pair, then next to a bad family.
-        overlap = f"file://{tmp_path}/overlap"
+        overlap = await db.staging_url("overlap")
         await awrite_sstables(_data(0, 30), overlap)
         await awrite_sstables(_data(90, 110), overlap)
         await awrite_sstables(_data(95, 100, ts=1), overlap)
         with pytest.raises(InvalidArgument, match="overlap"):
             await db.bulk_load("web", overlap)
-        unknown = f"file://{tmp_path}/unknown"
+        unknown = await db.staging_url("unknown")
         await awrite_sstables(_data(0, 30), unknown)
         bad = _data(90, 100).set_column(1, "family", pa.array(["nosuch"] * 20))
         await awrite_sstables(bad, unknown)
@@ -190,7 +190,7 @@ async def test_refused_inputs_leave_no_staged_copy_and_load_nothing(tmp_path: Pa
         assert not _adopted(await _records(db, "web"))
         assert not [k async for k in db.store.list(f"tables/{table_id}/{STAGED}/")]
         # A load that is done already stages nothing either.
-        out = f"file://{tmp_path}/out"
+        out = await db.staging_url("out")
         await awrite_sstables(_data(0, 30), out)
         assert await db.bulk_load("web", out) == (1, 60)
         assert await db.bulk_load("web", out) == (0, 0)
@@ -234,7 +234,7 @@ async def test_a_compaction_run_elsewhere_applies_the_seq_bases(tmp_path: Path) 
         for name in ("loaded", "written"):
             await _create(db, name)
             await _before(db, name)
-        out = f"file://{tmp_path}/out"
+        out = await db.staging_url("out")
         await awrite_sstables(data, out, split_keys=SPLITS, file_cells=50)
         await db.bulk_load("loaded", out)
         await db.table("written").mutate_rows(_mutations(data))

@@ -21,7 +21,13 @@ from tabletstore.master.bulk_load import DONE, LOADING, LoadRecord
 from tabletstore.metadata.record import TabletRecord
 from tabletstore.rpc import messages as m
 from tabletstore.sstable.format import FORMAT_VERSION, parse_tail
+from tabletstore.storage_s3 import layout
 from tests.batch.conftest import cells_of, fill
+
+
+def staging_dir(tmp_path: Path) -> Path:
+    """The embedded database's staging area for bulk loads (file://{tmp_path}/db)."""
+    return tmp_path / "db" / "objects" / "staging" / "anonymous"
 
 
 def _data(lo: int, hi: int, ts: int = 7000) -> pa.Table:
@@ -45,7 +51,7 @@ async def test_bulk_load_reads_like_written_cells(tmp_path: Path) -> None:
     db = await Database.open(f"file://{tmp_path}/db")
     try:
         await fill(db)
-        out = f"file://{tmp_path}/out"
+        out = await db.staging_url("out")
         # Two partitions of a job, disjoint in rows, across all three tablets.
         await awrite_sstables(_data(10, 60), out)
         await awrite_sstables(_data(60, 110), out)
@@ -77,23 +83,23 @@ async def test_bad_bulk_load_files_load_nothing(tmp_path: Path) -> None:
         await fill(db)
         before = await _all(db)
         # Overlapping files.
-        overlap = f"file://{tmp_path}/overlap"
+        overlap = await db.staging_url("overlap")
         await awrite_sstables(_data(10, 50), overlap)
         await awrite_sstables(_data(40, 90), overlap)
         with pytest.raises(InvalidArgument, match="overlap"):
             await db.bulk_load("web", overlap)
         # A family the table does not have.
-        unknown = f"file://{tmp_path}/unknown"
+        unknown = await db.staging_url("unknown")
         bad = _data(10, 20).set_column(1, "family", pa.array(["nosuch"] * 20))
         await awrite_sstables(bad, unknown)
         with pytest.raises(InvalidArgument, match="nosuch"):
             await db.bulk_load("web", unknown)
         # Plain Parquet that is not an SSTable (wrong schema, unsorted).
-        plain = tmp_path / "plain"
-        plain.mkdir()
+        plain = staging_dir(tmp_path) / "plain"
+        plain.mkdir(parents=True)
         pq.write_table(_data(30, 20 + 30).sort_by([("row", "descending")]), plain / "x.parquet")
         with pytest.raises(InvalidArgument, match=r"not an SSTable|wrong schema"):
-            await db.bulk_load("web", f"file://{plain}")
+            await db.bulk_load("web", await db.staging_url("plain"))
         assert await _all(db) == before
         # Duplicate cells are refused when written.
         with pytest.raises(InvalidArgument, match="two cells"):
@@ -125,14 +131,14 @@ async def test_a_bulk_load_run_again_loads_nothing(tmp_path: Path) -> None:
     db = await Database.open(f"file://{tmp_path}/db")
     try:
         table_id = await _empty_web(db)
-        out = f"file://{tmp_path}/out"
+        out = await db.staging_url("out")
         await awrite_sstables(_data(10, 110), out)
         assert await db.bulk_load("web", out) == (3, 200)
         expected = await _all(db)
         # The same files again, by content (the default id) and written again under other
         # names: the same load, done already.
         assert await db.bulk_load("web", out) == (0, 0)
-        again = f"file://{tmp_path}/again"
+        again = await db.staging_url("again")
         await awrite_sstables(_data(10, 110), again)
         assert await db.bulk_load("web", again) == (0, 0)
         records = await db.master.catalog.list_tablets(table_id)
@@ -148,7 +154,7 @@ async def test_a_bulk_load_run_again_loads_nothing(tmp_path: Path) -> None:
         with pytest.raises(InvalidArgument, match="system table"):
             await db.bulk_load("METADATA", out)
         # The same id for other files: refused, not silently skipped.
-        other = f"file://{tmp_path}/other"
+        other = await db.staging_url("other")
         await awrite_sstables(_data(10, 20, ts=9000), other)
         with pytest.raises(InvalidArgument, match="was of other files"):
             await db.bulk_load("web", other, load_id="job-7")
@@ -173,8 +179,8 @@ async def test_a_bulk_load_interrupted_between_tablets_completes_when_run_again(
     a new master (the database opened again) runs the load again: the other tablets get
     theirs, the first is skipped, and no cell is loaded twice."""
     url = f"file://{tmp_path}/db"
-    out = f"file://{tmp_path}/out"
     db = await Database.open(url)
+    out = await db.staging_url("out")
     try:
         table_id = await _empty_web(db)
         await awrite_sstables(_data(10, 110), out)
@@ -225,10 +231,12 @@ async def test_a_tablet_that_got_its_part_refuses_it_again(tmp_path: Path) -> No
     db = await Database.open(f"file://{tmp_path}/db")
     try:
         table_id = await _empty_web(db)
-        out = f"file://{tmp_path}/out"
+        out = await db.staging_url("out")
         keys = await awrite_sstables(_data(10, 110), out)
         (rec,) = [r for r in await db.master.catalog.list_tablets(table_id) if r.start_row == b""]
-        req = m.BulkLoadTabletRequest(table_id, rec.tablet_id, out, tuple(keys), load_id="L")
+        # The master names the files by their keys in the database's own store.
+        staged = tuple(layout.staging_prefix("anonymous", "out") + k for k in keys)
+        req = m.BulkLoadTabletRequest(table_id, rec.tablet_id, db.store.url, staged, load_id="L")
         first, again = await asyncio.gather(
             db.worker.services.bulk_load_tablet(req), db.worker.services.bulk_load_tablet(req)
         )
@@ -249,14 +257,14 @@ async def test_a_damaged_bulk_load_file_loads_nothing(tmp_path: Path) -> None:
     db = await Database.open(f"file://{tmp_path}/db")
     try:
         table_id = await _empty_web(db)
-        out = tmp_path / "out"
-        (key,) = await awrite_sstables(_data(10, 110), f"file://{out}")
+        out = staging_dir(tmp_path) / "out"
+        (key,) = await awrite_sstables(_data(10, 110), await db.staging_url("out"))
         path = out / key
         blob = bytearray(path.read_bytes())
         blob[len(blob) // 3] ^= 0xFF  # inside the data blocks, far from the footer
         path.write_bytes(bytes(blob))
         with pytest.raises(InvalidArgument, match="crc32c"):
-            await db.bulk_load("web", f"file://{out}")
+            await db.bulk_load("web", await db.staging_url("out"))
         assert _loaded_cells(await db.master.catalog.list_tablets(table_id)) == 0
     finally:
         await db.close()
@@ -271,11 +279,11 @@ async def test_staging_files_are_format_1_and_loaded_sstables_the_tables_format(
     db = await Database.open(f"file://{tmp_path}/db")
     try:
         table_id = await _empty_web(db)
-        out = tmp_path / "out"
-        (key,) = await awrite_sstables(_data(10, 110), f"file://{out}")
+        out = staging_dir(tmp_path) / "out"
+        (key,) = await awrite_sstables(_data(10, 110), await db.staging_url("out"))
         blob = (out / key).read_bytes()
         assert parse_tail(blob, len(blob)).footer.format_version == 1
-        await db.bulk_load("web", f"file://{out}")
+        await db.bulk_load("web", await db.staging_url("out"))
         refs = [
             ref
             for rec in await db.master.catalog.list_tablets(table_id)

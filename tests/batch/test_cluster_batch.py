@@ -22,7 +22,7 @@ from tabletstore.errors import PermissionDenied
 from tabletstore.master.bulk_load import DONE, LOADING, LoadRecord
 from tabletstore.rpc.messages import BulkLoadTabletRequest
 from tabletstore.rpc.services import TABLET
-from tabletstore.storage_s3 import open_store
+from tabletstore.storage_s3 import layout, open_store
 from tabletstore.storage_s3.base import ObjectStore
 from tests.batch.conftest import SPLITS, cells_of, fill
 from tests.integration.cluster_harness import PROCESS_ENV, Cluster
@@ -72,8 +72,8 @@ async def test_snapshot_bulk_load_and_client_writes_on_a_cluster(
         by_cluster = await batch.aopen_snapshot(cluster.url, snap.snapshot_id)
         assert by_cluster.store_url == cluster.store_url
 
-        # Bulk load from a staging prefix in the bucket, with the CLI.
-        staging = cluster.store_url.replace("/data?", f"/staging-{uuid.uuid4().hex[:6]}?")
+        # Bulk load from the caller's staging area of the bucket, with the CLI.
+        staging = await client.staging_url(f"job-{uuid.uuid4().hex[:6]}")
         rows = [b"row%03d" % i for i in range(0, 120, 3)]
         await batch.awrite_sstables(
             pa.table(
@@ -203,7 +203,8 @@ async def test_a_bulk_load_cut_short_by_a_master_failover_completes(
     try:
         await client.create_table("loads", ["cf"], split_keys=[b"row040", b"row080"])
         table_id = (await client._info("loads")).table_id
-        staging = cluster.store_url.replace("/data?", f"/staging-{uuid.uuid4().hex[:6]}?")
+        load_name = f"job-{uuid.uuid4().hex[:6]}"
+        staging = await client.staging_url(load_name)
         rows = [b"row%03d" % i for i in range(120)]
         keys = await batch.awrite_sstables(
             pa.table(
@@ -226,7 +227,13 @@ async def test_a_bulk_load_cut_short_by_a_master_failover_completes(
         assert first.location is not None
         stub = TABLET.client(client._transport, first.location)
         part = await stub.bulk_load_tablet(
-            BulkLoadTabletRequest(table_id, first.tablet_id, staging, tuple(keys), load_id="job-f")
+            BulkLoadTabletRequest(
+                table_id,
+                first.tablet_id,
+                cluster.store_url,  # the master names files by their keys in the bucket
+                tuple(layout.staging_prefix("anonymous", load_name) + k for k in keys),
+                load_id="job-f",
+            )
         )
         assert part.cells == 40
         await asyncio.to_thread(cluster.kill, leader)

@@ -79,7 +79,7 @@ async def test_dask_dataframe_equals_the_client(tmp_path: Path, dask_client: Cli
             }
         )
         ddf = dd.from_pandas(pdf, npartitions=2, sort=False)
-        out = f"file://{tmp_path}/out"
+        out = await db.staging_url("out")
         keys = await asyncio.to_thread(dask_write_sstables, ddf, out)
         assert len(keys) == 2
         assert await db.bulk_load("web", out) == (1, 40)

@@ -90,7 +90,7 @@ def _s3rver_lacks(what: str, *, always: bool = True) -> pytest.MarkDecorator:
 class TestS3rverStore(ObjectStoreConformance):
     """A second, independent S3 implementation (Node.js, from npm), run through the whole
     suite so what it lacks is written down by tests rather than guessed. The open-time probe
-    refuses it for tabletstore use (tests/unit/test_storage_s3.py)."""
+    refuses it for tabletstore use (tests/unit/storage_s3/test_storage_s3.py)."""
 
     @pytest.fixture
     async def store(self, s3rver_url: str) -> AsyncIterator[ObjectStore]:

@@ -32,7 +32,7 @@ from tabletstore.commitlog.sorting import plan_sort, task_done
 from tabletstore.errors import Corruption, Unavailable
 from tabletstore.master.sort_lambda import LambdaSortExecutor, sort_event
 from tabletstore.storage_s3 import open_store
-from tests.unit.test_commitlog_sorting import INC, TABLETS, W, write_log
+from tests.unit.commitlog.test_commitlog_sorting import INC, TABLETS, W, write_log
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN_AS_LAMBDA = (

@@ -15,10 +15,7 @@ a deadline (:func:`eventually`) instead of bare sleeps.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
-import os
-import signal
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -28,7 +25,7 @@ from typing import TypeVar
 from tabletstore.cli import localstack
 from tabletstore.cli.localstack import ProcessRecord
 from tabletstore.client.client import AsyncClient, ClusterStatus
-from tabletstore.testing.processes import gone, reap
+from tabletstore.testing.processes import ProcessGroup
 
 T = TypeVar("T")
 
@@ -42,8 +39,10 @@ PROCESS_ENV = {
 
 
 @dataclass
-class Cluster:
-    """A master, standbys and workers as real processes sharing one etcd namespace and bucket."""
+class Cluster(ProcessGroup):
+    """A master, standbys and workers as real processes sharing one etcd namespace and bucket;
+    crash, pause, resume and stop them with :class:`~tabletstore.testing.processes.ProcessGroup`'s
+    methods."""
 
     url: str
     store_url: str
@@ -92,59 +91,12 @@ class Cluster:
 
     # ------------------------------------------------------------------ stopping
 
-    def kill(self, record: ProcessRecord, *, deadline: float = 10.0) -> None:
-        """SIGKILL a process we started (a crash: no clean-up runs) and wait until it is gone."""
-        assert record in self.records, "only processes this cluster started"
-        if localstack.is_running(record):
-            os.kill(record.pid, signal.SIGKILL)
-        end = time.monotonic() + deadline
-        while not gone(record.pid):
-            reap(record.pid)
-            if time.monotonic() > end:
-                raise AssertionError(f"{record.role} (pid {record.pid}) survived SIGKILL")
-            time.sleep(0.02)
-        reap(record.pid)
-
-    def pause(self, record: ProcessRecord) -> None:
-        """SIGSTOP: the process keeps its sockets but runs nothing (a long GC pause, a VM
-        migration) — its lease expires while it still believes it serves."""
-        assert record in self.records and localstack.is_running(record)
-        os.kill(record.pid, signal.SIGSTOP)
-
-    def resume(self, record: ProcessRecord) -> None:
-        assert record in self.records
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(record.pid, signal.SIGCONT)
-
     def terminate(self, record: ProcessRecord, *, deadline: float = 30.0) -> bool:
         """SIGTERM (a clean stop), SIGKILL after ``deadline``; True if it exited by itself."""
         assert record in self.records, "only processes this cluster started"
         started = time.monotonic()
         localstack.stop(record, deadline=deadline)
         return time.monotonic() - started < deadline
-
-    def close(self) -> None:
-        """Stop every process still running (newest first); never raises for one that is gone."""
-        for record in reversed(self.records):
-            if localstack.is_running(record):
-                self.resume(record)  # a stopped process would not act on SIGTERM
-            with contextlib.suppress(Exception):
-                localstack.stop(record, deadline=10.0)
-            reap(record.pid)
-
-    def alive(self) -> list[ProcessRecord]:
-        return [r for r in self.records if localstack.is_running(r)]
-
-    def logs(self, lines: int = 15) -> str:
-        """The tail of every process's log, for assertion messages."""
-        out = []
-        for record in self.records:
-            try:
-                text = Path(record.log).read_text(errors="replace").splitlines()[-lines:]
-            except OSError:
-                text = ["(no log)"]
-            out.append(f"--- {record.role} (pid {record.pid}) {record.log}\n" + "\n".join(text))
-        return "\n".join(out)
 
 
 # ---------------------------------------------------------------------------- observing

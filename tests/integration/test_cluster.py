@@ -57,12 +57,12 @@ from tabletstore.errors import Indeterminate, TabletStoreError
 from tabletstore.metadata.rows import METADATA_TABLE_ID
 from tabletstore.rpc.tcp import TcpTransport
 from tabletstore.storage_s3 import open_store
+from tabletstore.testing.processes import gone
 from tests.integration.cluster_harness import (
     PROCESS_ENV,
     Cluster,
     WriteHistory,
     eventually,
-    gone,
     placement,
     table_id_of,
 )

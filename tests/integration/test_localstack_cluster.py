@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tabletstore.cli import localstack
-from tests.integration.cluster_harness import gone
+from tabletstore.testing.processes import gone
 
 # 25 CLI processes one after another: under the parallel suite on 2 cores each waits for CPU.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(480)]

@@ -142,3 +142,17 @@ def test_entrypoint_roles_match_the_cli() -> None:
         command = main.commands[role]  # type: ignore[attr-defined]
         names = {opt for p in command.params for opt in getattr(p, "opts", [])}
         assert {"--host", "--port"} <= names, role  # what the entrypoint reads and fills in
+
+
+def test_published_ports_are_on_loopback_and_images_are_pinned(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    """etcd takes no credentials and MinIO's are the file's own: nothing is published beyond
+    this host. Third-party images name their registry and an exact release."""
+    for name, service in services.items():
+        for port in service.get("ports", []):
+            assert str(port).startswith("127.0.0.1:"), (name, port)
+        image = service["image"]
+        if service.get("build") != ".":
+            assert image.startswith("quay.io/"), (name, image)
+            assert re.search(r":RELEASE\.[0-9TZ-]+$|@sha256:[0-9a-f]{64}$", image), (name, image)

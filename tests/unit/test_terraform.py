@@ -35,6 +35,7 @@ CHECKOV = ROOT / ".tools" / "checkov" / "bin" / "checkov"
 MODULES = sorted(p for p in (TF / "modules").iterdir() if p.is_dir())
 ENVIRONMENTS = sorted(p for p in (TF / "environments").iterdir() if p.is_dir())
 MOTO_ROOT = TF / "tests" / "moto"
+BOOTSTRAP = TF / "bootstrap"
 #: Where machine images put provider plugins; searched in order, then the file system below.
 PLUGIN_DIRS = ("/opt/tf-plugins", "~/.terraform.d/plugins", "/usr/share/terraform/plugins")
 HANDLERS = {
@@ -106,7 +107,9 @@ def test_terraform_is_formatted(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "directory", [*MODULES, *ENVIRONMENTS, MOTO_ROOT], ids=lambda p: str(p.relative_to(TF))
+    "directory",
+    [*MODULES, *ENVIRONMENTS, MOTO_ROOT, BOOTSTRAP],
+    ids=lambda p: str(p.relative_to(TF)),
 )
 def test_init_and_validate(directory: Path, tmp_path: Path) -> None:
     init(directory, tmp_path)
@@ -162,25 +165,30 @@ GOOD_VARS = {
 
 @pytest.fixture(scope="module")
 def dev_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    data_dir = tmp_path_factory.mktemp("tf-dev")
-    init(TF / "environments" / "dev", data_dir)
-    return data_dir
+    """A copy of the dev environment with its state in a local file (the S3 backend needs
+    its bucket): the directory to plan in, initialized, with .terraform under data/."""
+    work = tmp_path_factory.mktemp("tf-dev")
+    shutil.copytree(TF, work / "terraform", ignore=shutil.ignore_patterns(".terraform*"))
+    directory = work / "terraform" / "environments" / "dev"
+    (directory / "backend_override.tf").write_text(
+        f'terraform {{\n  backend "local" {{\n    path = "{work / "terraform.tfstate"}"\n  }}\n}}\n'
+    )
+    terraform(directory, "init", f"-plugin-dir={plugin_dir()}", data_dir=work / "data")
+    return directory
 
 
-def plan(data_dir: Path, **overrides: str | None) -> str:
+def plan(directory: Path, **overrides: str | None) -> str:
     values = {**GOOD_VARS, **overrides}
     args = [f"-var={k}={v}" for k, v in values.items() if v is not None]
     # No credentials on purpose: every error below comes before the provider needs them.
+    # State (and its lock) is the copy's own: parallel workers (pytest-xdist) never share one.
     result = terraform(
-        TF / "environments" / "dev",
+        directory,
         "plan",
         "-input=false",
         "-refresh=false",
-        # State (and its lock) beside this worker's .terraform, not in the shared source
-        # directory: parallel workers (pytest-xdist) planning there wait on each other's lock.
-        f"-state={data_dir / 'terraform.tfstate'}",
         *args,
-        data_dir=data_dir,
+        data_dir=directory.parents[2] / "data",
         check=False,
         timeout=120,
     )
@@ -297,7 +305,10 @@ def _check_functions(aws_lambda: object, iam: object, names: dict[str, str], buc
         function = aws_lambda.get_function(FunctionName=name)  # type: ignore[attr-defined]
         config = function["Configuration"]
         assert config["PackageType"] == "Image"
-        assert config["ImageConfigResponse"]["ImageConfig"]["Command"] == [HANDLERS[kind]]
+        assert config["ImageConfigResponse"]["ImageConfig"]["Command"] == [
+            "function",
+            HANDLERS[kind],
+        ]
         assert function["Concurrency"]["ReservedConcurrentExecutions"] == 20
         role = config["Role"].rsplit("/", 1)[1]
         document = iam.get_role_policy(RoleName=role, PolicyName="least-privilege")  # type: ignore[attr-defined]
@@ -306,7 +317,7 @@ def _check_functions(aws_lambda: object, iam: object, names: dict[str, str], buc
         expected = {
             "log_sort": {"logs", "recovery"},
             "compaction": {"tables"},
-            "gc": {"tables", "logs", "recovery"},
+            "gc": {"tables", "logs", "recovery", "snapshots"},
         }[kind]
         assert objects == expected, (kind, objects)
         assert '"s3:*"' not in text and f"arn:aws:s3:::{bucket}/*" not in text

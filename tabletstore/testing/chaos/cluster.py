@@ -20,10 +20,7 @@ Care taken so a fault is the fault and not data loss by the harness itself:
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
 import sys
 import time
 import urllib.request
@@ -32,9 +29,8 @@ from pathlib import Path
 
 from tabletstore.cli import localstack
 from tabletstore.cli.localstack import ProcessRecord
-from tabletstore.errors import Unavailable
 from tabletstore.security import TlsConfig
-from tabletstore.testing.processes import gone, reap
+from tabletstore.testing.processes import ProcessGroup
 
 __all__ = ["ChaosCluster"]
 
@@ -51,8 +47,10 @@ READ_TIMEOUT = 4.0
 NO_SPLIT_BYTES = 1 << 40
 
 
-class ChaosCluster:
-    """Start with :meth:`start`, stop everything with :meth:`close` (idempotent)."""
+class ChaosCluster(ProcessGroup):
+    """Start with :meth:`start`, stop everything with :meth:`close` (idempotent); crash,
+    pause and resume its processes with :class:`~tabletstore.testing.processes.ProcessGroup`'s
+    methods."""
 
     def __init__(
         self,
@@ -199,39 +197,11 @@ class ChaosCluster:
 
     # ------------------------------------------------------------------ faults
 
-    def running(self, record: ProcessRecord) -> bool:
-        return localstack.is_running(record)
-
     def live_workers(self) -> list[ProcessRecord]:
         return [r for r in self.workers if self.running(r)]
 
     def live_masters(self) -> list[ProcessRecord]:
         return [r for r in self.masters if self.running(r)]
-
-    def kill(self, record: ProcessRecord, *, deadline: float = 10.0) -> None:
-        """SIGKILL a process this cluster started and wait until it is gone."""
-        if record not in self.records:
-            raise ValueError(f"{record.role} was not started by this cluster")
-        if localstack.is_running(record):
-            os.kill(record.pid, signal.SIGKILL)
-        end = time.monotonic() + deadline
-        while not gone(record.pid):
-            reap(record.pid)
-            if time.monotonic() > end:
-                raise Unavailable(f"{record.role} (pid {record.pid}) survived SIGKILL")
-            time.sleep(0.02)
-        reap(record.pid)
-
-    def pause(self, record: ProcessRecord) -> None:
-        if record not in self.records or not localstack.is_running(record):
-            raise ValueError(f"{record.role} is not a running process of this cluster")
-        os.kill(record.pid, signal.SIGSTOP)
-
-    def resume(self, record: ProcessRecord) -> None:
-        if record not in self.records:
-            raise ValueError(f"{record.role} was not started by this cluster")
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(record.pid, signal.SIGCONT)
 
     def restart_etcd(self, *, down: float = 1.0) -> float:
         """Stop etcd (SIGKILL: a crash), wait ``down`` seconds, start it again with the same
@@ -264,24 +234,3 @@ class ChaosCluster:
         with urllib.request.urlopen(f"{self.proxy.url}/__chaos__/stats", timeout=10) as resp:
             stats: dict[str, int] = json.loads(resp.read())
             return stats
-
-    # ------------------------------------------------------------------ stopping
-
-    def close(self) -> None:
-        """Stop every process still running, newest first (paused ones are resumed first)."""
-        for record in reversed(self.records):
-            if localstack.is_running(record):
-                self.resume(record)
-            with contextlib.suppress(Exception):
-                localstack.stop(record, deadline=10.0)
-            reap(record.pid)
-
-    def logs(self, lines: int = 15) -> str:
-        out = []
-        for record in self.records:
-            try:
-                text = Path(record.log).read_text(errors="replace").splitlines()[-lines:]
-            except OSError:
-                text = ["(no log)"]
-            out.append(f"--- {record.role} (pid {record.pid})\n" + "\n".join(text))
-        return "\n".join(out)

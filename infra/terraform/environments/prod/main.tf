@@ -1,6 +1,8 @@
-# The prod deployment of tabletstore: bucket, network, etcd, cluster and functions.
-#   terraform init && terraform apply -var-file=prod.tfvars
-#   tabletstore --url "$(terraform output -raw cluster_url)" ls     (through an etcd proxy)
+# The prod deployment of tabletstore: bucket, network, etcd, functions, cluster and alarms.
+# From zero to a running cluster: docs/operations/cloud-deployment.md. In short:
+#   terraform init -backend-config=backend.hcl     (the state bucket and lock table: ../../bootstrap)
+#   terraform apply -var-file=prod.tfvars
+#   $(terraform output -raw cli_run_task)"command":["ls"]}]}'
 
 terraform {
   required_version = ">= 1.5"
@@ -9,6 +11,12 @@ terraform {
       source  = "hashicorp/aws"
       version = ">= 5.0"
     }
+  }
+  # State in S3 with a DynamoDB lock; bucket, table and region come from
+  # `terraform init -backend-config=backend.hcl` (the bootstrap root prints the file).
+  backend "s3" {
+    key     = "tabletstore/prod/terraform.tfstate"
+    encrypt = true
   }
 }
 
@@ -42,47 +50,75 @@ module "network" {
 }
 
 module "etcd" {
-  source            = "../../modules/etcd"
-  name              = local.name
-  subnet_ids        = module.network.private_subnet_ids
-  security_group_id = module.network.security_group_ids["etcd"]
-  ami_id            = var.etcd_ami_id
-  instance_type     = var.etcd_instance_type
-  image_uri         = var.image_uri
-  ca_secret_arn     = var.etcd_ca_secret_arn
-  kms_key_arn       = module.storage.kms_key_arn
-  tags              = local.tags
+  source             = "../../modules/etcd"
+  name               = local.name
+  subnet_ids         = module.network.private_subnet_ids
+  subnet_cidrs       = module.network.private_subnet_cidrs
+  availability_zones = module.network.availability_zones
+  security_group_id  = module.network.security_group_ids["etcd"]
+  ami_id             = var.etcd_ami_id
+  instance_type      = var.etcd_instance_type
+  image_uri          = var.image_uri
+  ca_secret_arn      = var.etcd_ca_secret_arn
+  kms_key_arn        = module.storage.kms_key_arn
+  bucket             = module.storage.bucket
+  bucket_arn         = module.storage.bucket_arn
+  snapshot_prefix    = module.storage.etcd_snapshot_prefix
+  tags               = local.tags
 }
 
 module "functions" {
-  source               = "../../modules/functions"
-  name                 = local.name
-  image_uri            = var.image_uri
-  store_url            = module.storage.store_url
-  bucket_arn           = module.storage.bucket_arn
-  prefix               = module.storage.prefix
-  kms_key_arn          = module.storage.kms_key_arn
-  subnet_ids           = module.network.private_subnet_ids
-  security_group_ids   = [module.network.security_group_ids["functions"]]
-  reserved_concurrency = var.function_concurrency
-  tags                 = local.tags
+  source                 = "../../modules/functions"
+  name                   = local.name
+  image_uri              = var.image_uri
+  cluster_url            = module.etcd.client_url
+  etcd_client_secret_arn = var.etcd_client_secret_arn
+  bucket_arn             = module.storage.bucket_arn
+  prefix                 = module.storage.prefix
+  kms_key_arn            = module.storage.kms_key_arn
+  subnet_ids             = module.network.private_subnet_ids
+  security_group_ids     = [module.network.security_group_ids["functions"]]
+  reserved_concurrency   = var.function_concurrency
+  tags                   = local.tags
 }
 
 module "cluster" {
-  source                   = "../../modules/cluster"
-  name                     = local.name
-  image_uri                = var.image_uri
-  store_url                = module.storage.store_url
-  etcd_url                 = module.etcd.etcd_url
-  etcd_client_secret_arn   = var.etcd_client_secret_arn
-  bucket_policy_arn        = module.storage.read_write_policy_arn
-  invoke_policy_json       = module.functions.invoke_policy_json
-  environment              = module.functions.executor_environment
-  subnet_ids               = module.network.private_subnet_ids
-  master_security_group_id = module.network.security_group_ids["master"]
-  worker_security_group_id = module.network.security_group_ids["workers"]
-  kms_key_arn              = module.storage.kms_key_arn
-  workers_min              = var.workers_min
-  workers_max              = var.workers_max
-  tags                     = local.tags
+  source                    = "../../modules/cluster"
+  name                      = local.name
+  image_uri                 = var.image_uri
+  store_url                 = module.storage.store_url
+  cluster_url               = module.etcd.client_url
+  etcd_tls_dir              = module.etcd.client_tls_dir
+  etcd_client_secret_arn    = var.etcd_client_secret_arn
+  bucket_policy_arn         = module.storage.read_write_policy_arn
+  invoke_policy_json        = module.functions.invoke_policy_json
+  log_sort_function         = module.functions.function_names["log_sort"]
+  compaction_function       = module.functions.function_names["compaction"]
+  subnet_ids                = module.network.private_subnet_ids
+  master_security_group_id  = module.network.security_group_ids["master"]
+  worker_security_group_id  = module.network.security_group_ids["workers"]
+  clients_security_group_id = module.network.security_group_ids["clients"]
+  kms_key_arn               = module.storage.kms_key_arn
+  workers_min               = var.workers_min
+  workers_max               = var.workers_max
+  replace_all_at_once       = var.replace_all_at_once
+  tags                      = local.tags
+}
+
+module "alarms" {
+  source            = "../../modules/alarms"
+  name              = local.name
+  kms_key_arn       = module.storage.kms_key_arn
+  alarm_email       = var.alarm_email
+  bucket            = module.storage.bucket
+  prefix            = module.storage.prefix
+  ecs_cluster_name  = module.cluster.ecs_cluster_name
+  master_service    = module.cluster.services["master"]
+  worker_service    = module.cluster.services["worker"]
+  workers_min       = var.workers_min
+  functions         = module.functions.function_names
+  dead_letter_queue = module.functions.dead_letter_queue
+  etcd_members      = module.etcd.member_names
+  etcd_quota_bytes  = module.etcd.quota_bytes
+  tags              = local.tags
 }

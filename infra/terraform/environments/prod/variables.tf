@@ -65,3 +65,15 @@ variable "workers_max" {
   type    = number
   default = 12
 }
+
+variable "replace_all_at_once" {
+  description = "Deploy the next image by stopping every old task first (a release whose wire protocol the running one refuses: docs/operations/cloud-deployment.md \"Upgrade\")."
+  type        = bool
+  default     = false
+}
+
+variable "alarm_email" {
+  description = "An address subscribed to the alarms (null: subscribe to the alarm_topic_arn output yourself)."
+  type        = string
+  default     = null
+}

@@ -1,10 +1,24 @@
-# The object store of one tabletstore deployment (DESIGN.md §3; the paper's GFS, §4): SSTables,
-# commit-log segments, recovery runs and snapshots live under one prefix of one bucket.
+# The object store of one tabletstore deployment (the paper's GFS, §4): SSTables, commit-log
+# segments, recovery runs and snapshots live under one prefix of one bucket; the etcd members'
+# snapshots under etcd-snapshots/ beside it.
 #
-# Versioning is off, on purpose: tabletstore never overwrites an object (every PUT is
-# create-only, If-None-Match: *), so there is no older version to keep, and a version of a
-# deleted object would only hide garbage collection's work (GC is tabletstore's own mark and
-# sweep from METADATA, not a lifecycle rule) and keep paying for it.
+# Versioning is on, with noncurrent versions expired after var.noncurrent_version_days.
+# tabletstore never overwrites an object (every PUT is create-only, If-None-Match: *), so the
+# only noncurrent versions are objects garbage collection deleted: a GC that deleted too much
+# (a bug, a wrong grace period, an etcd restored to an older snapshot that still references
+# them) is undone by removing the delete markers within that window. The cost is the deleted
+# bytes kept that many days.
+#
+# One key (the module's KMS key) encrypts the objects, the deployment's CloudWatch log groups,
+# the dead-letter queue, the functions' environment and the alarm topic. Its policy names every
+# AWS service that uses it on the deployment's behalf (CloudWatch Logs, CloudWatch alarms
+# publishing to the encrypted topic); the roles that use it get kms:Decrypt etc. through their
+# own IAM policies, which the account statement enables. The etcd members' EBS volumes use it
+# too: the data volumes are created by Terraform and attached by the member's role (IAM
+# grants), and their root volumes use the AWS-managed EBS key, so the Auto Scaling
+# service-linked role (which launches them) needs no grant in this policy -- a key policy
+# cannot name that role before it exists, and it does not exist in a fresh account until the
+# first auto-scaling group is made.
 
 terraform {
   required_version = ">= 1.5"
@@ -18,6 +32,21 @@ terraform {
 
 data "aws_caller_identity" "current" {}
 data "aws_partition" "current" {}
+data "aws_region" "current" {}
+
+locals {
+  etcd_snapshot_prefix = "etcd-snapshots/"
+  account              = data.aws_caller_identity.current.account_id
+  arn                  = "arn:${data.aws_partition.current.partition}"
+  region               = data.aws_region.current.name
+  # The CloudWatch log groups this key encrypts: every group of the deployment is named so
+  # (network: /tabletstore/NAME/vpc-flow, cluster: /tabletstore/NAME/cluster, functions:
+  # /aws/lambda/NAME-tabletstore-*).
+  log_group_arns = [
+    "${local.arn}:logs:${local.region}:${local.account}:log-group:/tabletstore/${var.name}/*",
+    "${local.arn}:logs:${local.region}:${local.account}:log-group:/aws/lambda/${var.name}-tabletstore-*",
+  ]
+}
 
 # The bucket's key: every object (and every access log) is encrypted with it.
 resource "aws_kms_key" "objects" {
@@ -40,7 +69,40 @@ data "aws_iam_policy_document" "key" {
     resources = ["*"]
     principals {
       type        = "AWS"
-      identifiers = ["arn:${data.aws_partition.current.partition}:iam::${data.aws_caller_identity.current.account_id}:root"]
+      identifiers = ["${local.arn}:iam::${local.account}:root"]
+    }
+  }
+  # CloudWatch Logs encrypts the deployment's log groups with this key itself (CreateLogGroup
+  # with kmsKeyId fails without this statement); the encryption context names the group.
+  statement {
+    sid = "CloudWatchLogsEncryptsTheDeploymentsLogGroups"
+    actions = [
+      "kms:Encrypt*",
+      "kms:Decrypt*",
+      "kms:ReEncrypt*",
+      "kms:GenerateDataKey*",
+      "kms:Describe*",
+    ]
+    resources = ["*"]
+    principals {
+      type        = "Service"
+      identifiers = ["logs.${local.region}.amazonaws.com"]
+    }
+    condition {
+      test     = "ArnLike"
+      variable = "kms:EncryptionContext:aws:logs:arn"
+      values   = local.log_group_arns
+    }
+  }
+  # CloudWatch alarms publish to the deployment's encrypted SNS topic (the alarms module): the
+  # statement AWS documents for alarms and an SSE topic (SNS calls KMS as the publisher).
+  statement {
+    sid       = "CloudWatchAlarmsPublishToTheEncryptedTopic"
+    actions   = ["kms:Decrypt", "kms:GenerateDataKey*"]
+    resources = ["*"]
+    principals {
+      type        = "Service"
+      identifiers = ["cloudwatch.amazonaws.com"]
     }
   }
 }
@@ -51,12 +113,18 @@ resource "aws_kms_alias" "objects" {
 }
 
 resource "aws_s3_bucket" "objects" {
-  # checkov:skip=CKV_AWS_21:Versioning is off on purpose: objects are create-only and never overwritten (module header).
   # checkov:skip=CKV_AWS_144:Cross-region replication is a deployment choice (cost, region); a replica of a live bucket without its etcd is not a usable copy. Use tabletstore snapshots.
   # checkov:skip=CKV2_AWS_62:No consumer of S3 event notifications: tabletstore learns of objects from METADATA, not events.
   bucket        = var.bucket_name
   force_destroy = var.force_destroy
   tags          = var.tags
+}
+
+resource "aws_s3_bucket_versioning" "objects" {
+  bucket = aws_s3_bucket.objects.id
+  versioning_configuration {
+    status = "Enabled"
+  }
 }
 
 resource "aws_s3_bucket_public_access_block" "objects" {
@@ -113,12 +181,37 @@ resource "aws_s3_bucket_policy" "objects" {
 
 resource "aws_s3_bucket_lifecycle_configuration" "objects" {
   bucket = aws_s3_bucket.objects.id
-  # tabletstore does not use multipart uploads today; a client that dies in one must not
-  # leave parts behind forever.
+  # Versioning first: a noncurrent-version rule on a bucket not yet versioned is refused.
+  depends_on = [aws_s3_bucket_versioning.objects]
+  # What GC deleted stays recoverable this long (module header), then goes; so do the delete
+  # markers left with no version behind them.
   rule {
-    id     = "abort-incomplete-multipart-uploads"
+    id     = "expire-deleted-objects"
     status = "Enabled"
     filter {}
+    noncurrent_version_expiration {
+      noncurrent_days = var.noncurrent_version_days
+    }
+    expiration {
+      expired_object_delete_marker = true
+    }
+    abort_incomplete_multipart_upload {
+      days_after_initiation = 1
+    }
+  }
+  # The etcd members' hourly snapshots (the etcd module's timer) are kept this long.
+  rule {
+    id     = "expire-etcd-snapshots"
+    status = "Enabled"
+    filter {
+      prefix = local.etcd_snapshot_prefix
+    }
+    expiration {
+      days = var.etcd_snapshot_days
+    }
+    noncurrent_version_expiration {
+      noncurrent_days = 1
+    }
     abort_incomplete_multipart_upload {
       days_after_initiation = 1
     }
@@ -240,16 +333,17 @@ resource "aws_s3_bucket_logging" "objects" {
 
 # What a worker or master needs: read, create, list and delete objects under the prefix
 # (deleting is the master's garbage collector), with the bucket's key.
+#
+# s3:ListBucket has no prefix condition: every process checks the bucket at start with
+# HeadBucket (storage_s3/s3.py), which S3 authorizes as s3:ListBucket on the bucket with no
+# s3:prefix, and IAM cannot tell that call from a listing without a prefix. The bucket is this
+# deployment's own (one bucket per environment), so the names outside the prefix are the
+# etcd snapshots' and nothing else's; reading, writing and deleting stay under the prefix.
 data "aws_iam_policy_document" "read_write" {
   statement {
-    sid       = "ListPrefix"
+    sid       = "HeadBucketAndList"
     actions   = ["s3:ListBucket"]
     resources = [aws_s3_bucket.objects.arn]
-    condition {
-      test     = "StringLike"
-      variable = "s3:prefix"
-      values   = ["${var.prefix}*"]
-    }
   }
   statement {
     sid       = "Objects"
@@ -263,17 +357,13 @@ data "aws_iam_policy_document" "read_write" {
   }
 }
 
-# What a batch job that reads SSTables straight from the bucket needs.
+# What a batch job that reads SSTables straight from the bucket needs (HeadBucket included,
+# as above).
 data "aws_iam_policy_document" "read_only" {
   statement {
-    sid       = "ListPrefix"
+    sid       = "HeadBucketAndList"
     actions   = ["s3:ListBucket"]
     resources = [aws_s3_bucket.objects.arn]
-    condition {
-      test     = "StringLike"
-      variable = "s3:prefix"
-      values   = ["${var.prefix}*"]
-    }
   }
   statement {
     sid       = "ReadObjects"

@@ -44,3 +44,23 @@ variable "tags" {
   type        = map(string)
   default     = {}
 }
+
+variable "noncurrent_version_days" {
+  description = "Days an object garbage collection deleted stays recoverable (a noncurrent version) before S3 expires it."
+  type        = number
+  default     = 30
+  validation {
+    condition     = var.noncurrent_version_days >= 1
+    error_message = "noncurrent_version_days must be at least 1."
+  }
+}
+
+variable "etcd_snapshot_days" {
+  description = "Days the etcd members' snapshots (etcd-snapshots/ in the bucket) are kept."
+  type        = number
+  default     = 14
+  validation {
+    condition     = var.etcd_snapshot_days >= 1
+    error_message = "etcd_snapshot_days must be at least 1."
+  }
+}

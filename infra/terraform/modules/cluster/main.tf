@@ -1,9 +1,19 @@
 # The tabletstore cluster (the paper's §5: one master, many tablet servers) as ECS services on
 # Fargate, all from the one container image: two masters (the second campaigns for the master
-# lock and stands by, §5.2), and workers that scale on CPU. Every task runs an `etcd grpc-proxy`
-# sidecar (the image's `etcd-proxy` role) that holds the etcd client certificate and serves
-# plain gRPC on 127.0.0.1:2379 inside the task, because tabletstore's etcd client speaks no TLS
-# (see the etcd module).
+# lock and stands by, §5.2), and workers that scale on CPU; and a one-off `cli` task, the way in
+# from outside the VPC (`aws ecs run-task` with a tabletstore command: docs/operations/
+# cloud-deployment.md "Reaching the cluster").
+#
+# Fargate runs each container with a read-only root file system as the image's user (not
+# root): the only writable path is the task's scratch volume, mounted at /tmp (TMPDIR,
+# TABLETSTORE_HEALTH_FILE, the workers' sort spill directory, the etcd client certificate).
+# Fargate makes such a volume root-owned and 0755, so a short init container running as root
+# (`scratch`) makes it 1777 and writes the etcd client certificate (from Secrets Manager)
+# where the cluster URL's ?ca=&cert=&key= name it, owned by the image's user; the process
+# container starts when it has exited successfully.
+#
+# The master runs the recovery functions: --sort-executor and --compaction-executor name the
+# functions module's log-sort and compaction functions.
 #
 # The entrypoint binds each process to the task's own address (which it then advertises in etcd;
 # 0.0.0.0 cannot be dialled), and its `health` role is the health check: a TCP connect to the
@@ -25,34 +35,60 @@ locals {
   # ACCOUNT.dkr.ecr.REGION.amazonaws.com/REPO[:TAG|@DIGEST] -> the repository's ARN.
   image_parts    = regex("^([0-9]{12})\\.dkr\\.ecr\\.([a-z0-9-]+)\\.amazonaws\\.com[a-z.]*/([^:@]+)", var.image_uri)
   repository_arn = "arn:aws:ecr:${local.image_parts[1]}:${local.image_parts[0]}:repository/${local.image_parts[2]}"
-  cluster_url    = "etcd://127.0.0.1:2379/${var.namespace}"
   log_options = {
     awslogs-group         = aws_cloudwatch_log_group.cluster.name
     awslogs-region        = data.aws_region.current.name
     awslogs-stream-prefix = "tabletstore"
   }
-  proxy = {
-    name      = "etcd-proxy"
-    image     = var.image_uri
-    essential = true
-    command   = ["etcd-proxy", var.etcd_url]
+  user        = "${var.image_uid}:${var.image_uid}"
+  health_file = "/tmp/tabletstore-health"
+  # The init container: /tmp writable by all (sticky), the etcd client certificate in
+  # var.etcd_tls_dir readable by the image's user alone.
+  scratch = {
+    name       = "scratch"
+    image      = var.image_uri
+    essential  = false
+    user       = "0"
+    entryPoint = ["/bin/sh", "-c"]
+    command = [join("; ", [
+      "set -eu",
+      "chmod 1777 /tmp",
+      "umask 077",
+      "mkdir -p ${var.etcd_tls_dir}",
+      "printf '%s\\n' \"$ETCD_CA_CERT\" > ${var.etcd_tls_dir}/ca.pem",
+      "printf '%s\\n' \"$ETCD_CLIENT_CERT\" > ${var.etcd_tls_dir}/client.pem",
+      "printf '%s\\n' \"$ETCD_CLIENT_KEY\" > ${var.etcd_tls_dir}/client.key",
+      "chown -R ${local.user} ${var.etcd_tls_dir}",
+    ])]
     secrets = [
       { name = "ETCD_CLIENT_CERT", valueFrom = "${var.etcd_client_secret_arn}:cert::" },
       { name = "ETCD_CLIENT_KEY", valueFrom = "${var.etcd_client_secret_arn}:key::" },
       { name = "ETCD_CA_CERT", valueFrom = "${var.etcd_client_secret_arn}:ca::" },
     ]
-    healthCheck            = { command = ["/usr/local/bin/tabletstore-entrypoint", "health", "2379"], interval = 10, retries = 3, timeout = 5, startPeriod = 10 }
     readonlyRootFilesystem = true
+    mountPoints            = [{ sourceVolume = "scratch", containerPath = "/tmp" }]
     logConfiguration       = { logDriver = "awslogs", options = local.log_options }
   }
+  # AWS_DEFAULT_REGION: the region of boto3's Lambda client (the master's executors); the store
+  # URL names its own.
+  environment = [for k, v in {
+    TABLETSTORE_URL         = var.cluster_url
+    TABLETSTORE_HEALTH_FILE = local.health_file
+    AWS_DEFAULT_REGION      = data.aws_region.current.name
+  } : { name = k, value = v }]
   # --insecure: the RPC ports are reachable only inside the VPC's security groups; serving them
   # with mutual TLS needs the certificates as secrets (docs/ARCHITECTURE.md "Security").
   roles = {
     master = {
-      command = ["master", "--store", var.store_url, "--port", tostring(var.master_port), "--metrics-port", tostring(var.metrics_port), "--insecure"]
-      port    = var.master_port
-      cpu     = var.master_cpu
-      memory  = var.master_memory
+      command = [
+        "master", "--store", var.store_url, "--port", tostring(var.master_port),
+        "--metrics-port", tostring(var.metrics_port), "--insecure",
+        "--sort-executor", "lambda:${var.log_sort_function}",
+        "--compaction-executor", "lambda:${var.compaction_function}",
+      ]
+      port   = var.master_port
+      cpu    = var.master_cpu
+      memory = var.master_memory
     }
     worker = {
       command = ["worker", "--port", tostring(var.worker_port), "--metrics-port", tostring(var.metrics_port), "--insecure"]
@@ -61,6 +97,7 @@ locals {
       memory  = var.worker_memory
     }
   }
+  tasks = merge(local.roles, { cli = { command = ["status"], port = null, cpu = 512, memory = 1024 } })
 }
 
 resource "aws_cloudwatch_log_group" "cluster" {
@@ -90,6 +127,7 @@ data "aws_iam_policy_document" "assume" {
 }
 
 # The task role: the bucket (read-write policy of the bucket module) and the functions.
+# (The etcd client certificate reaches the tasks through the execution role, as secrets.)
 resource "aws_iam_role" "task" {
   name               = "${var.name}-tabletstore-task"
   assume_role_policy = data.aws_iam_policy_document.assume.json
@@ -149,8 +187,11 @@ resource "aws_iam_role_policy" "execution" {
   policy = data.aws_iam_policy_document.execution.json
 }
 
+# The master, the workers and `cli`: a one-off tabletstore command inside the VPC (the
+# clients' security group), `aws ecs run-task ... --overrides '{"containerOverrides":[{"name":
+# "cli","command":["ls"]}]}'` (the cli_run_task output prints the whole command).
 resource "aws_ecs_task_definition" "role" {
-  for_each                 = local.roles
+  for_each                 = local.tasks
   family                   = "${var.name}-tabletstore-${each.key}"
   requires_compatibilities = ["FARGATE"]
   network_mode             = "awsvpc"
@@ -159,29 +200,35 @@ resource "aws_ecs_task_definition" "role" {
   task_role_arn            = aws_iam_role.task.arn
   execution_role_arn       = aws_iam_role.execution.arn
   container_definitions = jsonencode([
-    {
-      name         = each.key
-      image        = var.image_uri
-      essential    = true
-      command      = each.value.command
-      environment  = [for k, v in merge(var.environment, { TABLETSTORE_URL = local.cluster_url }) : { name = k, value = v }]
-      portMappings = [{ containerPort = each.value.port, protocol = "tcp" }, { containerPort = var.metrics_port, protocol = "tcp" }]
-      healthCheck = {
-        command     = ["/usr/local/bin/tabletstore-entrypoint", "health", tostring(each.value.port)]
-        interval    = 10
-        retries     = 3
-        timeout     = 5
-        startPeriod = 60
-      }
-      dependsOn              = [{ containerName = "etcd-proxy", condition = "HEALTHY" }]
-      readonlyRootFilesystem = true
-      mountPoints            = [{ sourceVolume = "tmp", containerPath = "/tmp" }]
-      logConfiguration       = { logDriver = "awslogs", options = local.log_options }
-    },
-    local.proxy,
+    merge(
+      {
+        name                   = each.key
+        image                  = var.image_uri
+        essential              = true
+        user                   = local.user
+        command                = each.value.command
+        environment            = local.environment
+        dependsOn              = [{ containerName = "scratch", condition = "SUCCESS" }]
+        readonlyRootFilesystem = true
+        mountPoints            = [{ sourceVolume = "scratch", containerPath = "/tmp" }]
+        logConfiguration       = { logDriver = "awslogs", options = local.log_options }
+      },
+      # A serving process: its ports, and the entrypoint's health check on its RPC port.
+      each.value.port == null ? null : {
+        portMappings = [{ containerPort = each.value.port, protocol = "tcp" }, { containerPort = var.metrics_port, protocol = "tcp" }]
+        healthCheck = {
+          command     = ["/usr/local/bin/tabletstore-entrypoint", "health", tostring(each.value.port)]
+          interval    = 10
+          retries     = 3
+          timeout     = 5
+          startPeriod = 60
+        }
+      },
+    ),
+    local.scratch,
   ])
   volume {
-    name = "tmp"
+    name = "scratch"
   }
   tags = var.tags
 }
@@ -193,6 +240,14 @@ resource "aws_ecs_service" "master" {
   desired_count          = 2 # one leads, one stands by (§5.2)
   launch_type            = "FARGATE"
   enable_execute_command = false
+  # A release whose wire protocol peers of the previous one refuse is deployed with
+  # replace_all_at_once: every old task stops before a new one starts (no mixed versions).
+  deployment_minimum_healthy_percent = var.replace_all_at_once ? 0 : 50
+  deployment_maximum_percent         = var.replace_all_at_once ? 100 : 200
+  deployment_circuit_breaker {
+    enable   = true
+    rollback = true
+  }
   network_configuration {
     subnets          = var.subnet_ids
     security_groups  = [var.master_security_group_id]
@@ -202,12 +257,18 @@ resource "aws_ecs_service" "master" {
 }
 
 resource "aws_ecs_service" "worker" {
-  name                   = "${var.name}-tabletstore-worker"
-  cluster                = aws_ecs_cluster.main.id
-  task_definition        = aws_ecs_task_definition.role["worker"].arn
-  desired_count          = var.workers_min
-  launch_type            = "FARGATE"
-  enable_execute_command = false
+  name                               = "${var.name}-tabletstore-worker"
+  cluster                            = aws_ecs_cluster.main.id
+  task_definition                    = aws_ecs_task_definition.role["worker"].arn
+  desired_count                      = var.workers_min
+  launch_type                        = "FARGATE"
+  enable_execute_command             = false
+  deployment_minimum_healthy_percent = var.replace_all_at_once ? 0 : 100
+  deployment_maximum_percent         = var.replace_all_at_once ? 100 : 200
+  deployment_circuit_breaker {
+    enable   = true
+    rollback = true
+  }
   network_configuration {
     subnets          = var.subnet_ids
     security_groups  = [var.worker_security_group_id]

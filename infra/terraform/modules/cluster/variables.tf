@@ -15,16 +15,6 @@ variable "image_uri" {
   }
 }
 
-variable "namespace" {
-  description = "The cluster's etcd namespace (the path of the etcd:// cluster URL)."
-  type        = string
-  default     = "tabletstore"
-  validation {
-    condition     = can(regex("^[A-Za-z0-9._-]+$", var.namespace))
-    error_message = "namespace must be letters, digits, '.', '_' or '-'."
-  }
-}
-
 variable "store_url" {
   type = string
   validation {
@@ -33,9 +23,28 @@ variable "store_url" {
   }
 }
 
-variable "etcd_url" {
-  description = "The etcd members' https URLs, comma-separated (the etcd module's etcd_url)."
+variable "cluster_url" {
+  description = "The cluster's etcd:// URL with its client certificate's files (the etcd module's client_url): every process's TABLETSTORE_URL."
   type        = string
+  validation {
+    condition     = startswith(var.cluster_url, "etcd://")
+    error_message = "cluster_url must be an etcd:// URL (the etcd module's client_url)."
+  }
+}
+
+variable "etcd_tls_dir" {
+  description = "The directory under /tmp that cluster_url's ca=, cert= and key= name (the etcd module's client_tls_dir): the init container writes the certificate there."
+  type        = string
+  validation {
+    condition     = can(regex("^/tmp/[A-Za-z0-9._-]+$", var.etcd_tls_dir))
+    error_message = "etcd_tls_dir must be a directory directly under /tmp (the task's scratch volume)."
+  }
+}
+
+variable "image_uid" {
+  description = "The user id the image runs as (the Dockerfile's USER)."
+  type        = number
+  default     = 10001
 }
 
 variable "etcd_client_secret_arn" {
@@ -53,10 +62,14 @@ variable "invoke_policy_json" {
   type        = string
 }
 
-variable "environment" {
-  description = "Extra environment of the master and workers (e.g. the functions module's executor_environment)."
-  type        = map(string)
-  default     = {}
+variable "log_sort_function" {
+  description = "The log-sort function's name (the functions module's function_names.log_sort): the master's --sort-executor lambda:NAME."
+  type        = string
+}
+
+variable "compaction_function" {
+  description = "The compaction function's name (the functions module's function_names.compaction): the master's --compaction-executor lambda:NAME."
+  type        = string
 }
 
 variable "subnet_ids" {
@@ -69,6 +82,11 @@ variable "master_security_group_id" {
 
 variable "worker_security_group_id" {
   type = string
+}
+
+variable "clients_security_group_id" {
+  description = "The network module's clients group: the one-off cli task runs in it."
+  type        = string
 }
 
 variable "kms_key_arn" {
@@ -128,6 +146,12 @@ variable "worker_cpu_target" {
   description = "Average worker CPU (percent) the autoscaler keeps."
   type        = number
   default     = 60
+}
+
+variable "replace_all_at_once" {
+  description = "Deploy by stopping every old task before starting new ones (for a release whose wire protocol the running one refuses); otherwise tasks roll one by one."
+  type        = bool
+  default     = false
 }
 
 variable "log_retention_days" {

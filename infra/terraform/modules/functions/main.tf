@@ -1,14 +1,21 @@
 # The serverless functions of the recovery path (DESIGN.md §1; the paper's §5.2 recovery, with
 # the sorting of §6): log sorting, compaction and garbage collection, handlers in functions/.
 #
-# They run from the project's one container image (Dockerfile; its entrypoint's `function`
-# role starts the Lambda runtime client with the handler named in image_config), so a function
+# They run from the project's one container image (Dockerfile): image_config's command is
+# `function <handler>`, the entrypoint's `function` role, which starts the Lambda runtime
+# interface client with that handler. So a function
 # runs exactly the tabletstore the workers run, with pyarrow and every native dependency;
 # a zip of the sources could not carry them (Lambda's 250 MB unzipped limit).
 #
 # Each function gets a role that reaches only the bucket prefixes its handler touches (the
 # key layout is storage_s3/layout.py), reserved concurrency so a recovery storm cannot starve
-# the account, a dead-letter queue, tracing, and the VPC's private subnets.
+# the account, a dead-letter queue, tracing, and the VPC's private subnets (the functions
+# security group reaches etcd and the workers). The master invokes log sorting and
+# compaction (its --sort-executor and --compaction-executor; the events carry the store and
+# cluster URLs); an EventBridge rule invokes garbage collection on var.gc_schedule with the
+# cluster URL. The functions that open the cluster's etcd (compaction, gc) read the etcd
+# client certificate from Secrets Manager at their start (TABLETSTORE_ETCD_CLIENT_SECRET,
+# functions/etcd_tls.py) and write it where the URL's ?ca=&cert=&key= name it, under /tmp.
 
 terraform {
   required_version = ">= 1.5"
@@ -22,16 +29,22 @@ terraform {
 
 locals {
   prefix = var.prefix
+  # Known at plan time (the master's command names them; the plan is what tests read).
+  function_names = { for kind in keys(local.functions) : kind => "${var.name}-tabletstore-${replace(kind, "_", "-")}" }
   # What each handler reads, writes and deletes, by key prefix (storage_s3/layout.py).
   functions = {
+    # Sorts a dead worker's log segments into runs; a retried task reads the runs and
+    # manifest it wrote before.
     log_sort = {
       handler = "functions.log_sort.handler"
-      read    = ["logs/"]
+      read    = ["logs/", "recovery/"]
       write   = ["recovery/"]
       delete  = []
       list    = ["logs/", "recovery/"]
       memory  = var.log_sort_memory_mb
+      etcd    = false
     }
+    # Reads a tablet's SSTables (bulk-loaded ones too: tables/<id>/bulk/), writes the merged ones.
     compaction = {
       handler = "functions.compaction.handler"
       read    = ["tables/"]
@@ -39,14 +52,18 @@ locals {
       delete  = []
       list    = ["tables/"]
       memory  = var.compaction_memory_mb
+      etcd    = true
     }
+    # Lists the whole prefix (master/gc.py lists "" under it), reads snapshot manifests (they
+    # pin SSTables), deletes what nothing references.
     gc = {
       handler = "functions.gc.handler"
-      read    = []
+      read    = ["snapshots/"]
       write   = []
       delete  = ["tables/", "logs/", "recovery/"]
-      list    = ["tables/", "logs/", "recovery/", "snapshots/"]
+      list    = [""]
       memory  = 512
+      etcd    = true
     }
   }
 }
@@ -104,6 +121,14 @@ data "aws_iam_policy_document" "function" {
       sid       = "Delete"
       actions   = ["s3:DeleteObject"]
       resources = [for p in each.value.delete : "${var.bucket_arn}/${local.prefix}${p}*"]
+    }
+  }
+  dynamic "statement" {
+    for_each = each.value.etcd ? [1] : []
+    content {
+      sid       = "EtcdClientCertificate"
+      actions   = ["secretsmanager:GetSecretValue"]
+      resources = [var.etcd_client_secret_arn]
     }
   }
   statement {
@@ -165,20 +190,21 @@ resource "aws_sqs_queue" "dead_letters" {
 resource "aws_lambda_function" "function" {
   # checkov:skip=CKV_AWS_272:Code signing applies to zip packages; these run a container image pinned by digest (var.image_uri).
   for_each      = local.functions
-  function_name = "${var.name}-tabletstore-${replace(each.key, "_", "-")}"
+  function_name = local.function_names[each.key]
   role          = aws_iam_role.function[each.key].arn
   package_type  = "Image"
   image_uri     = var.image_uri
   image_config {
-    command = [each.value.handler]
+    command = ["function", each.value.handler]
   }
   memory_size                    = each.value.memory
   timeout                        = var.timeout_seconds
   reserved_concurrent_executions = var.reserved_concurrency
   kms_key_arn                    = var.kms_key_arn
-  environment {
-    variables = {
-      TABLETSTORE_STORE_URL = var.store_url
+  dynamic "environment" {
+    for_each = each.value.etcd ? [1] : []
+    content {
+      variables = { TABLETSTORE_ETCD_CLIENT_SECRET = var.etcd_client_secret_arn }
     }
   }
   dead_letter_config {
@@ -193,4 +219,27 @@ resource "aws_lambda_function" "function" {
   }
   tags       = var.tags
   depends_on = [aws_iam_role_policy.function, aws_cloudwatch_log_group.function]
+}
+
+# Garbage collection on a schedule (the master also collects while it leads; two rounds at
+# once are safe, functions/gc.py).
+resource "aws_cloudwatch_event_rule" "gc" {
+  name                = "${var.name}-tabletstore-gc"
+  description         = "tabletstore ${var.name}: one garbage-collection round"
+  schedule_expression = var.gc_schedule
+  tags                = var.tags
+}
+
+resource "aws_cloudwatch_event_target" "gc" {
+  rule  = aws_cloudwatch_event_rule.gc.name
+  arn   = aws_lambda_function.function["gc"].arn
+  input = jsonencode({ cluster_url = var.cluster_url })
+}
+
+resource "aws_lambda_permission" "gc_schedule" {
+  statement_id  = "ScheduledGarbageCollection"
+  action        = "lambda:InvokeFunction"
+  function_name = aws_lambda_function.function["gc"].function_name
+  principal     = "events.amazonaws.com"
+  source_arn    = aws_cloudwatch_event_rule.gc.arn
 }

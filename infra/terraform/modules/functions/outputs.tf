@@ -1,20 +1,10 @@
 output "function_names" {
   description = "Function name by handler kind (log_sort, compaction, gc)."
-  value       = { for k, f in aws_lambda_function.function : k => f.function_name }
+  value       = local.function_names
 }
 
 output "function_arns" {
   value = { for k, f in aws_lambda_function.function : k => f.arn }
-}
-
-output "executor_environment" {
-  description = "The settings workers and the master need to invoke the functions."
-  value = {
-    TABLETSTORE_EXECUTOR            = "lambda"
-    TABLETSTORE_LOG_SORT_FUNCTION   = aws_lambda_function.function["log_sort"].function_name
-    TABLETSTORE_COMPACTION_FUNCTION = aws_lambda_function.function["compaction"].function_name
-    TABLETSTORE_GC_FUNCTION         = aws_lambda_function.function["gc"].function_name
-  }
 }
 
 output "invoke_policy_json" {
@@ -28,4 +18,9 @@ output "invoke_policy_json" {
       Resource = [for f in aws_lambda_function.function : f.arn]
     }]
   })
+}
+
+output "dead_letter_queue" {
+  description = "The dead-letter queue of failed asynchronous invocations (the scheduled GC)."
+  value       = aws_sqs_queue.dead_letters.name
 }

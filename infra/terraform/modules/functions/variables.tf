@@ -16,13 +16,24 @@ variable "image_uri" {
   }
 }
 
-variable "store_url" {
-  description = "The cluster's object store URL (the bucket module's store_url)."
+variable "cluster_url" {
+  description = "The cluster's etcd:// URL with its client certificate's files under /tmp (the etcd module's client_url): the scheduled GC's event."
   type        = string
   validation {
-    condition     = startswith(var.store_url, "s3://")
-    error_message = "store_url must be an s3:// URL."
+    condition     = startswith(var.cluster_url, "etcd://")
+    error_message = "cluster_url must be an etcd:// URL (the etcd module's client_url)."
   }
+}
+
+variable "etcd_client_secret_arn" {
+  description = "Secrets Manager secret with the etcd client certificate as JSON {\"cert\",\"key\",\"ca\"} (infra/terraform/scripts/etcd-ca.sh): the compaction and GC functions read it at start."
+  type        = string
+}
+
+variable "gc_schedule" {
+  description = "When garbage collection runs (an EventBridge schedule expression)."
+  type        = string
+  default     = "rate(6 hours)"
 }
 
 variable "bucket_arn" {

@@ -105,9 +105,24 @@ resource "aws_vpc_endpoint" "s3" {
   tags              = var.tags
 }
 
-# Image pulls, logs, secrets and function invocations through interface endpoints.
+# Image pulls, logs, secrets and function invocations through interface endpoints; ec2 for
+# the etcd members' boot script (it attaches the member's interface and volume), monitoring
+# for their metrics (etcd's database size against its quota), and ssm, ssmmessages and
+# ec2messages for Session Manager (an operator's shell on a member, with no inbound port).
 resource "aws_vpc_endpoint" "interface" {
-  for_each            = toset(["ecr.api", "ecr.dkr", "logs", "secretsmanager", "lambda", "sts"])
+  for_each = toset([
+    "ec2",
+    "ec2messages",
+    "ecr.api",
+    "ecr.dkr",
+    "lambda",
+    "logs",
+    "monitoring",
+    "secretsmanager",
+    "ssm",
+    "ssmmessages",
+    "sts",
+  ])
   vpc_id              = aws_vpc.main.id
   service_name        = "com.amazonaws.${data.aws_region.current.name}.${each.key}"
   vpc_endpoint_type   = "Interface"
@@ -167,6 +182,7 @@ locals {
     worker_from_clients   = ["workers", var.worker_port, "clients", "tablet RPCs from clients"]
     worker_from_master    = ["workers", var.worker_port, "master", "load/unload from the master"]
     worker_from_workers   = ["workers", var.worker_port, "workers", "METADATA reads between workers"]
+    worker_from_functions = ["workers", var.worker_port, "functions", "compaction outputs handed to the serving worker"]
     worker_metrics        = ["workers", var.metrics_port, "master", "status and metrics"]
     master_from_clients   = ["master", var.master_port, "clients", "admin RPCs from clients"]
     master_from_workers   = ["master", var.master_port, "workers", "reports from workers"]

@@ -1,7 +1,7 @@
 # What tests/unit/test_terraform.py applies and destroys against moto's server: the bucket, the
 # network and the functions modules as the environments compose them (moto implements S3, KMS,
-# IAM, Lambda, SQS, EC2's VPC pieces and CloudWatch Logs; it has no ECS or auto-scaling of the
-# depth the cluster and etcd modules need, so those are checked by validate and checkov only).
+# IAM, Lambda, SQS, EventBridge, EC2's VPC pieces and CloudWatch Logs). The whole environments
+# are planned against moto by tests/unit/test_terraform_cloud.py.
 
 terraform {
   required_version = ">= 1.5"
@@ -32,6 +32,7 @@ provider "aws" {
   s3_use_path_style           = true
   endpoints {
     ec2    = var.endpoint
+    events = var.endpoint
     iam    = var.endpoint
     kms    = var.endpoint
     lambda = var.endpoint
@@ -58,15 +59,16 @@ module "network" {
 }
 
 module "functions" {
-  source             = "../../modules/functions"
-  name               = "motocheck"
-  image_uri          = "123456789012.dkr.ecr.us-east-1.amazonaws.com/tabletstore:test"
-  store_url          = module.storage.store_url
-  bucket_arn         = module.storage.bucket_arn
-  prefix             = module.storage.prefix
-  kms_key_arn        = module.storage.kms_key_arn
-  subnet_ids         = module.network.private_subnet_ids
-  security_group_ids = [module.network.security_group_ids["functions"]]
+  source                 = "../../modules/functions"
+  name                   = "motocheck"
+  image_uri              = "123456789012.dkr.ecr.us-east-1.amazonaws.com/tabletstore:test"
+  cluster_url            = "etcd://10.40.0.10:2379/tabletstore?ca=/tmp/etcd-tls/ca.pem&cert=/tmp/etcd-tls/client.pem&key=/tmp/etcd-tls/client.key"
+  etcd_client_secret_arn = "arn:aws:secretsmanager:us-east-1:123456789012:secret:client"
+  bucket_arn             = module.storage.bucket_arn
+  prefix                 = module.storage.prefix
+  kms_key_arn            = module.storage.kms_key_arn
+  subnet_ids             = module.network.private_subnet_ids
+  security_group_ids     = [module.network.security_group_ids["functions"]]
 }
 
 output "store_url" {

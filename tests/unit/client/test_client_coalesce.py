@@ -31,7 +31,7 @@ from tabletstore.rpc.messages import (
 from tabletstore.rpc.services import TABLET, TabletService
 from tabletstore.rpc.transport import Method
 from tabletstore.rpc.wire import register_all
-from tests.unit.test_client_retry import Admin, OneTablet, put
+from tests.unit.client.test_client_retry import Admin, OneTablet, put
 
 MUTATE = TABLET.method(TabletService.mutate_rows)
 MUTATE_TABLETS = TABLET.method(TabletService.mutate_tablets)

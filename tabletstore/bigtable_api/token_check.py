@@ -1,9 +1,12 @@
 """The front door's authentication: TLS and per-request bearer tokens (issue 16 item 3).
 
 Google's clients send ``authorization: Bearer <token>`` metadata with every call. With a token
-verifier (``coordination.tokens.TokenStore``), :class:`BearerTokens` checks it before the call
-runs: a missing token is UNAUTHENTICATED, an unknown or revoked one PERMISSION_DENIED, and
-the call otherwise runs acting for the token's principal (``client.client.ACTING_FOR``), so
+verifier (``coordination.tokens.TokenStore``), :class:`BearerTokens` checks it on the call's
+metadata, before the request message is read: a missing token is UNAUTHENTICATED, an unknown
+or revoked one PERMISSION_DENIED -- answered by a handler that takes its request as a stream
+and never reads it, so gRPC receives no more of a refused call's message than HTTP/2 flow
+control lets the client send before the answer (the stream's window: KiBs to a few MiB as
+gRPC's bandwidth probing grows it, not the message limit), and nothing of it is decoded. The call otherwise runs acting for the token's principal (``client.client.ACTING_FOR``), so
 the cluster's servers check the families' ACLs against that caller. For the workers to accept
 "acting for", the front door's own certificate must carry a cluster role (``function``:
 ``tabletstore certs issue frontdoor --role function``; worker/tablet_service_guard.py). Tokens
@@ -46,18 +49,26 @@ def bearer_token(metadata: Sequence[tuple[str, Any]] | None) -> str | None:
 
 
 def _refusal(handler: Any, code: grpc.StatusCode, message: str) -> Any:
-    """``handler`` with its behaviour replaced by an abort (same streaming kind)."""
+    """``handler`` with its behaviour replaced by an abort that never reads the request: a
+    request-streaming handler (gRPC reads a unary handler's message whole, and decodes it,
+    before calling it; a streaming one only when it iterates), with no deserializer."""
 
-    async def abort_unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+    async def abort_unary(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         await context.abort(code, message)
 
-    async def abort_stream(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+    async def abort_stream(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         await context.abort(code, message)
         yield  # pragma: no cover (abort raises)
 
-    if handler.response_streaming:
-        return handler._replace(unary_stream=abort_stream, unary_unary=None)
-    return handler._replace(unary_unary=abort_unary, unary_stream=None)
+    streaming = handler.response_streaming
+    return handler._replace(
+        request_streaming=True,
+        request_deserializer=None,
+        unary_unary=None,
+        unary_stream=None,
+        stream_unary=None if streaming else abort_unary,
+        stream_stream=abort_stream if streaming else None,
+    )
 
 
 class BearerTokens(grpc.aio.ServerInterceptor):  # type: ignore[misc]

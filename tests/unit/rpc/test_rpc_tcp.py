@@ -72,6 +72,7 @@ class Service:
         self.produced = 0
         self.produced_8 = asyncio.Event()
         self.stream_closed = asyncio.Event()
+        self.slow_entered = asyncio.Event()
 
     async def echo(self, request: Echo) -> Echo:
         return request
@@ -87,6 +88,7 @@ class Service:
         return Echo("released:" + request.text)
 
     async def slow(self, request: Echo) -> Echo:
+        self.slow_entered.set()
         await asyncio.sleep(0.2)
         return request
 
@@ -276,9 +278,11 @@ async def test_server_closed_mid_call(
         await client.call("echo", Echo(""))
 
 
-async def test_graceful_close_finishes_in_flight(server: RpcServer, client: RpcClient) -> None:
+async def test_graceful_close_finishes_in_flight(
+    server: RpcServer, client: RpcClient, service: Service
+) -> None:
     call = asyncio.ensure_future(client.call("slow", Echo("done")))
-    await asyncio.sleep(0.05)  # bounded: let the request reach the server
+    await asyncio.wait_for(service.slow_entered.wait(), 10)  # the request reached the server
     await server.close(grace=5)
     assert await asyncio.wait_for(call, 5) == Echo("done")
 

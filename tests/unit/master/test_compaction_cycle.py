@@ -114,7 +114,10 @@ async def test_a_round_never_waits_for_metadata() -> None:
     cycle.run_round()  # one listing at a time
     await asyncio.sleep(0)
     hang.set()
-    await asyncio.sleep(0.01)
+    end = asyncio.get_running_loop().time() + 10
+    while cycle.next_scan == 0.0:  # until the listing is over
+        assert asyncio.get_running_loop().time() < end, "the listing did not end"
+        await asyncio.sleep(0.001)
     cycle.run_round()
     assert cycle.next_scan == DAY / 24  # the next listing an hour later, not at once
     await cycle.close()

@@ -13,7 +13,13 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from tabletstore.data.filters import (
+    MAX_FILTER_CELL_WORK,
+    MAX_FILTER_COPIES,
     MAX_FILTER_DEPTH,
+    MAX_FILTER_NODES,
+    MAX_FILTER_PROGRAM,
+    MAX_FILTER_REGEX_BYTES,
+    MAX_FILTER_REGEXES,
     ApplyLabel,
     BlockAll,
     CellsPerColumnLimit,
@@ -35,8 +41,10 @@ from tabletstore.data.filters import (
     ValueRange,
     ValueRegex,
     apply_filter,
+    compile_filter,
     filter_from_dict,
     iter_filters,
+    uncompiled,
 )
 from tabletstore.data.model import Cell
 from tabletstore.errors import InvalidArgument
@@ -155,8 +163,78 @@ def test_value_regex() -> None:
     ],
 )
 def test_malformed_regex_is_invalid_argument_naming_pattern(make: Callable[[], RowFilter]) -> None:
+    f = make()  # built without compiling: the patterns are compiled once the limits passed
     with pytest.raises(InvalidArgument, match=r"regex .*b'"):
+        compile_filter(f)
+    with pytest.raises(InvalidArgument, match=r"regex .*b'"):
+        apply_filter(f, b"row", [])
+
+
+def _many_regexes(n: int, size: int = 40) -> RowFilter:
+    return Interleave([ValueRegex(b"v%04d" % i + b"x" * (size - 5)) for i in range(n)])
+
+
+@pytest.mark.parametrize(
+    ("make", "limit"),
+    [
+        (lambda: _many_regexes(MAX_FILTER_REGEXES + 1), f"MAX_FILTER_REGEXES={MAX_FILTER_REGEXES}"),
+        (
+            lambda: Chain([ValueRegex(b"a" * (MAX_FILTER_REGEX_BYTES // 2 + 1))] * 2),
+            f"MAX_FILTER_REGEX_BYTES={MAX_FILTER_REGEX_BYTES}",
+        ),
+        (
+            lambda: ValueRegex(b"a" * (MAX_FILTER_REGEX_BYTES + 1)),
+            f"MAX_FILTER_REGEX_BYTES={MAX_FILTER_REGEX_BYTES}",
+        ),
+        (
+            lambda: Chain([Chain([PassAll()] * 10)] * (MAX_FILTER_NODES // 10)),
+            f"MAX_FILTER_NODES={MAX_FILTER_NODES}",
+        ),
+        # Twenty two-branch interleaves in a chain: a million copies of every cell.
+        (
+            lambda: Chain([Interleave([PassAll(), PassAll()])] * 20),
+            f"MAX_FILTER_COPIES={MAX_FILTER_COPIES}",
+        ),
+        (
+            lambda: Chain([Interleave([PassAll()] * 60)] + [PassAll()] * 100),
+            f"MAX_FILTER_CELL_WORK={MAX_FILTER_CELL_WORK}",
+        ),
+    ],
+)
+def test_a_filter_over_a_cost_limit_is_refused_when_built(
+    make: Callable[[], RowFilter], limit: str
+) -> None:
+    with pytest.raises(InvalidArgument, match=re.escape(limit)):
         make()
+
+
+def test_a_filter_at_the_limits_is_accepted() -> None:
+    f = _many_regexes(MAX_FILTER_REGEXES)
+    assert f.shape.regexes == MAX_FILTER_REGEXES
+    assert compile_filter(f) > 0
+    assert Chain([Interleave([PassAll(), PassAll()])] * 6).shape.copies == MAX_FILTER_COPIES
+
+
+def test_compiled_programs_are_bounded_in_total() -> None:
+    # Each pattern alone compiles (a program of about 20,000 instructions), together they
+    # exceed the budget: refused after at most one pattern beyond it.
+    f = Interleave(
+        [
+            ValueRegex(b"(" + b"|".join(b"%d[a-y]{999}" % (i * 100 + j) for j in range(19)) + b")")
+            for i in range(8)
+        ]
+    )
+    with pytest.raises(InvalidArgument, match=f"MAX_FILTER_PROGRAM={MAX_FILTER_PROGRAM}"):
+        compile_filter(f)
+
+
+def test_uncompiled_takes_cached_patterns_without_compiling() -> None:
+    pattern = b"cached-%d" % random.getrandbits(64)
+    assert uncompiled(ValueRegex(pattern))
+    compile_filter(ValueRegex(pattern))
+    f = ValueRegex(pattern)
+    assert not uncompiled(f)
+    assert not uncompiled(None) and not uncompiled(PassAll())
 
 
 def test_regex_filters_require_bytes() -> None:
@@ -587,7 +665,7 @@ def test_to_dict_round_trips_through_json(f: RowFilter) -> None:
 )
 def test_malformed_wire_filters_are_invalid_argument(d: Any) -> None:
     with pytest.raises(InvalidArgument):
-        filter_from_dict(d)
+        compile_filter(filter_from_dict(d))
 
 
 # -- properties ------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import tabletstore
-from tabletstore.batch.bulkload import awrite_sstables
+from tabletstore.batch.load_files import awrite_sstables
 from tabletstore.data.model import AppendValue, RowMutation, SetCell
 from tabletstore.data.schema import ColumnFamily, TableSchema
 from tabletstore.embedded import Database
@@ -34,6 +34,8 @@ from tabletstore.rpc.services import MASTER, TABLET, MasterService, Service, Tab
 from tabletstore.rpc.tcp import RpcServer, TcpTransport
 from tabletstore.rpc.transport import Transport
 from tabletstore.rpc.wire import register_all
+from tabletstore.storage_s3 import layout
+from tabletstore.storage_s3.base import ObjectStore
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -234,15 +236,28 @@ async def _exercise(
         MasterService.delete_snapshot,
         m.DeleteSnapshotRequest(snapshot_id),
     )
-    source = f"memory://{bulk_source}"
+    # The job writes into its staging area of the database's (in-memory) store.
+    area = layout.staging_prefix("anonymous", bulk_source)
     cells = {"row": [b"b1"], "family": ["f"], "qualifier": [b"q"], "value": [b"bulk"]}
-    keys = await awrite_sstables(cells, source, now_micros=1_000_000)
-    loaded = await call(master.bulk_load, MasterService.bulk_load, m.BulkLoadRequest("svc", source))
+    keys = await awrite_sstables(cells, "", store=_Under(db.store, area), now_micros=1_000_000)  # type: ignore[arg-type]
+    load = m.BulkLoadRequest("svc", bulk_source)
+    loaded = await call(master.bulk_load, MasterService.bulk_load, load)
     assert (loaded.tablets, loaded.cells) == (1, 1)
-    one = m.BulkLoadTabletRequest(tid, tab, source, tuple(keys))
+    # The master names the files to a worker by their keys in the database's own store.
+    one = m.BulkLoadTabletRequest(tid, tab, db.store.url, tuple(area + k for k in keys))
     assert (await call(worker.bulk_load_tablet, TabletService.bulk_load_tablet, one)).cells == 1
     await call(master.delete_table, MasterService.delete_table, m.TableNameRequest("svc"))
     return called
+
+
+class _Under:
+    """Writes into ``store`` under ``prefix`` (a job writing to its staging area)."""
+
+    def __init__(self, store: ObjectStore, prefix: str) -> None:
+        self.store, self.prefix, self.url = store, prefix, store.url
+
+    async def create(self, key: str, data: bytes) -> None:
+        await self.store.create(self.prefix + key, data)
 
 
 def _create() -> m.CreateTableRequest:

@@ -153,10 +153,7 @@ async def test_pipelined_segments_are_acknowledged_in_order(object_store: Object
         first = asyncio.create_task(log.append("t", b"a", cells_for(b"a", log.allocate(1))))
         await store.entered.wait()  # segment 0 is in flight, held
         second = asyncio.create_task(log.append("t", b"b", cells_for(b"b", log.allocate(1))))
-        for _ in range(50):
-            if await object_store.get(log_segment_key("w1", 1, 1)) is not None:
-                break
-            await asyncio.sleep(0.01)
+        await _until_stored(object_store, log_segment_key("w1", 1, 1))
         # Segment 1 was sent and is durable while 0 is not...
         assert await object_store.get(log_segment_key("w1", 1, 1)) is not None
         # ...but its write is not acknowledged before segment 0 is.
@@ -186,10 +183,7 @@ async def test_a_failed_segment_is_plugged_and_later_ones_are_not_acknowledged(
         first = asyncio.create_task(log.append("t", b"a", cells_for(b"a", log.allocate(1))))
         await store.entered.wait()
         second = asyncio.create_task(log.append("t", b"b", cells_for(b"b", log.allocate(1))))
-        for _ in range(50):
-            if await object_store.get(log_segment_key("w1", 1, 1)) is not None:
-                break
-            await asyncio.sleep(0.01)
+        await _until_stored(object_store, log_segment_key("w1", 1, 1))
         store.gate.set()
         with pytest.raises(Indeterminate):
             await first
@@ -474,6 +468,15 @@ async def test_reading_ahead_keeps_log_order_and_stops_at_a_damaged_segment(
         async for record in CommitLogReader(Jittery(), "w1", 1).records():  # type: ignore[arg-type]
             seen.append(record.row)
     assert seen == [b"r%d" % n for n in range(damaged)]
+
+
+async def _until_stored(store: ObjectStore, key: str, *, seconds: float = 10.0) -> None:
+    """Wait until ``key`` is in ``store``, at most ``seconds``."""
+    end = asyncio.get_running_loop().time() + seconds
+    while await store.get(key) is None:
+        if asyncio.get_running_loop().time() > end:
+            raise AssertionError(f"{key} not stored within {seconds} s")
+        await asyncio.sleep(0.01)
 
 
 async def _until(condition: object, *, seconds: float = 10.0) -> None:

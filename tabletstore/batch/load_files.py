@@ -1,9 +1,18 @@
-"""Bulk load, the output side of a batch job (§8: Bigtable as MapReduce output).
+"""Bulk-load files: written by a batch job, checked and read by the cluster (§8).
 
 A job writes its output as sorted SSTables with the project's own writer
-(:func:`write_sstables`, from Arrow tables or record batches or a pandas DataFrame) into any
-store (``file:///dir``, ``s3://bucket/prefix``). ``tabletstore bulkload TABLE URL`` (or
-``table.bulk_load(URL)``) then hands them to the table, as HBase's completebulkload does:
+(:func:`write_sstables`, from Arrow tables or record batches or a pandas DataFrame) into its
+*staging area* of the database's bucket: ``staging/<principal>/<load-name>/``, whose URL
+``client.staging_url(load_name)`` gives (the job writes there with its own credentials to the
+bucket). ``tabletstore bulkload TABLE LOAD-NAME`` (or ``table.bulk_load(load_name)``) then
+hands them to the table, as HBase's completebulkload does. The cluster reads a load's files
+only from the caller's own staging area of its own bucket, through the store it already has:
+never a URL the caller names (another endpoint, ``file://``, another table's objects), so a
+table admin cannot make the master or a worker read anything with the cluster's credentials
+that the caller could not. What one load may make the cluster hold is bounded: at most
+:data:`MAX_LOAD_FILES` files of at most :data:`MAX_LOAD_FILE_BYTES` each (refused from the
+listing, before a byte is fetched), checked a few at a time within :data:`CHECK_BYTES` bytes
+held at once.
 
 1. the master checks every file first (:func:`inspect_sources`): each is an SSTable with the
    SSTable schema, its cells strictly sorted, only puts, only families the table has, and no
@@ -38,10 +47,11 @@ arbitrary.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import itertools
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -58,9 +68,12 @@ from tabletstore.sstable.format import SCHEMA
 from tabletstore.sstable.reader import SSTableCore
 from tabletstore.sstable.writer import write_sstable_table
 from tabletstore.storage_s3 import open_store
-from tabletstore.storage_s3.base import ObjectStore, object_url
+from tabletstore.storage_s3.base import ObjectInfo, ObjectStore, object_url
 
 __all__ = [
+    "CHECK_BYTES",
+    "MAX_LOAD_FILES",
+    "MAX_LOAD_FILE_BYTES",
     "SourceFile",
     "Stage",
     "awrite_sstables",
@@ -87,6 +100,14 @@ STAGING_COMPRESSION = "lz4"
 STAGING_FORMAT = 1
 #: Bulk-load files the master checks at once.
 CHECK_PARALLELISM = 4
+#: Files one bulk load may have.
+MAX_LOAD_FILES = 10_000
+#: Largest bulk-load file: each is held whole while it is checked (and while a worker reads
+#: a tablet's cells from it). ``write_sstables`` cuts files of ``DEFAULT_FILE_CELLS`` cells,
+#: well under this for cells up to about 200 bytes; larger cells need ``file_cells=`` smaller.
+MAX_LOAD_FILE_BYTES = 256 * 1024 * 1024
+#: Bytes of bulk-load files the master holds at once while checking them.
+CHECK_BYTES = 256 * 1024 * 1024
 #: The columns a bulk-load file's check decodes (not the values; seq to know whether the
 #: file can be adopted: every stored seq 0).
 _CHECKED = ("row", "family", "qualifier", "ts", "seq", "kind")
@@ -306,24 +327,68 @@ def content_load_id(files: Sequence[SourceFile]) -> str:
     return "c" + h.hexdigest()
 
 
-async def inspect_sources(
-    store: ObjectStore, schema: TableSchema, stage: Stage | None = None
-) -> list[SourceFile]:
-    """Check every object under ``store`` for a bulk load into a table of ``schema``
-    (module docstring, step 1); InvalidArgument naming the first problem found. ``stage``
-    is given each file that passed, with the bytes that were checked (no second GET)."""
-    keys = [info async for info in store.list("")]
-    if not keys:
-        raise InvalidArgument(f"no files to bulk-load under {store.url}")
-    # A few files at a time: each is held in memory whole while it is checked.
-    slots = asyncio.Semaphore(CHECK_PARALLELISM)
+def _check_size(name: str, size: int) -> None:
+    if size > MAX_LOAD_FILE_BYTES:
+        raise InvalidArgument(
+            f"bulk-load file {name} has {size} bytes, over the limit of "
+            f"MAX_LOAD_FILE_BYTES={MAX_LOAD_FILE_BYTES}: write smaller files (file_cells=)"
+        )
 
-    async def check(key: str) -> SourceFile:
+
+class _ByteSlots:
+    """At most ``parallel`` holders and ``budget`` bytes held at once (one holder may hold
+    up to the whole budget)."""
+
+    def __init__(self, parallel: int, budget: int) -> None:
+        self._free = budget
+        self._budget = budget
+        self._slots = asyncio.Semaphore(parallel)
+        self._changed = asyncio.Condition()
+
+    @contextlib.asynccontextmanager
+    async def hold(self, size: int) -> AsyncIterator[None]:
+        size = min(size, self._budget)
+        async with self._slots:
+            async with self._changed:
+                await self._changed.wait_for(lambda: self._free >= size)
+                self._free -= size
+            try:
+                yield
+            finally:
+                async with self._changed:
+                    self._free += size
+                    self._changed.notify_all()
+
+
+async def inspect_sources(
+    store: ObjectStore, schema: TableSchema, stage: Stage | None = None, *, prefix: str = ""
+) -> list[SourceFile]:
+    """Check every object under ``prefix`` of ``store`` for a bulk load into a table of
+    ``schema`` (module docstring, step 1); InvalidArgument naming the first problem found.
+    ``stage`` is given each file that passed, with the bytes that were checked (no second
+    GET). The listing's sizes are checked against the limits before anything is fetched."""
+    listed: list[ObjectInfo] = []
+    async for info in store.list(prefix):
+        if len(listed) == MAX_LOAD_FILES:
+            raise InvalidArgument(
+                f"more than MAX_LOAD_FILES={MAX_LOAD_FILES} files to bulk-load under "
+                f"{object_url(store.url, prefix)}"
+            )
+        _check_size(object_url(store.url, info.key), info.size)
+        listed.append(info)
+    if not listed:
+        raise InvalidArgument(f"no files to bulk-load under {object_url(store.url, prefix)}")
+    # A few files at a time and a bounded number of bytes: each is held whole while checked.
+    slots = _ByteSlots(CHECK_PARALLELISM, CHECK_BYTES)
+
+    async def check(info: ObjectInfo) -> SourceFile:
+        key = info.key
         name = object_url(store.url, key)
-        async with slots:
+        async with slots.hold(info.size):
             data = await store.get(key)
             if data is None:
                 raise InvalidArgument(f"bulk-load file {name} vanished while being checked")
+            _check_size(name, len(data))  # replaced since the listing
             # Decoding is CPU work that releases the GIL: off the event loop, in parallel.
             file = await asyncio.to_thread(_check_file, name, key, data, schema)
             if stage is not None:
@@ -332,7 +397,7 @@ async def inspect_sources(
 
     # Every check runs to its end, even after one refused its file: a file being staged
     # then is either staged (its key known to the caller, who deletes it) or not at all.
-    results = await asyncio.gather(*(check(info.key) for info in keys), return_exceptions=True)
+    results = await asyncio.gather(*(check(info) for info in listed), return_exceptions=True)
     for r in results:
         if isinstance(r, BaseException):
             raise r
@@ -435,27 +500,25 @@ def _check_file(name: str, key: str, data: bytes, schema: TableSchema) -> Source
 
 
 async def cells_for_tablet(
-    source_url: str,
+    store: ObjectStore,
     keys: Sequence[str],
     ranges: Sequence[tuple[bytes, bytes | None]],
     schema: TableSchema,
 ) -> dict[str, pa.Table]:
-    """The cells of the files ``keys`` (in row order, not overlapping) that fall in one of
-    ``ranges`` (``[start, end)`` each, in row order, disjoint), per locality group, sorted
-    (module docstring, step 2)."""
+    """The cells of the files ``keys`` of ``store`` (in row order, not overlapping) that fall
+    in one of ``ranges`` (``[start, end)`` each, in row order, disjoint), per locality group,
+    sorted (module docstring, step 2). One file is held whole at a time."""
     if not ranges:
         return {}
-    store = open_store(source_url)
     parts: list[pa.Table] = []
-    try:
-        for key in keys:
-            data = await store.get(key)
-            name = object_url(store.url, key)
-            if data is None:
-                raise InvalidArgument(f"bulk-load file {name} is gone")
-            parts.append(await asyncio.to_thread(_cells_in, name, data, ranges))
-    finally:
-        await store.close()
+    for key in keys:
+        data = await store.get(key)
+        name = object_url(store.url, key)
+        if data is None:
+            raise InvalidArgument(f"bulk-load file {name} is gone")
+        _check_size(name, len(data))
+        parts.append(await asyncio.to_thread(_cells_in, name, data, ranges))
+        del data
     cells = pa.concat_tables(parts) if parts else SCHEMA.empty_table()
     families = pc.unique(cells.column(1)).to_pylist()
     unknown = set(families) - set(schema.families)

@@ -30,7 +30,7 @@ from tabletstore.storage_s3 import open_store
 from tabletstore.storage_s3.base import ObjectInfo
 from tabletstore.storage_s3.memory import MemoryObjectStore
 from tabletstore.worker.sorter import Sorter
-from tests.unit.test_commitlog_sorting import INC, TABLETS, W, write_log
+from tests.unit.commitlog.test_commitlog_sorting import INC, TABLETS, W, write_log
 
 
 class StallingStore(MemoryObjectStore):
@@ -261,8 +261,9 @@ async def test_a_slow_store_holds_the_assignment_round_back_only_plan_wait() -> 
     await asyncio.wait_for(recovery.start(records, {}, live=[]), 5)  # returns: loads go out
     assert recovery.sorting == {} and executor.ran == []
     store.go.set()  # the store answers again; the planning went on in the background
-    await asyncio.sleep(0.1)
-    await recovery.start(records, {}, live=[])
+    async with asyncio.timeout(20):
+        while not recovery.sorting:  # until a round takes in the plan made in the background
+            await recovery.start(records, {}, live=[])
     await recovery.wait()
     plan = await load_plan(store, W, INC)
     assert plan is not None and sorted(executor.ran) == [t.first for t in plan.tasks]

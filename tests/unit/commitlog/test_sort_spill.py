@@ -21,7 +21,14 @@ from tabletstore.keys import Cell
 from tabletstore.storage_s3 import layout
 from tabletstore.storage_s3.instrumented import InstrumentedObjectStore, Op
 from tabletstore.storage_s3.memory import MemoryObjectStore
-from tests.unit.test_commitlog_sorting import INC, TABLETS, W, direct, owned_replay, write_log
+from tests.unit.commitlog.test_commitlog_sorting import (
+    INC,
+    TABLETS,
+    W,
+    direct,
+    owned_replay,
+    write_log,
+)
 
 
 def _exists(path: str) -> bool:

@@ -3,13 +3,17 @@ format and checks, the Arrow SSTable writer's bytes, the new wire messages."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pyarrow as pa
 import pytest
 
+from tabletstore.batch import load_files as lf
 from tabletstore.data.schema import TableSchema
-from tabletstore.errors import Corruption, InvalidArgument
+from tabletstore.errors import Corruption, InvalidArgument, PermissionDenied
 from tabletstore.keys import Cell, cell_sort_key
 from tabletstore.master import gc_plan as gc
+from tabletstore.master.bulk_load import source_prefix
 from tabletstore.metadata.record import SSTableRef
 from tabletstore.metadata.snapshot import SnapshotManifest, TabletSnapshot
 from tabletstore.rpc import messages as m
@@ -136,7 +140,7 @@ async def test_read_arrow_reads_what_a_scan_reads(start: bytes, end: bytes | Non
 async def test_staging_sstables_match_every_row_and_read_the_same() -> None:
     """A bulk-load staging file gets a row filter that matches every row (no per-row
     hashing); its cells read as any SSTable's."""
-    from tabletstore.batch.bulkload import awrite_sstables
+    from tabletstore.batch.load_files import awrite_sstables
 
     rows = [b"r%04d" % i for i in range(300)]
     store = MemoryObjectStore("memory://staging-bloom")
@@ -151,7 +155,7 @@ async def test_staging_sstables_match_every_row_and_read_the_same() -> None:
 async def test_a_bulk_load_follows_a_tablet_that_split_under_it() -> None:
     """The worker refuses a tablet that split (NotServing: nothing of it committed); the
     master looks its range up again and loads exactly that range into the children."""
-    from tabletstore.batch.bulkload import SourceFile
+    from tabletstore.batch.load_files import SourceFile
     from tabletstore.errors import NotServing
     from tabletstore.master.bulk_load import _load_range
     from tabletstore.metadata.catalog import TableInfo
@@ -234,3 +238,65 @@ def test_bulk_load_records_and_ids() -> None:
     for bad in ("", "a/b", "-x", "x" * 129, "a b"):
         with pytest.raises(InvalidArgument, match="bad bulk load id"):
             check_load_id(bad)
+
+
+class _ListedOnly:
+    """A store that lists objects of given sizes and must never be read."""
+
+    url = "memory://listed-only"
+
+    def __init__(self, sizes: list[int]) -> None:
+        self.sizes = sizes
+        self.gets = 0
+
+    async def list(self, prefix: str, *, start_after: str | None = None) -> Any:
+        for i, size in enumerate(self.sizes):
+            yield ObjectInfo(f"{prefix}f{i:05d}", size, 0.0)
+
+    async def get(self, key: str) -> bytes | None:
+        self.gets += 1
+        raise AssertionError(f"{key} was fetched")
+
+
+@pytest.mark.parametrize(
+    ("sizes", "limit"),
+    [
+        ([10, lf.MAX_LOAD_FILE_BYTES + 1], f"MAX_LOAD_FILE_BYTES={lf.MAX_LOAD_FILE_BYTES}"),
+        ([10] * (lf.MAX_LOAD_FILES + 1), f"MAX_LOAD_FILES={lf.MAX_LOAD_FILES}"),
+    ],
+)
+async def test_a_load_over_its_limits_is_refused_from_the_listing(
+    sizes: list[int], limit: str
+) -> None:
+    store = _ListedOnly(sizes)
+    with pytest.raises(InvalidArgument, match=limit):
+        await lf.inspect_sources(store, TableSchema(name="t"), prefix="staging/u/job/")  # type: ignore[arg-type]
+    assert store.gets == 0
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "file:///etc",
+        "s3://bucket/db/tables/t1?endpoint_url=http://127.0.0.1:1",
+        "s3://bucket/db/staging/alice/job?endpoint_url=http://127.0.0.1:1",
+        "s3://bucket/db/staging/bob/job?endpoint_url=http://s3:9000",
+        "s3://other/db/staging/alice/job?endpoint_url=http://s3:9000",
+        "s3://bucket/db/staging/alice/a/b?endpoint_url=http://s3:9000",
+        "s3://bucket/db/staging/alice/?endpoint_url=http://s3:9000",
+    ],
+)
+def test_a_load_source_outside_the_callers_staging_area_is_refused(source: str) -> None:
+    with pytest.raises(PermissionDenied, match="staging/alice/LOAD-NAME"):
+        source_prefix("s3://bucket/db?endpoint_url=http://s3:9000", "alice", source)
+
+
+def test_a_load_source_names_the_callers_staging_area() -> None:
+    store = "s3://bucket/db?endpoint_url=http://s3:9000"
+    assert source_prefix(store, "alice", "job") == "staging/alice/job/"
+    assert source_prefix(store, "a/b%", "job") == "staging/a%2Fb%25/job/"
+    url = layout.staging_url(store, "alice", "job")
+    assert url == "s3://bucket/db/staging/alice/job?endpoint_url=http://s3:9000"
+    assert source_prefix(store, "alice", url) == "staging/alice/job/"
+    with pytest.raises(InvalidArgument):
+        source_prefix(store, "alice", "..")

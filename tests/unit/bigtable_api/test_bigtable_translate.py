@@ -157,8 +157,14 @@ def test_an_empty_filter_message_passes_everything() -> None:
 )
 def test_invalid_filters_are_rejected_with_a_reason(bad: object) -> None:
     with pytest.raises(errors.InvalidArgument) as info:
-        t.filter_from_pb(bad)
+        f.compile_filter(t.filter_from_pb(bad))  # patterns: compiled by the tablet server
     assert str(info.value)
+
+
+def test_a_filter_over_the_node_limit_is_refused_before_translation() -> None:
+    leaves = [F(pass_all_filter=True)] * (f.MAX_FILTER_NODES + 1)
+    with pytest.raises(errors.InvalidArgument, match=f"MAX_FILTER_NODES={f.MAX_FILTER_NODES}"):
+        t.filter_from_pb(F(interleave=F.Interleave(filters=leaves)))
 
 
 def test_range_bounds_set_to_empty_are_taken_literally() -> None:

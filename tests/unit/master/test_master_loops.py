@@ -74,10 +74,11 @@ async def test_a_hung_balancer_or_collector_never_holds_back_assignment() -> Non
 
 async def test_losing_the_lease_raises_fenced_not_a_group() -> None:
     lease = FakeLease()
+    fifth = asyncio.Event()
     metrics = SimpleNamespace(assignment_round=lambda n: None, assignment_failed=lambda e: None)
     lead = asyncio.create_task(
         _lead(
-            fake_master([], asyncio.Event()),  # type: ignore[arg-type]
+            fake_master([], asyncio.Event(), fifth),  # type: ignore[arg-type]
             SimpleNamespace(maybe_run=lambda: asyncio.sleep(0)),  # type: ignore[arg-type]
             metrics,  # type: ignore[arg-type]
             lease,  # type: ignore[arg-type]
@@ -85,7 +86,8 @@ async def test_losing_the_lease_raises_fenced_not_a_group() -> None:
             0.001,
         )
     )
-    await asyncio.sleep(0.05)
+    async with asyncio.timeout(30):
+        await fifth.wait()  # the loops run: the lease is lost mid-leadership
     lease.expire()
     with pytest.raises(Fenced):
         await lead

@@ -1,0 +1,91 @@
+"""A table's row keys are shown only to principals that may read the table.
+
+A master and a worker with mutual TLS and authorization on loopback (the secured cluster of
+tests/security/secure_cluster.py). alice's table ``vault`` has one family only she may read
+and a tablet boundary at a secret row key. bob, another authenticated principal, used to read
+that key from ``sample_row_keys``, from every worker's ``server_status`` (the tablets'
+boundaries) and from ``list_snapshots`` (a snapshot's manifest lists its tablets' ranges).
+Now ``sample_row_keys`` and ``list_snapshots("vault")`` are PermissionDenied for bob,
+``server_status`` and the unfiltered ``list_snapshots`` leave alice's table out, and alice still
+sees all of it. A principal may see a table's keys when it administers the table or may read
+one of its families.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from tabletstore.data.model import SetCell
+from tabletstore.data.schema import Acl, ColumnFamily
+from tabletstore.errors import PermissionDenied, TabletStoreError
+from tabletstore.metadata.catalog import Catalog
+from tests.security.secure_cluster import SecureCluster, secure_cluster, wait_for
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[SecureCluster]:
+    async with secure_cluster(tmp_path) as running:
+        yield running
+
+
+SECRET = b"patient-0042-hiv-positive"
+
+
+async def test_bob_sees_no_row_key_of_alices_table(cluster: SecureCluster) -> None:
+    alice = await cluster.client("alice")
+    bob = await cluster.client("bob")
+    try:
+        table = await alice.create_table(
+            "vault",
+            [ColumnFamily(name="p", acl=Acl(readers=["alice"], writers=["alice"]))],
+            split_keys=[SECRET],
+        )
+
+        async def writable() -> bool:
+            try:
+                await table.mutate_row(SECRET + b"/x", [SetCell("p", b"q", b"v")])
+                await table.mutate_row(b"a", [SetCell("p", b"q", b"v")])
+            except TabletStoreError:
+                return False
+            return True
+
+        await wait_for(writable, "alice's table to be served")
+        table_id = (await Catalog(alice.coordinator).get_table("vault")).table_id
+        snapshot = await table.snapshot(ttl=600)
+
+        # alice sees her table's keys.
+        assert SECRET in [key for key, _ in await table.sample_row_keys()]
+        assert SECRET in _boundaries(await alice.status(), table_id)
+        assert [m.snapshot_id for m in await alice.list_snapshots("vault")] == [
+            snapshot.snapshot_id
+        ]
+
+        # bob sees none of them.
+        with pytest.raises(PermissionDenied, match="permission: read"):
+            await bob.table("vault").sample_row_keys()
+        assert _boundaries(await bob.status(), table_id) == set()
+        with pytest.raises(PermissionDenied, match="permission: read"):
+            await bob.list_snapshots("vault")
+        listed = await bob.list_snapshots()
+        assert snapshot.snapshot_id not in [m.snapshot_id for m in listed]
+    finally:
+        await alice.close()
+        await bob.close()
+
+
+def _boundaries(status: object, table_id: str) -> set[bytes]:
+    """The tablet boundaries of ``table_id`` in a cluster status, as its workers report them."""
+    out: set[bytes] = set()
+    for answer in status.workers.values():  # type: ignore[attr-defined]
+        assert not isinstance(answer, str), answer
+        for t in answer.tablets:
+            if t.table_id == table_id:
+                out.add(t.start_row)
+                if t.end_row is not None:
+                    out.add(t.end_row)
+    return out
