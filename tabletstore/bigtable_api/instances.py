@@ -258,21 +258,24 @@ class InstanceAdmin:
             if c.family == _FAMILY and c.qualifier.startswith(_CLUSTER_Q)
         ]
 
+    async def _create_row(self, name: str, instance: Any, clusters: dict[str, Any]) -> bool:
+        """Write the instance's registry row, owned by the caller, unless it exists (then
+        False)."""
+        mutations = self._instance_mutations(instance, clusters, caller())
+        with own_identity():
+            registry = await self._registry()
+            existed = await registry.check_and_mutate_row(
+                name.encode(), None, false_mutations=mutations
+            )
+        return not existed
+
     async def register_implicitly(self, project: str, instance: str) -> None:
         """Record an instance a table is being created in, if it is not recorded yet (code
         written for the emulator never creates its instance)."""
         if instance == self._ns.plain_instance:
             return
         name = f"projects/{project}/instances/{instance}"
-        who = caller()
-        with own_identity():
-            registry = await self._registry()
-            existed = await registry.check_and_mutate_row(
-                name.encode(),
-                None,
-                false_mutations=self._instance_mutations(self._new_instance(name, None), {}, who),
-            )
-        if existed:
+        if not await self._create_row(name, self._new_instance(name, None), {}):
             await self._read(name)  # PermissionDenied if another principal's
 
     # -- RPCs ----------------------------------------------------------------------------------
@@ -292,15 +295,7 @@ class InstanceAdmin:
             cluster.name = f"{name}/clusters/{cid}"
             cluster.state = _READY
             clusters[cid] = cluster
-        who = caller()
-        with own_identity():
-            registry = await self._registry()
-            existed = await registry.check_and_mutate_row(
-                name.encode(),
-                None,
-                false_mutations=self._instance_mutations(instance, clusters, who),
-            )
-        if existed:
+        if not await self._create_row(name, instance, clusters):
             raise AlreadyExists(f"instance {name!r} already exists")
         meta = CreateInstanceMetadataPB(original_request=req)
         meta.request_time.FromMicroseconds(self._now_micros())

@@ -198,6 +198,11 @@ def _set_cell(m: dict[str, Any], table_name: str, value: bytes) -> Any:
     )
 
 
+def _drop_family(m: dict[str, Any], table_name: str) -> Any:
+    modification = m["bta"].ModifyColumnFamiliesRequest.Modification(id="cf", drop=True)
+    return m["bta"].ModifyColumnFamiliesRequest(name=table_name, modifications=[modification])
+
+
 async def _code(call: Any) -> str:
     """The status t2's call got: OK or the gRPC status code's name."""
     try:
@@ -240,12 +245,7 @@ async def test_t2_cannot_reach_t1s_instance_or_tables(
         ),
         "ModifyColumnFamilies": (
             TABLES,
-            m["bta"].ModifyColumnFamiliesRequest(
-                name=TABLE,
-                modifications=[
-                    m["bta"].ModifyColumnFamiliesRequest.Modification(id="cf", drop=True)
-                ],
-            ),
+            _drop_family(m, TABLE),
         ),
         "DropRowRange": (
             TABLES,
@@ -266,12 +266,7 @@ async def test_t2_cannot_reach_t1s_instance_or_tables(
     plain = {
         "ModifyColumnFamilies": (
             TABLES,
-            m["bta"].ModifyColumnFamiliesRequest(
-                name=PLAIN_TABLE,
-                modifications=[
-                    m["bta"].ModifyColumnFamiliesRequest.Modification(id="cf", drop=True)
-                ],
-            ),
+            _drop_family(m, PLAIN_TABLE),
         ),
         "DeleteTable": (TABLES, m["bta"].DeleteTableRequest(name=PLAIN_TABLE)),
         "MutateRow": (DATA, _set_cell(m, PLAIN_TABLE, b"t2 overwrote this")),
