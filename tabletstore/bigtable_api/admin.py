@@ -18,6 +18,12 @@ Contracts:
 * DropRowRange deletes through the public data API: it scans the rows (prefix, or the whole
   table) returning one empty cell per row and deletes each row, in batches. Rows written
   concurrently may survive, as in the service.
+* Tenancy (with bearer tokens): every call runs acting for its caller, so the master and the
+  workers authorize the caller itself, never the front door (``rpc.auth``, delegation). A
+  table made through the front door has its caller as admin (only it may alter, drop or
+  delete the table) and every family it creates, then or later, has an ACL naming the caller
+  as reader and writer, so the workers serve its cells to nobody else. Table calls in another
+  principal's instance are refused first, PERMISSION_DENIED (instances.py).
 * GenerateConsistencyToken / CheckConsistency: a tabletstore write is durable and visible when it
   is acknowledged, and there is no replication, so every token is consistent at once.
 """
@@ -29,7 +35,7 @@ from typing import Any
 from google.cloud.bigtable_admin_v2.types import bigtable_table_admin as bta
 from google.protobuf import empty_pb2
 
-from tabletstore.bigtable_api.instances import InstanceAdmin, Namespaces
+from tabletstore.bigtable_api.instances import InstanceAdmin, Namespaces, caller
 from tabletstore.bigtable_api.translate import (
     TableName,
     check_table_id,
@@ -42,7 +48,7 @@ from tabletstore.bigtable_api.translate import (
 from tabletstore.client.client import AsyncClient
 from tabletstore.data.filters import CellsPerRowLimit, Chain, StripValue
 from tabletstore.data.model import DeleteRow, RowMutation
-from tabletstore.data.schema import ColumnFamily, GcRule
+from tabletstore.data.schema import Acl, ColumnFamily, GcRule
 from tabletstore.errors import AlreadyExists, InvalidArgument, NotFound
 
 __all__ = ["CONSISTENCY_TOKEN", "DROP_BATCH_ROWS", "TableAdmin"]
@@ -58,6 +64,13 @@ CheckConsistencyResponsePB: Any = bta.CheckConsistencyResponse.pb()
 _VIEW_NAME_ONLY = 1
 
 
+def _caller_acl() -> Acl:
+    """The ACL of a family made for the current caller: the caller alone reads and writes it
+    (everybody, without tokens)."""
+    who = caller()
+    return Acl() if who is None else Acl(readers=[who], writers=[who])
+
+
 class TableAdmin:
     """The table admin RPCs; each takes a raw request message and returns the response."""
 
@@ -71,9 +84,11 @@ class TableAdmin:
         self._ns = namespaces or Namespaces()
         self._instances = instances or InstanceAdmin(client, self._ns)
 
-    def _name(self, table_name: str) -> tuple[TableName, str]:
-        """The parsed name and the stored tabletstore table it names."""
+    async def _name(self, table_name: str) -> tuple[TableName, str]:
+        """The parsed name and the stored tabletstore table it names; PermissionDenied if it
+        is in another principal's instance."""
         name = parse_table_name(table_name)
+        await self._instances.check_access(name.project, name.instance)
         return name, self._ns.table(name)
 
     async def create_table(self, req: Any) -> Any:
@@ -86,6 +101,7 @@ class TableAdmin:
                     "name": fid,
                     "gc_rule": family_from_pb(fid, fam),
                     "value_type": value_type_from_pb(fid, fam),
+                    "acl": _caller_acl(),
                 }
             )
             for fid, fam in sorted(req.table.column_families.items())
@@ -98,11 +114,12 @@ class TableAdmin:
         return table_to_pb(name, await self._client.describe_table(stored), 0)
 
     async def get_table(self, req: Any) -> Any:
-        name, stored = self._name(req.name)
+        name, stored = await self._name(req.name)
         return table_to_pb(name, await self._client.describe_table(stored), req.view)
 
     async def list_tables(self, req: Any) -> Any:
         project, instance = parse_instance_name(req.parent)
+        await self._instances.check_access(project, instance)
         out = ListTablesResponsePB()
         view = req.view or _VIEW_NAME_ONLY
         stored = await self._client.list_tables()
@@ -117,12 +134,12 @@ class TableAdmin:
         return out
 
     async def delete_table(self, req: Any) -> Any:
-        _, stored = self._name(req.name)
+        _, stored = await self._name(req.name)
         await self._client.delete_table(stored)
         return empty_pb2.Empty()
 
     async def modify_column_families(self, req: Any) -> Any:
-        name, stored = self._name(req.name)
+        name, stored = await self._name(req.name)
         if not req.modifications:
             raise InvalidArgument("ModifyColumnFamilies needs at least one modification")
         schema = await self._client.describe_table(stored)
@@ -153,9 +170,10 @@ class TableAdmin:
             plan.append((kind, fid, rule, value_type))
         for kind, fid, rule, value_type in plan:
             if kind == "create":
-                await self._client.create_family(
-                    stored, fid, gc_rule=rule, value_type=value_type
+                family = ColumnFamily.model_validate(
+                    {"name": fid, "gc_rule": rule, "value_type": value_type, "acl": _caller_acl()}
                 )
+                await self._client.create_family(stored, family)
             elif kind == "update":
                 await self._client.set_gc_rule(stored, fid, rule)
             else:
@@ -163,7 +181,7 @@ class TableAdmin:
         return table_to_pb(name, await self._client.describe_table(stored), 0)
 
     async def drop_row_range(self, req: Any) -> Any:
-        _, stored = self._name(req.name)
+        _, stored = await self._name(req.name)
         target = req.WhichOneof("target")
         if target == "row_key_prefix" and req.row_key_prefix:
             prefix: bytes | None = bytes(req.row_key_prefix)
@@ -187,12 +205,12 @@ class TableAdmin:
         return empty_pb2.Empty()
 
     async def generate_consistency_token(self, req: Any) -> Any:
-        _, stored = self._name(req.name)
+        _, stored = await self._name(req.name)
         await self._client.describe_table(stored)  # NOT_FOUND for a missing table
         return GenerateConsistencyTokenResponsePB(consistency_token=CONSISTENCY_TOKEN)
 
     async def check_consistency(self, req: Any) -> Any:
-        _, stored = self._name(req.name)
+        _, stored = await self._name(req.name)
         await self._client.describe_table(stored)
         if req.consistency_token != CONSISTENCY_TOKEN:
             raise InvalidArgument(f"unknown consistency token {req.consistency_token!r}")

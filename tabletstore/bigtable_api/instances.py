@@ -25,14 +25,24 @@ and PartialUpdateInstance are long-running operations in the API; the front door
 them before answering, with a done ``Operation``. UpdateInstance, GetInstance, ListInstances,
 DeleteInstance, GetCluster and ListClusters are unary. Clusters are recorded as given (there is
 no replication: every cluster is the same database) and reported READY.
+
+Tenancy: with bearer tokens on, each call runs acting for its caller (``rpc.auth.ACTING_FOR``)
+and an instance belongs to the principal that created it (explicitly or by its first table),
+recorded in its registry row. ListInstances shows only the caller's instances; any other call
+naming another principal's instance (get, update, delete, clusters, and every table call in it:
+admin.py) is PERMISSION_DENIED, as Cloud Bigtable answers a caller without rights on a
+resource. The registry itself is read and written as the front door (:func:`own_identity`); the
+tables of an instance are protected where they live, by the cluster (admin.py). Without tokens
+there is no caller and instances have no owner.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from functools import lru_cache
 from typing import Any
 
@@ -47,7 +57,8 @@ from tabletstore.client.table import AsyncTable
 from tabletstore.clock import Clock, SystemClock
 from tabletstore.data.model import DeleteRow, Row, SetCell
 from tabletstore.data.schema import ColumnFamily, MaxVersionsRule
-from tabletstore.errors import AlreadyExists, InvalidArgument, NotFound
+from tabletstore.errors import AlreadyExists, InvalidArgument, NotFound, PermissionDenied
+from tabletstore.rpc.auth import ACTING_FOR
 
 __all__ = [
     "PREFIX_IN_TEXT",
@@ -55,7 +66,9 @@ __all__ = [
     "REGISTRY_TABLE",
     "InstanceAdmin",
     "Namespaces",
+    "caller",
     "instance_prefix",
+    "own_identity",
 ]
 
 #: The registry of instances (one row per instance, keyed by its name).
@@ -66,6 +79,7 @@ PREFIX_RE = re.compile(r"^_[a-z2-7]{10}\.")
 PREFIX_IN_TEXT = re.compile(r"(?<![A-Za-z0-9_.-])_[a-z2-7]{10}\.(?=[A-Za-z0-9_.-])")
 _FAMILY = "i"
 _INSTANCE_Q = b"instance"
+_OWNER_Q = b"owner"
 _CLUSTER_Q = b"cluster:"
 _PROJECT_RE = re.compile(r"^projects/([^/]+)$")
 _CLUSTER_ID_RE = re.compile(r"^[a-z][-a-z0-9]{5,29}$")
@@ -79,6 +93,22 @@ ListInstancesResponsePB: Any = bia.ListInstancesResponse.pb()
 ListClustersResponsePB: Any = bia.ListClustersResponse.pb()
 CreateInstanceMetadataPB: Any = bia.CreateInstanceMetadata.pb()
 UpdateInstanceMetadataPB: Any = bia.UpdateInstanceMetadata.pb()
+
+
+def caller() -> str | None:
+    """The principal the current call is served for (its bearer token's); None without
+    tokens."""
+    return ACTING_FOR.get()
+
+
+@contextlib.contextmanager
+def own_identity() -> Iterator[None]:
+    """Run a block as the front door itself, not as its caller (the instance registry)."""
+    token = ACTING_FOR.set(None)
+    try:
+        yield
+    finally:
+        ACTING_FOR.reset(token)
 
 
 @lru_cache(maxsize=4096)
@@ -147,6 +177,8 @@ class InstanceAdmin:
 
     # -- the registry --------------------------------------------------------------------------
     async def _registry(self) -> AsyncTable:
+        """The registry table, made on first use (as the front door: call it, and use the
+        handle, inside :func:`own_identity`)."""
         if not self._registry_ready:
             try:
                 await self._client.create_table(
@@ -172,9 +204,13 @@ class InstanceAdmin:
         out.create_time.FromMicroseconds(self._now_micros())
         return out
 
-    def _instance_mutations(self, instance: Any, clusters: dict[str, Any]) -> list[SetCell]:
+    def _instance_mutations(
+        self, instance: Any, clusters: dict[str, Any], owner: str | None = None
+    ) -> list[SetCell]:
         now = self._now_micros()
         muts = [SetCell(_FAMILY, _INSTANCE_Q, instance.SerializeToString(), now)]
+        if owner is not None:
+            muts.append(SetCell(_FAMILY, _OWNER_Q, owner.encode(), now))
         for cid, cluster in sorted(clusters.items()):
             muts.append(
                 SetCell(_FAMILY, _CLUSTER_Q + cid.encode(), cluster.SerializeToString(), now)
@@ -182,10 +218,33 @@ class InstanceAdmin:
         return muts
 
     async def _read(self, name: str) -> Row:
-        row = await (await self._registry()).read_row(name.encode())
+        """The instance's registry row; NotFound if there is none, PermissionDenied if it
+        belongs to another principal than the caller."""
+        who = caller()
+        with own_identity():
+            row = await (await self._registry()).read_row(name.encode())
         if row is None or row.latest(_FAMILY, _INSTANCE_Q) is None:
             raise NotFound(f"instance {name!r} does not exist")
+        self._check_owner(name, row, who)
         return row
+
+    @staticmethod
+    def _check_owner(name: str, row: Row, who: str | None) -> None:
+        owner = row.latest(_FAMILY, _OWNER_Q)
+        if who is not None and owner is not None and owner.decode() != who:
+            raise PermissionDenied(
+                f"{who} has no rights on instance {name!r} (it belongs to another principal)"
+            )
+
+    async def check_access(self, project: str, instance: str) -> None:
+        """PermissionDenied if the caller may not use ``projects/P/instances/I`` (another
+        principal's instance); an unregistered or the plain instance is open to all."""
+        if instance == self._ns.plain_instance or caller() is None:
+            return
+        try:
+            await self._read(f"projects/{project}/instances/{instance}")
+        except NotFound:
+            return
 
     @staticmethod
     def _instance_of(row: Row) -> Any:
@@ -199,18 +258,25 @@ class InstanceAdmin:
             if c.family == _FAMILY and c.qualifier.startswith(_CLUSTER_Q)
         ]
 
+    async def _create_row(self, name: str, instance: Any, clusters: dict[str, Any]) -> bool:
+        """Write the instance's registry row, owned by the caller, unless it exists (then
+        False)."""
+        mutations = self._instance_mutations(instance, clusters, caller())
+        with own_identity():
+            registry = await self._registry()
+            existed = await registry.check_and_mutate_row(
+                name.encode(), None, false_mutations=mutations
+            )
+        return not existed
+
     async def register_implicitly(self, project: str, instance: str) -> None:
         """Record an instance a table is being created in, if it is not recorded yet (code
         written for the emulator never creates its instance)."""
         if instance == self._ns.plain_instance:
             return
         name = f"projects/{project}/instances/{instance}"
-        registry = await self._registry()
-        await registry.check_and_mutate_row(
-            name.encode(),
-            None,
-            false_mutations=self._instance_mutations(self._new_instance(name, None), {}),
-        )
+        if not await self._create_row(name, self._new_instance(name, None), {}):
+            await self._read(name)  # PermissionDenied if another principal's
 
     # -- RPCs ----------------------------------------------------------------------------------
     async def create_instance(self, req: Any) -> Any:
@@ -229,11 +295,7 @@ class InstanceAdmin:
             cluster.name = f"{name}/clusters/{cid}"
             cluster.state = _READY
             clusters[cid] = cluster
-        registry = await self._registry()
-        existed = await registry.check_and_mutate_row(
-            name.encode(), None, false_mutations=self._instance_mutations(instance, clusters)
-        )
-        if existed:
+        if not await self._create_row(name, instance, clusters):
             raise AlreadyExists(f"instance {name!r} already exists")
         meta = CreateInstanceMetadataPB(original_request=req)
         meta.request_time.FromMicroseconds(self._now_micros())
@@ -254,12 +316,16 @@ class InstanceAdmin:
 
     async def list_instances(self, req: Any) -> Any:
         parse_project(req.parent)
-        registry = await self._registry()
+        who = caller()
         out = ListInstancesResponsePB()
         if self._ns.plain_instance is not None:
             out.instances.append(self._plain(f"{req.parent}/instances/{self._ns.plain_instance}"))
-        async for row in registry.read_rows(prefix=f"{req.parent}/instances/".encode()):
-            out.instances.append(self._instance_of(row))
+        with own_identity():
+            registry = await self._registry()
+            async for row in registry.read_rows(prefix=f"{req.parent}/instances/".encode()):
+                owner = row.latest(_FAMILY, _OWNER_Q)
+                if who is None or owner is None or owner.decode() == who:
+                    out.instances.append(self._instance_of(row))
         return out
 
     async def update_instance(self, req: Any) -> Any:
@@ -307,8 +373,12 @@ class InstanceAdmin:
             raise InvalidArgument(f"the plain instance {name!r} cannot be changed")
 
     async def _write_instance(self, instance: Any) -> None:
-        registry = await self._registry()
-        await registry.mutate_row(instance.name.encode(), self._instance_mutations(instance, {}))
+        """Rewrite an instance's message (after ``_read`` checked the caller owns it)."""
+        with own_identity():
+            registry = await self._registry()
+            await registry.mutate_row(
+                instance.name.encode(), self._instance_mutations(instance, {})
+            )
 
     async def delete_instance(self, req: Any) -> Any:
         project, instance = parse_instance(req.name)
@@ -322,8 +392,9 @@ class InstanceAdmin:
                     await self._client.delete_table(table)
                 except NotFound:
                     pass
-        registry = await self._registry()
-        await registry.mutate_row(req.name.encode(), [DeleteRow()])
+        with own_identity():
+            registry = await self._registry()
+            await registry.mutate_row(req.name.encode(), [DeleteRow()])
         return empty_pb2.Empty()
 
     async def get_cluster(self, req: Any) -> Any:

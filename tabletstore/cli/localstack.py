@@ -22,9 +22,13 @@ runs the recorded command (``/proc/<pid>/cmdline`` and the start time in ``/proc
 so a reused pid is never signalled); then it waits for them to exit.
 
 TLS (``--tls``): a development CA and certificates are made under ``<dir>/tls``
-(``security/ca.py``: ``etcd``, ``master``, ``worker`` and ``client`` for the user), etcd serves
-its clients over TLS and requires their certificates (its ``/health`` stays on a plaintext
-loopback metrics port), and the master and workers serve mutual TLS with their certificates;
+(``security/ca.py``: ``etcd``, ``master``, ``worker`` and ``client`` for the user). etcd
+serves its clients over TLS and requires their certificates; its peer port speaks TLS too and
+admits only the stack's ``etcd`` certificate; it has no separate metrics port (``/health`` is
+asked on the client port, with a certificate). The S3 server checks signatures
+(``cli/local_s3.py``: moto with IAM authentication on and its control API off; the key is made
+at start, in ``<dir>/tls/s3-credentials``, mode 0600, and handed to the stack's processes and
+the printed environment). The master and workers serve mutual TLS with their certificates;
 each process reaches etcd with its own (the etcd URL's ``?ca=&cert=&key=``). The printed
 environment names the ``client`` certificate. etcd's own authentication is on too
 (:func:`etcd_auth`): the master and workers are etcd user ``tabletstore-cluster`` (read and
@@ -48,6 +52,7 @@ import secrets
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -66,6 +71,7 @@ __all__ = [
     "ProcessRecord",
     "Stack",
     "down",
+    "etcd_answers",
     "etcd_healthy",
     "free_port",
     "is_running",
@@ -83,8 +89,11 @@ __all__ = [
 DEFAULT_DIR = ".tabletstore-stack"
 STACK_FILE = "stack.json"
 BUCKET = "tabletstore"
-#: moto accepts any credentials; these are what the printed environment suggests.
+#: moto without ``--tls`` accepts any credentials; these are what the printed environment
+#: suggests. With ``--tls`` the S3 server checks signatures (``cli/local_s3.py``).
 MOTO_CREDENTIALS = ("testing", "testing")
+#: ``--tls``: the S3 server's access key, in the TLS directory.
+S3_CREDENTIALS_FILE = "s3-credentials"
 HEALTH_DEADLINE = 30.0
 PERSIST_FILE = "persist.json"
 OBJECTS_DIR = "objects"
@@ -127,6 +136,8 @@ class Stack:
     tls_dir: str | None = None
     #: ``--tls``: the cluster URL as etcd user ``tabletstore-cluster`` (operators: tokens).
     admin_url: str | None = None
+    #: ``--tls`` with the stack's own S3 server: the file of its access key.
+    s3_credentials: str | None = None
 
     def tls(self, name: str = "client") -> TlsConfig | None:
         """The TLS files of certificate ``name`` (None without ``--tls``)."""
@@ -286,10 +297,12 @@ def _tail(path: str, lines: int = 20) -> str:
         return f"(no log at {path})"
 
 
-def _http_ok(url: str, *, method: str = "GET") -> bytes | None:
+def _http_ok(
+    url: str, *, method: str = "GET", context: ssl.SSLContext | None = None
+) -> bytes | None:
     request = urllib.request.Request(url, method=method)
     try:
-        with urllib.request.urlopen(request, timeout=2) as response:
+        with urllib.request.urlopen(request, timeout=2, context=context) as response:
             body: bytes = response.read()
             return body
     except (urllib.error.URLError, OSError):
@@ -401,14 +414,30 @@ def tls_args(tls: TlsConfig | None) -> tuple[str, ...]:
     return ("--tls-ca", tls.ca, "--tls-cert", str(tls.cert), "--tls-key", str(tls.key))
 
 
-def etcd_healthy(client_port: int) -> bool:
-    body = _http_ok(f"http://127.0.0.1:{client_port}/health")
+def etcd_healthy(client_port: int, tls: TlsConfig | None = None) -> bool:
+    """Whether etcd answers healthy on its client port (with ``tls``: over TLS, presenting
+    that certificate)."""
+    if tls is None:
+        body = _http_ok(f"http://127.0.0.1:{client_port}/health")
+    else:
+        body = _http_ok(f"https://127.0.0.1:{client_port}/health", context=tls.client_context())
     if body is None:
         return False
     try:
         return bool(json.loads(body).get("health") == "true")
     except ValueError:
         return False
+
+
+def etcd_answers(record: ProcessRecord) -> bool:
+    """Whether the etcd of ``record`` (started by :func:`start_etcd`, or again from its argv)
+    answers healthy: its client port and TLS files are read from its command line."""
+    flags = dict(a[2:].split("=", 1) for a in record.argv if a.startswith("--") and "=" in a)
+    port = int(flags["listen-client-urls"].rsplit(":", 1)[1])
+    tls = None
+    if "cert-file" in flags:
+        tls = TlsConfig(flags["trusted-ca-file"], flags["cert-file"], flags["key-file"])
+    return etcd_healthy(port, tls)
 
 
 def start_etcd(
@@ -426,14 +455,15 @@ def start_etcd(
     lease TTLs (its minimum TTL is 1.5 election timeouts), for tests. ``ports`` (client, peer)
     reuses the ports of an etcd stopped earlier: with the same ``data_dir`` that restarts it,
     keys, revisions and leases included (etcd ignores the initial-cluster flags then).
-    ``tls``: serve clients over TLS, requiring certificates of its CA (module docstring).
+    ``tls``: serve clients and the peer port over TLS, requiring certificates of its CA
+    (module docstring); no metrics port.
     """
     binary = shutil.which("etcd")
     if binary is None:
         raise NotFound("etcd is not on PATH: install Debian's etcd-server package")
     client_port, peer_port = ports if ports is not None else (free_port(), free_port())
     scheme = "https" if tls is not None else "http"
-    client, peer = f"{scheme}://127.0.0.1:{client_port}", f"http://127.0.0.1:{peer_port}"
+    client, peer = f"{scheme}://127.0.0.1:{client_port}", f"{scheme}://127.0.0.1:{peer_port}"
     argv = [
         binary,
         "--name=tabletstore",
@@ -447,9 +477,7 @@ def start_etcd(
     ]
     if fast_leases:
         argv += ["--heartbeat-interval=50", "--election-timeout=500"]
-    health_port = client_port
     if tls is not None:
-        health_port = free_port()
         argv += [
             f"--cert-file={tls.cert}",
             f"--key-file={tls.key}",
@@ -457,10 +485,15 @@ def start_etcd(
             "--client-cert-auth",
             # Only the stack's own certificates (ca.ETCD_CLIENT_HOST), not every one of its CA.
             f"--client-cert-allowed-hostname={ca.ETCD_CLIENT_HOST}",
-            f"--listen-metrics-urls=http://127.0.0.1:{health_port}",
+            # The peer port: TLS both ways, and only the stack's etcd certificate may join.
+            f"--peer-cert-file={tls.cert}",
+            f"--peer-key-file={tls.key}",
+            f"--peer-trusted-ca-file={tls.ca}",
+            "--peer-client-cert-auth",
+            f"--peer-cert-allowed-cn={Path(str(tls.cert)).stem}",
         ]
     record = spawn("etcd", argv, log=log, url=f"etcd://127.0.0.1:{client_port}/tabletstore")
-    wait_healthy(record, lambda: etcd_healthy(health_port), deadline)
+    wait_healthy(record, lambda: etcd_answers(record), deadline)
     return record, client_port
 
 
@@ -515,10 +548,21 @@ def _bucket_ready(endpoint: str) -> bool:
         return False  # not up yet
 
 
-def start_moto(log: Path, *, deadline: float = HEALTH_DEADLINE) -> ProcessRecord:
-    """Start moto's S3 server on a free loopback port and create the ``tabletstore`` bucket."""
+def start_moto(
+    log: Path, *, deadline: float = HEALTH_DEADLINE, credentials: Path | None = None
+) -> ProcessRecord:
+    """Start moto's S3 server on a free loopback port and create the ``tabletstore`` bucket.
+    With ``credentials``, the server checks signatures (``cli/local_s3.py``) and its access
+    key is written to that file (mode 0600) before it serves."""
     port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
+    if credentials is not None:
+        credentials.unlink(missing_ok=True)
+        argv = [sys.executable, "-m", "tabletstore.cli.local_s3", "--port", str(port)]
+        argv += ["--bucket", BUCKET, "--credentials", str(credentials)]
+        record = spawn("s3", argv, log=log, url=endpoint)
+        wait_healthy(record, lambda: credentials.exists() and _port_open(port), deadline)
+        return record
     argv = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
     record = spawn("s3", argv, log=log, url=endpoint)
     wait_healthy(record, lambda: _http_ok(f"{endpoint}/moto-api/data.json") is not None, deadline)
@@ -650,12 +694,15 @@ def up(
             etcd_auth(directory, tls_dir, with_tls(etcd.url, files("master"))) if tls_dir else None
         )
         s3_managed = s3_url is None and store_url is None
+        s3_credentials = (
+            tls_dir / S3_CREDENTIALS_FILE if s3_managed and tls_dir and s3 == "moto" else None
+        )
         if s3_managed and s3 == "seaweedfs":
             # Ephemeral like moto's: objects left by an earlier stack would outlive its etcd.
             shutil.rmtree(directory / "seaweedfs", ignore_errors=True)
             records.append(start_seaweedfs(directory / "seaweedfs", log=directory / "s3.log"))
         elif s3_managed:
-            records.append(start_moto(directory / "s3.log"))
+            records.append(start_moto(directory / "s3.log", credentials=s3_credentials))
         endpoint = s3_url or (records[-1].url if s3_managed else "")
         store = store_url or f"s3://{BUCKET}/data?endpoint_url={endpoint}"
         cluster_url = admin_url = None
@@ -663,7 +710,7 @@ def up(
             host_port = etcd.url.split("://", 1)[1].split("/", 1)[0]
             plain_url = f"etcd://{host_port}/cluster"
             cluster_url = with_user(plain_url, users, CLUSTER_USER)
-            env = _s3_env(s3_managed=s3_managed)
+            env = _s3_env(s3_managed=s3_managed, credentials=s3_credentials)
             # Every cluster process serves its status page and /metrics: the master's page
             # reads the workers' pages for their tablets' load and the charts.
             records.append(
@@ -703,6 +750,7 @@ def up(
         store_url=store,
         tls_dir=str(tls_dir) if tls_dir is not None else None,
         admin_url=admin_url,
+        s3_credentials=str(s3_credentials) if s3_credentials is not None else None,
     )
     _stack_file(directory).write_text(stack.to_json())
     return stack
@@ -749,16 +797,22 @@ def environment(stack: Stack) -> dict[str, str]:
         env["TABLETSTORE_TLS_CA"] = client.ca
         env["TABLETSTORE_TLS_CERT"] = str(client.cert)
         env["TABLETSTORE_TLS_KEY"] = str(client.key)
-    env.update(_s3_env(s3_managed=stack.s3_managed))
+    credentials = Path(stack.s3_credentials) if stack.s3_credentials is not None else None
+    env.update(_s3_env(s3_managed=stack.s3_managed, credentials=credentials))
     return env
 
 
-def _s3_env(*, s3_managed: bool) -> dict[str, str]:
-    """Credentials for the S3 server the stack started (moto's and SeaweedFS accept any); a
-    user's own S3 uses their settings."""
+def _s3_env(*, s3_managed: bool, credentials: Path | None = None) -> dict[str, str]:
+    """Credentials for the stack's S3 server: the key in ``credentials`` (``--tls``: it
+    checks signatures), else the any-will-do pair moto and SeaweedFS accept; a user's own S3 uses their settings."""
     if not s3_managed:
         return {}
-    key, secret = MOTO_CREDENTIALS
+    if credentials is not None:
+        from tabletstore.cli.local_s3 import read_credentials
+
+        key, secret = read_credentials(credentials)
+    else:
+        key, secret = MOTO_CREDENTIALS
     return {
         "AWS_ACCESS_KEY_ID": key,
         "AWS_SECRET_ACCESS_KEY": secret,

@@ -38,6 +38,29 @@ _FLAGS = (
         help="RPC connections open at once from one IP address.",
     ),
     click.option(
+        "--max-unauthenticated",
+        type=click.IntRange(min=1),
+        default=_DEFAULT.max_unauthenticated,
+        show_default=True,
+        help="With TLS: connections open at once that have not proven who they are yet (no "
+        "client certificate, token not yet accepted); a pool apart from --max-connections.",
+    ),
+    click.option(
+        "--max-unauthenticated-per-peer",
+        type=click.IntRange(min=1),
+        default=_DEFAULT.max_unauthenticated_per_peer,
+        show_default=True,
+        help="With TLS: of those, connections open at once from one IP address.",
+    ),
+    click.option(
+        "--min-receive-rate",
+        type=click.IntRange(min=0),
+        default=_DEFAULT.min_receive_rate,
+        show_default=True,
+        help="Bytes a second an RPC frame must arrive at (averaged over --stall-timeout "
+        "windows); a slower sender is closed. 0: no minimum.",
+    ),
+    click.option(
         "--idle-timeout",
         type=click.FloatRange(min=2 * IDLE_REUSE),
         default=_DEFAULT.idle_timeout,
@@ -74,6 +97,9 @@ def rpc_caps(command: F) -> F:
         *args: Any,
         max_connections: int,
         max_connections_per_peer: int,
+        max_unauthenticated: int,
+        max_unauthenticated_per_peer: int,
+        min_receive_rate: int,
         idle_timeout: float,
         stall_timeout: float,
         max_buffered_bytes: int,
@@ -82,6 +108,9 @@ def rpc_caps(command: F) -> F:
         rpc = RpcServerOptions(
             max_connections=max_connections,
             max_connections_per_peer=max_connections_per_peer,
+            max_unauthenticated=max_unauthenticated,
+            max_unauthenticated_per_peer=max_unauthenticated_per_peer,
+            min_receive_rate=min_receive_rate,
             idle_timeout=idle_timeout,
             stall_timeout=stall_timeout,
             max_buffered_bytes=max_buffered_bytes,

@@ -35,7 +35,6 @@ import asyncio
 import functools
 import itertools
 from collections.abc import Awaitable, Callable
-from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
@@ -58,6 +57,7 @@ from tabletstore.errors import Fenced, Indeterminate, TabletStoreError, Unavaila
 from tabletstore.limits import BATCH_REQUEST_BYTES
 from tabletstore.metadata.catalog import Catalog, ClusterSettings, TableInfo
 from tabletstore.metadata.record import TabletRecord
+from tabletstore.rpc.auth import ACTING_FOR
 from tabletstore.rpc.messages import (
     CompactTabletRequest,
     LargeRow,
@@ -111,11 +111,6 @@ class ClusterStatus:
     master: str | None
     workers: dict[str, ServerStatusResponse | str]
     events: list[tuple[float, str, str, str]]
-
-
-#: The identity a front door acts for while it serves one caller's request (the Cloud
-#: Bigtable API's bearer token, bigtable_api/server.py); None: the client's own identity.
-ACTING_FOR: ContextVar[str | None] = ContextVar("tabletstore_acting_for", default=None)
 
 
 class AsyncClient(TableAdmin):

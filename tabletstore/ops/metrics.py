@@ -360,7 +360,7 @@ class _RpcServerCollector(Collector):
             f"{PREFIX}_rpc_connections_refused",
             "RPC connections refused or closed by a cap, by reason: total or peer (connection "
             "caps), unauthenticated_total, _peer or _handshake (before authentication), "
-            "handshake, stalled, slow, paused or idle (timeouts)",
+            "tls_total, _peer or _handshake (before or in the TLS handshake), handshake, stalled, slow, paused or idle (timeouts)",
             labels=["reason"],
         )
         for reason in ("total", "peer", "handshake", "stalled", "slow", "paused", "idle"):
@@ -368,7 +368,16 @@ class _RpcServerCollector(Collector):
         for reason in ("total", "peer"):
             refused.add_metric([f"unauthenticated_{reason}"], pending.refused.get(reason, 0))
         refused.add_metric(["unauthenticated_handshake"], pending.refused.get("handshake", 0))
+        tls = self._server.handshaking
+        for reason in ("total", "peer", "handshake"):
+            refused.add_metric([f"tls_{reason}"], tls.refused.get(reason, 0))
         yield refused
+        yield GaugeMetricFamily(
+            f"{PREFIX}_rpc_connections_handshaking",
+            "RPC connections in their TLS handshake (admitted before it by the "
+            "max_unauthenticated caps)",
+            value=tls.open,
+        )
         yield GaugeMetricFamily(
             f"{PREFIX}_rpc_buffered_bytes",
             "Bytes held by RPC connections: frames being received (as they arrive) and request "

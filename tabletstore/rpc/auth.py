@@ -24,6 +24,16 @@ Each request's handler runs with the connection's principal in a context variabl
 (``worker/tablet_service_guard.py``, ``master/master_service_guard.py``); never a field of the
 request. A server without auth (the embedded database, a loopback test cluster) runs handlers
 with no principal: everything is allowed, as before.
+
+Delegation: a process serving other principals (the Cloud Bigtable front door, which proves
+its callers by bearer token) sets :data:`ACTING_FOR` while it serves one caller. Its requests
+to the master then travel as REQUEST_AS frames naming that caller (``rpc/frames.py``), and its
+data requests carry the caller in their ``identity`` field (per request, so it survives the
+client's coalescing of writes and point reads). The server accepts REQUEST_AS only from a
+connection whose own principal may delegate (``Principal.may_delegate``) and then runs the
+handler as :func:`delegated` principal: a plain ``client`` principal named by the caller,
+authorized by the guards exactly as if it had connected itself; from any other principal the
+request fails PermissionDenied.
 """
 
 from __future__ import annotations
@@ -36,20 +46,25 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from tabletstore.errors import InvalidArgument, PermissionDenied
-from tabletstore.security.principal import Principal
+from tabletstore.security.principal import DELEGATING_ROLES, Principal
 from tabletstore.security.tls import TlsConfig, principal_from_peercert
 
 __all__ = [
+    "ACTING_FOR",
     "ClientAuth",
     "Principal",
     "ServerAuth",
     "TokenVerifier",
     "current_principal",
+    "delegated",
     "peer_principal",
     "principal_scope",
 ]
 
 _PRINCIPAL: ContextVar[Principal | None] = ContextVar("tabletstore_principal", default=None)
+#: The principal a front door acts for while it serves one caller's request (the Cloud Bigtable
+#: API's bearer token, bigtable_api/server.py); None: the process's own identity.
+ACTING_FOR: ContextVar[str | None] = ContextVar("tabletstore_acting_for", default=None)
 
 
 def current_principal() -> Principal | None:
@@ -118,6 +133,21 @@ class ClientAuth:
         if not self._context:
             self._context.append(self.tls.client_context())
         return self._context[0]
+
+
+def delegated(connection: Principal | None, on_behalf: str | None) -> Principal | None:
+    """Who a request runs as: ``connection`` (the connection's proven principal) or, for a
+    request made on behalf of another (REQUEST_AS), that principal as a plain client.
+    PermissionDenied unless ``connection`` may delegate. A server without auth (``connection``
+    None) has nobody to authorize: the request runs with no principal, as every other."""
+    if on_behalf is None or connection is None:
+        return connection
+    if not connection.may_delegate:
+        raise PermissionDenied(
+            f"{connection} may not make requests on behalf of {on_behalf!r}: only the "
+            f"delegating roles ({', '.join(sorted(DELEGATING_ROLES))}) may"
+        )
+    return Principal(on_behalf, "client", via=f"delegation by {connection.name}")
 
 
 def peer_principal(peercert: object, peer: str) -> Principal | None:

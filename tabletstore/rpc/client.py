@@ -43,7 +43,7 @@ from tabletstore.errors import (
     Unreachable,
 )
 from tabletstore.rpc import frames
-from tabletstore.rpc.auth import ClientAuth
+from tabletstore.rpc.auth import ACTING_FOR, ClientAuth
 from tabletstore.rpc.codec import DEFAULT_CODEC, Codec, decode_error
 from tabletstore.rpc.connection import FrameConnection, format_address, parse_address
 from tabletstore.rpc.frames import DEFAULT_MAX_FRAME, Frame, Kind
@@ -389,9 +389,11 @@ class RpcClient:
         request: object,
         *,
         timeout: float | None = None,  # noqa: ASYNC109 (also CANCELs the request on the server)
+        on_behalf: str | None = None,
     ) -> Any:
         """Send ``request`` to unary ``method`` (the wire's routing key) and return its decoded
-        response.
+        response; with ``on_behalf``, as a request made on behalf of that principal (the
+        server accepts it only from a delegating principal: rpc/auth.py).
 
         Raises the handler's error; Unreachable if the request could not be sent;
         Indeterminate if it was sent and no answer came: the connection dropped, or the call
@@ -400,10 +402,10 @@ class RpcClient:
         """
         sent = [False]
         if timeout is None:
-            return await self._call(method, request, sent)
+            return await self._call(method, request, sent, on_behalf)
         try:
             async with asyncio.timeout(timeout):
-                return await self._call(method, request, sent)
+                return await self._call(method, request, sent, on_behalf)
         except TimeoutError:
             if not sent[0]:
                 raise Unreachable(
@@ -414,13 +416,17 @@ class RpcClient:
                 "been applied"
             ) from None
 
-    async def _call(self, method: str, request: object, sent: list[bool]) -> Any:
+    async def _call(
+        self, method: str, request: object, sent: list[bool], on_behalf: str | None
+    ) -> Any:
         """One call; ``sent[0]`` becomes True once the request may reach the server."""
         payload = self.codec.encode(request)
         conn = self._conn
         if conn is None or not conn.alive:
             conn = await self.connection()
-        request_frame = frames.encode_request(rid := conn.new_id(), method, payload)
+        request_frame = frames.encode_request(
+            rid := conn.new_id(), method, payload, on_behalf=on_behalf
+        )
         frames.check_outgoing(
             len(request_frame) - frames.HEADER.size, conn.peer_max_frame, "request"
         )
@@ -649,7 +655,12 @@ class TcpTransport:
 
     ``timeout`` bounds each call (and each streamed item) unless the call gives its own. A
     unary response is checked to be of the method's declared type: anything else means the
-    peer runs another version (the request ran: Indeterminate)."""
+    peer runs another version (the request ran: Indeterminate).
+
+    A call to the master made while ``auth.ACTING_FOR`` names a principal goes on behalf of
+    it (REQUEST_AS). Master calls are made in their caller's task, so the variable is the
+    caller's; data calls instead carry the caller in their ``identity`` field, which stays
+    right when the client coalesces many callers' requests in a task of its own."""
 
     def __init__(self, *, timeout: float | None = None, **client_options: Any) -> None:
         self._pool = RpcClientPool(**client_options)
@@ -663,8 +674,12 @@ class TcpTransport:
         *,
         timeout: float | None = None,  # noqa: ASYNC109 (the Transport contract's bound)
     ) -> Any:
+        on_behalf = ACTING_FOR.get() if method.service == "MasterService" else None
         response = await self._pool.get(address, _SERVER_ROLE.get(method.service)).call(
-            method.name, request, timeout=self._timeout if timeout is None else timeout
+            method.name,
+            request,
+            timeout=self._timeout if timeout is None else timeout,
+            on_behalf=on_behalf,
         )
         if not isinstance(response, method.response_types):
             raise Indeterminate(

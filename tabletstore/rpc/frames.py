@@ -42,6 +42,11 @@ Frames
                       Until it is accepted, such a server reads nothing after it, and refuses a
                       first frame of another kind or of more than 4 KiB (rpc/admission.py);
                       clients have always sent it first, so the protocol version is unchanged
+    REQUEST_AS   c→s  body = u8 m | principal name (m bytes, UTF-8) | a REQUEST body: a request
+                      made on behalf of that principal (rpc/auth.py, delegation). The server
+                      serves it as that principal only when the connection's own principal
+                      holds a delegating role (security/principal.py); from anyone else it is
+                      refused with PermissionDenied for that request id
 
 Request id 0 is reserved for connection-level ERROR frames; clients number requests from 1.
 
@@ -91,6 +96,7 @@ __all__ = [
     "encode_request",
     "format_size",
     "parse_request",
+    "parse_request_as",
 ]
 
 MAGIC = b"TSRP"
@@ -103,7 +109,8 @@ MAGIC = b"TSRP"
 #: PointReadsResponse (50-52).
 #: 6: mutate_tablets (per-worker coalesced single-row writes): TabletMutations,
 #: MutateTabletsRequest (53, 54); decoded fields are checked against their type hints.
-PROTOCOL_VERSION = 6
+#: 7: the REQUEST_AS frame (a request on behalf of a delegated principal).
+PROTOCOL_VERSION = 7
 #: The largest frame either side accepts unless configured otherwise (module docstring).
 DEFAULT_MAX_FRAME = MAX_FRAME
 
@@ -131,6 +138,7 @@ class Kind(IntEnum):
     PING = 8
     PONG = 9
     AUTH = 10
+    REQUEST_AS = 11
 
 
 class FrameError(InvalidArgument):
@@ -146,11 +154,13 @@ class Frame(NamedTuple):
 
 
 class Request(NamedTuple):
-    """The parsed body of a REQUEST frame."""
+    """The parsed body of a REQUEST (or REQUEST_AS) frame; ``on_behalf`` is the principal a
+    REQUEST_AS names, None for a REQUEST."""
 
     window: int
     method: str
     payload: memoryview
+    on_behalf: str | None = None
 
 
 class Hello(NamedTuple):
@@ -193,17 +203,44 @@ def encode_frame(kind: int, request_id: int, body: bytes = b"") -> bytes:
     return HEADER.pack(_KIND_AND_ID + len(body), kind, request_id) + body
 
 
-def encode_request(request_id: int, method: str, payload: bytes, window: int = 0) -> bytes:
+def encode_request(
+    request_id: int,
+    method: str,
+    payload: bytes,
+    window: int = 0,
+    *,
+    on_behalf: str | None = None,
+) -> bytes:
+    """A REQUEST frame; with ``on_behalf``, a REQUEST_AS frame naming that principal."""
     name = method.encode()
     if not name or len(name) > 255:
         raise InvalidArgument(f"RPC method name must be 1..255 bytes of UTF-8, got {method!r}")
     if not 0 <= window <= _MAX_U32:
         raise InvalidArgument(f"stream window must fit in a u32, got {window}")
     body = _REQUEST_HEAD.pack(window, len(name)) + name + payload
-    return encode_frame(Kind.REQUEST, request_id, body)
+    if on_behalf is None:
+        return encode_frame(Kind.REQUEST, request_id, body)
+    who = on_behalf.encode()
+    if not who or len(who) > 255:
+        raise InvalidArgument(
+            f"a delegated principal must be 1..255 bytes of UTF-8, got {on_behalf!r}"
+        )
+    return encode_frame(Kind.REQUEST_AS, request_id, bytes([len(who)]) + who + body)
 
 
-def parse_request(body: bytes) -> Request:
+def parse_request_as(body: bytes) -> Request:
+    """Split a REQUEST_AS body. Raises InvalidArgument (this request only) if malformed."""
+    n = body[0] if body else 0
+    if n == 0 or 1 + n > len(body):
+        raise InvalidArgument(f"malformed REQUEST_AS: principal of {n} bytes in {len(body)}")
+    try:
+        who = bytes(body[1 : 1 + n]).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidArgument("malformed REQUEST_AS: principal name is not UTF-8") from exc
+    return parse_request(memoryview(body)[1 + n :])._replace(on_behalf=who)
+
+
+def parse_request(body: bytes | memoryview) -> Request:
     """Split a REQUEST body. Raises InvalidArgument (this request only) if it is malformed."""
     if len(body) < _REQUEST_HEAD.size:
         raise InvalidArgument(f"malformed REQUEST: body of {len(body)} bytes has no method")

@@ -13,6 +13,14 @@ What a client may take (connections, buffered bytes, silence) is capped by
 connection hooks (admission in ``connection_made``, the byte budget around reads and requests,
 the watchdog after the handshake).
 
+With ``auth`` the server listens on plain TCP and runs each TLS handshake itself, after the
+connection is admitted: a new connection counts in the handshake gate (``handshaking``: the
+``max_unauthenticated`` caps, by its peer's IP address) before a byte of TLS is exchanged, and
+one over its caps is closed unread, so a flood of connections costs neither handshakes nor
+their memory. The handshake is bounded by ``handshake_timeout``; then the connection leaves
+the handshake gate for the main gate (a client certificate) or the unauthenticated gate (none:
+until its token is accepted).
+
 With ``auth`` (rpc/auth.py) the server speaks TLS only and each connection has a proven
 principal (its certificate's, or its AUTH frame's token's); every request's handler runs with it
 as ``auth.current_principal()``. Requests that arrive while a token is being checked wait for
@@ -28,6 +36,7 @@ import contextlib
 import dataclasses
 import inspect
 import logging
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import Any, Self
@@ -55,6 +64,7 @@ from tabletstore.rpc.auth import (
     Principal,
     ServerAuth,
     TokenVerifier,
+    delegated,
     peer_principal,
     set_principal,
 )
@@ -166,10 +176,19 @@ class RpcServer:
             options.max_unauthenticated_per_peer,
             ("max_unauthenticated", "max_unauthenticated_per_peer"),
         )
+        #: With auth: connections in their TLS handshake (admitted before it starts).
+        self.handshaking = ConnectionGate(
+            options.max_unauthenticated,
+            options.max_unauthenticated_per_peer,
+            ("max_unauthenticated", "max_unauthenticated_per_peer"),
+        )
         #: Bytes held by connections: frames being received, requests being handled.
         self.budget = ByteBudget(options.max_buffered_bytes)
         self.auth = auth
         self._server: asyncio.Server | None = None
+        # With auth: the listening sockets, their accept loops and the handshakes under way.
+        self._listeners: list[socket.socket] = []
+        self._accepting: set[asyncio.Task[None]] = set()
         self._connections: dict[_ServerConnection, asyncio.Task[None]] = {}
         self._closing = False
         self.address = ""
@@ -190,15 +209,88 @@ class RpcServer:
         if self._server is not None:
             raise InvalidArgument("RpcServer.start() called twice")
         loop = asyncio.get_running_loop()
+        if self.auth is not None:
+            await self._listen_tls(loop)
+            return
         self._server = await loop.create_server(
-            lambda: _ServerConnection(self),
-            self._host,
-            self._port,
-            ssl=self.auth.ssl_context() if self.auth is not None else None,
-            ssl_handshake_timeout=self.handshake_timeout if self.auth is not None else None,
+            lambda: _ServerConnection(self), self._host, self._port
         )
         self._port = self._server.sockets[0].getsockname()[1]
         self.address = format_address(self._host, self._port)
+
+    async def _listen_tls(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Listen on every address of the host (one port), accepting in tasks of our own."""
+        infos = await loop.getaddrinfo(
+            self._host, self._port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+        seen = set()
+        try:
+            for family, kind, proto, _, sockaddr in infos:
+                if (family, sockaddr[0]) in seen:
+                    continue
+                seen.add((family, sockaddr[0]))
+                sock = socket.socket(family, kind, proto)
+                self._listeners.append(sock)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6:
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                sock.bind((sockaddr[0], self._port, *sockaddr[2:]))
+                sock.listen(_BACKLOG)
+                sock.setblocking(False)
+                self._port = sock.getsockname()[1]  # the others take the first one's port
+        except OSError:
+            for sock in self._listeners:
+                sock.close()
+            self._listeners.clear()
+            raise
+        self.address = format_address(self._host, self._port)
+        for sock in self._listeners:
+            self._track(loop.create_task(self._accept(loop, sock)))
+
+    def _track(self, task: asyncio.Task[None]) -> None:
+        self._accepting.add(task)
+        task.add_done_callback(self._accepting.discard)
+
+    async def _accept(self, loop: asyncio.AbstractEventLoop, listener: socket.socket) -> None:
+        """Accept connections; admit each to the handshake gate before its handshake."""
+        assert self.auth is not None
+        context = self.auth.ssl_context()
+        while not self._closing:
+            try:
+                sock, peer = await loop.sock_accept(listener)
+            except OSError as exc:  # out of descriptors, say: the backlog waits meanwhile
+                logger.warning("accepting on %s failed: %s", self.address, exc)
+                await asyncio.sleep(0.1)
+                continue
+            host = str(peer[0])
+            refusal = self.handshaking.admit(host, self.address)
+            if refusal is not None or self._closing:
+                logger.info("%s", refusal or f"server {self.address} is shutting down")
+                if refusal is None:
+                    self.handshaking.release(host)
+                sock.close()
+                continue
+            self._track(loop.create_task(self._handshake(loop, sock, host, context)))
+
+    async def _handshake(
+        self, loop: asyncio.AbstractEventLoop, sock: socket.socket, host: str, context: Any
+    ) -> None:
+        """The TLS handshake of an admitted connection, within ``handshake_timeout``; its slot
+        in the handshake gate is given back when the connection is made (``connection_made``)
+        or the handshake fails."""
+        conn = _ServerConnection(self, admitted=True)
+        try:
+            sock.setblocking(False)
+            await loop.connect_accepted_socket(
+                lambda: conn, sock, ssl=context, ssl_handshake_timeout=self.handshake_timeout
+            )
+        except BaseException as exc:  # no handshake (timed out, not TLS, refused certificate)
+            if not conn.made:
+                self.handshaking.release(host)
+                self.handshaking.closed_by_watchdog("handshake")
+                sock.close()
+            if not isinstance(exc, Exception):
+                raise
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -215,6 +307,12 @@ class RpcServer:
         self._closing = True
         if self._server is not None:
             self._server.close()
+        for task in list(self._accepting):
+            task.cancel()
+        if self._accepting:
+            await asyncio.wait(list(self._accepting), timeout=_ABORT_WAIT)
+        for sock in self._listeners:
+            sock.close()
         connections = dict(self._connections)
         for conn in connections:
             conn.begin_drain()
@@ -257,6 +355,8 @@ class RpcServer:
 #: Bytes a connection may send after its AUTH frame that are held, unread, until its token is
 #: accepted (what one socket read brings, at most; more is refused).
 _AFTER_AUTH = 512 * 1024
+#: Connections the kernel queues for a listening socket that is not accepting fast enough.
+_BACKLOG = 128
 _NO_IDENTITY = "presented no client certificate and no token"
 
 
@@ -269,9 +369,13 @@ def _retrieve(task: asyncio.Task[None]) -> None:
 class _ServerConnection(FrameConnection):
     """One accepted connection: dispatches frames, runs each request as a task, replies."""
 
-    def __init__(self, server: RpcServer) -> None:
+    def __init__(self, server: RpcServer, *, admitted: bool = False) -> None:
         super().__init__(server.max_frame, frames.encode_hello(server.max_frame))
         self._server = server
+        # Admitted to the handshake gate before its TLS handshake (RpcServer._accept).
+        self._admitted = admitted
+        #: Whether connection_made ran (the slot is then this connection's to give back).
+        self.made = False
         self._codec = server.codec
         self._peer = "unknown peer"
         self._peer_host = "unknown"
@@ -316,8 +420,11 @@ class _ServerConnection(FrameConnection):
         self._recheck: asyncio.Task[None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.made = True
         super().connection_made(transport)
         peer = transport.get_extra_info("peername")
+        if self._admitted and peer:
+            self._server.handshaking.release(str(peer[0]))
         if peer:
             self._peer = format_address(peer[0], peer[1])
             self._peer_host = str(peer[0])
@@ -618,7 +725,7 @@ class _ServerConnection(FrameConnection):
 
     def _dispatch(self, frame: Frame) -> None:
         kind = frame.kind
-        if kind == Kind.REQUEST:
+        if kind in (Kind.REQUEST, Kind.REQUEST_AS):
             self._on_request(frame)
         elif kind == Kind.CANCEL:
             task = self._tasks.get(frame.request_id)
@@ -656,7 +763,10 @@ class _ServerConnection(FrameConnection):
             )
             return
         try:
-            request = frames.parse_request(frame.body)
+            if frame.kind == Kind.REQUEST_AS:
+                request = frames.parse_request_as(frame.body)
+            else:
+                request = frames.parse_request(frame.body)
             if rid == 0 or rid in self._tasks:
                 raise InvalidArgument(f"request id {rid} is reserved or already in flight")
             if self._draining:
@@ -672,9 +782,9 @@ class _ServerConnection(FrameConnection):
             return
         if request.window > 0:
             credit = self._credits[rid] = _Credit(request.window)
-            coro = self._serve_stream(rid, request.method, fn, request.payload, credit)
+            coro = self._serve_stream(rid, request, fn, credit)
         else:
-            coro = self._serve_unary(rid, request.method, fn, request.payload)
+            coro = self._serve_unary(rid, request, fn)
         assert self._tg is not None  # frame_received keeps a backlog until it exists
         self._held[rid] = len(frame.body)
         self._guard.hold(len(frame.body))
@@ -691,19 +801,22 @@ class _ServerConnection(FrameConnection):
 
     # -- serving one request --
 
-    async def _authenticated(self) -> None:
-        """Run the rest of this request's task as the connection's principal."""
+    async def _authenticated(self, on_behalf: str | None) -> None:
+        """Run the rest of this request's task as the connection's principal, or as the
+        principal it acts for (REQUEST_AS; PermissionDenied unless it may: rpc/auth.py)."""
         principal = self._principal
-        set_principal(principal.result() if principal.done() else await principal)
+        proven = principal.result() if principal.done() else await principal
+        set_principal(delegated(proven, on_behalf))
         await self._token_still_valid()
 
     async def _serve_unary(
-        self, rid: int, method: str, fn: Callable[[Any], Any], payload: memoryview
+        self, rid: int, request: frames.Request, fn: Callable[[Any], Any]
     ) -> None:
+        method = request.method
         try:
             try:
-                await self._authenticated()
-                response = await fn(await self._decode(payload))
+                await self._authenticated(request.on_behalf)
+                response = await fn(await self._decode(request.payload))
             except asyncio.CancelledError:
                 self._on_cancelled(rid)
                 raise
@@ -718,17 +831,13 @@ class _ServerConnection(FrameConnection):
             self._finished(rid)
 
     async def _serve_stream(
-        self,
-        rid: int,
-        method: str,
-        fn: Callable[[Any], Any],
-        payload: memoryview,
-        credit: _Credit,
+        self, rid: int, req: frames.Request, fn: Callable[[Any], Any], credit: _Credit
     ) -> None:
+        method = req.method
         try:
             try:
-                await self._authenticated()
-                request = await self._decode(payload)
+                await self._authenticated(req.on_behalf)
+                request = await self._decode(req.payload)
                 self._release(rid)  # a stream may last long; its request is decoded
                 async with contextlib.aclosing(fn(request)) as items:
                     async for item in items:

@@ -14,21 +14,18 @@ import datetime
 import importlib
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from tabletstore.client.cluster import ClusterClient
 from tabletstore.coordination import open_coordinator
-from tabletstore.coordination.base import Coordinator
 from tabletstore.coordination.tokens import TokenStore
 from tabletstore.data.model import RowMutation, SetCell
 from tabletstore.data.schema import Acl, ColumnFamily
 from tabletstore.errors import InvalidArgument, PermissionDenied, TabletStoreError
 from tabletstore.master.process import run_master
 from tabletstore.metadata.catalog import Catalog
-from tabletstore.options import LeaseOptions, MasterOptions, WorkerOptions
 from tabletstore.rpc.auth import ClientAuth
 from tabletstore.rpc.messages import (
     LoadTabletRequest,
@@ -40,115 +37,21 @@ from tabletstore.rpc.services import TABLET
 from tabletstore.rpc.tcp import TcpTransport
 from tabletstore.security import TlsConfig, ca
 from tabletstore.worker.process import run_worker
+from tests.security.secure_cluster import (
+    DEADLINE,
+    STATUS_TOKEN,
+    SecureCluster,
+    secure_cluster,
+    wait_for,
+)
 
 pytestmark = pytest.mark.timeout(120)
-
-DEADLINE = 60.0
-STATUS_TOKEN = "scraper-secret"
-
-
-@dataclass
-class SecureCluster:
-    url: str
-    coordinator: Coordinator
-    certs: Path
-    worker_address: str
-    status_url: str
-
-    def tls(self, name: str) -> TlsConfig:
-        return TlsConfig(
-            str(self.certs / "ca.pem"),
-            str(self.certs / f"{name}.pem"),
-            str(self.certs / f"{name}.key"),
-        )
-
-    def ca_only(self) -> TlsConfig:
-        return TlsConfig(str(self.certs / "ca.pem"))
-
-    async def client(self, name: str) -> ClusterClient:
-        return await ClusterClient.open(self.url, tls=self.tls(name))
-
-
-async def _wait_for(predicate, what: str) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + DEADLINE
-    while not await predicate():
-        if loop.time() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 @pytest.fixture
 async def cluster(tmp_path: Path) -> AsyncIterator[SecureCluster]:
-    certs = tmp_path / "certs"
-    ca.init_ca(certs)
-    for name, role in [
-        ("master", "master"),
-        ("worker", "worker"),
-        ("alice", "client"),
-        ("bob", "client"),
-    ]:
-        ca.issue(certs, name, role=role)
-    url = f"memory://security-{uuid.uuid4().hex[:8]}"
-    coordinator = open_coordinator(url)
-    store = f"file://{tmp_path / 'objects'}"
-    (tmp_path / "objects").mkdir()
-
-    def tls(name: str) -> TlsConfig:
-        return TlsConfig(
-            str(certs / "ca.pem"), str(certs / f"{name}.pem"), str(certs / f"{name}.key")
-        )
-
-    stop = asyncio.Event()
-    addresses: list[str] = []
-    status_urls: list[str] = []
-    lease = LeaseOptions(ttl=5.0)
-    async with asyncio.TaskGroup() as tg:
-        tg.create_task(
-            run_master(
-                coordinator,
-                MasterOptions(lease=lease, interval=0.2),
-                store_url=store,
-                stop=stop,
-                tls=tls("master"),
-            )
-        )
-        await _wait_for(lambda: _settings_saved(coordinator), "the master to record the store")
-        tg.create_task(
-            run_worker(
-                coordinator,
-                options=WorkerOptions(lease=lease, compaction_processes=0),
-                stop=stop,
-                ready=lambda s: addresses.append(s.address),
-                tls=tls("worker"),
-                metrics_port=0,
-                metrics_ready=status_urls.append,
-                status_token=STATUS_TOKEN,
-            )
-        )
-        try:
-            await _wait_for(_true_when(lambda: bool(addresses)), "the worker to serve")
-            yield SecureCluster(url, coordinator, certs, addresses[0], status_urls[0])
-        finally:
-            stop.set()
-    await coordinator.close()
-
-
-def _true_when(fn):
-    async def check() -> bool:
-        return fn()
-
-    return check
-
-
-async def _settings_saved(coordinator: Coordinator) -> bool:
-    from tabletstore.metadata.catalog import ClusterSettings
-
-    try:
-        await ClusterSettings.load(coordinator)
-    except TabletStoreError:
-        return False
-    return True
+    async with secure_cluster(tmp_path) as running:
+        yield running
 
 
 PRIVATE = [
@@ -161,7 +64,7 @@ async def _alice_table(cluster: SecureCluster) -> tuple[ClusterClient, str, str]
     """alice's table with her private cell; returns (alice's client, table id, tablet id)."""
     alice = await cluster.client("alice")
     table = await alice.create_table("secrets", PRIVATE)
-    await _wait_for(_write_ok(table), "alice's table to be served")
+    await wait_for(_write_ok(table), "alice's table to be served")
     return alice, *(await _tablet(alice))
 
 
@@ -338,10 +241,10 @@ async def test_a_revoked_token_stops_its_live_connections(cluster: SecureCluster
                     return True
                 return False
 
-            await _wait_for(
+            await wait_for(
                 lambda: refused(lambda: stub.read_row(request)), "the raw connection's refusal"
             )
-            await _wait_for(
+            await wait_for(
                 lambda: refused(lambda: client.table("secrets").read_row(b"row")),
                 "the client's refusal",
             )
@@ -690,12 +593,11 @@ async def test_an_etcd_users_watch_over_tls_survives_an_etcd_restart(tmp_path: P
             record = await asyncio.to_thread(
                 localstack.spawn, "etcd", record.argv, log=tmp_path / "etcd.log", url=record.url
             )
-            metrics = next(a for a in record.argv if a.startswith("--listen-metrics-urls="))
-            health = int(metrics.rsplit(":", 1)[1])
+            restarted = record
             await asyncio.to_thread(
                 localstack.wait_healthy,
                 record,
-                lambda: localstack.etcd_healthy(health),
+                lambda: localstack.etcd_answers(restarted),
                 localstack.HEALTH_DEADLINE,
             )
             await writer.put("k/1", b"after the restart")

@@ -1,7 +1,7 @@
 """A table's row keys are shown only to principals that may read the table.
 
 A master and a worker with mutual TLS and authorization on loopback (the secured cluster of
-tests/integration/test_security.py). alice's table ``vault`` has one family only she may read
+tests/security/secure_cluster.py). alice's table ``vault`` has one family only she may read
 and a tablet boundary at a secret row key. bob, another authenticated principal, used to read
 that key from ``sample_row_keys``, from every worker's ``server_status`` (the tablets'
 boundaries) and from ``list_snapshots`` (a snapshot's manifest lists its tablets' ranges).
@@ -13,17 +13,25 @@ one of its families.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from pathlib import Path
+
 import pytest
 
 from tabletstore.data.model import SetCell
 from tabletstore.data.schema import Acl, ColumnFamily
 from tabletstore.errors import PermissionDenied, TabletStoreError
 from tabletstore.metadata.catalog import Catalog
-from tests.integration.test_security import SecureCluster, _wait_for, cluster
-
-__all__ = ["cluster"]  # the fixture, used by name
+from tests.security.secure_cluster import SecureCluster, secure_cluster, wait_for
 
 pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[SecureCluster]:
+    async with secure_cluster(tmp_path) as running:
+        yield running
+
 
 SECRET = b"patient-0042-hiv-positive"
 
@@ -46,7 +54,7 @@ async def test_bob_sees_no_row_key_of_alices_table(cluster: SecureCluster) -> No
                 return False
             return True
 
-        await _wait_for(writable, "alice's table to be served")
+        await wait_for(writable, "alice's table to be served")
         table_id = (await Catalog(alice.coordinator).get_table("vault")).table_id
         snapshot = await table.snapshot(ttl=600)
 

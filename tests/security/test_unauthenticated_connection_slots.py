@@ -15,6 +15,8 @@ authenticated within ``handshake_timeout``; authenticated clients keep being ser
 from __future__ import annotations
 
 import asyncio
+import socket
+import ssl
 from pathlib import Path
 
 import pytest
@@ -60,9 +62,14 @@ async def test_unauthenticated_connections_cannot_take_the_servers_slots(
         anonymous = attacker_context(certs.ca)  # trusts the CA, presents no certificate
         header = frames.HEADER.pack(server.max_frame, Kind.REQUEST, 1)
         conns = []
+        closed_before_tls = 0
         for source in SOURCES:
             for _ in range(8):
-                reader, writer = await open_raw(server, anonymous, source)
+                try:
+                    reader, writer = await open_raw(server, anonymous, source)
+                except (ConnectionError, ssl.SSLError):  # over the caps: closed unread
+                    closed_before_tls += 1
+                    continue
                 writer.write(header)
                 conns.append((reader, writer))
         try:
@@ -73,10 +80,9 @@ async def test_unauthenticated_connections_cannot_take_the_servers_slots(
             # Every attack connection was refused or closed, never held.
             errors = await asyncio.gather(*(closing_error(r, 20) for r, _ in conns))
             refusals = [e for e in errors if e is not None]
-            assert refusals
+            assert refusals or closed_before_tls
             assert all(
-                isinstance(e, PermissionDenied) or "max_unauthenticated" in str(e)
-                for e in refusals
+                isinstance(e, PermissionDenied) or "max_unauthenticated" in str(e) for e in refusals
             ), refusals
             await until(lambda: server.unauthenticated.open == 0, "no attacker is left open")
             assert server.gate.open == 0
@@ -103,3 +109,45 @@ async def test_a_connection_that_proves_nothing_is_closed_within_the_handshake_t
             big = b"x" * (300 * 1024)  # pipelined right behind the AUTH frame
             assert await holder.call("echo", Blob(big), timeout=10) == Blob(big[:16])
             assert server.gate.open == 1 and server.unauthenticated.open == 0
+
+
+async def test_connections_over_the_caps_are_closed_before_their_tls_handshake(
+    tmp_path: Path,
+) -> None:
+    """Plain TCP connections that never start TLS, from one address: the server admits
+    ``max_unauthenticated_per_peer`` of them to a handshake and closes the rest at once,
+    unread, instead of holding a TLS handshake (and its memory) open for each until the
+    handshake timeout. A client with a certificate is served meanwhile."""
+    certs = Certs(tmp_path)
+    async with secure_server(
+        certs, max_unauthenticated=16, max_unauthenticated_per_peer=4, handshake_timeout=60.0
+    ) as server:
+        loop = asyncio.get_running_loop()
+        socks = []
+        try:
+            for _ in range(20):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sock.setblocking(False)
+                sock.bind(("127.0.0.2", 0))
+                await loop.sock_connect(sock, ("127.0.0.1", server.port))
+                socks.append(sock)
+
+            async def closed(sock: socket.socket) -> bool:
+                try:
+                    async with asyncio.timeout(5):
+                        return await loop.sock_recv(sock, 1) == b""
+                except TimeoutError:
+                    return False  # still open: held in its handshake
+                except ConnectionError:
+                    return True
+
+            results = await asyncio.gather(*(closed(s) for s in socks))
+            assert sum(results) == 16, results  # all but the four admitted, within 5 s
+            assert server.handshaking.open == 4
+            assert server.handshaking.refused["peer"] == 16
+            async with client(certs, server) as victim:
+                assert await victim.call("echo", Blob(b"ok"), timeout=10) == Blob(b"ok")
+        finally:
+            for sock in socks:
+                sock.close()
+        await until(lambda: server.handshaking.open == 0, "the admitted four are let go")

@@ -214,13 +214,8 @@ class ChaosCluster(ProcessGroup):
         record = localstack.spawn("etcd", old.argv, log=Path(old.log), url=old.url)
         self.records.append(record)
         self.etcd = record
-        port = int(old.url.split(":")[2].split("/")[0])
-        # With TLS, /health is on the plaintext metrics port (localstack.start_etcd).
-        metrics = [a for a in old.argv if a.startswith("--listen-metrics-urls=")]
-        if metrics:
-            port = int(metrics[0].rsplit(":", 1)[1])
         localstack.wait_healthy(
-            record, lambda: localstack.etcd_healthy(port), localstack.HEALTH_DEADLINE
+            record, lambda: localstack.etcd_answers(record), localstack.HEALTH_DEADLINE
         )
         return time.monotonic() - started
 

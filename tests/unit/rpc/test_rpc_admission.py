@@ -431,6 +431,8 @@ def test_the_worker_and_master_flags_make_the_options_and_refuse_bad_values(
     monkeypatch.setattr(server_cmds, "_serve", lambda run, *, store: run(None, None))
     runner = CliRunner()
     flags = ["--max-connections", "7", "--max-connections-per-peer", "3", "--idle-timeout", "200"]
+    flags += ["--max-unauthenticated", "5", "--max-unauthenticated-per-peer", "2"]
+    flags += ["--min-receive-rate", "1000"]
     for verb in ("worker", "master"):
         result = runner.invoke(cli.main, [verb, *flags, "--max-buffered-bytes", str(100 * MiB)])
         assert result.exit_code == 0, result.output
@@ -438,9 +440,14 @@ def test_the_worker_and_master_flags_make_the_options_and_refuse_bad_values(
         assert bad.exit_code == 2 and "--idle-timeout" in bad.output
         small = runner.invoke(cli.main, [verb, "--max-buffered-bytes", str(MiB)])
         assert small.exit_code == 2 and "--max-buffered-bytes" in small.output
+        none = runner.invoke(cli.main, [verb, "--max-unauthenticated", "0"])
+        assert none.exit_code == 2 and "--max-unauthenticated" in none.output
     want = RpcServerOptions(
         max_connections=7,
         max_connections_per_peer=3,
+        max_unauthenticated=5,
+        max_unauthenticated_per_peer=2,
+        min_receive_rate=1000,
         idle_timeout=200.0,
         max_buffered_bytes=100 * MiB,
     )

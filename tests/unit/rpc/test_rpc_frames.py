@@ -27,7 +27,8 @@ def test_golden_hello() -> None:
     # Version 4: column-wise RowBatch, AdoptCompactionRequest, BulkLoadTabletRequest.adopt.
     # Version 5: read_points (TabletKeys, PointReadsRequest, PointReadsResponse).
     # Version 6: mutate_tablets (TabletMutations, MutateTabletsRequest), typed-field checks.
-    assert frames.encode_hello(16 << 20) == bytes.fromhex("54535250 0006 01000000")
+    # Version 7: the REQUEST_AS frame (delegation).
+    assert frames.encode_hello(16 << 20) == bytes.fromhex("54535250 0007 01000000")
 
 
 def test_golden_response_frame() -> None:
@@ -41,6 +42,20 @@ def test_golden_request_frame() -> None:
     # body = u32 window | u8 method length | method | payload
     got = frames.encode_request(258, "get", b"\x90", window=3)
     assert got == bytes.fromhex("0000000e 01 00000102 00000003 03 676574 90")
+
+
+def test_golden_request_as_frame() -> None:
+    # body = u8 principal length | principal | a REQUEST body
+    got = frames.encode_request(258, "get", b"\x90", window=3, on_behalf="t1")
+    assert got == bytes.fromhex("00000011 0b 00000102 02 7431 00000003 03 676574 90")
+    request = frames.parse_request_as(got[frames.HEADER.size :])
+    assert (request.on_behalf, request.method, bytes(request.payload)) == ("t1", "get", b"\x90")
+
+
+@pytest.mark.parametrize("body", [b"", b"\x00", b"\x05ab", b"\x01\xff\x00\x00\x00\x00\x01a"])
+def test_malformed_request_as_body(body: bytes) -> None:
+    with pytest.raises(InvalidArgument, match="malformed REQUEST_AS"):
+        frames.parse_request_as(body)
 
 
 def test_request_round_trip() -> None:

@@ -1,0 +1,110 @@
+"""moto's S3 server with every request's signature checked, for ``local-stack up --tls``.
+
+moto's server answers any request, whatever credentials it is signed with or none, unless its
+IAM authentication is on; and its control API (``/moto-api/``: dump every object, reset the
+data, turn authentication back off) answers anyone. This launcher runs the same server with:
+
+- authentication on from the first request: every S3 request must carry a valid signature
+  (SigV4) of an access key moto knows and be allowed by that key's user's policy; made-up
+  credentials get ``InvalidAccessKeyId``, a wrong secret ``SignatureDoesNotMatch``;
+- one IAM user, ``tabletstore``, allowed ``s3:*`` on the stack's bucket and nothing else,
+  whose access key is made at start and written to ``--credentials`` (mode 0600) before the
+  port opens, as two lines ``AWS_ACCESS_KEY_ID=...`` and ``AWS_SECRET_ACCESS_KEY=...``;
+- the bucket made in-process (no unsigned request is ever served);
+- the control API and moto's other non-S3 services refused: 403 for any ``/moto-api`` path.
+
+Usage: ``python -m tabletstore.cli.local_s3 --host 127.0.0.1 --port N --bucket B
+--credentials FILE`` (``cli/localstack.py`` starts it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["USER", "main", "read_credentials"]
+
+#: The IAM user the stack's processes sign as.
+USER = "tabletstore"
+_REGION = "us-east-1"
+
+
+def read_credentials(path: Path) -> tuple[str, str]:
+    """(access key id, secret) from a ``--credentials`` file."""
+    values = dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+    return values["AWS_ACCESS_KEY_ID"], values["AWS_SECRET_ACCESS_KEY"]
+
+
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+    os.chmod(path, 0o600)  # an existing file keeps its mode through O_CREAT
+
+
+def _bootstrap(bucket: str, credentials: Path) -> None:
+    """The user, its policy, its key (written to ``credentials``) and the bucket, made in
+    moto's models directly."""
+    from moto.core.models import DEFAULT_ACCOUNT_ID
+    from moto.iam.models import iam_backends
+    from moto.s3.models import s3_backends
+
+    iam = iam_backends[DEFAULT_ACCOUNT_ID]["global"]
+    iam.create_user(_REGION, USER)
+    policy = {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Effect": "Allow",
+                "Action": "s3:*",
+                "Resource": [f"arn:aws:s3:::{bucket}", f"arn:aws:s3:::{bucket}/*"],
+            }
+        ],
+    }
+    iam.put_user_policy(USER, "bucket", json.dumps(policy))
+    key = iam.create_access_key(USER)
+    s3_backends[DEFAULT_ACCOUNT_ID]["aws"].create_bucket(bucket, _REGION)
+    _write_private(
+        credentials,
+        f"AWS_ACCESS_KEY_ID={key.access_key_id}\nAWS_SECRET_ACCESS_KEY={key.secret_access_key}\n",
+    )
+
+
+Wsgi = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+def _without_control_api(app: Wsgi) -> Wsgi:
+    def guarded(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if str(environ.get("PATH_INFO", "")).startswith("/moto-api"):
+            start_response("403 Forbidden", [("Content-Type", "text/plain")])
+            return [b"the control API is off on this server\n"]
+        return app(environ, start_response)
+
+    return guarded
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m tabletstore.cli.local_s3")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--bucket", required=True)
+    parser.add_argument("--credentials", type=Path, required=True)
+    args = parser.parse_args(argv)
+    # Read by moto's settings when it is imported: authentication from the first request.
+    os.environ["INITIAL_NO_AUTH_ACTION_COUNT"] = "0"
+    from moto import settings
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
+    from werkzeug.serving import run_simple
+
+    settings.INITIAL_NO_AUTH_ACTION_COUNT = 0
+    _bootstrap(args.bucket, args.credentials)
+    app = _without_control_api(DomainDispatcherApplication(create_backend_app))
+    run_simple(args.host, args.port, app, threaded=True)
+
+
+if __name__ == "__main__":
+    main()
