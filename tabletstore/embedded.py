@@ -44,7 +44,7 @@ from tabletstore.rpc.services import TABLET
 from tabletstore.security import TlsConfig
 from tabletstore.storage_s3 import layout, open_store
 from tabletstore.storage_s3.base import ObjectStore
-from tabletstore.worker.server import TabletServer
+from tabletstore.worker.tablet_server import TabletServer
 
 __all__ = ["DEFAULT_DIRECTORY", "Database", "SyncDatabase", "connect", "connect_async"]
 

@@ -2,7 +2,7 @@
 
 Implemented: CreateTable, GetTable, ListTables, DeleteTable, ModifyColumnFamilies,
 DropRowRange, GenerateConsistencyToken and CheckConsistency. Every other method of the
-service answers UNIMPLEMENTED (see :mod:`tabletstore.bigtable_api.server`).
+service answers UNIMPLEMENTED (see :mod:`tabletstore.bigtable_api.front_door`).
 
 Tables live in their instance's namespace (:mod:`tabletstore.bigtable_api.instances`): the
 stored tabletstore table is the instance's prefix and the table id; CreateTable records an

@@ -1,6 +1,6 @@
 """Pure conversions between Cloud Bigtable API messages and tabletstore values (§2, §3).
 
-The front door (:mod:`tabletstore.bigtable_api.server`) receives raw protobuf messages of
+The front door (:mod:`tabletstore.bigtable_api.front_door`) receives raw protobuf messages of
 ``google.bigtable.v2`` and ``google.bigtable.admin.v2`` (the classes shipped in
 ``google-cloud-bigtable``) and speaks tabletstore's own API. Every conversion lives here, as a
 function of its arguments only (server time is passed in), so it is tested without a server.

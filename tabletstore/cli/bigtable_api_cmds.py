@@ -43,7 +43,7 @@ def _require_extra() -> None:
     """Import the serving stack, or fail saying which extra to install."""
     try:
         with needs_extra("bigtable-api", what="the Cloud Bigtable API"):
-            import tabletstore.bigtable_api.server  # noqa: F401  (grpc and Google's protos)
+            import tabletstore.bigtable_api.front_door  # noqa: F401  (grpc and Google's protos)
     except MissingExtra as exc:
         raise Failure(str(exc)) from exc
 
@@ -68,7 +68,7 @@ async def serve(
     """Open the database at ``url``, serve until SIGINT/SIGTERM, then shut down cleanly.
     ``tls`` (a TlsConfig): serve TLS, and bearer tokens in front of a cluster; ``client_tls``:
     how this process reaches the cluster (the global --tls-* options)."""
-    from tabletstore.bigtable_api.server import BigtableApiServer
+    from tabletstore.bigtable_api.front_door import BigtableApiServer
     from tabletstore.bigtable_api.token_check import server_credentials
     from tabletstore.coordination.tokens import TokenStore
     from tabletstore.embedded import connect_async

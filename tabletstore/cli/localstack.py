@@ -1,6 +1,10 @@
 """The local stack (docs/architecture/design.md §8): etcd and an S3 endpoint on loopback, started by
 one command.
 
+Size: over 800 lines because it supervises every process of a stack (etcd, moto or SeaweedFS,
+a master, workers) through one record format, with the TLS files and etcd users they share;
+the S3 launcher is ``local_s3.py`` and the commands are ``localstack_cmds.py``.
+
 ``tabletstore local-stack up`` starts etcd (Debian's ``etcd-server``; it stands in for Chubby,
 §4) and moto's S3 server (standing in for GFS; ``--s3 seaweedfs`` starts SeaweedFS instead, a
 real object store with its data on disk under the stack directory; or uses the user's

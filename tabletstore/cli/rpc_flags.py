@@ -15,7 +15,7 @@ import click
 
 from tabletstore.limits import MiB, format_size
 from tabletstore.options import RpcServerOptions
-from tabletstore.rpc.client import IDLE_REUSE
+from tabletstore.rpc.rpc_client import IDLE_REUSE
 
 __all__ = ["rpc_caps"]
 

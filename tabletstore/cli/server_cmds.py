@@ -228,7 +228,7 @@ def master_cmd(
     status_token_file: Path | None,
 ) -> None:
     """Run a master (§5.2): campaign for the master lock, then keep every tablet assigned."""
-    from tabletstore.master.process import run_master
+    from tabletstore.master.master_process import run_master
 
     options = MasterOptions(
         lease=LeaseOptions(ttl=lease_ttl),
@@ -341,8 +341,8 @@ def worker_cmd(
 ) -> None:
     """Run a stateless tablet-server worker (§5.2, §5.3)."""
     from tabletstore.ops.process_warmup import warm_up_process
-    from tabletstore.worker.process import run_worker
-    from tabletstore.worker.server import TabletServer
+    from tabletstore.worker.tablet_server import TabletServer
+    from tabletstore.worker.worker_process import run_worker
 
     options = WorkerOptions(
         lease=LeaseOptions(ttl=lease_ttl),

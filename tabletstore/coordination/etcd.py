@@ -1,5 +1,9 @@
 """The Coordinator over etcd 3.4: Chubby (§4) replaced by etcd leases, transactions and watches.
 
+Size: over 800 lines because it is, by the import-linter contract, the only module that
+imports aetcd and grpc: the client, its retry rules across restarts, TLS, etcd users and the
+translation of every etcd exception must live here and nowhere else.
+
 The client library is ``aetcd`` 1.0.0 (asyncio, gRPC; TLS and etcd users below). PyPI's
 ``etcd3`` 0.12.0 is synchronous and unmaintained, and its generated protobuf modules import
 with current protobuf only in the slow pure-Python mode (or with protobuf downgraded). This is the

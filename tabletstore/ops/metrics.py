@@ -70,7 +70,7 @@ from tabletstore.coordination.base import Lease
 from tabletstore.engine.tablet import Tablet
 from tabletstore.errors import InvalidArgument, TabletStoreError
 from tabletstore.metadata.record import TabletEvent
-from tabletstore.rpc.server import RpcServer
+from tabletstore.rpc.rpc_server import RpcServer
 from tabletstore.rpc.services import TABLET, TabletService
 from tabletstore.rpc.transport import Handler, Method, Transport
 from tabletstore.sstable.block_cache import BlockCache, CacheStats

@@ -4,7 +4,7 @@ docs/architecture/design.md §8).
 - frames.py: the bytes on a connection (handshake, length-prefixed frames, stream credit).
 - codec.py: payloads as msgpack, with a registry of message dataclasses; errors by code.
 - connection.py: one framed connection (parsing, coalesced writes, flow control).
-- server.py: RpcServer; client.py: RpcClient (many calls in flight on one connection),
+- rpc_server.py: RpcServer; rpc_client.py: RpcClient (many calls in flight on one connection),
   RpcStream, RpcClientPool, TcpTransport; tcp.py re-exports both and states their contracts.
 - messages.py: the request and response types; wire.py: their fixed type ids.
 - transport.py: the Transport protocol (what its errors mean) and Method; services.py: one

@@ -2,7 +2,7 @@
 
 A tablet server serves many clients (paper §5: "clients communicate directly with tablet
 servers"), so none of them may exhaust it. This module holds the server's bookkeeping, with no
-I/O of its own: ``server.py`` calls it from its connection's hooks. The settings are
+I/O of its own: ``rpc_server.py`` calls it from its connection's hooks. The settings are
 :class:`tabletstore.options.RpcServerOptions`.
 
 - :class:`ConnectionGate` counts open connections in total and per peer IP address; one over a
@@ -31,7 +31,7 @@ I/O of its own: ``server.py`` calls it from its connection's hooks. The settings
   flight and stays silent (``idle_timeout``; clients never reuse a connection idle for
   ``rpc.client.IDLE_REUSE``, half of the smallest idle timeout a CLI accepts, so a request
   never crosses that close), or that the server has not read for ``idle_timeout``. Before it
-  runs, server.py gives a new connection ``handshake_timeout`` to send its hello and, without a
+  runs, rpc_server.py gives a new connection ``handshake_timeout`` to send its hello and, without a
   client certificate, to have its token (the AUTH frame, at most ``MAX_AUTH_FRAME`` bytes)
   accepted; until then nothing else it sends is read.
 """

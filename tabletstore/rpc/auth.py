@@ -63,7 +63,7 @@ __all__ = [
 
 _PRINCIPAL: ContextVar[Principal | None] = ContextVar("tabletstore_principal", default=None)
 #: The principal a front door acts for while it serves one caller's request (the Cloud Bigtable
-#: API's bearer token, bigtable_api/server.py); None: the process's own identity.
+#: API's bearer token, bigtable_api/front_door.py); None: the process's own identity.
 ACTING_FOR: ContextVar[str | None] = ContextVar("tabletstore_acting_for", default=None)
 
 

@@ -4,8 +4,8 @@ Clients talk to tablet servers and the master talks to workers (paper §5, §5.2
 package; docs/architecture/design.md §8 asks for length-prefixed frames with many requests in flight
 on one connection. This module is the front door and holds the contracts both ends keep; the parts
 are: frames.py (the bytes), codec.py (the payloads), connection.py (one framed connection:
-parsing, coalesced writes, flow control), server.py (RpcServer: dispatch, handler tasks,
-shutdown) and client.py (RpcClient, RpcStream, RpcClientPool, TcpTransport: multiplexing,
+parsing, coalesced writes, flow control), rpc_server.py (RpcServer: dispatch, handler tasks,
+shutdown) and rpc_client.py (RpcClient, RpcStream, RpcClientPool, TcpTransport: multiplexing,
 timeouts, reconnection). None knows message types: a server is a mapping from method name to
 handler (a service's dispatch table, ``services.Service.handlers``), and ``TcpTransport`` carries
 the typed ``transport.Method`` of a call by its name, the wire's routing key.
@@ -40,9 +40,9 @@ uvloop is not chosen here: process entry points may install it; the library work
 
 from __future__ import annotations
 
-from tabletstore.rpc.client import RpcClient, RpcClientPool, RpcStream, TcpTransport
 from tabletstore.rpc.connection import parse_address
-from tabletstore.rpc.server import Handler, RpcServer
+from tabletstore.rpc.rpc_client import RpcClient, RpcClientPool, RpcStream, TcpTransport
+from tabletstore.rpc.rpc_server import Handler, RpcServer
 
 __all__ = [
     "Handler",

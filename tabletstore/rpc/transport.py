@@ -3,7 +3,7 @@
 
 Clients talk to tablet servers and the master talks to workers (paper §5, §5.2) through a
 :class:`Transport`: the in-process one (``rpc/inprocess.py``, the embedded default: a call is a
-method call) and the TCP one (``rpc/client.py`` ``TcpTransport``) carry the same calls. A call
+method call) and the TCP one (``rpc/rpc_client.py`` ``TcpTransport``) carry the same calls. A call
 names its :class:`Method`, the value ``rpc/services.py`` derives from a service's typed
 Protocol (name, request and response types, unary or streaming); nobody spells a method name.
 Callers do not use a transport directly either: they hold a typed stub

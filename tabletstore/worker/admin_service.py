@@ -42,7 +42,7 @@ from tabletstore.storage_s3 import layout
 from tabletstore.storage_s3.base import ObjectStore
 
 if TYPE_CHECKING:
-    from tabletstore.worker.server import TabletServer
+    from tabletstore.worker.tablet_server import TabletServer
 
 __all__ = ["AdminService"]
 

@@ -4,10 +4,10 @@ The request handlers of ``rpc.services.TabletService`` that read and write rows 
 mutations (one tablet's batch, or the coalesced single-row mutations of several tablets),
 streamed scans, point reads (one tablet's keys, or several tablets' in one reply),
 check-and-mutate, read-modify-write and ``sample_row_keys``. Each finds its tablet through
-:meth:`TabletServer.tablet <tabletstore.worker.server.TabletServer.tablet>`, which answers
+:meth:`TabletServer.tablet <tabletstore.worker.tablet_server.TabletServer.tablet>`, which answers
 ``NotServing`` for a tablet not served here or a worker whose lease may have expired (fencing
 rule 1, for reads too), and does the rest through the tablet (``engine.tablet``). The server's
-lifecycle — lease, commit log, claims, loads, splits — is ``worker/server.py``'s; the
+lifecycle — lease, commit log, claims, loads, splits — is ``worker/tablet_server.py``'s; the
 control requests are ``worker/admin_service.py``'s.
 """
 
@@ -46,7 +46,7 @@ from tabletstore.worker.eager_gather import gather_eager
 from tabletstore.worker.tablet_service_guard import may_see_keys
 
 if TYPE_CHECKING:
-    from tabletstore.worker.server import TabletServer
+    from tabletstore.worker.tablet_server import TabletServer
 
 __all__ = ["DataService"]
 

@@ -1,7 +1,7 @@
 """The RPC face of a tablet server: one object serving ``rpc.services.TabletService``.
 
 As HBase's ``RSRpcServices`` stands beside ``HRegionServer``, the request handlers stand
-beside the server's lifecycle (``worker/server.py``): the data requests are
+beside the server's lifecycle (``worker/tablet_server.py``): the data requests are
 :class:`~tabletstore.worker.data_service.DataService`'s, the control requests
 :class:`~tabletstore.worker.admin_service.AdminService`'s, and :class:`TabletRpcServices` is
 both, so that ``TABLET.handlers(server.services)`` builds the one dispatch table every
@@ -18,7 +18,7 @@ from tabletstore.worker.admin_service import AdminService
 from tabletstore.worker.data_service import DataService
 
 if TYPE_CHECKING:
-    from tabletstore.worker.server import TabletServer
+    from tabletstore.worker.tablet_server import TabletServer
 
 __all__ = ["TabletRpcServices"]
 

@@ -9,7 +9,7 @@ needs no notice: it finds the children in METADATA, claimed and located, like an
 A child does not split again before ``WorkerOptions.split_cooldown`` has passed. METADATA
 tablets are split only when created (the master's ``metadata_splits``), never here.
 
-The claims, the tablet locks and the opening of tablets are the server's (``worker/server.py``);
+The claims, the tablet locks and the opening of tablets are the server's (``worker/tablet_server.py``);
 :class:`TabletSplits` drives them.
 """
 
@@ -28,7 +28,7 @@ from tabletstore.metadata import rows as mt
 from tabletstore.metadata.record import TabletRecord
 
 if TYPE_CHECKING:
-    from tabletstore.worker.server import TabletServer
+    from tabletstore.worker.tablet_server import TabletServer
 
 __all__ = ["TabletSplits"]
 

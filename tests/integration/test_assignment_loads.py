@@ -39,7 +39,7 @@ from tabletstore.rpc.services import TABLET, TabletService
 from tabletstore.rpc.transport import Method
 from tabletstore.storage_s3 import layout
 from tabletstore.storage_s3.memory import MemoryObjectStore
-from tabletstore.worker.server import TabletServer
+from tabletstore.worker.tablet_server import TabletServer
 
 pytestmark = pytest.mark.timeout(120)
 

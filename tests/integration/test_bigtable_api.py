@@ -46,7 +46,7 @@ from google.cloud.bigtable.data.read_modify_write_rules import (
     IncrementRule,
 )
 
-from tabletstore.bigtable_api.server import BackgroundServer
+from tabletstore.bigtable_api.front_door import BackgroundServer
 
 PROJECT, INSTANCE = "test-project", "test-instance"
 REPO = Path(__file__).resolve().parents[2]
@@ -534,7 +534,7 @@ def test_a_scan_the_client_abandons_mid_stream_is_no_server_error(
 async def test_read_rows_resumes_after_a_broken_stream(monkeypatch: pytest.MonkeyPatch) -> None:
     """The client retries an UNAVAILABLE stream from after the last row it got; every row
     arrives once, in order."""
-    from tabletstore.bigtable_api.server import BigtableApiServer
+    from tabletstore.bigtable_api.front_door import BigtableApiServer
     from tabletstore.data.model import RowMutation
     from tabletstore.data.model import SetCell as TsSetCell
     from tabletstore.embedded import Database

@@ -39,7 +39,7 @@ from google.cloud.bigtable.data import (
 from google.cloud.bigtable.data.mutations import Mutation
 from google.cloud.bigtable_admin_v2.types import ColumnFamily, Table, Type
 
-from tabletstore.bigtable_api.server import BackgroundServer
+from tabletstore.bigtable_api.front_door import BackgroundServer
 from tabletstore.data import hll
 from tests.integration.test_bigtable_api_differential import EMULATOR, cbtemulator
 

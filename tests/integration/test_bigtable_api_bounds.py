@@ -18,7 +18,7 @@ from google.cloud.bigtable_v2.types import bigtable as bt
 from google.cloud.bigtable_v2.types import data as btd
 
 from tabletstore import limits
-from tabletstore.bigtable_api.server import MAX_MESSAGE_BYTES, BigtableApiServer
+from tabletstore.bigtable_api.front_door import MAX_MESSAGE_BYTES, BigtableApiServer
 from tabletstore.embedded import Database
 from tabletstore.errors import InvalidArgument
 

@@ -49,7 +49,7 @@ from google.cloud.bigtable.data.read_modify_write_rules import (
     IncrementRule,
 )
 
-from tabletstore.bigtable_api.server import BackgroundServer
+from tabletstore.bigtable_api.front_door import BackgroundServer
 
 EMULATOR = Path("/usr/lib/google-cloud-sdk/platform/bigtable-emulator/cbtemulator")
 PROJECT, INSTANCE = "diff-project", "diff-instance"

@@ -18,13 +18,13 @@ from google.api_core import exceptions as gexc
 from google.cloud.bigtable import Client, enums
 from google.cloud.bigtable.data import BigtableDataClient, ReadRowsQuery, SetCell
 
+from tabletstore.bigtable_api.front_door import BackgroundServer
 from tabletstore.bigtable_api.instances import (
     PREFIX_RE,
     REGISTRY_TABLE,
     Namespaces,
     instance_prefix,
 )
-from tabletstore.bigtable_api.server import BackgroundServer
 from tabletstore.bigtable_api.translate import TableName
 from tabletstore.data.schema import validate_table_name
 

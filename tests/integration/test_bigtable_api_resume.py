@@ -26,7 +26,7 @@ from google.cloud.bigtable.data import (
     SetCell,
 )
 
-from tabletstore.bigtable_api.server import BackgroundServer
+from tabletstore.bigtable_api.front_door import BackgroundServer
 
 PROJECT, INSTANCE = "resume-project", "resume-instance"
 READ_ROWS = "/google.bigtable.v2.Bigtable/ReadRows"

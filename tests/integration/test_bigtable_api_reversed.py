@@ -19,7 +19,7 @@ from google.cloud.bigtable.data import BigtableDataClient, RowMutationEntry, Set
 from google.cloud.bigtable_v2 import BigtableClient
 from google.cloud.bigtable_v2.services.bigtable.transports import BigtableGrpcTransport
 
-from tabletstore.bigtable_api.server import BackgroundServer
+from tabletstore.bigtable_api.front_door import BackgroundServer
 
 PROJECT, INSTANCE = "rev-project", "rev-instance"
 

@@ -21,7 +21,7 @@ from google.cloud.bigtable.data import row_filters as rf
 from google.cloud.bigtable_v2 import BigtableClient
 from google.cloud.bigtable_v2.services.bigtable.transports import BigtableGrpcTransport
 
-from tabletstore.bigtable_api.server import BackgroundServer
+from tabletstore.bigtable_api.front_door import BackgroundServer
 from tabletstore.bigtable_api.translate import ReadRowsResponsePB
 from tabletstore.engine.scan_stats import REPORT_DROPPED_ROWS
 

@@ -33,7 +33,7 @@ from google.cloud.bigtable_admin_v2.services.bigtable_table_admin.transports imp
 from google.cloud.bigtable_v2 import BigtableClient
 from google.cloud.bigtable_v2.services.bigtable.transports import BigtableGrpcTransport
 
-from tabletstore.bigtable_api.server import BackgroundServer, TlsFiles
+from tabletstore.bigtable_api.front_door import BackgroundServer, TlsFiles
 from tabletstore.errors import InvalidArgument
 
 REPO = Path(__file__).resolve().parents[2]

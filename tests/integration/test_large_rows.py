@@ -247,7 +247,7 @@ def test_large_row_through_the_bigtable_front_door(
     from google.cloud.bigtable.data import BigtableDataClient, ReadRowsQuery, RowRange
     from google.cloud.bigtable.data import SetCell as PbSetCell
 
-    from tabletstore.bigtable_api.server import BackgroundServer
+    from tabletstore.bigtable_api.front_door import BackgroundServer
 
     asyncio.run(_create_table(cluster.url, "front"))
     # Instance "i" serves the tables made with the tabletstore API.

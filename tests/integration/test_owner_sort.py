@@ -34,7 +34,7 @@ from tabletstore.data.model import SetCell
 from tabletstore.errors import TabletStoreError
 from tabletstore.keys import Cell
 from tabletstore.master.master import Master
-from tabletstore.master.process import make_recovery
+from tabletstore.master.master_process import make_recovery
 from tabletstore.metadata.record import LogRef, TabletRecord
 from tabletstore.metadata.rows import METADATA_TABLE_ID
 from tabletstore.options import IN_PROCESS_LEASE, MasterOptions, WorkerOptions
@@ -44,8 +44,8 @@ from tabletstore.rpc.services import TABLET
 from tabletstore.storage_s3 import layout
 from tabletstore.storage_s3.instrumented import InstrumentedObjectStore
 from tabletstore.storage_s3.memory import MemoryObjectStore
-from tabletstore.worker.server import TabletServer
 from tabletstore.worker.sorter import Sorter
+from tabletstore.worker.tablet_server import TabletServer
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -24,7 +24,7 @@ from tabletstore.coordination.tokens import TokenStore
 from tabletstore.data.model import RowMutation, SetCell
 from tabletstore.data.schema import Acl, ColumnFamily
 from tabletstore.errors import InvalidArgument, PermissionDenied, TabletStoreError
-from tabletstore.master.process import run_master
+from tabletstore.master.master_process import run_master
 from tabletstore.metadata.catalog import Catalog
 from tabletstore.rpc.auth import ClientAuth
 from tabletstore.rpc.messages import (
@@ -36,7 +36,7 @@ from tabletstore.rpc.messages import (
 from tabletstore.rpc.services import TABLET
 from tabletstore.rpc.tcp import TcpTransport
 from tabletstore.security import TlsConfig, ca
-from tabletstore.worker.process import run_worker
+from tabletstore.worker.worker_process import run_worker
 from tests.security.secure_cluster import (
     DEADLINE,
     STATUS_TOKEN,
@@ -341,7 +341,7 @@ async def test_the_front_door_wants_a_bearer_token_and_acts_for_its_principal(
     # event loop that long lets the in-process master's 5 s lease expire.
     bt = await asyncio.to_thread(importlib.import_module, "google.cloud.bigtable_v2.types.bigtable")
     server_module = await asyncio.to_thread(
-        importlib.import_module, "tabletstore.bigtable_api.server"
+        importlib.import_module, "tabletstore.bigtable_api.front_door"
     )
     BigtableApiServer = server_module.BigtableApiServer
 

@@ -42,7 +42,7 @@ from tabletstore.options import IN_PROCESS_LEASE, MasterOptions, TabletOptions, 
 from tabletstore.rpc.inprocess import InProcessTransport
 from tabletstore.rpc.services import TABLET
 from tabletstore.storage_s3.memory import MemoryObjectStore
-from tabletstore.worker.server import TabletServer
+from tabletstore.worker.tablet_server import TabletServer
 from tests.integration.cluster_harness import Cluster, placement, table_id_of
 from tests.integration.cluster_harness import eventually as harness_eventually
 from tests.plugins.s3_server import boto3_client

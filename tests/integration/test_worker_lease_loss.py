@@ -14,8 +14,8 @@ import pytest
 from tabletstore.coordination import open_coordinator
 from tabletstore.errors import Fenced
 from tabletstore.options import LeaseOptions, WorkerOptions
-from tabletstore.worker.process import run_worker
-from tabletstore.worker.server import TabletServer
+from tabletstore.worker.tablet_server import TabletServer
+from tabletstore.worker.worker_process import run_worker
 
 
 async def test_a_worker_whose_lease_is_revoked_exits(tmp_path: Path) -> None:

@@ -16,10 +16,10 @@ from tabletstore.client.cluster import ClusterClient
 from tabletstore.coordination import open_coordinator
 from tabletstore.coordination.base import Coordinator
 from tabletstore.errors import TabletStoreError
-from tabletstore.master.process import run_master
+from tabletstore.master.master_process import run_master
 from tabletstore.options import LeaseOptions, MasterOptions, WorkerOptions
 from tabletstore.security import TlsConfig, ca
-from tabletstore.worker.process import run_worker
+from tabletstore.worker.worker_process import run_worker
 
 __all__ = ["DEADLINE", "STATUS_TOKEN", "SecureCluster", "secure_cluster", "true_when", "wait_for"]
 

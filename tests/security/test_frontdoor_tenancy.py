@@ -117,7 +117,7 @@ async def _modules() -> dict[str, Any]:
         "operations": "google.longrunning.operations_pb2",
         "empty": "google.protobuf.empty_pb2",
         "field_mask": "google.protobuf.field_mask_pb2",
-        "server": "tabletstore.bigtable_api.server",
+        "server": "tabletstore.bigtable_api.front_door",
     }
     return {
         key: await asyncio.to_thread(importlib.import_module, name) for key, name in names.items()

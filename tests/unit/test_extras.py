@@ -76,7 +76,7 @@ def test_the_library_modules_of_an_extra_name_it(tmp_path: Path) -> None:
     script = """
 import sys
 from tabletstore.extras import MissingExtra
-for module in ("tabletstore.batch.spark", "tabletstore.bigtable_api.server"):
+for module in ("tabletstore.batch.spark", "tabletstore.bigtable_api.front_door"):
     try:
         __import__(module)
     except MissingExtra as exc:
@@ -95,7 +95,7 @@ except MissingExtra as exc:
     lines = done.stdout.splitlines()
     assert [line.split(" ->")[0] for line in lines] == [
         "tabletstore.batch.spark",
-        "tabletstore.bigtable_api.server",
+        "tabletstore.bigtable_api.front_door",
         "dask_dataframe",
     ], done.stdout
     assert "pip install 'tabletstore[batch]'" in lines[0]

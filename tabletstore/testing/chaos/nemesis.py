@@ -49,8 +49,8 @@ from tabletstore.master.log_recovery import MIN_TABLETS_TO_SORT
 from tabletstore.storage_s3 import open_store
 from tabletstore.storage_s3.base import ObjectStore
 from tabletstore.storage_s3.layout import RECOVERY
+from tabletstore.testing.chaos.chaos_cluster import ChaosCluster
 from tabletstore.testing.chaos.checker import Kill
-from tabletstore.testing.chaos.cluster import ChaosCluster
 from tabletstore.testing.chaos.history import Fault, History
 
 __all__ = ["FAULTS", "Nemesis", "Scheduled", "schedule"]

@@ -1,6 +1,6 @@
 """One chaos run, start to verdict: cluster up, workload and nemesis, heal, final read, check.
 
-:func:`run_chaos` starts a :class:`~tabletstore.testing.chaos.cluster.ChaosCluster`, creates
+:func:`run_chaos` starts a :class:`~tabletstore.testing.chaos.chaos_cluster.ChaosCluster`, creates
 the chaos table (six tablets, never split), runs the workload for ``seconds`` while the nemesis
 applies its schedule and a poller records every second where each tablet is served, then stops
 the workload, heals everything (S3 faults off, paused processes resumed, dead ones replaced),
@@ -29,8 +29,8 @@ from tabletstore.coordination import open_coordinator
 from tabletstore.embedded import connect_async
 from tabletstore.errors import Corruption, TabletStoreError
 from tabletstore.storage_s3 import layout, open_store
+from tabletstore.testing.chaos.chaos_cluster import ENV, ChaosCluster
 from tabletstore.testing.chaos.checker import Verdict, check
-from tabletstore.testing.chaos.cluster import ENV, ChaosCluster
 from tabletstore.testing.chaos.history import History, Outcome
 from tabletstore.testing.chaos.nemesis import FAULTS, Nemesis, schedule
 from tabletstore.testing.chaos.workload import (

@@ -92,7 +92,7 @@ def test_zero_sends_one_response_per_row_and_a_negative_bound_is_refused() -> No
 def test_an_all_ok_mutate_rows_response_names_every_entry_with_an_empty_status() -> None:
     from google.cloud.bigtable_v2.types import bigtable as bt
 
-    from tabletstore.bigtable_api.server import _all_ok
+    from tabletstore.bigtable_api.front_door import _all_ok
 
     resp = bt.MutateRowsResponse.pb().FromString(_all_ok(3))
     assert [(e.index, e.HasField("status"), e.status.code) for e in resp.entries] == [

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-import tabletstore.master.process as master_process
-import tabletstore.worker.process as worker_process
+import tabletstore.master.master_process as master_process
+import tabletstore.worker.worker_process as worker_process
 from tabletstore.cli import main as cli
 from tabletstore.cli import server_cmds
 from tabletstore.options import MasterOptions, WorkerOptions

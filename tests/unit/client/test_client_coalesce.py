@@ -16,7 +16,6 @@ from tabletstore.data.model import Cell, Row, SetCell
 from tabletstore.errors import Indeterminate, InvalidArgument, NotServing, TabletStoreError
 from tabletstore.metadata.record import TabletRecord
 from tabletstore.rpc import frames
-from tabletstore.rpc.client import TcpTransport
 from tabletstore.rpc.messages import (
     EntryError,
     LargeRow,
@@ -28,6 +27,7 @@ from tabletstore.rpc.messages import (
     ReadRowsRequest,
     RowBatch,
 )
+from tabletstore.rpc.rpc_client import TcpTransport
 from tabletstore.rpc.services import TABLET, TabletService
 from tabletstore.rpc.transport import Method
 from tabletstore.rpc.wire import register_all

@@ -1,4 +1,4 @@
-"""The leading master's loops (master/process.py ``_lead``): assignment rounds keep their pace
+"""The leading master's loops (master/master_process.py ``_lead``): assignment rounds keep their pace
 while a balancing round or a garbage collection hangs (each may wait out a METADATA deadline
 while a worker is dead: a chaos run saw recovery held back 30 s per balancing move), and the
 balancer moves nothing until an assignment round has found every tablet served."""
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from tabletstore.errors import Fenced
-from tabletstore.master.process import _lead
+from tabletstore.master.master_process import _lead
 
 
 class FakeLease:

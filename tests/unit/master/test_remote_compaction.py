@@ -19,7 +19,7 @@ from tabletstore.errors import Fenced, InvalidArgument, NotServing, Precondition
 from tabletstore.keys import CellKind
 from tabletstore.master.compaction_cycle import MajorCompactionCycle
 from tabletstore.master.compaction_lambda import LambdaCompactionExecutor
-from tabletstore.master.process import make_compaction_executor
+from tabletstore.master.master_process import make_compaction_executor
 from tabletstore.master.remote_compaction import (
     PreparedCompaction,
     RemoteCompactionExecutor,

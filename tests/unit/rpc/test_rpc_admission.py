@@ -17,8 +17,8 @@ import pytest
 from tabletstore.errors import InvalidArgument, TabletStoreError, Unreachable
 from tabletstore.limits import MiB
 from tabletstore.options import RpcServerOptions
-from tabletstore.rpc import client as rpc_client
 from tabletstore.rpc import frames
+from tabletstore.rpc import rpc_client as rpc_client
 from tabletstore.rpc.admission import ByteBudget, ReadGuard
 from tabletstore.rpc.codec import Codec, decode_error
 from tabletstore.rpc.frames import Kind
@@ -417,8 +417,8 @@ def test_the_worker_and_master_flags_make_the_options_and_refuse_bad_values(
 
     from tabletstore.cli import main as cli
     from tabletstore.cli import server_cmds
-    from tabletstore.master import process as master_process
-    from tabletstore.worker import process as worker_process
+    from tabletstore.master import master_process as master_process
+    from tabletstore.worker import worker_process as worker_process
 
     seen: list[RpcServerOptions] = []
 

@@ -11,8 +11,8 @@ import pytest
 
 from tabletstore.errors import InvalidArgument, PermissionDenied, TabletStoreError, Unavailable
 from tabletstore.rpc.auth import ClientAuth, ServerAuth, current_principal
-from tabletstore.rpc.client import RpcClient
-from tabletstore.rpc.server import RpcServer
+from tabletstore.rpc.rpc_client import RpcClient
+from tabletstore.rpc.rpc_server import RpcServer
 from tabletstore.security import Principal, TlsConfig, ca
 
 pytestmark = pytest.mark.timeout(60)

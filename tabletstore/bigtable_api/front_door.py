@@ -1,5 +1,11 @@
 """The Cloud Bigtable API front door: a gRPC server that official Bigtable clients talk to (§3).
 
+Size: over 800 lines because it holds one handler per method of ``google.bigtable.v2.Bigtable``
+and the instance half of the admin API, each a few lines of request checks around a call to
+the client; the conversions are pure functions elsewhere (``translate.py``, ``chunks.py``,
+``admin.py``, ``instances.py``), and splitting the handlers by method would only scatter the
+one servicer that grpc registers.
+
 ``google.bigtable.v2.Bigtable`` (ReadRows, SampleRowKeys, MutateRow, MutateRows,
 CheckAndMutateRow, ReadModifyWriteRow, PingAndWarm) and the table half of
 ``google.bigtable.admin.v2.BigtableTableAdmin`` (:mod:`tabletstore.bigtable_api.admin`) are

@@ -1,6 +1,11 @@
 """The RPC server: RpcServer and its per-connection request dispatch (docs/architecture/design.md
 §8).
 
+Size: over 800 lines because one connection's life (admission, TLS handshake, hello,
+authentication, frames, the byte budget, timeouts, dispatch) is one state machine whose
+invariant -- nothing unauthenticated holds a shared resource -- must be readable in one place;
+the bookkeeping it calls is ``admission.py``, the bytes ``frames.py`` and ``connection.py``.
+
 Tablet-server workers and the master serve their methods through this module (paper §5, §5.2);
 the behaviour both sides of a connection promise is written in tcp.py's docstring. A server is
 a mapping from method name to handler (for a service, ``services.Service.handlers``): ``async
@@ -447,7 +452,7 @@ class _ServerConnection(FrameConnection):
         self._gate = gate
         if self._server.accepted(self) is None:
             # Say why before closing: a client must not take a clean close for a refusal of
-            # its certificate (rpc/client.py), and may retry elsewhere.
+            # its certificate (rpc/rpc_client.py), and may retry elsewhere.
             self._dead = True
             self.write(
                 frames.encode_frame(

@@ -29,8 +29,8 @@ from tabletstore.rpc.tcp import RpcServer, TcpTransport
 from tabletstore.rpc.wire import register_all
 from tabletstore.security import TlsConfig, check_bind
 from tabletstore.storage_s3 import check_store, open_store
-from tabletstore.worker.server import TabletServer
 from tabletstore.worker.sorter import Sorter
+from tabletstore.worker.tablet_server import TabletServer
 from tabletstore.worker.tablet_service_guard import guard
 
 __all__ = ["run_worker"]
