@@ -1,4 +1,4 @@
-"""Aggregate families benchmark (issue 17 item 1): what combining costs on the write and read
+"""Aggregate families benchmark: what combining costs on the write and read
 paths of the embedded database.
 
     python -m bench.aggregates [--writes 5000]

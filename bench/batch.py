@@ -1,4 +1,4 @@
-"""Batch benchmark (issue 14): reading a snapshot straight from the bucket, and bulk load.
+"""Batch benchmark: reading a snapshot straight from the bucket, and bulk load.
 
     python -m bench.batch [--rows 50000] [--cells-per-row 4] [--value-bytes 100]
 

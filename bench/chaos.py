@@ -34,13 +34,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--gap",
         default="20,40",
-        help="seconds between faults, drawn uniformly from LO,HI (the issue's runs: 30 s apart)",
+        help="seconds between faults, drawn uniformly from LO,HI (long runs: 30 s apart)",
     )
     parser.add_argument(
         "--tls",
         action="store_true",
         help="the cluster over mutual TLS (a development CA), with etcd's own users and "
-        "roles, as local-stack up --tls (issue 16)",
+        "roles, as local-stack up --tls",
     )
     parser.add_argument("--dir", type=Path, default=None, help="logs, history.json, report.json")
     args = parser.parse_args(argv)

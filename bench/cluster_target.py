@@ -1,4 +1,4 @@
-"""The benchmark target for a tabletstore cluster on this machine (issue 7; §7's "N servers").
+"""The benchmark target for a tabletstore cluster on this machine (§7's "N servers").
 
 ``cluster:N:file`` and ``cluster:N:moto`` start, in a fresh temporary directory, the local
 stack of :mod:`tabletstore.cli.localstack` with ``N`` tablet-server workers as real processes

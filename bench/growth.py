@@ -14,7 +14,7 @@ measured, SSTables and logs after the run); ``--growth-base 0.0025`` is a quick 
 Per benchmark and size it reports CPU time per value (this process, all threads: robust on
 a shared machine; a write's includes the minor compaction that turns it into SSTables, as its
 requests do, whether that ran during the phase or right after it), object-store requests of every kind per 1,000 values and p99 latency, and
-the largest/smallest ratio against issue 18's bounds (CPU and requests within 1.5x, p99 within
+the largest/smallest ratio against the bounds (CPU and requests within 1.5x, p99 within
 2x). ``--svg`` draws the three curves (a small hand-written SVG: no plotting dependency).
 """
 
@@ -38,7 +38,7 @@ __all__ = ["FACTORS", "GrowthPoint", "growth_table", "run_growth", "svg_chart"]
 
 #: Table sizes relative to the base.
 FACTORS = (1, 4, 16)
-#: issue 18's bounds on largest / smallest, per metric.
+#: the bounds on largest / smallest, per metric.
 BOUNDS = {"cpu_us": 1.5, "s3_per_1000": 1.5, "p99_ms": 2.0}
 _LABELS = {
     "cpu_us": "CPU us per value",
@@ -152,7 +152,7 @@ _COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e
 
 def svg_chart(points: Sequence[GrowthPoint], title: str) -> str:
     """Three panels (CPU per value, requests per 1,000 values, p99) against table size, one
-    line per benchmark, each normalized to its smallest size (1.0 = flat), so the issue's
+    line per benchmark, each normalized to its smallest size (1.0 = flat), so the growth
     bounds are horizontal lines."""
     panel_w, panel_h, pad = 300, 220, 45
     width, height = 3 * (panel_w + pad) + pad, panel_h + 2 * pad + 50

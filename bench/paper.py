@@ -40,7 +40,7 @@ way S3 bills them. Reported: PUT / GET (GET + ranged GET) / LIST / DELETE per 1,
 and object bytes read per operation. A write's cost includes the minor compaction that turns it
 into an SSTable (run untimed right after the write phase). SlateDB's requests are not counted.
 
-**The cluster** (issue 7). ``--cluster`` adds local clusters of worker processes
+**The cluster**. ``--cluster`` adds local clusters of worker processes
 (:mod:`bench.cluster_target`): 1, 2 and 4 workers on a local directory and 1 worker on moto's S3
 server (``--target cluster:N:file|moto`` picks one). Each table is pre-split into ``2N``
 tablets; the printed extra table gives values/s in total and per worker (total / N, the
@@ -540,7 +540,7 @@ def table(results: Sequence[BenchResult], main: str = "tabletstore") -> str:
     return "\n".join(lines)
 
 
-#: The targets ``--cluster`` adds (issue 7): 1, 2 and 4 workers on a local directory, 1 on moto.
+#: The targets ``--cluster`` adds: 1, 2 and 4 workers on a local directory, 1 on moto.
 CLUSTER_TARGETS = ("cluster:1:file", "cluster:2:file", "cluster:4:file", "cluster:1:moto")
 
 
@@ -564,7 +564,7 @@ def median_results(results: Sequence[BenchResult]) -> list[BenchResult]:
 
 
 def ratio_table(results: Sequence[BenchResult]) -> str:
-    """For each target ``X:tls`` run next to ``X`` (issue 16's cost of TLS and authentication):
+    """For each target ``X:tls`` run next to ``X`` (the cost of TLS and authentication):
     values/s of every repeat, their medians and the ratio of the medians, and the CPU time per
     value of the client and the cluster's processes (robust on a loaded machine), a Markdown
     table."""
@@ -604,7 +604,7 @@ def _median(xs: Sequence[float]) -> float:
 
 def cluster_table(results: Sequence[BenchResult]) -> str:
     """Values/s in total and per worker (total / N) for every tabletstore target, by benchmark,
-    with the S3 requests (all kinds) per 1,000 values; a Markdown table (issue 7)."""
+    with the S3 requests (all kinds) per 1,000 values; a Markdown table."""
     targets = [t for t in dict.fromkeys(r.target for r in results) if t != "slatedb"]
     by = {(r.target, r.benchmark): r for r in results}
     head = " | ".join(f"{t} total | per worker | S3/1000" for t in targets)

@@ -1,5 +1,5 @@
 """``python -m bench.recovery_timeline DIR``: where the seconds of each worker-kill recovery of a
-chaos run went (issue 11/13: "measure first").
+chaos run went.
 
 Reads a ``bench.chaos --dir DIR`` run: ``history.json`` (the kills, every client operation,
 and ``t0_wall``, the wall-clock time of the history's zero) and the processes' logs (wall-clock

@@ -3,7 +3,7 @@ flight, and streamed items per second, over TCP on 127.0.0.1 with the server in 
 
     python bench/rpc_bench.py [--runs 3] [--calls 5000] [--items 100000] [--no-uvloop] [--tls]
 
-``--tls`` (issue 16) also runs a second server with mutual TLS and a client certificate (a
+``--tls`` also runs a second server with mutual TLS and a client certificate (a
 throwaway CA, ``tabletstore.security.ca``), alternating runs with the plain one so both see the
 same machine load, and prints both and the TLS / plain ratio.
 

@@ -1,4 +1,4 @@
-"""What a flood of half-sent frames costs an RPC server (issue 16 item 4), over TCP on 127.0.0.1
+"""What a flood of half-sent frames costs an RPC server, over TCP on 127.0.0.1
 with the server in a child process.
 
     python bench/rpc_flood.py [--connections 40] [--frame-mib 16] [--budget-mib 81] [--uvloop]
@@ -6,7 +6,7 @@ with the server in a child process.
 Each connection sends its hello, a frame header declaring ``--frame-mib`` MiB and half the body,
 then stops. Prints the server's RSS before, at its peak and after, the byte budget's peak
 (``RpcServer.budget.peak``) and how long until every connection was closed by the stall
-timeout (1 s here). Before the caps (issue 16) the server held every half frame: about
+timeout (1 s here). Before the caps the server held every half frame: about
 ``connections × frame / 2`` of RSS, for as long as the clients liked.
 """
 

@@ -1,4 +1,4 @@
-"""One read benchmark of :mod:`bench.paper`, embedded vs one worker over RPC, back to back (issue 18).
+"""One read benchmark of :mod:`bench.paper`, embedded vs one worker over RPC, back to back.
 
 ``python -m bench.paper`` runs every benchmark once per target, targets one after another; on a
 shared machine its RPC / embedded ratios of one benchmark vary several-fold between runs. This

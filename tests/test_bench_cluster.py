@@ -1,4 +1,4 @@
-"""bench.cluster_target: the cluster benchmark target (issue 7) against real processes."""
+"""bench.cluster_target: the cluster benchmark target against real processes."""
 
 from __future__ import annotations
 

@@ -153,7 +153,7 @@ class TlsConfig:
         )
 
 
-#: The name the issue's brief uses for the same thing.
+#: Another name for the same thing (the TLS files of one process).
 TlsFiles = TlsConfig
 
 

@@ -1,4 +1,4 @@
-"""Adopted bulk-load SSTables (issue 14's bulk load figure): a job's files that lie inside one
+"""Adopted bulk-load SSTables (the bulk load figure): a job's files that lie inside one
 tablet are added to it as they are, with a ``seq_base`` in their reference, and behave exactly
 like written cells: reads, versions, deletions on both sides of the load, compactions, the
 snapshot reader, a reload of the tablet; refused inputs leave nothing behind; references of

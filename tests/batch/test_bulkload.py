@@ -1,4 +1,4 @@
-"""Bulk load (issue 14 item 4, bad input): SSTables written by a job load atomically per
+"""Bulk load (bad input): SSTables written by a job load atomically per
 tablet, read like written cells (versions, later deletes, compactions), and bad files load
 nothing."""
 

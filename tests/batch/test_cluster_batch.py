@@ -1,4 +1,4 @@
-"""Batch jobs against a real cluster (issue 14): etcd, moto's S3 server, a master and two
+"""Batch jobs against a real cluster: etcd, moto's S3 server, a master and two
 workers as processes. The snapshot is taken through the master's RPC (which drives the
 workers' ``snapshot_hold``/``snapshot_write``), read from S3 through a store that refuses
 every write (read-only credentials are all a job needs), and a job's output comes back both

@@ -1,4 +1,4 @@
-"""Dask (issue 14 item 3): a DataFrame over a snapshot's splits, computed on a
+"""Dask: a DataFrame over a snapshot's splits, computed on a
 ``distributed.LocalCluster`` with 2 worker processes, equals the client's read_rows; and a
 Dask job's output bulk-loads."""
 

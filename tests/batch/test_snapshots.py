@@ -1,4 +1,4 @@
-"""Snapshots and the bucket-only reader (issue 14 items 1, 2; bad input): on real data the
+"""Snapshots and the bucket-only reader (and bad input): on real data the
 reader's cells equal the client's read_rows as of the snapshot, whatever happens after."""
 
 from __future__ import annotations

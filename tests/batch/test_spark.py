@@ -1,4 +1,4 @@
-"""Apache Spark (issue 14 item 3): ``spark.read.format("tabletstore")`` in local mode, one
+"""Apache Spark: ``spark.read.format("tabletstore")`` in local mode, one
 Spark partition per split, equals the client's read_rows. One SparkSession per module."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The short chaos run (issue 11): about a minute of writers and readers on real processes
+"""The short chaos run: about a minute of writers and readers on real processes
 while every kind of fault is injected on a fixed seed; the checker must find nothing.
 
 What the harness does and checks is in ``tabletstore/testing/chaos``; the long run is
@@ -34,7 +34,7 @@ def test_short_chaos_run_loses_nothing(tmp_path: Path) -> None:
     report = asyncio.run(run_chaos(config))
     print(report.summary())
     assert report.faults, f"no fault was applied: {report.nemesis_errors}"
-    # The sort faults ran against the sorted recovery (issue 13): a sorter died mid-task, a
+    # The sort faults ran against the sorted recovery: a sorter died mid-task, a
     # task ran twice; a duplicate finding other bytes would be a Corruption error here. (A
     # sort fault whose victim's log was not sorted in time -- a victim with one tablet, or
     # METADATA still being recovered -- is reported as a nemesis error, not applied.)

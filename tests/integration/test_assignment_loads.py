@@ -1,4 +1,4 @@
-"""The master's tablet loads (issue 11 item 6), in one process.
+"""The master's tablet loads, in one process.
 
 Recovery took 17 to 83 s per worker kill because the master loaded tablets one at a time, each
 load replaying the dead worker's log, and one slow load held every later one back. The loads of
@@ -369,7 +369,7 @@ async def test_a_dead_workers_log_is_planned_before_its_root_tablet_is_loaded() 
 
 async def test_a_load_whose_caller_leaves_runs_on_and_the_next_call_joins_it() -> None:
     """A master SIGKILLed mid-recovery drops its connections, which cancels its load_tablet
-    calls on the workers. Before issue 11's fix the load was cancelled with it (its replay
+    calls on the workers. Before the fix the load was cancelled with it (its replay
     thrown away, its claim released) and the next master's load replayed the logs again; now
     the load runs on, keeps its claim, and the next master's call joins it: one replay."""
     async with stack(MasterOptions()) as (master, first, s):

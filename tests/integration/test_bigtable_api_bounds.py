@@ -1,4 +1,4 @@
-"""The Cloud Bigtable front door's message limit (issue 16 item 4): a request larger than
+"""The Cloud Bigtable front door's message limit: a request larger than
 ``limits.MAX_REQUEST_BYTES`` is refused by gRPC before it is buffered, not accepted up to 256 MiB.
 
 The refusal is checked against a server with a small limit (the same gRPC option, cheap to

@@ -1,5 +1,5 @@
-"""Where a newcomer falls, the CLI answers with one line and a non-zero exit, never a traceback
-(issue 19 item 4): the bigtable-api verb without its extra, a database directory that cannot
+"""Where a newcomer falls, the CLI answers with one line and a non-zero exit, never a traceback:
+the bigtable-api verb without its extra, a database directory that cannot
 be used, a table that does not exist (every verb that takes one), an unreachable etcd, and a
 master or worker whose bucket is missing, whose credentials are unusable or whose cluster was
 never set up (they stop at once instead of retrying forever)."""

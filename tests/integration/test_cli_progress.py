@@ -1,5 +1,5 @@
 """``import``, ``export``, ``flush`` and ``compact`` show a progress bar with a rate on a terminal
-and print nothing extra when their output is not one (issue 19 item 3).
+and print nothing extra when their output is not one.
 
 Each verb runs as the user runs it (``python -m tabletstore.cli.main``, an embedded database in
 the test's tmp dir), once with stderr on a pseudo-terminal (``os.openpty``: rich sees a real

@@ -1,4 +1,4 @@
-"""The cluster with real processes (issue 6, "Tests"): etcd, moto's S3 server, a master (and a
+"""The cluster with real processes: etcd, moto's S3 server, a master (and a
 standby) and workers started as ``python -m tabletstore.cli.main`` processes, used through
 ``tabletstore.connect_async("etcd://...")``.
 

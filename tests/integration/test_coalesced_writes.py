@@ -1,4 +1,4 @@
-"""Coalesced single-row writes through real workers (issue 18, client/coalesce.py).
+"""Coalesced single-row writes through real workers (client/coalesce.py).
 
 A cluster client sends the concurrent ``mutate_row`` calls of one event-loop iteration to a
 worker as one ``mutate_tablets`` request, a part per tablet. Here, through two in-process

@@ -1,4 +1,4 @@
-"""Riding out an etcd restart (issue 11, item 5; docs/architecture/design.md §9: an acknowledged
+"""Riding out an etcd restart (docs/architecture/design.md §9: an acknowledged
 write survives a restart of etcd).
 
 etcd 3.4 keeps keys, revisions and leases across a restart, and when the restarted member

@@ -67,7 +67,7 @@ class BigRows:
         await table.mutate_rows(
             [RowMutation(k, (SetCell("f", b"s", v, timestamp=1),)) for k, v in self.small.items()]
         )
-        # Two 10 MB cells written one at a time (the reproduction: each write fits a
+        # Two 10 MB cells written one at a time (each write fits a
         # 16 MiB frame, the row does not), and a small cell in another family.
         await table.mutate_row(b"b", [SetCell("f", b"one", self.a, timestamp=5)])
         await table.mutate_row(

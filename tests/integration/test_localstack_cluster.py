@@ -1,8 +1,7 @@
 """``tabletstore local-stack up --workers 3``, then the cbt-style CLI against the cluster.
 
 Everything runs as the user would run it: each step is a separate ``python -m tabletstore.cli.main``
-process (issue 6: "Done when ... ``tabletstore local-stack up --workers 3`` followed by the CLI
-from the API issue works against the cluster"). ``down`` must leave no process behind.
+process. ``down`` must leave no process behind.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """``tabletstore local-stack up --workers 1 --metrics``: the status page's line and a Prometheus
-scrape configuration whose every target serves ``/metrics`` (issue 19 items 1 and 2)."""
+scrape configuration whose every target serves ``/metrics``."""
 
 from __future__ import annotations
 

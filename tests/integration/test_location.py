@@ -404,7 +404,7 @@ async def test_a_failed_whole_table_refresh_keeps_the_cached_locations(stack: St
     because the METADATA tablet holding the table's rows is being recovered keeps the cached
     entries: writes to the table's healthy tablets go on without reading METADATA. (Dropping
     them first stalled every writer of the chaos run until METADATA was served again, ~10 s
-    per kill of its worker: issue 11.)"""
+    per kill of its worker.)"""
     await stack.client.create_table("alpha", ["f"], split_keys=[b"g"])
     client = fresh_client(stack)
     info = await client._info("alpha")
@@ -453,7 +453,7 @@ async def test_a_scan_refused_while_metadata_is_down_keeps_the_other_locations(
     """A scan refused by one tablet reads the table's locations again; if METADATA is down
     just then, the scan waits for it, but the cache keeps the other tablets' locations: writes
     to them need no METADATA read (the scan used to drop the whole table's entries, stalling
-    every writer of the chaos run until METADATA was back: issue 11)."""
+    every writer of the chaos run until METADATA was back)."""
     await stack.client.create_table("alpha", ["f"], split_keys=[b"g"])
     transport = RefuseFirstScan(stack.transport)
     client = AsyncClient(

@@ -1,4 +1,4 @@
-"""A master failover in the middle of a worker's recovery (issue 11: "no recovery over 30 s").
+"""A master failover in the middle of a worker's recovery.
 
 The chaos run showed recoveries of 90 to 140 s when the nemesis SIGKILLed the master while a
 dead worker's tablets were being recovered. Here, with real processes: a worker is SIGKILLed,

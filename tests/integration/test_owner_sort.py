@@ -1,4 +1,4 @@
-"""Owner affinity for a dead log of several sort tasks (§6, issue 13), in process: a master, and
+"""Owner affinity for a dead log of several sort tasks (§6), in process: a master, and
 workers each with its own sorter, its own counted view of one object store (so one worker's
 cache of recovery objects does not serve another's reads, as between processes) and a real
 process pool for the sorts it owns.

@@ -1,11 +1,10 @@
-"""A real worker process under the floods of issue 16 item 4 (resource caps, ``rpc/admission.py``).
+"""A real worker process under connection and frame floods (resource caps, ``rpc/admission.py``).
 
 A master and a worker (``python -m tabletstore.cli.main``) run against the session's etcd and
 moto's S3, the worker with the smallest byte budget the CLI accepts (the frame limit, 81 MiB)
 and a one-second stall timeout. Then, on 127.0.0.1:
 
-- 40 connections each send half of a 16 MiB frame and stop (the issue's attack held 40 × 8 MiB
-  before): the worker's ``tabletstore_rpc_buffered_bytes`` never passes the budget, the frames
+- 40 connections each send half of a 16 MiB frame and stop (the attack once held 40 × 8 MiB): the worker's ``tabletstore_rpc_buffered_bytes`` never passes the budget, the frames
   finishing past it and one socket read per waiting connection, and every connection is closed
   by the stall timeout with an ERROR naming it;
 - connections past the per-peer cap are refused with an ERROR naming the cap;

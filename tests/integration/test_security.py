@@ -1,7 +1,7 @@
-"""Trying to break in (issue 16 items 1, 2, 3, 5): a master and a worker with mutual TLS and
+"""Trying to break in: a master and a worker with mutual TLS and
 authorization, in this process on loopback, and callers that spoof, bypass or lack identity.
 
-Each test here passed on the open cluster before issue 16 (a raw ``read_row`` claiming to be
+Each test here passed on the open cluster before the security work (a raw ``read_row`` claiming to be
 alice read her cell; bob replaced her ACL and deleted her table; anyone could unload a
 tablet) or could not be written at all (no TLS, no tokens).
 """
@@ -464,7 +464,7 @@ def with_tls_only(stack) -> str:  # type: ignore[no-untyped-def]
 
 
 async def test_etcd_users_and_roles_guard_the_schemas_and_acls(restartable_etcd) -> None:  # type: ignore[no-untyped-def]
-    """etcd's own authentication (issue 16): a client with no etcd user, or with the read-only
+    """etcd's own authentication: a client with no etcd user, or with the read-only
     one, cannot write the schema and ACL keys; the cluster's user can, also after an etcd
     restart (its token is gone: the coordinator authenticates again)."""
     from tabletstore.coordination import paths

@@ -80,7 +80,7 @@ def user_tablets(server: TabletServer) -> list[tuple[str, str]]:
 @dataclass
 class SplitWorkload:
     """Writers (single-row and batched, none idempotent: no explicit timestamps) and a scanner
-    with point reads, run against a table while it splits (issue 11 item 8). A split is never
+    with point reads, run against a table while it splits. A split is never
     the caller's problem: any error that reaches them fails the test. Every row is written
     once, with a random value, so every value read can be checked."""
 

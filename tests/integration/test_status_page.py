@@ -1,4 +1,4 @@
-"""The master's status page in a real browser, over a real cluster (issue 19).
+"""The master's status page in a real browser, over a real cluster.
 
 A leading master, a standby and two workers run as ``tabletstore`` processes with their status
 pages on (etcd and moto's S3 server from the session fixtures); a client creates a table with

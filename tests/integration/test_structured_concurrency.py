@@ -1,4 +1,4 @@
-"""Structured concurrency (issue 12 item 5): a worker's background tasks belong to its
+"""Structured concurrency: a worker's background tasks belong to its
 TaskGroup, so a background task that fails in a way nobody handles is not lost in a log line:
 the task that started the worker is cancelled and stopping the worker raises the error."""
 

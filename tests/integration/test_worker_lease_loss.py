@@ -1,4 +1,4 @@
-"""A worker process whose lease ends while it runs exits (issue 11, §5.2): it must not stay up
+"""A worker process whose lease ends while it runs exits (§5.2): it must not stay up
 answering NotServing for ever. The master's failure detector revokes a lease it believes dead,
 and a worker paused past its TTL finds its lease gone when it resumes; either way the process
 raises ``Fenced`` so its supervisor starts a fresh one under a new lease and incarnation."""

@@ -1,4 +1,4 @@
-"""A worker's coalesced point read (one ``read_row`` naming many keys, issue 18): rows from
+"""A worker's coalesced point read (one ``read_row`` naming many keys): rows from
 the memtable and from SSTables, present and absent, answered together exactly as one by one;
 reads from memory run inline (worker/eager_gather.py), reads from the store concurrently."""
 
@@ -105,7 +105,7 @@ async def test_read_points_answers_each_tablet_as_read_row(db: Database) -> None
 async def test_interleaved_sequential_readers_through_read_points_read_ahead() -> None:
     """32 clients each reading a short range row by row through one worker, in lockstep,
     their reads coalesced 16 to a ``read_points`` request (bench.paper's sequential reads
-    over RPC, issue 18): the worker reads ahead for them as for one process's reader, so
+    over RPC): the worker reads ahead for them as for one process's reader, so
     the GETs stay within two per reader plus one per block, never about one per page (142
     GETs for these 160 pages before; 69 now)."""
     db = await Database.open(f"memory://point-reads-{uuid.uuid4().hex}", instrument=True)

@@ -1,7 +1,7 @@
 """Quotas per principal: how many tablets one create_table makes, how many tables one owns.
 
 1. A real master and worker on loopback: one ``create_table`` with 300 split keys used to make
-   301 tablets at once (10 s of the master's assignment on the issue's cluster). Now it is
+   301 tablets at once (10 s of the master's assignment). Now it is
    InvalidArgument naming ``max_split_keys`` and its value, and nothing is created.
 2. The master's table quota, as a principal proven by the RPC layer would meet it (the
    master's handler run in that principal's scope): with ``max_tables_per_principal`` 3, a

@@ -1,4 +1,4 @@
-"""Settings (issue 12 item 4): each default lives in one place and every reader refers to it."""
+"""Settings: each default lives in one place and every reader refers to it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Pure pieces of the batch work (issue 14): snapshot TTLs in the GC plan, the manifest's
+"""Pure pieces of the batch work: snapshot TTLs in the GC plan, the manifest's
 format and checks, the Arrow SSTable writer's bytes, the new wire messages."""
 
 from __future__ import annotations

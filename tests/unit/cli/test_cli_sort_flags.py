@@ -1,4 +1,4 @@
-"""The worker's and master's sort settings on the command line (issue 13): each flag reaches
+"""The worker's and master's sort settings on the command line: each flag reaches
 the options the process runs with, bad values are refused by name, and the defaults are the
 options' own."""
 

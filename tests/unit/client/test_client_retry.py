@@ -1,4 +1,4 @@
-"""The client's retries of writes (issue 11 item 8), against a scripted worker.
+"""The client's retries of writes, against a scripted worker.
 
 A MutateRows response reports errors per entry. An entry refused because its tablet is
 splitting, moving or being recovered (NotServing, Unavailable, Fenced, Closed answered for that

@@ -1,4 +1,4 @@
-"""A read never holds the tablet server's event loop for long (issue 11, item 3).
+"""A read never holds the tablet server's event loop for long.
 
 The lease keep-alive runs on the same loop as reads. ``ValueRegex(b"(a+)+$")`` over 31 ``a``s
 and a ``b`` used to backtrack for hours inside the read path until the worker lost its lease;

@@ -162,7 +162,7 @@ async def test_acls_limit_what_an_identity_reads_and_writes(store: FaultyObjectS
 
 
 async def test_a_schema_change_of_acls_applies_to_the_next_read(store: FaultyObjectStore) -> None:
-    # The tablet remembers that an identity may read every family (issue 18: asked on every
+    # The tablet remembers that an identity may read every family (it is asked on every
     # point read); per identity and per schema, so neither another reader nor a new ACL
     # reads through it.
     base = make_schema()
@@ -329,7 +329,7 @@ async def test_a_minor_compaction_reads_the_frozen_memtable_off_the_event_loop(
 async def test_a_row_of_one_put_obeys_gc_and_the_families_asked(
     h: TabletHarness, flushed: bool
 ) -> None:
-    """A row whose only cell is one put takes a short way through the read (issue 18); it
+    """A row whose only cell is one put takes a short way through the read; it
     must still honour its family's age rule and the families the read names."""
     tablet = h.tablet
     assert tablet is not None

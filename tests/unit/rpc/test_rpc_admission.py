@@ -1,4 +1,4 @@
-"""The RPC server's resource caps (rpc/admission.py, issue 16 item 4), tried the way an attacker
+"""The RPC server's resource caps (rpc/admission.py), tried the way an attacker
 would: floods of half-sent frames, too many connections from one address, silent connections.
 
 Bounded in count and time: at most 40 connections on 127.0.0.1, timeouts of a fraction of a

@@ -1,4 +1,4 @@
-"""A token connection's token is checked again while the connection lives (issue 16): revoked,
+"""A token connection's token is checked again while the connection lives: revoked,
 the connection is refused at its next request; while the coordinator cannot answer, the last
 good check holds for ``token_stale_limit`` seconds, then requests fail Unavailable."""
 

@@ -1,4 +1,4 @@
-"""The security package and the guards' decisions (issue 16): certificates name their
+"""The security package and the guards' decisions: certificates name their
 principal, tokens are stored hashed and revocable, identities cannot be claimed."""
 
 from __future__ import annotations

@@ -130,8 +130,8 @@ def test_scan_cache_charges_each_cell() -> None:
 
 
 def test_scan_cache_entries_are_untracked_by_the_gc_and_read_back_as_cells() -> None:
-    # Cached rows must not keep objects tracked by the garbage collector (issue 18: 40,000
-    # namedtuple Cells walked by every full collection): held as plain tuples, read as Cells.
+    # Cached rows must not keep objects tracked by the garbage collector (tens of
+    # thousands of namedtuple Cells would be walked by every full collection): held as plain tuples, read as Cells.
     cells = [
         Cell(b"r", "cf", b"q1", 5, 9, 0, b"v1"),
         Cell(b"r", "cf", b"q2", 4, 8, 1, encode_ts_range(0, 3)),

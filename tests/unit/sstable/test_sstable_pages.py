@@ -229,7 +229,7 @@ async def test_random_point_reads_fetch_single_pages(object_store: ObjectStore) 
 
 
 async def test_interleaved_sequential_readers_fetch_each_page_once() -> None:
-    """Many clients each reading a range row by row through one server (issue 18's
+    """Many clients each reading a range row by row through one server (the
     sequential reads over RPC): their reads interleave, and a reader's read-ahead to the end
     of its block stops at pages another reader has cached or is fetching, so no page is
     fetched (and decoded) twice, and the GETs stay about one per block plus two per reader."""
@@ -263,7 +263,7 @@ async def test_interleaved_sequential_readers_fetch_each_page_once() -> None:
 
 async def test_many_interleaved_short_sequential_readers_read_ahead() -> None:
     """32 clients each reading a range of about four pages row by row through one worker
-    (bench.paper's sequential reads over RPC, issue 18): in lockstep, a reader's previous
+    (bench.paper's sequential reads over RPC): in lockstep, a reader's previous
     fetch is 32 fetches back, past what the recent-fetch window recognizes, and every page
     was fetched alone (about one GET per page, 3x one process's). A reader that has just read
     a page's last row reads ahead from the next page: about two GETs per reader (its first
@@ -299,7 +299,7 @@ async def test_many_interleaved_short_sequential_readers_read_ahead() -> None:
 
 async def test_pages_read_ahead_are_decoded_when_first_read() -> None:
     """A sequential point read reads ahead to the end of its block in one GET, but decodes
-    only the page it asked for: the others are decoded when a read reaches them (issue 18: a
+    only the page it asked for: the others are decoded when a read reaches them (a
     random read that happens to follow a recent fetch read ahead and decoded a whole block)."""
     cells = [Cell(b"r%06d" % i, "cf", b"q", 1, i + 1, 0, os.urandom(200)) for i in range(2000)]
     data, info = write_sstable(cells, block_size=32 * 1024)
@@ -371,7 +371,7 @@ async def test_read_ahead_stops_at_a_cached_page_of_an_adopted_sstable(seq_base:
 
 async def test_read_ahead_reads_over_a_lone_cached_page() -> None:
     """A sequential reader's read-ahead does not stop at one cached page in its way (another
-    reader's first page, issue 18): one GET to the block's end, the cached page kept as it
+    reader's first page): one GET to the block's end, the cached page kept as it
     is. Two cached pages in a row stop it."""
     cells = [Cell(b"r%06d" % i, "cf", b"q", 1, i + 1, 0, os.urandom(200)) for i in range(4000)]
     data, info = write_sstable(cells)
