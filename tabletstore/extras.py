@@ -36,6 +36,7 @@ EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "batch": ("dask.dataframe", "distributed", "pandas", "pyspark"),
     "bigtable-api": ("google.cloud.bigtable", "grpc"),
     "bench": ("slatedb", "matplotlib"),
+    "docs": ("mkdocs", "material", "mkdocstrings"),
 }
 
 
