@@ -1,6 +1,6 @@
 """The paper's Figure 6 (§7) on this machine, side by side with SlateDB, with the S3 cost.
 
-Run ``python -m bench.paper [--quick] [--cluster] [--json FILE] [--png FILE]``;
+Run ``python -m bench.paper [--quick] [--cluster] [--json FILE] [--png FILE] [--latency-png FILE]``;
 ``--growth`` runs the same benchmarks at three table sizes instead (``bench/growth.py``).
 
 The benchmarks are the paper's six, as §7 defines them, plus batched writes:
@@ -23,7 +23,8 @@ The benchmarks are the paper's six, as §7 defines them, plus batched writes:
 
 ``N`` (``--concurrency``, default 32) asyncio tasks issue requests in parallel (the paper's
 clients keep many requests in flight; group commit needs concurrent writers). Figures are
-operations (values) per second per worker, and latency per request (p50, p99).
+operations (values) per second per worker, and latency per request (p50, p99, p99.9, the
+maximum, and an HDR histogram of every request: bench/latency.py).
 
 **Scaling to this machine.** The paper's R gives about 1 GB per tablet server (R = 1,000,000
 rows of 1000 bytes) and 100 MB for the in-memory benchmark, on servers with 1 GB of memory.
@@ -71,6 +72,8 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from bench.latency import draw as draw_latency
+from bench.latency import summarize
 from bench.targets import Target, open_target, row_key
 from tabletstore.options import WorkerOptions
 from tabletstore.storage_s3.base import Op
@@ -177,6 +180,11 @@ class BenchResult:
     #: most compactions run during the phase (``bench.growth`` adds both).
     after_cpu_seconds: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
+    #: The tail beyond p99 (bench/latency.py): p99.9, the slowest request, and the whole
+    #: distribution as an HDR histogram with its percentile ladder.
+    p999_ms: float = 0.0
+    max_ms: float = 0.0
+    latency_histogram: dict[str, Any] | None = None
 
     @property
     def rate(self) -> float:
@@ -263,13 +271,6 @@ async def drive(
         for _ in range(concurrency):
             tg.create_task(client())
     return total, clock() - start, latencies
-
-
-def percentile(sorted_values: list[float], q: float) -> float:
-    if not sorted_values:
-        return 0.0
-    k = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
-    return sorted_values[k]
 
 
 class Workloads:
@@ -406,19 +407,22 @@ async def measure(
         cpu1 = time.process_time()
         await after()
         after_cpu = time.process_time() - cpu1
-    lat.sort()
+    latency = summarize(lat)
     return BenchResult(
         benchmark=name,
         target=target.name,
         values=values,
-        requests=len(lat),
+        requests=latency.count,
         seconds=seconds,
-        p50_ms=1000 * percentile(lat, 0.50),
-        p99_ms=1000 * percentile(lat, 0.99),
+        p50_ms=latency.p50_ms,
+        p99_ms=latency.p99_ms,
         cost=_cost(before, target.stats()),
         cpu_seconds=cpu,
         after_cpu_seconds=after_cpu,
         extra=extra,
+        p999_ms=latency.p999_ms,
+        max_ms=latency.max_ms,
+        latency_histogram=latency.histogram,
     )
 
 
@@ -433,7 +437,8 @@ async def run_target(
         results.append(r)
         log(
             f"  {target.name:<12} {r.benchmark:<20} {r.rate:>10,.0f} values/s  "
-            f"p50 {r.p50_ms:7.2f} ms  p99 {r.p99_ms:7.2f} ms  ({r.values:,} in {r.seconds:.1f} s)"
+            f"p50 {r.p50_ms:7.2f} ms  p99 {r.p99_ms:7.2f} ms  p99.9 {r.p999_ms:7.2f} ms  "
+            f"max {r.max_ms:7.2f} ms  ({r.values:,} in {r.seconds:.1f} s)"
         )
 
     # The table each read benchmark reads, written by the write benchmark it shadows.
@@ -519,7 +524,7 @@ def table(results: Sequence[BenchResult], main: str = "tabletstore") -> str:
     by = {(r.target, r.benchmark): r for r in results}
     lines = [
         f"{'benchmark':<20} {'paper':>7} {main:>11} {'%paper':>7} {'p50 ms':>7} {'p99 ms':>7}"
-        f" {'CPU us':>7} {'slatedb':>9} {'ratio':>6}  {'S3/1000 ops: PUT':>16} {'GET':>6} {'LIST':>5}"
+        f" {'p99.9':>7} {'max ms':>7} {'CPU us':>7} {'slatedb':>9} {'ratio':>6}  {'S3/1000 ops: PUT':>16} {'GET':>6} {'LIST':>5}"
         f" {'DEL':>5} {'B read/op':>10}"
     ]
     for name in BENCHMARKS:
@@ -531,7 +536,8 @@ def table(results: Sequence[BenchResult], main: str = "tabletstore") -> str:
         lines.append(
             f"{name:<20} {_fmt(paper):>7} {r.rate:>11,.0f}"
             f" {_fmt(100 * r.rate / paper if paper else None, '.0f') + '%' if paper else '-':>7}"
-            f" {r.p50_ms:>7.2f} {r.p99_ms:>7.2f} {1e6 * r.cpu_seconds / max(1, r.values):>7.0f}"
+            f" {r.p50_ms:>7.2f} {r.p99_ms:>7.2f} {r.p999_ms:>7.2f} {r.max_ms:>7.2f}"
+            f" {1e6 * r.cpu_seconds / max(1, r.values):>7.0f}"
             f" {_fmt(s.rate if s else None):>9} {_fmt(r.rate / s.rate if s and s.rate else None, '.2f'):>6}"
             f"  {_fmt(r.per_1000(Op.PUT), '.1f'):>16} {_fmt(r.per_1000(Op.GET, Op.GET_RANGE), '.1f'):>6}"
             f" {_fmt(r.per_1000(Op.LIST), '.1f'):>5} {_fmt(r.per_1000(Op.DELETE), '.1f'):>5}"
@@ -630,10 +636,10 @@ def markdown(results: Sequence[BenchResult], cfg: BenchConfig, host: dict[str, A
     """The results as a Markdown table (as README.md and docs/performance/index.md show it)."""
     by = {(r.target, r.benchmark): r for r in results}
     out = [
-        "| benchmark | paper, 1 server | tabletstore | % of paper | p50 ms | p99 ms "
-        "| CPU µs/value | SlateDB | tabletstore / SlateDB | S3 PUT / GET / LIST / DELETE per 1,000 "
-        "| bytes read per value |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+        "| benchmark | paper, 1 server | tabletstore | % of paper | p50 ms | p99 ms | p99.9 ms "
+        "| max ms | CPU µs/value | SlateDB | SlateDB p99 ms | tabletstore / SlateDB "
+        "| S3 PUT / GET / LIST / DELETE per 1,000 | bytes read per value |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
     for name in BENCHMARKS:
         r = by.get(("tabletstore", name))
@@ -648,8 +654,9 @@ def markdown(results: Sequence[BenchResult], cfg: BenchConfig, host: dict[str, A
         out.append(
             f"| {name} | {_fmt(paper)} | {r.rate:,.0f} "
             f"| {_fmt(100 * r.rate / paper, '.0f') + '%' if paper else '-'} "
-            f"| {r.p50_ms:.1f} | {r.p99_ms:.1f} | {1e6 * r.cpu_seconds / max(1, r.values):,.0f} "
-            f"| {_fmt(s.rate if s else None)} "
+            f"| {r.p50_ms:.2f} | {r.p99_ms:.1f} | {r.p999_ms:.1f} | {r.max_ms:.1f} "
+            f"| {1e6 * r.cpu_seconds / max(1, r.values):,.0f} "
+            f"| {_fmt(s.rate if s else None)} | {_fmt(s.p99_ms if s else None, '.1f')} "
             f"| {_fmt(r.rate / s.rate if s and s.rate else None, '.2f')} | {cost} "
             f"| {_fmt(r.bytes_read_per_value(), ',.0f')} |"
         )
@@ -760,6 +767,10 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--dir", help="work directory (default: a new temporary directory, removed)")
     p.add_argument("--json", help="write the results as JSON here")
     p.add_argument("--png", help="draw the chart here")
+    p.add_argument(
+        "--latency-png",
+        help="draw latency by percentile (p50 to the maximum) of every benchmark here",
+    )
     p.add_argument("--markdown", help="write the results as a Markdown table here")
     p.add_argument("--uvloop", action="store_true", help="run on uvloop")
     p.add_argument("--profile", metavar="DIR", help="cProfile each timed phase into DIR")
@@ -784,9 +795,12 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--svg", help="--growth: draw the chart here (e.g. docs/growth.svg)")
     args = p.parse_args(argv)
-    if args.png and importlib.util.find_spec("matplotlib") is None:
-        # Checked now, not after the run: a full run takes minutes before it draws.
-        p.error("--png needs matplotlib: pip install -e '.[bench]' (or pip install matplotlib)")
+    for flag, wanted in (("--png", args.png), ("--latency-png", args.latency_png)):
+        if wanted and importlib.util.find_spec("matplotlib") is None:
+            # Checked now, not after the run: a full run takes minutes before it draws.
+            p.error(
+                f"{flag} needs matplotlib: pip install -e '.[bench]' (or pip install matplotlib)"
+            )
     return args
 
 
@@ -894,6 +908,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             f.write(markdown(results, cfg, machine()))
     if args.png:
         draw(results, args.png, cfg)
+    if args.latency_png:
+        draw_latency(
+            [
+                (f"{r.target}: {r.benchmark}", r.latency_histogram)
+                for r in results
+                if r.latency_histogram
+            ],
+            args.latency_png,
+            f"Latency by percentile: R = {cfg.rows:,} rows, {cfg.concurrency} concurrent requests",
+        )
     return 0
 
 

@@ -61,7 +61,7 @@ def test_harness_runs_every_benchmark_and_reports(tmp_path: Path) -> None:
     try:
         import matplotlib  # noqa: F401
 
-        argv += ["--png", str(png)]
+        argv += ["--png", str(png), "--latency-png", str(tmp_path / "latency.png")]
     except ImportError:
         png = None  # type: ignore[assignment]
     assert main(argv) == 0
@@ -73,7 +73,8 @@ def test_harness_runs_every_benchmark_and_reports(tmp_path: Path) -> None:
         expected = 10 if name == "random reads (mem)" else 100
         assert r["values"] == expected, name
         assert r["target"] == "tabletstore"
-        assert r["p50_ms"] <= r["p99_ms"]
+        assert r["p50_ms"] <= r["p99_ms"] <= r["p999_ms"] <= r["max_ms"]
+        assert r["latency_histogram"]["percentiles_ms"][-1][0] == 100.0
         assert r["paper_1_server"] == PAPER.get(name, (None,))[0]
         assert set(r["s3_per_1000"]) == {"PUT", "GET", "HEAD", "LIST", "DELETE"}
     # Writes cost PUTs (commit log + minor compaction); reads from SSTables cost GETs; the
@@ -85,6 +86,7 @@ def test_harness_runs_every_benchmark_and_reports(tmp_path: Path) -> None:
     assert "| random reads (mem) |" in (tmp_path / "bench.md").read_text()
     if png is not None:
         assert png.stat().st_size > 0
+        assert (tmp_path / "latency.png").stat().st_size > 0
 
 
 def test_only_runs_the_chosen_benchmarks_and_loads_what_a_read_needs(tmp_path: Path) -> None:
