@@ -34,6 +34,8 @@ class SecureCluster:
     certs: Path
     worker_address: str
     status_url: str
+    #: The master's status endpoint (its cluster page).
+    master_status_url: str
 
     def tls(self, name: str) -> TlsConfig:
         return TlsConfig(
@@ -83,6 +85,7 @@ async def secure_cluster(tmp_path: Path) -> AsyncIterator[SecureCluster]:
     stop = asyncio.Event()
     addresses: list[str] = []
     status_urls: list[str] = []
+    master_urls: list[str] = []
     lease = LeaseOptions(ttl=5.0)
     async with asyncio.TaskGroup() as tg:
         tg.create_task(
@@ -92,6 +95,9 @@ async def secure_cluster(tmp_path: Path) -> AsyncIterator[SecureCluster]:
                 store_url=store,
                 stop=stop,
                 tls=tls("master"),
+                metrics_port=0,
+                metrics_ready=master_urls.append,
+                status_token=STATUS_TOKEN,
             )
         )
         await wait_for(lambda: _settings_saved(coordinator), "the master to record the store")
@@ -109,7 +115,9 @@ async def secure_cluster(tmp_path: Path) -> AsyncIterator[SecureCluster]:
         )
         try:
             await wait_for(true_when(lambda: bool(addresses)), "the worker to serve")
-            yield SecureCluster(url, coordinator, certs, addresses[0], status_urls[0])
+            yield SecureCluster(
+                url, coordinator, certs, addresses[0], status_urls[0], master_urls[0]
+            )
         finally:
             stop.set()
     await coordinator.close()
