@@ -560,15 +560,24 @@ async def serve_worker(
         port=port,
         tls=tls,
         token=token,
-        tables=_catalog_tables(Catalog(coordinator)) if coordinator is not None else None,
+        tables=_worker_tables(coordinator),
     )
     await http.start()
     return http
 
 
-def _catalog_tables(catalog: Catalog) -> Tables:
+def _worker_tables(coordinator: Coordinator | None) -> Tables | None:
+    if coordinator is None:
+        return None
+    catalog = Catalog(coordinator)
+    return _catalog_tables(lambda: catalog)
+
+
+def _catalog_tables(catalog: Callable[[], Catalog]) -> Tables:
+    """Every table of the catalog ``catalog()`` gives when asked (the master's: read then)."""
+
     async def tables() -> list[tuple[str, str, TableLike]]:
-        return [(i.table_id, i.schema.name, i.schema) for i in await catalog.list_tables()]
+        return [(i.table_id, i.schema.name, i.schema) for i in await catalog().list_tables()]
 
     return tables
 
@@ -594,7 +603,7 @@ async def serve_master(
         built = await master_status(master, metrics, address=address, metrics_url=url)
         return hide_keys(built, await http.shown())
 
-    tables = _catalog_tables(master.catalog)
+    tables = _catalog_tables(lambda: master.catalog)
     if coordinator is None:
         http = StatusServer(
             metrics, status, host=host, port=port, tls=tls, token=token, tables=tables
