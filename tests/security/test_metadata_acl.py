@@ -19,15 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from tabletstore.data.model import SetCell
-from tabletstore.data.schema import Acl, ColumnFamily
-from tabletstore.errors import NotFound, PermissionDenied, TabletStoreError
+from tabletstore.errors import NotFound, PermissionDenied
 from tabletstore.metadata.catalog import Catalog
 from tabletstore.rpc.auth import ClientAuth
 from tabletstore.rpc.messages import SampleRowKeysRequest
 from tabletstore.rpc.services import TABLET
 from tabletstore.rpc.tcp import TcpTransport
-from tests.security.secure_cluster import SecureCluster, secure_cluster, wait_for
+from tests.security.secure_cluster import SECRET, SecureCluster, alices_vault, secure_cluster
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -38,28 +36,11 @@ async def cluster(tmp_path: Path) -> AsyncIterator[SecureCluster]:
         yield running
 
 
-SECRET = b"patient-0042-hiv-positive"
-
-
 async def test_bob_sees_no_row_key_of_alices_table(cluster: SecureCluster) -> None:
     alice = await cluster.client("alice")
     bob = await cluster.client("bob")
     try:
-        table = await alice.create_table(
-            "vault",
-            [ColumnFamily(name="p", acl=Acl(readers=["alice"], writers=["alice"]))],
-            split_keys=[SECRET],
-        )
-
-        async def writable() -> bool:
-            try:
-                await table.mutate_row(SECRET + b"/x", [SetCell("p", b"q", b"v")])
-                await table.mutate_row(b"a", [SetCell("p", b"q", b"v")])
-            except TabletStoreError:
-                return False
-            return True
-
-        await wait_for(writable, "alice's table to be served")
+        table = await alices_vault(alice)
         table_id = (await Catalog(alice.coordinator).get_table("vault")).table_id
         snapshot = await table.snapshot(ttl=600)
 

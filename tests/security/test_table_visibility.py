@@ -38,11 +38,16 @@ from tabletstore.rpc.row_pieces import RowAssembler
 from tabletstore.rpc.services import TABLET
 from tabletstore.rpc.tcp import TcpTransport
 from tabletstore.security import ca
-from tests.security.secure_cluster import STATUS_TOKEN, SecureCluster, secure_cluster, wait_for
+from tests.security.secure_cluster import (
+    SECRET,
+    STATUS_TOKEN,
+    SecureCluster,
+    alices_vault,
+    secure_cluster,
+    wait_for,
+)
 
 pytestmark = pytest.mark.timeout(180)
-
-SECRET = b"patient-0042-hiv-positive"
 
 
 @pytest.fixture
@@ -52,25 +57,11 @@ async def cluster(tmp_path: Path) -> AsyncIterator[SecureCluster]:
 
 
 async def _vault(cluster: SecureCluster) -> tuple[str, str]:
-    """alice's table, served, written on both sides of its secret boundary; (table id, the
-    tablet id of the tablet starting at the secret)."""
+    """alice's vault (secure_cluster.alices_vault); (table id, the tablet id of the tablet
+    starting at the secret)."""
     alice = await cluster.client("alice")
     try:
-        table = await alice.create_table(
-            "vault",
-            [ColumnFamily(name="p", acl=Acl(readers=["alice"], writers=["alice"]))],
-            split_keys=[SECRET],
-        )
-
-        async def writable() -> bool:
-            try:
-                await table.mutate_row(SECRET + b"/x", [SetCell("p", b"q", b"v")])
-                await table.mutate_row(b"a", [SetCell("p", b"q", b"v")])
-            except TabletStoreError:
-                return False
-            return True
-
-        await wait_for(writable, "alice's table to be served")
+        await alices_vault(alice)
         table_id = (await Catalog(alice.coordinator).get_table("vault")).table_id
         status = await alice.status()
         return table_id, next(
