@@ -31,6 +31,7 @@ counted (``denied(method, permission)``; ``ops.metrics`` permission_denied_total
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import inspect
@@ -106,22 +107,27 @@ def may_see_keys(principal: Principal | None, tablet: Tablet) -> bool:
 
 class TableSchemas:
     """Every table's schema by table id, for deciding what a principal may know of METADATA:
-    read through ``read`` at most every ``ttl`` seconds, and again at once when asked for a
-    table id it does not know (a table made since). So a changed ACL takes effect on METADATA
-    reads within ``ttl``."""
+    read through ``read`` at most every ``ttl`` seconds, and sooner when asked for a table id
+    it does not know (a table made since) -- but not more often than every ``min_interval``
+    seconds, so rows of tables that no longer exist cannot make every request read the
+    catalog; concurrent requests share one read. A changed ACL takes effect on METADATA reads
+    within ``ttl``."""
 
     def __init__(
         self,
         read: Callable[[], Awaitable[Mapping[str, TableLike]]],
         *,
         ttl: float = 2.0,
+        min_interval: float = 0.2,
         clock: Callable[[], float] = monotonic,
     ) -> None:
         self._read = read
         self._ttl = ttl
+        self._min_interval = min_interval
         self._clock = clock
         self._schemas: Mapping[str, TableLike] = {}
         self._read_at: float | None = None
+        self._reading: asyncio.Future[None] | None = None
 
     @classmethod
     def of(cls, catalog: Catalog) -> TableSchemas:
@@ -134,12 +140,32 @@ class TableSchemas:
 
     async def get(self, table_id: str) -> TableLike | None:
         """The table's schema, or None if there is no such table."""
-        now = self._clock()
-        stale = self._read_at is None or now - self._read_at >= self._ttl
-        if stale or table_id not in self._schemas:
-            self._schemas = await self._read()
-            self._read_at = now
+        age = None if self._read_at is None else self._clock() - self._read_at
+        if (
+            age is None
+            or age >= self._ttl
+            or (table_id not in self._schemas and age >= self._min_interval)
+        ):
+            await self._refresh()
         return self._schemas.get(table_id)
+
+    async def _refresh(self) -> None:
+        """One read of the catalog, shared by every request that needs it meanwhile (a
+        request cancelled while waiting leaves the read to the others)."""
+        if self._reading is None:
+            self._reading = asyncio.ensure_future(self._read_now())
+            self._reading.add_done_callback(self._read_done)
+        await asyncio.shield(self._reading)
+
+    async def _read_now(self) -> None:
+        started = self._clock()
+        self._schemas = await self._read()
+        self._read_at = started
+
+    def _read_done(self, reading: asyncio.Future[None]) -> None:
+        self._reading = None
+        if not reading.cancelled():
+            reading.exception()  # retrieved: each waiter has it raised already
 
 
 async def _visible_metadata(
