@@ -35,7 +35,7 @@ import asyncio
 import contextlib
 import dataclasses
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tabletstore.clock import monotonic
@@ -50,8 +50,9 @@ from tabletstore.rpc.messages import (
     MutateTabletsRequest,
     PointReadsResponse,
     RowBatch,
+    RowPiece,
 )
-from tabletstore.rpc.row_pieces import RowAssembler
+from tabletstore.rpc.row_pieces import STREAM_ITEM_BYTES, RowAssembler, row_bytes, split_row
 from tabletstore.rpc.services import TABLET, TabletService
 from tabletstore.rpc.transport import Handler
 from tabletstore.security import table_visibility
@@ -189,6 +190,22 @@ async def _visible_metadata(
             if cut is not None:
                 out.append(cut)
     return out
+
+
+def _stream_items(rows: Sequence[Row]) -> Iterator[RowBatch | RowPiece]:
+    """``rows`` as stream items again: small rows in one batch, a row past one item's bound
+    alone in pieces (rpc.row_pieces), in order."""
+    batch: list[Row] = []
+    for row in rows:
+        if row_bytes(row) <= STREAM_ITEM_BYTES:
+            batch.append(row)
+            continue
+        if batch:
+            yield RowBatch(tuple(batch))
+            batch = []
+        yield from split_row(row)
+    if batch:
+        yield RowBatch(tuple(batch))
 
 
 def _reads_metadata(method: str, request: Any) -> bool:
@@ -334,8 +351,8 @@ def _guarded(
                 assembler = RowAssembler(where)
                 async for item in items:
                     rows = await _visible_metadata(assembler.rows(item), cut, tables)
-                    if rows:
-                        yield RowBatch(tuple(rows))
+                    for out in _stream_items(rows):
+                        yield out
                 assembler.finish()
 
         return stream

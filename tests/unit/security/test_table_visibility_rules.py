@@ -5,23 +5,29 @@ to routing (metadata/rows.py) and the worker's cached view of the schemas
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 
 import pytest
 
 from tabletstore.data.model import Cell, Mutation, Row, SetCell
+from tabletstore.data.query import RowRange
 from tabletstore.data.schema import Acl, ColumnFamily, TableSchema
 from tabletstore.metadata.record import LogRef, TabletEvent, TabletRecord
 from tabletstore.metadata.rows import (
+    METADATA_TABLE_ID,
+    ROOT_END,
     decode_row,
     record_mutations,
     routing_only,
     row_table_id,
     split_mutations,
 )
+from tabletstore.rpc.auth import principal_scope
+from tabletstore.rpc.messages import ReadRowsRequest, RowBatch
+from tabletstore.rpc.row_pieces import STREAM_ITEM_BYTES, RowAssembler, row_bytes, split_row
 from tabletstore.security.principal import Principal
 from tabletstore.security.table_visibility import TableLike, may_know_table, may_see_keys
-from tabletstore.worker.tablet_service_guard import TableSchemas
+from tabletstore.worker.tablet_service_guard import TableSchemas, guard
 
 ALICE = Principal("alice", "client")
 BOB = Principal("bob", "client")
@@ -126,3 +132,59 @@ async def test_a_failed_read_fails_its_waiters_and_the_next_read_tries_again() -
     with pytest.raises(RuntimeError, match="catalog down"):
         await schemas.get("a")
     assert await schemas.get("a") is None and calls == 2
+
+
+async def test_the_guard_cuts_a_metadata_stream_and_keeps_large_rows_in_pieces() -> None:
+    """A client's METADATA scan through the worker's guard: the rows of a table it may not know
+    are gone, a readable table's row comes whole (a large one in pieces again), METADATA's own
+    rows are cut to routing; a worker's scan is untouched."""
+    big = TabletRecord(
+        "mine-1", "x", b"", None, location="h:1", events=(TabletEvent(1.0, "n", "x" * 3_000_000),)
+    )
+    theirs = TabletRecord("theirs-1", "y", b"", None, location="h:1")
+    meta = TabletRecord(METADATA_TABLE_ID, "m00000", ROOT_END, None, location="h:0", redo_seq=9)
+    rows = [Row(r.row_key, [_cell(m) for m in record_mutations(r)]) for r in (meta, big, theirs)]
+
+    async def read_rows(request: ReadRowsRequest) -> AsyncIterator[object]:
+        for row in sorted(rows, key=lambda r: r.key):
+            if row_bytes(row) > STREAM_ITEM_BYTES:
+                for piece in split_row(row):
+                    yield piece
+            else:
+                yield RowBatch((row,))
+
+    schemas: dict[str, TableLike] = {
+        "mine-1": _schema(Acl(readers=["bob"])),
+        "theirs-1": _schema(Acl(readers=["alice"], writers=["alice"])),
+    }
+
+    async def read_schemas() -> Mapping[str, TableLike]:
+        return schemas
+
+    guarded = guard({"read_rows": read_rows}, tables=TableSchemas(read_schemas))["read_rows"]
+    request = ReadRowsRequest(METADATA_TABLE_ID, "root", ranges=(RowRange(b"", None),))
+
+    async def scan(who: Principal) -> list[Row]:
+        assembler = RowAssembler()
+        out: list[Row] = []
+        with principal_scope(who):
+            async for item in guarded(request):  # type: ignore[attr-defined]
+                assert _batch_bytes(item) <= STREAM_ITEM_BYTES
+                out.extend(assembler.rows(item))
+        assembler.finish()
+        return out
+
+    routing = TabletRecord(METADATA_TABLE_ID, "m00000", ROOT_END, None, location="h:0")
+    assert _records(await scan(BOB)) == [routing, big]
+    everything = sorted((meta, big, theirs), key=lambda r: r.row_key)
+    assert _records(await scan(Principal("w1", "worker"))) == everything
+
+
+def _records(rows: list[Row]) -> list[TabletRecord]:
+    decoded = [decode_row(r) for r in rows]
+    return [d.record for d in decoded if d is not None]
+
+
+def _batch_bytes(item: object) -> int:
+    """The estimated size of a stream item that is a batch (pieces are bounded by design)."""
+    return sum(row_bytes(r) for r in item.rows) if isinstance(item, RowBatch) else 0
