@@ -13,7 +13,8 @@ on, each request runs with the principal the RPC layer proved (``rpc.auth``):
   may not know of (below), or that does not exist, is refused alike (PermissionDenied naming
   no admins), as a cloud service refuses a resource the caller has no rights on.
 - ``list_tables``: the tables the principal may know of (``security.table_visibility``: it
-  administers the table or may read or write one of its families); ``get_table`` of any other
+  administers the table, may read or write one of its families, or the table has no admin
+  list); ``get_table`` of any other
   table is NotFound, exactly as for a table that does not exist, so a name is no oracle.
   Tenants sharing a cluster (or the front door's plain instance) see only their own tables.
 - ``list_snapshots``: only the snapshots of tables the principal administers or may read some

@@ -12,6 +12,8 @@ read) and the status pages (whose tablet boundaries they show):
   tablets are served. Any right on it: admin, or read or write on one of its families. A
   writer needs its tablets' locations to write, so a writer-only principal learns the
   boundaries of the tablets it writes to (routing needs them) but nothing else of their keys.
+  A table without an admin list (made without auth) may be administered by anyone
+  authenticated, so anyone may know of it.
 
 The cluster's own identities (worker, master, function) see everything: they serve, assign
 and compact every table. No principal (a server without auth) sees everything, as every other
@@ -64,7 +66,7 @@ def may_see_keys(principal: Principal | None, schema: TableLike) -> bool:
 
 def may_know_table(principal: Principal | None, schema: TableLike) -> bool:
     """Whether ``principal`` may learn that the table exists (module docstring)."""
-    if may_see_keys(principal, schema):
+    if schema.admins is None or may_see_keys(principal, schema):
         return True
     assert principal is not None
     return any(f.acl.may_write(principal.name) for f in schema.families.values())

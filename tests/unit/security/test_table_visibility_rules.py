@@ -41,11 +41,15 @@ def test_keys_need_admin_or_read_and_existence_any_right() -> None:
     private = _schema(Acl(readers=["alice"], writers=["alice"]), admins=["alice"])
     assert may_see_keys(ALICE, private) and may_know_table(ALICE, private)
     assert not may_see_keys(BOB, private) and not may_know_table(BOB, private)
-    drop_box = _schema(Acl(readers=["alice"], writers=["alice", "bob"]))
+    drop_box = _schema(Acl(readers=["alice"], writers=["alice", "bob"]), admins=["alice"])
     assert not may_see_keys(BOB, drop_box) and may_know_table(BOB, drop_box)
     administered = _schema(Acl(readers=["alice"], writers=["alice"]), admins=["bob"])
     assert may_see_keys(BOB, administered)
     assert may_see_keys(BOB, _schema(Acl())) and may_see_keys(BOB, TableSchema(name="empty"))
+    # Without an admin list anyone authenticated may administer it, so may know of it; its
+    # keys still follow the ACLs.
+    unadministered = _schema(Acl(readers=["alice"], writers=["alice"]))
+    assert may_know_table(BOB, unadministered) and not may_see_keys(BOB, unadministered)
     # The cluster's own identities and a server without auth see everything.
     for who in (Principal("w1", "worker"), Principal("fd", "function"), None):
         assert may_see_keys(who, private) and may_know_table(who, private)
@@ -155,7 +159,7 @@ async def test_the_guard_cuts_a_metadata_stream_and_keeps_large_rows_in_pieces()
 
     schemas: dict[str, TableLike] = {
         "mine-1": _schema(Acl(readers=["bob"])),
-        "theirs-1": _schema(Acl(readers=["alice"], writers=["alice"])),
+        "theirs-1": _schema(Acl(readers=["alice"], writers=["alice"]), admins=["alice"]),
     }
 
     async def read_schemas() -> Mapping[str, TableLike]:
