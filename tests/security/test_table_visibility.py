@@ -32,10 +32,10 @@ from tabletstore.errors import NotFound, PermissionDenied, TabletStoreError
 from tabletstore.metadata.catalog import Catalog
 from tabletstore.metadata.record import TabletRecord
 from tabletstore.metadata.rows import METADATA_TABLE_ID, decode_row
-from tabletstore.rpc.auth import ClientAuth
-from tabletstore.rpc.messages import ReadRowsRequest, RowBatch
+from tabletstore.rpc.auth import ACTING_FOR, ClientAuth
+from tabletstore.rpc.messages import ReadRowsRequest, RowBatch, TableNameRequest
 from tabletstore.rpc.row_pieces import RowAssembler
-from tabletstore.rpc.services import TABLET
+from tabletstore.rpc.services import MASTER, TABLET
 from tabletstore.rpc.tcp import TcpTransport
 from tabletstore.security import ca
 from tests.security.secure_cluster import (
@@ -218,6 +218,17 @@ async def test_only_the_front_doors_role_acts_for_another_identity(
         await as_(f"{role}2")
     answer = await as_("frontdoor")
     assert isinstance(answer, RowBatch) and answer.rows[0].cells[0].family == "p"
+
+    # The master refuses the same certificate's requests on alice's behalf (REQUEST_AS).
+    transport = TcpTransport(timeout=10.0, auth=ClientAuth(cluster.tls(f"{role}2")))
+    token = ACTING_FOR.set("alice")
+    try:
+        master = MASTER.client(transport, await Catalog(cluster.coordinator).master_address())
+        with pytest.raises(PermissionDenied, match=rf"{role}2 .*on behalf of 'alice'"):
+            await master.delete_table(TableNameRequest("vault"))
+    finally:
+        ACTING_FOR.reset(token)
+        await transport.close()
 
 
 async def _get(url: str, cluster: SecureCluster, who: str | None) -> str:
