@@ -23,7 +23,10 @@ Contracts:
   table made through the front door has its caller as admin (only it may alter, drop or
   delete the table) and every family it creates, then or later, has an ACL naming the caller
   as reader and writer, so the workers serve its cells to nobody else. Table calls in another
-  principal's instance are refused first, PERMISSION_DENIED (instances.py).
+  principal's instance are refused first, PERMISSION_DENIED (instances.py). In a shared
+  instance (the plain one, or one made without tokens) ListTables and GetTable show the caller
+  only tables it has some right on: the master lists and describes no other to it (NOT_FOUND,
+  as for a missing table; master/master_service_guard.py).
 * GenerateConsistencyToken / CheckConsistency: a tabletstore write is durable and visible when it
   is acknowledged, and there is no replication, so every token is consistent at once.
 """

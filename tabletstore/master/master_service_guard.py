@@ -9,11 +9,19 @@ on, each request runs with the principal the RPC layer proved (``rpc.auth``):
 - ``delete_table``, ``modify_families`` (families, GC rules, ACLs), ``set_admins``,
   ``compact_table``, ``create_snapshot``, ``delete_snapshot``, ``bulk_load``: only the table's
   admins, or the cluster's master identity. A table without an admin list (made without auth)
-  may be administered by anyone authenticated, until an admin list is set.
-- ``get_table``, ``list_tables``: any authenticated principal.
+  may be administered by anyone authenticated, until an admin list is set. A table the caller
+  may not know of (below), or that does not exist, is refused alike (PermissionDenied naming
+  no admins), as a cloud service refuses a resource the caller has no rights on.
+- ``list_tables``: the tables the principal may know of (``security.table_visibility``: it
+  administers the table, may read or write one of its families, or the table has no admin
+  list); ``get_table`` of any other
+  table is NotFound, exactly as for a table that does not exist, so a name is no oracle.
+  Tenants sharing a cluster (or the front door's plain instance) see only their own tables.
 - ``list_snapshots``: only the snapshots of tables the principal administers or may read some
   family of (a manifest names every tablet's boundaries, which are row keys); naming a table
   it may not read is PermissionDenied (permission "read").
+
+The cluster's own identities (worker, master, function) see every table.
 
 A refusal is PermissionDenied naming the principal, the table and the permission ("admin"),
 counted by ``denied``. Without auth (no principal: the embedded database) nothing changes.
@@ -33,11 +41,14 @@ from tabletstore.rpc.messages import (
     DeleteSnapshotRequest,
     ListSnapshotsRequest,
     ListSnapshotsResponse,
+    ListTablesResponse,
+    TableInfoMessage,
     TableNameRequest,
 )
 from tabletstore.rpc.services import MASTER, MasterService
 from tabletstore.rpc.transport import Handler
 from tabletstore.security.principal import Principal
+from tabletstore.security.table_visibility import may_know_table, may_see_keys
 
 __all__ = ["ADMIN_METHODS", "guard"]
 
@@ -56,6 +67,8 @@ ADMIN_METHODS = frozenset(
 )
 _CREATE = MASTER.method(MasterService.create_table).name
 _LIST_SNAPSHOTS = MASTER.method(MasterService.list_snapshots).name
+_LIST_TABLES = MASTER.method(MasterService.list_tables).name
+_GET_TABLE = MASTER.method(MasterService.get_table).name
 
 Denied = Callable[[str, str], None]
 
@@ -92,7 +105,17 @@ async def check_admin(master: Master, principal: Principal, method: str, request
     )
     if table is None:
         raise PermissionDenied(f"{principal.name} may not call {method}: no table named")
-    admins = (await master.get_table(TableNameRequest(table))).info().schema.admins
+    try:
+        schema = (await master.get_table(TableNameRequest(table))).info().schema
+    except NotFound:
+        schema = None
+    if schema is None or not may_know_table(principal, schema):
+        # A table the caller may not know of is refused exactly as a missing one: no oracle.
+        raise PermissionDenied(
+            f"{principal.name} may not {method} table {table!r}: it holds no permission admin "
+            "on a table of that name"
+        )
+    admins = schema.admins
     if admins is not None and principal.name not in admins:
         raise PermissionDenied(
             f"{principal.name} may not {method} table {table!r}: permission admin is held by "
@@ -103,16 +126,25 @@ async def check_admin(master: Master, principal: Principal, method: str, request
 async def _may_see(master: Master, principal: Principal, table: str) -> bool:
     """Whether ``principal`` may see table ``table``'s row keys: it administers the table or
     may read one of its families (a table without families or ACLs: anyone)."""
-    if principal.role == "master":
-        return True
     try:
         schema = (await master.get_table(TableNameRequest(table))).info().schema
     except NotFound:
         return False
-    if schema.admins is not None and principal.name in schema.admins:
-        return True
-    fams = schema.families.values()
-    return not fams or any(f.acl.may_read(principal.name) for f in fams)
+    return may_see_keys(principal, schema)
+
+
+def _known_tables(principal: Principal, response: ListTablesResponse) -> ListTablesResponse:
+    return ListTablesResponse(
+        tuple(t for t in response.tables if may_know_table(principal, t.info().schema))
+    )
+
+
+def _known_table(principal: Principal, name: str, response: TableInfoMessage) -> TableInfoMessage:
+    """``response`` if ``principal`` may know of the table; else the NotFound a missing table
+    gets (the catalog's words)."""
+    if not may_know_table(principal, response.info().schema):
+        raise NotFound(f"table {name!r} does not exist")
+    return response
 
 
 async def _visible_snapshots(
@@ -156,6 +188,10 @@ def _guarded(master: Master, method: str, fn: Handler, denied: Denied) -> Handle
                     "read none of its families (permission: read)"
                 )
             return await _visible_snapshots(master, principal, await unary(request))
+        if principal is not None and method == _LIST_TABLES:
+            return _known_tables(principal, await unary(request))
+        if principal is not None and method == _GET_TABLE:
+            return _known_table(principal, request.name, await unary(request))
         if principal is not None:
             if method == _CREATE:
                 request = _with_creator(request, principal)

@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tabletstore.data.filters import Chain, ColumnRange, RowFilter, ValueRange
-from tabletstore.data.model import DeleteCells, Mutation, Row, SetCell
+from tabletstore.data.model import Cell, DeleteCells, Mutation, Row, SetCell
 from tabletstore.data.schema import ColumnFamily, LocalityGroup, MaxVersionsRule, TableSchema
 from tabletstore.errors import Corruption, InvalidArgument
 from tabletstore.metadata.record import TabletRecord, metadata_row_key
@@ -62,6 +62,8 @@ __all__ = [
     "metadata_schema",
     "record_mutations",
     "root_record",
+    "routing_only",
+    "row_table_id",
     "split_mutations",
     "table_range",
 ]
@@ -202,3 +204,55 @@ def decode_row(row: Row) -> MetadataRow | None:
         except (TypeError, ValueError) as exc:
             raise Corruption(f"malformed split intent in METADATA row {row.key!r}") from exc
     return MetadataRow(row.key, record, pending)
+
+
+def row_table_id(key: bytes) -> str | None:
+    """The table id a METADATA row key describes (``metadata_row_key``), or None for a key
+    that is not one (no separator, not UTF-8)."""
+    head, sep, _ = key.partition(b"\x00")
+    if not sep:
+        return None
+    try:
+        return head.decode()
+    except UnicodeDecodeError:
+        return None
+
+
+def _routing_record(record: TabletRecord) -> TabletRecord:
+    return TabletRecord(
+        record.table_id,
+        record.tablet_id,
+        record.start_row,
+        record.end_row,
+        location=record.location,
+        epoch=record.epoch,
+    )
+
+
+def routing_only(row: Row) -> Row | None:
+    """``row`` cut to what a client needs to route requests: each record (and each record of
+    a split being committed) keeps its table, tablet, range, location and epoch, and loses its
+    SSTables, logs, events and bulk-load marks, which name row keys and object names. None for
+    a row without a record (being deleted: clients skip those)."""
+    decoded = decode_row(row)
+    if decoded is None:
+        return None
+    cells: list[Cell] = []
+    for c in row.cells:
+        if c.family != FAMILY:
+            continue
+        if c.qualifier == RECORD:
+            value = _routing_record(decoded.record).to_bytes()
+        elif c.qualifier == SPLIT:
+            value = json.dumps(
+                [
+                    base64.b64encode(_routing_record(r).to_bytes()).decode("ascii")
+                    for r in decoded.pending
+                ]
+            ).encode()
+        elif c.qualifier == EPOCH:
+            value = c.value
+        else:
+            continue
+        cells.append(Cell(c.family, c.qualifier, c.timestamp, value))
+    return Row(row.key, cells)

@@ -15,8 +15,10 @@ JSON endpoints return, so what a person sees and what a script reads cannot disa
                           the last minutes (:mod:`tabletstore.ops.history`)
 ========================  ==================================================================
 
-Row keys are shown as text (bytes that are not UTF-8 as ``\\xNN``); times are wall-clock
-seconds since the epoch.
+Row keys are shown as text (bytes that are not UTF-8 as ``\\xNN``), and only to a viewer that
+may see the table's keys (:mod:`tabletstore.ops.status_redaction`): for any other table a
+tablet's ``start_row`` is empty, its ``end_row`` None and its ``keys_hidden`` true, and its
+events' details are empty. Times are wall-clock seconds since the epoch.
 """
 
 from __future__ import annotations
@@ -86,6 +88,9 @@ class TabletInfo(_Model):
     sstable_bytes: int = Field(ge=0)
     memtable_bytes: int = Field(ge=0)
     requests: int = Field(ge=0, description="Requests for this tablet since it was loaded")
+    keys_hidden: bool = Field(
+        default=False, description="True: its row keys are not the viewer's to see (blanked)"
+    )
 
 
 class WorkerStatus(_Model):
@@ -205,6 +210,9 @@ class TabletView(_Model):
     sstable_bytes: int = Field(ge=0)
     memtable_bytes: int | None = Field(description="None: its worker's status is not known")
     requests_per_second: float | None
+    keys_hidden: bool = Field(
+        default=False, description="True: its row keys are not the viewer's to see (blanked)"
+    )
 
 
 class TableView(_Model):

@@ -39,7 +39,10 @@ closed.
 With TLS (``tls``: the process's TlsConfig) the endpoint is ``https://`` and answers only a
 client that presents a certificate of the cluster CA, or a scraper's ``Authorization: Bearer
 <token>`` matching the process's read-only status token (``--status-token-file``); anyone else
-gets 401. A master's page reads its workers' pages with its own certificate.
+gets 401. A master's page reads its workers' pages with its own certificate. The viewer (the
+certificate's principal, or the status token's) sees row keys only of the tables it may read
+(:mod:`tabletstore.ops.status_redaction`): :meth:`StatusServer.shown` says which, from the
+``tables`` the server is given.
 
 The charts need history: a :class:`~tabletstore.ops.history.Sampler` runs while the server
 does (the master scrapes its workers' ``/status``; a worker samples itself), owned by the
@@ -49,12 +52,13 @@ server and cancelled by :meth:`StatusServer.close`.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import hmac
 import json
 import logging
 import ssl
 from collections import Counter
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any, cast
 
 import aiohttp
@@ -64,18 +68,22 @@ from pydantic import BaseModel
 
 from tabletstore.coordination.base import Coordinator
 from tabletstore.errors import InvalidArgument, TabletStoreError
+from tabletstore.metadata.catalog import Catalog
 from tabletstore.ops.history import DEFAULT_INTERVAL, Reading, Sampler
 from tabletstore.ops.metrics import MasterMetrics, ProcessMetrics, WorkerMetrics
 from tabletstore.ops.status_api import (
     AssignmentInfo,
+    ClusterView,
     EventInfo,
     MasterStatus,
     ProcessStatus,
     TabletInfo,
     WorkerStatus,
+    WorkerView,
     parse_status,
 )
 from tabletstore.ops.status_pages import STATIC_FILES, render_master, render_worker, static_file
+from tabletstore.ops.status_redaction import STATUS_TOKEN_VIEWER, Shown, hide_keys, shown_to
 from tabletstore.ops.views import (
     MasterLike,
     WorkerLike,
@@ -85,7 +93,9 @@ from tabletstore.ops.views import (
     worker_status,
     worker_view,
 )
-from tabletstore.security.tls import TlsConfig
+from tabletstore.security.principal import Principal
+from tabletstore.security.table_visibility import TableLike
+from tabletstore.security.tls import TlsConfig, principal_from_peercert
 
 __all__ = [
     "AssignmentInfo",
@@ -106,6 +116,12 @@ log = logging.getLogger(__name__)
 
 #: A builder of a page or document, given the server's base URL (``http://HOST:PORT``).
 Build = Callable[[str], Awaitable[BaseModel]]
+#: Every table (id, name, schema), for deciding whose row keys a viewer sees.
+Tables = Callable[[], Awaitable[Iterable[tuple[str, str, TableLike]]]]
+#: The principal viewing the request being served (with TLS; None without).
+_VIEWER: contextvars.ContextVar[Principal | None] = contextvars.ContextVar(
+    "tabletstore_status_viewer", default=None
+)
 BuildHtml = Callable[[str], Awaitable[str]]
 _INDEX = "tabletstore: GET /metrics (Prometheus), /status (JSON)\n"
 #: Connections at once; more are answered 503 (module docstring).
@@ -307,6 +323,7 @@ class StatusServer:
         head_timeout: float = HEAD_TIMEOUT,
         tls: TlsConfig | None = None,
         token: str | None = None,
+        tables: Tables | None = None,
     ) -> None:
         if not 0 <= port <= 65535:
             raise InvalidArgument(f"metrics port must be 0..65535, got {port}")
@@ -324,7 +341,16 @@ class StatusServer:
         self._session: aiohttp.ClientSession | None = None
         self._tls = tls
         self._token = token
+        self._tables = tables
         self.url = ""
+
+    async def shown(self) -> Shown | None:
+        """The tables whose row keys the current request's viewer may see; None: all (no
+        TLS, or a cluster identity). Without ``tables``, none (for a restricted viewer)."""
+        viewer = _VIEWER.get()
+        if viewer is None or viewer.is_cluster:
+            return None
+        return shown_to(viewer, await self._tables() if self._tables is not None else ())
 
     def session(self) -> aiohttp.ClientSession:
         """An HTTP client session for the server's background work (closed with it)."""
@@ -343,15 +369,24 @@ class StatusServer:
     ) -> web.StreamResponse:
         """With TLS: a verified client certificate, or the status token (module docstring)."""
         transport = request.transport
-        if transport is not None and transport.get_extra_info("peercert"):
-            return await handler(request)
+        peercert = transport.get_extra_info("peercert") if transport is not None else None
+        viewer: Principal | None = None
+        if peercert:
+            try:
+                viewer = principal_from_peercert(peercert)
+            except InvalidArgument:
+                viewer = None  # a certificate of the CA naming no valid principal: refused
         header = request.headers.get("Authorization", "")
         scheme, _, given = header.partition(" ")
         if (
-            self._token is not None
+            viewer is None
+            and self._token is not None
             and scheme.lower() == "bearer"
             and hmac.compare_digest(given.strip().encode(), self._token.encode())
         ):
+            viewer = STATUS_TOKEN_VIEWER
+        if viewer is not None:
+            _VIEWER.set(viewer)
             return await handler(request)
         refusal = web.Response(
             status=401,
@@ -490,20 +525,27 @@ async def serve_worker(
     ``coordinator``: where the page finds the masters' pages to link to."""
     http: StatusServer
 
-    async def status(url: str) -> WorkerStatus:
+    async def own_status(url: str) -> WorkerStatus:
         return await worker_status(server, metrics, metrics_url=url)
 
+    async def status(url: str) -> WorkerStatus:
+        return hide_keys(await own_status(url), await http.shown())
+
     async def read_self() -> Reading:
-        return {server.worker_id: (http.url, await status(http.url))}
+        return {server.worker_id: (http.url, await own_status(http.url))}
 
     sampler = Sampler(read_self, interval=interval)
 
+    async def view(url: str) -> WorkerView:
+        return hide_keys(
+            await worker_view(await own_status(url), sampler, coordinator), await http.shown()
+        )
+
     async def page(url: str) -> str:
-        view = await worker_view(await status(url), sampler, coordinator)
-        return render_worker(view, sampler.charts())
+        return render_worker(await view(url), sampler.charts())
 
     async def api_worker(url: str) -> BaseModel:
-        return await worker_view(await status(url), sampler, coordinator)
+        return await view(url)
 
     async def api_charts(url: str) -> BaseModel:
         return sampler.charts()
@@ -518,9 +560,26 @@ async def serve_worker(
         port=port,
         tls=tls,
         token=token,
+        tables=_worker_tables(coordinator),
     )
     await http.start()
     return http
+
+
+def _worker_tables(coordinator: Coordinator | None) -> Tables | None:
+    if coordinator is None:
+        return None
+    catalog = Catalog(coordinator)
+    return _catalog_tables(lambda: catalog)
+
+
+def _catalog_tables(catalog: Callable[[], Catalog]) -> Tables:
+    """Every table of the catalog ``catalog()`` gives when asked (the master's: read then)."""
+
+    async def tables() -> list[tuple[str, str, TableLike]]:
+        return [(i.table_id, i.schema.name, i.schema) for i in await catalog().list_tables()]
+
+    return tables
 
 
 async def serve_master(
@@ -541,10 +600,14 @@ async def serve_master(
     http: StatusServer
 
     async def status(url: str) -> MasterStatus:
-        return await master_status(master, metrics, address=address, metrics_url=url)
+        built = await master_status(master, metrics, address=address, metrics_url=url)
+        return hide_keys(built, await http.shown())
 
+    tables = _catalog_tables(lambda: master.catalog)
     if coordinator is None:
-        http = StatusServer(metrics, status, host=host, port=port, tls=tls, token=token)
+        http = StatusServer(
+            metrics, status, host=host, port=port, tls=tls, token=token, tables=tables
+        )
         await http.start()
         return http
     coord = coordinator
@@ -554,12 +617,17 @@ async def serve_master(
 
     sampler = Sampler(read_workers, interval=interval)
 
+    async def view(url: str) -> ClusterView:
+        built = await cluster_view(
+            master, coord, metrics, sampler, address=address, metrics_url=url
+        )
+        return hide_keys(built, await http.shown())
+
     async def api_cluster(url: str) -> BaseModel:
-        return await cluster_view(master, coord, metrics, sampler, address=address, metrics_url=url)
+        return await view(url)
 
     async def page(url: str) -> str:
-        view = await cluster_view(master, coord, metrics, sampler, address=address, metrics_url=url)
-        return render_master(view, sampler.charts())
+        return render_master(await view(url), sampler.charts())
 
     async def api_charts(url: str) -> BaseModel:
         return sampler.charts()
@@ -574,6 +642,7 @@ async def serve_master(
         port=port,
         tls=tls,
         token=token,
+        tables=tables,
     )
     await http.start()
     return http

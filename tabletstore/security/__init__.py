@@ -4,6 +4,7 @@
 One place for TLS configuration and identities, below every layer that opens a port:
 
 - ``principal.py``: :class:`Principal` (a proven name and role) and the cluster's roles.
+- ``table_visibility.py``: what a principal may know of a table (that it exists, its row keys).
 - ``tls.py``: :class:`TlsConfig` (CA, certificate and key files → ``ssl`` contexts for servers
   and clients, mutual TLS) and the principal a verified peer certificate names.
 - ``bind.py``: :func:`check_bind`, the refusal to listen beyond loopback without TLS.

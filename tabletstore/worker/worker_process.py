@@ -31,7 +31,7 @@ from tabletstore.security import TlsConfig, check_bind
 from tabletstore.storage_s3 import check_store, open_store
 from tabletstore.worker.sorter import Sorter
 from tabletstore.worker.tablet_server import TabletServer
-from tabletstore.worker.tablet_service_guard import guard
+from tabletstore.worker.tablet_service_guard import TableSchemas, guard
 
 __all__ = ["run_worker"]
 
@@ -94,7 +94,12 @@ async def run_worker(
     )
     metrics.observe_server(tablet_server)
     handlers = metrics.instrument(
-        guard(TABLET.handlers(tablet_server.services), where=f"worker {wid}", denied=metrics.denied)
+        guard(
+            TABLET.handlers(tablet_server.services),
+            where=f"worker {wid}",
+            denied=metrics.denied,
+            tables=TableSchemas.of(tablet_server.catalog),
+        )
     )
     auth = ServerAuth(tls, TokenStore(coordinator)) if tls is not None else None
     server = RpcServer(

@@ -13,18 +13,32 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tabletstore.client.cluster import ClusterClient
+from tabletstore.client.table import AsyncTable
 from tabletstore.coordination import open_coordinator
 from tabletstore.coordination.base import Coordinator
+from tabletstore.data.model import SetCell
+from tabletstore.data.schema import Acl, ColumnFamily
 from tabletstore.errors import TabletStoreError
 from tabletstore.master.master_process import run_master
 from tabletstore.options import LeaseOptions, MasterOptions, WorkerOptions
 from tabletstore.security import TlsConfig, ca
 from tabletstore.worker.worker_process import run_worker
 
-__all__ = ["DEADLINE", "STATUS_TOKEN", "SecureCluster", "secure_cluster", "true_when", "wait_for"]
+__all__ = [
+    "DEADLINE",
+    "SECRET",
+    "STATUS_TOKEN",
+    "SecureCluster",
+    "alices_vault",
+    "secure_cluster",
+    "true_when",
+    "wait_for",
+]
 
 DEADLINE = 60.0
 STATUS_TOKEN = "scraper-secret"
+#: The row key at which alice's vault has a tablet boundary: what nobody else may learn.
+SECRET = b"patient-0042-hiv-positive"
 
 
 @dataclass
@@ -34,6 +48,8 @@ class SecureCluster:
     certs: Path
     worker_address: str
     status_url: str
+    #: The master's status endpoint (its cluster page).
+    master_status_url: str
 
     def tls(self, name: str) -> TlsConfig:
         return TlsConfig(
@@ -83,6 +99,7 @@ async def secure_cluster(tmp_path: Path) -> AsyncIterator[SecureCluster]:
     stop = asyncio.Event()
     addresses: list[str] = []
     status_urls: list[str] = []
+    master_urls: list[str] = []
     lease = LeaseOptions(ttl=5.0)
     async with asyncio.TaskGroup() as tg:
         tg.create_task(
@@ -92,6 +109,9 @@ async def secure_cluster(tmp_path: Path) -> AsyncIterator[SecureCluster]:
                 store_url=store,
                 stop=stop,
                 tls=tls("master"),
+                metrics_port=0,
+                metrics_ready=master_urls.append,
+                status_token=STATUS_TOKEN,
             )
         )
         await wait_for(lambda: _settings_saved(coordinator), "the master to record the store")
@@ -109,10 +129,33 @@ async def secure_cluster(tmp_path: Path) -> AsyncIterator[SecureCluster]:
         )
         try:
             await wait_for(true_when(lambda: bool(addresses)), "the worker to serve")
-            yield SecureCluster(url, coordinator, certs, addresses[0], status_urls[0])
+            yield SecureCluster(
+                url, coordinator, certs, addresses[0], status_urls[0], master_urls[0]
+            )
         finally:
             stop.set()
     await coordinator.close()
+
+
+async def alices_vault(alice: ClusterClient) -> AsyncTable:
+    """alice's table ``vault``: one family only she may read and write, a tablet boundary at
+    :data:`SECRET`, served and written on both sides of it."""
+    table = await alice.create_table(
+        "vault",
+        [ColumnFamily(name="p", acl=Acl(readers=["alice"], writers=["alice"]))],
+        split_keys=[SECRET],
+    )
+
+    async def writable() -> bool:
+        try:
+            await table.mutate_row(SECRET + b"/x", [SetCell("p", b"q", b"v")])
+            await table.mutate_row(b"a", [SetCell("p", b"q", b"v")])
+        except TabletStoreError:
+            return False
+        return True
+
+    await wait_for(writable, "alice's table to be served")
+    return table
 
 
 def true_when(fn):

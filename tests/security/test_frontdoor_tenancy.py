@@ -262,13 +262,28 @@ async def test_t2_cannot_reach_t1s_instance_or_tables(
     assert await door.rows(t2, TABLE) == []
 
     # In the plain instance (no owner: the cluster alone decides) t1's table is still hers:
-    # the worker reads and writes, and the master administers, as t2 itself.
+    # the worker reads and writes, and the master administers, as t2 itself. t2 may not know
+    # of it: it is not listed, and described or altered it is NOT_FOUND like a table that
+    # does not exist; deleting either is PERMISSION_DENIED.
+    plain_parent = PLAIN_TABLE.rsplit("/tables/")[0]
+    listed_plain = await door.call(
+        t2, TABLES, "ListTables", m["bta"].ListTablesRequest(parent=plain_parent)
+    )
+    assert [t.name for t in listed_plain.tables] == []
+    listed_by_t1 = await door.call(
+        t1, TABLES, "ListTables", m["bta"].ListTablesRequest(parent=plain_parent)
+    )
+    assert [t.name for t in listed_by_t1.tables] == [PLAIN_TABLE]
+    missing = f"{plain_parent}/tables/no-such-table"
     plain = {
+        "GetTable": (TABLES, m["bta"].GetTableRequest(name=PLAIN_TABLE)),
+        "GetTable (missing)": (TABLES, m["bta"].GetTableRequest(name=missing)),
         "ModifyColumnFamilies": (
             TABLES,
             _drop_family(m, PLAIN_TABLE),
         ),
         "DeleteTable": (TABLES, m["bta"].DeleteTableRequest(name=PLAIN_TABLE)),
+        "DeleteTable (missing)": (TABLES, m["bta"].DeleteTableRequest(name=missing)),
         "MutateRow": (DATA, _set_cell(m, PLAIN_TABLE, b"t2 overwrote this")),
         "DropRowRange": (
             TABLES,
@@ -276,12 +291,18 @@ async def test_t2_cannot_reach_t1s_instance_or_tables(
         ),
     }
     got_plain = {}
-    for method, (service, request) in plain.items():
-        got_plain[method] = await _code(door.call(t2, service, method, request))
-    # DropRowRange answers OK having dropped nothing: it deletes the rows t2 can read.
+    for label, (service, request) in plain.items():
+        method = label.split(" ")[0]
+        got_plain[label] = await _code(door.call(t2, service, method, request))
+    # MutateRow and DropRowRange reach the worker here (the front door knows the table from
+    # t1's calls), which refuses t2's write, and DropRowRange answers OK having dropped
+    # nothing: it deletes the rows t2 can read.
     assert got_plain == {
-        "ModifyColumnFamilies": "PERMISSION_DENIED",
+        "GetTable": "NOT_FOUND",
+        "GetTable (missing)": "NOT_FOUND",
+        "ModifyColumnFamilies": "NOT_FOUND",
         "DeleteTable": "PERMISSION_DENIED",
+        "DeleteTable (missing)": "PERMISSION_DENIED",
         "MutateRow": "PERMISSION_DENIED",
         "DropRowRange": "OK",
     }, got_plain

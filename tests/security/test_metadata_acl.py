@@ -5,7 +5,8 @@ tests/security/secure_cluster.py). alice's table ``vault`` has one family only s
 and a tablet boundary at a secret row key. bob, another authenticated principal, used to read
 that key from ``sample_row_keys``, from every worker's ``server_status`` (the tablets'
 boundaries) and from ``list_snapshots`` (a snapshot's manifest lists its tablets' ranges).
-Now ``sample_row_keys`` and ``list_snapshots("vault")`` are PermissionDenied for bob,
+Now ``sample_row_keys`` (a raw request to the worker; through the client the table does not
+exist for bob) and ``list_snapshots("vault")`` are PermissionDenied for bob,
 ``server_status`` and the unfiltered ``list_snapshots`` leave alice's table out, and alice still
 sees all of it. A principal may see a table's keys when it administers the table or may read
 one of its families.
@@ -18,11 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from tabletstore.data.model import SetCell
-from tabletstore.data.schema import Acl, ColumnFamily
-from tabletstore.errors import PermissionDenied, TabletStoreError
+from tabletstore.errors import NotFound, PermissionDenied
 from tabletstore.metadata.catalog import Catalog
-from tests.security.secure_cluster import SecureCluster, secure_cluster, wait_for
+from tabletstore.rpc.auth import ClientAuth
+from tabletstore.rpc.messages import SampleRowKeysRequest
+from tabletstore.rpc.services import TABLET
+from tabletstore.rpc.tcp import TcpTransport
+from tests.security.secure_cluster import SECRET, SecureCluster, alices_vault, secure_cluster
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -33,28 +36,11 @@ async def cluster(tmp_path: Path) -> AsyncIterator[SecureCluster]:
         yield running
 
 
-SECRET = b"patient-0042-hiv-positive"
-
-
 async def test_bob_sees_no_row_key_of_alices_table(cluster: SecureCluster) -> None:
     alice = await cluster.client("alice")
     bob = await cluster.client("bob")
     try:
-        table = await alice.create_table(
-            "vault",
-            [ColumnFamily(name="p", acl=Acl(readers=["alice"], writers=["alice"]))],
-            split_keys=[SECRET],
-        )
-
-        async def writable() -> bool:
-            try:
-                await table.mutate_row(SECRET + b"/x", [SetCell("p", b"q", b"v")])
-                await table.mutate_row(b"a", [SetCell("p", b"q", b"v")])
-            except TabletStoreError:
-                return False
-            return True
-
-        await wait_for(writable, "alice's table to be served")
+        table = await alices_vault(alice)
         table_id = (await Catalog(alice.coordinator).get_table("vault")).table_id
         snapshot = await table.snapshot(ttl=600)
 
@@ -65,9 +51,23 @@ async def test_bob_sees_no_row_key_of_alices_table(cluster: SecureCluster) -> No
             snapshot.snapshot_id
         ]
 
-        # bob sees none of them.
-        with pytest.raises(PermissionDenied, match="permission: read"):
+        # bob sees none of them: the table does not exist for him, and its worker refuses
+        # his certificate's raw request.
+        with pytest.raises(NotFound, match="table 'vault' does not exist"):
             await bob.table("vault").sample_row_keys()
+        tablet_id = next(
+            t.tablet_id
+            for answer in (await alice.status()).workers.values()
+            for t in answer.tablets  # type: ignore[union-attr]
+            if t.table_id == table_id
+        )
+        transport = TcpTransport(timeout=10.0, auth=ClientAuth(cluster.tls("bob")))
+        try:
+            stub = TABLET.client(transport, cluster.worker_address)
+            with pytest.raises(PermissionDenied, match="permission: read"):
+                await stub.sample_row_keys(SampleRowKeysRequest(table_id, tablet_id))
+        finally:
+            await transport.close()
         assert _boundaries(await bob.status(), table_id) == set()
         with pytest.raises(PermissionDenied, match="permission: read"):
             await bob.list_snapshots("vault")

@@ -75,12 +75,18 @@ def test_the_identity_field_is_replaced_by_the_principal() -> None:
     read = ReadRowsRequest("t", "x", keys=(b"r",), identity="bob")
     assert authorize("read_row", read, ALICE, "w").identity == "alice"
     assert authorize("read_row", read, None, "w") is read  # no auth: as before
-    # A cluster member may act for a user (a front door, a function).
-    assert authorize("read_row", read, WORKER, "w").identity == "bob"
+    # Only the delegating role (the front door's) may act for another identity; a worker's
+    # or master's certificate naming one is refused.
+    front_door = Principal("frontdoor", "function")
+    assert authorize("read_row", read, front_door, "w").identity == "bob"
+    with pytest.raises(PermissionDenied, match=r"w1 \(worker.*on behalf of 'bob'"):
+        authorize("read_row", read, WORKER, "w")
+    own = ReadRowsRequest("t", "x", keys=(b"r",), identity=WORKER.name)
+    assert authorize("read_row", own, WORKER, "w") is own
     # Coalesced point reads of several tablets carry one identity, replaced the same way.
     points = PointReadsRequest((TabletKeys("t", "x", (b"r",)),), identity="bob")
     assert authorize("read_points", points, ALICE, "w").identity == "alice"
-    assert authorize("read_points", points, WORKER, "w").identity == "bob"
+    assert authorize("read_points", points, front_door, "w").identity == "bob"
 
 
 def test_control_requests_and_metadata_writes_are_for_the_cluster() -> None:
