@@ -50,8 +50,7 @@ __all__ = [
 #: PointReadsResponse (50-52).
 #: 6: mutate_tablets (per-worker coalesced single-row writes): TabletMutations,
 #: MutateTabletsRequest (53, 54); decoded fields are checked against their type hints.
-#: 7: the REQUEST_AS frame (a request on behalf of a delegated principal); peers negotiate the
-#: version (this module).
+#: 7: the REQUEST_AS frame (a request on behalf of a delegated principal).
 PROTOCOL_VERSION = 7
 #: The oldest version this build speaks: N−1. Raising it (a version bump) drops the oldest;
 #: whatever a version added must keep a :func:`require` check until then.

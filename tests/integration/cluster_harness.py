@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -55,8 +55,11 @@ class Cluster(ProcessGroup):
 
     # ------------------------------------------------------------------ starting
 
-    def start_master(self, *, lease_ttl: float | None = None) -> ProcessRecord:
-        """A master process; the first one leads, later ones are standbys."""
+    def start_master(
+        self, *, lease_ttl: float | None = None, extra_args: Sequence[str] = ()
+    ) -> ProcessRecord:
+        """A master process; the first one leads, later ones are standbys. ``extra_args`` go
+        to the ``master`` verb."""
         role = f"master-{next(self._numbers)}"
         ttl = lease_ttl or self.lease_ttl
         record = localstack.start_master(
@@ -65,17 +68,22 @@ class Cluster(ProcessGroup):
             self.store_url,
             env=PROCESS_ENV,
             role=role,
-            extra_args=("--lease-ttl", str(ttl)),
+            extra_args=("--lease-ttl", str(ttl), *extra_args),
             metrics=self.metrics,
         )
         self.records.append(record)
         return record
 
     def start_worker(
-        self, *, lease_ttl: float | None = None, split_bytes: int | None = None
+        self,
+        *,
+        lease_ttl: float | None = None,
+        split_bytes: int | None = None,
+        extra_args: Sequence[str] = (),
     ) -> ProcessRecord:
-        """A worker process serving on a free loopback port."""
-        args = ["--lease-ttl", str(lease_ttl or self.lease_ttl)]
+        """A worker process serving on a free loopback port (``extra_args`` go to the
+        ``worker`` verb)."""
+        args = ["--lease-ttl", str(lease_ttl or self.lease_ttl), *extra_args]
         if split_bytes is not None:
             args += ["--split-bytes", str(split_bytes)]
         record = localstack.start_worker(
