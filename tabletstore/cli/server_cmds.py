@@ -247,7 +247,7 @@ def master_cmd(
     cluster_url = _cluster_url() if compaction_executor.startswith("lambda:") else None
 
     def ready(address: str) -> None:
-        click.echo(f"master listening on {address}", err=True)
+        click.echo(f"master listening on {address} (RPC protocol {versions})", err=True)
 
     _serve(
         lambda coord, stop: run_master(
@@ -368,7 +368,10 @@ def worker_cmd(
         # Freeze what start-up loaded and raise the collector's thresholds, before the first
         # request (ops/process_warmup.py).
         warm_up_process()
-        click.echo(f"worker {server.worker_id} listening on {server.address}", err=True)
+        click.echo(
+            f"worker {server.worker_id} listening on {server.address} (RPC protocol {versions})",
+            err=True,
+        )
 
     _serve(
         lambda coord, stop: run_worker(
