@@ -22,10 +22,11 @@ certificate of a client or a function is never taken for a server. A token, if g
 is sent in an AUTH frame right after the handshake.
 
 A connection speaks the highest protocol version both sides speak (``versions``, default this
-build's: rpc/versions.py): a server of the previous release is served at its version, and a
-call needing a newer one fails Unimplemented before it is sent. A server that refuses our
-version fails the calls with Unimplemented naming both sides' versions, which is not retried. A server that refuses who we are (no or a
-bad certificate, a revoked token) fails the calls with PermissionDenied, which is not retried.
+build's: rpc/versions.py): a server of the previous release is talked to at its version, and
+a call needing a newer one fails Unimplemented before it is sent. A server that refuses our
+version fails the calls with Unimplemented naming both sides' versions, and one that refuses
+who we are (no or a bad certificate, a revoked token) with PermissionDenied; neither is
+retried.
 """
 
 from __future__ import annotations

@@ -48,7 +48,8 @@ N = PROTOCOL_VERSION
 PREVIOUS = spoken(N - 1)
 #: How the previous release's processes are started.
 OLD = ("--max-protocol-version", str(N - 1))
-LEASE = 3.0
+#: The default lease: a loaded machine must not expire the leases of processes that run on.
+LEASE = 5.0
 SPLITS = [b"g", b"n", b"u"]  # 4 tablets
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 #: Writes each client must have acknowledged after each step, across every tablet.
@@ -82,7 +83,7 @@ async def _version(address: str, versions: Versions | None = None) -> int:
     """The protocol version a connection to ``address`` uses, from a client speaking
     ``versions`` (default this release's)."""
     host, port = parse_address(address)
-    async with RpcClient(host, port, versions=versions or spoken()) as client:
+    async with RpcClient(host, port, versions=versions or spoken(), connect_timeout=30) as client:
         return (await client.connection()).version
 
 
