@@ -17,15 +17,17 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from tabletstore.cli import localstack
 from tabletstore.cli.localstack import ProcessRecord
 from tabletstore.client.client import AsyncClient, ClusterStatus
 from tabletstore.testing.processes import ProcessGroup
+from tests.plugins.s3_server import boto3_client
 
 T = TypeVar("T")
 
@@ -52,6 +54,21 @@ class Cluster(ProcessGroup):
     metrics: bool = False
     records: list[ProcessRecord] = field(default_factory=list)
     _numbers: itertools.count[int] = field(default_factory=itertools.count)
+
+    @classmethod
+    def on(
+        cls, etcd_server: str, s3_server: str, directory: Path, prefix: str, **settings: Any
+    ) -> Cluster:
+        """A cluster (no process started yet) in a fresh etcd namespace and a fresh bucket of
+        the session's etcd and S3 servers, both named ``<prefix>-<random>``."""
+        name = f"{prefix}-{uuid.uuid4().hex[:12]}"
+        boto3_client(s3_server).create_bucket(Bucket=name)
+        return cls(
+            url=f"etcd://{etcd_server}/{name}",
+            store_url=f"s3://{name}/data?endpoint_url={s3_server}&region=us-east-1",
+            directory=directory,
+            **settings,
+        )
 
     # ------------------------------------------------------------------ starting
 

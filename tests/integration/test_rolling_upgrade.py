@@ -13,7 +13,6 @@ the end every acknowledged row reads back with its value, through a client of th
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -40,7 +39,6 @@ from tests.integration.cluster_harness import (
     placement,
     table_id_of,
 )
-from tests.plugins.s3_server import boto3_client
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
@@ -61,14 +59,7 @@ STEP = 120.0
 
 @pytest.fixture
 def cluster(etcd_server: str, s3_server: str, tmp_path: Path) -> Iterator[Cluster]:
-    name = f"upgrade-{uuid.uuid4().hex[:12]}"
-    boto3_client(s3_server).create_bucket(Bucket=name)
-    made = Cluster(
-        url=f"etcd://{etcd_server}/{name}",
-        store_url=f"s3://{name}/data?endpoint_url={s3_server}&region=us-east-1",
-        directory=tmp_path,
-        lease_ttl=LEASE,
-    )
+    made = Cluster.on(etcd_server, s3_server, tmp_path, "upgrade", lease_ttl=LEASE)
     try:
         made.start_master(extra_args=OLD)
         made.start_master(extra_args=OLD)
