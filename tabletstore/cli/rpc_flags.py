@@ -1,8 +1,10 @@
 """The flags of ``tabletstore worker`` and ``tabletstore master`` that cap what clients may take
-from their RPC server (:class:`tabletstore.options.RpcServerOptions`, ``rpc/admission.py``).
+from their RPC server (:class:`tabletstore.options.RpcServerOptions`, ``rpc/admission.py``),
+and the protocol versions they speak (``rpc/versions.py``).
 
 :func:`rpc_caps` adds the flags to a command and hands it one ``rpc`` argument, the settings
-they make, so a command's signature grows by one parameter.
+they make, so a command's signature grows by one parameter; :func:`protocol_versions` likewise
+hands it ``versions``.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ import click
 from tabletstore.limits import MiB, format_size
 from tabletstore.options import RpcServerOptions
 from tabletstore.rpc.rpc_client import IDLE_REUSE
+from tabletstore.rpc.versions import OLDEST_PROTOCOL_VERSION, PROTOCOL_VERSION, Versions, spoken
 
-__all__ = ["rpc_caps"]
+__all__ = ["protocol_versions", "rpc_caps"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 _DEFAULT = RpcServerOptions()
@@ -121,3 +124,26 @@ def rpc_caps(command: F) -> F:
     for flag in reversed(_FLAGS):
         decorated = flag(decorated)
     return decorated  # type: ignore[return-value]
+
+
+_MAX_PROTOCOL_VERSION = click.option(
+    "--max-protocol-version",
+    type=click.IntRange(OLDEST_PROTOCOL_VERSION, PROTOCOL_VERSION),
+    default=None,
+    hidden=True,
+    help="For upgrade rehearsals only: speak RPC protocol versions up to this one, as a "
+    "process of the previous release does (docs/operations/upgrades.md).",
+)
+
+
+def protocol_versions(command: F) -> F:
+    """Add ``--max-protocol-version`` to ``command``, which takes ``versions: Versions`` (this
+    build's, unless capped). Hidden: it exists to rehearse a rolling upgrade across a protocol
+    change with one build (docs/operations/upgrades.md), not to run a cluster."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, max_protocol_version: int | None, **kwargs: Any) -> Any:
+        versions: Versions = spoken(max_protocol_version)
+        return command(*args, versions=versions, **kwargs)
+
+    return _MAX_PROTOCOL_VERSION(wrapper)  # type: ignore[return-value]

@@ -23,7 +23,7 @@ from typing import Any
 import click
 
 from tabletstore.cli.context import Failure, cli_context, run_loop
-from tabletstore.cli.rpc_flags import rpc_caps
+from tabletstore.cli.rpc_flags import protocol_versions, rpc_caps
 from tabletstore.coordination import open_coordinator
 from tabletstore.errors import TabletStoreError
 from tabletstore.metadata.catalog import ClusterSettings
@@ -35,6 +35,7 @@ from tabletstore.options import (
     TabletOptions,
     WorkerOptions,
 )
+from tabletstore.rpc.versions import Versions
 from tabletstore.security import TlsConfig, check_bind
 from tabletstore.storage_s3 import open_store
 
@@ -209,6 +210,7 @@ def _metrics_ready(url: str) -> None:
     help="Tables one principal may administer, with auth on (0: no bound).",
 )
 @rpc_caps
+@protocol_versions
 @_insecure_option
 @_status_token_option
 def master_cmd(
@@ -224,6 +226,7 @@ def master_cmd(
     max_split_keys: int,
     max_tables_per_principal: int,
     rpc: RpcServerOptions,
+    versions: Versions,
     insecure: bool,
     status_token_file: Path | None,
 ) -> None:
@@ -244,7 +247,7 @@ def master_cmd(
     cluster_url = _cluster_url() if compaction_executor.startswith("lambda:") else None
 
     def ready(address: str) -> None:
-        click.echo(f"master listening on {address}", err=True)
+        click.echo(f"master listening on {address} (RPC protocol {versions})", err=True)
 
     _serve(
         lambda coord, stop: run_master(
@@ -263,6 +266,7 @@ def master_cmd(
             tls=tls,
             insecure=insecure,
             status_token=status_token,
+            versions=versions,
         ),
         store=store,
     )
@@ -319,6 +323,7 @@ def master_cmd(
 )
 @_metrics_port_option
 @rpc_caps
+@protocol_versions
 @_insecure_option
 @_status_token_option
 def worker_cmd(
@@ -336,6 +341,7 @@ def worker_cmd(
     sort_spill_dir: str | None,
     metrics_port: int | None,
     rpc: RpcServerOptions,
+    versions: Versions,
     insecure: bool,
     status_token_file: Path | None,
 ) -> None:
@@ -362,7 +368,10 @@ def worker_cmd(
         # Freeze what start-up loaded and raise the collector's thresholds, before the first
         # request (ops/process_warmup.py).
         warm_up_process()
-        click.echo(f"worker {server.worker_id} listening on {server.address}", err=True)
+        click.echo(
+            f"worker {server.worker_id} listening on {server.address} (RPC protocol {versions})",
+            err=True,
+        )
 
     _serve(
         lambda coord, stop: run_worker(
@@ -380,6 +389,7 @@ def worker_cmd(
             tls=tls,
             insecure=insecure,
             status_token=status_token,
+            versions=versions,
         ),
         store=store,
     )

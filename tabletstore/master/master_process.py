@@ -38,6 +38,7 @@ from tabletstore.rpc.auth import ClientAuth, ServerAuth
 from tabletstore.rpc.services import MASTER, TABLET
 from tabletstore.rpc.tcp import RpcServer, TcpTransport
 from tabletstore.rpc.transport import Transport
+from tabletstore.rpc.versions import SPOKEN, Versions
 from tabletstore.rpc.wire import register_all
 from tabletstore.security import TlsConfig, check_bind
 from tabletstore.storage_s3 import check_store, open_store
@@ -92,6 +93,7 @@ async def run_master(
     tls: TlsConfig | None = None,
     insecure: bool = False,
     status_token: str | None = None,
+    versions: Versions = SPOKEN,
 ) -> None:
     """The master process (§5.2): serve admin RPCs, campaign for the master lock, and while
     leading keep every tablet assigned, balance load and merge small neighbours, collect
@@ -113,7 +115,8 @@ async def run_master(
     speaks TLS and table administration is for each table's admins
     (``master/master_service_guard.py``). Without it, a non-loopback ``host`` is refused unless
     ``insecure``. ``status_token``: a read-only bearer token for scrapers of the status
-    endpoint."""
+    endpoint. ``versions``: the RPC protocol versions it speaks, as a server and as a client
+    (default this build's; capped only to rehearse an upgrade, ``rpc/versions.py``)."""
     check_bind(host, authenticated=tls is not None, insecure=insecure, what="master")
     register_all()
     options = options or MasterOptions()
@@ -122,7 +125,9 @@ async def run_master(
         await _check_store(store_url)
         await ClusterSettings(store_url).save(coordinator)
     # Loads give their own bound, MasterOptions.load_timeout (a replay may take minutes).
-    transport = TcpTransport(timeout=60.0, auth=ClientAuth(tls) if tls is not None else None)
+    transport = TcpTransport(
+        timeout=60.0, auth=ClientAuth(tls) if tls is not None else None, versions=versions
+    )
     metrics = MasterMetrics()  # observability: counted always, served with metrics_port
     store: ObjectStore | None = None
     recovery: LogRecovery | None = None
@@ -152,7 +157,9 @@ async def run_master(
     metrics.watch_leading(lambda: master.leading)
     handlers = metrics.instrument(guard(master, MASTER.handlers(master), denied=metrics.denied))
     auth = ServerAuth(tls, TokenStore(coordinator)) if tls is not None else None
-    server = RpcServer(handlers, host=host, port=port, options=options.rpc, auth=auth)
+    server = RpcServer(
+        handlers, host=host, port=port, options=options.rpc, auth=auth, versions=versions
+    )
     metrics.observe_rpc(server)
     await server.start()
     metrics.process_id = server.address

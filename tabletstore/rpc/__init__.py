@@ -2,6 +2,8 @@
 docs/architecture/design.md §8).
 
 - frames.py: the bytes on a connection (handshake, length-prefixed frames, stream credit).
+- versions.py: the protocol versions a process speaks (N and N−1) and the one a connection
+  uses.
 - codec.py: payloads as msgpack, with a registry of message dataclasses; errors by code.
 - connection.py: one framed connection (parsing, coalesced writes, flow control).
 - rpc_server.py: RpcServer; rpc_client.py: RpcClient (many calls in flight on one connection),
@@ -15,7 +17,7 @@ docs/architecture/design.md §8).
 from __future__ import annotations
 
 from tabletstore.rpc.codec import DEFAULT_CODEC, Codec, register
-from tabletstore.rpc.frames import DEFAULT_MAX_FRAME, PROTOCOL_VERSION
+from tabletstore.rpc.frames import DEFAULT_MAX_FRAME
 from tabletstore.rpc.tcp import (
     RpcClient,
     RpcClientPool,
@@ -24,6 +26,7 @@ from tabletstore.rpc.tcp import (
     TcpTransport,
     parse_address,
 )
+from tabletstore.rpc.versions import PROTOCOL_VERSION, Versions
 
 __all__ = [
     "DEFAULT_CODEC",
@@ -35,6 +38,7 @@ __all__ = [
     "RpcServer",
     "RpcStream",
     "TcpTransport",
+    "Versions",
     "parse_address",
     "register",
 ]

@@ -11,10 +11,12 @@ Each side writes a 10-byte hello as soon as the connection is up, then reads the
 
     hello := magic "TSRP" (4 bytes) | u16 protocol version | u32 max frame length
 
-All integers are big-endian. A server that reads a wrong magic or another version answers one
-ERROR frame (request id 0) naming the problem and closes; a client raises that error itself
-(Unimplemented for a version mismatch). Neither side sends a frame longer than the *peer's*
-advertised max frame length: an oversized payload fails locally with InvalidArgument instead.
+All integers are big-endian. The version is the highest its sender speaks; the connection uses
+the highest version both sides speak (versions.py). A server that reads a wrong magic, or the
+hello of a peer it cannot speak with, answers one ERROR frame (request id 0) naming the problem
+(Unimplemented, naming both sides' versions, for the version) and closes; a client raises such
+an error itself. Neither side sends a frame longer than the *peer's* advertised max frame
+length: an oversized payload fails locally with InvalidArgument instead.
 
 Frames
 ------
@@ -46,7 +48,9 @@ Frames
                       made on behalf of that principal (rpc/auth.py, delegation). The server
                       serves it as that principal only when the connection's own principal
                       holds a delegating role (security/principal.py); from anyone else it is
-                      refused with PermissionDenied for that request id
+                      refused with PermissionDenied for that request id. Version 7 on
+                      (versions.REQUEST_AS_VERSION): refused with Unimplemented on an older
+                      connection, and never sent on one
 
 Request id 0 is reserved for connection-level ERROR frames; clients number requests from 1.
 
@@ -71,8 +75,9 @@ import struct
 from enum import IntEnum
 from typing import NamedTuple
 
-from tabletstore.errors import InvalidArgument, Unimplemented
+from tabletstore.errors import InvalidArgument
 from tabletstore.limits import MAX_FRAME, format_size
+from tabletstore.rpc.versions import PROTOCOL_VERSION, SPOKEN, Versions, negotiate
 
 __all__ = [
     "DEFAULT_MAX_FRAME",
@@ -100,17 +105,6 @@ __all__ = [
 ]
 
 MAGIC = b"TSRP"
-#: 2: errors travel as ErrorCode numbers (ERROR frames, MutateRows entry errors), not names.
-#: 3: fields added to ReadRowsRequest (reverse, stats) and the bulk-load messages (load_id), wire
-#: types AddToCell/MergeToCell (10, 11), ScanProgress (79), SetAdminsRequest (97), the AUTH frame.
-#: 4: RowBatch sent column-wise (wire id 44, was 64), AdoptCompactionRequest (12),
-#: BulkLoadTabletRequest.adopt.
-#: 5: read_points (per-worker coalesced point reads): TabletKeys, PointReadsRequest,
-#: PointReadsResponse (50-52).
-#: 6: mutate_tablets (per-worker coalesced single-row writes): TabletMutations,
-#: MutateTabletsRequest (53, 54); decoded fields are checked against their type hints.
-#: 7: the REQUEST_AS frame (a request on behalf of a delegated principal).
-PROTOCOL_VERSION = 7
 #: The largest frame either side accepts unless configured otherwise (module docstring).
 DEFAULT_MAX_FRAME = MAX_FRAME
 
@@ -178,8 +172,10 @@ def decode_hello(data: bytes) -> Hello:
     return Hello(magic, version, max_frame)
 
 
-def check_hello(hello: Hello, *, peer: str, peer_role: str) -> None:
-    """Raise a clear error unless ``hello`` is a tabletstore hello of our version.
+def check_hello(hello: Hello, *, peer: str, peer_role: str, versions: Versions = SPOKEN) -> int:
+    """The protocol version of a connection whose peer sent ``hello``, when this side speaks
+    ``versions`` (versions.negotiate); a clear error unless ``hello`` is a tabletstore hello of
+    a version both sides speak.
 
     ``peer_role`` is "client" or "server", used to word the message from our side.
     """
@@ -188,13 +184,10 @@ def check_hello(hello: Hello, *, peer: str, peer_role: str) -> None:
             f"bad handshake from {peer_role} {peer}: expected magic {MAGIC!r}, got "
             f"{hello.magic!r}; is it a tabletstore RPC {peer_role}?"
         )
-    if hello.version != PROTOCOL_VERSION:
-        raise Unimplemented(
-            f"{peer_role} {peer} speaks tabletstore RPC protocol version {hello.version}; "
-            f"this side speaks version {PROTOCOL_VERSION}"
-        )
+    version = negotiate(versions, hello.version, peer=peer, peer_role=peer_role)
     if hello.max_frame < 1024:
         raise FrameError(f"{peer_role} {peer} advertised a max frame of {hello.max_frame} bytes")
+    return version
 
 
 def encode_frame(kind: int, request_id: int, body: bytes = b"") -> bytes:

@@ -19,8 +19,14 @@ CA; the server must hold a certificate of the role the caller dials (``server_ro
 for the tablet service, the master for the master's; worker or master when not said), bound to
 the dialled host where the certificate names hosts (``security/tls.py`` ``check_server``). A
 certificate of a client or a function is never taken for a server. A token, if given,
-is sent in an AUTH frame right after the handshake. A server that refuses who we are (no or a
-bad certificate, a revoked token) fails the calls with PermissionDenied, which is not retried.
+is sent in an AUTH frame right after the handshake.
+
+A connection speaks the highest protocol version both sides speak (``versions``, default this
+build's: rpc/versions.py): a server of the previous release is talked to at its version, and
+a call needing a newer one fails Unimplemented before it is sent. A server that refuses our
+version fails the calls with Unimplemented naming both sides' versions, and one that refuses
+who we are (no or a bad certificate, a revoked token) with PermissionDenied; neither is
+retried.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from tabletstore.errors import (
     PermissionDenied,
     TabletStoreError,
     Unavailable,
+    Unimplemented,
     Unreachable,
 )
 from tabletstore.rpc import frames
@@ -48,6 +55,7 @@ from tabletstore.rpc.codec import DEFAULT_CODEC, Codec, decode_error
 from tabletstore.rpc.connection import FrameConnection, format_address, parse_address
 from tabletstore.rpc.frames import DEFAULT_MAX_FRAME, Frame, Kind
 from tabletstore.rpc.transport import Method
+from tabletstore.rpc.versions import REQUEST_AS_VERSION, SPOKEN, Versions, require
 from tabletstore.security.tls import check_server
 
 __all__ = ["RpcClient", "RpcClientPool", "RpcStream", "TcpTransport"]
@@ -69,9 +77,13 @@ class _ClientConnection(FrameConnection):
         token: str | None = None,
         host: str = "",
         server_role: str | None = None,
+        versions: Versions = SPOKEN,
     ) -> None:
-        super().__init__(max_frame, frames.encode_hello(max_frame))
+        super().__init__(max_frame, frames.encode_hello(max_frame, versions.highest))
         self.address = address
+        self._versions = versions
+        #: The protocol version of this connection (rpc/versions.py), once handshaken.
+        self.version = 0
         self._token = token
         self._host = host
         self._server_role = server_role
@@ -95,6 +107,7 @@ class _ClientConnection(FrameConnection):
         connect_timeout: float,
         auth: ClientAuth | None = None,
         server_role: str | None = None,
+        versions: Versions = SPOKEN,
     ) -> _ClientConnection:
         address = format_address(host, port)
         loop = asyncio.get_running_loop()
@@ -104,13 +117,20 @@ class _ClientConnection(FrameConnection):
             async with asyncio.timeout(connect_timeout):
                 _, conn = await loop.create_connection(
                     lambda: cls(
-                        address, max_frame, auth.token if auth else None, host, server_role
+                        address,
+                        max_frame,
+                        auth.token if auth else None,
+                        host,
+                        server_role,
+                        versions,
                     ),
                     host,
                     port,
                     ssl=auth.ssl_context() if auth is not None else None,
                 )
                 await conn._handshake
+            if isinstance(conn.failure, Unimplemented):  # it refused our protocol version
+                raise Unimplemented(str(conn.failure))
             if conn.failure is not None:  # the server refused it (say, a connection cap)
                 raise Unreachable(f"cannot connect to {address}: {conn.failure}")
             connected = True
@@ -147,8 +167,8 @@ class _ClientConnection(FrameConnection):
     def send(self, frame: bytes) -> None:
         """Queue ``frame`` for sending (then ``await drain()``). From here on the request may
         reach the server; Unreachable, with nothing sent, if the connection already failed."""
-        if isinstance(self.failure, PermissionDenied):
-            raise PermissionDenied(str(self.failure))
+        if isinstance(self.failure, (PermissionDenied, Unimplemented)):
+            raise type(self.failure)(str(self.failure))
         if self.failure is not None:
             # Nothing of this request left: the caller may send it again anywhere.
             raise Unreachable(f"request not sent: {self.failure}")
@@ -183,7 +203,9 @@ class _ClientConnection(FrameConnection):
 
     def hello_received(self, hello: frames.Hello) -> None:
         try:
-            frames.check_hello(hello, peer=self.address, peer_role="server")
+            self.version = frames.check_hello(
+                hello, peer=self.address, peer_role="server", versions=self._versions
+            )
         except TabletStoreError as exc:
             self._dead = True
             if not self._handshake.done():
@@ -212,6 +234,11 @@ class _ClientConnection(FrameConnection):
                 # Refused before any request ran: not retried, not Indeterminate.
                 self._refused(PermissionDenied(f"{self.address} refused us: {reason}"))
                 return
+            if isinstance(reason, Unimplemented):
+                # It refused our hello (a protocol version it does not speak), before reading
+                # any request: nothing ran, and trying again cannot help.
+                self._refused(Unimplemented(f"{self.address} refused us: {reason}"))
+                return
             self._abort(
                 Unavailable(
                     f"connection to {self.address} closed by the server: "
@@ -223,7 +250,7 @@ class _ClientConnection(FrameConnection):
         # A server that breaks the frame format: nothing more it sends can be trusted.
         self._abort(Unavailable(f"connection to {self.address} broken: {exc}"))
 
-    def _refused(self, failure: PermissionDenied) -> None:
+    def _refused(self, failure: PermissionDenied | Unimplemented) -> None:
         self._dead = True
         self.failure = failure
         pending, self.pending = self.pending, {}
@@ -311,6 +338,7 @@ class RpcClient:
         stream_window: int = 64,
         auth: ClientAuth | None = None,
         server_role: str | None = None,
+        versions: Versions = SPOKEN,
     ) -> None:
         if stream_window < 1:
             raise InvalidArgument(f"stream_window must be at least 1, got {stream_window}")
@@ -324,6 +352,8 @@ class RpcClient:
         self.auth = auth
         #: The role the server's certificate must name (None: worker or master).
         self.server_role = server_role
+        #: The protocol versions it speaks (rpc/versions.py; default this build's).
+        self.versions = versions
         self._conn: _ClientConnection | None = None
         self._connect_lock = asyncio.Lock()
         self._connect_attempts = 0
@@ -376,6 +406,7 @@ class RpcClient:
                     connect_timeout=self.connect_timeout,
                     auth=self.auth,
                     server_role=self.server_role,
+                    versions=self.versions,
                 )
             except TabletStoreError as exc:
                 self._connect_error = exc
@@ -398,7 +429,9 @@ class RpcClient:
         Raises the handler's error; Unreachable if the request could not be sent;
         Indeterminate if it was sent and no answer came: the connection dropped, or the call
         (connecting included) took longer than ``timeout`` seconds, in which case the server
-        is told to cancel it (Unreachable if it timed out before it was sent).
+        is told to cancel it (Unreachable if it timed out before it was sent). Unimplemented,
+        with nothing sent, if the server's protocol version cannot carry the call
+        (``on_behalf`` to a server of version 6) or the server refuses ours.
         """
         sent = [False]
         if timeout is None:
@@ -424,6 +457,13 @@ class RpcClient:
         conn = self._conn
         if conn is None or not conn.alive:
             conn = await self.connection()
+        if on_behalf is not None:
+            require(
+                conn.version,
+                REQUEST_AS_VERSION,
+                "a request on behalf of another principal (REQUEST_AS)",
+                connection=f"to server {self.address}",
+            )
         request_frame = frames.encode_request(
             rid := conn.new_id(), method, payload, on_behalf=on_behalf
         )

@@ -77,6 +77,7 @@ from tabletstore.rpc.codec import DEFAULT_CODEC, Codec, encode_error
 from tabletstore.rpc.connection import LINGER, FrameConnection, format_address
 from tabletstore.rpc.frames import Frame, Kind
 from tabletstore.rpc.transport import Handler
+from tabletstore.rpc.versions import REQUEST_AS_VERSION, SPOKEN, Versions, require
 
 __all__ = ["Handler", "RpcServer"]
 
@@ -131,7 +132,8 @@ class RpcServer:
     Each accepted connection runs as one task owned by the server (``close`` awaits them all),
     and each request as a task in its connection's TaskGroup. ``options`` caps what clients may
     take (default :class:`RpcServerOptions`); ``max_frame``, ``max_in_flight`` and
-    ``handshake_timeout``, when given, override its fields of those names.
+    ``handshake_timeout``, when given, override its fields of those names. ``versions``: the
+    protocol versions it speaks (rpc/versions.py; default this build's, N and N−1).
     """
 
     def __init__(
@@ -146,6 +148,7 @@ class RpcServer:
         handshake_timeout: float | None = None,
         options: RpcServerOptions | None = None,
         auth: ServerAuth | None = None,
+        versions: Versions = SPOKEN,
     ) -> None:
         self._unary: dict[str, Callable[[Any], Awaitable[Any]]] = {}
         self._streaming: dict[str, Callable[[Any], AsyncIterator[Any]]] = {}
@@ -190,6 +193,7 @@ class RpcServer:
         #: Bytes held by connections: frames being received, requests being handled.
         self.budget = ByteBudget(options.max_buffered_bytes)
         self.auth = auth
+        self.versions = versions
         self._server: asyncio.Server | None = None
         # With auth: the listening sockets, their accept loops and the handshakes under way.
         self._listeners: list[socket.socket] = []
@@ -375,8 +379,12 @@ class _ServerConnection(FrameConnection):
     """One accepted connection: dispatches frames, runs each request as a task, replies."""
 
     def __init__(self, server: RpcServer, *, admitted: bool = False) -> None:
-        super().__init__(server.max_frame, frames.encode_hello(server.max_frame))
+        super().__init__(
+            server.max_frame, frames.encode_hello(server.max_frame, server.versions.highest)
+        )
         self._server = server
+        #: The protocol version of this connection, once the client's hello is in.
+        self.version = 0
         # Admitted to the handshake gate before its TLS handshake (RpcServer._accept).
         self._admitted = admitted
         #: Whether connection_made ran (the slot is then this connection's to give back).
@@ -592,7 +600,8 @@ class _ServerConnection(FrameConnection):
                 self._read(bytes(buf))  # the parser names the bad hello
             return
         hello = frames.decode_hello(bytes(buf[: frames.HELLO_SIZE]))
-        if hello.magic != frames.MAGIC or hello.version != frames.PROTOCOL_VERSION:
+        if hello.magic != frames.MAGIC or hello.version < self._server.versions.lowest:
+            # Not a hello this server takes: hello_received says why.
             self._pending_in = bytearray()
             self._read(bytes(buf[: frames.HELLO_SIZE]))
             return
@@ -687,7 +696,9 @@ class _ServerConnection(FrameConnection):
 
     def hello_received(self, hello: frames.Hello) -> None:
         try:
-            frames.check_hello(hello, peer=self._peer, peer_role="client")
+            self.version = frames.check_hello(
+                hello, peer=self._peer, peer_role="client", versions=self._server.versions
+            )
         except TabletStoreError as exc:
             logger.info("refusing RPC connection from %s: %s", self._peer, exc)
             self.fail(exc)
@@ -769,6 +780,12 @@ class _ServerConnection(FrameConnection):
             return
         try:
             if frame.kind == Kind.REQUEST_AS:
+                require(
+                    self.version,
+                    REQUEST_AS_VERSION,
+                    "a request on behalf of another principal (REQUEST_AS)",
+                    connection=f"from client {self._peer}",
+                )
                 request = frames.parse_request_as(frame.body)
             else:
                 request = frames.parse_request(frame.body)

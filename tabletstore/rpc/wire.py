@@ -1,6 +1,6 @@
 """The wire protocol's type table: every value that crosses a connection, with its fixed id.
 
-The ids are part of the protocol (``frames.PROTOCOL_VERSION``): a process must register the
+The ids are part of the protocol (``versions.PROTOCOL_VERSION``): a process must register the
 same class under the same id as its peers, so the table is written out here once, by hand,
 never derived from import order. Adding a type takes a new id; changing or reusing one needs
 a protocol version bump. :func:`register_all` is idempotent and is called by every process

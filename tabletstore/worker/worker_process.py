@@ -26,6 +26,7 @@ from tabletstore.options import TabletOptions, WorkerOptions
 from tabletstore.rpc.auth import ClientAuth, ServerAuth
 from tabletstore.rpc.services import TABLET
 from tabletstore.rpc.tcp import RpcServer, TcpTransport
+from tabletstore.rpc.versions import SPOKEN, Versions
 from tabletstore.rpc.wire import register_all
 from tabletstore.security import TlsConfig, check_bind
 from tabletstore.storage_s3 import check_store, open_store
@@ -54,6 +55,7 @@ async def run_worker(
     tls: TlsConfig | None = None,
     insecure: bool = False,
     status_token: str | None = None,
+    versions: Versions = SPOKEN,
 ) -> None:
     """A worker process (§5.2): serve the worker RPCs on ``host:port`` until ``stop`` is set
     (then minor-compact and release every tablet) or the lease is lost (then stop at once and
@@ -66,7 +68,8 @@ async def run_worker(
     TLS and requests are authorized (``worker/tablet_service_guard.py``): clients prove who they
     are by certificate or token. Without it, a non-loopback ``host`` is refused unless
     ``insecure``. ``status_token``: a read-only bearer token for scrapers of the status
-    endpoint."""
+    endpoint. ``versions``: the RPC protocol versions it speaks, as a server and as a client
+    (default this build's; capped only to rehearse an upgrade, ``rpc/versions.py``)."""
     check_bind(host, authenticated=tls is not None, insecure=insecure, what="worker")
     register_all()
     stop = stop or asyncio.Event()
@@ -82,7 +85,9 @@ async def run_worker(
         await store.close()
         raise
     # To METADATA tablets on other workers, as this worker (its certificate).
-    transport = TcpTransport(timeout=60.0, auth=ClientAuth(tls) if tls is not None else None)
+    transport = TcpTransport(
+        timeout=60.0, auth=ClientAuth(tls) if tls is not None else None, versions=versions
+    )
     tablet_server = TabletServer(
         wid,
         "",
@@ -103,7 +108,12 @@ async def run_worker(
     )
     auth = ServerAuth(tls, TokenStore(coordinator)) if tls is not None else None
     server = RpcServer(
-        handlers, host=host, port=port, options=(options or WorkerOptions()).rpc, auth=auth
+        handlers,
+        host=host,
+        port=port,
+        options=(options or WorkerOptions()).rpc,
+        auth=auth,
+        versions=versions,
     )
     metrics.observe_rpc(server)
     await server.start()

@@ -17,15 +17,17 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Awaitable, Callable
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from tabletstore.cli import localstack
 from tabletstore.cli.localstack import ProcessRecord
 from tabletstore.client.client import AsyncClient, ClusterStatus
 from tabletstore.testing.processes import ProcessGroup
+from tests.plugins.s3_server import boto3_client
 
 T = TypeVar("T")
 
@@ -53,10 +55,28 @@ class Cluster(ProcessGroup):
     records: list[ProcessRecord] = field(default_factory=list)
     _numbers: itertools.count[int] = field(default_factory=itertools.count)
 
+    @classmethod
+    def on(
+        cls, etcd_server: str, s3_server: str, directory: Path, prefix: str, **settings: Any
+    ) -> Cluster:
+        """A cluster (no process started yet) in a fresh etcd namespace and a fresh bucket of
+        the session's etcd and S3 servers, both named ``<prefix>-<random>``."""
+        name = f"{prefix}-{uuid.uuid4().hex[:12]}"
+        boto3_client(s3_server).create_bucket(Bucket=name)
+        return cls(
+            url=f"etcd://{etcd_server}/{name}",
+            store_url=f"s3://{name}/data?endpoint_url={s3_server}&region=us-east-1",
+            directory=directory,
+            **settings,
+        )
+
     # ------------------------------------------------------------------ starting
 
-    def start_master(self, *, lease_ttl: float | None = None) -> ProcessRecord:
-        """A master process; the first one leads, later ones are standbys."""
+    def start_master(
+        self, *, lease_ttl: float | None = None, extra_args: Sequence[str] = ()
+    ) -> ProcessRecord:
+        """A master process; the first one leads, later ones are standbys. ``extra_args`` go
+        to the ``master`` verb."""
         role = f"master-{next(self._numbers)}"
         ttl = lease_ttl or self.lease_ttl
         record = localstack.start_master(
@@ -65,17 +85,22 @@ class Cluster(ProcessGroup):
             self.store_url,
             env=PROCESS_ENV,
             role=role,
-            extra_args=("--lease-ttl", str(ttl)),
+            extra_args=("--lease-ttl", str(ttl), *extra_args),
             metrics=self.metrics,
         )
         self.records.append(record)
         return record
 
     def start_worker(
-        self, *, lease_ttl: float | None = None, split_bytes: int | None = None
+        self,
+        *,
+        lease_ttl: float | None = None,
+        split_bytes: int | None = None,
+        extra_args: Sequence[str] = (),
     ) -> ProcessRecord:
-        """A worker process serving on a free loopback port."""
-        args = ["--lease-ttl", str(lease_ttl or self.lease_ttl)]
+        """A worker process serving on a free loopback port (``extra_args`` go to the
+        ``worker`` verb)."""
+        args = ["--lease-ttl", str(lease_ttl or self.lease_ttl), *extra_args]
         if split_bytes is not None:
             args += ["--split-bytes", str(split_bytes)]
         record = localstack.start_worker(

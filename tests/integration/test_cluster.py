@@ -28,7 +28,6 @@ import random
 import struct
 import subprocess
 import sys
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -76,18 +75,6 @@ FAST_LEASE = 3.0
 REASSIGN_DEADLINE = 30.0
 
 
-def _new_cluster(etcd_server: str, s3_server: str, directory: Path, lease_ttl: float) -> Cluster:
-    """An empty etcd namespace and a new bucket; no process started yet."""
-    name = f"cluster-{uuid.uuid4().hex[:12]}"
-    boto3_client(s3_server).create_bucket(Bucket=name)
-    return Cluster(
-        url=f"etcd://{etcd_server}/{name}",
-        store_url=f"s3://{name}/data?endpoint_url={s3_server}&region=us-east-1",
-        directory=directory,
-        lease_ttl=lease_ttl,
-    )
-
-
 def _start(
     cluster: Cluster, *, masters: int, workers: int, split_bytes: int | None = None
 ) -> Cluster:
@@ -109,7 +96,9 @@ def shared_cluster(
     etcd_server: str, s3_server: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Cluster]:
     """A master and 3 workers for the tests that kill nothing."""
-    cluster = _new_cluster(etcd_server, s3_server, tmp_path_factory.mktemp("cluster"), 5.0)
+    cluster = Cluster.on(
+        etcd_server, s3_server, tmp_path_factory.mktemp("cluster"), "cluster", lease_ttl=5.0
+    )
     try:
         yield _start(cluster, masters=1, workers=3)
     finally:
@@ -131,7 +120,9 @@ def make_cluster(
         lease_ttl: float = FAST_LEASE,
         split_bytes: int | None = None,
     ) -> Cluster:
-        cluster = _new_cluster(etcd_server, s3_server, tmp_path / f"c{len(made)}", lease_ttl)
+        cluster = Cluster.on(
+            etcd_server, s3_server, tmp_path / f"c{len(made)}", "cluster", lease_ttl=lease_ttl
+        )
         made.append(cluster)
         return _start(cluster, masters=masters, workers=workers, split_bytes=split_bytes)
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -24,7 +23,6 @@ from tabletstore.data.filters import CellsPerColumnLimit
 from tabletstore.data.model import RowMutation, SetCell
 from tabletstore.errors import TabletStoreError
 from tests.integration.cluster_harness import Cluster, eventually, placement, table_id_of
-from tests.plugins.s3_server import boto3_client
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -37,14 +35,7 @@ SPLITS = [b"c", b"f", b"i", b"l", b"o", b"r", b"u"]  # 8 tablets
 
 @pytest.fixture
 def cluster(etcd_server: str, s3_server: str, tmp_path: Path) -> Iterator[Cluster]:
-    name = f"failover-{uuid.uuid4().hex[:12]}"
-    boto3_client(s3_server).create_bucket(Bucket=name)
-    made = Cluster(
-        url=f"etcd://{etcd_server}/{name}",
-        store_url=f"s3://{name}/data?endpoint_url={s3_server}&region=us-east-1",
-        directory=tmp_path,
-        lease_ttl=LEASE,
-    )
+    made = Cluster.on(etcd_server, s3_server, tmp_path, "failover", lease_ttl=LEASE)
     try:
         made.start_master()
         made.start_master()

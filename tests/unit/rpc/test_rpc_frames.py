@@ -121,14 +121,24 @@ def test_parser_rejects_short_frame() -> None:
 
 
 def test_check_hello() -> None:
+    """check_hello returns the version both sides speak (rpc/versions.py), or names why not."""
     good = frames.decode_hello(frames.encode_hello(1 << 20))
-    frames.check_hello(good, peer="127.0.0.1:1", peer_role="server")
+    version = frames.PROTOCOL_VERSION
+    assert frames.check_hello(good, peer="127.0.0.1:1", peer_role="server") == version
     with pytest.raises(FrameError, match="expected magic"):
         frames.check_hello(good._replace(magic=b"GET "), peer="p", peer_role="client")
+    # A newer peer speaks ours too; one a version behind is spoken at its version.
+    assert frames.check_hello(good._replace(version=99), peer="p", peer_role="client") == version
+    older = good._replace(version=version - 1)
+    assert frames.check_hello(older, peer="p", peer_role="client") == version - 1
     with pytest.raises(
-        Unimplemented, match=f"version 99; this side speaks version {frames.PROTOCOL_VERSION}"
+        Unimplemented,
+        match=f"client p speaks tabletstore RPC protocol version {version - 2} at most; this "
+        f"side speaks versions {version - 1} to {version}",
     ):
-        frames.check_hello(good._replace(version=99), peer="p", peer_role="client")
+        frames.check_hello(good._replace(version=version - 2), peer="p", peer_role="client")
+    with pytest.raises(FrameError, match="max frame of 10 bytes"):
+        frames.check_hello(older._replace(max_frame=10), peer="p", peer_role="client")
 
 
 def test_credit_and_sizes() -> None:
