@@ -50,6 +50,7 @@ from tabletstore.errors import (
     Unreachable,
 )
 from tabletstore.master import assignment, snapshots
+from tabletstore.master.backup_service import BackupAdmin
 from tabletstore.master.balancer import Balancer
 from tabletstore.master.bulk_load import ANONYMOUS
 from tabletstore.master.bulk_load import bulk_load as load_files
@@ -114,9 +115,9 @@ def _failed(task: asyncio.Task[bool]) -> bool:
     return task.done() and (task.cancelled() or task.exception() is not None or not task.result())
 
 
-class Master:
-    """Table administration (``rpc.services.MasterService``) and assignment over a catalog and
-    a transport to workers."""
+class Master(BackupAdmin):
+    """Table administration (``rpc.services.MasterService``; backups, restores and clones in
+    master/backup_service.py) and assignment over a catalog and a transport to workers."""
 
     def __init__(
         self,
@@ -540,7 +541,6 @@ class Master:
                 f"max_split_keys={limit} (the master's --max-split-keys); the table splits "
                 "itself as it grows"
             )
-        await self._check_table_quota(schema.name)
         table_id = Catalog.new_table_id(schema.name)
         bounds: list[bytes | None] = [*splits, None]
         records = []
@@ -552,9 +552,16 @@ class Master:
                 ).with_event(self._clock.time(), "created")
             )
             start = end or b""
+        return TableInfoMessage.of(await self._create_table_with(schema, records))
+
+    async def _create_table_with(
+        self, schema: TableSchema, records: list[TabletRecord]
+    ) -> TableInfo:
+        """Create a table from its first records (the caller's quota checked) and assign them."""
+        await self._check_table_quota(schema.name)
         info = await self._catalog.create_table(schema, records)
         await self.assign()
-        return TableInfoMessage.of(info)
+        return info
 
     async def _check_table_quota(self, name: str) -> None:
         """InvalidArgument if the caller administers ``max_tables_per_principal`` tables

@@ -105,6 +105,15 @@ WIRE_TYPES: dict[int, type] = {
     120: m.DeleteSnapshotRequest,
     121: m.BulkLoadRequest,
     122: m.BulkLoadResponse,
+    # backups, restores and clones (130-139)
+    130: m.CreateBackupRequest,
+    131: m.BackupInfoMessage,
+    132: m.ListBackupsRequest,
+    133: m.ListBackupsResponse,
+    134: m.BackupIdRequest,
+    135: m.UpdateBackupRequest,
+    136: m.RestoreTableRequest,
+    137: m.CloneTableRequest,
 }
 
 
