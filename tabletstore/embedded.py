@@ -207,6 +207,10 @@ class Database(AsyncClient):
         (``layout.staging_prefix``) instead."""
         return layout.staging_url(self.store.url, self._staging_principal(), load_name)
 
+    async def store_url(self) -> str:
+        """The URL of the database's own store."""
+        return self.store.url
+
     @contextlib.asynccontextmanager
     async def database_store(self) -> AsyncIterator[ObjectStore]:
         """The database's own store (left open: the database owns it)."""

@@ -227,6 +227,10 @@ class AsyncClient(TableAdmin):
         """The principal the master runs this client's requests as (no auth: anonymous)."""
         return "anonymous"
 
+    async def store_url(self) -> str:
+        """The URL of the database's bucket (where its objects and backups live)."""
+        return (await ClusterSettings.load(self._catalog.coordinator)).store_url
+
     @contextlib.asynccontextmanager
     async def database_store(self) -> AsyncIterator[ObjectStore]:
         """The database's bucket (``ClusterSettings.store_url``), opened with this client's

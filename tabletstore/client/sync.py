@@ -277,6 +277,7 @@ class SyncClient(SyncProxy[AsyncClient]):
     copy_backup = blocking(AsyncClient.copy_backup)
     restore_table = blocking(AsyncClient.restore_table)
     clone_table = blocking(AsyncClient.clone_table)
+    store_url = blocking(AsyncClient.store_url)
     bulk_load = blocking(AsyncClient.bulk_load)
     staging_url = blocking(AsyncClient.staging_url)
     table = returning(AsyncClient.table, SyncTable)
