@@ -91,6 +91,15 @@ WIRE_TYPES: dict[int, type] = {
     95: m.ModifyFamiliesRequest,
     96: m.CompactTableRequest,
     97: m.SetAdminsRequest,
+    # backups, restores and clones (98-105)
+    98: m.CreateBackupRequest,
+    99: m.BackupInfoMessage,
+    100: m.ListBackupsRequest,
+    101: m.ListBackupsResponse,
+    102: m.BackupIdRequest,
+    103: m.UpdateBackupRequest,
+    104: m.RestoreTableRequest,
+    105: m.CloneTableRequest,
     # snapshots and bulk load (110-127)
     110: m.SnapshotHoldRequest,
     111: m.SnapshotWriteRequest,
@@ -105,15 +114,6 @@ WIRE_TYPES: dict[int, type] = {
     120: m.DeleteSnapshotRequest,
     121: m.BulkLoadRequest,
     122: m.BulkLoadResponse,
-    # backups, restores and clones (130-139)
-    130: m.CreateBackupRequest,
-    131: m.BackupInfoMessage,
-    132: m.ListBackupsRequest,
-    133: m.ListBackupsResponse,
-    134: m.BackupIdRequest,
-    135: m.UpdateBackupRequest,
-    136: m.RestoreTableRequest,
-    137: m.CloneTableRequest,
 }
 
 
