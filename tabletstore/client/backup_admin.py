@@ -133,20 +133,23 @@ class BackupRequests(abc.ABC):
     async def copy_backup(
         self,
         backup_id: str,
-        to: str,
+        to: str | None = None,
         *,
         new_id: str | None = None,
         source: str | None = None,
         expires_at: float | None = None,
     ) -> BackupManifest:
         """Copy a ready backup (from the database's bucket, or ``source``) to the location
-        ``to`` as ``new_id`` (default: the same id). It keeps its expiry unless
-        ``expires_at`` is given."""
+        ``to`` (default: the database's bucket) as ``new_id`` (default: the same id). It keeps
+        its expiry unless ``expires_at`` is given. Within one bucket only a manifest is
+        written: the copy names the same SSTables."""
         async with contextlib.AsyncExitStack() as stack:
             src = await stack.enter_async_context(
                 self.database_store() if source is None else _opened(source)
             )
-            dst = await stack.enter_async_context(_opened(to))
+            dst = await stack.enter_async_context(
+                self.database_store() if to is None else _opened(to)
+            )
             return await copy_backup(
                 src,
                 dst,
