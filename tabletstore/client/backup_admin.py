@@ -72,21 +72,20 @@ class BackupRequests(abc.ABC):
         ``expires_at`` (seconds since the epoch; None: kept until deleted). ``to``: a backup
         location URL to keep it in instead of the database's bucket (module docstring)."""
         backup_id = backup_id or new_backup_id()
-        if to is not None:
-            async with _opened(to) as dst:
-                with contextlib.suppress(NotFound):
-                    await read_backup(dst, backup_id)
-                    raise AlreadyExists(f"backup {backup_id!r} already exists in {dst.url}")
-        msg = await self._admin.create_backup(CreateBackupRequest(table, backup_id, expires_at))
-        local = BackupManifest.from_bytes(msg.manifest_json)
         if to is None:
-            return local
-        try:
-            async with self.database_store() as src, _opened(to) as dst:
-                return await copy_backup(src, dst, backup_id, now=wall_time())
-        finally:
-            # The database's copy only pinned the cut while it was copied.
-            await self._admin.delete_backup(BackupIdRequest(backup_id))
+            msg = await self._admin.create_backup(CreateBackupRequest(table, backup_id, expires_at))
+            return BackupManifest.from_bytes(msg.manifest_json)
+        async with _opened(to) as dst:
+            with contextlib.suppress(NotFound):
+                await read_backup(dst, backup_id)
+                raise AlreadyExists(f"backup {backup_id!r} already exists in {dst.url}")
+            await self._admin.create_backup(CreateBackupRequest(table, backup_id, expires_at))
+            try:
+                async with self.database_store() as src:
+                    return await copy_backup(src, dst, backup_id, now=wall_time())
+            finally:
+                # The database's copy only pinned the cut while it was copied.
+                await self._admin.delete_backup(BackupIdRequest(backup_id))
 
     async def list_backups(
         self, table: str | None = None, *, location: str | None = None

@@ -42,10 +42,13 @@ from tabletstore.metadata.record import SSTableRef
 from tabletstore.storage_s3 import layout
 from tabletstore.storage_s3.base import S3_BATCH, ObjectStore, object_url
 
-__all__ = ["COPY_CONCURRENCY", "checksum", "copy_backup", "delete_from_location"]
+__all__ = ["COPY_CONCURRENCY", "PART_BYTES", "checksum", "copy_backup", "delete_from_location"]
 
 #: Objects copied at once (each one GET and one PUT in flight).
 COPY_CONCURRENCY = 16
+
+#: Objects larger than this are read in ranges of this size, in parallel.
+PART_BYTES = 4 * 1024 * 1024
 
 #: Called with the bytes of each object copied (progress, benchmarks).
 Progress = Callable[[int], None]
@@ -110,7 +113,7 @@ async def _copy_object(
     there = await dst.head(ref.key)
     if there is not None and there.size == ref.size:
         return expected or ""
-    data = await src.get(ref.key)
+    data = await _fetch(src, ref)
     if data is None:
         raise NotFound(
             f"the backup names {object_url(src.url, ref.key)}, which does not exist: the "
@@ -134,6 +137,18 @@ async def _copy_object(
         # Another copy of a backup naming it landed meanwhile: the same immutable object.
         pass
     return got
+
+
+async def _fetch(src: ObjectStore, ref: SSTableRef) -> bytes | None:
+    """The object's bytes: one GET, or for a large object ranged GETs of ``PART_BYTES`` in
+    parallel (as S3's own clients split a download); None if it does not exist."""
+    if ref.size <= PART_BYTES:
+        return await src.get(ref.key)
+    offsets = range(0, ref.size, PART_BYTES)
+    parts = await asyncio.gather(*(src.get_range(ref.key, o, PART_BYTES) for o in offsets))
+    if any(p is None for p in parts):
+        return None
+    return b"".join(p for p in parts if p is not None)
 
 
 async def delete_from_location(store: ObjectStore, backup_id: str) -> BackupManifest:
