@@ -64,10 +64,20 @@ class BackupAdmin(abc.ABC):
     def _worker(self, address: str, *, timeout: float | None = None) -> TabletService: ...
 
     @abc.abstractmethod
+    async def _check_table_quota(self, name: str) -> None: ...
+
+    @abc.abstractmethod
+    async def assign(self) -> int: ...
+
     async def _create_table_with(
         self, schema: TableSchema, records: list[TabletRecord]
     ) -> TableInfo:
-        """Create a table from ready records (quota checked) and assign its tablets."""
+        """Create a table from ready records (the caller's table quota checked, as
+        create_table checks it) and assign its tablets."""
+        await self._check_table_quota(schema.name)
+        info = await self.catalog.create_table(schema, records)
+        await self.assign()
+        return info
 
     async def create_backup(self, req: CreateBackupRequest) -> BackupInfoMessage:
         """Back up a table in the database's bucket (master/backups.py)."""

@@ -541,6 +541,7 @@ class Master(BackupAdmin):
                 f"max_split_keys={limit} (the master's --max-split-keys); the table splits "
                 "itself as it grows"
             )
+        await self._check_table_quota(schema.name)
         table_id = Catalog.new_table_id(schema.name)
         bounds: list[bytes | None] = [*splits, None]
         records = []
@@ -552,16 +553,9 @@ class Master(BackupAdmin):
                 ).with_event(self._clock.time(), "created")
             )
             start = end or b""
-        return TableInfoMessage.of(await self._create_table_with(schema, records))
-
-    async def _create_table_with(
-        self, schema: TableSchema, records: list[TabletRecord]
-    ) -> TableInfo:
-        """Create a table from its first records (the caller's quota checked) and assign them."""
-        await self._check_table_quota(schema.name)
         info = await self._catalog.create_table(schema, records)
         await self.assign()
-        return info
+        return TableInfoMessage.of(info)
 
     async def _check_table_quota(self, name: str) -> None:
         """InvalidArgument if the caller administers ``max_tables_per_principal`` tables
