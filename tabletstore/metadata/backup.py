@@ -56,7 +56,7 @@ from tabletstore.errors import (
     PreconditionFailed,
     Unimplemented,
 )
-from tabletstore.metadata.snapshot import SnapshotManifest, TabletSnapshot
+from tabletstore.metadata.snapshot import SnapshotManifest, TabletSnapshot, check_tiling
 from tabletstore.storage_s3 import layout
 from tabletstore.storage_s3.base import ObjectStore, object_url
 
@@ -232,7 +232,7 @@ class BackupManifest:
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise Corruption(f"backup manifest {name} is malformed: {exc}") from exc
-        _check_tiling(manifest, name)
+        check_tiling(manifest.tablets, f"backup manifest {name}")
         return manifest
 
 
@@ -247,19 +247,6 @@ def _check_format(fmt: object, name: str) -> None:
             "upgrade tabletstore to read it (nothing was changed)"
         )
     raise ValueError(f"format is {fmt!r}, expected {FORMAT!r}")
-
-
-def _check_tiling(m: BackupManifest, name: str) -> None:
-    start = b""
-    for i, t in enumerate(m.tablets):
-        if t.start_row != start or (t.end_row is None) != (i == len(m.tablets) - 1):
-            raise Corruption(
-                f"backup manifest {name}: tablet {t.tablet_id} does not continue the row "
-                "ranges of the tablets before it"
-            )
-        start = t.end_row or b""
-    if not m.tablets:
-        raise Corruption(f"backup manifest {name} lists no tablets")
 
 
 async def _version_keys(store: ObjectStore, backup_id: str) -> list[str]:

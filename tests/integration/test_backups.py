@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tabletstore.client.client import AsyncClient
 from tabletstore.data.model import DeleteRow, SetCell
 from tabletstore.embedded import Database
 from tabletstore.errors import AlreadyExists, InvalidArgument, NotFound, Unimplemented
@@ -22,13 +23,13 @@ from tabletstore.metadata.backup import BackupState, write_next_version
 from tabletstore.storage_s3 import layout
 
 
-async def _write(db: Database, table: str, rows: range, value: bytes) -> None:
+async def _write(db: AsyncClient, table: str, rows: range, value: bytes) -> None:
     t = db.table(table)
     for i in rows:
         await t.mutate_row(f"row{i:04d}".encode(), [SetCell("f", b"q", value)])
 
 
-async def _rows(db: Database, table: str) -> dict[bytes, bytes | None]:
+async def _rows(db: AsyncClient, table: str) -> dict[bytes, bytes | None]:
     return {row.key: row.latest("f", b"q") async for row in db.table(table).read_rows()}
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime
 import uuid
-import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,11 +19,13 @@ pytest.importorskip("google.cloud.bigtable")
 
 from google.api_core import exceptions as gexc
 from google.cloud.bigtable import Client
-from google.cloud.bigtable.data import BigtableDataClient, ReadRowsQuery, SetCell
+from google.cloud.bigtable.data import ReadRowsQuery, SetCell
 
 from tabletstore.bigtable_api.front_door import BackgroundServer
+from tests.integration.test_bigtable_api_instances import admin, data_client
 
-PROJECT = "bk-project"
+__all__ = ["admin", "data_client"]  # fixtures, used by name; they connect to ``server``
+
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::RuntimeWarning"),
@@ -37,25 +38,6 @@ pytestmark = [
 def server() -> Iterator[BackgroundServer]:
     with BackgroundServer(f"memory://bk-{uuid.uuid4().hex}") as srv:
         yield srv
-
-
-@pytest.fixture
-def admin(server: BackgroundServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[Client]:
-    monkeypatch.setenv("BIGTABLE_EMULATOR_HOST", server.address)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        client = Client(project=PROJECT, admin=True)
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def data_client(server: BackgroundServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    monkeypatch.setenv("BIGTABLE_EMULATOR_HOST", server.address)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with BigtableDataClient(project=PROJECT) as client:
-            yield client
 
 
 def _values(data_client: Any, instance: str, table: str) -> dict[bytes, bytes]:

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from tabletstore import connect_async
-from tabletstore.client.client import AsyncClient
-from tabletstore.data.model import DeleteRow, SetCell
+from tabletstore.data.model import DeleteRow
 from tabletstore.errors import AlreadyExists
 from tests.integration.cluster_harness import PROCESS_ENV, Cluster
+from tests.integration.test_backups import _rows, _write
 from tests.plugins.s3_server import boto3_client
 
 pytestmark = pytest.mark.timeout(240)
@@ -64,16 +64,6 @@ def cluster(etcd_server: str, s3_server: str, tmp_path: Path) -> Iterator[Cluste
         yield c
     finally:
         c.close()
-
-
-async def _write(client: AsyncClient, table: str, rows: range, value: bytes) -> None:
-    t = client.table(table)
-    for i in rows:
-        await t.mutate_row(f"row{i:04d}".encode(), [SetCell("f", b"q", value)])
-
-
-async def _rows(client: AsyncClient, table: str) -> dict[bytes, bytes | None]:
-    return {row.key: row.latest("f", b"q") async for row in client.table(table).read_rows()}
 
 
 async def test_restore_equals_the_table_at_backup_time(cluster: Cluster) -> None:
