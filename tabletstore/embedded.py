@@ -212,7 +212,7 @@ class Database(AsyncClient):
         return self.store.url
 
     @contextlib.asynccontextmanager
-    async def database_store(self) -> AsyncIterator[ObjectStore]:
+    async def _database_store(self) -> AsyncIterator[ObjectStore]:
         """The database's own store (left open: the database owns it)."""
         yield self.store
 

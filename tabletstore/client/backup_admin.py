@@ -56,7 +56,7 @@ class BackupRequests(abc.ABC):
     _tables: dict[str, TableInfo]
 
     @abc.abstractmethod
-    def database_store(self) -> contextlib.AbstractAsyncContextManager[ObjectStore]:
+    def _database_store(self) -> contextlib.AbstractAsyncContextManager[ObjectStore]:
         """The database's own object store, opened with this client's credentials."""
 
     async def create_backup(
@@ -81,7 +81,7 @@ class BackupRequests(abc.ABC):
                 raise AlreadyExists(f"backup {backup_id!r} already exists in {dst.url}")
             await self._admin.create_backup(CreateBackupRequest(table, backup_id, expires_at))
             try:
-                async with self.database_store() as src:
+                async with self._database_store() as src:
                     return await copy_backup(src, dst, backup_id, now=wall_time())
             finally:
                 # The database's copy only pinned the cut while it was copied.
@@ -144,10 +144,10 @@ class BackupRequests(abc.ABC):
         written: the copy names the same SSTables."""
         async with contextlib.AsyncExitStack() as stack:
             src = await stack.enter_async_context(
-                self.database_store() if source is None else _opened(source)
+                self._database_store() if source is None else _opened(source)
             )
             dst = await stack.enter_async_context(
-                self.database_store() if to is None else _opened(to)
+                self._database_store() if to is None else _opened(to)
             )
             return await copy_backup(
                 src,
@@ -167,7 +167,7 @@ class BackupRequests(abc.ABC):
         database's store URL) the backup is in; default the database's bucket."""
         await self._check_absent(new_table)
         if source is not None:
-            async with self.database_store() as own, _opened(source) as src:
+            async with self._database_store() as own, _opened(source) as src:
                 await _bring_in(src, own, backup_id)
         msg = await self._admin.restore_table(RestoreTableRequest(backup_id, new_table))
         info = self._tables[new_table] = msg.info()

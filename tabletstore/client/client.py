@@ -232,7 +232,7 @@ class AsyncClient(TableAdmin):
         return (await ClusterSettings.load(self._catalog.coordinator)).store_url
 
     @contextlib.asynccontextmanager
-    async def database_store(self) -> AsyncIterator[ObjectStore]:
+    async def _database_store(self) -> AsyncIterator[ObjectStore]:
         """The database's bucket (``ClusterSettings.store_url``), opened with this client's
         credentials for copies of backups in and out of it (client/backup_admin.py)."""
         settings = await ClusterSettings.load(self._catalog.coordinator)
