@@ -47,12 +47,13 @@ from tabletstore.coordination.base import Coordinator
 from tabletstore.errors import (
     Corruption,
     InvalidArgument,
+    NotFound,
     TabletStoreError,
     Unavailable,
     Unimplemented,
 )
 from tabletstore.master import gc_plan as gc
-from tabletstore.metadata.backup import BackupManifest
+from tabletstore.metadata.backup import BackupManifest, read_backup
 from tabletstore.metadata.catalog import Catalog, ClusterSettings, TableInfo
 from tabletstore.metadata.record import LogRef
 from tabletstore.options import MasterOptions
@@ -200,8 +201,9 @@ async def _backup_names(
 ) -> tuple[dict[str, frozenset[str] | None], dict[str, float]]:
     """Per listed backup manifest version, the SSTable keys it names (None when it cannot be
     read: the planner then keeps every SSTable), and per version its backup's expiry (the
-    newest version's ``expires_at``; absent: never). A version deleted meanwhile pins
-    nothing."""
+    newest version's ``expires_at``; absent: never). A version replaced meanwhile (an
+    update publishes the next version, unlisted here, and deletes this one) is read as the
+    backup's newest version: it pins what that names."""
     names: dict[str, frozenset[str] | None] = {}
     versions: dict[str, list[str]] = {}
     expires: dict[str, float] = {}
@@ -211,12 +213,11 @@ async def _backup_names(
         except InvalidArgument:
             continue  # not a backup manifest (the planner keeps an unknown key)
         versions.setdefault(backup_id, []).append(obj.key)
-        data = await store.get(obj.key)
-        if data is None:
-            names[obj.key] = frozenset()
-            continue
         try:
-            manifest = BackupManifest.from_bytes(data, name=obj.key)
+            manifest = await _backup_version(store, obj.key, backup_id)
+        except NotFound:
+            names[obj.key] = frozenset()  # the backup was deleted meanwhile
+            continue
         except (Corruption, Unimplemented) as exc:
             log.warning("%s; keeping every SSTable while it exists", exc)
             names[obj.key] = None
@@ -230,6 +231,15 @@ async def _backup_names(
         if newest in expires:
             expiry.update(dict.fromkeys(keys, expires[newest]))
     return names, expiry
+
+
+async def _backup_version(store: ObjectStore, key: str, backup_id: str) -> BackupManifest:
+    """The manifest version ``key``, or the backup's newest if ``key`` is gone; NotFound if
+    the backup has no version left."""
+    data = await store.get(key)
+    if data is None:
+        return await read_backup(store, backup_id)
+    return BackupManifest.from_bytes(data, name=key)
 
 
 def _strings(doc: Any) -> Iterator[str]:

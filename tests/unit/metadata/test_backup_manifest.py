@@ -118,3 +118,19 @@ async def test_versions_are_create_only_and_the_newest_is_read() -> None:
         await write_next_version(store, first.changed(expires_at=6000.0))
     assert [m.backup_id for m in await list_backups(store)] == ["b1"]
     assert await list_backups(store, "other") == []
+
+
+async def test_gc_mark_reads_a_version_replaced_after_the_listing() -> None:
+    """An update between GC's listing and its mark publishes version n+1 (unlisted) and
+    deletes version n: the mark must pin what the backup names, not nothing."""
+    from tabletstore.master import gc
+
+    store = MemoryObjectStore("memory://gc-race")
+    first = await write_backup(store, _manifest())
+    listed = [i async for i in store.list("")]
+    await write_next_version(store, first.changed(expires_at=9e9))
+    names, expiry = await gc._backup_names(store, listed)
+    assert names == {first.key: frozenset({REF.key})}
+    assert expiry == {first.key: 9e9}
+    await store.delete_many([i.key async for i in store.list("")])
+    assert (await gc._backup_names(store, listed))[0] == {first.key: frozenset()}
