@@ -123,7 +123,7 @@ async def _copy_object(
         raise Corruption(
             f"{object_url(src.url, ref.key)} has {len(data)} bytes, the backup recorded {ref.size}"
         )
-    got = checksum(data)
+    got = await asyncio.to_thread(checksum, data)  # hashlib releases the GIL: off the loop
     if expected is not None and got != expected:
         raise Corruption(f"{object_url(src.url, ref.key)} does not match its recorded checksum")
     if there is not None:
