@@ -14,8 +14,10 @@ another database's store URL; without them a backup is in this database's bucket
 ``restore --url`` restores into another database (from this one's bucket unless ``--from``).
 
 ``restore`` is the one verb for every kind of restore: :func:`restore_cmd` takes the
-source as options (``--backup`` here) and dispatches on which was given, so another source
-(a point-in-time restore's ``--as-of``) is one more option and one more branch.
+source as an option (``--backup``) and the table names as a variadic argument, and
+dispatches on the option given, so a source that also names the table it reads (a
+point-in-time restore's ``restore TABLE --as-of INSTANT NEW_TABLE``) is one more option and
+one more branch, checking its own count of names.
 """
 
 from __future__ import annotations
@@ -165,7 +167,7 @@ def backup_copy_cmd(
 
 
 @click.command("restore")
-@click.argument("new_table")
+@click.argument("names", nargs=-1, required=True, metavar="NEW_TABLE")
 @click.option("--backup", "backup_id", default=None, help="Restore this backup.")
 @click.option(
     "--from",
@@ -183,11 +185,21 @@ def backup_copy_cmd(
     help="Restore into this database instead (the backup is copied into its bucket).",
 )
 def restore_cmd(
-    new_table: str, backup_id: str | None, source: str | None, target: str | None
+    names: tuple[str, ...], backup_id: str | None, source: str | None, target: str | None
 ) -> None:
-    """Restore into the new table NEW_TABLE (same schema and split points)."""
+    """Restore backup ID into the new table NEW_TABLE (same schema and split points)."""
     if backup_id is None:
-        raise Failure("say what to restore: --backup ID")
+        raise Failure("say what to restore: --backup ID NEW_TABLE")
+    if len(names) != 1:
+        raise Failure(f"restore --backup takes one name, the new table; got {' '.join(names)}")
+    (new_table,) = names
+    restore_backup(backup_id, new_table, source=source, target=target)
+
+
+def restore_backup(
+    backup_id: str, new_table: str, *, source: str | None, target: str | None
+) -> None:
+    """``restore --backup``: from this database's bucket, ``source``, into ``target``."""
     if target is not None and source is None:
         source = with_database(lambda db: db.store_url())
     info = with_database(
