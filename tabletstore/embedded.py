@@ -20,7 +20,9 @@ storage (shared by name within a process; gone with it).
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import AsyncIterator
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -204,6 +206,15 @@ class Database(AsyncClient):
         no prefixes in its URL: a job writes to ``db.store`` under that key prefix
         (``layout.staging_prefix``) instead."""
         return layout.staging_url(self.store.url, self._staging_principal(), load_name)
+
+    async def store_url(self) -> str:
+        """The URL of the database's own store."""
+        return self.store.url
+
+    @contextlib.asynccontextmanager
+    async def _database_store(self) -> AsyncIterator[ObjectStore]:
+        """The database's own store (left open: the database owns it)."""
+        yield self.store
 
     async def close(self) -> None:
         """Minor-compact every tablet (fast next open), stop the worker, release files."""

@@ -1,7 +1,8 @@
 """``google.bigtable.admin.v2.BigtableTableAdmin`` over tabletstore's admin API (§3, §5).
 
 Implemented: CreateTable, GetTable, ListTables, DeleteTable, ModifyColumnFamilies,
-DropRowRange, GenerateConsistencyToken and CheckConsistency. Every other method of the
+DropRowRange, GenerateConsistencyToken and CheckConsistency; the backup methods are
+:mod:`tabletstore.bigtable_api.backups`' (:attr:`TableAdmin.backups`). Every other method of the
 service answers UNIMPLEMENTED (see :mod:`tabletstore.bigtable_api.front_door`).
 
 Tables live in their instance's namespace (:mod:`tabletstore.bigtable_api.instances`): the
@@ -38,6 +39,7 @@ from typing import Any
 from google.cloud.bigtable_admin_v2.types import bigtable_table_admin as bta
 from google.protobuf import empty_pb2
 
+from tabletstore.bigtable_api.backups import BackupAdmin
 from tabletstore.bigtable_api.instances import InstanceAdmin, Namespaces, caller
 from tabletstore.bigtable_api.translate import (
     TableName,
@@ -86,6 +88,9 @@ class TableAdmin:
         self._client = client
         self._ns = namespaces or Namespaces()
         self._instances = instances or InstanceAdmin(client, self._ns)
+        #: CreateBackup, GetBackup, ListBackups, UpdateBackup, DeleteBackup, RestoreTable and
+        #: CopyBackup.
+        self.backups = BackupAdmin(client, self._ns, self._instances)
 
     async def _name(self, table_name: str) -> tuple[TableName, str]:
         """The parsed name and the stored tabletstore table it names; PermissionDenied if it

@@ -8,7 +8,8 @@ one servicer that grpc registers.
 
 ``google.bigtable.v2.Bigtable`` (ReadRows, SampleRowKeys, MutateRow, MutateRows,
 CheckAndMutateRow, ReadModifyWriteRow, PingAndWarm) and the table half of
-``google.bigtable.admin.v2.BigtableTableAdmin`` (:mod:`tabletstore.bigtable_api.admin`) are
+``google.bigtable.admin.v2.BigtableTableAdmin`` (:mod:`tabletstore.bigtable_api.admin`, its
+backups :mod:`tabletstore.bigtable_api.backups`) are
 served over any tabletstore :class:`~tabletstore.client.client.AsyncClient` -- the embedded
 database or a cluster client. Point existing code at it with
 ``BIGTABLE_EMULATOR_HOST=host:port``, exactly as for Google's emulator.
@@ -106,13 +107,6 @@ UNIMPLEMENTED_ADMIN = (
     "GetSnapshot",
     "ListSnapshots",
     "DeleteSnapshot",
-    "CreateBackup",
-    "GetBackup",
-    "UpdateBackup",
-    "DeleteBackup",
-    "ListBackups",
-    "RestoreTable",
-    "CopyBackup",
     "GetIamPolicy",
     "SetIamPolicy",
     "TestIamPermissions",
@@ -603,6 +597,7 @@ def generic_handlers(
             bta.CheckConsistencyResponse,
         ),
     }
+    admin_methods.update(_backup_methods(admin, unary, empty))
     admin_methods.update({m: _unimplemented(ADMIN_SERVICE, m) for m in UNIMPLEMENTED_ADMIN})
     handlers = [
         grpc.method_handlers_generic_handler(DATA_SERVICE, data_methods),
@@ -633,15 +628,36 @@ def _metrics_sink() -> grpc.GenericRpcHandler:
     )
 
 
+class _Operation:  # unary() takes proto-plus classes; Operation is a plain protobuf
+    @staticmethod
+    def pb() -> Any:
+        from google.longrunning import operations_pb2
+
+        return operations_pb2.Operation
+
+
+def _backup_methods(admin: TableAdmin, unary: Any, empty: Any) -> dict[str, Any]:
+    from google.cloud.bigtable_admin_v2.types import table as admin_table
+
+    b = admin.backups
+    return {
+        "CreateBackup": unary("CreateBackup", b.create_backup, bta.CreateBackupRequest, _Operation),
+        "GetBackup": unary("GetBackup", b.get_backup, bta.GetBackupRequest, admin_table.Backup),
+        "ListBackups": unary(
+            "ListBackups", b.list_backups, bta.ListBackupsRequest, bta.ListBackupsResponse
+        ),
+        "UpdateBackup": unary(
+            "UpdateBackup", b.update_backup, bta.UpdateBackupRequest, admin_table.Backup
+        ),
+        "DeleteBackup": empty("DeleteBackup", b.delete_backup, bta.DeleteBackupRequest),
+        "RestoreTable": unary("RestoreTable", b.restore_table, bta.RestoreTableRequest, _Operation),
+        "CopyBackup": unary("CopyBackup", b.copy_backup, bta.CopyBackupRequest, _Operation),
+    }
+
+
 def _instance_methods(instances: InstanceAdmin, unary: Any, empty: Any) -> dict[str, Any]:
     from google.cloud.bigtable_admin_v2.types import bigtable_instance_admin as bia
     from google.cloud.bigtable_admin_v2.types import instance as inst
-    from google.longrunning import operations_pb2
-
-    class _Operation:  # unary() takes proto-plus classes; Operation is a plain protobuf
-        @staticmethod
-        def pb() -> Any:
-            return operations_pb2.Operation
 
     methods = {
         "CreateInstance": unary(

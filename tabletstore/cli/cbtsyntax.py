@@ -313,9 +313,7 @@ def parse_add_arg(arg: str, value_type: str | None) -> AddToCell:
     return AddToCell(family_name, arg_bytes(qualifier), number, timestamp)
 
 
-def family(
-    name: str, rule: GcRule | None = None, *, value_type: str | None = None
-) -> ColumnFamily:
+def family(name: str, rule: GcRule | None = None, *, value_type: str | None = None) -> ColumnFamily:
     """A ColumnFamily, with a bad name reported as InvalidArgument."""
     try:
         return ColumnFamily.model_validate(

@@ -65,19 +65,20 @@ def cli_context() -> CliContext:
     return obj
 
 
-def with_database(body: Callable[[SyncDatabase], T]) -> T:
-    """Open the database named by the global options, run ``body``, close it.
+def with_database(body: Callable[[SyncDatabase], T], *, url: str | None = None) -> T:
+    """Open the database named by the global options (or ``url``, with the global
+    identity and credentials), run ``body``, close it.
 
     The verbs use the synchronous API: the database runs on the portal's event loop while
     this thread does the blocking work (files, the terminal).
     REQUIRES: called inside a verb (the click context holds the CliContext)."""
     obj = cli_context()
     try:
-        db = connect(obj.url, identity=obj.identity, tls=obj.tls, token=obj.token)
+        db = connect(url or obj.url, identity=obj.identity, tls=obj.tls, token=obj.token)
     except TabletStoreError as exc:
         raise Failure(str(exc)) from exc
     except OSError as exc:  # a file:// database in a directory that cannot be made or used
-        raise Failure(f"cannot open the database at {obj.url!r}: {os_error(exc)}") from exc
+        raise Failure(f"cannot open the database at {url or obj.url!r}: {os_error(exc)}") from exc
     try:
         try:
             return body(db)

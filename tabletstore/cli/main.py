@@ -13,6 +13,7 @@ the syntax itself lives in :mod:`tabletstore.cli.cbtsyntax`, the CSV form in
 (set to count), :mod:`~tabletstore.cli.csv_cmds` (import, export),
 :mod:`~tabletstore.cli.maintenance_cmds` (flush, compact, gc),
 :mod:`~tabletstore.cli.batch_cmds` (snapshot, bulkload),
+:mod:`~tabletstore.cli.backup_cmds` (backup, restore, clone),
 :mod:`~tabletstore.cli.localstack_cmds`, :mod:`~tabletstore.cli.server_cmds` (master,
 worker), :mod:`~tabletstore.cli.status_cmds`, :mod:`~tabletstore.cli.security_cmds` (certs,
 tokens) and :mod:`~tabletstore.cli.bigtable_api_cmds`. Each invocation opens the database,
@@ -36,6 +37,10 @@ does one thing and closes it (closing minor-compacts, so the next open is quick)
     tabletstore export T FILE.csv|- [prefix=P] [start=R] [end=R] [encoding=text|base64]
     tabletstore flush T | compact T                    minor / major compaction (§5.4)
     tabletstore gc [--grace S] [--dry-run]             delete unreferenced objects (§5.2)
+    tabletstore backup create T [--to LOCATION] [--expire 7d] | list | describe | update |
+                       delete | copy                   backups (docs/operations/backups.md)
+    tabletstore restore --backup ID NEW_TABLE [--from LOCATION] [--url OTHER_DATABASE]
+    tabletstore clone T NEW_TABLE                      a writable zero-copy clone
     tabletstore [--url URL] local-stack up [--dir DIR] [--s3-url URL | --s3 moto|seaweedfs]
                                            [--workers N] [--persist]
     tabletstore [--url URL] local-stack status [--dir DIR]
@@ -68,6 +73,7 @@ from pathlib import Path
 import click
 
 from tabletstore.cli import (
+    backup_cmds,
     batch_cmds,
     csv_cmds,
     demo,
@@ -177,6 +183,9 @@ for _command in (
     maintenance_cmds.gc_cmd,
     batch_cmds.snapshot_group,
     batch_cmds.bulkload_cmd,
+    backup_cmds.backup_group,
+    backup_cmds.restore_cmd,
+    backup_cmds.clone_cmd,
     localstack_cmds.local_stack,
     server_cmds.master_cmd,
     server_cmds.worker_cmd,

@@ -32,9 +32,10 @@ resumable scans).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import itertools
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
@@ -66,7 +67,8 @@ from tabletstore.rpc.messages import (
 )
 from tabletstore.rpc.services import TABLET, TabletService
 from tabletstore.rpc.transport import Transport
-from tabletstore.storage_s3 import layout
+from tabletstore.storage_s3 import layout, open_store
+from tabletstore.storage_s3.base import ObjectStore
 
 # MutationError, MutationsFailed, AsyncTable and Admin have their homes in the modules above;
 # they are named here too because this module was where they were imported from.
@@ -224,6 +226,21 @@ class AsyncClient(TableAdmin):
     def _staging_principal(self) -> str:
         """The principal the master runs this client's requests as (no auth: anonymous)."""
         return "anonymous"
+
+    async def store_url(self) -> str:
+        """The URL of the database's bucket (where its objects and backups live)."""
+        return (await ClusterSettings.load(self._catalog.coordinator)).store_url
+
+    @contextlib.asynccontextmanager
+    async def _database_store(self) -> AsyncIterator[ObjectStore]:
+        """The database's bucket (``ClusterSettings.store_url``), opened with this client's
+        credentials for copies of backups in and out of it (client/backup_admin.py)."""
+        settings = await ClusterSettings.load(self._catalog.coordinator)
+        store = open_store(settings.store_url)
+        try:
+            yield store
+        finally:
+            await store.close()
 
     async def close(self) -> None:
         """Nothing to release on the client side; the database owns the transport."""

@@ -17,6 +17,7 @@ import abc
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
+from tabletstore.client.backup_admin import BackupRequests
 from tabletstore.client.location import LocationCache
 from tabletstore.data.schema import ColumnFamily, GcRule, LocalityGroup, TableSchema
 from tabletstore.errors import InvalidArgument
@@ -46,9 +47,9 @@ __all__ = ["Admin", "TableAdmin"]
 Admin = MasterService
 
 
-class TableAdmin(abc.ABC):
+class TableAdmin(BackupRequests):
     """The administrative requests a client sends to the master, and what they answer about
-    each table."""
+    each table (backups, restores and clones: client/backup_admin.py)."""
 
     def __init__(self, *, admin: Admin, locations: LocationCache) -> None:
         self._admin = admin

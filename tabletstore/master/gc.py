@@ -44,8 +44,16 @@ from typing import Any
 from tabletstore.clock import Clock
 from tabletstore.coordination import paths
 from tabletstore.coordination.base import Coordinator
-from tabletstore.errors import InvalidArgument, TabletStoreError, Unavailable
+from tabletstore.errors import (
+    Corruption,
+    InvalidArgument,
+    NotFound,
+    TabletStoreError,
+    Unavailable,
+    Unimplemented,
+)
 from tabletstore.master import gc_plan as gc
+from tabletstore.metadata.backup import BackupManifest, read_backup
 from tabletstore.metadata.catalog import Catalog, ClusterSettings, TableInfo
 from tabletstore.metadata.record import LogRef
 from tabletstore.options import MasterOptions
@@ -100,7 +108,8 @@ async def mark(
     store: ObjectStore,
     listed: Sequence[ObjectInfo],
 ) -> gc.LiveSet:
-    """Read the roots: live workers' incarnations, tablet records, snapshot manifests.
+    """Read the roots: live workers' incarnations, tablet records, snapshot and backup
+    manifests.
 
     REQUIRES: called after ``listed`` was read (see the module docstring).
     """
@@ -130,7 +139,10 @@ async def mark(
             snapshots[obj.key] = names
             if expires is not None:
                 expiry[obj.key] = expires
+    backups, backup_expiry = await _backup_names(store, listed)
     return gc.LiveSet(
+        backups=backups,
+        backup_expiry=backup_expiry,
         tables=frozenset(tables),
         sstables=frozenset(sstables),
         logs=frozenset(logs),
@@ -182,6 +194,52 @@ async def _snapshot_names(
     if not isinstance(expires, (int, float)) or isinstance(expires, bool):
         expires = None
     return frozenset(s for s in _strings(doc) if _is_sstable_key(s)), expires
+
+
+async def _backup_names(
+    store: ObjectStore, listed: Sequence[ObjectInfo]
+) -> tuple[dict[str, frozenset[str] | None], dict[str, float]]:
+    """Per listed backup manifest version, the SSTable keys it names (None when it cannot be
+    read: the planner then keeps every SSTable), and per version its backup's expiry (the
+    newest version's ``expires_at``; absent: never). A version replaced meanwhile (an
+    update publishes the next version, unlisted here, and deletes this one) is read as the
+    backup's newest version: it pins what that names."""
+    names: dict[str, frozenset[str] | None] = {}
+    versions: dict[str, list[str]] = {}
+    expires: dict[str, float] = {}
+    for obj in listed:
+        try:
+            backup_id = layout.parse_backup_key(obj.key).backup_id
+        except InvalidArgument:
+            continue  # not a backup manifest (the planner keeps an unknown key)
+        versions.setdefault(backup_id, []).append(obj.key)
+        try:
+            manifest = await _backup_version(store, obj.key, backup_id)
+        except NotFound:
+            names[obj.key] = frozenset()  # the backup was deleted meanwhile
+            continue
+        except (Corruption, Unimplemented) as exc:
+            log.warning("%s; keeping every SSTable while it exists", exc)
+            names[obj.key] = None
+            continue
+        names[obj.key] = frozenset(manifest.sstable_keys())
+        if manifest.expires_at is not None:
+            expires[obj.key] = manifest.expires_at
+    expiry: dict[str, float] = {}
+    for keys in versions.values():
+        newest = max(keys)
+        if newest in expires:
+            expiry.update(dict.fromkeys(keys, expires[newest]))
+    return names, expiry
+
+
+async def _backup_version(store: ObjectStore, key: str, backup_id: str) -> BackupManifest:
+    """The manifest version ``key``, or the backup's newest if ``key`` is gone; NotFound if
+    the backup has no version left."""
+    data = await store.get(key)
+    if data is None:
+        return await read_backup(store, backup_id)
+    return BackupManifest.from_bytes(data, name=key)
 
 
 def _strings(doc: Any) -> Iterator[str]:

@@ -14,7 +14,12 @@ The roots (a :class:`LiveSet`):
   logs that may still hold writes past the tablet's redo point — recovery not finished);
 * the current incarnation of every live worker (its log is written to right now, even before
   any record lists it);
-* the SSTables a snapshot manifest (batch jobs) names, while the manifest itself exists.
+* the SSTables a snapshot manifest (batch jobs) names, while the manifest itself exists;
+* the SSTables a backup manifest names (``backups/``, metadata/backup.py), in any state.
+
+An SSTable is live while *any* record of *any* table names it: a restored table or a zero-copy
+clone names its source's SSTables under the source's key prefix (master/backups.py), and those
+stay as long as one of them is named, whichever table is deleted first.
 
 The rules, object by object (each verdict carries a :class:`Reason`):
 
@@ -36,7 +41,12 @@ The rules, object by object (each verdict carries a :class:`Reason`):
 5. A snapshot manifest is kept while its table exists and its TTL (``expires_at``, if it
    has one) has not passed; it is garbage once the TTL passes, and after ``grace`` once the
    table is deleted. Its SSTables follow in a later round, once the manifest is gone.
-6. A key that no layout parser recognizes is never deleted; the plan reports it.
+6. A backup manifest (every version of it) is kept until its expiry (``expires_at`` of its
+   newest version) passes, whether or not its table exists: a backup outlives its table. It
+   is garbage once expired; its SSTables follow in a later round. A manifest that cannot be
+   read (a newer format, a damaged object) keeps every SSTable in the bucket: what it pins
+   is unknown.
+7. A key that no layout parser recognizes is never deleted; the plan reports it.
 
 Dereference grace. ``grace`` counts from an object's creation. A reader that took a tablet's
 state before a compaction may still read an SSTable that compaction replaced, however old the
@@ -80,6 +90,8 @@ class Reason(StrEnum):
 
     KEEP_REFERENCED = "referenced by a tablet record"
     KEEP_SNAPSHOT = "named by a kept snapshot manifest"
+    KEEP_BACKUP = "named by a backup manifest"
+    KEEP_BACKUP_MANIFEST = "backup manifest not expired"
     KEEP_LOG_NEEDED = "log listed by a tablet record (recovery not finished)"
     KEEP_LIVE_LOG = "current log of a live worker"
     KEEP_YOUNG = "younger than the grace period"
@@ -92,6 +104,7 @@ class Reason(StrEnum):
     DELETE_FINISHED_RECOVERY = "recovery run of a log no tablet needs"
     DELETE_DELETED_TABLE_SNAPSHOT = "snapshot manifest of a deleted table"
     DELETE_EXPIRED_SNAPSHOT = "snapshot manifest past its TTL"
+    DELETE_EXPIRED_BACKUP = "backup manifest past its expiry"
 
     @property
     def deletes(self) -> bool:
@@ -115,6 +128,11 @@ class LiveSet:
     snapshots: Mapping[str, frozenset[str] | None] = field(default_factory=dict)
     #: Snapshot manifest key -> when its TTL passes (seconds since the epoch); absent: never.
     snapshot_expiry: Mapping[str, float] = field(default_factory=dict)
+    #: Backup manifest key (any version) -> the SSTable keys it names; None when it could not
+    #: be read (then every SSTable in the bucket is kept while it exists).
+    backups: Mapping[str, frozenset[str] | None] = field(default_factory=dict)
+    #: Backup manifest key -> when its backup expires (its newest version's); absent: never.
+    backup_expiry: Mapping[str, float] = field(default_factory=dict)
 
     def log_reason(self, ref: LogRef) -> Reason | None:
         """Why the log ``ref`` must be kept, or None if nothing needs it."""
@@ -181,6 +199,8 @@ def plan(
     others: list[tuple[ObjectInfo, layout.SSTableKey]] = []
     pinned: set[str] = set()
     pinned_tables: set[str] = set()
+    backed_up: set[str] = set()
+    pin_everything = False
     for info in listed:
         kind = _classify(info.key)
         if kind is None:
@@ -196,6 +216,18 @@ def plan(
                 pinned_tables.add(kind.table_id)
             else:
                 pinned |= names
+        elif isinstance(kind, layout.BackupKey):
+            expires = live.backup_expiry.get(info.key)
+            expired = expires is not None and now >= expires
+            reasons[info.key] = (
+                Reason.DELETE_EXPIRED_BACKUP if expired else Reason.KEEP_BACKUP_MANIFEST
+            )
+            # Pins even when deleted in this round, as a snapshot manifest does.
+            names = live.backups.get(info.key)
+            if names is None:
+                pin_everything = True
+            else:
+                backed_up |= names
         else:
             group = groups.setdefault(LogRef(kind.worker_id, kind.incarnation), _Group())
             if isinstance(kind, layout.RecoveryKey):
@@ -209,6 +241,8 @@ def plan(
             reasons[info.key] = Reason.KEEP_REFERENCED
         elif info.key in pinned or key.table_id in pinned_tables:
             reasons[info.key] = Reason.KEEP_SNAPSHOT
+        elif info.key in backed_up or pin_everything:
+            reasons[info.key] = Reason.KEEP_BACKUP
         else:
             reasons[info.key] = _aged(info, now, grace, Reason.DELETE_UNREFERENCED_SSTABLE)
     for ref, group in groups.items():
@@ -217,7 +251,13 @@ def plan(
     return _finish(listed, reasons, held)
 
 
-_Parsed = layout.SSTableKey | layout.LogSegmentKey | layout.RecoveryKey | layout.SnapshotKey
+_Parsed = (
+    layout.SSTableKey
+    | layout.LogSegmentKey
+    | layout.RecoveryKey
+    | layout.SnapshotKey
+    | layout.BackupKey
+)
 
 
 def _classify(key: str) -> _Parsed | None:
@@ -231,6 +271,8 @@ def _classify(key: str) -> _Parsed | None:
             return layout.parse_recovery_key(key)
         if key.startswith(layout.SNAPSHOTS):
             return layout.parse_snapshot_key(key)
+        if key.startswith(layout.BACKUPS):
+            return layout.parse_backup_key(key)
     except InvalidArgument:
         return None
     return None

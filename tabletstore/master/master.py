@@ -50,6 +50,7 @@ from tabletstore.errors import (
     Unreachable,
 )
 from tabletstore.master import assignment, snapshots
+from tabletstore.master.backup_service import BackupAdmin
 from tabletstore.master.balancer import Balancer
 from tabletstore.master.bulk_load import ANONYMOUS
 from tabletstore.master.bulk_load import bulk_load as load_files
@@ -114,9 +115,9 @@ def _failed(task: asyncio.Task[bool]) -> bool:
     return task.done() and (task.cancelled() or task.exception() is not None or not task.result())
 
 
-class Master:
-    """Table administration (``rpc.services.MasterService``) and assignment over a catalog and
-    a transport to workers."""
+class Master(BackupAdmin):
+    """Table administration (``rpc.services.MasterService``; backups, restores and clones in
+    master/backup_service.py) and assignment over a catalog and a transport to workers."""
 
     def __init__(
         self,

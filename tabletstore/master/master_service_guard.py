@@ -12,6 +12,11 @@ on, each request runs with the principal the RPC layer proved (``rpc.auth``):
   may be administered by anyone authenticated, until an admin list is set. A table the caller
   may not know of (below), or that does not exist, is refused alike (PermissionDenied naming
   no admins), as a cloud service refuses a resource the caller has no rights on.
+- ``create_backup``, ``clone_table``: only the (source) table's admins.
+- ``get_backup``, ``update_backup``, ``delete_backup``, ``restore_table``: only the admins
+  the backup recorded with its table's schema (a backup outlives its table); ``list_backups``
+  answers only those backups. A restored or cloned table is administered by its source's
+  admins and its creator.
 - ``list_tables``: the tables the principal may know of (``security.table_visibility``: it
   administers the table, may read or write one of its families, or the table has no admin
   list); ``get_table`` of any other
@@ -37,8 +42,10 @@ from tabletstore.errors import NotFound, PermissionDenied
 from tabletstore.master.master import Master
 from tabletstore.rpc.auth import current_principal
 from tabletstore.rpc.messages import (
+    BackupIdRequest,
     CreateTableRequest,
     DeleteSnapshotRequest,
+    ListBackupsResponse,
     ListSnapshotsRequest,
     ListSnapshotsResponse,
     ListTablesResponse,
@@ -50,7 +57,7 @@ from tabletstore.rpc.transport import Handler
 from tabletstore.security.principal import Principal
 from tabletstore.security.table_visibility import may_know_table, may_see_keys
 
-__all__ = ["ADMIN_METHODS", "guard"]
+__all__ = ["ADMIN_METHODS", "BACKUP_METHODS", "guard"]
 
 #: Methods that change a table or expose all of it: its admins only.
 ADMIN_METHODS = frozenset(
@@ -63,8 +70,21 @@ ADMIN_METHODS = frozenset(
         MasterService.create_snapshot,
         MasterService.delete_snapshot,
         MasterService.bulk_load,
+        MasterService.create_backup,
+        MasterService.clone_table,
     )
 )
+#: Methods naming a backup: the admins its manifest recorded only.
+BACKUP_METHODS = frozenset(
+    MASTER.method(fn).name
+    for fn in (
+        MasterService.get_backup,
+        MasterService.update_backup,
+        MasterService.delete_backup,
+        MasterService.restore_table,
+    )
+)
+_LIST_BACKUPS = MASTER.method(MasterService.list_backups).name
 _CREATE = MASTER.method(MasterService.create_table).name
 _LIST_SNAPSHOTS = MASTER.method(MasterService.list_snapshots).name
 _LIST_TABLES = MASTER.method(MasterService.list_tables).name
@@ -161,6 +181,25 @@ async def _visible_snapshots(
     return ListSnapshotsResponse(tuple(kept))
 
 
+def _administers(principal: Principal, manifest_json: bytes) -> bool:
+    """Whether ``principal`` is one of the admins a backup manifest recorded (a table made
+    without auth has none: anyone authenticated)."""
+    admins = json.loads(manifest_json).get("schema", {}).get("admins")
+    return principal.role == "master" or admins is None or principal.name in admins
+
+
+async def check_backup_admin(
+    master: Master, principal: Principal, method: str, backup_id: str
+) -> None:
+    """PermissionDenied unless ``principal`` administers the table backup ``backup_id`` is of."""
+    message = await master.get_backup(BackupIdRequest(backup_id))
+    if not _administers(principal, message.manifest_json):
+        raise PermissionDenied(
+            f"{principal.name} may not {method} backup {backup_id!r}: permission admin of "
+            "its table is not held"
+        )
+
+
 def _with_creator(request: CreateTableRequest, principal: Principal) -> CreateTableRequest:
     schema = request.schema()
     admins = sorted({*(schema.admins or ()), principal.name})
@@ -192,6 +231,17 @@ def _guarded(master: Master, method: str, fn: Handler, denied: Denied) -> Handle
             return _known_tables(principal, await unary(request))
         if principal is not None and method == _GET_TABLE:
             return _known_table(principal, request.name, await unary(request))
+        if principal is not None and method == _LIST_BACKUPS:
+            listed: ListBackupsResponse = await unary(request)
+            mine = [m for m in listed.backups if _administers(principal, m.manifest_json)]
+            return ListBackupsResponse(tuple(mine))
+        if principal is not None and method in BACKUP_METHODS:
+            try:
+                await check_backup_admin(master, principal, method, request.backup_id)
+            except PermissionDenied:
+                denied(method, "admin")
+                raise
+            return await unary(request)
         if principal is not None:
             if method == _CREATE:
                 request = _with_creator(request, principal)

@@ -50,7 +50,7 @@ from tabletstore.rpc.messages import (
 from tabletstore.rpc.services import TabletService
 from tabletstore.storage_s3.base import ObjectStore
 
-__all__ = ["HOLD_SECONDS", "take_snapshot"]
+__all__ = ["HOLD_SECONDS", "cut_table", "take_snapshot"]
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +75,28 @@ async def take_snapshot(
     """Take a snapshot of the table ``info`` and write its manifest (module docstring)."""
     if ttl is not None and ttl <= 0:
         raise InvalidArgument(f"a snapshot's TTL must be > 0 seconds, got {ttl}")
+    manifest = await cut_table(
+        info=info, catalog=catalog, worker=worker, store=store, clock=clock, locate=locate, ttl=ttl
+    )
+    await write_manifest(store, manifest)
+    return manifest
+
+
+async def cut_table(
+    *,
+    info: TableInfo,
+    catalog: Catalog,
+    worker: Callable[[str], TabletService],
+    store: ObjectStore,
+    clock: Clock,
+    locate: Locate,
+    ttl: float | None = None,
+) -> SnapshotManifest:
+    """Take the table's cut (module docstring) without writing a snapshot manifest: backups
+    and clones (master/backups.py) keep it their own way. Every SSTable the returned
+    manifest names holds only cells at or below its tablet's ``cut_seq``. The memtables'
+    SSTables it wrote are named by nothing yet: the caller must make something name them
+    well within GC's grace period."""
     error: Exception | None = None
     for attempt in range(_ATTEMPTS):
         try:
@@ -85,7 +107,6 @@ async def take_snapshot(
             error = exc
             await asyncio.sleep(0.05 * 2**attempt)
             continue
-        await write_manifest(store, manifest)
         return manifest
     raise Unavailable(f"could not take a snapshot of table {info.schema.name!r}: {error}")
 

@@ -52,6 +52,7 @@ __all__ = [
     "FORMAT",
     "SnapshotManifest",
     "TabletSnapshot",
+    "check_tiling",
     "delete_manifest",
     "find_manifest",
     "list_manifests",
@@ -181,17 +182,22 @@ class SnapshotManifest:
 
 
 def _check_covering(m: SnapshotManifest, name: str) -> None:
-    """The tablets must tile the row space in order: ``[b"", ...) ... [..., None)``."""
+    check_tiling(m.tablets, f"snapshot manifest {name}")
+
+
+def check_tiling(tablets: tuple[TabletSnapshot, ...], what: str) -> None:
+    """Corruption naming ``what`` unless ``tablets`` tile the row space in order:
+    ``[b"", ...) ... [..., None)`` (a snapshot's, a backup's)."""
     start = b""
-    for i, t in enumerate(m.tablets):
-        if t.start_row != start or (t.end_row is None) != (i == len(m.tablets) - 1):
+    for i, t in enumerate(tablets):
+        if t.start_row != start or (t.end_row is None) != (i == len(tablets) - 1):
             raise Corruption(
-                f"snapshot manifest {name}: tablet {t.tablet_id} does not continue the row "
-                f"ranges of the tablets before it"
+                f"{what}: tablet {t.tablet_id} does not continue the row ranges of the "
+                "tablets before it"
             )
         start = t.end_row or b""
-    if not m.tablets:
-        raise Corruption(f"snapshot manifest {name} lists no tablets")
+    if not tablets:
+        raise Corruption(f"{what} lists no tablets")
 
 
 async def write_manifest(store: ObjectStore, manifest: SnapshotManifest) -> str:

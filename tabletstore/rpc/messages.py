@@ -30,6 +30,9 @@ M = TypeVar("M", bound=BaseModel)
 
 __all__ = [
     "AdoptCompactionRequest",
+    # backups, restores and clones
+    "BackupIdRequest",
+    "BackupInfoMessage",
     # snapshots and bulk load (tabletstore.batch, §8)
     "BulkLoadRequest",
     "BulkLoadResponse",
@@ -37,13 +40,17 @@ __all__ = [
     "BulkLoadTabletResponse",
     "CheckAndMutateRequest",
     "CheckAndMutateResponse",
+    "CloneTableRequest",
     "CompactTableRequest",
     "CompactTabletRequest",
+    "CreateBackupRequest",
     "CreateSnapshotRequest",
     "CreateTableRequest",
     "DeleteSnapshotRequest",
     "EntryError",
     "LargeRow",
+    "ListBackupsRequest",
+    "ListBackupsResponse",
     "ListSnapshotsRequest",
     "ListSnapshotsResponse",
     "ListTablesRequest",
@@ -57,6 +64,7 @@ __all__ = [
     "PointReadsResponse",
     "ReadModifyWriteRequest",
     "ReadRowsRequest",
+    "RestoreTableRequest",
     "RowBatch",
     "RowPiece",
     "SampleRowKeysRequest",
@@ -76,6 +84,7 @@ __all__ = [
     "TabletMutations",
     "TabletStatus",
     "UnloadTabletRequest",
+    "UpdateBackupRequest",
     "UpdateSchemaRequest",
 ]
 
@@ -607,3 +616,66 @@ class BulkLoadResponse:
     tablets: int
     cells: int
     load_id: str = ""
+
+
+# Backups, restores and clones (master/backups.py). Manifests travel as their JSON
+# (metadata/backup.py ``BackupManifest``); expiry is seconds since the epoch (None: never).
+
+
+@dataclass(frozen=True, slots=True)
+class CreateBackupRequest:
+    """Back up ``table`` as ``backup_id`` in the database's bucket."""
+
+    table: str
+    backup_id: str
+    expires_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BackupInfoMessage:
+    """A backup: its manifest's JSON (``metadata.backup.BackupManifest``)."""
+
+    manifest_json: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ListBackupsRequest:
+    """Backups of table ``table`` (by name; None: of every table, deleted ones included)."""
+
+    table: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ListBackupsResponse:
+    backups: tuple[BackupInfoMessage, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class BackupIdRequest:
+    """get_backup / delete_backup."""
+
+    backup_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateBackupRequest:
+    """Set a backup's expiry (None: never expires)."""
+
+    backup_id: str
+    expires_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreTableRequest:
+    """Restore backup ``backup_id`` of the database's bucket into the new table ``new_table``."""
+
+    backup_id: str
+    new_table: str
+
+
+@dataclass(frozen=True, slots=True)
+class CloneTableRequest:
+    """A writable zero-copy clone of ``table`` named ``new_table``."""
+
+    table: str
+    new_table: str

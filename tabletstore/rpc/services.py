@@ -27,18 +27,24 @@ from tabletstore.data.model import Row
 from tabletstore.errors import InvalidArgument
 from tabletstore.rpc.messages import (
     AdoptCompactionRequest,
+    BackupIdRequest,
+    BackupInfoMessage,
     BulkLoadRequest,
     BulkLoadResponse,
     BulkLoadTabletRequest,
     BulkLoadTabletResponse,
     CheckAndMutateRequest,
     CheckAndMutateResponse,
+    CloneTableRequest,
     CompactTableRequest,
     CompactTabletRequest,
+    CreateBackupRequest,
     CreateSnapshotRequest,
     CreateTableRequest,
     DeleteSnapshotRequest,
     LargeRow,
+    ListBackupsRequest,
+    ListBackupsResponse,
     ListSnapshotsRequest,
     ListSnapshotsResponse,
     ListTablesRequest,
@@ -52,6 +58,7 @@ from tabletstore.rpc.messages import (
     PointReadsResponse,
     ReadModifyWriteRequest,
     ReadRowsRequest,
+    RestoreTableRequest,
     RowBatch,
     RowPiece,
     SampleRowKeysRequest,
@@ -67,6 +74,7 @@ from tabletstore.rpc.messages import (
     TableInfoMessage,
     TableNameRequest,
     UnloadTabletRequest,
+    UpdateBackupRequest,
     UpdateSchemaRequest,
 )
 from tabletstore.rpc.transport import Handler, Method, Transport
@@ -180,6 +188,26 @@ class MasterService(Protocol):
 
     async def bulk_load(self, req: BulkLoadRequest) -> BulkLoadResponse:
         """Load SSTables written outside the cluster into a table (§8)."""
+        ...
+
+    async def create_backup(self, req: CreateBackupRequest) -> BackupInfoMessage:
+        """A table's cut kept in the database's bucket for restores (master/backups.py)."""
+        ...
+
+    async def list_backups(self, req: ListBackupsRequest) -> ListBackupsResponse: ...
+
+    async def get_backup(self, req: BackupIdRequest) -> BackupInfoMessage: ...
+
+    async def update_backup(self, req: UpdateBackupRequest) -> BackupInfoMessage: ...
+
+    async def delete_backup(self, req: BackupIdRequest) -> None: ...
+
+    async def restore_table(self, req: RestoreTableRequest) -> TableInfoMessage:
+        """A new table from a backup of the database's bucket, naming its SSTables."""
+        ...
+
+    async def clone_table(self, req: CloneTableRequest) -> TableInfoMessage:
+        """A new writable table sharing a table's SSTables as of now (zero-copy)."""
         ...
 
 

@@ -91,6 +91,15 @@ WIRE_TYPES: dict[int, type] = {
     95: m.ModifyFamiliesRequest,
     96: m.CompactTableRequest,
     97: m.SetAdminsRequest,
+    # backups, restores and clones (98-105)
+    98: m.CreateBackupRequest,
+    99: m.BackupInfoMessage,
+    100: m.ListBackupsRequest,
+    101: m.ListBackupsResponse,
+    102: m.BackupIdRequest,
+    103: m.UpdateBackupRequest,
+    104: m.RestoreTableRequest,
+    105: m.CloneTableRequest,
     # snapshots and bulk load (110-127)
     110: m.SnapshotHoldRequest,
     111: m.SnapshotWriteRequest,

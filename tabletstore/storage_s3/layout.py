@@ -11,6 +11,7 @@ the store URL), so they never include that prefix::
     recovery/<worker-id>/<incarnation:020d>/<segment:020d>/done.json
     recovery/<worker-id>/<incarnation:020d>/<segment:020d>/<table-id>/<tablet-id>.run
     snapshots/<table-id>/<snapshot-id>.json
+    backups/<backup-id>/<version:020d>.json            (a backup manifest, one object a version)
     staging/<principal>/<load-name>/...                (a principal's bulk-load input)
     probes/conditional-create/<nonce>                  (deleted at once; see below)
 
@@ -27,6 +28,12 @@ Identifier components (table, tablet, locality group, SSTable, worker, snapshot 
 validated by :func:`check_component`: non-empty, at most 200 characters, no ``/``, no control
 characters, not ``.`` or ``..``. Every builder has a parser that inverts it exactly; a key that
 does not match raises :class:`~tabletstore.errors.InvalidArgument` naming the key.
+
+A backup's manifest (``metadata/backup.py``) is rewritten (its state, its expiry) by creating
+the next version, never by overwriting: a create-only PUT of version ``n + 1`` is a
+compare-and-swap, and the newest version is the manifest. The same keys serve a backup
+location outside any database (``s3://other-bucket/prefix``): its ``backups/`` and the
+``tables/`` keys of the SSTables its backups name.
 
 ``staging/`` is where a principal puts the files of a bulk load (``batch.load_files``): the
 master reads a load's input only from ``staging/<the caller>/<load-name>/`` of this bucket,
@@ -48,21 +55,26 @@ from tabletstore.errors import InvalidArgument
 from tabletstore.storage_s3.base import object_url
 
 __all__ = [
+    "BACKUPS",
     "LOGS",
     "PROBES",
     "RECOVERY",
     "SNAPSHOTS",
     "STAGING",
     "TABLES",
+    "BackupKey",
     "LogSegmentKey",
     "RecoveryKey",
     "RecoveryRunKey",
     "SSTableKey",
     "SnapshotKey",
+    "backup_key",
+    "backup_prefix",
     "check_component",
     "conditional_create_probe_key",
     "log_prefix",
     "log_segment_key",
+    "parse_backup_key",
     "parse_log_segment_key",
     "parse_recovery_key",
     "parse_recovery_run_key",
@@ -84,6 +96,7 @@ TABLES = "tables/"
 LOGS = "logs/"
 RECOVERY = "recovery/"
 SNAPSHOTS = "snapshots/"
+BACKUPS = "backups/"
 PROBES = "probes/"
 STAGING = "staging/"
 
@@ -133,6 +146,11 @@ class RecoveryKey(NamedTuple):
 class SnapshotKey(NamedTuple):
     table_id: str
     snapshot_id: str
+
+
+class BackupKey(NamedTuple):
+    backup_id: str
+    version: int
 
 
 def check_component(what: str, value: str) -> str:
@@ -379,4 +397,30 @@ def parse_snapshot_key(key: str) -> SnapshotKey:
     parsed = SnapshotKey(table_id, snapshot_id)
     if snapshot_key(*parsed) != key:
         raise InvalidArgument(f"object key {key!r} is not a valid snapshot key")
+    return parsed
+
+
+# Backup manifests ----------------------------------------------------------------------------
+
+
+def backup_prefix(backup_id: str | None = None) -> str:
+    """``backups/`` or ``backups/<backup>/`` (every version of one backup's manifest)."""
+    if backup_id is None:
+        return BACKUPS
+    return f"{BACKUPS}{check_component('backup id', backup_id)}/"
+
+
+def backup_key(backup_id: str, version: int) -> str:
+    """Where version ``version`` of a backup's manifest lives."""
+    return (
+        f"{backup_prefix(backup_id)}{_number('backup manifest version', version)}{_SNAPSHOT_SUFFIX}"
+    )
+
+
+def parse_backup_key(key: str) -> BackupKey:
+    """The inverse of :func:`backup_key`."""
+    backup_id, version = _split(key, BACKUPS, 2, _SNAPSHOT_SUFFIX, "backup manifest")
+    parsed = BackupKey(backup_id, _parse_number("backup manifest version", version, key))
+    if backup_key(*parsed) != key:
+        raise InvalidArgument(f"object key {key!r} is not a valid backup manifest key")
     return parsed

@@ -464,7 +464,7 @@ def test_unimplemented_and_malformed_requests_never_break_the_server(emulator_ho
     with grpc.insecure_channel(emulator_host) as channel:
         for path in (
             "/google.bigtable.v2.Bigtable/ExecuteQuery",
-            "/google.bigtable.admin.v2.BigtableTableAdmin/CreateBackup",
+            "/google.bigtable.admin.v2.BigtableTableAdmin/SnapshotTable",
             "/google.bigtable.admin.v2.BigtableInstanceAdmin/CreateAppProfile",
         ):
             call = channel.unary_unary(path)

@@ -322,3 +322,46 @@ def test_since_holds_a_whole_log_together() -> None:
 def test_negative_grace_is_an_error() -> None:
     with pytest.raises(InvalidArgument, match="grace"):
         gc.plan(gc.LiveSet(), [], NOW, grace=-1)
+
+
+def test_backup_manifest_pins_what_it_names_after_its_table_is_gone() -> None:
+    a, b = _sstable("gone", 1), _sstable("gone", 2)
+    v0, v1 = layout.backup_key("b", 0), layout.backup_key("b", 1)
+    live = gc.LiveSet(tables=frozenset(), backups={v0: frozenset({a}), v1: frozenset({a})})
+    p = gc.plan(live, [_obj(k, 60) for k in (a, b, v0, v1)], NOW, grace=30)
+    assert p.delete == (b,)
+    assert p.reasons[a] is gc.Reason.KEEP_BACKUP
+    assert p.reasons[v0] is p.reasons[v1] is gc.Reason.KEEP_BACKUP_MANIFEST
+
+
+def test_expired_backup_goes_first_and_its_sstables_next_round() -> None:
+    a = _sstable("ta", 1)
+    v1 = layout.backup_key("b", 1)
+    live = gc.LiveSet(
+        tables=frozenset({"ta"}), backups={v1: frozenset({a})}, backup_expiry={v1: NOW - 1}
+    )
+    p = gc.plan(live, [_obj(a, 60), _obj(v1, 60)], NOW, grace=30)
+    assert p.delete == (v1,)
+    assert p.reasons[v1] is gc.Reason.DELETE_EXPIRED_BACKUP
+    assert p.reasons[a] is gc.Reason.KEEP_BACKUP
+    later = gc.plan(gc.LiveSet(tables=frozenset({"ta"})), [_obj(a, 60)], NOW, grace=30)
+    assert later.delete == (a,)
+    not_yet = gc.LiveSet(backups={v1: frozenset({a})}, backup_expiry={v1: NOW + 1})
+    assert gc.plan(not_yet, [_obj(a, 60), _obj(v1, 60)], NOW, grace=30).delete == ()
+
+
+def test_unreadable_backup_manifest_keeps_every_sstable() -> None:
+    keys = [_sstable("ta", 1), _sstable("tb", 2)]
+    v0 = layout.backup_key("b", 0)
+    live = gc.LiveSet(tables=frozenset(), backups={v0: None})
+    p = gc.plan(live, [_obj(k, 60) for k in (*keys, v0)], NOW, grace=30)
+    assert p.delete == ()
+    assert all(p.reasons[k] is gc.Reason.KEEP_BACKUP for k in keys)
+
+
+def test_an_sstable_named_by_any_tables_record_is_kept() -> None:
+    """A clone or a restored table names its source's SSTables under the source's prefix."""
+    shared = _sstable("source", 1)
+    live = gc.LiveSet(tables=frozenset({"clone"}), sstables=frozenset({shared}))
+    p = gc.plan(live, [_obj(shared, 600)], NOW, grace=30)
+    assert p.delete == () and p.reasons[shared] is gc.Reason.KEEP_REFERENCED

@@ -80,6 +80,13 @@ def test_the_protocols_declare_every_method_once() -> None:
         "list_snapshots",
         "delete_snapshot",
         "bulk_load",
+        "create_backup",
+        "list_backups",
+        "get_backup",
+        "update_backup",
+        "delete_backup",
+        "restore_table",
+        "clone_table",
     }
     with pytest.raises(InvalidArgument, match="not a method of TabletService"):
         TABLET.method(MasterService.list_tables)
@@ -236,6 +243,26 @@ async def _exercise(
         MasterService.delete_snapshot,
         m.DeleteSnapshotRequest(snapshot_id),
     )
+    backup = await call(
+        master.create_backup, MasterService.create_backup, m.CreateBackupRequest("svc", "bk")
+    )
+    listed_backups = await call(
+        master.list_backups, MasterService.list_backups, m.ListBackupsRequest("svc")
+    )
+    assert [b.manifest_json for b in listed_backups.backups] == [backup.manifest_json]
+    got_backup = await call(master.get_backup, MasterService.get_backup, m.BackupIdRequest("bk"))
+    assert got_backup == backup
+    later = m.UpdateBackupRequest("bk", db.master.clock.time() + 3600)
+    assert (await call(master.update_backup, MasterService.update_backup, later)).manifest_json
+    restored = await call(
+        master.restore_table, MasterService.restore_table, m.RestoreTableRequest("bk", "svc-r")
+    )
+    assert restored.info().schema.name == "svc-r"
+    cloned = await call(
+        master.clone_table, MasterService.clone_table, m.CloneTableRequest("svc", "svc-c")
+    )
+    assert cloned.info().schema.name == "svc-c"
+    await call(master.delete_backup, MasterService.delete_backup, m.BackupIdRequest("bk"))
     # The job writes into its staging area of the database's (in-memory) store.
     area = layout.staging_prefix("anonymous", bulk_source)
     cells = {"row": [b"b1"], "family": ["f"], "qualifier": [b"q"], "value": [b"bulk"]}

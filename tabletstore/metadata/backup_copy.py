@@ -1,0 +1,180 @@
+"""Copying a backup from one location to another, and deleting one from a backup location
+(docs/operations/backups.md).
+
+A location is a store root: a database's bucket, or a backup location outside any database
+(``s3://other-bucket/prefix``). Both keep a backup the same way: its manifest versions under
+``backups/<id>/`` and the SSTables it names under their own ``tables/...`` keys
+(metadata/backup.py). Keys are kept as they are because an SSTable key is unique (its table
+id and SSTable id are random) and an SSTable is immutable: a key already in the destination
+with the recorded size is the same object, so copies of several backups of one table into one
+location share what they have in common, and a copy that was cut short resumes where it
+stopped.
+
+The copy is crash-safe. The destination's manifest is written first in state ``creating``
+(in a database's bucket it pins the keys as they arrive: GC honours a creating backup too),
+then every object is copied and checked against its recorded size (and its checksum when one
+is recorded), then version 2 says ``ready``. A backup that is not ready is refused by
+restores and copies; deleting it is how a failed copy is abandoned.
+
+Bytes go through this process (GET then create-only PUT), so checksums are recorded for
+every object copied: a copy of a copy verifies them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Callable
+from dataclasses import replace
+
+from tabletstore.errors import Corruption, InvalidArgument, NotFound, PreconditionFailed
+from tabletstore.metadata.backup import (
+    BackupManifest,
+    BackupState,
+    check_backup_id,
+    delete_backup_versions,
+    list_backups,
+    read_backup,
+    write_backup,
+    write_next_version,
+)
+from tabletstore.metadata.record import SSTableRef
+from tabletstore.storage_s3 import layout
+from tabletstore.storage_s3.base import S3_BATCH, ObjectStore, object_url
+
+__all__ = ["COPY_CONCURRENCY", "PART_BYTES", "checksum", "copy_backup", "delete_from_location"]
+
+#: Objects copied at once (each one GET and one PUT in flight).
+COPY_CONCURRENCY = 16
+
+#: Objects larger than this are read in ranges of this size, in parallel.
+PART_BYTES = 4 * 1024 * 1024
+
+#: Called with the bytes of each object copied (progress, benchmarks).
+Progress = Callable[[int], None]
+
+
+def checksum(data: bytes) -> str:
+    """The checksum a manifest records for an object's bytes."""
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+async def copy_backup(
+    src: ObjectStore,
+    dst: ObjectStore,
+    backup_id: str,
+    *,
+    now: float,
+    new_id: str | None = None,
+    expires_at: float | None = None,
+    keep_expiry: bool = True,
+    concurrency: int = COPY_CONCURRENCY,
+    progress: Progress | None = None,
+) -> BackupManifest:
+    """Copy backup ``backup_id`` from ``src`` to ``dst`` (as ``new_id``, default the same
+    id) and return the destination's ready manifest. Only a ready, unexpired backup is
+    copied; the copy keeps its expiry unless ``keep_expiry`` is False (then ``expires_at``)."""
+    if concurrency < 1:
+        raise InvalidArgument(f"copy concurrency must be at least 1, got {concurrency}")
+    source = await read_backup(src, backup_id)
+    source.check_restorable(now, src.url)
+    target = check_backup_id(new_id or backup_id)
+    first = replace(
+        source,
+        backup_id=target,
+        version=0,
+        state=BackupState.CREATING,
+        copied_from=src.url,
+        expires_at=source.expires_at if keep_expiry else expires_at,
+    )
+    await write_backup(dst, first)
+    refs = {r.key: r for t in source.tablets for refs in t.sstables.values() for r in refs}
+    sums: dict[str, str] = {}
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(ref: SSTableRef) -> None:
+        async with gate:
+            sums[ref.key] = await _copy_object(src, dst, ref, source.checksums.get(ref.key))
+            if progress is not None:
+                progress(ref.size)
+
+    async with asyncio.TaskGroup() as tg:
+        for ref in refs.values():
+            tg.create_task(one(ref))
+    done = first.changed(state=BackupState.READY, checksums={k: v for k, v in sums.items() if v})
+    return await write_next_version(dst, done)
+
+
+async def _copy_object(
+    src: ObjectStore, dst: ObjectStore, ref: SSTableRef, expected: str | None
+) -> str:
+    """Copy one SSTable object unless ``dst`` has it already; returns its checksum ("" when
+    it was there already and none was recorded)."""
+    there = await dst.head(ref.key)
+    if there is not None and there.size == ref.size:
+        return expected or ""
+    data = await _fetch(src, ref)
+    if data is None:
+        raise NotFound(
+            f"the backup names {object_url(src.url, ref.key)}, which does not exist: the "
+            "backup is damaged (nothing was restored or copied from it)"
+        )
+    if len(data) != ref.size:
+        raise Corruption(
+            f"{object_url(src.url, ref.key)} has {len(data)} bytes, the backup recorded {ref.size}"
+        )
+    got = await asyncio.to_thread(checksum, data)  # hashlib releases the GIL: off the loop
+    if expected is not None and got != expected:
+        raise Corruption(f"{object_url(src.url, ref.key)} does not match its recorded checksum")
+    if there is not None:
+        raise Corruption(
+            f"{object_url(dst.url, ref.key)} exists with {there.size} bytes, not the "
+            f"{ref.size} the backup records: not overwriting it"
+        )
+    try:
+        await dst.create(ref.key, data)
+    except PreconditionFailed:
+        # Another copy of a backup naming it landed meanwhile: the same immutable object.
+        pass
+    return got
+
+
+async def _fetch(src: ObjectStore, ref: SSTableRef) -> bytes | None:
+    """The object's bytes: one GET, or for a large object ranged GETs of ``PART_BYTES`` in
+    parallel (as S3's own clients split a download); None if it does not exist."""
+    if ref.size <= PART_BYTES:
+        return await src.get(ref.key)
+    offsets = range(0, ref.size, PART_BYTES)
+    parts = await asyncio.gather(*(src.get_range(ref.key, o, PART_BYTES) for o in offsets))
+    if any(p is None for p in parts):
+        return None
+    return b"".join(p for p in parts if p is not None)
+
+
+async def delete_from_location(store: ObjectStore, backup_id: str) -> BackupManifest:
+    """Delete a backup from a backup location (not a database's bucket, where GC frees
+    objects): its manifest versions, then every SSTable it named that no other backup there
+    names. If another manifest there cannot be read, no SSTable is deleted (what it names is
+    unknown); they stay until the next delete."""
+    manifest = await read_backup(store, backup_id)
+    others = [m for m in await list_backups(store) if m.backup_id != backup_id]
+    count = await _manifest_count(store)
+    await delete_backup_versions(store, backup_id)
+    if len(others) != count - 1:
+        return manifest
+    kept = {k for m in others for k in m.sstable_keys()}
+    gone = [k for k in manifest.sstable_keys() if k not in kept]
+    for i in range(0, len(gone), S3_BATCH):
+        await store.delete_many(gone[i : i + S3_BATCH])
+    return manifest
+
+
+async def _manifest_count(store: ObjectStore) -> int:
+    """How many backups have at least one manifest version in ``store``."""
+    ids: set[str] = set()
+    async for info in store.list(layout.BACKUPS):
+        try:
+            ids.add(layout.parse_backup_key(info.key).backup_id)
+        except InvalidArgument:
+            continue
+    return len(ids)

@@ -1,0 +1,291 @@
+"""Backups, restores and zero-copy clones through the client, on the embedded database.
+
+A backup equals the table as of its creation whatever is written afterwards (in memtables or
+flushed); a restore is a new table with the backup's cells, split points and schema, whose
+writes order after every restored cell; a backup copied to another location restores from
+there after the source's objects are gone; a clone and its source diverge; GC keeps what a
+backup or a clone names and frees it once neither does; bad input changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from tabletstore.client.client import AsyncClient
+from tabletstore.data.model import DeleteRow, SetCell
+from tabletstore.embedded import Database
+from tabletstore.errors import AlreadyExists, InvalidArgument, NotFound, Unimplemented
+from tabletstore.metadata.backup import BackupState, write_next_version
+from tabletstore.storage_s3 import layout
+
+
+async def _write(db: AsyncClient, table: str, rows: range, value: bytes) -> None:
+    t = db.table(table)
+    for i in rows:
+        await t.mutate_row(f"row{i:04d}".encode(), [SetCell("f", b"q", value)])
+
+
+async def _rows(db: AsyncClient, table: str) -> dict[bytes, bytes | None]:
+    return {row.key: row.latest("f", b"q") async for row in db.table(table).read_rows()}
+
+
+async def _sstables(db: Database) -> set[str]:
+    return {i.key async for i in db.store.list(layout.TABLES)}
+
+
+async def test_restore_equals_the_table_at_backup_time(tmp_path: Path) -> None:
+    async with await Database.open(f"file://{tmp_path}/db") as db:
+        await db.create_table("t", ["f"], split_keys=[b"row0010", b"row0020"])
+        await _write(db, "t", range(0, 30), b"old")
+        await db.flush("t")  # some cells in SSTables, some in memtables at the cut
+        await _write(db, "t", range(5, 15), b"mid")
+        await db.table("t").mutate_row(b"row0001", [DeleteRow()])
+        at_backup = await _rows(db, "t")
+        backup = await db.create_backup("t", "b1")
+        assert backup.state is BackupState.READY and backup.split_keys() == [b"row0010", b"row0020"]
+        # After the cut: overwrites, deletes, new rows, flushed and compacted away.
+        await _write(db, "t", range(0, 40), b"new")
+        await db.table("t").mutate_row(b"row0002", [DeleteRow()])
+        await db.compact("t")
+        info = await db.restore_table("b1", "r")
+        assert await _rows(db, "r") == at_backup
+        assert info.schema.families.keys() == {"f"}
+        assert [r.end_row for r in await db.catalog.list_tablets(info.table_id)] == [
+            b"row0010",
+            b"row0020",
+            None,
+        ]
+        # Writes to the restored table come after every restored cell (a larger seq wins).
+        await _write(db, "r", range(3, 4), b"after")
+        await db.table("r").mutate_row(b"row0005", [DeleteRow()])
+        expected = {**at_backup, b"row0003": b"after"}
+        del expected[b"row0005"]
+        assert await _rows(db, "r") == expected
+        # The backup outlives its table, and GC keeps what it names.
+        await db.delete_table("t")
+        await db.delete_table("r")
+        await db.gc(grace=0)
+        assert set(backup.sstable_keys()) <= await _sstables(db)
+        again = await db.restore_table("b1", "r2")
+        assert await _rows(db, "r2") == at_backup
+        assert again.table_id != info.table_id
+
+
+async def test_gc_frees_a_backup_after_delete_and_after_expiry(tmp_path: Path) -> None:
+    async with await Database.open(f"file://{tmp_path}/db") as db:
+        await db.create_table("t", ["f"])
+        await _write(db, "t", range(10), b"v")
+        await db.flush("t")
+        soon = time.time() + 3600
+        kept = await db.create_backup("t", "kept")
+        gone = await db.create_backup("t", "gone", expires_at=soon)
+        await db.delete_table("t")
+        await db.gc(grace=0)
+        names = set(kept.sstable_keys()) | set(gone.sstable_keys())
+        assert names <= await _sstables(db)
+        # Expiry: the newest version's expiry decides; set it into the past by hand (an
+        # update refuses a past expiry), as time passing would.
+        manifest = await db.get_backup("gone")
+        await write_next_version(db.store, manifest.changed(expires_at=time.time() - 1))
+        await db.gc(grace=0)  # deletes the expired manifest
+        with pytest.raises(NotFound):
+            await db.get_backup("gone")
+        await db.gc(grace=0)
+        assert set(kept.sstable_keys()) <= await _sstables(db)
+        await db.delete_backup("kept")
+        await db.gc(grace=0)
+        assert not (names & await _sstables(db))
+        assert [b.backup_id for b in await db.list_backups()] == []
+
+
+async def test_update_backup_expiry_and_list(tmp_path: Path) -> None:
+    async with await Database.open(f"file://{tmp_path}/db") as db:
+        await db.create_table("t", ["f"])
+        await _write(db, "t", range(3), b"v")
+        await db.create_backup("t", "b1")
+        later = time.time() + 7 * 86400
+        updated = await db.update_backup("b1", expires_at=later)
+        assert updated.expires_at == later and updated.version == 1
+        assert [k async for k in _keys(db, layout.backup_prefix("b1"))] == [
+            layout.backup_key("b1", 1)
+        ]
+        with pytest.raises(InvalidArgument, match="not in the future"):
+            await db.update_backup("b1", expires_at=time.time() - 10)
+        assert [b.backup_id for b in await db.list_backups("t")] == ["b1"]
+        assert await db.list_backups("other") == []
+
+
+async def _keys(db: Database, prefix: str):  # type: ignore[no-untyped-def]
+    async for info in db.store.list(prefix):
+        yield info.key
+
+
+async def test_bad_restores_change_nothing(tmp_path: Path) -> None:
+    async with await Database.open(f"file://{tmp_path}/db") as db:
+        await db.create_table("t", ["f"])
+        await db.create_table("taken", ["f"])
+        await _write(db, "t", range(3), b"v")
+        backup = await db.create_backup("t", "b1")
+        tables = await db.list_tables()
+        with pytest.raises(AlreadyExists, match="'taken' already exists"):
+            await db.restore_table("b1", "taken")
+        with pytest.raises(NotFound, match="no backup 'nope'"):
+            await db.restore_table("nope", "new")
+        with pytest.raises(InvalidArgument, match="is not a backup id"):
+            await db.get_backup("../x")
+        with pytest.raises(AlreadyExists, match="backup 'b1' already exists"):
+            await db.create_backup("t", "b1")
+        # Incomplete: a copy that never finished.
+        creating = backup.changed(state=BackupState.CREATING)
+        await write_next_version(db.store, creating)
+        with pytest.raises(InvalidArgument, match="incomplete"):
+            await db.restore_table("b1", "new")
+        # Expired.
+        await write_next_version(
+            db.store, creating.changed(state=BackupState.READY, expires_at=1.0)
+        )
+        with pytest.raises(InvalidArgument, match="expired"):
+            await db.restore_table("b1", "new")
+        # A newer format: refused, never guessed at.
+        doc = json.loads(backup.to_bytes())
+        doc["format"] = "tabletstore.backup/2"
+        await db.store.create(layout.backup_key("b2", 0), json.dumps(doc).encode())
+        with pytest.raises(Unimplemented, match="newer than this build reads"):
+            await db.restore_table("b2", "new")
+        # A missing SSTable: named, nothing created.
+        await db.create_backup("t", "b3")
+        b3 = await db.get_backup("b3")
+        victim = b3.sstable_keys()[0]
+        data = await db.store.get(victim)
+        await db.store.delete(victim)
+        with pytest.raises(NotFound, match="does not exist: the backup is damaged"):
+            await db.restore_table("b3", "new")
+        assert data is not None
+        await db.store.create(victim, data)
+        assert await db.list_tables() == tables
+        # GC keeps every SSTable while a manifest it cannot read exists.
+        await db.delete_backup("b3")
+        await db.delete_table("t")
+        await db.gc(grace=0)
+        assert set(b3.sstable_keys()) <= await _sstables(db)
+
+
+async def test_backup_to_another_location_restores_without_the_source(tmp_path: Path) -> None:
+    elsewhere = f"file://{tmp_path}/backups"
+    async with await Database.open(f"file://{tmp_path}/a") as db:
+        await db.create_table("t", ["f"], split_keys=[b"row0005"])
+        await _write(db, "t", range(10), b"v")
+        await db.flush("t")
+        await _write(db, "t", range(2, 4), b"w")
+        expected = await _rows(db, "t")
+        remote = await db.create_backup("t", "far", to=elsewhere)
+        assert remote.state is BackupState.READY and remote.copied_from is not None
+        assert set(remote.checksums) == set(remote.sstable_keys())
+        assert await db.list_backups() == []  # it lives there alone
+        assert [b.backup_id for b in await db.list_backups(location=elsewhere)] == ["far"]
+        copy = await db.copy_backup("far", f"file://{tmp_path}/third", source=elsewhere)
+        assert copy.checksums == remote.checksums
+    import shutil
+
+    shutil.rmtree(tmp_path / "a")  # the source database and its bucket are gone
+    async with await Database.open(f"file://{tmp_path}/b") as db:
+        with pytest.raises(NotFound):
+            await db.restore_table("far", "r")
+        await db.restore_table("far", "r", source=elsewhere)
+        assert await _rows(db, "r") == expected
+        await db.restore_table("far", "r2", source=elsewhere)  # the copy in is reused
+        assert await _rows(db, "r2") == expected
+
+
+async def test_delete_from_a_location_keeps_what_another_backup_names(tmp_path: Path) -> None:
+    elsewhere = f"file://{tmp_path}/backups"
+    async with await Database.open(f"file://{tmp_path}/a") as db:
+        await db.create_table("t", ["f"])
+        await _write(db, "t", range(10), b"v")
+        await db.flush("t")
+        first = await db.create_backup("t", "one", to=elsewhere)
+        second = await db.create_backup("t", "two", to=elsewhere)
+        shared = set(first.sstable_keys()) & set(second.sstable_keys())
+        assert shared
+        await db.delete_backup("one", location=elsewhere)
+        async with _store(elsewhere) as store:
+            left = {i.key async for i in store.list(layout.TABLES)}
+        assert left == set(second.sstable_keys())
+        await db.delete_backup("two", location=elsewhere)
+        async with _store(elsewhere) as store:
+            assert [i.key async for i in store.list("")] == []
+
+
+def _store(url: str):  # type: ignore[no-untyped-def]
+    import contextlib
+
+    from tabletstore.storage_s3 import open_store
+
+    @contextlib.asynccontextmanager
+    async def opened():  # type: ignore[no-untyped-def]
+        store = open_store(url)
+        try:
+            yield store
+        finally:
+            await store.close()
+
+    return opened()
+
+
+async def test_clone_is_independent_of_its_source(tmp_path: Path) -> None:
+    async with await Database.open(f"file://{tmp_path}/db") as db:
+        await db.create_table("t", ["f"], split_keys=[b"row0050"])
+        await _write(db, "t", range(100), b"src")
+        await db.flush("t")
+        await _write(db, "t", range(0, 10), b"mem")  # in memtables at the clone's cut
+        at_clone = await _rows(db, "t")
+        info = await db.clone_table("t", "c")
+        assert await _rows(db, "c") == at_clone
+        await _write(db, "t", range(0, 5), b"to-source")
+        await _write(db, "c", range(5, 10), b"to-clone")
+        await db.table("c").mutate_row(b"row0099", [DeleteRow()])
+        src = await _rows(db, "t")
+        clone = await _rows(db, "c")
+        assert src[b"row0005"] == b"mem" and src[b"row0099"] == b"src"
+        assert clone[b"row0000"] == b"mem" and clone[b"row0005"] == b"to-clone"
+        assert b"row0099" not in clone
+        # The clone's compaction writes under its own prefix; the source's objects stay put.
+        await db.compact("c")
+        own = layout.tables_prefix(info.table_id)
+        for rec in await db.catalog.list_tablets(info.table_id):
+            assert all(r.key.startswith(own) for refs in rec.sstables.values() for r in refs)
+        # Deleting the source leaves the clone whole, through GC.
+        await db.flush("c")
+        source_id = (await db.describe_table("t")).name
+        assert source_id == "t"
+        await db.delete_table("t")
+        await db.gc(grace=0)
+        assert await _rows(db, "c") == clone
+        with pytest.raises(AlreadyExists):
+            await db.clone_table("c", "c")
+
+
+async def test_gc_keeps_a_source_sstable_while_a_clone_names_it(tmp_path: Path) -> None:
+    async with await Database.open(f"file://{tmp_path}/db") as db:
+        await db.create_table("t", ["f"])
+        await _write(db, "t", range(20), b"v")
+        await db.flush("t")
+        await db.clone_table("t", "c")
+        src_id = (await db._info("t")).table_id
+        source_keys = {
+            r.key
+            for rec in await db.catalog.list_tablets(src_id)
+            for refs in rec.sstables.values()
+            for r in refs
+        }
+        await db.delete_table("t")
+        await db.gc(grace=0)
+        assert source_keys <= await _sstables(db)
+        await db.compact("c")  # the clone no longer names them
+        await db.gc(grace=0)
+        assert not (source_keys & await _sstables(db))
+        assert len(await _rows(db, "c")) == 20

@@ -1,0 +1,61 @@
+"""Backups belong to their table's admins, on a master with auth on (the guard around the
+master's handlers, run in a proven principal's scope as the RPC layer would).
+
+Mallory, who does not administer ``t``, may neither back it up, clone it, restore, describe,
+re-date nor delete its backup, and does not see it listed; after the table is deleted the
+backup still answers only to the admins its manifest recorded. A restored table belongs to
+the restorer as well as to the source's admins.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tabletstore.data.schema import TableSchema
+from tabletstore.embedded import Database
+from tabletstore.errors import PermissionDenied
+from tabletstore.master.master_service_guard import guard
+from tabletstore.rpc import messages as m
+from tabletstore.rpc.auth import principal_scope
+from tabletstore.rpc.services import MASTER
+from tabletstore.security.principal import Principal
+
+ALICE = Principal("alice", "client")
+MALLORY = Principal("mallory", "client")
+
+
+async def test_backups_answer_only_to_their_tables_admins(tmp_path: Path) -> None:
+    db = await Database.open(f"file://{tmp_path}/db")
+    try:
+        handlers = guard(db.master, MASTER.handlers(db.master))
+
+        async def call(who: Principal, method: str, req: object) -> object:
+            with principal_scope(who):
+                return await handlers[method](req)
+
+        schema = TableSchema(name="t", families={}, admins=["alice"])
+        await call(ALICE, "create_table", m.CreateTableRequest.of(schema))
+        await call(ALICE, "create_backup", m.CreateBackupRequest("t", "b1"))
+        for method, req in [
+            ("create_backup", m.CreateBackupRequest("t", "b2")),
+            ("clone_table", m.CloneTableRequest("t", "mine")),
+            ("get_backup", m.BackupIdRequest("b1")),
+            ("update_backup", m.UpdateBackupRequest("b1", None)),
+            ("restore_table", m.RestoreTableRequest("b1", "mine")),
+            ("delete_backup", m.BackupIdRequest("b1")),
+        ]:
+            with pytest.raises(PermissionDenied, match="mallory may not"):
+                await call(MALLORY, method, req)
+        listed = await call(MALLORY, "list_backups", m.ListBackupsRequest(None))
+        assert isinstance(listed, m.ListBackupsResponse) and listed.backups == ()
+        await call(ALICE, "delete_table", m.TableNameRequest("t"))
+        with pytest.raises(PermissionDenied):
+            await call(MALLORY, "restore_table", m.RestoreTableRequest("b1", "mine"))
+        restored = await call(ALICE, "restore_table", m.RestoreTableRequest("b1", "r"))
+        assert isinstance(restored, m.TableInfoMessage)
+        assert restored.info().schema.admins == ["alice"]
+        assert await db.list_tables() == ["r"]
+    finally:
+        await db.close()

@@ -1,0 +1,136 @@
+"""The backup manifest format (metadata/backup.py): its JSON, versions, and refusals.
+
+The JSON is pinned key by key (a format change edits this test and the module docstring in
+the same commit); a newer format is Unimplemented, never guessed at; a damaged manifest is
+Corruption naming it; versions are published create-only, and the newest one is the manifest.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from tabletstore.data.schema import ColumnFamily, TableSchema
+from tabletstore.errors import (
+    AlreadyExists,
+    Corruption,
+    InvalidArgument,
+    PreconditionFailed,
+    Unimplemented,
+)
+from tabletstore.metadata.backup import (
+    FORMAT,
+    BackupManifest,
+    BackupState,
+    check_backup_id,
+    list_backups,
+    read_backup,
+    write_backup,
+    write_next_version,
+)
+from tabletstore.metadata.record import SSTableRef
+from tabletstore.metadata.snapshot import TabletSnapshot
+from tabletstore.storage_s3 import layout
+from tabletstore.storage_s3.memory import MemoryObjectStore
+
+REF = SSTableRef(layout.sstable_key("t-1", "t00000", "default", "s1"), 100, 3, 1, 9, b"a", b"z")
+
+
+def _manifest(**changes: object) -> BackupManifest:
+    base = BackupManifest(
+        backup_id="b1",
+        table="t",
+        table_id="t-1",
+        source_url="memory://db",
+        created_at=1000.5,
+        expires_at=None,
+        state=BackupState.READY,
+        schema=TableSchema(name="t", families={"f": ColumnFamily(name="f")}),
+        tablets=(
+            TabletSnapshot("t00000", b"", b"m", 9, {"default": (REF,)}),
+            TabletSnapshot("t00001", b"m", None, 4, {}),
+        ),
+    )
+    return replace(base, **changes)  # type: ignore[arg-type]
+
+
+def test_json_is_pinned() -> None:
+    doc = json.loads(_manifest().to_bytes())
+    assert list(doc) == [
+        "format", "backup_id", "version", "state", "table", "table_id", "source_url",
+        "created_at", "expires_at", "size_bytes", "copied_from", "checksums", "schema",
+        "tablets",
+    ]  # fmt: skip
+    assert doc["format"] == FORMAT == "tabletstore.backup/1"
+    assert doc["state"] == "ready" and doc["size_bytes"] == 100
+    assert doc["tablets"][0]["cut_seq"] == 9 and doc["tablets"][0]["end_row"] == "bQ=="
+    assert BackupManifest.from_bytes(_manifest().to_bytes()) == _manifest()
+
+
+def test_split_keys_and_keys_named_once() -> None:
+    m = _manifest()
+    assert m.split_keys() == [b"m"]
+    assert m.sstable_keys() == [REF.key]
+    assert m.key == layout.backup_key("b1", 0)
+
+
+def test_newer_format_is_unimplemented_other_garbage_is_corruption() -> None:
+    doc = json.loads(_manifest().to_bytes())
+    doc["format"] = "tabletstore.backup/7"
+    with pytest.raises(Unimplemented, match="newer than this build reads"):
+        BackupManifest.from_bytes(json.dumps(doc).encode(), name="x")
+    doc["format"] = "tabletstore.snapshot/1"
+    with pytest.raises(Corruption, match="x is malformed"):
+        BackupManifest.from_bytes(json.dumps(doc).encode(), name="x")
+    with pytest.raises(Corruption):
+        BackupManifest.from_bytes(b"[1]", name="x")
+    doc["format"] = FORMAT
+    doc["tablets"] = doc["tablets"][:1]
+    with pytest.raises(Corruption, match="does not continue"):
+        BackupManifest.from_bytes(json.dumps(doc).encode(), name="x")
+
+
+def test_restorable_only_when_ready_and_unexpired() -> None:
+    _manifest().check_restorable(2000.0, "here")
+    with pytest.raises(InvalidArgument, match="incomplete"):
+        _manifest(state=BackupState.CREATING).check_restorable(2000.0, "here")
+    with pytest.raises(InvalidArgument, match="expired at 1970"):
+        _manifest(expires_at=1500.0).check_restorable(2000.0, "here")
+
+
+@pytest.mark.parametrize("bad", ["", "-x", ".x", "a/b", "x" * 101, "sp ace"])
+def test_backup_ids_are_checked(bad: str) -> None:
+    with pytest.raises(InvalidArgument, match="is not a backup id"):
+        check_backup_id(bad)
+
+
+async def test_versions_are_create_only_and_the_newest_is_read() -> None:
+    store = MemoryObjectStore("memory://t")
+    first = await write_backup(store, _manifest())
+    with pytest.raises(AlreadyExists):
+        await write_backup(store, _manifest())
+    second = await write_next_version(store, first.changed(expires_at=5000.0))
+    assert (await read_backup(store, "b1")) == second
+    assert [i.key async for i in store.list(layout.backup_prefix("b1"))] == [second.key]
+    with pytest.raises(PreconditionFailed, match="changed by someone else"):
+        await write_next_version(store, first.changed(expires_at=6000.0))
+    assert [m.backup_id for m in await list_backups(store)] == ["b1"]
+    assert await list_backups(store, "other") == []
+
+
+async def test_gc_mark_reads_a_version_replaced_after_the_listing() -> None:
+    """An update between GC's listing and its mark publishes version n+1 (unlisted) and
+    deletes version n: the mark must pin what the backup names, not nothing."""
+    from tabletstore.master import gc
+
+    store = MemoryObjectStore("memory://gc-race")
+    first = await write_backup(store, _manifest())
+    listed = [i async for i in store.list("")]
+    await write_next_version(store, first.changed(expires_at=9e9))
+    names, expiry = await gc._backup_names(store, listed)
+    assert names == {first.key: frozenset({REF.key})}
+    assert expiry == {first.key: 9e9}
+    await store.delete_many([i.key async for i in store.list("")])
+    assert (await gc._backup_names(store, listed))[0] == {first.key: frozenset()}
