@@ -36,6 +36,8 @@ from tabletstore.master.gc import GcReport, collect
 from tabletstore.master.gc_plan import DEFAULT_FENCE_GRACE, DEFAULT_GRACE
 from tabletstore.master.log_recovery import InProcessSortExecutor, LogRecovery
 from tabletstore.master.master import Master
+from tabletstore.master.verify import verify
+from tabletstore.master.verify_plan import VerifyReport
 from tabletstore.metadata.store_location import OBJECTS_DIR, embedded_store_url
 from tabletstore.ops.metrics import WorkerMetrics
 from tabletstore.options import IN_PROCESS_LEASE, MasterOptions, TabletOptions, WorkerOptions
@@ -240,6 +242,20 @@ class Database(AsyncClient):
             dry_run=dry_run,
         )
 
+    async def verify(self, table: str | None = None, *, deep: bool = False) -> VerifyReport:
+        """Check that the database (or ``table``) is whole: every object its records and
+        snapshots reference exists with its recorded size, tablets tile each table, each log
+        a tablet needs runs without a gap; objects nothing references are listed as orphans
+        (:mod:`tabletstore.master.verify_plan`). ``deep`` reads every needed log segment whole."""
+        return await verify(
+            self.store,
+            self.master.catalog,
+            self.coordinator,
+            clock=self.master.clock,
+            table=table,
+            deep=deep,
+        )
+
     async def __aenter__(self) -> Database:
         return self
 
@@ -252,6 +268,7 @@ class SyncDatabase(SyncClient):
 
     # An embedded database's own methods (a cluster client has neither: AttributeError).
     gc = blocking(Database.gc)
+    verify = blocking(Database.verify)
     metrics_text = blocking(Database.metrics_text)
 
     def close(self) -> None:

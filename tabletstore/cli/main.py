@@ -11,7 +11,7 @@ the syntax itself lives in :mod:`tabletstore.cli.cbtsyntax`, the CSV form in
 :mod:`tabletstore.cli.tablecsv`). The verbs by module: :mod:`~tabletstore.cli.demo`,
 :mod:`~tabletstore.cli.schema_cmds` (ls to setgcpolicy), :mod:`~tabletstore.cli.row_cmds`
 (set to count), :mod:`~tabletstore.cli.csv_cmds` (import, export),
-:mod:`~tabletstore.cli.maintenance_cmds` (flush, compact, gc),
+:mod:`~tabletstore.cli.maintenance_cmds` (flush, compact, gc, verify),
 :mod:`~tabletstore.cli.batch_cmds` (snapshot, bulkload),
 :mod:`~tabletstore.cli.localstack_cmds`, :mod:`~tabletstore.cli.server_cmds` (master,
 worker), :mod:`~tabletstore.cli.status_cmds`, :mod:`~tabletstore.cli.security_cmds` (certs,
@@ -36,6 +36,7 @@ does one thing and closes it (closing minor-compacts, so the next open is quick)
     tabletstore export T FILE.csv|- [prefix=P] [start=R] [end=R] [encoding=text|base64]
     tabletstore flush T | compact T                    minor / major compaction (§5.4)
     tabletstore gc [--grace S] [--dry-run]             delete unreferenced objects (§5.2)
+    tabletstore verify [TABLE] [--deep] [--json]       is the bucket whole? (exit 3 if not)
     tabletstore [--url URL] local-stack up [--dir DIR] [--s3-url URL | --s3 moto|seaweedfs]
                                            [--workers N] [--persist]
     tabletstore [--url URL] local-stack status [--dir DIR]
@@ -175,6 +176,7 @@ for _command in (
     maintenance_cmds.flush_cmd,
     maintenance_cmds.compact_cmd,
     maintenance_cmds.gc_cmd,
+    maintenance_cmds.verify_cmd,
     batch_cmds.snapshot_group,
     batch_cmds.bulkload_cmd,
     localstack_cmds.local_stack,

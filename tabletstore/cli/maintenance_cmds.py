@@ -2,6 +2,7 @@
 
     tabletstore flush T | compact T                    minor / major compaction (§5.4)
     tabletstore gc [--grace S] [--dry-run]             delete unreferenced objects (§5.2)
+    tabletstore verify [TABLE] [--deep] [--json]       is the bucket whole? (exit 3 if not)
 
 On a terminal flush and compact show a progress bar on stderr.
 """
@@ -9,6 +10,7 @@ On a terminal flush and compact show a progress bar on stderr.
 from __future__ import annotations
 
 import asyncio
+import json
 
 import click
 
@@ -20,10 +22,12 @@ from tabletstore.embedded import SyncDatabase
 from tabletstore.errors import TabletStoreError
 from tabletstore.master.gc import GcReport, collect
 from tabletstore.master.gc_plan import DEFAULT_GRACE
+from tabletstore.master.verify import verify
+from tabletstore.master.verify_plan import VerifyReport
 from tabletstore.metadata.catalog import ClusterSettings
 from tabletstore.storage_s3 import open_store
 
-__all__ = ["compact_cmd", "flush_cmd", "gc_cmd"]
+__all__ = ["FINDINGS_EXIT", "compact_cmd", "flush_cmd", "gc_cmd", "verify_cmd"]
 
 
 @click.command("flush")
@@ -98,6 +102,72 @@ async def _gc_cluster(url: str, *, grace: float, dry_run: bool) -> GcReport:
                 clock=SystemClock(),
                 grace=grace,
                 dry_run=dry_run,
+            )
+        finally:
+            await store.close()
+
+
+#: Exit status of ``verify`` when it found damage (1 is "could not verify", 2 a usage error).
+FINDINGS_EXIT = 3
+
+
+@click.command("verify")
+@click.argument("table", required=False)
+@click.option("--deep", is_flag=True, help="Read every needed log segment whole (checksums).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
+def verify_cmd(table: str | None, deep: bool, as_json: bool) -> None:
+    """Check that the bucket is whole: every object METADATA and the snapshots reference
+    exists with its recorded size, the tablets tile each table, each log a tablet needs has
+    no missing or damaged segment. Lists orphans (left to gc). Exit 0 when whole, 3 with a
+    report of the damage, 1 when it could not verify."""
+    obj = cli_context()
+    if obj.url.startswith("etcd://"):
+        try:
+            report = asyncio.run(_verify_cluster(obj.url, table=table, deep=deep))
+        except TabletStoreError as exc:
+            raise Failure(str(exc)) from exc
+    else:
+        report = with_database(lambda db: db.verify(table, deep=deep))
+    if as_json:
+        click.echo(json.dumps(_report_json(report)))
+    else:
+        for line in report.lines():
+            click.echo(line)
+    if not report.ok:
+        click.get_current_context().exit(FINDINGS_EXIT)
+
+
+def _report_json(report: VerifyReport) -> dict[str, object]:
+    return {
+        "ok": report.ok,
+        "findings": [
+            {"kind": f.kind.name.lower(), "subject": f.subject, "detail": f.detail}
+            for f in report.findings
+        ],
+        "orphans": list(report.orphans),
+        "orphan_bytes": report.orphan_bytes,
+        "tables": report.tables,
+        "tablets": report.tablets,
+        "objects_checked": report.objects_checked,
+        "segments_checked": report.segments_checked,
+    }
+
+
+async def _verify_cluster(url: str, *, table: str | None, deep: bool) -> VerifyReport:
+    """Verify a cluster's bucket through its catalog."""
+    from tabletstore.client.cluster import ClusterClient
+
+    async with await ClusterClient.open(url) as client:
+        settings = await ClusterSettings.load(client.coordinator)
+        store = open_store(settings.store_url)
+        try:
+            return await verify(
+                store,
+                client.catalog,
+                client.coordinator,
+                clock=SystemClock(),
+                table=table,
+                deep=deep,
             )
         finally:
             await store.close()

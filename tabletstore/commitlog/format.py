@@ -57,6 +57,7 @@ __all__ = [
     "SegmentHeader",
     "decode_records",
     "decode_segment",
+    "decode_segment_header",
     "encode_record",
     "encode_segment",
 ]
@@ -231,6 +232,14 @@ def _decode_header(data: bytes, where: str) -> tuple[SegmentHeader, int]:
     except UnicodeDecodeError as exc:
         raise Corruption(f"{where}: worker id is not UTF-8") from exc
     return SegmentHeader(worker_id, incarnation, segment, count, length, version), end + 4
+
+
+def decode_segment_header(data: bytes, *, where: str) -> tuple[SegmentHeader, int]:
+    """The header of a segment from the object's first bytes (at least the header's), and
+    the object's length the header declares: a verifier compares it with the listed size
+    without reading the records. Corruption if the header is damaged."""
+    header, pos = _decode_header(data, where)
+    return header, pos + header.records_length
 
 
 def _decode_payload(payload: bytes, segment: int, where: str) -> LogRecord:
