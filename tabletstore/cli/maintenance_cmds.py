@@ -82,7 +82,8 @@ def gc_cmd(grace: float, dry_run: bool) -> None:
         report = with_database(lambda db: db.gc(grace=grace, dry_run=dry_run))
     click.echo(report.summary())
     for reason, count in sorted(report.counts.items(), key=lambda rc: rc[0].name):
-        click.echo(f"  {plural(count, 'object')}: {reason.value}")
+        size = report.bytes.get(reason, 0)
+        click.echo(f"  {plural(count, 'object')} ({size} bytes): {reason.value}")
     for key in report.unknown:
         click.echo(f"  unrecognized: {key}")
 

@@ -37,6 +37,11 @@ The rules, object by object (each verdict carries a :class:`Reason`):
    has one) has not passed; it is garbage once the TTL passes, and after ``grace`` once the
    table is deleted. Its SSTables follow in a later round, once the manifest is gone.
 6. A key that no layout parser recognizes is never deleted; the plan reports it.
+7. History (``LiveSet.history``, the longest retention any table's history window needs,
+   ``master/checkpoints.py``): a commit log that rule 3 would delete is kept while its
+   newest object is younger than that: a point-in-time restore replays the log from a
+   checkpoint up to the instant asked for. The checkpoints themselves are snapshot manifests
+   whose TTL covers the window (rule 5 keeps them and their SSTables).
 
 Dereference grace. ``grace`` counts from an object's creation. A reader that took a tablet's
 state before a compaction may still read an SSTable that compaction replaced, however old the
@@ -87,6 +92,7 @@ class Reason(StrEnum):
     KEEP_FENCE = "fence younger than the fence grace period"
     KEEP_LIVE_TABLE_SNAPSHOT = "snapshot manifest of an existing table"
     KEEP_UNKNOWN = "key not recognized by the layout"
+    KEEP_HISTORY = "log within a table's history window"
     DELETE_UNREFERENCED_SSTABLE = "SSTable no record references"
     DELETE_FINISHED_LOG = "log no tablet needs"
     DELETE_FINISHED_RECOVERY = "recovery run of a log no tablet needs"
@@ -115,6 +121,9 @@ class LiveSet:
     snapshots: Mapping[str, frozenset[str] | None] = field(default_factory=dict)
     #: Snapshot manifest key -> when its TTL passes (seconds since the epoch); absent: never.
     snapshot_expiry: Mapping[str, float] = field(default_factory=dict)
+    #: Seconds a commit log no tablet needs is still kept after its newest object (the
+    #: longest retention of any table's history window; 0: none keeps history).
+    history: float = 0.0
 
     def log_reason(self, ref: LogRef) -> Reason | None:
         """Why the log ``ref`` must be kept, or None if nothing needs it."""
@@ -144,6 +153,9 @@ class GcPlan:
     since: Mapping[str, float]
     #: The reason for every listed key.
     reasons: Mapping[str, Reason]
+    #: Bytes of the listed objects per reason (kept and deleted): what history costs is
+    #: ``bytes[Reason.KEEP_HISTORY]``.
+    bytes: Mapping[Reason, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -262,6 +274,8 @@ def _log_reasons(
         return {o.key: needed for o in members}
     if now - group.newest() < grace:
         return {o.key: Reason.KEEP_YOUNG for o in members}
+    if now - group.newest() < live.history:
+        return {o.key: Reason.KEEP_HISTORY for o in members}
     out = {o.key: Reason.DELETE_FINISHED_LOG for o in group.segments}
     out.update({o.key: Reason.DELETE_FINISHED_RECOVERY for o in group.runs})
     for o in group.fences:
@@ -304,6 +318,9 @@ def _finish(
 ) -> GcPlan:
     delete = tuple(o.key for o in listed if reasons[o.key].deletes)
     sizes = {o.key: o.size for o in listed}
+    per_reason: Counter[Reason] = Counter()
+    for o in listed:
+        per_reason[reasons[o.key]] += o.size
     return GcPlan(
         delete=delete,
         delete_bytes=sum(sizes[k] for k in delete),
@@ -311,4 +328,5 @@ def _finish(
         unknown=tuple(o.key for o in listed if reasons[o.key] is Reason.KEEP_UNKNOWN),
         since=since,
         reasons=reasons,
+        bytes=dict(per_reason),
     )
