@@ -12,6 +12,7 @@ the syntax itself lives in :mod:`tabletstore.cli.cbtsyntax`, the CSV form in
 :mod:`~tabletstore.cli.schema_cmds` (ls to setgcpolicy), :mod:`~tabletstore.cli.row_cmds`
 (set to count), :mod:`~tabletstore.cli.csv_cmds` (import, export),
 :mod:`~tabletstore.cli.maintenance_cmds` (flush, compact, gc, verify),
+:mod:`~tabletstore.cli.history_cmds` (history, restore --as-of),
 :mod:`~tabletstore.cli.batch_cmds` (snapshot, bulkload),
 :mod:`~tabletstore.cli.localstack_cmds`, :mod:`~tabletstore.cli.server_cmds` (master,
 worker), :mod:`~tabletstore.cli.status_cmds`, :mod:`~tabletstore.cli.security_cmds` (certs,
@@ -20,7 +21,7 @@ does one thing and closes it (closing minor-compacts, so the next open is quick)
 
     tabletstore demo                                   the paper's Webtable, written and read
     tabletstore ls [TABLE]                             tables, or a table's families and GC
-    tabletstore createtable T [families=f1,f2:maxversions=2] [splits=k1,k2]
+    tabletstore createtable T [families=f1,f2:maxversions=2] [splits=k1,k2] [--history 24h]
     tabletstore deletetable T
     tabletstore createfamily T F[:sum|min|max|hll] | deletefamily T F
     tabletstore setgcpolicy T F maxversions=N | maxage=30d | never | (P or P) and P
@@ -37,6 +38,8 @@ does one thing and closes it (closing minor-compacts, so the next open is quick)
     tabletstore flush T | compact T                    minor / major compaction (§5.4)
     tabletstore gc [--grace S] [--dry-run]             delete unreferenced objects (§5.2)
     tabletstore verify [TABLE] [--deep] [--json]       is the bucket whole? (exit 3 if not)
+    tabletstore history T [24h|off]                    show or set a table's history window
+    tabletstore restore T --as-of 2026-11-28T09:15:00Z NEW   T as of an instant, into NEW
     tabletstore [--url URL] local-stack up [--dir DIR] [--s3-url URL | --s3 moto|seaweedfs]
                                            [--workers N] [--persist]
     tabletstore [--url URL] local-stack status [--dir DIR]
@@ -72,6 +75,7 @@ from tabletstore.cli import (
     batch_cmds,
     csv_cmds,
     demo,
+    history_cmds,
     localstack_cmds,
     maintenance_cmds,
     row_cmds,
@@ -177,6 +181,8 @@ for _command in (
     maintenance_cmds.compact_cmd,
     maintenance_cmds.gc_cmd,
     maintenance_cmds.verify_cmd,
+    history_cmds.history_cmd,
+    history_cmds.restore_cmd,
     batch_cmds.snapshot_group,
     batch_cmds.bulkload_cmd,
     localstack_cmds.local_stack,
