@@ -10,22 +10,17 @@ time zone (``2026-11-28T09:15:00Z``, ``2026-11-28T10:15:00+01:00``).
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
-from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import click
 
 from tabletstore.cli import cbtsyntax as cbt
-from tabletstore.cli.context import TABLE_ARG, Failure, cli_context, failing, with_database
+from tabletstore.cli.context import TABLE_ARG, cli_context, failing, on_cluster, with_database
 from tabletstore.clock import SystemClock
-from tabletstore.errors import InvalidArgument, TabletStoreError
+from tabletstore.errors import InvalidArgument
 from tabletstore.master.checkpoints import set_history
 from tabletstore.master.pitr_restore import RestoreReport, restore_as_of
-from tabletstore.metadata.catalog import Catalog, ClusterSettings
-from tabletstore.storage_s3 import open_store
-from tabletstore.storage_s3.base import ObjectStore
 
 __all__ = ["history_cmd", "parse_instant", "restore_cmd"]
 
@@ -53,27 +48,6 @@ def parse_window(text: str) -> float | None:
     return None if text.lower() in ("off", "none", "0") else cbt.parse_duration(text)
 
 
-def _on_cluster(body: Callable[[ObjectStore, Catalog], Awaitable[T]]) -> T:
-    """Run ``body`` with a cluster's store and catalog (``--url etcd://...``)."""
-
-    async def go() -> T:
-        from tabletstore.client.cluster import ClusterClient
-
-        obj = cli_context()
-        async with await ClusterClient.open(obj.url, tls=obj.tls, token=obj.token) as client:
-            settings = await ClusterSettings.load(client.coordinator)
-            store = open_store(settings.store_url)
-            try:
-                return await body(store, client.catalog)
-            finally:
-                await store.close()
-
-    try:
-        return asyncio.run(go())
-    except TabletStoreError as exc:
-        raise Failure(str(exc)) from exc
-
-
 @click.command("history")
 @TABLE_ARG
 @click.argument("window", required=False)
@@ -88,7 +62,7 @@ def history_cmd(table: str, window: str | None) -> None:
         return
     seconds = failing(lambda: parse_window(window))
     if obj.url.startswith("etcd://"):
-        _on_cluster(lambda _store, catalog: set_history(catalog, table, seconds))
+        on_cluster(lambda _store, catalog, _coordinator: set_history(catalog, table, seconds))
     else:
         with_database(lambda db: db.set_history(table, seconds))
     shown = "off" if seconds is None else cbt.format_duration(seconds)
@@ -112,8 +86,8 @@ def restore_cmd(table: str, new_table: str, as_of: str) -> None:
     obj = cli_context()
     report: RestoreReport
     if obj.url.startswith("etcd://"):
-        report = _on_cluster(
-            lambda store, catalog: restore_as_of(
+        report = on_cluster(
+            lambda store, catalog, _coordinator: restore_as_of(
                 store,
                 catalog,
                 table=table,
