@@ -45,6 +45,8 @@ CLOCK_MARGIN = 300.0
 MAX_INTERVAL = 3600.0
 #: The fewest seconds between two checkpoints of a table.
 MIN_INTERVAL = 30.0
+#: The fewest seconds between two rounds (a round reads every table's schema).
+ROUND_SECONDS = 10.0
 
 
 def checkpoint_interval(window: float) -> float:
@@ -87,12 +89,17 @@ class Checkpointer:
         self._take = take
         self._clock = clock
         self._newest: dict[str, float] = {}
+        self._last_round: float | None = None
 
     async def run_round(self, *, force: bool = False) -> list[SnapshotManifest]:
-        """One round over the tables (``force``: every table with history now, whatever its
-        interval); returns the checkpoints taken. A table whose checkpoint
+        """One round over the tables, at most every ``ROUND_SECONDS`` (``force``: now, and
+        every table with history whatever its interval); returns the checkpoints taken. A table whose checkpoint
         fails is logged and tried again next round (its history is then still whole as long
         as a later one succeeds within the TTL's spare interval)."""
+        now = self._clock.monotonic()
+        if not force and self._last_round is not None and now - self._last_round < ROUND_SECONDS:
+            return []
+        self._last_round = now
         taken: list[SnapshotManifest] = []
         for info in await self._catalog.list_tables():
             window = info.schema.history
