@@ -36,7 +36,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from tabletstore.clock import Clock
-from tabletstore.commitlog.format import decode_segment_header
+from tabletstore.commitlog.reader import read_segment_header
 from tabletstore.commitlog.runs import SortPlan, SortTask, TabletRange, decode_run
 from tabletstore.commitlog.sorting import sort_segments
 from tabletstore.data.schema import TableSchema
@@ -56,8 +56,6 @@ __all__ = ["RestoreReport", "restore_as_of"]
 
 #: Object requests a restore keeps in flight.
 PARALLEL = 16
-#: Bytes read of a segment to decode its header.
-_HEADER_BYTES = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,11 +224,12 @@ async def _stamp(
     number = layout.parse_log_segment_key(info.key).seq
     if info.size == 0 or info.last_modified < low - CLOCK_MARGIN:
         return plan.SegmentStamp(number, info.size, info.last_modified)
+    where = object_url(store.url, info.key)
     async with sem:
-        head = await store.get_range(info.key, 0, min(info.size, _HEADER_BYTES))
-    if head is None:
-        raise Corruption(f"{object_url(store.url, info.key)} was deleted during the restore")
-    header, _ = decode_segment_header(head, where=object_url(store.url, info.key))
+        found = await read_segment_header(store, info.key, info.size, where=where)
+    if found is None:
+        raise Corruption(f"{where} was deleted during the restore")
+    header, _ = found
     written = header.written_at if header.written_at is not None else info.last_modified
     return plan.SegmentStamp(number, info.size, written)
 

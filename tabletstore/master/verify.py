@@ -29,7 +29,8 @@ from collections.abc import Sequence
 from crc32c import crc32c
 
 from tabletstore.clock import Clock
-from tabletstore.commitlog.format import SegmentHeader, decode_segment, decode_segment_header
+from tabletstore.commitlog.format import decode_segment
+from tabletstore.commitlog.reader import read_segment_header
 from tabletstore.coordination.base import Coordinator
 from tabletstore.errors import Corruption, TabletStoreError
 from tabletstore.master import gc
@@ -188,23 +189,22 @@ async def _segment_facts(
     if info.size == 0:
         return vp.SegmentFacts(number, 0)
     where = object_url(store.url, info.key)
-    async with sem:
-        if deep:
-            data = await store.get(info.key)
-        else:
-            data = await store.get_range(info.key, 0, min(info.size, _HEADER_BYTES))
-    if data is None:
-        return vp.SegmentFacts(number, info.size, problem="deleted while being verified")
     try:
-        if deep:
-            contents = decode_segment(data, where=where)
-            assert contents.header is not None
-            header: SegmentHeader = contents.header
-            declared = len(data)
-        else:
-            header, declared = decode_segment_header(data, where=where)
+        async with sem:
+            if deep:
+                data = await store.get(info.key)
+                found = None
+                if data is not None:
+                    contents = decode_segment(data, where=where)
+                    assert contents.header is not None
+                    found = contents.header, len(data)
+            else:
+                found = await read_segment_header(store, info.key, info.size, where=where)
     except Corruption as exc:
         return vp.SegmentFacts(number, info.size, problem=str(exc))
+    if found is None:
+        return vp.SegmentFacts(number, info.size, problem="deleted while being verified")
+    header, declared = found
     if (header.worker_id, header.incarnation, header.segment) != (
         ref.worker_id,
         ref.incarnation,
@@ -217,10 +217,6 @@ async def _segment_facts(
             f"{header.segment}",
         )
     return vp.SegmentFacts(number, info.size, declared=declared)
-
-
-#: Bytes read of a segment to decode its header (the largest header is smaller).
-_HEADER_BYTES = 512
 
 
 async def _heads(store: ObjectStore, keys: Sequence[str]) -> list[ObjectInfo]:
