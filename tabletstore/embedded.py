@@ -20,7 +20,9 @@ storage (shared by name within a process; gone with it).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -33,11 +35,16 @@ from tabletstore.clock import Clock, SystemClock
 from tabletstore.coordination.base import Coordinator
 from tabletstore.coordination.local import LocalCoordinator
 from tabletstore.coordination.memory import MemoryCoordinator
-from tabletstore.errors import InvalidArgument
+from tabletstore.errors import InvalidArgument, TabletStoreError
+from tabletstore.master.checkpoints import set_history
 from tabletstore.master.gc import GcReport, collect
 from tabletstore.master.gc_plan import DEFAULT_FENCE_GRACE, DEFAULT_GRACE
 from tabletstore.master.log_recovery import InProcessSortExecutor, LogRecovery
 from tabletstore.master.master import Master
+from tabletstore.master.pitr_restore import RestoreReport, restore_as_of
+from tabletstore.master.verify import verify
+from tabletstore.master.verify_plan import VerifyReport
+from tabletstore.metadata.snapshot import SnapshotManifest
 from tabletstore.metadata.store_location import OBJECTS_DIR, embedded_store_url
 from tabletstore.ops.metrics import WorkerMetrics
 from tabletstore.options import IN_PROCESS_LEASE, MasterOptions, TabletOptions, WorkerOptions
@@ -47,6 +54,11 @@ from tabletstore.security import TlsConfig
 from tabletstore.storage_s3 import layout, open_store
 from tabletstore.storage_s3.base import ObjectStore
 from tabletstore.worker.tablet_server import TabletServer
+
+log = logging.getLogger(__name__)
+
+#: Seconds between two looks for tables with history whose checkpoint is due.
+CHECKPOINT_POLL = 30.0
 
 __all__ = ["DEFAULT_DIRECTORY", "Database", "SyncDatabase", "connect", "connect_async"]
 
@@ -106,6 +118,17 @@ class Database(AsyncClient):
             metrics.observe_server(worker)
         self.metrics = metrics
         self._closed = False
+        #: Checkpoints the tables with history while the database is open (a cluster's
+        #: master does this in its loop).
+        self._checkpoints = asyncio.create_task(self._checkpoint_loop())
+
+    async def _checkpoint_loop(self) -> None:
+        while True:
+            try:
+                await self.master.checkpointer.run_round()
+            except TabletStoreError as exc:
+                log.warning("checkpoint round failed: %s", exc)
+            await self.master.clock.sleep(CHECKPOINT_POLL)
 
     @classmethod
     async def open(
@@ -221,6 +244,9 @@ class Database(AsyncClient):
         if self._closed:
             return
         self._closed = True
+        self._checkpoints.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._checkpoints
         try:
             await self.master.close()
             await self.worker.stop(flush=True)
@@ -251,6 +277,43 @@ class Database(AsyncClient):
             dry_run=dry_run,
         )
 
+    async def verify(self, table: str | None = None, *, deep: bool = False) -> VerifyReport:
+        """Check that the database (or ``table``) is whole: every object its records and
+        snapshots reference exists with its recorded size, tablets tile each table, each log
+        a tablet needs runs without a gap; objects nothing references are listed as orphans
+        (:mod:`tabletstore.master.verify_plan`). ``deep`` reads every needed log segment whole."""
+        return await verify(
+            self.store,
+            self.master.catalog,
+            self.coordinator,
+            clock=self.master.clock,
+            table=table,
+            deep=deep,
+        )
+
+    async def set_history(self, table: str, seconds: float | None) -> None:
+        """Keep ``seconds`` of history for ``table`` (None: none): checkpoints are taken
+        and the commit log kept so that any instant that far back can be restored."""
+        await set_history(self.master.catalog, table, seconds)
+
+    async def checkpoint(self) -> list[SnapshotManifest]:
+        """Checkpoint every table with history now (the database also does, every interval
+        of each table's window, while it is open; a cluster's master does it in its loop)."""
+        return await self.master.checkpointer.run_round(force=True)
+
+    async def restore_as_of(self, table: str, instant: float, new_table: str) -> RestoreReport:
+        """Rebuild ``table`` as it was at ``instant`` (seconds since the epoch, within its
+        history window) into the new table ``new_table`` (master/pitr_restore.py)."""
+        return await restore_as_of(
+            self.store,
+            self.master.catalog,
+            table=table,
+            instant=instant,
+            new_table=new_table,
+            clock=self.master.clock,
+            assign=self.master.assign,
+        )
+
     async def __aenter__(self) -> Database:
         return self
 
@@ -263,6 +326,10 @@ class SyncDatabase(SyncClient):
 
     # An embedded database's own methods (a cluster client has neither: AttributeError).
     gc = blocking(Database.gc)
+    verify = blocking(Database.verify)
+    set_history = blocking(Database.set_history)
+    checkpoint = blocking(Database.checkpoint)
+    restore_as_of = blocking(Database.restore_as_of)
     metrics_text = blocking(Database.metrics_text)
 
     def close(self) -> None:

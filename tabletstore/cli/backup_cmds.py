@@ -28,6 +28,7 @@ import click
 
 from tabletstore.cli import cbtsyntax as cbt
 from tabletstore.cli.context import TABLE_ARG, Failure, failing, plural, with_database
+from tabletstore.cli.history_cmds import restore_at
 from tabletstore.clock import monotonic, wall_time
 from tabletstore.metadata.backup import BackupManifest
 
@@ -167,8 +168,15 @@ def backup_copy_cmd(
 
 
 @click.command("restore")
-@click.argument("names", nargs=-1, required=True, metavar="NEW_TABLE")
-@click.option("--backup", "backup_id", default=None, help="Restore this backup.")
+@click.argument("names", nargs=-1, required=True, metavar="[TABLE] NEW_TABLE")
+@click.option("--backup", "backup_id", default=None, help="Restore this backup into NEW_TABLE.")
+@click.option(
+    "--as-of",
+    "as_of",
+    default=None,
+    help="Rebuild TABLE as of this instant of its history window into NEW_TABLE, ISO 8601 with "
+    "a time zone (2026-11-28T09:15:00Z).",
+)
 @click.option(
     "--from",
     "source",
@@ -185,11 +193,28 @@ def backup_copy_cmd(
     help="Restore into this database instead (the backup is copied into its bucket).",
 )
 def restore_cmd(
-    names: tuple[str, ...], backup_id: str | None, source: str | None, target: str | None
+    names: tuple[str, ...],
+    backup_id: str | None,
+    as_of: str | None,
+    source: str | None,
+    target: str | None,
 ) -> None:
-    """Restore backup ID into the new table NEW_TABLE (same schema and split points)."""
-    if backup_id is None:
-        raise Failure("say what to restore: --backup ID NEW_TABLE")
+    """Restore backup ID into the new table NEW_TABLE (same schema and split points), or
+    TABLE as of an instant of its history window into NEW_TABLE (--as-of)."""
+    if (backup_id is None) == (as_of is None):
+        raise Failure(
+            "say what to restore, one of: --backup ID NEW_TABLE, or TABLE NEW_TABLE --as-of INSTANT"
+        )
+    if as_of is not None:
+        if len(names) != 2:
+            raise Failure(
+                f"restore --as-of takes two names, TABLE and NEW_TABLE; got {' '.join(names)}"
+            )
+        if source is not None or target is not None:
+            raise Failure("restore --as-of restores within this database: no --from or --url")
+        restore_at(names[0], names[1], as_of)
+        return
+    assert backup_id is not None
     if len(names) != 1:
         raise Failure(f"restore --backup takes one name, the new table; got {' '.join(names)}")
     (new_table,) = names

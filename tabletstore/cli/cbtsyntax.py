@@ -338,7 +338,11 @@ def schema_lines(schema: TableSchema) -> list[str]:
         types += [f.value_type or "bytes" for _, f in sorted(schema.families.items())]
         policy_width = max(len(line) for line in lines) + 2
         lines = [f"{line:<{policy_width}}{t}" for line, t in zip(lines, types, strict=True)]
-    return [line.rstrip() for line in lines]
+    out = [line.rstrip() for line in lines]
+    if schema.history is not None:
+        # Only for tables with history (the usual output is cbt's).
+        out.append(f"History: {format_duration(schema.history)}")
+    return out
 
 
 # -- reads -------------------------------------------------------------------------------------

@@ -8,15 +8,19 @@ Failures print one line, ``tabletstore: <what went wrong>``, on stderr and exit 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import IO, Any, TypeVar
 
 import click
 
+from tabletstore.coordination.base import Coordinator
 from tabletstore.embedded import SyncDatabase, connect
 from tabletstore.errors import TabletStoreError
+from tabletstore.metadata.catalog import Catalog, ClusterSettings
 from tabletstore.security import TlsConfig
+from tabletstore.storage_s3 import open_store
+from tabletstore.storage_s3.base import ObjectStore
 
 __all__ = [
     "OPTIONS_ARG",
@@ -26,6 +30,7 @@ __all__ = [
     "cli_context",
     "echo_lines",
     "failing",
+    "on_cluster",
     "os_error",
     "plural",
     "run_loop",
@@ -90,6 +95,30 @@ def with_database(body: Callable[[SyncDatabase], T], *, url: str | None = None) 
         raise  # the reader went away (``| head``): click exits quietly
     except OSError as exc:  # e.g. the output's disk is full
         raise Failure(os_error(exc)) from exc
+
+
+def on_cluster(body: Callable[[ObjectStore, Catalog, Coordinator], Awaitable[T]]) -> T:
+    """Run ``body`` with the bucket, catalog and coordinator of the cluster the global
+    ``--url etcd://...`` names (the verbs that work on the bucket itself: gc, verify,
+    restore); a TabletStoreError is a one-line failure.
+    REQUIRES: called inside a verb."""
+    obj = cli_context()
+
+    async def go() -> T:
+        from tabletstore.client.cluster import ClusterClient
+
+        async with await ClusterClient.open(obj.url, tls=obj.tls, token=obj.token) as client:
+            settings = await ClusterSettings.load(client.coordinator)
+            store = open_store(settings.store_url)
+            try:
+                return await body(store, client.catalog, client.coordinator)
+            finally:
+                await store.close()
+
+    try:
+        return asyncio.run(go())
+    except TabletStoreError as exc:
+        raise Failure(str(exc)) from exc
 
 
 def os_error(exc: OSError) -> str:

@@ -11,7 +11,8 @@ the syntax itself lives in :mod:`tabletstore.cli.cbtsyntax`, the CSV form in
 :mod:`tabletstore.cli.tablecsv`). The verbs by module: :mod:`~tabletstore.cli.demo`,
 :mod:`~tabletstore.cli.schema_cmds` (ls to setgcpolicy), :mod:`~tabletstore.cli.row_cmds`
 (set to count), :mod:`~tabletstore.cli.csv_cmds` (import, export),
-:mod:`~tabletstore.cli.maintenance_cmds` (flush, compact, gc),
+:mod:`~tabletstore.cli.maintenance_cmds` (flush, compact, gc, verify),
+:mod:`~tabletstore.cli.history_cmds` (history, and restore --as-of's body),
 :mod:`~tabletstore.cli.batch_cmds` (snapshot, bulkload),
 :mod:`~tabletstore.cli.backup_cmds` (backup, restore, clone),
 :mod:`~tabletstore.cli.localstack_cmds`, :mod:`~tabletstore.cli.server_cmds` (master,
@@ -21,7 +22,7 @@ does one thing and closes it (closing minor-compacts, so the next open is quick)
 
     tabletstore demo                                   the paper's Webtable, written and read
     tabletstore ls [TABLE]                             tables, or a table's families and GC
-    tabletstore createtable T [families=f1,f2:maxversions=2] [splits=k1,k2]
+    tabletstore createtable T [families=f1,f2:maxversions=2] [splits=k1,k2] [--history 24h]
     tabletstore deletetable T
     tabletstore createfamily T F[:sum|min|max|hll] | deletefamily T F
     tabletstore setgcpolicy T F maxversions=N | maxage=30d | never | (P or P) and P
@@ -40,7 +41,10 @@ does one thing and closes it (closing minor-compacts, so the next open is quick)
     tabletstore backup create T [--to LOCATION] [--expire 7d] | list | describe | update |
                        delete | copy                   backups (docs/operations/backups.md)
     tabletstore restore --backup ID NEW_TABLE [--from LOCATION] [--url OTHER_DATABASE]
+    tabletstore restore T NEW_TABLE --as-of 2026-11-28T09:15:00Z   T as of an instant
     tabletstore clone T NEW_TABLE                      a writable zero-copy clone
+    tabletstore verify [TABLE] [--deep] [--json]       is the bucket whole? (exit 3 if not)
+    tabletstore history T [24h|off]                    show or set a table's history window
     tabletstore [--url URL] local-stack up [--dir DIR] [--s3-url URL | --s3 moto|seaweedfs]
                                            [--workers N] [--persist]
     tabletstore [--url URL] local-stack status [--dir DIR]
@@ -77,6 +81,7 @@ from tabletstore.cli import (
     batch_cmds,
     csv_cmds,
     demo,
+    history_cmds,
     localstack_cmds,
     maintenance_cmds,
     row_cmds,
@@ -181,6 +186,8 @@ for _command in (
     maintenance_cmds.flush_cmd,
     maintenance_cmds.compact_cmd,
     maintenance_cmds.gc_cmd,
+    maintenance_cmds.verify_cmd,
+    history_cmds.history_cmd,
     batch_cmds.snapshot_group,
     batch_cmds.bulkload_cmd,
     backup_cmds.backup_group,

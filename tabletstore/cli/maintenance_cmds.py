@@ -2,28 +2,28 @@
 
     tabletstore flush T | compact T                    minor / major compaction (§5.4)
     tabletstore gc [--grace S] [--dry-run]             delete unreferenced objects (§5.2)
+    tabletstore verify [TABLE] [--deep] [--json]       is the bucket whole? (exit 3 if not)
 
 On a terminal flush and compact show a progress bar on stderr.
 """
 
 from __future__ import annotations
 
-import asyncio
+import json
 
 import click
 
-from tabletstore.cli.context import TABLE_ARG, Failure, cli_context, plural, with_database
+from tabletstore.cli.context import TABLE_ARG, cli_context, on_cluster, plural, with_database
 from tabletstore.cli.progress import Unit, progress_bar
 from tabletstore.client.client import CompactionProgress
 from tabletstore.clock import SystemClock
 from tabletstore.embedded import SyncDatabase
-from tabletstore.errors import TabletStoreError
-from tabletstore.master.gc import GcReport, collect
+from tabletstore.master.gc import collect
 from tabletstore.master.gc_plan import DEFAULT_GRACE
-from tabletstore.metadata.catalog import ClusterSettings
-from tabletstore.storage_s3 import open_store
+from tabletstore.master.verify import verify
+from tabletstore.master.verify_plan import VerifyReport
 
-__all__ = ["compact_cmd", "flush_cmd", "gc_cmd"]
+__all__ = ["FINDINGS_EXIT", "compact_cmd", "flush_cmd", "gc_cmd", "verify_cmd"]
 
 
 @click.command("flush")
@@ -68,36 +68,63 @@ def _compact(db: SyncDatabase, table: str, *, major: bool) -> None:
 def gc_cmd(grace: float, dry_run: bool) -> None:
     """Delete objects nothing references: compacted-away SSTables, deleted tables' objects,
     commit logs no tablet needs (the master's garbage collection, §5.2, run once)."""
-    obj = cli_context()
-    if obj.url.startswith("etcd://"):
-        try:
-            report = asyncio.run(_gc_cluster(obj.url, grace=grace, dry_run=dry_run))
-        except TabletStoreError as exc:
-            raise Failure(str(exc)) from exc
+    if cli_context().url.startswith("etcd://"):
+        report = on_cluster(
+            lambda store, catalog, coordinator: collect(
+                store, catalog, coordinator, clock=SystemClock(), grace=grace, dry_run=dry_run
+            )
+        )
     else:
         report = with_database(lambda db: db.gc(grace=grace, dry_run=dry_run))
     click.echo(report.summary())
     for reason, count in sorted(report.counts.items(), key=lambda rc: rc[0].name):
-        click.echo(f"  {plural(count, 'object')}: {reason.value}")
+        size = report.bytes.get(reason, 0)
+        click.echo(f"  {plural(count, 'object')} ({size} bytes): {reason.value}")
     for key in report.unknown:
         click.echo(f"  unrecognized: {key}")
 
 
-async def _gc_cluster(url: str, *, grace: float, dry_run: bool) -> GcReport:
-    """One collection on a cluster's bucket (its master also collects while it leads)."""
-    from tabletstore.client.cluster import ClusterClient
+#: Exit status of ``verify`` when it found damage (1 is "could not verify", 2 a usage error).
+FINDINGS_EXIT = 3
 
-    async with await ClusterClient.open(url) as client:
-        settings = await ClusterSettings.load(client.coordinator)
-        store = open_store(settings.store_url)
-        try:
-            return await collect(
-                store,
-                client.catalog,
-                client.coordinator,
-                clock=SystemClock(),
-                grace=grace,
-                dry_run=dry_run,
+
+@click.command("verify")
+@click.argument("table", required=False)
+@click.option("--deep", is_flag=True, help="Read every needed log segment whole (checksums).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
+def verify_cmd(table: str | None, deep: bool, as_json: bool) -> None:
+    """Check that the bucket is whole: every object METADATA and the snapshots reference
+    exists with its recorded size, the tablets tile each table, each log a tablet needs has
+    no missing or damaged segment. Lists orphans (left to gc). Exit 0 when whole, 3 with a
+    report of the damage, 1 when it could not verify."""
+    if cli_context().url.startswith("etcd://"):
+        report = on_cluster(
+            lambda store, catalog, coordinator: verify(
+                store, catalog, coordinator, clock=SystemClock(), table=table, deep=deep
             )
-        finally:
-            await store.close()
+        )
+    else:
+        report = with_database(lambda db: db.verify(table, deep=deep))
+    if as_json:
+        click.echo(json.dumps(_report_json(report)))
+    else:
+        for line in report.lines():
+            click.echo(line)
+    if not report.ok:
+        click.get_current_context().exit(FINDINGS_EXIT)
+
+
+def _report_json(report: VerifyReport) -> dict[str, object]:
+    return {
+        "ok": report.ok,
+        "findings": [
+            {"kind": f.kind.name.lower(), "subject": f.subject, "detail": f.detail}
+            for f in report.findings
+        ],
+        "orphans": list(report.orphans),
+        "orphan_bytes": report.orphan_bytes,
+        "tables": report.tables,
+        "tablets": report.tablets,
+        "objects_checked": report.objects_checked,
+        "segments_checked": report.segments_checked,
+    }

@@ -1,7 +1,7 @@
 """The table and column-family verbs, as Google's ``cbt`` spells them (§2, §3)::
 
     tabletstore ls [TABLE]                             tables, or a table's families and GC
-    tabletstore createtable T [families=f1,f2:maxversions=2] [splits=k1,k2]
+    tabletstore createtable T [families=f1,f2:maxversions=2] [splits=k1,k2] [--history 24h]
     tabletstore deletetable T
     tabletstore createfamily T F[:sum|min|max|hll] | deletefamily T F
     tabletstore setgcpolicy T F maxversions=N | maxage=30d | never | (P or P) and P
@@ -40,14 +40,21 @@ def ls_cmd(table: str | None) -> None:
 @click.command("createtable")
 @TABLE_ARG
 @OPTIONS_ARG
-def createtable_cmd(table: str, options: tuple[str, ...]) -> None:
+@click.option(
+    "--history",
+    default=None,
+    help="Keep this much history (30m, 24h, 7d): any instant of it can be restored "
+    "(tabletstore restore --as-of).",
+)
+def createtable_cmd(table: str, options: tuple[str, ...], history: str | None) -> None:
     """Create a table: [families=f1,f2:maxversions=2,...] [splits=k1,k2,...].
 
     Quote a GC policy with spaces or || (cbt's syntax, see setgcpolicy)."""
     opts = failing(lambda: cbt.parse_kv_args(options, ("families", "splits")))
     families = failing(lambda: cbt.parse_families(opts["families"]) if "families" in opts else [])
     splits = [cbt.arg_bytes(k) for k in opts["splits"].split(",")] if "splits" in opts else []
-    with_database(lambda db: db.create_table(table, families, split_keys=splits))
+    window = None if history is None else failing(lambda: cbt.parse_duration(history))
+    with_database(lambda db: db.create_table(table, families, split_keys=splits, history=window))
 
 
 @click.command("deletetable")

@@ -69,8 +69,10 @@ class TableAdmin(BackupRequests):
         *,
         split_keys: Sequence[bytes] = (),
         locality_groups: Iterable[LocalityGroup] = (),
+        history: float | None = None,
     ) -> AsyncTable:
-        """Create a table with column families (names or ColumnFamily values)."""
+        """Create a table with column families (names or ColumnFamily values). ``history``:
+        seconds of history to keep (any instant that far back can be restored)."""
         try:
             fams = {}
             for f in families:
@@ -78,7 +80,7 @@ class TableAdmin(BackupRequests):
                 fams[fam.name] = fam
             groups = {"default": LocalityGroup(name="default")}
             groups.update({g.name: g for g in locality_groups})
-            schema = TableSchema(name=name, families=fams, locality_groups=groups)
+            schema = TableSchema(name=name, families=fams, locality_groups=groups, history=history)
         except ValueError as exc:  # pydantic's ValidationError is a ValueError
             raise InvalidArgument(_schema_error(exc)) from exc
         msg = await self._admin.create_table(CreateTableRequest.of(schema, split_keys))

@@ -7,10 +7,20 @@ big-endian.
 
 Segment::
 
-    header   = magic "TSCL" | u16 format version (1) | u16 len(worker_id) (1..200)
+    header   = magic "TSCL" | u16 format version (1 or 2) | u16 len(worker_id) (1..200)
                | u64 incarnation | u64 segment number | u32 record count
-               | u64 len(records) | worker_id (UTF-8) | u32 crc32c(all preceding header bytes)
+               | u64 len(records) | [version 2: u64 written_at (microseconds since the epoch)]
+               | worker_id (UTF-8) | u32 crc32c(all preceding header bytes)
     records  = record*          (exactly "record count" records, "len(records)" bytes)
+
+Version 2 adds ``written_at``: the writer's wall clock when it sealed the segment, before its
+PUT. A write is acknowledged only after its segment's PUT, so a write acknowledged before an
+instant T lies in a segment stamped before T, and every write in a segment stamped before T
+began before T: a point-in-time restore to T replays exactly the segments stamped at or
+before T (a write in flight at T may land on either side, as linearizability allows; the
+bound holds to the skew between the writer's clock and the clock T is read from). Readers
+accept both versions; version 1 segments (no stamp) are written by older builds and by
+:func:`encode_segment` without ``written_at``.
 
     record   = u32 len(payload) | u32 crc32c(payload) | payload
     payload  = u16 len(table_id) | u32 len(row) | u64 first_seq | u32 cell count
@@ -52,17 +62,21 @@ __all__ = [
     "FORMAT_VERSION",
     "IN_FLIGHT_WINDOW",
     "MAGIC",
+    "READABLE_VERSIONS",
     "LogRecord",
     "SegmentContents",
     "SegmentHeader",
     "decode_records",
     "decode_segment",
+    "decode_segment_header",
     "encode_record",
     "encode_segment",
 ]
 
 MAGIC = b"TSCL"
-FORMAT_VERSION = 1
+#: The version the writer writes (with ``written_at``); :data:`READABLE_VERSIONS` are read.
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 
 #: The most segment PUTs a writer ever has outstanding at once: part of the log's protocol,
 #: because it bounds where a missing segment can be legitimate. The writer acknowledges in
@@ -74,6 +88,7 @@ IN_FLIGHT_WINDOW = 8
 
 # magic, version, len(worker_id), incarnation, segment, record count, len(records)
 _HEADER = struct.Struct(">4sHHQQIQ")
+_U64 = struct.Struct(">Q")
 _U32 = struct.Struct(">I")
 _FRAME = struct.Struct(">II")  # len(payload), crc32c(payload)
 _PAYLOAD = struct.Struct(">HIQI")  # len(table_id), len(row), first_seq, cell count
@@ -109,6 +124,9 @@ class SegmentHeader:
     record_count: int
     records_length: int
     version: int = FORMAT_VERSION
+    #: Seconds since the epoch when the writer sealed the segment (version 2); None in
+    #: version 1.
+    written_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,9 +203,16 @@ def _encode_one(table_id: str, row: bytes, c: Cell) -> bytes:
 
 
 def encode_segment(
-    worker_id: str, incarnation: int, segment: int, records: Sequence[bytes]
+    worker_id: str,
+    incarnation: int,
+    segment: int,
+    records: Sequence[bytes],
+    *,
+    written_at: float | None = None,
 ) -> bytes:
-    """A whole segment from framed records (:func:`encode_record`)."""
+    """A whole segment from framed records (:func:`encode_record`): version 2 stamped
+    ``written_at`` (seconds since the epoch; the writer passes its wall clock before the PUT),
+    or version 1 without it."""
     wid = worker_id.encode()
     if not wid or len(wid) > MAX_WORKER_ID_BYTES:
         raise InvalidArgument(
@@ -197,10 +222,14 @@ def encode_segment(
         if not 0 <= value <= _MAX_U64:
             raise InvalidArgument(f"{what} {value} is outside [0, 2^64)")
     length = sum(len(r) for r in records)
-    head = (
-        _HEADER.pack(MAGIC, FORMAT_VERSION, len(wid), incarnation, segment, len(records), length)
-        + wid
-    )
+    version = 1 if written_at is None else 2
+    head = _HEADER.pack(MAGIC, version, len(wid), incarnation, segment, len(records), length)
+    if written_at is not None:
+        micros = round(written_at * 1_000_000)
+        if not 0 <= micros <= _MAX_U64:
+            raise InvalidArgument(f"segment time {written_at} is outside the u64 microseconds")
+        head += _U64.pack(micros)
+    head += wid
     return b"".join((head, _U32.pack(crc32c(head)), *records))
 
 
@@ -216,21 +245,35 @@ def _decode_header(data: bytes, where: str) -> tuple[SegmentHeader, int]:
     magic, version, wid_len, incarnation, segment, count, length = _HEADER.unpack_from(data)
     if magic != MAGIC:
         raise Corruption(f"{where}: not a commit-log segment (magic {magic!r})")
-    if version != FORMAT_VERSION:
-        raise Corruption(f"{where}: unsupported commit-log format version {version}")
+    if version not in READABLE_VERSIONS:
+        raise Corruption(
+            f"{where}: unsupported commit-log format version {version} (this build reads "
+            f"{READABLE_VERSIONS})"
+        )
     if not 0 < wid_len <= MAX_WORKER_ID_BYTES:
         raise Corruption(f"{where}: worker id length {wid_len} is out of range")
-    end = _HEADER.size + wid_len
+    start = _HEADER.size + (_U64.size if version >= 2 else 0)
+    end = start + wid_len
     if len(data) < end + 4:
         raise Corruption(f"{where}: {len(data)} bytes, cut inside the segment header")
     (crc,) = _U32.unpack_from(data, end)
     if crc != crc32c(data[:end]):
         raise Corruption(f"{where}: header checksum mismatch")
+    written_at = _U64.unpack_from(data, _HEADER.size)[0] / 1_000_000 if version >= 2 else None
     try:
-        worker_id = data[_HEADER.size : end].decode()
+        worker_id = data[start:end].decode()
     except UnicodeDecodeError as exc:
         raise Corruption(f"{where}: worker id is not UTF-8") from exc
-    return SegmentHeader(worker_id, incarnation, segment, count, length, version), end + 4
+    header = SegmentHeader(worker_id, incarnation, segment, count, length, version, written_at)
+    return header, end + 4
+
+
+def decode_segment_header(data: bytes, *, where: str) -> tuple[SegmentHeader, int]:
+    """The header of a segment from the object's first bytes (at least the header's), and
+    the object's length the header declares: a verifier compares it with the listed size
+    without reading the records. Corruption if the header is damaged."""
+    header, pos = _decode_header(data, where)
+    return header, pos + header.records_length
 
 
 def _decode_payload(payload: bytes, segment: int, where: str) -> LogRecord:

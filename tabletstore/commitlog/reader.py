@@ -40,7 +40,9 @@ from tabletstore.commitlog.format import (
     IN_FLIGHT_WINDOW,
     LogRecord,
     SegmentContents,
+    SegmentHeader,
     decode_segment,
+    decode_segment_header,
 )
 from tabletstore.errors import Corruption, InvalidArgument, PreconditionFailed, Unavailable
 from tabletstore.keys import Cell
@@ -53,6 +55,7 @@ __all__ = [
     "fence",
     "list_segments",
     "plugged_gaps",
+    "read_segment_header",
     "replay",
     "replay_cells",
 ]
@@ -81,6 +84,23 @@ async def list_segments(
         numbers.append(parsed.seq)
     numbers.sort()
     return numbers
+
+
+#: Bytes of a segment's start that hold its header, whatever its worker id.
+HEADER_BYTES = 512
+
+
+async def read_segment_header(
+    store: ObjectStore, key: str, size: int, *, where: str
+) -> tuple[SegmentHeader, int] | None:
+    """The header of the segment object ``key`` of ``size`` bytes (not a fence) from one
+    ranged GET, and the object's length it declares; None if the object is gone.
+    Corruption if the header is damaged. What a verifier or a restore reads to know a
+    segment without reading its records."""
+    head = await store.get_range(key, 0, min(size, HEADER_BYTES))
+    if head is None:
+        return None
+    return decode_segment_header(head, where=where)
 
 
 def plugged_gaps(numbers: list[int]) -> list[int]:

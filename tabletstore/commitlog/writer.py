@@ -400,7 +400,11 @@ class CommitLogWriter:
         """PUT segment ``number``, then acknowledge every segment that is now durable together
         with all the segments before it."""
         key = log_segment_key(self.worker_id, self.incarnation, number)
-        data = encode_segment(self.worker_id, self.incarnation, number, records)
+        # Stamped before the PUT: every write it acknowledges is acknowledged after this
+        # instant (the bound a point-in-time restore relies on, commitlog/format.py).
+        data = encode_segment(
+            self.worker_id, self.incarnation, number, records, written_at=self._clock.time()
+        )
         started = self._clock.monotonic()
         failure: BaseException | None = None
         try:

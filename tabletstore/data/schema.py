@@ -65,6 +65,10 @@ def validate_table_name(name: str) -> str:
     return name
 
 
+#: The longest history window a table keeps (seconds): 35 days.
+MAX_HISTORY = 35 * 86400.0
+
+
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -193,6 +197,20 @@ class TableSchema(_Frozen):
     locality_groups: dict[str, LocalityGroup] = Field(
         default_factory=lambda: {"default": LocalityGroup(name="default")}
     )
+    #: Seconds of history the table keeps: any instant this far back can be restored
+    #: (``master/pitr_restore.py``; the master checkpoints the table and garbage collection
+    #: keeps the commit log that long). None: no history. Left out of the JSON while unset.
+    history: float | None = Field(default=None, exclude_if=lambda v: v is None)
+
+    @field_validator("history")
+    @classmethod
+    def _history(cls, v: float | None) -> float | None:
+        if v is not None and not 0 < v <= MAX_HISTORY:
+            raise ValueError(
+                f"history window must be more than 0 and at most {MAX_HISTORY / 86400:.0f} "
+                f"days, got {v} seconds"
+            )
+        return v
 
     @field_validator("name")
     @classmethod

@@ -53,6 +53,7 @@ from tabletstore.errors import (
     Unimplemented,
 )
 from tabletstore.master import gc_plan as gc
+from tabletstore.master.checkpoints import retention
 from tabletstore.metadata.backup import BackupManifest, read_backup
 from tabletstore.metadata.catalog import Catalog, ClusterSettings, TableInfo
 from tabletstore.metadata.record import LogRef
@@ -87,6 +88,9 @@ class GcReport:
     deleted_keys: tuple[str, ...] = ()
     #: When each held object was first found deletable (the planner's ``since``).
     since: Mapping[str, float] = field(default_factory=dict)
+    #: Bytes per reason (kept and deleted); the bytes kept for history windows are
+    #: ``bytes[Reason.KEEP_HISTORY]``.
+    bytes: Mapping[gc.Reason, int] = field(default_factory=dict)
 
     def summary(self) -> str:
         """One line for logs and the CLI."""
@@ -117,7 +121,8 @@ async def mark(
     live: dict[str, int | None] = {}
     for worker_id in await catalog.live_workers():
         live[worker_id] = await _current_incarnation(coordinator, worker_id)
-    tables = await _table_ids(catalog, coordinator)
+    infos = await _tables(catalog, coordinator)
+    tables = set(infos)
     sstables: set[str] = set()
     logs: set[LogRef] = set()
     for table_id in sorted(tables):
@@ -140,9 +145,11 @@ async def mark(
             if expires is not None:
                 expiry[obj.key] = expires
     backups, backup_expiry = await _backup_names(store, listed)
+    windows = [i.schema.history for i in infos.values() if i.schema.history is not None]
     return gc.LiveSet(
         backups=backups,
         backup_expiry=backup_expiry,
+        history=max((retention(w) for w in windows), default=0.0),
         tables=frozenset(tables),
         sstables=frozenset(sstables),
         logs=frozenset(logs),
@@ -152,14 +159,15 @@ async def mark(
     )
 
 
-async def _table_ids(catalog: Catalog, coordinator: Coordinator) -> set[str]:
-    """Every table with a schema: the catalog's user tables, and every schema key in the
-    coordinator — which includes the METADATA system table that ``list_tables()`` leaves out
-    (its tablets' SSTables and logs are roots like any other)."""
-    ids = {info.table_id for info in await catalog.list_tables()}
+async def _tables(catalog: Catalog, coordinator: Coordinator) -> dict[str, TableInfo]:
+    """Every table with a schema, by id: the catalog's user tables, and every schema key in
+    the coordinator — which includes the METADATA system table that ``list_tables()`` leaves
+    out (its tablets' SSTables and logs are roots like any other)."""
+    out = {info.table_id: info for info in await catalog.list_tables()}
     for kv in await coordinator.get_prefix(paths.SCHEMAS):
-        ids.add(TableInfo.from_bytes(kv.value, kv.mod_revision).table_id)
-    return ids
+        info = TableInfo.from_bytes(kv.value, kv.mod_revision)
+        out.setdefault(info.table_id, info)
+    return out
 
 
 async def _current_incarnation(coordinator: Coordinator, worker_id: str) -> int | None:
@@ -293,6 +301,7 @@ async def collect(
         unknown=decided.unknown,
         deleted_keys=decided.delete,
         since=decided.since,
+        bytes=decided.bytes,
     )
 
 

@@ -46,7 +46,12 @@ The rules, object by object (each verdict carries a :class:`Reason`):
    is garbage once expired; its SSTables follow in a later round. A manifest that cannot be
    read (a newer format, a damaged object) keeps every SSTable in the bucket: what it pins
    is unknown.
-7. A key that no layout parser recognizes is never deleted; the plan reports it.
+7. History (``LiveSet.history``, the longest retention any table's history window needs,
+   ``master/checkpoints.py``): a commit log that rule 3 would delete is kept while its
+   newest object is younger than that: a point-in-time restore replays the log from a
+   checkpoint up to the instant asked for. The checkpoints themselves are snapshot manifests
+   whose TTL covers the window (rule 5 keeps them and their SSTables).
+8. A key that no layout parser recognizes is never deleted; the plan reports it.
 
 Dereference grace. ``grace`` counts from an object's creation. A reader that took a tablet's
 state before a compaction may still read an SSTable that compaction replaced, however old the
@@ -99,6 +104,7 @@ class Reason(StrEnum):
     KEEP_FENCE = "fence younger than the fence grace period"
     KEEP_LIVE_TABLE_SNAPSHOT = "snapshot manifest of an existing table"
     KEEP_UNKNOWN = "key not recognized by the layout"
+    KEEP_HISTORY = "log within a table's history window"
     DELETE_UNREFERENCED_SSTABLE = "SSTable no record references"
     DELETE_FINISHED_LOG = "log no tablet needs"
     DELETE_FINISHED_RECOVERY = "recovery run of a log no tablet needs"
@@ -133,6 +139,9 @@ class LiveSet:
     backups: Mapping[str, frozenset[str] | None] = field(default_factory=dict)
     #: Backup manifest key -> when its backup expires (its newest version's); absent: never.
     backup_expiry: Mapping[str, float] = field(default_factory=dict)
+    #: Seconds a commit log no tablet needs is still kept after its newest object (the
+    #: longest retention of any table's history window; 0: none keeps history).
+    history: float = 0.0
 
     def log_reason(self, ref: LogRef) -> Reason | None:
         """Why the log ``ref`` must be kept, or None if nothing needs it."""
@@ -162,6 +171,9 @@ class GcPlan:
     since: Mapping[str, float]
     #: The reason for every listed key.
     reasons: Mapping[str, Reason]
+    #: Bytes of the listed objects per reason (kept and deleted): what history costs is
+    #: ``bytes[Reason.KEEP_HISTORY]``.
+    bytes: Mapping[Reason, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -304,6 +316,8 @@ def _log_reasons(
         return {o.key: needed for o in members}
     if now - group.newest() < grace:
         return {o.key: Reason.KEEP_YOUNG for o in members}
+    if now - group.newest() < live.history:
+        return {o.key: Reason.KEEP_HISTORY for o in members}
     out = {o.key: Reason.DELETE_FINISHED_LOG for o in group.segments}
     out.update({o.key: Reason.DELETE_FINISHED_RECOVERY for o in group.runs})
     for o in group.fences:
@@ -346,6 +360,9 @@ def _finish(
 ) -> GcPlan:
     delete = tuple(o.key for o in listed if reasons[o.key].deletes)
     sizes = {o.key: o.size for o in listed}
+    per_reason: Counter[Reason] = Counter()
+    for o in listed:
+        per_reason[reasons[o.key]] += o.size
     return GcPlan(
         delete=delete,
         delete_bytes=sum(sizes[k] for k in delete),
@@ -353,4 +370,5 @@ def _finish(
         unknown=tuple(o.key for o in listed if reasons[o.key] is Reason.KEEP_UNKNOWN),
         since=since,
         reasons=reasons,
+        bytes=dict(per_reason),
     )

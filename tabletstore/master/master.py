@@ -54,12 +54,13 @@ from tabletstore.master.backup_service import BackupAdmin
 from tabletstore.master.balancer import Balancer
 from tabletstore.master.bulk_load import ANONYMOUS
 from tabletstore.master.bulk_load import bulk_load as load_files
+from tabletstore.master.checkpoints import Checkpointer
 from tabletstore.master.compaction_cycle import MajorCompactionCycle, WorkerCompactionExecutor
 from tabletstore.master.log_recovery import LogRecovery
 from tabletstore.metadata import rows as mt
 from tabletstore.metadata.catalog import Catalog, ClusterSettings, TableInfo
 from tabletstore.metadata.record import LogRef, TabletRecord
-from tabletstore.metadata.snapshot import delete_manifest, list_manifests
+from tabletstore.metadata.snapshot import SnapshotManifest, delete_manifest, list_manifests
 from tabletstore.options import MasterOptions
 from tabletstore.rpc.auth import current_principal
 from tabletstore.rpc.messages import (
@@ -204,6 +205,12 @@ class Master(BackupAdmin):
             load=self.load_tablet,
             options=options,
             settled=lambda: self.settled,
+        )
+
+        #: Checkpoints of the tables that keep history (master/checkpoints.py); the leader
+        #: runs a round in its own loop (run_master).
+        self.checkpointer = Checkpointer(
+            self._catalog, self._the_store, self._checkpoint, clock=self._clock
         )
 
     @property
@@ -631,9 +638,10 @@ class Master(BackupAdmin):
                 raise NotFound(f"table {name!r} has no column family {fam_name!r}")
             del families[fam_name]
         try:
-            schema = TableSchema(
-                name=name, families=families, locality_groups=groups, admins=info.schema.admins
+            schema = info.schema.model_copy(
+                update={"families": families, "locality_groups": groups}
             )
+            schema = TableSchema.model_validate(schema.model_dump())
         except ValueError as exc:
             raise InvalidArgument(str(exc)) from exc
         new = await self._catalog.update_schema(info, schema)
@@ -743,6 +751,18 @@ class Master(BackupAdmin):
             ttl=req.ttl_seconds,
         )
         return SnapshotInfoMessage(manifest.to_bytes())
+
+    async def _checkpoint(self, info: TableInfo, ttl: float) -> SnapshotManifest:
+        """A checkpoint of a table with history: a snapshot with a TTL (master/checkpoints.py)."""
+        return await snapshots.take_snapshot(
+            info=info,
+            catalog=self._catalog,
+            worker=self._worker,
+            store=await self._the_store(),
+            clock=self._clock,
+            locate=self._locate,
+            ttl=ttl,
+        )
 
     async def list_snapshots(self, req: ListSnapshotsRequest) -> ListSnapshotsResponse:
         """Snapshots of one table (or of all), oldest first."""

@@ -234,7 +234,8 @@ async def _lead(
     interval: float,
     detector: FailureDetector | None = None,
 ) -> None:
-    """The leading master's three loops (and the ``detector``'s probes of the workers), each
+    """The leading master's four loops (assignment, garbage collection, balancing,
+    checkpoints of the tables with history; and the ``detector``'s probes of the workers), each
     at its own pace, so that neither a garbage collection nor a balancing move (each may wait
     out a METADATA deadline while a worker is dead) ever delays the assignment rounds that
     recover that worker's tablets (§5.2). Returns
@@ -251,9 +252,7 @@ async def _lead(
     async def balancing() -> None:
         await master.balancer.run_round()
 
-    async def every(
-        step: Callable[[], Awaitable[None]], wake: asyncio.Event | None = None
-    ) -> None:
+    async def every(step: Callable[[], Awaitable[None]], wake: asyncio.Event | None = None) -> None:
         while True:
             await step()
             if wake is None:
@@ -267,6 +266,12 @@ async def _lead(
     async def collecting() -> None:
         await collector.maybe_run()
 
+    async def checkpointing() -> None:
+        try:
+            await master.checkpointer.run_round()
+        except TabletStoreError as exc:  # the catalog unreachable: next round
+            log.warning("checkpoint round failed: %s", exc)
+
     # A worker found dead by the failure detector (§5.2) is recovered by the next round at
     # once, not an interval later.
     woken = asyncio.Event()
@@ -275,6 +280,7 @@ async def _lead(
             tasks.create_task(every(assignment, woken)),
             tasks.create_task(every(collecting)),
             tasks.create_task(every(balancing)),
+            tasks.create_task(every(checkpointing)),
         ]
         if detector is not None:
 

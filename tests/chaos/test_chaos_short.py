@@ -1,5 +1,6 @@
 """The short chaos run: about a minute of writers and readers on real processes
-while every kind of fault is injected on a fixed seed; the checker must find nothing.
+while every kind of fault is injected on a fixed seed; the checker must find nothing, and
+``verify`` must find the bucket whole.
 
 What the harness does and checks is in ``tabletstore/testing/chaos``; the long run is
 ``python -m bench.chaos --minutes N --seed S``.
@@ -44,3 +45,5 @@ def test_short_chaos_run_loses_nothing(tmp_path: Path) -> None:
     assert not v.lost, report.summary()
     assert not v.wrong_reads, report.summary()
     assert not v.double_serving, report.summary()
+    # The healed cluster's bucket verifies whole (tabletstore verify): nothing lost or damaged.
+    assert report.verify is not None and report.verify.ok, report.summary()

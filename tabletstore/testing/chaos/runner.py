@@ -24,10 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tabletstore.client.client import AsyncClient
+from tabletstore.clock import SystemClock
 from tabletstore.commitlog.format import decode_segment
 from tabletstore.coordination import open_coordinator
 from tabletstore.embedded import connect_async
 from tabletstore.errors import Corruption, TabletStoreError
+from tabletstore.master.verify import verify
+from tabletstore.master.verify_plan import VerifyReport
 from tabletstore.storage_s3 import layout, open_store
 from tabletstore.testing.chaos.chaos_cluster import ENV, ChaosCluster
 from tabletstore.testing.chaos.checker import Verdict, check
@@ -75,6 +78,8 @@ class ChaosReport:
     history_path: Path
     setup_errors: list[str] = field(default_factory=list)
     unreadable_segments: int = 0
+    #: ``tabletstore verify`` of the healed cluster's bucket (None: it could not run).
+    verify: VerifyReport | None = None
 
     def summary(self) -> str:
         v = self.verdict
@@ -94,6 +99,11 @@ class ChaosReport:
             f"double-serving: {len(v.double_serving)} "
             f"(acknowledged writes attributed to one worker's log: {v.attributed})",
         ]
+        lines.append(
+            f"verify: {len(self.verify.findings)} findings, {len(self.verify.orphans)} orphans"
+            if self.verify is not None
+            else "verify: could not run"
+        )
         median, worst, never = v.recovery_summary()
         if v.recovery:
             lines.append(
@@ -123,6 +133,8 @@ class ChaosReport:
                 )
             if len(anomalies) > 15:
                 lines.append(f"  ... and {len(anomalies) - 15} more {title.lower()}")
+        for finding in () if self.verify is None else self.verify.findings[:15]:
+            lines.append(f"  VERIFY {finding.line()}")
         for err in self.nemesis_errors + self.setup_errors:
             lines.append(f"  nemesis/harness: {err}")
         if self.unreadable_segments:
@@ -146,6 +158,7 @@ class ChaosReport:
             "lost": len(v.lost),
             "wrong_reads": len(v.wrong_reads),
             "double_serving": len(v.double_serving),
+            "verify_findings": None if self.verify is None else len(self.verify.findings),
             "recovery": v.recovery,
             "recovery_median": median,
             "recovery_max": worst,
@@ -289,6 +302,22 @@ class _Poller:
         )
 
 
+async def _verify(store_url: str, client: AsyncClient, errors: list[str]) -> VerifyReport | None:
+    """``tabletstore verify`` of the healed cluster's bucket, read directly (no S3 faults)."""
+    coordinator = getattr(client, "coordinator", None)
+    if coordinator is None:
+        errors.append("verify: the harness client has no coordinator")
+        return None
+    store = open_store(store_url)
+    try:
+        return await verify(store, client.catalog, coordinator, clock=SystemClock())
+    except (TabletStoreError, OSError) as exc:
+        errors.append(f"verify could not run: {exc}")
+        return None
+    finally:
+        await store.close()
+
+
 async def _wait(check: object, deadline: float, what: str) -> None:
     end = time.monotonic() + deadline
     while True:
@@ -412,6 +441,7 @@ async def _run(
     history.close()
     poller.add_loads(config.directory, history.t0_wall)
     value_workers, bad = await attribute_values(cluster.direct_store_url)
+    verified = await _verify(cluster.direct_store_url, client, setup_errors)
     verdict = check(
         history.ops,
         final_after=final_after,
@@ -434,6 +464,7 @@ async def _run(
         history_path=path,
         setup_errors=setup_errors,
         unreadable_segments=bad,
+        verify=verified,
     )
     (config.directory / "report.json").write_text(json.dumps(report.to_json(), default=str))
     return report

@@ -233,13 +233,14 @@ async def test_fence_of_an_empty_log_is_segment_zero(object_store: ObjectStore) 
 
 
 async def test_a_retried_create_that_had_landed_is_success(object_store: ObjectStore) -> None:
-    async with CommitLogWriter(object_store, "w1", 1) as log:
+    clock = ManualClock()
+    async with CommitLogWriter(object_store, "w1", 1, clock=clock) as log:
         seq = log.allocate(1)
         cells = cells_for(b"a", seq)
         # What the writer is about to PUT, already there (a first attempt that landed).
         await object_store.create(
             log_segment_key("w1", 1, 0),
-            encode_segment("w1", 1, 0, [encode_record("t", b"a", cells)]),
+            encode_segment("w1", 1, 0, [encode_record("t", b"a", cells)], written_at=clock.time()),
         )
         await log.append("t", b"a", cells)
         assert log.next_segment == 1

@@ -8,7 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tabletstore.commitlog.format import decode_segment, encode_record, encode_segment
+from tabletstore.commitlog.format import (
+    decode_segment,
+    decode_segment_header,
+    encode_record,
+    encode_segment,
+)
 from tabletstore.errors import Corruption, InvalidArgument
 from tabletstore.keys import TS_MAX, Cell, CellKind, encode_ts_range
 
@@ -142,3 +147,52 @@ def test_bad_input_is_invalid_argument() -> None:
         encode_record("t", b"r", [Cell(b"r", "fé", b"", 1, 1, CellKind.PUT, b"")])
     with pytest.raises(InvalidArgument, match="worker id"):
         encode_segment("", 0, 0, [])
+
+
+def test_version_2_carries_when_the_segment_was_written() -> None:
+    """The writer stamps each segment (version 2); a version 1 segment still reads, with no
+    stamp, and both versions' damage is Corruption."""
+    records = [encode_record(t, r, c) for t, r, c in sample_records()]
+    v2 = encode_segment("worker-1", 3, 42, records, written_at=1_795_000_000.123456)
+    assert v2[4:6] == (2).to_bytes(2, "big")
+    assert len(v2) == len(sample_segment()) + 8
+    contents = decode_segment(v2)
+    assert contents.header is not None
+    assert contents.header.version == 2
+    assert contents.header.written_at == 1_795_000_000.123456
+    assert [(r.table_id, r.row, r.cells) for r in contents.records] == sample_records()
+    old = decode_segment(sample_segment())
+    assert old.header is not None and old.header.written_at is None and old.header.version == 1
+    header, declared = decode_segment_header(v2[:100], where="s")
+    assert declared == len(v2) and header.written_at == contents.header.written_at
+    for cut in range(1, len(v2)):
+        with pytest.raises(Corruption):
+            decode_segment(v2[:cut])
+    unknown = bytearray(v2)
+    unknown[4:6] = (3).to_bytes(2, "big")
+    with pytest.raises(Corruption, match="version 3"):
+        decode_segment(bytes(unknown))
+
+
+def test_the_writer_stamps_its_segments() -> None:
+    """CommitLogWriter writes version 2 with its clock's wall time."""
+    import asyncio
+
+    from tabletstore.clock import ManualClock
+    from tabletstore.commitlog.writer import CommitLogWriter
+    from tabletstore.keys import Cell, CellKind
+    from tabletstore.storage_s3 import layout
+    from tabletstore.storage_s3.memory import MemoryObjectStore
+
+    async def go() -> None:
+        store = MemoryObjectStore()
+        clock = ManualClock(1_800_000_000.5)
+        async with CommitLogWriter(store, "w", 1, clock=clock) as writer:
+            seq = writer.allocate(1)
+            await writer.append("t", b"r", [Cell(b"r", "f", b"q", 1, seq, CellKind.PUT, b"v")])
+        data = await store.get(layout.log_segment_key("w", 1, 0))
+        assert data is not None
+        header = decode_segment(data).header
+        assert header is not None and header.version == 2 and header.written_at == 1_800_000_000.5
+
+    asyncio.run(go())

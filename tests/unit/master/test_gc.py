@@ -365,3 +365,23 @@ def test_an_sstable_named_by_any_tables_record_is_kept() -> None:
     live = gc.LiveSet(tables=frozenset({"clone"}), sstables=frozenset({shared}))
     p = gc.plan(live, [_obj(shared, 600)], NOW, grace=30)
     assert p.delete == () and p.reasons[shared] is gc.Reason.KEEP_REFERENCED
+
+
+def test_history_keeps_a_finished_log_for_its_retention_and_reports_its_bytes() -> None:
+    """Rule 7: a log no tablet needs is kept while its newest object is younger than the
+    longest history retention, and freed once it falls out; its bytes are reported."""
+    segs = [_obj(layout.log_segment_key("w", 1, i), 600, size=100) for i in range(3)]
+    run = _obj(layout.recovery_run_key("w", 1, 0, "t", "tab"), 600, size=7)
+    kept = gc.plan(gc.LiveSet(history=601.0), [*segs, run], NOW, grace=30)
+    assert kept.delete == ()
+    assert set(kept.reasons.values()) == {gc.Reason.KEEP_HISTORY}
+    assert kept.bytes[gc.Reason.KEEP_HISTORY] == 307
+    freed = gc.plan(gc.LiveSet(history=600.0), [*segs, run], NOW, grace=30)
+    assert len(freed.delete) == 4 and freed.delete_bytes == 307
+    assert freed.bytes[gc.Reason.DELETE_FINISHED_LOG] == 300
+    # History never frees what another rule keeps, nor keeps unreferenced SSTables.
+    sst = _obj(_sstable("ta", 1), 10_000)
+    needed = gc.LiveSet(logs=frozenset({LogRef("w", 1)}), history=1.0)
+    p = gc.plan(needed, [*segs, sst], NOW, grace=30)
+    assert p.delete == (sst.key,)
+    assert p.reasons[segs[0].key] is gc.Reason.KEEP_LOG_NEEDED

@@ -44,6 +44,7 @@ def fake_master(
         assign=assign,
         balancer=SimpleNamespace(run_round=run_round),
         compaction_cycle=SimpleNamespace(run_round=lambda: None),
+        checkpointer=SimpleNamespace(run_round=run_round),  # hangs as the balancer does
     )
 
 

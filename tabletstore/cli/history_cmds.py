@@ -1,0 +1,92 @@
+"""History windows and point-in-time restore (``master/checkpoints.py``,
+``master/pitr_restore.py``)::
+
+    tabletstore history TABLE [DURATION | off]         show or set a table's history window
+    tabletstore restore TABLE --as-of INSTANT NEW_TABLE   rebuild TABLE as of INSTANT
+
+``createtable T ... --history 24h`` sets the window at creation. INSTANT is ISO 8601 with a
+time zone (``2026-11-28T09:15:00Z``, ``2026-11-28T10:15:00+01:00``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import TypeVar
+
+import click
+
+from tabletstore.cli import cbtsyntax as cbt
+from tabletstore.cli.context import TABLE_ARG, cli_context, failing, on_cluster, with_database
+from tabletstore.clock import SystemClock
+from tabletstore.errors import InvalidArgument
+from tabletstore.master.checkpoints import set_history
+from tabletstore.master.pitr_restore import RestoreReport, restore_as_of
+
+__all__ = ["history_cmd", "parse_instant", "restore_cmd"]
+
+T = TypeVar("T")
+
+
+def parse_instant(text: str) -> float:
+    """ISO 8601 with a time zone -> seconds since the epoch; InvalidArgument otherwise."""
+    try:
+        when = dt.datetime.fromisoformat(text)
+    except ValueError as exc:
+        raise InvalidArgument(
+            f"bad instant {text!r}: expected ISO 8601 such as 2026-11-28T09:15:00Z"
+        ) from exc
+    if when.tzinfo is None:
+        raise InvalidArgument(
+            f"instant {text!r} has no time zone: add Z for UTC (2026-11-28T09:15:00Z) or an "
+            "offset (+01:00)"
+        )
+    return when.timestamp()
+
+
+def parse_window(text: str) -> float | None:
+    """``24h``, ``7d``... in seconds, or None for ``off``."""
+    return None if text.lower() in ("off", "none", "0") else cbt.parse_duration(text)
+
+
+@click.command("history")
+@TABLE_ARG
+@click.argument("window", required=False)
+def history_cmd(table: str, window: str | None) -> None:
+    """Show TABLE's history window, or set it: a duration (30m, 24h, 7d) or off. Any instant
+    of the window can be restored (tabletstore restore --as-of)."""
+    obj = cli_context()
+    if window is None:
+        schema = with_database(lambda db: db.describe_table(table))
+        shown = "off" if schema.history is None else cbt.format_duration(schema.history)
+        click.echo(f"{table}: history {shown}")
+        return
+    seconds = failing(lambda: parse_window(window))
+    if obj.url.startswith("etcd://"):
+        on_cluster(lambda _store, catalog, _coordinator: set_history(catalog, table, seconds))
+    else:
+        with_database(lambda db: db.set_history(table, seconds))
+    shown = "off" if seconds is None else cbt.format_duration(seconds)
+    click.echo(f"{table}: history {shown}")
+
+
+def restore_at(table: str, new_table: str, as_of: str) -> None:
+    """``restore TABLE NEW_TABLE --as-of INSTANT`` (the command is ``backup_cmds.restore_cmd``):
+    rebuild TABLE as it was at an instant of its history window into the new table NEW_TABLE
+    (TABLE is only read). Writes acknowledged by then are in, writes begun after it are not."""
+    instant = failing(lambda: parse_instant(as_of))
+    obj = cli_context()
+    report: RestoreReport
+    if obj.url.startswith("etcd://"):
+        report = on_cluster(
+            lambda store, catalog, _coordinator: restore_as_of(
+                store,
+                catalog,
+                table=table,
+                instant=instant,
+                new_table=new_table,
+                clock=SystemClock(),
+            )
+        )
+    else:
+        report = with_database(lambda db: db.restore_as_of(table, instant, new_table))
+    click.echo(report.summary())

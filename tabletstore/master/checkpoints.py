@@ -1,0 +1,142 @@
+"""Checkpoints of the tables that keep history, and how long their history costs.
+
+A table with a history window (``TableSchema.history``, seconds) can be restored as of any
+instant in the window (``master/pitr_restore.py``): from the newest checkpoint at or before
+the instant plus the commit log from that checkpoint up to it. A checkpoint is a snapshot
+(``master/snapshots.py``: a consistent cut, its manifest pinning its SSTables) the master
+takes every :func:`checkpoint_interval` while it leads, with a TTL of :func:`checkpoint_ttl`
+so that one at or before any instant of the window is kept (garbage collection rule 5), even
+if one round is missed. Garbage collection keeps every commit log whose newest object is
+younger than :func:`retention` (rule 7 of ``master/gc_plan.py``): the log from
+``CLOCK_MARGIN`` before the oldest kept checkpoint up to now.
+
+``CLOCK_MARGIN`` bounds the skew between the master's clock (a checkpoint's time), the
+workers' clocks (a segment's time) and the object store's (an object's age); skew beyond it
+can make a restore near the window's far edge miss the start of the log, which the restore
+then refuses rather than rebuild partly.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+from tabletstore.clock import Clock
+from tabletstore.data.schema import TableSchema
+from tabletstore.errors import InvalidArgument, TabletStoreError
+from tabletstore.metadata.catalog import Catalog, TableInfo
+from tabletstore.metadata.snapshot import SnapshotManifest, list_manifests
+from tabletstore.storage_s3.base import ObjectStore
+
+__all__ = [
+    "CLOCK_MARGIN",
+    "Checkpointer",
+    "checkpoint_interval",
+    "checkpoint_ttl",
+    "retention",
+    "set_history",
+]
+
+log = logging.getLogger(__name__)
+
+#: Seconds of clock skew tolerated between masters, workers and the object store.
+CLOCK_MARGIN = 300.0
+#: The most seconds between two checkpoints of a table, whatever its window.
+MAX_INTERVAL = 3600.0
+#: The fewest seconds between two checkpoints of a table.
+MIN_INTERVAL = 30.0
+#: The fewest seconds between two rounds (a round reads every table's schema).
+ROUND_SECONDS = 10.0
+
+
+def checkpoint_interval(window: float) -> float:
+    """Seconds between two checkpoints of a table with a ``window`` of history: a quarter of
+    the window, between 30 seconds and an hour (a restore replays at most that much log)."""
+    return min(MAX_INTERVAL, max(MIN_INTERVAL, window / 4))
+
+
+def checkpoint_ttl(window: float) -> float:
+    """How long a checkpoint is kept: the window, plus two intervals (the newest checkpoint
+    at or before the window's far edge is still there if one round was missed)."""
+    return window + 2 * checkpoint_interval(window)
+
+
+def retention(window: float) -> float:
+    """How long a commit log is kept after its newest object for a table with ``window``:
+    as long as the oldest checkpoint kept, plus the clock margin before it."""
+    return checkpoint_ttl(window) + CLOCK_MARGIN
+
+
+#: Takes a checkpoint of a table with the given TTL (the master's snapshot, phase 1 and 2).
+TakeCheckpoint = Callable[[TableInfo, float], Awaitable[SnapshotManifest]]
+
+
+class Checkpointer:
+    """Takes a checkpoint of every table with history once its interval has passed since its
+    newest snapshot. The newest is read from the bucket the first time a table is seen (a
+    master that just took over), then remembered."""
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        store: Callable[[], Awaitable[ObjectStore]],
+        take: TakeCheckpoint,
+        *,
+        clock: Clock,
+    ) -> None:
+        self._catalog = catalog
+        self._store = store
+        self._take = take
+        self._clock = clock
+        self._newest: dict[str, float] = {}
+        self._last_round: float | None = None
+
+    async def run_round(self, *, force: bool = False) -> list[SnapshotManifest]:
+        """One round over the tables, at most every ``ROUND_SECONDS`` (``force``: now, and
+        every table with history whatever its interval); returns the checkpoints taken. A table whose checkpoint
+        fails is logged and tried again next round (its history is then still whole as long
+        as a later one succeeds within the TTL's spare interval)."""
+        now = self._clock.monotonic()
+        if not force and self._last_round is not None and now - self._last_round < ROUND_SECONDS:
+            return []
+        self._last_round = now
+        taken: list[SnapshotManifest] = []
+        for info in await self._catalog.list_tables():
+            window = info.schema.history
+            if window is None:
+                continue
+            try:
+                manifest = await self._maybe_take(info, window, force)
+            except TabletStoreError as exc:
+                log.warning("checkpoint of table %s failed: %s", info.schema.name, exc)
+                continue
+            if manifest is not None:
+                taken.append(manifest)
+        return taken
+
+    async def _maybe_take(
+        self, info: TableInfo, window: float, force: bool
+    ) -> SnapshotManifest | None:
+        newest = self._newest.get(info.table_id)
+        if newest is None:
+            manifests = await list_manifests(await self._store(), info.table_id)
+            newest = max((m.created_at for m in manifests), default=float("-inf"))
+            self._newest[info.table_id] = newest
+        if not force and self._clock.time() - newest < checkpoint_interval(window):
+            return None
+        manifest = await self._take(info, checkpoint_ttl(window))
+        self._newest[info.table_id] = manifest.created_at
+        return manifest
+
+
+async def set_history(catalog: Catalog, table: str, seconds: float | None) -> TableInfo:
+    """Set (or, with None, end) the history window of ``table``: a schema change
+    (compare-and-swap on the schema record). The master's next checkpoint round takes the
+    first checkpoint; instants from then on can be restored. Shortening the window lets
+    garbage collection free what falls out of it."""
+    info = await catalog.get_table(table)
+    try:
+        schema = TableSchema.model_validate({**info.schema.model_dump(), "history": seconds})
+    except ValueError as exc:
+        raise InvalidArgument(f"table {table!r}: {exc}") from exc
+    return await catalog.update_schema(info, schema)

@@ -1,0 +1,284 @@
+"""Point-in-time restore: rebuild a table as of an instant of its history window into a new
+table (the shell around ``master/pitr_plan.py``, which says what is rebuilt and why).
+
+:func:`restore_as_of`, step by step:
+
+1. Check the request before anything is written: the source table keeps history and the
+   instant is in its window, the new table does not exist, a checkpoint at or before the
+   instant is kept (every error names the problem; nothing is created).
+2. List the commit logs and read the header of each segment that may have been written
+   between the checkpoint (less the clock margin) and the instant (one ranged GET each;
+   older segments are told by their object's time), and choose each log's segments
+   (``pitr_plan.select_segments``).
+3. Sort them with the sorted-recovery machinery: ``commitlog.sorting.sort_segments``, the
+   pure step of a sort task, partitions the records over the checkpoint's tablet ranges,
+   on a thread; the runs of the table are decoded (``commitlog.runs``) and routed to the
+   checkpoint tablets with the cells after each one's cut.
+4. Per checkpoint tablet, merge its checkpoint cells with its logged cells
+   (``pitr_plan.merge_cells``) and write them as one SSTable per locality group under the
+   new table; then create the new table in one catalog step with the checkpoint's schema
+   and split points and those SSTables, and have it assigned.
+
+The new tablets' records list their SSTables and no log (their redo point is their largest
+seq), so the restored table is served like any other, and a worker that loads a tablet
+advances its sequence past its cells. The source table is only read. SSTables uploaded
+before a failed create are unreferenced and garbage collection deletes them.
+
+The restore runs in the calling process (the CLI, or the embedded database). Its memory
+holds one tablet's cells at a time, plus the table's sorted log records of the replayed span.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+from tabletstore.clock import Clock
+from tabletstore.commitlog.reader import read_segment_header
+from tabletstore.commitlog.runs import SortPlan, SortTask, TabletRange, decode_run
+from tabletstore.commitlog.sorting import sort_segments
+from tabletstore.data.schema import TableSchema
+from tabletstore.errors import AlreadyExists, Corruption, InvalidArgument, NotFound
+from tabletstore.keys import Cell
+from tabletstore.master import pitr_plan as plan
+from tabletstore.master.checkpoints import CLOCK_MARGIN
+from tabletstore.metadata.catalog import Catalog
+from tabletstore.metadata.record import LogRef, SSTableRef, TabletRecord
+from tabletstore.metadata.snapshot import SnapshotManifest, TabletSnapshot, list_manifests
+from tabletstore.sstable.reader import read_sstable_bytes
+from tabletstore.sstable.writer import upload_sstable, write_sstable
+from tabletstore.storage_s3 import layout
+from tabletstore.storage_s3.base import ObjectInfo, ObjectStore, object_url
+
+__all__ = ["RestoreReport", "restore_as_of"]
+
+#: Object requests a restore keeps in flight.
+PARALLEL = 16
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreReport:
+    """What a restore rebuilt."""
+
+    table: str
+    new_table: str
+    instant: float
+    checkpoint_id: str
+    checkpoint_at: float
+    tablets: int
+    cells: int
+    segments_read: int
+    log_cells: int
+
+    def summary(self) -> str:
+        return (
+            f"restored {self.table} as of {plan.utc(self.instant)} into {self.new_table}: "
+            f"{self.tablets} tablets, {self.cells} cells (checkpoint {self.checkpoint_id} of "
+            f"{plan.utc(self.checkpoint_at)}, {self.log_cells} cells from {self.segments_read} "
+            f"log segments)"
+        )
+
+
+async def restore_as_of(
+    store: ObjectStore,
+    catalog: Catalog,
+    *,
+    table: str,
+    instant: float,
+    new_table: str,
+    clock: Clock,
+    assign: Callable[[], Awaitable[object]] | None = None,
+) -> RestoreReport:
+    """Rebuild ``table`` as of ``instant`` (seconds since the epoch) into the new table
+    ``new_table`` (module docstring); ``assign`` is called once it exists (the embedded
+    master's assignment round; a cluster's master assigns it in its next round)."""
+    info = await catalog.get_table(table)
+    now = clock.time()
+    plan.check_instant(table, instant, now, info.schema.history)
+    assert info.schema.history is not None
+    try:
+        schema = TableSchema.model_validate(
+            {**info.schema.model_dump(), "name": new_table, "history": None}
+        )
+    except ValueError as exc:
+        raise InvalidArgument(f"cannot restore into {new_table!r}: {exc}") from exc
+    await _check_absent(catalog, new_table)
+    manifests = await list_manifests(store, info.table_id)
+    checkpoint = plan.choose_checkpoint(table, manifests, instant, now, info.schema.history)
+    schema = TableSchema.model_validate(
+        {**checkpoint.schema.model_dump(), "name": new_table, "history": None}
+    )
+    logged, segments = await _logged_cells(store, info.table_id, checkpoint, instant)
+    table_id = Catalog.new_table_id(new_table)
+    records: list[TabletRecord] = []
+    cells_total = 0
+    cache: dict[str, list[Cell]] = {}
+    for i, tablet in enumerate(checkpoint.tablets):
+        tablet_id = f"t{i:05d}"
+        cells = plan.merge_cells(
+            tablet, await _checkpoint_cells(store, tablet, cache), logged[tablet.tablet_id]
+        )
+        cells_total += len(cells)
+        sstables: dict[str, tuple[SSTableRef, ...]] = {}
+        for group, group_cells in plan.group_cells(cells, schema).items():
+            sstables[group] = (
+                await _upload(store, schema, table_id, tablet_id, group, group_cells),
+            )
+        records.append(
+            TabletRecord(
+                table_id=table_id,
+                tablet_id=tablet_id,
+                start_row=tablet.start_row,
+                end_row=tablet.end_row,
+                sstables=sstables,
+                redo_seq=max((c.seq for c in cells), default=0),
+            ).with_event(now, "restored", f"{table} as of {plan.utc(instant)} ({len(cells)} cells)")
+        )
+    await catalog.create_table(schema, records)
+    if assign is not None:
+        await assign()
+    return RestoreReport(
+        table=table,
+        new_table=new_table,
+        instant=instant,
+        checkpoint_id=checkpoint.snapshot_id,
+        checkpoint_at=checkpoint.created_at,
+        tablets=len(records),
+        cells=cells_total,
+        segments_read=segments,
+        log_cells=sum(len(c) for c in logged.values()),
+    )
+
+
+async def _check_absent(catalog: Catalog, name: str) -> None:
+    try:
+        await catalog.get_table(name)
+    except NotFound:
+        return
+    raise AlreadyExists(
+        f"table {name!r} already exists: a restore creates a new table (delete it, or name another)"
+    )
+
+
+async def _logged_cells(
+    store: ObjectStore, table_id: str, checkpoint: SnapshotManifest, instant: float
+) -> tuple[dict[str, list[Cell]], int]:
+    """Checkpoint tablet id -> its cells after its cut acknowledged by ``instant``; and how
+    many segments were read."""
+    low = checkpoint.created_at - CLOCK_MARGIN
+    by_log: dict[LogRef, list[ObjectInfo]] = {}
+    async for info in store.list(layout.LOGS):
+        try:
+            key = layout.parse_log_segment_key(info.key)
+        except InvalidArgument:
+            continue  # not a segment: not ours to judge
+        by_log.setdefault(LogRef(key.worker_id, key.incarnation), []).append(info)
+    ranges = tuple(
+        TabletRange(table_id, t.tablet_id, t.start_row, t.end_row) for t in checkpoint.tablets
+    )
+    sem = asyncio.Semaphore(PARALLEL)
+    out: dict[str, list[Cell]] = {t.tablet_id: [] for t in checkpoint.tablets}
+    read = 0
+    for ref, infos in sorted(by_log.items(), key=lambda kv: (kv[0].worker_id, kv[0].incarnation)):
+        stamps = await asyncio.gather(*(_stamp(store, o, low, sem) for o in infos))
+        for run in plan.select_segments(ref, stamps, low, instant):
+            datas = await asyncio.gather(
+                *(
+                    _get(store, layout.log_segment_key(ref.worker_id, ref.incarnation, n), sem)
+                    for n in run
+                )
+            )
+            read += len(run)
+            sort_plan = SortPlan(
+                ref.worker_id,
+                ref.incarnation,
+                run[-1] + 1,
+                (SortTask(run[0], run[-1] + 1, sum(len(d) for d in datas)),),
+                ranges,
+            )
+            task = sort_plan.tasks[0]
+            wheres = [
+                object_url(store.url, layout.log_segment_key(ref.worker_id, ref.incarnation, n))
+                for n in run
+            ]
+            _, _, _, sorted_runs = await asyncio.to_thread(
+                sort_segments, sort_plan, task, datas, wheres
+            )
+            for sorted_run in sorted_runs:
+                if sorted_run.target.table_id != table_id:
+                    continue
+                _, records = decode_run(sorted_run.data, where=f"sorted run of {wheres[0]}")
+                for tablet_id, cells in plan.route(checkpoint.tablets, table_id, records).items():
+                    out[tablet_id].extend(cells)
+    return out, read
+
+
+async def _stamp(
+    store: ObjectStore, info: ObjectInfo, low: float, sem: asyncio.Semaphore
+) -> plan.SegmentStamp:
+    """When a listed segment was written: its header's stamp; for a fence, a version 1
+    segment, or an object older than the span (``low`` less the clock margin: its stamp is
+    older still), the object's time."""
+    number = layout.parse_log_segment_key(info.key).seq
+    if info.size == 0 or info.last_modified < low - CLOCK_MARGIN:
+        return plan.SegmentStamp(number, info.size, info.last_modified)
+    where = object_url(store.url, info.key)
+    async with sem:
+        found = await read_segment_header(store, info.key, info.size, where=where)
+    if found is None:
+        raise Corruption(f"{where} was deleted during the restore")
+    header, _ = found
+    written = header.written_at if header.written_at is not None else info.last_modified
+    return plan.SegmentStamp(number, info.size, written)
+
+
+async def _get(store: ObjectStore, key: str, sem: asyncio.Semaphore) -> bytes:
+    async with sem:
+        data = await store.get(key)
+    if data is None:
+        raise Corruption(f"{object_url(store.url, key)} was deleted during the restore")
+    return data
+
+
+async def _checkpoint_cells(
+    store: ObjectStore, tablet: TabletSnapshot, cache: dict[str, list[Cell]]
+) -> list[Cell]:
+    """Every cell of the tablet's checkpoint SSTables (shared SSTables read once)."""
+    out: list[Cell] = []
+    for refs in tablet.sstables.values():
+        for ref in refs:
+            if ref.key not in cache:
+                data = await store.get(ref.key)
+                if data is None:
+                    raise Corruption(
+                        f"checkpoint SSTable {object_url(store.url, ref.key)} does not exist "
+                        "(tabletstore verify lists what else is missing)"
+                    )
+                cache[ref.key] = await asyncio.to_thread(
+                    read_sstable_bytes, data, name=ref.key, seq_base=ref.seq_base
+                )
+            out.extend(cache[ref.key])
+    return out
+
+
+async def _upload(
+    store: ObjectStore,
+    schema: TableSchema,
+    table_id: str,
+    tablet_id: str,
+    group: str,
+    cells: Sequence[Cell],
+) -> SSTableRef:
+    lg = schema.locality_groups[group]
+    data, info = await asyncio.to_thread(
+        write_sstable,
+        cells,
+        compression=lg.compression,
+        block_size=lg.block_size,
+        locality_group=group,
+    )
+    key = layout.sstable_key(table_id, tablet_id, group, uuid.uuid4().hex)
+    info = await upload_sstable(store, key, data, info)
+    return SSTableRef.of(key, len(data), info)

@@ -1,0 +1,53 @@
+"""The history verbs: ``createtable --history``, ``history T [window|off]``, ``ls T`` showing
+the window, and ``restore T --as-of INSTANT NEW`` with its one-line errors (exit 1, nothing
+created)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from tabletstore.cli.main import main
+
+
+def _iso(t: float) -> str:
+    return dt.datetime.fromtimestamp(t, dt.UTC).isoformat().replace("+00:00", "Z")
+
+
+def test_history_and_restore_as_of_from_the_command_line(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}"
+    runner = CliRunner()
+
+    def run(*args: str) -> tuple[int, str]:
+        result = runner.invoke(main, ["--url", url, *args])
+        return result.exit_code, result.output
+
+    assert run("createtable", "t", "families=f", "--history", "2h")[0] == 0
+    assert run("createtable", "plain", "families=f")[0] == 0
+    assert run("history", "t") == (0, "t: history 2h\n")
+    assert "History: 2h" in run("ls", "t")[1]
+    assert run("history", "plain", "30m") == (0, "plain: history 30m\n")
+    assert run("history", "plain", "off") == (0, "plain: history off\n")
+    assert run("set", "t", "r1", "f:q=old")[0] == 0
+    marker = time.time()
+    assert run("set", "t", "r1", "f:q=new")[0] == 0
+    assert run("set", "t", "r2", "f:q=later")[0] == 0
+    code, out = run("restore", "t", "--as-of", _iso(marker), "back")
+    assert code == 0, out
+    assert out.startswith("restored t as of ") and "into back" in out
+    rows = run("read", "back")[1]
+    assert '"old"' in rows and '"new"' not in rows and "r2" not in rows
+    for args, message in [
+        (("restore", "t", "--as-of", "2026-11-28T09:15:00", "x"), "no time zone"),
+        (("restore", "t", "--as-of", "yesterday", "x"), "bad instant"),
+        (("restore", "t", "--as-of", _iso(time.time() - 3 * 3600), "x"), "outside the history"),
+        (("restore", "t", "--as-of", _iso(time.time()), "back"), "already exists"),
+        (("restore", "plain", "--as-of", _iso(time.time()), "x"), "keeps no history"),
+        (("history", "t", "soon"), "bad duration"),
+    ]:
+        code, out = run(*args)
+        assert code == 1 and message in out, (args, out)
+    assert run("ls")[1].split() == ["back", "plain", "t"]
