@@ -153,6 +153,10 @@ def test_members_reach_ec2_and_may_attach_their_tagged_interface_and_volume(plan
 def test_member_script_runs_etcd_as_the_image_user_on_its_own_files(plan: Plan) -> None:
     for address, script in member_scripts(plan).items():
         assert "--user 10001:10001" in script, address
+        # A member checks the address a peer connects from (its primary interface's) against
+        # the peer's certificate: the certificate names it besides the member's own address.
+        assert "PRIMARY=$(imds local-ipv4)" in script
+        assert "subjectAltName=IP:" in script and ",IP:%s," in script and '"$PRIMARY"' in script
         assert 'install -d -m 0700 -o 10001 -g 10001 "$DATA/etcd" "$DATA/tls"' in script
         assert 'install -m 0600 -o 10001 -g 10001 "$TLS/member.key"' in script
         # The member comes back after a reboot: docker enabled, the volume in fstab, docker
