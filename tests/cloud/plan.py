@@ -42,6 +42,8 @@ __all__ = [
 ROOT = Path(__file__).resolve().parents[2]
 TF = ROOT / "infra" / "terraform"
 ENVIRONMENT = "dev"
+#: The roles of the cluster's RPC certificates (infra/terraform/scripts/cluster-tls.sh).
+TLS_ROLES = ("master", "worker", "client", "function")
 #: The environment's variables (what an operator's dev.tfvars gives).
 VARIABLES = {
     "region": "us-east-1",
@@ -51,6 +53,9 @@ VARIABLES = {
     "etcd_ami_id": "ami-0123456789abcdef0",
     "etcd_ca_secret_arn": "arn:aws:secretsmanager:us-east-1:123456789012:secret:etcd-ca",
     "etcd_client_secret_arn": "arn:aws:secretsmanager:us-east-1:123456789012:secret:etcd-client",
+    "tls_secret_arns": json.dumps(
+        {r: f"arn:aws:secretsmanager:us-east-1:123456789012:secret:tls-{r}" for r in TLS_ROLES}
+    ),
 }
 #: Resources applied first, so that the plan knows what the others read of them (the etcd
 #: members' boot scripts name their volume and interface, and those their subnets).

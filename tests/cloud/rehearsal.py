@@ -137,6 +137,8 @@ class Run:
     aws_endpoint: str = ""
     tls: Any = None
     instance_image: str = ""
+    #: This run's client certificate of the cluster's RPC CA (the operator's).
+    rpc_tls: Any = None
     seaweed: str = ""
     #: The etcd members' instance containers, host mounts and loop devices (to undo).
     instances: list[str] = field(default_factory=list)
@@ -195,6 +197,22 @@ def start_servers(run: Run, plan: Mapping[str, Any]) -> None:
         (ca_dir / "client.json").read_text()
     )
     tls = TlsConfig(str(ca_dir / "ca.pem"), str(ca_dir / "client.pem"), str(ca_dir / "client.key"))
+    # And the cluster's RPC certificates, one secret per role; this run is the operator.
+    tls_dir = run.work / "cluster-tls"
+    result = subprocess.run(
+        ["bash", str(tfplan.TF / "scripts" / "cluster-tls.sh"), str(tls_dir)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TABLETSTORE": f"{sys.executable} -m tabletstore.cli.main"},
+    )
+    if result.returncode != 0:
+        raise RehearsalError(f"cluster-tls.sh: {result.stderr.strip()}")
+    arns = json.loads(tfplan.VARIABLES["tls_secret_arns"])
+    for role in tfplan.TLS_ROLES:
+        run.secrets[arns[role]] = json.loads((tls_dir / f"{role}.json").read_text())
+    run.rpc_tls = TlsConfig(
+        str(tls_dir / "ca.pem"), str(tls_dir / "operator.pem"), str(tls_dir / "operator.key")
+    )
     run.tls = tls
     run.planned_store_url = store
     run.planned_cluster_url = planned_url
@@ -570,11 +588,15 @@ def start_tasks(run: Run, plan: Mapping[str, Any]) -> None:
     workers = [start_task(run, _task(tasks, "worker"), "worker", i) for i in range(WORKERS)]
     app = _app_container(_task(tasks, "worker"), "worker")
     user = app.get("user") or docker("inspect", "-f", "{{.Config.User}}", run.image).strip()
+    env = {e["name"] for e in app.get("environment") or []}
+    tls = "--insecure" not in app["command"] and "TABLETSTORE_TLS_CERT" in env
     run.step(
-        f"master + {len(workers)} workers (user {user}, read-only root)",
+        f"master + {len(workers)} workers (user {user}, read-only root"
+        + (", mutual TLS)" if tls else ", --insecure)"),
         f"master task ({master.address}) and {len(workers)} worker tasks "
         f"({', '.join(w.address for w in workers)}) healthy: the plan's commands, "
-        f"user {user}, read-only root: {bool(app.get('readonlyRootFilesystem'))}",
+        f"user {user}, read-only root: {bool(app.get('readonlyRootFilesystem'))}, RPC "
+        + ("over mutual TLS with each role's certificate" if tls else "without TLS"),
     )
 
 
@@ -591,7 +613,7 @@ async def _flow(run: Run) -> None:
     from tabletstore.commitlog.runs import TabletRange
 
     rows = {f"row-{i:05d}".encode(): f"value-{i}".encode() for i in range(ROWS)}
-    async with await tabletstore.connect_async(run.cluster_url) as db:
+    async with await tabletstore.connect_async(run.cluster_url, tls=run.rpc_tls) as db:
         await db.create_table("rehearsal", ["f"])
         table = db.table("rehearsal")
         for key, value in rows.items():
@@ -721,7 +743,7 @@ async def _compact_and_collect(run: Run, scheduled: Mapping[str, dict[str, Any]]
         raise RehearsalError(f"no schedule of the plan invokes {gc}: {sorted(scheduled)}")
     # The cluster URL as the functions reach the cluster (the plan's, endpoints substituted).
     cluster_url = substitute(run.planned_cluster_url, _loopback_for(run, run.function_roles[gc]))
-    async with await tabletstore.connect_async(run.cluster_url) as db:
+    async with await tabletstore.connect_async(run.cluster_url, tls=run.rpc_tls) as db:
         table = db.table("rehearsal")
         # Two flushes, a tenth of the rows overwritten between them (with their own values):
         # the tablet has SSTables to merge.

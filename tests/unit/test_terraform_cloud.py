@@ -27,7 +27,9 @@ import click
 import pytest
 
 from functions.etcd_tls import ENV_SECRET
+from functions.rpc_tls import ENV_TLS_SECRET
 from tabletstore.cli.main import main
+from tabletstore.security.tls import ENV_CA, ENV_CERT, ENV_KEY
 from tests.unit.terraform_plan import Plan, plan_environment
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -206,6 +208,15 @@ def test_tasks_have_no_proxy_and_write_only_to_their_scratch_volume(plan: Plan) 
         assert set(files) == {"ca", "cert", "key"}
         for path in files.values():
             assert f"> {path}" in script and any(path.startswith(f"{m}/") for m in mounts)
+        # The RPC ports serve mutual TLS: the process's certificate files are what the init
+        # container writes from its role's secret, and nothing serves without TLS.
+        assert "--insecure" not in app["command"], family
+        role = {"master": "master", "worker": "worker", "cli": "client"}[app["name"]]
+        for var, field in (("TLS_CA", "ca"), ("TLS_CERT", "cert"), ("TLS_KEY", "key")):
+            path = env[f"TABLETSTORE_{var}"]
+            assert f"> {path}" in script and any(path.startswith(f"{m}/") for m in mounts)
+            (secret,) = [s for s in init["secrets"] if s["name"] == f"{var}_PEM"]
+            assert secret["valueFrom"].endswith(f"secret:tls-{role}:{field}::"), secret
 
 
 # 5: HeadBucket ------------------------------------------------------------------------------
@@ -366,7 +377,11 @@ def test_every_environment_variable_terraform_sets_is_read_by_what_it_reaches(
             assert not unread, f"{family}/{container['name']} sets {unread}, read by nothing"
     for kind, function in functions(plan).items():
         names = {name for env in function.get("environment", []) for name in env["variables"]}
-        assert names <= {ENV_SECRET}, (kind, names)
+        assert names <= {ENV_SECRET, ENV_TLS_SECRET, ENV_CA, ENV_CERT, ENV_KEY}, (kind, names)
+        if ENV_SECRET in names:  # it reaches the workers too: with the function's certificate
+            (env,) = function["environment"]
+            assert env["variables"][ENV_TLS_SECRET].endswith("secret:tls-function")
+            assert {ENV_CA, ENV_CERT, ENV_KEY} <= names
 
 
 # The contract: commands and flags --------------------------------------------------------------
