@@ -29,6 +29,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -145,6 +146,9 @@ class Run:
     mounts: list[Path] = field(default_factory=list)
     loops: list[str] = field(default_factory=list)
     closers: list[Callable[[], None]] = field(default_factory=list)
+    #: Each member's instance environment, and the images of booted instances.
+    instance_env: dict[str, dict[str, str]] = field(default_factory=dict)
+    booted: list[str] = field(default_factory=list)
 
     def step(self, label: str, detail: str) -> None:
         """A step passed: ``label`` goes into the summary line, ``detail`` is printed now."""
@@ -227,7 +231,7 @@ def start_servers(run: Run, plan: Mapping[str, Any]) -> None:
     run.step(
         "SeaweedFS + moto",
         f"SeaweedFS {seaweed.url} (bucket {bucket}); moto {run.aws_endpoint} (EC2, Secrets "
-        "Manager with the secrets etcd-ca.sh made, ECR)",
+        "Manager with the secrets etcd-ca.sh and cluster-tls.sh made, ECR)",
     )
 
 
@@ -300,6 +304,7 @@ def start_members(run: Run, members: list[etcd_members.Member], tls: TlsConfig) 
             "INSTANCE_VAR_LIB": str(var_lib),
             "INSTANCE_REGISTRY": image_uri.split("/", 1)[0],
         }
+        run.instance_env[member.name] = {**env, "DOCKER_SOCKET": socket}
         docker(
             "run", "--detach", "--name", name, "--cap-add", "SYS_ADMIN", "--network", "host",
             "--mount", f"type=bind,src={socket},dst=/var/run/docker.sock",
@@ -338,6 +343,7 @@ def start_members(run: Run, members: list[etcd_members.Member], tls: TlsConfig) 
         f"{len(members)} etcd members from the plan's boot scripts ({', '.join(checked)}), "
         f"healthy over TLS with the client certificate at {', '.join(endpoints)}",
     )
+    snapshot_member(run, members[0])
     return endpoints
 
 
@@ -345,10 +351,12 @@ def _check_member(run: Run, member: etcd_members.Member) -> str:
     """What the boot script left on its instance: the volume in fstab and mounted, etcd as the
     image's user on its own files, docker and the timers enabled."""
     instance = f"instance-{member.name}"
-    fstab = docker("cp", f"{instance}:/etc/fstab", "-")
-    calls = docker("cp", f"{instance}:/var/log/systemctl.log", "-")
-    if "/var/lib/etcd ext4" not in fstab:
-        raise RehearsalError(f"{instance}: the data volume is not in fstab")
+    fstab = _read(instance, "/etc/fstab")
+    calls = _read(instance, "/var/log/systemctl.log")
+    if not re.search(r"^UUID=\S+ /var/lib/etcd ext4 ", fstab, re.M):
+        raise RehearsalError(f"{instance}: the data volume is not in fstab:\n{fstab}")
+    if not os.path.ismount(run.work / "members" / member.name / "var-lib" / "etcd"):
+        raise RehearsalError(f"{instance}: the data volume is not mounted at /var/lib/etcd")
     for unit in ("docker", "etcd-snapshot.timer", "etcd-metrics.timer"):
         if unit not in calls:
             raise RehearsalError(f"{instance}: {unit} not enabled")
@@ -364,6 +372,62 @@ def _check_member(run: Run, member: etcd_members.Member) -> str:
     if mode != f"600 {user}":
         raise RehearsalError(f"{member.name}: its key is {mode} (mode, owner), etcd runs as {user}")
     return f"{member.name}: uid {user}, key 0600"
+
+
+def _read(container: str, path: str) -> str:
+    """A file of a container (running or not), as text."""
+    import io
+    import tarfile
+
+    result = subprocess.run(["docker", "cp", f"{container}:{path}", "-"], capture_output=True)
+    if result.returncode != 0:
+        raise RehearsalError(f"{container}:{path}: {result.stderr.decode().strip()}")
+    with tarfile.open(fileobj=io.BytesIO(result.stdout)) as tar:
+        member = tar.next()
+        extracted = tar.extractfile(member) if member is not None else None
+        if extracted is None:
+            raise RehearsalError(f"{container}:{path} is not a file")
+        return extracted.read().decode()
+
+
+def snapshot_member(run: Run, member: etcd_members.Member) -> None:
+    """The member's snapshot service once, as systemd would start it: the boot script's unit
+    (its ExecStart) with its EnvironmentFile, on the booted instance (its file system as the
+    boot script left it); the snapshot must be in the bucket under the member's prefix."""
+    import boto3
+
+    instance = f"instance-{member.name}"
+    unit = _read(instance, "/etc/systemd/system/etcd-snapshot.service")
+    match = re.search(r"^ExecStart=.* (s3://([^/]+)/(\S+))$", unit, re.M)
+    if match is None or "EnvironmentFile=/etc/etcd-snapshot.env" not in unit:
+        raise RehearsalError(f"{instance}: the snapshot unit is not as expected:\n{unit}")
+    destination, bucket, prefix = match.groups()
+    booted = f"tabletstore-rehearsal-booted:{member.name}"
+    docker("commit", instance, booted)
+    run.booted.append(booted)
+    # systemd's EnvironmentFile: one KEY=VALUE a line, the value the rest of the line.
+    start = (
+        'while IFS= read -r line; do [ -n "$line" ] && export "$line"; done'
+        " < /etc/etcd-snapshot.env; "
+        "exec $(sed -n 's/^ExecStart=//p' /etc/systemd/system/etcd-snapshot.service)"
+    )
+    env = run.instance_env[member.name]
+    out = docker(
+        "run", "--rm", "--network", "host",
+        "--mount", f"type=bind,src={env['DOCKER_SOCKET']},dst=/var/run/docker.sock",
+        "--mount", f"type=bind,src={env['INSTANCE_VAR_LIB']},dst=/var/lib",
+        *[a for k, v in env.items() if k != "DOCKER_SOCKET" for a in ("--env", f"{k}={v}")],
+        booted, "bash", "-c", start, timeout=HEALTH_DEADLINE,
+    )  # fmt: skip
+    s3 = boto3.client("s3", endpoint_url=run.seaweed, region_name="us-east-1", **_keys())
+    listed = s3.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])
+    if bucket != run.bucket or not listed:
+        raise RehearsalError(f"no snapshot under {destination} after the service ran: {out}")
+    run.step(
+        f"{member.name} snapshot uploaded",
+        f"{member.name}'s snapshot service (its unit and environment file as the boot script "
+        f"wrote them) uploaded {listed[0]['Key']} ({listed[0]['Size']} bytes)",
+    )
 
 
 def _host(*command: str) -> str:
@@ -910,6 +974,8 @@ def stop(run: Run) -> None:
     for name in run.instances:
         member = name.removeprefix("instance-")
         docker("rm", "-f", name, f"{member}-etcd", check=False)
+    for image in run.booted:
+        docker("rmi", "-f", image, check=False)
     for mount in reversed(run.mounts):
         subprocess.run(["umount", "-l", str(mount / "etcd")], capture_output=True)
         subprocess.run(["umount", "-l", str(mount)], capture_output=True)
