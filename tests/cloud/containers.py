@@ -79,7 +79,7 @@ class PlanError(Exception):
 class Loopback:
     """The loopback servers that stand in for the cloud's endpoints."""
 
-    #: The etcd client endpoint, ``host:port``.
+    #: The etcd client endpoints, ``host:port[,host:port...]``.
     etcd: str
     #: The S3 endpoint, ``http://host:port``.
     s3: str
@@ -124,7 +124,7 @@ def substitute(value: str, loopback: Loopback) -> str:
             parts._replace(query=urllib.parse.urlencode(query, safe=":/"))
         )
     if _HTTPS_MEMBERS.match(value) and value.rsplit(":", 1)[1] == "2379":
-        return f"{loopback.etcd_scheme}://{loopback.etcd}"
+        return ",".join(f"{loopback.etcd_scheme}://{host}" for host in loopback.etcd.split(","))
     return value
 
 

@@ -56,6 +56,16 @@ def test_substitute_replaces_only_endpoints(value: str, expected: str) -> None:
     assert substitute(value, LOOP) == expected
 
 
+def test_substitute_names_every_loopback_member() -> None:
+    members = Loopback(etcd="127.0.1.1:2379,127.0.1.2:2379", s3="http://s3", etcd_scheme="https")
+    assert substitute("etcd://10.0.0.1:2379,10.0.0.2:2379/ns?ca=/t/ca", members) == (
+        "etcd://127.0.1.1:2379,127.0.1.2:2379/ns?ca=/t/ca"
+    )
+    assert substitute("https://10.0.0.1:2379,https://10.0.0.2:2379", members) == (
+        "https://127.0.1.1:2379,https://127.0.1.2:2379"
+    )
+
+
 MASTER = {
     "name": "master",
     "image": "123456789012.dkr.ecr.us-east-1.amazonaws.com/tabletstore:1",
