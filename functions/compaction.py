@@ -28,6 +28,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from functions._common import handle
+from functions.rpc_tls import rpc_tls
 from tabletstore.client.cluster import ClusterClient
 from tabletstore.clock import SystemClock
 from tabletstore.master.remote_compaction import compact_remotely
@@ -45,7 +46,7 @@ class CompactionEvent(BaseModel):
 
 
 async def _compact(event: CompactionEvent) -> dict[str, Any]:
-    async with await ClusterClient.open(event.cluster_url) as client:
+    async with await ClusterClient.open(event.cluster_url, tls=rpc_tls()) as client:
         settings = await ClusterSettings.load(client.coordinator)
         store = open_store(settings.store_url)
         try:

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ENV_SECRET", "ensure_etcd_tls"]
+__all__ = ["ENV_SECRET", "ensure_etcd_tls", "write_secret_files"]
 
 #: The environment variable naming the secret (the Terraform functions module sets it).
 ENV_SECRET = "TABLETSTORE_ETCD_CLIENT_SECRET"
@@ -44,19 +44,27 @@ def ensure_etcd_tls(
     secret = env.get(ENV_SECRET)
     if not paths or not secret or all(p.is_file() for p in paths.values()):
         return False
+    write_secret_files(secret, {_FIELDS[n]: p for n, p in paths.items()}, "etcd client", client)
+    return True
+
+
+def write_secret_files(
+    secret: str, files: Mapping[str, Path], what: str, client: Any | None = None
+) -> None:
+    """Write each field of the JSON secret ``secret`` to its file in ``files`` (field ->
+    path), readable by this process's user alone; a field missing is an error naming it."""
     if client is None:
         import boto3
 
         client = boto3.client("secretsmanager")
     value = json.loads(client.get_secret_value(SecretId=secret)["SecretString"])
-    missing = sorted(_FIELDS[n] for n in paths if not value.get(_FIELDS[n]))
+    missing = sorted(f for f in files if not value.get(f))
     if missing:
-        raise ValueError(f"the etcd client secret {secret} has no {', '.join(missing)}")
-    for name, path in paths.items():
+        raise ValueError(f"the {what} secret {secret} has no {', '.join(missing)}")
+    for field, path in files.items():
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         partial = path.with_name(f".{path.name}.partial")
         fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as out:
-            out.write(value[_FIELDS[name]].rstrip("\n") + "\n")
+            out.write(value[field].rstrip("\n") + "\n")
         os.replace(partial, path)
-    return True

@@ -9,9 +9,11 @@
 #      loopback; stopped at exit by the pid it started with.
 #   2. A base image from Debian packages (debootstrap + docker import: no image registry is
 #      reachable) and the project's Dockerfile built on it (BASE_IMAGE build argument).
+#      The etcd members' instance image is built on the base image too.
 #   3. Everything else is `python -m tests.cloud.rehearsal` (tests/cloud/): the Terraform plan
-#      of environments/dev against moto, SeaweedFS, etcd, the ECS tasks and the Lambda
-#      functions as containers, the flow, the etcd boot script, and the IAM policies.
+#      of environments/dev against moto, SeaweedFS, moto as EC2/ECR/Secrets Manager, the etcd
+#      members from their boot script, the ECS tasks and the Lambda functions as containers,
+#      the flow, compaction and GC, and the IAM policies.
 #
 # Cached outside the work tree, so CI's fresh clone on the same machine finds it too
 # (${XDG_CACHE_HOME:-~/.cache}/tabletstore-cloud-rehearsal; CLOUD_REHEARSAL_CACHE moves it): the
@@ -33,6 +35,7 @@ CACHE=${CLOUD_REHEARSAL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tabletstore-cloud
 BASE_TAR=$CACHE/bookworm-python3.tar
 BASE_IMAGE=tabletstore-rehearsal-base:bookworm
 IMAGE=tabletstore:rehearsal
+INSTANCE_IMAGE=tabletstore-rehearsal-instance:bookworm
 MIRROR=${CLOUD_REHEARSAL_MIRROR:-http://deb.debian.org/debian}
 # What the base image holds: what python:3.11-slim-bookworm gives the Dockerfile (python and
 # pip on PATH, certificates), from Debian's own packages.
@@ -72,8 +75,13 @@ cleanup() {
     for _ in $(seq 100); do kill -0 "$DOCKERD_PID" 2>/dev/null || break; sleep 0.1; done
     kill -9 "$DOCKERD_PID" 2>/dev/null || true
   fi
-  # dockerd leaves its network namespace mounted under our exec root.
-  grep -o " $RUN/[^ ]*" /proc/mounts 2>/dev/null | sort -r | xargs -r -n1 umount 2>/dev/null || true
+  # dockerd leaves its network namespace mounted under our exec root; the etcd members'
+  # volumes are mounted, and their loop devices attached, under our work directory.
+  grep -o " $RUN/[^ ]*" /proc/mounts 2>/dev/null | sort -r | xargs -r -n1 umount -l 2>/dev/null || true
+  for image in "$RUN"/work/members/*.img; do
+    [ -e "$image" ] || continue
+    losetup -j "$image" 2>/dev/null | cut -d: -f1 | xargs -r -n1 losetup -d 2>/dev/null || true
+  done
   rm -rf "$RUN"
   exit "$status"
 }
@@ -126,6 +134,25 @@ fi
 echo "== docker build $IMAGE (FROM $BASE_IMAGE)"
 DOCKER_BUILDKIT=0 docker build --network host --build-arg "BASE_IMAGE=$BASE_IMAGE" \
   -t "$IMAGE" . >"$RUN/build.log" 2>&1 || { tail -30 "$RUN/build.log" >&2; fail "docker build"; }
+# The etcd members' instance image (tests/cloud/etcd_members.py): what the boot script runs
+# on Amazon Linux (curl, openssl, util-linux, e2fsprogs, the AWS CLI, python3, the docker
+# CLI: this machine's, Debian's too), with the stand-ins of tests/cloud/instance/.
+echo "== docker build $INSTANCE_IMAGE"
+mkdir -p "$RUN/instance"
+cp "$(command -v docker)" "$RUN/instance/docker-cli"
+cp tests/cloud/instance/dnf tests/cloud/instance/systemctl tests/cloud/instance/docker "$RUN/instance/"
+cat >"$RUN/instance/Dockerfile" <<DOCKERFILE
+FROM $BASE_IMAGE
+RUN apt-get update -qq \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends curl openssl util-linux mount e2fsprogs >/dev/null \
+ && rm -rf /var/lib/apt/lists/* \
+ && pip install --no-cache-dir -q awscli
+COPY docker-cli /usr/local/libexec/docker
+COPY dnf systemctl docker /usr/local/bin/
+RUN for c in curl openssl blkid mkfs.ext4 mount mountpoint aws python3 docker dnf systemctl; do command -v \$c >/dev/null || { echo "no \$c" >&2; exit 1; }; done
+DOCKERFILE
+DOCKER_BUILDKIT=0 docker build --network host -t "$INSTANCE_IMAGE" "$RUN/instance" \
+  >"$RUN/instance.log" 2>&1 || { tail -30 "$RUN/instance.log" >&2; fail "instance image"; }
 docker image prune -f >/dev/null 2>&1 || true
 if [ "$PREPARE_ONLY" = 1 ]; then
   echo "cloud rehearsal: prepared (base image and project image built) in $(( $(date +%s) - START ))s"
@@ -136,4 +163,5 @@ fi
 echo "== rehearsal (tests/cloud/rehearsal.py)"
 unset PYTHONDONTWRITEBYTECODE
 PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH} python -m tests.cloud.rehearsal \
-  --image "$IMAGE" --work "$RUN/work" --cache "$CACHE" --started "$START"
+  --image "$IMAGE" --instance-image "$INSTANCE_IMAGE" --work "$RUN/work" --cache "$CACHE" \
+  --started "$START"

@@ -7,8 +7,13 @@ they are loopback servers, so :func:`substitute` rewrites
 
 * an ``etcd://host:port/...`` URL to the loopback etcd's ``host:port`` (path and query kept:
   namespace, TLS file names), and an ``https://host:port`` list of etcd members the same way;
-* an ``s3://bucket/prefix?...`` store URL to carry ``endpoint_url=`` the loopback S3 server
-  (bucket, prefix and region kept);
+* an ``s3://bucket/prefix?...`` store URL to address the bucket by path
+  (``addressing_style=path``: the loopback S3 server has no per-bucket host names), any
+  ``endpoint_url=`` dropped (bucket, prefix and region kept); every container reaches S3 at
+  the loopback S3 server its role's processes use through the SDK's own
+  ``AWS_ENDPOINT_URL_S3``, so a store URL one process records in etcd and another reads
+  (the master's, read by the workers and the functions) sends each one's calls to its own
+  role's endpoint;
 
 and the container gets, on top of the plan's environment, what the platform gives a task or
 a function (:class:`Platform`): credentials of its role, the region, the endpoints of the AWS
@@ -74,7 +79,7 @@ class PlanError(Exception):
 class Loopback:
     """The loopback servers that stand in for the cloud's endpoints."""
 
-    #: The etcd client endpoint, ``host:port``.
+    #: The etcd client endpoints, ``host:port[,host:port...]``.
     etcd: str
     #: The S3 endpoint, ``http://host:port``.
     s3: str
@@ -112,14 +117,14 @@ def substitute(value: str, loopback: Loopback) -> str:
         query = [
             (k, v)
             for k, v in urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
-            if k != "endpoint_url"
+            if k not in ("endpoint_url", "addressing_style")
         ]
-        query.append(("endpoint_url", loopback.s3))
+        query.append(("addressing_style", "path"))
         return urllib.parse.urlunsplit(
             parts._replace(query=urllib.parse.urlencode(query, safe=":/"))
         )
     if _HTTPS_MEMBERS.match(value) and value.rsplit(":", 1)[1] == "2379":
-        return f"{loopback.etcd_scheme}://{loopback.etcd}"
+        return ",".join(f"{loopback.etcd_scheme}://{host}" for host in loopback.etcd.split(","))
     return value
 
 
@@ -218,6 +223,7 @@ def task_run_args(
     for secret in container.get("secrets") or []:
         env[secret["name"]] = _secret(secret["valueFrom"], secrets)
     env.update(platform.environment())
+    env["AWS_ENDPOINT_URL_S3"] = loopback.s3
     for key, value in env.items():
         args += ["--env", f"{key}={value}"]
     entry = list(container.get("entryPoint") or [])
@@ -280,6 +286,7 @@ def function_run_args(
     }
     env = {k: substitute(v, loopback) for k, v in function.environment.items()}
     env.update(platform.environment())
+    env["AWS_ENDPOINT_URL_S3"] = loopback.s3
     env.update(reserved)
     args = ["--detach", "--name", name, "--network", "host", "--user", LAMBDA_USER]
     args += ["--read-only", "--tmpfs", f"/tmp:rw,exec,size={LAMBDA_TMP_MB}m,mode=1777"]

@@ -9,8 +9,8 @@ plans the whole environment from that state: every task definition, function and
 then known. The provider is pointed at moto by an override file in a copy of
 ``infra/terraform`` (the sources are never touched).
 
-The result is cached by the hash of ``infra/terraform``'s files, the variables and
-Terraform's version (``plan-<hash>.json`` in the cache directory): an unchanged tree is not
+The result is cached by the hash of ``infra/terraform``'s files, the variables, the targets
+applied first and Terraform's version (``plan-<hash>.json`` in the cache directory): an unchanged tree is not
 planned again.
 
 The readers (:func:`task_definitions`, :func:`functions`, :func:`role_policies`) are pure.
@@ -35,12 +35,15 @@ __all__ = [
     "plan_json",
     "resources",
     "role_policies",
+    "scheduled_events",
     "task_definitions",
 ]
 
 ROOT = Path(__file__).resolve().parents[2]
 TF = ROOT / "infra" / "terraform"
 ENVIRONMENT = "dev"
+#: The roles of the cluster's RPC certificates (infra/terraform/scripts/cluster-tls.sh).
+TLS_ROLES = ("master", "worker", "client", "function")
 #: The environment's variables (what an operator's dev.tfvars gives).
 VARIABLES = {
     "region": "us-east-1",
@@ -50,9 +53,19 @@ VARIABLES = {
     "etcd_ami_id": "ami-0123456789abcdef0",
     "etcd_ca_secret_arn": "arn:aws:secretsmanager:us-east-1:123456789012:secret:etcd-ca",
     "etcd_client_secret_arn": "arn:aws:secretsmanager:us-east-1:123456789012:secret:etcd-client",
+    "tls_secret_arns": json.dumps(
+        {r: f"arn:aws:secretsmanager:us-east-1:123456789012:secret:tls-{r}" for r in TLS_ROLES}
+    ),
 }
-#: Resources applied first, so that the plan knows what the others read of them.
-TARGETS = ("module.storage", "module.functions")
+#: Resources applied first, so that the plan knows what the others read of them (the etcd
+#: members' boot scripts name their volume and interface, and those their subnets).
+TARGETS = (
+    "module.storage",
+    "module.network",
+    "module.functions",
+    "module.etcd.aws_network_interface.member",
+    "module.etcd.aws_ebs_volume.data",
+)
 #: The AWS services the provider may call while applying TARGETS and planning; all go to moto.
 SERVICES = (
     "ec2", "iam", "kms", "lambda", "logs", "s3", "sqs", "sts", "ecs", "autoscaling",
@@ -126,6 +139,7 @@ def _tree_hash() -> str:
         if path.is_file() and ".terraform" not in path.parts and path.suffix != ".tfstate":
             digest.update(str(path.relative_to(TF)).encode() + b"\0" + path.read_bytes())
     digest.update(json.dumps(VARIABLES, sort_keys=True).encode())
+    digest.update(json.dumps(TARGETS).encode())
     version = subprocess.run(["terraform", "version"], capture_output=True, text=True).stdout
     digest.update(version.encode())
     return digest.hexdigest()[:16]
@@ -245,6 +259,17 @@ def functions(plan: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
             values = dict(resource["values"])
             values["role_address"] = _role_of(plan, resource, "role")
             found[values["function_name"]] = values
+    return found
+
+
+def scheduled_events(plan: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Function name -> the event an EventBridge rule of the plan invokes it with (the
+    target's constant ``input``)."""
+    found = {}
+    for values in _values(plan, "aws_cloudwatch_event_target"):
+        arn = values.get("arn")
+        if isinstance(arn, str) and ":function:" in arn and isinstance(values.get("input"), str):
+            found[arn.rsplit(":function:", 1)[1]] = json.loads(values["input"])
     return found
 
 

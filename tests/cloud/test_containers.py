@@ -40,11 +40,11 @@ def env_of(args: list[str]) -> dict[str, str]:
         ),
         (
             "s3://bucket-1/dev?region=us-east-1",
-            "s3://bucket-1/dev?region=us-east-1&endpoint_url=http://127.0.0.1:8333",
+            "s3://bucket-1/dev?region=us-east-1&addressing_style=path",
         ),
         (
             "s3://b/p?endpoint_url=https://elsewhere&region=eu-west-1",
-            "s3://b/p?region=eu-west-1&endpoint_url=http://127.0.0.1:8333",
+            "s3://b/p?region=eu-west-1&addressing_style=path",
         ),
         ("https://10.40.0.10:2379,https://10.40.16.10:2379", "https://127.0.0.1:23790"),
         ("--port", "--port"),
@@ -54,6 +54,16 @@ def env_of(args: list[str]) -> dict[str, str]:
 )
 def test_substitute_replaces_only_endpoints(value: str, expected: str) -> None:
     assert substitute(value, LOOP) == expected
+
+
+def test_substitute_names_every_loopback_member() -> None:
+    members = Loopback(etcd="127.0.1.1:2379,127.0.1.2:2379", s3="http://s3", etcd_scheme="https")
+    assert substitute("etcd://10.0.0.1:2379,10.0.0.2:2379/ns?ca=/t/ca", members) == (
+        "etcd://127.0.1.1:2379,127.0.1.2:2379/ns?ca=/t/ca"
+    )
+    assert substitute("https://10.0.0.1:2379,https://10.0.0.2:2379", members) == (
+        "https://127.0.1.1:2379,https://127.0.1.2:2379"
+    )
 
 
 MASTER = {
@@ -89,7 +99,7 @@ def test_a_task_container_runs_with_the_plans_command_user_env_and_read_only_roo
     )
     image = args.index("tabletstore:rehearsal")
     assert args[image + 1 :] == [
-        "master", "--store", "s3://b/dev?region=us-east-1&endpoint_url=http://127.0.0.1:8333",
+        "master", "--store", "s3://b/dev?region=us-east-1&addressing_style=path",
         "--port", "7000",
     ]  # fmt: skip
     flags = args[:image]
@@ -106,6 +116,7 @@ def test_a_task_container_runs_with_the_plans_command_user_env_and_read_only_roo
         "AWS_DEFAULT_REGION": "us-east-1",
         "AWS_ENDPOINT_URL_LAMBDA": "http://127.0.0.1:5001",
         "TABLETSTORE_ADVERTISE_HOST": "127.0.0.7",
+        "AWS_ENDPOINT_URL_S3": "http://127.0.0.1:8333",
     }
     assert "--entrypoint" not in flags  # the image's own
 
@@ -201,6 +212,7 @@ def test_a_function_runs_as_lambda_runs_an_image() -> None:
     assert env["AWS_LAMBDA_RUNTIME_API"] == "127.0.0.1:9001"
     assert env["AWS_LAMBDA_FUNCTION_NAME"] == "dev-tabletstore-log-sort"
     assert env["AWS_LAMBDA_FUNCTION_MEMORY_SIZE"] == "2048"
-    assert env["TABLETSTORE_STORE_URL"].endswith("&endpoint_url=http://127.0.0.1:8333")
+    assert env["TABLETSTORE_STORE_URL"].endswith("&addressing_style=path")
+    assert env["AWS_ENDPOINT_URL_S3"] == "http://127.0.0.1:8333"
     with pytest.raises(PlanError, match="only image functions"):
         Function.from_plan({**PLANNED_FUNCTION, "package_type": "Zip"})

@@ -160,6 +160,12 @@ GOOD_VARS = {
     "etcd_ami_id": "ami-0123456789abcdef0",
     "etcd_ca_secret_arn": "arn:aws:secretsmanager:us-east-1:123456789012:secret:ca",
     "etcd_client_secret_arn": "arn:aws:secretsmanager:us-east-1:123456789012:secret:client",
+    "tls_secret_arns": "{"
+    + ",".join(
+        f'"{r}":"arn:aws:secretsmanager:us-east-1:123456789012:secret:tls-{r}"'
+        for r in ("master", "worker", "client", "function")
+    )
+    + "}",
 }
 
 

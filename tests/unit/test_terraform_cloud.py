@@ -27,7 +27,9 @@ import click
 import pytest
 
 from functions.etcd_tls import ENV_SECRET
+from functions.rpc_tls import ENV_TLS_SECRET
 from tabletstore.cli.main import main
+from tabletstore.security.tls import ENV_CA, ENV_CERT, ENV_KEY
 from tests.unit.terraform_plan import Plan, plan_environment
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -153,6 +155,10 @@ def test_members_reach_ec2_and_may_attach_their_tagged_interface_and_volume(plan
 def test_member_script_runs_etcd_as_the_image_user_on_its_own_files(plan: Plan) -> None:
     for address, script in member_scripts(plan).items():
         assert "--user 10001:10001" in script, address
+        # A member checks the address a peer connects from (its primary interface's) against
+        # the peer's certificate: the certificate names it besides the member's own address.
+        assert "PRIMARY=$(imds local-ipv4)" in script
+        assert "subjectAltName=IP:" in script and ",IP:%s," in script and '"$PRIMARY"' in script
         assert 'install -d -m 0700 -o 10001 -g 10001 "$DATA/etcd" "$DATA/tls"' in script
         assert 'install -m 0600 -o 10001 -g 10001 "$TLS/member.key"' in script
         # The member comes back after a reboot: docker enabled, the volume in fstab, docker
@@ -202,6 +208,15 @@ def test_tasks_have_no_proxy_and_write_only_to_their_scratch_volume(plan: Plan) 
         assert set(files) == {"ca", "cert", "key"}
         for path in files.values():
             assert f"> {path}" in script and any(path.startswith(f"{m}/") for m in mounts)
+        # The RPC ports serve mutual TLS: the process's certificate files are what the init
+        # container writes from its role's secret, and nothing serves without TLS.
+        assert "--insecure" not in app["command"], family
+        role = {"master": "master", "worker": "worker", "cli": "client"}[app["name"]]
+        for var, field in (("TLS_CA", "ca"), ("TLS_CERT", "cert"), ("TLS_KEY", "key")):
+            path = env[f"TABLETSTORE_{var}"]
+            assert f"> {path}" in script and any(path.startswith(f"{m}/") for m in mounts)
+            (secret,) = [s for s in init["secrets"] if s["name"] == f"{var}_PEM"]
+            assert secret["valueFrom"].endswith(f"secret:tls-{role}:{field}::"), secret
 
 
 # 5: HeadBucket ------------------------------------------------------------------------------
@@ -362,7 +377,11 @@ def test_every_environment_variable_terraform_sets_is_read_by_what_it_reaches(
             assert not unread, f"{family}/{container['name']} sets {unread}, read by nothing"
     for kind, function in functions(plan).items():
         names = {name for env in function.get("environment", []) for name in env["variables"]}
-        assert names <= {ENV_SECRET}, (kind, names)
+        assert names <= {ENV_SECRET, ENV_TLS_SECRET, ENV_CA, ENV_CERT, ENV_KEY}, (kind, names)
+        if ENV_SECRET in names:  # it reaches the workers too: with the function's certificate
+            (env,) = function["environment"]
+            assert env["variables"][ENV_TLS_SECRET].endswith("secret:tls-function")
+            assert {ENV_CA, ENV_CERT, ENV_KEY} <= names
 
 
 # The contract: commands and flags --------------------------------------------------------------

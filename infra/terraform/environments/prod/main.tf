@@ -73,6 +73,7 @@ module "functions" {
   image_uri              = var.image_uri
   cluster_url            = module.etcd.client_url
   etcd_client_secret_arn = var.etcd_client_secret_arn
+  tls_secret_arn         = var.tls_secret_arns["function"]
   bucket_arn             = module.storage.bucket_arn
   prefix                 = module.storage.prefix
   kms_key_arn            = module.storage.kms_key_arn
@@ -90,6 +91,7 @@ module "cluster" {
   cluster_url               = module.etcd.client_url
   etcd_tls_dir              = module.etcd.client_tls_dir
   etcd_client_secret_arn    = var.etcd_client_secret_arn
+  tls_secret_arns           = var.tls_secret_arns
   bucket_policy_arn         = module.storage.read_write_policy_arn
   invoke_policy_json        = module.functions.invoke_policy_json
   log_sort_function         = module.functions.function_names["log_sort"]

@@ -51,6 +51,15 @@ variable "etcd_client_secret_arn" {
   type        = string
 }
 
+variable "tls_secret_arns" {
+  description = "Secrets with the cluster's RPC certificates, one per role, each JSON {\"ca\",\"cert\",\"key\"} (infra/terraform/scripts/cluster-tls.sh): master, worker, client (the cli task) and function (the compaction and GC functions)."
+  type        = map(string)
+  validation {
+    condition     = alltrue([for role in ["master", "worker", "client", "function"] : can(regex("^arn:aws[a-z-]*:secretsmanager:", lookup(var.tls_secret_arns, role, "")))])
+    error_message = "tls_secret_arns must name a Secrets Manager secret ARN for each of master, worker, client and function."
+  }
+}
+
 variable "function_concurrency" {
   type    = number
   default = 20

@@ -9,8 +9,10 @@
 # TABLETSTORE_HEALTH_FILE, the workers' sort spill directory, the etcd client certificate).
 # Fargate makes such a volume root-owned and 0755, so a short init container running as root
 # (`scratch`) makes it 1777 and writes the etcd client certificate (from Secrets Manager)
-# where the cluster URL's ?ca=&cert=&key= name it, owned by the image's user; the process
-# container starts when it has exited successfully.
+# where the cluster URL's ?ca=&cert=&key= name it, and the task's RPC certificate (master,
+# worker or client: var.tls_secret_arns) to /tmp/tls, owned by the image's user; the process
+# container starts when it has exited successfully. Masters and workers serve their RPC and
+# status ports with mutual TLS from it.
 #
 # The master runs the recovery functions: --sort-executor and --compaction-executor name the
 # functions module's log-sort and compaction functions.
@@ -42,9 +44,15 @@ locals {
   }
   user        = "${var.image_uid}:${var.image_uid}"
   health_file = "/tmp/tabletstore-health"
+  # The RPC ports serve mutual TLS: each task's init container writes its role's certificate
+  # (var.tls_secret_arns: the cluster CA, the certificate, its key) to tls_dir, and the
+  # process reads it from there (TABLETSTORE_TLS_CA/_CERT/_KEY).
+  tls_dir  = "/tmp/tls"
+  tls_role = { master = "master", worker = "worker", cli = "client" }
   # The init container: /tmp writable by all (sticky), the etcd client certificate in
-  # var.etcd_tls_dir readable by the image's user alone.
-  scratch = {
+  # var.etcd_tls_dir and the task's RPC certificate in tls_dir, readable by the image's user
+  # alone.
+  scratch = { for task, role in local.tls_role : task => {
     name       = "scratch"
     image      = var.image_uri
     essential  = false
@@ -54,35 +62,43 @@ locals {
       "set -eu",
       "chmod 1777 /tmp",
       "umask 077",
-      "mkdir -p ${var.etcd_tls_dir}",
+      "mkdir -p ${var.etcd_tls_dir} ${local.tls_dir}",
       "printf '%s\\n' \"$ETCD_CA_CERT\" > ${var.etcd_tls_dir}/ca.pem",
       "printf '%s\\n' \"$ETCD_CLIENT_CERT\" > ${var.etcd_tls_dir}/client.pem",
       "printf '%s\\n' \"$ETCD_CLIENT_KEY\" > ${var.etcd_tls_dir}/client.key",
-      "chown -R ${local.user} ${var.etcd_tls_dir}",
+      "printf '%s\\n' \"$TLS_CA_PEM\" > ${local.tls_dir}/ca.pem",
+      "printf '%s\\n' \"$TLS_CERT_PEM\" > ${local.tls_dir}/cert.pem",
+      "printf '%s\\n' \"$TLS_KEY_PEM\" > ${local.tls_dir}/key.pem",
+      "chown -R ${local.user} ${var.etcd_tls_dir} ${local.tls_dir}",
     ])]
     secrets = [
       { name = "ETCD_CLIENT_CERT", valueFrom = "${var.etcd_client_secret_arn}:cert::" },
       { name = "ETCD_CLIENT_KEY", valueFrom = "${var.etcd_client_secret_arn}:key::" },
       { name = "ETCD_CA_CERT", valueFrom = "${var.etcd_client_secret_arn}:ca::" },
+      { name = "TLS_CA_PEM", valueFrom = "${var.tls_secret_arns[role]}:ca::" },
+      { name = "TLS_CERT_PEM", valueFrom = "${var.tls_secret_arns[role]}:cert::" },
+      { name = "TLS_KEY_PEM", valueFrom = "${var.tls_secret_arns[role]}:key::" },
     ]
     readonlyRootFilesystem = true
     mountPoints            = [{ sourceVolume = "scratch", containerPath = "/tmp" }]
     logConfiguration       = { logDriver = "awslogs", options = local.log_options }
-  }
+  } }
   # AWS_DEFAULT_REGION: the region of boto3's Lambda client (the master's executors); the store
   # URL names its own.
   environment = [for k, v in {
     TABLETSTORE_URL         = var.cluster_url
     TABLETSTORE_HEALTH_FILE = local.health_file
+    TABLETSTORE_TLS_CA      = "${local.tls_dir}/ca.pem"
+    TABLETSTORE_TLS_CERT    = "${local.tls_dir}/cert.pem"
+    TABLETSTORE_TLS_KEY     = "${local.tls_dir}/key.pem"
     AWS_DEFAULT_REGION      = data.aws_region.current.name
   } : { name = k, value = v }]
-  # --insecure: the RPC ports are reachable only inside the VPC's security groups; serving them
-  # with mutual TLS needs the certificates as secrets (docs/operations/security.md).
+  # The RPC and status ports serve mutual TLS with the role's certificate (TABLETSTORE_TLS_*).
   roles = {
     master = {
       command = [
         "master", "--store", var.store_url, "--port", tostring(var.master_port),
-        "--metrics-port", tostring(var.metrics_port), "--insecure",
+        "--metrics-port", tostring(var.metrics_port),
         "--sort-executor", "lambda:${var.log_sort_function}",
         "--compaction-executor", "lambda:${var.compaction_function}",
       ]
@@ -91,7 +107,7 @@ locals {
       memory = var.master_memory
     }
     worker = {
-      command = ["worker", "--port", tostring(var.worker_port), "--metrics-port", tostring(var.metrics_port), "--insecure"]
+      command = ["worker", "--port", tostring(var.worker_port), "--metrics-port", tostring(var.metrics_port)]
       port    = var.worker_port
       cpu     = var.worker_cpu
       memory  = var.worker_memory
@@ -170,9 +186,9 @@ data "aws_iam_policy_document" "execution" {
     resources = ["${aws_cloudwatch_log_group.cluster.arn}:*"]
   }
   statement {
-    sid       = "EtcdClientCertificate"
+    sid       = "Certificates"
     actions   = ["secretsmanager:GetSecretValue"]
-    resources = [var.etcd_client_secret_arn]
+    resources = concat([var.etcd_client_secret_arn], [for task, role in local.tls_role : var.tls_secret_arns[role]])
   }
   statement {
     sid       = "Key"
@@ -225,7 +241,7 @@ resource "aws_ecs_task_definition" "role" {
         }
       },
     ),
-    local.scratch,
+    local.scratch[each.key],
   ])
   volume {
     name = "scratch"

@@ -52,6 +52,15 @@ variable "etcd_client_secret_arn" {
   type        = string
 }
 
+variable "tls_secret_arns" {
+  description = "Secrets Manager secrets with the RPC certificates, by role (master, worker, client), each JSON {\"ca\",\"cert\",\"key\"} of the cluster CA (infra/terraform/scripts/cluster-tls.sh): each task's init container writes its role's to /tmp/tls."
+  type        = map(string)
+  validation {
+    condition     = alltrue([for role in ["master", "worker", "client"] : contains(keys(var.tls_secret_arns), role)])
+    error_message = "tls_secret_arns must name the master, worker and client secrets."
+  }
+}
+
 variable "bucket_policy_arn" {
   description = "The bucket module's read_write_policy_arn."
   type        = string

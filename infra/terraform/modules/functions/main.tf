@@ -15,7 +15,9 @@
 # cluster URLs); an EventBridge rule invokes garbage collection on var.gc_schedule with the
 # cluster URL. The functions that open the cluster's etcd (compaction, gc) read the etcd
 # client certificate from Secrets Manager at their start (TABLETSTORE_ETCD_CLIENT_SECRET,
-# functions/etcd_tls.py) and write it where the URL's ?ca=&cert=&key= name it, under /tmp.
+# functions/etcd_tls.py) and write it where the URL's ?ca=&cert=&key= name it, under /tmp;
+# and the function role's RPC certificate (TABLETSTORE_TLS_SECRET) where TABLETSTORE_TLS_CA,
+# _CERT and _KEY name it, with which they reach the workers' TLS ports.
 
 terraform {
   required_version = ">= 1.5"
@@ -126,9 +128,9 @@ data "aws_iam_policy_document" "function" {
   dynamic "statement" {
     for_each = each.value.etcd ? [1] : []
     content {
-      sid       = "EtcdClientCertificate"
+      sid       = "Certificates"
       actions   = ["secretsmanager:GetSecretValue"]
-      resources = [var.etcd_client_secret_arn]
+      resources = [var.etcd_client_secret_arn, var.tls_secret_arn]
     }
   }
   statement {
@@ -204,7 +206,13 @@ resource "aws_lambda_function" "function" {
   dynamic "environment" {
     for_each = each.value.etcd ? [1] : []
     content {
-      variables = { TABLETSTORE_ETCD_CLIENT_SECRET = var.etcd_client_secret_arn }
+      variables = {
+        TABLETSTORE_ETCD_CLIENT_SECRET = var.etcd_client_secret_arn
+        TABLETSTORE_TLS_SECRET         = var.tls_secret_arn
+        TABLETSTORE_TLS_CA             = "/tmp/tls/ca.pem"
+        TABLETSTORE_TLS_CERT           = "/tmp/tls/cert.pem"
+        TABLETSTORE_TLS_KEY            = "/tmp/tls/key.pem"
+      }
     }
   }
   dead_letter_config {

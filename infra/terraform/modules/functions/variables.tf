@@ -30,6 +30,11 @@ variable "etcd_client_secret_arn" {
   type        = string
 }
 
+variable "tls_secret_arn" {
+  description = "Secrets Manager secret with the function role's RPC certificate as JSON {\"ca\",\"cert\",\"key\"} of the cluster CA (infra/terraform/scripts/cluster-tls.sh): the compaction and GC functions write it to /tmp/tls at start and reach the workers with it."
+  type        = string
+}
+
 variable "gc_schedule" {
   description = "When garbage collection runs (an EventBridge schedule expression)."
   type        = string

@@ -64,6 +64,7 @@ module "functions" {
   image_uri              = "123456789012.dkr.ecr.us-east-1.amazonaws.com/tabletstore:test"
   cluster_url            = "etcd://10.40.0.10:2379/tabletstore?ca=/tmp/etcd-tls/ca.pem&cert=/tmp/etcd-tls/client.pem&key=/tmp/etcd-tls/client.key"
   etcd_client_secret_arn = "arn:aws:secretsmanager:us-east-1:123456789012:secret:client"
+  tls_secret_arn         = "arn:aws:secretsmanager:us-east-1:123456789012:secret:tls-function"
   bucket_arn             = module.storage.bucket_arn
   prefix                 = module.storage.prefix
   kms_key_arn            = module.storage.kms_key_arn
