@@ -22,7 +22,7 @@ from tabletstore.errors import InvalidArgument
 from tabletstore.master.checkpoints import set_history
 from tabletstore.master.pitr_restore import RestoreReport, restore_as_of
 
-__all__ = ["history_cmd", "parse_instant", "restore_cmd"]
+__all__ = ["history_cmd", "parse_instant", "restore_at"]
 
 T = TypeVar("T")
 
