@@ -29,6 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--writers", type=int, default=8)
     parser.add_argument("--readers", type=int, default=3)
     parser.add_argument(
+        "--transactors", type=int, default=4, help="clients of the shared transaction rows"
+    )
+    parser.add_argument(
         "--lease-ttl", type=float, default=5.0, help="worker and master lease (the worker default)"
     )
     parser.add_argument(
@@ -71,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         workers=args.workers,
         writers=args.writers,
         readers=args.readers,
+        transactors=args.transactors,
         lease_ttl=args.lease_ttl,
         gap=(low, high),
         tls=args.tls,

@@ -35,6 +35,10 @@ class Kind(Enum):
     DELETE = "delete"  # delete f:c of the row
     READ = "read"  # point read of one row's f:c
     SCAN = "scan"  # range read; every row of the range is an observation
+    #: Single-row transactions on the shared rows, each on one cell (``qualifier``):
+    CAS = "cas"  # check-and-mutate: set ``value`` if the cell holds ``expected``
+    INCREMENT = "increment"  # read-modify-write: add ``amount``; ``seen`` is the new value
+    APPEND = "append"  # read-modify-write: append ``value``; ``seen`` is the new value
 
 
 class Outcome(Enum):
@@ -62,6 +66,14 @@ class Op:
     seen: bytes | None = None
     seen_rows: dict[bytes, bytes] | None = None
     error: str | None = None
+    #: The cell of the row the operation touches (``f:<qualifier>``).
+    qualifier: bytes = b"c"
+    #: CAS: the value the cell must hold for the swap (None: the cell must be absent).
+    expected: bytes | None = None
+    #: INCREMENT: the amount added.
+    amount: int | None = None
+    #: CAS: whether the swap happened (None until acknowledged).
+    matched: bool | None = None
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -82,6 +94,10 @@ class Op:
                 for k, v in self.seen_rows.items()
             },
             "error": self.error,
+            "qualifier": self.qualifier.decode(errors="replace"),
+            "expected": None if self.expected is None else self.expected.decode(errors="replace"),
+            "amount": self.amount,
+            "matched": self.matched,
         }
 
 
@@ -121,9 +137,13 @@ class History:
         row: bytes | None = None,
         value: bytes | None = None,
         rows: tuple[bytes, bytes] | None = None,
+        qualifier: bytes = b"c",
+        expected: bytes | None = None,
+        amount: int | None = None,
     ) -> Op:
         with self._lock:
             op = Op(len(self.ops), process, kind, self.now(), row, value, rows)
+            op.qualifier, op.expected, op.amount = qualifier, expected, amount
             self.ops.append(op)
             return op
 
@@ -135,12 +155,14 @@ class History:
         seen: bytes | None = None,
         seen_rows: dict[bytes, bytes] | None = None,
         error: str | None = None,
+        matched: bool | None = None,
     ) -> None:
         with self._lock:
             if op.outcome is not None:
                 raise ValueError(f"operation {op.id} completed twice")
             op.end, op.outcome = self.now(), outcome
             op.seen, op.seen_rows, op.error = seen, seen_rows, error
+            op.matched = matched
 
     def fault(self, kind: str, target: str, **detail: object) -> Fault:
         with self._lock:

@@ -37,6 +37,8 @@ from tabletstore.testing.chaos.workload import (
     FAMILY,
     QUALIFIER,
     SPLIT_KEYS,
+    TXN_CELLS,
+    TXN_ROWS,
     Workload,
     tablet_of,
 )
@@ -61,6 +63,8 @@ class ChaosConfig:
     tls: bool = False
     writers: int = 8
     readers: int = 3
+    #: Clients of the shared rows' single-row transactions (workload.py).
+    transactors: int = 4
     first_fault: float = 5.0
     gap: tuple[float, float] = (8.0, 14.0)
 
@@ -94,6 +98,7 @@ class ChaosReport:
             f"double-serving: {len(v.double_serving)} "
             f"(acknowledged writes attributed to one worker's log: {v.attributed})",
         ]
+        lines.append(_linearizability_line(v))
         median, worst, never = v.recovery_summary()
         if v.recovery:
             lines.append(
@@ -123,6 +128,7 @@ class ChaosReport:
                 )
             if len(anomalies) > 15:
                 lines.append(f"  ... and {len(anomalies) - 15} more {title.lower()}")
+        lines.extend(_violation_lines(v))
         for err in self.nemesis_errors + self.setup_errors:
             lines.append(f"  nemesis/harness: {err}")
         if self.unreadable_segments:
@@ -153,9 +159,32 @@ class ChaosReport:
             "unaffected_gaps": v.unaffected_gaps,
             "write_gaps": {str(t): g for t, g in v.write_gaps.items()},
             "anomalies": [vars(a) for a in (*v.lost, *v.wrong_reads, *v.double_serving)],
+            "linearizability_violations": [vars(x) for x in v.linearizability.violations],
+            "linearizability_undecided": v.linearizability.undecided,
             "nemesis_errors": self.nemesis_errors + self.setup_errors,
             "history": str(self.history_path),
         }
+
+
+def _linearizability_line(v: Verdict) -> str:
+    lin = v.linearizability
+    return (
+        f"linearizability violations: {len(lin.violations)} ({lin.cells} cells, "
+        f"{lin.operations} operations; {len(lin.undecided)} cells undecided)"
+    )
+
+
+def _violation_lines(v: Verdict, limit: int = 5) -> list[str]:
+    """Each violation (the first ``limit``) with the cell's operations around it."""
+    out: list[str] = []
+    for x in v.linearizability.violations[:limit]:
+        out.append(f"  NOT LINEARIZABLE {x.cell} at {x.at:.1f}s: {x.detail}")
+        out.extend(f"    {line}" for line in x.history)
+    if len(v.linearizability.violations) > limit:
+        out.append(f"  ... and {len(v.linearizability.violations) - limit} more cells")
+    if v.linearizability.undecided:
+        out.append(f"  undecided (search budget spent): {', '.join(v.linearizability.undecided)}")
+    return out
 
 
 def _s(seconds: float | None) -> str:
@@ -363,7 +392,12 @@ async def _run(
     await _wait(served, HEAL_DEADLINE, "every chaos tablet served")
     poll_task = asyncio.create_task(poller.run())
     workload = Workload(
-        table, history, seed=config.seed, writers=config.writers, readers=config.readers
+        table,
+        history,
+        seed=config.seed,
+        writers=config.writers,
+        readers=config.readers,
+        transactors=config.transactors,
     )
     # The nemesis's dying sorter claims a sort task as a worker would; with etcd's users on
     # (--tls) the harness client's read-only user may not, so it gets the cluster's.
@@ -403,6 +437,9 @@ async def _run(
                     break
                 await asyncio.sleep(1.0)
         await workload.scan("final", b"", b"{")
+        for row in TXN_ROWS:
+            for cell in TXN_CELLS:
+                await workload.read_cell("final", row, cell)
     finally:
         poll_task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
