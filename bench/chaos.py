@@ -14,7 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tabletstore.testing.chaos.nemesis import FAULTS
+from tabletstore.testing.chaos.nemesis import FAULTS, MEMBER_FAULTS, faults_for
 from tabletstore.testing.chaos.runner import ChaosConfig, run_chaos
 
 
@@ -23,7 +23,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=10.0, help="workload duration")
     parser.add_argument("--seed", type=int, default=1, help="seeds the schedule and workload")
     parser.add_argument(
-        "--faults", default=",".join(FAULTS), help=f"comma-separated subset of {','.join(FAULTS)}"
+        "--faults",
+        default=None,
+        help=f"comma-separated subset of {','.join(FAULTS)} (default: every one that applies; "
+        f"{','.join(MEMBER_FAULTS)} need --etcd-members 3)",
+    )
+    parser.add_argument(
+        "--etcd-members",
+        type=int,
+        default=1,
+        choices=(1, 3, 5),
+        help="etcd as this many members (3: the leader-kill and quorum-loss faults apply)",
     )
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--writers", type=int, default=8)
@@ -47,10 +57,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--dir", type=Path, default=None, help="logs, history.json, report.json")
     args = parser.parse_args(argv)
-    faults = tuple(f for f in args.faults.split(",") if f)
+    if args.faults is None:
+        faults = faults_for(args.etcd_members)
+    else:
+        faults = tuple(f for f in args.faults.split(",") if f)
     unknown = sorted(set(faults) - set(FAULTS))
     if unknown or not faults:
         parser.error(f"unknown faults {unknown}; choose from {','.join(FAULTS)}")
+    if args.etcd_members == 1 and set(faults) & set(MEMBER_FAULTS):
+        parser.error(f"{','.join(MEMBER_FAULTS)} need --etcd-members 3")
+    if args.etcd_members > 1 and args.tls:
+        parser.error("--tls runs etcd as one member")
     if args.minutes <= 0:
         parser.error("--minutes must be positive")
     try:
@@ -78,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         lease_ttl=args.lease_ttl,
         gap=(low, high),
         tls=args.tls,
+        etcd_members=args.etcd_members,
     )
     report = asyncio.run(run_chaos(config))
     print(report.summary())

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from tabletstore.testing.chaos.nemesis import FAULTS
 from tabletstore.testing.chaos.runner import ChaosConfig, run_chaos
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
@@ -20,6 +19,18 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 SEED = 11
 #: Eight faults, one of each kind, 6 to 9 s apart: the schedule fits in the workload's time.
 SECONDS = 70.0
+#: The process, etcd, S3 and sort faults; the partitions have their own test
+#: (test_partitions.py) and the etcd-member faults need three members (test_etcd_members.py).
+FAULTS = (
+    "kill_worker",
+    "kill_master",
+    "restart_etcd",
+    "pause_worker",
+    "pause_s3",
+    "s3_faults",
+    "kill_sorter",
+    "sort_twice",
+)
 
 
 def test_short_chaos_run_loses_nothing(tmp_path: Path) -> None:

@@ -24,10 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tabletstore.client.client import AsyncClient
+from tabletstore.client.table import AsyncTable
 from tabletstore.commitlog.format import decode_segment
 from tabletstore.coordination import open_coordinator
 from tabletstore.embedded import connect_async
-from tabletstore.errors import Corruption, TabletStoreError
+from tabletstore.errors import AlreadyExists, Corruption, TabletStoreError, Unavailable
 from tabletstore.storage_s3 import layout, open_store
 from tabletstore.testing.chaos.chaos_cluster import ENV, ChaosCluster
 from tabletstore.testing.chaos.checker import Verdict, check
@@ -63,6 +64,8 @@ class ChaosConfig:
     tls: bool = False
     writers: int = 8
     readers: int = 3
+    #: etcd's members: 1, or 3 (or 5) for the member faults (nemesis.MEMBER_FAULTS).
+    etcd_members: int = 1
     #: Clients of the shared rows' single-row transactions (workload.py).
     transactors: int = 4
     first_fault: float = 5.0
@@ -85,7 +88,7 @@ class ChaosReport:
         ops = v.operations
         lines = [
             f"chaos: {self.config.seconds:.0f} s, seed {self.config.seed}, "
-            f"faults {','.join(self.config.faults)}",
+            f"etcd members {self.config.etcd_members}, faults {','.join(self.config.faults)}",
             "operations: "
             + ", ".join(f"{k} {n}" for k, n in sorted(ops.items()))
             + f" (total {sum(ops.values())})",
@@ -330,6 +333,21 @@ async def _wait(check: object, deadline: float, what: str) -> None:
         await asyncio.sleep(0.5)
 
 
+async def _create_table(client: AsyncClient) -> AsyncTable:
+    """The chaos table, once the young cluster serves METADATA (on a loaded machine the first
+    assignment may take longer than one request's deadline)."""
+    end = time.monotonic() + HEAL_DEADLINE
+    while True:
+        try:
+            with contextlib.suppress(AlreadyExists):  # an earlier attempt went through
+                await client.create_table(TABLE, [FAMILY], split_keys=SPLIT_KEYS)
+            return client.table(TABLE)
+        except Unavailable:
+            if time.monotonic() > end:
+                raise
+            await asyncio.sleep(1.0)
+
+
 async def run_chaos(config: ChaosConfig) -> ChaosReport:
     """One run (module docstring). Processes are stopped whatever happens."""
     plan = schedule(
@@ -342,6 +360,7 @@ async def run_chaos(config: ChaosConfig) -> ChaosReport:
         lease_ttl=config.lease_ttl,
         seed=config.seed,
         tls=config.tls,
+        etcd_members=config.etcd_members,
     )
     # The harness's own S3 client (the attribution's reads from moto) uses moto's dummy
     # credentials, as the processes do; the caller's environment is restored afterwards.
@@ -381,7 +400,7 @@ async def _run(
     history: History,
     setup_errors: list[str],
 ) -> ChaosReport:
-    table = await client.create_table(TABLE, [FAMILY], split_keys=SPLIT_KEYS)
+    table = await _create_table(client)
     table_id = (await client._info(TABLE)).table_id
     poller = _Poller(client, table_id, history)
 
@@ -420,8 +439,10 @@ async def _run(
         if remaining > 0:
             await asyncio.sleep(remaining)
         await workload.stop()
-        # Heal: no S3 faults, nothing paused, every process replaced, every tablet served.
+        # Heal: no S3 faults, no partitions, nothing paused, every process replaced, every
+        # tablet served.
         await asyncio.to_thread(cluster.s3_faults)
+        await asyncio.to_thread(cluster.heal_partitions)
         for record in cluster.records:
             cluster.resume(record)
         await nemesis.top_up()
