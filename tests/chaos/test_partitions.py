@@ -210,3 +210,41 @@ async def _s3_cut(cluster: ChaosCluster) -> None:
             await asyncio.sleep(0.5)
     finally:
         await client.close()
+
+
+def test_a_master_cut_off_from_etcd_gives_way_to_the_standby(tmp_path: Path) -> None:
+    saved = {k: os.environ.get(k) for k in ENV}
+    os.environ.update(ENV)
+    cluster = ChaosCluster(tmp_path, workers=1, masters=2, lease_ttl=LEASE_TTL)
+    try:
+        cluster.start()
+        asyncio.run(_master_cut(cluster))
+    finally:
+        cluster.close()
+        for k, old in saved.items():
+            if old is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = old
+
+
+async def _master_cut(cluster: ChaosCluster) -> None:
+    client = await connect_async(cluster.client_url)
+    try:
+        await _create(client, "before")
+        leader_address = await client.catalog.master_address()
+        leader = next(r for r in cluster.masters if r.url == leader_address)
+        cluster.cut(leader, "etcd")
+        deadline = time.monotonic() + 60
+        while (address := await client.catalog.master_address()) in (leader_address, None):
+            assert time.monotonic() < deadline, "the standby never took the master lock"
+            await asyncio.sleep(0.2)
+        # The cut master gives up (its lease expired by its own clock) and the standby leads.
+        while cluster.running(leader):
+            assert time.monotonic() < deadline, "the cut master is still running"
+            await asyncio.sleep(0.2)
+        cluster.cut(leader, "etcd", cut=False)
+        assert address in {r.url for r in cluster.masters if r is not leader}
+        await _create(client, "after")
+    finally:
+        await client.close()
