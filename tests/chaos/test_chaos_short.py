@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tabletstore.testing.chaos.nemesis import PROCESS_FAULTS
 from tabletstore.testing.chaos.runner import ChaosConfig, run_chaos
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
@@ -19,18 +20,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 SEED = 11
 #: Eight faults, one of each kind, 6 to 9 s apart: the schedule fits in the workload's time.
 SECONDS = 70.0
-#: The process, etcd, S3 and sort faults; the partitions have their own test
-#: (test_partitions.py) and the etcd-member faults need three members (test_etcd_members.py).
-FAULTS = (
-    "kill_worker",
-    "kill_master",
-    "restart_etcd",
-    "pause_worker",
-    "pause_s3",
-    "s3_faults",
-    "kill_sorter",
-    "sort_twice",
-)
 
 
 def test_short_chaos_run_loses_nothing(tmp_path: Path) -> None:
@@ -38,7 +27,9 @@ def test_short_chaos_run_loses_nothing(tmp_path: Path) -> None:
         seconds=SECONDS,
         seed=SEED,
         directory=tmp_path,
-        faults=FAULTS,
+        # The partitions have their own test (test_partitions.py), and the etcd-member faults
+        # need three members (test_etcd_members.py).
+        faults=PROCESS_FAULTS,
         first_fault=3.0,
         gap=(6.0, 9.0),
     )

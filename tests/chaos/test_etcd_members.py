@@ -6,35 +6,21 @@ write, no read, no lease), and the cluster answers again, with its data, once th
 from __future__ import annotations
 
 import asyncio
-import os
 import time
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 
 from tabletstore.coordination import open_coordinator
 from tabletstore.errors import TabletStoreError
-from tabletstore.testing.chaos.chaos_cluster import ENV, ChaosCluster
+from tabletstore.testing.chaos.chaos_cluster import ChaosCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[ChaosCluster]:
-    saved = {k: os.environ.get(k) for k in ENV}
-    os.environ.update(ENV)
-    c = ChaosCluster(tmp_path, workers=0, masters=0, etcd_members=3)
-    try:
-        c.start()
-        yield c
-    finally:
-        c.close()
-        for k, old in saved.items():
-            if old is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = old
+def cluster(start_cluster: Callable[..., ChaosCluster]) -> ChaosCluster:
+    return start_cluster(workers=0, masters=0, etcd_members=3)
 
 
 async def _eventually_put(url: str, key: str, value: bytes, deadline: float = 60) -> None:

@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
@@ -25,7 +23,7 @@ from tabletstore.data.model import RowMutation, SetCell
 from tabletstore.embedded import connect_async
 from tabletstore.errors import AlreadyExists, TabletStoreError
 from tabletstore.rpc.messages import MutateRowsRequest
-from tabletstore.testing.chaos.chaos_cluster import ENV, ChaosCluster
+from tabletstore.testing.chaos.chaos_cluster import ChaosCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -43,20 +41,8 @@ class Attempt:
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[ChaosCluster]:
-    saved = {k: os.environ.get(k) for k in ENV}
-    os.environ.update(ENV)
-    c = ChaosCluster(tmp_path, workers=2, masters=1, lease_ttl=LEASE_TTL)
-    try:
-        c.start()
-        yield c
-    finally:
-        c.close()
-        for k, old in saved.items():
-            if old is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = old
+def cluster(start_cluster: Callable[..., ChaosCluster]) -> ChaosCluster:
+    return start_cluster(workers=2, masters=1, lease_ttl=LEASE_TTL)
 
 
 async def _create(client: AsyncClient, name: str) -> str:
@@ -212,20 +198,10 @@ async def _s3_cut(cluster: ChaosCluster) -> None:
         await client.close()
 
 
-def test_a_master_cut_off_from_etcd_gives_way_to_the_standby(tmp_path: Path) -> None:
-    saved = {k: os.environ.get(k) for k in ENV}
-    os.environ.update(ENV)
-    cluster = ChaosCluster(tmp_path, workers=1, masters=2, lease_ttl=LEASE_TTL)
-    try:
-        cluster.start()
-        asyncio.run(_master_cut(cluster))
-    finally:
-        cluster.close()
-        for k, old in saved.items():
-            if old is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = old
+def test_a_master_cut_off_from_etcd_gives_way_to_the_standby(
+    start_cluster: Callable[..., ChaosCluster],
+) -> None:
+    asyncio.run(_master_cut(start_cluster(workers=1, masters=2, lease_ttl=LEASE_TTL)))
 
 
 async def _master_cut(cluster: ChaosCluster) -> None:

@@ -199,12 +199,7 @@ class ChaosCluster(ProcessGroup):
 
     def _net(self, path: str, body: dict[str, object]) -> dict[str, object]:
         assert self.net is not None
-        request = urllib.request.Request(
-            f"{self.net.url}/{path}", data=json.dumps(body).encode(), method="POST"
-        )
-        with urllib.request.urlopen(request, timeout=10) as response:
-            answer: dict[str, object] = json.loads(response.read())
-            return answer
+        return _post_json(f"{self.net.url}/{path}", body)
 
     def _links(self, server: str) -> list[tuple[str, str]]:
         """(link suffix, upstream address) of each link a process has to ``server``."""
@@ -423,8 +418,8 @@ class ChaosCluster(ProcessGroup):
             return stats
 
 
-def _post_json(url: str) -> dict[str, object]:
-    request = urllib.request.Request(url, data=b"{}", method="POST")
-    with urllib.request.urlopen(request, timeout=5) as response:
+def _post_json(url: str, body: dict[str, object] | None = None) -> dict[str, object]:
+    request = urllib.request.Request(url, data=json.dumps(body or {}).encode(), method="POST")
+    with urllib.request.urlopen(request, timeout=10) as response:
         answer: dict[str, object] = json.loads(response.read())
         return answer

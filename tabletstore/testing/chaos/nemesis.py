@@ -70,9 +70,19 @@ from tabletstore.testing.chaos.chaos_cluster import ChaosCluster
 from tabletstore.testing.chaos.checker import Kill
 from tabletstore.testing.chaos.history import Fault, History
 
-__all__ = ["FAULTS", "MEMBER_FAULTS", "Nemesis", "Scheduled", "faults_for", "schedule"]
+__all__ = [
+    "FAULTS",
+    "MEMBER_FAULTS",
+    "PARTITION_FAULTS",
+    "PROCESS_FAULTS",
+    "Nemesis",
+    "Scheduled",
+    "faults_for",
+    "schedule",
+]
 
-FAULTS = (
+#: Crashes and pauses of processes, S3's errors, and the sort faults.
+PROCESS_FAULTS = (
     "kill_worker",
     "kill_master",
     "restart_etcd",
@@ -81,14 +91,11 @@ FAULTS = (
     "s3_faults",
     "kill_sorter",
     "sort_twice",
-    "partition_worker_etcd",
-    "partition_worker_s3",
-    "partition_master_etcd",
-    "kill_etcd_leader",
-    "etcd_quorum_loss",
 )
+PARTITION_FAULTS = ("partition_worker_etcd", "partition_worker_s3", "partition_master_etcd")
 #: The faults that need etcd as several members (``ChaosCluster(etcd_members=3)``).
 MEMBER_FAULTS = ("kill_etcd_leader", "etcd_quorum_loss")
+FAULTS = PROCESS_FAULTS + PARTITION_FAULTS + MEMBER_FAULTS
 #: Seconds a majority of etcd's members stays down in ``etcd_quorum_loss``.
 QUORUM_LOSS = 10.0
 

@@ -258,17 +258,8 @@ class Workload:
             await asyncio.sleep(self.pause * (0.5 + rng.random()))
 
     async def read(self, process: str, row: bytes) -> Op:
-        op = self.history.invoke(process, Kind.READ, row=row)
-        try:
-            got = await self.table.read_row(row, filter=CellsPerColumnLimit(1))
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # a failed read observes nothing
-            self.history.complete(op, Outcome.FAIL, error=f"{type(exc).__name__}: {exc}")
-            await asyncio.sleep(0.1)
-            return op
-        self.history.complete(op, Outcome.OK, seen=_value(got.cells if got else ()))
-        return op
+        """A point read of ``row``'s ``f:c`` (the newest version)."""
+        return await self.read_cell(process, row, QUALIFIER)
 
     async def scan(self, process: str, lo: bytes, hi: bytes) -> Op:
         op = self.history.invoke(process, Kind.SCAN, rows=(lo, hi))

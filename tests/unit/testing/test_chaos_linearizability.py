@@ -6,8 +6,9 @@ double-applied increment, a check-and-mutate that saw the wrong value)."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
-from tabletstore.testing.chaos.history import Kind, Op, Outcome
+from tabletstore.testing.chaos.history import History, Kind, Op, Outcome, load_ops
 from tabletstore.testing.chaos.linearizability import (
     _Call,
     check_calls,
@@ -239,3 +240,22 @@ def test_the_chaos_verdict_carries_the_violations() -> None:
     # The register f:r has many writers: the single-writer checks leave it to this checker.
     assert not verdict.wrong_reads and not verdict.lost
     assert len(verdict.linearizability.violations) == 1 and not verdict.ok
+
+
+def test_a_saved_history_is_checked_again_exactly(tmp_path: Path) -> None:
+    h = H(b"n")
+    h.inc(1, 0, 1)
+    h.inc(3, 2, 3)  # double-applied: found again from the saved history
+    h.read(n(3), 4, 5)
+    scan = Op(len(h.ops), "scanner", Kind.SCAN, 6, None, rows=(b"a", b"c"))
+    scan.end, scan.outcome, scan.seen_rows = 7, OK, {b"b-x01": b"v"}
+    h.ops.append(scan)
+    history = History()
+    history.ops.extend(h.ops)
+    history.save(tmp_path / "history.json")
+    loaded = load_ops(tmp_path / "history.json")
+    assert [(o.kind, o.seen, o.qualifier, o.amount, o.seen_rows) for o in loaded] == [
+        (o.kind, o.seen, o.qualifier, o.amount, o.seen_rows) for o in h.ops
+    ]
+    found = {v.cell: v.op for v in check_linearizable(loaded).violations}
+    assert found == {"b-x00 f:n": 1, "b-x01 f:c": scan.id}  # and "v" was never written
