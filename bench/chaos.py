@@ -14,8 +14,16 @@ import sys
 import tempfile
 from pathlib import Path
 
+from tabletstore.testing.chaos.checker import Verdict
+from tabletstore.testing.chaos.history import load_ops
+from tabletstore.testing.chaos.linearizability import check_linearizable
 from tabletstore.testing.chaos.nemesis import FAULTS, MEMBER_FAULTS, faults_for
-from tabletstore.testing.chaos.runner import ChaosConfig, run_chaos
+from tabletstore.testing.chaos.runner import (
+    ChaosConfig,
+    linearizability_line,
+    run_chaos,
+    violation_lines,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,7 +64,17 @@ def main(argv: list[str] | None = None) -> int:
         "roles, as local-stack up --tls",
     )
     parser.add_argument("--dir", type=Path, default=None, help="logs, history.json, report.json")
+    parser.add_argument(
+        "--recheck",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="check the history.json an earlier run saved in DIR for linearizability again "
+        "(no cluster is started)",
+    )
     args = parser.parse_args(argv)
+    if args.recheck is not None:
+        return recheck(args.recheck)
     if args.faults is None:
         faults = faults_for(args.etcd_members)
     else:
@@ -101,6 +119,16 @@ def main(argv: list[str] | None = None) -> int:
     print(report.summary())
     print(f"report: {directory / 'report.json'}")
     return 0 if report.verdict.ok else 1
+
+
+def recheck(directory: Path) -> int:
+    path = directory / "history.json"
+    if not path.is_file():
+        print(f"no history.json in {directory}", file=sys.stderr)
+        return 2
+    verdict = Verdict(linearizability=check_linearizable(load_ops(path)))
+    print("\n".join([linearizability_line(verdict), *violation_lines(verdict)]))
+    return 0 if verdict.ok else 1
 
 
 if __name__ == "__main__":

@@ -44,7 +44,14 @@ from tabletstore.testing.chaos.workload import (
     tablet_of,
 )
 
-__all__ = ["ChaosConfig", "ChaosReport", "attribute_values", "run_chaos"]
+__all__ = [
+    "ChaosConfig",
+    "ChaosReport",
+    "attribute_values",
+    "linearizability_line",
+    "run_chaos",
+    "violation_lines",
+]
 
 TABLE = "chaos"
 #: Seconds the healed cluster gets to serve every tablet again before the final read.
@@ -101,7 +108,7 @@ class ChaosReport:
             f"double-serving: {len(v.double_serving)} "
             f"(acknowledged writes attributed to one worker's log: {v.attributed})",
         ]
-        lines.append(_linearizability_line(v))
+        lines.append(linearizability_line(v))
         median, worst, never = v.recovery_summary()
         if v.recovery:
             lines.append(
@@ -131,7 +138,7 @@ class ChaosReport:
                 )
             if len(anomalies) > 15:
                 lines.append(f"  ... and {len(anomalies) - 15} more {title.lower()}")
-        lines.extend(_violation_lines(v))
+        lines.extend(violation_lines(v))
         for err in self.nemesis_errors + self.setup_errors:
             lines.append(f"  nemesis/harness: {err}")
         if self.unreadable_segments:
@@ -169,7 +176,7 @@ class ChaosReport:
         }
 
 
-def _linearizability_line(v: Verdict) -> str:
+def linearizability_line(v: Verdict) -> str:
     lin = v.linearizability
     return (
         f"linearizability violations: {len(lin.violations)} ({lin.cells} cells, "
@@ -177,7 +184,7 @@ def _linearizability_line(v: Verdict) -> str:
     )
 
 
-def _violation_lines(v: Verdict, limit: int = 5) -> list[str]:
+def violation_lines(v: Verdict, limit: int = 5) -> list[str]:
     """Each violation (the first ``limit``) with the cell's operations around it."""
     out: list[str] = []
     for x in v.linearizability.violations[:limit]:
