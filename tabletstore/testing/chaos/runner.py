@@ -33,7 +33,7 @@ from tabletstore.storage_s3 import layout, open_store
 from tabletstore.testing.chaos.chaos_cluster import ENV, ChaosCluster
 from tabletstore.testing.chaos.checker import Verdict, check
 from tabletstore.testing.chaos.history import History, Outcome
-from tabletstore.testing.chaos.nemesis import FAULTS, Nemesis, schedule
+from tabletstore.testing.chaos.nemesis import FAULTS, PARTITION_FAULTS, Nemesis, schedule
 from tabletstore.testing.chaos.workload import (
     FAMILY,
     QUALIFIER,
@@ -368,6 +368,7 @@ async def run_chaos(config: ChaosConfig) -> ChaosReport:
         seed=config.seed,
         tls=config.tls,
         etcd_members=config.etcd_members,
+        partitionable=bool(set(config.faults) & set(PARTITION_FAULTS)),
     )
     # The harness's own S3 client (the attribution's reads from moto) uses moto's dummy
     # credentials, as the processes do; the caller's environment is restored afterwards.
