@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from tabletstore.cli.localstack import ProcessRecord
 from tabletstore.client.client import AsyncClient
 from tabletstore.data.model import RowMutation, SetCell
 from tabletstore.embedded import connect_async
@@ -71,6 +72,17 @@ async def _holder(client: AsyncClient, table_id: str) -> tuple[str, str]:
     raise TimeoutError("the table's first tablet was not served in 60 s")
 
 
+async def _victim(
+    cluster: ChaosCluster, client: AsyncClient, name: str
+) -> tuple[str, str, str, ProcessRecord, str]:
+    """A new table's id, and its first tablet's holder: address, tablet id, process, id."""
+    table_id = await _create(client, name)
+    address, tablet_id = await _holder(client, table_id)
+    victim = next(r for r in cluster.workers if r.url == address)
+    worker_id = {a: w for w, a in (await client.catalog.live_workers()).items()}[address]
+    return table_id, address, tablet_id, victim, worker_id
+
+
 async def _direct_write(
     client: AsyncClient, address: str, table_id: str, tablet_id: str, value: bytes
 ) -> tuple[bool, str]:
@@ -96,10 +108,7 @@ def test_a_worker_cut_off_from_etcd_acknowledges_nothing_after_its_lease(
 async def _zombie(cluster: ChaosCluster) -> None:
     client = await connect_async(cluster.client_url)
     try:
-        table_id = await _create(client, "z")
-        address, tablet_id = await _holder(client, table_id)
-        victim = next(r for r in cluster.workers if r.url == address)
-        worker_id = {a: w for w, a in (await client.catalog.live_workers()).items()}[address]
+        table_id, address, tablet_id, victim, worker_id = await _victim(cluster, client, "z")
         ok, error = await _direct_write(client, address, table_id, tablet_id, b"before")
         assert ok, f"the direct write path does not work: {error}"
 
@@ -175,10 +184,7 @@ def test_a_worker_cut_off_from_s3_keeps_its_lease_and_serves_again(
 async def _s3_cut(cluster: ChaosCluster) -> None:
     client = await connect_async(cluster.client_url)
     try:
-        table_id = await _create(client, "s")
-        address, tablet_id = await _holder(client, table_id)
-        victim = next(r for r in cluster.workers if r.url == address)
-        worker_id = {a: w for w, a in (await client.catalog.live_workers()).items()}[address]
+        table_id, address, tablet_id, victim, worker_id = await _victim(cluster, client, "s")
         cluster.cut(victim, "s3")
         try:
             ok, error = await _direct_write(client, address, table_id, tablet_id, b"cut")
