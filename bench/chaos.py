@@ -14,8 +14,16 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tabletstore.testing.chaos.nemesis import FAULTS
-from tabletstore.testing.chaos.runner import ChaosConfig, run_chaos
+from tabletstore.testing.chaos.checker import Verdict
+from tabletstore.testing.chaos.history import load_ops
+from tabletstore.testing.chaos.linearizability import check_linearizable
+from tabletstore.testing.chaos.nemesis import FAULTS, MEMBER_FAULTS, faults_for
+from tabletstore.testing.chaos.runner import (
+    ChaosConfig,
+    linearizability_line,
+    run_chaos,
+    violation_lines,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,11 +31,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=10.0, help="workload duration")
     parser.add_argument("--seed", type=int, default=1, help="seeds the schedule and workload")
     parser.add_argument(
-        "--faults", default=",".join(FAULTS), help=f"comma-separated subset of {','.join(FAULTS)}"
+        "--faults",
+        default=None,
+        help=f"comma-separated subset of {','.join(FAULTS)} (default: every one that applies; "
+        f"{','.join(MEMBER_FAULTS)} need --etcd-members 3)",
+    )
+    parser.add_argument(
+        "--etcd-members",
+        type=int,
+        default=1,
+        choices=(1, 3, 5),
+        help="etcd as this many members (3: the leader-kill and quorum-loss faults apply)",
     )
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--writers", type=int, default=8)
     parser.add_argument("--readers", type=int, default=3)
+    parser.add_argument(
+        "--transactors", type=int, default=4, help="clients of the shared transaction rows"
+    )
     parser.add_argument(
         "--lease-ttl", type=float, default=5.0, help="worker and master lease (the worker default)"
     )
@@ -43,11 +64,28 @@ def main(argv: list[str] | None = None) -> int:
         "roles, as local-stack up --tls",
     )
     parser.add_argument("--dir", type=Path, default=None, help="logs, history.json, report.json")
+    parser.add_argument(
+        "--recheck",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="check the history.json an earlier run saved in DIR for linearizability again "
+        "(no cluster is started)",
+    )
     args = parser.parse_args(argv)
-    faults = tuple(f for f in args.faults.split(",") if f)
+    if args.recheck is not None:
+        return recheck(args.recheck)
+    if args.faults is None:
+        faults = faults_for(args.etcd_members)
+    else:
+        faults = tuple(f for f in args.faults.split(",") if f)
     unknown = sorted(set(faults) - set(FAULTS))
     if unknown or not faults:
         parser.error(f"unknown faults {unknown}; choose from {','.join(FAULTS)}")
+    if args.etcd_members == 1 and set(faults) & set(MEMBER_FAULTS):
+        parser.error(f"{','.join(MEMBER_FAULTS)} need --etcd-members 3")
+    if args.etcd_members > 1 and args.tls:
+        parser.error("--tls runs etcd as one member")
     if args.minutes <= 0:
         parser.error("--minutes must be positive")
     try:
@@ -71,14 +109,26 @@ def main(argv: list[str] | None = None) -> int:
         workers=args.workers,
         writers=args.writers,
         readers=args.readers,
+        transactors=args.transactors,
         lease_ttl=args.lease_ttl,
         gap=(low, high),
         tls=args.tls,
+        etcd_members=args.etcd_members,
     )
     report = asyncio.run(run_chaos(config))
     print(report.summary())
     print(f"report: {directory / 'report.json'}")
-    return 0 if report.verdict.ok else 1
+    return 0 if report.ok else 1
+
+
+def recheck(directory: Path) -> int:
+    path = directory / "history.json"
+    if not path.is_file():
+        print(f"no history.json in {directory}", file=sys.stderr)
+        return 2
+    verdict = Verdict(linearizability=check_linearizable(load_ops(path)))
+    print("\n".join([linearizability_line(verdict), *violation_lines(verdict)]))
+    return 0 if verdict.ok else 1
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tabletstore.testing.chaos.nemesis import FAULTS
+from tabletstore.testing.chaos.nemesis import PROCESS_FAULTS
 from tabletstore.testing.chaos.runner import ChaosConfig, run_chaos
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
@@ -28,7 +28,9 @@ def test_short_chaos_run_loses_nothing(tmp_path: Path) -> None:
         seconds=SECONDS,
         seed=SEED,
         directory=tmp_path,
-        faults=FAULTS,
+        # The partitions have their own test (test_partitions.py), and the etcd-member faults
+        # need three members (test_etcd_members.py).
+        faults=PROCESS_FAULTS,
         first_fault=3.0,
         gap=(6.0, 9.0),
     )

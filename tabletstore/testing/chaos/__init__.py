@@ -6,7 +6,9 @@ workload of writers and readers that record every operation with its outcome
 master SIGKILLs, etcd restarts, a worker paused past its lease, S3 paused, S3 errors
 (:mod:`.nemesis`, :mod:`.cluster`, :mod:`.s3proxy`); the checker, a pure function of the
 history, finds lost acknowledged writes, values never written, cells read after their
-acknowledged delete, and tablets served by two workers at once (:mod:`.checker`).
+acknowledged delete, and tablets served by two workers at once (:mod:`.checker`), and checks
+every cell's operations, single-row transactions included, for linearizability
+(:mod:`.linearizability`).
 :func:`.runner.run_chaos` runs it all; ``python -m bench.chaos`` is the command line and
 ``tests/chaos`` the short run in the suite.
 """

@@ -16,14 +16,24 @@ Care taken so a fault is the fault and not data loss by the harness itself:
 * the store URL points at the fault proxy (:mod:`tabletstore.testing.chaos.s3proxy`) with a
   short ``read_timeout`` (so the proxy's "timeout" fault and a paused S3 are seen as timeouts
   within seconds); the harness's own checks read the bucket directly from moto.
+
+Partitions. Every master and worker reaches etcd through its own link of the partitioning
+proxy (:mod:`tabletstore.testing.chaos.netproxy`), and every worker reaches the S3 fault
+proxy through its own link too (its ``--store`` URL), so :meth:`ChaosCluster.cut` can cut one
+process off from etcd or from S3 while the others still reach it. The harness's own client
+and the masters' S3 traffic go direct.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import shutil
 import sys
+import threading
 import time
 import urllib.request
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -61,7 +71,13 @@ class ChaosCluster(ProcessGroup):
         lease_ttl: float = 3.0,
         seed: int = 0,
         tls: bool = False,
+        etcd_members: int = 1,
+        partitionable: bool = True,
     ) -> None:
+        if etcd_members not in (1, 3, 5):
+            raise ValueError(f"etcd runs as 1, 3 or 5 members, not {etcd_members}")
+        if etcd_members > 1 and tls:
+            raise ValueError("a several-member etcd runs without TLS in the chaos cluster")
         self.directory = directory.resolve()
         #: Issue 16: mutual TLS everywhere and etcd's own users, as ``local-stack up --tls``.
         self.tls = tls
@@ -76,6 +92,16 @@ class ChaosCluster(ProcessGroup):
         self.etcd: ProcessRecord | None = None
         self.moto: ProcessRecord | None = None
         self.proxy: ProcessRecord | None = None
+        #: The partitioning proxy (netproxy.py): its control URL is ``net.url``.
+        self.net: ProcessRecord | None = None
+        #: Processes reach etcd and S3 through the partitioning proxy's links (``cut``); off,
+        #: they connect directly, one hop fewer on a loaded machine (runs without partitions).
+        self.partitionable = partitionable
+        #: etcd's members (one unless ``etcd_members``), and their client addresses.
+        self.etcd_members = etcd_members
+        self.members: list[ProcessRecord] = []
+        self._etcd_addresses: list[str] = []
+        self._s3_address = ""
         self.masters: list[ProcessRecord] = []
         self.workers: list[ProcessRecord] = []
         self.url = ""
@@ -83,6 +109,7 @@ class ChaosCluster(ProcessGroup):
         #: The bucket straight from moto (no faults): for the harness's own checks.
         self.direct_store_url = ""
         self._numbers = 0
+        self._numbers_lock = threading.Lock()  # workers start from several threads
 
     # ------------------------------------------------------------------ starting
 
@@ -91,14 +118,23 @@ class ChaosCluster(ProcessGroup):
         try:
             if self.tls:
                 self.tls_dir = localstack.make_certs(self.directory / "tls")
-            self.etcd, port = localstack.start_etcd(
-                self.directory / "etcd",
-                log=self.directory / "etcd.log",
-                fast_leases=True,
-                tls=self._files("etcd"),
-            )
-            self.records.append(self.etcd)
-            self.url = self.client_url = f"etcd://127.0.0.1:{port}/chaos"
+            if self.etcd_members == 1:
+                self.etcd, port = localstack.start_etcd(
+                    self.directory / "etcd",
+                    log=self.directory / "etcd.log",
+                    fast_leases=True,
+                    tls=self._files("etcd"),
+                )
+                self.records.append(self.etcd)
+                self.members = [self.etcd]
+                self._etcd_addresses = [f"127.0.0.1:{port}"]
+            else:
+                self._start_members()
+                self.etcd = self.members[0]
+            hosts = ",".join(self._etcd_addresses)
+            self.url = self.client_url = f"etcd://{hosts}/chaos"
+            if self.partitionable:
+                self.net = self._start_net()
             if self.tls_dir is not None:
                 users = localstack.etcd_auth(
                     self.directory,
@@ -126,6 +162,7 @@ class ChaosCluster(ProcessGroup):
                 str(self.seed),
             ]
             proxy_url = f"http://127.0.0.1:{proxy_port}"
+            self._s3_address = f"127.0.0.1:{proxy_port}"
             self.proxy = localstack.spawn(
                 "s3proxy", argv, log=self.directory / "s3proxy.log", url=proxy_url, env=ENV
             )
@@ -143,11 +180,152 @@ class ChaosCluster(ProcessGroup):
             )
             for _ in range(self.masters_wanted):
                 self.start_master()
-            with ThreadPoolExecutor(self.workers_wanted) as pool:
+            with ThreadPoolExecutor(max(1, self.workers_wanted)) as pool:
                 list(pool.map(lambda _: self.start_worker(), range(self.workers_wanted)))
         except BaseException:
             self.close()
             raise
+
+    def _start_net(self) -> ProcessRecord:
+        port = localstack.free_port()
+        argv = [sys.executable, "-m", "tabletstore.testing.chaos.netproxy", "--port", str(port)]
+        record = localstack.spawn(
+            "netproxy",
+            argv,
+            log=self.directory / "netproxy.log",
+            url=f"http://127.0.0.1:{port}",
+            env=ENV,
+        )
+        self.records.append(record)
+        localstack.wait_healthy(
+            record, lambda: localstack._port_open(port), localstack.HEALTH_DEADLINE
+        )
+        return record
+
+    def _net(self, path: str, body: dict[str, object]) -> dict[str, object]:
+        if self.net is None:
+            raise RuntimeError("this chaos cluster is not partitionable (no proxy links)")
+        return _post_json(f"{self.net.url}/{path}", body)
+
+    def _links(self, server: str) -> list[tuple[str, str]]:
+        """(link suffix, upstream address) of each link a process has to ``server``."""
+        if server == "etcd":
+            return [(f"etcd{i}", a) for i, a in enumerate(self._etcd_addresses)]
+        if server == "s3":
+            return [("s3", self._s3_address)]
+        raise ValueError(f"a process is cut from etcd or s3, not {server!r}")
+
+    def _link(self, role: str, server: str) -> str:
+        """``host:port,...`` of ``role``'s own links to ``server`` ("etcd": one per member,
+        or "s3")."""
+        ports = [
+            self._net("links", {"name": f"{role}/{suffix}", "upstream": upstream})["port"]
+            for suffix, upstream in self._links(server)
+        ]
+        return ",".join(f"127.0.0.1:{port}" for port in ports)
+
+    def cut(self, record: ProcessRecord, server: str, *, cut: bool = True) -> None:
+        """Partition ``record``'s process from ``server`` ("etcd": every member; "s3" for a
+        worker), or heal that partition (``cut`` false): see netproxy.py for what a cut link
+        does."""
+        for suffix, _ in self._links(server):
+            self._net("cut", {"name": f"{record.role}/{suffix}", "cut": cut})
+
+    def heal_partitions(self) -> None:
+        """Heal every cut link."""
+        if self.net is None:
+            return
+        with urllib.request.urlopen(f"{self.net.url}/links", timeout=10) as response:
+            links: dict[str, dict[str, object]] = json.loads(response.read())
+        for name, link in links.items():
+            if link["cut"]:
+                self._net("cut", {"name": name, "cut": False})
+
+    def _process_cluster_url(self, role: str) -> str:
+        """The cluster URL of process ``role``: etcd through its own link (when
+        ``partitionable``)."""
+        if not self.partitionable:
+            return self.url
+        return self.url.replace(",".join(self._etcd_addresses), self._link(role, "etcd"), 1)
+
+    # ------------------------------------------------------------------ etcd members
+
+    def _start_members(self) -> None:
+        """``etcd_members`` etcd processes forming one cluster, on free loopback ports."""
+        binary = shutil.which("etcd")
+        if binary is None:
+            raise FileNotFoundError("etcd is not on PATH: install Debian's etcd-server package")
+        n = self.etcd_members
+        clients = [localstack.free_port() for _ in range(n)]
+        peers = [localstack.free_port() for _ in range(n)]
+        initial = ",".join(f"m{i}=http://127.0.0.1:{peers[i]}" for i in range(n))
+        records = []
+        for i in range(n):
+            client, peer = f"http://127.0.0.1:{clients[i]}", f"http://127.0.0.1:{peers[i]}"
+            argv = [
+                binary,
+                f"--name=m{i}",
+                f"--data-dir={self.directory / f'etcd-m{i}'}",
+                f"--listen-client-urls={client}",
+                f"--advertise-client-urls={client}",
+                f"--listen-peer-urls={peer}",
+                f"--initial-advertise-peer-urls={peer}",
+                f"--initial-cluster={initial}",
+                "--initial-cluster-state=new",
+                # As start_etcd's fast_leases: 1-second lease TTLs are accepted.
+                "--heartbeat-interval=50",
+                "--election-timeout=500",
+            ]
+            url = f"etcd://127.0.0.1:{clients[i]}/chaos"
+            record = localstack.spawn(
+                f"etcd-m{i}", argv, log=self.directory / f"etcd-m{i}.log", url=url
+            )
+            self.records.append(record)
+            records.append(record)
+        for record in records:  # members start together: none is healthy before a quorum
+            localstack.wait_healthy(
+                record,
+                functools.partial(localstack.etcd_answers, record),
+                localstack.HEALTH_DEADLINE,
+            )
+        self.members = records
+        self._etcd_addresses = [f"127.0.0.1:{port}" for port in clients]
+
+    def kill_members(self, indexes: Sequence[int]) -> None:
+        """SIGKILL these etcd members (a crash)."""
+        for i in indexes:
+            self.kill(self.members[i])
+
+    def restart_members(self, indexes: Sequence[int]) -> None:
+        """Start these (killed) members again with the same argv: same ports and data, so
+        each rejoins its cluster; wait until each answers healthy."""
+        for i in indexes:
+            old = self.members[i]
+            record = localstack.spawn(old.role, old.argv, log=Path(old.log), url=old.url)
+            self.records.append(record)
+            self.members[i] = record
+        for i in indexes:
+            record = self.members[i]
+            localstack.wait_healthy(
+                record,
+                functools.partial(localstack.etcd_answers, record),
+                localstack.HEALTH_DEADLINE,
+            )
+        self.etcd = self.members[0]
+
+    def etcd_leader(self) -> int:
+        """The index of the member that is raft leader now (asked of each live member)."""
+        for i, record in enumerate(self.members):
+            if not self.running(record):
+                continue
+            try:
+                status = _post_json(f"http://{self._etcd_addresses[i]}/v3/maintenance/status")
+            except OSError:
+                continue
+            header = status.get("header")
+            if isinstance(header, dict) and header.get("member_id") == status.get("leader"):
+                return i
+        raise RuntimeError("no etcd member says it is the leader")
 
     def _files(self, name: str) -> TlsConfig | None:
         return localstack._tls_files(self.tls_dir, name) if self.tls_dir is not None else None
@@ -164,16 +342,18 @@ class ChaosCluster(ProcessGroup):
         return self._files("client")
 
     def _role(self, kind: str) -> str:
-        self._numbers += 1
-        return f"{kind}-{self._numbers}"
+        with self._numbers_lock:
+            self._numbers += 1
+            return f"{kind}-{self._numbers}"
 
     def start_master(self) -> ProcessRecord:
+        role = self._role("master")
         record = localstack.start_master(
             self.directory,
-            self.url,
+            self._process_cluster_url(role),
             self.store_url,
             env=ENV,
-            role=self._role("master"),
+            role=role,
             extra_args=("--lease-ttl", str(self.lease_ttl)),
             tls=self._files("master"),
         )
@@ -182,13 +362,20 @@ class ChaosCluster(ProcessGroup):
         return record
 
     def start_worker(self) -> ProcessRecord:
-        self._numbers += 1
+        role = self._role("worker")  # localstack.start_worker's name for worker <number>
+        number = int(role.rpartition("-")[2])
+        store = self.store_url
+        if self.partitionable:
+            store = store.replace(self._s3_address, self._link(role, "s3"), 1)
         record = localstack.start_worker(
             self.directory,
-            self.url,
-            self._numbers,
+            self._process_cluster_url(role),
+            number,
             env=ENV,
-            extra_args=("--lease-ttl", str(self.lease_ttl), "--split-bytes", str(NO_SPLIT_BYTES)),
+            extra_args=(
+                *("--lease-ttl", str(self.lease_ttl), "--split-bytes", str(NO_SPLIT_BYTES)),
+                *("--store", store),
+            ),
             tls=self._files("worker"),
         )
         self.records.append(record)
@@ -205,10 +392,17 @@ class ChaosCluster(ProcessGroup):
 
     def restart_etcd(self, *, down: float = 1.0) -> float:
         """Stop etcd (SIGKILL: a crash), wait ``down`` seconds, start it again with the same
-        ports and data directory; return the seconds it was unreachable."""
+        ports and data directory; return the seconds it was unreachable. A several-member
+        etcd is restarted as a whole (every member crashes at once)."""
+        started = time.monotonic()
+        if self.etcd_members > 1:
+            every = range(len(self.members))
+            self.kill_members(every)
+            time.sleep(down)
+            self.restart_members(every)
+            return time.monotonic() - started
         old = self.etcd
         assert old is not None
-        started = time.monotonic()
         self.kill(old)
         time.sleep(down)
         record = localstack.spawn("etcd", old.argv, log=Path(old.log), url=old.url)
@@ -234,3 +428,10 @@ class ChaosCluster(ProcessGroup):
         with urllib.request.urlopen(f"{self.proxy.url}/__chaos__/stats", timeout=10) as resp:
             stats: dict[str, int] = json.loads(resp.read())
             return stats
+
+
+def _post_json(url: str, body: dict[str, object] | None = None) -> dict[str, object]:
+    request = urllib.request.Request(url, data=json.dumps(body or {}).encode(), method="POST")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        answer: dict[str, object] = json.loads(response.read())
+        return answer

@@ -39,6 +39,12 @@ acknowledges a write for a tablet that moved away shows exactly this pattern and
 excused. What is not caught: a zombie whose tablet legitimately returns to it within that
 window, and acknowledgements whose value landed in two logs.
 
+**Linearizability**: every cell of the history, the single-writer ``f:c`` of each row and the
+transactors' shared registers, counters and lists alike, is checked against a register model
+by :mod:`.linearizability` (check-and-mutate, increments and appends included, reads against
+the real-time order of acknowledged writes); a cell whose history no order explains is a
+violation.
+
 **Recovery** after a worker kill: for each tablet the killed worker held (per the location
 poller's last observation before the kill), the seconds from the kill until the first operation
 on that tablet that started after the kill was acknowledged; a kill's recovery is the slowest of
@@ -56,6 +62,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from tabletstore.testing.chaos.history import Fault, Kind, Op, Outcome
+from tabletstore.testing.chaos.linearizability import (
+    SCANNED_QUALIFIER,
+    Result,
+    check_linearizable,
+)
 
 __all__ = ["Anomaly", "Kill", "Verdict", "check"]
 
@@ -98,10 +109,13 @@ class Verdict:
     #: Per kill, the longest write gap of the tablets it did not hold (within the window).
     unaffected_gaps: list[float] = field(default_factory=list)
     attributed: int = 0
+    linearizability: Result = field(default_factory=Result)
 
     @property
     def ok(self) -> bool:
-        return not (self.lost or self.wrong_reads or self.double_serving)
+        return not (
+            self.lost or self.wrong_reads or self.double_serving or self.linearizability.violations
+        )
 
     def recovery_summary(self) -> tuple[float | None, float | None, int]:
         """(median, max) of the recovered kills' seconds, and how many never recovered."""
@@ -168,6 +182,7 @@ def check(
         key = f"{op.kind.value}:{op.outcome.value if op.outcome else 'open'}"
         verdict.operations[key] = verdict.operations.get(key, 0) + 1
     _check_cells(ops, final_after, faults, verdict)
+    verdict.linearizability = check_linearizable(ops)
     if tablet_of is not None:
         _check_availability(ops, tablet_of, kills, verdict)
         if value_workers is not None:
@@ -186,6 +201,9 @@ def check(
 def _check_cells(
     ops: Sequence[Op], final_after: float, faults: Sequence[Fault], verdict: Verdict
 ) -> None:
+    # The single-writer cell f:c; the transactors' cells have many writers and are checked
+    # for linearizability (linearizability.py).
+    ops = [op for op in ops if op.qualifier == SCANNED_QUALIFIER]
     writes: dict[bytes, list[Op]] = {}
     for op in ops:
         if op.kind in (Kind.PUT, Kind.DELETE) and op.row is not None:

@@ -26,8 +26,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
+from typing import Any
 
-__all__ = ["Fault", "History", "Kind", "Op", "Outcome"]
+__all__ = ["Fault", "History", "Kind", "Op", "Outcome", "load_ops"]
 
 
 class Kind(Enum):
@@ -35,6 +36,10 @@ class Kind(Enum):
     DELETE = "delete"  # delete f:c of the row
     READ = "read"  # point read of one row's f:c
     SCAN = "scan"  # range read; every row of the range is an observation
+    #: Single-row transactions on the shared rows, each on one cell (``qualifier``):
+    CAS = "cas"  # check-and-mutate: set ``value`` if the cell holds ``expected``
+    INCREMENT = "increment"  # read-modify-write: add ``amount``; ``seen`` is the new value
+    APPEND = "append"  # read-modify-write: append ``value``; ``seen`` is the new value
 
 
 class Outcome(Enum):
@@ -62,6 +67,14 @@ class Op:
     seen: bytes | None = None
     seen_rows: dict[bytes, bytes] | None = None
     error: str | None = None
+    #: The cell of the row the operation touches (``f:<qualifier>``).
+    qualifier: bytes = b"c"
+    #: CAS: the value the cell must hold for the swap (None: the cell must be absent).
+    expected: bytes | None = None
+    #: INCREMENT: the amount added.
+    amount: int | None = None
+    #: CAS: whether the swap happened (None until acknowledged).
+    matched: bool | None = None
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -72,17 +85,67 @@ class Op:
             "end": None if self.end is None else round(self.end, 4),
             "outcome": None if self.outcome is None else self.outcome.value,
             "row": None if self.row is None else self.row.decode(errors="replace"),
-            "value": None if self.value is None else self.value.decode(errors="replace"),
+            "value": _text(self.value),
             "rows": None if self.rows is None else [r.decode(errors="replace") for r in self.rows],
-            "seen": None if self.seen is None else self.seen.decode(errors="replace"),
+            "seen": _text(self.seen),
             "seen_rows": None
             if self.seen_rows is None
-            else {
-                k.decode(errors="replace"): v.decode(errors="replace")
-                for k, v in self.seen_rows.items()
-            },
+            else {k.decode(errors="replace"): _text(v) for k, v in self.seen_rows.items()},
             "error": self.error,
+            "qualifier": self.qualifier.decode(errors="replace"),
+            "expected": _text(self.expected),
+            "amount": self.amount,
+            "matched": self.matched,
         }
+
+
+def _bytes(value: object) -> bytes | None:
+    """The inverse of :func:`_text`."""
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        return bytes.fromhex(str(value["hex"]))
+    return str(value).encode()
+
+
+def _op_from_json(o: dict[str, Any]) -> Op:
+    op = Op(o["id"], o["process"], Kind(o["kind"]), o["start"], _bytes(o["row"]))
+    op.value, op.end, op.seen, op.error = (
+        _bytes(o["value"]),
+        o["end"],
+        _bytes(o["seen"]),
+        o["error"],
+    )
+    op.outcome = None if o["outcome"] is None else Outcome(o["outcome"])
+    if o["rows"] is not None:
+        lo, hi = (r.encode() for r in o["rows"])
+        op.rows = (lo, hi)
+    if o["seen_rows"] is not None:
+        op.seen_rows = {k.encode(): _bytes(v) or b"" for k, v in o["seen_rows"].items()}
+    op.qualifier = o.get("qualifier", "c").encode()
+    op.expected, op.amount, op.matched = (
+        _bytes(o.get("expected")),
+        o.get("amount"),
+        o.get("matched"),
+    )
+    return op
+
+
+def load_ops(path: Path) -> list[Op]:
+    """The operations of a history saved by :meth:`History.save` (to check it again)."""
+    data = json.loads(path.read_text())
+    return [_op_from_json(o) for o in data["ops"]]
+
+
+def _text(value: bytes | None) -> str | dict[str, str] | None:
+    """A value for the JSON history: text, or ``{"hex": ...}`` when it is not UTF-8 (a
+    counter's 8 bytes), so the saved history can be checked again exactly."""
+    if value is None:
+        return None
+    try:
+        return value.decode()
+    except UnicodeDecodeError:
+        return {"hex": value.hex()}
 
 
 @dataclass(slots=True)
@@ -121,9 +184,13 @@ class History:
         row: bytes | None = None,
         value: bytes | None = None,
         rows: tuple[bytes, bytes] | None = None,
+        qualifier: bytes = b"c",
+        expected: bytes | None = None,
+        amount: int | None = None,
     ) -> Op:
         with self._lock:
             op = Op(len(self.ops), process, kind, self.now(), row, value, rows)
+            op.qualifier, op.expected, op.amount = qualifier, expected, amount
             self.ops.append(op)
             return op
 
@@ -135,12 +202,14 @@ class History:
         seen: bytes | None = None,
         seen_rows: dict[bytes, bytes] | None = None,
         error: str | None = None,
+        matched: bool | None = None,
     ) -> None:
         with self._lock:
             if op.outcome is not None:
                 raise ValueError(f"operation {op.id} completed twice")
             op.end, op.outcome = self.now(), outcome
             op.seen, op.seen_rows, op.error = seen, seen_rows, error
+            op.matched = matched
 
     def fault(self, kind: str, target: str, **detail: object) -> Fault:
         with self._lock:

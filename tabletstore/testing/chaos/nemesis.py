@@ -26,6 +26,23 @@ from the same RNG among the live workers that serve tablets of the chaos table a
   second time, alongside the live workers' runs (a retried function, a slow duplicate).
   A duplicate that finds different bytes is Corruption, recorded as a nemesis error.
 
+* ``partition_worker_etcd``: cut a worker serving chaos tablets off from etcd (its own link of
+  the partitioning proxy) for 2.5 lease periods while it still reaches S3: the zombie the
+  fencing exists for. Its lease ends, the master gives its tablets to others, and it must
+  acknowledge nothing for them after its lease ended (its own clock stops it first; a write
+  that slipped through would be refused by the fenced log, §5.2).
+* ``partition_worker_s3``: cut a worker serving chaos tablets off from S3 for 6 s while its
+  lease stays alive: its writes fail or time out, none may be acknowledged without being in
+  its log, and it must serve again once S3 is back.
+* ``partition_master_etcd``: cut the elected master off from etcd for 2.5 lease periods: it
+  loses the master lock, a standby takes over, and the old one must stop acting as master.
+
+* ``kill_etcd_leader`` (etcd as three members): SIGKILL the raft leader, start it again 5 s
+  later with the same data: the others elect a new leader, leases and records survive.
+* ``etcd_quorum_loss`` (etcd as three members): SIGKILL a majority of the members for 10 s,
+  then start them again: the remaining member serves nothing (no read, no write, no lease
+  renewal), so every lease ends; the cluster must come back without losing a write.
+
 After each fault is healed the cluster is topped up: workers and masters that died (killed, or
 a zombie that gave up) are replaced, so the run keeps its size.
 """
@@ -53,9 +70,19 @@ from tabletstore.testing.chaos.chaos_cluster import ChaosCluster
 from tabletstore.testing.chaos.checker import Kill
 from tabletstore.testing.chaos.history import Fault, History
 
-__all__ = ["FAULTS", "Nemesis", "Scheduled", "schedule"]
+__all__ = [
+    "FAULTS",
+    "MEMBER_FAULTS",
+    "PARTITION_FAULTS",
+    "PROCESS_FAULTS",
+    "Nemesis",
+    "Scheduled",
+    "faults_for",
+    "schedule",
+]
 
-FAULTS = (
+#: Crashes and pauses of processes, S3's errors, and the sort faults.
+PROCESS_FAULTS = (
     "kill_worker",
     "kill_master",
     "restart_etcd",
@@ -65,6 +92,18 @@ FAULTS = (
     "kill_sorter",
     "sort_twice",
 )
+PARTITION_FAULTS = ("partition_worker_etcd", "partition_worker_s3", "partition_master_etcd")
+#: The faults that need etcd as several members (``ChaosCluster(etcd_members=3)``).
+MEMBER_FAULTS = ("kill_etcd_leader", "etcd_quorum_loss")
+FAULTS = PROCESS_FAULTS + PARTITION_FAULTS + MEMBER_FAULTS
+#: Seconds a majority of etcd's members stays down in ``etcd_quorum_loss``.
+QUORUM_LOSS = 10.0
+
+
+def faults_for(etcd_members: int) -> tuple[str, ...]:
+    """Every fault that applies to a cluster whose etcd has ``etcd_members`` members."""
+    return tuple(f for f in FAULTS if etcd_members > 1 or f not in MEMBER_FAULTS)
+
 
 #: Seconds the sort faults wait for the dead worker's sort to appear.
 SORT_WAIT = 20.0
@@ -263,6 +302,68 @@ class Nemesis:
             await asyncio.sleep(self.cluster.lease_ttl * 2.5)
         finally:
             self.cluster.resume(record)
+        self.history.heal(fault)
+
+    async def partition_worker_etcd(self) -> None:
+        await self._partition_worker("etcd", self.cluster.lease_ttl * 2.5)
+
+    async def partition_worker_s3(self) -> None:
+        await self._partition_worker("s3", 6.0)
+
+    async def _partition_worker(self, server: str, seconds: float) -> None:
+        victim = self._victim()
+        if victim is None:
+            raise RuntimeError("no live worker serves chaos tablets")
+        record, tablets = victim
+        kind = f"partition_worker_{server}"
+        fault = self.history.fault(kind, record.role, tablets=sorted(tablets))
+        await self._cut(record, server, seconds)
+        self.history.heal(fault, still_running=self.cluster.running(record))
+
+    async def partition_master_etcd(self) -> None:
+        address = await self.master_address()
+        leader = next((r for r in self.cluster.live_masters() if r.url == address), None)
+        if leader is None:
+            raise RuntimeError(f"no live master process at the leader's address {address}")
+        fault = self.history.fault("partition_master_etcd", leader.role)
+        await self._cut(leader, "etcd", self.cluster.lease_ttl * 2.5)
+        new = await self.master_address()
+        self.history.heal(fault, master_after=new, still_running=self.cluster.running(leader))
+
+    async def _cut(self, record: ProcessRecord, server: str, seconds: float) -> None:
+        await asyncio.to_thread(self.cluster.cut, record, server)
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            await asyncio.to_thread(self.cluster.cut, record, server, cut=False)
+
+    async def kill_etcd_leader(self) -> None:
+        c = self.cluster
+        if c.etcd_members < 3:
+            raise RuntimeError("kill_etcd_leader needs etcd as three members or more")
+        leader = await asyncio.to_thread(c.etcd_leader)
+        fault = self.history.fault("kill_etcd_leader", c.members[leader].role)
+        await asyncio.to_thread(c.kill_members, [leader])
+        try:
+            await asyncio.sleep(5.0)
+        finally:
+            await asyncio.to_thread(c.restart_members, [leader])
+        new = await asyncio.to_thread(c.etcd_leader)
+        self.history.heal(fault, leader_after=c.members[new].role)
+
+    async def etcd_quorum_loss(self) -> None:
+        c = self.cluster
+        if c.etcd_members < 3:
+            raise RuntimeError("etcd_quorum_loss needs etcd as three members or more")
+        down = sorted(self.rng.sample(range(c.etcd_members), c.etcd_members // 2 + 1))
+        fault = self.history.fault(
+            "etcd_quorum_loss", ",".join(c.members[i].role for i in down), seconds=QUORUM_LOSS
+        )
+        await asyncio.to_thread(c.kill_members, down)
+        try:
+            await asyncio.sleep(QUORUM_LOSS)
+        finally:
+            await asyncio.to_thread(c.restart_members, down)
         self.history.heal(fault)
 
     async def pause_s3(self) -> None:

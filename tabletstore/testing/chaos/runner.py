@@ -24,27 +24,37 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tabletstore.client.client import AsyncClient
+from tabletstore.client.table import AsyncTable
 from tabletstore.clock import SystemClock
 from tabletstore.commitlog.format import decode_segment
 from tabletstore.coordination import open_coordinator
 from tabletstore.embedded import connect_async
-from tabletstore.errors import Corruption, TabletStoreError
+from tabletstore.errors import AlreadyExists, Corruption, TabletStoreError, Unavailable
 from tabletstore.master.verify import verify
 from tabletstore.master.verify_plan import VerifyReport
 from tabletstore.storage_s3 import layout, open_store
 from tabletstore.testing.chaos.chaos_cluster import ENV, ChaosCluster
 from tabletstore.testing.chaos.checker import Verdict, check
 from tabletstore.testing.chaos.history import History, Outcome
-from tabletstore.testing.chaos.nemesis import FAULTS, Nemesis, schedule
+from tabletstore.testing.chaos.nemesis import FAULTS, PARTITION_FAULTS, Nemesis, schedule
 from tabletstore.testing.chaos.workload import (
     FAMILY,
     QUALIFIER,
     SPLIT_KEYS,
+    TXN_CELLS,
+    TXN_ROWS,
     Workload,
     tablet_of,
 )
 
-__all__ = ["ChaosConfig", "ChaosReport", "attribute_values", "run_chaos"]
+__all__ = [
+    "ChaosConfig",
+    "ChaosReport",
+    "attribute_values",
+    "linearizability_line",
+    "run_chaos",
+    "violation_lines",
+]
 
 TABLE = "chaos"
 #: Seconds the healed cluster gets to serve every tablet again before the final read.
@@ -64,6 +74,10 @@ class ChaosConfig:
     tls: bool = False
     writers: int = 8
     readers: int = 3
+    #: etcd's members: 1, or 3 (or 5) for the member faults (nemesis.MEMBER_FAULTS).
+    etcd_members: int = 1
+    #: Clients of the shared rows' single-row transactions (workload.py).
+    transactors: int = 4
     first_fault: float = 5.0
     gap: tuple[float, float] = (8.0, 14.0)
 
@@ -81,12 +95,18 @@ class ChaosReport:
     #: ``tabletstore verify`` of the healed cluster's bucket (None: it could not run).
     verify: VerifyReport | None = None
 
+    @property
+    def ok(self) -> bool:
+        """No lost write, wrong read, double-serving or linearizability violation, and no
+        damage the bucket verifier found."""
+        return self.verdict.ok and (self.verify is None or not self.verify.findings)
+
     def summary(self) -> str:
         v = self.verdict
         ops = v.operations
         lines = [
             f"chaos: {self.config.seconds:.0f} s, seed {self.config.seed}, "
-            f"faults {','.join(self.config.faults)}",
+            f"etcd members {self.config.etcd_members}, faults {','.join(self.config.faults)}",
             "operations: "
             + ", ".join(f"{k} {n}" for k, n in sorted(ops.items()))
             + f" (total {sum(ops.values())})",
@@ -99,6 +119,7 @@ class ChaosReport:
             f"double-serving: {len(v.double_serving)} "
             f"(acknowledged writes attributed to one worker's log: {v.attributed})",
         ]
+        lines.append(linearizability_line(v))
         lines.append(
             f"verify: {len(self.verify.findings)} findings, {len(self.verify.orphans)} orphans"
             if self.verify is not None
@@ -133,6 +154,7 @@ class ChaosReport:
                 )
             if len(anomalies) > 15:
                 lines.append(f"  ... and {len(anomalies) - 15} more {title.lower()}")
+        lines.extend(violation_lines(v))
         for finding in () if self.verify is None else self.verify.findings[:15]:
             lines.append(f"  VERIFY {finding.line()}")
         for err in self.nemesis_errors + self.setup_errors:
@@ -166,9 +188,32 @@ class ChaosReport:
             "unaffected_gaps": v.unaffected_gaps,
             "write_gaps": {str(t): g for t, g in v.write_gaps.items()},
             "anomalies": [vars(a) for a in (*v.lost, *v.wrong_reads, *v.double_serving)],
+            "linearizability_violations": [vars(x) for x in v.linearizability.violations],
+            "linearizability_undecided": v.linearizability.undecided,
             "nemesis_errors": self.nemesis_errors + self.setup_errors,
             "history": str(self.history_path),
         }
+
+
+def linearizability_line(v: Verdict) -> str:
+    lin = v.linearizability
+    return (
+        f"linearizability violations: {len(lin.violations)} ({lin.cells} cells, "
+        f"{lin.operations} operations; {len(lin.undecided)} cells undecided)"
+    )
+
+
+def violation_lines(v: Verdict, limit: int = 5) -> list[str]:
+    """Each violation (the first ``limit``) with the cell's operations around it."""
+    out: list[str] = []
+    for x in v.linearizability.violations[:limit]:
+        out.append(f"  NOT LINEARIZABLE {x.cell} at {x.at:.1f}s: {x.detail}")
+        out.extend(f"    {line}" for line in x.history)
+    if len(v.linearizability.violations) > limit:
+        out.append(f"  ... and {len(v.linearizability.violations) - limit} more cells")
+    if v.linearizability.undecided:
+        out.append(f"  undecided (search budget spent): {', '.join(v.linearizability.undecided)}")
+    return out
 
 
 def _s(seconds: float | None) -> str:
@@ -330,6 +375,21 @@ async def _wait(check: object, deadline: float, what: str) -> None:
         await asyncio.sleep(0.5)
 
 
+async def _create_table(client: AsyncClient) -> AsyncTable:
+    """The chaos table, once the young cluster serves METADATA (on a loaded machine the first
+    assignment may take longer than one request's deadline)."""
+    end = time.monotonic() + HEAL_DEADLINE
+    while True:
+        try:
+            with contextlib.suppress(AlreadyExists):  # an earlier attempt went through
+                await client.create_table(TABLE, [FAMILY], split_keys=SPLIT_KEYS)
+            return client.table(TABLE)
+        except Unavailable:
+            if time.monotonic() > end:
+                raise
+            await asyncio.sleep(1.0)
+
+
 async def run_chaos(config: ChaosConfig) -> ChaosReport:
     """One run (module docstring). Processes are stopped whatever happens."""
     plan = schedule(
@@ -342,6 +402,8 @@ async def run_chaos(config: ChaosConfig) -> ChaosReport:
         lease_ttl=config.lease_ttl,
         seed=config.seed,
         tls=config.tls,
+        etcd_members=config.etcd_members,
+        partitionable=bool(set(config.faults) & set(PARTITION_FAULTS)),
     )
     # The harness's own S3 client (the attribution's reads from moto) uses moto's dummy
     # credentials, as the processes do; the caller's environment is restored afterwards.
@@ -381,7 +443,7 @@ async def _run(
     history: History,
     setup_errors: list[str],
 ) -> ChaosReport:
-    table = await client.create_table(TABLE, [FAMILY], split_keys=SPLIT_KEYS)
+    table = await _create_table(client)
     table_id = (await client._info(TABLE)).table_id
     poller = _Poller(client, table_id, history)
 
@@ -392,7 +454,12 @@ async def _run(
     await _wait(served, HEAL_DEADLINE, "every chaos tablet served")
     poll_task = asyncio.create_task(poller.run())
     workload = Workload(
-        table, history, seed=config.seed, writers=config.writers, readers=config.readers
+        table,
+        history,
+        seed=config.seed,
+        writers=config.writers,
+        readers=config.readers,
+        transactors=config.transactors,
     )
     # The nemesis's dying sorter claims a sort task as a worker would; with etcd's users on
     # (--tls) the harness client's read-only user may not, so it gets the cluster's.
@@ -415,8 +482,10 @@ async def _run(
         if remaining > 0:
             await asyncio.sleep(remaining)
         await workload.stop()
-        # Heal: no S3 faults, nothing paused, every process replaced, every tablet served.
+        # Heal: no S3 faults, no partitions, nothing paused, every process replaced, every
+        # tablet served.
         await asyncio.to_thread(cluster.s3_faults)
+        await asyncio.to_thread(cluster.heal_partitions)
         for record in cluster.records:
             cluster.resume(record)
         await nemesis.top_up()
@@ -432,6 +501,9 @@ async def _run(
                     break
                 await asyncio.sleep(1.0)
         await workload.scan("final", b"", b"{")
+        for row in TXN_ROWS:
+            for cell in TXN_CELLS:
+                await workload.read_cell("final", row, cell)
     finally:
         poll_task.cancel()
         with contextlib.suppress(asyncio.CancelledError):

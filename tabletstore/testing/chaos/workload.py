@@ -16,28 +16,44 @@ would be taken when it lands). The outcome is recorded as ``ok``, ``fail`` (an e
 Reads. Readers make point reads of any row and scans of one letter range, with
 ``CellsPerColumnLimit(1)`` (the newest version); a scan observes every row of its range,
 absent ones included.
+
+Single-row transactions. ``transactors`` clients share :data:`TXN_ROWS` (one row in each
+tablet, every client on every row, so operations on one cell overlap), each row with three
+cells and server timestamps: ``f:r`` a register (PUT of a unique value, check-and-mutate
+from the value the client last saw to a new unique one, point read), ``f:n`` a counter
+(read-modify-write increment, point read) and ``f:a`` a list (read-modify-write append of a
+unique token, now and then a DELETE so it stays short, point read). Every result is recorded
+(the new value of an increment or append, whether a check-and-mutate swapped) for the
+linearizability checker (:mod:`.linearizability`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 import string
 import time
 from collections.abc import Sequence
 
 from tabletstore.client.table import AsyncTable
-from tabletstore.data.filters import CellsPerColumnLimit
-from tabletstore.data.model import Cell, DeleteCells, SetCell
+from tabletstore.data.filters import CellsPerColumnLimit, Chain, ColumnRange, ValueRange
+from tabletstore.data.model import AppendValue, Cell, DeleteCells, IncrementValue, SetCell
 from tabletstore.errors import TabletStoreError
 from tabletstore.testing.chaos.history import History, Kind, Op, Outcome
 
-__all__ = ["SPLIT_KEYS", "Workload", "tablet_of"]
+__all__ = ["SPLIT_KEYS", "TXN_CELLS", "TXN_ROWS", "Workload", "tablet_of"]
 
 FAMILY = "f"
 QUALIFIER = b"c"
 #: Six tablets: [, d) [d, h) [h, l) [l, p) [p, t) [t, ).
 SPLIT_KEYS: tuple[bytes, ...] = (b"d", b"h", b"l", b"p", b"t")
+#: The rows every transactor shares, one per tablet.
+TXN_ROWS: tuple[bytes, ...] = (b"b-txn", b"f-txn", b"j-txn", b"n-txn", b"r-txn", b"v-txn")
+REGISTER, COUNTER, LIST = b"r", b"n", b"a"
+TXN_CELLS = (REGISTER, COUNTER, LIST)
+#: Appends to one list between two of its deletes, on average.
+LIST_LENGTH = 40
 
 
 def tablet_of(row: bytes, split_keys: Sequence[bytes] = SPLIT_KEYS) -> int:
@@ -70,6 +86,7 @@ class Workload:
         writers: int = 8,
         rows_per_writer: int = 6,
         readers: int = 3,
+        transactors: int = 4,
         delete_ratio: float = 0.15,
         scan_ratio: float = 0.25,
         pause: float = 0.02,
@@ -82,6 +99,7 @@ class Workload:
         self.pause = pause
         self.writers = writers
         self.readers = readers
+        self.transactors = transactors
         self.rows: dict[int, list[bytes]] = {
             w: [f"{_letter(w, j)}-w{w:02d}-r{j:02d}".encode() for j in range(rows_per_writer)]
             for w in range(writers)
@@ -95,6 +113,8 @@ class Workload:
             self._tasks.append(asyncio.create_task(self._writer(w), name=f"writer-{w}"))
         for r in range(self.readers):
             self._tasks.append(asyncio.create_task(self._reader(r), name=f"reader-{r}"))
+        for t in range(self.transactors):
+            self._tasks.append(asyncio.create_task(self._transactor(t), name=f"txn-{t}"))
 
     async def stop(self, *, grace: float = 60.0) -> None:
         """Let every task finish its current operation (each is bounded by the client's retry
@@ -135,6 +155,95 @@ class Workload:
         else:
             self.history.complete(op, Outcome.OK)
 
+    async def _transactor(self, t: int) -> None:
+        rng = random.Random(self.seed * 1000 + 900 + t)
+        name = f"txn-{t}"
+        counter = 0
+        #: The register's value this client saw last, per row: what its next CAS expects.
+        last: dict[bytes, bytes | None] = {}
+        while not self._stop.is_set():
+            row = rng.choice(TXN_ROWS)
+            cell = rng.choice(TXN_CELLS)
+            counter += 1
+            token = f"t{t}-{counter}".encode()
+            draw = rng.random()
+            if draw < 0.3:
+                op = await self.read_cell(name, row, cell)
+                if cell == REGISTER and op.outcome is Outcome.OK:
+                    last[row] = op.seen
+            else:
+                invoke = functools.partial(self.history.invoke, name, row=row, qualifier=cell)
+                if cell == REGISTER and draw < 0.6:
+                    op = invoke(Kind.PUT, value=token)
+                elif cell == REGISTER:
+                    op = invoke(Kind.CAS, value=token, expected=last.get(row))
+                elif cell == COUNTER:
+                    op = invoke(Kind.INCREMENT, amount=rng.choice((1, 1, 2, -1)))
+                elif rng.random() < 1 / LIST_LENGTH:
+                    op = invoke(Kind.DELETE)
+                else:
+                    op = invoke(Kind.APPEND, value=token + b";")
+                await self._txn(op, row)
+                if op.outcome is Outcome.OK and (op.kind is Kind.PUT or op.matched):
+                    last[row] = op.value  # what the cell held when it was acknowledged
+            await asyncio.sleep(self.pause * (0.5 + rng.random()))
+
+    async def _txn(self, op: Op, row: bytes) -> None:
+        """Run one transactor operation (``op`` says which) and record its result."""
+        q = op.qualifier
+        matched: bool | None = None
+        seen: bytes | None = None
+        try:
+            if op.kind is Kind.PUT:
+                assert op.value is not None
+                await self.table.mutate_row(row, [SetCell(FAMILY, q, op.value)])
+            elif op.kind is Kind.DELETE:
+                await self.table.mutate_row(row, [DeleteCells(FAMILY, q)])
+            elif op.kind is Kind.CAS:
+                assert op.value is not None
+                put = [SetCell(FAMILY, q, op.value)]
+                if op.expected is None:
+                    # The predicate "the cell exists" did not match: it was absent.
+                    present = await self.table.check_and_mutate_row(
+                        row, _newest(q), false_mutations=put
+                    )
+                    matched = not present
+                else:
+                    same = ValueRange(op.expected, op.expected, end_inclusive=True)
+                    equal = Chain((_newest(q), same))
+                    matched = await self.table.check_and_mutate_row(row, equal, true_mutations=put)
+            else:
+                rule: IncrementValue | AppendValue
+                if op.kind is Kind.INCREMENT:
+                    assert op.amount is not None
+                    rule = IncrementValue(FAMILY, q, op.amount)
+                else:
+                    assert op.value is not None
+                    rule = AppendValue(FAMILY, q, op.value)
+                got = await self.table.read_modify_write_row(row, [rule])
+                seen = _value(got.cells, q)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # every failure is an outcome to record
+            self.history.complete(op, _outcome(exc), error=f"{type(exc).__name__}: {exc}")
+            await asyncio.sleep(0.1)
+        else:
+            self.history.complete(op, Outcome.OK, seen=seen, matched=matched)
+
+    async def read_cell(self, process: str, row: bytes, qualifier: bytes) -> Op:
+        """A point read of one cell of a transactor row (the newest version)."""
+        op = self.history.invoke(process, Kind.READ, row=row, qualifier=qualifier)
+        try:
+            got = await self.table.read_row(row, filter=_newest(qualifier))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a failed read observes nothing
+            self.history.complete(op, Outcome.FAIL, error=f"{type(exc).__name__}: {exc}")
+            await asyncio.sleep(0.1)
+            return op
+        self.history.complete(op, Outcome.OK, seen=_value(got.cells if got else (), qualifier))
+        return op
+
     async def _reader(self, r: int) -> None:
         rng = random.Random(self.seed * 1000 + 500 + r)
         letters = string.ascii_lowercase
@@ -149,17 +258,8 @@ class Workload:
             await asyncio.sleep(self.pause * (0.5 + rng.random()))
 
     async def read(self, process: str, row: bytes) -> Op:
-        op = self.history.invoke(process, Kind.READ, row=row)
-        try:
-            got = await self.table.read_row(row, filter=CellsPerColumnLimit(1))
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # a failed read observes nothing
-            self.history.complete(op, Outcome.FAIL, error=f"{type(exc).__name__}: {exc}")
-            await asyncio.sleep(0.1)
-            return op
-        self.history.complete(op, Outcome.OK, seen=_value(got.cells if got else ()))
-        return op
+        """A point read of ``row``'s ``f:c`` (the newest version)."""
+        return await self.read_cell(process, row, QUALIFIER)
 
     async def scan(self, process: str, lo: bytes, hi: bytes) -> Op:
         op = self.history.invoke(process, Kind.SCAN, rows=(lo, hi))
@@ -179,8 +279,15 @@ class Workload:
         return op
 
 
-def _value(cells: Sequence[Cell]) -> bytes | None:
+def _value(cells: Sequence[Cell], qualifier: bytes = QUALIFIER) -> bytes | None:
     for cell in cells:
-        if cell.family == FAMILY and cell.qualifier == QUALIFIER:
+        if cell.family == FAMILY and cell.qualifier == qualifier:
             return cell.value
     return None
+
+
+def _newest(qualifier: bytes) -> Chain:
+    """The newest version of ``f:<qualifier>``."""
+    return Chain(
+        (ColumnRange(FAMILY, qualifier, qualifier, end_inclusive=True), CellsPerColumnLimit(1))
+    )

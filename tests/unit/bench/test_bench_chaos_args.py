@@ -42,9 +42,29 @@ def test_a_file_as_the_directory_is_refused(
         (["--minutes", "0"], "--minutes must be positive"),
         (["--gap", "5"], "--gap takes LO,HI"),
         (["--gap", "9,3"], "--gap needs 0 < LO <= HI"),
+        (["--faults", "etcd_quorum_loss"], "need --etcd-members 3"),
+        (["--etcd-members", "3", "--tls"], "--tls runs etcd as one member"),
     ],
 )
 def test_bad_arguments_are_named(
     argv: list[str], named: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert named in _error_of(argv, capsys)
+
+
+def test_recheck_checks_a_saved_history_again(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tabletstore.testing.chaos.history import History, Kind, Outcome
+
+    history = History()
+    for value, start in ((b"a", 0.0), (b"b", 2.0)):
+        op = history.invoke("w", Kind.PUT, row=b"r", value=value)
+        op.start, op.end, op.outcome = start, start + 1, Outcome.OK
+    read = history.invoke("r", Kind.READ, row=b"r")
+    read.start, read.end, read.outcome, read.seen = 4.0, 5.0, Outcome.OK, b"a"  # stale
+    history.save(tmp_path / "history.json")
+    assert chaos.main(["--recheck", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "linearizability violations: 1" in out and "NOT LINEARIZABLE r f:c" in out
+    assert chaos.main(["--recheck", str(tmp_path / "nothing")]) == 2
