@@ -14,6 +14,7 @@ process's other tasks (the keep-alive among them) run.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -97,3 +98,28 @@ async def test_a_loop_of_requests_served_from_memory_lets_other_tasks_run(
         stop.set()
         await task
     assert ticks - before >= 5, f"the other task ran {ticks - before} times in {requests} requests"
+
+
+async def test_callers_on_one_loop_take_turns_request_by_request(short_lease_db: Database) -> None:
+    """Requests answered from memory never suspend, so without turns one caller runs its
+    whole loop while a caller whose request waits (for I/O, or its turn) waits for every other
+    caller's loop: the tail of a serving store. The turn is short enough that each caller gets
+    about one request per turn: no caller completes a long streak while the others wait."""
+    db = short_lease_db
+    table = await db.create_table("t", ["cf"])
+    await table.mutate_row(b"hot", _set(b"v"))
+    order: list[int] = []
+    callers, each = 8, 300
+
+    async def caller(i: int) -> None:
+        for _ in range(each):
+            assert await table.read_row(b"hot") is not None
+            order.append(i)
+
+    await asyncio.gather(*(caller(i) for i in range(callers)))
+    streak = longest = 1
+    for a, b in itertools.pairwise(order):
+        streak = streak + 1 if a == b else 1
+        longest = max(longest, streak)
+    # A 10 ms slice let one caller finish all of its 300 reads (about 20 µs each) in a row.
+    assert longest <= each // 3, f"a caller completed {longest} requests in a row"
