@@ -27,7 +27,8 @@ test):
 4. concurrent unauthenticated 64 MiB calls at the front door;
 5. a read whose filter holds 500 heavy regexes (through the worker and the front door);
 8. unfinished request lines holding the status endpoint's places (4 source addresses);
-and a flood of small unauthenticated calls at the front door.
+and a flood of small unauthenticated calls at the front door. A control row runs no attack:
+its ratios are what the machine's own noise gives.
 
 The table: the attack, its outcome (``refused``: every attack request was answered with a
 refusal; ``bounded``: the server took it and closed or capped it), the worst path's latency
@@ -93,9 +94,9 @@ class Target:
 
 
 def _probe_main(target: Target, pipe: Connection) -> None:
-    """The legitimate client: on each ``seconds`` it receives, writes and reads through both
-    paths for that long and answers with the latencies (seconds, a failure counted as its
-    timeout) by path."""
+    """The legitimate client: on each ``seconds`` it receives, it writes and reads through both
+    paths for that long (the four paths side by side, each one call after another) and answers
+    with the latencies (seconds, a failure counted as its timeout) by path."""
     asyncio.run(_probe_serve(target, pipe))
 
 
@@ -150,24 +151,37 @@ async def _probe_serve(target: Target, pipe: Connection) -> None:
             seconds = await asyncio.to_thread(pipe.recv)
             if seconds is None:
                 return
-            samples: dict[str, list[float]] = {f"{w} {o}": [] for w, o in PATHS}
-            failures = 0
-            end = time.monotonic() + seconds
-            while time.monotonic() < end:
-                for (where, op), run in ops:
-                    start = time.perf_counter()
-                    try:
-                        async with asyncio.timeout(10):
-                            await run()
-                        took = time.perf_counter() - start
-                    except Exception:  # a failed call costs the client its timeout
-                        failures += 1
-                        took = 10.0
-                    samples[f"{where} {op}"].append(took)
-            pipe.send((samples, failures))
+            pipe.send(await _window(ops, seconds))
     finally:
         await channel.close()
         await client.close()
+
+
+async def _window(
+    ops: list[tuple[tuple[str, str], Callable[[], Any]]], seconds: float
+) -> tuple[dict[str, list[float]], int]:
+    """Each path's latencies over ``seconds`` (the paths side by side, each one call after
+    another, so a fast path gathers samples enough for its p99 beside a slow one), and the
+    failed calls (each counted as its timeout)."""
+    samples: dict[str, list[float]] = {f"{w} {o}": [] for w, o in PATHS}
+    failures = 0
+    end = time.monotonic() + seconds
+
+    async def loop(path: str, run: Callable[[], Any]) -> None:
+        nonlocal failures
+        while time.monotonic() < end:
+            start = time.perf_counter()
+            try:
+                async with asyncio.timeout(10):
+                    await run()
+                took = time.perf_counter() - start
+            except Exception:  # a failed call costs the client its timeout
+                failures += 1
+                took = 10.0
+            samples[path].append(took)
+
+    await asyncio.gather(*(loop(f"{w} {o}", run) for (w, o), run in ops))
+    return samples, failures
 
 
 # -- the stack ---------------------------------------------------------------------------------
@@ -312,6 +326,8 @@ class Tally:
 
     @property
     def outcome(self) -> str:
+        if not self.refused and not self.taken:
+            return "-"
         if self.refused and not self.taken:
             return "refused"
         return "bounded"
@@ -548,8 +564,9 @@ async def status_places(running: Stack, tally: Tally, stop: asyncio.Event, quick
     url = running.worker.metrics_url
     host, port = url.removeprefix("https://").rsplit(":", 1)
     ctx = _anonymous_context(running.ca)
-    writers = []
-    for source in SOURCES:
+    writers: list[asyncio.StreamWriter] = []
+
+    async def hold(source: str) -> None:
         for _ in range(16 if quick else 32):
             with contextlib.suppress(ConnectionError, OSError, ssl.SSLError):
                 _, writer = await asyncio.open_connection(
@@ -557,8 +574,10 @@ async def status_places(running: Stack, tally: Tally, stop: asyncio.Event, quick
                 )
                 writer.write(b"GET /metrics HTTP/1.1\r\nHo")
                 writers.append(writer)
+
+    holding = asyncio.gather(*(hold(source) for source in SOURCES))
     try:
-        while not stop.is_set():
+        while True:  # a scraper's request, then one every 0.5 s while the places are held
             try:
                 async with asyncio.timeout(10):
                     reader, writer = await asyncio.open_connection(host, int(port), ssl=ctx)
@@ -571,15 +590,25 @@ async def status_places(running: Stack, tally: Tally, stop: asyncio.Event, quick
                     tally.refused += 1
             except (TimeoutError, ConnectionError, OSError, ssl.SSLError):
                 tally.taken += 1
+            if stop.is_set():
+                break
             await asyncio.wait([asyncio.ensure_future(stop.wait())], timeout=0.5)
     finally:
+        holding.cancel()
+        await asyncio.gather(holding, return_exceptions=True)
         for writer in writers:
             writer.close()
+
+
+async def nothing(running: Stack, tally: Tally, stop: asyncio.Event, quick: bool) -> None:
+    """No attack: the control row, whose ratios are the run-to-run noise of the machine."""
+    await stop.wait()
 
 
 #: (finding, name, attack), in the order run (the front door's large calls last: memory a
 #: process has taken is not always given back to the system, and would weigh on later rows).
 ATTACKS: tuple[tuple[str, str, Attack], ...] = (
+    ("0", "none (control: idle against idle)", nothing),
     ("1", "bulk load from foreign locations", bulk_load),
     ("2", "unauthenticated connection slots", unauthenticated_slots),
     ("3", "trickled maximal frames", trickled_frames),
