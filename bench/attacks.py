@@ -32,11 +32,14 @@ its ratios are what the machine's own noise gives.
 
 The table: the attack, its outcome (``refused``: every attack request was answered with a
 refusal; ``bounded``: the server took it and closed or capped it), the worst path's latency
-ratio and the worst process's memory ratio, and the verdict (both ratios at most 1.5). The
+ratio and the worst process's memory ratio, the verdict (both ratios at most 1.5), and beside
+it the worst process's ratio of CPU used (under the attack over the idle window before). The
 attacks run in the benchmark's own process at niceness 10 (an attacker's CPU is its own
 machine's; on one machine its work would otherwise count against the servers), the servers
 and the legitimate client at normal priority. Latency on a shared machine is noisy: the load
-average is printed with the figures. ``--quick`` runs one short round of each (a smoke test).
+average is printed with the figures. A legitimate call that fails makes the verdict "over";
+a server process that exits stops the run, naming it. ``--quick`` runs one short round of each
+(a smoke test).
 """
 
 from __future__ import annotations
@@ -640,9 +643,18 @@ class Phase:
     #: The path of the worst p99 ratio and the process of the worst RSS ratio.
     worst_path: str = ""
     worst_process: str = ""
+    #: Per process the median CPU it used under the attack (cores); the largest ratio to the
+    #: idle window before, and its process (a figure beside the verdict: CPU an attack takes
+    #: is what raises the others' latency on a shared machine).
+    cpu: dict[str, float] = field(default_factory=dict)
+    cpu_ratio: float = 0.0
+    cpu_process: str = ""
 
     @property
     def verdict(self) -> str:
+        """``ok`` when both ratios are within :data:`LIMIT` and no legitimate call failed."""
+        if self.failures:
+            return f"over ({self.failures} failed calls)"
         return "ok" if self.p99_ratio <= LIMIT and self.rss_ratio <= LIMIT else "over"
 
 
@@ -654,12 +666,14 @@ def _quantile(samples: list[float], q: float) -> float:
 @dataclass
 class Window:
     """One window's figures: per path its p50 and p99 (ms); per process its RSS at the start
-    and its peak (MiB); what became of the attack's requests."""
+    and its peak (MiB) and the CPU it used; what became of the attack's requests."""
 
     p50: dict[str, float]
     p99: dict[str, float]
     start: dict[str, float]
     peak: dict[str, float]
+    #: Per process the CPU it used over the window, in cores (CPU seconds a second).
+    cpu: dict[str, float]
     failures: int
     tally: Tally
 
@@ -671,6 +685,8 @@ async def _measure(
     stop = asyncio.Event()
     start = {name: rss_mib(pid) for name, pid in running.pids.items()}
     peak = dict(start)
+    cpu_start = {name: _cpu_seconds(pid) for name, pid in running.pids.items()}
+    began = time.monotonic()
     task = asyncio.ensure_future(attack(running, tally, stop, quick)) if attack else None
     done = threading.Event()
 
@@ -688,6 +704,11 @@ async def _measure(
             task.result()  # an attack that could not start says why
         probe.send(seconds)
         samples, failures = await asyncio.to_thread(probe.recv)
+        elapsed = time.monotonic() - began
+        cpu = {
+            name: (_cpu_seconds(pid) - cpu_start[name]) / elapsed
+            for name, pid in running.pids.items()
+        }
     finally:
         stop.set()
         if task is not None:
@@ -698,9 +719,33 @@ async def _measure(
                 tally.notes.append(f"{type(exc).__name__}: {exc}")
         done.set()
         watcher.join()
+    gone = [name for name, pid in running.pids.items() if not _running(pid)]
+    if gone:  # every later figure would be of a broken cluster: stop here, saying why
+        raise SystemExit(
+            f"{', '.join(gone)} exited during {'an attack' if attack else 'an idle window'} "
+            f"({getattr(attack, '__name__', 'idle')}); the logs are in {running.directory} "
+            "(run with --dir to keep them)"
+        )
     p50 = {k: _quantile(v, 0.5) for k, v in samples.items() if v}
     p99 = {k: _quantile(v, 0.99) for k, v in samples.items() if v}
-    return Window(p50, p99, start, peak, failures, tally)
+    return Window(p50, p99, start, peak, cpu, failures, tally)
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` still runs (not gone, not a zombie)."""
+    from tabletstore.testing.processes import gone
+
+    return not gone(pid)
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _medians(values: list[dict[str, float]]) -> dict[str, float]:
@@ -731,6 +776,7 @@ async def _phase(
     attacked: list[Window] = []
     latency: list[dict[str, float]] = []
     memory: list[dict[str, float]] = []
+    cpu: list[dict[str, float]] = []
     notes: list[str] = []
     for _ in range(rounds):
         before = await _measure(running, probe, window, None, quick) if attack else None
@@ -743,15 +789,18 @@ async def _phase(
         if before is not None:
             latency.append({k: v / before.p99[k] for k, v in w.p99.items() if before.p99.get(k)})
             memory.append({k: v / w.start[k] for k, v in w.peak.items() if w.start.get(k)})
+            cpu.append({k: v / before.cpu[k] for k, v in w.cpu.items() if before.cpu.get(k)})
             await asyncio.sleep(1.0)  # the servers settle between rounds
     phase.p50 = _medians([w.p50 for w in attacked])
     phase.p99 = _medians([w.p99 for w in attacked])
     phase.rss = _medians([w.peak for w in attacked])
+    phase.cpu = _medians([w.cpu for w in attacked])
     phase.load = os.getloadavg()[0]
     if attack is not None:
         phase.outcome = Tally(phase.refused, phase.taken).outcome
         phase.p99_ratio, phase.worst_path = _worst(_medians(latency))
         phase.rss_ratio, phase.worst_process = _worst(_medians(memory))
+        phase.cpu_ratio, phase.cpu_process = _worst(_medians(cpu))
     if notes:
         print(f"  {name}: {sorted(set(notes))[:3]}", flush=True)
     return phase
@@ -768,14 +817,14 @@ def table(idle: Phase, phases: list[Phase], after: dict[str, float]) -> str:
         f"RSS after every attack: {kept}.",
         "",
         "| finding | attack | outcome (refused/taken) | p99 ratio (worst path) "
-        "| RSS ratio (worst process) | verdict (≤1.5×) | load |",
-        "|---|---|---|---|---|---|---|",
+        "| RSS ratio (worst process) | verdict (≤1.5×) | CPU ratio (worst process) | load |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for p in phases:
         lines.append(
             f"| {p.finding} | {p.name} | {p.outcome} ({p.refused}/{p.taken}) | "
             f"{p.p99_ratio:.2f}× ({p.worst_path}) | {p.rss_ratio:.2f}× ({p.worst_process}) | "
-            f"{p.verdict} | {p.load:.1f} |"
+            f"{p.verdict} | {p.cpu_ratio:.2f}× ({p.cpu_process}) | {p.load:.1f} |"
         )
     return "\n".join(lines)
 

@@ -41,12 +41,13 @@ def test_the_attack_benchmark_produces_a_row_per_attack(tmp_path: Path) -> None:
     rows = {row["finding"]: row for row in figures["attacks"]}
     assert set(rows) == {finding for finding, _, _ in ATTACKS}
     for finding, row in rows.items():
+        assert row["verdict"] in ("ok", "over") or row["verdict"].startswith("over ("), row
+        assert row["p99_ratio"] > 0 and row["rss_ratio"] > 0, row
+        assert set(row["cpu"]) == {"master", "worker-0", "front door"}, row
         if finding == "0":  # the control: no attack
             assert row["outcome"] == "-", row
             continue
         assert row["refused"] + row["taken"] > 0, row
-        assert row["verdict"] in ("ok", "over"), row
-        assert row["p99_ratio"] > 0 and row["rss_ratio"] > 0, row
         if finding in REFUSED:
             assert row["outcome"] == "refused", row
     assert "| finding | attack |" in done.stdout
