@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from tabletstore.limits import MAX_FRAME, MiB
 
 __all__ = [
+    "FRONT_DOOR_INFLIGHT_BYTES",
     "FRONT_DOOR_MAX_CONCURRENT_CALLS",
     "IN_PROCESS_LEASE",
     "SPLIT_BYTES",
@@ -31,6 +32,11 @@ SPLIT_BYTES = 128 * 1024 * 1024
 #: more are refused with RESOURCE_EXHAUSTED. Each holds at most one request message
 #: (``limits.MAX_REQUEST_BYTES``) once its token passed; a call without one reads none.
 FRONT_DOOR_MAX_CONCURRENT_CALLS = 256
+#: Request bytes the calls in flight at the front door may hold together
+#: (``bigtable-api --max-inflight-bytes``; ``bigtable_api/request_budget.py``): a call is
+#: charged one largest message while its message arrives, then the message's size. Four
+#: largest messages, one caller at most half of it; more waits, then RESOURCE_EXHAUSTED.
+FRONT_DOOR_INFLIGHT_BYTES = 4 * MAX_FRAME
 
 
 @dataclass(frozen=True, slots=True)

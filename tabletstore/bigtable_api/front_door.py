@@ -47,6 +47,11 @@ from tabletstore.bigtable_api.chunks import (
     ChunkEncoder,
 )
 from tabletstore.bigtable_api.instances import PREFIX_IN_TEXT, InstanceAdmin, Namespaces
+from tabletstore.bigtable_api.request_budget import (
+    BudgetAdmission,
+    BudgetInterceptor,
+    RequestBudget,
+)
 from tabletstore.bigtable_api.token_check import BearerTokens, server_credentials
 from tabletstore.bigtable_api.translate import (
     filter_from_pb,
@@ -67,7 +72,7 @@ from tabletstore.data.model import Mutation, Row, RowMutation
 from tabletstore.data.validation import MAX_MUTATIONS_PER_ROW, check_row_key
 from tabletstore.errors import InvalidArgument, TabletStoreError, Unimplemented
 from tabletstore.limits import MAX_REQUEST_BYTES
-from tabletstore.options import FRONT_DOOR_MAX_CONCURRENT_CALLS
+from tabletstore.options import FRONT_DOOR_INFLIGHT_BYTES, FRONT_DOOR_MAX_CONCURRENT_CALLS
 from tabletstore.rpc.auth import TokenVerifier
 from tabletstore.rpc.messages import ScanProgress
 from tabletstore.security import TlsConfig
@@ -740,8 +745,11 @@ class BigtableApiServer:
     interceptors, run around every call (tests use one
     to cut ReadRows streams in the middle). ``tokens``: bearer tokens are checked on each
     call's metadata before its request is read (:mod:`tabletstore.bigtable_api.token_check`).
-    ``max_concurrent_calls``: calls served at once (more: RESOURCE_EXHAUSTED), so the request
-    bytes held are at most that many messages.
+    ``max_concurrent_calls``: calls served at once (more: RESOURCE_EXHAUSTED).
+    ``max_inflight_bytes``: the request bytes all calls in flight may hold, each caller (token
+    principal) at most half; a call that finds no room within ``budget_wait`` seconds is
+    RESOURCE_EXHAUSTED before its message is read (:mod:`tabletstore.bigtable_api.request_budget`;
+    :attr:`budget` has its figures).
     """
 
     def __init__(
@@ -760,6 +768,8 @@ class BigtableApiServer:
         tls: TlsFiles | TlsConfig | None = None,
         tokens: TokenVerifier | None = None,
         max_concurrent_calls: int = FRONT_DOOR_MAX_CONCURRENT_CALLS,
+        max_inflight_bytes: int = FRONT_DOOR_INFLIGHT_BYTES,
+        budget_wait: float = 10.0,
     ) -> None:
         if max_message_bytes < DEFAULT_MAX_RESPONSE_BYTES:
             raise InvalidArgument(
@@ -778,10 +788,14 @@ class BigtableApiServer:
         self.port = port
         self.tls = tls
         self.tokens = tokens
-        self._interceptors = tuple(interceptors)
+        self.budget = RequestBudget(max_inflight_bytes, max_message_bytes, wait=budget_wait)
+        admission = BudgetAdmission(self.budget)
         self._user_interceptors = bool(interceptors)
-        if tokens is not None:
-            self._interceptors = (BearerTokens(tokens), *self._interceptors)
+        # First the token (a refused call is charged nothing), then the budget.
+        first: grpc.aio.ServerInterceptor = (
+            BudgetInterceptor(admission) if tokens is None else BearerTokens(tokens, admission)
+        )
+        self._interceptors = (first, *interceptors)
         self._tls: grpc.ServerCredentials | None = None
         if isinstance(tls, TlsFiles):
             self._tls = tls.credentials()
@@ -808,7 +822,7 @@ class BigtableApiServer:
     async def start(self) -> int:
         """Bind and start serving; returns the bound port."""
         server = grpc.aio.server(
-            interceptors=self._interceptors or None,
+            interceptors=self._interceptors,
             maximum_concurrent_rpcs=self.max_concurrent_calls,
             options=[
                 ("grpc.max_receive_message_length", self.max_message_bytes),

@@ -25,7 +25,7 @@ from tabletstore.errors import PermissionDenied, TabletStoreError
 from tabletstore.rpc.auth import TokenVerifier
 from tabletstore.security import TlsConfig
 
-__all__ = ["BearerTokens", "bearer_token", "server_credentials"]
+__all__ = ["BearerTokens", "bearer_token", "refusal", "server_credentials"]
 
 
 def server_credentials(tls: TlsConfig) -> grpc.ServerCredentials:
@@ -48,7 +48,7 @@ def bearer_token(metadata: Sequence[tuple[str, Any]] | None) -> str | None:
     return None
 
 
-def _refusal(handler: Any, code: grpc.StatusCode, message: str) -> Any:
+def refusal(handler: Any, code: grpc.StatusCode, message: str) -> Any:
     """``handler`` with its behaviour replaced by an abort that never reads the request: a
     request-streaming handler (gRPC reads a unary handler's message whole, and decodes it,
     before calling it; a streaming one only when it iterates), with no deserializer."""
@@ -72,10 +72,18 @@ def _refusal(handler: Any, code: grpc.StatusCode, message: str) -> Any:
 
 
 class BearerTokens(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """Checks each call's bearer token and runs it acting for its principal."""
+    """Checks each call's bearer token and runs it acting for its principal (a refused call is
+    never charged to the front door's request budget: only accepted ones reach ``admit``)."""
 
-    def __init__(self, tokens: TokenVerifier) -> None:
+    def __init__(
+        self,
+        tokens: TokenVerifier,
+        admit: Callable[[Any, str], Awaitable[Any]] | None = None,
+    ) -> None:
         self._tokens = tokens
+        #: What an accepted call goes through next, with its principal (the front door's
+        #: request budget: ``request_budget.BudgetAdmission``); it returns the handler to run.
+        self._admit = admit
 
     async def intercept_service(
         self,
@@ -87,7 +95,7 @@ class BearerTokens(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             return None
         token = bearer_token(details.invocation_metadata)
         if token is None:
-            return _refusal(
+            return refusal(
                 handler,
                 grpc.StatusCode.UNAUTHENTICATED,
                 "tabletstore: send an `authorization: Bearer <token>` header "
@@ -96,6 +104,8 @@ class BearerTokens(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         try:
             principal = await self._tokens.verify(token)
         except TabletStoreError as exc:
-            return _refusal(handler, grpc.StatusCode.PERMISSION_DENIED, str(exc))
+            return refusal(handler, grpc.StatusCode.PERMISSION_DENIED, str(exc))
         ACTING_FOR.set(principal.name)
+        if self._admit is not None:
+            return await self._admit(handler, principal.name)
         return handler

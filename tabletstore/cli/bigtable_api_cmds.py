@@ -8,6 +8,7 @@ verbs never load them.
 
     tabletstore [--url URL] bigtable-api [--url URL] [--host 127.0.0.1] [--port 8086]
         [--plain-instance ID] [--tls-cert CERT --tls-key KEY] [--insecure]
+        [--max-concurrent-calls N] [--max-inflight-bytes BYTES]
 
 With ``--tls-cert``/``--tls-key`` it serves TLS, and in front of a cluster (``etcd://``) every
 call must carry ``authorization: Bearer <token>`` (``tabletstore tokens create``); the call
@@ -31,7 +32,8 @@ import click
 
 from tabletstore.cli.context import Failure, run_loop
 from tabletstore.extras import MissingExtra, needs_extra
-from tabletstore.options import FRONT_DOOR_MAX_CONCURRENT_CALLS
+from tabletstore.limits import MAX_REQUEST_BYTES
+from tabletstore.options import FRONT_DOOR_INFLIGHT_BYTES, FRONT_DOOR_MAX_CONCURRENT_CALLS
 
 __all__ = ["DEFAULT_PORT", "bigtable_api", "serve"]
 
@@ -64,6 +66,7 @@ async def serve(
     tls: Any = None,
     client_tls: Any = None,
     max_concurrent_calls: int = FRONT_DOOR_MAX_CONCURRENT_CALLS,
+    max_inflight_bytes: int = FRONT_DOOR_INFLIGHT_BYTES,
 ) -> None:
     """Open the database at ``url``, serve until SIGINT/SIGTERM, then shut down cleanly.
     ``tls`` (a TlsConfig): serve TLS, and bearer tokens in front of a cluster; ``client_tls``:
@@ -93,6 +96,7 @@ async def serve(
             tls=tls,
             tokens=tokens,
             max_concurrent_calls=max_concurrent_calls,
+            max_inflight_bytes=max_inflight_bytes,
         )
         bound = await server.start()
         # Pay a long-running server's one-time costs now, not inside requests, and keep the
@@ -140,8 +144,15 @@ async def serve(
     type=click.IntRange(min=1),
     default=FRONT_DOOR_MAX_CONCURRENT_CALLS,
     show_default=True,
-    help="Calls served at once; more are refused with RESOURCE_EXHAUSTED. With the message "
-    "limit (81 MiB) this bounds the request bytes the front door holds.",
+    help="Calls served at once; more are refused with RESOURCE_EXHAUSTED.",
+)
+@click.option(
+    "--max-inflight-bytes",
+    type=click.IntRange(min=MAX_REQUEST_BYTES),
+    default=FRONT_DOOR_INFLIGHT_BYTES,
+    show_default=True,
+    help="Request bytes all calls in flight may hold (one caller at most half); a call that "
+    "finds no room within 10 s is refused with RESOURCE_EXHAUSTED before its message is read.",
 )
 @click.pass_context
 def bigtable_api(
@@ -154,6 +165,7 @@ def bigtable_api(
     tls_key: str | None,
     insecure: bool,
     max_concurrent_calls: int,
+    max_inflight_bytes: int,
 ) -> None:
     """Serve the Cloud Bigtable API (point clients at it with BIGTABLE_EMULATOR_HOST)."""
     from tabletstore.errors import TabletStoreError
@@ -185,6 +197,7 @@ def bigtable_api(
                 tls=tls,
                 client_tls=client_tls,
                 max_concurrent_calls=max_concurrent_calls,
+                max_inflight_bytes=max_inflight_bytes,
             )
         )
     except TabletStoreError as exc:

@@ -87,7 +87,7 @@ def _start_front_door(
     return proc, int(line.rsplit(":", 1)[1])
 
 
-def _mutate_row_request(size: int) -> bytes:
+def mutate_row_of_size(size: int) -> bytes:
     """A well-formed MutateRowRequest of about ``size`` bytes (a huge table_name)."""
     n = size - 6
     varint = bytearray()
@@ -145,7 +145,7 @@ async def test_an_unauthenticated_call_is_refused_before_its_message_is_read(
         stop, peak = threading.Event(), [idle_rss]
         watcher = threading.Thread(target=_watch_rss, args=(proc.pid, stop, peak))
         watcher.start()
-        payload = _mutate_row_request(MESSAGE)
+        payload = mutate_row_of_size(MESSAGE)
         try:
             async with asyncio.timeout(120):
                 attack = [asyncio.ensure_future(mutate(payload, timeout=100)) for _ in range(CALLS)]

@@ -1,0 +1,70 @@
+"""The front door's request budget as bookkeeping: shares, round robin, refusals, returns."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tabletstore.bigtable_api.request_budget import RequestBudget
+from tabletstore.errors import InvalidArgument
+
+
+async def test_a_grant_shrinks_to_its_message_and_comes_back_once() -> None:
+    budget = RequestBudget(400, 100)
+    grant = budget.try_acquire("a")
+    assert grant is not None and budget.used == 100
+    grant.received(7)
+    assert budget.used == 7 and budget.held("a") == 7
+    grant.release()
+    grant.release()
+    assert budget.used == 0 and budget.held("a") == 0
+
+
+async def test_one_principal_holds_at_most_its_share_and_others_still_get_in() -> None:
+    budget = RequestBudget(400, 100, wait=0.2)
+    mine = [budget.try_acquire("a"), budget.try_acquire("a")]
+    assert all(mine) and budget.try_acquire("a") is None  # half of 400
+    assert await budget.acquire("a") is None  # waited, then refused
+    assert budget.refused == 1 and "--max-inflight-bytes" in budget.refusal_message("a")
+    assert budget.try_acquire("b") is not None
+
+
+async def test_waiters_are_served_round_robin_by_principal() -> None:
+    budget = RequestBudget(200, 100, share=1.0, wait=5.0)
+    held = [budget.try_acquire("a"), budget.try_acquire("a")]
+    order: list[str] = []
+
+    async def wait(who: str) -> None:
+        grant = await budget.acquire(who)
+        assert grant is not None
+        order.append(who)
+
+    tasks = [asyncio.create_task(wait(w)) for w in ("a", "a", "a", "b")]
+    await asyncio.sleep(0)
+    for grant in held:
+        assert grant is not None
+        grant.release()
+    for _ in range(20):  # the grants reach their waiters through a few loop turns
+        await asyncio.sleep(0)
+    assert order == ["a", "b"]  # b's one call did not wait behind a's queue
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_a_waiter_that_goes_away_leaves_nothing_behind() -> None:
+    budget = RequestBudget(100, 100, wait=5.0)
+    first = budget.try_acquire("a")
+    assert first is not None
+    waiter = asyncio.create_task(budget.acquire("b"))
+    await asyncio.sleep(0)
+    waiter.cancel()
+    await asyncio.gather(waiter, return_exceptions=True)
+    first.release()
+    assert budget.used == 0 and budget.try_acquire("c") is not None
+
+
+def test_a_budget_smaller_than_one_message_is_refused() -> None:
+    with pytest.raises(InvalidArgument, match="at least one largest message"):
+        RequestBudget(10, 100)
