@@ -19,7 +19,7 @@ from tabletstore.cli.localstack import ProcessRecord
 from tabletstore.coordination import open_coordinator, paths
 from tabletstore.data.model import SetCell
 from tests.integration.cluster_harness import Cluster, eventually, table_id_of
-from tests.integration.test_cluster import _new_cluster, _start, client_of, wait_served
+from tests.integration.test_cluster import _start, client_of, wait_served
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -37,7 +37,9 @@ def clusters(
     made: list[Cluster] = []
 
     def make(lease_ttl: float) -> Cluster:
-        cluster = _new_cluster(etcd_server, s3_server, tmp_path / f"c{len(made)}", lease_ttl)
+        cluster = Cluster.on(
+            etcd_server, s3_server, tmp_path / f"c{len(made)}", "cluster", lease_ttl=lease_ttl
+        )
         made.append(cluster)
         return _start(cluster, masters=1, workers=2)
 

@@ -46,7 +46,7 @@ from tabletstore.rpc.services import TABLET, TabletService
 from tabletstore.rpc.transport import Method
 from tabletstore.rpc.wire import register_all
 from tests.integration.cluster_harness import Cluster
-from tests.integration.test_cluster import _new_cluster, _start, wait_served
+from tests.integration.test_cluster import _start, wait_served
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -194,7 +194,9 @@ async def test_writes_beyond_the_readable_limits_are_refused(db: Database) -> No
 def cluster(
     etcd_server: str, s3_server: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Cluster]:
-    made = _new_cluster(etcd_server, s3_server, tmp_path_factory.mktemp("large-rows"), 5.0)
+    made = Cluster.on(
+        etcd_server, s3_server, tmp_path_factory.mktemp("large-rows"), "cluster", lease_ttl=5.0
+    )
     try:
         yield _start(made, masters=1, workers=2)
     finally:

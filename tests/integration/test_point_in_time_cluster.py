@@ -21,8 +21,14 @@ from tabletstore.embedded import connect_async
 from tabletstore.master.pitr_restore import restore_as_of
 from tabletstore.metadata.catalog import ClusterSettings
 from tabletstore.storage_s3 import open_store
-from tests.integration.cluster_harness import PROCESS_ENV, eventually, placement, table_id_of
-from tests.integration.test_cluster import _new_cluster, _record_of, _start
+from tests.integration.cluster_harness import (
+    PROCESS_ENV,
+    Cluster,
+    eventually,
+    placement,
+    table_id_of,
+)
+from tests.integration.test_cluster import _record_of, _start
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
@@ -43,7 +49,11 @@ async def test_restore_as_of_markers_across_a_worker_kill(
 ) -> None:
     for k, v in PROCESS_ENV.items():
         monkeypatch.setenv(k, v)
-    cluster = _start(_new_cluster(etcd_server, s3_server, tmp_path, 3.0), masters=1, workers=2)
+    cluster = _start(
+        Cluster.on(etcd_server, s3_server, tmp_path, "cluster", lease_ttl=3.0),
+        masters=1,
+        workers=2,
+    )
     rnd = random.Random(7)
     cells: Model = {}
     sums: dict[tuple[bytes, bytes], int] = {}
