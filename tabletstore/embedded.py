@@ -314,6 +314,21 @@ class Database(AsyncClient):
             assign=self.master.assign,
         )
 
+    async def clone_as_of(self, table: str, instant: float, new_table: str) -> RestoreReport:
+        """A writable zero-copy clone of ``table`` as it was at ``instant`` (within its history
+        window), named ``new_table``: it names the checkpoint's SSTables and writes only the
+        replayed log tail (master/pitr_restore.py)."""
+        return await restore_as_of(
+            self.store,
+            self.master.catalog,
+            table=table,
+            instant=instant,
+            new_table=new_table,
+            clock=self.master.clock,
+            assign=self.master.assign,
+            zero_copy=True,
+        )
+
     async def __aenter__(self) -> Database:
         return self
 
@@ -330,6 +345,7 @@ class SyncDatabase(SyncClient):
     set_history = blocking(Database.set_history)
     checkpoint = blocking(Database.checkpoint)
     restore_as_of = blocking(Database.restore_as_of)
+    clone_as_of = blocking(Database.clone_as_of)
     metrics_text = blocking(Database.metrics_text)
 
     def close(self) -> None:

@@ -7,7 +7,7 @@
     tabletstore backup delete ID [--at LOCATION]
     tabletstore backup copy ID --to LOCATION [--id NEW-ID] [--at LOCATION] [--expire D]
     tabletstore restore --backup ID NEW_TABLE [--from LOCATION] [--url OTHER_DATABASE]
-    tabletstore clone T NEW_TABLE
+    tabletstore clone T NEW_TABLE [--as-of INSTANT]
 
 ``--at``/``--from`` name a backup location (``s3://bucket/prefix``, ``file:///dir``) or
 another database's store URL; without them a backup is in this database's bucket.
@@ -236,8 +236,18 @@ def restore_backup(
 @click.command("clone")
 @TABLE_ARG
 @click.argument("new_table")
-def clone_cmd(table: str, new_table: str) -> None:
-    """Create NEW_TABLE, a writable zero-copy clone of TABLE as of now."""
+@click.option(
+    "--as-of",
+    "as_of",
+    default=None,
+    help="Clone TABLE as of this instant of its history window, ISO 8601 with a time zone "
+    "(2026-11-28T09:15:00Z): its checkpoint's SSTables are shared, the log after it replayed.",
+)
+def clone_cmd(table: str, new_table: str, as_of: str | None) -> None:
+    """Create NEW_TABLE, a writable zero-copy clone of TABLE as of now (or --as-of)."""
+    if as_of is not None:
+        restore_at(table, new_table, as_of, zero_copy=True)
+        return
     started = monotonic()
     info = with_database(lambda db: db.clone_table(table, new_table))
     took = monotonic() - started

@@ -3,6 +3,7 @@
 
     tabletstore history TABLE [DURATION | off]         show or set a table's history window
     tabletstore restore TABLE --as-of INSTANT NEW_TABLE   rebuild TABLE as of INSTANT
+    tabletstore clone TABLE NEW_TABLE --as-of INSTANT     the same, sharing its SSTables
 
 ``createtable T ... --history 24h`` sets the window at creation. INSTANT is ISO 8601 with a
 time zone (``2026-11-28T09:15:00Z``, ``2026-11-28T10:15:00+01:00``).
@@ -69,10 +70,12 @@ def history_cmd(table: str, window: str | None) -> None:
     click.echo(f"{table}: history {shown}")
 
 
-def restore_at(table: str, new_table: str, as_of: str) -> None:
+def restore_at(table: str, new_table: str, as_of: str, *, zero_copy: bool = False) -> None:
     """``restore TABLE NEW_TABLE --as-of INSTANT`` (the command is ``backup_cmds.restore_cmd``):
     rebuild TABLE as it was at an instant of its history window into the new table NEW_TABLE
-    (TABLE is only read). Writes acknowledged by then are in, writes begun after it are not."""
+    (TABLE is only read). Writes acknowledged by then are in, writes begun after it are not.
+    ``zero_copy``: ``clone TABLE NEW_TABLE --as-of INSTANT``, the same table sharing the
+    checkpoint's SSTables."""
     instant = failing(lambda: parse_instant(as_of))
     obj = cli_context()
     report: RestoreReport
@@ -85,8 +88,11 @@ def restore_at(table: str, new_table: str, as_of: str) -> None:
                 instant=instant,
                 new_table=new_table,
                 clock=SystemClock(),
+                zero_copy=zero_copy,
             )
         )
+    elif zero_copy:
+        report = with_database(lambda db: db.clone_as_of(table, instant, new_table))
     else:
         report = with_database(lambda db: db.restore_as_of(table, instant, new_table))
     click.echo(report.summary())

@@ -42,9 +42,9 @@ does one thing and closes it (closing minor-compacts, so the next open is quick)
                        delete | copy                   backups (docs/operations/backups.md)
     tabletstore restore --backup ID NEW_TABLE [--from LOCATION] [--url OTHER_DATABASE]
     tabletstore restore T NEW_TABLE --as-of 2026-11-28T09:15:00Z   T as of an instant
-    tabletstore clone T NEW_TABLE                      a writable zero-copy clone
-    tabletstore verify [TABLE] [--deep] [--json]       is the bucket whole? (exit 3 if not)
-    tabletstore history T [24h|off]                    show or set a table's history window
+    tabletstore clone T NEW_TABLE [--as-of INSTANT]    a writable zero-copy clone
+    tabletstore verify [TABLE | --backup ID] [--deep] [--json]   is it whole? (exit 3 if not)
+    tabletstore history T [24h|off] | --default 24h|off   a table's (or the default) window
     tabletstore [--url URL] local-stack up [--dir DIR] [--s3-url URL | --s3 moto|seaweedfs]
                                            [--workers N] [--persist]
     tabletstore [--url URL] local-stack status [--dir DIR]

@@ -38,7 +38,7 @@ from tabletstore.data.schema import TableSchema
 from tabletstore.errors import Corruption, InvalidArgument
 from tabletstore.keys import Cell, CellKind, cell_sort_key
 from tabletstore.master.checkpoints import CLOCK_MARGIN, retention
-from tabletstore.metadata.record import LogRef
+from tabletstore.metadata.record import LogRef, SSTableRef
 from tabletstore.metadata.snapshot import SnapshotManifest, TabletSnapshot
 
 __all__ = [
@@ -49,6 +49,8 @@ __all__ = [
     "merge_cells",
     "route",
     "select_segments",
+    "shareable",
+    "stacked",
     "utc",
 ]
 
@@ -186,6 +188,23 @@ def merge_cells(
     }
     kept.update(c for c in logged if c.seq > tablet.cut_seq)
     return sorted(kept, key=cell_sort_key)
+
+
+def shareable(tablet: TabletSnapshot) -> bool:
+    """Whether a clone's tablet can name ``tablet``'s checkpoint SSTables as they are: every
+    cell they hold is at or before its cut (``max_seq`` includes a bulk load's ``seq_base``).
+    Cells of other rows in them are fine: a tablet reads only its own rows of a shared SSTable,
+    as split daughters do."""
+    return all(r.max_seq <= tablet.cut_seq for refs in tablet.sstables.values() for r in refs)
+
+
+def stacked(
+    tablet: TabletSnapshot, tail: dict[str, SSTableRef]
+) -> dict[str, tuple[SSTableRef, ...]]:
+    """A clone tablet's SSTables per locality group, newest first: the SSTable ``tail`` holds
+    for the group (its cells all after the cut), then the checkpoint's as they are."""
+    groups = dict.fromkeys([*tail, *tablet.sstables])
+    return {g: (*((tail[g],) if g in tail else ()), *tablet.sstables.get(g, ())) for g in groups}
 
 
 def group_cells(cells: Iterable[Cell], schema: TableSchema) -> dict[str, list[Cell]]:

@@ -19,6 +19,10 @@ table (the shell around ``master/pitr_plan.py``, which says what is rebuilt and 
    new table; then create the new table in one catalog step with the checkpoint's schema
    and split points and those SSTables, and have it assigned.
 
+A clone (``zero_copy``) differs in step 4 only: a new tablet names its checkpoint tablet's
+SSTables as they are and one new SSTable per locality group with its logged cells, so only
+the replayed log tail is written, whatever the table's size.
+
 The new tablets' records list their SSTables and no log (their redo point is their largest
 seq), so the restored table is served like any other, and a worker that loads a tablet
 advances its sequence past its cells. The source table is only read. SSTables uploaded
@@ -71,13 +75,18 @@ class RestoreReport:
     cells: int
     segments_read: int
     log_cells: int
+    #: SSTables of the checkpoint the new table names as they are (a clone's; 0 for a restore).
+    shared_sstables: int = 0
+    cloned: bool = False
 
     def summary(self) -> str:
+        shared = f", {self.shared_sstables} SSTables shared" if self.cloned else ""
+        verb = "cloned" if self.cloned else "restored"
         return (
-            f"restored {self.table} as of {plan.utc(self.instant)} into {self.new_table}: "
+            f"{verb} {self.table} as of {plan.utc(self.instant)} into {self.new_table}: "
             f"{self.tablets} tablets, {self.cells} cells (checkpoint {self.checkpoint_id} of "
             f"{plan.utc(self.checkpoint_at)}, {self.log_cells} cells from {self.segments_read} "
-            f"log segments)"
+            f"log segments{shared})"
         )
 
 
@@ -90,10 +99,17 @@ async def restore_as_of(
     new_table: str,
     clock: Clock,
     assign: Callable[[], Awaitable[object]] | None = None,
+    zero_copy: bool = False,
 ) -> RestoreReport:
     """Rebuild ``table`` as of ``instant`` (seconds since the epoch) into the new table
     ``new_table`` (module docstring); ``assign`` is called once it exists (the embedded
-    master's assignment round; a cluster's master assigns it in its next round)."""
+    master's assignment round; a cluster's master assigns it in its next round).
+
+    ``zero_copy`` makes a clone: each new tablet names its checkpoint tablet's SSTables as they
+    are and gets one new SSTable per locality group holding only the replayed log cells (a
+    checkpoint tablet whose SSTables hold a cell after its cut is rewritten whole, as a
+    restore does). Garbage collection keeps a shared SSTable while any table's record names
+    it (master/gc_plan.py), so the two tables stay whole whichever is deleted."""
     info = await catalog.get_table(table)
     now = clock.time()
     plan.check_instant(table, instant, now, info.schema.history)
@@ -115,17 +131,25 @@ async def restore_as_of(
     records: list[TabletRecord] = []
     cells_total = 0
     cache: dict[str, list[Cell]] = {}
+    shared = 0
+    verb = "cloned" if zero_copy else "restored"
     for i, tablet in enumerate(checkpoint.tablets):
         tablet_id = f"t{i:05d}"
-        cells = plan.merge_cells(
-            tablet, await _checkpoint_cells(store, tablet, cache), logged[tablet.tablet_id]
-        )
-        cells_total += len(cells)
+        share = zero_copy and plan.shareable(tablet)
+        held = await _checkpoint_cells(store, tablet, cache) if not share else ()
+        cells = plan.merge_cells(tablet, held, logged[tablet.tablet_id])
         sstables: dict[str, tuple[SSTableRef, ...]] = {}
         for group, group_cells in plan.group_cells(cells, schema).items():
             sstables[group] = (
                 await _upload(store, schema, table_id, tablet_id, group, group_cells),
             )
+        if share:
+            sstables = plan.stacked(tablet, {g: refs[0] for g, refs in sstables.items()})
+            shared += sum(len(refs) for refs in tablet.sstables.values())
+        tablet_cells = len(cells) + (
+            sum(r.cells for refs in tablet.sstables.values() for r in refs) if share else 0
+        )
+        cells_total += tablet_cells
         records.append(
             TabletRecord(
                 table_id=table_id,
@@ -133,8 +157,11 @@ async def restore_as_of(
                 start_row=tablet.start_row,
                 end_row=tablet.end_row,
                 sstables=sstables,
-                redo_seq=max((c.seq for c in cells), default=0),
-            ).with_event(now, "restored", f"{table} as of {plan.utc(instant)} ({len(cells)} cells)")
+                redo_seq=max(
+                    (r.max_seq for refs in sstables.values() for r in refs),
+                    default=max((c.seq for c in cells), default=0),
+                ),
+            ).with_event(now, verb, f"{table} as of {plan.utc(instant)} ({tablet_cells} cells)")
         )
     await catalog.create_table(schema, records)
     if assign is not None:
@@ -149,6 +176,8 @@ async def restore_as_of(
         cells=cells_total,
         segments_read=segments,
         log_cells=sum(len(c) for c in logged.values()),
+        shared_sstables=shared,
+        cloned=zero_copy,
     )
 
 

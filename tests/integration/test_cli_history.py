@@ -40,14 +40,21 @@ def test_history_and_restore_as_of_from_the_command_line(tmp_path: Path) -> None
     assert out.startswith("restored t as of ") and "into back" in out
     rows = run("read", "back")[1]
     assert '"old"' in rows and '"new"' not in rows and "r2" not in rows
+    code, out = run("clone", "t", "cl", "--as-of", _iso(marker))
+    assert code == 0 and out.startswith("cloned t as of ") and "SSTables shared" in out, out
+    assert run("read", "cl")[1] == rows.replace("back", "cl")
+    assert run("set", "cl", "r3", "f:q=own")[0] == 0
+    assert "r3" not in run("read", "t")[1]
     for args, message in [
         (("restore", "t", "--as-of", "2026-11-28T09:15:00", "x"), "no time zone"),
         (("restore", "t", "--as-of", "yesterday", "x"), "bad instant"),
         (("restore", "t", "--as-of", _iso(time.time() - 3 * 3600), "x"), "outside the history"),
         (("restore", "t", "--as-of", _iso(time.time()), "back"), "already exists"),
+        (("clone", "t", "back", "--as-of", _iso(time.time())), "already exists"),
+        (("clone", "t", "x", "--as-of", _iso(time.time() - 3 * 3600)), "outside the history"),
         (("restore", "plain", "--as-of", _iso(time.time()), "x"), "keeps no history"),
         (("history", "t", "soon"), "bad duration"),
     ]:
         code, out = run(*args)
         assert code == 1 and message in out, (args, out)
-    assert run("ls")[1].split() == ["back", "plain", "t"]
+    assert run("ls")[1].split() == ["back", "cl", "plain", "t"]

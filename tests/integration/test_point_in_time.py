@@ -21,7 +21,9 @@ from tabletstore.data.model import AddToCell, DeleteCells, DeleteRow, SetCell
 from tabletstore.data.schema import ColumnFamily
 from tabletstore.embedded import Database
 from tabletstore.errors import AlreadyExists, InvalidArgument
+from tabletstore.metadata.record import TabletRecord
 from tabletstore.options import TabletOptions
+from tabletstore.storage_s3 import layout
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -112,9 +114,86 @@ async def test_restore_as_of_each_marker_equals_the_acknowledged_writes(tmp_path
             report = await db.restore_as_of("t", instant, f"r{i}")
             got = await _read(db, f"r{i}")
             assert got == expected, f"marker {i}: {report.summary()}"
+            report = await db.clone_as_of("t", instant, f"c{i}")
+            assert await _read(db, f"c{i}") == expected, f"marker {i}: {report.summary()}"
         assert len(markers) == 8
     finally:
         await db.close()
+
+
+def _keys(records: list[TabletRecord]) -> set[str]:
+    return {r.key for rec in records for refs in rec.sstables.values() for r in refs}
+
+
+async def test_a_clone_as_of_an_instant_shares_the_checkpoint_and_diverges(
+    tmp_path: Path,
+) -> None:
+    async with await Database.open(f"file://{tmp_path}") as db:
+        await db.create_table("t", ["f"], split_keys=[b"r50"], history=HOUR)
+        t = db.table("t")
+        for i in range(100):
+            await t.mutate_row(b"r%02d" % i, [SetCell("f", b"q", b"old", 1)])
+        await db.flush("t")
+        await db.checkpoint()
+        for i in range(0, 100, 10):  # the log tail after the checkpoint
+            await t.mutate_row(b"r%02d" % i, [SetCell("f", b"q", b"tail", 2)])
+        await t.mutate_row(b"r05", [DeleteRow()])
+        expected = await _read(db, "t")
+        marker = time.time()
+        await t.mutate_row(b"r01", [SetCell("f", b"q", b"after", 3)])
+        await db.compact("t")  # the source's SSTables change; the checkpoint's stay
+        report = await db.clone_as_of("t", marker, "c")
+        assert report.cloned and report.shared_sstables >= 2, report.summary()
+        assert report.summary().startswith("cloned t as of ")
+        assert await _read(db, "c") == expected
+        catalog = db.master.catalog
+        src = await catalog.get_table("t")
+        clone = await catalog.get_table("c")
+        checkpoint = max(await db.list_snapshots(), key=lambda m: m.created_at)
+        checkpoint_keys = {
+            r.key for tab in checkpoint.tablets for refs in tab.sstables.values() for r in refs
+        }
+        clone_records = await catalog.list_tablets(clone.table_id)
+        # Zero-copy: the checkpoint's SSTables are named as they are; the clone's own
+        # objects are the log tail only (11 cells: 10 puts and a row deletion).
+        assert checkpoint_keys <= _keys(clone_records)
+        own = {
+            k for k in _keys(clone_records) if k.startswith(layout.tables_prefix(clone.table_id))
+        }
+        assert own == _keys(clone_records) - checkpoint_keys
+        written = sum(
+            r.cells
+            for rec in clone_records
+            for refs in rec.sstables.values()
+            for r in refs
+            if r.key in own
+        )
+        assert written == 11
+        # The two diverge: writes to either reach only that one.
+        await db.table("c").mutate_row(b"r02", [SetCell("f", b"q", b"to-clone", 4)])
+        await t.mutate_row(b"r03", [SetCell("f", b"q", b"to-source", 4)])
+        got_src, got_clone = await _read(db, "t"), await _read(db, "c")
+        assert (b"r02", "f", b"q", 4) not in got_src
+        assert (b"r03", "f", b"q", 4) not in got_clone
+        assert got_clone[(b"r02", "f", b"q", 4)] == b"to-clone"
+        with pytest.raises(AlreadyExists, match="already exists"):
+            await db.clone_as_of("t", marker, "c")
+        # GC counts the clone's references: with the source and its checkpoints gone, the
+        # checkpoint's SSTables stay while the clone names them, and go once it does not.
+        before = await _read(db, "c")
+        await db.delete_table("t")
+        for m in await db.list_snapshots():
+            await db.delete_snapshot(m.snapshot_id)
+        await db.gc(grace=0)
+        stored = {o.key async for o in db.store.list(layout.TABLES)}
+        assert checkpoint_keys <= stored
+        assert await _read(db, "c") == before
+        await db.compact("c")
+        await db.gc(grace=0)
+        stored = {o.key async for o in db.store.list(layout.TABLES)}
+        assert not checkpoint_keys & stored
+        assert await _read(db, "c") == before
+        assert src.table_id != clone.table_id
 
 
 async def test_bad_requests_are_refused_and_change_nothing(tmp_path: Path) -> None:
