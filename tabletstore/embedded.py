@@ -42,7 +42,7 @@ from tabletstore.master.gc_plan import DEFAULT_FENCE_GRACE, DEFAULT_GRACE
 from tabletstore.master.log_recovery import InProcessSortExecutor, LogRecovery
 from tabletstore.master.master import Master
 from tabletstore.master.pitr_restore import RestoreReport, restore_as_of
-from tabletstore.master.verify import verify
+from tabletstore.master.verify import verify, verify_backup
 from tabletstore.master.verify_plan import VerifyReport
 from tabletstore.metadata.snapshot import SnapshotManifest
 from tabletstore.metadata.store_location import OBJECTS_DIR, embedded_store_url
@@ -291,6 +291,19 @@ class Database(AsyncClient):
             deep=deep,
         )
 
+    async def verify_backup(self, backup_id: str, *, location: str | None = None) -> VerifyReport:
+        """Check backup ``backup_id`` (in the database's bucket, or in the backup location
+        ``location``): every SSTable its manifest names exists with its recorded size, and
+        with its recorded checksum where it records one (a copied backup's). NotFound if
+        there is no such backup (master/verify.py ``verify_backup``)."""
+        if location is None:
+            return await verify_backup(self.store, backup_id)
+        store = open_store(location)
+        try:
+            return await verify_backup(store, backup_id)
+        finally:
+            await store.close()
+
     async def set_history(self, table: str, seconds: float | None) -> None:
         """Keep ``seconds`` of history for ``table`` (None: none): checkpoints are taken
         and the commit log kept so that any instant that far back can be restored."""
@@ -342,6 +355,7 @@ class SyncDatabase(SyncClient):
     # An embedded database's own methods (a cluster client has neither: AttributeError).
     gc = blocking(Database.gc)
     verify = blocking(Database.verify)
+    verify_backup = blocking(Database.verify_backup)
     set_history = blocking(Database.set_history)
     checkpoint = blocking(Database.checkpoint)
     restore_as_of = blocking(Database.restore_as_of)

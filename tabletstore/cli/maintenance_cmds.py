@@ -3,25 +3,36 @@
     tabletstore flush T | compact T                    minor / major compaction (§5.4)
     tabletstore gc [--grace S] [--dry-run]             delete unreferenced objects (§5.2)
     tabletstore verify [TABLE] [--deep] [--json]       is the bucket whole? (exit 3 if not)
+    tabletstore verify --backup ID [--at LOCATION] [--json]   is a backup whole?
 
 On a terminal flush and compact show a progress bar on stderr.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import click
 
-from tabletstore.cli.context import TABLE_ARG, cli_context, on_cluster, plural, with_database
+from tabletstore.cli.context import (
+    TABLE_ARG,
+    Failure,
+    cli_context,
+    on_cluster,
+    plural,
+    with_database,
+)
 from tabletstore.cli.progress import Unit, progress_bar
 from tabletstore.client.client import CompactionProgress
 from tabletstore.clock import SystemClock
 from tabletstore.embedded import SyncDatabase
+from tabletstore.errors import TabletStoreError
 from tabletstore.master.gc import collect
 from tabletstore.master.gc_plan import DEFAULT_GRACE
-from tabletstore.master.verify import verify
+from tabletstore.master.verify import verify, verify_backup
 from tabletstore.master.verify_plan import VerifyReport
+from tabletstore.storage_s3 import open_store
 
 __all__ = ["FINDINGS_EXIT", "compact_cmd", "flush_cmd", "gc_cmd", "verify_cmd"]
 
@@ -92,12 +103,37 @@ FINDINGS_EXIT = 3
 @click.argument("table", required=False)
 @click.option("--deep", is_flag=True, help="Read every needed log segment whole (checksums).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
-def verify_cmd(table: str | None, deep: bool, as_json: bool) -> None:
+@click.option(
+    "--backup",
+    "backup_id",
+    default=None,
+    metavar="ID",
+    help="Verify this backup instead: every SSTable its manifest names exists with its "
+    "recorded size and checksum.",
+)
+@click.option(
+    "--at",
+    "location",
+    default=None,
+    metavar="LOCATION",
+    help="Where the --backup is (s3://bucket/prefix, file:///dir); default: this database's "
+    "bucket.",
+)
+def verify_cmd(
+    table: str | None, deep: bool, as_json: bool, backup_id: str | None, location: str | None
+) -> None:
     """Check that the bucket is whole: every object METADATA and the snapshots reference
     exists with its recorded size, the tablets tile each table, each log a tablet needs has
-    no missing or damaged segment. Lists orphans (left to gc). Exit 0 when whole, 3 with a
-    report of the damage, 1 when it could not verify."""
-    if cli_context().url.startswith("etcd://"):
+    no missing or damaged segment. Lists orphans (left to gc). With --backup ID, check that
+    backup's objects (sizes, and the checksums a copied backup records). Exit 0 when whole,
+    3 with a report of the damage, 1 when it could not verify."""
+    if backup_id is not None and table is not None:
+        raise Failure(f"give TABLE or --backup ID, not both (got {table} and --backup {backup_id})")
+    if location is not None and backup_id is None:
+        raise Failure("--at names where a backup is: give --backup ID with it")
+    if backup_id is not None:
+        report = _verify_backup(backup_id, location)
+    elif cli_context().url.startswith("etcd://"):
         report = on_cluster(
             lambda store, catalog, coordinator: verify(
                 store, catalog, coordinator, clock=SystemClock(), table=table, deep=deep
@@ -112,6 +148,27 @@ def verify_cmd(table: str | None, deep: bool, as_json: bool) -> None:
             click.echo(line)
     if not report.ok:
         click.get_current_context().exit(FINDINGS_EXIT)
+
+
+def _verify_backup(backup_id: str, location: str | None) -> VerifyReport:
+    """``verify --backup``: in ``location`` (opened with this process's credentials, as the
+    backup verbs do; no database is opened), or in the database's own bucket."""
+    if location is not None:
+
+        async def at_location() -> VerifyReport:
+            store = open_store(location)
+            try:
+                return await verify_backup(store, backup_id)
+            finally:
+                await store.close()
+
+        try:
+            return asyncio.run(at_location())
+        except TabletStoreError as exc:
+            raise Failure(str(exc)) from exc
+    if cli_context().url.startswith("etcd://"):
+        return on_cluster(lambda store, _catalog, _coordinator: verify_backup(store, backup_id))
+    return with_database(lambda db: db.verify_backup(backup_id))
 
 
 def _report_json(report: VerifyReport) -> dict[str, object]:

@@ -5,8 +5,9 @@
 its tablets list), then reads the garbage collector's roots, the tablet records and the
 snapshot manifests, reads the header of every log segment a tablet needs, and hands it all
 to the pure checker. ``tabletstore verify``, :meth:`tabletstore.embedded.Database.verify` and
-the chaos harness call it; :func:`verify_references` checks any other manifest's objects (a
-backup's, in its own bucket).
+the chaos harness call it; :func:`verify_backup` checks a backup's objects (in the database's
+bucket or in a backup location: a location holds its manifest and objects together) through
+:func:`verify_references`.
 
 The order is the garbage collector's (:mod:`tabletstore.master.gc`): the listing first, the
 references second. An object referenced at the second read either was listed, or was created
@@ -35,16 +36,20 @@ from tabletstore.coordination.base import Coordinator
 from tabletstore.errors import Corruption, TabletStoreError
 from tabletstore.master import gc
 from tabletstore.master import verify_plan as vp
+from tabletstore.metadata.backup import read_backup
+from tabletstore.metadata.backup_copy import checksum as backup_checksum
 from tabletstore.metadata.catalog import Catalog
 from tabletstore.metadata.record import LogRef, TabletRecord
 from tabletstore.metadata.snapshot import SnapshotManifest
 from tabletstore.storage_s3 import layout
 from tabletstore.storage_s3.base import ObjectInfo, ObjectStore, object_url
 
-__all__ = ["verify", "verify_references"]
+__all__ = ["verify", "verify_backup", "verify_references"]
 
 #: Object requests the verifier keeps in flight.
 PARALLEL = 16
+#: How a backup manifest's checksums begin.
+_SHA256 = "sha256:"
 
 
 async def verify(
@@ -101,11 +106,27 @@ async def verify_references(
     store: ObjectStore, refs: Sequence[vp.ObjectRef], *, deep: bool = False
 ) -> vp.VerifyReport:
     """Check that every object of ``refs`` (a manifest's, in ``store``) exists with its
-    recorded size, and with its recorded checksum when ``deep``: what ``verify --backup``
-    needs of a backup's manifest. No tiling, logs or orphans."""
+    recorded size, and with its recorded checksum when ``deep``. No tiling, logs or orphans."""
     infos = await _heads(store, sorted({r.key for r in refs}))
     checksums = await _checksums(store, refs) if deep else {}
     return vp.check(vp.VerifyInputs(listed=infos, tables={}, refs=refs, checksums=checksums))
+
+
+async def verify_backup(store: ObjectStore, backup_id: str) -> vp.VerifyReport:
+    """Check backup ``backup_id`` of ``store`` (the database's bucket or a backup location):
+    every SSTable its manifest names exists with its recorded size, and with its recorded
+    SHA-256 where the manifest records one (the objects a copy passed through; those are read
+    whole). NotFound if there is no such backup; a manifest this build cannot read raises
+    (Corruption, Unimplemented) rather than being reported as whole."""
+    manifest = await read_backup(store, backup_id)
+    owner = f"backup {manifest.backup_id}"
+    refs = [
+        vp.ObjectRef(r.key, r.size, owner, checksum=manifest.checksums.get(r.key))
+        for t in manifest.tablets
+        for group in t.sstables.values()
+        for r in group
+    ]
+    return await verify_references(store, refs, deep=True)
 
 
 async def _snapshot_refs(
@@ -231,16 +252,21 @@ async def _heads(store: ObjectStore, keys: Sequence[str]) -> list[ObjectInfo]:
 
 
 async def _checksums(store: ObjectStore, refs: Sequence[vp.ObjectRef]) -> dict[str, str]:
-    """crc32c (hex) of every object a reference records a checksum of."""
-    keys = sorted({r.key for r in refs if r.checksum is not None})
+    """The checksum of every object a reference records one of, in the form it records:
+    ``sha256:<hex>`` (a backup manifest's, metadata/backup_copy.py) or crc32c hex."""
+    forms = {r.key: r.checksum for r in refs if r.checksum is not None}
     sem = asyncio.Semaphore(PARALLEL)
     out: dict[str, str] = {}
 
-    async def one(key: str) -> None:
+    async def one(key: str, recorded: str) -> None:
         async with sem:
             data = await store.get(key)
-        if data is not None:
+        if data is None:
+            return
+        if recorded.startswith(_SHA256):
+            out[key] = await asyncio.to_thread(backup_checksum, data)
+        else:
             out[key] = f"{crc32c(data):08x}"
 
-    await asyncio.gather(*(one(k) for k in keys))
+    await asyncio.gather(*(one(k, c) for k, c in sorted(forms.items())))
     return out

@@ -77,8 +77,9 @@ class Finding:
 
 @dataclass(frozen=True, slots=True)
 class ObjectRef:
-    """An object something references: its key, recorded size and, if recorded, checksum
-    (lowercase hex crc32c of the whole object), and who references it (for the report)."""
+    """An object something references: its key, recorded size and, if recorded, checksum of
+    the whole object (lowercase hex crc32c, or a backup manifest's ``sha256:<hex>``), and who
+    references it (for the report)."""
 
     key: str
     size: int
@@ -124,7 +125,8 @@ class VerifyInputs:
     found: Sequence[Finding] = ()
     #: The garbage collector's roots, for the orphans; None: no orphans reported.
     live: gc_plan.LiveSet | None = None
-    #: Keys whose checksum was computed (the ``deep`` check): key -> crc32c hex.
+    #: Keys whose checksum was computed (the ``deep`` check): key -> checksum, in the form
+    #: its references record.
     checksums: Mapping[str, str] = field(default_factory=dict)
     now: float = 0.0
 
@@ -205,7 +207,7 @@ def check_references(
                     Finding(
                         Kind.CHECKSUM,
                         ref.key,
-                        f"crc32c {checksums[ref.key]}, {ref.owner} records {ref.checksum}",
+                        f"{checksums[ref.key]}, {ref.owner} records {ref.checksum}",
                     )
                 )
     return out

@@ -4,6 +4,7 @@ tablets are each found, and ``tabletstore verify`` exits 3 with the report (0 wh
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -14,6 +15,7 @@ from click.testing import CliRunner
 from tabletstore.cli.main import main
 from tabletstore.data.model import SetCell
 from tabletstore.embedded import Database
+from tabletstore.errors import NotFound
 from tabletstore.master import verify_plan as vp
 from tabletstore.metadata.record import TabletRecord
 from tabletstore.metadata.store_location import OBJECTS_DIR
@@ -120,3 +122,66 @@ def test_the_command_exits_3_with_the_report_and_0_when_whole(tmp_path: Path) ->
     assert as_json.exit_code == 3 and '"kind": "missing"' in as_json.output
     missing = runner.invoke(main, ["--url", url, "verify", "nosuch"])
     assert missing.exit_code == 1 and "nosuch" in missing.output
+
+
+def test_verify_backup_finds_a_missing_and_a_truncated_object(tmp_path: Path) -> None:
+    """``verify --backup ID``: in the database's bucket and in another location (whose
+    manifest records checksums); a missing object, a truncated one and one of the right size
+    with other bytes are findings (exit 3); an unknown backup is an error (exit 1)."""
+    url = f"file://{tmp_path}/db"
+    location = f"file://{tmp_path}/elsewhere"
+    runner = CliRunner()
+
+    def run(*args: str) -> tuple[int, str]:
+        result = runner.invoke(main, ["--url", url, *args])
+        return result.exit_code, result.output
+
+    assert run("createtable", "t", "families=f", "splits=r5")[0] == 0
+    for row in ("r1", "r7"):
+        assert run("set", "t", row, "f:q=v")[0] == 0
+    assert run("flush", "t")[0] == 0
+    assert run("backup", "create", "t", "--id", "here")[0] == 0
+    assert run("backup", "create", "t", "--id", "away", "--to", location)[0] == 0
+    for args in (("--backup", "here"), ("--backup", "away", "--at", location)):
+        code, out = run("verify", *args)
+        assert code == 0 and out.startswith("verify: whole"), out
+        assert "2 objects" in out
+    # In another location: one object truncated, one rewritten with other bytes.
+    copies = sorted((tmp_path / "elsewhere").rglob("*.parquet"))
+    assert len(copies) == 2
+    truncated, altered = copies
+    truncated.write_bytes(truncated.read_bytes()[:-5])
+    data = altered.read_bytes()
+    altered.write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))
+    code, out = run("verify", "--backup", "away", "--at", location, "--json")
+    assert code == 3, out
+    kinds = sorted(f["kind"] for f in json.loads(out)["findings"])
+    assert kinds == ["checksum", "size"], out
+    # In the database's bucket: one object gone.
+    own = [p for p in (tmp_path / "db" / OBJECTS_DIR / "tables").rglob("*.parquet")]
+    gone = next(p for p in own if "!metadata" not in p.parts)
+    gone.unlink()
+    code, out = run("verify", "--backup", "here")
+    assert code == 3 and "missing object: tables/" in out and "backup here" in out, out
+    for args, message in [
+        (("verify", "--backup", "nosuch"), "no backup 'nosuch'"),
+        (("verify", "--backup", "nosuch", "--at", location), "no backup 'nosuch'"),
+        (("verify", "t", "--backup", "here"), "not both"),
+        (("verify", "--at", location), "--backup ID"),
+    ]:
+        code, out = run(*args)
+        assert code == 1 and message in out, (args, out)
+
+
+async def test_verify_backup_from_python(tmp_path: Path) -> None:
+    async with await Database.open(f"file://{tmp_path}") as db:
+        await db.create_table("t", ["f"])
+        await _fill(db, range(10))
+        backup = await db.create_backup("t", "b1")
+        report = await db.verify_backup("b1")
+        assert report.ok and report.objects_checked == len(backup.sstable_keys())
+        await db.store.delete(backup.sstable_keys()[0])
+        report = await db.verify_backup("b1")
+        assert [f.kind for f in report.findings] == [vp.Kind.MISSING]
+        with pytest.raises(NotFound, match="no backup 'b2'"):
+            await db.verify_backup("b2")
