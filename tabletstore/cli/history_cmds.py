@@ -2,6 +2,7 @@
 ``master/pitr_restore.py``)::
 
     tabletstore history TABLE [DURATION | off]         show or set a table's history window
+    tabletstore history --default [DURATION | off]     show or set the database's default
     tabletstore restore TABLE --as-of INSTANT NEW_TABLE   rebuild TABLE as of INSTANT
     tabletstore clone TABLE NEW_TABLE --as-of INSTANT     the same, sharing its SSTables
 
@@ -17,10 +18,10 @@ from typing import TypeVar
 import click
 
 from tabletstore.cli import cbtsyntax as cbt
-from tabletstore.cli.context import TABLE_ARG, cli_context, failing, on_cluster, with_database
+from tabletstore.cli.context import Failure, cli_context, failing, on_cluster, with_database
 from tabletstore.clock import SystemClock
+from tabletstore.embedded import SyncDatabase
 from tabletstore.errors import InvalidArgument
-from tabletstore.master.checkpoints import set_history
 from tabletstore.master.pitr_restore import RestoreReport, restore_as_of
 
 __all__ = ["history_cmd", "parse_instant", "restore_at"]
@@ -49,25 +50,48 @@ def parse_window(text: str) -> float | None:
     return None if text.lower() in ("off", "none", "0") else cbt.parse_duration(text)
 
 
+def _shown(seconds: float | None) -> str:
+    return "off" if seconds is None else cbt.format_duration(seconds)
+
+
 @click.command("history")
-@TABLE_ARG
+@click.argument("table", required=False, metavar="TABLE")
 @click.argument("window", required=False)
-def history_cmd(table: str, window: str | None) -> None:
-    """Show TABLE's history window, or set it: a duration (30m, 24h, 7d) or off. Any instant
-    of the window can be restored (tabletstore restore --as-of)."""
-    obj = cli_context()
-    if window is None:
-        schema = with_database(lambda db: db.describe_table(table))
-        shown = "off" if schema.history is None else cbt.format_duration(schema.history)
-        click.echo(f"{table}: history {shown}")
+@click.option(
+    "--default",
+    "default",
+    is_flag=True,
+    help="Show or set the database's default window instead (for tables without their own).",
+)
+def history_cmd(table: str | None, window: str | None, default: bool) -> None:
+    """Show TABLE's history window, or set it: a duration (30m, 24h, 7d) or off (the
+    database's default then applies). With --default [DURATION | off], the database's default
+    window, kept by every table without one of its own. Any instant of a window can be
+    restored (tabletstore restore --as-of); the master takes the first checkpoint as it is set."""
+    if default:
+        if window is not None:
+            raise Failure(f"history --default takes one window, got {table} {window}")
+        if table is None:
+            seconds = with_database(lambda db: db.history_default())
+        else:
+            seconds = failing(lambda: parse_window(table))
+            with_database(lambda db: db.set_history_default(seconds))
+        click.echo(f"default: history {_shown(seconds)}")
         return
-    seconds = failing(lambda: parse_window(window))
-    if obj.url.startswith("etcd://"):
-        on_cluster(lambda _store, catalog, _coordinator: set_history(catalog, table, seconds))
-    else:
+    if table is None:
+        raise Failure("name a table (history TABLE [DURATION | off]) or give --default")
+    if window is not None:
+        seconds = failing(lambda: parse_window(window))
         with_database(lambda db: db.set_history(table, seconds))
-    shown = "off" if seconds is None else cbt.format_duration(seconds)
-    click.echo(f"{table}: history {shown}")
+
+    def shown(db: SyncDatabase) -> str:
+        own = db.describe_table(table).history
+        if own is not None:
+            return _shown(own)
+        fallback = db.history_default()
+        return "off" if fallback is None else f"{_shown(fallback)} (the database's default)"
+
+    click.echo(f"{table}: history {with_database(shown)}")
 
 
 def restore_at(table: str, new_table: str, as_of: str, *, zero_copy: bool = False) -> None:

@@ -29,10 +29,12 @@ from tabletstore.rpc.messages import (
     CreateSnapshotRequest,
     CreateTableRequest,
     DeleteSnapshotRequest,
+    HistoryDefaultRequest,
     ListSnapshotsRequest,
     ListTablesRequest,
     ModifyFamiliesRequest,
     SetAdminsRequest,
+    SetHistoryRequest,
     TableNameRequest,
 )
 from tabletstore.rpc.services import MasterService
@@ -92,6 +94,22 @@ class TableAdmin(BackupRequests):
         info = self._tables.pop(name, None)
         if info is not None:
             self.locations.invalidate(info.table_id)
+
+    async def set_history(self, name: str, seconds: float | None) -> None:
+        """Keep ``seconds`` of history for table ``name`` (None: end its own window; the
+        database's default, if any, then applies): any instant that far back can be restored.
+        The master takes the first checkpoint before this returns. Only the table's admins."""
+        req = SetHistoryRequest(name, seconds)
+        self._tables[name] = (await self._admin.set_history(req)).info()
+
+    async def history_default(self) -> float | None:
+        """The database's default history window in seconds (None: none)."""
+        return (await self._admin.history_default(HistoryDefaultRequest())).seconds
+
+    async def set_history_default(self, seconds: float | None) -> None:
+        """Set (None: end) the database's default history window, which applies to every table
+        without a window of its own. On a cluster with auth, only its master identity may."""
+        await self._admin.history_default(HistoryDefaultRequest(change=True, seconds=seconds))
 
     async def set_admins(self, name: str, admins: Sequence[str]) -> None:
         """Replace who administers table ``name`` (on a cluster with auth on, only they may

@@ -1,7 +1,7 @@
 """Checkpoints of the tables that keep history, and how long their history costs.
 
-A table with a history window (``TableSchema.history``, seconds) can be restored as of any
-instant in the window (``master/pitr_restore.py``): from the newest checkpoint at or before
+A table with a history window (``TableSchema.history``, seconds; or, for a table without one,
+the database's default, :func:`window_of`) can be restored as of any instant in the window (``master/pitr_restore.py``): from the newest checkpoint at or before
 the instant plus the commit log from that checkpoint up to it. A checkpoint is a snapshot
 (``master/snapshots.py``: a consistent cut, its manifest pinning its SSTables) the master
 takes every :func:`checkpoint_interval` while it leads, with a TTL of :func:`checkpoint_ttl`
@@ -9,6 +9,13 @@ so that one at or before any instant of the window is kept (garbage collection r
 if one round is missed. Garbage collection keeps every commit log whose newest object is
 younger than :func:`retention` (rule 7 of ``master/gc_plan.py``): the log from
 ``CLOCK_MARGIN`` before the oldest kept checkpoint up to now.
+
+The master owns both settings: ``set_history`` and ``history_default`` are master RPCs (only a
+table's admins change its window; only the cluster's own master identity the default,
+master/master_service_guard.py). Nobody caches them: the checkpoint round, garbage collection
+and a restore read the schema and the default each time, so a change governs them at once.
+Setting a table's window takes its first checkpoint before the call returns (when the table
+is served), so instants from then on can be restored.
 
 ``CLOCK_MARGIN`` bounds the skew between the master's clock (a checkpoint's time), the
 workers' clocks (a segment's time) and the object store's (an object's age); skew beyond it
@@ -22,7 +29,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from tabletstore.clock import Clock
-from tabletstore.data.schema import TableSchema
+from tabletstore.data.schema import MAX_HISTORY, TableSchema
 from tabletstore.errors import InvalidArgument, TabletStoreError
 from tabletstore.metadata.catalog import Catalog, TableInfo
 from tabletstore.metadata.snapshot import SnapshotManifest, list_manifests
@@ -35,6 +42,8 @@ __all__ = [
     "checkpoint_ttl",
     "retention",
     "set_history",
+    "set_history_default",
+    "window_of",
 ]
 
 log = logging.getLogger(__name__)
@@ -47,6 +56,12 @@ MAX_INTERVAL = 3600.0
 MIN_INTERVAL = 30.0
 #: The fewest seconds between two rounds (a round reads every table's schema).
 ROUND_SECONDS = 10.0
+
+
+def window_of(history: float | None, default: float | None) -> float | None:
+    """A table's history window: its own (``TableSchema.history``), else the database's
+    ``default``; None: it keeps no history."""
+    return history if history is not None else default
 
 
 def checkpoint_interval(window: float) -> float:
@@ -101,8 +116,9 @@ class Checkpointer:
             return []
         self._last_round = now
         taken: list[SnapshotManifest] = []
+        default = await self._catalog.history_default()
         for info in await self._catalog.list_tables():
-            window = info.schema.history
+            window = window_of(info.schema.history, default)
             if window is None:
                 continue
             try:
@@ -113,6 +129,19 @@ class Checkpointer:
             if manifest is not None:
                 taken.append(manifest)
         return taken
+
+    def wake(self) -> None:
+        """Let the next :meth:`run_round` run at once (a window changed)."""
+        self._last_round = None
+
+    async def first_checkpoint(self, info: TableInfo, window: float) -> SnapshotManifest | None:
+        """Checkpoint ``info`` now unless its newest checkpoint is within its interval (a
+        window just set); a failure is logged, and the next round tries again."""
+        try:
+            return await self._maybe_take(info, window, False)
+        except TabletStoreError as exc:
+            log.warning("checkpoint of table %s failed: %s", info.schema.name, exc)
+            return None
 
     async def _maybe_take(
         self, info: TableInfo, window: float, force: bool
@@ -131,12 +160,24 @@ class Checkpointer:
 
 async def set_history(catalog: Catalog, table: str, seconds: float | None) -> TableInfo:
     """Set (or, with None, end) the history window of ``table``: a schema change
-    (compare-and-swap on the schema record). The master's next checkpoint round takes the
-    first checkpoint; instants from then on can be restored. Shortening the window lets
-    garbage collection free what falls out of it."""
+    (compare-and-swap on the schema record), made by the master's ``set_history`` RPC, which
+    then takes the first checkpoint; instants from then on can be restored. Shortening the
+    window lets garbage collection free what falls out of it."""
     info = await catalog.get_table(table)
     try:
         schema = TableSchema.model_validate({**info.schema.model_dump(), "history": seconds})
     except ValueError as exc:
         raise InvalidArgument(f"table {table!r}: {exc}") from exc
     return await catalog.update_schema(info, schema)
+
+
+async def set_history_default(catalog: Catalog, seconds: float | None) -> float | None:
+    """Set (or, with None, end) the database's default history window, which applies to every
+    table without a window of its own. Returns it."""
+    if seconds is not None and not 0 < seconds <= MAX_HISTORY:
+        raise InvalidArgument(
+            f"history window must be more than 0 and at most {MAX_HISTORY / 86400:.0f} days, "
+            f"got {seconds:g} seconds"
+        )
+    await catalog.set_history_default(seconds)
+    return seconds

@@ -53,7 +53,7 @@ from tabletstore.errors import (
     Unimplemented,
 )
 from tabletstore.master import gc_plan as gc
-from tabletstore.master.checkpoints import retention
+from tabletstore.master.checkpoints import retention, window_of
 from tabletstore.metadata.backup import BackupManifest, read_backup
 from tabletstore.metadata.catalog import Catalog, ClusterSettings, TableInfo
 from tabletstore.metadata.record import LogRef
@@ -145,7 +145,8 @@ async def mark(
             if expires is not None:
                 expiry[obj.key] = expires
     backups, backup_expiry = await _backup_names(store, listed)
-    windows = [i.schema.history for i in infos.values() if i.schema.history is not None]
+    default = await catalog.history_default()
+    windows = [w for i in infos.values() if (w := window_of(i.schema.history, default))]
     return gc.LiveSet(
         backups=backups,
         backup_expiry=backup_expiry,

@@ -54,7 +54,12 @@ from tabletstore.master.backup_service import BackupAdmin
 from tabletstore.master.balancer import Balancer
 from tabletstore.master.bulk_load import ANONYMOUS
 from tabletstore.master.bulk_load import bulk_load as load_files
-from tabletstore.master.checkpoints import Checkpointer
+from tabletstore.master.checkpoints import (
+    Checkpointer,
+    set_history,
+    set_history_default,
+    window_of,
+)
 from tabletstore.master.compaction_cycle import MajorCompactionCycle, WorkerCompactionExecutor
 from tabletstore.master.log_recovery import LogRecovery
 from tabletstore.metadata import rows as mt
@@ -71,6 +76,8 @@ from tabletstore.rpc.messages import (
     CreateSnapshotRequest,
     CreateTableRequest,
     DeleteSnapshotRequest,
+    HistoryDefaultMessage,
+    HistoryDefaultRequest,
     ListSnapshotsRequest,
     ListSnapshotsResponse,
     ListTablesRequest,
@@ -78,6 +85,7 @@ from tabletstore.rpc.messages import (
     LoadTabletRequest,
     ModifyFamiliesRequest,
     SetAdminsRequest,
+    SetHistoryRequest,
     SnapshotInfoMessage,
     TableInfoMessage,
     TableNameRequest,
@@ -670,6 +678,30 @@ class Master(BackupAdmin):
         info = await self._catalog.get_table(req.name)
         schema = info.schema.model_copy(update={"admins": sorted(set(req.admins))})
         return TableInfoMessage.of(await self._catalog.update_schema(info, schema))
+
+    async def set_history(self, req: SetHistoryRequest) -> TableInfoMessage:
+        """Set (None: end) a table's own history window (master/checkpoints.py). When the
+        table then keeps history, its first checkpoint is taken before this returns (if its
+        tablets are served; else the next round takes it), so instants from now on can be
+        restored."""
+        self._check_leading()
+        if req.name == mt.METADATA_TABLE:
+            raise InvalidArgument(f"table {req.name!r} is the system table; it keeps no history")
+        info = await set_history(self._catalog, req.name, req.seconds)
+        window = window_of(info.schema.history, await self._catalog.history_default())
+        if window is not None:
+            await self.checkpointer.first_checkpoint(info, window)
+        return TableInfoMessage.of(info)
+
+    async def history_default(self, req: HistoryDefaultRequest) -> HistoryDefaultMessage:
+        """The database's default history window, set first when ``req.change``; the next
+        checkpoint round runs at once."""
+        self._check_leading()
+        if not req.change:
+            return HistoryDefaultMessage(await self._catalog.history_default())
+        seconds = await set_history_default(self._catalog, req.seconds)
+        self.checkpointer.wake()
+        return HistoryDefaultMessage(seconds)
 
     async def compact_table(self, req: CompactTableRequest) -> None:
         """Minor (``flush``) or major (``compact``) compaction of every tablet of a table."""

@@ -13,6 +13,9 @@ on, each request runs with the principal the RPC layer proved (``rpc.auth``):
   may not know of (below), or that does not exist, is refused alike (PermissionDenied naming
   no admins), as a cloud service refuses a resource the caller has no rights on.
 - ``create_backup``, ``clone_table``: only the (source) table's admins.
+- ``set_history``: only the table's admins (its window is its cost and its recoverability).
+- ``history_default``: anyone authenticated reads the database's default history window; only
+  the cluster's ``master`` identity changes it (it governs every table without its own).
 - ``get_backup``, ``update_backup``, ``delete_backup``, ``restore_table``: only the admins
   the backup recorded with its table's schema (a backup outlives its table); ``list_backups``
   answers only those backups. A restored or cloned table is administered by its source's
@@ -72,6 +75,7 @@ ADMIN_METHODS = frozenset(
         MasterService.bulk_load,
         MasterService.create_backup,
         MasterService.clone_table,
+        MasterService.set_history,
     )
 )
 #: Methods naming a backup: the admins its manifest recorded only.
@@ -89,6 +93,7 @@ _CREATE = MASTER.method(MasterService.create_table).name
 _LIST_SNAPSHOTS = MASTER.method(MasterService.list_snapshots).name
 _LIST_TABLES = MASTER.method(MasterService.list_tables).name
 _GET_TABLE = MASTER.method(MasterService.get_table).name
+_HISTORY_DEFAULT = MASTER.method(MasterService.history_default).name
 
 Denied = Callable[[str, str], None]
 
@@ -227,6 +232,14 @@ def _guarded(master: Master, method: str, fn: Handler, denied: Denied) -> Handle
                     "read none of its families (permission: read)"
                 )
             return await _visible_snapshots(master, principal, await unary(request))
+        if principal is not None and method == _HISTORY_DEFAULT:
+            if request.change and principal.role != "master":
+                denied(method, "admin")
+                raise PermissionDenied(
+                    f"{principal.name} may not change the database's default history window: "
+                    "it applies to every table, so only the cluster's master identity may"
+                )
+            return await unary(request)
         if principal is not None and method == _LIST_TABLES:
             return _known_tables(principal, await unary(request))
         if principal is not None and method == _GET_TABLE:

@@ -47,7 +47,7 @@ from tabletstore.data.schema import TableSchema
 from tabletstore.errors import AlreadyExists, Corruption, InvalidArgument, NotFound
 from tabletstore.keys import Cell
 from tabletstore.master import pitr_plan as plan
-from tabletstore.master.checkpoints import CLOCK_MARGIN
+from tabletstore.master.checkpoints import CLOCK_MARGIN, window_of
 from tabletstore.metadata.catalog import Catalog
 from tabletstore.metadata.record import LogRef, SSTableRef, TabletRecord
 from tabletstore.metadata.snapshot import SnapshotManifest, TabletSnapshot, list_manifests
@@ -112,8 +112,9 @@ async def restore_as_of(
     it (master/gc_plan.py), so the two tables stay whole whichever is deleted."""
     info = await catalog.get_table(table)
     now = clock.time()
-    plan.check_instant(table, instant, now, info.schema.history)
-    assert info.schema.history is not None
+    window = window_of(info.schema.history, await catalog.history_default())
+    plan.check_instant(table, instant, now, window)
+    assert window is not None
     try:
         schema = TableSchema.model_validate(
             {**info.schema.model_dump(), "name": new_table, "history": None}
@@ -122,7 +123,7 @@ async def restore_as_of(
         raise InvalidArgument(f"cannot restore into {new_table!r}: {exc}") from exc
     await _check_absent(catalog, new_table)
     manifests = await list_manifests(store, info.table_id)
-    checkpoint = plan.choose_checkpoint(table, manifests, instant, now, info.schema.history)
+    checkpoint = plan.choose_checkpoint(table, manifests, instant, now, window)
     schema = TableSchema.model_validate(
         {**checkpoint.schema.model_dump(), "name": new_table, "history": None}
     )

@@ -72,7 +72,17 @@ from tabletstore.errors import (
 from tabletstore.metadata import rows as mt
 from tabletstore.metadata.record import TabletRecord
 
-__all__ = ["SCHEMA_RECORD_VERSION", "Catalog", "ClusterSettings", "MetadataRows", "TableInfo"]
+__all__ = [
+    "HISTORY_SETTING",
+    "SCHEMA_RECORD_VERSION",
+    "Catalog",
+    "ClusterSettings",
+    "MetadataRows",
+    "TableInfo",
+]
+
+#: The setting holding the database's default history window.
+HISTORY_SETTING = "history"
 
 #: Version of stored table schema records: 1 (no ``version`` key) before aggregate families,
 #: 2 with them (``ColumnFamily.value_type``), 3 with a history window (``TableSchema.history``).
@@ -229,6 +239,24 @@ class Catalog:
             if info.table_id == table_id:
                 return info
         raise NotFound(f"table {table_id} no longer exists")
+
+    async def history_default(self) -> float | None:
+        """The database's default history window in seconds (None: none), the setting
+        ``settings/history`` (master/checkpoints.py): it applies to every table without a
+        window of its own. Read afresh on each call, so whoever reads it sees a change at once."""
+        kv = await self._coord.get(paths.setting(HISTORY_SETTING))
+        if kv is None:
+            return None
+        try:
+            seconds = json.loads(kv.value)["default"]
+            return None if seconds is None else float(seconds)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise Corruption(f"malformed history setting: {exc}") from exc
+
+    async def set_history_default(self, seconds: float | None) -> None:
+        """Write the database's default history window (the master's, master/checkpoints.py)."""
+        value = json.dumps({"default": seconds}).encode()
+        await self._coord.put(paths.setting(HISTORY_SETTING), value)
 
     async def update_schema(self, old: TableInfo, schema: TableSchema) -> TableInfo:
         """Replace a table's schema if nobody changed it since ``old`` was read."""

@@ -48,6 +48,8 @@ __all__ = [
     "CreateTableRequest",
     "DeleteSnapshotRequest",
     "EntryError",
+    "HistoryDefaultMessage",
+    "HistoryDefaultRequest",
     "LargeRow",
     "ListBackupsRequest",
     "ListBackupsResponse",
@@ -73,6 +75,7 @@ __all__ = [
     "ServerStatusRequest",
     "ServerStatusResponse",
     "SetAdminsRequest",
+    "SetHistoryRequest",
     "SnapshotHoldRequest",
     "SnapshotInfoMessage",
     "SnapshotTablet",
@@ -679,3 +682,28 @@ class CloneTableRequest:
 
     table: str
     new_table: str
+
+
+@dataclass(frozen=True, slots=True)
+class SetHistoryRequest:
+    """Set table ``name``'s history window in seconds (master/checkpoints.py); None ends its
+    own window (the database's default, if any, then applies)."""
+
+    name: str
+    seconds: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryDefaultRequest:
+    """Read the database's default history window, or with ``change`` set it to ``seconds``
+    (None: no default). It applies to every table without a window of its own."""
+
+    change: bool = False
+    seconds: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryDefaultMessage:
+    """The database's default history window in seconds (None: none)."""
+
+    seconds: float | None

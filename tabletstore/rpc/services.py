@@ -42,6 +42,8 @@ from tabletstore.rpc.messages import (
     CreateSnapshotRequest,
     CreateTableRequest,
     DeleteSnapshotRequest,
+    HistoryDefaultMessage,
+    HistoryDefaultRequest,
     LargeRow,
     ListBackupsRequest,
     ListBackupsResponse,
@@ -67,6 +69,7 @@ from tabletstore.rpc.messages import (
     ServerStatusRequest,
     ServerStatusResponse,
     SetAdminsRequest,
+    SetHistoryRequest,
     SnapshotHoldRequest,
     SnapshotInfoMessage,
     SnapshotWriteRequest,
@@ -208,6 +211,14 @@ class MasterService(Protocol):
 
     async def clone_table(self, req: CloneTableRequest) -> TableInfoMessage:
         """A new writable table sharing a table's SSTables as of now (zero-copy)."""
+        ...
+
+    async def set_history(self, req: SetHistoryRequest) -> TableInfoMessage:
+        """Set a table's history window (master/checkpoints.py)."""
+        ...
+
+    async def history_default(self, req: HistoryDefaultRequest) -> HistoryDefaultMessage:
+        """Read or set the database's default history window."""
         ...
 
 

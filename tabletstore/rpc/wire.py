@@ -100,6 +100,10 @@ WIRE_TYPES: dict[int, type] = {
     103: m.UpdateBackupRequest,
     104: m.RestoreTableRequest,
     105: m.CloneTableRequest,
+    # history windows (106-108)
+    106: m.SetHistoryRequest,
+    107: m.HistoryDefaultRequest,
+    108: m.HistoryDefaultMessage,
     # snapshots and bulk load (110-127)
     110: m.SnapshotHoldRequest,
     111: m.SnapshotWriteRequest,

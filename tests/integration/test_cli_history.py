@@ -31,6 +31,12 @@ def test_history_and_restore_as_of_from_the_command_line(tmp_path: Path) -> None
     assert "History: 2h" in run("ls", "t")[1]
     assert run("history", "plain", "30m") == (0, "plain: history 30m\n")
     assert run("history", "plain", "off") == (0, "plain: history off\n")
+    assert run("history", "--default") == (0, "default: history off\n")
+    assert run("history", "--default", "1d") == (0, "default: history 1d\n")
+    assert run("history", "plain") == (0, "plain: history 1d (the database's default)\n")
+    assert run("history", "t") == (0, "t: history 2h\n")
+    assert run("history", "--default", "off") == (0, "default: history off\n")
+    assert run("history", "plain") == (0, "plain: history off\n")
     assert run("set", "t", "r1", "f:q=old")[0] == 0
     marker = time.time()
     assert run("set", "t", "r1", "f:q=new")[0] == 0
@@ -54,6 +60,10 @@ def test_history_and_restore_as_of_from_the_command_line(tmp_path: Path) -> None
         (("clone", "t", "x", "--as-of", _iso(time.time() - 3 * 3600)), "outside the history"),
         (("restore", "plain", "--as-of", _iso(time.time()), "x"), "keeps no history"),
         (("history", "t", "soon"), "bad duration"),
+        (("history", "--default", "soon"), "bad duration"),
+        (("history", "--default", "1h", "2h"), "takes one window"),
+        (("history",), "name a table"),
+        (("history", "nosuch", "1h"), "nosuch"),
     ]:
         code, out = run(*args)
         assert code == 1 and message in out, (args, out)

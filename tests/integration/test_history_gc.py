@@ -1,6 +1,7 @@
 """Garbage collection honours history windows end to end (embedded): a table with history
 keeps a finished commit log (and its checkpoints) that a table without it would free, the
-bytes kept are reported, and ending the window lets the log go."""
+bytes kept are reported, the database's default window keeps it as a table's own does, and
+ending the windows lets the log go."""
 
 from __future__ import annotations
 
@@ -37,6 +38,11 @@ async def test_the_window_keeps_what_it_must_and_frees_what_falls_out(tmp_path: 
         assert kept.counts.get(gc.Reason.KEEP_LIVE_TABLE_SNAPSHOT)
         assert (await db.verify()).ok
         await db.set_history("t", None)
+        await db.set_history_default(3600.0)  # the database's default keeps it as well
+        kept = await db.gc(grace=0, fence_grace=0)
+        assert kept.counts.get(gc.Reason.KEEP_HISTORY), kept.counts
+        assert await _log_keys(db) == logs
+        await db.set_history_default(None)
         freed = await db.gc(grace=0, fence_grace=0)
         assert not freed.counts.get(gc.Reason.KEEP_HISTORY)
         gone = [k for k in freed.deleted_keys if k.startswith(layout.LOGS)]

@@ -230,3 +230,50 @@ async def test_bad_requests_are_refused_and_change_nothing(tmp_path: Path) -> No
         assert (await db.describe_table("plain")).history is None
         with pytest.raises(InvalidArgument, match="history window"):
             await db.set_history("plain", -5)
+
+
+async def test_the_database_default_window_applies_to_tables_without_their_own(
+    tmp_path: Path,
+) -> None:
+    async with await Database.open(f"file://{tmp_path}") as db:
+        await db.create_table("plain", ["f"])
+        await db.create_table("own", ["f"], history=2 * HOUR)
+        assert await db.history_default() is None
+        with pytest.raises(InvalidArgument, match="keeps no history"):
+            await db.restore_as_of("plain", time.time(), "x")
+        await db.set_history_default(HOUR)
+        assert await db.history_default() == HOUR
+        taken = await db.checkpoint()
+        assert sorted(m.table for m in taken) == ["own", "plain"]
+        t = db.table("plain")
+        await t.mutate_row(b"r", [SetCell("f", b"q", b"before", 1)])
+        marker = time.time()
+        await t.mutate_row(b"r", [SetCell("f", b"q", b"after", 2)])
+        await db.restore_as_of("plain", marker, "back")
+        assert await _read(db, "back") == {(b"r", "f", b"q", 1): b"before"}
+        # The default's window bounds the instants, a table's own window its own.
+        with pytest.raises(InvalidArgument, match="outside the history window"):
+            await db.restore_as_of("plain", time.time() - 1.5 * HOUR, "x")
+        with pytest.raises(InvalidArgument, match="earliest instant"):
+            await db.restore_as_of("own", time.time() - 1.5 * HOUR, "x")
+        with pytest.raises(InvalidArgument, match="history window must be"):
+            await db.set_history_default(-1)
+        await db.set_history_default(None)
+        with pytest.raises(InvalidArgument, match="keeps no history"):
+            await db.restore_as_of("plain", marker, "x")
+        assert sorted(await db.list_tables()) == ["back", "own", "plain"]
+
+
+async def test_setting_a_window_takes_the_first_checkpoint_at_once(tmp_path: Path) -> None:
+    async with await Database.open(f"file://{tmp_path}") as db:
+        await db.create_table("t", ["f"])
+        await db.table("t").mutate_row(b"r", [SetCell("f", b"q", b"v", 1)])
+        assert await db.list_snapshots() == []
+        await db.set_history("t", HOUR)
+        (first,) = await db.list_snapshots()
+        assert first.table == "t"
+        marker = time.time()
+        await db.restore_as_of("t", marker, "back")  # no checkpoint round needed
+        assert await _read(db, "back") == {(b"r", "f", b"q", 1): b"v"}
+        await db.set_history("t", 2 * HOUR)  # within the interval: no second checkpoint
+        assert len(await db.list_snapshots()) == 1

@@ -7,7 +7,13 @@ from __future__ import annotations
 from tabletstore.clock import ManualClock
 from tabletstore.data.schema import TableSchema
 from tabletstore.errors import Unavailable
-from tabletstore.master.checkpoints import ROUND_SECONDS, Checkpointer, checkpoint_interval
+from tabletstore.master.checkpoints import (
+    ROUND_SECONDS,
+    Checkpointer,
+    checkpoint_interval,
+    checkpoint_ttl,
+    window_of,
+)
 from tabletstore.metadata.catalog import TableInfo
 from tabletstore.metadata.snapshot import SnapshotManifest, TabletSnapshot, write_manifest
 from tabletstore.storage_s3.base import ObjectStore
@@ -17,9 +23,13 @@ from tabletstore.storage_s3.memory import MemoryObjectStore
 class _Catalog:
     def __init__(self, infos: list[TableInfo]) -> None:
         self.infos = infos
+        self.default: float | None = None
 
     async def list_tables(self) -> list[TableInfo]:
         return self.infos
+
+    async def history_default(self) -> float | None:
+        return self.default
 
 
 def _manifest(info: TableInfo, at: float, ttl: float | None = None) -> SnapshotManifest:
@@ -60,3 +70,32 @@ async def test_a_checkpoint_per_interval_per_table_with_history() -> None:
     clock.advance(ROUND_SECONDS)
     assert await cp.run_round() == []  # the interval has not passed again
     assert [m.table_id for m in await cp.run_round(force=True)] == ["h-1"]
+
+
+async def test_the_default_window_checkpoints_tables_without_their_own() -> None:
+    clock = ManualClock(1_800_000_000.0)
+    store = MemoryObjectStore()
+    own = TableInfo("h-1", TableSchema(name="h", history=7200.0))
+    plain = TableInfo("p-1", TableSchema(name="p"))
+    taken: list[tuple[str, float]] = []
+
+    async def take(info: TableInfo, ttl: float) -> SnapshotManifest:
+        taken.append((info.table_id, ttl))
+        return _manifest(info, clock.time(), ttl)
+
+    async def the_store() -> ObjectStore:
+        return store
+
+    catalog = _Catalog([own, plain])
+    cp = Checkpointer(catalog, the_store, take, clock=clock)  # type: ignore[arg-type]
+    assert [m.table_id for m in await cp.run_round()] == ["h-1"]
+    catalog.default = 3600.0
+    assert await cp.run_round() == []  # within ROUND_SECONDS of the last round
+    cp.wake()  # the default changed: the next round runs at once
+    assert [m.table_id for m in await cp.run_round()] == ["p-1"]
+    assert taken == [
+        ("h-1", checkpoint_ttl(7200.0)),  # a table's own window wins over the default
+        ("p-1", checkpoint_ttl(3600.0)),
+    ]
+    assert window_of(None, 3600.0) == 3600.0 and window_of(60.0, 3600.0) == 60.0
+    assert window_of(None, None) is None

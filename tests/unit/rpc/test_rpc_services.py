@@ -87,6 +87,8 @@ def test_the_protocols_declare_every_method_once() -> None:
         "delete_backup",
         "restore_table",
         "clone_table",
+        "set_history",
+        "history_default",
     }
     with pytest.raises(InvalidArgument, match="not a method of TabletService"):
         TABLET.method(MasterService.list_tables)
@@ -262,6 +264,18 @@ async def _exercise(
         master.clone_table, MasterService.clone_table, m.CloneTableRequest("svc", "svc-c")
     )
     assert cloned.info().schema.name == "svc-c"
+    windowed = await call(
+        master.set_history, MasterService.set_history, m.SetHistoryRequest("svc-c", 7200.0)
+    )
+    assert windowed.info().schema.history == 7200.0
+    set_default = m.HistoryDefaultRequest(change=True, seconds=3600.0)
+    assert (await call(master.history_default, MasterService.history_default, set_default)) == (
+        m.HistoryDefaultMessage(3600.0)
+    )
+    read_default = m.HistoryDefaultRequest()
+    assert (
+        await call(master.history_default, MasterService.history_default, read_default)
+    ).seconds == 3600.0
     await call(master.delete_backup, MasterService.delete_backup, m.BackupIdRequest("bk"))
     # The job writes into its staging area of the database's (in-memory) store.
     area = layout.staging_prefix("anonymous", bulk_source)

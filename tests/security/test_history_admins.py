@@ -1,0 +1,54 @@
+"""History windows belong to the admins, on a master with auth on (the guard around the
+master's handlers, run in a proven principal's scope as the RPC layer would).
+
+A table's window is changed only by its admins (``set_history``); the database's default
+window, which governs every table without its own, only by the cluster's master identity;
+anyone authenticated may read the default. A refusal changes nothing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tabletstore.data.schema import TableSchema
+from tabletstore.embedded import Database
+from tabletstore.errors import PermissionDenied
+from tabletstore.master.master_service_guard import guard
+from tabletstore.rpc import messages as m
+from tabletstore.rpc.auth import principal_scope
+from tabletstore.rpc.services import MASTER
+from tabletstore.security.principal import Principal
+
+ALICE = Principal("alice", "client")
+MALLORY = Principal("mallory", "client")
+MASTER_ID = Principal("master", "master")
+
+
+async def test_only_admins_change_history_windows(tmp_path: Path) -> None:
+    db = await Database.open(f"file://{tmp_path}/db")
+    try:
+        handlers = guard(db.master, MASTER.handlers(db.master))
+
+        async def call(who: Principal, method: str, req: object) -> object:
+            with principal_scope(who):
+                return await handlers[method](req)
+
+        schema = TableSchema(name="t", families={}, admins=["alice"])
+        await call(ALICE, "create_table", m.CreateTableRequest.of(schema))
+        with pytest.raises(PermissionDenied, match="mallory may not set_history"):
+            await call(MALLORY, "set_history", m.SetHistoryRequest("t", 3600.0))
+        assert (await db.describe_table("t")).history is None
+        done = await call(ALICE, "set_history", m.SetHistoryRequest("t", 3600.0))
+        assert isinstance(done, m.TableInfoMessage) and done.info().schema.history == 3600.0
+        change = m.HistoryDefaultRequest(change=True, seconds=86400.0)
+        for who in (ALICE, MALLORY):
+            with pytest.raises(PermissionDenied, match="default history window"):
+                await call(who, "history_default", change)
+        read = await call(MALLORY, "history_default", m.HistoryDefaultRequest())
+        assert read == m.HistoryDefaultMessage(None)
+        assert await call(MASTER_ID, "history_default", change) == m.HistoryDefaultMessage(86400.0)
+        assert await db.history_default() == 86400.0
+    finally:
+        await db.close()
