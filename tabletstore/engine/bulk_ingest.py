@@ -1,9 +1,11 @@
 """A tablet's side of a bulk load (§8): cells loaded as new SSTables, and SSTables staged by
-the master adopted as they are, added to the tablet's record in one update, once per load."""
+the master adopted as they are, added to the tablet's record in one update, once per load;
+then the committed part recorded for point-in-time restores (metadata/load_part.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
@@ -12,12 +14,15 @@ import pyarrow as pa
 
 from tabletstore.engine.tablet_core import TabletCore
 from tabletstore.engine.tablet_sstables import TabletSSTables
-from tabletstore.errors import NotServing
+from tabletstore.errors import NotServing, TabletStoreError
+from tabletstore.metadata.load_part import LoadPart, write_load_part
 from tabletstore.metadata.record import BulkLoadMark, SSTableRef, uncovered
 from tabletstore.sstable import SSTable
 from tabletstore.sstable.writer import write_sstable_table
 
 __all__ = ["BulkIngest"]
+
+log = logging.getLogger(__name__)
 
 
 class BulkIngest:
@@ -110,9 +115,49 @@ class BulkIngest:
                     .with_event(core.clock.time(), "bulk load", detail)
                 )
                 stored = await core.catalog.update(record, new_record)
+                committed_at = core.clock.time()
                 core.state = replace(state, record=stored, sstables=opened)
+            await self._record_part(marks, added, total, committed_at)
         self._notify_compacted()
         return total
+
+    async def _record_part(
+        self,
+        marks: tuple[BulkLoadMark, ...],
+        added: Sequence[tuple[str, SSTableRef, SSTable]],
+        total: int,
+        committed_at: float,
+    ) -> None:
+        """Record the committed part for point-in-time restores (metadata/load_part.py). The
+        load is committed whatever happens here: a failure is logged, and a restore past this
+        instant refuses to rebuild without the part (it compares the load's cells)."""
+        record = self._core.record
+        sstables: dict[str, tuple[SSTableRef, ...]] = {}
+        for group, ref, _ in added:
+            sstables[group] = (*sstables.get(group, ()), ref)
+        starts = [m.start_row for m in marks] or [record.start_row]
+        ends = [m.end_row for m in marks] or [record.end_row]
+        part = LoadPart(
+            load_id=marks[0].load_id if marks else "",
+            table_id=record.table_id,
+            tablet_id=record.tablet_id,
+            start_row=min(starts),
+            end_row=None if None in ends else max(e for e in ends if e is not None),
+            committed_at=committed_at,
+            cells=total,
+            sstables=sstables,
+        )
+        try:
+            await write_load_part(self._core.store, part)
+        except TabletStoreError as exc:
+            log.error(
+                "bulk load %s into tablet %s/%s committed, but its part was not recorded for "
+                "point-in-time restores: %s",
+                part.load_id,
+                record.table_id,
+                record.tablet_id,
+                exc,
+            )
 
     def _marked(self, marks: tuple[BulkLoadMark, ...]) -> bool:
         """Whether the record marks all the rows of ``marks`` as loaded (True), none of them

@@ -138,12 +138,16 @@ async def mark(
             logs.update(record.logs)
     snapshots: dict[str, frozenset[str] | None] = {}
     expiry: dict[str, float] = {}
+    load_parts: dict[str, frozenset[str] | None] = {}
     for obj in listed:
         if obj.key.startswith(layout.SNAPSHOTS):
             names, expires = await _snapshot_names(store, obj.key)
             snapshots[obj.key] = names
             if expires is not None:
                 expiry[obj.key] = expires
+        elif obj.key.startswith(layout.LOADS):
+            # A bulk-load part names SSTables as a snapshot manifest does (gc_plan rule 9).
+            load_parts[obj.key], _ = await _snapshot_names(store, obj.key)
     backups, backup_expiry = await _backup_names(store, listed)
     default = await catalog.history_default()
     windows = [w for i in infos.values() if (w := window_of(i.schema.history, default))]
@@ -157,6 +161,7 @@ async def mark(
         live_workers=live,
         snapshots=snapshots,
         snapshot_expiry=expiry,
+        load_parts=load_parts,
     )
 
 

@@ -52,6 +52,11 @@ The rules, object by object (each verdict carries a :class:`Reason`):
    checkpoint up to the instant asked for. The checkpoints themselves are snapshot manifests
    whose TTL covers the window (rule 5 keeps them and their SSTables).
 8. A key that no layout parser recognizes is never deleted; the plan reports it.
+9. A bulk-load part (``loads/``, metadata/load_part.py: what a tablet's part of a bulk load
+   added, for point-in-time restores, which cannot replay a load from the log) is kept, and
+   the SSTables it names with it, while it is younger than the history retention of rule 7
+   (and than ``grace``); then it is garbage, and its SSTables follow in a later round unless
+   something else names them. A part that cannot be read keeps every SSTable of its table.
 
 Dereference grace. ``grace`` counts from an object's creation. A reader that took a tablet's
 state before a compaction may still read an SSTable that compaction replaced, however old the
@@ -105,12 +110,15 @@ class Reason(StrEnum):
     KEEP_LIVE_TABLE_SNAPSHOT = "snapshot manifest of an existing table"
     KEEP_UNKNOWN = "key not recognized by the layout"
     KEEP_HISTORY = "log within a table's history window"
+    KEEP_LOAD_PART = "bulk-load part within a table's history window"
+    KEEP_HISTORY_LOAD = "named by a bulk-load part within a history window"
     DELETE_UNREFERENCED_SSTABLE = "SSTable no record references"
     DELETE_FINISHED_LOG = "log no tablet needs"
     DELETE_FINISHED_RECOVERY = "recovery run of a log no tablet needs"
     DELETE_DELETED_TABLE_SNAPSHOT = "snapshot manifest of a deleted table"
     DELETE_EXPIRED_SNAPSHOT = "snapshot manifest past its TTL"
     DELETE_EXPIRED_BACKUP = "backup manifest past its expiry"
+    DELETE_OLD_LOAD_PART = "bulk-load part older than every history window"
 
     @property
     def deletes(self) -> bool:
@@ -142,6 +150,9 @@ class LiveSet:
     #: Seconds a commit log no tablet needs is still kept after its newest object (the
     #: longest retention of any table's history window; 0: none keeps history).
     history: float = 0.0
+    #: Bulk-load part key -> the SSTable keys it names; None when it could not be read (then
+    #: every SSTable of its table is kept while the part is).
+    load_parts: Mapping[str, frozenset[str] | None] = field(default_factory=dict)
 
     def log_reason(self, ref: LogRef) -> Reason | None:
         """Why the log ``ref`` must be kept, or None if nothing needs it."""
@@ -212,6 +223,8 @@ def plan(
     pinned: set[str] = set()
     pinned_tables: set[str] = set()
     backed_up: set[str] = set()
+    loaded: set[str] = set()
+    loaded_tables: set[str] = set()
     pin_everything = False
     for info in listed:
         kind = _classify(info.key)
@@ -228,6 +241,15 @@ def plan(
                 pinned_tables.add(kind.table_id)
             else:
                 pinned |= names
+        elif isinstance(kind, layout.LoadPartKey):
+            keep = now - info.last_modified < max(live.history, grace)
+            reasons[info.key] = Reason.KEEP_LOAD_PART if keep else Reason.DELETE_OLD_LOAD_PART
+            # Pins even when deleted in this round, as a snapshot manifest does.
+            names = live.load_parts.get(info.key)
+            if names is None:
+                loaded_tables.add(kind.table_id)
+            else:
+                loaded |= names
         elif isinstance(kind, layout.BackupKey):
             expires = live.backup_expiry.get(info.key)
             expired = expires is not None and now >= expires
@@ -255,6 +277,8 @@ def plan(
             reasons[info.key] = Reason.KEEP_SNAPSHOT
         elif info.key in backed_up or pin_everything:
             reasons[info.key] = Reason.KEEP_BACKUP
+        elif info.key in loaded or key.table_id in loaded_tables:
+            reasons[info.key] = Reason.KEEP_HISTORY_LOAD
         else:
             reasons[info.key] = _aged(info, now, grace, Reason.DELETE_UNREFERENCED_SSTABLE)
     for ref, group in groups.items():
@@ -269,6 +293,7 @@ _Parsed = (
     | layout.RecoveryKey
     | layout.SnapshotKey
     | layout.BackupKey
+    | layout.LoadPartKey
 )
 
 
@@ -285,6 +310,8 @@ def _classify(key: str) -> _Parsed | None:
             return layout.parse_snapshot_key(key)
         if key.startswith(layout.BACKUPS):
             return layout.parse_backup_key(key)
+        if key.startswith(layout.LOADS):
+            return layout.parse_load_part_key(key)
     except InvalidArgument:
         return None
     return None

@@ -15,6 +15,11 @@ table written after that checkpoint's cut and acknowledged by T.
   segment's object time stands in). A write acknowledged before T is in such a segment, and
   every write in one began before T (``commitlog/format.py``). Segments stamped more than
   ``CLOCK_MARGIN`` before the checkpoint cannot hold a write after its cut and are not read.
+* **Bulk loads** write no log: each tablet's committed part is recorded with its commit
+  instant (metadata/load_part.py), and the parts committed between the checkpoint (less the
+  clock margin) and T add their cells after the cut, routed by row as log cells are
+  (:func:`select_parts`, :func:`route_cells`); a finished load whose parts are not all
+  recorded is refused (:func:`check_loads`).
 * **Whole logs only**: each log is read as recovery reads it: up to its first fence, a number
   missing within the in-flight window of its last segment ends it (nothing from there on was
   acknowledged), and a number missing further down is :class:`Corruption` — a restore never
@@ -37,17 +42,22 @@ from tabletstore.commitlog.format import IN_FLIGHT_WINDOW, LogRecord
 from tabletstore.data.schema import TableSchema
 from tabletstore.errors import Corruption, InvalidArgument
 from tabletstore.keys import Cell, CellKind, cell_sort_key
+from tabletstore.master.bulk_load import DONE, LoadRecord
 from tabletstore.master.checkpoints import CLOCK_MARGIN, retention
+from tabletstore.metadata.load_part import LoadPart
 from tabletstore.metadata.record import LogRef, SSTableRef
 from tabletstore.metadata.snapshot import SnapshotManifest, TabletSnapshot
 
 __all__ = [
     "SegmentStamp",
     "check_instant",
+    "check_loads",
     "choose_checkpoint",
     "group_cells",
     "merge_cells",
     "route",
+    "route_cells",
+    "select_parts",
     "select_segments",
     "shareable",
     "stacked",
@@ -170,6 +180,45 @@ def route(
         tablet = ordered[i]
         cells = out[tablet.tablet_id]
         cells.extend(c for c in record.cells if c.seq > tablet.cut_seq)
+    return out
+
+
+def select_parts(parts: Sequence[LoadPart], low: float, high: float) -> list[LoadPart]:
+    """The bulk-load parts committed in ``[low, high]`` (metadata/load_part.py): a load
+    acknowledged by the instant ``high`` is in, one committed after it is not, whole parts."""
+    return [p for p in parts if low <= p.committed_at <= high]
+
+
+def check_loads(
+    table: str, loads: Sequence[LoadRecord], parts: Sequence[LoadPart], low: float, high: float
+) -> None:
+    """Corruption naming the first finished load begun in ``[low, high]`` whose recorded parts
+    hold fewer cells than it loaded: a part went unrecorded (its worker died between the
+    commit and the record), and a restore without it would silently lack cells."""
+    held: dict[str, int] = {}
+    for p in parts:
+        held[p.load_id] = held.get(p.load_id, 0) + p.cells
+    for rec in loads:
+        if rec.state != DONE or not low <= rec.started_at <= high:
+            continue
+        if held.get(rec.load_id, 0) < rec.cells:
+            raise Corruption(
+                f"bulk load {rec.load_id!r} into table {table!r} loaded {rec.cells} cells, but "
+                f"only {held.get(rec.load_id, 0)} are recorded for restores (a worker died as it "
+                "recorded a part); restore to an instant before it or after the next checkpoint"
+            )
+
+
+def route_cells(tablets: Sequence[TabletSnapshot], cells: Iterable[Cell]) -> dict[str, list[Cell]]:
+    """``cells`` (of one table) after the cut of the checkpoint tablet holding their row:
+    tablet id -> cells."""
+    ordered = sorted(tablets, key=lambda t: t.start_row)
+    starts = [t.start_row for t in ordered]
+    out: dict[str, list[Cell]] = {t.tablet_id: [] for t in ordered}
+    for c in cells:
+        i = bisect.bisect_right(starts, c.row) - 1
+        if i >= 0 and c.seq > ordered[i].cut_seq:
+            out[ordered[i].tablet_id].append(c)
     return out
 
 

@@ -19,6 +19,11 @@ table (the shell around ``master/pitr_plan.py``, which says what is rebuilt and 
    new table; then create the new table in one catalog step with the checkpoint's schema
    and split points and those SSTables, and have it assigned.
 
+Bulk loads write no log: beside step 3, the parts of the loads committed between the
+checkpoint (less the clock margin) and the instant (metadata/load_part.py,
+``pitr_plan.select_parts``) add their cells after each checkpoint tablet's cut to its logged
+cells; a finished load with a part unrecorded is refused (``pitr_plan.check_loads``).
+
 A clone (``zero_copy``) differs in step 4 only: a new tablet names its checkpoint tablet's
 SSTables as they are and one new SSTable per locality group with its logged cells, so only
 the replayed log tail is written, whatever the table's size.
@@ -43,12 +48,15 @@ from tabletstore.clock import Clock
 from tabletstore.commitlog.reader import read_segment_header
 from tabletstore.commitlog.runs import SortPlan, SortTask, TabletRange, decode_run
 from tabletstore.commitlog.sorting import sort_segments
+from tabletstore.coordination import paths
 from tabletstore.data.schema import TableSchema
 from tabletstore.errors import AlreadyExists, Corruption, InvalidArgument, NotFound
 from tabletstore.keys import Cell
 from tabletstore.master import pitr_plan as plan
+from tabletstore.master.bulk_load import LoadRecord
 from tabletstore.master.checkpoints import CLOCK_MARGIN, window_of
 from tabletstore.metadata.catalog import Catalog
+from tabletstore.metadata.load_part import list_load_parts
 from tabletstore.metadata.record import LogRef, SSTableRef, TabletRecord
 from tabletstore.metadata.snapshot import SnapshotManifest, TabletSnapshot, list_manifests
 from tabletstore.sstable.reader import read_sstable_bytes
@@ -128,6 +136,9 @@ async def restore_as_of(
         {**checkpoint.schema.model_dump(), "name": new_table, "history": None}
     )
     logged, segments = await _logged_cells(store, info.table_id, checkpoint, instant)
+    load_cells = await _loaded_cells(store, catalog, table, info.table_id, checkpoint, instant)
+    for tablet_id, cells in load_cells.items():
+        logged[tablet_id].extend(cells)
     table_id = Catalog.new_table_id(new_table)
     records: list[TabletRecord] = []
     cells_total = 0
@@ -243,6 +254,42 @@ async def _logged_cells(
                 for tablet_id, cells in plan.route(checkpoint.tablets, table_id, records).items():
                     out[tablet_id].extend(cells)
     return out, read
+
+
+async def _loaded_cells(
+    store: ObjectStore,
+    catalog: Catalog,
+    table: str,
+    table_id: str,
+    checkpoint: SnapshotManifest,
+    instant: float,
+) -> dict[str, list[Cell]]:
+    """Checkpoint tablet id -> the cells after its cut of the bulk-load parts committed
+    between the checkpoint (less the clock margin) and ``instant``, in each part's rows."""
+    low = checkpoint.created_at - CLOCK_MARGIN
+    parts = await list_load_parts(store, table_id)
+    kvs = await catalog.coordinator.get_prefix(paths.bulk_loads_prefix(table_id))
+    plan.check_loads(table, [LoadRecord.from_bytes(kv.value) for kv in kvs], parts, low, instant)
+    cells: list[Cell] = []
+    for part in plan.select_parts(parts, low, instant):
+        for refs in part.sstables.values():
+            for ref in refs:
+                data = await store.get(ref.key)
+                if data is None:
+                    raise Corruption(
+                        f"bulk-loaded SSTable {object_url(store.url, ref.key)} of load "
+                        f"{part.load_id!r} does not exist (tabletstore verify lists what else "
+                        "is missing)"
+                    )
+                got = await asyncio.to_thread(
+                    read_sstable_bytes, data, name=ref.key, seq_base=ref.seq_base
+                )
+                cells.extend(
+                    c
+                    for c in got
+                    if c.row >= part.start_row and (part.end_row is None or c.row < part.end_row)
+                )
+    return plan.route_cells(checkpoint.tablets, cells)
 
 
 async def _stamp(

@@ -12,6 +12,7 @@ the store URL), so they never include that prefix::
     recovery/<worker-id>/<incarnation:020d>/<segment:020d>/<table-id>/<tablet-id>.run
     snapshots/<table-id>/<snapshot-id>.json
     backups/<backup-id>/<version:020d>.json            (a backup manifest, one object a version)
+    loads/<table-id>/<part-id>.json                     (a bulk load's part, for history)
     staging/<principal>/<load-name>/...                (a principal's bulk-load input)
     probes/conditional-create/<nonce>                  (deleted at once; see below)
 
@@ -56,6 +57,7 @@ from tabletstore.storage_s3.base import object_url
 
 __all__ = [
     "BACKUPS",
+    "LOADS",
     "LOGS",
     "PROBES",
     "RECOVERY",
@@ -63,6 +65,7 @@ __all__ = [
     "STAGING",
     "TABLES",
     "BackupKey",
+    "LoadPartKey",
     "LogSegmentKey",
     "RecoveryKey",
     "RecoveryRunKey",
@@ -72,9 +75,12 @@ __all__ = [
     "backup_prefix",
     "check_component",
     "conditional_create_probe_key",
+    "load_part_key",
+    "load_part_prefix",
     "log_prefix",
     "log_segment_key",
     "parse_backup_key",
+    "parse_load_part_key",
     "parse_log_segment_key",
     "parse_recovery_key",
     "parse_recovery_run_key",
@@ -97,6 +103,7 @@ LOGS = "logs/"
 RECOVERY = "recovery/"
 SNAPSHOTS = "snapshots/"
 BACKUPS = "backups/"
+LOADS = "loads/"
 PROBES = "probes/"
 STAGING = "staging/"
 
@@ -146,6 +153,11 @@ class RecoveryKey(NamedTuple):
 class SnapshotKey(NamedTuple):
     table_id: str
     snapshot_id: str
+
+
+class LoadPartKey(NamedTuple):
+    table_id: str
+    part_id: str
 
 
 class BackupKey(NamedTuple):
@@ -389,6 +401,27 @@ def snapshot_prefix(table_id: str | None = None) -> str:
 def snapshot_key(table_id: str, snapshot_id: str) -> str:
     """Where a snapshot manifest of one table lives."""
     return f"{snapshot_prefix(table_id)}{check_component('snapshot id', snapshot_id)}{_SNAPSHOT_SUFFIX}"
+
+
+def load_part_prefix(table_id: str | None = None) -> str:
+    """``loads/`` or ``loads/<table>/``: the parts of bulk loads (metadata/load_part.py)."""
+    if table_id is None:
+        return LOADS
+    return f"{LOADS}{check_component('table id', table_id)}/"
+
+
+def load_part_key(table_id: str, part_id: str) -> str:
+    """Where one tablet's part of a bulk load into a table is recorded."""
+    return f"{load_part_prefix(table_id)}{check_component('part id', part_id)}{_SNAPSHOT_SUFFIX}"
+
+
+def parse_load_part_key(key: str) -> LoadPartKey:
+    """The inverse of :func:`load_part_key`."""
+    table_id, part_id = _split(key, LOADS, 2, _SNAPSHOT_SUFFIX, "bulk load part")
+    parsed = LoadPartKey(table_id, part_id)
+    if load_part_key(*parsed) != key:
+        raise InvalidArgument(f"object key {key!r} is not a valid bulk load part key")
+    return parsed
 
 
 def parse_snapshot_key(key: str) -> SnapshotKey:

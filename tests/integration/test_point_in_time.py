@@ -15,12 +15,16 @@ import struct
 import time
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
+from tabletstore.batch import awrite_sstables
 from tabletstore.data.model import AddToCell, DeleteCells, DeleteRow, SetCell
 from tabletstore.data.schema import ColumnFamily
 from tabletstore.embedded import Database
-from tabletstore.errors import AlreadyExists, InvalidArgument
+from tabletstore.errors import AlreadyExists, Corruption, InvalidArgument
+from tabletstore.master import gc_plan
+from tabletstore.metadata.load_part import LoadPart, list_load_parts
 from tabletstore.metadata.record import TabletRecord
 from tabletstore.options import TabletOptions
 from tabletstore.storage_s3 import layout
@@ -277,3 +281,61 @@ async def test_setting_a_window_takes_the_first_checkpoint_at_once(tmp_path: Pat
         assert await _read(db, "back") == {(b"r", "f", b"q", 1): b"v"}
         await db.set_history("t", 2 * HOUR)  # within the interval: no second checkpoint
         assert len(await db.list_snapshots()) == 1
+
+
+def _load(rows: list[bytes], value: bytes, ts: int) -> pa.Table:
+    return pa.table(
+        {
+            "row": pa.array(rows, pa.binary()),
+            "family": ["f"] * len(rows),
+            "qualifier": pa.array([b"q"] * len(rows), pa.binary()),
+            "value": pa.array([value] * len(rows), pa.binary()),
+            "timestamp": [ts] * len(rows),
+        }
+    )
+
+
+async def test_bulk_loads_before_the_instant_are_restored_and_later_ones_not(
+    tmp_path: Path,
+) -> None:
+    async with await Database.open(f"file://{tmp_path}/db") as db:
+        await db.create_table("t", ["f"], split_keys=[b"r5"], history=HOUR)
+        t = db.table("t")
+        await t.mutate_row(b"r0", [SetCell("f", b"q", b"written", 1)])
+        await db.checkpoint()
+        before_a = await _read(db, "t"), time.time()
+        out_a = await db.staging_url("a")
+        await awrite_sstables(_load([b"r1", b"r6"], b"A", 5), out_a)
+        assert await db.bulk_load("t", out_a) == (2, 2)
+        after_a = await _read(db, "t"), time.time()
+        await t.mutate_row(b"r0", [SetCell("f", b"q", b"later", 2)])
+        out_b = await db.staging_url("b")
+        await awrite_sstables(_load([b"r2", b"r7"], b"B", 5), out_b)
+        assert await db.bulk_load("t", out_b) == (2, 2)
+        after_b = await _read(db, "t"), time.time()
+        assert (b"r7", "f", b"q", 5) in after_b[0] and (b"r7", "f", b"q", 5) not in after_a[0]
+        table_id = (await db.master.catalog.get_table("t")).table_id
+        parts = await list_load_parts(db.store, table_id)
+        assert len(parts) == 4 and all(p.cells == 1 for p in parts)
+        # Compacted away from the table, the loaded SSTables stay for the window (GC rule 9).
+        await db.compact("t")
+        report = await db.gc(grace=0, fence_grace=0)
+        assert report.counts.get(gc_plan.Reason.KEEP_HISTORY_LOAD) == 4, report.counts
+        for i, (expected, instant) in enumerate([before_a, after_a, after_b]):
+            await db.restore_as_of("t", instant, f"r{i}")
+            assert await _read(db, f"r{i}") == expected, i
+            await db.clone_as_of("t", instant, f"c{i}")
+            assert await _read(db, f"c{i}") == expected, i
+        # A finished load whose part went unrecorded is refused past it, not rebuilt without.
+        b_part = parts[-1]  # oldest commit first: one of load B's
+        assert b_part.load_id == parts[-2].load_id != parts[0].load_id
+        keys = [o.key async for o in db.store.list(layout.load_part_prefix(table_id))]
+        for key in keys:
+            data = await db.store.get(key)
+            assert data is not None
+            if LoadPart.from_bytes(data) == b_part:
+                await db.store.delete(key)
+        with pytest.raises(Corruption, match="only 1 are recorded"):
+            await db.restore_as_of("t", after_b[1], "x")
+        await db.restore_as_of("t", after_a[1], "y")
+        assert await _read(db, "y") == after_a[0]

@@ -385,3 +385,25 @@ def test_history_keeps_a_finished_log_for_its_retention_and_reports_its_bytes() 
     p = gc.plan(needed, [*segs, sst], NOW, grace=30)
     assert p.delete == (sst.key,)
     assert p.reasons[segs[0].key] is gc.Reason.KEEP_LOG_NEEDED
+
+
+def test_a_bulk_load_part_pins_its_sstables_within_the_history_retention() -> None:
+    """Rule 9: a bulk-load part is kept while younger than the history retention (and than
+    the grace period), pinning the SSTables it names; then it goes, and its SSTables the
+    round after (they are pinned in the round that deletes it); an unreadable one pins its
+    table's SSTables."""
+    part = layout.load_part_key("ta", "p1")
+    sst, other = _sstable("ta", 1), _sstable("ta", 2)
+    listed = [_obj(part, 600), _obj(sst, 10_000), _obj(other, 10_000)]
+    names = {part: frozenset({sst})}
+    kept = gc.plan(gc.LiveSet(history=601.0, load_parts=names), listed, NOW, grace=30)
+    assert kept.delete == (other,)
+    assert kept.reasons[part] is gc.Reason.KEEP_LOAD_PART
+    assert kept.reasons[sst] is gc.Reason.KEEP_HISTORY_LOAD
+    old = gc.plan(gc.LiveSet(history=600.0, load_parts=names), listed, NOW, grace=30)
+    assert old.delete == (part, other)
+    assert old.reasons[part] is gc.Reason.DELETE_OLD_LOAD_PART
+    after = gc.plan(gc.LiveSet(history=600.0), listed[1:], NOW, grace=30)
+    assert set(after.delete) == {sst, other}
+    unreadable = gc.plan(gc.LiveSet(history=601.0, load_parts={part: None}), listed, NOW, grace=30)
+    assert unreadable.delete == ()
