@@ -223,6 +223,8 @@ async def test_bad_requests_are_refused_and_change_nothing(tmp_path: Path) -> No
         for table, instant, new, error, match in cases:
             with pytest.raises(error, match=match):
                 await db.restore_as_of(table, instant, new)
+            with pytest.raises(error, match=match):
+                await db.clone_as_of(table, instant, new)
         assert sorted(await db.list_tables()) == before
         assert len(await db.list_snapshots()) == len(snapshots)
         objects = [o.key async for o in db.store.list("tables/")]
