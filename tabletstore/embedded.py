@@ -308,9 +308,12 @@ class Database(AsyncClient):
         of each table's window, while it is open; a cluster's master does it in its loop)."""
         return await self.master.checkpointer.run_round(force=True)
 
-    async def restore_as_of(self, table: str, instant: float, new_table: str) -> RestoreReport:
+    async def restore_as_of(
+        self, table: str, instant: float, new_table: str, *, zero_copy: bool = False
+    ) -> RestoreReport:
         """Rebuild ``table`` as it was at ``instant`` (seconds since the epoch, within its
-        history window) into the new table ``new_table`` (master/pitr_restore.py)."""
+        history window) into the new table ``new_table`` (master/pitr_restore.py);
+        ``zero_copy``: :meth:`clone_as_of`."""
         return await restore_as_of(
             self.store,
             self.master.catalog,
@@ -319,22 +322,14 @@ class Database(AsyncClient):
             new_table=new_table,
             clock=self.master.clock,
             assign=self.master.assign,
+            zero_copy=zero_copy,
         )
 
     async def clone_as_of(self, table: str, instant: float, new_table: str) -> RestoreReport:
         """A writable zero-copy clone of ``table`` as it was at ``instant`` (within its history
         window), named ``new_table``: it names the checkpoint's SSTables and writes only the
         replayed log tail (master/pitr_restore.py)."""
-        return await restore_as_of(
-            self.store,
-            self.master.catalog,
-            table=table,
-            instant=instant,
-            new_table=new_table,
-            clock=self.master.clock,
-            assign=self.master.assign,
-            zero_copy=True,
-        )
+        return await self.restore_as_of(table, instant, new_table, zero_copy=True)
 
     async def __aenter__(self) -> Database:
         return self
