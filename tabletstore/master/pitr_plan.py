@@ -75,8 +75,9 @@ def check_instant(table: str, instant: float, now: float, window: float | None) 
     """InvalidArgument unless ``instant`` is in ``table``'s history window at ``now``."""
     if window is None:
         raise InvalidArgument(
-            f"table {table!r} keeps no history: set a window (e.g. tabletstore history "
-            f"{table} 24h) to restore it as of an instant from then on"
+            f"table {table!r} keeps no history: set a window (tabletstore history {table} "
+            "24h, or a database default: history --default 24h) to restore it as of an "
+            "instant from then on"
         )
     if instant > now:
         raise InvalidArgument(
