@@ -16,6 +16,10 @@ it), and drives each with google-cloud-bigtable's synchronous data client, one c
 * **random reads/s**: ``read_row`` of a random written row, ``--ops`` times;
 * **scanned rows/s**: ``read_rows`` of the whole table (every row written above).
 
+Single writes and random reads also report each call's latency (p50, p99, p99.9 and the
+maximum, ``bench.latency``): with one call in flight, a long tail there is the server
+stalling (a collection, a compaction holding the loop), not a queue.
+
 Prints both columns side by side and tabletstore / emulator; the median of ``--runs`` runs,
 which alternate between the two servers, each run starting with the other one (a loaded
 machine then weighs on both alike).
@@ -45,12 +49,16 @@ from pathlib import Path
 from typing import Any
 
 from bench import require_extra
+from bench.latency import summarize
 
 EMULATOR = Path("/usr/lib/google-cloud-sdk/platform/bigtable-emulator/cbtemulator")
 REPO = Path(__file__).resolve().parents[1]
 PROJECT, INSTANCE = "bench-project", "bench-instance"
 VALUE = b"v" * 100
 FIGURES = ("single writes/s", "batched writes/s", "random reads/s", "scanned rows/s")
+#: The figures whose calls are timed one by one, and the latency columns of each.
+TIMED = ("single writes/s", "random reads/s")
+TAIL = ("p50", "p99", "p99.9", "max")
 
 
 def _free_port() -> int:
@@ -163,10 +171,14 @@ def measure(
         bulk = [[b"b%08d" % (j * batch + i) for i in range(batch)] for j in range(batches)]
         cell = SetCell("cf", b"q", VALUE, 1000)
         out: dict[str, float] = {}
+        calls: dict[str, list[float]] = {figure: [] for figure in TIMED}
 
         def singles() -> None:
+            lat = calls["single writes/s"]
             for key in single:
+                t0 = time.perf_counter()
                 table.mutate_row(key, cell)
+                lat.append(time.perf_counter() - t0)
 
         def batched() -> None:
             for keys in bulk:
@@ -176,8 +188,12 @@ def measure(
         picks = random.Random(1).choices(everything, k=ops)
 
         def reads() -> None:
+            lat = calls["random reads/s"]
             for key in picks:
-                if table.read_row(key) is None:
+                t0 = time.perf_counter()
+                row = table.read_row(key)
+                lat.append(time.perf_counter() - t0)
+                if row is None:
                     raise AssertionError(f"row {key!r} is missing")
 
         scanned = 0
@@ -195,6 +211,11 @@ def measure(
         )
         for figure, (n, fn) in zip(FIGURES, phases, strict=True):
             out[figure], out[f"{figure} cpu"] = _rate(n, fn, pid)
+        for figure, lat in calls.items():
+            tail = summarize(lat)
+            values = (tail.p50_ms, tail.p99_ms, tail.p999_ms, tail.max_ms)
+            for name, ms in zip(TAIL, values, strict=True):
+                out[f"{figure} {name}"] = ms
         if scanned != len(everything):
             raise AssertionError(f"scan returned {scanned} rows, expected {len(everything)}")
         return out
@@ -255,6 +276,13 @@ def main(argv: list[str] | None = None) -> int:
         line = f"  {figure:18}" + "".join(f"{v:>14,.1f}" for v in values)
         if len(values) == 2 and values[1]:
             line += f"   {values[0] / values[1]:>8.2f}x"
+        print(line)
+    print("latency ms per call (" + ", ".join(TAIL) + ")")
+    for figure in TIMED:
+        line = f"  {figure:18}"
+        for n in names:
+            tail = [statistics.median(columns[n][f"{figure} {t}"]) for t in TAIL]
+            line += "  " + " / ".join(f"{ms:.2f}" for ms in tail)
         print(line)
     return 0
 

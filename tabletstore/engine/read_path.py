@@ -58,8 +58,12 @@ __all__ = [
 
 #: The longest a scan computes on the event loop before it lets other tasks run. The lease
 #: keep-alive shares the loop and tolerates a stall of about ``ttl - ttl/3`` (3.3 s with the
-#: default 5 s lease); 10 ms keeps the cost of yielding (about 30 us a time) under 1%.
-READ_SLICE_SECONDS = 0.01
+#: default 5 s lease), so liveness alone would allow far more; the bound is the point reads
+#: queued behind the scan: each waits for the slice of every scan ahead of it, so the slice
+#: is a term of their tail. 1 ms keeps a yield (a few tens of µs through a stream's
+#: generators) to a few percent of the scan's time, where 0.1 ms costs scans a third of their
+#: throughput (``bench.scan_turns`` measures both sides).
+READ_SLICE_SECONDS = 0.001
 #: The most regex work (RE2 program size x bytes of the row) one row's filter may do on the
 #: event loop. RE2's worst case (its NFA, when a pattern's DFA outgrows its memory) is 5 to
 #: 15 ns per byte per instruction, so this bounds an inline filter to a few milliseconds;

@@ -146,3 +146,49 @@ async def test_row_with_heavy_regex_work_is_filtered_off_the_loop(h: TabletHarne
     assert (row is not None) == (value[-1001] == ord("a"))
     # A memtable read never suspends; only filtering on a thread gave the ticker its turns.
     assert during > 0
+
+
+async def test_a_scan_lets_point_reads_in_after_each_short_slice(
+    h: TabletHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A point read queued behind a scan over data in memory waits for the rest of the scan's
+    slice, so the slice is part of every reader's tail: the scan may compute at most about a
+    millisecond before the read gets its turn. The scan's clock is simulated (each reading of
+    it advances STEP) so the slice is counted in the scan's own work, not in wall time."""
+    tablet = h.tablet
+    assert tablet is not None
+    rows = 2000
+    for i in range(rows):
+        await tablet.apply(b"r%05d" % i, [SetCell("v", b"c", b"x")])
+    step = 20e-6
+    now = [0.0]
+
+    def simulated() -> float:
+        now[0] += step
+        return now[0]
+
+    monkeypatch.setattr(read_path_module, "stopwatch", simulated)
+    reads = [0]
+    scanning = True
+
+    async def reader() -> None:
+        while scanning:
+            assert await tablet.read_row(b"r00000") is not None
+            reads[0] += 1
+            await asyncio.sleep(0)
+
+    task = asyncio.get_running_loop().create_task(reader())
+    await asyncio.sleep(0)  # the reader has started
+    gaps: list[float] = []
+    last_reads, since = reads[0], now[0]
+    async for _row in tablet.scan(RowRange.all()):
+        if reads[0] != last_reads:
+            gaps.append(now[0] - since)
+            last_reads, since = reads[0], now[0]
+    scanning = False
+    await task
+    # Data in the memtable never suspends a scan: only its slices let the reader in.
+    assert len(gaps) >= 10, f"the reader got {len(gaps)} turns in a scan of {rows} rows"
+    longest = max(gaps)
+    # The scan's 40 ms of simulated computing; a 10 ms slice made readers wait 10 ms.
+    assert longest <= 0.002, f"a point read waited for {longest * 1000:.1f} ms of the scan"

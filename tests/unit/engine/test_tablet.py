@@ -25,9 +25,10 @@ from tabletstore.data.model import (
     SetCell,
 )
 from tabletstore.data.query import RowRange
-from tabletstore.data.schema import Acl, TableSchema
+from tabletstore.data.schema import Acl, ColumnFamily, TableSchema
 from tabletstore.errors import InvalidArgument, NotFound, NotServing, PermissionDenied
 from tabletstore.options import TabletOptions
+from tabletstore.sstable.reader import SSTableCore
 from tabletstore.storage_s3.base import Op
 from tabletstore.storage_s3.memory import MemoryObjectStore
 from tabletstore.testing.faulty_store import FaultyObjectStore
@@ -346,3 +347,36 @@ async def test_a_row_of_one_put_obeys_gc_and_the_families_asked(
     h.clock.advance(6)
     assert await tablet.read_row(b"rb") is None
     assert await tablet.read_row(b"ra") == Row(b"ra", [Cell("a", b"q", written, b"va")])
+
+
+async def _pages_of(store: MemoryObjectStore, keys: list[str]) -> int:
+    pages = 0
+    for key in keys:
+        data = await store.get(key)
+        assert data is not None
+        index = SSTableCore.from_tail(key, len(data), data).pages
+        assert index is not None
+        pages += index.pages
+    return pages
+
+
+async def test_a_minor_compaction_writes_larger_pages_than_a_major_one() -> None:
+    """Every acknowledged write is encoded once by a minor compaction, and encoding costs a
+    zstd call per page of each column: a minor compaction writes large pages (fewer calls),
+    the compactions that rewrite its output small ones (the unit a cold point read decodes)."""
+    store = MemoryObjectStore()
+    schema = TableSchema(name="pages", families={"v": ColumnFamily(name="v")})
+    h = TabletHarness(store, options=BIG, schema=schema)
+    tablet = await h.start()
+    try:
+        value = os.urandom(1000)
+        for i in range(400):
+            await tablet.apply(b"r%05d" % i, [SetCell("v", b"q", value)])
+        await tablet.minor_compact()
+        minor = await _pages_of(store, [r.key for r in tablet.record.sstables["default"]])
+        await tablet.major_compact()
+        major = await _pages_of(store, [r.key for r in tablet.record.sstables["default"]])
+    finally:
+        await h.close()
+    # 400 KB of values: ~50 pages of 8 KiB, ~13 of 32 KiB.
+    assert minor * 3 <= major, f"minor compaction: {minor} pages, major: {major}"
