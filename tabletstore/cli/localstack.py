@@ -596,10 +596,14 @@ def start_moto(
     argv = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
     record = spawn("s3", argv, log=log, url=endpoint)
     wait_healthy(record, lambda: _http_ok(f"{endpoint}/moto-api/data.json") is not None, deadline)
-    # moto does not check signatures, so a plain PUT creates the bucket.
-    if _http_ok(f"{endpoint}/{BUCKET}", method="PUT") is None:
+    # moto does not check signatures, so a plain PUT creates the bucket; tried until the
+    # deadline, as the server's health is: its first S3 request loads moto's S3 backend, which
+    # takes longer than one PUT's 2 s timeout on a loaded machine.
+    try:
+        wait_healthy(record, lambda: _bucket_ready(endpoint), deadline)
+    except Unavailable:
         stop(record)
-        raise Unavailable(f"could not create bucket {BUCKET!r} on moto at {endpoint}")
+        raise Unavailable(f"could not create bucket {BUCKET!r} on moto at {endpoint}") from None
     return record
 
 
