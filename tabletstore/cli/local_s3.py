@@ -11,7 +11,9 @@ data, turn authentication back off) answers anyone. This launcher runs the same 
   whose access key is made at start and written to ``--credentials`` (mode 0600) before the
   port opens, as two lines ``AWS_ACCESS_KEY_ID=...`` and ``AWS_SECRET_ACCESS_KEY=...``;
 - the bucket made in-process (no unsigned request is ever served);
-- the control API and moto's other non-S3 services refused: 403 for any ``/moto-api`` path.
+- the control API and moto's other non-S3 services refused: 403 for any ``/moto-api`` path;
+- each request's URL handed to moto as the client sent it (:func:`_backend_app_as_sent`), so
+  that moto checks a signature over the path the client signed, whatever characters a key has.
 
 Usage: ``python -m tabletstore.cli.local_s3 --host 127.0.0.1 --port N --bucket B
 --credentials FILE`` (``cli/localstack.py`` starts it).
@@ -25,6 +27,7 @@ import os
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 __all__ = ["USER", "main", "read_credentials"]
 
@@ -87,6 +90,50 @@ def _without_control_api(app: Wsgi) -> Wsgi:
     return guarded
 
 
+def _url_as_sent(environ: dict[str, Any], scheme: str, host: str) -> str | None:
+    """The request's URL with its path and query exactly as the client encoded them, from the
+    request line werkzeug's server keeps in ``RAW_URI`` (None if it is missing)."""
+    raw = environ.get("RAW_URI")
+    if not isinstance(raw, str) or not raw:
+        return None
+    if "://" in raw.split("?", 1)[0]:  # absolute-form request line
+        parts = urlsplit(raw)
+        path, query = parts.path, parts.query
+    else:
+        path, _, query = raw.partition("?")
+    path = path if path.startswith("/") else f"/{path}"
+    return f"{scheme}://{host}{path}" + (f"?{query}" if query else "")
+
+
+def _backend_app_as_sent(create: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """moto's per-service Flask apps, each with a request class whose ``url`` is the URL as
+    the client sent it.
+
+    A SigV4 signature covers the path and query exactly as the client encoded them: botocore
+    encodes every byte of a key but unreserved characters and ``/``, so ``tables/!metadata/x``
+    goes out as ``tables/%21metadata/x``. moto checks the signature over the request's ``url``,
+    which werkzeug rebuilds from the decoded path and turns into an IRI (``%21`` back to ``!``,
+    and likewise ``$&'()*+,:;=@`` and non-ASCII letters): for such a key the two canonical
+    requests differ and moto answers SignatureDoesNotMatch, where S3 and MinIO check the path
+    as sent. moto takes key names from the request line already (``RAW_URI``, unquoted once),
+    so handing it the same line as the URL changes which requests verify, not which objects
+    they name. Flask's ``request_class`` is the documented place to change the request type.
+    """
+    from flask import Request
+
+    class RequestAsSent(Request):
+        @property
+        def url(self) -> str:  # type: ignore[override]
+            return _url_as_sent(self.environ, self.scheme, self.host) or super().url
+
+    def created(service: Any) -> Any:
+        app = create(service)
+        app.request_class = RequestAsSent
+        return app
+
+    return created
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m tabletstore.cli.local_s3")
     parser.add_argument("--host", default="127.0.0.1")
@@ -102,7 +149,9 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     settings.INITIAL_NO_AUTH_ACTION_COUNT = 0
     _bootstrap(args.bucket, args.credentials)
-    app = _without_control_api(DomainDispatcherApplication(create_backend_app))
+    app = _without_control_api(
+        DomainDispatcherApplication(_backend_app_as_sent(create_backend_app))
+    )
     run_simple(args.host, args.port, app, threaded=True)
 
 

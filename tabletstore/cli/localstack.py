@@ -37,7 +37,7 @@ each process reaches etcd with its own (the etcd URL's ``?ca=&cert=&key=``). The
 environment names the ``client`` certificate. etcd's own authentication is on too
 (:func:`etcd_auth`): the master and workers are etcd user ``tabletstore-cluster`` (read and
 write under the stack's namespaces), the printed cluster URL and environment use the read-only
-``tabletstore-reader``, and ``Stack.admin_url`` (printed as the operator URL, for ``tokens
+``tabletstore-reader`` (which reads only the keys in :data:`READER_KEYS`), and ``Stack.admin_url`` (printed as the operator URL, for ``tokens
 create``) the cluster user. Their passwords are files in ``<dir>/tls/etcd-users`` (mode 0600),
 named by the URLs' ``password_file``, never on a command line.
 
@@ -66,6 +66,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from tabletstore.coordination import paths
 from tabletstore.errors import AlreadyExists, InvalidArgument, NotFound, Unavailable
 from tabletstore.security import TlsConfig, ca
 
@@ -364,6 +365,25 @@ def with_tls(url: str, tls: TlsConfig | None) -> str:
 CLUSTER_USER, READER_USER = "tabletstore-cluster", "tabletstore-reader"
 assert {CLUSTER_USER, READER_USER} <= ca.RESERVED_NAMES  # no certificate is issued these names
 ETCD_USERS = ((CLUSTER_USER, "readwrite"), (READER_USER, "read"))
+#: The coordinator keys the reader may read (``coordination.paths``), what a client and a
+#: front door need and nothing else: the key a coordinator's check reads, the master's address (its election), the root tablet's
+#: location (§5.1), the cluster's settings (the store URL, for backups and batch jobs), the
+#: live workers and status pages (``tabletstore status``), and token records by digest
+#: (a token-only client learns its own name, a front door verifies its callers': etcd grants
+#: ranges, not single reads, so the range is granted; a record holds a token's SHA-256, never
+#: the token, and its principal's name, role and lifetime). Not schemas, ACLs, tablet
+#: records, claims, assignments, bulk loads or log sorts: tables are looked up through the
+#: master, which shows each principal only the tables it may know of.
+READER_KEYS = (
+    paths.CHECK,
+    paths.ELECTIONS,
+    paths.ROOT_TABLET,
+    paths.SETTINGS,
+    paths.SERVERS,
+    paths.STATUS_PAGES,
+    paths.TOKENS,
+)
+USER_KEYS = {READER_USER: READER_KEYS}
 #: The etcd namespaces of a stack: the cluster's and the one TABLETSTORE_ETCD_URL names.
 STACK_NAMESPACES = ("cluster", "tabletstore")
 _AUTH_MARK = "etcd-auth-on"
@@ -393,7 +413,13 @@ def etcd_auth(
     users.mkdir(mode=0o700, exist_ok=True)
     root = _password(users / "root.password")
     grants = [
-        EtcdGrant(user, _password(users / f"{user}.password"), permission, tuple(namespaces))  # type: ignore[arg-type]
+        EtcdGrant(
+            user,
+            _password(users / f"{user}.password"),
+            permission,  # type: ignore[arg-type]
+            tuple(namespaces),
+            USER_KEYS.get(user, ("",)),
+        )
         for user, permission in ETCD_USERS
     ]
     if not (directory / _AUTH_MARK).exists():
@@ -570,10 +596,14 @@ def start_moto(
     argv = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
     record = spawn("s3", argv, log=log, url=endpoint)
     wait_healthy(record, lambda: _http_ok(f"{endpoint}/moto-api/data.json") is not None, deadline)
-    # moto does not check signatures, so a plain PUT creates the bucket.
-    if _http_ok(f"{endpoint}/{BUCKET}", method="PUT") is None:
+    # moto does not check signatures, so a plain PUT creates the bucket; tried until the
+    # deadline, as the server's health is: its first S3 request loads moto's S3 backend, which
+    # takes longer than one PUT's 2 s timeout on a loaded machine.
+    try:
+        wait_healthy(record, lambda: _bucket_ready(endpoint), deadline)
+    except Unavailable:
         stop(record)
-        raise Unavailable(f"could not create bucket {BUCKET!r} on moto at {endpoint}")
+        raise Unavailable(f"could not create bucket {BUCKET!r} on moto at {endpoint}") from None
     return record
 
 

@@ -57,7 +57,9 @@ def up_report(stack: localstack.Stack) -> list[str]:
         lines.append(f"  S3 endpoint:   {stack.s3_endpoint}")
     if stack.admin_url is not None:
         lines.append(f"  operator URL:  {stack.admin_url}")
-        lines.append("                 the cluster as etcd's read-write user: tokens create")
+        lines.append(
+            "                 the cluster as etcd's read-write user: tokens create, gc, verify"
+        )
     lines.extend(
         f"  {record.role:<9} pid {record.pid:<8} log {record.log}" for record in stack.processes
     )

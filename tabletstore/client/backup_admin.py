@@ -21,6 +21,7 @@ from __future__ import annotations
 import abc
 import contextlib
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 from tabletstore.clock import wall_time
 from tabletstore.errors import AlreadyExists, InvalidArgument, NotFound
@@ -46,6 +47,9 @@ from tabletstore.rpc.services import MasterService
 from tabletstore.storage_s3 import open_store
 from tabletstore.storage_s3.base import ObjectStore
 
+if TYPE_CHECKING:
+    from tabletstore.client.table_admin import TableInfos
+
 __all__ = ["BackupRequests"]
 
 
@@ -53,7 +57,7 @@ class BackupRequests(abc.ABC):
     """Backups, restores and clones; the abstract members are the client's."""
 
     _admin: MasterService
-    _tables: dict[str, TableInfo]
+    _tables: TableInfos
 
     @abc.abstractmethod
     def _database_store(self) -> contextlib.AbstractAsyncContextManager[ObjectStore]:

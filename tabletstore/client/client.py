@@ -62,6 +62,7 @@ from tabletstore.rpc.auth import ACTING_FOR
 from tabletstore.rpc.messages import (
     CompactTabletRequest,
     LargeRow,
+    ListTablesRequest,
     ServerStatusRequest,
     ServerStatusResponse,
 )
@@ -267,7 +268,9 @@ class AsyncClient(TableAdmin):
         answers = await asyncio.gather(*(ask(address) for _, address in live))
         workers = {worker_id: a for (worker_id, _), a in zip(live, answers, strict=True)}
         recent: list[tuple[float, str, str, str]] = []
-        for info in await self._catalog.list_tables():
+        # The tables the master lists to this client (those it may know of), not the
+        # coordinator's schemas: a client's etcd user may not read those.
+        for info in (await self._admin.list_tables(ListTablesRequest())).infos():
             for rec in await self._catalog.list_tablets(info.table_id):
                 for e in rec.events:
                     recent.append((e.at, f"{info.schema.name}/{rec.tablet_id}", e.kind, e.detail))

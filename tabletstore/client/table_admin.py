@@ -4,7 +4,8 @@ bulk loads, sent to the master (§3 "creating and deleting tables and column fam
 Administrative requests are ``rpc.services.MasterService`` calls (:data:`Admin`): to the embedded
 database's Master itself, or through a stub to a cluster's elected master
 (``client/cluster.py``). :class:`TableAdmin` sends them and keeps what they answer about each
-table (its id and schema, :meth:`TableAdmin._info`), which the data requests read too;
+table (its id and schema, :meth:`TableAdmin._info`, kept apart for each caller a front door
+acts for: :class:`TableInfos`), which the data requests read too;
 :class:`~tabletstore.client.client.AsyncClient` is a TableAdmin (the public API keeps one
 object: ``client.create_table(...)``, as happybase's connection has). Requests that go to the
 workers tablet by tablet (``compact_tablets``) or ask every worker (``status``) are the
@@ -23,6 +24,7 @@ from tabletstore.data.schema import ColumnFamily, GcRule, LocalityGroup, TableSc
 from tabletstore.errors import InvalidArgument
 from tabletstore.metadata.catalog import TableInfo
 from tabletstore.metadata.snapshot import SnapshotManifest
+from tabletstore.rpc.auth import ACTING_FOR
 from tabletstore.rpc.messages import (
     BulkLoadRequest,
     CompactTableRequest,
@@ -42,11 +44,53 @@ from tabletstore.rpc.services import MasterService
 if TYPE_CHECKING:
     from tabletstore.client.table import AsyncTable
 
-__all__ = ["Admin", "TableAdmin"]
+__all__ = ["Admin", "TableAdmin", "TableInfos"]
 
 #: What the client asks of the master: the master's service (the embedded database's Master
 #: itself, or a stub to a cluster's elected master).
 Admin = MasterService
+
+
+class TableInfos:
+    """Each table's id and schema by name, as the master last answered, for each principal
+    the client acts for (``ACTING_FOR``; a plain client has one, itself).
+
+    The master answers a lookup as its caller: a table the caller may not know of is
+    NOT_FOUND, as if it did not exist (``security.table_visibility``). A front door serves
+    many callers through one client, so an answer kept for one caller and used for another
+    would skip that check: the second caller's write would reach the tablet server, which
+    refuses it PERMISSION_DENIED -- telling it that the table exists, and only once someone
+    else had used it. Kept apart, a caller's answer depends on nothing but the caller.
+    Bounded: past ``limit`` entries the cache starts over (a lookup costs one master call).
+    """
+
+    def __init__(self, limit: int = 4096) -> None:
+        self._limit = limit
+        self._infos: dict[tuple[str | None, str], TableInfo] = {}
+
+    @staticmethod
+    def _key(name: str) -> tuple[str | None, str]:
+        return ACTING_FOR.get(), name
+
+    def get(self, name: str) -> TableInfo | None:
+        """The current caller's answer for table ``name``, if kept."""
+        return self._infos.get(self._key(name))
+
+    def __getitem__(self, name: str) -> TableInfo:
+        return self._infos[self._key(name)]
+
+    def __setitem__(self, name: str, info: TableInfo) -> None:
+        if len(self._infos) >= self._limit:
+            self._infos.clear()
+        self._infos[self._key(name)] = info
+
+    def pop(self, name: str, default: TableInfo | None = None) -> TableInfo | None:
+        """Forget table ``name`` for every caller (it was deleted or replaced); the current
+        caller's answer, if kept."""
+        mine = self._infos.get(self._key(name), default)
+        for key in [k for k in self._infos if k[1] == name]:
+            del self._infos[key]
+        return mine
 
 
 class TableAdmin(BackupRequests):
@@ -57,8 +101,8 @@ class TableAdmin(BackupRequests):
         self._admin = admin
         #: Where tablets are served: the three-level lookup with its cache (§5.1).
         self.locations = locations
-        #: Each table's id and schema by name, as the master last answered (``_info``).
-        self._tables: dict[str, TableInfo] = {}
+        #: Each table's id and schema by name, as the master last answered each caller.
+        self._tables = TableInfos()
 
     @abc.abstractmethod
     def table(self, name: str) -> AsyncTable:

@@ -98,6 +98,7 @@ import aetcd.watcher
 import grpc
 
 from tabletstore.clock import Clock, SystemClock
+from tabletstore.coordination import paths
 from tabletstore.coordination.base import (
     Compare,
     CompareOp,
@@ -570,7 +571,7 @@ class EtcdCoordinator:
     async def check(self) -> None:
         client = await self._connected()
         with self._translated():
-            await client.get((self._prefix + ".check").encode())
+            await client.get((self._prefix + paths.CHECK).encode())
 
     async def grant_lease(self, ttl: float, *, safety_margin: float | None = None) -> Lease:
         if not ttl > 0:
@@ -782,9 +783,7 @@ class EtcdWatch:
                 # which then never sees an event. A read on the same client first proves the
                 # token (an expired one is renewed by _retrying) and the permission.
                 await client.get(start)
-            watch = await client.watch(
-                start, range_end=end, start_revision=revision, prev_kv=True
-            )
+            watch = await client.watch(start, range_end=end, start_revision=revision, prev_kv=True)
             if watch.watch_id is None or watch.watch_id < 0:
                 # etcd cancelled it as it was created (watch id -1): never retried by aetcd.
                 c._drop_client()
@@ -870,18 +869,30 @@ class EtcdWatch:
 
 @dataclass(frozen=True, slots=True)
 class EtcdGrant:
-    """An etcd user with one role of its own: ``permission`` on every key under each of
-    ``namespaces`` (``<namespace>/``, the keys an EtcdCoordinator of that namespace uses)."""
+    """An etcd user with one role of its own: ``permission`` on ``keys`` under each of
+    ``namespaces`` (``<namespace>/``, the keys an EtcdCoordinator of that namespace uses).
+    ``keys`` are coordinator keys (``coordination.paths``): one ending in ``/`` is every key
+    under it, any other that key alone; the default ``("",)`` is the whole namespace."""
 
     user: str
     password: str
     permission: Literal["read", "readwrite"]
     namespaces: tuple[str, ...]
+    keys: tuple[str, ...] = ("",)
+
+
+def _grant_range(namespace: str, key: str) -> tuple[bytes, bytes]:
+    """The etcd key range (key, range_end) of coordinator ``key`` in ``namespace``: a prefix
+    range for ``""`` or a key ending in ``/``, else the one key (an empty range_end)."""
+    full = f"{namespace.strip('/')}/{key}".encode()
+    if key == "" or key.endswith("/"):
+        return full, aetcd.utils.prefix_range_end(full)
+    return full, b""
 
 
 async def enable_auth(url: str, *, root_password: str, grants: Sequence[EtcdGrant]) -> None:
     """Create etcd's ``root`` user (``root_password``; etcd requires it) and, for each grant,
-    a user and a role ``<user>`` with its permission on its namespaces' key ranges; then turn
+    a user and a role ``<user>`` with its permission on its keys in its namespaces; then turn
     etcd's authentication on. From then on every etcd client must name a user (module
     docstring). ``url`` reaches etcd before authentication is on (its TLS files, no user)."""
     coordinator = EtcdCoordinator(url)
@@ -906,14 +917,13 @@ async def enable_auth(url: str, *, root_password: str, grants: Sequence[EtcdGran
                 )
                 await stub.RoleAdd(rpc.AuthRoleAddRequest(name=grant.user), timeout=timeout)
                 for namespace in grant.namespaces:
-                    key = f"{namespace.strip('/')}/".encode()
-                    permission = rpc.Permission(
-                        permType=kind, key=key, range_end=aetcd.utils.prefix_range_end(key)
-                    )
-                    await stub.RoleGrantPermission(
-                        rpc.AuthRoleGrantPermissionRequest(name=grant.user, perm=permission),
-                        timeout=timeout,
-                    )
+                    for key in grant.keys:
+                        start, end = _grant_range(namespace, key)
+                        permission = rpc.Permission(permType=kind, key=start, range_end=end)
+                        await stub.RoleGrantPermission(
+                            rpc.AuthRoleGrantPermissionRequest(name=grant.user, perm=permission),
+                            timeout=timeout,
+                        )
                 await stub.UserAdd(
                     rpc.AuthUserAddRequest(name=grant.user, password=grant.password),
                     timeout=timeout,

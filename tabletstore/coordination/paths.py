@@ -30,6 +30,8 @@ Keys are relative to the coordinator's namespace (an etcd URL's path, e.g.
                                       (master.bulk_load): a done load is not loaded again
     tokens/<sha256 of the token>      a bearer token's principal (coordination.tokens); the
                                       token itself is never stored
+    .check                            never written: what a coordinator's check() reads to
+                                      prove it may reach the namespace
 
 Each name component is a non-empty string without ``/`` (and without NUL); anything else is
 an InvalidArgument. Every builder has a parser so that a watch on a prefix can be decoded.
@@ -43,6 +45,7 @@ __all__ = [
     "ACLS",
     "ASSIGNMENTS",
     "BULK_LOADS",
+    "CHECK",
     "CLAIMS",
     "DRAINING",
     "ELECTIONS",
@@ -101,6 +104,7 @@ SORTS = "sorts/"
 SORTERS = "sorters/"
 BULK_LOADS = "bulk_loads/"
 TOKENS = "tokens/"
+CHECK = ".check"
 
 #: The election whose leader is the master (the master lock of §5.2).
 MASTER_ELECTION = "master"

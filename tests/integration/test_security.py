@@ -425,7 +425,7 @@ def test_local_stack_with_tls_serves_over_mutual_tls_and_etcd_wants_a_certificat
         plain_etcd = with_tls_only(stack).split("?", 1)[0]
         with pytest.raises(TabletStoreError):
             connect(plain_etcd, tls=stack.tls("client")).close()
-        # etcd's own users: the printed URL reads but cannot write the schemas or ACLs; a
+        # etcd's own users: the printed URL can neither read nor write the schemas or ACLs; a
         # certificate without an etcd user gets nothing; the operator URL makes tokens.
         assert "tabletstore-reader@" in stack.cluster_url and "password_file=" in stack.cluster_url
         assert stack.admin_url is not None and "tabletstore-cluster@" in stack.admin_url
@@ -437,7 +437,10 @@ def test_local_stack_with_tls_serves_over_mutual_tls_and_etcd_wants_a_certificat
             anonymous = open_coordinator(with_tls_only(stack))
             admin = open_coordinator(stack.admin_url)
             try:
-                assert await reader.get(paths.schema("t")) is not None
+                # The reader does not even read them (test_etcd_reader_keys.py); the cluster does.
+                assert await admin.get(paths.schema("t")) is not None
+                with pytest.raises(PermissionDenied):
+                    await reader.get(paths.schema("t"))
                 for client in (reader, anonymous):
                     with pytest.raises(PermissionDenied):
                         await client.put(paths.schema("t"), b"forged")

@@ -32,6 +32,7 @@ from tabletstore.embedded import connect_async
 from tabletstore.errors import AlreadyExists, Corruption, TabletStoreError, Unavailable
 from tabletstore.master.verify import verify
 from tabletstore.master.verify_plan import VerifyReport
+from tabletstore.metadata.catalog import Catalog
 from tabletstore.storage_s3 import layout, open_store
 from tabletstore.testing.chaos.chaos_cluster import ENV, ChaosCluster
 from tabletstore.testing.chaos.checker import Verdict, check
@@ -347,20 +348,30 @@ class _Poller:
         )
 
 
-async def _verify(store_url: str, client: AsyncClient, errors: list[str]) -> VerifyReport | None:
-    """``tabletstore verify`` of the healed cluster's bucket, read directly (no S3 faults)."""
+async def _verify(
+    store_url: str, client: AsyncClient, errors: list[str], *, operator_url: str | None = None
+) -> VerifyReport | None:
+    """``tabletstore verify`` of the healed cluster's bucket, read directly (no S3 faults).
+    ``operator_url``: the coordinator to read the schemas from, as an operator's verify does
+    (with etcd's users on, the harness client's read-only user may not read them)."""
     coordinator = getattr(client, "coordinator", None)
     if coordinator is None:
         errors.append("verify: the harness client has no coordinator")
         return None
+    operator = open_coordinator(operator_url) if operator_url is not None else None
+    catalog = (
+        Catalog(operator, metadata=client.locations) if operator is not None else client.catalog
+    )
     store = open_store(store_url)
     try:
-        return await verify(store, client.catalog, coordinator, clock=SystemClock())
+        return await verify(store, catalog, operator or coordinator, clock=SystemClock())
     except (TabletStoreError, OSError) as exc:
         errors.append(f"verify could not run: {exc}")
         return None
     finally:
         await store.close()
+        if operator is not None:
+            await operator.close()
 
 
 async def _wait(check: object, deadline: float, what: str) -> None:
@@ -513,7 +524,12 @@ async def _run(
     history.close()
     poller.add_loads(config.directory, history.t0_wall)
     value_workers, bad = await attribute_values(cluster.direct_store_url)
-    verified = await _verify(cluster.direct_store_url, client, setup_errors)
+    verified = await _verify(
+        cluster.direct_store_url,
+        client,
+        setup_errors,
+        operator_url=cluster.process_url if cluster.tls else None,
+    )
     verdict = check(
         history.ops,
         final_after=final_after,
