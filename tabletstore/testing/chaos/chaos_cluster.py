@@ -1,21 +1,24 @@
-"""The chaos cluster: etcd, moto's S3 server behind the fault proxy, masters and workers, all
-real processes on loopback that the harness starts, faults and stops by pid.
+"""The chaos cluster: etcd, an S3 server (moto's, or SeaweedFS: ``store``) behind the fault
+proxy, masters and workers, all real processes on loopback that the harness starts, faults and
+stops by pid.
 
 Processes are started with the local stack's helpers (:mod:`tabletstore.cli.localstack`: ``spawn``,
-``start_etcd``, ``start_moto``, ``start_master``, ``start_worker``) and tracked by their
+``start_etcd``, ``start_moto``, ``start_seaweedfs``, ``start_master``, ``start_worker``) and tracked by their
 :class:`~tabletstore.cli.localstack.ProcessRecord` (pid, argv, start time), so only processes this
 cluster started are ever signalled, and a reused pid never is. Everything lives under one
 directory (etcd's data, every process's log).
 
 Care taken so a fault is the fault and not data loss by the harness itself:
 
-* moto keeps its objects in memory, so "the S3 server stops" is SIGSTOP/SIGCONT of moto's
-  process (requests hang until the client's timeout), never a restart;
+* moto keeps its objects in memory, so "the S3 server stops" is SIGSTOP/SIGCONT of the S3
+  server's process (requests hang until the client's timeout), never a restart; SeaweedFS
+  (``weed server``: master, volume server, filer and S3 gateway in one process) is paused the
+  same way;
 * an etcd restart stops etcd and starts it again with the same argv: same ports, same data
   directory, so leases, elections and records survive as they would on a real etcd;
 * the store URL points at the fault proxy (:mod:`tabletstore.testing.chaos.s3proxy`) with a
   short ``read_timeout`` (so the proxy's "timeout" fault and a paused S3 are seen as timeouts
-  within seconds); the harness's own checks read the bucket directly from moto.
+  within seconds); the harness's own checks read the bucket directly from the S3 server.
 
 Partitions. Every master and worker reaches etcd through its own link of the partitioning
 proxy (:mod:`tabletstore.testing.chaos.netproxy`), and every worker reaches the S3 fault
@@ -32,6 +35,7 @@ import shutil
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -53,6 +57,9 @@ ENV = {
 #: Seconds the workers' S3 client waits for an answer: short, so that a stalled request
 #: (paused S3, the proxy's timeout fault) fails and is retried within the lease.
 READ_TIMEOUT = 4.0
+#: The S3 servers a chaos cluster runs on (``ChaosCluster(store=...)``): moto keeps objects in
+#: memory; SeaweedFS is a real object store (on disk, create-only PUTs honoured by its filer).
+STORES = ("moto", "seaweedfs")
 #: Tablets never split during a chaos run: the checker maps rows to tablets by fixed split keys.
 NO_SPLIT_BYTES = 1 << 40
 
@@ -73,7 +80,12 @@ class ChaosCluster(ProcessGroup):
         tls: bool = False,
         etcd_members: int = 1,
         partitionable: bool = True,
+        store: str = "moto",
     ) -> None:
+        if store not in STORES:
+            raise ValueError(
+                f"the chaos cluster's S3 server is one of {', '.join(STORES)}, not {store!r}"
+            )
         if etcd_members not in (1, 3, 5):
             raise ValueError(f"etcd runs as 1, 3 or 5 members, not {etcd_members}")
         if etcd_members > 1 and tls:
@@ -90,7 +102,9 @@ class ChaosCluster(ProcessGroup):
         self.seed = seed
         self.records: list[ProcessRecord] = []
         self.etcd: ProcessRecord | None = None
-        self.moto: ProcessRecord | None = None
+        #: Which S3 server (:data:`STORES`), and its process.
+        self.store = store
+        self.s3: ProcessRecord | None = None
         self.proxy: ProcessRecord | None = None
         #: The partitioning proxy (netproxy.py): its control URL is ``net.url``.
         self.net: ProcessRecord | None = None
@@ -106,9 +120,11 @@ class ChaosCluster(ProcessGroup):
         self.workers: list[ProcessRecord] = []
         self.url = ""
         self.store_url = ""
-        #: The bucket straight from moto (no faults): for the harness's own checks.
+        #: The bucket straight from the S3 server (no faults): for the harness's own checks.
         self.direct_store_url = ""
         self._numbers = 0
+        #: Members replaced so far (each fresh member's name: ``m<index>g<generation>``).
+        self._generation = 0
         self._numbers_lock = threading.Lock()  # workers start from several threads
 
     # ------------------------------------------------------------------ starting
@@ -147,15 +163,20 @@ class ChaosCluster(ProcessGroup):
                     self._files("client"),
                 )
                 self.url = localstack.with_user(self.url, users, localstack.CLUSTER_USER)
-            self.moto = localstack.start_moto(self.directory / "s3.log")
-            self.records.append(self.moto)
+            if self.store == "seaweedfs":
+                self.s3 = localstack.start_seaweedfs(
+                    self.directory / "seaweedfs", log=self.directory / "s3.log"
+                )
+            else:
+                self.s3 = localstack.start_moto(self.directory / "s3.log")
+            self.records.append(self.s3)
             proxy_port = localstack.free_port()
             argv = [
                 sys.executable,
                 "-m",
                 "tabletstore.testing.chaos.s3proxy",
                 "--upstream",
-                self.moto.url,
+                self.s3.url,
                 "--port",
                 str(proxy_port),
                 "--seed",
@@ -176,7 +197,7 @@ class ChaosCluster(ProcessGroup):
                 f"&read_timeout={READ_TIMEOUT}&connect_timeout=2"
             )
             self.direct_store_url = (
-                f"s3://{bucket}/data?endpoint_url={self.moto.url}&region=us-east-1"
+                f"s3://{bucket}/data?endpoint_url={self.s3.url}&region=us-east-1"
             )
             for _ in range(self.masters_wanted):
                 self.start_master()
@@ -313,6 +334,55 @@ class ChaosCluster(ProcessGroup):
             )
         self.etcd = self.members[0]
 
+    def replace_member(self, index: int) -> None:
+        """Replace member ``index`` as an operator replaces a lost machine: crash it, remove
+        it from the cluster through the member API, add a fresh member (new name, new data
+        directory, new peer port, the same client port so the processes' URLs stay valid)
+        and start it with ``--initial-cluster-state=existing``; it catches up from the
+        leader. The cluster keeps its quorum throughout (three members, one replaced)."""
+        if self.etcd_members < 3:
+            raise RuntimeError("replacing a member needs etcd as three members or more")
+        old = self.members[index]
+        self.kill(old)
+        other = next(i for i, r in enumerate(self.members) if i != index and self.running(r))
+        api = f"http://{self._etcd_addresses[other]}/v3/cluster/member"
+        client = f"http://{self._etcd_addresses[index]}"
+        # etcd answers a reconfiguration 503 while it has no leader (the crashed member may
+        # have been the leader) and refuses an addition until the leader has been connected
+        # to a quorum of started members for five seconds: retried until then.
+        listed = _retry_post(f"{api}/list")["members"]
+        assert isinstance(listed, list)
+        (gone,) = [m for m in listed if client in m.get("clientURLs", [])]
+        _retry_post(f"{api}/remove", {"ID": gone["ID"]})
+        self._generation += 1
+        name = f"m{index}g{self._generation}"
+        peer = f"http://127.0.0.1:{localstack.free_port()}"
+        added = _retry_post(f"{api}/add", {"peerURLs": [peer]})["members"]
+        assert isinstance(added, list)
+        initial = ",".join(f"{m.get('name') or name}={m['peerURLs'][0]}" for m in added)
+        argv = [
+            old.argv[0],
+            f"--name={name}",
+            f"--data-dir={self.directory / f'etcd-{name}'}",
+            f"--listen-client-urls={client}",
+            f"--advertise-client-urls={client}",
+            f"--listen-peer-urls={peer}",
+            f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster={initial}",
+            "--initial-cluster-state=existing",
+            "--heartbeat-interval=50",
+            "--election-timeout=500",
+        ]
+        record = localstack.spawn(
+            f"etcd-{name}", argv, log=self.directory / f"etcd-{name}.log", url=old.url
+        )
+        self.records.append(record)
+        self.members[index] = record
+        localstack.wait_healthy(
+            record, functools.partial(localstack.etcd_answers, record), localstack.HEALTH_DEADLINE
+        )
+        self.etcd = self.members[0]
+
     def etcd_leader(self) -> int:
         """The index of the member that is raft leader now (asked of each live member)."""
         for i, record in enumerate(self.members):
@@ -435,3 +505,18 @@ def _post_json(url: str, body: dict[str, object] | None = None) -> dict[str, obj
     with urllib.request.urlopen(request, timeout=10) as response:
         answer: dict[str, object] = json.loads(response.read())
         return answer
+
+
+def _retry_post(
+    url: str, body: dict[str, object] | None = None, deadline: float = 60.0
+) -> dict[str, object]:
+    """:func:`_post_json`, retried on 503 and timeouts until ``deadline`` seconds pass."""
+    end = time.monotonic() + deadline
+    while True:
+        try:
+            return _post_json(url, body)
+        except (urllib.error.HTTPError, OSError) as exc:
+            retriable = not isinstance(exc, urllib.error.HTTPError) or exc.code == 503
+            if not retriable or time.monotonic() > end:
+                raise
+            time.sleep(0.5)

@@ -12,10 +12,14 @@ from the same RNG among the live workers that serve tablets of the chaos table a
 * ``restart_etcd``: SIGKILL etcd and start it again (same ports, same data directory).
 * ``pause_worker``: SIGSTOP a worker serving chaos tablets for 2.5 lease periods, then
   SIGCONT it: a zombie that must acknowledge nothing for the tablets that moved meanwhile.
-* ``pause_s3``: SIGSTOP moto's server for a few seconds, then SIGCONT (moto keeps its data in
-  memory, so S3 is "stopped" this way, never restarted).
+* ``pause_s3``: SIGSTOP the S3 server (moto or SeaweedFS) for a few seconds, then SIGCONT
+  (moto keeps its data in memory, so S3 is "stopped" this way, never restarted).
 * ``s3_faults``: for a few seconds the fault proxy answers some requests with 503 SlowDown,
   holds some past the client's read timeout, and answers some applied PUTs with 500.
+* ``s3_503_storm``: for :data:`STORM` seconds (a minute) the fault proxy answers half of all
+  requests ``503 SlowDown``, as S3 does when a prefix is throttled: the retrying store backs
+  off and retries; what still fails after its retries must fail the operation, never
+  acknowledge it, and the cluster must serve normally once the storm passes.
 * ``kill_sorter``: SIGKILL a worker serving chaos tablets (its log is then sorted, §6), and
   as soon as the master planned that sort, claim a task as a sorter that dies mid-task: the
   claim is attached to a lease nobody keeps alive, and the task writes its runs but dies
@@ -42,6 +46,9 @@ from the same RNG among the live workers that serve tablets of the chaos table a
 * ``etcd_quorum_loss`` (etcd as three members): SIGKILL a majority of the members for 10 s,
   then start them again: the remaining member serves nothing (no read, no write, no lease
   renewal), so every lease ends; the cluster must come back without losing a write.
+* ``replace_etcd_member`` (etcd as three members): crash a member, remove it through the
+  member API, add a fresh one with a new data directory on the same client port: it catches
+  up from the leader, and the cluster serves throughout (two members of three keep quorum).
 
 After each fault is healed the cluster is topped up: workers and masters that died (killed, or
 a zombie that gave up) are replaced, so the run keeps its size.
@@ -75,6 +82,7 @@ __all__ = [
     "MEMBER_FAULTS",
     "PARTITION_FAULTS",
     "PROCESS_FAULTS",
+    "STORM_FAULTS",
     "Nemesis",
     "Scheduled",
     "faults_for",
@@ -92,12 +100,17 @@ PROCESS_FAULTS = (
     "kill_sorter",
     "sort_twice",
 )
+#: The long S3 fault (a minute), apart so a short run can leave it out.
+STORM_FAULTS = ("s3_503_storm",)
 PARTITION_FAULTS = ("partition_worker_etcd", "partition_worker_s3", "partition_master_etcd")
 #: The faults that need etcd as several members (``ChaosCluster(etcd_members=3)``).
-MEMBER_FAULTS = ("kill_etcd_leader", "etcd_quorum_loss")
-FAULTS = PROCESS_FAULTS + PARTITION_FAULTS + MEMBER_FAULTS
+MEMBER_FAULTS = ("kill_etcd_leader", "etcd_quorum_loss", "replace_etcd_member")
+FAULTS = PROCESS_FAULTS + STORM_FAULTS + PARTITION_FAULTS + MEMBER_FAULTS
 #: Seconds a majority of etcd's members stays down in ``etcd_quorum_loss``.
 QUORUM_LOSS = 10.0
+#: Seconds an ``s3_503_storm`` lasts, and the share of requests it answers 503 SlowDown.
+STORM = 60.0
+STORM_SLOWDOWN = 0.5
 
 
 def faults_for(etcd_members: int) -> tuple[str, ...]:
@@ -366,15 +379,24 @@ class Nemesis:
             await asyncio.to_thread(c.restart_members, down)
         self.history.heal(fault)
 
+    async def replace_etcd_member(self) -> None:
+        c = self.cluster
+        if c.etcd_members < 3:
+            raise RuntimeError("replace_etcd_member needs etcd as three members or more")
+        index = self.rng.randrange(c.etcd_members)
+        fault = self.history.fault("replace_etcd_member", c.members[index].role)
+        await asyncio.to_thread(c.replace_member, index)
+        self.history.heal(fault, new_member=c.members[index].role)
+
     async def pause_s3(self) -> None:
-        moto = self.cluster.moto
-        assert moto is not None
-        fault = self.history.fault("pause_s3", "moto")
-        self.cluster.pause(moto)
+        server = self.cluster.s3
+        assert server is not None
+        fault = self.history.fault("pause_s3", self.cluster.store)
+        self.cluster.pause(server)
         try:
             await asyncio.sleep(6.0)
         finally:
-            self.cluster.resume(moto)
+            self.cluster.resume(server)
         self.history.heal(fault)
 
     async def s3_faults(self) -> None:
@@ -391,6 +413,21 @@ class Nemesis:
             k: after.get(k, 0) - before.get(k, 0) for k in ("slowdown", "timeout", "put_error")
         }
         self.history.heal(fault, injected=injected)
+
+    async def s3_503_storm(self) -> None:
+        fault = self.history.fault("s3_503_storm", "proxy", slowdown=STORM_SLOWDOWN, seconds=STORM)
+        before = await asyncio.to_thread(self.cluster.s3_stats)
+        await asyncio.to_thread(lambda: self.cluster.s3_faults(slowdown=STORM_SLOWDOWN))
+        try:
+            await asyncio.sleep(STORM)
+        finally:
+            await asyncio.to_thread(self.cluster.s3_faults)
+        after = await asyncio.to_thread(self.cluster.s3_stats)
+        self.history.heal(
+            fault,
+            requests=after.get("requests", 0) - before.get("requests", 0),
+            slowdown=after.get("slowdown", 0) - before.get("slowdown", 0),
+        )
 
 
 class _Died(Unavailable):

@@ -74,6 +74,8 @@ class ChaosConfig:
     tls: bool = False
     writers: int = 8
     readers: int = 3
+    #: The S3 server: "moto" or "seaweedfs" (chaos_cluster.STORES).
+    store: str = "moto"
     #: etcd's members: 1, or 3 (or 5) for the member faults (nemesis.MEMBER_FAULTS).
     etcd_members: int = 1
     #: Clients of the shared rows' single-row transactions (workload.py).
@@ -106,7 +108,7 @@ class ChaosReport:
         ops = v.operations
         lines = [
             f"chaos: {self.config.seconds:.0f} s, seed {self.config.seed}, "
-            f"etcd members {self.config.etcd_members}, faults {','.join(self.config.faults)}",
+            f"S3 {self.config.store}, etcd members {self.config.etcd_members}, faults {','.join(self.config.faults)}",
             "operations: "
             + ", ".join(f"{k} {n}" for k, n in sorted(ops.items()))
             + f" (total {sum(ops.values())})",
@@ -173,6 +175,7 @@ class ChaosReport:
         return {
             "seconds": self.config.seconds,
             "seed": self.config.seed,
+            "store": self.config.store,
             "faults_enabled": list(self.config.faults),
             "operations": v.operations,
             "faults": self.faults,
@@ -404,8 +407,9 @@ async def run_chaos(config: ChaosConfig) -> ChaosReport:
         tls=config.tls,
         etcd_members=config.etcd_members,
         partitionable=bool(set(config.faults) & set(PARTITION_FAULTS)),
+        store=config.store,
     )
-    # The harness's own S3 client (the attribution's reads from moto) uses moto's dummy
+    # The harness's own S3 client (the attribution's reads from the S3 server) uses moto's dummy
     # credentials, as the processes do; the caller's environment is restored afterwards.
     saved = {k: os.environ.get(k) for k in ENV}
     os.environ.update(ENV)
