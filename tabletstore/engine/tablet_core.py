@@ -100,6 +100,8 @@ class TabletCore:
         self.clock = clock
         self.options = options
         self.state_lock = asyncio.Lock()
+        #: The newest timestamp this core assigned to a write (:meth:`write_micros`).
+        self.timestamp_floor = 0
         # Only one compaction of a tablet runs at a time; it also serializes record commits.
         self.compaction_lock = asyncio.Lock()
         #: First seq -> count of mutations in flight (seqs taken, not yet in the memtable).
@@ -173,6 +175,18 @@ class TabletCore:
 
     def now_micros(self) -> int:
         return micros(self.clock.time())
+
+    def write_micros(self) -> int:
+        """The timestamp of a write that names none (§2: "real time in microseconds"): the
+        clock's time, but never below one this tablet assigned before. A wall clock stepped
+        back (an NTP step, an operator) would otherwise stamp a later write below an earlier
+        one, and the read of the newest version would hide the acknowledged later write. The
+        floor lives in the serving process: a tablet that moves to a worker whose clock is
+        behind the timestamps its last server assigned has the same exposure as any clock
+        skew between workers (a client that needs an order across servers names timestamps)."""
+        now = max(micros(self.clock.time()), self.timestamp_floor)
+        self.timestamp_floor = now
+        return now
 
     def log_start_now(self, ref: LogRef) -> int:
         """The first segment of ``ref`` that can hold a write of this tablet not yet in its

@@ -346,3 +346,39 @@ async def test_a_row_of_one_put_obeys_gc_and_the_families_asked(
     h.clock.advance(6)
     assert await tablet.read_row(b"rb") is None
     assert await tablet.read_row(b"ra") == Row(b"ra", [Cell("a", b"q", written, b"va")])
+
+
+async def test_a_wall_clock_stepped_back_hides_no_later_write(h: TabletHarness) -> None:
+    """Server-assigned timestamps come from the wall clock; a step back (an NTP step, an
+    operator setting the clock) must not stamp a later write below an earlier one, or the
+    acknowledged later write would be hidden behind the older version."""
+    tablet = h.tablet
+    assert tablet is not None
+    await tablet.apply(b"r", [SetCell("a", b"q", b"before")])
+    await tablet.apply_many([(b"m", [SetCell("a", b"q", b"before")])])
+    h.clock.step(-30.0)
+    await tablet.apply(b"r", [SetCell("a", b"q", b"after")])
+    await tablet.apply_many([(b"m", [SetCell("a", b"q", b"after")])])
+    assert await tablet.check_and_mutate(b"r", None, [SetCell("a", b"q", b"third")], [])
+    for row, newest in ((b"r", b"third"), (b"m", b"after")):
+        got = await tablet.read_row(row)
+        assert got is not None and got.cells[0].value == newest, got
+    # Forward again: timestamps take up the clock's time (no drift once it is past them).
+    h.clock.step(60.0)
+    await tablet.apply(b"r", [SetCell("a", b"q", b"fourth")])
+    got = await tablet.read_row(b"r")
+    assert got is not None and got.cells[0].value == b"fourth"
+    assert got.cells[0].timestamp == h.now_micros()
+
+
+async def test_a_write_after_a_step_back_is_newer_than_a_read_modify_write(
+    h: TabletHarness,
+) -> None:
+    tablet = h.tablet
+    assert tablet is not None
+    h.clock.advance(5.0)  # past every earlier write's timestamp
+    await tablet.read_modify_write(b"x", [AppendValue("a", b"q", b"appended")])
+    h.clock.step(-30.0)
+    await tablet.apply(b"x", [SetCell("a", b"q", b"put")])
+    got = await tablet.read_row(b"x")
+    assert got is not None and got.cells[0].value == b"put", got
