@@ -100,8 +100,9 @@ class TabletCore:
         self.clock = clock
         self.options = options
         self.state_lock = asyncio.Lock()
-        #: The newest timestamp this core assigned to a write (:meth:`write_micros`).
-        self.timestamp_floor = 0
+        #: The newest timestamp this core or the tablet's earlier servers assigned to a
+        #: write (:meth:`write_micros`); every record this core commits carries it.
+        self.timestamp_floor = state.record.timestamp_floor
         # Only one compaction of a tablet runs at a time; it also serializes record commits.
         self.compaction_lock = asyncio.Lock()
         #: First seq -> count of mutations in flight (seqs taken, not yet in the memtable).
@@ -181,9 +182,11 @@ class TabletCore:
         clock's time, but never below one this tablet assigned before. A wall clock stepped
         back (an NTP step, an operator) would otherwise stamp a later write below an earlier
         one, and the read of the newest version would hide the acknowledged later write. The
-        floor lives in the serving process: a tablet that moves to a worker whose clock is
-        behind the timestamps its last server assigned has the same exposure as any clock
-        skew between workers (a client that needs an order across servers names timestamps)."""
+        floor travels with the tablet in its record (each commit, so each flush, unload and
+        split, carries it): a tablet moved to a worker whose clock is behind starts there.
+        What a crash leaves in the log past the last commit is not in it: a tablet recovered
+        onto a worker whose clock is behind is exposed as to any skew between workers' clocks
+        (a client that needs an order across servers names its timestamps)."""
         now = max(micros(self.clock.time()), self.timestamp_floor)
         self.timestamp_floor = now
         return now
@@ -209,6 +212,8 @@ class TabletCore:
         async with self.state_lock:
             state = self.state
             new = step(state)
+            if new.record.timestamp_floor < self.timestamp_floor:
+                new = replace(new, record=replace(new.record, timestamp_floor=self.timestamp_floor))
             stored = await self.catalog.update(state.record, new.record)
             self.state = replace(new, record=stored)
             return state

@@ -445,6 +445,7 @@ class ChaosCluster(ProcessGroup):
             extra_args=(
                 *("--lease-ttl", str(self.lease_ttl), "--split-bytes", str(NO_SPLIT_BYTES)),
                 *("--store", store),
+                *("--clock-step-file", str(self.clock_file(role))),
             ),
             tls=self._files("worker"),
         )
@@ -453,6 +454,18 @@ class ChaosCluster(ProcessGroup):
         return record
 
     # ------------------------------------------------------------------ faults
+
+    def clock_file(self, role: str) -> Path:
+        """The file worker ``role`` reads its wall clock's step from (``--clock-step-file``)."""
+        return self.directory / f"clock-{role}"
+
+    def step_clock(self, record: ProcessRecord, offset: float) -> None:
+        """Set worker ``record``'s wall clock ``offset`` seconds off the system's (0: none);
+        the worker takes it up within 50 ms. Written whole (a rename), never half-read."""
+        path = self.clock_file(record.role)
+        part = path.with_suffix(".part")
+        part.write_text(f"{offset!r}\n")
+        part.replace(path)
 
     def live_workers(self) -> list[ProcessRecord]:
         return [r for r in self.workers if self.running(r)]

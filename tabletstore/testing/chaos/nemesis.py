@@ -16,6 +16,12 @@ from the same RNG among the live workers that serve tablets of the chaos table a
   (moto keeps its data in memory, so S3 is "stopped" this way, never restarted).
 * ``s3_faults``: for a few seconds the fault proxy answers some requests with 503 SlowDown,
   holds some past the client's read timeout, and answers some applied PUTs with 500.
+* ``clock_jump``: step the wall clock of a worker serving chaos tablets :data:`CLOCK_STEP`
+  seconds forward, a lease period later as far back of the true time, a lease period later
+  to the true time again (``--clock-step-file``; the monotonic clock is never stepped, as on
+  Linux). Leases read the monotonic clock, so the worker neither loses its lease early nor
+  holds it late; the writes it stamps itself (the transactors' registers) must stay in
+  order per cell, or the checker finds a later put hidden behind an earlier one.
 * ``s3_503_storm``: for :data:`STORM` seconds (a minute) the fault proxy answers half of all
   requests ``503 SlowDown``, as S3 does when a prefix is throttled: the retrying store backs
   off and retries; what still fails after its retries must fail the operation, never
@@ -78,6 +84,7 @@ from tabletstore.testing.chaos.checker import Kill
 from tabletstore.testing.chaos.history import Fault, History
 
 __all__ = [
+    "CLOCK_FAULTS",
     "FAULTS",
     "MEMBER_FAULTS",
     "PARTITION_FAULTS",
@@ -100,16 +107,20 @@ PROCESS_FAULTS = (
     "kill_sorter",
     "sort_twice",
 )
+#: A worker's wall clock stepped (its own group: the short run's schedule stays as it was).
+CLOCK_FAULTS = ("clock_jump",)
 #: The long S3 fault (a minute), apart so a short run can leave it out.
 STORM_FAULTS = ("s3_503_storm",)
 PARTITION_FAULTS = ("partition_worker_etcd", "partition_worker_s3", "partition_master_etcd")
 #: The faults that need etcd as several members (``ChaosCluster(etcd_members=3)``).
 MEMBER_FAULTS = ("kill_etcd_leader", "etcd_quorum_loss", "replace_etcd_member")
-FAULTS = PROCESS_FAULTS + STORM_FAULTS + PARTITION_FAULTS + MEMBER_FAULTS
+FAULTS = PROCESS_FAULTS + CLOCK_FAULTS + STORM_FAULTS + PARTITION_FAULTS + MEMBER_FAULTS
 #: Seconds a majority of etcd's members stays down in ``etcd_quorum_loss``.
 QUORUM_LOSS = 10.0
 #: Seconds an ``s3_503_storm`` lasts, and the share of requests it answers 503 SlowDown.
 STORM = 60.0
+#: Seconds a ``clock_jump`` steps a worker's wall clock, forward and then back.
+CLOCK_STEP = 30.0
 STORM_SLOWDOWN = 0.5
 
 
@@ -413,6 +424,23 @@ class Nemesis:
             k: after.get(k, 0) - before.get(k, 0) for k in ("slowdown", "timeout", "put_error")
         }
         self.history.heal(fault, injected=injected)
+
+    async def clock_jump(self) -> None:
+        victim = self._victim()
+        if victim is None:
+            raise RuntimeError("no live worker serves chaos tablets")
+        record, tablets = victim
+        fault = self.history.fault(
+            "clock_jump", record.role, tablets=sorted(tablets), step=CLOCK_STEP
+        )
+        hold = self.cluster.lease_ttl * 2
+        try:
+            for offset in (CLOCK_STEP, -CLOCK_STEP):
+                await asyncio.to_thread(self.cluster.step_clock, record, offset)
+                await asyncio.sleep(hold)
+        finally:
+            await asyncio.to_thread(self.cluster.step_clock, record, 0.0)
+        self.history.heal(fault, still_running=self.cluster.running(record))
 
     async def s3_503_storm(self) -> None:
         fault = self.history.fault("s3_503_storm", "proxy", slowdown=STORM_SLOWDOWN, seconds=STORM)

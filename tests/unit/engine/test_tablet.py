@@ -382,3 +382,19 @@ async def test_a_write_after_a_step_back_is_newer_than_a_read_modify_write(
     await tablet.apply(b"x", [SetCell("a", b"q", b"put")])
     got = await tablet.read_row(b"x")
     assert got is not None and got.cells[0].value == b"put", got
+
+
+async def test_the_timestamp_floor_moves_with_the_tablet(h: TabletHarness) -> None:
+    """A worker whose clock ran ahead flushed the tablet (as an unload or a split does); the
+    next server, whose clock is behind, starts at the floor the record carries."""
+    tablet = h.tablet
+    assert tablet is not None
+    h.clock.step(30.0)
+    await tablet.apply(b"r", [SetCell("a", b"q", b"ahead")])
+    await tablet.minor_compact()
+    assert (await h.record()).timestamp_floor == h.now_micros()
+    h.clock.step(-60.0)
+    moved = await h.recover()
+    await moved.apply(b"r", [SetCell("a", b"q", b"behind")])
+    got = await moved.read_row(b"r")
+    assert got is not None and got.cells[0].value == b"behind", got
