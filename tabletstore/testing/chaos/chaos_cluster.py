@@ -207,6 +207,16 @@ class ChaosCluster(ProcessGroup):
             self.close()
             raise
 
+    def top_up(self) -> None:
+        """Start masters and workers in place of those that died (killed, or gave up after
+        losing their lease), so the cluster keeps its size."""
+        for _ in range(self.masters_wanted - len(self.live_masters())):
+            self.start_master()
+        missing = self.workers_wanted - len(self.live_workers())
+        if missing > 0:
+            with ThreadPoolExecutor(missing) as pool:
+                list(pool.map(lambda _: self.start_worker(), range(missing)))
+
     def _start_net(self) -> ProcessRecord:
         port = localstack.free_port()
         argv = [sys.executable, "-m", "tabletstore.testing.chaos.netproxy", "--port", str(port)]

@@ -208,12 +208,7 @@ class Nemesis:
             await self.top_up()
 
     async def top_up(self) -> None:
-        c = self.cluster
-        for _ in range(c.masters_wanted - len(c.live_masters())):
-            await asyncio.to_thread(c.start_master)
-        missing = c.workers_wanted - len(c.live_workers())
-        if missing > 0:
-            await asyncio.gather(*(asyncio.to_thread(c.start_worker) for _ in range(missing)))
+        await asyncio.to_thread(self.cluster.top_up)
 
     def _victim(self, *, sorted_log: bool = False) -> tuple[ProcessRecord, set[int]] | None:
         held = self.holders()

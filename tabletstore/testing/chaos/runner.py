@@ -378,9 +378,10 @@ async def _wait(check: object, deadline: float, what: str) -> None:
         await asyncio.sleep(0.5)
 
 
-async def _create_table(client: AsyncClient) -> AsyncTable:
+async def _create_table(client: AsyncClient, cluster: ChaosCluster) -> AsyncTable:
     """The chaos table, once the young cluster serves METADATA (on a loaded machine the first
-    assignment may take longer than one request's deadline)."""
+    assignment may take longer than one request's deadline, and a worker stalled past its
+    lease before the workload started gives up: it is replaced meanwhile)."""
     end = time.monotonic() + HEAL_DEADLINE
     while True:
         try:
@@ -390,6 +391,7 @@ async def _create_table(client: AsyncClient) -> AsyncTable:
         except Unavailable:
             if time.monotonic() > end:
                 raise
+            await asyncio.to_thread(cluster.top_up)
             await asyncio.sleep(1.0)
 
 
@@ -447,7 +449,7 @@ async def _run(
     history: History,
     setup_errors: list[str],
 ) -> ChaosReport:
-    table = await _create_table(client)
+    table = await _create_table(client, cluster)
     table_id = (await client._info(TABLE)).table_id
     poller = _Poller(client, table_id, history)
 
