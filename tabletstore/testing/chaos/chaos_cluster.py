@@ -37,12 +37,13 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tabletstore.cli import localstack
 from tabletstore.cli.localstack import ProcessRecord
+from tabletstore.errors import Unavailable
 from tabletstore.security import TlsConfig
 from tabletstore.testing.processes import ProcessGroup
 
@@ -60,6 +61,9 @@ READ_TIMEOUT = 4.0
 #: The S3 servers a chaos cluster runs on (``ChaosCluster(store=...)``): moto keeps objects in
 #: memory; SeaweedFS is a real object store (on disk, create-only PUTs honoured by its filer).
 STORES = ("moto", "seaweedfs")
+#: Seconds a master or worker gets to answer healthy: a chaos run shares a loaded machine,
+#: where a Python process's start-up alone has taken over 30 s.
+START_DEADLINE = 120.0
 #: Tablets never split during a chaos run: the checker maps rows to tablets by fixed split keys.
 NO_SPLIT_BYTES = 1 << 40
 
@@ -207,15 +211,25 @@ class ChaosCluster(ProcessGroup):
             self.close()
             raise
 
-    def top_up(self) -> None:
+    def top_up(self) -> list[str]:
         """Start masters and workers in place of those that died (killed, or gave up after
-        losing their lease), so the cluster keeps its size."""
-        for _ in range(self.masters_wanted - len(self.live_masters())):
-            self.start_master()
-        missing = self.workers_wanted - len(self.live_workers())
-        if missing > 0:
-            with ThreadPoolExecutor(missing) as pool:
-                list(pool.map(lambda _: self.start_worker(), range(missing)))
+        losing their lease), so the cluster keeps its size. A start that fails (a process not
+        healthy in time is stopped) is returned as an error line, not raised: the next top-up
+        tries again."""
+        starts = [self.start_master] * (self.masters_wanted - len(self.live_masters()))
+        starts += [self.start_worker] * (self.workers_wanted - len(self.live_workers()))
+        if not starts:
+            return []
+
+        def start(one: Callable[[], ProcessRecord]) -> str | None:
+            try:
+                one()
+            except Unavailable as exc:
+                return f"top-up: {str(exc).splitlines()[0]}"
+            return None
+
+        with ThreadPoolExecutor(len(starts)) as pool:
+            return [e for e in pool.map(start, starts) if e is not None]
 
     def _start_net(self) -> ProcessRecord:
         port = localstack.free_port()
@@ -436,6 +450,7 @@ class ChaosCluster(ProcessGroup):
             role=role,
             extra_args=("--lease-ttl", str(self.lease_ttl)),
             tls=self._files("master"),
+            deadline=START_DEADLINE,
         )
         self.records.append(record)
         self.masters.append(record)
@@ -458,6 +473,7 @@ class ChaosCluster(ProcessGroup):
                 *("--clock-step-file", str(self.clock_file(role))),
             ),
             tls=self._files("worker"),
+            deadline=START_DEADLINE,
         )
         self.records.append(record)
         self.workers.append(record)

@@ -208,7 +208,8 @@ class Nemesis:
             await self.top_up()
 
     async def top_up(self) -> None:
-        await asyncio.to_thread(self.cluster.top_up)
+        """Replace dead processes (:meth:`ChaosCluster.top_up`); failed starts are errors."""
+        self.errors.extend(await asyncio.to_thread(self.cluster.top_up))
 
     def _victim(self, *, sorted_log: bool = False) -> tuple[ProcessRecord, set[int]] | None:
         held = self.holders()

@@ -150,7 +150,9 @@ def make_app(upstream: str, seed: int) -> web.Application:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--upstream", required=True, help="the S3 server's endpoint, http://host:port")
+    parser.add_argument(
+        "--upstream", required=True, help="the S3 server's endpoint, http://host:port"
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--seed", type=int, default=0)
