@@ -40,6 +40,7 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from tabletstore.cli import localstack
 from tabletstore.cli.localstack import ProcessRecord
@@ -371,18 +372,11 @@ class ChaosCluster(ProcessGroup):
         other = next(i for i, r in enumerate(self.members) if i != index and self.running(r))
         api = f"http://{self._etcd_addresses[other]}/v3/cluster/member"
         client = f"http://{self._etcd_addresses[index]}"
-        # etcd answers a reconfiguration 503 while it has no leader (the crashed member may
-        # have been the leader) and refuses an addition until the leader has been connected
-        # to a quorum of started members for five seconds: retried until then.
-        listed = _retry_post(f"{api}/list")["members"]
-        assert isinstance(listed, list)
-        (gone,) = [m for m in listed if client in m.get("clientURLs", [])]
-        _retry_post(f"{api}/remove", {"ID": gone["ID"]})
         self._generation += 1
         name = f"m{index}g{self._generation}"
         peer = f"http://127.0.0.1:{localstack.free_port()}"
-        added = _retry_post(f"{api}/add", {"peerURLs": [peer]})["members"]
-        assert isinstance(added, list)
+        _reconfigure(api, "remove", lambda m: client in m.get("clientURLs", []), present=False)
+        added = _reconfigure(api, "add", lambda m: peer in m.get("peerURLs", []), peer=peer)
         initial = ",".join(f"{m.get('name') or name}={m['peerURLs'][0]}" for m in added)
         argv = [
             old.argv[0],
@@ -403,7 +397,7 @@ class ChaosCluster(ProcessGroup):
         self.records.append(record)
         self.members[index] = record
         localstack.wait_healthy(
-            record, functools.partial(localstack.etcd_answers, record), localstack.HEALTH_DEADLINE
+            record, functools.partial(localstack.etcd_answers, record), START_DEADLINE
         )
         self.etcd = self.members[0]
 
@@ -544,6 +538,39 @@ def _post_json(url: str, body: dict[str, object] | None = None) -> dict[str, obj
     with urllib.request.urlopen(request, timeout=10) as response:
         answer: dict[str, object] = json.loads(response.read())
         return answer
+
+
+def _reconfigure(
+    api: str,
+    change: str,
+    match: Callable[[dict[str, Any]], bool],
+    *,
+    present: bool = True,
+    peer: str = "",
+    deadline: float = 60.0,
+) -> list[dict[str, Any]]:
+    """Remove the member ``match`` picks (``present`` false) or add one at ``peer``, through
+    the member API at ``api``, until the member list shows it done; return that list.
+
+    Checked against the list each time rather than trusting one answer: etcd answers 503
+    while it has no leader (the crashed member may have been the leader) and refuses an
+    addition until the leader has been connected to a quorum of started members for five
+    seconds, and a request that timed out on a loaded machine may have been applied (a
+    second removal would be refused as naming no member)."""
+    end = time.monotonic() + deadline
+    while True:
+        listed = _retry_post(f"{api}/list", deadline=deadline)["members"]
+        assert isinstance(listed, list)
+        chosen = [m for m in listed if match(m)]
+        if bool(chosen) == present:
+            return listed
+        body: dict[str, object] = {"peerURLs": [peer]} if present else {"ID": chosen[0]["ID"]}
+        try:
+            _post_json(f"{api}/{change}", body)
+        except OSError:  # HTTPError among them
+            if time.monotonic() > end:
+                raise
+            time.sleep(0.5)
 
 
 def _retry_post(
