@@ -56,7 +56,7 @@ def _cluster_url() -> str:
 
 async def _follow_clock_steps(clock: SteppedClock, path: Path) -> None:
     """Keep ``clock``'s offset at the seconds ``path`` holds (none, or no file: 0), read every
-    50 ms; each change is logged, so a process's log shows when its clock was stepped."""
+    100 ms; each change is logged, so a process's log shows when its clock was stepped."""
     while True:
         try:
             text = (await asyncio.to_thread(path.read_text)).strip()
@@ -68,7 +68,7 @@ async def _follow_clock_steps(clock: SteppedClock, path: Path) -> None:
                 "wall clock stepped by %+.3f s (now %+.3f s off)", offset - clock.offset, offset
             )
             clock.offset = offset
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.1)
 
 
 def _serve(run: Callable[[Any, asyncio.Event], Awaitable[None]], *, store: str | None) -> None:
@@ -347,7 +347,7 @@ def master_cmd(
     default=None,
     hidden=True,
     help="Testing only: step this process's wall clock by the seconds this file holds, "
-    "read again every 50 ms (the chaos harness's clock_jump fault).",
+    "read again every 100 ms (the chaos harness's clock_jump fault).",
 )
 @_metrics_port_option
 @rpc_caps

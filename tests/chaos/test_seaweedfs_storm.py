@@ -14,7 +14,7 @@ import pytest
 from tabletstore.testing.chaos.nemesis import STORM
 from tabletstore.testing.chaos.runner import ChaosConfig, run_chaos
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def test_seaweedfs_run_through_a_503_storm(tmp_path: Path) -> None:

@@ -86,6 +86,7 @@ class ChaosCluster(ProcessGroup):
         etcd_members: int = 1,
         partitionable: bool = True,
         store: str = "moto",
+        steppable_clocks: bool = False,
     ) -> None:
         if store not in STORES:
             raise ValueError(
@@ -107,6 +108,8 @@ class ChaosCluster(ProcessGroup):
         self.seed = seed
         self.records: list[ProcessRecord] = []
         self.etcd: ProcessRecord | None = None
+        #: Workers read their wall clock's step from :meth:`clock_file` (``clock_jump``).
+        self.steppable_clocks = steppable_clocks
         #: Which S3 server (:data:`STORES`), and its process.
         self.store = store
         self.s3: ProcessRecord | None = None
@@ -464,7 +467,11 @@ class ChaosCluster(ProcessGroup):
             extra_args=(
                 *("--lease-ttl", str(self.lease_ttl), "--split-bytes", str(NO_SPLIT_BYTES)),
                 *("--store", store),
-                *("--clock-step-file", str(self.clock_file(role))),
+                *(
+                    ("--clock-step-file", str(self.clock_file(role)))
+                    if self.steppable_clocks
+                    else ()
+                ),
             ),
             tls=self._files("worker"),
             deadline=START_DEADLINE,
@@ -480,7 +487,7 @@ class ChaosCluster(ProcessGroup):
         return self.directory / f"clock-{role}"
 
     def step_clock(self, record: ProcessRecord, offset: float) -> None:
-        """Set worker ``record``'s wall clock ``offset`` seconds off the system's (0: none);
+        """(With ``steppable_clocks``.) Set worker ``record``'s wall clock ``offset`` seconds off the system's (0: none);
         the worker takes it up within 50 ms. Written whole (a rename), never half-read."""
         path = self.clock_file(record.role)
         part = path.with_suffix(".part")

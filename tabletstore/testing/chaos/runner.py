@@ -410,6 +410,7 @@ async def run_chaos(config: ChaosConfig) -> ChaosReport:
         etcd_members=config.etcd_members,
         partitionable=bool(set(config.faults) & set(PARTITION_FAULTS)),
         store=config.store,
+        steppable_clocks="clock_jump" in config.faults,
     )
     # The harness's own S3 client (the attribution's reads from the S3 server) uses moto's dummy
     # credentials, as the processes do; the caller's environment is restored afterwards.
