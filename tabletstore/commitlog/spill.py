@@ -8,7 +8,8 @@ sorters, retries, a new master and the garbage collector see the same objects) a
 its own tablets replay next. :class:`RunSpill` keeps them for that replay, so the log's records
 cross the network once: in memory up to ``memory_bytes``, then in files of a private local
 directory up to ``disk_bytes`` (the owner's bound is local disk, not RAM). A run kept nowhere
-(both budgets full) is read back from the store, as a run another worker wrote is.
+(both budgets full) is read back from the store, as a run another worker wrote is; so is one
+the disk had no room for (a full disk is logged, and what was written of that file removed).
 
 A kept copy is only ever a shortcut: each one's crc32c is held in memory and checked when it is
 read back, and a file that is missing, short or damaged is dropped and reported as absent, so
@@ -240,10 +241,17 @@ class RunSpill:
 
 
 def _write(directory: str, name: str, data: bytes) -> str:
-    """Write one file (in a thread); its path."""
+    """Write one file (in a thread); its path. A write that fails (a full disk: ENOSPC)
+    removes what it wrote, so a run that did not fit takes no space from the next one."""
     path = os.path.join(directory, name)
     with open(path, "xb") as f:
-        f.write(data)
+        try:
+            f.write(data)
+            f.flush()
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            raise
     return path
 
 

@@ -100,6 +100,9 @@ class TabletCore:
         self.clock = clock
         self.options = options
         self.state_lock = asyncio.Lock()
+        #: The newest timestamp this core or the tablet's earlier servers assigned to a
+        #: write (:meth:`write_micros`); every record this core commits carries it.
+        self.timestamp_floor = state.record.timestamp_floor
         # Only one compaction of a tablet runs at a time; it also serializes record commits.
         self.compaction_lock = asyncio.Lock()
         #: First seq -> count of mutations in flight (seqs taken, not yet in the memtable).
@@ -174,6 +177,20 @@ class TabletCore:
     def now_micros(self) -> int:
         return micros(self.clock.time())
 
+    def write_micros(self) -> int:
+        """The timestamp of a write that names none (§2: "real time in microseconds"): the
+        clock's time, but never below one this tablet assigned before. A wall clock stepped
+        back (an NTP step, an operator) would otherwise stamp a later write below an earlier
+        one, and the read of the newest version would hide the acknowledged later write. The
+        floor travels with the tablet in its record (each commit, so each flush, unload and
+        split, carries it): a tablet moved to a worker whose clock is behind starts there.
+        What a crash leaves in the log past the last commit is not in it: a tablet recovered
+        onto a worker whose clock is behind is exposed as to any skew between workers' clocks
+        (a client that needs an order across servers names its timestamps)."""
+        now = max(micros(self.clock.time()), self.timestamp_floor)
+        self.timestamp_floor = now
+        return now
+
     def log_start_now(self, ref: LogRef) -> int:
         """The first segment of ``ref`` that can hold a write of this tablet not yet in its
         memtable: the log's segment mark now, or an earlier one taken by a write in flight
@@ -195,6 +212,8 @@ class TabletCore:
         async with self.state_lock:
             state = self.state
             new = step(state)
+            if new.record.timestamp_floor < self.timestamp_floor:
+                new = replace(new, record=replace(new.record, timestamp_floor=self.timestamp_floor))
             stored = await self.catalog.update(state.record, new.record)
             self.state = replace(new, record=stored)
             return state

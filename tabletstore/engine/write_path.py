@@ -92,7 +92,7 @@ class WritePath:
         first = log.allocate(len(mutations))
         core.in_flight_marks[first] = (log.log_ref, log.segment_mark())
         try:
-            cells = to_cells(row, mutations, first, core.now_micros(), self._value_types())
+            cells = to_cells(row, mutations, first, core.write_micros(), self._value_types())
         except BaseException:
             del core.in_flight_marks[first]
             raise
@@ -153,7 +153,7 @@ class WritePath:
             await core.snapshot_gate.wait()
         # No await from this check to the in-flight entries (as in _apply_locked).
         core.check_writable()
-        now = core.now_micros()
+        now = core.write_micros()
         value_types = self._value_types()
         log = core.log
         logged: list[tuple[int, int, list[Cell]]] = []  # (entry, first seq, cells)

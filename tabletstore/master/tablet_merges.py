@@ -106,4 +106,5 @@ def merged_record(pair: MergePair, *, tablet_id: str, at: float) -> TabletRecord
         events=events,
         # Each side's marks name only rows it holds: together they name the merged rows'.
         bulk_loads=tuple(dict.fromkeys((*left.bulk_loads, *right.bulk_loads))),
+        timestamp_floor=max(left.timestamp_floor, right.timestamp_floor),
     ).with_event(at, "merged", f"{left.tablet_id} + {right.tablet_id}")

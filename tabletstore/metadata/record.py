@@ -238,6 +238,10 @@ class TabletRecord:
     #: log from there (§5.3: a redo point is a position in the log). A log without an entry
     #: is read from its first segment.
     log_starts: dict[LogRef, int] = field(default_factory=dict)
+    #: The newest timestamp (µs) a server assigned to a write of this tablet when the record
+    #: was committed: the next server starts its own there (``TabletCore.write_micros``), so
+    #: a move to a worker whose wall clock is behind stamps no later write below an earlier.
+    timestamp_floor: int = 0
 
     def log_start(self, ref: LogRef) -> int:
         """The first segment of ``ref`` that may hold this tablet's writes past its redo point."""
@@ -284,6 +288,8 @@ class TabletRecord:
         ]
         if starts:
             d["log_starts"] = starts
+        if self.timestamp_floor:
+            d["timestamp_floor"] = self.timestamp_floor
         return json.dumps(d, separators=(",", ":")).encode()
 
     @classmethod
@@ -306,6 +312,7 @@ class TabletRecord:
                 events=tuple(TabletEvent(float(a), k, x) for a, k, x in d["events"]),
                 bulk_loads=tuple(BulkLoadMark.from_json(m) for m in d.get("bulk_loads", ())),
                 log_starts={LogRef(str(w), int(i)): int(n) for w, i, n in d.get("log_starts", ())},
+                timestamp_floor=int(d.get("timestamp_floor", 0)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise Corruption(f"malformed tablet record: {exc}") from exc

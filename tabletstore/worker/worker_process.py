@@ -9,6 +9,7 @@ import logging
 import uuid
 from collections.abc import Callable
 
+from tabletstore.clock import Clock
 from tabletstore.coordination import paths
 from tabletstore.coordination.base import (
     Coordinator,
@@ -56,6 +57,7 @@ async def run_worker(
     insecure: bool = False,
     status_token: str | None = None,
     versions: Versions = SPOKEN,
+    clock: Clock | None = None,
 ) -> None:
     """A worker process (§5.2): serve the worker RPCs on ``host:port`` until ``stop`` is set
     (then minor-compact and release every tablet) or the lease is lost (then stop at once and
@@ -69,7 +71,8 @@ async def run_worker(
     are by certificate or token. Without it, a non-loopback ``host`` is refused unless
     ``insecure``. ``status_token``: a read-only bearer token for scrapers of the status
     endpoint. ``versions``: the RPC protocol versions it speaks, as a server and as a client
-    (default this build's; capped only to rehearse an upgrade, ``rpc/versions.py``)."""
+    (default this build's; capped only to rehearse an upgrade, ``rpc/versions.py``).
+    ``clock``: the tablet server's (default the system's; the chaos harness steps one)."""
     check_bind(host, authenticated=tls is not None, insecure=insecure, what="worker")
     register_all()
     stop = stop or asyncio.Event()
@@ -96,6 +99,7 @@ async def run_worker(
         transport=transport,
         options=options,
         tablet_options=tablet_options,
+        clock=clock,
     )
     metrics.observe_server(tablet_server)
     handlers = metrics.instrument(

@@ -96,3 +96,27 @@ async def _members(cluster: ChaosCluster) -> None:
         assert k2 is not None and k2.value == b"4"
     finally:
         await coordinator.close()
+
+
+def test_member_replacement(cluster: ChaosCluster) -> None:
+    asyncio.run(_replace(cluster))
+
+
+async def _replace(cluster: ChaosCluster) -> None:
+    await _eventually_put(cluster.url, "before", b"1")
+    old_roles = [r.role for r in cluster.members]
+    await asyncio.to_thread(cluster.replace_member, 1)
+    fresh = cluster.members[1]
+    assert fresh.role not in old_roles and "--initial-cluster-state=existing" in fresh.argv
+    # The cluster kept serving, and the fresh member is a voting member with the data: with
+    # one of the two original members down, the fresh one makes the quorum.
+    await _eventually_put(cluster.url, "after", b"2")
+    await asyncio.to_thread(cluster.kill_members, [0])
+    await _eventually_put(cluster.url, "with-fresh", b"3")
+    direct = open_coordinator(fresh.url)
+    try:
+        async with asyncio.timeout(30):
+            got = [await direct.get(k) for k in ("before", "after", "with-fresh")]
+        assert [kv.value if kv else None for kv in got] == [b"1", b"2", b"3"]
+    finally:
+        await direct.close()

@@ -1,21 +1,24 @@
-"""The chaos cluster: etcd, moto's S3 server behind the fault proxy, masters and workers, all
-real processes on loopback that the harness starts, faults and stops by pid.
+"""The chaos cluster: etcd, an S3 server (moto's, or SeaweedFS: ``store``) behind the fault
+proxy, masters and workers, all real processes on loopback that the harness starts, faults and
+stops by pid.
 
 Processes are started with the local stack's helpers (:mod:`tabletstore.cli.localstack`: ``spawn``,
-``start_etcd``, ``start_moto``, ``start_master``, ``start_worker``) and tracked by their
+``start_etcd``, ``start_moto``, ``start_seaweedfs``, ``start_master``, ``start_worker``) and tracked by their
 :class:`~tabletstore.cli.localstack.ProcessRecord` (pid, argv, start time), so only processes this
 cluster started are ever signalled, and a reused pid never is. Everything lives under one
 directory (etcd's data, every process's log).
 
 Care taken so a fault is the fault and not data loss by the harness itself:
 
-* moto keeps its objects in memory, so "the S3 server stops" is SIGSTOP/SIGCONT of moto's
-  process (requests hang until the client's timeout), never a restart;
+* moto keeps its objects in memory, so "the S3 server stops" is SIGSTOP/SIGCONT of the S3
+  server's process (requests hang until the client's timeout), never a restart; SeaweedFS
+  (``weed server``: master, volume server, filer and S3 gateway in one process) is paused the
+  same way;
 * an etcd restart stops etcd and starts it again with the same argv: same ports, same data
   directory, so leases, elections and records survive as they would on a real etcd;
 * the store URL points at the fault proxy (:mod:`tabletstore.testing.chaos.s3proxy`) with a
   short ``read_timeout`` (so the proxy's "timeout" fault and a paused S3 are seen as timeouts
-  within seconds); the harness's own checks read the bucket directly from moto.
+  within seconds); the harness's own checks read the bucket directly from the S3 server.
 
 Partitions. Every master and worker reaches etcd through its own link of the partitioning
 proxy (:mod:`tabletstore.testing.chaos.netproxy`), and every worker reaches the S3 fault
@@ -32,13 +35,16 @@ import shutil
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from tabletstore.cli import localstack
 from tabletstore.cli.localstack import ProcessRecord
+from tabletstore.errors import Unavailable
 from tabletstore.security import TlsConfig
 from tabletstore.testing.processes import ProcessGroup
 
@@ -53,6 +59,12 @@ ENV = {
 #: Seconds the workers' S3 client waits for an answer: short, so that a stalled request
 #: (paused S3, the proxy's timeout fault) fails and is retried within the lease.
 READ_TIMEOUT = 4.0
+#: The S3 servers a chaos cluster runs on (``ChaosCluster(store=...)``): moto keeps objects in
+#: memory; SeaweedFS is a real object store (on disk, create-only PUTs honoured by its filer).
+STORES = ("moto", "seaweedfs")
+#: Seconds a master or worker gets to answer healthy: a chaos run shares a loaded machine,
+#: where a Python process's start-up alone has taken over 30 s.
+START_DEADLINE = 120.0
 #: Tablets never split during a chaos run: the checker maps rows to tablets by fixed split keys.
 NO_SPLIT_BYTES = 1 << 40
 
@@ -73,7 +85,13 @@ class ChaosCluster(ProcessGroup):
         tls: bool = False,
         etcd_members: int = 1,
         partitionable: bool = True,
+        store: str = "moto",
+        steppable_clocks: bool = False,
     ) -> None:
+        if store not in STORES:
+            raise ValueError(
+                f"the chaos cluster's S3 server is one of {', '.join(STORES)}, not {store!r}"
+            )
         if etcd_members not in (1, 3, 5):
             raise ValueError(f"etcd runs as 1, 3 or 5 members, not {etcd_members}")
         if etcd_members > 1 and tls:
@@ -90,7 +108,11 @@ class ChaosCluster(ProcessGroup):
         self.seed = seed
         self.records: list[ProcessRecord] = []
         self.etcd: ProcessRecord | None = None
-        self.moto: ProcessRecord | None = None
+        #: Workers read their wall clock's step from :meth:`clock_file` (``clock_jump``).
+        self.steppable_clocks = steppable_clocks
+        #: Which S3 server (:data:`STORES`), and its process.
+        self.store = store
+        self.s3: ProcessRecord | None = None
         self.proxy: ProcessRecord | None = None
         #: The partitioning proxy (netproxy.py): its control URL is ``net.url``.
         self.net: ProcessRecord | None = None
@@ -106,9 +128,11 @@ class ChaosCluster(ProcessGroup):
         self.workers: list[ProcessRecord] = []
         self.url = ""
         self.store_url = ""
-        #: The bucket straight from moto (no faults): for the harness's own checks.
+        #: The bucket straight from the S3 server (no faults): for the harness's own checks.
         self.direct_store_url = ""
         self._numbers = 0
+        #: Members replaced so far (each fresh member's name: ``m<index>g<generation>``).
+        self._generation = 0
         self._numbers_lock = threading.Lock()  # workers start from several threads
 
     # ------------------------------------------------------------------ starting
@@ -147,15 +171,20 @@ class ChaosCluster(ProcessGroup):
                     self._files("client"),
                 )
                 self.url = localstack.with_user(self.url, users, localstack.CLUSTER_USER)
-            self.moto = localstack.start_moto(self.directory / "s3.log")
-            self.records.append(self.moto)
+            if self.store == "seaweedfs":
+                self.s3 = localstack.start_seaweedfs(
+                    self.directory / "seaweedfs", log=self.directory / "s3.log"
+                )
+            else:
+                self.s3 = localstack.start_moto(self.directory / "s3.log")
+            self.records.append(self.s3)
             proxy_port = localstack.free_port()
             argv = [
                 sys.executable,
                 "-m",
                 "tabletstore.testing.chaos.s3proxy",
                 "--upstream",
-                self.moto.url,
+                self.s3.url,
                 "--port",
                 str(proxy_port),
                 "--seed",
@@ -176,7 +205,7 @@ class ChaosCluster(ProcessGroup):
                 f"&read_timeout={READ_TIMEOUT}&connect_timeout=2"
             )
             self.direct_store_url = (
-                f"s3://{bucket}/data?endpoint_url={self.moto.url}&region=us-east-1"
+                f"s3://{bucket}/data?endpoint_url={self.s3.url}&region=us-east-1"
             )
             for _ in range(self.masters_wanted):
                 self.start_master()
@@ -185,6 +214,26 @@ class ChaosCluster(ProcessGroup):
         except BaseException:
             self.close()
             raise
+
+    def top_up(self) -> list[str]:
+        """Start masters and workers in place of those that died (killed, or gave up after
+        losing their lease), so the cluster keeps its size. A start that fails (a process not
+        healthy in time is stopped) is returned as an error line, not raised: the next top-up
+        tries again."""
+        starts = [self.start_master] * (self.masters_wanted - len(self.live_masters()))
+        starts += [self.start_worker] * (self.workers_wanted - len(self.live_workers()))
+        if not starts:
+            return []
+
+        def start(one: Callable[[], ProcessRecord]) -> str | None:
+            try:
+                one()
+            except Unavailable as exc:
+                return f"top-up: {str(exc).splitlines()[0]}"
+            return None
+
+        with ThreadPoolExecutor(len(starts)) as pool:
+            return [e for e in pool.map(start, starts) if e is not None]
 
     def _start_net(self) -> ProcessRecord:
         port = localstack.free_port()
@@ -313,6 +362,48 @@ class ChaosCluster(ProcessGroup):
             )
         self.etcd = self.members[0]
 
+    def replace_member(self, index: int) -> None:
+        """Replace member ``index`` as an operator replaces a lost machine: crash it, remove
+        it from the cluster through the member API, add a fresh member (new name, new data
+        directory, new peer port, the same client port so the processes' URLs stay valid)
+        and start it with ``--initial-cluster-state=existing``; it catches up from the
+        leader. The cluster keeps its quorum throughout (three members, one replaced)."""
+        if self.etcd_members < 3:
+            raise RuntimeError("replacing a member needs etcd as three members or more")
+        old = self.members[index]
+        self.kill(old)
+        other = next(i for i, r in enumerate(self.members) if i != index and self.running(r))
+        api = f"http://{self._etcd_addresses[other]}/v3/cluster/member"
+        client = f"http://{self._etcd_addresses[index]}"
+        self._generation += 1
+        name = f"m{index}g{self._generation}"
+        peer = f"http://127.0.0.1:{localstack.free_port()}"
+        _reconfigure(api, "remove", lambda m: client in m.get("clientURLs", []), present=False)
+        added = _reconfigure(api, "add", lambda m: peer in m.get("peerURLs", []), peer=peer)
+        initial = ",".join(f"{m.get('name') or name}={m['peerURLs'][0]}" for m in added)
+        argv = [
+            old.argv[0],
+            f"--name={name}",
+            f"--data-dir={self.directory / f'etcd-{name}'}",
+            f"--listen-client-urls={client}",
+            f"--advertise-client-urls={client}",
+            f"--listen-peer-urls={peer}",
+            f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster={initial}",
+            "--initial-cluster-state=existing",
+            "--heartbeat-interval=50",
+            "--election-timeout=500",
+        ]
+        record = localstack.spawn(
+            f"etcd-{name}", argv, log=self.directory / f"etcd-{name}.log", url=old.url
+        )
+        self.records.append(record)
+        self.members[index] = record
+        localstack.wait_healthy(
+            record, functools.partial(localstack.etcd_answers, record), START_DEADLINE
+        )
+        self.etcd = self.members[0]
+
     def etcd_leader(self) -> int:
         """The index of the member that is raft leader now (asked of each live member)."""
         for i, record in enumerate(self.members):
@@ -356,6 +447,7 @@ class ChaosCluster(ProcessGroup):
             role=role,
             extra_args=("--lease-ttl", str(self.lease_ttl)),
             tls=self._files("master"),
+            deadline=START_DEADLINE,
         )
         self.records.append(record)
         self.masters.append(record)
@@ -375,14 +467,32 @@ class ChaosCluster(ProcessGroup):
             extra_args=(
                 *("--lease-ttl", str(self.lease_ttl), "--split-bytes", str(NO_SPLIT_BYTES)),
                 *("--store", store),
+                *(
+                    ("--clock-step-file", str(self.clock_file(role)))
+                    if self.steppable_clocks
+                    else ()
+                ),
             ),
             tls=self._files("worker"),
+            deadline=START_DEADLINE,
         )
         self.records.append(record)
         self.workers.append(record)
         return record
 
     # ------------------------------------------------------------------ faults
+
+    def clock_file(self, role: str) -> Path:
+        """The file worker ``role`` reads its wall clock's step from (``--clock-step-file``)."""
+        return self.directory / f"clock-{role}"
+
+    def step_clock(self, record: ProcessRecord, offset: float) -> None:
+        """(With ``steppable_clocks``.) Set worker ``record``'s wall clock ``offset`` seconds off the system's (0: none);
+        the worker takes it up within 50 ms. Written whole (a rename), never half-read."""
+        path = self.clock_file(record.role)
+        part = path.with_suffix(".part")
+        part.write_text(f"{offset!r}\n")
+        part.replace(path)
 
     def live_workers(self) -> list[ProcessRecord]:
         return [r for r in self.workers if self.running(r)]
@@ -435,3 +545,51 @@ def _post_json(url: str, body: dict[str, object] | None = None) -> dict[str, obj
     with urllib.request.urlopen(request, timeout=10) as response:
         answer: dict[str, object] = json.loads(response.read())
         return answer
+
+
+def _reconfigure(
+    api: str,
+    change: str,
+    match: Callable[[dict[str, Any]], bool],
+    *,
+    present: bool = True,
+    peer: str = "",
+    deadline: float = 60.0,
+) -> list[dict[str, Any]]:
+    """Remove the member ``match`` picks (``present`` false) or add one at ``peer``, through
+    the member API at ``api``, until the member list shows it done; return that list.
+
+    Checked against the list each time rather than trusting one answer: etcd answers 503
+    while it has no leader (the crashed member may have been the leader) and refuses an
+    addition until the leader has been connected to a quorum of started members for five
+    seconds, and a request that timed out on a loaded machine may have been applied (a
+    second removal would be refused as naming no member)."""
+    end = time.monotonic() + deadline
+    while True:
+        listed = _retry_post(f"{api}/list", deadline=deadline)["members"]
+        assert isinstance(listed, list)
+        chosen = [m for m in listed if match(m)]
+        if bool(chosen) == present:
+            return listed
+        body: dict[str, object] = {"peerURLs": [peer]} if present else {"ID": chosen[0]["ID"]}
+        try:
+            _post_json(f"{api}/{change}", body)
+        except OSError:  # HTTPError among them
+            if time.monotonic() > end:
+                raise
+            time.sleep(0.5)
+
+
+def _retry_post(
+    url: str, body: dict[str, object] | None = None, deadline: float = 60.0
+) -> dict[str, object]:
+    """:func:`_post_json`, retried on 503 and timeouts until ``deadline`` seconds pass."""
+    end = time.monotonic() + deadline
+    while True:
+        try:
+            return _post_json(url, body)
+        except (urllib.error.HTTPError, OSError) as exc:
+            retriable = not isinstance(exc, urllib.error.HTTPError) or exc.code == 503
+            if not retriable or time.monotonic() > end:
+                raise
+            time.sleep(0.5)

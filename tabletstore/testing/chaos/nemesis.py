@@ -12,10 +12,20 @@ from the same RNG among the live workers that serve tablets of the chaos table a
 * ``restart_etcd``: SIGKILL etcd and start it again (same ports, same data directory).
 * ``pause_worker``: SIGSTOP a worker serving chaos tablets for 2.5 lease periods, then
   SIGCONT it: a zombie that must acknowledge nothing for the tablets that moved meanwhile.
-* ``pause_s3``: SIGSTOP moto's server for a few seconds, then SIGCONT (moto keeps its data in
-  memory, so S3 is "stopped" this way, never restarted).
+* ``pause_s3``: SIGSTOP the S3 server (moto or SeaweedFS) for a few seconds, then SIGCONT
+  (moto keeps its data in memory, so S3 is "stopped" this way, never restarted).
 * ``s3_faults``: for a few seconds the fault proxy answers some requests with 503 SlowDown,
   holds some past the client's read timeout, and answers some applied PUTs with 500.
+* ``clock_jump``: step the wall clock of a worker serving chaos tablets :data:`CLOCK_STEP`
+  seconds forward, a lease period later as far back of the true time, a lease period later
+  to the true time again (``--clock-step-file``; the monotonic clock is never stepped, as on
+  Linux). Leases read the monotonic clock, so the worker neither loses its lease early nor
+  holds it late; the writes it stamps itself (the transactors' registers) must stay in
+  order per cell, or the checker finds a later put hidden behind an earlier one.
+* ``s3_503_storm``: for :data:`STORM` seconds (a minute) the fault proxy answers half of all
+  requests ``503 SlowDown``, as S3 does when a prefix is throttled: the retrying store backs
+  off and retries; what still fails after its retries must fail the operation, never
+  acknowledge it, and the cluster must serve normally once the storm passes.
 * ``kill_sorter``: SIGKILL a worker serving chaos tablets (its log is then sorted, §6), and
   as soon as the master planned that sort, claim a task as a sorter that dies mid-task: the
   claim is attached to a lease nobody keeps alive, and the task writes its runs but dies
@@ -42,6 +52,9 @@ from the same RNG among the live workers that serve tablets of the chaos table a
 * ``etcd_quorum_loss`` (etcd as three members): SIGKILL a majority of the members for 10 s,
   then start them again: the remaining member serves nothing (no read, no write, no lease
   renewal), so every lease ends; the cluster must come back without losing a write.
+* ``replace_etcd_member`` (etcd as three members): crash a member, remove it through the
+  member API, add a fresh one with a new data directory on the same client port: it catches
+  up from the leader, and the cluster serves throughout (two members of three keep quorum).
 
 After each fault is healed the cluster is topped up: workers and masters that died (killed, or
 a zombie that gave up) are replaced, so the run keeps its size.
@@ -71,10 +84,12 @@ from tabletstore.testing.chaos.checker import Kill
 from tabletstore.testing.chaos.history import Fault, History
 
 __all__ = [
+    "CLOCK_FAULTS",
     "FAULTS",
     "MEMBER_FAULTS",
     "PARTITION_FAULTS",
     "PROCESS_FAULTS",
+    "STORM_FAULTS",
     "Nemesis",
     "Scheduled",
     "faults_for",
@@ -92,12 +107,21 @@ PROCESS_FAULTS = (
     "kill_sorter",
     "sort_twice",
 )
+#: A worker's wall clock stepped (its own group: the short run's schedule stays as it was).
+CLOCK_FAULTS = ("clock_jump",)
+#: The long S3 fault (a minute), apart so a short run can leave it out.
+STORM_FAULTS = ("s3_503_storm",)
 PARTITION_FAULTS = ("partition_worker_etcd", "partition_worker_s3", "partition_master_etcd")
 #: The faults that need etcd as several members (``ChaosCluster(etcd_members=3)``).
-MEMBER_FAULTS = ("kill_etcd_leader", "etcd_quorum_loss")
-FAULTS = PROCESS_FAULTS + PARTITION_FAULTS + MEMBER_FAULTS
+MEMBER_FAULTS = ("kill_etcd_leader", "etcd_quorum_loss", "replace_etcd_member")
+FAULTS = PROCESS_FAULTS + CLOCK_FAULTS + STORM_FAULTS + PARTITION_FAULTS + MEMBER_FAULTS
 #: Seconds a majority of etcd's members stays down in ``etcd_quorum_loss``.
 QUORUM_LOSS = 10.0
+#: Seconds an ``s3_503_storm`` lasts, and the share of requests it answers 503 SlowDown.
+STORM = 60.0
+#: Seconds a ``clock_jump`` steps a worker's wall clock, forward and then back.
+CLOCK_STEP = 30.0
+STORM_SLOWDOWN = 0.5
 
 
 def faults_for(etcd_members: int) -> tuple[str, ...]:
@@ -184,12 +208,8 @@ class Nemesis:
             await self.top_up()
 
     async def top_up(self) -> None:
-        c = self.cluster
-        for _ in range(c.masters_wanted - len(c.live_masters())):
-            await asyncio.to_thread(c.start_master)
-        missing = c.workers_wanted - len(c.live_workers())
-        if missing > 0:
-            await asyncio.gather(*(asyncio.to_thread(c.start_worker) for _ in range(missing)))
+        """Replace dead processes (:meth:`ChaosCluster.top_up`); failed starts are errors."""
+        self.errors.extend(await asyncio.to_thread(self.cluster.top_up))
 
     def _victim(self, *, sorted_log: bool = False) -> tuple[ProcessRecord, set[int]] | None:
         held = self.holders()
@@ -366,15 +386,24 @@ class Nemesis:
             await asyncio.to_thread(c.restart_members, down)
         self.history.heal(fault)
 
+    async def replace_etcd_member(self) -> None:
+        c = self.cluster
+        if c.etcd_members < 3:
+            raise RuntimeError("replace_etcd_member needs etcd as three members or more")
+        index = self.rng.randrange(c.etcd_members)
+        fault = self.history.fault("replace_etcd_member", c.members[index].role)
+        await asyncio.to_thread(c.replace_member, index)
+        self.history.heal(fault, new_member=c.members[index].role)
+
     async def pause_s3(self) -> None:
-        moto = self.cluster.moto
-        assert moto is not None
-        fault = self.history.fault("pause_s3", "moto")
-        self.cluster.pause(moto)
+        server = self.cluster.s3
+        assert server is not None
+        fault = self.history.fault("pause_s3", self.cluster.store)
+        self.cluster.pause(server)
         try:
             await asyncio.sleep(6.0)
         finally:
-            self.cluster.resume(moto)
+            self.cluster.resume(server)
         self.history.heal(fault)
 
     async def s3_faults(self) -> None:
@@ -391,6 +420,38 @@ class Nemesis:
             k: after.get(k, 0) - before.get(k, 0) for k in ("slowdown", "timeout", "put_error")
         }
         self.history.heal(fault, injected=injected)
+
+    async def clock_jump(self) -> None:
+        victim = self._victim()
+        if victim is None:
+            raise RuntimeError("no live worker serves chaos tablets")
+        record, tablets = victim
+        fault = self.history.fault(
+            "clock_jump", record.role, tablets=sorted(tablets), step=CLOCK_STEP
+        )
+        hold = self.cluster.lease_ttl * 2
+        try:
+            for offset in (CLOCK_STEP, -CLOCK_STEP):
+                await asyncio.to_thread(self.cluster.step_clock, record, offset)
+                await asyncio.sleep(hold)
+        finally:
+            await asyncio.to_thread(self.cluster.step_clock, record, 0.0)
+        self.history.heal(fault, still_running=self.cluster.running(record))
+
+    async def s3_503_storm(self) -> None:
+        fault = self.history.fault("s3_503_storm", "proxy", slowdown=STORM_SLOWDOWN, seconds=STORM)
+        before = await asyncio.to_thread(self.cluster.s3_stats)
+        await asyncio.to_thread(lambda: self.cluster.s3_faults(slowdown=STORM_SLOWDOWN))
+        try:
+            await asyncio.sleep(STORM)
+        finally:
+            await asyncio.to_thread(self.cluster.s3_faults)
+        after = await asyncio.to_thread(self.cluster.s3_stats)
+        self.history.heal(
+            fault,
+            requests=after.get("requests", 0) - before.get("requests", 0),
+            slowdown=after.get("slowdown", 0) - before.get("slowdown", 0),
+        )
 
 
 class _Died(Unavailable):

@@ -75,6 +75,8 @@ class ChaosConfig:
     tls: bool = False
     writers: int = 8
     readers: int = 3
+    #: The S3 server: "moto" or "seaweedfs" (chaos_cluster.STORES).
+    store: str = "moto"
     #: etcd's members: 1, or 3 (or 5) for the member faults (nemesis.MEMBER_FAULTS).
     etcd_members: int = 1
     #: Clients of the shared rows' single-row transactions (workload.py).
@@ -107,7 +109,7 @@ class ChaosReport:
         ops = v.operations
         lines = [
             f"chaos: {self.config.seconds:.0f} s, seed {self.config.seed}, "
-            f"etcd members {self.config.etcd_members}, faults {','.join(self.config.faults)}",
+            f"S3 {self.config.store}, etcd members {self.config.etcd_members}, faults {','.join(self.config.faults)}",
             "operations: "
             + ", ".join(f"{k} {n}" for k, n in sorted(ops.items()))
             + f" (total {sum(ops.values())})",
@@ -174,6 +176,7 @@ class ChaosReport:
         return {
             "seconds": self.config.seconds,
             "seed": self.config.seed,
+            "store": self.config.store,
             "faults_enabled": list(self.config.faults),
             "operations": v.operations,
             "faults": self.faults,
@@ -386,9 +389,10 @@ async def _wait(check: object, deadline: float, what: str) -> None:
         await asyncio.sleep(0.5)
 
 
-async def _create_table(client: AsyncClient) -> AsyncTable:
+async def _create_table(client: AsyncClient, cluster: ChaosCluster) -> AsyncTable:
     """The chaos table, once the young cluster serves METADATA (on a loaded machine the first
-    assignment may take longer than one request's deadline)."""
+    assignment may take longer than one request's deadline, and a worker stalled past its
+    lease before the workload started gives up: it is replaced meanwhile)."""
     end = time.monotonic() + HEAL_DEADLINE
     while True:
         try:
@@ -398,6 +402,7 @@ async def _create_table(client: AsyncClient) -> AsyncTable:
         except Unavailable:
             if time.monotonic() > end:
                 raise
+            await asyncio.to_thread(cluster.top_up)
             await asyncio.sleep(1.0)
 
 
@@ -415,8 +420,10 @@ async def run_chaos(config: ChaosConfig) -> ChaosReport:
         tls=config.tls,
         etcd_members=config.etcd_members,
         partitionable=bool(set(config.faults) & set(PARTITION_FAULTS)),
+        store=config.store,
+        steppable_clocks="clock_jump" in config.faults,
     )
-    # The harness's own S3 client (the attribution's reads from moto) uses moto's dummy
+    # The harness's own S3 client (the attribution's reads from the S3 server) uses moto's dummy
     # credentials, as the processes do; the caller's environment is restored afterwards.
     saved = {k: os.environ.get(k) for k in ENV}
     os.environ.update(ENV)
@@ -454,7 +461,7 @@ async def _run(
     history: History,
     setup_errors: list[str],
 ) -> ChaosReport:
-    table = await _create_table(client)
+    table = await _create_table(client, cluster)
     table_id = (await client._info(TABLE)).table_id
     poller = _Poller(client, table_id, history)
 

@@ -1,4 +1,4 @@
-"""A fault-injecting S3 proxy on loopback, in front of moto's server (chaos harness only).
+"""A fault-injecting S3 proxy on loopback, in front of moto or SeaweedFS (chaos harness only).
 
 Why a proxy rather than the in-process :class:`~tabletstore.testing.faulty_store.FaultyObjectStore`:
 the faults must reach worker and master *processes*, whose stores are built from the cluster's
@@ -150,7 +150,9 @@ def make_app(upstream: str, seed: int) -> web.Application:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--upstream", required=True, help="moto's endpoint, http://host:port")
+    parser.add_argument(
+        "--upstream", required=True, help="the S3 server's endpoint, http://host:port"
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--seed", type=int, default=0)

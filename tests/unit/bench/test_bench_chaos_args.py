@@ -44,6 +44,8 @@ def test_a_file_as_the_directory_is_refused(
         (["--gap", "9,3"], "--gap needs 0 < LO <= HI"),
         (["--faults", "etcd_quorum_loss"], "need --etcd-members 3"),
         (["--etcd-members", "3", "--tls"], "--tls runs etcd as one member"),
+        (["--faults", "replace_etcd_member"], "need --etcd-members 3"),
+        (["--store", "minio"], "argument --store: invalid choice: 'minio'"),
     ],
 )
 def test_bad_arguments_are_named(

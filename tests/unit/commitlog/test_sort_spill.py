@@ -207,3 +207,30 @@ async def test_a_run_the_spill_could_not_keep_is_read_from_the_store(tmp_path: P
         assert cells == await direct(mem, t)
     assert spill.stats.not_kept > 0 and stats.local_runs == 0 and stats.runs > 0
     assert spill.directory is None  # nothing was written to disk
+
+
+async def test_a_full_spill_disk_keeps_nothing_half_written_and_recovers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The disk under the spill directory fills up: the run that does not fit is not kept
+    (its replay reads the store's copy), no partial file is left taking the space, the runs
+    kept before still read back, and runs are kept on disk again once there is room."""
+    from tabletstore.commitlog import spill as spill_module
+    from tests.full_disk import FullDisk
+
+    disk = FullDisk(tmp_path, limit=1000)
+    disk.patch(monkeypatch, spill_module)
+    spill = RunSpill(memory_bytes=0, disk_bytes=1 << 20, directory=str(tmp_path))
+    try:
+        await spill.keep(_key(0, "a"), b"a" * 600)
+        await spill.keep(_key(0, "b"), b"b" * 600)  # 400 bytes fit: ENOSPC
+        assert disk.refused and spill.stats.kept_on_disk == 1 and spill.stats.not_kept == 1
+        assert "No space left on device" in caplog.text
+        assert not spill.holds(_key(0, "b"))
+        assert disk.used() == 600, "the run that did not fit left a partial file behind"
+        assert await spill.get(_key(0, "a")) == b"a" * 600
+        disk.resize(10_000)
+        await spill.keep(_key(0, "c"), b"c" * 600)
+        assert spill.holds(_key(0, "c")) and await spill.get(_key(0, "c")) == b"c" * 600
+    finally:
+        spill.close()

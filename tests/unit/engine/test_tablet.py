@@ -380,3 +380,55 @@ async def test_a_minor_compaction_writes_larger_pages_than_a_major_one() -> None
         await h.close()
     # 400 KB of values: ~50 pages of 8 KiB, ~13 of 32 KiB.
     assert minor * 3 <= major, f"minor compaction: {minor} pages, major: {major}"
+
+
+async def test_a_wall_clock_stepped_back_hides_no_later_write(h: TabletHarness) -> None:
+    """Server-assigned timestamps come from the wall clock; a step back (an NTP step, an
+    operator setting the clock) must not stamp a later write below an earlier one, or the
+    acknowledged later write would be hidden behind the older version."""
+    tablet = h.tablet
+    assert tablet is not None
+    await tablet.apply(b"r", [SetCell("a", b"q", b"before")])
+    await tablet.apply_many([(b"m", [SetCell("a", b"q", b"before")])])
+    h.clock.step(-30.0)
+    await tablet.apply(b"r", [SetCell("a", b"q", b"after")])
+    await tablet.apply_many([(b"m", [SetCell("a", b"q", b"after")])])
+    assert await tablet.check_and_mutate(b"r", None, [SetCell("a", b"q", b"third")], [])
+    for row, newest in ((b"r", b"third"), (b"m", b"after")):
+        got = await tablet.read_row(row)
+        assert got is not None and got.cells[0].value == newest, got
+    # Forward again: timestamps take up the clock's time (no drift once it is past them).
+    h.clock.step(60.0)
+    await tablet.apply(b"r", [SetCell("a", b"q", b"fourth")])
+    got = await tablet.read_row(b"r")
+    assert got is not None and got.cells[0].value == b"fourth"
+    assert got.cells[0].timestamp == h.now_micros()
+
+
+async def test_a_write_after_a_step_back_is_newer_than_a_read_modify_write(
+    h: TabletHarness,
+) -> None:
+    tablet = h.tablet
+    assert tablet is not None
+    h.clock.advance(5.0)  # past every earlier write's timestamp
+    await tablet.read_modify_write(b"x", [AppendValue("a", b"q", b"appended")])
+    h.clock.step(-30.0)
+    await tablet.apply(b"x", [SetCell("a", b"q", b"put")])
+    got = await tablet.read_row(b"x")
+    assert got is not None and got.cells[0].value == b"put", got
+
+
+async def test_the_timestamp_floor_moves_with_the_tablet(h: TabletHarness) -> None:
+    """A worker whose clock ran ahead flushed the tablet (as an unload or a split does); the
+    next server, whose clock is behind, starts at the floor the record carries."""
+    tablet = h.tablet
+    assert tablet is not None
+    h.clock.step(30.0)
+    await tablet.apply(b"r", [SetCell("a", b"q", b"ahead")])
+    await tablet.minor_compact()
+    assert (await h.record()).timestamp_floor == h.now_micros()
+    h.clock.step(-60.0)
+    moved = await h.recover()
+    await moved.apply(b"r", [SetCell("a", b"q", b"behind")])
+    got = await moved.read_row(b"r")
+    assert got is not None and got.cells[0].value == b"behind", got
