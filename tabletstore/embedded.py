@@ -36,7 +36,7 @@ from tabletstore.coordination.base import Coordinator
 from tabletstore.coordination.local import LocalCoordinator
 from tabletstore.coordination.memory import MemoryCoordinator
 from tabletstore.errors import InvalidArgument, TabletStoreError
-from tabletstore.master.checkpoints import set_history
+from tabletstore.master.checkpoints import set_changes, set_history
 from tabletstore.master.gc import GcReport, collect
 from tabletstore.master.gc_plan import DEFAULT_FENCE_GRACE, DEFAULT_GRACE
 from tabletstore.master.log_recovery import InProcessSortExecutor, LogRecovery
@@ -296,6 +296,11 @@ class Database(AsyncClient):
         and the commit log kept so that any instant that far back can be restored."""
         await set_history(self.master.catalog, table, seconds)
 
+    async def set_changes(self, table: str, seconds: float | None) -> None:
+        """Keep ``seconds`` of changes for ``table`` (None: no change stream): its change
+        stream can be read that far back (``client/change_stream.py``)."""
+        await set_changes(self.master.catalog, table, seconds)
+
     async def checkpoint(self) -> list[SnapshotManifest]:
         """Checkpoint every table with history now (the database also does, every interval
         of each table's window, while it is open; a cluster's master does it in its loop)."""
@@ -328,6 +333,7 @@ class SyncDatabase(SyncClient):
     gc = blocking(Database.gc)
     verify = blocking(Database.verify)
     set_history = blocking(Database.set_history)
+    set_changes = blocking(Database.set_changes)
     checkpoint = blocking(Database.checkpoint)
     restore_as_of = blocking(Database.restore_as_of)
     metrics_text = blocking(Database.metrics_text)

@@ -53,7 +53,7 @@ from tabletstore.errors import (
     Unimplemented,
 )
 from tabletstore.master import gc_plan as gc
-from tabletstore.master.checkpoints import retention
+from tabletstore.master.checkpoints import log_retention
 from tabletstore.metadata.backup import BackupManifest, read_backup
 from tabletstore.metadata.catalog import Catalog, ClusterSettings, TableInfo
 from tabletstore.metadata.record import LogRef
@@ -145,11 +145,10 @@ async def mark(
             if expires is not None:
                 expiry[obj.key] = expires
     backups, backup_expiry = await _backup_names(store, listed)
-    windows = [i.schema.history for i in infos.values() if i.schema.history is not None]
     return gc.LiveSet(
         backups=backups,
         backup_expiry=backup_expiry,
-        history=max((retention(w) for w in windows), default=0.0),
+        history=max((log_retention(i.schema) for i in infos.values()), default=0.0),
         tables=frozenset(tables),
         sstables=frozenset(sstables),
         logs=frozenset(logs),
