@@ -453,9 +453,7 @@ def batch_spans(cursor: Cursor, ends: Mapping[str, int]) -> dict[str, tuple[int,
     return spans
 
 
-def order_changes(
-    cursor: Cursor, ends: Mapping[str, int], read: Iterable[Logged]
-) -> list[Logged]:
+def order_changes(cursor: Cursor, ends: Mapping[str, int], read: Iterable[Logged]) -> list[Logged]:
     """The batch's changes: the records of the cursor's table, each in the lane holding its
     row and read by it (between its position and the batch's end), stamped at or after
     ``since``; ordered by (commit time, log, segment, index), then each row's records put in
@@ -491,8 +489,7 @@ def order_changes(
 def to_change(item: Logged, token: str) -> Change:
     rec = item.record
     mods = tuple(
-        Mod(CellKind(c.kind).name.lower(), c.family, c.qualifier, c.ts, c.value)
-        for c in rec.cells
+        Mod(CellKind(c.kind).name.lower(), c.family, c.qualifier, c.ts, c.value) for c in rec.cells
     )
     return Change(rec.row, item.commit_time, rec.first_seq, mods, token)
 

@@ -13,13 +13,14 @@ store abstraction) and the catalog; no worker is asked.
 
 :class:`SegmentCache` keeps the segments and stamps one client has read, so the reads of all
 of a table's partitions in one process (``tabletstore watch``) fetch each segment once.
+:func:`follow` reads every partition of a table at once, and the successors each end names.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Collection, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from dataclasses import replace
 
 from tabletstore.client import change_plan as plan
@@ -38,7 +39,7 @@ from tabletstore.metadata.catalog import Catalog
 from tabletstore.storage_s3 import layout
 from tabletstore.storage_s3.base import ObjectInfo, ObjectStore, object_url
 
-__all__ = ["ChangeItem", "SegmentCache", "change_partitions", "read_changes"]
+__all__ = ["ChangeItem", "SegmentCache", "change_partitions", "follow", "read_changes"]
 
 #: What a change stream yields.
 ChangeItem = Change | Heartbeat | PartitionEnd
@@ -271,3 +272,77 @@ def _listed_numbers(source: _Source) -> dict[str, list[plan.SegmentStamp]]:
         name: [plan.SegmentStamp(n, i.size, None) for n, i in numbers.items()]
         for name, numbers in source.listed.items()
     }
+
+
+#: Reads one partition (``AsyncTable.read_changes`` bound to its table and bounds).
+ReadPartition = Callable[[ChangePartition, Sequence[str]], AsyncIterator[ChangeItem]]
+
+
+async def follow(
+    partitions: Sequence[ChangePartition], read: ReadPartition, *, queue_size: int = 1024
+) -> AsyncIterator[tuple[ChangePartition, ChangeItem]]:
+    """Every partition's stream, interleaved as items come: each of ``partitions`` is read
+    with no token (``read`` supplies the start time), and each successor a partition end
+    names is read with the tokens it was handed, once the tokens of every partition it
+    replaces are in (a merge). Ends when every stream has ended (an end time)."""
+    queue: asyncio.Queue[tuple[ChangePartition, ChangeItem | Exception | None]] = asyncio.Queue(
+        queue_size
+    )
+    covered: dict[ChangePartition, list[ChangePartition]] = {}
+    handed: dict[ChangePartition, list[str]] = {}
+
+    async def run(part: ChangePartition, tokens: Sequence[str]) -> None:
+        try:
+            async for item in read(part, tokens):
+                await queue.put((part, item))
+        except Exception as exc:  # handed to the consumer, which raises it
+            await queue.put((part, exc))
+        else:
+            await queue.put((part, None))
+
+    tasks: set[asyncio.Task[None]] = set()
+
+    def start(part: ChangePartition, tokens: Sequence[str]) -> None:
+        task = asyncio.create_task(run(part, tokens))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    try:
+        for p in partitions:
+            start(p, ())
+        running = len(partitions)
+        while running:
+            part, item = await queue.get()
+            if item is None:
+                running -= 1
+                continue
+            if isinstance(item, Exception):
+                raise item
+            yield part, item
+            if not isinstance(item, PartitionEnd):
+                continue
+            for succ, token in item.successors:
+                handed.setdefault(succ, []).append(token)
+                covered.setdefault(succ, []).append(_overlap(part, succ))
+                if _tiles(covered[succ], succ):
+                    start(succ, tuple(handed.pop(succ)))
+                    del covered[succ]
+                    running += 1
+    finally:
+        for task in list(tasks):
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _overlap(a: ChangePartition, b: ChangePartition) -> ChangePartition:
+    ends = [e for e in (a.end, b.end) if e is not None]
+    return ChangePartition(max(a.start, b.start), min(ends) if ends else None)
+
+
+def _tiles(parts: Sequence[ChangePartition], whole: ChangePartition) -> bool:
+    pos: bytes | None = whole.start
+    for p in sorted(parts, key=lambda p: p.start):
+        if pos is None or p.start != pos:
+            return False
+        pos = p.end
+    return pos == whole.end

@@ -252,6 +252,7 @@ class SyncTable(SyncProxy[AsyncTable]):
     bulk_load = blocking(AsyncTable.bulk_load)
     change_partitions = blocking(AsyncTable.change_partitions)
     read_changes = iterating(AsyncTable.read_changes, batch=1)
+    follow_changes = iterating(AsyncTable.follow_changes, batch=1)
 
 
 class SyncClient(SyncProxy[AsyncClient]):

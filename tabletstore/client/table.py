@@ -274,6 +274,31 @@ class AsyncTable:
             ):
                 yield item
 
+    async def follow_changes(
+        self,
+        *,
+        start_time: float | None = None,
+        end_time: float | None = None,
+        poll: float = 0.5,
+        heartbeat: float = 2.0,
+    ) -> AsyncIterator[tuple[ChangePartition, ChangeItem]]:
+        """:meth:`read_changes` of every partition at once, and of the partitions that
+        replace them after splits and merges: (partition, item) pairs as they come."""
+        since = SystemClock().time() if start_time is None else start_time
+
+        def read(part: ChangePartition, tokens: Sequence[str]) -> AsyncIterator[ChangeItem]:
+            return self.read_changes(
+                part,
+                tokens=tokens,
+                start_time=None if tokens else since,
+                end_time=end_time,
+                poll=poll,
+                heartbeat=heartbeat,
+            )
+
+        async for pair in change_stream.follow(await self.change_partitions(), read):
+            yield pair
+
     async def sample_row_keys(self) -> list[tuple[bytes, int]]:
         """(row key, approximate bytes up to it) pairs that split the table evenly-ish.
         Asked again from the start, within the retry deadline, when a tablet split or moved
