@@ -249,10 +249,11 @@ async def read_changes(
         watermark = max(watermark, cursor.watermark)
         cursor = replace(plan.settle(cursor, ends), watermark=watermark)
         beat = clock.monotonic()
-        if changes or beat - last_beat >= heartbeat:
+        done = end_time is not None and watermark >= end_time
+        if changes or done or beat - last_beat >= heartbeat:
             last_beat = beat
             yield Heartbeat(watermark, plan.encode_token(cursor))
-        if end_time is not None and watermark >= end_time:
+        if done:
             return
         await clock.sleep(poll)
 
