@@ -157,12 +157,7 @@ async def set_history(catalog: Catalog, table: str, seconds: float | None) -> Ta
     (compare-and-swap on the schema record). The master's next checkpoint round takes the
     first checkpoint; instants from then on can be restored. Shortening the window lets
     garbage collection free what falls out of it."""
-    info = await catalog.get_table(table)
-    try:
-        schema = TableSchema.model_validate({**info.schema.model_dump(), "history": seconds})
-    except ValueError as exc:
-        raise InvalidArgument(f"table {table!r}: {exc}") from exc
-    return await catalog.update_schema(info, schema)
+    return await _set_seconds(catalog, table, "history", seconds)
 
 
 async def set_changes(catalog: Catalog, table: str, seconds: float | None) -> TableInfo:
@@ -170,9 +165,15 @@ async def set_changes(catalog: Catalog, table: str, seconds: float | None) -> Ta
     (compare-and-swap on the schema record). Its change stream can be read from then on, as
     far back as the retention (``client/change_stream.py``); shortening it lets garbage
     collection free the commit log that falls out of it."""
+    return await _set_seconds(catalog, table, "changes", seconds)
+
+
+async def _set_seconds(
+    catalog: Catalog, table: str, field: str, seconds: float | None
+) -> TableInfo:
     info = await catalog.get_table(table)
     try:
-        schema = TableSchema.model_validate({**info.schema.model_dump(), "changes": seconds})
+        schema = TableSchema.model_validate({**info.schema.model_dump(), field: seconds})
     except ValueError as exc:
         raise InvalidArgument(f"table {table!r}: {exc}") from exc
     return await catalog.update_schema(info, schema)
