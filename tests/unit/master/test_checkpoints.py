@@ -60,3 +60,18 @@ async def test_a_checkpoint_per_interval_per_table_with_history() -> None:
     clock.advance(ROUND_SECONDS)
     assert await cp.run_round() == []  # the interval has not passed again
     assert [m.table_id for m in await cp.run_round(force=True)] == ["h-1"]
+
+
+def test_garbage_collection_keeps_the_log_for_the_longer_of_history_and_changes() -> None:
+    from tabletstore.master.checkpoints import (
+        CLOCK_MARGIN,
+        change_retention,
+        log_retention,
+        retention,
+    )
+
+    assert log_retention(TableSchema(name="p")) == 0.0
+    assert log_retention(TableSchema(name="c", changes=86400.0)) == 86400.0 + CLOCK_MARGIN
+    assert change_retention(86400.0) == 86400.0 + CLOCK_MARGIN
+    both = TableSchema(name="b", changes=7 * 86400.0, history=3600.0)
+    assert log_retention(both) == max(retention(3600.0), change_retention(7 * 86400.0))
