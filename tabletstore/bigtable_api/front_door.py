@@ -7,7 +7,9 @@ the client; the conversions are pure functions elsewhere (``translate.py``, ``ch
 one servicer that grpc registers.
 
 ``google.bigtable.v2.Bigtable`` (ReadRows, SampleRowKeys, MutateRow, MutateRows,
-CheckAndMutateRow, ReadModifyWriteRow, PingAndWarm) and the table half of
+CheckAndMutateRow, ReadModifyWriteRow, PingAndWarm, and the change streams'
+GenerateInitialChangeStreamPartitions and ReadChangeStream: :mod:`~tabletstore.bigtable_api.
+change_streams`) and the table half of
 ``google.bigtable.admin.v2.BigtableTableAdmin`` (:mod:`tabletstore.bigtable_api.admin`, its
 backups :mod:`tabletstore.bigtable_api.backups`) are
 served over any tabletstore :class:`~tabletstore.client.client.AsyncClient` -- the embedded
@@ -39,6 +41,7 @@ from google.cloud.bigtable_v2.types import bigtable as bt
 from google.protobuf import empty_pb2
 from google.rpc import status_pb2
 
+from tabletstore.bigtable_api import change_streams
 from tabletstore.bigtable_api.admin import TableAdmin
 from tabletstore.bigtable_api.chunks import (
     DEFAULT_MAX_RESPONSE_BYTES,
@@ -64,6 +67,7 @@ from tabletstore.bigtable_api.translate import (
     server_timestamp,
     status_code,
 )
+from tabletstore.client.change_plan import Change, Heartbeat
 from tabletstore.client.client import AsyncClient
 from tabletstore.client.mutate_rows import MutationsFailed
 from tabletstore.client.table import AsyncTable
@@ -96,8 +100,6 @@ INSTANCE_ADMIN_SERVICE = "google.bigtable.admin.v2.BigtableInstanceAdmin"
 UNIMPLEMENTED_DATA = (
     "ExecuteQuery",
     "PrepareQuery",
-    "ReadChangeStream",
-    "GenerateInitialChangeStreamPartitions",
 )
 UNIMPLEMENTED_ADMIN = (
     "CreateTableFromSnapshot",
@@ -336,6 +338,41 @@ class BigtableData:
         row = await table.read_modify_write_row(req.row_key, rmw_rules_from_pb(req.rules))
         return _ReadModifyWriteRowResponse(row=row_to_pb(row))
 
+    async def generate_initial_change_stream_partitions(self, req: Any) -> AsyncIterator[Any]:
+        """The table's change-stream partitions now (``client/change_stream.py``)."""
+        for p in await self._table(req, views=False).change_partitions():
+            yield change_streams.partition_response(p)
+
+    async def read_change_stream(self, req: Any) -> AsyncIterator[Any]:
+        """One partition's changes, heartbeats and its close (``bigtable_api/change_streams.py``
+        says how they map)."""
+        table = self._table(req, views=False)
+        partition = change_streams.partition_from_pb(req.HasField("partition"), req.partition)
+        if partition is None:
+            raise InvalidArgument("ReadChangeStream needs a partition")
+        # start_time and continuation_tokens are one oneof: a request has one or neither.
+        tokens = [t.token for t in req.continuation_tokens.tokens]
+        start = change_streams.seconds_of(req.HasField("start_time"), req.start_time)
+        end = change_streams.seconds_of(req.HasField("end_time"), req.end_time)
+        beat = change_streams.seconds_of(
+            req.HasField("heartbeat_duration"), req.heartbeat_duration
+        )
+        watermark = 0.0
+        async for item in table.read_changes(
+            partition,
+            tokens=tokens,
+            start_time=start,
+            end_time=end,
+            heartbeat=beat if beat else 2.0,
+        ):
+            if isinstance(item, Change):
+                yield change_streams.change_response(item, watermark)
+            elif isinstance(item, Heartbeat):
+                watermark = item.watermark
+                yield change_streams.heartbeat_response(item, partition)
+            else:
+                yield change_streams.close_response(item)
+
     async def ping_and_warm(self, req: Any) -> Any:
         parse_instance_name(req.name)
         return _PingAndWarmResponse()
@@ -568,6 +605,18 @@ def generic_handlers(
         ),
         "PingAndWarm": unary(
             "PingAndWarm", data.ping_and_warm, bt.PingAndWarmRequest, bt.PingAndWarmResponse
+        ),
+        "GenerateInitialChangeStreamPartitions": stream(
+            "GenerateInitialChangeStreamPartitions",
+            data.generate_initial_change_stream_partitions,
+            bt.GenerateInitialChangeStreamPartitionsRequest,
+            bt.GenerateInitialChangeStreamPartitionsResponse,
+        ),
+        "ReadChangeStream": stream(
+            "ReadChangeStream",
+            data.read_change_stream,
+            bt.ReadChangeStreamRequest,
+            bt.ReadChangeStreamResponse,
         ),
     }
     data_methods.update({m: _unimplemented(DATA_SERVICE, m) for m in UNIMPLEMENTED_DATA})

@@ -13,6 +13,7 @@ the syntax itself lives in :mod:`tabletstore.cli.cbtsyntax`, the CSV form in
 (set to count), :mod:`~tabletstore.cli.csv_cmds` (import, export),
 :mod:`~tabletstore.cli.maintenance_cmds` (flush, compact, gc, verify),
 :mod:`~tabletstore.cli.history_cmds` (history, and restore --as-of's body),
+:mod:`~tabletstore.cli.change_cmds` (changes, watch),
 :mod:`~tabletstore.cli.batch_cmds` (snapshot, bulkload),
 :mod:`~tabletstore.cli.backup_cmds` (backup, restore, clone),
 :mod:`~tabletstore.cli.localstack_cmds`, :mod:`~tabletstore.cli.server_cmds` (master,
@@ -23,6 +24,7 @@ does one thing and closes it (closing minor-compacts, so the next open is quick)
     tabletstore demo                                   the paper's Webtable, written and read
     tabletstore ls [TABLE]                             tables, or a table's families and GC
     tabletstore createtable T [families=f1,f2:maxversions=2] [splits=k1,k2] [--history 24h]
+                       [--changes 24h]
     tabletstore deletetable T
     tabletstore createfamily T F[:sum|min|max|hll] | deletefamily T F
     tabletstore setgcpolicy T F maxversions=N | maxage=30d | never | (P or P) and P
@@ -45,6 +47,8 @@ does one thing and closes it (closing minor-compacts, so the next open is quick)
     tabletstore clone T NEW_TABLE [--as-of INSTANT]    a writable zero-copy clone
     tabletstore verify [TABLE | --backup ID] [--deep] [--json]   is it whole? (exit 3 if not)
     tabletstore history T [24h|off] | --default 24h|off   a table's (or the default) window
+    tabletstore changes T [24h|off]                    show or set a table's change retention
+    tabletstore watch T [--from I] [--until I]         print T's changes as they commit
     tabletstore [--url URL] local-stack up [--dir DIR] [--s3-url URL | --s3 moto|seaweedfs]
                                            [--workers N] [--persist]
     tabletstore [--url URL] local-stack status [--dir DIR]
@@ -79,6 +83,7 @@ import click
 from tabletstore.cli import (
     backup_cmds,
     batch_cmds,
+    change_cmds,
     csv_cmds,
     demo,
     history_cmds,
@@ -188,6 +193,8 @@ for _command in (
     maintenance_cmds.gc_cmd,
     maintenance_cmds.verify_cmd,
     history_cmds.history_cmd,
+    change_cmds.changes_cmd,
+    change_cmds.watch_cmd,
     batch_cmds.snapshot_group,
     batch_cmds.bulkload_cmd,
     backup_cmds.backup_group,

@@ -2,6 +2,7 @@
 
     tabletstore ls [TABLE]                             tables, or a table's families and GC
     tabletstore createtable T [families=f1,f2:maxversions=2] [splits=k1,k2] [--history 24h]
+                            [--changes 24h]
     tabletstore deletetable T
     tabletstore createfamily T F[:sum|min|max|hll] | deletefamily T F
     tabletstore setgcpolicy T F maxversions=N | maxage=30d | never | (P or P) and P
@@ -46,7 +47,15 @@ def ls_cmd(table: str | None) -> None:
     help="Keep this much history (30m, 24h, 7d): any instant of it can be restored "
     "(tabletstore restore --as-of).",
 )
-def createtable_cmd(table: str, options: tuple[str, ...], history: str | None) -> None:
+@click.option(
+    "--changes",
+    default=None,
+    help="Keep this much of the table's change stream (1h, 24h, 7d): tabletstore watch, "
+    "table.read_changes.",
+)
+def createtable_cmd(
+    table: str, options: tuple[str, ...], history: str | None, changes: str | None
+) -> None:
     """Create a table: [families=f1,f2:maxversions=2,...] [splits=k1,k2,...].
 
     Quote a GC policy with spaces or || (cbt's syntax, see setgcpolicy)."""
@@ -54,7 +63,10 @@ def createtable_cmd(table: str, options: tuple[str, ...], history: str | None) -
     families = failing(lambda: cbt.parse_families(opts["families"]) if "families" in opts else [])
     splits = [cbt.arg_bytes(k) for k in opts["splits"].split(",")] if "splits" in opts else []
     window = None if history is None else failing(lambda: cbt.parse_duration(history))
-    with_database(lambda db: db.create_table(table, families, split_keys=splits, history=window))
+    kept = None if changes is None else failing(lambda: cbt.parse_duration(changes))
+    with_database(
+        lambda db: db.create_table(table, families, split_keys=splits, history=window, changes=kept)
+    )
 
 
 @click.command("deletetable")

@@ -39,6 +39,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
+from tabletstore.client.change_stream import SegmentCache
 from tabletstore.client.coalesce import Coalescer
 from tabletstore.client.location import LocationCache
 from tabletstore.client.mutate_rows import (
@@ -138,6 +139,8 @@ class AsyncClient(TableAdmin):
         self._identity = identity
         self.retry_deadline = retry_deadline
         self._stubs: dict[str, TabletService] = {}
+        #: The commit-log segments this client's change streams read (client/change_stream.py).
+        self.change_segments = SegmentCache()
         #: With ``coalesce`` (a cluster client: each request crosses a socket), concurrent
         #: single-row reads and mutations to one worker share a request (client/coalesce.py).
         self._point_reads: Coalescer[PointReadKey, PointRead, Row | LargeRow | None] | None = None

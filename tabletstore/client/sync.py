@@ -72,21 +72,22 @@ class Portal:
             raise RuntimeError("the synchronous API cannot be used from its own event loop")
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
-    def iterate(self, agen: AsyncIterator[T]) -> Iterator[T]:
-        """Drive an async iterator from this thread, a batch of items per round trip."""
+    def iterate(self, agen: AsyncIterator[T], batch: int = _PULL_BATCH) -> Iterator[T]:
+        """Drive an async iterator from this thread, up to ``batch`` items per round trip
+        (1 for a stream whose items should be seen as they come)."""
 
         async def pull() -> list[T]:
             out: list[T] = []
-            async for item in _take(agen, _PULL_BATCH):
+            async for item in _take(agen, batch):
                 out.append(item)
             return out
 
         try:
             while True:
-                batch = self.call(pull())
-                if not batch:
+                items = self.call(pull())
+                if not items:
                     return
-                yield from batch
+                yield from items
         finally:
             aclose = getattr(agen, "aclose", None)
             if aclose is not None and not self._loop.is_closed():
@@ -211,14 +212,15 @@ def blocking_as(
 
 
 def iterating(
-    method: Callable[Concatenate[A, P], AsyncIterator[T]],
+    method: Callable[Concatenate[A, P], AsyncIterator[T]], *, batch: int = _PULL_BATCH
 ) -> Callable[Concatenate[SyncProxy[object], P], Iterator[T]]:
     """The sync face of an async-iterator method: same parameters, a plain iterator (pulled
-    in batches through the portal)."""
+    in batches of up to ``batch`` items through the portal; 1 for a live stream)."""
 
     @functools.wraps(method)
     def call(self: SyncProxy[object], /, *args: P.args, **kwargs: P.kwargs) -> Iterator[T]:
-        return self._portal.iterate(cast(AsyncIterator[T], _bound(self, method)(*args, **kwargs)))
+        agen = cast(AsyncIterator[T], _bound(self, method)(*args, **kwargs))
+        return self._portal.iterate(agen, batch)
 
     return call
 
@@ -248,6 +250,9 @@ class SyncTable(SyncProxy[AsyncTable]):
     sample_row_keys = blocking(AsyncTable.sample_row_keys)
     snapshot = blocking(AsyncTable.snapshot)
     bulk_load = blocking(AsyncTable.bulk_load)
+    change_partitions = blocking(AsyncTable.change_partitions)
+    read_changes = iterating(AsyncTable.read_changes, batch=1)
+    follow_changes = iterating(AsyncTable.follow_changes, batch=1)
 
 
 class SyncClient(SyncProxy[AsyncClient]):

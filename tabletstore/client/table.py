@@ -16,8 +16,12 @@ import itertools
 from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import TYPE_CHECKING, cast
 
+from tabletstore.client import change_stream
+from tabletstore.client.change_plan import ChangePartition
+from tabletstore.client.change_stream import ChangeItem
 from tabletstore.client.mutate_rows import MutationError, MutationsFailed, send_batches
 from tabletstore.client.read_rows import point_read, read_batches, read_one, select_rows
+from tabletstore.clock import SystemClock
 from tabletstore.data.filters import RowFilter
 from tabletstore.data.model import Mutation, ReadModifyWriteRule, Row, RowMutation
 from tabletstore.data.query import RowSet
@@ -229,6 +233,71 @@ class AsyncTable:
     async def bulk_load(self, url: str, *, load_id: str | None = None) -> tuple[int, int]:
         """:meth:`AsyncClient.bulk_load` into this table."""
         return await self._client.bulk_load(self.name, url, load_id=load_id)
+
+    # ------------------------------------------------------------------ change streams
+
+    async def change_partitions(self) -> list[ChangePartition]:
+        """The partitions of this table's change stream now (its tablets' row ranges)."""
+        return await change_stream.change_partitions(self._client.catalog, self.name)
+
+    async def read_changes(
+        self,
+        partition: ChangePartition | None = None,
+        *,
+        tokens: Sequence[str] = (),
+        start_time: float | None = None,
+        end_time: float | None = None,
+        poll: float = 0.5,
+        heartbeat: float = 2.0,
+    ) -> AsyncIterator[ChangeItem]:
+        """Follow one partition of this table's change stream (a table with a change
+        retention): every committed row mutation as a ``Change`` with its row, commit time,
+        order within the row and a token resuming after it; ``Heartbeat`` items with the low
+        watermark; last, a ``PartitionEnd`` naming the partitions that replace it after a
+        split or merge. From ``tokens`` (one, or those of every partition a merged one
+        replaces), else from ``start_time`` (default now), until the watermark passes
+        ``end_time`` (default: never). Read from the bucket's commit log, not the workers
+        (``client/change_stream.py``)."""
+        async with self._client._database_store() as store:
+            async for item in change_stream.read_changes(
+                store,
+                self._client.catalog,
+                self.name,
+                partition,
+                tokens=tokens,
+                start_time=start_time,
+                end_time=end_time,
+                poll=poll,
+                heartbeat=heartbeat,
+                clock=SystemClock(),
+                cache=self._client.change_segments,
+            ):
+                yield item
+
+    async def follow_changes(
+        self,
+        *,
+        start_time: float | None = None,
+        end_time: float | None = None,
+        poll: float = 0.5,
+        heartbeat: float = 2.0,
+    ) -> AsyncIterator[tuple[ChangePartition, ChangeItem]]:
+        """:meth:`read_changes` of every partition at once, and of the partitions that
+        replace them after splits and merges: (partition, item) pairs as they come."""
+        since = SystemClock().time() if start_time is None else start_time
+
+        def read(part: ChangePartition, tokens: Sequence[str]) -> AsyncIterator[ChangeItem]:
+            return self.read_changes(
+                part,
+                tokens=tokens,
+                start_time=None if tokens else since,
+                end_time=end_time,
+                poll=poll,
+                heartbeat=heartbeat,
+            )
+
+        async for pair in change_stream.follow(await self.change_partitions(), read):
+            yield pair
 
     async def sample_row_keys(self) -> list[tuple[bytes, int]]:
         """(row key, approximate bytes up to it) pairs that split the table evenly-ish.

@@ -116,9 +116,12 @@ class TableAdmin(BackupRequests):
         split_keys: Sequence[bytes] = (),
         locality_groups: Iterable[LocalityGroup] = (),
         history: float | None = None,
+        changes: float | None = None,
     ) -> AsyncTable:
         """Create a table with column families (names or ColumnFamily values). ``history``:
-        seconds of history to keep (any instant that far back can be restored)."""
+        seconds of history to keep (any instant that far back can be restored); ``changes``:
+        seconds of change retention (its change stream can be read that far back,
+        ``client/change_stream.py``)."""
         try:
             fams = {}
             for f in families:
@@ -126,7 +129,13 @@ class TableAdmin(BackupRequests):
                 fams[fam.name] = fam
             groups = {"default": LocalityGroup(name="default")}
             groups.update({g.name: g for g in locality_groups})
-            schema = TableSchema(name=name, families=fams, locality_groups=groups, history=history)
+            schema = TableSchema(
+                name=name,
+                families=fams,
+                locality_groups=groups,
+                history=history,
+                changes=changes,
+            )
         except ValueError as exc:  # pydantic's ValidationError is a ValueError
             raise InvalidArgument(_schema_error(exc)) from exc
         msg = await self._admin.create_table(CreateTableRequest.of(schema, split_keys))

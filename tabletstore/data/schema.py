@@ -67,6 +67,8 @@ def validate_table_name(name: str) -> str:
 
 #: The longest history window a table keeps (seconds): 35 days.
 MAX_HISTORY = 35 * 86400.0
+#: The longest change retention a table keeps (seconds): 7 days, as Cloud Bigtable's.
+MAX_CHANGES = 7 * 86400.0
 
 
 class _Frozen(BaseModel):
@@ -201,6 +203,10 @@ class TableSchema(_Frozen):
     #: (``master/pitr_restore.py``; the master checkpoints the table and garbage collection
     #: keeps the commit log that long). None: no history. Left out of the JSON while unset.
     history: float | None = Field(default=None, exclude_if=lambda v: v is None)
+    #: Seconds of change retention: the table's change stream (``client/change_stream.py``)
+    #: can be read this far back (garbage collection keeps the commit log that long). None:
+    #: no change stream. Left out of the JSON while unset.
+    changes: float | None = Field(default=None, exclude_if=lambda v: v is None)
 
     @field_validator("history")
     @classmethod
@@ -208,6 +214,16 @@ class TableSchema(_Frozen):
         if v is not None and not 0 < v <= MAX_HISTORY:
             raise ValueError(
                 f"history window must be more than 0 and at most {MAX_HISTORY / 86400:.0f} "
+                f"days, got {v} seconds"
+            )
+        return v
+
+    @field_validator("changes")
+    @classmethod
+    def _changes(cls, v: float | None) -> float | None:
+        if v is not None and not 0 < v <= MAX_CHANGES:
+            raise ValueError(
+                f"change retention must be more than 0 and at most {MAX_CHANGES / 86400:.0f} "
                 f"days, got {v} seconds"
             )
         return v

@@ -8,7 +8,9 @@ takes every :func:`checkpoint_interval` while it leads, with a TTL of :func:`che
 so that one at or before any instant of the window is kept (garbage collection rule 5), even
 if one round is missed. Garbage collection keeps every commit log whose newest object is
 younger than :func:`retention` (rule 7 of ``master/gc_plan.py``): the log from
-``CLOCK_MARGIN`` before the oldest kept checkpoint up to now.
+``CLOCK_MARGIN`` before the oldest kept checkpoint up to now. A table with a change retention
+(``TableSchema.changes``) has its change stream read from the same retained log, kept
+:func:`change_retention` (:func:`log_retention`: the longer of the two).
 
 The master owns both settings: ``set_history`` and ``history_default`` are master RPCs (only a
 table's admins change its window; only the cluster's own master identity the default,
@@ -38,9 +40,12 @@ from tabletstore.storage_s3.base import ObjectStore
 __all__ = [
     "CLOCK_MARGIN",
     "Checkpointer",
+    "change_retention",
     "checkpoint_interval",
     "checkpoint_ttl",
+    "log_retention",
     "retention",
+    "set_changes",
     "set_history",
     "set_history_default",
     "window_of",
@@ -80,6 +85,26 @@ def retention(window: float) -> float:
     """How long a commit log is kept after its newest object for a table with ``window``:
     as long as the oldest checkpoint kept, plus the clock margin before it."""
     return checkpoint_ttl(window) + CLOCK_MARGIN
+
+
+def change_retention(window: float) -> float:
+    """How long a commit log is kept after its newest object for a table with a change
+    retention of ``window``: every segment written within the window, plus the clock margin
+    (a segment's age is told by the object store's clock, its stamp by its writer's)."""
+    return window + CLOCK_MARGIN
+
+
+def log_retention(schema: TableSchema, default: float | None = None) -> float:
+    """What garbage collection rule 7 keeps a finished log for, for this table's sake: the
+    longer of its history window's (its own, else the database's ``default``) and its change
+    stream's retention (0: neither)."""
+    kept = 0.0
+    window = window_of(schema.history, default)
+    if window is not None:
+        kept = retention(window)
+    if schema.changes is not None:
+        kept = max(kept, change_retention(schema.changes))
+    return kept
 
 
 #: Takes a checkpoint of a table with the given TTL (the master's snapshot, phase 1 and 2).
@@ -163,9 +188,23 @@ async def set_history(catalog: Catalog, table: str, seconds: float | None) -> Ta
     (compare-and-swap on the schema record), made by the master's ``set_history`` RPC, which
     then takes the first checkpoint; instants from then on can be restored. Shortening the
     window lets garbage collection free what falls out of it."""
+    return await _set_seconds(catalog, table, "history", seconds)
+
+
+async def set_changes(catalog: Catalog, table: str, seconds: float | None) -> TableInfo:
+    """Set (or, with None, end) the change retention of ``table``: a schema change
+    (compare-and-swap on the schema record). Its change stream can be read from then on, as
+    far back as the retention (``client/change_stream.py``); shortening it lets garbage
+    collection free the commit log that falls out of it."""
+    return await _set_seconds(catalog, table, "changes", seconds)
+
+
+async def _set_seconds(
+    catalog: Catalog, table: str, field: str, seconds: float | None
+) -> TableInfo:
     info = await catalog.get_table(table)
     try:
-        schema = TableSchema.model_validate({**info.schema.model_dump(), "history": seconds})
+        schema = TableSchema.model_validate({**info.schema.model_dump(), field: seconds})
     except ValueError as exc:
         raise InvalidArgument(f"table {table!r}: {exc}") from exc
     return await catalog.update_schema(info, schema)

@@ -53,7 +53,7 @@ from tabletstore.errors import (
     Unimplemented,
 )
 from tabletstore.master import gc_plan as gc
-from tabletstore.master.checkpoints import retention, window_of
+from tabletstore.master.checkpoints import log_retention
 from tabletstore.metadata.backup import BackupManifest, read_backup
 from tabletstore.metadata.catalog import Catalog, ClusterSettings, TableInfo
 from tabletstore.metadata.record import LogRef
@@ -150,11 +150,10 @@ async def mark(
             load_parts[obj.key], _ = await _snapshot_names(store, obj.key)
     backups, backup_expiry = await _backup_names(store, listed)
     default = await catalog.history_default()
-    windows = [w for i in infos.values() if (w := window_of(i.schema.history, default))]
     return gc.LiveSet(
         backups=backups,
         backup_expiry=backup_expiry,
-        history=max((retention(w) for w in windows), default=0.0),
+        history=max((log_retention(i.schema, default) for i in infos.values()), default=0.0),
         tables=frozenset(tables),
         sstables=frozenset(sstables),
         logs=frozenset(logs),

@@ -46,10 +46,10 @@ The rules, object by object (each verdict carries a :class:`Reason`):
    is garbage once expired; its SSTables follow in a later round. A manifest that cannot be
    read (a newer format, a damaged object) keeps every SSTable in the bucket: what it pins
    is unknown.
-7. History (``LiveSet.history``, the longest retention any table's history window needs,
-   ``master/checkpoints.py``): a commit log that rule 3 would delete is kept while its
-   newest object is younger than that: a point-in-time restore replays the log from a
-   checkpoint up to the instant asked for. The checkpoints themselves are snapshot manifests
+7. History (``LiveSet.history``, the longest retention any table's history window or change
+   retention needs, ``master/checkpoints.py``): a commit log that rule 3 would delete is kept
+   while its newest object is younger than that: a point-in-time restore replays the log from
+   a checkpoint up to the instant asked for, and a change stream reads it. The checkpoints themselves are snapshot manifests
    whose TTL covers the window (rule 5 keeps them and their SSTables).
 8. A key that no layout parser recognizes is never deleted; the plan reports it.
 9. A bulk-load part (``loads/``, metadata/load_part.py: what a tablet's part of a bulk load

@@ -473,8 +473,8 @@ def test_unimplemented_and_malformed_requests_never_break_the_server(emulator_ho
             assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED, path
         streaming = channel.unary_stream("/google.bigtable.v2.Bigtable/ReadChangeStream")
         with pytest.raises(grpc.RpcError) as info:
-            list(streaming(b"", timeout=10))
-        assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+            list(streaming(b"", timeout=10))  # no table name
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         # Bytes that are not a ReadRowsRequest, and a request for a bad table name.
         read = channel.unary_stream("/google.bigtable.v2.Bigtable/ReadRows")
         with pytest.raises(grpc.RpcError) as info:

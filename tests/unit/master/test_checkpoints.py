@@ -99,3 +99,18 @@ async def test_the_default_window_checkpoints_tables_without_their_own() -> None
     ]
     assert window_of(None, 3600.0) == 3600.0 and window_of(60.0, 3600.0) == 60.0
     assert window_of(None, None) is None
+
+
+def test_garbage_collection_keeps_the_log_for_the_longer_of_history_and_changes() -> None:
+    from tabletstore.master.checkpoints import (
+        CLOCK_MARGIN,
+        change_retention,
+        log_retention,
+        retention,
+    )
+
+    assert log_retention(TableSchema(name="p")) == 0.0
+    assert log_retention(TableSchema(name="c", changes=86400.0)) == 86400.0 + CLOCK_MARGIN
+    assert change_retention(86400.0) == 86400.0 + CLOCK_MARGIN
+    both = TableSchema(name="b", changes=7 * 86400.0, history=3600.0)
+    assert log_retention(both) == max(retention(3600.0), change_retention(7 * 86400.0))

@@ -1,0 +1,349 @@
+"""Change streams: reading a table's changes from its retained commit log (the shell around
+``client/change_plan.py``, which says what is read, in which order, and why it is exact).
+
+:func:`read_changes` follows one partition (a row range) of a table with a change retention:
+it lists the commit logs in the bucket, reads each log's new segments up to the batch's cut,
+and yields the batch's :class:`~tabletstore.client.change_plan.Change` records, each with the
+token that resumes just after it, then a
+:class:`~tabletstore.client.change_plan.Heartbeat` with the low watermark; it polls for the
+next batch until ``end_time`` is passed by the watermark, or ends with a
+:class:`~tabletstore.client.change_plan.PartitionEnd` naming the partitions that replace it
+when the table's tablets no longer have its range. Everything is read from the bucket (the
+store abstraction) and the catalog; no worker is asked.
+
+:class:`SegmentCache` keeps the segments and stamps one client has read, so the reads of all
+of a table's partitions in one process (``tabletstore watch``) fetch each segment once.
+:func:`follow` reads every partition of a table at once, and the successors each end names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
+from dataclasses import replace
+
+from tabletstore.client import change_plan as plan
+from tabletstore.client.change_plan import (
+    Change,
+    ChangePartition,
+    Cursor,
+    Heartbeat,
+    Lane,
+    PartitionEnd,
+)
+from tabletstore.clock import Clock
+from tabletstore.commitlog.format import LogRecord, decode_segment
+from tabletstore.errors import Corruption, InvalidArgument
+from tabletstore.metadata.catalog import Catalog
+from tabletstore.storage_s3 import layout
+from tabletstore.storage_s3.base import ObjectInfo, ObjectStore, object_url
+
+__all__ = ["ChangeItem", "SegmentCache", "change_partitions", "follow", "read_changes"]
+
+#: What a change stream yields.
+ChangeItem = Change | Heartbeat | PartitionEnd
+
+#: Segment reads in flight at once.
+PARALLEL = 16
+
+
+class SegmentCache:
+    """Decoded segments (the most recent ``capacity``) and every stamp read, by object key.
+    Segments are immutable once written, so a cached one is never stale."""
+
+    def __init__(self, capacity: int = 128) -> None:
+        self.capacity = capacity
+        self._segments: OrderedDict[str, tuple[float, list[LogRecord]]] = OrderedDict()
+        self.stamps: dict[str, float] = {}
+
+    def get(self, key: str) -> tuple[float, list[LogRecord]] | None:
+        hit = self._segments.get(key)
+        if hit is not None:
+            self._segments.move_to_end(key)
+        return hit
+
+    def put(self, key: str, stamp: float, records: list[LogRecord]) -> None:
+        self.stamps[key] = stamp
+        self._segments[key] = (stamp, records)
+        while len(self._segments) > self.capacity:
+            self._segments.popitem(last=False)
+
+
+class _Source:
+    """One read's view of the bucket's commit logs."""
+
+    def __init__(self, store: ObjectStore, cache: SegmentCache) -> None:
+        self.store = store
+        self.cache = cache
+        self.sem = asyncio.Semaphore(PARALLEL)
+        #: log name -> (worker id, incarnation, number -> listed object), of the last listing.
+        self.listed: dict[str, dict[int, ObjectInfo]] = {}
+        self.refs: dict[str, tuple[str, int]] = {}
+
+    async def relist(self) -> None:
+        listed: dict[str, dict[int, ObjectInfo]] = {}
+        async for info in self.store.list(layout.LOGS):
+            try:
+                key = layout.parse_log_segment_key(info.key)
+            except InvalidArgument:
+                continue  # not a segment: not ours to judge
+            name = plan.log_name(key.worker_id, key.incarnation)
+            listed.setdefault(name, {})[key.seq] = info
+            self.refs[name] = (key.worker_id, key.incarnation)
+        self.listed = listed
+
+    async def segment(self, name: str, number: int) -> tuple[float, list[LogRecord]]:
+        """The stamp and records of a listed segment (a fence: no records)."""
+        info = self.listed[name][number]
+        hit = self.cache.get(info.key)
+        if hit is not None:
+            return hit
+        if info.size == 0:
+            return (info.last_modified, [])
+        where = object_url(self.store.url, info.key)
+        async with self.sem:
+            data = await self.store.get(info.key)
+        if data is None:
+            raise InvalidArgument(
+                f"{where} was collected while the change stream read it: the read is older "
+                "than the table's change retention; start again from a start time"
+            )
+        contents = await asyncio.to_thread(decode_segment, data, where=where)
+        assert contents.header is not None
+        worker, incarnation = self.refs[name]
+        if (contents.header.worker_id, contents.header.incarnation, contents.header.segment) != (
+            worker,
+            incarnation,
+            number,
+        ):
+            raise Corruption(f"{where}: its header names another log or segment")
+        stamp = contents.header.written_at
+        written = info.last_modified if stamp is None else stamp
+        self.cache.put(info.key, written, contents.records)
+        return (written, contents.records)
+
+    async def stamps(
+        self, lows: dict[str, int], since: float | None = None
+    ) -> dict[str, list[plan.SegmentStamp]]:
+        """Every listed segment with its stamp from ``lows[log]`` on (read now if unknown);
+        with ``since``, also those whose object is not older than it (a start time)."""
+
+        async def stamp(name: str, number: int, info: ObjectInfo) -> plan.SegmentStamp:
+            if info.size == 0:
+                return plan.SegmentStamp(number, 0, info.last_modified)
+            known = self.cache.stamps.get(info.key)
+            if known is None:
+                wanted = number >= lows.get(name, 0) or (
+                    since is not None and info.last_modified >= since - plan.CLOCK_SKEW
+                )
+                if not wanted:
+                    return plan.SegmentStamp(number, info.size, None)
+                known, _ = await self.segment(name, number)
+            return plan.SegmentStamp(number, info.size, known)
+
+        out: dict[str, list[plan.SegmentStamp]] = {}
+        for name, numbers in sorted(self.listed.items()):
+            out[name] = list(
+                await asyncio.gather(*(stamp(name, n, i) for n, i in sorted(numbers.items())))
+            )
+        return out
+
+    async def read(self, spans: dict[str, tuple[int, int]]) -> list[plan.Logged]:
+        async def one(name: str, number: int) -> list[plan.Logged]:
+            written, records = await self.segment(name, number)
+            return [plan.Logged(name, number, i, written, r) for i, r in enumerate(records)]
+
+        jobs = [
+            one(name, n)
+            for name, (low, high) in sorted(spans.items())
+            for n in range(low, high)
+            if n in self.listed.get(name, {})
+        ]
+        return [item for batch in await asyncio.gather(*jobs) for item in batch]
+
+
+async def change_partitions(catalog: Catalog, table: str) -> list[ChangePartition]:
+    """The table's partitions now: its tablets' row ranges, in row order."""
+    info = await catalog.get_table(table)
+    return await change_partitions_of(catalog, info.table_id)
+
+
+async def read_changes(
+    store: ObjectStore,
+    catalog: Catalog,
+    table: str,
+    partition: ChangePartition | None = None,
+    *,
+    tokens: Sequence[str] = (),
+    start_time: float | None = None,
+    end_time: float | None = None,
+    poll: float = 0.5,
+    heartbeat: float = 2.0,
+    clock: Clock,
+    cache: SegmentCache | None = None,
+) -> AsyncIterator[ChangeItem]:
+    """Follow ``partition`` of ``table``: from ``tokens`` (one, or those of every partition
+    a merged one replaces), else from ``start_time`` (seconds since the epoch; default now).
+    Yields changes, heartbeats (after a batch with changes, and every ``heartbeat`` seconds)
+    and, last, a PartitionEnd if a split or merge ends the partition; stops once the
+    watermark reaches ``end_time``. InvalidArgument for a token of another table, a token or
+    start time outside the change retention, or tokens that do not tile the partition."""
+    info = await catalog.get_table(table)
+    window = info.schema.changes
+    source = _Source(store, cache if cache is not None else SegmentCache())
+    now = clock.time()
+    if tokens:
+        cursors = [plan.decode_token(t, info.table_id, table) for t in tokens]
+        for c in cursors:
+            plan.check_window(table, window, c.made_at, now)
+        if partition is None:
+            if len(cursors) > 1:
+                raise InvalidArgument("name the partition that several tokens are read into")
+            partition = cursors[0].partition
+        cursor = plan.join_tokens(cursors, partition)
+    else:
+        if partition is None:
+            raise InvalidArgument(
+                "name a partition (table.change_partitions() lists them) or pass tokens"
+            )
+        since = now if start_time is None else start_time
+        plan.check_since(table, window, since, now)
+        started = clock.time()
+        await source.relist()
+        positions = plan.start_positions(await source.stamps({}, since), since)
+        cursor = Cursor(
+            table_id=info.table_id,
+            lanes=(Lane(partition.start, partition.end, positions),),
+            since=since,
+            made_at=started,
+        )
+    last_beat = float("-inf")
+    while True:
+        if cursor.batch is None:
+            tablets = await change_partitions_of(catalog, info.table_id)
+            after = plan.successors(cursor, tablets)
+            if after is not None:
+                yield PartitionEnd(
+                    cursor.partition, tuple((p, plan.encode_token(c)) for p, c in after)
+                )
+                return
+            started = clock.time()
+            await source.relist()
+            plan.check_retained(cursor, _listed_numbers(source))
+            cursor = plan.forget_logs(cursor, source.listed)
+            lows = _lows(cursor, source.listed)
+            cut, _ = plan.cut_of(started)
+            ends = plan.readable_ends(await source.stamps(lows), lows, cut)
+            cursor = replace(cursor, batch=ends, made_at=started, delivered=0)
+        else:
+            await source.relist()
+        assert cursor.batch is not None
+        ends = dict(cursor.batch)
+        read = await source.read(plan.batch_spans(cursor, ends))
+        changes = plan.order_changes(cursor, ends, read)
+        for i in range(cursor.delivered, len(changes)):
+            token = plan.encode_token(replace(cursor, delivered=i + 1))
+            yield plan.to_change(changes[i], token)
+        _, watermark = plan.cut_of(cursor.made_at)
+        watermark = max(watermark, cursor.watermark)
+        cursor = replace(plan.settle(cursor, ends), watermark=watermark)
+        beat = clock.monotonic()
+        done = end_time is not None and watermark >= end_time
+        if changes or done or beat - last_beat >= heartbeat:
+            last_beat = beat
+            yield Heartbeat(watermark, plan.encode_token(cursor))
+        if done:
+            return
+        await clock.sleep(poll)
+
+
+async def change_partitions_of(catalog: Catalog, table_id: str) -> list[ChangePartition]:
+    return [ChangePartition(r.start_row, r.end_row) for r in await catalog.list_tablets(table_id)]
+
+
+def _lows(cursor: Cursor, listed: Collection[str]) -> dict[str, int]:
+    """Per listed log, the lowest position of any lane (a log a lane does not name began
+    after its cursor was made: it reads it from its start)."""
+    return {name: min(x.positions.get(name, 0) for x in cursor.lanes) for name in listed}
+
+
+def _listed_numbers(source: _Source) -> dict[str, list[plan.SegmentStamp]]:
+    return {
+        name: [plan.SegmentStamp(n, i.size, None) for n, i in numbers.items()]
+        for name, numbers in source.listed.items()
+    }
+
+
+#: Reads one partition (``AsyncTable.read_changes`` bound to its table and bounds).
+ReadPartition = Callable[[ChangePartition, Sequence[str]], AsyncIterator[ChangeItem]]
+
+
+async def follow(
+    partitions: Sequence[ChangePartition], read: ReadPartition, *, queue_size: int = 1024
+) -> AsyncIterator[tuple[ChangePartition, ChangeItem]]:
+    """Every partition's stream, interleaved as items come: each of ``partitions`` is read
+    with no token (``read`` supplies the start time), and each successor a partition end
+    names is read with the tokens it was handed, once the tokens of every partition it
+    replaces are in (a merge). Ends when every stream has ended (an end time)."""
+    queue: asyncio.Queue[tuple[ChangePartition, ChangeItem | Exception | None]] = asyncio.Queue(
+        queue_size
+    )
+    covered: dict[ChangePartition, list[ChangePartition]] = {}
+    handed: dict[ChangePartition, list[str]] = {}
+
+    async def run(part: ChangePartition, tokens: Sequence[str]) -> None:
+        try:
+            async for item in read(part, tokens):
+                await queue.put((part, item))
+        except Exception as exc:  # handed to the consumer, which raises it
+            await queue.put((part, exc))
+        else:
+            await queue.put((part, None))
+
+    tasks: set[asyncio.Task[None]] = set()
+
+    def start(part: ChangePartition, tokens: Sequence[str]) -> None:
+        task = asyncio.create_task(run(part, tokens))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    try:
+        for p in partitions:
+            start(p, ())
+        running = len(partitions)
+        while running:
+            part, item = await queue.get()
+            if item is None:
+                running -= 1
+                continue
+            if isinstance(item, Exception):
+                raise item
+            yield part, item
+            if not isinstance(item, PartitionEnd):
+                continue
+            for succ, token in item.successors:
+                handed.setdefault(succ, []).append(token)
+                covered.setdefault(succ, []).append(_overlap(part, succ))
+                if _tiles(covered[succ], succ):
+                    start(succ, tuple(handed.pop(succ)))
+                    del covered[succ]
+                    running += 1
+    finally:
+        for task in list(tasks):
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _overlap(a: ChangePartition, b: ChangePartition) -> ChangePartition:
+    ends = [e for e in (a.end, b.end) if e is not None]
+    return ChangePartition(max(a.start, b.start), min(ends) if ends else None)
+
+
+def _tiles(parts: Sequence[ChangePartition], whole: ChangePartition) -> bool:
+    pos: bytes | None = whole.start
+    for p in sorted(parts, key=lambda p: p.start):
+        if pos is None or p.start != pos:
+            return False
+        pos = p.end
+    return pos == whole.end

@@ -1,0 +1,213 @@
+"""The change-stream reader (client/change_stream.py) over a bucket of commit-log segments:
+every change once, every token resuming exactly after its change, a segment in flight waited
+for, a split ending the partition with successors that continue it exactly, and the bad
+requests."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from tabletstore.client import change_stream
+from tabletstore.client.change_plan import Change, ChangePartition, Heartbeat, PartitionEnd
+from tabletstore.client.change_stream import ChangeItem
+from tabletstore.commitlog.format import encode_record, encode_segment
+from tabletstore.data.schema import TableSchema
+from tabletstore.errors import InvalidArgument
+from tabletstore.keys import Cell, CellKind
+from tabletstore.metadata.catalog import TableInfo
+from tabletstore.metadata.record import TabletRecord
+from tabletstore.storage_s3 import layout
+from tabletstore.storage_s3.memory import MemoryObjectStore
+
+T0 = 1_800_000_000.0
+
+
+class _Clock:
+    """Wall time that moves only by the reader's sleeps (and the test)."""
+
+    def __init__(self) -> None:
+        self.now = T0
+
+    def time(self) -> float:
+        return self.now
+
+    def monotonic(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        await asyncio.sleep(0)
+
+    def random(self) -> random.Random:
+        return random.Random(0)
+
+
+class _Catalog:
+    def __init__(self, info: TableInfo, splits: list[bytes]) -> None:
+        self.info = info
+        self.splits = splits
+
+    async def get_table(self, name: str) -> TableInfo:
+        assert name == self.info.schema.name
+        return self.info
+
+    async def list_tablets(self, table_id: str) -> list[TabletRecord]:
+        bounds: list[bytes | None] = [b"", *self.splits, None]
+        return [
+            TabletRecord(table_id, f"t{i}", bounds[i] or b"", bounds[i + 1])
+            for i in range(len(bounds) - 1)
+        ]
+
+
+INFO = TableInfo("t-1", TableSchema(name="t", changes=3600.0))
+
+
+async def _segment(
+    store: MemoryObjectStore,
+    worker: str,
+    number: int,
+    at: float,
+    rows: list[tuple[bytes, int]],
+    table_id: str = "t-1",
+) -> None:
+    records = [
+        encode_record(table_id, row, [Cell(row, "f", b"q", 7, seq, CellKind.PUT, b"%d" % seq)])
+        for row, seq in rows
+    ]
+    data = encode_segment(worker, 1, number, records, written_at=at)
+    await store.create(layout.log_segment_key(worker, 1, number), data)
+
+
+async def _collect(it: object) -> list[ChangeItem]:
+    out: list[ChangeItem] = []
+    async for item in it:  # type: ignore[attr-defined]
+        out.append(item)
+    return out
+
+
+def _changes(items: list[ChangeItem]) -> list[tuple[bytes, int]]:
+    return [(c.row, c.seq) for c in items if isinstance(c, Change)]
+
+
+async def _bucket() -> tuple[MemoryObjectStore, list[tuple[bytes, int]]]:
+    """Two workers' logs: row r moved from w1 to w2; a record of another table."""
+    store = MemoryObjectStore()
+    await _segment(store, "w1", 0, T0 - 50, [(b"a", 1), (b"r", 2)])
+    await _segment(store, "w1", 1, T0 - 40, [(b"r", 3), (b"x", 4)])
+    await _segment(store, "w1", 2, T0 - 39, [(b"zz", 9)], table_id="t-2")
+    await _segment(store, "w2", 0, T0 - 45, [(b"r", 10), (b"n", 11)])  # w2's clock behind
+    await _segment(store, "w2", 1, T0 - 30, [(b"r", 12), (b"b", 13), (b"y", 14)])
+    acknowledged = [(b"a", 1), (b"r", 2), (b"r", 3), (b"x", 4), (b"r", 10), (b"n", 11)]
+    return store, [*acknowledged, (b"r", 12), (b"b", 13), (b"y", 14)]
+
+
+def _read(store: MemoryObjectStore, catalog: _Catalog, clock: _Clock, **kw: object) -> object:
+    kw.setdefault("end_time", T0)
+    return change_stream.read_changes(
+        store,
+        catalog,
+        "t",
+        clock=clock,
+        poll=1.0,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+async def test_every_change_once_in_row_order_and_every_token_resumes_exactly() -> None:
+    store, written = await _bucket()
+    catalog = _Catalog(INFO, [])
+    clock = _Clock()
+    whole = ChangePartition(b"", None)
+    items = await _collect(_read(store, catalog, clock, partition=whole, start_time=T0 - 3000))
+    got = _changes(items)
+    assert sorted(got) == sorted(written)
+    assert [s for r, s in got if r == b"r"] == [2, 3, 10, 12]  # seq order across the move
+    assert isinstance(items[-1], Heartbeat) and items[-1].watermark >= T0
+    for k, item in enumerate(items):
+        assert isinstance(item, Change | Heartbeat)
+        rest = _changes(await _collect(_read(store, catalog, clock, tokens=[item.token])))
+        assert _changes(items[: k + 1]) + rest == got, k
+
+
+async def test_a_segment_in_flight_is_waited_for_and_later_segments_after_it() -> None:
+    store = MemoryObjectStore()
+    clock = _Clock()
+    catalog = _Catalog(INFO, [])
+    await _segment(store, "w1", 0, T0 - 50, [(b"a", 1)])
+    await _segment(store, "w1", 2, T0 - 48, [(b"a", 3)])  # 1 is still in flight
+    first = await _collect(
+        _read(store, catalog, clock, partition=ChangePartition(b"", None), start_time=T0 - 100)
+    )
+    assert _changes(first) == [(b"a", 1)]
+    await _segment(store, "w1", 1, T0 - 49, [(b"a", 2)])
+    last = [i for i in first if isinstance(i, Heartbeat)][-1].token
+    rest = await _collect(_read(store, catalog, clock, tokens=[last], end_time=clock.now))
+    assert _changes(rest) == [(b"a", 2), (b"a", 3)]
+
+
+async def test_a_split_ends_the_partition_and_its_halves_continue_it_exactly() -> None:
+    store, written = await _bucket()
+    catalog = _Catalog(INFO, [])
+    clock = _Clock()
+    items = await _collect(
+        _read(store, catalog, clock, partition=ChangePartition(b"", None), start_time=T0 - 3000)
+    )
+    token = next(i.token for i in items if isinstance(i, Change) and i.seq == 4)
+    catalog.splits = [b"m"]
+    # The token is in the middle of a batch: the batch is finished, then the partition ends.
+    ended = await _collect(_read(store, catalog, clock, tokens=[token]))
+    end = ended[-1]
+    assert isinstance(end, PartitionEnd)
+    halves = end.successors
+    assert [p for p, _ in halves] == [ChangePartition(b"", b"m"), ChangePartition(b"m", None)]
+    rest = _changes(ended)
+    for part, tok in halves:
+        rest += _changes(await _collect(_read(store, catalog, clock, partition=part, tokens=[tok])))
+    before = _changes(items)[: _changes(items).index((b"x", 4)) + 1]
+    assert sorted(before + rest) == sorted(written)
+    # The halves merge again: the merged partition takes both halves' tokens.
+    catalog.splits = []
+    ends = [
+        (await _collect(_read(store, catalog, clock, partition=p, tokens=[t])))[-1]
+        for p, t in halves
+    ]
+    assert all(isinstance(e, PartitionEnd) for e in ends)
+    merged_tokens = [e.successors[0][1] for e in ends if isinstance(e, PartitionEnd)]
+    with pytest.raises(InvalidArgument, match="do not tile"):
+        await _collect(
+            _read(
+                store,
+                catalog,
+                clock,
+                partition=ChangePartition(b"", None),
+                tokens=merged_tokens[:1],
+            )
+        )
+    again = await _collect(
+        _read(store, catalog, clock, partition=ChangePartition(b"", None), tokens=merged_tokens)
+    )
+    assert _changes(again) == []
+
+
+async def test_bad_requests_are_clear_errors() -> None:
+    store, _ = await _bucket()
+    clock = _Clock()
+    catalog = _Catalog(INFO, [])
+    items = await _collect(
+        _read(store, catalog, clock, partition=ChangePartition(b"", None), start_time=T0 - 3000)
+    )
+    token = items[-1].token  # type: ignore[union-attr]
+    other = _Catalog(TableInfo("t-9", TableSchema(name="t", changes=60.0)), [])
+    with pytest.raises(InvalidArgument, match="another table"):
+        await _collect(_read(store, other, clock, tokens=[token]))
+    clock.now += 7200
+    with pytest.raises(InvalidArgument, match="outside the change retention"):
+        await _collect(_read(store, catalog, clock, tokens=[token], end_time=clock.now))
+    plain = _Catalog(TableInfo("t-1", TableSchema(name="t")), [])
+    with pytest.raises(InvalidArgument, match="keeps no changes"):
+        await _collect(_read(store, plain, clock, partition=ChangePartition(b"", None)))
+    with pytest.raises(InvalidArgument, match="name a partition"):
+        await _collect(_read(store, catalog, clock))
