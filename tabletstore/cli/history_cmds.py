@@ -16,11 +16,23 @@ from typing import TypeVar
 import click
 
 from tabletstore.cli import cbtsyntax as cbt
-from tabletstore.cli.context import TABLE_ARG, cli_context, failing, on_cluster, with_database
+from tabletstore.cli.context import (
+    TABLE_ARG,
+    Failure,
+    cli_context,
+    failing,
+    on_cluster,
+    with_database,
+)
 from tabletstore.clock import SystemClock
-from tabletstore.errors import InvalidArgument
+from tabletstore.coordination import paths
+from tabletstore.coordination.base import Coordinator
+from tabletstore.errors import InvalidArgument, Unavailable
 from tabletstore.master.checkpoints import set_history
+from tabletstore.master.master_process import make_sort_executor
 from tabletstore.master.pitr_restore import RestoreReport, restore_as_of
+from tabletstore.metadata.catalog import Catalog
+from tabletstore.storage_s3.base import ObjectStore
 
 __all__ = ["history_cmd", "parse_instant", "restore_at"]
 
@@ -69,24 +81,47 @@ def history_cmd(table: str, window: str | None) -> None:
     click.echo(f"{table}: history {shown}")
 
 
-def restore_at(table: str, new_table: str, as_of: str) -> None:
+def restore_at(table: str, new_table: str, as_of: str, sort_executor: str | None = None) -> None:
     """``restore TABLE NEW_TABLE --as-of INSTANT`` (the command is ``backup_cmds.restore_cmd``):
     rebuild TABLE as it was at an instant of its history window into the new table NEW_TABLE
-    (TABLE is only read). Writes acknowledged by then are in, writes begun after it are not."""
+    (TABLE is only read). Writes acknowledged by then are in, writes begun after it are not.
+    ``sort_executor``: where the retained log is sorted on a cluster (``workers``, the
+    default: the live workers' sorters; ``local``; ``lambda:<function>``); an embedded
+    database sorts it in this process."""
     instant = failing(lambda: parse_instant(as_of))
     obj = cli_context()
     report: RestoreReport
     if obj.url.startswith("etcd://"):
-        report = on_cluster(
-            lambda store, catalog, _coordinator: restore_as_of(
-                store,
-                catalog,
-                table=table,
-                instant=instant,
-                new_table=new_table,
-                clock=SystemClock(),
-            )
-        )
+        kind = sort_executor or "workers"
+
+        async def on(
+            store: ObjectStore, catalog: Catalog, coordinator: Coordinator
+        ) -> RestoreReport:
+            if kind == "workers" and not await coordinator.get_prefix(paths.SERVERS):
+                raise Unavailable(
+                    "no live worker to sort the log: start one, or restore with "
+                    "--sort-executor local"
+                )
+            executor = make_sort_executor(kind, store, store.url, coordinator)
+            try:
+                return await restore_as_of(
+                    store,
+                    catalog,
+                    table=table,
+                    instant=instant,
+                    new_table=new_table,
+                    clock=SystemClock(),
+                    executor=executor,
+                )
+            finally:
+                await executor.close()
+
+        report = on_cluster(on)
     else:
+        if sort_executor not in (None, "local"):
+            raise Failure(
+                f"--sort-executor {sort_executor} needs a cluster (--url etcd://...): an "
+                "embedded database sorts the log in this process"
+            )
         report = with_database(lambda db: db.restore_as_of(table, instant, new_table))
     click.echo(report.summary())

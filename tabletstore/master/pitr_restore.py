@@ -10,10 +10,17 @@ table (the shell around ``master/pitr_plan.py``, which says what is rebuilt and 
    between the checkpoint (less the clock margin) and the instant (one ranged GET each;
    older segments are told by their object's time), and choose each log's segments
    (``pitr_plan.select_segments``).
-3. Sort them with the sorted-recovery machinery: ``commitlog.sorting.sort_segments``, the
-   pure step of a sort task, partitions the records over the checkpoint's tablet ranges,
-   on a thread; the runs of the table are decoded (``commitlog.runs``) and routed to the
-   checkpoint tablets with the cells after each one's cut.
+3. Sort them with the sorted-recovery machinery and its executors: each log's chosen
+   segments get a sort plan (``pitr_plan.sort_plan``: tasks cut as a recovery's, records
+   partitioned over the checkpoint's tablet ranges) created under the restore's own scope
+   ``restores/<restore-id>/`` (``layout.recovery_prefix``), and the tasks run on the
+   executor given — in this process (the default), on the live workers' sorters
+   (``WorkerSortExecutor``) or as Lambda functions (``LambdaSortExecutor``) — exactly as a
+   dead log's tasks do. The runs of the table (checked against their manifests) are decoded
+   and routed to the checkpoint tablets with the cells after each one's cut. The scope never
+   shares a key with a recovery's ``recovery/`` (a restore reads logs a recovery may be
+   sorting at the same time, and logs still being written), and the restore deletes it when
+   it ends, done or failed (garbage collection deletes what a restore that died left).
 4. Per checkpoint tablet, merge its checkpoint cells with its logged cells
    (``pitr_plan.merge_cells``) and write them as one SSTable per locality group under the
    new table; then create the new table in one catalog step with the checkpoint's schema
@@ -24,26 +31,37 @@ seq), so the restored table is served like any other, and a worker that loads a 
 advances its sequence past its cells. The source table is only read. SSTables uploaded
 before a failed create are unreferenced and garbage collection deletes them.
 
-The restore runs in the calling process (the CLI, or the embedded database). Its memory
-holds one tablet's cells at a time, plus the table's sorted log records of the replayed span.
+The restore runs in the calling process (the CLI, or the embedded database); only the sort
+tasks run where the executor puts them. Its memory holds one tablet's cells at a time, plus
+the table's sorted log records of the replayed span.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from tabletstore.clock import Clock
+from tabletstore.commitlog.format import LogRecord
 from tabletstore.commitlog.reader import read_segment_header
-from tabletstore.commitlog.runs import SortPlan, SortTask, TabletRange, decode_run
-from tabletstore.commitlog.sorting import sort_segments
+from tabletstore.commitlog.runs import RunInfo, SortManifest, SortPlan, SortTask, TabletRange
+from tabletstore.commitlog.sorting import DEFAULT_TASK_BYTES, MAX_TASK_SEGMENTS, read_run
 from tabletstore.data.schema import TableSchema
-from tabletstore.errors import AlreadyExists, Corruption, InvalidArgument, NotFound
+from tabletstore.errors import (
+    AlreadyExists,
+    Corruption,
+    InvalidArgument,
+    NotFound,
+    TabletStoreError,
+    Unavailable,
+)
 from tabletstore.keys import Cell
 from tabletstore.master import pitr_plan as plan
 from tabletstore.master.checkpoints import CLOCK_MARGIN
+from tabletstore.master.log_recovery import InProcessSortExecutor, SortExecutor
 from tabletstore.metadata.catalog import Catalog
 from tabletstore.metadata.record import LogRef, SSTableRef, TabletRecord
 from tabletstore.metadata.snapshot import SnapshotManifest, TabletSnapshot, list_manifests
@@ -56,6 +74,10 @@ __all__ = ["RestoreReport", "restore_as_of"]
 
 #: Object requests a restore keeps in flight.
 PARALLEL = 16
+#: Times a sort task that failed with Unavailable (a sorter or function gone) is tried.
+ATTEMPTS = 3
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,10 +112,14 @@ async def restore_as_of(
     new_table: str,
     clock: Clock,
     assign: Callable[[], Awaitable[object]] | None = None,
+    executor: SortExecutor | None = None,
+    task_bytes: int = DEFAULT_TASK_BYTES,
 ) -> RestoreReport:
     """Rebuild ``table`` as of ``instant`` (seconds since the epoch) into the new table
     ``new_table`` (module docstring); ``assign`` is called once it exists (the embedded
-    master's assignment round; a cluster's master assigns it in its next round)."""
+    master's assignment round; a cluster's master assigns it in its next round).
+    ``executor``: where the log's sort tasks run (None: in this process; the caller closes
+    one it gives); ``task_bytes``: bytes of segments per sort task."""
     info = await catalog.get_table(table)
     now = clock.time()
     plan.check_instant(table, instant, now, info.schema.history)
@@ -110,7 +136,14 @@ async def restore_as_of(
     schema = TableSchema.model_validate(
         {**checkpoint.schema.model_dump(), "name": new_table, "history": None}
     )
-    logged, segments = await _logged_cells(store, info.table_id, checkpoint, instant)
+    logged, segments = await _logged_cells(
+        store,
+        info.table_id,
+        checkpoint,
+        instant,
+        executor or InProcessSortExecutor(store),
+        task_bytes,
+    )
     table_id = Catalog.new_table_id(new_table)
     records: list[TabletRecord] = []
     cells_total = 0
@@ -163,10 +196,16 @@ async def _check_absent(catalog: Catalog, name: str) -> None:
 
 
 async def _logged_cells(
-    store: ObjectStore, table_id: str, checkpoint: SnapshotManifest, instant: float
+    store: ObjectStore,
+    table_id: str,
+    checkpoint: SnapshotManifest,
+    instant: float,
+    executor: SortExecutor,
+    task_bytes: int,
 ) -> tuple[dict[str, list[Cell]], int]:
     """Checkpoint tablet id -> its cells after its cut acknowledged by ``instant``; and how
-    many segments were read."""
+    many segments were read. The chosen segments are sorted by ``executor`` under a scope of
+    this restore's own, deleted before returning (module docstring)."""
     low = checkpoint.created_at - CLOCK_MARGIN
     by_log: dict[LogRef, list[ObjectInfo]] = {}
     async for info in store.list(layout.LOGS):
@@ -179,40 +218,69 @@ async def _logged_cells(
         TabletRange(table_id, t.tablet_id, t.start_row, t.end_row) for t in checkpoint.tablets
     )
     sem = asyncio.Semaphore(PARALLEL)
-    out: dict[str, list[Cell]] = {t.tablet_id: [] for t in checkpoint.tablets}
-    read = 0
+    scope = uuid.uuid4().hex
+    plans: list[SortPlan] = []
     for ref, infos in sorted(by_log.items(), key=lambda kv: (kv[0].worker_id, kv[0].incarnation)):
         stamps = await asyncio.gather(*(_stamp(store, o, low, sem) for o in infos))
-        for run in plan.select_segments(ref, stamps, low, instant):
-            datas = await asyncio.gather(
-                *(
-                    _get(store, layout.log_segment_key(ref.worker_id, ref.incarnation, n), sem)
-                    for n in run
-                )
+        sort_plan = plan.sort_plan(
+            ref,
+            plan.select_segments(ref, stamps, low, instant),
+            {s.number: s.size for s in stamps},
+            ranges,
+            task_bytes=task_bytes,
+            task_segments=MAX_TASK_SEGMENTS,
+            scope=scope,
+        )
+        if sort_plan is not None:
+            plans.append(sort_plan)
+    out: dict[str, list[Cell]] = {t.tablet_id: [] for t in checkpoint.tablets}
+    try:
+        for sort_plan in plans:
+            plan_key = layout.recovery_plan_key(sort_plan.worker_id, sort_plan.incarnation, scope)
+            await store.create(plan_key, sort_plan.to_bytes())
+        manifests = await asyncio.gather(*(_sorted(executor, p, t) for p in plans for t in p.tasks))
+        wanted = [r for m in manifests for r in m.runs if r.table_id == table_id]
+
+        async def fetch(run: RunInfo) -> list[LogRecord]:
+            async with sem:
+                return await read_run(store, run)
+
+        for records in await asyncio.gather(*(fetch(r) for r in wanted)):
+            for tablet_id, cells in plan.route(checkpoint.tablets, table_id, records).items():
+                out[tablet_id].extend(cells)
+    finally:
+        await _drop_scope(store, scope)
+    return out, sum(t.stop - t.first for p in plans for t in p.tasks)
+
+
+async def _sorted(executor: SortExecutor, sort_plan: SortPlan, task: SortTask) -> SortManifest:
+    """Run one task on ``executor``, again when a sorter or function was lost
+    (Unavailable); a task is idempotent."""
+    for attempt in range(1, ATTEMPTS + 1):
+        try:
+            return await executor.run(sort_plan, task)
+        except Unavailable as exc:
+            if attempt == ATTEMPTS:
+                raise
+            log.warning(
+                "restore sort task %s/%s@%d failed (attempt %d): %s",
+                sort_plan.worker_id,
+                sort_plan.incarnation,
+                task.first,
+                attempt,
+                exc,
             )
-            read += len(run)
-            sort_plan = SortPlan(
-                ref.worker_id,
-                ref.incarnation,
-                run[-1] + 1,
-                (SortTask(run[0], run[-1] + 1, sum(len(d) for d in datas)),),
-                ranges,
-            )
-            task = sort_plan.tasks[0]
-            wheres = [
-                object_url(store.url, layout.log_segment_key(ref.worker_id, ref.incarnation, n))
-                for n in run
-            ]
-            _, _, _, sorted_runs = await asyncio.to_thread(
-                sort_segments, sort_plan, task, datas, wheres
-            )
-            for sorted_run in sorted_runs:
-                if sorted_run.target.table_id != table_id:
-                    continue
-                _, records = decode_run(sorted_run.data, where=f"sorted run of {wheres[0]}")
-                for tablet_id, cells in plan.route(checkpoint.tablets, table_id, records).items():
-                    out[tablet_id].extend(cells)
-    return out, read
+    raise AssertionError("unreachable")
+
+
+async def _drop_scope(store: ObjectStore, scope: str) -> None:
+    """Delete this restore's sorted log; one left behind (the store failing now) is garbage
+    collection's to delete (``master/gc_plan.py``)."""
+    try:
+        keys = [o.key async for o in store.list(layout.restore_scope_prefix(scope))]
+        await store.delete_many(keys)
+    except TabletStoreError as exc:
+        log.warning("restore %s: its sorted log is left to garbage collection: %s", scope, exc)
 
 
 async def _stamp(
@@ -232,14 +300,6 @@ async def _stamp(
     header, _ = found
     written = header.written_at if header.written_at is not None else info.last_modified
     return plan.SegmentStamp(number, info.size, written)
-
-
-async def _get(store: ObjectStore, key: str, sem: asyncio.Semaphore) -> bytes:
-    async with sem:
-        data = await store.get(key)
-    if data is None:
-        raise Corruption(f"{object_url(store.url, key)} was deleted during the restore")
-    return data
 
 
 async def _checkpoint_cells(
