@@ -41,11 +41,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from tabletstore.clock import Clock
-from tabletstore.commitlog.format import LogRecord
 from tabletstore.commitlog.reader import read_segment_header
 from tabletstore.commitlog.runs import RunInfo, SortManifest, SortPlan, SortTask, TabletRange
 from tabletstore.commitlog.sorting import DEFAULT_TASK_BYTES, MAX_TASK_SEGMENTS, read_run
@@ -93,6 +93,8 @@ class RestoreReport:
     cells: int
     segments_read: int
     log_cells: int
+    #: Bytes of the log segments read (sorted) for the span.
+    log_bytes: int = 0
 
     def summary(self) -> str:
         return (
@@ -136,7 +138,7 @@ async def restore_as_of(
     schema = TableSchema.model_validate(
         {**checkpoint.schema.model_dump(), "name": new_table, "history": None}
     )
-    logged, segments = await _logged_cells(
+    logged, segments, log_bytes = await _logged_cells(
         store,
         info.table_id,
         checkpoint,
@@ -144,15 +146,20 @@ async def restore_as_of(
         executor or InProcessSortExecutor(store),
         task_bytes,
     )
+    log_cells = sum(len(c) for c in logged.values())
     table_id = Catalog.new_table_id(new_table)
     records: list[TabletRecord] = []
     cells_total = 0
     cache: dict[str, list[Cell]] = {}
+    uses = Counter(
+        ref.key for t in checkpoint.tablets for refs in t.sstables.values() for ref in refs
+    )
     for i, tablet in enumerate(checkpoint.tablets):
         tablet_id = f"t{i:05d}"
         cells = plan.merge_cells(
-            tablet, await _checkpoint_cells(store, tablet, cache), logged[tablet.tablet_id]
+            tablet, await _checkpoint_cells(store, tablet, cache, uses), logged[tablet.tablet_id]
         )
+        del logged[tablet.tablet_id]
         cells_total += len(cells)
         sstables: dict[str, tuple[SSTableRef, ...]] = {}
         for group, group_cells in plan.group_cells(cells, schema).items():
@@ -181,7 +188,8 @@ async def restore_as_of(
         tablets=len(records),
         cells=cells_total,
         segments_read=segments,
-        log_cells=sum(len(c) for c in logged.values()),
+        log_cells=log_cells,
+        log_bytes=log_bytes,
     )
 
 
@@ -202,9 +210,9 @@ async def _logged_cells(
     instant: float,
     executor: SortExecutor,
     task_bytes: int,
-) -> tuple[dict[str, list[Cell]], int]:
+) -> tuple[dict[str, list[Cell]], int, int]:
     """Checkpoint tablet id -> its cells after its cut acknowledged by ``instant``; and how
-    many segments were read. The chosen segments are sorted by ``executor`` under a scope of
+    many segments (and bytes of them) were read. The chosen segments are sorted by ``executor`` under a scope of
     this restore's own, deleted before returning (module docstring)."""
     low = checkpoint.created_at - CLOCK_MARGIN
     by_log: dict[LogRef, list[ObjectInfo]] = {}
@@ -241,16 +249,19 @@ async def _logged_cells(
         manifests = await asyncio.gather(*(_sorted(executor, p, t) for p in plans for t in p.tasks))
         wanted = [r for m in manifests for r in m.runs if r.table_id == table_id]
 
-        async def fetch(run: RunInfo) -> list[LogRecord]:
+        async def fetch(run: RunInfo) -> None:
+            # Routed as it arrives: only the cells after the cut stay in memory, not the
+            # decoded records of every run at once.
             async with sem:
-                return await read_run(store, run)
-
-        for records in await asyncio.gather(*(fetch(r) for r in wanted)):
+                records = await read_run(store, run)
             for tablet_id, cells in plan.route(checkpoint.tablets, table_id, records).items():
                 out[tablet_id].extend(cells)
+
+        await asyncio.gather(*(fetch(r) for r in wanted))
     finally:
         await _drop_scope(store, scope)
-    return out, sum(t.stop - t.first for p in plans for t in p.tasks)
+    tasks = [t for p in plans for t in p.tasks]
+    return out, sum(t.stop - t.first for t in tasks), sum(t.size for t in tasks)
 
 
 async def _sorted(executor: SortExecutor, sort_plan: SortPlan, task: SortTask) -> SortManifest:
@@ -303,9 +314,10 @@ async def _stamp(
 
 
 async def _checkpoint_cells(
-    store: ObjectStore, tablet: TabletSnapshot, cache: dict[str, list[Cell]]
+    store: ObjectStore, tablet: TabletSnapshot, cache: dict[str, list[Cell]], uses: Counter[str]
 ) -> list[Cell]:
-    """Every cell of the tablet's checkpoint SSTables (shared SSTables read once)."""
+    """Every cell of the tablet's checkpoint SSTables (an SSTable shared by several tablets is
+    read once and kept until the last of them, counted in ``uses``)."""
     out: list[Cell] = []
     for refs in tablet.sstables.values():
         for ref in refs:
@@ -320,6 +332,9 @@ async def _checkpoint_cells(
                     read_sstable_bytes, data, name=ref.key, seq_base=ref.seq_base
                 )
             out.extend(cache[ref.key])
+            uses[ref.key] -= 1
+            if uses[ref.key] <= 0:
+                del cache[ref.key]
     return out
 
 

@@ -70,13 +70,17 @@ async def copy_backup(
     keep_expiry: bool = True,
     concurrency: int = COPY_CONCURRENCY,
     progress: Progress | None = None,
+    source: BackupManifest | None = None,
 ) -> BackupManifest:
     """Copy backup ``backup_id`` from ``src`` to ``dst`` (as ``new_id``, default the same
     id) and return the destination's ready manifest. Only a ready, unexpired backup is
-    copied; the copy keeps its expiry unless ``keep_expiry`` is False (then ``expires_at``)."""
+    copied; the copy keeps its expiry unless ``keep_expiry`` is False (then ``expires_at``).
+    ``source``: its manifest in ``src``, when the caller has just read it (one LIST and one
+    GET fewer)."""
     if concurrency < 1:
         raise InvalidArgument(f"copy concurrency must be at least 1, got {concurrency}")
-    source = await read_backup(src, backup_id)
+    if source is None or source.backup_id != backup_id:
+        source = await read_backup(src, backup_id)
     source.check_restorable(now, src.url)
     target = check_backup_id(new_id or backup_id)
     first = replace(
