@@ -1,25 +1,35 @@
 """Backup, restore and clone benchmark: how fast a table leaves for another bucket and comes
-back, next to boto3's managed transfers of the same bytes in the same run, and how long a
-zero-copy clone takes at two table sizes.
+back, next to boto3's managed transfers of the same bytes in the same run, how long a zero-copy
+clone takes at two table sizes, and (``--pitr-mb``) a point-in-time restore.
 
-    python -m bench.backup [--mb 32] [--markdown FILE]
+    python -m bench.backup [--mb 32] [--repeats 3] [--markdown FILE]
+    python -m bench.backup --pitr-mb 1024 [--pitr-log-mb 128] [--markdown FILE]
 
 An embedded database (``file://``, the objects on local disk) holds a table of ``--mb`` MB of
 1000-byte random values in 4 tablets, flushed and compacted. moto's S3 server runs in this
 process on a free loopback port (as in the tests: the same machine, no network).
 
 * **backup**: ``create_backup(T, to=s3://dst/...)``: the cut, then every SSTable the backup
-  names copied to the other bucket with its checksum, and the manifest. Next to it, boto3's
-  managed ``upload_file`` of the same SSTable files (16 threads, the copy's concurrency) into
-  a third bucket.
+  names copied to the other bucket with its checksum, and the manifest. Right after it,
+  boto3's managed ``upload_file`` of the same SSTable files (16 threads, the copy's
+  concurrency) into a third bucket.
 * **restore**: ``restore_table(ID, NEW, source=s3://dst/...)`` into a second, empty embedded
-  database (every SSTable copied in and checked, then the table created). Next to it, boto3's
-  managed ``download_file`` of the same objects (16 threads).
+  database (every SSTable copied in and checked, then the table created). Right after it,
+  boto3's managed ``download_file`` of the same objects (16 threads).
+* Each of the two is timed ``--repeats`` times, the boto3 side right after ours each time:
+  the table gives the medians and each run's ratio (the machine's load moves both sides).
 * **clone**: ``clone_table`` of a table of ``--mb`` / 16 MB and of ``--mb`` MB: records only,
   so the time should not grow with the size.
+* **point-in-time restore** (``--pitr-mb``, instead of the above): a table of that many MB with
+  a one-hour history window, written and flushed, checkpointed more than the clock margin
+  later (the master checkpoints a one-hour window every 15 minutes); then ``--pitr-log-mb``
+  MB of overwrites of random rows, the instant, and an eighth as much again after it; then
+  ``restore_as_of`` the instant (the log sorted in this process), timed, and a sample of the
+  overwritten rows checked against the model. Reports the time, MB/s over the checkpoint's
+  SSTables plus the log read, and how much log was read and replayed.
 
 Throughput is the backup's SSTable bytes over the wall-clock time. Prints one table; asserts
-nothing (performance is never a test).
+nothing about speed (performance is never a test).
 """
 
 from __future__ import annotations

@@ -27,7 +27,13 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import replace
 
-from tabletstore.errors import Corruption, InvalidArgument, NotFound, PreconditionFailed
+from tabletstore.errors import (
+    Corruption,
+    InvalidArgument,
+    NotFound,
+    PreconditionFailed,
+    TabletStoreError,
+)
 from tabletstore.metadata.backup import (
     BackupManifest,
     BackupState,
@@ -93,32 +99,53 @@ async def copy_backup(
         copied_from=src.url,
         expires_at=source.expires_at if keep_expiry else expires_at,
     )
-    await write_backup(dst, first)
     refs = {r.key: r for t in source.tablets for refs in t.sstables.values() for r in refs}
     sums: dict[str, str] = {}
     gate = asyncio.Semaphore(concurrency)
+    pinned = asyncio.Event()
+
+    async def pin() -> None:
+        await write_backup(dst, first)
+        pinned.set()
 
     async def one(ref: SSTableRef) -> None:
         async with gate:
-            sums[ref.key] = await _copy_object(src, dst, ref, source.checksums.get(ref.key))
+            sums[ref.key] = await _copy_object(src, dst, ref, source.checksums.get(ref.key), pinned)
             if progress is not None:
                 progress(ref.size)
 
-    async with asyncio.TaskGroup() as tg:
-        for ref in refs.values():
-            tg.create_task(one(ref))
+    # The objects are fetched while the creating manifest is written; none is created in
+    # ``dst`` before it (it pins them there). A manifest that cannot be written (the id is
+    # taken) cancels the fetches.
+    try:
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(pin())
+            for ref in refs.values():
+                tg.create_task(one(ref))
+    except* TabletStoreError as group:
+        raise group.exceptions[0] from None  # the first failure, named, as one error
     done = first.changed(state=BackupState.READY, checksums={k: v for k, v in sums.items() if v})
     return await write_next_version(dst, done)
 
 
 async def _copy_object(
-    src: ObjectStore, dst: ObjectStore, ref: SSTableRef, expected: str | None
+    src: ObjectStore,
+    dst: ObjectStore,
+    ref: SSTableRef,
+    expected: str | None,
+    pinned: asyncio.Event,
 ) -> str:
-    """Copy one SSTable object unless ``dst`` has it already; returns its checksum ("" when
-    it was there already and none was recorded)."""
+    """Copy one SSTable object unless ``dst`` has it already, creating it there once
+    ``pinned`` is set (the destination's manifest exists); returns its checksum ("" when it
+    was there already and none was recorded)."""
     there = await dst.head(ref.key)
     if there is not None and there.size == ref.size:
-        return expected or ""
+        # Seen before the manifest pinned it: garbage collection may have deleted it since;
+        # once the manifest exists, what is there stays.
+        await pinned.wait()
+        there = await dst.head(ref.key)
+        if there is not None and there.size == ref.size:
+            return expected or ""
     data = await _fetch(src, ref)
     if data is None:
         raise NotFound(
@@ -137,6 +164,7 @@ async def _copy_object(
             f"{object_url(dst.url, ref.key)} exists with {there.size} bytes, not the "
             f"{ref.size} the backup records: not overwriting it"
         )
+    await pinned.wait()
     try:
         await dst.create(ref.key, data)
     except PreconditionFailed:
