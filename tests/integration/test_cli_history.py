@@ -47,6 +47,11 @@ def test_history_and_restore_as_of_from_the_command_line(tmp_path: Path) -> None
         (("restore", "t", "--as-of", _iso(time.time()), "back"), "already exists"),
         (("restore", "plain", "--as-of", _iso(time.time()), "x"), "keeps no history"),
         (("history", "t", "soon"), "bad duration"),
+        (
+            ("restore", "t", "--as-of", _iso(time.time()), "x", "--sort-executor", "workers"),
+            "needs a cluster",
+        ),
+        (("restore", "--backup", "b", "x", "--sort-executor", "local"), "is for restore --as-of"),
     ]:
         code, out = run(*args)
         assert code == 1 and message in out, (args, out)
