@@ -1,25 +1,35 @@
 """Backup, restore and clone benchmark: how fast a table leaves for another bucket and comes
-back, next to boto3's managed transfers of the same bytes in the same run, and how long a
-zero-copy clone takes at two table sizes.
+back, next to boto3's managed transfers of the same bytes in the same run, how long a zero-copy
+clone takes at two table sizes, and (``--pitr-mb``) a point-in-time restore.
 
-    python -m bench.backup [--mb 32] [--markdown FILE]
+    python -m bench.backup [--mb 32] [--repeats 3] [--markdown FILE]
+    python -m bench.backup --pitr-mb 1024 [--pitr-log-mb 128] [--markdown FILE]
 
 An embedded database (``file://``, the objects on local disk) holds a table of ``--mb`` MB of
 1000-byte random values in 4 tablets, flushed and compacted. moto's S3 server runs in this
 process on a free loopback port (as in the tests: the same machine, no network).
 
 * **backup**: ``create_backup(T, to=s3://dst/...)``: the cut, then every SSTable the backup
-  names copied to the other bucket with its checksum, and the manifest. Next to it, boto3's
-  managed ``upload_file`` of the same SSTable files (16 threads, the copy's concurrency) into
-  a third bucket.
+  names copied to the other bucket with its checksum, and the manifest. Right after it,
+  boto3's managed ``upload_file`` of the same SSTable files (16 threads, the copy's
+  concurrency) into a third bucket.
 * **restore**: ``restore_table(ID, NEW, source=s3://dst/...)`` into a second, empty embedded
-  database (every SSTable copied in and checked, then the table created). Next to it, boto3's
-  managed ``download_file`` of the same objects (16 threads).
+  database (every SSTable copied in and checked, then the table created). Right after it,
+  boto3's managed ``download_file`` of the same objects (16 threads).
+* Each of the two is timed ``--repeats`` times, the boto3 side right after ours each time:
+  the table gives the medians and each run's ratio (the machine's load moves both sides).
 * **clone**: ``clone_table`` of a table of ``--mb`` / 16 MB and of ``--mb`` MB: records only,
   so the time should not grow with the size.
+* **point-in-time restore** (``--pitr-mb``, instead of the above): a table of that many MB with
+  a one-hour history window, written and flushed, checkpointed more than the clock margin
+  later (the master checkpoints a one-hour window every 15 minutes); then ``--pitr-log-mb``
+  MB of overwrites of random rows, the instant, and an eighth as much again after it; then
+  ``restore_as_of`` the instant (the log sorted in this process), timed, and a sample of the
+  overwritten rows checked against the model. Reports the time, MB/s over the checkpoint's
+  SSTables plus the log read, and how much log was read and replayed.
 
 Throughput is the backup's SSTable bytes over the wall-clock time. Prints one table; asserts
-nothing (performance is never a test).
+nothing about speed (performance is never a test).
 """
 
 from __future__ import annotations
@@ -33,11 +43,15 @@ import tempfile
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tabletstore.client.mutate_rows import MutationsFailed
 from tabletstore.data.model import RowMutation, SetCell
 from tabletstore.embedded import Database
+from tabletstore.master.checkpoints import CLOCK_MARGIN
+from tabletstore.options import TabletOptions
 from tabletstore.storage_s3 import open_store
 from tabletstore.storage_s3.layout import TABLES
 
@@ -98,7 +112,12 @@ def _timed_pool(fn: Any, items: list[Any]) -> float:
     return time.perf_counter() - start
 
 
-async def run(mb: float, work: Path) -> list[tuple[str, str, str]]:
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
+
+
+async def run(mb: float, work: Path, repeats: int) -> list[Row]:
     server, endpoint = _moto()
     s3 = _s3(endpoint)
     try:
@@ -106,24 +125,41 @@ async def run(mb: float, work: Path) -> list[tuple[str, str, str]]:
             s3.create_bucket(Bucket=bucket)
         dst = f"s3://dst/backups?endpoint_url={endpoint}&region={REGION}"
         await _warm(dst)
-        rows: list[tuple[str, str, str]] = []
+        rows: list[Row] = []
+        ups: list[tuple[float, float]] = []  # (tabletstore MB/s, boto3 MB/s), one per repeat
+        downs: list[tuple[float, float]] = []
         async with await Database.open(f"file://{work}/src") as db:
             await _fill(db, "t", mb)
             await _fill(db, "small", mb / 16)
-            start = time.perf_counter()
-            backup = await db.create_backup("t", "bench", to=dst)
-            took = time.perf_counter() - start
-            size = backup.size_bytes / 1e6
             objects = Path(db.store.url.removeprefix("file://"))
-            keys = backup.sstable_keys()
-            up = _timed_pool(lambda k: s3.upload_file(str(objects / k), "boto", k), keys)
-            rows.append(
-                (
-                    f"backup to another bucket ({size:.1f} MB, {len(keys)} SSTables)",
-                    f"{size / took:.1f} MB/s",
-                    f"{size / up:.1f} MB/s (upload_file)",
+            # Each repeat: a backup and the managed upload of its files, then a restore into
+            # an empty database and the managed download of the same objects, side by side.
+            for i in range(repeats):
+                start = time.perf_counter()
+                backup = await db.create_backup("t", f"bench{i}", to=dst)
+                took = time.perf_counter() - start
+                size = backup.size_bytes / 1e6
+                keys = backup.sstable_keys()
+                up = _timed_pool(
+                    lambda k, i=i: s3.upload_file(str(objects / k), "boto", f"{i}/{k}"), keys
                 )
-            )
+                ups.append((size / took, size / up))
+                async with await Database.open(f"file://{work}/restored{i}") as other:
+                    start = time.perf_counter()
+                    await other.restore_table(f"bench{i}", "r", source=dst)
+                    took = time.perf_counter() - start
+                    count = 0
+                    async for _ in other.table("r").read_rows():
+                        count += 1
+                down_dir = work / f"download{i}"
+                down = _timed_pool(
+                    lambda k, d=down_dir: (
+                        (d / k).parent.mkdir(parents=True, exist_ok=True),
+                        s3.download_file("dst", f"backups/{k}", str(d / k)),
+                    ),
+                    [k for k in keys if k.startswith(TABLES)],
+                )
+                downs.append((size / took, size / down))
             clones = []
             for name in ("small", "t"):
                 table_mb = (
@@ -138,60 +174,192 @@ async def run(mb: float, work: Path) -> list[tuple[str, str, str]]:
                 start = time.perf_counter()
                 await db.clone_table(name, f"{name}-clone")
                 clones.append((table_mb, time.perf_counter() - start))
-        async with await Database.open(f"file://{work}/restored") as other:
-            start = time.perf_counter()
-            await other.restore_table("bench", "r", source=dst)
-            took = time.perf_counter() - start
-            count = 0
-            async for _ in other.table("r").read_rows():
-                count += 1
-        down_dir = work / "download"
-        down = _timed_pool(
-            lambda k: (
-                (down_dir / k).parent.mkdir(parents=True, exist_ok=True),
-                s3.download_file("dst", f"backups/{k}", str(down_dir / k)),
-            ),
-            [k for k in keys if k.startswith(TABLES)],
-        )
-        rows.append(
-            (
-                f"restore from that bucket ({size:.1f} MB, {count} rows)",
-                f"{size / took:.1f} MB/s",
-                f"{size / down:.1f} MB/s (download_file)",
+        for what, pairs, boto in (
+            (f"backup to another bucket ({size:.1f} MB, {len(keys)} SSTables)", ups, "upload_file"),
+            (f"restore from that bucket ({size:.1f} MB, {count} rows)", downs, "download_file"),
+        ):
+            ratios = ", ".join(f"{a / b:.2f}" for a, b in pairs)
+            rows.append(
+                (
+                    what,
+                    f"{_median([a for a, _ in pairs]):.1f} MB/s",
+                    f"{_median([b for _, b in pairs]):.1f} MB/s ({boto})",
+                    f"{_median([a / b for a, b in pairs]):.2f}× ({ratios})",
+                )
             )
-        )
         for table_mb, seconds in clones:
-            rows.append((f"clone of a {table_mb:.1f} MB table", f"{seconds:.2f} s", "-"))
+            rows.append((f"clone of a {table_mb:.1f} MB table", f"{seconds:.2f} s", "-", "-"))
         return rows
     finally:
         server.stop()
 
 
-def markdown(rows: list[tuple[str, str, str]], mb: float) -> str:
+Row = tuple[str, str, str, str]
+HOUR = 3600.0
+
+
+async def _mutate(table: Any, batch: list[RowMutation]) -> None:
+    """``mutate_rows``, the rows that failed (Unavailable on a loaded machine) sent again:
+    each sets a cell at a fixed timestamp, so a retry is idempotent."""
+    for _ in range(10):
+        try:
+            await table.mutate_rows(batch)
+            return
+        except MutationsFailed as exc:
+            failed = {f.index for f in exc.failures}
+            batch = [m for i, m in enumerate(batch) if i in failed]
+    await table.mutate_rows(batch)
+
+
+@dataclass(frozen=True)
+class PitrResult:
+    table_mb: float
+    tablets: int
+    window: float
+    after_mb: float
+    log_mb: float
+    segments: int
+    log_cells: int
+    seconds: float
+    rows: int
+
+
+async def pitr(mb: float, log_mb: float, work: Path) -> PitrResult:
+    """A table of ``mb`` MB with a one-hour history window, checkpointed; then ``log_mb`` MB of
+    overwrites of random rows, the instant, and more overwrites after it; then the table
+    restored as of the instant, and the rows overwritten checked against the model."""
+    # The four tablets are not split further: a split under a load of 30 outlasted the
+    # client's retry deadline, and the figure is the restore's, not the splits'.
+    unsplit = TabletOptions(split_bytes=64 * 1024**3)
+    async with await Database.open(f"file://{work}/pitr", tablet_options=unsplit) as db:
+        rows = max(1, int(mb * 1e6 / VALUE))
+        splits = sorted({b"row%09d" % (rows * i // 4) for i in range(1, 4)})
+        await db.create_table("p", ["f"], split_keys=splits, history=HOUR)
+        t = db.table("p")
+        rng = random.Random(11)
+        model: dict[bytes, bytes] = {}
+
+        async def write(count: int, *, overwrite: bool) -> None:
+            for first in range(0, count, 500):
+                batch = []
+                n = min(count, first + 500) - first
+                # Distinct rows in a batch: a retried entry never lands after a later one.
+                picked = rng.sample(range(rows), n) if overwrite else range(first, first + n)
+                for i in picked:
+                    row = b"row%09d" % i
+                    value = rng.randbytes(VALUE)
+                    if overwrite:
+                        model[row] = value
+                    batch.append(RowMutation(row, (SetCell("f", b"q", value, 1),)))
+                await _mutate(t, batch)
+
+        await write(rows, overwrite=False)
+        await db.flush("p")
+        # The load ends more than the clock margin before the checkpoint (with a one-hour
+        # window the master checkpoints every 15 minutes): the restore then reads only the
+        # log written after the checkpoint, as it does for a table written steadily.
+        await asyncio.sleep(CLOCK_MARGIN + 5)
+        (checkpoint,) = await db.checkpoint()
+        table_mb = (
+            sum(
+                r.size for tab in checkpoint.tablets for refs in tab.sstables.values() for r in refs
+            )
+            / 1e6
+        )
+        after = max(1, int(log_mb * 1e6 / VALUE))
+        await write(after, overwrite=True)
+        instant = time.time()
+        expected = dict(model)
+        await write(max(1, after // 8), overwrite=True)  # after the instant: never restored
+        start = time.perf_counter()
+        report = await db.restore_as_of("p", instant, "p_then")
+        seconds = time.perf_counter() - start
+        restored = db.table("p_then")
+        sample = random.Random(5).sample(sorted(expected), min(2000, len(expected)))
+        for row in sample:
+            value = expected[row]
+            got = await restored.read_row(row)
+            assert got is not None and got.cells[0].value == value, f"restored {row!r} differs"
+        return PitrResult(
+            table_mb=table_mb,
+            tablets=report.tablets,
+            window=HOUR,
+            after_mb=after * VALUE / 1e6,
+            log_mb=report.log_bytes / 1e6,
+            segments=report.segments_read,
+            log_cells=report.log_cells,
+            seconds=seconds,
+            rows=len(sample),
+        )
+
+
+def markdown(rows: list[Row], mb: float, repeats: int) -> str:
     lines = [
-        "| operation | tabletstore | boto3 managed transfer, same bytes |",
-        "|---|---:|---:|",
-        *(f"| {a} | {b} | {c} |" for a, b, c in rows),
+        "| operation | tabletstore | boto3 managed transfer, same bytes | ratio: median (each run) |",
+        "|---|---:|---:|---:|",
+        *(f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows),
     ]
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     lines.append("")
     lines.append(
         f"Table of {mb:g} MB of {VALUE}-byte values in 4 tablets; moto's S3 server in process; "
-        f"{THREADS} transfers in flight on both sides; load average at the end {load}."
+        f"{THREADS} transfers in flight on both sides; medians of {repeats} runs, each side "
+        f"right after the other; load average at the end {load}."
     )
     return "\n".join(lines)
+
+
+def pitr_markdown(result: PitrResult) -> str:
+    r = result
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    return "\n".join(
+        [
+            "| point-in-time restore | value |",
+            "|---|---:|",
+            f"| table at the checkpoint | {r.table_mb:.0f} MB ({r.tablets} tablets) |",
+            f"| history window | {r.window / 3600:g} h |",
+            f"| written after the checkpoint, up to the instant | {r.after_mb:.0f} MB |",
+            f"| log read (segments of the span) | {r.log_mb:.0f} MB in {r.segments} segments |",
+            f"| log cells replayed (after the cut, by the instant) | {r.log_cells} |",
+            f"| restore time | {r.seconds:.1f} s |",
+            f"| throughput (checkpoint + log read) | {(r.table_mb + r.log_mb) / r.seconds:.1f} MB/s |",
+            "",
+            f"Embedded database (`file://`), log sorted in process; restored table checked "
+            f"equal to the model as of the instant on {r.rows} overwritten rows; load average at the end "
+            f"{load}.",
+        ]
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.backup", description=__doc__)
     parser.add_argument("--mb", type=float, default=32.0, help="table size in MB (default 32)")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="backups and restores timed (default 3)"
+    )
+    parser.add_argument(
+        "--pitr-mb",
+        type=float,
+        default=0.0,
+        help="instead: a point-in-time restore of a table of this many MB (e.g. 1024)",
+    )
+    parser.add_argument(
+        "--pitr-log-mb",
+        type=float,
+        default=128.0,
+        help="MB written after the checkpoint, up to the instant (default 128)",
+    )
     parser.add_argument("--markdown", type=Path, default=None, help="also write the table here")
     args = parser.parse_args(argv)
-    if args.mb <= 0:
-        parser.error("--mb must be > 0")
+    if args.mb <= 0 or args.repeats < 1 or args.pitr_mb < 0 or args.pitr_log_mb < 0:
+        parser.error("--mb and --pitr-log-mb must be > 0 and --repeats >= 1")
     with tempfile.TemporaryDirectory(prefix=f"bench-backup-{uuid.uuid4().hex[:6]}-") as work:
-        rows = asyncio.run(run(args.mb, Path(work)))
-    text = markdown(rows, args.mb)
+        if args.pitr_mb:
+            text = pitr_markdown(asyncio.run(pitr(args.pitr_mb, args.pitr_log_mb, Path(work))))
+        else:
+            text = markdown(
+                asyncio.run(run(args.mb, Path(work), args.repeats)), args.mb, args.repeats
+            )
     print(text)
     if args.markdown is not None:
         args.markdown.write_text(text + "\n")

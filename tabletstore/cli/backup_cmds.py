@@ -192,12 +192,21 @@ def backup_copy_cmd(
     metavar="URL",
     help="Restore into this database instead (the backup is copied into its bucket).",
 )
+@click.option(
+    "--sort-executor",
+    "sort_executor",
+    default=None,
+    metavar="KIND",
+    help="With --as-of on a cluster, where the retained log is sorted: workers (default: the "
+    "live workers' sorters), local (this process's children) or lambda:<function-name>.",
+)
 def restore_cmd(
     names: tuple[str, ...],
     backup_id: str | None,
     as_of: str | None,
     source: str | None,
     target: str | None,
+    sort_executor: str | None,
 ) -> None:
     """Restore backup ID into the new table NEW_TABLE (same schema and split points), or
     TABLE as of an instant of its history window into NEW_TABLE (--as-of)."""
@@ -212,8 +221,10 @@ def restore_cmd(
             )
         if source is not None or target is not None:
             raise Failure("restore --as-of restores within this database: no --from or --url")
-        restore_at(names[0], names[1], as_of)
+        restore_at(names[0], names[1], as_of, sort_executor=sort_executor)
         return
+    if sort_executor is not None:
+        raise Failure("--sort-executor is for restore --as-of (a backup's restore sorts no log)")
     assert backup_id is not None
     if len(names) != 1:
         raise Failure(f"restore --backup takes one name, the new table; got {' '.join(names)}")

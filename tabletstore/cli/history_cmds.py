@@ -20,9 +20,14 @@ import click
 from tabletstore.cli import cbtsyntax as cbt
 from tabletstore.cli.context import Failure, cli_context, failing, on_cluster, with_database
 from tabletstore.clock import SystemClock
+from tabletstore.coordination import paths
+from tabletstore.coordination.base import Coordinator
 from tabletstore.embedded import SyncDatabase
-from tabletstore.errors import InvalidArgument
+from tabletstore.errors import InvalidArgument, Unavailable
+from tabletstore.master.master_process import make_sort_executor
 from tabletstore.master.pitr_restore import RestoreReport, restore_as_of
+from tabletstore.metadata.catalog import Catalog
+from tabletstore.storage_s3.base import ObjectStore
 
 __all__ = ["history_cmd", "parse_instant", "restore_at"]
 
@@ -94,29 +99,59 @@ def history_cmd(table: str | None, window: str | None, default: bool) -> None:
     click.echo(f"{table}: history {with_database(shown)}")
 
 
-def restore_at(table: str, new_table: str, as_of: str, *, zero_copy: bool = False) -> None:
+def restore_at(
+    table: str,
+    new_table: str,
+    as_of: str,
+    *,
+    zero_copy: bool = False,
+    sort_executor: str | None = None,
+) -> None:
     """``restore TABLE NEW_TABLE --as-of INSTANT`` (the command is ``backup_cmds.restore_cmd``):
     rebuild TABLE as it was at an instant of its history window into the new table NEW_TABLE
     (TABLE is only read). Writes acknowledged by then are in, writes begun after it are not.
     ``zero_copy``: ``clone TABLE NEW_TABLE --as-of INSTANT``, the same table sharing the
-    checkpoint's SSTables."""
+    checkpoint's SSTables. ``sort_executor``: where the retained log is sorted on a cluster
+    (``workers``, the default: the live workers' sorters; ``local``; ``lambda:<function>``);
+    an embedded database sorts it in this process."""
     instant = failing(lambda: parse_instant(as_of))
     obj = cli_context()
     report: RestoreReport
     if obj.url.startswith("etcd://"):
-        report = on_cluster(
-            lambda store, catalog, _coordinator: restore_as_of(
-                store,
-                catalog,
-                table=table,
-                instant=instant,
-                new_table=new_table,
-                clock=SystemClock(),
-                zero_copy=zero_copy,
-            )
-        )
-    elif zero_copy:
-        report = with_database(lambda db: db.clone_as_of(table, instant, new_table))
+        kind = sort_executor or "workers"
+
+        async def on(
+            store: ObjectStore, catalog: Catalog, coordinator: Coordinator
+        ) -> RestoreReport:
+            if kind == "workers" and not await coordinator.get_prefix(paths.SERVERS):
+                raise Unavailable(
+                    "no live worker to sort the log: start one, or restore with "
+                    "--sort-executor local"
+                )
+            executor = make_sort_executor(kind, store, store.url, coordinator)
+            try:
+                return await restore_as_of(
+                    store,
+                    catalog,
+                    table=table,
+                    instant=instant,
+                    new_table=new_table,
+                    clock=SystemClock(),
+                    zero_copy=zero_copy,
+                    executor=executor,
+                )
+            finally:
+                await executor.close()
+
+        report = on_cluster(on)
     else:
-        report = with_database(lambda db: db.restore_as_of(table, instant, new_table))
+        if sort_executor not in (None, "local"):
+            raise Failure(
+                f"--sort-executor {sort_executor} needs a cluster (--url etcd://...): an "
+                "embedded database sorts the log in this process"
+            )
+        if zero_copy:
+            report = with_database(lambda db: db.clone_as_of(table, instant, new_table))
+        else:
+            report = with_database(lambda db: db.restore_as_of(table, instant, new_table))
     click.echo(report.summary())

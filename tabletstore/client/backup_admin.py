@@ -204,7 +204,7 @@ async def _bring_in(src: ObjectStore, own: ObjectStore, backup_id: str) -> None:
     try:
         here = await read_backup(own, backup_id)
     except NotFound:
-        await copy_backup(src, own, backup_id, now=wall_time())
+        await copy_backup(src, own, backup_id, now=wall_time(), source=source)
         return
     if (here.table_id, here.created_at) != (source.table_id, source.created_at):
         raise AlreadyExists(

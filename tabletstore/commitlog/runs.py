@@ -227,18 +227,24 @@ class SortPlan:
     fence: int
     tasks: tuple[SortTask, ...]
     tablets: tuple[TabletRange, ...]
+    #: Where the plan, its manifests and runs live: None under ``recovery/`` (a dead log's
+    #: recovery), else under ``restores/<scope>/`` (``layout.recovery_prefix``): the part of a
+    #: log a point-in-time restore sorts, which is not fenced and whose ``fence`` is the
+    #: number past its last selected segment.
+    scope: str | None = None
 
     def to_bytes(self) -> bytes:
-        return _dump(
-            {
-                "version": _PLAN_VERSION,
-                "worker_id": self.worker_id,
-                "incarnation": self.incarnation,
-                "fence": self.fence,
-                "tasks": [[t.first, t.stop, t.size] for t in self.tasks],
-                "tablets": [t.to_json() for t in self.tablets],
-            }
-        )
+        d: dict[str, Any] = {
+            "version": _PLAN_VERSION,
+            "worker_id": self.worker_id,
+            "incarnation": self.incarnation,
+            "fence": self.fence,
+            "tasks": [[t.first, t.stop, t.size] for t in self.tasks],
+            "tablets": [t.to_json() for t in self.tablets],
+        }
+        if self.scope is not None:
+            d["scope"] = self.scope  # absent for a recovery: its plans keep their bytes
+        return _dump(d)
 
     @classmethod
     def from_bytes(cls, data: bytes, *, where: str = "sort plan") -> SortPlan:
@@ -250,6 +256,7 @@ class SortPlan:
                 fence=int(d["fence"]),
                 tasks=tuple(SortTask(int(a), int(b), int(c)) for a, b, c in d["tasks"]),
                 tablets=tuple(TabletRange.from_json(t) for t in d["tablets"]),
+                scope=None if d.get("scope") is None else str(d["scope"]),
             )
         except (KeyError, TypeError, ValueError, binascii.Error) as exc:
             raise Corruption(f"{where}: malformed sort plan ({exc!r})") from exc

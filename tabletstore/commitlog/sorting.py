@@ -87,6 +87,7 @@ __all__ = [
     "SortedRun",
     "load_plan",
     "plan_sort",
+    "read_run",
     "run_sort_task",
     "sort_segments",
     "sort_task_by_number",
@@ -159,9 +160,12 @@ class _Immutable:
 IMMUTABLE = _Immutable(64 * 1024 * 1024)
 
 
-async def load_plan(store: ObjectStore, worker_id: str, incarnation: int) -> SortPlan | None:
-    """The log's sort plan, or None when the log was never planned for sorting."""
-    key = recovery_plan_key(worker_id, incarnation)
+async def load_plan(
+    store: ObjectStore, worker_id: str, incarnation: int, scope: str | None = None
+) -> SortPlan | None:
+    """The log's sort plan (``scope``: a restore's, ``layout.recovery_prefix``), or None when
+    the log was never planned for sorting."""
+    key = recovery_plan_key(worker_id, incarnation, scope)
     data = await IMMUTABLE.get(store, key)
     return None if data is None else SortPlan.from_bytes(data, where=key)
 
@@ -245,13 +249,16 @@ async def sort_task_by_number(
     first_segment: int,
     *,
     shared: SharedSorts | None = None,
+    scope: str | None = None,
 ) -> SortManifest:
     """Run the task of ``worker_id/incarnation``'s plan that starts at ``first_segment``: what a
-    sorter given only names (a worker, a Lambda function) does. NotFound-like errors are
-    Unavailable when the log has no plan (it may have been collected: nothing to sort)."""
-    plan = await load_plan(store, worker_id, incarnation)
+    sorter given only names (a worker, a Lambda function) does; ``scope``: the plan of a
+    restore's sort (``SortPlan.scope``). NotFound-like errors are Unavailable when the log has
+    no plan (it may have been collected: nothing to sort)."""
+    plan = await load_plan(store, worker_id, incarnation, scope)
     if plan is None:
-        raise Unavailable(f"no sort plan for commit log {worker_id}/{incarnation}")
+        where = "" if scope is None else f" in restore {scope}"
+        raise Unavailable(f"no sort plan for commit log {worker_id}/{incarnation}{where}")
     task = next((t for t in plan.tasks if t.first == first_segment), None)
     if task is None:
         raise InvalidArgument(
@@ -321,7 +328,7 @@ class SharedSorts:
         self.spill = spill
 
     async def run(self, store: ObjectStore, plan: SortPlan, task: SortTask) -> SortManifest:
-        key = recovery_manifest_key(plan.worker_id, plan.incarnation, task.first)
+        key = recovery_manifest_key(plan.worker_id, plan.incarnation, task.first, plan.scope)
         running = self._running.get(key)
         if running is None:
             running = asyncio.get_running_loop().create_task(self._sort(store, plan, task))
@@ -377,7 +384,7 @@ async def _run_sort_task(
     spill: RunSpill | None,
 ) -> SortManifest:
     w, inc = plan.worker_id, plan.incarnation
-    manifest_key = recovery_manifest_key(w, inc, task.first)
+    manifest_key = recovery_manifest_key(w, inc, task.first, plan.scope)
     done = await store.get(manifest_key)  # not the process's copy: the store decides
     if done is not None:
         return SortManifest.from_bytes(done, where=manifest_key)
@@ -407,7 +414,7 @@ async def _run_sort_task(
 
     async def put(run: SortedRun) -> RunInfo:
         target = run.target
-        key = recovery_run_key(w, inc, task.first, target.table_id, target.tablet_id)
+        key = recovery_run_key(w, inc, task.first, target.table_id, target.tablet_id, plan.scope)
         async with limit:
             await _create_same(store, key, run.data)
         # The stored bytes (_create_same compared them), kept for this process's replay.
@@ -504,7 +511,9 @@ async def _create_same(store: ObjectStore, key: str, data: bytes) -> None:
 
 async def task_done(store: ObjectStore, plan: SortPlan, task: SortTask) -> bool:
     return (
-        await store.head(recovery_manifest_key(plan.worker_id, plan.incarnation, task.first))
+        await store.head(
+            recovery_manifest_key(plan.worker_id, plan.incarnation, task.first, plan.scope)
+        )
         is not None
     )
 
@@ -529,7 +538,7 @@ async def _manifests(
     (the tasks in ``skip`` are not looked for). Polls one listing of the log's recovery
     prefix, backing off."""
     deadline = monotonic() + wait
-    prefix = recovery_prefix(plan.worker_id, plan.incarnation)
+    prefix = recovery_prefix(plan.worker_id, plan.incarnation, scope=plan.scope)
     pending = {t.first for t in plan.tasks if t.first not in skip}
     found: dict[int, SortManifest | None] = {}
     if not pending:
@@ -538,7 +547,7 @@ async def _manifests(
     while True:
         listed = {info.key async for info in store.list(prefix)}
         for first in sorted(pending):
-            key = recovery_manifest_key(plan.worker_id, plan.incarnation, first)
+            key = recovery_manifest_key(plan.worker_id, plan.incarnation, first, plan.scope)
             if key in listed:
                 data = await IMMUTABLE.get(store, key)
                 if data is not None:
@@ -644,6 +653,15 @@ async def sorted_replay(
         for cell in record.cells:
             if cell.seq > after_seq:
                 yield cell
+
+
+async def read_run(store: ObjectStore, run: RunInfo) -> list[LogRecord]:
+    """The records of the run a manifest lists, read from the store (not kept: a one-time
+    reader such as a restore); Corruption if it is missing or not what the manifest says."""
+    data = await store.get(run.key)
+    if data is None:
+        raise Corruption(f"sorted run {run.key} listed by its manifest is missing")
+    return _decode_listed(run, data)
 
 
 def _decode_listed(run: RunInfo, data: bytes) -> list[LogRecord]:

@@ -26,6 +26,9 @@ Keys are relative to the coordinator's namespace (an etcd URL's path, e.g.
     sorters/<worker-id>/<incarnation>/<first-segment>
                                       the live worker running that task, attached to its lease
                                       (a dead sorter's claim vanishes and another takes it)
+    sorts/<worker-id>/<incarnation>/<first-segment>/<restore-id>, and the same under sorters/
+                                      a sort task of a point-in-time restore (its plan and
+                                      runs under the bucket's restores/<restore-id>/)
     bulk_loads/<table-id>/<load-id>   a bulk load's state (loading, done) as JSON
                                       (master.bulk_load): a done load is not loaded again
     tokens/<sha256 of the token>      a bearer token's principal (coordination.tokens); the
@@ -77,6 +80,7 @@ __all__ = [
     "parse_server",
     "parse_setting",
     "parse_sort",
+    "parse_sort_task",
     "parse_status_page",
     "schema",
     "server",
@@ -228,14 +232,15 @@ def parse_status_page(key: str) -> tuple[str, str]:
     return role, process_id
 
 
-def sort(worker_id: str, incarnation: int, first_segment: int) -> str:
-    """A published sort task: segments from ``first_segment`` of one worker incarnation's log."""
-    return f"{SORTS}{_sort_suffix(worker_id, incarnation, first_segment)}"
+def sort(worker_id: str, incarnation: int, first_segment: int, scope: str | None = None) -> str:
+    """A published sort task: segments from ``first_segment`` of one worker incarnation's log
+    (``scope``: of a restore's sort, ``SortPlan.scope``)."""
+    return f"{SORTS}{_sort_suffix(worker_id, incarnation, first_segment, scope)}"
 
 
-def sorter(worker_id: str, incarnation: int, first_segment: int) -> str:
+def sorter(worker_id: str, incarnation: int, first_segment: int, scope: str | None = None) -> str:
     """The claim of the live worker running that sort task (attached to its lease)."""
-    return f"{SORTERS}{_sort_suffix(worker_id, incarnation, first_segment)}"
+    return f"{SORTERS}{_sort_suffix(worker_id, incarnation, first_segment, scope)}"
 
 
 def parse_sort(key: str) -> tuple[str, int, int]:
@@ -247,10 +252,28 @@ def parse_sort(key: str) -> tuple[str, int, int]:
         raise InvalidArgument(f"{key!r} is not a sort task key") from exc
 
 
-def _sort_suffix(worker_id: str, incarnation: int, first_segment: int) -> str:
+def parse_sort_task(key: str) -> tuple[str, int, int, str | None]:
+    """A published sort task of a recovery or of a restore: (worker id, incarnation, first
+    segment, the restore's scope or None)."""
+    if not key.startswith(SORTS):
+        raise InvalidArgument(f"not a sort task key: {key!r}")
+    parts = len(key[len(SORTS) :].split("/"))
+    if parts == 3:
+        return (*parse_sort(key), None)
+    worker_id, incarnation, first, scope = _parse(key, SORTS, 4, "sort task")
+    try:
+        return worker_id, int(incarnation), int(first), scope
+    except ValueError as exc:
+        raise InvalidArgument(f"{key!r} is not a sort task key") from exc
+
+
+def _sort_suffix(
+    worker_id: str, incarnation: int, first_segment: int, scope: str | None = None
+) -> str:
     if incarnation < 0 or first_segment < 0:
         raise InvalidArgument("incarnation and first segment must be >= 0")
-    return f"{_component(worker_id, 'worker id')}/{incarnation}/{first_segment}"
+    suffix = f"{_component(worker_id, 'worker id')}/{incarnation}/{first_segment}"
+    return suffix if scope is None else f"{suffix}/{_component(scope, 'restore id')}"
 
 
 def bulk_loads_prefix(table_id: str | None = None) -> str:

@@ -51,12 +51,16 @@ The rules, object by object (each verdict carries a :class:`Reason`):
    while its newest object is younger than that: a point-in-time restore replays the log from
    a checkpoint up to the instant asked for, and a change stream reads it. The checkpoints themselves are snapshot manifests
    whose TTL covers the window (rule 5 keeps them and their SSTables).
-8. A key that no layout parser recognizes is never deleted; the plan reports it.
+8. A point-in-time restore's sorted log (``restores/<restore-id>/...``, the same plans,
+   manifests and runs as ``recovery/`` under a root of its own) is scratch: the restore
+   deletes it when it ends, and what a restore that died left is deleted together once its
+   newest object is older than ``grace`` (a restore writing it still is younger).
 9. A bulk-load part (``loads/``, metadata/load_part.py: what a tablet's part of a bulk load
    added, for point-in-time restores, which cannot replay a load from the log) is kept, and
    the SSTables it names with it, while it is younger than the history retention of rule 7
    (and than ``grace``); then it is garbage, and its SSTables follow in a later round unless
    something else names them. A part that cannot be read keeps every SSTable of its table.
+10. A key that no layout parser recognizes is never deleted; the plan reports it.
 
 Dereference grace. ``grace`` counts from an object's creation. A reader that took a tablet's
 state before a compaction may still read an SSTable that compaction replaced, however old the
@@ -115,6 +119,7 @@ class Reason(StrEnum):
     DELETE_UNREFERENCED_SSTABLE = "SSTable no record references"
     DELETE_FINISHED_LOG = "log no tablet needs"
     DELETE_FINISHED_RECOVERY = "recovery run of a log no tablet needs"
+    DELETE_RESTORE_SORT = "sorted log of a restore that ended"
     DELETE_DELETED_TABLE_SNAPSHOT = "snapshot manifest of a deleted table"
     DELETE_EXPIRED_SNAPSHOT = "snapshot manifest past its TTL"
     DELETE_EXPIRED_BACKUP = "backup manifest past its expiry"
@@ -226,6 +231,7 @@ def plan(
     loaded: set[str] = set()
     loaded_tables: set[str] = set()
     pin_everything = False
+    restores: dict[str, list[ObjectInfo]] = {}
     for info in listed:
         kind = _classify(info.key)
         if kind is None:
@@ -262,6 +268,8 @@ def plan(
                 pin_everything = True
             else:
                 backed_up |= names
+        elif isinstance(kind, layout.RecoveryKey) and kind.scope is not None:
+            restores.setdefault(kind.scope, []).append(info)
         else:
             group = groups.setdefault(LogRef(kind.worker_id, kind.incarnation), _Group())
             if isinstance(kind, layout.RecoveryKey):
@@ -283,6 +291,10 @@ def plan(
             reasons[info.key] = _aged(info, now, grace, Reason.DELETE_UNREFERENCED_SSTABLE)
     for ref, group in groups.items():
         reasons.update(_log_reasons(live, ref, group, now, grace, fence_grace))
+    for scratch in restores.values():
+        young = now - max(o.last_modified for o in scratch) < grace
+        verdict = Reason.KEEP_YOUNG if young else Reason.DELETE_RESTORE_SORT
+        reasons.update({o.key: verdict for o in scratch})
     held = {} if since is None else _apply_since(listed, reasons, groups, now, grace, since)
     return _finish(listed, reasons, held)
 
@@ -304,7 +316,7 @@ def _classify(key: str) -> _Parsed | None:
             return layout.parse_sstable_key(key)
         if key.startswith(layout.LOGS):
             return layout.parse_log_segment_key(key)
-        if key.startswith(layout.RECOVERY):
+        if key.startswith((layout.RECOVERY, layout.RESTORES)):
             return layout.parse_recovery_key(key)
         if key.startswith(layout.SNAPSHOTS):
             return layout.parse_snapshot_key(key)

@@ -23,6 +23,11 @@ Where the tasks run is the executor's business, behind one interface:
   its claim with its lease and another worker takes the task;
 * ``master.sort_lambda.LambdaSortExecutor`` — AWS Lambda functions (``functions/log_sort.py``).
 
+A point-in-time restore (``master/pitr_restore.py``) sorts the retained log through the same
+executors: its plans carry a scope (``SortPlan.scope``), so its tasks, claims and runs live
+under names of their own (``restores/<id>/`` in the bucket, ``sorts/.../<id>`` in the
+coordinator) and never meet a recovery's.
+
 Every task is idempotent (a rerun writes the same bytes), so an executor may run one twice,
 and a master failing over mid-sort simply makes the same plan's missing tasks run again.
 """
@@ -88,13 +93,15 @@ class SortExecutor(Protocol):
 # --- in-process -------------------------------------------------------------------------------
 
 
-def _sort_in_child(store_url: str, worker_id: str, incarnation: int, first: int) -> bytes:
+def _sort_in_child(
+    store_url: str, worker_id: str, incarnation: int, first: int, scope: str | None = None
+) -> bytes:
     """A process-pool job: one task against a store opened from its URL; the manifest's bytes."""
 
     async def go() -> bytes:
         store = open_store(store_url)
         try:
-            manifest = await sort_task_by_number(store, worker_id, incarnation, first)
+            manifest = await sort_task_by_number(store, worker_id, incarnation, first, scope=scope)
         finally:
             await store.close()
         return manifest.to_bytes()
@@ -144,7 +151,13 @@ class InProcessSortExecutor:
                 return await run_sort_task(self._store, plan, task)
             assert self._url is not None
             data = await asyncio.get_running_loop().run_in_executor(
-                self._pool, _sort_in_child, self._url, plan.worker_id, plan.incarnation, task.first
+                self._pool,
+                _sort_in_child,
+                self._url,
+                plan.worker_id,
+                plan.incarnation,
+                task.first,
+                plan.scope,
             )
             return SortManifest.from_bytes(data)
 
@@ -172,7 +185,7 @@ class WorkerSortExecutor:
         self.owner_of: Callable[[str, int], str | None] = lambda worker_id, incarnation: None
 
     async def run(self, plan: SortPlan, task: SortTask) -> SortManifest:
-        key = paths.sort(plan.worker_id, plan.incarnation, task.first)
+        key = paths.sort(plan.worker_id, plan.incarnation, task.first, plan.scope)
         published: dict[str, object] = {"stop": task.stop}
         owner = self.owner_of(plan.worker_id, plan.incarnation)
         if owner is not None:
@@ -199,7 +212,7 @@ class WorkerSortExecutor:
                     [],
                 )
             await asyncio.sleep(self._poll)
-        mkey = recovery_manifest_key(plan.worker_id, plan.incarnation, task.first)
+        mkey = recovery_manifest_key(plan.worker_id, plan.incarnation, task.first, plan.scope)
         data = await self._store.get(mkey)
         if data is None:
             raise Unavailable(f"sort task {key} was taken down without its manifest")

@@ -44,7 +44,7 @@ from tabletstore.security import TlsConfig, check_bind
 from tabletstore.storage_s3 import check_store, open_store
 from tabletstore.storage_s3.base import ObjectStore
 
-__all__ = ["run_master"]
+__all__ = ["make_recovery", "make_sort_executor", "run_master"]
 
 log = logging.getLogger(__name__)
 
@@ -308,6 +308,26 @@ async def _check_store(url: str) -> None:
         await store.close()
 
 
+def make_sort_executor(
+    kind: str, store: ObjectStore, store_url: str, coordinator: Coordinator
+) -> SortExecutor:
+    """The sort executor ``kind`` names: ``workers`` (the live workers' sorters), ``local``
+    (a pool of this process's children) or ``lambda:<function>``; a recovery's and a
+    point-in-time restore's (``master/pitr_restore.py``)."""
+    if kind == "workers":
+        return WorkerSortExecutor(store, coordinator)
+    if kind == "local":
+        # Processes, not the event loop: a sort is CPU work, and the loop keeps leases alive.
+        return InProcessSortExecutor(store, processes=2, store_url=store_url)
+    if kind.startswith("lambda:") and len(kind) > len("lambda:"):
+        from tabletstore.master.sort_lambda import LambdaSortExecutor
+
+        return LambdaSortExecutor(kind[len("lambda:") :], store, store_url)
+    raise InvalidArgument(
+        f"sort executor {kind!r} is not one of workers, local, lambda:<function>, none"
+    )
+
+
 def make_recovery(
     kind: str,
     store: ObjectStore,
@@ -316,23 +336,9 @@ def make_recovery(
     options: MasterOptions,
 ) -> LogRecovery | None:
     """The master's log sorting with the executor ``kind`` names (see :func:`run_master`)."""
-    executor: SortExecutor
     if kind == "none":
         return None
-    if kind == "workers":
-        executor = WorkerSortExecutor(store, coordinator)
-    elif kind == "local":
-        # Processes, not the master's event loop: a sort is CPU work, and the loop keeps the
-        # master's lease alive.
-        executor = InProcessSortExecutor(store, processes=2, store_url=store_url)
-    elif kind.startswith("lambda:") and len(kind) > len("lambda:"):
-        from tabletstore.master.sort_lambda import LambdaSortExecutor
-
-        executor = LambdaSortExecutor(kind[len("lambda:") :], store, store_url)
-    else:
-        raise InvalidArgument(
-            f"sort executor {kind!r} is not one of workers, local, lambda:<function>, none"
-        )
+    executor = make_sort_executor(kind, store, store_url, coordinator)
     recovery = LogRecovery(
         store,
         executor,

@@ -35,10 +35,11 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from tabletstore.commitlog.format import IN_FLIGHT_WINDOW, LogRecord
+from tabletstore.commitlog.runs import SortPlan, SortTask, TabletRange
 from tabletstore.data.schema import TableSchema
 from tabletstore.errors import Corruption, InvalidArgument
 from tabletstore.keys import Cell, CellKind, cell_sort_key
@@ -60,6 +61,7 @@ __all__ = [
     "select_parts",
     "select_segments",
     "shareable",
+    "sort_plan",
     "stacked",
     "utc",
 ]
@@ -162,6 +164,43 @@ def select_segments(
         else:
             runs.append([s.number])
     return runs
+
+
+def sort_plan(
+    ref: LogRef,
+    runs: Sequence[Sequence[int]],
+    sizes: Mapping[int, int],
+    ranges: Sequence[TabletRange],
+    *,
+    task_bytes: int,
+    task_segments: int,
+    scope: str,
+) -> SortPlan | None:
+    """The sort plan of the segments of log ``ref`` a restore replays (``runs``, from
+    :func:`select_segments`; ``sizes``: segment number -> bytes), partitioned over the
+    checkpoint's tablet ``ranges``, in tasks of about ``task_bytes`` and at most
+    ``task_segments`` segments that never span two runs, as ``commitlog.sorting.plan_sort``
+    cuts a recovery's; under the restore's ``scope``. None when there is nothing to sort.
+    ``fence`` is the number past the last selected segment: the log is not fenced (its
+    writer may be alive), and the restore reads no segment from there on."""
+    if task_bytes < 1 or task_segments < 1:
+        raise InvalidArgument(
+            f"task_bytes and task_segments must be >= 1, got {task_bytes}, {task_segments}"
+        )
+    tasks: list[SortTask] = []
+    for run in runs:
+        first, size = run[0], 0
+        for n in run:
+            size += sizes[n]
+            if size >= task_bytes or n + 1 - first >= task_segments:
+                tasks.append(SortTask(first, n + 1, size))
+                first, size = n + 1, 0
+        if first <= run[-1]:
+            tasks.append(SortTask(first, run[-1] + 1, size))
+    if not tasks:
+        return None
+    ordered = tuple(sorted(set(ranges), key=lambda t: (t.table_id, t.start_row, t.tablet_id)))
+    return SortPlan(ref.worker_id, ref.incarnation, tasks[-1].stop, tuple(tasks), ordered, scope)
 
 
 def route(

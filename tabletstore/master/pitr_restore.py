@@ -10,10 +10,17 @@ table (the shell around ``master/pitr_plan.py``, which says what is rebuilt and 
    between the checkpoint (less the clock margin) and the instant (one ranged GET each;
    older segments are told by their object's time), and choose each log's segments
    (``pitr_plan.select_segments``).
-3. Sort them with the sorted-recovery machinery: ``commitlog.sorting.sort_segments``, the
-   pure step of a sort task, partitions the records over the checkpoint's tablet ranges,
-   on a thread; the runs of the table are decoded (``commitlog.runs``) and routed to the
-   checkpoint tablets with the cells after each one's cut.
+3. Sort them with the sorted-recovery machinery and its executors: each log's chosen
+   segments get a sort plan (``pitr_plan.sort_plan``: tasks cut as a recovery's, records
+   partitioned over the checkpoint's tablet ranges) created under the restore's own scope
+   ``restores/<restore-id>/`` (``layout.recovery_prefix``), and the tasks run on the
+   executor given — in this process (the default), on the live workers' sorters
+   (``WorkerSortExecutor``) or as Lambda functions (``LambdaSortExecutor``) — exactly as a
+   dead log's tasks do. The runs of the table (checked against their manifests) are decoded
+   and routed to the checkpoint tablets with the cells after each one's cut. The scope never
+   shares a key with a recovery's ``recovery/`` (a restore reads logs a recovery may be
+   sorting at the same time, and logs still being written), and the restore deletes it when
+   it ends, done or failed (garbage collection deletes what a restore that died left).
 4. Per checkpoint tablet, merge its checkpoint cells with its logged cells
    (``pitr_plan.merge_cells``) and write them as one SSTable per locality group under the
    new table; then create the new table in one catalog step with the checkpoint's schema
@@ -33,28 +40,39 @@ seq), so the restored table is served like any other, and a worker that loads a 
 advances its sequence past its cells. The source table is only read. SSTables uploaded
 before a failed create are unreferenced and garbage collection deletes them.
 
-The restore runs in the calling process (the CLI, or the embedded database). Its memory
-holds one tablet's cells at a time, plus the table's sorted log records of the replayed span.
+The restore runs in the calling process (the CLI, or the embedded database); only the sort
+tasks run where the executor puts them. Its memory holds one tablet's cells at a time, plus
+the table's sorted log records of the replayed span.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from tabletstore.clock import Clock
 from tabletstore.commitlog.reader import read_segment_header
-from tabletstore.commitlog.runs import SortPlan, SortTask, TabletRange, decode_run
-from tabletstore.commitlog.sorting import sort_segments
+from tabletstore.commitlog.runs import RunInfo, SortManifest, SortPlan, SortTask, TabletRange
+from tabletstore.commitlog.sorting import DEFAULT_TASK_BYTES, MAX_TASK_SEGMENTS, read_run
 from tabletstore.coordination import paths
 from tabletstore.data.schema import TableSchema
-from tabletstore.errors import AlreadyExists, Corruption, InvalidArgument, NotFound
+from tabletstore.errors import (
+    AlreadyExists,
+    Corruption,
+    InvalidArgument,
+    NotFound,
+    TabletStoreError,
+    Unavailable,
+)
 from tabletstore.keys import Cell
 from tabletstore.master import pitr_plan as plan
 from tabletstore.master.bulk_load import LoadRecord
 from tabletstore.master.checkpoints import CLOCK_MARGIN, window_of
+from tabletstore.master.log_recovery import InProcessSortExecutor, SortExecutor
 from tabletstore.metadata.catalog import Catalog
 from tabletstore.metadata.load_part import list_load_parts
 from tabletstore.metadata.record import LogRef, SSTableRef, TabletRecord
@@ -68,6 +86,10 @@ __all__ = ["RestoreReport", "restore_as_of"]
 
 #: Object requests a restore keeps in flight.
 PARALLEL = 16
+#: Times a sort task that failed with Unavailable (a sorter or function gone) is tried.
+ATTEMPTS = 3
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +108,8 @@ class RestoreReport:
     #: SSTables of the checkpoint the new table names as they are (a clone's; 0 for a restore).
     shared_sstables: int = 0
     cloned: bool = False
+    #: Bytes of the log segments read (sorted) for the span.
+    log_bytes: int = 0
 
     def summary(self) -> str:
         shared = f", {self.shared_sstables} SSTables shared" if self.cloned else ""
@@ -108,6 +132,8 @@ async def restore_as_of(
     clock: Clock,
     assign: Callable[[], Awaitable[object]] | None = None,
     zero_copy: bool = False,
+    executor: SortExecutor | None = None,
+    task_bytes: int = DEFAULT_TASK_BYTES,
 ) -> RestoreReport:
     """Rebuild ``table`` as of ``instant`` (seconds since the epoch) into the new table
     ``new_table`` (module docstring); ``assign`` is called once it exists (the embedded
@@ -117,7 +143,10 @@ async def restore_as_of(
     are and gets one new SSTable per locality group holding only the replayed log cells (a
     checkpoint tablet whose SSTables hold a cell after its cut is rewritten whole, as a
     restore does). Garbage collection keeps a shared SSTable while any table's record names
-    it (master/gc_plan.py), so the two tables stay whole whichever is deleted."""
+    it (master/gc_plan.py), so the two tables stay whole whichever is deleted.
+
+    ``executor``: where the log's sort tasks run (None: in this process; the caller closes
+    one it gives); ``task_bytes``: bytes of segments per sort task."""
     info = await catalog.get_table(table)
     now = clock.time()
     window = window_of(info.schema.history, await catalog.history_default())
@@ -135,21 +164,33 @@ async def restore_as_of(
     schema = TableSchema.model_validate(
         {**checkpoint.schema.model_dump(), "name": new_table, "history": None}
     )
-    logged, segments = await _logged_cells(store, info.table_id, checkpoint, instant)
+    logged, segments, log_bytes = await _logged_cells(
+        store,
+        info.table_id,
+        checkpoint,
+        instant,
+        executor or InProcessSortExecutor(store),
+        task_bytes,
+    )
     load_cells = await _loaded_cells(store, catalog, table, info.table_id, checkpoint, instant)
     for tablet_id, cells in load_cells.items():
         logged[tablet_id].extend(cells)
+    log_cells = sum(len(c) for c in logged.values())
     table_id = Catalog.new_table_id(new_table)
     records: list[TabletRecord] = []
     cells_total = 0
     cache: dict[str, list[Cell]] = {}
+    uses = Counter(
+        ref.key for t in checkpoint.tablets for refs in t.sstables.values() for ref in refs
+    )
     shared = 0
     verb = "cloned" if zero_copy else "restored"
     for i, tablet in enumerate(checkpoint.tablets):
         tablet_id = f"t{i:05d}"
         share = zero_copy and plan.shareable(tablet)
-        held = await _checkpoint_cells(store, tablet, cache) if not share else ()
+        held = await _checkpoint_cells(store, tablet, cache, uses) if not share else ()
         cells = plan.merge_cells(tablet, held, logged[tablet.tablet_id])
+        del logged[tablet.tablet_id]
         sstables: dict[str, tuple[SSTableRef, ...]] = {}
         for group, group_cells in plan.group_cells(cells, schema).items():
             sstables[group] = (
@@ -187,7 +228,8 @@ async def restore_as_of(
         tablets=len(records),
         cells=cells_total,
         segments_read=segments,
-        log_cells=sum(len(c) for c in logged.values()),
+        log_cells=log_cells,
+        log_bytes=log_bytes,
         shared_sstables=shared,
         cloned=zero_copy,
     )
@@ -204,10 +246,16 @@ async def _check_absent(catalog: Catalog, name: str) -> None:
 
 
 async def _logged_cells(
-    store: ObjectStore, table_id: str, checkpoint: SnapshotManifest, instant: float
-) -> tuple[dict[str, list[Cell]], int]:
+    store: ObjectStore,
+    table_id: str,
+    checkpoint: SnapshotManifest,
+    instant: float,
+    executor: SortExecutor,
+    task_bytes: int,
+) -> tuple[dict[str, list[Cell]], int, int]:
     """Checkpoint tablet id -> its cells after its cut acknowledged by ``instant``; and how
-    many segments were read."""
+    many segments (and bytes of them) were read. The chosen segments are sorted by ``executor`` under a scope of
+    this restore's own, deleted before returning (module docstring)."""
     low = checkpoint.created_at - CLOCK_MARGIN
     by_log: dict[LogRef, list[ObjectInfo]] = {}
     async for info in store.list(layout.LOGS):
@@ -220,40 +268,72 @@ async def _logged_cells(
         TabletRange(table_id, t.tablet_id, t.start_row, t.end_row) for t in checkpoint.tablets
     )
     sem = asyncio.Semaphore(PARALLEL)
-    out: dict[str, list[Cell]] = {t.tablet_id: [] for t in checkpoint.tablets}
-    read = 0
+    scope = uuid.uuid4().hex
+    plans: list[SortPlan] = []
     for ref, infos in sorted(by_log.items(), key=lambda kv: (kv[0].worker_id, kv[0].incarnation)):
         stamps = await asyncio.gather(*(_stamp(store, o, low, sem) for o in infos))
-        for run in plan.select_segments(ref, stamps, low, instant):
-            datas = await asyncio.gather(
-                *(
-                    _get(store, layout.log_segment_key(ref.worker_id, ref.incarnation, n), sem)
-                    for n in run
-                )
+        sort_plan = plan.sort_plan(
+            ref,
+            plan.select_segments(ref, stamps, low, instant),
+            {s.number: s.size for s in stamps},
+            ranges,
+            task_bytes=task_bytes,
+            task_segments=MAX_TASK_SEGMENTS,
+            scope=scope,
+        )
+        if sort_plan is not None:
+            plans.append(sort_plan)
+    out: dict[str, list[Cell]] = {t.tablet_id: [] for t in checkpoint.tablets}
+    try:
+        for sort_plan in plans:
+            plan_key = layout.recovery_plan_key(sort_plan.worker_id, sort_plan.incarnation, scope)
+            await store.create(plan_key, sort_plan.to_bytes())
+        manifests = await asyncio.gather(*(_sorted(executor, p, t) for p in plans for t in p.tasks))
+        wanted = [r for m in manifests for r in m.runs if r.table_id == table_id]
+
+        async def fetch(run: RunInfo) -> None:
+            # Routed as it arrives: only the cells after the cut stay in memory, not the
+            # decoded records of every run at once.
+            async with sem:
+                records = await read_run(store, run)
+            for tablet_id, cells in plan.route(checkpoint.tablets, table_id, records).items():
+                out[tablet_id].extend(cells)
+
+        await asyncio.gather(*(fetch(r) for r in wanted))
+    finally:
+        await _drop_scope(store, scope)
+    tasks = [t for p in plans for t in p.tasks]
+    return out, sum(t.stop - t.first for t in tasks), sum(t.size for t in tasks)
+
+
+async def _sorted(executor: SortExecutor, sort_plan: SortPlan, task: SortTask) -> SortManifest:
+    """Run one task on ``executor``, again when a sorter or function was lost
+    (Unavailable); a task is idempotent."""
+    for attempt in range(1, ATTEMPTS + 1):
+        try:
+            return await executor.run(sort_plan, task)
+        except Unavailable as exc:
+            if attempt == ATTEMPTS:
+                raise
+            log.warning(
+                "restore sort task %s/%s@%d failed (attempt %d): %s",
+                sort_plan.worker_id,
+                sort_plan.incarnation,
+                task.first,
+                attempt,
+                exc,
             )
-            read += len(run)
-            sort_plan = SortPlan(
-                ref.worker_id,
-                ref.incarnation,
-                run[-1] + 1,
-                (SortTask(run[0], run[-1] + 1, sum(len(d) for d in datas)),),
-                ranges,
-            )
-            task = sort_plan.tasks[0]
-            wheres = [
-                object_url(store.url, layout.log_segment_key(ref.worker_id, ref.incarnation, n))
-                for n in run
-            ]
-            _, _, _, sorted_runs = await asyncio.to_thread(
-                sort_segments, sort_plan, task, datas, wheres
-            )
-            for sorted_run in sorted_runs:
-                if sorted_run.target.table_id != table_id:
-                    continue
-                _, records = decode_run(sorted_run.data, where=f"sorted run of {wheres[0]}")
-                for tablet_id, cells in plan.route(checkpoint.tablets, table_id, records).items():
-                    out[tablet_id].extend(cells)
-    return out, read
+    raise AssertionError("unreachable")
+
+
+async def _drop_scope(store: ObjectStore, scope: str) -> None:
+    """Delete this restore's sorted log; one left behind (the store failing now) is garbage
+    collection's to delete (``master/gc_plan.py``)."""
+    try:
+        keys = [o.key async for o in store.list(layout.restore_scope_prefix(scope))]
+        await store.delete_many(keys)
+    except TabletStoreError as exc:
+        log.warning("restore %s: its sorted log is left to garbage collection: %s", scope, exc)
 
 
 async def _loaded_cells(
@@ -311,18 +391,11 @@ async def _stamp(
     return plan.SegmentStamp(number, info.size, written)
 
 
-async def _get(store: ObjectStore, key: str, sem: asyncio.Semaphore) -> bytes:
-    async with sem:
-        data = await store.get(key)
-    if data is None:
-        raise Corruption(f"{object_url(store.url, key)} was deleted during the restore")
-    return data
-
-
 async def _checkpoint_cells(
-    store: ObjectStore, tablet: TabletSnapshot, cache: dict[str, list[Cell]]
+    store: ObjectStore, tablet: TabletSnapshot, cache: dict[str, list[Cell]], uses: Counter[str]
 ) -> list[Cell]:
-    """Every cell of the tablet's checkpoint SSTables (shared SSTables read once)."""
+    """Every cell of the tablet's checkpoint SSTables (an SSTable shared by several tablets is
+    read once and kept until the last of them, counted in ``uses``)."""
     out: list[Cell] = []
     for refs in tablet.sstables.values():
         for ref in refs:
@@ -337,6 +410,9 @@ async def _checkpoint_cells(
                     read_sstable_bytes, data, name=ref.key, seq_base=ref.seq_base
                 )
             out.extend(cache[ref.key])
+            uses[ref.key] -= 1
+            if uses[ref.key] <= 0:
+                del cache[ref.key]
     return out
 
 

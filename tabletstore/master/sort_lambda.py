@@ -4,7 +4,8 @@
 invokes the function deployed from ``functions/log_sort.py`` once per task, synchronously
 (``InvocationType=RequestResponse``) with boto3's ``lambda.invoke`` in a thread, and reads the
 task's manifest from the answer. The event is
-``{"store_url", "worker_id", "incarnation", "first_segment"}``: the function reads the plan from
+``{"store_url", "worker_id", "incarnation", "first_segment"}`` (and ``"scope"`` for a
+point-in-time restore's sort, whose plan lives under ``restores/<scope>/``): the function reads the plan from
 the bucket itself, so the event stays small and a retried invocation (Lambda retries, or this
 executor's caller) does the same idempotent task. The invocation and its answer's checks are
 ``master.lambda_invoke``'s.
@@ -24,13 +25,17 @@ __all__ = ["LambdaSortExecutor", "sort_event"]
 
 
 def sort_event(store_url: str, plan: SortPlan, task: SortTask) -> dict[str, Any]:
-    """The event ``functions/log_sort.py`` takes for one task."""
-    return {
+    """The event ``functions/log_sort.py`` takes for one task (with ``scope`` for a
+    restore's sort, ``SortPlan.scope``)."""
+    event: dict[str, Any] = {
         "store_url": store_url,
         "worker_id": plan.worker_id,
         "incarnation": plan.incarnation,
         "first_segment": task.first,
     }
+    if plan.scope is not None:
+        event["scope"] = plan.scope
+    return event
 
 
 class LambdaSortExecutor:

@@ -27,7 +27,13 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import replace
 
-from tabletstore.errors import Corruption, InvalidArgument, NotFound, PreconditionFailed
+from tabletstore.errors import (
+    Corruption,
+    InvalidArgument,
+    NotFound,
+    PreconditionFailed,
+    TabletStoreError,
+)
 from tabletstore.metadata.backup import (
     BackupManifest,
     BackupState,
@@ -47,8 +53,10 @@ __all__ = ["COPY_CONCURRENCY", "PART_BYTES", "checksum", "copy_backup", "delete_
 #: Objects copied at once (each one GET and one PUT in flight).
 COPY_CONCURRENCY = 16
 
-#: Objects larger than this are read in ranges of this size, in parallel.
-PART_BYTES = 4 * 1024 * 1024
+#: Objects larger than this are read in ranges of this size, in parallel: boto3's managed
+#: transfers' default part (``TransferConfig.multipart_chunksize``). Smaller parts only add
+#: requests: one GET of a few MB is not slower per byte than two of half the size.
+PART_BYTES = 8 * 1024 * 1024
 
 #: Called with the bytes of each object copied (progress, benchmarks).
 Progress = Callable[[int], None]
@@ -70,13 +78,17 @@ async def copy_backup(
     keep_expiry: bool = True,
     concurrency: int = COPY_CONCURRENCY,
     progress: Progress | None = None,
+    source: BackupManifest | None = None,
 ) -> BackupManifest:
     """Copy backup ``backup_id`` from ``src`` to ``dst`` (as ``new_id``, default the same
     id) and return the destination's ready manifest. Only a ready, unexpired backup is
-    copied; the copy keeps its expiry unless ``keep_expiry`` is False (then ``expires_at``)."""
+    copied; the copy keeps its expiry unless ``keep_expiry`` is False (then ``expires_at``).
+    ``source``: its manifest in ``src``, when the caller has just read it (one LIST and one
+    GET fewer)."""
     if concurrency < 1:
         raise InvalidArgument(f"copy concurrency must be at least 1, got {concurrency}")
-    source = await read_backup(src, backup_id)
+    if source is None or source.backup_id != backup_id:
+        source = await read_backup(src, backup_id)
     source.check_restorable(now, src.url)
     target = check_backup_id(new_id or backup_id)
     first = replace(
@@ -87,32 +99,53 @@ async def copy_backup(
         copied_from=src.url,
         expires_at=source.expires_at if keep_expiry else expires_at,
     )
-    await write_backup(dst, first)
     refs = {r.key: r for t in source.tablets for refs in t.sstables.values() for r in refs}
     sums: dict[str, str] = {}
     gate = asyncio.Semaphore(concurrency)
+    pinned = asyncio.Event()
+
+    async def pin() -> None:
+        await write_backup(dst, first)
+        pinned.set()
 
     async def one(ref: SSTableRef) -> None:
         async with gate:
-            sums[ref.key] = await _copy_object(src, dst, ref, source.checksums.get(ref.key))
+            sums[ref.key] = await _copy_object(src, dst, ref, source.checksums.get(ref.key), pinned)
             if progress is not None:
                 progress(ref.size)
 
-    async with asyncio.TaskGroup() as tg:
-        for ref in refs.values():
-            tg.create_task(one(ref))
+    # The objects are fetched while the creating manifest is written; none is created in
+    # ``dst`` before it (it pins them there). A manifest that cannot be written (the id is
+    # taken) cancels the fetches.
+    try:
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(pin())
+            for ref in refs.values():
+                tg.create_task(one(ref))
+    except* TabletStoreError as group:
+        raise group.exceptions[0] from None  # the first failure, named, as one error
     done = first.changed(state=BackupState.READY, checksums={k: v for k, v in sums.items() if v})
     return await write_next_version(dst, done)
 
 
 async def _copy_object(
-    src: ObjectStore, dst: ObjectStore, ref: SSTableRef, expected: str | None
+    src: ObjectStore,
+    dst: ObjectStore,
+    ref: SSTableRef,
+    expected: str | None,
+    pinned: asyncio.Event,
 ) -> str:
-    """Copy one SSTable object unless ``dst`` has it already; returns its checksum ("" when
-    it was there already and none was recorded)."""
+    """Copy one SSTable object unless ``dst`` has it already, creating it there once
+    ``pinned`` is set (the destination's manifest exists); returns its checksum ("" when it
+    was there already and none was recorded)."""
     there = await dst.head(ref.key)
     if there is not None and there.size == ref.size:
-        return expected or ""
+        # Seen before the manifest pinned it: garbage collection may have deleted it since;
+        # once the manifest exists, what is there stays.
+        await pinned.wait()
+        there = await dst.head(ref.key)
+        if there is not None and there.size == ref.size:
+            return expected or ""
     data = await _fetch(src, ref)
     if data is None:
         raise NotFound(
@@ -131,6 +164,7 @@ async def _copy_object(
             f"{object_url(dst.url, ref.key)} exists with {there.size} bytes, not the "
             f"{ref.size} the backup records: not overwriting it"
         )
+    await pinned.wait()
     try:
         await dst.create(ref.key, data)
     except PreconditionFailed:

@@ -10,6 +10,7 @@ the store URL), so they never include that prefix::
     recovery/<worker-id>/<incarnation:020d>/plan.json
     recovery/<worker-id>/<incarnation:020d>/<segment:020d>/done.json
     recovery/<worker-id>/<incarnation:020d>/<segment:020d>/<table-id>/<tablet-id>.run
+    restores/<restore-id>/<worker-id>/<incarnation:020d>/...   (a restore's sorted log, as above)
     snapshots/<table-id>/<snapshot-id>.json
     backups/<backup-id>/<version:020d>.json            (a backup manifest, one object a version)
     loads/<table-id>/<part-id>.json                     (a bulk load's part, for history)
@@ -24,6 +25,12 @@ Under ``recovery/`` (the sorted log, §6 and docs/architecture/design.md §7; fo
 ``commitlog.runs``) a fenced log has one sort plan, and each sort task (named by its first segment)
 one manifest, written last, and one run per tablet it found records of. The tablet's table id is
 part of a run's key because tablet ids are unique only within their table.
+
+Under ``restores/<restore-id>/`` a point-in-time restore (``master/pitr_restore.py``) sorts the
+retained log with the same executors and the same keys below that root (its **scope**): a
+restore reads segments of logs still being written or already recovered, so its plans and runs
+never share a key with a recovery's. The restore deletes its scope when it ends; garbage
+collection deletes a scope left by a restore that died (``master/gc_plan.py``).
 
 Identifier components (table, tablet, locality group, SSTable, worker, snapshot ids) are
 validated by :func:`check_component`: non-empty, at most 200 characters, no ``/``, no control
@@ -61,6 +68,7 @@ __all__ = [
     "LOGS",
     "PROBES",
     "RECOVERY",
+    "RESTORES",
     "SNAPSHOTS",
     "STAGING",
     "TABLES",
@@ -90,6 +98,7 @@ __all__ = [
     "recovery_plan_key",
     "recovery_prefix",
     "recovery_run_key",
+    "restore_scope_prefix",
     "snapshot_key",
     "snapshot_prefix",
     "sstable_key",
@@ -101,6 +110,7 @@ __all__ = [
 TABLES = "tables/"
 LOGS = "logs/"
 RECOVERY = "recovery/"
+RESTORES = "restores/"
 SNAPSHOTS = "snapshots/"
 BACKUPS = "backups/"
 LOADS = "loads/"
@@ -135,10 +145,13 @@ class RecoveryRunKey(NamedTuple):
     segment: int
     table_id: str
     tablet_id: str
+    #: The restore whose sorted log it is (``restores/<scope>/``); None: ``recovery/``.
+    scope: str | None = None
 
 
 class RecoveryKey(NamedTuple):
-    """Any object under ``recovery/``: a plan, a task manifest or a run."""
+    """Any object of a sorted log, under ``recovery/`` or a restore's ``restores/<id>/``: a
+    plan, a task manifest or a run."""
 
     worker_id: str
     incarnation: int
@@ -148,6 +161,8 @@ class RecoveryKey(NamedTuple):
     segment: int | None = None
     table_id: str | None = None
     tablet_id: str | None = None
+    #: The restore whose sorted log it is; None: a recovery's (``recovery/``).
+    scope: str | None = None
 
 
 class SnapshotKey(NamedTuple):
@@ -307,10 +322,22 @@ def parse_log_segment_key(key: str) -> LogSegmentKey:
 # Recovery runs (the sorted per-tablet pieces of a dead worker's log, §6) --------------------
 
 
-def recovery_prefix(worker_id: str, incarnation: int, segment: int | None = None) -> str:
-    """``recovery/<worker>/<incarnation>/`` or, with ``segment``, that segment's folder."""
+def restore_scope_prefix(scope: str) -> str:
+    """``restores/<scope>/``: everything one point-in-time restore sorted."""
+    return f"{RESTORES}{check_component('restore id', scope)}/"
+
+
+def _sorted_root(scope: str | None) -> str:
+    return RECOVERY if scope is None else restore_scope_prefix(scope)
+
+
+def recovery_prefix(
+    worker_id: str, incarnation: int, segment: int | None = None, scope: str | None = None
+) -> str:
+    """``recovery/<worker>/<incarnation>/`` or, with ``segment``, that segment's folder; with
+    ``scope``, the same under ``restores/<scope>/`` (a restore's sorted log)."""
     prefix = (
-        f"{RECOVERY}{check_component('worker id', worker_id)}/"
+        f"{_sorted_root(scope)}{check_component('worker id', worker_id)}/"
         f"{_number('incarnation', incarnation)}/"
     )
     if segment is None:
@@ -322,31 +349,48 @@ _PLAN_NAME = "plan.json"
 _MANIFEST_NAME = "done.json"
 
 
-def recovery_plan_key(worker_id: str, incarnation: int) -> str:
-    """Where the sort plan of one worker incarnation's fenced log lives."""
-    return f"{recovery_prefix(worker_id, incarnation)}{_PLAN_NAME}"
+def recovery_plan_key(worker_id: str, incarnation: int, scope: str | None = None) -> str:
+    """Where the sort plan of one worker incarnation's fenced log lives (``scope``: of the
+    part of the log a restore sorts)."""
+    return f"{recovery_prefix(worker_id, incarnation, scope=scope)}{_PLAN_NAME}"
 
 
-def recovery_manifest_key(worker_id: str, incarnation: int, segment: int) -> str:
+def recovery_manifest_key(
+    worker_id: str, incarnation: int, segment: int, scope: str | None = None
+) -> str:
     """Where the manifest of the sort task starting at log segment ``segment`` lives."""
-    return f"{recovery_prefix(worker_id, incarnation, segment)}{_MANIFEST_NAME}"
+    return f"{recovery_prefix(worker_id, incarnation, segment, scope)}{_MANIFEST_NAME}"
 
 
 def recovery_run_key(
-    worker_id: str, incarnation: int, segment: int, table_id: str, tablet_id: str
+    worker_id: str,
+    incarnation: int,
+    segment: int,
+    table_id: str,
+    tablet_id: str,
+    scope: str | None = None,
 ) -> str:
     """Where the sort task starting at log segment ``segment`` writes one tablet's records."""
     return (
-        f"{recovery_prefix(worker_id, incarnation, segment)}"
+        f"{recovery_prefix(worker_id, incarnation, segment, scope)}"
         f"{check_component('table id', table_id)}/"
         f"{check_component('tablet id', tablet_id)}{_RUN_SUFFIX}"
     )
 
 
+def _scope_of(key: str) -> tuple[str, str | None]:
+    """The root a sorted-log key is under and its scope (None: ``recovery/``)."""
+    if key.startswith(RESTORES):
+        scope = key[len(RESTORES) :].split("/", 1)[0]
+        return restore_scope_prefix(scope), scope
+    return RECOVERY, None
+
+
 def parse_recovery_run_key(key: str) -> RecoveryRunKey:
     """The inverse of :func:`recovery_run_key`."""
+    root, scope = _scope_of(key)
     worker_id, incarnation, segment, table_id, tablet_id = _split(
-        key, RECOVERY, 5, _RUN_SUFFIX, "recovery run"
+        key, root, 5, _RUN_SUFFIX, "recovery run"
     )
     parsed = RecoveryRunKey(
         worker_id,
@@ -354,6 +398,7 @@ def parse_recovery_run_key(key: str) -> RecoveryRunKey:
         _parse_number("log segment", segment, key),
         table_id,
         tablet_id,
+        scope,
     )
     if recovery_run_key(*parsed) != key:
         raise InvalidArgument(f"object key {key!r} is not a valid recovery run key")
@@ -361,28 +406,42 @@ def parse_recovery_run_key(key: str) -> RecoveryRunKey:
 
 
 def parse_recovery_key(key: str) -> RecoveryKey:
-    """Any key under ``recovery/`` (plan, manifest or run); InvalidArgument for anything else."""
+    """Any key of a sorted log, under ``recovery/`` or ``restores/<scope>/`` (plan, manifest
+    or run); InvalidArgument for anything else."""
+    root, scope = _scope_of(key)
     if key.endswith(_RUN_SUFFIX):
         run = parse_recovery_run_key(key)
         return RecoveryKey(
-            run.worker_id, run.incarnation, "run", run.segment, run.table_id, run.tablet_id
+            run.worker_id,
+            run.incarnation,
+            "run",
+            run.segment,
+            run.table_id,
+            run.tablet_id,
+            run.scope,
         )
     if key.endswith("/" + _PLAN_NAME):
-        worker_id, incarnation, _ = _split(key, RECOVERY, 3, "", "recovery plan")
-        parsed = RecoveryKey(worker_id, _parse_number("incarnation", incarnation, key), "plan")
-        if recovery_plan_key(parsed.worker_id, parsed.incarnation) != key:
+        worker_id, incarnation, _ = _split(key, root, 3, "", "recovery plan")
+        parsed = RecoveryKey(
+            worker_id, _parse_number("incarnation", incarnation, key), "plan", scope=scope
+        )
+        if recovery_plan_key(parsed.worker_id, parsed.incarnation, scope) != key:
             raise InvalidArgument(f"object key {key!r} is not a valid recovery plan key")
         return parsed
     if key.endswith("/" + _MANIFEST_NAME):
-        worker_id, incarnation, segment, _ = _split(key, RECOVERY, 4, "", "sort manifest")
+        worker_id, incarnation, segment, _ = _split(key, root, 4, "", "sort manifest")
         parsed = RecoveryKey(
             worker_id,
             _parse_number("incarnation", incarnation, key),
             "manifest",
             _parse_number("log segment", segment, key),
+            scope=scope,
         )
         assert parsed.segment is not None
-        if recovery_manifest_key(parsed.worker_id, parsed.incarnation, parsed.segment) != key:
+        if (
+            recovery_manifest_key(parsed.worker_id, parsed.incarnation, parsed.segment, scope)
+            != key
+        ):
             raise InvalidArgument(f"object key {key!r} is not a valid sort manifest key")
         return parsed
     raise InvalidArgument(f"object key {key!r} is not a recovery key")

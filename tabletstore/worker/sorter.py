@@ -23,6 +23,10 @@ once, beyond its ``parallel`` loops (a log of many tasks is owned whole, up to
 runs them on its cores, and a claimed task is not taken by another sorter once the grace is
 over. Its claims go with its lease if it dies.
 
+A point-in-time restore publishes its tasks the same way, with its scope as a fourth key
+component (``paths.sort``): the sorter runs them against the restore's plan
+(``SortPlan.scope``), never reserved for an owner.
+
 A sorter runs up to ``parallel`` tasks at once (default 3): a dead worker's log is cut into
 tasks of at most a few hundred segments, and with few live workers one task at a time each
 would leave most of them waiting.
@@ -130,7 +134,7 @@ class Sorter:
         self._reserved_seen = {k: t for k, t in self._reserved_seen.items() if k[0] in listed}
         for kv in published:
             try:
-                worker_id, incarnation, first = paths.parse_sort(kv.key)
+                worker_id, incarnation, first, scope = paths.parse_sort_task(kv.key)
                 task = json.loads(kv.value)
                 if not isinstance(task, dict) or "error" in task:
                     continue  # failed: the master decides whether it runs again
@@ -143,7 +147,7 @@ class Sorter:
                     continue  # its owner sorts it (owner affinity), unless it is gone
             if kv.key in self._owned:
                 continue  # running here already
-            claim = paths.sorter(worker_id, incarnation, first)
+            claim = paths.sorter(worker_id, incarnation, first, scope)
             # Only while the task is still published as listed: a task finished (and its claim
             # released) since the listing is not run again.
             result = await self._coord.txn(
@@ -159,20 +163,27 @@ class Sorter:
                 # Claimed now, so no other sorter takes it once the grace is over; run beside
                 # the loops (SharedSorts bounds how many sort at once).
                 self._owned.add(kv.key)
-                self._group.create_task(self._run_claimed(claimed, worker_id, incarnation, first))
+                self._group.create_task(
+                    self._run_claimed(claimed, worker_id, incarnation, first, scope)
+                )
                 owned = True
                 continue
-            await self._run_claimed(claimed, worker_id, incarnation, first)
+            await self._run_claimed(claimed, worker_id, incarnation, first, scope)
             return True
         return owned
 
     async def _run_claimed(
-        self, claimed: tuple[str, str, int | None], worker_id: str, incarnation: int, first: int
+        self,
+        claimed: tuple[str, str, int | None],
+        worker_id: str,
+        incarnation: int,
+        first: int,
+        scope: str | None = None,
     ) -> None:
         """Run a task this sorter claimed, then release the claim."""
         key, claim, revision = claimed
         try:
-            await self._run(key, worker_id, incarnation, first)
+            await self._run(key, worker_id, incarnation, first, scope)
         except TabletStoreError as exc:
             log.warning("sorter %s: %s", self.worker_id, exc)
         finally:
@@ -183,10 +194,19 @@ class Sorter:
                         [create_revision_is(claim, revision)], [Delete(claim)], []
                     )
 
-    async def _run(self, key: str, worker_id: str, incarnation: int, first: int) -> None:
+    async def _run(
+        self, key: str, worker_id: str, incarnation: int, first: int, scope: str | None
+    ) -> None:
         try:
+            # A restore's task (``scope``) is not this worker's to replay: its runs are not
+            # kept in the worker's spill, which holds the runs of the tablets it recovers.
             manifest = await sort_task_by_number(
-                self._store, worker_id, incarnation, first, shared=self._shared
+                self._store,
+                worker_id,
+                incarnation,
+                first,
+                shared=self._shared if scope is None else None,
+                scope=scope,
             )
         except TabletStoreError as exc:
             log.error("sort task %s failed: %s", key, exc)

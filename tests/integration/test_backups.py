@@ -289,3 +289,69 @@ async def test_gc_keeps_a_source_sstable_while_a_clone_names_it(tmp_path: Path) 
         await db.gc(grace=0)
         assert not (source_keys & await _sstables(db))
         assert len(await _rows(db, "c")) == 20
+
+
+async def test_bringing_a_backup_in_reads_its_manifest_in_the_location_once(
+    tmp_path: Path,
+) -> None:
+    """A restore from another location lists and reads the backup's manifest there once (each
+    is a round trip to that bucket), then copies every SSTable."""
+    from tabletstore.client.backup_admin import _bring_in
+    from tabletstore.storage_s3 import open_store
+    from tabletstore.storage_s3.base import Op
+    from tabletstore.storage_s3.instrumented import InstrumentedObjectStore
+
+    elsewhere = f"file://{tmp_path}/backups"
+    async with await Database.open(f"file://{tmp_path}/a") as db:
+        await db.create_table("t", ["f"])
+        await _write(db, "t", range(10), b"v")
+        await db.flush("t")
+        remote = await db.create_backup("t", "far", to=elsewhere)
+    src = InstrumentedObjectStore(open_store(elsewhere))
+    own = open_store(f"file://{tmp_path}/own")
+    try:
+        await _bring_in(src, own, "far")
+        stats = src.stats()
+    finally:
+        await src.close()
+        await own.close()
+    assert stats[Op.LIST].requests == 1, stats
+    assert stats[Op.GET].requests == 1 + len(remote.sstable_keys()), stats
+
+
+async def test_a_copy_creates_no_object_before_its_manifest_pins_it(tmp_path: Path) -> None:
+    """The objects are fetched while the creating manifest is written, but created in the
+    destination only after it (in a database's bucket it is what pins them against GC); a
+    destination that already has the backup id gets nothing."""
+    from tabletstore.metadata.backup_copy import copy_backup
+    from tabletstore.storage_s3 import open_store
+    from tabletstore.storage_s3.memory import MemoryObjectStore
+
+    class Recording(MemoryObjectStore):
+        def __init__(self) -> None:
+            super().__init__(shared=False)
+            self.created: list[str] = []
+
+        async def create(self, key: str, data: bytes) -> None:
+            await super().create(key, data)
+            self.created.append(key)
+
+    elsewhere = f"file://{tmp_path}/backups"
+    async with await Database.open(f"file://{tmp_path}/a") as db:
+        await db.create_table("t", ["f"], split_keys=[b"row0005"])
+        await _write(db, "t", range(10), b"v")
+        await db.flush("t")
+        remote = await db.create_backup("t", "far", to=elsewhere)
+    src = open_store(elsewhere)
+    dst = Recording()
+    try:
+        await copy_backup(src, dst, "far", now=time.time())
+        assert dst.created[0].startswith(layout.BACKUPS)
+        assert set(dst.created[1:-1]) == set(remote.sstable_keys())
+        taken = Recording()
+        await taken.create(layout.backup_key("far", 0), b"{}")
+        with pytest.raises(AlreadyExists):
+            await copy_backup(src, taken, "far", now=time.time())
+        assert taken.created == [layout.backup_key("far", 0)]
+    finally:
+        await src.close()

@@ -64,6 +64,11 @@ def test_history_and_restore_as_of_from_the_command_line(tmp_path: Path) -> None
         (("history", "--default", "1h", "2h"), "takes one window"),
         (("history",), "name a table"),
         (("history", "nosuch", "1h"), "nosuch"),
+        (
+            ("restore", "t", "--as-of", _iso(time.time()), "x", "--sort-executor", "workers"),
+            "needs a cluster",
+        ),
+        (("restore", "--backup", "b", "x", "--sort-executor", "local"), "is for restore --as-of"),
     ]:
         code, out = run(*args)
         assert code == 1 and message in out, (args, out)

@@ -2,7 +2,8 @@
 history on its own, a worker serving it is killed (SIGKILL) between two markers and its
 tablets recovered elsewhere, and a restore as of each marker (through the cluster's catalog
 and bucket, as ``tabletstore --url etcd://... restore`` does) equals a model of the
-acknowledged writes cell for cell."""
+acknowledged writes cell for cell, its log sorted by the live workers' sorters for every other
+marker."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from tabletstore.clock import SystemClock
 from tabletstore.data.model import AddToCell, DeleteCells, SetCell
 from tabletstore.data.schema import ColumnFamily
 from tabletstore.embedded import connect_async
+from tabletstore.master.log_recovery import WorkerSortExecutor
 from tabletstore.master.pitr_restore import restore_as_of
 from tabletstore.metadata.catalog import ClusterSettings
 from tabletstore.storage_s3 import open_store
@@ -116,6 +118,9 @@ async def test_restore_as_of_markers_across_a_worker_kill(
             store = open_store(settings.store_url)
             try:
                 for i, (instant, expected) in enumerate(markers):
+                    # Every other marker's log is sorted by the live workers' sorters (the
+                    # CLI's default on a cluster), the others in this process.
+                    workers = WorkerSortExecutor(store, client.coordinator)  # type: ignore[attr-defined]
                     await restore_as_of(
                         store,
                         client.catalog,
@@ -123,6 +128,8 @@ async def test_restore_as_of_markers_across_a_worker_kill(
                         instant=instant,
                         new_table=f"h{i}",
                         clock=SystemClock(),
+                        executor=workers if i % 2 else None,
+                        task_bytes=4096,
                     )
                     got = await eventually(
                         lambda n=f"h{i}": _readable(client, n),  # type: ignore[misc]

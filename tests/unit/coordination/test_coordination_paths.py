@@ -44,3 +44,16 @@ def test_malformed_keys(key: str) -> None:
             paths.parse_claim(key)
         else:
             paths.parse_server(key)
+
+
+def test_a_restores_sort_tasks_are_named_apart_from_a_recoverys() -> None:
+    assert paths.sort("w", 1, 5) == "sorts/w/1/5"
+    assert paths.sort("w", 1, 5, "r1") == "sorts/w/1/5/r1"
+    assert paths.sorter("w", 1, 5, "r1") == "sorters/w/1/5/r1"
+    assert paths.parse_sort_task(paths.sort("w", 1, 5)) == ("w", 1, 5, None)
+    assert paths.parse_sort_task(paths.sort("w", 1, 5, "r1")) == ("w", 1, 5, "r1")
+    for bad in ("sorts/w/1/x/r1", "sorts/w/1/5/r1/more", "sorts/w/1/5/", "sorters/w/1/5"):
+        with pytest.raises(InvalidArgument):
+            paths.parse_sort_task(bad)
+    with pytest.raises(InvalidArgument):
+        paths.sort("w", 1, 5, "a/b")

@@ -407,3 +407,26 @@ def test_a_bulk_load_part_pins_its_sstables_within_the_history_retention() -> No
     assert set(after.delete) == {sst, other}
     unreadable = gc.plan(gc.LiveSet(history=601.0, load_parts={part: None}), listed, NOW, grace=30)
     assert unreadable.delete == ()
+
+
+def test_a_restores_sorted_log_is_deleted_whole_once_old_and_never_follows_a_log() -> None:
+    scratch = [
+        _obj(layout.recovery_plan_key("w", 1, "r1"), 600),
+        _obj(layout.recovery_manifest_key("w", 1, 0, "r1"), 600),
+        _obj(layout.recovery_run_key("w", 1, 0, "t", "tab", "r1"), 600),
+    ]
+    # The log it was sorted from is a live worker's (kept); the restore's runs are not.
+    seg = _obj(layout.log_segment_key("w", 1, 0), 600)
+    live = gc.LiveSet(live_workers={"w": 1})
+    p = gc.plan(live, [seg, *scratch], NOW, grace=30)
+    assert set(p.delete) == {o.key for o in scratch}
+    assert {p.reasons[o.key] for o in scratch} == {gc.Reason.DELETE_RESTORE_SORT}
+    assert p.reasons[seg.key] is gc.Reason.KEEP_LIVE_LOG
+    # A restore still writing (its newest object young) keeps all of it.
+    young = _obj(layout.recovery_run_key("w", 1, 5, "t", "tab", "r1"), 5)
+    p = gc.plan(live, [seg, *scratch, young], NOW, grace=30)
+    assert p.delete == ()
+    # Another restore's scope is judged on its own.
+    other = _obj(layout.recovery_plan_key("w", 1, "r2"), 600)
+    p = gc.plan(live, [*scratch, young, other], NOW, grace=30)
+    assert p.delete == (other.key,)

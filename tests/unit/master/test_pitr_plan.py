@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from tabletstore.commitlog.format import LogRecord
+from tabletstore.commitlog.runs import SortPlan, TabletRange
 from tabletstore.data.schema import TableSchema
 from tabletstore.errors import Corruption, InvalidArgument
 from tabletstore.keys import Cell, CellKind
@@ -157,3 +158,22 @@ def test_bulk_load_parts_are_taken_by_commit_instant_and_whole_loads_checked() -
     cells = [_cell(b"a", 10), _cell(b"b", 11), _cell(b"n", 20), _cell(b"z", 21)]
     routed = plan.route_cells(tablets, cells)
     assert routed == {"t0": [cells[1]], "t1": [cells[3]]}
+
+
+def test_a_restores_sort_plan_cuts_tasks_within_runs_under_its_scope() -> None:
+    ranges = [TabletRange("T", "b", b"m", None), TabletRange("T", "a", b"", b"m")]
+    sizes = {n: 10 for n in range(20)}
+    p = plan.sort_plan(
+        REF, [[3, 4, 5, 6, 7], [9, 10]], sizes, ranges, task_bytes=25, task_segments=100, scope="r1"
+    )
+    assert p is not None and p.scope == "r1"
+    assert [(t.first, t.stop, t.size) for t in p.tasks] == [(3, 6, 30), (6, 8, 20), (9, 11, 20)]
+    assert p.fence == 11 and [t.tablet_id for t in p.tablets] == ["a", "b"]
+    assert SortPlan.from_bytes(p.to_bytes()) == p
+    few = plan.sort_plan(
+        REF, [[0, 1, 2]], sizes, ranges, task_bytes=10**9, task_segments=2, scope="r1"
+    )
+    assert few is not None and [(t.first, t.stop) for t in few.tasks] == [(0, 2), (2, 3)]
+    assert plan.sort_plan(REF, [], sizes, ranges, task_bytes=1, task_segments=1, scope="r") is None
+    with pytest.raises(InvalidArgument, match="task_bytes"):
+        plan.sort_plan(REF, [[0]], sizes, ranges, task_bytes=0, task_segments=1, scope="r")

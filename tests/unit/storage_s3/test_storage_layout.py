@@ -120,3 +120,23 @@ async def test_listing_returns_segments_in_numeric_order() -> None:
         for i in await collect(store, layout.log_prefix("w", 7))
     ]
     assert listed == [1, 9, 10, 100, 2**40]
+
+
+def test_a_restores_sorted_log_has_keys_of_its_own() -> None:
+    run = layout.recovery_run_key("w", 1, 2, "t", "tab", "r1")
+    assert run == "restores/r1/w/00000000000000000001/00000000000000000002/t/tab.run"
+    assert run.startswith(layout.restore_scope_prefix("r1"))
+    assert not run.startswith(layout.RECOVERY)
+    assert layout.parse_recovery_run_key(run) == layout.RecoveryRunKey("w", 1, 2, "t", "tab", "r1")
+    assert layout.parse_recovery_key(run) == layout.RecoveryKey(
+        "w", 1, "run", 2, "t", "tab", scope="r1"
+    )
+    assert layout.parse_recovery_key(layout.recovery_plan_key("w", 1, "r1")) == (
+        layout.RecoveryKey("w", 1, "plan", scope="r1")
+    )
+    assert layout.parse_recovery_key(layout.recovery_manifest_key("w", 1, 7, "r1")) == (
+        layout.RecoveryKey("w", 1, "manifest", 7, scope="r1")
+    )
+    for bad in ("restores//w/00000000000000000001/plan.json", "restores/r1/w/1/plan.json"):
+        with pytest.raises(InvalidArgument):
+            layout.parse_recovery_key(bad)

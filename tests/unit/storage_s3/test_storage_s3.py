@@ -312,3 +312,27 @@ async def test_open_store_s3_checks_through_the_stack(s3_url: str) -> None:
     await store.create("k", b"v")
     assert await store.get("k") == b"v"
     await store.close()
+
+
+async def test_a_plain_http_endpoint_loads_no_certificates(
+    s3_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every store opened on an http:// endpoint (a local S3 server) would otherwise load the
+    CA bundle into a TLS context it never uses, on its first request."""
+    import ssl
+
+    loads: list[object] = []
+    real = ssl.SSLContext.load_verify_locations
+
+    def counting(self: ssl.SSLContext, *args: object, **kwargs: object) -> None:
+        loads.append(args)
+        real(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ssl.SSLContext, "load_verify_locations", counting)
+    store = S3ObjectStore(s3_url)
+    try:
+        await store.create("k", b"v")
+        assert await store.get("k") == b"v"
+    finally:
+        await store.close()
+    assert loads == []
