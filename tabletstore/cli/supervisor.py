@@ -141,6 +141,8 @@ class _Slot:
     starts: int = 0
     delay: float = FIRST_DELAY
     restart_at: float | None = None
+    #: Its current child said it serves.
+    serving: bool = False
 
 
 @dataclass
@@ -219,7 +221,12 @@ class Supervisor:
             return
         *lines, self._notes = (self._notes + notes).split(b"\n")
         before = len(self._readies)
-        self._readies.update(int(line) for line in lines)
+        for line in lines:
+            slot = self._slots[int(line)]
+            self._readies.add(slot.index)
+            if slot.child is not None and not slot.serving:
+                slot.serving = True
+                self._say(f"{self.name} {slot.index} (pid {slot.child.pid}) serving")
         if before < self.count == len(self._readies) and self.serving is not None:
             self.serving()
 
@@ -234,7 +241,7 @@ class Supervisor:
         slot.child = subprocess.Popen(
             argv, pass_fds=(self._ready_write,), preexec_fn=_stop_with_parent
         )
-        slot.started, slot.restart_at = monotonic(), None
+        slot.started, slot.restart_at, slot.serving = monotonic(), None, False
         slot.starts += 1
         self._say(f"{self.name} {slot.index} started (pid {slot.child.pid})")
 
@@ -247,7 +254,8 @@ class Supervisor:
             pid, slot.child = slot.child.pid, None
             how = f"exit status {code}" if code >= 0 else f"signal {-code}"
             if self._stopping:
-                failed |= code != 0
+                # SIGTERM's default action ends a child still starting: it had nothing to drain.
+                failed |= code != 0 and (code != -signal.SIGTERM or slot.serving)
                 self._say(f"{self.name} {slot.index} (pid {pid}) stopped ({how})")
                 continue
             if slot.starts == 1 and slot.index not in self._readies:
