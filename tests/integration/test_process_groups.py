@@ -237,3 +237,17 @@ def test_a_front_door_group_shares_its_port_and_survives_a_killed_process(
         if proc.poll() is None:
             proc.kill()
             proc.wait(30)
+
+
+def test_a_group_whose_processes_cannot_start_fails_as_one_process_would() -> None:
+    """A bad setting every restart would meet again ends the group at once, not in a loop of
+    restarts."""
+    done = subprocess.run(
+        [sys.executable, "-m", "tabletstore.cli.main", "--url", "memory://x", "worker",
+         "--processes", "2"],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert "--url must be the cluster's etcd://host:port/namespace URL" in done.stderr
+    assert "worker 0 (pid" in done.stderr and "failed to start" in done.stderr
+    assert "restarting" not in done.stderr
