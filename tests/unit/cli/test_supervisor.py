@@ -55,3 +55,17 @@ def test_a_processes_pair_gets_a_ratio_table() -> None:
     assert "median 2 / 1 processes" in text
     row = next(line for line in text.splitlines() if line.startswith("| random reads"))
     assert "| 2.00 |" in row and "40, 50 | 1.25 |" in row
+
+
+def test_a_worker_group_in_the_local_stack_is_scraped_process_by_process() -> None:
+    from tabletstore.cli.localstack import ProcessRecord, Stack, prometheus_config
+
+    group = ProcessRecord(
+        "worker-0", 7, ("tabletstore",), 1, "127.0.0.1:7000", "/d/w.log",
+        metrics_url="http://127.0.0.1:9100", processes=2,
+    )  # fmt: skip
+    stack = Stack("/d", "etcd://127.0.0.1:2379/ns", "", "tabletstore", False, (group,))
+    config = prometheus_config(stack)
+    assert "targets: ['127.0.0.1:9100']" in config and "process: worker-0.0" in config
+    assert "targets: ['127.0.0.1:9101']" in config and "process: worker-0.1" in config
+    assert Stack.from_json(stack.to_json()).processes[0].processes == 2
