@@ -2,7 +2,7 @@
 processes against a real cluster:
 
 * ``worker --processes 2``: two workers of their own (ids ``<id>-0``, ``<id>-1``) serve the
-  tablets; one SIGKILLed is restarted as a new worker (``<id>-0-r1``) and every row is read
+  tablets; one SIGKILLed is restarted as a new worker (``<id>-0-r<n>``) and every row is read
   back; SIGTERM to the supervisor drains both (each exits 0: a worker that lost its lease
   exits 1), and a fresh worker then serves every row;
 * ``bigtable-api --processes 2``: connections to the one port land on both processes; one
@@ -34,7 +34,8 @@ from tests.integration.cluster_harness import PROCESS_ENV, Cluster, eventually, 
 
 pytestmark = pytest.mark.timeout(300)
 
-LEASE = 5.0
+#: Long enough that a loaded machine's stalls do not end a worker's lease mid-test.
+LEASE = 10.0
 ROWS = [b"row%03d" % i for i in range(60)]
 SPLITS = [b"row015", b"row030", b"row045"]
 
@@ -86,19 +87,23 @@ async def test_a_worker_group_restarts_a_killed_process_and_drains_on_sigterm(
 
         async def both_serve() -> bool:
             served = placement(await client.status())
-            return bool(served.get("grp-0")) and bool(served.get("grp-1"))
+            return all(
+                any(w.startswith(f"grp-{slot}") and t for w, t in served.items()) for slot in (0, 1)
+            )
 
         await eventually(both_serve, deadline=60, what="both worker processes serve tablets")
-        [victim] = _started(group.log, 0)
-        os.kill(victim, signal.SIGKILL)  # a process of the group this test started
+        # The last start of slot 0 (a loaded machine may already have restarted it once).
+        before = _started(group.log, 0)
+        os.kill(before[-1], signal.SIGKILL)  # a process of the group this test started
         await eventually(
-            lambda: asyncio.sleep(0, len(_started(group.log, 0)) == 2),
+            lambda: asyncio.sleep(0, len(_started(group.log, 0)) > len(before)),
             deadline=60,
             what="the supervisor restarts the killed worker process",
         )
 
         async def restarted_serves() -> bool:
-            return bool(placement(await client.status()).get("grp-0-r1"))
+            served = placement(await client.status())
+            return any(w.startswith("grp-0-r") and t for w, t in served.items())
 
         await eventually(restarted_serves, deadline=90, what="the restarted worker serves")
         await eventually(lambda: _all_rows(client), deadline=60, what="every row read back")
