@@ -194,6 +194,7 @@ class ClusterTarget(TabletstoreTarget):
         self._ssl: ssl.SSLContext | None = None
 
     async def open(self) -> None:
+        fresh = self._dir is None
         if self._dir is None:
             self._dir = Path(tempfile.mkdtemp(prefix="tabletstore-bench-cluster-"))
             try:
@@ -202,6 +203,22 @@ class ClusterTarget(TabletstoreTarget):
                 await self.close()  # whatever did start is stopped
                 raise
         await super().open()
+        if fresh:
+            await self._all_workers_registered()
+
+    async def _all_workers_registered(self) -> None:
+        """Wait until every worker process has registered: a port answers before its process
+        registers, and tables created meanwhile would all go to the first ones, then move
+        (balancing) in the middle of a benchmark."""
+        want = self.workers * self.processes
+        end = time.monotonic() + CREATE_DEADLINE
+        while True:
+            with contextlib.suppress(Unavailable):
+                if len((await self._db.status()).workers) >= want:
+                    return
+            if time.monotonic() > end:
+                raise Unavailable(f"not {want} workers registered within {CREATE_DEADLINE}s")
+            await asyncio.sleep(0.5)
 
     async def _start(self, directory: Path) -> None:
         store_url = f"file://{directory / 'store'}" if self.store_kind == "file" else None
