@@ -2,7 +2,7 @@
 clients (their latency) and the servers (their resident memory), against an idle run.
 
     python -m bench.attacks [--quick] [--rounds 3] [--window 6] [--only 2,4] [--json FILE]
-        [--docs docs/operations/security.md] [--dir DIR]
+        [--docs docs/operations/security.md] [--dir DIR] [--front-door-processes N]
 
 Starts ``local-stack up --tls`` (etcd with client certificates and users, the signature-checking
 S3 server, a master and one worker with a 20 s lease; ``cli/localstack.py``) and a front door in front of it
@@ -39,7 +39,9 @@ machine's; on one machine its work would otherwise count against the servers), t
 and the legitimate client at normal priority. Latency on a shared machine is noisy: the load
 average is printed with the figures. A legitimate call that fails makes the verdict "over";
 a server process that exits stops the run, naming it. ``--quick`` runs one short round of each
-(a smoke test).
+(a smoke test). ``--front-door-processes N`` runs the front door as N processes sharing its
+port (``bigtable-api --processes N``); each is measured as a process of its own
+(``front door 0`` ...). ``--only -`` runs the flood row alone.
 """
 
 from __future__ import annotations
@@ -221,7 +223,8 @@ class Stack:
         return str(Path(self.stack.tls_dir) / "ca.pem")
 
 
-def _start(directory: Path) -> Stack:
+def _start(directory: Path, front_door_processes: int = 1) -> Stack:
+    from bench.cluster_target import children_of
     from tabletstore.cli import localstack
     from tabletstore.security import ca
 
@@ -238,6 +241,7 @@ def _start(directory: Path) -> Stack:
         "--plain-instance", PLAIN,
         "--tls-cert", str(tls_dir / "frontdoor.pem"),
         "--tls-key", str(tls_dir / "frontdoor.key"),
+        "--processes", str(front_door_processes),
     ]  # fmt: skip
     log = open(directory / "front-door.log", "w")
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
@@ -246,11 +250,15 @@ def _start(directory: Path) -> Stack:
     if not line.startswith("bigtable-api listening with TLS on"):
         proc.kill()
         raise RuntimeError(f"the front door did not start: {line!r} (see {log.name})")
-    port = int(line.rsplit(":", 1)[1])
+    port = int(line.removeprefix("bigtable-api listening with TLS on").split()[0].rsplit(":")[1])
     token = asyncio.run(_token(stack.admin_url, "t1"))
     running = Stack(directory, stack, proc, port, token, (tls_dir / "ca.pem").read_bytes())
     running.pids = {r.role: r.pid for r in stack.processes if r.role in ("master", "worker-0")}
-    running.pids["front door"] = proc.pid
+    if front_door_processes == 1:
+        running.pids["front door"] = proc.pid
+    else:  # the supervisor serves nothing: its processes are measured, each on its own
+        for i, pid in enumerate(sorted(children_of(proc.pid))):
+            running.pids[f"front door {i}"] = pid
     return running
 
 
@@ -869,13 +877,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     parser.add_argument("--docs", type=Path, default=None, help="replace the table in this page")
     parser.add_argument("--dir", type=Path, default=None, help="the stack's directory (kept)")
+    parser.add_argument(
+        "--front-door-processes",
+        type=int,
+        default=1,
+        help="front-door processes sharing its port (bigtable-api --processes)",
+    )
     args = parser.parse_args(argv)
     require_extra("bigtable-api", "bench.attacks")
     if args.quick:
         args.rounds, args.window = 1, 2.0
     only = {x for x in args.only.split(",") if x}
     directory = args.dir or Path(tempfile.mkdtemp(prefix="bench-attacks-"))
-    running = _start(directory)
+    running = _start(directory, args.front_door_processes)
     spawn = multiprocessing.get_context("spawn")
     ours, theirs = spawn.Pipe()
     probe_proc = None

@@ -9,6 +9,9 @@ is this process, through :func:`tabletstore.embedded.connect_async` on the stack
 
 Contracts (on top of :mod:`bench.targets`'):
 
+* ``cluster:NxP:...``: each of the N workers is a group of P processes (``worker
+  --processes P``, ``local-stack up --worker-processes``), and tables get ``2 * N * P``
+  tablets;
 * every table is created pre-split into ``2 * N`` tablets at equal steps of the key space the
   benchmark writes (:func:`bench.targets.row_key` ``0 .. rows-1``; ``mem_rows`` for the
   in-memory table), so the master spreads the load over all workers (§5.2 assigns tablets,
@@ -48,11 +51,23 @@ from tabletstore.options import WorkerOptions
 from tabletstore.storage_s3.base import Op
 from tabletstore.storage_s3.instrumented import OpStats, StoreStats
 
-__all__ = ["ClusterTarget", "parse_cluster_spec", "scrape_store_stats", "split_keys"]
+__all__ = [
+    "ClusterTarget",
+    "children_of",
+    "cpu_seconds",
+    "parse_cluster_spec",
+    "processes_of",
+    "scrape_store_stats",
+    "split_keys",
+]
 
 STORES = ("file", "moto")
 #: Seconds to wait for a worker to print its metrics URL after it started serving.
 METRICS_DEADLINE = 30.0
+#: The workers' lease (``--lease-ttl``), long: no failure is measured here.
+LEASE_TTL = 20.0
+#: Seconds the first table's creation waits for the cluster to serve METADATA.
+CREATE_DEADLINE = 120.0
 _METRICS_LINE = re.compile(r"metrics on (\S+)/metrics")
 _SAMPLE = re.compile(
     r'^tabletstore_object_store_(requests|bytes)_total\{op="([A-Z_]+)"\}\s+(\S+)$', re.M
@@ -61,16 +76,31 @@ _SAMPLE = re.compile(
 
 def parse_cluster_spec(spec: str) -> tuple[int, str]:
     """``cluster:N:file`` / ``cluster:N:moto`` (``:tls`` appended: the stack over mutual TLS,
-    ``local-stack up --tls``) -> (N, store kind); InvalidArgument otherwise."""
+    ``local-stack up --tls``) -> (N, store kind); InvalidArgument otherwise. ``N`` may be
+    ``NxP``: N workers of P processes each (:func:`processes_of`)."""
     parts = spec.removesuffix(":tls").split(":")
-    if len(parts) != 3 or parts[0] != "cluster" or not parts[1].isdigit() or parts[2] not in STORES:
+    count = parts[1].split("x", 1)[0] if len(parts) == 3 else ""
+    if len(parts) != 3 or parts[0] != "cluster" or not count.isdigit() or parts[2] not in STORES:
         raise InvalidArgument(
-            f"bad cluster target {spec!r}: expected cluster:N:file or cluster:N:moto (N >= 1)"
+            f"bad cluster target {spec!r}: expected cluster:N:file or cluster:N:moto (N >= 1, "
+            "or NxP: P processes per worker)"
         )
-    workers = int(parts[1])
-    if workers < 1:
+    workers = int(count)
+    if workers < 1 or processes_of(spec) < 1:
         raise InvalidArgument(f"bad cluster target {spec!r}: cluster:N:file needs N >= 1")
     return workers, parts[2]
+
+
+def processes_of(spec: str) -> int:
+    """P of ``cluster:NxP:...`` (each worker a group of P processes, ``worker --processes``),
+    else 1."""
+    count = spec.split(":")[1] if spec.count(":") >= 2 else ""
+    _, _, processes = count.partition("x")
+    if not processes:
+        return 1
+    if not processes.isdigit():
+        raise InvalidArgument(f"bad cluster target {spec!r}: NxP needs a number P")
+    return int(processes)
 
 
 def split_keys(rows: int, tablets: int) -> list[bytes]:
@@ -94,23 +124,47 @@ def scrape_store_stats(metrics_text: str) -> StoreStats:
     )
 
 
-def _metrics_url(log: str, deadline: float) -> str:
+def _metrics_urls(log: str, processes: int, deadline: float) -> list[str]:
+    """The /metrics URLs the ``processes`` processes of a worker printed in ``log``."""
     end = time.monotonic() + deadline
     while time.monotonic() < end:
         try:
-            match = _METRICS_LINE.search(Path(log).read_text(errors="replace"))
+            found = _METRICS_LINE.findall(Path(log).read_text(errors="replace"))
         except OSError:
-            match = None
-        if match:
-            return f"{match.group(1)}/metrics"
+            found = []
+        if len(set(found)) >= processes:
+            return [f"{url}/metrics" for url in dict.fromkeys(found)]
         time.sleep(0.1)
-    raise Unavailable(f"no 'metrics on URL' line in {log} within {deadline}s")
+    raise Unavailable(f"not {processes} 'metrics on URL' lines in {log} within {deadline}s")
 
 
 def _fetch(url: str, context: ssl.SSLContext | None = None) -> str:
     with urllib.request.urlopen(url, timeout=10, context=context) as response:
         body: bytes = response.read()
     return body.decode()
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` and the children it runs used so far (a
+    running child's own counters: a parent's count its children only once they exit)."""
+    total = 0.0
+    for one in (pid, *children_of(pid)):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = Path(f"/proc/{one}/stat").read_text().rpartition(")")[2].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def children_of(pid: int) -> list[int]:
+    """The running processes whose parent is ``pid`` (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            if int((entry / "stat").read_text().rpartition(")")[2].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
 
 
 class ClusterTarget(TabletstoreTarget):
@@ -126,6 +180,7 @@ class ClusterTarget(TabletstoreTarget):
         block_size: int | None = None,
     ) -> None:
         self.workers, self.store_kind = parse_cluster_spec(spec)
+        self.processes = processes_of(spec)
         super().__init__(
             url="", block_cache_bytes=block_cache_bytes, block_size=block_size, name=spec
         )
@@ -139,6 +194,7 @@ class ClusterTarget(TabletstoreTarget):
         self._ssl: ssl.SSLContext | None = None
 
     async def open(self) -> None:
+        fresh = self._dir is None
         if self._dir is None:
             self._dir = Path(tempfile.mkdtemp(prefix="tabletstore-bench-cluster-"))
             try:
@@ -147,6 +203,22 @@ class ClusterTarget(TabletstoreTarget):
                 await self.close()  # whatever did start is stopped
                 raise
         await super().open()
+        if fresh:
+            await self._all_workers_registered()
+
+    async def _all_workers_registered(self) -> None:
+        """Wait until every worker process has registered: a port answers before its process
+        registers, and tables created meanwhile would all go to the first ones, then move
+        (balancing) in the middle of a benchmark."""
+        want = self.workers * self.processes
+        end = time.monotonic() + CREATE_DEADLINE
+        while True:
+            with contextlib.suppress(Unavailable):
+                if len((await self._db.status()).workers) >= want:
+                    return
+            if time.monotonic() > end:
+                raise Unavailable(f"not {want} workers registered within {CREATE_DEADLINE}s")
+            await asyncio.sleep(0.5)
 
     async def _start(self, directory: Path) -> None:
         store_url = f"file://{directory / 'store'}" if self.store_kind == "file" else None
@@ -156,7 +228,12 @@ class ClusterTarget(TabletstoreTarget):
             workers=self.workers,
             store_url=store_url,
             tls=self.tls,
+            worker_processes=self.processes,
             worker_args=(
+                # A loaded machine stalls processes for seconds; a worker that loses its lease
+                # mid-benchmark would restart (a group's process) or end the run.
+                "--lease-ttl",
+                str(LEASE_TTL),
                 "--metrics-port",
                 "0",
                 "--block-cache-bytes",
@@ -169,13 +246,31 @@ class ClusterTarget(TabletstoreTarget):
         self._ssl = self.client_tls.client_context() if self.client_tls is not None else None
         self._pids = [record.pid for record in stack.processes]
         self._metrics_urls = [
-            await asyncio.to_thread(_metrics_url, record.log, METRICS_DEADLINE)
+            url
             for record in stack.processes
             if record.role.startswith("worker-")
+            for url in await asyncio.to_thread(
+                _metrics_urls, record.log, record.processes, METRICS_DEADLINE
+            )
         ]
 
     async def create(self, table: str, *, in_memory: bool = False) -> None:
-        splits = split_keys(self.mem_rows if in_memory else self.rows, 2 * self.workers)
+        # A stack just up may not serve the root tablet yet (the master assigns it once the
+        # workers register): the first create waits for it.
+        end = time.monotonic() + CREATE_DEADLINE
+        while True:
+            try:
+                await self._create(table, in_memory=in_memory)
+                return
+            except Unavailable:
+                if time.monotonic() > end:
+                    raise
+                await asyncio.sleep(0.5)
+
+    async def _create(self, table: str, *, in_memory: bool = False) -> None:
+        splits = split_keys(
+            self.mem_rows if in_memory else self.rows, 2 * self.workers * self.processes
+        )
         if in_memory:
             self._tables[table] = await self._db.create_table(
                 table,
@@ -206,14 +301,10 @@ class ClusterTarget(TabletstoreTarget):
         return total if self._metrics_urls else None
 
     def server_cpu_seconds(self) -> float:
-        """CPU seconds (user + system) the stack's processes (etcd, master, workers) used so
-        far, from /proc: the cost of the benchmark on the servers' side."""
-        total = 0.0
-        for pid in self._pids:
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-                total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        return total
+        """CPU seconds (user + system) the stack's processes (etcd, master, workers, and the
+        processes of a worker group) used so far, from /proc: the cost of the benchmark on
+        the servers' side."""
+        return sum(cpu_seconds(pid) for pid in self._pids)
 
     async def close(self) -> None:
         try:

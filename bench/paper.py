@@ -553,7 +553,7 @@ CLUSTER_TARGETS = ("cluster:1:file", "cluster:2:file", "cluster:4:file", "cluste
 def workers_of(target: str) -> int:
     """Workers behind a target's results: N for ``cluster:N:...``, else 1 (embedded)."""
     if target.startswith("cluster:"):
-        return int(target.split(":")[1])
+        return int(target.split(":")[1].split("x", 1)[0])
     return 1
 
 
@@ -570,13 +570,20 @@ def median_results(results: Sequence[BenchResult]) -> list[BenchResult]:
 
 
 def ratio_table(results: Sequence[BenchResult]) -> str:
-    """For each target ``X:tls`` run next to ``X`` (the cost of TLS and authentication):
+    """For each target ``X:tls`` run next to ``X`` (the cost of TLS and authentication), and
+    each ``cluster:NxP:...`` next to ``cluster:N:...`` (P processes per worker against one):
     values/s of every repeat, their medians and the ratio of the medians, and the CPU time per
     value of the client and the cluster's processes (robust on a loaded machine), a Markdown
     table."""
+    from bench.cluster_target import processes_of
+
     targets = list(dict.fromkeys(r.target for r in results))
-    pairs = [(t.removesuffix(":tls"), t) for t in targets if t.endswith(":tls")]
-    pairs = [(p, t) for p, t in pairs if p in targets]
+    pairs = [(t.removesuffix(":tls"), t, "TLS / plain") for t in targets if t.endswith(":tls")]
+    for t in targets:
+        if t.startswith("cluster:") and (p := processes_of(t)) > 1:
+            head, count, tail = t.split(":", 2)
+            pairs.append((f"{head}:{count.split('x', 1)[0]}:{tail}", t, f"{p} / 1 processes"))
+    pairs = [(a, b, what) for a, b, what in pairs if a in targets]
     runs: dict[tuple[str, str], list[float]] = {}
     cpus: dict[tuple[str, str], list[float]] = {}
     for r in results:
@@ -584,24 +591,27 @@ def ratio_table(results: Sequence[BenchResult]) -> str:
         cpu = r.cpu_seconds + float(r.extra.get("server_cpu_seconds", 0.0))
         cpus.setdefault((r.target, r.benchmark), []).append(1e6 * cpu / max(1, r.values))
     lines = []
-    for plain, tls in pairs:
+    for plain, other, what in pairs:
+        short = what.split(" / ")[0]
         lines += [
-            f"| benchmark | {plain} values/s (runs) | {tls} values/s (runs) | median TLS / plain "
-            "| CPU us/value plain, TLS (medians) | CPU TLS / plain |",
+            f"| benchmark | {plain} values/s (runs) | {other} values/s (runs) | median {what} "
+            f"| CPU us/value {what.split(' / ')[1].removesuffix(' processes')}, {short} "
+            f"(medians) | CPU {what} |",
             "|---|---|---|---:|---:|---:|",
         ]
         for name in BENCHMARKS:
-            a, b = runs.get((plain, name)), runs.get((tls, name))
+            a, b = runs.get((plain, name)), runs.get((other, name))
             if not a or not b:
                 continue
             ma, mb = _median(a), _median(b)
-            ca, cb = _median(cpus[(plain, name)]), _median(cpus[(tls, name)])
+            ca, cb = _median(cpus[(plain, name)]), _median(cpus[(other, name)])
             lines.append(
                 f"| {name} | {' '.join(f'{x:,.0f}' for x in a)} | "
                 f"{' '.join(f'{x:,.0f}' for x in b)} | {_fmt(mb / ma if ma else None, '.2f')} "
                 f"| {ca:,.0f}, {cb:,.0f} | {_fmt(cb / ca if ca else None, '.2f')} |"
             )
-    return "\n".join(lines)
+        lines.append("")
+    return "\n".join(lines).rstrip("\n")
 
 
 def _median(xs: Sequence[float]) -> float:
@@ -758,7 +768,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         type=int,
         default=1,
         help="run every target this many times, interleaved (A B A B ...); tables show the "
-        "median run, and X:tls next to X gets a TLS / plain table of medians",
+        "median run; X:tls next to X gets a TLS / plain table of medians, and cluster:NxP:... next to cluster:N:... a P / 1 processes one",
     )
     p.add_argument("--no-slatedb", action="store_true", help="skip SlateDB")
     p.add_argument(

@@ -798,7 +798,11 @@ class BigtableApiServer:
     ``max_inflight_bytes``: the request bytes all calls in flight may hold, each caller (token
     principal) at most half; a call that finds no room within ``budget_wait`` seconds is
     RESOURCE_EXHAUSTED before its message is read (:mod:`tabletstore.bigtable_api.request_budget`;
-    :attr:`budget` has its figures).
+    :attr:`budget` has its figures). Both bound this server only: processes sharing a port
+    (``share_port``) each have their own.
+    ``share_port``: bind with SO_REUSEPORT, so that several processes of this user serve one
+    port and the kernel spreads new connections over them. Off by default: with it any
+    process of the same user could bind the port too and take a share of the connections.
     """
 
     def __init__(
@@ -819,6 +823,7 @@ class BigtableApiServer:
         max_concurrent_calls: int = FRONT_DOOR_MAX_CONCURRENT_CALLS,
         max_inflight_bytes: int = FRONT_DOOR_INFLIGHT_BYTES,
         budget_wait: float = 10.0,
+        share_port: bool = False,
     ) -> None:
         if max_message_bytes < DEFAULT_MAX_RESPONSE_BYTES:
             raise InvalidArgument(
@@ -833,6 +838,7 @@ class BigtableApiServer:
             )
         self.max_message_bytes = max_message_bytes
         self.max_concurrent_calls = max_concurrent_calls
+        self.share_port = share_port
         self.host = host
         self.port = port
         self.tls = tls
@@ -876,7 +882,7 @@ class BigtableApiServer:
             options=[
                 ("grpc.max_receive_message_length", self.max_message_bytes),
                 ("grpc.max_send_message_length", self.max_message_bytes),
-                ("grpc.so_reuseport", 0),
+                ("grpc.so_reuseport", 1 if self.share_port else 0),
                 # No channelz bookkeeping on every call: nothing here serves channelz (a
                 # do-nothing server's call cost 5-10% less without it).
                 ("grpc.enable_channelz", 0),

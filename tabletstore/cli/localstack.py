@@ -118,6 +118,9 @@ class ProcessRecord:
     log: str
     #: Base URL of its status page and /metrics (master and workers), if it serves them.
     metrics_url: str | None = None
+    #: Server processes under it (``worker --processes``): ``url``'s and ``metrics_url``'s
+    #: ports are the first of that many consecutive ones.
+    processes: int = 1
 
 
 @dataclass(frozen=True)
@@ -177,6 +180,24 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def free_ports(count: int, *, attempts: int = 50) -> int:
+    """The first of ``count`` consecutive TCP ports free on 127.0.0.1 now (a process group's,
+    ``worker --processes``: process ``i`` serves on the first + ``i``)."""
+    for _ in range(attempts):
+        first = free_port()
+        if first + count - 1 > 65535:
+            continue
+        with contextlib.ExitStack() as held:
+            try:
+                for port in range(first, first + count):
+                    sock = held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+                    sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return first
+    raise Unavailable(f"found no {count} consecutive free ports on 127.0.0.1")
 
 
 def _proc_start_time(pid: int) -> int | None:
@@ -680,6 +701,7 @@ def up(
     persist: bool = False,
     tls: bool = False,
     s3: str = "moto",
+    worker_processes: int = 1,
 ) -> Stack:
     """Start etcd (and moto unless ``s3_url`` or ``store_url``), and with ``workers`` > 0 a
     master and that many tablet-server workers; record them all, return the stack.
@@ -690,9 +712,13 @@ def up(
     etcd's data and the objects across ``down`` and ``up`` (module docstring). ``tls``:
     everything over TLS with certificates made under ``<dir>/tls`` (module docstring).
     ``s3``: the S3 server started when neither ``s3_url`` nor ``store_url`` is given, one of
-    :data:`S3_SERVERS` (SeaweedFS keeps its data under ``<dir>/seaweedfs``)."""
+    :data:`S3_SERVERS` (SeaweedFS keeps its data under ``<dir>/seaweedfs``).
+    ``worker_processes``: each worker is a group of that many processes (``worker
+    --processes``; one per core of the host serves them all)."""
     if workers < 0:
         raise InvalidArgument(f"--workers must be >= 0, got {workers}")
+    if worker_processes < 1:
+        raise InvalidArgument(f"--worker-processes must be >= 1, got {worker_processes}")
     directory = directory.resolve()
     if _stack_file(directory).exists():
         running = [r.role for r, alive in status(directory) if alive]
@@ -763,6 +789,7 @@ def up(
                         extra_args=worker_args,
                         metrics=not own_port,
                         tls=files("worker"),
+                        processes=worker_processes,
                     )
                 )
             if users is not None:
@@ -803,7 +830,12 @@ def down(directory: Path) -> list[ProcessRecord]:
     """
     directory = directory.resolve()
     stack = load(directory)
-    stopped = [record for record in reversed(stack.processes) if stop(record)]
+    stopped = [
+        record
+        for record in reversed(stack.processes)
+        # A group's supervisor returns once every process under it has drained.
+        if stop(record, deadline=STOP_DEADLINE * record.processes)
+    ]
     if not stack.persist:
         shutil.rmtree(directory / "etcd", ignore_errors=True)
         (directory / _AUTH_MARK).unlink(missing_ok=True)
@@ -902,28 +934,53 @@ def start_worker(
     deadline: float = HEALTH_DEADLINE,
     metrics: bool = False,
     tls: TlsConfig | None = None,
+    processes: int = 1,
 ) -> ProcessRecord:
     """A tablet-server worker process serving on a free loopback port; ``extra_args`` go to
     the ``worker`` verb (e.g. ``--lease-ttl``, ``--split-bytes``). ``metrics``: as for
-    :func:`start_master`."""
-    port = free_port()
-    args, metrics_url = _metrics_args(metrics, tls=tls is not None)
+    :func:`start_master`. ``processes`` > 1: a supervisor of that many worker processes
+    (``worker --processes``) on consecutive ports, healthy once every one serves."""
+    port = free_ports(processes)
+    args, metrics_url = _metrics_args(metrics, tls=tls is not None, count=processes)
+    group = ("--processes", str(processes)) if processes > 1 else ()
     argv = _tabletstore(
         "--url", with_tls(cluster_url, tls), *tls_args(tls), "worker", "--port", str(port),
-        *args, *extra_args,
+        *group, *args, *extra_args,
     )  # fmt: skip
     role = f"worker-{index}"
     record = spawn(role, argv, log=directory / f"{role}.log", url=f"127.0.0.1:{port}", env=env)
-    wait_healthy(record, lambda: _serving(port, metrics_url), deadline)
-    return replace(record, metrics_url=metrics_url)
+    record = replace(record, metrics_url=metrics_url, processes=processes)
+    wait_healthy(
+        record,
+        lambda: all(_serving(port + i, _shifted(metrics_url, i)) for i in range(processes)),
+        deadline * processes,
+    )
+    return record
 
 
-def _metrics_args(metrics: bool, *, tls: bool = False) -> tuple[tuple[str, ...], str | None]:
-    """The ``--metrics-port`` arguments and the base URL they give, or none."""
+def _metrics_args(
+    metrics: bool, *, tls: bool = False, count: int = 1
+) -> tuple[tuple[str, ...], str | None]:
+    """The ``--metrics-port`` arguments and the base URL they give, or none; ``count``
+    consecutive ports free for a group of processes."""
     if not metrics:
         return (), None
-    port = free_port()
+    port = free_ports(count)
     return ("--metrics-port", str(port)), f"{'https' if tls else 'http'}://127.0.0.1:{port}"
+
+
+def _shifted(url: str | None, by: int) -> str | None:
+    """``url`` (``scheme://host:port``) with its port ``by`` further: a group's process."""
+    if url is None:
+        return None
+    base, port = url.rsplit(":", 1)
+    return f"{base}:{int(port) + by}"
+
+
+def metrics_urls(record: ProcessRecord) -> list[str]:
+    """The base URLs of the status pages of every process of ``record`` (none if it serves
+    none)."""
+    return [u for i in range(record.processes) if (u := _shifted(record.metrics_url, i))]
 
 
 def _serving(port: int, metrics_url: str | None) -> bool:
@@ -949,11 +1006,11 @@ def prometheus_config(stack: Stack) -> str:
     if served:
         lines += ["  - job_name: tabletstore", "    scrape_interval: 5s", "    static_configs:"]
         for record in served:
-            assert record.metrics_url is not None
-            target = record.metrics_url.split("://", 1)[1]
             role = "master" if record.role.startswith("master") else "worker"
-            lines += [
-                f"      - targets: ['{target}']",
-                f"        labels: {{role: {role}, process: {record.role}}}",
-            ]
+            for i, url in enumerate(metrics_urls(record)):
+                process = record.role if record.processes == 1 else f"{record.role}.{i}"
+                lines += [
+                    f"      - targets: ['{url.split('://', 1)[1]}']",
+                    f"        labels: {{role: {role}, process: {process}}}",
+                ]
     return "\n".join(lines) + "\n"

@@ -18,6 +18,7 @@ import click
 
 from tabletstore.cli import localstack
 from tabletstore.cli.context import Failure
+from tabletstore.cli.supervisor import process_count
 from tabletstore.errors import TabletStoreError
 
 __all__ = ["local_stack", "up_report"]
@@ -61,7 +62,9 @@ def up_report(stack: localstack.Stack) -> list[str]:
             "                 the cluster as etcd's read-write user: tokens create, gc, verify"
         )
     lines.extend(
-        f"  {record.role:<9} pid {record.pid:<8} log {record.log}" for record in stack.processes
+        f"  {record.role:<9} pid {record.pid:<8} log {record.log}"
+        + (f" ({record.processes} processes)" if record.processes > 1 else "")
+        for record in stack.processes
     )
     return lines
 
@@ -96,6 +99,15 @@ def local_stack() -> None:
     help="Also start a master and this many tablet-server workers.",
 )
 @click.option(
+    "--worker-processes",
+    default="1",
+    show_default=True,
+    metavar="N|auto",
+    callback=lambda ctx, param, value: process_count(value),
+    help="Each worker runs as this many processes (worker --processes; auto: one per core), "
+    "each a worker of its own on consecutive ports.",
+)
+@click.option(
     "--metrics",
     is_flag=True,
     help="Print a Prometheus scrape configuration for every process (also written to "
@@ -119,6 +131,7 @@ def local_stack_up(
     s3_url: str | None,
     s3_server: str,
     workers: int,
+    worker_processes: int,
     metrics: bool,
     persist: bool,
     tls: bool,
@@ -126,7 +139,13 @@ def local_stack_up(
     """Start the stack and print the URLs to use (with --workers, the status page's too)."""
     try:
         stack = localstack.up(
-            directory, s3_url=s3_url, workers=workers, persist=persist, tls=tls, s3=s3_server
+            directory,
+            s3_url=s3_url,
+            workers=workers,
+            persist=persist,
+            tls=tls,
+            s3=s3_server,
+            worker_processes=worker_processes,
         )
     except TabletStoreError as exc:
         raise Failure(str(exc)) from exc

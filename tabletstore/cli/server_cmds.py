@@ -3,7 +3,14 @@ worker`` (§5.2, §5.3)::
 
     tabletstore --url etcd://H:P/NS master [--store URL] [--port P] [--lease-ttl S] [--split-bytes N]
     tabletstore --url etcd://H:P/NS worker [--port P] [--lease-ttl S] [--split-bytes N]
+        [--processes N|auto]
         (both: --metrics-port P serves the status page, /metrics and /status)
+
+``worker --processes N`` runs N worker processes under a supervisor (``cli/supervisor.py``):
+each is a worker of its own (identity, lease, log, port); process ``i`` serves on ``--port``
++ ``i`` and ``--metrics-port`` + ``i`` when those are not 0, and is named ``--worker-id``-``i``
+when one is given (a restarted process adds ``-r<n>``: a new worker, never the dead one's
+identity, whose tablets the master recovers from its log as after any crash).
 
 Each checks etcd and the object store before it starts (a missing bucket ends it at once with
 one line), logs INFO and up on stderr, and runs until SIGINT or SIGTERM. With the global
@@ -16,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -24,6 +32,13 @@ import click
 
 from tabletstore.cli.context import Failure, cli_context, run_loop
 from tabletstore.cli.rpc_flags import protocol_versions, rpc_caps
+from tabletstore.cli.supervisor import (
+    GroupPlace,
+    Supervisor,
+    group_options,
+    group_place,
+    processes_option,
+)
 from tabletstore.clock import SteppedClock, SystemClock
 from tabletstore.coordination import open_coordinator
 from tabletstore.errors import TabletStoreError
@@ -350,6 +365,8 @@ def master_cmd(
     "read again every 100 ms (the chaos harness's clock_jump fault).",
 )
 @_metrics_port_option
+@processes_option("a worker of its own (identity, lease, port)")
+@group_options
 @rpc_caps
 @protocol_versions
 @_insecure_option
@@ -369,12 +386,16 @@ def worker_cmd(
     sort_spill_dir: str | None,
     clock_step_file: Path | None,
     metrics_port: int | None,
+    processes: int,
+    group_slot: int | None,
+    group_start: int,
+    group_ready_fd: int | None,
     rpc: RpcServerOptions,
     versions: Versions,
     insecure: bool,
     status_token_file: Path | None,
 ) -> None:
-    """Run a stateless tablet-server worker (§5.2, §5.3)."""
+    """Run a stateless tablet-server worker (§5.2, §5.3), or ``--processes`` of them."""
     from tabletstore.ops.process_warmup import warm_up_process
     from tabletstore.worker.tablet_server import TabletServer
     from tabletstore.worker.worker_process import run_worker
@@ -393,6 +414,20 @@ def worker_cmd(
     tls = _process_tls(host, insecure, "worker")
     status_token = _status_token(status_token_file)
 
+    if processes > 1:
+        if port != 0 and port + processes - 1 > 65535:
+            raise Failure(f"--port {port} leaves no room for {processes} processes' ports")
+        group = Supervisor(
+            processes,
+            sys.argv[1:],
+            name="worker",
+            serving=lambda: click.echo(f"{processes} worker processes serving", err=True),
+        )
+        raise SystemExit(group.serve())
+    place = group_place(group_slot, group_start, group_ready_fd)
+    if place is not None:
+        worker_id, port, metrics_port = _group_member(place, worker_id, port, metrics_port)
+
     def ready(server: TabletServer) -> None:
         # Freeze what start-up loaded and raise the collector's thresholds, before the first
         # request (ops/process_warmup.py).
@@ -401,6 +436,8 @@ def worker_cmd(
             f"worker {server.worker_id} listening on {server.address} (RPC protocol {versions})",
             err=True,
         )
+        if place is not None:
+            place.serving()
 
     clock = SteppedClock(SystemClock()) if clock_step_file is not None else None
 
@@ -432,3 +469,17 @@ def worker_cmd(
                 follower.cancel()
 
     _serve(body, store=store)
+
+
+def _group_member(
+    place: GroupPlace, worker_id: str | None, port: int, metrics_port: int | None
+) -> tuple[str | None, int, int | None]:
+    """The identity and ports of worker process ``place.slot`` of a group: the ports shifted
+    by the slot (0 stays 0: any free one), and a given id suffixed by it. A restarted slot is
+    a new worker (``-r<n>``): the dead one's id belongs to its lease and log, which the
+    master recovers from as after any crash."""
+    if worker_id is not None:
+        worker_id = f"{worker_id}-{place.slot}" + (f"-r{place.start}" if place.start else "")
+    shifted_port = port + place.slot if port else 0
+    shifted_metrics = metrics_port + place.slot if metrics_port else metrics_port
+    return worker_id, shifted_port, shifted_metrics
