@@ -36,7 +36,6 @@ from tabletstore.coordination.base import Coordinator
 from tabletstore.coordination.local import LocalCoordinator
 from tabletstore.coordination.memory import MemoryCoordinator
 from tabletstore.errors import InvalidArgument, TabletStoreError
-from tabletstore.master.checkpoints import set_changes
 from tabletstore.master.gc import GcReport, collect
 from tabletstore.master.gc_plan import DEFAULT_FENCE_GRACE, DEFAULT_GRACE
 from tabletstore.master.log_recovery import InProcessSortExecutor, LogRecovery
@@ -304,11 +303,6 @@ class Database(AsyncClient):
         finally:
             await store.close()
 
-    async def set_changes(self, table: str, seconds: float | None) -> None:
-        """Keep ``seconds`` of changes for ``table`` (None: no change stream): its change
-        stream can be read that far back (``client/change_stream.py``)."""
-        await set_changes(self.master.catalog, table, seconds)
-
     async def checkpoint(self) -> list[SnapshotManifest]:
         """Checkpoint every table with history now (the database also does, every interval
         of each table's window, while it is open; a cluster's master does it in its loop)."""
@@ -351,7 +345,6 @@ class SyncDatabase(SyncClient):
     gc = blocking(Database.gc)
     verify = blocking(Database.verify)
     verify_backup = blocking(Database.verify_backup)
-    set_changes = blocking(Database.set_changes)
     checkpoint = blocking(Database.checkpoint)
     restore_as_of = blocking(Database.restore_as_of)
     clone_as_of = blocking(Database.clone_as_of)

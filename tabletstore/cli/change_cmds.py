@@ -18,12 +18,11 @@ from collections.abc import AsyncIterator
 import click
 
 from tabletstore.cli import cbtsyntax as cbt
-from tabletstore.cli.context import TABLE_ARG, cli_context, failing, on_cluster, with_database
+from tabletstore.cli.context import TABLE_ARG, failing, with_database
 from tabletstore.cli.history_cmds import parse_instant, parse_window
 from tabletstore.client.change_plan import Change, ChangePartition, Heartbeat, PartitionEnd, utc
 from tabletstore.client.change_stream import ChangeItem
 from tabletstore.embedded import SyncDatabase
-from tabletstore.master.checkpoints import set_changes
 
 __all__ = ["change_lines", "changes_cmd", "watch_cmd"]
 
@@ -34,17 +33,13 @@ __all__ = ["change_lines", "changes_cmd", "watch_cmd"]
 def changes_cmd(table: str, retention: str | None) -> None:
     """Show TABLE's change retention, or set it: a duration (1h, 24h, 7d) or off. Its change
     stream (tabletstore watch, table.read_changes) can be read that far back."""
-    obj = cli_context()
     if retention is None:
         schema = with_database(lambda db: db.describe_table(table))
         shown = "off" if schema.changes is None else cbt.format_duration(schema.changes)
         click.echo(f"{table}: changes {shown}")
         return
     seconds = failing(lambda: parse_window(retention))
-    if obj.url.startswith("etcd://"):
-        on_cluster(lambda _store, catalog, _coordinator: set_changes(catalog, table, seconds))
-    else:
-        with_database(lambda db: db.set_changes(table, seconds))
+    with_database(lambda db: db.set_changes(table, seconds))
     shown = "off" if seconds is None else cbt.format_duration(seconds)
     click.echo(f"{table}: changes {shown}")
 

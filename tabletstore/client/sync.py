@@ -262,6 +262,7 @@ class SyncClient(SyncProxy[AsyncClient]):
     delete_table = blocking(AsyncClient.delete_table)
     set_admins = blocking(AsyncClient.set_admins)
     set_history = blocking(AsyncClient.set_history)
+    set_changes = blocking(AsyncClient.set_changes)
     history_default = blocking(AsyncClient.history_default)
     set_history_default = blocking(AsyncClient.set_history_default)
     list_tables = blocking(AsyncClient.list_tables)

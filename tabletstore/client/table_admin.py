@@ -36,6 +36,7 @@ from tabletstore.rpc.messages import (
     ListTablesRequest,
     ModifyFamiliesRequest,
     SetAdminsRequest,
+    SetChangesRequest,
     SetHistoryRequest,
     TableNameRequest,
 )
@@ -154,6 +155,12 @@ class TableAdmin(BackupRequests):
         The master takes the first checkpoint before this returns. Only the table's admins."""
         req = SetHistoryRequest(name, seconds)
         self._tables[name] = (await self._admin.set_history(req)).info()
+
+    async def set_changes(self, name: str, seconds: float | None) -> None:
+        """Keep ``seconds`` of changes for table ``name`` (None: no change stream): its change
+        stream (``table.read_changes``) can be read that far back. Only the table's admins."""
+        req = SetChangesRequest(name, seconds)
+        self._tables[name] = (await self._admin.set_changes(req)).info()
 
     async def history_default(self) -> float | None:
         """The database's default history window in seconds (None: none)."""

@@ -56,6 +56,7 @@ from tabletstore.master.bulk_load import ANONYMOUS
 from tabletstore.master.bulk_load import bulk_load as load_files
 from tabletstore.master.checkpoints import (
     Checkpointer,
+    set_changes,
     set_history,
     set_history_default,
     window_of,
@@ -85,6 +86,7 @@ from tabletstore.rpc.messages import (
     LoadTabletRequest,
     ModifyFamiliesRequest,
     SetAdminsRequest,
+    SetChangesRequest,
     SetHistoryRequest,
     SnapshotInfoMessage,
     TableInfoMessage,
@@ -702,6 +704,14 @@ class Master(BackupAdmin):
         seconds = await set_history_default(self._catalog, req.seconds)
         self.checkpointer.wake()
         return HistoryDefaultMessage(seconds)
+
+    async def set_changes(self, req: SetChangesRequest) -> TableInfoMessage:
+        """Set (None: end) a table's change retention: garbage collection keeps its commit
+        log that long (rule 7), so its change stream can be read that far back."""
+        self._check_leading()
+        if req.name == mt.METADATA_TABLE:
+            raise InvalidArgument(f"table {req.name!r} is the system table; it has no changes")
+        return TableInfoMessage.of(await set_changes(self._catalog, req.name, req.seconds))
 
     async def compact_table(self, req: CompactTableRequest) -> None:
         """Minor (``flush``) or major (``compact``) compaction of every tablet of a table."""

@@ -13,7 +13,7 @@ on, each request runs with the principal the RPC layer proved (``rpc.auth``):
   may not know of (below), or that does not exist, is refused alike (PermissionDenied naming
   no admins), as a cloud service refuses a resource the caller has no rights on.
 - ``create_backup``, ``clone_table``: only the (source) table's admins.
-- ``set_history``: only the table's admins (its window is its cost and its recoverability).
+- ``set_history``, ``set_changes``: only the table's admins (its window is its cost and its recoverability).
 - ``history_default``: anyone authenticated reads the database's default history window; only
   the cluster's ``master`` identity changes it (it governs every table without its own).
 - ``get_backup``, ``update_backup``, ``delete_backup``, ``restore_table``: only the admins
@@ -76,6 +76,7 @@ ADMIN_METHODS = frozenset(
         MasterService.create_backup,
         MasterService.clone_table,
         MasterService.set_history,
+        MasterService.set_changes,
     )
 )
 #: Methods naming a backup: the admins its manifest recorded only.

@@ -75,6 +75,7 @@ __all__ = [
     "ServerStatusRequest",
     "ServerStatusResponse",
     "SetAdminsRequest",
+    "SetChangesRequest",
     "SetHistoryRequest",
     "SnapshotHoldRequest",
     "SnapshotInfoMessage",
@@ -688,6 +689,15 @@ class CloneTableRequest:
 class SetHistoryRequest:
     """Set table ``name``'s history window in seconds (master/checkpoints.py); None ends its
     own window (the database's default, if any, then applies)."""
+
+    name: str
+    seconds: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class SetChangesRequest:
+    """Set table ``name``'s change retention in seconds (its change stream can be read that
+    far back, client/change_stream.py); None ends it."""
 
     name: str
     seconds: float | None

@@ -69,6 +69,7 @@ from tabletstore.rpc.messages import (
     ServerStatusRequest,
     ServerStatusResponse,
     SetAdminsRequest,
+    SetChangesRequest,
     SetHistoryRequest,
     SnapshotHoldRequest,
     SnapshotInfoMessage,
@@ -219,6 +220,10 @@ class MasterService(Protocol):
 
     async def history_default(self, req: HistoryDefaultRequest) -> HistoryDefaultMessage:
         """Read or set the database's default history window."""
+        ...
+
+    async def set_changes(self, req: SetChangesRequest) -> TableInfoMessage:
+        """Set a table's change retention (client/change_stream.py)."""
         ...
 
 

@@ -104,6 +104,7 @@ WIRE_TYPES: dict[int, type] = {
     106: m.SetHistoryRequest,
     107: m.HistoryDefaultRequest,
     108: m.HistoryDefaultMessage,
+    109: m.SetChangesRequest,
     # snapshots and bulk load (110-127)
     110: m.SnapshotHoldRequest,
     111: m.SnapshotWriteRequest,

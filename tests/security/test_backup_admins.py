@@ -7,7 +7,7 @@ backup still answers only to the admins its manifest recorded. A restored table 
 the restorer as well as to the source's admins.
 
 History windows, which decide what backups of any instant exist, likewise: a table's window
-is changed only by its admins (``set_history``); the database's default window, which governs
+is changed only by its admins (``set_history``, and a change retention by ``set_changes``); the database's default window, which governs
 every table without its own, only by the cluster's master identity; anyone authenticated may
 read the default. A refusal changes nothing.
 """
@@ -88,6 +88,13 @@ async def test_only_admins_change_history_windows(tmp_path: Path) -> None:
         assert (await db.describe_table("t")).history is None
         done = await call(ALICE, "set_history", m.SetHistoryRequest("t", 3600.0))
         assert isinstance(done, m.TableInfoMessage) and done.info().schema.history == 3600.0
+        with pytest.raises(PermissionDenied, match="mallory may not set_changes"):
+            await call(MALLORY, "set_changes", m.SetChangesRequest("t", 3600.0))
+        assert (await db.describe_table("t")).changes is None
+        kept = await call(ALICE, "set_changes", m.SetChangesRequest("t", 3600.0))
+        assert isinstance(kept, m.TableInfoMessage) and kept.info().schema.changes == 3600.0
+        await db.set_changes("t", None)  # the client's call, through the same RPC
+        assert (await db.describe_table("t")).changes is None
         change = m.HistoryDefaultRequest(change=True, seconds=86400.0)
         for who in (ALICE, MALLORY):
             with pytest.raises(PermissionDenied, match="default history window"):

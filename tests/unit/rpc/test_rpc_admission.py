@@ -422,13 +422,15 @@ def test_the_worker_and_master_flags_make_the_options_and_refuse_bad_values(
 
     seen: list[RpcServerOptions] = []
 
-    def fake_run(coordinator: object, options: object = None, **kw: object) -> None:
+    async def fake_run(coordinator: object, options: object = None, **kw: object) -> None:
         options = options or kw["options"]
         seen.append(options.rpc)  # type: ignore[attr-defined]
 
     monkeypatch.setattr(worker_process, "run_worker", fake_run)
     monkeypatch.setattr(master_process, "run_master", fake_run)
-    monkeypatch.setattr(server_cmds, "_serve", lambda run, *, store: run(None, None))
+    monkeypatch.setattr(
+        server_cmds, "_serve", lambda run, *, store: asyncio.run(run(None, asyncio.Event()))
+    )
     runner = CliRunner()
     flags = ["--max-connections", "7", "--max-connections-per-peer", "3", "--idle-timeout", "200"]
     flags += ["--max-unauthenticated", "5", "--max-unauthenticated-per-peer", "2"]

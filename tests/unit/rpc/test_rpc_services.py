@@ -88,6 +88,7 @@ def test_the_protocols_declare_every_method_once() -> None:
         "restore_table",
         "clone_table",
         "set_history",
+        "set_changes",
         "history_default",
     }
     with pytest.raises(InvalidArgument, match="not a method of TabletService"):
@@ -268,6 +269,10 @@ async def _exercise(
         master.set_history, MasterService.set_history, m.SetHistoryRequest("svc-c", 7200.0)
     )
     assert windowed.info().schema.history == 7200.0
+    kept = await call(
+        master.set_changes, MasterService.set_changes, m.SetChangesRequest("svc-c", 3600.0)
+    )
+    assert kept.info().schema.changes == 3600.0
     set_default = m.HistoryDefaultRequest(change=True, seconds=3600.0)
     assert (await call(master.history_default, MasterService.history_default, set_default)) == (
         m.HistoryDefaultMessage(3600.0)
