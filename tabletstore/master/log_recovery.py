@@ -298,14 +298,20 @@ class LogRecovery:
         most ``owner_bytes``, has its tasks reserved for it (see :meth:`owner`)."""
         live_workers = set(live)
         needed: set[LogRef] = set()
+        # The records listing each log, gathered in one pass: O(records + logs listed) per
+        # round, where a scan of every record per dead log cost O(dead logs x records) (a
+        # rack failure: tens of dead logs over every record of the cluster).
+        listings: dict[LogRef, list[TabletRecord]] = {}
         for rec in records:
             if claims.get((rec.table_id, rec.tablet_id)) not in live_workers:
                 needed.update(rec.logs)
+            for ref in rec.logs:
+                listings.setdefault(ref, []).append(rec)
         known = self._logs.keys() | self._broken.keys() | self._planning.keys() | self._finished
         for ref in sorted(needed - known, key=_order):
             if not await self._dead(ref, live_workers):
                 continue
-            listing = [r for r in records if ref in r.logs]
+            listing = listings[ref]
             # Early, the records were read before some tablets were loaded on the dead worker
             # (they do not list its log yet): partition by every known tablet, so their rows
             # still get runs of their own rather than the catch-all run.
