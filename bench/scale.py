@@ -108,6 +108,13 @@ T = TypeVar("T")
 TABLETS_PER_TABLE = 100
 #: Tables per METADATA tablet (METADATA is pre-split at table boundaries).
 TABLES_PER_METADATA_TABLET = 100
+#: Loads the simulated workers run at once, all together: they share this process's one event
+#: loop (and core), where 500 real workers have 500 machines; past this the loads queue, so
+#: that no request waits behind thousands of others long enough to time out.
+LOAD_CONCURRENCY = 64
+#: The simulated workers' METADATA request bound (``LocationCache.rpc_timeout``), long for
+#: the same reason.
+SIM_RPC_TIMEOUT = 60.0
 #: Rows per RowBatch a simulated worker streams.
 BATCH_ROWS = 256
 #: The simulated leases' TTL: long, so that a loaded machine's stalls of the one event loop
@@ -284,6 +291,7 @@ class SimWorker:
         transport: InProcessTransport,
         metadata: MetadataStore,
         ledger: CpuLedger,
+        gate: asyncio.Semaphore,
         *,
         ttl: float,
     ) -> None:
@@ -294,7 +302,12 @@ class SimWorker:
         self._md = metadata
         self._ledger = ledger
         self._ttl = ttl
-        self.locations = LocationCache(coordinator, transport)  # type: ignore[arg-type]
+        self._gate = gate
+        self.locations = LocationCache(
+            coordinator,  # type: ignore[arg-type]
+            transport,
+            rpc_timeout=SIM_RPC_TIMEOUT,
+        )
         self._catalog = Catalog(coordinator, metadata=self.locations)  # type: ignore[arg-type]
         self.lease: Lease | None = None
         self.log = LogRef(worker_id, 0)
@@ -352,7 +365,7 @@ class SimWorker:
     async def load_tablet(self, req: LoadTabletRequest) -> None:
         key = (req.table_id, req.tablet_id)
         lock = self._locks.setdefault(key, asyncio.Lock())
-        async with lock:
+        async with lock, self._gate:
             if key in self.served:
                 return
             assert self.lease is not None
@@ -536,6 +549,7 @@ class SimCluster:
         )
         self.workers: dict[str, SimWorker] = {}
         self._next = 0
+        self.load_gate = asyncio.Semaphore(LOAD_CONCURRENCY)
 
     def _worker_coord(self) -> MeteredCoordinator:
         return MeteredCoordinator(self.shared, self.ledger, self.worker_counts)
@@ -546,7 +560,13 @@ class SimCluster:
             wid = f"w{self._next:04d}"
             self._next += 1
             w = SimWorker(
-                wid, self._worker_coord(), self.transport, self.metadata, self.ledger, ttl=self.ttl
+                wid,
+                self._worker_coord(),
+                self.transport,
+                self.metadata,
+                self.ledger,
+                self.load_gate,
+                ttl=self.ttl,
             )
             await w.start()
             self.workers[wid] = w
@@ -665,27 +685,35 @@ async def run_size(workers: int, tablets: int, *, steady_seconds: float, seed: i
             return 1
 
         out["create"] = _dump(await cluster.measure(bootstrap))
+        _progress("create")
         initial = await cluster.measure(cluster.assign_until_served)
         out["initial"] = _dump(initial)
+        _progress("initial")
 
         async def one_round() -> int:
             await cluster.master.assign()
             return 1
 
         out["steady_round"] = _dump(await cluster.measure(one_round))
+        _progress("steady_round")
 
         # Coordinator at steady state: keys, watches, requests per second.
         out["coordinator"] = await _steady(cluster, steady_seconds)
+        _progress("coordinator")
 
         # Clients (§5.1).
         out["clients"] = await _clients(cluster, rng)
+        _progress("clients")
 
         # One dead worker, then a rack (10 %).
         out["dead_worker"] = await _failure(cluster, 1, rng)
+        _progress("dead_worker")
         out["rack_failure"] = await _failure(cluster, max(1, workers // 10), rng)
+        _progress("rack_failure")
 
         # Balancing after adding 10 % new workers.
         out["balancing"] = await _balancing(cluster, max(1, workers // 10))
+        _progress("balancing")
     finally:
         await cluster.close()
     return out
@@ -838,6 +866,10 @@ async def _balancing(cluster: SimCluster, n: int) -> dict[str, Any]:
     return _dump(phase)
 
 
+def _progress(phase: str) -> None:
+    print(f"  {phase} done", flush=True)
+
+
 def _dump(p: Phase) -> dict[str, Any]:
     d = {k: v for k, v in p.__dict__.items() if k != "extra"}
     d.update(p.extra)
@@ -953,8 +985,9 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for workers, tablets in sizes:
         started = time.perf_counter()
+        print(f"{workers} workers x {tablets} tablets ...", flush=True)
         results.append(asyncio.run(run_size(workers, tablets, steady_seconds=steady)))
-        print(f"{workers} workers x {tablets} tablets: {time.perf_counter() - started:.0f} s")
+        print(f"{workers} workers x {tablets} tablets: {time.perf_counter() - started:.0f} s", flush=True)
     text = table(results)
     print(text)
     args.json.write_text(json.dumps({"results": results}, indent=1))

@@ -312,13 +312,6 @@ class LogRecovery:
             if not await self._dead(ref, live_workers):
                 continue
             listing = listings[ref]
-            # Early, the records were read before some tablets were loaded on the dead worker
-            # (they do not list its log yet): partition by every known tablet, so their rows
-            # still get runs of their own rather than the catch-all run.
-            ranges = [
-                TabletRange(r.table_id, r.tablet_id, r.start_row, r.end_row)
-                for r in (records if early else listing)
-            ]
             system = any(
                 r.table_id == METADATA_TABLE_ID
                 for r in listing
@@ -333,6 +326,13 @@ class LogRecovery:
             if len(listing) < MIN_TABLETS_TO_SORT and not (early and system):
                 # One reader reads the log once either way; sorting would add a second pass.
                 continue
+            # Early, the records were read before some tablets were loaded on the dead worker
+            # (they do not list its log yet): partition by every known tablet, so their rows
+            # still get runs of their own rather than the catch-all run.
+            ranges = [
+                TabletRange(r.table_id, r.tablet_id, r.start_row, r.end_row)
+                for r in (records if early else listing)
+            ]
             # Log positions (§5.3): no tablet listing the log has a write past its redo point
             # below its position. Only a full listing made after the writer died bounds them
             # all (records seen before may predate a tablet's load): early plans read it all.
