@@ -180,7 +180,7 @@ class _Timed:
             except GeneratorExit:
                 inner.close()
                 raise
-            except BaseException as exc:  # noqa: BLE001 (cancellation goes into the inner)
+            except BaseException as exc:  # cancellation goes into the inner awaitable
                 value, error = None, exc
 
 
@@ -672,7 +672,9 @@ def _row(i: int) -> bytes:
 # --------------------------------------------------------------------------- the scenarios
 
 
-async def run_size(workers: int, tablets: int, *, steady_seconds: float, seed: int = 7) -> dict[str, Any]:
+async def run_size(
+    workers: int, tablets: int, *, steady_seconds: float, seed: int = 7
+) -> dict[str, Any]:
     rng = random.Random(seed)
     cluster = SimCluster(workers, tablets)
     out: dict[str, Any] = {"workers": workers, "tablets": tablets, "tables": cluster.n_tables}
@@ -754,9 +756,7 @@ async def _steady(cluster: SimCluster, seconds: float) -> dict[str, Any]:
 
 async def _clients(cluster: SimCluster, rng: random.Random) -> dict[str, Any]:
     """A new client's first lookup, and a client locating random rows of random tables."""
-    table_ids = [
-        t.table_id for t in await cluster.master.catalog.list_tables()
-    ]
+    table_ids = [t.table_id for t in await cluster.master.catalog.list_tables()]
 
     def client() -> LocationCache:
         coord = MeteredCoordinator(cluster.shared, cluster.ledger, cluster.client_counts)
@@ -787,9 +787,7 @@ async def _clients(cluster: SimCluster, rng: random.Random) -> dict[str, Any]:
         "metadata_reads_per_miss": reads / max(1, misses),
         "metadata_reads_per_random_lookup": reads / lookups,
         "sequential_lookups": TABLETS_PER_TABLE,
-        "metadata_reads_per_sequential_lookup": (
-            scanner.stats.reads[2] + scanner.stats.reads[3]
-        )
+        "metadata_reads_per_sequential_lookup": (scanner.stats.reads[2] + scanner.stats.reads[3])
         / TABLETS_PER_TABLE,
     }
 
@@ -858,7 +856,8 @@ async def _balancing(cluster: SimCluster, n: int) -> dict[str, Any]:
         "moves_to_converge": needed,
         "max_moves": options.max_moves,
         "rounds_to_converge": rounds,
-        "hours_at_cooldown": rounds * (MasterOptions().balance_cooldown + phase.wall / real_rounds)
+        "hours_at_cooldown": rounds
+        * (MasterOptions().balance_cooldown + phase.wall / real_rounds)
         / 3600,
         "moved_in_real_rounds": moved,
         "uncapped_plan_seconds": plan_seconds,
@@ -939,11 +938,15 @@ def chart(results: Sequence[dict[str, Any]], path: Path) -> None:
     ax.legend(fontsize=8)
     ax = axes[2]
     ax.plot(
-        labels, [r["coordinator"]["worker_requests_per_s_default_ttl"] for r in results], "o-",
+        labels,
+        [r["coordinator"]["worker_requests_per_s_default_ttl"] for r in results],
+        "o-",
         label="per worker",
     )
     ax.plot(
-        labels, [r["coordinator"]["master_requests_per_s"] for r in results], "s--",
+        labels,
+        [r["coordinator"]["master_requests_per_s"] for r in results],
+        "s--",
         label="master",
     )
     ax.set_title("coordinator requests/s at steady state")
@@ -964,7 +967,7 @@ def _sizes(text: str) -> list[tuple[int, int]]:
         try:
             out.append((int(w), int(t)))
         except ValueError:
-            raise SystemExit(f"--sizes: {part!r} is not WORKERSxTABLETS (e.g. 100x10000)")
+            raise SystemExit(f"--sizes: {part!r} is not WORKERSxTABLETS (e.g. 100x10000)") from None
         if out[-1][0] < 10 or out[-1][1] < 1:
             raise SystemExit(f"--sizes: {part!r}: at least 10 workers and 1 tablet")
     return out
@@ -980,14 +983,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown", type=Path, default=None, help="the table, as Markdown")
     args = parser.parse_args(argv)
     sizes = _sizes(args.sizes) if args.sizes else list(QUICK_SIZES if args.quick else FULL_SIZES)
-    steady = args.steady_seconds if args.steady_seconds is not None else (2.0 if args.quick else 8.0)
+    steady = (
+        args.steady_seconds if args.steady_seconds is not None else (2.0 if args.quick else 8.0)
+    )
     logging.getLogger("tabletstore").setLevel(logging.ERROR)
     results = []
     for workers, tablets in sizes:
         started = time.perf_counter()
         print(f"{workers} workers x {tablets} tablets ...", flush=True)
         results.append(asyncio.run(run_size(workers, tablets, steady_seconds=steady)))
-        print(f"{workers} workers x {tablets} tablets: {time.perf_counter() - started:.0f} s", flush=True)
+        print(
+            f"{workers} workers x {tablets} tablets: {time.perf_counter() - started:.0f} s",
+            flush=True,
+        )
     text = table(results)
     print(text)
     args.json.write_text(json.dumps({"results": results}, indent=1))

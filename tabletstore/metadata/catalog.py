@@ -229,7 +229,9 @@ class Catalog:
         One coordinator read of the schema its name gives (an id is ``<name>-<hex>``,
         :meth:`new_table_id`): every load of a tablet asks, so a scan of every schema would
         cost each load O(tables). Only an id of another form is looked for among them all."""
-        name = mt.METADATA_TABLE if table_id == mt.METADATA_TABLE_ID else table_id.rpartition("-")[0]
+        name = (
+            mt.METADATA_TABLE if table_id == mt.METADATA_TABLE_ID else table_id.rpartition("-")[0]
+        )
         try:
             kv = await self._coord.get(paths.schema(name)) if name else None
         except InvalidArgument:  # not a table name: no id of ours
