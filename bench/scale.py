@@ -513,7 +513,14 @@ class Phase:
 class SimCluster:
     """A master, ``workers`` simulated workers and the shared coordinator, in this process."""
 
-    def __init__(self, workers: int, tablets: int, *, ttl: float = SIM_TTL) -> None:
+    def __init__(
+        self,
+        workers: int,
+        tablets: int,
+        *,
+        ttl: float = SIM_TTL,
+        load_concurrency: int = LOAD_CONCURRENCY,
+    ) -> None:
         self.n_workers = workers
         self.n_tablets = tablets
         self.ttl = ttl
@@ -549,7 +556,7 @@ class SimCluster:
         )
         self.workers: dict[str, SimWorker] = {}
         self._next = 0
-        self.load_gate = asyncio.Semaphore(LOAD_CONCURRENCY)
+        self.load_gate = asyncio.Semaphore(load_concurrency)
 
     def _worker_coord(self) -> MeteredCoordinator:
         return MeteredCoordinator(self.shared, self.ledger, self.worker_counts)
@@ -602,7 +609,7 @@ class SimCluster:
         """User tablets, the METADATA tablets and the root."""
         return self.n_tablets + self.metadata_tablets + 1
 
-    async def assign_until_served(self, *, limit: int = 200) -> int:
+    async def assign_until_served(self, *, limit: int = 1000) -> int:
         """Assignment rounds until every tablet is served by a live worker; returns rounds."""
         for rounds in range(1, limit + 1):
             await self.master.assign()
@@ -673,10 +680,15 @@ def _row(i: int) -> bytes:
 
 
 async def run_size(
-    workers: int, tablets: int, *, steady_seconds: float, seed: int = 7
+    workers: int,
+    tablets: int,
+    *,
+    steady_seconds: float,
+    seed: int = 7,
+    load_concurrency: int = LOAD_CONCURRENCY,
 ) -> dict[str, Any]:
     rng = random.Random(seed)
-    cluster = SimCluster(workers, tablets)
+    cluster = SimCluster(workers, tablets, load_concurrency=load_concurrency)
     out: dict[str, Any] = {"workers": workers, "tablets": tablets, "tables": cluster.n_tables}
     try:
         await cluster.add_workers(workers)
@@ -978,6 +990,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="10 and 100 workers only")
     parser.add_argument("--sizes", help="WORKERSxTABLETS,... (overrides --quick)")
     parser.add_argument("--steady-seconds", type=float, default=None)
+    parser.add_argument(
+        "--load-concurrency",
+        type=int,
+        default=LOAD_CONCURRENCY,
+        help="loads the simulated workers run at once, all together (this machine's bound)",
+    )
+    parser.add_argument("--log", action="store_true", help="show the master's warnings")
     parser.add_argument("--json", type=Path, default=Path("bench-scale.json"))
     parser.add_argument("--png", type=Path, default=None, help="chart of the run")
     parser.add_argument("--markdown", type=Path, default=None, help="the table, as Markdown")
@@ -986,12 +1005,23 @@ def main(argv: list[str] | None = None) -> int:
     steady = (
         args.steady_seconds if args.steady_seconds is not None else (2.0 if args.quick else 8.0)
     )
-    logging.getLogger("tabletstore").setLevel(logging.ERROR)
+    if args.log:
+        logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    else:
+        logging.getLogger("tabletstore").setLevel(logging.ERROR)
+    if args.load_concurrency < 1:
+        raise SystemExit(f"--load-concurrency must be >= 1, got {args.load_concurrency}")
     results = []
     for workers, tablets in sizes:
         started = time.perf_counter()
         print(f"{workers} workers x {tablets} tablets ...", flush=True)
-        results.append(asyncio.run(run_size(workers, tablets, steady_seconds=steady)))
+        results.append(
+            asyncio.run(
+                run_size(
+                    workers, tablets, steady_seconds=steady, load_concurrency=args.load_concurrency
+                )
+            )
+        )
         print(
             f"{workers} workers x {tablets} tablets: {time.perf_counter() - started:.0f} s",
             flush=True,
