@@ -117,9 +117,10 @@ LOAD_CONCURRENCY = 64
 SIM_RPC_TIMEOUT = 60.0
 #: Rows per RowBatch a simulated worker streams.
 BATCH_ROWS = 256
-#: The simulated leases' TTL: long, so that a loaded machine's stalls of the one event loop
-#: never expire a lease (keep-alives per second are reported for the default TTL too).
-SIM_TTL = 60.0
+#: The simulated leases' TTL: an hour, so that the one event loop's stalls (the master's
+#: rounds run on it too, a process of their own in a cluster) never expire a lease; deaths are
+#: revoked leases. Keep-alives per second are reported for the default TTL.
+SIM_TTL = 3600.0
 QUICK_SIZES = ((10, 1_000), (100, 4_000))
 FULL_SIZES = ((10, 10_000), (100, 10_000), (500, 100_000))
 
@@ -699,35 +700,35 @@ async def run_size(
             return 1
 
         out["create"] = _dump(await cluster.measure(bootstrap))
-        _progress("create")
+        _progress("create", out)
         initial = await cluster.measure(cluster.assign_until_served)
         out["initial"] = _dump(initial)
-        _progress("initial")
+        _progress("initial", out)
 
         async def one_round() -> int:
             await cluster.master.assign()
             return 1
 
         out["steady_round"] = _dump(await cluster.measure(one_round))
-        _progress("steady_round")
+        _progress("steady_round", out)
 
         # Coordinator at steady state: keys, watches, requests per second.
         out["coordinator"] = await _steady(cluster, steady_seconds)
-        _progress("coordinator")
+        _progress("coordinator", out)
 
         # Clients (§5.1).
         out["clients"] = await _clients(cluster, rng)
-        _progress("clients")
+        _progress("clients", out)
 
         # One dead worker, then a rack (10 %).
         out["dead_worker"] = await _failure(cluster, 1, rng)
-        _progress("dead_worker")
+        _progress("dead_worker", out)
         out["rack_failure"] = await _failure(cluster, max(1, workers // 10), rng)
-        _progress("rack_failure")
+        _progress("rack_failure", out)
 
         # Balancing after adding 10 % new workers.
         out["balancing"] = await _balancing(cluster, max(1, workers // 10))
-        _progress("balancing")
+        _progress("balancing", out)
     finally:
         await cluster.close()
     return out
@@ -877,8 +878,14 @@ async def _balancing(cluster: SimCluster, n: int) -> dict[str, Any]:
     return _dump(phase)
 
 
-def _progress(phase: str) -> None:
+#: Where each finished phase's results go at once (a long run cut short keeps them).
+PARTIAL: Path | None = None
+
+
+def _progress(phase: str, out: dict[str, Any]) -> None:
     print(f"  {phase} done", flush=True)
+    if PARTIAL is not None:
+        PARTIAL.write_text(json.dumps(out, indent=1))
 
 
 def _dump(p: Phase) -> dict[str, Any]:
@@ -1011,6 +1018,8 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("tabletstore").setLevel(logging.ERROR)
     if args.load_concurrency < 1:
         raise SystemExit(f"--load-concurrency must be >= 1, got {args.load_concurrency}")
+    global PARTIAL
+    PARTIAL = args.json.with_suffix(".partial.json")
     results = []
     for workers, tablets in sizes:
         started = time.perf_counter()
