@@ -121,7 +121,7 @@ BATCH_ROWS = 256
 #: rounds run on it too, a process of their own in a cluster) never expire a lease; deaths are
 #: revoked leases. Keep-alives per second are reported for the default TTL.
 SIM_TTL = 3600.0
-QUICK_SIZES = ((10, 1_000), (100, 4_000))
+QUICK_SIZES = ((10, 500), (100, 1_000))
 FULL_SIZES = ((10, 10_000), (100, 10_000), (500, 100_000))
 
 
