@@ -11,6 +11,7 @@ executes the outputs (docs/architecture/conventions.md convention 4).
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -72,9 +73,14 @@ def plan(
         else:
             unassigned.append(t)
     out: list[Assignment] = []
+    # The least-loaded worker from a heap of (load, worker): O(log W) per tablet, so a round
+    # placing U tablets on W workers costs O(N + U log U + U log W), never U x W.
+    heap = [(load[w], w) for w in live]
+    heapq.heapify(heap)
     for t in sorted(unassigned, key=lambda t: (-_weight(t), t.table_id, t.tablet_id)):
-        target = min(live, key=lambda w: (load[w], w))
-        load[target] += _weight(t)
+        least, target = heap[0]
+        load[target] = least + _weight(t)
+        heapq.heapreplace(heap, (load[target], target))
         out.append(Assignment(t.table_id, t.tablet_id, target))
     if balance:
         out.extend(_moves(load, owned, max_moves, ratio))

@@ -311,21 +311,20 @@ class LogRecovery:
         most ``owner_bytes``, has its tasks reserved for it (see :meth:`owner`)."""
         live_workers = set(live)
         needed: set[LogRef] = set()
+        # The records listing each log, gathered in one pass: O(records + logs listed) per
+        # round, where a scan of every record per dead log cost O(dead logs x records) (a
+        # rack failure: tens of dead logs over every record of the cluster).
+        listings: dict[LogRef, list[TabletRecord]] = {}
         for rec in records:
             if claims.get((rec.table_id, rec.tablet_id)) not in live_workers:
                 needed.update(rec.logs)
+            for ref in rec.logs:
+                listings.setdefault(ref, []).append(rec)
         known = self._logs.keys() | self._broken.keys() | self._planning.keys() | self._finished
         for ref in sorted(needed - known, key=_order):
             if not await self._dead(ref, live_workers):
                 continue
-            listing = [r for r in records if ref in r.logs]
-            # Early, the records were read before some tablets were loaded on the dead worker
-            # (they do not list its log yet): partition by every known tablet, so their rows
-            # still get runs of their own rather than the catch-all run.
-            ranges = [
-                TabletRange(r.table_id, r.tablet_id, r.start_row, r.end_row)
-                for r in (records if early else listing)
-            ]
+            listing = listings[ref]
             system = any(
                 r.table_id == METADATA_TABLE_ID
                 for r in listing
@@ -340,6 +339,13 @@ class LogRecovery:
             if len(listing) < MIN_TABLETS_TO_SORT and not (early and system):
                 # One reader reads the log once either way; sorting would add a second pass.
                 continue
+            # Early, the records were read before some tablets were loaded on the dead worker
+            # (they do not list its log yet): partition by every known tablet, so their rows
+            # still get runs of their own rather than the catch-all run.
+            ranges = [
+                TabletRange(r.table_id, r.tablet_id, r.start_row, r.end_row)
+                for r in (records if early else listing)
+            ]
             # Log positions (§5.3): no tablet listing the log has a write past its redo point
             # below its position. Only a full listing made after the writer died bounds them
             # all (records seen before may predate a tablet's load): early plans read it all.

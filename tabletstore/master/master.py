@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import logging
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -313,8 +315,10 @@ class Master(BackupAdmin):
             listed = {ref for rec in everything for ref in rec.logs}
             self._affinity = {r: w for r, w in self._affinity.items() if r in listed}
             await self._start_recovery(everything, claims, workers)
-            for tablets in tables:
-                done += await self._assign_level(workers, claims, known, tablets)
+            # Every user table is one level: one plan over all tablets and one wait for the
+            # loads (a plan per table re-weighed every tablet known so far: O(tables x tablets)).
+            users = [r for tablets in tables for r in tablets]
+            done += await self._assign_level(workers, claims, known, users)
         except (Unavailable, Indeterminate) as exc:
             # A METADATA tablet not served yet (NotServing) or not answering: the writes above
             # are idempotent, and the next round goes on from here.
@@ -356,13 +360,22 @@ class Master(BackupAdmin):
         for holder in claims.values():
             if holder in held:
                 held[holder] += 1
+        # The unclaimed tablets listing each dead log: what its owner will take on.
+        orphans: Counter[LogRef] = Counter()
         for rec in records:
-            if claims.get((rec.table_id, rec.tablet_id)) in workers:
+            if claims.get((rec.table_id, rec.tablet_id)) not in workers:
+                orphans.update(ref for ref in rec.logs if ref.worker_id not in workers)
+        # A heap of (tablets held or promised, worker): each new owner counts the tablets of
+        # the logs given it before, so the dead logs of a rack spread over the survivors
+        # instead of all going to the one that held the fewest claims.
+        heap = [(n, w) for w, n in held.items()]
+        heapq.heapify(heap)
+        for ref in sorted(orphans, key=lambda r: (r.worker_id, r.incarnation)):
+            if self._affinity.get(ref) in workers or not heap:
                 continue
-            for ref in rec.logs:
-                gone = self._affinity.get(ref) not in workers
-                if ref.worker_id not in workers and gone and held:
-                    self._affinity[ref] = min(held, key=lambda w: (held[w], w))
+            n, chosen = heap[0]
+            heapq.heapreplace(heap, (n + orphans[ref], chosen))
+            self._affinity[ref] = chosen
         return dict(self._affinity)
 
     def _affine(self, rec: TabletRecord, planned: str, workers: dict[str, str]) -> str:

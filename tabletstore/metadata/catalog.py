@@ -237,7 +237,22 @@ class Catalog:
         return [t for t in await self._all_tables() if t.table_id != mt.METADATA_TABLE_ID]
 
     async def table_by_id(self, table_id: str) -> TableInfo:
-        """The table with this id (METADATA included); NotFound if it was deleted."""
+        """The table with this id (METADATA included); NotFound if it was deleted.
+
+        One coordinator read of the schema its name gives (an id is ``<name>-<hex>``,
+        :meth:`new_table_id`): every load of a tablet asks, so a scan of every schema would
+        cost each load O(tables). Only an id of another form is looked for among them all."""
+        name = (
+            mt.METADATA_TABLE if table_id == mt.METADATA_TABLE_ID else table_id.rpartition("-")[0]
+        )
+        try:
+            kv = await self._coord.get(paths.schema(name)) if name else None
+        except InvalidArgument:  # not a table name: no id of ours
+            kv = None
+        if kv is not None:
+            info = TableInfo.from_bytes(kv.value, kv.mod_revision)
+            if info.table_id == table_id:
+                return info
         for info in await self._all_tables():
             if info.table_id == table_id:
                 return info
