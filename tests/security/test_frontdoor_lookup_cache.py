@@ -9,23 +9,27 @@ them PERMISSION_DENIED -- bob learnt that the table exists, and only because of 
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tabletstore.coordination.tokens import TokenStore
 from tabletstore.security import ca
-from tests.security.secure_cluster import SecureCluster, alices_vault, secure_cluster
-from tests.security.test_frontdoor_tenancy import DATA, PROJECT, FrontDoor, _code, _modules
+from tests.security.secure_cluster import alices_vault, secure_cluster
+from tests.security.test_frontdoor_tenancy import (
+    DATA,
+    PLAIN,
+    PROJECT,
+    FrontDoor,
+    _code,
+    open_front_door,
+)
 
 pytestmark = pytest.mark.timeout(180)
 
 grpc = pytest.importorskip("grpc")
 
-PLAIN = "shared"
 VAULT = f"projects/{PROJECT}/instances/{PLAIN}/tables/vault"
 MISSING = f"projects/{PROJECT}/instances/{PLAIN}/tables/no-such-table"
 
@@ -37,32 +41,10 @@ async def door_and_tokens(tmp_path: Path) -> AsyncIterator[tuple[FrontDoor, str,
         alice = await cluster.client("alice")
         try:
             await alices_vault(alice)
-            async with _front_door(cluster) as opened:
+            async with open_front_door(cluster, "alice", "bob") as opened:
                 yield opened
         finally:
             await alice.close()
-
-
-@contextlib.asynccontextmanager
-async def _front_door(cluster: SecureCluster) -> AsyncIterator[tuple[FrontDoor, str, str]]:
-    modules = await _modules()
-    tokens = TokenStore(cluster.coordinator)
-    alice, bob = await tokens.create("alice"), await tokens.create("bob")
-    client = await cluster.client("frontdoor")
-    server = modules["server"].BigtableApiServer(
-        client, tls=cluster.tls("frontdoor"), tokens=tokens, plain_instance=PLAIN
-    )
-    port = await server.start()
-    channel = grpc.aio.secure_channel(
-        f"127.0.0.1:{port}",
-        grpc.ssl_channel_credentials((cluster.certs / "ca.pem").read_bytes()),
-    )
-    try:
-        yield FrontDoor(channel, modules), alice, bob
-    finally:
-        await channel.close()
-        await server.stop()
-        await client.close()
 
 
 def _probes(m: dict[str, Any], table: str) -> dict[str, Any]:

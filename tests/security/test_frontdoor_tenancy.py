@@ -15,6 +15,7 @@ of another; a plain cluster principal asserting one is refused.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -126,9 +127,19 @@ async def _modules() -> dict[str, Any]:
 
 @pytest.fixture
 async def front_door(cluster: SecureCluster) -> AsyncIterator[tuple[FrontDoor, str, str]]:
+    async with open_front_door(cluster, "t1", "t2") as opened:
+        yield opened
+
+
+@contextlib.asynccontextmanager
+async def open_front_door(
+    cluster: SecureCluster, first: str, second: str
+) -> AsyncIterator[tuple[FrontDoor, str, str]]:
+    """A front door (the ``frontdoor`` function identity) over ``cluster``, a channel to it,
+    and tokens for the principals ``first`` and ``second``."""
     modules = await _modules()
     tokens = TokenStore(cluster.coordinator)
-    t1, t2 = await tokens.create("t1"), await tokens.create("t2")
+    t1, t2 = await tokens.create(first), await tokens.create(second)
     client = await cluster.client("frontdoor")
     server = modules["server"].BigtableApiServer(
         client, tls=cluster.tls("frontdoor"), tokens=tokens, plain_instance=PLAIN
