@@ -10,9 +10,9 @@ from bench.backup import markdown, run
 
 
 def test_backup_bench_runs_and_reports(tmp_path: Path) -> None:
-    rows = asyncio.run(run(0.2, tmp_path))
+    rows = asyncio.run(run(0.2, tmp_path, 1))
     labels = [r[0] for r in rows]
     assert labels[0].startswith("backup to another bucket")
     assert labels[1].startswith("restore from that bucket") and "200 rows" in labels[1]
     assert [label.startswith("clone of a") for label in labels[2:]] == [True, True]
-    assert "| operation | tabletstore |" in markdown(rows, 0.2)
+    assert "| operation | tabletstore |" in markdown(rows, 0.2, 1)

@@ -10,7 +10,7 @@ import pytest
 
 from bench.scale import main
 
-pytestmark = pytest.mark.timeout(1200)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 
 def test_scale_bench_quick_recovers_every_tablet_and_counts_the_paths(tmp_path: Path) -> None:

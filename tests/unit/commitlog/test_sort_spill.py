@@ -6,6 +6,7 @@ and all of them when the worker stops; directories of dead processes are swept."
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import subprocess
 import sys
@@ -210,7 +211,7 @@ async def test_a_run_the_spill_could_not_keep_is_read_from_the_store(tmp_path: P
 
 
 async def test_a_full_spill_disk_keeps_nothing_half_written_and_recovers(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The disk under the spill directory fills up: the run that does not fit is not kept
     (its replay reads the store's copy), no partial file is left taking the space, the runs
@@ -220,12 +221,20 @@ async def test_a_full_spill_disk_keeps_nothing_half_written_and_recovers(
 
     disk = FullDisk(tmp_path, limit=1000)
     disk.patch(monkeypatch, spill_module)
+    # The spill's own logger, not the root's: another test in this process may have left the
+    # package's loggers not propagating (the CLI configures logging).
+    warned: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: warned.append(record.getMessage())  # type: ignore[method-assign]
+    spill_module.log.addHandler(handler)
+    monkeypatch.setattr(spill_module.log, "disabled", False)
+    monkeypatch.setattr(spill_module.log, "level", logging.NOTSET)
     spill = RunSpill(memory_bytes=0, disk_bytes=1 << 20, directory=str(tmp_path))
     try:
         await spill.keep(_key(0, "a"), b"a" * 600)
         await spill.keep(_key(0, "b"), b"b" * 600)  # 400 bytes fit: ENOSPC
         assert disk.refused and spill.stats.kept_on_disk == 1 and spill.stats.not_kept == 1
-        assert "No space left on device" in caplog.text
+        assert any("No space left on device" in w for w in warned), warned
         assert not spill.holds(_key(0, "b"))
         assert disk.used() == 600, "the run that did not fit left a partial file behind"
         assert await spill.get(_key(0, "a")) == b"a" * 600
@@ -233,4 +242,5 @@ async def test_a_full_spill_disk_keeps_nothing_half_written_and_recovers(
         await spill.keep(_key(0, "c"), b"c" * 600)
         assert spill.holds(_key(0, "c")) and await spill.get(_key(0, "c")) == b"c" * 600
     finally:
+        spill_module.log.removeHandler(handler)
         spill.close()
