@@ -29,7 +29,10 @@ Contracts:
   only tables it has some right on: the master lists and describes no other to it (NOT_FOUND,
   as for a missing table; master/master_service_guard.py).
 * GenerateConsistencyToken / CheckConsistency: a tabletstore write is durable and visible when it
-  is acknowledged, and there is no replication, so every token is consistent at once.
+  is acknowledged, so a primary table's token is consistent at once. A replica table's
+  (client/replicator.py: the front door of the replica's cluster) names the instant it was
+  generated; it is consistent once the replica's applied watermark passes it, that is once the
+  replica holds every write its source acknowledged before the token was made.
 """
 
 from __future__ import annotations
@@ -51,15 +54,19 @@ from tabletstore.bigtable_api.translate import (
     value_type_from_pb,
 )
 from tabletstore.client.client import AsyncClient
+from tabletstore.client.replicator import load_progress
+from tabletstore.clock import wall_time
 from tabletstore.data.filters import CellsPerRowLimit, Chain, StripValue
 from tabletstore.data.model import DeleteRow, RowMutation
 from tabletstore.data.schema import Acl, ColumnFamily, GcRule
 from tabletstore.errors import AlreadyExists, InvalidArgument, NotFound
 
-__all__ = ["CONSISTENCY_TOKEN", "DROP_BATCH_ROWS", "TableAdmin"]
+__all__ = ["CONSISTENCY_TOKEN", "DROP_BATCH_ROWS", "REPLICA_TOKEN", "TableAdmin"]
 
-#: The one consistency token: every acknowledged write is already consistent.
+#: The one consistency token of a primary table: every acknowledged write is already consistent.
 CONSISTENCY_TOKEN = "tabletstore-writes-are-durable-when-acknowledged"
+#: A replica table's tokens: this, the table's name, ``/`` and the instant they were made.
+REPLICA_TOKEN = "tabletstore-replica/"
 #: Rows deleted per MutateRows batch by DropRowRange.
 DROP_BATCH_ROWS = 500
 
@@ -214,12 +221,34 @@ class TableAdmin:
 
     async def generate_consistency_token(self, req: Any) -> Any:
         _, stored = await self._name(req.name)
-        await self._client.describe_table(stored)  # NOT_FOUND for a missing table
-        return GenerateConsistencyTokenResponsePB(consistency_token=CONSISTENCY_TOKEN)
+        schema = await self._client.describe_table(stored)  # NOT_FOUND for a missing table
+        if schema.replica_of is None:
+            return GenerateConsistencyTokenResponsePB(consistency_token=CONSISTENCY_TOKEN)
+        token = f"{REPLICA_TOKEN}{stored}/{wall_time():.6f}"
+        return GenerateConsistencyTokenResponsePB(consistency_token=token)
 
     async def check_consistency(self, req: Any) -> Any:
         _, stored = await self._name(req.name)
         await self._client.describe_table(stored)
-        if req.consistency_token != CONSISTENCY_TOKEN:
-            raise InvalidArgument(f"unknown consistency token {req.consistency_token!r}")
-        return CheckConsistencyResponsePB(consistent=True)
+        token = req.consistency_token
+        if token == CONSISTENCY_TOKEN:
+            return CheckConsistencyResponsePB(consistent=True)
+        if not token.startswith(REPLICA_TOKEN):
+            raise InvalidArgument(f"unknown consistency token {token!r}")
+        table, _, instant = token[len(REPLICA_TOKEN) :].rpartition("/")
+        if table != stored:
+            raise InvalidArgument(
+                f"consistency token {token!r} was generated for another table ({table!r})"
+            )
+        try:
+            made = float(instant)
+        except ValueError as exc:
+            raise InvalidArgument(f"unknown consistency token {token!r}") from exc
+        progress = await load_progress(self._client, stored)
+        if progress is None:
+            consistent = False  # its replicator has not started yet
+        elif progress.state == "promoted":
+            consistent = True  # a primary now: nothing more will arrive from the old source
+        else:
+            consistent = progress.applied_watermark() >= made
+        return CheckConsistencyResponsePB(consistent=consistent)

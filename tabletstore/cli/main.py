@@ -14,6 +14,7 @@ the syntax itself lives in :mod:`tabletstore.cli.cbtsyntax`, the CSV form in
 :mod:`~tabletstore.cli.maintenance_cmds` (flush, compact, gc, verify),
 :mod:`~tabletstore.cli.history_cmds` (history, and restore --as-of's body),
 :mod:`~tabletstore.cli.change_cmds` (changes, watch),
+:mod:`~tabletstore.cli.replication_cmds` (replicate, replication),
 :mod:`~tabletstore.cli.batch_cmds` (snapshot, bulkload),
 :mod:`~tabletstore.cli.backup_cmds` (backup, restore, clone),
 :mod:`~tabletstore.cli.localstack_cmds`, :mod:`~tabletstore.cli.server_cmds` (master,
@@ -49,6 +50,8 @@ does one thing and closes it (closing minor-compacts, so the next open is quick)
     tabletstore history T [24h|off] | --default 24h|off   a table's (or the default) window
     tabletstore changes T [24h|off]                    show or set a table's change retention
     tabletstore watch T [--from I] [--until I]         print T's changes as they commit
+    tabletstore replicate --source URL T... [--attach] follow T of another cluster (a service)
+    tabletstore replication status | promote T         replicas here: lag; failover
     tabletstore [--url URL] local-stack up [--dir DIR] [--s3-url URL | --s3 moto|seaweedfs]
                                            [--workers N] [--persist]
     tabletstore [--url URL] local-stack status [--dir DIR]
@@ -89,6 +92,7 @@ from tabletstore.cli import (
     history_cmds,
     localstack_cmds,
     maintenance_cmds,
+    replication_cmds,
     row_cmds,
     schema_cmds,
     server_cmds,
@@ -195,6 +199,8 @@ for _command in (
     history_cmds.history_cmd,
     change_cmds.changes_cmd,
     change_cmds.watch_cmd,
+    replication_cmds.replicate_cmd,
+    replication_cmds.replication_group,
     batch_cmds.snapshot_group,
     batch_cmds.bulkload_cmd,
     backup_cmds.backup_group,

@@ -80,10 +80,12 @@ __all__ = [
     "join_tokens",
     "log_name",
     "order_changes",
+    "overlap",
     "readable_ends",
     "settle",
     "start_positions",
     "successors",
+    "tiles",
     "utc",
 ]
 
@@ -560,3 +562,19 @@ def successors(
         if lanes:
             out.append((t, replace(cursor, lanes=tuple(lanes), batch=None, delivered=0)))
     return tuple(out)
+
+
+def overlap(a: ChangePartition, b: ChangePartition) -> ChangePartition:
+    """The rows two overlapping partitions share."""
+    ends = [e for e in (a.end, b.end) if e is not None]
+    return ChangePartition(max(a.start, b.start), min(ends) if ends else None)
+
+
+def tiles(parts: Sequence[ChangePartition], whole: ChangePartition) -> bool:
+    """Whether ``parts`` cover ``whole`` exactly, without gaps or overlaps."""
+    pos: bytes | None = whole.start
+    for p in sorted(parts, key=lambda p: p.start):
+        if pos is None or p.start != pos:
+            return False
+        pos = p.end
+    return pos == whole.end

@@ -324,8 +324,8 @@ async def follow(
                 continue
             for succ, token in item.successors:
                 handed.setdefault(succ, []).append(token)
-                covered.setdefault(succ, []).append(_overlap(part, succ))
-                if _tiles(covered[succ], succ):
+                covered.setdefault(succ, []).append(plan.overlap(part, succ))
+                if plan.tiles(covered[succ], succ):
                     start(succ, tuple(handed.pop(succ)))
                     del covered[succ]
                     running += 1
@@ -333,17 +333,3 @@ async def follow(
         for task in list(tasks):
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-
-
-def _overlap(a: ChangePartition, b: ChangePartition) -> ChangePartition:
-    ends = [e for e in (a.end, b.end) if e is not None]
-    return ChangePartition(max(a.start, b.start), min(ends) if ends else None)
-
-
-def _tiles(parts: Sequence[ChangePartition], whole: ChangePartition) -> bool:
-    pos: bytes | None = whole.start
-    for p in sorted(parts, key=lambda p: p.start):
-        if pos is None or p.start != pos:
-            return False
-        pos = p.end
-    return pos == whole.end

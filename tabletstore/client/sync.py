@@ -263,6 +263,7 @@ class SyncClient(SyncProxy[AsyncClient]):
     set_admins = blocking(AsyncClient.set_admins)
     set_history = blocking(AsyncClient.set_history)
     set_changes = blocking(AsyncClient.set_changes)
+    set_replica = blocking(AsyncClient.set_replica)
     history_default = blocking(AsyncClient.history_default)
     set_history_default = blocking(AsyncClient.set_history_default)
     list_tables = blocking(AsyncClient.list_tables)

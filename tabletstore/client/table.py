@@ -25,11 +25,16 @@ from tabletstore.clock import SystemClock
 from tabletstore.data.filters import RowFilter
 from tabletstore.data.model import Mutation, ReadModifyWriteRule, Row, RowMutation
 from tabletstore.data.query import RowSet
-from tabletstore.data.validation import check_row_key, validate_row_mutation
+from tabletstore.data.validation import (
+    check_replica_write,
+    check_row_key,
+    validate_row_mutation,
+)
 from tabletstore.errors import (
     Indeterminate,
     InvalidArgument,
     NotServing,
+    PreconditionFailed,
     TabletStoreError,
     Unavailable,
 )
@@ -64,7 +69,13 @@ class AsyncTable:
         muts = tuple(mutations)
         client = self._client
         info = client._tables.get(self.name) or await client._info(self.name)
-        validate_row_mutation(info.schema, row, muts, client.identity)
+        try:
+            validate_row_mutation(info.schema, row, muts, client.identity)
+        except (PreconditionFailed, Unavailable):
+            # The replication write policy refused it: the table may have been promoted (or
+            # made a replica) since its schema was cached; the master's word decides.
+            info = await client._info(self.name, refresh=True)
+            validate_row_mutation(info.schema, row, muts, client.identity)
         # With the row's tablet in the cache (nearly always), the first attempt goes straight
         # to it, without the batch path's lookups; what it leaves to retry is retried there.
         rec = client.locations.cached(info.table_id, row)
@@ -82,6 +93,10 @@ class AsyncTable:
         if not entries:
             return
         info = await self._client._info(self.name)
+        try:
+            check_replica_write(info.schema, self._client.identity)
+        except (PreconditionFailed, Unavailable):
+            info = await self._client._info(self.name, refresh=True)  # as mutate_row does
         failures: list[MutationError] = []
         pending: list[int] = []
         for i, e in enumerate(entries):

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from tabletstore.client.backup_admin import BackupRequests
 from tabletstore.client.location import LocationCache
-from tabletstore.data.schema import ColumnFamily, GcRule, LocalityGroup, TableSchema
+from tabletstore.data.schema import ColumnFamily, GcRule, LocalityGroup, ReplicaOf, TableSchema
 from tabletstore.errors import InvalidArgument
 from tabletstore.metadata.catalog import TableInfo
 from tabletstore.metadata.snapshot import SnapshotManifest
@@ -38,6 +38,7 @@ from tabletstore.rpc.messages import (
     SetAdminsRequest,
     SetChangesRequest,
     SetHistoryRequest,
+    SetReplicaRequest,
     TableNameRequest,
 )
 from tabletstore.rpc.services import MasterService
@@ -118,11 +119,13 @@ class TableAdmin(BackupRequests):
         locality_groups: Iterable[LocalityGroup] = (),
         history: float | None = None,
         changes: float | None = None,
+        replica_of: ReplicaOf | None = None,
     ) -> AsyncTable:
         """Create a table with column families (names or ColumnFamily values). ``history``:
         seconds of history to keep (any instant that far back can be restored); ``changes``:
         seconds of change retention (its change stream can be read that far back,
-        ``client/change_stream.py``)."""
+        ``client/change_stream.py``); ``replica_of``: a replica from its first moment
+        (``client/replicator.py``: only the replicator writes it)."""
         try:
             fams = {}
             for f in families:
@@ -136,6 +139,7 @@ class TableAdmin(BackupRequests):
                 locality_groups=groups,
                 history=history,
                 changes=changes,
+                replica_of=replica_of,
             )
         except ValueError as exc:  # pydantic's ValidationError is a ValueError
             raise InvalidArgument(_schema_error(exc)) from exc
@@ -161,6 +165,18 @@ class TableAdmin(BackupRequests):
         stream (``table.read_changes``) can be read that far back. Only the table's admins."""
         req = SetChangesRequest(name, seconds)
         self._tables[name] = (await self._admin.set_changes(req)).info()
+
+    async def set_replica(
+        self, name: str, replica_of: ReplicaOf | None, *, promoting: bool = False
+    ) -> None:
+        """Make table ``name`` a replica (only the replicator writes it; with ``promoting``,
+        nobody), or with None a primary again; every worker applies it before this returns.
+        Only the table's admins (client/replicator.py runs it)."""
+        if replica_of is None:
+            req = SetReplicaRequest(name, None)
+        else:
+            req = SetReplicaRequest(name, replica_of.source, replica_of.table, promoting)
+        self._tables[name] = (await self._admin.set_replica(req)).info()
 
     async def history_default(self) -> float | None:
         """The database's default history window in seconds (None: none)."""

@@ -31,6 +31,10 @@ Keys are relative to the coordinator's namespace (an etcd URL's path, e.g.
                                       runs under the bucket's restores/<restore-id>/)
     bulk_loads/<table-id>/<load-id>   a bulk load's state (loading, done) as JSON
                                       (master.bulk_load): a done load is not loaded again
+    replication/<table>               a replica table's replication progress as JSON (the
+                                      tokens of its partitions, how far it has applied:
+                                      client/replication_plan.py), or a promoted table's
+                                      promotion instant
     tokens/<sha256 of the token>      a bearer token's principal (coordination.tokens); the
                                       token itself is never stored
     .check                            never written: what a coordinator's check() reads to
@@ -53,6 +57,7 @@ __all__ = [
     "DRAINING",
     "ELECTIONS",
     "MASTER_ELECTION",
+    "REPLICATION",
     "ROOT_TABLET",
     "SCHEMAS",
     "SERVERS",
@@ -76,12 +81,14 @@ __all__ = [
     "parse_bulk_load",
     "parse_claim",
     "parse_draining",
+    "parse_replication",
     "parse_schema",
     "parse_server",
     "parse_setting",
     "parse_sort",
     "parse_sort_task",
     "parse_status_page",
+    "replication",
     "schema",
     "server",
     "setting",
@@ -108,6 +115,7 @@ SORTS = "sorts/"
 SORTERS = "sorters/"
 BULK_LOADS = "bulk_loads/"
 TOKENS = "tokens/"
+REPLICATION = "replication/"
 CHECK = ".check"
 
 #: The election whose leader is the master (the master lock of §5.2).
@@ -290,3 +298,11 @@ def bulk_load(table_id: str, load_id: str) -> str:
 def parse_bulk_load(key: str) -> tuple[str, str]:
     table_id, load_id = _parse(key, BULK_LOADS, 2, "bulk load")
     return table_id, load_id
+
+
+def replication(table: str) -> str:
+    return f"{REPLICATION}{_component(table, 'table')}"
+
+
+def parse_replication(key: str) -> str:
+    return _parse(key, REPLICATION, 1, "replication")[0]

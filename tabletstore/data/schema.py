@@ -35,6 +35,7 @@ __all__ = [
     "LocalityGroup",
     "MaxAgeRule",
     "MaxVersionsRule",
+    "ReplicaOf",
     "TableSchema",
     "UnionRule",
     "is_garbage",
@@ -184,6 +185,17 @@ class LocalityGroup(_Frozen):
         return validate_family_name(v)
 
 
+class ReplicaOf(_Frozen):
+    """What a replica table follows (``client/replicator.py``): table ``table`` of the cluster
+    at ``source`` (its coordinator URL). While a table has one, only the replicator writes it
+    (``data/validation.py``); ``promoting`` refuses every write for the seconds a promotion
+    takes to fence the replicator's last writes off from the first client writes."""
+
+    source: str
+    table: str
+    promoting: bool = False
+
+
 class TableSchema(_Frozen):
     """A table's families and locality groups, and who administers it.
 
@@ -207,6 +219,9 @@ class TableSchema(_Frozen):
     #: can be read this far back (garbage collection keeps the commit log that long). None:
     #: no change stream. Left out of the JSON while unset.
     changes: float | None = Field(default=None, exclude_if=lambda v: v is None)
+    #: The table it replicates, while it is a replica (docs/operations/replication.md): only
+    #: the replicator writes it. None: a primary. Left out of the JSON while unset.
+    replica_of: ReplicaOf | None = Field(default=None, exclude_if=lambda v: v is None)
 
     @field_validator("history")
     @classmethod

@@ -33,12 +33,20 @@ from tabletstore.data.model import (
     SetCell,
 )
 from tabletstore.data.schema import TableSchema
-from tabletstore.errors import InvalidArgument, NotFound, PermissionDenied
+from tabletstore.errors import (
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    PreconditionFailed,
+    Unavailable,
+)
 from tabletstore.keys import TS_MAX
 
 __all__ = [
     "MAX_MUTATIONS_PER_ROW",
+    "REPLICATOR",
     "check_mutation_size",
+    "check_replica_write",
     "check_row_key",
     "families_of",
     "mutation_bytes",
@@ -51,6 +59,36 @@ MAX_MUTATIONS_PER_ROW = 100_000
 #: Bytes counted per mutation on top of its names and value: at least what the RPC codec
 #: spends on one (msgpack's array, type marker and length headers, a timestamp: at most 26).
 MUTATION_OVERHEAD = 32
+
+
+#: The identity a replicator writes its replica tables as (``client/replicator.py``): the only
+#: writer of a table that follows another, and a writer of nothing else.
+REPLICATOR = "tabletstore-replicator"
+
+
+def check_replica_write(schema: TableSchema, identity: str | None) -> None:
+    """The write policy of replication (single primary): a replica table takes writes from
+    its replicator only, and the replicator writes nothing but replicas. PreconditionFailed
+    names which; Unavailable (retry) while the table is being promoted."""
+    replica = schema.replica_of
+    if replica is None:
+        if identity == REPLICATOR:
+            raise PreconditionFailed(
+                f"table {schema.name!r} is not a replica (it was promoted, or never followed "
+                "another): the replicator does not write it"
+            )
+        return
+    if replica.promoting:
+        raise Unavailable(
+            f"table {schema.name!r} is being promoted from replica to primary; retry in a "
+            "few seconds"
+        )
+    if identity != REPLICATOR:
+        raise PreconditionFailed(
+            f"table {schema.name!r} is a replica of {replica.table!r} at {replica.source} and "
+            "refuses client writes while it follows it; write to the primary, or promote "
+            f"this one (tabletstore replication promote {schema.name})"
+        )
 
 
 def mutation_bytes(row: bytes, mutations: Sequence[Mutation]) -> int:
@@ -199,6 +237,7 @@ def validate_row_mutation(
     schema: TableSchema, row: bytes, mutations: Sequence[Mutation], identity: str | None = None
 ) -> None:
     """Raise a precise error if the row mutation is not acceptable; return None otherwise."""
+    check_replica_write(schema, identity)
     size = _plain_set_cells_size(schema, row, mutations, identity)
     if size is not None and size <= MAX_MUTATION_BYTES:
         return
@@ -263,6 +302,7 @@ def validate_rmw_rules(
     schema: TableSchema, row: bytes, rules: Sequence[ReadModifyWriteRule], identity: str | None
 ) -> None:
     """Read-modify-write rules need read and write access to their families."""
+    check_replica_write(schema, identity)
     check_row_key(row)
     if not rules:
         raise InvalidArgument("read-modify-write has no rules")

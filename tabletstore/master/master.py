@@ -41,7 +41,7 @@ from tabletstore.client.location import LocationCache
 from tabletstore.clock import Clock, SystemClock
 from tabletstore.coordination import paths
 from tabletstore.coordination.base import Coordinator
-from tabletstore.data.schema import TableSchema
+from tabletstore.data.schema import ReplicaOf, TableSchema
 from tabletstore.errors import (
     Indeterminate,
     InvalidArgument,
@@ -90,6 +90,7 @@ from tabletstore.rpc.messages import (
     SetAdminsRequest,
     SetChangesRequest,
     SetHistoryRequest,
+    SetReplicaRequest,
     SnapshotInfoMessage,
     TableInfoMessage,
     TableNameRequest,
@@ -668,9 +669,7 @@ class Master(BackupAdmin):
         except ValueError as exc:
             raise InvalidArgument(str(exc)) from exc
         new = await self._catalog.update_schema(info, schema)
-        workers = await self.live_workers()
-        for address in set(workers.values()):
-            await self._worker(address).update_schema(UpdateSchemaRequest(name))
+        await self._push_schema(name)
         moved = [
             f.name
             for f in update
@@ -725,6 +724,32 @@ class Master(BackupAdmin):
         if req.name == mt.METADATA_TABLE:
             raise InvalidArgument(f"table {req.name!r} is the system table; it has no changes")
         return TableInfoMessage.of(await set_changes(self._catalog, req.name, req.seconds))
+
+    async def set_replica(self, req: SetReplicaRequest) -> TableInfoMessage:
+        """Make a table a replica of another cluster's table (only the replicator writes it),
+        or with no source a primary again (client/replicator.py). Every live worker has the
+        new schema before this answers, so the write policy holds from then on; a worker
+        that loads a tablet later reads it from the catalog."""
+        self._check_leading()
+        if req.name == mt.METADATA_TABLE:
+            raise InvalidArgument(f"table {req.name!r} is the system table; it is no replica")
+        info = await self._catalog.get_table(req.name)
+        replica = (
+            None
+            if req.source is None
+            else ReplicaOf(source=req.source, table=req.table, promoting=req.promoting)
+        )
+        new = await self._catalog.update_schema(
+            info, info.schema.model_copy(update={"replica_of": replica})
+        )
+        await self._push_schema(req.name)
+        return TableInfoMessage.of(new)
+
+    async def _push_schema(self, name: str) -> None:
+        """Every live worker applies table ``name``'s schema as the catalog has it now."""
+        workers = await self.live_workers()
+        for address in set(workers.values()):
+            await self._worker(address).update_schema(UpdateSchemaRequest(name))
 
     async def compact_table(self, req: CompactTableRequest) -> None:
         """Minor (``flush``) or major (``compact``) compaction of every tablet of a table."""

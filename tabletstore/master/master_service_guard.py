@@ -14,6 +14,7 @@ on, each request runs with the principal the RPC layer proved (``rpc.auth``):
   no admins), as a cloud service refuses a resource the caller has no rights on.
 - ``create_backup``, ``clone_table``: only the (source) table's admins.
 - ``set_history``, ``set_changes``: only the table's admins (its window is its cost and its recoverability).
+- ``set_replica``: only the table's admins (it decides who may write the table).
 - ``history_default``: anyone authenticated reads the database's default history window; only
   the cluster's ``master`` identity changes it (it governs every table without its own).
 - ``get_backup``, ``update_backup``, ``delete_backup``, ``restore_table``: only the admins
@@ -77,6 +78,7 @@ ADMIN_METHODS = frozenset(
         MasterService.clone_table,
         MasterService.set_history,
         MasterService.set_changes,
+        MasterService.set_replica,
     )
 )
 #: Methods naming a backup: the admins its manifest recorded only.

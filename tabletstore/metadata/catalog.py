@@ -86,8 +86,9 @@ HISTORY_SETTING = "history"
 
 #: Version of stored table schema records: 1 (no ``version`` key) before aggregate families,
 #: 2 with them (``ColumnFamily.value_type``), 3 with a history window (``TableSchema.history``),
-#: 4 with a change retention (``TableSchema.changes``). All are read.
-SCHEMA_RECORD_VERSION = 4
+#: 4 with a change retention (``TableSchema.changes``), 5 for a replica
+#: (``TableSchema.replica_of``). All are read.
+SCHEMA_RECORD_VERSION = 5
 
 T = TypeVar("T")
 
@@ -102,16 +103,18 @@ class TableInfo:
     revision: int = 0
 
     def to_bytes(self) -> bytes:
-        """The stored record. A schema with a change retention is stored as version 4, one
-        with a history window as version 3, one with an aggregate family as version 2 (older
-        builds cannot read them and must refuse the record rather than drop the retention,
-        the window or the value type); any other schema keeps version 1's bytes (no
-        ``version`` key)."""
+        """The stored record. A replica's schema is stored as version 5, one with a change
+        retention as version 4, one with a history window as version 3, one with an aggregate
+        family as version 2 (older builds cannot read them and must refuse the record rather
+        than drop the retention, the window or the value type, or take client writes on a
+        replica); any other schema keeps version 1's bytes (no ``version`` key)."""
         record: dict[str, object] = {
             "table_id": self.table_id,
             "schema": self.schema.model_dump(mode="json"),
         }
-        if self.schema.changes is not None:
+        if self.schema.replica_of is not None:
+            record["version"] = 5
+        elif self.schema.changes is not None:
             record["version"] = 4
         elif self.schema.history is not None:
             record["version"] = 3

@@ -38,6 +38,11 @@ master_assignment_rounds_total{outcome}                  counter   ok, failed
 master_tablets_assigned_total                            counter
 master_last_assignment_timestamp_seconds                 gauge     wall clock
 gc_rounds_total, gc_deleted_{objects,bytes}_total        counter   :meth:`MasterMetrics.gc_round`
+replication_lag_seconds{table}                           gauge     master: how far a replica
+                                                                   table is behind its source
+replication_applied_changes_total{table}                 counter   master: changes it applied
+replication_errors{table}                                gauge     master: 1 while its
+                                                                   replicator reports an error
 ======================================================  ========  ===========================
 """
 
@@ -63,6 +68,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from tabletstore.client.replication_plan import Progress
 from tabletstore.clock import monotonic, stopwatch, wall_time
 from tabletstore.commitlog.spill import SpillStats
 from tabletstore.commitlog.writer import CommitLogStats
@@ -723,6 +729,10 @@ class MasterMetrics(ProcessMetrics):
         )
         for outcome in ("ok", "failed"):
             self.rounds.labels(outcome=outcome)
+        #: The replica tables' progress as last read from the coordinator (the status
+        #: server's replication sampler refreshes it); the lag is computed at scrape time.
+        self.replication: dict[str, Progress] = {}
+        self.registry.register(_ReplicationCollector(self))
 
     def watch_leading(self, leading: Callable[[], bool]) -> None:
         self._leading = leading
@@ -766,6 +776,40 @@ class MasterMetrics(ProcessMetrics):
         self.gc_history.append(
             GcRound(self._time(), deleted_objects, deleted_bytes, listed_objects)
         )
+
+
+class _ReplicationCollector(Collector):
+    """Each replica table's lag (now minus its applied watermark: it grows while its
+    replicator is stopped or stalled), changes applied and whether it reports an error."""
+
+    def __init__(self, metrics: MasterMetrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterable[Metric]:
+        now = self._metrics._time()
+        lag = GaugeMetricFamily(
+            f"{PREFIX}_replication_lag_seconds",
+            "Seconds a replica table is behind its source (writes acknowledged there before "
+            "now minus this are applied here)",
+            labels=["table"],
+        )
+        applied = CounterMetricFamily(
+            f"{PREFIX}_replication_applied_changes",
+            "Changes of its source a replica table applied",
+            labels=["table"],
+        )
+        errors = GaugeMetricFamily(
+            f"{PREFIX}_replication_errors",
+            "1 while a replica table's replicator reports an error (the source unreachable...)",
+            labels=["table"],
+        )
+        for table, p in sorted(self._metrics.replication.items()):
+            if p.state != "following":
+                continue
+            lag.add_metric([table], p.lag(now))
+            applied.add_metric([table], p.applied_changes)
+            errors.add_metric([table], 1.0 if p.error else 0.0)
+        return [lag, applied, errors]
 
 
 class _LoadCounting:

@@ -39,6 +39,7 @@ __all__ = [
     "MasterInfo",
     "MasterStatus",
     "ProcessStatus",
+    "ReplicationInfo",
     "RequestTotals",
     "TableView",
     "TabletInfo",
@@ -222,6 +223,21 @@ class TableView(_Model):
     hidden_tablets: int = Field(ge=0, description="Tablets not listed (the page's bound)")
 
 
+class ReplicationInfo(_Model):
+    """A replica table of this cluster (client/replicator.py), or one promoted from replica."""
+
+    table: str
+    source: str = Field(description="The source cluster's URL")
+    source_table: str
+    state: Literal["following", "promoted"]
+    lag_seconds: float = Field(ge=0, description="Now minus the applied watermark")
+    applied_watermark: float = Field(description="Every source write before it is applied")
+    partitions: int = Field(ge=0)
+    applied_changes: int = Field(ge=0)
+    error: str | None = Field(description="Why it stalls or stopped (the source unreachable...)")
+    updated_at: float = Field(description="When its replicator last saved its progress")
+
+
 class ClusterView(_Model):
     """Everything on the master's page."""
 
@@ -231,6 +247,7 @@ class ClusterView(_Model):
     workers: list[WorkerInfo]
     tables: list[TableView]
     events: list[EventInfo] = Field(description="Newest first")
+    replication: list[ReplicationInfo] = Field(default_factory=list)
 
 
 class WorkerView(_Model):

@@ -66,6 +66,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
 
+from tabletstore.client.replicator import read_progress
 from tabletstore.coordination.base import Coordinator
 from tabletstore.errors import InvalidArgument, TabletStoreError
 from tabletstore.metadata.catalog import Catalog
@@ -617,6 +618,9 @@ async def serve_master(
 
     sampler = Sampler(read_workers, interval=interval)
 
+    async def sample_replication() -> None:
+        await watch_replication(coord, metrics, interval=interval)
+
     async def view(url: str) -> ClusterView:
         built = await cluster_view(
             master, coord, metrics, sampler, address=address, metrics_url=url
@@ -637,7 +641,7 @@ async def serve_master(
         status,
         page=page,
         api={"/api/cluster": api_cluster, "/api/charts": api_charts},
-        background=[sampler.run],
+        background=[sampler.run, sample_replication],
         host=host,
         port=port,
         tls=tls,
@@ -646,3 +650,16 @@ async def serve_master(
     )
     await http.start()
     return http
+
+
+async def watch_replication(
+    coordinator: Coordinator, metrics: MasterMetrics, *, interval: float
+) -> None:
+    """Keep ``metrics.replication`` (the replica tables' progress: the page's replication
+    section and the lag metrics) as the coordinator has it, every ``interval`` seconds."""
+    while True:
+        try:
+            metrics.replication = await read_progress(coordinator)
+        except TabletStoreError as exc:  # the coordinator away: the last reading stays
+            log.warning("cannot read the replication progress: %s", exc)
+        await asyncio.sleep(interval)

@@ -19,6 +19,7 @@ from typing import Protocol
 
 import aiohttp
 
+from tabletstore.client.replication_plan import Progress
 from tabletstore.clock import wall_time
 from tabletstore.coordination import paths
 from tabletstore.coordination.base import Coordinator, Lease
@@ -33,6 +34,7 @@ from tabletstore.ops.status_api import (
     EventInfo,
     MasterInfo,
     MasterStatus,
+    ReplicationInfo,
     TabletInfo,
     TabletView,
     TableView,
@@ -371,7 +373,27 @@ async def cluster_view(
         workers=_worker_infos(status.live_workers, sampler),
         tables=await _tables(tables, coordinator, sampler, pages),
         events=events[:PAGE_EVENTS],
+        replication=replication_infos(metrics.replication, wall_time()),
     )
+
+
+def replication_infos(progress: Mapping[str, Progress], now: float) -> list[ReplicationInfo]:
+    """The page's replication section: each replica table's state and lag at ``now``."""
+    return [
+        ReplicationInfo(
+            table=name,
+            source=p.source,
+            source_table=p.table,
+            state="promoted" if p.state == "promoted" else "following",
+            lag_seconds=p.lag(now),
+            applied_watermark=p.applied_watermark(),
+            partitions=len(p.partitions),
+            applied_changes=p.applied_changes,
+            error=p.error,
+            updated_at=p.updated_at,
+        )
+        for name, p in sorted(progress.items())
+    ]
 
 
 # ---------------------------------------------------------------------------- a worker's page

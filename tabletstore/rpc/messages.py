@@ -77,6 +77,7 @@ __all__ = [
     "SetAdminsRequest",
     "SetChangesRequest",
     "SetHistoryRequest",
+    "SetReplicaRequest",
     "SnapshotHoldRequest",
     "SnapshotInfoMessage",
     "SnapshotTablet",
@@ -701,6 +702,18 @@ class SetChangesRequest:
 
     name: str
     seconds: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class SetReplicaRequest:
+    """Make table ``name`` a replica of ``table`` at the cluster ``source`` (only the
+    replicator writes it; ``promoting``: nobody does, for the moment a promotion fences), or
+    with ``source`` None a primary again (client/replicator.py)."""
+
+    name: str
+    source: str | None
+    table: str = ""
+    promoting: bool = False
 
 
 @dataclass(frozen=True, slots=True)

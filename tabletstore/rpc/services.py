@@ -71,6 +71,7 @@ from tabletstore.rpc.messages import (
     SetAdminsRequest,
     SetChangesRequest,
     SetHistoryRequest,
+    SetReplicaRequest,
     SnapshotHoldRequest,
     SnapshotInfoMessage,
     SnapshotWriteRequest,
@@ -224,6 +225,10 @@ class MasterService(Protocol):
 
     async def set_changes(self, req: SetChangesRequest) -> TableInfoMessage:
         """Set a table's change retention (client/change_stream.py)."""
+        ...
+
+    async def set_replica(self, req: SetReplicaRequest) -> TableInfoMessage:
+        """Make a table a replica, or a primary again (client/replicator.py)."""
         ...
 
 

@@ -119,6 +119,8 @@ WIRE_TYPES: dict[int, type] = {
     120: m.DeleteSnapshotRequest,
     121: m.BulkLoadRequest,
     122: m.BulkLoadResponse,
+    # replication (123)
+    123: m.SetReplicaRequest,
 }
 
 

@@ -95,6 +95,10 @@ async def test_only_admins_change_history_windows(tmp_path: Path) -> None:
         assert isinstance(kept, m.TableInfoMessage) and kept.info().schema.changes == 3600.0
         await db.set_changes("t", None)  # the client's call, through the same RPC
         assert (await db.describe_table("t")).changes is None
+        # Making a table a replica decides who may write it: its admins only.
+        with pytest.raises(PermissionDenied, match="mallory may not set_replica"):
+            await call(MALLORY, "set_replica", m.SetReplicaRequest("t", "etcd://x/ns", "t"))
+        assert (await db.describe_table("t")).replica_of is None
         change = m.HistoryDefaultRequest(change=True, seconds=86400.0)
         for who in (ALICE, MALLORY):
             with pytest.raises(PermissionDenied, match="default history window"):

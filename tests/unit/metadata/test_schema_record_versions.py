@@ -1,4 +1,5 @@
-"""Schema records (metadata/catalog.py TableInfo): a change retention is stored as version 4,
+"""Schema records (metadata/catalog.py TableInfo): a replica's schema is stored as version 5,
+a change retention as version 4,
 a history window alone as version 3, a plain schema without a version; each reads back, and a
 version newer than the build reads is refused rather than read without what it adds."""
 
@@ -8,7 +9,7 @@ import json
 
 import pytest
 
-from tabletstore.data.schema import TableSchema
+from tabletstore.data.schema import ReplicaOf, TableSchema
 from tabletstore.errors import Unimplemented
 from tabletstore.metadata.catalog import SCHEMA_RECORD_VERSION, TableInfo
 
@@ -16,6 +17,7 @@ from tabletstore.metadata.catalog import SCHEMA_RECORD_VERSION, TableInfo
 @pytest.mark.parametrize(
     ("schema", "version"),
     [
+        (TableSchema(name="t", changes=60.0, replica_of=ReplicaOf(source="e", table="t")), 5),
         (TableSchema(name="t", changes=86400.0), 4),
         (TableSchema(name="t", changes=3600.0, history=7200.0), 4),
         (TableSchema(name="t", history=7200.0), 3),

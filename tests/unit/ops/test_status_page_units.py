@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 from importlib import resources
 from typing import Any
 
 import aiohttp
 import pytest
 
+from tabletstore.client.change_plan import ChangePartition
+from tabletstore.client.replication_plan import starting
+from tabletstore.client.replicator import read_progress
 from tabletstore.coordination import paths
 from tabletstore.data.model import SetCell
 from tabletstore.embedded import Database
@@ -38,7 +42,9 @@ from tabletstore.ops.views import cluster_view, page_urls, publish_page, worker_
 pytestmark = pytest.mark.timeout(60)
 
 
-def totals(requests: int, *, errors: int = 0, s3: int = 0, fast: int | None = None) -> RequestTotals:
+def totals(
+    requests: int, *, errors: int = 0, s3: int = 0, fast: int | None = None
+) -> RequestTotals:
     """``requests`` of which ``fast`` took at most 1 ms and the rest 10..25 ms."""
     fast = requests if fast is None else fast
     buckets = [fast if b <= 0.001 else (fast if b < 0.025 else requests) for b in LATENCY_BUCKETS]
@@ -166,6 +172,11 @@ async def test_the_cluster_view_and_page_of_an_embedded_database() -> None:
         metrics = MasterMetrics("inproc://master")
         metrics.watch_leading(lambda: True)
         metrics.gc_round(deleted_objects=3, deleted_bytes=300, listed_objects=9)
+        # A replica table's progress as its replicator saves it, read as the sampler does.
+        progress = starting("etcd://src/ns", "web", [ChangePartition(b"", None)], 100.0)
+        stalled = replace(progress, error="source unreachable: boom")
+        await db.coordinator.put(paths.replication("web"), stalled.to_bytes())
+        metrics.replication = await read_progress(db.coordinator)
         status = await worker_status(db.worker, db.metrics)
 
         async def read() -> Any:
@@ -190,8 +201,17 @@ async def test_the_cluster_view_and_page_of_an_embedded_database() -> None:
     assert loads and all("s after its assignment)" in e.detail for e in loads)
     ClusterView.model_validate_json(view.model_dump_json())
 
+    [replica] = view.replication
+    assert (replica.table, replica.state, replica.error) == (
+        "web",
+        "following",
+        "source unreachable: boom",
+    )
+    assert replica.lag_seconds > 0
+
     html = render_master(view, sampler.charts())
     assert "[(first row), &lt;i&gt;m)" in html and "<i>" not in html
+    assert "Replication" in html and "source unreachable: boom" in html
     assert 'href="http://127.0.0.1:9/"' in html and "deleted 3 objects" in html
 
 

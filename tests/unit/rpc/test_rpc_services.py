@@ -89,6 +89,7 @@ def test_the_protocols_declare_every_method_once() -> None:
         "clone_table",
         "set_history",
         "set_changes",
+        "set_replica",
         "history_default",
     }
     with pytest.raises(InvalidArgument, match="not a method of TabletService"):
@@ -273,6 +274,14 @@ async def _exercise(
         master.set_changes, MasterService.set_changes, m.SetChangesRequest("svc-c", 3600.0)
     )
     assert kept.info().schema.changes == 3600.0
+    follows = m.SetReplicaRequest("svc-c", "etcd://elsewhere/ns", "svc")
+    made = await call(master.set_replica, MasterService.set_replica, follows)
+    assert made.info().schema.replica_of is not None
+    assert made.info().schema.replica_of.source == "etcd://elsewhere/ns"
+    primary = await call(
+        master.set_replica, MasterService.set_replica, m.SetReplicaRequest("svc-c", None)
+    )
+    assert primary.info().schema.replica_of is None
     set_default = m.HistoryDefaultRequest(change=True, seconds=3600.0)
     assert (await call(master.history_default, MasterService.history_default, set_default)) == (
         m.HistoryDefaultMessage(3600.0)
