@@ -24,6 +24,7 @@ from tabletstore.cli.context import TABLE_ARG, Failure, cli_context, failing
 from tabletstore.cli.history_cmds import parse_instant
 from tabletstore.client.change_plan import utc
 from tabletstore.client.cluster import ClusterClient
+from tabletstore.client.replication_plan import Progress
 from tabletstore.client.replicator import (
     TableReplicator,
     promote,
@@ -109,7 +110,7 @@ def replicate_cmd(
                     for t in tables
                 ]
                 for f in followers:
-                    progress = await f.prepare()
+                    progress = await _prepared(f)
                     _say(
                         f"{f.table}: following {source} ({len(progress.partitions)} "
                         f"partitions) from {utc(progress.applied_watermark())}"
@@ -133,6 +134,21 @@ def replicate_cmd(
     except TabletStoreError as exc:
         raise Failure(str(exc)) from exc
     sys.exit(code)
+
+
+async def _prepared(follower: TableReplicator) -> Progress:
+    """``follower.prepare()``, retried while either cluster is unavailable (a service started
+    with its cluster waits for it); a lasting error (bad input) fails at once."""
+    delay = 0.5
+    while True:
+        try:
+            return await follower.prepare()
+        except TabletStoreError as exc:
+            if not exc.retryable:
+                raise
+            _say(f"{follower.table}: {exc}; retrying")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 10.0)
 
 
 @click.group("replication")
