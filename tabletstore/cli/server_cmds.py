@@ -429,9 +429,6 @@ def worker_cmd(
         worker_id, port, metrics_port = _group_member(place, worker_id, port, metrics_port)
 
     def ready(server: TabletServer) -> None:
-        # Freeze what start-up loaded and raise the collector's thresholds, before the first
-        # request (ops/process_warmup.py).
-        warm_up_process()
         click.echo(
             f"worker {server.worker_id} listening on {server.address} (RPC protocol {versions})",
             err=True,
@@ -456,6 +453,9 @@ def worker_cmd(
                 tablet_options=tablet_options,
                 stop=stop,
                 ready=ready,
+                # Freeze what start-up loaded and raise the collector's thresholds before the
+                # first request (ops/process_warmup.py), and before the lease is taken.
+                warm_up=warm_up_process,
                 metrics_port=metrics_port,
                 metrics_ready=_metrics_ready,
                 tls=tls,
