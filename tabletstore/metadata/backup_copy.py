@@ -62,10 +62,11 @@ __all__ = ["COPY_CONCURRENCY", "PART_BYTES", "checksum", "copy_backup", "delete_
 #: Objects copied at once (each one GET and one PUT in flight).
 COPY_CONCURRENCY = 16
 
-#: Objects larger than this are read in ranges of this size, in parallel: boto3's managed
-#: transfers' default part (``TransferConfig.multipart_chunksize``). Smaller parts only add
-#: requests: one GET of a few MB is not slower per byte than two of half the size.
-PART_BYTES = 8 * 1024 * 1024
+#: Objects larger than this are read in ranges of this size, in parallel (AWS's guidance for
+#: ranged GETs is 8-16 MB). Smaller parts only add requests, each with its fixed cost on both
+#: sides: one GET of a few MB is not slower per byte than two of half the size, and a copy
+#: keeps many objects in flight at once anyway.
+PART_BYTES = 16 * 1024 * 1024
 
 #: Called with the bytes of each object copied (progress, benchmarks).
 Progress = Callable[[int], None]
