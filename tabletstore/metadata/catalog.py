@@ -57,7 +57,7 @@ from tabletstore.coordination import paths
 from tabletstore.coordination.base import Coordinator, Delete, Put, absent, mod_revision_is
 from tabletstore.data.filters import RowFilter
 from tabletstore.data.model import DeleteRow, Mutation, Row
-from tabletstore.data.schema import TableSchema
+from tabletstore.data.schema import HISTORY_OFF, TableSchema
 from tabletstore.errors import (
     AlreadyExists,
     Corruption,
@@ -86,8 +86,10 @@ HISTORY_SETTING = "history"
 
 #: Version of stored table schema records: 1 (no ``version`` key) before aggregate families,
 #: 2 with them (``ColumnFamily.value_type``), 3 with a history window (``TableSchema.history``),
-#: 4 with a change retention (``TableSchema.changes``). All are read.
-SCHEMA_RECORD_VERSION = 4
+#: 4 with a change retention (``TableSchema.changes``), 5 with a history opt-out (``history``
+#: 0, ``HISTORY_OFF``: no history whatever the database's default; a build that reads up to 4
+#: refuses the record rather than apply the default). All are read.
+SCHEMA_RECORD_VERSION = 5
 
 T = TypeVar("T")
 
@@ -102,16 +104,19 @@ class TableInfo:
     revision: int = 0
 
     def to_bytes(self) -> bytes:
-        """The stored record. A schema with a change retention is stored as version 4, one
-        with a history window as version 3, one with an aggregate family as version 2 (older
-        builds cannot read them and must refuse the record rather than drop the retention,
-        the window or the value type); any other schema keeps version 1's bytes (no
-        ``version`` key)."""
+        """The stored record. A schema that opts out of the database's default history window
+        is stored as version 5, one with a change retention as version 4, one with a history
+        window as version 3, one with an aggregate family as version 2 (older builds cannot
+        read them and must refuse the record rather than drop the opt-out, the retention, the
+        window or the value type); any other schema keeps version 1's bytes (no ``version``
+        key)."""
         record: dict[str, object] = {
             "table_id": self.table_id,
             "schema": self.schema.model_dump(mode="json"),
         }
-        if self.schema.changes is not None:
+        if self.schema.history == HISTORY_OFF:
+            record["version"] = 5
+        elif self.schema.changes is not None:
             record["version"] = 4
         elif self.schema.history is not None:
             record["version"] = 3
