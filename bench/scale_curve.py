@@ -223,7 +223,13 @@ def chart(curves: Sequence[Curve], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.scale_curve", description=__doc__)
-    parser.add_argument("--paper-json", type=Path, required=True, help="bench.paper --json")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--paper-json", type=Path, help="bench.paper --json")
+    source.add_argument(
+        "--rates",
+        help="one worker's values/s given directly: 'random reads=13484,scans=97833,...' "
+        "(every benchmark of the curve; e.g. a documented bench.paper run's)",
+    )
     parser.add_argument("--target", help="the bench.paper target whose rates to use")
     parser.add_argument(
         "--scale-json",
@@ -240,7 +246,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown", type=Path, default=None)
     parser.add_argument("--png", type=Path, default=None)
     args = parser.parse_args(argv)
-    target, rates = one_worker_rates(json.loads(args.paper_json.read_text()), args.target)
+    if args.paper_json is not None:
+        target, rates = one_worker_rates(json.loads(args.paper_json.read_text()), args.target)
+    else:
+        target, rates = "--rates", _rates(args.rates)
     per_miss = 1.0
     if args.scale_json is not None:
         results = json.loads(args.scale_json.read_text())["results"]
@@ -267,6 +276,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.png is not None:
         chart(curves, args.png)
     return 0
+
+
+def _rates(text: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for part in text.split(","):
+        name, _, value = part.partition("=")
+        try:
+            out[name.strip()] = float(value)
+        except ValueError:
+            raise SystemExit(f"--rates: {part!r} is not NAME=VALUES_PER_SECOND") from None
+    missing = sorted(set(IN_ORDER) - set(out))
+    if missing or any(v <= 0 for v in out.values()):
+        raise SystemExit(f"--rates needs a positive rate for each of {list(IN_ORDER)}")
+    return out
 
 
 if __name__ == "__main__":

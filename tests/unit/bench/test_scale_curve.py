@@ -58,3 +58,14 @@ def test_main_reads_a_paper_run_and_writes_the_table(tmp_path: Path) -> None:
     paper.write_text(json.dumps({"results": results[:2]}))
     with pytest.raises(SystemExit, match="no target"):
         main(["--paper-json", str(paper)])
+
+
+def test_rates_can_be_given_directly(tmp_path: Path) -> None:
+    md = tmp_path / "curve.md"
+    given = ",".join(f"{name}={rate:g}" for name, rate in RATES.items())
+    assert main(["--rates", given, "--markdown", str(md)]) == 0
+    assert "scans" in md.read_text()
+    with pytest.raises(SystemExit, match="NAME=VALUES_PER_SECOND"):
+        main(["--rates", "scans"])
+    with pytest.raises(SystemExit, match="a positive rate for each"):
+        main(["--rates", "scans=5"])
