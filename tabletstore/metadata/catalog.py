@@ -347,7 +347,13 @@ class Catalog:
             out[row.key] = row.record
         return await self._finish_merges(_in_range_order(list(out.values())))
 
-    async def get_tablet(self, table_id: str, tablet_id: str) -> TabletRecord:
+    async def get_tablet(
+        self, table_id: str, tablet_id: str, *, row_key: bytes | None = None
+    ) -> TabletRecord:
+        """The tablet's record. With ``row_key``, the METADATA row that should hold it (the
+        key of its end row: ``metadata_row_key``), one row is read instead of every row of the
+        table; if that row holds another tablet now (it split or merged since the caller
+        looked), the table is listed as without it."""
         if self._md is None:
             kv = await self._coord.get(paths.tablet(table_id, tablet_id))
             if kv is None:
@@ -355,6 +361,10 @@ class Catalog:
             return TabletRecord.from_bytes(kv.value)
         if mt.level(table_id, tablet_id) == 1:
             return await self._root()
+        if row_key is not None:
+            row = await self._read_row(row_key)
+            if row is not None and not row.pending and row.record.tablet_id == tablet_id:
+                return row.record
         for rec in await self.list_tablets(table_id):
             if rec.tablet_id == tablet_id:
                 return rec

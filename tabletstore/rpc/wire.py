@@ -82,6 +82,7 @@ WIRE_TYPES: dict[int, type] = {
     77: m.RowPiece,
     78: m.LargeRow,
     79: m.ScanProgress,
+    80: m.LoadTabletAtRequest,
     # master messages (90-109)
     90: m.TableInfoMessage,
     91: m.CreateTableRequest,
