@@ -79,7 +79,7 @@ def _cpu_seconds(pid: int) -> float:
 
 
 def _wait_listening(proc: subprocess.Popen[Any], port: int, what: str) -> None:
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 180  # a loaded machine imports slowly
     while True:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
