@@ -180,10 +180,12 @@ class ClusterTarget(TabletstoreTarget):
         block_cache_bytes: int = WorkerOptions().block_cache_bytes,
         block_size: int | None = None,
         worker_args: Sequence[str] = (),
+        lease_ttl: float = LEASE_TTL,
     ) -> None:
         self.workers, self.store_kind = parse_cluster_spec(spec)
         #: Appended to every worker's arguments (e.g. ``--split-bytes``).
         self.worker_args = tuple(worker_args)
+        self.lease_ttl = lease_ttl
         #: The stack once it is up (its process records: roles, pids, logs).
         self.stack: localstack.Stack | None = None
         self.processes = processes_of(spec)
@@ -240,7 +242,7 @@ class ClusterTarget(TabletstoreTarget):
                 # A loaded machine stalls processes for seconds; a worker that loses its lease
                 # mid-benchmark would restart (a group's process) or end the run.
                 "--lease-ttl",
-                str(LEASE_TTL),
+                str(self.lease_ttl),
                 "--metrics-port",
                 "0",
                 "--block-cache-bytes",

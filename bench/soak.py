@@ -64,7 +64,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.cluster_target import ClusterTarget, _fetch, children_of, cpu_seconds
+from bench.cluster_target import LEASE_TTL, ClusterTarget, _fetch, children_of, cpu_seconds
 from bench.targets import FAMILY, QUALIFIER, row_key
 from tabletstore.cli import localstack
 from tabletstore.client.mutate_rows import MutationsFailed
@@ -116,6 +116,9 @@ class SoakConfig:
     #: Workers split tablets past this many bytes; None: the production default.
     split_bytes: int | None = None
     min_free_gb: float = 20.0
+    #: The workers' lease (``worker --lease-ttl``): longer than the production default, as
+    #: ClusterTarget's, because a shared machine stalls processes for many seconds.
+    lease_ttl: float = LEASE_TTL
     verify_rows: int = 5_000
     seed: int = 1
 
@@ -140,8 +143,8 @@ class SoakConfig:
         return cls(**base)
 
     def __post_init__(self) -> None:
-        if self.minutes <= 0 or self.gb <= 0 or self.interval <= 0:
-            raise ValueError("--minutes, --gb and --interval must be positive")
+        if min(self.minutes, self.gb, self.interval, self.lease_ttl) <= 0:
+            raise ValueError("--minutes, --gb, --interval and --lease-ttl must be positive")
         if self.workers < 1 or self.batch_rows < 1 or self.scan_rows < 1:
             raise ValueError("--workers, --batch-rows and --scan-rows must be at least 1")
         if self.value_bytes <= DIGEST:
@@ -649,6 +652,7 @@ async def run_soak(cfg: SoakConfig, out: Path) -> SoakRun:
         rows=space.size,
         mem_rows=1,
         worker_args=worker_args,
+        lease_ttl=cfg.lease_ttl,
     )
     try:
         await cluster.open()
@@ -1076,6 +1080,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, dest=name)
     parser.add_argument("--interval", type=float, help="seconds between samples")
     parser.add_argument("--min-free-gb", type=float, dest="min_free_gb")
+    parser.add_argument(
+        "--lease-ttl",
+        type=float,
+        dest="lease_ttl",
+        help=f"workers' lease (default {d.lease_ttl:g} s)",
+    )
     parser.add_argument("--out", type=Path, default=Path("soak-out"), help="results directory")
     args = parser.parse_args(argv)
     given = {k: v for k, v in vars(args).items() if v is not None and k not in ("quick", "out")}
