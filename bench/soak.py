@@ -71,6 +71,7 @@ from tabletstore.client.mutate_rows import MutationsFailed
 from tabletstore.data.model import RowMutation, SetCell
 
 __all__ = [
+    "Cumulative",
     "Histogram",
     "KeySpace",
     "Ledger",
@@ -518,6 +519,24 @@ def store_bytes(root: Path) -> dict[str, int]:
     return out
 
 
+class Cumulative:
+    """Counters summed over processes, each process's last scraped values kept: a process that
+    misses a scrape or exits neither loses what it counted nor makes the sum drop."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, dict[str, float]] = {}
+
+    def update(self, source: str, values: dict[str, float]) -> None:
+        self._last[source] = values
+
+    def total(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for values in self._last.values():
+            for name, value in values.items():
+                out[name] = out.get(name, 0.0) + value
+        return out
+
+
 class Observer:
     """Everything a sample holds besides the client's own counts (module docstring)."""
 
@@ -531,6 +550,8 @@ class Observer:
         self.directory = directory
         # The file store's directory, or SeaweedFS's data (its volumes: no key prefixes).
         self.store_root = directory / ("store" if cluster.store_kind == "file" else "seaweedfs")
+        self._s3 = Cumulative()
+        self._compactions = Cumulative()
         self._last_s3: dict[str, float] = {}
         self._last_ops = 0
 
@@ -577,26 +598,32 @@ class Observer:
 
         out["memtable_mb"] = total("tabletstore_memtable_bytes") / MB
         out["live_sstable_bytes"] = int(total("tabletstore_sstable_bytes"))
-        out["compactions"] = {
-            kind: int(total(f"tabletstore_compactions_total{{kind={kind}}}"))
-            for kind in ("minor", "merging", "major")
-        }
         prefix = "tabletstore_object_store_requests_total{op="
-        s3: dict[str, float] = {}
-        for m in metrics:
-            for name, value in m.items():
-                if name.startswith(prefix):
-                    op = name[len(prefix) : -1]
-                    s3[op] = s3.get(op, 0.0) + value
+        for url, m in zip(urls, metrics, strict=True):
+            if not m:
+                continue  # no answer: its last counts stand, its new ones come with the next
+            self._s3.update(
+                url, {n[len(prefix) : -1]: v for n, v in m.items() if n.startswith(prefix)}
+            )
+            if url in self.worker_metrics:
+                self._compactions.update(
+                    url,
+                    {
+                        kind: m.get(f"tabletstore_compactions_total{{kind={kind}}}", 0.0)
+                        for kind in ("minor", "merging", "major")
+                    },
+                )
+        compactions = self._compactions.total()
+        out["compactions"] = {
+            k: int(compactions.get(k, 0.0)) for k in ("minor", "merging", "major")
+        }
+        s3 = self._s3.total()
         out["s3_requests"] = {op: int(v) for op, v in sorted(s3.items())}
-        out["s3_interval"] = {}
-        out["s3_per_op"] = 0.0
-        if all(texts):  # a process missing from this sample: its delta comes with the next
-            delta = {op: max(0.0, v - self._last_s3.get(op, 0.0)) for op, v in s3.items()}
-            ops = client_ops - self._last_ops
-            out["s3_interval"] = {op: int(v) for op, v in sorted(delta.items())}
-            out["s3_per_op"] = sum(delta.values()) / ops if ops else 0.0
-            self._last_s3, self._last_ops = s3, client_ops
+        delta = {op: v - self._last_s3.get(op, 0.0) for op, v in s3.items()}
+        ops = client_ops - self._last_ops
+        out["s3_interval"] = {op: int(v) for op, v in sorted(delta.items())}
+        out["s3_per_op"] = sum(delta.values()) / ops if ops else 0.0
+        self._last_s3, self._last_ops = s3, client_ops
         out["stored_bytes"] = await asyncio.to_thread(store_bytes, self.store_root)
         out["disk_free_bytes"] = shutil.disk_usage(self.directory).free
         return out

@@ -12,6 +12,7 @@ import pytest
 
 from bench.cluster_target import parse_cluster_spec
 from bench.soak import (
+    Cumulative,
     Histogram,
     KeySpace,
     Ledger,
@@ -71,6 +72,15 @@ def test_histogram_quantiles_within_its_five_percent_buckets() -> None:
     assert hist.total == 1001
     assert hist.quantile(1.0) >= 5000
     assert Histogram().quantile(0.99) == 0.0
+
+
+def test_cumulative_counters_keep_a_silent_or_exited_process_counts() -> None:
+    counters = Cumulative()
+    counters.update("w0", {"PUT": 10.0})
+    counters.update("w1", {"PUT": 5.0, "GET": 2.0})
+    assert counters.total() == {"PUT": 15.0, "GET": 2.0}
+    counters.update("w0", {"PUT": 12.0})  # w1 did not answer (or exited): its counts stand
+    assert counters.total() == {"PUT": 17.0, "GET": 2.0}
 
 
 def test_config_rejects_nonsense() -> None:
