@@ -435,16 +435,20 @@ class Traffic:
 
             await self._guarded("write", write)
 
-    async def _idle(self) -> None:
-        await asyncio.sleep(0.1)  # nothing acknowledged yet
-
     async def _reader(self, rng: random.Random) -> None:
+        await self._reading(rng, "read", lambda index: self.read_one("read", index))
+
+    async def _scanner(self, rng: random.Random) -> None:
+        await self._reading(rng, "scan", self._scan_one)
+
+    async def _reading(self, rng: random.Random, kind: str, op: Callable[[int], Any]) -> None:
+        """``op`` on acknowledged rows drawn uniformly, until the run ends."""
         while self.running:
             index = self.ledger.pick(rng)
             if index is None:
-                await self._idle()
+                await asyncio.sleep(0.1)  # nothing acknowledged yet
                 continue
-            await self._guarded("read", lambda index=index: self.read_one("read", index))
+            await self._guarded(kind, lambda index=index: op(index))
 
     async def read_one(self, kind: str, index: int) -> None:
         """Read acknowledged row ``index`` and check it (a miss is a lost write)."""
@@ -456,14 +460,6 @@ class Traffic:
             self.rec.lost_write(kind, index, key)
         elif not check_value(key, row.cells[0].value):
             self.rec.wrong_value(kind, key)
-
-    async def _scanner(self, rng: random.Random) -> None:
-        while self.running:
-            index = self.ledger.pick(rng)
-            if index is None:
-                await self._idle()
-                continue
-            await self._guarded("scan", lambda index=index: self._scan_one(index))
 
     async def _scan_one(self, index: int) -> None:
         start = self.ledger.space.key(index)
@@ -963,7 +959,8 @@ def window_table(run: SoakRun, windows: int = 8) -> str:
     cfg = run.config
     lines.append("")
     lines.append(
-        f"{cfg.workers} workers, store {cfg.store}, {cfg.value_bytes}-byte random values; "
+        f"{cfg.workers} workers (lease {cfg.lease_ttl:g} s), store {cfg.store}, "
+        f"{cfg.value_bytes}-byte random values; "
         f"clients: {cfg.batch_writers} batch writers ({cfg.batch_rows} rows), "
         f"{cfg.single_writers} single-row writers, {cfg.readers} readers, {cfg.scanners} "
         f"scanners ({cfg.scan_rows} rows); each row a window of the run (percentiles from "
@@ -1114,7 +1111,15 @@ def main(argv: list[str] | None = None) -> int:
         help=f"workers' lease (default {d.lease_ttl:g} s)",
     )
     parser.add_argument("--out", type=Path, default=Path("soak-out"), help="results directory")
+    parser.add_argument(
+        "--redraw",
+        type=Path,
+        metavar="DIR",
+        help="draw soak.png and write soak.md again from DIR/soak.json (no cluster is started)",
+    )
     args = parser.parse_args(argv)
+    if args.redraw is not None:
+        return redraw(args.redraw)
     given = {k: v for k, v in vars(args).items() if v is not None and k not in ("quick", "out")}
     try:
         cfg = SoakConfig.quick(**given) if args.quick else SoakConfig(**given)
@@ -1127,6 +1132,22 @@ def main(argv: list[str] | None = None) -> int:
     print(f"results: {args.out}/soak.json, soak.png, soak.md, logs/")
     s = run.summary
     return 1 if s.get("lost_writes") or s.get("wrong_values") or s.get("processes_exited") else 0
+
+
+def redraw(directory: Path) -> int:
+    """``--redraw``: the chart and the table of a saved run, with this version's drawing."""
+    doc = json.loads((directory / "soak.json").read_text())
+    run = SoakRun(
+        SoakConfig(**doc["config"]), doc["samples"], doc["events"], doc["summary"], doc["machine"]
+    )
+    if not run.samples:
+        print(f"no samples in {directory / 'soak.json'}", file=sys.stderr)
+        return 2
+    run.summary = run.summary or summarize(run)
+    draw(run, directory / "soak.png")
+    (directory / "soak.md").write_text(window_table(run) + "\n")
+    print(window_table(run))
+    return 0
 
 
 async def _main(cfg: SoakConfig, out: Path) -> SoakRun:

@@ -127,6 +127,9 @@ def test_quick_soak_runs_checks_every_read_and_stops_its_cluster(
     assert (out / "soak.png").stat().st_size > 0
     assert "| minutes | GB written |" in (out / "soak.md").read_text()
     assert (out / "logs" / "worker-0.log").exists()
+    (out / "soak.png").unlink()
+    assert main(["--redraw", str(out)]) == 0  # from the saved JSON alone
+    assert (out / "soak.png").stat().st_size > 0
     # The stack is stopped, by pid, and its data removed.
     [stack] = stacks
     assert not any(localstack.is_running(r) for r in stack.processes)
