@@ -50,12 +50,29 @@ PARALLEL = 16
 
 class SegmentCache:
     """Decoded segments (the most recent ``capacity``) and every stamp read, by object key.
-    Segments are immutable once written, so a cached one is never stale."""
+    Segments are immutable once written, so a cached one is never stale. Also counts what
+    the reads cost (``bench/changes.py`` reports it): segments fetched, their bytes, and
+    listings of the logs."""
 
     def __init__(self, capacity: int = 128) -> None:
         self.capacity = capacity
         self._segments: OrderedDict[str, tuple[float, list[LogRecord]]] = OrderedDict()
         self.stamps: dict[str, float] = {}
+        self.fetched = 0
+        self.fetched_bytes = 0
+        self.listings = 0
+        #: Segments being fetched, by object key: (the loop fetching it, its task).
+        self.inflight: dict[
+            str, tuple[asyncio.AbstractEventLoop, asyncio.Task[tuple[float, list[LogRecord]]]]
+        ] = {}
+
+    def settled(self, key: str, task: asyncio.Task[tuple[float, list[LogRecord]]]) -> None:
+        """A fetch finished: it is no longer in flight (its failure, if every reader waiting
+        for it was cancelled, is not reported as never retrieved)."""
+        if self.inflight.get(key, (None, None))[1] is task:
+            del self.inflight[key]
+        if not task.cancelled():
+            task.exception()
 
     def get(self, key: str) -> tuple[float, list[LogRecord]] | None:
         hit = self._segments.get(key)
@@ -83,6 +100,7 @@ class _Source:
 
     async def relist(self) -> None:
         listed: dict[str, dict[int, ObjectInfo]] = {}
+        self.cache.listings += 1
         async for info in self.store.list(layout.LOGS):
             try:
                 key = layout.parse_log_segment_key(info.key)
@@ -94,13 +112,29 @@ class _Source:
         self.listed = listed
 
     async def segment(self, name: str, number: int) -> tuple[float, list[LogRecord]]:
-        """The stamp and records of a listed segment (a fence: no records)."""
+        """The stamp and records of a listed segment (a fence: no records). The partitions
+        read in one process poll at about the same moments: a segment another read of this
+        cache is already fetching is waited for, not fetched again."""
         info = self.listed[name][number]
         hit = self.cache.get(info.key)
         if hit is not None:
             return hit
         if info.size == 0:
             return (info.last_modified, [])
+        loop = asyncio.get_running_loop()
+        shared = self.cache.inflight.get(info.key)
+        if shared is None or shared[0] is not loop:
+            task = loop.create_task(self._fetch(name, number, info))
+            shared = (loop, task)
+            self.cache.inflight[info.key] = shared
+            task.add_done_callback(lambda t, key=info.key: self.cache.settled(key, t))
+        # Shielded: one reader cancelled (a partition's read ended) leaves the fetch to the
+        # others waiting for it.
+        return await asyncio.shield(shared[1])
+
+    async def _fetch(
+        self, name: str, number: int, info: ObjectInfo
+    ) -> tuple[float, list[LogRecord]]:
         where = object_url(self.store.url, info.key)
         async with self.sem:
             data = await self.store.get(info.key)
@@ -109,6 +143,8 @@ class _Source:
                 f"{where} was collected while the change stream read it: the read is older "
                 "than the table's change retention; start again from a start time"
             )
+        self.cache.fetched += 1
+        self.cache.fetched_bytes += len(data)
         contents = await asyncio.to_thread(decode_segment, data, where=where)
         assert contents.header is not None
         worker, incarnation = self.refs[name]

@@ -211,3 +211,36 @@ async def test_bad_requests_are_clear_errors() -> None:
         await _collect(_read(store, plain, clock, partition=ChangePartition(b"", None)))
     with pytest.raises(InvalidArgument, match="name a partition"):
         await _collect(_read(store, catalog, clock))
+
+
+class _CountingStore(MemoryObjectStore):
+    """Counts GETs per key, each held a moment so concurrent reads overlap."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gets: dict[str, int] = {}
+
+    async def get(self, key: str) -> bytes | None:  # type: ignore[override]
+        self.gets[key] = self.gets.get(key, 0) + 1
+        await asyncio.sleep(0.01)
+        return await super().get(key)
+
+
+async def test_partitions_read_at_once_in_one_process_fetch_each_segment_once() -> None:
+    store = _CountingStore()
+    for n in range(6):
+        await _segment(store, "w1", n, T0 - 50 + n, [(b"a%d" % n, n + 1), (b"m%d" % n, n + 10)])
+    catalog = _Catalog(INFO, [b"h", b"p"])
+    clock = _Clock()
+    cache = change_stream.SegmentCache()
+    parts = [ChangePartition(b"", b"h"), ChangePartition(b"h", b"p"), ChangePartition(b"p", None)]
+    reads = [
+        _collect(_read(store, catalog, clock, partition=p, start_time=T0 - 100, cache=cache))
+        for p in parts
+    ]
+    got = [_changes(items) for items in await asyncio.gather(*reads)]
+    assert sorted(c for g in got for c in g) == sorted(
+        [(b"a%d" % n, n + 1) for n in range(6)] + [(b"m%d" % n, n + 10) for n in range(6)]
+    )
+    assert set(store.gets.values()) == {1}, store.gets
+    assert (cache.fetched, len(store.gets)) == (6, 6)
