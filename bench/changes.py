@@ -42,6 +42,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from multiprocessing.sharedctypes import Synchronized
+from pathlib import Path
 from typing import Any
 
 from bench.cluster_target import ClusterTarget
@@ -198,8 +199,7 @@ async def _reader(
         await asyncio.to_thread(proc.join, READER_DEADLINE)
         if proc.exitcode != 0:
             raise RuntimeError(f"the {mode} reader failed (exit status {proc.exitcode})")
-        with open(out) as f:
-            result: dict[str, Any] = json.load(f)
+        result: dict[str, Any] = json.loads(await asyncio.to_thread(Path(out).read_text))
         return result
     finally:
         if proc.is_alive():
@@ -310,7 +310,7 @@ async def run(
         await target._db.set_changes(TABLE, RETENTION)
         state = _Run(target, cfg, poll, directory)
         results = []
-        for name, phase in PHASES:
+        for _, phase in PHASES:
             r = await phase(state)
             results.append(r)
             log(line(r))
@@ -376,7 +376,9 @@ def markdown(
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.changes", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help=f"scale {QUICK_SCALE:g} (CI size)")
-    p.add_argument("--scale", type=float, help=f"writes vs the paper's R (default {DEFAULT_SCALE:g})")
+    p.add_argument(
+        "--scale", type=float, help=f"writes vs the paper's R (default {DEFAULT_SCALE:g})"
+    )
     p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     p.add_argument("--store", choices=("file", "moto"), default="file", help="the object store")
     p.add_argument("--concurrency", type=int, help="writes in flight (default 32)")

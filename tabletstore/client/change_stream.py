@@ -19,6 +19,7 @@ of a table's partitions in one process (``tabletstore watch``) fetch each segmen
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from dataclasses import replace
@@ -127,7 +128,7 @@ class _Source:
             task = loop.create_task(self._fetch(name, number, info))
             shared = (loop, task)
             self.cache.inflight[info.key] = shared
-            task.add_done_callback(lambda t, key=info.key: self.cache.settled(key, t))
+            task.add_done_callback(functools.partial(self.cache.settled, info.key))
         # Shielded: one reader cancelled (a partition's read ended) leaves the fetch to the
         # others waiting for it.
         return await asyncio.shield(shared[1])

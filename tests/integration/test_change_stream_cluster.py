@@ -21,7 +21,7 @@ from tabletstore.client.change_stream import ChangeItem
 from tabletstore.data.model import AddToCell, DeleteCells, DeleteRow, Mutation, SetCell
 from tabletstore.data.schema import ColumnFamily
 from tabletstore.embedded import connect_async
-from tabletstore.errors import Indeterminate, InvalidArgument, Unavailable
+from tabletstore.errors import Indeterminate, InvalidArgument, TabletStoreError, Unavailable
 from tests.integration.cluster_harness import (
     PROCESS_ENV,
     Cluster,
@@ -118,9 +118,15 @@ class SeededWriter:
                 self.writes.append(w)
 
     async def write_until(self, done: Callable[[], Awaitable[bool]], what: str) -> None:
-        """Write in rounds of ten until ``done()`` (checked between rounds), at most 120 s."""
+        """Write in rounds of ten until ``done()`` (checked between rounds; an error counts
+        as not yet), at most 120 s."""
         deadline = time.monotonic() + 120
-        while not await done():
+        while True:
+            try:
+                if await done():
+                    return
+            except TabletStoreError:
+                pass  # asked again after the next round
             assert time.monotonic() < deadline, f"not within 120 s: {what}"
             await self.write(10)
 

@@ -57,10 +57,7 @@ async def test_the_change_stream_is_every_acknowledged_write_once_across_a_merge
         client = await connect_async(cluster.url)
         try:
             began = time.time()
-            table = await client.create_table(
-                "m", FAMILIES, split_keys=[b"r030"], changes=3600.0
-            )
-            table_id = await table_id_of(client, "m")
+            table = await client.create_table("m", FAMILIES, split_keys=[b"r030"], changes=3600.0)
             seen: list[tuple[ChangePartition, ChangeItem]] = []
             follower = asyncio.create_task(follow_into(table, began, seen))
             writer = SeededWriter(table, 35)

@@ -19,7 +19,10 @@ the follower skip or repeat anything on its own account.
 * **twice in the log**: the same unique value in two different changes: the client retried an
   idempotent write whose first attempt had landed (two log records, both delivered once; the
   cell holds one version, as the client timestamp is the same).
-* **out of row order**: a row whose changes were not delivered in ``seq`` order.
+* **out of row order**: a row whose changes were not delivered in ``seq`` order. The order
+  across a row's move between workers rests on their clocks agreeing within ``CLOCK_SKEW``
+  (``client/change_plan.py``): in a run whose nemesis steps a worker's clock 30 s
+  (``clock_jump``) it is reported but not a failure.
 """
 
 from __future__ import annotations
@@ -32,7 +35,6 @@ from dataclasses import dataclass, field
 
 from tabletstore.client.change_plan import Change, ChangePartition, Heartbeat, PartitionEnd
 from tabletstore.client.table import AsyncTable
-from tabletstore.errors import TabletStoreError
 from tabletstore.testing.chaos.history import Kind, Op, Outcome
 from tabletstore.testing.chaos.workload import TXN_ROWS
 
@@ -88,8 +90,8 @@ class ChangeFollower:
                     else:
                         self._end(part, item)
                         return
-            except (TabletStoreError, OSError, TimeoutError) as exc:
-                # Resumed from the last token: exactly after the last item read.
+            except Exception as exc:  # any failure: resumed from the last token
+                # The token resumes exactly after the last item read.
                 self.resumed += 1
                 if len(self.errors) < 20:
                     self.errors.append(f"{part}: {type(exc).__name__}: {exc}")
@@ -158,12 +160,13 @@ class ChangeVerdict:
     incomplete: str | None = None
     partitions_ended: int = 0
     resumed: int = 0
+    #: A worker's clock was stepped past the allowed skew: row order is not promised.
+    clock_stepped: bool = False
 
     @property
     def ok(self) -> bool:
-        return not (
-            self.lost or self.repeated or self.not_written or self.out_of_order or self.incomplete
-        )
+        misordered = bool(self.out_of_order) and not self.clock_stepped
+        return not (self.lost or self.repeated or self.not_written or misordered or self.incomplete)
 
     def lines(self) -> list[str]:
         out = [
@@ -198,6 +201,7 @@ class ChangeVerdict:
             "incomplete": self.incomplete,
             "partitions_ended": self.partitions_ended,
             "resumed": self.resumed,
+            "clock_stepped": self.clock_stepped,
         }
 
 
@@ -289,8 +293,10 @@ def _check_shared(verdict: ChangeVerdict, row: bytes, wanted: list[Op], got: lis
             assert value is not None
             if op.kind is Kind.APPEND:
                 n = take(
-                    lambda c, q=q, v=value: _cell(c)[:2] == ("put", q)
-                    and (c.mods[0].value == v or c.mods[0].value.endswith(b";" + v))
+                    lambda c, q=q, v=value: (
+                        _cell(c)[:2] == ("put", q)
+                        and (c.mods[0].value == v or c.mods[0].value.endswith(b";" + v))
+                    )
                 )
             else:
                 n = take(lambda c, q=q, v=value: _cell(c) == ("put", q, v))
@@ -310,4 +316,3 @@ def _check_shared(verdict: ChangeVerdict, row: bytes, wanted: list[Op], got: lis
             verdict.not_written.append(f"{row!r}: {n} {kind.value}s of {q!r}, {ok + info} made")
     for c in unmatched:
         verdict.not_written.append(f"{row!r} seq {c.seq} {_cell(c)}")
-

@@ -419,9 +419,7 @@ async def _create_table(
     while True:
         try:
             with contextlib.suppress(AlreadyExists):  # an earlier attempt went through
-                await client.create_table(
-                    TABLE, [FAMILY], split_keys=SPLIT_KEYS, changes=changes
-                )
+                await client.create_table(TABLE, [FAMILY], split_keys=SPLIT_KEYS, changes=changes)
             return client.table(TABLE)
         except Unavailable:
             if time.monotonic() > end:
@@ -585,6 +583,7 @@ async def _run(
     if follower is not None:
         changes = check_changes(history.ops, follower.changes)
         changes.partitions_ended, changes.resumed = follower.ended, follower.resumed
+        changes.clock_stepped = "clock_jump" in config.faults
         if not complete:
             changes.incomplete = (
                 f"not every partition's watermark past the workload's end within "
