@@ -9,7 +9,8 @@ token that resumes just after it, then a
 next batch until ``end_time`` is passed by the watermark, or ends with a
 :class:`~tabletstore.client.change_plan.PartitionEnd` naming the partitions that replace it
 when the table's tablets no longer have its range. Everything is read from the bucket (the
-store abstraction) and the catalog; no worker is asked.
+store abstraction) and the catalog; no worker is asked. METADATA unreachable (its worker dead
+and not yet recovered) delays a partition's end, never its changes.
 
 :class:`SegmentCache` keeps the segments and stamps one client has read, so the reads of all
 of a table's partitions in one process (``tabletstore watch``) fetch each segment once.
@@ -35,7 +36,7 @@ from tabletstore.client.change_plan import (
 )
 from tabletstore.clock import Clock
 from tabletstore.commitlog.format import LogRecord, decode_segment
-from tabletstore.errors import Corruption, InvalidArgument
+from tabletstore.errors import Corruption, InvalidArgument, Unavailable
 from tabletstore.metadata.catalog import Catalog
 from tabletstore.storage_s3 import layout
 from tabletstore.storage_s3.base import ObjectInfo, ObjectStore, object_url
@@ -258,8 +259,14 @@ async def read_changes(
     last_beat = float("-inf")
     while True:
         if cursor.batch is None:
-            tablets = await change_partitions_of(catalog, info.table_id)
-            after = plan.successors(cursor, tablets)
+            try:
+                tablets = await change_partitions_of(catalog, info.table_id)
+            except Unavailable:
+                # METADATA unreachable (its worker died and no master has recovered it yet):
+                # the stream of a range does not depend on its tablets, so the read goes on
+                # from the bucket and a split or merge ends the partition at a later batch.
+                tablets = None
+            after = None if tablets is None else plan.successors(cursor, tablets)
             if after is not None:
                 yield PartitionEnd(
                     cursor.partition, tuple((p, plan.encode_token(c)) for p, c in after)

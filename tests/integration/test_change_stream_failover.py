@@ -48,7 +48,7 @@ async def test_the_change_stream_is_every_acknowledged_write_once_across_a_merge
 ) -> None:
     for k, v in PROCESS_ENV.items():
         monkeypatch.setenv(k, v)
-    cluster = Cluster.on(etcd_server, s3_server, tmp_path, "changes-merge", lease_ttl=3.0)
+    cluster = Cluster.on(etcd_server, s3_server, tmp_path, "changes-merge", lease_ttl=5.0)
     try:
         # Two small tablets stay apart this long before the master merges them: long enough
         # for writes to both first.
@@ -88,7 +88,7 @@ async def test_the_change_stream_is_every_acknowledged_write_once_across_a_maste
 ) -> None:
     for k, v in PROCESS_ENV.items():
         monkeypatch.setenv(k, v)
-    cluster = Cluster.on(etcd_server, s3_server, tmp_path, "changes-master", lease_ttl=3.0)
+    cluster = Cluster.on(etcd_server, s3_server, tmp_path, "changes-master", lease_ttl=5.0)
     try:
         leader = cluster.start_master()
         standby = cluster.start_master()

@@ -15,7 +15,7 @@ from tabletstore.client.change_plan import Change, ChangePartition, Heartbeat, P
 from tabletstore.client.change_stream import ChangeItem
 from tabletstore.commitlog.format import encode_record, encode_segment
 from tabletstore.data.schema import TableSchema
-from tabletstore.errors import InvalidArgument
+from tabletstore.errors import InvalidArgument, Unavailable
 from tabletstore.keys import Cell, CellKind
 from tabletstore.metadata.catalog import TableInfo
 from tabletstore.metadata.record import TabletRecord
@@ -244,3 +244,26 @@ async def test_partitions_read_at_once_in_one_process_fetch_each_segment_once() 
     )
     assert set(store.gets.values()) == {1}, store.gets
     assert (cache.fetched, len(store.gets)) == (6, 6)
+
+
+class _CatalogDown(_Catalog):
+    """METADATA unreachable: every tablet listing fails."""
+
+    async def list_tablets(self, table_id: str) -> list[TabletRecord]:
+        raise Unavailable("METADATA not reachable within the deadline")
+
+
+async def test_changes_flow_while_metadata_is_unreachable() -> None:
+    store, written = await _bucket()
+    clock = _Clock()
+    items = await _collect(
+        _read(
+            store,
+            _CatalogDown(INFO, []),
+            clock,
+            partition=ChangePartition(b"", None),
+            start_time=T0 - 3000,
+        )
+    )
+    assert sorted(_changes(items)) == sorted(written)
+    assert isinstance(items[-1], Heartbeat) and items[-1].watermark >= T0
