@@ -41,6 +41,11 @@ from tests.integration.test_cluster import _record_of
 pytestmark = [pytest.mark.timeout(420), pytest.mark.slow]
 
 FAMILIES = ["f", ColumnFamily(name="n", value_type="sum")]
+#: The workers' lease: long enough that a loaded machine's stalls do not end one at start-up
+#: (a worker that loses its lease exits); a killed one's tablets move after it.
+LEASE = 8.0
+#: The masters': the standby takes over this soon after the leader is killed.
+MASTER_LEASE = 4.0
 
 
 async def test_the_change_stream_is_every_acknowledged_write_once_across_a_merge(
@@ -48,7 +53,7 @@ async def test_the_change_stream_is_every_acknowledged_write_once_across_a_merge
 ) -> None:
     for k, v in PROCESS_ENV.items():
         monkeypatch.setenv(k, v)
-    cluster = Cluster.on(etcd_server, s3_server, tmp_path, "changes-merge", lease_ttl=5.0)
+    cluster = Cluster.on(etcd_server, s3_server, tmp_path, "changes-merge", lease_ttl=LEASE)
     try:
         # Two small tablets stay apart this long before the master merges them: long enough
         # for writes to both first.
@@ -88,10 +93,10 @@ async def test_the_change_stream_is_every_acknowledged_write_once_across_a_maste
 ) -> None:
     for k, v in PROCESS_ENV.items():
         monkeypatch.setenv(k, v)
-    cluster = Cluster.on(etcd_server, s3_server, tmp_path, "changes-master", lease_ttl=5.0)
+    cluster = Cluster.on(etcd_server, s3_server, tmp_path, "changes-master", lease_ttl=LEASE)
     try:
-        leader = cluster.start_master()
-        standby = cluster.start_master()
+        leader = cluster.start_master(lease_ttl=MASTER_LEASE)
+        standby = cluster.start_master(lease_ttl=MASTER_LEASE)
         for _ in range(2):
             cluster.start_worker()
         client = await connect_async(cluster.url)
