@@ -11,15 +11,17 @@ reader in another process follows every partition of its change stream
   the instant the reader received it minus the change's commit time (its log segment's stamp,
   taken just before the segment's PUT, before the write was acknowledged): what an application
   watching the table waits, p50 and p99 over every change. Changes/s is what it delivered over
-  the writing time (bounded by the write rate).
+  the writing time (the write rate: it delivers what was written).
 * **catch-up**: a fresh reader, after the writes, reads the whole retained stream from the
   first write to the last (``start_time``/``end_time``): how fast a reader that fell behind,
   or a new replica, reads a backlog; no lag.
 
 Each phase also reports what the reader fetched from the store: segments per change
-delivered, bytes fetched per change, and the commit-log segments the cluster wrote meanwhile
-(one reading process fetches each new segment of every log once, whatever table it holds:
-``client/change_stream.py``).
+delivered, bytes fetched per change, and the commit-log segments the cluster wrote while the
+writes ran. One reading process fetches each new segment of every log once, whatever table it
+holds (``client/change_stream.py``): also the segments of METADATA's own writes, and those
+written between the last write and the moment the reader's watermark passes it (a reader
+catching up reads to its cut, past its end time).
 
 Phases are :data:`PHASES` entries; a replication phase (a replica applying the same stream,
 its lag per change) is one more entry with its own runner, and the table and JSON carry its
@@ -221,6 +223,7 @@ class _Run:
     began: float = 0.0
     ended: float = 0.0
     write_rate: float = 0.0
+    write_seconds: float = 0.0
 
 
 async def _segments_written(run: _Run, since: float, until: float) -> int:
@@ -242,6 +245,7 @@ async def _follow(run: _Run) -> ChangeResult:
         result = await measure("random writes", run.target, w.random_writes(TABLE), run.cfg)
         run.ended = time.time()
         run.write_rate = result.rate
+        run.write_seconds = result.seconds
         shared.end.value = run.ended
         shared.stop.set()
 
@@ -252,7 +256,7 @@ async def _follow(run: _Run) -> ChangeResult:
     return ChangeResult(
         phase="follow",
         changes=got["changes"],
-        seconds=max(1e-9, run.ended - run.began),
+        seconds=max(1e-9, run.write_seconds),
         lag_p50_ms=1000 * percentile(lags, 0.50),
         lag_p99_ms=1000 * percentile(lags, 0.99),
         lag_max_ms=1000 * (lags[-1] if lags else 0.0),
