@@ -57,7 +57,7 @@ async def test_the_change_stream_is_every_acknowledged_write_once_across_a_merge
     try:
         # Two small tablets stay apart this long before the master merges them: long enough
         # for writes to both first.
-        cluster.start_master(extra_args=("--merge-after", "6"))
+        cluster.start_master(extra_args=("--merge-after", "15"))
         cluster.start_worker()
         client = await connect_async(cluster.url)
         try:
@@ -70,7 +70,7 @@ async def test_the_change_stream_is_every_acknowledged_write_once_across_a_merge
             async def merged() -> bool:
                 return len(await table.change_partitions()) == 1
 
-            await writer.write(40)
+            await writer.write(20)
             assert not await merged(), "merged before any write: raise --merge-after"
             await writer.write_until(merged, "the master merges the two tablets")
             await writer.write(60)
