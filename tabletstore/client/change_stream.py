@@ -368,8 +368,8 @@ async def follow(
                 continue
             for succ, token in item.successors:
                 handed.setdefault(succ, []).append(token)
-                covered.setdefault(succ, []).append(_overlap(part, succ))
-                if _tiles(covered[succ], succ):
+                covered.setdefault(succ, []).append(overlap(part, succ))
+                if tiles(covered[succ], succ):
                     start(succ, tuple(handed.pop(succ)))
                     del covered[succ]
                     running += 1
@@ -379,12 +379,14 @@ async def follow(
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def _overlap(a: ChangePartition, b: ChangePartition) -> ChangePartition:
+def overlap(a: ChangePartition, b: ChangePartition) -> ChangePartition:
+    """The part of ``a`` within ``b`` (they overlap)."""
     ends = [e for e in (a.end, b.end) if e is not None]
     return ChangePartition(max(a.start, b.start), min(ends) if ends else None)
 
 
-def _tiles(parts: Sequence[ChangePartition], whole: ChangePartition) -> bool:
+def tiles(parts: Sequence[ChangePartition], whole: ChangePartition) -> bool:
+    """Whether ``parts`` cover ``whole`` exactly, end to end (a merge's tokens are all in)."""
     pos: bytes | None = whole.start
     for p in sorted(parts, key=lambda p: p.start):
         if pos is None or p.start != pos:

@@ -34,6 +34,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from tabletstore.client.change_plan import Change, ChangePartition, Heartbeat, PartitionEnd
+from tabletstore.client.change_stream import overlap, tiles
 from tabletstore.client.table import AsyncTable
 from tabletstore.testing.chaos.history import Kind, Op, Outcome
 from tabletstore.testing.chaos.workload import TXN_ROWS
@@ -102,8 +103,8 @@ class ChangeFollower:
         del self.watermarks[part]
         for succ, token in end.successors:
             self._handed.setdefault(succ, []).append(token)
-            self._covered.setdefault(succ, []).append(_overlap(part, succ))
-            if _tiles(self._covered[succ], succ):
+            self._covered.setdefault(succ, []).append(overlap(part, succ))
+            if tiles(self._covered[succ], succ):
                 del self._covered[succ]
                 self._start(succ, self._handed.pop(succ))
 
@@ -129,20 +130,6 @@ class ChangeFollower:
             task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.gather(*self._tasks, return_exceptions=True)
-
-
-def _overlap(a: ChangePartition, b: ChangePartition) -> ChangePartition:
-    ends = [e for e in (a.end, b.end) if e is not None]
-    return ChangePartition(max(a.start, b.start), min(ends) if ends else None)
-
-
-def _tiles(parts: Sequence[ChangePartition], whole: ChangePartition) -> bool:
-    pos: bytes | None = whole.start
-    for p in sorted(parts, key=lambda p: p.start):
-        if pos is None or p.start != pos:
-            return False
-        pos = p.end
-    return pos == whole.end
 
 
 @dataclass
