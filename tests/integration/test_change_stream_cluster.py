@@ -158,7 +158,7 @@ async def test_the_change_stream_is_every_acknowledged_write_once_across_a_split
     for k, v in PROCESS_ENV.items():
         monkeypatch.setenv(k, v)
     cluster = _start(
-        Cluster.on(etcd_server, s3_server, tmp_path, "changes", lease_ttl=3.0),
+        Cluster.on(etcd_server, s3_server, tmp_path, "changes", lease_ttl=8.0),
         masters=1,
         workers=2,
         split_bytes=32 * 1024,
