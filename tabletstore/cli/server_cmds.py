@@ -244,6 +244,13 @@ def _metrics_ready(url: str) -> None:
     show_default=True,
     help="Tables one principal may administer, with auth on (0: no bound).",
 )
+@click.option(
+    "--merge-after",
+    type=click.FloatRange(min=0.0),
+    default=MasterOptions().merge_after,
+    show_default=True,
+    help="Seconds two small adjacent tablets must stay small before the master merges them.",
+)
 @rpc_caps
 @protocol_versions
 @_insecure_option
@@ -260,6 +267,7 @@ def master_cmd(
     sort_owner_bytes: int,
     max_split_keys: int,
     max_tables_per_principal: int,
+    merge_after: float,
     rpc: RpcServerOptions,
     versions: Versions,
     insecure: bool,
@@ -275,6 +283,7 @@ def master_cmd(
         sort_owner_bytes=sort_owner_bytes,
         max_split_keys=max_split_keys,
         max_tables_per_principal=max_tables_per_principal,
+        merge_after=merge_after,
     )
     tls = _process_tls(host, insecure, "master")
     status_token = _status_token(status_token_file)
