@@ -1,7 +1,7 @@
 """The Cloud Bigtable front door against Google's emulator, through the same official client.
 
     python -m bench.bigtable_api [--ops 1000] [--batch 100] [--batches 50] [--runs 1]
-                                 [--url URL] [--only tabletstore|emulator]
+                                 [--url URL] [--only tabletstore|emulator] [--baseline DIR]
 
 Starts ``tabletstore bigtable-api`` (a subprocess, over ``--url``: by default a fresh
 ``memory://`` database, in memory as the emulator's is; ``--url file`` for a durable one in a
@@ -20,7 +20,11 @@ Single writes and random reads also report each call's latency (p50, p99, p99.9 
 maximum, ``bench.latency``): with one call in flight, a long tail there is the server
 stalling (a collection, a compaction holding the loop), not a queue.
 
-Prints both columns side by side and tabletstore / emulator; the median of ``--runs`` runs,
+``--baseline DIR`` adds a third server: the front door run from another checkout (``DIR``, say
+the main branch's), measured in the same runs, so a change's effect is read beside the machine's
+load of the moment rather than against another run's figures.
+
+Prints the columns side by side and tabletstore / emulator; the median of ``--runs`` runs,
 which alternate between the two servers, each run starting with the other one (a loaded
 machine then weighs on both alike).
 Both servers run in their own process, so the client's process measures only the client.
@@ -75,7 +79,7 @@ def _cpu_seconds(pid: int) -> float:
 
 
 def _wait_listening(proc: subprocess.Popen[Any], port: int, what: str) -> None:
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 180  # a loaded machine imports slowly
     while True:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
@@ -106,7 +110,7 @@ def emulator() -> Iterator[tuple[str, int]]:
 
 
 @contextlib.contextmanager
-def front_door(url: str | None) -> Iterator[tuple[str, int]]:
+def front_door(url: str | None, repo: Path = REPO) -> Iterator[tuple[str, int]]:
     with tempfile.TemporaryDirectory(prefix="bench-bigtable-api-") as tmp:
         port = _free_port()
         proc = subprocess.Popen(
@@ -122,7 +126,8 @@ def front_door(url: str | None) -> Iterator[tuple[str, int]]:
                 "--port",
                 str(port),
             ],
-            cwd=REPO,
+            cwd=repo,
+            env={**os.environ, "PYTHONPATH": str(repo)},
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -233,6 +238,12 @@ def main(argv: list[str] | None = None) -> int:
         "--url", default=None, help="tabletstore database (default: memory; 'file': a temp dir)"
     )
     ap.add_argument("--only", choices=("tabletstore", "emulator"), default=None)
+    ap.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="another checkout whose front door runs beside this one's (a third column)",
+    )
     args = ap.parse_args(argv)
     require_extra("bigtable-api", "python -m bench.bigtable_api")
     columns: dict[str, dict[str, list[float]]] = {}
@@ -240,11 +251,14 @@ def main(argv: list[str] | None = None) -> int:
         ("tabletstore", lambda: front_door(args.url)),
         ("emulator", emulator),
     ]
+    if args.baseline is not None:
+        baseline = args.baseline.resolve()
+        backends.append(("baseline", lambda: front_door(args.url, baseline)))
     with contextlib.ExitStack() as stack:
         addresses = {
             name: stack.enter_context(start())
             for name, start in backends
-            if args.only in (None, name)
+            if args.only in (None, name) or name == "baseline"
         }
         # Runs alternate between the servers, and which goes first alternates from run to
         # run, so a change in the machine's load meanwhile weighs on both columns alike.
@@ -255,6 +269,9 @@ def main(argv: list[str] | None = None) -> int:
                 for figure, value in got.items():
                     columns.setdefault(name, {}).setdefault(figure, []).append(value)
     names = [name for name, _ in backends if name in columns]
+    # Ratios: tabletstore over the emulator, and over the baseline checkout when there is one.
+    pairs = [(a, b) for a, b in (("tabletstore", "emulator"), ("tabletstore", "baseline"))
+             if a in names and b in names]  # fmt: skip
     store = (
         "a durable file:// database (fsync'd commit log)"
         if args.url == "file"
@@ -262,28 +279,31 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"tabletstore over {store}; the emulator keeps everything in memory")
     print(
-        f"{'':20}" + "".join(f"{n:>14}" for n in names) + ("      ratio" if len(names) == 2 else "")
+        f"{'':20}"
+        + "".join(f"{n:>14}" for n in names)
+        + "".join(f"{'/' + b[:8]:>11}" for _, b in pairs)
     )
-    for figure in FIGURES:
-        values = [statistics.median(columns[n][figure]) for n in names]
-        line = f"{figure:20}" + "".join(f"{v:>14,.0f}" for v in values)
-        if len(values) == 2:
-            line += f"   {values[0] / values[1]:>8.2f}x"
+
+    def row(label: str, key: str, fmt: str) -> None:
+        values = {n: statistics.median(columns[n][key]) for n in names}
+        line = label + "".join(f"{values[n]:>14{fmt}}" for n in names)
+        for a, b in pairs:
+            line += f"   {values[a] / values[b]:>7.2f}x" if values[b] else f"{'-':>11}"
         print(line)
+
+    for figure in FIGURES:
+        row(f"{figure:20}", figure, ",.0f")
     print("server CPU µs per operation")
     for figure in FIGURES:
-        values = [statistics.median(columns[n][f"{figure} cpu"]) for n in names]
-        line = f"  {figure:18}" + "".join(f"{v:>14,.1f}" for v in values)
-        if len(values) == 2 and values[1]:
-            line += f"   {values[0] / values[1]:>8.2f}x"
-        print(line)
+        row(f"  {figure:18}", f"{figure} cpu", ",.1f")
     print("latency ms per call (" + ", ".join(TAIL) + ")")
     for figure in TIMED:
         line = f"  {figure:18}"
         for n in names:
             tail = [statistics.median(columns[n][f"{figure} {t}"]) for t in TAIL]
-            line += "  " + " / ".join(f"{ms:.2f}" for ms in tail)
+            line += f"  {n}: " + " / ".join(f"{ms:.2f}" for ms in tail)
         print(line)
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     return 0
 
 

@@ -1,7 +1,8 @@
 """``python -m bench.chaos --minutes N --seed S``: a long chaos run against real processes.
 
 Prints operations, faults of each kind, lost acknowledged writes (must be 0), wrong reads (0),
-double-serving (0), recovery seconds per worker kill (median and max) and the write gaps, and
+double-serving (0), with ``--changes`` the change stream's lost and repeated changes (0),
+recovery seconds per worker kill (median and max) and the write gaps, and
 saves the report and the full history as JSON (``--dir``). Exit status 1 if the checker found
 anything. See ``tabletstore/testing/chaos`` for what each piece does.
 """
@@ -71,6 +72,13 @@ def main(argv: list[str] | None = None) -> int:
         help="the cluster over mutual TLS (a development CA), with etcd's own users and "
         "roles, as local-stack up --tls",
     )
+    parser.add_argument(
+        "--changes",
+        action="store_true",
+        help="the chaos table keeps a change retention and a follower reads every partition "
+        "of its change stream through the run; the summary says whether every acknowledged "
+        "write was read exactly once (tabletstore/testing/chaos/change_follower.py)",
+    )
     parser.add_argument("--dir", type=Path, default=None, help="logs, history.json, report.json")
     parser.add_argument(
         "--recheck",
@@ -123,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         tls=args.tls,
         etcd_members=args.etcd_members,
         store=args.store,
+        changes=args.changes,
     )
     report = asyncio.run(run_chaos(config))
     print(report.summary())

@@ -1,9 +1,10 @@
 """The benchmark target for a tabletstore cluster on this machine (§7's "N servers").
 
-``cluster:N:file`` and ``cluster:N:moto`` start, in a fresh temporary directory, the local
-stack of :mod:`tabletstore.cli.localstack` with ``N`` tablet-server workers as real processes
-(etcd, a master, the workers; with ``moto`` also moto's S3 server, which then is the object
-store; with ``file`` the store is a directory, ``file:///<tmp>/store``). The benchmark client
+``cluster:N:file``, ``cluster:N:moto`` and ``cluster:N:seaweedfs`` start, in a fresh temporary
+directory, the local stack of :mod:`tabletstore.cli.localstack` with ``N`` tablet-server workers
+as real processes (etcd, a master, the workers; with ``moto`` also moto's S3 server, which then
+is the object store, in memory; with ``seaweedfs`` SeaweedFS's S3 server, its data on disk
+under the directory; with ``file`` the store is a directory, ``file:///<tmp>/store``). The benchmark client
 is this process, through :func:`tabletstore.embedded.connect_async` on the stack's
 ``etcd://`` URL: every request crosses a process boundary, as in the paper's cluster.
 
@@ -61,7 +62,7 @@ __all__ = [
     "split_keys",
 ]
 
-STORES = ("file", "moto")
+STORES = ("file", "moto", "seaweedfs")
 #: Seconds to wait for a worker to print its metrics URL after it started serving.
 METRICS_DEADLINE = 30.0
 #: The workers' lease (``--lease-ttl``), long: no failure is measured here.
@@ -82,8 +83,8 @@ def parse_cluster_spec(spec: str) -> tuple[int, str]:
     count = parts[1].split("x", 1)[0] if len(parts) == 3 else ""
     if len(parts) != 3 or parts[0] != "cluster" or not count.isdigit() or parts[2] not in STORES:
         raise InvalidArgument(
-            f"bad cluster target {spec!r}: expected cluster:N:file or cluster:N:moto (N >= 1, "
-            "or NxP: P processes per worker)"
+            f"bad cluster target {spec!r}: expected cluster:N:file, cluster:N:moto or "
+            "cluster:N:seaweedfs (N >= 1, or NxP: P processes per worker)"
         )
     workers = int(count)
     if workers < 1 or processes_of(spec) < 1:
@@ -178,8 +179,15 @@ class ClusterTarget(TabletstoreTarget):
         mem_rows: int,
         block_cache_bytes: int = WorkerOptions().block_cache_bytes,
         block_size: int | None = None,
+        worker_args: Sequence[str] = (),
+        lease_ttl: float = LEASE_TTL,
     ) -> None:
         self.workers, self.store_kind = parse_cluster_spec(spec)
+        #: Appended to every worker's arguments (e.g. ``--split-bytes``).
+        self.worker_args = tuple(worker_args)
+        self.lease_ttl = lease_ttl
+        #: The stack once it is up (its process records: roles, pids, logs).
+        self.stack: localstack.Stack | None = None
         self.processes = processes_of(spec)
         super().__init__(
             url="", block_cache_bytes=block_cache_bytes, block_size=block_size, name=spec
@@ -227,19 +235,22 @@ class ClusterTarget(TabletstoreTarget):
             directory,
             workers=self.workers,
             store_url=store_url,
+            s3="seaweedfs" if self.store_kind == "seaweedfs" else "moto",
             tls=self.tls,
             worker_processes=self.processes,
             worker_args=(
                 # A loaded machine stalls processes for seconds; a worker that loses its lease
                 # mid-benchmark would restart (a group's process) or end the run.
                 "--lease-ttl",
-                str(LEASE_TTL),
+                str(self.lease_ttl),
                 "--metrics-port",
                 "0",
                 "--block-cache-bytes",
                 str(self.block_cache_bytes),
+                *self.worker_args,
             ),
         )
+        self.stack = stack
         assert stack.cluster_url is not None  # workers >= 1
         self.url = stack.cluster_url
         self.client_tls = stack.tls("client")

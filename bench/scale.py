@@ -81,7 +81,7 @@ from tabletstore.master.log_recovery import InProcessSortExecutor, LogRecovery
 from tabletstore.master.master import Master
 from tabletstore.metadata import rows as mt
 from tabletstore.metadata.catalog import Catalog
-from tabletstore.metadata.record import LogRef, TabletRecord
+from tabletstore.metadata.record import LogRef, TabletRecord, metadata_row_key
 from tabletstore.options import LeaseOptions, MasterOptions
 from tabletstore.rpc.inprocess import InProcessTransport
 from tabletstore.rpc.messages import (
@@ -89,6 +89,7 @@ from tabletstore.rpc.messages import (
     CheckAndMutateResponse,
     CompactTabletRequest,
     EntryError,
+    LoadTabletAtRequest,
     LoadTabletRequest,
     MutateRowsRequest,
     MutateRowsResponse,
@@ -277,6 +278,53 @@ class MetadataStore:
     rows_read: int = 0
     reads: int = 0
     writes: int = 0
+    #: Rows the simulated workers' own METADATA reads returned (their loads' and unloads').
+    worker_rows_read: int = 0
+    #: Tablets the simulated workers loaded.
+    loads: int = 0
+
+
+class MeteredRows:
+    """A worker's METADATA rows (its location cache), counting the rows its reads return."""
+
+    def __init__(self, inner: LocationCache, store: MetadataStore) -> None:
+        self._inner = inner
+        self._store = store
+
+    async def read_rows(
+        self,
+        start: bytes,
+        end: bytes,
+        *,
+        start_inclusive: bool = True,
+        end_inclusive: bool = True,
+        limit: int | None = None,
+    ) -> list[Row]:
+        rows = await self._inner.read_rows(
+            start, end, start_inclusive=start_inclusive, end_inclusive=end_inclusive, limit=limit
+        )
+        self._store.worker_rows_read += len(rows)
+        return rows
+
+    async def check_and_mutate(
+        self,
+        key: bytes,
+        predicate: Any,
+        true_mutations: Sequence[Mutation],
+        false_mutations: Sequence[Mutation],
+    ) -> bool:
+        return await self._inner.check_and_mutate(key, predicate, true_mutations, false_mutations)
+
+    async def mutate_row(self, key: bytes, mutations: Sequence[Mutation]) -> None:
+        await self._inner.mutate_row(key, mutations)
+
+
+@dataclass
+class InFlight:
+    """Requests of one kind in flight across the simulated workers, and the most at once."""
+
+    now: int = 0
+    peak: int = 0
 
 
 # --------------------------------------------------------------------------- a worker
@@ -295,8 +343,10 @@ class SimWorker:
         gate: asyncio.Semaphore,
         *,
         ttl: float,
+        polls: InFlight | None = None,
     ) -> None:
         self.worker_id = worker_id
+        self._polls = polls if polls is not None else InFlight()
         self.address = f"sim:{worker_id}"
         self._coord = coordinator
         self._transport = transport
@@ -309,7 +359,10 @@ class SimWorker:
             transport,
             rpc_timeout=SIM_RPC_TIMEOUT,
         )
-        self._catalog = Catalog(coordinator, metadata=self.locations)  # type: ignore[arg-type]
+        self._catalog = Catalog(
+            coordinator,  # type: ignore[arg-type]
+            metadata=MeteredRows(self.locations, metadata),
+        )
         self.lease: Lease | None = None
         self.log = LogRef(worker_id, 0)
         #: tablet -> (epoch, range) of each tablet served here.
@@ -328,6 +381,7 @@ class SimWorker:
         timed = self._ledger.timed
         handlers: dict[str, Callable[[Any], Any]] = {
             "load_tablet": lambda r: timed("worker", self.load_tablet(r)),
+            "load_tablet_at": lambda r: timed("worker", self.load_tablet(r)),
             "unload_tablet": lambda r: timed("worker", self.unload_tablet(r)),
             "server_status": lambda r: timed("worker", self.server_status(r)),
             "check_and_mutate": lambda r: timed("worker", self.check_and_mutate(r)),
@@ -363,7 +417,7 @@ class SimWorker:
 
     # -- control paths (the worker's TabletServer.load / unload, thin)
 
-    async def load_tablet(self, req: LoadTabletRequest) -> None:
+    async def load_tablet(self, req: LoadTabletRequest | LoadTabletAtRequest) -> None:
         key = (req.table_id, req.tablet_id)
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock, self._gate:
@@ -387,7 +441,10 @@ class SimWorker:
                     await self._catalog.table_by_id(req.table_id)
                 except NotFound as exc:
                     raise NotServing(str(exc)) from exc
-                record = await self._catalog.get_tablet(*key)
+                row_key = None
+                if isinstance(req, LoadTabletAtRequest):
+                    row_key = metadata_row_key(req.table_id, req.end_row)
+                record = await self._catalog.get_tablet(*key, row_key=row_key)
                 owned = replace(record, epoch=epoch, location=self.address).with_event(
                     time.time(), "assigned", self.worker_id
                 )
@@ -400,6 +457,7 @@ class SimWorker:
                 await self._release(key, epoch)
                 raise
             self.served[key] = (epoch, record.start_row, record.end_row)
+            self._md.loads += 1
 
     async def _release(self, key: tuple[str, str], epoch: int) -> None:
         claim_key = paths.claim(*key)
@@ -413,13 +471,23 @@ class SimWorker:
                 return
             try:
                 if req.flush:  # a minor compaction: nothing left to replay
-                    record = await self._catalog.get_tablet(*key)
+                    # The worker holds its record; its one row stands for it here.
+                    row_key = metadata_row_key(req.table_id, served[2])
+                    record = await self._catalog.get_tablet(*key, row_key=row_key)
                     await self._catalog.update(record, replace(record, logs=(), log_starts={}))
             finally:
                 await self._release(key, served[0])
 
     async def server_status(self, req: ServerStatusRequest) -> ServerStatusResponse:
-        """Equal sizes and no request load: balancing by count (see the docs' limits)."""
+        """Equal sizes and no request load: balancing by count (see the docs' limits). The
+        answer waits one turn of the event loop, as a network round trip would: how many
+        the balancer has in flight at once is counted."""
+        self._polls.now += 1
+        self._polls.peak = max(self._polls.peak, self._polls.now)
+        try:
+            await asyncio.sleep(0)
+        finally:
+            self._polls.now -= 1
         tablets = tuple(
             TabletStatus(t, tid, start, end, 1, 64 << 20, 0, 0)
             for (t, tid), (_, start, end) in self.served.items()
@@ -507,6 +575,8 @@ class Phase:
     metadata_reads: int = 0
     metadata_rows_read: int = 0
     metadata_writes: int = 0
+    worker_metadata_rows_read: int = 0
+    loads: int = 0
     rounds: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -558,6 +628,8 @@ class SimCluster:
         self.workers: dict[str, SimWorker] = {}
         self._next = 0
         self.load_gate = asyncio.Semaphore(load_concurrency)
+        #: The balancer's server_status requests in flight.
+        self.polls = InFlight()
 
     def _worker_coord(self) -> MeteredCoordinator:
         return MeteredCoordinator(self.shared, self.ledger, self.worker_counts)
@@ -575,6 +647,7 @@ class SimCluster:
                 self.ledger,
                 self.load_gate,
                 ttl=self.ttl,
+                polls=self.polls,
             )
             await w.start()
             self.workers[wid] = w
@@ -631,6 +704,8 @@ class SimCluster:
             md.reads,
             md.rows_read,
             md.writes,
+            md.worker_rows_read,
+            md.loads,
         )
         rounds = await step()
         cpu = time.thread_time() - before[0]
@@ -649,6 +724,8 @@ class SimCluster:
             metadata_reads=md.reads - before[5],
             metadata_rows_read=md.rows_read - before[6],
             metadata_writes=md.writes - before[7],
+            worker_metadata_rows_read=md.worker_rows_read - before[8],
+            loads=md.loads - before[9],
             rounds=rounds or 0,
         )
 
@@ -705,11 +782,22 @@ async def run_size(
         out["initial"] = _dump(initial)
         _progress("initial", out)
 
-        async def one_round() -> int:
+        async def full_round() -> int:
             await cluster.master.assign()
             return 1
 
-        out["steady_round"] = _dump(await cluster.measure(one_round))
+        async def periodic_round() -> int:
+            await cluster.master.assign(if_changed=True)
+            return 1
+
+        # A full round: what a round costs after a change (a claim deleted, a worker or a
+        # table come or gone) and every full_round_interval regardless.
+        out["full_round"] = _dump(await cluster.measure(full_round))
+        _progress("full_round", out)
+        # The leader's periodic round with nothing changed (the first one opens the watches
+        # and runs in full).
+        await cluster.master.assign(if_changed=True)
+        out["steady_round"] = _dump(await cluster.measure(periodic_round))
         _progress("steady_round", out)
 
         # Coordinator at steady state: keys, watches, requests per second.
@@ -746,7 +834,7 @@ async def _steady(cluster: SimCluster, seconds: float) -> dict[str, Any]:
     started = time.perf_counter()
     interval = cluster.options.interval
     while time.perf_counter() - started < seconds:
-        await cluster.master.assign()
+        await cluster.master.assign(if_changed=True)
         await asyncio.sleep(interval)
     elapsed = time.perf_counter() - started
     n = len(cluster.workers)
@@ -756,6 +844,8 @@ async def _steady(cluster: SimCluster, seconds: float) -> dict[str, Any]:
         "keys": sum(kinds.values()),
         "keys_by_kind": dict(kinds),
         "watches": cluster.worker_counts["watches"] + cluster.master_counts["watches"],
+        "worker_watches": cluster.worker_counts["watches"],
+        "master_watches": cluster.master_counts["watches"],
         "seconds": elapsed,
         "worker_requests_per_s": worker_requests / elapsed / n,
         "master_requests_per_s": (cluster.master_counts["requests"] - before_master) / elapsed,
@@ -835,25 +925,62 @@ async def _failure(cluster: SimCluster, n: int, rng: random.Random) -> dict[str,
     return _dump(phase)
 
 
+def converge(
+    workers: Sequence[str],
+    loads: Sequence[assignment.TabletLoad],
+    *,
+    options: MasterOptions,
+    max_rounds: int = 100_000,
+) -> tuple[int, int]:
+    """Balancing rounds of the real planner, each capped as ``Balancer.balance`` caps them
+    (``Balancer.moves_per_round``, ``max_moves_per_worker``; a moved tablet sits out
+    ``move_cooldown``, taken as that many ``balance_cooldown`` rounds), applied until a plan
+    is empty: (moves, rounds)."""
+    per_round = max(options.max_moves, math.ceil(options.move_fraction * len(workers)))
+    sit_out = max(1, math.ceil(options.move_cooldown / max(options.balance_cooldown, 1e-9)))
+    where = {(t.table_id, t.tablet_id): t for t in loads}
+    moved_in: dict[tuple[str, str], int] = {}
+    moves = 0
+    for rounds in range(max_rounds):
+        current = [
+            replace(t, movable=rounds - moved_in.get(k, -sit_out) >= sit_out)
+            for k, t in where.items()
+        ]
+        plan = assignment.plan(
+            list(workers),
+            current,
+            balance=True,
+            max_moves=per_round,
+            ratio=options.balance_ratio,
+            max_moves_per_worker=options.max_moves_per_worker,
+        )
+        made = [m for m in plan if m.source is not None]
+        if not made:
+            return moves, rounds
+        for m in made:
+            key = (m.table_id, m.tablet_id)
+            where[key] = replace(where[key], worker=m.worker)
+            moved_in[key] = rounds
+        moves += len(made)
+    raise RuntimeError(f"balancing did not converge in {max_rounds} rounds")
+
+
 async def _balancing(cluster: SimCluster, n: int) -> dict[str, Any]:
-    """Add ``n`` workers; the moves until the balancer's plan is empty, and real rounds."""
+    """Add ``n`` workers; the rounds of the real planner until its plan is empty, and real
+    rounds of the balancer."""
     await cluster.add_workers(n)
-    options = cluster.options
+    options = replace(cluster.options, balance_cooldown=MasterOptions().balance_cooldown)
     workers = {w: x.address for w, x in cluster.workers.items()}
     loads = [
-        assignment.TabletLoad(t, tid, w, size=64 << 20)
+        assignment.TabletLoad(t, tid, w, size=64 << 20, movable=t != mt.METADATA_TABLE_ID)
         for w, x in cluster.workers.items()
         for (t, tid) in x.served
-        if t != mt.METADATA_TABLE_ID
     ]
     started = time.perf_counter()
-    moves = assignment.plan(
-        list(workers), loads, balance=True, max_moves=10**9, ratio=options.balance_ratio
-    )
-    plan_seconds = time.perf_counter() - started
-    needed = sum(1 for m in moves if m.source is not None)
-    rounds = math.ceil(needed / options.max_moves)
+    needed, rounds = converge(list(workers), loads, options=options)
+    converge_seconds = time.perf_counter() - started
     real_rounds = 3
+    cluster.polls.peak = 0
 
     async def balance() -> int:
         moved = 0
@@ -868,12 +995,13 @@ async def _balancing(cluster: SimCluster, n: int) -> dict[str, Any]:
         "workers_added": n,
         "moves_to_converge": needed,
         "max_moves": options.max_moves,
+        "moves_per_round": cluster.master.balancer.moves_per_round(len(workers)),
+        "max_moves_per_worker": options.max_moves_per_worker,
         "rounds_to_converge": rounds,
-        "hours_at_cooldown": rounds
-        * (MasterOptions().balance_cooldown + phase.wall / real_rounds)
-        / 3600,
+        "hours_at_cooldown": rounds * (options.balance_cooldown + phase.wall / real_rounds) / 3600,
         "moved_in_real_rounds": moved,
-        "uncapped_plan_seconds": plan_seconds,
+        "status_polls_in_flight_max": cluster.polls.peak,
+        "converge_simulation_seconds": converge_seconds,
     }
     return _dump(phase)
 
@@ -900,17 +1028,19 @@ def _dump(p: Phase) -> dict[str, Any]:
 def table(results: Sequence[dict[str, Any]]) -> str:
     """The Markdown table of a run (the docs' performance/scale.md carries one)."""
     head = (
-        "| workers | tablets | initial assignment: s, master CPU s | steady round: ms, "
-        "master CPU ms, etcd keys read | dead worker: tablets, s, master CPU s, most to one "
-        "| rack (10 %): tablets, s, master CPU s, most to one | balancing +10 %: moves, rounds, "
-        "hours | new client: METADATA reads | METADATA reads per random miss | etcd keys "
-        "| requests/s per worker | master requests/s |"
+        "| workers | tablets | initial assignment: s, master CPU s, METADATA rows read per "
+        "load | steady round: ms, master CPU ms, etcd keys read | full round: ms, master CPU "
+        "ms, etcd keys read | dead worker: tablets, s, master CPU s, most to one "
+        "| rack (10 %): tablets, s, master CPU s, most to one | balancing +10 %: moves, "
+        "moves per round, rounds, minutes | new client: METADATA reads | METADATA reads per "
+        "random miss | etcd keys | requests/s per worker | master requests/s |"
     )
-    lines = [head, "|" + "---:|" * 12]
+    lines = [head, "|" + "---:|" * 13]
     for r in results:
-        i, s, d, k, b = (
+        i, s, f, d, k, b = (
             r["initial"],
             r["steady_round"],
+            r["full_round"],
             r["dead_worker"],
             r["rack_failure"],
             r["balancing"],
@@ -918,20 +1048,27 @@ def table(results: Sequence[dict[str, Any]]) -> str:
         c, co = r["clients"], r["coordinator"]
         lines.append(
             f"| {r['workers']} | {r['tablets']:,} "
-            f"| {i['wall']:.1f}, {i['master_cpu']:.1f} "
-            f"| {s['wall'] * 1e3:.0f}, {s['master_cpu'] * 1e3:.0f}, {s['master_keys_read']:,} "
+            f"| {i['wall']:.1f}, {i['master_cpu']:.1f}, {rows_per_load(r):.1f} "
+            f"| {s['wall'] * 1e3:.1f}, {s['master_cpu'] * 1e3:.1f}, {s['master_keys_read']:,} "
+            f"| {f['wall'] * 1e3:.0f}, {f['master_cpu'] * 1e3:.0f}, {f['master_keys_read']:,} "
             f"| {d['tablets_recovered']}, {d['wall']:.2f}, {d['master_cpu']:.2f}, "
             f"{d['most_taken_by_one_worker']} "
             f"| {k['tablets_recovered']}, {k['wall']:.2f}, {k['master_cpu']:.2f}, "
             f"{k['most_taken_by_one_worker']} "
-            f"| {b['moves_to_converge']:,}, {b['rounds_to_converge']:,}, "
-            f"{b['hours_at_cooldown']:.2f} "
+            f"| {b['moves_to_converge']:,}, {b['moves_per_round']}, {b['rounds_to_converge']:,}, "
+            f"{b['hours_at_cooldown'] * 60:.1f} "
             f"| {c['new_client']['metadata_reads']} + {c['new_client']['coordinator_reads']} etcd "
             f"| {c['metadata_reads_per_miss']:.2f} "
             f"| {co['keys']:,} | {co['worker_requests_per_s_default_ttl']:.2f} "
             f"| {co['master_requests_per_s']:.1f} |"
         )
     return "\n".join(lines)
+
+
+def rows_per_load(r: dict[str, Any]) -> float:
+    """METADATA rows the workers read per tablet they loaded in the initial assignment."""
+    i = r["initial"]
+    return float(i["worker_metadata_rows_read"]) / max(1, i["loads"])
 
 
 def chart(results: Sequence[dict[str, Any]], path: Path) -> None:
@@ -943,10 +1080,12 @@ def chart(results: Sequence[dict[str, Any]], path: Path) -> None:
     labels = [f"{r['workers']}w/{r['tablets'] // 1000}k" for r in results]
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.5))
     ax = axes[0]
-    ax.plot(labels, [r["steady_round"]["master_cpu"] * 1e3 for r in results], "o-", label="CPU")
-    ax.plot(labels, [r["steady_round"]["wall"] * 1e3 for r in results], "s--", label="wall")
-    ax.set_title("steady assignment round (master)")
+    for key, name in (("full_round", "full round"), ("steady_round", "steady round")):
+        ax.plot(labels, [r[key]["master_cpu"] * 1e3 for r in results], "o-", label=f"{name}: CPU")
+        ax.plot(labels, [r[key]["wall"] * 1e3 for r in results], "s--", label=f"{name}: wall")
+    ax.set_title("assignment round (master)")
     ax.set_ylabel("ms")
+    ax.set_yscale("log")
     ax.legend()
     ax = axes[1]
     for key, name in (("dead_worker", "one worker"), ("rack_failure", "10 % of workers")):

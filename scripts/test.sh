@@ -78,10 +78,15 @@ echo "== pytest"
 unset PYTHONDONTWRITEBYTECODE
 # Three workers (pytest-xdist) on CI's 2 cores: most tests wait on real processes and servers on
 # loopback, not on the CPU; fixtures are per worker (free ports, per-pid buckets, tmp_path).
-# Tests marked slow are collected first (tests/conftest.py) and --dist load deals the first
-# ones round-robin, so the minutes-long tests start at once on different workers, not last.
+# --dist loadgroup hands out one test at a time (or one group: the tests sharing a module-scoped
+# fixture, tests/conftest.py) to whichever worker is idle, in collection order, and the tests
+# marked slow are collected first: the minutes-long tests start at once on different workers
+# and the short ones fill in around them. (--dist load would hand each worker a quarter of its
+# share as one consecutive chunk at the start: every slow test to the first worker.)
+# --durations=40 names the slowest tests in every log.
 # TABLETSTORE_TEST_WORKERS overrides the count (0: one process, as before).
-python -m pytest -q -p no:cacheprovider -n "${TABLETSTORE_TEST_WORKERS:-3}" --dist load "$@"
+python -m pytest -q -p no:cacheprovider -n "${TABLETSTORE_TEST_WORKERS:-3}" --dist loadgroup \
+  --durations=40 "$@"
 
 # The cloud deployment rehearsed on this machine (Docker, the image, the Terraform plan's tasks
 # and functions, SeaweedFS, etcd): part of the full run only, not of a run of chosen tests.

@@ -292,14 +292,15 @@ class Database(AsyncClient):
 
     async def verify_backup(self, backup_id: str, *, location: str | None = None) -> VerifyReport:
         """Check backup ``backup_id`` (in the database's bucket, or in the backup location
-        ``location``): every SSTable its manifest names exists with its recorded size, and
+        ``location``): it is ready and unexpired, every SSTable its manifest names exists with its recorded size, and
         with its recorded checksum where it records one (a copied backup's). NotFound if
         there is no such backup (master/verify.py ``verify_backup``)."""
+        now = self.master.clock.time()
         if location is None:
-            return await verify_backup(self.store, backup_id)
+            return await verify_backup(self.store, backup_id, now=now)
         store = open_store(location)
         try:
-            return await verify_backup(store, backup_id)
+            return await verify_backup(store, backup_id, now=now)
         finally:
             await store.close()
 

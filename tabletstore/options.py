@@ -195,6 +195,10 @@ class MasterOptions:
     rpc: RpcServerOptions = field(default_factory=RpcServerOptions)
     #: Seconds between two rounds of assignment and balancing while leading.
     interval: float = 1.0
+    #: Seconds between two assignment rounds that run although no claim, server or schema
+    #: changed (tabletstore.master.assignment_watch): the safety net under the watches, and
+    #: the one cost of a steady cluster's rounds that grows with it (O(tablets) per round).
+    full_round_interval: float = 60.0
     #: Seconds between two garbage collections (tabletstore.master.gc).
     gc_interval: float = 60.0
     #: Seconds an unreferenced object must have existed before it is deleted
@@ -211,11 +215,22 @@ class MasterOptions:
     #: the cluster's own identities. 0: no bound.
     max_tables_per_principal: int = 100
 
-    #: Tablet moves per balancing round at most. More levels load faster; each move makes
-    #: the tablet briefly unavailable (unload with a flush, then load).
+    #: Tablet moves per balancing round at most, in a small cluster: a cluster of W workers
+    #: makes up to ``max(max_moves, ceil(move_fraction * W))``, so that growing a large
+    #: cluster converges in minutes, not hours. More levels load faster; each move makes the
+    #: tablet briefly unavailable (unload with a flush, then load).
     max_moves: int = 2
+    #: Moves per balancing round per live worker (see ``max_moves``).
+    move_fraction: float = 0.1
+    #: Moves one worker gives or takes in one balancing round at most: however many moves a
+    #: round makes, each worker flushes and loads only a few tablets at once.
+    max_moves_per_worker: int = 2
     #: Seconds between balancing rounds that moved something. Longer means calmer placement.
     balance_cooldown: float = 3.0
+    #: Seconds after a balancing round that found nothing to move before the next one: each
+    #: asks every worker for its tablets' loads (W requests, N tablets' statuses), so a
+    #: balanced cluster is asked every this many seconds, not every ``interval``.
+    balance_interval: float = 10.0
     #: Seconds a moved tablet stays put before it may move again (no ping-pong on noisy load).
     move_cooldown: float = 30.0
     #: Move only while the most loaded worker carries more than this times the least loaded

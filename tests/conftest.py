@@ -39,8 +39,30 @@ async def object_store(request, tmp_path):
     await store.close()
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's, which names each test's group from its marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Run the tests marked ``slow`` first (a stable sort keeps their order): with several
-    workers (scripts/test.sh runs pytest-xdist) a minutes-long test that starts last is the
-    whole run's tail."""
+    """Order and group the tests for scripts/test.sh's workers (pytest-xdist, ``--dist
+    loadgroup``, which hands each group, or each test outside a group, to the next idle worker
+    in collection order):
+
+    * the tests marked ``slow`` first (a stable sort keeps their order): a minutes-long test
+      that starts last is the whole run's tail, while started first it runs beside the short
+      ones on the other workers;
+    * the tests of one module that share a module-scoped fixture (a cluster of processes, a
+      front door, a Spark session) form one group, so that fixture is set up once on one
+      worker instead of once on every worker that gets one of its tests."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    for item in items:
+        if _uses_module_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+
+
+def _uses_module_fixture(item: pytest.Item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:  # not a test function (a doctest, say)
+        return False
+    return any(
+        getattr(fixture, "scope", None) in ("module", "class")
+        for fixtures in info.name2fixturedefs.values()
+        for fixture in fixtures
+    )

@@ -55,6 +55,7 @@ from tabletstore.bigtable_api.request_budget import (
     BudgetInterceptor,
     RequestBudget,
 )
+from tabletstore.bigtable_api.tarpit import Tarpit
 from tabletstore.bigtable_api.token_check import BearerTokens, server_credentials
 from tabletstore.bigtable_api.translate import (
     filter_from_pb,
@@ -158,6 +159,16 @@ MAX_MUTATIONS_PER_REQUEST = MAX_MUTATIONS_PER_ROW
 #: request with RESOURCE_EXHAUSTED from its length prefix, before buffering it; ReadRows
 #: responses stay near ``DEFAULT_MAX_RESPONSE_BYTES`` whatever the row's size (chunks.py).
 MAX_MESSAGE_BYTES = MAX_REQUEST_BYTES
+#: Calls one connection may carry at once (HTTP/2 ``SETTINGS_MAX_CONCURRENT_STREAMS``): Cloud
+#: Bigtable's own limit, for which its clients keep a pool of channels. A client queues calls
+#: beyond it until one ends, so it bounds what one connection can hold in the tarpit.
+STREAMS_PER_CONNECTION = 100
+#: The tarpit's refusals a second, its burst, and the refusals it holds at most (``tarpit.py``):
+#: 50 refusals a second are about 2.5% of a core; a held call takes about 20 KiB, and at most
+#: 90 KiB with the request bytes its stream's window let in, so 1,024 of them at most 90 MiB.
+TARPIT_RATE = 50.0
+TARPIT_BURST = 50
+TARPIT_CAPACITY = 1024
 
 _log = logging.getLogger(__name__)
 
@@ -794,7 +805,10 @@ class BigtableApiServer:
     interceptors, run around every call (tests use one
     to cut ReadRows streams in the middle). ``tokens``: bearer tokens are checked on each
     call's metadata before its request is read (:mod:`tabletstore.bigtable_api.token_check`).
-    ``max_concurrent_calls``: calls served at once (more: RESOURCE_EXHAUSTED).
+    ``max_concurrent_calls``: authenticated calls served at once (more: RESOURCE_EXHAUSTED);
+    ``streams_per_connection``: calls one connection carries at once (a client queues more).
+    ``tarpit``: where refusals of unauthenticated calls wait their turn (default: one of
+    :data:`TARPIT_RATE` a second, :data:`TARPIT_BURST`, :data:`TARPIT_CAPACITY`; ``tarpit.py``).
     ``max_inflight_bytes``: the request bytes all calls in flight may hold, each caller (token
     principal) at most half; a call that finds no room within ``budget_wait`` seconds is
     RESOURCE_EXHAUSTED before its message is read (:mod:`tabletstore.bigtable_api.request_budget`;
@@ -824,6 +838,8 @@ class BigtableApiServer:
         max_inflight_bytes: int = FRONT_DOOR_INFLIGHT_BYTES,
         budget_wait: float = 10.0,
         share_port: bool = False,
+        streams_per_connection: int = STREAMS_PER_CONNECTION,
+        tarpit: Tarpit | None = None,
     ) -> None:
         if max_message_bytes < DEFAULT_MAX_RESPONSE_BYTES:
             raise InvalidArgument(
@@ -838,17 +854,23 @@ class BigtableApiServer:
             )
         self.max_message_bytes = max_message_bytes
         self.max_concurrent_calls = max_concurrent_calls
+        self.streams_per_connection = streams_per_connection
+        self.tarpit = tarpit or Tarpit(TARPIT_RATE, TARPIT_BURST, TARPIT_CAPACITY)
         self.share_port = share_port
         self.host = host
         self.port = port
         self.tls = tls
         self.tokens = tokens
         self.budget = RequestBudget(max_inflight_bytes, max_message_bytes, wait=budget_wait)
-        admission = BudgetAdmission(self.budget)
+        #: Admitted calls in flight, against max_concurrent_calls, and their request bytes.
+        self.admission = BudgetAdmission(self.budget, max_concurrent_calls)
         self._user_interceptors = bool(interceptors)
-        # First the token (a refused call is charged nothing), then the budget.
+        # First the token (a refused call is charged nothing and takes no place), then the
+        # budget.
         first: grpc.aio.ServerInterceptor = (
-            BudgetInterceptor(admission) if tokens is None else BearerTokens(tokens, admission)
+            BudgetInterceptor(self.admission)
+            if tokens is None
+            else BearerTokens(tokens, self.admission, self.tarpit)
         )
         self._interceptors = (first, *interceptors)
         self._tls: grpc.ServerCredentials | None = None
@@ -876,10 +898,17 @@ class BigtableApiServer:
 
     async def start(self) -> int:
         """Bind and start serving; returns the bound port."""
+        # No maximum_concurrent_rpcs: gRPC would count refusals waiting in the tarpit too; the
+        # admission counts admitted calls only (request_budget.BudgetAdmission).
         server = grpc.aio.server(
             interceptors=self._interceptors,
-            maximum_concurrent_rpcs=self.max_concurrent_calls,
             options=[
+                ("grpc.max_concurrent_streams", self.streams_per_connection),
+                # A stream's window stays at HTTP/2's 64 KiB: with bandwidth probing gRPC grows
+                # it to the size of the messages (MiBs), which a refused call held in the
+                # tarpit would then hold unread (tarpit.py). Large uploads over long round
+                # trips are slower for it; on a LAN the difference is within noise.
+                ("grpc.http2.bdp_probe", 0),
                 ("grpc.max_receive_message_length", self.max_message_bytes),
                 ("grpc.max_send_message_length", self.max_message_bytes),
                 ("grpc.so_reuseport", 1 if self.share_port else 0),

@@ -187,28 +187,66 @@ class RequestBudget:
 
 
 class BudgetAdmission:
-    """Charges each admitted call to a :class:`RequestBudget`, or refuses it unread.
+    """Admits each authenticated call: a place among ``max_calls`` calls in flight, then its
+    charge to a :class:`RequestBudget`; or refuses it unread.
 
     Called with the call's handler and principal before gRPC receives the message; it must run
-    in the call's own task (a server interceptor does), whose end returns the call's bytes
-    whatever happens to it -- finished, failed, or cancelled before its message arrived."""
+    in the call's own task (a server interceptor does), whose end returns the call's place and
+    bytes whatever happens to it -- finished, failed, or cancelled before its message arrived.
+    The limit on calls is kept here rather than by gRPC (``maximum_concurrent_rpcs``) so that
+    it counts admitted calls only: refusals of unauthenticated calls waiting in the tarpit
+    (``tarpit.py``) take no caller's place. Over the limit a call is RESOURCE_EXHAUSTED."""
 
-    def __init__(self, budget: RequestBudget) -> None:
+    def __init__(self, budget: RequestBudget, max_calls: int | None = None) -> None:
         self.budget = budget
+        self.max_calls = max_calls
+        #: Calls admitted and not yet finished (those waiting for budget included).
+        self.active = 0
+
+    def _leave(self, _: object = None) -> None:
+        self.active -= 1
 
     async def __call__(self, handler: Any, principal: str) -> Any:
+        if self.max_calls is not None and self.active >= self.max_calls:
+            return refusal(
+                handler,
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"tabletstore front door: {self.active} calls in flight, its limit "
+                f"(bigtable-api --max-concurrent-calls); retry with backoff",
+            )
         budget = self.budget
-        grant = budget.try_acquire(principal) or await budget.acquire(principal)
+        task = asyncio.current_task()
+        self.active += 1
+        try:
+            grant = budget.try_acquire(principal) or await budget.acquire(principal)
+        except BaseException:
+            self._leave()
+            raise
         if grant is None:
+            self._leave()
             return refusal(
                 handler, grpc.StatusCode.RESOURCE_EXHAUSTED, budget.refusal_message(principal)
             )
-        task = asyncio.current_task()
-        if task is None:  # not in a call's task: nothing would return the bytes
+        if task is None:  # not in a call's task: nothing would return the place and bytes
+            self._leave()
             grant.release()
             return handler
-        task.add_done_callback(grant.release)
+        task.add_done_callback(_Finished(self, grant))
         return handler._replace(request_deserializer=_charging(handler.request_deserializer, grant))
+
+
+class _Finished:
+    """A call's end: its place and its bytes come back (one done-callback for both)."""
+
+    __slots__ = ("_admission", "_grant")
+
+    def __init__(self, admission: BudgetAdmission, grant: Grant) -> None:
+        self._admission = admission
+        self._grant = grant
+
+    def __call__(self, _: object) -> None:
+        self._admission._leave()
+        self._grant.release()
 
 
 def _charging(deserialize: Callable[[bytes], Any] | None, grant: Grant) -> Callable[[bytes], Any]:

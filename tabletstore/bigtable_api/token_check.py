@@ -6,7 +6,9 @@ metadata, before the request message is read: a missing token is UNAUTHENTICATED
 or revoked one PERMISSION_DENIED -- answered by a handler that takes its request as a stream
 and never reads it, so gRPC receives no more of a refused call's message than HTTP/2 flow
 control lets the client send before the answer (the stream's window: KiBs to a few MiB as
-gRPC's bandwidth probing grows it, not the message limit), and nothing of it is decoded. The call otherwise runs acting for the token's principal (``client.client.ACTING_FOR``), so
+gRPC's bandwidth probing grows it, not the message limit), and nothing of it is decoded; the
+refusal waits its turn in the front door's tarpit (``tarpit.py``), so refused calls take CPU at
+a bounded rate however fast they come. The call otherwise runs acting for the token's principal (``client.client.ACTING_FOR``), so
 the cluster's servers check the families' ACLs against that caller. For the workers to accept
 "acting for", the front door's own certificate must carry a cluster role (``function``:
 ``tabletstore certs issue frontdoor --role function``; worker/tablet_service_guard.py). Tokens
@@ -20,6 +22,7 @@ from typing import Any
 
 import grpc
 
+from tabletstore.bigtable_api.tarpit import Tarpit, source_of
 from tabletstore.client.client import ACTING_FOR
 from tabletstore.errors import PermissionDenied, TabletStoreError
 from tabletstore.rpc.auth import TokenVerifier
@@ -48,15 +51,20 @@ def bearer_token(metadata: Sequence[tuple[str, Any]] | None) -> str | None:
     return None
 
 
-def refusal(handler: Any, code: grpc.StatusCode, message: str) -> Any:
+def refusal(handler: Any, code: grpc.StatusCode, message: str, tarpit: Tarpit | None = None) -> Any:
     """``handler`` with its behaviour replaced by an abort that never reads the request: a
     request-streaming handler (gRPC reads a unary handler's message whole, and decodes it,
-    before calling it; a streaming one only when it iterates), with no deserializer."""
+    before calling it; a streaming one only when it iterates), with no deserializer. With a
+    ``tarpit``, the abort first waits for its turn there (``tarpit.py``)."""
 
     async def abort_unary(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        if tarpit is not None:
+            await tarpit.turn(source_of(context.peer()))
         await context.abort(code, message)
 
     async def abort_stream(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        if tarpit is not None:
+            await tarpit.turn(source_of(context.peer()))
         await context.abort(code, message)
         yield  # pragma: no cover (abort raises)
 
@@ -71,19 +79,28 @@ def refusal(handler: Any, code: grpc.StatusCode, message: str) -> Any:
     )
 
 
+#: What an unauthenticated call of a method the front door does not serve is refused with
+#: (it waits in the tarpit like any other: a method name costs nothing to make up).
+_NO_METHOD = grpc.unary_unary_rpc_method_handler(lambda request, context: None)
+
+
 class BearerTokens(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """Checks each call's bearer token and runs it acting for its principal (a refused call is
-    never charged to the front door's request budget: only accepted ones reach ``admit``)."""
+    never charged to the front door's request budget: only accepted ones reach ``admit``).
+    Refusals wait their turn in ``tarpit`` (``tarpit.py``), those of calls to methods that do
+    not exist too; an authenticated call of such a method is UNIMPLEMENTED at once."""
 
     def __init__(
         self,
         tokens: TokenVerifier,
         admit: Callable[[Any, str], Awaitable[Any]] | None = None,
+        tarpit: Tarpit | None = None,
     ) -> None:
         self._tokens = tokens
         #: What an accepted call goes through next, with its principal (the front door's
         #: request budget: ``request_budget.BudgetAdmission``); it returns the handler to run.
         self._admit = admit
+        self.tarpit = tarpit
 
     async def intercept_service(
         self,
@@ -91,20 +108,23 @@ class BearerTokens(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         details: grpc.HandlerCallDetails,
     ) -> Any:
         handler = await continuation(details)
-        if handler is None:
-            return None
         token = bearer_token(details.invocation_metadata)
         if token is None:
             return refusal(
-                handler,
+                handler or _NO_METHOD,
                 grpc.StatusCode.UNAUTHENTICATED,
                 "tabletstore: send an `authorization: Bearer <token>` header "
                 "(tabletstore tokens create NAME)",
+                self.tarpit,
             )
         try:
             principal = await self._tokens.verify(token)
         except TabletStoreError as exc:
-            return refusal(handler, grpc.StatusCode.PERMISSION_DENIED, str(exc))
+            return refusal(
+                handler or _NO_METHOD, grpc.StatusCode.PERMISSION_DENIED, str(exc), self.tarpit
+            )
+        if handler is None:
+            return None
         ACTING_FOR.set(principal.name)
         if self._admit is not None:
             return await self._admit(handler, principal.name)

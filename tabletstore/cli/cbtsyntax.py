@@ -41,6 +41,7 @@ from tabletstore.data.filters import (
 )
 from tabletstore.data.model import AddToCell, Row, SetCell
 from tabletstore.data.schema import (
+    HISTORY_OFF,
     ColumnFamily,
     GcRule,
     IntersectionRule,
@@ -339,7 +340,9 @@ def schema_lines(schema: TableSchema) -> list[str]:
         policy_width = max(len(line) for line in lines) + 2
         lines = [f"{line:<{policy_width}}{t}" for line, t in zip(lines, types, strict=True)]
     out = [line.rstrip() for line in lines]
-    if schema.history is not None:
+    if schema.history == HISTORY_OFF:
+        out.append("History: off (whatever the database's default)")
+    elif schema.history is not None:
         # Only for tables with history (the usual output is cbt's).
         out.append(f"History: {format_duration(schema.history)}")
     return out

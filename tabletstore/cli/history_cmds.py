@@ -1,13 +1,15 @@
 """History windows and point-in-time restore (``master/checkpoints.py``,
 ``master/pitr_restore.py``)::
 
-    tabletstore history TABLE [DURATION | off]         show or set a table's history window
-    tabletstore history --default [DURATION | off]     show or set the database's default
+    tabletstore history TABLE [DURATION | off | default]   show or set a table's history window
+    tabletstore history --default [DURATION | off]         show or set the database's default
     tabletstore restore TABLE --as-of INSTANT NEW_TABLE   rebuild TABLE as of INSTANT
     tabletstore clone TABLE NEW_TABLE --as-of INSTANT     the same, sharing its SSTables
 
-``createtable T ... --history 24h`` sets the window at creation. INSTANT is ISO 8601 with a
-time zone (``2026-11-28T09:15:00Z``, ``2026-11-28T10:15:00+01:00``).
+A table's ``off`` is its own setting, kept whatever the database's default
+(``TableSchema.history`` ``HISTORY_OFF``); ``default`` ends its own setting, so the database's
+default applies. ``createtable T ... --history 24h`` (or ``off``) sets the window at creation.
+INSTANT is ISO 8601 with a time zone (``2026-11-28T09:15:00Z``, ``2026-11-28T10:15:00+01:00``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from tabletstore.cli.context import Failure, cli_context, failing, on_cluster, w
 from tabletstore.clock import SystemClock
 from tabletstore.coordination import paths
 from tabletstore.coordination.base import Coordinator
+from tabletstore.data.schema import HISTORY_OFF
 from tabletstore.embedded import SyncDatabase
 from tabletstore.errors import InvalidArgument, Unavailable
 from tabletstore.master.master_process import make_sort_executor
@@ -50,13 +53,24 @@ def parse_instant(text: str) -> float:
     return when.timestamp()
 
 
+_OFF = ("off", "none", "0")
+
+
 def parse_window(text: str) -> float | None:
-    """``24h``, ``7d``... in seconds, or None for ``off``."""
-    return None if text.lower() in ("off", "none", "0") else cbt.parse_duration(text)
+    """The database's default window: ``24h``, ``7d``... in seconds, or None for ``off``."""
+    return None if text.lower() in _OFF else cbt.parse_duration(text)
+
+
+def parse_table_window(text: str) -> float | None:
+    """A table's window: ``24h``, ``7d``... in seconds; ``off``: ``HISTORY_OFF`` (no history
+    whatever the database's default); ``default``: None (the database's default applies)."""
+    if text.lower() == "default":
+        return None
+    return HISTORY_OFF if text.lower() in _OFF else cbt.parse_duration(text)
 
 
 def _shown(seconds: float | None) -> str:
-    return "off" if seconds is None else cbt.format_duration(seconds)
+    return "off" if seconds is None or seconds == HISTORY_OFF else cbt.format_duration(seconds)
 
 
 @click.command("history")
@@ -69,9 +83,10 @@ def _shown(seconds: float | None) -> str:
     help="Show or set the database's default window instead (for tables without their own).",
 )
 def history_cmd(table: str | None, window: str | None, default: bool) -> None:
-    """Show TABLE's history window, or set it: a duration (30m, 24h, 7d) or off (the
-    database's default then applies). With --default [DURATION | off], the database's default
-    window, kept by every table without one of its own. Any instant of a window can be
+    """Show TABLE's history window, or set it: a duration (30m, 24h, 7d), off (no history,
+    whatever the database's default) or default (the table's own setting ends: the database's
+    default applies). With --default [DURATION | off], the database's default window, kept by
+    every table without a setting of its own. Any instant of a window can be
     restored (tabletstore restore --as-of); the master takes the first checkpoint as it is set."""
     if default:
         if window is not None:
@@ -84,13 +99,15 @@ def history_cmd(table: str | None, window: str | None, default: bool) -> None:
         click.echo(f"default: history {_shown(seconds)}")
         return
     if table is None:
-        raise Failure("name a table (history TABLE [DURATION | off]) or give --default")
+        raise Failure("name a table (history TABLE [DURATION | off | default]) or give --default")
     if window is not None:
-        seconds = failing(lambda: parse_window(window))
+        seconds = failing(lambda: parse_table_window(window))
         with_database(lambda db: db.set_history(table, seconds))
 
     def shown(db: SyncDatabase) -> str:
         own = db.describe_table(table).history
+        if own == HISTORY_OFF:
+            return "off (the table's own: the database's default does not apply)"
         if own is not None:
             return _shown(own)
         fallback = db.history_default()

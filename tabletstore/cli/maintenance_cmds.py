@@ -25,7 +25,7 @@ from tabletstore.cli.context import (
 )
 from tabletstore.cli.progress import Unit, progress_bar
 from tabletstore.client.client import CompactionProgress
-from tabletstore.clock import SystemClock
+from tabletstore.clock import SystemClock, wall_time
 from tabletstore.embedded import SyncDatabase
 from tabletstore.errors import TabletStoreError
 from tabletstore.master.gc import collect
@@ -108,8 +108,8 @@ FINDINGS_EXIT = 3
     "backup_id",
     default=None,
     metavar="ID",
-    help="Verify this backup instead: every SSTable its manifest names exists with its "
-    "recorded size and checksum.",
+    help="Verify this backup instead: it is ready and unexpired, and every SSTable its "
+    "manifest names exists with its recorded size and checksum.",
 )
 @click.option(
     "--at",
@@ -122,11 +122,12 @@ FINDINGS_EXIT = 3
 def verify_cmd(
     table: str | None, deep: bool, as_json: bool, backup_id: str | None, location: str | None
 ) -> None:
-    """Check that the bucket is whole: every object METADATA and the snapshots reference
-    exists with its recorded size, the tablets tile each table, each log a tablet needs has
-    no missing or damaged segment. Lists orphans (left to gc). With --backup ID, check that
-    backup's objects (sizes, and the checksums a copied backup records). Exit 0 when whole,
-    3 with a report of the damage, 1 when it could not verify."""
+    """Check that the bucket is whole: every object METADATA, the snapshots and the bulk-load
+    parts reference exists with its recorded size, the tablets tile each table, each log a
+    tablet needs has no missing or damaged segment. Lists orphans (left to gc). With --backup
+    ID, check that backup: ready, not expired, and its objects (sizes, and the checksums a
+    copied backup records). Exit 0 when whole, 3 with a report of the damage, 1 when it could
+    not verify."""
     if backup_id is not None and table is not None:
         raise Failure(f"give TABLE or --backup ID, not both (got {table} and --backup {backup_id})")
     if location is not None and backup_id is None:
@@ -158,7 +159,7 @@ def _verify_backup(backup_id: str, location: str | None) -> VerifyReport:
         async def at_location() -> VerifyReport:
             store = open_store(location)
             try:
-                return await verify_backup(store, backup_id)
+                return await verify_backup(store, backup_id, now=wall_time())
             finally:
                 await store.close()
 
@@ -167,7 +168,9 @@ def _verify_backup(backup_id: str, location: str | None) -> VerifyReport:
         except TabletStoreError as exc:
             raise Failure(str(exc)) from exc
     if cli_context().url.startswith("etcd://"):
-        return on_cluster(lambda store, _catalog, _coordinator: verify_backup(store, backup_id))
+        return on_cluster(
+            lambda store, _catalog, _coordinator: verify_backup(store, backup_id, now=wall_time())
+        )
     return with_database(lambda db: db.verify_backup(backup_id))
 
 

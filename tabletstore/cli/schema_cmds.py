@@ -16,6 +16,7 @@ import click
 
 from tabletstore.cli import cbtsyntax as cbt
 from tabletstore.cli.context import OPTIONS_ARG, TABLE_ARG, echo_lines, failing, with_database
+from tabletstore.cli.history_cmds import parse_table_window
 
 __all__ = [
     "createfamily_cmd",
@@ -45,7 +46,7 @@ def ls_cmd(table: str | None) -> None:
     "--history",
     default=None,
     help="Keep this much history (30m, 24h, 7d): any instant of it can be restored "
-    "(tabletstore restore --as-of).",
+    "(tabletstore restore --as-of); off: none, whatever the database's default.",
 )
 @click.option(
     "--changes",
@@ -62,7 +63,7 @@ def createtable_cmd(
     opts = failing(lambda: cbt.parse_kv_args(options, ("families", "splits")))
     families = failing(lambda: cbt.parse_families(opts["families"]) if "families" in opts else [])
     splits = [cbt.arg_bytes(k) for k in opts["splits"].split(",")] if "splits" in opts else []
-    window = None if history is None else failing(lambda: cbt.parse_duration(history))
+    window = None if history is None else failing(lambda: parse_table_window(history))
     kept = None if changes is None else failing(lambda: cbt.parse_duration(changes))
     with_database(
         lambda db: db.create_table(table, families, split_keys=splits, history=window, changes=kept)

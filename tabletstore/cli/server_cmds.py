@@ -244,6 +244,13 @@ def _metrics_ready(url: str) -> None:
     show_default=True,
     help="Tables one principal may administer, with auth on (0: no bound).",
 )
+@click.option(
+    "--merge-after",
+    type=click.FloatRange(min=0.0),
+    default=MasterOptions().merge_after,
+    show_default=True,
+    help="Seconds two small adjacent tablets must stay small before the master merges them.",
+)
 @rpc_caps
 @protocol_versions
 @_insecure_option
@@ -260,6 +267,7 @@ def master_cmd(
     sort_owner_bytes: int,
     max_split_keys: int,
     max_tables_per_principal: int,
+    merge_after: float,
     rpc: RpcServerOptions,
     versions: Versions,
     insecure: bool,
@@ -275,6 +283,7 @@ def master_cmd(
         sort_owner_bytes=sort_owner_bytes,
         max_split_keys=max_split_keys,
         max_tables_per_principal=max_tables_per_principal,
+        merge_after=merge_after,
     )
     tls = _process_tls(host, insecure, "master")
     status_token = _status_token(status_token_file)
@@ -429,9 +438,6 @@ def worker_cmd(
         worker_id, port, metrics_port = _group_member(place, worker_id, port, metrics_port)
 
     def ready(server: TabletServer) -> None:
-        # Freeze what start-up loaded and raise the collector's thresholds, before the first
-        # request (ops/process_warmup.py).
-        warm_up_process()
         click.echo(
             f"worker {server.worker_id} listening on {server.address} (RPC protocol {versions})",
             err=True,
@@ -456,6 +462,9 @@ def worker_cmd(
                 tablet_options=tablet_options,
                 stop=stop,
                 ready=ready,
+                # Freeze what start-up loaded and raise the collector's thresholds before the
+                # first request (ops/process_warmup.py), and before the lease is taken.
+                warm_up=warm_up_process,
                 metrics_port=metrics_port,
                 metrics_ready=_metrics_ready,
                 tls=tls,

@@ -19,6 +19,7 @@ buckets goes through the client:
 from __future__ import annotations
 
 import abc
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
@@ -199,11 +200,10 @@ class BackupRequests(abc.ABC):
 async def _bring_in(src: ObjectStore, own: ObjectStore, backup_id: str) -> None:
     """Copy backup ``backup_id`` from ``src`` into the database's bucket unless the same
     backup (same table and cut) is there already."""
-    source = await read_backup(src, backup_id)
+    # Both manifests read at once: the location's is a LIST and a GET away.
+    source, here = await asyncio.gather(read_backup(src, backup_id), _read_if_any(own, backup_id))
     source.check_restorable(wall_time(), src.url)
-    try:
-        here = await read_backup(own, backup_id)
-    except NotFound:
+    if here is None:
         await copy_backup(src, own, backup_id, now=wall_time(), source=source)
         return
     if (here.table_id, here.created_at) != (source.table_id, source.created_at):
@@ -211,6 +211,13 @@ async def _bring_in(src: ObjectStore, own: ObjectStore, backup_id: str) -> None:
             f"the database already has a different backup {backup_id!r} (of {here.table} at "
             f"{here.created_at:.0f}); copy this one in under another id (copy_backup new_id=)"
         )
+
+
+async def _read_if_any(store: ObjectStore, backup_id: str) -> BackupManifest | None:
+    try:
+        return await read_backup(store, backup_id)
+    except NotFound:
+        return None
 
 
 @contextlib.asynccontextmanager

@@ -9,7 +9,8 @@ token that resumes just after it, then a
 next batch until ``end_time`` is passed by the watermark, or ends with a
 :class:`~tabletstore.client.change_plan.PartitionEnd` naming the partitions that replace it
 when the table's tablets no longer have its range. Everything is read from the bucket (the
-store abstraction) and the catalog; no worker is asked.
+store abstraction) and the catalog; no worker is asked. METADATA unreachable (its worker dead
+and not yet recovered) delays a partition's end, never its changes.
 
 :class:`SegmentCache` keeps the segments and stamps one client has read, so the reads of all
 of a table's partitions in one process (``tabletstore watch``) fetch each segment once.
@@ -19,6 +20,7 @@ of a table's partitions in one process (``tabletstore watch``) fetch each segmen
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from dataclasses import replace
@@ -34,7 +36,7 @@ from tabletstore.client.change_plan import (
 )
 from tabletstore.clock import Clock
 from tabletstore.commitlog.format import LogRecord, decode_segment
-from tabletstore.errors import Corruption, InvalidArgument
+from tabletstore.errors import Corruption, InvalidArgument, Unavailable
 from tabletstore.metadata.catalog import Catalog
 from tabletstore.storage_s3 import layout
 from tabletstore.storage_s3.base import ObjectInfo, ObjectStore, object_url
@@ -50,12 +52,29 @@ PARALLEL = 16
 
 class SegmentCache:
     """Decoded segments (the most recent ``capacity``) and every stamp read, by object key.
-    Segments are immutable once written, so a cached one is never stale."""
+    Segments are immutable once written, so a cached one is never stale. Also counts what
+    the reads cost (``bench/changes.py`` reports it): segments fetched, their bytes, and
+    listings of the logs."""
 
     def __init__(self, capacity: int = 128) -> None:
         self.capacity = capacity
         self._segments: OrderedDict[str, tuple[float, list[LogRecord]]] = OrderedDict()
         self.stamps: dict[str, float] = {}
+        self.fetched = 0
+        self.fetched_bytes = 0
+        self.listings = 0
+        #: Segments being fetched, by object key: (the loop fetching it, its task).
+        self.inflight: dict[
+            str, tuple[asyncio.AbstractEventLoop, asyncio.Task[tuple[float, list[LogRecord]]]]
+        ] = {}
+
+    def settled(self, key: str, task: asyncio.Task[tuple[float, list[LogRecord]]]) -> None:
+        """A fetch finished: it is no longer in flight (its failure, if every reader waiting
+        for it was cancelled, is not reported as never retrieved)."""
+        if self.inflight.get(key, (None, None))[1] is task:
+            del self.inflight[key]
+        if not task.cancelled():
+            task.exception()
 
     def get(self, key: str) -> tuple[float, list[LogRecord]] | None:
         hit = self._segments.get(key)
@@ -83,6 +102,7 @@ class _Source:
 
     async def relist(self) -> None:
         listed: dict[str, dict[int, ObjectInfo]] = {}
+        self.cache.listings += 1
         async for info in self.store.list(layout.LOGS):
             try:
                 key = layout.parse_log_segment_key(info.key)
@@ -94,13 +114,29 @@ class _Source:
         self.listed = listed
 
     async def segment(self, name: str, number: int) -> tuple[float, list[LogRecord]]:
-        """The stamp and records of a listed segment (a fence: no records)."""
+        """The stamp and records of a listed segment (a fence: no records). The partitions
+        read in one process poll at about the same moments: a segment another read of this
+        cache is already fetching is waited for, not fetched again."""
         info = self.listed[name][number]
         hit = self.cache.get(info.key)
         if hit is not None:
             return hit
         if info.size == 0:
             return (info.last_modified, [])
+        loop = asyncio.get_running_loop()
+        shared = self.cache.inflight.get(info.key)
+        if shared is None or shared[0] is not loop:
+            task = loop.create_task(self._fetch(name, number, info))
+            shared = (loop, task)
+            self.cache.inflight[info.key] = shared
+            task.add_done_callback(functools.partial(self.cache.settled, info.key))
+        # Shielded: one reader cancelled (a partition's read ended) leaves the fetch to the
+        # others waiting for it.
+        return await asyncio.shield(shared[1])
+
+    async def _fetch(
+        self, name: str, number: int, info: ObjectInfo
+    ) -> tuple[float, list[LogRecord]]:
         where = object_url(self.store.url, info.key)
         async with self.sem:
             data = await self.store.get(info.key)
@@ -109,6 +145,8 @@ class _Source:
                 f"{where} was collected while the change stream read it: the read is older "
                 "than the table's change retention; start again from a start time"
             )
+        self.cache.fetched += 1
+        self.cache.fetched_bytes += len(data)
         contents = await asyncio.to_thread(decode_segment, data, where=where)
         assert contents.header is not None
         worker, incarnation = self.refs[name]
@@ -221,8 +259,14 @@ async def read_changes(
     last_beat = float("-inf")
     while True:
         if cursor.batch is None:
-            tablets = await change_partitions_of(catalog, info.table_id)
-            after = plan.successors(cursor, tablets)
+            try:
+                tablets = await change_partitions_of(catalog, info.table_id)
+            except Unavailable:
+                # METADATA unreachable (its worker died and no master has recovered it yet):
+                # the stream of a range does not depend on its tablets, so the read goes on
+                # from the bucket and a split or merge ends the partition at a later batch.
+                tablets = None
+            after = None if tablets is None else plan.successors(cursor, tablets)
             if after is not None:
                 yield PartitionEnd(
                     cursor.partition, tuple((p, plan.encode_token(c)) for p, c in after)

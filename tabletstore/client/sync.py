@@ -66,11 +66,18 @@ class Portal:
         return self._loop
 
     def call(self, coro: Coroutine[object, object, T]) -> T:
-        """Run ``coro`` on the portal's loop and wait for its result."""
+        """Run ``coro`` on the portal's loop and wait for its result. Refused from the loop's
+        own thread (it would wait for itself) and once the portal is closed; ``coro`` is then
+        closed, never run."""
         if threading.current_thread() is self._thread:
             coro.close()
             raise RuntimeError("the synchronous API cannot be used from its own event loop")
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+        try:
+            future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        except RuntimeError:  # the loop is closed
+            coro.close()
+            raise
+        return future.result()
 
     def iterate(self, agen: AsyncIterator[T], batch: int = _PULL_BATCH) -> Iterator[T]:
         """Drive an async iterator from this thread, up to ``batch`` items per round trip
@@ -166,12 +173,21 @@ def _wrap_plain(proxy: SyncProxy[object], fn: Callable[..., Any]) -> Callable[..
     def call(*a: Any, **kw: Any) -> Any:
         result = fn(*a, **kw)
         if inspect.isawaitable(result):
-            return proxy._wrap(proxy._portal.call(_await(result)))
+            return proxy._wrap(proxy._portal.call(_coroutine(result)))
         if inspect.isasyncgen(result) or hasattr(result, "__anext__"):
             return proxy._portal.iterate(result)
         return proxy._wrap(result)
 
     return call
+
+
+def _coroutine(aw: Awaitable[T]) -> Coroutine[Any, Any, T]:
+    """``aw`` itself if it is a coroutine, else a coroutine awaiting it. Never a wrapper of a
+    coroutine: a refused call (:meth:`Portal.call`) closes what it is given, and a coroutine
+    wrapped in another one would be left unstarted ("never awaited") instead."""
+    if isinstance(aw, Coroutine):
+        return cast(Coroutine[Any, Any, T], aw)
+    return _await(aw)
 
 
 async def _await(aw: Awaitable[T]) -> T:
@@ -192,7 +208,7 @@ def blocking(
 
     @functools.wraps(method)
     def call(self: SyncProxy[object], /, *args: P.args, **kwargs: P.kwargs) -> T:
-        return cast(T, self._portal.call(_await(_bound(self, method)(*args, **kwargs))))
+        return cast(T, self._portal.call(_coroutine(_bound(self, method)(*args, **kwargs))))
 
     return call
 
@@ -205,7 +221,7 @@ def blocking_as(
 
     @functools.wraps(method)
     def call(self: SyncProxy[object], /, *args: P.args, **kwargs: P.kwargs) -> W:
-        result = self._portal.call(_await(_bound(self, method)(*args, **kwargs)))
+        result = self._portal.call(_coroutine(_bound(self, method)(*args, **kwargs)))
         return face(cast(T, result), self._portal)
 
     return call

@@ -154,8 +154,10 @@ class TableAdmin(BackupRequests):
             self.locations.invalidate(info.table_id)
 
     async def set_history(self, name: str, seconds: float | None) -> None:
-        """Keep ``seconds`` of history for table ``name`` (None: end its own window; the
-        database's default, if any, then applies): any instant that far back can be restored.
+        """Keep ``seconds`` of history for table ``name`` (None: end its own setting; the
+        database's default, if any, then applies; ``HISTORY_OFF`` from
+        ``tabletstore.data.schema``: no history, whatever the default): any instant that far
+        back can be restored.
         The master takes the first checkpoint before this returns. Only the table's admins."""
         req = SetHistoryRequest(name, seconds)
         self._tables[name] = (await self._admin.set_history(req)).info()

@@ -81,6 +81,7 @@ from tabletstore.storage_s3.layout import (
 __all__ = [
     "CATCH_ALL_TABLET",
     "DEFAULT_TASK_BYTES",
+    "INLINE_SORT_BYTES",
     "MAX_TASK_SEGMENTS",
     "ReplayStats",
     "SharedSorts",
@@ -99,6 +100,12 @@ __all__ = [
 DEFAULT_TASK_BYTES = 4 * 1024 * 1024
 #: Default upper bound on the segments of one sort task (each one is a GET).
 MAX_TASK_SEGMENTS = 256
+#: Default bytes of segments up to which :class:`SharedSorts` sorts a task in the event loop
+#: even when it has a process pool: decoding, partitioning and encoding that much takes about
+#: a tenth of a second of CPU (a task of small records), while the pool's first task waits for
+#: its processes to start (a Python start-up each, seconds on a quiet machine and tens of
+#: seconds on a loaded one), and a recovery's owner is often a worker that never sorted before.
+INLINE_SORT_BYTES = 1024 * 1024
 log = logging.getLogger(__name__)
 
 #: The tablet id of a table's catch-all run: the records of rows no plan range holds.
@@ -306,9 +313,11 @@ class SharedSorts:
     cores; the segments are fetched and the runs written by this process, which so keeps them
     for its tablets' replay: in ``spill`` (memory, then local disk:
     :mod:`tabletstore.commitlog.spill`), or without one in memory (``IMMUTABLE``). None: in
-    this process's event loop. At most ``parallel`` tasks are under way at once (their
-    segments in memory): one more than the pool's processes keeps them busy while the next
-    task's segments are fetched."""
+    this process's event loop. A task of at most ``inline_bytes`` is sorted in the event loop
+    all the same, and never makes the pool (:data:`INLINE_SORT_BYTES`): the recovery of a
+    small log does not wait for processes to start. At most ``parallel`` tasks are under way
+    at once (their segments in memory): one more than the pool's processes keeps them busy
+    while the next task's segments are fetched."""
 
     def __init__(
         self,
@@ -316,9 +325,13 @@ class SharedSorts:
         cpu: Callable[[], concurrent.futures.Executor] | None = None,
         parallel: int = 2,
         spill: RunSpill | None = None,
+        inline_bytes: int = INLINE_SORT_BYTES,
     ) -> None:
         if parallel < 1:
             raise InvalidArgument(f"a worker sorts at least 1 task at once, got {parallel}")
+        if inline_bytes < 0:
+            raise InvalidArgument(f"inline_bytes must be >= 0, got {inline_bytes}")
+        self._inline_bytes = inline_bytes
         self._running: dict[str, asyncio.Task[SortManifest]] = {}
         self._make_cpu = cpu
         self._cpu: concurrent.futures.Executor | None = None
@@ -341,6 +354,8 @@ class SharedSorts:
         if self._slots is None:
             self._slots = asyncio.Semaphore(self._parallel)
         async with self._slots:
+            if task.size <= self._inline_bytes:
+                return await run_sort_task(store, plan, task, spill=self.spill)
             if self._cpu is None and self._make_cpu is not None:
                 self._cpu = self._make_cpu()
             if self._cpu is not None:

@@ -68,6 +68,9 @@ def validate_table_name(name: str) -> str:
 
 #: The longest history window a table keeps (seconds): 35 days.
 MAX_HISTORY = 35 * 86400.0
+#: ``TableSchema.history`` of a table that keeps no history whatever the database's default
+#: window (an explicit opt-out; None is "not set": the default applies).
+HISTORY_OFF = 0.0
 #: The longest change retention a table keeps (seconds): 7 days, as Cloud Bigtable's.
 MAX_CHANGES = 7 * 86400.0
 
@@ -213,7 +216,9 @@ class TableSchema(_Frozen):
     )
     #: Seconds of history the table keeps: any instant this far back can be restored
     #: (``master/pitr_restore.py``; the master checkpoints the table and garbage collection
-    #: keeps the commit log that long). None: no history. Left out of the JSON while unset.
+    #: keeps the commit log that long). None: not set, the database's default window applies
+    #: (``master/checkpoints.py`` ``window_of``); :data:`HISTORY_OFF` (0): no history, whatever
+    #: the default. Left out of the JSON while unset.
     history: float | None = Field(default=None, exclude_if=lambda v: v is None)
     #: Seconds of change retention: the table's change stream (``client/change_stream.py``)
     #: can be read this far back (garbage collection keeps the commit log that long). None:
@@ -226,10 +231,11 @@ class TableSchema(_Frozen):
     @field_validator("history")
     @classmethod
     def _history(cls, v: float | None) -> float | None:
-        if v is not None and not 0 < v <= MAX_HISTORY:
+        if v is not None and v != HISTORY_OFF and not 0 < v <= MAX_HISTORY:
             raise ValueError(
                 f"history window must be more than 0 and at most {MAX_HISTORY / 86400:.0f} "
-                f"days, got {v} seconds"
+                f"days (or {HISTORY_OFF:g}: off, whatever the database's default), got {v} "
+                "seconds"
             )
         return v
 

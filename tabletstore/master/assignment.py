@@ -54,12 +54,16 @@ def plan(
     balance: bool = False,
     max_moves: int = 2,
     ratio: float = 1.0,
+    max_moves_per_worker: int | None = None,
 ) -> list[Assignment]:
     """Assign every unassigned tablet to the least-loaded live worker; with ``balance``, also
     move up to ``max_moves`` tablets from the most- to the least-loaded worker while the most
     loaded one carries more than ``ratio`` times the least loaded one's load and a move
     narrows the gap (throttled, so serving is never disrupted wholesale; a ``ratio`` above 1
-    leaves small imbalances alone instead of chasing noise)."""
+    leaves small imbalances alone instead of chasing noise). ``max_moves_per_worker`` (None:
+    no bound) caps the moves one worker gives or takes in the plan, so that a plan of many
+    moves spreads them over many workers: each moves a few tablets at once, however many
+    the cluster moves."""
     if not workers:
         return []
     live = sorted(set(workers))
@@ -83,18 +87,28 @@ def plan(
         heapq.heapreplace(heap, (load[target], target))
         out.append(Assignment(t.table_id, t.tablet_id, target))
     if balance:
-        out.extend(_moves(load, owned, max_moves, ratio))
+        out.extend(_moves(load, owned, max_moves, ratio, max_moves_per_worker))
     return out
 
 
 def _moves(
-    load: dict[str, int], owned: Mapping[str, list[TabletLoad]], max_moves: int, ratio: float
+    load: dict[str, int],
+    owned: Mapping[str, list[TabletLoad]],
+    max_moves: int,
+    ratio: float,
+    per_worker: int | None,
 ) -> list[Assignment]:
+    """The moves, one at a time from the most to the least loaded worker that may still give
+    or take one: O(W + tablets of the busiest worker) per move."""
     moves: list[Assignment] = []
     moved: set[tuple[str, str]] = set()
+    busy: dict[str, int] = dict.fromkeys(load, 0)  # moves given or taken, by worker
     for _ in range(max_moves):
-        hot = max(load, key=lambda w: (load[w], w))
-        cold = min(load, key=lambda w: (load[w], w))
+        free = [w for w in load if per_worker is None or busy[w] < per_worker]
+        if len(free) < 2:
+            break
+        hot = max(free, key=lambda w: (load[w], w))
+        cold = min(free, key=lambda w: (load[w], w))
         gap = load[hot] - load[cold]
         candidates = [
             t
@@ -107,5 +121,7 @@ def _moves(
         moved.add((t.table_id, t.tablet_id))
         load[hot] -= _weight(t)
         load[cold] += _weight(t)
+        busy[hot] += 1
+        busy[cold] += 1
         moves.append(Assignment(t.table_id, t.tablet_id, cold, source=hot))
     return moves

@@ -1,8 +1,10 @@
 """Checkpoints of the tables that keep history, and how long their history costs.
 
 A table with a history window (``TableSchema.history``, seconds; or, for a table without one,
-the database's default, :func:`window_of`) can be restored as of any instant in the window (``master/pitr_restore.py``): from the newest checkpoint at or before
-the instant plus the commit log from that checkpoint up to it. A checkpoint is a snapshot
+the database's default, :func:`window_of`; a table whose window is ``HISTORY_OFF`` keeps none
+whatever the default) can be restored as of any instant in the window
+(``master/pitr_restore.py``): from the newest checkpoint at or before the instant plus the
+commit log from that checkpoint up to it. A checkpoint is a snapshot
 (``master/snapshots.py``: a consistent cut, its manifest pinning its SSTables) the master
 takes every :func:`checkpoint_interval` while it leads, with a TTL of :func:`checkpoint_ttl`
 so that one at or before any instant of the window is kept (garbage collection rule 5), even
@@ -31,7 +33,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from tabletstore.clock import Clock
-from tabletstore.data.schema import MAX_HISTORY, TableSchema
+from tabletstore.data.schema import HISTORY_OFF, MAX_HISTORY, TableSchema
 from tabletstore.errors import InvalidArgument, TabletStoreError
 from tabletstore.metadata.catalog import Catalog, TableInfo
 from tabletstore.metadata.snapshot import SnapshotManifest, list_manifests
@@ -65,8 +67,11 @@ ROUND_SECONDS = 10.0
 
 def window_of(history: float | None, default: float | None) -> float | None:
     """A table's history window: its own (``TableSchema.history``), else the database's
-    ``default``; None: it keeps no history."""
-    return history if history is not None else default
+    ``default``; None: it keeps no history (neither is set, or the table opted out with
+    ``HISTORY_OFF``)."""
+    if history is None:
+        return default
+    return None if history == HISTORY_OFF else history
 
 
 def checkpoint_interval(window: float) -> float:
@@ -184,7 +189,8 @@ class Checkpointer:
 
 
 async def set_history(catalog: Catalog, table: str, seconds: float | None) -> TableInfo:
-    """Set (or, with None, end) the history window of ``table``: a schema change
+    """Set the history window of ``table`` (None: its own setting ends and the database's
+    default applies; ``HISTORY_OFF``: no history whatever the default): a schema change
     (compare-and-swap on the schema record), made by the master's ``set_history`` RPC, which
     then takes the first checkpoint; instants from then on can be restored. Shortening the
     window lets garbage collection free what falls out of it."""

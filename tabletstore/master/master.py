@@ -49,9 +49,11 @@ from tabletstore.errors import (
     NotServing,
     TabletStoreError,
     Unavailable,
+    Unimplemented,
     Unreachable,
 )
 from tabletstore.master import assignment, snapshots
+from tabletstore.master.assignment_watch import AssignmentWatch
 from tabletstore.master.backup_service import BackupAdmin
 from tabletstore.master.balancer import Balancer
 from tabletstore.master.bulk_load import ANONYMOUS
@@ -85,6 +87,7 @@ from tabletstore.rpc.messages import (
     ListSnapshotsResponse,
     ListTablesRequest,
     ListTablesResponse,
+    LoadTabletAtRequest,
     LoadTabletRequest,
     ModifyFamiliesRequest,
     SetAdminsRequest,
@@ -201,6 +204,12 @@ class Master(BackupAdmin):
         #: a dead worker's tablets are recovered only adds failovers to a failover).
         self.settled = False
         self._assign_lock = asyncio.Lock()
+        #: Whether a periodic round has work (``assign(if_changed=True)``).
+        self.changes = AssignmentWatch(
+            coordinator,
+            full_interval=self._options.full_round_interval,
+            now=self._clock.monotonic,
+        )
         #: Bounds the loads in flight to each worker (by worker id).
         self._load_slots: dict[str, asyncio.Semaphore] = {}
         # The TaskGroup owning the loads in flight: entered by the first round or load (in the
@@ -250,13 +259,22 @@ class Master(BackupAdmin):
         kvs = await self._coord.get_prefix(paths.claims_prefix())
         return {paths.parse_claim(kv.key): kv.value.decode() for kv in kvs}
 
-    async def assign(self) -> int:
+    async def assign(self, *, if_changed: bool = False) -> int:
         """Load every unclaimed tablet on a live worker, level by level (§5.2): the root tablet
         (its record is in the coordinator), then the METADATA tablets (rows of the root), then
         user tablets (rows of METADATA). A level that is not served yet ends the round early;
         the next round goes on from there. Returns how many tablets were assigned. Rounds
-        never overlap (the assignment loop and the balancer both start them)."""
+        never overlap (the assignment loop and the balancer both start them).
+
+        With ``if_changed`` (the leader's periodic rounds), a round after one that found
+        every tablet served runs only if a claim, a server or a schema changed since
+        (:attr:`changes`), or every ``full_round_interval`` seconds: a steady round costs
+        O(1), not O(N)."""
         async with self._assign_lock:
+            if if_changed:
+                await self.changes.start()
+                if not self.changes.take() and self.settled:
+                    return 0
             return await self._assign_round()
 
     async def _assign_round(self) -> int:
@@ -326,8 +344,10 @@ class Master(BackupAdmin):
             log.info("assignment round stopped early: %s", exc)
             self.settled = False
             return done
-        in_flight = any(not load.task.done() for load in self._loads.values())
-        self.settled = not in_flight and all(t.worker in workers for t in known.values())
+        # A load that failed leaves its tablet unclaimed, maybe without a claim ever written
+        # (no change the assignment watch sees): not settled, so the next round runs.
+        unfinished = any(not load.task.done() or load.failed for load in self._loads.values())
+        self.settled = not unfinished and all(t.worker in workers for t in known.values())
         return done
 
     async def _start_recovery(
@@ -425,7 +445,7 @@ class Master(BackupAdmin):
             if key not in wanted:
                 continue
             a = replace(a, worker=self._affine(by_key[key], a.worker, workers))
-            task = self._start_load(a.worker, workers[a.worker], key)
+            task = self._start_load(a.worker, workers[a.worker], key, by_key[key].end_row)
             sent.append((a, task))
             level.append(task)
             known[key] = assignment.TabletLoad(*key, a.worker, size=known[key].size)
@@ -438,12 +458,14 @@ class Master(BackupAdmin):
                 done += 1
         return done
 
-    async def load_tablet(self, worker: str, address: str, key: tuple[str, str]) -> bool:
-        """Load ``key`` on ``worker`` (balancing moves): True once it is served there; False
-        if the load failed, or is still running after ``load_wait`` seconds (it then goes on
-        in the background like a round's load)."""
+    async def load_tablet(
+        self, worker: str, address: str, key: tuple[str, str], end_row: bytes | None
+    ) -> bool:
+        """Load ``key``, whose end row is ``end_row``, on ``worker`` (balancing moves): True
+        once it is served there; False if the load failed, or is still running after
+        ``load_wait`` seconds (it then goes on in the background like a round's load)."""
         await self._start()
-        task = self._start_load(worker, address, key)
+        task = self._start_load(worker, address, key, end_row)
         await asyncio.wait([task], timeout=self._options.load_wait)
         return task.done() and not _failed(task)
 
@@ -452,18 +474,23 @@ class Master(BackupAdmin):
         if self._tasks is None:
             self._tasks = await self._stack.enter_async_context(asyncio.TaskGroup())
 
-    def _start_load(self, worker: str, address: str, key: tuple[str, str]) -> asyncio.Task[bool]:
-        """Send ``load_tablet`` for ``key`` to ``worker`` in the background.
+    def _start_load(
+        self, worker: str, address: str, key: tuple[str, str], end_row: bytes | None
+    ) -> asyncio.Task[bool]:
+        """Send the load of ``key`` (whose end row is ``end_row``) to ``worker`` in the
+        background.
 
         REQUIRES: :meth:`_start` called."""
         assert self._tasks is not None
         task = self._tasks.create_task(
-            self._load(worker, address, key), name=f"load {key[1]} on {worker}"
+            self._load(worker, address, key, end_row), name=f"load {key[1]} on {worker}"
         )
         self._loads[key] = _Load(worker, task)
         return task
 
-    async def _load(self, worker: str, address: str, key: tuple[str, str]) -> bool:
+    async def _load(
+        self, worker: str, address: str, key: tuple[str, str], end_row: bytes | None
+    ) -> bool:
         """One load, within the worker's bound of loads in flight and ``load_timeout``. False
         (logged) if it failed: the tablet stays unclaimed and the next round assigns it."""
         slots = self._load_slots.get(worker)
@@ -475,7 +502,7 @@ class Master(BackupAdmin):
             stub = self._worker(address, timeout=self._options.load_timeout)
             try:
                 async with asyncio.timeout(self._options.load_timeout):
-                    await stub.load_tablet(LoadTabletRequest(*key))
+                    await _send_load(stub, key, end_row)
             except TimeoutError:
                 log.warning(
                     "loading %s on %s took over %s s; given up",
@@ -505,6 +532,7 @@ class Master(BackupAdmin):
         """The failure detector revoked ``worker``'s lease (it is dead): give up the loads in
         flight to it now, so a round waiting for them goes on, and send it no more."""
         self._unreachable[worker] = self._clock.monotonic() + self._options.lease.ttl
+        self.changes.touch()
         for load in self._loads.values():
             if load.worker == worker and not load.task.done():
                 load.task.cancel()
@@ -524,6 +552,7 @@ class Master(BackupAdmin):
             load.task.cancel()
         await self._stack.aclose()
         self._tasks = None
+        await self.changes.close()
         await self.compaction_cycle.close()
         if self.recovery is not None:
             await self.recovery.close()
@@ -877,6 +906,16 @@ class Master(BackupAdmin):
         return BulkLoadResponse(done.tablets, done.cells, done.load_id)
 
 
+async def _send_load(stub: TabletService, key: tuple[str, str], end_row: bytes | None) -> None:
+    """``load_tablet_at`` (the worker reads the tablet's one METADATA row), or to a worker of
+    the previous protocol version, which refuses it before anything is sent (a rolling
+    upgrade), ``load_tablet`` (it reads every row of the tablet's table)."""
+    try:
+        await stub.load_tablet_at(LoadTabletAtRequest(*key, end_row))
+    except Unimplemented:
+        await stub.load_tablet(LoadTabletRequest(*key))
+
+
 def _caller() -> str:
     """The name of the principal this request runs as (``anonymous`` without auth)."""
     principal = current_principal()
@@ -892,6 +931,20 @@ def _check_load_options(options: MasterOptions) -> None:
     if options.max_loads_per_worker < 1:
         raise InvalidArgument(
             f"max_loads_per_worker must be at least 1, got {options.max_loads_per_worker}"
+        )
+    if options.max_moves_per_worker < 1:
+        raise InvalidArgument(
+            f"max_moves_per_worker must be at least 1, got {options.max_moves_per_worker}"
+        )
+    if not 0 <= options.move_fraction <= 1:
+        raise InvalidArgument(f"move_fraction must be in [0, 1], got {options.move_fraction}")
+    if options.balance_interval < 0:
+        raise InvalidArgument(
+            f"balance_interval must be >= 0 seconds, got {options.balance_interval}"
+        )
+    if options.full_round_interval <= 0:
+        raise InvalidArgument(
+            f"full_round_interval must be > 0 seconds, got {options.full_round_interval}"
         )
     if options.load_wait < 0:
         raise InvalidArgument(f"load_wait must be >= 0 seconds, got {options.load_wait}")

@@ -243,7 +243,7 @@ async def _lead(
 
     async def assignment() -> None:
         try:
-            metrics.assignment_round(await master.assign())
+            metrics.assignment_round(await master.assign(if_changed=True))
         except TabletStoreError as exc:
             metrics.assignment_failed(exc)
             log.warning("assignment round failed: %s", exc)

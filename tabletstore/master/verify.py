@@ -25,7 +25,9 @@ whole, and decodes the segments (every record's checksum).
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 from crc32c import crc32c
 
@@ -33,12 +35,13 @@ from tabletstore.clock import Clock
 from tabletstore.commitlog.format import decode_segment
 from tabletstore.commitlog.reader import read_segment_header
 from tabletstore.coordination.base import Coordinator
-from tabletstore.errors import Corruption, TabletStoreError
+from tabletstore.errors import Corruption, InvalidArgument, TabletStoreError
 from tabletstore.master import gc
 from tabletstore.master import verify_plan as vp
-from tabletstore.metadata.backup import read_backup
+from tabletstore.metadata.backup import BackupManifest, BackupState, read_backup
 from tabletstore.metadata.backup_copy import checksum as backup_checksum
 from tabletstore.metadata.catalog import Catalog
+from tabletstore.metadata.load_part import LoadPart
 from tabletstore.metadata.record import LogRef, TabletRecord
 from tabletstore.metadata.snapshot import SnapshotManifest
 from tabletstore.storage_s3 import layout
@@ -68,7 +71,11 @@ async def verify(
     else:
         listed = [
             o
-            for prefix in (layout.tables_prefix(table_id), layout.snapshot_prefix(table_id))
+            for prefix in (
+                layout.tables_prefix(table_id),
+                layout.snapshot_prefix(table_id),
+                layout.load_part_prefix(table_id),
+            )
             async for o in store.list(prefix)
         ]
     live = await gc.mark(catalog, coordinator, store, listed)
@@ -79,6 +86,8 @@ async def verify(
     for info in listed:
         if info.key.startswith(layout.SNAPSHOTS) and info.key.endswith(".json"):
             refs.extend(await _snapshot_refs(store, info.key, found))
+        elif info.key.startswith(layout.LOADS):
+            refs.extend(await _load_part_refs(store, info.key, found))
     logs = await _gather_logs(store, tables, listed if table_id is None else None, deep, found)
     if table_id is not None:
         listed = [*listed, *(o for lf in logs for o in lf[1])]
@@ -112,12 +121,14 @@ async def verify_references(
     return vp.check(vp.VerifyInputs(listed=infos, tables={}, refs=refs, checksums=checksums))
 
 
-async def verify_backup(store: ObjectStore, backup_id: str) -> vp.VerifyReport:
+async def verify_backup(store: ObjectStore, backup_id: str, *, now: float) -> vp.VerifyReport:
     """Check backup ``backup_id`` of ``store`` (the database's bucket or a backup location):
-    every SSTable its manifest names exists with its recorded size, and with its recorded
-    SHA-256 where the manifest records one (the objects a copy passed through; those are read
-    whole). NotFound if there is no such backup; a manifest this build cannot read raises
-    (Corruption, Unimplemented) rather than being reported as whole."""
+    it is ready and not expired at ``now`` (a restore refuses it otherwise, and garbage
+    collection frees an expired backup's objects), and every SSTable its manifest names
+    exists with its recorded size, and with its recorded SHA-256 where the manifest records
+    one (the objects a copy passed through; those are read whole). NotFound if there is no
+    such backup; a manifest this build cannot read raises (Corruption, Unimplemented) rather
+    than being reported as whole."""
     manifest = await read_backup(store, backup_id)
     owner = f"backup {manifest.backup_id}"
     refs = [
@@ -126,7 +137,34 @@ async def verify_backup(store: ObjectStore, backup_id: str) -> vp.VerifyReport:
         for group in t.sstables.values()
         for r in group
     ]
-    return await verify_references(store, refs, deep=True)
+    report = await verify_references(store, refs, deep=True)
+    return replace(report, findings=(*_backup_state(manifest, now), *report.findings))
+
+
+def _backup_state(manifest: BackupManifest, now: float) -> list[vp.Finding]:
+    """Findings for a backup that cannot be restored whatever its objects: not ready (its
+    creation or copy never finished), or expired."""
+    subject = f"backup {manifest.backup_id}"
+    out = []
+    if manifest.state is not BackupState.READY:
+        out.append(
+            vp.Finding(
+                vp.Kind.INCOMPLETE,
+                subject,
+                f"state {manifest.state}: its creation or copy has not finished",
+            )
+        )
+    if manifest.expired(now):
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(manifest.expires_at or 0.0))
+        out.append(
+            vp.Finding(
+                vp.Kind.EXPIRED,
+                subject,
+                f"expired at {when}: it cannot be restored, and garbage collection frees its "
+                "objects",
+            )
+        )
+    return out
 
 
 async def _snapshot_refs(
@@ -144,6 +182,27 @@ async def _snapshot_refs(
     return vp.sstable_refs(
         (r for t in manifest.tablets for refs in t.sstables.values() for r in refs), owner
     )
+
+
+async def _load_part_refs(
+    store: ObjectStore, key: str, found: list[vp.Finding]
+) -> list[vp.ObjectRef]:
+    """The SSTables a bulk-load part names (metadata/load_part.py): a point-in-time restore
+    adds them, so one missing is damage to the table's history."""
+    try:
+        layout.parse_load_part_key(key)
+    except InvalidArgument:
+        return []  # nothing else is written there; the orphan listing shows it
+    data = await store.get(key)
+    if data is None:
+        return []  # deleted since the listing (out of every history window)
+    try:
+        part = LoadPart.from_bytes(data, name=object_url(store.url, key))
+    except TabletStoreError as exc:
+        found.append(vp.Finding(vp.Kind.MANIFEST, key, str(exc)))
+        return []
+    owner = f"bulk-load part {part.load_id} of tablet {part.table_id}/{part.tablet_id}"
+    return vp.sstable_refs((r for refs in part.sstables.values() for r in refs), owner)
 
 
 async def _gather_logs(

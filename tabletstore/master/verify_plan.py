@@ -61,6 +61,8 @@ class Kind(StrEnum):
     LOG_GAP = "commit log has a missing segment"
     SEGMENT = "commit-log segment is damaged"
     MANIFEST = "manifest is unreadable"
+    INCOMPLETE = "backup is incomplete"
+    EXPIRED = "backup has expired"
 
 
 @dataclass(frozen=True, slots=True)

@@ -57,7 +57,7 @@ from tabletstore.coordination import paths
 from tabletstore.coordination.base import Coordinator, Delete, Put, absent, mod_revision_is
 from tabletstore.data.filters import RowFilter
 from tabletstore.data.model import DeleteRow, Mutation, Row
-from tabletstore.data.schema import TableSchema
+from tabletstore.data.schema import HISTORY_OFF, TableSchema
 from tabletstore.errors import (
     AlreadyExists,
     Corruption,
@@ -86,9 +86,13 @@ HISTORY_SETTING = "history"
 
 #: Version of stored table schema records: 1 (no ``version`` key) before aggregate families,
 #: 2 with them (``ColumnFamily.value_type``), 3 with a history window (``TableSchema.history``),
-#: 4 with a change retention (``TableSchema.changes``), 5 for a replica
-#: (``TableSchema.replica_of``). All are read.
-SCHEMA_RECORD_VERSION = 5
+#: 4 with a change retention (``TableSchema.changes``), 5 with a history opt-out (``history``
+#: 0, ``HISTORY_OFF``: no history whatever the database's default; a build that reads up to 4
+#: refuses the record rather than apply the default), 6 for a replica
+#: (``TableSchema.replica_of``; a build that reads up to 5 refuses the record rather than take
+#: client writes on a replica). A record is stored as the highest version whose feature it
+#: uses. All are read.
+SCHEMA_RECORD_VERSION = 6
 
 T = TypeVar("T")
 
@@ -103,16 +107,20 @@ class TableInfo:
     revision: int = 0
 
     def to_bytes(self) -> bytes:
-        """The stored record. A replica's schema is stored as version 5, one with a change
-        retention as version 4, one with a history window as version 3, one with an aggregate
-        family as version 2 (older builds cannot read them and must refuse the record rather
-        than drop the retention, the window or the value type, or take client writes on a
-        replica); any other schema keeps version 1's bytes (no ``version`` key)."""
+        """The stored record, as the highest version whose feature the schema uses: a
+        replica's schema is stored as version 6, one that opts out of the database's default
+        history window as version 5, one with a change retention as version 4, one with a
+        history window as version 3, one with an aggregate family as version 2 (older builds
+        cannot read them and must refuse the record rather than take client writes on a
+        replica, or drop the opt-out, the retention, the window or the value type); any other
+        schema keeps version 1's bytes (no ``version`` key)."""
         record: dict[str, object] = {
             "table_id": self.table_id,
             "schema": self.schema.model_dump(mode="json"),
         }
         if self.schema.replica_of is not None:
+            record["version"] = 6
+        elif self.schema.history == HISTORY_OFF:
             record["version"] = 5
         elif self.schema.changes is not None:
             record["version"] = 4
@@ -345,7 +353,13 @@ class Catalog:
             out[row.key] = row.record
         return await self._finish_merges(_in_range_order(list(out.values())))
 
-    async def get_tablet(self, table_id: str, tablet_id: str) -> TabletRecord:
+    async def get_tablet(
+        self, table_id: str, tablet_id: str, *, row_key: bytes | None = None
+    ) -> TabletRecord:
+        """The tablet's record. With ``row_key``, the METADATA row that should hold it (the
+        key of its end row: ``metadata_row_key``), one row is read instead of every row of the
+        table; if that row holds another tablet now (it split or merged since the caller
+        looked), the table is listed as without it."""
         if self._md is None:
             kv = await self._coord.get(paths.tablet(table_id, tablet_id))
             if kv is None:
@@ -353,6 +367,10 @@ class Catalog:
             return TabletRecord.from_bytes(kv.value)
         if mt.level(table_id, tablet_id) == 1:
             return await self._root()
+        if row_key is not None:
+            row = await self._read_row(row_key)
+            if row is not None and not row.pending and row.record.tablet_id == tablet_id:
+                return row.record
         for rec in await self.list_tablets(table_id):
             if rec.tablet_id == tablet_id:
                 return rec

@@ -97,7 +97,10 @@ __all__ = [
 PREFIX = "tabletstore"
 #: The worker methods counted specially: unloads sweep compaction events, loads count as assigned.
 _UNLOAD = TABLET.method(TabletService.unload_tablet)
-_LOAD = TABLET.method(TabletService.load_tablet)
+_LOADS = (
+    TABLET.method(TabletService.load_tablet),
+    TABLET.method(TabletService.load_tablet_at),
+)
 #: Latency buckets (seconds): from an in-memory read to a compaction or a slow S3 PUT.
 LATENCY_BUCKETS = (
     0.0005,
@@ -706,7 +709,7 @@ class MasterMetrics(ProcessMetrics):
         )
         self.assigned = Counter(
             f"{PREFIX}_master_tablets_assigned",
-            "Tablets this master had a worker load (load_tablet calls that succeeded)",
+            "Tablets this master had a worker load (load_tablet(_at) calls that succeeded)",
             registry=self.registry,
         )
         self.last_round_at = Gauge(
@@ -742,7 +745,7 @@ class MasterMetrics(ProcessMetrics):
         return self._leading()
 
     def count_loads(self, transport: Transport) -> Transport:
-        """``transport`` counting each ``load_tablet`` call that succeeded: the tablets this
+        """``transport`` counting each load (``load_tablet[_at]``) that succeeded: the tablets this
         master assigned, in rounds or right after creating a table."""
         return _LoadCounting(transport, self.assigned)
 
@@ -813,7 +816,7 @@ class _ReplicationCollector(Collector):
 
 
 class _LoadCounting:
-    """A transport that counts the ``load_tablet`` calls that succeeded."""
+    """A transport that counts the loads (``load_tablet``, ``load_tablet_at``) that succeeded."""
 
     def __init__(self, inner: Transport, assigned: Counter) -> None:
         self.inner = inner
@@ -828,7 +831,7 @@ class _LoadCounting:
         timeout: float | None = None,  # noqa: ASYNC109 (passed on: the Transport contract)
     ) -> Any:
         response = await self.inner.call(address, method, request, timeout=timeout)
-        if method is _LOAD:
+        if method in _LOADS:
             self._assigned.inc()
         return response
 

@@ -57,6 +57,7 @@ __all__ = [
     "ListSnapshotsResponse",
     "ListTablesRequest",
     "ListTablesResponse",
+    "LoadTabletAtRequest",
     "LoadTabletRequest",
     "ModifyFamiliesRequest",
     "MutateRowsRequest",
@@ -288,6 +289,18 @@ class LoadTabletRequest:
 
     table_id: str
     tablet_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class LoadTabletAtRequest:
+    """Master to worker: claim and serve this tablet, whose METADATA row is the one of its
+    ``end_row`` (None: the table's last tablet), so the worker reads that one row for its record
+    instead of every row of its table (protocol version 8, ``versions.LOAD_TABLET_AT_VERSION``;
+    a worker of version 7 gets ``LoadTabletRequest``)."""
+
+    table_id: str
+    tablet_id: str
+    end_row: bytes | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -421,24 +421,27 @@ class RpcClient:
         *,
         timeout: float | None = None,  # noqa: ASYNC109 (also CANCELs the request on the server)
         on_behalf: str | None = None,
+        since: int = 0,
     ) -> Any:
         """Send ``request`` to unary ``method`` (the wire's routing key) and return its decoded
         response; with ``on_behalf``, as a request made on behalf of that principal (the
-        server accepts it only from a delegating principal: rpc/auth.py).
+        server accepts it only from a delegating principal: rpc/auth.py). ``since``: the
+        protocol version that added ``method`` (``transport.Method.since``; 0: every one).
 
         Raises the handler's error; Unreachable if the request could not be sent;
         Indeterminate if it was sent and no answer came: the connection dropped, or the call
         (connecting included) took longer than ``timeout`` seconds, in which case the server
         is told to cancel it (Unreachable if it timed out before it was sent). Unimplemented,
         with nothing sent, if the server's protocol version cannot carry the call
-        (``on_behalf`` to a server of version 6) or the server refuses ours.
+        (``on_behalf`` to a server of version 6, a method added ``since`` a version the server
+        does not speak) or the server refuses ours.
         """
         sent = [False]
         if timeout is None:
-            return await self._call(method, request, sent, on_behalf)
+            return await self._call(method, request, sent, on_behalf, since)
         try:
             async with asyncio.timeout(timeout):
-                return await self._call(method, request, sent, on_behalf)
+                return await self._call(method, request, sent, on_behalf, since)
         except TimeoutError:
             if not sent[0]:
                 raise Unreachable(
@@ -450,7 +453,12 @@ class RpcClient:
             ) from None
 
     async def _call(
-        self, method: str, request: object, sent: list[bool], on_behalf: str | None
+        self,
+        method: str,
+        request: object,
+        sent: list[bool],
+        on_behalf: str | None,
+        since: int = 0,
     ) -> Any:
         """One call; ``sent[0]`` becomes True once the request may reach the server."""
         payload = self.codec.encode(request)
@@ -463,6 +471,10 @@ class RpcClient:
                 REQUEST_AS_VERSION,
                 "a request on behalf of another principal (REQUEST_AS)",
                 connection=f"to server {self.address}",
+            )
+        if since:
+            require(
+                conn.version, since, f"method {method!r}", connection=f"to server {self.address}"
             )
         request_frame = frames.encode_request(
             rid := conn.new_id(), method, payload, on_behalf=on_behalf
@@ -720,6 +732,7 @@ class TcpTransport:
             request,
             timeout=self._timeout if timeout is None else timeout,
             on_behalf=on_behalf,
+            since=method.since,
         )
         if not isinstance(response, method.response_types):
             raise Indeterminate(

@@ -51,6 +51,7 @@ from tabletstore.rpc.messages import (
     ListSnapshotsResponse,
     ListTablesRequest,
     ListTablesResponse,
+    LoadTabletAtRequest,
     LoadTabletRequest,
     ModifyFamiliesRequest,
     MutateRowsRequest,
@@ -83,6 +84,7 @@ from tabletstore.rpc.messages import (
     UpdateSchemaRequest,
 )
 from tabletstore.rpc.transport import Handler, Method, Transport
+from tabletstore.rpc.versions import LOAD_TABLET_AT_VERSION, SET_REPLICA_VERSION
 
 __all__ = ["MASTER", "TABLET", "MasterService", "Service", "TabletService"]
 
@@ -129,6 +131,11 @@ class TabletService(Protocol):
 
     async def load_tablet(self, req: LoadTabletRequest) -> None:
         """Master to worker: claim and serve this tablet (§5.2)."""
+        ...
+
+    async def load_tablet_at(self, req: LoadTabletAtRequest) -> None:
+        """``load_tablet``, naming the tablet's METADATA row too (protocol version 8: a
+        caller falls back to ``load_tablet`` for an older worker)."""
         ...
 
     async def unload_tablet(self, req: UnloadTabletRequest) -> None:
@@ -256,7 +263,15 @@ def _method(service: str, fn: Callable[..., Any]) -> Method:
         if typing.get_origin(response) is not AsyncIterator:
             raise InvalidArgument(f"{service}.{fn.__name__}: async def, or AsyncIterator[...]")
         (response,) = typing.get_args(response)
-    return Method(service, fn.__name__, hints[params[0]], response, _types_of(response), streaming)
+    return Method(
+        service,
+        fn.__name__,
+        hints[params[0]],
+        response,
+        _types_of(response),
+        streaming,
+        since=_SINCE.get(fn, 0),
+    )
 
 
 class Service(Generic[P]):
@@ -346,6 +361,13 @@ def _stub_method(method: Method) -> Callable[..., Any]:
     call.__name__ = method.name
     return call
 
+
+#: The methods a protocol version added, and that version (``versions.require`` gates them):
+#: a caller of one falls back to the method it replaces when its peer is older.
+_SINCE: dict[Callable[..., Any], int] = {
+    TabletService.load_tablet_at: LOAD_TABLET_AT_VERSION,
+    MasterService.set_replica: SET_REPLICA_VERSION,
+}
 
 #: The tablet server's service.
 TABLET: Service[TabletService] = Service(TabletService)

@@ -63,6 +63,8 @@ class Method:
     response: Any
     response_types: tuple[type, ...]
     streaming: bool
+    #: The protocol version that added the method (0: every version speaks it).
+    since: int = 0
 
     def __repr__(self) -> str:
         return f"<{self.service}.{self.name}>"

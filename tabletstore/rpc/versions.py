@@ -31,9 +31,11 @@ from dataclasses import dataclass
 from tabletstore.errors import InvalidArgument, Unimplemented
 
 __all__ = [
+    "LOAD_TABLET_AT_VERSION",
     "OLDEST_PROTOCOL_VERSION",
     "PROTOCOL_VERSION",
     "REQUEST_AS_VERSION",
+    "SET_REPLICA_VERSION",
     "SPOKEN",
     "Versions",
     "negotiate",
@@ -51,12 +53,23 @@ __all__ = [
 #: 6: mutate_tablets (per-worker coalesced single-row writes): TabletMutations,
 #: MutateTabletsRequest (53, 54); decoded fields are checked against their type hints.
 #: 7: the REQUEST_AS frame (a request on behalf of a delegated principal).
-PROTOCOL_VERSION = 7
+#: 8: load_tablet_at (LoadTabletAtRequest, 80): a load names the tablet's METADATA row;
+#: set_replica (SetReplicaRequest, 123): the master makes a table a replica or a primary.
+PROTOCOL_VERSION = 8
 #: The oldest version this build speaks: N−1. Raising it (a version bump) drops the oldest;
 #: whatever a version added must keep a :func:`require` check until then.
-OLDEST_PROTOCOL_VERSION = 6
+OLDEST_PROTOCOL_VERSION = 7
 #: The version that added the REQUEST_AS frame (frames.py).
 REQUEST_AS_VERSION = 7
+#: The version that added the ``load_tablet_at`` method (LoadTabletAtRequest). A method a
+#: version added carries it (``transport.Method.since``): a call of it on an older connection
+#: fails with Unimplemented before anything is sent (:func:`require`), so its caller can fall
+#: back to the method it replaces.
+LOAD_TABLET_AT_VERSION = 8
+#: The version that added the master's ``set_replica`` method (SetReplicaRequest): refused on
+#: an older connection before it is sent, as :data:`LOAD_TABLET_AT_VERSION` (it has no older
+#: method to fall back to; the caller reports the master too old).
+SET_REPLICA_VERSION = 8
 
 
 @dataclass(frozen=True, slots=True)

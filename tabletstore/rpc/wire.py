@@ -82,6 +82,7 @@ WIRE_TYPES: dict[int, type] = {
     77: m.RowPiece,
     78: m.LargeRow,
     79: m.ScanProgress,
+    80: m.LoadTabletAtRequest,
     # master messages (90-109)
     90: m.TableInfoMessage,
     91: m.CreateTableRequest,
@@ -105,7 +106,7 @@ WIRE_TYPES: dict[int, type] = {
     107: m.HistoryDefaultRequest,
     108: m.HistoryDefaultMessage,
     109: m.SetChangesRequest,
-    # snapshots and bulk load (110-127)
+    # snapshots and bulk load (110-122)
     110: m.SnapshotHoldRequest,
     111: m.SnapshotWriteRequest,
     112: m.SnapshotTablet,
@@ -119,7 +120,7 @@ WIRE_TYPES: dict[int, type] = {
     120: m.DeleteSnapshotRequest,
     121: m.BulkLoadRequest,
     122: m.BulkLoadResponse,
-    # replication (123)
+    # replication (123-127)
     123: m.SetReplicaRequest,
 }
 

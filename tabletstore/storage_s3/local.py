@@ -9,6 +9,17 @@ condition (``FileExistsError`` -> PreconditionFailed), and a crash at any point 
 no object or the whole object, never a half-written one. Temporary files carry a reserved name
 prefix (:data:`TEMP_PREFIX`) that listings skip; keys may not use it.
 
+Staged creates (:meth:`LocalObjectStore.stage`, :meth:`LocalObjectStore.publish`): a copy of
+many objects (a backup brought in for a restore, metadata/backup_copy.py) writes and fsyncs
+each one to its temporary file as it arrives (invisible; the disk writes overlap the rest of
+the copy), then publishes them all at once: each linked to its name, then every directory
+that gained an entry (the objects' own, and the parents of directories made for them)
+fsynced once, in parallel. The guarantee per object is ``create``'s (a name only ever appears
+for bytes already on disk); what is saved is a directory sync per object and per new
+directory, each in turn. When ``publish`` returns every object is durable; a crash before
+that leaves none of them, or some, each whole. Staged creates go to this store itself, past
+any wrapper over it (retries, request counters).
+
 Limits that S3 does not have (the key layout, ``layout.py``, never hits them): a key part may
 not be empty, ``.`` or ``..``, longer than 255 bytes in UTF-8, or start with
 :data:`TEMP_PREFIX`; and a key cannot be both an object and a prefix directory of another key
@@ -29,14 +40,16 @@ import errno
 import os
 import secrets
 import stat
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from tabletstore.errors import Closed, InvalidArgument, PreconditionFailed, Unavailable
 from tabletstore.storage_s3.base import ObjectInfo, check_key, check_range, object_url
 
-__all__ = ["INLINE_READ_LIMIT", "TEMP_PREFIX", "LocalObjectStore", "path_from_url"]
+__all__ = ["INLINE_READ_LIMIT", "TEMP_PREFIX", "LocalObjectStore", "Staged", "path_from_url"]
 
 #: Reads at most this large are served on the event loop (see the module docstring).
 INLINE_READ_LIMIT = 1 << 20
@@ -47,6 +60,8 @@ TEMP_PREFIX = ".tabletstore-tmp-"
 _MAX_PART_BYTES = 255
 #: A delete may remove a directory between create's mkdir and its temp-file open; retry that.
 _CREATE_TRIES = 5
+#: Directories :meth:`LocalObjectStore.publish` fsyncs at once.
+_SYNC_THREADS = 16
 
 # Aliases: inside the store class, ``list`` names its method, not the builtin.
 _Infos = list[ObjectInfo]
@@ -74,6 +89,33 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, chunks: Sequence[bytes]) -> None:
+    for chunk in chunks:
+        view = memoryview(chunk)
+        while view:
+            view = view[os.write(fd, view) :]
+
+
+@dataclass(frozen=True, slots=True)
+class Staged:
+    """An object written to a temporary file beside its name by :meth:`LocalObjectStore.stage`:
+    neither durable nor visible until :meth:`LocalObjectStore.publish`."""
+
+    key: str
+    path: Path
+    tmp: Path
+    #: Directories made for it (each one's parent gains an entry to sync).
+    new_dirs: tuple[Path, ...]
 
 
 class LocalObjectStore:
@@ -234,8 +276,10 @@ class LocalObjectStore:
         except OSError as exc:
             raise self._os_error(exc, key, "create") from exc
 
-    def _ensure_dir(self, directory: Path) -> None:
-        """Create ``directory`` and its missing parents, fsyncing each new entry's parent."""
+    @staticmethod
+    def _make_dirs(directory: Path) -> list[Path]:
+        """Create ``directory`` and its missing parents; returns those it found missing (each
+        one's parent gained an entry, not yet synced)."""
         missing: list[Path] = []
         probe = directory
         while not probe.is_dir():
@@ -246,13 +290,25 @@ class LocalObjectStore:
                 new.mkdir()
             except FileExistsError:
                 # Another create made it first (fine), or a file of that name exists: the
-                # temp-file open below then fails with ENOTDIR, reported as InvalidArgument.
+                # temp-file open then fails with ENOTDIR, reported as InvalidArgument.
                 pass
+        return missing
+
+    def _ensure_dir(self, directory: Path) -> None:
+        """Create ``directory`` and its missing parents, fsyncing each new entry's parent."""
+        for new in reversed(self._make_dirs(directory)):
             _fsync_dir(new.parent)
 
-    def _create(self, path: Path, data: bytes) -> None:
+    def _write_temp(
+        self, path: Path, chunks: Sequence[bytes], *, sync: bool
+    ) -> tuple[Path, list[Path]]:
+        """A temporary file beside ``path`` holding ``chunks`` (fsynced when ``sync``; its
+        directory's new parents too), and the directories made for it."""
         for attempt in range(_CREATE_TRIES):
-            self._ensure_dir(path.parent)
+            made = self._make_dirs(path.parent)
+            if sync:
+                for new in reversed(made):
+                    _fsync_dir(new.parent)
             tmp = path.parent / f"{TEMP_PREFIX}{secrets.token_hex(8)}"
             try:
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -262,18 +318,86 @@ class LocalObjectStore:
                     raise
                 continue
             try:
-                try:
-                    view = memoryview(data)
-                    while view:
-                        view = view[os.write(fd, view) :]
+                _write_all(fd, chunks)
+                if sync:
                     os.fsync(fd)
-                finally:
-                    os.close(fd)
-                os.link(tmp, path)  # FileExistsError if the key exists: create-only.
-            finally:
+            except BaseException:
+                os.close(fd)
                 os.unlink(tmp)
-            _fsync_dir(path.parent)
-            return
+                raise
+            os.close(fd)
+            return tmp, made
+        raise AssertionError("unreachable: the last try raises")
+
+    def _create(self, path: Path, data: bytes) -> None:
+        tmp, _ = self._write_temp(path, (data,), sync=True)
+        try:
+            os.link(tmp, path)  # FileExistsError if the key exists: create-only.
+        finally:
+            os.unlink(tmp)
+        _fsync_dir(path.parent)
+
+    # Staged creates -------------------------------------------------------------------------
+
+    async def stage(self, key: str, chunks: Sequence[bytes]) -> Staged:
+        """Write the object ``key`` (the concatenation of ``chunks``) to a temporary file and
+        fsync it; invisible until :meth:`publish` (module docstring)."""
+        path = self._path(key)
+        try:
+            tmp, made = await asyncio.to_thread(self._stage, path, list(chunks))
+        except OSError as exc:
+            raise self._os_error(exc, key, "create") from exc
+        return Staged(key=key, path=path, tmp=tmp, new_dirs=tuple(made))
+
+    async def publish(self, staged: Sequence[Staged]) -> list[str]:
+        """Make every staged object durable and visible: each (its bytes synced when staged)
+        linked to its name, then each directory that gained an entry fsynced once. Returns the keys
+        that existed already (create-only: the existing object is kept, as ``create``'s
+        PreconditionFailed). The temporary files are removed whatever happens."""
+        self._live()
+        try:
+            return await asyncio.to_thread(self._publish, list(staged))
+        finally:
+            await self.discard(staged)
+
+    def _stage(self, path: Path, chunks: list[bytes]) -> tuple[Path, list[Path]]:
+        tmp, made = self._write_temp(path, chunks, sync=False)
+        try:
+            _fsync_file(tmp)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+        return tmp, made
+
+    def _publish(self, staged: list[Staged]) -> list[str]:
+        if not staged:
+            return []
+        existed: list[str] = []
+        dirs: set[Path] = set()
+        with ThreadPoolExecutor(_SYNC_THREADS) as pool:
+            for s in staged:
+                try:
+                    os.link(s.tmp, s.path)
+                except FileExistsError as exc:
+                    if s.path.is_dir():
+                        raise InvalidArgument(
+                            f"cannot create {object_url(self.url, s.key)}: it is a prefix of "
+                            "other keys, and a local store cannot hold a key that is both"
+                        ) from exc
+                    existed.append(s.key)
+                    continue
+                except OSError as exc:
+                    raise self._os_error(exc, s.key, "create") from exc
+                dirs.add(s.path.parent)
+                dirs.update(new.parent for new in s.new_dirs)
+            list(pool.map(_fsync_dir, sorted(dirs)))
+        return existed
+
+    async def discard(self, staged: Iterable[Staged]) -> None:
+        """Remove the temporary files of staged objects (published or not)."""
+        tmps = [s.tmp for s in staged]
+        if tmps:
+            await asyncio.to_thread(_unlink_all, tmps)
 
     # Listing --------------------------------------------------------------------------------
 
@@ -368,6 +492,14 @@ class LocalObjectStore:
 
     async def close(self) -> None:
         self._closed = True
+
+
+def _unlink_all(paths: Iterable[Path]) -> None:
+    for path in paths:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            continue
 
 
 def _may_match(dir_prefix: str, prefix: str) -> bool:

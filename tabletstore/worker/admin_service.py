@@ -27,6 +27,7 @@ from tabletstore.rpc.messages import (
     BulkLoadTabletRequest,
     BulkLoadTabletResponse,
     CompactTabletRequest,
+    LoadTabletAtRequest,
     LoadTabletRequest,
     ServerStatusRequest,
     ServerStatusResponse,
@@ -58,6 +59,10 @@ class AdminService:
 
     async def load_tablet(self, req: LoadTabletRequest) -> None:
         """Claim a tablet and serve it (``TabletServer.load``)."""
+        await self._server.load(req)
+
+    async def load_tablet_at(self, req: LoadTabletAtRequest) -> None:
+        """Claim a tablet and serve it, reading its one METADATA row (``TabletServer.load``)."""
         await self._server.load(req)
 
     async def unload_tablet(self, req: UnloadTabletRequest) -> None:

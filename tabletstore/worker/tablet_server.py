@@ -58,9 +58,10 @@ from tabletstore.errors import InvalidArgument, NotFound, NotServing, TabletStor
 from tabletstore.keys import Cell
 from tabletstore.metadata import rows as mt
 from tabletstore.metadata.catalog import Catalog
-from tabletstore.metadata.record import LogRef, TabletRecord
+from tabletstore.metadata.record import LogRef, TabletRecord, metadata_row_key
 from tabletstore.options import TabletOptions, WorkerOptions
 from tabletstore.rpc.messages import (
+    LoadTabletAtRequest,
     LoadTabletRequest,
     ServerStatusResponse,
     TabletStatus,
@@ -389,7 +390,7 @@ class TabletServer:
 
     # ------------------------------------------------------------------ tablet assignment
 
-    async def load(self, req: LoadTabletRequest) -> None:
+    async def load(self, req: LoadTabletRequest | LoadTabletAtRequest) -> None:
         """Claim a tablet and serve it: fence and replay its logs first (§5.2, §5.3).
 
         The load runs on if its caller goes away, and a load of the same tablet asked for
@@ -417,7 +418,7 @@ class TabletServer:
             # Its callers got it; one whose caller left only leaves the tablet unclaimed.
             log.info("load of %s/%s failed: %s", key[0], key[1], task.exception())
 
-    async def _load_once(self, req: LoadTabletRequest) -> None:
+    async def _load_once(self, req: LoadTabletRequest | LoadTabletAtRequest) -> None:
         key = (req.table_id, req.tablet_id)
         lock = self.tablet_lock(key)
         async with lock:
@@ -468,13 +469,18 @@ class TabletServer:
         claim_key = paths.claim(*key)
         await self._coord.txn([create_revision_is(claim_key, epoch)], [Delete(claim_key)], [])
 
-    async def _load_claimed(self, req: LoadTabletRequest, epoch: int) -> None:
+    async def _load_claimed(self, req: LoadTabletRequest | LoadTabletAtRequest, epoch: int) -> None:
         assert self._log is not None
         try:
             schema = (await self._catalog.table_by_id(req.table_id)).schema
         except NotFound as exc:
             raise NotServing(str(exc)) from exc
-        record = await self._catalog.get_tablet(req.table_id, req.tablet_id)
+        # A request naming the end row reads the tablet's one METADATA row; an older master's
+        # reads every row of its table.
+        row_key = None
+        if isinstance(req, LoadTabletAtRequest):
+            row_key = metadata_row_key(req.table_id, req.end_row)
+        record = await self._catalog.get_tablet(req.table_id, req.tablet_id, row_key=row_key)
         # Take the epoch first: from here on a previous owner's record updates are rejected.
         owned = replace(record, epoch=epoch, location=self.address).with_event(
             self._clock.time(), "assigned", self.worker_id

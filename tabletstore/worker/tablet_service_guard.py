@@ -82,6 +82,7 @@ DATA_METHODS = _WRITES | _names(
 #: Requests only the cluster's own identities may send.
 CONTROL_METHODS = _names(
     TabletService.load_tablet,
+    TabletService.load_tablet_at,
     TabletService.unload_tablet,
     TabletService.compact_tablet,
     TabletService.adopt_compaction,

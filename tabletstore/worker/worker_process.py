@@ -51,6 +51,7 @@ async def run_worker(
     tablet_options: TabletOptions | None = None,
     stop: asyncio.Event | None = None,
     ready: Callable[[TabletServer], None] | None = None,
+    warm_up: Callable[[], None] | None = None,
     metrics_port: int | None = None,
     metrics_ready: Callable[[str], None] | None = None,
     tls: TlsConfig | None = None,
@@ -72,7 +73,14 @@ async def run_worker(
     ``insecure``. ``status_token``: a read-only bearer token for scrapers of the status
     endpoint. ``versions``: the RPC protocol versions it speaks, as a server and as a client
     (default this build's; capped only to rehearse an upgrade, ``rpc/versions.py``).
-    ``clock``: the tablet server's (default the system's; the chaos harness steps one)."""
+    ``clock``: the tablet server's (default the system's; the chaos harness steps one).
+
+    ``warm_up``: the process's one-time start-up work (the CLI's ``warm_up_process``: imports,
+    a full garbage collection), run on this loop once the server listens and before the lease
+    is taken. It holds the loop for as long as it runs, a second of CPU that a loaded machine
+    stretches past the lease's TTL: run once the lease is held, it would starve the lease's
+    keep-alive, and the worker would lose its lease before it served anything. ``ready`` is
+    called once the worker serves, under its lease."""
     check_bind(host, authenticated=tls is not None, insecure=insecure, what="worker")
     register_all()
     stop = stop or asyncio.Event()
@@ -137,6 +145,8 @@ async def run_worker(
             )
             if metrics_ready is not None:
                 metrics_ready(http.url)
+        if warm_up is not None:
+            warm_up()  # before the lease (docstring)
         await tablet_server.start()
         if ready is not None:
             ready(tablet_server)

@@ -19,17 +19,27 @@ import itertools
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from tabletstore import connect_async
 from tabletstore.cli import localstack
 from tabletstore.cli.localstack import ProcessRecord
 from tabletstore.client.client import AsyncClient, ClusterStatus
+from tabletstore.metadata.rows import METADATA_TABLE_ID, table_range
 from tabletstore.testing.processes import ProcessGroup
 from tests.plugins.s3_server import boto3_client
 
 T = TypeVar("T")
+
+#: Seconds a process may take to listen once spawned: an interpreter's start (about a second of
+#: CPU) stretches to half a minute at load 20 on 2 cores, past the local stack's own deadline.
+START_DEADLINE = 120.0
+#: Seconds a new cluster may take to serve METADATA (a master elected, the root tablet and a
+#: METADATA tablet loaded): seconds on a quiet machine, up to a minute at load 20.
+SERVING_DEADLINE = 120.0
 
 #: moto accepts any credentials; the spawned processes must not look for real ones.
 PROCESS_ENV = {
@@ -86,6 +96,7 @@ class Cluster(ProcessGroup):
             env=PROCESS_ENV,
             role=role,
             extra_args=("--lease-ttl", str(ttl), *extra_args),
+            deadline=START_DEADLINE,
             metrics=self.metrics,
         )
         self.records.append(record)
@@ -109,10 +120,34 @@ class Cluster(ProcessGroup):
             next(self._numbers),
             env=PROCESS_ENV,
             extra_args=args,
+            deadline=START_DEADLINE,
             metrics=self.metrics,
         )
         self.records.append(record)
         return record
+
+    def wait_serving(self, *, deadline: float = SERVING_DEADLINE) -> None:
+        """Block until the cluster serves METADATA: the root tablet answers a read and the
+        METADATA tablet it names has a location, which every table creation or lookup needs
+        first. A test that assumed it instead would fail on a client's own deadline on a
+        loaded machine, where a fresh cluster takes longer than that to get there. (Callable
+        from a test's event loop: the wait runs on its own, in a thread.)"""
+        with ThreadPoolExecutor(1) as pool:
+            pool.submit(asyncio.run, self._serving(deadline)).result()
+
+    async def _serving(self, deadline: float) -> None:
+        client = await connect_async(self.url)
+        try:
+            row = table_range("any-table")[1]  # a METADATA row key past the root's range
+            await eventually(
+                lambda: client.locations.locate(METADATA_TABLE_ID, row, refresh=True),
+                deadline=deadline,
+                what="the cluster serving METADATA",
+            )
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{self.logs()}") from None
+        finally:
+            await client.close()
 
     # ------------------------------------------------------------------ stopping
 

@@ -13,8 +13,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import inspect
 import threading
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -286,12 +290,36 @@ def test_sync_api_from_several_threads(sync_db: Any) -> None:
 
 
 def test_the_sync_api_refuses_its_own_event_loop(sync_db: Any) -> None:
-    """Calling the blocking API from code running on its loop would deadlock: it is refused."""
+    """Calling the blocking API from code running on its loop would deadlock: it is refused,
+    and the call's coroutine is closed, not left unstarted ("never awaited")."""
     portal = sync_db._portal
     sync_db.create_table("t", ["cf"])
 
     async def inside() -> None:
         sync_db.list_tables()
 
-    with pytest.raises(RuntimeError, match="its own event loop"):
-        portal.call(inside())
+    with _unawaited_coroutines() as unawaited:
+        with pytest.raises(RuntimeError, match="its own event loop"):
+            portal.call(inside())
+    assert unawaited == []
+
+
+def test_a_call_after_close_is_refused_without_an_unawaited_coroutine(tmp_path: Path) -> None:
+    db = tabletstore.connect(make_url("memory", tmp_path))
+    db.close()
+    with _unawaited_coroutines() as unawaited:
+        with pytest.raises(RuntimeError, match="closed"):
+            db.list_tables()
+    assert unawaited == []
+
+
+@contextlib.contextmanager
+def _unawaited_coroutines() -> Iterator[list[str]]:
+    """The "coroutine ... was never awaited" warnings raised inside the block (any thread),
+    collected once the block's garbage is."""
+    found: list[str] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield found
+        gc.collect()
+    found.extend(str(w.message) for w in caught if "never awaited" in str(w.message))

@@ -34,7 +34,12 @@ from tabletstore.metadata import rows as mt
 from tabletstore.metadata.record import LogRef, TabletRecord
 from tabletstore.options import IN_PROCESS_LEASE, MasterOptions, WorkerOptions
 from tabletstore.rpc.inprocess import InProcessTransport
-from tabletstore.rpc.messages import CreateTableRequest, LoadTabletRequest, UnloadTabletRequest
+from tabletstore.rpc.messages import (
+    CreateTableRequest,
+    LoadTabletAtRequest,
+    LoadTabletRequest,
+    UnloadTabletRequest,
+)
 from tabletstore.rpc.services import TABLET, TabletService
 from tabletstore.rpc.transport import Method
 from tabletstore.storage_s3 import layout
@@ -48,7 +53,9 @@ SPLITS = [b"d", b"h", b"m", b"r"]
 TABLETS = {f"t{i:05d}" for i in range(len(SPLITS) + 1)}
 
 
-LOAD = TABLET.method(TabletService.load_tablet)
+#: The master's loads: ``load_tablet_at`` (``load_tablet`` to a worker of the previous version).
+LOADS = (TABLET.method(TabletService.load_tablet), TABLET.method(TabletService.load_tablet_at))
+READ_ROWS = TABLET.method(TabletService.read_rows)
 
 
 class ScriptedLoads(InProcessTransport):
@@ -60,6 +67,21 @@ class ScriptedLoads(InProcessTransport):
         self.hold: dict[str, asyncio.Event] = {}
         self.fail: Counter[str] = Counter()
         self.sent: Counter[str] = Counter()
+        #: METADATA rows every read_rows streamed.
+        self.metadata_rows = 0
+
+    def stream(
+        self, address: str, method: Method, request: Any, *, timeout: float | None = None
+    ) -> AsyncIterator[Any]:
+        items = super().stream(address, method, request, timeout=timeout)
+        if method is not READ_ROWS or request.table_id != mt.METADATA_TABLE_ID:
+            return items
+        return self._counted(items)
+
+    async def _counted(self, items: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        async for item in items:
+            self.metadata_rows += len(getattr(item, "rows", ()))
+            yield item
 
     async def call(
         self,
@@ -69,8 +91,8 @@ class ScriptedLoads(InProcessTransport):
         *,
         timeout: float | None = None,  # noqa: ASYNC109 (the Transport signature)
     ) -> Any:
-        if method is LOAD and not request.table_id.startswith("!"):
-            assert isinstance(request, LoadTabletRequest)
+        if method in LOADS and not request.table_id.startswith("!"):
+            assert isinstance(request, LoadTabletRequest | LoadTabletAtRequest)
             tablet = request.tablet_id
             self.sent[tablet] += 1
             if self.fail[tablet] > 0:
@@ -172,6 +194,81 @@ async def test_a_hanging_load_does_not_hold_back_the_others() -> None:
         await eventually(all_served, deadline=60, what="the held tablet served once released")
         await master.assign()
         assert transport.sent == Counter(dict.fromkeys(TABLETS, 1))
+
+
+async def test_a_load_naming_its_row_reads_that_row_not_its_whole_table() -> None:
+    """A load request names the tablet by id, while its METADATA row's key is its end row: a
+    worker given only the id reads every row of the table (K rows per load, K^2 to load a
+    table of K tablets); ``load_tablet_at`` names the end row too, and the worker reads one."""
+    splits = [b"k%03d" % i for i in range(1, 30)]
+    async with stack(MasterOptions()) as (master, worker, s):
+        await master.create_table(CreateTableRequest.of(SCHEMA, splits))
+        table_id = (await master.catalog.get_table("t")).table_id
+        records = await master.catalog.list_tablets(table_id)
+        assert len(records) == 30
+        rec = records[7]
+        key = (rec.table_id, rec.tablet_id)
+        # A second worker loads it: its METADATA reads go to the first, over the transport.
+        second = await s.join()
+        await worker.services.unload_tablet(UnloadTabletRequest(*key))
+        s.transport.metadata_rows = 0
+        await second.services.load_tablet_at(LoadTabletAtRequest(*key, rec.end_row))
+        one = s.transport.metadata_rows
+        assert key in second.tablets
+        # A master of the previous protocol version sends load_tablet: still served.
+        await second.services.unload_tablet(UnloadTabletRequest(*key))
+        s.transport.metadata_rows = 0
+        await second.services.load_tablet(LoadTabletRequest(*key))
+        whole = s.transport.metadata_rows
+        assert key in second.tablets
+        assert one <= 2, f"{one} METADATA rows read to load one tablet"
+        assert whole >= len(records)
+
+
+async def test_the_master_loads_with_the_row_and_falls_back_for_an_older_worker() -> None:
+    """The master sends load_tablet_at; a worker that has no such method (the previous
+    protocol version refuses it before anything is sent: Unimplemented) gets load_tablet."""
+    async with stack(MasterOptions()) as (master, worker, s):
+        sent: list[str] = []
+        handlers = dict(TABLET.handlers(worker.services))
+        del handlers["load_tablet_at"]
+        for name in ("load_tablet", "load_tablet_at"):
+            if name in handlers:
+                inner = handlers[name]
+
+                async def counted(req: Any, inner: Any = inner, name: str = name) -> Any:
+                    sent.append(name)
+                    return await inner(req)
+
+                handlers[name] = counted
+        s.transport.register(worker.address, handlers)
+        await master.create_table(CreateTableRequest.of(SCHEMA, SPLITS))
+        assert served(worker) == TABLETS
+        assert sent == ["load_tablet"] * len(TABLETS)
+        # A worker of this version is sent load_tablet_at: move one tablet to it.
+        second = await s.join()
+        table_id = (await master.catalog.get_table("t")).table_id
+        rec = (await master.catalog.list_tablets(table_id))[0]
+        await worker.services.unload_tablet(UnloadTabletRequest(rec.table_id, rec.tablet_id))
+        assert await master.load_tablet(
+            second.worker_id, second.address, (rec.table_id, rec.tablet_id), rec.end_row
+        )
+        assert (rec.table_id, rec.tablet_id) in second.tablets
+        assert sent == ["load_tablet"] * len(TABLETS)
+
+
+async def test_a_failed_load_makes_the_next_periodic_round_run() -> None:
+    """A load that fails before its worker claims the tablet changes nothing the assignment
+    watch sees; the round that sent it is not settled, so the next periodic round runs."""
+    async with stack(MasterOptions()) as (master, worker, s):
+        await master.assign(if_changed=True)
+        transport = s.transport
+        transport.fail["t00001"] = 1
+        await master.create_table(CreateTableRequest.of(SCHEMA, SPLITS))
+        assert served(worker) == TABLETS - {"t00001"}
+        await master.assign(if_changed=True)
+        assert served(worker) == TABLETS
+        assert transport.sent["t00001"] == 2
 
 
 async def test_a_failed_load_is_sent_again_in_the_next_round() -> None:
@@ -318,7 +415,7 @@ class PlanBeforeRoot(ScriptedLoads):
         *,
         timeout: float | None = None,  # noqa: ASYNC109 (the Transport signature)
     ) -> Any:
-        if method is LOAD and request.tablet_id == mt.ROOT_TABLET_ID and self.watch is not None:
+        if method in LOADS and request.tablet_id == mt.ROOT_TABLET_ID and self.watch is not None:
             key = layout.recovery_plan_key(self.watch.worker_id, self.watch.incarnation)
             self.plan_at_root_load.append(await self.store.head(key) is not None)
         return await super().call(address, method, request, timeout=timeout)

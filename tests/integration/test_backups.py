@@ -9,6 +9,7 @@ backup or a clone names and frees it once neither does; bad input changes nothin
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from pathlib import Path
@@ -20,6 +21,7 @@ from tabletstore.data.model import DeleteRow, SetCell
 from tabletstore.embedded import Database
 from tabletstore.errors import AlreadyExists, InvalidArgument, NotFound, Unimplemented
 from tabletstore.metadata.backup import BackupState, write_next_version
+from tabletstore.metadata.backup_copy import checksum
 from tabletstore.storage_s3 import layout
 
 
@@ -355,3 +357,95 @@ async def test_a_copy_creates_no_object_before_its_manifest_pins_it(tmp_path: Pa
         assert taken.created == [layout.backup_key("far", 0)]
     finally:
         await src.close()
+
+
+_KILLED_RESTORE = """
+import asyncio, pathlib, sys
+from tabletstore.embedded import Database
+from tabletstore.metadata import backup_copy
+from tabletstore.storage_s3.local import LocalObjectStore
+
+db_url, location, marker, point = sys.argv[1:]
+
+
+async def stop_here(*args, **kwargs):
+    pathlib.Path(marker).write_text("stopped")
+    await asyncio.Event().wait()  # until killed
+
+if point == "publish":  # every object staged (written, unsynced), none visible
+    LocalObjectStore.publish = stop_here
+else:  # every object published (durable), the manifest not yet ready
+    backup_copy.write_next_version = stop_here
+
+
+async def main():
+    async with await Database.open(db_url) as db:
+        await db.restore_table("far", "r", source=location)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("point", ["publish", "ready"])
+async def test_a_restore_killed_midway_leaves_nothing_that_looks_finished(
+    tmp_path: Path, point: str
+) -> None:
+    """A process restoring from another location, killed (SIGKILL) with every object staged
+    and none published, or with every object published and the manifest not yet ready: no
+    table, the database's copy of the backup incomplete (refused by a restore, a finding of
+    ``verify --backup``), nothing half-written visible; deleting that copy and restoring
+    again gives the table."""
+    import os
+    import sys
+
+    import tabletstore
+    from tabletstore.master import verify_plan as vp
+    from tabletstore.metadata.backup import read_backup
+
+    elsewhere = f"file://{tmp_path}/backups"
+    async with await Database.open(f"file://{tmp_path}/a") as db:
+        await db.create_table("t", ["f"], split_keys=[b"row0005"])
+        await _write(db, "t", range(10), b"v")
+        await db.flush("t")
+        expected = await _rows(db, "t")
+        remote = await db.create_backup("t", "far", to=elsewhere)
+    marker = tmp_path / "marker"
+    root = Path(tabletstore.__file__).parent.parent
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+    }
+    db_url = f"file://{tmp_path}/b"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _KILLED_RESTORE, db_url, elsewhere, str(marker), point, env=env
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists():
+            assert proc.returncode is None, f"the restore ended first ({proc.returncode})"
+            assert time.monotonic() < deadline, "the restore never reached the point"
+            await asyncio.sleep(0.05)
+    finally:
+        if proc.returncode is None:
+            proc.kill()  # SIGKILL: no cleanup of any kind
+        await proc.wait()
+    async with await Database.open(db_url) as db:
+        assert "r" not in await db.list_tables()
+        copy = await read_backup(db.store, "far")
+        assert copy.state is BackupState.CREATING
+        report = await db.verify_backup("far")
+        assert vp.Kind.INCOMPLETE in [f.kind for f in report.findings], report.lines()
+        with pytest.raises(InvalidArgument, match="incomplete"):
+            await db.restore_table("far", "r")
+        visible = await _sstables(db)
+        if point == "publish":
+            assert visible == set()
+        else:
+            assert visible == set(remote.sstable_keys())
+            for key in visible:  # published: whole, as the manifest's checksums say
+                data = await db.store.get(key)
+                assert data is not None and checksum(data) == remote.checksums[key]
+        await db.delete_backup("far")
+        await db.restore_table("far", "r", source=elsewhere)
+        assert await _rows(db, "r") == expected
+        assert (await db.verify()).ok

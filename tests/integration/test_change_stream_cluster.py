@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from tabletstore.client.change_stream import ChangeItem
 from tabletstore.data.model import AddToCell, DeleteCells, DeleteRow, Mutation, SetCell
 from tabletstore.data.schema import ColumnFamily
 from tabletstore.embedded import connect_async
-from tabletstore.errors import Indeterminate, InvalidArgument, Unavailable
+from tabletstore.errors import Indeterminate, InvalidArgument, TabletStoreError, Unavailable
 from tests.integration.cluster_harness import (
     PROCESS_ENV,
     Cluster,
@@ -93,19 +94,75 @@ def check_exactly_once(writes: list[Write], changes: list[Change]) -> None:
         assert i == len(got), f"row {row!r}: {len(got) - i} changes read that were not written"
 
 
+class SeededWriter:
+    """Seeded single-row writes to one table, one at a time, each recorded as the reader
+    should see it (a refused one not at all, an indeterminate one as maybe)."""
+
+    def __init__(self, table: object, seed: int) -> None:
+        self.table = table
+        self.rnd = random.Random(seed)
+        self.writes: list[Write] = []
+        self.step = 0
+
+    async def write(self, n: int) -> None:
+        for _ in range(n):
+            row, muts, w = _mutation(self.rnd, self.step)
+            self.step += 1
+            try:
+                await self.table.mutate_row(row, muts)  # type: ignore[attr-defined]
+            except Indeterminate:
+                self.writes.append(Write(w.step, w.row, w.mods, unknown=True))
+            except Unavailable:
+                pass  # refused: certainly not applied, so never in the stream
+            else:
+                self.writes.append(w)
+
+    async def write_until(self, done: Callable[[], Awaitable[bool]], what: str) -> None:
+        """Write in rounds of ten until ``done()`` (checked between rounds; an error counts
+        as not yet), at most 120 s."""
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if await done():
+                    return
+            except TabletStoreError:
+                pass  # asked again after the next round
+            assert time.monotonic() < deadline, f"not within 120 s: {what}"
+            await self.write(10)
+
+
+async def finish_following(
+    follower: asyncio.Task[None],
+    seen: list[tuple[ChangePartition, ChangeItem]],
+    writes: list[Write],
+    ended: float,
+) -> list[Change]:
+    """Wait until the reader is complete past ``ended`` (after the last write), stop it, and
+    check that it read every acknowledged write exactly once in row order; the changes."""
+
+    async def complete() -> bool | None:
+        return _complete_up_to(seen, ended) or None
+
+    await eventually(complete, deadline=120, what="the reader complete past the writes")
+    follower.cancel()
+    await asyncio.gather(follower, return_exceptions=True)
+    changes = [item for _, item in seen if isinstance(item, Change)]
+    assert len({(c.row, c.seq) for c in changes}) == len(changes), "a change read twice"
+    check_exactly_once(writes, changes)
+    return changes
+
+
 async def test_the_change_stream_is_every_acknowledged_write_once_across_a_split_and_a_kill(
     etcd_server: str, s3_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     for k, v in PROCESS_ENV.items():
         monkeypatch.setenv(k, v)
     cluster = _start(
-        Cluster.on(etcd_server, s3_server, tmp_path, "changes", lease_ttl=3.0),
+        Cluster.on(etcd_server, s3_server, tmp_path, "changes", lease_ttl=8.0),
         masters=1,
         workers=2,
         split_bytes=32 * 1024,
     )
-    rnd = random.Random(34)
-    writes: list[Write] = []
     try:
         client = await connect_async(cluster.url)
         try:
@@ -115,21 +172,9 @@ async def test_the_change_stream_is_every_acknowledged_write_once_across_a_split
             )
             table_id = await table_id_of(client, "c")
             seen: list[tuple[ChangePartition, ChangeItem]] = []
-            follower = asyncio.create_task(_follow(table, began, seen))
-
-            async def write(steps: range) -> None:
-                for step in steps:
-                    row, muts, w = _mutation(rnd, step)
-                    try:
-                        await table.mutate_row(row, muts)
-                    except Indeterminate:
-                        writes.append(Write(w.step, w.row, w.mods, unknown=True))
-                    except Unavailable:
-                        pass  # refused: certainly not applied, so never in the stream
-                    else:
-                        writes.append(w)
-
-            await write(range(0, 150))
+            follower = asyncio.create_task(follow_into(table, began, seen))
+            writer = SeededWriter(table, 34)
+            await writer.write(150)
             await client.flush("c")
 
             async def split() -> int | None:
@@ -137,32 +182,22 @@ async def test_the_change_stream_is_every_acknowledged_write_once_across_a_split
                 return n if n >= 2 else None
 
             await eventually(split, deadline=90, what="the table splits")
-            await write(range(150, 220))
+            await writer.write(70)
             where = placement(await client.status(), table_id)
             victim = next(w for w, t in where.items() if t)
             tablets = sum(len(t) for t in where.values())
             status = await client.status()
             await asyncio.to_thread(cluster.kill, _record_of(cluster, status.workers[victim]))
-            await write(range(220, 300))
+            await writer.write(80)
             await eventually(
                 lambda: _moved_off(client, table_id, victim, tablets),
                 deadline=90,
                 what="the killed worker's tablets served elsewhere",
             )
-            await write(range(300, 340))
+            await writer.write(40)
             ended = time.time()
-
-            async def complete() -> bool | None:
-                return _complete_up_to(seen, ended) or None
-
-            await eventually(complete, deadline=120, what="the reader complete past the writes")
-            follower.cancel()
-            await asyncio.gather(follower, return_exceptions=True)
-
-            changes = [item for _, item in seen if isinstance(item, Change)]
+            await finish_following(follower, seen, writer.writes, ended)
             assert any(isinstance(item, PartitionEnd) for _, item in seen), "no split was read"
-            assert len({(c.row, c.seq) for c in changes}) == len(changes), "a change read twice"
-            check_exactly_once(writes, changes)
 
             # A token from the middle of a partition resumes it exactly.
             part, token, rest = _middle(seen)
@@ -186,7 +221,7 @@ def _keys(items: list[ChangeItem]) -> list[tuple[bytes, int]]:
     return [(c.row, c.seq) for c in items if isinstance(c, Change)]
 
 
-async def _follow(
+async def follow_into(
     table: object, began: float, seen: list[tuple[ChangePartition, ChangeItem]]
 ) -> None:
     async for pair in table.follow_changes(start_time=began, poll=0.3):  # type: ignore[attr-defined]

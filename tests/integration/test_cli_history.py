@@ -1,5 +1,5 @@
-"""The history verbs: ``createtable --history``, ``history T [window|off]``, ``ls T`` showing
-the window, and ``restore T --as-of INSTANT NEW`` with its one-line errors (exit 1, nothing
+"""The history verbs: ``createtable --history``, ``history T [window|off|default]`` (a
+table's ``off`` stands against the database's default), ``ls T`` showing the window, and ``restore T --as-of INSTANT NEW`` with its one-line errors (exit 1, nothing
 created)."""
 
 from __future__ import annotations
@@ -30,10 +30,22 @@ def test_history_and_restore_as_of_from_the_command_line(tmp_path: Path) -> None
     assert run("history", "t") == (0, "t: history 2h\n")
     assert "History: 2h" in run("ls", "t")[1]
     assert run("history", "plain", "30m") == (0, "plain: history 30m\n")
-    assert run("history", "plain", "off") == (0, "plain: history off\n")
+    assert run("history", "plain", "default") == (0, "plain: history off\n")
     assert run("history", "--default") == (0, "default: history off\n")
     assert run("history", "--default", "1d") == (0, "default: history 1d\n")
     assert run("history", "plain") == (0, "plain: history 1d (the database's default)\n")
+    # A table's own "off" stands against the database's default; "default" ends it.
+    assert run("createtable", "quiet", "families=f", "--history", "off")[0] == 0
+    opted_out = "quiet: history off (the table's own: the database's default does not apply)\n"
+    assert run("history", "quiet") == (0, opted_out)
+    assert "History: off" in run("ls", "quiet")[1]
+    assert run("history", "plain", "off") == (0, opted_out.replace("quiet", "plain"))
+    code, out = run("restore", "plain", "--as-of", _iso(time.time()), "x")
+    assert code == 1 and "keeps no history" in out, out
+    assert run("history", "plain", "default") == (
+        0,
+        "plain: history 1d (the database's default)\n",
+    )
     assert run("history", "t") == (0, "t: history 2h\n")
     assert run("history", "--default", "off") == (0, "default: history off\n")
     assert run("history", "plain") == (0, "plain: history off\n")
@@ -72,4 +84,4 @@ def test_history_and_restore_as_of_from_the_command_line(tmp_path: Path) -> None
     ]:
         code, out = run(*args)
         assert code == 1 and message in out, (args, out)
-    assert run("ls")[1].split() == ["back", "cl", "plain", "t"]
+    assert run("ls")[1].split() == ["back", "cl", "plain", "quiet", "t"]

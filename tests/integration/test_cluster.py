@@ -79,12 +79,15 @@ def _start(
     cluster: Cluster, *, masters: int, workers: int, split_bytes: int | None = None
 ) -> Cluster:
     """Start the masters one by one (the first leads), then the workers concurrently (each
-    start waits for its port: a few seconds of interpreter start-up on a loaded machine)."""
+    start waits for its port: a few seconds of interpreter start-up on a loaded machine), and
+    wait until the cluster serves METADATA."""
     try:
         for _ in range(masters):
             cluster.start_master()
         with ThreadPoolExecutor(max(workers, 1)) as pool:
             list(pool.map(lambda _: cluster.start_worker(split_bytes=split_bytes), range(workers)))
+        if workers:
+            cluster.wait_serving()
     except BaseException:
         cluster.close()
         raise

@@ -1,22 +1,28 @@
 """``verify`` end to end on the embedded default: a clean database verifies whole; an
-SSTable deleted, a needed log segment truncated, two tablets overlapping and a gap between
-tablets are each found, and ``tabletstore verify`` exits 3 with the report (0 when whole)."""
+SSTable deleted, a needed log segment truncated, two tablets overlapping, a gap between
+tablets, an SSTable only a bulk-load part names deleted, and an expired or unfinished backup
+are each found, and ``tabletstore verify`` exits 3 with the report (0 when whole)."""
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import replace
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from click.testing import CliRunner
 
+from tabletstore.batch import awrite_sstables
 from tabletstore.cli.main import main
 from tabletstore.data.model import SetCell
 from tabletstore.embedded import Database
 from tabletstore.errors import NotFound
 from tabletstore.master import verify_plan as vp
+from tabletstore.metadata.backup import BackupState, read_backup, write_next_version
+from tabletstore.metadata.load_part import list_load_parts
 from tabletstore.metadata.record import TabletRecord
 from tabletstore.metadata.store_location import OBJECTS_DIR
 from tabletstore.storage_s3 import layout
@@ -185,3 +191,70 @@ async def test_verify_backup_from_python(tmp_path: Path) -> None:
         assert [f.kind for f in report.findings] == [vp.Kind.MISSING]
         with pytest.raises(NotFound, match="no backup 'b2'"):
             await db.verify_backup("b2")
+
+
+async def test_an_sstable_only_a_bulk_load_part_names_is_checked(tmp_path: Path) -> None:
+    """After a compaction the loaded SSTables are named only by the load's parts (kept for
+    point-in-time restore): one deleted is a finding of the whole database's verify and the
+    table's; a part that does not parse is one too."""
+    async with await Database.open(f"file://{tmp_path}") as db:
+        await db.create_table("t", ["f"], history=3600.0)
+        out = await db.staging_url("a")
+        rows = [b"r1", b"r2"]
+        await awrite_sstables(
+            pa.table(
+                {
+                    "row": pa.array(rows, pa.binary()),
+                    "family": ["f"] * len(rows),
+                    "qualifier": pa.array([b"q"] * len(rows), pa.binary()),
+                    "value": pa.array([b"v"] * len(rows), pa.binary()),
+                    "timestamp": [5] * len(rows),
+                }
+            ),
+            out,
+        )
+        assert (await db.bulk_load("t", out))[1] == 2  # cells loaded
+        await db.compact("t")
+        table_id = (await db.master.catalog.get_table("t")).table_id
+        (part,) = await list_load_parts(db.store, table_id)
+        named = {r.key for rec in await _records(db) for rs in rec.sstables.values() for r in rs}
+        loaded = sorted(part.keys() - named)
+        assert loaded, "the compaction left the loaded SSTables named by the records"
+        assert (await db.verify()).ok
+        await db.store.delete(loaded[0])
+        for report in (await db.verify(), await db.verify("t")):
+            assert [(f.kind, f.subject) for f in report.findings] == [
+                (vp.Kind.MISSING, loaded[0])
+            ], report.lines()
+            assert f"bulk-load part {part.load_id}" in report.findings[0].detail
+        (key,) = [o.key async for o in db.store.list(layout.load_part_prefix(table_id))]
+        await db.store.delete(key)
+        await db.store.create(key, b"{not json")
+        report = await db.verify()
+        assert [(f.kind, f.subject) for f in report.findings] == [(vp.Kind.MANIFEST, key)]
+
+
+async def test_verify_backup_flags_an_expired_or_unfinished_backup(tmp_path: Path) -> None:
+    """Its objects all there, a backup past its expiry (a restore refuses it, GC frees it)
+    or one whose creation never finished is not whole; the command exits 3."""
+    url = f"file://{tmp_path}"
+    async with await Database.open(url) as db:
+        await db.create_table("t", ["f"])
+        await _fill(db, range(10))
+        await db.create_backup("t", "b1", expires_at=time.time() + 3600)
+        assert (await db.verify_backup("b1")).ok
+        manifest = await read_backup(db.store, "b1")
+        await write_next_version(db.store, manifest.changed(expires_at=time.time() - 60))
+        report = await db.verify_backup("b1")
+        assert [(f.kind, f.subject) for f in report.findings] == [(vp.Kind.EXPIRED, "backup b1")], (
+            report.lines()
+        )
+        assert report.objects_checked == len(manifest.sstable_keys())
+        await db.create_backup("t", "b2")
+        unfinished = (await read_backup(db.store, "b2")).changed(state=BackupState.CREATING)
+        await write_next_version(db.store, unfinished)
+        report = await db.verify_backup("b2")
+        assert [f.kind for f in report.findings] == [vp.Kind.INCOMPLETE], report.lines()
+    result = CliRunner().invoke(main, ["--url", url, "verify", "--backup", "b1", "--json"])
+    assert result.exit_code == 3, result.output
+    assert [f["kind"] for f in json.loads(result.output)["findings"]] == ["expired"]

@@ -11,7 +11,8 @@ leader killed, its quorum lost and a member replaced (:mod:`.nemesis`, :mod:`.ch
 history, finds lost acknowledged writes, values never written, cells read after their
 acknowledged delete, and tablets served by two workers at once (:mod:`.checker`), and checks
 every cell's operations, single-row transactions included, for linearizability
-(:mod:`.linearizability`).
+(:mod:`.linearizability`); with ``--changes`` a follower reads the table's change stream
+through the run and every acknowledged write must be in it exactly once (:mod:`.change_follower`).
 :func:`.runner.run_chaos` runs it all; ``python -m bench.chaos`` is the command line and
 ``tests/chaos`` the short run in the suite.
 """

@@ -8,6 +8,8 @@ waits until every tablet is served again, reads every row once more (the final r
 hands the history to the checker together with the evidence for double-serving
 (:func:`attribute_values`: which worker's commit log holds each value). The report carries the
 verdict and prints the summary ``bench/chaos.py`` shows; the full history is saved as JSON.
+With ``changes`` the table keeps a change retention and a follower reads its change stream
+through the run, checked against the history at the end (:mod:`.change_follower`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,12 @@ from tabletstore.master.verify import verify
 from tabletstore.master.verify_plan import VerifyReport
 from tabletstore.metadata.catalog import Catalog
 from tabletstore.storage_s3 import layout, open_store
+from tabletstore.testing.chaos.change_follower import (
+    RETENTION,
+    ChangeFollower,
+    ChangeVerdict,
+    check_changes,
+)
 from tabletstore.testing.chaos.chaos_cluster import ENV, ChaosCluster
 from tabletstore.testing.chaos.checker import Verdict, check
 from tabletstore.testing.chaos.history import History, Outcome
@@ -83,6 +91,9 @@ class ChaosConfig:
     transactors: int = 4
     first_fault: float = 5.0
     gap: tuple[float, float] = (8.0, 14.0)
+    #: The chaos table keeps changes and a follower reads its change stream through the run
+    #: (change_follower.py).
+    changes: bool = False
 
 
 @dataclass
@@ -97,12 +108,18 @@ class ChaosReport:
     unreadable_segments: int = 0
     #: ``tabletstore verify`` of the healed cluster's bucket (None: it could not run).
     verify: VerifyReport | None = None
+    #: The change-stream check of a ``changes`` run (None: not one).
+    changes: ChangeVerdict | None = None
 
     @property
     def ok(self) -> bool:
         """No lost write, wrong read, double-serving or linearizability violation, and no
         damage the bucket verifier found."""
-        return self.verdict.ok and (self.verify is None or not self.verify.findings)
+        return (
+            self.verdict.ok
+            and (self.verify is None or not self.verify.findings)
+            and (self.changes is None or self.changes.ok)
+        )
 
     def summary(self) -> str:
         v = self.verdict
@@ -128,6 +145,8 @@ class ChaosReport:
             if self.verify is not None
             else "verify: could not run"
         )
+        if self.changes is not None:
+            lines.extend(self.changes.lines())
         median, worst, never = v.recovery_summary()
         if v.recovery:
             lines.append(
@@ -196,6 +215,7 @@ class ChaosReport:
             "linearizability_undecided": v.linearizability.undecided,
             "nemesis_errors": self.nemesis_errors + self.setup_errors,
             "history": str(self.history_path),
+            "changes": None if self.changes is None else self.changes.to_json(),
         }
 
 
@@ -389,7 +409,9 @@ async def _wait(check: object, deadline: float, what: str) -> None:
         await asyncio.sleep(0.5)
 
 
-async def _create_table(client: AsyncClient, cluster: ChaosCluster) -> AsyncTable:
+async def _create_table(
+    client: AsyncClient, cluster: ChaosCluster, *, changes: float | None = None
+) -> AsyncTable:
     """The chaos table, once the young cluster serves METADATA (on a loaded machine the first
     assignment may take longer than one request's deadline, and a worker stalled past its
     lease before the workload started gives up: it is replaced meanwhile)."""
@@ -397,7 +419,7 @@ async def _create_table(client: AsyncClient, cluster: ChaosCluster) -> AsyncTabl
     while True:
         try:
             with contextlib.suppress(AlreadyExists):  # an earlier attempt went through
-                await client.create_table(TABLE, [FAMILY], split_keys=SPLIT_KEYS)
+                await client.create_table(TABLE, [FAMILY], split_keys=SPLIT_KEYS, changes=changes)
             return client.table(TABLE)
         except Unavailable:
             if time.monotonic() > end:
@@ -461,7 +483,7 @@ async def _run(
     history: History,
     setup_errors: list[str],
 ) -> ChaosReport:
-    table = await _create_table(client, cluster)
+    table = await _create_table(client, cluster, changes=RETENTION if config.changes else None)
     table_id = (await client._info(TABLE)).table_id
     poller = _Poller(client, table_id, history)
 
@@ -471,6 +493,10 @@ async def _run(
 
     await _wait(served, HEAL_DEADLINE, "every chaos tablet served")
     poll_task = asyncio.create_task(poller.run())
+    follower = ChangeFollower(table, time.time()) if config.changes else None
+    complete = False
+    if follower is not None:
+        await follower.start()
     workload = Workload(
         table,
         history,
@@ -500,6 +526,7 @@ async def _run(
         if remaining > 0:
             await asyncio.sleep(remaining)
         await workload.stop()
+        stopped_wall = time.time()
         # Heal: no S3 faults, no partitions, nothing paused, every process replaced, every
         # tablet served.
         await asyncio.to_thread(cluster.s3_faults)
@@ -522,8 +549,13 @@ async def _run(
         for row in TXN_ROWS:
             for cell in TXN_CELLS:
                 await workload.read_cell("final", row, cell)
+        if follower is not None:
+            # Every write was acknowledged (or abandoned) before ``stopped_wall``.
+            complete = await follower.wait_complete(stopped_wall, HEAL_DEADLINE)
     finally:
         poll_task.cancel()
+        if follower is not None:
+            await follower.stop()
         with contextlib.suppress(asyncio.CancelledError):
             await poll_task
         if processes is not None:
@@ -547,6 +579,16 @@ async def _run(
         worker_addresses=poller.address_by_id,
         kills=nemesis.kills,
     )
+    changes = None
+    if follower is not None:
+        changes = check_changes(history.ops, follower.changes)
+        changes.partitions_ended, changes.resumed = follower.ended, follower.resumed
+        changes.clock_stepped = "clock_jump" in config.faults
+        if not complete:
+            changes.incomplete = (
+                f"not every partition's watermark past the workload's end within "
+                f"{HEAL_DEADLINE:.0f} s: {sorted(follower.watermarks.values())}"
+            )
     stats = await asyncio.to_thread(cluster.s3_stats)
     path = config.directory / "history.json"
     history.save(path)
@@ -560,6 +602,7 @@ async def _run(
         setup_errors=setup_errors,
         unreadable_segments=bad,
         verify=verified,
+        changes=changes,
     )
     (config.directory / "report.json").write_text(json.dumps(report.to_json(), default=str))
     return report

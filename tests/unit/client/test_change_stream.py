@@ -15,7 +15,7 @@ from tabletstore.client.change_plan import Change, ChangePartition, Heartbeat, P
 from tabletstore.client.change_stream import ChangeItem
 from tabletstore.commitlog.format import encode_record, encode_segment
 from tabletstore.data.schema import TableSchema
-from tabletstore.errors import InvalidArgument
+from tabletstore.errors import InvalidArgument, Unavailable
 from tabletstore.keys import Cell, CellKind
 from tabletstore.metadata.catalog import TableInfo
 from tabletstore.metadata.record import TabletRecord
@@ -211,3 +211,59 @@ async def test_bad_requests_are_clear_errors() -> None:
         await _collect(_read(store, plain, clock, partition=ChangePartition(b"", None)))
     with pytest.raises(InvalidArgument, match="name a partition"):
         await _collect(_read(store, catalog, clock))
+
+
+class _CountingStore(MemoryObjectStore):
+    """Counts GETs per key, each held a moment so concurrent reads overlap."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gets: dict[str, int] = {}
+
+    async def get(self, key: str) -> bytes | None:  # type: ignore[override]
+        self.gets[key] = self.gets.get(key, 0) + 1
+        await asyncio.sleep(0.01)
+        return await super().get(key)
+
+
+async def test_partitions_read_at_once_in_one_process_fetch_each_segment_once() -> None:
+    store = _CountingStore()
+    for n in range(6):
+        await _segment(store, "w1", n, T0 - 50 + n, [(b"a%d" % n, n + 1), (b"m%d" % n, n + 10)])
+    catalog = _Catalog(INFO, [b"h", b"p"])
+    clock = _Clock()
+    cache = change_stream.SegmentCache()
+    parts = [ChangePartition(b"", b"h"), ChangePartition(b"h", b"p"), ChangePartition(b"p", None)]
+    reads = [
+        _collect(_read(store, catalog, clock, partition=p, start_time=T0 - 100, cache=cache))
+        for p in parts
+    ]
+    got = [_changes(items) for items in await asyncio.gather(*reads)]
+    assert sorted(c for g in got for c in g) == sorted(
+        [(b"a%d" % n, n + 1) for n in range(6)] + [(b"m%d" % n, n + 10) for n in range(6)]
+    )
+    assert set(store.gets.values()) == {1}, store.gets
+    assert (cache.fetched, len(store.gets)) == (6, 6)
+
+
+class _CatalogDown(_Catalog):
+    """METADATA unreachable: every tablet listing fails."""
+
+    async def list_tablets(self, table_id: str) -> list[TabletRecord]:
+        raise Unavailable("METADATA not reachable within the deadline")
+
+
+async def test_changes_flow_while_metadata_is_unreachable() -> None:
+    store, written = await _bucket()
+    clock = _Clock()
+    items = await _collect(
+        _read(
+            store,
+            _CatalogDown(INFO, []),
+            clock,
+            partition=ChangePartition(b"", None),
+            start_time=T0 - 3000,
+        )
+    )
+    assert sorted(_changes(items)) == sorted(written)
+    assert isinstance(items[-1], Heartbeat) and items[-1].watermark >= T0

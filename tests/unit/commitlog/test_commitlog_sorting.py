@@ -350,7 +350,7 @@ async def test_an_owner_sorts_every_task_of_a_log_on_a_process_pool_and_reads_it
     plan = await plan_sort(store, W, INC, TABLETS, task_bytes=3000)
     assert len(plan.tasks) >= 4
     pool = process_pool(2)
-    shared = SharedSorts(cpu=lambda: pool, parallel=3)
+    shared = SharedSorts(cpu=lambda: pool, parallel=3, inline_bytes=0)
     store.reset()
     reserved = {t.first for t in plan.tasks}
 
@@ -398,7 +398,7 @@ async def test_a_damaged_segment_is_corruption_in_a_pool_process_too() -> None:
     pool = process_pool(1)
     try:
         with pytest.raises(Corruption):
-            await SharedSorts(cpu=lambda: pool).run(store, plan, plan.tasks[0])
+            await SharedSorts(cpu=lambda: pool, inline_bytes=0).run(store, plan, plan.tasks[0])
     finally:
         pool.shutdown(wait=True)
     assert not await task_done(store, plan, plan.tasks[0])
@@ -423,8 +423,44 @@ async def test_a_broken_sort_pool_falls_back_to_sorting_in_the_event_loop() -> N
         made.append(1)
         return _BrokenPool()
 
-    shared = SharedSorts(cpu=make)
+    shared = SharedSorts(cpu=make, inline_bytes=0)
     got = [await shared.run(store, plan, t) for t in plan.tasks]
     assert [m.first for m in got] == [t.first for t in plan.tasks]
     assert all([await task_done(store, plan, t) for t in plan.tasks])
     assert made == [1]
+
+
+async def test_a_small_task_is_sorted_in_the_event_loop_without_starting_the_pool() -> None:
+    """The pool's first task waits for its processes to start (a Python start-up each): a
+    task of at most ``inline_bytes`` is sorted in the event loop instead and never makes the
+    pool, so the recovery of a small log does not wait for it; a larger task still goes to
+    the pool."""
+    store = MemoryObjectStore(shared=False)
+    await write_log(store)
+    plan = await plan_sort(store, W, INC, TABLETS, task_bytes=3000)
+    small = min(plan.tasks, key=lambda t: t.size)
+    large = max(plan.tasks, key=lambda t: t.size)
+    made: list[int] = []
+    submitted: list[str] = []
+
+    class Counting(concurrent.futures.ThreadPoolExecutor):
+        def submit(self, fn, /, *args, **kwargs):  # type: ignore[no-untyped-def]
+            submitted.append(fn.__name__)
+            return super().submit(fn, *args, **kwargs)
+
+    pool = Counting(1)
+
+    def make() -> concurrent.futures.Executor:
+        made.append(1)
+        return pool
+
+    try:
+        shared = SharedSorts(cpu=make, inline_bytes=small.size)
+        assert large.size > small.size
+        manifest = await shared.run(store, plan, small)
+        assert manifest.first == small.first and await task_done(store, plan, small)
+        assert made == [] and submitted == []
+        await shared.run(store, plan, large)
+        assert made == [1] and submitted == ["sort_segments"]
+    finally:
+        pool.shutdown(wait=True)

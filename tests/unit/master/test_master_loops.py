@@ -30,7 +30,7 @@ class FakeLease:
 def fake_master(
     rounds: list[int], hang: asyncio.Event, fifth: asyncio.Event | None = None
 ) -> SimpleNamespace:
-    async def assign() -> int:
+    async def assign(*, if_changed: bool = False) -> int:
         rounds.append(1)
         if len(rounds) >= 5 and fifth is not None:
             fifth.set()

@@ -28,7 +28,8 @@ def test_golden_hello() -> None:
     # Version 5: read_points (TabletKeys, PointReadsRequest, PointReadsResponse).
     # Version 6: mutate_tablets (TabletMutations, MutateTabletsRequest), typed-field checks.
     # Version 7: the REQUEST_AS frame (delegation).
-    assert frames.encode_hello(16 << 20) == bytes.fromhex("54535250 0007 01000000")
+    # Version 8: load_tablet_at (LoadTabletAtRequest).
+    assert frames.encode_hello(16 << 20) == bytes.fromhex("54535250 0008 01000000")
 
 
 def test_golden_response_frame() -> None:

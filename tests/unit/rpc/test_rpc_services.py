@@ -54,6 +54,7 @@ def test_the_protocols_declare_every_method_once() -> None:
         "read_modify_write",
         "sample_row_keys",
         "load_tablet",
+        "load_tablet_at",
         "unload_tablet",
         "compact_tablet",
         "adopt_compaction",
@@ -224,6 +225,12 @@ async def _exercise(
     await call(worker.load_tablet, TabletService.load_tablet, m.LoadTabletRequest(tid, tab))
     again = await worker.read_row(m.ReadRowsRequest(tid, tab, keys=(b"r",)))
     assert isinstance(again, m.RowBatch)  # served again, with everything written before
+    await call(worker.unload_tablet, TabletService.unload_tablet, m.UnloadTabletRequest(tid, tab))
+    end_row = (await db.master.catalog.get_tablet(tid, tab)).end_row
+    at = m.LoadTabletAtRequest(tid, tab, end_row)
+    await call(worker.load_tablet_at, TabletService.load_tablet_at, at)
+    again = await worker.read_row(m.ReadRowsRequest(tid, tab, keys=(b"r",)))
+    assert isinstance(again, m.RowBatch)
     assert {(c.qualifier, c.value) for c in again.rows[0].cells} >= {(b"c", b"1"), (b"q", b"vw")}
     await call(
         master.compact_table, MasterService.compact_table, m.CompactTableRequest("svc", True)

@@ -4,7 +4,6 @@ on an older connection."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 from collections.abc import AsyncIterator
@@ -12,14 +11,15 @@ from collections.abc import AsyncIterator
 import pytest
 
 from tabletstore.errors import InvalidArgument, Unimplemented
-from tabletstore.rpc import frames
-from tabletstore.rpc.codec import Codec, decode_error
-from tabletstore.rpc.frames import Kind
+from tabletstore.rpc.codec import Codec
+from tabletstore.rpc.services import MASTER, TABLET, MasterService, TabletService
 from tabletstore.rpc.tcp import RpcClient, RpcServer
 from tabletstore.rpc.versions import (
+    LOAD_TABLET_AT_VERSION,
     OLDEST_PROTOCOL_VERSION,
     PROTOCOL_VERSION,
     REQUEST_AS_VERSION,
+    SET_REPLICA_VERSION,
     SPOKEN,
     Versions,
     negotiate,
@@ -48,8 +48,13 @@ def test_this_build_speaks_n_and_n_minus_1() -> None:
     assert (SPOKEN.lowest, SPOKEN.highest) == (N - 1, N) == (OLDEST_PROTOCOL_VERSION, N)
     assert str(SPOKEN) == f"versions {N - 1} to {N}"
     assert str(Versions(N, N)) == f"version {N}"
-    # The frame kind that came with the newest version is gated by it.
-    assert REQUEST_AS_VERSION == N
+    # The methods that came with the newest version are gated by it.
+    assert LOAD_TABLET_AT_VERSION == SET_REPLICA_VERSION == N
+    assert TABLET.method(TabletService.load_tablet_at).since == N
+    assert MASTER.method(MasterService.set_replica).since == N
+    assert MASTER.method(MasterService.create_table).since == 0
+    assert TABLET.method(TabletService.load_tablet).since == 0
+    assert REQUEST_AS_VERSION <= N
 
 
 @pytest.mark.parametrize(
@@ -113,10 +118,10 @@ def test_spoken_caps_the_highest_version() -> None:
 
 
 def test_require_names_the_feature_and_both_versions() -> None:
-    require(N, REQUEST_AS_VERSION, "REQUEST_AS", connection="to server s")
+    require(N, LOAD_TABLET_AT_VERSION, "load_tablet_at", connection="to server s")
     with pytest.raises(Unimplemented) as refused:
-        require(N - 1, REQUEST_AS_VERSION, "REQUEST_AS", connection="to server s:1")
-    assert f"REQUEST_AS needs tabletstore RPC protocol version {N}" in str(refused.value)
+        require(N - 1, LOAD_TABLET_AT_VERSION, "load_tablet_at", connection="to server s:1")
+    assert f"load_tablet_at needs tabletstore RPC protocol version {N}" in str(refused.value)
     assert f"the connection to server s:1 speaks version {N - 1}" in str(refused.value)
 
 
@@ -138,7 +143,7 @@ class _Service:
 
 @contextlib.asynccontextmanager
 async def _server(versions: Versions, service: _Service) -> AsyncIterator[RpcServer]:
-    handlers = {"echo": service.echo, "count": service.count}
+    handlers = {"echo": service.echo, "count": service.count, "load_tablet_at": service.echo}
     async with RpcServer(handlers, codec=CODEC, versions=versions) as server:  # type: ignore[arg-type]
         yield server
 
@@ -206,52 +211,31 @@ async def test_a_server_two_versions_behind_is_refused_by_the_client() -> None:
         assert service.calls == 0
 
 
-async def test_request_as_is_not_sent_to_a_server_of_the_previous_version() -> None:
+async def test_request_as_reaches_a_server_of_the_previous_version() -> None:
+    """REQUEST_AS came with version 7, which the previous release speaks: sent to it."""
     service = _Service()
     async with _server(spoken(N - 1), service) as old:
         async with RpcClient("127.0.0.1", old.port, codec=CODEC) as client:
-            assert await client.call("echo", Echo("plain")) == Echo("plain")
+            assert await client.call("echo", Echo("as"), on_behalf="alice") == Echo("as")
+    assert REQUEST_AS_VERSION <= N - 1
+    assert service.calls == 1
+
+
+async def test_a_method_a_version_added_is_not_sent_to_a_server_of_the_previous_version() -> None:
+    """``load_tablet_at`` (version 8) to a worker of version 7: Unimplemented before anything
+    is sent, so the master sends it ``load_tablet`` instead."""
+    service = _Service()
+    async with _server(spoken(N - 1), service) as old:
+        async with RpcClient("127.0.0.1", old.port, codec=CODEC) as client:
             with pytest.raises(Unimplemented) as refused:
-                await client.call("echo", Echo("as"), on_behalf="alice")
-            assert "on behalf of another principal (REQUEST_AS) needs tabletstore RPC " in str(
+                await client.call("load_tablet_at", Echo("x"), since=N)
+            assert f"method 'load_tablet_at' needs tabletstore RPC protocol version {N}" in str(
                 refused.value
             )
-            assert f"speaks version {N - 1}" in str(refused.value)
-            assert service.calls == 1  # the delegated call never left
-            # The connection is fine for everything else.
+            assert service.calls == 0  # never sent
             assert await client.call("echo", Echo("after")) == Echo("after")
     async with (
         _server(SPOKEN, service) as current,
         RpcClient("127.0.0.1", current.port, codec=CODEC) as client,
     ):
-        # Without auth a delegated request runs as any other: it reached the server.
-        assert await client.call("echo", Echo("as"), on_behalf="alice") == Echo("as")
-
-
-async def test_a_server_refuses_request_as_on_a_connection_of_the_previous_version() -> None:
-    """A client that speaks the previous version cannot send REQUEST_AS; one that does anyway
-    gets Unimplemented for that request alone."""
-    service = _Service()
-    async with _server(SPOKEN, service) as server:
-        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-        try:
-            writer.write(frames.encode_hello(1 << 20, version=N - 1))
-            await reader.readexactly(frames.HELLO_SIZE)
-            payload = CODEC.encode(Echo("x"))
-            writer.write(frames.encode_request(1, "echo", payload, on_behalf="alice"))
-            writer.write(frames.encode_request(2, "echo", payload))
-            replies = {}
-            for _ in range(2):
-                head = await asyncio.wait_for(reader.readexactly(frames.HEADER.size), 10)
-                length, kind, rid = frames.HEADER.unpack(head)
-                replies[rid] = (kind, await reader.readexactly(length - 5))
-            kind, body = replies[1]
-            assert kind == Kind.ERROR
-            error = decode_error(body)
-            assert isinstance(error, Unimplemented)
-            assert "connection from client 127.0.0.1:" in str(error)
-            assert f"speaks version {N - 1}" in str(error)
-            assert replies[2][0] == Kind.RESPONSE
-            assert service.calls == 1
-        finally:
-            writer.close()
+        assert await client.call("load_tablet_at", Echo("x"), since=N) == Echo("x")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 
@@ -122,3 +123,51 @@ def test_root_that_is_a_file_is_rejected(tmp_path: Path) -> None:
     (tmp_path / "file").write_bytes(b"")
     with pytest.raises(InvalidArgument, match="not a directory"):
         LocalObjectStore(tmp_path / "file")
+
+
+async def test_staged_objects_appear_only_when_published_each_synced_before_its_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``stage`` writes and syncs invisible temporary files (no directory sync); ``publish``
+    links them (every file synced before any name appears), then syncs each directory that
+    gained an entry once (not once per object); a key that exists keeps its object and is
+    reported; the temporary files are gone afterwards, and ``discard`` removes unpublished
+    ones."""
+    from tabletstore.storage_s3 import local
+
+    store = LocalObjectStore(tmp_path)
+    await store.create("tables/t/old.parquet", b"first")
+    events: list[tuple[str, str]] = []
+    real_fsync, real_link = os.fsync, os.link
+
+    def fsync(fd: int) -> None:
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def link(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+        events.append(("link", str(src)))
+        real_link(src, dst)
+
+    monkeypatch.setattr(local.os, "fsync", fsync)
+    monkeypatch.setattr(local.os, "link", link)
+    keys = [f"tables/t/a{i}/g/{i}.parquet" for i in range(3)] + ["tables/t/old.parquet"]
+    staged = [await store.stage(k, [b"part ", str(i).encode()]) for i, k in enumerate(keys)]
+    # Staging syncs each file's bytes, and no directory.
+    assert sorted(p for _, p in events) == sorted(str(s.tmp) for s in staged)
+    assert [i.key for i in await collect(store, "tables/")] == ["tables/t/old.parquet"]
+    existed = await store.publish(staged)
+    assert existed == ["tables/t/old.parquet"]
+    assert await store.get("tables/t/old.parquet") == b"first"
+    assert [await store.get(k) for k in keys[:3]] == [f"part {i}".encode() for i in range(3)]
+    first_link = next(i for i, e in enumerate(events) if e[0] == "link")
+    synced_files = {p for kind, p in events[:first_link] if kind == "fsync"}
+    assert {str(s.tmp) for s in staged} <= synced_files  # every file synced before any name
+    after = [p for kind, p in events[first_link:] if kind == "fsync"]
+    assert sorted(after) == sorted(set(after))  # each directory once
+    dirs = {str(tmp_path / "tables/t"), *(str(tmp_path / f"tables/t/a{i}/g") for i in range(3))}
+    assert dirs <= set(after)
+    assert not await asyncio.to_thread(lambda: list(tmp_path.rglob(f"{TEMP_PREFIX}*")))
+    dropped = await store.stage("tables/t/x/y.parquet", [b"never"])
+    await store.discard([dropped])
+    assert not dropped.tmp.exists()
+    assert await store.head("tables/t/x/y.parquet") is None

@@ -1,0 +1,136 @@
+"""The soak benchmark (bench/soak.py): its pieces, and ``--quick`` end to end against real
+processes, so it cannot rot; asserts what it counted and checked, never how fast."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.cluster_target import parse_cluster_spec
+from bench.soak import (
+    Cumulative,
+    Histogram,
+    KeySpace,
+    Ledger,
+    SoakConfig,
+    check_value,
+    main,
+    make_value,
+)
+from bench.targets import row_key
+from tabletstore.cli import localstack
+
+
+def test_key_space_is_a_permutation_of_blocks_of_consecutive_keys() -> None:
+    for rows, block in ((1, 1), (100, 10), (1000, 100), (999, 100), (7, 3)):
+        space = KeySpace(rows, block)
+        keys = [space.key(i) for i in range(space.size)]
+        assert sorted(keys) == [row_key(i) for i in range(space.size)]
+        for start in range(0, space.size, block):  # a batch: one run of consecutive keys
+            run = keys[start : start + block]
+            assert run == sorted(run) and int(run[-1]) - int(run[0]) == block - 1
+
+
+def test_ledger_picks_only_acknowledged_rows_and_all_of_them() -> None:
+    ledger = Ledger(KeySpace(1000, 10))
+    rng = random.Random(3)
+    assert ledger.pick(rng) is None
+    first, second = ledger.block(), ledger.block()
+    assert (first, second) == (0, 10)
+    assert second is not None
+    ledger.ack(second + 2, 3)  # rows 12, 13, 14
+    ledger.ack(0, 1)  # row 0
+    seen = {ledger.pick(rng) for _ in range(500)}
+    assert seen == {0, 12, 13, 14}
+    assert ledger.acked == 4
+    while ledger.block() is not None:
+        pass
+    assert ledger._next_block == 100
+
+
+def test_values_carry_their_key() -> None:
+    value = make_value(b"k1", 100)
+    assert len(value) == 100 and check_value(b"k1", value)
+    assert not check_value(b"k2", value)
+    assert not check_value(b"k1", value[:-1] + bytes([value[-1] ^ 1]))
+    assert make_value(b"k1", 100) != value  # random bodies: incompressible
+
+
+def test_histogram_quantiles_within_its_five_percent_buckets() -> None:
+    hist = Histogram()
+    for ms in range(1, 1001):
+        hist.add(float(ms))
+    assert 500 <= hist.quantile(0.5) <= 500 * 1.051
+    assert 990 <= hist.quantile(0.99) <= 990 * 1.051
+    other = Histogram()
+    other.add(5000.0)
+    hist.merge(other)
+    assert hist.total == 1001
+    assert hist.quantile(1.0) >= 5000
+    assert Histogram().quantile(0.99) == 0.0
+
+
+def test_cumulative_counters_keep_a_silent_or_exited_process_counts() -> None:
+    counters = Cumulative()
+    counters.update("w0", {"PUT": 10.0})
+    counters.update("w1", {"PUT": 5.0, "GET": 2.0})
+    assert counters.total() == {"PUT": 15.0, "GET": 2.0}
+    counters.update("w0", {"PUT": 12.0})  # w1 did not answer (or exited): its counts stand
+    assert counters.total() == {"PUT": 17.0, "GET": 2.0}
+
+
+def test_config_rejects_nonsense() -> None:
+    assert SoakConfig().rows == 10_000_000  # 10 GB of 1000-byte values
+    for bad in ({"minutes": 0}, {"workers": 0}, {"value_bytes": 16}, {"readers": -1}):
+        with pytest.raises(ValueError):
+            SoakConfig(**bad)
+    with pytest.raises(ValueError, match="writer"):
+        SoakConfig(batch_writers=0, single_writers=0)
+    assert parse_cluster_spec("cluster:2:seaweedfs") == (2, "seaweedfs")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_quick_soak_runs_checks_every_read_and_stops_its_cluster(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stacks: list[localstack.Stack] = []
+    real_up = localstack.up
+
+    def up(*args: Any, **kwargs: Any) -> localstack.Stack:
+        stacks.append(real_up(*args, **kwargs))
+        return stacks[-1]
+
+    monkeypatch.setattr(localstack, "up", up)
+    out = tmp_path / "out"
+    assert main(["--quick", "--minutes", "0.75", "--out", str(out)]) == 0
+
+    doc = json.loads((out / "soak.json").read_text())
+    samples, summary = doc["samples"], doc["summary"]
+    assert len(samples) >= 5
+    for kind in ("batch", "write", "read", "scan"):
+        assert summary["operations"][kind] > 0, kind
+    assert summary["lost_writes"] == 0 and summary["wrong_values"] == 0
+    verified = summary["verified"]
+    assert verified["rows"] > 0 and verified["lost"] == 0 and verified["wrong"] == 0
+    assert summary["rows_written"] > 0 and summary["processes_exited"] == []
+    last = samples[-1]
+    assert last["tablets"] >= 4  # two per worker, pre-split
+    assert set(last["rss_mb"]) >= {"etcd", "master", "worker-0", "worker-1"}
+    assert all(mb > 0 for mb in last["rss_mb"].values())
+    assert last["stored_bytes"]["logs"] > 0  # the commit logs, on disk
+    assert sum(last["s3_requests"].values()) > 0  # scraped from the workers and the master
+    assert (out / "soak.png").stat().st_size > 0
+    assert "| minutes | GB written |" in (out / "soak.md").read_text()
+    assert (out / "logs" / "worker-0.log").exists()
+    (out / "soak.png").unlink()
+    assert main(["--redraw", str(out)]) == 0  # from the saved JSON alone
+    assert (out / "soak.png").stat().st_size > 0
+    # The stack is stopped, by pid, and its data removed.
+    [stack] = stacks
+    assert not any(localstack.is_running(r) for r in stack.processes)
+    assert not Path(stack.dir).exists()
