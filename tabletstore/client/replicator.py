@@ -14,8 +14,12 @@ why). A split or merge on the source ends a partition and starts its successors 
 tokens it handed them, a merge once both halves have ended, also across a restart.
 
 When the source cannot be read (its etcd, bucket or workers gone) the replicator keeps
-retrying and records why in its progress (``replication status``, the status page); the
-replica table keeps serving reads. A source table without a change retention, a token the
+retrying and records why in its progress (``replication status``, the status page, the
+``replication_errors`` metric); the replica table keeps serving reads. A source table deleted
+there is such a case: its logs stay in the bucket and its stream goes on yielding heartbeats,
+so at most every ``heartbeat`` seconds the replicator looks the table up in the source's
+catalog, and a table gone (or another table made under its name) stops the stream and is
+recorded as ``source table T is gone``; it retries until it is promoted. A source table without a change retention, a token the
 source refuses (another table of the same name, one older than the retention) and a
 promoted replica end its following with the error.
 
@@ -169,6 +173,9 @@ class TableReplicator:
         self._revision = 0
         #: Whether the replica's changes are applied under the guard (a table with a sum).
         self._guarded = False
+        #: The source table's id as ``prepare`` found it, and when it was last looked up.
+        self._source_id: str | None = None
+        self._source_checked = float("-inf")
 
     # ------------------------------------------------------------------ setting up
 
@@ -184,6 +191,7 @@ class TableReplicator:
             raise NotFound(
                 f"table {table!r} does not exist at the source {self.source_url}"
             ) from exc
+        self._source_id = src.table_id
         if src.schema.changes is None:
             raise InvalidArgument(
                 f"table {table!r} at {self.source_url} keeps no changes, so it cannot be "
@@ -261,6 +269,8 @@ class TableReplicator:
         """Follow until the replica is promoted (returns) or a fatal error (raised, and kept
         in the progress record)."""
         progress = self.progress or await self.prepare()
+        # An error a predecessor saved is not this run's: each failure is recorded again.
+        self.progress = progress = replace(progress, error=None)
         loop = asyncio.get_running_loop()
         self._fatal = loop.create_future()
         for part, tokens in progress.followed:
@@ -310,6 +320,7 @@ class TableReplicator:
                         )
                         await self._save()
                     elif isinstance(item, Heartbeat):
+                        await self._check_source()
                         self.progress = self.progress.advanced(part, item.token, item.watermark)
                         if failures:
                             failures = 0
@@ -327,10 +338,47 @@ class TableReplicator:
                 return
             except asyncio.CancelledError:
                 raise
+            except _SourceGone as exc:
+                failures += 1
+                await self._record_error(str(exc))
+                await self.clock.sleep(min(10.0, 0.25 * 2**failures))
             except Exception as exc:  # the source unreachable: keep trying, say why
                 failures += 1
-                await self._record_error(f"source unreachable: {type(exc).__name__}: {exc}")
+                if isinstance(exc, NotFound) and not await self._source_exists():
+                    error = self._gone()
+                else:
+                    error = f"source unreachable: {type(exc).__name__}: {exc}"
+                await self._record_error(error)
                 await self.clock.sleep(min(10.0, 0.25 * 2**failures))
+
+    async def _check_source(self) -> None:
+        """_SourceGone if the source table was deleted (looked up at most every
+        ``heartbeat`` seconds, for all partitions at once)."""
+        now = self.clock.monotonic()
+        if now - self._source_checked < self.heartbeat:
+            return
+        self._source_checked = now
+        if not await self._source_exists():
+            raise _SourceGone(self._gone())
+
+    async def _source_exists(self) -> bool:
+        """Whether the source's catalog still has the table that was followed (False for a
+        table deleted, or another one made under its name). A catalog that cannot be read
+        says nothing: True, and the stream's own errors say why."""
+        try:
+            info = await self.source.catalog.get_table(self.table)
+        except NotFound:
+            return False
+        except TabletStoreError:
+            return True
+        return self._source_id is None or info.table_id == self._source_id
+
+    def _gone(self) -> str:
+        return (
+            f"source table {self.table!r} is gone from {self.source_url} (deleted there): "
+            "nothing more will arrive; the replica keeps serving reads, and "
+            f"`tabletstore replication promote {self.table}` makes it take writes"
+        )
 
     async def _ended(self, part: ChangePartition, end: PartitionEnd) -> None:
         assert self.progress is not None
@@ -413,6 +461,10 @@ class TableReplicator:
 
 class _Promoted(Exception):
     """The replica table refused the replicator's write: it was promoted."""
+
+
+class _SourceGone(Exception):
+    """The source table was deleted (or replaced by another of its name): retried, said."""
 
 
 async def promote(

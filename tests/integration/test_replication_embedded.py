@@ -175,6 +175,56 @@ async def test_bad_sources_are_named(tmp_path: Path) -> None:
         await dst.close()
 
 
+async def test_a_deleted_source_is_reported_and_the_replica_serves_reads(tmp_path: Path) -> None:
+    """Deleting the source table leaves its logs in the bucket, so its stream goes on with
+    heartbeats: the replicator must notice the table gone and say so, and keep running. An
+    error a predecessor saved is not taken for this run's."""
+    src, url, dst = await _pair(tmp_path)
+    r = _replicator(src, url, dst)
+    task: asyncio.Task[None] | None = None
+    try:
+        await r.prepare()
+        await _write(src, 3)
+        await _follow_until(r, time.time())
+        want = await cells(dst, "t")
+        assert want
+        assert r.progress is not None
+        r.progress = replace(r.progress, error="source unreachable: a predecessor's")
+        await r._save(force=True)
+        task = asyncio.create_task(r.run())
+
+        async def cleared() -> bool:
+            p = await load_progress(dst, "t")
+            return p is not None and p.error is None
+
+        end = time.monotonic() + 60
+        while not await cleared():
+            assert time.monotonic() < end, "the predecessor's error was kept"
+            await asyncio.sleep(0.1)
+        await src.delete_table("t")
+        end = time.monotonic() + 60
+        while True:
+            assert not task.done(), task
+            p = await load_progress(dst, "t")
+            if p is not None and p.error:
+                break
+            assert time.monotonic() < end, "the deleted source was not reported"
+            await asyncio.sleep(0.1)
+        assert f"source table 't' is gone from {url}" in p.error
+        assert "replication promote t" in p.error
+        assert await cells(dst, "t") == want
+        await asyncio.sleep(0.5)  # retries go on: the error stays, the task runs
+        assert not task.done()
+        p = await load_progress(dst, "t")
+        assert p is not None and p.error is not None and "is gone" in p.error
+    finally:
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        await src.close()
+        await dst.close()
+
+
 async def test_failback_follows_the_new_primary_from_its_promotion(tmp_path: Path) -> None:
     src, url, dst = await _pair(tmp_path)
     dst_url = f"file://{tmp_path / 'replica'}"
