@@ -48,12 +48,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     * the tests marked ``slow`` first (a stable sort keeps their order): a minutes-long test
       that starts last is the whole run's tail, while started first it runs beside the short
       ones on the other workers;
-    * the tests of one module that share a module-scoped fixture (a cluster of processes, a
+    * the tests marked ``slow`` form one group, run one after another on one worker: each
+      starts a cluster of processes for minutes, and two or three of them at once on two
+      cores starve each other's leases (three at once failed tests that pass alone);
+    * the other tests of one module that share a module-scoped fixture (a cluster of processes, a
       front door, a Spark session) form one group, so that fixture is set up once on one
       worker instead of once on every worker that gets one of its tests."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     for item in items:
-        if _uses_module_fixture(item):
+        if item.get_closest_marker("slow") is not None:
+            item.add_marker(pytest.mark.xdist_group("slow"))
+        elif _uses_module_fixture(item):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
 
 
