@@ -51,13 +51,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     * the tests marked ``slow`` form one group, run one after another on one worker: each
       starts a cluster of processes for minutes, and two or three of them at once on two
       cores starve each other's leases (three at once failed tests that pass alone);
+    * except the slow tests also marked ``no_cluster`` (Terraform against moto, etcd's
+      snapshot script): they hold no lease, so they form a second group that runs beside the
+      first, which would otherwise be the whole run's critical path;
     * the other tests of one module that share a module-scoped fixture (a cluster of processes, a
       front door, a Spark session) form one group, so that fixture is set up once on one
       worker instead of once on every worker that gets one of its tests."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     for item in items:
         if item.get_closest_marker("slow") is not None:
-            item.add_marker(pytest.mark.xdist_group("slow"))
+            alone = item.get_closest_marker("no_cluster") is not None
+            item.add_marker(pytest.mark.xdist_group("slow-no-cluster" if alone else "slow"))
         elif _uses_module_fixture(item):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
 

@@ -129,9 +129,12 @@ class Cluster(ProcessGroup):
     def wait_serving(self, *, deadline: float = SERVING_DEADLINE) -> None:
         """Block until the cluster serves METADATA: the root tablet answers a read and the
         METADATA tablet it names has a location, which every table creation or lookup needs
-        first. A test that assumed it instead would fail on a client's own deadline on a
-        loaded machine, where a fresh cluster takes longer than that to get there. (Callable
-        from a test's event loop: the wait runs on its own, in a thread.)"""
+        first; and until every running worker this cluster started is registered (a worker
+        listens before it warms up and takes its lease, so a test that counted workers right
+        after they listen would miss one on a loaded machine). A test that assumed either
+        instead would fail on a client's own deadline on a loaded machine, where a fresh
+        cluster takes longer than that to get there. (Callable from a test's event loop: the
+        wait runs on its own, in a thread.)"""
         with ThreadPoolExecutor(1) as pool:
             pool.submit(asyncio.run, self._serving(deadline)).result()
 
@@ -144,10 +147,20 @@ class Cluster(ProcessGroup):
                 deadline=deadline,
                 what="the cluster serving METADATA",
             )
+            await eventually(
+                lambda: self._all_registered(client),
+                deadline=deadline,
+                what="every worker registered",
+            )
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n{self.logs()}") from None
         finally:
             await client.close()
+
+    async def _all_registered(self, client: AsyncClient) -> bool:
+        running = {r.url for r in self.alive() if r.role.startswith("worker")}
+        listed = {getattr(w, "address", None) for w in (await client.status()).workers.values()}
+        return running <= listed
 
     # ------------------------------------------------------------------ stopping
 

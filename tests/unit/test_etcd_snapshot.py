@@ -70,6 +70,7 @@ def run_snapshot(
 
 
 @pytest.mark.slow
+@pytest.mark.no_cluster
 def test_snapshot_uploads_to_the_bucket_and_restores(s3_server: str, tmp_path: Path) -> None:
     root = tmp_path / "etcd"
     record, port = start_etcd(root / "data", log=root / "etcd.log")

@@ -251,6 +251,7 @@ def moto_vars(endpoint: str, bucket: str) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.no_cluster
 def test_apply_then_destroy_against_moto(
     moto: tuple[str, dict[str, object]], tmp_path: Path
 ) -> None:
@@ -330,6 +331,7 @@ def _check_functions(aws_lambda: object, iam: object, names: dict[str, str], buc
 
 
 @pytest.mark.slow
+@pytest.mark.no_cluster
 def test_a_bucket_name_already_taken_fails_the_apply_naming_it(
     moto: tuple[str, dict[str, object]], tmp_path: Path
 ) -> None:

@@ -42,7 +42,7 @@ HANDLERS = {
     "gc": "functions.gc.handler",
 }
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.no_cluster]
 
 
 @pytest.fixture(scope="module")
