@@ -48,7 +48,6 @@ from google.cloud.bigtable_v2.types import bigtable as bt
 from google.cloud.bigtable_v2.types import data
 
 from tabletstore.data.filters import (
-    MAX_FILTER_NODES,
     ApplyLabel,
     BlockAll,
     CellsPerColumnLimit,
@@ -60,6 +59,7 @@ from tabletstore.data.filters import (
     Condition,
     FamilyNameRegex,
     Interleave,
+    PartsBudget,
     PassAll,
     RowFilter,
     RowKeyRegex,
@@ -330,18 +330,16 @@ _FILTERS: dict[str, Callable[[Any], RowFilter]] = {
 }
 
 
-def _check_node_count(f: Any) -> None:
-    """InvalidArgument if ``f`` holds more than ``MAX_FILTER_NODES`` filters, found by walking
-    at most that many: a huge message is refused before any of it is translated."""
-    stack, seen = [f], 0
+def _check_parts(f: Any) -> None:
+    """InvalidArgument if ``f`` holds more filters, regexes or regex bytes than the cost
+    limits allow, found by walking at most that many with a
+    :class:`~tabletstore.data.filters.PartsBudget`: a huge message is refused before any of
+    it is translated."""
+    budget = PartsBudget()
+    stack = [f]
     while stack:
         node = stack.pop()
-        seen += 1
-        if seen > MAX_FILTER_NODES:
-            raise InvalidArgument(
-                f"the filter has more than {MAX_FILTER_NODES} filters, over the limit of "
-                f"MAX_FILTER_NODES={MAX_FILTER_NODES}"
-            )
+        budget.node()
         kind = node.WhichOneof("filter")
         if kind in ("chain", "interleave"):
             stack.extend(getattr(node, kind).filters)
@@ -352,6 +350,8 @@ def _check_node_count(f: Any) -> None:
                 for name in ("predicate_filter", "true_filter", "false_filter")
                 if c.HasField(name)
             )
+        elif kind is not None and kind.endswith("_regex_filter"):
+            budget.regex(len(getattr(node, kind)))
 
 
 def filter_from_pb(f: Any) -> RowFilter:
@@ -362,7 +362,7 @@ def filter_from_pb(f: Any) -> RowFilter:
     tablet server, which refuses a bad one the same way. A RowFilter with nothing set passes
     every cell.
     """
-    _check_node_count(f)
+    _check_parts(f)
     return _filter_from_pb(f)
 
 

@@ -104,6 +104,7 @@ __all__ = [
     "Condition",
     "FamilyNameRegex",
     "Interleave",
+    "PartsBudget",
     "PassAll",
     "RowFilter",
     "RowKeyRegex",
@@ -955,7 +956,7 @@ _BOUND_FIELDS = {"start", "end", "start_inclusive", "end_inclusive"}
 def _list_of_filters(what: str, value: object) -> list[RowFilter]:
     if not isinstance(value, list):
         raise InvalidArgument(f"{what} must be a list of filters, got {value!r}")
-    return [filter_from_dict(v) for v in value]
+    return [_filter_from_dict(v) for v in value]
 
 
 def _condition_from(value: object) -> Condition:
@@ -963,9 +964,9 @@ def _condition_from(value: object) -> Condition:
     if "predicate" not in d:
         raise InvalidArgument("condition needs a predicate")
     return Condition(
-        filter_from_dict(d["predicate"]),
-        filter_from_dict(d["true"]) if d.get("true") is not None else None,
-        filter_from_dict(d["false"]) if d.get("false") is not None else None,
+        _filter_from_dict(d["predicate"]),
+        _filter_from_dict(d["true"]) if d.get("true") is not None else None,
+        _filter_from_dict(d["false"]) if d.get("false") is not None else None,
     )
 
 
@@ -1016,8 +1017,78 @@ _PARSERS: dict[str, Callable[[Any], RowFilter]] = {
 }
 
 
+class PartsBudget:
+    """Counts a filter's parts while its wire form is walked, before any part is built, and
+    refuses as soon as a count passes :data:`MAX_FILTER_NODES`, :data:`MAX_FILTER_REGEXES` or
+    :data:`MAX_FILTER_REGEX_BYTES`: refusing a request of thousands of parts then costs what
+    its first few hundred do, not building them all (a client sending such requests back to
+    back would otherwise spend the server's CPU milliseconds at a time). Malformed parts are
+    left to the parser, which names them."""
+
+    __slots__ = ("nodes", "regex_bytes", "regexes")
+
+    def __init__(self) -> None:
+        self.nodes = self.regexes = self.regex_bytes = 0
+
+    def node(self) -> None:
+        self.nodes += 1
+        if self.nodes > MAX_FILTER_NODES:
+            raise _over_walked("filters", "MAX_FILTER_NODES", MAX_FILTER_NODES)
+
+    def regex(self, size: int) -> None:
+        self.regexes += 1
+        self.regex_bytes += size
+        if self.regexes > MAX_FILTER_REGEXES:
+            raise _over_walked("regexes", "MAX_FILTER_REGEXES", MAX_FILTER_REGEXES)
+        if self.regex_bytes > MAX_FILTER_REGEX_BYTES:
+            raise _over_walked(
+                "bytes of regex patterns", "MAX_FILTER_REGEX_BYTES", MAX_FILTER_REGEX_BYTES
+            )
+
+
+def _over_walked(what: str, limit_name: str, limit: int) -> InvalidArgument:
+    return InvalidArgument(
+        f"the filter has more than {limit} {what}, over the limit of {limit_name}={limit}"
+    )
+
+
+#: Wire kinds holding a regex, and whether the pattern is base64 text (else plain text).
+_WIRE_REGEX_KINDS = {
+    "row_key_regex": True,
+    "family_name_regex": False,
+    "column_qualifier_regex": True,
+    "value_regex": True,
+}
+
+
+def _walk_parts(d: object) -> None:
+    """Walk the wire form with a :class:`PartsBudget`, stopping at the first limit passed."""
+    budget = PartsBudget()
+    stack = [d]
+    while stack:
+        node = stack.pop()
+        budget.node()
+        if not isinstance(node, Mapping) or len(node) != 1:
+            continue
+        ((kind, value),) = node.items()
+        if kind in ("chain", "interleave") and isinstance(value, list):
+            stack.extend(value)
+        elif kind == "condition" and isinstance(value, Mapping):
+            stack.extend(v for k in ("predicate", "true", "false") if (v := value.get(k)))
+        elif kind in _WIRE_REGEX_KINDS and isinstance(value, str):
+            # a lower bound of the decoded size for base64 (exactness is the parser's)
+            size = len(value) * 3 // 4 - 2 if _WIRE_REGEX_KINDS[kind] else len(value)
+            budget.regex(max(size, 0))
+
+
 def filter_from_dict(d: object) -> RowFilter:
-    """Parse the wire form written by :meth:`RowFilter.to_dict`; InvalidArgument if malformed."""
+    """Parse the wire form written by :meth:`RowFilter.to_dict`; InvalidArgument if malformed
+    or over a cost limit (the parts are counted before any is built)."""
+    _walk_parts(d)
+    return _filter_from_dict(d)
+
+
+def _filter_from_dict(d: object) -> RowFilter:
     if not isinstance(d, Mapping) or len(d) != 1:
         raise InvalidArgument(f"a filter must be an object with exactly one key, got {d!r}")
     ((kind, value),) = d.items()

@@ -167,6 +167,17 @@ def test_a_filter_over_the_node_limit_is_refused_before_translation() -> None:
         t.filter_from_pb(F(interleave=F.Interleave(filters=leaves)))
 
 
+def test_a_filter_over_the_regex_limits_is_refused_before_any_part_is_translated() -> None:
+    # The first part is invalid: translating parts before counting would name it instead.
+    bad_first = F(cells_per_row_limit_filter=-1)
+    regexes = [F(value_regex_filter=b"v%04d" % i) for i in range(f.MAX_FILTER_REGEXES + 1)]
+    with pytest.raises(errors.InvalidArgument, match=f"MAX_FILTER_REGEXES={f.MAX_FILTER_REGEXES}"):
+        t.filter_from_pb(F(interleave=F.Interleave(filters=[bad_first, *regexes])))
+    big = [F(value_regex_filter=b"x" * 40_000), F(row_key_regex_filter=b"y" * 40_000)]
+    with pytest.raises(errors.InvalidArgument, match="MAX_FILTER_REGEX_BYTES"):
+        t.filter_from_pb(F(interleave=F.Interleave(filters=[bad_first, *big])))
+
+
 def test_range_bounds_set_to_empty_are_taken_literally() -> None:
     cr = F(column_range_filter=data.ColumnRange.pb()(family_name="cf", end_qualifier_open=b""))
     assert t.filter_from_pb(cr) == f.ColumnRange("cf", None, b"")

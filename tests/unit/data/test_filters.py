@@ -174,6 +174,17 @@ def _many_regexes(n: int, size: int = 40) -> RowFilter:
     return Interleave([ValueRegex(b"v%04d" % i + b"x" * (size - 5)) for i in range(n)])
 
 
+def test_a_wire_filter_over_the_regex_limit_is_refused_before_any_part_is_built() -> None:
+    # The first part is malformed: building parts before counting would name it instead.
+    wire = _many_regexes(MAX_FILTER_REGEXES).to_dict()
+    wire["interleave"] = [{"no_such_filter": 1}, *wire["interleave"], {"value_regex": "eA=="}]
+    with pytest.raises(InvalidArgument, match=f"MAX_FILTER_REGEXES={MAX_FILTER_REGEXES}"):
+        filter_from_dict(wire)
+    wire["interleave"] = wire["interleave"][:-1]  # within the limits: the parser names the part
+    with pytest.raises(InvalidArgument, match="no_such_filter"):
+        filter_from_dict(wire)
+
+
 @pytest.mark.parametrize(
     ("make", "limit"),
     [
