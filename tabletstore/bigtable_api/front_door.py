@@ -56,7 +56,12 @@ from tabletstore.bigtable_api.request_budget import (
     RequestBudget,
 )
 from tabletstore.bigtable_api.tarpit import Tarpit
-from tabletstore.bigtable_api.token_check import BearerTokens, server_credentials
+from tabletstore.bigtable_api.token_check import (
+    TOKEN_RECHECK,
+    BearerTokens,
+    RememberedTokens,
+    server_credentials,
+)
 from tabletstore.bigtable_api.translate import (
     filter_from_pb,
     mutations_from_pb,
@@ -804,7 +809,9 @@ class BigtableApiServer:
     tables (:mod:`tabletstore.bigtable_api.instances`). ``interceptors`` are grpc.aio server
     interceptors, run around every call (tests use one
     to cut ReadRows streams in the middle). ``tokens``: bearer tokens are checked on each
-    call's metadata before its request is read (:mod:`tabletstore.bigtable_api.token_check`).
+    call's metadata before its request is read (:mod:`tabletstore.bigtable_api.token_check`);
+    a token's good answer serves its calls for ``token_recheck`` seconds of ``clock``'s
+    monotonic time, the longest a revoked or expired token goes on working.
     ``max_concurrent_calls``: authenticated calls served at once (more: RESOURCE_EXHAUSTED);
     ``streams_per_connection``: calls one connection carries at once (a client queues more).
     ``tarpit``: where refusals of unauthenticated calls wait their turn (default: one of
@@ -834,6 +841,7 @@ class BigtableApiServer:
         plain_instance: str | None = None,
         tls: TlsFiles | TlsConfig | None = None,
         tokens: TokenVerifier | None = None,
+        token_recheck: float = TOKEN_RECHECK,
         max_concurrent_calls: int = FRONT_DOOR_MAX_CONCURRENT_CALLS,
         max_inflight_bytes: int = FRONT_DOOR_INFLIGHT_BYTES,
         budget_wait: float = 10.0,
@@ -870,7 +878,11 @@ class BigtableApiServer:
         first: grpc.aio.ServerInterceptor = (
             BudgetInterceptor(self.admission)
             if tokens is None
-            else BearerTokens(tokens, self.admission, self.tarpit)
+            else BearerTokens(
+                RememberedTokens(tokens, recheck=token_recheck, clock=clock),
+                self.admission,
+                self.tarpit,
+            )
         )
         self._interceptors = (first, *interceptors)
         self._tls: grpc.ServerCredentials | None = None

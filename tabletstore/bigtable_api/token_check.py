@@ -8,8 +8,16 @@ and never reads it, so gRPC receives no more of a refused call's message than HT
 control lets the client send before the answer (the stream's window: KiBs to a few MiB as
 gRPC's bandwidth probing grows it, not the message limit), and nothing of it is decoded; the
 refusal waits its turn in the front door's tarpit (``tarpit.py``), so refused calls take CPU at
-a bounded rate however fast they come. The call otherwise runs acting for the token's principal (``client.client.ACTING_FOR``), so
-the cluster's servers check the families' ACLs against that caller. For the workers to accept
+a bounded rate however fast they come. The call otherwise runs acting for the token's principal
+(``client.client.ACTING_FOR``), so the cluster's servers check the families' ACLs against that
+caller.
+
+A token's good answer is kept for :data:`TOKEN_RECHECK` seconds (:class:`RememberedTokens`), so
+a caller's steady stream of calls costs one coordinator read every two seconds rather than one
+per call: a revoked or expired token is refused at the latest :data:`TOKEN_RECHECK` seconds
+after its revocation or expiry (the bound a live RPC connection's token has too,
+``rpc/auth.py``). Refusals are never kept: a new token works at once, and a refused token is
+looked up again on its next call. For the workers to accept
 "acting for", the front door's own certificate must carry a cluster role (``function``:
 ``tabletstore certs issue frontdoor --role function``; worker/tablet_service_guard.py). Tokens
 only travel over TLS: the server is started with ``--tls-cert``/``--tls-key``.
@@ -17,6 +25,7 @@ only travel over TLS: the server is started with ``--tls-cert``/``--tls-key``.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -24,11 +33,26 @@ import grpc
 
 from tabletstore.bigtable_api.tarpit import Tarpit, source_of
 from tabletstore.client.client import ACTING_FOR
+from tabletstore.clock import Clock, SystemClock
 from tabletstore.errors import PermissionDenied, TabletStoreError
 from tabletstore.rpc.auth import TokenVerifier
-from tabletstore.security import TlsConfig
+from tabletstore.security import Principal, TlsConfig
 
-__all__ = ["BearerTokens", "bearer_token", "refusal", "server_credentials"]
+__all__ = [
+    "TOKEN_RECHECK",
+    "BearerTokens",
+    "RememberedTokens",
+    "bearer_token",
+    "refusal",
+    "server_credentials",
+]
+
+#: Seconds a token's good answer serves the front door's calls before the token is looked up
+#: again: the longest a revoked or expired token goes on working.
+TOKEN_RECHECK = 2.0
+#: Good answers kept at most; past it the oldest half is forgotten (a token then costs one
+#: more lookup). Only tokens that are good take a place: unknown ones are never kept.
+REMEMBERED_TOKENS = 4096
 
 
 def server_credentials(tls: TlsConfig) -> grpc.ServerCredentials:
@@ -38,6 +62,74 @@ def server_credentials(tls: TlsConfig) -> grpc.ServerCredentials:
     if cert is None or key is None:
         raise PermissionDenied("the front door's TLS needs --tls-cert and --tls-key")
     return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca)
+
+
+class RememberedTokens:
+    """A :class:`~tabletstore.rpc.auth.TokenVerifier` that keeps ``tokens``' good answers for
+    ``recheck`` seconds of ``clock``'s monotonic time.
+
+    An answer's age counts from the moment its lookup *started*, so a lookup that began after
+    a revocation always sees it: a call made ``recheck`` seconds or more after a token was
+    revoked (or expired) is refused. Calls with the same token while its lookup is under way
+    wait for that one lookup, and a call that goes away meanwhile does not cancel it for the
+    others. A refusal, or a coordinator that cannot answer, is the call's answer and is not
+    kept."""
+
+    def __init__(
+        self,
+        tokens: TokenVerifier,
+        *,
+        recheck: float = TOKEN_RECHECK,
+        clock: Clock | None = None,
+        capacity: int = REMEMBERED_TOKENS,
+    ) -> None:
+        if recheck < 0:
+            raise ValueError(f"recheck must be >= 0 seconds, got {recheck}")
+        self._tokens = tokens
+        self._recheck = recheck
+        self._clock = clock or SystemClock()
+        self._capacity = capacity
+        #: token -> (monotonic time its lookup started, its principal); oldest first.
+        self._good: dict[str, tuple[float, Principal]] = {}
+        #: token -> the lookup under way.
+        self._lookups: dict[str, asyncio.Task[Principal]] = {}
+        #: Lookups made (each one coordinator read), for tests and benchmarks.
+        self.lookups = 0
+
+    async def verify(self, token: str) -> Principal:
+        """The principal of ``token``; PermissionDenied if unknown, revoked or expired (at
+        most ``recheck`` seconds late)."""
+        good = self._good.get(token)
+        if good is not None and self._clock.monotonic() - good[0] < self._recheck:
+            return good[1]
+        lookup = self._lookups.get(token)
+        if lookup is None:
+            lookup = asyncio.ensure_future(self._look_up(token))
+            self._lookups[token] = lookup
+            lookup.add_done_callback(lambda done: self._ended(token, done))
+        return await asyncio.shield(lookup)
+
+    async def _look_up(self, token: str) -> Principal:
+        started = self._clock.monotonic()
+        self.lookups += 1
+        try:
+            principal = await self._tokens.verify(token)
+        except BaseException:
+            self._good.pop(token, None)
+            raise
+        good = self._good
+        good.pop(token, None)  # re-inserted last: the dict's order is the answers' age
+        if len(good) >= self._capacity:
+            for old in list(good)[: max(1, len(good) // 2)]:
+                del good[old]
+        good[token] = (started, principal)
+        return principal
+
+    def _ended(self, token: str, lookup: asyncio.Task[Principal]) -> None:
+        if self._lookups.get(token) is lookup:
+            del self._lookups[token]
+        if not lookup.cancelled():
+            lookup.exception()  # retrieved: every waiter has it, or none is left to
 
 
 def bearer_token(metadata: Sequence[tuple[str, Any]] | None) -> str | None:

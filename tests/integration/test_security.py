@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tabletstore.client.cluster import ClusterClient
+from tabletstore.clock import ManualClock
 from tabletstore.coordination import open_coordinator
 from tabletstore.coordination.tokens import TokenStore
 from tabletstore.data.model import RowMutation, SetCell
@@ -350,8 +351,10 @@ async def test_the_front_door_wants_a_bearer_token_and_acts_for_its_principal(
     tokens = TokenStore(cluster.coordinator)
     alice_token, bob_token = await tokens.create("alice"), await tokens.create("bob")
     client = await cluster.client("frontdoor")
+    # The front door keeps a token's good answer token_recheck seconds of this clock.
+    clock = ManualClock()
     server = BigtableApiServer(
-        client, tls=cluster.tls("frontdoor"), tokens=tokens, plain_instance="i"
+        client, tls=cluster.tls("frontdoor"), tokens=tokens, plain_instance="i", clock=clock
     )
     port = await server.start()
     channel = grpc.aio.secure_channel(
@@ -381,6 +384,7 @@ async def test_the_front_door_wants_a_bearer_token_and_acts_for_its_principal(
             await families(None)
         assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
         await tokens.revoke("alice")
+        clock.advance(server_module.TOKEN_RECHECK)  # the longest a revoked token still works
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await families(alice_token)
         assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
