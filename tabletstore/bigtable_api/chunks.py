@@ -41,6 +41,7 @@ __all__ = [
     "DEFAULT_MAX_VALUE_CHUNK",
     "ChunkEncoder",
     "row_chunks",
+    "whole_row_response",
 ]
 
 #: Values longer than this are split across chunks (the service uses about 1 MiB too).
@@ -96,6 +97,40 @@ def row_chunks(row: Row, *, max_value_chunk: int = DEFAULT_MAX_VALUE_CHUNK) -> l
 
 def _chunk_bytes(chunk: Any) -> int:
     return len(chunk.row_key) + len(chunk.qualifier.value) + len(chunk.value) + 16
+
+
+def whole_row_response(row: Row, max_value_chunk: int, max_response_bytes: int) -> Any | None:
+    """The fast path of the common case: ``row`` as one response of its chunks, built in place
+    (no value longer than ``max_value_chunk``, at most ``max_response_bytes``). None when it
+    does not fit (a :class:`ChunkEncoder` then cuts it into several)."""
+    key_bytes = len(row.key) + 16  # counted per chunk, as ChunkEncoder.add does
+    size = 0
+    for cell in row.cells:
+        n = len(cell.value)
+        if n > max_value_chunk:
+            return None
+        size += n + len(cell.qualifier) + key_bytes
+    if size > max_response_bytes or not row.cells:
+        return None
+    resp = ReadRowsResponsePB()
+    add = resp.chunks.add
+    family: str | None = None
+    qualifier: bytes | None = None
+    chunk: Any = None
+    for cell in row.cells:
+        chunk = add(timestamp_micros=cell.timestamp, value=cell.value)
+        if family is None:
+            chunk.row_key = row.key
+        if cell.family != family:
+            family, qualifier = cell.family, None
+            chunk.family_name.value = cell.family
+        if cell.qualifier != qualifier:
+            qualifier = cell.qualifier
+            chunk.qualifier.value = cell.qualifier
+        if cell.labels:
+            chunk.labels.extend(cell.labels)
+    chunk.commit_row = True
+    return resp
 
 
 class ChunkEncoder:
@@ -178,38 +213,7 @@ class ChunkEncoder:
                 yield self._take()
 
     def _whole_row(self, row: Row) -> Any | None:
-        """The fast path of the common case: ``row`` fits one response (no value to split, at
-        most ``max_response_bytes``): its chunks built in place in one response. None when
-        it does not fit (``add`` then cuts it into several)."""
-        limit = self._max_value_chunk
-        key_bytes = len(row.key) + 16  # counted per chunk, as add() does
-        size = 0
-        for cell in row.cells:
-            n = len(cell.value)
-            if n > limit:
-                return None
-            size += n + len(cell.qualifier) + key_bytes
-        if size > self._max_response_bytes or not row.cells:
-            return None
-        resp = ReadRowsResponsePB()
-        add = resp.chunks.add
-        family: str | None = None
-        qualifier: bytes | None = None
-        chunk: Any = None
-        for cell in row.cells:
-            chunk = add(timestamp_micros=cell.timestamp, value=cell.value)
-            if family is None:
-                chunk.row_key = row.key
-            if cell.family != family:
-                family, qualifier = cell.family, None
-                chunk.family_name.value = cell.family
-            if cell.qualifier != qualifier:
-                qualifier = cell.qualifier
-                chunk.qualifier.value = cell.qualifier
-            if cell.labels:
-                chunk.labels.extend(cell.labels)
-        chunk.commit_row = True
-        return resp
+        return whole_row_response(row, self._max_value_chunk, self._max_response_bytes)
 
     def flush(self) -> Any | None:
         """The partially filled response (a message, or packed rows' serialized bytes), or

@@ -48,6 +48,7 @@ from tabletstore.bigtable_api.chunks import (
     DEFAULT_MAX_ROWS_BYTES,
     DEFAULT_MAX_VALUE_CHUNK,
     ChunkEncoder,
+    whole_row_response,
 )
 from tabletstore.bigtable_api.instances import PREFIX_IN_TEXT, InstanceAdmin, Namespaces
 from tabletstore.bigtable_api.request_budget import (
@@ -228,7 +229,52 @@ class BigtableData:
     def _now(self) -> int:
         return server_timestamp(self._clock.time())
 
+    def _encoder(self) -> ChunkEncoder:
+        return ChunkEncoder(
+            max_value_chunk=self._max_value_chunk,
+            max_response_bytes=self._max_response_bytes,
+            max_rows_bytes=self._max_rows_bytes,
+        )
+
+    async def read_one_row(self, req: Any) -> list[Any] | None:
+        """A ReadRows naming one row key and no range (what clients' ``read_row`` sends),
+        served as the unary point read -- no stream to the tablet server, none of a scan's
+        setup here: its responses (none if the row has no matching cells; one unless the row
+        is larger than a response), or None if ``req`` is not such a read (:meth:`read_rows`
+        serves it, checks included). The tablet server reads a large row through a stream by
+        itself."""
+        rows = req.rows
+        if (
+            len(rows.row_keys) != 1
+            or rows.row_ranges
+            or req.rows_limit < 0
+            or req.request_stats_view == _REQUEST_STATS_FULL
+        ):
+            return None
+        key: bytes = rows.row_keys[0]
+        if not key:
+            return None
+        table = self._table(req)
+        row_filter = filter_from_pb(req.filter) if req.HasField("filter") else None
+        row = await table.read_row(key, filter=row_filter)
+        if row is None:
+            return []
+        whole = whole_row_response(row, self._max_value_chunk, self._max_response_bytes)
+        if whole is not None:
+            return [whole]
+        encoder = self._encoder()
+        out = list(encoder.add(row))
+        last = encoder.flush()
+        if last is not None:
+            out.append(last)
+        return out
+
     async def read_rows(self, req: Any) -> AsyncIterator[Any]:
+        point = await self.read_one_row(req)
+        if point is not None:
+            for resp in point:
+                yield resp
+            return
         table = self._table(req)
         if req.rows_limit < 0:
             raise InvalidArgument(f"rows_limit must be >= 0, got {req.rows_limit}")
@@ -236,24 +282,9 @@ class BigtableData:
         row_filter = filter_from_pb(req.filter) if req.HasField("filter") else None
         if rows.is_empty():
             return
-        encoder = ChunkEncoder(
-            max_value_chunk=self._max_value_chunk,
-            max_response_bytes=self._max_response_bytes,
-            max_rows_bytes=self._max_rows_bytes,
-        )
+        encoder = self._encoder()
         limit = req.rows_limit or None
         full_stats = req.request_stats_view == _REQUEST_STATS_FULL
-        if len(rows.keys) == 1 and not rows.ranges and not full_stats:
-            # One row (what clients' read_row sends): the unary point read, no stream to the
-            # tablet server. It reads a large row through a stream by itself.
-            row = await table.read_row(rows.keys[0], filter=row_filter)
-            if row is not None:
-                for resp in encoder.add(row):
-                    yield resp
-                last = encoder.flush()
-                if last is not None:
-                    yield last
-            return
         if row_filter is None and not full_stats:
             # Nothing is filtered out and no stats are asked for: the plain, fastest path.
             async for row in table.read_rows(
@@ -491,7 +522,10 @@ def _streaming(method: str, fn: Callable[[Any], AsyncIterator[Any]]) -> Any:
 
 
 def _streaming_as_unary(
-    method: str, fn: Callable[[Any], AsyncIterator[Any]], serialize: Callable[[Any], bytes]
+    method: str,
+    fn: Callable[[Any], AsyncIterator[Any]],
+    serialize: Callable[[Any], bytes],
+    shortcut: Callable[[Any], Awaitable[list[Any] | None]] | None = None,
 ) -> Any:
     """A server-streaming method served by a unary-unary handler: every response but the last
     is written as it comes, and the last one is returned, so gRPC sends it together with the
@@ -499,9 +533,24 @@ def _streaming_as_unary(
     more round trip through grpc.aio's completion queue, about a quarter of a one-response
     call's server CPU). On the wire this is the same stream: gRPC does not tell a client how
     a method is registered. A call with no response sends one empty message (a ReadRows
-    response with no chunks, a MutateRows response with no entries), which clients skip."""
+    response with no chunks, a MutateRows response with no entries), which clients skip.
+
+    ``shortcut`` answers the requests it can without an async generator: all their responses
+    at once (ReadRows of one row: :meth:`BigtableData.read_one_row`), or None for ``fn``."""
 
     async def handle(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        if shortcut is not None:
+            try:
+                answer = await shortcut(request)
+            except Exception as exc:  # every failure becomes a status; the server stays up
+                code, message = _abort_args(exc, method)
+                await context.abort(code, message)
+            if answer is not None:
+                if not answer:
+                    return _EMPTY_RESPONSE
+                for item in answer[:-1]:
+                    await context.write(serialize(item))
+                return answer[-1]
         items = aiter(fn(request))
         last: Any = None
         while True:
@@ -572,13 +621,13 @@ def generic_handlers(
             response_serializer=_pb(resp).SerializeToString,
         )
 
-    def stream(name: str, fn: Any, req: Any, resp: Any) -> Any:
+    def stream(name: str, fn: Any, req: Any, resp: Any, shortcut: Any = None) -> Any:
         # Streams may yield responses already serialized (ReadRows' packed rows): bytes go
         # out as they are.
         serialize = _bytes_or(_pb(resp).SerializeToString)
         if streams_as_unary:
             return uu(
-                _streaming_as_unary(name, fn, serialize),
+                _streaming_as_unary(name, fn, serialize, shortcut),
                 request_deserializer=_pb(req).FromString,
                 response_serializer=serialize,
             )
@@ -596,7 +645,13 @@ def generic_handlers(
         )
 
     data_methods = {
-        "ReadRows": stream("ReadRows", data.read_rows, bt.ReadRowsRequest, bt.ReadRowsResponse),
+        "ReadRows": stream(
+            "ReadRows",
+            data.read_rows,
+            bt.ReadRowsRequest,
+            bt.ReadRowsResponse,
+            shortcut=data.read_one_row,
+        ),
         "SampleRowKeys": stream(
             "SampleRowKeys",
             data.sample_row_keys,

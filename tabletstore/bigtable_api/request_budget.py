@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter, deque
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any
 
 import grpc
@@ -38,6 +39,13 @@ from tabletstore.errors import InvalidArgument
 from tabletstore.limits import format_size
 
 __all__ = ["BudgetAdmission", "BudgetInterceptor", "Grant", "RequestBudget"]
+
+#: The grant of the call being admitted, set in the call's task (whose context its request's
+#: deserializer runs in); None elsewhere.
+_GRANT: ContextVar[Grant | None] = ContextVar("tabletstore_front_door_grant", default=None)
+#: Handlers whose charging copies an admission keeps (the registered methods: a few dozen;
+#: handlers that interceptors make per call would only churn it, so it starts over when full).
+_CHARGED_HANDLERS = 256
 
 
 class Grant:
@@ -202,6 +210,8 @@ class BudgetAdmission:
         self.max_calls = max_calls
         #: Calls admitted and not yet finished (those waiting for budget included).
         self.active = 0
+        #: handler -> the same handler with a deserializer that charges the call's grant.
+        self._charged: dict[Any, Any] = {}
 
     def _leave(self, _: object = None) -> None:
         self.active -= 1
@@ -232,7 +242,15 @@ class BudgetAdmission:
             grant.release()
             return handler
         task.add_done_callback(_Finished(self, grant))
-        return handler._replace(request_deserializer=_charging(handler.request_deserializer, grant))
+        _GRANT.set(grant)
+        charged = self._charged.get(handler)
+        if charged is None:
+            if len(self._charged) >= _CHARGED_HANDLERS:
+                self._charged.clear()
+            charged = self._charged[handler] = handler._replace(
+                request_deserializer=_charging(handler.request_deserializer)
+            )
+        return charged
 
 
 class _Finished:
@@ -249,11 +267,15 @@ class _Finished:
         self._grant.release()
 
 
-def _charging(deserialize: Callable[[bytes], Any] | None, grant: Grant) -> Callable[[bytes], Any]:
-    """A deserializer that first charges the message's size to ``grant``."""
+def _charging(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], Any]:
+    """A deserializer that first charges the message's size to the call's grant (``_GRANT``:
+    one deserializer per method serves every call; without a grant in the context the
+    reservation stays whole until the call ends)."""
 
     def charge(data: bytes) -> Any:
-        grant.received(len(data))
+        grant = _GRANT.get()
+        if grant is not None:
+            grant.received(len(data))
         return data if deserialize is None else deserialize(data)
 
     return charge

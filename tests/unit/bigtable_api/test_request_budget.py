@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
+import grpc
 import pytest
 
-from tabletstore.bigtable_api.request_budget import RequestBudget
+from tabletstore.bigtable_api.request_budget import BudgetAdmission, RequestBudget
 from tabletstore.errors import InvalidArgument
 
 
@@ -68,3 +69,37 @@ async def test_a_waiter_that_goes_away_leaves_nothing_behind() -> None:
 def test_a_budget_smaller_than_one_message_is_refused() -> None:
     with pytest.raises(InvalidArgument, match="at least one largest message"):
         RequestBudget(10, 100)
+
+
+async def test_each_admitted_call_charges_its_own_message_through_one_shared_handler() -> None:
+    """An admitted call's deserializer charges that call's grant (held in the call's task's
+    context), so one charging handler per method serves every call: none is built per call."""
+    budget = RequestBudget(1000, 100, share=1.0)
+    admission = BudgetAdmission(budget, max_calls=10)
+    method = grpc.unary_unary_rpc_method_handler(lambda r, c: None, request_deserializer=bytes)
+    both_admitted, both_charged, release = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    handlers: list[object] = []
+    charged: list[int] = []
+
+    async def call(message: bytes) -> None:  # what gRPC does in each call's task
+        handler = await admission(method, "a")
+        handlers.append(handler)
+        if len(handlers) == 2:
+            both_admitted.set()
+        await both_admitted.wait()
+        handler.request_deserializer(message)
+        charged.append(budget.used)
+        if len(charged) == 2:
+            both_charged.set()
+        await release.wait()
+
+    calls = [asyncio.ensure_future(call(b"x" * n)) for n in (7, 30)]
+    await both_charged.wait()
+    # Whichever deserialized first saw the other still reserved whole; then both shrank.
+    assert sorted(charged) in ([37, 7 + 100], [37, 30 + 100])
+    assert budget.used == 37 and admission.active == 2
+    assert handlers[0] is handlers[1]
+    release.set()
+    await asyncio.gather(*calls)
+    await asyncio.sleep(0)  # the tasks' done callbacks
+    assert budget.used == 0 and admission.active == 0
