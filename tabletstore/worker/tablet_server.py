@@ -501,7 +501,7 @@ class TabletServer:
         # gate; opening and serving, which records this worker's log in the record, shares
         # it with the other openings and keeps a log switch out.
         # User tablets replay a few at a time, and every replay gives the event loop a turn
-        # every few thousand cells: loading a dead worker's tablets must never hold the loop
+        # every thousand cells or so: loading a dead worker's tablets must never hold the loop
         # past this worker's own lease keep-alive.
         async with self._replays if mt.level(req.table_id, req.tablet_id) == 3 else _NO_LIMIT:
             replayed = [cell async for cell in yielding(self._replay(owned))]

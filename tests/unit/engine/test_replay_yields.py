@@ -2,8 +2,8 @@
 
 The worker's lease keep-alive runs on the same event loop as its tablet loads. A replay's
 sources often never wait (runs kept in memory, a cached read of a log), so a replay of tens of
-thousands of cells used to run as one step of the loop; a worker loading a dead worker's
-tablets on a busy host then missed its own keep-alives. The instrument here counts turns of
+thousands of cells would otherwise run as one step of the loop, and a worker loading a dead worker's
+tablets on a busy host would miss its own keep-alives. The instrument here counts turns of
 the loop, not time: a task that only counts its turns runs beside the replay, and the test
 checks how many cells the replay handed on between two of its turns.
 """
