@@ -152,6 +152,10 @@ class WorkerOptions:
     #: Seconds a tablet waits after a split before it may split again (besides waiting for
     #: its first major compaction): bounds split storms when writes outpace compactions.
     split_cooldown: float = 5.0
+    #: User tablets this worker replays at once (§5.3): a dead worker's tablets arrive
+    #: together, and each replay is CPU on the event loop that the lease keep-alive shares.
+    #: The root and METADATA tablets never wait for a slot (user tablets' loads need them).
+    load_concurrency: int = 4
     #: Seconds a tablet's new owner waits for the sort tasks of a dead worker's log (§6)
     #: before reading the segments of the unfinished ones itself: longer waits for a slow
     #: sorter (each tablet then reads only its runs), shorter bounds how long a dead sorter

@@ -7,8 +7,11 @@ since the redo points. This module owns reading segments in order (:class:`Commi
 the per-tablet filter of that stream (:func:`replay`, :func:`replay_cells`) and the fence that
 stops a possibly-alive writer first (:func:`fence`, docs/architecture/design.md §6 rule 4).
 
-The log a reader sees: segments numbered consecutively from 0, possibly ending with one or more
-zero-byte fences (garbage collection deletes a log only whole, once no tablet record lists it).
+The log a reader sees: segments numbered consecutively from its first one, possibly ending
+with one or more zero-byte fences. Garbage collection deletes a finished log whole, once no
+tablet record lists it, and trims a live worker's log only from its start, below every tablet's
+log position (``master/gc_plan.py`` rule 3a), so a reader starting at a tablet's position
+finds the log whole from there.
 Every segment object that exists was written whole (a PUT is atomic), and a writer acknowledges
 segment N only once N and every earlier segment are durable. Reading rules
 (docs/architecture/design.md §7):

@@ -211,11 +211,13 @@ async def plan_sort(
     async for info in store.list(log_prefix(worker_id, incarnation), start_after=after):
         sizes[parse_log_segment_key(info.key).seq] = info.size
     if not any(size == 0 for size in sizes.values()):
-        # The log ends below ``start`` (fence() listed it whole): its fence is further down.
+        # The log ends below ``start`` (fence() listed it whole): its fence is further down,
+        # and no tablet needs a segment of it. Its head may be gone (garbage collection trims
+        # a live log below every position, master/gc_plan.py rule 3a): nothing is checked
+        # below ``start``.
         sizes = {}
         async for info in store.list(log_prefix(worker_id, incarnation)):
             sizes[parse_log_segment_key(info.key).seq] = info.size
-        start = 0
     numbers = sorted(sizes)
     # fence() created a fence past the last segment and plugged the gaps a dead writer may
     # legitimately have left (its in-flight window): any other gap below is a lost segment.
@@ -644,7 +646,7 @@ async def sorted_replay(
             local = None if spill is None else await spill.get(run.key)
             if local is not None:
                 try:
-                    records = _decode_listed(run, local)
+                    records = await _decode_off_loop(run, local)
                 except Corruption as exc:
                     # A kept copy is a shortcut only: the store's copy decides.
                     assert spill is not None
@@ -658,7 +660,7 @@ async def sorted_replay(
             data = await IMMUTABLE.get(store, run.key)
         if data is None:
             raise Corruption(f"recovery run {run.key} listed by its manifest is missing")
-        records = _decode_listed(run, data)
+        records = await _decode_off_loop(run, data)
         stats.runs += 1
         stats.run_bytes += len(data)
         return [r for r in records if mine.holds(r.row) and r.last_seq > after_seq]
@@ -677,6 +679,15 @@ async def read_run(store: ObjectStore, run: RunInfo) -> list[LogRecord]:
     if data is None:
         raise Corruption(f"sorted run {run.key} listed by its manifest is missing")
     return _decode_listed(run, data)
+
+
+async def _decode_off_loop(run: RunInfo, data: bytes) -> list[LogRecord]:
+    """:func:`_decode_listed`, on a thread for a run larger than :data:`INLINE_SORT_BYTES`:
+    decoding a few MB takes the event loop, and the lease keep-alive on it, for 0.1 s of CPU
+    or (on a loaded host) many times that; a thread lets the loop run between its slices."""
+    if len(data) <= INLINE_SORT_BYTES:
+        return _decode_listed(run, data)
+    return await asyncio.to_thread(_decode_listed, run, data)
 
 
 def _decode_listed(run: RunInfo, data: bytes) -> list[LogRecord]:

@@ -1,6 +1,12 @@
 """Loading a tablet (§5.3 recovery): open its SSTables, replay its commit-log records past the
 redo point into a fresh memtable, and list this worker's log in its record.
 
+Replay gives the event loop back every :data:`YIELD_CELLS` cells (:func:`yielding`): its
+sources (a run kept in memory, a cached read of a log) often never wait, and one tablet's
+replay of tens of thousands of cells must not hold the loop, on which the worker's lease
+keep-alive runs (a worker loading a dead worker's tablets would otherwise lose its own lease
+to the load).
+
 Replay may re-apply a record an SSTable holds already (the redo point lags behind writes that
 were in flight at a freeze, :mod:`~tabletstore.engine.compaction_runner`). A put applied twice
 collapses with itself; an aggregate part would be counted twice, so :class:`_FlushedRows`
@@ -12,6 +18,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import replace
+from typing import TypeVar
 
 from tabletstore.clock import Clock
 from tabletstore.data.schema import TableSchema
@@ -25,7 +32,23 @@ from tabletstore.sstable import SSTable
 from tabletstore.sstable.block_cache import BlockCache, ScanCache
 from tabletstore.storage_s3.base import ObjectStore
 
-__all__ = ["recover_state"]
+__all__ = ["YIELD_CELLS", "recover_state", "yielding"]
+
+T = TypeVar("T")
+
+#: Cells a replay hands on between two turns it gives the event loop (about a millisecond of
+#: work on an idle core).
+YIELD_CELLS = 1024
+
+
+async def yielding(items: AsyncIterator[T], every: int = YIELD_CELLS) -> AsyncIterator[T]:
+    """``items`` (a replay's cells), giving the event loop a turn after every ``every``."""
+    n = 0
+    async for item in items:
+        yield item
+        n += 1
+        if n % every == 0:
+            await asyncio.sleep(0)
 
 
 async def recover_state(
@@ -58,13 +81,13 @@ async def recover_state(
     if replay is not None:
         batch: list[Cell] = []
         flushed = _FlushedRows(tables, record)
-        async for cell in replay(record):
+        async for cell in yielding(replay(record)):
             if cell.seq > record.redo_seq:
                 if cell.kind in AGGREGATE_KINDS and await flushed.holds(cell):
                     continue
                 batch.append(cell)
                 max_seq = max(max_seq, cell.seq)
-                if len(batch) >= 4096:
+                if len(batch) >= YIELD_CELLS:
                     memtable.add(batch)
                     batch = []
         memtable.add(batch)

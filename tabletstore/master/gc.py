@@ -19,6 +19,14 @@ object referenced later but not at ``t2`` is either
   break this: a worker could load a tablet after the records were read and die before the
   servers directory was, and the head of the log recovery needs would be deleted.
 
+Trimming a live worker's log (``gc_plan`` rule 3a) needs one more read: the live workers
+again, after the records (``t3 > t2``). A log is trimmed below the least position the records
+at ``t2`` give it only if its worker was live with that incarnation at ``t1`` and at ``t3``.
+Recovery sorts a log only once its writer is gone, from records it reads after that, so after
+``t3`` and after ``t2``: their positions are at or above the floor, and no sort task of that
+log reads a segment below it. (A worker that died between ``t1`` and ``t2`` could otherwise be
+planned from records older than ``t2``, which may list a lower position.)
+
 Marking before listing would be wrong too: an SSTable uploaded and committed between the mark
 and the listing would be listed, unmarked and (if the grace period were short) deleted.
 
@@ -118,13 +126,12 @@ async def mark(
     REQUIRES: called after ``listed`` was read (see the module docstring).
     """
     # Live workers first, records second: see the module docstring.
-    live: dict[str, int | None] = {}
-    for worker_id in await catalog.live_workers():
-        live[worker_id] = await _current_incarnation(coordinator, worker_id)
+    live = await _live_incarnations(catalog, coordinator)
     infos = await _tables(catalog, coordinator)
     tables = set(infos)
     sstables: set[str] = set()
     logs: set[LogRef] = set()
+    floors: dict[LogRef, int] = {}
     for table_id in sorted(tables):
         records = await catalog.list_tablets(table_id)
         if not records:
@@ -136,6 +143,18 @@ async def mark(
         for record in records:
             sstables.update(ref.key for refs in record.sstables.values() for ref in refs)
             logs.update(record.logs)
+            for ref in record.logs:
+                floors[ref] = min(floors.get(ref, record.log_start(ref)), record.log_start(ref))
+    # The live workers again, after the records: a log is trimmed only if its worker was live
+    # with that incarnation at both reads (gc_plan rule 3a: no recovery of it can have read
+    # the records before these).
+    still = await _live_incarnations(catalog, coordinator)
+    trimmable = {
+        ref: floor
+        for ref, floor in floors.items()
+        if live.get(ref.worker_id) == ref.incarnation
+        and still.get(ref.worker_id) == ref.incarnation
+    }
     snapshots: dict[str, frozenset[str] | None] = {}
     expiry: dict[str, float] = {}
     load_parts: dict[str, frozenset[str] | None] = {}
@@ -161,7 +180,16 @@ async def mark(
         snapshots=snapshots,
         snapshot_expiry=expiry,
         load_parts=load_parts,
+        log_floors=trimmable,
     )
+
+
+async def _live_incarnations(catalog: Catalog, coordinator: Coordinator) -> dict[str, int | None]:
+    """Live worker id -> its current incarnation (None: unknown)."""
+    return {
+        worker_id: await _current_incarnation(coordinator, worker_id)
+        for worker_id in await catalog.live_workers()
+    }
 
 
 async def _tables(catalog: Catalog, coordinator: Coordinator) -> dict[str, TableInfo]:

@@ -32,6 +32,12 @@ The rules, object by object (each verdict carries a :class:`Reason`):
    a live worker's current incarnation, and its *newest* object is older than ``grace``. The
    sorted log (``recovery/<worker>/<incarnation>/...``: plan, task manifests and runs, see
    ``commitlog.runs``) follows the log it was sorted from, whole.
+3a. A live worker's current log is trimmed from its start (``LiveSet.log_floors``, the least
+   log position of the records that list it): its segments below that floor are garbage, as a
+   prefix only — the newest segment is always kept, nothing is trimmed from a log with a fence
+   or one no record lists, and the prefix stops at the first segment some other rule keeps
+   (younger than ``grace``, or than the history retention of rule 7). See "Trimming a live
+   log" below for why no recovery, restore or change stream can need a trimmed segment.
 4. A fence (a zero-byte segment, docs/architecture/design.md §6 rule 4) is deleted only with its log
    and only once it is older than ``fence_grace`` as well (default one day). Deleting a fence
    reopens its segment number to a zombie writer of that log; the writer's lease check (fencing
@@ -61,6 +67,35 @@ The rules, object by object (each verdict carries a :class:`Reason`):
    (and than ``grace``); then it is garbage, and its SSTables follow in a later round unless
    something else names them. A part that cannot be read keeps every SSTable of its table.
 10. A key that no layout parser recognizes is never deleted; the plan reports it.
+
+Trimming a live log (rule 3a). A worker writes one log for all its tablets for as long as it
+lives, and recovery reads it only from each tablet's log position (§5.3 redo points;
+``TabletRecord.log_starts``): every segment below a tablet's position holds only writes its
+SSTables hold. The floor of a log is the least position of every record that lists it, read
+by the mark; a segment below it is needed by no recovery, because
+
+* a record's position for a log never falls below what it was: each is a segment mark taken
+  when it was committed, or lower only for a write then in flight (whose mark is at or above
+  the position the record had when that write took its seqs), or 0 for a write in flight that
+  took its seqs under the worker's previous log — and such a write was in flight, so counted,
+  when the record first listed this log;
+* a record that starts to list the log after the mark does so at the worker's segment mark
+  (a load, ``engine/log_replay.py``), which is past every segment listed before the mark; a
+  split's children are made from a flushed parent and list no log, nor does a merged tablet;
+* a tablet that stopped listing the log (an unload or a split flushed it, ``forget_logs``;
+  its table was deleted) has every write of it in SSTables;
+* recovery plans the sort of a log only once its writer is gone, from a listing of records
+  read after that; the mark reads the live workers before and again after the records, and
+  trims only a log whose worker was live with that incarnation both times. So any such
+  listing is read after the mark's, and its least position is at or above the floor.
+
+The newest segment is never trimmed: fencing creates the number after the last segment it
+lists, so a log with none left would be fenced below its writer's next segment. A log with a
+fence is being given up (its writer switches incarnation) and is kept whole. A position is a
+mark committed soon after it was taken; a segment deleted is older than ``grace``, so a record
+committing a position below it would have taken ``grace`` to commit (the contract SSTables
+already rely on). Point-in-time restores and change streams read a log from its first listed
+segment and need only what rule 7 keeps; the verifier checks a log from the least position.
 
 Dereference grace. ``grace`` counts from an object's creation. A reader that took a tablet's
 state before a compaction may still read an SSTable that compaction replaced, however old the
@@ -118,6 +153,7 @@ class Reason(StrEnum):
     KEEP_HISTORY_LOAD = "named by a bulk-load part within a history window"
     DELETE_UNREFERENCED_SSTABLE = "SSTable no record references"
     DELETE_FINISHED_LOG = "log no tablet needs"
+    DELETE_TRIMMED_LOG = "live log segment below every tablet's log position"
     DELETE_FINISHED_RECOVERY = "recovery run of a log no tablet needs"
     DELETE_RESTORE_SORT = "sorted log of a restore that ended"
     DELETE_DELETED_TABLE_SNAPSHOT = "snapshot manifest of a deleted table"
@@ -158,6 +194,10 @@ class LiveSet:
     #: Bulk-load part key -> the SSTable keys it names; None when it could not be read (then
     #: every SSTable of its table is kept while the part is).
     load_parts: Mapping[str, frozenset[str] | None] = field(default_factory=dict)
+    #: A live worker's current log (live with that incarnation before and after the records
+    #: were read) that some record lists -> the least log position of those records (rule
+    #: 3a): its segments below it are garbage. A log not here is trimmed of nothing.
+    log_floors: Mapping[LogRef, int] = field(default_factory=dict)
 
     def log_reason(self, ref: LogRef) -> Reason | None:
         """Why the log ``ref`` must be kept, or None if nothing needs it."""
@@ -352,7 +392,11 @@ def _log_reasons(
     needed = live.log_reason(ref)
     members = (*group.segments, *group.fences, *group.runs)
     if needed is not None:
-        return {o.key: needed for o in members}
+        out = {o.key: needed for o in members}
+        floor = live.log_floors.get(ref)
+        if floor is not None and not group.fences:
+            out.update(_trim(group.segments, floor, now, max(grace, live.history), grace))
+        return out
     if now - group.newest() < grace:
         return {o.key: Reason.KEEP_YOUNG for o in members}
     if now - group.newest() < live.history:
@@ -365,6 +409,37 @@ def _log_reasons(
     return out
 
 
+def _trim(
+    segments: Sequence[ObjectInfo], floor: int, now: float, keep_for: float, grace: float
+) -> dict[str, Reason]:
+    """Rule 3a: the live log's segments below ``floor`` and below its newest segment, from its
+    first on, up to the first one younger than ``keep_for`` (the grace period or the history
+    retention), which stops the trim and keeps the rest: the log stays whole from where it
+    starts."""
+    ordered = sorted(segments, key=lambda o: _segment_number(o.key))
+    if not ordered:
+        return {}
+    cut = min(floor, _segment_number(ordered[-1].key))
+    out: dict[str, Reason] = {}
+    for o in ordered:
+        if _segment_number(o.key) >= cut:
+            break
+        age = now - o.last_modified
+        if age < keep_for:
+            stop = Reason.KEEP_YOUNG if age < grace else Reason.KEEP_HISTORY
+            for rest in ordered[ordered.index(o) :]:
+                if _segment_number(rest.key) >= cut:
+                    break
+                out[rest.key] = stop
+            break
+        out[o.key] = Reason.DELETE_TRIMMED_LOG
+    return out
+
+
+def _segment_number(key: str) -> int:
+    return layout.parse_log_segment_key(key).seq
+
+
 def _apply_since(
     listed: Sequence[ObjectInfo],
     reasons: dict[str, Reason],
@@ -375,6 +450,7 @@ def _apply_since(
 ) -> dict[str, float]:
     """Hold every deletable object until it has been seen deletable for ``grace`` (the
     dereference grace); return when each still-held object was first seen deletable."""
+    trimmed = {k for k, r in reasons.items() if r is Reason.DELETE_TRIMMED_LOG}
     held: dict[str, float] = {}
     for info in listed:
         if reasons[info.key].deletes:
@@ -382,15 +458,22 @@ def _apply_since(
             if now - first < grace:
                 held[info.key] = first
                 reasons[info.key] = Reason.KEEP_RECENTLY_UNREFERENCED
-    # A commit log's segments go together: if any is held, all are (a log is never left with a
-    # gap that recovery would stop at).
     for group in groups.values():
         members = (*group.segments, *group.fences, *group.runs)
-        if any(o.key in held for o in members):
-            for o in members:
-                if reasons[o.key].deletes:
-                    held[o.key] = since.get(o.key, now)
-                    reasons[o.key] = Reason.KEEP_RECENTLY_UNREFERENCED
+        if not any(o.key in held for o in members):
+            continue
+        if any(o.key in trimmed for o in group.segments):
+            # A live log is trimmed as a prefix: from the first segment held on, all are.
+            low = min(_segment_number(o.key) for o in group.segments if o.key in held)
+            hold = [o for o in group.segments if _segment_number(o.key) >= low]
+        else:
+            # A finished log's segments go together: if any is held, all are (a log is
+            # never left with a gap that recovery would stop at).
+            hold = list(members)
+        for o in hold:
+            if reasons[o.key].deletes:
+                held[o.key] = since.get(o.key, now)
+                reasons[o.key] = Reason.KEEP_RECENTLY_UNREFERENCED
     return held
 
 

@@ -264,7 +264,9 @@ class LogRecovery:
         every worker and its tablets spread. ``plan_wait``: seconds an assignment round waits for the planning of new dead logs
         before its loads go out anyway (see :meth:`start`). ``early_system_plans``: sort a
         dead log a root or METADATA tablet lists before METADATA can be listed, from its first
-        segment (without log positions to start from: workers that do not trim their logs)."""
+        segment (without log positions to start from: workers that do not trim their logs,
+        and a bucket whose collector never trimmed a live log, ``gc_plan`` rule 3a: the head of
+        a trimmed log is gone, and such a plan would find it missing)."""
         self._early_system_plans = early_system_plans
         if task_bytes < 1 or attempts < 1 or owner_bytes < 0:
             raise InvalidArgument(

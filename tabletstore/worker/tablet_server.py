@@ -52,6 +52,7 @@ from tabletstore.coordination.base import (
     mod_revision_is,
 )
 from tabletstore.data.schema import TableSchema
+from tabletstore.engine.log_replay import yielding
 from tabletstore.engine.process_pool import process_pool
 from tabletstore.engine.tablet import Tablet
 from tabletstore.errors import InvalidArgument, NotFound, NotServing, TabletStoreError, Unavailable
@@ -80,6 +81,9 @@ from tabletstore.worker.splits import TabletSplits
 from tabletstore.worker.tablet_service_guard import may_see_keys
 
 __all__ = ["TabletServer", "next_incarnation"]
+
+#: What a root or METADATA tablet's replay takes in place of a slot: nothing.
+_NO_LIMIT = contextlib.nullcontext()
 
 log = logging.getLogger(__name__)
 
@@ -150,6 +154,12 @@ class TabletServer:
         # Records of this worker's tablets are METADATA rows, reached over ``transport``.
         self.locations = LocationCache(coordinator, _SelfFirst(self, transport))
         self._catalog = Catalog(coordinator, metadata=self.locations)
+        if self._options.load_concurrency < 1:
+            raise InvalidArgument(
+                f"load_concurrency must be >= 1, got {self._options.load_concurrency}"
+            )
+        #: Slots for user tablets' replays (``WorkerOptions.load_concurrency``).
+        self._replays = asyncio.Semaphore(self._options.load_concurrency)
         self._block_cache = BlockCache(self._options.block_cache_bytes)
         #: The §6 scan cache shared by every SSTable this worker opens (None: disabled).
         self._scan_cache = (
@@ -490,7 +500,11 @@ class TabletServer:
         # The replay (the slow part: GETs of runs or segments) runs outside the log-switch
         # gate; opening and serving, which records this worker's log in the record, shares
         # it with the other openings and keeps a log switch out.
-        replayed = [cell async for cell in self._replay(owned)]
+        # User tablets replay a few at a time, and every replay gives the event loop a turn
+        # every thousand cells or so: loading a dead worker's tablets must never hold the loop
+        # past this worker's own lease keep-alive.
+        async with self._replays if mt.level(req.table_id, req.tablet_id) == 3 else _NO_LIMIT:
+            replayed = [cell async for cell in yielding(self._replay(owned))]
         tablet = await self.open_and_serve(owned, schema, replayed)
         log.info(
             "serving %s/%s: opened with %d commit log(s) to replay in %.2f s (%d cells in memory)",

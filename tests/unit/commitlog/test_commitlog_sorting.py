@@ -228,6 +228,18 @@ async def test_a_plan_from_a_log_position_sorts_only_the_segments_from_there() -
     assert sum(m.read_bytes for m in manifests) < log_bytes / 2
 
 
+async def test_a_trimmed_log_that_ends_below_every_position_plans_nothing() -> None:
+    """Garbage collection trimmed the live log's head (gc_plan rule 3a), keeping its newest
+    segment; its writer died with a segment cut past that and never written, so every
+    tablet's position lies past the log's end: nothing is sorted and nothing is missing."""
+    store = MemoryObjectStore(shared=False)
+    await write_log(store, segments=12)
+    await store.delete_many([layout.log_segment_key(W, INC, n) for n in range(11)])
+    plan = await plan_sort(store, W, INC, TABLETS, task_bytes=10**9, start_segment=13)
+    assert plan.tasks == ()
+    assert plan.fence == 12
+
+
 async def test_plan_is_made_once_and_reused_after_failover() -> None:
     store = MemoryObjectStore(shared=False)
     await write_log(store)

@@ -49,7 +49,7 @@ def universes(draw: st.DrawFn) -> tuple[gc.LiveSet, list[ObjectInfo], float, flo
         add(key, draw(st.integers(1, 1000)))
     refs = [LogRef(w, i) for w in WORKERS for i in range(3)]
     for ref in draw(st.lists(st.sampled_from(refs), unique=True)):
-        n = draw(st.integers(0, 3))
+        n = draw(st.integers(0, 5))
         for seq in range(n):
             add(layout.log_segment_key(ref.worker_id, ref.incarnation, seq), 10)
         for extra in range(draw(st.integers(0, 2))):  # fences
@@ -68,12 +68,20 @@ def universes(draw: st.DrawFn) -> tuple[gc.LiveSet, list[ObjectInfo], float, flo
     pins: dict[str, frozenset[str] | None] = {
         k: draw(st.none() | st.frozensets(st.sampled_from(sstables or ["none"]))) for k in snapshots
     }
+    logs = frozenset(draw(st.lists(st.sampled_from(refs), unique=True)))
+    live_workers = draw(st.dictionaries(st.sampled_from(WORKERS), st.none() | st.integers(0, 2)))
+    current = sorted(
+        (r for r in logs if live_workers.get(r.worker_id) == r.incarnation),
+        key=lambda r: (r.worker_id, r.incarnation),
+    )
     live = gc.LiveSet(
         tables=frozenset(draw(st.lists(st.sampled_from(TABLES), unique=True))),
         sstables=frozenset(draw(st.lists(st.sampled_from(sstables or ["none"]), unique=True))),
-        logs=frozenset(draw(st.lists(st.sampled_from(refs), unique=True))),
-        live_workers=draw(st.dictionaries(st.sampled_from(WORKERS), st.none() | st.integers(0, 2))),
+        logs=logs,
+        live_workers=live_workers,
         snapshots=pins,
+        history=draw(st.sampled_from([0.0, 3_000.0])),
+        log_floors={r: draw(st.integers(0, 7)) for r in current if draw(st.booleans())},
     )
     grace = draw(st.sampled_from([0.0, 100.0, 5_000.0]))
     fence_grace = draw(st.sampled_from([0.0, 1_000.0, 15_000.0]))
@@ -129,25 +137,54 @@ def _check_safety(
         if key.startswith(layout.TABLES):
             assert layout.parse_sstable_key(key).table_id not in pinned_tables
         ref = _ref(key)
-        if ref is not None:
+        if ref is not None and p.reasons[key] is gc.Reason.DELETE_TRIMMED_LOG:
+            _check_trimmed(live, listed, p, ref, info, grace)
+        elif ref is not None:
             assert not _needed(live, ref), f"{key} belongs to a needed log"
             if key.startswith(layout.LOGS) and info.size == 0:
                 assert NOW - info.last_modified >= fence_grace, f"young fence {key} deleted"
         if key.startswith(layout.SNAPSHOTS):
             assert layout.parse_snapshot_key(key).table_id not in live.tables
-    # A log's segments go together: all of its non-fence segments, or none.
+    # A log's segments go together: all of its non-fence segments, or none; a live log may
+    # lose a prefix of them (rule 3a).
     for ref in {r for r in map(_ref, by_key) if r is not None}:
-        segments = [
-            o.key
-            for o in listed
-            if o.key.startswith(layout.log_prefix(ref.worker_id, ref.incarnation))
-            and o.size > 0
-            and o.key not in UNKNOWN
-        ]
-        assert len({k in deleted for k in segments}) <= 1, f"log {ref} partly deleted"
+        segments = [k for _, k in _segments(listed, ref)]
+        if ref in live.log_floors:
+            gone = [k in deleted for k in segments]
+            assert gone == sorted(gone, reverse=True), f"live log {ref} trimmed with a gap"
+        else:
+            assert len({k in deleted for k in segments}) <= 1, f"log {ref} partly deleted"
     assert p.delete_bytes == sum(by_key[k].size for k in deleted)
     assert sum(p.counts.values()) == len(listed)
     assert set(p.unknown) == {k for k in by_key if k in UNKNOWN}
+
+
+def _segments(listed: list[ObjectInfo], ref: LogRef) -> list[tuple[int, str]]:
+    """(number, key) of the log's non-fence segments, ascending."""
+    prefix = layout.log_prefix(ref.worker_id, ref.incarnation)
+    return sorted(
+        (layout.parse_log_segment_key(o.key).seq, o.key)
+        for o in listed
+        if o.key.startswith(prefix) and o.size > 0 and o.key not in UNKNOWN
+    )
+
+
+def _check_trimmed(
+    live: gc.LiveSet,
+    listed: list[ObjectInfo],
+    p: gc.GcPlan,
+    ref: LogRef,
+    info: ObjectInfo,
+    grace: float,
+) -> None:
+    """A segment trimmed from a live log: below every position, never its newest segment,
+    never from a log with a fence, and older than the history retention."""
+    number = layout.parse_log_segment_key(info.key).seq
+    assert ref in live.log_floors and number < live.log_floors[ref], f"{info.key} is needed"
+    assert number < _segments(listed, ref)[-1][0], f"{info.key} is its log's newest segment"
+    prefix = layout.log_prefix(ref.worker_id, ref.incarnation)
+    assert not any(o.size == 0 and o.key.startswith(prefix) for o in listed), "log has a fence"
+    assert NOW - info.last_modified >= max(grace, live.history), f"{info.key} is within history"
 
 
 @settings(max_examples=300, deadline=None)
@@ -193,7 +230,8 @@ def test_plan_deletes_old_garbage(u: tuple[gc.LiveSet, list[ObjectInfo], float, 
         ref = _ref(o.key)
         if ref is not None and o.key not in UNKNOWN and not _needed(live, ref):
             group = [x for x in listed if _ref(x.key) == ref and x.key not in UNKNOWN]
-            if all(NOW - x.last_modified >= max(grace, fence_grace) for x in group):
+            kept_for = max(grace, fence_grace, live.history)
+            if all(NOW - x.last_modified >= kept_for for x in group):
                 assert o.key in p.delete
 
 
@@ -317,6 +355,74 @@ def test_since_holds_a_whole_log_together() -> None:
     p = gc.plan(gc.LiveSet(), objs, 1000.0, grace=100, since={a: 0.0})
     assert p.delete == ()
     assert set(p.since) == {a, b}
+
+
+# -- rule 3a: a live worker's log is trimmed below every tablet's log position ---------------
+
+LIVE = LogRef("w", 2)
+
+
+def _live_log(ages: list[float]) -> list[ObjectInfo]:
+    return [_obj(layout.log_segment_key("w", 2, i), age) for i, age in enumerate(ages)]
+
+
+def _trimmable(floor: int, history: float = 0.0) -> gc.LiveSet:
+    return gc.LiveSet(
+        logs=frozenset({LIVE}), live_workers={"w": 2}, log_floors={LIVE: floor}, history=history
+    )
+
+
+def test_live_log_loses_the_segments_below_every_tablets_position() -> None:
+    segs = _live_log([900.0] * 8)
+    p = gc.plan(_trimmable(5), segs, NOW, grace=30)
+    assert p.delete == tuple(o.key for o in segs[:5])
+    assert {p.reasons[o.key] for o in segs[:5]} == {gc.Reason.DELETE_TRIMMED_LOG}
+    assert {p.reasons[o.key] for o in segs[5:]} == {gc.Reason.KEEP_LOG_NEEDED}
+    # One tablet still at segment 0 keeps all of it (the floor is the least position).
+    assert gc.plan(_trimmable(0), segs, NOW, grace=30).delete == ()
+
+
+def test_live_log_keeps_its_newest_segment_even_past_every_position() -> None:
+    segs = _live_log([900.0] * 4)
+    p = gc.plan(_trimmable(100), segs, NOW, grace=30)
+    assert p.delete == tuple(o.key for o in segs[:3])
+    assert p.reasons[segs[3].key] is gc.Reason.KEEP_LOG_NEEDED
+
+
+def test_live_log_trim_stops_at_the_first_segment_grace_or_history_keeps() -> None:
+    # Segment 2 landed late (a PUT in flight): it is young, so 3 stays too -- no gap.
+    segs = _live_log([900.0, 900.0, 10.0, 900.0, 900.0, 900.0])
+    p = gc.plan(_trimmable(5), segs, NOW, grace=30)
+    assert p.delete == (segs[0].key, segs[1].key)
+    assert p.reasons[segs[2].key] is p.reasons[segs[3].key] is gc.Reason.KEEP_YOUNG
+    # A table's history window or change retention keeps the segments younger than it.
+    segs = _live_log([900.0, 800.0, 700.0, 600.0, 500.0, 400.0])
+    p = gc.plan(_trimmable(5, history=650.0), segs, NOW, grace=30)
+    assert p.delete == tuple(o.key for o in segs[:3])
+    assert {p.reasons[o.key] for o in segs[3:5]} == {gc.Reason.KEEP_HISTORY}
+
+
+def test_live_log_with_a_fence_or_without_a_floor_is_kept_whole() -> None:
+    segs = _live_log([900.0] * 4)
+    fence = _obj(layout.log_segment_key("w", 2, 4), 900.0, size=0)
+    assert gc.plan(_trimmable(3), [*segs, fence], NOW, grace=30, fence_grace=0).delete == ()
+    # Listed and live, but the mark gave no floor (the worker was not live at both reads).
+    live = gc.LiveSet(logs=frozenset({LIVE}), live_workers={"w": 2})
+    assert gc.plan(live, segs, NOW, grace=30).delete == ()
+
+
+def test_since_holds_a_live_logs_trim_from_the_first_held_segment_on() -> None:
+    segs = _live_log([900.0] * 6)
+    keys = [o.key for o in segs]
+    # Segments 0-2 were found deletable long ago, 3-4 only now (their tablets moved on).
+    since = {k: NOW - 500.0 for k in keys[:3]}
+    p = gc.plan(_trimmable(5), segs, NOW, grace=100, since=since)
+    assert p.delete == tuple(keys[:3])
+    assert set(p.since) == {keys[3], keys[4]}
+    # A held segment below deletable ones keeps everything above it (no gap).
+    since = {keys[0]: NOW - 500.0, keys[2]: NOW - 500.0}
+    p = gc.plan(_trimmable(5), segs, NOW, grace=100, since=since)
+    assert p.delete == (keys[0],)
 
 
 def test_negative_grace_is_an_error() -> None:
