@@ -280,7 +280,6 @@ async def attribute_values(store_url: str) -> tuple[dict[bytes, frozenset[str]],
     return {v: frozenset(w) for v, w in found.items()}, bad
 
 
-_LISTENING = re.compile(r"worker (\S+) listening on (\S+)")
 _LOADED = re.compile(
     r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO tabletstore\.master\.master: "
     r"loaded (\S+) on (\S+) in "
@@ -288,7 +287,9 @@ _LOADED = re.compile(
 
 
 class _Poller:
-    """Every ``interval`` seconds: where each tablet is served, and the live workers."""
+    """Every ``interval`` seconds: where each tablet is served, and the live workers.
+    :attr:`locations` names the workers by id (a worker that rejoined after losing its lease
+    is a new worker on the same address); :attr:`current`, by address."""
 
     def __init__(self, client: AsyncClient, table_id: str, history: History) -> None:
         self.client = client
@@ -297,7 +298,6 @@ class _Poller:
         self.locations: dict[int, list[tuple[float, str]]] = {}
         self.current: dict[int, str | None] = {}
         self.ids_by_address: dict[str, str] = {}
-        self.address_by_id: dict[str, str] = {}
         self.live: dict[str, str] = {}
         #: Tablet id (``t00003``) -> the tablet's index (:func:`tablet_of`).
         self.index_by_id: dict[str, int] = {}
@@ -309,13 +309,13 @@ class _Poller:
         self.live = live
         for worker_id, address in live.items():
             self.ids_by_address[address] = worker_id
-            self.address_by_id[worker_id] = address
         for rec in records:
             tablet = tablet_of(rec.start_row)
             self.index_by_id[rec.tablet_id] = tablet
             self.current[tablet] = rec.location
             if rec.location is not None:
-                self.locations.setdefault(tablet, []).append((now, rec.location))
+                worker = self.ids_by_address.get(rec.location, rec.location)
+                self.locations.setdefault(tablet, []).append((now, worker))
 
     async def run(self, interval: float = 1.0) -> None:
         while True:
@@ -332,13 +332,6 @@ class _Poller:
         history's timeline: a tablet held for less than the poll interval (recovered onto a
         worker, then balanced away within a second) is otherwise never observed, and the
         checker would call that worker's acknowledgements double-serving. Returns how many."""
-        addresses = dict(self.address_by_id)
-        for path in directory.glob("worker-*.log"):
-            with contextlib.suppress(OSError):
-                with path.open(errors="replace") as f:
-                    m = _LISTENING.match(f.readline())
-                if m is not None:
-                    addresses.setdefault(m.group(1), m.group(2))
         added = 0
         for path in directory.glob("master-*.log"):
             for text in path.read_text(errors="replace").splitlines():
@@ -346,12 +339,11 @@ class _Poller:
                 if m is None:
                     continue
                 tablet = self.index_by_id.get(m.group(2))
-                address = addresses.get(m.group(3))
-                if tablet is None or address is None:
+                if tablet is None:
                     continue
                 stamp = dt.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f")
                 at = stamp.astimezone().timestamp() - t0_wall  # logging writes local time
-                self.locations.setdefault(tablet, []).append((at, address))
+                self.locations.setdefault(tablet, []).append((at, m.group(3)))
                 added += 1
         for seen in self.locations.values():
             seen.sort()
@@ -576,7 +568,6 @@ async def _run(
         tablet_of=tablet_of,
         value_workers=value_workers,
         locations=poller.locations,
-        worker_addresses=poller.address_by_id,
         kills=nemesis.kills,
     )
     changes = None
