@@ -22,16 +22,20 @@ from pathlib import Path
 import pytest
 
 from tabletstore.clock import ManualClock
+from tabletstore.commitlog.reader import list_segments
 from tabletstore.coordination import open_coordinator, paths
 from tabletstore.coordination.base import Compare, KeyValue, Lease, Op, TxnResult
 from tabletstore.coordination.lease import LeaseBase
 from tabletstore.coordination.memory import MemoryCoordinator
-from tabletstore.errors import Fenced, Unavailable
+from tabletstore.data.model import Cell
+from tabletstore.errors import Closed, Fenced, NotServing, Unavailable
 from tabletstore.master.master import Master
 from tabletstore.master.master_process import run_master
 from tabletstore.metadata import rows as mt
 from tabletstore.options import LeaseOptions, MasterOptions, WorkerOptions
 from tabletstore.rpc.tcp import TcpTransport
+from tabletstore.storage_s3 import open_store
+from tabletstore.storage_s3.layout import log_segment_key
 from tabletstore.worker.tablet_server import TabletServer
 from tabletstore.worker.worker_process import run_worker
 
@@ -228,17 +232,27 @@ async def test_a_worker_that_gave_up_its_lease_rejoins_as_a_new_worker(tmp_path:
     address: new id, new lease. The old lease's keys (its servers entry, its tablets' claims)
     are gone at once, not when the coordinator would have ended the lease itself (the clock
     stands still here, so only the revocation can end it), and the master gives the tablets to
-    the new worker."""
+    the new worker, which recovers them from the old worker's log as from a dead worker's.
+
+    Fencing: the old identity serves nothing once the new one does, its log takes no append
+    (the lease check refuses it, and under it the writer is closed), and that log ends in
+    recovery's fence, so a zombie write to it could not become durable. Each worker's warm-up
+    runs before its lease is granted, the rejoined one's too."""
     clock = ManualClock()
     coordinator = _Recording(clock)
     (tmp_path / "objects").mkdir()
     servers: list[TabletServer] = []
     when_ready: list[tuple[int, bool]] = []  # the previous worker, as each one starts serving
+    warm_ups: list[int] = []  # leases granted so far, at each warm-up
 
     def ready(server: TabletServer) -> None:
         if servers:
             when_ready.append((len(servers[-1].tablets), servers[-1].stopping))
         servers.append(server)
+
+    def granted_at(lease: Lease | None) -> int:
+        assert lease is not None
+        return [g.id for g in coordinator.granted].index(lease.id)
 
     stop = asyncio.Event()
     worker = asyncio.create_task(
@@ -248,6 +262,7 @@ async def test_a_worker_that_gave_up_its_lease_rejoins_as_a_new_worker(tmp_path:
             store_url=f"file://{tmp_path / 'objects'}",
             stop=stop,
             ready=ready,
+            warm_up=lambda: warm_ups.append(len(coordinator.granted)),
             clock=clock,
             rejoin=True,
         )
@@ -264,6 +279,8 @@ async def test_a_worker_that_gave_up_its_lease_rejoins_as_a_new_worker(tmp_path:
         assert {t for _, t in first.tablets} >= {mt.ROOT_TABLET_ID}
         root = await coordinator.get(paths.claim(mt.METADATA_TABLE_ID, mt.ROOT_TABLET_ID))
         assert root is not None and root.lease_id == lease.id
+        old_log = first._log
+        assert old_log is not None
 
         _lose_answers(lease)
         coordinator.down = True
@@ -290,6 +307,29 @@ async def test_a_worker_that_gave_up_its_lease_rejoins_as_a_new_worker(tmp_path:
         assert second.lease is not None
         assert root is not None and root.lease_id == second.lease.id
         assert not first.tablets
+        # Each warm-up ran before its worker's lease was granted.
+        assert len(warm_ups) == 2
+        assert warm_ups[0] <= granted_at(first.lease) < warm_ups[1] <= granted_at(second.lease)
+
+        # The old identity is fenced for good.
+        with pytest.raises(NotServing):
+            first.tablet(mt.METADATA_TABLE_ID, mt.ROOT_TABLET_ID)
+        zombie = [Cell("f", b"c", 1, b"zombie")]
+        with pytest.raises(Unavailable, match="lease"):
+            await old_log.append(mt.METADATA_TABLE_ID, b"zombie", zombie)
+        with pytest.raises(Closed):
+            await old_log.writer.append(mt.METADATA_TABLE_ID, b"zombie", zombie)
+        # The root tablet's new owner recovered it from the old log as from a dead worker's:
+        # the log ends in recovery's fence (an empty segment), past which nothing is durable.
+        store = open_store(f"file://{tmp_path / 'objects'}")
+        try:
+            ref = old_log.log_ref
+            numbers = await list_segments(store, ref.worker_id, ref.incarnation)
+            assert numbers, "the old worker logged nothing: nothing to recover"
+            fence = await store.get(log_segment_key(ref.worker_id, ref.incarnation, numbers[-1]))
+            assert fence == b""
+        finally:
+            await store.close()
     finally:
         stop.set()
         await asyncio.wait_for(asyncio.gather(worker, return_exceptions=True), 60)
