@@ -1,10 +1,11 @@
 """One chaos run, start to verdict: cluster up, workload and nemesis, heal, final read, check.
 
 :func:`run_chaos` starts a :class:`~tabletstore.testing.chaos.chaos_cluster.ChaosCluster`, creates
-the chaos table (six tablets, never split), runs the workload for ``seconds`` while the nemesis
-applies its schedule and a poller records every second where each tablet is served, then stops
-the workload, heals everything (S3 faults off, paused processes resumed, dead ones replaced),
-waits until every tablet is served again, reads every row once more (the final read), and
+the chaos table (six tablets, never split; the master may merge small neighbours, after which
+one tablet serves two of the six row ranges), runs the workload for ``seconds`` while the
+nemesis applies its schedule and a poller records every second where each row range is served,
+then stops the workload, heals everything (S3 faults off, paused processes resumed, dead ones
+replaced), waits until every tablet is served again, reads every row once more (the final read), and
 hands the history to the checker together with the evidence for double-serving
 (:func:`attribute_values`: which worker's commit log holds each value). The report carries the
 verdict and prints the summary ``bench/chaos.py`` shows; the full history is saved as JSON.
@@ -286,6 +287,15 @@ _LOADED = re.compile(
 )
 
 
+def _covered(start: bytes, end: bytes | None) -> tuple[int, ...]:
+    """The indexes (:func:`tablet_of`) of the chaos table's row ranges that a tablet
+    ``[start, end)`` serves. The workers never split a chaos tablet, but the master merges two
+    small neighbours once they stayed small for its ``merge_after``: the merged tablet serves
+    both ranges, and each is observed where it is served, as before the merge."""
+    last = len(SPLIT_KEYS) if end is None else tablet_of(end) - (end in SPLIT_KEYS)
+    return tuple(range(tablet_of(start), last + 1))
+
+
 class _Poller:
     """Every ``interval`` seconds: where each tablet is served, and the live workers.
     :attr:`locations` names the workers by id (a worker that rejoined after losing its lease
@@ -299,8 +309,9 @@ class _Poller:
         self.current: dict[int, str | None] = {}
         self.ids_by_address: dict[str, str] = {}
         self.live: dict[str, str] = {}
-        #: Tablet id (``t00003``) -> the tablet's index (:func:`tablet_of`).
-        self.index_by_id: dict[str, int] = {}
+        #: Tablet id (``t00003``) -> the indexes (:func:`tablet_of`) of the row ranges it
+        #: serves: one, or several once the master merged neighbours (:func:`_covered`).
+        self.index_by_id: dict[str, tuple[int, ...]] = {}
 
     async def poll(self) -> None:
         records = await self.client.locations.tablets(self.table_id, refresh=True)
@@ -310,12 +321,13 @@ class _Poller:
         for worker_id, address in live.items():
             self.ids_by_address[address] = worker_id
         for rec in records:
-            tablet = tablet_of(rec.start_row)
-            self.index_by_id[rec.tablet_id] = tablet
-            self.current[tablet] = rec.location
-            if rec.location is not None:
-                worker = self.ids_by_address.get(rec.location, rec.location)
-                self.locations.setdefault(tablet, []).append((now, worker))
+            covered = _covered(rec.start_row, rec.end_row)
+            self.index_by_id[rec.tablet_id] = covered
+            worker = self.ids_by_address.get(rec.location or "", rec.location)
+            for tablet in covered:
+                self.current[tablet] = rec.location
+                if worker is not None:
+                    self.locations.setdefault(tablet, []).append((now, worker))
 
     async def run(self, interval: float = 1.0) -> None:
         while True:
@@ -338,12 +350,13 @@ class _Poller:
                 m = _LOADED.match(text)
                 if m is None:
                     continue
-                tablet = self.index_by_id.get(m.group(2))
-                if tablet is None:
+                covered = self.index_by_id.get(m.group(2), ())
+                if not covered:
                     continue
                 stamp = dt.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f")
                 at = stamp.astimezone().timestamp() - t0_wall  # logging writes local time
-                self.locations.setdefault(tablet, []).append((at, m.group(3)))
+                for tablet in covered:
+                    self.locations.setdefault(tablet, []).append((at, m.group(3)))
                 added += 1
         for seen in self.locations.values():
             seen.sort()

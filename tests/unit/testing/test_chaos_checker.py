@@ -3,6 +3,7 @@ histories (indeterminate writes, deletes, moves) it must accept."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -205,13 +206,74 @@ def test_a_load_only_the_masters_log_saw_is_a_move_back(tmp_path: Path) -> None:
     )
     poller = _Poller.__new__(_Poller)
     poller.locations = {0: [(0.5, "X"), (2.5, "Y"), (4.5, "Y")]}
-    poller.index_by_id = {"t00000": 0}
+    poller.index_by_id = {"t00000": (0,)}
     assert poller.add_loads(tmp_path, t0_wall) == 1
     assert poller.locations[0][2] == (pytest.approx(3.5, abs=0.01), "X")
     v = check(
         h.ops,
         final_after=100,
         tablet_of=lambda r: 0,
+        value_workers=owners,
+        locations=poller.locations,
+    )
+    assert not v.double_serving
+
+
+async def test_the_poller_follows_a_merge_of_chaos_tablets() -> None:
+    """The master merges two small neighbouring chaos tablets once they stayed small for its
+    ``merge_after``. The merged tablet serves both row ranges, and the poller observes each
+    range where it is served: range 2 was X's, then moved to Y, then merged with range 1 onto
+    X; X's acknowledgement for range 2 after Y's is that merge, not double-serving (observed
+    by the merged tablet's start row only, range 2 was never seen back at X)."""
+    from types import SimpleNamespace
+
+    from tabletstore.metadata.record import TabletRecord
+    from tabletstore.testing.chaos.runner import _covered, _Poller
+    from tabletstore.testing.chaos.workload import SPLIT_KEYS
+
+    assert _covered(b"", b"d") == (0,)
+    assert _covered(b"d", b"l") == (1, 2)
+    assert _covered(b"p", None) == (4, 5)
+    assert _covered(b"", None) == tuple(range(len(SPLIT_KEYS) + 1))
+
+    bounds = [b"", *SPLIT_KEYS, None]
+    tablets = [
+        TabletRecord("T", f"t{i}", start or b"", end, location="127.0.0.1:1")
+        for i, (start, end) in enumerate(itertools.pairwise(bounds))
+    ]
+    moved = [*tablets[:2], TabletRecord("T", "t2", b"h", b"l", location="127.0.0.1:2")]
+    merged = [tablets[0], TabletRecord("T", "tm", b"d", b"l", location="127.0.0.1:1")]
+    rest = tablets[3:]
+    views = iter([tablets, [*moved, *rest], [*merged, *rest]])
+    clock = iter([0.5, 2.5, 4.5])
+
+    async def listed(table_id: str, *, refresh: bool) -> list[TabletRecord]:
+        return next(views)
+
+    async def live() -> dict[str, str]:
+        return {"X": "127.0.0.1:1", "Y": "127.0.0.1:2"}
+
+    client = SimpleNamespace(
+        locations=SimpleNamespace(tablets=listed), catalog=SimpleNamespace(live_workers=live)
+    )
+    history = SimpleNamespace(now=lambda: next(clock))
+    poller = _Poller(client, "T", history)
+    for _ in range(3):
+        await poller.poll()
+    assert poller.locations[2] == [(0.5, "X"), (2.5, "Y"), (4.5, "X")]
+    assert poller.index_by_id["tm"] == (1, 2)
+    assert poller.holders()["127.0.0.1:1"] == {0, 1, 2, 3, 4, 5}
+    assert poller.all_served()
+
+    h = H()
+    _acked(h, b"x1", 0, 1)
+    _acked(h, b"y1", 2, 3)
+    _acked(h, b"x2", 5, 6)
+    owners = {b"x1": frozenset({"X"}), b"y1": frozenset({"Y"}), b"x2": frozenset({"X"})}
+    v = check(
+        h.ops,
+        final_after=100,
+        tablet_of=lambda r: 2,
         value_workers=owners,
         locations=poller.locations,
     )
