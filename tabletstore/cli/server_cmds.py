@@ -142,6 +142,14 @@ _lease_ttl_option = click.option(
     show_default=True,
     help="Seconds of this process's etcd lease: how soon others take over after it dies.",
 )
+_rejoin_option = click.option(
+    "--rejoin/--no-rejoin",
+    default=True,
+    show_default=True,
+    help="After losing its lease (the coordinator unreachable for longer than the lease), stop "
+    "and join again as a new process of its kind in this process; --no-rejoin: exit (status 1) "
+    "for a supervisor to start a fresh one.",
+)
 _split_bytes_option = click.option(
     "--split-bytes",
     type=click.IntRange(min=1),
@@ -205,6 +213,7 @@ def _metrics_ready(url: str) -> None:
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to serve on.")
 @click.option("--port", type=int, default=0, show_default=True, help="Port (0: any free one).")
 @_lease_ttl_option
+@_rejoin_option
 @_split_bytes_option
 @_metrics_port_option
 @click.option(
@@ -260,6 +269,7 @@ def master_cmd(
     host: str,
     port: int,
     lease_ttl: float,
+    rejoin: bool,
     split_bytes: int,
     metrics_port: int | None,
     sort_executor: str,
@@ -311,6 +321,7 @@ def master_cmd(
             insecure=insecure,
             status_token=status_token,
             versions=versions,
+            rejoin=rejoin,
         ),
         store=store,
     )
@@ -322,6 +333,7 @@ def master_cmd(
 @click.option("--port", type=int, default=0, show_default=True, help="Port (0: any free one).")
 @click.option("--worker-id", default=None, help="A stable id (default: a random one).")
 @_lease_ttl_option
+@_rejoin_option
 @_split_bytes_option
 @click.option(
     "--compaction-processes",
@@ -386,6 +398,7 @@ def worker_cmd(
     port: int,
     worker_id: str | None,
     lease_ttl: float,
+    rejoin: bool,
     split_bytes: int,
     compaction_processes: int,
     block_cache_bytes: int,
@@ -437,13 +450,17 @@ def worker_cmd(
     if place is not None:
         worker_id, port, metrics_port = _group_member(place, worker_id, port, metrics_port)
 
+    served = False  # run_worker's rejoin: one process may run several workers
+
     def ready(server: TabletServer) -> None:
+        nonlocal served
         click.echo(
             f"worker {server.worker_id} listening on {server.address} (RPC protocol {versions})",
             err=True,
         )
-        if place is not None:
-            place.serving()
+        if not served and place is not None:
+            place.serving()  # once: it closes the pipe
+        served = True
 
     clock = SteppedClock(SystemClock()) if clock_step_file is not None else None
 
@@ -463,7 +480,8 @@ def worker_cmd(
                 stop=stop,
                 ready=ready,
                 # Freeze what start-up loaded and raise the collector's thresholds before the
-                # first request (ops/process_warmup.py), and before the lease is taken.
+                # first request (ops/process_warmup.py), and before the lease is taken (each
+                # rejoined worker's too).
                 warm_up=warm_up_process,
                 metrics_port=metrics_port,
                 metrics_ready=_metrics_ready,
@@ -472,6 +490,7 @@ def worker_cmd(
                 status_token=status_token,
                 versions=versions,
                 clock=clock,
+                rejoin=rejoin,
             )
         finally:
             if follower is not None:

@@ -19,6 +19,9 @@ after this refresh?) and ``_send_revoke``; this module owns what the holder beli
   every third of its interval until the lease's own deadline. A restart shorter than the
   lease is ridden out (etcd keeps leases across a restart); a longer one ends the lease here
   first, from the last *successful* keep-alive, whatever etcd does afterwards.
+* A holder that goes on under a new lease (a worker or master that rejoins in its process)
+  first revokes the one it gave up at the server (:func:`end_lost_lease`): etcd may still hold
+  it, and the keys attached to it, for a TTL after it answers again.
 
 **Process-bound leases** (``bound_to_process``). A lease exists so that a holder presumed dead
 cannot go on serving what others have taken over (§5.2: the master reassigns a tablet server's
@@ -42,13 +45,20 @@ import contextlib
 import logging
 import math
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from tabletstore.clock import Clock
-from tabletstore.errors import Closed, Fenced, InvalidArgument, TabletStoreError
+from tabletstore.errors import Closed, Fenced, InvalidArgument, TabletStoreError, Unavailable
+
+if TYPE_CHECKING:
+    from tabletstore.coordination.base import Coordinator
 
 log = logging.getLogger(__name__)
 
-__all__ = ["KeepAlive", "LeaseBase", "wait_event_or_sleep"]
+__all__ = ["KeepAlive", "LeaseBase", "end_lost_lease", "wait_event_or_sleep"]
+
+#: Seconds between attempts of :func:`end_lost_lease` (doubling up to the second figure).
+END_LOST_PAUSE = (0.2, 2.0)
 
 
 async def wait_event_or_sleep(event: asyncio.Event, clock: Clock, seconds: float) -> None:
@@ -228,3 +238,27 @@ class KeepAlive:
                 # ``expired`` / ``safe_until``, never through this task.
                 log.info("keep-alive of lease %x failed, retrying: %s", lease.id, exc)
                 wait = self._interval / 3
+
+
+async def end_lost_lease(coordinator: Coordinator, lease_id: int, stop: asyncio.Event) -> bool:
+    """Revoke at the coordinator a lease its holder has given up (``expired`` here), retrying
+    while the coordinator cannot answer; False if ``stop`` was set first.
+
+    ``revoke()`` of an expired lease sends nothing: the holder gave it up by its own clock, and
+    the coordinator ends it in its own time. But the coordinator may still hold it for up to a
+    TTL after it answers again (etcd extends every lease when a new raft leader is elected, as
+    after a lost quorum), and with it the keys attached to it, which others wait for: a
+    process that goes on under a new lease (a worker or master that rejoins) ends the old one
+    first. Idempotent: a lease already gone is no error."""
+    pause = END_LOST_PAUSE[0]
+    while not stop.is_set():
+        try:
+            await coordinator.revoke_lease(lease_id)
+            return True
+        except Unavailable as exc:
+            log.info("ending lost lease %x: %s; retrying", lease_id, exc)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(pause):
+                await stop.wait()
+        pause = min(pause * 2, END_LOST_PAUSE[1])
+    return False

@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from tabletstore.coordination import paths
 from tabletstore.coordination.base import Coordinator, Lease
 from tabletstore.coordination.election import Election
+from tabletstore.coordination.lease import end_lost_lease
 from tabletstore.coordination.tokens import TokenStore
 from tabletstore.errors import (
     Fenced,
@@ -94,12 +95,19 @@ async def run_master(
     insecure: bool = False,
     status_token: str | None = None,
     versions: Versions = SPOKEN,
+    rejoin: bool = False,
 ) -> None:
     """The master process (§5.2): serve admin RPCs, campaign for the master lock, and while
     leading keep every tablet assigned, balance load and merge small neighbours, collect
     garbage (``options``: its lease, rounds and thresholds; default :class:`MasterOptions`).
     Returns when ``stop`` is set; raises ``Fenced`` when
-    the lease is lost (the process should exit: a standby takes over). With ``metrics_port``
+    the lease is lost (the process should exit: a standby takes over), or with ``rejoin``
+    stops and starts again in the same process as a new standby, on the same port, without
+    paying for a new process's start-up: once this master has stopped acting as one (its
+    loops cancelled, its RPC server closed), it ends the lost lease at the coordinator
+    (waiting for the coordinator to answer), so its election key goes at once, and campaigns
+    under a new lease with nothing kept of the old master. A master whose lease is lost before
+    it served raises as before; ``ready`` is called each time it serves. With ``metrics_port``
     (0: a free one) it also serves ``/metrics`` and ``/status`` over HTTP
     (tabletstore.ops.status_http) and passes their base URL to ``metrics_ready``.
 
@@ -117,6 +125,70 @@ async def run_master(
     ``insecure``. ``status_token``: a read-only bearer token for scrapers of the status
     endpoint. ``versions``: the RPC protocol versions it speaks, as a server and as a client
     (default this build's; capped only to rehearse an upgrade, ``rpc/versions.py``)."""
+    stop = stop or asyncio.Event()
+    leases: list[Lease] = []
+    addresses: list[str] = []
+
+    def started(address: str) -> None:
+        addresses.append(address)
+        if ready is not None:
+            ready(address)
+
+    while True:
+        leases.clear()
+        addresses.clear()
+        try:
+            await _one_master(
+                coordinator,
+                options,
+                host=host,
+                port=port,
+                store_url=store_url,
+                stop=stop,
+                ready=started,
+                metrics_port=metrics_port,
+                metrics_ready=metrics_ready,
+                sort_executor=sort_executor,
+                compaction_executor=compaction_executor,
+                cluster_url=cluster_url,
+                tls=tls,
+                insecure=insecure,
+                status_token=status_token,
+                versions=versions,
+                leases=leases,
+            )
+            return
+        except Fenced as exc:
+            if not rejoin or not leases or not addresses or stop.is_set():
+                raise
+            log.warning("%s; rejoining as a standby", exc)
+        if not await end_lost_lease(coordinator, leases[-1].id, stop):
+            return  # told to stop while the coordinator was unreachable
+        port = int(addresses[-1].rpartition(":")[2])
+
+
+async def _one_master(
+    coordinator: Coordinator,
+    options: MasterOptions | None = None,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    store_url: str | None = None,
+    stop: asyncio.Event | None = None,
+    ready: Callable[[str], None] | None = None,
+    metrics_port: int | None = None,
+    metrics_ready: Callable[[str], None] | None = None,
+    sort_executor: str = "workers",
+    compaction_executor: str = "workers",
+    cluster_url: str | None = None,
+    tls: TlsConfig | None = None,
+    insecure: bool = False,
+    status_token: str | None = None,
+    versions: Versions = SPOKEN,
+    leases: list[Lease],
+) -> None:
+    """One master of the process (:func:`run_master`); its lease goes into ``leases`` once
+    granted. Raises ``Fenced`` once it has stopped after losing its lease."""
     check_bind(host, authenticated=tls is not None, insecure=insecure, what="master")
     register_all()
     options = options or MasterOptions()
@@ -164,6 +236,7 @@ async def run_master(
     await server.start()
     metrics.process_id = server.address
     lease = await coordinator.grant_lease(options.lease.ttl, safety_margin=options.lease.margin)
+    leases.append(lease)
     metrics.watch_lease(lambda: lease)
     election = coordinator.election(paths.MASTER_ELECTION)
     # Collects while leading; opens the store at its first run (errors are logged, not fatal).

@@ -332,7 +332,14 @@ class RpcServer:
                     conn.abort()
             if late:
                 # A handler that ignores cancellation is a bug; do not hang close() on it.
-                await asyncio.wait(late, timeout=_ABORT_WAIT)
+                _, stuck = await asyncio.wait(late, timeout=_ABORT_WAIT)
+                for conn, task in connections.items():
+                    if task in stuck and conn.transport is not None:
+                        # Nor leave its connection open: it would answer every later request
+                        # "shutting down" for as long as the handler runs, and its clients
+                        # never reach a new server on this address (a worker that rejoins in
+                        # its process listens there again at once).
+                        conn.transport.abort()
         if self._server is not None:
             await self._server.wait_closed()
 

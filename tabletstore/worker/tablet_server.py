@@ -476,6 +476,11 @@ class TabletServer:
         epoch = self._epochs.pop(key, None)
         if epoch is None:
             return
+        if self._lease is not None and self._lease.expired:
+            # The claim is a key of the lease this worker gave up: it went with the lease, or
+            # goes when the lease is revoked or ends at the coordinator, which may well be
+            # unreachable now (a release would wait out its retries, tablet after tablet).
+            return
         claim_key = paths.claim(*key)
         await self._coord.txn([create_revision_is(claim_key, epoch)], [Delete(claim_key)], [])
 

@@ -1,5 +1,6 @@
 """A worker process (§5.2): the TabletServer behind an RPC server and a status endpoint, run until
-told to stop or until its lease is lost. Reads no flags: the CLI passes settings in."""
+told to stop or until its lease is lost; then, with ``rejoin``, again as a new worker in the same
+process. Reads no flags: the CLI passes settings in."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from tabletstore.coordination import paths
 from tabletstore.coordination.base import (
     Coordinator,
 )
+from tabletstore.coordination.lease import end_lost_lease
 from tabletstore.coordination.tokens import TokenStore
 from tabletstore.errors import (
     Fenced,
@@ -59,13 +61,26 @@ async def run_worker(
     status_token: str | None = None,
     versions: Versions = SPOKEN,
     clock: Clock | None = None,
+    rejoin: bool = False,
 ) -> None:
     """A worker process (§5.2): serve the worker RPCs on ``host:port`` until ``stop`` is set
-    (then minor-compact and release every tablet) or the lease is lost (then stop at once and
-    raise ``Fenced``: another worker may already own the tablets; the process should exit and
-    a fresh one may start with a new lease and incarnation). With ``metrics_port`` (0: a free
-    one) it also serves ``/metrics`` and ``/status`` over HTTP (tabletstore.ops.status_http) and
-    passes their base URL to ``metrics_ready``.
+    (then minor-compact and release every tablet) or the lease is lost (then stop at once:
+    another worker may already own the tablets). A lost lease raises ``Fenced``, so that the
+    process exits and a fresh one may start with a new lease and incarnation; with ``rejoin``
+    the process does that itself, without paying for a new process's start-up: once the
+    stopped worker serves nothing (its RPC listener closed, every tablet dropped unflushed,
+    its commit log closed), it ends the lost lease at the coordinator (waiting for the
+    coordinator to answer: after a lost quorum nothing can be done before), so its tablets'
+    claims go at once rather than when the coordinator's clock ends the lease, and joins again
+    as a new worker: a new id (``worker_id`` + ``-j<n>``, else a fresh one), lease, commit-log
+    incarnation and caches, on the same port. Nothing of the old worker is kept but the
+    process: its tablets come back through the master like any dead worker's, recovered from
+    its log (§5.2). A worker whose lease is lost before it first served raises as before.
+    ``ready`` is called once per worker that serves, under its lease (the first, then each
+    rejoined one).
+
+    With ``metrics_port`` (0: a free one) it also serves ``/metrics`` and ``/status`` over
+    HTTP (tabletstore.ops.status_http) and passes their base URL to ``metrics_ready``.
 
     With ``tls`` (the cluster CA and this worker's certificate, role worker) every port speaks
     TLS and requests are authorized (``worker/tablet_service_guard.py``): clients prove who they
@@ -75,17 +90,94 @@ async def run_worker(
     (default this build's; capped only to rehearse an upgrade, ``rpc/versions.py``).
     ``clock``: the tablet server's (default the system's; the chaos harness steps one).
 
-    ``warm_up``: the process's one-time start-up work (the CLI's ``warm_up_process``: imports,
-    a full garbage collection), run on this loop once the server listens and before the lease
-    is taken. It holds the loop for as long as it runs, a second of CPU that a loaded machine
-    stretches past the lease's TTL: run once the lease is held, it would starve the lease's
-    keep-alive, and the worker would lose its lease before it served anything. ``ready`` is
-    called once the worker serves, under its lease."""
+    ``warm_up``: the process's start-up work (the CLI's ``warm_up_process``: imports, a full
+    garbage collection), run on this loop once the server listens and before the lease is
+    taken, by the first worker and again by each rejoined one (whose collection then takes the
+    old worker's garbage before the new lease rather than during it). It holds the loop for as
+    long as it runs, a second of CPU that a loaded machine stretches past the lease's TTL: run
+    once the lease is held, it would starve the lease's keep-alive, and the worker would lose
+    its lease before it served anything."""
+    stop = stop or asyncio.Event()
+    wid = worker_id or _fresh_id()
+    rejoined = 0
+    served: list[TabletServer] = []
+
+    def started(server: TabletServer) -> None:
+        served.append(server)
+        if ready is not None:
+            ready(server)
+
+    while True:
+        served.clear()
+        try:
+            await _one_worker(
+                coordinator,
+                worker_id=wid,
+                host=host,
+                port=port,
+                store_url=store_url,
+                options=options,
+                tablet_options=tablet_options,
+                stop=stop,
+                ready=started,
+                warm_up=warm_up,
+                metrics_port=metrics_port,
+                metrics_ready=metrics_ready,
+                tls=tls,
+                insecure=insecure,
+                status_token=status_token,
+                versions=versions,
+                clock=clock,
+            )
+            return
+        except Fenced as exc:
+            if not rejoin or not served or stop.is_set():
+                raise
+            log.warning("%s; rejoining as a new worker", exc)
+        old = served.pop()
+        assert old.lease is not None
+        lost = old.lease.id
+        # The same port again (the first one bound, when any free one was asked for): clients
+        # and operators know the worker by its address.
+        port = int(old.address.rpartition(":")[2])
+        del old  # nothing of it is kept: the next warm-up collects it before the new lease
+        if not await end_lost_lease(coordinator, lost, stop):
+            return  # told to stop while the coordinator was unreachable
+        rejoined += 1
+        wid = f"{worker_id}-j{rejoined}" if worker_id is not None else _fresh_id()
+
+
+def _fresh_id() -> str:
+    return f"w-{uuid.uuid4().hex[:10]}"
+
+
+async def _one_worker(
+    coordinator: Coordinator,
+    *,
+    worker_id: str | None = None,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    store_url: str | None = None,
+    options: WorkerOptions | None = None,
+    tablet_options: TabletOptions | None = None,
+    stop: asyncio.Event | None = None,
+    ready: Callable[[TabletServer], None] | None = None,
+    warm_up: Callable[[], None] | None = None,
+    metrics_port: int | None = None,
+    metrics_ready: Callable[[str], None] | None = None,
+    tls: TlsConfig | None = None,
+    insecure: bool = False,
+    status_token: str | None = None,
+    versions: Versions = SPOKEN,
+    clock: Clock | None = None,
+) -> None:
+    """One worker of the process (:func:`run_worker`); raises ``Fenced`` once it has stopped
+    after losing its lease."""
     check_bind(host, authenticated=tls is not None, insecure=insecure, what="worker")
     register_all()
     stop = stop or asyncio.Event()
     url = store_url or (await ClusterSettings.load(coordinator)).store_url
-    wid = worker_id or f"w-{uuid.uuid4().hex[:10]}"
+    wid = worker_id or _fresh_id()
     metrics = WorkerMetrics(wid)  # observability: counted always, served with metrics_port
     store = open_store(url, registry=metrics.registry)
     try:

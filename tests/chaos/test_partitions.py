@@ -15,6 +15,7 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -221,12 +222,25 @@ async def _master_cut(cluster: ChaosCluster) -> None:
         while (address := await client.catalog.master_address()) in (leader_address, None):
             assert time.monotonic() < deadline, "the standby never took the master lock"
             await asyncio.sleep(0.2)
-        # The cut master gives up (its lease expired by its own clock) and the standby leads.
-        while cluster.running(leader):
-            assert time.monotonic() < deadline, "the cut master is still running"
+        # The cut master gives up (its lease expired by its own clock) and the standby leads;
+        # the cut master stops leading and, in the same process, waits to end the lost lease
+        # before campaigning again (``run_master``'s rejoin).
+        log = Path(leader.log)
+
+        async def logged() -> str:
+            return await asyncio.to_thread(log.read_text, errors="replace")
+
+        while "rejoining as a standby" not in await logged():
+            assert time.monotonic() < deadline, "the cut master never gave up its lease"
             await asyncio.sleep(0.2)
+        assert cluster.running(leader)
         cluster.cut(leader, "etcd", cut=False)
         assert address in {r.url for r in cluster.masters if r is not leader}
         await _create(client, "after")
+        # Healed, it serves again as a standby on the same address; the new master leads on.
+        while (await logged()).count("master listening on") < 2:
+            assert time.monotonic() < deadline + 60, "the cut master never served again"
+            await asyncio.sleep(0.2)
+        assert await client.catalog.master_address() == address
     finally:
         await client.close()

@@ -216,10 +216,10 @@ class ChaosCluster(ProcessGroup):
             raise
 
     def top_up(self) -> list[str]:
-        """Start masters and workers in place of those that died (killed, or gave up after
-        losing their lease), so the cluster keeps its size. A start that fails (a process not
-        healthy in time is stopped) is returned as an error line, not raised: the next top-up
-        tries again."""
+        """Start masters and workers in place of those that died (killed; one that lost its
+        lease rejoins in its own process), so the cluster keeps its size. A start that fails
+        (a process not healthy in time is stopped) is returned as an error line, not raised:
+        the next top-up tries again."""
         starts = [self.start_master] * (self.masters_wanted - len(self.live_masters()))
         starts += [self.start_worker] * (self.workers_wanted - len(self.live_workers()))
         if not starts:

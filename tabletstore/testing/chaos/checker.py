@@ -33,7 +33,8 @@ tablet, a witness is three acknowledged writes ``x``, ``y``, ``x'`` with ``x`` a
 acknowledged by worker X, ``y`` by another worker Y, and ``x.end < y.start``,
 ``y.end < x'.start``: X served the tablet, then Y did, then X again. That is legitimate only if
 the master gave the tablet back to X, which the location poller would have seen: the witness is
-excused when the tablet's location was observed at X's address between ``y.start`` and
+excused when the tablet was observed at X (by worker id, not address: a worker that rejoins
+after losing its lease is a new worker on the same address) between ``y.start`` and
 ``x'.end`` plus a few poll intervals. A zombie (paused past its lease, then resumed) that
 acknowledges a write for a tablet that moved away shows exactly this pattern and is never
 excused. What is not caught: a zombie whose tablet legitimately returns to it within that
@@ -170,13 +171,12 @@ def check(
     tablet_of: Callable[[bytes], int] | None = None,
     value_workers: Mapping[bytes, frozenset[str]] | None = None,
     locations: Mapping[int, Sequence[tuple[float, str]]] | None = None,
-    worker_addresses: Mapping[str, str] | None = None,
     kills: Sequence[Kill] = (),
 ) -> Verdict:
     """Check ``ops`` (see the module docstring). Reads starting at or after ``final_after``
     form the final read. ``tablet_of`` maps a row to its tablet index; ``value_workers`` each
     value to the workers whose logs hold it; ``locations`` each tablet to the poller's
-    (time, address) observations; ``worker_addresses`` each worker id to its address."""
+    (time, worker id) observations of where it was served."""
     verdict = Verdict()
     for op in ops:
         key = f"{op.kind.value}:{op.outcome.value if op.outcome else 'open'}"
@@ -191,7 +191,6 @@ def check(
                 tablet_of,
                 value_workers,
                 locations or {},
-                worker_addresses or {},
                 faults,
                 verdict,
             )
@@ -361,7 +360,6 @@ def _check_double_serving(
     tablet_of: Callable[[bytes], int],
     value_workers: Mapping[bytes, frozenset[str]],
     locations: Mapping[int, Sequence[tuple[float, str]]],
-    addresses: Mapping[str, str],
     faults: Sequence[Fault],
     verdict: Verdict,
 ) -> None:
@@ -397,9 +395,8 @@ def _check_double_serving(
             for other, y in latest.items():
                 if other == worker or not first_end < y.start:
                     continue
-                address = addresses.get(worker)
                 limit = (x2.end or x2.start) + EXCUSE_SLACK
-                if any(y.start < t <= limit and a == address for t, a in seen):
+                if any(y.start < t <= limit and w == worker for t, w in seen):
                     continue  # the tablet was given back to ``worker``: a legitimate move
                 if (tablet, worker, other) in reported:
                     break  # one witness per episode (tablet, zombie, new owner)

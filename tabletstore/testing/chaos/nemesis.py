@@ -57,7 +57,8 @@ from the same RNG among the live workers that serve tablets of the chaos table a
   up from the leader, and the cluster serves throughout (two members of three keep quorum).
 
 After each fault is healed the cluster is topped up: workers and masters that died (killed, or
-a zombie that gave up) are replaced, so the run keeps its size.
+one run with ``--no-rejoin`` that lost its lease) are replaced, so the run keeps its size; one
+whose lease ended joins again in its own process.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """One chaos run, start to verdict: cluster up, workload and nemesis, heal, final read, check.
 
 :func:`run_chaos` starts a :class:`~tabletstore.testing.chaos.chaos_cluster.ChaosCluster`, creates
-the chaos table (six tablets, never split), runs the workload for ``seconds`` while the nemesis
-applies its schedule and a poller records every second where each tablet is served, then stops
-the workload, heals everything (S3 faults off, paused processes resumed, dead ones replaced),
-waits until every tablet is served again, reads every row once more (the final read), and
+the chaos table (six tablets, never split; the master may merge small neighbours, after which
+one tablet serves two of the six row ranges), runs the workload for ``seconds`` while the
+nemesis applies its schedule and a poller records every second where each row range is served,
+then stops the workload, heals everything (S3 faults off, paused processes resumed, dead ones
+replaced), waits until every tablet is served again, reads every row once more (the final read), and
 hands the history to the checker together with the evidence for double-serving
 (:func:`attribute_values`: which worker's commit log holds each value). The report carries the
 verdict and prints the summary ``bench/chaos.py`` shows; the full history is saved as JSON.
@@ -280,15 +281,25 @@ async def attribute_values(store_url: str) -> tuple[dict[bytes, frozenset[str]],
     return {v: frozenset(w) for v, w in found.items()}, bad
 
 
-_LISTENING = re.compile(r"worker (\S+) listening on (\S+)")
 _LOADED = re.compile(
     r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO tabletstore\.master\.master: "
     r"loaded (\S+) on (\S+) in "
 )
 
 
+def _covered(start: bytes, end: bytes | None) -> tuple[int, ...]:
+    """The indexes (:func:`tablet_of`) of the chaos table's row ranges that a tablet
+    ``[start, end)`` serves. The workers never split a chaos tablet, but the master merges two
+    small neighbours once they stayed small for its ``merge_after``: the merged tablet serves
+    both ranges, and each is observed where it is served, as before the merge."""
+    last = len(SPLIT_KEYS) if end is None else tablet_of(end) - (end in SPLIT_KEYS)
+    return tuple(range(tablet_of(start), last + 1))
+
+
 class _Poller:
-    """Every ``interval`` seconds: where each tablet is served, and the live workers."""
+    """Every ``interval`` seconds: where each tablet is served, and the live workers.
+    :attr:`locations` names the workers by id (a worker that rejoined after losing its lease
+    is a new worker on the same address); :attr:`current`, by address."""
 
     def __init__(self, client: AsyncClient, table_id: str, history: History) -> None:
         self.client = client
@@ -297,10 +308,10 @@ class _Poller:
         self.locations: dict[int, list[tuple[float, str]]] = {}
         self.current: dict[int, str | None] = {}
         self.ids_by_address: dict[str, str] = {}
-        self.address_by_id: dict[str, str] = {}
         self.live: dict[str, str] = {}
-        #: Tablet id (``t00003``) -> the tablet's index (:func:`tablet_of`).
-        self.index_by_id: dict[str, int] = {}
+        #: Tablet id (``t00003``) -> the indexes (:func:`tablet_of`) of the row ranges it
+        #: serves: one, or several once the master merged neighbours (:func:`_covered`).
+        self.index_by_id: dict[str, tuple[int, ...]] = {}
 
     async def poll(self) -> None:
         records = await self.client.locations.tablets(self.table_id, refresh=True)
@@ -309,13 +320,14 @@ class _Poller:
         self.live = live
         for worker_id, address in live.items():
             self.ids_by_address[address] = worker_id
-            self.address_by_id[worker_id] = address
         for rec in records:
-            tablet = tablet_of(rec.start_row)
-            self.index_by_id[rec.tablet_id] = tablet
-            self.current[tablet] = rec.location
-            if rec.location is not None:
-                self.locations.setdefault(tablet, []).append((now, rec.location))
+            covered = _covered(rec.start_row, rec.end_row)
+            self.index_by_id[rec.tablet_id] = covered
+            worker = self.ids_by_address.get(rec.location or "", rec.location)
+            for tablet in covered:
+                self.current[tablet] = rec.location
+                if worker is not None:
+                    self.locations.setdefault(tablet, []).append((now, worker))
 
     async def run(self, interval: float = 1.0) -> None:
         while True:
@@ -332,26 +344,19 @@ class _Poller:
         history's timeline: a tablet held for less than the poll interval (recovered onto a
         worker, then balanced away within a second) is otherwise never observed, and the
         checker would call that worker's acknowledgements double-serving. Returns how many."""
-        addresses = dict(self.address_by_id)
-        for path in directory.glob("worker-*.log"):
-            with contextlib.suppress(OSError):
-                with path.open(errors="replace") as f:
-                    m = _LISTENING.match(f.readline())
-                if m is not None:
-                    addresses.setdefault(m.group(1), m.group(2))
         added = 0
         for path in directory.glob("master-*.log"):
             for text in path.read_text(errors="replace").splitlines():
                 m = _LOADED.match(text)
                 if m is None:
                     continue
-                tablet = self.index_by_id.get(m.group(2))
-                address = addresses.get(m.group(3))
-                if tablet is None or address is None:
+                covered = self.index_by_id.get(m.group(2), ())
+                if not covered:
                     continue
                 stamp = dt.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f")
                 at = stamp.astimezone().timestamp() - t0_wall  # logging writes local time
-                self.locations.setdefault(tablet, []).append((at, address))
+                for tablet in covered:
+                    self.locations.setdefault(tablet, []).append((at, m.group(3)))
                 added += 1
         for seen in self.locations.values():
             seen.sort()
@@ -576,7 +581,6 @@ async def _run(
         tablet_of=tablet_of,
         value_workers=value_workers,
         locations=poller.locations,
-        worker_addresses=poller.address_by_id,
         kills=nemesis.kills,
     )
     changes = None

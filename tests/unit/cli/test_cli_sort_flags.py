@@ -1,6 +1,6 @@
 """The worker's and master's sort settings on the command line: each flag reaches
 the options the process runs with, bad values are refused by name, and the defaults are the
-options' own."""
+options' own. Also ``--rejoin/--no-rejoin``, which both take."""
 
 from __future__ import annotations
 
@@ -30,9 +30,11 @@ def captured(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 
     async def run_worker(coord: object, **kwargs: Any) -> None:
         got["worker"] = kwargs["options"]
+        got["worker rejoin"] = kwargs["rejoin"]
 
     async def run_master(coord: object, options: MasterOptions, **kwargs: Any) -> None:
         got["master"] = options
+        got["master rejoin"] = kwargs["rejoin"]
 
     monkeypatch.setattr(server_cmds, "_serve", serve)
     monkeypatch.setattr(worker_process, "run_worker", run_worker)
@@ -71,3 +73,15 @@ def test_master_sort_owner_bytes_flag_reaches_its_options(captured: dict[str, An
     assert captured["master"].sort_owner_bytes == 0
     bad = CliRunner().invoke(cli.main, ["master", "--sort-owner-bytes", "-5"])
     assert bad.exit_code == 2 and "--sort-owner-bytes" in bad.output
+
+
+@pytest.mark.parametrize("verb", ["worker", "master"])
+def test_a_process_rejoins_after_a_lost_lease_unless_told_not_to(
+    captured: dict[str, Any], verb: str
+) -> None:
+    result = CliRunner().invoke(cli.main, [verb])
+    assert result.exit_code == 0, result.output
+    assert captured[f"{verb} rejoin"] is True
+    result = CliRunner().invoke(cli.main, [verb, "--no-rejoin"])
+    assert result.exit_code == 0, result.output
+    assert captured[f"{verb} rejoin"] is False

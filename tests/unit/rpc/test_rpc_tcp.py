@@ -287,6 +287,42 @@ async def test_graceful_close_finishes_in_flight(
     assert await asyncio.wait_for(call, 5) == Echo("done")
 
 
+async def test_close_drops_a_connection_whose_handler_ignores_cancellation(
+    service: Service,
+) -> None:
+    """close() closes every connection, even one whose handler outlives its cancellation:
+    left open, that connection answered each later request "shutting down", so a client
+    never reached the server that listens on the address next (a worker that rejoined in its
+    own process after losing its lease)."""
+    stubborn = asyncio.Event()
+
+    async def stubborn_wait(request: Echo) -> Echo:
+        stubborn.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.Event().wait()
+        await service.release.wait()  # a bug: it goes on after being cancelled
+        return request
+
+    handlers = {**service.handlers(), "stubborn": stubborn_wait}
+    srv = RpcServer(handlers, codec=CODEC)  # type: ignore[arg-type]
+    await srv.start()
+    port = srv.port
+    async with RpcClient("127.0.0.1", port, codec=CODEC) as c:
+        call = asyncio.ensure_future(c.call("stubborn", Echo("")))
+        await asyncio.wait_for(stubborn.wait(), 5)
+        async with asyncio.timeout(30):
+            await srv.close(grace=0.1)
+        srv = RpcServer(service.handlers(), codec=CODEC, port=port)  # type: ignore[arg-type]
+        await srv.start()
+        try:
+            with pytest.raises(Indeterminate):
+                await asyncio.wait_for(call, 5)
+            assert await c.call("echo", Echo("new"), timeout=5) == Echo("new")
+        finally:
+            service.release.set()
+            await srv.close(grace=0.1)
+
+
 async def test_dropped_connection_fails_calls_then_reconnects(service: Service) -> None:
     srv = RpcServer(service.handlers(), codec=CODEC)  # type: ignore[arg-type]
     await srv.start()
