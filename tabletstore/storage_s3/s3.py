@@ -89,6 +89,9 @@ _PARAMS = frozenset(
 )
 _SESSIONS: dict[str | None, aioboto3.Session] = {}
 _BLOCKING_SESSIONS: dict[str | None, boto3.session.Session] = {}
+#: Blocking clients by their settings, shared by the stores of a process (botocore clients
+#: are thread-safe): creating one costs tens of milliseconds, once per process.
+_BLOCKING_CLIENTS: dict[tuple[Any, ...], Any] = {}
 _BLOCKING_LOCK = threading.Lock()
 
 
@@ -278,12 +281,12 @@ def _translate_client_error(
 
 
 def _blocking_session(profile: str | None) -> boto3.session.Session:
-    """One boto3 Session per profile per process, for threaded reads (thread-safe)."""
-    with _BLOCKING_LOCK:
-        session = _BLOCKING_SESSIONS.get(profile)
-        if session is None:
-            session = _BLOCKING_SESSIONS[profile] = boto3.session.Session(profile_name=profile)
-        return session
+    """One boto3 Session per profile per process, for threaded reads (REQUIRES: the caller
+    holds ``_BLOCKING_LOCK``)."""
+    session = _BLOCKING_SESSIONS.get(profile)
+    if session is None:
+        session = _BLOCKING_SESSIONS[profile] = boto3.session.Session(profile_name=profile)
+    return session
 
 
 def _session(profile: str | None) -> aioboto3.Session:
@@ -316,8 +319,6 @@ class S3ObjectStore:
         ranged GETs in the store's threads (module docstring)."""
         self._loc = parse_s3_url(url)
         self._threaded = threaded_reads
-        self._blocking: Any = None
-        self._blocking_lock = threading.Lock()
         self._threads: ThreadPoolExecutor | None = None
         self.url = url
         self._max_pool = max_pool_connections
@@ -443,10 +444,21 @@ class S3ObjectStore:
         return data
 
     def _blocking_client(self) -> Any:
-        """The store's blocking client for threaded reads, created on first use."""
-        with self._blocking_lock:
-            if self._blocking is None:
-                loc = self._loc
+        """The blocking client for threaded reads: one per process and settings."""
+        loc = self._loc
+        ident = (
+            loc.profile,
+            loc.endpoint_url,
+            loc.region,
+            loc.addressing_style,
+            loc.connect_timeout,
+            loc.read_timeout,
+            self._max_pool,
+            tuple(sorted(self._credentials.items())),
+        )
+        with _BLOCKING_LOCK:
+            client = _BLOCKING_CLIENTS.get(ident)
+            if client is None:
                 # The async client's settings (stubs type them per literal service name).
                 settings: dict[str, Any] = {
                     "region_name": loc.region,
@@ -456,14 +468,17 @@ class S3ObjectStore:
                     "max_pool_connections": self._max_pool,
                     "s3": {"addressing_style": loc.addressing_style},
                 }
-                config = botocore.config.Config(**settings)
                 session: Any = _blocking_session(loc.profile)
                 plain = (loc.endpoint_url or "").startswith("http://")
                 tls: dict[str, Any] = {"verify": False} if plain else {}
-                self._blocking = session.client(
-                    "s3", endpoint_url=loc.endpoint_url, config=config, **tls, **self._credentials
+                client = _BLOCKING_CLIENTS[ident] = session.client(
+                    "s3",
+                    endpoint_url=loc.endpoint_url,
+                    config=botocore.config.Config(**settings),
+                    **tls,
+                    **self._credentials,
                 )
-            return self._blocking
+            return client
 
     def _get_range_blocking(self, key: str, full: str, offset: int, length: int) -> bytes | None:
         """:meth:`get_range` on the blocking client (in one of the store's threads)."""
@@ -670,9 +685,5 @@ class S3ObjectStore:
         threads, self._threads = self._threads, None
         if threads is not None:
             await asyncio.to_thread(threads.shutdown)
-        with self._blocking_lock:
-            blocking, self._blocking = self._blocking, None
-        if blocking is not None:
-            blocking.close()
         if stack is not None:
             await stack.aclose()
