@@ -14,9 +14,10 @@ process on a free loopback port (as in the tests: the same machine, no network).
   boto3's managed ``upload_file`` of the same SSTable files (16 threads, the copy's
   concurrency) into a third bucket.
 * **restore**: ``restore_table(ID, NEW, source=s3://dst/...)`` into a second, empty embedded
-  database (every SSTable copied in, checked and synced as it lands, all named and their
-  directories synced once at the end, then the table created). Right after it,
-  boto3's managed ``download_file`` of the same objects (16 threads).
+  database (every SSTable read in ranged parts, 16 at once in the client's threads, each part
+  written and hashed as it lands, each file synced once whole, all named and their
+  directories synced once at the end, then the table created). Right after it, boto3's
+  managed ``download_file`` of the same objects (16 threads).
 * Each of the two is timed ``--repeats`` times, the boto3 side right after ours each time:
   the table gives the medians and each run's ratio (the machine's load moves both sides).
 * **clone**: ``clone_table`` of a table of ``--mb`` / 16 MB and of ``--mb`` MB: records only,

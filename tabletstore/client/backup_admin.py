@@ -222,8 +222,9 @@ async def _read_if_any(store: ObjectStore, backup_id: str) -> BackupManifest | N
 
 @contextlib.asynccontextmanager
 async def _opened(url: str) -> AsyncIterator[ObjectStore]:
-    """A backup location's store, closed afterwards."""
-    store = open_store(url)
+    """A backup location's store, closed afterwards. Copies read whole objects from it in
+    large ranged parts, so an S3 location reads them in threads (storage_s3/s3.py)."""
+    store = open_store(url, threaded_reads=True)
     try:
         yield store
     finally:

@@ -18,11 +18,16 @@ restores and copies; deleting it is how a failed copy is abandoned.
 
 Durability is the copy's, not each object's: ``ready`` is written only once every object is
 durable. Into a local directory (``file://``: a database restoring from another location, a
-backup kept on a local disk) the objects are staged as they arrive and published together
-(storage_s3/local.py ``stage``/``publish``: every file synced in parallel, linked, then each
-directory synced once) instead of a file sync and a directory sync per object in turn; a name
-still appears only for bytes already on disk, so a copy cut short by a crash leaves no object
-that is not whole and no ``ready`` manifest. Elsewhere each create is durable when it returns.
+backup kept on a local disk) each object is read in ranged parts, many at once across the
+copy (as S3's own clients split a download), and each part is written to the object's staged
+file at its offset as it arrives and hashed in order; the file is synced when it is whole and
+the objects are published together (storage_s3/local.py ``stage_open``/``publish``: linked,
+then each directory synced once) instead of a file sync and a directory sync per object in
+turn. A name still appears only for bytes already on disk, so a copy cut short by a crash
+leaves no object that is not whole and no ``ready`` manifest; the staged files of a copy that
+was killed are removed by the next copy into the same directories. Elsewhere each object is
+read whole (or in ranged parts if large), checked, then created, durable when its create
+returns.
 
 Bytes go through this process (GET then create-only PUT), so checksums are recorded for
 every object copied: a copy of a copy verifies them.
@@ -31,9 +36,12 @@ every object copied: a copy of a copy verifies them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import replace
+from typing import Any, TypeVar
 
 from tabletstore.errors import (
     Corruption,
@@ -41,6 +49,7 @@ from tabletstore.errors import (
     NotFound,
     PreconditionFailed,
     TabletStoreError,
+    Unavailable,
 )
 from tabletstore.metadata.backup import (
     BackupManifest,
@@ -54,10 +63,20 @@ from tabletstore.metadata.backup import (
 )
 from tabletstore.metadata.record import SSTableRef
 from tabletstore.storage_s3 import find_layer, layout
-from tabletstore.storage_s3.base import S3_BATCH, ObjectStore, object_url
-from tabletstore.storage_s3.local import LocalObjectStore, Staged
+from tabletstore.storage_s3.base import S3_BATCH, ObjectStore, StagingStore, object_url
+from tabletstore.storage_s3.local import LocalObjectStore, Staged, Staging
 
-__all__ = ["COPY_CONCURRENCY", "PART_BYTES", "checksum", "copy_backup", "delete_from_location"]
+__all__ = [
+    "COPY_CONCURRENCY",
+    "PART_BYTES",
+    "STAGED_GETS",
+    "STAGED_PART_BYTES",
+    "checksum",
+    "copy_backup",
+    "delete_from_location",
+]
+
+T = TypeVar("T")
 
 #: Objects copied at once (each one GET and one PUT in flight).
 COPY_CONCURRENCY = 16
@@ -67,6 +86,15 @@ COPY_CONCURRENCY = 16
 #: sides: one GET of a few MB is not slower per byte than two of half the size, and a copy
 #: keeps many objects in flight at once anyway.
 PART_BYTES = 16 * 1024 * 1024
+
+#: Into a local directory an object is read in parts of about this size (equal parts), each
+#: written to its staged file as it arrives: more requests in flight than objects, and the
+#: disk writes and the hashing overlap the transfer instead of following it.
+STAGED_PART_BYTES = 4 * 1024 * 1024
+
+#: Ranged GETs in flight at once in a copy into a local directory, over all its objects (and
+#: the threads that write, hash and sync their parts).
+STAGED_GETS = 16
 
 #: Called with the bytes of each object copied (progress, benchmarks).
 Progress = Callable[[int], None]
@@ -136,10 +164,11 @@ async def copy_backup(
         try:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(pin())
+                tg.create_task(sink.sweep(refs))
                 for ref in refs.values():
                     tg.create_task(one(ref))
         except* TabletStoreError as group:
-            raise group.exceptions[0] from None  # the first failure, named, as one error
+            raise _first(group) from None  # the first failure, named, as one error
         await sink.publish()
     finally:
         await sink.discard()
@@ -154,22 +183,64 @@ class _Sink:
     destination's manifest exists)."""
 
     def __init__(self, dst: ObjectStore, pinned: asyncio.Event) -> None:
-        self._local = find_layer(dst, LocalObjectStore)
+        # Staged through ``dst`` itself: its wrappers count and inject faults as for creates.
+        local = find_layer(dst, LocalObjectStore) is not None
+        self._local = dst if local and isinstance(dst, StagingStore) else None
         self._dst = dst
         self.pinned = pinned
         self._staged: list[Staged] = []
+        #: Ranged GETs in flight (staged copies).
+        self.gets = asyncio.Semaphore(STAGED_GETS)
+        #: The staged copy's own threads for file writes, hashing and syncs: a sync that
+        #: takes a while must not hold back another object's parts, as it would in the
+        #: event loop's small default pool.
+        self._pool: ThreadPoolExecutor | None = None
 
     @property
     def stages(self) -> bool:
         """Whether objects are staged (invisible until :meth:`publish`)."""
         return self._local is not None
 
-    async def create(self, key: str, parts: Sequence[bytes]) -> None:
+    def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
+        """``fn(*args)`` in one of the copy's threads."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(STAGED_GETS, thread_name_prefix="backup-copy")
+        return self._pool.submit(fn, *args)
+
+    async def disk(self, key: str, work: Awaitable[T]) -> T:
+        """``work`` (a file write or sync of ``key``'s staged file), an OSError named."""
+        try:
+            return await work
+        except OSError as exc:
+            raise Unavailable(
+                f"cannot write {object_url(self._dst.url, key)}: {exc.strerror or exc}"
+            ) from exc
+
+    async def sweep(self, refs: dict[str, SSTableRef]) -> None:
+        """Remove the staged files a killed copy left in the directories this one writes."""
         if self._local is not None:
-            # A staged object is invisible (listings skip temporary files): no need to wait
-            # for the manifest until :meth:`publish`, which runs after it is written.
-            self._staged.append(await self._local.stage(key, parts))
-            return
+            await self._local.sweep_staged(refs)
+
+    async def open(self, key: str) -> Staging:
+        """A staged file for ``key`` (invisible: listings skip it, so there is no need to
+        wait for the manifest until :meth:`publish`, which runs after it is written)."""
+        assert self._local is not None
+        return await _settled(self._local.stage_open(key), self._abort)
+
+    async def close(self, staging: Staging) -> None:
+        """``staging`` whole: synced, and published with the others."""
+        close = asyncio.wrap_future(self.submit(staging.close))
+        self._staged.append(await _settled(self.disk(staging.key, close), self._drop))
+
+    async def _abort(self, staging: Staging) -> None:
+        await asyncio.to_thread(staging.abort)
+
+    async def _drop(self, staged: Staged) -> None:
+        assert self._local is not None
+        await self._local.discard([staged])
+
+    async def create(self, key: str, parts: Sequence[bytes]) -> None:
+        """Create ``key`` in ``dst`` once the manifest pins it (not staged)."""
         await self.pinned.wait()
         try:
             await self._dst.create(key, parts[0] if len(parts) == 1 else b"".join(parts))
@@ -182,14 +253,18 @@ class _Sink:
         meanwhile is another copy's of the same immutable object, as for ``create``."""
         if self._local is not None and self._staged:
             await self.pinned.wait()
-            staged, self._staged = self._staged, []
-            await self._local.publish(staged)
+            # Kept until published: a publish that fails before it starts (a fault injected
+            # by a wrapper) leaves them to :meth:`discard`.
+            await self._local.publish(self._staged)
+            self._staged = []
 
     async def discard(self) -> None:
-        """Remove what was staged and not published (a copy that failed)."""
+        """Remove what was staged and not published (a copy that failed), and the threads."""
         if self._local is not None and self._staged:
             staged, self._staged = self._staged, []
             await self._local.discard(staged)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
 
 
 async def _copy_object(
@@ -209,36 +284,148 @@ async def _copy_object(
         there = await dst.head(ref.key)
         if there is not None and there.size == ref.size:
             return expected or ""
-    parts = await _fetch(src, ref)
-    if parts is None:
-        raise NotFound(
-            f"the backup names {object_url(src.url, ref.key)}, which does not exist: the "
-            "backup is damaged (nothing was restored or copied from it)"
-        )
-    size = sum(len(p) for p in parts)
-    if size != ref.size:
-        raise Corruption(
-            f"{object_url(src.url, ref.key)} has {size} bytes, the backup recorded {ref.size}"
-        )
     if there is not None:
         raise Corruption(
             f"{object_url(dst.url, ref.key)} exists with {there.size} bytes, not the "
             f"{ref.size} the backup records: not overwriting it"
         )
-    # Hashed and written at once, in two threads (hashlib and file writes release the GIL);
-    # what is written stays invisible unless the checksum matches (a staged object is
-    # published only when the whole copy is checked; a direct create waits for the hash).
-    hashing = asyncio.create_task(asyncio.to_thread(checksum, parts))
     if sink.stages:
-        await asyncio.gather(hashing, sink.create(ref.key, parts))
-        got = hashing.result()
-    else:
-        got = await hashing
+        # What is staged stays invisible unless the checksum matches: it is published only
+        # when the whole copy is checked.
+        got = await _stream(src, ref, sink)
+        _check_sum(src, ref, expected, got)
+        return got
+    parts = await _fetch(src, ref)
+    if parts is None:
+        raise _missing(src, ref)
+    size = sum(len(p) for p in parts)
+    if size != ref.size:
+        raise _wrong_size(src, ref, size)
+    got = await asyncio.to_thread(checksum, parts)  # off the event loop
+    _check_sum(src, ref, expected, got)
+    await sink.create(ref.key, parts)
+    return got
+
+
+def _check_sum(src: ObjectStore, ref: SSTableRef, expected: str | None, got: str) -> None:
     if expected is not None and got != expected:
         raise Corruption(f"{object_url(src.url, ref.key)} does not match its recorded checksum")
-    if not sink.stages:
-        await sink.create(ref.key, parts)
-    return got
+
+
+def _missing(src: ObjectStore, ref: SSTableRef) -> NotFound:
+    return NotFound(
+        f"the backup names {object_url(src.url, ref.key)}, which does not exist: the "
+        "backup is damaged (nothing was restored or copied from it)"
+    )
+
+
+def _wrong_size(src: ObjectStore, ref: SSTableRef, size: int | str) -> Corruption:
+    """``size``: the object's size, or how it compares (``more than N``)."""
+    return Corruption(
+        f"{object_url(src.url, ref.key)} has {size} bytes, the backup recorded {ref.size}"
+    )
+
+
+def _spans(size: int, part: int) -> list[tuple[int, int]]:
+    """``(offset, length)`` of the equal parts of about ``part`` bytes an object of ``size``
+    bytes is read in (one empty part for an empty object)."""
+    count = max(1, -(-size // part))
+    step = max(1, -(-size // count))
+    return [(o, min(step, size - o)) for o in range(0, size, step)] or [(0, 0)]
+
+
+async def _stream(src: ObjectStore, ref: SSTableRef, sink: _Sink) -> str:
+    """Read ``ref`` from ``src`` into a staged file of ``sink`` in ranged parts, each written
+    at its offset as it arrives and hashed in order; stage it once whole. Returns its
+    checksum; the staged file is removed if anything fails."""
+    spans = _spans(ref.size, STAGED_PART_BYTES)
+    digest = hashlib.sha256()
+    arrived: dict[int, bytes] = {}
+    hashed = 0
+    turn = asyncio.Lock()
+    staging = await sink.open(ref.key)
+    writes: list[Future[None]] = []
+
+    async def part(offset: int, length: int, last: bool) -> None:
+        nonlocal hashed
+        try:
+            # The last part asks for a byte more: an object longer than recorded returns it.
+            data = await src.get_range(ref.key, offset, length + 1 if last else length)
+            if data is None:
+                raise _missing(src, ref)
+            if len(data) != length:
+                more = "more" if len(data) > length else "fewer"
+                raise _wrong_size(src, ref, f"{more} than {ref.size}")
+            write = sink.submit(staging.write_at, offset, data)
+            writes.append(write)
+            await sink.disk(ref.key, asyncio.wrap_future(write))
+            arrived[offset] = data
+            async with turn:  # in order: whichever part completes a run hashes it
+                run = []
+                while hashed in arrived:
+                    chunk = arrived.pop(hashed)
+                    run.append(chunk)
+                    hashed += len(chunk)
+                    if not chunk:  # the one part of an empty object
+                        break
+                if run:
+                    await asyncio.wrap_future(sink.submit(_update, digest, run))
+        finally:
+            sink.gets.release()
+
+    try:
+        try:
+            async with asyncio.TaskGroup() as tg:
+                for i, (offset, length) in enumerate(spans):
+                    await sink.gets.acquire()
+                    try:
+                        tg.create_task(part(offset, length, i == len(spans) - 1))
+                    except BaseException:
+                        sink.gets.release()
+                        raise
+        except* TabletStoreError as group:
+            raise _first(group) from None
+    except BaseException:
+        # A write still running in a thread must end before its file is closed and removed
+        # (a closed descriptor's number is reused).
+        for write in writes:
+            write.cancel()
+        await asyncio.shield(asyncio.to_thread(_abort, writes, staging))
+        raise
+    await sink.close(staging)
+    return "sha256:" + digest.hexdigest()
+
+
+def _abort(writes: list[Future[None]], staging: Staging) -> None:
+    wait(writes)
+    staging.abort()
+
+
+def _first(group: BaseExceptionGroup[TabletStoreError]) -> TabletStoreError:
+    """The first error of a (nested) group: a copy fails with one error, named."""
+    first: BaseException = group
+    while isinstance(first, BaseExceptionGroup):
+        first = first.exceptions[0]
+    assert isinstance(first, TabletStoreError)
+    return first
+
+
+async def _settled(work: Awaitable[T], undo: Callable[[T], Awaitable[None]]) -> T:
+    """``work``'s result. If the caller is cancelled meanwhile, ``work`` (a file created or
+    synced in a thread, which goes on regardless) is still awaited to its end and its result
+    undone, so a failed copy leaves no staged file behind."""
+    task = asyncio.ensure_future(work)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            await undo(await task)
+        raise
+
+
+def _update(digest: Any, chunks: list[bytes]) -> None:
+    for chunk in chunks:
+        digest.update(chunk)
 
 
 async def _fetch(src: ObjectStore, ref: SSTableRef) -> list[bytes] | None:

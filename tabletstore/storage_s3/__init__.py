@@ -55,7 +55,7 @@ S = TypeVar("S")
 SCHEMES = ("file", "s3", "memory")
 
 
-def _open_backend(url: str) -> ObjectStore:
+def _open_backend(url: str, *, threaded_reads: bool = False) -> ObjectStore:
     if not isinstance(url, str) or "://" not in url:
         raise InvalidArgument(
             f"object store URL {url!r} must look like s3://bucket/prefix, file:///path or "
@@ -69,7 +69,7 @@ def _open_backend(url: str) -> ObjectStore:
     if scheme == "s3":
         from tabletstore.storage_s3.s3 import S3ObjectStore
 
-        return S3ObjectStore(url)
+        return S3ObjectStore(url, threaded_reads=threaded_reads)
     raise InvalidArgument(
         f"unknown object store scheme {scheme!r} in {url!r}; use one of {', '.join(SCHEMES)}"
     )
@@ -82,6 +82,7 @@ def open_store(
     instrument: bool = False,
     clock: Clock | None = None,
     registry: CollectorRegistry | None = None,
+    threaded_reads: bool = False,
 ) -> ObjectStore:
     """Open the store ``url`` names, wrapped as the module docstring draws.
 
@@ -89,9 +90,10 @@ def open_store(
     it) to fail fast with one clear error naming the URL - a missing bucket (NotFound), bad
     credentials (PermissionDenied), an unreachable endpoint (Unavailable). ``registry`` also
     exports the instrumentation counters to prometheus (implies ``instrument``). Use
-    :func:`find_layer` to reach the instrumented layer's ``stats()``.
+    :func:`find_layer` to reach the instrumented layer's ``stats()``. ``threaded_reads``:
+    an S3 store reads large ranges in its own threads (s3.py; for bulk copies).
     """
-    store: ObjectStore = _open_backend(url)
+    store: ObjectStore = _open_backend(url, threaded_reads=threaded_reads)
     if instrument or registry is not None:
         store = InstrumentedObjectStore(store, registry=registry)
     if retry:

@@ -19,27 +19,38 @@ Contracts every implementation keeps:
 * ``offset`` and ``length`` are non-negative; a negative one is ``InvalidArgument``, as is an
   empty key.
 
+Staged creates (:class:`StagingStore`) are what a local directory adds for a copy of many
+objects (storage_s3/local.py): written invisibly, then published together. Every wrapper
+forwards them (counting, retrying or injecting faults as it does for ``create``), so a copy
+through a stack of wrappers goes through each of them; :func:`staging_layer` names a store
+that has none.
+
 The helpers below (:class:`Op`, :func:`object_url`, :func:`check_key`, :func:`check_range`) are
 shared by every implementation and wrapper so their errors read the same.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from tabletstore.errors import InvalidArgument
+from tabletstore.errors import InvalidArgument, Unimplemented
+
+if TYPE_CHECKING:
+    from tabletstore.storage_s3.local import Staged, Staging
 
 __all__ = [
     "S3_BATCH",
     "ObjectInfo",
     "ObjectStore",
     "Op",
+    "StagingStore",
     "check_key",
     "check_range",
     "object_url",
+    "staging_layer",
 ]
 
 
@@ -134,3 +145,33 @@ class ObjectStore(Protocol):
     async def close(self) -> None:
         """Release connections. The store must not be used afterwards."""
         ...
+
+
+@runtime_checkable
+class StagingStore(ObjectStore, Protocol):
+    """A store with staged creates (storage_s3/local.py): objects written invisibly, then
+    published together."""
+
+    async def stage_open(self, key: str) -> Staging:
+        """A temporary file for the object ``key``, invisible until published."""
+        ...
+
+    async def publish(self, staged: Sequence[Staged]) -> list[str]:
+        """Make every staged object durable and visible; returns the keys that existed."""
+        ...
+
+    async def discard(self, staged: Iterable[Staged]) -> None:
+        """Remove the temporary files of staged objects."""
+        ...
+
+    async def sweep_staged(self, prefixes: Iterable[str]) -> int:
+        """Remove what copies that no longer run staged under ``prefixes``' directories."""
+        ...
+
+
+def staging_layer(url: str, inner: object) -> StagingStore:
+    """``inner`` (a wrapper's inner store) as a :class:`StagingStore`; Unimplemented naming
+    ``url`` if it has no staged creates."""
+    if not isinstance(inner, StagingStore):
+        raise Unimplemented(f"{url} has no staged creates (a local directory has)")
+    return inner

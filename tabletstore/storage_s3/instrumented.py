@@ -5,7 +5,8 @@ per 1,000 writes" (and per read). This wrapper counts every call it forwards by
 :class:`~tabletstore.storage_s3.base.Op` kind, the way S3 would bill it whatever the backend:
 
 * ``get`` -> GET, ``get_range`` -> GET_RANGE, ``head`` -> HEAD, ``create`` -> PUT,
-  ``delete`` -> DELETE: one request each;
+  ``delete`` -> DELETE: one request each; a staged create (local.py) is one PUT per object
+  when ``publish`` publishes it;
 * ``delete_many`` -> one DELETE per started batch of 1,000 keys (S3's DeleteObjects limit);
 * ``list`` -> one LIST for the first page and one more each time a 1,001st, 2,001st... object
   is yielded (S3 pages hold 1,000 keys), so a listing abandoned early counts only the pages it
@@ -24,15 +25,17 @@ store, or a distinct ``metric_prefix``).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from tabletstore.errors import TabletStoreError
-from tabletstore.storage_s3.base import S3_BATCH, ObjectInfo, ObjectStore, Op
+from tabletstore.storage_s3.base import S3_BATCH, ObjectInfo, ObjectStore, Op, staging_layer
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
+
+    from tabletstore.storage_s3.local import Staged, Staging
 
 __all__ = ["InstrumentedObjectStore", "OpStats", "StoreStats"]
 
@@ -124,6 +127,10 @@ class _Exporter:
                     family.add_metric([op.value], counts[i])
             out.append(family)
         return out
+
+
+#: Inside the class, ``list`` names its method, not the builtin.
+_Keys = list[str]
 
 
 class InstrumentedObjectStore:
@@ -227,6 +234,29 @@ class InstrumentedObjectStore:
             return
         requests = -(-len(batch) // S3_BATCH)
         await self._call(Op.DELETE, self.inner.delete_many(batch), requests=requests)
+
+    # Staged creates -------------------------------------------------------------------------
+
+    async def stage_open(self, key: str) -> Staging:
+        return await staging_layer(self.url, self.inner).stage_open(key)
+
+    async def publish(self, staged: Sequence[Staged]) -> _Keys:
+        """Each object published counts as the PUT that creates it."""
+        batch = list(staged)
+        if not batch:
+            return []
+        existed = await self._call(
+            Op.PUT, staging_layer(self.url, self.inner).publish(batch), requests=len(batch)
+        )
+        kept = set(existed)
+        self._count(Op.PUT, nbytes=sum(s.size for s in batch if s.key not in kept))
+        return existed
+
+    async def discard(self, staged: Iterable[Staged]) -> None:
+        await staging_layer(self.url, self.inner).discard(staged)
+
+    async def sweep_staged(self, prefixes: Iterable[str]) -> int:
+        return await staging_layer(self.url, self.inner).sweep_staged(prefixes)
 
     # Lifecycle ------------------------------------------------------------------------------
 

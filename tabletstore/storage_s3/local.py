@@ -9,16 +9,24 @@ condition (``FileExistsError`` -> PreconditionFailed), and a crash at any point 
 no object or the whole object, never a half-written one. Temporary files carry a reserved name
 prefix (:data:`TEMP_PREFIX`) that listings skip; keys may not use it.
 
-Staged creates (:meth:`LocalObjectStore.stage`, :meth:`LocalObjectStore.publish`): a copy of
-many objects (a backup brought in for a restore, metadata/backup_copy.py) writes and fsyncs
-each one to its temporary file as it arrives (invisible; the disk writes overlap the rest of
-the copy), then publishes them all at once: each linked to its name, then every directory
-that gained an entry (the objects' own, and the parents of directories made for them)
-fsynced once, in parallel. The guarantee per object is ``create``'s (a name only ever appears
-for bytes already on disk); what is saved is a directory sync per object and per new
-directory, each in turn. When ``publish`` returns every object is durable; a crash before
-that leaves none of them, or some, each whole. Staged creates go to this store itself, past
-any wrapper over it (retries, request counters).
+Staged creates (:meth:`LocalObjectStore.stage_open`, :meth:`LocalObjectStore.publish`): a
+copy of many objects (a backup brought in for a restore, metadata/backup_copy.py) writes each
+one to its temporary file as its parts arrive, at their offsets, in any order (invisible; the
+disk writes overlap the rest of the copy), fsyncs it when it is whole
+(:meth:`LocalObjectStore.stage_close`), then publishes them all at once: each linked to its
+name, then every directory that gained an entry (the objects' own, and the parents of
+directories made for them) fsynced once, in parallel. The guarantee per object is
+``create``'s (a name only ever appears for bytes already on disk); what is saved is a
+directory sync per object and per new directory, each in turn. When ``publish`` returns every
+object is durable; a crash before that leaves none of them, or some, each whole. The wrappers
+over this store forward staged creates (base.py ``StagingStore``): a publish counts as a PUT
+per object, and faults injected into PUTs apply to it.
+
+A staged temporary file's name carries its process id
+(``.tabletstore-tmp-stage-<pid>-<random>``): a copy killed before it published or discarded
+them leaves them behind, and :meth:`LocalObjectStore.sweep_staged` (which the next copy into
+those directories calls) removes those whose process no longer runs. A local store is one
+host's directory, so a pid names a process of this host.
 
 Limits that S3 does not have (the key layout, ``layout.py``, never hits them): a key part may
 not be empty, ``.`` or ``..``, longer than 255 bytes in UTF-8, or start with
@@ -47,9 +55,18 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from tabletstore.errors import Closed, InvalidArgument, PreconditionFailed, Unavailable
+from tabletstore.pid_liveness import alive
 from tabletstore.storage_s3.base import ObjectInfo, check_key, check_range, object_url
 
-__all__ = ["INLINE_READ_LIMIT", "TEMP_PREFIX", "LocalObjectStore", "Staged", "path_from_url"]
+__all__ = [
+    "INLINE_READ_LIMIT",
+    "STAGE_PREFIX",
+    "TEMP_PREFIX",
+    "LocalObjectStore",
+    "Staged",
+    "Staging",
+    "path_from_url",
+]
 
 #: Reads at most this large are served on the event loop (see the module docstring).
 INLINE_READ_LIMIT = 1 << 20
@@ -57,6 +74,8 @@ INLINE_READ_LIMIT = 1 << 20
 _FILE_CACHE = 4096
 #: Name prefix of in-flight temporary files; never a key part.
 TEMP_PREFIX = ".tabletstore-tmp-"
+#: Name prefix of a staged object's temporary file: ``<this><pid>-<random>``.
+STAGE_PREFIX = f"{TEMP_PREFIX}stage-"
 _MAX_PART_BYTES = 255
 #: A delete may remove a directory between create's mkdir and its temp-file open; retry that.
 _CREATE_TRIES = 5
@@ -91,19 +110,47 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_all(fd: int, chunks: Sequence[bytes]) -> None:
     for chunk in chunks:
         view = memoryview(chunk)
         while view:
             view = view[os.write(fd, view) :]
+
+
+@dataclass(frozen=True, slots=True)
+class Staging:
+    """An object being written to its temporary file (:meth:`LocalObjectStore.stage_open`):
+    parts are written at their offsets with :meth:`write_at`, then :meth:`close` syncs it or
+    :meth:`abort` removes it (each blocking: call them in a thread)."""
+
+    key: str
+    path: Path
+    tmp: Path
+    fd: int
+    new_dirs: tuple[Path, ...]
+
+    def write_at(self, offset: int, data: bytes | memoryview) -> None:
+        """Write ``data`` at ``offset`` of the temporary file (blocking)."""
+        view = memoryview(data)
+        while view:
+            written = os.pwrite(self.fd, view, offset)
+            view = view[written:]
+            offset += written
+
+    def close(self) -> Staged:
+        """Fsync and close the file (blocking): the object is staged, ready for
+        :meth:`LocalObjectStore.publish` and still invisible. A failure removes the file."""
+        try:
+            size = os.fstat(self.fd).st_size
+            _sync_close(self.fd)
+        except BaseException:
+            _unlink_all([self.tmp])
+            raise
+        return Staged(key=self.key, path=self.path, tmp=self.tmp, new_dirs=self.new_dirs, size=size)
+
+    def abort(self) -> None:
+        """Close and remove the file (blocking)."""
+        _close_unlink(self.fd, self.tmp)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +163,8 @@ class Staged:
     tmp: Path
     #: Directories made for it (each one's parent gains an entry to sync).
     new_dirs: tuple[Path, ...]
+    #: Its bytes.
+    size: int
 
 
 class LocalObjectStore:
@@ -299,17 +348,15 @@ class LocalObjectStore:
         for new in reversed(self._make_dirs(directory)):
             _fsync_dir(new.parent)
 
-    def _write_temp(
-        self, path: Path, chunks: Sequence[bytes], *, sync: bool
-    ) -> tuple[Path, list[Path]]:
-        """A temporary file beside ``path`` holding ``chunks`` (fsynced when ``sync``; its
-        directory's new parents too), and the directories made for it."""
+    def _open_temp(self, path: Path, prefix: str, *, sync: bool) -> tuple[Path, int, list[Path]]:
+        """A new temporary file beside ``path`` named ``prefix<random>``, open for writing,
+        and the directories made for it (their entries fsynced when ``sync``)."""
         for attempt in range(_CREATE_TRIES):
             made = self._make_dirs(path.parent)
             if sync:
                 for new in reversed(made):
                     _fsync_dir(new.parent)
-            tmp = path.parent / f"{TEMP_PREFIX}{secrets.token_hex(8)}"
+            tmp = path.parent / f"{prefix}{secrets.token_hex(8)}"
             try:
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             except FileNotFoundError:
@@ -317,20 +364,19 @@ class LocalObjectStore:
                 if attempt + 1 == _CREATE_TRIES:
                     raise
                 continue
-            try:
-                _write_all(fd, chunks)
-                if sync:
-                    os.fsync(fd)
-            except BaseException:
-                os.close(fd)
-                os.unlink(tmp)
-                raise
-            os.close(fd)
-            return tmp, made
+            return tmp, fd, made
         raise AssertionError("unreachable: the last try raises")
 
     def _create(self, path: Path, data: bytes) -> None:
-        tmp, _ = self._write_temp(path, (data,), sync=True)
+        tmp, fd, _ = self._open_temp(path, TEMP_PREFIX, sync=True)
+        try:
+            _write_all(fd, (data,))
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            os.unlink(tmp)
+            raise
+        os.close(fd)
         try:
             os.link(tmp, path)  # FileExistsError if the key exists: create-only.
         finally:
@@ -342,12 +388,53 @@ class LocalObjectStore:
     async def stage(self, key: str, chunks: Sequence[bytes]) -> Staged:
         """Write the object ``key`` (the concatenation of ``chunks``) to a temporary file and
         fsync it; invisible until :meth:`publish` (module docstring)."""
-        path = self._path(key)
+        staging = await self.stage_open(key)
         try:
-            tmp, made = await asyncio.to_thread(self._stage, path, list(chunks))
+            offset = 0
+            for chunk in chunks:
+                await asyncio.to_thread(staging.write_at, offset, chunk)
+                offset += len(chunk)
+        except BaseException:
+            await self.stage_abort(staging)
+            raise
+        return await self.stage_close(staging)
+
+    async def stage_open(self, key: str) -> Staging:
+        """A temporary file for the object ``key``, its parts to be written at their offsets
+        (:meth:`Staging.write_at`), then closed (:meth:`Staging.close`, or
+        :meth:`stage_close`) or removed (:meth:`Staging.abort`, :meth:`stage_abort`)."""
+        path = self._path(key)
+        prefix = f"{STAGE_PREFIX}{os.getpid()}-"
+        try:
+            tmp, fd, made = await asyncio.to_thread(self._open_temp, path, prefix, sync=False)
         except OSError as exc:
             raise self._os_error(exc, key, "create") from exc
-        return Staged(key=key, path=path, tmp=tmp, new_dirs=tuple(made))
+        return Staging(key=key, path=path, tmp=tmp, fd=fd, new_dirs=tuple(made))
+
+    async def stage_close(self, staging: Staging) -> Staged:
+        """:meth:`Staging.close` in a thread, its failure named as ``create``'s."""
+        try:
+            return await asyncio.to_thread(staging.close)
+        except OSError as exc:
+            raise self._os_error(exc, staging.key, "create") from exc
+
+    async def stage_abort(self, staging: Staging) -> None:
+        """:meth:`Staging.abort` in a thread."""
+        await asyncio.to_thread(staging.abort)
+
+    async def sweep_staged(self, prefixes: Iterable[str]) -> int:
+        """Remove the staged temporary files in the directories of ``prefixes`` (keys or key
+        prefixes ending in ``/``) whose process no longer runs: what a copy killed before it
+        published them left. Returns how many were removed."""
+        dirs = {self._dir_of(p) for p in prefixes}
+        return await asyncio.to_thread(_sweep, sorted(d for d in dirs if d is not None))
+
+    def _dir_of(self, prefix: str) -> Path | None:
+        directory = prefix.rpartition("/")[0]
+        parts = directory.split("/") if directory else []
+        if any(part in ("", ".", "..") for part in parts):
+            return None
+        return self.root.joinpath(*parts)
 
     async def publish(self, staged: Sequence[Staged]) -> list[str]:
         """Make every staged object durable and visible: each (its bytes synced when staged)
@@ -359,15 +446,6 @@ class LocalObjectStore:
             return await asyncio.to_thread(self._publish, list(staged))
         finally:
             await self.discard(staged)
-
-    def _stage(self, path: Path, chunks: list[bytes]) -> tuple[Path, list[Path]]:
-        tmp, made = self._write_temp(path, chunks, sync=False)
-        try:
-            _fsync_file(tmp)
-        except BaseException:
-            os.unlink(tmp)
-            raise
-        return tmp, made
 
     def _publish(self, staged: list[Staged]) -> list[str]:
         if not staged:
@@ -492,6 +570,42 @@ class LocalObjectStore:
 
     async def close(self) -> None:
         self._closed = True
+
+
+def _sync_close(fd: int) -> None:
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _close_unlink(fd: int, path: Path) -> None:
+    try:
+        os.close(fd)
+    finally:
+        _unlink_all([path])
+
+
+def _sweep(dirs: Iterable[Path]) -> int:
+    """Unlink the staged temporary files in ``dirs`` whose writer's pid no longer runs."""
+    removed = 0
+    for directory in dirs:
+        try:
+            names = os.listdir(directory)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for name in names:
+            if not name.startswith(STAGE_PREFIX):
+                continue
+            pid = name[len(STAGE_PREFIX) :].partition("-")[0]
+            if not pid.isdigit() or alive(int(pid)):
+                continue
+            try:
+                os.unlink(directory / name)
+            except FileNotFoundError:
+                continue
+            removed += 1
+    return removed
 
 
 def _unlink_all(paths: Iterable[Path]) -> None:

@@ -25,8 +25,8 @@ ManualClock (or zero delays) and never sleep.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from typing import TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 from tabletstore.clock import Clock, SystemClock
 from tabletstore.errors import (
@@ -36,7 +36,10 @@ from tabletstore.errors import (
     TabletStoreError,
     Unavailable,
 )
-from tabletstore.storage_s3.base import ObjectInfo, ObjectStore, object_url
+from tabletstore.storage_s3.base import ObjectInfo, ObjectStore, object_url, staging_layer
+
+if TYPE_CHECKING:
+    from tabletstore.storage_s3.local import Staged, Staging
 
 __all__ = ["RetryingObjectStore"]
 
@@ -44,6 +47,10 @@ T = TypeVar("T")
 
 #: Errors after which an idempotent request is simply sent again.
 _TRANSIENT = (Unavailable, Indeterminate)
+
+
+#: Inside the class, ``list`` names its method, not the builtin.
+_Keys = list[str]
 
 
 class RetryingObjectStore:
@@ -194,6 +201,21 @@ class RetryingObjectStore:
         raise PreconditionFailed(
             f"object {object_url(self.url, key)} already exists with other content"
         )
+
+    # Staged creates -------------------------------------------------------------------------
+    # Forwarded as they are: they write a local directory, where a failure is not transient.
+
+    async def stage_open(self, key: str) -> Staging:
+        return await staging_layer(self.url, self.inner).stage_open(key)
+
+    async def publish(self, staged: Sequence[Staged]) -> _Keys:
+        return await staging_layer(self.url, self.inner).publish(staged)
+
+    async def discard(self, staged: Iterable[Staged]) -> None:
+        await staging_layer(self.url, self.inner).discard(staged)
+
+    async def sweep_staged(self, prefixes: Iterable[str]) -> int:
+        return await staging_layer(self.url, self.inner).sweep_staged(prefixes)
 
     # Lifecycle ------------------------------------------------------------------------------
 

@@ -22,6 +22,13 @@ a client per request costs milliseconds of setup and a new TCP connection each t
 own retries are switched off: :class:`~tabletstore.storage_s3.retrying.RetryingObjectStore`
 retries, and resolves ambiguous creates, above this store.
 
+Threaded ranged reads (``S3ObjectStore(url, threaded_reads=True)``, what a copy of a backup
+out of a backup location opens): a ranged GET of at least :data:`THREADED_READ_BYTES` goes
+through a blocking botocore client in the store's own threads, as boto3's managed transfers
+do, instead of the event loop: on a busy machine one event loop reading many large parts gets
+one thread's share of the CPU, where a transfer's threads get one each. Same contract and
+errors as :meth:`S3ObjectStore.get_range`.
+
 Create-only PUTs use ``If-None-Match: *`` (S3 since 2024-08, MinIO, and moto's server all
 answer a collision with 412 PreconditionFailed; verified against moto 5.2 in the conformance
 suite). Fencing rests on that answer (docs/architecture/design.md §6: a deposed writer's commit-log
@@ -36,8 +43,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import uuid
 from collections.abc import AsyncIterator, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +54,8 @@ from urllib.parse import parse_qsl, urlsplit
 
 import aioboto3
 import aiohttp
+import boto3
+import botocore.config
 import botocore.exceptions
 from aiobotocore.config import AioConfig
 
@@ -68,12 +79,20 @@ from tabletstore.storage_s3.base import (
     object_url,
 )
 
-__all__ = ["S3Location", "S3ObjectStore", "parse_s3_url", "translate_error"]
+__all__ = ["THREADED_READ_BYTES", "S3Location", "S3ObjectStore", "parse_s3_url", "translate_error"]
+
+#: With ``threaded_reads``, ranged GETs at least this large run in the store's threads.
+THREADED_READ_BYTES = 1 << 20
 
 _PARAMS = frozenset(
     {"endpoint_url", "region", "profile", "addressing_style", "connect_timeout", "read_timeout"}
 )
 _SESSIONS: dict[str | None, aioboto3.Session] = {}
+_BLOCKING_SESSIONS: dict[str | None, boto3.session.Session] = {}
+#: Blocking clients by their settings, shared by the stores of a process (botocore clients
+#: are thread-safe): creating one costs tens of milliseconds, once per process.
+_BLOCKING_CLIENTS: dict[tuple[Any, ...], Any] = {}
+_BLOCKING_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,6 +280,15 @@ def _translate_client_error(
     return InvalidArgument(f"{op} {where}: S3 rejected the request ({code}: {message})")
 
 
+def _blocking_session(profile: str | None) -> boto3.session.Session:
+    """One boto3 Session per profile per process, for threaded reads (REQUIRES: the caller
+    holds ``_BLOCKING_LOCK``)."""
+    session = _BLOCKING_SESSIONS.get(profile)
+    if session is None:
+        session = _BLOCKING_SESSIONS[profile] = boto3.session.Session(profile_name=profile)
+    return session
+
+
 def _session(profile: str | None) -> aioboto3.Session:
     """One aioboto3 Session per profile per process: it caches botocore's service models."""
     session = _SESSIONS.get(profile)
@@ -283,11 +311,15 @@ class S3ObjectStore:
         access_key_id: str | None = None,
         secret_access_key: str | None = None,
         session_token: str | None = None,
+        threaded_reads: bool = False,
     ) -> None:
         """``access_key_id`` / ``secret_access_key`` / ``session_token`` override the standard
         credential chain for this store only (otherwise botocore resolves credentials once per
-        process and profile, and refreshes temporary ones itself)."""
+        process and profile, and refreshes temporary ones itself). ``threaded_reads``: large
+        ranged GETs in the store's threads (module docstring)."""
         self._loc = parse_s3_url(url)
+        self._threaded = threaded_reads
+        self._threads: ThreadPoolExecutor | None = None
         self.url = url
         self._max_pool = max_pool_connections
         self._credentials = {
@@ -387,6 +419,14 @@ class S3ObjectStore:
         if length == 0:
             # HTTP ranges cannot be empty; existence is all there is to report.
             return None if await self.head(key) is None else b""
+        if self._threaded and length >= THREADED_READ_BYTES:
+            if self._closed:
+                raise Closed(f"object store {self.url} is closed")
+            if self._threads is None:
+                self._threads = ThreadPoolExecutor(self._max_pool, thread_name_prefix="s3-read")
+            return await asyncio.get_running_loop().run_in_executor(
+                self._threads, self._get_range_blocking, key, full, offset, length
+            )
         client = await self._get_client()
         try:
             async with self._translating("GetObject", key):
@@ -397,6 +437,62 @@ class S3ObjectStore:
                 )
                 async with response["Body"] as body:
                     data: bytes = await body.read()
+        except _ObjectMissing:
+            return None
+        except _RangeNotSatisfiable:
+            return b""  # The object exists and ends at or before ``offset``.
+        return data
+
+    def _blocking_client(self) -> Any:
+        """The blocking client for threaded reads: one per process and settings."""
+        loc = self._loc
+        ident = (
+            loc.profile,
+            loc.endpoint_url,
+            loc.region,
+            loc.addressing_style,
+            loc.connect_timeout,
+            loc.read_timeout,
+            self._max_pool,
+            tuple(sorted(self._credentials.items())),
+        )
+        with _BLOCKING_LOCK:
+            client = _BLOCKING_CLIENTS.get(ident)
+            if client is None:
+                # The async client's settings (stubs type them per literal service name).
+                settings: dict[str, Any] = {
+                    "region_name": loc.region,
+                    "connect_timeout": loc.connect_timeout,
+                    "read_timeout": loc.read_timeout,
+                    "retries": {"total_max_attempts": 1, "mode": "standard"},
+                    "max_pool_connections": self._max_pool,
+                    "s3": {"addressing_style": loc.addressing_style},
+                }
+                session: Any = _blocking_session(loc.profile)
+                plain = (loc.endpoint_url or "").startswith("http://")
+                tls: dict[str, Any] = {"verify": False} if plain else {}
+                client = _BLOCKING_CLIENTS[ident] = session.client(
+                    "s3",
+                    endpoint_url=loc.endpoint_url,
+                    config=botocore.config.Config(**settings),
+                    **tls,
+                    **self._credentials,
+                )
+            return client
+
+    def _get_range_blocking(self, key: str, full: str, offset: int, length: int) -> bytes | None:
+        """:meth:`get_range` on the blocking client (in one of the store's threads)."""
+        try:
+            try:
+                client = self._blocking_client()
+                response = client.get_object(
+                    Bucket=self._loc.bucket,
+                    Key=full,
+                    Range=f"bytes={offset}-{offset + length - 1}",
+                )
+                data: bytes = response["Body"].read()
+            except TRANSLATED as exc:
+                raise translate_error(exc, url=self.url, key=key, op="GetObject") from exc
         except _ObjectMissing:
             return None
         except _RangeNotSatisfiable:
@@ -586,5 +682,8 @@ class S3ObjectStore:
         """Close the client and its connection pool. Idempotent."""
         self._closed = True
         stack, self._exit_stack, self._client = self._exit_stack, None, None
+        threads, self._threads = self._threads, None
+        if threads is not None:
+            await asyncio.to_thread(threads.shutdown)
         if stack is not None:
             await stack.aclose()

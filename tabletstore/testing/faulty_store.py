@@ -22,6 +22,9 @@ then the actions of the rules that fire are applied in rule order:
   by default): the write happened but its acknowledgement was lost;
 * ``corrupt`` (GET, GET_RANGE) flips every bit of the middle byte of a non-empty result.
 
+A staged create (storage_s3/local.py) is a PUT when ``publish`` publishes it: one call
+matching if any of its keys does (``fail`` publishes none of them, ``lose_ack`` all).
+
 A LIST rule is evaluated once per page of up to 1,000 objects (when the listing starts and
 before its 1,001st, 2,001st... object), so ``fail(Op.LIST, nth=2)`` breaks a long listing in
 the middle. ``delete_many`` is one DELETE call that matches if any of its keys does.
@@ -32,13 +35,17 @@ from __future__ import annotations
 import asyncio
 import fnmatch
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from tabletstore.clock import Clock
 from tabletstore.errors import Indeterminate, InvalidArgument, Unavailable
-from tabletstore.storage_s3.base import S3_BATCH, ObjectInfo, ObjectStore, Op
+from tabletstore.storage_s3.base import S3_BATCH, ObjectInfo, ObjectStore, Op, staging_layer
+
+if TYPE_CHECKING:
+    from tabletstore.storage_s3.local import Staged, Staging
 
 __all__ = ["Action", "FaultyObjectStore", "Rule"]
 
@@ -105,6 +112,10 @@ def _flip(data: bytes) -> bytes:
         return data
     middle = len(data) // 2
     return data[:middle] + bytes([data[middle] ^ 0xFF]) + data[middle + 1 :]
+
+
+#: Inside the class, ``list`` names its method, not the builtin.
+_Keys = list[str]
 
 
 class FaultyObjectStore:
@@ -247,6 +258,24 @@ class FaultyObjectStore:
                 await self._before(Op.LIST, [prefix])
             yielded += 1
             yield info
+
+    # Staged creates (storage_s3/local.py): a publish is the PUT of each object it publishes.
+
+    async def stage_open(self, key: str) -> Staging:
+        return await staging_layer(self.url, self.inner).stage_open(key)
+
+    async def publish(self, staged: Sequence[Staged]) -> _Keys:
+        batch = list(staged)
+        after = await self._before(Op.PUT, [s.key for s in batch])
+        existed = await staging_layer(self.url, self.inner).publish(batch)
+        self._after_write(after)
+        return existed
+
+    async def discard(self, staged: Iterable[Staged]) -> None:
+        await staging_layer(self.url, self.inner).discard(staged)
+
+    async def sweep_staged(self, prefixes: Iterable[str]) -> int:
+        return await staging_layer(self.url, self.inner).sweep_staged(prefixes)
 
     async def check(self) -> None:
         check = getattr(self.inner, "check", None)

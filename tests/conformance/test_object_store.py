@@ -70,6 +70,24 @@ class TestS3Store(ObjectStoreConformance):
         await store.close()
 
 
+class TestS3StoreThreadedReads(ObjectStoreConformance):
+    """Every ranged read through the blocking client in the store's threads (the threshold
+    lowered to one byte), as a copy out of a backup location reads large parts."""
+
+    pagination_objects = 40
+
+    @pytest.fixture
+    async def store(
+        self, s3_url: str, monkeypatch: pytest.MonkeyPatch
+    ) -> AsyncIterator[ObjectStore]:
+        from tabletstore.storage_s3 import s3
+
+        monkeypatch.setattr(s3, "THREADED_READ_BYTES", 1)
+        store = S3ObjectStore(s3_url, threaded_reads=True)
+        yield store
+        await store.close()
+
+
 class TestS3StoreStacked(ObjectStoreConformance):
     # TestS3Store already pages through >1,000 keys on moto (8 s of PUTs); here the stack only
     # needs to pass listings through, which test_retrying covers page by page.

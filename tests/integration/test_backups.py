@@ -297,7 +297,7 @@ async def test_bringing_a_backup_in_reads_its_manifest_in_the_location_once(
     tmp_path: Path,
 ) -> None:
     """A restore from another location lists and reads the backup's manifest there once (each
-    is a round trip to that bucket), then copies every SSTable."""
+    is a round trip to that bucket), then copies every SSTable (a small one in one part)."""
     from tabletstore.client.backup_admin import _bring_in
     from tabletstore.storage_s3 import open_store
     from tabletstore.storage_s3.base import Op
@@ -318,7 +318,8 @@ async def test_bringing_a_backup_in_reads_its_manifest_in_the_location_once(
         await src.close()
         await own.close()
     assert stats[Op.LIST].requests == 1, stats
-    assert stats[Op.GET].requests == 1 + len(remote.sstable_keys()), stats
+    assert stats[Op.GET].requests == 1, stats  # the manifest
+    assert stats[Op.GET_RANGE].requests == len(remote.sstable_keys()), stats  # one part each
 
 
 async def test_a_copy_creates_no_object_before_its_manifest_pins_it(tmp_path: Path) -> None:
@@ -394,13 +395,14 @@ async def test_a_restore_killed_midway_leaves_nothing_that_looks_finished(
     and none published, or with every object published and the manifest not yet ready: no
     table, the database's copy of the backup incomplete (refused by a restore, a finding of
     ``verify --backup``), nothing half-written visible; deleting that copy and restoring
-    again gives the table."""
+    again gives the table, and removes the files the killed process staged."""
     import os
     import sys
 
     import tabletstore
     from tabletstore.master import verify_plan as vp
     from tabletstore.metadata.backup import read_backup
+    from tabletstore.storage_s3.local import STAGE_PREFIX
 
     elsewhere = f"file://{tmp_path}/backups"
     async with await Database.open(f"file://{tmp_path}/a") as db:
@@ -438,8 +440,10 @@ async def test_a_restore_killed_midway_leaves_nothing_that_looks_finished(
         with pytest.raises(InvalidArgument, match="incomplete"):
             await db.restore_table("far", "r")
         visible = await _sstables(db)
+        staged = list((tmp_path / "b").rglob(f"{STAGE_PREFIX}*"))
         if point == "publish":
             assert visible == set()
+            assert len(staged) == len(remote.sstable_keys())  # left by the killed process
         else:
             assert visible == set(remote.sstable_keys())
             for key in visible:  # published: whole, as the manifest's checksums say
@@ -449,3 +453,4 @@ async def test_a_restore_killed_midway_leaves_nothing_that_looks_finished(
         await db.restore_table("far", "r", source=elsewhere)
         assert await _rows(db, "r") == expected
         assert (await db.verify()).ok
+        assert list((tmp_path / "b").rglob(f"{STAGE_PREFIX}*")) == []  # swept by the restore
