@@ -5,7 +5,20 @@
 * ``bench/sstable_bench.py``, ``bench/rpc_bench.py``: component benchmarks.
 """
 
+from pathlib import Path
+
 from tabletstore.extras import MissingExtra, check_extra
+
+
+def replace_between(path: Path, begin: str, end: str, text: str) -> None:
+    """Replace what is between the markers ``begin`` and ``end`` in the page ``path`` with
+    ``text`` (a benchmark's ``--docs``: the table in the docs is the one it printed)."""
+    page = path.read_text()
+    head, sep, rest = page.partition(begin)
+    _, sep2, tail = rest.partition(end)
+    if not sep or not sep2:
+        raise SystemExit(f"{path} has no {begin} ... {end} block")
+    path.write_text(f"{head}{begin}\n{text}{end}{tail}")
 
 
 def require_extra(extra: str, what: str, *modules: str) -> None:

@@ -67,7 +67,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from bench import require_extra
+from bench import replace_between, require_extra
 from tests.security.request_support import rss_mib
 from tests.security.test_filter_cost import heavy_pattern, regex_flood
 from tests.security.test_frontdoor_unauthenticated import mutate_row_of_size
@@ -850,12 +850,7 @@ BEGIN, END = "<!-- bench.attacks: begin -->", "<!-- bench.attacks: end -->"
 
 def write_docs(path: Path, text: str) -> None:
     """Replace the table between the markers in ``path`` with ``text``."""
-    page = path.read_text()
-    head, sep, rest = page.partition(BEGIN)
-    _, sep2, tail = rest.partition(END)
-    if not sep or not sep2:
-        raise SystemExit(f"{path} has no {BEGIN} ... {END} block")
-    path.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}")
+    replace_between(path, BEGIN, END, f"{text}\n")
 
 
 async def run(

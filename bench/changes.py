@@ -16,6 +16,12 @@ reader in another process follows every partition of its change stream
   first write to the last (``start_time``/``end_time``): how fast a reader that fell behind,
   or a new replica, reads a backlog; no lag.
 
+* **replicate**: the same writes once more, while a second local cluster (one worker, the
+  same store kind, its own etcd namespace and store) follows the table through a replicator
+  in another process (``client/replicator.py``, what ``tabletstore replicate`` runs). Its lag
+  per change is the instant the replica acknowledged the change minus the change's commit
+  time at the source: the *replication lag* an application reading the replica sees.
+
 Each phase also reports what the reader fetched from the store: segments per change
 delivered, bytes fetched per change, and the commit-log segments the cluster wrote while the
 writes ran. One reading process fetches each new segment of every log once, whatever table it
@@ -23,12 +29,11 @@ holds (``client/change_stream.py``): also the segments of METADATA's own writes,
 written between the last write and the moment the reader's watermark passes it (a reader
 catching up reads to its cut, past its end time).
 
-Phases are :data:`PHASES` entries; a replication phase (a replica applying the same stream,
-its lag per change) is one more entry with its own runner, and the table and JSON carry its
-row as they carry these.
+Phases are :data:`PHASES` entries, run in order.
 
 ``--quick`` is CI-size (bench.paper's quick scale); ``--json`` and ``--markdown`` write the
-results (docs/performance/index.md shows the Markdown table).
+results; ``--docs PAGE`` puts the Markdown table in PAGE between the markers
+:data:`BEGIN` and :data:`END` (docs/performance/index.md's "Change streams").
 """
 
 from __future__ import annotations
@@ -47,14 +52,18 @@ from multiprocessing.sharedctypes import Synchronized
 from pathlib import Path
 from typing import Any
 
+from bench import replace_between
 from bench.cluster_target import ClusterTarget
 from bench.latency import percentile
 from bench.paper import QUICK_SCALE, BenchConfig, Workloads, machine, measure
 from tabletstore.client.change_plan import Change, Heartbeat, PartitionEnd
+from tabletstore.client.cluster import ClusterClient
+from tabletstore.client.replicator import TableReplicator
+from tabletstore.data.validation import REPLICATOR
 from tabletstore.embedded import connect_async
 from tabletstore.storage_s3 import layout
 
-__all__ = ["PHASES", "ChangeResult", "main", "markdown", "run"]
+__all__ = ["BEGIN", "END", "PHASES", "ChangeResult", "main", "markdown", "run", "write_docs"]
 
 TABLE = "changes"
 #: The table's change retention (seconds): longer than any run.
@@ -63,6 +72,8 @@ RETENTION = 3600.0
 DEFAULT_SCALE = 1 / 50
 #: Seconds a reader process gets to start and to finish reading after the writes.
 READER_DEADLINE = 300.0
+#: The markers around the table in the docs page (``--docs``).
+BEGIN, END = "<!-- bench.changes: begin -->", "<!-- bench.changes: end -->"
 
 
 @dataclass
@@ -173,6 +184,64 @@ async def _read(
         await client.close()
 
 
+def _replicator_main(
+    source_url: str, replica_url: str, since: float, poll: float, shared: _Shared, out: str
+) -> None:
+    """A replicator process (``spawn``), as ``tabletstore replicate`` runs one."""
+    result = asyncio.run(_replicate(source_url, replica_url, since, poll, shared))
+    with open(out, "w") as f:
+        json.dump(result, f)
+
+
+async def _replicate(
+    source_url: str, replica_url: str, since: float, poll: float, shared: _Shared
+) -> dict[str, Any]:
+    """Follow the table into the replica cluster from ``since``; the lag of each change is
+    the instant the replica acknowledged it minus its commit time at the source. Done once
+    the writes ended and the replica's applied watermark passed their end."""
+    src = await connect_async(source_url)
+    lags: list[float] = []
+    try:
+        replica = await ClusterClient.open(replica_url, identity=REPLICATOR)
+        try:
+            follower = TableReplicator(
+                src, source_url, replica, TABLE, start_time=since, poll=poll,
+                applied=lambda c: lags.append(time.time() - c.commit_time),
+            )  # fmt: skip
+            await follower.prepare()
+            task = asyncio.create_task(follower.run())
+            t0 = time.time()
+            try:
+                while True:
+                    if task.done():
+                        task.result()  # the replicator's error, if it stopped
+                        raise RuntimeError("the replicator stopped following")
+                    progress = follower.progress
+                    assert progress is not None
+                    if set(progress.partitions) <= set(progress.watermarks):
+                        shared.started.set()  # every partition has had a heartbeat
+                    if shared.stop.is_set() and progress.applied_watermark() >= shared.end.value:
+                        break
+                    await asyncio.sleep(0.05)
+            finally:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+            cache = src.change_segments
+            return {
+                "changes": len(lags),
+                "lags": lags,
+                "seconds": time.time() - t0,
+                "fetched": cache.fetched,
+                "fetched_bytes": cache.fetched_bytes,
+                "listings": cache.listings,
+                "partitions": len(progress.partitions),
+            }
+        finally:
+            await replica.close()
+    finally:
+        await src.close()
+
+
 async def _reader(
     url: str,
     mode: str,
@@ -183,24 +252,35 @@ async def _reader(
     during: Callable[[_Shared], Awaitable[None]] | None = None,
 ) -> dict[str, Any]:
     """Run a reader process; ``during`` (the writes) runs once it follows every partition."""
+    args = (url, mode, since, until, poll)
+    return await _process(f"{mode} reader", _reader_main, args, directory, during)
+
+
+async def _process(
+    name: str,
+    main: Callable[..., None],
+    args: tuple[Any, ...],
+    directory: str,
+    during: Callable[[_Shared], Awaitable[None]] | None = None,
+) -> dict[str, Any]:
+    """Run ``main(*args, shared, out)`` in a process; ``during`` (the writes) runs once it
+    set ``shared.started``; its result is the JSON it wrote to ``out``."""
     ctx = multiprocessing.get_context("spawn")
     shared = _Shared(ctx.Event(), ctx.Event(), ctx.Value("d", 0.0))
-    out = os.path.join(directory, f"reader-{mode}.json")
-    proc = ctx.Process(
-        target=_reader_main, args=(url, mode, since, until, poll, shared, out), daemon=True
-    )
+    out = os.path.join(directory, f"{name.replace(' ', '-')}.json")
+    proc = ctx.Process(target=main, args=(*args, shared, out), daemon=True)
     proc.start()
     try:
         if during is not None:
             deadline = time.monotonic() + READER_DEADLINE
             while not shared.started.is_set():
                 if not proc.is_alive() or time.monotonic() > deadline:
-                    raise RuntimeError(f"the {mode} reader did not start following")
+                    raise RuntimeError(f"the {name} did not start following")
                 await asyncio.sleep(0.1)
             await during(shared)
         await asyncio.to_thread(proc.join, READER_DEADLINE)
         if proc.exitcode != 0:
-            raise RuntimeError(f"the {mode} reader failed (exit status {proc.exitcode})")
+            raise RuntimeError(f"the {name} failed (exit status {proc.exitcode})")
         result: dict[str, Any] = json.loads(await asyncio.to_thread(Path(out).read_text))
         return result
     finally:
@@ -220,6 +300,8 @@ class _Run:
     cfg: BenchConfig
     poll: float
     directory: str
+    #: The object store kind (``file``, ``moto``): the replica cluster's too.
+    store: str = "file"
     began: float = 0.0
     ended: float = 0.0
     write_rate: float = 0.0
@@ -236,37 +318,81 @@ async def _segments_written(run: _Run, since: float, until: float) -> int:
     return n
 
 
-async def _follow(run: _Run) -> ChangeResult:
-    """The writes, with a reader following the stream from their start."""
-    run.began = time.time()
+@dataclass
+class _Writes:
+    """One pass of bench.paper's random writes: its span and rate."""
+
+    began: float = 0.0
+    ended: float = 0.0
+    rate: float = 0.0
+    seconds: float = 0.0
+
+
+def _writer(run: _Run, span: _Writes) -> Callable[[_Shared], Awaitable[None]]:
+    """The writes, as a process's ``during``: they tell it when they ended."""
 
     async def write(shared: _Shared) -> None:
         w = Workloads(run.target, run.cfg)
         result = await measure("random writes", run.target, w.random_writes(TABLE), run.cfg)
-        run.ended = time.time()
-        run.write_rate = result.rate
-        run.write_seconds = result.seconds
-        shared.end.value = run.ended
+        span.ended = time.time()
+        span.rate, span.seconds = result.rate, result.seconds
+        shared.end.value = span.ended
         shared.stop.set()
 
-    got = await _reader(
-        run.target.url, "follow", run.began, None, run.poll, run.directory, during=write
-    )
+    return write
+
+
+async def _lagged(
+    run: _Run, phase: str, got: dict[str, Any], span: _Writes, **extra: Any
+) -> ChangeResult:
+    """A phase that followed ``span``'s writes as they were made: its lag per change."""
     lags = sorted(got["lags"])
     return ChangeResult(
-        phase="follow",
+        phase=phase,
         changes=got["changes"],
-        seconds=max(1e-9, run.write_seconds),
+        seconds=max(1e-9, span.seconds),
         lag_p50_ms=1000 * percentile(lags, 0.50),
         lag_p99_ms=1000 * percentile(lags, 0.99),
         lag_max_ms=1000 * (lags[-1] if lags else 0.0),
         segments_fetched=got["fetched"],
         bytes_fetched=got["fetched_bytes"],
         listings=got["listings"],
-        segments_written=await _segments_written(run, run.began, run.ended),
+        segments_written=await _segments_written(run, span.began, span.ended),
         partitions=got["partitions"],
-        extra={"write_rate": run.write_rate},
+        extra={"write_rate": span.rate, **extra},
     )
+
+
+async def _follow(run: _Run) -> ChangeResult:
+    """The writes, with a reader following the stream from their start."""
+    span = _Writes(began=time.time())
+    run.began = span.began
+    got = await _reader(
+        run.target.url, "follow", span.began, None, run.poll, run.directory,
+        during=_writer(run, span),
+    )  # fmt: skip
+    run.ended, run.write_rate, run.write_seconds = span.ended, span.rate, span.seconds
+    return await _lagged(run, "follow", got, span)
+
+
+async def _replication(run: _Run) -> ChangeResult:
+    """The same writes once more, with a replica cluster (one worker, the same store kind)
+    following the table through a replicator process: its lag per change is the instant the
+    replica acknowledged the change minus the change's commit time at the source."""
+    replica = ClusterTarget(f"cluster:1:{run.store}", rows=run.cfg.rows, mem_rows=run.cfg.mem_rows)
+    await replica.open()
+    try:
+        span = _Writes(began=time.time())
+        args = (run.target.url, replica.url, span.began, run.poll)
+        got = await _process(
+            "replicator", _replicator_main, args, run.directory, during=_writer(run, span)
+        )
+    finally:
+        await replica.close()
+    result = await _lagged(run, "replicate", got, span)
+    if result.changes < run.cfg.rows:
+        raise RuntimeError(f"the replica applied {result.changes} changes of {run.cfg.rows} writes")
+    return result
 
 
 async def _catch_up(run: _Run) -> ChangeResult:
@@ -289,6 +415,7 @@ async def _catch_up(run: _Run) -> ChangeResult:
 PHASES: tuple[tuple[str, Callable[[_Run], Awaitable[ChangeResult]]], ...] = (
     ("follow", _follow),
     ("catch-up", _catch_up),
+    ("replicate", _replication),
 )
 
 
@@ -312,7 +439,7 @@ async def run(
     try:
         await target.create(TABLE)
         await target._db.set_changes(TABLE, RETENTION)
-        state = _Run(target, cfg, poll, directory)
+        state = _Run(target, cfg, poll, directory, store)
         results = []
         for _, phase in PHASES:
             r = await phase(state)
@@ -370,11 +497,17 @@ def markdown(
         f"{cfg.concurrency} in flight"
         + (f", {write_rate:,.0f} writes/s" if write_rate else "")
         + f", on a local cluster of {workers} worker process{'es' if workers > 1 else ''} "
-        f"(the table in {2 * workers} tablets); the reader is another process. Machine: "
+        f"(the table in {2 * workers} tablets); the reader is another process, and so is "
+        f"the replicator, whose replica is a second local cluster of one worker. Machine: "
         f"{host['cpu']}, {host['cores']} cores, Python {host['python']}, load average at "
         f"the end {', '.join(f'{x:.1f}' for x in host['load_average'] or ())}."
     )
     return "\n".join(out) + "\n"
+
+
+def write_docs(path: Path, text: str) -> None:
+    """Replace what is between :data:`BEGIN` and :data:`END` in ``path`` with ``text``."""
+    replace_between(path, BEGIN, END, text)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -390,6 +523,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--dir", help="work directory for the readers' results (default: temporary)")
     p.add_argument("--json", help="write the results as JSON here")
     p.add_argument("--markdown", help="write the results as a Markdown table here")
+    p.add_argument(
+        "--docs", type=Path, help="put the Markdown table in this page, between its markers"
+    )
     args = p.parse_args(argv)
     if args.workers < 1:
         p.error("--workers must be at least 1")
@@ -427,6 +563,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(table)
+    if args.docs is not None:
+        write_docs(args.docs, table)
     print(table)
     return 0
 

@@ -2,6 +2,8 @@
 
 Prints operations, faults of each kind, lost acknowledged writes (must be 0), wrong reads (0),
 double-serving (0), with ``--changes`` the change stream's lost and repeated changes (0),
+with ``--replicate`` the replica's lost and repeated changes (0) and whether it equals the
+source cell for cell,
 recovery seconds per worker kill (median and max) and the write gaps, and
 saves the report and the full history as JSON (``--dir``). Exit status 1 if the checker found
 anything. See ``tabletstore/testing/chaos`` for what each piece does.
@@ -79,6 +81,14 @@ def main(argv: list[str] | None = None) -> int:
         "of its change stream through the run; the summary says whether every acknowledged "
         "write was read exactly once (tabletstore/testing/chaos/change_follower.py)",
     )
+    parser.add_argument(
+        "--replicate",
+        action="store_true",
+        help="a replica cluster (its own etcd and S3) follows the chaos table through "
+        "`tabletstore replicate` while the nemesis faults the source; the summary says "
+        "whether every source change was applied exactly once and the replica equals the "
+        "source cell for cell (tabletstore/testing/chaos/replica.py)",
+    )
     parser.add_argument("--dir", type=Path, default=None, help="logs, history.json, report.json")
     parser.add_argument(
         "--recheck",
@@ -102,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{','.join(MEMBER_FAULTS)} need --etcd-members 3")
     if args.etcd_members > 1 and args.tls:
         parser.error("--tls runs etcd as one member")
+    if args.replicate and args.tls:
+        parser.error("--replicate runs without --tls")
     if args.minutes <= 0:
         parser.error("--minutes must be positive")
     try:
@@ -132,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         etcd_members=args.etcd_members,
         store=args.store,
         changes=args.changes,
+        replicate=args.replicate,
     )
     report = asyncio.run(run_chaos(config))
     print(report.summary())

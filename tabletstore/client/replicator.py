@@ -68,7 +68,6 @@ from tabletstore.errors import (
 )
 
 __all__ = [
-    "PROMOTION_MARGIN",
     "TableReplicator",
     "load_progress",
     "promote",
@@ -77,9 +76,6 @@ __all__ = [
     "save_progress",
 ]
 
-#: How long after its last write reached a worker a write's log segment is sealed, at most
-#: (seconds): what a promotion waits on top of the clocks' skew (:func:`promote`).
-PROMOTION_MARGIN = 0.5
 #: A fresh replica of a table starts this far inside the source's change retention.
 START_MARGIN = 60.0
 
@@ -150,6 +146,7 @@ class TableReplicator:
         save_every: float = 1.0,
         clock: Clock | None = None,
         log: Callable[[str], object] = lambda line: None,
+        applied: Callable[[Change], object] | None = None,
     ) -> None:
         if replica.identity != REPLICATOR:
             raise InvalidArgument(f"a replicator writes as {REPLICATOR!r}")
@@ -164,6 +161,9 @@ class TableReplicator:
         self.save_every = save_every
         self.clock = clock or SystemClock()
         self.log = log
+        #: Called with each change once the replica acknowledged it (``bench.changes`` times
+        #: the replication lag with it).
+        self.applied = applied
         self.progress: Progress | None = None
         self._saving = asyncio.Lock()
         self._saved_at = float("-inf")
@@ -314,6 +314,8 @@ class TableReplicator:
                 ):
                     if isinstance(item, Change):
                         await self._apply(item)
+                        if self.applied is not None:
+                            self.applied(item)
                         self.progress = replace(
                             self.progress.advanced(part, item.token, None),
                             applied_changes=self.progress.applied_changes + 1,
@@ -476,11 +478,17 @@ async def promote(
     ``promoted_at`` is the instant this table's own writes begin, from which the old primary
     follows it after a failback.
 
-    How: the table first refuses every write (the replicator's too), on every worker; after
-    the clocks' skew and :data:`PROMOTION_MARGIN`, every replicated write is in a log segment
-    stamped before ``promoted_at``; then it takes client writes, each stamped after it, so a
-    follower of this table starting at ``promoted_at`` reads every client write and none of
-    the replicated ones (which a sum must not count twice)."""
+    How (the fence is strict, no margin for a slow write): the master's ``set_replica`` with
+    ``promoting`` answers once every live worker has the schema that refuses every write (the
+    replicator's too) and its commit log has sealed every write it took before
+    (``worker/admin_service.py`` update_schema); a tablet checks the schema again where a write
+    joins the log (``TabletCore.check_writable``), and one opened meanwhile serves with the
+    newest schema its worker read. So every replicated write is in a segment its worker
+    stamped before ``fenced`` by this clock plus the clocks' skew, which is before
+    ``promoted_at``; the table then takes client writes only after ``promoted_at`` plus the
+    skew, each stamped at or after ``promoted_at``. A follower of this table starting at
+    ``promoted_at`` reads every client write and none of the replicated ones (which a sum
+    must not count twice)."""
     clock = clock or SystemClock()
     info = await replica._info(table, refresh=True)
     current = info.schema.replica_of
@@ -488,8 +496,8 @@ async def promote(
         raise PreconditionFailed(f"table {table!r} is not a replica; there is nothing to promote")
     await replica.set_replica(table, current, promoting=True)
     fenced = clock.time()
-    await clock.sleep(2 * CLOCK_SKEW + 2 * PROMOTION_MARGIN)
-    promoted_at = fenced + CLOCK_SKEW + PROMOTION_MARGIN + 0.001
+    promoted_at = fenced + CLOCK_SKEW + 0.001
+    await clock.sleep(2 * CLOCK_SKEW + 0.002)
     progress = await load_progress(replica, table)
     applied = progress.applied_watermark() if progress is not None else 0.0
     base = progress or Progress(source=current.source, table=current.table)

@@ -46,6 +46,7 @@ __all__ = [
     "MAX_MUTATIONS_PER_ROW",
     "REPLICATOR",
     "check_mutation_size",
+    "check_not_promoting",
     "check_replica_write",
     "check_row_key",
     "families_of",
@@ -66,6 +67,19 @@ MUTATION_OVERHEAD = 32
 REPLICATOR = "tabletstore-replicator"
 
 
+def check_not_promoting(schema: TableSchema) -> None:
+    """Unavailable (retry) while the table is being promoted from replica to primary: it
+    takes no write at all then. A tablet checks it again at the moment a write joins its
+    commit log, so that once a worker has the promoting schema and its log has sealed what
+    it holds, no replicated write can be stamped later (``client/replicator.py`` promote)."""
+    replica = schema.replica_of
+    if replica is not None and replica.promoting:
+        raise Unavailable(
+            f"table {schema.name!r} is being promoted from replica to primary; retry in a "
+            "few seconds"
+        )
+
+
 def check_replica_write(schema: TableSchema, identity: str | None) -> None:
     """The write policy of replication (single primary): a replica table takes writes from
     its replicator only, and the replicator writes nothing but replicas. PreconditionFailed
@@ -78,11 +92,7 @@ def check_replica_write(schema: TableSchema, identity: str | None) -> None:
                 "another): the replicator does not write it"
             )
         return
-    if replica.promoting:
-        raise Unavailable(
-            f"table {schema.name!r} is being promoted from replica to primary; retry in a "
-            "few seconds"
-        )
+    check_not_promoting(schema)
     if identity != REPLICATOR:
         raise PreconditionFailed(
             f"table {schema.name!r} is a replica of {replica.table!r} at {replica.source} and "

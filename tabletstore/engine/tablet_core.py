@@ -23,6 +23,7 @@ from typing import Protocol
 
 from tabletstore.clock import Clock, micros
 from tabletstore.data.schema import GcRule, LocalityGroup, TableSchema
+from tabletstore.data.validation import check_not_promoting
 from tabletstore.engine.state import TabletState
 from tabletstore.errors import NotServing, TabletStoreError, Unavailable
 from tabletstore.keys import Cell
@@ -146,9 +147,12 @@ class TabletCore:
             )
 
     def check_writable(self) -> None:
-        """Writes also need no split or unload under way; refused ones were not applied, and
+        """Writes also need no split or unload under way, and a table not being promoted
+        (``data.validation.check_not_promoting``: checked here, where a write joins the
+        commit log, and not only when it arrived); refused ones were not applied, and
         NotServing sends the client to look the tablet up again (its children, its new owner)."""
         self.check_open()
+        check_not_promoting(self.schema)
         if self.writes_blocked is not None:
             raise NotServing(
                 f"tablet {self.record.tablet_id} is {self.writes_blocked}; look it up again"

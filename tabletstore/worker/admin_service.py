@@ -191,6 +191,12 @@ class AdminService:
 
     async def update_schema(self, req: UpdateSchemaRequest) -> None:
         info = await self._server.catalog.get_table(req.table_name)
+        schema = self._server.newest_schema(info)
         for (table_id, _), tablet in self._server.tablets.items():
             if table_id == info.table_id:
-                tablet.set_schema(info.schema)
+                tablet.set_schema(schema)
+        if schema.replica_of is not None and schema.replica_of.promoting:
+            # A promotion's fence (client/replicator.py promote): the tablets refuse every
+            # write from now on, and once the log has sealed what it holds, every write they
+            # let through before is in a segment stamped before this answers.
+            await self._server.log_barrier()

@@ -119,6 +119,11 @@ class WorkerLog:
                     )
         return results
 
+    async def barrier(self) -> None:
+        """Wait until every append made before this call is durable or has failed (so its
+        segment was stamped before this returns)."""
+        await self._writer.barrier()
+
     async def replay_own(self, record: TabletRecord) -> AsyncIterator[Cell]:
         """The tablet's cells past its redo point in this worker's *current* log: a tablet it
         served before in this incarnation and now loads again (an unload whose flush failed

@@ -153,7 +153,9 @@ class TabletSplits:
             self._split_after[key] = self._clock.monotonic() + self._cooldown
 
         try:
-            schema = (await self._server.catalog.table_by_id(record.table_id)).schema
+            schema = self._server.newest_schema(
+                await self._server.catalog.table_by_id(record.table_id)
+            )
             tablet = await self._server.open_and_serve(record, schema, before_serving=cool_down)
         except TabletStoreError as exc:
             # Committed but not served: let the master assign it (it recovers from the logs).

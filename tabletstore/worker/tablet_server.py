@@ -58,7 +58,7 @@ from tabletstore.engine.tablet import Tablet
 from tabletstore.errors import InvalidArgument, NotFound, NotServing, TabletStoreError, Unavailable
 from tabletstore.keys import Cell
 from tabletstore.metadata import rows as mt
-from tabletstore.metadata.catalog import Catalog
+from tabletstore.metadata.catalog import Catalog, TableInfo
 from tabletstore.metadata.record import LogRef, TabletRecord, metadata_row_key
 from tabletstore.options import TabletOptions, WorkerOptions
 from tabletstore.rpc.messages import (
@@ -166,6 +166,10 @@ class TabletServer:
             ScanCache(self._options.scan_cache_rows) if self._options.scan_cache_rows > 0 else None
         )
         self._tablets: dict[tuple[str, str], Tablet] = {}
+        #: The newest schema of each table this worker read from the catalog (by the
+        #: record's revision, :meth:`newest_schema`): a tablet starts serving with it, so a
+        #: schema pushed while the tablet was being opened with an older one is not missed.
+        self._schemas: dict[str, TableInfo] = {}
         self._loading: dict[tuple[str, str], asyncio.Lock] = {}
         #: Loads under way, by tablet: each runs as its own task, which the load calls for
         #: that tablet await (so a caller that goes away does not stop it).
@@ -487,7 +491,7 @@ class TabletServer:
     async def _load_claimed(self, req: LoadTabletRequest | LoadTabletAtRequest, epoch: int) -> None:
         assert self._log is not None
         try:
-            schema = (await self._catalog.table_by_id(req.table_id)).schema
+            schema = self.newest_schema(await self._catalog.table_by_id(req.table_id))
         except NotFound as exc:
             raise NotServing(str(exc)) from exc
         # A request naming the end row reads the tablet's one METADATA row; an older master's
@@ -537,9 +541,26 @@ class TabletServer:
             if before_serving is not None:
                 before_serving(tablet)
             tablet.on_compacted = self.splits.after_compaction
+            newest = self._schemas.get(tablet.record.table_id)
+            if newest is not None and newest.schema is not tablet.schema:
+                tablet.set_schema(newest.schema)  # pushed while it was opened (no await since)
             self._tablets[(tablet.record.table_id, tablet.record.tablet_id)] = tablet
             self.splits.after_compaction(tablet)  # a tablet loaded past the split size splits now
         return tablet
+
+    def newest_schema(self, info: TableInfo) -> TableSchema:
+        """Note a table's schema as read from the catalog and return the newest this worker
+        has read (a push and a load may read it in either order)."""
+        known = self._schemas.get(info.table_id)
+        if known is None or info.revision >= known.revision:
+            self._schemas[info.table_id] = known = info
+        return known.schema
+
+    async def log_barrier(self) -> None:
+        """Wait until every write appended to this worker's commit log so far is durable or
+        failed (``WorkerLog.barrier``)."""
+        if self._log is not None:
+            await self._log.barrier()
 
     async def _open_tablet(
         self, record: TabletRecord, schema: TableSchema, replayed: Sequence[Cell] | None = None

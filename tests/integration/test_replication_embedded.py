@@ -21,11 +21,13 @@ from tabletstore.client import replicator as replicator_module
 from tabletstore.client.client import AsyncClient
 from tabletstore.client.replication_plan import MARKER_FAMILY
 from tabletstore.client.replicator import TableReplicator, load_progress, promote, save_progress
+from tabletstore.commitlog.format import decode_segment
 from tabletstore.data.model import AddToCell, DeleteCells, DeleteRow, SetCell
 from tabletstore.data.schema import ColumnFamily
 from tabletstore.data.validation import REPLICATOR
 from tabletstore.embedded import Database
 from tabletstore.errors import InvalidArgument, PreconditionFailed
+from tabletstore.storage_s3 import layout
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -271,3 +273,71 @@ async def test_failback_follows_the_new_primary_from_its_promotion(tmp_path: Pat
     finally:
         await src.close()
         await dst.close()
+
+
+async def test_a_replicated_write_racing_the_promotion_is_stamped_before_its_instant(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The promotion's fence is strict: a replicator write that passed the worker's first
+    check before the promotion began, then waited for its row's lock while the log was slow,
+    is either refused or in a segment stamped before the promotion instant; never after it,
+    where a follower of the promoted table (the old primary after a failback) would take it
+    for a client write of the new primary. The replica's log is held up (a segment PUT that
+    does not finish) for longer than the promotion took before the fence was strict."""
+    src, url, dst = await _pair(tmp_path)
+    try:
+        await _replicator(src, url, dst).prepare()  # the replica table
+        writer = dst.worker._writer
+        assert writer is not None
+        real, release, holding = writer._create, asyncio.Event(), asyncio.Event()
+
+        async def held(key: str, data: bytes) -> None:
+            holding.set()
+            await release.wait()
+            await real(key, data)
+
+        monkeypatch.setattr(writer, "_create", held)
+        table = dst.table("t")
+        (tablet,) = [t for (tid, _), t in dst.worker.tablets.items() if tid.startswith("t-")]
+        first = asyncio.create_task(table.mutate_row(b"r", [SetCell("f", b"q", b"first", 1)]))
+        await asyncio.wait_for(holding.wait(), 30)  # its segment's PUT hangs; it holds the lock
+        second = asyncio.create_task(table.mutate_row(b"r", [SetCell("f", b"q", b"second", 2)]))
+        locks = tablet._writes.row_locks
+        await _until(lambda: locks.users.get(b"r", 0) >= 2, "the second write waits for the lock")
+        promotion = asyncio.create_task(promote(dst, "t"))
+        await _until(
+            lambda: tablet.schema.replica_of is not None and tablet.schema.replica_of.promoting,
+            "the worker has the promoting schema",
+        )
+        # Hold the log past the instant the promotion would have printed without the barrier
+        # (it waits for nothing then): the second write would join the log after it.
+        await asyncio.wait([promotion], timeout=4 * replicator_module.CLOCK_SKEW + 1.0)
+        release.set()
+        _, promoted_at = await asyncio.wait_for(promotion, 60)
+        await asyncio.wait_for(first, 60)
+        await asyncio.gather(asyncio.wait_for(second, 60), return_exceptions=True)
+        stamps: dict[bytes, list[float]] = {b"first": [], b"second": []}
+        async for info in dst.store.list(layout.LOGS):
+            data = await dst.store.get(info.key)
+            if not data:
+                continue
+            segment = decode_segment(data, where=info.key)
+            assert segment.header is not None and segment.header.written_at is not None
+            for record in segment.records:
+                for cell in record.cells:
+                    if cell.value in stamps:
+                        stamps[cell.value].append(segment.header.written_at)
+        assert stamps[b"first"] and all(s < promoted_at for s in stamps[b"first"])
+        late = [s - promoted_at for s in stamps[b"second"] if s >= promoted_at]
+        assert not late, f"a replicated write stamped {late} s after the promotion instant"
+    finally:
+        await src.close()
+        await dst.close()
+
+
+async def _until(check: object, what: str, deadline: float = 30.0) -> None:
+    assert callable(check)
+    end = time.monotonic() + deadline
+    while not check():
+        assert time.monotonic() < end, f"not within {deadline}s: {what}"
+        await asyncio.sleep(0.01)

@@ -10,7 +10,9 @@ hands the history to the checker together with the evidence for double-serving
 (:func:`attribute_values`: which worker's commit log holds each value). The report carries the
 verdict and prints the summary ``bench/chaos.py`` shows; the full history is saved as JSON.
 With ``changes`` the table keeps a change retention and a follower reads its change stream
-through the run, checked against the history at the end (:mod:`.change_follower`).
+through the run, checked against the history at the end (:mod:`.change_follower`); with
+``replicate`` also a replica cluster follows the table through the replicator, checked against
+the source's stream and cells at the end (:mod:`.replica`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tabletstore.client.change_plan import Change
 from tabletstore.client.client import AsyncClient
 from tabletstore.client.table import AsyncTable
 from tabletstore.clock import SystemClock
@@ -47,6 +50,12 @@ from tabletstore.testing.chaos.chaos_cluster import ENV, ChaosCluster
 from tabletstore.testing.chaos.checker import Verdict, check
 from tabletstore.testing.chaos.history import History, Outcome
 from tabletstore.testing.chaos.nemesis import FAULTS, PARTITION_FAULTS, Nemesis, schedule
+from tabletstore.testing.chaos.replica import (
+    ReplicaCluster,
+    ReplicaVerdict,
+    check_replica,
+    scan_cells,
+)
 from tabletstore.testing.chaos.workload import (
     FAMILY,
     QUALIFIER,
@@ -67,6 +76,10 @@ __all__ = [
 ]
 
 TABLE = "chaos"
+#: The change-stream poll of a ``replicate`` run's readers (the source's follower, the
+#: replicator, the replica's follower): each lists the bucket once per partition per poll,
+#: and three readers of six partitions at 0.5 s overload one moto server on a loaded machine.
+REPLICATE_POLL = 2.0
 #: Seconds the healed cluster gets to serve every tablet again before the final read.
 HEAL_DEADLINE = 120.0
 
@@ -95,6 +108,9 @@ class ChaosConfig:
     #: The chaos table keeps changes and a follower reads its change stream through the run
     #: (change_follower.py).
     changes: bool = False
+    #: A replica cluster follows the chaos table through the replicator (replica.py); the
+    #: table keeps changes and the change-stream follower runs too.
+    replicate: bool = False
 
 
 @dataclass
@@ -111,6 +127,8 @@ class ChaosReport:
     verify: VerifyReport | None = None
     #: The change-stream check of a ``changes`` run (None: not one).
     changes: ChangeVerdict | None = None
+    #: The replica's check of a ``replicate`` run (None: not one).
+    replica: ReplicaVerdict | None = None
 
     @property
     def ok(self) -> bool:
@@ -120,6 +138,7 @@ class ChaosReport:
             self.verdict.ok
             and (self.verify is None or not self.verify.findings)
             and (self.changes is None or self.changes.ok)
+            and (self.replica is None or self.replica.ok)
         )
 
     def summary(self) -> str:
@@ -148,6 +167,8 @@ class ChaosReport:
         )
         if self.changes is not None:
             lines.extend(self.changes.lines())
+        if self.replica is not None:
+            lines.extend(self.replica.lines())
         median, worst, never = v.recovery_summary()
         if v.recovery:
             lines.append(
@@ -217,6 +238,7 @@ class ChaosReport:
             "nemesis_errors": self.nemesis_errors + self.setup_errors,
             "history": str(self.history_path),
             "changes": None if self.changes is None else self.changes.to_json(),
+            "replica": None if self.replica is None else self.replica.to_json(),
         }
 
 
@@ -433,6 +455,66 @@ async def _create_table(
             await asyncio.sleep(1.0)
 
 
+class _Replica:
+    """A ``replicate`` run's replica (replica.py): its cluster, the replicator and its
+    supervisor, a client of the replica cluster and a follower of the replica table's own
+    change stream (the writes the replicator applied)."""
+
+    def __init__(self, config: ChaosConfig, cluster: ChaosCluster) -> None:
+        self.cluster = ReplicaCluster(
+            config.directory / "replica", cluster.process_url, TABLE, env=ENV, poll=REPLICATE_POLL
+        )
+        self.client: AsyncClient | None = None
+        self.follower: ChangeFollower | None = None
+        self.supervisor: asyncio.Task[None] | None = None
+        self.verdict = ReplicaVerdict(incomplete="the run ended before the replica was checked")
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self.cluster.start)
+        began = time.time()
+        await asyncio.to_thread(self.cluster.start_replicator)
+        self.supervisor = asyncio.create_task(self.cluster.supervise())
+        self.client = await connect_async(self.cluster.url)
+        await self.cluster.wait_table(self.client, HEAL_DEADLINE)
+        # The replica table is made before the replicator's first write: reading its stream
+        # from before that instant sees every write the replicator applied.
+        self.follower = ChangeFollower(self.client.table(TABLE), began, poll=REPLICATE_POLL)
+        await self.follower.start()
+
+    async def finish(
+        self, source: AsyncClient, source_changes: Sequence[Change], until: float
+    ) -> ReplicaVerdict:
+        """Once the replica applied every source write before ``until``: compare."""
+        assert self.client is not None and self.follower is not None
+        incomplete = []
+        if not await self.cluster.caught_up(self.client, until, HEAL_DEADLINE):
+            incomplete.append(f"the replica's progress not past the final instant within "
+                              f"{HEAL_DEADLINE:.0f} s")  # fmt: skip
+        # The replica's own stream past ``until``'s writes: its writes were logged after them.
+        if not await self.follower.wait_complete(time.time(), HEAL_DEADLINE):
+            incomplete.append("the replica's change stream not read to its end in time")
+        verdict = check_replica(
+            source_changes,
+            self.follower.changes,
+            await scan_cells(source, TABLE),
+            await scan_cells(self.client, TABLE),
+        )
+        verdict.incomplete = "; ".join(incomplete) or None
+        verdict.replicators_started = self.cluster.replicators_started
+        return verdict
+
+    async def close(self) -> None:
+        if self.supervisor is not None:
+            self.supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.supervisor
+        if self.follower is not None:
+            await self.follower.stop()
+        if self.client is not None:
+            await self.client.close()
+        await asyncio.to_thread(self.cluster.close)
+
+
 async def run_chaos(config: ChaosConfig) -> ChaosReport:
     """One run (module docstring). Processes are stopped whatever happens."""
     plan = schedule(
@@ -488,7 +570,8 @@ async def _run(
     history: History,
     setup_errors: list[str],
 ) -> ChaosReport:
-    table = await _create_table(client, cluster, changes=RETENTION if config.changes else None)
+    follows = config.changes or config.replicate
+    table = await _create_table(client, cluster, changes=RETENTION if follows else None)
     table_id = (await client._info(TABLE)).table_id
     poller = _Poller(client, table_id, history)
 
@@ -497,8 +580,16 @@ async def _run(
         return poller.all_served()
 
     await _wait(served, HEAL_DEADLINE, "every chaos tablet served")
+    replica = _Replica(config, cluster) if config.replicate else None
+    if replica is not None:
+        try:
+            await replica.start()
+        except BaseException:
+            await replica.close()
+            raise
     poll_task = asyncio.create_task(poller.run())
-    follower = ChangeFollower(table, time.time()) if config.changes else None
+    poll = REPLICATE_POLL if config.replicate else 0.5
+    follower = ChangeFollower(table, time.time(), poll=poll) if follows else None
     complete = False
     if follower is not None:
         await follower.start()
@@ -555,12 +646,20 @@ async def _run(
             for cell in TXN_CELLS:
                 await workload.read_cell("final", row, cell)
         if follower is not None:
-            # Every write was acknowledged (or abandoned) before ``stopped_wall``.
-            complete = await follower.wait_complete(stopped_wall, HEAL_DEADLINE)
+            # Every write was acknowledged (or abandoned) before ``stopped_wall``; with a
+            # replica, the source's stream is read up to the replica's final instant too (an
+            # abandoned write may have been logged after the workload stopped).
+            until = time.time() if replica is not None else stopped_wall
+            complete = await follower.wait_complete(until, HEAL_DEADLINE)
+        if replica is not None:
+            assert follower is not None
+            replica.verdict = await replica.finish(client, follower.changes, until)
     finally:
         poll_task.cancel()
         if follower is not None:
             await follower.stop()
+        if replica is not None:
+            await replica.close()
         with contextlib.suppress(asyncio.CancelledError):
             await poll_task
         if processes is not None:
@@ -584,7 +683,7 @@ async def _run(
         kills=nemesis.kills,
     )
     changes = None
-    if follower is not None:
+    if follower is not None and config.changes:
         changes = check_changes(history.ops, follower.changes)
         changes.partitions_ended, changes.resumed = follower.ended, follower.resumed
         changes.clock_stepped = "clock_jump" in config.faults
@@ -607,6 +706,12 @@ async def _run(
         unreadable_segments=bad,
         verify=verified,
         changes=changes,
+        replica=None if replica is None else replica.verdict,
     )
+    if replica is not None and follower is not None and not complete:
+        replica.verdict.incomplete = replica.verdict.incomplete or (
+            "the source's change stream was not read past the final instant within "
+            f"{HEAL_DEADLINE:.0f} s"
+        )
     (config.directory / "report.json").write_text(json.dumps(report.to_json(), default=str))
     return report

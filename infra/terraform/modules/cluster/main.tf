@@ -17,6 +17,14 @@
 # The master runs the recovery functions: --sort-executor and --compaction-executor name the
 # functions module's log-sort and compaction functions.
 #
+# With var.replication this cluster is a replica of tables of a source cluster (another
+# region): a `replicator` service of one task follows them (`tabletstore replicate`). Its task
+# role is its own and may only read the source's bucket (list it, get the objects under its
+# prefix, decrypt with its key): it writes the replica through this cluster's workers, as a
+# client, so it needs nothing of this cluster's bucket. Its init container also writes the
+# source's etcd client certificate where the source URL names it. One task at a time (a
+# deployment stops the old one first): two would write the same progress records.
+#
 # The entrypoint binds each process to the task's own address (which it then advertises in etcd;
 # 0.0.0.0 cannot be dialled), and its `health` role is the health check: a TCP connect to the
 # process's RPC port on that address.
@@ -47,8 +55,25 @@ locals {
   # The RPC ports serve mutual TLS: each task's init container writes its role's certificate
   # (var.tls_secret_arns: the cluster CA, the certificate, its key) to tls_dir, and the
   # process reads it from there (TABLETSTORE_TLS_CA/_CERT/_KEY).
-  tls_dir  = "/tmp/tls"
-  tls_role = { master = "master", worker = "worker", cli = "client" }
+  tls_dir     = "/tmp/tls"
+  replicating = var.replication != null
+  tls_role = merge(
+    { master = "master", worker = "worker", cli = "client" },
+    local.replicating ? { replicator = "client" } : {},
+  )
+  # The replicator's scratch also writes the source's etcd client certificate.
+  source_cert_lines = local.replicating ? [
+    "mkdir -p ${var.replication.source_etcd_tls_dir}",
+    "printf '%s\\n' \"$SOURCE_ETCD_CA_CERT\" > ${var.replication.source_etcd_tls_dir}/ca.pem",
+    "printf '%s\\n' \"$SOURCE_ETCD_CLIENT_CERT\" > ${var.replication.source_etcd_tls_dir}/client.pem",
+    "printf '%s\\n' \"$SOURCE_ETCD_CLIENT_KEY\" > ${var.replication.source_etcd_tls_dir}/client.key",
+    "chown -R ${local.user} ${var.replication.source_etcd_tls_dir}",
+  ] : []
+  source_cert_secrets = local.replicating ? [
+    { name = "SOURCE_ETCD_CLIENT_CERT", valueFrom = "${var.replication.source_etcd_client_secret_arn}:cert::" },
+    { name = "SOURCE_ETCD_CLIENT_KEY", valueFrom = "${var.replication.source_etcd_client_secret_arn}:key::" },
+    { name = "SOURCE_ETCD_CA_CERT", valueFrom = "${var.replication.source_etcd_client_secret_arn}:ca::" },
+  ] : []
   # The init container: /tmp writable by all (sticky), the etcd client certificate in
   # var.etcd_tls_dir and the task's RPC certificate in tls_dir, readable by the image's user
   # alone.
@@ -58,7 +83,7 @@ locals {
     essential  = false
     user       = "0"
     entryPoint = ["/bin/sh", "-c"]
-    command = [join("; ", [
+    command = [join("; ", concat([
       "set -eu",
       "chmod 1777 /tmp",
       "umask 077",
@@ -70,15 +95,15 @@ locals {
       "printf '%s\\n' \"$TLS_CERT_PEM\" > ${local.tls_dir}/cert.pem",
       "printf '%s\\n' \"$TLS_KEY_PEM\" > ${local.tls_dir}/key.pem",
       "chown -R ${local.user} ${var.etcd_tls_dir} ${local.tls_dir}",
-    ])]
-    secrets = [
+    ], task == "replicator" ? local.source_cert_lines : []))]
+    secrets = concat(task == "replicator" ? local.source_cert_secrets : [], [
       { name = "ETCD_CLIENT_CERT", valueFrom = "${var.etcd_client_secret_arn}:cert::" },
       { name = "ETCD_CLIENT_KEY", valueFrom = "${var.etcd_client_secret_arn}:key::" },
       { name = "ETCD_CA_CERT", valueFrom = "${var.etcd_client_secret_arn}:ca::" },
       { name = "TLS_CA_PEM", valueFrom = "${var.tls_secret_arns[role]}:ca::" },
       { name = "TLS_CERT_PEM", valueFrom = "${var.tls_secret_arns[role]}:cert::" },
       { name = "TLS_KEY_PEM", valueFrom = "${var.tls_secret_arns[role]}:key::" },
-    ]
+    ])
     readonlyRootFilesystem = true
     mountPoints            = [{ sourceVolume = "scratch", containerPath = "/tmp" }]
     logConfiguration       = { logDriver = "awslogs", options = local.log_options }
@@ -113,7 +138,18 @@ locals {
       memory  = var.worker_memory
     }
   }
-  tasks = merge(local.roles, { cli = { command = ["status"], port = null, cpu = 512, memory = 1024 } })
+  tasks = merge(
+    local.roles,
+    { cli = { command = ["status"], port = null, cpu = 512, memory = 1024 } },
+    local.replicating ? {
+      replicator = {
+        command = concat(["replicate", "--source", var.replication.source_url], var.replication.tables)
+        port    = null
+        cpu     = 1024
+        memory  = 2048
+      }
+    } : {},
+  )
 }
 
 resource "aws_cloudwatch_log_group" "cluster" {
@@ -186,9 +222,13 @@ data "aws_iam_policy_document" "execution" {
     resources = ["${aws_cloudwatch_log_group.cluster.arn}:*"]
   }
   statement {
-    sid       = "Certificates"
-    actions   = ["secretsmanager:GetSecretValue"]
-    resources = concat([var.etcd_client_secret_arn], [for task, role in local.tls_role : var.tls_secret_arns[role]])
+    sid     = "Certificates"
+    actions = ["secretsmanager:GetSecretValue"]
+    resources = distinct(concat(
+      [var.etcd_client_secret_arn],
+      [for task, role in local.tls_role : var.tls_secret_arns[role]],
+      local.replicating ? [var.replication.source_etcd_client_secret_arn] : [],
+    ))
   }
   statement {
     sid       = "Key"
@@ -213,7 +253,7 @@ resource "aws_ecs_task_definition" "role" {
   network_mode             = "awsvpc"
   cpu                      = each.value.cpu
   memory                   = each.value.memory
-  task_role_arn            = aws_iam_role.task.arn
+  task_role_arn            = each.key == "replicator" ? aws_iam_role.replicator[0].arn : aws_iam_role.task.arn
   execution_role_arn       = aws_iam_role.execution.arn
   container_definitions = jsonencode([
     merge(
@@ -270,6 +310,63 @@ resource "aws_ecs_service" "master" {
     assign_public_ip = false
   }
   tags = var.tags
+}
+
+resource "aws_ecs_service" "replicator" {
+  count                  = local.replicating ? 1 : 0
+  name                   = "${var.name}-tabletstore-replicator"
+  cluster                = aws_ecs_cluster.main.id
+  task_definition        = aws_ecs_task_definition.role["replicator"].arn
+  desired_count          = 1
+  launch_type            = "FARGATE"
+  enable_execute_command = false
+  # Never two at once: the old task stops before the new one starts.
+  deployment_minimum_healthy_percent = 0
+  deployment_maximum_percent         = 100
+  deployment_circuit_breaker {
+    enable   = true
+    rollback = true
+  }
+  network_configuration {
+    subnets          = var.subnet_ids
+    security_groups  = [var.clients_security_group_id]
+    assign_public_ip = false
+  }
+  tags = var.tags
+}
+
+# The replicator's own task role: read the source's bucket, nothing else.
+resource "aws_iam_role" "replicator" {
+  count              = local.replicating ? 1 : 0
+  name               = "${var.name}-tabletstore-replicator"
+  assume_role_policy = data.aws_iam_policy_document.assume.json
+  tags               = var.tags
+}
+
+data "aws_iam_policy_document" "replicator" {
+  count = local.replicating ? 1 : 0
+  statement {
+    sid       = "ListSourceBucket"
+    actions   = ["s3:ListBucket"]
+    resources = [var.replication.source_bucket_arn]
+  }
+  statement {
+    sid       = "ReadSourceObjects"
+    actions   = ["s3:GetObject"]
+    resources = ["${var.replication.source_bucket_arn}/${var.replication.source_prefix}*"]
+  }
+  statement {
+    sid       = "DecryptSourceObjects"
+    actions   = ["kms:Decrypt"]
+    resources = [var.replication.source_kms_key_arn]
+  }
+}
+
+resource "aws_iam_role_policy" "replicator" {
+  count  = local.replicating ? 1 : 0
+  name   = "read-source-bucket"
+  role   = aws_iam_role.replicator[0].id
+  policy = data.aws_iam_policy_document.replicator[0].json
 }
 
 resource "aws_ecs_service" "worker" {

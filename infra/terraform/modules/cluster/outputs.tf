@@ -29,3 +29,8 @@ output "cli_run_task" {
 output "log_group" {
   value = aws_cloudwatch_log_group.cluster.name
 }
+
+output "replicator_role_arn" {
+  description = "The replicator's task role (var.replication), null without replication."
+  value       = local.replicating ? aws_iam_role.replicator[0].arn : null
+}

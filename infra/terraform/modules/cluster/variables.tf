@@ -172,3 +172,43 @@ variable "tags" {
   type    = map(string)
   default = {}
 }
+
+variable "replication" {
+  description = <<-EOT
+    Make this cluster a replica of tables of a source cluster, typically in another region
+    (docs/operations/replication.md): a `replicator` service (one task) runs
+    `tabletstore replicate --source SOURCE_URL TABLES...`. It reads the source's etcd (with the
+    source's etcd client certificate, source_etcd_client_secret_arn, written to
+    source_etcd_tls_dir, which source_url's ca=, cert= and key= name) and the source's bucket
+    (read only: its task role may list the bucket, get the objects under source_prefix and
+    decrypt with source_kms_key_arn, and nothing else: it writes through this cluster's
+    workers). The RPC certificates of both clusters must come from one cluster CA (the task
+    uses this cluster's client certificate for both). null: no replication.
+  EOT
+  type = object({
+    source_url                    = string
+    source_etcd_tls_dir           = string
+    source_etcd_client_secret_arn = string
+    source_bucket_arn             = string
+    source_prefix                 = string
+    source_kms_key_arn            = string
+    tables                        = list(string)
+  })
+  default = null
+  validation {
+    condition     = var.replication == null || startswith(try(var.replication.source_url, ""), "etcd://")
+    error_message = "replication.source_url must be the source cluster's etcd:// URL (its etcd module's client_url)."
+  }
+  validation {
+    condition     = var.replication == null || length(try(var.replication.tables, [])) > 0
+    error_message = "replication.tables must name at least one table to follow."
+  }
+  validation {
+    condition     = var.replication == null || can(regex("^/tmp/[A-Za-z0-9._-]+$", try(var.replication.source_etcd_tls_dir, "")))
+    error_message = "replication.source_etcd_tls_dir must be a directory directly under /tmp (the task's scratch volume), other than etcd_tls_dir."
+  }
+  validation {
+    condition     = var.replication == null || startswith(try(var.replication.source_bucket_arn, ""), "arn:")
+    error_message = "replication.source_bucket_arn must be the source bucket's ARN (its bucket module's bucket_arn)."
+  }
+}
