@@ -200,6 +200,19 @@ async def eventually(
         await asyncio.sleep(interval)
 
 
+async def rejoined_or_gone(client: AsyncClient, record: ProcessRecord, old_id: str) -> bool:
+    """Whether a worker whose lease ended has stopped serving as ``old_id``: no worker of that
+    id is listed, and its process either exited or serves again under a new id at its
+    address (a worker rejoins by default, ``--no-rejoin`` exits)."""
+    from tabletstore.testing.processes import gone
+
+    workers = (await client.status()).workers
+    if old_id in workers:
+        return False
+    again = any(getattr(w, "address", None) == record.url for w in workers.values())
+    return again or gone(record.pid)
+
+
 def placement(status: ClusterStatus, table_id: str | None = None) -> dict[str, set[str]]:
     """worker id -> ids of the tablets it serves (of ``table_id`` only, when given); a worker
     that did not answer its status call maps to an empty set."""

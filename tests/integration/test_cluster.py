@@ -56,13 +56,13 @@ from tabletstore.errors import Indeterminate, TabletStoreError
 from tabletstore.metadata.rows import METADATA_TABLE_ID
 from tabletstore.rpc.tcp import TcpTransport
 from tabletstore.storage_s3 import open_store
-from tabletstore.testing.processes import gone
 from tests.integration.cluster_harness import (
     PROCESS_ENV,
     Cluster,
     WriteHistory,
     eventually,
     placement,
+    rejoined_or_gone,
     table_id_of,
 )
 from tests.plugins.s3_server import boto3_client
@@ -602,8 +602,11 @@ async def test_paused_worker_loses_its_tablets_and_acknowledges_nothing_after(
             writers.stop.set()
             await asyncio.gather(*tasks)
         await check_history(table, writers, cluster)
+        _reap_quietly(owner.pid)
         await eventually(
-            lambda: _gone_async(owner.pid), deadline=20, what="the zombie worker exits"
+            lambda: rejoined_or_gone(client, owner, owner_id),
+            deadline=REASSIGN_DEADLINE,
+            what="the zombie stops serving as its old identity (it rejoins or exits)",
         )
 
 
@@ -615,11 +618,6 @@ async def _located_off(client: AsyncClient, table_id: str, address: str) -> bool
 def _record_of(cluster: Cluster, ws: object) -> ProcessRecord:
     address = getattr(ws, "address", None)
     return next(r for r in cluster.records if r.url == address)
-
-
-async def _gone_async(pid: int) -> bool:
-    _reap_quietly(pid)
-    return gone(pid)
 
 
 def _reap_quietly(pid: int) -> None:
