@@ -225,12 +225,24 @@ def _role_of(plan: Mapping[str, Any], resource: Mapping[str, Any], attribute: st
     module = bare.rsplit(f".{resource['type']}.", 1)[0] if bare.startswith("module.") else ""
     expressions = _expressions(plan).get(bare, {})
     refs = expressions.get(attribute, {}).get("references", [])
-    role = next((r for r in refs if r.startswith("aws_iam_role.") and r.count(".") == 1), None)
-    if role is None:
-        raise TerraformError(f"{resource['address']}.{attribute} names no aws_iam_role: {refs}")
+    named = dict.fromkeys(
+        r.split("[", 1)[0] for r in refs if r.startswith("aws_iam_role.") and r.count(".") == 1
+    )
+    # A conditional (``x ? aws_iam_role.a[0].arn : aws_iam_role.b.arn``) names both roles: the
+    # one this plan makes is the one the resource gets.
+    planned = {
+        r["address"].split("[", 1)[0] for r in resources(plan) if r["type"] == "aws_iam_role"
+    }
+    prefix = f"{module}." if module else ""
+    made = [r for r in named if prefix + r in planned]
+    if len(made) != 1:
+        raise TerraformError(
+            f"{resource['address']}.{attribute} names no single planned aws_iam_role: {refs}"
+        )
+    role = made[0]
     index = resource.get("index")
     suffix = f"[{json.dumps(index)}]" if index is not None else ""
-    return (f"{module}." if module else "") + role + suffix
+    return prefix + role + suffix
 
 
 def task_definitions(plan: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
