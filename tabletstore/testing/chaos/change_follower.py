@@ -45,7 +45,7 @@ from tabletstore.client.table import AsyncTable
 from tabletstore.testing.chaos.history import Kind, Op, Outcome
 from tabletstore.testing.chaos.workload import TXN_ROWS
 
-__all__ = ["ChangeFollower", "ChangeVerdict", "check_changes"]
+__all__ = ["ChangeFollower", "ChangeVerdict", "check_changes", "finding_lines"]
 
 #: Seconds of change retention the chaos table keeps (longer than any run's reads reach back).
 RETENTION = 3600.0
@@ -171,15 +171,12 @@ class ChangeVerdict:
         ]
         if self.incomplete:
             out.append(f"  CHANGES INCOMPLETE {self.incomplete}")
-        for title, found in (
+        out += finding_lines(
             ("CHANGE LOST", self.lost),
             ("CHANGE REPEATED", self.repeated),
             ("CHANGE NOT WRITTEN", self.not_written),
             ("CHANGES OUT OF ORDER", self.out_of_order),
-        ):
-            out.extend(f"  {title} {line}" for line in found[:10])
-            if len(found) > 10:
-                out.append(f"  ... and {len(found) - 10} more {title.lower()}")
+        )
         return out
 
     def to_json(self) -> dict[str, object]:
@@ -309,3 +306,13 @@ def _check_shared(verdict: ChangeVerdict, row: bytes, wanted: list[Op], got: lis
             verdict.not_written.append(f"{row!r}: {n} {kind.value}s of {q!r}, {ok + info} made")
     for c in unmatched:
         verdict.not_written.append(f"{row!r} seq {c.seq} {_cell(c)}")
+
+
+def finding_lines(*groups: tuple[str, Sequence[object]]) -> list[str]:
+    """A summary's finding lines: the first ten of each titled group, then how many more."""
+    out: list[str] = []
+    for title, found in groups:
+        out.extend(f"  {title} {line}" for line in found[:10])
+        if len(found) > 10:
+            out.append(f"  ... and {len(found) - 10} more {title.lower()}")
+    return out

@@ -45,6 +45,7 @@ from tabletstore.client.client import AsyncClient
 from tabletstore.client.replicator import load_progress
 from tabletstore.errors import TabletStoreError, Unavailable
 from tabletstore.keys import TS_MAX, decode_ts_range
+from tabletstore.testing.chaos.change_follower import finding_lines
 from tabletstore.testing.processes import ProcessGroup
 
 __all__ = ["ReplicaCluster", "ReplicaVerdict", "check_replica", "scan_cells"]
@@ -204,15 +205,12 @@ class ReplicaVerdict:
         ]
         if self.incomplete:
             out.append(f"  REPLICA INCOMPLETE {self.incomplete}")
-        for title, found in (
+        out += finding_lines(
             ("REPLICA LOST", self.lost),
             ("REPLICA REPEATED", self.repeated),
             ("REPLICA NOT FROM SOURCE", self.foreign),
             ("REPLICA CELL DIFFERS", self.differing),
-        ):
-            out.extend(f"  {title} {line}" for line in found[:10])
-            if len(found) > 10:
-                out.append(f"  ... and {len(found) - 10} more {title.lower()}")
+        )
         return out
 
     def to_json(self) -> dict[str, object]:
