@@ -44,7 +44,7 @@ def test_clock_jump_forward_and_back(tmp_path: Path) -> None:
     assert jump["detail"]["still_running"], report.summary()
     v = report.verdict
     assert v.operations.get("cas:ok", 0) + v.operations.get("put:ok", 0) > 0, report.summary()
-    assert not v.lost, report.summary()
+    assert not v.lost and not v.unread, report.summary()
     assert not v.wrong_reads, report.summary()
     assert not v.double_serving, report.summary()
     assert not v.linearizability.violations, report.summary()

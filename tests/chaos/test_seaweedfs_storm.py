@@ -39,7 +39,7 @@ def test_seaweedfs_run_through_a_503_storm(tmp_path: Path) -> None:
     assert report.s3_injected.get("slowdown", 0) > 50, report.summary()
     assert report.verdict.operations, report.summary()
     v = report.verdict
-    assert not v.lost, report.summary()
+    assert not v.lost and not v.unread, report.summary()
     assert not v.wrong_reads, report.summary()
     assert not v.double_serving, report.summary()
     assert not v.linearizability.violations, report.summary()

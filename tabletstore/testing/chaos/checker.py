@@ -22,7 +22,8 @@ the final read made after every fault was healed):
 Stale observations in the final read are **lost** acknowledged writes (counted once per row:
 the newest acknowledged write of that row is gone); stale or never-written observations
 during the run are **wrong reads**. An indeterminate write may appear or not, at any time, but
-once observed it stays (the ``floor`` from earlier reads).
+once observed it stays (the ``floor`` from earlier reads). A row with an acknowledged write that
+no final read or scan observed is **unread**: nothing rules out its loss, so it fails the run.
 
 **Double-serving** ("two workers acknowledge writes for one tablet at one moment") is checked
 from evidence, not inferred: ``runner.attribute_values`` reads every commit-log segment left in
@@ -111,11 +112,18 @@ class Verdict:
     unaffected_gaps: list[float] = field(default_factory=list)
     attributed: int = 0
     linearizability: Result = field(default_factory=Result)
+    #: Rows with an acknowledged write that no successful read or scan observed after the
+    #: faults were healed: whether their writes survived is unknown, which fails the run.
+    unread: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return not (
-            self.lost or self.wrong_reads or self.double_serving or self.linearizability.violations
+            self.lost
+            or self.wrong_reads
+            or self.double_serving
+            or self.linearizability.violations
+            or self.unread
         )
 
     def recovery_summary(self) -> tuple[float | None, float | None, int]:
@@ -226,6 +234,11 @@ def _check_cells(
     by_row: dict[bytes, list[_Obs]] = {}
     for obs in _observations(ops, final_after):
         by_row.setdefault(obs.row, []).append(obs)
+    verdict.unread = sorted(
+        row.decode(errors="replace")
+        for row, (ends, _) in acks.items()
+        if ends and not any(obs.final for obs in by_row.get(row, ()))
+    )
     lost_rows: set[bytes] = set()
     for row, observations in by_row.items():
         ws = writes.get(row, [])

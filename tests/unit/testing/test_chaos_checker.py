@@ -72,6 +72,17 @@ def test_lost_acknowledged_write_in_the_final_read() -> None:
     assert len(check(h2.ops, final_after=100).lost) == 1
 
 
+def test_a_row_no_final_read_observed_fails_the_run_as_unread() -> None:
+    h = H()
+    h.put(b"v1", 0, 1)
+    h.read(b"v1", 2, 3)  # during the run, not after healing
+    h.op(Kind.READ, 100, 130, Outcome.FAIL)  # every final read of it failed
+    v = check(h.ops, final_after=100)
+    assert v.unread == [R.decode()] and not v.lost and not v.ok
+    h.read(b"v1", 131, 132)
+    assert check(h.ops, final_after=100).ok
+
+
 def test_value_never_written_and_refused_write_seen() -> None:
     h = H()
     h.put(b"v1", 0, 1, Outcome.FAIL)
