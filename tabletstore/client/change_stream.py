@@ -88,6 +88,14 @@ class SegmentCache:
         while len(self._segments) > self.capacity:
             self._segments.popitem(last=False)
 
+    def forget_gone(self, listed: Collection[str]) -> None:
+        """Drop the stamps of segments no longer in the bucket (``listed`` is a complete
+        listing of the logs): a stream that follows a table for weeks keeps one stamp per
+        segment that still exists, not one per segment it ever read. A stamp dropped while a
+        concurrent read still lists its segment costs that read one fetch, nothing else."""
+        for key in [k for k in self.stamps if k not in listed]:
+            del self.stamps[key]
+
 
 class _Source:
     """One read's view of the bucket's commit logs."""
@@ -112,6 +120,9 @@ class _Source:
             listed.setdefault(name, {})[key.seq] = info
             self.refs[name] = (key.worker_id, key.incarnation)
         self.listed = listed
+        self.cache.forget_gone(
+            {info.key for numbers in listed.values() for info in numbers.values()}
+        )
 
     async def segment(self, name: str, number: int) -> tuple[float, list[LogRecord]]:
         """The stamp and records of a listed segment (a fence: no records). The partitions

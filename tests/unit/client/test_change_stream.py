@@ -267,3 +267,20 @@ async def test_changes_flow_while_metadata_is_unreachable() -> None:
     )
     assert sorted(_changes(items)) == sorted(written)
     assert isinstance(items[-1], Heartbeat) and items[-1].watermark >= T0
+
+
+async def test_the_cache_keeps_stamps_only_of_segments_still_in_the_bucket() -> None:
+    store, _ = await _bucket()
+    catalog = _Catalog(INFO, [])
+    clock = _Clock()
+    cache = change_stream.SegmentCache()
+    whole = ChangePartition(b"", None)
+    await _collect(_read(store, catalog, clock, partition=whole, start_time=T0 - 3000, cache=cache))
+    read = set(cache.stamps)
+    assert layout.log_segment_key("w1", 1, 0) in read
+    # GC collects w1's log; the next read's listing forgets its stamps.
+    for n in range(3):
+        await store.delete(layout.log_segment_key("w1", 1, n))
+    await _collect(_read(store, catalog, clock, partition=whole, start_time=T0 - 3000, cache=cache))
+    w2 = {k for k in read if k.startswith("logs/w2/")}
+    assert w2 and set(cache.stamps) == w2
