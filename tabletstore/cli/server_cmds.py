@@ -41,7 +41,7 @@ from tabletstore.cli.supervisor import (
 )
 from tabletstore.clock import SteppedClock, SystemClock
 from tabletstore.coordination import open_coordinator
-from tabletstore.errors import TabletStoreError
+from tabletstore.errors import InvalidArgument, TabletStoreError
 from tabletstore.metadata.catalog import ClusterSettings
 from tabletstore.options import (
     SPLIT_BYTES,
@@ -260,6 +260,15 @@ def _metrics_ready(url: str) -> None:
     show_default=True,
     help="Seconds two small adjacent tablets must stay small before the master merges them.",
 )
+@click.option(
+    "--metadata-split-at",
+    "metadata_split_at",
+    multiple=True,
+    metavar="TABLE_PREFIX",
+    help="Pre-split METADATA where table names reach this prefix, when this master creates "
+    "it (a new cluster; ignored, with a warning, once METADATA exists). Repeat for each "
+    "split; give every master the same ones.",
+)
 @rpc_caps
 @protocol_versions
 @_insecure_option
@@ -278,6 +287,7 @@ def master_cmd(
     max_split_keys: int,
     max_tables_per_principal: int,
     merge_after: float,
+    metadata_split_at: tuple[str, ...],
     rpc: RpcServerOptions,
     versions: Versions,
     insecure: bool,
@@ -285,6 +295,12 @@ def master_cmd(
 ) -> None:
     """Run a master (§5.2): campaign for the master lock, then keep every tablet assigned."""
     from tabletstore.master.master_process import run_master
+    from tabletstore.metadata.rows import metadata_split_keys
+
+    try:
+        metadata_splits = metadata_split_keys(metadata_split_at)
+    except InvalidArgument as exc:
+        raise click.BadParameter(str(exc), param_hint="--metadata-split-at") from exc
 
     options = MasterOptions(
         lease=LeaseOptions(ttl=lease_ttl),
@@ -322,6 +338,7 @@ def master_cmd(
             status_token=status_token,
             versions=versions,
             rejoin=rejoin,
+            metadata_splits=metadata_splits,
         ),
         store=store,
     )

@@ -169,6 +169,7 @@ class Master(BackupAdmin):
         self._transport = transport
         self._clock = clock or SystemClock()
         self._metadata_splits = tuple(metadata_splits)
+        self._metadata_splits_checked = False
         mt.initial_metadata_records(self._metadata_splits, 0.0)  # InvalidArgument early
         self._options = options or MasterOptions()
         _check_load_options(self._options)
@@ -316,8 +317,14 @@ class Master(BackupAdmin):
         done = await self._assign_level(workers, claims, known, [root])
         try:
             initial = mt.initial_metadata_records(self._metadata_splits, self._clock.time())
-            await self._round_catalog.ensure_metadata_tablets(initial)
+            try:
+                await self._round_catalog.ensure_metadata_tablets(initial)
+            except InvalidArgument as exc:
+                log.error("METADATA not created: %s", exc)
+                self.settled = False
+                return done
             metadata = await self._round_catalog.list_tablets(mt.METADATA_TABLE_ID)
+            self._check_metadata_splits(metadata)
             done += await self._assign_level(workers, claims, known, metadata)
             moved = await self._round_catalog.migrate_coordinator_records()
             if moved:
@@ -349,6 +356,25 @@ class Master(BackupAdmin):
         unfinished = any(not load.task.done() or load.failed for load in self._loads.values())
         self.settled = not unfinished and all(t.worker in workers for t in known.values())
         return done
+
+    def _check_metadata_splits(self, metadata: Sequence[TabletRecord]) -> None:
+        """Warn once when METADATA, made earlier, is not split where this master was told to
+        split it: the splits apply only when METADATA is created."""
+        if self._metadata_splits_checked:
+            return
+        self._metadata_splits_checked = True
+        have = sorted(
+            r.end_row
+            for r in metadata
+            if r.end_row is not None and r.tablet_id != mt.ROOT_TABLET_ID
+        )
+        if self._metadata_splits and have != sorted(set(self._metadata_splits)):
+            log.warning(
+                "METADATA exists with split keys %s; the METADATA splits given to this master "
+                "(%s) apply only when it is created",
+                have,
+                sorted(set(self._metadata_splits)),
+            )
 
     async def _start_recovery(
         self,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from tabletstore.coordination import paths
 from tabletstore.coordination.base import Coordinator, Lease
@@ -96,6 +96,7 @@ async def run_master(
     status_token: str | None = None,
     versions: Versions = SPOKEN,
     rejoin: bool = False,
+    metadata_splits: Sequence[bytes] = (),
 ) -> None:
     """The master process (§5.2): serve admin RPCs, campaign for the master lock, and while
     leading keep every tablet assigned, balance load and merge small neighbours, collect
@@ -124,7 +125,9 @@ async def run_master(
     (``master/master_service_guard.py``). Without it, a non-loopback ``host`` is refused unless
     ``insecure``. ``status_token``: a read-only bearer token for scrapers of the status
     endpoint. ``versions``: the RPC protocol versions it speaks, as a server and as a client
-    (default this build's; capped only to rehearse an upgrade, ``rpc/versions.py``)."""
+    (default this build's; capped only to rehearse an upgrade, ``rpc/versions.py``).
+    ``metadata_splits``: METADATA row keys to pre-split METADATA at when this master creates
+    it (a new cluster; :class:`~tabletstore.master.master.Master`)."""
     stop = stop or asyncio.Event()
     leases: list[Lease] = []
     addresses: list[str] = []
@@ -156,6 +159,7 @@ async def run_master(
                 status_token=status_token,
                 versions=versions,
                 leases=leases,
+                metadata_splits=metadata_splits,
             )
             return
         except Fenced as exc:
@@ -186,6 +190,7 @@ async def _one_master(
     status_token: str | None = None,
     versions: Versions = SPOKEN,
     leases: list[Lease],
+    metadata_splits: Sequence[bytes] = (),
 ) -> None:
     """One master of the process (:func:`run_master`); its lease goes into ``leases`` once
     granted. Raises ``Fenced`` once it has stopped after losing its lease."""
@@ -216,6 +221,7 @@ async def _one_master(
         transport=metrics.count_loads(transport),
         options=options,
         recovery=recovery,
+        metadata_splits=metadata_splits,
     )
     try:
         master.compaction_cycle.executor = make_compaction_executor(

@@ -527,7 +527,19 @@ class Catalog:
         rows = await self._retry(lambda: self._metadata.read_rows(hi, hi))
         if rows:
             return False
-        for rec in sorted(records, key=lambda r: r.start_row):
+        planned = sorted(records, key=lambda r: r.start_row)
+        # A bootstrap cut short by a master that split METADATA elsewhere: finishing it with
+        # other bounds would make overlapping METADATA tablets.
+        begun = [
+            (d.record.start_row, d.record.end_row)
+            for d in await self._rows_of(mt.METADATA_TABLE_ID)
+        ]
+        if begun != [(r.start_row, r.end_row) for r in planned[: len(begun)]]:
+            raise InvalidArgument(
+                "METADATA's creation was begun with other split keys "
+                f"(tablets {begun}); give every master the same METADATA splits"
+            )
+        for rec in planned[len(begun) :]:
             await self._insert(rec)
         return True
 

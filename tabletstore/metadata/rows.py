@@ -39,7 +39,13 @@ from dataclasses import dataclass
 
 from tabletstore.data.filters import Chain, ColumnRange, RowFilter, ValueRange
 from tabletstore.data.model import Cell, DeleteCells, Mutation, Row, SetCell
-from tabletstore.data.schema import ColumnFamily, LocalityGroup, MaxVersionsRule, TableSchema
+from tabletstore.data.schema import (
+    ColumnFamily,
+    LocalityGroup,
+    MaxVersionsRule,
+    TableSchema,
+    validate_table_name,
+)
 from tabletstore.errors import Corruption, InvalidArgument
 from tabletstore.metadata.record import TabletRecord, metadata_row_key
 
@@ -60,6 +66,7 @@ __all__ = [
     "is_root",
     "level",
     "metadata_schema",
+    "metadata_split_keys",
     "record_mutations",
     "root_record",
     "routing_only",
@@ -119,6 +126,22 @@ def table_range(table_id: str) -> tuple[bytes, bytes]:
 def root_record(at: float) -> TabletRecord:
     """The root tablet's first record (it is created empty and never splits)."""
     return TabletRecord(METADATA_TABLE_ID, ROOT_TABLET_ID, b"", ROOT_END).with_event(at, "created")
+
+
+def metadata_split_keys(prefixes: Sequence[str]) -> list[bytes]:
+    """METADATA split keys from table-name prefixes (an operator's choice of where METADATA
+    is pre-split): a table id starts with its name, so the tablet that begins at ``prefix``
+    holds the rows of every table whose name sorts at or after it (up to the next prefix)."""
+    keys = []
+    for prefix in prefixes:
+        try:
+            validate_table_name(prefix)
+        except ValueError as exc:
+            raise InvalidArgument(f"METADATA split prefix: {exc}") from None
+        keys.append(prefix.encode())
+    if len(set(keys)) != len(keys):
+        raise InvalidArgument(f"METADATA split prefixes repeat: {sorted(prefixes)}")
+    return sorted(keys)
 
 
 def initial_metadata_records(split_keys: Sequence[bytes], at: float) -> list[TabletRecord]:

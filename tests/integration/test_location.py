@@ -21,7 +21,7 @@ from tabletstore.coordination import paths
 from tabletstore.coordination.memory import MemoryCoordinator
 from tabletstore.data.model import SetCell
 from tabletstore.data.schema import ColumnFamily, TableSchema
-from tabletstore.errors import AlreadyExists, Fenced, InvalidArgument, NotServing
+from tabletstore.errors import AlreadyExists, Fenced, InvalidArgument, NotServing, Unavailable
 from tabletstore.master.master import Master
 from tabletstore.metadata import rows as mt
 from tabletstore.metadata.catalog import Catalog
@@ -68,7 +68,9 @@ class Stack:
         return dst
 
 
-async def _stack(coord: MemoryCoordinator, store: MemoryObjectStore) -> Stack:
+async def _stack(
+    coord: MemoryCoordinator, store: MemoryObjectStore, splits: tuple[bytes, ...] = (META_SPLIT,)
+) -> Stack:
     transport = InProcessTransport()
     workers = []
     for i in range(2):
@@ -83,7 +85,7 @@ async def _stack(coord: MemoryCoordinator, store: MemoryObjectStore) -> Stack:
         await w.start()
         transport.register(w.address, TABLET.handlers(w.services))
         workers.append(w)
-    master = Master(coordinator=coord, transport=transport, metadata_splits=[META_SPLIT])
+    master = Master(coordinator=coord, transport=transport, metadata_splits=splits)
     await master.assign()
     client = AsyncClient(catalog=master.catalog, transport=transport, admin=master)
     return Stack(coord, store, transport, workers, master, client)
@@ -331,6 +333,64 @@ async def test_restart_recovers_metadata_from_the_logs_and_migrates_old_records(
     finally:
         await _stop(s2)
         await coord.close()
+
+
+async def test_metadata_splits_apply_when_metadata_is_made_and_a_half_made_one_is_kept(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    coord = MemoryCoordinator()
+    store = MemoryObjectStore()
+    split = mt.metadata_split_keys(["m"])[0]
+    real = Catalog._insert
+
+    async def first_only(self: Catalog, rec: TabletRecord) -> None:
+        if rec.tablet_id != "m00000":
+            raise Unavailable("the bootstrap cut short on purpose")
+        await real(self, rec)
+
+    # A master made METADATA's first tablet, [ROOT_END, "m"), and stopped.
+    monkeypatch.setattr(Catalog, "_insert", first_only)
+    s = await _stack(coord, store, splits=(split,))
+    monkeypatch.undo()
+
+    def bounds() -> Any:
+        return s.master.catalog.list_tablets(mt.METADATA_TABLE_ID)
+
+    try:
+        assert [(r.start_row, r.end_row) for r in (await bounds())[1:]] == [(mt.ROOT_END, split)]
+        # Another master told to split elsewhere refuses to finish it: overlapping tablets.
+        other = mt.metadata_split_keys(["q"])
+        with caplog.at_level("ERROR", logger="tabletstore.master.master"):
+            await Master(coordinator=coord, transport=s.transport, metadata_splits=other).assign()
+        assert "begun with other split keys" in caplog.text
+        assert len(await bounds()) == 2
+        # One with the same splits finishes it.
+        await Master(coordinator=coord, transport=s.transport, metadata_splits=[split]).assign()
+        assert [(r.start_row, r.end_row) for r in (await bounds())[1:]] == [
+            (mt.ROOT_END, split),
+            (split, None),
+        ]
+        # Once it exists, other splits are reported, not applied.
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="tabletstore.master.master"):
+            await Master(coordinator=coord, transport=s.transport, metadata_splits=other).assign()
+        assert "apply only when it is created" in caplog.text
+        assert len(await bounds()) == 3
+        # A table named from "m" on has its rows in the second METADATA tablet.
+        await s.client.create_table("zeta", ["f"])
+        zeta = (await s.client._info("zeta")).table_id
+        assert mt.table_range(zeta)[0] > split
+    finally:
+        await _stop(s)
+        await coord.close()
+
+
+def test_metadata_split_prefixes_are_table_names() -> None:
+    assert mt.metadata_split_keys(["q", "g"]) == [b"g", b"q"]
+    with pytest.raises(InvalidArgument, match="table name"):
+        mt.metadata_split_keys(["a b"])
+    with pytest.raises(InvalidArgument, match="repeat"):
+        mt.metadata_split_keys(["g", "g"])
 
 
 class RefuseFirstWrite:

@@ -1,6 +1,7 @@
 """The worker's and master's sort settings on the command line: each flag reaches
 the options the process runs with, bad values are refused by name, and the defaults are the
-options' own. Also ``--rejoin/--no-rejoin``, which both take."""
+options' own. Also ``--rejoin/--no-rejoin``, which both take, and the master's METADATA
+splits."""
 
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ def captured(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     async def run_master(coord: object, options: MasterOptions, **kwargs: Any) -> None:
         got["master"] = options
         got["master rejoin"] = kwargs["rejoin"]
+        got["master metadata splits"] = kwargs["metadata_splits"]
 
     monkeypatch.setattr(server_cmds, "_serve", serve)
     monkeypatch.setattr(worker_process, "run_worker", run_worker)
@@ -73,6 +75,19 @@ def test_master_sort_owner_bytes_flag_reaches_its_options(captured: dict[str, An
     assert captured["master"].sort_owner_bytes == 0
     bad = CliRunner().invoke(cli.main, ["master", "--sort-owner-bytes", "-5"])
     assert bad.exit_code == 2 and "--sort-owner-bytes" in bad.output
+
+
+def test_master_metadata_split_flags_reach_the_master(captured: dict[str, Any]) -> None:
+    result = CliRunner().invoke(cli.main, ["master"])
+    assert result.exit_code == 0, result.output
+    assert captured["master metadata splits"] == []
+    argv = ["master", "--metadata-split-at", "q", "--metadata-split-at", "g"]
+    result = CliRunner().invoke(cli.main, argv)
+    assert result.exit_code == 0, result.output
+    assert captured["master metadata splits"] == [b"g", b"q"]
+    bad = CliRunner().invoke(cli.main, ["master", "--metadata-split-at", "a/b"])
+    assert bad.exit_code == 2 and "--metadata-split-at" in bad.output, bad.output
+    assert "table name 'a/b'" in bad.output
 
 
 @pytest.mark.parametrize("verb", ["worker", "master"])
