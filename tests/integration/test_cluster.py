@@ -76,14 +76,19 @@ REASSIGN_DEADLINE = 30.0
 
 
 def _start(
-    cluster: Cluster, *, masters: int, workers: int, split_bytes: int | None = None
+    cluster: Cluster,
+    *,
+    masters: int,
+    workers: int,
+    split_bytes: int | None = None,
+    master_args: tuple[str, ...] = (),
 ) -> Cluster:
     """Start the masters one by one (the first leads), then the workers concurrently (each
     start waits for its port: a few seconds of interpreter start-up on a loaded machine), and
     wait until the cluster serves METADATA."""
     try:
         for _ in range(masters):
-            cluster.start_master()
+            cluster.start_master(extra_args=master_args)
         with ThreadPoolExecutor(max(workers, 1)) as pool:
             list(pool.map(lambda _: cluster.start_worker(split_bytes=split_bytes), range(workers)))
         if workers:
@@ -98,12 +103,13 @@ def _start(
 def shared_cluster(
     etcd_server: str, s3_server: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Cluster]:
-    """A master and 3 workers for the tests that kill nothing."""
+    """A master and 3 workers for the tests that kill nothing, with METADATA pre-split at
+    table names from "m" on (so lookups reach two METADATA tablets)."""
     cluster = Cluster.on(
         etcd_server, s3_server, tmp_path_factory.mktemp("cluster"), "cluster", lease_ttl=5.0
     )
     try:
-        yield _start(cluster, masters=1, workers=3)
+        yield _start(cluster, masters=1, workers=3, master_args=("--metadata-split-at", "m"))
     finally:
         cluster.close()
 
@@ -187,6 +193,20 @@ SPLITS = [b"b", b"d", b"f", b"h", b"j", b"l", b"n"]  # 8 tablets
 def _key(i: int) -> bytes:
     # 26 letters x 20: rows on every side of every split key (and exactly on "d", "h"...).
     return f"{chr(ord('a') + i % 26)}{i // 26:03d}".encode()
+
+
+async def test_metadata_pre_split_by_the_master_flag_serves_tables_on_both_sides(
+    shared_cluster: Cluster,
+) -> None:
+    async with client_of(shared_cluster) as client:
+        meta = await client.catalog.list_tablets(METADATA_TABLE_ID)
+        assert [(r.tablet_id, r.end_row) for r in meta[1:]] == [("m00000", b"m"), ("m00001", None)]
+        for name in ("apple", "zebra"):  # one table's rows in each METADATA tablet
+            table = await client.create_table(name, ["f"], split_keys=[b"k"])
+            await table.mutate_row(b"r", [SetCell("f", b"c", name.encode())])
+            row = await table.read_row(b"r")
+            assert row is not None and row.cells[0].value == name.encode()
+            await client.delete_table(name)
 
 
 async def test_many_tablets_write_read_scan_filter(shared_cluster: Cluster) -> None:
@@ -869,7 +889,16 @@ async def test_gc_deletes_only_garbage(
         assert len(sstables()) >= 8
         gc = await asyncio.to_thread(
             subprocess.run,
-            [sys.executable, "-m", "tabletstore.cli.main", "--url", cluster.url, "gc", "--grace", "0"],
+            [
+                sys.executable,
+                "-m",
+                "tabletstore.cli.main",
+                "--url",
+                cluster.url,
+                "gc",
+                "--grace",
+                "0",
+            ],
             capture_output=True,
             text=True,
             timeout=120,
