@@ -52,8 +52,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
       starts a cluster of processes for minutes, and two or three of them at once on two
       cores starve each other's leases (three at once failed tests that pass alone);
     * except the slow tests also marked ``no_cluster`` (Terraform against moto, etcd's
-      snapshot script): they hold no lease, so they form a second group that runs beside the
-      first, which would otherwise be the whole run's critical path;
+      snapshot script, the scale benchmark's in-process simulations): they hold no lease, so
+      they form a second group that runs beside the first, which is the whole run's critical
+      path (the longer the first group, the longer the run);
     * the other tests of one module that share a module-scoped fixture (a cluster of processes, a
       front door, a Spark session) form one group, so that fixture is set up once on one
       worker instead of once on every worker that gets one of its tests."""
