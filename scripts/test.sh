@@ -64,6 +64,10 @@ NO_MKDOCS_2_WARNING=1 python -m mkdocs build --strict --site-dir site
 # package unpacking, at the lowest CPU priority), and the rehearsal runs once the suite is done.
 PREPARE_PID=""
 if [ "$#" -eq 0 ]; then
+  # The rehearsal's cache (scripts/cloud-rehearsal.sh's default), named for the suite too: its
+  # Terraform plan is made there by tests/cloud/test_rehearsal_plan.py beside the other tests,
+  # so the rehearsal after the suite finds it instead of planning once everything else is done.
+  export CLOUD_REHEARSAL_CACHE=${CLOUD_REHEARSAL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tabletstore-cloud-rehearsal}
   PREPARE_LOG=$(mktemp)
   echo "== cloud rehearsal: images built in the background (log: $PREPARE_LOG)"
   nice -n 19 bash scripts/cloud-rehearsal.sh --prepare >"$PREPARE_LOG" 2>&1 &

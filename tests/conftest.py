@@ -42,8 +42,8 @@ async def object_store(request, tmp_path):
 @pytest.hookimpl(tryfirst=True)  # before xdist's, which names each test's group from its marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Order and group the tests for scripts/test.sh's workers (pytest-xdist, ``--dist
-    loadgroup``, which hands each group, or each test outside a group, to the next idle worker
-    in collection order):
+    loadgroup``, which hands each group, or each test outside a group, to the next idle worker:
+    the groups largest first, then the single tests in collection order):
 
     * the tests marked ``slow`` first (a stable sort keeps their order): a minutes-long test
       that starts last is the whole run's tail, while started first it runs beside the short
@@ -52,18 +52,30 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
       starts a cluster of processes for minutes, and two or three of them at once on two
       cores starve each other's leases (three at once failed tests that pass alone);
     * except the slow tests also marked ``no_cluster`` (Terraform against moto, etcd's
-      snapshot script): they hold no lease, so they form a second group that runs beside the
-      first, which would otherwise be the whole run's critical path;
+      snapshot script, the scale benchmark's in-process simulations): they hold no lease, so
+      they form a second group that runs beside the first, which is the whole run's critical
+      path (the longer the first group, the longer the run);
+    * and except the slow end-to-end runs of the benchmarks (``test_bench_*`` modules): they
+      check what the run counted, never a lease's timing, so they form a third group, one at a
+      time beside the first group: the other workers would otherwise run out of tests minutes
+      before the first group ends, leaving it alone on the machine;
     * the other tests of one module that share a module-scoped fixture (a cluster of processes, a
       front door, a Spark session) form one group, so that fixture is set up once on one
       worker instead of once on every worker that gets one of its tests."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     for item in items:
         if item.get_closest_marker("slow") is not None:
-            alone = item.get_closest_marker("no_cluster") is not None
-            item.add_marker(pytest.mark.xdist_group("slow-no-cluster" if alone else "slow"))
+            item.add_marker(pytest.mark.xdist_group(_slow_group(item)))
         elif _uses_module_fixture(item):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+
+
+def _slow_group(item: pytest.Item) -> str:
+    if item.get_closest_marker("no_cluster") is not None:
+        return "slow-no-cluster"
+    if item.path.name.startswith("test_bench_"):
+        return "slow-bench"
+    return "slow"
 
 
 def _uses_module_fixture(item: pytest.Item) -> bool:

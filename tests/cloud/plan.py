@@ -181,7 +181,10 @@ def plan_json(work: Path, cache: Path | None, log: Any = print) -> dict[str, Any
         cached.parent.mkdir(parents=True, exist_ok=True)
         for old in cached.parent.glob("plan-*.json"):
             old.unlink()
-        cached.write_text(json.dumps(document))
+        # Whole or not at all: a run stopped mid-write leaves no half plan for the next.
+        partial = cached.with_suffix(".part")
+        partial.write_text(json.dumps(document))
+        partial.replace(cached)
     return dict(document)
 
 

@@ -11,7 +11,9 @@ import pytest
 
 from bench.scale import main
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+# In-process simulations (no tabletstore process, no lease on the clock): beside the
+# Terraform tests, off the sequential group of the clusters (tests/conftest.py).
+pytestmark = [pytest.mark.slow, pytest.mark.no_cluster, pytest.mark.timeout(1200)]
 
 
 def test_scale_bench_quick_recovers_every_tablet_and_counts_the_paths(tmp_path: Path) -> None:
