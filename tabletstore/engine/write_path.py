@@ -5,11 +5,21 @@ the memtable; and the single-row transactions of §3 (check-and-mutate, read-mod
 Sequence numbers are taken before the commit-log append and cells reach the memtable only
 after it: the writes in between are *in flight* (:attr:`TabletCore.in_flight`), which is what
 the redo point of a minor compaction, a snapshot's cut and a split wait for or account for.
+
+The log is authoritative: a record that became durable reaches the memtable, whatever became
+of its caller. Once a record is queued it cannot be withdrawn, so a caller cancelled while its
+append is in flight (an RPC whose client timed out or hung up) does not abandon the write: the
+append and the memtable insert run to their end first (:func:`_settle`, row lock still held),
+then the cancellation goes on. Dropping the insert instead left a write in the log - and so in
+the change stream, and in a later replay of that log - but not in the table, until a minor
+compaction's redo point passed it and the table lost it for good.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import asyncio
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, TypeVar
 
 from tabletstore.data.filters import RowFilter
 from tabletstore.data.model import Cell as ApiCell
@@ -23,11 +33,32 @@ from tabletstore.data.validation import (
 from tabletstore.engine.cells import apply_rmw_rule, to_cells
 from tabletstore.engine.read_path import ReadPath, filter_row, regex_cost_compiled
 from tabletstore.engine.row_locks import RowLocks
-from tabletstore.engine.tablet_core import TabletCore
+from tabletstore.engine.tablet_core import LogSink, TabletCore
 from tabletstore.errors import TabletStoreError
 from tabletstore.keys import Cell
 
 __all__ = ["WritePath"]
+
+_T = TypeVar("_T")
+
+
+async def _settle(work: Coroutine[Any, Any, _T]) -> _T:
+    """Run ``work`` to its end even if the caller is cancelled meanwhile; then raise the
+    cancellation (if any), else return what ``work`` returned (module docstring)."""
+    task = asyncio.get_running_loop().create_task(work)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        if task.cancelled():
+            raise
+        while not task.done():
+            try:
+                await asyncio.wait((task,))
+            except asyncio.CancelledError:
+                continue  # cancelled again: the write still has to settle
+        if not task.cancelled():
+            task.exception()  # retrieved: the caller's cancellation is what it hears
+        raise
 
 
 class WritePath:
@@ -98,6 +129,14 @@ class WritePath:
             raise
         core.in_flight[first] = len(cells)
         core.idle.clear()
+        await _settle(self._log_one(log, first, row, cells))
+        if core.state.memtable.approximate_size >= core.options.memtable_flush_bytes:
+            self._spawn_flush()
+
+    async def _log_one(self, log: LogSink, first: int, row: bytes, cells: list[Cell]) -> None:
+        """Log one row's cells, insert them into the memtable once durable, and end their
+        in-flight entry (run by :func:`_settle`: it is never abandoned half way)."""
+        core = self._core
         try:
             await log.append(core.state.record.table_id, row, cells)
             core.state.memtable.add(cells)
@@ -106,8 +145,6 @@ class WritePath:
             del core.in_flight_marks[first]
             if not core.in_flight:
                 core.idle.set()
-        if core.state.memtable.approximate_size >= core.options.memtable_flush_bytes:
-            self._spawn_flush()
 
     async def apply_many(
         self, entries: Sequence[tuple[bytes, Sequence[Mutation]]], *, identity: str | None = None
@@ -176,6 +213,19 @@ class WritePath:
             core.in_flight[first] = len(cells)
             core.in_flight_marks[first] = mark
         core.idle.clear()
+        await _settle(self._log_many(log, entries, logged, out))
+        if core.state.memtable.approximate_size >= core.options.memtable_flush_bytes:
+            self._spawn_flush()
+
+    async def _log_many(
+        self,
+        log: LogSink,
+        entries: Sequence[tuple[bytes, Sequence[Mutation]]],
+        logged: list[tuple[int, int, list[Cell]]],
+        out: list[TabletStoreError | None],
+    ) -> None:
+        """:meth:`_log_one` for a batch: each durable entry reaches the memtable."""
+        core = self._core
         try:
             results = await log.append_many(
                 core.state.record.table_id, [(entries[i][0], cells) for i, _, cells in logged]
@@ -192,8 +242,6 @@ class WritePath:
                 del core.in_flight_marks[first]
             if not core.in_flight:
                 core.idle.set()
-        if core.state.memtable.approximate_size >= core.options.memtable_flush_bytes:
-            self._spawn_flush()
 
     async def check_and_mutate(
         self,
