@@ -35,13 +35,21 @@ Failure (a failed log is sticky; the worker must start a new incarnation to writ
   :class:`~tabletstore.errors.Fenced`. The writes in segment N were not made durable.
   (If the object there *is* byte-for-byte ours, a retrying store re-sent a create whose first
   attempt landed: that is success.)
-* Any other PUT error: the writes in that segment, and in every later segment already in
-  flight, raise :class:`~tabletstore.errors.Indeterminate` (the PUTs may have landed and could
-  be replayed), queued writes not yet sent raise :class:`~tabletstore.errors.Unavailable`
-  (certainly not logged), and so does every later append. The writer then tries to plug the
-  failed number with an empty fence object (create-only: if the PUT had landed after all, the
-  plug collides and changes nothing), so the log reads as ending there; recovery's
-  :func:`~tabletstore.commitlog.reader.fence` plugs any gap the writer could not.
+* Any other PUT error may have happened after the object was stored (a timeout, a dropped
+  connection, a 500 after the write), so the writer settles it before anyone hears back: it
+  plugs the number with an empty fence object, create-only. If the plug collides and the object
+  there is byte-for-byte the segment, the PUT had landed: that is success, and the log goes on.
+  If the plug lands, the segment certainly holds nothing: its writes raise
+  :class:`~tabletstore.errors.Unavailable` (not logged). If another object is there, recovery
+  fenced the log first (Fenced, as above). Only if the settling itself fails is the outcome
+  unknown: the segment's writes raise :class:`~tabletstore.errors.Indeterminate`. The log reads
+  are authoritative, so a write must never be reported failed while its record may be read
+  back: the change stream and a replay would show a write the table (which holds only what was
+  acknowledged to the tablet) does not.
+* Whenever a segment fails for good, the writes in every later segment already in flight raise
+  Indeterminate (the PUTs may have landed), queued writes not yet sent raise Unavailable
+  (certainly not logged), and so does every later append. The log reads as ending at the plug;
+  recovery's :func:`~tabletstore.commitlog.reader.fence` plugs any gap the writer could not.
 
 Usage::
 
@@ -407,12 +415,15 @@ class CommitLogWriter:
         )
         started = self._clock.monotonic()
         failure: BaseException | None = None
+        plugged = False
         try:
             await self._create(key, data)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # includes an untranslated store error: same as a failed PUT
+        except Fenced as exc:
             failure = exc
+        except Exception as exc:  # includes an untranslated store error: same as a failed PUT
+            failure, plugged = await self._settle_failed_put(key, data, exc)
         if failure is None:
             self.stats.segments += 1
             self.stats.bytes += len(data)
@@ -420,12 +431,15 @@ class CommitLogWriter:
             self._done.add(number)
             self._release_in_order()
         else:
-            await self._segment_failed(number, failure)
+            await self._segment_failed(number, failure, plugged=plugged)
         self._slot.set()
         self._nudge.set()
 
     def _release_in_order(self) -> None:
-        while self._next_ack in self._done and self._failure is None:
+        # Also after a failure: a segment below the failed number that lands is durable with
+        # every segment before it (recovery reads it), so its writes are acknowledged. Waiting
+        # for the log to be healthy instead left them, and close(), waiting forever.
+        while self._next_ack in self._done:
             number = self._next_ack
             self._done.discard(number)
             _, waiters = self._in_flight.pop(number)
@@ -434,8 +448,40 @@ class CommitLogWriter:
                     waiter.set_result(None)
             self._next_ack = number + 1
 
-    async def _segment_failed(self, number: int, failure: BaseException) -> None:
-        """Segment ``number`` failed: it and every later segment sent are not acknowledged."""
+    async def _settle_failed_put(
+        self, key: str, data: bytes, failure: Exception
+    ) -> tuple[BaseException | None, bool]:
+        """Decide a segment PUT that raised (module docstring): plug its key, create-only.
+        Returns (None, False) if the segment is there after all, (Fenced, False) if another
+        process's object is, (the failure, True) if the plug landed (nothing logged), and
+        (the failure, False) if the outcome stays unknown."""
+        try:
+            await self.store.create(key, b"")
+        except PreconditionFailed:
+            try:
+                existing = await self.store.get(key)
+            except Exception:
+                return failure, False
+            if existing == data:
+                return None, False  # the PUT had landed: only its answer was lost
+            if existing is None:
+                return failure, False  # cannot happen with create-only keys; stay unknown
+            fenced = Fenced(
+                f"commit log {self._name()} is fenced: segment object {key} was created by "
+                "another process (recovery of this worker started); stop serving"
+            )
+            fenced.__cause__ = failure
+            return fenced, False
+        except Exception:
+            return failure, False
+        return failure, True
+
+    async def _segment_failed(
+        self, number: int, failure: BaseException, *, plugged: bool = False
+    ) -> None:
+        """Segment ``number`` failed: it and every later segment sent are not acknowledged.
+        ``plugged``: the writer's plug holds the number, so the segment's own writes were
+        certainly not logged."""
         fenced = isinstance(failure, Fenced)
         if self._failure is None:
             later: TabletStoreError
@@ -454,7 +500,7 @@ class CommitLogWriter:
             self._done.discard(n)
             if n != number and not task.done():
                 task.cancel()
-        if not fenced:
+        if not fenced and not plugged:
             # Plug the hole so the log reads as ending here (a PUT that landed after all makes
             # this collide, and then the log simply goes on to the later segments). Done before
             # the writers hear back, so a caller that sees the error sees the log settled.
@@ -466,6 +512,12 @@ class CommitLogWriter:
             err: TabletStoreError
             if isinstance(failure, Fenced) and n == number:
                 err = failure
+            elif plugged and n == number:
+                err = Unavailable(
+                    f"commit log {self._name()}: PUT of segment {n} failed ({failure!r}) and "
+                    "its number is plugged: the writes in it were not logged"
+                )
+                err.__cause__ = failure
             else:
                 err = Indeterminate(
                     f"commit log {self._name()}: segment {n} was sent but segment {number} "

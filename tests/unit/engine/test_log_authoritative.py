@@ -133,3 +133,23 @@ async def test_a_cancelled_increment_is_counted_once_by_table_and_log() -> None:
         assert (await _logged_values(harness, b"n"))[-1] == (2).to_bytes(8, "big")
     finally:
         await harness.close()
+
+
+async def test_a_log_put_stored_but_answered_with_an_error_is_in_the_table() -> None:
+    """The segment PUT stores the object, then fails (the S3 fault proxy answers 500 after the
+    upstream stored it): the writer reads the number back, finds its segment, and the write is
+    acknowledged and applied. Reporting it failed left it in the log (change stream, replay)
+    and not in the table, which a clean move then made permanent."""
+    harness = TabletHarness(MemoryObjectStore(), options=BIG)
+    gated = _LogGate(MemoryObjectStore(), harness.worker_id)
+    harness.store = gated  # type: ignore[assignment]
+    tablet = await harness.start()
+    try:
+        gated.lose_acks = 1
+        await tablet.apply(b"k", put(b"v1"))
+        assert harness.log is not None and harness.log.writer.failed is None
+        assert await _logged_values(harness, b"k") == [b"v1"]
+        assert await _table_value(harness, b"k") == b"v1"
+        assert await _moved_and_crashed(harness, b"k") == (b"v1", b"v1")
+    finally:
+        await harness.close()
