@@ -17,42 +17,15 @@ import pytest
 
 from tabletstore.commitlog import replay
 from tabletstore.data.model import IncrementValue, Mutation, SetCell
-from tabletstore.errors import Indeterminate
 from tabletstore.options import TabletOptions
 from tabletstore.storage_s3.memory import MemoryObjectStore
-from tests.tablet_harness import TabletHarness
+from tests.tablet_harness import LogGate, TabletHarness
 
 BIG = TabletOptions(memtable_flush_bytes=1 << 30, max_sstables_per_group=2)
 
 
 def put(value: bytes) -> list[Mutation]:
     return [SetCell("a", b"q", value, 1000)]
-
-
-class _LogGate:
-    """An object store whose commit-log PUTs wait at a gate while it is closed."""
-
-    def __init__(self, inner: MemoryObjectStore, worker_id: str) -> None:
-        self.inner = inner
-        self.worker_id = worker_id
-        self.gate: asyncio.Event | None = None
-        self.waiting = asyncio.Event()
-        #: Commit-log PUTs that store their object and then raise (a lost acknowledgement).
-        self.lose_acks = 0
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self.inner, name)
-
-    async def create(self, key: str, data: bytes) -> None:
-        if self.worker_id in key and data:
-            if self.gate is not None:
-                self.waiting.set()
-                await self.gate.wait()
-            if self.lose_acks:
-                self.lose_acks -= 1
-                await self.inner.create(key, data)
-                raise Indeterminate(f"injected: PUT {key} stored, its answer lost")
-        await self.inner.create(key, data)
 
 
 async def _logged_values(h: TabletHarness, row: bytes) -> list[bytes]:
@@ -89,16 +62,15 @@ async def test_a_write_cancelled_while_its_record_is_in_flight_still_reaches_the
     batch: bool,
 ) -> None:
     harness = TabletHarness(MemoryObjectStore(), options=BIG)
-    gated = _LogGate(MemoryObjectStore(), harness.worker_id)
+    gated = LogGate(MemoryObjectStore(), harness.worker_id)
     harness.store = gated  # type: ignore[assignment]
     tablet = await harness.start()
     try:
         await tablet.apply(b"k", put(b"v0"))
         gated.gate = asyncio.Event()
-        if batch:
-            write = asyncio.create_task(tablet.apply_many([(b"k", put(b"v1"))]))
-        else:
-            write = asyncio.create_task(tablet.apply(b"k", put(b"v1")))
+        write: asyncio.Task[object] = asyncio.create_task(
+            tablet.apply_many([(b"k", put(b"v1"))]) if batch else tablet.apply(b"k", put(b"v1"))
+        )
         await asyncio.wait_for(gated.waiting.wait(), timeout=30)
         write.cancel()  # the RPC's client timed out: the server cancels the handler
         await asyncio.sleep(0)
@@ -115,7 +87,7 @@ async def test_a_write_cancelled_while_its_record_is_in_flight_still_reaches_the
 
 async def test_a_cancelled_increment_is_counted_once_by_table_and_log() -> None:
     harness = TabletHarness(MemoryObjectStore(), options=BIG)
-    gated = _LogGate(MemoryObjectStore(), harness.worker_id)
+    gated = LogGate(MemoryObjectStore(), harness.worker_id)
     harness.store = gated  # type: ignore[assignment]
     tablet = await harness.start()
     try:
@@ -141,7 +113,7 @@ async def test_a_log_put_stored_but_answered_with_an_error_is_in_the_table() -> 
     acknowledged and applied. Reporting it failed left it in the log (change stream, replay)
     and not in the table, which a clean move then made permanent."""
     harness = TabletHarness(MemoryObjectStore(), options=BIG)
-    gated = _LogGate(MemoryObjectStore(), harness.worker_id)
+    gated = LogGate(MemoryObjectStore(), harness.worker_id)
     harness.store = gated  # type: ignore[assignment]
     tablet = await harness.start()
     try:
