@@ -12,13 +12,19 @@ recovery ever held them while the change stream (and a replica fed by it) did.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
+from tabletstore.clock import ManualClock
 from tabletstore.commitlog import replay
+from tabletstore.coordination.memory import MemoryCoordinator
 from tabletstore.data.model import IncrementValue, Mutation, SetCell
+from tabletstore.errors import Indeterminate, TabletStoreError, Unavailable
+from tabletstore.metadata.record import LogRef
 from tabletstore.options import TabletOptions
 from tabletstore.storage_s3.memory import MemoryObjectStore
+from tabletstore.worker.log import WorkerLog
 from tests.tablet_harness import LogGate, TabletHarness
 
 BIG = TabletOptions(memtable_flush_bytes=1 << 30, max_sstables_per_group=2)
@@ -124,4 +130,82 @@ async def test_a_log_put_stored_but_answered_with_an_error_is_in_the_table() -> 
         assert await _table_value(harness, b"k") == b"v1"
         assert await _moved_and_crashed(harness, b"k") == (b"v1", b"v1")
     finally:
+        await harness.close()
+
+
+@pytest.mark.parametrize("landed", [True, False])
+async def test_a_write_whose_log_outcome_stays_unknown_is_in_the_table_after_recovery_iff_logged(
+    landed: bool,
+) -> None:
+    """The segment PUT fails and so does the writer's plug that would settle it: the write is
+    Indeterminate, never acknowledged, and its tablet must not go on as if it knew. It takes
+    no more writes and no compaction (a compaction's redo point would pass the record: a
+    record that had landed would then be in the log and the change stream, never in the
+    table); its next load replays the log, so the table holds the write exactly if the log
+    does."""
+    harness = TabletHarness(MemoryObjectStore(), options=BIG)
+    gated = LogGate(MemoryObjectStore(), harness.worker_id)
+    harness.store = gated  # type: ignore[assignment]
+    tablet = await harness.start()
+    try:
+        await tablet.apply(b"k", put(b"v0"))
+        gated.fail_plugs = True
+        if landed:
+            gated.lose_acks = 1
+        else:
+            gated.fail_puts = 1
+        with pytest.raises(Indeterminate):
+            await tablet.apply(b"k", put(b"v1"))
+        with pytest.raises(Unavailable, match="must be reloaded"):
+            await tablet.minor_compact()
+        with pytest.raises(Unavailable, match="must be reloaded"):  # its worker drops it
+            await tablet.add_log(LogRef(harness.worker_id, harness.incarnation + 1))
+        with contextlib.suppress(TabletStoreError):
+            await tablet.apply(b"other", put(b"x"))
+        gated.fail_plugs = False
+        await harness.recover()
+        logged = await _logged_values(harness, b"k")
+        assert logged == ([b"v0", b"v1"] if landed else [b"v0"])
+        assert await _table_value(harness, b"k") == logged[-1]
+    finally:
+        await harness.close()
+
+
+@pytest.mark.parametrize("batch", [False, True])
+async def test_a_write_logged_after_its_lease_expired_is_indeterminate_and_in_the_table(
+    batch: bool,
+) -> None:
+    """Fencing rule 1: a write whose worker's lease expired while its record was being logged
+    is not acknowledged (Indeterminate: the tablet's next owner replays the log). Its cells are
+    in the memtable all the same (on_durable), so this worker's table and log agree too."""
+    harness = TabletHarness(MemoryObjectStore(), options=BIG)
+    gated = LogGate(MemoryObjectStore(), harness.worker_id)
+    harness.store = gated  # type: ignore[assignment]
+    tablet = await harness.start()
+    clock = ManualClock()
+    coord = MemoryCoordinator(clock=clock)
+    try:
+        assert harness.log is not None
+        lease = await coord.grant_lease(60.0)
+        tablet._core.log = WorkerLog(harness.log.writer, harness.log.log_ref, lease, clock)
+        gated.gate = asyncio.Event()
+        write: asyncio.Task[object] = asyncio.create_task(
+            tablet.apply_many([(b"k", put(b"v1"))]) if batch else tablet.apply(b"k", put(b"v1"))
+        )
+        await asyncio.wait_for(gated.waiting.wait(), timeout=30)
+        await coord.revoke_lease(lease.id)
+        assert lease.expired
+        gated.gate.set()
+        if batch:
+            [error] = await asyncio.wait_for(write, timeout=30)  # type: ignore[misc]
+            assert isinstance(error, Indeterminate)
+        else:
+            with pytest.raises(Indeterminate, match="lease expired"):
+                await asyncio.wait_for(write, timeout=30)
+        assert await _logged_values(harness, b"k") == [b"v1"]
+        assert await _table_value(harness, b"k") == b"v1"
+        await harness.recover()  # the tablet's next owner
+        assert await _table_value(harness, b"k") == b"v1"
+    finally:
+        await coord.close()
         await harness.close()
