@@ -400,6 +400,11 @@ class CommitLogWriter:
                 task, waiters = self._in_flight.pop(number)
                 task.cancel()
                 self._fail_indeterminate(waiters, number, None)
+            # Records still queued were never sent, and their waiters cannot be cancelled
+            # (_Outcome): they must hear it, as must every later append.
+            if self._failure is None:
+                self._failure = Closed(f"commit log {self._name()} stopped: its flusher ended")
+            self._fail_queued(self._failure)
             raise
 
     async def _linger_while_in_flight(self) -> None:

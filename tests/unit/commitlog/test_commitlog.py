@@ -31,6 +31,7 @@ from tabletstore.errors import (
 from tabletstore.keys import Cell, CellKind
 from tabletstore.storage_s3.base import ObjectInfo, ObjectStore
 from tabletstore.storage_s3.layout import log_segment_key
+from tabletstore.storage_s3.memory import MemoryObjectStore
 
 
 def cells_for(row: bytes, first_seq: int, n: int = 1) -> list[Cell]:
@@ -624,3 +625,25 @@ async def test_an_earlier_segment_landing_after_a_later_one_failed_is_acknowledg
         await asyncio.wait_for(first, timeout=10)
     reader = CommitLogReader(object_store, "w1", 1)
     assert [r.row async for r in reader.records()] == [b"a"]
+
+
+async def test_a_writer_whose_flusher_is_cancelled_answers_every_queued_append() -> None:
+    """The future an append waits on refuses cancellation, so the writer answers every queued
+    record itself when its flusher is cancelled (a worker's task group ending), also with no
+    PUT in flight: the queued append raises Closed (never sent: certainly not logged), and so
+    does a later one."""
+    writer = CommitLogWriter(MemoryObjectStore(), "w1", 0, linger=0)
+    writer.start()
+    await asyncio.sleep(0)  # the flusher waits for records
+    queued = asyncio.create_task(writer.append("t", b"b", cells_for(b"b", writer.allocate(1))))
+    await asyncio.sleep(0)  # queued; the flusher's wake-up is scheduled, not run
+    assert writer._waiters and not writer._in_flight
+    assert writer._flusher is not None
+    writer._flusher.cancel()
+    # asyncio.wait, not wait_for: a timeout cannot cancel an append that is never answered.
+    await asyncio.wait({queued}, timeout=10)
+    assert queued.done()
+    with pytest.raises(Closed):
+        await queued
+    with pytest.raises(Closed):
+        await writer.append("t", b"c", cells_for(b"c", writer.allocate(1)))
