@@ -184,6 +184,8 @@ class TableReplicator:
         #: The source table's id as ``prepare`` found it, and when it was last looked up.
         self._source_id: str | None = None
         self._source_checked = float("-inf")
+        #: Per partition, the (row, seq) of the changes applied of a run not finished yet.
+        self._run_applied: dict[ChangePartition, set[tuple[bytes, int]]] = {}
 
     # ------------------------------------------------------------------ setting up
 
@@ -407,22 +409,28 @@ class TableReplicator:
         in stream order (a later change of a row may overwrite or delete what an earlier one
         wrote). The progress moves only once every change of the run is applied, so a
         replicator killed in between applies them again from the previous token (harmless:
-        the plan's module docstring)."""
+        the plan's module docstring); one that goes on after an error skips those it applied."""
         if not changes:
             return
+        # What this process applied of a run that then failed (the stream resumes before the
+        # run): not applied twice, so a retry within one process repeats nothing.
+        done = self._run_applied.setdefault(part, set())
         by_row: dict[bytes, list[Change]] = {}
         for change in changes:
-            by_row.setdefault(change.row, []).append(change)
+            if (change.row, change.seq) not in done:
+                by_row.setdefault(change.row, []).append(change)
         slots = asyncio.Semaphore(APPLY_CONCURRENCY)
 
         async def apply_row(row_changes: list[Change]) -> None:
             async with slots:
                 for change in row_changes:
                     await self._apply(change)
+                    done.add((change.row, change.seq))
                     if self.applied is not None:
                         self.applied(change)
 
         await _all_or_none([apply_row(cs) for cs in by_row.values()])
+        del self._run_applied[part]
         assert self.progress is not None
         self.progress = replace(
             self.progress.advanced(part, changes[-1].token, None),
