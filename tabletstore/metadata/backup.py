@@ -262,9 +262,14 @@ async def _version_keys(store: ObjectStore, backup_id: str) -> list[str]:
     return out
 
 
-async def write_backup(store: ObjectStore, manifest: BackupManifest) -> BackupManifest:
-    """Create a new backup's first manifest version; AlreadyExists if the id is taken here."""
-    if await _version_keys(store, manifest.backup_id):
+async def write_backup(
+    store: ObjectStore, manifest: BackupManifest, *, listed: bool = False
+) -> BackupManifest:
+    """Create a new backup's first manifest version; AlreadyExists if the id is taken here.
+    ``listed``: the caller has just found no version of the id in ``store`` (one LIST fewer;
+    a first version created meanwhile still collides, and a later one makes the copy's next
+    version collide)."""
+    if not listed and await _version_keys(store, manifest.backup_id):
         raise AlreadyExists(f"backup {manifest.backup_id!r} already exists in {store.url}")
     try:
         await store.create(manifest.key, manifest.to_bytes())

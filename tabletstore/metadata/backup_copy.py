@@ -138,12 +138,14 @@ async def copy_backup(
     concurrency: int = COPY_CONCURRENCY,
     progress: Progress | None = None,
     source: BackupManifest | None = None,
+    absent: bool = False,
 ) -> BackupManifest:
     """Copy backup ``backup_id`` from ``src`` to ``dst`` (as ``new_id``, default the same
     id) and return the destination's ready manifest. Only a ready, unexpired backup is
     copied; the copy keeps its expiry unless ``keep_expiry`` is False (then ``expires_at``).
     ``source``: its manifest in ``src``, when the caller has just read it (one LIST and one
-    GET fewer)."""
+    GET fewer). ``absent``: the caller has just read ``dst`` and found no backup of the
+    target id there (one LIST fewer before the copy starts)."""
     if concurrency < 1:
         raise InvalidArgument(f"copy concurrency must be at least 1, got {concurrency}")
     if source is None or source.backup_id != backup_id:
@@ -165,7 +167,7 @@ async def copy_backup(
     sink = _Sink(src, dst, pinned)
 
     async def pin() -> None:
-        await write_backup(dst, first)
+        await write_backup(dst, first, listed=absent)
         pinned.set()
 
     async def one(ref: SSTableRef) -> None:
