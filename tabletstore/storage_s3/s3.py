@@ -80,7 +80,7 @@ from tabletstore.errors import (
     Unavailable,
     Unimplemented,
 )
-from tabletstore.storage_s3 import layout
+from tabletstore.storage_s3 import find_layer, layout
 from tabletstore.storage_s3.base import (
     S3_BATCH,
     ObjectInfo,
@@ -311,13 +311,8 @@ def _session(profile: str | None) -> aioboto3.Session:
 
 
 def _s3_layer(store: object) -> S3ObjectStore | None:
-    """The S3 store under a stack of wrappers (each has ``.inner``), if there is one."""
-    layer: object | None = store
-    while layer is not None:
-        if isinstance(layer, S3ObjectStore):
-            return layer
-        layer = getattr(layer, "inner", None)
-    return None
+    """The S3 store under a stack of wrappers, if there is one."""
+    return find_layer(store, S3ObjectStore)
 
 
 class S3ObjectStore:
