@@ -278,15 +278,22 @@ async def write_backup(
     return manifest
 
 
-async def write_next_version(store: ObjectStore, manifest: BackupManifest) -> BackupManifest:
+async def write_next_version(
+    store: ObjectStore, manifest: BackupManifest, *, only: BackupManifest | None = None
+) -> BackupManifest:
     """Publish ``manifest`` (a :meth:`BackupManifest.changed` version), then delete the
-    versions before it. PreconditionFailed if another writer published that version first."""
+    versions before it. PreconditionFailed if another writer published that version first.
+    ``only``: the one version before it, which the caller created (it is deleted without
+    listing them)."""
     try:
         await store.create(manifest.key, manifest.to_bytes())
     except PreconditionFailed as exc:
         raise PreconditionFailed(
             f"backup {manifest.backup_id!r} was changed by someone else meanwhile; try again"
         ) from exc
+    if only is not None:
+        await store.delete(only.key)
+        return manifest
     older = [k for k in await _version_keys(store, manifest.backup_id) if k < manifest.key]
     await store.delete_many(older)
     return manifest

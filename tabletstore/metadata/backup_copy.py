@@ -192,7 +192,8 @@ async def copy_backup(
     finally:
         await sink.discard()
     done = first.changed(state=BackupState.READY, checksums={k: v for k, v in sums.items() if v})
-    return await write_next_version(dst, done)
+    # The creating version is the only one before it: another writer's would have collided.
+    return await write_next_version(dst, done, only=first)
 
 
 class _Sink:
