@@ -2,22 +2,25 @@
 back, next to boto3's managed transfers of the same bytes in the same run, how long a zero-copy
 clone takes at two table sizes, and (``--pitr-mb``) a point-in-time restore.
 
-    python -m bench.backup [--mb 32] [--repeats 3] [--markdown FILE]
+    python -m bench.backup [--mb 32] [--repeats 3] [--database s3|file] [--markdown FILE]
     python -m bench.backup --pitr-mb 1024 [--pitr-log-mb 128] [--markdown FILE]
 
-An embedded database (``file://``, the objects on local disk) holds a table of ``--mb`` MB of
-1000-byte random values in 4 tablets, flushed and compacted. moto's S3 server runs in this
-process on a free loopback port (as in the tests: the same machine, no network).
+moto's S3 server runs in this process on a free loopback port (as in the tests: the same
+machine, no network). An embedded database holds a table of ``--mb`` MB of 1000-byte random
+values in 4 tablets, flushed and compacted. With ``--database s3`` (the default, a database
+as deployed) every database lives in a bucket of that server, next to the backup location's
+bucket; with ``--database file`` on local disk.
 
 * **backup**: ``create_backup(T, to=s3://dst/...)``: the cut, then every SSTable the backup
-  names copied to the other bucket with its checksum, and the manifest. Right after it,
-  boto3's managed ``upload_file`` of the same SSTable files (16 threads, the copy's
-  concurrency) into a third bucket.
+  names copied to the other bucket with its checksum, and the manifest. Right after it, the
+  same SSTables with boto3's managed transfer into a third bucket (16 at once, the copy's
+  concurrency): ``copy`` from the database's bucket (s3), ``upload_file`` of its files (file).
 * **restore**: ``restore_table(ID, NEW, source=s3://dst/...)`` into a second, empty embedded
-  database (every SSTable read in ranged parts, 16 at once in the client's threads, each part
-  written and hashed as it lands, each file synced once whole, all named and their
-  directories synced once at the end, then the table created). Right after it, boto3's
-  managed ``download_file`` of the same objects (16 threads).
+  database: the SSTables copied in (between buckets of one endpoint by the server, CopyObject
+  with its SHA-256; into a local directory read in ranged parts, 16 at once in the client's
+  threads, each part written and hashed as it lands, each file synced once whole, all named
+  and their directories synced once at the end), then the table created. Right after it,
+  boto3's managed ``copy`` (s3) or ``download_file`` (file) of the same objects.
 * Each of the two is timed ``--repeats`` times, the boto3 side right after ours each time:
   the table gives the medians and each run's ratio (the machine's load moves both sides).
 * **clone**: ``clone_table`` of a table of ``--mb`` / 16 MB and of ``--mb`` MB: records only,
@@ -119,48 +122,94 @@ def _median(values: list[float]) -> float:
     return ordered[len(ordered) // 2]
 
 
-async def run(mb: float, work: Path, repeats: int) -> list[Row]:
+def _managed_copy(
+    s3: Any, source: str, prefix: str, keys: list[str], bucket: str, target: str
+) -> float:
+    """boto3's managed copy (``s3.copy``: CopyObject, or UploadPartCopy parts above 8 MB) of
+    ``source``/``prefix``+key to ``bucket`` under ``target``/key; the seconds taken."""
+    return _timed_pool(
+        lambda k: s3.copy({"Bucket": source, "Key": prefix + k}, bucket, f"{target}/{k}"), keys
+    )
+
+
+def _bytes_under(s3: Any, bucket: str, prefix: str) -> int:
+    """The bytes of the objects under ``prefix`` in ``bucket`` (what boto3's side copied)."""
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    return sum(o["Size"] for page in pages for o in page.get("Contents", ()))
+
+
+async def run(mb: float, work: Path, repeats: int, database: str = "s3") -> list[Row]:
+    """The backup, restore and clone rows (module docstring); ``database``: ``s3`` (the
+    databases in buckets of the S3 server, compared with boto3's managed copy) or ``file``
+    (on local disk, compared with boto3's managed upload and download)."""
     server, endpoint = _moto()
     s3 = _s3(endpoint)
+    in_s3 = database == "s3"
     try:
-        for bucket in ("dst", "boto"):
+        # moto keeps its buckets per process, not per server: each run gets its own.
+        run_id = uuid.uuid4().hex[:8]
+        src_b, dst_b, boto_b, restored_b = (f"{b}-{run_id}" for b in ("src", "dst", "boto", "rst"))
+        for bucket in (src_b, dst_b, boto_b, restored_b):
             s3.create_bucket(Bucket=bucket)
-        dst = f"s3://dst/backups?endpoint_url={endpoint}&region={REGION}"
+        query = f"?endpoint_url={endpoint}&region={REGION}"
+        dst = f"s3://{dst_b}/backups{query}"
         await _warm(dst)
+
+        async def opened(name: str) -> Database:
+            if not in_s3:
+                return await Database.open(f"file://{work}/{name}")
+            bucket = src_b if name == "src" else restored_b
+            url = f"memory://bench-{uuid.uuid4().hex[:8]}-{name}"
+            return await Database.open(url, store_url=f"s3://{bucket}/{name}{query}")
+
         rows: list[Row] = []
         ups: list[tuple[float, float]] = []  # (tabletstore MB/s, boto3 MB/s), one per repeat
         downs: list[tuple[float, float]] = []
-        async with await Database.open(f"file://{work}/src") as db:
+        boto_sizes: list[int] = []  # the bytes boto3's side moved, backup then restore
+        async with await opened("src") as db:
             await _fill(db, "t", mb)
             await _fill(db, "small", mb / 16)
             objects = Path(db.store.url.removeprefix("file://"))
-            # Each repeat: a backup and the managed upload of its files, then a restore into
-            # an empty database and the managed download of the same objects, side by side.
+            # Each repeat: a backup and boto3's transfer of its files, then a restore into an
+            # empty database and boto3's transfer of the same objects, side by side.
             for i in range(repeats):
                 start = time.perf_counter()
                 backup = await db.create_backup("t", f"bench{i}", to=dst)
                 took = time.perf_counter() - start
                 size = backup.size_bytes / 1e6
                 keys = backup.sstable_keys()
-                up = _timed_pool(
-                    lambda k, i=i: s3.upload_file(str(objects / k), "boto", f"{i}/{k}"), keys
-                )
+                if in_s3:
+                    up = _managed_copy(s3, src_b, "src/", keys, boto_b, f"up{i}")
+                else:
+                    up = _timed_pool(
+                        lambda k, i=i: s3.upload_file(str(objects / k), boto_b, f"up{i}/{k}"),
+                        keys,
+                    )
+                boto_sizes.append(_bytes_under(s3, boto_b, f"up{i}/"))
                 ups.append((size / took, size / up))
-                async with await Database.open(f"file://{work}/restored{i}") as other:
+                async with await opened(f"restored{i}") as other:
                     start = time.perf_counter()
                     await other.restore_table(f"bench{i}", "r", source=dst)
                     took = time.perf_counter() - start
                     count = 0
                     async for _ in other.table("r").read_rows():
                         count += 1
-                down_dir = work / f"download{i}"
-                down = _timed_pool(
-                    lambda k, d=down_dir: (
-                        (d / k).parent.mkdir(parents=True, exist_ok=True),
-                        s3.download_file("dst", f"backups/{k}", str(d / k)),
-                    ),
-                    [k for k in keys if k.startswith(TABLES)],
-                )
+                tables = [k for k in keys if k.startswith(TABLES)]
+                if in_s3:
+                    down = _managed_copy(s3, dst_b, "backups/", tables, boto_b, f"down{i}")
+                    boto_sizes.append(_bytes_under(s3, boto_b, f"down{i}/"))
+                else:
+                    down_dir = work / f"download{i}"
+                    down = _timed_pool(
+                        lambda k, d=down_dir: (
+                            (d / k).parent.mkdir(parents=True, exist_ok=True),
+                            s3.download_file(dst_b, f"backups/{k}", str(d / k)),
+                        ),
+                        tables,
+                    )
+                    boto_sizes.append(
+                        sum(f.stat().st_size for f in down_dir.rglob("*") if f.is_file())
+                    )
                 downs.append((size / took, size / down))
             clones = []
             for name in ("small", "t"):
@@ -176,16 +225,18 @@ async def run(mb: float, work: Path, repeats: int) -> list[Row]:
                 start = time.perf_counter()
                 await db.clone_table(name, f"{name}-clone")
                 clones.append((table_mb, time.perf_counter() - start))
-        for what, pairs, boto in (
-            (f"backup to another bucket ({size:.1f} MB, {len(keys)} SSTables)", ups, "upload_file"),
-            (f"restore from that bucket ({size:.1f} MB, {count} rows)", downs, "download_file"),
+        up_name, down_name = ("copy", "copy") if in_s3 else ("upload_file", "download_file")
+        for what, pairs, boto, moved in (
+            (f"backup to another bucket ({size:.1f} MB, {len(keys)} SSTables)", ups, up_name, 0),
+            (f"restore from that bucket ({size:.1f} MB, {count} rows)", downs, down_name, 1),
         ):
             ratios = ", ".join(f"{a / b:.2f}" for a, b in pairs)
+            boto_mb = max(boto_sizes[moved::2]) / 1e6
             rows.append(
                 (
                     what,
                     f"{_median([a for a, _ in pairs]):.1f} MB/s",
-                    f"{_median([b for _, b in pairs]):.1f} MB/s ({boto})",
+                    f"{_median([b for _, b in pairs]):.1f} MB/s ({boto}, {boto_mb:.1f} MB)",
                     f"{_median([a / b for a, b in pairs]):.2f}× ({ratios})",
                 )
             )
@@ -295,20 +346,31 @@ async def pitr(mb: float, log_mb: float, work: Path) -> PitrResult:
         )
 
 
-def markdown(rows: list[Row], mb: float, repeats: int) -> str:
+def markdown(
+    rows: list[Row], mb: float, repeats: int, database: str = "s3", start: str = ""
+) -> str:
     lines = [
-        "| operation | tabletstore | boto3 managed transfer, same bytes | ratio: median (each run) |",
+        "| operation | tabletstore | boto3 managed transfer, same objects | ratio: median (each run) |",
         "|---|---:|---:|---:|",
         *(f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows),
     ]
-    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    where = (
+        "databases and backup location in three buckets of one S3 endpoint"
+        if database == "s3"
+        else "databases on local disk (`file://`), backup location in a bucket"
+    )
     lines.append("")
     lines.append(
-        f"Table of {mb:g} MB of {VALUE}-byte values in 4 tablets; moto's S3 server in process; "
-        f"{THREADS} transfers in flight on both sides; medians of {repeats} runs, each side "
-        f"right after the other; load average at the end {load}."
+        f"Table of {mb:g} MB of {VALUE}-byte values in 4 tablets; {where} (moto's S3 server in "
+        f"process); {THREADS} objects in flight on both sides; medians of {repeats} runs, each "
+        f"side right after the other; load average {start + ' at the start, ' if start else ''}"
+        f"{_load()} at the end."
     )
     return "\n".join(lines)
+
+
+def _load() -> str:
+    return ", ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 def pitr_markdown(result: PitrResult) -> str:
@@ -337,6 +399,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.backup", description=__doc__)
     parser.add_argument("--mb", type=float, default=32.0, help="table size in MB (default 32)")
     parser.add_argument(
+        "--database",
+        choices=("s3", "file"),
+        default="s3",
+        help="where the databases live: s3 (buckets of the backup's S3 endpoint; boto3's "
+        "managed copy beside) or file (local disk; boto3's managed upload and download beside)",
+    )
+    parser.add_argument(
         "--repeats", type=int, default=3, help="backups and restores timed (default 3)"
     )
     parser.add_argument(
@@ -359,9 +428,9 @@ def main(argv: list[str] | None = None) -> None:
         if args.pitr_mb:
             text = pitr_markdown(asyncio.run(pitr(args.pitr_mb, args.pitr_log_mb, Path(work))))
         else:
-            text = markdown(
-                asyncio.run(run(args.mb, Path(work), args.repeats)), args.mb, args.repeats
-            )
+            start = _load()
+            rows = asyncio.run(run(args.mb, Path(work), args.repeats, args.database))
+            text = markdown(rows, args.mb, args.repeats, args.database, start)
     print(text)
     if args.markdown is not None:
         args.markdown.write_text(text + "\n")

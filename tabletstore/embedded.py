@@ -15,7 +15,9 @@ log first (§6; ``master.log_recovery`` with an in-process executor), so each ta
 its own part of it instead of the whole log. The tablet records are
 METADATA rows served by the in-process worker, exactly as in a cluster; the root tablet's
 record is in the coordinator's journal. ``memory://name`` opens the same stack on in-memory
-storage (shared by name within a process; gone with it).
+storage (shared by name within a process; gone with it); with ``store_url`` its objects are
+kept in that object store instead (an S3 bucket: benchmarks and tests of what S3 does
+differently), its coordination state still in memory.
 """
 
 from __future__ import annotations
@@ -139,14 +141,20 @@ class Database(AsyncClient):
         tablet_options: TabletOptions | None = None,
         worker_options: WorkerOptions | None = None,
         instrument: bool = False,
+        store_url: str | None = None,
     ) -> Database:
         """Open (and recover) the database at ``url``; see the module docstring.
 
         ``instrument`` counts object-store requests and bytes (S3 cost): reach the counters with
         ``find_layer(db.store, InstrumentedObjectStore).stats()``; they are then in
-        :meth:`metrics_text` too.
+        :meth:`metrics_text` too. ``store_url``: a ``memory://`` database's objects in that
+        object store (module docstring).
         """
         kind, where = _parse(url)
+        if store_url is not None and kind != "memory":
+            raise InvalidArgument(
+                f"store_url is for memory:// databases; {url!r} keeps its objects in its directory"
+            )
         metrics = WorkerMetrics(_WORKER_ID)
         registry = metrics.registry if instrument else None
         explicit_clock = clock
@@ -163,7 +171,9 @@ class Database(AsyncClient):
             coordinator = MemoryCoordinator.open(
                 where, clock=explicit_clock, leases_bound_to_process=True
             )
-            store = open_store(f"memory://{where}", instrument=instrument, registry=registry)
+            store = open_store(
+                store_url or f"memory://{where}", instrument=instrument, registry=registry
+            )
             canonical = f"memory://{where}"
         transport = InProcessTransport()
         wopts = worker_options or WorkerOptions(lease=IN_PROCESS_LEASE)

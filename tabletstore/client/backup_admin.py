@@ -204,7 +204,7 @@ async def _bring_in(src: ObjectStore, own: ObjectStore, backup_id: str) -> None:
     source, here = await asyncio.gather(read_backup(src, backup_id), _read_if_any(own, backup_id))
     source.check_restorable(wall_time(), src.url)
     if here is None:
-        await copy_backup(src, own, backup_id, now=wall_time(), source=source)
+        await copy_backup(src, own, backup_id, now=wall_time(), source=source, absent=True)
         return
     if (here.table_id, here.created_at) != (source.table_id, source.created_at):
         raise AlreadyExists(

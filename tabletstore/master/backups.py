@@ -104,8 +104,10 @@ async def restore_table(
     creator: str | None = None,
 ) -> TableInfo:
     """Restore backup ``backup_id`` of this bucket into the new table ``new_table``."""
-    await check_new_table(catalog, new_table)
-    manifest = await read_backup(store, backup_id)
+    # Both reads at once (neither writes): a taken name or a missing backup fails as before.
+    _, manifest = await asyncio.gather(
+        check_new_table(catalog, new_table), read_backup(store, backup_id)
+    )
     manifest.check_restorable(clock.time(), store.url)
     await _check_objects(store, manifest)
     schema = _renamed(manifest.schema, new_table, creator)

@@ -262,9 +262,14 @@ async def _version_keys(store: ObjectStore, backup_id: str) -> list[str]:
     return out
 
 
-async def write_backup(store: ObjectStore, manifest: BackupManifest) -> BackupManifest:
-    """Create a new backup's first manifest version; AlreadyExists if the id is taken here."""
-    if await _version_keys(store, manifest.backup_id):
+async def write_backup(
+    store: ObjectStore, manifest: BackupManifest, *, listed: bool = False
+) -> BackupManifest:
+    """Create a new backup's first manifest version; AlreadyExists if the id is taken here.
+    ``listed``: the caller has just found no version of the id in ``store`` (one LIST fewer;
+    a first version created meanwhile still collides, and a later one makes the copy's next
+    version collide)."""
+    if not listed and await _version_keys(store, manifest.backup_id):
         raise AlreadyExists(f"backup {manifest.backup_id!r} already exists in {store.url}")
     try:
         await store.create(manifest.key, manifest.to_bytes())
@@ -273,15 +278,22 @@ async def write_backup(store: ObjectStore, manifest: BackupManifest) -> BackupMa
     return manifest
 
 
-async def write_next_version(store: ObjectStore, manifest: BackupManifest) -> BackupManifest:
+async def write_next_version(
+    store: ObjectStore, manifest: BackupManifest, *, only: BackupManifest | None = None
+) -> BackupManifest:
     """Publish ``manifest`` (a :meth:`BackupManifest.changed` version), then delete the
-    versions before it. PreconditionFailed if another writer published that version first."""
+    versions before it. PreconditionFailed if another writer published that version first.
+    ``only``: the one version before it, which the caller created (it is deleted without
+    listing them)."""
     try:
         await store.create(manifest.key, manifest.to_bytes())
     except PreconditionFailed as exc:
         raise PreconditionFailed(
             f"backup {manifest.backup_id!r} was changed by someone else meanwhile; try again"
         ) from exc
+    if only is not None:
+        await store.delete(only.key)
+        return manifest
     older = [k for k in await _version_keys(store, manifest.backup_id) if k < manifest.key]
     await store.delete_many(older)
     return manifest

@@ -29,8 +29,14 @@ was killed are removed by the next copy into the same directories. Elsewhere eac
 read whole (or in ranged parts if large), checked, then created, durable when its create
 returns.
 
-Bytes go through this process (GET then create-only PUT), so checksums are recorded for
-every object copied: a copy of a copy verifies them.
+Between two S3 buckets of one endpoint and identity (a backup to or a restore from another
+bucket of the database's S3 server: storage_s3/s3.py ``copies_from``), each object is copied
+server-side instead, with one CopyObject that returns the SHA-256 the server computed of what
+it copied: no byte passes through this process, as with boto3's managed copy. The source is
+checked first to exist with the recorded size, the copy is made only once the manifest pins
+it, and a checksum that differs from the recorded one fails the copy and removes the object it
+made. Elsewhere bytes go through this process (GET then create-only PUT). Either way a
+checksum is recorded for every object copied: a copy of a copy verifies them.
 """
 
 from __future__ import annotations
@@ -63,7 +69,14 @@ from tabletstore.metadata.backup import (
 )
 from tabletstore.metadata.record import SSTableRef
 from tabletstore.storage_s3 import find_layer, layout
-from tabletstore.storage_s3.base import S3_BATCH, ObjectStore, StagingStore, object_url
+from tabletstore.storage_s3.base import (
+    S3_BATCH,
+    CopyingStore,
+    ObjectInfo,
+    ObjectStore,
+    StagingStore,
+    object_url,
+)
 from tabletstore.storage_s3.local import LocalObjectStore, Staged, Staging
 
 __all__ = [
@@ -96,6 +109,10 @@ STAGED_PART_BYTES = 4 * 1024 * 1024
 #: the threads that write, hash and sync their parts).
 STAGED_GETS = 16
 
+#: The largest object copied server-side: S3's limit for one CopyObject (larger ones are read
+#: and written).
+SERVER_COPY_BYTES = 5 * 1024**3
+
 #: Called with the bytes of each object copied (progress, benchmarks).
 Progress = Callable[[int], None]
 
@@ -121,12 +138,14 @@ async def copy_backup(
     concurrency: int = COPY_CONCURRENCY,
     progress: Progress | None = None,
     source: BackupManifest | None = None,
+    absent: bool = False,
 ) -> BackupManifest:
     """Copy backup ``backup_id`` from ``src`` to ``dst`` (as ``new_id``, default the same
     id) and return the destination's ready manifest. Only a ready, unexpired backup is
     copied; the copy keeps its expiry unless ``keep_expiry`` is False (then ``expires_at``).
     ``source``: its manifest in ``src``, when the caller has just read it (one LIST and one
-    GET fewer)."""
+    GET fewer). ``absent``: the caller has just read ``dst`` and found no backup of the
+    target id there (one LIST fewer before the copy starts)."""
     if concurrency < 1:
         raise InvalidArgument(f"copy concurrency must be at least 1, got {concurrency}")
     if source is None or source.backup_id != backup_id:
@@ -145,10 +164,10 @@ async def copy_backup(
     sums: dict[str, str] = {}
     gate = asyncio.Semaphore(concurrency)
     pinned = asyncio.Event()
-    sink = _Sink(dst, pinned)
+    sink = _Sink(src, dst, pinned)
 
     async def pin() -> None:
-        await write_backup(dst, first)
+        await write_backup(dst, first, listed=absent)
         pinned.set()
 
     async def one(ref: SSTableRef) -> None:
@@ -173,19 +192,22 @@ async def copy_backup(
     finally:
         await sink.discard()
     done = first.changed(state=BackupState.READY, checksums={k: v for k, v in sums.items() if v})
-    return await write_next_version(dst, done)
+    # The creating version is the only one before it: another writer's would have collided.
+    return await write_next_version(dst, done, only=first)
 
 
 class _Sink:
     """Where a copy creates its objects: staged in a local directory and published together
-    once every one is there (module docstring), or created one by one, each durable when its
-    create returns. Either way none is visible in ``dst`` before ``pinned`` is set (the
-    destination's manifest exists)."""
+    once every one is there (module docstring), copied server-side from ``src``, or created
+    one by one, each durable when its create returns. Either way none is visible in ``dst``
+    before ``pinned`` is set (the destination's manifest exists)."""
 
-    def __init__(self, dst: ObjectStore, pinned: asyncio.Event) -> None:
+    def __init__(self, src: ObjectStore, dst: ObjectStore, pinned: asyncio.Event) -> None:
         # Staged through ``dst`` itself: its wrappers count and inject faults as for creates.
         local = find_layer(dst, LocalObjectStore) is not None
         self._local = dst if local and isinstance(dst, StagingStore) else None
+        #: ``dst`` when it copies objects of ``src`` server-side (through its wrappers too).
+        self.copying = dst if isinstance(dst, CopyingStore) and dst.copies_from(src) else None
         self._dst = dst
         self.pinned = pinned
         self._staged: list[Staged] = []
@@ -276,7 +298,12 @@ async def _copy_object(
 ) -> str:
     """Copy one SSTable object into ``sink`` unless ``dst`` has it already; returns its
     checksum ("" when it was there already and none was recorded)."""
-    there = await dst.head(ref.key)
+    copying = sink.copying if ref.size <= SERVER_COPY_BYTES else None
+    origin: ObjectInfo | None = None
+    if copying is not None:
+        there, origin = await asyncio.gather(dst.head(ref.key), src.head(ref.key))
+    else:
+        there = await dst.head(ref.key)
     if there is not None and there.size == ref.size:
         # Seen before the manifest pinned it: garbage collection may have deleted it since;
         # once the manifest exists, what is there stays.
@@ -289,6 +316,8 @@ async def _copy_object(
             f"{object_url(dst.url, ref.key)} exists with {there.size} bytes, not the "
             f"{ref.size} the backup records: not overwriting it"
         )
+    if copying is not None:
+        return await _server_copy(src, copying, ref, expected, sink, origin)
     if sink.stages:
         # What is staged stays invisible unless the checksum matches: it is published only
         # when the whole copy is checked.
@@ -304,6 +333,38 @@ async def _copy_object(
     got = await asyncio.to_thread(checksum, parts)  # off the event loop
     _check_sum(src, ref, expected, got)
     await sink.create(ref.key, parts)
+    return got
+
+
+async def _server_copy(
+    src: ObjectStore,
+    dst: CopyingStore,
+    ref: SSTableRef,
+    expected: str | None,
+    sink: _Sink,
+    origin: ObjectInfo | None,
+) -> str:
+    """Copy ``ref`` from ``src`` to ``dst`` server-side (module docstring), ``origin`` being
+    what a HEAD of it in ``src`` returned; returns its checksum."""
+    if origin is None:
+        raise _missing(src, ref)
+    if origin.size != ref.size:
+        raise _wrong_size(src, ref, origin.size)
+    await sink.pinned.wait()
+    try:
+        got = await dst.copy_from(src, ref.key)
+    except NotFound:
+        raise _missing(src, ref) from None
+    if got is None:  # The server computed none: the copy is read back and hashed here.
+        parts = await _fetch(dst, ref)
+        if parts is None:
+            raise _missing(dst, ref)
+        got = await asyncio.to_thread(checksum, parts)
+    if expected is not None and got != expected:
+        # Not left for a later copy to take as the object (it would match by size alone).
+        with contextlib.suppress(TabletStoreError):
+            await dst.delete(ref.key)
+    _check_sum(src, ref, expected, got)
     return got
 
 

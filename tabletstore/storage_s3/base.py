@@ -25,6 +25,11 @@ forwards them (counting, retrying or injecting faults as it does for ``create``)
 through a stack of wrappers goes through each of them; :func:`staging_layer` names a store
 that has none.
 
+Server-side copies (:class:`CopyingStore`) are what S3 adds for a copy between two buckets of
+one endpoint (storage_s3/s3.py): the server copies the object (CopyObject) and returns its
+SHA-256, the bytes never pass through this process. Every wrapper forwards them too
+(:func:`copying_layer`); :meth:`CopyingStore.copies_from` says whether a source qualifies.
+
 The helpers below (:class:`Op`, :func:`object_url`, :func:`check_key`, :func:`check_range`) are
 shared by every implementation and wrapper so their errors read the same.
 """
@@ -43,12 +48,15 @@ if TYPE_CHECKING:
 
 __all__ = [
     "S3_BATCH",
+    "CopyingStore",
     "ObjectInfo",
     "ObjectStore",
     "Op",
     "StagingStore",
     "check_key",
     "check_range",
+    "copies_from",
+    "copying_layer",
     "object_url",
     "staging_layer",
 ]
@@ -175,3 +183,35 @@ def staging_layer(url: str, inner: object) -> StagingStore:
     if not isinstance(inner, StagingStore):
         raise Unimplemented(f"{url} has no staged creates (a local directory has)")
     return inner
+
+
+@runtime_checkable
+class CopyingStore(ObjectStore, Protocol):
+    """A store that copies objects of another store into itself server-side (storage_s3/s3.py):
+    the bytes never pass through this process."""
+
+    def copies_from(self, source: ObjectStore) -> bool:
+        """Whether :meth:`copy_from` can copy from ``source`` (a store, or a stack of wrappers
+        over one, on the same server and credentials as this one)."""
+        ...
+
+    async def copy_from(self, source: ObjectStore, key: str) -> str | None:
+        """Copy ``source``'s object ``key`` to the same key here (replacing an object there:
+        callers copy immutable objects whose key names one content). Returns the object's
+        checksum as the server computed it (``sha256:<hex>``), None if the server gives none.
+        NotFound if ``source`` has no such object."""
+        ...
+
+
+def copying_layer(url: str, inner: object) -> CopyingStore:
+    """``inner`` (a wrapper's inner store) as a :class:`CopyingStore`; Unimplemented naming
+    ``url`` if it has no server-side copies."""
+    if not isinstance(inner, CopyingStore):
+        raise Unimplemented(f"{url} has no server-side copies (an S3 bucket has)")
+    return inner
+
+
+def copies_from(inner: object, source: ObjectStore) -> bool:
+    """A wrapper's :meth:`CopyingStore.copies_from`: its inner store's answer (False if that
+    has no server-side copies)."""
+    return isinstance(inner, CopyingStore) and inner.copies_from(source)

@@ -6,7 +6,8 @@ per 1,000 writes" (and per read). This wrapper counts every call it forwards by
 
 * ``get`` -> GET, ``get_range`` -> GET_RANGE, ``head`` -> HEAD, ``create`` -> PUT,
   ``delete`` -> DELETE: one request each; a staged create (local.py) is one PUT per object
-  when ``publish`` publishes it;
+  when ``publish`` publishes it; a server-side copy (``copy_from``) is one PUT, as S3 bills
+  CopyObject, and moves no bytes through this process;
 * ``delete_many`` -> one DELETE per started batch of 1,000 keys (S3's DeleteObjects limit);
 * ``list`` -> one LIST for the first page and one more each time a 1,001st, 2,001st... object
   is yielded (S3 pages hold 1,000 keys), so a listing abandoned early counts only the pages it
@@ -30,7 +31,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from tabletstore.errors import TabletStoreError
-from tabletstore.storage_s3.base import S3_BATCH, ObjectInfo, ObjectStore, Op, staging_layer
+from tabletstore.storage_s3.base import (
+    S3_BATCH,
+    ObjectInfo,
+    ObjectStore,
+    Op,
+    copies_from,
+    copying_layer,
+    staging_layer,
+)
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -234,6 +243,15 @@ class InstrumentedObjectStore:
             return
         requests = -(-len(batch) // S3_BATCH)
         await self._call(Op.DELETE, self.inner.delete_many(batch), requests=requests)
+
+    # Server-side copies ---------------------------------------------------------------------
+
+    def copies_from(self, source: ObjectStore) -> bool:
+        return copies_from(self.inner, source)
+
+    async def copy_from(self, source: ObjectStore, key: str) -> str | None:
+        """One PUT (S3 bills a copy as one), no bytes: none pass through this process."""
+        return await self._call(Op.PUT, copying_layer(self.url, self.inner).copy_from(source, key))
 
     # Staged creates -------------------------------------------------------------------------
 

@@ -36,7 +36,14 @@ from tabletstore.errors import (
     TabletStoreError,
     Unavailable,
 )
-from tabletstore.storage_s3.base import ObjectInfo, ObjectStore, object_url, staging_layer
+from tabletstore.storage_s3.base import (
+    ObjectInfo,
+    ObjectStore,
+    copies_from,
+    copying_layer,
+    object_url,
+    staging_layer,
+)
 
 if TYPE_CHECKING:
     from tabletstore.storage_s3.local import Staged, Staging
@@ -201,6 +208,16 @@ class RetryingObjectStore:
         raise PreconditionFailed(
             f"object {object_url(self.url, key)} already exists with other content"
         )
+
+    # Server-side copies ---------------------------------------------------------------------
+    # Retried as idempotent: a copy of an immutable object writes the same bytes each time.
+
+    def copies_from(self, source: ObjectStore) -> bool:
+        return copies_from(self.inner, source)
+
+    async def copy_from(self, source: ObjectStore, key: str) -> str | None:
+        layer = copying_layer(self.url, self.inner)
+        return await self._retry(lambda: layer.copy_from(source, key))
 
     # Staged creates -------------------------------------------------------------------------
     # Forwarded as they are: they write a local directory, where a failure is not transient.

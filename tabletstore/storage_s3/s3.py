@@ -29,6 +29,15 @@ do, instead of the event loop: on a busy machine one event loop reading many lar
 one thread's share of the CPU, where a transfer's threads get one each. Same contract and
 errors as :meth:`S3ObjectStore.get_range`.
 
+Server-side copies (:meth:`S3ObjectStore.copy_from`, what a copy of a backup between two
+buckets of one endpoint uses): one CopyObject per object, asking the server for the copy's
+SHA-256 (``x-amz-checksum-algorithm: SHA256``; a single CopyObject's checksum is the whole
+object's, as AWS, MinIO and moto compute it), so the bytes never pass through this process
+and the copy is still checked against a recorded checksum. The source must be on the same
+endpoint, region and credentials (:meth:`S3ObjectStore.copies_from`): the request is signed
+for the destination and reads the source with the same identity. A CopyObject is not
+create-only; callers copy immutable objects, whose key names one content.
+
 Create-only PUTs use ``If-None-Match: *`` (S3 since 2024-08, MinIO, and moto's server all
 answer a collision with 412 PreconditionFailed; verified against moto 5.2 in the conformance
 suite). Fencing rests on that answer (docs/architecture/design.md §6: a deposed writer's commit-log
@@ -42,6 +51,7 @@ endpoint, instead of letting the cluster run unfenced.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import threading
 import uuid
@@ -70,7 +80,7 @@ from tabletstore.errors import (
     Unavailable,
     Unimplemented,
 )
-from tabletstore.storage_s3 import layout
+from tabletstore.storage_s3 import find_layer, layout
 from tabletstore.storage_s3.base import (
     S3_BATCH,
     ObjectInfo,
@@ -300,6 +310,11 @@ def _session(profile: str | None) -> aioboto3.Session:
 # The store ------------------------------------------------------------------------------------
 
 
+def _s3_layer(store: object) -> S3ObjectStore | None:
+    """The S3 store under a stack of wrappers, if there is one."""
+    return find_layer(store, S3ObjectStore)
+
+
 class S3ObjectStore:
     """An ObjectStore on one bucket and prefix; see the module docstring."""
 
@@ -516,6 +531,42 @@ class S3ObjectStore:
         )
 
     # Writes ---------------------------------------------------------------------------------
+
+    def copies_from(self, source: object) -> bool:
+        """Whether :meth:`copy_from` can copy from ``source`` (module docstring): an S3 store,
+        or a stack of wrappers over one, on this endpoint, region and credentials."""
+        other = _s3_layer(source)
+        if other is None:
+            return False
+        mine, theirs = self._loc, other._loc
+        return (mine.endpoint_url, mine.region, mine.profile, self._credentials) == (
+            theirs.endpoint_url,
+            theirs.region,
+            theirs.profile,
+            other._credentials,
+        )
+
+    async def copy_from(self, source: object, key: str) -> str | None:
+        """Copy ``source``'s object ``key`` to ``key`` here with one CopyObject; returns the
+        SHA-256 the server computed (``sha256:<hex>``), None if it returned none. NotFound
+        naming the source object if it does not exist."""
+        other = _s3_layer(source)
+        if other is None or not self.copies_from(other):
+            raise InvalidArgument(f"{self.url} cannot copy server-side from {source!r}")
+        full, origin = self._key(key), other._key(key)
+        client = await self._get_client()
+        try:
+            async with self._translating("CopyObject", key, mutation=True):
+                response = await client.copy_object(
+                    Bucket=self._loc.bucket,
+                    Key=full,
+                    CopySource={"Bucket": other.bucket, "Key": origin},
+                    ChecksumAlgorithm="SHA256",
+                )
+        except _ObjectMissing:
+            raise NotFound(f"{object_url(other.url, key)} does not exist") from None
+        digest = response.get("CopyObjectResult", {}).get("ChecksumSHA256")
+        return None if not digest else "sha256:" + base64.b64decode(digest).hex()
 
     async def create(self, key: str, data: bytes) -> None:
         full = self._key(key)

@@ -23,7 +23,8 @@ then the actions of the rules that fire are applied in rule order:
 * ``corrupt`` (GET, GET_RANGE) flips every bit of the middle byte of a non-empty result.
 
 A staged create (storage_s3/local.py) is a PUT when ``publish`` publishes it: one call
-matching if any of its keys does (``fail`` publishes none of them, ``lose_ack`` all).
+matching if any of its keys does (``fail`` publishes none of them, ``lose_ack`` all). A
+server-side copy (``copy_from``) is the PUT of the object it creates.
 
 A LIST rule is evaluated once per page of up to 1,000 objects (when the listing starts and
 before its 1,001st, 2,001st... object), so ``fail(Op.LIST, nth=2)`` breaks a long listing in
@@ -42,7 +43,15 @@ from typing import TYPE_CHECKING
 
 from tabletstore.clock import Clock
 from tabletstore.errors import Indeterminate, InvalidArgument, Unavailable
-from tabletstore.storage_s3.base import S3_BATCH, ObjectInfo, ObjectStore, Op, staging_layer
+from tabletstore.storage_s3.base import (
+    S3_BATCH,
+    ObjectInfo,
+    ObjectStore,
+    Op,
+    copies_from,
+    copying_layer,
+    staging_layer,
+)
 
 if TYPE_CHECKING:
     from tabletstore.storage_s3.local import Staged, Staging
@@ -270,6 +279,17 @@ class FaultyObjectStore:
         existed = await staging_layer(self.url, self.inner).publish(batch)
         self._after_write(after)
         return existed
+
+    # Server-side copies: each is the PUT of the object it creates.
+
+    def copies_from(self, source: ObjectStore) -> bool:
+        return copies_from(self.inner, source)
+
+    async def copy_from(self, source: ObjectStore, key: str) -> str | None:
+        after = await self._before(Op.PUT, [key])
+        got = await copying_layer(self.url, self.inner).copy_from(source, key)
+        self._after_write(after)
+        return got
 
     async def discard(self, staged: Iterable[Staged]) -> None:
         await staging_layer(self.url, self.inner).discard(staged)

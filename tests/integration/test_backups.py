@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -297,7 +298,9 @@ async def test_bringing_a_backup_in_reads_its_manifest_in_the_location_once(
     tmp_path: Path,
 ) -> None:
     """A restore from another location lists and reads the backup's manifest there once (each
-    is a round trip to that bucket), then copies every SSTable (a small one in one part)."""
+    is a round trip to that bucket), then copies every SSTable (a small one in one part). In
+    the database's bucket it lists the backup's versions once, to find none before the copy
+    starts (the creating version it wrote is the one the ready version replaces)."""
     from tabletstore.client.backup_admin import _bring_in
     from tabletstore.storage_s3 import open_store
     from tabletstore.storage_s3.base import Op
@@ -310,14 +313,17 @@ async def test_bringing_a_backup_in_reads_its_manifest_in_the_location_once(
         await db.flush("t")
         remote = await db.create_backup("t", "far", to=elsewhere)
     src = InstrumentedObjectStore(open_store(elsewhere))
-    own = open_store(f"file://{tmp_path}/own")
+    own = InstrumentedObjectStore(open_store(f"file://{tmp_path}/own"))
     try:
         await _bring_in(src, own, "far")
-        stats = src.stats()
+        stats, own_stats = src.stats(), own.stats()
+        versions = [i.key async for i in own.list(layout.BACKUPS)]
     finally:
         await src.close()
         await own.close()
+    assert own_stats[Op.LIST].requests == 1, own_stats
     assert stats[Op.LIST].requests == 1, stats
+    assert versions == [layout.backup_key("far", 1)]  # the ready one alone
     assert stats[Op.GET].requests == 1, stats  # the manifest
     assert stats[Op.GET_RANGE].requests == len(remote.sstable_keys()), stats  # one part each
 
@@ -454,3 +460,29 @@ async def test_a_restore_killed_midway_leaves_nothing_that_looks_finished(
         assert await _rows(db, "r") == expected
         assert (await db.verify()).ok
         assert list((tmp_path / "b").rglob(f"{STAGE_PREFIX}*")) == []  # swept by the restore
+
+
+async def test_a_tables_tablet_rows_are_committed_together() -> None:
+    """A table of many tablets (a restore's, a clone's) has its METADATA rows inserted at once,
+    so the worker commits them in a few log writes, not one per tablet."""
+    from tabletstore.data.schema import ColumnFamily, TableSchema
+    from tabletstore.metadata.catalog import Catalog
+    from tabletstore.metadata.record import TabletRecord
+    from tabletstore.storage_s3 import find_layer
+    from tabletstore.storage_s3.base import Op
+    from tabletstore.storage_s3.instrumented import InstrumentedObjectStore
+
+    async with await Database.open(f"memory://rows-{uuid.uuid4().hex}", instrument=True) as db:
+        bounds: list[bytes | None] = [b"", *(b"k%02d" % i for i in range(1, 16)), None]
+        table_id = Catalog.new_table_id("many")
+        records = [
+            TabletRecord(table_id, f"t{i:05d}", bounds[i] or b"", bounds[i + 1]) for i in range(16)
+        ]
+        counters = find_layer(db.store, InstrumentedObjectStore)
+        assert counters is not None
+        before = counters.stats()
+        schema = TableSchema(name="many", families={"f": ColumnFamily(name="f")})
+        await db.catalog.create_table(schema, records)
+        puts = (counters.stats() - before)[Op.PUT].requests
+        assert len(await db.catalog.list_tablets(table_id)) == 16
+    assert puts <= 4, puts

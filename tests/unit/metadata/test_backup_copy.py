@@ -24,6 +24,7 @@ from tabletstore.metadata.backup_copy import checksum, copy_backup
 from tabletstore.storage_s3 import InstrumentedObjectStore, Op, find_layer, layout, open_store
 from tabletstore.storage_s3.local import STAGE_PREFIX, TEMP_PREFIX, LocalObjectStore
 from tabletstore.testing.faulty_store import FaultyObjectStore
+from tests.plugins.s3_server import REGION, boto3_client
 
 
 class _Shuffled(LocalObjectStore):
@@ -122,7 +123,7 @@ async def test_a_damaged_object_fails_the_copy_and_leaves_nothing(
 async def test_an_empty_object_is_copied(tmp_path: Path) -> None:
     src = LocalObjectStore(tmp_path / "src")
     dst = LocalObjectStore(tmp_path / "dst")
-    sink = backup_copy._Sink(dst, asyncio.Event())
+    sink = backup_copy._Sink(src, dst, asyncio.Event())
     key = "tables/t-1/tab/default/empty.sst"
     await src.create(key, b"")
     from tabletstore.metadata.record import SSTableRef
@@ -185,3 +186,78 @@ async def test_staged_creates_go_through_the_wrappers(tmp_path: Path) -> None:
         for store in (src, counted, faulty):
             await store.close()
     assert _leftovers(tmp_path / "faulty") == []
+
+
+async def _in_two_buckets(
+    tmp_path: Path, s3_server: str, s3_bucket: str
+) -> tuple[BackupManifest, str, str]:
+    """A backup copied into a bucket of moto's server (read and written by the client), and
+    the URL of an empty second bucket on the same server."""
+    location, _ = await _backup(tmp_path)
+    other = f"{s3_bucket}-other"
+    boto3_client(s3_server).create_bucket(Bucket=other)
+    first = f"s3://{s3_bucket}/a?endpoint_url={s3_server}&region={REGION}"
+    second = f"s3://{other}/b?endpoint_url={s3_server}&region={REGION}"
+    src, dst = open_store(location), open_store(first)
+    try:
+        copied = await copy_backup(src, dst, "far", now=time.time())
+    finally:
+        await src.close()
+        await dst.close()
+    return copied, first, second
+
+
+async def test_a_copy_between_buckets_of_one_server_is_made_by_the_server(
+    tmp_path: Path, s3_server: str, s3_bucket: str
+) -> None:
+    """Between two buckets of one S3 endpoint each SSTable is copied server-side: the client
+    reads none of its bytes and writes none, one PUT (CopyObject) per object, and the copy
+    records the same SHA-256 of each object as a copy that read it."""
+    first_copy, first, second = await _in_two_buckets(tmp_path, s3_server, s3_bucket)
+    src = open_store(first, instrument=True)
+    dst = open_store(second, instrument=True)
+    try:
+        copied = await copy_backup(src, dst, "far", now=time.time())
+        read = find_layer(src, InstrumentedObjectStore)
+        written = find_layer(dst, InstrumentedObjectStore)
+        assert read is not None and written is not None
+        # Read: the manifest (one GET) and a HEAD per object; written: the two manifest
+        # versions and one CopyObject per object, whose bytes never came through here.
+        assert read.stats()[Op.GET].requests == 1 and read.stats()[Op.GET_RANGE].requests == 0
+        assert written.stats()[Op.PUT].requests == len(first_copy.sstable_keys()) + 2
+        (manifest,) = [i.size async for i in dst.list(layout.BACKUPS)]  # the ready one
+        assert written.stats().bytes_written < 3 * manifest < first_copy.size_bytes
+        assert copied.checksums == first_copy.checksums and copied.checksums
+        for key in first_copy.sstable_keys():
+            assert await dst.get(key) == await src.get(key)
+    finally:
+        await src.close()
+        await dst.close()
+
+
+async def test_a_server_copy_that_differs_from_its_checksum_fails_and_leaves_nothing(
+    tmp_path: Path, s3_server: str, s3_bucket: str
+) -> None:
+    """An object whose bytes differ from the recorded checksum (same size) fails a server-side
+    copy with Corruption, and the object it copied is removed: a later copy would take an
+    object of the recorded size for the one it needs."""
+    first_copy, first, second = await _in_two_buckets(tmp_path, s3_server, s3_bucket)
+    victim = max(
+        (r for t in first_copy.tablets for refs in t.sstables.values() for r in refs),
+        key=lambda r: r.size,
+    )
+    client = boto3_client(s3_server)
+    bucket, full = s3_bucket, f"a/{victim.key}"
+    data = client.get_object(Bucket=bucket, Key=full)["Body"].read()
+    middle = len(data) // 2
+    client.put_object(
+        Bucket=bucket, Key=full, Body=data[:middle] + bytes([data[middle] ^ 1]) + data[middle + 1 :]
+    )
+    src, dst = open_store(first), open_store(second)
+    try:
+        with pytest.raises(Corruption, match="does not match its recorded checksum"):
+            await copy_backup(src, dst, "far", now=time.time())
+        assert await dst.head(victim.key) is None
+    finally:
+        await src.close()
+        await dst.close()
