@@ -61,6 +61,7 @@ from tabletstore.bigtable_api.token_check import (
     TOKEN_RECHECK,
     BearerTokens,
     RememberedTokens,
+    refuse,
     server_credentials,
 )
 from tabletstore.bigtable_api.translate import (
@@ -503,7 +504,7 @@ def _unary(method: str, fn: Callable[[Any], Awaitable[Any]]) -> Any:
             return await fn(request)
         except Exception as exc:  # every failure becomes a status; the server stays up
             code, message = _abort_args(exc, method)
-        await context.abort(code, message)
+        return refuse(context, code, message)
 
     return handle
 
@@ -516,7 +517,7 @@ def _streaming(method: str, fn: Callable[[Any], AsyncIterator[Any]]) -> Any:
             return
         except Exception as exc:  # every failure becomes a status; the server stays up
             code, message = _abort_args(exc, method)
-        await context.abort(code, message)
+        refuse(context, code, message)
 
     return handle
 
@@ -544,7 +545,7 @@ def _streaming_as_unary(
                 answer = await shortcut(request)
             except Exception as exc:  # every failure becomes a status; the server stays up
                 code, message = _abort_args(exc, method)
-                await context.abort(code, message)
+                return refuse(context, code, message)
             if answer is not None:
                 if not answer:
                     return _EMPTY_RESPONSE
@@ -566,7 +567,7 @@ def _streaming_as_unary(
                 # errors (the client went away) are gRPC's to handle, as for a streamed one.
                 await context.write(serialize(last))
             last = item
-        await context.abort(code, message)
+        return refuse(context, code, message)
 
     return handle
 
@@ -577,8 +578,10 @@ _EMPTY_RESPONSE = b""
 
 def _unimplemented(service: str, method: str) -> Any:
     async def handle(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> None:
-        await context.abort(
-            grpc.StatusCode.UNIMPLEMENTED, f"tabletstore does not implement {service}.{method}"
+        return refuse(
+            context,
+            grpc.StatusCode.UNIMPLEMENTED,
+            f"tabletstore does not implement {service}.{method}",
         )
 
     # No deserializer: the request stays raw bytes, so any message is accepted.

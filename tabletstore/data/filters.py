@@ -116,6 +116,7 @@ __all__ = [
     "ValueRegex",
     "apply_filter",
     "b64_text",
+    "charge_part",
     "check_mapping",
     "compile_filter",
     "filter_from_dict",
@@ -1044,6 +1045,27 @@ class PartsBudget:
             raise _over_walked(
                 "bytes of regex patterns", "MAX_FILTER_REGEX_BYTES", MAX_FILTER_REGEX_BYTES
             )
+
+
+def charge_part(cls: type[RowFilter]) -> Callable[[PartsBudget, Sequence[object]], None]:
+    """How a decoder charges a filter of class ``cls``, about to be built from ``fields`` (its
+    init fields as received, unchecked), to the :class:`PartsBudget` of the message holding
+    it: the decoder builds the parts first and their composite last, so the budget refuses at
+    the first part over a limit, before the rest are built. A regex's pattern is counted by
+    its length (for a family name, in characters: never more than its bytes)."""
+    if cls in _REGEX_FILTERS:
+        return _charge_regex
+    return _charge_node
+
+
+def _charge_node(budget: PartsBudget, fields: Sequence[object]) -> None:
+    budget.node()
+
+
+def _charge_regex(budget: PartsBudget, fields: Sequence[object]) -> None:
+    budget.node()
+    pattern = fields[0] if fields else None
+    budget.regex(len(pattern) if isinstance(pattern, bytes | str) else 0)
 
 
 def _over_walked(what: str, limit_name: str, limit: int) -> InvalidArgument:

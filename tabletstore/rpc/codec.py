@@ -36,6 +36,12 @@ being the class's stable ``errors.ErrorCode`` (a subclass defined elsewhere send
 ancestor's); the receiver raises the class of that code, or a plain TabletStoreError naming a
 code it does not know.
 
+A :class:`DecodeBudget` (``Codec.set_budget``) charges the parts of one message, as they are
+decoded and before each is built, to a budget of that message: the decode stops at the first
+part over a limit, so a message of thousands of parts over a limit costs what its first few
+hundred do, not building them all (``rpc/wire.py`` charges filters to
+``data.filters.PartsBudget``).
+
 Bad input is an InvalidArgument naming the problem: an unregistered class or an int out of range
 on encode, an unknown type id or a field-count mismatch (a peer with another definition) on
 decode, bytes that are not msgpack, and a field whose value does not fit its type hint (a peer's
@@ -62,6 +68,7 @@ from tabletstore.errors import InvalidArgument, TabletStoreError, error_code, er
 __all__ = [
     "DEFAULT_CODEC",
     "Codec",
+    "DecodeBudget",
     "WireForm",
     "decode",
     "decode_error",
@@ -86,10 +93,31 @@ class WireForm:
     build: Callable[[tuple[Any, ...]], Any]
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class DecodeBudget:
+    """What one decoded message may hold, charged part by part while it is decoded: ``new()``
+    makes one message's budget, and ``charges`` maps registered classes to a function
+    ``charge(budget, fields)`` that charges an instance about to be built from ``fields`` (as
+    received, unchecked) and raises InvalidArgument past a limit, which ends the decode there."""
+
+    new: Callable[[], Any]
+    charges: collections.abc.Mapping[type, Callable[[Any, tuple[Any, ...]], None]]
+
+
 class _Spec:
     """How one registered dataclass goes on and off the wire."""
 
-    __slots__ = ("build", "checks", "cls", "converters", "encode", "form", "names", "type_id")
+    __slots__ = (
+        "build",
+        "charge",
+        "checks",
+        "cls",
+        "converters",
+        "encode",
+        "form",
+        "names",
+        "type_id",
+    )
 
     def __init__(self, type_id: int, cls: type, form: WireForm | None = None) -> None:
         self.type_id = type_id
@@ -110,6 +138,8 @@ class _Spec:
         # Per-field type checks from the same hints (after conversion), resolved likewise:
         # (field index, field name, check, the annotation as written).
         self.checks: _FieldChecks | None = None
+        # The DecodeBudget's charge for this class (Codec.set_budget); None: not charged.
+        self.charge: Callable[[Any, tuple[Any, ...]], None] | None = None
 
 
 def _array_encoder(marker: msgpack.ExtType, names: tuple[str, ...]) -> Callable[[Any], Any]:
@@ -134,6 +164,10 @@ class Codec:
         # One reusable Packer per thread (msgpack.packb would build one, with its buffer,
         # per call); a Packer is not safe to share between threads.
         self._packers = threading.local()
+        # The DecodeBudget (set_budget), and the budget of the message each thread decodes
+        # (made at its first charged part, dropped when its decode ends).
+        self._budget: DecodeBudget | None = None
+        self._decoding = threading.local()
 
     def register(self, type_id: int, cls: type, form: WireForm | None = None) -> None:
         """Make ``cls`` (a dataclass, frozen by convention) encodable under ``type_id``, as its
@@ -160,9 +194,21 @@ class Codec:
                 f"{cls.__qualname__} is already registered as type id {self._by_cls[cls].type_id}"
             )
         spec = _Spec(type_id, cls, form)
+        if self._budget is not None:
+            spec.charge = self._budget.charges.get(cls)
         self._by_cls[cls] = spec
         self._by_id[type_id] = spec
         self._encoders[cls] = spec.encode
+
+    def set_budget(self, budget: DecodeBudget) -> None:
+        """Charge every message this codec decodes to ``budget`` (module docstring); each
+        class it charges must be registered already."""
+        for cls in budget.charges:
+            if cls not in self._by_cls:
+                raise InvalidArgument(f"cannot charge {cls.__qualname__}: it is not registered")
+        for spec in self._by_id.values():
+            spec.charge = budget.charges.get(spec.cls)
+        self._budget = budget
 
     # -- encode -------------------------------------------------------------------------------
 
@@ -218,6 +264,9 @@ class Codec:
             raise
         except (ValueError, TypeError, msgpack.UnpackException) as exc:
             raise InvalidArgument(f"cannot decode RPC payload: {exc!r}") from exc
+        finally:
+            if self._budget is not None:
+                self._decoding.budget = None  # the next message starts afresh
         if type(value) is _Spec:
             raise InvalidArgument("cannot decode RPC payload: a type marker outside an array")
         return value
@@ -239,6 +288,8 @@ class Codec:
             return items
         spec: _Spec = items[0]
         fields = items[1:]
+        if spec.charge is not None:
+            spec.charge(self._message_budget(), fields)
         if spec.build is not None:
             try:
                 return spec.build(fields)
@@ -273,6 +324,14 @@ class Codec:
                         f"field {name!r} must be {annotation}, got {_describe(value)}"
                     )
         return spec.cls(*fields)
+
+    def _message_budget(self) -> Any:
+        """The budget of the message this thread is decoding (made at its first charge)."""
+        budget = getattr(self._decoding, "budget", None)
+        if budget is None:
+            assert self._budget is not None  # a spec has a charge only once one is set
+            budget = self._decoding.budget = self._budget.new()
+        return budget
 
     def _converters_for(self, cls: type) -> tuple[_Convert | None, ...]:
         """Per-init-field converters; () when every field decodes as msgpack gives it."""

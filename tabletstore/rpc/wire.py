@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from tabletstore.data import filters, model, query
 from tabletstore.rpc import messages as m
-from tabletstore.rpc.codec import DEFAULT_CODEC, Codec, WireForm
+from tabletstore.rpc.codec import DEFAULT_CODEC, Codec, DecodeBudget, WireForm
 from tabletstore.rpc.row_pieces import ROW_BATCH_FORM
 
-__all__ = ["WIRE_FORMS", "WIRE_TYPES", "register_all"]
+__all__ = ["FILTER_BUDGET", "WIRE_FORMS", "WIRE_TYPES", "register_all"]
 
 WIRE_TYPES: dict[int, type] = {
     # model (1-19)
@@ -129,8 +129,23 @@ WIRE_TYPES: dict[int, type] = {
 WIRE_FORMS: dict[type, WireForm] = {m.RowBatch: ROW_BATCH_FORM}
 
 
+#: Each message's filter parts are counted as they are decoded, against the filter limits
+#: (``data.filters.PartsBudget``): a message carries at most one filter, and one of thousands
+#: of parts is refused at the first part over a limit, before the rest are built.
+FILTER_BUDGET = DecodeBudget(
+    filters.PartsBudget,
+    {
+        cls: filters.charge_part(cls)
+        for cls in WIRE_TYPES.values()
+        if issubclass(cls, filters.RowFilter)
+    },
+)
+
+
 def register_all(codec: Codec = DEFAULT_CODEC) -> Codec:
-    """Register every wire type with ``codec`` (idempotent). Returns the codec."""
+    """Register every wire type with ``codec`` (idempotent) and charge the filters it decodes
+    to :data:`FILTER_BUDGET`. Returns the codec."""
     for type_id, cls in WIRE_TYPES.items():
         codec.register(type_id, cls, WIRE_FORMS.get(cls))
+    codec.set_budget(FILTER_BUDGET)
     return codec
