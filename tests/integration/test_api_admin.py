@@ -1,4 +1,4 @@
-"""Issue 5, Admin, through the public API on ``memory://`` and ``file://``: create, list,
+"""Admin, through the public API on ``memory://`` and ``file://``: create, list,
 describe and delete tables; add, modify and drop column families; per-family GC rules (max
 versions, max age, union, intersection); locality groups with compression and an in-memory
 flag; ACLs per family checked on every request; precise validation errors for bad schemas.

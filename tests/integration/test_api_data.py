@@ -1,4 +1,4 @@
-"""Issue 5, Data, through the public API on ``memory://`` and ``file://``: RowMutation (set and
+"""Data, through the public API on ``memory://`` and ``file://``: RowMutation (set and
 delete cell, delete column with a time range, delete family, delete row) applied atomically per
 row; batches across rows (each row atomic on its own, per-row results, partial failure reported
 per row); the limits (row key <= 64 KiB, unknown family, value size, bad timestamps) with clear

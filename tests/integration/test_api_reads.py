@@ -1,4 +1,4 @@
-"""Issue 5, Reads, through the public API on ``memory://`` and ``file://``: one row, many rows,
+"""Reads, through the public API on ``memory://`` and ``file://``: one row, many rows,
 scans over row ranges and prefixes (across tablet boundaries), every server-side filter and the
 chain / interleave / condition combinators, row limits, families, and streamed results (the
 first row of a large scan costs a fraction of the scan's reads).

@@ -1,4 +1,4 @@
-"""Issue 5: "Both an asyncio API and a synchronous one with the same names."
+"""The API asked for: "both an asyncio API and a synchronous one with the same names."
 
 * introspection: every public method of the asyncio client and table is reachable under the
   same name on the synchronous objects (and listed by ``dir``), blocking where the asyncio one

@@ -1,4 +1,4 @@
-"""Issue 5, single-row transactions through the public API on ``memory://`` and ``file://``:
+"""Single-row transactions through the public API on ``memory://`` and ``file://``:
 check-and-mutate (predicate filter, true and false mutations) and read-modify-write (append,
 increment of 64-bit big-endian counters), each atomic under concurrency.
 """

@@ -291,7 +291,7 @@ async def test_many_tablets_write_read_scan_filter(shared_cluster: Cluster) -> N
 async def test_concurrent_point_reads_across_tablets_see_every_acknowledged_write(
     shared_cluster: Cluster,
 ) -> None:
-    """Issue 18: concurrent point reads of one worker's tablets leave as one ``read_points``
+    """Concurrent point reads of one worker's tablets leave as one ``read_points``
     request; each reader still gets its own row, as written before its read began (never a
     value older than its own acknowledged write), with writes to the same rows interleaved."""
     async with client_of(shared_cluster) as client:
@@ -316,7 +316,7 @@ async def test_concurrent_point_reads_across_tablets_see_every_acknowledged_writ
 async def test_backtracking_regex_leaves_every_worker_alive_and_serving(
     make_cluster: Callable[..., Cluster],
 ) -> None:
-    # Issue 11, item 3: on Python's re this pattern backtracked for hours in a worker's read
+    # On Python's re this pattern backtracked for hours in a worker's read
     # path; the worker lost its 3 s lease, the client retried on each new owner, and every
     # worker died. On RE2 the read just answers.
     cluster = make_cluster(workers=3)

@@ -1,4 +1,4 @@
-"""Issue 5: the embedded database is durable across SIGKILL — "data written, process killed
+"""The embedded database is durable across SIGKILL — "data written, process killed
 with SIGKILL, reopened: every acknowledged write is there".
 
 A child process (durability_child.py) writes to ``file://DIR`` through the synchronous API with

@@ -1,7 +1,7 @@
 """Whatever can be written can be read back (docs/architecture/design.md §9): rows larger than a
 frame.
 
-Issue 11, item 7: two 10 MB cells in one row were both acknowledged, then ``read_row`` and any
+Two 10 MB cells in one row were both acknowledged, then ``read_row`` and any
 scan over the row failed (``response of 20000065 bytes exceeds 16 MiB``). Here, through the
 public API: a row of two 10 MB cells and a row of one ~20 MB cell, between small neighbours,
 read back exactly by ``read_row``, scans, key sets and limits

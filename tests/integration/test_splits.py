@@ -224,7 +224,7 @@ async def test_a_table_written_past_the_split_size_splits(tmp_path: Path) -> Non
 
 
 async def test_writes_reads_and_scans_go_on_while_a_table_splits(tmp_path: Path) -> None:
-    """Issue 11 item 8: writing past split_bytes into the embedded default while writers and
+    """Writing past split_bytes into the embedded default while writers and
     a scanner run. A write refused because its tablet is splitting (NotServing for its entry
     of a MutateRows response) is sent again to the children; no error reaches the caller and
     every acknowledged write reads back, before and after a reopen."""
@@ -450,7 +450,7 @@ async def test_a_process_cluster_splits_and_reads_everything_back(
 async def test_a_process_cluster_splits_under_writers_and_a_scanner(
     etcd_server: str, s3_server: str, tmp_path: Path
 ) -> None:
-    """Issue 11 item 8 on real processes (a master and two workers over etcd and S3): single
+    """The same on real processes (a master and two workers over etcd and S3): single
     and batched writers and a scanner run while the table splits past a 32 KiB split size
     (the workers may also move the children by balancing). No error reaches them and every
     acknowledged write reads back."""

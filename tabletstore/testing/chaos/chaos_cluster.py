@@ -97,7 +97,7 @@ class ChaosCluster(ProcessGroup):
         if etcd_members > 1 and tls:
             raise ValueError("a several-member etcd runs without TLS in the chaos cluster")
         self.directory = directory.resolve()
-        #: Issue 16: mutual TLS everywhere and etcd's own users, as ``local-stack up --tls``.
+        #: Mutual TLS everywhere and etcd's own users, as ``local-stack up --tls``.
         self.tls = tls
         self.tls_dir: Path | None = None
         #: What the harness's client uses: the read-only etcd user and the client certificate.

@@ -93,7 +93,7 @@ class ChaosConfig:
     workers: int = 3
     masters: int = 2
     lease_ttl: float = 3.0
-    #: Issue 16: the cluster over mutual TLS with etcd's own users (ChaosCluster's ``tls``).
+    #: The cluster over mutual TLS with etcd's own users (ChaosCluster's ``tls``).
     tls: bool = False
     writers: int = 8
     readers: int = 3

@@ -242,7 +242,7 @@ async def test_a_tablet_refused_in_a_shared_request_fails_only_its_own_reads() -
 
 
 async def test_writes_to_two_tablets_share_one_request() -> None:
-    """Issue 18: single-row writes to several tablets of one worker leave as one
+    """Single-row writes to several tablets of one worker leave as one
     ``mutate_tablets`` request (random writes spread over a worker's tablets left as one
     request per tablet, several times the requests of sequential ones); each writer keeps
     its own outcome."""

@@ -1,7 +1,7 @@
 """The cluster client's view of the master (client/cluster.py: a MasterService stub over the
 ElectedMaster transport), over the in-memory coordinator and a scripted transport.
 
-Issue 12: right after a cluster starts, ``create_table`` failed with ``Unavailable: no master is
+Right after a cluster starts, ``create_table`` failed with ``Unavailable: no master is
 elected in this cluster`` instead of waiting for the election within its deadline. An admin call
 now waits for the election (watching it), and a master failing over is found again.
 """

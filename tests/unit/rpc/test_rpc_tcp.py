@@ -346,7 +346,7 @@ async def test_dropped_connection_fails_calls_then_reconnects(service: Service) 
 
 
 async def test_a_connection_dropped_under_a_call_is_lost_not_closed(service: Service) -> None:
-    """Issue 12: during a worker failover mutate_rows leaked ``Closed: connection ... was
+    """During a worker failover mutate_rows leaked ``Closed: connection ... was
     closed by this client``. A connection whose transport is closing (the peer's EOF arrived,
     ``connection_lost`` has not run yet) is replaced by the next call; the calls in flight on
     it were sent and get no answer: Indeterminate (maybe applied), never Closed."""
