@@ -619,9 +619,16 @@ class Catalog:
         """Apply ``mutations`` to ``old``'s row if it still has ``old``'s epoch; Fenced if not.
         Refusals are retried (nothing was applied); an ambiguous failure (Indeterminate) is
         resolved by reading the row back: it holds ``expect`` (done), still ``old``'s epoch
-        (not applied: try again) or another epoch (Fenced)."""
+        (not applied yet: try again) or another epoch (Fenced).
+
+        "Not applied yet" is not "never applied": the unanswered request may still be in the
+        METADATA tablet's commit log (a slow object store) when the row is read back, and land
+        before the retry is served. After an unanswered attempt, a retry that finds the row
+        holding ``expect`` — or, for a takeover, at ``expect``'s new epoch, which is this
+        caller's claim and nobody else's — finds its own write: done, not Fenced."""
         key = old.row_key
         predicate = mt.epoch_is(old.epoch)
+        unanswered = False
         while True:
             try:
                 matched = await self._retry(
@@ -629,8 +636,9 @@ class Catalog:
                     only=(Unavailable,),
                 )
             except Indeterminate:
+                unanswered = True
                 current = await self._read_row(key)
-                if current is not None and current.record == expect:
+                if current is not None and _holds(current.record, old, expect):
                     return
                 if current is not None and current.record.epoch == old.epoch:
                     continue
@@ -638,6 +646,8 @@ class Catalog:
             if matched:
                 return
             current = await self._read_row(key)
+            if unanswered and current is not None and _holds(current.record, old, expect):
+                return
             raise Fenced(
                 f"tablet {old.tablet_id} is at epoch "
                 f"{'(deleted)' if current is None else current.record.epoch}, not {old.epoch}: "
@@ -693,3 +703,10 @@ class ClusterSettings:
             return cls(store_url=json.loads(kv.value)["store_url"])
         except (KeyError, TypeError, ValueError) as exc:
             raise Corruption(f"malformed cluster settings: {exc}") from exc
+
+
+def _holds(current: TabletRecord, old: TabletRecord, expect: TabletRecord) -> bool:
+    """Whether a row found holding ``current`` holds the update of ``old`` to ``expect``:
+    that very record, or, when the update takes the tablet to a new epoch, any record at that
+    epoch (an epoch is one claim's: only its holder writes records carrying it)."""
+    return current == expect or (expect.epoch != old.epoch and current.epoch == expect.epoch)

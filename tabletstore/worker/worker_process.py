@@ -257,6 +257,10 @@ async def _one_worker(
             for task in [*either, sorting]:
                 task.cancel()
         fenced = lease.expired and not stop.is_set()
+        if fenced:
+            # Said now, as it stops serving: the stop below may wait long for the commit log's
+            # PUTs in flight to settle on a slow store (an outcome is never abandoned).
+            log.warning("worker %s lost its lease; it serves nothing more and is stopping", wid)
     finally:
         if http is not None:
             await http.close()

@@ -33,7 +33,8 @@ from tabletstore.client.client import AsyncClient
 from tabletstore.client.table import AsyncTable
 from tabletstore.clock import SystemClock
 from tabletstore.commitlog.format import decode_segment
-from tabletstore.coordination import open_coordinator
+from tabletstore.coordination import open_coordinator, paths
+from tabletstore.coordination.base import Coordinator
 from tabletstore.embedded import connect_async
 from tabletstore.errors import AlreadyExists, Corruption, TabletStoreError, Unavailable
 from tabletstore.master.verify import verify
@@ -324,16 +325,35 @@ def _covered(start: bytes, end: bytes | None) -> tuple[int, ...]:
 class _Poller:
     """Every ``interval`` seconds: where each tablet is served, and the live workers.
     :attr:`locations` names the workers by id (a worker that rejoined after losing its lease
-    is a new worker on the same address); :attr:`current`, by address."""
+    is a new worker on the same address); :attr:`current`, by address; :attr:`holder`, the
+    worker id holding each tablet's claim.
 
-    def __init__(self, client: AsyncClient, table_id: str, history: History) -> None:
+    A tablet counts as served (:meth:`all_served`) only when a live worker holds its claim
+    and its METADATA location is that worker's address. A location alone says only where the
+    last owner to take the tablet's epoch listens: a load that failed after that (its claim
+    released), or a lost lease whose worker rejoined on the same address, leaves the location
+    naming a live address that serves nothing."""
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        table_id: str,
+        history: History,
+        *,
+        claims: Coordinator | None = None,
+    ) -> None:
+        """``claims``: the coordinator to read the tablets' claims from (default the
+        client's: one whose etcd user may not read them passes the cluster's)."""
         self.client = client
+        self._claims = claims or client.catalog.coordinator
         self.table_id = table_id
         self.history = history
         self.locations: dict[int, list[tuple[float, str]]] = {}
         self.current: dict[int, str | None] = {}
         self.ids_by_address: dict[str, str] = {}
         self.live: dict[str, str] = {}
+        #: Tablet index -> the worker id holding its tablet's claim (None: unclaimed).
+        self.holder: dict[int, str | None] = {}
         #: Tablet id (``t00003``) -> the indexes (:func:`tablet_of`) of the row ranges it
         #: serves: one, or several once the master merged neighbours (:func:`_covered`).
         self.index_by_id: dict[str, tuple[int, ...]] = {}
@@ -341,6 +361,8 @@ class _Poller:
     async def poll(self) -> None:
         records = await self.client.locations.tablets(self.table_id, refresh=True)
         live = await self.client.catalog.live_workers()
+        claim_kvs = await self._claims.get_prefix(paths.claims_prefix(self.table_id))
+        claims = {paths.parse_claim(kv.key)[1]: kv.value.decode() for kv in claim_kvs}
         now = self.history.now()
         self.live = live
         for worker_id, address in live.items():
@@ -351,6 +373,7 @@ class _Poller:
             worker = self.ids_by_address.get(rec.location or "", rec.location)
             for tablet in covered:
                 self.current[tablet] = rec.location
+                self.holder[tablet] = claims.get(rec.tablet_id)
                 if worker is not None:
                     self.locations.setdefault(tablet, []).append((now, worker))
 
@@ -394,18 +417,26 @@ class _Poller:
                 out.setdefault(address, set()).add(tablet)
         return out
 
+    def _served(self, tablet: int) -> bool:
+        """Whether a live worker holds the tablet's claim at the tablet's location."""
+        holder = self.holder.get(tablet)
+        location = self.current.get(tablet)
+        return holder is not None and location is not None and self.live.get(holder) == location
+
     def unserved(self) -> str:
         """What :meth:`all_served` is missing, for an error message."""
-        live = set(self.live.values())
-        where = {t: self.current.get(t) for t in range(len(SPLIT_KEYS) + 1)}
-        missing = {t: a for t, a in where.items() if a is None or a not in live}
-        return f"unserved tablets (index: last location) {missing}, live workers {sorted(live)}"
+        missing = {
+            t: (self.current.get(t), self.holder.get(t))
+            for t in range(len(SPLIT_KEYS) + 1)
+            if not self._served(t)
+        }
+        return (
+            f"unserved tablets (index: (last location, claim holder)) {missing}, "
+            f"live workers {sorted(self.live.items())}"
+        )
 
     def all_served(self) -> bool:
-        live = set(self.live.values())
-        return len(self.current) == len(SPLIT_KEYS) + 1 and all(
-            a is not None and a in live for a in self.current.values()
-        )
+        return all(self._served(t) for t in range(len(SPLIT_KEYS) + 1))
 
 
 async def _verify(
@@ -583,20 +614,29 @@ async def _run(
     follows = config.changes or config.replicate
     table = await _create_table(client, cluster, changes=RETENTION if follows else None)
     table_id = (await client._info(TABLE)).table_id
-    poller = _Poller(client, table_id, history)
+    # The nemesis's dying sorter claims a sort task as a worker would, and the poller reads the
+    # tablets' claims; with etcd's users on (--tls) the harness client's read-only user may do
+    # neither, so they get the cluster's.
+    processes = open_coordinator(cluster.process_url) if cluster.tls else None
+    poller = _Poller(client, table_id, history, claims=processes)
 
     async def served() -> bool:
         await poller.poll()
         return poller.all_served()
 
-    await _wait(served, HEAL_DEADLINE, "every chaos tablet served")
     replica = _Replica(config, cluster) if config.replicate else None
-    if replica is not None:
-        try:
-            await replica.start()
-        except BaseException:
-            await replica.close()
-            raise
+    try:
+        await _wait(served, HEAL_DEADLINE, "every chaos tablet served")
+        if replica is not None:
+            try:
+                await replica.start()
+            except BaseException:
+                await replica.close()
+                raise
+    except BaseException:
+        if processes is not None:
+            await processes.close()
+        raise
     poll_task = asyncio.create_task(poller.run())
     poll = REPLICATE_POLL if config.replicate else 0.5
     follower = ChangeFollower(table, time.time(), poll=poll) if follows else None
@@ -611,9 +651,6 @@ async def _run(
         readers=config.readers,
         transactors=config.transactors,
     )
-    # The nemesis's dying sorter claims a sort task as a worker would; with etcd's users on
-    # (--tls) the harness client's read-only user may not, so it gets the cluster's.
-    processes = open_coordinator(cluster.process_url) if cluster.tls else None
     nemesis = Nemesis(
         cluster,
         history,

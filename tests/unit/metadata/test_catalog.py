@@ -4,14 +4,24 @@ updates fenced by epoch (docs/architecture/design.md §6 rule 2)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 
 import pytest
 
 from tabletstore.coordination.memory import MemoryCoordinator
+from tabletstore.data.filters import RowFilter, apply_filter
+from tabletstore.data.model import Cell, Mutation, Row
 from tabletstore.data.schema import ColumnFamily, TableSchema
-from tabletstore.errors import AlreadyExists, Fenced, InvalidArgument, NotFound, PreconditionFailed
+from tabletstore.errors import (
+    AlreadyExists,
+    Fenced,
+    Indeterminate,
+    InvalidArgument,
+    NotFound,
+    PreconditionFailed,
+)
+from tabletstore.metadata import rows as mt
 from tabletstore.metadata.catalog import Catalog
 from tabletstore.metadata.record import TabletRecord
 
@@ -103,3 +113,70 @@ async def test_replace_tablets_checks_every_epoch(catalog: Catalog) -> None:
         await catalog.replace_tablets([stale], [left, right])
     await catalog.replace_tablets([t0], [left, right])
     assert [r.tablet_id for r in await catalog.list_tablets("web-1")] == ["t0", "t2", "t1"]
+
+
+class _SlowMetadataRow:
+    """One METADATA row behind a server whose first check-and-mutate is still being logged
+    when its caller's deadline passes: the caller hears Indeterminate, a read right after still
+    shows the old row, and the write lands before the next request on the row is served (the
+    tablet's row lock orders them)."""
+
+    def __init__(self, record: TabletRecord) -> None:
+        self.cells = {m.qualifier: m.value for m in mt.record_mutations(record)}  # type: ignore[union-attr]
+        self.pending: Sequence[Mutation] | None = None
+        self.calls = 0
+
+    def _row(self) -> Row:
+        return Row(b"", [Cell(mt.FAMILY, q, 0, v) for q, v in sorted(self.cells.items())])
+
+    def _land(self) -> None:
+        if self.pending is not None:
+            self.cells.update({m.qualifier: m.value for m in self.pending})  # type: ignore[union-attr]
+            self.pending = None
+
+    async def read_rows(self, start: bytes, end: bytes, **_: object) -> list[Row]:
+        row = self._row()
+        return [Row(start, row.cells)]
+
+    async def check_and_mutate(
+        self,
+        key: bytes,
+        predicate: RowFilter | None,
+        true_mutations: Sequence[Mutation],
+        false_mutations: Sequence[Mutation],
+    ) -> bool:
+        self.calls += 1
+        if self.calls == 1:
+            self.pending = true_mutations
+            raise Indeterminate("no answer within the METADATA request deadline")
+        self._land()
+        matched = apply_filter(predicate, key, self._row().cells)
+        if matched:
+            self.cells.update({m.qualifier: m.value for m in true_mutations})  # type: ignore[union-attr]
+        return matched
+
+    async def mutate_row(self, key: bytes, mutations: Sequence[Mutation]) -> None:
+        raise AssertionError("not used")
+
+
+async def test_a_takeover_whose_first_attempt_lands_late_is_ours_not_fenced() -> None:
+    """A load's epoch takeover whose first request got no answer, and was still being logged
+    when the row was read back, then landed: the retry finds the row at the new epoch. That
+    epoch is this load's claim (unique to it), so the takeover is done; reporting it Fenced
+    (``is at epoch <ours>, not <old>``) failed every load of a slow METADATA tablet and left
+    the row naming a worker that released its claim."""
+    coord = MemoryCoordinator()
+    try:
+        old = TabletRecord("web-1", "t0", b"", b"m", epoch=96, location="w8:1")
+        rows = _SlowMetadataRow(old)
+        catalog = Catalog(coord, metadata=rows, retry_deadline=1.0)
+        mine = replace(old, epoch=109, location="w6:1").with_event(5.0, "assigned", "w6")
+        assert await catalog.update(old, mine) == mine
+        assert rows.calls == 2
+        got = mt.decode_row(Row(old.row_key, rows._row().cells))
+        assert got is not None and got.record == mine
+        # Another owner's epoch is still refused.
+        with pytest.raises(Fenced, match="epoch 109, not 96"):
+            await catalog.update(old, replace(old, epoch=120))
+    finally:
+        await coord.close()

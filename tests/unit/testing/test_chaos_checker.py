@@ -238,6 +238,8 @@ async def test_the_poller_follows_a_merge_of_chaos_tablets() -> None:
     by the merged tablet's start row only, range 2 was never seen back at X)."""
     from types import SimpleNamespace
 
+    from tabletstore.coordination import paths
+    from tabletstore.coordination.memory import MemoryCoordinator
     from tabletstore.metadata.record import TabletRecord
     from tabletstore.testing.chaos.runner import _covered, _Poller
     from tabletstore.testing.chaos.workload import SPLIT_KEYS
@@ -264,13 +266,19 @@ async def test_the_poller_follows_a_merge_of_chaos_tablets() -> None:
     async def live() -> dict[str, str]:
         return {"X": "127.0.0.1:1", "Y": "127.0.0.1:2"}
 
+    # Every tablet is claimed by the worker at its location (a served tablet's claim).
+    claims = MemoryCoordinator()
+    for rec in [*tablets[:2], *merged, *rest]:
+        await claims.put(paths.claim("T", rec.tablet_id), b"X")
     client = SimpleNamespace(
-        locations=SimpleNamespace(tablets=listed), catalog=SimpleNamespace(live_workers=live)
+        locations=SimpleNamespace(tablets=listed),
+        catalog=SimpleNamespace(live_workers=live, coordinator=claims),
     )
     history = SimpleNamespace(now=lambda: next(clock))
     poller = _Poller(client, "T", history)
     for _ in range(3):
         await poller.poll()
+    await claims.close()
     assert poller.locations[2] == [(0.5, "X"), (2.5, "Y"), (4.5, "X")]
     assert poller.index_by_id["tm"] == (1, 2)
     assert poller.holders()["127.0.0.1:1"] == {0, 1, 2, 3, 4, 5}
