@@ -210,14 +210,11 @@ async def append_one(log: CommitLogWriter, row: bytes) -> BaseException | None:
     return None
 
 
-async def test_a_segment_whose_create_cannot_be_resolved_fails_within_the_deadline() -> None:
-    """The create landed but every HEAD hangs: the append is Indeterminate within the
-    resolution deadline (not minutes), the log stops, and recovery reads every acknowledged
-    write and the landed one."""
-    clock = InstantClock()
-    faulty = FaultyObjectStore(MemoryObjectStore(), clock=clock)
-    faulty.lose_ack(Op.PUT, key=SEGMENT_1)
-    store = stuck_store(faulty, clock)
+async def acked_stuck_after(
+    store: ObjectStore, clock: InstantClock
+) -> tuple[dict[bytes, BaseException | None], float]:
+    """Append ``acked`` (segment 0), ``stuck`` (segment 1, the one that cannot be resolved)
+    and ``after``, one at a time; their outcomes and the clock time ``stuck`` took."""
     outcome: dict[bytes, BaseException | None] = {}
     async with CommitLogWriter(store, "w", 1) as log:
         outcome[b"acked"] = await append_one(log, b"acked")
@@ -228,6 +225,17 @@ async def test_a_segment_whose_create_cannot_be_resolved_fails_within_the_deadli
     assert outcome[b"acked"] is None
     assert isinstance(outcome[b"stuck"], Indeterminate)
     assert isinstance(outcome[b"after"], Unavailable)
+    return outcome, spent
+
+
+async def test_a_segment_whose_create_cannot_be_resolved_fails_within_the_deadline() -> None:
+    """The create landed but every HEAD hangs: the append is Indeterminate within the
+    resolution deadline (not minutes), the log stops, and recovery reads every acknowledged
+    write and the landed one."""
+    clock = InstantClock()
+    faulty = FaultyObjectStore(MemoryObjectStore(), clock=clock)
+    faulty.lose_ack(Op.PUT, key=SEGMENT_1)
+    outcome, spent = await acked_stuck_after(stuck_store(faulty, clock), clock)
     # The segment's create and the writer's plug (which collides at once): each at most the
     # deadline and the request running at it.
     assert spent <= WITHIN + 2 * TIMEOUT
@@ -242,15 +250,8 @@ async def test_a_given_up_segment_that_lands_after_the_plug_changes_nothing() ->
     acknowledged write (and nothing refused) is read back."""
     clock = InstantClock()
     held = Held(MemoryObjectStore(), clock)
-    store = stuck_store(held, clock)
-    outcome: dict[bytes, BaseException | None] = {}
-    async with CommitLogWriter(store, "w", 1) as log:
-        outcome[b"acked"] = await append_one(log, b"acked")
-        started = clock.monotonic()
-        outcome[b"stuck"] = await append_one(log, b"stuck")
-        assert clock.monotonic() - started <= WITHIN + 2 * TIMEOUT
-        outcome[b"after"] = await append_one(log, b"after")
-    assert isinstance(outcome[b"stuck"], Indeterminate)
+    outcome, spent = await acked_stuck_after(stuck_store(held, clock), clock)
+    assert spent <= WITHIN + 2 * TIMEOUT
     with pytest.raises(PreconditionFailed):
         await held.land()  # The plug holds the number: the late PUT is refused.
     read = await recovered_rows(held.inner)
@@ -264,12 +265,7 @@ async def test_a_given_up_segment_that_lands_before_recovery_is_read_once() -> N
     clock = InstantClock()
     held = Held(MemoryObjectStore(), clock)
     held.fail(Op.PUT, key=SEGMENT_1, times=None)  # The plug's PUTs are throttled too.
-    store = stuck_store(held, clock)
-    outcome: dict[bytes, BaseException | None] = {}
-    async with CommitLogWriter(store, "w", 1) as log:
-        outcome[b"acked"] = await append_one(log, b"acked")
-        outcome[b"stuck"] = await append_one(log, b"stuck")
-    assert isinstance(outcome[b"stuck"], Indeterminate)
+    outcome, _ = await acked_stuck_after(stuck_store(held, clock), clock)
     assert await held.inner.head(SEGMENT_1) is None
     await held.land()
     read = await recovered_rows(held.inner)
