@@ -12,9 +12,29 @@ when the table's tablets no longer have its range. Everything is read from the b
 store abstraction) and the catalog; no worker is asked. METADATA unreachable (its worker dead
 and not yet recovered) delays a partition's end, never its changes.
 
-:class:`SegmentCache` keeps the segments and stamps one client has read, so the reads of all
-of a table's partitions in one process (``tabletstore watch``) fetch each segment once.
+:class:`SegmentCache` keeps the segments and stamps one client has read, and its last view of
+the logs, so the reads of all of a table's partitions in one process (``tabletstore watch``,
+a replicator) fetch each segment once and share each listing.
 :func:`follow` reads every partition of a table at once, and the successors each end names.
+
+**Listing only what is new.** A batch needs every segment that landed before its listing
+began (``change_plan``'s cut), and retention keeps hours of segments, so listing all of
+``logs/`` for every poll would cost a request per 1,000 retained segments per poll and
+partition. A refresh (:func:`_refresh`) lists ``logs/`` in key order, but when it meets a
+segment of a log it knows it jumps (``start_after``) to the end of that log's *contiguous*
+run of known segments, keeping the known ones in between. Nothing can appear in a run it
+jumps over: every number in it was already listed, and keys are created once. So a refresh
+sees exactly what a full listing would, minus deletions strictly inside a run (collection
+trims a log from its head, which the refresh sees: it enters each log at its first remaining
+key; a log collected whole is not met at all): each log's new segments, a segment that fills
+a gap (the run ends before the gap, so what follows it is listed again until the gap fills),
+and every new log wherever its key sorts (a new worker, a new incarnation, one whose first
+segment landed late). A refresh costs one request, plus one per log with at least
+:data:`SKIP` (a page) known segments to jump over, plus the pages of what it reads through
+(new segments; shorter runs, which cost no more read through than jumped over): not a
+request per 1,000 retained segments. Partitions read in one process share refreshes: a read
+that needs a listing while one is running waits for it and takes its start time as its own
+(the cut is computed from when the listing began).
 """
 
 from __future__ import annotations
@@ -22,8 +42,8 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Collection, Sequence
-from dataclasses import replace
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
+from dataclasses import dataclass, field, replace
 
 from tabletstore.client import change_plan as plan
 from tabletstore.client.change_plan import (
@@ -39,7 +59,7 @@ from tabletstore.commitlog.format import LogRecord, decode_segment
 from tabletstore.errors import Corruption, InvalidArgument, Unavailable
 from tabletstore.metadata.catalog import Catalog
 from tabletstore.storage_s3 import layout
-from tabletstore.storage_s3.base import ObjectInfo, ObjectStore, object_url
+from tabletstore.storage_s3.base import S3_BATCH, ObjectInfo, ObjectStore, object_url
 
 __all__ = ["ChangeItem", "SegmentCache", "change_partitions", "follow", "read_changes"]
 
@@ -49,20 +69,128 @@ ChangeItem = Change | Heartbeat | PartitionEnd
 #: Segment reads in flight at once.
 PARALLEL = 16
 
+#: Known segments a refresh jumps over with a new listing request rather than reading through
+#: (module docstring): a page of a listing, so a jump costs no more requests than reading
+#: through would.
+SKIP = S3_BATCH
+
+
+@dataclass(frozen=True, slots=True)
+class _Listed:
+    """One listed segment."""
+
+    key: str
+    log: str
+    worker_id: str
+    incarnation: int
+    number: int
+    info: ObjectInfo
+
+
+@dataclass(frozen=True, slots=True)
+class LogView:
+    """The commit logs in the bucket as one refresh saw them; never changed afterwards (a read
+    in the middle of a batch keeps the view it began with)."""
+
+    #: Clock time when the refresh began (the batch's cut is computed from it).
+    started: float
+    #: Every segment, in key order.
+    entries: tuple[_Listed, ...] = ()
+    #: Log name -> segment number -> its object.
+    logs: dict[str, dict[int, ObjectInfo]] = field(default_factory=dict)
+    #: Log name -> (worker id, incarnation).
+    refs: dict[str, tuple[str, int]] = field(default_factory=dict)
+    #: Log name -> the key of the last segment of its contiguous run from its first listed
+    #: one: where the next refresh jumps to.
+    resume: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, started: float, entries: Sequence[_Listed]) -> LogView:
+        logs: dict[str, dict[int, ObjectInfo]] = {}
+        refs: dict[str, tuple[str, int]] = {}
+        resume: dict[str, str] = {}
+        following: dict[str, int] = {}  # the number that continues the log's run
+        for e in entries:  # key order: each log's segments in number order
+            numbers = logs.get(e.log)
+            if numbers is None:
+                numbers = logs[e.log] = {}
+                refs[e.log] = (e.worker_id, e.incarnation)
+                following[e.log] = e.number
+            numbers[e.number] = e.info
+            if following[e.log] == e.number:
+                resume[e.log] = e.key
+                following[e.log] = e.number + 1
+        return cls(started, tuple(entries), logs, refs, resume)
+
+
+async def _refresh(
+    store: ObjectStore, base: LogView | None, started: float, skip: int
+) -> tuple[LogView, int]:
+    """The logs now, listing only what ``base`` does not hold (module docstring), and the
+    listing requests begun (one per jump, plus one)."""
+    prev = base.entries if base is not None else ()
+    # Positions, not a bisection: a server may order keys by path component rather than by
+    # byte (SeaweedFS), and only within one log (fixed-width numbers) do all orders agree.
+    where = {e.key: i for i, e in enumerate(prev)}
+    resume = base.resume if base is not None else {}
+    out: list[_Listed] = []
+    after: str | None = None
+    calls = 0
+    while True:
+        jump: str | None = None
+        calls += 1
+        listing = store.list(layout.LOGS, start_after=after)
+        try:
+            async for info in listing:
+                try:
+                    key = layout.parse_log_segment_key(info.key)
+                except InvalidArgument:
+                    continue  # not a segment: not ours to judge
+                name = plan.log_name(key.worker_id, key.incarnation)
+                out.append(_Listed(info.key, name, key.worker_id, key.incarnation, key.seq, info))
+                target = resume.get(name)
+                at = where.get(info.key)
+                if target is None or at is None:
+                    continue  # a new log, or below its known first segment: read on
+                # A log's segments are contiguous in every listing order: the known run
+                # after this key, up to the log's resume key, is prev[at + 1 : end].
+                end = where[target] + 1
+                if end - (at + 1) >= skip:
+                    out.extend(prev[at + 1 : end])
+                    jump = target
+                    break
+        finally:
+            close: Callable[[], Awaitable[None]] | None = getattr(listing, "aclose", None)
+            if close is not None:
+                await close()
+        if jump is None:
+            return LogView.of(started, out), calls
+        after = jump
+
 
 class SegmentCache:
-    """Decoded segments (the most recent ``capacity``) and every stamp read, by object key.
-    Segments are immutable once written, so a cached one is never stale. Also counts what
-    the reads cost (``bench/changes.py`` reports it): segments fetched, their bytes, and
-    listings of the logs."""
+    """Decoded segments (the most recent ``capacity``) and every stamp read, by object key,
+    and the last view of the logs (refreshed as the module docstring says, jumping over runs
+    of at least ``skip`` known segments). Segments are immutable once written, so a cached
+    one is never stale. Also counts what the reads cost (``bench/changes.py`` reports it):
+    segments fetched, their bytes, refreshes of the logs' view (``listings``) and the
+    listing requests they began (``list_calls``; a request past the first page of one
+    counts once)."""
 
-    def __init__(self, capacity: int = 128) -> None:
+    def __init__(self, capacity: int = 128, *, skip: int = SKIP) -> None:
+        if skip < 1:
+            raise InvalidArgument(f"SegmentCache needs skip >= 1, got {skip}")
         self.capacity = capacity
+        self.skip = skip
         self._segments: OrderedDict[str, tuple[float, list[LogRecord]]] = OrderedDict()
         self.stamps: dict[str, float] = {}
         self.fetched = 0
         self.fetched_bytes = 0
         self.listings = 0
+        self.list_calls = 0
+        #: The newest view of the logs, and the refresh running (the loop running it).
+        self.view: LogView | None = None
+        self.refreshing: tuple[asyncio.AbstractEventLoop, asyncio.Task[LogView]] | None = None
         #: Segments being fetched, by object key: (the loop fetching it, its task).
         self.inflight: dict[
             str, tuple[asyncio.AbstractEventLoop, asyncio.Task[tuple[float, list[LogRecord]]]]
@@ -96,33 +224,54 @@ class SegmentCache:
         for key in [k for k in self.stamps if k not in listed]:
             del self.stamps[key]
 
+    async def refresh(self, store: ObjectStore, clock: Clock) -> LogView:
+        """A view of the logs begun no earlier than this call: the refresh running in this
+        loop if there is one (its view begins when it began, which is when this read's batch
+        then begins), else a new one from the newest view."""
+        loop = asyncio.get_running_loop()
+        running = self.refreshing
+        if running is None or running[0] is not loop or running[1].done():
+            task = loop.create_task(self._refresh(store, clock.time()))
+            running = self.refreshing = (loop, task)
+            task.add_done_callback(self._refreshed)
+        # Shielded: one reader cancelled leaves the refresh to the others waiting for it.
+        return await asyncio.shield(running[1])
+
+    async def _refresh(self, store: ObjectStore, started: float) -> LogView:
+        view, calls = await _refresh(store, self.view, started, self.skip)
+        self.listings += 1
+        self.list_calls += calls
+        if self.view is None or view.started >= self.view.started:
+            self.view = view
+        self.forget_gone({e.key for e in view.entries})
+        return view
+
+    def _refreshed(self, task: asyncio.Task[LogView]) -> None:
+        if self.refreshing is not None and self.refreshing[1] is task:
+            self.refreshing = None
+        if not task.cancelled():
+            task.exception()  # a failure every waiter was cancelled from is not "never retrieved"
+
 
 class _Source:
     """One read's view of the bucket's commit logs."""
 
-    def __init__(self, store: ObjectStore, cache: SegmentCache) -> None:
+    def __init__(self, store: ObjectStore, cache: SegmentCache, clock: Clock) -> None:
         self.store = store
         self.cache = cache
+        self.clock = clock
         self.sem = asyncio.Semaphore(PARALLEL)
-        #: log name -> (worker id, incarnation, number -> listed object), of the last listing.
+        #: Log name -> segment number -> listed object, of the last refresh.
         self.listed: dict[str, dict[int, ObjectInfo]] = {}
+        #: Log name -> (worker id, incarnation), of every log listed so far.
         self.refs: dict[str, tuple[str, int]] = {}
 
-    async def relist(self) -> None:
-        listed: dict[str, dict[int, ObjectInfo]] = {}
-        self.cache.listings += 1
-        async for info in self.store.list(layout.LOGS):
-            try:
-                key = layout.parse_log_segment_key(info.key)
-            except InvalidArgument:
-                continue  # not a segment: not ours to judge
-            name = plan.log_name(key.worker_id, key.incarnation)
-            listed.setdefault(name, {})[key.seq] = info
-            self.refs[name] = (key.worker_id, key.incarnation)
-        self.listed = listed
-        self.cache.forget_gone(
-            {info.key for numbers in listed.values() for info in numbers.values()}
-        )
+    async def relist(self) -> float:
+        """Take a view of the logs begun now or later; returns when it began."""
+        view = await self.cache.refresh(self.store, self.clock)
+        self.listed = view.logs
+        self.refs.update(view.refs)
+        return view.started
 
     async def segment(self, name: str, number: int) -> tuple[float, list[LogRecord]]:
         """The stamp and records of a listed segment (a fence: no records). The partitions
@@ -240,7 +389,7 @@ async def read_changes(
     start time outside the change retention, or tokens that do not tile the partition."""
     info = await catalog.get_table(table)
     window = info.schema.changes
-    source = _Source(store, cache if cache is not None else SegmentCache())
+    source = _Source(store, cache if cache is not None else SegmentCache(), clock)
     now = clock.time()
     if tokens:
         cursors = [plan.decode_token(t, info.table_id, table) for t in tokens]
@@ -258,8 +407,7 @@ async def read_changes(
             )
         since = now if start_time is None else start_time
         plan.check_since(table, window, since, now)
-        started = clock.time()
-        await source.relist()
+        started = await source.relist()
         positions = plan.start_positions(await source.stamps({}, since), since)
         cursor = Cursor(
             table_id=info.table_id,
@@ -283,8 +431,7 @@ async def read_changes(
                     cursor.partition, tuple((p, plan.encode_token(c)) for p, c in after)
                 )
                 return
-            started = clock.time()
-            await source.relist()
+            started = await source.relist()
             plan.check_retained(cursor, _listed_numbers(source))
             cursor = plan.forget_logs(cursor, source.listed)
             lows = _lows(cursor, source.listed)

@@ -14,6 +14,19 @@ SlowDown), time out, or lose their connection. This wrapper retries what is safe
   again). A retried create that meets PreconditionFailed after an ambiguous attempt is
   resolved the same way, because the object it collided with may be our own.
 
+Resolution has a deadline: ``resolve_within`` seconds (default :data:`RESOLVE_WITHIN`) from
+the first attempt's failure. No try, backoff, ``head`` or ``get`` begins after it, and a
+backoff ends at it; a request already sent is bounded by the inner store's own timeouts (an
+S3 store's ``read_timeout``), so a create spends at most its first attempt, the deadline and
+one request. Past the deadline it gives up with what it knows, as when its attempts run out:
+Indeterminate if an attempt may have landed, else the last (Unavailable) failure. An
+overloaded store whose ``head`` answers slower than its timeout would otherwise hold a create
+for ``max_attempts`` tries of ``max_attempts`` heads each, minutes in which a commit log
+acknowledges nothing; its caller handles an unknown outcome already (the commit-log writer
+plugs the number with an empty fence and goes on under a new incarnation), and create-only
+keys mean a late landing of the given-up object can only make it what the plug would have
+found.
+
 Contract for callers of ``create``: resolution compares content, so two writers that create
 the same key with byte-identical data cannot be told apart, and the loser would be told it
 won. Objects that fence (an empty log segment marking a recovered worker) must therefore carry
@@ -55,6 +68,9 @@ T = TypeVar("T")
 #: Errors after which an idempotent request is simply sent again.
 _TRANSIENT = (Unavailable, Indeterminate)
 
+#: Default seconds a create may spend resolving an ambiguous attempt (module docstring).
+RESOLVE_WITHIN = 20.0
+
 
 #: Inside the class, ``list`` names its method, not the builtin.
 _Keys = list[str]
@@ -71,11 +87,13 @@ class RetryingObjectStore:
         max_attempts: int = 6,
         base_delay: float = 0.05,
         max_delay: float = 2.0,
+        resolve_within: float = RESOLVE_WITHIN,
     ) -> None:
-        if max_attempts < 1 or base_delay < 0 or max_delay < 0:
+        if max_attempts < 1 or base_delay < 0 or max_delay < 0 or not resolve_within > 0:
             raise InvalidArgument(
-                "RetryingObjectStore needs max_attempts >= 1 and non-negative delays, got "
-                f"max_attempts={max_attempts} base_delay={base_delay} max_delay={max_delay}"
+                "RetryingObjectStore needs max_attempts >= 1, non-negative delays and "
+                f"resolve_within > 0, got max_attempts={max_attempts} base_delay={base_delay} "
+                f"max_delay={max_delay} resolve_within={resolve_within}"
             )
         self.inner = inner
         self.url = inner.url
@@ -83,6 +101,7 @@ class RetryingObjectStore:
         self._max_attempts = max_attempts
         self._base_delay = base_delay
         self._max_delay = max_delay
+        self._resolve_within = resolve_within
         #: Retries made so far (a try after the first), for tests and status pages.
         self.retries = 0
 
@@ -91,21 +110,34 @@ class RetryingObjectStore:
         cap = min(self._max_delay, self._base_delay * (2 ** (failures - 1)))
         return self._clock.random().uniform(0.0, cap)
 
-    async def _pause(self, failures: int) -> None:
+    async def _pause(self, failures: int, until: float | None = None) -> None:
         self.retries += 1
-        await self._clock.sleep(self.backoff(failures))
+        delay = self.backoff(failures)
+        if until is not None:
+            delay = max(0.0, min(delay, until - self._clock.monotonic()))
+        await self._clock.sleep(delay)
 
-    async def _retry(self, call: Callable[[], Awaitable[T]], first: int = 1) -> T:
+    def _past(self, until: float | None) -> bool:
+        return until is not None and self._clock.monotonic() >= until
+
+    async def _retry(
+        self, call: Callable[[], Awaitable[T]], first: int = 1, until: float | None = None
+    ) -> T:
         """Run ``call`` until it succeeds, fails permanently, or runs out of attempts
-        (``first``: the number of this first call, after ``first - 1`` failed tries)."""
+        (``first``: the number of this first call, after ``first - 1`` failed tries) or of
+        time (no further try begins at or after the monotonic instant ``until``)."""
+        failure: TabletStoreError | None = None
         for attempt in range(first, self._max_attempts + 1):
+            if failure is not None:
+                await self._pause(attempt - 1, until)
+                if self._past(until):
+                    raise failure
             try:
                 return await call()
-            except _TRANSIENT:
-                if attempt == self._max_attempts:
-                    raise
-            await self._pause(attempt)
-        raise AssertionError("unreachable: the last attempt returns or raises")
+            except _TRANSIENT as exc:
+                failure = exc
+        assert failure is not None
+        raise failure
 
     # Idempotent operations --------------------------------------------------------------------
 
@@ -156,9 +188,12 @@ class RetryingObjectStore:
         data = bytes(data)
         ambiguous: TabletStoreError | None = None
         maybe_applied = False
+        until: float | None = None  # set by the first failure (module docstring)
         for attempt in range(1, self._max_attempts + 1):
             if attempt > 1:
-                await self._pause(attempt - 1)
+                await self._pause(attempt - 1, until)
+                if self._past(until):
+                    break
             try:
                 await self.inner.create(key, data)
                 return
@@ -166,7 +201,7 @@ class RetryingObjectStore:
                 if ambiguous is None:
                     raise  # Nothing of ours was in flight: someone else's object.
                 try:
-                    if await self._resolve(key, data):
+                    if await self._resolve(key, data, until):
                         return
                 except _TRANSIENT as exc:
                     raise Indeterminate(
@@ -177,11 +212,15 @@ class RetryingObjectStore:
             except _TRANSIENT as exc:
                 ambiguous = exc
                 maybe_applied = maybe_applied or isinstance(exc, Indeterminate)
+                if until is None:
+                    until = self._clock.monotonic() + self._resolve_within
                 try:
-                    if await self._resolve(key, data):
+                    if await self._resolve(key, data, until):
                         return
                 except _TRANSIENT:
                     pass  # Cannot tell yet; the next try (or its collision) will.
+            if self._past(until):
+                break
         assert ambiguous is not None
         if maybe_applied and not isinstance(ambiguous, Indeterminate):
             raise Indeterminate(
@@ -190,17 +229,21 @@ class RetryingObjectStore:
             ) from ambiguous
         raise ambiguous
 
-    async def _resolve(self, key: str, data: bytes) -> bool:
+    async def _resolve(self, key: str, data: bytes, until: float | None) -> bool:
         """True if ``key`` holds exactly ``data``; False if it is absent.
 
         Raises PreconditionFailed if it holds other bytes, and Unavailable / Indeterminate if
-        the store cannot be read (after this wrapper's own retries).
+        the store cannot be read (after this wrapper's own retries) before ``until``.
         """
-        info = await self._retry(lambda: self.inner.head(key))
+        if self._past(until):
+            raise Unavailable(f"no time left to read {object_url(self.url, key)}")
+        info = await self._retry(lambda: self.inner.head(key), until=until)
         if info is None:
             return False
         if info.size == len(data):
-            stored = await self._retry(lambda: self.inner.get(key))
+            if self._past(until):
+                raise Unavailable(f"no time left to read {object_url(self.url, key)}")
+            stored = await self._retry(lambda: self.inner.get(key), until=until)
             if stored is None:
                 return False  # Deleted since the head: nothing of ours is there now.
             if stored == data:

@@ -622,7 +622,13 @@ class S3ObjectStore:
     ) -> AsyncIterator[ObjectInfo]:
         client = await self._get_client()
         root = self._loc.prefix
-        kwargs: dict[str, Any] = {"Bucket": self._loc.bucket, "Prefix": root + prefix}
+        # MaxKeys as S3's own default: servers with smaller defaults (moto: 100) would
+        # otherwise cost ten requests where S3 costs one.
+        kwargs: dict[str, Any] = {
+            "Bucket": self._loc.bucket,
+            "Prefix": root + prefix,
+            "MaxKeys": S3_BATCH,
+        }
         if start_after is not None:
             kwargs["StartAfter"] = root + start_after
         while True:

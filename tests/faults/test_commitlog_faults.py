@@ -13,7 +13,13 @@ import pytest
 
 from tabletstore.clock import ManualClock
 from tabletstore.commitlog import CommitLogReader, CommitLogWriter, fence
-from tabletstore.errors import Fenced, Indeterminate, TabletStoreError, Unavailable
+from tabletstore.errors import (
+    Fenced,
+    Indeterminate,
+    PreconditionFailed,
+    TabletStoreError,
+    Unavailable,
+)
 from tabletstore.keys import Cell, CellKind
 from tabletstore.storage_s3.base import ObjectStore, Op
 from tabletstore.storage_s3.memory import MemoryObjectStore
@@ -149,3 +155,119 @@ async def test_many_random_failures_never_lose_an_acknowledged_append() -> None:
         async with CommitLogWriter(faulty, "w", 1, max_segment_bytes=200) as log:
             outcome = await run_waves(log, waves=4, per_wave=3 + seed)
         check_outcomes(outcome, await recovered_rows(faulty.inner))
+
+
+# A segment create whose outcome cannot be learned in time -------------------------------------
+
+
+class InstantClock(ManualClock):
+    """Sleeps return at once, moving time by what they slept (requests that wait out their
+    timeout cost the test nothing)."""
+
+    async def sleep(self, seconds: float) -> None:
+        self.advance(max(0.0, seconds))
+        await asyncio.sleep(0)
+
+
+#: A HEAD's timeout on a store too busy to answer it.
+TIMEOUT = 4.0
+#: The retrying store's resolution deadline in these tests.
+WITHIN = 20.0
+SEGMENT_1 = "logs/w/00000000000000000001/00000000000000000001.log"
+
+
+class Held(FaultyObjectStore):
+    """Segment 1's PUT times out without applying, and the server holds its body: ``land``
+    applies it later (an S3 request the client gave up on, applied after all)."""
+
+    def __init__(self, inner: ObjectStore, clock: InstantClock) -> None:
+        super().__init__(inner, clock=clock)
+        self.held: bytes | None = None
+
+    async def create(self, key: str, data: bytes) -> None:
+        if key == SEGMENT_1 and data:
+            self.held = data
+            raise Indeterminate("PUT of segment 1: read timeout")
+        await super().create(key, data)
+
+    async def land(self) -> None:
+        assert self.held is not None
+        await self.inner.create(SEGMENT_1, self.held)
+
+
+def stuck_store(faulty: FaultyObjectStore, clock: InstantClock) -> RetryingObjectStore:
+    """Every HEAD waits out its timeout and fails: no ambiguous create can be resolved."""
+    faulty.delay(TIMEOUT, Op.HEAD, times=None)
+    faulty.fail(Op.HEAD, times=None)
+    return RetryingObjectStore(faulty, clock=clock, resolve_within=WITHIN)
+
+
+async def append_one(log: CommitLogWriter, row: bytes) -> BaseException | None:
+    try:
+        await log.append("t", row, one_cell(row, log.allocate(1)))
+    except TabletStoreError as exc:
+        return exc
+    return None
+
+
+async def acked_stuck_after(
+    store: ObjectStore, clock: InstantClock
+) -> tuple[dict[bytes, BaseException | None], float]:
+    """Append ``acked`` (segment 0), ``stuck`` (segment 1, the one that cannot be resolved)
+    and ``after``, one at a time; their outcomes and the clock time ``stuck`` took."""
+    outcome: dict[bytes, BaseException | None] = {}
+    async with CommitLogWriter(store, "w", 1) as log:
+        outcome[b"acked"] = await append_one(log, b"acked")
+        started = clock.monotonic()
+        outcome[b"stuck"] = await append_one(log, b"stuck")
+        spent = clock.monotonic() - started
+        outcome[b"after"] = await append_one(log, b"after")
+    assert outcome[b"acked"] is None
+    assert isinstance(outcome[b"stuck"], Indeterminate)
+    assert isinstance(outcome[b"after"], Unavailable)
+    return outcome, spent
+
+
+async def test_a_segment_whose_create_cannot_be_resolved_fails_within_the_deadline() -> None:
+    """The create landed but every HEAD hangs: the append is Indeterminate within the
+    resolution deadline (not minutes), the log stops, and recovery reads every acknowledged
+    write and the landed one."""
+    clock = InstantClock()
+    faulty = FaultyObjectStore(MemoryObjectStore(), clock=clock)
+    faulty.lose_ack(Op.PUT, key=SEGMENT_1)
+    outcome, spent = await acked_stuck_after(stuck_store(faulty, clock), clock)
+    # The segment's create and the writer's plug (which collides at once): each at most the
+    # deadline and the request running at it.
+    assert spent <= WITHIN + 2 * TIMEOUT
+    read = await recovered_rows(faulty.inner)
+    check_outcomes(outcome, read)
+    assert read == [b"acked", b"stuck"]  # The plug collided with the segment that landed.
+
+
+async def test_a_given_up_segment_that_lands_after_the_plug_changes_nothing() -> None:
+    """The create gives up at its deadline, the writer plugs the number, and only then does
+    the held PUT land: it collides with the plug, so the log still ends there and every
+    acknowledged write (and nothing refused) is read back."""
+    clock = InstantClock()
+    held = Held(MemoryObjectStore(), clock)
+    outcome, spent = await acked_stuck_after(stuck_store(held, clock), clock)
+    assert spent <= WITHIN + 2 * TIMEOUT
+    with pytest.raises(PreconditionFailed):
+        await held.land()  # The plug holds the number: the late PUT is refused.
+    read = await recovered_rows(held.inner)
+    check_outcomes(outcome, read)
+    assert read == [b"acked"]
+
+
+async def test_a_given_up_segment_that_lands_before_recovery_is_read_once() -> None:
+    """The held PUT lands after the writer gave up and failed to plug (its plug timed out
+    too), before recovery fences: recovery reads it once, with every acknowledged write."""
+    clock = InstantClock()
+    held = Held(MemoryObjectStore(), clock)
+    held.fail(Op.PUT, key=SEGMENT_1, times=None)  # The plug's PUTs are throttled too.
+    outcome, _ = await acked_stuck_after(stuck_store(held, clock), clock)
+    assert await held.inner.head(SEGMENT_1) is None
+    await held.land()
+    read = await recovered_rows(held.inner)
+    check_outcomes(outcome, read)
+    assert read == [b"acked", b"stuck"]

@@ -20,7 +20,10 @@ from tabletstore.keys import Cell, CellKind
 from tabletstore.metadata.catalog import TableInfo
 from tabletstore.metadata.record import TabletRecord
 from tabletstore.storage_s3 import layout
+from tabletstore.storage_s3.base import Op
+from tabletstore.storage_s3.instrumented import InstrumentedObjectStore
 from tabletstore.storage_s3.memory import MemoryObjectStore
+from tabletstore.testing.store_conformance import create_many
 
 T0 = 1_800_000_000.0
 
@@ -72,13 +75,14 @@ async def _segment(
     at: float,
     rows: list[tuple[bytes, int]],
     table_id: str = "t-1",
+    incarnation: int = 1,
 ) -> None:
     records = [
         encode_record(table_id, row, [Cell(row, "f", b"q", 7, seq, CellKind.PUT, b"%d" % seq)])
         for row, seq in rows
     ]
-    data = encode_segment(worker, 1, number, records, written_at=at)
-    await store.create(layout.log_segment_key(worker, 1, number), data)
+    data = encode_segment(worker, incarnation, number, records, written_at=at)
+    await store.create(layout.log_segment_key(worker, incarnation, number), data)
 
 
 async def _collect(it: object) -> list[ChangeItem]:
@@ -227,6 +231,7 @@ class _CountingStore(MemoryObjectStore):
 
 
 async def test_partitions_read_at_once_in_one_process_fetch_each_segment_once() -> None:
+    """...and share their listings: three readers cost about one reader's refreshes."""
     store = _CountingStore()
     for n in range(6):
         await _segment(store, "w1", n, T0 - 50 + n, [(b"a%d" % n, n + 1), (b"m%d" % n, n + 10)])
@@ -244,6 +249,11 @@ async def test_partitions_read_at_once_in_one_process_fetch_each_segment_once() 
     )
     assert set(store.gets.values()) == {1}, store.gets
     assert (cache.fetched, len(store.gets)) == (6, 6)
+    alone = change_stream.SegmentCache()
+    await _collect(
+        _read(store, catalog, clock, partition=parts[0], start_time=T0 - 100, cache=alone)
+    )
+    assert cache.listings <= alone.listings + 1
 
 
 class _CatalogDown(_Catalog):
@@ -284,3 +294,127 @@ async def test_the_cache_keeps_stamps_only_of_segments_still_in_the_bucket() -> 
     await _collect(_read(store, catalog, clock, partition=whole, start_time=T0 - 3000, cache=cache))
     w2 = {k for k in read if k.startswith("logs/w2/")}
     assert w2 and set(cache.stamps) == w2
+
+
+# Listing only what is new ---------------------------------------------------------------------
+
+
+def _view_of(view: change_stream.LogView) -> dict[str, dict[int, tuple[str, int]]]:
+    return {
+        name: {n: (i.key, i.size) for n, i in numbers.items()}
+        for name, numbers in view.logs.items()
+    }
+
+
+async def test_a_refresh_sees_exactly_what_a_full_listing_sees() -> None:
+    """Random appends (some out of order: a PUT in flight), new logs whose keys sort anywhere
+    (new workers, an incarnation below a known one landing late), collection trimming logs
+    from their heads or whole: a refresh that jumps over every known run sees what listing
+    everything sees."""
+    rng = random.Random(7)
+    store = MemoryObjectStore()
+    await store.create("logs/not-a-segment", b"")
+    logs: dict[tuple[str, int], list[int]] = {}
+    view: change_stream.LogView | None = None
+    for step in range(300):
+        roll = rng.random()
+        if roll < 0.1 or not logs:
+            ref = (rng.choice(["a", "m", "m-", "m0", "w", "z"]), rng.randrange(1, 6))
+            logs.setdefault(ref, [])
+        ref = rng.choice(sorted(logs))
+        numbers = logs[ref]
+        if roll < 0.8:
+            nxt = max(numbers, default=-1) + 1
+            gaps = [n for n in range(min(numbers, default=0), nxt) if n not in numbers]
+            choices = [[nxt], [nxt, nxt + 1], [nxt + 1], list(range(nxt, nxt + 5)), gaps[:1]]
+            for n in rng.choice(choices):
+                key = layout.log_segment_key(ref[0], ref[1], n)
+                if n not in numbers:
+                    await store.create(key, b"x" * rng.randrange(0, 3))
+                    numbers.append(n)
+        elif roll < 0.95 and numbers:
+            for n in sorted(numbers)[: rng.randrange(1, len(numbers) + 1)]:  # a head trim
+                await store.delete(layout.log_segment_key(ref[0], ref[1], n))
+                numbers.remove(n)
+        else:
+            for n in numbers:  # the log collected whole
+                await store.delete(layout.log_segment_key(ref[0], ref[1], n))
+            del logs[ref]
+        view, _ = await change_stream._refresh(store, view, float(step), skip=2)
+        full, _ = await change_stream._refresh(store, None, float(step), skip=2)
+        assert _view_of(view) == _view_of(full), step
+        assert [e.key for e in view.entries] == [e.key for e in full.entries], step
+        assert view.resume == full.resume, step
+
+
+async def test_a_refresh_costs_what_is_new_not_what_is_retained() -> None:
+    """The LIST requests of a poll do not grow with the retained segments: one per long log
+    jumped over, plus one, where listing everything costs one per 1,000 segments."""
+    costs = {}
+    for retained in (2_500, 10_000):
+        store = InstrumentedObjectStore(MemoryObjectStore())
+        for w in ("w1", "w2", "w3"):
+            await create_many(
+                store, [(layout.log_segment_key(w, 1, n), b"x") for n in range(retained)]
+            )
+        for w in ("d1", "d2"):  # short logs of dead incarnations: read through
+            await create_many(store, [(layout.log_segment_key(w, 1, n), b"x") for n in range(20)])
+        view, _ = await change_stream._refresh(store, None, 0.0, skip=change_stream.SKIP)
+        full = store.stats()[Op.LIST].requests
+        for w in ("w1", "w2", "w3"):  # the live logs go on
+            await store.create(layout.log_segment_key(w, 1, retained), b"x")
+        view, calls = await change_stream._refresh(store, view, 1.0, skip=change_stream.SKIP)
+        assert sum(len(n) for n in view.logs.values()) == 3 * (retained + 1) + 40
+        costs[retained] = (full, store.stats()[Op.LIST].requests - full, calls)
+    assert costs[2_500][0] == 8 and costs[10_000][0] == 31  # listing everything
+    assert costs[2_500][1:] == costs[10_000][1:] == (4, 4)  # one, and a jump per long log
+
+
+async def test_reads_that_jump_deliver_what_reads_that_list_everything_deliver() -> None:
+    """A reader follows a bucket while segments arrive, a gap fills, a worker whose key sorts
+    first starts, an older incarnation's segment lands late and collection trims a log: with
+    every known run jumped over (skip=1) it yields exactly what a reader listing everything
+    yields."""
+
+    async def run(skip: int) -> list[tuple[bytes, int]]:
+        store, _ = await _bucket()
+        clock = _Clock()
+        events = [
+            lambda: _segment(store, "w1", 3, T0 + 5, [(b"r", 20)]),
+            lambda: _segment(store, "w1", 5, T0 + 6, [(b"r", 22)]),  # 4 is in flight
+            lambda: _segment(store, "a0", 0, T0 + 7, [(b"r", 30), (b"c", 31)]),
+            lambda: _segment(store, "w1", 4, T0 + 6, [(b"r", 21)]),  # the gap fills
+            lambda: store.delete(layout.log_segment_key("w2", 1, 0)),  # collected
+            lambda: _segment(store, "w2", 0, T0 + 9, [(b"d", 40)], incarnation=0),  # late
+            lambda: _segment(store, "w2", 2, T0 + 10, [(b"r", 41)]),
+        ]
+        sleep = clock.sleep
+
+        async def sleep_then_change(seconds: float) -> None:
+            if events:
+                await events.pop(0)()
+            await sleep(seconds)
+
+        clock.sleep = sleep_then_change  # type: ignore[method-assign]
+        cache = change_stream.SegmentCache(skip=skip)
+        items = await _collect(
+            _read(
+                store,
+                _Catalog(INFO, []),
+                clock,
+                partition=ChangePartition(b"", None),
+                start_time=T0 - 3000,
+                end_time=T0 + 20,
+                cache=cache,
+            )
+        )
+        assert not events  # every change above happened while the reader followed
+        jumps.append(cache.list_calls - cache.listings)
+        return [(c.row, c.seq) for c in items if isinstance(c, Change)]
+
+    jumps: list[int] = []
+    jumping, listing = await run(skip=1), await run(skip=10**9)
+    assert jumps[0] > 0 and jumps[1] == 0
+    assert jumping == listing
+    assert {s for _, s in jumping} >= {20, 21, 22, 30, 31, 40, 41}
+    assert len(jumping) == len(set(jumping))

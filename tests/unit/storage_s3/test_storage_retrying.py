@@ -35,13 +35,19 @@ class RecordingClock(ManualClock):
 class Stack:
     """Retrying(Instrumented(Faulty(Memory))): faults below the counters, retries on top."""
 
-    def __init__(self, max_attempts: int = 4) -> None:
+    def __init__(self, max_attempts: int = 4, **options: float) -> None:
         self.memory = MemoryObjectStore()
-        self.faulty = FaultyObjectStore(self.memory)
-        self.counted = InstrumentedObjectStore(self.faulty)
         self.clock = RecordingClock()
+        # Delays (a request answered slowly, or not before its timeout) pass on this clock.
+        self.faulty = FaultyObjectStore(self.memory, clock=self.clock)
+        self.counted = InstrumentedObjectStore(self.faulty)
         self.store = RetryingObjectStore(
-            self.counted, clock=self.clock, max_attempts=max_attempts, base_delay=0.1, max_delay=1
+            self.counted,
+            clock=self.clock,
+            max_attempts=max_attempts,
+            base_delay=0.1,
+            max_delay=1,
+            **options,
         )
 
     def requests(self, op: Op) -> int:
@@ -216,8 +222,76 @@ async def test_create_with_an_unknown_outcome_reports_indeterminate() -> None:
         await s.store.create("k", b"ours")
 
 
+# The resolution's deadline ---------------------------------------------------------------------
+#: What the request timeout of a store too busy to answer costs each HEAD (a chaos run's S3 URL
+#: sets read_timeout=4).
+TIMEOUT = 4.0
+
+
+def heads_time_out(s: Stack) -> None:
+    """Every HEAD waits out its timeout, then fails as an S3 read timeout does."""
+    s.faulty.delay(TIMEOUT, Op.HEAD, times=None)
+    s.faulty.fail(Op.HEAD, times=None)
+
+
+async def test_an_ambiguous_create_whose_heads_hang_gives_up_at_its_deadline() -> None:
+    s = Stack(max_attempts=6, resolve_within=20.0)
+    s.faulty.lose_ack()  # Our bytes landed, but the answer was lost...
+    heads_time_out(s)  # ...and no HEAD can tell: every retry meets our own object (412).
+    started = s.clock.monotonic()
+    with pytest.raises(Indeterminate):
+        await s.store.create("k", b"ours")
+    spent = s.clock.monotonic() - started
+    # The first attempt, the deadline, and at most the one request running at it.
+    assert spent <= 20.0 + TIMEOUT
+    assert s.requests(Op.HEAD) <= 20.0 / TIMEOUT + 1
+    assert await s.memory.get("k") == b"ours"  # The outcome the caller was told may be.
+
+
+async def test_creates_that_time_out_and_heads_that_hang_give_up_at_the_deadline() -> None:
+    s = Stack(max_attempts=6, resolve_within=20.0)
+    s.faulty.delay(TIMEOUT, Op.PUT, times=None)
+    s.faulty.fail(Op.PUT, exc=lambda: Indeterminate("read timeout"), times=None)
+    heads_time_out(s)
+    started = s.clock.monotonic()
+    with pytest.raises(Indeterminate):
+        await s.store.create("k", b"ours")
+    assert s.clock.monotonic() - started <= TIMEOUT + 20.0 + TIMEOUT
+    assert s.requests(Op.PUT) + s.requests(Op.HEAD) <= 2 + 20.0 / TIMEOUT
+
+
+async def test_a_throttled_create_out_of_time_is_unavailable_not_indeterminate() -> None:
+    s = Stack(max_attempts=50, resolve_within=5.0)
+    s.faulty.fail(Op.PUT, times=None)  # 503 SlowDown: certainly not applied.
+    with pytest.raises(Unavailable) as info:
+        await s.store.create("k", b"ours")
+    assert not isinstance(info.value, Indeterminate)
+    assert s.clock.monotonic() <= 5.0 + 1.0  # backoffs end at the deadline
+    assert s.requests(Op.PUT) < 50
+
+
+async def test_a_slow_resolution_within_the_deadline_still_succeeds() -> None:
+    s = Stack(max_attempts=6, resolve_within=20.0)
+    s.faulty.lose_ack()
+    s.faulty.delay(TIMEOUT, Op.HEAD, times=None)  # Slow, but answered.
+    s.faulty.delay(TIMEOUT, Op.GET, times=None)
+    await s.store.create("k", b"ours")
+    assert (s.requests(Op.PUT), s.requests(Op.HEAD), s.requests(Op.GET)) == (1, 1, 1)
+
+
+async def test_idempotent_requests_have_no_deadline() -> None:
+    s = Stack(max_attempts=6, resolve_within=1.0)
+    await s.memory.create("k", b"v")
+    s.faulty.delay(TIMEOUT, Op.GET, times=5)
+    s.faulty.fail(Op.GET, times=5)
+    assert await s.store.get("k") == b"v"  # retried past 1 s: only creates resolve
+    assert s.requests(Op.GET) == 6
+
+
 async def test_invalid_settings_are_rejected() -> None:
     with pytest.raises(InvalidArgument):
         RetryingObjectStore(MemoryObjectStore(), max_attempts=0)
+    with pytest.raises(InvalidArgument):
+        RetryingObjectStore(MemoryObjectStore(), resolve_within=0)
     with pytest.raises(InvalidArgument):
         RetryingObjectStore(MemoryObjectStore(), base_delay=-1)
