@@ -62,8 +62,11 @@ class LogPositions:
     async def add_log(self, ref: LogRef) -> None:
         """Record ``ref`` (the worker's new log incarnation) among the logs to replay, then
         take writes again. Raises (Fenced: the tablet is no longer this worker's) if the
-        record cannot be updated; writes stay refused then."""
+        record cannot be updated; writes stay refused then. Raises Unavailable for a tablet
+        that must be reloaded (:meth:`TabletCore.log_unsettled`, a failed compaction): its
+        worker drops it, and its next load replays the logs its record lists."""
         core = self._core
+        core.check_open()
         async with core.compaction_lock, core.state_lock:
             record = core.state.record
             if ref not in record.logs:

@@ -25,7 +25,7 @@ from tabletstore.clock import Clock, micros
 from tabletstore.data.schema import GcRule, LocalityGroup, TableSchema
 from tabletstore.data.validation import check_not_promoting
 from tabletstore.engine.state import TabletState
-from tabletstore.errors import NotServing, TabletStoreError, Unavailable
+from tabletstore.errors import Indeterminate, NotServing, TabletStoreError, Unavailable
 from tabletstore.keys import Cell
 from tabletstore.metadata.record import LogRef, TabletRecord
 from tabletstore.options import TabletOptions
@@ -53,16 +53,28 @@ class LogSink(Protocol):
         """Make every future allocation larger than ``seq`` (after loading a tablet)."""
         ...
 
-    async def append(self, table_id: str, row: bytes, cells: Sequence[Cell]) -> None:
-        """Durably log one row mutation; returns only once it is durable."""
+    async def append(
+        self,
+        table_id: str,
+        row: bytes,
+        cells: Sequence[Cell],
+        on_durable: Callable[[Sequence[Cell]], object] | None = None,
+    ) -> None:
+        """Durably log one row mutation; returns only once it is durable. ``on_durable(cells)``
+        is called synchronously the moment it is, whatever became of the caller; a cancelled
+        caller hears of its cancellation only once the record settled (durable or failed)."""
         ...
 
     async def append_many(
-        self, table_id: str, rows: Sequence[tuple[bytes, Sequence[Cell]]]
+        self,
+        table_id: str,
+        rows: Sequence[tuple[bytes, Sequence[Cell]]],
+        on_durable: Callable[[Sequence[Cell]], object] | None = None,
     ) -> list[TabletStoreError | None]:
         """Durably log many row mutations in one go (they share segments); returns once each
         is durable or has failed: per row, None (durable) or why it was not acknowledged. An
-        exception means none of them was logged."""
+        exception means none of them was logged. ``on_durable`` gets a row's cells the
+        moment its record is durable (as :meth:`append`)."""
         ...
 
 
@@ -121,7 +133,8 @@ class TabletCore:
         self.log_pending = False
         #: Set while a snapshot's cut holds writes (``hold_for_snapshot``): writes wait on it.
         self.snapshot_gate: asyncio.Event | None = None
-        #: A background compaction's failure: sticky until the tablet is reloaded.
+        #: Sticky until the tablet is reloaded: a background compaction's failure, or a write
+        #: whose record may or may not be in the log (:meth:`log_unsettled`).
         self.failed: BaseException | None = None
         self.closed = False
 
@@ -141,10 +154,17 @@ class TabletCore:
         """Writes and compactions also need no sticky background failure."""
         self.check_serving()
         if self.failed is not None:
-            raise Unavailable(
-                f"tablet {self.record.tablet_id} failed a background compaction and must be "
-                f"reloaded: {self.failed}"
-            )
+            raise Unavailable(f"tablet {self.record.tablet_id} must be reloaded: {self.failed}")
+
+    def log_unsettled(self, error: Indeterminate) -> None:
+        """A write of this tablet was answered ``error``: its record may be in the log while
+        its cells are not in the memtable (engine/write_path.py), so the memtable no longer
+        says what the log holds. The tablet takes no more writes and no compaction (whose redo
+        point would pass the record for good): closed without a flush, its next load replays
+        the log, and then the table holds the write exactly if the log does. The worker drops
+        it when it moves to a new log (a tablet that cannot take the new log is dropped)."""
+        if self.failed is None:
+            self.failed = error
 
     def check_writable(self) -> None:
         """Writes also need no split or unload under way, and a table not being promoted
