@@ -559,8 +559,8 @@ class CommitLogWriter:
                 later = failure
             else:
                 later = Unavailable(
-                    f"commit log {self._name()} stopped after segment {number} failed; "
-                    "the worker must continue under a new incarnation"
+                    f"commit log {self._name()} stopped after segment {number} failed "
+                    f"({failure}); the worker must continue under a new incarnation"
                 )
                 later.__cause__ = failure
             self._failure = later
@@ -614,13 +614,14 @@ class CommitLogWriter:
     def _fail_indeterminate(
         self, waiters: list[_Outcome], number: int, cause: BaseException | None
     ) -> None:
+        what = "was cancelled" if cause is None else f"failed ({cause!r})"
         in_flight = Indeterminate(
-            f"commit log {self._name()}: PUT of segment {number} failed ({cause!r}); "
+            f"commit log {self._name()}: PUT of segment {number} {what}; "
             "the writes in it may or may not be durable"
         )
         in_flight.__cause__ = cause
         later = Unavailable(
-            f"commit log {self._name()} stopped after segment {number} failed; "
+            f"commit log {self._name()} stopped after the PUT of segment {number} {what}; "
             "the worker must continue under a new incarnation"
         )
         later.__cause__ = cause

@@ -82,9 +82,13 @@ class TabletCatalog(Protocol):
     """Where tablet records are committed: the catalog (the root tablet's record in the
     coordinator, every other one a row of METADATA)."""
 
-    async def update(self, old: TabletRecord, new: TabletRecord) -> TabletRecord:
+    async def update(
+        self, old: TabletRecord, new: TabletRecord, *, wait: float | None = None
+    ) -> TabletRecord:
         """Replace ``old`` by ``new`` if the stored record still has ``old``'s epoch; raise
-        :class:`~tabletstore.errors.Fenced` if it does not. Returns what was stored."""
+        :class:`~tabletstore.errors.Fenced` if it does not. Returns what was stored.
+        ``wait``: how long refusals of the store of records are retried (None: its
+        default), then Unavailable, nothing stored."""
         ...
 
 
@@ -131,6 +135,9 @@ class TabletCore:
         #: Set while the worker's log moves to a new incarnation that this tablet's record does
         #: not list yet: a write logged there now could not be recovered (``hold_writes``).
         self.log_pending = False
+        #: Why the worker's previous log failed, while ``log_pending``: named in the refusals,
+        #: so a client that gives up retrying learns the cause (a full disk, say).
+        self.log_failure: BaseException | None = None
         #: Set while a snapshot's cut holds writes (``hold_for_snapshot``): writes wait on it.
         self.snapshot_gate: asyncio.Event | None = None
         #: Sticky until the tablet is reloaded: a background compaction's failure, or a write
@@ -178,9 +185,10 @@ class TabletCore:
                 f"tablet {self.record.tablet_id} is {self.writes_blocked}; look it up again"
             )
         if self.log_pending:
+            cause = "" if self.log_failure is None else f" (its log failed: {self.log_failure})"
             raise Unavailable(
-                f"tablet {self.record.tablet_id}: its worker is moving to a new commit log; "
-                "the write was not applied, retry"
+                f"tablet {self.record.tablet_id}: its worker is moving to a new commit log"
+                f"{cause}; the write was not applied, retry"
             )
 
     def check_row(self, row: bytes) -> None:
@@ -243,7 +251,10 @@ class TabletCore:
             return state
 
     # REQUIRES: self.compaction_lock and self.state_lock held.
-    async def update_record(self, record: TabletRecord, new_record: TabletRecord) -> None:
-        """Commit ``new_record`` in place of ``record`` (the state's) and swap it in."""
-        stored = await self.catalog.update(record, new_record)
+    async def update_record(
+        self, record: TabletRecord, new_record: TabletRecord, *, wait: float | None = None
+    ) -> None:
+        """Commit ``new_record`` in place of ``record`` (the state's) and swap it in
+        (``wait``: :meth:`TabletCatalog.update`)."""
+        stored = await self.catalog.update(record, new_record, wait=wait)
         self.state = replace(self.state, record=stored)

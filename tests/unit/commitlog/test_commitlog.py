@@ -197,6 +197,28 @@ async def test_a_failed_segment_is_plugged_and_later_ones_are_not_acknowledged(
     assert reader.fenced_at == 0
 
 
+async def test_a_failed_log_names_the_failure_in_what_every_later_append_raises(
+    object_store: ObjectStore,
+) -> None:
+    """The sticky error is what the worker's tablets name while it moves to a new log, and
+    what later appends raise: it must say why the log stopped (a full disk), not only that it
+    did."""
+
+    class Full(GatedStore):
+        async def create(self, key: str, data: bytes) -> None:
+            if data:
+                raise Unavailable(f"cannot create {key}: No space left on device")
+            await self.inner.create(key, data)  # an empty plug fits on a full disk
+
+    async with CommitLogWriter(Full(object_store), "w1", 1) as log:
+        with pytest.raises(Unavailable, match="plugged"):
+            await log.append("t", b"a", cells_for(b"a", log.allocate(1)))
+        assert log.failed is not None
+        assert "No space left on device" in str(log.failed)
+        with pytest.raises(Unavailable, match="No space left on device"):
+            await log.append("t", b"b", cells_for(b"b", log.allocate(1)))
+
+
 async def test_fence_plugs_a_gap_left_by_a_dead_writer(object_store: ObjectStore) -> None:
     """A writer died after segment 1 landed but before its failed segment 0 was plugged:
     recovery's fence plugs 0, so the log reads as empty instead of corrupt."""
