@@ -7,7 +7,8 @@ Through the embedded database (a real TabletServer and Master in one process, me
 * a worker whose log fails while its lease lives (a PUT failing for good, or recovery fencing
   it) goes on under a new incarnation instead of refusing every write for ever;
 * one whose new logs keep failing (a full disk) keeps its tablets served for reads and takes
-  writes again by itself once they no longer fail.
+  writes again by itself once they no longer fail;
+* a tablet the worker dropped is loaded again by the embedded database's own master.
 """
 
 from __future__ import annotations
@@ -227,3 +228,19 @@ async def test_a_log_that_cannot_be_replaced_for_a_while_keeps_its_tablets_and_r
     for key, served_tablet in worker.tablets.items():
         assert worker._log.log_ref in served_tablet.record.logs, key
 
+
+async def test_the_embedded_database_loads_again_a_tablet_its_worker_dropped(
+    db: Database,
+) -> None:
+    """A worker drops a tablet that must be reloaded (a write whose record may or may not be
+    in its failed log) or whose record cannot take its new log; a cluster's master loads it
+    again in its next round. The embedded database ran no round after opening, so such a
+    tablet stayed unserved until the database was opened again."""
+    await write(db, 50)
+    (table_id, tablet_id), _ = served(db)
+    await db.worker.services.unload_tablet(UnloadTabletRequest(table_id, tablet_id, flush=False))
+    assert (table_id, tablet_id) not in db.worker.tablets
+    async with asyncio.timeout(60):
+        while (table_id, tablet_id) not in db.worker.tablets:
+            await asyncio.sleep(0.05)
+    await check(db, 50)
