@@ -697,23 +697,23 @@ class TabletServer:
                     # wait for the next pass rather than each wait out its refusals.
                     waiting += [k for k in keys[i:] if self._held(k)]
                     break
-                tablet = self._tablets.get(key)
-                if tablet is None or not tablet.log_pending:
+                held = self._tablets.get(key)
+                if held is None or not held.log_pending:
                     continue
-                why: BaseException | None = tablet.must_reload
+                why: BaseException | None = held.must_reload
                 if why is None:
                     try:
-                        await tablet.add_log(self._log.log_ref, wait=_SWITCH_RECORD_WAIT)
+                        await held.add_log(self._log.log_ref, wait=_SWITCH_RECORD_WAIT)
                         continue
                     except Fenced as exc:
                         why = exc
                     except TabletStoreError as exc:
-                        why = tablet.must_reload
+                        why = held.must_reload
                         if why is None:
                             log.info("tablet %s/%s waits to record the new log: %s", *key, exc)
                             waiting.append(key)
                             continue
-                if self._tablets.get(key) is tablet:
+                if self._tablets.get(key) is held:
                     log.warning("tablet %s/%s dropped after the log failed: %s", *key, why)
                     await self._drop(key)
             return waiting

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 
@@ -168,6 +168,14 @@ async def test_a_worker_past_its_safe_lease_time_answers_nothing(db: Database) -
         lease.safe_until = safe_until  # type: ignore[method-assign]
 
 
+async def until(condition: Callable[[], bool], seconds: float = 60.0) -> None:
+    """Wait (yielding to the loop) until ``condition()`` holds, at most ``seconds``."""
+    end = asyncio.get_running_loop().time() + seconds
+    while not condition():
+        assert asyncio.get_running_loop().time() < end, f"not within {seconds} s"
+        await asyncio.sleep(0.05)
+
+
 class FullLogStore:
     """The worker's object store on a disk that is full while ``full`` is set: a commit-log
     segment fails naming the full disk, while an empty object (the writer's plug of the failed
@@ -208,9 +216,7 @@ async def test_a_log_that_cannot_be_replaced_for_a_while_keeps_its_tablets_and_r
     with pytest.raises(Unavailable, match="No space left on device"):
         await table.mutate_row(b"x", [SetCell("f", b"q", b"x")])
     # The worker tries again under another new log once the first one failed too.
-    async with asyncio.timeout(60):
-        while worker._log.log_ref.incarnation < first + 2:
-            await asyncio.sleep(0.05)
+    await until(lambda: worker._log.log_ref.incarnation >= first + 2)  # type: ignore[union-attr]
     assert served(db)[1] is tablet
     await check(db, 50)  # reads go on
     with pytest.raises(Unavailable, match="No space left on device"):
@@ -240,7 +246,5 @@ async def test_the_embedded_database_loads_again_a_tablet_its_worker_dropped(
     (table_id, tablet_id), _ = served(db)
     await db.worker.services.unload_tablet(UnloadTabletRequest(table_id, tablet_id, flush=False))
     assert (table_id, tablet_id) not in db.worker.tablets
-    async with asyncio.timeout(60):
-        while (table_id, tablet_id) not in db.worker.tablets:
-            await asyncio.sleep(0.05)
+    await until(lambda: (table_id, tablet_id) in db.worker.tablets)
     await check(db, 50)

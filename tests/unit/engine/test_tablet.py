@@ -315,12 +315,12 @@ async def test_writes_held_for_a_new_log_are_refused_naming_why_the_old_one_fail
     tablet = h.tablet
     assert tablet is not None and h.log is not None
     tablet.hold_writes(Unavailable("cannot create file:///db/objects/log: No space left on device"))
-    with pytest.raises(Unavailable, match="new commit log.*No space left on device"):
+    with pytest.raises(Unavailable, match=r"new commit log.*No space left on device"):
         await tablet.apply(b"r", [SetCell("a", b"q", b"v")])
     await tablet.add_log(h.log.log_ref)
     await tablet.apply(b"r", [SetCell("a", b"q", b"v")])
     tablet.hold_writes()  # no known cause: the refusal says only what is under way
-    with pytest.raises(Unavailable, match="moving to a new commit log; the write was not"):
+    with pytest.raises(Unavailable, match="moving to a new commit log; the write was not applied"):
         await tablet.apply(b"r", [SetCell("a", b"q", b"w")])
 
 
