@@ -20,7 +20,7 @@ import asyncio
 import random
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from tabletstore.commitlog import CommitLogWriter
 from tabletstore.coordination.memory import MemoryCoordinator
@@ -60,13 +60,22 @@ class BenchLog:
     def segment_mark(self) -> int:
         return self.writer.next_segment
 
-    async def append(self, table_id: str, row: bytes, cells: Sequence[Cell]) -> None:
-        await self.writer.append(table_id, row, cells)
+    async def append(
+        self,
+        table_id: str,
+        row: bytes,
+        cells: Sequence[Cell],
+        on_durable: Callable[[Sequence[Cell]], object] | None = None,
+    ) -> None:
+        await self.writer.append(table_id, row, cells, on_durable)
 
     async def append_many(
-        self, table_id: str, rows: Sequence[tuple[bytes, Sequence[Cell]]]
+        self,
+        table_id: str,
+        rows: Sequence[tuple[bytes, Sequence[Cell]]],
+        on_durable: Callable[[Sequence[Cell]], object] | None = None,
     ) -> list[TabletStoreError | None]:
-        return await self.writer.append_many(table_id, rows)
+        return await self.writer.append_many(table_id, rows, on_durable)
 
 
 class Bench:

@@ -60,6 +60,8 @@ log = logging.getLogger(__name__)
 
 #: Seconds between two looks for tables with history whose checkpoint is due.
 CHECKPOINT_POLL = 30.0
+#: Seconds between two assignment rounds (a cluster's master: ``MasterOptions.interval``).
+ASSIGN_INTERVAL = 1.0
 
 __all__ = ["DEFAULT_DIRECTORY", "Database", "SyncDatabase", "connect", "connect_async"]
 
@@ -122,6 +124,9 @@ class Database(AsyncClient):
         #: Checkpoints the tables with history while the database is open (a cluster's
         #: master does this in its loop).
         self._checkpoints = asyncio.create_task(self._checkpoint_loop())
+        #: Keeps every tablet served while the database is open, as a cluster's leading master
+        #: does (``master_process``): a tablet the worker dropped is loaded again.
+        self._assigning = asyncio.create_task(self._assignment_loop())
 
     async def _checkpoint_loop(self) -> None:
         while True:
@@ -130,6 +135,20 @@ class Database(AsyncClient):
             except TabletStoreError as exc:
                 log.warning("checkpoint round failed: %s", exc)
             await self.master.clock.sleep(CHECKPOINT_POLL)
+
+    async def _assignment_loop(self) -> None:
+        """An assignment round every ``ASSIGN_INTERVAL`` seconds (one that finds nothing
+        changed since a round that found every tablet served costs O(1): ``Master.assign``).
+        The worker drops a tablet that must be reloaded (a write whose record may or may not
+        be in its failed commit log, a failed background compaction) or that could not take
+        its new log; opening the database is the only round there would be otherwise, and
+        such a tablet stayed unserved until the database was opened again."""
+        while True:
+            await self.master.clock.sleep(ASSIGN_INTERVAL)
+            try:
+                await self.master.assign(if_changed=True)
+            except TabletStoreError as exc:
+                log.warning("assignment round failed: %s", exc)
 
     @classmethod
     async def open(
@@ -253,9 +272,10 @@ class Database(AsyncClient):
         if self._closed:
             return
         self._closed = True
-        self._checkpoints.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._checkpoints
+        for task in (self._checkpoints, self._assigning):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         try:
             await self.master.close()
             await self.worker.stop(flush=True)

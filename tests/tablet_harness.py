@@ -12,6 +12,7 @@ the semantics we promise.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -46,12 +47,13 @@ from tabletstore.data.schema import (
     UnionRule,
 )
 from tabletstore.engine.tablet import Tablet, TabletCatalog
-from tabletstore.errors import InvalidArgument, TabletStoreError
+from tabletstore.errors import Indeterminate, InvalidArgument, TabletStoreError, Unavailable
 from tabletstore.keys import TS_MAX, Cell
 from tabletstore.metadata.catalog import Catalog
 from tabletstore.metadata.record import LogRef, TabletRecord
 from tabletstore.options import TabletOptions
 from tabletstore.storage_s3.base import ObjectStore
+from tabletstore.storage_s3.memory import MemoryObjectStore
 
 SECOND = 1_000_000
 
@@ -121,18 +123,63 @@ class HarnessLog:
     def segment_mark(self) -> int:
         return self.writer.next_segment
 
-    async def append(self, table_id: str, row: bytes, cells: Sequence[Cell]) -> None:
+    async def append(
+        self,
+        table_id: str,
+        row: bytes,
+        cells: Sequence[Cell],
+        on_durable: Callable[[Sequence[Cell]], object] | None = None,
+    ) -> None:
         if self.before_append is not None:
             await self.before_append(row, cells)
-        await self.writer.append(table_id, row, cells)
+        await self.writer.append(table_id, row, cells, on_durable)
 
     async def append_many(
-        self, table_id: str, rows: Sequence[tuple[bytes, Sequence[Cell]]]
+        self,
+        table_id: str,
+        rows: Sequence[tuple[bytes, Sequence[Cell]]],
+        on_durable: Callable[[Sequence[Cell]], object] | None = None,
     ) -> list[TabletStoreError | None]:
         if self.before_append is not None:
             for row, cells in rows:
                 await self.before_append(row, cells)
-        return await self.writer.append_many(table_id, rows)
+        return await self.writer.append_many(table_id, rows, on_durable)
+
+
+class LogGate:
+    """An object store whose commit-log PUTs (keys naming ``worker_id``) wait at ``gate``
+    while it is set to an Event that is not set yet; ``lose_acks`` of them store their object
+    and then raise Indeterminate (a lost acknowledgement), ``fail_puts`` raise Unavailable
+    without storing it; while ``fail_plugs`` is set, creating an empty object there (the
+    writer's plug of a failed number) raises Unavailable. The rest passes through."""
+
+    def __init__(self, inner: MemoryObjectStore, worker_id: str) -> None:
+        self.inner = inner
+        self.worker_id = worker_id
+        self.gate: asyncio.Event | None = None
+        self.waiting = asyncio.Event()
+        self.lose_acks = 0
+        self.fail_puts = 0
+        self.fail_plugs = False
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+    async def create(self, key: str, data: bytes) -> None:
+        if self.worker_id in key and not data and self.fail_plugs:
+            raise Unavailable(f"injected: PUT {key} (a plug) failed")
+        if self.worker_id in key and data:
+            if self.gate is not None:
+                self.waiting.set()
+                await self.gate.wait()
+            if self.lose_acks:
+                self.lose_acks -= 1
+                await self.inner.create(key, data)
+                raise Indeterminate(f"injected: PUT {key} stored, its answer lost")
+            if self.fail_puts:
+                self.fail_puts -= 1
+                raise Unavailable(f"injected: PUT {key} failed")
+        await self.inner.create(key, data)
 
 
 @dataclass

@@ -31,8 +31,10 @@ instant of that promotion.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
 from dataclasses import replace
+from typing import Any, TypeVar
 
 from tabletstore.client.change_plan import (
     CLOCK_SKEW,
@@ -76,8 +78,14 @@ __all__ = [
     "save_progress",
 ]
 
+_T = TypeVar("_T")
+
 #: A fresh replica of a table starts this far inside the source's change retention.
 START_MARGIN = 60.0
+#: Most changes of a partition applied as one run (read ahead of the replica's writes).
+APPLY_BATCH = 512
+#: Rows of a run whose changes are applied at once.
+APPLY_CONCURRENCY = 32
 
 
 async def load_progress(client: AsyncClient, table: str) -> Progress | None:
@@ -176,6 +184,8 @@ class TableReplicator:
         #: The source table's id as ``prepare`` found it, and when it was last looked up.
         self._source_id: str | None = None
         self._source_checked = float("-inf")
+        #: Per partition, the (row, seq) of the changes applied of a run not finished yet.
+        self._run_applied: dict[ChangePartition, set[tuple[bytes, int]]] = {}
 
     # ------------------------------------------------------------------ setting up
 
@@ -306,31 +316,34 @@ class TableReplicator:
                 {"tokens": current} if current else {"start_time": self.progress.start_time}
             )
             try:
-                async for item in src.read_changes(
+                stream = src.read_changes(
                     part,
                     poll=self.poll,
                     heartbeat=self.heartbeat,
                     **kwargs,  # type: ignore[arg-type]
-                ):
-                    if isinstance(item, Change):
-                        await self._apply(item)
-                        if self.applied is not None:
-                            self.applied(item)
-                        self.progress = replace(
-                            self.progress.advanced(part, item.token, None),
-                            applied_changes=self.progress.applied_changes + 1,
-                        )
-                        await self._save()
-                    elif isinstance(item, Heartbeat):
-                        await self._check_source()
-                        self.progress = self.progress.advanced(part, item.token, item.watermark)
-                        if failures:
-                            failures = 0
-                            self.progress = replace(self.progress, error=None)
-                        await self._save()
-                    elif isinstance(item, PartitionEnd):
-                        await self._ended(part, item)
-                        return
+                )
+                async with contextlib.aclosing(_runs(stream, APPLY_BATCH)) as runs:
+                    async for items in runs:
+                        changes: list[Change] = []
+                        for item in items:
+                            if isinstance(item, Change):
+                                changes.append(item)
+                                continue
+                            await self._apply_run(part, changes)
+                            changes = []
+                            if isinstance(item, Heartbeat):
+                                await self._check_source()
+                                self.progress = self.progress.advanced(
+                                    part, item.token, item.watermark
+                                )
+                                if failures:
+                                    failures = 0
+                                    self.progress = replace(self.progress, error=None)
+                                await self._save()
+                            elif isinstance(item, PartitionEnd):
+                                await self._ended(part, item)
+                                return
+                        await self._apply_run(part, changes)
                 return  # an end time was reached (none is given: not reached)
             except _Promoted as exc:
                 self._stop(exc)
@@ -388,6 +401,42 @@ class TableReplicator:
         await self._save(force=True)
         for succ, tokens in ready:
             self._start(succ, tokens)
+
+    async def _apply_run(self, part: ChangePartition, changes: list[Change]) -> None:
+        """Apply a run of a partition's changes (those the stream had ready together), then
+        advance the partition's progress past the last. Rows are independent: their changes
+        are applied up to ``APPLY_CONCURRENCY`` rows at a time, each row's one after another
+        in stream order (a later change of a row may overwrite or delete what an earlier one
+        wrote). The progress moves only once every change of the run is applied, so a
+        replicator killed in between applies them again from the previous token (harmless:
+        the plan's module docstring); one that goes on after an error skips those it applied."""
+        if not changes:
+            return
+        # What this process applied of a run that then failed (the stream resumes before the
+        # run): not applied twice, so a retry within one process repeats nothing.
+        done = self._run_applied.setdefault(part, set())
+        by_row: dict[bytes, list[Change]] = {}
+        for change in changes:
+            if (change.row, change.seq) not in done:
+                by_row.setdefault(change.row, []).append(change)
+        slots = asyncio.Semaphore(APPLY_CONCURRENCY)
+
+        async def apply_row(row_changes: list[Change]) -> None:
+            async with slots:
+                for change in row_changes:
+                    await self._apply(change)
+                    done.add((change.row, change.seq))
+                    if self.applied is not None:
+                        self.applied(change)
+
+        await _all_or_none([apply_row(cs) for cs in by_row.values()])
+        del self._run_applied[part]
+        assert self.progress is not None
+        self.progress = replace(
+            self.progress.advanced(part, changes[-1].token, None),
+            applied_changes=self.progress.applied_changes + len(changes),
+        )
+        await self._save()
 
     async def _apply(self, change: Change) -> None:
         """Apply one change to the replica (module docstring of the plan: exactly once)."""
@@ -459,6 +508,62 @@ class TableReplicator:
             await self._save(force=True)
         except (TabletStoreError, _Promoted):
             pass  # the replica's coordinator is away (the next save says it), or promoted
+
+
+async def _all_or_none(coros: list[Coroutine[Any, Any, None]]) -> None:
+    """Run ``coros`` at once; the first to raise cancels the others (they are awaited), then
+    its exception is raised as it is (not in a group: the callers' handlers match it)."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
+async def _runs(items: AsyncIterator[_T], limit: int) -> AsyncGenerator[list[_T], None]:
+    """``items`` in runs: each run is the next item and those that arrived with it (already
+    read, up to ``limit`` in all), so a burst the stream delivers at once is handled at once.
+    A background task reads ahead (at most ``limit`` items); its error is raised here, in
+    order, after the items before it."""
+    queue: asyncio.Queue[tuple[_T | None, BaseException | None, bool]] = asyncio.Queue(limit)
+
+    async def pump() -> None:
+        try:
+            async for item in items:
+                await queue.put((item, None, False))
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            await queue.put((None, exc, True))
+        else:
+            await queue.put((None, None, True))
+
+    reader = asyncio.create_task(pump())
+    try:
+        while True:
+            run: list[_T] = []
+            item, error, last = await queue.get()
+            while True:
+                if last:
+                    if run:
+                        yield run
+                    if error is not None:
+                        raise error
+                    return
+                run.append(item)  # type: ignore[arg-type]
+                if len(run) >= limit or queue.empty():
+                    break
+                item, error, last = queue.get_nowait()
+            yield run
+    finally:
+        reader.cancel()
+        await asyncio.gather(reader, return_exceptions=True)
+        aclose = getattr(items, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
 
 class _Promoted(Exception):

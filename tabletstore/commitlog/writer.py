@@ -35,13 +35,30 @@ Failure (a failed log is sticky; the worker must start a new incarnation to writ
   :class:`~tabletstore.errors.Fenced`. The writes in segment N were not made durable.
   (If the object there *is* byte-for-byte ours, a retrying store re-sent a create whose first
   attempt landed: that is success.)
-* Any other PUT error: the writes in that segment, and in every later segment already in
-  flight, raise :class:`~tabletstore.errors.Indeterminate` (the PUTs may have landed and could
-  be replayed), queued writes not yet sent raise :class:`~tabletstore.errors.Unavailable`
-  (certainly not logged), and so does every later append. The writer then tries to plug the
-  failed number with an empty fence object (create-only: if the PUT had landed after all, the
-  plug collides and changes nothing), so the log reads as ending there; recovery's
-  :func:`~tabletstore.commitlog.reader.fence` plugs any gap the writer could not.
+* Any other PUT error may have happened after the object was stored (a timeout, a dropped
+  connection, a 500 after the write), so the writer settles it before anyone hears back: it
+  plugs the number with an empty fence object, create-only. If the plug collides and the object
+  there is byte-for-byte the segment, the PUT had landed: that is success, and the log goes on.
+  If the plug lands, the segment certainly holds nothing: its writes raise
+  :class:`~tabletstore.errors.Unavailable` (not logged). If another object is there, recovery
+  fenced the log first (Fenced, as above). Only if the settling itself fails is the outcome
+  unknown: the segment's writes raise :class:`~tabletstore.errors.Indeterminate`. The log reads
+  are authoritative, so a write must never be reported failed while its record may be read
+  back: the change stream and a replay would show a write the table (which holds only what was
+  acknowledged to the tablet) does not.
+* Whenever a segment fails for good, the writes in every later segment already in flight raise
+  Indeterminate (the PUTs may have landed), queued writes not yet sent raise Unavailable
+  (certainly not logged), and so does every later append. The log reads as ending at the plug;
+  recovery's :func:`~tabletstore.commitlog.reader.fence` plugs any gap the writer could not.
+
+Outcomes cannot be abandoned. A queued record cannot be withdrawn, so the future an append
+waits on refuses cancellation (:class:`_Outcome`): a task cancelled while it waits (an RPC
+whose client timed out or hung up) goes on waiting until its record is settled, and only then
+does asyncio deliver the cancellation. ``on_durable`` is called synchronously, by the writer,
+the moment the record is durable, with the record's cells, whatever became of the caller: the
+tablet puts the cells into its memtable there, so a durable record is in the table even if its caller was cancelled
+or told something else afterwards (a lease that expired meanwhile). No task is created per
+append for this: the common path is one future awaited, as without it.
 
 Usage::
 
@@ -55,7 +72,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
 
 from tabletstore.clock import Clock, SystemClock
@@ -84,6 +101,28 @@ MAX_IN_FLIGHT = 4
 LINGER_SECONDS = 0.010
 #: Default bytes queued that end a linger early.
 LINGER_BYTES = 512 * 1024
+
+
+#: What the writer calls with a record's cells the moment the record is durable.
+OnDurable = Callable[[Sequence[Cell]], object]
+
+
+class _Outcome(asyncio.Future[None]):
+    """The outcome of one queued record: set by the writer once the record is durable or has
+    failed. It refuses cancellation (module docstring): asyncio then delivers a cancellation of
+    the task awaiting it once it is done, so that task always learns the record settled, and
+    :meth:`CommitLogWriter.barrier` always waits for it. The two slots are set right after
+    construction (no Python ``__init__``: one is made per append)."""
+
+    __slots__ = ("cells", "on_durable")
+
+    #: Called with ``cells`` by the writer the moment the record is durable, before the
+    #: waiting task wakes.
+    on_durable: OnDurable | None
+    cells: Sequence[Cell]
+
+    def cancel(self, msg: object | None = None) -> bool:
+        return False  # a record once queued cannot be withdrawn
 
 
 class CommitLogStats:
@@ -140,7 +179,7 @@ class CommitLogWriter:
         self._next_segment = first_segment
         # Queued records and their waiters, parallel lists (cheaper than a list of pairs).
         self._queued: list[bytes] = []
-        self._waiters: list[asyncio.Future[None]] = []
+        self._waiters: list[_Outcome] = []
         self._queued_bytes = 0
         self._wake = asyncio.Event()
         self._flusher: asyncio.Task[None] | None = None
@@ -153,7 +192,7 @@ class CommitLogWriter:
         # Set when a PUT finishes or enough bytes are queued: ends a linger early.
         self._nudge = asyncio.Event()
         # Segment number -> its PUT task and its waiters, for segments not yet acknowledged.
-        self._in_flight: dict[int, tuple[asyncio.Task[None], list[asyncio.Future[None]]]] = {}
+        self._in_flight: dict[int, tuple[asyncio.Task[None], list[_Outcome]]] = {}
         # The lowest segment number whose waiters have not been released yet.
         self._next_ack = first_segment
         self._slot = asyncio.Event()
@@ -255,15 +294,25 @@ class CommitLogWriter:
         if self._flusher is None:
             raise InvalidArgument("commit-log writer not started: use 'async with' or start()")
 
-    async def append(self, table_id: str, row: bytes, cells: Sequence[Cell]) -> None:
+    async def append(
+        self,
+        table_id: str,
+        row: bytes,
+        cells: Sequence[Cell],
+        on_durable: OnDurable | None = None,
+    ) -> None:
         """Log one row mutation; return once its segment and every earlier one are durable.
+        ``on_durable(cells)`` is called the moment it is (module docstring), even if the
+        caller was cancelled meanwhile: a cancelled caller hears of it once the record settled.
 
         Raises Fenced, Indeterminate or Unavailable as described in the module docstring,
         Closed after close(), InvalidArgument for cells that cannot be logged.
         """
         self._check_accepting()
         record = encode_record(table_id, row, cells)
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiter = _Outcome(loop=asyncio.get_running_loop())
+        waiter.on_durable = on_durable
+        waiter.cells = cells
         self._queued.append(record)
         self._waiters.append(waiter)
         self._queued_bytes += len(record)
@@ -271,28 +320,34 @@ class CommitLogWriter:
         self._wake.set()
         if self._queued_bytes >= self._linger_bytes:
             self._nudge.set()
-        # Cancelling the caller does not withdraw the record; it may still become durable.
+        # A cancellation of the caller arrives once the record settled (_Outcome).
         await waiter
 
     async def append_many(
-        self, table_id: str, rows: Sequence[tuple[bytes, Sequence[Cell]]]
+        self,
+        table_id: str,
+        rows: Sequence[tuple[bytes, Sequence[Cell]]],
+        on_durable: OnDurable | None = None,
     ) -> list[TabletStoreError | None]:
         """Log many row mutations at once: their records are queued together (so they share
         segments) and each is acknowledged as :meth:`append` acknowledges one. Returns, per
         row, None once its record is durable, or the error :meth:`append` would have raised
-        for it (InvalidArgument for cells that cannot be logged: that row only). Raises, with
-        nothing queued, what :meth:`append` raises before queueing."""
+        for it (InvalidArgument for cells that cannot be logged: that row only); each durable
+        row's cells are passed to ``on_durable`` the moment it is (as :meth:`append`). Raises,
+        with nothing queued, what :meth:`append` raises before queueing."""
         self._check_accepting()
         out: list[TabletStoreError | None] = [None] * len(rows)
         loop = asyncio.get_running_loop()
-        waiters: list[tuple[int, asyncio.Future[None]]] = []
+        waiters: list[tuple[int, _Outcome]] = []
         for i, (row, cells) in enumerate(rows):
             try:
                 record = encode_record(table_id, row, cells)
             except TabletStoreError as exc:
                 out[i] = exc
                 continue
-            waiter: asyncio.Future[None] = loop.create_future()
+            waiter = _Outcome(loop=loop)
+            waiter.on_durable = on_durable
+            waiter.cells = cells
             self._queued.append(record)
             self._waiters.append(waiter)
             self._queued_bytes += len(record)
@@ -304,7 +359,7 @@ class CommitLogWriter:
         if self._queued_bytes >= self._linger_bytes:
             self._nudge.set()
         # Segments are acknowledged in order, so once the first waiters are done the rest
-        # mostly are too. Cancelling the caller does not withdraw the records.
+        # mostly are too. A cancellation of the caller arrives once its records settled.
         for i, waiter in waiters:
             try:
                 await waiter
@@ -345,6 +400,11 @@ class CommitLogWriter:
                 task, waiters = self._in_flight.pop(number)
                 task.cancel()
                 self._fail_indeterminate(waiters, number, None)
+            # Records still queued were never sent, and their waiters cannot be cancelled
+            # (_Outcome): they must hear it, as must every later append.
+            if self._failure is None:
+                self._failure = Closed(f"commit log {self._name()} stopped: its flusher ended")
+            self._fail_queued(self._failure)
             raise
 
     async def _linger_while_in_flight(self) -> None:
@@ -369,7 +429,7 @@ class CommitLogWriter:
             except TimeoutError:
                 return
 
-    def _start_segment(self, records: list[bytes], waiters: list[asyncio.Future[None]]) -> None:
+    def _start_segment(self, records: list[bytes], waiters: list[_Outcome]) -> None:
         number = self._next_segment
         self._next_segment = number + 1
         task = asyncio.get_running_loop().create_task(
@@ -377,7 +437,7 @@ class CommitLogWriter:
         )
         self._in_flight[number] = (task, waiters)
 
-    def _take_batch(self) -> tuple[list[bytes], list[asyncio.Future[None]]]:
+    def _take_batch(self) -> tuple[list[bytes], list[_Outcome]]:
         """The longest prefix of the queue within max_segment_bytes (at least one record)."""
         if self._queued_bytes <= self._max_segment_bytes:
             records, waiters = self._queued, self._waiters
@@ -407,12 +467,15 @@ class CommitLogWriter:
         )
         started = self._clock.monotonic()
         failure: BaseException | None = None
+        plugged = False
         try:
             await self._create(key, data)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # includes an untranslated store error: same as a failed PUT
+        except Fenced as exc:
             failure = exc
+        except Exception as exc:  # includes an untranslated store error: same as a failed PUT
+            failure, plugged = await self._settle_failed_put(key, data, exc)
         if failure is None:
             self.stats.segments += 1
             self.stats.bytes += len(data)
@@ -420,22 +483,75 @@ class CommitLogWriter:
             self._done.add(number)
             self._release_in_order()
         else:
-            await self._segment_failed(number, failure)
+            await self._segment_failed(number, failure, plugged=plugged)
         self._slot.set()
         self._nudge.set()
 
     def _release_in_order(self) -> None:
-        while self._next_ack in self._done and self._failure is None:
+        # Also after a failure: a segment below the failed number that lands is durable with
+        # every segment before it (recovery reads it), so its writes are acknowledged. Waiting
+        # for the log to be healthy instead left them, and close(), waiting forever.
+        while self._next_ack in self._done:
             number = self._next_ack
             self._done.discard(number)
             _, waiters = self._in_flight.pop(number)
             for waiter in waiters:
                 if not waiter.done():
-                    waiter.set_result(None)
+                    self._durable(waiter)
             self._next_ack = number + 1
 
-    async def _segment_failed(self, number: int, failure: BaseException) -> None:
-        """Segment ``number`` failed: it and every later segment sent are not acknowledged."""
+    def _durable(self, waiter: _Outcome) -> None:
+        """The waiter's record is durable: run its ``on_durable``, then wake it."""
+        on_durable = waiter.on_durable
+        if on_durable is not None:
+            try:
+                on_durable(waiter.cells)
+            except Exception as exc:
+                # Logged but not applied where the caller wanted it: the write takes effect
+                # at the next replay of this log, so its outcome is unknown, never refused.
+                err = Indeterminate(
+                    f"commit log {self._name()}: a record was logged durably but applying it "
+                    f"failed ({exc!r}); it may take effect when the log is replayed"
+                )
+                err.__cause__ = exc
+                waiter.set_exception(err)
+                return
+        waiter.set_result(None)
+
+    async def _settle_failed_put(
+        self, key: str, data: bytes, failure: Exception
+    ) -> tuple[BaseException | None, bool]:
+        """Decide a segment PUT that raised (module docstring): plug its key, create-only.
+        Returns (None, False) if the segment is there after all, (Fenced, False) if another
+        process's object is, (the failure, True) if the plug landed (nothing logged), and
+        (the failure, False) if the outcome stays unknown."""
+        try:
+            await self.store.create(key, b"")
+        except PreconditionFailed:
+            try:
+                existing = await self.store.get(key)
+            except Exception:
+                return failure, False
+            if existing == data:
+                return None, False  # the PUT had landed: only its answer was lost
+            if existing is None:
+                return failure, False  # cannot happen with create-only keys; stay unknown
+            fenced = Fenced(
+                f"commit log {self._name()} is fenced: segment object {key} was created by "
+                "another process (recovery of this worker started); stop serving"
+            )
+            fenced.__cause__ = failure
+            return fenced, False
+        except Exception:
+            return failure, False
+        return failure, True
+
+    async def _segment_failed(
+        self, number: int, failure: BaseException, *, plugged: bool = False
+    ) -> None:
+        """Segment ``number`` failed: it and every later segment sent are not acknowledged.
+        ``plugged``: the writer's plug holds the number, so the segment's own writes were
+        certainly not logged."""
         fenced = isinstance(failure, Fenced)
         if self._failure is None:
             later: TabletStoreError
@@ -443,8 +559,8 @@ class CommitLogWriter:
                 later = failure
             else:
                 later = Unavailable(
-                    f"commit log {self._name()} stopped after segment {number} failed; "
-                    "the worker must continue under a new incarnation"
+                    f"commit log {self._name()} stopped after segment {number} failed "
+                    f"({failure}); the worker must continue under a new incarnation"
                 )
                 later.__cause__ = failure
             self._failure = later
@@ -454,7 +570,7 @@ class CommitLogWriter:
             self._done.discard(n)
             if n != number and not task.done():
                 task.cancel()
-        if not fenced:
+        if not fenced and not plugged:
             # Plug the hole so the log reads as ending here (a PUT that landed after all makes
             # this collide, and then the log simply goes on to the later segments). Done before
             # the writers hear back, so a caller that sees the error sees the log settled.
@@ -466,6 +582,12 @@ class CommitLogWriter:
             err: TabletStoreError
             if isinstance(failure, Fenced) and n == number:
                 err = failure
+            elif plugged and n == number:
+                err = Unavailable(
+                    f"commit log {self._name()}: PUT of segment {n} failed ({failure!r}) and "
+                    "its number is plugged: the writes in it were not logged"
+                )
+                err.__cause__ = failure
             else:
                 err = Indeterminate(
                     f"commit log {self._name()}: segment {n} was sent but segment {number} "
@@ -490,15 +612,16 @@ class CommitLogWriter:
             ) from exc
 
     def _fail_indeterminate(
-        self, waiters: list[asyncio.Future[None]], number: int, cause: BaseException | None
+        self, waiters: list[_Outcome], number: int, cause: BaseException | None
     ) -> None:
+        what = "was cancelled" if cause is None else f"failed ({cause!r})"
         in_flight = Indeterminate(
-            f"commit log {self._name()}: PUT of segment {number} failed ({cause!r}); "
+            f"commit log {self._name()}: PUT of segment {number} {what}; "
             "the writes in it may or may not be durable"
         )
         in_flight.__cause__ = cause
         later = Unavailable(
-            f"commit log {self._name()} stopped after segment {number} failed; "
+            f"commit log {self._name()} stopped after the PUT of segment {number} {what}; "
             "the worker must continue under a new incarnation"
         )
         later.__cause__ = cause
@@ -506,7 +629,7 @@ class CommitLogWriter:
 
     def _fail(
         self,
-        waiters: list[asyncio.Future[None]],
+        waiters: list[_Outcome],
         in_flight: TabletStoreError,
         later: TabletStoreError,
     ) -> None:

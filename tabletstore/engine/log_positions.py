@@ -53,17 +53,22 @@ class LogPositions:
             )
             await core.update_record(record, new_record)
 
-    def hold_writes(self) -> None:
-        """Refuse writes (Unavailable) until :meth:`add_log` records the worker's next log:
-        its current one failed, and a write logged in the next one before this tablet's record
-        lists it would be lost in a crash."""
+    def hold_writes(self, failure: BaseException | None = None) -> None:
+        """Refuse writes (Unavailable, naming ``failure``: why the worker's current log
+        failed) until :meth:`add_log` records the worker's next log: a write logged in the
+        next one before this tablet's record lists it would be lost in a crash."""
         self._core.log_pending = True
+        self._core.log_failure = failure
 
-    async def add_log(self, ref: LogRef) -> None:
+    async def add_log(self, ref: LogRef, *, wait: float | None = None) -> None:
         """Record ``ref`` (the worker's new log incarnation) among the logs to replay, then
-        take writes again. Raises (Fenced: the tablet is no longer this worker's) if the
-        record cannot be updated; writes stay refused then."""
+        take writes again. Raises if the record cannot be updated (Fenced: the tablet is no
+        longer this worker's; Unavailable once refusals were retried ``wait`` seconds, None:
+        the catalog's deadline); writes stay refused then. Raises Unavailable for a tablet
+        that must be reloaded (:meth:`TabletCore.log_unsettled`, a failed compaction): its
+        worker drops it, and its next load replays the logs its record lists."""
         core = self._core
+        core.check_open()
         async with core.compaction_lock, core.state_lock:
             record = core.state.record
             if ref not in record.logs:
@@ -71,8 +76,9 @@ class LogPositions:
                 new_record = replace(
                     record, logs=(*record.logs, ref), log_starts=starts
                 ).with_event(core.clock.time(), "new_log", f"{ref.worker_id}/{ref.incarnation}")
-                await core.update_record(record, new_record)
+                await core.update_record(record, new_record, wait=wait)
         core.log_pending = False
+        core.log_failure = None
 
     async def forget_logs(self) -> None:
         """Clear the record's logs: every acknowledged write is in SSTables (after the flush of

@@ -215,6 +215,18 @@ class Tablet:
     def state(self) -> TabletState:
         return self._core.state
 
+    @property
+    def must_reload(self) -> BaseException | None:
+        """Why this tablet takes no more writes until it is reloaded (a failed background
+        compaction, a write whose record may or may not be logged: ``TabletCore.failed``),
+        or None."""
+        return self._core.failed
+
+    @property
+    def log_pending(self) -> bool:
+        """Writes are held until :attr:`add_log` records the worker's new log."""
+        return self._core.log_pending
+
     def set_schema(self, schema: TableSchema) -> None:
         """Apply a schema change (new families, GC rules, ACLs) to future requests."""
         self._core.schema = schema

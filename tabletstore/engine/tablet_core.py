@@ -25,7 +25,7 @@ from tabletstore.clock import Clock, micros
 from tabletstore.data.schema import GcRule, LocalityGroup, TableSchema
 from tabletstore.data.validation import check_not_promoting
 from tabletstore.engine.state import TabletState
-from tabletstore.errors import NotServing, TabletStoreError, Unavailable
+from tabletstore.errors import Indeterminate, NotServing, TabletStoreError, Unavailable
 from tabletstore.keys import Cell
 from tabletstore.metadata.record import LogRef, TabletRecord
 from tabletstore.options import TabletOptions
@@ -53,16 +53,28 @@ class LogSink(Protocol):
         """Make every future allocation larger than ``seq`` (after loading a tablet)."""
         ...
 
-    async def append(self, table_id: str, row: bytes, cells: Sequence[Cell]) -> None:
-        """Durably log one row mutation; returns only once it is durable."""
+    async def append(
+        self,
+        table_id: str,
+        row: bytes,
+        cells: Sequence[Cell],
+        on_durable: Callable[[Sequence[Cell]], object] | None = None,
+    ) -> None:
+        """Durably log one row mutation; returns only once it is durable. ``on_durable(cells)``
+        is called synchronously the moment it is, whatever became of the caller; a cancelled
+        caller hears of its cancellation only once the record settled (durable or failed)."""
         ...
 
     async def append_many(
-        self, table_id: str, rows: Sequence[tuple[bytes, Sequence[Cell]]]
+        self,
+        table_id: str,
+        rows: Sequence[tuple[bytes, Sequence[Cell]]],
+        on_durable: Callable[[Sequence[Cell]], object] | None = None,
     ) -> list[TabletStoreError | None]:
         """Durably log many row mutations in one go (they share segments); returns once each
         is durable or has failed: per row, None (durable) or why it was not acknowledged. An
-        exception means none of them was logged."""
+        exception means none of them was logged. ``on_durable`` gets a row's cells the
+        moment its record is durable (as :meth:`append`)."""
         ...
 
 
@@ -70,9 +82,13 @@ class TabletCatalog(Protocol):
     """Where tablet records are committed: the catalog (the root tablet's record in the
     coordinator, every other one a row of METADATA)."""
 
-    async def update(self, old: TabletRecord, new: TabletRecord) -> TabletRecord:
+    async def update(
+        self, old: TabletRecord, new: TabletRecord, *, wait: float | None = None
+    ) -> TabletRecord:
         """Replace ``old`` by ``new`` if the stored record still has ``old``'s epoch; raise
-        :class:`~tabletstore.errors.Fenced` if it does not. Returns what was stored."""
+        :class:`~tabletstore.errors.Fenced` if it does not. Returns what was stored.
+        ``wait``: how long refusals of the store of records are retried (None: its
+        default), then Unavailable, nothing stored."""
         ...
 
 
@@ -119,9 +135,13 @@ class TabletCore:
         #: Set while the worker's log moves to a new incarnation that this tablet's record does
         #: not list yet: a write logged there now could not be recovered (``hold_writes``).
         self.log_pending = False
+        #: Why the worker's previous log failed, while ``log_pending``: named in the refusals,
+        #: so a client that gives up retrying learns the cause (a full disk, say).
+        self.log_failure: BaseException | None = None
         #: Set while a snapshot's cut holds writes (``hold_for_snapshot``): writes wait on it.
         self.snapshot_gate: asyncio.Event | None = None
-        #: A background compaction's failure: sticky until the tablet is reloaded.
+        #: Sticky until the tablet is reloaded: a background compaction's failure, or a write
+        #: whose record may or may not be in the log (:meth:`log_unsettled`).
         self.failed: BaseException | None = None
         self.closed = False
 
@@ -141,10 +161,17 @@ class TabletCore:
         """Writes and compactions also need no sticky background failure."""
         self.check_serving()
         if self.failed is not None:
-            raise Unavailable(
-                f"tablet {self.record.tablet_id} failed a background compaction and must be "
-                f"reloaded: {self.failed}"
-            )
+            raise Unavailable(f"tablet {self.record.tablet_id} must be reloaded: {self.failed}")
+
+    def log_unsettled(self, error: Indeterminate) -> None:
+        """A write of this tablet was answered ``error``: its record may be in the log while
+        its cells are not in the memtable (engine/write_path.py), so the memtable no longer
+        says what the log holds. The tablet takes no more writes and no compaction (whose redo
+        point would pass the record for good): closed without a flush, its next load replays
+        the log, and then the table holds the write exactly if the log does. The worker drops
+        it when it moves to a new log (a tablet that cannot take the new log is dropped)."""
+        if self.failed is None:
+            self.failed = error
 
     def check_writable(self) -> None:
         """Writes also need no split or unload under way, and a table not being promoted
@@ -158,9 +185,10 @@ class TabletCore:
                 f"tablet {self.record.tablet_id} is {self.writes_blocked}; look it up again"
             )
         if self.log_pending:
+            cause = "" if self.log_failure is None else f" (its log failed: {self.log_failure})"
             raise Unavailable(
-                f"tablet {self.record.tablet_id}: its worker is moving to a new commit log; "
-                "the write was not applied, retry"
+                f"tablet {self.record.tablet_id}: its worker is moving to a new commit log"
+                f"{cause}; the write was not applied, retry"
             )
 
     def check_row(self, row: bytes) -> None:
@@ -223,7 +251,10 @@ class TabletCore:
             return state
 
     # REQUIRES: self.compaction_lock and self.state_lock held.
-    async def update_record(self, record: TabletRecord, new_record: TabletRecord) -> None:
-        """Commit ``new_record`` in place of ``record`` (the state's) and swap it in."""
-        stored = await self.catalog.update(record, new_record)
+    async def update_record(
+        self, record: TabletRecord, new_record: TabletRecord, *, wait: float | None = None
+    ) -> None:
+        """Commit ``new_record`` in place of ``record`` (the state's) and swap it in
+        (``wait``: :meth:`TabletCatalog.update`)."""
+        stored = await self.catalog.update(record, new_record, wait=wait)
         self.state = replace(self.state, record=stored)

@@ -5,6 +5,23 @@ the memtable; and the single-row transactions of §3 (check-and-mutate, read-mod
 Sequence numbers are taken before the commit-log append and cells reach the memtable only
 after it: the writes in between are *in flight* (:attr:`TabletCore.in_flight`), which is what
 the redo point of a minor compaction, a snapshot's cut and a split wait for or account for.
+
+The log is authoritative: a record that became durable is in the memtable, whatever became of
+its caller, so the table, a replay of the log and the change stream (which reads the log's
+segments) agree. The contract, with the commit log (:mod:`tabletstore.commitlog.writer`):
+
+* The cells go into the memtable in the log's ``on_durable`` callback, the moment the record is
+  durable, not when the caller resumes: a caller cancelled meanwhile (an RPC whose client timed
+  out or hung up) or told the outcome is unknown afterwards (its worker's lease expired while
+  it was logged: fencing rule 1 forbids acknowledging it) still leaves the write in the table.
+* A queued record cannot be withdrawn, so a cancelled caller waits until its record settled,
+  row lock and in-flight entry held, and only then hears of the cancellation: the next writer
+  of the row (a read-modify-write) reads it, and a minor compaction's redo point cannot pass
+  it while it is not in the memtable yet.
+* A record that may or may not be durable (the writer could not settle a failed PUT) is
+  reported ``Indeterminate``, never acknowledged, and is not in the memtable. The tablet then
+  stops taking writes, and its worker drops it without a flush, so its next load replays the
+  log: the table holds the write exactly if the log does.
 """
 
 from __future__ import annotations
@@ -24,7 +41,7 @@ from tabletstore.engine.cells import apply_rmw_rule, to_cells
 from tabletstore.engine.read_path import ReadPath, filter_row, regex_cost_compiled
 from tabletstore.engine.row_locks import RowLocks
 from tabletstore.engine.tablet_core import TabletCore
-from tabletstore.errors import TabletStoreError
+from tabletstore.errors import Indeterminate, TabletStoreError
 from tabletstore.keys import Cell
 
 __all__ = ["WritePath"]
@@ -49,6 +66,13 @@ class WritePath:
         self._lock_rows = self.row_locks.acquire
         self._unlock_rows = self.row_locks.release
         self._value_types_cache: tuple[TableSchema, dict[str, str | None]] | None = None
+        # Bound once: every write hands it to the log.
+        self._insert_durable = self._insert
+
+    def _insert(self, cells: Sequence[Cell]) -> None:
+        """The log's ``on_durable``: the cells go into the memtable current when their record
+        is durable (module docstring), whatever became of the writing task."""
+        self._core.state.memtable.add(cells)
 
     def _value_types(self) -> dict[str, str | None]:
         # Every write asks: built once per schema (set_schema swaps the schema whole).
@@ -99,8 +123,11 @@ class WritePath:
         core.in_flight[first] = len(cells)
         core.idle.clear()
         try:
-            await log.append(core.state.record.table_id, row, cells)
-            core.state.memtable.add(cells)
+            # Into the memtable current when the record is durable (module docstring).
+            await log.append(core.state.record.table_id, row, cells, self._insert_durable)
+        except Indeterminate as exc:
+            core.log_unsettled(exc)
+            raise
         finally:
             del core.in_flight[first]
             del core.in_flight_marks[first]
@@ -178,14 +205,15 @@ class WritePath:
         core.idle.clear()
         try:
             results = await log.append_many(
-                core.state.record.table_id, [(entries[i][0], cells) for i, _, cells in logged]
+                core.state.record.table_id,
+                [(entries[i][0], cells) for i, _, cells in logged],
+                self._insert_durable,
             )
-            memtable = core.state.memtable
-            for (i, _, cells), error in zip(logged, results, strict=True):
-                if error is None:
-                    memtable.add(cells)
-                else:
+            for (i, _, _), error in zip(logged, results, strict=True):
+                if error is not None:
                     out[i] = error
+                    if isinstance(error, Indeterminate):
+                        core.log_unsettled(error)
         finally:
             for _, first, _ in logged:
                 del core.in_flight[first]

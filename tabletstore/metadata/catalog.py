@@ -381,8 +381,12 @@ class Catalog:
                 return rec
         raise NotFound(f"tablet {table_id}/{tablet_id} does not exist")
 
-    async def update(self, old: TabletRecord, new: TabletRecord) -> TabletRecord:
-        """Store ``new`` if the stored record still has ``old``'s epoch (fencing rule 2)."""
+    async def update(
+        self, old: TabletRecord, new: TabletRecord, *, wait: float | None = None
+    ) -> TabletRecord:
+        """Store ``new`` if the stored record still has ``old``'s epoch (fencing rule 2).
+        ``wait``: seconds a METADATA tablet's refusals are retried (default
+        :attr:`retry_deadline`); then Unavailable, with nothing applied."""
         if self._md is None:
             return await self._update_in_coordinator(
                 paths.tablet(old.table_id, old.tablet_id), old, new
@@ -394,7 +398,7 @@ class Catalog:
                 f"tablet {old.tablet_id}: an update cannot change the end row (its METADATA "
                 "row key); splits go through replace_tablets"
             )
-        await self._cas(old, mt.record_mutations(new), new)
+        await self._cas(old, mt.record_mutations(new), new, wait=wait)
         return new
 
     async def _update_in_coordinator(
@@ -585,14 +589,15 @@ class Catalog:
         op: Callable[[], Awaitable[T]],
         *,
         only: tuple[type[Exception], ...] = (Unavailable, Indeterminate),
+        wait: float | None = None,
     ) -> T:
         """Run ``op`` until it succeeds, retrying ``only`` errors (by default refusals and no
         answer alike: right for reads and idempotent writes; ``(Unavailable,)``: refusals only,
-        nothing was applied) with back-off until the deadline — a METADATA tablet being
-        reassigned is a pause, not a failure. After the deadline: Unavailable, or Indeterminate
-        if the last attempt got no answer."""
+        nothing was applied) with back-off for ``wait`` seconds (default: the deadline) — a
+        METADATA tablet being reassigned is a pause, not a failure. After the deadline:
+        Unavailable, or Indeterminate if the last attempt got no answer."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.retry_deadline
+        deadline = loop.time() + (self.retry_deadline if wait is None else wait)
         attempt = 0
         while True:
             try:
@@ -614,7 +619,12 @@ class Catalog:
         await self._retry(lambda: md.check_and_mutate(rec.row_key, None, (), muts))
 
     async def _cas(
-        self, old: TabletRecord, mutations: Sequence[Mutation], expect: TabletRecord
+        self,
+        old: TabletRecord,
+        mutations: Sequence[Mutation],
+        expect: TabletRecord,
+        *,
+        wait: float | None = None,
     ) -> None:
         """Apply ``mutations`` to ``old``'s row if it still has ``old``'s epoch; Fenced if not.
         Refusals are retried (nothing was applied); an ambiguous failure (Indeterminate) is
@@ -634,6 +644,7 @@ class Catalog:
                 matched = await self._retry(
                     lambda: self._metadata.check_and_mutate(key, predicate, mutations, ()),
                     only=(Unavailable,),
+                    wait=wait,
                 )
             except Indeterminate:
                 unanswered = True

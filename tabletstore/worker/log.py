@@ -61,13 +61,19 @@ class WorkerLog:
     def segment_mark(self) -> int:
         return self._writer.next_segment
 
-    async def append(self, table_id: str, row: bytes, cells: Sequence[Cell]) -> None:
+    async def append(
+        self,
+        table_id: str,
+        row: bytes,
+        cells: Sequence[Cell],
+        on_durable: Callable[[Sequence[Cell]], object] | None = None,
+    ) -> None:
         # Fencing rule 1: never acknowledge a write the lease may no longer cover.
         if self._lease.expired or self._clock.monotonic() >= self._lease.safe_until():
             raise Unavailable("this worker's lease is about to expire; not accepting writes")
         writer = self._writer
         try:
-            await writer.append(table_id, row, cells)
+            await writer.append(table_id, row, cells, on_durable)
         except TabletStoreError as exc:
             if writer.failed is not None and writer is self._writer and self.on_failure:
                 self.on_failure()
@@ -81,21 +87,26 @@ class WorkerLog:
             raise
         if self._lease.expired:
             # The record is durable in the log, and the tablet's next owner replays that log:
-            # the write may well take effect, so it must not be reported as refused.
+            # the write may well take effect, so it must not be reported as refused (nor
+            # acknowledged: fencing rule 1). on_durable has put it in the memtable already,
+            # which this worker no longer serves from (TabletServer.tablet refuses).
             raise Indeterminate(
                 "this worker's lease expired while the write was being logged; "
                 "it may have been applied"
             )
 
     async def append_many(
-        self, table_id: str, rows: Sequence[tuple[bytes, Sequence[Cell]]]
+        self,
+        table_id: str,
+        rows: Sequence[tuple[bytes, Sequence[Cell]]],
+        on_durable: Callable[[Sequence[Cell]], object] | None = None,
     ) -> list[TabletStoreError | None]:
         """Log many row mutations (:meth:`CommitLogWriter.append_many`), with the fencing
         rules of :meth:`append` applied to each row."""
         if self._lease.expired or self._clock.monotonic() >= self._lease.safe_until():
             raise Unavailable("this worker's lease is about to expire; not accepting writes")
         writer = self._writer
-        results = await writer.append_many(table_id, rows)
+        results = await writer.append_many(table_id, rows, on_durable)
         failed = False
         for i, error in enumerate(results):
             if error is None:

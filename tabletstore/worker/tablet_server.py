@@ -55,7 +55,14 @@ from tabletstore.data.schema import TableSchema
 from tabletstore.engine.log_replay import yielding
 from tabletstore.engine.process_pool import process_pool
 from tabletstore.engine.tablet import Tablet
-from tabletstore.errors import InvalidArgument, NotFound, NotServing, TabletStoreError, Unavailable
+from tabletstore.errors import (
+    Fenced,
+    InvalidArgument,
+    NotFound,
+    NotServing,
+    TabletStoreError,
+    Unavailable,
+)
 from tabletstore.keys import Cell
 from tabletstore.metadata import rows as mt
 from tabletstore.metadata.catalog import Catalog, TableInfo
@@ -90,6 +97,14 @@ log = logging.getLogger(__name__)
 
 #: Seconds a stopping worker's last record updates wait for METADATA (see stop()).
 _STOP_METADATA_WAIT = 5.0
+#: Seconds before a log switch tries again to record the new log in the tablets whose record
+#: could not take it, doubling up to the second (``TabletServer._switch_log``).
+_SWITCH_RETRY = 0.5
+_SWITCH_RETRY_MAX = 5.0
+#: Seconds a switch retries a refused record update before it leaves that tablet waiting for
+#: its next pass: a refusal that outlasts it (the new log failed too, the METADATA tablet is
+#: itself waiting) is not helped by retrying the same log, and the tablets after it wait.
+_SWITCH_RECORD_WAIT = 2.0
 
 
 class _SelfFirst:
@@ -199,6 +214,8 @@ class TabletServer:
         # to; openings go side by side).
         self._log_switch = SwitchGate()
         self._switching: asyncio.Task[None] | None = None
+        #: Set by stop(): wakes a log switch waiting to try again.
+        self._switch_wake = asyncio.Event()
         #: Dead logs read once for all the tablets this worker recovers from them.
         self._dead_logs = SharedLogReads(store, self._clock)
         #: The sort tasks this worker runs, shared by its loads and its sorter; those of a
@@ -289,6 +306,7 @@ class TabletServer:
         a tablet whose flush fails keeps its logs listed and is recovered from them."""
         self._catalog.retry_deadline = min(self._catalog.retry_deadline, _STOP_METADATA_WAIT)
         self._stopping = True
+        self._switch_wake.set()
         loads = list(self._load_tasks.values())
         for task in loads:  # a load under way releases its claim as it is cancelled
             task.cancel()
@@ -594,56 +612,115 @@ class TabletServer:
         """The commit log failed (a segment PUT failed for good, or recovery fenced it) while
         this worker may still hold its lease: go on under a new incarnation
         (docs/architecture/design.md §6) rather than refuse every write for ever. Every tablet
-        refuses writes at once."""
-        if self._stopping or (self._switching is not None and not self._switching.done()):
+        refuses writes at once, naming the failure; a switch already under way (whose new log
+        failed too) starts over at its next pass."""
+        if self._stopping or self._log is None:
             return
-        switching = self.spawn(None, self._switch_log())
-        if switching is None:
-            return  # not started, or stopping: stop() closes the tablets anyway
+        failure = self._log.writer.failed
         for tablet in self._tablets.values():
-            tablet.hold_writes()
-        self._switching = switching
+            tablet.hold_writes(failure)
+        if self._switching is None or self._switching.done():
+            self._switching = self.spawn(None, self._switch_log())
 
     async def _switch_log(self) -> None:
-        """Open the next incarnation and record it in every served tablet's record before the
-        tablet takes writes again: the root first (its record is in the coordinator), then
-        METADATA tablets, then user tablets (each one's record is a row served by the level
-        above). A tablet whose record cannot take the new log (Fenced: another worker owns it
-        now; or METADATA unreachable) is dropped without a flush; its logs stay listed and its
-        next owner recovers it from them."""
+        """Move to a new incarnation and record it in every served tablet's record before the
+        tablet takes writes again (:meth:`_switch_pass`). A tablet whose record cannot take it
+        for now (the METADATA tablet holding the record refuses: it waits for its own record,
+        its worker is away, or the new log failed too, as on a full disk) stays served for
+        reads with its writes held, and is tried again, backing off, until its record takes
+        the log or the worker stops: writes come back by themselves once the cause is gone."""
+        assert self._log is not None and self._lease is not None
+        delay = _SWITCH_RETRY
+        while not self._stopping and not self._lease.expired:
+            waiting = await self._switch_pass()
+            if not waiting and self._log.writer.failed is None:
+                return
+            log.info(
+                "%d tablet(s) wait to record commit log %s/%s%s; trying again in %.1f s",
+                len(waiting),
+                self._log.log_ref.worker_id,
+                self._log.log_ref.incarnation,
+                "" if self._log.writer.failed is None else ", which failed too",
+                delay,
+            )
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await self._switch_wake.wait()  # set by stop()
+            delay = min(delay * 2, _SWITCH_RETRY_MAX)
+
+    async def _switch_pass(self) -> list[tuple[str, str]]:
+        """One attempt of the switch. If the current log failed, open the next incarnation
+        (every tablet holds its writes again). Then record the log in each held tablet's
+        record: the root first (its record is in the coordinator), then METADATA tablets, then
+        user tablets (each one's record is a row served by the level above). A tablet that
+        must be reloaded (a write whose record may or may not be in the old log, a failed
+        compaction) or whose record another worker owns now (Fenced) is dropped without a
+        flush: its logs stay listed, and its next load (a master's assignment round) replays
+        them. Returns the tablets still held (their record could not take the log now)."""
         assert self._log is not None and self._lease is not None
         async with self._log_switch.exclusive():
             old = self._log.writer
-            with contextlib.suppress(TabletStoreError):
-                await old.close()  # let the PUTs already sent settle
-            if self._lease.expired:
-                return  # run_worker stops this worker: its tablets are being recovered
-            try:
-                incarnation = await next_incarnation(self._coord, self.worker_id)
-            except TabletStoreError as exc:
-                log.error("cannot open a new commit-log incarnation: %s", exc)
-                await self._drop_all("no new commit log")
-                return
-            writer = CommitLogWriter(self._store, self.worker_id, incarnation, clock=self._clock)
-            writer.start()
-            self._writer = writer
-            self._log.switch(writer, LogRef(self.worker_id, incarnation))
-            log.warning(
-                "commit log %s/%s failed (%s); continuing under incarnation %s",
-                self.worker_id,
-                old.incarnation,
-                old.failed,
-                incarnation,
-            )
-            for key in sorted(self._tablets, key=lambda k: mt.level(*k)):
-                tablet = self._tablets.get(key)
-                if tablet is None:
-                    continue
+            if old.failed is not None:
+                failure = old.failed
+                with contextlib.suppress(TabletStoreError):
+                    await old.close()  # let the PUTs already sent settle
+                if self._lease.expired:
+                    return []  # run_worker stops this worker: its tablets are being recovered
                 try:
-                    await tablet.add_log(self._log.log_ref)
+                    incarnation = await next_incarnation(self._coord, self.worker_id)
                 except TabletStoreError as exc:
-                    log.warning("tablet %s/%s dropped after the log failed: %s", *key, exc)
+                    log.error("cannot open a new commit-log incarnation: %s", exc)
+                    return list(self._tablets)
+                writer = CommitLogWriter(
+                    self._store, self.worker_id, incarnation, clock=self._clock
+                )
+                writer.start()
+                self._writer = writer
+                self._log.switch(writer, LogRef(self.worker_id, incarnation))
+                for tablet in self._tablets.values():
+                    tablet.hold_writes(failure)
+                log.warning(
+                    "commit log %s/%s failed (%s); continuing under incarnation %s",
+                    self.worker_id,
+                    old.incarnation,
+                    failure,
+                    incarnation,
+                )
+            waiting: list[tuple[str, str]] = []
+            keys = sorted(self._tablets, key=lambda k: mt.level(*k))
+            for i, key in enumerate(keys):
+                if self._log.writer.failed is not None or (
+                    waiting and mt.level(*waiting[-1]) < mt.level(*key)
+                ):
+                    # The new log failed too (every record update would now be refused in
+                    # turn), or a level above waits (these records may be its rows): the rest
+                    # wait for the next pass rather than each wait out its refusals.
+                    waiting += [k for k in keys[i:] if self._held(k)]
+                    break
+                held = self._tablets.get(key)
+                if held is None or not held.log_pending:
+                    continue
+                why: BaseException | None = held.must_reload
+                if why is None:
+                    try:
+                        await held.add_log(self._log.log_ref, wait=_SWITCH_RECORD_WAIT)
+                        continue
+                    except Fenced as exc:
+                        why = exc
+                    except TabletStoreError as exc:
+                        why = held.must_reload
+                        if why is None:
+                            log.info("tablet %s/%s waits to record the new log: %s", *key, exc)
+                            waiting.append(key)
+                            continue
+                if self._tablets.get(key) is held:
+                    log.warning("tablet %s/%s dropped after the log failed: %s", *key, why)
                     await self._drop(key)
+            return waiting
+
+    def _held(self, key: tuple[str, str]) -> bool:
+        tablet = self._tablets.get(key)
+        return tablet is not None and tablet.log_pending
 
     async def _drop(self, key: tuple[str, str]) -> None:
         """Stop serving a tablet without a flush and release its claim (if still ours)."""
@@ -653,11 +730,6 @@ class TabletServer:
                 await tablet.close(flush=False)
         with contextlib.suppress(TabletStoreError):
             await self.release_claim(key)
-
-    async def _drop_all(self, why: str) -> None:
-        for key in sorted(self._tablets, key=lambda k: -mt.level(*k)):
-            log.warning("tablet %s/%s dropped: %s", *key, why)
-            await self._drop(key)
 
     async def _replay(self, record: TabletRecord) -> AsyncIterator[Cell]:
         """The tablet's cells past its redo point from every log its record lists (§5.3).

@@ -79,15 +79,34 @@ async def test_put_failing_mid_stream_stops_the_log(nth: int) -> None:
         with pytest.raises(Unavailable, match="new incarnation"):
             await log.append("t", b"late", one_cell(b"late", log.allocate(1)))
     kinds = {type(e) for e in outcome.values()}
-    assert Indeterminate in kinds and Unavailable in kinds
+    # The failed PUT stored nothing and the writer's plug holds its number: its writes are
+    # definitely not logged (Unavailable); only segments sent after it stay Indeterminate.
+    assert Unavailable in kinds
     assert (type(None) in kinds) == (nth > 1)
     assert log.stats.segments == nth - 1
     check_outcomes(outcome, await recovered_rows(faulty.inner))
 
 
-async def test_lost_ack_is_indeterminate_and_the_records_may_be_replayed() -> None:
+async def test_a_lost_ack_is_settled_by_reading_the_segment_back() -> None:
+    """The PUT landed but its answer was lost: the writer's create-only plug collides with
+    the segment, which is its own, so the writes are acknowledged and the log goes on."""
     faulty = FaultyObjectStore(MemoryObjectStore())
     faulty.lose_ack(Op.PUT, key="logs/*", nth=2)
+    async with CommitLogWriter(faulty, "w", 1) as log:
+        outcome = await run_waves(log, waves=4, per_wave=5)
+        assert log.failed is None
+    assert all(r is None for r in outcome.values()), outcome
+    read = await recovered_rows(faulty.inner)
+    check_outcomes(outcome, read)
+    assert sorted(read) == sorted(outcome)
+
+
+async def test_a_lost_ack_that_cannot_be_settled_stays_indeterminate() -> None:
+    """The PUT landed, its answer was lost, and the store fails the settling too: the writes
+    are Indeterminate (they are in the log and a replay brings them back)."""
+    faulty = FaultyObjectStore(MemoryObjectStore())
+    faulty.lose_ack(Op.PUT, key="logs/*", nth=2)
+    faulty.fail(Op.PUT, key="logs/*", nth=3, times=None)
     async with CommitLogWriter(faulty, "w", 1) as log:
         outcome = await run_waves(log, waves=4, per_wave=5)
     read = await recovered_rows(faulty.inner)

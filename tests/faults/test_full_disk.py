@@ -45,8 +45,9 @@ async def test_a_full_local_store_refuses_clearly_loses_nothing_and_recovers(
                 break
             acked.append(row)
         assert refused is not None and disk.refused, "the disk never filled up"
-        # The commit log's segment create failed: the writes in it are not acknowledged,
-        # reported as indeterminate (the log cannot know a failed create wrote nothing), and
+        # The commit log's segment create failed: the writes in it are not acknowledged (the
+        # writer's plug of the failed number shows nothing was logged, and while the worker
+        # moves to a new log its tablets refuse writes naming why the old one failed), and
         # the error names the full disk and the file.
         assert "No space left on device" in str(refused), refused
         # Reads of what was acknowledged go on while the disk is full.

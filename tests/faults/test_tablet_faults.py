@@ -86,11 +86,13 @@ class FlakyCatalog:
         self.fail = 0
         self.error: Exception = Unavailable("injected: coordinator unreachable")
 
-    async def update(self, old: TabletRecord, new: TabletRecord) -> TabletRecord:
+    async def update(
+        self, old: TabletRecord, new: TabletRecord, *, wait: float | None = None
+    ) -> TabletRecord:
         if self.fail:
             self.fail -= 1
             raise self.error
-        return await self.inner.update(old, new)
+        return await self.inner.update(old, new, wait=wait)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -5,14 +5,17 @@ Through the embedded database (a real TabletServer and Master in one process, me
 * a tablet whose unload failed or was cancelled mid-flush, then given back to the *same*
   worker, replays that worker's live log (it used to skip it: every acknowledged write lost);
 * a worker whose log fails while its lease lives (a PUT failing for good, or recovery fencing
-  it) goes on under a new incarnation instead of refusing every write for ever.
+  it) goes on under a new incarnation instead of refusing every write for ever;
+* one whose new logs keep failing (a full disk) keeps its tablets served for reads and takes
+  writes again by itself once they no longer fail;
+* a tablet the worker dropped is loaded again by the embedded database's own master.
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 
@@ -22,7 +25,8 @@ from tabletstore.embedded import Database
 from tabletstore.engine.tablet import Tablet
 from tabletstore.errors import NotServing, TabletStoreError, Unavailable
 from tabletstore.rpc.messages import MutateRowsRequest, ReadRowsRequest, UnloadTabletRequest
-from tabletstore.storage_s3.base import Op
+from tabletstore.storage_s3 import layout
+from tabletstore.storage_s3.base import ObjectStore, Op
 from tabletstore.testing.faulty_store import FaultyObjectStore
 
 ROWS = 500
@@ -162,3 +166,85 @@ async def test_a_worker_past_its_safe_lease_time_answers_nothing(db: Database) -
     finally:
         # The lease is in fact fine: let the database close without waiting out its deadline.
         lease.safe_until = safe_until  # type: ignore[method-assign]
+
+
+async def until(condition: Callable[[], bool], seconds: float = 60.0) -> None:
+    """Wait (yielding to the loop) until ``condition()`` holds, at most ``seconds``."""
+    end = asyncio.get_running_loop().time() + seconds
+    while not condition():
+        assert asyncio.get_running_loop().time() < end, f"not within {seconds} s"
+        await asyncio.sleep(0.05)
+
+
+class FullLogStore:
+    """The worker's object store on a disk that is full while ``full`` is set: a commit-log
+    segment fails naming the full disk, while an empty object (the writer's plug of the failed
+    number) still fits."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        self.inner = inner
+        self.full = False
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+    async def create(self, key: str, data: bytes) -> None:
+        if self.full and data and key.startswith(layout.LOGS):
+            raise Unavailable(f"cannot create {key}: No space left on device")
+        await self.inner.create(key, data)
+
+
+async def test_a_log_that_cannot_be_replaced_for_a_while_keeps_its_tablets_and_recovers(
+    db: Database,
+) -> None:
+    """While the disk is full the log fails, and so does the first segment of every new log
+    (the METADATA write recording it in a tablet's record). The worker used to drop each
+    tablet whose record could not take the new log: reads failed, and nothing loaded them
+    again while the disk stayed full. They stay served for reads instead, writes are refused
+    naming the full disk, and once there is room writes are taken again by themselves, by
+    the same tablets (never dropped, so never reloaded)."""
+    await write(db, 50)
+    (_, tablet), worker = served(db), db.worker
+    assert worker._log is not None
+    first = worker._log.log_ref.incarnation
+    full = FullLogStore(worker._store)
+    worker._store = full  # type: ignore[assignment]  # the store every new log writes to
+    worker._log.writer.store = full  # type: ignore[assignment]
+    full.full = True
+    db.retry_deadline = 3.0
+    table = db.table("t")
+    with pytest.raises(Unavailable, match="No space left on device"):
+        await table.mutate_row(b"x", [SetCell("f", b"q", b"x")])
+    # The worker tries again under another new log once the first one failed too.
+    await until(lambda: worker._log.log_ref.incarnation >= first + 2)  # type: ignore[union-attr]
+    assert served(db)[1] is tablet
+    await check(db, 50)  # reads go on
+    with pytest.raises(Unavailable, match="No space left on device"):
+        await table.mutate_row(b"x", [SetCell("f", b"q", b"x")])
+    full.full = False
+    async with asyncio.timeout(60):
+        while True:
+            try:
+                await table.mutate_row(b"x", [SetCell("f", b"q", b"x")])
+                break
+            except Unavailable:
+                await asyncio.sleep(0.05)
+    assert served(db)[1] is tablet
+    await check(db, 50)
+    for key, served_tablet in worker.tablets.items():
+        assert worker._log.log_ref in served_tablet.record.logs, key
+
+
+async def test_the_embedded_database_loads_again_a_tablet_its_worker_dropped(
+    db: Database,
+) -> None:
+    """A worker drops a tablet that must be reloaded (a write whose record may or may not be
+    in its failed log) or whose record cannot take its new log; a cluster's master loads it
+    again in its next round. The embedded database ran no round after opening, so such a
+    tablet stayed unserved until the database was opened again."""
+    await write(db, 50)
+    (table_id, tablet_id), _ = served(db)
+    await db.worker.services.unload_tablet(UnloadTabletRequest(table_id, tablet_id, flush=False))
+    assert (table_id, tablet_id) not in db.worker.tablets
+    await until(lambda: (table_id, tablet_id) in db.worker.tablets)
+    await check(db, 50)

@@ -18,7 +18,9 @@ the follower skip or repeat anything on its own account.
 * **not written**: a change no operation explains (a refused write applied, or a stray record).
 * **twice in the log**: the same unique value in two different changes: the client retried an
   idempotent write whose first attempt had landed (two log records, both delivered once; the
-  cell holds one version, as the client timestamp is the same).
+  cell holds one version, as the client timestamp is the same). On a writer's row a delete
+  repeated at once is the same (a delete is idempotent), unless the writer's next operation
+  is a delete too.
 * **out of row order**: a row whose changes were not delivered in ``seq`` order. The order
   across a row's move between workers rests on their clocks agreeing within ``CLOCK_SKEW``
   (``client/change_plan.py``): in a run whose nemesis steps a worker's clock 30 s
@@ -242,21 +244,23 @@ def check_changes(ops: Iterable[Op], changes: Sequence[Change]) -> ChangeVerdict
 
 def _check_owned(verdict: ChangeVerdict, row: bytes, wanted: list[Op], got: list[Change]) -> None:
     """A writer's row: its changes in seq order are its writes in order, each acknowledged
-    one present, an indeterminate one present or not; a put's change repeated at once (a
-    retried idempotent write) is counted apart."""
+    one present, an indeterminate one present or not; a write's change repeated at once (a
+    retried idempotent put or delete: the first attempt timed out after its record was
+    logged) is counted apart. A repeat is only taken as one when the next write does not
+    match it (two deletes in a row are two writes)."""
     i = 0
-    last_put: bytes | None = None
+    last: tuple[str, bytes, bytes | None] | None = None
     for op in wanted:
         sig = ("put", b"c", op.value) if op.kind is Kind.PUT else ("delete_column", b"c", None)
-        while i < len(got) and last_put is not None and _cell(got[i]) == ("put", b"c", last_put):
+        while i < len(got) and last is not None and _cell(got[i]) == last != sig:
             verdict.twice_in_log += 1
             i += 1
         if i < len(got) and _cell(got[i]) == sig:
             i += 1
-            last_put = op.value if op.kind is Kind.PUT else None
+            last = sig
         elif op.outcome is Outcome.OK:
             verdict.lost.append(f"{row!r}: {op.kind.value} {op.value!r} (op {op.id})")
-    while i < len(got) and last_put is not None and _cell(got[i]) == ("put", b"c", last_put):
+    while i < len(got) and last is not None and _cell(got[i]) == last:
         verdict.twice_in_log += 1
         i += 1
     for c in got[i:]:

@@ -31,6 +31,7 @@ from tabletstore.errors import (
 from tabletstore.keys import Cell, CellKind
 from tabletstore.storage_s3.base import ObjectInfo, ObjectStore
 from tabletstore.storage_s3.layout import log_segment_key
+from tabletstore.storage_s3.memory import MemoryObjectStore
 
 
 def cells_for(row: bytes, first_seq: int, n: int = 1) -> list[Cell]:
@@ -166,8 +167,9 @@ async def test_pipelined_segments_are_acknowledged_in_order(object_store: Object
 async def test_a_failed_segment_is_plugged_and_later_ones_are_not_acknowledged(
     object_store: ObjectStore,
 ) -> None:
-    """Segment 0's PUT fails while segment 1 lands: nobody is told either is durable, and the
-    log reads as ending at a fence in segment 0's place."""
+    """Segment 0's PUT fails while segment 1 lands: nobody is told either is durable (0's
+    write certainly is not: the writer's plug holds its number), and the log reads as ending
+    at a fence in segment 0's place."""
 
     class FailFirst(GatedStore):
         async def create(self, key: str, data: bytes) -> None:
@@ -185,7 +187,7 @@ async def test_a_failed_segment_is_plugged_and_later_ones_are_not_acknowledged(
         second = asyncio.create_task(log.append("t", b"b", cells_for(b"b", log.allocate(1))))
         await _until_stored(object_store, log_segment_key("w1", 1, 1))
         store.gate.set()
-        with pytest.raises(Indeterminate):
+        with pytest.raises(Unavailable, match="not logged"):
             await first
         with pytest.raises(Indeterminate):
             await second
@@ -193,6 +195,28 @@ async def test_a_failed_segment_is_plugged_and_later_ones_are_not_acknowledged(
     reader = CommitLogReader(object_store, "w1", 1)
     assert [r.row async for r in reader.records()] == []
     assert reader.fenced_at == 0
+
+
+async def test_a_failed_log_names_the_failure_in_what_every_later_append_raises(
+    object_store: ObjectStore,
+) -> None:
+    """The sticky error is what the worker's tablets name while it moves to a new log, and
+    what later appends raise: it must say why the log stopped (a full disk), not only that it
+    did."""
+
+    class Full(GatedStore):
+        async def create(self, key: str, data: bytes) -> None:
+            if data:
+                raise Unavailable(f"cannot create {key}: No space left on device")
+            await self.inner.create(key, data)  # an empty plug fits on a full disk
+
+    async with CommitLogWriter(Full(object_store), "w1", 1) as log:
+        with pytest.raises(Unavailable, match="plugged"):
+            await log.append("t", b"a", cells_for(b"a", log.allocate(1)))
+        assert log.failed is not None
+        assert "No space left on device" in str(log.failed)
+        with pytest.raises(Unavailable, match="No space left on device"):
+            await log.append("t", b"b", cells_for(b"b", log.allocate(1)))
 
 
 async def test_fence_plugs_a_gap_left_by_a_dead_writer(object_store: ObjectStore) -> None:
@@ -555,3 +579,93 @@ def test_linger_options_are_checked(object_store: ObjectStore) -> None:
         CommitLogWriter(object_store, "w1", 1, linger=-1)
     with pytest.raises(InvalidArgument, match="linger"):
         CommitLogWriter(object_store, "w1", 1, linger_bytes=0)
+
+
+async def test_a_put_stored_but_answered_with_an_error_is_success(
+    object_store: ObjectStore,
+) -> None:
+    """The segment PUT stores the object, then fails (a timeout, a 500 after the write): the
+    writer reads the number back and finds its own segment, so the write is acknowledged and
+    the log goes on. Reporting it failed left a write in the log (the change stream, a replay)
+    that its tablet never applied."""
+
+    class LoseFirstAck(GatedStore):
+        async def create(self, key: str, data: bytes) -> None:
+            await self.inner.create(key, data)
+            if key == log_segment_key("w1", 1, 0) and data:
+                raise Indeterminate("injected: stored, then the connection dropped")
+
+    async with CommitLogWriter(LoseFirstAck(object_store), "w1", 1) as log:
+        await log.append("t", b"a", cells_for(b"a", log.allocate(1)))
+        await log.append("t", b"b", cells_for(b"b", log.allocate(1)))
+        assert log.failed is None
+    reader = CommitLogReader(object_store, "w1", 1)
+    assert [r.row async for r in reader.records()] == [b"a", b"b"]
+
+
+async def test_a_put_that_stored_nothing_is_a_definite_failure(object_store: ObjectStore) -> None:
+    """The PUT fails before storing: the writer's plug lands, so the write is certainly not
+    logged (Unavailable, the caller may retry), and nothing reads it back."""
+
+    class FailFirst(GatedStore):
+        async def create(self, key: str, data: bytes) -> None:
+            if key == log_segment_key("w1", 1, 0) and data:
+                raise Indeterminate("injected: connection dropped before the request was sent")
+            await self.inner.create(key, data)
+
+    async with CommitLogWriter(FailFirst(object_store), "w1", 1) as log:
+        with pytest.raises(Unavailable, match="not logged"):
+            await log.append("t", b"a", cells_for(b"a", log.allocate(1)))
+    assert await object_store.get(log_segment_key("w1", 1, 0)) == b""
+    assert [r.row async for r in CommitLogReader(object_store, "w1", 1).records()] == []
+
+
+async def test_an_earlier_segment_landing_after_a_later_one_failed_is_acknowledged(
+    object_store: ObjectStore,
+) -> None:
+    """Segment 0 is slow, segment 1 fails for good: 0's write is durable and every segment
+    before it is, so it is acknowledged; the writer settles instead of waiting forever."""
+
+    class SlowZeroFailOne(GatedStore):
+        async def create(self, key: str, data: bytes) -> None:
+            if key == log_segment_key("w1", 1, 0):
+                self.entered.set()
+                await self.gate.wait()
+            if key == log_segment_key("w1", 1, 1) and data:
+                raise Unavailable("injected: PUT of segment 1 refused")
+            await self.inner.create(key, data)
+
+    store = SlowZeroFailOne(object_store)
+    store.gate.clear()
+    async with CommitLogWriter(store, "w1", 1, max_in_flight=4) as log:
+        first = asyncio.create_task(log.append("t", b"a", cells_for(b"a", log.allocate(1))))
+        await store.entered.wait()
+        second = asyncio.create_task(log.append("t", b"b", cells_for(b"b", log.allocate(1))))
+        with pytest.raises(Unavailable):
+            await asyncio.wait_for(second, timeout=10)
+        store.gate.set()
+        await asyncio.wait_for(first, timeout=10)
+    reader = CommitLogReader(object_store, "w1", 1)
+    assert [r.row async for r in reader.records()] == [b"a"]
+
+
+async def test_a_writer_whose_flusher_is_cancelled_answers_every_queued_append() -> None:
+    """The future an append waits on refuses cancellation, so the writer answers every queued
+    record itself when its flusher is cancelled (a worker's task group ending), also with no
+    PUT in flight: the queued append raises Closed (never sent: certainly not logged), and so
+    does a later one."""
+    writer = CommitLogWriter(MemoryObjectStore(), "w1", 0, linger=0)
+    writer.start()
+    await asyncio.sleep(0)  # the flusher waits for records
+    queued = asyncio.create_task(writer.append("t", b"b", cells_for(b"b", writer.allocate(1))))
+    await asyncio.sleep(0)  # queued; the flusher's wake-up is scheduled, not run
+    assert writer._waiters and not writer._in_flight
+    assert writer._flusher is not None
+    writer._flusher.cancel()
+    # asyncio.wait, not wait_for: a timeout cannot cancel an append that is never answered.
+    await asyncio.wait({queued}, timeout=10)
+    assert queued.done()
+    with pytest.raises(Closed):
+        await queued
+    with pytest.raises(Closed):
+        await writer.append("t", b"c", cells_for(b"c", writer.allocate(1)))

@@ -35,7 +35,9 @@ class _Sink:
 
 
 class _Catalog:
-    async def update(self, old: TabletRecord, new: TabletRecord) -> TabletRecord:
+    async def update(
+        self, old: TabletRecord, new: TabletRecord, *, wait: float | None = None
+    ) -> TabletRecord:
         return new
 
 

@@ -26,7 +26,13 @@ from tabletstore.data.model import (
 )
 from tabletstore.data.query import RowRange
 from tabletstore.data.schema import Acl, ColumnFamily, TableSchema
-from tabletstore.errors import InvalidArgument, NotFound, NotServing, PermissionDenied
+from tabletstore.errors import (
+    InvalidArgument,
+    NotFound,
+    NotServing,
+    PermissionDenied,
+    Unavailable,
+)
 from tabletstore.options import TabletOptions
 from tabletstore.sstable.reader import SSTableCore
 from tabletstore.storage_s3.base import Op
@@ -298,6 +304,24 @@ async def test_log_positions_bound_what_recovery_reads(h: TabletHarness) -> None
     await tablet.apply(b"r9", [SetCell("a", b"q", b"v9")])
     await h.recover()
     assert [r.key for r in await h.scan_all()] == [b"r%d" % i for i in range(10)]
+
+
+async def test_writes_held_for_a_new_log_are_refused_naming_why_the_old_one_failed(
+    h: TabletHarness,
+) -> None:
+    """A client retries a refusal until its deadline and then reports the last one: while its
+    worker moves to a new commit log, that refusal must say what broke the old log (a full
+    disk), not only that a move is under way."""
+    tablet = h.tablet
+    assert tablet is not None and h.log is not None
+    tablet.hold_writes(Unavailable("cannot create file:///db/objects/log: No space left on device"))
+    with pytest.raises(Unavailable, match=r"new commit log.*No space left on device"):
+        await tablet.apply(b"r", [SetCell("a", b"q", b"v")])
+    await tablet.add_log(h.log.log_ref)
+    await tablet.apply(b"r", [SetCell("a", b"q", b"v")])
+    tablet.hold_writes()  # no known cause: the refusal says only what is under way
+    with pytest.raises(Unavailable, match="moving to a new commit log; the write was not applied"):
+        await tablet.apply(b"r", [SetCell("a", b"q", b"w")])
 
 
 async def test_a_minor_compaction_reads_the_frozen_memtable_off_the_event_loop(

@@ -19,7 +19,7 @@ from tabletstore.options import TabletOptions
 from tabletstore.storage_s3.base import Op
 from tabletstore.storage_s3.memory import MemoryObjectStore
 from tabletstore.testing.faulty_store import FaultyObjectStore
-from tests.tablet_harness import TabletHarness
+from tests.tablet_harness import LogGate, TabletHarness
 
 BIG = TabletOptions(memtable_flush_bytes=1 << 30, max_sstables_per_group=2)
 
@@ -116,32 +116,13 @@ async def test_row_locks_keep_read_modify_writes_whole(h: TabletHarness) -> None
     assert tablet._writes.row_locks.locks == {} and tablet._writes.row_locks.users == {}
 
 
-class _LogGate:
-    """An object store whose commit-log PUTs wait at a gate (the rest passes through)."""
-
-    def __init__(self, inner: MemoryObjectStore, worker_id: str) -> None:
-        self.inner = inner
-        self.worker_id = worker_id
-        self.gate: asyncio.Event | None = None
-        self.waiting = asyncio.Event()
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self.inner, name)
-
-    async def create(self, key: str, data: bytes) -> None:
-        if self.gate is not None and self.worker_id in key:
-            self.waiting.set()
-            await self.gate.wait()
-        await self.inner.create(key, data)
-
-
 async def test_a_batch_in_flight_holds_the_log_position_back() -> None:
     """A minor compaction while a batch's log PUT is in flight must not move the tablet's log
     position (§5.3 redo point) past the segment that batch is in: the batch's cells reach the
     memtable after the freeze, so recovery has to read that segment (the acknowledged write
     was lost when apply_many took no in-flight mark)."""
     harness = TabletHarness(MemoryObjectStore(), options=BIG)
-    gated = _LogGate(MemoryObjectStore(), harness.worker_id)
+    gated = LogGate(MemoryObjectStore(), harness.worker_id)
     harness.store = gated  # type: ignore[assignment]
     tablet = await harness.start()
     try:

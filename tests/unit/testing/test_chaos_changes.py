@@ -63,6 +63,32 @@ def test_every_write_once_in_order_passes() -> None:
     assert (v.read, v.acknowledged, v.twice_in_log) == (5, 3, 1)
 
 
+def test_a_retried_delete_logged_twice_is_not_a_phantom() -> None:
+    """A delete whose first attempt timed out after its record was logged, retried and logged
+    again: counted as logged twice, and the writes after it still line up (the chaos run
+    reported the second delete as not written and the next puts as both lost and not
+    written)."""
+    s = S()
+    s.op(Kind.PUT, value=b"w1-15")
+    s.change("put", value=b"w1-15")
+    s.op(Kind.DELETE)
+    s.change("delete_column")
+    s.change("delete_column")  # the retry
+    s.op(Kind.PUT, Outcome.FAIL, value=b"w1-20")
+    s.op(Kind.PUT, value=b"w1-28")
+    s.change("put", value=b"w1-28")
+    s.op(Kind.DELETE)  # two deletes in a row are two writes, not a retry
+    s.change("delete_column")
+    s.op(Kind.DELETE)
+    s.change("delete_column")
+    v = check_changes(s.ops, s.changes)
+    assert v.ok, v.lines()
+    assert v.twice_in_log == 1
+    s.op(Kind.DELETE)  # a third acknowledged delete with no change of its own is lost
+    v = check_changes(s.ops, s.changes)
+    assert len(v.lost) == 1 and not v.not_written
+
+
 def test_a_lost_write_a_repeated_change_and_an_unwritten_one_are_found() -> None:
     s = S()
     s.op(Kind.PUT, value=b"w0-1")
