@@ -486,3 +486,56 @@ async def test_a_tables_tablet_rows_are_committed_together() -> None:
         puts = (counters.stats() - before)[Op.PUT].requests
         assert len(await db.catalog.list_tablets(table_id)) == 16
     assert puts <= 4, puts
+
+
+async def test_a_restore_deletes_the_copys_creating_version_while_the_table_is_created(
+    tmp_path: Path,
+) -> None:
+    """A restore from another location marks the database's copy ready, then deletes its
+    creating version while the master creates the table (not before). A deletion that fails
+    leaves that version beside the ready one, which harms nothing: the restore succeeds, GC
+    keeps what the backup names, a second restore from the same location works, and deleting
+    the backup removes both versions."""
+    from tabletstore.errors import Unavailable
+    from tabletstore.metadata.backup import read_backup
+
+    elsewhere = f"file://{tmp_path}/backups"
+    async with await Database.open(f"file://{tmp_path}/a") as db:
+        await db.create_table("t", ["f"], split_keys=[b"row0005"])
+        await _write(db, "t", range(10), b"v")
+        await db.flush("t")
+        expected = await _rows(db, "t")
+        remote = await db.create_backup("t", "far", to=elsewhere)
+    async with await Database.open(f"file://{tmp_path}/b") as db:
+        store_delete = db.store.delete
+        held: list[str] = []
+
+        async def delete(key: str) -> None:
+            if not key.startswith(layout.BACKUPS):
+                await store_delete(key)
+                return
+            held.append(key)
+            deadline = time.monotonic() + 60
+            while "r" not in await db.list_tables():  # the master creates it meanwhile
+                assert time.monotonic() < deadline, "the table was never created"
+                await asyncio.sleep(0.01)
+            raise Unavailable(f"cannot delete {key}")
+
+        db.store.delete = delete  # type: ignore[method-assign]
+        try:
+            await asyncio.wait_for(db.restore_table("far", "r", source=elsewhere), 120)
+        finally:
+            db.store.delete = store_delete  # type: ignore[method-assign]
+        assert held == [layout.backup_key("far", 0)]
+        assert await _rows(db, "r") == expected
+        versions = [i.key async for i in db.store.list(layout.backup_prefix("far"))]
+        assert versions == [layout.backup_key("far", 0), layout.backup_key("far", 1)]
+        assert (await read_backup(db.store, "far")).state is BackupState.READY
+        await db.delete_table("r")
+        await db.gc(grace=0)
+        assert set(remote.sstable_keys()) <= await _sstables(db)
+        await db.restore_table("far", "r2", source=elsewhere)
+        assert await _rows(db, "r2") == expected
+        assert (await db.verify()).ok
+        await db.delete_backup("far")
+        assert [i.key async for i in db.store.list(layout.backup_prefix("far"))] == []

@@ -221,9 +221,11 @@ async def test_a_copy_between_buckets_of_one_server_is_made_by_the_server(
         read = find_layer(src, InstrumentedObjectStore)
         written = find_layer(dst, InstrumentedObjectStore)
         assert read is not None and written is not None
-        # Read: the manifest (one GET) and a HEAD per object; written: the two manifest
+        # Read: the manifest (one GET), and no object at all (each has a recorded checksum,
+        # which the server's answer to the copy settles); written: the two manifest
         # versions and one CopyObject per object, whose bytes never came through here.
         assert read.stats()[Op.GET].requests == 1 and read.stats()[Op.GET_RANGE].requests == 0
+        assert read.stats()[Op.HEAD].requests == 0
         assert written.stats()[Op.PUT].requests == len(first_copy.sstable_keys()) + 2
         (manifest,) = [i.size async for i in dst.list(layout.BACKUPS)]  # the ready one
         assert written.stats().bytes_written < 3 * manifest < first_copy.size_bytes
@@ -256,6 +258,37 @@ async def test_a_server_copy_that_differs_from_its_checksum_fails_and_leaves_not
     src, dst = open_store(first), open_store(second)
     try:
         with pytest.raises(Corruption, match="does not match its recorded checksum"):
+            await copy_backup(src, dst, "far", now=time.time())
+        assert await dst.head(victim.key) is None
+    finally:
+        await src.close()
+        await dst.close()
+
+
+@pytest.mark.parametrize("damage", ["longer", "missing"])
+async def test_a_server_copy_of_a_longer_or_missing_object_fails_and_leaves_nothing(
+    tmp_path: Path, s3_server: str, s3_bucket: str, damage: str
+) -> None:
+    """A source object with a recorded checksum is not looked at before its server-side
+    copy: one longer than recorded fails the copy with Corruption (its checksum differs) and
+    the object copied is removed; a missing one fails it with NotFound naming it. Nothing is
+    left in the destination for a later copy to take."""
+    first_copy, first, second = await _in_two_buckets(tmp_path, s3_server, s3_bucket)
+    victim = max(
+        (r for t in first_copy.tablets for refs in t.sstables.values() for r in refs),
+        key=lambda r: r.size,
+    )
+    client = boto3_client(s3_server)
+    full = f"a/{victim.key}"
+    if damage == "longer":
+        data = client.get_object(Bucket=s3_bucket, Key=full)["Body"].read()
+        client.put_object(Bucket=s3_bucket, Key=full, Body=data + b"x")
+    else:
+        client.delete_object(Bucket=s3_bucket, Key=full)
+    src, dst = open_store(first), open_store(second)
+    try:
+        expected: type[Exception] = Corruption if damage == "longer" else NotFound
+        with pytest.raises(expected, match=victim.key.rsplit("/", 1)[-1]):
             await copy_backup(src, dst, "far", now=time.time())
         assert await dst.head(victim.key) is None
     finally:
