@@ -21,7 +21,7 @@ from tabletstore.client.client import AsyncClient
 from tabletstore.data.model import DeleteRow, SetCell
 from tabletstore.embedded import Database
 from tabletstore.errors import AlreadyExists, InvalidArgument, NotFound, Unimplemented
-from tabletstore.metadata.backup import BackupState, write_next_version
+from tabletstore.metadata.backup import BackupManifest, BackupState, write_next_version
 from tabletstore.metadata.backup_copy import checksum
 from tabletstore.storage_s3 import layout
 
@@ -38,6 +38,18 @@ async def _rows(db: AsyncClient, table: str) -> dict[bytes, bytes | None]:
 
 async def _sstables(db: Database) -> set[str]:
     return {i.key async for i in db.store.list(layout.TABLES)}
+
+
+async def _far_backup(
+    tmp_path: Path, location: str
+) -> tuple[dict[bytes, bytes | None], BackupManifest]:
+    """A table of two tablets (flushed) in a database under ``tmp_path``, backed up to
+    ``location`` as ``far``: its rows and the backup."""
+    async with await Database.open(f"file://{tmp_path}/a") as db:
+        await db.create_table("t", ["f"], split_keys=[b"row0005"])
+        await _write(db, "t", range(10), b"v")
+        await db.flush("t")
+        return await _rows(db, "t"), await db.create_backup("t", "far", to=location)
 
 
 async def test_restore_equals_the_table_at_backup_time(tmp_path: Path) -> None:
@@ -411,12 +423,7 @@ async def test_a_restore_killed_midway_leaves_nothing_that_looks_finished(
     from tabletstore.storage_s3.local import STAGE_PREFIX
 
     elsewhere = f"file://{tmp_path}/backups"
-    async with await Database.open(f"file://{tmp_path}/a") as db:
-        await db.create_table("t", ["f"], split_keys=[b"row0005"])
-        await _write(db, "t", range(10), b"v")
-        await db.flush("t")
-        expected = await _rows(db, "t")
-        remote = await db.create_backup("t", "far", to=elsewhere)
+    expected, remote = await _far_backup(tmp_path, elsewhere)
     marker = tmp_path / "marker"
     root = Path(tabletstore.__file__).parent.parent
     env = {
@@ -500,12 +507,7 @@ async def test_a_restore_deletes_the_copys_creating_version_while_the_table_is_c
     from tabletstore.metadata.backup import read_backup
 
     elsewhere = f"file://{tmp_path}/backups"
-    async with await Database.open(f"file://{tmp_path}/a") as db:
-        await db.create_table("t", ["f"], split_keys=[b"row0005"])
-        await _write(db, "t", range(10), b"v")
-        await db.flush("t")
-        expected = await _rows(db, "t")
-        remote = await db.create_backup("t", "far", to=elsewhere)
+    expected, remote = await _far_backup(tmp_path, elsewhere)
     async with await Database.open(f"file://{tmp_path}/b") as db:
         store_delete = db.store.delete
         held: list[str] = []
