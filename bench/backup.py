@@ -436,6 +436,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.mb <= 0 or args.repeats < 1 or args.pitr_mb < 0 or args.pitr_log_mb < 0:
         parser.error("--mb and --pitr-log-mb must be > 0 and --repeats >= 1")
+    begin, end = (PITR_BEGIN, PITR_END) if args.pitr_mb else (BEGIN, END)
+    if args.docs is not None:  # checked before minutes of benchmark, not after
+        page = args.docs.read_text() if args.docs.is_file() else ""
+        if begin not in page or end not in page:
+            parser.error(f"--docs {args.docs} has no {begin} ... {end} block")
     with tempfile.TemporaryDirectory(prefix=f"bench-backup-{uuid.uuid4().hex[:6]}-") as work:
         if args.pitr_mb:
             text = pitr_markdown(asyncio.run(pitr(args.pitr_mb, args.pitr_log_mb, Path(work))))
@@ -447,7 +452,6 @@ def main(argv: list[str] | None = None) -> None:
     if args.markdown is not None:
         args.markdown.write_text(text + "\n")
     if args.docs is not None:
-        begin, end = (PITR_BEGIN, PITR_END) if args.pitr_mb else (BEGIN, END)
         replace_between(args.docs, begin, end, text + "\n")
 
 
