@@ -3,7 +3,8 @@ back, next to boto3's managed transfers of the same bytes in the same run, how l
 clone takes at two table sizes, and (``--pitr-mb``) a point-in-time restore.
 
     python -m bench.backup [--mb 32] [--repeats 3] [--database s3|file] [--markdown FILE]
-    python -m bench.backup --pitr-mb 1024 [--pitr-log-mb 128] [--markdown FILE]
+                           [--docs docs/performance/index.md]
+    python -m bench.backup --pitr-mb 1024 [--pitr-log-mb 128] [--markdown FILE] [--docs PAGE]
 
 moto's S3 server runs in this process on a free loopback port (as in the tests: the same
 machine, no network). An embedded database holds a table of ``--mb`` MB of 1000-byte random
@@ -34,7 +35,9 @@ bucket; with ``--database file`` on local disk.
   SSTables plus the log read, and how much log was read and replayed.
 
 Throughput is the backup's SSTable bytes over the wall-clock time. Prints one table; asserts
-nothing about speed (performance is never a test).
+nothing about speed (performance is never a test). ``--docs PAGE`` puts it in PAGE between the
+markers of its mode (:data:`BEGIN`/:data:`END`, :data:`PITR_BEGIN`/:data:`PITR_END`:
+docs/performance/index.md's "Backups, restores and clones").
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench import replace_between
 from tabletstore.client.mutate_rows import MutationsFailed
 from tabletstore.data.model import RowMutation, SetCell
 from tabletstore.embedded import Database
@@ -59,6 +63,11 @@ from tabletstore.master.checkpoints import CLOCK_MARGIN
 from tabletstore.options import TabletOptions
 from tabletstore.storage_s3 import open_store
 from tabletstore.storage_s3.layout import TABLES
+
+#: The markers around each mode's table in the docs page (``--docs``).
+BEGIN, END = "<!-- bench.backup: begin -->", "<!-- bench.backup: end -->"
+PITR_BEGIN = "<!-- bench.backup --pitr-mb: begin -->"
+PITR_END = "<!-- bench.backup --pitr-mb: end -->"
 
 REGION = "us-east-1"
 THREADS = 16
@@ -421,9 +430,17 @@ def main(argv: list[str] | None = None) -> None:
         help="MB written after the checkpoint, up to the instant (default 128)",
     )
     parser.add_argument("--markdown", type=Path, default=None, help="also write the table here")
+    parser.add_argument(
+        "--docs", type=Path, default=None, help="put the table in this page, between its markers"
+    )
     args = parser.parse_args(argv)
     if args.mb <= 0 or args.repeats < 1 or args.pitr_mb < 0 or args.pitr_log_mb < 0:
         parser.error("--mb and --pitr-log-mb must be > 0 and --repeats >= 1")
+    begin, end = (PITR_BEGIN, PITR_END) if args.pitr_mb else (BEGIN, END)
+    if args.docs is not None:  # checked before minutes of benchmark, not after
+        page = args.docs.read_text() if args.docs.is_file() else ""
+        if begin not in page or end not in page:
+            parser.error(f"--docs {args.docs} has no {begin} ... {end} block")
     with tempfile.TemporaryDirectory(prefix=f"bench-backup-{uuid.uuid4().hex[:6]}-") as work:
         if args.pitr_mb:
             text = pitr_markdown(asyncio.run(pitr(args.pitr_mb, args.pitr_log_mb, Path(work))))
@@ -434,6 +451,8 @@ def main(argv: list[str] | None = None) -> None:
     print(text)
     if args.markdown is not None:
         args.markdown.write_text(text + "\n")
+    if args.docs is not None:
+        replace_between(args.docs, begin, end, text + "\n")
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from tabletstore.clock import wall_time
 from tabletstore.errors import AlreadyExists, InvalidArgument, NotFound
 from tabletstore.metadata.backup import (
+    COPIED_VERSION,
     BackupManifest,
     list_backups,
     new_backup_id,
@@ -171,10 +172,19 @@ class BackupRequests(abc.ABC):
         exactly the cells of the backup's cut). ``source``: the location (or another
         database's store URL) the backup is in; default the database's bucket."""
         await self._check_absent(new_table)
-        if source is not None:
-            async with self._database_store() as own, _opened(source) as src:
-                await _bring_in(src, own, backup_id)
-        msg = await self._admin.restore_table(RestoreTableRequest(backup_id, new_table))
+        request = RestoreTableRequest(backup_id, new_table)
+        if source is None:
+            msg = await self._admin.restore_table(request)
+        else:
+            # The copy's creating version is deleted while the master restores (``later``):
+            # the ready version is the newest, the one every reader takes, from its creation.
+            async with (
+                self._database_store() as own,
+                _opened(source) as src,
+                asyncio.TaskGroup() as later,
+            ):
+                await _bring_in(src, own, backup_id, later)
+                msg = await self._admin.restore_table(request)
         info = self._tables[new_table] = msg.info()
         return info
 
@@ -197,14 +207,25 @@ class BackupRequests(abc.ABC):
         )
 
 
-async def _bring_in(src: ObjectStore, own: ObjectStore, backup_id: str) -> None:
+async def _bring_in(
+    src: ObjectStore,
+    own: ObjectStore,
+    backup_id: str,
+    later: asyncio.TaskGroup | None = None,
+) -> None:
     """Copy backup ``backup_id`` from ``src`` into the database's bucket unless the same
-    backup (same table and cut) is there already."""
-    # Both manifests read at once: the location's is a LIST and a GET away.
-    source, here = await asyncio.gather(read_backup(src, backup_id), _read_if_any(own, backup_id))
+    backup (same table and cut) is there already. ``later``: where the copy's tidying runs
+    (metadata/backup_copy.py ``copy_backup``)."""
+    # Both manifests read at once; the location's listed and read at once too (a backup in a
+    # location is a copy: its newest version is usually the copy's ready one).
+    source, here = await asyncio.gather(
+        read_backup(src, backup_id, guess=COPIED_VERSION), _read_if_any(own, backup_id)
+    )
     source.check_restorable(wall_time(), src.url)
     if here is None:
-        await copy_backup(src, own, backup_id, now=wall_time(), source=source, absent=True)
+        await copy_backup(
+            src, own, backup_id, now=wall_time(), source=source, absent=True, later=later
+        )
         return
     if (here.table_id, here.created_at) != (source.table_id, source.created_at):
         raise AlreadyExists(

@@ -31,7 +31,13 @@ from tabletstore.clock import Clock
 from tabletstore.data.schema import TableSchema
 from tabletstore.errors import AlreadyExists, Corruption, InvalidArgument, NotFound
 from tabletstore.master import snapshots
-from tabletstore.metadata.backup import BackupManifest, check_backup_id, read_backup, write_backup
+from tabletstore.metadata.backup import (
+    COPIED_VERSION,
+    BackupManifest,
+    check_backup_id,
+    read_backup,
+    write_backup,
+)
 from tabletstore.metadata.catalog import Catalog, TableInfo
 from tabletstore.metadata.record import SSTableRef, TabletRecord
 from tabletstore.metadata.snapshot import TabletSnapshot
@@ -105,8 +111,10 @@ async def restore_table(
 ) -> TableInfo:
     """Restore backup ``backup_id`` of this bucket into the new table ``new_table``."""
     # Both reads at once (neither writes): a taken name or a missing backup fails as before.
+    # A backup restored from another location was just copied in: its newest version is the
+    # copy's ready one, read while the versions are listed.
     _, manifest = await asyncio.gather(
-        check_new_table(catalog, new_table), read_backup(store, backup_id)
+        check_new_table(catalog, new_table), read_backup(store, backup_id, guess=COPIED_VERSION)
     )
     manifest.check_restorable(clock.time(), store.url)
     await _check_objects(store, manifest)

@@ -37,6 +37,7 @@ SSTables are copies kept under the same ``tables/...`` keys beside the manifest
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -54,6 +55,7 @@ from tabletstore.errors import (
     InvalidArgument,
     NotFound,
     PreconditionFailed,
+    TabletStoreError,
     Unimplemented,
 )
 from tabletstore.metadata.snapshot import SnapshotManifest, TabletSnapshot, check_tiling
@@ -61,6 +63,7 @@ from tabletstore.storage_s3 import layout
 from tabletstore.storage_s3.base import ObjectStore, object_url
 
 __all__ = [
+    "COPIED_VERSION",
     "FORMAT",
     "BackupManifest",
     "BackupState",
@@ -80,6 +83,12 @@ _FORMAT_VERSION = 1
 FORMAT = f"{_FORMAT_NAME}/{_FORMAT_VERSION}"
 #: What a backup id may be (Cloud Bigtable's backup ids, longer): it is a key component too.
 _ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,99}")
+
+
+#: The version of a copied backup's ready manifest (the copy's creating version is 0; a backup
+#: taken in its table's bucket is version 0, ready): what a restore from another location
+#: reads, first in that location, then in the database's bucket.
+COPIED_VERSION = 1
 
 
 class BackupState(StrEnum):
@@ -279,18 +288,28 @@ async def write_backup(
 
 
 async def write_next_version(
-    store: ObjectStore, manifest: BackupManifest, *, only: BackupManifest | None = None
+    store: ObjectStore,
+    manifest: BackupManifest,
+    *,
+    only: BackupManifest | None = None,
+    later: asyncio.TaskGroup | None = None,
 ) -> BackupManifest:
     """Publish ``manifest`` (a :meth:`BackupManifest.changed` version), then delete the
     versions before it. PreconditionFailed if another writer published that version first.
     ``only``: the one version before it, which the caller created (it is deleted without
-    listing them)."""
+    listing them). ``later``: that deletion runs in this task group, and the caller goes on
+    as soon as ``manifest`` is published. A version left behind (its deletion failed, or the
+    process died first) is harmless: every reader takes the newest version (GC too), and
+    the next change of the backup deletes it."""
     try:
         await store.create(manifest.key, manifest.to_bytes())
     except PreconditionFailed as exc:
         raise PreconditionFailed(
             f"backup {manifest.backup_id!r} was changed by someone else meanwhile; try again"
         ) from exc
+    if only is not None and later is not None:
+        later.create_task(_delete_superseded(store, only.key))
+        return manifest
     if only is not None:
         await store.delete(only.key)
         return manifest
@@ -299,9 +318,37 @@ async def write_next_version(
     return manifest
 
 
-async def read_backup(store: ObjectStore, backup_id: str) -> BackupManifest:
-    """The newest version of ``backup_id``'s manifest in ``store``; NotFound if none."""
-    keys = await _version_keys(store, backup_id)
+async def _delete_superseded(store: ObjectStore, key: str) -> None:
+    """Delete the older manifest version ``key``; a failure is logged (it is harmless:
+    :func:`write_next_version`)."""
+    try:
+        await store.delete(key)
+    except TabletStoreError as exc:
+        log.warning(
+            "superseded backup manifest %s not deleted: %s", object_url(store.url, key), exc
+        )
+
+
+async def read_backup(
+    store: ObjectStore, backup_id: str, *, guess: int | None = None
+) -> BackupManifest:
+    """The newest version of ``backup_id``'s manifest in ``store``; NotFound if none.
+
+    ``guess``: the version the caller expects to be the newest (:data:`COPIED_VERSION` for a
+    backup copied in), read while the versions are listed instead of after: one round trip
+    instead of two when it is the newest. Its bytes are used only if the listing names it
+    newest (a version key is created once and never rewritten, so they are what a GET after
+    the listing would return); otherwise the newest is read as without a guess."""
+    guessed, guessed_key = None, ""
+    if guess is None:
+        keys = await _version_keys(store, backup_id)
+    else:
+        guessed_key = layout.backup_key(check_backup_id(backup_id), guess)
+        keys, guessed = await asyncio.gather(
+            _version_keys(store, backup_id), store.get(guessed_key)
+        )
+    if guessed is not None and keys and keys[-1] == guessed_key:
+        return BackupManifest.from_bytes(guessed, name=object_url(store.url, keys[-1]))
     for key in reversed(keys):
         data = await store.get(key)
         if data is not None:  # a version deleted since the listing: an older one is newest

@@ -32,10 +32,11 @@ returns.
 Between two S3 buckets of one endpoint and identity (a backup to or a restore from another
 bucket of the database's S3 server: storage_s3/s3.py ``copies_from``), each object is copied
 server-side instead, with one CopyObject that returns the SHA-256 the server computed of what
-it copied: no byte passes through this process, as with boto3's managed copy. The source is
-checked first to exist with the recorded size, the copy is made only once the manifest pins
-it, and a checksum that differs from the recorded one fails the copy and removes the object it
-made. Elsewhere bytes go through this process (GET then create-only PUT). Either way a
+it copied: no byte passes through this process, as with boto3's managed copy. The copy is
+made only once the manifest pins it, and a checksum that differs from the recorded one fails
+the copy and removes the object it made; a source without a recorded checksum (a backup's
+first copy out of its database) is first checked to exist with the recorded size. Either way
+the destination is looked at first: an object already there is never overwritten. Elsewhere bytes go through this process (GET then create-only PUT). Either way a
 checksum is recorded for every object copied: a copy of a copy verifies them.
 """
 
@@ -139,13 +140,16 @@ async def copy_backup(
     progress: Progress | None = None,
     source: BackupManifest | None = None,
     absent: bool = False,
+    later: asyncio.TaskGroup | None = None,
 ) -> BackupManifest:
     """Copy backup ``backup_id`` from ``src`` to ``dst`` (as ``new_id``, default the same
     id) and return the destination's ready manifest. Only a ready, unexpired backup is
     copied; the copy keeps its expiry unless ``keep_expiry`` is False (then ``expires_at``).
     ``source``: its manifest in ``src``, when the caller has just read it (one LIST and one
     GET fewer). ``absent``: the caller has just read ``dst`` and found no backup of the
-    target id there (one LIST fewer before the copy starts)."""
+    target id there (one LIST fewer before the copy starts). ``later``: the creating version
+    is deleted in this task group once the ready one is written, off the caller's path
+    (metadata/backup.py ``write_next_version``)."""
     if concurrency < 1:
         raise InvalidArgument(f"copy concurrency must be at least 1, got {concurrency}")
     if source is None or source.backup_id != backup_id:
@@ -193,7 +197,7 @@ async def copy_backup(
         await sink.discard()
     done = first.changed(state=BackupState.READY, checksums={k: v for k, v in sums.items() if v})
     # The creating version is the only one before it: another writer's would have collided.
-    return await write_next_version(dst, done, only=first)
+    return await write_next_version(dst, done, only=first, later=later)
 
 
 class _Sink:
@@ -300,9 +304,12 @@ async def _copy_object(
     checksum ("" when it was there already and none was recorded)."""
     copying = sink.copying if ref.size <= SERVER_COPY_BYTES else None
     origin: ObjectInfo | None = None
-    if copying is not None:
+    if copying is not None and expected is None:
         there, origin = await asyncio.gather(dst.head(ref.key), src.head(ref.key))
     else:
+        # With a recorded checksum a server-side copy needs no look at its source first:
+        # the copy fails NotFound without one, and the SHA-256 the server returns settles
+        # its size and bytes (a copy that differs is deleted).
         there = await dst.head(ref.key)
     if there is not None and there.size == ref.size:
         # Seen before the manifest pinned it: garbage collection may have deleted it since;
@@ -345,11 +352,13 @@ async def _server_copy(
     origin: ObjectInfo | None,
 ) -> str:
     """Copy ``ref`` from ``src`` to ``dst`` server-side (module docstring), ``origin`` being
-    what a HEAD of it in ``src`` returned; returns its checksum."""
-    if origin is None:
-        raise _missing(src, ref)
-    if origin.size != ref.size:
-        raise _wrong_size(src, ref, origin.size)
+    what a HEAD of it in ``src`` returned (when no checksum is ``expected``: its size is then
+    all there is to check it against, before the copy); returns its checksum."""
+    if expected is None:
+        if origin is None:
+            raise _missing(src, ref)
+        if origin.size != ref.size:
+            raise _wrong_size(src, ref, origin.size)
     await sink.pinned.wait()
     try:
         got = await dst.copy_from(src, ref.key)

@@ -21,7 +21,7 @@ from tabletstore.client.client import AsyncClient
 from tabletstore.data.model import DeleteRow, SetCell
 from tabletstore.embedded import Database
 from tabletstore.errors import AlreadyExists, InvalidArgument, NotFound, Unimplemented
-from tabletstore.metadata.backup import BackupState, write_next_version
+from tabletstore.metadata.backup import BackupManifest, BackupState, write_next_version
 from tabletstore.metadata.backup_copy import checksum
 from tabletstore.storage_s3 import layout
 
@@ -38,6 +38,18 @@ async def _rows(db: AsyncClient, table: str) -> dict[bytes, bytes | None]:
 
 async def _sstables(db: Database) -> set[str]:
     return {i.key async for i in db.store.list(layout.TABLES)}
+
+
+async def _far_backup(
+    tmp_path: Path, location: str
+) -> tuple[dict[bytes, bytes | None], BackupManifest]:
+    """A table of two tablets (flushed) in a database under ``tmp_path``, backed up to
+    ``location`` as ``far``: its rows and the backup."""
+    async with await Database.open(f"file://{tmp_path}/a") as db:
+        await db.create_table("t", ["f"], split_keys=[b"row0005"])
+        await _write(db, "t", range(10), b"v")
+        await db.flush("t")
+        return await _rows(db, "t"), await db.create_backup("t", "far", to=location)
 
 
 async def test_restore_equals_the_table_at_backup_time(tmp_path: Path) -> None:
@@ -411,12 +423,7 @@ async def test_a_restore_killed_midway_leaves_nothing_that_looks_finished(
     from tabletstore.storage_s3.local import STAGE_PREFIX
 
     elsewhere = f"file://{tmp_path}/backups"
-    async with await Database.open(f"file://{tmp_path}/a") as db:
-        await db.create_table("t", ["f"], split_keys=[b"row0005"])
-        await _write(db, "t", range(10), b"v")
-        await db.flush("t")
-        expected = await _rows(db, "t")
-        remote = await db.create_backup("t", "far", to=elsewhere)
+    expected, remote = await _far_backup(tmp_path, elsewhere)
     marker = tmp_path / "marker"
     root = Path(tabletstore.__file__).parent.parent
     env = {
@@ -486,3 +493,51 @@ async def test_a_tables_tablet_rows_are_committed_together() -> None:
         puts = (counters.stats() - before)[Op.PUT].requests
         assert len(await db.catalog.list_tablets(table_id)) == 16
     assert puts <= 4, puts
+
+
+async def test_a_restore_deletes_the_copys_creating_version_while_the_table_is_created(
+    tmp_path: Path,
+) -> None:
+    """A restore from another location marks the database's copy ready, then deletes its
+    creating version while the master creates the table (not before). A deletion that fails
+    leaves that version beside the ready one, which harms nothing: the restore succeeds, GC
+    keeps what the backup names, a second restore from the same location works, and deleting
+    the backup removes both versions."""
+    from tabletstore.errors import Unavailable
+    from tabletstore.metadata.backup import read_backup
+
+    elsewhere = f"file://{tmp_path}/backups"
+    expected, remote = await _far_backup(tmp_path, elsewhere)
+    async with await Database.open(f"file://{tmp_path}/b") as db:
+        store_delete = db.store.delete
+        held: list[str] = []
+
+        async def delete(key: str) -> None:
+            if not key.startswith(layout.BACKUPS):
+                await store_delete(key)
+                return
+            held.append(key)
+            deadline = time.monotonic() + 60
+            while "r" not in await db.list_tables():  # the master creates it meanwhile
+                assert time.monotonic() < deadline, "the table was never created"
+                await asyncio.sleep(0.01)
+            raise Unavailable(f"cannot delete {key}")
+
+        db.store.delete = delete  # type: ignore[method-assign]
+        try:
+            await asyncio.wait_for(db.restore_table("far", "r", source=elsewhere), 120)
+        finally:
+            db.store.delete = store_delete  # type: ignore[method-assign]
+        assert held == [layout.backup_key("far", 0)]
+        assert await _rows(db, "r") == expected
+        versions = [i.key async for i in db.store.list(layout.backup_prefix("far"))]
+        assert versions == [layout.backup_key("far", 0), layout.backup_key("far", 1)]
+        assert (await read_backup(db.store, "far")).state is BackupState.READY
+        await db.delete_table("r")
+        await db.gc(grace=0)
+        assert set(remote.sstable_keys()) <= await _sstables(db)
+        await db.restore_table("far", "r2", source=elsewhere)
+        assert await _rows(db, "r2") == expected
+        assert (await db.verify()).ok
+        await db.delete_backup("far")
+        assert [i.key async for i in db.store.list(layout.backup_prefix("far"))] == []

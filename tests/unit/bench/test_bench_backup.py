@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.backup import markdown, run
+from bench.backup import BEGIN, END, PITR_BEGIN, PITR_END, main, markdown, run
 
 
 @pytest.mark.parametrize(("database", "boto"), [("s3", "copy"), ("file", "download_file")])
@@ -20,3 +20,20 @@ def test_backup_bench_runs_and_reports(tmp_path: Path, database: str, boto: str)
     assert labels[1].startswith("restore from that bucket") and "200 rows" in labels[1]
     assert [label.startswith("clone of a") for label in labels[2:]] == [True, True]
     assert "| operation | tabletstore |" in markdown(rows, 0.2, 1)
+
+
+def test_docs_puts_the_table_between_its_markers(tmp_path: Path) -> None:
+    """``--docs PAGE`` replaces what is between the backup markers and nothing else (the
+    point-in-time table's block stays); a page without them is refused before the run."""
+    page = tmp_path / "page.md"
+    pitr = f"{PITR_BEGIN}\nold pitr table\n{PITR_END}\n"
+    page.write_text(f"# head\n{BEGIN}\nold table\n{END}\nprose\n{pitr}")
+    main(["--mb", "0.2", "--repeats", "1", "--docs", str(page)])
+    text = page.read_text()
+    assert text.startswith(f"# head\n{BEGIN}\n| operation | tabletstore |")
+    assert "old table" not in text and text.endswith(f"{END}\nprose\n{pitr}")
+    bare = tmp_path / "bare.md"
+    bare.write_text("# no markers\n")
+    with pytest.raises(SystemExit):
+        main(["--mb", "0.2", "--repeats", "1", "--docs", str(bare)])
+    assert bare.read_text() == "# no markers\n"

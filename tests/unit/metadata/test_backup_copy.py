@@ -21,6 +21,7 @@ from tabletstore.errors import Corruption, NotFound, Unavailable
 from tabletstore.metadata import backup_copy
 from tabletstore.metadata.backup import BackupManifest, BackupState
 from tabletstore.metadata.backup_copy import checksum, copy_backup
+from tabletstore.metadata.record import SSTableRef
 from tabletstore.storage_s3 import InstrumentedObjectStore, Op, find_layer, layout, open_store
 from tabletstore.storage_s3.local import STAGE_PREFIX, TEMP_PREFIX, LocalObjectStore
 from tabletstore.testing.faulty_store import FaultyObjectStore
@@ -207,6 +208,14 @@ async def _in_two_buckets(
     return copied, first, second
 
 
+def _largest(manifest: BackupManifest) -> SSTableRef:
+    """The backup's largest SSTable (the one a damaged-source test damages)."""
+    return max(
+        (r for t in manifest.tablets for refs in t.sstables.values() for r in refs),
+        key=lambda r: r.size,
+    )
+
+
 async def test_a_copy_between_buckets_of_one_server_is_made_by_the_server(
     tmp_path: Path, s3_server: str, s3_bucket: str
 ) -> None:
@@ -221,9 +230,11 @@ async def test_a_copy_between_buckets_of_one_server_is_made_by_the_server(
         read = find_layer(src, InstrumentedObjectStore)
         written = find_layer(dst, InstrumentedObjectStore)
         assert read is not None and written is not None
-        # Read: the manifest (one GET) and a HEAD per object; written: the two manifest
+        # Read: the manifest (one GET), and no object at all (each has a recorded checksum,
+        # which the server's answer to the copy settles); written: the two manifest
         # versions and one CopyObject per object, whose bytes never came through here.
         assert read.stats()[Op.GET].requests == 1 and read.stats()[Op.GET_RANGE].requests == 0
+        assert read.stats()[Op.HEAD].requests == 0
         assert written.stats()[Op.PUT].requests == len(first_copy.sstable_keys()) + 2
         (manifest,) = [i.size async for i in dst.list(layout.BACKUPS)]  # the ready one
         assert written.stats().bytes_written < 3 * manifest < first_copy.size_bytes
@@ -242,10 +253,7 @@ async def test_a_server_copy_that_differs_from_its_checksum_fails_and_leaves_not
     copy with Corruption, and the object it copied is removed: a later copy would take an
     object of the recorded size for the one it needs."""
     first_copy, first, second = await _in_two_buckets(tmp_path, s3_server, s3_bucket)
-    victim = max(
-        (r for t in first_copy.tablets for refs in t.sstables.values() for r in refs),
-        key=lambda r: r.size,
-    )
+    victim = _largest(first_copy)
     client = boto3_client(s3_server)
     bucket, full = s3_bucket, f"a/{victim.key}"
     data = client.get_object(Bucket=bucket, Key=full)["Body"].read()
@@ -256,6 +264,34 @@ async def test_a_server_copy_that_differs_from_its_checksum_fails_and_leaves_not
     src, dst = open_store(first), open_store(second)
     try:
         with pytest.raises(Corruption, match="does not match its recorded checksum"):
+            await copy_backup(src, dst, "far", now=time.time())
+        assert await dst.head(victim.key) is None
+    finally:
+        await src.close()
+        await dst.close()
+
+
+@pytest.mark.parametrize("damage", ["longer", "missing"])
+async def test_a_server_copy_of_a_longer_or_missing_object_fails_and_leaves_nothing(
+    tmp_path: Path, s3_server: str, s3_bucket: str, damage: str
+) -> None:
+    """A source object with a recorded checksum is not looked at before its server-side
+    copy: one longer than recorded fails the copy with Corruption (its checksum differs) and
+    the object copied is removed; a missing one fails it with NotFound naming it. Nothing is
+    left in the destination for a later copy to take."""
+    first_copy, first, second = await _in_two_buckets(tmp_path, s3_server, s3_bucket)
+    victim = _largest(first_copy)
+    client = boto3_client(s3_server)
+    full = f"a/{victim.key}"
+    if damage == "longer":
+        data = client.get_object(Bucket=s3_bucket, Key=full)["Body"].read()
+        client.put_object(Bucket=s3_bucket, Key=full, Body=data + b"x")
+    else:
+        client.delete_object(Bucket=s3_bucket, Key=full)
+    src, dst = open_store(first), open_store(second)
+    try:
+        expected: type[Exception] = Corruption if damage == "longer" else NotFound
+        with pytest.raises(expected, match=victim.key.rsplit("/", 1)[-1]):
             await copy_backup(src, dst, "far", now=time.time())
         assert await dst.head(victim.key) is None
     finally:

@@ -7,7 +7,9 @@ Corruption naming it; versions are published create-only, and the newest one is 
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import AsyncIterator
 from dataclasses import replace
 
 import pytest
@@ -17,10 +19,13 @@ from tabletstore.errors import (
     AlreadyExists,
     Corruption,
     InvalidArgument,
+    NotFound,
     PreconditionFailed,
+    Unavailable,
     Unimplemented,
 )
 from tabletstore.metadata.backup import (
+    COPIED_VERSION,
     FORMAT,
     BackupManifest,
     BackupState,
@@ -33,6 +38,7 @@ from tabletstore.metadata.backup import (
 from tabletstore.metadata.record import SSTableRef
 from tabletstore.metadata.snapshot import TabletSnapshot
 from tabletstore.storage_s3 import layout
+from tabletstore.storage_s3.base import ObjectInfo
 from tabletstore.storage_s3.memory import MemoryObjectStore
 
 REF = SSTableRef(layout.sstable_key("t-1", "t00000", "default", "s1"), 100, 3, 1, 9, b"a", b"z")
@@ -134,3 +140,103 @@ async def test_gc_mark_reads_a_version_replaced_after_the_listing() -> None:
     assert expiry == {first.key: 9e9}
     await store.delete_many([i.key async for i in store.list("")])
     assert (await gc._backup_names(store, listed))[0] == {first.key: frozenset()}
+
+
+class _Meeting(MemoryObjectStore):
+    """A store whose listing and GET of ``key`` each wait until the other has started: a
+    read that does one after the other never finishes."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__("memory://meeting", shared=False)
+        self.key = key
+        self.armed = False  # from the read on (writing the versions lists and reads too)
+        self.listing, self.getting = asyncio.Event(), asyncio.Event()
+
+    async def get(self, key: str) -> bytes | None:
+        if self.armed and key == self.key:
+            self.getting.set()
+            await self.listing.wait()
+        return await super().get(key)
+
+    async def list(
+        self, prefix: str, *, start_after: str | None = None
+    ) -> AsyncIterator[ObjectInfo]:
+        if self.armed:
+            self.listing.set()
+            await self.getting.wait()
+        async for info in super().list(prefix, start_after=start_after):
+            yield info
+
+
+async def test_a_guessed_version_is_read_while_the_versions_are_listed() -> None:
+    """With ``guess`` the newest version is read in one round trip (the GET beside the LIST)."""
+    store = _Meeting(layout.backup_key("b1", COPIED_VERSION))
+    first = await write_backup(store, _manifest(state=BackupState.CREATING))
+    ready = await write_next_version(store, first.changed(state=BackupState.READY), only=first)
+    assert ready.version == COPIED_VERSION
+    store.armed = True
+    got = await asyncio.wait_for(read_backup(store, "b1", guess=COPIED_VERSION), 10)
+    assert got == ready
+
+
+async def test_a_wrong_guess_still_reads_the_newest_version() -> None:
+    store = MemoryObjectStore("memory://guess", shared=False)
+    v0 = await write_backup(store, _manifest())
+    # Only version 0: the guessed version 1 does not exist.
+    assert await read_backup(store, "b1", guess=1) == v0
+    # Versions 1 and 2 both there (2 published, 1 not yet deleted): 2 is read, not the guess.
+    v1 = await write_next_version(store, v0.changed(expires_at=5000.0))
+    await store.create(v1.changed(expires_at=6000.0).key, v1.changed(expires_at=6000.0).to_bytes())
+    assert (await read_backup(store, "b1", guess=1)).expires_at == 6000.0
+    with pytest.raises(NotFound):
+        await read_backup(store, "nothing", guess=1)
+    with pytest.raises(InvalidArgument, match="is not a backup id"):
+        await read_backup(store, "a/b", guess=1)
+
+
+class _HeldDeletes(MemoryObjectStore):
+    def __init__(self, *, fail: bool = False) -> None:
+        super().__init__("memory://held", shared=False)
+        self.release = asyncio.Event()
+        self.fail = fail
+
+    async def delete(self, key: str) -> None:
+        await self.release.wait()
+        if self.fail:
+            raise Unavailable(f"cannot delete {key}")
+        await super().delete(key)
+
+
+async def test_a_superseded_version_is_deleted_later_in_the_callers_task_group() -> None:
+    """With ``later`` the new version is the newest one as soon as the call returns; the older
+    one goes once the task group ends."""
+    store = _HeldDeletes()
+    first = await write_backup(store, _manifest(state=BackupState.CREATING))
+    async with asyncio.TaskGroup() as later:
+        ready = await write_next_version(
+            store, first.changed(state=BackupState.READY), only=first, later=later
+        )
+        assert await read_backup(store, "b1") == ready  # the older version is still there
+        assert len([i async for i in store.list(layout.backup_prefix("b1"))]) == 2
+        store.release.set()
+    assert [i.key async for i in store.list(layout.backup_prefix("b1"))] == [ready.key]
+
+
+async def test_a_superseded_version_that_cannot_be_deleted_is_left_harmlessly(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A failed deletion of the older version is logged, not raised (the caller's other work
+    in the task group goes on); readers take the newest version, and the next change of the
+    backup removes the leftover."""
+    store = _HeldDeletes(fail=True)
+    first = await write_backup(store, _manifest(state=BackupState.CREATING))
+    store.release.set()
+    async with asyncio.TaskGroup() as later:
+        ready = await write_next_version(
+            store, first.changed(state=BackupState.READY), only=first, later=later
+        )
+    assert "superseded backup manifest" in caplog.text
+    assert await read_backup(store, "b1", guess=COPIED_VERSION) == ready
+    store.fail = False
+    third = await write_next_version(store, ready.changed(expires_at=9000.0))
+    assert [i.key async for i in store.list(layout.backup_prefix("b1"))] == [third.key]
