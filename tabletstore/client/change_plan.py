@@ -15,21 +15,39 @@ segment, before its PUT: a write is acknowledged after it); its *order within th
 sequence number (a row's seqs grow across workers: a worker that loads a tablet advances its
 sequence past every cell the tablet has).
 
+**What trusts which clock.** A writer's clock is one process's and may be stepped (an NTP
+step, an operator's mistake): its stamps may run ahead of true time or go back within its
+log. So a stamp labels and orders changes, and what is delivered never depends on it alone.
+A read's start is a position in each log (a read from a start time chooses its positions
+once, :func:`start_positions`), and every record from there on is delivered whatever its
+stamp. Which segments are ready (the cut) and the watermark rest on the reader's clock and
+the bucket's: a segment's *landing time* is its object's time in the listing (the store's
+clock, ``LastModified``; S3 lists it to the second, hence ``LANDED_RESOLUTION``). The stamp
+of a writer whose clock is right is used too, so a segment is read as soon as either says so.
+
 **Readable segments** (:func:`readable_ends`). Each log is read as recovery reads it: up to
 its first fence; a number missing within the in-flight window of its last listed segment ends
 what can be read for now (a PUT still in flight: nothing from it on is acknowledged yet; for a
 fenced log, never: recovery dropped it too); one missing further down is Corruption. Of that
-prefix, the segments stamped at or before the batch's *cut* are read:
+prefix, the segments that landed, or were stamped, at or before the batch's *cut* are read
+(:func:`ready`):
 
-    cut = listing start - 2 * CLOCK_SKEW,   watermark = cut - CLOCK_SKEW
+    cut = listing start - 2 * CLOCK_SKEW
+    watermark = cut - CLOCK_SKEW - LANDED_RESOLUTION
 
-with every clock within ``CLOCK_SKEW`` of true time. Why the cut: a row that moved from worker
-A to worker B has its last mutations in A's log acknowledged before B took its first. A listing
-is not a snapshot; a segment of B listed now could have a predecessor in A that landed after
-A's part of the listing was read. Any segment of B stamped at or before the cut was sealed
-before the listing began, so its row's predecessors, acknowledged before, are in the listing.
-The watermark: a write acknowledged before it landed (with every segment before it in its
-log) before the listing began, and was stamped before the cut, so it has been delivered.
+with the reader's clock and the store's within ``CLOCK_SKEW`` of true time. Why the cut: a
+row that moved from worker A to worker B has its last mutations in A's log acknowledged
+before B took its first. A listing is not a snapshot; a segment of B listed now could have a
+predecessor in A that landed after A's part of the listing was read. Any segment of B that
+landed (or, B's clock right, was stamped) at or before the cut landed before the listing
+began, so its row's predecessors, acknowledged before, are in the listing. A B whose clock was
+stepped back stamps early, so one of its segments can be read a batch before its row's
+predecessor in A: that row's order across that move rests on B's clock, but nothing is lost
+or repeated, as positions, not stamps, say what each batch reads. The watermark: a write
+acknowledged before it is in a segment that landed before the cut by the store's clock,
+whatever its writer's clock said, with every segment before it in its log, so it has been
+delivered. A writer whose clock runs ahead neither holds its log back nor makes the watermark
+wrong.
 
 **Batches and tokens.** A read proceeds in batches: one listing, then each log's segments from
 the reader's position up to its readable end. A batch's changes are ordered by commit time,
@@ -64,6 +82,7 @@ from tabletstore.keys import CellKind
 
 __all__ = [
     "CLOCK_SKEW",
+    "LANDED_RESOLUTION",
     "Change",
     "ChangePartition",
     "Cursor",
@@ -89,8 +108,11 @@ __all__ = [
     "utc",
 ]
 
-#: Seconds any clock (a worker's, the reader's) may be off true time.
+#: Seconds the reader's clock and the bucket's may be off true time (and a writer's, for its
+#: stamps to order a row's changes across a move: see the module docstring).
 CLOCK_SKEW = 1.0
+#: Seconds a listed object time may be below the true one (S3 lists whole seconds).
+LANDED_RESOLUTION = 1.0
 TOKEN_VERSION = 1
 
 
@@ -184,7 +206,8 @@ class Cursor:
 
     table_id: str
     lanes: tuple[Lane, ...]
-    #: Changes committed before this (seconds) are not delivered (a read from a start time).
+    #: The start time the read began from (seconds): its positions were chosen by it, and
+    #: nothing else depends on it (a record past a position is delivered whatever its stamp).
     since: float
     #: When the listing of the current batch (or the last one) began: the token's age.
     made_at: float
@@ -343,24 +366,36 @@ def check_since(table: str, window: float | None, since: float, now: float) -> N
 class SegmentStamp:
     """One listed segment: its number, size (0: a fence) and stamp (its header's; its
     object's time for a format version 1 segment). ``written_at`` is None while unknown
-    (a segment below every position, never read)."""
+    (a segment below every position, never read). ``landed`` is its object's time in the
+    listing (the store's clock); None when not known."""
 
     number: int
     size: int
     written_at: float | None
+    landed: float | None = None
 
 
 def cut_of(listing_started: float) -> tuple[float, float]:
     """(cut, watermark) of a batch whose listing began at ``listing_started``."""
     cut = listing_started - 2 * CLOCK_SKEW
-    return cut, cut - CLOCK_SKEW
+    return cut, cut - CLOCK_SKEW - LANDED_RESOLUTION
+
+
+def ready(segment: SegmentStamp, cut: float) -> bool:
+    """Whether a batch of this cut reads the segment: it landed at or before the cut by the
+    store's clock, or was stamped at or before it (module docstring)."""
+    if segment.landed is not None and segment.landed + LANDED_RESOLUTION <= cut:
+        return True
+    if segment.written_at is None:
+        raise AssertionError(f"stamp of segment {segment.number} not read")
+    return segment.written_at <= cut
 
 
 def readable_ends(
     logs: Mapping[str, Sequence[SegmentStamp]], since: Mapping[str, int], cut: float
 ) -> dict[str, int]:
     """Per log, the end (exclusive) of the segments a batch reads: the recovery-readable
-    prefix, stamped at or before ``cut``, from ``since[log]`` (the lowest position of any
+    prefix, each segment :func:`ready` at ``cut``, from ``since[log]`` (the lowest position of any
     lane; its stamps must be known from there on)."""
     ends: dict[str, int] = {}
     for name, segments in logs.items():
@@ -384,20 +419,17 @@ def readable_ends(
                 )
         start = since.get(name, 0)
         n = max(start, ordered[0].number)
-        while n < end:
-            stamp = present[n].written_at
-            if stamp is None:
-                raise AssertionError(f"stamp of segment {n} of log {name} not read")
-            if stamp > cut:
-                break
+        while n < end and ready(present[n], cut):
             n += 1
         ends[name] = max(n, start)
     return ends
 
 
 def start_positions(logs: Mapping[str, Sequence[SegmentStamp]], since: float) -> dict[str, int]:
-    """Per listed log, its first segment stamped at or after ``since`` (its end if none): a
-    read from a start time. Segments whose stamp is unknown are older than ``since``."""
+    """Per listed log, its first segment stamped at or after ``since`` or that landed after
+    it by the store's clock (a writer whose clock was stepped back stamps early), its end if
+    none: a read from a start time, which delivers every record from there on whatever its
+    stamp. Segments whose stamp is unknown are older than ``since``."""
     out: dict[str, int] = {}
     for name, segments in logs.items():
         ordered = sorted(segments, key=lambda s: s.number)
@@ -406,7 +438,8 @@ def start_positions(logs: Mapping[str, Sequence[SegmentStamp]], since: float) ->
             if s.size == 0:
                 n = s.number
                 break
-            if s.written_at is not None and s.written_at >= since:
+            landed_after = s.landed is not None and s.landed >= since + CLOCK_SKEW
+            if landed_after or (s.written_at is not None and s.written_at >= since):
                 n = s.number
                 break
         out[name] = n
@@ -457,14 +490,15 @@ def batch_spans(cursor: Cursor, ends: Mapping[str, int]) -> dict[str, tuple[int,
 
 def order_changes(cursor: Cursor, ends: Mapping[str, int], read: Iterable[Logged]) -> list[Logged]:
     """The batch's changes: the records of the cursor's table, each in the lane holding its
-    row and read by it (between its position and the batch's end), stamped at or after
-    ``since``; ordered by (commit time, log, segment, index), then each row's records put in
+    row and read by it (between its position and the batch's end), whatever its stamp (a
+    writer whose clock was stepped back stamps records before the read's start time; past
+    its positions, they are changes after it); ordered by (commit time, log, segment, index), then each row's records put in
     seq order in the places its records hold."""
     starts = [x.start for x in cursor.lanes]
     chosen: list[Logged] = []
     for item in read:
         rec = item.record
-        if rec.table_id != cursor.table_id or item.commit_time < cursor.since:
+        if rec.table_id != cursor.table_id:
             continue
         i = bisect.bisect_right(starts, rec.row) - 1
         if i < 0:

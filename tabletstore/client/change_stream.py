@@ -2,7 +2,8 @@
 ``client/change_plan.py``, which says what is read, in which order, and why it is exact).
 
 :func:`read_changes` follows one partition (a row range) of a table with a change retention:
-it lists the commit logs in the bucket, reads each log's new segments up to the batch's cut,
+it lists the commit logs in the bucket, reads each log's new segments up to the batch's cut
+(by the bucket's object times and the writers' stamps; no writer's clock alone decides),
 and yields the batch's :class:`~tabletstore.client.change_plan.Change` records, each with the
 token that resumes just after it, then a
 :class:`~tabletstore.client.change_plan.Heartbeat` with the low watermark; it polls for the
@@ -324,21 +325,23 @@ class _Source:
     async def stamps(
         self, lows: dict[str, int], since: float | None = None
     ) -> dict[str, list[plan.SegmentStamp]]:
-        """Every listed segment with its stamp from ``lows[log]`` on (read now if unknown);
-        with ``since``, also those whose object is not older than it (a start time)."""
+        """Every listed segment with its landing time and, from ``lows[log]`` on, its stamp
+        (read now if unknown); with ``since``, also the stamps of those whose object is not
+        older than it (a start time)."""
 
         async def stamp(name: str, number: int, info: ObjectInfo) -> plan.SegmentStamp:
+            landed = info.last_modified
             if info.size == 0:
-                return plan.SegmentStamp(number, 0, info.last_modified)
+                return plan.SegmentStamp(number, 0, landed, landed)
             known = self.cache.stamps.get(info.key)
             if known is None:
                 wanted = number >= lows.get(name, 0) or (
                     since is not None and info.last_modified >= since - plan.CLOCK_SKEW
                 )
                 if not wanted:
-                    return plan.SegmentStamp(number, info.size, None)
+                    return plan.SegmentStamp(number, info.size, None, landed)
                 known, _ = await self.segment(name, number)
-            return plan.SegmentStamp(number, info.size, known)
+            return plan.SegmentStamp(number, info.size, known, landed)
 
         out: dict[str, list[plan.SegmentStamp]] = {}
         for name, numbers in sorted(self.listed.items()):

@@ -75,6 +75,50 @@ def test_readable_ends_stop_at_a_gap_a_fence_and_the_cut() -> None:
         plan.readable_ends(lost, {}, 5.0)
 
 
+def _landed(*spec: tuple[int, float, float]) -> list[SegmentStamp]:
+    """Segments (number, stamp, landing time by the store's clock)."""
+    return [SegmentStamp(n, 9, at, landed) for n, at, landed in spec]
+
+
+def test_a_writer_whose_clock_was_stepped_back_loses_nothing_after_the_start() -> None:
+    # Worker w5's clock is stepped 30 s back at 110 while a reader follows from 105: its
+    # later segments are stamped before the read's start time, but come after its position.
+    logs = {
+        "w5/1": _landed((0, 100.0, 100.2), (1, 106.0, 106.2), (2, 81.0, 111.2), (3, 82.0, 112.2))
+    }
+    positions = plan.start_positions(logs, 105.0)
+    assert positions == {"w5/1": 1}
+    cut, _ = plan.cut_of(120.0)
+    ends = plan.readable_ends(logs, positions, cut)
+    assert ends == {"w5/1": 4}
+    read = [
+        _logged("w5/1", 1, 0, 106.0, b"a", 1),
+        _logged("w5/1", 2, 0, 81.0, b"b", 2),
+        _logged("w5/1", 3, 0, 82.0, b"a", 3),
+    ]
+    c = _cursor(Lane(b"", None, positions), since=105.0)
+    got = [(x.record.row, x.record.first_seq) for x in plan.order_changes(c, ends, read)]
+    assert sorted(got) == [(b"a", 1), (b"a", 3), (b"b", 2)]
+    assert [s for r, s in got if r == b"a"] == [1, 3]
+    # A read from 105 that starts after the step: the segments that landed after the start
+    # time are read, whatever their stamps.
+    stepped = {"w5/1": _landed((0, 100.0, 100.2), (1, 76.0, 106.2), (2, 77.0, 107.2))}
+    assert plan.start_positions(stepped, 105.0) == {"w5/1": 1}
+
+
+def test_a_writer_whose_clock_runs_ahead_is_read_once_its_segments_landed() -> None:
+    # Worker w5's clock is 30 s ahead: its segments landed before the cut by the store's
+    # clock, so they are read now, and the watermark (which counts them) is not a lie.
+    logs = {
+        "w5/1": _landed((0, 130.0, 100.0), (1, 131.0, 101.0), (2, 140.0, 110.0)),
+        "w6/1": _landed((0, 100.5, 100.5), (1, 112.0, 111.9)),
+    }
+    cut, watermark = plan.cut_of(107.0)
+    assert plan.readable_ends(logs, {}, cut) == {"w5/1": 2, "w6/1": 1}
+    # Every segment a write acknowledged before the watermark is in landed before the cut.
+    assert watermark + plan.CLOCK_SKEW + plan.LANDED_RESOLUTION <= cut
+
+
 def test_start_positions_begin_at_the_first_segment_stamped_at_the_start() -> None:
     logs = {
         "a/1": _segs((0, 9, 1.0), (1, 9, 5.0), (2, 9, 6.0)),
@@ -107,17 +151,17 @@ def test_a_batch_keeps_each_rows_seq_order_across_logs_whatever_their_clocks() -
     )
 
 
-def test_a_batch_takes_each_lanes_rows_from_its_own_positions_and_the_start_time() -> None:
+def test_a_batch_takes_each_lanes_rows_from_its_own_positions_whatever_their_stamps() -> None:
     read = [
         _logged("a/1", 0, 0, 1.0, b"b", 1),  # before lane [a, m)'s position 1
         _logged("a/1", 1, 0, 2.0, b"c", 2),
         _logged("a/1", 0, 1, 1.0, b"p", 3),  # lane [m, end) reads from 0
         _logged("a/1", 2, 0, 3.0, b"q", 4),  # past the batch's end
-        _logged("a/1", 1, 1, 0.5, b"z", 5),  # stamped before the start time
+        _logged("a/1", 1, 1, 0.5, b"z", 5),  # stamped before the start time: still after it
     ]
     c = _cursor(Lane(b"a", b"m", {"a/1": 1}), Lane(b"m", None, {}), since=0.9)
     got = [x.record.row for x in plan.order_changes(c, {"a/1": 2}, read)]
-    assert got == [b"p", b"c"]
+    assert got == [b"z", b"p", b"c"]
     other = dataclasses.replace(read[2], record=read[2].record._replace(table_id="t-9"))
     assert plan.order_changes(c, {"a/1": 2}, [other]) == []
 
@@ -183,4 +227,4 @@ def test_positions_below_a_logs_first_segment_were_collected() -> None:
 def test_the_cut_and_the_watermark_allow_for_the_clocks() -> None:
     cut, watermark = plan.cut_of(100.0)
     assert cut == 100.0 - 2 * plan.CLOCK_SKEW
-    assert watermark == cut - plan.CLOCK_SKEW
+    assert watermark == cut - plan.CLOCK_SKEW - plan.LANDED_RESOLUTION

@@ -152,6 +152,25 @@ async def test_a_segment_in_flight_is_waited_for_and_later_segments_after_it() -
     assert _changes(rest) == [(b"a", 2), (b"a", 3)]
 
 
+async def test_a_writer_whose_clock_was_stepped_back_loses_nothing() -> None:
+    # A reader follows from T0 - 20; then w1's clock is stepped 30 s back: its next segments
+    # are stamped before the start time, and are changes after it all the same.
+    store = MemoryObjectStore()
+    clock = _Clock()
+    catalog = _Catalog(INFO, [])
+    await _segment(store, "w1", 0, T0 - 30, [(b"a", 1)])
+    await _segment(store, "w1", 1, T0 - 10, [(b"a", 2)])
+    first = await _collect(
+        _read(store, catalog, clock, partition=ChangePartition(b"", None), start_time=T0 - 20)
+    )
+    assert _changes(first) == [(b"a", 2)]
+    await _segment(store, "w1", 2, T0 - 39, [(b"a", 3), (b"b", 4)])  # stepped back
+    await _segment(store, "w1", 3, T0 - 38, [(b"a", 5)])
+    last = [i for i in first if isinstance(i, Heartbeat)][-1].token
+    rest = await _collect(_read(store, catalog, clock, tokens=[last], end_time=clock.now))
+    assert _changes(rest) == [(b"a", 3), (b"b", 4), (b"a", 5)]
+
+
 async def test_a_split_ends_the_partition_and_its_halves_continue_it_exactly() -> None:
     store, written = await _bucket()
     catalog = _Catalog(INFO, [])
