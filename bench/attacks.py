@@ -35,10 +35,9 @@ The table: the attack, its outcome (``refused``: every attack request was answer
 refusal; ``bounded``: the server took it and closed or capped it), the worst path's latency
 ratio and the worst process's memory ratio, the verdict (both ratios at most 1.5), and beside
 it the worst process's ratio of CPU used (under the attack over the idle window before). The
-attacks run in the benchmark's own process in the SCHED_IDLE scheduling class (an attacker's
-CPU is its own machine's; on one machine its work would otherwise count against the servers:
-it runs only on CPU time nothing else wants), the servers and the legitimate client at normal
-priority. Latency on a shared machine is noisy: the load
+attacks run in the benchmark's own process at niceness 10, every thread of it (an attacker's
+CPU is its own machine's; on one machine its work would otherwise count against the servers),
+the servers and the legitimate client at normal priority. Latency on a shared machine is noisy: the load
 average is printed with the figures. A legitimate call that fails makes the verdict "over";
 a server process that exits stops the run, naming it. ``--quick`` runs one short round of each
 (a smoke test). ``--front-door-processes N`` runs the front door as N processes sharing its
@@ -82,21 +81,21 @@ LIMIT = 1.5
 #: The worker's lease: longer than the default, as a machine shared with other work stalls a
 #: process for seconds now and then, and a worker that loses its lease ends the run.
 WORKER_ARGS = ("--lease-ttl", "20")
+#: The attacking process's niceness (module docstring).
+ATTACKER_NICE = 10
 DATA = "/google.bigtable.v2.Bigtable"
 #: grpc-status of a call refused for want of credentials (UNAUTHENTICATED).
 UNAUTHENTICATED = "16"
 
 
-def run_when_idle() -> None:
-    """Put every thread of this process in the SCHED_IDLE class: it runs only on CPU time no
-    other process wants, and a server or the legitimate client waking up takes the CPU from it
-    at once (at a niceness, however high, a busy attacker still delayed each wake-up by up to
-    a time slice, and a request crosses several processes). Linux keeps the class per thread;
-    threads started later inherit it. gRPC's threads (started by the set-up's channel), which
-    encrypt and copy an attack's messages, are among them."""
+def lower_priority(nice: int) -> None:
+    """Set every thread of this process to niceness ``nice``. Linux keeps a niceness per
+    thread, and ``os.nice`` changes only the caller's: gRPC's threads (started by the set-up's
+    channel) would otherwise stay at normal priority. Threads started later inherit it. (Not
+    SCHED_IDLE: on a machine busy with other work an idle-class attacker never runs.)"""
     for task in Path("/proc/self/task").iterdir():
         with contextlib.suppress(ProcessLookupError):  # a thread that has ended since
-            os.sched_setscheduler(int(task.name), os.SCHED_IDLE, os.sched_param(0))
+            os.setpriority(os.PRIO_PROCESS, int(task.name), nice)
 
 
 #: The figures' paths: (where, operation).
@@ -930,7 +929,7 @@ def main(argv: list[str] | None = None) -> int:
             raise RuntimeError("the probe client did not start")
         # The attacks run in this process: an attacker's CPU is its own machine's, so here it
         # yields to the servers and the legitimate client (started before, at normal priority).
-        run_when_idle()
+        lower_priority(ATTACKER_NICE)
         idle, phases, after = asyncio.run(
             run(running, ours, rounds=args.rounds, window=args.window, quick=args.quick, only=only)
         )

@@ -1151,12 +1151,23 @@ def main(argv: list[str] | None = None) -> int:
     steady = (
         args.steady_seconds if args.steady_seconds is not None else (2.0 if args.quick else 8.0)
     )
-    if args.log:
-        logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
-    else:
-        logging.getLogger("tabletstore").setLevel(logging.ERROR)
     if args.load_concurrency < 1:
         raise SystemExit(f"--load-concurrency must be >= 1, got {args.load_concurrency}")
+    if args.log:
+        logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+        return _run(args, sizes, steady)
+    # Quiet for the run only: main() also runs inside a test process, whose later tests read
+    # the package's warnings.
+    quiet = logging.getLogger("tabletstore")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        return _run(args, sizes, steady)
+    finally:
+        quiet.setLevel(level)
+
+
+def _run(args: argparse.Namespace, sizes: list[tuple[int, int]], steady: float) -> int:
     global PARTIAL
     PARTIAL = args.json.with_suffix(".partial.json")
     results = []

@@ -230,10 +230,13 @@ async def append_one(log: CommitLogWriter, row: bytes) -> BaseException | None:
 
 
 async def acked_stuck_after(
-    store: ObjectStore, clock: InstantClock
+    store: ObjectStore, clock: InstantClock, stuck: type[BaseException] | None
 ) -> tuple[dict[bytes, BaseException | None], float]:
     """Append ``acked`` (segment 0), ``stuck`` (segment 1, the one that cannot be resolved)
-    and ``after``, one at a time; their outcomes and the clock time ``stuck`` took."""
+    and ``after``, one at a time; their outcomes and the clock time ``stuck`` took. ``stuck``
+    is what the stuck write must end with: the writer settles the segment with a create-only
+    plug, so None (acknowledged: the plug collided with the landed segment), Unavailable (the
+    plug took the number: not logged) or Indeterminate (the plug failed too)."""
     outcome: dict[bytes, BaseException | None] = {}
     async with CommitLogWriter(store, "w", 1) as log:
         outcome[b"acked"] = await append_one(log, b"acked")
@@ -242,25 +245,29 @@ async def acked_stuck_after(
         spent = clock.monotonic() - started
         outcome[b"after"] = await append_one(log, b"after")
     assert outcome[b"acked"] is None
-    assert isinstance(outcome[b"stuck"], Indeterminate)
-    assert isinstance(outcome[b"after"], Unavailable)
+    if stuck is None:  # the segment is in the log after all: the log goes on
+        assert outcome[b"stuck"] is None, outcome[b"stuck"]
+        assert outcome[b"after"] is None, outcome[b"after"]
+    else:  # the log stopped at the plug (or at the unknown outcome)
+        assert type(outcome[b"stuck"]) is stuck, outcome[b"stuck"]
+        assert isinstance(outcome[b"after"], Unavailable)
     return outcome, spent
 
 
 async def test_a_segment_whose_create_cannot_be_resolved_fails_within_the_deadline() -> None:
-    """The create landed but every HEAD hangs: the append is Indeterminate within the
-    resolution deadline (not minutes), the log stops, and recovery reads every acknowledged
-    write and the landed one."""
+    """The create landed but every HEAD hangs: the create gives up within the resolution
+    deadline (not minutes), the writer's plug collides with the landed segment, so the write
+    is acknowledged after all and the log goes on; recovery reads every write."""
     clock = InstantClock()
     faulty = FaultyObjectStore(MemoryObjectStore(), clock=clock)
     faulty.lose_ack(Op.PUT, key=SEGMENT_1)
-    outcome, spent = await acked_stuck_after(stuck_store(faulty, clock), clock)
+    outcome, spent = await acked_stuck_after(stuck_store(faulty, clock), clock, None)
     # The segment's create and the writer's plug (which collides at once): each at most the
     # deadline and the request running at it.
     assert spent <= WITHIN + 2 * TIMEOUT
     read = await recovered_rows(faulty.inner)
     check_outcomes(outcome, read)
-    assert read == [b"acked", b"stuck"]  # The plug collided with the segment that landed.
+    assert read == [b"acked", b"stuck", b"after"]  # The plug collided with the landed segment.
 
 
 async def test_a_given_up_segment_that_lands_after_the_plug_changes_nothing() -> None:
@@ -269,7 +276,7 @@ async def test_a_given_up_segment_that_lands_after_the_plug_changes_nothing() ->
     acknowledged write (and nothing refused) is read back."""
     clock = InstantClock()
     held = Held(MemoryObjectStore(), clock)
-    outcome, spent = await acked_stuck_after(stuck_store(held, clock), clock)
+    outcome, spent = await acked_stuck_after(stuck_store(held, clock), clock, Unavailable)
     assert spent <= WITHIN + 2 * TIMEOUT
     with pytest.raises(PreconditionFailed):
         await held.land()  # The plug holds the number: the late PUT is refused.
@@ -284,7 +291,7 @@ async def test_a_given_up_segment_that_lands_before_recovery_is_read_once() -> N
     clock = InstantClock()
     held = Held(MemoryObjectStore(), clock)
     held.fail(Op.PUT, key=SEGMENT_1, times=None)  # The plug's PUTs are throttled too.
-    outcome, _ = await acked_stuck_after(stuck_store(held, clock), clock)
+    outcome, _ = await acked_stuck_after(stuck_store(held, clock), clock, Indeterminate)
     assert await held.inner.head(SEGMENT_1) is None
     await held.land()
     read = await recovered_rows(held.inner)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.no_cluster, pytest.mark.timeout(1200
 
 def test_scale_bench_quick_recovers_every_tablet_and_counts_the_paths(tmp_path: Path) -> None:
     out = tmp_path / "scale.json"
+    package = logging.getLogger("tabletstore")
+    level = package.level
     assert main(["--quick", "--steady-seconds", "0.5", "--json", str(out)]) == 0
+    # Quiet for its run only: later tests in this process read the package's warnings.
+    assert package.level == level
     results = json.loads(out.read_text())["results"]
     assert [r["workers"] for r in results] == [10, 100]
     for r in results:
