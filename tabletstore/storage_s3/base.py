@@ -16,6 +16,9 @@ Contracts every implementation keeps:
   the hood; ``start_after`` resumes a listing.
 * ``delete`` and ``delete_many`` are idempotent (deleting a missing key is not an error).
 * Keys are ``/``-separated strings relative to the store's own root (bucket + prefix).
+* A request the store refused for load, certainly without applying it (S3's 503 SlowDown),
+  raises :class:`Throttled`, an Unavailable: a wrapper may retry it, a create included,
+  without wondering whether an earlier try landed.
 * ``offset`` and ``length`` are non-negative; a negative one is ``InvalidArgument``, as is an
   empty key.
 
@@ -41,7 +44,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from tabletstore.errors import InvalidArgument, Unimplemented
+from tabletstore.errors import InvalidArgument, Unavailable, Unimplemented
 
 if TYPE_CHECKING:
     from tabletstore.storage_s3.local import Staged, Staging
@@ -53,6 +56,7 @@ __all__ = [
     "ObjectStore",
     "Op",
     "StagingStore",
+    "Throttled",
     "check_key",
     "check_range",
     "copies_from",
@@ -60,6 +64,11 @@ __all__ = [
     "object_url",
     "staging_layer",
 ]
+
+
+class Throttled(Unavailable):
+    """The store refused the request for load (S3's 503 SlowDown) and did not apply it: back
+    off and send it again. On the wire it travels as its ancestor, Unavailable."""
 
 
 class Op(StrEnum):

@@ -14,6 +14,13 @@ SlowDown), time out, or lose their connection. This wrapper retries what is safe
   again). A retried create that meets PreconditionFailed after an ambiguous attempt is
   resolved the same way, because the object it collided with may be our own.
 
+Throttling. A create the store refused for load (:class:`~tabletstore.storage_s3.base.Throttled`,
+S3's 503 SlowDown) was certainly not applied: it needs no resolution and does not count against
+``max_attempts``; it is sent again, with the same backoff, until the deadline below. Under a
+storm that refuses half the requests, six tries fail together for one create in 64, and every
+such failure stops a commit log (its worker must move to a new incarnation, writing METADATA
+through the same storm); a deadline of tries fails one in millions.
+
 Resolution has a deadline: ``resolve_within`` seconds (default :data:`RESOLVE_WITHIN`) from
 the first attempt's failure. No try, backoff, ``head`` or ``get`` begins after it, and a
 backoff ends at it; a request already sent is bounded by the inner store's own timeouts (an
@@ -52,6 +59,7 @@ from tabletstore.errors import (
 from tabletstore.storage_s3.base import (
     ObjectInfo,
     ObjectStore,
+    Throttled,
     copies_from,
     copying_layer,
     object_url,
@@ -186,20 +194,24 @@ class RetryingObjectStore:
 
     async def create(self, key: str, data: bytes) -> None:
         data = bytes(data)
-        ambiguous: TabletStoreError | None = None
-        maybe_applied = False
+        failure: TabletStoreError | None = None  # the last transient failure
+        ambiguous = False  # an attempt failed in a way that may have stored our bytes
+        maybe_applied = False  # ... and one said so (Indeterminate)
         until: float | None = None  # set by the first failure (module docstring)
-        for attempt in range(1, self._max_attempts + 1):
-            if attempt > 1:
-                await self._pause(attempt - 1, until)
+        counted = 0  # failed tries that count against max_attempts (not the throttled)
+        tries = 0
+        while True:
+            if tries:
+                await self._pause(min(tries, 16), until)
                 if self._past(until):
                     break
+            tries += 1
             try:
                 await self.inner.create(key, data)
                 return
             except PreconditionFailed as collision:
-                if ambiguous is None:
-                    raise  # Nothing of ours was in flight: someone else's object.
+                if not ambiguous:
+                    raise  # Nothing of ours can have landed: someone else's object.
                 try:
                     if await self._resolve(key, data, until):
                         return
@@ -209,9 +221,18 @@ class RetryingObjectStore:
                         f"that may be our own earlier attempt, and reading it failed ({exc})"
                     ) from collision
                 raise
+            except Throttled as exc:
+                # Refused without being applied: nothing to resolve, and not a try spent.
+                # Only the deadline bounds a throttled create (module docstring).
+                failure = exc
+                if until is None:
+                    until = self._clock.monotonic() + self._resolve_within
+                continue
             except _TRANSIENT as exc:
-                ambiguous = exc
+                failure = exc
+                ambiguous = True
                 maybe_applied = maybe_applied or isinstance(exc, Indeterminate)
+                counted += 1
                 if until is None:
                     until = self._clock.monotonic() + self._resolve_within
                 try:
@@ -219,15 +240,15 @@ class RetryingObjectStore:
                         return
                 except _TRANSIENT:
                     pass  # Cannot tell yet; the next try (or its collision) will.
-            if self._past(until):
+            if counted >= self._max_attempts or self._past(until):
                 break
-        assert ambiguous is not None
-        if maybe_applied and not isinstance(ambiguous, Indeterminate):
+        assert failure is not None
+        if maybe_applied and not isinstance(failure, Indeterminate):
             raise Indeterminate(
                 f"create of {object_url(self.url, key)} may have been applied: an attempt's "
-                f"outcome is unknown and the last one failed ({ambiguous})"
-            ) from ambiguous
-        raise ambiguous
+                f"outcome is unknown and the last one failed ({failure})"
+            ) from failure
+        raise failure
 
     async def _resolve(self, key: str, data: bytes, until: float | None) -> bool:
         """True if ``key`` holds exactly ``data``; False if it is absent.

@@ -84,6 +84,7 @@ from tabletstore.storage_s3 import find_layer, layout
 from tabletstore.storage_s3.base import (
     S3_BATCH,
     ObjectInfo,
+    Throttled,
     check_key,
     check_range,
     object_url,
@@ -282,7 +283,7 @@ def _translate_client_error(
         # S3 rejected the request without applying it; 409 ConditionalRequestConflict means
         # another conditional write of the key is in flight and AWS documents "retry" for it
         # (the retry then succeeds or gets 412).
-        return Unavailable(f"{op} {where}: S3 asked to back off ({code}: {message})")
+        return Throttled(f"{op} {where}: S3 asked to back off ({code}: {message})")
     if status >= 500 or status == 0:
         if mutation:
             return Indeterminate(f"{op} {where}: S3 failed, the change may be applied ({code})")

@@ -21,7 +21,7 @@ from tabletstore.errors import (
     Unavailable,
 )
 from tabletstore.keys import Cell, CellKind
-from tabletstore.storage_s3.base import ObjectStore, Op
+from tabletstore.storage_s3.base import ObjectStore, Op, Throttled
 from tabletstore.storage_s3.memory import MemoryObjectStore
 from tabletstore.storage_s3.retrying import RetryingObjectStore
 from tabletstore.testing.faulty_store import FaultyObjectStore
@@ -124,6 +124,25 @@ async def test_retrying_store_turns_a_lost_ack_into_success() -> None:
         outcome = await run_waves(log, waves=5, per_wave=5)
         assert log.failed is None
     assert all(r is None for r in outcome.values())
+    read = await recovered_rows(faulty.inner)
+    assert sorted(read) == sorted(outcome)
+
+
+async def test_a_storm_of_throttles_slows_the_log_but_never_stops_it() -> None:
+    """Half the segment PUTs are refused with 503 SlowDown, in runs longer than the store's
+    max_attempts: every refusal is retried (it was never applied), so the log never stops, no
+    write fails, and recovery reads each one once."""
+    faulty = FaultyObjectStore(MemoryObjectStore())
+    for start in range(1, 200, 20):
+        faulty.fail(Op.PUT, key="logs/*", nth=start, times=8, exc=lambda: Throttled("SlowDown"))
+    store = RetryingObjectStore(
+        faulty, clock=ManualClock(), max_attempts=6, base_delay=0.0, max_delay=0.0
+    )
+    async with CommitLogWriter(store, "w", 1) as log:
+        outcome = await run_waves(log, waves=8, per_wave=5)
+        assert log.failed is None
+    assert all(r is None for r in outcome.values()), outcome
+    assert faulty.calls[Op.HEAD] == 0  # a refusal needs no resolution
     read = await recovered_rows(faulty.inner)
     assert sorted(read) == sorted(outcome)
 

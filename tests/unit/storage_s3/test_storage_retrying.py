@@ -12,7 +12,7 @@ from tabletstore.errors import (
     PreconditionFailed,
     Unavailable,
 )
-from tabletstore.storage_s3.base import Op
+from tabletstore.storage_s3.base import Op, Throttled
 from tabletstore.storage_s3.instrumented import InstrumentedObjectStore
 from tabletstore.storage_s3.memory import MemoryObjectStore
 from tabletstore.storage_s3.retrying import RetryingObjectStore
@@ -268,6 +268,47 @@ async def test_a_throttled_create_out_of_time_is_unavailable_not_indeterminate()
     assert not isinstance(info.value, Indeterminate)
     assert s.clock.monotonic() <= 5.0 + 1.0  # backoffs end at the deadline
     assert s.requests(Op.PUT) < 50
+
+
+def throttled() -> Throttled:
+    return Throttled("503 SlowDown (injected)")
+
+
+async def test_a_throttled_create_is_sent_again_past_max_attempts_within_the_deadline() -> None:
+    s = Stack(max_attempts=3, resolve_within=20.0)
+    s.faulty.fail(Op.PUT, times=10, exc=throttled)  # refused ten times, never applied
+    await s.store.create("k", b"ours")
+    assert await s.memory.get("k") == b"ours"
+    assert s.requests(Op.PUT) == 11
+    assert s.requests(Op.HEAD) == 0  # a refusal needs no resolution
+    assert s.clock.monotonic() <= 20.0
+
+
+async def test_a_throttled_create_gives_up_at_the_deadline_as_unavailable() -> None:
+    s = Stack(max_attempts=3, resolve_within=5.0)
+    s.faulty.fail(Op.PUT, times=None, exc=throttled)
+    with pytest.raises(Throttled):
+        await s.store.create("k", b"ours")
+    assert s.requests(Op.PUT) > 3  # the tries were bounded by time, not by max_attempts
+    assert s.clock.monotonic() <= 5.0 + 1.0
+
+
+async def test_a_collision_after_only_refusals_is_someone_elses_object() -> None:
+    s = Stack(max_attempts=3)
+    s.faulty.fail(Op.PUT, times=2, exc=throttled)
+    await s.memory.create("k", b"theirs")
+    with pytest.raises(PreconditionFailed):
+        await s.store.create("k", b"ours")
+    assert s.requests(Op.HEAD) == 0 and s.requests(Op.GET) == 0
+
+
+async def test_throttles_mixed_with_ambiguous_failures_count_only_the_ambiguous() -> None:
+    s = Stack(max_attempts=2, resolve_within=20.0)
+    s.faulty.fail(Op.PUT, times=3, exc=throttled)
+    s.faulty.fail(Op.PUT, nth=4, times=1)  # an Unavailable that may have been sent
+    s.faulty.fail(Op.PUT, nth=5, times=3, exc=throttled)
+    await s.store.create("k", b"ours")
+    assert s.requests(Op.PUT) == 8
 
 
 async def test_a_slow_resolution_within_the_deadline_still_succeeds() -> None:

@@ -21,6 +21,7 @@ from tabletstore.errors import (
     Unimplemented,
 )
 from tabletstore.storage_s3 import open_store
+from tabletstore.storage_s3.base import Throttled
 from tabletstore.storage_s3.retrying import RetryingObjectStore
 from tabletstore.storage_s3.s3 import S3ObjectStore, parse_s3_url, translate_error
 from tabletstore.testing.store_conformance import collect
@@ -91,9 +92,9 @@ def test_open_store_rejects_unknown_urls(url: str) -> None:
         ("InvalidAccessKeyId", 403, False, PermissionDenied),
         ("SignatureDoesNotMatch", 403, True, PermissionDenied),
         ("403", 403, False, PermissionDenied),
-        ("SlowDown", 503, True, Unavailable),
-        ("ServiceUnavailable", 503, False, Unavailable),
-        ("ConditionalRequestConflict", 409, True, Unavailable),
+        ("SlowDown", 503, True, Throttled),
+        ("ServiceUnavailable", 503, False, Throttled),
+        ("ConditionalRequestConflict", 409, True, Throttled),
         ("InternalError", 500, False, Unavailable),
         ("InternalError", 500, True, Indeterminate),
         ("KeyTooLongError", 400, True, InvalidArgument),
@@ -107,8 +108,10 @@ def test_client_errors_are_translated(
     )
     assert type(error) is expected
     assert URL in str(error)
-    if expected is Unavailable:
+    if expected in (Unavailable, Throttled):
         assert not isinstance(error, Indeterminate)
+    # Only a refusal the store never applied is Throttled (a create retries it freely).
+    assert isinstance(error, Throttled) == (expected is Throttled)
 
 
 def test_missing_key_is_not_a_public_error() -> None:
