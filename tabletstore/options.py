@@ -132,6 +132,18 @@ class TabletOptions:
     max_row_mutations: int = 100_000
     #: Split a tablet past this many bytes of SSTables (§5; default :data:`SPLIT_BYTES`).
     split_bytes: int = SPLIT_BYTES
+    #: While its background compaction fails and is retried (the store unreachable), a tablet
+    #: refuses writes (Unavailable, naming the failure) once the memtables it holds in memory
+    #: reach this many bytes. None: four times ``memtable_flush_bytes`` (HBase's blocking
+    #: multiplier).
+    memtable_limit_bytes: int | None = None
+
+    @property
+    def memory_limit(self) -> int:
+        """The memtable bytes in force (``memtable_limit_bytes``)."""
+        if self.memtable_limit_bytes is None:
+            return 4 * self.memtable_flush_bytes
+        return self.memtable_limit_bytes
 
 
 @dataclass(frozen=True, slots=True)
