@@ -198,6 +198,12 @@ class WorkerOptions:
     #: reads the dead log's tail one GET per segment (§5.3): a tail of at most about this
     #: many segments plus one interval's worth is what a worker kill costs to sort.
     log_trim_segments: int = 24
+    #: Seconds a stopping worker may spend draining (flushing its tablets, releasing their
+    #: claims, closing its log) before it abandons the rest: it logs the tablets it did not
+    #: flush (their commit logs hold every acknowledged write, so recovery replays them) and
+    #: stops with an error (the process exits non-zero). Bounds a stop whose object store or
+    #: etcd is gone; below ECS's default 30 s between SIGTERM and SIGKILL.
+    drain_deadline: float = 25.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -189,6 +189,8 @@ class TabletServer:
         #: Loads under way, by tablet: each runs as its own task, which the load calls for
         #: that tablet await (so a caller that goes away does not stop it).
         self._load_tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
+        #: The tablet stop() is closing now (``unflushed``).
+        self._closing: tuple[str, str] | None = None
         #: Reloads of failed tablets under way (:meth:`_reload`); cancelled by stop().
         self._reloads: set[asyncio.Task[None]] = set()
         self._requests: dict[tuple[str, str], int] = {}
@@ -327,10 +329,13 @@ class TabletServer:
         while self._tablets:
             key = max(self._tablets, key=lambda k: mt.level(*k))
             tablet = self._tablets.pop(key)
+            self._closing = key
             try:
                 await tablet.close(flush=flush)
             except TabletStoreError as exc:
                 log.warning("closing tablet %s/%s: %s", key[0], key[1], exc)
+            finally:
+                self._closing = None
             await self.release_claim(key)
         if self._writer is not None:
             with contextlib.suppress(TabletStoreError):
@@ -353,6 +358,13 @@ class TabletServer:
     @property
     def lease(self) -> Lease | None:
         return self._lease
+
+    @property
+    def unflushed(self) -> list[tuple[str, str]]:
+        """The tablets a stop under way has not closed yet (the one it is closing first):
+        what a drain cut short abandons (``run_worker``'s drain deadline)."""
+        closing = [] if self._closing is None else [self._closing]
+        return closing + sorted(k for k in self._tablets if k != self._closing)
 
     @property
     def tablets(self) -> dict[tuple[str, str], Tablet]:
