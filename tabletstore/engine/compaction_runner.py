@@ -19,9 +19,11 @@ it holds reach ``TabletOptions.memtable_limit_bytes``; past that, writes are ref
 Unavailable naming the failure (:meth:`TabletCore.check_writable`) until a retry succeeds,
 which makes the tablet fully writable again. A failure that retrying cannot mend (a record
 update whose outcome is unknown, so memory no longer says what the record holds; a Fenced
-record; Corruption) marks the tablet *failed* (:meth:`TabletCore.fail`): writes and
+record; any other error) marks the tablet *failed* (:meth:`TabletCore.fail`): writes and
 compactions are refused and its worker reloads it from its record and commit log
-(``TabletServer``), without a flush and without an operator. Reads go on in both cases.
+(``TabletServer``), without a flush and without an operator. Reads go on in both cases. A
+background *merge* that fails is only logged: the memtable is in SSTables already, and the next
+flush plans the merge again (an ambiguous record update fails the tablet there too).
 
 The redo point. Sequence numbers are allocated before the commit-log append and cells reach the
 memtable only after it, so when a memtable freezes, writes with *smaller* sequence numbers may
@@ -137,15 +139,15 @@ class CompactionRunner:
             self._spawn(self._background_minor_compaction())
 
     async def _background_minor_compaction(self) -> None:
-        """Minor-compact, then merge; a transient failure is retried, backing off, until an
-        attempt succeeds, the tablet closes or fails, or :meth:`background_done` asks it to
-        stop (module docstring)."""
+        """Minor-compact, then merge. A transient failure of the minor compaction is retried,
+        backing off, until an attempt succeeds, the tablet closes or fails, or
+        :meth:`background_done` asks it to stop (module docstring); a failed merge is only
+        logged (the memtable is in SSTables already: the next flush plans it again)."""
         core = self._core
         delay = RETRY_FIRST
         while True:
             try:
                 await self.minor_compact()
-                await self.merge_if_needed()
             except TabletStoreError as exc:
                 tablet_id = core.record.tablet_id
                 if core.closed or isinstance(exc, NotServing):
@@ -175,6 +177,11 @@ class CompactionRunner:
             if core.flush_failure is not None:
                 log.warning("background compaction of %s succeeded again", core.record.tablet_id)
                 core.flush_failure = None
+            try:
+                await self.merge_if_needed()
+            except TabletStoreError as exc:
+                if not core.closed and not isinstance(exc, NotServing):
+                    log.warning("merging compaction of %s failed: %s", core.record.tablet_id, exc)
             return
 
     async def background_done(self) -> None:

@@ -9,7 +9,8 @@ the dict model after the fault and after a crash and recovery:
   writes until its memtables reach their limit and serves reads, and once the store heals the
   same tablet takes writes again, without a reload);
 * an ambiguous record update in a background compaction marks the tablet failed, to be
-  reloaded (its worker does so; here the harness), and nothing acknowledged is lost;
+  reloaded (its worker does so; here the harness), and nothing acknowledged is lost; a
+  background merge that cannot read an input fails that merge only, not the tablet;
 * the catalog update fails after the SSTable upload (minor and merging compactions);
 * a corrupted SSTable block: reads raise Corruption, never return wrong data;
 * a crash after acknowledging writes and before any flush (twice in a row);
@@ -215,6 +216,42 @@ async def test_an_ambiguous_record_update_in_a_background_flush_fails_the_tablet
         await h.recover()
         await check(h, model)
     finally:
+        await h.close()
+
+
+async def test_a_failing_background_merge_leaves_the_tablet_writable(
+    faulty: FaultyObjectStore,
+) -> None:
+    """A merge reads its inputs back: one it cannot read (a corrupt SSTable) fails that merge
+    only, never the tablet, whose memtable is in SSTables already."""
+    options = TabletOptions(memtable_flush_bytes=2000, max_sstables_per_group=2)
+    h = TabletHarness(faulty, options=options)
+    tablet = await h.start()
+    model = TabletModel(h.schema)
+    try:
+        i = 0
+        async with asyncio.timeout(60):
+            while not tablet.record.sstables:
+                await write(h, model, i, i + 1)
+                await asyncio.sleep(0)
+                i += 1
+            first = min(ref.key for refs in tablet.record.sstables.values() for ref in refs)
+            # Every merge of its group reads this SSTable whole, and cannot.
+            bad = faulty.fail(Op.GET, key=first, exc=Corruption("injected: bad"), times=None)
+            while bad.fired < 2:
+                await write(h, model, i, i + 1)
+                await asyncio.sleep(0)
+                i += 1
+        await h.settle()
+        assert tablet.must_reload is None and tablet.flush_failure is None
+        await write(h, model, i, i + 20)
+        faulty.clear()
+        await h.settle()
+        await check(h, model)
+        await h.recover()
+        await check(h, model)
+    finally:
+        faulty.clear()
         await h.close()
 
 
