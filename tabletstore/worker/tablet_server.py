@@ -282,10 +282,14 @@ class TabletServer:
                 continue
             ref, mark = self._log.log_ref, self._log.segment_mark()
             lag = self._options.log_trim_segments
+            # A tablet whose background flush is failing is left to its retries, which back
+            # off (a trim would try the same PUTs every interval); a failed one to its reload.
             lagging = [
                 (key, tablet)
                 for key, tablet in list(self._tablets.items())
-                if tablet.record.logs != (ref,) or mark - tablet.record.log_start(ref) >= lag
+                if (tablet.record.logs != (ref,) or mark - tablet.record.log_start(ref) >= lag)
+                and tablet.flush_failure is None
+                and tablet.must_reload is None
             ]
             # Side by side: one after the other, a round over a few busy tablets (a minor
             # compaction each) took seconds, and the log's tail grew meanwhile.

@@ -10,7 +10,9 @@ Through the embedded database (a real TabletServer and Master in one process, me
   writes again by itself once they no longer fail;
 * a tablet the worker dropped is loaded again by the embedded database's own master;
 * a tablet made to fail by a write answered Indeterminate is reloaded by its worker itself,
-  and holds that write exactly if its record is in the log.
+  and holds that write exactly if its record is in the log;
+* a tablet whose flushes fail for a while (the store refusing SSTable PUTs) is kept, refuses
+  writes only past its memtable limit, and takes them again once the store heals.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from tabletstore.data.model import SetCell
 from tabletstore.embedded import Database
 from tabletstore.engine.tablet import Tablet
 from tabletstore.errors import NotServing, TabletStoreError, Unavailable
+from tabletstore.options import TabletOptions
 from tabletstore.rpc.messages import MutateRowsRequest, ReadRowsRequest, UnloadTabletRequest
 from tabletstore.storage_s3 import layout
 from tabletstore.storage_s3.base import ObjectStore, Op
@@ -309,3 +312,52 @@ async def test_a_tablet_failed_by_an_indeterminate_write_serves_writes_again_by_
     rows = {row.key: row.cells[0].value async for row in db.table("t").read_rows()}
     assert rows.get(b"y") == b"y"
     assert (rows.get(b"x") == b"x") is logged, rows.get(b"x")
+
+
+async def test_a_worker_whose_flushes_fail_for_a_while_keeps_the_tablet_and_takes_writes_again() -> (
+    None
+):
+    """The store refuses every SSTable PUT for a while (a 503 storm): the worker's tablet used
+    to refuse writes for good after one failed background flush. It keeps taking writes until
+    its memtables reach their limit, then refuses them naming the failure, and once the store
+    heals the same tablet takes them again: no reload, every acknowledged write there."""
+    options = TabletOptions(memtable_flush_bytes=4096, memtable_limit_bytes=64 * 1024)
+    db = await Database.open(f"memory://flush-fails-{uuid.uuid4().hex}", tablet_options=options)
+    try:
+        await db.create_table("t", ["f"])
+        await write(db, 10)
+        _, tablet = served(db)
+        faulty = FaultyObjectStore(tablet._core.store)
+        faulty.fail(Op.PUT, key="tables/*", times=None)
+        tablet._core.store = faulty
+        db.retry_deadline = 1.0
+        table = db.table("t")
+        acked: list[int] = []
+        async with asyncio.timeout(120):
+            i = 10
+            while True:
+                try:
+                    await table.mutate_row(b"r%04d" % i, [SetCell("f", b"q", b"v%d" % i * 20)])
+                except Unavailable as exc:
+                    refused = exc
+                    break
+                acked.append(i)
+                i += 1
+        assert "writing them out fails" in str(refused), refused
+        assert tablet.flush_failure is not None and tablet.must_reload is None
+        assert len(acked) > 10  # taken while failing, up to the limit
+        faulty.clear()
+        async with asyncio.timeout(60):
+            while True:
+                try:
+                    await table.mutate_row(b"r%04d" % i, [SetCell("f", b"q", b"v%d" % i * 20)])
+                    break
+                except Unavailable:
+                    await asyncio.sleep(0.05)
+        acked.append(i)
+        assert served(db)[1] is tablet and tablet.must_reload is None
+        rows = {row.key: row.cells[0].value async for row in table.read_rows()}
+        for j in acked:
+            assert rows.get(b"r%04d" % j) == b"v%d" % j * 20, j
+    finally:
+        await db.close()
