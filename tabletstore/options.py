@@ -132,6 +132,18 @@ class TabletOptions:
     max_row_mutations: int = 100_000
     #: Split a tablet past this many bytes of SSTables (§5; default :data:`SPLIT_BYTES`).
     split_bytes: int = SPLIT_BYTES
+    #: While its background compaction fails and is retried (the store unreachable), a tablet
+    #: refuses writes (Unavailable, naming the failure) once the memtables it holds in memory
+    #: reach this many bytes. None: four times ``memtable_flush_bytes`` (HBase's blocking
+    #: multiplier).
+    memtable_limit_bytes: int | None = None
+
+    @property
+    def memory_limit(self) -> int:
+        """The memtable bytes in force (``memtable_limit_bytes``)."""
+        if self.memtable_limit_bytes is None:
+            return 4 * self.memtable_flush_bytes
+        return self.memtable_limit_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +198,12 @@ class WorkerOptions:
     #: reads the dead log's tail one GET per segment (§5.3): a tail of at most about this
     #: many segments plus one interval's worth is what a worker kill costs to sort.
     log_trim_segments: int = 24
+    #: Seconds a stopping worker may spend draining (flushing its tablets, releasing their
+    #: claims, closing its log) before it abandons the rest: it logs the tablets it did not
+    #: flush (their commit logs hold every acknowledged write, so recovery replays them) and
+    #: stops with an error (the process exits non-zero). Bounds a stop whose object store or
+    #: etcd is gone; below ECS's default 30 s between SIGTERM and SIGKILL.
+    drain_deadline: float = 25.0
 
 
 @dataclass(frozen=True, slots=True)

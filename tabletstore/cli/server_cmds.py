@@ -395,6 +395,15 @@ def master_cmd(
     help="Where the directory of those runs is made (default: the system's temporary one).",
 )
 @click.option(
+    "--drain-deadline",
+    type=click.FloatRange(min=0.0, min_open=True),
+    default=WorkerOptions().drain_deadline,
+    show_default=True,
+    help="Seconds a stopping worker may spend flushing its tablets; past it, it logs the "
+    "tablets it did not flush (their commit logs hold every acknowledged write: recovery "
+    "replays them) and exits non-zero.",
+)
+@click.option(
     "--clock-step-file",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
@@ -423,6 +432,7 @@ def worker_cmd(
     sort_memory_bytes: int,
     sort_spill_bytes: int,
     sort_spill_dir: str | None,
+    drain_deadline: float,
     clock_step_file: Path | None,
     metrics_port: int | None,
     processes: int,
@@ -447,6 +457,7 @@ def worker_cmd(
         sort_memory_bytes=sort_memory_bytes,
         sort_spill_bytes=sort_spill_bytes,
         sort_spill_dir=sort_spill_dir,
+        drain_deadline=drain_deadline,
         rpc=rpc,
     )
     tablet_options = TabletOptions(split_bytes=split_bytes)

@@ -9,9 +9,21 @@ tablet's state changes, by the pure steps of :mod:`tabletstore.engine.state`.
 
 Failed compactions. A compaction called directly returns its error to the caller and leaves
 the tablet as it was (a memtable that failed to be written out stays frozen, serving reads, and
-the next minor compaction writes it out with the current memtable). A failed *background*
-compaction is sticky: writes and compactions raise Unavailable until the tablet is reloaded
-(its commit log still holds everything past the redo point); reads go on.
+the next minor compaction writes it out with the current memtable). A *background* compaction
+that fails transiently (Unavailable: the store or the catalog unreachable or overloaded;
+Indeterminate from an SSTable PUT, whose key is never reused) is tried again, backing off from
+:data:`RETRY_FIRST` to :data:`RETRY_MAX` seconds, as HBase retries a failed flush: nothing is
+lost meanwhile (the frozen memtables are whole in memory and serve reads, and the commit log
+holds everything past the redo point), and the tablet goes on taking writes until the memtables
+it holds reach ``TabletOptions.memtable_limit_bytes``; past that, writes are refused with
+Unavailable naming the failure (:meth:`TabletCore.check_writable`) until a retry succeeds,
+which makes the tablet fully writable again. A failure that retrying cannot mend (a record
+update whose outcome is unknown, so memory no longer says what the record holds; a Fenced
+record; any other error) marks the tablet *failed* (:meth:`TabletCore.fail`): writes and
+compactions are refused and its worker reloads it from its record and commit log
+(``TabletServer``), without a flush and without an operator. Reads go on in both cases. A
+background *merge* that fails is only logged: the memtable is in SSTables already, and the next
+flush plans the merge again (an ambiguous record update fails the tablet there too).
 
 The redo point. Sequence numbers are allocated before the commit-log append and cells reach the
 memtable only after it, so when a memtable freezes, writes with *smaller* sequence numbers may
@@ -25,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
 import logging
 from collections.abc import Callable, Coroutine, Mapping, Sequence
@@ -49,7 +62,14 @@ from tabletstore.engine.state import (
 )
 from tabletstore.engine.tablet_core import TabletCore
 from tabletstore.engine.tablet_sstables import TabletSSTables
-from tabletstore.errors import Fenced, PreconditionFailed, TabletStoreError
+from tabletstore.errors import (
+    Fenced,
+    Indeterminate,
+    NotServing,
+    PreconditionFailed,
+    TabletStoreError,
+    Unavailable,
+)
 from tabletstore.metadata.record import SSTableRef, TabletRecord
 from tabletstore.sstable import SSTableInfo
 
@@ -58,6 +78,12 @@ __all__ = ["CompactionRunner"]
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+#: Seconds before a failed background compaction is tried again, doubling up to
+#: :data:`RETRY_MAX`: a store's 503 storm or a timeout passes in seconds, and a retry costs
+#: the re-encoding of the frozen memtables and their PUTs.
+RETRY_FIRST = 0.25
+RETRY_MAX = 5.0
 
 
 class CompactionRunner:
@@ -80,6 +106,10 @@ class CompactionRunner:
         self.tasks = tasks
         #: The background compaction running (one at a time), if any.
         self.background: asyncio.Task[None] | None = None
+        #: Set by :meth:`background_done`: the background compaction retries no more.
+        self._stop_retrying = False
+        #: Wakes the background compaction from its wait before a retry.
+        self._wake = asyncio.Event()
 
     # ------------------------------------------------------------------ background
 
@@ -96,24 +126,71 @@ class CompactionRunner:
             return
         try:
             self.background = self.tasks.create_task(coro)
+            self._stop_retrying = False
         except RuntimeError:
             # The worker's TaskGroup is shutting down (the worker is stopping, or failed):
             # the compaction is optional, closing the tablet flushes it anyway.
             coro.close()
 
+    def resume(self) -> None:
+        """Start the background compaction again if a failure it was retrying is still
+        unmended (it stops retrying while a split or an unload waits for it)."""
+        if self._core.flush_failure is not None:
+            self._spawn(self._background_minor_compaction())
+
     async def _background_minor_compaction(self) -> None:
-        try:
-            await self.minor_compact()
-            await self.merge_if_needed()
-        except TabletStoreError as exc:
-            # Sticky until the tablet is reloaded: serving on with a memtable that can never
-            # be written out would grow without bound.
-            log.error("background compaction of %s failed: %s", self._core.record.tablet_id, exc)
-            self._core.failed = exc
+        """Minor-compact, then merge. A transient failure of the minor compaction is retried,
+        backing off, until an attempt succeeds, the tablet closes or fails, or
+        :meth:`background_done` asks it to stop (module docstring); a failed merge is only
+        logged (the memtable is in SSTables already: the next flush plans it again)."""
+        core = self._core
+        delay = RETRY_FIRST
+        while True:
+            try:
+                await self.minor_compact()
+            except TabletStoreError as exc:
+                tablet_id = core.record.tablet_id
+                if core.closed or isinstance(exc, NotServing):
+                    return  # closed meanwhile: whoever closed it decided about the memtable
+                if core.failed is not None or not _transient(exc):
+                    log.error("background compaction of %s failed: %s", tablet_id, exc)
+                    core.fail(exc)
+                    return
+                if core.flush_failure is None:
+                    log.warning(
+                        "background compaction of %s failed (%s); retrying, every acknowledged "
+                        "write is in memory and in the commit log",
+                        tablet_id,
+                        exc,
+                    )
+                core.flush_failure = exc
+                if self._stop_retrying or core.writes_blocked is not None:
+                    return  # a split or an unload writes the memtable out itself, or not
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(delay):
+                        await self._wake.wait()  # set by background_done()
+                if self._stop_retrying or core.closed:
+                    return
+                delay = min(delay * 2, RETRY_MAX)
+                continue
+            if core.flush_failure is not None:
+                log.warning("background compaction of %s succeeded again", core.record.tablet_id)
+                core.flush_failure = None
+            try:
+                await self.merge_if_needed()
+            except TabletStoreError as exc:
+                if not core.closed and not isinstance(exc, NotServing):
+                    log.warning("merging compaction of %s failed: %s", core.record.tablet_id, exc)
+            return
 
     async def background_done(self) -> None:
-        """Wait for the background compaction, if one runs. Its errors are its own: it
-        records them (``failed``), and anything else is for its TaskGroup to raise."""
+        """Wait for the background compaction, if one runs; one waiting to retry a failure
+        stops instead (``flush_failure`` stays set: :meth:`resume` starts it again). Its errors
+        are its own: it records them (``flush_failure``, ``failed``), and anything else is for
+        its TaskGroup to raise."""
+        self._stop_retrying = True
+        self._wake.set()
         while self.background is not None and not self.background.done():
             await asyncio.gather(self.background, return_exceptions=True)
 
@@ -310,6 +387,14 @@ class CompactionRunner:
                     if ref.key in replaced:
                         table.close()
         self._notify_compacted()
+
+
+def _transient(exc: TabletStoreError) -> bool:
+    """Whether retrying the compaction as it is may succeed: a dependency unreachable or
+    overloaded, or a PUT whose answer was lost (an SSTable key is never reused, so a PUT that
+    landed after all only leaves garbage). An ambiguous record update is not: the tablet is
+    marked failed as it happens (:meth:`TabletCore.commit`)."""
+    return isinstance(exc, Unavailable | Indeterminate) and not isinstance(exc, NotServing)
 
 
 def _seq_bases(record: TabletRecord, keys: Sequence[str]) -> list[int]:

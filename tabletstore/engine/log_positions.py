@@ -65,8 +65,8 @@ class LogPositions:
         take writes again. Raises if the record cannot be updated (Fenced: the tablet is no
         longer this worker's; Unavailable once refusals were retried ``wait`` seconds, None:
         the catalog's deadline); writes stay refused then. Raises Unavailable for a tablet
-        that must be reloaded (:meth:`TabletCore.log_unsettled`, a failed compaction): its
-        worker drops it, and its next load replays the logs its record lists."""
+        that must be reloaded (:meth:`TabletCore.fail`): its worker reloads it, replaying the
+        logs its record lists."""
         core = self._core
         core.check_open()
         async with core.compaction_lock, core.state_lock:

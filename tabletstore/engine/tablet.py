@@ -104,6 +104,9 @@ class Tablet:
         self._ingest = BulkIngest(core, self._sstables, self._notify_compacted)
         #: Called after each compaction that changed the record (the worker checks for a split).
         self.on_compacted: Callable[[Tablet], None] | None = None
+        #: Called once when the tablet fails (:attr:`must_reload`): the worker reloads it.
+        self.on_failed: Callable[[Tablet], None] | None = None
+        core.on_failed = self._notify_failed
         self._stack = contextlib.AsyncExitStack()
 
         # The operations, bound once to the collaborator that does them: the single-row write
@@ -217,10 +220,15 @@ class Tablet:
 
     @property
     def must_reload(self) -> BaseException | None:
-        """Why this tablet takes no more writes until it is reloaded (a failed background
-        compaction, a write whose record may or may not be logged: ``TabletCore.failed``),
-        or None."""
+        """Why this tablet takes no more writes until it is reloaded (a background compaction
+        failure that retrying cannot mend, a write whose record may or may not be logged:
+        ``TabletCore.failed``), or None."""
         return self._core.failed
+
+    @property
+    def flush_failure(self) -> BaseException | None:
+        """Why its background compaction is failing while it retries, or None."""
+        return self._core.flush_failure
 
     @property
     def log_pending(self) -> bool:
@@ -235,6 +243,10 @@ class Tablet:
         return self._core.contains(row)
 
     # ------------------------------------------------------------------ splits and shutdown
+
+    def _notify_failed(self) -> None:
+        if self.on_failed is not None:
+            self.on_failed(self)
 
     def _notify_compacted(self) -> None:
         if self.on_compacted is not None and not self._core.closed:
@@ -299,13 +311,14 @@ class Tablet:
         finally:
             if not core.closed:
                 core.writes_blocked = None
+                self._compactions.resume()  # a failure it was retrying, if still unmended
 
     async def close(self, *, flush: bool) -> None:
         """Stop serving. With ``flush`` (a moved tablet, §5.2), stop writes, wait for those in
         flight and minor-compact, then clear the record's ``logs``: every acknowledged write is
         in SSTables, so the new owner replays (and fences) nothing -- this worker's log stays
-        its own. Without it (or after a failed background compaction) the logs stay listed and
-        the next owner recovers from them as after a crash."""
+        its own. Without it (or once the tablet failed, :attr:`must_reload`) the logs stay
+        listed and the next owner recovers from them as after a crash."""
         core = self._core
         if flush and not core.closed:
             await self._quiesce("being unloaded")

@@ -140,9 +140,16 @@ class TabletCore:
         self.log_failure: BaseException | None = None
         #: Set while a snapshot's cut holds writes (``hold_for_snapshot``): writes wait on it.
         self.snapshot_gate: asyncio.Event | None = None
-        #: Sticky until the tablet is reloaded: a background compaction's failure, or a write
-        #: whose record may or may not be in the log (:meth:`log_unsettled`).
+        #: Sticky until the tablet is reloaded (:meth:`fail`): a background compaction's
+        #: failure that retrying cannot mend, or a write whose record may or may not be in the
+        #: log (:meth:`log_unsettled`).
         self.failed: BaseException | None = None
+        #: Called (synchronously) when the tablet fails: its worker reloads it.
+        self.on_failed: Callable[[], None] | None = None
+        #: Why the background compaction is failing while it retries (transient: the store
+        #: unreachable, say), or None: writes are refused only while the memtables held in
+        #: memory exceed ``TabletOptions.memtable_limit_bytes`` (:meth:`check_writable`).
+        self.flush_failure: BaseException | None = None
         self.closed = False
 
     @property
@@ -158,20 +165,37 @@ class TabletCore:
             raise NotServing(f"tablet {self.record.tablet_id} is not served here any more")
 
     def check_open(self) -> None:
-        """Writes and compactions also need no sticky background failure."""
+        """Writes and compactions also need the tablet not failed (:meth:`fail`)."""
         self.check_serving()
         if self.failed is not None:
-            raise Unavailable(f"tablet {self.record.tablet_id} must be reloaded: {self.failed}")
+            raise Unavailable(
+                f"tablet {self.record.tablet_id} must be reloaded ({self.failed}); its worker "
+                "is reloading it, retry"
+            )
+
+    def fail(self, error: BaseException) -> None:
+        """Refuse writes and compactions until the tablet is reloaded (its record and commit
+        log hold every acknowledged write; reads go on), and tell the worker (``on_failed``),
+        which reloads it. The first cause is kept."""
+        if self.failed is None:
+            self.failed = error
+            if self.on_failed is not None and not self.closed:
+                self.on_failed()
 
     def log_unsettled(self, error: Indeterminate) -> None:
         """A write of this tablet was answered ``error``: its record may be in the log while
         its cells are not in the memtable (engine/write_path.py), so the memtable no longer
         says what the log holds. The tablet takes no more writes and no compaction (whose redo
-        point would pass the record for good): closed without a flush, its next load replays
-        the log, and then the table holds the write exactly if the log does. The worker drops
-        it when it moves to a new log (a tablet that cannot take the new log is dropped)."""
-        if self.failed is None:
-            self.failed = error
+        point would pass the record for good): its worker closes it without a flush and loads
+        it again once the log is settled, replaying it, and then the table holds the write
+        exactly if the log does."""
+        self.fail(error)
+
+    def memtable_bytes(self) -> int:
+        """The bytes of the memtables held in memory: the one taking writes and the frozen
+        ones waiting to be written out."""
+        state = self.state
+        return state.memtable.approximate_size + sum(m.approximate_size for m in state.frozen)
 
     def check_writable(self) -> None:
         """Writes also need no split or unload under way, and a table not being promoted
@@ -190,6 +214,14 @@ class TabletCore:
                 f"tablet {self.record.tablet_id}: its worker is moving to a new commit log"
                 f"{cause}; the write was not applied, retry"
             )
+        if self.flush_failure is not None:
+            held = self.memtable_bytes()
+            if held >= self.options.memory_limit:
+                raise Unavailable(
+                    f"tablet {self.record.tablet_id} holds {held} bytes of memtables, its limit, "
+                    f"and writing them out fails ({self.flush_failure}); the write was not "
+                    "applied, retry"
+                )
 
     def check_row(self, row: bytes) -> None:
         if not self.contains(row):
@@ -246,7 +278,13 @@ class TabletCore:
             new = step(state)
             if new.record.timestamp_floor < self.timestamp_floor:
                 new = replace(new, record=replace(new.record, timestamp_floor=self.timestamp_floor))
-            stored = await self.catalog.update(state.record, new.record)
+            try:
+                stored = await self.catalog.update(state.record, new.record)
+            except Indeterminate as exc:
+                # The record may hold the change or not: memory no longer says which, and a
+                # retry would commit against a record that may be stale. Reloading reads it.
+                self.fail(exc)
+                raise
             self.state = replace(new, record=stored)
             return state
 

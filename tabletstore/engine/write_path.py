@@ -20,8 +20,9 @@ segments) agree. The contract, with the commit log (:mod:`tabletstore.commitlog.
   it while it is not in the memtable yet.
 * A record that may or may not be durable (the writer could not settle a failed PUT) is
   reported ``Indeterminate``, never acknowledged, and is not in the memtable. The tablet then
-  stops taking writes, and its worker drops it without a flush, so its next load replays the
-  log: the table holds the write exactly if the log does.
+  stops taking writes (:meth:`TabletCore.log_unsettled`), and its worker closes it without a
+  flush and loads it again, replaying the log: the table holds the write exactly if the log
+  does.
 """
 
 from __future__ import annotations

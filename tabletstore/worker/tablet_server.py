@@ -189,6 +189,10 @@ class TabletServer:
         #: Loads under way, by tablet: each runs as its own task, which the load calls for
         #: that tablet await (so a caller that goes away does not stop it).
         self._load_tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
+        #: The tablet stop() is closing now (``unflushed``).
+        self._closing: tuple[str, str] | None = None
+        #: Reloads of failed tablets under way (:meth:`_reload`); cancelled by stop().
+        self._reloads: set[asyncio.Task[None]] = set()
         self._requests: dict[tuple[str, str], int] = {}
         #: The claim's create revision (the tablet's epoch) of every tablet claimed here.
         self._epochs: dict[tuple[str, str], int] = {}
@@ -278,10 +282,14 @@ class TabletServer:
                 continue
             ref, mark = self._log.log_ref, self._log.segment_mark()
             lag = self._options.log_trim_segments
+            # A tablet whose background flush is failing is left to its retries, which back
+            # off (a trim would try the same PUTs every interval); a failed one to its reload.
             lagging = [
                 (key, tablet)
                 for key, tablet in list(self._tablets.items())
-                if tablet.record.logs != (ref,) or mark - tablet.record.log_start(ref) >= lag
+                if (tablet.record.logs != (ref,) or mark - tablet.record.log_start(ref) >= lag)
+                and tablet.flush_failure is None
+                and tablet.must_reload is None
             ]
             # Side by side: one after the other, a round over a few busy tablets (a minor
             # compaction each) took seconds, and the log's tail grew meanwhile.
@@ -307,7 +315,7 @@ class TabletServer:
         self._catalog.retry_deadline = min(self._catalog.retry_deadline, _STOP_METADATA_WAIT)
         self._stopping = True
         self._switch_wake.set()
-        loads = list(self._load_tasks.values())
+        loads = [*self._load_tasks.values(), *self._reloads]
         for task in loads:  # a load under way releases its claim as it is cancelled
             task.cancel()
         await asyncio.gather(*loads, return_exceptions=True)
@@ -325,10 +333,13 @@ class TabletServer:
         while self._tablets:
             key = max(self._tablets, key=lambda k: mt.level(*k))
             tablet = self._tablets.pop(key)
+            self._closing = key
             try:
                 await tablet.close(flush=flush)
             except TabletStoreError as exc:
                 log.warning("closing tablet %s/%s: %s", key[0], key[1], exc)
+            finally:
+                self._closing = None
             await self.release_claim(key)
         if self._writer is not None:
             with contextlib.suppress(TabletStoreError):
@@ -351,6 +362,13 @@ class TabletServer:
     @property
     def lease(self) -> Lease | None:
         return self._lease
+
+    @property
+    def unflushed(self) -> list[tuple[str, str]]:
+        """The tablets a stop under way has not closed yet (the one it is closing first):
+        what a drain cut short abandons (``run_worker``'s drain deadline)."""
+        closing = [] if self._closing is None else [self._closing]
+        return closing + sorted(k for k in self._tablets if k != self._closing)
 
     @property
     def tablets(self) -> dict[tuple[str, str], Tablet]:
@@ -559,6 +577,7 @@ class TabletServer:
             if before_serving is not None:
                 before_serving(tablet)
             tablet.on_compacted = self.splits.after_compaction
+            tablet.on_failed = self._tablet_failed
             newest = self._schemas.get(tablet.record.table_id)
             if newest is not None and newest.schema is not tablet.schema:
                 tablet.set_schema(newest.schema)  # pushed while it was opened (no await since)
@@ -654,9 +673,10 @@ class TabletServer:
         record: the root first (its record is in the coordinator), then METADATA tablets, then
         user tablets (each one's record is a row served by the level above). A tablet that
         must be reloaded (a write whose record may or may not be in the old log, a failed
-        compaction) or whose record another worker owns now (Fenced) is dropped without a
-        flush: its logs stay listed, and its next load (a master's assignment round) replays
-        them. Returns the tablets still held (their record could not take the log now)."""
+        compaction) is reloaded by this worker (:meth:`_reload`: closed without a flush, its
+        logs replayed, the old one fenced); one whose record another worker owns now (Fenced)
+        is dropped without a flush: its logs stay listed, and its next load replays them.
+        Returns the tablets still held (their record could not take the log now)."""
         assert self._log is not None and self._lease is not None
         async with self._log_switch.exclusive():
             old = self._log.writer
@@ -700,27 +720,81 @@ class TabletServer:
                 held = self._tablets.get(key)
                 if held is None or not held.log_pending:
                     continue
-                why: BaseException | None = held.must_reload
-                if why is None:
+                if held.must_reload is None:
                     try:
                         await held.add_log(self._log.log_ref, wait=_SWITCH_RECORD_WAIT)
-                        continue
+                        if held.must_reload is None:
+                            continue
+                        # (failed meanwhile: a write of the old log answered Indeterminate)
                     except Fenced as exc:
-                        why = exc
+                        if self._tablets.get(key) is held:
+                            log.warning("tablet %s/%s dropped after the log failed: %s", *key, exc)
+                            await self._drop(key)
+                        continue
                     except TabletStoreError as exc:
-                        why = held.must_reload
-                        if why is None:
+                        if held.must_reload is None:
                             log.info("tablet %s/%s waits to record the new log: %s", *key, exc)
                             waiting.append(key)
                             continue
-                if self._tablets.get(key) is held:
-                    log.warning("tablet %s/%s dropped after the log failed: %s", *key, why)
-                    await self._drop(key)
+                # The old log is settled now (its writer closed, its PUTs landed or failed):
+                # the reload reads it fenced, so it sees exactly what it holds.
+                self._reload_soon(key, held)
             return waiting
 
     def _held(self, key: tuple[str, str]) -> bool:
         tablet = self._tablets.get(key)
         return tablet is not None and tablet.log_pending
+
+    def _tablet_failed(self, tablet: Tablet) -> None:
+        """A served tablet failed (``Tablet.must_reload``: a write whose record may or may not
+        be in the log, a compaction failure retrying cannot mend): reload it without an
+        operator (:meth:`_reload`). While the log it wrote to has failed, or the worker is
+        moving to a new one, the log switch starts the reload once that log is settled
+        (:meth:`_switch_pass`): read before, it could gain a record afterwards. A worker that
+        is stopping, or whose lease ended, reloads nothing (its tablets are recovered from
+        their logs wherever they are loaded next)."""
+        if self._stopping or self._log is None or self._lease is None or self._lease.expired:
+            return
+        if self._log.writer.failed is not None or tablet.log_pending:
+            return
+        self._reload_soon((tablet.record.table_id, tablet.record.tablet_id), tablet)
+
+    def _reload_soon(self, key: tuple[str, str], tablet: Tablet) -> None:
+        self.spawn(self._reloads, self._reload(key, tablet))
+
+    async def _reload(self, key: tuple[str, str], tablet: Tablet) -> None:
+        """Close a failed tablet without a flush and load it again under the same claim, as a
+        load from the master would (its record, then a replay of the logs it lists, fenced
+        unless it is this worker's live log): every acknowledged write is in those logs, and
+        a write answered Indeterminate ends up in the table exactly if its record is in the
+        log. Reads are served by the failed tablet until it closes. If the load fails, the
+        claim is released and the master assigns the tablet again (possibly here)."""
+        async with self.tablet_lock(key):
+            if self._tablets.get(key) is not tablet or self._stopping:
+                return  # unloaded, dropped, split or reloaded meanwhile
+            log.warning(
+                "tablet %s/%s failed (%s); reloading it from its record and commit logs",
+                *key,
+                tablet.must_reload,
+            )
+            del self._tablets[key]
+            with contextlib.suppress(TabletStoreError):
+                await tablet.close(flush=False)
+            epoch = self._epochs.get(key)
+            if epoch is None:
+                return
+            try:
+                await self._load_claimed(LoadTabletRequest(*key), epoch)
+            except (TabletStoreError, asyncio.CancelledError) as exc:
+                log.warning(
+                    "reloading tablet %s/%s failed (%r); releasing it for the master to assign",
+                    *key,
+                    exc,
+                )
+                with contextlib.suppress(TabletStoreError):
+                    await self.release_claim(key)
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
 
     async def _drop(self, key: tuple[str, str]) -> None:
         """Stop serving a tablet without a flush and release its claim (if still ours)."""

@@ -20,6 +20,7 @@ from tabletstore.coordination.tokens import TokenStore
 from tabletstore.errors import (
     Fenced,
     TabletStoreError,
+    Unavailable,
 )
 from tabletstore.metadata.catalog import ClusterSettings
 from tabletstore.ops.metrics import WorkerMetrics
@@ -65,7 +66,10 @@ async def run_worker(
 ) -> None:
     """A worker process (§5.2): serve the worker RPCs on ``host:port`` until ``stop`` is set
     (then minor-compact and release every tablet) or the lease is lost (then stop at once:
-    another worker may already own the tablets). A lost lease raises ``Fenced``, so that the
+    another worker may already own the tablets). The stop takes at most
+    ``WorkerOptions.drain_deadline`` seconds: past it (the object store or etcd unreachable),
+    the worker logs the tablets it did not flush, whose commit logs hold every acknowledged
+    write for recovery to replay, and raises Unavailable. A lost lease raises ``Fenced``, so that the
     process exits and a fresh one may start with a new lease and incarnation; with ``rejoin``
     the process does that itself, without paying for a new process's start-up: once the
     stopped worker serves nothing (its RPC listener closed, every tablet dropped unflushed,
@@ -262,17 +266,40 @@ async def _one_worker(
             # PUTs in flight to settle on a slow store (an outcome is never abandoned).
             log.warning("worker %s lost its lease; it serves nothing more and is stopping", wid)
     finally:
-        if http is not None:
-            await http.close()
-        if not fenced and tablet_server.lease is not None and not tablet_server.lease.expired:
-            # Stopping on purpose: the master's failure detector must not take our closed
-            # listener for a crash while we flush and hand over the tablets (§5.2).
-            with contextlib.suppress(TabletStoreError):
-                await coordinator.put(paths.draining(wid), b"", lease=tablet_server.lease)
-        await server.close(grace=2.0)
-        # A worker whose lease is gone must not touch its tablets' records any more.
-        await tablet_server.stop(flush=not fenced)
-        await transport.close()
-        await store.close()
+        deadline = (options or WorkerOptions()).drain_deadline
+        try:
+            async with asyncio.timeout(deadline):
+                if http is not None:
+                    await http.close()
+                held = tablet_server.lease
+                if not fenced and held is not None and not held.expired:
+                    # Stopping on purpose: the master's failure detector must not take our
+                    # closed listener for a crash while we flush and hand over the tablets.
+                    with contextlib.suppress(TabletStoreError):
+                        await coordinator.put(paths.draining(wid), b"", lease=held)
+                await server.close(grace=2.0)
+                # A worker whose lease is gone must not touch its tablets' records any more.
+                await tablet_server.stop(flush=not fenced)
+                await transport.close()
+                await store.close()
+        except TimeoutError:
+            abandoned = tablet_server.unflushed
+            log.error(
+                "worker %s did not drain within %g s (its object store or etcd unreachable?); "
+                "abandoning %d tablet(s) not flushed, whose commit logs hold every "
+                "acknowledged write for recovery to replay: %s",
+                wid,
+                deadline,
+                len(abandoned),
+                ", ".join("/".join(key) for key in abandoned) or "none",
+            )
+            for close in (transport.close, store.close):
+                with contextlib.suppress(Exception):  # its own timeout too
+                    async with asyncio.timeout(1.0):
+                        await close()
+            raise Unavailable(
+                f"worker {wid} did not drain within {deadline:g} s: {len(abandoned)} tablet(s) "
+                "left to recovery from the commit log"
+            ) from None
     if fenced:
         raise Fenced(f"worker {wid} lost its lease; its tablets are being reassigned")

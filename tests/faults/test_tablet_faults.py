@@ -5,8 +5,12 @@ each backend (memory, file, S3 on moto) wrapped in a FaultyObjectStore, and chec
 the dict model after the fault and after a crash and recovery:
 
 * an SSTable PUT fails during a minor compaction (called directly: the error is returned and
-  the next compaction writes everything; in the background: the tablet refuses writes until
-  it is reloaded, and keeps serving reads);
+  the next compaction writes everything; in the background: it is retried, the tablet takes
+  writes until its memtables reach their limit and serves reads, and once the store heals the
+  same tablet takes writes again, without a reload);
+* an ambiguous record update in a background compaction marks the tablet failed, to be
+  reloaded (its worker does so; here the harness), and nothing acknowledged is lost; a
+  background merge that cannot read an input fails that merge only, not the tablet;
 * the catalog update fails after the SSTable upload (minor and merging compactions);
 * a corrupted SSTable block: reads raise Corruption, never return wrong data;
 * a crash after acknowledging writes and before any flush (twice in a row);
@@ -17,13 +21,13 @@ the dict model after the fault and after a crash and recovery:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 
 from tabletstore.data.model import DeleteCells, DeleteRow, Mutation, Row, SetCell
 from tabletstore.data.query import RowRange
-from tabletstore.errors import Corruption, Fenced, Unavailable
+from tabletstore.errors import Corruption, Fenced, Indeterminate, Unavailable
 from tabletstore.metadata.catalog import Catalog
 from tabletstore.metadata.record import TabletRecord
 from tabletstore.options import TabletOptions
@@ -78,6 +82,14 @@ async def check(h: TabletHarness, model: TabletModel) -> None:
         assert await h.tablet.read_row(row) == model.read_row(row, now)
 
 
+async def until(condition: Callable[[], bool], seconds: float = 60.0) -> None:
+    """Wait (yielding to the loop) until ``condition()`` holds, at most ``seconds``."""
+    end = asyncio.get_running_loop().time() + seconds
+    while not condition():
+        assert asyncio.get_running_loop().time() < end, f"not within {seconds} s"
+        await asyncio.sleep(0.01)
+
+
 class FlakyCatalog:
     """A catalog whose next ``fail`` updates raise ``error`` (the coordinator is away)."""
 
@@ -117,27 +129,126 @@ async def test_failed_sstable_put_in_a_minor_compaction_loses_nothing(
     await check(h, model)
 
 
-async def test_failed_background_flush_is_sticky_for_writes_and_reads_go_on(
+async def test_a_failing_background_flush_is_retried_and_the_tablet_takes_writes_again(
     faulty: FaultyObjectStore,
 ) -> None:
-    h = TabletHarness(faulty, options=TabletOptions(memtable_flush_bytes=2000))
+    """One transient store failure (a 503 storm, a timeout) used to make the tablet refuse
+    every write until it was reloaded. Now the flush is retried: writes go on while the
+    memtables fit their limit, are refused naming the failure past it, and the same tablet
+    takes them again once the store heals."""
+    limit = 64_000
+    options = TabletOptions(memtable_flush_bytes=2000, memtable_limit_bytes=limit)
+    h = TabletHarness(faulty, options=options)
     tablet = await h.start()
     model = TabletModel(h.schema)
     faulty.fail(Op.PUT, key="tables/*", times=None)
     try:
         i = 0
-        while tablet._core.failed is None:
+        while not tablet.state.frozen:  # a background flush starts
             await write(h, model, i, i + 1)
-            await h.settle()
             i += 1
-        with pytest.raises(Unavailable, match="must be reloaded"):
-            await write(h, model, i, i + 1)
+        await until(lambda: tablet._core.flush_failure is not None)
+        failed_at = i
+        async with asyncio.timeout(60):
+            while True:
+                try:
+                    await write(h, model, i, i + 1)
+                except Unavailable as exc:
+                    refused = exc
+                    break
+                i += 1
+                await asyncio.sleep(0)  # the background compaction's turn
+        assert "writing them out fails" in str(refused), refused
+        assert tablet.must_reload is None
+        assert i > failed_at  # refused only past the limit, not at the failure
+        assert tablet._core.memtable_bytes() >= limit
         await check(h, model)  # reads are served from the memtables
         faulty.clear()
-        await h.recover()  # reloading clears it: the commit log still holds everything
-        await check(h, model)
-        await write(h, model, i, i + 30)
+        # A retry writes the memtables out: the same tablet takes writes, never reloaded.
+        async with asyncio.timeout(60):
+            while tablet._core.flush_failure is not None:
+                try:
+                    await write(h, model, i, i + 1)
+                except Unavailable:
+                    await asyncio.sleep(0.05)
+                else:
+                    i += 1
+        assert h.tablet is tablet and tablet.must_reload is None
+        await write(h, model, i, i + 40)
         await h.settle()
+        assert tablet._core.flush_failure is None
+        await check(h, model)
+        await h.recover()  # and the SSTables and the log hold every acknowledged write
+        await check(h, model)
+    finally:
+        faulty.clear()
+        await h.close()
+
+
+async def test_an_ambiguous_record_update_in_a_background_flush_fails_the_tablet(
+    faulty: FaultyObjectStore,
+) -> None:
+    """Retrying against a record that may have changed would commit on a stale one: the
+    tablet fails instead (its worker reloads it), and a reload loses nothing."""
+    flaky: list[FlakyCatalog] = []
+
+    def wrap(c: Catalog) -> FlakyCatalog:
+        flaky.append(FlakyCatalog(c))
+        return flaky[-1]
+
+    h = TabletHarness(faulty, options=TabletOptions(memtable_flush_bytes=2000), wrap_catalog=wrap)
+    tablet = await h.start()
+    model = TabletModel(h.schema)
+    failed: list[object] = []
+    tablet.on_failed = failed.append
+    flaky[-1].fail, flaky[-1].error = 1, Indeterminate("injected: the record update's answer")
+    try:
+        i = 0
+        async with asyncio.timeout(60):
+            while tablet.must_reload is None:
+                await write(h, model, i, i + 1)
+                await asyncio.sleep(0)
+                i += 1
+        assert failed == [tablet]
+        with pytest.raises(Unavailable, match="must be reloaded"):
+            await write(h, model, i, i + 1)
+        await check(h, model)
+        await h.recover()
+        await check(h, model)
+    finally:
+        await h.close()
+
+
+async def test_a_failing_background_merge_leaves_the_tablet_writable(
+    faulty: FaultyObjectStore,
+) -> None:
+    """A merge reads its inputs back: one it cannot read (a corrupt SSTable) fails that merge
+    only, never the tablet, whose memtable is in SSTables already."""
+    options = TabletOptions(memtable_flush_bytes=2000, max_sstables_per_group=2)
+    h = TabletHarness(faulty, options=options)
+    tablet = await h.start()
+    model = TabletModel(h.schema)
+    try:
+        i = 0
+        async with asyncio.timeout(60):
+            while not tablet.record.sstables:
+                await write(h, model, i, i + 1)
+                await asyncio.sleep(0)
+                i += 1
+            first = min(ref.key for refs in tablet.record.sstables.values() for ref in refs)
+            # Every merge of its group reads this SSTable whole, and cannot.
+            bad = faulty.fail(Op.GET, key=first, exc=Corruption("injected: bad"), times=None)
+            while bad.fired < 2:
+                await write(h, model, i, i + 1)
+                await asyncio.sleep(0)
+                i += 1
+        await h.settle()
+        assert tablet.must_reload is None and tablet.flush_failure is None
+        await write(h, model, i, i + 20)
+        faulty.clear()
+        await h.settle()
+        await check(h, model)
+        await h.recover()
         await check(h, model)
     finally:
         faulty.clear()

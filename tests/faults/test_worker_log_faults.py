@@ -8,12 +8,17 @@ Through the embedded database (a real TabletServer and Master in one process, me
   it) goes on under a new incarnation instead of refusing every write for ever;
 * one whose new logs keep failing (a full disk) keeps its tablets served for reads and takes
   writes again by itself once they no longer fail;
-* a tablet the worker dropped is loaded again by the embedded database's own master.
+* a tablet the worker dropped is loaded again by the embedded database's own master;
+* a tablet made to fail by a write answered Indeterminate is reloaded by its worker itself,
+  and holds that write exactly if its record is in the log;
+* a tablet whose flushes fail for a while (the store refusing SSTable PUTs) is kept, refuses
+  writes only past its memtable limit, and takes them again once the store heals.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncIterator, Callable
 
@@ -24,6 +29,7 @@ from tabletstore.data.model import SetCell
 from tabletstore.embedded import Database
 from tabletstore.engine.tablet import Tablet
 from tabletstore.errors import NotServing, TabletStoreError, Unavailable
+from tabletstore.options import TabletOptions
 from tabletstore.rpc.messages import MutateRowsRequest, ReadRowsRequest, UnloadTabletRequest
 from tabletstore.storage_s3 import layout
 from tabletstore.storage_s3.base import ObjectStore, Op
@@ -248,3 +254,110 @@ async def test_the_embedded_database_loads_again_a_tablet_its_worker_dropped(
     assert (table_id, tablet_id) not in db.worker.tablets
     await until(lambda: (table_id, tablet_id) in db.worker.tablets)
     await check(db, 50)
+
+
+async def stop_assigning(db: Database) -> None:
+    """No master rounds from now on: what is served again is the worker's own doing."""
+    db._assigning.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await db._assigning
+
+
+@pytest.mark.parametrize("how", ["applying_failed", "log_failed_logged", "log_failed_not_logged"])
+async def test_a_tablet_failed_by_an_indeterminate_write_serves_writes_again_by_itself(
+    db: Database, how: str
+) -> None:
+    """A write answered Indeterminate (its record may be in the log while its cells are not in
+    the memtable) makes the tablet refuse every write until it is reloaded. Its worker reloads
+    it itself, without a flush: it takes writes again within a deadline, every acknowledged
+    write is there, and the Indeterminate write is in the table exactly if its record is in
+    the log. The tablet used to stay unwritable until something dropped it (only a log
+    switch did, and then only a master's round loaded it again)."""
+    await write(db, 50)
+    await stop_assigning(db)
+    _, tablet = served(db)
+    worker = db.worker
+    assert worker._log is not None
+    logged = how != "log_failed_not_logged"
+    if how == "applying_failed":
+        # The record is durable, but putting its cells into the memtable fails: the log
+        # holds the write, the memtable does not (the writer itself is healthy).
+        def broken(cells: object) -> None:
+            raise RuntimeError("injected: the memtable insert failed")
+
+        tablet._writes._insert_durable = broken  # type: ignore[method-assign]
+    else:
+        faulty = FaultyObjectStore(worker._store)
+        if logged:
+            # The segment lands but its answer is lost, and so is the writer's check of it.
+            faulty.lose_ack(Op.PUT, key="logs/*", times=1)
+            faulty.fail(Op.GET, key="logs/*", times=1)
+        else:
+            # The segment PUT fails, and so does the writer's plug of its number.
+            faulty.fail(Op.PUT, key="logs/*", times=2)
+        worker._log.writer.store = faulty  # type: ignore[assignment]
+    with pytest.raises(TabletStoreError) as caught:
+        await db.table("t").mutate_row(b"x", [SetCell("f", b"q", b"x")])
+    assert caught.value.may_have_applied, caught.value
+    async with asyncio.timeout(60):
+        while True:
+            try:
+                await db.table("t").mutate_row(b"y", [SetCell("f", b"q", b"y")])
+                break
+            except Unavailable:
+                await asyncio.sleep(0.05)
+    new = served(db)[1]
+    assert new is not tablet and new.must_reload is None
+    await check(db, 50)
+    rows = {row.key: row.cells[0].value async for row in db.table("t").read_rows()}
+    assert rows.get(b"y") == b"y"
+    assert (rows.get(b"x") == b"x") is logged, rows.get(b"x")
+
+
+async def test_a_worker_whose_flushes_fail_for_a_while_keeps_the_tablet_and_takes_writes_again() -> (
+    None
+):
+    """The store refuses every SSTable PUT for a while (a 503 storm): the worker's tablet used
+    to refuse writes for good after one failed background flush. It keeps taking writes until
+    its memtables reach their limit, then refuses them naming the failure, and once the store
+    heals the same tablet takes them again: no reload, every acknowledged write there."""
+    options = TabletOptions(memtable_flush_bytes=4096, memtable_limit_bytes=64 * 1024)
+    db = await Database.open(f"memory://flush-fails-{uuid.uuid4().hex}", tablet_options=options)
+    try:
+        await db.create_table("t", ["f"])
+        await write(db, 10)
+        _, tablet = served(db)
+        faulty = FaultyObjectStore(tablet._core.store)
+        faulty.fail(Op.PUT, key="tables/*", times=None)
+        tablet._core.store = faulty
+        db.retry_deadline = 1.0
+        table = db.table("t")
+        acked: list[int] = []
+        async with asyncio.timeout(120):
+            i = 10
+            while True:
+                try:
+                    await table.mutate_row(b"r%04d" % i, [SetCell("f", b"q", b"v%d" % i * 20)])
+                except Unavailable as exc:
+                    refused = exc
+                    break
+                acked.append(i)
+                i += 1
+        assert "writing them out fails" in str(refused), refused
+        assert tablet.flush_failure is not None and tablet.must_reload is None
+        assert len(acked) > 10  # taken while failing, up to the limit
+        faulty.clear()
+        async with asyncio.timeout(60):
+            while True:
+                try:
+                    await table.mutate_row(b"r%04d" % i, [SetCell("f", b"q", b"v%d" % i * 20)])
+                    break
+                except Unavailable:
+                    await asyncio.sleep(0.05)
+        acked.append(i)
+        assert served(db)[1] is tablet and tablet.must_reload is None
+        rows = {row.key: row.cells[0].value async for row in table.read_rows()}
+        for j in acked:
+            assert rows.get(b"r%04d" % j) == b"v%d" % j * 20, j
+    finally:
+        await db.close()

@@ -158,7 +158,7 @@ async def test_a_write_whose_log_outcome_stays_unknown_is_in_the_table_after_rec
             await tablet.apply(b"k", put(b"v1"))
         with pytest.raises(Unavailable, match="must be reloaded"):
             await tablet.minor_compact()
-        with pytest.raises(Unavailable, match="must be reloaded"):  # its worker drops it
+        with pytest.raises(Unavailable, match="must be reloaded"):  # its worker reloads it
             await tablet.add_log(LogRef(harness.worker_id, harness.incarnation + 1))
         with contextlib.suppress(TabletStoreError):
             await tablet.apply(b"other", put(b"x"))
