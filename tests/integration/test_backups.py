@@ -545,50 +545,60 @@ async def test_a_restore_deletes_the_copys_creating_version_while_the_table_is_c
 
 async def test_a_restore_from_elsewhere_checks_the_copy_in_one_round_trip(tmp_path: Path) -> None:
     """A restore from another location tells the master what its copy verified: the master
-    reads the manifest version the copy wrote (no listing of the versions: the database's
-    bucket is listed once, by the client's look before copying) and looks every SSTable up
-    while that read is under way, not after it."""
+    reads the manifest version the copy wrote (no listing of the versions) and, while that
+    read is under way, lists the table's SSTable prefix once to find every SSTable at its
+    size (no HEAD per SSTable). The database's bucket is listed twice in all: the client's
+    look for the backup before copying, and that listing."""
+    from collections.abc import AsyncIterator
+
     from tabletstore.storage_s3 import find_layer
-    from tabletstore.storage_s3.base import Op
+    from tabletstore.storage_s3.base import ObjectInfo, Op
     from tabletstore.storage_s3.instrumented import InstrumentedObjectStore
 
     elsewhere = f"file://{tmp_path}/backups"
     expected, remote = await _far_backup(tmp_path, elsewhere)
-    wanted = set(remote.sstable_keys())
     async with await Database.open(f"file://{tmp_path}/b", instrument=True) as db:
         counters = find_layer(db.store, InstrumentedObjectStore)
         assert counters is not None
-        store_get, store_head = db.store.get, db.store.head
+        store_get, store_head, store_list = db.store.get, db.store.head, db.store.list
         master_restore = db.master.restore_copied
-        armed, looked_up, all_looked_up = [False], set[str](), asyncio.Event()
+        armed, listed, looked_up = [False], list[str](), list[str]()
+        tables_listed = asyncio.Event()
 
         async def restore_copied(req: object) -> object:
             armed[0] = True  # from here on, the master's reads
             return await master_restore(req)  # type: ignore[arg-type]
 
+        def listing(prefix: str, **kw: object) -> AsyncIterator[ObjectInfo]:
+            if armed[0]:
+                listed.append(prefix)
+                if prefix.startswith(layout.TABLES):
+                    tables_listed.set()
+            return store_list(prefix, **kw)  # type: ignore[arg-type]
+
         async def head(key: str) -> object:
-            if armed[0] and key in wanted:
-                looked_up.add(key)
-                if looked_up == wanted:
-                    all_looked_up.set()
+            if armed[0]:
+                looked_up.append(key)
             return await store_head(key)
 
         async def get(key: str) -> bytes | None:
             if armed[0] and key.startswith(layout.BACKUPS):
-                # Held until every SSTable was looked up: they are, while it is read.
-                await asyncio.wait_for(all_looked_up.wait(), 60)
+                # Held until the SSTables are listed: they are, while it is read.
+                await asyncio.wait_for(tables_listed.wait(), 60)
             return await store_get(key)
 
-        db.store.get, db.store.head = get, head  # type: ignore[method-assign, assignment]
+        db.store.get, db.store.head, db.store.list = get, head, listing  # type: ignore[method-assign, assignment]
         db.master.restore_copied = restore_copied  # type: ignore[method-assign, assignment]
         before = counters.stats()
         try:
             await db.restore_table("far", "r", source=elsewhere)
         finally:
-            db.store.get, db.store.head = store_get, store_head  # type: ignore[method-assign]
+            db.store.get, db.store.head, db.store.list = store_get, store_head, store_list  # type: ignore[method-assign]
         used = counters.stats() - before
-        assert armed[0] and looked_up == wanted
-        assert used[Op.LIST].requests == 1, used
+        table_id = layout.parse_sstable_key(remote.sstable_keys()[0]).table_id
+        assert listed == [layout.tables_prefix(table_id)]
+        assert looked_up == []
+        assert used[Op.LIST].requests == 2, used
         assert await _rows(db, "r") == expected
 
 
