@@ -28,8 +28,7 @@ written.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 
 from tabletstore.clock import Clock
 from tabletstore.data.schema import TableSchema
@@ -42,6 +41,7 @@ from tabletstore.metadata.backup import (
     read_backup,
     write_backup,
 )
+from tabletstore.metadata.backup_copy import look_up
 from tabletstore.metadata.catalog import Catalog, TableInfo
 from tabletstore.metadata.record import SSTableRef, TabletRecord
 from tabletstore.metadata.snapshot import TabletSnapshot
@@ -55,12 +55,6 @@ __all__ = ["check_new_table", "clone_table", "create_backup", "restore_table"]
 #: HEAD requests in flight while a restore checks the backup's objects.
 _CHECK_CONCURRENCY = 32
 
-#: A restore of a backup just copied in lists the SSTable prefixes of at most this many
-#: tables (a backup names its table's SSTables, and a clone's those of the tables it was
-#: cloned from), at most this many objects each (one page of S3's), instead of a HEAD per
-#: SSTable (:func:`_listed`); what lies beyond is looked up by HEAD.
-_LISTED_TABLES = 8
-_LISTED_OBJECTS = 1000
 
 #: Creates the table's records and schema, then assigns its tablets; returns the table.
 CreateTable = Callable[[TableSchema, list[TabletRecord]], Awaitable[TableInfo]]
@@ -211,7 +205,7 @@ async def _read_copied(
 
     ``copied`` only decides which reads start at once: the manifest version it names is read
     (a GET, no listing of the versions), and the SSTables it names are looked up (by listing
-    their table's prefix: :func:`_listed`) while that GET is under way, so the whole check is
+    their table's prefix: metadata/backup_copy.py ``look_up``) while that GET is under way, so the whole check is
     one round trip and, for a backup of one table, two requests. It is trusted for nothing:
 
     * the manifest comes from the bucket, never from the request: it decides which objects the
@@ -224,7 +218,7 @@ async def _read_copied(
     * ready and unexpired, as for any restore. The checksums the copy verified are not
       checked again (no restore reads an SSTable's bytes), only compared with the manifest's."""
     key = layout.backup_key(check_backup_id(backup_id), copied.version)
-    lookups = asyncio.ensure_future(_listed(store, copied.sizes))
+    lookups = asyncio.ensure_future(look_up(store, copied.sizes))
     try:
         _, data = await asyncio.gather(check_new_table(catalog, new_table), store.get(key))
         manifest = None
@@ -242,45 +236,6 @@ async def _read_copied(
             lookups.exception()  # a failed lookup of a check given up is not an error
     await _check_objects(store, manifest, found)
     return manifest
-
-
-async def _listed(store: ObjectStore, keys: Iterable[str]) -> dict[str, ObjectInfo | None]:
-    """What ``store`` holds of the SSTables ``keys``, from listings instead of a HEAD each:
-    one LIST per table prefix (of at most :data:`_LISTED_TABLES` tables), from just before
-    its first key to its last, stopped after :data:`_LISTED_OBJECTS` objects. A key in the
-    span listed is there (its size) or absent (None); a key past where a listing stopped, or
-    of a table not listed, is left out (the caller looks it up by HEAD). S3's listings are
-    strongly consistent, so absent from one is as good as a HEAD's 404."""
-    tables: dict[str, list[str]] = {}
-    for k in keys:
-        try:
-            table_id = layout.parse_sstable_key(k).table_id
-        except InvalidArgument:
-            continue  # not an SSTable key: no listing for it (none is named by a manifest)
-        tables.setdefault(table_id, []).append(k)
-    found: dict[str, ObjectInfo | None] = {}
-
-    async def one(table_id: str, wanted: list[str]) -> None:
-        wanted.sort()
-        seen: dict[str, ObjectInfo] = {}
-        covered = wanted[-1]  # listed up to here
-        # A key's own prefix sorts just before it: the listing starts at the first key.
-        listing = store.list(layout.tables_prefix(table_id), start_after=wanted[0][:-1])
-        async with contextlib.aclosing(listing):
-            async for info in listing:
-                if info.key > wanted[-1]:
-                    break
-                seen[info.key] = info
-                if len(seen) >= _LISTED_OBJECTS:
-                    covered = info.key
-                    break
-        for k in wanted:
-            if k in seen or k <= covered:
-                found[k] = seen.get(k)
-
-    picked = sorted(tables.items(), key=lambda item: -len(item[1]))[:_LISTED_TABLES]
-    await asyncio.gather(*(one(table_id, wanted) for table_id, wanted in picked))
-    return found
 
 
 def _describes(copied: CopiedBackup, manifest: BackupManifest, backup_id: str) -> bool:

@@ -312,7 +312,8 @@ async def test_bringing_a_backup_in_reads_its_manifest_in_the_location_once(
     """A restore from another location lists and reads the backup's manifest there once (each
     is a round trip to that bucket), then copies every SSTable (a small one in one part). In
     the database's bucket it lists the backup's versions once, to find none before the copy
-    starts (the creating version it wrote is the one the ready version replaces)."""
+    starts (the creating version it wrote is the one the ready version replaces), and the
+    table's SSTable prefix once, to find which SSTables are there already (no HEAD each)."""
     from tabletstore.client.backup_admin import _bring_in
     from tabletstore.storage_s3 import open_store
     from tabletstore.storage_s3.base import Op
@@ -333,7 +334,8 @@ async def test_bringing_a_backup_in_reads_its_manifest_in_the_location_once(
     finally:
         await src.close()
         await own.close()
-    assert own_stats[Op.LIST].requests == 1, own_stats
+    assert own_stats[Op.LIST].requests == 2, own_stats
+    assert own_stats[Op.HEAD].requests == 0, own_stats
     assert stats[Op.LIST].requests == 1, stats
     assert versions == [layout.backup_key("far", 1)]  # the ready one alone
     assert stats[Op.GET].requests == 1, stats  # the manifest
@@ -547,8 +549,9 @@ async def test_a_restore_from_elsewhere_checks_the_copy_in_one_round_trip(tmp_pa
     """A restore from another location tells the master what its copy verified: the master
     reads the manifest version the copy wrote (no listing of the versions) and, while that
     read is under way, lists the table's SSTable prefix once to find every SSTable at its
-    size (no HEAD per SSTable). The database's bucket is listed twice in all: the client's
-    look for the backup before copying, and that listing."""
+    size (no HEAD per SSTable). The database's bucket is listed three times in all (the
+    client's looks for the backup and its SSTables before copying, and that listing), and no
+    object in it is HEADed."""
     from collections.abc import AsyncIterator
 
     from tabletstore.storage_s3 import find_layer
@@ -598,7 +601,9 @@ async def test_a_restore_from_elsewhere_checks_the_copy_in_one_round_trip(tmp_pa
         table_id = layout.parse_sstable_key(remote.sstable_keys()[0]).table_id
         assert listed == [layout.tables_prefix(table_id)]
         assert looked_up == []
-        assert used[Op.LIST].requests == 2, used
+        # The client's look for the backup and for its SSTables, the master's for them.
+        assert used[Op.LIST].requests == 3, used
+        assert used[Op.HEAD].requests == 0, used
         assert await _rows(db, "r") == expected
 
 
