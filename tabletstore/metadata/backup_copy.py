@@ -572,15 +572,13 @@ async def look_up(store: ObjectStore, keys: Iterable[str]) -> Known:
         seen: dict[str, ObjectInfo] = {}
         covered = wanted[-1]  # listed up to here
         # A key's own prefix sorts just before it: the listing starts at the first key.
-        listing = store.list(layout.tables_prefix(table_id), start_after=wanted[0][:-1])
-        async with contextlib.aclosing(listing):
-            async for info in listing:
-                if info.key > wanted[-1]:
-                    break
-                seen[info.key] = info
-                if len(seen) >= LISTED_OBJECTS:
-                    covered = info.key
-                    break
+        async for info in store.list(layout.tables_prefix(table_id), start_after=wanted[0][:-1]):
+            if info.key > wanted[-1]:
+                break
+            seen[info.key] = info
+            if len(seen) >= LISTED_OBJECTS:
+                covered = info.key
+                break
         for k in wanted:
             if k in seen or k <= covered:
                 found[k] = seen.get(k)
