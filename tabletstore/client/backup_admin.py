@@ -22,6 +22,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -57,6 +58,8 @@ if TYPE_CHECKING:
     from tabletstore.client.table_admin import TableInfos
 
 __all__ = ["BackupRequests"]
+
+log = logging.getLogger(__name__)
 
 
 class BackupRequests(abc.ABC):
@@ -206,8 +209,8 @@ class BackupRequests(abc.ABC):
             copied = CopiedBackup(copy.version, sizes, dict(copy.checksums))
             try:
                 return await self._admin.restore_copied(replace(request, copied=copied))
-            except Unimplemented:
-                pass
+            except Unimplemented as exc:
+                log.info("restoring %s with restore_table: %s", request.backup_id, exc)
         return await self._admin.restore_table(request)
 
     async def clone_table(self, table: str, new_table: str) -> TableInfo:
