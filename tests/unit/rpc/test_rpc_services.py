@@ -498,3 +498,27 @@ def test_both_transports_are_transports() -> None:
     _transport_contract(InProcessTransport())
     _transport_contract(TcpTransport())
     assert isinstance(TABLET, Service)
+
+
+async def test_a_master_without_restore_copied_refuses_it_before_running_anything() -> None:
+    """A master of protocol version 8 built before ``restore_copied`` has no such method: over
+    TCP the call fails Unimplemented at the method lookup, before its request is read or run
+    (the client then sends ``restore_table``: client/backup_admin.py)."""
+    register_all()
+    db = await Database.open("memory://services-no-restore-copied")
+    handlers = dict(MASTER.handlers(db.master))
+    name = MASTER.method(MasterService.restore_copied).name
+    del handlers[name]
+    master = RpcServer(handlers)
+    transport = TcpTransport(timeout=30.0)
+    await master.start()
+    try:
+        stub = MASTER.client(transport, master.address)
+        copied = m.CopiedBackup(1, {}, {})
+        with pytest.raises(Unimplemented, match=f"no RPC method '{name}'"):
+            await stub.restore_copied(m.RestoreTableRequest("b", "t", copied))
+        assert await db.list_tables() == []
+    finally:
+        await transport.close()
+        await master.close()
+        await db.close()
