@@ -12,8 +12,8 @@ a table as of a cut is a list of names; docs/operations/backups.md).
   table order after every restored cell. A backup in another location is first copied into
   this bucket by the client (metadata/backup_copy.py): the master reads only its own bucket.
   The client then says what its copy verified (``rpc.messages.CopiedBackup``): the master
-  reads that manifest version directly and looks up the SSTables while it reads it, one
-  round trip to the bucket instead of two, and trusts none of it (:func:`_read_copied`).
+  reads that manifest version directly and lists the SSTables while it reads it, one round
+  trip to the bucket instead of two, and trusts none of it (:func:`_read_copied`).
 * **Clone** (:func:`clone_table`): a cut, and at once a new table naming its SSTables. Its
   time is that of the cut (the memtables written out), whatever the table's size. From then
   on the two diverge: each tablet writes new SSTables under its own table's prefix, and GC
@@ -54,7 +54,6 @@ __all__ = ["check_new_table", "clone_table", "create_backup", "restore_table"]
 
 #: HEAD requests in flight while a restore checks the backup's objects.
 _CHECK_CONCURRENCY = 32
-
 
 #: Creates the table's records and schema, then assigns its tablets; returns the table.
 CreateTable = Callable[[TableSchema, list[TabletRecord]], Awaitable[TableInfo]]
@@ -205,8 +204,9 @@ async def _read_copied(
 
     ``copied`` only decides which reads start at once: the manifest version it names is read
     (a GET, no listing of the versions), and the SSTables it names are looked up (by listing
-    their table's prefix: metadata/backup_copy.py ``look_up``) while that GET is under way, so the whole check is
-    one round trip and, for a backup of one table, two requests. It is trusted for nothing:
+    their table's prefix: metadata/backup_copy.py ``look_up``) while that GET is under way,
+    so the whole check is one round trip and, for a backup of one table, two requests. It is
+    trusted for nothing:
 
     * the manifest comes from the bucket, never from the request: it decides which objects the
       new table names (a client must not make a table of objects no backup of that id names)
@@ -256,8 +256,8 @@ async def _check_objects(
     found: dict[str, ObjectInfo | None] | None = None,
 ) -> None:
     """NotFound or Corruption naming the first SSTable of the backup that is missing or has
-    another size than recorded (before anything is created). ``found``: what HEADs of some
-    of them just returned (the others are looked up now)."""
+    another size than recorded (before anything is created). ``found``: what listings just
+    found of some of them (``look_up``; the others are looked up by HEAD now)."""
     refs = {r.key: r for t in manifest.tablets for refs in t.sstables.values() for r in refs}
     gate = asyncio.Semaphore(_CHECK_CONCURRENCY)
     found = found or {}
