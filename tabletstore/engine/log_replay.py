@@ -62,9 +62,14 @@ async def recover_state(
     clock: Clock,
     block_cache: BlockCache | None,
     scan_cache: ScanCache | None,
+    claimed: TabletRecord | None = None,
 ) -> TabletState:
     """Open a tablet's SSTables, replay its commit-log records past the redo point into a
-    fresh memtable (§5.3 recovery), and record this worker's log in its record."""
+    fresh memtable (§5.3 recovery), and record this worker's log in its record.
+
+    ``claimed``: ``record`` as the load takes it (its epoch and location), not yet stored: the
+    one update stores it with the log, conditional on ``record``'s epoch (a tablet never
+    loaded, with no log to replay: worker/tablet_server.py)."""
     tables: dict[str, tuple[SSTable, ...]] = {}
     for group, refs in record.sstables.items():
         opened = await asyncio.gather(
@@ -92,12 +97,13 @@ async def recover_state(
                     batch = []
         memtable.add(batch)
     log_sink.advance(max_seq)
-    logs = tuple(dict.fromkeys((*record.logs, log_sink.log_ref)))
-    starts = dict(record.log_starts)
-    if log_sink.log_ref not in record.logs:
+    base = record if claimed is None else claimed
+    logs = tuple(dict.fromkeys((*base.logs, log_sink.log_ref)))
+    starts = dict(base.log_starts)
+    if log_sink.log_ref not in base.logs:
         # Not serving yet: every write of this tablet to the log comes after this mark.
         starts[log_sink.log_ref] = log_sink.segment_mark()
-    new_record = replace(record, logs=logs, log_starts=starts).with_event(
+    new_record = replace(base, logs=logs, log_starts=starts).with_event(
         clock.time(), "loaded", f"replayed {len(memtable)} cells"
     )
     if new_record != record:

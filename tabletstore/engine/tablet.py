@@ -170,10 +170,11 @@ class Tablet:
         executor: concurrent.futures.Executor | None = None,
         scan_cache: ScanCache | None = None,
         tasks: asyncio.TaskGroup | None = None,
+        claimed: TabletRecord | None = None,
     ) -> Tablet:
         """Open a tablet's SSTables, replay its commit-log records past the redo point into a
         fresh memtable (§5.3 recovery), and record this worker's log in its record
-        (:func:`~tabletstore.engine.log_replay.recover_state`)."""
+        (:func:`~tabletstore.engine.log_replay.recover_state`, which ``claimed`` is for)."""
         clk = clock or SystemClock()
         state = await recover_state(
             record,
@@ -185,6 +186,7 @@ class Tablet:
             clock=clk,
             block_cache=block_cache,
             scan_cache=scan_cache,
+            claimed=claimed,
         )
         tablet = cls(
             state,

@@ -128,7 +128,8 @@ class BackupAdmin(abc.ABC):
         await delete_backup_versions(await self._the_store(), req.backup_id)
 
     async def restore_table(self, req: RestoreTableRequest) -> TableInfoMessage:
-        """Restore a backup of this bucket into a new table (master/backups.py)."""
+        """Restore a backup of this bucket into a new table (master/backups.py), with what
+        the client's copy verified if the request carries it."""
         self._check_leading()
         info = await backups.restore_table(
             backup_id=req.backup_id,
@@ -138,8 +139,13 @@ class BackupAdmin(abc.ABC):
             clock=self.clock,
             create=self._create_table_with,
             creator=_creator(),
+            copied=req.copied,
         )
         return TableInfoMessage.of(info)
+
+    async def restore_copied(self, req: RestoreTableRequest) -> TableInfoMessage:
+        """``restore_table`` of a backup the client has just copied in (``req.copied``)."""
+        return await self.restore_table(req)
 
     async def clone_table(self, req: CloneTableRequest) -> TableInfoMessage:
         """A zero-copy clone of a table as of now (master/backups.py)."""

@@ -11,6 +11,9 @@ a table as of a cut is a list of names; docs/operations/backups.md).
   sequence past every seq its SSTables hold (engine/log_replay.py), so writes to the restored
   table order after every restored cell. A backup in another location is first copied into
   this bucket by the client (metadata/backup_copy.py): the master reads only its own bucket.
+  The client then says what its copy verified (``rpc.messages.CopiedBackup``): the master
+  reads that manifest version directly and lists the SSTables while it reads it, one round
+  trip to the bucket instead of two, and trusts none of it (:func:`_read_copied`).
 * **Clone** (:func:`clone_table`): a cut, and at once a new table naming its SSTables. Its
   time is that of the cut (the memtables written out), whatever the table's size. From then
   on the two diverge: each tablet writes new SSTables under its own table's prefix, and GC
@@ -38,12 +41,14 @@ from tabletstore.metadata.backup import (
     read_backup,
     write_backup,
 )
+from tabletstore.metadata.backup_copy import look_up
 from tabletstore.metadata.catalog import Catalog, TableInfo
 from tabletstore.metadata.record import SSTableRef, TabletRecord
 from tabletstore.metadata.snapshot import TabletSnapshot
+from tabletstore.rpc.messages import CopiedBackup
 from tabletstore.rpc.services import TabletService
 from tabletstore.storage_s3 import layout
-from tabletstore.storage_s3.base import ObjectStore, object_url
+from tabletstore.storage_s3.base import ObjectInfo, ObjectStore, object_url
 
 __all__ = ["check_new_table", "clone_table", "create_backup", "restore_table"]
 
@@ -108,16 +113,24 @@ async def restore_table(
     clock: Clock,
     create: CreateTable,
     creator: str | None = None,
+    copied: CopiedBackup | None = None,
 ) -> TableInfo:
-    """Restore backup ``backup_id`` of this bucket into the new table ``new_table``."""
-    # Both reads at once (neither writes): a taken name or a missing backup fails as before.
-    # A backup restored from another location was just copied in: its newest version is the
-    # copy's ready one, read while the versions are listed.
-    _, manifest = await asyncio.gather(
-        check_new_table(catalog, new_table), read_backup(store, backup_id, guess=COPIED_VERSION)
-    )
-    manifest.check_restorable(clock.time(), store.url)
-    await _check_objects(store, manifest)
+    """Restore backup ``backup_id`` of this bucket into the new table ``new_table``;
+    ``copied``: what the client's copy of it into this bucket verified (:func:`_read_copied`)."""
+    manifest = None
+    if copied is not None:
+        manifest = await _read_copied(store, catalog, backup_id, new_table, copied, clock)
+    if manifest is None:
+        # Both reads at once (neither writes): a taken name or a missing backup fails as
+        # before. A backup restored from another location was just copied in: its newest
+        # version is the copy's ready one, read while the versions are listed.
+        _, read = await asyncio.gather(
+            check_new_table(catalog, new_table),
+            read_backup(store, backup_id, guess=COPIED_VERSION),
+        )
+        read.check_restorable(clock.time(), store.url)
+        await _check_objects(store, read)
+        manifest = read
     schema = _renamed(manifest.schema, new_table, creator)
     table_id = Catalog.new_table_id(new_table)
     records = tablet_records(table_id, manifest.tablets, clock.time(), f"restored {backup_id}")
@@ -176,16 +189,86 @@ def _renamed(schema: TableSchema, name: str, creator: str | None) -> TableSchema
         raise InvalidArgument(f"cannot create table {name!r}: {exc}") from exc
 
 
-async def _check_objects(store: ObjectStore, manifest: BackupManifest) -> None:
+async def _read_copied(
+    store: ObjectStore,
+    catalog: Catalog,
+    backup_id: str,
+    new_table: str,
+    copied: CopiedBackup,
+    clock: Clock,
+) -> BackupManifest | None:
+    """The manifest of a backup the client has just copied into this bucket, restorable, with
+    every SSTable it names present at its recorded size; None if the bucket's manifest is not
+    the one ``copied`` describes (a change since the copy, a client of another build): the
+    caller then checks the backup as any other.
+
+    ``copied`` only decides which reads start at once: the manifest version it names is read
+    (a GET, no listing of the versions), and the SSTables it names are looked up (by listing
+    their table's prefix: metadata/backup_copy.py ``look_up``) while that GET is under way,
+    so the whole check is one round trip and, for a backup of one table, two requests. It is
+    trusted for nothing:
+
+    * the manifest comes from the bucket, never from the request: it decides which objects the
+      new table names (a client must not make a table of objects no backup of that id names)
+      and, with auth, who may restore it (its recorded admins, which the guard checked);
+    * every SSTable that manifest names is looked up in the bucket (in the early listings, or
+      by a HEAD now for a key they did not cover) and must exist at its recorded size: the
+      client's account of its copy is no proof (a copy cut short, an object deleted since),
+      and a table whose record names a missing object loses those rows;
+    * ready and unexpired, as for any restore. The checksums the copy verified are not
+      checked again (no restore reads an SSTable's bytes), only compared with the manifest's."""
+    key = layout.backup_key(check_backup_id(backup_id), copied.version)
+    lookups = asyncio.ensure_future(look_up(store, copied.sizes))
+    try:
+        _, data = await asyncio.gather(check_new_table(catalog, new_table), store.get(key))
+        manifest = None
+        if data is not None:
+            manifest = BackupManifest.from_bytes(data, name=object_url(store.url, key))
+        if manifest is None or not _describes(copied, manifest, backup_id):
+            return None
+        manifest.check_restorable(clock.time(), store.url)
+        found = await lookups
+    finally:
+        if not lookups.done():
+            lookups.cancel()
+            await asyncio.wait([lookups])
+        if not lookups.cancelled():
+            lookups.exception()  # a failed lookup of a check given up is not an error
+    await _check_objects(store, manifest, found)
+    return manifest
+
+
+def _describes(copied: CopiedBackup, manifest: BackupManifest, backup_id: str) -> bool:
+    """Whether ``manifest`` is the one a client's copy verified: that backup and version,
+    naming exactly those SSTables at those sizes, with those checksums."""
+    sizes = {r.key: r.size for t in manifest.tablets for refs in t.sstables.values() for r in refs}
+    return (
+        manifest.backup_id == backup_id
+        and manifest.version == copied.version
+        and sizes == copied.sizes
+        and manifest.checksums == copied.checksums
+    )
+
+
+async def _check_objects(
+    store: ObjectStore,
+    manifest: BackupManifest,
+    found: dict[str, ObjectInfo | None] | None = None,
+) -> None:
     """NotFound or Corruption naming the first SSTable of the backup that is missing or has
-    another size than recorded (before anything is created)."""
+    another size than recorded (before anything is created). ``found``: what listings just
+    found of some of them (``look_up``; the others are looked up by HEAD now)."""
     refs = {r.key: r for t in manifest.tablets for refs in t.sstables.values() for r in refs}
     gate = asyncio.Semaphore(_CHECK_CONCURRENCY)
+    found = found or {}
 
     async def one(ref: SSTableRef) -> None:
         layout.parse_sstable_key(ref.key)
-        async with gate:
-            info = await store.head(ref.key)
+        if ref.key in found:
+            info = found[ref.key]
+        else:
+            async with gate:
+                info = await store.head(ref.key)
         if info is None:
             raise NotFound(
                 f"backup {manifest.backup_id!r} names {object_url(store.url, ref.key)}, which "

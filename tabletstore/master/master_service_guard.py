@@ -17,9 +17,9 @@ on, each request runs with the principal the RPC layer proved (``rpc.auth``):
 - ``set_replica``: only the table's admins (it decides who may write the table).
 - ``history_default``: anyone authenticated reads the database's default history window; only
   the cluster's ``master`` identity changes it (it governs every table without its own).
-- ``get_backup``, ``update_backup``, ``delete_backup``, ``restore_table``: only the admins
-  the backup recorded with its table's schema (a backup outlives its table); ``list_backups``
-  answers only those backups. A restored or cloned table is administered by its source's
+- ``get_backup``, ``update_backup``, ``delete_backup``, ``restore_table``,
+  ``restore_copied``: only the admins the backup recorded with its table's schema (a backup
+  outlives its table); ``list_backups`` answers only those backups. A restored or cloned table is administered by its source's
   admins and its creator.
 - ``list_tables``: the tables the principal may know of (``security.table_visibility``: it
   administers the table, may read or write one of its families, or the table has no admin
@@ -89,6 +89,7 @@ BACKUP_METHODS = frozenset(
         MasterService.update_backup,
         MasterService.delete_backup,
         MasterService.restore_table,
+        MasterService.restore_copied,
     )
 )
 _LIST_BACKUPS = MASTER.method(MasterService.list_backups).name

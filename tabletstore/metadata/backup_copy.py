@@ -35,8 +35,11 @@ server-side instead, with one CopyObject that returns the SHA-256 the server com
 it copied: no byte passes through this process, as with boto3's managed copy. The copy is
 made only once the manifest pins it, and a checksum that differs from the recorded one fails
 the copy and removes the object it made; a source without a recorded checksum (a backup's
-first copy out of its database) is first checked to exist with the recorded size. Either way
-the destination is looked at first: an object already there is never overwritten. Elsewhere bytes go through this process (GET then create-only PUT). Either way a
+first copy out of its database) is first checked to exist with the recorded size. Elsewhere
+bytes go through this process (GET then create-only PUT). Either way the destination is looked
+at first: an object already there is never overwritten. Those looks are listings of each
+table's SSTable prefix over the span of the copy's keys (:func:`look_up`: one request per
+table, not a HEAD per object), made while the creating manifest is written. Either way a
 checksum is recorded for every object copied: a copy of a copy verifies them.
 """
 
@@ -45,7 +48,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import replace
 from typing import Any, TypeVar
@@ -82,12 +85,15 @@ from tabletstore.storage_s3.local import LocalObjectStore, Staged, Staging
 
 __all__ = [
     "COPY_CONCURRENCY",
+    "LISTED_OBJECTS",
+    "LISTED_TABLES",
     "PART_BYTES",
     "STAGED_GETS",
     "STAGED_PART_BYTES",
     "checksum",
     "copy_backup",
     "delete_from_location",
+    "look_up",
 ]
 
 T = TypeVar("T")
@@ -114,8 +120,18 @@ STAGED_GETS = 16
 #: and written).
 SERVER_COPY_BYTES = 5 * 1024**3
 
+#: :func:`look_up` lists the SSTable prefixes of at most this many tables (a backup names its
+#: table's SSTables, and a clone's those of the tables it was cloned from), at most this many
+#: objects each (one page of S3's), instead of a HEAD per SSTable; what lies beyond is looked
+#: up by HEAD.
+LISTED_TABLES = 8
+LISTED_OBJECTS = 1000
+
 #: Called with the bytes of each object copied (progress, benchmarks).
 Progress = Callable[[int], None]
+
+#: What a store holds of some keys, as :func:`look_up` found it (None: absent).
+Known = dict[str, ObjectInfo | None]
 
 
 def checksum(data: bytes | Sequence[bytes]) -> str:
@@ -174,9 +190,19 @@ async def copy_backup(
         await write_backup(dst, first, listed=absent)
         pinned.set()
 
-    async def one(ref: SSTableRef) -> None:
+    # What ``dst`` holds of them already, and (for a server-side copy without a recorded
+    # checksum, whose source is checked before it is copied) what ``src`` holds: one listing
+    # per table prefix each, instead of a HEAD per object (:func:`look_up`).
+    unsummed = [k for k in refs if sink.copying is not None and k not in source.checksums]
+
+    async def look() -> tuple[Known, Known]:
+        return await asyncio.gather(look_up(dst, refs), look_up(src, unsummed))
+
+    async def one(ref: SSTableRef, known: asyncio.Task[tuple[Known, Known]]) -> None:
         async with gate:
-            sums[ref.key] = await _copy_object(src, dst, ref, source.checksums.get(ref.key), sink)
+            in_dst, in_src = await known
+            expected = source.checksums.get(ref.key)
+            sums[ref.key] = await _copy_object(src, dst, ref, expected, sink, in_dst, in_src)
             if progress is not None:
                 progress(ref.size)
 
@@ -188,8 +214,9 @@ async def copy_backup(
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(pin())
                 tg.create_task(sink.sweep(refs))
+                known = tg.create_task(look())
                 for ref in refs.values():
-                    tg.create_task(one(ref))
+                    tg.create_task(one(ref, known))
         except* TabletStoreError as group:
             raise _first(group) from None  # the first failure, named, as one error
         await sink.publish()
@@ -299,18 +326,23 @@ async def _copy_object(
     ref: SSTableRef,
     expected: str | None,
     sink: _Sink,
+    in_dst: Known,
+    in_src: Known,
 ) -> str:
     """Copy one SSTable object into ``sink`` unless ``dst`` has it already; returns its
-    checksum ("" when it was there already and none was recorded)."""
+    checksum ("" when it was there already and none was recorded). ``in_dst``/``in_src``:
+    what listings found of the copy's objects (:func:`look_up`); others are looked up here."""
     copying = sink.copying if ref.size <= SERVER_COPY_BYTES else None
     origin: ObjectInfo | None = None
     if copying is not None and expected is None:
-        there, origin = await asyncio.gather(dst.head(ref.key), src.head(ref.key))
+        there, origin = await asyncio.gather(
+            _found(dst, ref.key, in_dst), _found(src, ref.key, in_src)
+        )
     else:
         # With a recorded checksum a server-side copy needs no look at its source first:
         # the copy fails NotFound without one, and the SHA-256 the server returns settles
         # its size and bytes (a copy that differs is deleted).
-        there = await dst.head(ref.key)
+        there = await _found(dst, ref.key, in_dst)
     if there is not None and there.size == ref.size:
         # Seen before the manifest pinned it: garbage collection may have deleted it since;
         # once the manifest exists, what is there stays.
@@ -375,6 +407,13 @@ async def _server_copy(
             await dst.delete(ref.key)
     _check_sum(src, ref, expected, got)
     return got
+
+
+async def _found(store: ObjectStore, key: str, known: Known) -> ObjectInfo | None:
+    """What a listing found of ``key`` in ``store`` (:func:`look_up`), else what a HEAD does."""
+    if key in known:
+        return known[key]
+    return await store.head(key)
 
 
 def _check_sum(src: ObjectStore, ref: SSTableRef, expected: str | None, got: str) -> None:
@@ -510,6 +549,43 @@ async def _fetch(src: ObjectStore, ref: SSTableRef) -> list[bytes] | None:
     if any(p is None for p in parts):
         return None
     return [p for p in parts if p is not None]
+
+
+async def look_up(store: ObjectStore, keys: Iterable[str]) -> Known:
+    """What ``store`` holds of the SSTables ``keys``, from listings instead of a HEAD each:
+    one LIST per table prefix (of at most :data:`LISTED_TABLES` tables), from just before
+    its first key to its last, stopped after :data:`LISTED_OBJECTS` objects. A key in the
+    span listed is there (its size) or absent (None); a key past where a listing stopped, or
+    of a table not listed, is left out (the caller looks it up by HEAD). S3's listings are
+    strongly consistent, so absent from one is as good as a HEAD's 404."""
+    tables: dict[str, list[str]] = {}
+    for k in keys:
+        try:
+            table_id = layout.parse_sstable_key(k).table_id
+        except InvalidArgument:
+            continue  # not an SSTable key: no listing for it (none is named by a manifest)
+        tables.setdefault(table_id, []).append(k)
+    found: dict[str, ObjectInfo | None] = {}
+
+    async def one(table_id: str, wanted: list[str]) -> None:
+        wanted.sort()
+        seen: dict[str, ObjectInfo] = {}
+        covered = wanted[-1]  # listed up to here
+        # A key's own prefix sorts just before it: the listing starts at the first key.
+        async for info in store.list(layout.tables_prefix(table_id), start_after=wanted[0][:-1]):
+            if info.key > wanted[-1]:
+                break
+            seen[info.key] = info
+            if len(seen) >= LISTED_OBJECTS:
+                covered = info.key
+                break
+        for k in wanted:
+            if k in seen or k <= covered:
+                found[k] = seen.get(k)
+
+    picked = sorted(tables.items(), key=lambda item: -len(item[1]))[:LISTED_TABLES]
+    await asyncio.gather(*(one(table_id, wanted) for table_id, wanted in picked))
+    return found
 
 
 async def delete_from_location(store: ObjectStore, backup_id: str) -> BackupManifest:

@@ -43,6 +43,7 @@ __all__ = [
     "CloneTableRequest",
     "CompactTableRequest",
     "CompactTabletRequest",
+    "CopiedBackup",
     "CreateBackupRequest",
     "CreateSnapshotRequest",
     "CreateTableRequest",
@@ -684,11 +685,30 @@ class UpdateBackupRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class CopiedBackup:
+    """What a client that has just copied a backup into the database's bucket verified there
+    (client/backup_admin.py): the version of the manifest it wrote ready, and the size and
+    checksum of every SSTable that manifest names, by key. The master reads exactly that
+    version and checks the SSTables' presence while it reads it, instead of one after the
+    other (master/backups.py ``restore_table``); it trusts none of it."""
+
+    version: int
+    sizes: dict[str, int]
+    checksums: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
 class RestoreTableRequest:
-    """Restore backup ``backup_id`` of the database's bucket into the new table ``new_table``."""
+    """Restore backup ``backup_id`` of the database's bucket into the new table ``new_table``.
+
+    ``copied``: what the client verified of a copy it has just made (:class:`CopiedBackup`),
+    sent only by ``restore_copied`` (rpc/services.py). Optional on the wire (rpc/wire.py
+    ``RESTORE_TABLE_FORM``): without it the request is the two fields every build sends and
+    reads."""
 
     backup_id: str
     new_table: str
+    copied: CopiedBackup | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -84,7 +84,11 @@ from tabletstore.rpc.messages import (
     UpdateSchemaRequest,
 )
 from tabletstore.rpc.transport import Handler, Method, Transport
-from tabletstore.rpc.versions import LOAD_TABLET_AT_VERSION, SET_REPLICA_VERSION
+from tabletstore.rpc.versions import (
+    LOAD_TABLET_AT_VERSION,
+    RESTORE_COPIED_VERSION,
+    SET_REPLICA_VERSION,
+)
 
 __all__ = ["MASTER", "TABLET", "MasterService", "Service", "TabletService"]
 
@@ -216,6 +220,11 @@ class MasterService(Protocol):
 
     async def restore_table(self, req: RestoreTableRequest) -> TableInfoMessage:
         """A new table from a backup of the database's bucket, naming its SSTables."""
+        ...
+
+    async def restore_copied(self, req: RestoreTableRequest) -> TableInfoMessage:
+        """``restore_table`` of a backup the client has just copied into the database's
+        bucket, with what its copy verified (``req.copied``; protocol version 8)."""
         ...
 
     async def clone_table(self, req: CloneTableRequest) -> TableInfoMessage:
@@ -367,6 +376,7 @@ def _stub_method(method: Method) -> Callable[..., Any]:
 _SINCE: dict[Callable[..., Any], int] = {
     TabletService.load_tablet_at: LOAD_TABLET_AT_VERSION,
     MasterService.set_replica: SET_REPLICA_VERSION,
+    MasterService.restore_copied: RESTORE_COPIED_VERSION,
 }
 
 #: The tablet server's service.

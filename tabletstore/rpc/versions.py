@@ -35,6 +35,7 @@ __all__ = [
     "OLDEST_PROTOCOL_VERSION",
     "PROTOCOL_VERSION",
     "REQUEST_AS_VERSION",
+    "RESTORE_COPIED_VERSION",
     "SET_REPLICA_VERSION",
     "SPOKEN",
     "Versions",
@@ -54,7 +55,9 @@ __all__ = [
 #: MutateTabletsRequest (53, 54); decoded fields are checked against their type hints.
 #: 7: the REQUEST_AS frame (a request on behalf of a delegated principal).
 #: 8: load_tablet_at (LoadTabletAtRequest, 80): a load names the tablet's METADATA row;
-#: set_replica (SetReplicaRequest, 123): the master makes a table a replica or a primary.
+#: set_replica (SetReplicaRequest, 123): the master makes a table a replica or a primary;
+#: restore_copied (RestoreTableRequest's optional ``copied``, CopiedBackup, 13): a restore
+#: from another location says what its copy verified.
 PROTOCOL_VERSION = 8
 #: The oldest version this build speaks: N−1. Raising it (a version bump) drops the oldest;
 #: whatever a version added must keep a :func:`require` check until then.
@@ -70,6 +73,11 @@ LOAD_TABLET_AT_VERSION = 8
 #: an older connection before it is sent, as :data:`LOAD_TABLET_AT_VERSION` (it has no older
 #: method to fall back to; the caller reports the master too old).
 SET_REPLICA_VERSION = 8
+#: The version that added the master's ``restore_copied`` method (a RestoreTableRequest with
+#: its ``copied`` field): refused on an older connection before it is sent, and by a master
+#: of this version built before it (no such method: Unimplemented, nothing run); the client
+#: then sends ``restore_table`` without the field.
+RESTORE_COPIED_VERSION = 8
 
 
 @dataclass(frozen=True, slots=True)

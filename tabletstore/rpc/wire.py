@@ -14,7 +14,7 @@ from tabletstore.rpc import messages as m
 from tabletstore.rpc.codec import DEFAULT_CODEC, Codec, DecodeBudget, WireForm
 from tabletstore.rpc.row_pieces import ROW_BATCH_FORM
 
-__all__ = ["FILTER_BUDGET", "WIRE_FORMS", "WIRE_TYPES", "register_all"]
+__all__ = ["FILTER_BUDGET", "RESTORE_TABLE_FORM", "WIRE_FORMS", "WIRE_TYPES", "register_all"]
 
 WIRE_TYPES: dict[int, type] = {
     # model (1-19)
@@ -31,6 +31,7 @@ WIRE_TYPES: dict[int, type] = {
     11: model.MergeToCell,
     # 12-19: messages that joined after the model's ids were laid out
     12: m.AdoptCompactionRequest,
+    13: m.CopiedBackup,
     # query (20-24)
     20: query.RowRange,
     # filters (25-59)
@@ -125,8 +126,35 @@ WIRE_TYPES: dict[int, type] = {
 }
 
 
+def _restore_fields(req: m.RestoreTableRequest) -> tuple[object, ...]:
+    if req.copied is None:
+        return (req.backup_id, req.new_table)
+    return (req.backup_id, req.new_table, req.copied)
+
+
+def _restore_build(values: tuple[object, ...]) -> m.RestoreTableRequest:
+    if len(values) not in (2, 3):
+        raise ValueError(f"expected 2 or 3 fields, got {len(values)}")
+    backup_id, new_table, copied = (*values, None)[:3]
+    if not isinstance(backup_id, str) or not isinstance(new_table, str):
+        raise TypeError("backup_id and new_table must be str")
+    if copied is not None and not isinstance(copied, m.CopiedBackup):
+        raise TypeError(f"field 'copied' must be CopiedBackup | None, got {type(copied).__name__}")
+    return m.RestoreTableRequest(backup_id, new_table, copied)
+
+
+#: RestoreTableRequest with its ``copied`` field optional: absent, the two fields every build
+#: has sent and read since the request was added (so an older client's request decodes here,
+#: and one without it decodes on an older master); present, a third. Only ``restore_copied``,
+#: which an older master refuses before reading the request, carries it.
+RESTORE_TABLE_FORM = WireForm(_restore_fields, _restore_build)
+
+
 #: Types with their own wire form (``codec.WireForm``) instead of their fields.
-WIRE_FORMS: dict[type, WireForm] = {m.RowBatch: ROW_BATCH_FORM}
+WIRE_FORMS: dict[type, WireForm] = {
+    m.RowBatch: ROW_BATCH_FORM,
+    m.RestoreTableRequest: RESTORE_TABLE_FORM,
+}
 
 
 #: Each message's filter parts are counted as they are decoded, against the filter limits

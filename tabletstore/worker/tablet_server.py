@@ -536,26 +536,39 @@ class TabletServer:
         if isinstance(req, LoadTabletAtRequest):
             row_key = metadata_row_key(req.table_id, req.end_row)
         record = await self._catalog.get_tablet(req.table_id, req.tablet_id, row_key=row_key)
-        # Take the epoch first: from here on a previous owner's record updates are rejected.
         owned = replace(record, epoch=epoch, location=self.address).with_event(
             self._clock.time(), "assigned", self.worker_id
         )
-        owned = await self._catalog.update(record, owned)
         started = self._clock.monotonic()
-        # The replay (the slow part: GETs of runs or segments) runs outside the log-switch
-        # gate; opening and serving, which records this worker's log in the record, shares
-        # it with the other openings and keeps a log switch out.
-        # User tablets replay a few at a time, and every replay gives the event loop a turn
-        # every thousand cells or so: loading a dead worker's tablets must never hold the loop
-        # past this worker's own lease keep-alive.
-        async with self._replays if mt.level(req.table_id, req.tablet_id) == 3 else _NO_LIMIT:
-            replayed = [cell async for cell in yielding(self._replay(owned))]
-        tablet = await self.open_and_serve(owned, schema, replayed)
+        if record.epoch == 0 and not record.logs:
+            # Never loaded (a new, restored or cloned table's tablet) and no log to replay:
+            # the epoch is taken in the one update that lists this worker's log
+            # (engine/log_replay.py), one METADATA write instead of two. Taking it first
+            # keeps a previous owner's updates off the record the replay reads; here there
+            # is no previous owner and nothing to replay. The update is still conditional on
+            # epoch 0 (rule 2): a loader that claimed the tablet before this one (its claim
+            # gone since) takes it with that same condition, so of the two updates one is
+            # Fenced, and no record is written from a stale read.
+            tablet = await self.open_and_serve(record, schema, (), claimed=owned)
+        else:
+            # Take the epoch first: from here on a previous owner's record updates are
+            # rejected.
+            owned = await self._catalog.update(record, owned)
+            # The replay (the slow part: GETs of runs or segments) runs outside the
+            # log-switch gate; opening and serving, which records this worker's log in the
+            # record, shares it with the other openings and keeps a log switch out.
+            # User tablets replay a few at a time, and every replay gives the event loop a
+            # turn every thousand cells or so: loading a dead worker's tablets must never
+            # hold the loop past this worker's own lease keep-alive.
+            level = mt.level(req.table_id, req.tablet_id)
+            async with self._replays if level == 3 else _NO_LIMIT:
+                replayed = [cell async for cell in yielding(self._replay(owned))]
+            tablet = await self.open_and_serve(owned, schema, replayed)
         log.info(
             "serving %s/%s: opened with %d commit log(s) to replay in %.2f s (%d cells in memory)",
             req.table_id,
             req.tablet_id,
-            len(owned.logs),
+            len(record.logs),
             self._clock.monotonic() - started,
             len(tablet.state.memtable),
         )
@@ -567,13 +580,15 @@ class TabletServer:
         replayed: Sequence[Cell] | None = None,
         *,
         before_serving: Callable[[Tablet], None] | None = None,
+        claimed: TabletRecord | None = None,
     ) -> Tablet:
         """Open a claimed tablet (``_open_tablet``) and serve it, inside the log-switch gate:
         opening records this worker's log in the tablet's record, so no log switch may come
         between (openings go side by side). ``before_serving`` sees the tablet opened, not yet
-        served."""
+        served. ``claimed``: ``record`` as this load takes it (epoch, location), stored by the
+        update that records the log (``recover_state``)."""
         async with self._log_switch.shared():
-            tablet = await self._open_tablet(record, schema, replayed)
+            tablet = await self._open_tablet(record, schema, replayed, claimed)
             if before_serving is not None:
                 before_serving(tablet)
             tablet.on_compacted = self.splits.after_compaction
@@ -600,10 +615,15 @@ class TabletServer:
             await self._log.barrier()
 
     async def _open_tablet(
-        self, record: TabletRecord, schema: TableSchema, replayed: Sequence[Cell] | None = None
+        self,
+        record: TabletRecord,
+        schema: TableSchema,
+        replayed: Sequence[Cell] | None = None,
+        claimed: TabletRecord | None = None,
     ) -> Tablet:
         """Load a claimed tablet with this worker's log, caches and compaction pool; with the
-        cells ``replayed`` from its logs already (None: replay them now)."""
+        cells ``replayed`` from its logs already (None: replay them now); ``claimed``:
+        :meth:`open_and_serve`."""
         assert self._log is not None
 
         async def given(_: TabletRecord) -> AsyncIterator[Cell]:
@@ -623,6 +643,7 @@ class TabletServer:
             executor=self._executor,
             scan_cache=self._scan_cache,
             tasks=self._tasks,
+            claimed=claimed,
         )
 
     # ------------------------------------------------------------------ a failed commit log

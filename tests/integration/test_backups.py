@@ -312,7 +312,8 @@ async def test_bringing_a_backup_in_reads_its_manifest_in_the_location_once(
     """A restore from another location lists and reads the backup's manifest there once (each
     is a round trip to that bucket), then copies every SSTable (a small one in one part). In
     the database's bucket it lists the backup's versions once, to find none before the copy
-    starts (the creating version it wrote is the one the ready version replaces)."""
+    starts (the creating version it wrote is the one the ready version replaces), and the
+    table's SSTable prefix once, to find which SSTables are there already (no HEAD each)."""
     from tabletstore.client.backup_admin import _bring_in
     from tabletstore.storage_s3 import open_store
     from tabletstore.storage_s3.base import Op
@@ -333,7 +334,8 @@ async def test_bringing_a_backup_in_reads_its_manifest_in_the_location_once(
     finally:
         await src.close()
         await own.close()
-    assert own_stats[Op.LIST].requests == 1, own_stats
+    assert own_stats[Op.LIST].requests == 2, own_stats
+    assert own_stats[Op.HEAD].requests == 0, own_stats
     assert stats[Op.LIST].requests == 1, stats
     assert versions == [layout.backup_key("far", 1)]  # the ready one alone
     assert stats[Op.GET].requests == 1, stats  # the manifest
@@ -541,3 +543,202 @@ async def test_a_restore_deletes_the_copys_creating_version_while_the_table_is_c
         assert (await db.verify()).ok
         await db.delete_backup("far")
         assert [i.key async for i in db.store.list(layout.backup_prefix("far"))] == []
+
+
+async def test_a_restore_from_elsewhere_checks_the_copy_in_one_round_trip(tmp_path: Path) -> None:
+    """A restore from another location tells the master what its copy verified: the master
+    reads the manifest version the copy wrote (no listing of the versions) and, while that
+    read is under way, lists the table's SSTable prefix once to find every SSTable at its
+    size (no HEAD per SSTable). The database's bucket is listed three times in all (the
+    client's looks for the backup and its SSTables before copying, and that listing), and no
+    object in it is HEADed."""
+    from collections.abc import AsyncIterator
+
+    from tabletstore.storage_s3 import find_layer
+    from tabletstore.storage_s3.base import ObjectInfo, Op
+    from tabletstore.storage_s3.instrumented import InstrumentedObjectStore
+
+    elsewhere = f"file://{tmp_path}/backups"
+    expected, remote = await _far_backup(tmp_path, elsewhere)
+    async with await Database.open(f"file://{tmp_path}/b", instrument=True) as db:
+        counters = find_layer(db.store, InstrumentedObjectStore)
+        assert counters is not None
+        store_get, store_head, store_list = db.store.get, db.store.head, db.store.list
+        master_restore = db.master.restore_copied
+        armed, listed, looked_up = [False], list[str](), list[str]()
+        tables_listed = asyncio.Event()
+
+        async def restore_copied(req: object) -> object:
+            armed[0] = True  # from here on, the master's reads
+            return await master_restore(req)  # type: ignore[arg-type]
+
+        def listing(prefix: str, **kw: object) -> AsyncIterator[ObjectInfo]:
+            if armed[0]:
+                listed.append(prefix)
+                if prefix.startswith(layout.TABLES):
+                    tables_listed.set()
+            return store_list(prefix, **kw)  # type: ignore[arg-type]
+
+        async def head(key: str) -> object:
+            if armed[0]:
+                looked_up.append(key)
+            return await store_head(key)
+
+        async def get(key: str) -> bytes | None:
+            if armed[0] and key.startswith(layout.BACKUPS):
+                # Held until the SSTables are listed: they are, while it is read.
+                await asyncio.wait_for(tables_listed.wait(), 60)
+            return await store_get(key)
+
+        db.store.get, db.store.head, db.store.list = get, head, listing  # type: ignore[method-assign, assignment]
+        db.master.restore_copied = restore_copied  # type: ignore[method-assign, assignment]
+        before = counters.stats()
+        try:
+            await db.restore_table("far", "r", source=elsewhere)
+        finally:
+            db.store.get, db.store.head, db.store.list = store_get, store_head, store_list  # type: ignore[method-assign]
+        used = counters.stats() - before
+        table_id = layout.parse_sstable_key(remote.sstable_keys()[0]).table_id
+        assert listed == [layout.tables_prefix(table_id)]
+        assert looked_up == []
+        # The client's look for the backup and for its SSTables, the master's for them.
+        assert used[Op.LIST].requests == 3, used
+        assert used[Op.HEAD].requests == 0, used
+        assert await _rows(db, "r") == expected
+
+
+async def test_a_master_without_restore_copied_gets_restore_table(tmp_path: Path) -> None:
+    """A master that predates ``restore_copied`` refuses it before running anything
+    (Unimplemented); the client then sends ``restore_table`` without the field."""
+    from tabletstore.rpc.messages import RestoreTableRequest
+
+    elsewhere = f"file://{tmp_path}/backups"
+    expected, _ = await _far_backup(tmp_path, elsewhere)
+    async with await Database.open(f"file://{tmp_path}/b") as db:
+        master_restore = db.master.restore_table
+        plain: list[RestoreTableRequest] = []
+
+        async def refused(req: RestoreTableRequest) -> object:
+            raise Unimplemented("no RPC method 'restore_copied' on the master")
+
+        async def restore_table(req: RestoreTableRequest) -> object:
+            plain.append(req)
+            return await master_restore(req)
+
+        db.master.restore_copied = refused  # type: ignore[method-assign, assignment]
+        db.master.restore_table = restore_table  # type: ignore[method-assign, assignment]
+        await db.restore_table("far", "r", source=elsewhere)
+        assert [(r.backup_id, r.copied) for r in plain] == [("far", None)]
+        assert await _rows(db, "r") == expected
+
+
+async def test_the_master_trusts_nothing_a_copy_says_it_verified(tmp_path: Path) -> None:
+    """What a client says its copy verified decides only which reads the master starts at
+    once. An account that does not match the bucket's manifest (another size, a version that
+    is not there) gets the full check, and restores what the manifest names; an SSTable
+    missing from the bucket is refused as for any restore, however the account reads, and
+    nothing is created."""
+    from tabletstore.rpc.messages import CopiedBackup, RestoreTableRequest
+
+    elsewhere = f"file://{tmp_path}/backups"
+    expected, _ = await _far_backup(tmp_path, elsewhere)
+    async with await Database.open(f"file://{tmp_path}/b") as db:
+        await db.restore_table("far", "r", source=elsewhere)  # copies it in
+        copy = await db.get_backup("far")
+        sizes = {r.key: r.size for t in copy.tablets for refs in t.sstables.values() for r in refs}
+        true = CopiedBackup(copy.version, sizes, dict(copy.checksums))
+        bigger = CopiedBackup(copy.version, {k: s + 1 for k, s in sizes.items()}, true.checksums)
+        absent = CopiedBackup(copy.version + 5, sizes, true.checksums)
+        for name, account in [("wrong", bigger), ("absent", absent), ("true", true)]:
+            await db.master.restore_copied(RestoreTableRequest("far", name, account))
+            assert await _rows(db, name) == expected
+        gone = sorted(sizes)[0]
+        await db.store.delete(gone)
+        for name, account in [("r2", true), ("r3", CopiedBackup(copy.version, {}, {}))]:
+            with pytest.raises(NotFound, match="does not exist"):
+                await db.master.restore_copied(RestoreTableRequest("far", name, account))
+        assert sorted(await db.list_tables()) == ["absent", "r", "true", "wrong"]
+
+
+async def test_a_restored_tablet_is_loaded_with_one_metadata_write(tmp_path: Path) -> None:
+    """A tablet never loaded before with no log to replay (a restored table's) takes its epoch
+    in the same METADATA update that lists the worker's log; a tablet loaded before (moved,
+    reloaded) still takes it first, then lists the log."""
+    from tabletstore.metadata.record import TabletRecord
+    from tabletstore.rpc.messages import UnloadTabletRequest
+
+    async with await Database.open(f"file://{tmp_path}/db") as db:
+        await db.create_table("t", ["f"], split_keys=[b"row0005"])
+        await _write(db, "t", range(10), b"v")
+        await db.flush("t")
+        await db.create_backup("t", "b")
+        catalog = db.worker._catalog
+        catalog_update = catalog.update
+        writes: dict[tuple[str, str], int] = {}
+
+        async def update(old: TabletRecord, new: TabletRecord, **kw: object) -> TabletRecord:
+            key = (old.table_id, old.tablet_id)
+            writes[key] = writes.get(key, 0) + 1
+            return await catalog_update(old, new, **kw)  # type: ignore[arg-type]
+
+        catalog.update = update  # type: ignore[method-assign]
+        restored = await db.restore_table("b", "r")
+        records = await db.catalog.list_tablets(restored.table_id)
+        keys = [(rec.table_id, rec.tablet_id) for rec in records]
+        assert [writes.get(k) for k in keys] == [1, 1], writes
+        assert all(rec.epoch > 0 and rec.logs and rec.location for rec in records)
+        assert [e.kind for e in records[0].events][-2:] == ["assigned", "loaded"]
+        await db.worker.unload(UnloadTabletRequest(*keys[0], flush=True))  # as when moved
+        writes.clear()
+        deadline = time.monotonic() + 60
+        while keys[0] not in db.worker._tablets:
+            assert time.monotonic() < deadline, "the unloaded tablet was never loaded again"
+            await db.master.assign()
+            await asyncio.sleep(0.01)
+        assert writes[keys[0]] == 2, writes  # the epoch, then the log
+        assert await _rows(db, "r") == await _rows(db, "t")
+
+
+async def test_a_restored_tablets_load_loses_to_a_loader_that_took_it_first(
+    tmp_path: Path,
+) -> None:
+    """The one update of a never-loaded tablet is conditional on epoch 0: a loader that
+    claimed the tablet earlier and takes it (epoch 0 to its own) between this load's read and
+    its update makes this load fail Fenced, writing nothing; the next load takes the epoch
+    first, as for any tablet loaded before, and serves every restored row."""
+    from dataclasses import replace
+
+    from tabletstore.errors import Fenced
+    from tabletstore.metadata.record import TabletRecord
+
+    async with await Database.open(f"file://{tmp_path}/db") as db:
+        await db.create_table("t", ["f"])
+        await _write(db, "t", range(10), b"v")
+        await db.flush("t")
+        await db.create_backup("t", "b")
+        source = (await db.catalog.get_table("t")).table_id
+        catalog = db.worker._catalog
+        get_tablet, catalog_update = catalog.get_tablet, catalog.update
+        rival: list[TabletRecord] = []
+        fenced: list[Fenced] = []
+
+        async def racing_get(table_id: str, tablet_id: str, **kw: object) -> TabletRecord:
+            record = await get_tablet(table_id, tablet_id, **kw)  # type: ignore[arg-type]
+            if table_id != source and record.epoch == 0 and not rival:
+                taken = replace(record, epoch=1, location="zombie:1")
+                rival.append(await catalog_update(record, taken))
+            return record
+
+        async def update(old: TabletRecord, new: TabletRecord, **kw: object) -> TabletRecord:
+            try:
+                return await catalog_update(old, new, **kw)  # type: ignore[arg-type]
+            except Fenced as exc:
+                fenced.append(exc)
+                raise
+
+        catalog.get_tablet, catalog.update = racing_get, update  # type: ignore[method-assign, assignment]
+        restored = await db.restore_table("b", "r")
+        assert rival and len(fenced) == 1, (rival, fenced)
+        assert await _rows(db, "r") == await _rows(db, "t")  # served once loaded again
+        (record,) = await db.catalog.list_tablets(restored.table_id)
+        assert record.epoch not in (0, 1) and record.location != "zombie:1" and record.logs

@@ -27,6 +27,7 @@ from tabletstore.errors import (
     Unimplemented,
 )
 from tabletstore.master.remote_compaction import prepare
+from tabletstore.metadata.backup import BackupManifest
 from tabletstore.metadata.snapshot import SnapshotManifest
 from tabletstore.rpc import messages as m
 from tabletstore.rpc.inprocess import InProcessTransport
@@ -87,6 +88,7 @@ def test_the_protocols_declare_every_method_once() -> None:
         "update_backup",
         "delete_backup",
         "restore_table",
+        "restore_copied",
         "clone_table",
         "set_history",
         "set_changes",
@@ -264,11 +266,18 @@ async def _exercise(
     got_backup = await call(master.get_backup, MasterService.get_backup, m.BackupIdRequest("bk"))
     assert got_backup == backup
     later = m.UpdateBackupRequest("bk", db.master.clock.time() + 3600)
-    assert (await call(master.update_backup, MasterService.update_backup, later)).manifest_json
+    updated = await call(master.update_backup, MasterService.update_backup, later)
     restored = await call(
         master.restore_table, MasterService.restore_table, m.RestoreTableRequest("bk", "svc-r")
     )
     assert restored.info().schema.name == "svc-r"
+    # With what a copy verified: the optional third field crosses the wire.
+    now = BackupManifest.from_bytes(updated.manifest_json)
+    sizes = {r.key: r.size for t in now.tablets for refs in t.sstables.values() for r in refs}
+    verified = m.CopiedBackup(now.version, sizes, dict(now.checksums))
+    copied = m.RestoreTableRequest("bk", "svc-r2", verified)
+    again = await call(master.restore_copied, MasterService.restore_copied, copied)
+    assert again.info().schema.name == "svc-r2"
     cloned = await call(
         master.clone_table, MasterService.clone_table, m.CloneTableRequest("svc", "svc-c")
     )
@@ -489,3 +498,27 @@ def test_both_transports_are_transports() -> None:
     _transport_contract(InProcessTransport())
     _transport_contract(TcpTransport())
     assert isinstance(TABLET, Service)
+
+
+async def test_a_master_without_restore_copied_refuses_it_before_running_anything() -> None:
+    """A master of protocol version 8 built before ``restore_copied`` has no such method: over
+    TCP the call fails Unimplemented at the method lookup, before its request is read or run
+    (the client then sends ``restore_table``: client/backup_admin.py)."""
+    register_all()
+    db = await Database.open("memory://services-no-restore-copied")
+    handlers = dict(MASTER.handlers(db.master))
+    name = MASTER.method(MasterService.restore_copied).name
+    del handlers[name]
+    master = RpcServer(handlers)
+    transport = TcpTransport(timeout=30.0)
+    await master.start()
+    try:
+        stub = MASTER.client(transport, master.address)
+        copied = m.CopiedBackup(1, {}, {})
+        with pytest.raises(Unimplemented, match=f"no RPC method '{name}'"):
+            await stub.restore_copied(m.RestoreTableRequest("b", "t", copied))
+        assert await db.list_tables() == []
+    finally:
+        await transport.close()
+        await master.close()
+        await db.close()

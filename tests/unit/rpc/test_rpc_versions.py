@@ -52,6 +52,7 @@ def test_this_build_speaks_n_and_n_minus_1() -> None:
     assert LOAD_TABLET_AT_VERSION == SET_REPLICA_VERSION == N
     assert TABLET.method(TabletService.load_tablet_at).since == N
     assert MASTER.method(MasterService.set_replica).since == N
+    assert MASTER.method(MasterService.restore_copied).since == N
     assert MASTER.method(MasterService.create_table).since == 0
     assert TABLET.method(TabletService.load_tablet).since == 0
     assert REQUEST_AS_VERSION <= N
@@ -239,3 +240,37 @@ async def test_a_method_a_version_added_is_not_sent_to_a_server_of_the_previous_
         RpcClient("127.0.0.1", current.port, codec=CODEC) as client,
     ):
         assert await client.call("load_tablet_at", Echo("x"), since=N) == Echo("x")
+
+
+def test_a_restore_request_without_what_a_copy_verified_is_what_older_builds_send() -> None:
+    """RestoreTableRequest's ``copied`` field is optional on the wire: without it the request
+    is the two fields every build has sent and read (an older client's request decodes here,
+    and one from here decodes on an older master); with it, a third, decoded with its type
+    checked."""
+    from tabletstore.rpc import messages as m
+    from tabletstore.rpc.wire import register_all
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class OlderRestore:  # the request as builds before the field define it
+        backup_id: str
+        new_table: str
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Garbled:
+        backup_id: str
+        new_table: str
+        copied: int
+
+    older, garbled = Codec(), Codec()
+    older.register(104, OlderRestore)
+    garbled.register(104, Garbled)
+    this = register_all(Codec())
+    plain = m.RestoreTableRequest("b1", "t2")
+    assert this.encode(plain) == older.encode(OlderRestore("b1", "t2"))
+    assert this.decode(older.encode(OlderRestore("b1", "t2"))) == plain
+    verified = m.RestoreTableRequest(
+        "b1", "t2", m.CopiedBackup(1, {"tables/x/t0/f/a.parquet": 10}, {"k": "sha256:00"})
+    )
+    assert this.decode(this.encode(verified)) == verified
+    with pytest.raises(InvalidArgument, match=r"RestoreTableRequest .*'copied' must be"):
+        this.decode(garbled.encode(Garbled("b1", "t2", 5)))
