@@ -2,12 +2,17 @@
 
 Each key is a file under the root directory, its ``/``-separated parts being directories.
 
-Durability and atomicity of ``create``: the bytes are written to a temporary file in the
-object's own directory and fsynced, then hard-linked (``os.link``) to the final name, and the
-directory is fsynced. ``link`` never replaces an existing name, so it is the create-only
-condition (``FileExistsError`` -> PreconditionFailed), and a crash at any point leaves either
-no object or the whole object, never a half-written one. Temporary files carry a reserved name
-prefix (:data:`TEMP_PREFIX`) that listings skip; keys may not use it.
+Durability and atomicity of ``create``: the bytes are written to an unnamed file
+(``O_TMPFILE``) in the object's own directory and fsynced, then linked to the final name
+(``linkat`` of ``/proc/self/fd/N``), and the directory is fsynced. ``link`` never replaces an
+existing name, so it is the create-only condition (``FileExistsError`` -> PreconditionFailed),
+and a crash at any point leaves either no object or the whole object, never a half-written
+one; an unnamed file a crash interrupts is freed by the filesystem, so nothing is left behind.
+Where the kernel or filesystem has no ``O_TMPFILE`` (or ``/proc`` is not mounted), the file is
+a named temporary file instead, linked the same way and then unlinked. The unnamed file spares
+a create the temporary name's directory entry and its removal: about a sixth of the kernel
+CPU of a create (the commit log makes one per group commit). Temporary files carry a reserved
+name prefix (:data:`TEMP_PREFIX`) that listings skip; keys may not use it.
 
 Staged creates (:meth:`LocalObjectStore.stage_open`, :meth:`LocalObjectStore.publish`): a
 copy of many objects (a backup brought in for a restore, metadata/backup_copy.py) writes each
@@ -81,6 +86,16 @@ _MAX_PART_BYTES = 255
 _CREATE_TRIES = 5
 #: Directories :meth:`LocalObjectStore.publish` fsyncs at once.
 _SYNC_THREADS = 16
+
+#: ``os.O_TMPFILE`` where the platform has it (Linux), else 0: creates use named temp files.
+_O_TMPFILE: int = getattr(os, "O_TMPFILE", 0)
+#: Errors of an ``O_TMPFILE`` open on a filesystem or kernel without unnamed files.
+_NO_TMPFILE_ERRNOS = frozenset({errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL})
+
+
+class _NoUnnamedFiles(Exception):
+    """This store's filesystem (or a missing ``/proc``) cannot link an unnamed file."""
+
 
 # Aliases: inside the store class, ``list`` names its method, not the builtin.
 _Infos = list[ObjectInfo]
@@ -176,6 +191,8 @@ class LocalObjectStore:
         self._closed = False
         #: Checked keys -> file paths, for ranged reads (a point read's hot path).
         self._files: dict[str, str] = {}
+        #: Whether creates may use unnamed files (cleared the first time they cannot).
+        self._unnamed = True
         try:
             self.root.mkdir(parents=True, exist_ok=True)
         except FileExistsError as exc:
@@ -368,6 +385,57 @@ class LocalObjectStore:
         raise AssertionError("unreachable: the last try raises")
 
     def _create(self, path: Path, data: bytes) -> None:
+        if self._unnamed and _O_TMPFILE:
+            try:
+                self._create_unnamed(path, data, _O_TMPFILE)
+                return
+            except _NoUnnamedFiles:
+                self._unnamed = False
+        self._create_named(path, data)
+
+    def _create_unnamed(self, path: Path, data: bytes, flag: int) -> None:
+        """:meth:`_create` through an unnamed file (module docstring); _NoUnnamedFiles where
+        the kernel, the filesystem or a missing ``/proc`` does not allow it."""
+        for attempt in range(_CREATE_TRIES):
+            last = attempt + 1 == _CREATE_TRIES
+            try:
+                dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+            except FileNotFoundError:
+                if last:
+                    raise
+                self._ensure_dir(path.parent)
+                continue
+            try:
+                try:
+                    fd = os.open(".", os.O_WRONLY | flag, 0o644, dir_fd=dfd)
+                except OSError as exc:
+                    if exc.errno in _NO_TMPFILE_ERRNOS:
+                        raise _NoUnnamedFiles from exc
+                    if exc.errno == errno.ENOENT and not last:
+                        continue  # A concurrent delete pruned the (then empty) directory.
+                    raise
+                try:
+                    _write_all(fd, (data,))
+                    os.fsync(fd)
+                    source = f"/proc/self/fd/{fd}"
+                    try:
+                        # dst_dir_fd makes it linkat, which follows the /proc link to the file.
+                        os.link(source, path.name, dst_dir_fd=dfd, follow_symlinks=True)
+                    except FileNotFoundError as exc:
+                        if not os.path.exists(source):
+                            raise _NoUnnamedFiles from exc
+                        if last:
+                            raise
+                        continue  # The directory was pruned after it was opened.
+                finally:
+                    os.close(fd)
+                os.fsync(dfd)
+                return
+            finally:
+                os.close(dfd)
+        raise AssertionError("unreachable: the last try raises")
+
+    def _create_named(self, path: Path, data: bytes) -> None:
         tmp, fd, _ = self._open_temp(path, TEMP_PREFIX, sync=True)
         try:
             _write_all(fd, (data,))
