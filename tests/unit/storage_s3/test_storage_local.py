@@ -101,6 +101,36 @@ async def test_a_create_falls_back_to_a_named_temp_file_without_unnamed_files(
     assert len(refused) == (1 if local._O_TMPFILE else 0)
 
 
+async def test_ranged_reads_keep_the_file_open_and_see_deletes_from_anywhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Repeated ranged reads of a key open its file once; a delete by another store (another
+    process) makes the key read as missing, and a key created anew reads its new bytes."""
+    from tabletstore.storage_s3 import local
+
+    reader, other = LocalObjectStore(tmp_path), LocalObjectStore(tmp_path)
+    await other.create("t/s.sst", b"0123456789")
+    real_open = os.open
+    opened: list[str] = []
+
+    def counting_open(path: str, flags: int, *args: object, **kwargs: object) -> int:
+        opened.append(str(path))
+        return real_open(path, flags, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(local.os, "open", counting_open)
+    assert [await reader.get_range("t/s.sst", i, 2) for i in (0, 4, 8)] == [b"01", b"45", b"89"]
+    assert opened == [str(tmp_path / "t/s.sst")]
+    await other.delete("t/s.sst")
+    assert await reader.get_range("t/s.sst", 0, 2) is None
+    await other.create("t/s.sst", b"abcdefghij")
+    assert await reader.get_range("t/s.sst", 2, 3) == b"cde"
+    await reader.delete("t/s.sst")
+    assert await reader.get_range("t/s.sst", 0, 1) is None
+    assert await reader.get_range("t", 0, 1) is None  # a prefix directory, not an object
+    await other.create("t/u", b"u")
+    assert await reader.get_range("t", 0, 1) is None
+
+
 @pytest.mark.parametrize("key", ["a//b", "/a", "a/", "a/./b", "a/../b", "..", "a\x00b", "x" * 256])
 async def test_keys_a_filesystem_cannot_hold_are_invalid(tmp_path: Path, key: str) -> None:
     store = LocalObjectStore(tmp_path / "root")
