@@ -234,7 +234,8 @@ class ReadPath:
         core = self._core
         core.check_serving()
         core.check_row(row)
-        cost = await regex_cost_compiled(filter)
+        # No filter (most point reads): no coroutine and generators to find it has no patterns.
+        cost = 0 if filter is None else await regex_cost_compiled(filter)
         fams = _intersect(families, self.readable(identity))
         cells = await self.read_row_cells(row, fams)
         if stats is not None and cells:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 from pathlib import Path
 
@@ -46,6 +47,88 @@ async def test_failed_create_cleans_up_its_temp_file(tmp_path: Path) -> None:
         await store.create("k", b"second")
     assert sorted(os.listdir(tmp_path)) == ["k"]
     assert await store.get("k") == b"first"
+
+
+async def test_a_create_names_its_bytes_only_once_they_are_synced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A create writes an unnamed file: no temporary name ever appears in the directory, the
+    object's name is absent while its bytes are synced, and the directory is synced once the
+    name is there."""
+    from tabletstore.storage_s3 import local
+
+    store = LocalObjectStore(tmp_path)
+    await store.create("logs/w/0.log", b"first")  # the directory exists: the usual case
+    seen: list[tuple[str, list[str]]] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        seen.append((os.readlink(f"/proc/self/fd/{fd}"), sorted(os.listdir(tmp_path / "logs/w"))))
+        real_fsync(fd)
+
+    monkeypatch.setattr(local.os, "fsync", fsync)
+    await store.create("logs/w/1.log", b"second")
+    assert await store.get("logs/w/1.log") == b"second"
+    directory = str(tmp_path / "logs/w")
+    assert [names for _, names in seen] == [["0.log"], ["0.log", "1.log"]]
+    assert seen[0][0].endswith("(deleted)") and seen[1][0] == directory
+
+
+async def test_a_create_falls_back_to_a_named_temp_file_without_unnamed_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the filesystem refuses ``O_TMPFILE``, creates use a named temporary file (and
+    stop trying the unnamed one), with the same results."""
+    from tabletstore.storage_s3 import local
+
+    real_open = os.open
+    refused: list[int] = []
+
+    def no_tmpfile(path: str, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:
+        if local._O_TMPFILE and flags & local._O_TMPFILE == local._O_TMPFILE:
+            refused.append(flags)
+            raise OSError(errno.EOPNOTSUPP, "not supported")
+        return real_open(path, flags, mode, dir_fd=dir_fd)
+
+    monkeypatch.setattr(local.os, "open", no_tmpfile)
+    store = LocalObjectStore(tmp_path)
+    await store.create("a/b/k", b"one")
+    await store.create("a/b/j", b"two")
+    with pytest.raises(PreconditionFailed):
+        await store.create("a/b/k", b"again")
+    assert [await store.get(k) for k in ("a/b/k", "a/b/j")] == [b"one", b"two"]
+    assert sorted(os.listdir(tmp_path / "a/b")) == ["j", "k"]
+    assert len(refused) == (1 if local._O_TMPFILE else 0)
+
+
+async def test_ranged_reads_keep_the_file_open_and_see_deletes_from_anywhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Repeated ranged reads of a key open its file once; a delete by another store (another
+    process) makes the key read as missing, and a key created anew reads its new bytes."""
+    from tabletstore.storage_s3 import local
+
+    reader, other = LocalObjectStore(tmp_path), LocalObjectStore(tmp_path)
+    await other.create("t/s.sst", b"0123456789")
+    real_open = os.open
+    opened: list[str] = []
+
+    def counting_open(path: str, flags: int, *args: object, **kwargs: object) -> int:
+        opened.append(str(path))
+        return real_open(path, flags, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(local.os, "open", counting_open)
+    assert [await reader.get_range("t/s.sst", i, 2) for i in (0, 4, 8)] == [b"01", b"45", b"89"]
+    assert opened == [str(tmp_path / "t/s.sst")]
+    await other.delete("t/s.sst")
+    assert await reader.get_range("t/s.sst", 0, 2) is None
+    await other.create("t/s.sst", b"abcdefghij")
+    assert await reader.get_range("t/s.sst", 2, 3) == b"cde"
+    await reader.delete("t/s.sst")
+    assert await reader.get_range("t/s.sst", 0, 1) is None
+    assert await reader.get_range("t", 0, 1) is None  # a prefix directory, not an object
+    await other.create("t/u", b"u")
+    assert await reader.get_range("t", 0, 1) is None
 
 
 @pytest.mark.parametrize("key", ["a//b", "/a", "a/", "a/./b", "a/../b", "..", "a\x00b", "x" * 256])
