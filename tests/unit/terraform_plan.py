@@ -159,10 +159,13 @@ def plan_environment(
         data_dir=data_dir,
         timeout=600,
     )
+    # Without refreshing: the state is the apply's, moments old (a refresh reads every applied
+    # resource back from moto first, for nothing).
     terraform(
         directory,
         "plan",
         "-input=false",
+        "-refresh=false",
         "-out=plan.bin",
         *variables,
         data_dir=data_dir,

@@ -22,8 +22,8 @@ from the same RNG among the live workers that serve tablets of the chaos table a
   Linux). Leases read the monotonic clock, so the worker neither loses its lease early nor
   holds it late; the writes it stamps itself (the transactors' registers) must stay in
   order per cell, or the checker finds a later put hidden behind an earlier one.
-* ``s3_503_storm``: for :data:`STORM` seconds (a minute) the fault proxy answers half of all
-  requests ``503 SlowDown``, as S3 does when a prefix is throttled: the retrying store backs
+* ``s3_503_storm``: for :data:`STORM` seconds (a minute; the Nemesis's ``storm``) the fault
+  proxy answers half of all requests ``503 SlowDown``, as S3 does when a prefix is throttled: the retrying store backs
   off and retries; what still fails after its retries must fail the operation, never
   acknowledge it, and the cluster must serve normally once the storm passes.
 * ``kill_sorter``: SIGKILL a worker serving chaos tablets (its log is then sorted, §6), and
@@ -181,6 +181,7 @@ class Nemesis:
         worker_ids: Callable[[], dict[str, str]],
         master_address: Callable[[], Awaitable[str | None]],
         coordinator: Coordinator | None = None,
+        storm: float = STORM,
     ) -> None:
         self.cluster = cluster
         self.history = history
@@ -191,6 +192,8 @@ class Nemesis:
         self.master_address = master_address
         #: For the sort faults (they act as a sorter: claims and published tasks).
         self.coordinator = coordinator
+        #: Seconds an ``s3_503_storm`` lasts.
+        self.storm = storm
         self.kills: list[Kill] = []
         self.counts: dict[str, int] = {}
         self.errors: list[str] = []
@@ -440,11 +443,13 @@ class Nemesis:
         self.history.heal(fault, still_running=self.cluster.running(record))
 
     async def s3_503_storm(self) -> None:
-        fault = self.history.fault("s3_503_storm", "proxy", slowdown=STORM_SLOWDOWN, seconds=STORM)
+        fault = self.history.fault(
+            "s3_503_storm", "proxy", slowdown=STORM_SLOWDOWN, seconds=self.storm
+        )
         before = await asyncio.to_thread(self.cluster.s3_stats)
         await asyncio.to_thread(lambda: self.cluster.s3_faults(slowdown=STORM_SLOWDOWN))
         try:
-            await asyncio.sleep(STORM)
+            await asyncio.sleep(self.storm)
         finally:
             await asyncio.to_thread(self.cluster.s3_faults)
         after = await asyncio.to_thread(self.cluster.s3_stats)

@@ -50,7 +50,7 @@ from tabletstore.testing.chaos.change_follower import (
 from tabletstore.testing.chaos.chaos_cluster import ENV, ChaosCluster
 from tabletstore.testing.chaos.checker import Verdict, check
 from tabletstore.testing.chaos.history import History, Outcome
-from tabletstore.testing.chaos.nemesis import FAULTS, PARTITION_FAULTS, Nemesis, schedule
+from tabletstore.testing.chaos.nemesis import FAULTS, PARTITION_FAULTS, STORM, Nemesis, schedule
 from tabletstore.testing.chaos.replica import (
     ReplicaCluster,
     ReplicaVerdict,
@@ -106,6 +106,8 @@ class ChaosConfig:
     transactors: int = 4
     first_fault: float = 5.0
     gap: tuple[float, float] = (8.0, 14.0)
+    #: Seconds an ``s3_503_storm`` lasts (nemesis.STORM: a minute).
+    storm: float = STORM
     #: The chaos table keeps changes and a follower reads its change stream through the run
     #: (change_follower.py).
     changes: bool = False
@@ -660,6 +662,7 @@ async def _run(
         worker_ids=lambda: dict(poller.ids_by_address),
         master_address=client.catalog.master_address,
         coordinator=processes or getattr(client, "coordinator", None),
+        storm=config.storm,
     )
     try:
         workload.start()

@@ -107,7 +107,10 @@ def test_quick_soak_runs_checks_every_read_and_stops_its_cluster(
 
     monkeypatch.setattr(localstack, "up", up)
     out = tmp_path / "out"
-    assert main(["--quick", "--minutes", "0.75", "--out", str(out)]) == 0
+    # Half a minute: about fifteen samples two seconds apart, three times the five asked below
+    # (a sample on a loaded machine takes longer than its interval), every kind of traffic in
+    # each; a longer run only adds samples of the same.
+    assert main(["--quick", "--minutes", "0.5", "--out", str(out)]) == 0
 
     doc = json.loads((out / "soak.json").read_text())
     samples, summary = doc["samples"], doc["summary"]
