@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tabletstore.testing.chaos.chaos_cluster import STORES
+from tabletstore.testing.chaos.chaos_cluster import GC_GRACE, STORES
 from tabletstore.testing.chaos.checker import Verdict
 from tabletstore.testing.chaos.history import load_ops
 from tabletstore.testing.chaos.linearizability import check_linearizable
@@ -89,6 +89,13 @@ def main(argv: list[str] | None = None) -> int:
         "whether every source change was applied exactly once and the replica equals the "
         "source cell for cell (tabletstore/testing/chaos/replica.py)",
     )
+    parser.add_argument(
+        "--gc-grace",
+        type=float,
+        default=GC_GRACE,
+        help="the masters' garbage-collection grace in seconds (master --gc-grace; the "
+        "production default is an hour): the run's garbage is deleted while the faults go on",
+    )
     parser.add_argument("--dir", type=Path, default=None, help="logs, history.json, report.json")
     parser.add_argument(
         "--recheck",
@@ -145,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         store=args.store,
         changes=args.changes,
         replicate=args.replicate,
+        gc_grace=args.gc_grace,
     )
     report = asyncio.run(run_chaos(config))
     print(report.summary())

@@ -269,6 +269,15 @@ def _metrics_ready(url: str) -> None:
     "it (a new cluster; ignored, with a warning, once METADATA exists). Repeat for each "
     "split; give every master the same ones.",
 )
+@click.option(
+    "--gc-grace",
+    type=click.FloatRange(min=1.0),
+    default=MasterOptions().gc_grace,
+    show_default=True,
+    help="Seconds an unreferenced object must have existed, and have been found unreferenced, "
+    "before garbage collection deletes it (§5.4). Must stay well above any compaction's "
+    "upload-to-commit time; shorter frees storage and trims live logs sooner.",
+)
 @rpc_caps
 @protocol_versions
 @_insecure_option
@@ -288,6 +297,7 @@ def master_cmd(
     max_tables_per_principal: int,
     merge_after: float,
     metadata_split_at: tuple[str, ...],
+    gc_grace: float,
     rpc: RpcServerOptions,
     versions: Versions,
     insecure: bool,
@@ -310,6 +320,7 @@ def master_cmd(
         max_split_keys=max_split_keys,
         max_tables_per_principal=max_tables_per_principal,
         merge_after=merge_after,
+        gc_grace=gc_grace,
     )
     tls = _process_tls(host, insecure, "master")
     status_token = _status_token(status_token_file)

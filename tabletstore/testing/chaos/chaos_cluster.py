@@ -62,6 +62,10 @@ READ_TIMEOUT = 4.0
 #: The S3 servers a chaos cluster runs on (``ChaosCluster(store=...)``): moto keeps objects in
 #: memory; SeaweedFS is a real object store (on disk, create-only PUTs honoured by its filer).
 STORES = ("moto", "seaweedfs")
+#: The masters' GC grace in a chaos run (the production default is an hour, longer than most
+#: runs): objects a run makes garbage are deleted during it, and the bucket stays the size of
+#: a few minutes' garbage (moto's listings cost time in proportion to the whole bucket).
+GC_GRACE = 300.0
 #: Seconds a master or worker gets to answer healthy: a chaos run shares a loaded machine,
 #: where a Python process's start-up alone has taken over 30 s.
 START_DEADLINE = 120.0
@@ -87,6 +91,7 @@ class ChaosCluster(ProcessGroup):
         partitionable: bool = True,
         store: str = "moto",
         steppable_clocks: bool = False,
+        gc_grace: float = GC_GRACE,
     ) -> None:
         if store not in STORES:
             raise ValueError(
@@ -105,6 +110,13 @@ class ChaosCluster(ProcessGroup):
         self.workers_wanted = workers
         self.masters_wanted = masters
         self.lease_ttl = lease_ttl
+        #: The masters' garbage-collection grace (``master --gc-grace``): short enough that a
+        #: run's compactions, trims and recoveries have their garbage deleted while the nemesis
+        #: is at work, so a deletion that loses a needed object shows up as a lost write.
+        self.gc_grace = gc_grace
+        #: Where the S3 fault proxy keeps a copy of every log segment the workers wrote
+        #: (s3proxy ``--keep-logs``): the double-serving check's evidence outlives GC.
+        self.kept_logs = self.directory / "kept-logs"
         self.seed = seed
         self.records: list[ProcessRecord] = []
         self.etcd: ProcessRecord | None = None
@@ -189,6 +201,8 @@ class ChaosCluster(ProcessGroup):
                 str(proxy_port),
                 "--seed",
                 str(self.seed),
+                "--keep-logs",
+                str(self.kept_logs),
             ]
             proxy_url = f"http://127.0.0.1:{proxy_port}"
             self._s3_address = f"127.0.0.1:{proxy_port}"
@@ -445,7 +459,7 @@ class ChaosCluster(ProcessGroup):
             self.store_url,
             env=ENV,
             role=role,
-            extra_args=("--lease-ttl", str(self.lease_ttl)),
+            extra_args=("--lease-ttl", str(self.lease_ttl), "--gc-grace", str(self.gc_grace)),
             tls=self._files("master"),
             deadline=START_DEADLINE,
         )

@@ -27,7 +27,8 @@ no final read or scan observed is **unread**: nothing rules out its loss, so it 
 
 **Double-serving** ("two workers acknowledge writes for one tablet at one moment") is checked
 from evidence, not inferred: ``runner.attribute_values`` reads every commit-log segment left in
-the bucket; a segment's key names its worker and incarnation and its records hold the values,
+the bucket, and the copies the S3 fault proxy kept of those garbage collection deleted during
+the run; a segment's key names its worker and incarnation and its records hold the values,
 so each acknowledged PUT whose value is in exactly one worker's log is attributed to that
 worker (a value in two logs was retried after an ambiguous failure; it is left out). For each
 tablet, a witness is three acknowledged writes ``x``, ``y``, ``x'`` with ``x`` and ``x'``

@@ -47,7 +47,7 @@ from tabletstore.testing.chaos.change_follower import (
     ChangeVerdict,
     check_changes,
 )
-from tabletstore.testing.chaos.chaos_cluster import ENV, ChaosCluster
+from tabletstore.testing.chaos.chaos_cluster import ENV, GC_GRACE, ChaosCluster
 from tabletstore.testing.chaos.checker import Verdict, check
 from tabletstore.testing.chaos.history import History, Outcome
 from tabletstore.testing.chaos.nemesis import FAULTS, PARTITION_FAULTS, STORM, Nemesis, schedule
@@ -108,6 +108,8 @@ class ChaosConfig:
     gap: tuple[float, float] = (8.0, 14.0)
     #: Seconds an ``s3_503_storm`` lasts (nemesis.STORM: a minute).
     storm: float = STORM
+    #: The masters' garbage-collection grace (chaos_cluster.GC_GRACE: five minutes).
+    gc_grace: float = GC_GRACE
     #: The chaos table keeps changes and a follower reads its change stream through the run
     #: (change_follower.py).
     changes: bool = False
@@ -273,14 +275,30 @@ def _s(seconds: float | None) -> str:
     return "never" if seconds is None else f"{seconds:.1f}s"
 
 
-async def attribute_values(store_url: str) -> tuple[dict[bytes, frozenset[str]], int]:
+def _kept_segments(kept: Path | None) -> dict[str, Path]:
+    """The log segments the S3 fault proxy kept a copy of (s3proxy ``--keep-logs``), by key."""
+    if kept is None or not kept.is_dir():
+        return {}
+    return {
+        layout.LOGS + path.relative_to(kept).as_posix(): path
+        for path in kept.rglob("*.log")
+        if not path.name.startswith(".")
+    }
+
+
+async def attribute_values(
+    store_url: str, kept: Path | None = None
+) -> tuple[dict[bytes, frozenset[str]], int]:
     """value of ``f:c`` -> the worker ids whose commit logs hold it, from every segment in the
-    bucket; and how many segments could not be decoded."""
+    bucket and every copy the S3 fault proxy kept in ``kept`` (garbage collection deletes
+    trimmed and recovered logs during a run; a segment is never rewritten, so a copy is the
+    segment); and how many segments could not be decoded."""
     store = open_store(store_url)
     found: dict[bytes, set[str]] = {}
     bad = 0
+    copies = _kept_segments(kept)
     try:
-        keys = [info.key async for info in store.list(layout.LOGS)]
+        keys = sorted({info.key async for info in store.list(layout.LOGS)} | set(copies))
         sem = asyncio.Semaphore(16)
 
         async def one(key: str) -> None:
@@ -290,7 +308,12 @@ async def attribute_values(store_url: str) -> tuple[dict[bytes, frozenset[str]],
             except TabletStoreError:
                 return
             async with sem:
-                data = await store.get(key)
+                copy = copies.get(key)
+                data = (
+                    await asyncio.to_thread(copy.read_bytes)
+                    if copy is not None
+                    else await store.get(key)
+                )
             if not data:
                 return  # a fence, or deleted since the listing
             try:
@@ -574,6 +597,7 @@ async def run_chaos(config: ChaosConfig) -> ChaosReport:
         partitionable=bool(set(config.faults) & set(PARTITION_FAULTS)),
         store=config.store,
         steppable_clocks="clock_jump" in config.faults,
+        gc_grace=config.gc_grace,
     )
     # The harness's own S3 client (the attribution's reads from the S3 server) uses moto's dummy
     # credentials, as the processes do; the caller's environment is restored afterwards.
@@ -719,7 +743,7 @@ async def _run(
             await processes.close()
     history.close()
     poller.add_loads(config.directory, history.t0_wall)
-    value_workers, bad = await attribute_values(cluster.direct_store_url)
+    value_workers, bad = await attribute_values(cluster.direct_store_url, cluster.kept_logs)
     verified = await _verify(
         cluster.direct_store_url,
         client,

@@ -19,8 +19,14 @@ Each request draws from one RNG seeded by ``--seed``, with the probabilities set
 control API (``POST /__chaos__/faults`` with JSON ``{"slowdown": p, "timeout": p,
 "put_error": p, "hold": s}``; ``GET /__chaos__/stats`` returns the requests seen and faults
 injected per kind). S3 paths start with a bucket name, which cannot start with ``_``, so the
-control path never shadows a real request. Run it as
-``python -m tabletstore.testing.chaos.s3proxy --upstream URL --port P --seed S``.
+control path never shadows a real request.
+
+With ``--keep-logs DIR`` the proxy also keeps a copy of every commit-log segment that the
+S3 server accepted (a PUT under ``.../logs/`` answered 2xx, the ``put_error`` fault's included:
+it was applied), as ``DIR/<worker>/<incarnation>/<segment>.log``. The double-serving check
+attributes each acknowledged write to the worker whose log holds it; with garbage collection
+deleting trimmed and recovered logs during a run, the copies are that evidence. Run it as
+``python -m tabletstore.testing.chaos.s3proxy --upstream URL --port P --seed S [--keep-logs DIR]``.
 """
 
 from __future__ import annotations
@@ -28,15 +34,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 from collections import Counter
+from pathlib import Path
 
 import aiohttp
 from aiohttp import web
 
-__all__ = ["FaultRates", "main", "make_app"]
+__all__ = ["LOGS_MARK", "FaultRates", "main", "make_app"]
 
 CONTROL = "/__chaos__/"
+#: What a commit-log segment's request path holds before the segment's ``worker/incarnation/
+#: segment.log`` (storage_s3.layout.LOGS under the store's prefix).
+LOGS_MARK = "/logs/"
 #: Request headers not forwarded (hop-by-hop, or recomputed by aiohttp).
 _DROP_REQUEST = {"host", "content-length", "transfer-encoding", "connection", "expect"}
 _DROP_RESPONSE = {"content-length", "transfer-encoding", "connection", "content-encoding"}
@@ -73,7 +84,22 @@ def _error(status: int, code: str, message: str) -> web.Response:
     return web.Response(status=status, text=body, content_type="application/xml")
 
 
-def make_app(upstream: str, seed: int) -> web.Application:
+def _keep(keep_logs: Path, path: str, body: bytes) -> None:
+    """A copy of an accepted segment PUT (see the module docstring), written whole or not at
+    all; a fence (zero bytes) holds no writes and is not kept."""
+    if not body or LOGS_MARK not in path or not path.endswith(".log"):
+        return
+    rel = path.split(LOGS_MARK, 1)[1]
+    if ".." in rel.split("/"):
+        return
+    dest = keep_logs / rel
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(body)
+    tmp.replace(dest)
+
+
+def make_app(upstream: str, seed: int, keep_logs: Path | None = None) -> web.Application:
     rates = FaultRates()
     rng = random.Random(seed)
     stats: Counter[str] = Counter()
@@ -91,6 +117,8 @@ def make_app(upstream: str, seed: int) -> web.Application:
             request.method, upstream + request.path_qs, headers=headers, data=body
         ) as resp:
             data = await resp.read()
+            if keep_logs is not None and request.method == "PUT" and resp.status < 300:
+                _keep(keep_logs, request.path, body)
             headers = {k: v for k, v in resp.headers.items() if k.lower() not in _DROP_RESPONSE}
             if resp.headers.get("Content-Encoding"):
                 headers["Content-Encoding"] = resp.headers["Content-Encoding"]
@@ -156,9 +184,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--keep-logs", type=Path, default=None, help="keep a copy of every accepted log segment"
+    )
     args = parser.parse_args(argv)
     web.run_app(
-        make_app(args.upstream.rstrip("/"), args.seed),
+        make_app(args.upstream.rstrip("/"), args.seed, args.keep_logs),
         host=args.host,
         port=args.port,
         print=None,

@@ -1,7 +1,7 @@
 """The worker's and master's sort settings on the command line: each flag reaches
 the options the process runs with, bad values are refused by name, and the defaults are the
 options' own. Also ``--rejoin/--no-rejoin``, which both take, and the master's METADATA
-splits."""
+splits and garbage-collection grace."""
 
 from __future__ import annotations
 
@@ -75,6 +75,17 @@ def test_master_sort_owner_bytes_flag_reaches_its_options(captured: dict[str, An
     assert captured["master"].sort_owner_bytes == 0
     bad = CliRunner().invoke(cli.main, ["master", "--sort-owner-bytes", "-5"])
     assert bad.exit_code == 2 and "--sort-owner-bytes" in bad.output
+
+
+def test_master_gc_grace_flag_reaches_its_options(captured: dict[str, Any]) -> None:
+    result = CliRunner().invoke(cli.main, ["master"])
+    assert result.exit_code == 0, result.output
+    assert captured["master"].gc_grace == MasterOptions().gc_grace == 3600.0
+    result = CliRunner().invoke(cli.main, ["master", "--gc-grace", "300"])
+    assert result.exit_code == 0, result.output
+    assert captured["master"].gc_grace == 300.0
+    bad = CliRunner().invoke(cli.main, ["master", "--gc-grace", "0"])
+    assert bad.exit_code == 2 and "--gc-grace" in bad.output
 
 
 def test_master_metadata_split_flags_reach_the_master(captured: dict[str, Any]) -> None:
