@@ -63,8 +63,8 @@ READ_TIMEOUT = 4.0
 #: memory; SeaweedFS is a real object store (on disk, create-only PUTs honoured by its filer).
 STORES = ("moto", "seaweedfs")
 #: The masters' GC grace in a chaos run (the production default is an hour, longer than most
-#: runs): objects a run makes garbage are deleted during it, and the bucket stays the size of
-#: a few minutes' garbage (moto's listings cost time in proportion to the whole bucket).
+#: runs): objects a run makes garbage are deleted during it, by a master that leads for
+#: longer than the grace (it counts from when that master found the object deletable).
 GC_GRACE = 300.0
 #: Seconds a master or worker gets to answer healthy: a chaos run shares a loaded machine,
 #: where a Python process's start-up alone has taken over 30 s.
