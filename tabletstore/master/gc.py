@@ -62,6 +62,7 @@ from tabletstore.errors import (
 )
 from tabletstore.master import gc_plan as gc
 from tabletstore.master.checkpoints import log_retention
+from tabletstore.master.gc_state import GcMemory
 from tabletstore.metadata.backup import BackupManifest, read_backup
 from tabletstore.metadata.catalog import Catalog, ClusterSettings, TableInfo
 from tabletstore.metadata.record import LogRef
@@ -342,7 +343,10 @@ class GarbageCollector:
     """The master's periodic collector: runs :func:`collect` at most every ``interval``
     seconds and carries the dereference grace (``since``) from one run to the next, so an
     SSTable a long scan may still read is deleted only ``grace`` after it was found
-    unreferenced. Failures are logged, never raised: garbage waits for the next run."""
+    unreferenced. It saves that map in the bucket after every run and, until its first run
+    succeeds, adopts the newest saved map (:mod:`tabletstore.master.gc_state`), so a new leader
+    goes on from where the last one stopped. Failures are logged, never raised: garbage waits
+    for the next run."""
 
     def __init__(
         self,
@@ -375,6 +379,7 @@ class GarbageCollector:
         self.grace = grace
         self.fence_grace = fence_grace
         self._since: Mapping[str, float] = {}
+        self._memory: GcMemory | None = None
         self._last_run: float | None = None
         #: The last successful run's report (for status pages and tests).
         self.last_report: GcReport | None = None
@@ -390,6 +395,7 @@ class GarbageCollector:
         if self._owned is not None:
             await self._owned.close()
             self._owned = self._store = None
+            self._memory = None
 
     async def maybe_run(self) -> GcReport | None:
         """Collect if ``interval`` has passed since the last attempt; never raises a
@@ -399,8 +405,13 @@ class GarbageCollector:
             return None
         self._last_run = now
         try:
+            store = await self._the_store()
+            memory = self._memory = self._memory or GcMemory(store)
+            if self.last_report is None:
+                # This process's first collection: go on from the last leader's memory.
+                self._since = await memory.adopt(self._clock.time(), self.grace)
             report = await collect(
-                await self._the_store(),
+                store,
                 self._catalog,
                 self._coord,
                 clock=self._clock,
@@ -414,6 +425,7 @@ class GarbageCollector:
             return None
         self._since = report.since
         self.last_report = report
+        await memory.save(report.since, self._clock.time())
         if self._on_report is not None:
             self._on_report(report)
         if report.deleted or report.unknown:

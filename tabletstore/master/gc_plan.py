@@ -67,6 +67,9 @@ The rules, object by object (each verdict carries a :class:`Reason`):
    (and than ``grace``); then it is garbage, and its SSTables follow in a later round unless
    something else names them. A part that cannot be read keeps every SSTable of its table.
 10. A key that no layout parser recognizes is never deleted; the plan reports it.
+11. The collector's own memory (``gc/since/<version>``, :mod:`tabletstore.master.gc_state`): the
+    newest listed version is kept; an older one (a save that could not delete the version
+    before it) is garbage.
 
 Trimming a live log (rule 3a). A worker writes one log for all its tablets for as long as it
 lives, and recovery reads it only from each tablet's log position (§5.3 redo points;
@@ -151,6 +154,7 @@ class Reason(StrEnum):
     KEEP_HISTORY = "log within a table's history window"
     KEEP_LOAD_PART = "bulk-load part within a table's history window"
     KEEP_HISTORY_LOAD = "named by a bulk-load part within a history window"
+    KEEP_COLLECTOR_STATE = "the collector's newest saved state"
     DELETE_UNREFERENCED_SSTABLE = "SSTable no record references"
     DELETE_FINISHED_LOG = "log no tablet needs"
     DELETE_TRIMMED_LOG = "live log segment below every tablet's log position"
@@ -160,6 +164,7 @@ class Reason(StrEnum):
     DELETE_EXPIRED_SNAPSHOT = "snapshot manifest past its TTL"
     DELETE_EXPIRED_BACKUP = "backup manifest past its expiry"
     DELETE_OLD_LOAD_PART = "bulk-load part older than every history window"
+    DELETE_OLD_COLLECTOR_STATE = "a collector state a newer one replaced"
 
     @property
     def deletes(self) -> bool:
@@ -272,9 +277,12 @@ def plan(
     loaded_tables: set[str] = set()
     pin_everything = False
     restores: dict[str, list[ObjectInfo]] = {}
+    states: dict[str, int] = {}
     for info in listed:
         kind = _classify(info.key)
-        if kind is None:
+        if isinstance(kind, int):
+            states[info.key] = kind
+        elif kind is None:
             reasons[info.key] = Reason.KEEP_UNKNOWN
         elif isinstance(kind, layout.SSTableKey):
             others.append((info, kind))
@@ -335,6 +343,12 @@ def plan(
         young = now - max(o.last_modified for o in scratch) < grace
         verdict = Reason.KEEP_YOUNG if young else Reason.DELETE_RESTORE_SORT
         reasons.update({o.key: verdict for o in scratch})
+    newest_state = max(states.values(), default=0)
+    for state_key, version in states.items():
+        current = version == newest_state
+        reasons[state_key] = (
+            Reason.KEEP_COLLECTOR_STATE if current else Reason.DELETE_OLD_COLLECTOR_STATE
+        )
     held = {} if since is None else _apply_since(listed, reasons, groups, now, grace, since)
     return _finish(listed, reasons, held)
 
@@ -346,6 +360,7 @@ _Parsed = (
     | layout.SnapshotKey
     | layout.BackupKey
     | layout.LoadPartKey
+    | int  # a version of the collector's state
 )
 
 
@@ -364,6 +379,8 @@ def _classify(key: str) -> _Parsed | None:
             return layout.parse_backup_key(key)
         if key.startswith(layout.LOADS):
             return layout.parse_load_part_key(key)
+        if key.startswith(layout.GC):
+            return layout.parse_gc_state_key(key)
     except InvalidArgument:
         return None
     return None

@@ -14,6 +14,7 @@ the store URL), so they never include that prefix::
     snapshots/<table-id>/<snapshot-id>.json
     backups/<backup-id>/<version:020d>.json            (a backup manifest, one object a version)
     loads/<table-id>/<part-id>.json                     (a bulk load's part, for history)
+    gc/since/<version:020d>.json.gz                     (the master's collector's memory)
     staging/<principal>/<load-name>/...                (a principal's bulk-load input)
     probes/conditional-create/<nonce>                  (deleted at once; see below)
 
@@ -49,6 +50,12 @@ never from a location the caller names. A principal's name becomes one key compo
 ``/``, ``%`` and control characters percent-encoded. Garbage collection leaves ``staging/``
 alone: the files are their writer's to delete (or a bucket lifecycle rule's).
 
+``gc/since/`` holds the master's garbage collector's memory (``master/gc_state.py``): when it
+first found each held object deletable, so that a new leader goes on from where the last one
+stopped instead of waiting a whole grace period again. Each save creates the next version;
+the newest version is the state, and the older ones are deleted by the master that wrote the
+next.
+
 ``probes/`` holds the object an S3 store creates twice when it is opened, to check that the
 server honours create-only PUTs (``storage_s3/s3.py``); it is deleted right after, and a
 process that dies in between leaves one small object there that garbage collection keeps (it
@@ -64,6 +71,7 @@ from tabletstore.storage_s3.base import object_url
 
 __all__ = [
     "BACKUPS",
+    "GC",
     "LOADS",
     "LOGS",
     "PROBES",
@@ -83,11 +91,14 @@ __all__ = [
     "backup_prefix",
     "check_component",
     "conditional_create_probe_key",
+    "gc_state_key",
+    "gc_state_prefix",
     "load_part_key",
     "load_part_prefix",
     "log_prefix",
     "log_segment_key",
     "parse_backup_key",
+    "parse_gc_state_key",
     "parse_load_part_key",
     "parse_log_segment_key",
     "parse_recovery_key",
@@ -114,6 +125,7 @@ RESTORES = "restores/"
 SNAPSHOTS = "snapshots/"
 BACKUPS = "backups/"
 LOADS = "loads/"
+GC = "gc/"
 PROBES = "probes/"
 STAGING = "staging/"
 
@@ -121,6 +133,8 @@ _SSTABLE_SUFFIX = ".parquet"
 _LOG_SUFFIX = ".log"
 _RUN_SUFFIX = ".run"
 _SNAPSHOT_SUFFIX = ".json"
+_GC_STATE_SUFFIX = ".json.gz"
+_GC_STATE = f"{GC}since/"
 _MAX_COMPONENT = 200
 _NUMBER_WIDTH = 20
 _MAX_NUMBER = 10**_NUMBER_WIDTH - 1
@@ -516,3 +530,22 @@ def parse_backup_key(key: str) -> BackupKey:
     if backup_key(*parsed) != key:
         raise InvalidArgument(f"object key {key!r} is not a valid backup manifest key")
     return parsed
+
+
+# The garbage collector's memory --------------------------------------------------------------
+
+
+def gc_state_prefix() -> str:
+    """``gc/since/``: every saved version of the master's collector state."""
+    return _GC_STATE
+
+
+def gc_state_key(version: int) -> str:
+    """Where version ``version`` of the master's collector state lives (master/gc_state.py)."""
+    return f"{_GC_STATE}{_number('collector state version', version)}{_GC_STATE_SUFFIX}"
+
+
+def parse_gc_state_key(key: str) -> int:
+    """The inverse of :func:`gc_state_key`: the version."""
+    (version,) = _split(key, _GC_STATE, 1, _GC_STATE_SUFFIX, "collector state")
+    return _parse_number("collector state version", version, key)

@@ -245,6 +245,54 @@ async def test_master_collector_holds_garbage_for_a_grace_after_finding_it() -> 
         await coord.close()
 
 
+async def test_a_new_leaders_collector_goes_on_from_the_last_ones_memory() -> None:
+    """A master that starts leading adopts when the last leader found each object deletable,
+    so garbage is collected although the leader changes more often than a grace period."""
+    coord = MemoryCoordinator()
+    store = MemoryObjectStore("memory://gc-new-leader", shared=False)
+    catalog = Catalog(coord)
+    key = layout.sstable_key("t-1", "t0", "default", "old")
+    await store.create(key, b"sstable")
+    later = layout.sstable_key("t-1", "t0", "default", "later")
+
+    class Clock(SystemClock):
+        now = time.time() + 10.0
+
+        def time(self) -> float:
+            return self.now
+
+        def monotonic(self) -> float:
+            return self.now
+
+    clock = Clock()
+
+    def leader() -> GarbageCollector:
+        return GarbageCollector(store, catalog, coord, clock=clock, interval=1.0, grace=5.0)
+
+    try:
+        first = leader()
+        held = await first.maybe_run()
+        assert held is not None and held.deleted == 0 and set(held.since) == {key}
+        await store.create(later, b"sstable")  # found by the second leader only
+        clock.now += 3.0
+        second = leader()  # the first leader died; its memory is in the bucket
+        report = await second.maybe_run()
+        assert report is not None and report.deleted == 0 and set(report.since) == {key, later}
+        clock.now += 2.5
+        third = leader()
+        report = await third.maybe_run()
+        assert report is not None and report.deleted_keys == (key,)
+        assert report.counts[gc.Reason.KEEP_RECENTLY_UNREFERENCED] == 1  # later: 2.5 s of 5
+        assert await store.head(key) is None and await store.head(later) is not None
+        # A memory older than the grace is not adopted: the grace starts over.
+        clock.now += 6.0
+        report = await leader().maybe_run()
+        assert report is not None and report.deleted == 0 and report.since[later] == clock.now
+    finally:
+        await store.close()
+        await coord.close()
+
+
 def test_cli_gc_reports_and_deletes(tmp_path: Path) -> None:
     from click.testing import CliRunner
 
