@@ -2,7 +2,7 @@
 
 :func:`collect` gathers the inputs of the pure planner :func:`tabletstore.master.gc_plan.plan`, calls it
 and deletes what it returns. The master runs a :class:`GarbageCollector` every ``gc_interval``
-seconds while it leads; the embedded database and ``tabletstore gc`` call :func:`collect` once.
+seconds (by default a sixth of the grace period: :func:`interval_for`) while it leads; the embedded database and ``tabletstore gc`` call :func:`collect` once.
 
 Why the listing comes first and the mark second. Let ``t0`` be when the listing ends. Every
 listed object was created before ``t0``; objects created later are not considered at all. The
@@ -66,16 +66,29 @@ from tabletstore.master.gc_state import GcMemory
 from tabletstore.metadata.backup import BackupManifest, read_backup
 from tabletstore.metadata.catalog import Catalog, ClusterSettings, TableInfo
 from tabletstore.metadata.record import LogRef
-from tabletstore.options import MasterOptions
 from tabletstore.storage_s3 import layout, open_store
 from tabletstore.storage_s3.base import S3_BATCH, ObjectInfo, ObjectStore
 
-__all__ = ["DEFAULT_INTERVAL", "GarbageCollector", "GcReport", "collect", "list_objects", "mark"]
+__all__ = [
+    "GarbageCollector",
+    "GcReport",
+    "collect",
+    "interval_for",
+    "list_objects",
+    "mark",
+]
 
 log = logging.getLogger(__name__)
 
-#: Default seconds between two collections of the master's collector.
-DEFAULT_INTERVAL = MasterOptions().gc_interval
+
+
+def interval_for(grace: float) -> float:
+    """Seconds between two collections for a grace period of ``grace`` seconds (when
+    ``MasterOptions.gc_interval`` is None): a sixth of it, from 10 s to 10 minutes. An object
+    is deleted at most two intervals after it has been garbage for ``grace``; every
+    collection lists the whole bucket, which on S3 is a LIST request per 1,000 objects (a
+    bucket of 10 million objects listed every minute: 14 million requests a day)."""
+    return min(600.0, max(10.0, grace / 6))
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,7 +368,7 @@ class GarbageCollector:
         coordinator: Coordinator,
         *,
         clock: Clock,
-        interval: float = DEFAULT_INTERVAL,
+        interval: float | None = None,
         grace: float = gc.DEFAULT_GRACE,
         fence_grace: float = gc.DEFAULT_FENCE_GRACE,
         store_url: str | None = None,
@@ -363,7 +376,10 @@ class GarbageCollector:
     ) -> None:
         """``store`` None opens (and, at :meth:`close`, closes) the store ``store_url`` names,
         or the cluster's (``ClusterSettings``), at the first run. ``on_report`` is called with
-        every successful run's report (the master counts rounds and deletions in metrics)."""
+        every successful run's report (the master counts rounds and deletions in metrics).
+        ``interval`` None: :func:`interval_for` ``grace``."""
+        if interval is None:
+            interval = interval_for(grace)
         if interval <= 0:
             raise InvalidArgument(f"gc interval must be > 0 seconds, got {interval}")
         if grace < 0 or fence_grace < 0:

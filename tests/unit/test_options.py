@@ -33,7 +33,9 @@ def test_one_split_size_for_the_split_rule_and_the_merge_thresholds() -> None:
 
 
 def test_gc_defaults_are_the_master_options() -> None:
-    assert gc.DEFAULT_INTERVAL == MasterOptions().gc_interval
+    assert MasterOptions().gc_interval is None  # derived from the grace
+    assert gc.interval_for(MasterOptions().gc_grace) == 600.0
+    assert gc.interval_for(300.0) == 50.0 and gc.interval_for(5.0) == 10.0
     assert gc_plan.DEFAULT_GRACE == MasterOptions().gc_grace
 
 
