@@ -12,7 +12,8 @@ history, finds lost acknowledged writes, values never written, cells read after 
 acknowledged delete, and tablets served by two workers at once (:mod:`.checker`), and checks
 every cell's operations, single-row transactions included, for linearizability
 (:mod:`.linearizability`); with ``--changes`` a follower reads the table's change stream
-through the run and every acknowledged write must be in it exactly once (:mod:`.change_follower`).
+through the run and every acknowledged write must be in it exactly once (:mod:`.change_follower`);
+the masters' logs say how much their garbage collection deleted meanwhile (:mod:`.collection_log`).
 :func:`.runner.run_chaos` runs it all; ``python -m bench.chaos`` is the command line and
 ``tests/chaos`` the short run in the suite.
 """

@@ -25,7 +25,7 @@ import os
 import re
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tabletstore.client.change_plan import Change
@@ -49,6 +49,8 @@ from tabletstore.testing.chaos.change_follower import (
 )
 from tabletstore.testing.chaos.chaos_cluster import ENV, GC_GRACE, ChaosCluster
 from tabletstore.testing.chaos.checker import Verdict, check
+from tabletstore.testing.chaos.collection_log import CollectionSeen
+from tabletstore.testing.chaos.collection_log import read as read_collection
 from tabletstore.testing.chaos.history import History, Outcome
 from tabletstore.testing.chaos.nemesis import FAULTS, PARTITION_FAULTS, STORM, Nemesis, schedule
 from tabletstore.testing.chaos.replica import (
@@ -134,6 +136,8 @@ class ChaosReport:
     changes: ChangeVerdict | None = None
     #: The replica's check of a ``replicate`` run (None: not one).
     replica: ReplicaVerdict | None = None
+    #: What the masters' garbage collection deleted (their logs).
+    collection: CollectionSeen | None = None
 
     @property
     def ok(self) -> bool:
@@ -171,6 +175,8 @@ class ChaosReport:
             if self.verify is not None
             else "verify: could not run"
         )
+        if self.collection is not None:
+            lines.append(self.collection.line())
         if self.changes is not None:
             lines.extend(self.changes.lines())
         if self.replica is not None:
@@ -247,6 +253,7 @@ class ChaosReport:
             "history": str(self.history_path),
             "changes": None if self.changes is None else self.changes.to_json(),
             "replica": None if self.replica is None else self.replica.to_json(),
+            "collection": None if self.collection is None else asdict(self.collection),
         }
 
 
@@ -784,6 +791,7 @@ async def _run(
         verify=verified,
         changes=changes,
         replica=None if replica is None else replica.verdict,
+        collection=read_collection(config.directory),
     )
     if replica is not None and follower is not None and not complete:
         replica.verdict.incomplete = replica.verdict.incomplete or (
