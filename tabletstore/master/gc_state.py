@@ -34,6 +34,7 @@ over, as before. The format is JSON, gzip-compressed: ``{"format": 1, "saved_at"
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 import logging
@@ -129,7 +130,7 @@ class GcMemory:
             data = await self._store.get(key)
             if data is None:
                 return {}  # replaced meanwhile: another master saves; start the grace over
-            saved = decode(data, name=key)
+            saved = await asyncio.to_thread(decode, data, name=key)
         except TabletStoreError as exc:
             log.warning("collector state %s not adopted: %s", key, exc)
             return {}
@@ -148,7 +149,9 @@ class GcMemory:
             return
         key = layout.gc_state_key(current + 1)
         try:
-            await self._store.create(key, encode(SavedSince(now, since)))
+            # Off the event loop: a map of 100,000 keys takes a while to encode.
+            data = await asyncio.to_thread(encode, SavedSince(now, dict(since)))
+            await self._store.create(key, data)
         except PreconditionFailed:
             # Another master saved this version: list again before the next save.
             self._version = None

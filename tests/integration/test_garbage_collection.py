@@ -7,8 +7,12 @@ records still list a dead worker's log: its segments and fence are never deleted
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from tabletstore.clock import SystemClock
 from tabletstore.commitlog import fence
@@ -288,6 +292,29 @@ async def test_a_new_leaders_collector_goes_on_from_the_last_ones_memory() -> No
         clock.now += 6.0
         report = await leader().maybe_run()
         assert report is not None and report.deleted == 0 and report.since[later] == clock.now
+    finally:
+        await store.close()
+        await coord.close()
+
+
+async def test_the_plan_runs_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plan is O(objects) of CPU: on the master's event loop, a big bucket's would stall
+    the lease keep-alives past the lease (a master lost its lease every few seconds)."""
+    coord = MemoryCoordinator()
+    store = MemoryObjectStore("memory://gc-off-loop", shared=False)
+    threads: list[threading.Thread] = []
+    real = gc.plan
+
+    def plan(*args: Any, **kwargs: Any) -> gc.GcPlan:
+        threads.append(threading.current_thread())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(gc, "plan", plan)
+    await store.create(layout.sstable_key("t-1", "t0", "default", "old"), b"sstable")
+    try:
+        report = await collect(store, Catalog(coord), coord, clock=SystemClock(), grace=0)
+        assert report.deleted == 1
+        assert threads and threads[0] is not threading.main_thread()
     finally:
         await store.close()
         await coord.close()
