@@ -22,37 +22,40 @@ __all__ = ["CollectionSeen", "parse", "read"]
 _DELETED = re.compile(r"garbage collection: listed \d+ objects \(\d+ bytes\), deleted (\d+) ")
 #: ``GcMemory.adopt``'s line for a memory adopted.
 _ADOPTED = "adopted collector state"
+#: ``master_process``'s line for a lead begun (a master leads again after losing its lease,
+#: with a new collector).
+_LEADING = " is leading"
 
 
 @dataclass(frozen=True, slots=True)
 class CollectionSeen:
-    """Collections that deleted objects, the objects, and memories adopted, over ``masters``
-    master logs."""
+    """Collections that deleted objects, the objects, and the leads (a master's, from when it
+    begins leading until it stops) that adopted the last leader's memory."""
 
     collections: int = 0
     deleted: int = 0
     adopted: int = 0
-    masters: int = 0
+    leads: int = 0
 
     def __add__(self, other: CollectionSeen) -> CollectionSeen:
         return CollectionSeen(
             self.collections + other.collections,
             self.deleted + other.deleted,
             self.adopted + other.adopted,
-            self.masters + other.masters,
+            self.leads + other.leads,
         )
 
     def line(self) -> str:
         """One line of the run's summary."""
         return (
             f"garbage collection: {self.deleted} objects deleted in {self.collections} "
-            f"collections; {self.adopted} of {self.masters} masters adopted a leader's memory"
+            f"collections; {self.adopted} of {self.leads} leads adopted the last leader's memory"
         )
 
 
 def parse(lines: Iterable[str]) -> CollectionSeen:
     """What one master's log says."""
-    collections = deleted = adopted = 0
+    collections = deleted = adopted = leads = 0
     for text in lines:
         found = _DELETED.search(text)
         if found is not None:
@@ -60,7 +63,9 @@ def parse(lines: Iterable[str]) -> CollectionSeen:
             deleted += int(found.group(1))
         elif _ADOPTED in text:
             adopted += 1
-    return CollectionSeen(collections, deleted, adopted, masters=1)
+        elif _LEADING in text:
+            leads += 1
+    return CollectionSeen(collections, deleted, adopted, leads)
 
 
 def read(directory: Path) -> CollectionSeen:
