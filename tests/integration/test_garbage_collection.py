@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tabletstore.clock import SystemClock
+from tabletstore.clock import ManualClock, SystemClock
 from tabletstore.commitlog import fence
 from tabletstore.coordination import paths
 from tabletstore.coordination.memory import MemoryCoordinator
@@ -218,17 +218,7 @@ async def test_master_collector_holds_garbage_for_a_grace_after_finding_it() -> 
     catalog = Catalog(coord)
     key = layout.sstable_key("t-1", "t0", "default", "old")
     await store.create(key, b"sstable")
-
-    class Clock(SystemClock):
-        now = time.time() + 10.0
-
-        def time(self) -> float:
-            return self.now
-
-        def monotonic(self) -> float:
-            return self.now
-
-    clock = Clock()
+    clock = ManualClock(start=time.time() + 10.0)  # the store stamps objects with wall time
     reports: list[GcReport] = []
     collector = GarbageCollector(
         store, catalog, coord, clock=clock, interval=1.0, grace=5.0, on_report=reports.append
@@ -238,7 +228,7 @@ async def test_master_collector_holds_garbage_for_a_grace_after_finding_it() -> 
         assert first is not None and first.deleted == 0
         assert first.counts == {gc.Reason.KEEP_RECENTLY_UNREFERENCED: 1}
         assert await collector.maybe_run() is None  # within the interval
-        clock.now += 5.0
+        clock.advance(5.0)
         second = await collector.maybe_run()
         assert second is not None and second.deleted_keys == (key,)
         assert await store.head(key) is None
@@ -258,17 +248,7 @@ async def test_a_new_leaders_collector_goes_on_from_the_last_ones_memory() -> No
     key = layout.sstable_key("t-1", "t0", "default", "old")
     await store.create(key, b"sstable")
     later = layout.sstable_key("t-1", "t0", "default", "later")
-
-    class Clock(SystemClock):
-        now = time.time() + 10.0
-
-        def time(self) -> float:
-            return self.now
-
-        def monotonic(self) -> float:
-            return self.now
-
-    clock = Clock()
+    clock = ManualClock(start=time.time() + 10.0)  # the store stamps objects with wall time
 
     def leader() -> GarbageCollector:
         return GarbageCollector(store, catalog, coord, clock=clock, interval=1.0, grace=5.0)
@@ -278,20 +258,20 @@ async def test_a_new_leaders_collector_goes_on_from_the_last_ones_memory() -> No
         held = await first.maybe_run()
         assert held is not None and held.deleted == 0 and set(held.since) == {key}
         await store.create(later, b"sstable")  # found by the second leader only
-        clock.now += 3.0
+        clock.advance(3.0)
         second = leader()  # the first leader died; its memory is in the bucket
         report = await second.maybe_run()
         assert report is not None and report.deleted == 0 and set(report.since) == {key, later}
-        clock.now += 2.5
+        clock.advance(2.5)
         third = leader()
         report = await third.maybe_run()
         assert report is not None and report.deleted_keys == (key,)
         assert report.counts[gc.Reason.KEEP_RECENTLY_UNREFERENCED] == 1  # later: 2.5 s of 5
         assert await store.head(key) is None and await store.head(later) is not None
         # A memory older than the grace is not adopted: the grace starts over.
-        clock.now += 6.0
+        clock.advance(6.0)
         report = await leader().maybe_run()
-        assert report is not None and report.deleted == 0 and report.since[later] == clock.now
+        assert report is not None and report.deleted == 0 and report.since[later] == clock.time()
     finally:
         await store.close()
         await coord.close()
