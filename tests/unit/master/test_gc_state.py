@@ -21,19 +21,23 @@ def test_a_saved_map_reads_back_exactly() -> None:
     assert decode(encode(saved), name="k") == saved
 
 
+def _gz(doc: object) -> bytes:
+    # mtime=0: the bytes (and so the test ids) must not depend on the clock, or
+    # pytest-xdist's workers collect different tests.
+    return gzip.compress(json.dumps(doc).encode(), mtime=0)
+
+
 @pytest.mark.parametrize(
     ("data", "complaint"),
     [
         (b"not gzip", "not gzip-compressed JSON"),
-        (gzip.compress(b"[]"), "has format 'list'"),
-        (gzip.compress(json.dumps({"format": 2}).encode()), "has format 2"),
-        (gzip.compress(json.dumps({"format": 1, "since": {}}).encode()), "saved_at"),
-        (gzip.compress(json.dumps({"format": 1, "saved_at": 1.0}).encode()), "since map"),
-        (
-            gzip.compress(json.dumps({"format": 1, "saved_at": 1, "since": {"k": "x"}}).encode()),
-            "no valid time for 'k'",
-        ),
+        (_gz([]), "has format 'list'"),
+        (_gz({"format": 2}), "has format 2"),
+        (_gz({"format": 1, "since": {}}), "saved_at"),
+        (_gz({"format": 1, "saved_at": 1.0}), "since map"),
+        (_gz({"format": 1, "saved_at": 1, "since": {"k": "x"}}), "no valid time for 'k'"),
     ],
+    ids=["not-gzip", "list", "format-2", "no-saved-at", "no-since", "bad-time"],
 )
 def test_a_damaged_state_is_corruption_naming_it(data: bytes, complaint: str) -> None:
     with pytest.raises(Corruption, match="collector state gc/x") as exc:
