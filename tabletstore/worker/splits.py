@@ -4,7 +4,8 @@ After each compaction of a user tablet the worker checks its size (``engine.spli
 ``should_split``); one past ``TabletOptions.split_bytes`` is split in the background, in this
 worker's TaskGroup: its writes stop and it is flushed, the two children are claimed here, and
 the catalog commits them in place of the parent in one atomic step; then the children are
-served here and each is major-compacted so it stops sharing its parent's SSTables. The master
+served here (their tablet locks held from before the claims until then, so a load of a child
+sent meanwhile by a master finds it served) and each is major-compacted so it stops sharing its parent's SSTables. The master
 needs no notice: it finds the children in METADATA, claimed and located, like any other tablet.
 A child does not split again before ``WorkerOptions.split_cooldown`` has passed. METADATA
 tablets are split only when created (the master's ``metadata_splits``), never here.
@@ -16,6 +17,7 @@ The claims, the tablet locks and the opening of tablets are the server's (``work
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from typing import TYPE_CHECKING
@@ -93,6 +95,21 @@ class TabletSplits:
         if split_key is None:
             return
         ids = (f"t{uuid.uuid4().hex[:12]}", f"t{uuid.uuid4().hex[:12]}")
+        async with contextlib.AsyncExitStack() as locks:
+            # The children's locks, from before their claims until they are served: once the
+            # commit is in METADATA a master may send a load of a child here (its round read
+            # the claims before the split and the tablets after it). That load must wait and
+            # find the child served, not open a second copy of it beside this one (writes
+            # acknowledged by one copy would be missing from the other, whose flush could then
+            # move the redo point past them) nor release the claim when it fails.
+            for i in ids:
+                await locks.enter_async_context(self._server.tablet_lock((key[0], i)))
+            await self._split_and_serve(key, tablet, split_key, ids)
+
+    async def _split_and_serve(
+        self, key: tuple[str, str], tablet: Tablet, split_key: bytes, ids: tuple[str, str]
+    ) -> None:
+        # REQUIRES: the tablet locks of the parent (key) and of both children (ids) held.
         outcome = "failed"
         try:
             # Leaving this block normally closes the parent; raising resumes its writes.

@@ -25,12 +25,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tabletstore import connect_async
 from tabletstore.client.client import AsyncClient
 from tabletstore.client.table import AsyncTable
+from tabletstore.coordination import paths
 from tabletstore.coordination.memory import MemoryCoordinator
 from tabletstore.data.model import DeleteRow, RowMutation, SetCell
 from tabletstore.embedded import Database
@@ -40,6 +42,7 @@ from tabletstore.metadata.catalog import Catalog
 from tabletstore.metadata.record import TabletRecord
 from tabletstore.options import IN_PROCESS_LEASE, MasterOptions, TabletOptions, WorkerOptions
 from tabletstore.rpc.inprocess import InProcessTransport
+from tabletstore.rpc.messages import LoadTabletRequest
 from tabletstore.rpc.services import TABLET
 from tabletstore.storage_s3.memory import MemoryObjectStore
 from tabletstore.worker.tablet_server import TabletServer
@@ -219,6 +222,66 @@ async def test_a_table_written_past_the_split_size_splits(tmp_path: Path) -> Non
     finally:
         await db.close()
     # Reopened (a new worker incarnation recovers every child): still every row.
+    async with await Database.open(db.url) as again:
+        assert await read_all(again.table("t")) == rows
+
+
+async def test_a_load_of_a_child_sent_while_the_split_serves_it_finds_it_served(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A master round that read the claims before a split and the tablets after it sees a
+    child unclaimed and may send its load to the splitting worker while the split is still
+    opening that child. The load waits for the split (it holds the children's tablet locks
+    until they are served) and finds the child served: one copy of it, its claim kept, every
+    row readable and writable. (Without the locks, the load opened a second copy beside the
+    split's, and released the claim when it failed.)"""
+    wopts = WorkerOptions(lease=IN_PROCESS_LEASE, split_cooldown=60)
+    db = await Database.open(f"file://{tmp_path}", tablet_options=SPLIT, worker_options=wopts)
+    server = db.worker
+    gate = asyncio.Event()
+    paused: asyncio.Future[TabletRecord] = asyncio.get_running_loop().create_future()
+    opened: list[str] = []
+    real_open = server.open_and_serve
+
+    async def open_and_serve(record: TabletRecord, *args: Any, **kwargs: Any) -> Any:
+        opened.append(record.tablet_id)
+        if kwargs.get("before_serving") is not None and not paused.done():
+            paused.set_result(record)  # the split's first child: hold it here
+            await gate.wait()
+        return await real_open(record, *args, **kwargs)
+
+    monkeypatch.setattr(server, "open_and_serve", open_and_serve)
+    try:
+        table = await db.create_table("t", ["f"])
+        rnd = random.Random(3)
+        rows = {b"r%05d" % i: rnd.randbytes(150) for i in range(1200)}
+        await write(table, rows)
+        await db.flush("t")
+        child = await asyncio.wait_for(paused, timeout=60)
+        key = (child.table_id, child.tablet_id)
+        assert server.tablet_lock(key).locked(), "the split holds the child's lock while serving it"
+        load = asyncio.ensure_future(server.load(LoadTabletRequest(*key)))
+        await asyncio.sleep(0.05)  # let the load run as far as it can
+        assert not load.done()
+        gate.set()
+        await asyncio.wait_for(load, timeout=60)
+        assert opened.count(child.tablet_id) == 1, "the child was opened once"
+        assert key in server.tablets
+        claim = await db.coordinator.get(paths.claim(*key))
+        assert claim is not None and claim.value == server.worker_id.encode()
+
+        async def split_done() -> bool:
+            return not server.splits.running
+
+        await eventually(split_done, deadline=60, what="the split finishes")
+        assert await read_all(table) == rows
+        more = {k: b"new" for k in sorted(rows)[::50]}
+        await write(table, more)
+        rows |= more
+        assert await read_all(table) == rows
+    finally:
+        gate.set()
+        await db.close()
     async with await Database.open(db.url) as again:
         assert await read_all(again.table("t")) == rows
 
