@@ -52,6 +52,7 @@ python -m pip install -q --disable-pip-version-check -e ".[test]"
 
 echo "== ruff"
 python -m ruff check tabletstore functions tests bench examples
+python -m ruff format --check tabletstore functions tests bench examples
 echo "== mypy (strict on tabletstore/)"
 python -m mypy
 echo "== import-linter (layering)"

@@ -165,4 +165,3 @@ def close_response(end: PartitionEnd) -> Any:
         part = ChangePartition(max(succ.start, end.partition.start), min(ends) if ends else None)
         close.continuation_tokens.append(_Token(partition=_partition_pb(part), token=token))
     return resp
-

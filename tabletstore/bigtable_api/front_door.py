@@ -402,9 +402,7 @@ class BigtableData:
         tokens = [t.token for t in req.continuation_tokens.tokens]
         start = change_streams.seconds_of(req.HasField("start_time"), req.start_time)
         end = change_streams.seconds_of(req.HasField("end_time"), req.end_time)
-        beat = change_streams.seconds_of(
-            req.HasField("heartbeat_duration"), req.heartbeat_duration
-        )
+        beat = change_streams.seconds_of(req.HasField("heartbeat_duration"), req.heartbeat_duration)
         watermark = 0.0
         async for item in table.read_changes(
             partition,

@@ -144,7 +144,9 @@ def bearer_token(metadata: Sequence[tuple[str, Any]] | None) -> str | None:
     return None
 
 
-def refuse(context: grpc.aio.ServicerContext[Any, Any], code: grpc.StatusCode, message: str) -> None:
+def refuse(
+    context: grpc.aio.ServicerContext[Any, Any], code: grpc.StatusCode, message: str
+) -> None:
     """End the call with status ``code`` and ``message`` once its handler returns (it then
     returns None, or simply ends if it streams): every refusal of the front door goes this way.
     ``context.abort`` would raise instead, and gRPC's handling of that exception leaves the

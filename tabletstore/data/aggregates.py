@@ -81,9 +81,7 @@ def validate_state(value_type: str, state: bytes) -> None:
     if value_type == "hll":
         sketch = hll.parse(state)
         if sketch.precision != hll.PRECISION:
-            raise ValueError(
-                f"an hll state has precision {hll.PRECISION}, not {sketch.precision}"
-            )
+            raise ValueError(f"an hll state has precision {hll.PRECISION}, not {sketch.precision}")
         return
     if len(state) != 8:
         raise ValueError(

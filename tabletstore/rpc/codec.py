@@ -576,8 +576,9 @@ def _check(tp: Any) -> _Check | None:
     if origin is dict or origin is collections.abc.Mapping:
         key = _check(args[0]) if args else None
         value = _check(args[1]) if len(args) == 2 else None
-        return lambda v: isinstance(v, origin) and all(
-            (key is None or key(a)) and (value is None or value(b)) for a, b in v.items()
+        return lambda v: (
+            isinstance(v, origin)
+            and all((key is None or key(a)) and (value is None or value(b)) for a, b in v.items())
         )
     if isinstance(origin, type) and issubclass(origin, collections.abc.Iterable):
         return _items_check(origin, _check(args[0]) if args else None)

@@ -271,6 +271,7 @@ def test_errors_are_one_line_without_traceback(url: str, tmp_path: Path) -> None
 
 def test_identity_is_checked_against_acls(url: str) -> None:
     from tabletstore import Acl, ColumnFamily, connect
+
     with connect(url) as db:
         db.create_table("acl", [ColumnFamily(name="f", acl=Acl(writers=["alice"]))])
     fails("set", "acl", "r", "f:c=v", url=url, expect="may not write")

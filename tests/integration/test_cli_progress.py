@@ -99,9 +99,7 @@ def test_long_verbs_show_progress_on_a_terminal(database: str, tmp_path: Path) -
     assert f"exported {ROWS} rows" in tty  # the summary line, on stderr, stays
 
 
-def test_long_verbs_print_no_progress_when_not_on_a_terminal(
-    database: str, tmp_path: Path
-) -> None:
+def test_long_verbs_print_no_progress_when_not_on_a_terminal(database: str, tmp_path: Path) -> None:
     done = piped(command(database, "import", "t", str(tmp_path / "rows.csv")))
     assert done.returncode == 0 and done.stderr == "", done.stderr
     assert done.stdout == f"imported {ROWS} rows ({ROWS} cells) into 't'\n"

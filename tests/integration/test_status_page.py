@@ -133,7 +133,9 @@ def test_the_master_page_shows_the_cluster(
         expect(page.locator("figure.chart svg polyline").first).to_be_attached(timeout=SEEN)
         shot = tmp_path / "status-page.png"
         docs_copy = os.environ.get("TABLETSTORE_SCREENSHOT")
-        if docs_copy:  # docs/operations/monitoring.md's picture: wait for a minute of samples to draw
+        if (
+            docs_copy
+        ):  # docs/operations/monitoring.md's picture: wait for a minute of samples to draw
             expect(page.locator("figure.chart svg polyline").first).to_have_attribute(
                 "points", re.compile(r"^(\S+ ){25,}"), timeout=120_000
             )
@@ -160,7 +162,9 @@ def see_the_cluster(page: Page, leader: str, standby: str, workers: int) -> None
     expect(rows).to_have_count(workers, timeout=SEEN)
     for i in range(workers):  # each worker answered the master's scrape and has a lease
         expect(rows.nth(i)).to_contain_text("serving", timeout=SEEN)
-        expect(rows.nth(i).locator("td").nth(2)).to_have_text(re.compile(r"^\d+\.\d s$"), timeout=SEEN)
+        expect(rows.nth(i).locator("td").nth(2)).to_have_text(
+            re.compile(r"^\d+\.\d s$"), timeout=SEEN
+        )
 
 
 def see_the_table(page: Page) -> None:

@@ -76,7 +76,9 @@ async def test_an_expired_token_ends_a_live_connection(
     coordinator = open_coordinator(f"memory://tokens-{uuid.uuid4().hex[:8]}")
     try:
         token = await TokenStore(coordinator).create("t1", ttl=3600)
-        auth = ServerAuth(certs.tls("server", "worker"), TokenStore(coordinator), token_recheck=0.05)
+        auth = ServerAuth(
+            certs.tls("server", "worker"), TokenStore(coordinator), token_recheck=0.05
+        )
         async with RpcServer({"who": _who}, auth=auth) as server:  # type: ignore[dict-item]
             client = RpcClient(
                 "127.0.0.1", server.port, auth=ClientAuth(TlsConfig(certs.ca), token)

@@ -11,7 +11,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 CHAPTER = ROOT / "docs" / "architecture" / "modules.md"
-BASE_MODULES = {"__init__.py", "errors.py", "clock.py", "options.py", "keys.py", "embedded.py", "limits.py", "pid_liveness.py", "extras.py"}
+BASE_MODULES = {
+    "__init__.py",
+    "errors.py",
+    "clock.py",
+    "options.py",
+    "keys.py",
+    "embedded.py",
+    "limits.py",
+    "pid_liveness.py",
+    "extras.py",
+}
 # A name in the drawing: a module (`name.py`) or a folder (`name/`).
 NAME = re.compile(r"^[A-Za-z0-9_]+(\.py|/)$")
 
@@ -103,5 +113,7 @@ def test_the_drawing_check_sees_additions_and_removals() -> None:
     assert "engine/cells.py" in drawn_tree(text)
     without = drawn_tree(text.replace("    cells.py compaction.py", "    compaction.py"))
     assert "engine/cells.py" not in without
-    with_extra = drawn_tree(text.replace("    cells.py compaction.py", "    cells.py bogus.py compaction.py"))
+    with_extra = drawn_tree(
+        text.replace("    cells.py compaction.py", "    cells.py bogus.py compaction.py")
+    )
     assert "engine/bogus.py" in with_extra

@@ -56,7 +56,9 @@ def test_prefixes_nest() -> None:
     sst = layout.sstable_key("t", "tab", "lg", "s")
     assert sst.startswith(layout.tables_prefix("t", "tab"))
     assert sst.startswith(layout.tables_prefix("t"))
-    assert layout.recovery_run_key("w", 5, 9, "t", "tab").startswith(layout.recovery_prefix("w", 5, 9))
+    assert layout.recovery_run_key("w", 5, 9, "t", "tab").startswith(
+        layout.recovery_prefix("w", 5, 9)
+    )
     assert layout.snapshot_key("t", "s").startswith(layout.snapshot_prefix("t"))
     assert not layout.log_prefix("w1").startswith(layout.log_prefix("w"))  # Ends in '/'.
 
