@@ -465,6 +465,17 @@ class Master(BackupAdmin):
             known[key] = assignment.TabletLoad(*key, holder, size=rec.size)
             if holder not in workers:
                 wanted.add(key)
+        if wanted:
+            # The claims were read at the start of the round, the records since: a tablet
+            # born of a split in between (its splitter claimed it first) looks unclaimed.
+            # Read the claims again rather than send its load to another worker.
+            fresh = await self._claims()
+            for key in list(wanted):
+                holder = fresh.get(key)
+                if holder in workers:
+                    claims[key] = holder
+                    known[key] = replace(known[key], worker=holder)
+                    wanted.discard(key)
         sent: list[tuple[assignment.Assignment, asyncio.Task[bool]]] = []
         for a in assignment.plan(list(workers), list(known.values())):
             key = (a.table_id, a.tablet_id)

@@ -398,6 +398,33 @@ async def test_a_round_reads_the_claims_before_the_servers_directory() -> None:
         await coord.close()
 
 
+async def test_a_tablet_claimed_after_the_rounds_claims_read_is_not_loaded_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A round reads the claims first and the tablets later: a tablet claimed in between (a
+    split's child, claimed by its splitter before the split is committed) looks unclaimed. The
+    round reads the claims again before it sends loads, and sends none for it."""
+    async with stack(MasterOptions()) as (master, worker, s):
+        await master.create_table(CreateTableRequest.of(SCHEMA, SPLITS))
+        assert served(worker) == TABLETS
+        table_id = next(t for (t, _) in worker.tablets if not t.startswith("!"))
+        read_claims = master._claims
+        reads = 0
+
+        async def claims_without_t00002_at_first() -> dict[tuple[str, str], str]:
+            nonlocal reads
+            reads += 1
+            claims = await read_claims()
+            if reads == 1:
+                del claims[(table_id, "t00002")]  # as if claimed just after this read
+            return claims
+
+        monkeypatch.setattr(master, "_claims", claims_without_t00002_at_first)
+        await master.assign()
+        assert s.transport.sent == Counter(dict.fromkeys(TABLETS, 1))
+        assert served(worker) == TABLETS
+
+
 class PlanBeforeRoot(ScriptedLoads):
     """Notes, when the root tablet's load is sent, whether a chosen log's sort plan exists."""
 
