@@ -23,10 +23,9 @@ keeps the CPU per written value nearly flat as tables grow.
 
 from __future__ import annotations
 
-import bisect
 import functools
 import itertools
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -36,7 +35,7 @@ from tabletstore.errors import InvalidArgument
 from tabletstore.keys import Cell, CellKind
 from tabletstore.metadata.record import SSTableRef, TabletRecord
 from tabletstore.options import TabletOptions
-from tabletstore.sstable import SSTableInfo, read_sstable_bytes, write_sstable
+from tabletstore.sstable import SSTableBuilder, SSTableInfo, iter_sstable_bytes, write_sstable
 from tabletstore.storage_s3 import layout
 
 __all__ = [
@@ -203,23 +202,23 @@ def rewrite_tablet(
     safe to run in another process.
     """
     sources = _sources(inputs, seq_bases, start_row, end_row)
-    out: dict[str, list[Cell]] = {}
+    builders: dict[str, SSTableBuilder] = {}
     for cell in compact_cells(
         merge_sources(sources), gc_rules=gc_rules, now_micros=now_micros, major=True
     ):
         group = family_groups.get(cell.family)
-        if group is not None:
-            out.setdefault(group, []).append(cell)
-    result: dict[str, tuple[bytes, SSTableInfo]] = {}
-    for group, cells in out.items():
-        settings = groups.get(group, _DEFAULT_GROUP)
-        result[group] = write_sstable(
-            cells,
-            compression=settings.compression,
-            block_size=settings.block_size,
-            locality_group=group,
-        )
-    return result
+        if group is None:
+            continue
+        builder = builders.get(group)
+        if builder is None:
+            settings = groups.get(group, _DEFAULT_GROUP)
+            builder = builders[group] = SSTableBuilder(
+                compression=settings.compression,
+                block_size=settings.block_size,
+                locality_group=group,
+            )
+        builder.add(cell)
+    return {group: builder.finish() for group, builder in builders.items()}
 
 
 def check_outputs(record: TabletRecord, outputs: Mapping[str, SSTableRef]) -> None:
@@ -267,25 +266,17 @@ def schema_rewrite(
 
 def _sources(
     inputs: Sequence[bytes], seq_bases: Sequence[int], start_row: bytes, end_row: bytes | None
-) -> list[list[Cell]]:
+) -> list[Iterator[Cell]]:
     """Each input's cells in the tablet's rows, its seq base added (an adopted bulk-load
-    SSTable's cells get their seqs from its reference)."""
+    SSTable's cells get their seqs from its reference), decoded a block at a time as the merge
+    consumes them: a compaction holds one decoded block per input, not every input's cells
+    (the inputs' bytes are in memory already). Every footer is verified here, before the merge
+    starts; a block that fails its checksum raises Corruption when the merge reaches it, and
+    the compaction writes nothing."""
     bases = list(seq_bases) or [0] * len(inputs)
     if len(bases) != len(inputs):
         raise ValueError(f"{len(inputs)} compaction inputs but {len(bases)} seq bases")
     return [
-        _clip(read_sstable_bytes(blob, seq_base=base), start_row, end_row)
+        iter_sstable_bytes(blob, seq_base=base, start_row=start_row, end_row=end_row)
         for blob, base in zip(inputs, bases, strict=True)
     ]
-
-
-def _clip(cells: list[Cell], start_row: bytes, end_row: bytes | None) -> list[Cell]:
-    """The cells of ``cells`` (sorted) whose row is in ``[start_row, end_row)``."""
-    if not cells:
-        return cells
-    if start_row <= cells[0].row and (end_row is None or cells[-1].row < end_row):
-        return cells  # the common case: an SSTable of this tablet alone
-    rows = [c.row for c in cells]
-    lo = bisect.bisect_left(rows, start_row)
-    hi = len(rows) if end_row is None else bisect.bisect_left(rows, end_row)
-    return cells[lo:hi]

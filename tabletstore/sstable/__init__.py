@@ -17,8 +17,8 @@ from tabletstore.sstable.block import Block
 from tabletstore.sstable.block_cache import BlockCache, CacheStats, ScanCache
 from tabletstore.sstable.bloom import BloomFilter
 from tabletstore.sstable.format import DEFAULT_BLOCK_SIZE, FORMAT_VERSION, BlockHandle, Footer
-from tabletstore.sstable.reader import SSTable, SSTableCore, read_sstable_bytes
-from tabletstore.sstable.writer import SSTableInfo, upload_sstable, write_sstable
+from tabletstore.sstable.reader import SSTable, SSTableCore, iter_sstable_bytes, read_sstable_bytes
+from tabletstore.sstable.writer import SSTableBuilder, SSTableInfo, upload_sstable, write_sstable
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE",
@@ -30,9 +30,11 @@ __all__ = [
     "CacheStats",
     "Footer",
     "SSTable",
+    "SSTableBuilder",
     "SSTableCore",
     "SSTableInfo",
     "ScanCache",
+    "iter_sstable_bytes",
     "read_sstable_bytes",
     "upload_sstable",
     "write_sstable",

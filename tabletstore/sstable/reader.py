@@ -20,8 +20,9 @@ index, and then reading the appropriate block from disk" (§4). Here:
   :data:`DEFAULT_READAHEAD`) as the scan goes on.
 * :meth:`SSTable.load_all` (in-memory locality groups, §6) fetches the whole object once and
   decodes every block; afterwards reads never touch the store.
-* :func:`read_sstable_bytes` decodes a whole object already in memory, verified the same way
-  (merging compactions, in a process pool).
+* :func:`iter_sstable_bytes` decodes a whole object already in memory, verified the same way,
+  one block at a time as its cells are consumed (compactions: a merge holds one decoded block
+  per input); :func:`read_sstable_bytes` is every cell of it as one list.
 
 Errors: Corruption for any checksum or format failure; NotFound when the object is gone;
 Unavailable (retryable) for a block fetch that a concurrent reader abandoned.
@@ -34,7 +35,7 @@ import contextlib
 import functools
 from bisect import bisect_left, bisect_right
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
 
 import crc32c
 import pyarrow as pa
@@ -65,7 +66,13 @@ from tabletstore.sstable.pages import (
 )
 from tabletstore.storage_s3.base import ObjectStore, object_url
 
-__all__ = ["DEFAULT_READAHEAD", "SSTable", "SSTableCore", "read_sstable_bytes"]
+__all__ = [
+    "DEFAULT_READAHEAD",
+    "SSTable",
+    "SSTableCore",
+    "iter_sstable_bytes",
+    "read_sstable_bytes",
+]
 
 #: Blocks a long scan keeps in flight ahead of its consumer.
 DEFAULT_READAHEAD = 4
@@ -262,12 +269,35 @@ def with_seq_base(seqs: pa.ChunkedArray | pa.Array, seq_base: int) -> pa.Array:
 def read_sstable_bytes(data: bytes, *, name: str = "<bytes>", seq_base: int = 0) -> list[Cell]:
     """Every cell of a whole SSTable object held in memory, verified (Corruption otherwise);
     ``seq_base`` is added to every seq (``SSTableRef.seq_base``)."""
+    return list(iter_sstable_bytes(data, name=name, seq_base=seq_base))
+
+
+def iter_sstable_bytes(
+    data: bytes,
+    *,
+    name: str = "<bytes>",
+    seq_base: int = 0,
+    start_row: bytes = b"",
+    end_row: bytes | None = None,
+) -> Iterator[Cell]:
+    """The cells of a whole SSTable object held in memory whose row is in ``[start_row,
+    end_row)``, decoded one block at a time as they are consumed (a compaction's merge holds
+    one block of each input as Python objects, not every cell of every input). The footer is
+    verified at once, each block when it is reached (Corruption, raised then); blocks wholly
+    outside the range are not decoded."""
     core = SSTableCore.from_tail(name, len(data), data, seq_base)
-    view = memoryview(data)
-    cells: list[Cell] = []
-    for i, b in enumerate(core.blocks):
-        cells.extend(core.decode(i, view[b.offset : b.offset + b.length]).cells_in())
-    return cells
+    return _iter_blocks(core, memoryview(data), start_row, end_row)
+
+
+def _iter_blocks(
+    core: SSTableCore, view: memoryview, start_row: bytes, end_row: bytes | None
+) -> Iterator[Cell]:
+    blocks = core.blocks
+    for i in range(core.first_block_from(start_row) if start_row else 0, len(blocks)):
+        b = blocks[i]
+        if end_row is not None and b.first_row >= end_row:
+            return
+        yield from core.decode(i, view[b.offset : b.offset + b.length]).cells_in(start_row, end_row)
 
 
 class _RecentPages:

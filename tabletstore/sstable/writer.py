@@ -1,7 +1,7 @@
 """Building SSTables: sorted cells in, one immutable Parquet object out (§4, §5.3, §5.4).
 
 :func:`write_sstable` is pure CPU work over plain values (cells in, bytes and an
-:class:`SSTableInfo` out), so minor compactions call it inline and merging/major compactions
+:class:`SSTableInfo` out; :class:`SSTableBuilder` the same a cell at a time), so minor compactions call it inline and merging/major compactions
 run it in a process pool. :func:`upload_sstable` is the I/O shell: it creates the object with a
 create-only PUT, so an SSTable, once named, is never replaced (docs/architecture/design.md §3).
 
@@ -27,9 +27,8 @@ How the bytes are made (the format itself is specified in ``format.py``):
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from itertools import islice
 
 import crc32c
 import numpy as np
@@ -65,10 +64,18 @@ from tabletstore.sstable.pages import (
 )
 from tabletstore.storage_s3.base import ObjectStore
 
-__all__ = ["SSTableInfo", "upload_sstable", "write_sstable", "write_sstable_table"]
+__all__ = [
+    "SSTableBuilder",
+    "SSTableInfo",
+    "upload_sstable",
+    "write_sstable",
+    "write_sstable_table",
+]
 
-#: Cells transposed into Arrow columns at a time. Bounds the writer's extra memory.
+#: Cells transposed into Arrow columns at a time, at most; and their row, qualifier and value
+#: bytes at most (:class:`SSTableBuilder`). Bound the writer's extra memory.
 _CHUNK = 8192
+_CHUNK_BYTES = 4 * 1024 * 1024
 _MIN_BLOCK_SIZE = 1024
 _MIN_PAGE_SIZE = 64
 _MAX_BLOCK_SIZE = 64 * 1024 * 1024
@@ -123,28 +130,99 @@ def write_sstable(
     ``page_size`` (format 2: target raw bytes per page; one page per block when it is larger
     than ``block_size``) outside 64 bytes..64 MiB.
     """
-    _check_version(format_version)
-    if not _MIN_PAGE_SIZE <= page_size <= _MAX_BLOCK_SIZE:
-        raise InvalidArgument(
-            f"page_size must be {_MIN_PAGE_SIZE}..{_MAX_BLOCK_SIZE} bytes, got {page_size}"
-        )
-    if compression not in COMPRESSIONS:
-        raise InvalidArgument(
-            f"compression must be one of {sorted(COMPRESSIONS)}, got {compression!r}"
-        )
-    if not _MIN_BLOCK_SIZE <= block_size <= _MAX_BLOCK_SIZE:
-        raise InvalidArgument(
-            f"block_size must be {_MIN_BLOCK_SIZE}..{_MAX_BLOCK_SIZE} bytes, got {block_size}"
-        )
-    if not 1 <= bloom_bits_per_key <= 64:
-        raise InvalidArgument(f"bloom_bits_per_key must be 1..64, got {bloom_bits_per_key}")
-    builder = _Builder(
-        compression, block_size, locality_group, compression_level, column_bloom, format_version
+    builder = SSTableBuilder(
+        compression=compression,
+        block_size=block_size,
+        locality_group=locality_group,
+        bloom_bits_per_key=bloom_bits_per_key,
+        column_bloom=column_bloom,
+        compression_level=compression_level,
+        format_version=format_version,
+        page_size=page_size,
     )
-    builder.page_size = page_size
-    for chunk in _chunks(cells):
-        builder.add(chunk)
-    return builder.finish(bloom_bits_per_key)
+    add = builder.add
+    for cell in cells:
+        add(cell)
+    return builder.finish()
+
+
+class SSTableBuilder:
+    """One SSTable written as its cells come (leveldb's ``TableBuilder``): :meth:`add` one
+    cell at a time, or :meth:`add_sorted` a list of them, in ``keys.cell_sort_key`` order
+    across every call; :meth:`finish` returns the object's bytes. Holds at most
+    :data:`_CHUNK` cells (and :data:`_CHUNK_BYTES` of their keys and values) as Python
+    objects plus the blocks encoded so far, so a compaction
+    that feeds several of these from one merged stream (one per locality group) never holds
+    its whole output as cells. The arguments and their errors are :func:`write_sstable`'s,
+    raised here."""
+
+    __slots__ = ("_bits", "_builder", "_pending", "_pending_bytes")
+
+    def __init__(
+        self,
+        *,
+        compression: str = "zstd",
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        locality_group: str = "default",
+        bloom_bits_per_key: int = DEFAULT_BITS_PER_KEY,
+        column_bloom: bool = False,
+        compression_level: int | None = None,
+        format_version: int = FORMAT_VERSION,
+        page_size: int = DEFAULT_PAGE_BYTES,
+    ) -> None:
+        _check_version(format_version)
+        if not _MIN_PAGE_SIZE <= page_size <= _MAX_BLOCK_SIZE:
+            raise InvalidArgument(
+                f"page_size must be {_MIN_PAGE_SIZE}..{_MAX_BLOCK_SIZE} bytes, got {page_size}"
+            )
+        if compression not in COMPRESSIONS:
+            raise InvalidArgument(
+                f"compression must be one of {sorted(COMPRESSIONS)}, got {compression!r}"
+            )
+        if not _MIN_BLOCK_SIZE <= block_size <= _MAX_BLOCK_SIZE:
+            raise InvalidArgument(
+                f"block_size must be {_MIN_BLOCK_SIZE}..{_MAX_BLOCK_SIZE} bytes, got {block_size}"
+            )
+        if not 1 <= bloom_bits_per_key <= 64:
+            raise InvalidArgument(f"bloom_bits_per_key must be 1..64, got {bloom_bits_per_key}")
+        self._builder = _Builder(
+            compression, block_size, locality_group, compression_level, column_bloom, format_version
+        )
+        self._builder.page_size = page_size
+        self._bits = bloom_bits_per_key
+        self._pending: list[CellFields] = []
+        self._pending_bytes = 0
+
+    def add(self, cell: CellFields) -> None:
+        """Append one cell (sorted after every cell added before)."""
+        pending = self._pending
+        pending.append(cell)
+        try:
+            size = self._pending_bytes + len(cell[0]) + len(cell[2]) + len(cell[6])
+        except (TypeError, IndexError) as exc:
+            raise InvalidArgument(f"SSTable input must be keys.Cell values: {exc}") from exc
+        if size >= _CHUNK_BYTES or len(pending) >= _CHUNK:
+            self._builder.add(pending)
+            self._pending = []
+            size = 0
+        self._pending_bytes = size
+
+    def add_sorted(self, cells: list[CellFields]) -> None:
+        """Append ``cells`` (sorted, and after every cell added before)."""
+        if self._pending:
+            self._builder.add(self._pending)
+            self._pending = []
+            self._pending_bytes = 0
+        if cells:
+            self._builder.add(cells)
+
+    def finish(self) -> tuple[bytes, SSTableInfo]:
+        """The SSTable's bytes and facts; the builder is not used again."""
+        if self._pending:
+            self._builder.add(self._pending)
+            self._pending = []
+            self._pending_bytes = 0
+        return self._builder.finish(self._bits)
 
 
 def write_sstable_table(
@@ -221,12 +299,6 @@ def _first_unsorted(table: pa.Table) -> int | None:
     if pc.all(ok).as_py():
         return None
     return int(np.flatnonzero(~ok.to_numpy(zero_copy_only=False))[0]) + 1
-
-
-def _chunks(cells: Iterable[CellFields]) -> Iterator[list[CellFields]]:
-    it = iter(cells)
-    while chunk := list(islice(it, _CHUNK)):
-        yield chunk
 
 
 class _Builder:
