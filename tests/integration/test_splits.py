@@ -23,7 +23,7 @@ import random
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -235,17 +235,22 @@ async def test_a_load_of_a_child_sent_while_the_split_serves_it_finds_it_served(
     until they are served) and finds the child served: one copy of it, its claim kept, every
     row readable and writable. (Without the locks, the load opened a second copy beside the
     split's, and released the claim when it failed.)"""
-    wopts = WorkerOptions(lease=IN_PROCESS_LEASE, split_cooldown=60)
-    db = await Database.open(f"file://{tmp_path}", tablet_options=SPLIT, worker_options=wopts)
+    # No flush before the test's own (the memtable holds every row, the log is never
+    # trimmed), so the one split comes after it: a split while the rows are being written
+    # would hold the writes to its paused child.
+    wopts = WorkerOptions(lease=IN_PROCESS_LEASE, split_cooldown=60, log_trim_interval=None)
+    topts = replace(SPLIT, memtable_flush_bytes=4 * 1024 * 1024)
+    db = await Database.open(f"file://{tmp_path}", tablet_options=topts, worker_options=wopts)
     server = db.worker
     gate = asyncio.Event()
+    armed = False
     paused: asyncio.Future[TabletRecord] = asyncio.get_running_loop().create_future()
     opened: list[str] = []
     real_open = server.open_and_serve
 
     async def open_and_serve(record: TabletRecord, *args: Any, **kwargs: Any) -> Any:
         opened.append(record.tablet_id)
-        if kwargs.get("before_serving") is not None and not paused.done():
+        if armed and kwargs.get("before_serving") is not None and not paused.done():
             paused.set_result(record)  # the split's first child: hold it here
             await gate.wait()
         return await real_open(record, *args, **kwargs)
@@ -256,6 +261,9 @@ async def test_a_load_of_a_child_sent_while_the_split_serves_it_finds_it_served(
         rnd = random.Random(3)
         rows = {b"r%05d" % i: rnd.randbytes(150) for i in range(1200)}
         await write(table, rows)
+        user_tablets = [k for k in server.tablets if not k[0].startswith("!")]
+        assert len(user_tablets) == 1 and not server.splits.running, "no split yet"
+        armed = True
         await db.flush("t")
         child = await asyncio.wait_for(paused, timeout=60)
         key = (child.table_id, child.tablet_id)
