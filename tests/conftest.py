@@ -55,10 +55,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
       snapshot script, the scale benchmark's in-process simulations): they hold no lease, so
       they form a second group that runs beside the first, which is the whole run's critical
       path (the longer the first group, the longer the run);
-    * and except the slow end-to-end runs of the benchmarks (``test_bench_*`` modules): they
-      check what the run counted, never a lease's timing, so they form a third group, one at a
-      time beside the first group: the other workers would otherwise run out of tests minutes
-      before the first group ends, leaving it alone on the machine;
+    * and except the slow end-to-end runs of the benchmarks (``test_bench_*`` modules) and the
+      slow tests marked ``unfaulted`` (a cluster no test fault touches: no kill, pause or
+      partition, so nothing in them waits for a lease to expire or to be kept through a
+      fault): they check what the run did, never a lease's timing, so they form a third group,
+      one at a time beside the first group: the other workers would otherwise run out of
+      tests minutes before the first group ends, leaving it alone on the machine;
     * the other tests of one module that share a module-scoped fixture (a cluster of processes, a
       front door, a Spark session) form one group, so that fixture is set up once on one
       worker instead of once on every worker that gets one of its tests."""
@@ -73,8 +75,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def _slow_group(item: pytest.Item) -> str:
     if item.get_closest_marker("no_cluster") is not None:
         return "slow-no-cluster"
-    if item.path.name.startswith("test_bench_"):
-        return "slow-bench"
+    if item.path.name.startswith("test_bench_") or item.get_closest_marker("unfaulted"):
+        return "slow-steady"
     return "slow"
 
 

@@ -18,7 +18,8 @@ from tabletstore.coordination import open_coordinator
 from tests.plugins.s3_server import DUMMY_ENV, boto3_client
 from tests.plugins.s3rver_server import CREDENTIALS
 
-pytestmark = pytest.mark.slow
+# The local stack is started and stopped, never faulted: no lease timing in it.
+pytestmark = [pytest.mark.slow, pytest.mark.unfaulted]
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -20,7 +20,8 @@ from tabletstore.cli import localstack
 from tabletstore.testing.processes import gone
 
 # 25 CLI processes one after another: under the parallel suite on 2 cores each waits for CPU.
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(480)]
+# The stack is never faulted (no lease timing): it runs beside the faulted clusters.
+pytestmark = [pytest.mark.slow, pytest.mark.unfaulted, pytest.mark.timeout(480)]
 
 
 def tabletstore(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -15,7 +15,7 @@ import pytest
 
 from tabletstore.cli import localstack
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.slow, pytest.mark.unfaulted, pytest.mark.timeout(180)]
 
 
 def get(url: str) -> tuple[str, bytes]:
