@@ -198,6 +198,14 @@ class WorkerOptions:
     #: reads the dead log's tail one GET per segment (§5.3): a tail of at most about this
     #: many segments plus one interval's worth is what a worker kill costs to sort.
     log_trim_segments: int = 24
+    #: Seconds between two checks of the C heap's free bytes (``worker/heap_trim.py``): glibc
+    #: keeps what a compaction's or a read's short-lived values freed, so without trimming
+    #: the process's RSS follows its largest moment, not what it holds. None: never trim.
+    heap_trim_interval: float | None = 30.0
+    #: Free heap bytes past which a check gives them back to the system (``malloc_trim``,
+    #: which holds each allocator arena's lock while it walks it: tens to hundreds of ms for
+    #: a heap of a GB, so not for a few MB).
+    heap_trim_free_bytes: int = 128 * MiB
     #: Seconds a stopping worker may spend draining (flushing its tablets, releasing their
     #: claims, closing its log) before it abandons the rest: it logs the tablets it did not
     #: flush (their commit logs hold every acknowledged write, so recovery replays them) and

@@ -80,6 +80,7 @@ from tabletstore.rpc.transport import Handlers, Method, Transport, call_handler,
 from tabletstore.security.principal import Principal
 from tabletstore.sstable.block_cache import BlockCache, ScanCache
 from tabletstore.storage_s3.base import ObjectStore
+from tabletstore.worker.heap_trim import HeapTrimmer
 from tabletstore.worker.log import WorkerLog, replay_logged
 from tabletstore.worker.log_switch_gate import SwitchGate
 from tabletstore.worker.rpc_services import TabletRpcServices
@@ -210,6 +211,9 @@ class TabletServer:
         self._stopping = False
         #: The loop keeping the tablets' log positions recent (_trim_logs); cancelled by stop().
         self._trimming: asyncio.Task[None] | None = None
+        self._heap_trimming: asyncio.Task[None] | None = None
+        #: Gives the C heap's free pages back to the system (``WorkerOptions.heap_trim_*``).
+        self.heap_trimmer: HeapTrimmer | None = None
         self._lease: Lease | None = None
         self._writer: CommitLogWriter | None = None
         self._log: WorkerLog | None = None
@@ -270,6 +274,11 @@ class TabletServer:
         self._log.on_failure = self._log_failed
         if self._options.log_trim_interval is not None:
             self._trimming = self.spawn(None, self._trim_logs(self._options.log_trim_interval))
+        if self._options.heap_trim_interval is not None:
+            self.heap_trimmer = HeapTrimmer(
+                self._options.heap_trim_interval, self._options.heap_trim_free_bytes
+            )
+            self._heap_trimming = self.spawn(None, self.heap_trimmer.run())
 
     async def _trim_logs(self, interval: float) -> None:
         """Keep the tablets' log positions recent (``WorkerOptions.log_trim_interval``;
@@ -323,7 +332,7 @@ class TabletServer:
             # Its failure (or cancellation by the group) is not stop's to raise: the TaskGroup
             # reports a failure (stack.aclose below).
             await asyncio.gather(self._switching, return_exceptions=True)
-        trimming = [] if self._trimming is None else [self._trimming]
+        trimming = [t for t in (self._trimming, self._heap_trimming) if t is not None]
         compactions = self.splits.compactions
         for task in [*compactions, *trimming]:  # optional work: redone after the next load
             task.cancel()
