@@ -161,6 +161,11 @@ class WorkerOptions:
     #: Worker processes for merging and major compactions; 0 runs them in-process (embedded).
     #: More processes compact more tablets at once but each holds a copy of its inputs.
     compaction_processes: int = 0
+    #: SSTable bytes the merging and major compactions running at once may read
+    #: (``engine/compaction_budget.py``): each holds its inputs' bytes and its output's in memory
+    #: while it runs (the cells stream through), so this bounds the worker's compaction
+    #: memory: a round of splits no longer starts every child's rewrite at once. One larger than this runs alone.
+    compaction_memory_bytes: int = 256 * 1024 * 1024
     #: Seconds a tablet waits after a split before it may split again (besides waiting for
     #: its first major compaction): bounds split storms when writes outpace compactions.
     split_cooldown: float = 5.0

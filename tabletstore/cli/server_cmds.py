@@ -378,6 +378,14 @@ def master_cmd(
     help="Block cache capacity in bytes.",
 )
 @click.option(
+    "--compaction-memory-bytes",
+    type=click.IntRange(min=1),
+    default=WorkerOptions().compaction_memory_bytes,
+    show_default=True,
+    help="SSTable bytes the merging and major compactions running at once may read "
+    "(bounds their memory; a larger one runs alone).",
+)
+@click.option(
     "--sort-processes",
     type=click.IntRange(min=0),
     default=WorkerOptions().sort_processes,
@@ -439,6 +447,7 @@ def worker_cmd(
     split_bytes: int,
     compaction_processes: int,
     block_cache_bytes: int,
+    compaction_memory_bytes: int,
     sort_processes: int,
     sort_memory_bytes: int,
     sort_spill_bytes: int,
@@ -464,6 +473,7 @@ def worker_cmd(
         lease=LeaseOptions(ttl=lease_ttl),
         compaction_processes=compaction_processes,
         block_cache_bytes=block_cache_bytes,
+        compaction_memory_bytes=compaction_memory_bytes,
         sort_processes=sort_processes,
         sort_memory_bytes=sort_memory_bytes,
         sort_spill_bytes=sort_spill_bytes,

@@ -46,6 +46,7 @@ from typing import Any, TypeVar
 
 from tabletstore.data.schema import TableSchema
 from tabletstore.engine import compaction
+from tabletstore.engine.compaction_budget import CompactionBudget
 from tabletstore.engine.state import (
     AdoptedMajor,
     MajorResult,
@@ -97,11 +98,14 @@ class CompactionRunner:
         notify_compacted: Callable[[], None],
         executor: concurrent.futures.Executor | None,
         tasks: asyncio.TaskGroup | None,
+        budget: CompactionBudget | None = None,
     ) -> None:
         self._core = core
         self._sstables = sstables
         self._notify_compacted = notify_compacted
         self._executor = executor
+        #: The worker's compaction memory budget (None: unbounded).
+        self._budget = budget
         #: Owns the background compactions (the worker's TaskGroup, or the tablet's own).
         self.tasks = tasks
         #: The background compaction running (one at a time), if any.
@@ -262,7 +266,8 @@ class CompactionRunner:
         moves with its cells (:func:`compaction.rewrite_tablet`)."""
         await self.minor_compact()
         core = self._core
-        async with core.compaction_lock:
+        size = sum(r.size for refs in core.state.record.sstables.values() for r in refs)
+        async with self._hold(size), core.compaction_lock:
             core.check_open()  # a split may have closed the tablet while this waited
             record = core.state.record
             keys = [ref.key for refs in record.sstables.values() for ref in refs]
@@ -273,6 +278,7 @@ class CompactionRunner:
                 group: await self._sstables.store(group, data, info)
                 for group, (data, info) in sorted((await self._compute(rewrite)).items())
             }
+            del rewrite  # its inputs: no longer needed
             result = MajorResult(len(keys), outputs)
             old = await core.commit(lambda state: apply_major(state, result, now=core.clock.time()))
             for tables in old.sstables.values():
@@ -296,17 +302,31 @@ class CompactionRunner:
     async def _run_merge(self, task: compaction.CompactionTask) -> None:
         core = self._core
         core.check_open()
-        async with core.compaction_lock:
+        inputs = set(task.inputs)
+        size = sum(
+            r.size for r in core.state.record.sstables.get(task.group, ()) if r.key in inputs
+        )
+        # Room first, then the tablet's lock: waiting for room does not hold the tablet's other
+        # compactions, splits and unloads back.
+        async with self._hold(size), core.compaction_lock:
             core.check_open()  # a split may have closed the tablet while this waited
             record = core.state.record
-            if not set(task.inputs) <= {r.key for r in record.sstables.get(task.group, ())}:
+            if not inputs <= {r.key for r in record.sstables.get(task.group, ())}:
                 return  # the tablet changed since planning; the next plan will see it
             merge = self._merge_sstables(task, record, await self._sstables.fetch(task.inputs))
             data, info = await self._compute(merge)
+            del merge  # its inputs: no longer needed
             output = await self._sstables.store(task.group, data, info) if info.cells else None
             result = MergeResult(task.group, task.inputs, output, task.major)
             await core.commit(lambda state: apply_merge(state, result, now=core.clock.time()))
         self._notify_compacted()
+
+    def _hold(self, nbytes: int) -> contextlib.AbstractAsyncContextManager[None]:
+        """Room in the worker's compaction budget for ``nbytes`` of input (none to wait for
+        without a budget)."""
+        if self._budget is None:
+            return contextlib.nullcontext()
+        return self._budget.hold(nbytes)
 
     def _merge_sstables(
         self, task: compaction.CompactionTask, record: TabletRecord, blobs: list[bytes]

@@ -33,6 +33,7 @@ from tabletstore.clock import Clock, SystemClock
 from tabletstore.data.query import RowRange
 from tabletstore.data.schema import TableSchema
 from tabletstore.engine.bulk_ingest import BulkIngest
+from tabletstore.engine.compaction_budget import CompactionBudget
 from tabletstore.engine.compaction_runner import CompactionRunner
 from tabletstore.engine.log_positions import LogPositions
 from tabletstore.engine.log_replay import recover_state
@@ -76,6 +77,7 @@ class Tablet:
         executor: concurrent.futures.Executor | None = None,
         scan_cache: ScanCache | None = None,
         tasks: asyncio.TaskGroup | None = None,
+        compaction_budget: CompactionBudget | None = None,
     ) -> None:
         """``tasks`` owns the tablet's background compactions (its worker's TaskGroup); None:
         :meth:`load` opens one for the tablet alone, which :meth:`close` closes."""
@@ -96,6 +98,7 @@ class Tablet:
             notify_compacted=self._notify_compacted,
             executor=executor,
             tasks=tasks,
+            budget=compaction_budget,
         )
         self._reads = ReadPath(core)
         self._writes = WritePath(core, self._reads, spawn_flush=self._compactions.spawn_flush)
@@ -171,10 +174,13 @@ class Tablet:
         scan_cache: ScanCache | None = None,
         tasks: asyncio.TaskGroup | None = None,
         claimed: TabletRecord | None = None,
+        compaction_budget: CompactionBudget | None = None,
     ) -> Tablet:
         """Open a tablet's SSTables, replay its commit-log records past the redo point into a
         fresh memtable (§5.3 recovery), and record this worker's log in its record
-        (:func:`~tabletstore.engine.log_replay.recover_state`, which ``claimed`` is for)."""
+        (:func:`~tabletstore.engine.log_replay.recover_state`, which ``claimed`` is for).
+        ``compaction_budget``: the worker's, shared by its tablets' merging and major
+        compactions (None: unbounded)."""
         clk = clock or SystemClock()
         state = await recover_state(
             record,
@@ -200,6 +206,7 @@ class Tablet:
             executor=executor,
             scan_cache=scan_cache,
             tasks=tasks,
+            compaction_budget=compaction_budget,
         )
         if tasks is None:
             own = await tablet._stack.enter_async_context(asyncio.TaskGroup())

@@ -52,6 +52,7 @@ from tabletstore.coordination.base import (
     mod_revision_is,
 )
 from tabletstore.data.schema import TableSchema
+from tabletstore.engine.compaction_budget import CompactionBudget
 from tabletstore.engine.log_replay import yielding
 from tabletstore.engine.process_pool import process_pool
 from tabletstore.engine.tablet import Tablet
@@ -177,6 +178,8 @@ class TabletServer:
         #: Slots for user tablets' replays (``WorkerOptions.load_concurrency``).
         self._replays = asyncio.Semaphore(self._options.load_concurrency)
         self._block_cache = BlockCache(self._options.block_cache_bytes)
+        #: Bounds the memory of the merging and major compactions running at once.
+        self._compaction_budget = CompactionBudget(self._options.compaction_memory_bytes)
         #: The §6 scan cache shared by every SSTable this worker opens (None: disabled).
         self._scan_cache = (
             ScanCache(self._options.scan_cache_rows) if self._options.scan_cache_rows > 0 else None
@@ -653,6 +656,7 @@ class TabletServer:
             scan_cache=self._scan_cache,
             tasks=self._tasks,
             claimed=claimed,
+            compaction_budget=self._compaction_budget,
         )
 
     # ------------------------------------------------------------------ a failed commit log

@@ -66,6 +66,18 @@ def test_worker_sort_flags_reach_its_options(captured: dict[str, Any], tmp_path:
     assert missing.exit_code == 2 and "--sort-spill-dir" in missing.output
 
 
+def test_worker_compaction_memory_flag_reaches_its_options(captured: dict[str, Any]) -> None:
+    result = CliRunner().invoke(cli.main, ["worker"])
+    assert result.exit_code == 0, result.output
+    default = captured["worker"].compaction_memory_bytes
+    assert default == WorkerOptions().compaction_memory_bytes
+    result = CliRunner().invoke(cli.main, ["worker", "--compaction-memory-bytes", "4096"])
+    assert result.exit_code == 0, result.output
+    assert captured["worker"].compaction_memory_bytes == 4096
+    bad = CliRunner().invoke(cli.main, ["worker", "--compaction-memory-bytes", "0"])
+    assert bad.exit_code == 2 and "--compaction-memory-bytes" in bad.output
+
+
 def test_master_sort_owner_bytes_flag_reaches_its_options(captured: dict[str, Any]) -> None:
     result = CliRunner().invoke(cli.main, ["master"])
     assert result.exit_code == 0, result.output
