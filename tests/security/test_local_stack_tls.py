@@ -130,13 +130,26 @@ def test_local_stack_tls_checks_s3_signatures_and_encrypts_etcd_peers(tmp_path: 
 
 def _peer_members(port: int, context: ssl.SSLContext) -> bytes:
     """GET /members on etcd's peer port over TLS with ``context``; the body, or the error."""
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as raw:
         with context.wrap_socket(raw) as conn:
-            conn.sendall(b"GET /members HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+            conn.sendall(b"GET /members HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            # Read to the body's declared length: etcd does not always close the connection
+            # after its answer (waiting for the close timed out about one run in four).
             data = b""
-            while chunk := conn.recv(65536):
+            while b"\r\n\r\n" not in data and (chunk := conn.recv(65536)):
                 data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
+            head, _, body = data.partition(b"\r\n\r\n")
+            length = _content_length(head)
+            while (length is None or len(body) < length) and (chunk := conn.recv(65536)):
+                body += chunk
     if b" 200 " not in head.split(b"\r\n", 1)[0] + b" ":
         raise OSError(f"peer port answered {head[:40]!r}")
     return body
+
+
+def _content_length(head: bytes) -> int | None:
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return int(value.strip())
+    return None
