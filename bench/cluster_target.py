@@ -180,11 +180,14 @@ class ClusterTarget(TabletstoreTarget):
         block_cache_bytes: int = WorkerOptions().block_cache_bytes,
         block_size: int | None = None,
         worker_args: Sequence[str] = (),
+        master_args: Sequence[str] = (),
         lease_ttl: float = LEASE_TTL,
     ) -> None:
         self.workers, self.store_kind = parse_cluster_spec(spec)
         #: Appended to every worker's arguments (e.g. ``--split-bytes``).
         self.worker_args = tuple(worker_args)
+        #: Appended to the master's arguments (e.g. ``--gc-grace``).
+        self.master_args = tuple(master_args)
         self.lease_ttl = lease_ttl
         #: The stack once it is up (its process records: roles, pids, logs).
         self.stack: localstack.Stack | None = None
@@ -249,6 +252,7 @@ class ClusterTarget(TabletstoreTarget):
                 str(self.block_cache_bytes),
                 *self.worker_args,
             ),
+            master_args=self.master_args,
         )
         self.stack = stack
         assert stack.cluster_url is not None  # workers >= 1

@@ -30,7 +30,7 @@ machine's load average, without which a shared machine's chart cannot be read.
 
 Writes stop at ``--gb``, or when free disk at the data directory falls within
 :data:`WRITE_MARGIN_GB` of ``--min-free-gb`` (compactions still write after the writes stop, and
-the master collects nothing younger than an hour); the run ends if it falls under
+the master collects nothing younger than ``--gc-grace``); the run ends if it falls under
 ``--min-free-gb``. At the end a sample of ``--verify-rows``
 acknowledged rows is read back. Outputs (``--out DIR``): ``soak.json`` (rewritten at every
 sample, so a run cut short keeps what it measured), ``soak.png`` (redrawn every few minutes),
@@ -120,6 +120,11 @@ class SoakConfig:
     #: The workers' lease (``worker --lease-ttl``): longer than the production default, as
     #: ClusterTarget's, because a shared machine stalls processes for many seconds.
     lease_ttl: float = LEASE_TTL
+    #: The master's garbage-collection grace (``master --gc-grace``): 5 minutes rather than
+    #: production's hour, so that a run of half an hour collects what its compactions replaced
+    #: and trims the commit logs, as a cluster that has run for hours does, and the store holds
+    #: about the live data rather than several times what was written.
+    gc_grace: float = 300.0
     verify_rows: int = 5_000
     seed: int = 1
 
@@ -146,6 +151,11 @@ class SoakConfig:
     def __post_init__(self) -> None:
         if min(self.minutes, self.gb, self.interval, self.lease_ttl) <= 0:
             raise ValueError("--minutes, --gb, --interval and --lease-ttl must be positive")
+        if self.gc_grace < 60:
+            raise ValueError(
+                "--gc-grace must be at least 60 s: a grace shorter than a compaction's "
+                "upload-to-commit time on a loaded machine could delete a new SSTable"
+            )
         if self.workers < 1 or self.batch_rows < 1 or self.scan_rows < 1:
             raise ValueError("--workers, --batch-rows and --scan-rows must be at least 1")
         if self.value_bytes <= DIGEST:
@@ -548,6 +558,7 @@ class Observer:
         self.store_root = directory / ("store" if cluster.store_kind == "file" else "seaweedfs")
         self._s3 = Cumulative()
         self._compactions = Cumulative()
+        self._gc = Cumulative()
         self._last_s3: dict[str, float] = {}
         self._last_ops = 0
 
@@ -601,6 +612,14 @@ class Observer:
             self._s3.update(
                 url, {n[len(prefix) : -1]: v for n, v in m.items() if n.startswith(prefix)}
             )
+            if url in self.master_metrics:
+                self._gc.update(
+                    url,
+                    {
+                        "objects": m.get("tabletstore_gc_deleted_objects_total", 0.0),
+                        "bytes": m.get("tabletstore_gc_deleted_bytes_total", 0.0),
+                    },
+                )
             if url in self.worker_metrics:
                 self._compactions.update(
                     url,
@@ -613,6 +632,8 @@ class Observer:
         out["compactions"] = {
             k: int(compactions.get(k, 0.0)) for k in ("minor", "merging", "major")
         }
+        gc = self._gc.total()
+        out["gc_deleted"] = {"objects": int(gc.get("objects", 0)), "bytes": int(gc.get("bytes", 0))}
         s3 = self._s3.total()
         out["s3_requests"] = {op: int(v) for op, v in sorted(s3.items())}
         delta = {op: v - self._last_s3.get(op, 0.0) for op, v in s3.items()}
@@ -675,6 +696,7 @@ async def run_soak(cfg: SoakConfig, out: Path) -> SoakRun:
         rows=space.size,
         mem_rows=1,
         worker_args=worker_args,
+        master_args=("--gc-grace", f"{cfg.gc_grace:g}"),
         lease_ttl=cfg.lease_ttl,
     )
     try:
@@ -885,6 +907,8 @@ def summarize(run: SoakRun) -> dict[str, Any]:
         "rows_written": last["rows_written"],
         "gb_written": round(last["bytes_written"] / GB, 3),
         "gb_stored_at_end": round(last["stored_bytes"]["total"] / GB, 3),
+        "gb_stored_max": round(max(s["stored_bytes"]["total"] for s in samples) / GB, 3),
+        "gc_deleted": last.get("gc_deleted", {"objects": 0, "bytes": 0}),
         "stored_at_end": last["stored_bytes"],
         "live_sstable_gb_at_end": round(last["live_sstable_bytes"] / GB, 3),
         "operations": count,
@@ -959,7 +983,8 @@ def window_table(run: SoakRun, windows: int = 8) -> str:
     cfg = run.config
     lines.append("")
     lines.append(
-        f"{cfg.workers} workers (lease {cfg.lease_ttl:g} s), store {cfg.store}, "
+        f"{cfg.workers} workers (lease {cfg.lease_ttl:g} s), store {cfg.store} "
+        f"(garbage-collection grace {cfg.gc_grace:g} s), "
         f"{cfg.value_bytes}-byte random values; "
         f"clients: {cfg.batch_writers} batch writers ({cfg.batch_rows} rows), "
         f"{cfg.single_writers} single-row writers, {cfg.readers} readers, {cfg.scanners} "
@@ -1042,6 +1067,9 @@ def draw(run: SoakRun, path: Path) -> None:
             a_bytes.plot(t, [s["stored_bytes"].get(part, 0) / GB for s in samples],
                          label=f"stored: {part}/", linewidth=0.8)  # fmt: skip
     a_bytes.plot(t, [s["stored_bytes"]["total"] / GB for s in samples], label="stored: total")
+    if any(s.get("gc_deleted", {}).get("bytes") for s in samples):  # older runs lack it
+        a_bytes.plot(t, [s.get("gc_deleted", {}).get("bytes", 0) / GB for s in samples],
+                     label="deleted by GC (cumulative)", linestyle="--", linewidth=0.8)  # fmt: skip
     a_bytes.set_title("GB")
 
     for kind in ("minor", "merging", "major"):
@@ -1109,6 +1137,13 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         dest="lease_ttl",
         help=f"workers' lease (default {d.lease_ttl:g} s)",
+    )
+    parser.add_argument(
+        "--gc-grace",
+        type=float,
+        dest="gc_grace",
+        help=f"the master's garbage-collection grace (default {d.gc_grace:g} s; production "
+        "keeps an hour)",
     )
     parser.add_argument("--out", type=Path, default=Path("soak-out"), help="results directory")
     parser.add_argument(

@@ -698,6 +698,7 @@ def up(
     workers: int = 0,
     store_url: str | None = None,
     worker_args: Sequence[str] = (),
+    master_args: Sequence[str] = (),
     persist: bool = False,
     tls: bool = False,
     s3: str = "moto",
@@ -708,7 +709,8 @@ def up(
 
     ``store_url`` (e.g. ``file:///dir``) is the cluster's object store instead of the S3
     endpoint's bucket; no S3 server is started then. ``worker_args`` go to every worker
-    (:func:`start_worker`'s ``extra_args``, e.g. ``--metrics-port 0``). ``persist`` keeps
+    (:func:`start_worker`'s ``extra_args``, e.g. ``--metrics-port 0``), ``master_args`` to the
+    master (e.g. ``--gc-grace 300``). ``persist`` keeps
     etcd's data and the objects across ``down`` and ``up`` (module docstring). ``tls``:
     everything over TLS with certificates made under ``<dir>/tls`` (module docstring).
     ``s3``: the S3 server started when neither ``s3_url`` nor ``store_url`` is given, one of
@@ -775,7 +777,13 @@ def up(
             # reads the workers' pages for their tablets' load and the charts.
             records.append(
                 start_master(
-                    directory, cluster_url, store, env=env, metrics=True, tls=files("master")
+                    directory,
+                    cluster_url,
+                    store,
+                    env=env,
+                    extra_args=master_args,
+                    metrics=True,
+                    tls=files("master"),
                 )
             )
             for i in range(workers):

@@ -85,7 +85,13 @@ def test_cumulative_counters_keep_a_silent_or_exited_process_counts() -> None:
 
 def test_config_rejects_nonsense() -> None:
     assert SoakConfig().rows == 10_000_000  # 10 GB of 1000-byte values
-    for bad in ({"minutes": 0}, {"workers": 0}, {"value_bytes": 16}, {"readers": -1}):
+    for bad in (
+        {"minutes": 0},
+        {"workers": 0},
+        {"value_bytes": 16},
+        {"readers": -1},
+        {"gc_grace": 10},
+    ):
         with pytest.raises(ValueError):
             SoakConfig(**bad)
     with pytest.raises(ValueError, match="writer"):
@@ -110,7 +116,7 @@ def test_quick_soak_runs_checks_every_read_and_stops_its_cluster(
     # Half a minute: about fifteen samples two seconds apart, three times the five asked below
     # (a sample on a loaded machine takes longer than its interval), every kind of traffic in
     # each; a longer run only adds samples of the same.
-    assert main(["--quick", "--minutes", "0.5", "--out", str(out)]) == 0
+    assert main(["--quick", "--minutes", "0.5", "--gc-grace", "120", "--out", str(out)]) == 0
 
     doc = json.loads((out / "soak.json").read_text())
     samples, summary = doc["samples"], doc["summary"]
@@ -127,6 +133,8 @@ def test_quick_soak_runs_checks_every_read_and_stops_its_cluster(
     assert all(mb > 0 for mb in last["rss_mb"].values())
     assert last["stored_bytes"]["logs"] > 0  # the commit logs, on disk
     assert sum(last["s3_requests"].values()) > 0  # scraped from the workers and the master
+    assert last["gc_deleted"] == {"objects": 0, "bytes": 0}  # scraped; nothing is 120 s old
+    assert "garbage-collection grace 120 s" in (out / "soak.md").read_text()
     assert (out / "soak.png").stat().st_size > 0
     assert "| minutes | GB written |" in (out / "soak.md").read_text()
     assert (out / "logs" / "worker-0.log").exists()
@@ -135,5 +143,7 @@ def test_quick_soak_runs_checks_every_read_and_stops_its_cluster(
     assert (out / "soak.png").stat().st_size > 0
     # The stack is stopped, by pid, and its data removed.
     [stack] = stacks
+    [master] = [r for r in stack.processes if r.role == "master"]
+    assert master.argv[-2:] == ("--gc-grace", "120")
     assert not any(localstack.is_running(r) for r in stack.processes)
     assert not Path(stack.dir).exists()
