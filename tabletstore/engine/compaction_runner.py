@@ -318,7 +318,13 @@ class CompactionRunner:
             del merge  # its inputs: no longer needed
             output = await self._sstables.store(task.group, data, info) if info.cells else None
             result = MergeResult(task.group, task.inputs, output, task.major)
-            await core.commit(lambda state: apply_merge(state, result, now=core.clock.time()))
+            old = await core.commit(lambda state: apply_merge(state, result, now=core.clock.time()))
+            # The inputs' blocks leave the block cache now, not when the cache's LRU gets to
+            # them: dead blocks would take the place of live ones for as long as they stay.
+            refs = old.record.sstables.get(task.group, ())
+            for ref, table in zip(refs, old.sstables.get(task.group, ()), strict=True):
+                if ref.key in inputs:
+                    table.close()
         self._notify_compacted()
 
     def _hold(self, nbytes: int) -> contextlib.AbstractAsyncContextManager[None]:

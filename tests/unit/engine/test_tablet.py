@@ -273,6 +273,33 @@ async def test_merged_sstable_takes_the_place_of_its_newest_input(h: TabletHarne
     assert row is not None and row.latest("b", b"x") == b"v3"
 
 
+async def test_a_merge_drops_its_inputs_blocks_from_the_block_cache(
+    h: TabletHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The replaced SSTables are closed (their blocks evicted), the one kept is not."""
+    tablet = h.tablet
+    assert tablet is not None
+    for k in range(4):
+        value = b"v%d" % k + (os.urandom(100_000) if k == 0 else b"")
+        await tablet.apply(b"r", [SetCell("b", b"x", value, h.now_micros())])
+        await tablet.minor_compact()
+    before = {t.key: t for t in tablet.state.sstables["cold"]}
+    closed: list[str] = []
+    real_close = type(next(iter(before.values()))).close
+
+    def close(self: Any) -> None:
+        closed.append(self.key)
+        real_close(self)
+
+    monkeypatch.setattr(type(next(iter(before.values()))), "close", close)
+    await tablet.merge_if_needed()
+    after = [r.key for r in tablet.record.sstables["cold"]]
+    replaced = set(before) - set(after)
+    assert len(replaced) == 3 and sorted(closed) == sorted(replaced)
+    row = await tablet.read_row(b"r")
+    assert row is not None and row.latest("b", b"x") == b"v3"
+
+
 async def test_log_positions_bound_what_recovery_reads(h: TabletHarness) -> None:
     """§5.3: a redo point is a position in the log. Loading records the log's segment mark,
     a minor compaction the mark at its freeze, trim_logs (nothing in memory) the mark now;
