@@ -21,7 +21,8 @@ one tablet. The table starts pre-split into two tablets per worker (``ClusterTar
 contract) and grows by splits.
 
 Every ``--interval`` seconds a sample records: operations per second and p50/p99/max per kind;
-each process's RSS (a worker's compaction processes apart) and CPU; tablets, SSTables per
+each process's RSS (a worker's compaction processes apart) and CPU, and each worker's C heap
+(in use and free); tablets, SSTables per
 tablet (mean and max: compaction debt), memtable bytes and compactions by kind (the workers'
 ``/status`` and ``/metrics``); object-store requests by kind (workers and master) and per client
 operation; bytes written (logical), bytes the store holds (on disk, by prefix: SSTables,
@@ -551,6 +552,13 @@ class Observer:
         assert stack is not None
         self.records = stack.processes
         self.worker_metrics = list(cluster._metrics_urls)
+        #: Whose each of ``worker_metrics`` is (a worker group's processes: ``role/k``).
+        self.worker_names = [
+            r.role if r.processes == 1 else f"{r.role}/{k}"
+            for r in stack.processes
+            if r.role.startswith("worker-")
+            for k in range(r.processes)
+        ]
         master = [r for r in stack.processes if r.role == "master"]
         self.master_metrics = [f"{u}/metrics" for r in master for u in localstack.metrics_urls(r)]
         self.directory = directory
@@ -604,6 +612,16 @@ class Observer:
             return sum(m.get(name, 0.0) for m in among)
 
         out["memtable_mb"] = total("tabletstore_memtable_bytes") / MB
+        # glibc's heap as each worker's trimmer last read it: live objects against free
+        # fragments, the two parts of a worker's RSS that its settings do not bound alike.
+        out["heap_mb"] = {
+            name: {
+                "in_use": m["tabletstore_heap_in_use_bytes"] / MB,
+                "free": m.get("tabletstore_heap_free_bytes", 0.0) / MB,
+            }
+            for name, m in zip(self.worker_names, workers, strict=False)
+            if "tabletstore_heap_in_use_bytes" in m
+        }
         out["live_sstable_bytes"] = int(total("tabletstore_sstable_bytes"))
         prefix = "tabletstore_object_store_requests_total{op="
         for url, m in zip(urls, metrics, strict=True):
@@ -889,6 +907,12 @@ def summarize(run: SoakRun) -> dict[str, Any]:
             "compaction_children_max_mb": round(
                 max(s["children_rss_mb"].get(w, 0.0) for s in samples), 1
             ),
+            "q4_heap_in_use_median_mb": round(
+                _median([s.get("heap_mb", {}).get(w, {}).get("in_use", 0.0) for s in q4]), 1
+            ),
+            "q4_heap_free_median_mb": round(
+                _median([s.get("heap_mb", {}).get(w, {}).get("free", 0.0) for s in q4]), 1
+            ),
         }
         for w in workers
     }
@@ -1038,6 +1062,10 @@ def draw(run: SoakRun, path: Path) -> None:
     for role in [r for r in roles if r.startswith("worker-")]:
         a_rss.plot(t, [s["children_rss_mb"].get(role, 0.0) for s in samples], linewidth=0.6,
                    linestyle="--", label=f"{role} compaction procs")  # fmt: skip
+        heap = [s.get("heap_mb", {}).get(role, {}).get("in_use") for s in samples]
+        if any(v is not None for v in heap):  # runs before the heap gauges lack it
+            a_rss.plot(t, [float("nan") if v is None else v for v in heap], linewidth=0.6,
+                       linestyle=":", label=f"{role} C heap in use")  # fmt: skip
     a_rss.set_title("RSS, MB")
 
     a_debt.plot(t, [s["sstables_per_tablet"]["mean"] for s in samples], label="mean")

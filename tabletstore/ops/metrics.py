@@ -31,6 +31,9 @@ block_cache_{entries,bytes,capacity_bytes}               gauge     worker
 compactions_total{kind}                                  counter   minor, merging, major
 commit_log_{appends,segments,bytes}_total                counter   worker's log incarnation
 commit_log_last_put_seconds                              gauge     worker
+heap_{in_use,free}_bytes                                 gauge     worker: glibc's heap at the
+                                                                   last trim check
+heap_trims_total, heap_trim_released_bytes_total         counter   worker
 object_store_{requests,bytes,errors}_total{op}           counter   S3 request kinds (GET, PUT..)
 lease_remaining_seconds                                  gauge     worker, master
 master_leading                                           gauge     1 while elected
@@ -475,6 +478,7 @@ class WorkerSources:
     block_cache: Callable[[], CacheStats] | None = None
     commit_log: Callable[[], CommitLogStats | None] | None = None
     sort_spill: Callable[[], SpillStats] | None = None
+    heap: Callable[[], ObservedHeap | None] | None = None
 
 
 class _WorkerCollector(Collector):
@@ -503,6 +507,9 @@ class _WorkerCollector(Collector):
             yield from _commit_log_metrics(self._sources.commit_log())
         if self._sources.sort_spill is not None:
             yield from _spill_metrics(self._sources.sort_spill())
+        heap = self._sources.heap() if self._sources.heap is not None else None
+        if heap is not None:
+            yield from _heap_metrics(heap)
 
     def _tablet_metrics(self, tablets: Mapping[tuple[str, str], Tablet]) -> Iterable[Metric]:
         memtable = sstables = sstable_bytes = 0
@@ -587,6 +594,53 @@ def _spill_metrics(stats: SpillStats) -> Iterable[Metric]:
     yield held
 
 
+def _heap_metrics(heap: ObservedHeap) -> Iterable[Metric]:
+    """The heap trimmer's last reading (none before its first check) and its trims."""
+    last = heap.last
+    if last is not None:
+        yield GaugeMetricFamily(
+            f"{PREFIX}_heap_in_use_bytes",
+            "Bytes the C heap had allocated at the last trim check (mallinfo2)",
+            value=last.in_use,
+        )
+        yield GaugeMetricFamily(
+            f"{PREFIX}_heap_free_bytes",
+            "Bytes free inside the C heap's arenas at the last trim check (mallinfo2)",
+            value=last.free,
+        )
+    yield CounterMetricFamily(
+        f"{PREFIX}_heap_trims", "Heap trims (malloc_trim) made", value=heap.trims
+    )
+    yield CounterMetricFamily(
+        f"{PREFIX}_heap_trim_released_bytes",
+        "Free heap bytes the trims released",
+        value=heap.released,
+    )
+
+
+class HeapReading(Protocol):
+    """A reading of the C heap (``worker.heap_trim.HeapStats``)."""
+
+    @property
+    def in_use(self) -> int: ...
+
+    @property
+    def free(self) -> int: ...
+
+
+class ObservedHeap(Protocol):
+    """What a worker's metrics read of its heap trimmer (``worker.heap_trim.HeapTrimmer``)."""
+
+    @property
+    def last(self) -> HeapReading | None: ...
+
+    @property
+    def trims(self) -> int: ...
+
+    @property
+    def released(self) -> int: ...
+
+
 class ObservedWorker(Protocol):
     """What a worker's metrics read (``worker.TabletServer`` has it)."""
 
@@ -605,6 +659,9 @@ class ObservedWorker(Protocol):
     @property
     def lease(self) -> Lease | None: ...
 
+    @property
+    def heap_trimmer(self) -> ObservedHeap | None: ...
+
 
 class WorkerMetrics(ProcessMetrics):
     """A tablet server's metrics. Pass :attr:`registry` to ``open_store`` for the object-store
@@ -616,7 +673,8 @@ class WorkerMetrics(ProcessMetrics):
         self._sources: WorkerSources | None = None
 
     def observe_server(self, server: ObservedWorker) -> None:
-        """Observe a tablet server: its tablets, block cache, commit log, sort spill and lease."""
+        """Observe a tablet server: its tablets, block cache, commit log, sort spill, heap and
+        lease."""
         self.watch_lease(lambda: server.lease)
         self.observe(
             WorkerSources(
@@ -624,6 +682,7 @@ class WorkerMetrics(ProcessMetrics):
                 block_cache=lambda: server.block_cache.stats(),
                 commit_log=lambda: server.commit_log_stats,
                 sort_spill=lambda: server.sort_spill_stats,
+                heap=lambda: server.heap_trimmer,
             )
         )
 

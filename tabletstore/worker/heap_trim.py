@@ -11,7 +11,11 @@ each arena's lock while it walks it, so it runs on a thread and only when enough
 
 :class:`HeapTrimmer` checks every ``interval`` seconds, on a thread, how many bytes glibc holds
 free (``mallinfo2``) and trims when they exceed ``free_bytes``. On a C library without these
-calls (musl, macOS) it does nothing. The decision is :func:`should_trim`, pure.
+calls (musl, macOS) it does nothing. The decision is :func:`should_trim`, pure. Each check's
+reading (:class:`HeapStats`: bytes in use and free) is kept for the worker's ``/metrics``,
+where it tells an RSS of live objects from one of free fragments: ``mallinfo2`` walks every
+free chunk of every arena under its lock, so it is read on the trimmer's thread, not at
+scrape time.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import logging
 from dataclasses import dataclass
 from typing import Final
 
-__all__ = ["HeapTrimmer", "TrimResult", "heap_free_bytes", "should_trim"]
+__all__ = ["HeapStats", "HeapTrimmer", "TrimResult", "heap_free_bytes", "heap_stats", "should_trim"]
 
 log = logging.getLogger(__name__)
 
@@ -67,11 +71,30 @@ def _glibc() -> ctypes.CDLL | None:
 _LIBC: Final = _glibc()
 
 
-def heap_free_bytes() -> int | None:
-    """Bytes glibc holds free in its arenas (``mallinfo2().fordblks``); None without glibc."""
+@dataclass(frozen=True, slots=True)
+class HeapStats:
+    """One reading of glibc's heap."""
+
+    #: Bytes allocated and not freed: in the arenas (``uordblks``) and in chunks mapped on
+    #: their own (``hblkhd``, allocations of 128 KiB and more).
+    in_use: int
+    #: Bytes free inside the arenas (``fordblks``): resident until trimmed, unless the pages
+    #: were never touched or were given back already.
+    free: int
+
+
+def heap_stats() -> HeapStats | None:
+    """glibc's heap now (``mallinfo2``); None without glibc."""
     if _LIBC is None:
         return None
-    return int(_LIBC.mallinfo2().fordblks)
+    info = _LIBC.mallinfo2()
+    return HeapStats(in_use=int(info.uordblks) + int(info.hblkhd), free=int(info.fordblks))
+
+
+def heap_free_bytes() -> int | None:
+    """Bytes glibc holds free in its arenas (``mallinfo2().fordblks``); None without glibc."""
+    stats = heap_stats()
+    return None if stats is None else stats.free
 
 
 def should_trim(free_bytes: int | None, threshold: int) -> bool:
@@ -91,14 +114,15 @@ class TrimResult:
         return max(0, self.free_before - self.free_after)
 
 
-def _trim_if_needed(threshold: int) -> TrimResult | None:
-    """On a thread: trim when more than ``threshold`` bytes are free."""
-    before = heap_free_bytes()
-    if _LIBC is None or before is None or not should_trim(before, threshold):
-        return None
+def _trim_if_needed(threshold: int) -> tuple[HeapStats | None, TrimResult | None]:
+    """On a thread: the heap's reading, and a trim when more than ``threshold`` bytes are
+    free (None when not)."""
+    stats = heap_stats()
+    if _LIBC is None or stats is None or not should_trim(stats.free, threshold):
+        return stats, None
     _LIBC.malloc_trim(0)
     after = heap_free_bytes()
-    return TrimResult(before, before if after is None else after)
+    return stats, TrimResult(stats.free, stats.free if after is None else after)
 
 
 class HeapTrimmer:
@@ -116,6 +140,8 @@ class HeapTrimmer:
         #: Trims made, and the free bytes they released in all.
         self.trims = 0
         self.released = 0
+        #: The last check's reading (before its trim, if it trimmed); None before the first.
+        self.last: HeapStats | None = None
 
     @property
     def available(self) -> bool:
@@ -126,9 +152,8 @@ class HeapTrimmer:
         """Check and trim until cancelled; nothing at all without glibc."""
         if _LIBC is None:
             return
-        while True:
-            await asyncio.sleep(self.interval)
-            result = await asyncio.to_thread(_trim_if_needed, self.free_bytes)
+        while True:  # the first check at once: its reading is the metrics' from the start
+            self.last, result = await asyncio.to_thread(_trim_if_needed, self.free_bytes)
             if result is not None:
                 self.trims += 1
                 self.released += result.released
@@ -137,3 +162,4 @@ class HeapTrimmer:
                     result.free_before >> 20,
                     result.free_after >> 20,
                 )
+            await asyncio.sleep(self.interval)

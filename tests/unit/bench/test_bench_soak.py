@@ -131,6 +131,10 @@ def test_quick_soak_runs_checks_every_read_and_stops_its_cluster(
     assert last["tablets"] >= 4  # two per worker, pre-split
     assert set(last["rss_mb"]) >= {"etcd", "master", "worker-0", "worker-1"}
     assert all(mb > 0 for mb in last["rss_mb"].values())
+    # Each worker's C heap, from its /metrics once its trimmer has read it (every 30 s).
+    heaps = [s["heap_mb"] for s in samples if s["heap_mb"]]
+    assert heaps and set(heaps[-1]) <= {"worker-0", "worker-1"}
+    assert all(h["in_use"] > 0 for h in heaps[-1].values())
     assert last["stored_bytes"]["logs"] > 0  # the commit logs, on disk
     assert sum(last["s3_requests"].values()) > 0  # scraped from the workers and the master
     assert last["gc_deleted"] == {"objects": 0, "bytes": 0}  # scraped; nothing is 120 s old

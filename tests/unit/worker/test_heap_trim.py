@@ -7,11 +7,12 @@ import os
 import random
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tabletstore.embedded import Database
 from tabletstore.options import IN_PROCESS_LEASE, WorkerOptions
 from tabletstore.worker import heap_trim
-from tabletstore.worker.heap_trim import HeapTrimmer, heap_free_bytes, should_trim
+from tabletstore.worker.heap_trim import HeapTrimmer, heap_free_bytes, heap_stats, should_trim
 
 glibc = pytest.mark.skipif(
     heap_trim._LIBC is None, reason="malloc_trim and mallinfo2 are glibc's (2.33 on)"
@@ -45,10 +46,14 @@ def _scattered_garbage() -> None:
 @glibc
 def test_free_bytes_are_counted_and_a_trim_runs_past_the_threshold() -> None:
     _scattered_garbage()
-    free = heap_free_bytes()
-    assert free is not None and free > 10 << 20
-    assert heap_trim._trim_if_needed(free + 1) is None  # under the threshold: nothing done
-    result = heap_trim._trim_if_needed(0)
+    stats = heap_stats()
+    assert stats is not None and stats.free > 10 << 20
+    assert stats.in_use > 40 << 20  # the 40 MB of values still held, at least
+    free = stats.free
+    # Under the threshold: a reading, nothing done.
+    reading, result = heap_trim._trim_if_needed(free + 1)
+    assert result is None and reading is not None and reading.free == free
+    reading, result = heap_trim._trim_if_needed(0)
     assert result is not None and result.free_before == free
 
 
@@ -71,7 +76,7 @@ async def test_the_trimmer_trims_on_its_interval_until_cancelled() -> None:
 async def test_without_glibc_the_trimmer_does_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(heap_trim, "_LIBC", None)
     trimmer = HeapTrimmer(0.01, 0)
-    assert not trimmer.available and heap_free_bytes() is None
+    assert not trimmer.available and heap_free_bytes() is None and heap_stats() is None
     await asyncio.wait_for(trimmer.run(), timeout=5)  # returns at once
     assert trimmer.trims == 0
 
@@ -79,7 +84,7 @@ async def test_without_glibc_the_trimmer_does_nothing(monkeypatch: pytest.Monkey
 @glibc
 async def test_a_worker_trims_its_heap_and_stops_trimming_when_it_stops() -> None:
     options = WorkerOptions(lease=IN_PROCESS_LEASE, heap_trim_interval=0.01, heap_trim_free_bytes=0)
-    db = await Database.open("memory://heap-trim", worker_options=options)
+    db = await Database.open("memory://heap-trim", worker_options=options, instrument=True)
     try:
         trimmer = db.worker.heap_trimmer
         assert trimmer is not None
@@ -88,6 +93,11 @@ async def test_a_worker_trims_its_heap_and_stops_trimming_when_it_stops() -> Non
         while trimmer.trims < 1:
             assert loop.time() < deadline, "the worker did not trim within 30 s"
             await asyncio.sleep(0.01)
+        # Its last reading and its trims are the worker's metrics.
+        families = {f.name: f for f in text_string_to_metric_families(await db.metrics_text())}
+        assert families["tabletstore_heap_in_use_bytes"].samples[0].value > 0
+        assert "tabletstore_heap_free_bytes" in families
+        assert families["tabletstore_heap_trims"].samples[0].value >= 1
     finally:
         await db.close()
     trims = trimmer.trims
