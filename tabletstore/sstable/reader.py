@@ -99,7 +99,16 @@ class SSTableCore:
         self.pages: PageIndex | None = parsed.footer.pages
         self._first_rows = [b.first_row for b in self.blocks]
         self._last_rows = [b.last_row for b in self.blocks]
-        self._decoder = RowGroupDecoder(parsed.parquet, size)
+        #: pyarrow's reader, for what the page decoder does not read: format 1's row groups,
+        #: and batch reads of pages compressed with another codec than zstd. The Parquet
+        #: footer it needs is about 7 KiB of C++ objects per 64 KiB block, 11 % of the data
+        #: an open SSTable covers (a worker holding 3 GB of SSTables held 330 MB of it), so a
+        #: format-2 zstd SSTable drops it once :func:`parse_tail` has checked it.
+        self._decoder: RowGroupDecoder | None = (
+            RowGroupDecoder(parsed.parquet, size)
+            if self.pages is None or self.footer.compression != "zstd"
+            else None
+        )
 
     @classmethod
     def from_tail(cls, name: str, size: int, tail: bytes, seq_base: int = 0) -> SSTableCore:
@@ -148,7 +157,7 @@ class SSTableCore:
             block = self.decode_pages(index, pages, data, handle.offset)
         else:
             try:
-                block = self._decoder.decode(index, handle.offset, data, self.seq_base)
+                block = self._row_groups.decode(index, handle.offset, data, self.seq_base)
             except Corruption as exc:
                 raise Corruption(f"SSTable {self.name}: {exc}") from exc
         if block.cells != handle.cells or (block.first_row, block.last_row) != (
@@ -157,6 +166,13 @@ class SSTableCore:
         ):
             raise Corruption(f"SSTable {self.name}: block {index} disagrees with the index")
         return block
+
+    @property
+    def _row_groups(self) -> RowGroupDecoder:
+        """pyarrow's decoder; only the SSTables it decodes keep one (``__init__``)."""
+        if self._decoder is None:
+            raise AssertionError(f"SSTable {self.name}: its pages are decoded without pyarrow")
+        return self._decoder
 
     def page_range(self, block: int, pages: range) -> tuple[int, int]:
         """``(offset, length)`` in the object of the bytes holding ``pages`` of ``block``."""
@@ -204,7 +220,7 @@ class SSTableCore:
         table = self._decode_pages_arrow(first, last, data, columns)
         if table is None:
             try:
-                table = self._decoder.decode_range(
+                table = self._row_groups.decode_range(
                     list(range(first, last + 1)), base, data, columns
                 )
             except Corruption as exc:
