@@ -26,6 +26,7 @@ from tabletstore.data.model import (
 )
 from tabletstore.data.query import RowRange
 from tabletstore.data.schema import Acl, ColumnFamily, TableSchema
+from tabletstore.engine.tablet import Tablet
 from tabletstore.errors import (
     InvalidArgument,
     NotFound,
@@ -254,14 +255,19 @@ async def test_read_modify_write_result_is_the_newest_version(h: TabletHarness) 
         await tablet.read_modify_write(b"r", [IncrementValue("b", b"t", 1)])
 
 
-async def test_merged_sstable_takes_the_place_of_its_newest_input(h: TabletHarness) -> None:
+async def _a_large_sstable_behind_three_small_ones(h: TabletHarness) -> Tablet:
+    """Four SSTables of row ``r``, v0 (large) to v3: a merge takes the three small ones."""
     tablet = h.tablet
     assert tablet is not None
     for k in range(4):
-        # The oldest SSTable is large: the planner merges the three small ones in front of it.
         value = b"v%d" % k + (os.urandom(100_000) if k == 0 else b"")
         await tablet.apply(b"r", [SetCell("b", b"x", value, h.now_micros())])
         await tablet.minor_compact()
+    return tablet
+
+
+async def test_merged_sstable_takes_the_place_of_its_newest_input(h: TabletHarness) -> None:
+    tablet = await _a_large_sstable_behind_three_small_ones(h)
     keys_before = [r.key for r in tablet.record.sstables["cold"]]
     assert len(keys_before) == 4
     await tablet.merge_if_needed()
@@ -277,12 +283,7 @@ async def test_a_merge_drops_its_inputs_blocks_from_the_block_cache(
     h: TabletHarness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The replaced SSTables are closed (their blocks evicted), the one kept is not."""
-    tablet = h.tablet
-    assert tablet is not None
-    for k in range(4):
-        value = b"v%d" % k + (os.urandom(100_000) if k == 0 else b"")
-        await tablet.apply(b"r", [SetCell("b", b"x", value, h.now_micros())])
-        await tablet.minor_compact()
+    tablet = await _a_large_sstable_behind_three_small_ones(h)
     before = {t.key: t for t in tablet.state.sstables["cold"]}
     closed: list[str] = []
     real_close = type(next(iter(before.values()))).close
