@@ -10,6 +10,10 @@ were read from GFS" (§6).
   fetches), keyed by (object key, -1 - page index), bounded by bytes, least recently used first out. One per process, shared by
   every SSTable. Objects are immutable, so an entry never goes stale; :meth:`BlockCache.evict`
   drops an SSTable's blocks once it is no longer read (after a compaction replaced it).
+  It also shares the open SSTables' indexes (``reader.SSTableCore``: the parsed footer, the
+  block and page indexes, the bloom filters), one per object while any SSTable open on it
+  lives, as leveldb's TableCache does: a split's two children open their parent's SSTables
+  without a second tail GET or a second copy of the indexes (4-5 % of the data they cover).
 * :class:`ScanCache` holds the cells recently returned for a row, keyed by (namespace, row),
   bounded by rows and bytes. What a namespace is and when an entry goes stale is the owner's
   business (the tablet layer): it must call :meth:`ScanCache.invalidate` for a row it writes
@@ -21,16 +25,20 @@ one event loop, with no await between a lookup and its update.
 
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from itertools import chain
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from tabletstore.errors import InvalidArgument
 from tabletstore.keys import Cell
 from tabletstore.sstable.block import Block
 from tabletstore.sstable.pages import Page
+
+if TYPE_CHECKING:
+    from tabletstore.sstable.reader import SSTableCore
 
 __all__ = ["BlockCache", "CacheStats", "ScanCache"]
 
@@ -137,6 +145,26 @@ class BlockCache:
     def __init__(self, capacity_bytes: int) -> None:
         self._lru: _Lru[tuple[str, _Index], Block | Page] = _Lru(capacity_bytes)
         self._by_object: dict[str, set[_Index]] = {}
+        #: Open SSTables' cores by (object URL, seq base), held only by the SSTables using
+        #: them: the last one closed or collected, the entry goes.
+        self._cores: weakref.WeakValueDictionary[tuple[str, int], SSTableCore] = (
+            weakref.WeakValueDictionary()
+        )
+
+    def open_core(self, name: str, seq_base: int) -> SSTableCore | None:
+        """The core of SSTable object ``name`` (its URL) opened with ``seq_base`` that an
+        SSTable in use holds, or None."""
+        return self._cores.get((name, seq_base))
+
+    def share_core(self, core: SSTableCore) -> SSTableCore:
+        """``core``, or the equal one already shared (two opens raced): the one to use."""
+        shared = self._cores.setdefault((core.name, core.seq_base), core)
+        return shared if shared.size == core.size else core
+
+    @property
+    def open_cores(self) -> int:
+        """SSTable cores shared now (one per object and seq base open)."""
+        return len(self._cores)
 
     def get(self, key: str, index: int) -> Block | Page | None:
         """Block ``index`` of SSTable object ``key`` (format 2: all its pages), or None."""

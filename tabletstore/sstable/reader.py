@@ -6,8 +6,9 @@ index, and then reading the appropriate block from disk" (§4). Here:
 
 * :meth:`SSTable.open` issues one ranged GET for the object's tail (two when the footer is
   larger than the guess; a HEAD first when the caller does not know the object's size), verifies
-  the footer checksum and keeps the block index, the bloom filters and Parquet's parsed footer
-  in memory for the SSTable's lifetime.
+  the footer checksum and keeps the block and page indexes and the bloom filters in memory for
+  the SSTable's lifetime (:class:`SSTableCore`). Every SSTable open on one object with one
+  block cache shares one core: the second open costs no request (``BlockCache.open_core``).
 * :meth:`SSTable.get_row`: bloom filter, then binary search of the index for the blocks whose
   row range holds the row (usually one), then the block cache, else one ranged GET per block,
   whose crc32c is verified before it is decoded (a mismatch is Corruption, never data).
@@ -390,7 +391,15 @@ class SSTable:
         """Open SSTable object ``key``: one ranged GET of its tail when ``size`` is given (a
         HEAD first otherwise). ``tail_size`` (``SSTableInfo.tail_size``) makes that GET exact;
         without it the last 64 KiB are read, plus one more GET if the footer is larger.
-        ``seq_base`` (``SSTableRef.seq_base``) is added to every seq it reads."""
+        ``seq_base`` (``SSTableRef.seq_base``) is added to every seq it reads. With a
+        ``block_cache``, an object another SSTable has open costs no request: the two share
+        its core (``BlockCache.open_core``)."""
+        name = object_url(store.url, key)
+        if block_cache is not None:
+            # A split's children open their parent's SSTables: one core for all of them.
+            shared = block_cache.open_core(name, seq_base)
+            if shared is not None and size in (None, shared.size):
+                return cls(store, key, shared, block_cache, scan_cache)
         if size is None:
             head = await store.head(key)
             if head is None:
@@ -403,7 +412,9 @@ class SSTable:
         if need > len(tail) and need <= size:
             more = await cls._get(store, key, size - need, need - len(tail))
             tail = more + tail
-        core = SSTableCore.from_tail(object_url(store.url, key), size, tail, seq_base)
+        core = SSTableCore.from_tail(name, size, tail, seq_base)
+        if block_cache is not None:
+            core = block_cache.share_core(core)
         return cls(store, key, core, block_cache, scan_cache)
 
     @staticmethod

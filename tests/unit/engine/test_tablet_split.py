@@ -9,6 +9,7 @@ check it wrote only its rows; merge two tablets back into one.
 from __future__ import annotations
 
 import asyncio
+import gc
 import random
 from collections.abc import AsyncIterator
 
@@ -22,7 +23,7 @@ from tabletstore.errors import Fenced, NotServing
 from tabletstore.master import tablet_merges as merging
 from tabletstore.metadata.record import TabletRecord
 from tabletstore.options import TabletOptions
-from tabletstore.sstable import read_sstable_bytes
+from tabletstore.sstable import BlockCache, read_sstable_bytes
 from tabletstore.storage_s3.memory import MemoryObjectStore
 from tests.tablet_harness import TabletHarness, TabletModel
 
@@ -59,7 +60,9 @@ async def fill(h: TabletHarness, model: TabletModel, rows: int = 60) -> None:
         h.clock.advance(0.1)
 
 
-async def load(h: TabletHarness, record: TabletRecord) -> Tablet:
+async def load(
+    h: TabletHarness, record: TabletRecord, block_cache: BlockCache | None = None
+) -> Tablet:
     assert h.catalog is not None and h.log is not None
     return await Tablet.load(
         record,
@@ -70,10 +73,13 @@ async def load(h: TabletHarness, record: TabletRecord) -> Tablet:
         replay=h._replay,
         clock=h.clock,
         options=h.options,
+        block_cache=block_cache,
     )
 
 
-async def split(h: TabletHarness) -> tuple[Tablet, Tablet, bytes]:
+async def split(
+    h: TabletHarness, block_cache: BlockCache | None = None
+) -> tuple[Tablet, Tablet, bytes]:
     """What ``TabletSplits._split_locked`` (worker/splits.py) does, with the harness's catalog."""
     assert h.tablet is not None and h.catalog is not None
     tablet = h.tablet
@@ -92,7 +98,7 @@ async def split(h: TabletHarness) -> tuple[Tablet, Tablet, bytes]:
         )
         await h.catalog.replace_tablets([parent], [left, right])
     assert len(tablet.state.memtable) == 0  # every acknowledged write is in SSTables
-    return await load(h, left), await load(h, right), key
+    return await load(h, left, block_cache), await load(h, right, block_cache), key
 
 
 async def rows_of(*tablets: Tablet) -> list[object]:
@@ -148,6 +154,30 @@ async def test_a_childs_compaction_writes_only_its_rows(h: TabletHarness) -> Non
     assert await rows_of(right) == model.scan(now, start=key)
     # Sizes are now the children's own: together about the parent's live data.
     assert left.record.size > 0 and right.record.size > 0
+
+
+def open_cores(tablet: Tablet) -> set[int]:
+    return {id(t._core) for tables in tablet.state.sstables.values() for t in tables}
+
+
+async def test_the_children_share_their_parents_sstable_indexes(h: TabletHarness) -> None:
+    model = TabletModel(h.schema)
+    await fill(h, model)
+    cache = BlockCache(capacity_bytes=1 << 24)
+    left, right, key = await split(h, cache)
+    # One index per parent SSTable in memory, not one per child.
+    assert open_cores(left) == open_cores(right)
+    assert cache.open_cores == len(open_cores(left)) > 1
+    for child in (left, right):
+        await child.major_compact()
+    gc.collect()
+    # Once rewritten, each child holds only its own SSTables' indexes.
+    assert cache.open_cores == len(open_cores(left) | open_cores(right))
+    assert not open_cores(left) & open_cores(right)
+    now = h.now_micros()
+    model.major_compact(now)
+    assert await rows_of(left) == model.scan(now, end=key)
+    assert await rows_of(right) == model.scan(now, start=key)
 
 
 async def test_writes_during_a_split_are_refused_and_a_failed_commit_resumes_them(

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 
 import pytest
 
-from tabletstore.errors import NotFound, PreconditionFailed
+from tabletstore.errors import Corruption, NotFound, PreconditionFailed
 from tabletstore.keys import Cell, CellKind, cell_sort_key
 from tabletstore.sstable import (
     BlockCache,
@@ -135,6 +136,46 @@ async def test_block_cache_serves_repeated_reads(object_store: ObjectStore) -> N
     assert len(cache) == 0
     assert await table.get_row(b"row000123") == cells[369:372]
     assert store.stats().requests == 2
+
+
+async def test_sstables_open_on_one_object_share_one_core(object_store: ObjectStore) -> None:
+    cells = make_cells(600)
+    info = await put(object_store, cells, block_size=4096)
+    store = counted(object_store)
+    cache = BlockCache(capacity_bytes=16 * 1024 * 1024)
+    first = await SSTable.open(store, KEY, size=info.size, block_cache=cache)
+    store.reset()
+    # A split's second child opening its parent's SSTable: no request, no second index.
+    second = await SSTable.open(store, KEY, size=info.size, block_cache=cache)
+    assert store.stats().requests == 0
+    assert second._core is first._core and cache.open_cores == 1
+    assert await second.get_row(b"row000042") == cells[126:129]
+
+    # Another seq base decodes other seqs: a core of its own. No cache: nothing shared.
+    based = await SSTable.open(store, KEY, size=info.size, block_cache=cache, seq_base=1000)
+    assert based._core is not first._core and based.min_seq == 1001
+    alone = await SSTable.open(store, KEY, size=info.size)
+    assert alone._core is not first._core and cache.open_cores == 2
+    # A size that disagrees with the open core's is not served by it.
+    with pytest.raises(Corruption):
+        await SSTable.open(store, KEY, size=info.size + 1, block_cache=cache)
+
+    # The core lives as long as an SSTable holds it: then the next open reads the tail.
+    del first, second, based
+    gc.collect()
+    assert cache.open_cores == 0
+    store.reset()
+    await SSTable.open(store, KEY, size=info.size, block_cache=cache)
+    assert store.stats().requests == 1
+
+
+async def test_concurrent_opens_of_one_object_end_with_one_core(object_store: ObjectStore) -> None:
+    info = await put(object_store, make_cells(600), block_size=4096)
+    cache = BlockCache(capacity_bytes=16 * 1024 * 1024)
+    tables = await asyncio.gather(
+        *(SSTable.open(object_store, KEY, size=info.size, block_cache=cache) for _ in range(4))
+    )
+    assert len({id(t._core) for t in tables}) == 1 and cache.open_cores == 1
 
 
 async def test_concurrent_reads_of_one_block_share_one_get(object_store: ObjectStore) -> None:
