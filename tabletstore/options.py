@@ -201,8 +201,15 @@ class WorkerOptions:
     log_trim_interval: float | None = 1.0
     #: How far (segments) a tablet's log position may lag before it is trimmed. Recovery
     #: reads the dead log's tail one GET per segment (§5.3): a tail of at most about this
-    #: many segments plus one interval's worth is what a worker kill costs to sort.
-    log_trim_segments: int = 24
+    #: many segments (or ``log_trim_bytes``) plus one interval's worth is what a worker kill
+    #: costs to sort. A lightly loaded worker writes one-write segments: this bound keeps
+    #: its tail short.
+    log_trim_segments: int = 256
+    #: How far (bytes of log) a tablet's log position may lag before it is trimmed. Under
+    #: load this bound comes first: a worker's T tablets written evenly each flush about
+    #: this / T bytes per trim (``worker/log_trim.py``), and their memtables hold about this
+    #: much between trims.
+    log_trim_bytes: int = 64 * MiB
     #: Seconds between two checks of the C heap's free bytes (``worker/heap_trim.py``): glibc
     #: keeps what a compaction's or a read's short-lived values freed, so without trimming
     #: the process's RSS follows its largest moment, not what it holds. None: never trim.

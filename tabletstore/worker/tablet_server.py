@@ -84,6 +84,7 @@ from tabletstore.storage_s3.base import ObjectStore
 from tabletstore.worker.heap_trim import HeapTrimmer
 from tabletstore.worker.log import WorkerLog, replay_logged
 from tabletstore.worker.log_switch_gate import SwitchGate
+from tabletstore.worker.log_trim import LogTail, lags
 from tabletstore.worker.rpc_services import TabletRpcServices
 from tabletstore.worker.shared_log_reads import SharedLogReads, tablet_cells
 from tabletstore.worker.splits import TabletSplits
@@ -214,6 +215,8 @@ class TabletServer:
         self._stopping = False
         #: The loop keeping the tablets' log positions recent (_trim_logs); cancelled by stop().
         self._trimming: asyncio.Task[None] | None = None
+        #: Its samples of the log's bytes per segment (``worker/log_trim.py``).
+        self._log_tail = LogTail()
         self._heap_trimming: asyncio.Task[None] | None = None
         #: Gives the C heap's free pages back to the system (``WorkerOptions.heap_trim_*``).
         self.heap_trimmer: HeapTrimmer | None = None
@@ -285,24 +288,45 @@ class TabletServer:
 
     async def _trim_logs(self, interval: float) -> None:
         """Keep the tablets' log positions recent (``WorkerOptions.log_trim_interval``;
-        ``Tablet.trim_logs``): after a crash the master sorts only the segments from the
-        lowest position of the dead worker's tablets on (§5.3), so the log tail a recovery
-        reads stays short even for tablets too idle to fill a memtable."""
+        ``Tablet.trim_logs``; which tablets: ``worker/log_trim.py``): after a crash the
+        master sorts only the segments from the lowest position of the dead worker's tablets
+        on (§5.3), so the log tail a recovery reads stays short even for tablets too idle to
+        fill a memtable."""
+        opts = self._options
+        tail = self._log_tail
         while True:
             await asyncio.sleep(interval)
             if self._log is None:
                 continue
             ref, mark = self._log.log_ref, self._log.segment_mark()
-            lag = self._options.log_trim_segments
+            written = self._log.writer.stats.bytes
+            tail.sample(ref, mark, written)
+            tablets = list(self._tablets.items())
             # A tablet whose background flush is failing is left to its retries, which back
             # off (a trim would try the same PUTs every interval); a failed one to its reload.
             lagging = [
                 (key, tablet)
-                for key, tablet in list(self._tablets.items())
-                if (tablet.record.logs != (ref,) or mark - tablet.record.log_start(ref) >= lag)
+                for key, tablet in tablets
+                if (
+                    tablet.record.logs != (ref,)
+                    or lags(
+                        tablet.record.log_start(ref),
+                        mark,
+                        tail,
+                        written,
+                        max_segments=opts.log_trim_segments,
+                        max_bytes=opts.log_trim_bytes,
+                    )
+                )
                 and tablet.flush_failure is None
                 and tablet.must_reload is None
             ]
+            tail.forget_before(
+                min(
+                    (t.record.log_start(ref) for _, t in tablets if ref in t.record.logs),
+                    default=mark,
+                )
+            )
             # Side by side: one after the other, a round over a few busy tablets (a minor
             # compaction each) took seconds, and the log's tail grew meanwhile.
             await asyncio.gather(*(self._trim_one(key, tablet) for key, tablet in lagging))
