@@ -118,13 +118,22 @@ async def test_point_reads_cost_one_get_and_absent_rows_none(object_store: Objec
     assert await table.get_row(b"") == [] and await table.get_row(b"\xff") == []
 
 
-async def test_block_cache_serves_repeated_reads(object_store: ObjectStore) -> None:
-    cells = make_cells(3000)
+async def open_cached(
+    object_store: ObjectStore, n: int
+) -> tuple[list[Cell], SSTableInfo, InstrumentedObjectStore, BlockCache, SSTable]:
+    """``n`` cells in 4 KiB blocks, opened through a counting store (reset after the open)
+    with a 16 MiB block cache."""
+    cells = make_cells(n)
     info = await put(object_store, cells, block_size=4096)
     store = counted(object_store)
     cache = BlockCache(capacity_bytes=16 * 1024 * 1024)
     table = await SSTable.open(store, KEY, size=info.size, block_cache=cache)
     store.reset()
+    return cells, info, store, cache, table
+
+
+async def test_block_cache_serves_repeated_reads(object_store: ObjectStore) -> None:
+    cells, _, store, cache, table = await open_cached(object_store, 3000)
     for _ in range(3):
         assert await table.get_row(b"row000123") == cells[369:372]
         assert await table.get_row(b"row000124") == cells[372:375]
@@ -139,12 +148,7 @@ async def test_block_cache_serves_repeated_reads(object_store: ObjectStore) -> N
 
 
 async def test_sstables_open_on_one_object_share_one_core(object_store: ObjectStore) -> None:
-    cells = make_cells(600)
-    info = await put(object_store, cells, block_size=4096)
-    store = counted(object_store)
-    cache = BlockCache(capacity_bytes=16 * 1024 * 1024)
-    first = await SSTable.open(store, KEY, size=info.size, block_cache=cache)
-    store.reset()
+    cells, info, store, cache, first = await open_cached(object_store, 600)
     # A split's second child opening its parent's SSTable: no request, no second index.
     second = await SSTable.open(store, KEY, size=info.size, block_cache=cache)
     assert store.stats().requests == 0
