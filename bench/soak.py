@@ -13,6 +13,12 @@ with four kinds of traffic at once until ``--gb`` of data is written or ``--minu
 * ``read``: point reads of rows already acknowledged, each value checked;
 * ``scan``: scans of ``--scan-rows`` rows from a row already acknowledged, each value checked.
 
+By default every client runs flat out (a closed loop): on a saturated machine its latency is
+mostly queueing, and it rises as throughput falls. ``--rate KIND=N`` paces a kind instead (an
+open loop, as wrk2 and YCSB's target rate do): N operations a second, each timed from its slot
+in that schedule rather than from when a client got to it, so a stall counts against every
+operation it delayed. The kind's clients bound how many are in flight.
+
 Rows are ``--value-bytes`` random (incompressible) values whose first 16 bytes are a BLAKE2b
 digest of the row key and the rest, so a read detects a lost write (an acknowledged row read as
 missing) and a wrong value. The table's key space is cut into blocks of ``--batch-rows`` keys
@@ -76,11 +82,13 @@ __all__ = [
     "Histogram",
     "KeySpace",
     "Ledger",
+    "Pacer",
     "SoakConfig",
     "check_value",
     "draw",
     "main",
     "make_value",
+    "parse_rates",
     "run_soak",
     "summarize",
     "window_table",
@@ -128,6 +136,8 @@ class SoakConfig:
     gc_grace: float = 300.0
     verify_rows: int = 5_000
     seed: int = 1
+    #: Operations a second per paced kind (``--rate``); a kind not named runs flat out.
+    rates: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def quick(cls, **overrides: Any) -> SoakConfig:
@@ -165,6 +175,11 @@ class SoakConfig:
             raise ValueError("client counts must be >= 0")
         if self.batch_writers + self.single_writers == 0:
             raise ValueError("a soak needs at least one writer")
+        for kind, rate in self.rates.items():
+            if kind not in KINDS:
+                raise ValueError(f"--rate: unknown kind {kind!r} (one of {', '.join(KINDS)})")
+            if not rate > 0 or math.isinf(rate):
+                raise ValueError(f"--rate {kind}: the rate must be a positive number, got {rate}")
 
     @property
     def rows(self) -> int:
@@ -357,6 +372,25 @@ def _nearest(sorted_ms: Sequence[float], q: float) -> float:
 # ---------------------------------------------------------------------------- the traffic
 
 
+class Pacer:
+    """Start times ``rate`` a second apart for one kind of operation (``--rate``): the
+    first slot is the first call's; each later call takes the next slot, waiting for it if
+    it is ahead, or at once (with a slot in the past) if the clients fell behind."""
+
+    def __init__(self, rate: float) -> None:
+        self._gap = 1.0 / rate
+        self._next: float | None = None
+
+    async def slot(self) -> float:
+        """The next slot, on ``time.perf_counter``'s clock, once it has come."""
+        now = time.perf_counter()
+        slot = now if self._next is None else self._next
+        self._next = slot + self._gap
+        if slot > now:
+            await asyncio.sleep(slot - now)
+        return slot
+
+
 class Traffic:
     """The clients: writers, readers and scanners on one table, sharing one ledger."""
 
@@ -368,6 +402,13 @@ class Traffic:
         self.writing = True
         self.running = True
         self._single_block: tuple[int, int] | None = None  # (first row, rows left)
+        self._pacers = {kind: Pacer(rate) for kind, rate in cfg.rates.items()}
+
+    async def _start(self, kind: str) -> float:
+        """When an operation of ``kind`` starts, for its latency: now, or for a paced kind
+        its slot in the schedule, once that has come."""
+        pacer = self._pacers.get(kind)
+        return time.perf_counter() if pacer is None else await pacer.slot()
 
     def tasks(self) -> list[asyncio.Task[None]]:
         rng = random.Random(self.cfg.seed)
@@ -404,7 +445,7 @@ class Traffic:
             ]
 
             async def write(start: int = start, entries: list[RowMutation] = entries) -> None:
-                began = time.perf_counter()
+                began = await self._start("batch")
                 try:
                     await self.table.mutate_rows(entries)
                 except MutationsFailed as exc:
@@ -439,7 +480,7 @@ class Traffic:
             value = make_value(key, size)
 
             async def write(index: int = index, key: bytes = key, value: bytes = value) -> None:
-                began = time.perf_counter()
+                began = await self._start("write")
                 await self.table.mutate_row(key, [SetCell(FAMILY, QUALIFIER, value)])
                 self.rec.done("write", time.perf_counter() - began, 1)
                 self.ledger.ack(index, 1)
@@ -464,7 +505,7 @@ class Traffic:
     async def read_one(self, kind: str, index: int) -> None:
         """Read acknowledged row ``index`` and check it (a miss is a lost write)."""
         key = self.ledger.space.key(index)
-        began = time.perf_counter()
+        began = await self._start(kind)
         row = await self.table.read_row(key)
         self.rec.done(kind, time.perf_counter() - began, 1)
         if row is None:
@@ -474,7 +515,7 @@ class Traffic:
 
     async def _scan_one(self, index: int) -> None:
         start = self.ledger.space.key(index)
-        began = time.perf_counter()
+        began = await self._start("scan")
         rows = 0
         last = b""
         async for row in self.table.read_rows(start=start, limit=self.cfg.scan_rows):
@@ -1012,12 +1053,20 @@ def window_table(run: SoakRun, windows: int = 8) -> str:
         f"{cfg.value_bytes}-byte random values; "
         f"clients: {cfg.batch_writers} batch writers ({cfg.batch_rows} rows), "
         f"{cfg.single_writers} single-row writers, {cfg.readers} readers, {cfg.scanners} "
-        f"scanners ({cfg.scan_rows} rows); each row a window of the run (percentiles from "
+        f"scanners ({cfg.scan_rows} rows){_paced(cfg)}; each row a window of the run (percentiles from "
         f"its {cfg.interval:g}-s samples' histograms, RSS the window's largest per worker, "
         f"SSTables per tablet the median mean and the largest max). "
         f"Machine: {run.machine.get('cores')} cores, Python {run.machine.get('python')}."
     )
     return "\n".join(lines)
+
+
+def _paced(cfg: SoakConfig) -> str:
+    """The paced kinds for the table's footnote (empty when every client runs flat out)."""
+    if not cfg.rates:
+        return ""
+    kinds = ", ".join(f"{kind} {rate:g}/s" for kind, rate in cfg.rates.items())
+    return f", paced (open loop, latency from each operation's slot): {kinds}"
 
 
 # ---------------------------------------------------------------------------- the chart
@@ -1173,6 +1222,13 @@ def main(argv: list[str] | None = None) -> int:
         help=f"the master's garbage-collection grace (default {d.gc_grace:g} s; production "
         "keeps an hour)",
     )
+    parser.add_argument(
+        "--rate",
+        action="append",
+        metavar="KIND=N",
+        help=f"pace KIND ({', '.join(KINDS)}) at N operations a second, each timed from its "
+        "slot (an open loop; repeatable); unnamed kinds run flat out",
+    )
     parser.add_argument("--out", type=Path, default=Path("soak-out"), help="results directory")
     parser.add_argument(
         "--redraw",
@@ -1183,8 +1239,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.redraw is not None:
         return redraw(args.redraw)
-    given = {k: v for k, v in vars(args).items() if v is not None and k not in ("quick", "out")}
+    given = {
+        k: v for k, v in vars(args).items() if v is not None and k not in ("quick", "out", "rate")
+    }
     try:
+        if args.rate:
+            given["rates"] = parse_rates(args.rate)
         cfg = SoakConfig.quick(**given) if args.quick else SoakConfig(**given)
     except ValueError as exc:
         parser.error(str(exc))
@@ -1195,6 +1255,20 @@ def main(argv: list[str] | None = None) -> int:
     print(f"results: {args.out}/soak.json, soak.png, soak.md, logs/")
     s = run.summary
     return 1 if s.get("lost_writes") or s.get("wrong_values") or s.get("processes_exited") else 0
+
+
+def parse_rates(items: Sequence[str]) -> dict[str, float]:
+    """``--rate`` values (``KIND=N``) as a dict; ValueError naming a malformed one."""
+    rates: dict[str, float] = {}
+    for item in items:
+        kind, sep, number = item.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            rates[kind.strip()] = float(number)
+        except ValueError:
+            raise ValueError(f"--rate {item!r}: expected KIND=N, e.g. read=100") from None
+    return rates
 
 
 def redraw(directory: Path) -> int:

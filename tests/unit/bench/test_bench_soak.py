@@ -3,9 +3,12 @@ processes, so it cannot rot; asserts what it counted and checked, never how fast
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
+import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -16,10 +19,16 @@ from bench.soak import (
     Histogram,
     KeySpace,
     Ledger,
+    Pacer,
+    Recorder,
     SoakConfig,
+    SoakRun,
+    Traffic,
     check_value,
     main,
     make_value,
+    parse_rates,
+    window_table,
 )
 from bench.targets import row_key
 from tabletstore.cli import localstack
@@ -99,6 +108,72 @@ def test_config_rejects_nonsense() -> None:
     assert parse_cluster_spec("cluster:2:seaweedfs") == (2, "seaweedfs")
 
 
+def test_rates_are_kind_equals_number_and_only_for_known_kinds() -> None:
+    assert parse_rates(["read=100", "scan = 2.5"]) == {"read": 100.0, "scan": 2.5}
+    for bad in (["read"], ["read=fast"], ["=3x"]):
+        with pytest.raises(ValueError, match="KIND=N"):
+            parse_rates(bad)
+    with pytest.raises(ValueError, match="unknown kind 'reads'"):
+        SoakConfig(rates={"reads": 10.0})
+    for rate in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="positive"):
+            SoakConfig(rates={"read": rate})
+
+
+async def test_a_pacer_hands_out_slots_at_its_rate_and_past_ones_when_behind() -> None:
+    pacer = Pacer(100.0)
+    first = await pacer.slot()
+    second = await pacer.slot()
+    assert second - first == pytest.approx(0.01)
+    assert time.perf_counter() >= second  # it waited for the slot
+    await asyncio.sleep(0.2)  # a client 20 slots behind: no wait, the slot it missed
+    third = await pacer.slot()
+    assert third == pytest.approx(first + 0.02) and time.perf_counter() - third > 0.15
+
+
+class SlowTable:
+    """A table whose point reads take ``seconds`` and return the value a row was written with."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    async def read_row(self, key: bytes) -> SimpleNamespace:
+        await asyncio.sleep(self.seconds)
+        return SimpleNamespace(cells=[SimpleNamespace(value=make_value(key, 100))])
+
+
+async def reads_timed(rates: dict[str, float]) -> list[float]:
+    """Twelve point reads by one reader of a table that takes 50 ms a read: their latencies."""
+    cfg = SoakConfig(readers=1, batch_writers=1, single_writers=0, scanners=0, rates=rates)
+    ledger = Ledger(KeySpace(100, 10))
+    ledger.ack(0, 10)
+    rec = Recorder(time.monotonic())
+    traffic = Traffic(SlowTable(0.05), cfg, ledger, rec)
+    for _ in range(12):
+        await traffic.read_one("read", ledger.pick(random.Random(1)) or 0)
+    assert rec.lost == rec.wrong == 0
+    return rec.now["read"].latencies
+
+
+async def test_a_paced_read_is_timed_from_its_slot_so_queueing_shows() -> None:
+    # Flat out, a read takes what the table takes: no latency builds up.
+    closed = await reads_timed({})
+    assert closed[-1] < closed[0] + 300
+    # Asked for 100 a second from one reader that manages 20: each read starts later than
+    # its slot, and the wait is in its latency (a closed loop would report 50 ms each).
+    paced = await reads_timed({"read": 100.0})
+    assert paced == sorted(paced) and paced[-1] > paced[0] + 300
+
+
+def test_the_table_names_the_paced_kinds() -> None:
+    cfg = SoakConfig(rates={"read": 100.0, "scan": 5.0})
+    run = SoakRun(cfg, [], [], {}, {"cores": 2, "python": "3.11"})
+    assert "paced (open loop, latency from each operation's slot): read 100/s, scan 5/s" in (
+        window_table(run)
+    )
+    assert "paced" not in window_table(SoakRun(SoakConfig(), [], [], {}, {}))
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_quick_soak_runs_checks_every_read_and_stops_its_cluster(
@@ -115,8 +190,9 @@ def test_quick_soak_runs_checks_every_read_and_stops_its_cluster(
     out = tmp_path / "out"
     # Half a minute: about fifteen samples two seconds apart, three times the five asked below
     # (a sample on a loaded machine takes longer than its interval), every kind of traffic in
-    # each; a longer run only adds samples of the same.
-    assert main(["--quick", "--minutes", "0.5", "--gc-grace", "120", "--out", str(out)]) == 0
+    # each; a longer run only adds samples of the same. Scans are paced (an open loop).
+    argv = ["--quick", "--minutes", "0.5", "--gc-grace", "120", "--rate", "scan=5"]
+    assert main([*argv, "--out", str(out)]) == 0
 
     doc = json.loads((out / "soak.json").read_text())
     samples, summary = doc["samples"], doc["summary"]
@@ -139,6 +215,8 @@ def test_quick_soak_runs_checks_every_read_and_stops_its_cluster(
     assert sum(last["s3_requests"].values()) > 0  # scraped from the workers and the master
     assert last["gc_deleted"] == {"objects": 0, "bytes": 0}  # scraped; nothing is 120 s old
     assert "garbage-collection grace 120 s" in (out / "soak.md").read_text()
+    assert doc["config"]["rates"] == {"scan": 5.0}
+    assert "latency from each operation's slot): scan 5/s" in (out / "soak.md").read_text()
     assert (out / "soak.png").stat().st_size > 0
     assert "| minutes | GB written |" in (out / "soak.md").read_text()
     assert (out / "logs" / "worker-0.log").exists()
