@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fnmatch
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -46,6 +47,7 @@ from tabletstore.data.schema import (
     TableSchema,
     UnionRule,
 )
+from tabletstore.engine.compaction_budget import CompactionBudget
 from tabletstore.engine.tablet import Tablet, TabletCatalog
 from tabletstore.errors import Indeterminate, InvalidArgument, TabletStoreError, Unavailable
 from tabletstore.keys import TS_MAX, Cell
@@ -182,6 +184,42 @@ class LogGate:
         await self.inner.create(key, data)
 
 
+async def until(condition: Callable[[], bool], seconds: float = 60.0) -> None:
+    """Wait (yielding to the loop) until ``condition()`` holds, at most ``seconds``."""
+    end = asyncio.get_running_loop().time() + seconds
+    while not condition():
+        assert asyncio.get_running_loop().time() < end, f"not within {seconds} s"
+        await asyncio.sleep(0.01)
+
+
+class PutGate:
+    """An object store whose PUTs of keys matching ``pattern`` (fnmatch) wait while the gate
+    is shut (:meth:`shut`, :meth:`open`); ``waiting`` is set once one waits. The rest passes
+    through."""
+
+    def __init__(self, inner: ObjectStore, pattern: str) -> None:
+        self.inner = inner
+        self.pattern = pattern
+        self._open = asyncio.Event()
+        self._open.set()
+        self.waiting = asyncio.Event()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+    def shut(self) -> None:
+        self._open.clear()
+
+    def open(self) -> None:
+        self._open.set()
+
+    async def create(self, key: str, data: bytes) -> None:
+        if not self._open.is_set() and fnmatch.fnmatch(key, self.pattern):
+            self.waiting.set()
+            await self._open.wait()
+        await self.inner.create(key, data)
+
+
 @dataclass
 class TabletHarness:
     """One tablet, its catalog and its worker's commit log, with crash and recovery."""
@@ -203,6 +241,8 @@ class TabletHarness:
     zombies: list[Tablet] = field(default_factory=list)
     #: Wraps the catalog handed to the tablet (fault tests make its updates fail).
     wrap_catalog: Callable[[Catalog], TabletCatalog] | None = None
+    #: The worker's compaction budget the tablet shares (None: unbounded).
+    compaction_budget: CompactionBudget | None = None
 
     async def start(self) -> Tablet:
         self.coordinator = MemoryCoordinator(clock=self.clock)
@@ -241,6 +281,7 @@ class TabletHarness:
             replay=self._replay,
             clock=self.clock,
             options=self.options,
+            compaction_budget=self.compaction_budget,
         )
         return self.tablet
 

@@ -12,7 +12,9 @@ input, as METADATA records it). A compaction holds its input's bytes from before
 until its result is committed; one larger than the whole budget holds all of it, so it runs
 alone rather than never. Waiters are served first come, first served, so a large compaction is
 not starved by small ones. Minor compactions are not held: they write out memtables that are
-in memory already, and holding them back would only stall writes.
+in memory already, and holding them back would only stall writes. A waiter may give up when an
+event is set (``hold``'s ``unless``): a tablet about to split or move stops waiting for room
+for work its successors redo anyway.
 
 Used from one event loop (no locks beyond asyncio's).
 """
@@ -48,26 +50,46 @@ class CompactionBudget:
         return len(self._waiters)
 
     @contextlib.asynccontextmanager
-    async def hold(self, nbytes: int) -> AsyncIterator[None]:
+    async def hold(
+        self, nbytes: int, *, unless: asyncio.Event | None = None
+    ) -> AsyncIterator[bool]:
         """Hold ``nbytes`` (at most the whole budget) while the block runs; wait for room first
-        behind every compaction already waiting."""
+        behind every compaction already waiting. Yields True once held; False, holding nothing,
+        if ``unless`` is set (or becomes set) before the room is granted."""
         charge = min(max(nbytes, 0), self.capacity)
-        await self._acquire(charge)
+        if not await self._acquire(charge, unless):
+            yield False
+            return
         try:
-            yield
+            yield True
         finally:
             self.held -= charge
             self._wake()
 
-    async def _acquire(self, charge: int) -> None:
+    async def _acquire(self, charge: int, unless: asyncio.Event | None) -> bool:
+        if unless is not None and unless.is_set():
+            return False
         if not self._waiters and self.held + charge <= self.capacity:
             self.held += charge
-            return
+            return True
         granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         entry = (charge, granted)
         self._waiters.append(entry)
         try:
-            await granted
+            if unless is None:
+                await granted
+                return True
+            given_up = asyncio.ensure_future(unless.wait())
+            try:
+                await asyncio.wait((granted, given_up), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                given_up.cancel()
+            if granted.done():  # granted, even if given up at the same moment: the room is ours
+                return True
+            granted.cancel()
+            self._waiters.remove(entry)
+            self._wake()  # a smaller waiter behind it may fit now
+            return False
         except BaseException:
             if granted.done() and not granted.cancelled():
                 # Granted as it was cancelled: give the bytes back to the next in line.

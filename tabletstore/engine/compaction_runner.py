@@ -25,6 +25,13 @@ compactions are refused and its worker reloads it from its record and commit log
 background *merge* that fails is only logged: the memtable is in SSTables already, and the next
 flush plans the merge again (an ambiguous record update fails the tablet there too).
 
+Giving way. A tablet about to split or move (§5.2, §5.4) pauses its merging and major
+compactions (:meth:`CompactionRunner.pause_merges`): one waiting for room in the worker's
+budget gives up, one not started yet does not start, and one running finishes. Its successors
+rewrite its SSTables anyway (a split's children major-compact; a moved tablet's new owner merges
+as it needs), so the pause loses no work that matters, and the pause of writes that follows
+waits for no other tablet's compaction. A split that fails resumes them.
+
 The redo point. Sequence numbers are allocated before the commit-log append and cells reach the
 memtable only after it, so when a memtable freezes, writes with *smaller* sequence numbers may
 still be in flight and land in the next memtable. The redo point recorded after a minor
@@ -114,6 +121,10 @@ class CompactionRunner:
         self._stop_retrying = False
         #: Wakes the background compaction from its wait before a retry.
         self._wake = asyncio.Event()
+        #: Set while merging and major compactions are paused (:meth:`pause_merges`).
+        self._merges_paused = asyncio.Event()
+        #: Why they are paused ("splitting", "being unloaded", "closing"), or None.
+        self.paused_for: str | None = None
 
     # ------------------------------------------------------------------ background
 
@@ -198,6 +209,16 @@ class CompactionRunner:
         while self.background is not None and not self.background.done():
             await asyncio.gather(self.background, return_exceptions=True)
 
+    def pause_merges(self, reason: str) -> None:
+        """Start no merging or major compaction until :meth:`resume_merges`; those waiting for
+        room in the budget give up (module docstring). One running finishes."""
+        self.paused_for = reason
+        self._merges_paused.set()
+
+    def resume_merges(self) -> None:
+        self.paused_for = None
+        self._merges_paused.clear()
+
     # ------------------------------------------------------------------ minor
 
     async def minor_compact(self) -> None:
@@ -255,8 +276,10 @@ class CompactionRunner:
         return await asyncio.get_running_loop().run_in_executor(self._executor, work)
 
     async def merge_if_needed(self) -> None:
-        """Run the merging compactions the planner asks for."""
+        """Run the merging compactions the planner asks for (none while paused)."""
         for task in compaction.plan(self._core.record, self._core.options):
+            if self.paused_for is not None:
+                return
             await self._run_merge(task)
 
     async def major_compact(self) -> None:
@@ -267,8 +290,13 @@ class CompactionRunner:
         await self.minor_compact()
         core = self._core
         size = sum(r.size for refs in core.state.record.sstables.values() for r in refs)
-        async with self._hold(size), core.compaction_lock:
+        async with self._hold(size) as room, core.compaction_lock:
             core.check_open()  # a split may have closed the tablet while this waited
+            if not room or self.paused_for is not None:
+                raise Unavailable(
+                    f"tablet {core.record.tablet_id} is about to split or move: "
+                    "no major compaction now"
+                )
             record = core.state.record
             keys = [ref.key for refs in record.sstables.values() for ref in refs]
             if not keys:
@@ -308,8 +336,10 @@ class CompactionRunner:
         )
         # Room first, then the tablet's lock: waiting for room does not hold the tablet's other
         # compactions, splits and unloads back.
-        async with self._hold(size), core.compaction_lock:
+        async with self._hold(size) as room, core.compaction_lock:
             core.check_open()  # a split may have closed the tablet while this waited
+            if not room or self.paused_for is not None:
+                return  # a split or a move is coming: its successors merge (module docstring)
             record = core.state.record
             if not inputs <= {r.key for r in record.sstables.get(task.group, ())}:
                 return  # the tablet changed since planning; the next plan will see it
@@ -327,12 +357,12 @@ class CompactionRunner:
                     table.close()
         self._notify_compacted()
 
-    def _hold(self, nbytes: int) -> contextlib.AbstractAsyncContextManager[None]:
+    def _hold(self, nbytes: int) -> contextlib.AbstractAsyncContextManager[bool]:
         """Room in the worker's compaction budget for ``nbytes`` of input (none to wait for
-        without a budget)."""
+        without a budget): True once held, False if merges were paused meanwhile."""
         if self._budget is None:
-            return contextlib.nullcontext()
-        return self._budget.hold(nbytes)
+            return contextlib.nullcontext(not self._merges_paused.is_set())
+        return self._budget.hold(nbytes, unless=self._merges_paused)
 
     def _merge_sstables(
         self, task: compaction.CompactionTask, record: TabletRecord, blobs: list[bytes]

@@ -286,6 +286,27 @@ class Tablet:
         rows = [row.key async for row in self.scan(rng)]
         return middle_row(rows, rec.start_row)
 
+    async def flush_ahead(self, reason: str) -> None:
+        """Get ready to stop writes (a split, §5.2; a move, §5.4) while still serving them:
+        pause merging and major compactions (those waiting for room give up), wait for the
+        compaction under way, and minor-compact. The pause of writes that follows then has
+        only what arrived meanwhile to write out -- the first of §5.4's two minor compactions
+        before a tablet moves. Merges stay paused until the tablet closes (a split that fails,
+        or this call failing, resumes them)."""
+        core = self._core
+        core.check_open()
+        if core.writes_blocked is not None or self._compactions.paused_for is not None:
+            reason_now = core.writes_blocked or self._compactions.paused_for
+            raise Unavailable(f"tablet {self.record.tablet_id} is already {reason_now}")
+        self._compactions.pause_merges(reason)
+        try:
+            await self._compactions.background_done()
+            await self.minor_compact()
+        except BaseException:
+            self._compactions.resume_merges()
+            self._compactions.resume()  # a failure it was retrying, if still unmended
+            raise
+
     async def _quiesce(self, reason: str) -> None:
         """Refuse new writes (NotServing), then wait for background compactions and for every
         write already past the check to be logged and in the memtable."""
@@ -297,16 +318,15 @@ class Tablet:
 
     @contextlib.asynccontextmanager
     async def splitting(self) -> AsyncIterator[TabletRecord]:
-        """Prepare a split (§5.2): stop accepting writes, wait for those in flight, write the
-        memtable out, clear the record's logs, and yield the record -- which then holds every
-        acknowledged write in its SSTables -- with the compaction lock held, so nothing
-        changes it while the caller commits the split. If the body returns, the tablet is
-        closed (its children serve its rows now); if it raises, writes resume and the tablet
-        serves on."""
+        """Prepare a split (§5.2): write the memtable out while still serving
+        (:meth:`flush_ahead`), then stop accepting writes, wait for those in flight, write out
+        what arrived meanwhile, clear the record's logs, and yield the record -- which then
+        holds every acknowledged write in its SSTables -- with the compaction lock held, so
+        nothing changes it while the caller commits the split. If the body returns, the tablet
+        is closed (its children serve its rows now); if it raises, writes and merges resume
+        and the tablet serves on."""
         core = self._core
-        core.check_open()
-        if core.writes_blocked is not None:
-            raise Unavailable(f"tablet {self.record.tablet_id} is already {core.writes_blocked}")
+        await self.flush_ahead("splitting")  # merges resumed if it raises
         try:
             await self._quiesce("splitting")
             await self.minor_compact()
@@ -320,6 +340,7 @@ class Tablet:
         finally:
             if not core.closed:
                 core.writes_blocked = None
+                self._compactions.resume_merges()
                 self._compactions.resume()  # a failure it was retrying, if still unmended
 
     async def close(self, *, flush: bool) -> None:
@@ -329,6 +350,8 @@ class Tablet:
         its own. Without it (or once the tablet failed, :attr:`must_reload`) the logs stay
         listed and the next owner recovers from them as after a crash."""
         core = self._core
+        # Queued merges give up, so the close waits for none: the next owner merges as needed.
+        self._compactions.pause_merges("closing")
         if flush and not core.closed:
             await self._quiesce("being unloaded")
             if core.failed is None:

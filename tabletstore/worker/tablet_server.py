@@ -914,13 +914,29 @@ class TabletServer:
             yield cell
 
     async def unload(self, req: UnloadTabletRequest) -> None:
-        """Stop serving a tablet; minor-compact it first so the next owner replays nothing.
-        Waits for a split of it under way (then there is nothing left to unload)."""
+        """Stop serving a tablet; minor-compact it first so the next owner replays nothing
+        (§5.4: once while it still serves, then what arrived meanwhile once it serves no
+        more). Waits for a split of it under way (then there is nothing left to unload)."""
         key = (req.table_id, req.tablet_id)
         async with self.tablet_lock(key):
-            tablet = self._tablets.pop(key, None)
+            tablet = self._tablets.get(key)
             if tablet is None:
                 return
+            if req.flush:
+                try:
+                    await tablet.flush_ahead("being unloaded")
+                except TabletStoreError as exc:  # the close below flushes (or fails) again
+                    log.info("flushing %s/%s before unloading it: %s", *key, exc)
+                except BaseException:
+                    # Cancelled (the master's call gave up): unloaded all the same, its logs
+                    # listed for the next owner to replay, as when cancelled in the close.
+                    if self._tablets.get(key) is tablet:
+                        del self._tablets[key]
+                        await self.release_claim(key)
+                    raise
+            if self._tablets.get(key) is not tablet:
+                return  # dropped meanwhile, or the worker stopping: its claim went with it
+            self._tablets.pop(key)
             try:
                 await tablet.close(flush=req.flush)
             finally:

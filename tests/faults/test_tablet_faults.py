@@ -21,7 +21,7 @@ the dict model after the fault and after a crash and recovery:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -33,7 +33,7 @@ from tabletstore.metadata.record import TabletRecord
 from tabletstore.options import TabletOptions
 from tabletstore.storage_s3.base import ObjectStore, Op
 from tabletstore.testing.faulty_store import FaultyObjectStore
-from tests.tablet_harness import SECOND, TabletHarness, TabletModel
+from tests.tablet_harness import SECOND, TabletHarness, TabletModel, until
 
 BIG = TabletOptions(memtable_flush_bytes=1 << 30, max_sstables_per_group=2)
 
@@ -80,14 +80,6 @@ async def check(h: TabletHarness, model: TabletModel) -> None:
     assert await h.scan_all() == model.scan(now)
     for row in sorted(model.rows)[::5]:
         assert await h.tablet.read_row(row) == model.read_row(row, now)
-
-
-async def until(condition: Callable[[], bool], seconds: float = 60.0) -> None:
-    """Wait (yielding to the loop) until ``condition()`` holds, at most ``seconds``."""
-    end = asyncio.get_running_loop().time() + seconds
-    while not condition():
-        assert asyncio.get_running_loop().time() < end, f"not within {seconds} s"
-        await asyncio.sleep(0.01)
 
 
 class FlakyCatalog:

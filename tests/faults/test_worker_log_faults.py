@@ -4,6 +4,7 @@ Through the embedded database (a real TabletServer and Master in one process, me
 
 * a tablet whose unload failed or was cancelled mid-flush, then given back to the *same*
   worker, replays that worker's live log (it used to skip it: every acknowledged write lost);
+* a tablet being unloaded serves writes while its memtable is written out (a slow store);
 * a worker whose log fails while its lease lives (a PUT failing for good, or recovery fencing
   it) goes on under a new incarnation instead of refusing every write for ever;
 * one whose new logs keep failing (a full disk) keeps its tablets served for reads and takes
@@ -20,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -34,6 +35,7 @@ from tabletstore.rpc.messages import MutateRowsRequest, ReadRowsRequest, UnloadT
 from tabletstore.storage_s3 import layout
 from tabletstore.storage_s3.base import ObjectStore, Op
 from tabletstore.testing.faulty_store import FaultyObjectStore
+from tests.tablet_harness import PutGate, until
 
 ROWS = 500
 
@@ -99,6 +101,33 @@ async def test_tablet_unloaded_without_flush_and_reloaded_by_same_worker_keeps_w
     # Later compactions move the redo point and drop the old log: still all there.
     await write(db, 50, b"w")
     await db.flush("t")
+    await check(db, 50, b"w")
+    rows = {row.key async for row in db.table("t").read_rows()}
+    assert len(rows) == ROWS
+
+
+async def test_a_tablet_being_unloaded_serves_writes_while_its_memtable_is_written_out(
+    db: Database,
+) -> None:
+    """§5.4's first minor compaction of a moving tablet runs while it serves; only what
+    arrives meanwhile is written out with its writes refused."""
+    await write(db)
+    key, tablet = served(db)
+    gate = PutGate(tablet._core.store, "tables/*")
+    tablet._core.store = gate
+    gate.shut()
+    unload = asyncio.ensure_future(
+        db.worker.services.unload_tablet(UnloadTabletRequest(*key, flush=True))
+    )
+    async with asyncio.timeout(30):
+        await gate.waiting.wait()  # the flush is stuck on its SSTable PUT
+    db.retry_deadline = 5.0  # NotServing until the unload ends and the master reassigns
+    await write(db, 50, b"w")  # served, not refused, while the flush is under way
+    gate.open()
+    async with asyncio.timeout(30):
+        await unload
+    assert key not in db.worker.tablets
+    await db.master.assign()
     await check(db, 50, b"w")
     rows = {row.key async for row in db.table("t").read_rows()}
     assert len(rows) == ROWS
@@ -172,14 +201,6 @@ async def test_a_worker_past_its_safe_lease_time_answers_nothing(db: Database) -
     finally:
         # The lease is in fact fine: let the database close without waiting out its deadline.
         lease.safe_until = safe_until  # type: ignore[method-assign]
-
-
-async def until(condition: Callable[[], bool], seconds: float = 60.0) -> None:
-    """Wait (yielding to the loop) until ``condition()`` holds, at most ``seconds``."""
-    end = asyncio.get_running_loop().time() + seconds
-    while not condition():
-        assert asyncio.get_running_loop().time() < end, f"not within {seconds} s"
-        await asyncio.sleep(0.05)
 
 
 class FullLogStore:

@@ -119,6 +119,48 @@ async def test_an_error_inside_releases_the_room() -> None:
         assert budget.held == 10
 
 
+async def test_a_waiter_gives_up_when_told_and_the_next_one_fits() -> None:
+    budget = CompactionBudget(100)
+    order: list[str] = []
+    a_gate, c_gate = asyncio.Event(), asyncio.Event()
+    give_up = asyncio.Event()
+    answers: list[bool] = []
+
+    async def b() -> None:
+        async with budget.hold(50, unless=give_up) as room:
+            answers.append(room)
+
+    a = asyncio.create_task(_holder(budget, 80, order, "a", a_gate))
+    await _settle()
+    waiter = asyncio.create_task(b())
+    c = asyncio.create_task(_holder(budget, 20, order, "c", c_gate))
+    await _settle()
+    assert order == ["a"] and budget.waiting == 2
+    give_up.set()
+    await waiter
+    await _settle()
+    # b holds nothing; c, which fits beside a, no longer waits behind it.
+    assert answers == [False] and order == ["a", "c"] and budget.held == 100
+    assert budget.waiting == 0
+    # Told already: no wait at all, room or not.
+    async with budget.hold(0, unless=give_up) as room:
+        assert room is False and budget.held == 100
+    a_gate.set()
+    c_gate.set()
+    await asyncio.gather(a, c)
+    assert budget.held == 0
+
+
+async def test_a_waiter_granted_before_it_is_told_keeps_its_room() -> None:
+    budget = CompactionBudget(100)
+    give_up = asyncio.Event()
+    async with budget.hold(30, unless=give_up) as room:
+        assert room is True and budget.held == 30
+        give_up.set()  # told while it runs: it finishes, holding its room to the end
+        assert budget.held == 30
+    assert budget.held == 0
+
+
 def test_a_budget_must_be_positive() -> None:
     with pytest.raises(InvalidArgument, match="compaction memory budget must be positive"):
         CompactionBudget(0)

@@ -18,14 +18,15 @@ import pytest
 from tabletstore.data.model import DeleteCells, DeleteRow, Mutation, SetCell
 from tabletstore.data.query import RowRange
 from tabletstore.engine import split_key as splitting
+from tabletstore.engine.compaction_budget import CompactionBudget
 from tabletstore.engine.tablet import Tablet
-from tabletstore.errors import Fenced, NotServing
+from tabletstore.errors import Fenced, NotServing, Unavailable
 from tabletstore.master import tablet_merges as merging
 from tabletstore.metadata.record import TabletRecord
 from tabletstore.options import TabletOptions
 from tabletstore.sstable import BlockCache, read_sstable_bytes
 from tabletstore.storage_s3.memory import MemoryObjectStore
-from tests.tablet_harness import TabletHarness, TabletModel
+from tests.tablet_harness import PutGate, TabletHarness, TabletModel, until
 
 OPTS = TabletOptions(memtable_flush_bytes=1 << 30, max_sstables_per_group=8)
 
@@ -227,6 +228,86 @@ async def test_a_split_waits_for_writes_in_flight(h: TabletHarness) -> None:
     parent = await splitter
     # The write that was in flight is in the flushed SSTables the children will share.
     assert parent.redo_seq >= 1 and parent.size > 0
+
+
+async def test_writes_are_served_while_the_split_writes_the_memtable_out() -> None:
+    """§5.4's first minor compaction runs while the tablet serves: only the second, of what
+    arrived meanwhile, has writes refused."""
+    store = PutGate(MemoryObjectStore(), "tables/*")
+    h = TabletHarness(store, options=OPTS)
+    tablet = await h.start()
+    try:
+        model = TabletModel(h.schema)
+        await fill(h, model)
+        store.shut()
+        splitter = asyncio.ensure_future(split(h))
+        async with asyncio.timeout(30):
+            await store.waiting.wait()  # the split's flush is stuck on its SSTable PUT
+        late = [SetCell("a", b"x", b"during the flush", 9000)]
+        await tablet.apply(b"r001", late)  # refused with NotServing before the change
+        model.apply(b"r001", late, h.now_micros())
+        store.open()
+        async with asyncio.timeout(30):
+            left, right, _ = await splitter
+        now = h.now_micros()
+        assert await rows_of(left, right) == model.scan(now)
+        assert (await left.read_row(b"r001")) == model.read_row(b"r001", now)
+    finally:
+        await h.close()
+
+
+@pytest.mark.parametrize("queued", ["merge", "major compaction"])
+async def test_a_split_does_not_wait_for_compactions_queued_for_room(queued: str) -> None:
+    """A merge or major compaction waiting for room in the worker's compaction budget gives up
+    when its tablet starts to split (the children rewrite its SSTables anyway): the split does
+    not wait for every other tablet's compactions, writes refused all the while."""
+    budget = CompactionBudget(1)
+    options = TabletOptions(memtable_flush_bytes=1 << 30, max_sstables_per_group=2)
+    h = TabletHarness(MemoryObjectStore(), options=options, compaction_budget=budget)
+    tablet = await h.start()
+    try:
+        model = TabletModel(h.schema)
+        await fill(h, model)  # three SSTables per group: a merge is due
+        major = None
+        async with budget.hold(1):  # another tablet's long compaction
+            if queued == "merge":
+                tablet._compactions.spawn_flush()  # minor, then the merge: it waits for room
+            else:
+                major = asyncio.ensure_future(tablet.major_compact())
+            await until(lambda: budget.waiting == 1)
+            async with asyncio.timeout(30):  # before the change: until the room is free
+                left, right, _ = await split(h)
+            assert budget.waiting == 0, "it left the queue"
+        if major is not None:
+            with pytest.raises((NotServing, Unavailable)):
+                await major
+        assert await rows_of(left, right) == model.scan(h.now_micros())
+    finally:
+        await h.close()
+
+
+async def test_a_failed_split_resumes_its_tablets_merges(h: TabletHarness) -> None:
+    assert h.tablet is not None and h.catalog is not None
+    tablet = h.tablet
+    catalog = h.catalog
+
+    async def failed_split() -> None:
+        with pytest.raises(Fenced):
+            async with tablet.splitting() as parent:
+                stale = TabletRecord(parent.table_id, parent.tablet_id, b"", None, epoch=99)
+                await catalog.replace_tablets([stale], [stale])
+
+    await tablet.apply(b"a", [SetCell("a", b"x", b"1")])
+    await failed_split()
+    # Merges and major compactions run again, and another split may start.
+    for i in range(10):
+        await tablet.apply(b"b", [SetCell("a", b"x", b"%d" % i)])  # overlapping SSTables
+        await tablet.minor_compact()
+    await tablet.merge_if_needed()
+    assert len(tablet.record.sstables["hot"]) <= OPTS.max_sstables_per_group
+    await tablet.major_compact()
+    assert len(tablet.record.sstables["hot"]) == 1
+    await failed_split()
 
 
 async def test_merge_two_tablets_back_into_one(h: TabletHarness) -> None:
