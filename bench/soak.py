@@ -30,7 +30,10 @@ Every ``--interval`` seconds a sample records: operations per second and p50/p99
 each process's RSS (a worker's compaction processes apart) and CPU, and each worker's C heap
 (in use and free); tablets, SSTables per
 tablet (mean and max: compaction debt), memtable bytes and compactions by kind (the workers'
-``/status`` and ``/metrics``); object-store requests by kind (workers and master) and per client
+``/status`` and ``/metrics``); the workers' event loop lag (their ``/metrics``) and this
+process's own (``ops/loop_lag.py``), which tell a stalled loop from queueing, with
+``--report-stalls`` the workers' logs saying where a loop was held; object-store requests by
+kind (workers and master) and per client
 operation; bytes written (logical), bytes the store holds (on disk, by prefix: SSTables,
 commit logs, the rest) and bytes the tablets' SSTables add up to (live); free disk; and the
 machine's load average, without which a shared machine's chart cannot be read.
@@ -76,6 +79,7 @@ from bench.targets import FAMILY, QUALIFIER, row_key
 from tabletstore.cli import localstack
 from tabletstore.client.mutate_rows import MutationsFailed
 from tabletstore.data.model import RowMutation, SetCell
+from tabletstore.ops.loop_lag import LAG_BUCKETS, LoopLag
 
 __all__ = [
     "Cumulative",
@@ -138,6 +142,9 @@ class SoakConfig:
     seed: int = 1
     #: Operations a second per paced kind (``--rate``); a kind not named runs flat out.
     rates: dict[str, float] = field(default_factory=dict)
+    #: The workers' ``--report-stalls`` (seconds): their logs, kept in ``--out``, then name
+    #: where each loop was held that long. None: no reports (the lag is sampled either way).
+    report_stalls: float | None = None
 
     @classmethod
     def quick(cls, **overrides: Any) -> SoakConfig:
@@ -315,6 +322,24 @@ class Recorder:
         self.errors: dict[str, int] = dict.fromkeys(KINDS, 0)
         self.lost = 0
         self.wrong = 0
+        #: This process's loop lag (ms) since the last sample.
+        self.lag: list[float] = []
+
+    def loop_lag(self, seconds: float) -> None:
+        """How late this process's own loop woke (``ops/loop_lag.py``): a client stall."""
+        self.lag.append(seconds * 1000.0)
+
+    def take_lag(self) -> dict[str, Any]:
+        """This process's loop lag since the last sample (p99, max, histogram)."""
+        lag, self.lag = sorted(self.lag), []
+        hist = Histogram()
+        for ms in lag:
+            hist.add(ms)
+        return {
+            "p99_ms": _nearest(lag, 0.99),
+            "max_ms": lag[-1] if lag else 0.0,
+            "histogram": {str(b): n for b, n in sorted(hist.counts.items())},
+        }
 
     def done(self, kind: str, seconds: float, rows: int) -> None:
         one = self.now[kind]
@@ -553,6 +578,54 @@ def parse_metrics(text: str) -> dict[str, float]:
     return out
 
 
+#: The workers' loop-lag histogram (``ops/loop_lag.py``), cumulative per bucket.
+LAG_METRIC = "tabletstore_event_loop_lag_seconds"
+
+
+def lag_buckets(text: str) -> dict[str, float]:
+    """A worker's loop-lag histogram from its Prometheus text: upper edge (``le``, seconds,
+    ``+Inf`` last) -> cumulative count."""
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != LAG_METRIC:
+            continue
+        for s in family.samples:
+            if s.name == f"{LAG_METRIC}_bucket":
+                out[s.labels["le"]] = float(s.value)
+    return out
+
+
+def _per_bucket(cumulative: dict[str, float]) -> dict[str, float]:
+    """Cumulative bucket counts (in order of their edges) as counts per bucket."""
+    out: dict[str, float] = {}
+    below = 0.0
+    for le, count in cumulative.items():
+        out[le] = count - below
+        below = count
+    return out
+
+
+def lag_quantiles(buckets: Iterable[dict[str, int]], q: float) -> tuple[float, float]:
+    """``(quantile q, max)`` in ms of summed per-interval bucket counts: each the upper edge
+    of the bucket holding it (``inf`` past the last edge); ``(0, 0)`` when empty."""
+    counts: dict[float, int] = {}
+    for b in buckets:
+        for le, n in b.items():
+            counts[float(le)] = counts.get(float(le), 0) + n
+    total = sum(counts.values())
+    if not total:
+        return 0.0, 0.0
+    rank = max(1, math.ceil(q * total))
+    seen, quantile = 0, 0.0
+    for le in sorted(counts):
+        seen += counts[le]
+        if seen >= rank:
+            quantile = le * 1000.0
+            break
+    top = max(le for le, n in counts.items() if n) * 1000.0
+    return quantile, top
+
+
 def store_bytes(root: Path) -> dict[str, int]:
     """Bytes of the files under ``root`` by first key part: SSTables (``tables``), commit
     logs (``logs``) and everything else."""
@@ -610,6 +683,8 @@ class Observer:
         self._gc = Cumulative()
         self._last_s3: dict[str, float] = {}
         self._last_ops = 0
+        #: Each worker's last loop-lag counts per bucket (since it started).
+        self._last_lag: dict[str, dict[str, float]] = {}
 
     async def _get(self, url: str) -> str | None:
         try:
@@ -663,6 +738,18 @@ class Observer:
             for name, m in zip(self.worker_names, workers, strict=False)
             if "tabletstore_heap_in_use_bytes" in m
         }
+        # The workers' loop lag this interval: per bucket (not cumulative), summed over them.
+        lag: dict[str, int] = {}
+        for url, text in zip(self.worker_metrics, texts, strict=False):
+            if not text:
+                continue
+            now = _per_bucket(lag_buckets(text))
+            before = self._last_lag.get(url, {})
+            for le, n in now.items():
+                if n > before.get(le, 0.0):  # (a restarted worker counts from zero)
+                    lag[le] = lag.get(le, 0) + int(n - before.get(le, 0.0))
+            self._last_lag[url] = now
+        out["worker_loop_lag"] = lag
         out["live_sstable_bytes"] = int(total("tabletstore_sstable_bytes"))
         prefix = "tabletstore_object_store_requests_total{op="
         for url, m in zip(urls, metrics, strict=True):
@@ -749,7 +836,11 @@ async def run_soak(cfg: SoakConfig, out: Path) -> SoakRun:
         },
     )
     space = KeySpace(cfg.rows, cfg.batch_rows)
-    worker_args = ("--split-bytes", str(cfg.split_bytes)) if cfg.split_bytes else ()
+    worker_args: tuple[str, ...] = ()
+    if cfg.split_bytes:
+        worker_args += ("--split-bytes", str(cfg.split_bytes))
+    if cfg.report_stalls is not None:
+        worker_args += ("--report-stalls", f"{cfg.report_stalls:g}")
     cluster = ClusterTarget(
         f"cluster:{cfg.workers}:{cfg.store}",
         rows=space.size,
@@ -801,42 +892,47 @@ async def _traffic(
     alive_before: dict[str, bool] = {}
     stopped = False
     try:
-        while time.monotonic() < deadline:
-            now = time.monotonic()
-            await asyncio.sleep(max(0.0, min(cfg.interval - (now - last), deadline - now)))
-            now = time.monotonic()
-            ops = rec.take(now - last)
-            last = now
-            ops_total += sum(o["count"] for o in ops.values())
-            sample = {"t": round(now - started, 1), "ops": ops}
-            sample.update(await observer.sample(ops_total))
-            sample.update(
-                rows_written=ledger.acked,
-                bytes_written=ledger.acked * cfg.value_bytes,
-                lost=rec.lost,
-                wrong=rec.wrong,
-                client_cpu_s=sum(os.times()[:2]),
-            )
-            run.samples.append(sample)
-            for role, alive in sample["alive"].items():
-                if alive_before.get(role, True) and not alive:
-                    rec.event("PROCESS EXITED", role=role)
-            alive_before = sample["alive"]
-            free = sample["disk_free_bytes"]
-            if traffic.writing and free < (cfg.min_free_gb + WRITE_MARGIN_GB) * GB:
-                traffic.writing = False
-                rec.event("disk nearly full: writes stop", free_gb=round(free / GB, 1))
-            if not traffic.writing and not stopped:
-                stopped = True
-                gb = round(ledger.acked * cfg.value_bytes / GB, 3)
-                rec.event("writes stopped", rows=ledger.acked, gb=gb)
-            if free < cfg.min_free_gb * GB:
-                rec.event("disk under --min-free-gb: run ends", free_gb=round(free / GB, 1))
-                break
-            _progress(sample)
-            _save(run, out)
-            if len(run.samples) % DRAW_EVERY == 0:
-                await asyncio.to_thread(draw, run, out / "soak.png")
+        async with LoopLag(rec.loop_lag):  # a stall of this process: a client-side tail
+            while time.monotonic() < deadline:
+                now = time.monotonic()
+                await asyncio.sleep(max(0.0, min(cfg.interval - (now - last), deadline - now)))
+                now = time.monotonic()
+                ops = rec.take(now - last)
+                last = now
+                ops_total += sum(o["count"] for o in ops.values())
+                sample = {
+                    "t": round(now - started, 1),
+                    "ops": ops,
+                    "client_loop_lag": rec.take_lag(),
+                }
+                sample.update(await observer.sample(ops_total))
+                sample.update(
+                    rows_written=ledger.acked,
+                    bytes_written=ledger.acked * cfg.value_bytes,
+                    lost=rec.lost,
+                    wrong=rec.wrong,
+                    client_cpu_s=sum(os.times()[:2]),
+                )
+                run.samples.append(sample)
+                for role, alive in sample["alive"].items():
+                    if alive_before.get(role, True) and not alive:
+                        rec.event("PROCESS EXITED", role=role)
+                alive_before = sample["alive"]
+                free = sample["disk_free_bytes"]
+                if traffic.writing and free < (cfg.min_free_gb + WRITE_MARGIN_GB) * GB:
+                    traffic.writing = False
+                    rec.event("disk nearly full: writes stop", free_gb=round(free / GB, 1))
+                if not traffic.writing and not stopped:
+                    stopped = True
+                    gb = round(ledger.acked * cfg.value_bytes / GB, 3)
+                    rec.event("writes stopped", rows=ledger.acked, gb=gb)
+                if free < cfg.min_free_gb * GB:
+                    rec.event("disk under --min-free-gb: run ends", free_gb=round(free / GB, 1))
+                    break
+                _progress(sample)
+                _save(run, out)
+                if len(run.samples) % DRAW_EVERY == 0:
+                    await asyncio.to_thread(draw, run, out / "soak.png")
     finally:
         traffic.running = False
         traffic.writing = False
@@ -993,6 +1089,17 @@ def summarize(run: SoakRun) -> dict[str, Any]:
         },
         "worker_rss": rss,
         "p99": p99,
+        "loop_lag_ms": {
+            "workers": {
+                "q2_p99": lag_quantiles([s.get("worker_loop_lag", {}) for s in q2], 0.99)[0],
+                "q4_p99": lag_quantiles([s.get("worker_loop_lag", {}) for s in q4], 0.99)[0],
+                # None: past the last bucket's edge (5 s).
+                "max": _finite(
+                    lag_quantiles([s.get("worker_loop_lag", {}) for s in samples], 1.0)[1]
+                ),
+            },
+            "clients_max": max(s.get("client_loop_lag", {}).get("max_ms", 0.0) for s in samples),
+        },
         "s3_requests": last["s3_requests"],
         "s3_per_op": round(sum(last["s3_requests"].values()) / max(1, sum(count.values())), 3),
         "load_average_1m": {
@@ -1012,7 +1119,8 @@ def window_table(run: SoakRun, windows: int = 8) -> str:
     cuts = sorted({n * w // windows for w in range(windows + 1)})
     columns = (
         "minutes", "GB written", "tablets", "rows/s written", "reads/s", "scanned rows/s",
-        "read p50 / p99 ms", "write p99 ms", "batch p99 ms", "scan p99 ms", "worker RSS MB",
+        "read p50 / p99 ms", "write p99 ms", "batch p99 ms", "scan p99 ms",
+        "loop lag p99 / max ms, workers", "loop lag p99 / max ms, clients", "worker RSS MB",
         "SSTables per tablet, mean / max", "S3 requests per op", "GB stored", "load 1m",
     )  # fmt: skip
     lines = ["| " + " | ".join(columns) + " |", "|" + "---:|" * len(columns)]
@@ -1039,7 +1147,8 @@ def window_table(run: SoakRun, windows: int = 8) -> str:
             f"| {rate('read', 'count'):,.0f} | {rate('scan', 'rows'):,.0f} "
             f"| {_window_p(w, 'read', 0.5):.1f} / {_window_p(w, 'read', 0.99):.1f} "
             f"| {_window_p(w, 'write', 0.99):.1f} | {_window_p(w, 'batch', 0.99):.1f} "
-            f"| {_window_p(w, 'scan', 0.99):.1f} | {rss} "
+            f"| {_window_p(w, 'scan', 0.99):.1f} | {_lag_cell(w)} | {_client_lag_cell(w)} "
+            f"| {rss} "
             f"| {_median([s['sstables_per_tablet']['mean'] for s in w]):.1f} / "
             f"{max(s['sstables_per_tablet']['max'] for s in w)} "
             f"| {reqs / ops if ops else 0.0:.2f} | {end['stored_bytes']['total'] / GB:.2f} "
@@ -1059,6 +1168,30 @@ def window_table(run: SoakRun, windows: int = 8) -> str:
         f"Machine: {run.machine.get('cores')} cores, Python {run.machine.get('python')}."
     )
     return "\n".join(lines)
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def _lag_cell(window: Sequence[dict[str, Any]]) -> str:
+    """The workers' loop lag in a window: p99 / max (bucket edges, ms); "-" unsampled."""
+    buckets = [s["worker_loop_lag"] for s in window if s.get("worker_loop_lag")]
+    if not buckets:
+        return "-"
+    p99, top = lag_quantiles(buckets, 0.99)
+    return f"{p99:g} / {top:g}" if math.isfinite(top) else f"{p99:g} / >{max(LAG_BUCKETS) * 1000:g}"
+
+
+def _client_lag_cell(window: Sequence[dict[str, Any]]) -> str:
+    """This process's loop lag in a window: p99 / max ms; "-" unsampled."""
+    lags = [s["client_loop_lag"] for s in window if s.get("client_loop_lag")]
+    if not lags:
+        return "-"
+    hist = Histogram()
+    for lag in lags:
+        hist.merge(Histogram({int(b): n for b, n in lag["histogram"].items()}))
+    return f"{hist.quantile(0.99):.0f} / {max(lag['max_ms'] for lag in lags):.0f}"
 
 
 def _paced(cfg: SoakConfig) -> str:
@@ -1228,6 +1361,14 @@ def main(argv: list[str] | None = None) -> int:
         metavar="KIND=N",
         help=f"pace KIND ({', '.join(KINDS)}) at N operations a second, each timed from its "
         "slot (an open loop; repeatable); unnamed kinds run flat out",
+    )
+    parser.add_argument(
+        "--report-stalls",
+        type=float,
+        dest="report_stalls",
+        metavar="SECONDS",
+        help="the workers log where their event loop is held once it is this late (worker "
+        "--report-stalls; their logs are kept in --out)",
     )
     parser.add_argument("--out", type=Path, default=Path("soak-out"), help="results directory")
     parser.add_argument(

@@ -224,6 +224,10 @@ class WorkerOptions:
     #: stops with an error (the process exits non-zero). Bounds a stop whose object store or
     #: etcd is gone; below ECS's default 30 s between SIGTERM and SIGKILL.
     drain_deadline: float = 25.0
+    #: Seconds the event loop may be held past a due timer before the worker logs where it is
+    #: held (the loop thread's stack, ``ops/loop_lag.py``); None: no reports (the lag is
+    #: measured on ``/metrics`` either way).
+    report_stalls: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

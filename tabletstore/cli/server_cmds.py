@@ -423,6 +423,14 @@ def master_cmd(
     "replays them) and exits non-zero.",
 )
 @click.option(
+    "--report-stalls",
+    type=click.FloatRange(min=0.0, min_open=True),
+    default=None,
+    metavar="SECONDS",
+    help="Log where the event loop is held (its stack) once it is this many seconds late "
+    "(default: no reports; the lag is on /metrics either way).",
+)
+@click.option(
     "--clock-step-file",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
@@ -453,6 +461,7 @@ def worker_cmd(
     sort_spill_bytes: int,
     sort_spill_dir: str | None,
     drain_deadline: float,
+    report_stalls: float | None,
     clock_step_file: Path | None,
     metrics_port: int | None,
     processes: int,
@@ -479,6 +488,7 @@ def worker_cmd(
         sort_spill_bytes=sort_spill_bytes,
         sort_spill_dir=sort_spill_dir,
         drain_deadline=drain_deadline,
+        report_stalls=report_stalls,
         rpc=rpc,
     )
     tablet_options = TabletOptions(split_bytes=split_bytes)

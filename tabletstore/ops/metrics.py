@@ -61,7 +61,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, M
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -79,6 +79,7 @@ from tabletstore.coordination.base import Lease
 from tabletstore.engine.tablet import Tablet
 from tabletstore.errors import InvalidArgument, TabletStoreError
 from tabletstore.metadata.record import TabletEvent
+from tabletstore.ops.loop_lag import LAG_BUCKETS
 from tabletstore.rpc.rpc_server import RpcServer
 from tabletstore.rpc.services import TABLET, TabletService
 from tabletstore.rpc.transport import Handler, Method, Transport
@@ -670,6 +671,14 @@ class WorkerMetrics(ProcessMetrics):
     def __init__(self, worker_id: str) -> None:
         super().__init__("worker", worker_id)
         self.compactions = CompactionCounter(worker_id)
+        #: The event loop's lag (``ops/loop_lag.py``): ``loop_lag.observe(seconds)``.
+        self.loop_lag = Histogram(
+            f"{PREFIX}_event_loop_lag_seconds",
+            "How much later than asked the worker's event loop woke a timer: what every "
+            "request waited behind whatever held the loop",
+            buckets=LAG_BUCKETS,
+            registry=self.registry,
+        )
         self._sources: WorkerSources | None = None
 
     def observe_server(self, server: ObservedWorker) -> None:

@@ -25,6 +25,8 @@ from bench.soak import (
     SoakRun,
     Traffic,
     check_value,
+    lag_buckets,
+    lag_quantiles,
     main,
     make_value,
     parse_rates,
@@ -32,6 +34,7 @@ from bench.soak import (
 )
 from bench.targets import row_key
 from tabletstore.cli import localstack
+from tabletstore.ops.metrics import WorkerMetrics
 
 
 def test_key_space_is_a_permutation_of_blocks_of_consecutive_keys() -> None:
@@ -174,6 +177,43 @@ def test_the_table_names_the_paced_kinds() -> None:
     assert "paced" not in window_table(SoakRun(SoakConfig(), [], [], {}, {}))
 
 
+def test_a_workers_loop_lag_is_read_from_its_metrics_per_bucket() -> None:
+    metrics = WorkerMetrics("w-soak")
+    for seconds in (0.0005, 0.0005, 0.003, 0.3):
+        metrics.loop_lag.observe(seconds)
+    buckets = lag_buckets(metrics.exposition().decode())
+    assert buckets["0.001"] == 2 and buckets["0.005"] == 3 and buckets["+Inf"] == 4
+    # Per-interval counts (not cumulative), summed over workers and samples.
+    one = {"0.001": 2, "0.005": 1, "0.5": 1}
+    assert lag_quantiles([one], 0.5) == (1.0, 500.0)
+    assert lag_quantiles([one, {"0.001": 96}], 0.99) == (5.0, 500.0)
+    assert lag_quantiles([one, {"0.001": 196}], 0.99) == (1.0, 500.0)
+    assert lag_quantiles([one, {"+Inf": 1}], 1.0)[1] == float("inf")
+    assert lag_quantiles([], 0.99) == (0.0, 0.0)
+
+
+def test_the_table_shows_the_loop_lag_of_workers_and_clients() -> None:
+    sample: dict[str, Any] = {
+        "t": 10.0,
+        "ops": {
+            k: {"count": 0, "rows": 0, "histogram": {}} for k in ("batch", "write", "read", "scan")
+        },
+        "worker_loop_lag": {"0.001": 98, "0.002": 1, "0.2": 1},
+        "client_loop_lag": {"p99_ms": 3.0, "max_ms": 41.0, "histogram": {"0": 99, "100": 1}},
+        "rss_mb": {"worker-0": 100.0},
+        "tablets": 2,
+        "bytes_written": 0,
+        "sstables_per_tablet": {"mean": 1.0, "max": 1},
+        "s3_interval": {},
+        "stored_bytes": {"total": 0},
+        "load": [1.0, 1.0, 1.0],
+    }
+    table = window_table(SoakRun(SoakConfig(), [sample], [], {}, {}))
+    assert "loop lag p99 / max ms, workers" in table
+    row = table.splitlines()[2]
+    assert "| 2 / 200 |" in row and "/ 41 |" in row
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_quick_soak_runs_checks_every_read_and_stops_its_cluster(
@@ -192,6 +232,7 @@ def test_quick_soak_runs_checks_every_read_and_stops_its_cluster(
     # (a sample on a loaded machine takes longer than its interval), every kind of traffic in
     # each; a longer run only adds samples of the same. Scans are paced (an open loop).
     argv = ["--quick", "--minutes", "0.5", "--gc-grace", "120", "--rate", "scan=5"]
+    argv += ["--report-stalls", "0.5"]  # the workers' flag: they start with it
     assert main([*argv, "--out", str(out)]) == 0
 
     doc = json.loads((out / "soak.json").read_text())
@@ -211,6 +252,10 @@ def test_quick_soak_runs_checks_every_read_and_stops_its_cluster(
     heaps = [s["heap_mb"] for s in samples if s["heap_mb"]]
     assert heaps and set(heaps[-1]) <= {"worker-0", "worker-1"}
     assert all(h["in_use"] > 0 for h in heaps[-1].values())
+    # The workers' loop lag (every 50 ms each, so hundreds a sample) and this process's own.
+    assert sum(sum(s["worker_loop_lag"].values()) for s in samples) > 100
+    assert sum(sum(s["client_loop_lag"]["histogram"].values()) for s in samples) > 100
+    assert summary["loop_lag_ms"]["workers"]["q4_p99"] > 0
     assert last["stored_bytes"]["logs"] > 0  # the commit logs, on disk
     assert sum(last["s3_requests"].values()) > 0  # scraped from the workers and the master
     assert last["gc_deleted"] == {"objects": 0, "bytes": 0}  # scraped; nothing is 120 s old
@@ -227,5 +272,7 @@ def test_quick_soak_runs_checks_every_read_and_stops_its_cluster(
     [stack] = stacks
     [master] = [r for r in stack.processes if r.role == "master"]
     assert master.argv[-2:] == ("--gc-grace", "120")
+    workers = [r for r in stack.processes if r.role.startswith("worker-")]
+    assert all("--report-stalls" in r.argv for r in workers)
     assert not any(localstack.is_running(r) for r in stack.processes)
     assert not Path(stack.dir).exists()
