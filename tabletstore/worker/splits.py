@@ -5,7 +5,9 @@ After each compaction of a user tablet the worker checks its size (``engine.spli
 worker's TaskGroup: its writes stop and it is flushed, the two children are claimed here, and
 the catalog commits them in place of the parent in one atomic step; then the children are
 served here (their tablet locks held from before the claims until then, so a load of a child
-sent meanwhile by a master finds it served) and each is major-compacted so it stops sharing its parent's SSTables. The master
+sent meanwhile by a master finds it served) and each is major-compacted so it stops sharing its
+parent's SSTables -- as is a child that any worker starts serving still sharing them (moved or
+recovered before that compaction ran). The master
 needs no notice: it finds the children in METADATA, claimed and located, like any other tablet.
 A child does not split again before ``WorkerOptions.split_cooldown`` has passed. METADATA
 tablets are split only when created (the master's ``metadata_splits``), never here.
@@ -52,6 +54,8 @@ class TabletSplits:
         #: Post-split major compactions (cancelled by the server's stop(): optional work).
         self.compactions: set[asyncio.Task[None]] = set()
         self._splitting: set[tuple[str, str]] = set()
+        #: Tablets whose compaction after a split runs or waits (one each).
+        self._compacting: set[tuple[str, str]] = set()
         #: Monotonic time before which a tablet born of a split does not split again.
         self._split_after: dict[tuple[str, str], float] = {}
 
@@ -72,6 +76,20 @@ class TabletSplits:
             return
         if self._server.spawn(self.running, self._split(key)) is not None:
             self._splitting.add(key)
+
+    def after_load(self, tablet: Tablet) -> None:
+        """When a tablet starts being served here: one that still shares SSTables with its
+        sibling (a split's child, here from the split, or moved or recovered before its
+        major compaction ran where it was split) is major-compacted in the background, so
+        its size becomes its own; until then it cannot split (``should_split``)."""
+        rec = tablet.record
+        key = (rec.table_id, rec.tablet_id)
+        if mt.level(*key) != 3 or key in self._compacting or splitting.owns_its_sstables(rec):
+            return
+        task = self._server.spawn(self.compactions, self._compact_child(tablet))
+        if task is not None:
+            self._compacting.add(key)
+            task.add_done_callback(lambda _: self._compacting.discard(key))
 
     async def _split(self, key: tuple[str, str]) -> None:
         try:
@@ -146,8 +164,8 @@ class TabletSplits:
                 await self._server.release_claim((key[0], i))
             return
         log.info("split tablet %s/%s at %r into %s, %s", *key, split_key, *ids)
-        for child in children:
-            await self._serve_child(child)
+        # Side by side: writes to either child are refused until it is served.
+        await asyncio.gather(*(self._serve_child(child) for child in children))
 
     async def _split_outcome(self, child: TabletRecord) -> str:
         """After a split commit raised: "committed" if it was applied anyway (an ambiguous
@@ -161,8 +179,8 @@ class TabletSplits:
         return "committed" if stored.epoch == child.epoch else "failed"
 
     async def _serve_child(self, record: TabletRecord) -> None:
-        """Serve a child of a split this worker committed, then major-compact it in the
-        background so it stops sharing its parent's SSTables (its size becomes its own)."""
+        """Serve a child of a split this worker committed (serving it major-compacts it in
+        the background, :meth:`after_load`, so it stops sharing its parent's SSTables)."""
         key = (record.table_id, record.tablet_id)
 
         def cool_down(_: Tablet) -> None:
@@ -173,13 +191,11 @@ class TabletSplits:
             schema = self._server.newest_schema(
                 await self._server.catalog.table_by_id(record.table_id)
             )
-            tablet = await self._server.open_and_serve(record, schema, before_serving=cool_down)
+            await self._server.open_and_serve(record, schema, before_serving=cool_down)
         except TabletStoreError as exc:
             # Committed but not served: let the master assign it (it recovers from the logs).
             log.warning("serving split child %s failed: %s", record.tablet_id, exc)
             await self._server.release_claim(key)
-            return
-        self._server.spawn(self.compactions, self._compact_child(tablet))
 
     async def _compact_child(self, tablet: Tablet) -> None:
         try:

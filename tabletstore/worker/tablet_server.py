@@ -633,6 +633,7 @@ class TabletServer:
             if newest is not None and newest.schema is not tablet.schema:
                 tablet.set_schema(newest.schema)  # pushed while it was opened (no await since)
             self._tablets[(tablet.record.table_id, tablet.record.tablet_id)] = tablet
+            self.splits.after_load(tablet)  # a split's child: compacted to own its SSTables
             self.splits.after_compaction(tablet)  # a tablet loaded past the split size splits now
         return tablet
 

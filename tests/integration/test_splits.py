@@ -36,15 +36,17 @@ from tabletstore.coordination import paths
 from tabletstore.coordination.memory import MemoryCoordinator
 from tabletstore.data.model import DeleteRow, RowMutation, SetCell
 from tabletstore.embedded import Database
+from tabletstore.engine.split_key import owns_its_sstables
 from tabletstore.errors import TabletStoreError, Unavailable
 from tabletstore.master.master import Master
 from tabletstore.metadata.catalog import Catalog
 from tabletstore.metadata.record import TabletRecord
 from tabletstore.options import IN_PROCESS_LEASE, MasterOptions, TabletOptions, WorkerOptions
 from tabletstore.rpc.inprocess import InProcessTransport
-from tabletstore.rpc.messages import LoadTabletRequest
+from tabletstore.rpc.messages import LoadTabletRequest, UnloadTabletRequest
 from tabletstore.rpc.services import TABLET
 from tabletstore.storage_s3.memory import MemoryObjectStore
+from tabletstore.worker.splits import TabletSplits
 from tabletstore.worker.tablet_server import TabletServer
 from tests.integration.cluster_harness import Cluster, placement, table_id_of
 from tests.integration.cluster_harness import eventually as harness_eventually
@@ -567,3 +569,49 @@ async def test_a_process_cluster_splits_under_writers_and_a_scanner(
     finally:
         cluster.close()
     assert not cluster.alive()
+
+
+async def test_a_child_moved_before_its_major_compaction_is_compacted_by_its_new_owner(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A split's child shares its parent's SSTables until its major compaction, and cannot
+    split again before it. Moved before it (balancing, a worker stopping), it was never
+    compacted where it landed: it grew without splitting. Its new owner compacts it now."""
+    wopts = WorkerOptions(lease=IN_PROCESS_LEASE, split_cooldown=0.2)
+    db = await Database.open(f"file://{tmp_path}", tablet_options=SPLIT, worker_options=wopts)
+    try:
+        real = TabletSplits._compact_child
+
+        async def not_yet(self: TabletSplits, tablet: object) -> None:
+            return None  # the split's own compaction of its children does not happen
+
+        monkeypatch.setattr(TabletSplits, "_compact_child", not_yet)
+        table = await db.create_table("t", ["f"])
+        rnd = random.Random(2)
+        rows = {b"r%05d" % i: rnd.randbytes(150) for i in range(1200)}
+        await write(table, rows)
+        await db.flush("t")
+        table_id = (await db.master.catalog.get_table("t")).table_id
+
+        async def split() -> bool:
+            tablets = await db.master.catalog.list_tablets(table_id)
+            return len(tablets) >= 2 and not db.worker.splits.running
+
+        await eventually(split, deadline=60, what="the table splits")
+        child = next(
+            t for t in await db.master.catalog.list_tablets(table_id) if not owns_its_sstables(t)
+        )
+        key = (child.table_id, child.tablet_id)
+        # Moved: unloaded with a flush, then loaded (here: the only worker) by the master.
+        await db.worker.services.unload_tablet(UnloadTabletRequest(*key, flush=True))
+        monkeypatch.setattr(TabletSplits, "_compact_child", real)
+        await db.master.assign()
+        assert key in db.worker.tablets
+
+        async def compacted() -> bool:
+            return owns_its_sstables(await db.master.catalog.get_tablet(*key))
+
+        await eventually(compacted, deadline=60, what="the moved child's major compaction")
+        assert await read_all(table) == rows
+    finally:
+        await db.close()
