@@ -11,7 +11,10 @@ on the process's ``/metrics``): a loop that keeps up wakes within a millisecond;
 300 ms wakes that much late once. With ``stall_seconds`` it also names the culprit, as Go's and
 Node's blocked-loop detectors do: a watchdog thread checks the loop's next wake-up, and once the
 loop is that far past it, logs the loop thread's Python stack -- where it is held -- as a
-warning, once per stall and at most every ``report_every`` seconds. The thread takes the GIL for
+warning, once per stall and at most every ``report_every`` seconds; given the process's
+:class:`~tabletstore.ops.gc_pauses.GcPauses`, it also says how much of the stall the garbage
+collector took (a collection stops every thread, and the stack then shows only where the loop
+was when it began). The thread takes the GIL for
 a moment a few times per ``stall_seconds``, so reports are off by default
 (``tabletstore worker --report-stalls SECONDS``).
 
@@ -30,6 +33,7 @@ from collections.abc import Callable
 from types import TracebackType
 
 from tabletstore.clock import monotonic
+from tabletstore.ops.gc_pauses import GcPauses
 
 __all__ = ["LAG_BUCKETS", "LoopLag"]
 
@@ -52,8 +56,12 @@ class LoopLag:
         interval: float = 0.05,
         stall_seconds: float | None = None,
         report_every: float = 10.0,
+        gc_pauses: GcPauses | None = None,
     ) -> None:
         self._observe = observe
+        self._gc = gc_pauses
+        #: ``gc_pauses.total`` when the sampler last went to sleep.
+        self._gc_at_due = 0.0
         self.interval = interval
         self.stall_seconds = stall_seconds
         self.report_every = report_every
@@ -97,6 +105,8 @@ class LoopLag:
         loop = asyncio.get_running_loop()
         while True:
             due = loop.time() + self.interval
+            if self._gc is not None:
+                self._gc_at_due = self._gc.total
             self._due = due
             await asyncio.sleep(self.interval)
             self._observe(max(0.0, loop.time() - due))
@@ -119,8 +129,19 @@ class LoopLag:
             del frame
             reported_due, last_report = due, now
             self.reports += 1
+            collected = "" if self._gc is None else self._collected(now)
             log.warning(
-                "event loop held for %.0f ms so far (every request waits); it is at:\n%s",
+                "event loop held for %.0f ms so far (every request waits%s); it is at:\n%s",
                 held * 1000,
+                collected,
                 stack,
             )
+
+    def _collected(self, now: float) -> str:
+        """How much of the stall the garbage collector took, for the report."""
+        assert self._gc is not None
+        seconds = self._gc.total - self._gc_at_due
+        running = self._gc.collecting
+        if running is not None:
+            seconds += now - running[1]
+        return f"; garbage collection: {seconds * 1000:.0f} ms of it"

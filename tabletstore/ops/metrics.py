@@ -79,6 +79,7 @@ from tabletstore.coordination.base import Lease
 from tabletstore.engine.tablet import Tablet
 from tabletstore.errors import InvalidArgument, TabletStoreError
 from tabletstore.metadata.record import TabletEvent
+from tabletstore.ops.gc_pauses import GC_PAUSE_BUCKETS
 from tabletstore.ops.loop_lag import LAG_BUCKETS
 from tabletstore.rpc.rpc_server import RpcServer
 from tabletstore.rpc.services import TABLET, TabletService
@@ -679,7 +680,20 @@ class WorkerMetrics(ProcessMetrics):
             buckets=LAG_BUCKETS,
             registry=self.registry,
         )
+        #: The cyclic garbage collector's pauses (``ops/gc_pauses.py``), by generation.
+        self.gc_pauses = Histogram(
+            f"{PREFIX}_gc_pause_seconds",
+            "How long each of the worker's cyclic garbage collections stopped it, by "
+            "generation (2: a full collection)",
+            ["generation"],
+            buckets=GC_PAUSE_BUCKETS,
+            registry=self.registry,
+        )
         self._sources: WorkerSources | None = None
+
+    def observe_gc(self, generation: int, seconds: float) -> None:
+        """One collection's pause (``GcPauses``' callback)."""
+        self.gc_pauses.labels(generation=str(generation)).observe(seconds)
 
     def observe_server(self, server: ObservedWorker) -> None:
         """Observe a tablet server: its tablets, block cache, commit log, sort spill, heap and

@@ -23,6 +23,7 @@ from tabletstore.errors import (
     Unavailable,
 )
 from tabletstore.metadata.catalog import ClusterSettings
+from tabletstore.ops.gc_pauses import GcPauses
 from tabletstore.ops.loop_lag import LoopLag
 from tabletstore.ops.metrics import WorkerMetrics
 from tabletstore.ops.status_http import StatusServer, serve_worker
@@ -229,81 +230,87 @@ async def _one_worker(
     tablet_server.address = server.address
     # How late the loop runs what is due, and with report_stalls where it is held.
     stalls = (options or WorkerOptions()).report_stalls
-    async with LoopLag(metrics.loop_lag.observe, stall_seconds=stalls):
-        fenced = False
-        http: StatusServer | None = None
-        try:
-            if metrics_port is not None:
-                http = await serve_worker(
-                    tablet_server,
-                    metrics,
-                    host=host,
-                    port=metrics_port,
-                    coordinator=coordinator,
-                    tls=tls,
-                    token=status_token,
-                )
-                if metrics_ready is not None:
-                    metrics_ready(http.url)
-            if warm_up is not None:
-                warm_up()  # before the lease (docstring)
-            await tablet_server.start()
-            if ready is not None:
-                ready(tablet_server)
-            assert tablet_server.lease is not None
-            lease = tablet_server.lease
-            if http is not None:  # the master's page links here while this worker's lease lasts
-                await publish_page(coordinator, "worker", wid, http.url, lease)
-            # This worker also takes sort tasks of dead workers' logs (§6; worker.sorter).
-            sorter = Sorter(wid, store, coordinator, lease, shared=tablet_server.sorts)
-            async with asyncio.TaskGroup() as waits:
-                # Sort tasks until told to stop or the lease is lost, whichever comes first; a task
-                # cut short is harmless: its claim goes with the lease or is re-run.
-                sorting = waits.create_task(sorter.run(stop))
-                either = [waits.create_task(stop.wait()), waits.create_task(lease.wait_expired())]
-                await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
-                for task in [*either, sorting]:
-                    task.cancel()
-            fenced = lease.expired and not stop.is_set()
-            if fenced:
-                # Said now, as it stops serving: the stop below may wait long for the commit log's
-                # PUTs in flight to settle on a slow store (an outcome is never abandoned).
-                log.warning("worker %s lost its lease; it serves nothing more and is stopping", wid)
-        finally:
-            deadline = (options or WorkerOptions()).drain_deadline
+    with GcPauses(metrics.observe_gc) as pauses:
+        async with LoopLag(metrics.loop_lag.observe, stall_seconds=stalls, gc_pauses=pauses):
+            fenced = False
+            http: StatusServer | None = None
             try:
-                async with asyncio.timeout(deadline):
-                    if http is not None:
-                        await http.close()
-                    held = tablet_server.lease
-                    if not fenced and held is not None and not held.expired:
-                        # Stopping on purpose: the master's failure detector must not take our
-                        # closed listener for a crash while we flush and hand over the tablets.
-                        with contextlib.suppress(TabletStoreError):
-                            await coordinator.put(paths.draining(wid), b"", lease=held)
-                    await server.close(grace=2.0)
-                    # A worker whose lease is gone must not touch its tablets' records any more.
-                    await tablet_server.stop(flush=not fenced)
-                    await transport.close()
-                    await store.close()
-            except TimeoutError:
-                abandoned = tablet_server.unflushed
-                log.error(
-                    "worker %s did not drain within %g s (its object store or etcd unreachable?); "
-                    "abandoning %d tablet(s) not flushed, whose commit logs hold every "
-                    "acknowledged write for recovery to replay: %s",
-                    wid,
-                    deadline,
-                    len(abandoned),
-                    ", ".join("/".join(key) for key in abandoned) or "none",
-                )
-                for close in (transport.close, store.close):
-                    with contextlib.suppress(Exception):  # its own timeout too
-                        async with asyncio.timeout(1.0):
-                            await close()
-                raise Unavailable(
-                    f"worker {wid} did not drain within {deadline:g} s: {len(abandoned)} tablet(s) "
-                    "left to recovery from the commit log"
-                ) from None
-        if fenced:
-            raise Fenced(f"worker {wid} lost its lease; its tablets are being reassigned")
+                if metrics_port is not None:
+                    http = await serve_worker(
+                        tablet_server,
+                        metrics,
+                        host=host,
+                        port=metrics_port,
+                        coordinator=coordinator,
+                        tls=tls,
+                        token=status_token,
+                    )
+                    if metrics_ready is not None:
+                        metrics_ready(http.url)
+                if warm_up is not None:
+                    warm_up()  # before the lease (docstring)
+                await tablet_server.start()
+                if ready is not None:
+                    ready(tablet_server)
+                assert tablet_server.lease is not None
+                lease = tablet_server.lease
+                if http is not None:  # the master's page links here while this worker's lease lasts
+                    await publish_page(coordinator, "worker", wid, http.url, lease)
+                # This worker also takes sort tasks of dead workers' logs (§6; worker.sorter).
+                sorter = Sorter(wid, store, coordinator, lease, shared=tablet_server.sorts)
+                async with asyncio.TaskGroup() as waits:
+                    # Sort tasks until told to stop or the lease is lost, whichever comes first; a task
+                    # cut short is harmless: its claim goes with the lease or is re-run.
+                    sorting = waits.create_task(sorter.run(stop))
+                    either = [
+                        waits.create_task(stop.wait()),
+                        waits.create_task(lease.wait_expired()),
+                    ]
+                    await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+                    for task in [*either, sorting]:
+                        task.cancel()
+                fenced = lease.expired and not stop.is_set()
+                if fenced:
+                    # Said now, as it stops serving: the stop below may wait long for the commit log's
+                    # PUTs in flight to settle on a slow store (an outcome is never abandoned).
+                    log.warning(
+                        "worker %s lost its lease; it serves nothing more and is stopping", wid
+                    )
+            finally:
+                deadline = (options or WorkerOptions()).drain_deadline
+                try:
+                    async with asyncio.timeout(deadline):
+                        if http is not None:
+                            await http.close()
+                        held = tablet_server.lease
+                        if not fenced and held is not None and not held.expired:
+                            # Stopping on purpose: the master's failure detector must not take our
+                            # closed listener for a crash while we flush and hand over the tablets.
+                            with contextlib.suppress(TabletStoreError):
+                                await coordinator.put(paths.draining(wid), b"", lease=held)
+                        await server.close(grace=2.0)
+                        # A worker whose lease is gone must not touch its tablets' records any more.
+                        await tablet_server.stop(flush=not fenced)
+                        await transport.close()
+                        await store.close()
+                except TimeoutError:
+                    abandoned = tablet_server.unflushed
+                    log.error(
+                        "worker %s did not drain within %g s (its object store or etcd unreachable?); "
+                        "abandoning %d tablet(s) not flushed, whose commit logs hold every "
+                        "acknowledged write for recovery to replay: %s",
+                        wid,
+                        deadline,
+                        len(abandoned),
+                        ", ".join("/".join(key) for key in abandoned) or "none",
+                    )
+                    for close in (transport.close, store.close):
+                        with contextlib.suppress(Exception):  # its own timeout too
+                            async with asyncio.timeout(1.0):
+                                await close()
+                    raise Unavailable(
+                        f"worker {wid} did not drain within {deadline:g} s: {len(abandoned)} tablet(s) "
+                        "left to recovery from the commit log"
+                    ) from None
+            if fenced:
+                raise Fenced(f"worker {wid} lost its lease; its tablets are being reassigned")

@@ -1,13 +1,17 @@
-"""The event loop's lag and stall reports (ops/loop_lag.py), on a real loop held on purpose."""
+"""The event loop's lag and stall reports (ops/loop_lag.py) and the collector's pauses
+(ops/gc_pauses.py), on a real loop held on purpose."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
+import re
 import time
 
 import pytest
 
+from tabletstore.ops.gc_pauses import GcPauses
 from tabletstore.ops.loop_lag import LoopLag
 from tabletstore.ops.metrics import WorkerMetrics
 from tests.tablet_harness import until
@@ -69,3 +73,47 @@ async def test_a_workers_lag_is_on_its_metrics() -> None:
         if line.startswith("tabletstore_event_loop_lag_seconds_count")
     )
     assert count >= 1
+
+
+def test_gc_pauses_are_timed_by_generation_while_installed() -> None:
+    seen: list[tuple[int, float]] = []
+    with GcPauses(lambda generation, seconds: seen.append((generation, seconds))) as pauses:
+        gc.collect()
+        gc.collect(0)
+    assert seen[0][0] == 2 and seen[0][1] > 0
+    assert seen[1][0] == 0 and pauses.collections == 2
+    assert pauses.total == pytest.approx(seen[0][1] + seen[1][1])
+    assert pauses.collecting is None
+    gc.collect()
+    assert len(seen) == 2, "removed with the block"
+
+
+async def test_a_stall_report_says_how_much_of_it_the_collector_took(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="tabletstore.ops.loop_lag")
+    lags: list[float] = []
+    junk = [[i] for i in range(200_000)]  # tracked objects for each full collection to walk
+    with GcPauses(lambda generation, seconds: None) as pauses:
+        async with LoopLag(
+            lags.append, interval=0.01, stall_seconds=0.05, gc_pauses=pauses
+        ) as monitor:
+            await until(lambda: len(lags) >= 1)
+            end = time.monotonic() + 0.5
+            while time.monotonic() < end:  # the loop held by full collections
+                gc.collect()
+            seen = len(lags)
+            await until(lambda: len(lags) > seen)
+    del junk
+    assert monitor.reports == 1, caplog.text
+    message = next(r.getMessage() for r in caplog.records if "event loop held" in r.getMessage())
+    collected = re.search(r"garbage collection: (\d+) ms of it", message)
+    assert collected is not None and int(collected.group(1)) > 0, message
+
+
+def test_a_workers_gc_pauses_are_on_its_metrics() -> None:
+    metrics = WorkerMetrics("w-gc")
+    with GcPauses(metrics.observe_gc):
+        gc.collect()
+    text = metrics.exposition().decode()
+    assert 'tabletstore_gc_pause_seconds_count{generation="2"} 1.0' in text
