@@ -37,15 +37,17 @@ async def test_a_stall_is_reported_once_with_the_stack_that_held_it(
 ) -> None:
     lags: list[float] = []
     caplog.set_level(logging.WARNING, logger="tabletstore.ops.loop_lag")
-    async with LoopLag(lags.append, interval=0.01, stall_seconds=0.05) as monitor:
+    # Every stall reported (report_every=0): a loaded machine may stall this process on
+    # its own too, and the rate limit would then hide the stall held on purpose.
+    async with LoopLag(lags.append, interval=0.01, stall_seconds=0.05, report_every=0.0) as monitor:
         await until(lambda: len(lags) >= 1)
         _hold_the_loop(0.5)
         seen = len(lags)
         await until(lambda: len(lags) > seen)
         watchdog = monitor._watchdog
-    assert monitor.reports == 1, caplog.text
-    (record,) = [r for r in caplog.records if "event loop held" in r.getMessage()]
-    assert "_hold_the_loop" in record.getMessage()
+    held = [r.getMessage() for r in caplog.records if "_hold_the_loop" in r.getMessage()]
+    assert len(held) == 1, caplog.text  # once, however long it lasted
+    assert held[0].startswith("event loop held for ")
     assert watchdog is not None and not watchdog.is_alive()
 
 
@@ -96,7 +98,7 @@ async def test_a_stall_report_says_how_much_of_it_the_collector_took(
     junk = [[i] for i in range(200_000)]  # tracked objects for each full collection to walk
     with GcPauses(lambda generation, seconds: None) as pauses:
         async with LoopLag(
-            lags.append, interval=0.01, stall_seconds=0.05, gc_pauses=pauses
+            lags.append, interval=0.01, stall_seconds=0.05, gc_pauses=pauses, report_every=0.0
         ) as monitor:
             await until(lambda: len(lags) >= 1)
             end = time.monotonic() + 0.5
@@ -104,11 +106,17 @@ async def test_a_stall_report_says_how_much_of_it_the_collector_took(
                 gc.collect()
             seen = len(lags)
             await until(lambda: len(lags) > seen)
+            # What the report adds up (the watchdog's timing is the machine's: on a loaded
+            # one the stall it reports may have begun before the first collection).
+            monitor._gc_at_due = pauses.total - 0.25
+            assert monitor._collected(time.monotonic()) == "; garbage collection: 250 ms of it"
+            pauses.collecting = (2, time.monotonic() - 0.1)
+            assert "garbage collection: 35" in monitor._collected(time.monotonic())
+            pauses.collecting = None
     del junk
-    assert monitor.reports == 1, caplog.text
+    assert monitor.reports >= 1, caplog.text
     message = next(r.getMessage() for r in caplog.records if "event loop held" in r.getMessage())
-    collected = re.search(r"garbage collection: (\d+) ms of it", message)
-    assert collected is not None and int(collected.group(1)) > 0, message
+    assert re.search(r"garbage collection: \d+ ms of it", message), message
 
 
 def test_a_workers_gc_pauses_are_on_its_metrics() -> None:
