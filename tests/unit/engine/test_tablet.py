@@ -26,6 +26,7 @@ from tabletstore.data.model import (
 )
 from tabletstore.data.query import RowRange
 from tabletstore.data.schema import Acl, ColumnFamily, TableSchema
+from tabletstore.engine import iterators, memtable
 from tabletstore.engine.tablet import Tablet
 from tabletstore.errors import (
     InvalidArgument,
@@ -213,6 +214,60 @@ async def test_scan_limit_families_and_filter(h: TabletHarness) -> None:
     q1 = [r async for r in tablet.scan(RowRange.all(), filter=ColumnQualifierRegex(b"q1"))]
     assert [r.key for r in q1] == [b"row%02d" % i for i in range(1, 30, 2)]
     assert [r async for r in tablet.scan(RowRange.all(), limit=0)] == []
+
+
+async def test_a_limited_scan_reads_the_memtable_only_as_far_as_it_returns(
+    h: TabletHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scan used to copy every memtable cell from its start to the tablet's end before
+    returning its first row: 15 ms of the event loop for 100 rows of a 16 MB memtable."""
+    tablet = h.tablet
+    assert tablet is not None
+    for i in range(5000):
+        await tablet.apply(b"row%05d" % i, [SetCell("b", b"x", b"v")])
+    made = 0
+    real = memtable._as_cell
+
+    def counted(entry: Any) -> Any:
+        nonlocal made
+        made += 1
+        return real(entry)
+
+    monkeypatch.setattr(memtable, "_as_cell", counted)
+    got = [r.key async for r in tablet.scan(RowRange(b"row01000", None), limit=10)]
+    assert got == [b"row%05d" % i for i in range(1000, 1010)]
+    assert made <= 2 * iterators.BATCH_SIZE, f"{made} memtable cells read for 10 rows"
+
+
+async def test_a_scan_suspended_between_batches_sees_each_row_whole_once(
+    h: TabletHarness,
+) -> None:
+    """The memtable is read as the scan goes, so writes land while it is suspended: each row
+    is still returned once and whole (a row's cells are copied when the scan reaches it),
+    the rows behind it as they were, the rows ahead with or without the new cells."""
+    tablet = h.tablet
+    assert tablet is not None
+    for i in range(0, 3000, 2):
+        await tablet.apply(b"row%05d" % i, [SetCell("a", b"x", b"1"), SetCell("b", b"x", b"1")])
+    await tablet.minor_compact()  # an SSTable source too: the merge awaits between batches
+    for i in range(1, 3000, 2):
+        await tablet.apply(b"row%05d" % i, [SetCell("a", b"x", b"1"), SetCell("b", b"x", b"1")])
+    seen: list[Row] = []
+    async for row in tablet.scan(RowRange.all()):
+        seen.append(row)
+        if len(seen) % 100 == 0:  # writes while the scan is suspended, behind and ahead
+            n = len(seen)
+            for row_no in (n - 50, min(n + 500, 2999)):
+                await tablet.apply(
+                    b"row%05d" % row_no, [SetCell("a", b"x", b"2"), SetCell("b", b"x", b"2")]
+                )
+    assert [r.key for r in seen] == [b"row%05d" % i for i in range(3000)]
+    for row in seen:
+        values = {c.value for c in row.cells if c.qualifier == b"x"}
+        # Whole: both families' newest version from one mutation (the older one may show
+        # beneath it under the GC rules, never a family without the other).
+        assert {c.family for c in row.cells} == {"a", "b"}, row
+        assert values <= {b"1", b"2"}, row
 
 
 async def test_in_memory_locality_group_reads_cost_no_requests(
