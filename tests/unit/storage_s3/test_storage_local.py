@@ -6,6 +6,7 @@ import asyncio
 import errno
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -129,6 +130,79 @@ async def test_ranged_reads_keep_the_file_open_and_see_deletes_from_anywhere(
     assert await reader.get_range("t", 0, 1) is None  # a prefix directory, not an object
     await other.create("t/u", b"u")
     assert await reader.get_range("t", 0, 1) is None
+
+
+def _uncache(path: Path) -> None:
+    """Drop a file's (clean, synced) pages from the page cache."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.skipif(not hasattr(os, "RWF_NOWAIT"), reason="non-blocking reads are Linux's")
+async def test_a_read_that_would_wait_for_the_disk_runs_on_a_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reads from the page cache stay on the event loop; one that would wait for the disk
+    goes to a thread (inline, a busy disk held a worker's loop for hundreds of ms)."""
+    from tabletstore.storage_s3 import local
+
+    threaded: list[object] = []
+    real = asyncio.to_thread
+
+    async def to_thread(fn: Any, *args: Any) -> Any:
+        threaded.append(fn)
+        return await real(fn, *args)
+
+    monkeypatch.setattr(local.asyncio, "to_thread", to_thread)
+    store = LocalObjectStore(tmp_path)
+    data = os.urandom(256 * 1024)
+    await store.create("tables/t/x.parquet", data)
+    _uncache(tmp_path / "tables" / "t" / "x.parquet")
+    threaded.clear()  # the create's
+    assert await store.get_range("tables/t/x.parquet", 100_000, 8192) == data[100_000:108_192]
+    assert threaded == [local._pread_all]
+    # Now cached: inline.
+    assert await store.get_range("tables/t/x.parquet", 100_000, 8192) == data[100_000:108_192]
+    assert len(threaded) == 1
+    # Ends and lengths as before: the bytes there are, b"" past the end.
+    size = len(data)
+    assert await store.get_range("tables/t/x.parquet", size - 10, 10) == data[-10:]
+    _uncache(tmp_path / "tables" / "t" / "x.parquet")
+    assert await store.get_range("tables/t/x.parquet", 0, size) == data
+    assert await store.get_range("tables/t/x.parquet", 4096, size - 4096) == data[4096:]
+
+
+async def test_without_non_blocking_reads_small_reads_stay_inline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tabletstore.storage_s3 import local
+
+    store = LocalObjectStore(tmp_path)
+    data = os.urandom(64 * 1024)
+    await store.create("k", data)
+    real_preadv = os.preadv
+
+    def unsupported(*args: Any) -> int:
+        raise OSError(errno.EOPNOTSUPP, "not on this file system")
+
+    threaded: list[object] = []
+
+    async def to_thread(fn: Any, *args: Any) -> Any:
+        threaded.append(fn)
+        return fn(*args)
+
+    monkeypatch.setattr(local.asyncio, "to_thread", to_thread)
+    monkeypatch.setattr(local, "_NOWAIT", getattr(os, "RWF_NOWAIT", 8))
+    monkeypatch.setattr(local.os, "preadv", unsupported)  # an old kernel
+    assert await store.get_range("k", 10, 1000) == data[10:1010]
+    monkeypatch.setattr(local, "_NOWAIT", 0)  # a platform without the flag
+    monkeypatch.setattr(local.os, "preadv", real_preadv)
+    assert await store.get_range("k", 0, 5) == data[:5]
+    assert await store.get_range("k", 0, 0) == b""
+    assert threaded == []
 
 
 @pytest.mark.parametrize("key", ["a//b", "/a", "a/", "a/./b", "a/../b", "..", "a\x00b", "x" * 256])
