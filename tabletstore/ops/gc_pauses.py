@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable
-from types import TracebackType
 from typing import Any
 
 from tabletstore.clock import monotonic
@@ -46,12 +45,7 @@ class GcPauses:
         gc.callbacks.append(self._callback)
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._callback in gc.callbacks:
             gc.callbacks.remove(self._callback)
 

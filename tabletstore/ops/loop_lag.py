@@ -30,7 +30,6 @@ import sys
 import threading
 import traceback
 from collections.abc import Callable
-from types import TracebackType
 
 from tabletstore.clock import monotonic
 from tabletstore.ops.gc_pauses import GcPauses
@@ -86,12 +85,7 @@ class LoopLag:
             self._watchdog.start()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         self._stopped.set()
         if self._task is not None:
             self._task.cancel()
