@@ -29,7 +29,8 @@ Riding out a restart (etcd keeps keys, revisions and leases across one, and rene
 to its full TTL when the restarted member becomes leader):
 
 * the gRPC channel reconnects quickly (reconnect back-off capped at 1 s instead of gRPC's
-  2 minutes) and pings an idle connection so a silently dead one is noticed;
+  2 minutes), gives a connection 5 s to finish its handshake, and pings an idle connection
+  so a silently dead one is noticed;
 * every call first waits for the channel to be connected, within ``retry_deadline`` (default
   10 s) from the call's start. A call that could not be sent is retried until that deadline,
   then raises Unavailable. A *read* (get, get_prefix, a transaction of gets only), a lease
@@ -158,9 +159,16 @@ _BACKOFF = (0.05, 1.0)
 #: a few seconds of refused connections could stay away for minutes after etcd is back. Pings
 #: every 10 s (etcd refuses pings more frequent than 5 s) detect a connection that died
 #: without a reset.
+#:
+#: ``min_reconnect_backoff_ms`` is not a back-off despite its name: gRPC gives each connection
+#: attempt (TCP connect and the HTTP/2 handshake) the longer of it and the current back-off.
+#: At 100 ms, with the back-off capped at 1 s, a handshake slower than about 1.2 s (a loaded
+#: machine, a slow link) could never complete ("tcp handshaker shutdown") and every call
+#: failed as unreachable. 5 s, the call timeout, lets such a connection finish; a refused
+#: connection still fails at once and is retried within a second.
 _CHANNEL_OPTIONS = {
     "grpc.initial_reconnect_backoff_ms": 100,
-    "grpc.min_reconnect_backoff_ms": 100,
+    "grpc.min_reconnect_backoff_ms": int(DEFAULT_TIMEOUT * 1000),
     "grpc.max_reconnect_backoff_ms": 1000,
     "grpc.keepalive_time_ms": 10_000,
     "grpc.keepalive_timeout_ms": 5_000,
