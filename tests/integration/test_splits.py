@@ -17,8 +17,10 @@ the test; tests/integration/test_cluster.py has balancing with real processes.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import itertools
+import pickle
 import random
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -445,6 +447,36 @@ async def test_compactions_run_in_a_process_pool() -> None:
         assert await read_all(table) == rows
     finally:
         await db.close()
+
+
+async def test_compactions_send_their_processes_no_sstable_bytes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The SSTables a merge or a major compaction rewrites in the compaction processes travel
+    as parcels (engine/parcel.py), not in the pickled call: pickling holds the event loop."""
+    sent: list[int] = []
+    submit = concurrent.futures.ProcessPoolExecutor.submit
+
+    def measured(self: Any, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        sent.append(len(pickle.dumps((fn, args, kwargs))))
+        return submit(self, fn, *args, **kwargs)
+
+    monkeypatch.setattr(concurrent.futures.ProcessPoolExecutor, "submit", measured)
+    wopts = WorkerOptions(lease=IN_PROCESS_LEASE, compaction_processes=1)
+    db = await Database.open(f"memory://parcels-{uuid.uuid4().hex}", worker_options=wopts)
+    try:
+        table = await db.create_table("p", ["f"])
+        rows: dict[bytes, bytes] = {}
+        for round_ in range(3):  # three SSTables of 500 KB of random values
+            batch = {b"k%03d" % i: random.randbytes(10_000) for i in range(50)}
+            await write(table, batch)
+            rows |= batch
+            await db.flush("p")
+        await db.compact("p")
+        assert await read_all(table) == rows
+    finally:
+        await db.close()
+    assert sent and max(sent) < 16_384, sent
 
 
 async def test_a_merge_cut_short_is_finished_by_the_next_listing(
