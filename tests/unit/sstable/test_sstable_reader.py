@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import threading
 
 import pytest
 
@@ -18,9 +19,11 @@ from tabletstore.sstable import (
     BlockCache,
     SSTable,
     SSTableInfo,
+    reader,
     upload_sstable,
     write_sstable,
 )
+from tabletstore.sstable.reader import SSTableCore
 from tabletstore.storage_s3.base import ObjectStore, Op
 from tabletstore.storage_s3.instrumented import InstrumentedObjectStore
 
@@ -88,6 +91,27 @@ async def test_open_with_a_footer_larger_than_the_guess_takes_two_gets(
     await SSTable.open(store, KEY, size=info.size, tail_size=100)
     assert store.stats()[Op.GET_RANGE].requests == 2
     assert store.stats()[Op.GET_RANGE].bytes == info.tail_size
+
+
+async def test_a_large_tail_is_parsed_off_the_event_loop(
+    object_store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    info = await put(object_store, make_cells(600), block_size=1024)
+    parsed_on: list[int] = []
+    from_tail = SSTableCore.from_tail.__func__  # type: ignore[attr-defined]
+
+    def recorded(cls: type[SSTableCore], *args: object) -> SSTableCore:
+        parsed_on.append(threading.get_ident())
+        return from_tail(cls, *args)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(SSTableCore, "from_tail", classmethod(recorded))
+    monkeypatch.setattr(reader, "INLINE_TAIL_BYTES", info.tail_size)
+    await SSTable.open(object_store, KEY, size=info.size, tail_size=info.tail_size)
+    monkeypatch.setattr(reader, "INLINE_TAIL_BYTES", info.tail_size - 1)
+    table = await SSTable.open(object_store, KEY, size=info.size, tail_size=info.tail_size)
+    assert parsed_on == [threading.get_ident(), parsed_on[1]]
+    assert parsed_on[1] != threading.get_ident()
+    assert (table.first_row, table.last_row, table.cells) == (b"row000000", b"row000199", 600)
 
 
 async def test_open_of_a_missing_object_is_not_found(object_store: ObjectStore) -> None:
