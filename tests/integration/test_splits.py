@@ -467,7 +467,7 @@ async def test_compactions_send_their_processes_no_sstable_bytes(
     try:
         table = await db.create_table("p", ["f"])
         rows: dict[bytes, bytes] = {}
-        for round_ in range(3):  # three SSTables of 500 KB of random values
+        for _ in range(3):  # three SSTables of 500 KB of random values
             batch = {b"k%03d" % i: random.randbytes(10_000) for i in range(50)}
             await write(table, batch)
             rows |= batch
