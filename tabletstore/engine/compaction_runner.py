@@ -55,6 +55,7 @@ from tabletstore.data.schema import TableSchema
 from tabletstore.engine import compaction, parcel
 from tabletstore.engine.compaction_budget import CompactionBudget
 from tabletstore.engine.parcel import Parcel, Parcels, Stowed
+from tabletstore.engine.process_pool import ProcessPool
 from tabletstore.engine.state import (
     AdoptedMajor,
     MajorResult,
@@ -114,7 +115,8 @@ class CompactionRunner:
         self._executor = executor
         #: Inputs and outputs go to the compaction processes as parcels, not pickled.
         self._parcels = (
-            isinstance(executor, concurrent.futures.ProcessPoolExecutor) and parcel.supported()
+            isinstance(executor, ProcessPool | concurrent.futures.ProcessPoolExecutor)
+            and parcel.supported()
         )
         #: The worker's compaction memory budget (None: unbounded).
         self._budget = budget
@@ -281,7 +283,15 @@ class CompactionRunner:
         if self._parcels and isinstance(work, functools.partial):
             result: T = await self._compute_parcelled(work)
             return result
-        return await asyncio.get_running_loop().run_in_executor(self._executor, work)
+        return await self._in_pool(work)
+
+    async def _in_pool(self, call: Callable[[], T]) -> T:
+        """``call`` in the compaction processes; a :class:`ProcessPool` runs it again in a
+        new pool if its process dies (the rewrite is a pure function of its inputs)."""
+        assert self._executor is not None
+        if isinstance(self._executor, ProcessPool):
+            return await self._executor.run(call)
+        return await asyncio.get_running_loop().run_in_executor(self._executor, call)
 
     async def _compute_parcelled(self, work: functools.partial[Any]) -> Any:
         """``work`` (a rewrite whose first argument is its input SSTables' bytes) in the
@@ -296,7 +306,7 @@ class CompactionRunner:
             call = functools.partial(
                 _rewrite_parcelled, work.func, inputs, out, *rest, **work.keywords
             )
-            stowed = await asyncio.get_running_loop().run_in_executor(self._executor, call)
+            stowed = await self._in_pool(call)
             if isinstance(stowed, dict):
                 return {
                     group: (await parcels.unpack(out, where), info)

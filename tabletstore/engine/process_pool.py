@@ -7,18 +7,33 @@ so it never sees the end of a parent that was SIGKILLed: it, and the forkserver 
 worker forever, one pair per kill. :func:`process_pool` starts each pool process with a
 watcher thread that ends it (``os._exit``) once the process that made the pool is gone.
 forkserver, never fork: the processes that make pools run threads.
+
+A pool process that dies (the OOM killer, a ``kill -9``) breaks a ``ProcessPoolExecutor`` for
+good: the calls it was running and every call after fail with ``BrokenProcessPool``.
+:class:`ProcessPool` replaces a broken pool with a new one and runs the calls the dead process
+took down once more there (the work given to it is a pure function of its arguments, so running
+it twice is harmless); a call that breaks its second pool as well fails with Unavailable.
 """
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
+import logging
 import multiprocessing
 import os
 import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
 
+from tabletstore.errors import Unavailable
 from tabletstore.pid_liveness import alive
 
-__all__ = ["WATCH_INTERVAL", "process_pool"]
+__all__ = ["WATCH_INTERVAL", "ProcessPool", "process_pool"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 #: Seconds between a pool process's checks that its owner is still there.
 WATCH_INTERVAL = 1.0
@@ -32,6 +47,60 @@ def process_pool(max_workers: int) -> concurrent.futures.ProcessPoolExecutor:
         initializer=_watch_owner,
         initargs=(os.getpid(),),
     )
+
+
+class ProcessPool(concurrent.futures.Executor):
+    """A :func:`process_pool` that replaces itself when a process of it dies (module
+    docstring): what :meth:`run` runs survives the loss of one pool."""
+
+    def __init__(self, max_workers: int, *, name: str = "process") -> None:
+        self._max_workers = max_workers
+        self._name = name
+        self._pool = process_pool(max_workers)
+        self._shut = False
+        #: Pools replaced because a process of theirs died.
+        self.renewals = 0
+
+    @property
+    def pool(self) -> concurrent.futures.ProcessPoolExecutor:
+        """The pool calls go to now."""
+        return self._pool
+
+    async def run(self, fn: Callable[[], T]) -> T:
+        """``fn()`` in a pool process; run again in a new pool if its process dies."""
+        loop = asyncio.get_running_loop()
+        for attempt in (1, 2):
+            pool = self._pool
+            try:
+                return await loop.run_in_executor(pool, fn)
+            except concurrent.futures.BrokenExecutor as exc:
+                if self._shut:
+                    raise Unavailable(f"the {self._name} pool is shut down") from exc
+                self._renew(pool, exc)
+                if attempt == 2:
+                    raise Unavailable(
+                        f"a {self._name} process died running this call twice ({exc}); "
+                        "the pool is replaced, the call may be tried again"
+                    ) from exc
+        raise AssertionError("unreachable")
+
+    def _renew(self, broken: concurrent.futures.ProcessPoolExecutor, exc: BaseException) -> None:
+        if self._pool is not broken:
+            return  # another call renewed it already
+        log.warning("a %s process died (%s): replacing the pool", self._name, exc)
+        self._pool = process_pool(self._max_workers)
+        self.renewals += 1
+        broken.shutdown(wait=False, cancel_futures=True)
+
+    def submit(
+        self, fn: Callable[..., T], /, *args: Any, **kwargs: Any
+    ) -> concurrent.futures.Future[T]:
+        """Submit to the current pool (no replacement: :meth:`run` is what survives one)."""
+        return self._pool.submit(fn, *args, **kwargs)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        self._shut = True
+        self._pool.shutdown(wait=wait, cancel_futures=cancel_futures)
 
 
 def _watch_owner(owner: int) -> None:

@@ -54,7 +54,7 @@ from tabletstore.coordination.base import (
 from tabletstore.data.schema import TableSchema
 from tabletstore.engine.compaction_budget import CompactionBudget
 from tabletstore.engine.log_replay import yielding
-from tabletstore.engine.process_pool import process_pool
+from tabletstore.engine.process_pool import ProcessPool, process_pool
 from tabletstore.engine.tablet import Tablet
 from tabletstore.errors import (
     Fenced,
@@ -205,7 +205,8 @@ class TabletServer:
         # serving never stalls on them. forkserver, never fork: this process runs threads.
         self._executor: concurrent.futures.Executor | None = None
         if self._options.compaction_processes > 0:
-            self._executor = process_pool(self._options.compaction_processes)
+            # Replaced when one of its processes dies (the OOM killer): ProcessPool.
+            self._executor = ProcessPool(self._options.compaction_processes, name="compaction")
         # The lease's keep-alive and the TaskGroup owning every background task (splits, the
         # post-split major compactions, a log switch, the tablets' background compactions):
         # entered by start(), exited by stop().

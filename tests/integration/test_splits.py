@@ -20,8 +20,10 @@ import asyncio
 import concurrent.futures
 import contextlib
 import itertools
+import os
 import pickle
 import random
+import signal
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -38,6 +40,7 @@ from tabletstore.coordination import paths
 from tabletstore.coordination.memory import MemoryCoordinator
 from tabletstore.data.model import DeleteRow, RowMutation, SetCell
 from tabletstore.embedded import Database
+from tabletstore.engine.process_pool import ProcessPool
 from tabletstore.engine.split_key import owns_its_sstables
 from tabletstore.errors import TabletStoreError, Unavailable
 from tabletstore.master.master import Master
@@ -444,6 +447,35 @@ async def test_compactions_run_in_a_process_pool() -> None:
         (record,) = await db.master.catalog.list_tablets(table_id)
         assert sum(len(v) for v in record.sstables.values()) == 1
         assert any(e.kind == "major_compaction" for e in record.events)
+        assert await read_all(table) == rows
+    finally:
+        await db.close()
+
+
+async def test_compactions_go_on_after_their_process_is_killed() -> None:
+    """A compaction process killed (the OOM killer) breaks its pool for good: the worker
+    replaces the pool, and the compactions, direct and background, go on in the new one."""
+    wopts = WorkerOptions(lease=IN_PROCESS_LEASE, compaction_processes=1)
+    db = await Database.open(f"memory://killed-{uuid.uuid4().hex}", worker_options=wopts)
+    try:
+        pool = db.worker._executor
+        assert isinstance(pool, ProcessPool)
+        table = await db.create_table("p", ["f"])
+        rows: dict[bytes, bytes] = {}
+        for round_ in range(6):
+            batch = {b"k%03d" % i: b"v%d" % round_ for i in range(50)}
+            await write(table, batch)
+            rows |= batch
+            await db.flush("p")
+            if round_ in (1, 3):
+                await db.compact("p")
+                for pid in list(pool.pool._processes or {}):
+                    os.kill(pid, signal.SIGKILL)
+        await db.compact("p")
+        assert pool.renewals >= 1
+        table_id = (await db.master.catalog.get_table("p")).table_id
+        (record,) = await db.master.catalog.list_tablets(table_id)
+        assert sum(len(v) for v in record.sstables.values()) == 1
         assert await read_all(table) == rows
     finally:
         await db.close()

@@ -1,15 +1,21 @@
 """Process pools end with their owner (engine/process_pool.py): a worker SIGKILLed while its
-compaction pool runs must not leave the pool's process (and its forkserver) behind."""
+compaction pool runs must not leave the pool's process (and its forkserver) behind. And a pool
+outlives the loss of one of its processes: ProcessPool replaces a broken pool."""
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
-from tabletstore.engine.process_pool import process_pool
+import pytest
+
+from tabletstore.engine.process_pool import ProcessPool, process_pool
+from tabletstore.errors import Unavailable
 from tabletstore.pid_liveness import alive
 
 _OWNER = """
@@ -56,3 +62,50 @@ def test_alive_answers_for_this_process_and_a_reaped_one() -> None:
     done = subprocess.Popen([sys.executable, "-c", "pass"])
     done.wait()
     assert not alive(done.pid)
+
+
+def _die_once(marker: str) -> int:
+    """In a pool process: exit abruptly the first time (as a process the OOM killer takes),
+    answer 42 after."""
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        os._exit(9)
+    return 42
+
+
+def _die(code: int) -> int:
+    os._exit(code)
+
+
+async def test_a_call_whose_process_dies_runs_again_in_a_new_pool(tmp_path: Path) -> None:
+    pool = ProcessPool(1, name="test")
+    try:
+        first = pool.pool
+        assert await pool.run(functools.partial(_die_once, str(tmp_path / "died"))) == 42
+        assert pool.renewals == 1 and pool.pool is not first
+        assert await pool.run(functools.partial(pow, 2, 10)) == 1024
+    finally:
+        pool.shutdown()
+
+
+async def test_a_call_that_kills_two_pools_fails_unavailable_and_the_pool_lives_on() -> None:
+    pool = ProcessPool(1, name="test")
+    try:
+        with pytest.raises(Unavailable, match="test process died"):
+            await pool.run(functools.partial(_die, 9))
+        assert pool.renewals == 2
+        assert await pool.run(functools.partial(pow, 3, 2)) == 9
+    finally:
+        pool.shutdown()
+
+
+async def test_a_pool_whose_idle_process_was_killed_is_replaced_at_the_next_call() -> None:
+    pool = ProcessPool(1, name="test")
+    try:
+        child = await pool.run(os.getpid)
+        os.kill(child, signal.SIGKILL)
+        assert _wait_gone(child, time.monotonic() + 30)
+        assert await pool.run(functools.partial(pow, 2, 3)) == 8
+        assert await pool.run(os.getpid) != child
+    finally:
+        pool.shutdown()
