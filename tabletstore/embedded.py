@@ -54,7 +54,7 @@ from tabletstore.rpc.services import TABLET
 from tabletstore.security import TlsConfig
 from tabletstore.storage_s3 import layout, open_store
 from tabletstore.storage_s3.base import ObjectStore
-from tabletstore.worker.tablet_server import TabletServer
+from tabletstore.worker.tablet_server import TabletServer, check_options
 
 log = logging.getLogger(__name__)
 
@@ -170,6 +170,8 @@ class Database(AsyncClient):
         object store (module docstring).
         """
         kind, where = _parse(url)
+        wopts = worker_options or WorkerOptions(lease=IN_PROCESS_LEASE)
+        check_options(wopts, tablet_options or TabletOptions())  # before anything is opened
         if store_url is not None and kind != "memory":
             raise InvalidArgument(
                 f"store_url is for memory:// databases; {url!r} keeps its objects in its directory"
@@ -195,7 +197,6 @@ class Database(AsyncClient):
             )
             canonical = f"memory://{where}"
         transport = InProcessTransport()
-        wopts = worker_options or WorkerOptions(lease=IN_PROCESS_LEASE)
         worker = TabletServer(
             _WORKER_ID,
             _ADDRESS,

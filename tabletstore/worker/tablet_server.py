@@ -160,6 +160,7 @@ class TabletServer:
         self._clock = clock or SystemClock()
         self._options = options or WorkerOptions()
         self._tablet_options = tablet_options or TabletOptions()
+        check_options(self._options, self._tablet_options)
         #: The request handlers (``TABLET.handlers(server.services)`` serves them).
         self.services = TabletRpcServices(self)
         #: Splits of the tablets served here, started after their compactions.
@@ -172,10 +173,6 @@ class TabletServer:
         # Records of this worker's tablets are METADATA rows, reached over ``transport``.
         self.locations = LocationCache(coordinator, _SelfFirst(self, transport))
         self._catalog = Catalog(coordinator, metadata=self.locations)
-        if self._options.load_concurrency < 1:
-            raise InvalidArgument(
-                f"load_concurrency must be >= 1, got {self._options.load_concurrency}"
-            )
         #: Slots for user tablets' replays (``WorkerOptions.load_concurrency``).
         self._replays = asyncio.Semaphore(self._options.load_concurrency)
         self._block_cache = BlockCache(self._options.block_cache_bytes)
@@ -238,8 +235,6 @@ class TabletServer:
         #: first one (§6; WorkerOptions.sort_processes).
         self._sort_pool: concurrent.futures.Executor | None = None
         processes = self._options.sort_processes
-        if processes < 0:
-            raise InvalidArgument(f"sort_processes must be >= 0, got {processes}")
         #: The runs it sorts wait for its tablets' replay in memory, then on local disk.
         self.sort_spill = RunSpill(
             memory_bytes=self._options.sort_memory_bytes,
@@ -966,6 +961,81 @@ class TabletServer:
             tasks.add(task)
             task.add_done_callback(tasks.discard)
         return task
+
+
+def check_options(options: WorkerOptions, tablet_options: TabletOptions) -> None:
+    """InvalidArgument naming the first setting of ``options`` or ``tablet_options`` that
+    cannot work (a negative size or count, a timeout that is not positive, bounds that
+    contradict each other), before anything is started with it."""
+    _bounded(
+        "WorkerOptions",
+        options,
+        at_least_0=(
+            "block_cache_bytes",
+            "scan_cache_rows",
+            "compaction_processes",
+            "split_cooldown",
+            "sort_wait",
+            "sort_processes",
+            "sort_memory_bytes",
+            "sort_spill_bytes",
+            "heap_trim_free_bytes",
+        ),
+        at_least_1=("compaction_memory_bytes", "load_concurrency", "log_trim_segments"),
+        above_0=("log_trim_bytes", "drain_deadline"),
+        none_or_above_0=("log_trim_interval", "heap_trim_interval", "report_stalls"),
+    )
+    lease = options.lease
+    _bounded("LeaseOptions", lease, above_0=("ttl",), none_or_at_least_0=("safety_margin",))
+    if lease.margin >= lease.ttl:
+        raise InvalidArgument(
+            f"LeaseOptions.safety_margin must be below ttl ({lease.ttl} s), got {lease.margin}"
+        )
+    _bounded(
+        "TabletOptions",
+        tablet_options,
+        at_least_1=(
+            "memtable_flush_bytes",
+            "max_sstables_per_group",
+            "max_row_mutations",
+            "split_bytes",
+        ),
+        none_or_above_0=("memtable_limit_bytes",),
+    )
+    if tablet_options.max_disjoint_sstables_per_group < tablet_options.max_sstables_per_group:
+        raise InvalidArgument(
+            "TabletOptions.max_disjoint_sstables_per_group must be at least "
+            f"max_sstables_per_group ({tablet_options.max_sstables_per_group}), got "
+            f"{tablet_options.max_disjoint_sstables_per_group}"
+        )
+
+
+def _bounded(
+    owner: str,
+    options: object,
+    *,
+    at_least_0: tuple[str, ...] = (),
+    at_least_1: tuple[str, ...] = (),
+    above_0: tuple[str, ...] = (),
+    none_or_above_0: tuple[str, ...] = (),
+    none_or_at_least_0: tuple[str, ...] = (),
+) -> None:
+    """InvalidArgument ``owner.name must be ...`` for the first field out of its bounds (a
+    value that is not a number, NaN included, is out of every bound)."""
+    rules: list[tuple[tuple[str, ...], str, Callable[[float], bool], bool]] = [
+        (at_least_0, ">= 0", lambda v: v >= 0, False),
+        (at_least_1, ">= 1", lambda v: v >= 1, False),
+        (above_0, "> 0", lambda v: v > 0, False),
+        (none_or_above_0, "> 0 or None", lambda v: v > 0, True),
+        (none_or_at_least_0, ">= 0 or None", lambda v: v >= 0, True),
+    ]
+    for names, bound, ok, optional in rules:
+        for name in names:
+            value = getattr(options, name)
+            if optional and value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float) or not ok(value):
+                raise InvalidArgument(f"{owner}.{name} must be {bound}, got {value!r}")
 
 
 async def next_incarnation(coordinator: Coordinator, worker_id: str) -> int:
