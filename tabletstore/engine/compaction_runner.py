@@ -154,6 +154,11 @@ class CompactionRunner:
             # the compaction is optional, closing the tablet flushes it anyway.
             coro.close()
 
+    def flushing(self) -> asyncio.Task[None] | None:
+        """The background compaction running now, or None."""
+        running = self.background
+        return None if running is None or running.done() else running
+
     def resume(self) -> None:
         """Start the background compaction again if a failure it was retrying is still
         unmended (it stops retrying while a split or an unload waits for it)."""

@@ -49,6 +49,7 @@ from tabletstore.keys import Cell
 from tabletstore.metadata.record import TabletRecord
 from tabletstore.options import TabletOptions
 from tabletstore.sstable.block_cache import BlockCache, ScanCache
+from tabletstore.sstable.writer import load_lazy_imports
 from tabletstore.storage_s3.base import ObjectStore
 
 __all__ = [
@@ -101,7 +102,12 @@ class Tablet:
             budget=compaction_budget,
         )
         self._reads = ReadPath(core)
-        self._writes = WritePath(core, self._reads, spawn_flush=self._compactions.spawn_flush)
+        self._writes = WritePath(
+            core,
+            self._reads,
+            spawn_flush=self._compactions.spawn_flush,
+            flushing=self._compactions.flushing,
+        )
         self._logs = LogPositions(core, self._compactions.minor_compact)
         self._snapshots = SnapshotCutter(core, self._sstables)
         self._ingest = BulkIngest(core, self._sstables, self._notify_compacted)
@@ -182,6 +188,7 @@ class Tablet:
         ``compaction_budget``: the worker's, shared by its tablets' merging and major
         compactions (None: unbounded)."""
         clk = clock or SystemClock()
+        await load_lazy_imports()  # before its first minor compaction could (writer.py)
         state = await recover_state(
             record,
             schema,

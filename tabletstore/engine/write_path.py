@@ -27,6 +27,7 @@ segments) agree. The contract, with the commit log (:mod:`tabletstore.commitlog.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 
 from tabletstore.data.filters import RowFilter
@@ -45,7 +46,11 @@ from tabletstore.engine.tablet_core import TabletCore
 from tabletstore.errors import Indeterminate, TabletStoreError
 from tabletstore.keys import Cell
 
-__all__ = ["WritePath"]
+__all__ = ["ROOM_POLL", "WritePath"]
+
+#: Seconds between two looks of a write waiting for room (:meth:`WritePath._make_room`) at
+#: the flush it waits for.
+ROOM_POLL = 0.02
 
 
 class WritePath:
@@ -57,11 +62,14 @@ class WritePath:
         reads: ReadPath,
         *,
         spawn_flush: Callable[[], None],
+        flushing: Callable[[], asyncio.Task[None] | None],
     ) -> None:
         self._core = core
         self._reads = reads
         #: Starts a background minor compaction once the memtable is full.
         self._spawn_flush = spawn_flush
+        #: The background compaction running, to wait for (None: none runs).
+        self._flushing = flushing
         self.row_locks = RowLocks()
         # Bound once: every write takes and releases row locks.
         self._lock_rows = self.row_locks.acquire
@@ -87,11 +95,39 @@ class WritePath:
             self._value_types_cache = cached
         return cached[1]
 
+    async def _make_room(self) -> None:
+        """Wait while the memtables held reach ``TabletOptions.memtable_limit_bytes`` and a
+        background minor compaction is writing them out (LevelDB's MakeRoomForWrite): the
+        memtable must not outgrow memory while its flush is slow (a slow store, or an encoding
+        thread starved by a busy event loop). Not once that compaction fails (it then retries
+        in the background): :meth:`TabletCore.check_writable` refuses the write instead,
+        naming the failure."""
+        core = self._core
+        while (
+            core.memtable_bytes() >= core.options.memory_limit
+            and core.flush_failure is None
+            and core.failed is None
+            and core.writes_blocked is None
+            and not core.closed
+        ):
+            running = self._flushing()
+            if running is None:
+                self._spawn_flush()
+                running = self._flushing()
+                if running is None:
+                    return  # none can start (the tablet is closing): check_writable decides
+            held = core.memtable_bytes()
+            # Polled: a failing flush does not end, it retries (and sets flush_failure).
+            await asyncio.wait({running}, timeout=ROOM_POLL)
+            if running.done() and core.memtable_bytes() >= held:
+                return  # it ended and wrote nothing out: check_writable decides
+
     async def apply(
         self, row: bytes, mutations: Sequence[Mutation], *, identity: str | None = None
     ) -> None:
         """Apply one row mutation atomically (§2). Acknowledged only once logged durably."""
         core = self._core
+        await self._make_room()
         core.check_writable()
         core.check_row(row)
         validate_row_mutation(core.schema, row, mutations, identity)
@@ -147,6 +183,7 @@ class WritePath:
         numbers). An exception means no entry was applied (nothing was logged)."""
         core = self._core
         out: list[TabletStoreError | None] = [None] * len(entries)
+        await self._make_room()
         core.check_writable()
         valid: list[int] = []
         for i, (row, mutations) in enumerate(entries):
@@ -237,6 +274,7 @@ class WritePath:
         any cell of the row (or, with no predicate, if the row has any cell), else
         ``false_mutations``. Returns whether the predicate matched."""
         core = self._core
+        await self._make_room()
         core.check_writable()
         core.check_row(row)
         for muts in (true_mutations, false_mutations):
@@ -259,6 +297,7 @@ class WritePath:
     ) -> Row:
         """Single-row read-modify-write (§3): append or increment; returns the new cells."""
         core = self._core
+        await self._make_room()
         core.check_writable()
         core.check_row(row)
         validate_rmw_rules(core.schema, row, rules, identity)

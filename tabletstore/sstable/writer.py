@@ -26,6 +26,7 @@ How the bytes are made (the format itself is specified in ``format.py``):
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
@@ -67,6 +68,7 @@ from tabletstore.storage_s3.base import ObjectStore
 __all__ = [
     "SSTableBuilder",
     "SSTableInfo",
+    "load_lazy_imports",
     "upload_sstable",
     "write_sstable",
     "write_sstable_table",
@@ -106,6 +108,23 @@ class SSTableInfo:
     tail_size: int
     locality_group: str
     compression: str
+
+
+#: Set once :func:`load_lazy_imports` has run in this process.
+_LOADED = False
+
+
+async def load_lazy_imports() -> None:
+    """Make pyarrow load what it imports on first use (pandas, if installed: 0.2-0.5 s of
+    imports) now, on a thread, once per process. Loaded lazily in a minor compaction's
+    encoding thread instead, that import contends for the GIL with a busy event loop at
+    every one of its thousands of file reads, and took minutes under a write loop: the
+    tablet's first minor compaction with it, while its memtable grew. Tablets call this
+    when they load, before they take writes."""
+    global _LOADED
+    if not _LOADED:
+        await asyncio.to_thread(pa.array, [], pa.binary())
+        _LOADED = True
 
 
 def write_sstable(

@@ -198,7 +198,12 @@ async def test_an_ambiguous_record_update_in_a_background_flush_fails_the_tablet
         i = 0
         async with asyncio.timeout(60):
             while tablet.must_reload is None:
-                await write(h, model, i, i + 1)
+                try:
+                    await write(h, model, i, i + 1)
+                except Unavailable as exc:
+                    # It waited for the flush (the memtable limit) that failed the tablet.
+                    assert "must be reloaded" in str(exc)
+                    break
                 await asyncio.sleep(0)
                 i += 1
         assert failed == [tablet]
@@ -387,3 +392,30 @@ async def test_a_zombie_tablet_cannot_commit_a_compaction(harness: TabletHarness
         await zombie.minor_compact()
     assert (await h.record()).sstables == before.sstables
     await check(h, model)
+
+
+async def test_writes_wait_while_a_slow_flush_holds_the_memtable_limit(
+    faulty: FaultyObjectStore,
+) -> None:
+    """A minor compaction that is slow (its PUT takes 0.3 s), not failing: the memtables held
+    stay within ``memtable_limit_bytes`` (plus the one write that crossed it) because writes
+    wait for the flush (LevelDB's MakeRoomForWrite) instead of growing the memtable for as
+    long as the flush takes; every write is acknowledged and reads back."""
+    limit = 8000
+    options = TabletOptions(memtable_flush_bytes=2000, memtable_limit_bytes=limit)
+    h = TabletHarness(faulty, options=options)
+    tablet = await h.start()
+    model = TabletModel(h.schema)
+    faulty.delay(0.3, Op.PUT, key="tables/*")
+    held: list[int] = []
+    try:
+        for i in range(120):
+            await write(h, model, i, i + 1)
+            held.append(tablet._core.memtable_bytes())
+        assert max(held) < limit + 1000, max(held)
+        faulty.clear()
+        await h.settle()
+        await check(h, model)
+    finally:
+        faulty.clear()
+        await h.close()
