@@ -135,6 +135,11 @@ async def caught_up(client: AsyncClient, table: str, instant: float) -> bool | N
     return (progress is not None and progress.applied_watermark() >= instant) or None
 
 
+async def sums(client: AsyncClient, table: str) -> Cells:
+    """The table's cells of its ``sum`` family."""
+    return [c for c in await cells(client, table) if c[1] == "n"]
+
+
 def _mutation(rnd: random.Random, step: int) -> tuple[bytes, list[Mutation] | IncrementValue]:
     row = b"r%03d" % rnd.randrange(50)
     q = b"q%d" % rnd.randrange(2)
@@ -185,16 +190,35 @@ async def test_a_replica_converges_cell_for_cell_across_a_split_and_kills(pair: 
 
         await eventually(split, deadline=90, what="the source table splits")
         await write(src, "t", rnd, range(150, 230))
+        wrote = time.time()
+        # Its saved progress covers every write so far. (An instant before the first write would
+        # not say so: a new table's first heartbeat, before any change, is already past it.)
         await eventually(
-            lambda: caught_up(dst, "t", time.time() - 30), deadline=90, what="the replica follows"
+            lambda: caught_up(dst, "t", wrote), deadline=90, what="the replica follows"
         )
-        # Kill the replicator while it applies a stream with sums in it, then restart it.
+        saved = await load_progress(dst, "t")
+        assert saved is not None and saved.applied_changes > 0
+        # Kill the replicator once it applied sums of the next writes that its saved progress
+        # does not cover, then restart it: it applies them again, and must not count them twice.
+        base = saved, await sums(dst, "t")
         mid = asyncio.create_task(write(src, "t", rnd, range(230, 300)))
-        await asyncio.sleep(1.5)  # a kill in the middle of the writes, not a wait for a state
+
+        async def applied_unsaved() -> bool | None:
+            nonlocal base
+            seen = await sums(dst, "t")
+            progress = await load_progress(dst, "t")
+            assert progress is not None
+            if progress.updated_at != base[0].updated_at:
+                # Saved again: only a sum the replica gets after this record is not in it.
+                base = progress, await sums(dst, "t")
+                return None
+            return bool(set(seen) - set(base[1])) or None
+
+        await eventually(applied_unsaved, deadline=90, what="sums applied and not yet saved")
         await asyncio.to_thread(pair.replica.kill, follower)
         await mid
         progress = await load_progress(dst, "t")
-        assert progress is not None and progress.applied_changes > 0
+        assert progress is not None and progress.applied_watermark() >= wrote
         start_replicator(pair.replica, pair.source, "--save-every", "4", "t", role="replicator-2")
         # Kill a source worker serving the table while the replica follows.
         status = await src.status()
