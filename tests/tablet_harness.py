@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import fnmatch
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from tabletstore.clock import ManualClock, micros
@@ -406,7 +406,10 @@ class TabletModel:
     * A major compaction *physically* applies deletions and GC at its moment: whatever was not
       visible then is gone for good (a later delete of a newer version does not bring back an
       older version that had been collected, and nor does relaxing the rule). A model major
-      compaction therefore replaces every row by its visible puts.
+      compaction therefore replaces every row by its visible puts. A merge of every SSTable
+      of a locality group is a major compaction the tablet plans by itself: it collects what
+      is not visible among the entries it read, counting versions with the memtables'
+      deletion entries and without their puts (:meth:`compact_some`).
     * Minor and merging compactions, crashes and recovery change nothing a read can see. (They
       may drop cells that GC collects by age as the newest version; ``now`` only grows, so
       with an unchanged or *tightened* rule those cells stay invisible. Relaxing a rule is
@@ -422,7 +425,14 @@ class TabletModel:
         self.seq += 1
         return self.seq
 
-    def apply(self, row: bytes, mutations: Sequence[Mutation], now: int) -> None:
+    def apply(
+        self, row: bytes, mutations: Sequence[Mutation], now: int, first_seq: int | None = None
+    ) -> None:
+        """Apply a row mutation; its entries take the seqs ``first_seq``, ``first_seq + 1``...
+        (the tablet's, so that compactions can be told which entries they read) or, without
+        it, the model's next ones."""
+        if first_seq is not None:
+            self.seq = first_seq - 1
         entries = self.rows.setdefault(row, [])
         for m in mutations:
             if isinstance(m, SetCell):
@@ -453,8 +463,9 @@ class TabletModel:
             return d.family == p.family and d.qualifier == p.qualifier and d.start <= p.ts < d.end
         return False
 
-    def visible(self, row: bytes, now: int) -> list[ApiCell]:
-        entries = self.rows.get(row, [])
+    def _visible_puts(
+        self, entries: Sequence[Entry], now: int, rules: Mapping[str, GcRule | None]
+    ) -> list[Entry]:
         deletions = [e for e in entries if e.kind != "put"]
         newest: dict[tuple[str, bytes, int], Entry] = {}
         for e in entries:
@@ -464,17 +475,25 @@ class TabletModel:
                     newest[key] = e
         live = [p for p in newest.values() if not any(self._masks(d, p) for d in deletions)]
         live.sort(key=lambda p: (p.family, p.qualifier, -p.ts))
-        out: list[ApiCell] = []
+        out: list[Entry] = []
         index = 0
         column: tuple[str, bytes] | None = None
         for p in live:
             if (p.family, p.qualifier) != column:
                 column, index = (p.family, p.qualifier), 0
-            rule = self.schema.families[p.family].gc_rule
-            if not model_is_garbage(rule, index, p.ts, now):
-                out.append(ApiCell(p.family, p.qualifier, p.ts, p.value))
+            if not model_is_garbage(rules.get(p.family), index, p.ts, now):
+                out.append(p)
             index += 1
         return out
+
+    def _rules(self) -> dict[str, GcRule | None]:
+        return {name: f.gc_rule for name, f in self.schema.families.items()}
+
+    def visible(self, row: bytes, now: int) -> list[ApiCell]:
+        return [
+            ApiCell(p.family, p.qualifier, p.ts, p.value)
+            for p in self._visible_puts(self.rows.get(row, []), now, self._rules())
+        ]
 
     def read_row(self, row: bytes, now: int) -> Row | None:
         cells = self.visible(row, now)
@@ -490,15 +509,48 @@ class TabletModel:
         return out
 
     def major_compact(self, now: int) -> None:
-        """Physically apply deletions and GC: keep only what is visible now."""
+        """Physically apply deletions and GC: keep only what is visible now (each put keeps
+        its seq)."""
         for row in list(self.rows):
-            cells = self.visible(row, now)
-            if not cells:
+            kept = self._visible_puts(self.rows[row], now, self._rules())
+            if kept:
+                self.rows[row] = kept
+            else:
                 del self.rows[row]
-                continue
+
+    def compact_some(
+        self,
+        now: int,
+        rules: Mapping[str, GcRule | None],
+        inputs: Collection[int],
+        masks: Collection[int],
+        families: Collection[str],
+    ) -> None:
+        """A major compaction of some of the tablet's sources, as the tablet runs one: the
+        entries whose seqs are ``inputs`` (the SSTables it read) are compacted with the
+        deletion entries ``masks`` (its memtables', counted but not read) under ``rules`` at
+        ``now``; the puts of ``families`` among the inputs that are not visible in that view
+        are gone for good, and with them their older rewrites (an earlier compaction may have
+        dropped those from the sources already, so the view cannot hold them). Deletion
+        entries stay: the memtable, and other locality groups, may still hold them."""
+        scope = {*inputs, *masks}
+        for row, entries in list(self.rows.items()):
+            view = [e for e in entries if e.seq in scope]
+            kept = {p.seq for p in self._visible_puts(view, now, rules)}
+            gone = {
+                (e.family, e.qualifier, e.ts): e.seq
+                for e in sorted(view, key=lambda e: e.seq)
+                if e.kind == "put" and e.seq in inputs and e.family in families
+                if e.seq not in kept
+            }
             self.rows[row] = [
-                Entry(self._next(), "put", c.family, c.qualifier, c.timestamp, c.value)
-                for c in cells
+                e
+                for e in entries
+                if not (
+                    e.kind == "put"
+                    and e.seq <= gone.get((e.family, e.qualifier, e.ts), -1)
+                    and e.seq not in kept
+                )
             ]
 
     def read_modify_write(self, row: bytes, rules: Sequence[ReadModifyWriteRule], now: int) -> Row:

@@ -38,6 +38,7 @@ __all__ = [
     "ReplicaOf",
     "TableSchema",
     "UnionRule",
+    "counts_versions",
     "is_garbage",
     "validate_family_name",
     "validate_table_name",
@@ -126,6 +127,19 @@ def is_garbage(rule: GcRule | None, version_index: int, ts: int, now_micros: int
     if isinstance(rule, UnionRule):
         return any(is_garbage(r, version_index, ts, now_micros) for r in rule.rules)
     return all(is_garbage(r, version_index, ts, now_micros) for r in rule.rules)
+
+
+def counts_versions(rule: GcRule | None) -> bool:
+    """Whether ``rule`` (or any rule it combines) collects by version count: whether a
+    version's fate depends on how many newer versions are visible, so a deletion of newer
+    versions can save it."""
+    if rule is None:
+        return False
+    if isinstance(rule, MaxVersionsRule):
+        return True
+    if isinstance(rule, MaxAgeRule):
+        return False
+    return any(counts_versions(r) for r in rule.rules)
 
 
 class Acl(_Frozen):

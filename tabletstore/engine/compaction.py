@@ -13,6 +13,16 @@ their place, behind the newer ones and in front of the older ones), and keeps de
 entries, which may still mask cells outside the merge. A merge that takes all of them is a
 major compaction and drops deletion entries: nothing else remains for them to mask.
 
+What a major compaction counts versions with. GC by version count (a ``MaxVersionsRule``)
+numbers the *visible* versions of a column, and the tablet's memtables may hold deletion
+entries newer than every SSTable: one that deletes a column's newest version makes the next one
+the newest. Counted without it, that version could be dropped although no moment ever made it
+garbage (an intersection of a version count and an age: too old, but the only version left). So
+a major compaction the worker runs is given the memtables' deletion entries (``masks``): they
+mask and they shift the count, and they are never written out (the memtable still holds them).
+The memtables' puts are left out: a newer version only ever makes an older one more garbage, so
+counting without them drops less, never more.
+
 Of the windows that bring a group back to its limit, the planner takes the one that rewrites
 the fewest bytes per SSTable it removes (a size-tiered choice). Always merging the newest
 SSTables would rewrite the youngest merged table again at every flush, so a tablet's bytes
@@ -142,6 +152,7 @@ def merge_sstables(
     start_row: bytes = b"",
     end_row: bytes | None = None,
     seq_bases: Sequence[int] = (),
+    masks: Sequence[Cell] = (),
 ) -> tuple[bytes, SSTableInfo]:
     """Merge SSTable objects (their bytes, newest first) into one SSTable object.
 
@@ -152,10 +163,12 @@ def merge_sstables(
     are kept. Only cells of rows in ``[start_row, end_row)`` -- the tablet's range -- are
     written: after a split (§5.2) both children reference their parent's SSTables, and a
     child's compaction must write out only its own rows. ``seq_bases``: each input's
-    ``SSTableRef.seq_base`` (none: all 0). Pure CPU: safe to run in another process.
+    ``SSTableRef.seq_base`` (none: all 0). ``masks``: for a major merge, the deletion
+    entries of the tablet's memtables, in sort order (module docstring). Pure CPU: safe to
+    run in another process.
     """
     sources = _sources(inputs, seq_bases, start_row, end_row)
-    merged: Iterable[Cell] = merge_sources(sources)
+    merged: Iterable[Cell] = merge_sources(_with_masks(sources, masks, major=major))
     if families is not None:
         known = frozenset(families)
         merged = (c for c in merged if c.family in known or c.kind == CellKind.DELETE_ROW)
@@ -189,6 +202,7 @@ def rewrite_tablet(
     start_row: bytes = b"",
     end_row: bytes | None = None,
     seq_bases: Sequence[int] = (),
+    masks: Sequence[Cell] = (),
 ) -> dict[str, tuple[bytes, SSTableInfo]]:
     """A full major compaction (§5.4): every SSTable of the tablet, of every locality group
     (``inputs``, newest first within each group; groups hold disjoint families, so their
@@ -198,13 +212,16 @@ def rewrite_tablet(
     Rewriting all groups at once is what lets the schema change under the data: a family
     dropped (absent from ``family_groups``) loses its cells for good, so re-creating the name
     brings nothing back; a family moved to another locality group has its cells moved with it.
-    Returns only groups that have cells. ``seq_bases`` as :func:`merge_sstables`. Pure CPU:
-    safe to run in another process.
+    Returns only groups that have cells. ``seq_bases`` and ``masks`` as
+    :func:`merge_sstables`. Pure CPU: safe to run in another process.
     """
     sources = _sources(inputs, seq_bases, start_row, end_row)
     builders: dict[str, SSTableBuilder] = {}
     for cell in compact_cells(
-        merge_sources(sources), gc_rules=gc_rules, now_micros=now_micros, major=True
+        merge_sources(_with_masks(sources, masks, major=True)),
+        gc_rules=gc_rules,
+        now_micros=now_micros,
+        major=True,
     ):
         group = family_groups.get(cell.family)
         if group is None:
@@ -243,11 +260,14 @@ def schema_rewrite(
     start_row: bytes = b"",
     end_row: bytes | None = None,
     seq_bases: Sequence[int] = (),
+    masks: Sequence[Cell] = (),
 ) -> Callable[[], dict[str, tuple[bytes, SSTableInfo]]]:
     """:func:`rewrite_tablet` of ``inputs`` by ``schema`` (its families' locality groups and
     GC rules), as a call to run on a thread or in another process: the major compaction a
     worker runs (``Tablet.major_compact``) and one run elsewhere (``master.remote_compaction``)
-    are the same rewrite. ``seq_bases`` as :func:`merge_sstables`."""
+    are the same rewrite. ``seq_bases`` and ``masks`` as :func:`merge_sstables` (a rewrite
+    run elsewhere has no memtable to take masks from: ``Tablet.adopt_major`` checks for
+    deletions it did not see)."""
     return functools.partial(
         rewrite_tablet,
         inputs,
@@ -261,7 +281,21 @@ def schema_rewrite(
         start_row=start_row,
         end_row=end_row,
         seq_bases=seq_bases,
+        masks=masks,
     )
+
+
+def _with_masks(
+    sources: list[Iterator[Cell]], masks: Sequence[Cell], *, major: bool
+) -> list[Iterable[Cell]]:
+    """``sources`` and, for a major merge, the memtables' deletion entries ``masks`` (module
+    docstring). A major merge writes no deletion entries, so the masks never reach its output;
+    a merging one would write them, and it counts no versions, so it takes none."""
+    if masks and not major:
+        raise ValueError("only a major compaction counts versions with the memtables' deletions")
+    if any(m.kind == CellKind.PUT or m.kind > CellKind.DELETE_ROW for m in masks):
+        raise ValueError("a compaction's masks are deletion entries only")
+    return [*sources, masks] if masks else list(sources)
 
 
 def _sources(

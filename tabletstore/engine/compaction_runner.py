@@ -51,7 +51,7 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
-from tabletstore.data.schema import TableSchema
+from tabletstore.data.schema import TableSchema, counts_versions
 from tabletstore.engine import compaction, parcel
 from tabletstore.engine.compaction_budget import CompactionBudget
 from tabletstore.engine.parcel import Parcel, Parcels, Stowed
@@ -370,6 +370,8 @@ class CompactionRunner:
             start_row=record.start_row,
             end_row=record.end_row,
             seq_bases=_seq_bases(record, keys),
+            # Written since the flush that began this major compaction (compaction.py).
+            masks=self._core.unflushed_deletions(),
         )
 
     async def _run_merge(self, task: compaction.CompactionTask) -> None:
@@ -386,8 +388,11 @@ class CompactionRunner:
             if not room or self.paused_for is not None:
                 return  # a split or a move is coming: its successors merge (module docstring)
             record = core.state.record
-            if not inputs <= {r.key for r in record.sstables.get(task.group, ())}:
+            keys = {r.key for r in record.sstables.get(task.group, ())}
+            if not inputs <= keys:
                 return  # the tablet changed since planning; the next plan will see it
+            # A minor compaction since planning put a newer SSTable in front: not major now.
+            task = replace(task, major=task.major and inputs == keys)
             merge = self._merge_sstables(task, record, await self._sstables.fetch(task.inputs))
             data, info = await self._compute(merge)
             del merge  # its inputs: no longer needed
@@ -415,12 +420,17 @@ class CompactionRunner:
         """The merging compaction's rewrite of ``blobs`` (``task.inputs``, newest first)."""
         core = self._core
         lg = core.locality_group(task.group)
+        group_families = {
+            name for name, f in core.schema.families.items() if f.locality_group == task.group
+        }
         return functools.partial(
             compaction.merge_sstables,
             blobs,
             gc_rules=core.gc_rules(),
             now_micros=core.now_micros(),
             major=task.major,
+            # Taken with the rules and the time: the compaction's moment (compaction.py).
+            masks=core.unflushed_deletions(group_families) if task.major else (),
             families=set(core.schema.families),
             compression=lg.compression,
             block_size=lg.block_size,
@@ -474,7 +484,8 @@ class CompactionRunner:
                     "it; its output is not adopted"
                 )
             compaction.check_outputs(record, outputs)
-            adoptable(record, read)  # fail before opening anything
+            newer = adoptable(record, read)  # fail before opening anything
+            self._check_no_unseen_deletions(newer)
             opened: dict[str, Written] = {}
             for group, ref in sorted(outputs.items()):
                 opened[group] = (ref, await self._sstables.open(group, ref))
@@ -488,6 +499,24 @@ class CompactionRunner:
                     if ref.key in replaced:
                         table.close()
         self._notify_compacted()
+
+    def _check_no_unseen_deletions(self, newer: Mapping[str, int]) -> None:
+        """PreconditionFailed when a deletion the remote rewrite did not see -- in the
+        memtables, or in an SSTable written since its read (``newer`` per group) -- may
+        delete versions it counted, so that it dropped an older version GC no longer collects
+        (``engine.compaction``'s module docstring); a tablet whose families count no versions
+        adopts whatever it read. The tablet's own next major compaction counts with them."""
+        core = self._core
+        if not any(counts_versions(f.gc_rule) for f in core.schema.families.values()):
+            return
+        front = (
+            table for group, n in newer.items() for table in core.state.sstables.get(group, ())[:n]
+        )
+        if core.unflushed_deletions() or any(sum(t.footer.kind_counts[1:]) for t in front):
+            raise PreconditionFailed(
+                f"tablet {core.record.tablet_id}: deletions written since the compaction read "
+                "its SSTables may uncover versions its GC counted; its output is not adopted"
+            )
 
 
 def _transient(exc: TabletStoreError) -> bool:

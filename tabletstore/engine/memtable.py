@@ -134,7 +134,15 @@ def _cell_size(e: _Entry) -> int:
 class _MemTableBase:
     """What frozen and live memtables share: the sorted structure and its read paths."""
 
-    __slots__ = ("_cell_count", "_max_seq", "_min_seq", "_row_keys", "_rows", "_size")
+    __slots__ = (
+        "_cell_count",
+        "_deletions",
+        "_max_seq",
+        "_min_seq",
+        "_row_keys",
+        "_rows",
+        "_size",
+    )
 
     def __init__(self) -> None:
         self._rows: dict[bytes, _Slot] = {}
@@ -143,6 +151,8 @@ class _MemTableBase:
         self._cell_count = 0
         self._min_seq: int | None = None
         self._max_seq: int | None = None
+        #: The deletion entries held, in arrival order (:meth:`deletions`).
+        self._deletions: list[_Entry] = []
 
     @property
     def approximate_size(self) -> int:
@@ -173,6 +183,11 @@ class _MemTableBase:
 
     def is_empty(self) -> bool:
         return self._cell_count == 0
+
+    def deletions(self) -> list[Cell]:
+        """The deletion entries held (row, family and column deletions), in sort order: what
+        a major compaction of the SSTables counts versions with (``CompactionRunner``)."""
+        return sorted(map(_as_cell, self._deletions), key=cell_sort_key)
 
     def get_row(self, row: bytes) -> list[Cell]:
         """A copy of the row's cells in sort order (empty if the row has none)."""
@@ -314,6 +329,8 @@ class MemTable(_MemTableBase):
             self._size += _cell_size(entry)
             self._cell_count += 1
             self._note_seq(entry[_SEQ])
+            if _DELETE_COLUMN <= entry[_KIND] <= _DELETE_ROW:
+                self._deletions.append(entry)
 
     def _note_seq(self, seq: int) -> None:
         if self._min_seq is None or seq < self._min_seq:
@@ -346,3 +363,4 @@ class FrozenMemTable(_MemTableBase):
         self._cell_count = source._cell_count
         self._min_seq = source._min_seq
         self._max_seq = source._max_seq
+        self._deletions = source._deletions

@@ -17,16 +17,16 @@ still this worker's at the epoch it loaded it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from typing import Protocol
 
 from tabletstore.clock import Clock, micros
-from tabletstore.data.schema import GcRule, LocalityGroup, TableSchema
+from tabletstore.data.schema import GcRule, LocalityGroup, TableSchema, counts_versions
 from tabletstore.data.validation import check_not_promoting
 from tabletstore.engine.state import TabletState
 from tabletstore.errors import Indeterminate, NotServing, TabletStoreError, Unavailable
-from tabletstore.keys import Cell
+from tabletstore.keys import Cell, CellKind, cell_sort_key
 from tabletstore.metadata.record import LogRef, TabletRecord
 from tabletstore.options import TabletOptions
 from tabletstore.storage_s3.base import ObjectStore
@@ -232,6 +232,28 @@ class TabletCore:
 
     def gc_rules(self) -> dict[str, GcRule | None]:
         return {name: fam.gc_rule for name, fam in self.schema.families.items()}
+
+    def unflushed_deletions(self, families: Collection[str] | None = None) -> list[Cell]:
+        """The memtables' (live and frozen) deletion entries that can change a version count
+        of ``families`` (default: all), in sort order: row deletions, and family and column
+        deletions of a family whose GC rule counts versions. What a major compaction of the
+        SSTables counts versions with (``engine.compaction``'s module docstring)."""
+        state = self.state
+        counted = {
+            name
+            for name, fam in self.schema.families.items()
+            if counts_versions(fam.gc_rule) and (families is None or name in families)
+        }
+        if not counted:
+            return []
+        out = [
+            cell
+            for memtable in (state.memtable, *state.frozen)
+            for cell in memtable.deletions()
+            if cell.kind == CellKind.DELETE_ROW or cell.family in counted
+        ]
+        out.sort(key=cell_sort_key)
+        return out
 
     def locality_group(self, group: str) -> LocalityGroup:
         """The schema's settings of ``group``; a group the schema no longer names (its

@@ -36,10 +36,15 @@ the 15-minute limit of one Lambda invocation, so an output is adopted, if at all
 before GC could take it).
 
 Deletions and versions: the SSTables written after the read (and the worker's memtable) are
-outside the rewrite, exactly as the memtable is outside the worker's own major compaction; a
-deletion entry masks only cells of its own row with a smaller seq, and a row's writes reach
-the tablet's sources in seq order, so a deletion dropped by the rewrite had nothing left to
-mask in the newer sources.
+outside the rewrite. A deletion entry masks only cells of its own row with a smaller seq, and a
+row's writes reach the tablet's sources in seq order, so a deletion dropped by the rewrite had
+nothing left to mask in the newer sources. The other way round is not harmless: a deletion the
+rewrite did not see may delete the newest version of a column, and the rewrite, counting
+versions without it, may have dropped the version that is the newest now. The worker's own
+major compaction counts with its memtables' deletions (``engine.compaction``); a rewrite run
+here cannot, so the worker refuses it when its families count versions and a deletion came
+since the read (``CompactionRunner._check_no_unseen_deletions``). The cycle tries again later,
+and the worker's own compactions go on meanwhile.
 """
 
 from __future__ import annotations

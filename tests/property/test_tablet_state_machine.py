@@ -20,7 +20,10 @@ background every few writes) and driven by random operations:
 After every step, every row read with ``read_row`` and a full ``scan`` (and a range scan)
 must equal the model (:class:`tests.tablet_harness.TabletModel`, whose docstring states the
 semantics promised: deletions by sequence order, newest rewrite wins, GC at read time with the
-current rule, and a major compaction physically applying deletions and GC at its moment).
+current rule, and a major compaction physically applying deletions and GC at its moment). The
+model's entries carry the tablet's sequence numbers, so a major compaction the tablet runs by
+itself (a merge of every SSTable of a group, in the background too) is followed exactly: the
+machine records which entries it read and which memtable deletions it counted with.
 
 Why rules may only be *relaxed* after a major compaction: a merging compaction drops a cell
 that its family's rule collects by age even as the newest version (that stays collected while
@@ -37,12 +40,13 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Callable, Coroutine
-from dataclasses import replace
+from collections.abc import Callable, Coroutine, Iterable
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import pytest
@@ -68,7 +72,9 @@ from tabletstore.data.model import (
     SetCell,
 )
 from tabletstore.data.query import RowRange
+from tabletstore.data.schema import GcRule
 from tabletstore.errors import InvalidArgument
+from tabletstore.sstable import read_sstable_bytes
 from tabletstore.storage_s3.base import ObjectStore
 from tabletstore.storage_s3.memory import MemoryObjectStore
 from tests.tablet_harness import (
@@ -120,6 +126,39 @@ rmw_specs = st.lists(
 )
 
 
+@dataclass(frozen=True)
+class Compacted:
+    """A major compaction the tablet committed: the seqs of the entries it read (its input
+    SSTables) and of the memtable deletion entries it counted with, its moment and rules, and
+    the families it rewrote."""
+
+    now: int
+    rules: dict[str, GcRule | None]
+    inputs: frozenset[int]
+    masks: frozenset[int]
+    families: frozenset[str]
+
+    @classmethod
+    def of(
+        cls, work: functools.partial[Any], blobs: list[bytes], families: Iterable[str]
+    ) -> Compacted:
+        """From the rewrite the tablet built (``compaction.merge_sstables`` or
+        ``rewrite_tablet``, with its keywords) and the inputs' bytes it was given."""
+        kw = work.keywords
+        bases = list(kw.get("seq_bases") or [0] * len(blobs))
+        return cls(
+            now=kw["now_micros"],
+            rules=dict(kw["gc_rules"]),
+            inputs=frozenset(
+                c.seq
+                for blob, base in zip(blobs, bases, strict=True)
+                for c in read_sstable_bytes(blob, seq_base=base)
+            ),
+            masks=frozenset(m.seq for m in kw.get("masks", ())),
+            families=frozenset(families),
+        )
+
+
 class TabletMachine(RuleBasedStateMachine):
     """Drives one tablet and the model side by side; subclasses choose the store."""
 
@@ -132,7 +171,10 @@ class TabletMachine(RuleBasedStateMachine):
         self.h = TabletHarness(self.store)
         self.gc: dict[str, tuple[int, float] | None] = dict(DEFAULT_GC)
         self.model = TabletModel(self.h.schema)
+        #: Major compactions the tablet committed, not yet applied to the model.
+        self.compacted: list[Compacted] = []
         self.run(self.h.start())
+        self._watch()
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         return self.loop.run_until_complete(coro)
@@ -147,6 +189,50 @@ class TabletMachine(RuleBasedStateMachine):
     @property
     def now(self) -> int:
         return self.h.now_micros()
+
+    # ------------------------------------------------------------------ following the tablet
+
+    def _sync_seq(self) -> None:
+        """The model's next entries take the seqs the tablet's next write allocates."""
+        assert self.h.log is not None
+        self.model.seq = self.h.log.writer.next_seq - 1
+
+    def _watch(self) -> None:
+        """Record each major compaction a merge of every SSTable of a locality group makes
+        (the tablet plans those itself, in the background too): which entries it read and
+        counted, by their seqs, at which moment, with which rules."""
+        tablet = self.h.tablet
+        assert tablet is not None
+        runner = tablet._compactions
+        merge, run_merge = runner._merge_sstables, runner._run_merge
+        read: dict[tuple[str, ...], Compacted] = {}
+
+        def merge_spy(task: Any, record: Any, blobs: list[bytes]) -> Any:
+            work = merge(task, record, blobs)
+            if work.keywords["major"]:
+                families = {
+                    n
+                    for n, f in tablet._core.schema.families.items()
+                    if f.locality_group == task.group
+                }
+                read[task.inputs] = Compacted.of(work, blobs, families)
+            return work
+
+        async def run_merge_spy(task: Any) -> None:
+            await run_merge(task)
+            compacted = read.pop(task.inputs, None)
+            left = {r.key for r in tablet._core.record.sstables.get(task.group, ())}
+            if compacted is not None and not left & set(task.inputs):
+                self.compacted.append(compacted)
+
+        runner._merge_sstables = merge_spy  # type: ignore[method-assign]
+        runner._run_merge = run_merge_spy  # type: ignore[method-assign]
+
+    def _catch_up(self) -> None:
+        """Apply to the model the major compactions the tablet committed, in their order."""
+        for c in self.compacted:
+            self.model.compact_some(c.now, c.rules, c.inputs, c.masks, c.families)
+        self.compacted.clear()
 
     def _ts(self, choice: int | None) -> int | None:
         return None if choice is None else self.now - choice * SECOND
@@ -172,9 +258,11 @@ class TabletMachine(RuleBasedStateMachine):
     async def _apply(self, row: bytes, muts: list[Mutation]) -> None:
         assert self.h.tablet is not None
         now = self.now
+        self._sync_seq()
         await self.h.tablet.apply(row, muts)
         self.model.apply(row, muts, now)
         await self.h.settle()
+        self._catch_up()
 
     # ------------------------------------------------------------------ writes
 
@@ -237,12 +325,14 @@ class TabletMachine(RuleBasedStateMachine):
             or (predicate == "family-c" and c.family == "c")
             for c in current
         )
+        self._sync_seq()
         matched = self.run(tablet.check_and_mutate(row, pred, true_m, false_m))
         assert matched == expected
         chosen = true_m if matched else false_m
         if chosen:
             self.model.apply(row, chosen, now)
         self.run(self.h.settle())
+        self._catch_up()
 
     @rule(row=rows, specs=rmw_specs)
     def read_modify_write(self, row: bytes, specs: list[tuple[str, str, bytes, Any]]) -> None:
@@ -253,6 +343,7 @@ class TabletMachine(RuleBasedStateMachine):
             for kind, f, q, arg in specs
         ]
         now = self.now
+        self._sync_seq()
         try:
             expected = self.model.read_modify_write(row, rules, now)
         except InvalidArgument:
@@ -262,6 +353,7 @@ class TabletMachine(RuleBasedStateMachine):
         got = self.run(tablet.read_modify_write(row, rules))
         assert got == expected
         self.run(self.h.settle())
+        self._catch_up()
 
     # ------------------------------------------------------------------ concurrency
 
@@ -325,10 +417,20 @@ class TabletMachine(RuleBasedStateMachine):
             coros = [one(i, row, muts) for i, (row, muts) in enumerate(batches)]
             await asyncio.gather(compact(), *coros)
 
+        runner = tablet._compactions
+        rewrite = runner._rewrite_tablet
+        majors: list[Compacted] = []
+
+        def rewrite_spy(record: Any, keys: list[str], blobs: list[bytes]) -> Any:
+            work = rewrite(record, keys, blobs)
+            majors.append(Compacted.of(work, blobs, FAMILIES))
+            return work
+
         saved = tablet._core.options
         # No background compaction during the race: the explicit one is the only flush.
         tablet._core.options = replace(saved, memtable_flush_bytes=1 << 40)
         tablet._sstables.split_by_group = spy  # type: ignore[method-assign]
+        runner._rewrite_tablet = rewrite_spy  # type: ignore[method-assign]
         log.on_allocate = on_allocate
         log.before_append = stall
         try:
@@ -336,23 +438,22 @@ class TabletMachine(RuleBasedStateMachine):
         finally:
             tablet._core.options = saved
             del tablet._sstables.split_by_group
+            del runner._rewrite_tablet
             log.on_allocate = None
             log.before_append = None
         order = sorted(range(len(batches)), key=lambda i: first_seq[i])
         before = [i for i in order if first_seq[i] in flushed]
-        after = [i for i in order if first_seq[i] not in flushed]
         event(f"race: {compaction} flushed {'some' if before else 'none'} of the writes")
         if self.h.tablet.record.redo_seq < max(flushed, default=0):
             event("race: redo point below a flushed write (a write was in flight at freeze)")
-        if compaction != "major":
-            before, after = order, []
-        for i in before:
-            self.model.apply(*batches[i], now)
-        if compaction == "major":
-            self.model.major_compact(now)
-        for i in after:
-            self.model.apply(*batches[i], now)
+        # Every write in seq order; the major compaction then takes what it read (the writes
+        # it flushed and everything older) and counts with the deletions it found in the
+        # memtable (writes that landed after its flush).
+        for i in order:
+            self.model.apply(*batches[i], now, first_seq=first_seq[i])
+        self.compacted.extend(majors)
         self.run(self.h.settle())
+        self._catch_up()
 
     # ------------------------------------------------------------------ compactions, time
 
@@ -366,11 +467,13 @@ class TabletMachine(RuleBasedStateMachine):
         assert self.h.tablet is not None
         self.run(self.h.tablet.minor_compact())
         self.run(self.h.tablet.merge_if_needed())
+        self._catch_up()
 
     @rule()
     def major_compaction(self) -> None:
         assert self.h.tablet is not None
         self.run(self.h.tablet.major_compact())
+        self._catch_up()
         self.model.major_compact(self.now)
 
     @rule(seconds=st.sampled_from([0.0, 0.5, 1.0, 3.0]))
@@ -380,6 +483,7 @@ class TabletMachine(RuleBasedStateMachine):
     @rule()
     def crash_and_recover(self) -> None:
         self.run(self.h.recover())
+        self._watch()
 
     # ------------------------------------------------------------------ schema
 

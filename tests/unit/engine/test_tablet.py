@@ -19,6 +19,7 @@ from tabletstore.data.filters import ColumnQualifierRegex
 from tabletstore.data.model import (
     AppendValue,
     Cell,
+    DeleteCells,
     DeleteRow,
     IncrementValue,
     Row,
@@ -539,3 +540,66 @@ async def test_the_timestamp_floor_moves_with_the_tablet(h: TabletHarness) -> No
     await moved.apply(b"r", [SetCell("a", b"q", b"behind")])
     got = await moved.read_row(b"r")
     assert got is not None and got.cells[0].value == b"behind", got
+
+
+async def _only_version_left(h: TabletHarness) -> int:
+    """Row r's column c:q with two versions, each in its own SSTable, a third SSTable of
+    its family b (in c's locality group), then the newer version deleted (the deletion in the memtable). Family c
+    collects a version only when it is both past the newest one and older than 4 s; the
+    older version is the column's only one from now on, so no moment makes it garbage.
+    Returns its timestamp, with the clock 10 s on."""
+    tablet = h.tablet
+    assert tablet is not None
+    t0 = h.now_micros()
+    await tablet.apply(b"r", [SetCell("c", b"q", b"old", t0)])
+    await tablet.minor_compact()
+    await tablet.apply(b"r", [SetCell("c", b"q", b"new", t0 + SECOND)])
+    await tablet.minor_compact()
+    await tablet.apply(b"r", [SetCell("b", b"x", b"b", t0)])
+    await tablet.minor_compact()
+    await tablet.apply(b"r", [DeleteCells("c", b"q", t0 + SECOND)])
+    h.clock.advance(10)
+    assert await tablet.read_row(b"r", families={"c"}) == Row(b"r", [Cell("c", b"q", t0, b"old")])
+    return t0
+
+
+async def test_a_merge_of_every_sstable_counts_versions_with_the_memtables_deletions(
+    h: TabletHarness,
+) -> None:
+    """A merging compaction that takes all of a group's SSTables is a major one: it collects
+    by version count. Counted without the memtable's deletion of the newer version, the older
+    one was the second version, old enough, and dropped."""
+    tablet = h.tablet
+    assert tablet is not None
+    t0 = await _only_version_left(h)
+    assert len((await h.record()).sstables["cold"]) == 3
+    await tablet.merge_if_needed()
+    assert len((await h.record()).sstables["cold"]) == 1  # the merge ran, as a major one
+    old = Row(b"r", [Cell("c", b"q", t0, b"old")])
+    assert await tablet.read_row(b"r", families={"c"}) == old
+    await tablet.major_compact()
+    assert await tablet.read_row(b"r", families={"c"}) == old
+
+
+async def test_a_major_compaction_counts_versions_with_deletions_written_after_its_flush(
+    h: TabletHarness,
+) -> None:
+    """A major compaction flushes the memtable first, but writes go on while it reads the
+    SSTables: a deletion that lands in between must count like one flushed."""
+    tablet = h.tablet
+    assert tablet is not None
+    t0 = h.now_micros()
+    await tablet.apply(b"r", [SetCell("c", b"q", b"old", t0)])
+    await tablet.apply(b"r", [SetCell("c", b"q", b"new", t0 + SECOND)])
+    runner = tablet._compactions
+    flush = runner.minor_compact
+
+    async def flush_then_delete() -> None:
+        await flush()
+        await tablet.apply(b"r", [DeleteCells("c", b"q", t0 + SECOND)])
+        h.clock.advance(10)
+
+    runner.minor_compact = flush_then_delete  # type: ignore[method-assign]
+    await tablet.major_compact()
+    del runner.minor_compact
+    assert await tablet.read_row(b"r") == Row(b"r", [Cell("c", b"q", t0, b"old")])

@@ -12,8 +12,9 @@ from dataclasses import replace
 
 import pytest
 
-from tabletstore.data.model import DeleteRow, SetCell
-from tabletstore.data.schema import MaxVersionsRule
+from tabletstore.clock import micros
+from tabletstore.data.model import Cell, DeleteCells, DeleteRow, SetCell
+from tabletstore.data.schema import ColumnFamily, IntersectionRule, MaxAgeRule, MaxVersionsRule
 from tabletstore.embedded import Database
 from tabletstore.errors import Fenced, InvalidArgument, NotServing, PreconditionFailed
 from tabletstore.keys import CellKind
@@ -176,6 +177,40 @@ async def test_a_result_for_another_epoch_schema_or_tablet_is_refused(db: Databa
     # The untouched request still adopts.
     await worker.adopt_compaction(request)
     assert (await _record(db)).sstables == {"default": (prepared.outputs["default"],)}
+
+
+async def test_a_result_blind_to_a_deletion_that_saves_a_version_is_refused(
+    db: Database,
+) -> None:
+    """The rewrite reads SSTables only. A deletion in the worker's memtable (or an SSTable
+    written since) may delete the newest version of a column whose family counts versions:
+    the rewrite, counting without it, dropped the older version -- here a version no moment
+    made garbage (the only one left, in a family that collects a version only when it is
+    both past the newest and old) -- so the worker refuses the output; its own next major
+    compaction counts with the deletion."""
+    rule = IntersectionRule(rules=[MaxVersionsRule(max_versions=1), MaxAgeRule(max_age_seconds=60)])
+    t = await db.create_table("t", [ColumnFamily(name="cf", gc_rule=rule)])
+    hour_ago = micros(db.master.clock.time() - 3600)
+    await t.mutate_row(b"r", [SetCell("cf", b"q", b"old", hour_ago)])
+    await db.flush("t")
+    await t.mutate_row(b"r", [SetCell("cf", b"q", b"new", hour_ago + 1)])
+    await db.flush("t")
+    await t.mutate_row(b"r", [DeleteCells("cf", b"q", hour_ago + 1)])
+    old = [Cell("cf", b"q", hour_ago, b"old")]
+    assert (await t.read_row(b"r")).cells == old  # type: ignore[union-attr]
+    record = await _record(db)
+    prepared = await _prepare(db, record)
+    with pytest.raises(PreconditionFailed, match="deletions written since"):
+        await hand_over(prepared, _worker(db))
+    assert (await _record(db)).sstables == record.sstables
+    # Flushed, the deletion is in a newer SSTable: still not seen by that rewrite.
+    await db.flush("t")
+    with pytest.raises(PreconditionFailed, match="deletions written since"):
+        await hand_over(prepared, _worker(db))
+    # A rewrite that read it is adopted, and keeps the version.
+    await hand_over(await _prepare(db, await _record(db)), _worker(db))
+    assert len((await _record(db)).sstables["default"]) == 1
+    assert (await t.read_row(b"r")).cells == old  # type: ignore[union-attr]
 
 
 async def test_the_cycle_drives_the_remote_executor(db: Database) -> None:
