@@ -139,11 +139,50 @@ class _Lru(Generic[K, V]):
         )
 
 
+class _SizedLru(_Lru[K, V]):
+    """An :class:`_Lru` of values that carry their charge (``nbytes``) and are held as they
+    are: no ``(value, charge)`` tuple per entry, which the cyclic GC would track (it holds a
+    tracked object) and traverse at every full collection, one per cached block or page."""
+
+    def get(self, key: K) -> V | None:
+        entry = self._map.get(key)
+        if entry is None:
+            self.misses += 1
+            return None
+        self._map.move_to_end(key)
+        self.hits += 1
+        return entry  # type: ignore[return-value]
+
+    def put(self, key: K, value: V, charge: int) -> list[K]:
+        if charge > self.capacity or self.max_entries == 0:
+            return []
+        entries: OrderedDict[K, Any] = self._map
+        previous = entries.pop(key, None)
+        used = self.used + charge - (previous.nbytes if previous is not None else 0)
+        entries[key] = value
+        evicted: list[K] = []
+        limit = self.max_entries
+        while used > self.capacity or (limit is not None and len(entries) > limit):
+            old, gone = entries.popitem(last=False)
+            used -= gone.nbytes
+            evicted.append(old)
+        self.used = used
+        self.evictions += len(evicted)
+        return evicted
+
+    def pop(self, key: K) -> bool:
+        entry: Any = self._map.pop(key, None)
+        if entry is None:
+            return False
+        self.used -= entry.nbytes
+        return True
+
+
 class BlockCache:
     """Decoded SSTable blocks, bounded by ``capacity_bytes`` (see the module docstring)."""
 
     def __init__(self, capacity_bytes: int) -> None:
-        self._lru: _Lru[tuple[str, _Index], Block | Page] = _Lru(capacity_bytes)
+        self._lru: _Lru[tuple[str, _Index], Block | Page] = _SizedLru(capacity_bytes)
         self._by_object: dict[str, set[_Index]] = {}
         #: Open SSTables' cores by (object URL, seq base), held only by the SSTables using
         #: them: the last one closed or collected, the entry goes.

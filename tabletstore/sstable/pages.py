@@ -520,25 +520,39 @@ class Page:
 
     A page read ahead (:meth:`deferred`) is decoded on its first use: a point read's fetch
     that reads ahead to the end of its block pays for the pages it was asked for, not for the
-    others (a random read that happens to follow a recent fetch reads ahead too)."""
+    others (a random read that happens to follow a recent fetch reads ahead too).
 
-    __slots__ = ("_cells", "_columns", "_decode", "_rows", "nbytes")
+    What the cyclic GC sees. A cached page is one tracked object: its columns are tuples of
+    bytes, str and int (the GC untracks those at their first collection), values of one
+    length stay in their page's buffer (a ``bytes``, sliced out when read: ``_vstep`` is
+    their stride), and cells are made for each reader, never kept. Every full collection
+    traverses every tracked object, and a worker's block cache holds hundreds of thousands of
+    pages: with a list per column and a ``Cell`` kept per scanned value, a full collection of
+    a worker holding 2 GB took 100-969 ms."""
 
-    def __init__(self, cells: list[Cell], rows: Sequence[bytes], nbytes: int) -> None:
+    __slots__ = ("_cells", "_columns", "_decode", "_rows", "_vstep", "nbytes")
+
+    def __init__(self, cells: list[Cell] | None, rows: Sequence[bytes], nbytes: int) -> None:
         """``rows``: the row key of each cell; ``nbytes``: what the block cache charges."""
-        self._cells: list[Cell] | None = cells
+        self._cells = cells
         self._rows = rows
         self.nbytes = nbytes
+        #: The seven columns (schema order); the last is a ``bytes`` buffer of values of one
+        #: length when ``_vstep`` (each value's length prefix and bytes) is not 0.
         self._columns: tuple[Sequence[Any], ...] | None = None
+        self._vstep = 0
         self._decode: Callable[[], Page] | None = None
 
     @classmethod
     def of_columns(cls, columns: tuple[Sequence[Any], ...], nbytes: int) -> Page:
         """A page of the cells whose fields are ``columns`` (schema order), each
-        :class:`Cell` made when first read: a point read makes the one or two of its row,
-        not every cell of the page."""
-        page = cls([], columns[0], nbytes)
-        page._cells = None
+        :class:`Cell` made when read: a point read makes the one or two of its row, not
+        every cell of the page."""
+        page = cls(None, columns[0], nbytes)
+        values = columns[6]
+        if type(values) is _Fixed:
+            page._vstep = values._step
+            columns = (*columns[:6], values._buf)
         page._columns = columns
         return page
 
@@ -546,7 +560,7 @@ class Page:
     def deferred(cls, decode: Callable[[], Page], nbytes: int) -> Page:
         """A page ``decode()`` returns when first read (its Corruption raised then, to that
         reader); ``nbytes`` is what the decoded page will be charged."""
-        page = cls([], [], nbytes)
+        page = cls(None, (), nbytes)
         page._decode = decode
         return page
 
@@ -557,21 +571,28 @@ class Page:
             # Fields before clearing _decode: a reader on another thread that sees _decode
             # None sees them all (decoding twice in a race is harmless).
             self._cells, self._columns, self._rows = page._cells, page._columns, page._rows
+            self._vstep = page._vstep
             self._decode = None
 
-    def _all(self) -> list[Cell]:
-        """Every cell, made now if the page was decoded as columns (once: kept)."""
-        if self._decode is not None:
-            self._load()
-        cells = self._cells
-        if cells is None:
-            columns = self._columns
-            assert columns is not None
-            cells = self._cells = list(map(Cell, *columns))
-            # Cells set before the columns are dropped: a reader (another thread) that sees
-            # no columns sees the cells.
-            self._columns = None
-        return cells
+    def _values(self, lo: int, hi: int) -> Sequence[bytes]:
+        """Values ``lo`` to ``hi`` of a page decoded as columns."""
+        assert self._columns is not None
+        values: Any = self._columns[6]
+        step = self._vstep
+        if not step:
+            return values[lo:hi]  # type: ignore[no-any-return]
+        return [values[j + 4 : j + step] for j in range(lo * step, hi * step, step)]
+
+    def _range(self, lo: int, hi: int) -> list[Cell]:
+        """Cells ``lo`` to ``hi``, made now if the page was decoded as columns."""
+        columns = self._columns
+        if columns is None:
+            cells = self._cells
+            assert cells is not None
+            return cells[lo:hi]
+        if hi - lo == len(columns[0]) and not self._vstep:
+            return list(map(Cell, *columns))
+        return list(map(Cell, *(c[lo:hi] for c in columns[:6]), self._values(lo, hi)))
 
     def _slice(self, lo: int, hi: int) -> list[Cell]:
         columns = self._columns
@@ -580,9 +601,13 @@ class Page:
             assert cells is not None
             return cells[lo:hi]
         r, f, q, t, s, k, v = columns
+        step = self._vstep
         if hi - lo == 1:  # most rows: one cell, no comprehension
-            return [Cell(r[lo], f[lo], q[lo], t[lo], s[lo], k[lo], v[lo])]
-        return [Cell(r[i], f[i], q[i], t[i], s[i], k[i], v[i]) for i in range(lo, hi)]
+            raw: Any = v  # a column, or the values' buffer (``_vstep``)
+            value = raw[lo * step + 4 : (lo + 1) * step] if step else raw[lo]
+            return [Cell(r[lo], f[lo], q[lo], t[lo], s[lo], k[lo], value)]
+        values = self._values(lo, hi)
+        return [Cell(r[i], f[i], q[i], t[i], s[i], k[i], values[i - lo]) for i in range(lo, hi)]
 
     @property
     def cells(self) -> int:
@@ -617,14 +642,14 @@ class Page:
             self._load()
         lo = bisect_left(self._rows, start_row) if start_row else 0
         hi = len(self._rows) if end_row is None else bisect_left(self._rows, end_row)
-        return self._all()[lo:hi] if lo < hi else []
+        return self._range(lo, hi) if lo < hi else []
 
 
 #: Family names decoded, by their bytes: a page's family column repeats a handful of names.
 _FAMILY_NAMES: dict[bytes, str] = {}
 
 
-def _families(raw: list[bytes]) -> list[str]:
+def _families(raw: Sequence[bytes]) -> tuple[str, ...]:
     """The family column's names as str, each decoded once (UnicodeDecodeError if not UTF-8)."""
     names = _FAMILY_NAMES
     if len(names) > 4096:  # bounded: a file of many families must not grow it for ever
@@ -634,14 +659,14 @@ def _families(raw: list[bytes]) -> list[str]:
         name = names.get(first)
         if name is None:
             name = names[first] = first.decode()
-        return [name] * len(raw)
+        return (name,) * len(raw)
     out = []
     for f in raw:
         name = names.get(f)
         if name is None:
             name = names[f] = f.decode()
         out.append(name)
-    return out
+    return tuple(out)
 
 
 #: Up to this many values, :func:`_binary` and :func:`_values` read values of one length with
@@ -679,7 +704,7 @@ def _ints(n: int) -> tuple[struct.Struct, struct.Struct]:
     return found
 
 
-def _binary(buf: bytes, n: int) -> list[bytes]:
+def _binary(buf: bytes, n: int) -> tuple[bytes, ...]:
     """``n`` PLAIN byte arrays (u32 length, bytes) from ``buf``; ValueError unless they fill it.
     Values of one length (row keys of fixed width, a page's family, often its qualifier,
     1000-byte values) are read by one ``struct`` call, or for many values by strided length
@@ -692,9 +717,9 @@ def _binary(buf: bytes, n: int) -> list[bytes]:
             if n <= _STRUCT_CELLS:
                 fields = _fixed_format(width, n, False).unpack(buf)
                 if fields[0::2].count(width) == n:
-                    return list(fields[1::2])
+                    return fields[1::2]
             elif _same_lengths(buf, step, n):
-                return [buf[i + 4 : i + step] for i in range(0, size, step)]
+                return tuple([buf[i + 4 : i + step] for i in range(0, size, step)])
     return _walk(buf, n)
 
 
@@ -732,7 +757,9 @@ class _Fixed(Sequence[bytes]):
 
     def __getitem__(self, i: int | slice) -> bytes | list[bytes]:
         if isinstance(i, slice):
-            return self.tolist()[i]
+            lo, hi, stride = i.indices(self._n)
+            buf, step = self._buf, self._step
+            return [buf[j + 4 : j + step] for j in range(lo * step, hi * step, stride * step)]
         n = self._n
         if i < 0:
             i += n
@@ -756,7 +783,7 @@ def _same_lengths(buf: bytes, step: int, n: int) -> bool:
     return all(buf[k::step] == buf[k : k + 1] * n for k in range(4))
 
 
-def _walk(buf: bytes, n: int) -> list[bytes]:
+def _walk(buf: bytes, n: int) -> tuple[bytes, ...]:
     out = []
     pos = 0
     unpack = _U32.unpack_from
@@ -767,7 +794,7 @@ def _walk(buf: bytes, n: int) -> list[bytes]:
         pos += length
     if pos != len(buf):
         raise ValueError(f"{n} PLAIN byte arrays end at {pos} of {len(buf)} bytes")
-    return out
+    return tuple(out)
 
 
 class _Zstd(threading.local):
@@ -827,13 +854,15 @@ def decode_pages(
         for into, part in zip(merged, one, strict=True):
             into += part
         nbytes += n
-    return Page.of_columns(merged, nbytes)
+    # Tuples: of bytes, str and int only, so the cyclic GC untracks them (Page._range).
+    return Page.of_columns(tuple(map(tuple, merged)), nbytes)
 
 
 def _decode_one(
     index: PageIndex, p: int, view: memoryview, base: int, compression: str, seq_base: int
 ) -> tuple[tuple[Sequence[Any], ...], int]:
-    """Page ``p``'s seven columns as lists, and what the block cache charges for it."""
+    """Page ``p``'s seven columns (tuples, or a :class:`_Fixed` of values), and what the block
+    cache charges for it."""
     entry = index.entry(p)
     block = entry[0]
     n = index._cells_in(p, block)
@@ -876,7 +905,7 @@ def _decode_one(
             _families(_binary(bufs[1], n)),
             _binary(bufs[2], n),
             ints[0].unpack(bufs[3]),
-            [q + seq_base for q in seqs] if seq_base else seqs,
+            tuple([q + seq_base for q in seqs]) if seq_base else seqs,
             ints[1].unpack(bufs[5]),
             _values(bufs[6], n),
         )

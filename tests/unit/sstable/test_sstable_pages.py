@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import random
 import struct
@@ -513,6 +514,32 @@ def test_a_decoded_page_makes_the_same_cells_read_one_row_or_all(value_size: int
         assert page.row_cells(b"r99999") == []
 
 
+@pytest.mark.parametrize("uniform", [True, False])
+def test_a_decoded_page_holds_nothing_the_gc_tracks(uniform: bool) -> None:
+    """Every full collection of the cyclic GC traverses every cached page and what it holds
+    that the GC tracks. A page's columns are tuples of bytes, str and int (untracked once
+    collected), values of one length stay in a ``bytes`` buffer, and reading the page (a row,
+    every cell) keeps no cells: a single page and a whole block alike."""
+    cells = [
+        Cell(b"r%05d" % i, "cf", b"q", 7, i + 1, 0, b"v%04d" % i if uniform else b"v" * (i % 7))
+        for i in range(600)
+    ]
+    data, _ = write_sstable(cells, block_size=16 * 1024)
+    core = SSTableCore.from_tail("t", len(data), data)
+    index = core.pages
+    assert index is not None and index.block_starts[1] > 1
+    for pages in (range(0, 1), range(0, index.block_starts[1])):
+        offset, length = core.page_range(0, pages)
+        page = core.decode_pages(0, pages, data[offset : offset + length], offset)
+        assert page.row_cells(page.first_row) == cells[:1]
+        assert page.cells_in() == cells[: page.cells]
+        gc.collect()
+        gc.collect()  # a tuple of tuples is untracked once those inside it are
+        held = [o for o in gc.get_referents(page) if o is not type(page)]
+        assert [type(o) for o in held if gc.is_tracked(o)] == []
+        assert page.cells_in(b"r00001", b"r00003") == cells[1:3]
+
+
 def _plain(values: list[bytes]) -> bytes:
     return b"".join(len(v).to_bytes(4, "little") + v for v in values)
 
@@ -536,7 +563,7 @@ def test_plain_byte_arrays_decode_by_every_path(values: list[bytes]) -> None:
     buffer) read what was written, and refuse bytes that do not hold exactly ``n`` values."""
     buf = _plain(values)
     n = len(values)
-    assert pages_module._binary(buf, n) == values
+    assert pages_module._binary(buf, n) == tuple(values)
     lazy = pages_module._values(buf, n)
     assert len(lazy) == n and list(lazy) == values
     assert [lazy[i] for i in range(n)] == values and lazy[-1] == values[-1]
