@@ -44,11 +44,11 @@ from tabletstore.commitlog import encode_record, encode_segment, fence, replay_c
 from tabletstore.commitlog.runs import SortManifest, SortPlan, SortTask, TabletRange
 from tabletstore.commitlog.sorting import ReplayStats, SharedSorts, plan_sort, sorted_replay
 from tabletstore.commitlog.spill import RunSpill
-from tabletstore.engine.process_pool import process_pool
 from tabletstore.keys import Cell, CellKind
 from tabletstore.limits import MiB
 from tabletstore.master.log_recovery import InProcessSortExecutor
 from tabletstore.options import WorkerOptions
+from tabletstore.process_pool import process_pool
 from tabletstore.storage_s3 import find_layer, open_store
 from tabletstore.storage_s3.base import ObjectStore
 from tabletstore.storage_s3.instrumented import InstrumentedObjectStore

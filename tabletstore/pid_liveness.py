@@ -1,5 +1,5 @@
 """Whether a process runs: the one question about other processes that the worker's sort
-pools (`engine/process_pool.py`) and its run spill (`commitlog/spill.py`) both ask of a pid
+pools (`process_pool.py`) and its run spill (`commitlog/spill.py`) both ask of a pid
 they recorded."""
 
 from __future__ import annotations

@@ -45,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import concurrent.futures
+import functools
 import heapq
 import logging
 import weakref
@@ -67,6 +68,7 @@ from tabletstore.commitlog.runs import (
 from tabletstore.commitlog.spill import RunSpill
 from tabletstore.errors import Corruption, InvalidArgument, PreconditionFailed, Unavailable
 from tabletstore.keys import Cell
+from tabletstore.process_pool import ProcessPool
 from tabletstore.storage_s3.base import ObjectStore
 from tabletstore.storage_s3.layout import (
     log_prefix,
@@ -310,7 +312,7 @@ class SharedSorts:
     them from the coordinator share one read.
 
     ``cpu``: makes (once, at the first task) the process pool
-    (:func:`tabletstore.engine.process_pool.process_pool`) the tasks' decoding, partitioning and
+    (:func:`tabletstore.process_pool.process_pool`) the tasks' decoding, partitioning and
     encoding run in, so the owner of a log cut into several tasks sorts them on all its
     cores; the segments are fetched and the runs written by this process, which so keeps them
     for its tablets' replay: in ``spill`` (memory, then local disk:
@@ -364,8 +366,9 @@ class SharedSorts:
                 try:
                     return await run_sort_task(store, plan, task, cpu=self._cpu, spill=self.spill)
                 except concurrent.futures.BrokenExecutor as exc:
-                    # A pool process died (killed, out of memory): the pool is unusable. The
-                    # task (idempotent) and every later one run here instead.
+                    # A process of a plain pool died (killed, out of memory): the pool is
+                    # unusable. The task (idempotent) and every later one run here instead.
+                    # (A ProcessPool replaces itself: _run_sort_task.)
                     log.warning("sort pool broken (%s): sorting in the event loop", exc)
                     self._cpu, self._make_cpu = None, None
             return await run_sort_task(store, plan, task, spill=self.spill)
@@ -422,6 +425,14 @@ async def _run_sort_task(
         # well under a second: done inline. (In a thread it contends for the GIL with the
         # event loop's I/O, which in a chaos run starved workers' lease keep-alives.)
         sorted_ = sort_segments(plan, task, fetched, wheres)
+    elif isinstance(cpu, ProcessPool):
+        try:
+            sorted_ = await cpu.run(functools.partial(sort_segments, plan, task, fetched, wheres))
+        except Unavailable as exc:
+            # Its process died twice running this task (the pool is replaced for the next
+            # ones): this one is sorted here.
+            log.warning("sort task %s: %s; sorting in the event loop", task.first, exc)
+            sorted_ = sort_segments(plan, task, fetched, wheres)
     else:
         sorted_ = await asyncio.get_running_loop().run_in_executor(
             cpu, sort_segments, plan, task, fetched, wheres

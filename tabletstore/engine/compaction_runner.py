@@ -55,7 +55,6 @@ from tabletstore.data.schema import TableSchema, counts_versions
 from tabletstore.engine import compaction, parcel
 from tabletstore.engine.compaction_budget import CompactionBudget
 from tabletstore.engine.parcel import Parcel, Parcels, Stowed
-from tabletstore.engine.process_pool import ProcessPool
 from tabletstore.engine.state import (
     AdoptedMajor,
     MajorResult,
@@ -81,6 +80,7 @@ from tabletstore.errors import (
     Unavailable,
 )
 from tabletstore.metadata.record import SSTableRef, TabletRecord
+from tabletstore.process_pool import ProcessPool
 from tabletstore.sstable import SSTableInfo
 
 __all__ = ["CompactionRunner"]

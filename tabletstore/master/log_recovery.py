@@ -52,10 +52,10 @@ from tabletstore.commitlog.sorting import (
 )
 from tabletstore.coordination import paths
 from tabletstore.coordination.base import Coordinator, Put, mod_revision_is
-from tabletstore.engine.process_pool import process_pool
 from tabletstore.errors import Corruption, InvalidArgument, TabletStoreError, Unavailable
 from tabletstore.metadata.record import LogRef, TabletRecord
 from tabletstore.metadata.rows import METADATA_TABLE_ID
+from tabletstore.process_pool import process_pool
 from tabletstore.storage_s3 import open_store
 from tabletstore.storage_s3.base import ObjectStore
 from tabletstore.storage_s3.layout import recovery_manifest_key

@@ -54,7 +54,6 @@ from tabletstore.coordination.base import (
 from tabletstore.data.schema import TableSchema
 from tabletstore.engine.compaction_budget import CompactionBudget
 from tabletstore.engine.log_replay import yielding
-from tabletstore.engine.process_pool import ProcessPool, process_pool
 from tabletstore.engine.tablet import Tablet
 from tabletstore.errors import (
     Fenced,
@@ -69,6 +68,7 @@ from tabletstore.metadata import rows as mt
 from tabletstore.metadata.catalog import Catalog, TableInfo
 from tabletstore.metadata.record import LogRef, TabletRecord, metadata_row_key
 from tabletstore.options import TabletOptions, WorkerOptions
+from tabletstore.process_pool import ProcessPool
 from tabletstore.rpc.messages import (
     LoadTabletAtRequest,
     LoadTabletRequest,
@@ -251,7 +251,7 @@ class TabletServer:
     def _make_sort_pool(self) -> concurrent.futures.Executor:
         """The pool the sort tasks of logs this worker owns run in (once; stop() ends it)."""
         if self._sort_pool is None:
-            self._sort_pool = process_pool(self._options.sort_processes)
+            self._sort_pool = ProcessPool(self._options.sort_processes, name="sort")
         return self._sort_pool
 
     # ------------------------------------------------------------------ lifecycle

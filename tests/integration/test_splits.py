@@ -40,13 +40,13 @@ from tabletstore.coordination import paths
 from tabletstore.coordination.memory import MemoryCoordinator
 from tabletstore.data.model import DeleteRow, RowMutation, SetCell
 from tabletstore.embedded import Database
-from tabletstore.engine.process_pool import ProcessPool
 from tabletstore.engine.split_key import owns_its_sstables
 from tabletstore.errors import TabletStoreError, Unavailable
 from tabletstore.master.master import Master
 from tabletstore.metadata.catalog import Catalog
 from tabletstore.metadata.record import TabletRecord
 from tabletstore.options import IN_PROCESS_LEASE, MasterOptions, TabletOptions, WorkerOptions
+from tabletstore.process_pool import ProcessPool
 from tabletstore.rpc.inprocess import InProcessTransport
 from tabletstore.rpc.messages import LoadTabletRequest, UnloadTabletRequest
 from tabletstore.rpc.services import TABLET

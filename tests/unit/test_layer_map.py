@@ -20,6 +20,7 @@ BASE_MODULES = {
     "embedded.py",
     "limits.py",
     "pid_liveness.py",
+    "process_pool.py",
     "extras.py",
 }
 # A name in the drawing: a module (`name.py`) or a folder (`name/`).

@@ -8,7 +8,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import concurrent.futures.process
+import os
 import random
+import signal
 
 import pytest
 
@@ -23,9 +25,9 @@ from tabletstore.commitlog.sorting import (
     sorted_replay,
     task_done,
 )
-from tabletstore.engine.process_pool import process_pool
 from tabletstore.errors import Corruption, InvalidArgument
 from tabletstore.keys import Cell, CellKind
+from tabletstore.process_pool import ProcessPool, process_pool
 from tabletstore.storage_s3 import layout
 from tabletstore.storage_s3.base import ObjectStore
 from tabletstore.storage_s3.instrumented import InstrumentedObjectStore, Op
@@ -440,6 +442,26 @@ async def test_a_broken_sort_pool_falls_back_to_sorting_in_the_event_loop() -> N
     assert [m.first for m in got] == [t.first for t in plan.tasks]
     assert all([await task_done(store, plan, t) for t in plan.tasks])
     assert made == [1]
+
+
+async def test_a_worker_sort_pool_whose_process_dies_is_replaced() -> None:
+    """The worker's sort pool (a ProcessPool) outlives the loss of a process: the next task
+    runs in a new pool, not in the event loop, and so do the later ones."""
+    store = MemoryObjectStore(shared=False)
+    await write_log(store)
+    plan = await plan_sort(store, W, INC, TABLETS, task_bytes=3000)
+    assert len(plan.tasks) >= 3
+    pool = ProcessPool(1, name="sort")
+    try:
+        shared = SharedSorts(cpu=lambda: pool, inline_bytes=0)
+        first = await shared.run(store, plan, plan.tasks[0])
+        os.kill(await pool.run(os.getpid), signal.SIGKILL)  # the OOM killer, say
+        rest = [await shared.run(store, plan, t) for t in plan.tasks[1:]]
+        assert [m.first for m in [first, *rest]] == [t.first for t in plan.tasks]
+        assert all([await task_done(store, plan, t) for t in plan.tasks])
+        assert pool.renewals == 1 and shared._cpu is pool  # still sorting in processes
+    finally:
+        pool.shutdown(wait=True)
 
 
 async def test_a_small_task_is_sorted_in_the_event_loop_without_starting_the_pool() -> None:

@@ -10,7 +10,7 @@ import pickle
 import pytest
 
 from tabletstore.engine.parcel import Parcel, Parcels, Stowed, supported
-from tabletstore.engine.process_pool import process_pool
+from tabletstore.process_pool import process_pool
 
 
 def _reverse_each(inputs: list[Parcel], out: Parcel) -> list[Stowed]:

@@ -1,4 +1,4 @@
-"""Process pools end with their owner (engine/process_pool.py): a worker SIGKILLed while its
+"""Process pools end with their owner (process_pool.py): a worker SIGKILLed while its
 compaction pool runs must not leave the pool's process (and its forkserver) behind. And a pool
 outlives the loss of one of its processes: ProcessPool replaces a broken pool."""
 
@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from tabletstore.engine.process_pool import ProcessPool, process_pool
 from tabletstore.errors import Unavailable
 from tabletstore.pid_liveness import alive
+from tabletstore.process_pool import ProcessPool, process_pool
 
 _OWNER = """
 import os, sys
-from tabletstore.engine.process_pool import process_pool
+from tabletstore.process_pool import process_pool
 pool = process_pool(1)
 print(pool.submit(os.getpid).result(timeout=60), flush=True)
 sys.stdin.read()  # until killed
