@@ -1,4 +1,16 @@
-"""moto's S3 server with every request's signature checked, for ``local-stack up --tls``.
+"""moto's S3 server for the local stack: its conditional writes made atomic, and with
+``--credentials`` every request's signature checked (``local-stack up --tls``).
+
+Conditional writes. moto answers a PUT with ``If-None-Match: *`` (or ``If-Match``) by
+checking the key, then writing it, in the request's own thread: two concurrent creates of one
+key can both succeed, where S3 decides each conditional write atomically. tabletstore's
+fencing and claims rest on create-only PUTs, so :func:`serialize_conditional_writes` runs
+moto's object PUT and POST (CompleteMultipartUpload) handlers one at a time; every moto server
+the project starts goes through it (this launcher; the test suite's in-process server).
+Without ``--credentials`` the launcher is moto's own server (``moto.server``, its control API
+included) with that one change.
+
+With ``--credentials``:
 
 moto's server answers any request, whatever credentials it is signed with or none, unless its
 IAM authentication is on; and its control API (``/moto-api/``: dump every object, reset the
@@ -15,25 +27,51 @@ data, turn authentication back off) answers anyone. This launcher runs the same 
 - each request's URL handed to moto as the client sent it (:func:`_backend_app_as_sent`), so
   that moto checks a signature over the path the client signed, whatever characters a key has.
 
-Usage: ``python -m tabletstore.cli.local_s3 --host 127.0.0.1 --port N --bucket B
---credentials FILE`` (``cli/localstack.py`` starts it).
+Usage: ``python -m tabletstore.cli.local_s3 --host 127.0.0.1 --port N [--bucket B
+--credentials FILE]`` (``cli/localstack.py`` starts it).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-__all__ = ["USER", "main", "read_credentials"]
+__all__ = ["USER", "main", "read_credentials", "serialize_conditional_writes"]
 
 #: The IAM user the stack's processes sign as.
 USER = "tabletstore"
 _REGION = "us-east-1"
+
+
+#: moto's S3 handlers that check a write's condition and then write.
+_CONDITIONAL_HANDLERS = ("put_object", "_key_response_post")
+_conditional_writes = threading.Lock()
+
+
+def serialize_conditional_writes() -> None:
+    """Make moto's S3 server decide conditional writes atomically, as S3 does (module
+    docstring). Idempotent; patches this process's moto."""
+    from moto.s3.responses import S3Response
+
+    for name in _CONDITIONAL_HANDLERS:
+        handler = getattr(S3Response, name)
+        if getattr(handler, "serialized", False):
+            continue
+
+        @functools.wraps(handler)
+        def serialized(self: Any, *args: Any, __handler: Any = handler, **kwargs: Any) -> Any:
+            with _conditional_writes:
+                return __handler(self, *args, **kwargs)
+
+        serialized.serialized = True  # type: ignore[attr-defined]
+        setattr(S3Response, name, serialized)
 
 
 def read_credentials(path: Path) -> tuple[str, str]:
@@ -138,11 +176,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m tabletstore.cli.local_s3")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--bucket", required=True)
-    parser.add_argument("--credentials", type=Path, required=True)
+    parser.add_argument("--bucket", help="with --credentials: the bucket made at start")
+    parser.add_argument("--credentials", type=Path, help="check signatures (module docstring)")
     args = parser.parse_args(argv)
+    if args.credentials is None:
+        from moto.server import main as moto_server
+
+        serialize_conditional_writes()
+        moto_server(["-H", args.host, "-p", str(args.port)])
+        return
+    if args.bucket is None:
+        parser.error("--credentials needs --bucket")
     # Read by moto's settings when it is imported: authentication from the first request.
     os.environ["INITIAL_NO_AUTH_ACTION_COUNT"] = "0"
+    serialize_conditional_writes()
     from moto import settings
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
     from werkzeug.serving import run_simple

@@ -614,7 +614,8 @@ def start_moto(
         record = spawn("s3", argv, log=log, url=endpoint)
         wait_healthy(record, lambda: credentials.exists() and _port_open(port), deadline)
         return record
-    argv = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+    # moto's own server, its conditional writes made atomic as S3's are (cli/local_s3.py).
+    argv = [sys.executable, "-m", "tabletstore.cli.local_s3", "--port", str(port)]
     record = spawn("s3", argv, log=log, url=endpoint)
     wait_healthy(record, lambda: _http_ok(f"{endpoint}/moto-api/data.json") is not None, deadline)
     # moto does not check signatures, so a plain PUT creates the bucket; tried until the

@@ -35,6 +35,9 @@ def s3_server() -> Iterator[str]:
     """Start moto's ThreadedMotoServer on a free loopback port; yield its endpoint URL."""
     from moto.server import ThreadedMotoServer  # A missing moto is an error, not a skip.
 
+    from tabletstore.cli.local_s3 import serialize_conditional_writes
+
+    serialize_conditional_writes()  # create-only PUTs decided atomically, as S3 does
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     try:
