@@ -595,19 +595,15 @@ class Page:
         return list(map(Cell, *(c[lo:hi] for c in columns[:6]), self._values(lo, hi)))
 
     def _slice(self, lo: int, hi: int) -> list[Cell]:
+        """:meth:`_range`, with the one cell of most rows made without slicing columns."""
         columns = self._columns
-        if columns is None:
-            cells = self._cells
-            assert cells is not None
-            return cells[lo:hi]
+        if columns is None or hi - lo != 1:
+            return self._range(lo, hi)
         r, f, q, t, s, k, v = columns
         step = self._vstep
-        if hi - lo == 1:  # most rows: one cell, no comprehension
-            raw: Any = v  # a column, or the values' buffer (``_vstep``)
-            value = raw[lo * step + 4 : (lo + 1) * step] if step else raw[lo]
-            return [Cell(r[lo], f[lo], q[lo], t[lo], s[lo], k[lo], value)]
-        values = self._values(lo, hi)
-        return [Cell(r[i], f[i], q[i], t[i], s[i], k[i], values[i - lo]) for i in range(lo, hi)]
+        raw: Any = v  # a column, or the values' buffer (``_vstep``)
+        value = raw[lo * step + 4 : (lo + 1) * step] if step else raw[lo]
+        return [Cell(r[lo], f[lo], q[lo], t[lo], s[lo], k[lo], value)]
 
     @property
     def cells(self) -> int:
