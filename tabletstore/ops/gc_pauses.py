@@ -10,8 +10,8 @@ is running then, as a tail latency its own work does not explain.
 :class:`GcPauses` times every collection through :data:`gc.callbacks` (called in the thread
 that collects, at its start and its stop) and hands ``(generation, seconds)`` to ``observe``:
 the worker's ``tabletstore_gc_pause_seconds{generation}`` histogram. It also keeps the total
-time collected and the collection under way, which the loop-lag watchdog
-(``ops/loop_lag.py``) names in a stall report. Installed for as long as the ``with`` block
+time collected (in all, and per generation) and the collection under way, which the loop-lag
+watchdog (``ops/loop_lag.py``) names in a stall report, generation by generation. Installed for as long as the ``with`` block
 runs; the callbacks are the process's, so one process should install one.
 """
 
@@ -36,6 +36,9 @@ class GcPauses:
         self._observe = observe
         #: Seconds spent collecting since installed.
         self.total = 0.0
+        #: The same per generation collected (0: young ... 2: full). Every key is here from
+        #: the start: another thread may read it while a collection adds to it.
+        self.by_generation = dict.fromkeys(range(len(gc.get_threshold())), 0.0)
         #: Collections seen since installed.
         self.collections = 0
         #: ``(generation, monotonic start)`` of the collection under way, or None.
@@ -61,5 +64,7 @@ class GcPauses:
             return
         seconds = monotonic() - started[1]
         self.total += seconds
+        generation = started[0]
+        self.by_generation[generation] = self.by_generation.get(generation, 0.0) + seconds
         self.collections += 1
         self._observe(started[0], seconds)

@@ -13,8 +13,9 @@ Node's blocked-loop detectors do: a watchdog thread checks the loop's next wake-
 loop is that far past it, logs the loop thread's Python stack -- where it is held -- as a
 warning, once per stall and at most every ``report_every`` seconds; given the process's
 :class:`~tabletstore.ops.gc_pauses.GcPauses`, it also says how much of the stall the garbage
-collector took (a collection stops every thread, and the stack then shows only where the loop
-was when it began). The thread takes the GIL for
+collector took, generation by generation (a collection stops every thread, and the stack then
+shows only where the loop was when it began; a young collection's pause grows with the
+threshold of generation 0, a full one's with the heap). The thread takes the GIL for
 a moment a few times per ``stall_seconds``, so reports are off by default
 (``tabletstore worker --report-stalls SECONDS``).
 
@@ -59,8 +60,8 @@ class LoopLag:
     ) -> None:
         self._observe = observe
         self._gc = gc_pauses
-        #: ``gc_pauses.total`` when the sampler last went to sleep.
-        self._gc_at_due = 0.0
+        #: ``gc_pauses.by_generation`` when the sampler last went to sleep.
+        self._gc_at_due: dict[int, float] = {}
         self.interval = interval
         self.stall_seconds = stall_seconds
         self.report_every = report_every
@@ -100,7 +101,7 @@ class LoopLag:
         while True:
             due = loop.time() + self.interval
             if self._gc is not None:
-                self._gc_at_due = self._gc.total
+                self._gc_at_due = dict(self._gc.by_generation)
             self._due = due
             await asyncio.sleep(self.interval)
             self._observe(max(0.0, loop.time() - due))
@@ -132,10 +133,19 @@ class LoopLag:
             )
 
     def _collected(self, now: float) -> str:
-        """How much of the stall the garbage collector took, for the report."""
+        """How much of the stall the garbage collector took, by generation, for the report."""
         assert self._gc is not None
-        seconds = self._gc.total - self._gc_at_due
+        took = {
+            generation: seconds - self._gc_at_due.get(generation, 0.0)
+            for generation, seconds in self._gc.by_generation.items()
+        }
         running = self._gc.collecting
         if running is not None:
-            seconds += now - running[1]
-        return f"; garbage collection: {seconds * 1000:.0f} ms of it"
+            took[running[0]] = took.get(running[0], 0.0) + now - running[1]
+        parts = [
+            f"{seconds * 1000:.0f} ms in generation {generation}"
+            for generation, seconds in sorted(took.items(), reverse=True)
+            if seconds > 0
+        ]
+        detail = f" ({', '.join(parts)})" if parts else ""
+        return f"; garbage collection: {sum(took.values()) * 1000:.0f} ms of it{detail}"

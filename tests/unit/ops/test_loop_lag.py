@@ -85,6 +85,7 @@ def test_gc_pauses_are_timed_by_generation_while_installed() -> None:
     assert seen[0][0] == 2 and seen[0][1] > 0
     assert seen[1][0] == 0 and pauses.collections == 2
     assert pauses.total == pytest.approx(seen[0][1] + seen[1][1])
+    assert pauses.by_generation == {0: seen[1][1], 1: 0.0, 2: seen[0][1]}
     assert pauses.collecting is None
     gc.collect()
     assert len(seen) == 2, "removed with the block"
@@ -110,15 +111,20 @@ async def test_a_stall_report_says_how_much_of_it_the_collector_took(
             await until(lambda: len(lags) > seen)
             # What the report adds up (the watchdog's timing is the machine's: on a loaded
             # one the stall it reports may have begun before the first collection).
-            monitor._gc_at_due = pauses.total - 0.25
-            assert monitor._collected(time.monotonic()) == "; garbage collection: 250 ms of it"
-            pauses.collecting = (2, time.monotonic() - 0.1)
-            assert "garbage collection: 35" in monitor._collected(time.monotonic())
+            monitor._gc_at_due = dict(pauses.by_generation)
+            monitor._gc_at_due[2] -= 0.25
+            monitor._gc_at_due[0] -= 0.01
+            assert monitor._collected(time.monotonic()) == (
+                "; garbage collection: 260 ms of it (250 ms in generation 2, 10 ms in generation 0)"
+            )
+            pauses.collecting = (1, time.monotonic() - 0.1)
+            assert "garbage collection: 36" in monitor._collected(time.monotonic())
+            assert re.search(r"1\d\d ms in generation 1", monitor._collected(time.monotonic()))
             pauses.collecting = None
     del junk
     assert monitor.reports >= 1, caplog.text
     message = next(r.getMessage() for r in caplog.records if "event loop held" in r.getMessage())
-    assert re.search(r"garbage collection: \d+ ms of it", message), message
+    assert re.search(r"garbage collection: \d+ ms of it \(\d+ ms in generation 2", message), message
 
 
 def test_a_workers_gc_pauses_are_on_its_metrics() -> None:
