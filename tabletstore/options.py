@@ -169,6 +169,10 @@ class WorkerOptions:
     #: Seconds a tablet waits after a split before it may split again (besides waiting for
     #: its first major compaction): bounds split storms when writes outpace compactions.
     split_cooldown: float = 5.0
+    #: Splits this worker runs at once. Tablets written evenly reach the split size together;
+    #: side by side, their splits contend for the CPU, the commit log and METADATA while their
+    #: writes are refused, and each one's pause of writes grows with the others'.
+    concurrent_splits: int = 1
     #: User tablets this worker replays at once (§5.3): a dead worker's tablets arrive
     #: together, and each replay is CPU on the event loop that the lease keep-alive shares.
     #: The root and METADATA tablets never wait for a slot (user tablets' loads need them).

@@ -314,10 +314,18 @@ class Tablet:
             self._compactions.resume()  # a failure it was retrying, if still unmended
             raise
 
+    @property
+    def writes_refused_since(self) -> float | None:
+        """The clock's monotonic time since which new writes are refused (a split or an unload
+        under way), or None while they are accepted."""
+        core = self._core
+        return None if core.writes_blocked is None else core.writes_blocked_at
+
     async def _quiesce(self, reason: str) -> None:
         """Refuse new writes (NotServing), then wait for background compactions and for every
         write already past the check to be logged and in the memtable."""
         self._core.writes_blocked = reason
+        self._core.writes_blocked_at = self._core.clock.monotonic()
         # Idle first: a write finishing may still spawn a background compaction, and does so
         # before this waiter resumes; after that no new one can start.
         await self._core.idle.wait()

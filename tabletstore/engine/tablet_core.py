@@ -132,6 +132,8 @@ class TabletCore:
         self.idle.set()
         #: Why writes are refused (a split or an unload under way), or None while they are not.
         self.writes_blocked: str | None = None
+        #: The clock's monotonic time at which writes were last refused (``writes_blocked`` set).
+        self.writes_blocked_at = 0.0
         #: Set while the worker's log moves to a new incarnation that this tablet's record does
         #: not list yet: a write logged there now could not be recovered (``hold_writes``).
         self.log_pending = False

@@ -12,6 +12,12 @@ needs no notice: it finds the children in METADATA, claimed and located, like an
 A child does not split again before ``WorkerOptions.split_cooldown`` has passed. METADATA
 tablets are split only when created (the master's ``metadata_splits``), never here.
 
+A worker runs ``WorkerOptions.concurrent_splits`` splits at once (one by default). Tablets
+written evenly reach the split size together, and a round of splits run side by side made
+each one's pause of writes the sum of theirs: every one contends for the same CPU, commit
+log and METADATA tablet while its writes are refused. One after the other, each pause is its
+own; the children's claims are made before it, and the parent's released after it.
+
 The claims, the tablet locks and the opening of tablets are the server's (``worker/tablet_server.py``);
 :class:`TabletSplits` drives them.
 """
@@ -43,9 +49,17 @@ class TabletSplits:
     """The splits of one tablet server's tablets, and the major compactions that follow them."""
 
     def __init__(
-        self, server: TabletServer, *, clock: Clock, split_bytes: int, cooldown: float
+        self,
+        server: TabletServer,
+        *,
+        clock: Clock,
+        split_bytes: int,
+        cooldown: float,
+        concurrency: int = 1,
     ) -> None:
         self._server = server
+        #: Splits that may run at once (``WorkerOptions.concurrent_splits``).
+        self._slots = asyncio.Semaphore(concurrency)
         self._clock = clock
         self._split_bytes = split_bytes
         self._cooldown = cooldown
@@ -93,8 +107,11 @@ class TabletSplits:
 
     async def _split(self, key: tuple[str, str]) -> None:
         try:
-            async with self._server.tablet_lock(key):
-                await self._split_locked(key)
+            # The slot before the tablet's lock: a split waiting its turn must not hold up a
+            # move of its tablet.
+            async with self._slots, self._server.tablet_lock(key):
+                if not self._server.stopping:
+                    await self._split_locked(key)
         except TabletStoreError as exc:
             log.warning("split of tablet %s/%s failed: %s", key[0], key[1], exc)
         finally:
@@ -128,11 +145,19 @@ class TabletSplits:
         self, key: tuple[str, str], tablet: Tablet, split_key: bytes, ids: tuple[str, str]
     ) -> None:
         # REQUIRES: the tablet locks of the parent (key) and of both children (ids) held.
+        clock = self._clock
+        began = clock.monotonic()
         outcome = "failed"
         try:
+            # The children's claims first, while the parent still takes writes: nobody knows
+            # their ids yet, and a split that fails releases them. One after the other: one
+            # failing must not leave the other's still on its way (released before it lands).
+            epochs = [await self._server.claim_new((key[0], i)) for i in ids]
+            claimed = clock.monotonic()
             # Leaving this block normally closes the parent; raising resumes its writes.
             async with tablet.splitting() as parent:
-                epochs = [await self._server.claim_new((key[0], i)) for i in ids]
+                refused = tablet.writes_refused_since or clock.monotonic()
+                flushed = clock.monotonic()
                 children = splitting.split_records(
                     parent,
                     split_key,
@@ -150,22 +175,36 @@ class TabletSplits:
                     outcome = await self._split_outcome(children[1])
                     if outcome == "failed":
                         raise
+                committed = clock.monotonic()
         except BaseException:
             for i in ids:
                 await self._server.release_claim((key[0], i))
             raise
         self._server.tablets.pop(key, None)
-        await self._server.release_claim(key)
         if outcome == "unknown":
             # Parent or children: whichever METADATA holds, the master assigns it. Neither
             # needs a log (the parent was flushed), so nothing is lost either way.
             log.error("split of tablet %s/%s may or may not have committed", *key)
-            for i in ids:
-                await self._server.release_claim((key[0], i))
+            for k in (key, *((key[0], i) for i in ids)):
+                await self._server.release_claim(k)
             return
-        log.info("split tablet %s/%s at %r into %s, %s", *key, split_key, *ids)
-        # Side by side: writes to either child are refused until it is served.
+        # Side by side: writes to either child are refused until it is served. The parent's
+        # claim goes after: no lookup leads to it once METADATA holds the children.
         await asyncio.gather(*(self._serve_child(child) for child in children))
+        served = clock.monotonic()
+        await self._server.release_claim(key)
+
+        def ms(since: float, until: float) -> int:
+            return round(1000 * (until - since))
+
+        log.info(
+            "split tablet %s/%s at %r into %s, %s: writes refused for %d ms (the last writes"
+            " flushed %d, committed %d, children served %d; before: children claimed %d,"
+            " flushed ahead %d)",
+            *key, split_key, *ids, ms(refused, served), ms(refused, flushed),
+            ms(flushed, committed), ms(committed, served), ms(began, claimed),
+            ms(claimed, refused),
+        )  # fmt: skip
 
     async def _split_outcome(self, child: TabletRecord) -> str:
         """After a split commit raised: "committed" if it was applied anyway (an ambiguous

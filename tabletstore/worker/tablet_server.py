@@ -169,6 +169,7 @@ class TabletServer:
             clock=self._clock,
             split_bytes=self._tablet_options.split_bytes,
             cooldown=self._options.split_cooldown,
+            concurrency=self._options.concurrent_splits,
         )
         # Records of this worker's tablets are METADATA rows, reached over ``transport``.
         self.locations = LocationCache(coordinator, _SelfFirst(self, transport))
@@ -981,7 +982,12 @@ def check_options(options: WorkerOptions, tablet_options: TabletOptions) -> None
             "sort_spill_bytes",
             "heap_trim_free_bytes",
         ),
-        at_least_1=("compaction_memory_bytes", "load_concurrency", "log_trim_segments"),
+        at_least_1=(
+            "compaction_memory_bytes",
+            "load_concurrency",
+            "log_trim_segments",
+            "concurrent_splits",
+        ),
         above_0=("log_trim_bytes", "drain_deadline"),
         none_or_above_0=("log_trim_interval", "heap_trim_interval", "report_stalls"),
     )

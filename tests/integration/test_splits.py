@@ -301,6 +301,74 @@ async def test_a_load_of_a_child_sent_while_the_split_serves_it_finds_it_served(
         assert await read_all(again.table("t")) == rows
 
 
+async def test_a_workers_splits_run_one_at_a_time_and_refuse_writes_only_for_their_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tablets written evenly reach the split size together. Their splits run one after the
+    other (side by side, each one's pause of writes grew with the others'); each claims its
+    children while the parent still takes writes, and releases the parent's claim only once
+    both children are served."""
+    wopts = WorkerOptions(lease=IN_PROCESS_LEASE, split_cooldown=60, log_trim_interval=None)
+    topts = replace(SPLIT, memtable_flush_bytes=4 * 1024 * 1024)
+    db = await Database.open(f"file://{tmp_path}", tablet_options=topts, worker_options=wopts)
+    server = db.worker
+    events: list[tuple[str, tuple[str, str], bool | frozenset[tuple[str, str]]]] = []
+    committing = 0
+    most = 0
+    real_claim, real_release = server.claim_new, server.release_claim
+    real_replace = server.catalog.replace_tablets
+
+    async def claim_new(key: tuple[str, str]) -> int:
+        refusing = any(t.writes_refused_since is not None for t in server.tablets.values())
+        events.append(("claim", key, refusing))
+        return await real_claim(key)
+
+    async def release_claim(key: tuple[str, str]) -> None:
+        events.append(("release", key, frozenset(server.tablets)))
+        await real_release(key)
+
+    async def replace_tablets(old: list[TabletRecord], new: list[TabletRecord]) -> None:
+        nonlocal committing, most
+        committing += 1
+        most = max(most, committing)
+        try:
+            await asyncio.sleep(0.05)  # side by side, two splits would both be in here
+            await real_replace(old, new)
+        finally:
+            committing -= 1
+
+    monkeypatch.setattr(server, "claim_new", claim_new)
+    monkeypatch.setattr(server, "release_claim", release_claim)
+    monkeypatch.setattr(server.catalog, "replace_tablets", replace_tablets)
+    try:
+        table = await db.create_table("t", ["f"], split_keys=[b"r1", b"r2", b"r3"])
+        rnd = random.Random(5)
+        rows = {b"r%d%04d" % (i % 4, i): rnd.randbytes(150) for i in range(2400)}
+        await write(table, rows)
+        assert len(user_tablets(server)) == 4 and not server.splits.running, "no split yet"
+        await db.flush("t")  # every tablet past the split size at once
+
+        async def split() -> bool:
+            return len(user_tablets(server)) == 8 and not server.splits.running
+
+        await eventually(split, deadline=60, what="four splits")
+        assert most == 1, "splits of one worker commit one at a time"
+        claims = [e for e in events if e[0] == "claim"]
+        assert len(claims) == 8
+        assert not any(refusing for _, _, refusing in claims), (
+            "children are claimed while no tablet refuses writes"
+        )
+        parents = [e for e in events if e[0] == "release"]
+        assert len(parents) == 4
+        for n, (_, parent, served) in enumerate(parents):
+            children = {claims[2 * n][1], claims[2 * n + 1][1]}
+            assert parent not in served and isinstance(served, frozenset)
+            assert children <= served, "the parent's claim goes once its children serve"
+        assert await read_all(table) == rows
+    finally:
+        await db.close()
+
+
 async def test_writes_reads_and_scans_go_on_while_a_table_splits(tmp_path: Path) -> None:
     """Writing past split_bytes into the embedded default while writers and
     a scanner run. A write refused because its tablet is splitting (NotServing for its entry
