@@ -32,7 +32,8 @@ each process's RSS (a worker's compaction processes apart) and CPU, and each wor
 tablet (mean and max: compaction debt), memtable bytes and compactions by kind (the workers'
 ``/status`` and ``/metrics``); the workers' event loop lag (their ``/metrics``) and this
 process's own (``ops/loop_lag.py``), which tell a stalled loop from queueing, with
-``--report-stalls`` the workers' logs saying where a loop was held; object-store requests by
+``--report-stalls`` the workers' logs saying where a loop was held; the workers' time in the
+cyclic garbage collector, by generation; object-store requests by
 kind (workers and master) and per client
 operation; bytes written (logical), bytes the store holds (on disk, by prefix: SSTables,
 commit logs, the rest) and bytes the tablets' SSTables add up to (live); free disk; and the
@@ -578,6 +579,10 @@ def parse_metrics(text: str) -> dict[str, float]:
     return out
 
 
+#: The cyclic collector's generations, as the workers' ``tabletstore_gc_pause_seconds`` labels
+#: them (``ops/gc_pauses.py``).
+GC_GENERATIONS = ("0", "1", "2")
+
 #: The workers' loop-lag histogram (``ops/loop_lag.py``), cumulative per bucket.
 LAG_METRIC = "tabletstore_event_loop_lag_seconds"
 
@@ -681,6 +686,8 @@ class Observer:
         self._s3 = Cumulative()
         self._compactions = Cumulative()
         self._gc = Cumulative()
+        #: The workers' time in the cyclic garbage collector, by generation.
+        self._collector = Cumulative()
         self._last_s3: dict[str, float] = {}
         self._last_ops = 0
         #: Each worker's last loop-lag counts per bucket (since it started).
@@ -774,10 +781,20 @@ class Observer:
                         for kind in ("minor", "merging", "major")
                     },
                 )
+                self._collector.update(
+                    url,
+                    {
+                        g: m.get(f"tabletstore_gc_pause_seconds_sum{{generation={g}}}", 0.0)
+                        for g in GC_GENERATIONS
+                    },
+                )
         compactions = self._compactions.total()
         out["compactions"] = {
             k: int(compactions.get(k, 0.0)) for k in ("minor", "merging", "major")
         }
+        collector = self._collector.total()
+        out["collector_s"] = {g: collector.get(g, 0.0) for g in GC_GENERATIONS}
+        out["collector_processes"] = len(self.worker_metrics)
         gc = self._gc.total()
         out["gc_deleted"] = {"objects": int(gc.get("objects", 0)), "bytes": int(gc.get("bytes", 0))}
         s3 = self._s3.total()
@@ -1120,7 +1137,8 @@ def window_table(run: SoakRun, windows: int = 8) -> str:
     columns = (
         "minutes", "GB written", "tablets", "rows/s written", "reads/s", "scanned rows/s",
         "read p50 / p99 ms", "write p99 ms", "batch p99 ms", "scan p99 ms",
-        "loop lag p99 / max ms, workers", "loop lag p99 / max ms, clients", "worker RSS MB",
+        "loop lag p99 / max ms, workers", "loop lag p99 / max ms, clients",
+        "collector ms/s per worker, generation 0 / 1 / 2", "worker RSS MB",
         "SSTables per tablet, mean / max", "S3 requests per op", "GB stored", "load 1m",
     )  # fmt: skip
     lines = ["| " + " | ".join(columns) + " |", "|" + "---:|" * len(columns)]
@@ -1148,7 +1166,7 @@ def window_table(run: SoakRun, windows: int = 8) -> str:
             f"| {_window_p(w, 'read', 0.5):.1f} / {_window_p(w, 'read', 0.99):.1f} "
             f"| {_window_p(w, 'write', 0.99):.1f} | {_window_p(w, 'batch', 0.99):.1f} "
             f"| {_window_p(w, 'scan', 0.99):.1f} | {_lag_cell(w)} | {_client_lag_cell(w)} "
-            f"| {rss} "
+            f"| {_collector_cell(samples[a - 1] if a else None, end, secs)} | {rss} "
             f"| {_median([s['sstables_per_tablet']['mean'] for s in w]):.1f} / "
             f"{max(s['sstables_per_tablet']['max'] for s in w)} "
             f"| {reqs / ops if ops else 0.0:.2f} | {end['stored_bytes']['total'] / GB:.2f} "
@@ -1181,6 +1199,19 @@ def _lag_cell(window: Sequence[dict[str, Any]]) -> str:
         return "-"
     p99, top = lag_quantiles(buckets, 0.99)
     return f"{p99:g} / {top:g}" if math.isfinite(top) else f"{p99:g} / >{max(LAG_BUCKETS) * 1000:g}"
+
+
+def _collector_cell(before: dict[str, Any] | None, end: dict[str, Any], secs: float) -> str:
+    """Milliseconds a second each worker process spent in the cyclic collector in a window, by
+    generation; "-" for runs that did not record it."""
+    if "collector_s" not in end:
+        return "-"
+    was = (before or {}).get("collector_s", {})
+    workers = max(1, end.get("collector_processes", 1))
+    return " / ".join(
+        f"{(end['collector_s'][g] - was.get(g, 0.0)) * 1000 / secs / workers:.1f}"
+        for g in GC_GENERATIONS
+    )
 
 
 def _client_lag_cell(window: Sequence[dict[str, Any]]) -> str:

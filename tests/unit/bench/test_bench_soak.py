@@ -201,6 +201,8 @@ def test_the_table_shows_the_loop_lag_of_workers_and_clients() -> None:
         "worker_loop_lag": {"0.001": 98, "0.002": 1, "0.2": 1},
         "client_loop_lag": {"p99_ms": 3.0, "max_ms": 41.0, "histogram": {"0": 99, "100": 1}},
         "rss_mb": {"worker-0": 100.0},
+        "collector_s": {"0": 0.05, "1": 0.01, "2": 0.3},
+        "collector_processes": 2,
         "tablets": 2,
         "bytes_written": 0,
         "sstables_per_tablet": {"mean": 1.0, "max": 1},
@@ -212,6 +214,8 @@ def test_the_table_shows_the_loop_lag_of_workers_and_clients() -> None:
     assert "loop lag p99 / max ms, workers" in table
     row = table.splitlines()[2]
     assert "| 2 / 200 |" in row and "/ 41 |" in row
+    # Time in the collector, per worker and second of the window, by generation.
+    assert "| 2.5 / 0.5 / 15.0 |" in row
 
 
 @pytest.mark.slow
@@ -258,6 +262,7 @@ def test_quick_soak_runs_checks_every_read_and_stops_its_cluster(
     assert summary["loop_lag_ms"]["workers"]["q4_p99"] > 0
     assert last["stored_bytes"]["logs"] > 0  # the commit logs, on disk
     assert sum(last["s3_requests"].values()) > 0  # scraped from the workers and the master
+    assert last["collector_processes"] == 2 and sum(last["collector_s"].values()) > 0
     assert last["gc_deleted"] == {"objects": 0, "bytes": 0}  # scraped; nothing is 120 s old
     assert "garbage-collection grace 120 s" in (out / "soak.md").read_text()
     assert doc["config"]["rates"] == {"scan": 5.0}
