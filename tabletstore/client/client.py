@@ -39,6 +39,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
+from tabletstore.client.backoff import retry_pause
 from tabletstore.client.change_stream import SegmentCache
 from tabletstore.client.coalesce import Coalescer
 from tabletstore.client.location import LocationCache
@@ -292,7 +293,7 @@ class AsyncClient(TableAdmin):
             except Unavailable:  # NotServing included
                 if loop.time() >= deadline:
                     raise
-            await asyncio.sleep(min(0.5, 0.01 * 2**attempt))
+            await asyncio.sleep(retry_pause(attempt))
         raise AssertionError("unreachable")
 
     async def _with_retry(
@@ -348,5 +349,5 @@ class AsyncClient(TableAdmin):
                     f"{what} of row {row[:64]!r}: tablet not served within the deadline"
                 )
             refresh = True
-            await asyncio.sleep(min(0.5, 0.01 * 2**attempt))
+            await asyncio.sleep(retry_pause(attempt))
         raise AssertionError("unreachable")

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from tabletstore.client.backoff import retry_pause
 from tabletstore.data.model import (
     DeleteCells,
     DeleteFamily,
@@ -225,7 +226,7 @@ async def send_batches(
                 batch.give_up(indexes, None)
                 break
             refresh = True
-            await asyncio.sleep(min(0.5, 0.01 * 2**attempt))
+            await asyncio.sleep(retry_pause(attempt))
             attempt += 1
     return batch.failures
 

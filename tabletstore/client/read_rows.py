@@ -23,6 +23,7 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Iterable, Sequence
 from typing import TYPE_CHECKING, cast
 
+from tabletstore.client.backoff import retry_pause
 from tabletstore.client.coalesce import Coalescer
 from tabletstore.data.filters import RowFilter
 from tabletstore.data.model import Row
@@ -236,7 +237,7 @@ async def read_batches(
             # to send again, so resume after the last row delivered.
             if loop.time() >= deadline:
                 raise
-            await asyncio.sleep(min(0.5, 0.01 * 2**attempt))
+            await asyncio.sleep(retry_pause(attempt))
             attempt += 1
             info = await client._info(table, refresh=True)
             # Read the table's locations again, but keep the cached ones should METADATA

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import TYPE_CHECKING, cast
 
 from tabletstore.client import change_stream
+from tabletstore.client.backoff import retry_pause
 from tabletstore.client.change_plan import ChangePartition
 from tabletstore.client.change_stream import ChangeItem
 from tabletstore.client.mutate_rows import MutationError, MutationsFailed, send_batches
@@ -327,7 +328,7 @@ class AsyncTable:
             except (Unavailable, Indeterminate):
                 if loop.time() >= deadline:
                     raise
-            await asyncio.sleep(min(0.5, 0.01 * 2**attempt))
+            await asyncio.sleep(retry_pause(attempt))
         raise AssertionError("unreachable")
 
     async def _sample_row_keys(self) -> list[tuple[bytes, int]]:
