@@ -58,6 +58,30 @@ def test_a_tablet_lags_by_segments_or_by_bytes_whichever_comes_first() -> None:
     assert lagging(100, 200, 64_000 * KB)
 
 
+def test_many_small_requests_leave_the_byte_bound_to_set_the_flush_size() -> None:
+    """A worker taking many small requests writes many small group commits: 30 a second of
+    45 KB. At 256 segments the segment bound came first, after 8.5 s and 11 MB, and a worker of
+    16 tablets flushed 0.7 MB each per trim. The default lets the tail reach most of its bytes
+    first (34 s, 46 MB)."""
+    opts = WorkerOptions()
+    tail = LogTail()
+    for second in range(61):
+        tail.sample("log", 30 * second, 30 * second * 45 * KB)
+
+    def lagging(seconds: int) -> bool:
+        return lags(
+            0,
+            30 * seconds,
+            tail,
+            30 * seconds * 45 * KB,
+            max_segments=opts.log_trim_segments,
+            max_bytes=opts.log_trim_bytes,
+        )
+
+    assert not lagging(30)
+    assert lagging(35)
+
+
 @pytest.mark.parametrize(
     ("max_segments", "max_bytes"),
     [(1_000_000, 100 * KB), (8, 1_000_000_000)],
