@@ -32,7 +32,8 @@ each process's RSS (a worker's compaction processes apart) and CPU, and each wor
 tablet (mean and max: compaction debt), memtable bytes and compactions by kind (the workers'
 ``/status`` and ``/metrics``); the workers' event loop lag (their ``/metrics``) and this
 process's own (``ops/loop_lag.py``), which tell a stalled loop from queueing, with
-``--report-stalls`` the workers' logs saying where a loop was held; the workers' time in the
+``--report-stalls`` the workers' logs saying where a loop was held; the workers' commit-log
+segment PUTs (each group commit, what every write waited for); the workers' time in the
 cyclic garbage collector, by generation; object-store requests by
 kind (workers and master) and per client
 operation; bytes written (logical), bytes the store holds (on disk, by prefix: SSTables,
@@ -587,17 +588,27 @@ GC_GENERATIONS = ("0", "1", "2")
 LAG_METRIC = "tabletstore_event_loop_lag_seconds"
 
 
-def lag_buckets(text: str) -> dict[str, float]:
-    """A worker's loop-lag histogram from its Prometheus text: upper edge (``le``, seconds,
-    ``+Inf`` last) -> cumulative count."""
+#: The workers' commit-log segment PUT histogram (``commitlog/writer.py``): what every
+#: acknowledged write waited for.
+PUT_METRIC = "tabletstore_commit_log_put_seconds"
+
+
+def histogram_buckets(text: str, metric: str) -> dict[str, float]:
+    """A histogram from a process's Prometheus text: upper edge (``le``, seconds, ``+Inf``
+    last) -> cumulative count."""
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
-        if family.name != LAG_METRIC:
+        if family.name != metric:
             continue
         for s in family.samples:
-            if s.name == f"{LAG_METRIC}_bucket":
+            if s.name == f"{metric}_bucket":
                 out[s.labels["le"]] = float(s.value)
     return out
+
+
+def lag_buckets(text: str) -> dict[str, float]:
+    """A worker's loop-lag histogram (:func:`histogram_buckets`)."""
+    return histogram_buckets(text, LAG_METRIC)
 
 
 def _per_bucket(cumulative: dict[str, float]) -> dict[str, float]:
@@ -691,13 +702,30 @@ class Observer:
         self._last_s3: dict[str, float] = {}
         self._last_ops = 0
         #: Each worker's last loop-lag counts per bucket (since it started).
-        self._last_lag: dict[str, dict[str, float]] = {}
+        #: Per histogram, per worker URL: its per-bucket counts at the last sample.
+        self._last_lag: dict[str, dict[str, dict[str, float]]] = {}
 
     async def _get(self, url: str) -> str | None:
         try:
             return await asyncio.to_thread(_fetch, url)
         except Exception:
             return None  # a stalled or restarting process: this sample goes without it
+
+    def _interval(self, metric: str, texts: Sequence[str | None]) -> dict[str, int]:
+        """A histogram of the workers' since the last sample: counts per bucket (not
+        cumulative), summed over the workers."""
+        got: dict[str, int] = {}
+        for url, text in zip(self.worker_metrics, texts, strict=False):
+            if not text:
+                continue
+            now = _per_bucket(histogram_buckets(text, metric))
+            last = self._last_lag.setdefault(metric, {})
+            before = last.get(url, {})
+            for le, n in now.items():
+                if n > before.get(le, 0.0):  # (a restarted worker or log counts from zero)
+                    got[le] = got.get(le, 0) + int(n - before.get(le, 0.0))
+            last[url] = now
+        return got
 
     async def sample(self, client_ops: int) -> dict[str, Any]:
         urls = self.worker_metrics + self.master_metrics
@@ -745,18 +773,9 @@ class Observer:
             for name, m in zip(self.worker_names, workers, strict=False)
             if "tabletstore_heap_in_use_bytes" in m
         }
-        # The workers' loop lag this interval: per bucket (not cumulative), summed over them.
-        lag: dict[str, int] = {}
-        for url, text in zip(self.worker_metrics, texts, strict=False):
-            if not text:
-                continue
-            now = _per_bucket(lag_buckets(text))
-            before = self._last_lag.get(url, {})
-            for le, n in now.items():
-                if n > before.get(le, 0.0):  # (a restarted worker counts from zero)
-                    lag[le] = lag.get(le, 0) + int(n - before.get(le, 0.0))
-            self._last_lag[url] = now
-        out["worker_loop_lag"] = lag
+        # The workers' loop lag and log PUTs this interval: per bucket, summed over them.
+        out["worker_loop_lag"] = self._interval(LAG_METRIC, texts)
+        out["commit_log_put"] = self._interval(PUT_METRIC, texts)
         out["live_sstable_bytes"] = int(total("tabletstore_sstable_bytes"))
         prefix = "tabletstore_object_store_requests_total{op="
         for url, m in zip(urls, metrics, strict=True):
@@ -1137,7 +1156,8 @@ def window_table(run: SoakRun, windows: int = 8) -> str:
     columns = (
         "minutes", "GB written", "tablets", "rows/s written", "reads/s", "scanned rows/s",
         "read p50 / p99 ms", "write p99 ms", "batch p99 ms", "scan p99 ms",
-        "loop lag p99 / max ms, workers", "loop lag p99 / max ms, clients",
+        "log PUT p99 / max ms", "loop lag p99 / max ms, workers",
+        "loop lag p99 / max ms, clients",
         "collector ms/s per worker, generation 0 / 1 / 2", "worker RSS MB",
         "SSTables per tablet, mean / max", "S3 requests per op", "GB stored", "load 1m",
     )  # fmt: skip
@@ -1165,7 +1185,8 @@ def window_table(run: SoakRun, windows: int = 8) -> str:
             f"| {rate('read', 'count'):,.0f} | {rate('scan', 'rows'):,.0f} "
             f"| {_window_p(w, 'read', 0.5):.1f} / {_window_p(w, 'read', 0.99):.1f} "
             f"| {_window_p(w, 'write', 0.99):.1f} | {_window_p(w, 'batch', 0.99):.1f} "
-            f"| {_window_p(w, 'scan', 0.99):.1f} | {_lag_cell(w)} | {_client_lag_cell(w)} "
+            f"| {_window_p(w, 'scan', 0.99):.1f} | {_lag_cell(w, 'commit_log_put')} "
+            f"| {_lag_cell(w)} | {_client_lag_cell(w)} "
             f"| {_collector_cell(samples[a - 1] if a else None, end, secs)} | {rss} "
             f"| {_median([s['sstables_per_tablet']['mean'] for s in w]):.1f} / "
             f"{max(s['sstables_per_tablet']['max'] for s in w)} "
@@ -1192,9 +1213,10 @@ def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def _lag_cell(window: Sequence[dict[str, Any]]) -> str:
-    """The workers' loop lag in a window: p99 / max (bucket edges, ms); "-" unsampled."""
-    buckets = [s["worker_loop_lag"] for s in window if s.get("worker_loop_lag")]
+def _lag_cell(window: Sequence[dict[str, Any]], key: str = "worker_loop_lag") -> str:
+    """A workers' histogram in a window (their loop lag; ``commit_log_put``): p99 / max
+    (bucket edges, ms); "-" unsampled."""
+    buckets = [s[key] for s in window if s.get(key)]
     if not buckets:
         return "-"
     p99, top = lag_quantiles(buckets, 0.99)

@@ -72,6 +72,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from types import TracebackType
 
@@ -125,16 +126,31 @@ class _Outcome(asyncio.Future[None]):
         return False  # a record once queued cannot be withdrawn
 
 
+#: Upper bounds (seconds) of the segment PUT histogram (:attr:`CommitLogStats.put_counts`).
+PUT_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
 class CommitLogStats:
     """Counters a worker exports (plain attributes, updated by the writer)."""
 
-    __slots__ = ("appends", "bytes", "last_put_seconds", "segments")
+    __slots__ = ("appends", "bytes", "last_put_seconds", "put_counts", "put_seconds", "segments")
 
     def __init__(self) -> None:
         self.appends = 0
         self.segments = 0
         self.bytes = 0
         self.last_put_seconds = 0.0
+        #: Segment PUTs that succeeded, by duration: a count per bucket of
+        #: :data:`PUT_SECONDS_BUCKETS` (not cumulative; the last one past them all). Every
+        #: acknowledged write waited for one of them: the floor of a write's latency.
+        self.put_counts = [0] * (len(PUT_SECONDS_BUCKETS) + 1)
+        #: Their total duration.
+        self.put_seconds = 0.0
+
+    def observe_put(self, seconds: float) -> None:
+        self.last_put_seconds = seconds
+        self.put_counts[bisect_left(PUT_SECONDS_BUCKETS, seconds)] += 1
+        self.put_seconds += seconds
 
 
 class CommitLogWriter:
@@ -479,7 +495,7 @@ class CommitLogWriter:
         if failure is None:
             self.stats.segments += 1
             self.stats.bytes += len(data)
-            self.stats.last_put_seconds = self._clock.monotonic() - started
+            self.stats.observe_put(self._clock.monotonic() - started)
             self._done.add(number)
             self._release_in_order()
         else:

@@ -31,6 +31,8 @@ block_cache_{entries,bytes,capacity_bytes}               gauge     worker
 compactions_total{kind}                                  counter   minor, merging, major
 commit_log_{appends,segments,bytes}_total                counter   worker's log incarnation
 commit_log_last_put_seconds                              gauge     worker
+commit_log_put_seconds                                   histogram worker: each segment PUT
+                                                                   (group commit) that succeeded
 heap_{in_use,free}_bytes                                 gauge     worker: glibc's heap at the
                                                                    last trim check
 heap_trims_total, heap_trim_released_bytes_total         counter   worker
@@ -74,7 +76,7 @@ from prometheus_client.utils import floatToGoString
 from tabletstore.client.replication_plan import Progress
 from tabletstore.clock import monotonic, stopwatch, wall_time
 from tabletstore.commitlog.spill import SpillStats
-from tabletstore.commitlog.writer import CommitLogStats
+from tabletstore.commitlog.writer import PUT_SECONDS_BUCKETS, CommitLogStats
 from tabletstore.coordination.base import Lease
 from tabletstore.engine.tablet import Tablet
 from tabletstore.errors import InvalidArgument, TabletStoreError
@@ -564,6 +566,14 @@ def _commit_log_metrics(stats: CommitLogStats | None) -> Iterable[Metric]:
         f"{PREFIX}_commit_log_last_put_seconds",
         "Duration of the last commit-log segment PUT",
         value=last_put,
+    )
+    counts = stats.put_counts if stats is not None else [0] * (len(PUT_SECONDS_BUCKETS) + 1)
+    bounds = [*map(floatToGoString, PUT_SECONDS_BUCKETS), "+Inf"]
+    yield HistogramMetricFamily(
+        f"{PREFIX}_commit_log_put_seconds",
+        "Duration of each commit-log segment PUT (a group commit): what every write waited for",
+        buckets=list(zip(bounds, itertools.accumulate(counts), strict=True)),
+        sum_value=stats.put_seconds if stats is not None else 0.0,
     )
 
 

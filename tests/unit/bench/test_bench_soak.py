@@ -199,6 +199,7 @@ def test_the_table_shows_the_loop_lag_of_workers_and_clients() -> None:
             k: {"count": 0, "rows": 0, "histogram": {}} for k in ("batch", "write", "read", "scan")
         },
         "worker_loop_lag": {"0.001": 98, "0.002": 1, "0.2": 1},
+        "commit_log_put": {"0.005": 980, "0.025": 19, "0.25": 1},
         "client_loop_lag": {"p99_ms": 3.0, "max_ms": 41.0, "histogram": {"0": 99, "100": 1}},
         "rss_mb": {"worker-0": 100.0},
         "collector_s": {"0": 0.05, "1": 0.01, "2": 0.3},
@@ -214,6 +215,7 @@ def test_the_table_shows_the_loop_lag_of_workers_and_clients() -> None:
     assert "loop lag p99 / max ms, workers" in table
     row = table.splitlines()[2]
     assert "| 2 / 200 |" in row and "/ 41 |" in row
+    assert "log PUT p99 / max ms" in table and "| 25 / 250 |" in row
     # Time in the collector, per worker and second of the window, by generation.
     assert "| 2.5 / 0.5 / 15.0 |" in row
 
@@ -258,6 +260,7 @@ def test_quick_soak_runs_checks_every_read_and_stops_its_cluster(
     assert all(h["in_use"] > 0 for h in heaps[-1].values())
     # The workers' loop lag (every 50 ms each, so hundreds a sample) and this process's own.
     assert sum(sum(s["worker_loop_lag"].values()) for s in samples) > 100
+    assert sum(sum(s["commit_log_put"].values()) for s in samples) > 10  # every group commit
     assert sum(sum(s["client_loop_lag"]["histogram"].values()) for s in samples) > 100
     assert summary["loop_lag_ms"]["workers"]["q4_p99"] > 0
     assert last["stored_bytes"]["logs"] > 0  # the commit logs, on disk

@@ -306,6 +306,11 @@ async def test_embedded_database_collectors_move_with_traffic() -> None:
     assert value("tabletstore_compactions_total", kind="minor") >= 1
     assert value("tabletstore_commit_log_appends_total") >= 10
     assert value("tabletstore_commit_log_segments_total") >= 1
+    # Every segment PUT, timed: as many as there were segments, all under +Inf.
+    segments = value("tabletstore_commit_log_segments_total")
+    assert value("tabletstore_commit_log_put_seconds_count") == segments
+    assert value("tabletstore_commit_log_put_seconds_bucket", le="+Inf") == segments
+    assert value("tabletstore_commit_log_put_seconds_sum") > 0
     assert value("tabletstore_sort_spill_runs_total", tier="memory") == 0
     assert value("tabletstore_object_store_requests_total", op="PUT") >= 2
     assert value("tabletstore_block_cache_capacity_bytes") > 0
