@@ -203,7 +203,9 @@ class WorkerOptions:
     #: its record moved to the log's end), so a crash leaves a short log tail to sort and
     #: replay. None: only the memtable's size triggers minor compactions.
     log_trim_interval: float | None = 1.0
-    #: How far (segments) a tablet's log position may lag before it is trimmed. Recovery
+    #: How far (segments) a tablet's log position may lag before it is trimmed (each tablet
+    #: at its own share of this and ``log_trim_bytes``, between half and all: tablets
+    #: written evenly are not all flushed in one round, ``worker/log_trim.py``). Recovery
     #: reads the dead log's tail one GET per segment (§5.3): a tail of at most about this
     #: many segments (or ``log_trim_bytes``) plus one interval's worth is what a worker kill
     #: costs to sort. A lightly loaded worker writes one-write segments: this bound keeps

@@ -18,6 +18,13 @@ bounds the memory the worker's memtables hold between trims. A segment bound alo
 worker of 30 tablets written in 100 KB group commits flush a few hundred KB per trim, and its
 minor and merging compactions per GB written grew with its tablet count.
 
+Tablets written evenly reach a bound in the same round, and their minor compactions then land
+together: a burst of SSTable writes (on a local disk, fsyncs the commit log's own wait behind)
+and of CPU, every trim interval of the run. :class:`TrimShares` gives each tablet a share of
+the bounds, drawn between half and all of them and drawn again after each of its trims, so
+their trims spread out instead (HBase's periodic memstore flusher delays each of its flushes
+by a random amount for the same reason). The bounds stay what the options say at most.
+
 Segments carry no byte offsets, so :class:`LogTail` keeps samples of (segment mark, bytes
 written) taken at each trim round and measures a tail from the last sample at or before its
 first segment: it overestimates by at most one round's bytes (a trim comes slightly early,
@@ -27,9 +34,11 @@ never late). The samples no position needs any more are dropped each round.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Hashable
+from collections.abc import Collection, Hashable
 
-__all__ = ["LogTail", "lags"]
+from tabletstore.clock import Random
+
+__all__ = ["LogTail", "TrimShares", "lags"]
 
 
 class LogTail:
@@ -85,3 +94,32 @@ def lags(
     segment ``mark``, ``written`` bytes so far) by ``max_segments`` segments or ``max_bytes``
     bytes."""
     return mark - position >= max_segments or tail.bytes_after(position, written) >= max_bytes
+
+
+class TrimShares:
+    """The share of the trim bounds at which each tablet is trimmed (module docstring)."""
+
+    #: The smallest share: a tablet is trimmed once it lags at least half the bounds.
+    LOW = 0.5
+
+    __slots__ = ("_random", "_shares")
+
+    def __init__(self, random: Random) -> None:
+        self._random = random
+        self._shares: dict[Hashable, float] = {}
+
+    def of(self, key: Hashable) -> float:
+        """The share of the bounds ``key``'s tablet is trimmed at (drawn at first sight)."""
+        share = self._shares.get(key)
+        if share is None:
+            share = self._shares[key] = self._random.uniform(self.LOW, 1.0)
+        return share
+
+    def trimmed(self, key: Hashable) -> None:
+        """``key``'s tablet was trimmed: its next trim comes at a new share."""
+        self._shares[key] = self._random.uniform(self.LOW, 1.0)
+
+    def keep(self, keys: Collection[Hashable]) -> None:
+        """Forget the tablets not among ``keys`` (no longer served here)."""
+        for key in [k for k in self._shares if k not in keys]:
+            del self._shares[key]

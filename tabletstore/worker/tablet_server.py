@@ -84,7 +84,7 @@ from tabletstore.storage_s3.base import ObjectStore
 from tabletstore.worker.heap_trim import HeapTrimmer
 from tabletstore.worker.log import WorkerLog, replay_logged
 from tabletstore.worker.log_switch_gate import SwitchGate
-from tabletstore.worker.log_trim import LogTail, lags
+from tabletstore.worker.log_trim import LogTail, TrimShares, lags
 from tabletstore.worker.rpc_services import TabletRpcServices
 from tabletstore.worker.shared_log_reads import SharedLogReads, tablet_cells
 from tabletstore.worker.splits import TabletSplits
@@ -216,6 +216,7 @@ class TabletServer:
         self._trimming: asyncio.Task[None] | None = None
         #: Its samples of the log's bytes per segment (``worker/log_trim.py``).
         self._log_tail = LogTail()
+        self._trim_shares = TrimShares(self._clock.random())
         self._heap_trimming: asyncio.Task[None] | None = None
         #: Gives the C heap's free pages back to the system (``WorkerOptions.heap_trim_*``).
         self.heap_trimmer: HeapTrimmer | None = None
@@ -299,6 +300,8 @@ class TabletServer:
             written = self._log.writer.stats.bytes
             tail.sample(ref, mark, written)
             tablets = list(self._tablets.items())
+            shares = self._trim_shares
+            shares.keep(self._tablets)
             # A tablet whose background flush is failing is left to its retries, which back
             # off (a trim would try the same PUTs every interval); a failed one to its reload.
             lagging = [
@@ -311,8 +314,8 @@ class TabletServer:
                         mark,
                         tail,
                         written,
-                        max_segments=opts.log_trim_segments,
-                        max_bytes=opts.log_trim_bytes,
+                        max_segments=max(1, round(opts.log_trim_segments * shares.of(key))),
+                        max_bytes=round(opts.log_trim_bytes * shares.of(key)),
                     )
                 )
                 and tablet.flush_failure is None
@@ -331,6 +334,7 @@ class TabletServer:
     async def _trim_one(self, key: tuple[str, str], tablet: Tablet) -> None:
         try:
             await tablet.trim_logs()
+            self._trim_shares.trimmed(key)
             # A trim's minor compaction adds an SSTable like a full memtable's does: merged
             # the same way (without, a chaos run's tablets reached 30 SSTables each, and
             # every load and read opened them all).

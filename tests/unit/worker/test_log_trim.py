@@ -7,10 +7,11 @@ import uuid
 
 import pytest
 
+from tabletstore.clock import Random
 from tabletstore.data.model import RowMutation, SetCell
 from tabletstore.embedded import Database
 from tabletstore.options import IN_PROCESS_LEASE, WorkerOptions
-from tabletstore.worker.log_trim import LogTail, lags
+from tabletstore.worker.log_trim import LogTail, TrimShares, lags
 
 KB = 1000
 
@@ -80,6 +81,33 @@ def test_many_small_requests_leave_the_byte_bound_to_set_the_flush_size() -> Non
 
     assert not lagging(30)
     assert lagging(35)
+
+
+def test_tablets_written_evenly_are_trimmed_apart_and_within_the_bounds() -> None:
+    """Sixteen tablets whose positions lag alike (written evenly since the same segment) no
+    longer all reach the byte bound in the same trim round: each is trimmed at its own share,
+    between half the bound and the bound."""
+    shares = TrimShares(Random(7))
+    tail = LogTail()
+    crossed: dict[int, int] = {}
+    for second in range(1, 100):  # 100 KB of log a second, the bound 6.4 MB: 64 s
+        tail.sample("log", second, second * 100 * KB)
+        for key in range(16):
+            bound = round(6_400 * KB * shares.of(key))
+            if key not in crossed and lags(
+                0, second, tail, second * 100 * KB, max_segments=10**9, max_bytes=bound
+            ):
+                crossed[key] = second
+    assert len(crossed) == 16 and all(32 <= s <= 64 for s in crossed.values())
+    assert len(set(crossed.values())) >= 8, "spread over many rounds"
+    # A trim draws the tablet's next share; tablets no longer served are forgotten.
+    before = [shares.of(k) for k in range(16)]
+    for key in range(16):
+        shares.trimmed(key)
+    after = [shares.of(k) for k in range(16)]
+    assert all(TrimShares.LOW <= x <= 1.0 for x in after) and after != before
+    shares.keep({3})
+    assert len(shares._shares) == 1 and shares.of(3) == after[3]
 
 
 @pytest.mark.parametrize(
