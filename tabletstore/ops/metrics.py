@@ -435,14 +435,20 @@ def _new_events(seen: Sequence[TabletEvent], current: Sequence[TabletEvent]) -> 
     return len(current)  # unreachable: the empty tail always matches
 
 
+#: Tablet events that start a new tablet's history on the record of its parent or parents.
+_BIRTHS = frozenset({"split", "merged"})
+
+
 class CompactionCounter:
     """Compactions this worker ran, counted from the events its tablets' records carry.
 
     Tablet events are the engine's own log of compactions (tablet.py appends one to the
     record it commits), so nothing in the write path is touched. A tablet seen for the first
-    time counts only the events after the last ``assigned`` event naming this worker: the
-    ones before were run by earlier owners. Call :meth:`sweep` at every scrape and right
-    after a tablet is unloaded (its closing minor compaction happens then)."""
+    time counts only the events after the last ``assigned`` event naming this worker or the
+    last ``split`` or ``merged`` event (its birth: a child's record carries its parent's
+    events, which were its parent's compactions, counted as the parent's if they ran here).
+    The ones before were run by earlier owners or tablets. Call :meth:`sweep` at every scrape
+    and right after a tablet is unloaded (its closing minor compaction happens then)."""
 
     def __init__(self, worker_id: str) -> None:
         self._worker_id = worker_id
@@ -469,7 +475,8 @@ class CompactionCounter:
 
     def _before_ours(self, events: Sequence[TabletEvent]) -> tuple[TabletEvent, ...]:
         for i in range(len(events) - 1, -1, -1):
-            if events[i].kind == "assigned" and events[i].detail == self._worker_id:
+            kind = events[i].kind
+            if kind in _BIRTHS or (kind == "assigned" and events[i].detail == self._worker_id):
                 return tuple(events[: i + 1])
         return ()
 

@@ -201,6 +201,24 @@ def test_compaction_counter_counts_only_this_workers_new_events() -> None:
     assert counter.totals == {"minor": 2, "merging": 1}
 
 
+def test_compaction_counter_leaves_a_split_childs_inherited_events_to_its_parent() -> None:
+    counter = CompactionCounter("w1")
+    parent = [ev(1, "assigned", "w1"), *(ev(i, "minor_compaction") for i in range(2, 12))]
+    counter.sweep(("t", "p"), parent)
+    assert counter.totals == {"minor": 10}
+    # Both children carry the parent's events, then their split: none of those are theirs.
+    child = [*parent, ev(12, "split", "from p")]
+    counter.forget([])
+    counter.sweep(("t", "l"), child)
+    counter.sweep(("t", "r"), child)
+    assert counter.totals == {"minor": 10}
+    counter.sweep(("t", "l"), [*child, ev(13, "major_compaction")])
+    assert counter.totals == {"minor": 10, "major": 1}
+    # A merged tablet's history starts at its merge too.
+    counter.sweep(("t", "m"), [*child, ev(14, "minor_compaction"), ev(15, "merged", "l + r")])
+    assert counter.totals == {"minor": 10, "major": 1}
+
+
 def test_compaction_counter_follows_a_sliding_window_of_events() -> None:
     counter = CompactionCounter("w1")
     key = ("t", "t00000")
