@@ -14,6 +14,7 @@ from tabletstore.errors import InvalidArgument, PreconditionFailed
 from tabletstore.storage_s3 import open_store
 from tabletstore.storage_s3.local import (
     INLINE_READ_LIMIT,
+    SMALL_CREATE_LIMIT,
     TEMP_PREFIX,
     LocalObjectStore,
     path_from_url,
@@ -139,6 +140,36 @@ def _uncache(path: Path) -> None:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)
+
+
+async def test_a_small_create_does_not_wait_for_the_default_executors_threads(
+    tmp_path: Path,
+) -> None:
+    """A commit-log segment's create must not queue behind the default executor's work
+    (minor compactions' encoding, SSTables' fsyncs): with every one of its threads held, a
+    small create still completes; a large one runs there, once a thread is free."""
+    import concurrent.futures
+    import threading
+
+    loop = asyncio.get_running_loop()
+    busy = concurrent.futures.ThreadPoolExecutor(1)
+    loop.set_default_executor(busy)
+    release = threading.Event()
+    held = loop.run_in_executor(None, release.wait)
+    store = LocalObjectStore(tmp_path)
+    try:
+        small = b"s" * SMALL_CREATE_LIMIT
+        await asyncio.wait_for(store.create("logs/w/1/00000001.log", small), timeout=30)
+        large = asyncio.ensure_future(store.create("tables/t/x.parquet", small + b"!"))
+        await asyncio.sleep(0)
+        assert not large.done()
+    finally:
+        release.set()
+        await held
+    await large
+    assert (tmp_path / "logs" / "w" / "1" / "00000001.log").read_bytes() == small
+    assert (tmp_path / "tables" / "t" / "x.parquet").stat().st_size == SMALL_CREATE_LIMIT + 1
+    await store.close()
 
 
 @pytest.mark.skipif(not hasattr(os, "RWF_NOWAIT"), reason="non-blocking reads are Linux's")
