@@ -593,16 +593,34 @@ LAG_METRIC = "tabletstore_event_loop_lag_seconds"
 PUT_METRIC = "tabletstore_commit_log_put_seconds"
 
 
-def histogram_buckets(text: str, metric: str) -> dict[str, float]:
+#: The workers' RPC handling time by method (``ops/metrics.py``): the time a request spent
+#: in the worker, from its arrival to its answer, apart from the client and the network.
+RPC_METRIC = "tabletstore_rpc_latency_seconds"
+#: The RPC methods behind the soak's writes (single rows and batches, coalesced by the
+#: client into requests for one tablet or several) and reads (one row or several).
+WRITE_METHODS = ("mutate_rows", "mutate_tablets")
+READ_METHODS = ("read_row", "read_points")
+
+
+def histogram_buckets(
+    text: str, metric: str, methods: Sequence[str] | None = None
+) -> dict[str, float]:
     """A histogram from a process's Prometheus text: upper edge (``le``, seconds, ``+Inf``
-    last) -> cumulative count."""
+    last) -> cumulative count; of the RPC ``methods`` only (summed; a method is the label's
+    last dotted or slashed part), when given."""
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         if family.name != metric:
             continue
         for s in family.samples:
-            if s.name == f"{metric}_bucket":
-                out[s.labels["le"]] = float(s.value)
+            if s.name != f"{metric}_bucket":
+                continue
+            if methods is not None:
+                label = s.labels.get("method", "")
+                if label.replace("/", ".").rsplit(".", 1)[-1] not in methods:
+                    continue
+            le = s.labels["le"]
+            out[le] = out.get(le, 0.0) + float(s.value)
     return out
 
 
@@ -711,15 +729,17 @@ class Observer:
         except Exception:
             return None  # a stalled or restarting process: this sample goes without it
 
-    def _interval(self, metric: str, texts: Sequence[str | None]) -> dict[str, int]:
-        """A histogram of the workers' since the last sample: counts per bucket (not
-        cumulative), summed over the workers."""
+    def _interval(
+        self, metric: str, texts: Sequence[str | None], methods: Sequence[str] | None = None
+    ) -> dict[str, int]:
+        """A histogram of the workers' since the last sample (of some RPC ``methods``', when
+        given): counts per bucket (not cumulative), summed over the workers."""
         got: dict[str, int] = {}
         for url, text in zip(self.worker_metrics, texts, strict=False):
             if not text:
                 continue
-            now = _per_bucket(histogram_buckets(text, metric))
-            last = self._last_lag.setdefault(metric, {})
+            now = _per_bucket(histogram_buckets(text, metric, methods))
+            last = self._last_lag.setdefault(f"{metric} {methods}", {})
             before = last.get(url, {})
             for le, n in now.items():
                 if n > before.get(le, 0.0):  # (a restarted worker or log counts from zero)
@@ -776,6 +796,9 @@ class Observer:
         # The workers' loop lag and log PUTs this interval: per bucket, summed over them.
         out["worker_loop_lag"] = self._interval(LAG_METRIC, texts)
         out["commit_log_put"] = self._interval(PUT_METRIC, texts)
+        # The same requests as the workers timed them: what the clients' p99 owes to them.
+        out["worker_write"] = self._interval(RPC_METRIC, texts, WRITE_METHODS)
+        out["worker_read"] = self._interval(RPC_METRIC, texts, READ_METHODS)
         out["live_sstable_bytes"] = int(total("tabletstore_sstable_bytes"))
         prefix = "tabletstore_object_store_requests_total{op="
         for url, m in zip(urls, metrics, strict=True):
@@ -1156,7 +1179,7 @@ def window_table(run: SoakRun, windows: int = 8) -> str:
     columns = (
         "minutes", "GB written", "tablets", "rows/s written", "reads/s", "scanned rows/s",
         "read p50 / p99 ms", "write p99 ms", "batch p99 ms", "scan p99 ms",
-        "log PUT p99 / max ms", "loop lag p99 / max ms, workers",
+        "in the workers: write / read p99 ms", "log PUT p99 / max ms", "loop lag p99 / max ms, workers",
         "loop lag p99 / max ms, clients",
         "collector ms/s per worker, generation 0 / 1 / 2", "worker RSS MB",
         "SSTables per tablet, mean / max", "S3 requests per op", "GB stored", "load 1m",
@@ -1185,7 +1208,8 @@ def window_table(run: SoakRun, windows: int = 8) -> str:
             f"| {rate('read', 'count'):,.0f} | {rate('scan', 'rows'):,.0f} "
             f"| {_window_p(w, 'read', 0.5):.1f} / {_window_p(w, 'read', 0.99):.1f} "
             f"| {_window_p(w, 'write', 0.99):.1f} | {_window_p(w, 'batch', 0.99):.1f} "
-            f"| {_window_p(w, 'scan', 0.99):.1f} | {_lag_cell(w, 'commit_log_put')} "
+            f"| {_window_p(w, 'scan', 0.99):.1f} | {_worker_cell(w)} "
+            f"| {_lag_cell(w, 'commit_log_put')} "
             f"| {_lag_cell(w)} | {_client_lag_cell(w)} "
             f"| {_collector_cell(samples[a - 1] if a else None, end, secs)} | {rss} "
             f"| {_median([s['sstables_per_tablet']['mean'] for s in w]):.1f} / "
@@ -1221,6 +1245,17 @@ def _lag_cell(window: Sequence[dict[str, Any]], key: str = "worker_loop_lag") ->
         return "-"
     p99, top = lag_quantiles(buckets, 0.99)
     return f"{p99:g} / {top:g}" if math.isfinite(top) else f"{p99:g} / >{max(LAG_BUCKETS) * 1000:g}"
+
+
+def _worker_cell(window: Sequence[dict[str, Any]]) -> str:
+    """The workers' own p99 of the soak's writes (single rows and batches) and reads in a
+    window (bucket edges, ms); "-" for runs that did not record them."""
+    cells = []
+    for key in ("worker_write", "worker_read"):
+        buckets = [s[key] for s in window if s.get(key)]
+        p99, _ = lag_quantiles(buckets, 0.99) if buckets else (math.nan, 0.0)
+        cells.append("-" if math.isnan(p99) else f"{p99:g}")
+    return " / ".join(cells)
 
 
 def _collector_cell(before: dict[str, Any] | None, end: dict[str, Any], secs: float) -> str:

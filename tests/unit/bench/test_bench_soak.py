@@ -15,6 +15,9 @@ import pytest
 
 from bench.cluster_target import parse_cluster_spec
 from bench.soak import (
+    READ_METHODS,
+    RPC_METRIC,
+    WRITE_METHODS,
     Cumulative,
     Histogram,
     KeySpace,
@@ -25,6 +28,7 @@ from bench.soak import (
     SoakRun,
     Traffic,
     check_value,
+    histogram_buckets,
     lag_buckets,
     lag_quantiles,
     main,
@@ -192,6 +196,19 @@ def test_a_workers_loop_lag_is_read_from_its_metrics_per_bucket() -> None:
     assert lag_quantiles([], 0.99) == (0.0, 0.0)
 
 
+def test_a_workers_own_request_times_are_read_per_method() -> None:
+    metrics = WorkerMetrics("w-soak")
+    observed = [("mutate_rows", 0.002), ("mutate_tablets", 0.3), ("read_row", 0.0004)]
+    for method, seconds in observed:
+        metrics.rpc_latency.labels(method=method).observe(seconds)
+    text = metrics.exposition().decode()
+    writes = histogram_buckets(text, RPC_METRIC, WRITE_METHODS)
+    assert writes["0.0025"] == 1 and writes["0.5"] == 2 and writes["+Inf"] == 2
+    assert histogram_buckets(text, RPC_METRIC, READ_METHODS)["0.0005"] == 1
+    # Every method at once without one.
+    assert histogram_buckets(text, RPC_METRIC)["+Inf"] == 3
+
+
 def test_the_table_shows_the_loop_lag_of_workers_and_clients() -> None:
     sample: dict[str, Any] = {
         "t": 10.0,
@@ -200,6 +217,8 @@ def test_the_table_shows_the_loop_lag_of_workers_and_clients() -> None:
         },
         "worker_loop_lag": {"0.001": 98, "0.002": 1, "0.2": 1},
         "commit_log_put": {"0.005": 980, "0.025": 19, "0.25": 1},
+        "worker_write": {"0.005": 98, "0.05": 1, "1.0": 1},
+        "worker_read": {"0.001": 990, "0.01": 10},
         "client_loop_lag": {"p99_ms": 3.0, "max_ms": 41.0, "histogram": {"0": 99, "100": 1}},
         "rss_mb": {"worker-0": 100.0},
         "collector_s": {"0": 0.05, "1": 0.01, "2": 0.3},
@@ -216,6 +235,8 @@ def test_the_table_shows_the_loop_lag_of_workers_and_clients() -> None:
     row = table.splitlines()[2]
     assert "| 2 / 200 |" in row and "/ 41 |" in row
     assert "log PUT p99 / max ms" in table and "| 25 / 250 |" in row
+    # The writes' and reads' p99 as the workers timed them.
+    assert "in the workers: write / read p99 ms" in table and "| 50 / 1 |" in row
     # Time in the collector, per worker and second of the window, by generation.
     assert "| 2.5 / 0.5 / 15.0 |" in row
 
@@ -250,6 +271,8 @@ def test_quick_soak_runs_checks_every_read_and_stops_its_cluster(
     verified = summary["verified"]
     assert verified["rows"] > 0 and verified["lost"] == 0 and verified["wrong"] == 0
     assert summary["rows_written"] > 0 and summary["processes_exited"] == []
+    # The workers' own times of the writes and reads, from their RPC histograms.
+    assert any(s["worker_write"] for s in samples) and any(s["worker_read"] for s in samples)
     last = samples[-1]
     assert last["tablets"] >= 4  # two per worker, pre-split
     assert set(last["rss_mb"]) >= {"etcd", "master", "worker-0", "worker-1"}
