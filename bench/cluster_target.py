@@ -56,6 +56,7 @@ __all__ = [
     "ClusterTarget",
     "children_of",
     "cpu_seconds",
+    "descendants_of",
     "parse_cluster_spec",
     "processes_of",
     "scrape_store_stats",
@@ -146,10 +147,10 @@ def _fetch(url: str, context: ssl.SSLContext | None = None) -> str:
 
 
 def cpu_seconds(pid: int) -> float:
-    """CPU seconds (user + system) process ``pid`` and the children it runs used so far (a
-    running child's own counters: a parent's count its children only once they exit)."""
+    """CPU seconds (user + system) process ``pid`` and the processes below it used so far
+    (a running child's own counters: a parent's count its children only once they exit)."""
     total = 0.0
-    for one in (pid, *children_of(pid)):
+    for one in (pid, *descendants_of(pid)):
         with contextlib.suppress(OSError, ValueError, IndexError):
             fields = Path(f"/proc/{one}/stat").read_text().rpartition(")")[2].split()
             total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -158,14 +159,32 @@ def cpu_seconds(pid: int) -> float:
 
 def children_of(pid: int) -> list[int]:
     """The running processes whose parent is ``pid`` (from /proc)."""
-    found = []
+    return _parents().get(pid, [])
+
+
+def descendants_of(pid: int) -> list[int]:
+    """The running processes below ``pid``: its children, theirs, and so on (a worker's
+    compaction processes are children of its forkserver)."""
+    parents = _parents()
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _parents() -> dict[int, list[int]]:
+    """Parent pid -> its running children's pids (from /proc)."""
+    out: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         with contextlib.suppress(OSError, ValueError, IndexError):
-            if int((entry / "stat").read_text().rpartition(")")[2].split()[1]) == pid:
-                found.append(int(entry.name))
-    return found
+            parent = int((entry / "stat").read_text().rpartition(")")[2].split()[1])
+            out.setdefault(parent, []).append(int(entry.name))
+    return out
 
 
 class ClusterTarget(TabletstoreTarget):

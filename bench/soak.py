@@ -76,7 +76,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.cluster_target import LEASE_TTL, ClusterTarget, _fetch, children_of, cpu_seconds
+from bench.cluster_target import LEASE_TTL, ClusterTarget, _fetch, cpu_seconds, descendants_of
 from bench.targets import FAMILY, QUALIFIER, row_key
 from tabletstore.cli import localstack
 from tabletstore.client.mutate_rows import MutationsFailed
@@ -758,7 +758,7 @@ class Observer:
         out: dict[str, Any] = {"load": list(os.getloadavg())}
         out["rss_mb"] = {r.role: _rss_bytes(r.pid) / MB for r in self.records}
         out["children_rss_mb"] = {
-            r.role: sum(_rss_bytes(c) for c in children_of(r.pid)) / MB
+            r.role: sum(_rss_bytes(c) for c in descendants_of(r.pid)) / MB
             for r in self.records
             if r.role.startswith("worker-")
         }
