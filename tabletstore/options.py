@@ -161,6 +161,13 @@ class WorkerOptions:
     #: Worker processes for merging and major compactions; 0 runs them in-process (embedded).
     #: More processes compact more tablets at once but each holds a copy of its inputs.
     compaction_processes: int = 0
+    #: Steps of CPU priority (``nice``, 0-19) the compaction processes run below the worker:
+    #: on a host with every core busy (a round of splits starts a major compaction per child)
+    #: the requests the worker serves get the cores first. Merges and major compactions still
+    #: take every idle cycle (and a share of the busy ones: nice 10 weighs a tenth of nice 0);
+    #: under a load that leaves none they fall behind and SSTables per tablet grow. Minor
+    #: compactions run in the worker itself, at its priority.
+    compaction_nice: int = 10
     #: SSTable bytes the merging and major compactions running at once may read
     #: (``engine/compaction_budget.py``): each holds its inputs' bytes and its output's in memory
     #: while it runs (the cells stream through), so this bounds the worker's compaction

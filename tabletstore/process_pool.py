@@ -8,6 +8,10 @@ worker forever, one pair per kill. :func:`process_pool` starts each pool process
 watcher thread that ends it (``os._exit``) once the process that made the pool is gone.
 forkserver, never fork: the processes that make pools run threads.
 
+A pool may run its processes at a lower CPU priority (``nice``): the worker's compaction
+processes do (``WorkerOptions.compaction_nice``), so that on a host whose cores are all busy the
+requests the worker serves get them first, and its compactions take what is left.
+
 A pool process that dies (the OOM killer, a ``kill -9``) breaks a ``ProcessPoolExecutor`` for
 good: the calls it was running and every call after fail with ``BrokenProcessPool``.
 :class:`ProcessPool` replaces a broken pool with a new one and runs the calls the dead process
@@ -39,13 +43,14 @@ T = TypeVar("T")
 WATCH_INTERVAL = 1.0
 
 
-def process_pool(max_workers: int) -> concurrent.futures.ProcessPoolExecutor:
-    """A forkserver process pool whose processes exit once this process is gone."""
+def process_pool(max_workers: int, *, nice: int = 0) -> concurrent.futures.ProcessPoolExecutor:
+    """A forkserver process pool whose processes exit once this process is gone, each run
+    ``nice`` steps below this process's CPU priority (``os.nice``: background work)."""
     return concurrent.futures.ProcessPoolExecutor(
         max_workers=max_workers,
         mp_context=multiprocessing.get_context("forkserver"),
-        initializer=_watch_owner,
-        initargs=(os.getpid(),),
+        initializer=_start,
+        initargs=(os.getpid(), nice),
     )
 
 
@@ -53,10 +58,11 @@ class ProcessPool(concurrent.futures.Executor):
     """A :func:`process_pool` that replaces itself when a process of it dies (module
     docstring): what :meth:`run` runs survives the loss of one pool."""
 
-    def __init__(self, max_workers: int, *, name: str = "process") -> None:
+    def __init__(self, max_workers: int, *, name: str = "process", nice: int = 0) -> None:
         self._max_workers = max_workers
         self._name = name
-        self._pool = process_pool(max_workers)
+        self._nice = nice
+        self._pool = process_pool(max_workers, nice=nice)
         self._shut = False
         #: Pools replaced because a process of theirs died.
         self.renewals = 0
@@ -88,7 +94,7 @@ class ProcessPool(concurrent.futures.Executor):
         if self._pool is not broken:
             return  # another call renewed it already
         log.warning("a %s process died (%s): replacing the pool", self._name, exc)
-        self._pool = process_pool(self._max_workers)
+        self._pool = process_pool(self._max_workers, nice=self._nice)
         self.renewals += 1
         broken.shutdown(wait=False, cancel_futures=True)
 
@@ -103,8 +109,11 @@ class ProcessPool(concurrent.futures.Executor):
         self._pool.shutdown(wait=wait, cancel_futures=cancel_futures)
 
 
-def _watch_owner(owner: int) -> None:
-    """In a pool process: start the thread that ends this process when ``owner`` is gone."""
+def _start(owner: int, nice: int) -> None:
+    """In a pool process: lower its CPU priority by ``nice`` and start the thread that ends
+    it when ``owner`` is gone."""
+    if nice > 0:
+        os.nice(nice)
     threading.Thread(target=_exit_when_gone, args=(owner,), daemon=True, name="owner").start()
 
 

@@ -371,6 +371,13 @@ def master_cmd(
     help="Processes for merging and major compactions (0: in the serving process).",
 )
 @click.option(
+    "--compaction-nice",
+    type=click.IntRange(min=0, max=19),
+    default=WorkerOptions().compaction_nice,
+    show_default=True,
+    help="Steps of CPU priority (nice) the compaction processes run below the worker.",
+)
+@click.option(
     "--block-cache-bytes",
     type=click.IntRange(min=0),
     default=WorkerOptions().block_cache_bytes,
@@ -454,6 +461,7 @@ def worker_cmd(
     rejoin: bool,
     split_bytes: int,
     compaction_processes: int,
+    compaction_nice: int,
     block_cache_bytes: int,
     compaction_memory_bytes: int,
     sort_processes: int,
@@ -481,6 +489,7 @@ def worker_cmd(
     options = WorkerOptions(
         lease=LeaseOptions(ttl=lease_ttl),
         compaction_processes=compaction_processes,
+        compaction_nice=compaction_nice,
         block_cache_bytes=block_cache_bytes,
         compaction_memory_bytes=compaction_memory_bytes,
         sort_processes=sort_processes,

@@ -204,7 +204,11 @@ class TabletServer:
         self._executor: concurrent.futures.Executor | None = None
         if self._options.compaction_processes > 0:
             # Replaced when one of its processes dies (the OOM killer): ProcessPool.
-            self._executor = ProcessPool(self._options.compaction_processes, name="compaction")
+            self._executor = ProcessPool(
+                self._options.compaction_processes,
+                name="compaction",
+                nice=self._options.compaction_nice,
+            )
         # The lease's keep-alive and the TaskGroup owning every background task (splits, the
         # post-split major compactions, a log switch, the tablets' background compactions):
         # entered by start(), exited by stop().

@@ -99,6 +99,24 @@ async def test_a_call_that_kills_two_pools_fails_unavailable_and_the_pool_lives_
         pool.shutdown()
 
 
+async def test_a_pool_runs_its_processes_below_its_owners_priority_after_a_renewal_too(
+    tmp_path: Path,
+) -> None:
+    """Compaction processes are background work: ``nice`` steps below the worker, and still
+    so in the pool that replaces one whose process died."""
+    own = os.nice(0)
+    pool = ProcessPool(1, name="test", nice=5)
+    try:
+        assert await pool.run(functools.partial(os.nice, 0)) == min(19, own + 5)
+        assert await pool.run(functools.partial(_die_once, str(tmp_path / "died"))) == 42
+        assert pool.renewals == 1
+        assert await pool.run(functools.partial(os.nice, 0)) == min(19, own + 5)
+    finally:
+        pool.shutdown()
+    with process_pool(1) as plain:
+        assert plain.submit(os.nice, 0).result(timeout=60) == own
+
+
 async def test_a_pool_whose_idle_process_was_killed_is_replaced_at_the_next_call() -> None:
     pool = ProcessPool(1, name="test")
     try:
