@@ -89,8 +89,7 @@ async def test_a_loop_of_requests_served_from_memory_lets_other_tasks_run(
     before = ticks
     requests = 0
     try:
-        # Nothing here suspends unless the requests do. 10,000 requests are far more than
-        # one TURN_SECONDS slice of computing, on any machine.
+        # Nothing here suspends unless the requests do: each call gives the ticker a turn.
         while ticks - before < 5 and requests < 10_000:
             assert await table.read_row(b"hot") is not None
             requests += 1
@@ -103,8 +102,8 @@ async def test_a_loop_of_requests_served_from_memory_lets_other_tasks_run(
 async def test_callers_on_one_loop_take_turns_request_by_request(short_lease_db: Database) -> None:
     """Requests answered from memory never suspend, so without turns one caller runs its
     whole loop while a caller whose request waits (for I/O, or its turn) waits for every other
-    caller's loop: the tail of a serving store. The turn is short enough that each caller gets
-    about one request per turn: no caller completes a long streak while the others wait."""
+    caller's loop: the tail of a serving store. Every call gives the others a turn: a strict
+    round robin, one request per caller per turn."""
     db = short_lease_db
     table = await db.create_table("t", ["cf"])
     await table.mutate_row(b"hot", _set(b"v"))
@@ -121,5 +120,6 @@ async def test_callers_on_one_loop_take_turns_request_by_request(short_lease_db:
     for a, b in itertools.pairwise(order):
         streak = streak + 1 if a == b else 1
         longest = max(longest, streak)
-    # A 10 ms slice let one caller finish all of its 300 reads (about 20 µs each) in a row.
-    assert longest <= each // 3, f"a caller completed {longest} requests in a row"
+    # A 10 ms slice let one caller finish all of its 300 reads (about 20 µs each) in a row,
+    # and a 0.1 ms slice a few.
+    assert longest <= 2, f"a caller completed {longest} requests in a row"

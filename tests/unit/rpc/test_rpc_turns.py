@@ -1,43 +1,55 @@
-"""In-process calls' turn slices (rpc/transport.py ``_take_turn``): one slice per event loop."""
+"""In-process calls give the event loop a turn on every call (rpc/transport.py ``_take_turn``)."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
-
-import pytest
 
 from tabletstore.rpc import transport
 
 
-def _count_yields(monkeypatch: pytest.MonkeyPatch) -> list[asyncio.AbstractEventLoop]:
-    yields: list[asyncio.AbstractEventLoop] = []
-    real_sleep = asyncio.sleep
-
-    async def sleep(delay: float, result: Any = None) -> Any:
-        yields.append(asyncio.get_running_loop())
-        return await real_sleep(delay, result)
-
-    monkeypatch.setattr(transport.asyncio, "sleep", sleep)
-    return yields
+def _method(name: str, *, streaming: bool) -> transport.Method:
+    return transport.Method("svc", name, int, int, (int,), streaming)
 
 
-def test_each_event_loop_keeps_its_own_slice(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Calls alternating between two loops: each loop yields at its first call and then not
-    until its own slice ends, whichever loop ran last."""
-    monkeypatch.setattr(transport, "TURN_SECONDS", 3600.0)
-    yields = _count_yields(monkeypatch)
-    a, b, c = asyncio.new_event_loop(), asyncio.new_event_loop(), asyncio.new_event_loop()
+async def test_every_call_and_every_streamed_item_gives_the_other_tasks_a_turn() -> None:
+    """A handler that never suspends still lets another task run once per call and once per
+    streamed item, however quickly the calls follow one another."""
+    ticks = 0
+    stop = asyncio.Event()
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while not stop.is_set():
+            ticks += 1
+            await asyncio.sleep(0)
+
+    async def unary(request: int) -> int:
+        return request
+
+    async def stream(request: int):  # type: ignore[no-untyped-def]
+        for i in range(request):
+            yield i
+
+    handlers = {"unary": unary, "stream": stream}
+    task = asyncio.create_task(ticker())
+    await asyncio.sleep(0)
     try:
-        for _ in range(3):
-            for loop in (a, b):
-                loop.run_until_complete(transport._take_turn())
-        assert yields == [a, b]
-        # Slices of no time from now on: c yields at every call, a and b keep their hour.
-        monkeypatch.setattr(transport, "TURN_SECONDS", 0.0)
-        for loop in (c, a, c, b):
-            loop.run_until_complete(transport._take_turn())
-        assert yields == [a, b, c, c]
+        before = ticks
+        for i in range(50):
+            assert (
+                await transport.call_handler(
+                    handlers, "a", _method("unary", streaming=False), i, None
+                )
+                == i
+            )
+        assert ticks - before >= 50
+        before = ticks
+        streamed = transport.stream_handler(
+            handlers, "a", _method("stream", streaming=True), 20, None
+        )
+        items = [i async for i in streamed]
+        assert items == list(range(20))
+        assert ticks - before >= 20
     finally:
-        for loop in (a, b, c):
-            loop.close()
+        stop.set()
+        await task
