@@ -635,10 +635,19 @@ class Catalog:
         METADATA tablet's commit log (a slow object store) when the row is read back, and land
         before the retry is served. After an unanswered attempt, a retry that finds the row
         holding ``expect`` — or, for a takeover, at ``expect``'s new epoch, which is this
-        caller's claim and nobody else's — finds its own write: done, not Fenced."""
+        caller's claim and nobody else's — finds its own write: done, not Fenced.
+
+        Unanswered attempts are tried again until one deadline (``wait``, else the catalog's
+        retry deadline) has passed since the first: then the change is Indeterminate, as one
+        unanswered request is. Without it a METADATA tablet that never answered kept its caller
+        (a load, a split's commit) retrying for ever."""
         key = old.row_key
         predicate = mt.epoch_is(old.epoch)
         unanswered = False
+        loop = asyncio.get_running_loop()
+        within = self.retry_deadline if wait is None else wait
+        deadline = loop.time() + within
+        attempt = 0
         while True:
             try:
                 matched = await self._retry(
@@ -646,12 +655,19 @@ class Catalog:
                     only=(Unavailable,),
                     wait=wait,
                 )
-            except Indeterminate:
+            except Indeterminate as exc:
                 unanswered = True
                 current = await self._read_row(key)
                 if current is not None and _holds(current.record, old, expect):
                     return
                 if current is not None and current.record.epoch == old.epoch:
+                    if loop.time() >= deadline:
+                        raise Indeterminate(
+                            f"tablet {old.tablet_id}: METADATA did not answer the change of its "
+                            f"record within {within} s; it may still be applied"
+                        ) from exc
+                    await asyncio.sleep(min(0.5, 0.01 * 2**attempt))
+                    attempt += 1
                     continue
                 matched = False
             if matched:

@@ -180,3 +180,38 @@ async def test_a_takeover_whose_first_attempt_lands_late_is_ours_not_fenced() ->
             await catalog.update(old, replace(old, epoch=120))
     finally:
         await coord.close()
+
+
+class _SilentMetadataRow(_SlowMetadataRow):
+    """A METADATA row whose server never answers a check-and-mutate and never applies one."""
+
+    async def check_and_mutate(
+        self,
+        key: bytes,
+        predicate: RowFilter | None,
+        true_mutations: Sequence[Mutation],
+        false_mutations: Sequence[Mutation],
+    ) -> bool:
+        self.calls += 1
+        await asyncio.sleep(0)  # a request suspends its caller
+        raise Indeterminate("no answer within the METADATA request deadline")
+
+
+async def test_an_update_that_is_never_answered_is_indeterminate_after_the_deadline() -> None:
+    """Each unanswered attempt reads the row back, finds the old epoch and tries again; the
+    attempts share the catalog's retry deadline, after which the update is Indeterminate
+    (before, the caller retried for ever)."""
+    coord = MemoryCoordinator()
+    try:
+        old = TabletRecord("web-1", "t0", b"", b"m", epoch=96, location="w8:1")
+        rows = _SilentMetadataRow(old)
+        catalog = Catalog(coord, metadata=rows, retry_deadline=0.3)
+        mine = replace(old, epoch=109, location="w6:1")
+        async with asyncio.timeout(10):
+            with pytest.raises(Indeterminate, match="may still be applied"):
+                await catalog.update(old, mine)
+        assert rows.calls >= 2
+        got = mt.decode_row(Row(old.row_key, rows._row().cells))
+        assert got is not None and got.record == old
+    finally:
+        await coord.close()
