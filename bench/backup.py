@@ -82,6 +82,9 @@ def _moto() -> tuple[Any, str]:
     os.environ.update(
         AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION=REGION
     )
+    from tabletstore.cli.local_s3 import serialize_conditional_writes
+
+    serialize_conditional_writes()  # create-only PUTs decided atomically, as S3 does
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()

@@ -72,6 +72,9 @@ def moto_server() -> Iterator[str]:
         "AWS_DEFAULT_REGION": "us-east-1",
     }.items():
         os.environ[name] = value
+    from tabletstore.cli.local_s3 import serialize_conditional_writes
+
+    serialize_conditional_writes()  # create-only PUTs decided atomically, as S3 does
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     try:
