@@ -222,6 +222,13 @@ class BlockCache:
         """Whether page ``page`` of ``key`` is cached (a peek: no hit, miss or LRU update)."""
         return (key, -1 - page) in self._lru
 
+    def has_pages(self, key: str, pages: range) -> bool:
+        """Whether every page of ``pages`` of ``key`` is cached (peeks, as :meth:`has_page`)."""
+        lru = self._lru
+        if len(pages) == 1:  # a point read's usual one: no generator
+            return (key, -1 - pages.start) in lru
+        return all((key, -1 - p) in lru for p in pages)
+
     def put_page(self, key: str, index: int, page: Page) -> None:
         """Cache a decoded page, charged ``page.nbytes``."""
         self._put(key, -1 - index, page)
