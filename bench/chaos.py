@@ -154,7 +154,12 @@ def main(argv: list[str] | None = None) -> int:
         replicate=args.replicate,
         gc_grace=args.gc_grace,
     )
-    report = asyncio.run(run_chaos(config))
+    try:
+        report = asyncio.run(run_chaos(config))
+    except KeyboardInterrupt:
+        # run_chaos stops every process it started before the interrupt reaches here.
+        print(f"chaos: interrupted; its processes are stopped, its files are in {directory}")
+        return 130
     print(report.summary())
     print(f"report: {directory / 'report.json'}")
     return 0 if report.ok else 1

@@ -70,3 +70,18 @@ def test_recheck_checks_a_saved_history_again(
     out = capsys.readouterr().out
     assert "linearizability violations: 1" in out and "NOT LINEARIZABLE r f:c" in out
     assert chaos.main(["--recheck", str(tmp_path / "nothing")]) == 2
+
+
+def test_an_interrupted_run_exits_130_naming_its_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C: run_chaos stops its processes on the way out; main reports it in one line,
+    not a traceback."""
+
+    async def interrupted(config: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(chaos, "run_chaos", interrupted)
+    assert chaos.main(["--minutes", "1", "--dir", str(tmp_path / "run")]) == 130
+    out = capsys.readouterr().out
+    assert f"interrupted; its processes are stopped, its files are in {tmp_path / 'run'}" in out
