@@ -48,6 +48,11 @@ tablets; the printed extra table gives values/s in total and per worker (total /
 paper's unit) and the object-store requests summed from the workers' ``/metrics``. All the
 processes run on this machine, so N workers share its cores with the benchmark client.
 
+**The process.** ``python -m bench.paper`` warms its process up as the worker and the front
+door warm theirs (:func:`tabletstore.warm_up_process`: what start-up loaded frozen out of the
+cyclic collector's reach, its thresholds raised), as an application serving from the embedded
+database should: both targets run in it, SlateDB too.
+
 SlateDB runs the same operations with the same values in the same local directory (one database
 per table; see :mod:`bench.slatedb_target`); the table prints tabletstore / SlateDB for each.
 Targets run one after another, never at the same time.
@@ -931,5 +936,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def entry(argv: Sequence[str] | None = None) -> int:
+    """``python -m bench.paper``: the process warmed up as a serving process is
+    (``ops/process_warmup.py``), after the engine's and SlateDB's imports, then :func:`main`.
+    Not in :func:`main`: tests call it in their own process."""
+    import tabletstore.embedded  # noqa: F401  (imported now, so the warm-up freezes it)
+    from bench.slatedb_target import slatedb_available
+    from tabletstore.ops.process_warmup import warm_up_process
+
+    slatedb_available()  # imports SlateDB's binding where it is installed
+    warm_up_process()
+    return main(argv)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry())

@@ -33,6 +33,7 @@ __version__ = "0.1.0"
 _EXPORTS: dict[str, str] = {
     **dict.fromkeys(["connect", "connect_async", "Database", "SyncDatabase"], "embedded"),
     "TlsConfig": "security.tls",
+    "warm_up_process": "ops.process_warmup",
     "AsyncClient": "client.client",
     "AsyncTable": "client.table",
     **dict.fromkeys(["MutationError", "MutationsFailed"], "client.mutate_rows"),

@@ -231,3 +231,29 @@ def test_a_png_without_matplotlib_is_refused_before_the_run(
         bench.paper._parse_args(["--png", "x.png"])
     assert exit_info.value.code == 2
     assert "--png needs matplotlib" in capsys.readouterr().err
+
+
+def test_the_command_warms_its_process_up_after_the_engines_imports(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``python -m bench.paper`` runs as a serving process does: warmed up (its start-up
+    objects frozen out of the collector's reach) once the engine is imported, then main."""
+    import sys
+
+    import bench.paper as paper
+    import tabletstore.ops.process_warmup as warmup
+
+    calls: list[str] = []
+
+    def warm_up_process() -> None:
+        assert "tabletstore.embedded" in sys.modules
+        calls.append("warm")
+
+    def fake_main(argv: object = None) -> int:
+        calls.append("main")
+        return 0
+
+    monkeypatch.setattr(warmup, "warm_up_process", warm_up_process)
+    monkeypatch.setattr(paper, "main", fake_main)
+    assert paper.entry([]) == 0
+    assert calls == ["warm", "main"]
