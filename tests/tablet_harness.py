@@ -329,11 +329,11 @@ class TabletHarness:
 
     async def close(self) -> None:
         for t in [*self.zombies, *([self.tablet] if self.tablet else [])]:
-            task = t._compactions.background
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(BaseException):
-                    await task
+            for task in (t._compactions.background, t._compactions.merging):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(BaseException):
+                        await task
         if self.log is not None:
             await _cancel_writer(self.log.writer)
         if self.coordinator is not None:

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -261,7 +261,7 @@ def schema_rewrite(
     end_row: bytes | None = None,
     seq_bases: Sequence[int] = (),
     masks: Sequence[Cell] = (),
-) -> Callable[[], dict[str, tuple[bytes, SSTableInfo]]]:
+) -> functools.partial[dict[str, tuple[bytes, SSTableInfo]]]:
     """:func:`rewrite_tablet` of ``inputs`` by ``schema`` (its families' locality groups and
     GC rules), as a call to run on a thread or in another process: the major compaction a
     worker runs (``Tablet.major_compact``) and one run elsewhere (``master.remote_compaction``)

@@ -32,6 +32,20 @@ rewrite its SSTables anyway (a split's children major-compact; a moved tablet's 
 as it needs), so the pause loses no work that matters, and the pause of writes that follows
 waits for no other tablet's compaction. A split that fails resumes them.
 
+Locks. A tablet's compaction lock is held by a minor compaction from its freeze to its commit,
+and by a merging or major one only at its *cut* (choosing its inputs, taking the time, the GC
+rules and the memtables' deletion entries it counts with) and at its *commit*; the fetch, the
+rewrite and the upload in between (seconds to minutes, in the compaction processes) hold the
+tablet's rewrite lock instead, so one rewrite runs at a time and minor compactions go on beside
+it. Their SSTables are newer than every input and stay in front of the output
+(:func:`~tabletstore.engine.state.apply_major`, ``apply_merge``). Held through the rewrite, the
+compaction lock made the memtable wait: a round of splits major-compacts every child at once,
+and their memtables, and the commit log behind them, grew until the rewrites ended, then were
+all written out together. The commit checks that the tablet is still open and that its
+SSTables and schema are still those of the cut; if not, the output is left unreferenced
+(garbage for GC). Background merges run in a task of their own, apart from the background
+minor compaction, for the same reason.
+
 The redo point. Sequence numbers are allocated before the commit-log append and cells reach the
 memtable only after it, so when a memtable freezes, writes with *smaller* sequence numbers may
 still be in flight and land in the next memtable. The redo point recorded after a minor
@@ -60,6 +74,7 @@ from tabletstore.engine.state import (
     MajorResult,
     MergeResult,
     MinorResult,
+    TabletState,
     Written,
     adoptable,
     apply_adopted,
@@ -97,7 +112,8 @@ RETRY_MAX = 5.0
 
 
 class CompactionRunner:
-    """Runs one tablet's compactions, one at a time, and its background one."""
+    """Runs one tablet's compactions and its background ones: one minor and one rewrite
+    (merging or major) at a time, side by side."""
 
     def __init__(
         self,
@@ -122,8 +138,16 @@ class CompactionRunner:
         self._budget = budget
         #: Owns the background compactions (the worker's TaskGroup, or the tablet's own).
         self.tasks = tasks
-        #: The background compaction running (one at a time), if any.
+        #: The background minor compaction running (one at a time), if any.
         self.background: asyncio.Task[None] | None = None
+        #: The background merging compactions running (one task at a time), if any: apart
+        #: from the minor one, so a memtable is written out while a merge rewrites.
+        self.merging: asyncio.Task[None] | None = None
+        #: Set when a minor compaction asked for merges while they ran: they plan again.
+        self._merge_again = False
+        #: Held by a merging or major compaction from its cut to its commit: one rewrite of
+        #: the tablet at a time (its compaction lock is held only at the cut and the commit).
+        self._rewriting = asyncio.Lock()
         #: Set by :meth:`background_done`: the background compaction retries no more.
         self._stop_retrying = False
         #: Wakes the background compaction from its wait before a retry.
@@ -204,22 +228,49 @@ class CompactionRunner:
             if core.flush_failure is not None:
                 log.warning("background compaction of %s succeeded again", core.record.tablet_id)
                 core.flush_failure = None
+            self._spawn_merges()
+            return
+
+    def _spawn_merges(self) -> None:
+        """Start the background merging compactions the planner asks for, in a task of their
+        own: the next minor compaction need not wait for them. If they run already, they plan
+        once more when done."""
+        if self.merging is not None and not self.merging.done():
+            self._merge_again = True
+            return
+        if self._core.closed or self.tasks is None or self.paused_for is not None:
+            return
+        try:
+            self.merging = self.tasks.create_task(self._background_merges())
+        except RuntimeError:
+            pass  # the TaskGroup is shutting down: merges are optional
+
+    async def _background_merges(self) -> None:
+        """Merge as the planner asks; a failed merge is only logged (the memtable is in
+        SSTables already: the next minor compaction plans it again)."""
+        core = self._core
+        self._merge_again = True
+        while self._merge_again and self.paused_for is None and not core.closed:
+            self._merge_again = False
             try:
                 await self.merge_if_needed()
             except TabletStoreError as exc:
                 if not core.closed and not isinstance(exc, NotServing):
                     log.warning("merging compaction of %s failed: %s", core.record.tablet_id, exc)
-            return
+                return
 
     async def background_done(self) -> None:
-        """Wait for the background compaction, if one runs; one waiting to retry a failure
+        """Wait for the background compactions, if any run; a minor one waiting to retry a failure
         stops instead (``flush_failure`` stays set: :meth:`resume` starts it again). Its errors
         are its own: it records them (``flush_failure``, ``failed``), and anything else is for
         its TaskGroup to raise."""
         self._stop_retrying = True
         self._wake.set()
-        while self.background is not None and not self.background.done():
-            await asyncio.gather(self.background, return_exceptions=True)
+        while any(t is not None and not t.done() for t in (self.background, self.merging)):
+            await asyncio.gather(
+                *(t for t in (self.background, self.merging) if t is not None),
+                return_exceptions=True,
+            )
 
     def pause_merges(self, reason: str) -> None:
         """Start no merging or major compaction until :meth:`resume_merges`; those waiting for
@@ -331,40 +382,55 @@ class CompactionRunner:
         """Flush the memtable, then rewrite the whole tablet into one SSTable per locality
         group with no deletion entries and GC applied (§5.4) — by the current schema, so a
         dropped family's cells are gone for good and a family moved to another locality group
-        moves with its cells (:func:`compaction.rewrite_tablet`)."""
+        moves with its cells (:func:`compaction.rewrite_tablet`). The compaction lock is held
+        at the cut and at the commit, not while the rewrite runs: minor compactions go on
+        meanwhile, and their SSTables stay in front of the output (:func:`apply_major`)."""
         await self.minor_compact()
         core = self._core
         size = sum(r.size for refs in core.state.record.sstables.values() for r in refs)
-        async with self._hold(size) as room, core.compaction_lock:
-            core.check_open()  # a split may have closed the tablet while this waited
-            if not room or self.paused_for is not None:
-                raise Unavailable(
-                    f"tablet {core.record.tablet_id} is about to split or move: "
-                    "no major compaction now"
-                )
-            record = core.state.record
-            keys = [ref.key for refs in record.sstables.values() for ref in refs]
-            if not keys:
-                return
-            rewrite = self._rewrite_tablet(record, keys, await self._sstables.fetch(keys))
-            outputs = {
-                group: await self._sstables.store(group, data, info)
-                for group, (data, info) in sorted((await self._compute(rewrite)).items())
-            }
-            del rewrite  # its inputs: no longer needed
-            result = MajorResult(len(keys), outputs)
-            old = await core.commit(lambda state: apply_major(state, result, now=core.clock.time()))
-            for tables in old.sstables.values():
-                for t in tables:
-                    t.close()
+        async with self._hold(size) as room, self._rewriting:
+            async with core.compaction_lock:
+                core.check_open()  # a split may have closed the tablet while this waited
+                if not room or self.paused_for is not None:
+                    raise Unavailable(
+                        f"tablet {core.record.tablet_id} is about to split or move: "
+                        "no major compaction now"
+                    )
+                record = core.state.record
+                read = {
+                    group: tuple(r.key for r in refs) for group, refs in record.sstables.items()
+                }
+                keys = [key for group_keys in read.values() for key in group_keys]
+                if not keys:
+                    return
+                schema = core.schema
+                rewrite = self._rewrite_tablet(record, keys)
+            rewrite = _of(rewrite, await self._sstables.fetch(keys))
+            outputs: dict[str, Written] = {}
+            try:
+                for group, (data, info) in sorted((await self._compute(rewrite)).items()):
+                    outputs[group] = await self._sstables.store(group, data, info)
+                del rewrite  # its inputs: no longer needed
+                result = MajorResult(read, outputs)
+                async with core.compaction_lock:
+                    self._check_commit(schema, read)
+                    old = await core.commit(
+                        lambda state: apply_major(state, result, now=core.clock.time())
+                    )
+            except BaseException:
+                for _, table in outputs.values():
+                    table.close()
+                raise
+            _close_replaced(old, read)
         self._notify_compacted()
 
     def _rewrite_tablet(
-        self, record: TabletRecord, keys: list[str], blobs: list[bytes]
-    ) -> Callable[[], dict[str, tuple[bytes, SSTableInfo]]]:
-        """The major compaction's rewrite of ``blobs``, by the current schema and GC rules."""
+        self, record: TabletRecord, keys: list[str]
+    ) -> functools.partial[dict[str, tuple[bytes, SSTableInfo]]]:
+        """The major compaction's rewrite, by the current schema and GC rules, cut now: its
+        inputs (the SSTables ``keys``) are given by :func:`_of`."""
         return compaction.schema_rewrite(
-            blobs,
+            (),
             self._core.schema,
             now_micros=self._core.now_micros(),
             start_row=record.start_row,
@@ -374,6 +440,23 @@ class CompactionRunner:
             masks=self._core.unflushed_deletions(),
         )
 
+    # REQUIRES: core.compaction_lock held.
+    def _check_commit(self, schema: TableSchema, read: Mapping[str, Sequence[str]]) -> None:
+        """Before a rewrite commits: NotServing if the tablet closed meanwhile (a split or a
+        move: its output is garbage), PreconditionFailed if its SSTables or its schema
+        changed since the cut in a way the output cannot follow."""
+        core = self._core
+        core.check_open()
+        if (schema.families, schema.locality_groups) != (
+            core.schema.families,
+            core.schema.locality_groups,
+        ):
+            raise PreconditionFailed(
+                f"tablet {core.record.tablet_id}: the schema changed during a compaction; "
+                "its output is not committed"
+            )
+        adoptable(core.state.record, {g: tuple(keys) for g, keys in read.items()})
+
     async def _run_merge(self, task: compaction.CompactionTask) -> None:
         core = self._core
         core.check_open()
@@ -382,29 +465,41 @@ class CompactionRunner:
             r.size for r in core.state.record.sstables.get(task.group, ()) if r.key in inputs
         )
         # Room first, then the tablet's lock: waiting for room does not hold the tablet's other
-        # compactions, splits and unloads back.
-        async with self._hold(size) as room, core.compaction_lock:
-            core.check_open()  # a split may have closed the tablet while this waited
-            if not room or self.paused_for is not None:
-                return  # a split or a move is coming: its successors merge (module docstring)
-            record = core.state.record
-            keys = {r.key for r in record.sstables.get(task.group, ())}
-            if not inputs <= keys:
-                return  # the tablet changed since planning; the next plan will see it
-            # A minor compaction since planning put a newer SSTable in front: not major now.
-            task = replace(task, major=task.major and inputs == keys)
-            merge = self._merge_sstables(task, record, await self._sstables.fetch(task.inputs))
+        # compactions, splits and unloads back. The compaction lock is held at the cut and at
+        # the commit only: minor compactions go on while the merge runs.
+        async with self._hold(size) as room, self._rewriting:
+            async with core.compaction_lock:
+                core.check_open()  # a split may have closed the tablet while this waited
+                if not room or self.paused_for is not None:
+                    return  # a split or a move is coming: its successors merge (docstring)
+                record = core.state.record
+                group = tuple(r.key for r in record.sstables.get(task.group, ()))
+                if not inputs <= set(group):
+                    return  # the tablet changed since planning; the next plan will see it
+                # A minor compaction since planning put a newer SSTable in front: not major.
+                task = replace(task, major=task.major and inputs == set(group))
+                # The window of the group as it is now: the inputs and any older ones.
+                read = {task.group: group[group.index(task.inputs[0]) :]}
+                schema = core.schema
+                merge = self._merge_sstables(task, record)
+            merge = _of(merge, await self._sstables.fetch(task.inputs))
             data, info = await self._compute(merge)
             del merge  # its inputs: no longer needed
             output = await self._sstables.store(task.group, data, info) if info.cells else None
             result = MergeResult(task.group, task.inputs, output, task.major)
-            old = await core.commit(lambda state: apply_merge(state, result, now=core.clock.time()))
+            try:
+                async with core.compaction_lock:
+                    self._check_commit(schema, read)
+                    old = await core.commit(
+                        lambda state: apply_merge(state, result, now=core.clock.time())
+                    )
+            except BaseException:
+                if output is not None:
+                    output[1].close()
+                raise
             # The inputs' blocks leave the block cache now, not when the cache's LRU gets to
             # them: dead blocks would take the place of live ones for as long as they stay.
-            refs = old.record.sstables.get(task.group, ())
-            for ref, table in zip(refs, old.sstables.get(task.group, ()), strict=True):
-                if ref.key in inputs:
-                    table.close()
+            _close_replaced(old, {task.group: task.inputs})
         self._notify_compacted()
 
     def _hold(self, nbytes: int) -> contextlib.AbstractAsyncContextManager[bool]:
@@ -415,9 +510,10 @@ class CompactionRunner:
         return self._budget.hold(nbytes, unless=self._merges_paused)
 
     def _merge_sstables(
-        self, task: compaction.CompactionTask, record: TabletRecord, blobs: list[bytes]
-    ) -> Callable[[], tuple[bytes, SSTableInfo]]:
-        """The merging compaction's rewrite of ``blobs`` (``task.inputs``, newest first)."""
+        self, task: compaction.CompactionTask, record: TabletRecord
+    ) -> functools.partial[tuple[bytes, SSTableInfo]]:
+        """The merging compaction's rewrite, cut now: its inputs (``task.inputs``, newest
+        first) are given by :func:`_of`."""
         core = self._core
         lg = core.locality_group(task.group)
         group_families = {
@@ -425,7 +521,7 @@ class CompactionRunner:
         }
         return functools.partial(
             compaction.merge_sstables,
-            blobs,
+            (),
             gc_rules=core.gc_rules(),
             now_micros=core.now_micros(),
             major=task.major,
@@ -493,11 +589,7 @@ class CompactionRunner:
             old = await core.commit(
                 lambda current: apply_adopted(current, result, now=core.clock.time())
             )
-            replaced = {key for keys in read.values() for key in keys}
-            for group, tables in old.sstables.items():
-                for ref, table in zip(old.record.sstables.get(group, ()), tables, strict=True):
-                    if ref.key in replaced:
-                        table.close()
+            _close_replaced(old, read)
         self._notify_compacted()
 
     def _check_no_unseen_deletions(self, newer: Mapping[str, int]) -> None:
@@ -531,6 +623,23 @@ def _seq_bases(record: TabletRecord, keys: Sequence[str]) -> list[int]:
     """The ``SSTableRef.seq_base`` of each of ``keys`` (SSTables of ``record``)."""
     bases = {ref.key: ref.seq_base for refs in record.sstables.values() for ref in refs}
     return [bases[k] for k in keys]
+
+
+def _of(cut: functools.partial[T], blobs: list[bytes]) -> functools.partial[T]:
+    """The rewrite ``cut`` (made with ``()`` for its inputs, under the compaction lock: its
+    time, GC rules and masks are the cut's) of the inputs' bytes ``blobs``, fetched since."""
+    return functools.partial(cut.func, blobs, *cut.args[1:], **cut.keywords)
+
+
+def _close_replaced(old: TabletState, replaced: Mapping[str, Sequence[str]]) -> None:
+    """Close the SSTables ``replaced`` (keys per group) that ``old``, the state before a
+    compaction's commit, had open: their blocks leave the block cache now."""
+    for group, keys in replaced.items():
+        gone = set(keys)
+        refs = old.record.sstables.get(group, ())
+        for ref, table in zip(refs, old.sstables.get(group, ()), strict=True):
+            if ref.key in gone:
+                table.close()
 
 
 def _rewrite_parcelled(

@@ -140,8 +140,8 @@ def apply_merge(state: TabletState, result: MergeResult, *, now: float) -> Table
     newest input, so everything newer than the inputs (a minor compaction's output since)
     stays in front of it and everything older behind it.
 
-    REQUIRES: every input is still in the group (the tablet's compaction lock held since the
-    inputs were chosen)."""
+    REQUIRES: every input is still in the group, in the order read (checked under the
+    tablet's compaction lock before the commit: one rewrite of a tablet runs at a time)."""
     record = state.record
     group = result.group
     pairs = list(zip(record.sstables.get(group, ()), state.sstables.get(group, ()), strict=True))
@@ -159,27 +159,24 @@ def apply_merge(state: TabletState, result: MergeResult, *, now: float) -> Table
 
 @dataclass(frozen=True, slots=True)
 class MajorResult:
-    """What a major compaction of the whole tablet wrote: ``inputs`` SSTables rewritten as
-    one per locality group in ``outputs``."""
+    """What a major compaction of the whole tablet wrote: the SSTables it ``read`` (keys per
+    locality group, newest first: every SSTable the record listed when it began) rewritten as
+    at most one per group in ``outputs``."""
 
-    inputs: int
+    read: Mapping[str, tuple[str, ...]]
     outputs: Mapping[str, Written]
 
 
 def apply_major(state: TabletState, result: MajorResult, *, now: float) -> TabletState:
-    """The state after a major compaction (§5.4): the new SSTables replace every SSTable of
-    the tablet.
+    """The state after a major compaction (§5.4): in each group the output takes the place of
+    every SSTable read, and the SSTables minor compactions added since (the rewrite runs with
+    no lock held) stay in front of it.
 
-    REQUIRES: no SSTable was added since the inputs were read (the compaction lock held)."""
-    sstables: dict[str, tuple[SSTableRef, ...]] = {
-        group: (ref,) for group, (ref, _) in result.outputs.items()
-    }
-    opened = {group: (table,) for group, (_, table) in result.outputs.items()}
-    detail = f"{result.inputs} -> {len(sstables)}"
-    new_record = replace(state.record, sstables=sstables).with_event(
-        now, "major_compaction", detail
-    )
-    return replace(state, record=new_record, sstables=opened)
+    REQUIRES: :func:`adoptable` holds for ``state.record`` and ``result.read`` (no merging
+    compaction since the read: one rewrite of a tablet runs at a time)."""
+    inputs = sum(len(keys) for keys in result.read.values())
+    detail = f"{inputs} -> {len(result.outputs)}"
+    return _replace_read(state, result.read, result.outputs, now=now, detail=detail)
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,20 +218,33 @@ def apply_adopted(state: TabletState, result: AdoptedMajor, *, now: float) -> Ta
     The returned record is the one to commit.
 
     REQUIRES: :func:`adoptable` holds for ``state.record`` (the compaction lock held since)."""
+    inputs = sum(len(keys) for keys in result.read.values())
+    detail = f"{inputs} -> {len(result.outputs)} (run elsewhere)"
+    return _replace_read(state, result.read, result.outputs, now=now, detail=detail)
+
+
+def _replace_read(
+    state: TabletState,
+    read: Mapping[str, tuple[str, ...]],
+    outputs: Mapping[str, Written],
+    *,
+    now: float,
+    detail: str,
+) -> TabletState:
+    """``state`` with each group's SSTables ``read`` replaced by its output (if any), behind
+    the ones added since; a major compaction's event recorded."""
     record = state.record
-    newer = adoptable(record, result.read)
+    newer = adoptable(record, read)
     sstables: dict[str, tuple[SSTableRef, ...]] = {}
     opened: dict[str, tuple[SSTable, ...]] = {}
-    for group in sorted(set(newer) | set(result.outputs)):
+    for group in sorted(set(newer) | set(outputs)):
         n = newer.get(group, 0)
         refs = record.sstables.get(group, ())[:n]
         tables = state.sstables.get(group, ())[:n]
-        out = result.outputs.get(group)
+        out = outputs.get(group)
         if out is not None:
             refs, tables = (*refs, out[0]), (*tables, out[1])
         if refs:
             sstables[group], opened[group] = refs, tables
-    inputs = sum(len(keys) for keys in result.read.values())
-    detail = f"{inputs} -> {len(result.outputs)} (run elsewhere)"
     new_record = replace(record, sstables=sstables).with_event(now, "major_compaction", detail)
     return replace(state, record=new_record, sstables=opened)

@@ -202,13 +202,30 @@ def test_major_replaces_every_sstable_and_keeps_the_memtable() -> None:
     state = _state({"g": ["a", "b"], "h": ["c"]}, logs=(FREEZE_LOG,))
     newer = _memtable(9)
     state = TabletState(state.record, newer, (), state.sstables)
-    result = MajorResult(3, {"g": (_ref("G"), _table("G"))})
+    result = MajorResult({"g": ("a", "b"), "h": ("c",)}, {"g": (_ref("G"), _table("G"))})
     after = apply_major(state, result, now=1.0)
     assert _keys(after, "g") == ["G"]
     assert "h" not in after.record.sstables and "h" not in after.sstables
     assert after.memtable is newer
     assert after.record.logs == (FREEZE_LOG,)
     assert after.record.events[-1].detail == "3 -> 1"
+
+
+def test_major_keeps_the_sstables_minor_compactions_added_during_it_in_front() -> None:
+    # The rewrite runs with no lock held: "n" and "m" were flushed meanwhile.
+    state = _state({"g": ["n", "a", "b"], "h": ["m"]})
+    result = MajorResult({"g": ("a", "b")}, {"g": (_ref("G"), _table("G"))})
+    after = apply_major(state, result, now=1.0)
+    assert _keys(after, "g") == ["n", "G"]
+    assert _keys(after, "h") == ["m"]
+    assert after.sstables["g"][0] is state.sstables["g"][0]
+
+
+def test_major_after_a_merge_of_its_inputs_is_refused() -> None:
+    state = _state({"g": ["M"]})
+    result = MajorResult({"g": ("a", "b")}, {"g": (_ref("G"), _table("G"))})
+    with pytest.raises(PreconditionFailed):
+        apply_major(state, result, now=1.0)
 
 
 # -- a major compaction run elsewhere (master/remote_compaction.py) ---------------------------
