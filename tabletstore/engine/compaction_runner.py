@@ -228,10 +228,10 @@ class CompactionRunner:
             if core.flush_failure is not None:
                 log.warning("background compaction of %s succeeded again", core.record.tablet_id)
                 core.flush_failure = None
-            self._spawn_merges()
+            self.spawn_merges()
             return
 
-    def _spawn_merges(self) -> None:
+    def spawn_merges(self) -> None:
         """Start the background merging compactions the planner asks for, in a task of their
         own: the next minor compaction need not wait for them. If they run already, they plan
         once more when done."""

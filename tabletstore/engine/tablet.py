@@ -142,6 +142,8 @@ class Tablet:
         self.minor_compact = compactions.minor_compact
         #: :meth:`CompactionRunner.merge_if_needed` (§5.4).
         self.merge_if_needed = compactions.merge_if_needed
+        #: :meth:`CompactionRunner.spawn_merges`: the same, in the background.
+        self.spawn_merges = compactions.spawn_merges
         #: :meth:`CompactionRunner.major_compact` (§5.4).
         self.major_compact = compactions.major_compact
         #: :meth:`CompactionRunner.adopt_major`: a major compaction run elsewhere.

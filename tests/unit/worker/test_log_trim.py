@@ -10,7 +10,7 @@ import pytest
 from tabletstore.clock import Random
 from tabletstore.data.model import RowMutation, SetCell
 from tabletstore.embedded import Database
-from tabletstore.options import IN_PROCESS_LEASE, WorkerOptions
+from tabletstore.options import IN_PROCESS_LEASE, TabletOptions, WorkerOptions
 from tabletstore.worker.log_trim import LogTail, TrimShares, lags
 
 KB = 1000
@@ -147,5 +147,49 @@ async def test_the_worker_flushes_the_tablets_its_log_trim_finds_lagging(
         # A trim's minor compaction moved each position past what it wrote.
         ref = db.worker._log.log_ref  # type: ignore[union-attr]
         assert all(tablet.record.log_start(ref) > 0 for tablet in user)
+    finally:
+        await db.close()
+
+
+async def test_a_tablet_whose_rewrite_runs_holds_up_no_other_tablets_trim() -> None:
+    """A trim merges in the background: a round of trims does not wait for a merge, which
+    waits for its tablet's rewrite under way (after a split, a major compaction of minutes)."""
+    options = WorkerOptions(
+        lease=IN_PROCESS_LEASE,
+        log_trim_interval=0.02,
+        log_trim_segments=1_000_000,
+        log_trim_bytes=100 * KB,
+    )
+    db = await Database.open(
+        f"memory://log-trim-{uuid.uuid4().hex}",
+        # Positions move by trims only: no memtable grows to its flush size.
+        tablet_options=TabletOptions(max_sstables_per_group=2, memtable_flush_bytes=1 << 30),
+        worker_options=options,
+    )
+    try:
+        t = await db.create_table("t", ["cf"], split_keys=[b"m"])
+        tablets = {
+            tablet.record.start_row: tablet
+            for (table_id, _), tablet in db.worker.tablets.items()
+            if not table_id.startswith("!")
+        }
+        a, z = tablets[b""], tablets[b"m"]
+        async with a._compactions._rewriting:  # a rewrite of tablet a that does not end
+            ref = db.worker._log.log_ref  # type: ignore[union-attr]
+            positions: set[int] = set()
+            deadline = asyncio.get_running_loop().time() + 30
+            # Until a merge of tablet a is due (its trims wrote 3 overlapping SSTables) and
+            # tablet z's position has moved 5 times since.
+            while len(positions) < 5:
+                assert asyncio.get_running_loop().time() < deadline, (
+                    f"tablet z trimmed {len(positions)} times once a's merge was due"
+                )
+                rows = [b"%s%02d" % (p, j) for p in (b"a", b"z") for j in range(10)]
+                await t.mutate_rows(
+                    [RowMutation(r, (SetCell("cf", b"q", b"v" * 2000),)) for r in rows]
+                )
+                if sum(len(refs) for refs in a.record.sstables.values()) > 2:
+                    positions.add(z.record.log_start(ref))
+                await asyncio.sleep(0.005)
     finally:
         await db.close()
