@@ -166,7 +166,10 @@ class WorkerOptions:
     #: the requests the worker serves get the cores first. Merges and major compactions still
     #: take every idle cycle (and a share of the busy ones: nice 10 weighs a tenth of nice 0);
     #: under a load that leaves none they fall behind and SSTables per tablet grow. Minor
-    #: compactions run in the worker itself, at its priority.
+    #: compactions run in the worker itself, at its priority. Where Linux groups processes
+    #: by session for scheduling (autogroup), they run in a session and group of their own at
+    #: this nice value, so they are background work against every process on the host, not
+    #: only against their worker (``process_pool.py``).
     compaction_nice: int = 10
     #: SSTable bytes the merging and major compactions running at once may read
     #: (``engine/compaction_budget.py``): each holds its inputs' bytes and its output's in memory

@@ -10,7 +10,17 @@ forkserver, never fork: the processes that make pools run threads.
 
 A pool may run its processes at a lower CPU priority (``nice``): the worker's compaction
 processes do (``WorkerOptions.compaction_nice``), so that on a host whose cores are all busy the
-requests the worker serves get them first, and its compactions take what is left.
+requests the worker serves get them first, and its compactions take what is left. Where the
+kernel groups processes by session for scheduling (Linux's autogroup,
+``/proc/sys/kernel/sched_autogroup_enabled``, on by default on most distributions), a process's
+nice value only orders it against the processes of its own session: a session's processes
+together get the same share of the CPU as another session's (sched(7)). A worker runs in a
+session of its own under most supervisors, so its compactions, niced within it, took their
+worker's share from its requests and an equal share against every other server on the host
+(the other workers, the master, etcd, the clients). So a pool process with ``nice`` starts a
+session of its own (``os.setsid``) and gives that session's group the same nice value
+(``/proc/self/autogroup``): background work against every process on the host. It still ends
+with its owner (the watcher below), not with its owner's process group.
 
 A pool process that dies (the OOM killer, a ``kill -9``) breaks a ``ProcessPoolExecutor`` for
 good: the calls it was running and every call after fail with ``BrokenProcessPool``.
@@ -33,7 +43,7 @@ from typing import Any, TypeVar
 from tabletstore.errors import Unavailable
 from tabletstore.pid_liveness import alive
 
-__all__ = ["WATCH_INTERVAL", "ProcessPool", "process_pool"]
+__all__ = ["WATCH_INTERVAL", "ProcessPool", "autogroup_enabled", "process_pool"]
 
 log = logging.getLogger(__name__)
 
@@ -109,12 +119,40 @@ class ProcessPool(concurrent.futures.Executor):
         self._pool.shutdown(wait=wait, cancel_futures=cancel_futures)
 
 
+#: Where Linux's scheduler groups a session's processes (module docstring), if it does.
+AUTOGROUP = "/proc/self/autogroup"
+
+
 def _start(owner: int, nice: int) -> None:
-    """In a pool process: lower its CPU priority by ``nice`` and start the thread that ends
-    it when ``owner`` is gone."""
+    """In a pool process: lower its CPU priority by ``nice`` (module docstring: in a session
+    and scheduling group of its own where the kernel groups by session) and start the thread
+    that ends it when ``owner`` is gone."""
     if nice > 0:
         os.nice(nice)
+        _background_group(nice)
     threading.Thread(target=_exit_when_gone, args=(owner,), daemon=True, name="owner").start()
+
+
+def _background_group(nice: int) -> None:
+    """Where the kernel schedules by session groups, move this process to a session of its
+    own and lower that group's priority by ``nice``; elsewhere do nothing."""
+    if not autogroup_enabled():
+        return
+    try:
+        os.setsid()
+        with open(AUTOGROUP, "w") as group:
+            group.write(str(min(19, nice)))
+    except OSError as exc:  # a leader of its group already, or /proc read-only: nice alone
+        log.debug("no scheduling group of its own for a pool process: %s", exc)
+
+
+def autogroup_enabled() -> bool:
+    """Whether Linux's scheduler groups processes by session here (sched(7), "autogroup")."""
+    try:
+        with open("/proc/sys/kernel/sched_autogroup_enabled") as f:
+            return f.read().strip() == "1" and os.path.exists(AUTOGROUP)
+    except OSError:
+        return False
 
 
 def _exit_when_gone(owner: int) -> None:

@@ -16,7 +16,7 @@ import pytest
 
 from tabletstore.errors import Unavailable
 from tabletstore.pid_liveness import alive
-from tabletstore.process_pool import ProcessPool, process_pool
+from tabletstore.process_pool import AUTOGROUP, ProcessPool, autogroup_enabled, process_pool
 
 _OWNER = """
 import os, sys
@@ -115,6 +115,37 @@ async def test_a_pool_runs_its_processes_below_its_owners_priority_after_a_renew
         pool.shutdown()
     with process_pool(1) as plain:
         assert plain.submit(os.nice, 0).result(timeout=60) == own
+
+
+def _session() -> tuple[int, int, str]:
+    """A process's session, process group and scheduling group ("" with no autogroup)."""
+    try:
+        group = Path(AUTOGROUP).read_text()
+    except OSError:
+        group = ""
+    return os.getsid(0), os.getpgrp(), group
+
+
+async def test_a_niced_pool_process_is_background_work_against_other_sessions_too() -> None:
+    """Where the kernel schedules by session groups (autogroup), nice only orders a process
+    within its session: a niced pool process leaves its owner's session for a group of its
+    own, niced as much (elsewhere nice alone is enough, and it stays). A pool without nice
+    stays in its owner's session."""
+    own_sid, _, own_group = _session()
+    pool = ProcessPool(1, name="test", nice=7)
+    try:
+        sid, pgrp, group = await pool.run(_session)
+        child = await pool.run(os.getpid)
+        if autogroup_enabled():
+            assert sid == pgrp == child != own_sid, "a session of its own"
+            assert group.split()[1:] == ["nice", "7"], group
+            assert group.split()[0] != own_group.split()[0], "a scheduling group of its own"
+        else:
+            assert sid == own_sid
+    finally:
+        pool.shutdown()
+    with process_pool(1) as plain:
+        assert plain.submit(os.getsid, 0).result(timeout=60) == own_sid
 
 
 async def test_a_pool_whose_idle_process_was_killed_is_replaced_at_the_next_call() -> None:
