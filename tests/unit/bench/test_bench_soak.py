@@ -307,3 +307,16 @@ def test_quick_soak_runs_checks_every_read_and_stops_its_cluster(
     assert all("--report-stalls" in r.argv for r in workers)
     assert not any(localstack.is_running(r) for r in stack.processes)
     assert not Path(stack.dir).exists()
+
+
+def test_the_saved_run_encodes_each_sample_once_and_reads_back_whole() -> None:
+    run = SoakRun(SoakConfig.quick(), machine={"cores": 2})
+    run.samples.append({"t": 10.0, "ops": {"read": {"count": 1}}})
+    run.events.append({"t": 1.0, "event": "started"})
+    assert json.loads(run.json_text()) == run.to_json()
+    first = run._sample_texts[0]
+    run.samples.append({"t": 20.0, "ops": {}})
+    run.summary = {"lost_writes": 0}
+    assert json.loads(run.json_text()) == run.to_json()
+    assert run._sample_texts[0] is first, "not encoded again"
+    assert json.loads(SoakRun(SoakConfig.quick()).json_text())["samples"] == []
