@@ -447,15 +447,21 @@ class CompactionRunner:
         changed since the cut in a way the output cannot follow."""
         core = self._core
         core.check_open()
+        self._check_schema(schema, "its output is not committed")
+        adoptable(core.state.record, {g: tuple(keys) for g, keys in read.items()})
+
+    def _check_schema(self, schema: TableSchema, refused: str) -> None:
+        """PreconditionFailed (saying ``refused``) unless ``schema``, the one a rewrite
+        applied, has the tablet's families (their GC rules) and locality groups now."""
+        core = self._core
         if (schema.families, schema.locality_groups) != (
             core.schema.families,
             core.schema.locality_groups,
         ):
             raise PreconditionFailed(
-                f"tablet {core.record.tablet_id}: the schema changed during a compaction; "
-                "its output is not committed"
+                f"tablet {core.record.tablet_id}: the schema changed since the compaction "
+                f"read it; {refused}"
             )
-        adoptable(core.state.record, {g: tuple(keys) for g, keys in read.items()})
 
     async def _run_merge(self, task: compaction.CompactionTask) -> None:
         core = self._core
@@ -571,14 +577,7 @@ class CompactionRunner:
             listed = {r.key for refs in record.sstables.values() for r in refs}
             if outputs and all(ref.key in listed for ref in outputs.values()):
                 return  # adopted already: a retry after an ambiguous answer
-            if (schema.families, schema.locality_groups) != (
-                core.schema.families,
-                core.schema.locality_groups,
-            ):
-                raise PreconditionFailed(
-                    f"tablet {record.tablet_id}: the schema changed since the compaction read "
-                    "it; its output is not adopted"
-                )
+            self._check_schema(schema, "its output is not adopted")
             compaction.check_outputs(record, outputs)
             newer = adoptable(record, read)  # fail before opening anything
             self._check_no_unseen_deletions(newer)

@@ -10,7 +10,9 @@ GETs of the SSTables there were when it shut): nothing else reads those whole.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+import contextlib
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
 
 import pytest
 
@@ -73,15 +75,37 @@ def keys(tablet: Tablet) -> dict[str, list[str]]:
     return {g: [r.key for r in refs] for g, refs in tablet.record.sstables.items()}
 
 
-async def test_a_minor_compaction_completes_while_a_major_rewrite_runs() -> None:
+@dataclass
+class Gated:
+    """A tablet on a :class:`GetGate` store, its harness and the model of what it holds."""
+
+    store: GetGate
+    h: TabletHarness
+    tablet: Tablet
+    model: TabletModel
+
+
+@contextlib.asynccontextmanager
+async def gated(options: TabletOptions, flushes: int) -> AsyncIterator[Gated]:
+    """A tablet with ``flushes`` minor compactions' SSTables of overlapping rows; the gate
+    is open again and the harness closed at the end."""
     store = GetGate(MemoryObjectStore())
-    h = TabletHarness(store, options=OPTS)  # type: ignore[arg-type]
+    h = TabletHarness(store, options=options)  # type: ignore[arg-type]
     tablet = await h.start()
     try:
         model = TabletModel(h.schema)
-        for n in range(3):
+        for n in range(flushes):
             await write(h, model, b"v%d-" % n, range(40))
             await tablet.minor_compact()
+        yield Gated(store, h, tablet, model)
+    finally:
+        store.open()
+        await h.close()
+
+
+async def test_a_minor_compaction_completes_while_a_major_rewrite_runs() -> None:
+    async with gated(OPTS, 3) as setup:
+        store, h, tablet, model = setup.store, setup.h, setup.tablet, setup.model
         before = keys(tablet)
         store.shut(k for ks in before.values() for k in ks)
         major = asyncio.ensure_future(tablet.major_compact())
@@ -107,21 +131,12 @@ async def test_a_minor_compaction_completes_while_a_major_rewrite_runs() -> None
         await h.recover()
         assert h.tablet is not None
         assert await scan(h.tablet) == model.scan(h.now_micros())
-    finally:
-        store.open()
-        await h.close()
 
 
 async def test_the_background_minor_compaction_does_not_wait_for_a_merge() -> None:
     options = TabletOptions(memtable_flush_bytes=1 << 30, max_sstables_per_group=2)
-    store = GetGate(MemoryObjectStore())
-    h = TabletHarness(store, options=options)  # type: ignore[arg-type]
-    tablet = await h.start()
-    try:
-        model = TabletModel(h.schema)
-        for n in range(2):
-            await write(h, model, b"v%d-" % n, range(40))
-            await tablet.minor_compact()
+    async with gated(options, 2) as setup:
+        store, h, tablet, model = setup.store, setup.h, setup.tablet, setup.model
         await write(h, model, b"v2-", range(40))
         await tablet.minor_compact()
         store.shut(k for ks in keys(tablet).values() for k in ks)
@@ -146,20 +161,11 @@ async def test_the_background_minor_compaction_does_not_wait_for_a_merge() -> No
         await h.recover()
         assert h.tablet is not None
         assert await scan(h.tablet) == model.scan(h.now_micros())
-    finally:
-        store.open()
-        await h.close()
 
 
 async def test_a_tablet_unloaded_during_a_major_rewrite_does_not_wait_for_it() -> None:
-    store = GetGate(MemoryObjectStore())
-    h = TabletHarness(store, options=OPTS)  # type: ignore[arg-type]
-    tablet = await h.start()
-    try:
-        model = TabletModel(h.schema)
-        for n in range(2):
-            await write(h, model, b"v%d-" % n, range(40))
-            await tablet.minor_compact()
+    async with gated(OPTS, 2) as setup:
+        store, h, tablet, model = setup.store, setup.h, setup.tablet, setup.model
         store.shut(k for ks in keys(tablet).values() for k in ks)
         major = asyncio.ensure_future(tablet.major_compact())
         async with asyncio.timeout(30):
@@ -178,6 +184,3 @@ async def test_a_tablet_unloaded_during_a_major_rewrite_does_not_wait_for_it() -
         await h.recover()
         assert h.tablet is not None
         assert await scan(h.tablet) == model.scan(h.now_micros())
-    finally:
-        store.open()
-        await h.close()
