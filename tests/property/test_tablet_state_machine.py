@@ -207,16 +207,20 @@ class TabletMachine(RuleBasedStateMachine):
         merge, run_merge = runner._merge_sstables, runner._run_merge
         read: dict[tuple[str, ...], Compacted] = {}
 
-        def merge_spy(task: Any, record: Any, blobs: list[bytes]) -> Any:
-            work = merge(task, record, blobs)
-            if work.keywords["major"]:
-                families = {
-                    n
-                    for n, f in tablet._core.schema.families.items()
-                    if f.locality_group == task.group
-                }
+        def merge_spy(task: Any, record: Any) -> Any:
+            work = merge(task, record)
+            if not work.keywords["major"]:
+                return work
+            families = {
+                n for n, f in tablet._core.schema.families.items() if f.locality_group == task.group
+            }
+
+            def merged(blobs: list[bytes], *args: Any, **kwargs: Any) -> Any:
+                # Given its inputs (after the cut, with no lock held): what it reads.
                 read[task.inputs] = Compacted.of(work, blobs, families)
-            return work
+                return work.func(blobs, *args, **kwargs)
+
+            return functools.partial(merged, *work.args, **work.keywords)
 
         async def run_merge_spy(task: Any) -> None:
             await run_merge(task)
@@ -421,10 +425,14 @@ class TabletMachine(RuleBasedStateMachine):
         rewrite = runner._rewrite_tablet
         majors: list[Compacted] = []
 
-        def rewrite_spy(record: Any, keys: list[str], blobs: list[bytes]) -> Any:
-            work = rewrite(record, keys, blobs)
-            majors.append(Compacted.of(work, blobs, FAMILIES))
-            return work
+        def rewrite_spy(record: Any, keys: list[str]) -> Any:
+            work = rewrite(record, keys)
+
+            def rewritten(blobs: list[bytes], *args: Any, **kwargs: Any) -> Any:
+                majors.append(Compacted.of(work, blobs, FAMILIES))
+                return work.func(blobs, *args, **kwargs)
+
+            return functools.partial(rewritten, *work.args, **work.keywords)
 
         saved = tablet._core.options
         # No background compaction during the race: the explicit one is the only flush.
