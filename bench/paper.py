@@ -196,6 +196,11 @@ class BenchResult:
         """Values per second."""
         return self.values / self.seconds if self.seconds > 0 else 0.0
 
+    @property
+    def cpu_per_value_us(self) -> float | None:
+        """Process CPU (every thread) per value, in microseconds."""
+        return 1e6 * self.cpu_seconds / self.values if self.values else None
+
     def per_1000(self, *ops: Op) -> float | None:
         """Requests of the given kinds per 1,000 values."""
         if self.cost is None or not self.values:
@@ -211,9 +216,8 @@ class BenchResult:
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["values_per_second"] = round(self.rate, 1)
-        out["cpu_us_per_value"] = (
-            round(1e6 * self.cpu_seconds / self.values, 1) if self.values else None
-        )
+        cpu = self.cpu_per_value_us
+        out["cpu_us_per_value"] = None if cpu is None else round(cpu, 1)
         out["paper_1_server"] = PAPER.get(self.benchmark, (None,))[0]
         if self.cost is not None:
             out["s3_per_1000"] = {
@@ -529,7 +533,8 @@ def table(results: Sequence[BenchResult], main: str = "tabletstore") -> str:
     by = {(r.target, r.benchmark): r for r in results}
     lines = [
         f"{'benchmark':<20} {'paper':>7} {main:>11} {'%paper':>7} {'p50 ms':>7} {'p99 ms':>7}"
-        f" {'p99.9':>7} {'max ms':>7} {'CPU us':>7} {'slatedb':>9} {'ratio':>6}  {'S3/1000 ops: PUT':>16} {'GET':>6} {'LIST':>5}"
+        f" {'p99.9':>7} {'max ms':>7} {'CPU us':>7} {'slatedb':>9} {'CPU us':>7} {'ratio':>6}"
+        f"  {'S3/1000 ops: PUT':>16} {'GET':>6} {'LIST':>5}"
         f" {'DEL':>5} {'B read/op':>10}"
     ]
     for name in BENCHMARKS:
@@ -542,8 +547,9 @@ def table(results: Sequence[BenchResult], main: str = "tabletstore") -> str:
             f"{name:<20} {_fmt(paper):>7} {r.rate:>11,.0f}"
             f" {_fmt(100 * r.rate / paper if paper else None, '.0f') + '%' if paper else '-':>7}"
             f" {r.p50_ms:>7.2f} {r.p99_ms:>7.2f} {r.p999_ms:>7.2f} {r.max_ms:>7.2f}"
-            f" {1e6 * r.cpu_seconds / max(1, r.values):>7.0f}"
-            f" {_fmt(s.rate if s else None):>9} {_fmt(r.rate / s.rate if s and s.rate else None, '.2f'):>6}"
+            f" {_fmt(r.cpu_per_value_us):>7}"
+            f" {_fmt(s.rate if s else None):>9} {_fmt(s.cpu_per_value_us if s else None):>7}"
+            f" {_fmt(r.rate / s.rate if s and s.rate else None, '.2f'):>6}"
             f"  {_fmt(r.per_1000(Op.PUT), '.1f'):>16} {_fmt(r.per_1000(Op.GET, Op.GET_RANGE), '.1f'):>6}"
             f" {_fmt(r.per_1000(Op.LIST), '.1f'):>5} {_fmt(r.per_1000(Op.DELETE), '.1f'):>5}"
             f" {_fmt(r.bytes_read_per_value(), ',.0f'):>10}"
@@ -652,9 +658,10 @@ def markdown(results: Sequence[BenchResult], cfg: BenchConfig, host: dict[str, A
     by = {(r.target, r.benchmark): r for r in results}
     out = [
         "| benchmark | paper, 1 server | tabletstore | % of paper | p50 ms | p99 ms | p99.9 ms "
-        "| max ms | CPU µs/value | SlateDB | SlateDB p99 ms | tabletstore / SlateDB "
-        "| S3 PUT / GET / LIST / DELETE per 1,000 | bytes read per value |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+        "| max ms | CPU µs/value | SlateDB | SlateDB p99 ms | SlateDB CPU µs/value "
+        "| tabletstore / SlateDB | S3 PUT / GET / LIST / DELETE per 1,000 "
+        "| bytes read per value |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
     for name in BENCHMARKS:
         r = by.get(("tabletstore", name))
@@ -670,8 +677,9 @@ def markdown(results: Sequence[BenchResult], cfg: BenchConfig, host: dict[str, A
             f"| {name} | {_fmt(paper)} | {r.rate:,.0f} "
             f"| {_fmt(100 * r.rate / paper, '.0f') + '%' if paper else '-'} "
             f"| {r.p50_ms:.2f} | {r.p99_ms:.1f} | {r.p999_ms:.1f} | {r.max_ms:.1f} "
-            f"| {1e6 * r.cpu_seconds / max(1, r.values):,.0f} "
+            f"| {_fmt(r.cpu_per_value_us)} "
             f"| {_fmt(s.rate if s else None)} | {_fmt(s.p99_ms if s else None, '.1f')} "
+            f"| {_fmt(s.cpu_per_value_us if s else None)} "
             f"| {_fmt(r.rate / s.rate if s and s.rate else None, '.2f')} | {cost} "
             f"| {_fmt(r.bytes_read_per_value(), ',.0f')} |"
         )
@@ -883,7 +891,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     print(table(results))
     print(
-        "\npaper = Figure 6, 1 tablet server; ratio = tabletstore / SlateDB; S3 columns: object "
+        "\npaper = Figure 6, 1 tablet server; CPU us = process CPU (every thread) per value; "
+        "ratio = tabletstore / SlateDB; S3 columns: object "
         "requests per 1,000 values (writes include their minor compaction); "
         f"total {elapsed:.0f} s"
     )
