@@ -62,6 +62,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -174,12 +175,53 @@ class Stack:
 # ----------------------------------------------------------------------------- processes
 
 
+#: Where the kernel says which ports it gives outgoing connections (Linux).
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+#: The lowest port :func:`free_port` picks below that range.
+LOWEST_PICKED_PORT = 10_000
+#: The ports :func:`free_port` gave lately, not given again while here.
+_RECENT_PICKS: deque[int] = deque(maxlen=256)
+
+
 def free_port() -> int:
-    """A currently free TCP port on 127.0.0.1 (the caller binds it soon after)."""
+    """A TCP port free on 127.0.0.1 now, for a server the caller starts on it.
+
+    Below the kernel's ephemeral range where it leaves room: a port the kernel picks (bind to
+    port 0) lies in that range, which is also where every outgoing connection on the host
+    takes its local port, so a server that binds seconds later could find it taken by a
+    connection. SeaweedFS's S3 gateway binds its gRPC port only once its filer is up, and
+    under a busy test suite it did ("address already in use"). A port below the range can
+    only be taken by another explicit bind. Picked at random, checked free and not among this
+    process's last picks (a stack picks several before any server binds them), else (no such
+    range here) the kernel's pick."""
+    low = _ephemeral_low()
+    if low is not None and low - LOWEST_PICKED_PORT >= 1000:
+        for _ in range(100):
+            port = LOWEST_PICKED_PORT + secrets.randbelow(low - LOWEST_PICKED_PORT)
+            if port not in _RECENT_PICKS and _bindable(port):
+                _RECENT_PICKS.append(port)
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+        picked: int = sock.getsockname()[1]
+        return picked
+
+
+def _ephemeral_low() -> int | None:
+    """The first port of the kernel's ephemeral range, or None where it does not say."""
+    try:
+        return int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 def free_ports(count: int, *, attempts: int = 50) -> int:
