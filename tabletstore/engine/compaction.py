@@ -45,7 +45,13 @@ from tabletstore.errors import InvalidArgument
 from tabletstore.keys import Cell, CellKind
 from tabletstore.metadata.record import SSTableRef, TabletRecord
 from tabletstore.options import TabletOptions
-from tabletstore.sstable import SSTableBuilder, SSTableInfo, iter_sstable_bytes, write_sstable
+from tabletstore.sstable import (
+    SSTableBuilder,
+    SSTableExcerpt,
+    SSTableInfo,
+    iter_sstable_bytes,
+    write_sstable,
+)
 from tabletstore.storage_s3 import layout
 
 __all__ = [
@@ -140,7 +146,7 @@ def plan_major(record: TabletRecord) -> list[CompactionTask]:
 
 
 def merge_sstables(
-    inputs: Sequence[bytes],
+    inputs: Sequence[bytes | SSTableExcerpt],
     *,
     gc_rules: Mapping[str, GcRule | None],
     now_micros: int,
@@ -193,7 +199,7 @@ _DEFAULT_GROUP = GroupSettings(
 
 
 def rewrite_tablet(
-    inputs: Sequence[bytes],
+    inputs: Sequence[bytes | SSTableExcerpt],
     *,
     family_groups: Mapping[str, str],
     groups: Mapping[str, GroupSettings],
@@ -253,7 +259,7 @@ def check_outputs(record: TabletRecord, outputs: Mapping[str, SSTableRef]) -> No
 
 
 def schema_rewrite(
-    inputs: Sequence[bytes],
+    inputs: Sequence[bytes | SSTableExcerpt],
     schema: TableSchema,
     *,
     now_micros: int,
@@ -299,7 +305,10 @@ def _with_masks(
 
 
 def _sources(
-    inputs: Sequence[bytes], seq_bases: Sequence[int], start_row: bytes, end_row: bytes | None
+    inputs: Sequence[bytes | SSTableExcerpt],
+    seq_bases: Sequence[int],
+    start_row: bytes,
+    end_row: bytes | None,
 ) -> list[Iterator[Cell]]:
     """Each input's cells in the tablet's rows, its seq base added (an adopted bulk-load
     SSTable's cells get their seqs from its reference), decoded a block at a time as the merge

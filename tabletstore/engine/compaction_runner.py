@@ -62,7 +62,7 @@ import contextlib
 import functools
 import logging
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from tabletstore.data.schema import TableSchema, counts_versions
@@ -96,7 +96,7 @@ from tabletstore.errors import (
 )
 from tabletstore.metadata.record import SSTableRef, TabletRecord
 from tabletstore.process_pool import ProcessPool
-from tabletstore.sstable import SSTableInfo
+from tabletstore.sstable import SSTableExcerpt, SSTableInfo
 
 __all__ = ["CompactionRunner"]
 
@@ -357,7 +357,7 @@ class CompactionRunner:
         assert self._executor is not None
         blobs, *rest = work.args
         async with Parcels() as parcels:
-            inputs = [await parcels.pack(blob) for blob in blobs]
+            inputs = [await _pack(parcels, blob) for blob in blobs]
             out = parcels.result()
             call = functools.partial(
                 _rewrite_parcelled, work.func, inputs, out, *rest, **work.keywords
@@ -624,7 +624,7 @@ def _seq_bases(record: TabletRecord, keys: Sequence[str]) -> list[int]:
     return [bases[k] for k in keys]
 
 
-def _of(cut: functools.partial[T], blobs: list[bytes]) -> functools.partial[T]:
+def _of(cut: functools.partial[T], blobs: list[bytes | SSTableExcerpt]) -> functools.partial[T]:
     """The rewrite ``cut`` (made with ``()`` for its inputs, under the compaction lock: its
     time, GC rules and masks are the cut's) of the inputs' bytes ``blobs``, fetched since."""
     return functools.partial(cut.func, blobs, *cut.args[1:], **cut.keywords)
@@ -641,9 +641,32 @@ def _close_replaced(old: TabletState, replaced: Mapping[str, Sequence[str]]) -> 
                 table.close()
 
 
+@dataclass(frozen=True)
+class _ParcelledExcerpt:
+    """An :class:`SSTableExcerpt` on its way to a compaction process: its two runs of bytes
+    in parcels."""
+
+    blocks: Parcel
+    offset: int
+    tail: Parcel
+    size: int
+
+    def read(self) -> SSTableExcerpt:
+        return SSTableExcerpt(self.blocks.read(), self.offset, self.tail.read(), self.size)
+
+
+async def _pack(parcels: Parcels, blob: bytes | SSTableExcerpt) -> Parcel | _ParcelledExcerpt:
+    """A compaction input in parcels (:meth:`CompactionRunner._compute_parcelled`)."""
+    if isinstance(blob, SSTableExcerpt):
+        return _ParcelledExcerpt(
+            await parcels.pack(blob.blocks), blob.offset, await parcels.pack(blob.tail), blob.size
+        )
+    return await parcels.pack(blob)
+
+
 def _rewrite_parcelled(
     rewrite: Callable[..., tuple[bytes, SSTableInfo] | dict[str, tuple[bytes, SSTableInfo]]],
-    inputs: Sequence[Parcel],
+    inputs: Sequence[Parcel | _ParcelledExcerpt],
     out: Parcel,
     *args: Any,
     **kwargs: Any,

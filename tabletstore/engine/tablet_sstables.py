@@ -13,10 +13,10 @@ from tabletstore.engine.iterators import merge_sources
 from tabletstore.engine.memtable import MemTable
 from tabletstore.engine.state import Written
 from tabletstore.engine.tablet_core import TabletCore
-from tabletstore.errors import Unavailable
+from tabletstore.errors import NotFound, Unavailable
 from tabletstore.keys import CellFields, CellKind
 from tabletstore.metadata.record import SSTableRef
-from tabletstore.sstable import SSTable, SSTableInfo, write_sstable
+from tabletstore.sstable import SSTable, SSTableExcerpt, SSTableInfo, write_sstable
 from tabletstore.sstable.block_cache import BlockCache, ScanCache
 from tabletstore.storage_s3 import layout
 from tabletstore.storage_s3.base import ObjectStore
@@ -130,9 +130,28 @@ class TabletSSTables:
         await self._core.store.create(key, data)
         return SSTableRef.of(key, len(data), info)
 
-    async def fetch(self, keys: Sequence[str]) -> list[bytes]:
-        """The bytes of the SSTables ``keys``: a compaction's inputs."""
-        blobs = await asyncio.gather(*(self._core.store.get(key) for key in keys))
+    async def fetch(self, keys: Sequence[str]) -> list[bytes | SSTableExcerpt]:
+        """A compaction's inputs, the SSTables ``keys``: of each, what the tablet's rows need
+        (:meth:`SSTable.excerpt`: a split's child reads its half of its parent's SSTables,
+        not the whole). A key the tablet does not have open is read whole."""
+        state = self._core.state
+        rec = state.record
+        opened = {
+            ref.key: table
+            for group, refs in rec.sstables.items()
+            for ref, table in zip(refs, state.sstables.get(group, ()), strict=True)
+        }
+
+        async def one(key: str) -> bytes | SSTableExcerpt | None:
+            table = opened.get(key)
+            if table is None:
+                return await self._core.store.get(key)
+            try:
+                return await table.excerpt(rec.start_row, rec.end_row)
+            except NotFound:
+                return None
+
+        blobs = await asyncio.gather(*(one(key) for key in keys))
         missing = [k for k, b in zip(keys, blobs, strict=True) if b is None]
         if missing:
             raise Unavailable(f"SSTable objects vanished before compaction: {missing}")

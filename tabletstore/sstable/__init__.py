@@ -17,7 +17,13 @@ from tabletstore.sstable.block import Block
 from tabletstore.sstable.block_cache import BlockCache, CacheStats, ScanCache
 from tabletstore.sstable.bloom import BloomFilter
 from tabletstore.sstable.format import DEFAULT_BLOCK_SIZE, FORMAT_VERSION, BlockHandle, Footer
-from tabletstore.sstable.reader import SSTable, SSTableCore, iter_sstable_bytes, read_sstable_bytes
+from tabletstore.sstable.reader import (
+    SSTable,
+    SSTableCore,
+    SSTableExcerpt,
+    iter_sstable_bytes,
+    read_sstable_bytes,
+)
 from tabletstore.sstable.writer import SSTableBuilder, SSTableInfo, upload_sstable, write_sstable
 
 __all__ = [
@@ -32,6 +38,7 @@ __all__ = [
     "SSTable",
     "SSTableBuilder",
     "SSTableCore",
+    "SSTableExcerpt",
     "SSTableInfo",
     "ScanCache",
     "iter_sstable_bytes",

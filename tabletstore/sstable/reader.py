@@ -30,6 +30,12 @@ index, and then reading the appropriate block from disk" (§4). Here:
 * :func:`iter_sstable_bytes` decodes a whole object already in memory, verified the same way,
   one block at a time as its cells are consumed (compactions: a merge holds one decoded block
   per input); :func:`read_sstable_bytes` is every cell of it as one list.
+* :meth:`SSTable.excerpt` fetches what a compaction of a row range needs: the whole object,
+  or, when the object also holds rows outside the range (a split's children share their
+  parent's SSTables until each has rewritten its half, §5.2), an :class:`SSTableExcerpt` --
+  the contiguous run of blocks that can hold the range's rows, and the tail -- which
+  :func:`iter_sstable_bytes` decodes as it decodes a whole object. A child's rewrite so reads
+  half its parent's bytes, not all of them.
 
 Errors: Corruption for any checksum or format failure; NotFound when the object is gone;
 Unavailable (retryable) for a block fetch that a concurrent reader abandoned.
@@ -43,6 +49,7 @@ import functools
 from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass
 
 import crc32c
 import pyarrow as pa
@@ -77,6 +84,7 @@ __all__ = [
     "DEFAULT_READAHEAD",
     "SSTable",
     "SSTableCore",
+    "SSTableExcerpt",
     "iter_sstable_bytes",
     "read_sstable_bytes",
 ]
@@ -92,6 +100,9 @@ _READ_THROUGH_PAGES = 128
 #: Tails up to this many bytes are parsed on the event loop when an SSTable opens (a few ms at
 #: most: about 2.5 ms per 100 KB); larger ones, on a thread.
 INLINE_TAIL_BYTES = 128 * 1024
+#: :meth:`SSTable.excerpt` reads the whole object unless leaving out the blocks outside the
+#: range saves at least this many bytes (an excerpt costs two GETs, not one).
+EXCERPT_MIN_SAVING = 1 << 20
 
 
 class SSTableCore:
@@ -148,6 +159,13 @@ class SSTableCore:
     def first_block_from(self, start_row: bytes) -> int:
         """The first block that can hold a row >= ``start_row`` (len(blocks) if none)."""
         return bisect_left(self._last_rows, start_row)
+
+    def blocks_between(self, start_row: bytes, end_row: bytes | None) -> range:
+        """The blocks that can hold a row in ``[start_row, end_row)``: a contiguous run
+        (rows are sorted across blocks), possibly empty."""
+        first = self.first_block_from(start_row) if start_row else 0
+        stop = len(self.blocks) if end_row is None else bisect_left(self._first_rows, end_row)
+        return range(first, max(first, stop))
 
     def decode(self, index: int, data: BytesLike) -> Block | Page:
         """Verify block ``index``'s bytes against the index, then decode them."""
@@ -292,6 +310,31 @@ def with_seq_base(seqs: pa.ChunkedArray | pa.Array, seq_base: int) -> pa.Array:
     return out.combine_chunks() if isinstance(out, pa.ChunkedArray) else out
 
 
+@dataclass(frozen=True)
+class SSTableExcerpt:
+    """Part of an SSTable object, enough to read the rows of a range: the bytes ``blocks``
+    that start at ``offset`` in the object (a contiguous run of whole blocks, possibly
+    none), and the object's ``tail`` (its footer and trailer, :func:`parse_tail`), of an
+    object of ``size`` bytes. Made by :meth:`SSTable.excerpt`; read by
+    :func:`iter_sstable_bytes` with the range it was made for, or a narrower one."""
+
+    blocks: bytes
+    offset: int
+    tail: bytes
+    size: int
+
+    def __post_init__(self) -> None:
+        if self.offset < 0 or self.offset + len(self.blocks) + len(self.tail) > self.size:
+            raise InvalidArgument(
+                f"an excerpt of {len(self.blocks)} bytes at {self.offset} and a tail of "
+                f"{len(self.tail)} bytes do not fit an object of {self.size} bytes"
+            )
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.blocks) + len(self.tail)
+
+
 def read_sstable_bytes(data: bytes, *, name: str = "<bytes>", seq_base: int = 0) -> list[Cell]:
     """Every cell of a whole SSTable object held in memory, verified (Corruption otherwise);
     ``seq_base`` is added to every seq (``SSTableRef.seq_base``)."""
@@ -299,31 +342,45 @@ def read_sstable_bytes(data: bytes, *, name: str = "<bytes>", seq_base: int = 0)
 
 
 def iter_sstable_bytes(
-    data: bytes,
+    data: bytes | SSTableExcerpt,
     *,
     name: str = "<bytes>",
     seq_base: int = 0,
     start_row: bytes = b"",
     end_row: bytes | None = None,
 ) -> Iterator[Cell]:
-    """The cells of a whole SSTable object held in memory whose row is in ``[start_row,
-    end_row)``, decoded one block at a time as they are consumed (a compaction's merge holds
-    one block of each input as Python objects, not every cell of every input). The footer is
-    verified at once, each block when it is reached (Corruption, raised then); blocks wholly
-    outside the range are not decoded."""
+    """The cells of an SSTable held in memory -- a whole object, or an :class:`SSTableExcerpt`
+    made for a range holding ``[start_row, end_row)`` -- whose row is in that range, decoded
+    one block at a time as they are consumed (a compaction's merge holds one block of each
+    input as Python objects, not every cell of every input). The footer is verified at once,
+    each block when it is reached (Corruption, raised then; also for a block the excerpt does
+    not hold); blocks wholly outside the range are not decoded."""
+    if isinstance(data, SSTableExcerpt):
+        core = SSTableCore.from_tail(name, data.size, data.tail, seq_base)
+        return _iter_blocks(core, memoryview(data.blocks), data.offset, start_row, end_row)
     core = SSTableCore.from_tail(name, len(data), data, seq_base)
-    return _iter_blocks(core, memoryview(data), start_row, end_row)
+    return _iter_blocks(core, memoryview(data), 0, start_row, end_row)
 
 
 def _iter_blocks(
-    core: SSTableCore, view: memoryview, start_row: bytes, end_row: bytes | None
+    core: SSTableCore, view: memoryview, base: int, start_row: bytes, end_row: bytes | None
 ) -> Iterator[Cell]:
+    """The cells in ``[start_row, end_row)`` of the blocks whose bytes ``view`` holds from
+    offset ``base`` of the object."""
     blocks = core.blocks
-    for i in range(core.first_block_from(start_row) if start_row else 0, len(blocks)):
+    for i in core.blocks_between(start_row, end_row):
         b = blocks[i]
-        if end_row is not None and b.first_row >= end_row:
-            return
-        yield from core.decode(i, view[b.offset : b.offset + b.length]).cells_in(start_row, end_row)
+        at = b.offset - base
+        if at < 0 or at + b.length > len(view):
+            raise Corruption(
+                f"SSTable {core.name}: block {i} ({b.length} bytes at {b.offset}) is not in the "
+                f"{len(view)} bytes read from {base}"
+            )
+        yield from core.decode(i, view[at : at + b.length]).cells_in(start_row, end_row)
+
+
+async def _no_bytes() -> bytes:
+    return b""
 
 
 class _RecentPages:
@@ -688,6 +745,28 @@ class SSTable:
                 _clip_rows(table.slice(table.num_rows - n_last), start_row, end_row),
             ]
         )
+
+    async def excerpt(self, start_row: bytes, end_row: bytes | None) -> bytes | SSTableExcerpt:
+        """What reading every row of ``[start_row, end_row)`` needs (a compaction's input):
+        the whole object, or, when the blocks outside the range are at least
+        :data:`EXCERPT_MIN_SAVING` bytes, an :class:`SSTableExcerpt` of the blocks inside it
+        and the tail (two ranged GETs). NotFound if the object is gone."""
+        core = self._core
+        run = core.blocks_between(start_row, end_row)
+        blocks = core.blocks
+        start = blocks[run.start].offset if run else 0
+        length = blocks[run[-1]].offset + blocks[run[-1]].length - start if run else 0
+        if core.size - core.tail_size - length < EXCERPT_MIN_SAVING:
+            data = await self.store.get(self.key)
+            if data is None:
+                raise NotFound(f"SSTable {core.name} does not exist")
+            return data
+        tail_at = core.size - core.tail_size
+        inside, tail = await asyncio.gather(
+            self._get(self.store, self.key, start, length) if length else _no_bytes(),
+            self._get(self.store, self.key, tail_at, core.tail_size),
+        )
+        return SSTableExcerpt(inside, start, tail, core.size)
 
     async def load_all(self) -> None:
         """Fetch the whole object with one GET and decode every block; afterwards reads are
